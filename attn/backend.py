@@ -1,0 +1,182 @@
+"""The one place that knows about NumPy and CuPy.
+
+Every other module in ``attn`` asks this one for the array namespace of its
+inputs (``xp = get_array_module(x)``) and for the few operations the two
+libraries spell differently: moving arrays to and from the host, scatter-add,
+and random numbers. A test fails if any other module imports NumPy or CuPy.
+
+Choosing a backend
+------------------
+``ATTN_BACKEND=numpy|cupy|auto`` in the environment, or :func:`set_backend` from
+a program. ``auto`` picks CuPy only where it imports *and* a GPU is usable.
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import numpy as np
+
+#: The host array library. Modules that work on the host (data loading,
+#: plotting, checkpoint files) use ``backend.host`` instead of importing NumPy.
+host = np
+
+_BACKENDS = ("numpy", "cupy", "auto")
+_current: str | None = None
+_xp: ModuleType | None = None
+
+
+class BackendError(RuntimeError):
+    """The requested array backend cannot be used on this machine."""
+
+
+def _import_cupy():
+    """Import CuPy and check that a GPU is usable; raise a clear BackendError if not."""
+    try:
+        import cupy  # noqa: F401  (only backend.py may import it)
+    except Exception as e:  # ImportError, or a broken CUDA install raising anything
+        raise BackendError(
+            "ATTN_BACKEND=cupy was asked for, but CuPy is not installed or fails to import "
+            f"({type(e).__name__}: {e}). Install it with `pip install -e .[gpu]` "
+            "(or the cupy-cudaXXx wheel matching your CUDA), or use ATTN_BACKEND=numpy."
+        ) from None
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+        if n < 1:
+            raise RuntimeError("no CUDA device found")
+        cupy.zeros(1).sum().item()  # a real round trip: driver, context, a kernel
+    except Exception as e:
+        raise BackendError(
+            "ATTN_BACKEND=cupy was asked for and CuPy imports, but no GPU is usable "
+            f"({type(e).__name__}: {e}). Check `nvidia-smi` and the CUDA driver, "
+            "or use ATTN_BACKEND=numpy."
+        ) from None
+    return cupy
+
+
+def cupy_available() -> bool:
+    """True where CuPy imports and a GPU is usable."""
+    try:
+        _import_cupy()
+        return True
+    except BackendError:
+        return False
+
+
+def set_backend(name: str) -> ModuleType:
+    """Select the array backend: ``"numpy"``, ``"cupy"`` or ``"auto"``.
+
+    Returns the array namespace. Raises :class:`BackendError` if CuPy is asked
+    for and cannot be used, and ``ValueError`` for an unknown name.
+    """
+    global _current, _xp
+    if name not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
+    if name == "auto":
+        name = "cupy" if cupy_available() else "numpy"
+    _xp = _import_cupy() if name == "cupy" else np
+    _current = name
+    return _xp
+
+
+def get_backend() -> str:
+    """Name of the selected backend (``"numpy"`` or ``"cupy"``), choosing it from
+    ``ATTN_BACKEND`` (default ``numpy``) on first use."""
+    if _current is None:
+        set_backend(os.environ.get("ATTN_BACKEND", "numpy").strip().lower() or "numpy")
+    return _current  # type: ignore[return-value]
+
+
+def xp() -> ModuleType:
+    """The array namespace of the selected backend (``numpy`` or ``cupy``)."""
+    get_backend()
+    return _xp  # type: ignore[return-value]
+
+
+def get_array_module(*arrays) -> ModuleType:
+    """The namespace (``numpy`` or ``cupy``) that the given arrays live in.
+
+    Like ``cupy.get_array_module``, but it works where CuPy is not installed.
+    """
+    for a in arrays:
+        if type(a).__module__.startswith("cupy"):
+            import cupy
+            return cupy
+    return np
+
+
+def is_device_array(a) -> bool:
+    """True for a CuPy array."""
+    return type(a).__module__.startswith("cupy")
+
+
+def to_host(a):
+    """A NumPy array with the contents of ``a`` (a no-op for NumPy arrays)."""
+    if is_device_array(a):
+        return a.get()
+    return np.asarray(a)
+
+
+def to_device(a, dtype=None):
+    """``a`` as an array of the selected backend (optionally cast to ``dtype``)."""
+    arr = xp().asarray(a)
+    if dtype is not None and arr.dtype != dtype:
+        arr = arr.astype(dtype)
+    return arr
+
+
+def to_float(a) -> float:
+    """A Python float from a 0-d array (the only host sync a training step needs)."""
+    return float(to_host(a))
+
+
+def scatter_add(target, ids, values) -> None:
+    """``target[ids] += values`` in place, accumulating repeated ids.
+
+    Plain ``target[ids] += values`` keeps only one contribution per repeated id;
+    NumPy spells the accumulating form ``np.add.at`` and CuPy ``cupyx.scatter_add``.
+
+    Inputs
+    ------
+    target : (V, D) array
+    ids : (N,) integer array of rows in ``[0, V)``
+    values : (N, D) array
+    """
+    if is_device_array(target):
+        import cupyx
+        cupyx.scatter_add(target, ids, values)
+    else:
+        np.add.at(target, np.asarray(ids).ravel(), values)
+
+
+def host_rng(seed: int) -> np.random.Generator:
+    """A seeded host random generator (PCG64). Initial weights are drawn with it
+    on the host, then moved, so both backends start from identical numbers."""
+    return np.random.default_rng(seed)
+
+
+class DeviceRNG:
+    """Seeded random numbers drawn on the selected backend's device (dropout masks).
+
+    On NumPy this is a ``numpy.random.Generator``; on CuPy a
+    ``cupy.random.RandomState``. The stream differs between backends, which is
+    fine for dropout; reproducibility within a backend comes from the seed.
+    """
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        if get_backend() == "cupy":
+            self._gen = xp().random.RandomState(self.seed)
+            self._cupy = True
+        else:
+            self._gen = np.random.default_rng(self.seed)
+            self._cupy = False
+
+    def random(self, shape, dtype="float32"):
+        """Uniform numbers in ``[0, 1)`` of the given shape and dtype."""
+        if self._cupy:
+            return self._gen.random_sample(shape, dtype=dtype)
+        dt = np.dtype(dtype)
+        if dt in (np.float32, np.float64):
+            return self._gen.random(shape, dtype=dt)
+        return self._gen.random(shape).astype(dt)
