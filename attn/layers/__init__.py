@@ -1,0 +1,15 @@
+"""Layers as pairs of plain functions: ``*_forward(...) -> (out, cache)`` and
+``*_backward(dout, cache) -> gradients`` in the order the forward took its inputs."""
+from .activation import relu_backward, relu_forward
+from .attention import (attention_backward, attention_forward, merge_heads,
+                        multi_head_attention_backward, multi_head_attention_forward, split_heads)
+from .dropout import dropout_backward, dropout_forward
+from .embedding import embedding_backward, embedding_forward
+from .feedforward import feed_forward_backward, feed_forward_forward
+from .layernorm import layer_norm_backward, layer_norm_forward
+from .linear import linear_backward, linear_forward
+from .positional import positional_backward, positional_forward, sinusoidal_table
+from .softmax import softmax_backward, softmax_forward
+
+__all__ = [n for n in dir() if n.endswith(("_forward", "_backward"))] + [
+    "merge_heads", "split_heads", "sinusoidal_table"]
