@@ -1,0 +1,217 @@
+"""Hypothesis strategies shared by every test module, and the gradient-check recorder.
+
+Everything here draws **host** (NumPy) arrays; a test moves them to the backend
+under test with ``attn.backend.to_device``. Sizes are tiny on purpose: a numerical
+gradient costs two forward passes per input element.
+
+Typical use, with ``st.data()`` so that later draws can depend on earlier ones::
+
+    @given(data=st.data())
+    def test_something(backend, data):
+        d = data.draw(dims())                                  # B, T, S, D, H, F, V
+        x = to_device(data.draw(floats((d.B, d.T, d.D))))
+        mask = to_device(data.draw(masks((d.B, d.H, d.T, d.S))))
+
+What is here
+------------
+shapes
+    :func:`dims` (a consistent set of model dimensions, heads dividing d_model),
+    :func:`leading_shapes` (1-3 batch axes), :func:`divisors`.
+values (float64)
+    :func:`floats` (hypothesis-chosen elements, edge values included),
+    :func:`normals` (seeded Gaussian arrays: well-conditioned weights),
+    :func:`away_from` (elements at least a margin away from a kink),
+    :func:`logits` (floats times ``10**k``, k up to 4: the softmax stability check).
+masks (bool, True = may attend)
+    :func:`masks` (random, broadcastable, optionally with a fully masked row),
+    :func:`padding_masks` (trailing padding, at least one real key per row),
+    :func:`causal` (the look-ahead mask, a plain function).
+token ids
+    :func:`token_ids` (ids with at least one repeat), :func:`padded_ids`
+    (real tokens then trailing ``PAD_ID``).
+gradient checks
+    :func:`check_gradients` wraps :func:`attn.gradcheck.check_layer` and records
+    every relative error; :func:`gradient_summary` is the closing line the
+    conftest prints ("max relative gradient error: X over N checks").
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from attn.gradcheck import check_layer
+from attn.masks import PAD_ID
+
+# ----------------------------------------------------------------------------- shapes
+
+
+class Dims(NamedTuple):
+    """One consistent set of sizes: batch B, target length T, source length S,
+    d_model D, heads H (divides D), d_ff F, vocabulary V (>= 2, id 0 is padding)."""
+    B: int
+    T: int
+    S: int
+    D: int
+    H: int
+    F: int
+    V: int
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, smallest first."""
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@st.composite
+def dims(draw, max_batch: int = 3, max_len: int = 6, max_width: int = 8, max_vocab: int = 10) -> Dims:
+    """Batch 1..max_batch, lengths 1..max_len, widths 1..max_width, heads dividing D.
+    Shrinks towards the smallest case (everything 1, V = 2)."""
+    B = draw(st.integers(1, max_batch))
+    T = draw(st.integers(1, max_len))
+    S = draw(st.integers(1, max_len))
+    D = draw(st.integers(1, max_width))
+    H = draw(st.sampled_from(divisors(D)))
+    F = draw(st.integers(1, max_width))
+    V = draw(st.integers(2, max_vocab))
+    return Dims(B, T, S, D, H, F, V)
+
+
+def leading_shapes(min_dims: int = 1, max_dims: int = 3, max_side: int = 3):
+    """Shapes of 1-3 leading (batch) axes, each of size 1..max_side."""
+    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=1, max_side=max_side)
+
+# ----------------------------------------------------------------------------- values
+
+
+def floats(shape, bound: float = 3.0):
+    """float64 arrays with hypothesis-chosen elements in [-bound, bound] (0, the
+    bounds and repeated values included; no NaN, inf or subnormals)."""
+    elements = st.floats(-bound, bound, allow_nan=False, allow_infinity=False,
+                         allow_subnormal=False, width=64)
+    return hnp.arrays(np.float64, shape, elements=elements)
+
+
+def normals(shape, scale: float = 1.0):
+    """float64 Gaussian arrays (standard deviation ``scale``) from a drawn seed.
+
+    Cheaper for hypothesis than element-by-element draws and well-conditioned:
+    the right thing for weight matrices, where the shape, not the values, is the
+    interesting part.
+    """
+    return st.integers(0, 2**32 - 1).map(
+        lambda seed: np.random.default_rng(seed).standard_normal(shape) * scale)
+
+
+def away_from(shape, points=(0.0,), margin: float = 1e-3, bound: float = 3.0):
+    """float64 arrays whose elements are at least ``margin`` away from each of ``points``:
+    inputs for a gradient check of a function with kinks there (ReLU at 0)."""
+    elements = st.floats(-bound, bound, allow_nan=False, allow_subnormal=False, width=64).filter(
+        lambda v: all(abs(v - p) >= margin for p in points))
+    return hnp.arrays(np.float64, shape, elements=elements)
+
+
+magnitudes = st.integers(0, 4).map(lambda k: 10.0 ** k)
+"""Scales 1, 10, ..., 1e4: logits of magnitude up to 1e4 must not overflow a softmax."""
+
+
+@st.composite
+def logits(draw, shape, max_exponent: int = 4):
+    """float64 arrays of values in [-1, 1] times ``10**k`` for a drawn k in 0..max_exponent."""
+    k = draw(st.integers(0, max_exponent))
+    return draw(floats(shape, 1.0)) * 10.0 ** k
+
+# ----------------------------------------------------------------------------- masks
+
+
+@st.composite
+def masks(draw, shape, broadcast: bool = True, ensure_key: bool = True,
+          fully_masked_row: bool = False):
+    """Random bool masks for scores of ``shape`` (..., Tq, Tk); True = may attend.
+
+    broadcast
+        Each axis but the last may be drawn as 1 (as padding masks (B, 1, 1, Tk)
+        and look-ahead masks (1, 1, T, T) are), so the mask broadcasts.
+    ensure_key
+        Every row keeps at least one key (what real padding masks guarantee).
+    fully_masked_row
+        One row (chosen by the draw) has every key masked: the softmax must give
+        zeros there, not NaN and not a uniform row.
+    """
+    shape = tuple(shape)
+    Tk = shape[-1]
+    if broadcast:
+        lead = tuple(draw(st.sampled_from([1, n])) if n > 1 else 1 for n in shape[:-1])
+    else:
+        lead = shape[:-1]
+    m = np.array(draw(hnp.arrays(np.bool_, lead + (Tk,))))
+    if ensure_key:
+        j = draw(st.integers(0, Tk - 1))
+        m[..., j] |= ~m.any(axis=-1)
+    if fully_masked_row:
+        rows = m.reshape(-1, Tk)
+        rows[draw(st.integers(0, rows.shape[0] - 1))] = False
+    return m
+
+
+@st.composite
+def padding_masks(draw, B: int, Tk: int):
+    """(B, 1, 1, Tk) masks of real keys followed by padding, at least one real key per row."""
+    lengths = np.array(draw(st.lists(st.integers(1, Tk), min_size=B, max_size=B)))
+    return (np.arange(Tk)[None, :] < lengths[:, None])[:, None, None, :]
+
+
+def causal(T: int):
+    """The (1, 1, T, T) look-ahead mask on the host: query i sees keys 0..i."""
+    return np.tril(np.ones((T, T), dtype=bool))[None, None]
+
+# ----------------------------------------------------------------------------- token ids
+
+
+@st.composite
+def token_ids(draw, shape, V: int, low: int = 0, repeats: bool = True):
+    """int64 ids in [low, V) of ``shape``; with ``repeats`` (and two or more ids) the last
+    id repeats the first, so gradients must accumulate over repeated rows."""
+    ids = np.array(draw(hnp.arrays(np.int64, shape, elements=st.integers(low, V - 1))))
+    if repeats and ids.size >= 2:
+        ids.reshape(-1)[-1] = ids.reshape(-1)[0]
+    return ids
+
+
+@st.composite
+def padded_ids(draw, B: int, T: int, V: int, min_len: int = 1):
+    """(B, T) int64 ids: a real prefix of tokens in [1, V) (length min_len..T per row),
+    then ``PAD_ID``. V must be at least 2."""
+    ids = draw(token_ids((B, T), V, low=1, repeats=False))
+    lengths = np.array(draw(st.lists(st.integers(min_len, T), min_size=B, max_size=B)))
+    ids[np.arange(T)[None, :] >= lengths[:, None]] = PAD_ID
+    return ids
+
+# ----------------------------------------------------------------------------- gradient checks
+
+
+#: Every gradient checked this session: (layer, argument, relative error).
+GRADIENT_ERRORS: list[tuple[str, str, float]] = []
+#: How many times check_gradients ran (one per hypothesis example of a gradient test).
+GRADIENT_CHECKS: list[int] = [0]
+
+
+def check_gradients(name: str, forward, backward, args: dict, wrt, tol: float = 1e-6, **kwargs) -> dict:
+    """:func:`attn.gradcheck.check_layer` (float64 central differences against a random
+    upstream gradient, AssertionError naming the layer and argument), recording every
+    relative error for the closing summary. Returns {argument: relative error}."""
+    errors = check_layer(name, forward, backward, args, wrt, tol=tol, **kwargs)
+    GRADIENT_CHECKS[0] += 1
+    GRADIENT_ERRORS.extend((name, arg, err) for arg, err in errors.items())
+    return errors
+
+
+def gradient_summary() -> str | None:
+    """"max relative gradient error: X (layer.argument) over N checks (M gradients)", or None."""
+    if not GRADIENT_ERRORS:
+        return None
+    name, arg, worst = max(GRADIENT_ERRORS, key=lambda e: e[2])
+    return (f"max relative gradient error: {worst:.3g} ({name}.{arg}) over {GRADIENT_CHECKS[0]} checks "
+            f"({len(GRADIENT_ERRORS)} argument gradients)")

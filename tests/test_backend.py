@@ -1,0 +1,228 @@
+"""The NumPy/CuPy switch: the import rule, choosing a backend, and the operations the two
+libraries spell differently (scatter-add, host transfer, seeded random numbers)."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import attn
+import attn.backend as B
+from strategies import normals, token_ids
+
+ATTN_DIR = Path(attn.__file__).resolve().parent
+FORBIDDEN = ("numpy", "cupy", "cupyx")
+
+
+def _forbidden_imports(path: Path) -> list[str]:
+    """'file:line: statement' for every import of NumPy or CuPy (any form) in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "__import__" and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in FORBIDDEN:
+                rel = path.relative_to(ATTN_DIR.parent)
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_only_backend_imports_numpy_or_cupy():
+    """DESIGN.md: only attn/backend.py may import NumPy or CuPy; every other module asks it."""
+    files = sorted(ATTN_DIR.rglob("*.py"))
+    assert ATTN_DIR / "backend.py" in files
+    offenders = [hit for f in files if f != ATTN_DIR / "backend.py" for hit in _forbidden_imports(f)]
+    assert not offenders, ("only attn/backend.py may import NumPy or CuPy; use `attn.backend` "
+                           "(xp, host, to_device, ...) instead:\n  " + "\n  ".join(offenders))
+
+
+@pytest.mark.parametrize("source", [
+    "import numpy", "import numpy as np", "from numpy import zeros", "from numpy.random import default_rng",
+    "import cupy", "import cupyx.scipy", "from cupyx import scatter_add", "import os, numpy",
+    "def f():\n    import cupy as cp\n", "np = __import__('numpy')", "importlib.import_module('cupy')",
+])
+def test_the_import_rule_catches_every_form(tmp_path, monkeypatch, source):
+    monkeypatch.setattr(sys.modules[__name__], "ATTN_DIR", tmp_path)
+    f = tmp_path / "mod.py"
+    f.write_text(source + "\n")
+    assert _forbidden_imports(f), source
+
+
+@pytest.mark.parametrize("source", ["from . import backend as B", "import numbers", "from .numpyish import x",
+                                    "import attn.backend"])
+def test_the_import_rule_allows_the_rest(tmp_path, monkeypatch, source):
+    monkeypatch.setattr(sys.modules[__name__], "ATTN_DIR", tmp_path)
+    f = tmp_path / "mod.py"
+    f.write_text(source + "\n")
+    assert not _forbidden_imports(f)
+
+# ----------------------------------------------------------------------------- choosing
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """The backend module as if nothing had been selected yet (restored afterwards)."""
+    monkeypatch.setattr(B, "_current", None)
+    monkeypatch.setattr(B, "_xp", None)
+    return B
+
+
+def test_set_backend_numpy(fresh):
+    assert fresh.set_backend("numpy") is np
+    assert fresh.get_backend() == "numpy" and fresh.xp() is np
+
+
+def test_unknown_backend_is_a_value_error(fresh):
+    with pytest.raises(ValueError, match="backend must be one of.*'tensorflow'"):
+        fresh.set_backend("tensorflow")
+
+
+@pytest.mark.parametrize("value", ["numpy", " NumPy ", ""])
+def test_attn_backend_env_is_read_on_first_use(fresh, monkeypatch, value):
+    monkeypatch.setenv("ATTN_BACKEND", value)
+    assert fresh.get_backend() == "numpy"
+    assert fresh.xp() is np
+
+
+def test_unset_attn_backend_means_numpy(fresh, monkeypatch):
+    monkeypatch.delenv("ATTN_BACKEND", raising=False)
+    assert fresh.xp() is np
+
+
+def test_attn_backend_env_with_an_unknown_name_is_a_value_error(fresh, monkeypatch):
+    monkeypatch.setenv("ATTN_BACKEND", "gpu")
+    with pytest.raises(ValueError, match="'gpu'"):
+        fresh.get_backend()
+
+
+def test_the_env_var_is_not_reread_after_the_first_choice(fresh, monkeypatch):
+    monkeypatch.setenv("ATTN_BACKEND", "numpy")
+    fresh.get_backend()
+    monkeypatch.setenv("ATTN_BACKEND", "cupy")
+    assert fresh.get_backend() == "numpy"
+
+
+@pytest.mark.skipif(B.cupy_available(), reason="CuPy is usable here; this checks the error where it is not")
+@pytest.mark.parametrize("how", ["call", "env"])
+def test_asking_for_unavailable_cupy_says_what_is_missing_and_how_to_fix_it(fresh, monkeypatch, how):
+    with pytest.raises(B.BackendError) as info:
+        if how == "call":
+            fresh.set_backend("cupy")
+        else:
+            monkeypatch.setenv("ATTN_BACKEND", "cupy")
+            fresh.xp()
+    msg = str(info.value)
+    assert "CuPy" in msg and ("not installed" in msg or "no GPU" in msg)     # what is missing
+    assert "pip install" in msg or "nvidia-smi" in msg                       # how to fix it
+    assert "ATTN_BACKEND=numpy" in msg                                       # or how to go without
+    assert fresh._current is None                                            # nothing half-selected
+
+
+def test_missing_cupy_error_even_where_cupy_is_installed(fresh, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)      # makes `import cupy` raise ImportError
+    assert not fresh.cupy_available()
+    with pytest.raises(B.BackendError, match=r"CuPy is not installed.*pip install -e \.\[gpu\]"):
+        fresh.set_backend("cupy")
+
+
+def test_auto_falls_back_to_numpy_without_a_gpu(fresh, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert fresh.set_backend("auto") is np
+    assert fresh.get_backend() == "numpy"
+
+
+def test_auto_picks_what_this_machine_has(fresh):
+    expected = "cupy" if B.cupy_available() else "numpy"
+    fresh.set_backend("auto")
+    assert fresh.get_backend() == expected
+
+# ----------------------------------------------------------------------------- operations
+
+
+def test_backend_fixture_selects_the_backend(backend):
+    assert B.xp() is backend
+    x = B.to_device(np.zeros(3))
+    assert B.get_array_module(x) is backend
+    assert B.is_device_array(x) == (B.get_backend() == "cupy")
+
+
+def test_get_array_module_of_host_arrays_is_numpy(backend):
+    assert B.get_array_module(np.zeros(2)) is np
+    assert B.get_array_module(np.zeros(2), 1.0, [3]) is np
+
+
+@given(shape=st.tuples(st.integers(0, 4), st.integers(1, 3)), dtype=st.sampled_from(["float32", "float64"]),
+       data=st.data())
+def test_to_device_and_to_host_round_trip(backend, shape, dtype, data):
+    values = data.draw(normals(shape))
+    d = B.to_device(values, dtype=dtype)
+    assert B.get_array_module(d) is backend and d.dtype == np.dtype(dtype)
+    back = B.to_host(d)
+    assert isinstance(back, np.ndarray) and back.shape == values.shape
+    np.testing.assert_array_equal(back, values.astype(dtype))
+
+
+def test_to_float_of_a_device_scalar(backend):
+    v = B.to_float(B.to_device(np.array([1.5, 2.0])).sum())
+    assert type(v) is float and v == 3.5
+
+
+@given(data=st.data())
+def test_scatter_add_accumulates_repeated_ids(backend, data):
+    V = data.draw(st.integers(1, 5))
+    N = data.draw(st.integers(1, 8))
+    ids = data.draw(token_ids((N,), V))
+    values = data.draw(normals((N, 3)))
+    target = B.to_device(np.zeros((V, 3)))
+    B.scatter_add(target, B.to_device(ids), B.to_device(values))
+    expected = np.zeros((V, 3))
+    for i, v in zip(ids, values):           # the obvious loop
+        expected[i] += v
+    np.testing.assert_allclose(B.to_host(target), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_scatter_add_with_every_id_the_same(backend):
+    target = B.to_device(np.zeros((2, 1)))
+    B.scatter_add(target, B.to_device(np.array([1, 1, 1])), B.to_device(np.ones((3, 1))))
+    np.testing.assert_array_equal(B.to_host(target), [[0.0], [3.0]])   # not [[0], [1]] as `t[ids] += v` gives
+
+
+def test_host_rng_is_deterministic_per_seed():
+    a = B.host_rng(7).standard_normal(5)
+    np.testing.assert_array_equal(a, B.host_rng(7).standard_normal(5))
+    assert not np.array_equal(a, B.host_rng(8).standard_normal(5))
+    assert isinstance(B.host_rng(7), np.random.Generator)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_device_rng_is_deterministic_per_seed(backend, dtype):
+    a = B.to_host(B.DeviceRNG(3).random((4, 5), dtype=dtype))
+    b = B.to_host(B.DeviceRNG(3).random((4, 5), dtype=dtype))
+    c = B.to_host(B.DeviceRNG(4).random((4, 5), dtype=dtype))
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert a.dtype == np.dtype(dtype) and a.shape == (4, 5)
+    assert (a >= 0).all() and (a < 1).all()
+
+
+def test_device_rng_draws_on_the_selected_backend(backend):
+    r = B.DeviceRNG(0)
+    first, second = r.random((100,)), r.random((100,))
+    assert B.get_array_module(first) is backend
+    assert not np.array_equal(B.to_host(first), B.to_host(second))     # a stream, not a constant
