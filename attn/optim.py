@@ -1,0 +1,98 @@
+"""Adam with the paper's settings and its warm-up schedule (section 5.3), gradient clipping.
+
+    lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)
+
+rises linearly for ``warmup_steps`` steps, then decays with the inverse square
+root of the step number. Adam uses beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9.
+"""
+from __future__ import annotations
+
+
+from . import backend as B
+
+
+def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
+    """The learning rate of section 5.3 at optimizer step ``step`` (1-based)."""
+    if step < 1:
+        raise ValueError(f"noam_lr: step is 1-based, got {step}")
+    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+
+
+def clip_grad_norm(grads: dict, max_norm: float) -> float:
+    """Scale every gradient in place so that their global L2 norm is at most
+    ``max_norm``. Returns the norm before clipping (one host sync)."""
+    xp = B.get_array_module(next(iter(grads.values())))
+    total = xp.sqrt(sum((g.astype(xp.float64) ** 2).sum() for g in grads.values()))
+    norm = float(total)
+    if max_norm > 0 and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for g in grads.values():
+            g *= g.dtype.type(scale)
+    return norm
+
+
+class Adam:
+    """Adam (Kingma & Ba) with bias correction, updating ``params`` in place.
+
+    The learning rate comes from the schedule at every step; ``step`` counts
+    optimizer steps and advances exactly once per :meth:`step` call.
+    """
+
+    def __init__(self, params: dict, d_model: int, warmup_steps: int = 4000, lr_factor: float = 1.0,
+                 betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None):
+        self.params = params
+        self.d_model, self.warmup_steps, self.lr_factor = d_model, warmup_steps, lr_factor
+        self.beta1, self.beta2 = betas
+        self.eps = eps
+        self.fixed_lr = lr                     # a constant rate instead of the schedule, if given
+        self.t = 0
+        self.m = {k: B.get_array_module(v).zeros_like(v) for k, v in params.items()}
+        self.v = {k: B.get_array_module(v).zeros_like(v) for k, v in params.items()}
+
+    def lr(self, step: int | None = None) -> float:
+        step = self.t + 1 if step is None else step
+        if self.fixed_lr is not None:
+            return self.fixed_lr
+        return noam_lr(step, self.d_model, self.warmup_steps, self.lr_factor)
+
+    def step(self, grads: dict) -> float:
+        """One update with the learning rate of the coming step. Returns that rate."""
+        missing = [k for k in self.params if k not in grads]
+        if missing:
+            raise KeyError(f"Adam.step: no gradient for {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        lr = self.lr(self.t + 1)
+        self.t += 1
+        b1, b2 = self.beta1, self.beta2
+        c1, c2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
+        for k, p in self.params.items():
+            g, m, v = grads[k], self.m[k], self.v[k]
+            dt = p.dtype.type
+            m *= dt(b1)
+            m += dt(1.0 - b1) * g
+            v *= dt(b2)
+            v += dt(1.0 - b2) * (g * g)
+            # p -= lr * m_hat / (sqrt(v_hat) + eps), with m_hat = m/c1, v_hat = v/c2
+            p -= dt(lr / c1) * m / (B.get_array_module(v).sqrt(v / dt(c2)) + dt(self.eps))
+        return lr
+
+    def state_arrays(self) -> dict:
+        out = {f"adam.m/{k}": v for k, v in self.m.items()}
+        out.update({f"adam.v/{k}": v for k, v in self.v.items()})
+        return out
+
+    def load_state(self, arrays: dict, t: int) -> None:
+        """Restore moments (from :meth:`state_arrays` names, on the host) and the step count."""
+        for k in self.params:
+            for name, store in (("adam.m", self.m), ("adam.v", self.v)):
+                key = f"{name}/{k}"
+                if key not in arrays:
+                    raise KeyError(f"optimizer state has no {key}")
+                store[k] = B.to_device(arrays[key], self.params[k].dtype)
+        self.t = int(t)
+
+
+def schedule_curve(steps, d_model: int, warmup_steps: int, factor: float = 1.0):
+    """The schedule over a range of steps, as a list (for plots)."""
+    return [noam_lr(s, d_model, warmup_steps, factor) for s in steps]
+
+
