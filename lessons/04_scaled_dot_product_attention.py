@@ -1,0 +1,330 @@
+# %% [markdown]
+# # Lesson 4: scaled dot-product attention (section 3.2.1)
+#
+# $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V \qquad (1)$$
+#
+# Read it right to left as five steps, each a line of `attn.layers.attention_forward`:
+#
+# 1. `Q K^T`: every query dotted with every key, a `(T_q, T_k)` table of "how well
+#    does query i match key j";
+# 2. divide by `sqrt(d_k)` (the *scaled* in the name);
+# 3. mask: keys a query must not see (padding here, the future in lesson 5) get a
+#    logit so negative that their weight is exactly zero;
+# 4. softmax along each row: the weights are positive and sum to 1;
+# 5. the output row i is the weighted average of the value rows, `sum_j w_ij V_j`.
+#
+# We walk through the study notes' example (seed 003, a slide deck from LangCon
+# 2020), compare every number they print with what the library computes, and then
+# answer the question the paper only sketches: *why* divide by `sqrt(d_k)`?
+
+# %%
+import os, sys
+from pathlib import Path
+import matplotlib; matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
+OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+
+import numpy as np
+
+from attn.layers import attention_forward, softmax_backward, softmax_forward
+from attn.layers.softmax import SoftmaxCache
+from attn.masks import padding_mask
+
+np.set_printoptions(precision=4, suppress=True, linewidth=130)
+
+
+def show(title, table, rows, cols, fmt="{:9.4f}"):
+    """Print a labelled table."""
+    print(f"\n{title}")
+    w = max(len(r) for r in rows) + 1
+    print(" " * w + "".join(f"{c:>10}" for c in cols))
+    for r, row in zip(rows, table):
+        print(f"{r:<{w}}" + "".join(" " + (fmt.format(v) if np.isfinite(v) else f"{v:>9}") for v in row))
+
+
+# %% [markdown]
+# ## 1. The example
+#
+# Six English key/value vectors ("Education is most powerful weapon" and one
+# padding slot) and five Korean query vectors (교육은 *gyoyugeun* "education",
+# 가장 *gajang* "most", 중요한 *jungyohan* "important", 무기이다 *mugiida* "is a
+# weapon", and padding), `d_model = d_k = 4`. The notes use the same matrix for K
+# and V, so here `V = K`. The numbers are made up to be easy to multiply, not
+# learned. We label the Korean rows by their romanisation so that figures render
+# everywhere.
+#
+# The padding mask comes from token ids, as it will in the model: the key sequence
+# has ids `[1, 2, 3, 4, 5, 0]` and 0 is `attn.masks.PAD_ID`.
+
+# %%
+keys = ["Education", "is", "most", "powerful", "weapon", "[pad]"]
+queries = ["gyoyugeun", "gajang", "jungyohan", "mugiida", "[pad]"]   # 교육은 가장 중요한 무기이다 [pad]
+K = np.array([[0.1, 0.2, 0.3, 0.4],
+              [0.2, 0.3, 0.4, 0.5],
+              [0.3, 0.4, 0.5, 0.6],
+              [0.4, 0.3, 0.2, 0.1],
+              [0.5, 0.4, 0.3, 0.2],
+              [0.1, 0.1, 0.1, 0.1]])                                # (6, 4)
+Q = K[:5].copy()                                                    # (5, 4): the notes' Q rows equal K's first four ...
+Q[4] = [0.1, 0.1, 0.1, 0.1]                                         # ... and the pad row
+V = K                                                               # (6, 4)
+key_ids = np.array([[1, 2, 3, 4, 5, 0]])                            # (1, 6)
+mask = padding_mask(key_ids)                                        # (1, 1, 1, 6): True = may attend
+print("padding_mask(key_ids):", mask.astype(int).ravel(), " shape", mask.shape)
+
+# %% [markdown]
+# ### Steps 1 to 4, one at a time
+#
+# `attention_forward` does all of this in four lines; here we take them apart.
+# Steps 1 and 2 are plain matrix arithmetic, step 3 and 4 are `softmax_forward`
+# with the mask, step 5 is a matrix product. At the end we call `attention_forward`
+# itself and check it agrees.
+
+# %%
+d_k = Q.shape[-1]
+scores = Q @ K.T                                                    # (5, 6)  step 1
+scaled = scores / np.sqrt(d_k)                                      # (5, 6)  step 2
+m = mask[0, 0]                                                      # (1, 6), broadcasts over the rows
+masked = np.where(m, scaled, -np.inf)                               # step 3, for display only
+weights, _ = softmax_forward(scaled[None, None], mask)              # steps 3+4 as the library does them
+weights = weights[0, 0]                                             # (5, 6)
+out_steps = weights @ V                                             # (5, 4)  step 5
+
+show("step 1: Q K^T", scores, queries, keys)
+show(f"step 2: Q K^T / sqrt(d_k) = Q K^T / {np.sqrt(d_k):g}", scaled, queries, keys)
+show("step 3: masked (shown as -inf; the library uses the most negative float, see below)", masked, queries, keys)
+show("step 4: softmax_forward(scaled, mask): attention weights", weights, queries, keys)
+show("step 5: weights @ V: the output, one weighted average of V's rows per query", out_steps, queries,
+     [f"dim {j}" for j in range(4)])
+
+out, cache = attention_forward(Q[None, None], K[None, None], V[None, None], mask)
+print("\nattention_forward gives the same output: max |diff| =", np.abs(out[0, 0] - out_steps).max())
+print("row sums of the weights:", weights.sum(axis=1))
+
+# %% [markdown]
+# What to notice:
+#
+# * The `[pad]` **column** is exactly 0 in every row: no query takes anything from
+#   the padding key, however well it matches.
+# * The weights are nearly uniform (0.18 to 0.23). With `d_k = 4` and entries of
+#   0.1 to 0.6 the scaled scores differ by at most 0.3, and `e^0.3 = 1.35`: the
+#   softmax barely prefers anything. So every output row is close to the plain
+#   average of the five real value rows, `(0.30, 0.32, 0.34, 0.36)`.
+# * The `[pad]` **row** (a padding query) still gets an output. The padding mask of
+#   section 3.2.3 masks *keys*; whatever a padding query computes is thrown away
+#   later, because the loss ignores padding targets (`attn.loss.cross_entropy`'s
+#   `pad_id`).
+#
+# Why not literally `-inf`, as the paper and the notes write? Because a row whose
+# keys are *all* masked would become `exp(-inf - (-inf)) = exp(nan)`, and NaN spreads
+# through everything downstream. The library fills with `finfo(dtype).min`, the most
+# negative finite number (not a magic `-1e4`, which a large enough logit would beat)
+# and then sets the masked weights to exactly 0, so a fully masked row comes out as
+# zeros:
+
+# %%
+all_masked, _ = softmax_forward(scaled[None, None], np.zeros((1, 1, 1, 6), dtype=bool))
+print("fully masked rows ->", all_masked[0, 0, 0], " (NaN anywhere?", bool(np.isnan(all_masked).any()), ")")
+with np.errstate(invalid="ignore"):
+    e = np.exp(np.full(6, -np.inf) - np.max(np.full(6, -np.inf)))
+print("the same with a literal -inf ->", e / e.sum())
+
+# %% [markdown]
+# ### The notes' numbers, checked
+#
+# Every number the slides print, typed in as printed, compared with the library's.
+# A printed number is *rounded* if it is the true value rounded to the digits shown,
+# *truncated* if the digits were cut off instead (0.2164 printed as 0.21), and
+# *wrong* otherwise.
+
+# %%
+SEED = {
+    "Q K^T": (scores, """
+0.3 0.4 0.5 0.2 0.3 0.1
+0.4 0.54 0.68 0.3 0.44 0.14
+0.5 0.68 0.86 0.4 0.58 0.18
+0.2 0.3 0.4 0.3 0.4 0.1
+0.1 0.14 0.18 0.1 0.14 0.04"""),
+    "Q K^T / sqrt(d_k)": (scaled, """
+0.15 0.2 0.25 0.1 0.15 0.05
+0.2 0.27 0.34 0.15 0.22 0.07
+0.25 0.34 0.43 0.2 0.29 0.09
+0.1 0.15 0.2 0.15 0.2 0.05
+0.05 0.07 0.09 0.05 0.07 0.02"""),
+    "softmax (weights)": (weights, """
+0.19 0.20 0.21 0.18 0.10 0
+0.19 0.20 0.22 0.18 0.19 0
+0.18 0.20 0.22 0.18 0.19 0
+0.18 0.19 0.20 0.19 0.20 0
+0.19 0.20 0.20 0.19 0.20 0"""),
+    "weights @ V (output)": (out_steps, """
+0.29 0.32 0.34 0.36
+0.29 0.32 0.34 0.37
+0.29 0.32 0.34 0.37
+0.30 0.32 0.34 0.36
+0.30 0.32 0.34 0.36"""),
+}
+
+
+def classify(printed: str, truth: float) -> str:
+    d = len(printed.split(".")[1]) if "." in printed else 0
+    x, unit = float(printed), 10.0 ** -d
+    if abs(x - truth) <= unit / 2 + 1e-12:
+        return "rounded"
+    if abs(x - np.trunc(truth / unit + 1e-9) * unit) < 1e-12:
+        return "truncated"
+    return "WRONG"
+
+
+verdicts = {}
+for name, (truth, text) in SEED.items():
+    rows = [line.split() for line in text.strip().splitlines()]
+    counts = {"rounded": 0, "truncated": 0, "WRONG": 0}
+    for i, row in enumerate(rows):
+        for j, s in enumerate(row):
+            v = classify(s, truth[i, j])
+            counts[v] += 1
+            verdicts[name, i, j] = v
+            if v == "WRONG":
+                print(f"  {name}: row {queries[i]!r}, column {(keys + ['dim'] * 4)[j] if truth.shape[1] == 6 else j}: "
+                      f"printed {s}, true {truth[i, j]:.4f}")
+    print(f"{name:<22} rounded {counts['rounded']:>2}, truncated {counts['truncated']:>2}, wrong {counts['WRONG']}")
+
+# %% [markdown]
+# The score tables are exact. In the weights and outputs the slides cut digits off
+# rather than round (0.2164 is printed 0.21; 0.1893 is printed 0.18), which is a
+# presentation choice worth knowing when you compare numbers, not an error. One
+# entry is an error:
+#
+# * **weight of gyoyugeun (교육은) on "weapon": printed 0.10, true 0.1958.** The
+#   scaled score of that pair is 0.15, identical to the score on "Education", so the
+#   two weights must be identical too; they are 0.19 and 0.10 on the slide. The
+#   printed row sums to 0.88, not 1. The slide's *output* row for gyoyugeun
+#   (0.29, 0.32, 0.34, 0.36) is right, so the slide computed with the right weight
+#   and mistyped it.
+#
+# A good habit that catches this kind of slip at once: **every row of attention
+# weights sums to 1**, and equal scores in a row get equal weights.
+#
+# ## 2. Why divide by sqrt(d_k)?
+#
+# The paper (3.2.1, footnote 4): if the components of `q` and `k` are independent
+# with mean 0 and variance 1, then `q . k = sum_{i=1}^{d_k} q_i k_i` has mean 0 and
+# variance `d_k` (a sum of `d_k` independent terms, each of variance
+# `E[q_i^2] E[k_i^2] = 1`). So the logits' spread grows like `sqrt(d_k)`, and
+# dividing by `sqrt(d_k)` brings their variance back to 1 whatever the head size.
+# Let us measure it.
+
+# %%
+rng = np.random.default_rng(0)
+dks = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+n_pairs = 20_000 if QUICK else 40_000
+var_dot, var_scaled = [], []
+for dk in dks:
+    dots = []
+    for start in range(0, n_pairs, 5_000):                          # in chunks: 5000 x 1024 floats at a time
+        n = min(5_000, n_pairs - start)
+        q, k = rng.standard_normal((n, dk)), rng.standard_normal((n, dk))
+        dots.append((q * k).sum(axis=1))
+    dots = np.concatenate(dots)
+    var_dot.append(dots.var()); var_scaled.append((dots / np.sqrt(dk)).var())
+print(f"{'d_k':>6} {'var(q.k)':>10} {'var/d_k':>8} {'var(q.k/sqrt(d_k))':>19}   ({n_pairs} pairs each)")
+for dk, v, vs in zip(dks, var_dot, var_scaled):
+    print(f"{dk:>6} {v:>10.2f} {v / dk:>8.3f} {vs:>19.3f}")
+
+# %% [markdown]
+# `var(q.k) / d_k` stays at 1 (to sampling noise) from `d_k = 1` to 1024: the
+# variance *is* `d_k`. After scaling it is 1 for every `d_k`.
+#
+# Why large logits hurt: the softmax saturates. When one logit beats the others by
+# several units, the softmax is nearly one-hot, `y ~ e_j`, and its backward
+# `dx = y * (dy - sum(dy * y))` is nearly zero: `y_i ~ 0` kills every entry but `j`,
+# and at `j` the bracket is `dy_j - dy_j = 0`. No gradient flows back to the
+# queries and keys, and learning *which* key to attend to stalls. The paper's
+# phrase: "pushing the softmax function into regions where it has extremely small
+# gradients".
+#
+# We measure it with the library's softmax pair: 32 keys, random unit-variance `q`
+# and `K`, logits with and without the scale, a random upstream gradient `dy`,
+# and the norm of `dx = softmax_backward(dy)`. The median over many draws (the
+# mean would be dominated by the rare draw where two logits happen to tie).
+
+# %%
+n_keys, n_draws = 32, (300 if QUICK else 1500)
+grad_unscaled, grad_scaled, top_unscaled, top_scaled = [], [], [], []
+for dk in dks:
+    logits = np.concatenate([                                       # (n_draws, 32), variance d_k
+        (rng.standard_normal((n, 1, dk)) @ rng.standard_normal((n, n_keys, dk)).swapaxes(-1, -2))[:, 0]
+        for n in [300] * (n_draws // 300)])                          # 300 draws at a time: (300, 32, d_k) keys
+    dy = rng.standard_normal(logits.shape)
+    res = []
+    for z in (logits, logits / np.sqrt(dk)):
+        y, c = softmax_forward(z)
+        dx = softmax_backward(dy, c)
+        res.append((np.median(np.linalg.norm(dx, axis=1)), np.median(y.max(axis=1))))
+    (gu, tu), (gs, ts) = res
+    grad_unscaled.append(gu); grad_scaled.append(gs); top_unscaled.append(tu); top_scaled.append(ts)
+print(f"{'d_k':>6} {'|dx| unscaled':>14} {'|dx| scaled':>12} {'max weight unscaled':>20} {'scaled':>8}")
+for row in zip(dks, grad_unscaled, grad_scaled, top_unscaled, top_scaled):
+    print("{:>6} {:>14.2e} {:>12.3f} {:>20.4f} {:>8.3f}".format(*row))
+
+# %%
+fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+ax[0].loglog(dks, var_dot, "o-", label="var(q . k)")
+ax[0].loglog(dks, var_scaled, "s-", label="var(q . k / sqrt(d_k))")
+ax[0].loglog(dks, dks, "k:", lw=1, label="d_k")
+ax[0].set_xlabel("d_k"); ax[0].set_ylabel("variance"); ax[0].legend(); ax[0].set_title("dot products grow like d_k")
+ax[1].loglog(dks, grad_unscaled, "o-", label="softmax(q.K)  (unscaled)")
+ax[1].loglog(dks, grad_scaled, "s-", label="softmax(q.K / sqrt(d_k))")
+ax[1].set_xlabel("d_k"); ax[1].set_ylabel("median |dx| from softmax_backward"); ax[1].legend()
+ax[1].set_title(f"gradient through the softmax ({n_keys} keys)")
+im = ax[2].imshow(weights, cmap="Blues", vmin=0, vmax=0.3)
+ax[2].set_xticks(range(6), keys, rotation=45, ha="right"); ax[2].set_yticks(range(5), queries)
+for i in range(5):
+    for j in range(6):
+        ax[2].text(j, i, f"{weights[i, j]:.3f}", ha="center", va="center", fontsize=7)
+ax[2].set_title("the notes' example: weights (pad column = 0)")
+fig.colorbar(im, ax=ax[2], fraction=0.04)
+fig.tight_layout(); fig.savefig(OUT / "04_attention_scale.png", dpi=110); plt.close(fig)
+print("saved", OUT / "04_attention_scale.png")
+
+# %% [markdown]
+# Left: the variance follows the dotted line `d_k` exactly; the scaled one is flat
+# at 1. Middle: without the scale the gradient through the softmax falls by orders
+# of magnitude as `d_k` grows (the weights go one-hot: the table's "max weight"
+# climbs to 1), while with the scale it does not depend on `d_k` at all, because
+# the scaled logits have the same distribution for every `d_k`. At the paper's head
+# size `d_k = 64` the unscaled gradient is already a few times smaller, at 256 tens
+# of times, and at `d_k = 512` (one head as wide as the base model) hundreds of
+# times: essentially gone. (For small `d_k` the unscaled curve sits slightly *above* the
+# scaled one: a moderately peaked softmax passes more gradient than a nearly flat
+# one. The scale is not there to maximise the gradient, but to keep the logits'
+# spread, and so the softmax's regime, the same for every head size.) Right: the
+# example's weights, nearly uniform, with the pad column exactly 0.
+#
+# ## Check
+#
+# These fail if the library's attention is wrong: a mask that leaks weight onto the
+# pad key, weights that do not sum to 1, a wrong or missing scale, a softmax whose
+# backward does not saturate the way the maths says.
+
+# %%
+assert np.all(cache.weights[..., 5] == 0.0), "weight on the [pad] key must be exactly 0"
+assert np.all(weights[:, 5] == 0.0)
+assert np.allclose(cache.weights.sum(-1), 1.0, atol=1e-12), "attention weights must sum to 1 over the keys"
+assert np.abs(out[0, 0] - out_steps).max() < 1e-15
+assert np.abs(cache.weights[0, 0] - weights).max() < 1e-15
+# the scale is 1/sqrt(d_k): the weights equal a plain softmax of QK^T/2 over the five real keys
+ref = np.exp(scores[:, :5] / 2); ref /= ref.sum(1, keepdims=True)
+assert np.abs(weights[:, :5] - ref).max() < 1e-15, "attention_forward must divide the scores by sqrt(d_k)"
+assert [k for k, v in verdicts.items() if v == "WRONG"] == [("softmax (weights)", 0, 4)]
+assert np.all(np.isfinite(all_masked)) and np.all(all_masked == 0), "a fully masked row must be zeros, not NaN"
+for dk, v, vs in zip(dks, var_dot, var_scaled):
+    assert abs(v / dk - 1) < 0.1 and abs(vs - 1) < 0.1, f"variance of q.k should be about d_k = {dk}, got {v:.2f}"
+i512 = dks.index(512)
+assert grad_unscaled[i512] < 1e-2 * grad_scaled[i512], "unscaled softmax gradient should vanish at large d_k"
+assert max(grad_scaled) / min(grad_scaled) < 1.5, "scaled softmax gradient should not depend on d_k"
+print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
+      f"[{min(np.divide(var_dot, dks)):.3f}, {max(np.divide(var_dot, dks)):.3f}], and at d_k = 512 the unscaled "
+      f"softmax gradient is {grad_unscaled[i512] / grad_scaled[i512]:.1e} of the scaled one.")
