@@ -10,6 +10,7 @@ from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import linear_backward, linear_forward
 from .positional import positional_backward, positional_forward, sinusoidal_table
 from .softmax import softmax_backward, softmax_forward
+from .recurrent import rnn_backward, rnn_forward, rnn_step_backward, rnn_step_forward
 
 __all__ = [n for n in dir() if n.endswith(("_forward", "_backward"))] + [
     "merge_heads", "split_heads", "sinusoidal_table"]
