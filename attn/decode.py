@@ -1,0 +1,353 @@
+"""Greedy decoding and beam search (section 6.1), batched over sentences.
+
+    memory = encode(src)                       once per batch
+    y_0 = BOS;  y_{t+1} = pick(log p(. | y_0..y_t, memory))   until EOS or the length limit
+
+Both searches run one decoder position per step for every live hypothesis at
+once. With ``use_cache=True`` a step is :meth:`Transformer.decode_step`: the keys
+and values of earlier positions are cached, so a step costs O(t) attention and
+O(1) everything else. With ``use_cache=False`` each step re-runs the whole
+decoder on the prefix (``model.decode`` + ``model.project``), the O(t^2) way a
+first implementation does it; the two give the same tokens and, in float64,
+the same scores to rounding (a test checks it), and ``attn.bench`` times both.
+
+Conventions
+-----------
+* ``src`` is (B, S) integer ids on the model's backend, padded with ``PAD`` at the
+  end. Decoding starts from ``BOS``; ``PAD`` and ``BOS`` are never generated.
+* The output length limit (section 6.1: "input length + 50") is per sentence: its
+  own number of real source tokens + 50, or ``max_len`` for all when given; for a
+  model with learned positions it is also capped by the positional table. It
+  counts generated tokens, the final EOS included: a sentence that hits it stops
+  without an EOS.
+* Sentences that finish leave the batch (the cache rows are dropped with
+  :meth:`DecodeState.select`), so a long tail of one sentence costs one row.
+* Per step the host receives one small array (the chosen ids and their scores)
+  and, when rows change, sends one back (the row index, the tokens, the scores).
+
+Beam search scores a hypothesis Y of |Y| tokens (EOS included) as in GNMT
+(Wu et al. 2016), which the paper uses with alpha = 0.6::
+
+    score(Y) = log P(Y | X) / lp(Y),    lp(Y) = ((5 + |Y|) / 6) ** alpha
+
+Finished hypotheses are kept aside; a sentence's search ends when it has
+``beam_size`` of them or reaches its length limit (its live beams then count
+as finished, without EOS). Each step keeps the best ``2K`` candidates: an EOS
+among the first ``K`` finishes a hypothesis, the first ``K`` others become the
+next beams. With ``beam_size=1`` this is greedy decoding, token for token.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from . import backend as B
+from .data import BOS, EOS, PAD
+from .masks import padding_mask
+from .model import log_softmax
+
+#: Output length limit beyond the source length (section 6.1).
+EXTRA_LENGTH = 50
+
+
+class DecodeResult(NamedTuple):
+    """What a search returns for a batch of B sentences.
+
+    tokens : list of B lists of int
+        The output ids, without BOS and without EOS.
+    scores : list of B floats
+        Greedy: the sum of the log-probabilities of the chosen tokens (EOS
+        included). Beam: the length-penalised score ``log P / lp``.
+    cross_attention : list of B host arrays (len(tokens), S_i), or None
+        The last decoder layer's cross-attention, averaged over heads: row t is
+        where the model looked while producing ``tokens[t]``; the columns are the
+        sentence's real (non-pad) source positions. Only with ``with_attention=True``.
+    n_best : list of B lists of (tokens, score), or None
+        Beam search only: every finished hypothesis of a sentence, best first.
+    """
+    tokens: list
+    scores: list
+    cross_attention: list | None = None
+    n_best: list | None = None
+
+
+# --------------------------------------------------------------------------- steppers
+
+class _CachedStepper:
+    """One decoder position per call, with the keys/values of the prefix cached."""
+
+    def __init__(self, model, memory, src_mask, with_attention):
+        self.model, self.with_attention = model, with_attention
+        self.state = model.start_decoding(memory, src_mask)
+
+    def step(self, tokens):
+        """tokens (n,) ids at the next position. Returns log-probs (n, V), attention (n, S) or None."""
+        logp, self.state, cross = self.model.decode_step(tokens, self.state)
+        att = cross[-1][:, :, 0, :].mean(axis=1) if self.with_attention else None    # (n, S)
+        return logp, att
+
+    def select(self, index):
+        """Keep (and repeat) rows ``index`` (device int array)."""
+        self.state = self.state.select(index)
+
+
+class _FullStepper:
+    """The same interface, recomputing the whole prefix every step (no cache)."""
+
+    def __init__(self, model, memory, src_mask, with_attention):
+        self.model, self.with_attention = model, with_attention
+        self.memory, self.src_mask, self.prefix = memory, src_mask, None
+
+    def step(self, tokens):
+        xp = B.get_array_module(tokens)
+        col = tokens[:, None]
+        self.prefix = col if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
+        h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask)                  # (n, t+1, D)
+        logp = log_softmax(self.model.project(h[:, -1, :]))                                      # (n, V)
+        att = None
+        if self.with_attention:
+            att = cache.layers[-1][1].sub.attn.weights[:, :, -1, :].mean(axis=1)              # (n, S)
+        return logp, att
+
+    def select(self, index):
+        self.prefix = self.prefix[index]
+        self.memory, self.src_mask = self.memory[index], self.src_mask[index]
+
+
+# --------------------------------------------------------------------------- shared parts
+
+def _start(model, src, max_len, use_cache, with_attention):
+    """Check ``src``, encode it, and work out each sentence's step limit.
+
+    Returns: stepper, src on the host, step limits (B,) host ints.
+    """
+    if src.ndim != 2 or src.dtype.kind not in "iu":
+        raise ValueError(f"decode: src must be a (B, S) integer array of token ids, "
+                         f"got shape {tuple(src.shape)} dtype {src.dtype}")
+    xp = model.xp
+    if B.get_array_module(src) is not xp:          # a host array for a GPU model, or the reverse
+        src = xp.asarray(B.to_host(src))
+    np = B.host
+    src_h = B.to_host(src)
+    limits = (src_h != PAD).sum(axis=1) + EXTRA_LENGTH if max_len is None else \
+        np.full(src_h.shape[0], int(max_len))
+    if model.config.positional == "learned":       # decode_step indexes the table at each position
+        limits = np.minimum(limits, model.config.max_len)
+    limits = np.maximum(limits, 1).astype(np.int64)
+    src_mask = padding_mask(src)                                                  # (B, 1, 1, S)
+    memory, _ = model.encode(src, None, src_mask)                                 # (B, S, D)
+    stepper = (_CachedStepper if use_cache else _FullStepper)(model, memory, src_mask, with_attention)
+    return stepper, src_h, limits
+
+
+def _ban(logp):
+    """PAD and BOS are never generated: their log-probability becomes -inf (in place)."""
+    logp[:, PAD] = -float("inf")
+    logp[:, BOS] = -float("inf")
+    return logp
+
+
+def _to_device_rows(xp, *columns):
+    """Send several (n,) host columns to the device in one transfer; return them as
+    float64 device arrays (ids are exact in float64 up to 2**53)."""
+    np = B.host
+    packed = xp.asarray(np.stack([np.asarray(c, dtype=np.float64) for c in columns]))
+    return list(packed)
+
+
+def _attention_rows(att_steps, src_h, sentence_rows):
+    """Gather per-sentence attention from the per-step device arrays.
+
+    att_steps : list over steps of (n_t, S) device arrays.
+    sentence_rows : per sentence a list of (step, row) pairs, in token order.
+    Returns: per sentence a (len(rows), S_i) host array over its real source positions.
+    """
+    np = B.host
+    host_steps = [B.to_host(a).astype(np.float64) for a in att_steps]            # one transfer per step, at the end
+    out = []
+    for i, rows in enumerate(sentence_rows):
+        a = np.stack([host_steps[t][r] for t, r in rows]) if rows else np.zeros((0, src_h.shape[1]))
+        out.append(a[:, src_h[i] != PAD])
+    return out
+
+
+# --------------------------------------------------------------------------- greedy
+
+def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False) -> DecodeResult:
+    """Pick the most probable token at every step.
+
+    Inputs
+    ------
+    model : Transformer
+    src : (B, S) integer ids, PAD-padded, on the model's backend (a host array is moved there)
+    max_len : int or None
+        Most tokens to generate per sentence (EOS included); None: the sentence's
+        real source length + 50.
+    use_cache : bool
+        Incremental decoding with cached keys/values (True) or recomputing the
+        prefix every step (False). Same result either way.
+    with_attention : bool
+        Also return the last layer's cross-attention per sentence.
+
+    Returns
+    -------
+    DecodeResult with ``scores`` the summed log-probabilities (EOS included).
+    """
+    np = B.host
+    xp = model.xp
+    if src.shape[0] == 0:
+        return DecodeResult([], [], [] if with_attention else None)
+    stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention)
+    n, T_max = src_h.shape[0], int(limits.max())
+    out = np.full((n, T_max), PAD, dtype=np.int64)     # generated ids, by sentence and step
+    n_out = np.zeros(n, dtype=np.int64)                # tokens kept (EOS excluded)
+    scores = np.zeros(n, dtype=np.float64)
+    rows = np.arange(n)                                # sentence of each live row
+    att_steps = []                                     # per step: (sentence of each row, (n_live, S))
+    tokens = xp.full((n,), BOS, dtype=xp.int64)
+    for t in range(T_max):
+        logp, att = stepper.step(tokens)
+        _ban(logp)
+        nxt = logp.argmax(axis=-1)                                                 # (n_live,)
+        lp = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
+        info = B.to_host(xp.stack([nxt.astype(xp.float64), lp.astype(xp.float64)]))  # the step's one sync
+        tok, lp_h = info[0].astype(np.int64), info[1]
+        scores[rows] += lp_h
+        is_eos = tok == EOS
+        out[rows[~is_eos], t] = tok[~is_eos]
+        n_out[rows[~is_eos]] += 1
+        if with_attention:
+            att_steps.append((rows, att))
+        keep = ~(is_eos | (t + 1 >= limits[rows]))
+        if not keep.any():
+            break
+        if not keep.all():
+            idx = np.nonzero(keep)[0]
+            rows = rows[idx]
+            idx_d, tok_d = _to_device_rows(xp, idx, tok[idx])
+            stepper.select(idx_d.astype(xp.int64))
+            tokens = tok_d.astype(xp.int64)
+        else:
+            tokens = nxt
+    tokens_out = [out[i, :n_out[i]].tolist() for i in range(n)]   # tokens are contiguous from step 0
+    cross = None
+    if with_attention:
+        full = np.zeros((n, len(att_steps), src_h.shape[1]))                     # (B, steps, S)
+        for t, (r, a) in enumerate(att_steps):                                   # one transfer per step, at the end
+            full[r, t] = B.to_host(a)
+        cross = [full[i, :n_out[i]][:, src_h[i] != PAD] for i in range(n)]
+    return DecodeResult(tokens_out, scores.tolist(), cross)
+
+
+# --------------------------------------------------------------------------- beam search
+
+def length_penalty(length, alpha: float = 0.6):
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (1 for alpha = 0)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None, use_cache=True,
+                with_attention=False) -> DecodeResult:
+    """Beam search with the length penalty of section 6.1, batched over sentences.
+
+    Inputs are those of :func:`greedy_decode`, plus ``beam_size`` (K, the paper's
+    4) and ``alpha`` (the paper's 0.6). The B sentences' beams are one flat batch
+    of rows (``B*K`` at most); after each step the cache is reordered to the
+    surviving beams' parents with :meth:`DecodeState.select`.
+
+    Returns
+    -------
+    DecodeResult: per sentence the best finished hypothesis, its length-penalised
+    score, and ``n_best`` with every finished hypothesis, best first.
+    """
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_search: beam_size must be a positive integer, got {beam_size!r}")
+    np = B.host
+    xp = model.xp
+    K = beam_size
+    if src.shape[0] == 0:
+        return DecodeResult([], [], [] if with_attention else None, [])
+    stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention)
+    n, T_max = src_h.shape[0], int(limits.max())
+    finished = [[] for _ in range(n)]           # per sentence: (score, -order, tokens, (step, row))
+    n_fin = np.zeros(n, dtype=np.int64)
+    live = np.arange(n)                          # sentence of each live beam group
+    W = 1                                        # beams per live sentence: 1 at the start, then K
+                                                 # (fewer while K exceeds the candidates)
+    hist = np.zeros((n, 0), dtype=np.int64)      # (n_live*W, t) tokens of each beam
+    beam_scores = xp.zeros((n, 1), dtype=xp.float64)                   # (n_live, W) log P so far
+    tokens = xp.full((n,), BOS, dtype=xp.int64)
+    att_steps, parents = [], []                  # for the attention: per step, rows' parents
+    order = 0
+
+    def finish(i, toks, score, step, row):
+        nonlocal order
+        finished[i].append((score, -order, toks, (step, int(row))))
+        order += 1
+
+    for t in range(T_max):
+        logp, att = stepper.step(tokens)                                          # (n_live*W, V)
+        _ban(logp)
+        nl, V = len(live), logp.shape[1]
+        if with_attention:
+            att_steps.append(att)
+        cand = (beam_scores[:, :, None] + logp.reshape(nl, W, V).astype(xp.float64)).reshape(nl, W * V)
+        C = min(2 * K, W * V)
+        top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered
+        top_s = xp.take_along_axis(cand, top, axis=1)
+        info = B.to_host(xp.stack([top_s, top.astype(xp.float64)]))              # the step's one sync
+        s, f = info[0], info[1].astype(np.int64)
+        srt = np.lexsort((f, -s), axis=-1)          # best first; ties: lower id first, as argmax does
+        s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)
+        parent = np.arange(nl)[:, None] * W + f // V                              # row in this step's layout
+        tok = f % V
+        is_eos = tok == EOS
+        length = t + 1
+        # An EOS among the first K candidates finishes a hypothesis.
+        for i, c in zip(*np.nonzero(is_eos[:, :K] & np.isfinite(s[:, :K]))):
+            finish(live[i], hist[parent[i, c]].tolist(), s[i, c] / length_penalty(length, alpha),
+                   t, parent[i, c])
+            n_fin[live[i]] += 1
+        # The first K other candidates are the next beams (an EOS that must fill in is dead).
+        pick = np.argsort(is_eos, axis=1, kind="stable")[:, :K]                  # (n_live, Wn), Wn = min(K, C)
+        Wn = pick.shape[1]
+        new_parent = np.take_along_axis(parent, pick, 1)
+        new_tok = np.take_along_axis(tok, pick, 1)
+        new_s = np.where(np.take_along_axis(is_eos, pick, 1), -np.inf, np.take_along_axis(s, pick, 1))
+        hist = np.concatenate([hist[new_parent.ravel()], new_tok.reshape(-1, 1)], axis=1)
+        # At the length limit the live beams count as finished, without EOS.
+        at_limit = length >= limits[live]
+        for i in np.nonzero(at_limit)[0]:
+            for k in range(Wn):
+                if np.isfinite(new_s[i, k]):
+                    finish(live[i], hist[i * Wn + k].tolist(), new_s[i, k] / length_penalty(length, alpha),
+                           t, new_parent[i, k])
+        keep = ~(at_limit | (n_fin[live] >= K))
+        if not keep.any():
+            break
+        live = live[keep]
+        idx = new_parent[keep].ravel()
+        hist = hist.reshape(nl, Wn, -1)[keep].reshape(len(idx), -1)
+        parents.append(idx)
+        idx_d, tok_d, s_d = _to_device_rows(xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
+        stepper.select(idx_d.astype(xp.int64))
+        tokens = tok_d.astype(xp.int64)
+        beam_scores = s_d.reshape(len(live), Wn)
+        W = Wn
+
+    tokens_out, scores_out, n_best, att_rows = [], [], [], []
+    for i in range(n):
+        hyps = sorted(finished[i], key=lambda h: (h[0], h[1]), reverse=True)
+        n_best.append([(h[2], float(h[0])) for h in hyps])
+        best = hyps[0] if hyps else (-float("inf"), 0, [], (0, 0))   # cannot happen while UNK is allowed
+        tokens_out.append(best[2])
+        scores_out.append(float(best[0]))
+        if with_attention:
+            step, row = best[3]
+            rows = []
+            for tau in range(step, -1, -1):          # follow the parents back to step 0
+                rows.append((tau, row))
+                if tau > 0:
+                    row = int(parents[tau - 1][row])
+            att_rows.append(rows[::-1][:len(best[2])])
+    cross = _attention_rows(att_steps, src_h, att_rows) if with_attention else None
+    return DecodeResult(tokens_out, scores_out, cross, n_best)

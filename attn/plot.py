@@ -1,0 +1,87 @@
+"""Figures, written to files with matplotlib's Agg renderer (no display needed).
+
+Each function draws on its own ``Figure`` with an Agg canvas instead of going
+through ``pyplot``: nothing global changes, so importing this module never
+switches the backend of a program that has its own plots open.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from . import backend as B
+
+
+def _save(fig: Figure, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_attention(weights, src_tokens, tgt_tokens, path, title=None) -> Path:
+    """Heatmap of attention weights: source tokens on the x axis, target tokens on the y axis.
+
+    Inputs
+    ------
+    weights : (T, S) host array
+        Row t is where target token t looked (e.g. the last decoder layer's
+        cross-attention averaged over heads, :attr:`attn.decode.DecodeResult.cross_attention`).
+    src_tokens : list of S str
+    tgt_tokens : list of T str
+    path : where to write the image (PNG by its suffix); folders are created.
+    title : optional str
+
+    Returns: the path written.
+    """
+    w = B.host.asarray(B.to_host(weights), dtype=float)
+    if w.ndim != 2 or w.shape != (len(tgt_tokens), len(src_tokens)):
+        raise ValueError(f"plot_attention: weights have shape {tuple(w.shape)}, but there are "
+                         f"{len(tgt_tokens)} target and {len(src_tokens)} source tokens: "
+                         f"expected ({len(tgt_tokens)}, {len(src_tokens)})")
+    T, S = w.shape
+    fig = Figure(figsize=(min(2.0 + 0.45 * S, 24.0), min(1.5 + 0.4 * T, 24.0)))
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()) if w.size else 1.0, 1e-12),
+                   aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(S))
+    ax.set_xticklabels([str(t) for t in src_tokens], rotation=90)
+    ax.set_yticks(range(T))
+    ax.set_yticklabels([str(t) for t in tgt_tokens])
+    ax.set_xlabel("source")
+    ax.set_ylabel("target")
+    if title:
+        ax.set_title(title)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    return _save(fig, path)
+
+
+def plot_loss_curve(train_losses, val_points, path, title="training") -> Path:
+    """Training loss per step (light) with its running mean, and validation loss.
+
+    Inputs: train_losses, a list of floats (one per step); val_points, a list of
+    (step, val_loss); path of the PNG. Returns the path written.
+    """
+    np = B.host
+    fig = Figure(figsize=(6.4, 4.0))
+    ax = fig.add_subplot(1, 1, 1)
+    if len(train_losses):
+        y = np.asarray(train_losses, dtype=float)
+        x = np.arange(1, len(y) + 1)
+        ax.plot(x, y, color="tab:blue", alpha=0.25, lw=0.8)
+        k = max(1, min(50, len(y) // 20))
+        smooth = np.convolve(y, np.ones(k) / k, mode="valid")
+        ax.plot(x[k - 1:], smooth, color="tab:blue", label=f"train (mean of {k} steps)")
+    if val_points:
+        s, v = zip(*val_points)
+        ax.plot(s, v, "o-", color="tab:orange", label="validation")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("label-smoothed cross-entropy")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)

@@ -1,0 +1,178 @@
+"""The ``attn-translate`` command, text-level translation, corpus BLEU and the attention figure.
+
+A tiny random model saved with a vocabulary stands in for a trained checkpoint:
+the command's contract (one line out per sentence in, arguments or standard
+input, exit code 2 and a clear message for problems the user can fix) does not
+depend on the translations being good.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import attn.backend as B
+from attn.data import EOS, Vocab, tokenize
+from attn.evaluate import corpus_bleu, evaluate_bleu, source_ids, translate, translate_sentences
+from attn.model import Transformer, TransformerConfig
+from attn.plot import plot_attention
+from attn.translate import attention_paths, main
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = ["a", "b", "c", "d", "e", "."]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny(seed=3):
+    vocab = Vocab.build([WORDS])
+    cfg = TransformerConfig(vocab_size=len(vocab), d_model=8, n_heads=2, d_ff=16,
+                            n_encoder_layers=1, n_decoder_layers=1)
+    model = Transformer(cfg, seed=seed, dtype="float64")
+    model.params["embedding.weight"][EOS] *= 3.0        # so that outputs end before the length limit
+    return model, vocab
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model, vocab = tiny()
+    return model.save(tmp_path / "run" / "checkpoint.npz", extra_meta={"vocab": vocab.to_json()})
+
+
+@pytest.fixture
+def restore_backend():
+    """``main`` selects a backend; put the previous choice back afterwards."""
+    saved = (B._current, B._xp)
+    yield
+    B._current, B._xp = saved
+
+
+def run_cli(*args, stdin=None):
+    env = {**os.environ, "ATTN_BACKEND": "numpy", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "attn.translate", *map(str, args)], input=stdin,
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+# --------------------------------------------------------------------------- the command, as a user runs it
+
+def test_cli_translates_arguments(checkpoint):
+    r = run_cli("--checkpoint", checkpoint, "a b c", "d e .", "zz unknown a")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 3
+    model, vocab = tiny()
+    assert lines == translate_sentences(model, vocab, ["a b c", "d e .", "zz unknown a"])
+
+
+def test_cli_reads_standard_input_one_sentence_per_line(checkpoint):
+    r = run_cli("--checkpoint", checkpoint, "--beam", "3", stdin="a b\n\nc d e .\n")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")[:-1]
+    assert len(lines) == 3                        # an empty line in, a line out: the alignment holds
+    model, vocab = tiny()
+    assert lines == translate_sentences(model, vocab, ["a b", "", "c d e ."], beam_size=3)
+
+
+def test_cli_missing_checkpoint_exits_2_naming_it(tmp_path):
+    missing = tmp_path / "nowhere" / "checkpoint.npz"
+    r = run_cli("--checkpoint", missing, "a b")
+    assert r.returncode == 2
+    assert str(missing) in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
+
+
+# --------------------------------------------------------------------------- the command, in process
+
+def test_help_explains_the_flags(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--checkpoint", "--beam", "--alpha", "--attention", "--backend"):
+        assert flag in out
+    assert "attn-translate --checkpoint" in out      # an example
+
+
+def test_attention_figure_one_and_several(checkpoint, tmp_path, capsys, restore_backend):
+    png = tmp_path / "figs" / "att.png"
+    assert main(["--checkpoint", str(checkpoint), "--backend", "numpy", "--attention", str(png), "a b c"]) == 0
+    assert png.read_bytes()[:8] == PNG
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert main(["--checkpoint", str(checkpoint), "--backend", "numpy", "--beam", "2",
+                 "--attention", str(png), "a b", "c d e ."]) == 0
+    for p in (tmp_path / "figs" / "att-1.png", tmp_path / "figs" / "att-2.png"):
+        assert p.read_bytes()[:8] == PNG
+    assert attention_paths(Path("x/att.png"), 1) == [Path("x/att.png")]
+
+
+@pytest.mark.parametrize("problem", ["corrupt", "no_vocab", "wrong_vocab", "bad_config"])
+def test_bad_checkpoints_exit_2(tmp_path, capsys, restore_backend, problem):
+    path = tmp_path / "checkpoint.npz"
+    model, vocab = tiny()
+    if problem == "corrupt":
+        path.write_bytes(b"this is not a zip file")
+    elif problem == "no_vocab":
+        model.save(path)
+    elif problem == "wrong_vocab":
+        model.save(path, extra_meta={"vocab": vocab.to_json()[:-1]})
+    else:
+        arrays = {k: v for k, v in model.state_arrays().items() if "ffn" not in k}
+        from attn.checkpoint import save_npz
+        save_npz(path, arrays, {"config": model.config.to_dict(), "vocab": vocab.to_json()})
+    assert main(["--checkpoint", str(path), "--backend", "numpy", "a b"]) == 2
+    err = capsys.readouterr()
+    assert err.out == ""
+    assert err.err.startswith("attn-translate: error:") and str(path) in err.err
+
+
+def test_unusable_backend_exits_2(checkpoint, capsys, restore_backend):
+    if B.cupy_available():
+        pytest.skip("CuPy is usable here: --backend cupy is not an error")
+    assert main(["--checkpoint", str(checkpoint), "--backend", "cupy", "a"]) == 2
+    assert "CuPy" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- translation and BLEU
+
+def test_translate_restores_input_order_across_sorted_batches():
+    model, vocab = tiny()
+    sentences = ["a b c d e . a", "b", "c d", "e e e e", "", "a . b", "zz"]
+    alone = [translate_sentences(model, vocab, [s])[0] for s in sentences]
+    assert translate_sentences(model, vocab, sentences, batch_size=3) == alone
+    assert translate_sentences(model, vocab, sentences, beam_size=2, batch_size=2) == \
+        [translate_sentences(model, vocab, [s], beam_size=2)[0] for s in sentences]
+
+
+def test_source_ids_use_unk_and_end_with_eos():
+    _, vocab = tiny()
+    ids = source_ids(vocab, tokenize("a zz ."))
+    assert ids == [vocab.stoi["a"], 3, vocab.stoi["."], EOS]
+    (t,) = translate(*tiny(), ["a zz ."], with_attention=True)
+    assert t.src_tokens == ["a", "zz", ".", "</s>"]
+    assert t.attention.shape == (len(t.tgt_tokens), 4)
+
+
+def test_corpus_bleu():
+    text = ["the old friend did not think that the bird will carry the girl .", "he carries red girls ."]
+    assert corpus_bleu(text, text) == pytest.approx(100.0)
+    assert corpus_bleu(["x y z w"], ["a b c d"]) == pytest.approx(0.0)
+    assert corpus_bleu([], []) == 0.0
+    with pytest.raises(ValueError, match="2 hypotheses but 1"):
+        corpus_bleu(text, text[:1])
+
+
+def test_evaluate_bleu_returns_score_and_hypotheses():
+    model, vocab = tiny()
+    pairs = [("a b", "c d ."), ("e", "a")]
+    bleu, hyps = evaluate_bleu(model, vocab, pairs)
+    assert 0.0 <= bleu <= 100.0
+    assert hyps == translate_sentences(model, vocab, ["a b", "e"])
+
+
+def test_plot_attention_checks_the_shape(tmp_path):
+    w = B.host.full((2, 3), 1 / 3)
+    assert plot_attention(w, ["a", "b", "</s>"], ["x", "y"], tmp_path / "a.png", title="t").read_bytes()[:8] == PNG
+    with pytest.raises(ValueError, match=r"expected \(2, 2\)"):
+        plot_attention(w, ["a", "b"], ["x", "y"], tmp_path / "b.png")
