@@ -1,0 +1,142 @@
+"""End-to-end: the trainer learns, resumes exactly, survives Ctrl-C, and its command explains itself."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attn import backend as B
+from attn.checkpoint import load_npz
+from attn.evaluate import translate_sentences
+from attn.model import Transformer
+from attn.data import Vocab
+from attn.train import build_parser, train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PAIRS = [("the red cat sleeps", "le chat rouge dort"),
+         ("a big dog runs", "un grand chien court"),
+         ("the small bird sings", "le petit oiseau chante"),
+         ("a red dog sleeps", "un chien rouge dort"),
+         ("the big cat runs", "le grand chat court"),
+         ("a small cat sings", "un petit chat chante")]
+
+
+def write_corpus(folder: Path, pairs=PAIRS):
+    for split in ("train", "val", "test"):
+        (folder / f"{split}.xx").write_text("\n".join(s for s, _ in pairs) + "\n", encoding="utf-8")
+        (folder / f"{split}.yy").write_text("\n".join(t for _, t in pairs) + "\n", encoding="utf-8")
+    return folder
+
+
+TINY = ["--src", "xx", "--tgt", "yy", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
+        "--max-tokens", "64", "--warmup", "30", "--minutes", "0", "--bleu-sentences", "0", "--quiet"]
+
+
+def run_train(tmp_path, *extra):
+    (tmp_path / "data").mkdir(exist_ok=True)
+    data = write_corpus(tmp_path / "data")
+    args = build_parser().parse_args(["--data", str(data), *TINY, *extra])
+    args.backend = "numpy"
+    return train(args)
+
+
+@pytest.fixture(autouse=True)
+def _numpy_backend():
+    B.set_backend("numpy")
+    yield
+
+
+def test_tiny_model_overfits_to_exact_translations(tmp_path):
+    out = tmp_path / "run"
+    metrics = run_train(tmp_path, "--steps", "200", "--dropout", "0", "--label-smoothing", "0",
+                        "--eval-every", "100", "--out", str(out), "--lr-factor", "1")
+    _, meta = load_npz(out / "checkpoint.npz")
+    model = Transformer.load(out / "checkpoint.npz")
+    vocab = Vocab.from_json(meta["vocab"])
+    hyps = translate_sentences(model, vocab, [s for s, _ in PAIRS])
+    assert hyps == [t for _, t in PAIRS]
+    assert metrics["test_bleu"] == pytest.approx(100.0)
+    for name in ("checkpoint.npz", "config.json", "metrics.jsonl", "metrics.json", "loss.png"):
+        assert (out / name).is_file(), name
+    final = json.loads((out / "metrics.json").read_text())
+    for key in ("test_bleu", "val_loss", "steps", "train_seconds", "tokens_per_second", "backend"):
+        assert key in final
+    assert final["steps"] == 200
+
+
+def test_resume_reproduces_the_uninterrupted_losses(tmp_path):
+    run_train(tmp_path, "--steps", "12", "--eval-every", "6", "--out", str(tmp_path / "straight"))
+    run_train(tmp_path, "--steps", "5", "--eval-every", "6", "--out", str(tmp_path / "split"))
+    run_train(tmp_path, "--steps", "12", "--eval-every", "6", "--out", str(tmp_path / "split"), "--resume")
+    a, _ = load_npz(tmp_path / "straight" / "checkpoint.npz")
+    b, _ = load_npz(tmp_path / "split" / "checkpoint.npz")
+    assert len(a["history/train_loss"]) == 12
+    np.testing.assert_array_equal(a["history/train_loss"], b["history/train_loss"])
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    data = write_corpus(tmp_path)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "attn.train", "--data", str(data), *TINY, "--steps", "100000",
+           "--eval-every", "3", "--out", str(out), "--backend", "numpy"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert "resume with" in stderr
+    arrays, meta = load_npz(out / "checkpoint.npz")
+    assert meta["step"] >= 3 and len(arrays["history/train_loss"]) == meta["step"]
+    assert not list(out.glob(".*.tmp")), "a temporary checkpoint file was left behind"
+
+
+def test_checkpoint_averaging(tmp_path):
+    out = tmp_path / "run"
+    metrics = run_train(tmp_path, "--steps", "9", "--eval-every", "3", "--average", "3", "--out", str(out))
+    assert metrics["averaged_checkpoints"] == 3
+    snaps = sorted((out / "snapshots").glob("step-*.npz"))
+    assert [s.name for s in snaps] == ["step-00000003.npz", "step-00000006.npz", "step-00000009.npz"]
+    avg = Transformer.load(out / "averaged.npz")
+    parts = [load_npz(s)[0] for s in snaps]
+    for k, v in avg.params.items():
+        np.testing.assert_allclose(v, np.mean([p[f"param/{k}"] for p in parts], axis=0), rtol=1e-6, atol=1e-7)
+
+
+def test_help_explains_the_flags():
+    proc = subprocess.run([sys.executable, "-m", "attn.train", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0
+    for flag in ("--backend", "--preset", "--data", "--src", "--tgt", "--tsv", "--minutes", "--out", "--resume",
+                 "--seed", "--beam"):
+        assert flag in proc.stdout
+
+
+def test_bad_data_is_a_clear_error(tmp_path):
+    (tmp_path / "train.xx").write_text("a\nb\n")
+    (tmp_path / "train.yy").write_text("a\n")
+    proc = subprocess.run([sys.executable, "-m", "attn.train", "--data", str(tmp_path), "--src", "xx", "--tgt", "yy",
+                           "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "train.xx" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_tsv_corpus_trains(tmp_path):
+    lines = [f"{s}\t{t}" for s, t in PAIRS * 4]
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args = build_parser().parse_args(["--tsv", str(tmp_path / "pairs.tsv"), *TINY[4:], "--steps", "3",
+                                      "--eval-every", "3", "--out", str(tmp_path / "o")])
+    args.backend = "numpy"
+    metrics = train(args)
+    assert metrics["steps"] == 3 and os.path.isfile(tmp_path / "o" / "checkpoint.npz")
