@@ -1,0 +1,408 @@
+"""Text in, padded id arrays out: readers, tokeniser, vocabulary, token-budget batches.
+
+The pipeline, in the order the trainer calls it::
+
+    pairs = read_parallel("data/toy", "en", "tk", "train")   # [(src text, tgt text), ...]
+    vocab = Vocab.build([tokenize(s) for s, _ in pairs] + [tokenize(t) for _, t in pairs])
+    enc = encode_pairs(pairs, vocab, max_len=100)            # [(src ids, tgt ids), ...]
+    batches = make_batches(enc, max_tokens=2000, shuffle=True, seed=0, epoch=0)
+    batches[0].src, batches[0].tgt_in, batches[0].tgt_out    # (B, S), (B, T), (B, T) int64
+
+One vocabulary serves both languages (the paper shares it, section 3.4, so the
+embedding and the output projection can be tied). Ids 0-3 are the specials
+``<pad> <s> </s> <unk>``; ``PAD`` equals :data:`attn.masks.PAD_ID`.
+
+Batches follow section 5.1: "Sentence pairs were batched together by approximate
+sequence length." Pairs are sorted by length and cut so that each padded batch
+holds at most ``max_tokens`` positions; only the order of the batches is random,
+seeded by ``(seed, epoch)`` so that a resumed run rebuilds the same list.
+
+Everything here runs on the host (``backend.host``, i.e. NumPy); the trainer moves
+the arrays to the device. Bad input raises :class:`DataError` naming the file and
+line; skipped pairs are counted in one :class:`DataWarning`.
+"""
+from __future__ import annotations
+
+import codecs
+import gzip
+import re
+import unicodedata
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, NamedTuple, Sequence
+
+from . import backend as B
+from .masks import PAD_ID
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+assert PAD == PAD_ID, "attn.masks.PAD_ID and attn.data.PAD must agree"
+
+#: The toy corpus that ``python data/make_toy.py`` writes (in a source checkout).
+TOY_DIR = Path(__file__).resolve().parent.parent / "data" / "toy"
+
+
+class DataError(ValueError):
+    """A corpus file is missing, misaligned, not UTF-8, or not in the expected format."""
+
+
+class DataWarning(UserWarning):
+    """Some input was skipped (empty or over-long lines); the message gives the count."""
+
+
+# --------------------------------------------------------------------------
+# Tokeniser
+# --------------------------------------------------------------------------
+#
+# A token is either a *word* (a run of letters, marks, digits and "_", which may
+# contain an apostrophe, hyphen or zero-width (non-)joiner between two word
+# characters: "don't", "well-known", "l'homme") or a single other visible
+# character (punctuation, symbols). Whitespace, control characters and the
+# zero-width space separate tokens; other invisible format characters (BOM,
+# soft hyphen, direction marks) are dropped. Text is NFC-normalised first and
+# case is kept.
+
+_JOINERS = frozenset("'\u2019-\u2010\u200c\u200d")  # ' ’ - ‐ ZWNJ ZWJ
+_ZWSP = "\u200b"
+# The same rules restricted to ASCII, as one regular expression: the fast path
+# for the (common) ASCII line. A test checks that both paths agree on ASCII text.
+_ASCII_TOKEN = re.compile(r"[A-Za-z0-9_]+(?:['-][A-Za-z0-9_]+)*|[!-/:-@\[-^`{-~]")
+
+
+def _char_kind(ch: str) -> str:
+    """ "w" word character, "s" separator, "x" dropped, "p" a token on its own."""
+    cat = unicodedata.category(ch)
+    if cat[0] in "LMN" or ch == "_":
+        return "w"
+    if ch.isspace() or cat[0] == "Z" or cat == "Cc" or ch == _ZWSP:
+        return "s"
+    if cat == "Cf" and ch not in _JOINERS:
+        return "x"
+    return "p"
+
+
+def _tokenize_unicode(text: str) -> list[str]:
+    # drop invisible format characters first: "a<soft hyphen><combining acute>" must become "á"
+    text = unicodedata.normalize("NFC", "".join(ch for ch in text if _char_kind(ch) != "x"))
+    chars = [(ch, _char_kind(ch)) for ch in text]
+    tokens: list[str] = []
+    word: list[str] = []
+    for i, (ch, kind) in enumerate(chars):
+        if kind == "w":
+            word.append(ch)
+            continue
+        if ch in _JOINERS and word and i + 1 < len(chars) and chars[i + 1][1] == "w":
+            word.append(ch)  # "don't": the apostrophe sits between two word characters
+            continue
+        if word:
+            tokens.append("".join(word))
+            word = []
+        if kind == "p" and ch not in "\u200c\u200d":  # a lone (non-)joiner is invisible: drop it
+            tokens.append(ch)
+    if word:
+        tokens.append("".join(word))
+    return tokens
+
+
+def tokenize(text: str) -> list[str]:
+    """Split text into words and punctuation; keep case.
+
+    >>> tokenize("Hello, world!  It's 3.5km.")
+    ['Hello', ',', 'world', '!', "It's", '3', '.', '5km', '.']
+
+    Unicode-aware (letters, marks and digits of any script make words), NFC-normalised,
+    whitespace collapsed. Already-tokenised text (tokens joined by single spaces) comes
+    back unchanged, so the toy corpus is read exactly as written.
+    """
+    if text.isascii():
+        return _ASCII_TOKEN.findall(text)
+    return _tokenize_unicode(text)
+
+
+# Punctuation that sticks to the word before it / after it when detokenising.
+_NO_SPACE_BEFORE = frozenset(".,!?;:%)]}»…‽。、，！？；：）」』】")
+_NO_SPACE_AFTER = frozenset("([{«¿¡（「『【")
+
+
+def detokenize(tokens: Sequence[str]) -> str:
+    """Join tokens with spaces, reattaching punctuation.
+
+    >>> detokenize(["hello", ",", "world", "(", "again", ")", "."])
+    'hello, world (again).'
+
+    For tokens made by :func:`tokenize`, ``tokenize(detokenize(t)) == t``. Quotes,
+    apostrophes and hyphens standing alone keep their spaces (gluing them could
+    merge two words into one).
+    """
+    out: list[str] = []
+    for i, tok in enumerate(tokens):
+        if i and tok not in _NO_SPACE_BEFORE and tokens[i - 1] not in _NO_SPACE_AFTER:
+            out.append(" ")
+        out.append(tok)
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------
+# Vocabulary
+# --------------------------------------------------------------------------
+
+
+class Vocab:
+    """Token <-> id. ``itos[i]`` is the token with id ``i``; ids 0-3 are :data:`SPECIALS`."""
+
+    def __init__(self, itos: Sequence[str]):
+        itos = list(itos)
+        if tuple(itos[:len(SPECIALS)]) != SPECIALS:
+            raise DataError(f"a vocabulary must start with {list(SPECIALS)}, got {itos[:len(SPECIALS)]}")
+        dupes = [t for t, n in Counter(itos).items() if n > 1]
+        if dupes:
+            raise DataError(f"a vocabulary lists each token once; repeated: {dupes[:10]}")
+        self.itos: list[str] = itos
+        self.stoi: dict[str, int] = {tok: i for i, tok in enumerate(itos)}
+
+    @classmethod
+    def build(cls, token_lists: Iterable[Sequence[str]], min_freq: int = 1,
+              max_size: int | None = None) -> "Vocab":
+        """Count tokens; keep those seen at least ``min_freq`` times.
+
+        Order is deterministic: specials, then by frequency (most frequent first),
+        ties alphabetical. ``max_size`` caps the whole vocabulary, specials included.
+        """
+        if max_size is not None and max_size < len(SPECIALS):
+            raise ValueError(f"max_size must be at least {len(SPECIALS)} (the specials), got {max_size}")
+        counts = Counter(tok for tokens in token_lists for tok in tokens)
+        for s in SPECIALS:
+            counts.pop(s, None)
+        kept = sorted((t for t, n in counts.items() if n >= min_freq), key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            kept = kept[:max_size - len(SPECIALS)]
+        return cls(SPECIALS + tuple(kept))
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        """Ids of the tokens; a token not in the vocabulary becomes ``UNK``. No BOS/EOS added."""
+        return [self.stoi.get(tok, UNK) for tok in tokens]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Tokens of the ids, up to (not including) the first ``EOS``; ``PAD`` and ``BOS`` dropped.
+
+        Accepts a list or a 1-d host array. An id outside the vocabulary is an error.
+        """
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == EOS:
+                break
+            if i in (PAD, BOS):
+                continue
+            if not 0 <= i < len(self.itos):
+                raise ValueError(f"id {i} is outside the vocabulary (size {len(self.itos)})")
+            out.append(self.itos[i])
+        return out
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, token: str) -> bool:
+        return token in self.stoi
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Vocab) and self.itos == other.itos
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self)} tokens: {self.itos[4:9]}...)"
+
+    def to_json(self) -> list[str]:
+        """The list ``itos`` (JSON-ready); :meth:`from_json` inverts it."""
+        return list(self.itos)
+
+    @classmethod
+    def from_json(cls, itos: Sequence[str]) -> "Vocab":
+        if isinstance(itos, str) or not all(isinstance(t, str) for t in itos):
+            raise DataError("a saved vocabulary is a list of strings")
+        return cls(itos)
+
+
+# --------------------------------------------------------------------------
+# Readers
+# --------------------------------------------------------------------------
+
+
+def _read_lines(path) -> list[str]:
+    """Lines of a UTF-8 text file (``.gz`` read transparently), stripped of surrounding
+    whitespace. Lines are split on ``\\n`` only, so a stray U+2028 inside a sentence does
+    not shift the alignment. If ``path`` is missing but ``path.gz`` exists, that is read."""
+    path = Path(path)
+    if not path.is_file() and Path(str(path) + ".gz").is_file():
+        path = Path(str(path) + ".gz")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise DataError(f"{path}: not a readable gzip file ({e})") from None
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+    chunks = raw.split(b"\n")
+    if chunks[-1] == b"":  # the newline that ends the last line
+        chunks.pop()
+    lines = []
+    for number, chunk in enumerate(chunks, start=1):
+        try:
+            lines.append(chunk.decode("utf-8").strip())
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: line {number} is not valid UTF-8 "
+                            f"({e.reason} at byte {e.start} of the line)") from None
+    return lines
+
+
+def read_parallel(data_dir, src: str, tgt: str, split: str) -> list[tuple[str, str]]:
+    """Sentence pairs from the line-aligned files ``DIR/{split}.{src}`` and ``DIR/{split}.{tgt}``.
+
+    Returns ``[(source text, target text), ...]``, one per line, empty lines included
+    (:func:`encode_pairs` skips and counts them). Raises :class:`DataError` for a
+    missing file, a line that is not UTF-8, or files with different line counts.
+    """
+    src_path, tgt_path = Path(data_dir) / f"{split}.{src}", Path(data_dir) / f"{split}.{tgt}"
+    src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise DataError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
+                        "parallel files must be line-aligned, one sentence per line")
+    return list(zip(src_lines, tgt_lines))
+
+
+def read_tsv(path) -> list[tuple[str, str]]:
+    """Sentence pairs from a tab-separated file: ``source<TAB>target[<TAB>anything]`` per line.
+
+    This is the Tatoeba/Anki format (manythings.org files carry an attribution in a
+    third column, which is ignored). Blank lines are skipped and counted in a warning;
+    a non-blank line without a tab raises :class:`DataError` naming the file and line.
+    """
+    pairs, blank = [], 0
+    for number, line in enumerate(_read_lines(path), start=1):
+        if not line:
+            blank += 1
+            continue
+        fields = line.split("\t")
+        if len(fields) < 2:
+            raise DataError(f"{path}: line {number} has no tab; expected 'source<TAB>target', "
+                            f"got {line[:60]!r}")
+        pairs.append((fields[0].strip(), fields[1].strip()))
+    if blank:
+        warnings.warn(f"{path}: skipped {blank} blank line(s)", DataWarning, stacklevel=2)
+    return pairs
+
+
+# --------------------------------------------------------------------------
+# Encoding and batching
+# --------------------------------------------------------------------------
+
+
+def encode_pairs(pairs: Iterable[tuple[str, str]], vocab: Vocab,
+                 max_len: int | None = None) -> list[tuple[list[int], list[int]]]:
+    """Tokenise and encode each pair with the shared vocabulary.
+
+    Skips pairs where either side has no tokens, or (with ``max_len``) more than
+    ``max_len`` tokens (BOS/EOS not counted), and reports the count in one
+    :class:`DataWarning`. Returns ``[(src ids, tgt ids), ...]`` without BOS/EOS.
+    """
+    encoded, total, empty, long = [], 0, 0, 0
+    for src, tgt in pairs:
+        total += 1
+        s, t = tokenize(src), tokenize(tgt)
+        if not s or not t:
+            empty += 1
+        elif max_len is not None and max(len(s), len(t)) > max_len:
+            long += 1
+        else:
+            encoded.append((vocab.encode(s), vocab.encode(t)))
+    if empty or long:
+        warnings.warn(f"skipped {empty + long} of {total} sentence pairs: {empty} with an empty side, "
+                      f"{long} longer than max_len={max_len} tokens", DataWarning, stacklevel=2)
+    return encoded
+
+
+class Batch(NamedTuple):
+    """One batch of padded id arrays on the host (int64).
+
+    A source of n tokens fills n + 1 positions (the ids, then EOS, as tensor2tensor and
+    fairseq do, and as :func:`attn.evaluate.source_ids` expects); a target of m tokens
+    fills m + 1 positions of ``tgt_in`` (BOS, ids) and of ``tgt_out`` (ids, EOS), so
+    ``tgt_out[:, i]`` is the token the decoder must predict after reading ``tgt_in[:, :i+1]``.
+    """
+    src: object  # (B, S) source ids + EOS, PAD after the end
+    tgt_in: object  # (B, T) BOS + target ids: the decoder's input
+    tgt_out: object  # (B, T) target ids + EOS: what the decoder must predict
+    n_src_tokens: int  # real (non-PAD) positions in src (EOS included)
+    n_tgt_tokens: int  # real (non-PAD) positions in tgt_out (EOS included)
+
+
+def _pad_batch(pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
+    """Pad one group of (src ids, tgt ids) pairs into a :class:`Batch`."""
+    np = B.host
+    n = len(pairs)
+    S = max(len(s) for s, _ in pairs) + 1  # room for EOS
+    T = max(len(t) for _, t in pairs) + 1  # room for BOS (input) / EOS (output)
+    src = np.full((n, S), PAD, dtype=np.int64)
+    tgt_in = np.full((n, T), PAD, dtype=np.int64)
+    tgt_out = np.full((n, T), PAD, dtype=np.int64)
+    for row, (s, t) in enumerate(pairs):
+        src[row, :len(s)] = s
+        src[row, len(s)] = EOS
+        tgt_in[row, 0] = BOS
+        tgt_in[row, 1:len(t) + 1] = t
+        tgt_out[row, :len(t)] = t
+        tgt_out[row, len(t)] = EOS
+    return Batch(src, tgt_in, tgt_out,
+                 n_src_tokens=sum(len(s) + 1 for s, _ in pairs),
+                 n_tgt_tokens=sum(len(t) + 1 for _, t in pairs))
+
+
+def _cut(lengths: Sequence[tuple[int, int]], order: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Cut ``order`` (indices, sorted by length) into runs whose padded size
+    ``max(S, T) * B`` stays within ``max_tokens``; a pair too long for the budget
+    gets a batch of its own. ``S`` and ``T`` count the EOS/BOS position."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    width = 0
+    for i in order:
+        s, t = lengths[i]
+        new_width = max(width, s + 1, t + 1)
+        if group and new_width * (len(group) + 1) > max_tokens:
+            groups.append(group)
+            group, new_width = [], max(s + 1, t + 1)
+        group.append(i)
+        width = new_width
+    if group:
+        groups.append(group)
+    return groups
+
+
+def make_batches(encoded_pairs: Sequence[tuple[Sequence[int], Sequence[int]]], max_tokens: int, *,
+                 shuffle: bool, seed: int = 0, epoch: int = 0) -> list[Batch]:
+    """Batches of about ``max_tokens`` padded positions each (section 5.1).
+
+    Pairs are sorted by source length, then target length, and cut in order so that
+    every batch's ``max(S, T) * B <= max_tokens`` (S and T count EOS/BOS, see
+    :class:`Batch`; a single over-long pair is a batch of its own). Each pair appears
+    in exactly one batch. With ``shuffle=True``, ties in length and the order of the
+    batches are shuffled by
+    ``backend.host.random.default_rng(seed + epoch)``: the same ``(seed, epoch)``
+    always gives the same list, so a run can resume mid-epoch by skipping ahead.
+    With ``shuffle=False`` the batches come shortest first, ties in input order.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    lengths = [(len(s), len(t)) for s, t in encoded_pairs]
+    for i, (s, t) in enumerate(lengths):
+        if s == 0 or t == 0:
+            raise DataError(f"pair {i} has an empty side; encode_pairs skips such pairs")
+    rng = B.host.random.default_rng(seed + epoch) if shuffle else None
+    order = rng.permutation(len(lengths)).tolist() if shuffle else list(range(len(lengths)))
+    order.sort(key=lambda i: lengths[i])  # stable: shuffled (or input) order within a length
+    groups = _cut(lengths, order, max_tokens)
+    if shuffle:
+        groups = [groups[k] for k in rng.permutation(len(groups)).tolist()]
+    return [_pad_batch([encoded_pairs[i] for i in g]) for g in groups]
