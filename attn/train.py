@@ -188,7 +188,8 @@ def train(args) -> dict:
         model = Transformer(config, seed=args.seed, dtype=args.dtype)
         opt = Adam(model.params, config.d_model, config.warmup_steps, args.lr_factor)
 
-    max_len = args.max_len or config.max_len
+    # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
+    max_len = min(args.max_len or config.max_len, config.max_len - 1)
     train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
     val_enc = encode_pairs(corpus.val, vocab, max_len=max_len)
     val_batches = make_batches(val_enc, args.max_tokens, shuffle=False)
