@@ -245,7 +245,7 @@ class Transformer:
         xp = self.xp
         if self._pe is None or self._pe.shape[0] < T or self._pe.dtype != self.dtype or \
                 B.get_array_module(self._pe) is not xp:
-            self._pe = xp.asarray(sinusoidal_table(max(T, self.config.max_len), self.config.d_model, self.dtype))
+            self._pe = xp.asarray(sinusoidal_table(max(2 * T, self.config.max_len), self.config.d_model, self.dtype))
         return self._pe
 
     def num_parameters(self) -> int:
@@ -468,6 +468,9 @@ class Transformer:
         """
         cfg, p, H = self.config, self.params, self.config.n_heads
         pos = state.length
+        if cfg.positional == "learned" and pos >= cfg.max_len:     # as forward() says it, not an IndexError
+            raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "
+                             f"table's {cfg.max_len} positions (raise max_len)")
         x = self.params[self._emb("tgt")][tokens] * self.dtype.type(math.sqrt(cfg.d_model))  # (B, D)
         x = (x + self._pos_table("tgt", pos + 1)[pos])[:, None, :]                           # (B, 1, D)
         new_self, cross_w = [], []
