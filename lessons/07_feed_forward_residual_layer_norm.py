@@ -98,7 +98,8 @@ def stack_forward(x, kind):
 
 
 def stack_backward(dout, caches, kind):
-    """Backward through the blocks, top to bottom. Returns |dL/dx| at every block input (bottom first)."""
+    """Backward through the blocks, top to bottom. Returns |dL/dx| at every block input (bottom
+    first), and dL/dx at the very bottom."""
     d, norms = dout, []
     for cf, cn in reversed(caches):
         if kind == "pre-norm":                                  # y = x + F(LN(x))
@@ -111,17 +112,38 @@ def stack_backward(dout, caches, kind):
             dx, *_ = feed_forward_backward(d, cf)
             d = d + dx if kind in ("residual only", "post-norm") else dx
         norms.append(np.linalg.norm(d))
-    return np.array(norms[::-1])
+    return np.array(norms[::-1]), d
 
 
-grad, act = {}, {}
+grad, act, dx0 = {}, {}, {}
 for kind in VARIANTS:
     _, caches, act[kind] = stack_forward(x0, kind)
-    grad[kind] = stack_backward(g_top, caches, kind)
+    grad[kind], dx0[kind] = stack_backward(g_top, caches, kind)
 print(f"|dL/dx| at the input of block 1, block {L // 2} and block {L} (top gradient |g| = {np.linalg.norm(g_top):.1f}):")
 for kind in VARIANTS:
     gk = grad[kind]
     print(f"  {kind:<14} {gk[0]:10.3e} {gk[L // 2 - 1]:10.3e} {gk[-1]:10.3e}   bottom/top = {gk[0] / gk[-1]:.2e}")
+
+# %% [markdown]
+# Before reading anything into these numbers: are they right? Lesson 8 checks
+# each layer's backward on its own; here is one check of the whole stack. For a
+# random direction `u`, the directional derivative `<dL/dx_0, u>` from backward must
+# equal the central difference `(L(x_0 + h u) - L(x_0 - h u)) / 2h` computed with two
+# forward passes. The direction moves a single token: FFN and LN act on each
+# position separately, so only that token's 32 x 256 ReLUs see the perturbation.
+# (Perturb all 128 tokens and, among a million ReLUs, one is bound to sit within
+# `h` of its kink, where the difference quotient is not the derivative.)
+
+# %%
+u = np.zeros_like(x0); u[0, 0] = rng.standard_normal(D)
+dir_err = {}
+for kind in VARIANTS:
+    h = 1e-6 * np.linalg.norm(x0[0, 0]) / np.linalg.norm(u)
+    Lp = (stack_forward(x0 + h * u, kind)[0] * g_top).sum()
+    Lm = (stack_forward(x0 - h * u, kind)[0] * g_top).sum()
+    num, ana = (Lp - Lm) / (2 * h), (dx0[kind] * u).sum()
+    dir_err[kind] = abs(num - ana) / (abs(num) + abs(ana))
+    print(f"  {kind:<14} <dL/dx0, u> = {ana: .6e}   central difference = {num: .6e}   rel error {dir_err[kind]:.1e}")
 
 # %% [markdown]
 # ### Predicting the numbers
@@ -298,6 +320,7 @@ print("saved", OUT / "07_layer_vs_batch_norm.png")
 # %%
 ratio_plain = grad["plain"][0] / grad["plain"][-1]
 ratio_res = grad["residual only"][0] / grad["residual only"][-1]
+assert max(dir_err.values()) < 1e-6, dir_err
 assert grad["plain"][0] < 1e-4 * grad["post-norm"][0], "without residuals the first block's gradient should vanish"
 assert grad["plain"][0] < 1e-4 * grad["residual only"][0]
 assert abs(np.log10(ratio_plain / pred["plain"])) < 1.0, (ratio_plain, pred["plain"])
