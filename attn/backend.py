@@ -180,3 +180,17 @@ class DeviceRNG:
         if dt in (np.float32, np.float64):
             return self._gen.random(shape, dtype=dt)
         return self._gen.random(shape).astype(dt)
+
+    def random_uint16(self, shape):
+        """Uniform integers in ``[0, 65536)`` as uint16, for cheap dropout masks (the
+        fast path of :mod:`attn.fast`). On NumPy four of them come from each 64-bit
+        draw of a separate SFC64 stream seeded from ``seed``, about three times
+        cheaper than :meth:`random` per element; the reference path never uses it."""
+        n = 1
+        for s in (shape if isinstance(shape, tuple) else (shape,)):
+            n *= int(s)
+        if self._cupy:
+            return self._gen.randint(0, 1 << 16, size=n, dtype="uint16").reshape(shape)
+        if getattr(self, "_bits", None) is None:
+            self._bits = np.random.SFC64(np.random.SeedSequence([self.seed, 0x5eed]))
+        return self._bits.random_raw((n + 3) // 4).view(np.uint16)[:n].reshape(shape)
