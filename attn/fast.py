@@ -1,0 +1,840 @@
+"""A fast training step beside the reference: the same model, parameters and gradients.
+
+:class:`attn.model.Transformer` is the readable version: one forward/backward pair
+per layer, new arrays everywhere. This module computes the same numbers with fewer
+passes over memory, for the benchmark and the trainer to use when asked:
+
+    model = FastTransformer(config)                 # or FastTransformer.from_model(model)
+    logits, cache = model.forward(src, tgt_in, rng)
+    loss, dlogits = cross_entropy(logits, tgt_out, smoothing, inplace=True)
+    grads = model.backward(dlogits, cache)          # the same dict the reference returns
+    FastAdam(model.params, d_model).step(grads)
+
+What it does differently, and why (every item is checked against the reference in
+``tests/test_fast.py``: outputs and gradients agree to float32 rounding):
+
+* Fused projections. Self-attention's Q, K and V are one ``(D, 3D)`` matmul; the
+  keys and values of every decoder layer's cross-attention are one ``(D, 2D*L)``
+  matmul of the encoder output, and their gradient one matmul back. The weights
+  are concatenated once per step (a few hundred kB); the ``1/sqrt(d_k)`` scale is
+  folded into the query weights, so the scores need no extra pass.
+* Heads without copies. Q, K, V are strided views of the fused projection; the
+  attention's output and the gradients of Q, K, V are written by ``matmul(out=)``
+  straight into the ``(B, T, H, Dh)`` layout the next matmul reads.
+* In place. Softmax, layer norm, ReLU, dropout, residual sums and the loss work in
+  the arrays the step owns (``x += ...``, ``out=``), not in fresh temporaries.
+  Masks become an additive bias of 0 / most-negative-finite once per step.
+* Reductions on BLAS. Row and column sums (layer norm, bias gradients, softmax
+  denominators) are matrix-vector products with a vector of ones.
+* Dropout masks from 16-bit random integers (:meth:`DeviceRNG.random_uint16`): the
+  drop probability is ``round(p * 65536) / 65536`` (0.1 -> 0.100006) and kept units
+  are scaled by the exact inverse of the keep probability, so the expectation is
+  unchanged. The random stream differs from the reference's (so do the masks).
+* Embedding gradient by a one-dimensional ``add.at`` on flat indices (the two-
+  dimensional form loops over rows and is ten times slower), one call for the
+  source and target lookups together.
+* :class:`FastAdam`: in-place updates with one scratch buffer, the parameters
+  split over two threads (NumPy releases the GIL inside ufuncs).
+
+Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of an
+``_Ops`` object chosen by array namespace; on CuPy :mod:`attn.kernels` supplies
+fused kernels for them (see there). Decoding uses the reference methods, which
+:class:`FastTransformer` inherits.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from typing import NamedTuple
+
+from . import backend as B
+from .layers._checks import check_ids
+from .masks import PAD_ID, decoder_mask, padding_mask
+from .model import Transformer
+from .optim import Adam
+
+# --------------------------------------------------------------------------- memory-bound pieces
+
+
+class Mask(NamedTuple):
+    """A dropout mask: ``keep`` (bool, True where the unit survives) and the scale of
+    the kept units, ``1 / P(keep)``."""
+    keep: object
+    scale: float
+
+
+class _Ops:
+    """The memory-bound operations of a step, written with in-place ufuncs so that
+    they run on NumPy and CuPy alike. :mod:`attn.kernels` subclasses it for CuPy.
+
+    Every method that ends in ``_`` overwrites its first argument and returns it.
+    """
+
+    def __init__(self, xp):
+        self.xp = xp
+        self._ones = {}
+
+    def ones(self, n: int, dtype):
+        key = (n, str(dtype))
+        if key not in self._ones:
+            self._ones[key] = self.xp.ones(n, dtype=dtype)
+        return self._ones[key]
+
+    def rowsum(self, x2):
+        """(R, C) -> (R,): a matrix-vector product, one BLAS call."""
+        return x2 @ self.ones(x2.shape[1], x2.dtype)
+
+    def colsum(self, x2):
+        """(R, C) -> (C,)."""
+        return self.ones(x2.shape[0], x2.dtype) @ x2
+
+    # ---- softmax over the last axis, in place
+
+    def softmax_(self, s, bias=None, row_scale=None):
+        """``s`` (..., K) logits -> softmax, in place. ``bias`` broadcasts to ``s``: 0 where
+        a key may be attended, the dtype's most negative finite value where not; masked
+        entries come out exactly 0 (``exp`` underflows). ``row_scale`` (..., 1) is 0 on
+        rows with no key at all (their output would be uniform) and 1 elsewhere."""
+        xp = self.xp
+        if bias is not None:
+            s += bias
+        s -= s.max(axis=-1, keepdims=True)
+        xp.exp(s, out=s)
+        r = self.rowsum(s.reshape(-1, s.shape[-1])).reshape(*s.shape[:-1], 1)
+        xp.reciprocal(r, out=r)
+        if row_scale is not None:
+            r *= row_scale
+        s *= r
+        return s
+
+    def softmax_backward_(self, dy, y):
+        """Forward was ``y = softmax(x)``, so ``dx = y * (dy - sum(dy * y))``; in place on ``dy``."""
+        t = self.xp.einsum("...i,...i->...", dy, y)
+        dy -= t[..., None]
+        dy *= y
+        return dy
+
+    # ---- layer norm over the last axis of (N, D), in place
+
+    def layer_norm_(self, x, gamma, beta, eps: float):
+        """``x`` (N, D) becomes ``xhat = (x - mean) * rstd``. Returns out (N, D) new, rstd (N,)."""
+        xp = self.xp
+        D = x.shape[1]
+        mean = self.rowsum(x)
+        mean *= 1.0 / D
+        x -= mean[:, None]
+        var = xp.einsum("ij,ij->i", x, x)
+        var *= 1.0 / D
+        var += eps
+        rstd = xp.sqrt(var, out=var)
+        xp.reciprocal(rstd, out=rstd)
+        x *= rstd[:, None]
+        out = x * gamma
+        out += beta
+        return out, rstd
+
+    def layer_norm_backward_(self, dout, xhat, rstd, gamma):
+        """Forward was ``out = gamma * xhat + beta``, so with ``g = dout * gamma``:
+        ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``; in place on ``dout``.
+        Returns dx (= dout), dgamma, dbeta."""
+        xp = self.xp
+        D = dout.shape[1]
+        dbeta = self.colsum(dout)
+        t = dout * xhat
+        dgamma = self.colsum(t)
+        b = t @ gamma                       # (N,) D * mean(g * xhat)
+        a = dout @ gamma                    # (N,) D * mean(g)
+        b *= 1.0 / D
+        a *= 1.0 / D
+        xp.multiply(xhat, b[:, None], out=t)
+        dout *= gamma
+        dout -= t
+        dout -= a[:, None]
+        dout *= rstd[:, None]
+        return dout, dgamma, dbeta
+
+    # ---- dropout, ReLU
+
+    def dropout_mask(self, rng, shape, p: float) -> Mask:
+        """Keep each unit with probability ``1 - p`` (``p`` quantised to 1/65536)."""
+        thr = int(round(p * 65536))
+        keep = rng.random_uint16(shape) >= thr
+        return Mask(keep, 65536.0 / (65536 - thr))
+
+    def dropout_(self, x, m: Mask):
+        """``x *= keep * scale`` in place."""
+        x *= m.keep
+        x *= x.dtype.type(m.scale)
+        return x
+
+    def dropout_backward(self, d, m: Mask):
+        """A new array ``d * keep * scale``."""
+        out = self.xp.multiply(d, m.keep)
+        out *= out.dtype.type(m.scale)
+        return out
+
+    def relu_(self, h):
+        return self.xp.maximum(h, 0, out=h)
+
+    def relu_backward_(self, da, a):
+        """Forward was ``a = max(h, 0)`` (then perhaps dropout, which keeps a >= 0 and
+        zeroes exactly where it dropped), so ``dh = da * (a > 0)``; in place on ``da``."""
+        return self.xp.multiply(da, a > 0, out=da)
+
+    # ---- scatter-add of embedding rows
+
+    def scatter_rows_(self, target, ids, rows):
+        """``target[ids[i]] += rows[i]`` accumulating repeats. target (V, D), ids (N,), rows (N, D)."""
+        xp = self.xp
+        if B.is_device_array(target):
+            B.scatter_add(target, ids, rows)
+            return target
+        D = target.shape[1]
+        idx_t = xp.int32 if target.size < 2 ** 31 else xp.int64
+        flat = ids.astype(idx_t)[:, None] * idx_t(D) + xp.arange(D, dtype=idx_t)
+        xp.add.at(target.reshape(-1), flat.reshape(-1), rows.reshape(-1))
+        return target
+
+    # ---- label-smoothed cross-entropy, in place on the logits
+
+    def cross_entropy_(self, x, y, valid, n, smoothing: float):
+        """x (N, V) logits -> dlogits in place; y (N,) targets; valid (N,) bool; n the number
+        of real tokens (0-d, >= 1). Returns the loss (0-d). See :func:`cross_entropy`."""
+        xp = self.xp
+        N, V = x.shape
+        dt = x.dtype.type
+        x -= x.max(axis=1, keepdims=True)
+        rows = xp.arange(N)
+        x_y = x[rows, y]                                  # (N,) shifted logit of the target
+        mean_x = self.rowsum(x)
+        mean_x *= 1.0 / V                                 # (N,) mean shifted logit
+        xp.exp(x, out=x)
+        se = self.rowsum(x)                               # (N,) sum of exp
+        lse = xp.log(se)
+        per_tok = dt(1.0 - smoothing) * (x_y - lse) + dt(smoothing) * (mean_x - lse)
+        w = valid.astype(x.dtype) / n                     # (N,) 1/n on real tokens, 0 on padding
+        loss = -(per_tok @ w)
+        # dlogits = (softmax - q) / n on real tokens, q = (1 - eps) onehot + eps / V
+        r = w / se
+        x *= r[:, None]
+        if smoothing:
+            x -= (w * dt(smoothing / V))[:, None]
+        x[rows, y] -= w * dt(1.0 - smoothing)
+        return loss
+
+
+def ops_for(xp) -> _Ops:
+    """The ``_Ops`` for an array namespace: fused CuPy kernels where they apply."""
+    key = xp.__name__
+    if key not in _OPS:
+        if key.startswith("cupy"):
+            from .kernels import CupyOps            # only imported where CuPy is in use
+            _OPS[key] = CupyOps(xp)
+        else:
+            _OPS[key] = _Ops(xp)
+    return _OPS[key]
+
+
+_OPS: dict = {}
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = PAD_ID,
+                  check_finite: bool = True, inplace: bool = False):
+    """:func:`attn.loss.cross_entropy` with fewer passes over the logits.
+
+    With ``inplace=True`` the logits array is overwritten by ``dlogits`` (returned as
+    the second value), which saves a (B*T, V) buffer; the caller must not use the
+    logits afterwards. Inputs, outputs and errors are otherwise those of the reference.
+    """
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"cross_entropy: smoothing must be in [0, 1), got {smoothing}")
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} and targets {tuple(targets.shape)} "
+                         "must agree on every axis but the last")
+    if logits.dtype.kind != "f":
+        raise TypeError(f"cross_entropy: logits must be floating point, got {logits.dtype}")
+    xp = B.get_array_module(logits)
+    V = logits.shape[-1]
+    check_ids("cross_entropy", "targets", targets, V)
+    x = logits if inplace and logits.flags.c_contiguous else logits.copy()
+    x = x.reshape(-1, V)
+    y = targets.reshape(-1)
+    valid = (y != pad_id) if pad_id is not None else xp.ones(y.shape, dtype=bool)
+    n = xp.maximum(valid.sum(), 1).astype(logits.dtype)
+    loss = ops_for(xp).cross_entropy_(x, y, valid, n, smoothing)
+    if check_finite and not bool(xp.isfinite(loss)):
+        raise FloatingPointError(f"cross_entropy: the loss is {float(loss)}: the logits "
+                                 f"(shape {tuple(logits.shape)}) contain NaN or inf")
+    return loss, x.reshape(logits.shape)
+
+
+# --------------------------------------------------------------------------- caches
+
+
+class AttendCache(NamedTuple):
+    """Scaled dot-product attention: q (pre-scaled), k, v as (B, H, T, Dh) views, the
+    weights w (B, H, Tq, Tk) before dropout, their dropout mask, and the merged
+    context ctx (B*Tq, D), the input of the output projection."""
+    q: object
+    k: object
+    v: object
+    w: object
+    drop: object
+    ctx: object
+
+
+class SelfAttnCache(NamedTuple):
+    """Self-attention: its input x (N, D), the fused weight (D, 3D), the output weight's name."""
+    x: object
+    W: object
+    att: AttendCache
+    pre: str
+
+
+class CrossAttnCache(NamedTuple):
+    """Encoder-decoder attention: its query input x (N, D), the scaled query weight, the layer."""
+    x: object
+    Wq: object
+    att: AttendCache
+    pre: str
+    layer: int
+
+
+class FFNCache(NamedTuple):
+    """Feed-forward: input x (N, D), hidden activation a (N, F) after ReLU (and dropout),
+    the ReLU-dropout scale (None without), and the parameter prefix."""
+    x: object
+    a: object
+    drop_scale: object
+    pre: str
+
+
+class ResCache(NamedTuple):
+    """A sub-layer in its residual connection: layer norm's xhat (N, D) and rstd (N,), the
+    residual dropout mask, the sub-layer's cache, the norm's prefix."""
+    xhat: object
+    rstd: object
+    drop: object
+    sub: object
+    norm: str
+
+
+class EmbedCache(NamedTuple):
+    ids: object
+    drop: object
+    T: int
+
+
+class FastCache(NamedTuple):
+    """Everything :meth:`FastTransformer.backward` needs."""
+    fused: object
+    src_emb: EmbedCache
+    tgt_emb: EmbedCache
+    enc: list
+    enc_norm: object
+    dec: list
+    dec_norm: object
+    memory: object
+    kv: object
+    h: object
+    shapes: tuple
+
+
+class Fused(NamedTuple):
+    """The step's concatenated weights (see :meth:`FastTransformer._fuse`)."""
+    enc_qkv: list
+    dec_qkv: list
+    cross_q: list
+    kv: tuple
+    scale: float
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class FastTransformer(Transformer):
+    """:class:`attn.model.Transformer` with a faster ``forward``/``backward`` for training.
+
+    Same config, parameters (names, shapes, initial values), inputs, logits and
+    gradients; the cache is a :class:`FastCache`. Decoding, save and load are the
+    reference's. ``forward`` must be followed by ``backward`` with its cache (the
+    cache holds views into buffers the step reuses in place).
+    """
+
+    @classmethod
+    def from_model(cls, model: Transformer) -> "FastTransformer":
+        """A fast view of an existing model: the same config and the same parameter arrays."""
+        return cls(model.config, dtype=model.dtype, params=model.params)
+
+    @property
+    def ops(self) -> _Ops:
+        return ops_for(self.xp)
+
+    # ------------------------------------------------------------------ weights
+
+    def _fuse(self) -> Fused:
+        """Concatenate the projections that share an input, once per step:
+        self-attention ``[w_q * s | w_k | w_v]`` (D, 3D) with ``s = 1/sqrt(d_k)``, the
+        cross-attention query ``w_q * s``, and the keys and values of all decoder
+        layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]`` (D, 2D*L)."""
+        cfg, p, xp = self.config, self.params, self.xp
+        D = cfg.d_model
+        s = 1.0 / math.sqrt(D // cfg.n_heads)
+        dt = self.dtype.type
+
+        def qkv(pre):
+            W = xp.empty((D, 3 * D), dtype=self.dtype)
+            b = xp.empty((3 * D,), dtype=self.dtype)
+            xp.multiply(p[pre + ".w_q"], dt(s), out=W[:, :D])
+            xp.multiply(p[pre + ".b_q"], dt(s), out=b[:D])
+            W[:, D:2 * D], W[:, 2 * D:] = p[pre + ".w_k"], p[pre + ".w_v"]
+            b[D:2 * D], b[2 * D:] = p[pre + ".b_k"], p[pre + ".b_v"]
+            return W, b
+
+        enc = [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)]
+        dec = [qkv(f"decoder.{i}.self_attn") for i in range(cfg.n_decoder_layers)]
+        cross_q = [(p[f"decoder.{i}.cross_attn.w_q"] * dt(s), p[f"decoder.{i}.cross_attn.b_q"] * dt(s))
+                   for i in range(cfg.n_decoder_layers)]
+        L = cfg.n_decoder_layers
+        Wkv = xp.empty((D, 2 * D * L), dtype=self.dtype)
+        bkv = xp.empty((2 * D * L,), dtype=self.dtype)
+        for i in range(L):
+            pre = f"decoder.{i}.cross_attn"
+            Wkv[:, 2 * D * i:2 * D * i + D], Wkv[:, 2 * D * i + D:2 * D * (i + 1)] = p[pre + ".w_k"], p[pre + ".w_v"]
+            bkv[2 * D * i:2 * D * i + D], bkv[2 * D * i + D:2 * D * (i + 1)] = p[pre + ".b_k"], p[pre + ".b_v"]
+        return Fused(enc, dec, cross_q, (Wkv, bkv), s)
+
+    # ------------------------------------------------------------------ pieces: forward
+
+    def _heads(self, a, Bsz, T, n):
+        """(B*T, n*D) -> n views (B, H, T, Dh) of the n column blocks."""
+        H = self.config.n_heads
+        Dh = a.shape[1] // (n * H)
+        a5 = a.reshape(Bsz, T, n, H, Dh)
+        return [a5[:, :, j].transpose(0, 2, 1, 3) for j in range(n)]
+
+    def _attend(self, q, k, v, bias, row_scale, rng):
+        """softmax(q k^T + bias) v with q pre-scaled. Returns ctx (B*Tq, D), AttendCache."""
+        xp, ops = self.xp, self.ops
+        Bsz, H, Tq, Dh = q.shape
+        w = ops.softmax_(q @ k.swapaxes(-1, -2), bias, row_scale)             # (B, H, Tq, Tk)
+        m, wd = None, w
+        if rng is not None and self.config.attention_dropout > 0:
+            m = ops.dropout_mask(rng, w.shape, self.config.attention_dropout)
+            wd = ops.dropout_(w.copy(), m)
+        ctx = xp.empty((Bsz, Tq, H, Dh), dtype=q.dtype)
+        xp.matmul(wd, v, out=ctx.transpose(0, 2, 1, 3))
+        ctx = ctx.reshape(Bsz * Tq, H * Dh)
+        return ctx, AttendCache(q, k, v, w, m, ctx)
+
+    def _out_proj(self, pre, ctx):
+        p = self.params
+        out = ctx @ p[pre + ".w_o"]
+        out += p[pre + ".b_o"]
+        return out
+
+    def _self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
+        qkv = x @ W
+        qkv += b                                                              # (N, 3D)
+        q, k, v = self._heads(qkv, Bsz, T, 3)
+        ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
+        return self._out_proj(pre, ctx), SelfAttnCache(x, W, ac, pre)
+
+    def _cross_attn(self, i, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
+        q = x @ Wq
+        q += bq                                                               # (N_t, D)
+        (q,) = self._heads(q, Bsz, T, 1)
+        k, v = kv
+        ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
+        return self._out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, i)
+
+    def _ffn(self, pre, x, rng):
+        p, ops = self.params, self.ops
+        a = x @ p[pre + ".w1"]
+        a += p[pre + ".b1"]
+        ops.relu_(a)                                                          # (N, F)
+        scale = None
+        if rng is not None and self.config.relu_dropout > 0:
+            m = ops.dropout_mask(rng, a.shape, self.config.relu_dropout)
+            ops.dropout_(a, m)
+            scale = m.scale
+        out = a @ p[pre + ".w2"]
+        out += p[pre + ".b2"]
+        return out, FFNCache(x, a, scale, pre)
+
+    def _residual(self, norm, x, sublayer, rng):
+        """post: ``LN(x + drop(sub(x)))``; pre: ``x + drop(sub(LN(x)))``. x is not modified."""
+        ops, p, cfg = self.ops, self.params, self.config
+        gamma, beta = p[norm + ".gamma"], p[norm + ".beta"]
+        if cfg.norm == "pre":
+            xhat = x.copy()
+            h, rstd = ops.layer_norm_(xhat, gamma, beta, cfg.ln_eps)
+            s, cs = sublayer(h)
+            m = self._drop(s, rng)
+            s += x
+            return s, ResCache(xhat, rstd, m, cs, norm)
+        s, cs = sublayer(x)
+        m = self._drop(s, rng)
+        s += x
+        out, rstd = ops.layer_norm_(s, gamma, beta, cfg.ln_eps)              # s becomes xhat
+        return out, ResCache(s, rstd, m, cs, norm)
+
+    def _drop(self, x, rng):
+        if rng is None or self.config.dropout == 0:
+            return None
+        m = self.ops.dropout_mask(rng, x.shape, self.config.dropout)
+        self.ops.dropout_(x, m)
+        return m
+
+    def _embed(self, which, ids, rng):
+        """``drop(E[ids] * sqrt(D) + PE)`` as (B*T, D)."""
+        xp, D = self.xp, self.config.d_model
+        E = self.params[self._emb(which)]
+        check_ids("embedding", "ids", ids, E.shape[0])
+        Bsz, T = ids.shape
+        x = xp.take(E, ids.reshape(-1), axis=0)                               # (N, D)
+        x *= self.dtype.type(math.sqrt(D))
+        x3 = x.reshape(Bsz, T, D)
+        x3 += self._pos_table(which, T)[:T]
+        m = self._drop(x, rng)
+        return x, EmbedCache(ids, m, T)
+
+    @staticmethod
+    def _bias(mask, dtype, xp):
+        """bool mask -> additive bias (0 / most negative finite) and the rows' scale
+        (0 where a query row has no key at all; None when every row has one)."""
+        bias = xp.where(mask, dtype.type(0), xp.finfo(dtype).min).astype(dtype)
+        rows = mask.any(axis=-1, keepdims=True)
+        if xp is B.host and bool(rows.all()):
+            return bias, None
+        return bias, rows.astype(dtype)
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, src, tgt_in, rng=None):
+        """Inputs: src (B, S), tgt_in (B, T) integer ids; rng a DeviceRNG for dropout (None: off).
+
+        Returns: logits (B, T, V_tgt), a :class:`FastCache` for :meth:`backward`.
+        """
+        if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"Transformer.forward: src and tgt_in must be (B, S) and (B, T) with one B, "
+                             f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
+        cfg, xp = self.config, self.xp
+        Bsz, S = src.shape
+        T = tgt_in.shape[1]
+        D, L = cfg.d_model, cfg.n_decoder_layers
+        F = self._fuse()
+        src_bias, src_rows = self._bias(padding_mask(src), self.dtype, xp)    # (B, 1, 1, S)
+        tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
+
+        # encoder
+        x, src_emb = self._embed("src", src, rng)
+        enc = []
+        for i in range(cfg.n_encoder_layers):
+            pre = f"encoder.{i}"
+            W, b = F.enc_qkv[i]
+            x, c1 = self._residual(pre + ".norm1", x, lambda h: self._self_attn(
+                pre + ".self_attn", W, b, h, Bsz, S, src_bias, src_rows, rng), rng)
+            x, c2 = self._residual(pre + ".norm2", x, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
+            enc.append((c1, c2))
+        enc_norm = None
+        if cfg.norm == "pre":
+            x, enc_norm = self._final_norm("encoder.norm", x)
+        memory = x                                                            # (N_s, D)
+        # keys and values of every decoder layer's cross-attention, one matmul
+        Wkv, bkv = F.kv
+        kv = memory @ Wkv
+        kv += bkv                                                             # (N_s, 2D*L)
+        kv_heads = self._heads(kv, Bsz, S, 2 * L)                             # 2L views (B, H, S, Dh)
+
+        # decoder
+        y, tgt_emb = self._embed("tgt", tgt_in, rng)
+        dec = []
+        for i in range(L):
+            pre = f"decoder.{i}"
+            W, b = F.dec_qkv[i]
+            Wq, bq = F.cross_q[i]
+            kv_i = (kv_heads[2 * i], kv_heads[2 * i + 1])
+            y, c1 = self._residual(pre + ".norm1", y, lambda h: self._self_attn(
+                pre + ".self_attn", W, b, h, Bsz, T, tgt_bias, tgt_rows, rng), rng)
+            y, c2 = self._residual(pre + ".norm2", y, lambda h: self._cross_attn(
+                i, pre + ".cross_attn", Wq, bq, h, kv_i, Bsz, T, src_bias, src_rows, rng), rng)
+            y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
+            dec.append((c1, c2, c3))
+        dec_norm = None
+        if cfg.norm == "pre":
+            y, dec_norm = self._final_norm("decoder.norm", y)
+        E = self.params[self._emb("out")]
+        logits = y @ E.T                                                      # (N_t, V)
+        cache = FastCache(F, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, y,
+                          (Bsz, S, T))
+        return logits.reshape(Bsz, T, E.shape[0]), cache
+
+    def _final_norm(self, norm, x):
+        """Pre-norm's last layer norm. Returns out, (xhat, rstd)."""
+        xhat = x.copy()
+        out, rstd = self.ops.layer_norm_(xhat, self.params[norm + ".gamma"], self.params[norm + ".beta"],
+                                         self.config.ln_eps)
+        return out, (xhat, rstd)
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self, dlogits, cache: FastCache) -> dict:
+        """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of :meth:`forward`.
+
+        Returns: grads, a dict keyed like ``params`` (the reference's gradients).
+        """
+        cfg, xp, ops, p = self.config, self.xp, self.ops, self.params
+        Bsz, S, T = cache.shapes
+        D, L = cfg.d_model, cfg.n_decoder_layers
+        Fw = cache.fused
+        grads: dict = {}
+        # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
+        E = p[self._emb("out")]
+        d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
+        grads[self._emb("out")] = d2.T @ cache.h                              # (V, D)
+        dy = d2 @ E                                                           # (N_t, D)
+        if cache.dec_norm is not None:
+            dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, grads)
+
+        # decoder; the cross-attention keys' and values' gradients gather in one buffer
+        dkv = xp.empty((Bsz * S, 2 * D * L), dtype=self.dtype)
+        dkv_heads = self._heads(dkv, Bsz, S, 2 * L)
+        for i in reversed(range(L)):
+            c1, c2, c3 = cache.dec[i]
+            dy = self._residual_bwd(dy, c3, self._ffn_bwd, grads)
+            dy = self._residual_bwd(dy, c2, lambda d, c, g: self._cross_attn_bwd(
+                d, c, dkv_heads[2 * c.layer], dkv_heads[2 * c.layer + 1], Fw.scale, g), grads)
+            dy = self._residual_bwd(dy, c1, lambda d, c, g: self._self_attn_bwd(d, c, Fw.scale, g), grads)
+        d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, grads)
+
+        # Forward was kv = memory @ Wkv + bkv for all layers at once.
+        Wkv, _ = Fw.kv
+        dmem = dkv @ Wkv.T                                                    # (N_s, D)
+        dWkv = cache.memory.T @ dkv                                           # (D, 2D*L)
+        dbkv = ops.colsum(dkv)
+        for i in range(L):
+            pre, o = f"decoder.{i}.cross_attn", 2 * D * i
+            grads[pre + ".w_k"] = xp.ascontiguousarray(dWkv[:, o:o + D])
+            grads[pre + ".w_v"] = xp.ascontiguousarray(dWkv[:, o + D:o + 2 * D])
+            grads[pre + ".b_k"] = dbkv[o:o + D].copy()
+            grads[pre + ".b_v"] = dbkv[o + D:o + 2 * D].copy()
+
+        dx = dmem
+        if cache.enc_norm is not None:
+            dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, grads)
+        for i in reversed(range(cfg.n_encoder_layers)):
+            c1, c2 = cache.enc[i]
+            dx = self._residual_bwd(dx, c2, self._ffn_bwd, grads)
+            dx = self._residual_bwd(dx, c1, lambda d, c, g: self._self_attn_bwd(d, c, Fw.scale, g), grads)
+        d_src = self._embed_bwd("src", dx, cache.src_emb, grads)
+
+        # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled).
+        for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
+            name = self._emb(which)
+            if name not in grads:
+                grads[name] = xp.zeros(p[name].shape, dtype=self.dtype)
+            ops.scatter_rows_(grads[name], ec.ids.reshape(-1), rows)
+        return grads
+
+    def _residual_bwd(self, dout, c: ResCache, sub_bwd, grads):
+        """Backward of :meth:`_residual`. ``dout`` is the step's own buffer (overwritten)."""
+        ops = self.ops
+        gamma = self.params[c.norm + ".gamma"]
+        if self.config.norm == "pre":
+            ds = dout if c.drop is None else ops.dropout_backward(dout, c.drop)
+            dh = sub_bwd(ds, c.sub, grads)
+            dx, dg, db = ops.layer_norm_backward_(dh, c.xhat, c.rstd, gamma)
+            dx += dout
+        else:
+            dy, dg, db = ops.layer_norm_backward_(dout, c.xhat, c.rstd, gamma)   # y = x + drop(s)
+            ds = dy if c.drop is None else ops.dropout_backward(dy, c.drop)
+            dx = sub_bwd(ds, c.sub, grads)
+            dx += dy
+        grads[c.norm + ".gamma"] = dg
+        grads[c.norm + ".beta"] = db
+        return dx
+
+    def _final_norm_bwd(self, norm, dout, nc, grads):
+        xhat, rstd = nc
+        dx, dg, db = self.ops.layer_norm_backward_(dout, xhat, rstd, self.params[norm + ".gamma"])
+        grads[norm + ".gamma"] = dg
+        grads[norm + ".beta"] = db
+        return dx
+
+    def _out_proj_bwd(self, pre, dout, ctx, grads):
+        """Forward was ``out = ctx @ w_o + b_o``. Returns dctx."""
+        grads[pre + ".w_o"] = ctx.T @ dout
+        grads[pre + ".b_o"] = self.ops.colsum(dout)
+        return dout @ self.params[pre + ".w_o"].T
+
+    def _attend_bwd(self, dctx, ac: AttendCache, dq, dk, dv):
+        """Forward was ``ctx = drop(softmax(q k^T + bias)) v``; writes dq, dk, dv (views) in place:
+        ``dv = wd^T dctx``, ``dw = dctx v^T``, ``ds = softmax_back(dropback(dw))``,
+        ``dq = ds k``, ``dk = ds^T q``."""
+        xp, ops = self.xp, self.ops
+        Bsz, H, Tq, Dh = ac.q.shape
+        dO = dctx.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3)               # (B, H, Tq, Dh)
+        wd = ac.w if ac.drop is None else ops.dropout_(ac.w.copy(), ac.drop)
+        xp.matmul(wd.swapaxes(-1, -2), dO, out=dv)
+        dw = dO @ ac.v.swapaxes(-1, -2)                                        # (B, H, Tq, Tk)
+        if ac.drop is not None:
+            ops.dropout_(dw, ac.drop)
+        ds = ops.softmax_backward_(dw, ac.w)
+        xp.matmul(ds, ac.k, out=dq)
+        xp.matmul(ds.swapaxes(-1, -2), ac.q, out=dk)
+
+    def _self_attn_bwd(self, dout, c: SelfAttnCache, scale, grads):
+        xp = self.xp
+        D = dout.shape[1]
+        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, grads)
+        Bsz, H, T, Dh = c.att.q.shape
+        dqkv = xp.empty((Bsz * T, 3 * D), dtype=dout.dtype)
+        dq, dk, dv = self._heads(dqkv, Bsz, T, 3)
+        self._attend_bwd(dctx, c.att, dq, dk, dv)
+        # Forward was qkv = x @ [w_q*s | w_k | w_v] + [b_q*s | b_k | b_v].
+        dW = c.x.T @ dqkv                                                      # (D, 3D)
+        db = self.ops.colsum(dqkv)
+        dt = dout.dtype.type
+        grads[c.pre + ".w_q"] = dW[:, :D] * dt(scale)
+        grads[c.pre + ".b_q"] = db[:D] * dt(scale)
+        grads[c.pre + ".w_k"] = xp.ascontiguousarray(dW[:, D:2 * D])
+        grads[c.pre + ".b_k"] = db[D:2 * D].copy()
+        grads[c.pre + ".w_v"] = xp.ascontiguousarray(dW[:, 2 * D:])
+        grads[c.pre + ".b_v"] = db[2 * D:].copy()
+        return dqkv @ c.W.T
+
+    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, scale, grads):
+        xp = self.xp
+        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, grads)
+        dq = xp.empty(dout.shape, dtype=dout.dtype)                           # (N_t, D)
+        Bsz, H, T, Dh = c.att.q.shape
+        (dqh,) = self._heads(dq, Bsz, T, 1)
+        self._attend_bwd(dctx, c.att, dqh, dk, dv)
+        dt = dout.dtype.type
+        dW = c.x.T @ dq
+        dW *= dt(scale)
+        db = self.ops.colsum(dq)
+        grads[c.pre + ".w_q"] = dW
+        grads[c.pre + ".b_q"] = db * dt(scale)
+        return dq @ c.Wq.T
+
+    def _ffn_bwd(self, dout, c: FFNCache, grads):
+        """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
+        p, ops = self.params, self.ops
+        grads[c.pre + ".w2"] = c.a.T @ dout
+        grads[c.pre + ".b2"] = ops.colsum(dout)
+        da = dout @ p[c.pre + ".w2"].T                                         # (N, F)
+        ops.relu_backward_(da, c.a)
+        if c.drop_scale is not None:
+            da *= da.dtype.type(c.drop_scale)
+        grads[c.pre + ".w1"] = c.x.T @ da
+        grads[c.pre + ".b1"] = ops.colsum(da)
+        return da @ p[c.pre + ".w1"].T
+
+    def _embed_bwd(self, which, dx, ec: EmbedCache, grads):
+        """Dropout and positional backward; returns the rows to scatter into the
+        embedding's gradient, scaled by sqrt(D) (in ``dx``'s buffer or a new one)."""
+        ops, xp, D = self.ops, self.xp, self.config.d_model
+        d = dx if ec.drop is None else ops.dropout_backward(dx, ec.drop)
+        if self.config.positional == "learned":
+            name = f"{which}_pos.weight"
+            g = xp.zeros(self.params[name].shape, dtype=self.dtype)
+            g[:ec.T] = d.reshape(-1, ec.T, D).sum(axis=0)
+            grads[name] = g
+        d *= self.dtype.type(math.sqrt(D))
+        return d
+
+    # ------------------------------------------------------------------ inspection
+
+    @staticmethod
+    def attention_weights(cache) -> dict:
+        """As :meth:`Transformer.attention_weights`, for a :class:`FastCache` (or a reference cache)."""
+        if not isinstance(cache, FastCache):
+            return Transformer.attention_weights(cache)
+        out = {}
+        for i, (c1, _) in enumerate(cache.enc):
+            out[f"encoder.{i}.self_attn"] = c1.sub.att.w
+        for i, (c1, c2, _) in enumerate(cache.dec):
+            out[f"decoder.{i}.self_attn"] = c1.sub.att.w
+            out[f"decoder.{i}.cross_attn"] = c2.sub.att.w
+        return out
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+class FastAdam(Adam):
+    """:class:`attn.optim.Adam` with the same update done in place: one scratch buffer
+    per thread instead of five temporaries per parameter, and the parameters split
+    over two threads on NumPy (ufuncs release the GIL). The update is rearranged but
+    equal in exact arithmetic::
+
+        m += (1 - b1) * (g - m)          # m = b1 m + (1 - b1) g
+        v = b2 v + (1 - b2) g^2
+        p -= (lr * sqrt(c2) / c1) * m / (sqrt(v) + eps * sqrt(c2))   # = lr m_hat / (sqrt(v_hat) + eps)
+    """
+
+    threads = 2
+
+    def step(self, grads: dict) -> float:
+        missing = [k for k in self.params if k not in grads]
+        if missing:
+            raise KeyError(f"Adam.step: no gradient for {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        lr = self.lr(self.t + 1)
+        self.t += 1
+        b1, b2 = self.beta1, self.beta2
+        c1, c2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
+        consts = (1.0 - b1, b2, 1.0 - b2, self.eps * math.sqrt(c2), lr * math.sqrt(c2) / c1)
+        keys = list(self.params)
+        first = next(iter(self.params.values()))
+        if self.threads > 1 and not B.is_device_array(first) and len(keys) > 1:
+            # two groups of about equal size, largest first
+            keys.sort(key=lambda k: -self.params[k].size)
+            groups, sizes = [[], []], [0, 0]
+            for k in keys:
+                j = 0 if sizes[0] <= sizes[1] else 1
+                groups[j].append(k)
+                sizes[j] += self.params[k].size
+            err = []
+
+            def run(ks):
+                try:
+                    self._update(ks, grads, consts)
+                except BaseException as e:      # re-raised in the calling thread
+                    err.append(e)
+            t = threading.Thread(target=run, args=(groups[1],))
+            t.start()
+            run(groups[0])
+            t.join()
+            if err:
+                raise err[0]
+        else:
+            self._update(keys, grads, consts)
+        return lr
+
+    def _update(self, keys, grads, consts):
+        one_m_b1, b2, one_m_b2, eps_c, step = consts
+        buf = None
+        for k in keys:
+            p, g, m, v = self.params[k], grads[k], self.m[k], self.v[k]
+            xp = B.get_array_module(p)
+            dt = p.dtype.type
+            if buf is None or buf.size < p.size or buf.dtype != p.dtype:
+                buf = xp.empty(max(p.size, 1 if buf is None else buf.size), dtype=p.dtype)
+            t = buf[:p.size].reshape(p.shape)
+            xp.subtract(g, m, out=t)
+            t *= dt(one_m_b1)
+            m += t
+            xp.multiply(g, g, out=t)
+            t *= dt(one_m_b2)
+            v *= dt(b2)
+            v += t
+            xp.sqrt(v, out=t)
+            t += dt(eps_c)
+            xp.divide(m, t, out=t)
+            t *= dt(step)
+            p -= t
