@@ -8,8 +8,9 @@
 # `W^O in R^{h d_v x d_model}`, and in the paper `h = 8`, `d_k = d_v = d_model / h = 64`.
 # (Seed 002 writes `W_i^O`, one output matrix per head. The paper has a single
 # `W^O`. Its row block `i` does act on head `i` alone, since
-# `Concat(head_1..head_h) W^O = sum_i head_i W^O[i d_v:(i+1) d_v, :]`, but it is one
-# matrix, and the sum over heads is why the heads' outputs can be combined.)
+# `Concat(head_1..head_h) W^O = sum_i head_i W^O[i d_v:(i+1) d_v, :]`; but the
+# blocks are added up, so every output dimension mixes all the heads, and it is
+# one `(h d_v, d_model)` parameter, not `h` separate layers.)
 #
 # Instead of one attention over `d_model`-wide vectors, `h` *smaller* attentions,
 # each with its own projections, each producing its own weights: one head can look
