@@ -124,6 +124,47 @@ def test_clause_word_order():
     assert f.tk(True) == "libroen du domo en vidar ulamos".split()
 
 
+def _readme_examples():
+    """The example pairs of data/README.md, built from the generator's grammar."""
+    C, V = make_toy.Clause, _verb
+
+    def simple(c):
+        return c.en() + ["."], c.tk(False) + ["."]
+
+    def complex_(main, word, sub):
+        tk_word = make_toy.THAT if word == "that" else make_toy.CONJUNCTIONS[word]
+        return main.en() + [word] + sub.en() + ["."], main.tk(False) + [",", tk_word] + sub.tk(True) + ["."]
+
+    return [
+        simple(C(_np("dog", adjs=["big", "red"]), V("sleep"), "present", False, None, None, None)),
+        simple(C(_np("cat", definite=False, adjs=["big"]), V("sleep"), "present", False, None, None, None)),
+        simple(C(_np("girl", plural=True, adjs=["happy"]), V("sleep"), "present", False, None, None, None)),
+        simple(C(_np("dog"), V("see"), "present", False, _np("cat"), None, None)),
+        simple(C(_np("dog", plural=True), V("see"), "present", False, _np("cat", plural=True), None, None)),
+        simple(C("they", V("sleep"), "past", False, None, None, None)),
+        simple(C("she", V("see"), "past", True, _np("apple", definite=False), None, None)),
+        simple(C(_np("king"), V("open"), "future", False, _np("box"), None, None)),
+        simple(C(_np("king"), V("open"), "future", True, _np("box"), "in", _np("garden"))),
+        simple(C("we", V("call"), "present", False, _np("doctor"), None, None)),
+        simple(C(_np("horse", plural=True, number=23), V("run"), "present", False, None, "under", _np("bridge"))),
+        simple(C("you", V("wait"), "present", True, None, "near",
+                 _np("tree", plural=True, definite=False, number=13))),
+        complex_(C(_np("woman"), V("say"), "present", False, None, None, None), "that",
+                 C(_np("dog"), V("call"), "past", False, _np("cat"), None, None)),
+        complex_(C("he", V("laugh"), "present", False, None, None, None), "because",
+                 C(_np("king"), V("open"), "future", True, _np("box"), None, None)),
+        complex_(C(_np("bird", plural=True), V("sing"), "past", False, None, None, None), "when",
+                 C("i", V("wake"), "past", True, _np("child", plural=True), None, None)),
+    ]
+
+
+def test_readme_examples_are_what_the_generator_writes():
+    readme = (ROOT / "data" / "README.md").read_text(encoding="utf-8")
+    for en, tk in _readme_examples():
+        row = f"| {' '.join(en)} | {' '.join(tk)} |"
+        assert row in readme, f"data/README.md should show the pair {row}"
+
+
 def test_every_english_sentence_has_one_translation():
     """The generator asserts it while drawing; here on a fresh sample of 3000."""
     splits = make_toy.generate(seed=7, sizes={"test": 0, "val": 0, "train": 3000})
