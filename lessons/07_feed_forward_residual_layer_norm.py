@@ -90,8 +90,8 @@ def xavier(shape):
 
 blocks = [dict(w1=xavier((D, F)), b1=np.zeros(F), w2=xavier((F, D)), b2=np.zeros(D)) for _ in range(L)]
 gamma, beta = np.ones(D), np.zeros(D)
-x0 = rng.standard_normal((8, 16, D))                            # (B, T, D) tokens at the bottom
-g_top = rng.standard_normal((8, 16, D))                         # upstream gradient at the top
+x0 = rng.standard_normal((4, 8, D))                             # (B, T, D) tokens at the bottom
+g_top = rng.standard_normal((4, 8, D))                          # upstream gradient at the top
 VARIANTS = ["plain", "norm only", "residual only", "post-norm", "pre-norm"]
 
 
