@@ -15,7 +15,7 @@ LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs(lesson, tmp_path):
     env = dict(os.environ, ATTN_QUICK="1", ATTN_LESSONS_OUT=str(tmp_path), MPLBACKEND="Agg",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
     proc = subprocess.run([sys.executable, str(lesson)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, f"{lesson.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

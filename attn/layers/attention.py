@@ -76,8 +76,7 @@ def merge_heads(x):
 
 
 class MultiHeadCache(NamedTuple):
-    """The caches of the four projections and of the attention; whether the
-    query and key/value inputs were the same array (self-attention)."""
+    """The caches of the four projections and of the attention, and the number of heads."""
     lin_q: object
     lin_k: object
     lin_v: object
