@@ -88,29 +88,35 @@ class _Ops:
         """(R, C) -> (C,)."""
         return self.ones(x2.shape[0], x2.dtype) @ x2
 
-    # ---- softmax over the last axis, in place
+    # ---- softmax over the FIRST axis, in place
 
-    def softmax_(self, s, bias=None, row_scale=None):
-        """``s`` (..., K) logits -> softmax, in place. ``bias`` broadcasts to ``s``: 0 where
-        a key may be attended, the dtype's most negative finite value where not; masked
-        entries come out exactly 0 (``exp`` underflows). ``row_scale`` (..., 1) is 0 on
-        rows with no key at all (their output would be uniform) and 1 elsewhere."""
+    def softmax0_(self, s, bias=None, row_scale=None):
+        """``s`` (K, ...) logits -> softmax over axis 0, in place.
+
+        The attention keeps its scores as (Tk, B, H, Tq), keys first, so that every
+        reduction here runs over whole contiguous rows of B*H*Tq numbers (a reduction
+        over a short last axis costs NumPy a loop call per row). ``bias`` broadcasts to
+        ``s``: 0 where a key may be attended, the dtype's most negative finite value where
+        not, so masked entries come out exactly 0 (``exp`` underflows). ``row_scale``
+        (1, ...) is 0 for queries with no key at all (their column would come out uniform)
+        and 1 elsewhere."""
         xp = self.xp
         if bias is not None:
             s += bias
-        s -= s.max(axis=-1, keepdims=True)
+        s -= s.max(axis=0)
         xp.exp(s, out=s)
-        r = self.rowsum(s.reshape(-1, s.shape[-1])).reshape(*s.shape[:-1], 1)
+        r = s.sum(axis=0)
         xp.reciprocal(r, out=r)
         if row_scale is not None:
-            r *= row_scale
+            r *= row_scale[0]
         s *= r
         return s
 
-    def softmax_backward_(self, dy, y):
-        """Forward was ``y = softmax(x)``, so ``dx = y * (dy - sum(dy * y))``; in place on ``dy``."""
-        t = self.xp.einsum("...i,...i->...", dy, y)
-        dy -= t[..., None]
+    def softmax0_backward_(self, dy, y):
+        """Forward was ``y = softmax(x)`` over axis 0, so ``dx = y * (dy - sum_0(dy * y))``;
+        in place on ``dy``."""
+        t = dy * y
+        dy -= t.sum(axis=0)
         dy *= y
         return dy
 
@@ -276,7 +282,7 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
 
 class AttendCache(NamedTuple):
     """Scaled dot-product attention: q (pre-scaled), k, v as (B, H, T, Dh) views, the
-    weights w (B, H, Tq, Tk) before dropout, their dropout mask, and the merged
+    weights w before dropout, keys first (Tk, B, H, Tq), their dropout mask, and the merged
     context ctx (B*Tq, D), the input of the output projection."""
     q: object
     k: object
@@ -416,17 +422,24 @@ class FastTransformer(Transformer):
         a5 = a.reshape(Bsz, T, n, H, Dh)
         return [a5[:, :, j].transpose(0, 2, 1, 3) for j in range(n)]
 
-    def _attend(self, q, k, v, bias, row_scale, rng):
-        """softmax(q k^T + bias) v with q pre-scaled. Returns ctx (B*Tq, D), AttendCache."""
+    def _attend(self, q, k, v, bias_t, rows_t, rng):
+        """softmax(q k^T + bias) v with q pre-scaled, the scores kept keys-first.
+
+        Inputs: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) views; bias_t and rows_t the mask
+        in the keys-first layout (see :meth:`_bias`). Returns ctx (B*Tq, D), AttendCache
+        whose ``w`` is the (Tk, B, H, Tq) array of weights."""
         xp, ops = self.xp, self.ops
         Bsz, H, Tq, Dh = q.shape
-        w = ops.softmax_(q @ k.swapaxes(-1, -2), bias, row_scale)             # (B, H, Tq, Tk)
+        Tk = k.shape[2]
+        w = xp.empty((Tk, Bsz, H, Tq), dtype=q.dtype)
+        xp.matmul(k, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3))          # scores^T, per (b, h)
+        ops.softmax0_(w, bias_t, rows_t)
         m, wd = None, w
         if rng is not None and self.config.attention_dropout > 0:
             m = ops.dropout_mask(rng, w.shape, self.config.attention_dropout)
             wd = ops.dropout_(w.copy(), m)
         ctx = xp.empty((Bsz, Tq, H, Dh), dtype=q.dtype)
-        xp.matmul(wd, v, out=ctx.transpose(0, 2, 1, 3))
+        xp.matmul(wd.transpose(1, 2, 3, 0), v, out=ctx.transpose(0, 2, 1, 3))   # (B, H, Tq, Dh)
         ctx = ctx.reshape(Bsz * Tq, H * Dh)
         return ctx, AttendCache(q, k, v, w, m, ctx)
 
@@ -504,13 +517,15 @@ class FastTransformer(Transformer):
 
     @staticmethod
     def _bias(mask, dtype, xp):
-        """bool mask -> additive bias (0 / most negative finite) and the rows' scale
-        (0 where a query row has no key at all; None when every row has one)."""
+        """bool mask (B, 1, Tq or 1, Tk) -> the additive bias (0 / most negative finite) and
+        the queries' scale (0 where a query has no key at all; None when every query has
+        one), both keys-first: (Tk, B, 1, Tq or 1) and (1, B, 1, Tq or 1)."""
         bias = xp.where(mask, dtype.type(0), xp.finfo(dtype).min).astype(dtype)
         rows = mask.any(axis=-1, keepdims=True)
+        bias_t = bias.transpose(3, 0, 1, 2)
         if xp is B.host and bool(rows.all()):
-            return bias, None
-        return bias, rows.astype(dtype)
+            return bias_t, None
+        return bias_t, rows.astype(dtype).transpose(3, 0, 1, 2)
 
     # ------------------------------------------------------------------ forward
 
@@ -674,18 +689,20 @@ class FastTransformer(Transformer):
     def _attend_bwd(self, dctx, ac: AttendCache, dq, dk, dv):
         """Forward was ``ctx = drop(softmax(q k^T + bias)) v``; writes dq, dk, dv (views) in place:
         ``dv = wd^T dctx``, ``dw = dctx v^T``, ``ds = softmax_back(dropback(dw))``,
-        ``dq = ds k``, ``dk = ds^T q``."""
+        ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first."""
         xp, ops = self.xp, self.ops
         Bsz, H, Tq, Dh = ac.q.shape
+        Tk = ac.k.shape[2]
         dO = dctx.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3)               # (B, H, Tq, Dh)
         wd = ac.w if ac.drop is None else ops.dropout_(ac.w.copy(), ac.drop)
-        xp.matmul(wd.swapaxes(-1, -2), dO, out=dv)
-        dw = dO @ ac.v.swapaxes(-1, -2)                                        # (B, H, Tq, Tk)
+        xp.matmul(wd.transpose(1, 2, 0, 3), dO, out=dv)                        # (B, H, Tk, Dh)
+        dw = xp.empty((Tk, Bsz, H, Tq), dtype=dctx.dtype)
+        xp.matmul(ac.v, dO.swapaxes(-1, -2), out=dw.transpose(1, 2, 0, 3))      # dw^T, per (b, h)
         if ac.drop is not None:
             ops.dropout_(dw, ac.drop)
-        ds = ops.softmax_backward_(dw, ac.w)
-        xp.matmul(ds, ac.k, out=dq)
-        xp.matmul(ds.swapaxes(-1, -2), ac.q, out=dk)
+        ds = ops.softmax0_backward_(dw, ac.w)                                  # (Tk, B, H, Tq)
+        xp.matmul(ds.transpose(1, 2, 3, 0), ac.k, out=dq)
+        xp.matmul(ds.transpose(1, 2, 0, 3), ac.q, out=dk)
 
     def _self_attn_bwd(self, dout, c: SelfAttnCache, scale, grads):
         xp = self.xp
@@ -757,10 +774,10 @@ class FastTransformer(Transformer):
             return Transformer.attention_weights(cache)
         out = {}
         for i, (c1, _) in enumerate(cache.enc):
-            out[f"encoder.{i}.self_attn"] = c1.sub.att.w
+            out[f"encoder.{i}.self_attn"] = c1.sub.att.w.transpose(1, 2, 3, 0)
         for i, (c1, c2, _) in enumerate(cache.dec):
-            out[f"decoder.{i}.self_attn"] = c1.sub.att.w
-            out[f"decoder.{i}.cross_attn"] = c2.sub.att.w
+            out[f"decoder.{i}.self_attn"] = c1.sub.att.w.transpose(1, 2, 3, 0)
+            out[f"decoder.{i}.cross_attn"] = c2.sub.att.w.transpose(1, 2, 3, 0)
         return out
 
 
