@@ -229,9 +229,11 @@ class Vocab:
 
 
 def _read_lines(path) -> list[str]:
-    """Lines of a UTF-8 text file (``.gz`` read transparently), stripped of surrounding
-    whitespace. Lines are split on ``\\n`` only, so a stray U+2028 inside a sentence does
-    not shift the alignment. If ``path`` is missing but ``path.gz`` exists, that is read."""
+    """Lines of a UTF-8 text file (``.gz`` read transparently), without their line ends.
+
+    Lines are split on ``\\n`` only (a ``\\r`` before it is dropped), so a stray U+2028
+    inside a sentence does not shift the alignment. A leading byte-order mark is dropped.
+    If ``path`` is missing but ``path.gz`` exists, that is read."""
     path = Path(path)
     if not path.is_file() and Path(str(path) + ".gz").is_file():
         path = Path(str(path) + ".gz")
@@ -251,7 +253,7 @@ def _read_lines(path) -> list[str]:
     lines = []
     for number, chunk in enumerate(chunks, start=1):
         try:
-            lines.append(chunk.decode("utf-8").strip())
+            lines.append(chunk.decode("utf-8").removesuffix("\r"))
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: line {number} is not valid UTF-8 "
                             f"({e.reason} at byte {e.start} of the line)") from None
@@ -266,7 +268,8 @@ def read_parallel(data_dir, src: str, tgt: str, split: str) -> list[tuple[str, s
     missing file, a line that is not UTF-8, or files with different line counts.
     """
     src_path, tgt_path = Path(data_dir) / f"{split}.{src}", Path(data_dir) / f"{split}.{tgt}"
-    src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
+    src_lines = [line.strip() for line in _read_lines(src_path)]
+    tgt_lines = [line.strip() for line in _read_lines(tgt_path)]
     if len(src_lines) != len(tgt_lines):
         raise DataError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
                         "parallel files must be line-aligned, one sentence per line")
@@ -277,12 +280,14 @@ def read_tsv(path) -> list[tuple[str, str]]:
     """Sentence pairs from a tab-separated file: ``source<TAB>target[<TAB>anything]`` per line.
 
     This is the Tatoeba/Anki format (manythings.org files carry an attribution in a
-    third column, which is ignored). Blank lines are skipped and counted in a warning;
-    a non-blank line without a tab raises :class:`DataError` naming the file and line.
+    third column, which is ignored). Fields are stripped of surrounding spaces; an empty
+    field is kept (:func:`encode_pairs` skips and counts the pair). Blank lines are skipped
+    and counted in a warning; a non-blank line without a tab raises :class:`DataError`
+    naming the file and line.
     """
     pairs, blank = [], 0
     for number, line in enumerate(_read_lines(path), start=1):
-        if not line:
+        if not line.strip():
             blank += 1
             continue
         fields = line.split("\t")

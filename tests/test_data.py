@@ -300,8 +300,8 @@ def test_read_parallel_bad_utf8_names_file_and_line(tmp_path):
 
 
 def test_read_tsv(tmp_path):
-    path = _write(tmp_path / "pairs.tsv", "Go.\tVa !\tCC-BY 2.0 (France)\nHi.\tSalut !\n")
-    assert D.read_tsv(path) == [("Go.", "Va !"), ("Hi.", "Salut !")]
+    path = _write(tmp_path / "pairs.tsv", "Go.\tVa !\tCC-BY 2.0 (France)\r\nHi.\tSalut !\nEmpty \t\n")
+    assert D.read_tsv(path) == [("Go.", "Va !"), ("Hi.", "Salut !"), ("Empty", "")]
 
 
 def test_read_tsv_blank_lines_warn_once(tmp_path):
