@@ -18,8 +18,10 @@ shapes
     :func:`dims` (a consistent set of model dimensions, heads dividing d_model),
     :func:`leading_shapes` (1-3 batch axes), :func:`divisors`.
 values (float64)
-    :func:`floats` (hypothesis-chosen elements, edge values included),
-    :func:`normals` (seeded Gaussian arrays: well-conditioned weights),
+    :func:`floats` (hypothesis-chosen elements, edge values included: invariants,
+    and gradient checks of piecewise-linear layers),
+    :func:`normals` (seeded Gaussian arrays: weights, and inputs of gradient
+    checks of smooth layers, see its docstring),
     :func:`away_from` (elements at least a margin away from a kink),
     :func:`logits` (floats times ``10**k``, k up to 4: the softmax stability check).
 masks (bool, True = may attend)
@@ -99,7 +101,11 @@ def normals(shape, scale: float = 1.0):
 
     Cheaper for hypothesis than element-by-element draws and well-conditioned:
     the right thing for weight matrices, where the shape, not the values, is the
-    interesting part.
+    interesting part, and for the inputs of gradient checks of smooth layers. A
+    central difference cannot resolve a gradient much smaller than the function it
+    differentiates (its rounding floor is about ulp(f) / (h |g|)), and hypothesis'
+    edge values (a layer-norm row (0, 1e-5), a zero key) reach below that floor
+    without anything being wrong; Gaussian values essentially never do.
     """
     return st.integers(0, 2**32 - 1).map(
         lambda seed: np.random.default_rng(seed).standard_normal(shape) * scale)
