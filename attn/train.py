@@ -24,11 +24,14 @@ import signal
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from . import backend as B
 from .checkpoint import CheckpointError, load_npz, save_npz
 from .data import DataError, Vocab, encode_pairs, make_batches, read_parallel, read_tsv, tokenize
+from .fast import FastAdam, FastTransformer
+from .fast import cross_entropy as fast_cross_entropy
 from .loss import cross_entropy
 from .model import PRESETS, Transformer, TransformerConfig
 from .optim import Adam, clip_grad_norm
@@ -95,6 +98,16 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
             "train_seconds": state.train_seconds, "tokens_seen": state.tokens_seen, "evals": state.evals,
             "seed": args.seed, "args": _args_dict(args), "dtype": str(model.dtype)}
     save_npz(path, arrays, meta)
+
+
+def _engine(model: Transformer, args):
+    """The model and optimizer that train: the readable reference classes with
+    ``--reference``, else their faster twins from :mod:`attn.fast`, which compute
+    the same numbers (tests/test_fast.py checks that) with fewer passes over memory."""
+    cls, opt_cls = (Transformer, Adam) if args.reference else (FastTransformer, FastAdam)
+    if type(model) is not cls:
+        model = cls(model.config, dtype=model.dtype, params=model.params)
+    return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, args.lr_factor)
 
 
 def _args_dict(args) -> dict:
@@ -171,7 +184,7 @@ def train(args) -> dict:
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(ckpt_path))
         config = model.config
-        opt = Adam(model.params, config.d_model, config.warmup_steps, args.lr_factor)
+        model, opt = _engine(model, args)
         opt.load_state(arrays, meta["step"])
         state = TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
                            meta["tokens_seen"], [float(x) for x in arrays.get("history/train_loss", [])],
@@ -185,8 +198,7 @@ def train(args) -> dict:
                                         ("dropout", args.dropout), ("label_smoothing", args.label_smoothing),
                                         ("warmup_steps", args.warmup)) if v is not None}
         config = TransformerConfig.preset(args.preset, vocab_size=len(vocab), **overrides)
-        model = Transformer(config, seed=args.seed, dtype=args.dtype)
-        opt = Adam(model.params, config.d_model, config.warmup_steps, args.lr_factor)
+        model, opt = _engine(Transformer(config, seed=args.seed, dtype=args.dtype), args)
 
     # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
     max_len = min(args.max_len or config.max_len, config.max_len - 1)
@@ -200,6 +212,7 @@ def train(args) -> dict:
           f"model {model.num_parameters():,} parameters ({args.preset}), backend {B.get_backend()}",
           file=sys.stderr)
 
+    step_loss = cross_entropy if args.reference else partial(fast_cross_entropy, inplace=True)
     budget = args.minutes * 60.0 if args.minutes else math.inf
     started = time.perf_counter()
     last_eval_step = state.step
@@ -216,7 +229,7 @@ def train(args) -> dict:
                 rng = B.DeviceRNG(args.seed * 1_000_003 + state.step)
                 src, tgt_in, tgt_out = (B.to_device(a) for a in (b.src, b.tgt_in, b.tgt_out))
                 logits, cache = model.forward(src, tgt_in, rng)
-                loss, dlogits = cross_entropy(logits, tgt_out, config.label_smoothing)
+                loss, dlogits = step_loss(logits, tgt_out, config.label_smoothing)
                 del logits
                 grads = model.backward(dlogits, cache)
                 del cache, dlogits
@@ -394,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--beam", type=int, default=1, help="beam size for the final test translation (1: greedy)")
     g.add_argument("--out", type=Path, default=Path("runs/toy"), help="output folder (default runs/toy)")
     g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")
+    g.add_argument("--reference", action="store_true",
+                   help="train with the readable reference layers instead of the faster attn.fast path "
+                        "(same numbers up to float rounding, slower)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
