@@ -350,15 +350,21 @@ print("output :", ex_out[0])
 print("weight on the anti-diagonal, per output step:", np.round(anti, 2))
 
 
-def mean_anti_diagonal_weight(p, L=L_MAX, n=100, seed=11):
-    """Average attention weight on source position L-1-t at output step t."""
+def anti_diagonal_weight(p, L=L_MAX, n=100, seed=11):
+    """Average attention weight, at output step t, on source position L-1-t (the token
+    wanted) and on L-1-t or its right neighbour L-t (whose state also holds it)."""
     src, _, _, mask = make_batch(np.random.default_rng(seed), [L] * n)
-    _, w = greedy_decode(p, src, mask, keep_weights=True)
-    return float(w[:, np.arange(L), L - 1 - np.arange(L)].mean())
+    _, w = greedy_decode(p, src, mask, keep_weights=True)                   # (n, L, L)
+    t = np.arange(L)
+    on = w[:, t, L - 1 - t]
+    band = on.copy()
+    band[:, 1:] += w[:, t[1:], L - t[1:]]
+    return float(on.mean()), float(band.mean())
 
 
-anti_mean = mean_anti_diagonal_weight(models["attention"]["params"])
-print(f"mean weight on the anti-diagonal, length {L_MAX}: {anti_mean:.2f} (uniform attention would give {1 / L_MAX:.2f})")
+anti_mean, band_mean = anti_diagonal_weight(models["attention"]["params"])
+print(f"length {L_MAX}: mean weight on the anti-diagonal {anti_mean:.2f}, on it or its right neighbour "
+      f"{band_mean:.2f} (uniform attention would give {1 / L_MAX:.2f} and {2 / L_MAX:.2f})")
 
 fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
 for name, m in models.items():
@@ -414,8 +420,12 @@ assert max(gc_errors.values()) < 1e-6, gc_errors
 assert max(model_errors.values()) < 1e-6, model_errors
 assert np.abs(de_pad).max() == 0.0, "padded encoder states must receive no gradient through the attention"
 assert same_as_library, "Luong dot attention should equal attention_forward with q scaled by sqrt(d_k)"
-need = 0.25 if QUICK else 0.5
+# Quick mode trains for a third as long: the attention has only just "clicked", so
+# its thresholds are lower (and leave room for a different BLAS taking a slightly
+# different path through training).
+need, floor, focus = (0.2, 0.4, 0.4) if QUICK else (0.5, 0.8, 0.7)
 assert margin > need, f"attention should beat the bottleneck on long sequences by > {need}: {margin:.2f}"
-assert models["attention"]["acc"].min() > 0.6, f"attention should hold up at every length: {models['attention']['acc']}"
-assert anti_mean > 0.5, f"attention should concentrate on the anti-diagonal: {anti_mean:.2f}"
+assert models["attention"]["acc"].min() > floor, \
+    f"attention should hold up at every length: {np.round(models['attention']['acc'], 2)}"
+assert band_mean > focus, f"attention should concentrate on the anti-diagonal: {band_mean:.2f} (uniform {2 / L_MAX})"
 print(f"Check passed in {time.time() - T0:.1f} s.")
