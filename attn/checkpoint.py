@@ -51,9 +51,16 @@ def load_npz(path) -> tuple[dict, dict]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        with B.host.load(path, allow_pickle=False) as z:
+        z = B.host.load(path, allow_pickle=False)
+        if not hasattr(z, "files"):       # a bare .npy file loads as one array, not as an archive
+            raise zipfile.BadZipFile("a single .npy array, not an .npz archive")
+        with z:
             arrays = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+    except MemoryError:
+        raise
+    except Exception as e:
+        # A damaged zip raises BadZipFile, EOFError or ValueError, but also NotImplementedError
+        # (a flipped compression field) or RuntimeError (a flipped "encrypted" flag).
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {e})") from None
     if "__meta__" not in arrays:
         raise CheckpointError(f"checkpoint {path} has no __meta__ record: not written by attn")
@@ -61,4 +68,6 @@ def load_npz(path) -> tuple[dict, dict]:
         meta = json.loads(str(arrays.pop("__meta__")))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint {path} has an unreadable __meta__ record ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {path} has a __meta__ record that is not a JSON object: {meta!r:.80}")
     return arrays, meta
