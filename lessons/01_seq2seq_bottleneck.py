@@ -190,7 +190,7 @@ for k, e in grad_errors.items():
 # no overfitting to worry about: the data is endless.
 
 # %%
-STEPS = 300 if QUICK else 900
+STEPS = 300 if QUICK else 600
 BATCH, LR, CLIP = 64, 3e-3, 5.0
 
 
@@ -274,7 +274,7 @@ ax[1].axhline(1 / N_SYM, color="gray", ls=":", label=f"chance (1/{N_SYM})")
 ax[1].set(xlabel="sequence length", ylabel="token accuracy (greedy decoding)", ylim=(0, 1.05),
           title="the bottleneck: accuracy falls with length")
 ax[1].set_xticks(LENGTHS[::2])
-ax[1].legend(loc="upper right")
+ax[1].legend(loc="center right")
 ax[2].bar(np.arange(L_MAX), pos_acc)
 ax[2].set_xticks(np.arange(0, L_MAX, 2))
 ax[2].axhline(1 / N_SYM, color="gray", ls=":")

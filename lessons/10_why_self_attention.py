@@ -122,7 +122,7 @@ cross = count_ns[int(np.argmax(counts[:, 1] > counts[:, 3]))]
 print(f"self-attention's mixing costs more than the recurrence from n = {cross} on (d/2 = {d_count // 2})")
 
 # %% [markdown]
-# ## 2. Wall time per layer
+# ## 2. Time per layer
 #
 # Now the clock: one layer, `d = 128`, 8 heads, one sequence, NumPy on one core.
 # We read the *CPU time* of this process (`time.process_time`), not the wall
@@ -155,17 +155,18 @@ print(f"time grows like n^{slope_att:.2f} (self-attention) and n^{slope_rnn:.2f}
 
 # %% [markdown]
 # **What to notice.** The recurrent layer's time grows in proportion to `n`: a
-# constant cost per step. Self-attention's grows faster, towards `n^2`, once the
-# `n x n` score matrices dominate, and the ratio of the two climbs with `n`.
+# constant cost per step (the `us/step` column). Self-attention's grows faster,
+# towards `n^2`, once the `n x n` score matrices dominate, and the ratio of the two
+# climbs with `n`.
 #
-# But the recurrent layer's time per step is far above its arithmetic: a
-# `(1, 128) @ (128, 128)` product is 16k multiply-adds, microseconds of work, and
-# most of each step is the cost of *doing a step at all* (a Python iteration, a
-# call into BLAS with a matrix too small to keep the hardware busy). On a GPU that
-# overhead is a kernel launch per step, and the mismatch is far worse: thousands
-# of cores wait for each tiny step. That is the "sequential operations" column,
-# and it is why the paper can say self-attention trains faster even where it does
-# more arithmetic.
+# On one core this is all there is to it: a core does one thing at a time, and the
+# recurrent layer's `n` steps cost what their arithmetic costs. Parallel hardware
+# changes the picture. Each recurrent step is a `(1, 128) @ (128, 128)` product,
+# 16k multiply-adds: a GPU with thousands of cores finishes that in about the time
+# it takes to start it, then waits for the next step, `n` times over, mostly idle.
+# Self-attention hands it the whole `n x n` score matrix at once. That is the
+# "sequential operations" column, and it is why the paper can say self-attention
+# trains faster even where it does more arithmetic.
 
 # %% [markdown]
 # ## 3. Sequential operations: how many rounds with unlimited processors?
@@ -178,8 +179,9 @@ print(f"time grows like n^{slope_att:.2f} (self-attention) and n^{slope_rnn:.2f}
 # at once, with `rnn_step_forward` on all positions stacked into one batch. We
 # start with every `h_t` unknown, written as NaN. NaN is contagious: any
 # arithmetic with it gives NaN, so a value is finite exactly when everything it
-# depends on is known. Round 1 makes `h_0` known (it needs only `h0` and `x_0`),
-# round 2 `h_1`, and so on: **n rounds**, no matter how many processors. For
+# depends on is known. Round 1 makes the first state known (it needs only `x_0`
+# and the initial state, zeros), round 2 the second, and so on: **n rounds**, no
+# matter how many processors. For
 # self-attention, one call of the layer computes every output from the inputs
 # alone: **one round**.
 
@@ -388,9 +390,11 @@ print(f"  recurrent {decay_rnn:.1e}   self-attention {decay_att:.2f}")
 # exponentially.
 #
 # The Korean translation (file 002) glosses `O(n)` sequential operations as "the
-# recurrent network takes more time". It means the steps cannot be *parallelised*;
-# section 2's timings show the total time can be similar, or even smaller, at short
-# lengths.
+# recurrent network takes more time". That is not what the column says: it says
+# the steps cannot be *parallelised*. On one CPU core (section 2) the recurrent
+# layer is not slower at all; the `n` dependent steps cost time when there are
+# many processors to keep busy, a GPU's thousands of cores, and only one step's
+# worth of work to give them.
 #
 # ## 6. The figure
 
