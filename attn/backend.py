@@ -194,3 +194,46 @@ class DeviceRNG:
         if getattr(self, "_bits", None) is None:
             self._bits = np.random.SFC64(np.random.SeedSequence([self.seed, 0x5eed]))
         return self._bits.random_raw((n + 3) // 4).view(np.uint16)[:n].reshape(shape)
+
+
+# --------------------------------------------------------------------------- BLAS threads
+
+_OPENBLAS = []      # [(ctypes library, get, set)] once looked up; [None] if there is none
+
+
+def _openblas():
+    """The OpenBLAS that NumPy loaded, as (get_num_threads, set_num_threads), or None.
+
+    Found the way threadpoolctl finds it: the shared objects mapped into this process."""
+    if not _OPENBLAS:
+        found = None
+        try:
+            import ctypes
+            import re
+            with open("/proc/self/maps") as fh:
+                paths = sorted(set(re.findall(r"(/\S*openblas\S*\.so\S*)", fh.read())))
+            for path in paths:
+                lib = ctypes.CDLL(path)
+                for prefix, suffix in (("openblas", ""), ("scipy_openblas", "64_"), ("openblas", "64_")):
+                    get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                    put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                    if get is not None and put is not None:
+                        found = (get, put)
+                        break
+                if found:
+                    break
+        except Exception:       # no /proc, no ctypes, an unusual build: unknown, not an error
+            found = None
+        _OPENBLAS.append(found)
+    return _OPENBLAS[0]
+
+
+def blas_threads(set_to: int | None = None) -> int | None:
+    """NumPy's BLAS (OpenBLAS) threads, setting them first if ``set_to`` is given.
+    Returns None where the BLAS is not OpenBLAS or cannot be reached."""
+    ob = _openblas()
+    if ob is None:
+        return None
+    if set_to is not None:
+        ob[1](int(set_to))
+    return int(ob[0]())
