@@ -44,6 +44,7 @@ fused kernels for them (see there). Decoding uses the reference methods, which
 from __future__ import annotations
 
 import math
+import queue
 import threading
 from typing import NamedTuple
 
@@ -52,6 +53,94 @@ from .layers._checks import check_ids
 from .masks import PAD_ID, decoder_mask, padding_mask
 from .model import Transformer
 from .optim import Adam
+
+# --------------------------------------------------------------------------- threads
+
+#: Most threads the automatic choice uses: beyond a few, the GIL-bound Python part of a
+#: step (a few thousand NumPy calls) would start to serialise them.
+MAX_AUTO_WORKERS = 4
+
+
+def default_workers() -> int:
+    """How many parts the NumPy fast path splits a batch into: NumPy's BLAS threads (the
+    cores the user gave the program), at most :data:`MAX_AUTO_WORKERS`; 1 where the BLAS
+    threads cannot be read (and so cannot be lowered to 1 while the parts run)."""
+    n = B.blas_threads()
+    return 1 if n is None else max(1, min(n, MAX_AUTO_WORKERS))
+
+
+class _Threads:
+    """Long-lived helper threads. ``run([f0, f1, ...])`` calls ``f0`` in the calling thread
+    and the others on helpers at the same time, and returns the results in order (the
+    first exception is re-raised once all have finished). NumPy releases the GIL inside
+    ufuncs and matmul, so the parts really run on separate cores."""
+
+    def __init__(self):
+        self._helpers = []
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _loop(self, inbox, outbox):
+        self._local.helper = True
+        while True:
+            f = inbox.get()
+            try:
+                outbox.put((True, f()))
+            except BaseException as e:      # handed to the caller
+                outbox.put((False, e))
+
+    def run(self, fns):
+        if len(fns) == 1 or getattr(self._local, "helper", False) or not self._lock.acquire(blocking=False):
+            return [f() for f in fns]       # nested or concurrent use: run them one after another
+        try:
+            while len(self._helpers) < len(fns) - 1:
+                inbox, outbox = queue.SimpleQueue(), queue.SimpleQueue()
+                threading.Thread(target=self._loop, args=(inbox, outbox), daemon=True,
+                                 name=f"attn-fast-{len(self._helpers)}").start()
+                self._helpers.append((inbox, outbox))
+            for (inbox, _), f in zip(self._helpers, fns[1:]):
+                inbox.put(f)
+            err, results = None, []
+            try:
+                results.append(fns[0]())
+            except BaseException as e:
+                err = e
+                results.append(None)
+            for (_, outbox), _f in zip(self._helpers, fns[1:]):
+                ok, r = outbox.get()
+                if not ok and err is None:
+                    err = r
+                results.append(r if ok else None)
+            if err is not None:
+                raise err
+            return results
+        finally:
+            self._lock.release()
+
+    def parallel(self, fns):
+        """:meth:`run` with NumPy's BLAS set to one thread meanwhile (the parts are the
+        parallelism; BLAS threads on top would oversubscribe the cores)."""
+        if len(fns) == 1:
+            return [fns[0]()]
+        prev = B.blas_threads()
+        if prev not in (None, 1):
+            B.blas_threads(1)
+        try:
+            return self.run(fns)
+        finally:
+            if prev not in (None, 1):
+                B.blas_threads(prev)
+
+
+_THREADS = _Threads()
+
+
+def _row_slices(n: int, k: int):
+    """k contiguous slices covering range(n), as equal as possible (none empty)."""
+    k = max(1, min(k, n))
+    bounds = [n * i // k for i in range(k + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(k)]
+
 
 # --------------------------------------------------------------------------- memory-bound pieces
 
@@ -248,12 +337,13 @@ _OPS: dict = {}
 
 
 def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = PAD_ID,
-                  check_finite: bool = True, inplace: bool = False):
+                  check_finite: bool = True, inplace: bool = False, workers: int | None = None):
     """:func:`attn.loss.cross_entropy` with fewer passes over the logits.
 
     With ``inplace=True`` the logits array is overwritten by ``dlogits`` (returned as
     the second value), which saves a (B*T, V) buffer; the caller must not use the
-    logits afterwards. Inputs, outputs and errors are otherwise those of the reference.
+    logits afterwards. On NumPy the rows are split over ``workers`` threads (default
+    :func:`default_workers`). Inputs, outputs and errors are otherwise those of the reference.
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"cross_entropy: smoothing must be in [0, 1), got {smoothing}")
@@ -270,7 +360,14 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
     y = targets.reshape(-1)
     valid = (y != pad_id) if pad_id is not None else xp.ones(y.shape, dtype=bool)
     n = xp.maximum(valid.sum(), 1).astype(logits.dtype)
-    loss = ops_for(xp).cross_entropy_(x, y, valid, n, smoothing)
+    ops = ops_for(xp)
+    k = 1 if B.is_device_array(x) else (default_workers() if workers is None else workers)
+    parts = _row_slices(x.shape[0], k if x.size >= 1 << 18 else 1)
+    losses = _THREADS.parallel([lambda sl=sl: ops.cross_entropy_(x[sl], y[sl], valid[sl], n, smoothing)
+                                for sl in parts])
+    loss = losses[0]
+    for extra in losses[1:]:
+        loss = loss + extra
     if check_finite and not bool(xp.isfinite(loss)):
         raise FloatingPointError(f"cross_entropy: the loss is {float(loss)}: the logits "
                                  f"(shape {tuple(logits.shape)}) contain NaN or inf")
@@ -347,6 +444,12 @@ class FastCache(NamedTuple):
     kv: object
     h: object
     shapes: tuple
+
+
+class SplitCache(NamedTuple):
+    """The caches of the parts a batch was split into, and their row slices."""
+    caches: list
+    parts: list
 
 
 class Fused(NamedTuple):
@@ -529,14 +632,69 @@ class FastTransformer(Transformer):
 
     # ------------------------------------------------------------------ forward
 
+    #: Parts the batch is split into, each run on its own thread with single-threaded BLAS
+    #: (NumPy only). None: :func:`default_workers` (NumPy's BLAS threads, at most 4).
+    workers: int | None = None
+
+    def _n_parts(self, Bsz: int) -> int:
+        if self.xp is not B.host:
+            return 1
+        k = default_workers() if self.workers is None else int(self.workers)
+        return max(1, min(k, Bsz))
+
     def forward(self, src, tgt_in, rng=None):
         """Inputs: src (B, S), tgt_in (B, T) integer ids; rng a DeviceRNG for dropout (None: off).
 
-        Returns: logits (B, T, V_tgt), a :class:`FastCache` for :meth:`backward`.
+        Returns: logits (B, T, V_tgt), a cache for :meth:`backward`.
+
+        On NumPy the batch is split by sentences into :attr:`workers` parts that run at the
+        same time on separate threads (BLAS single-threaded meanwhile); :meth:`backward`
+        sums their gradients. The result is the same as one pass over the whole batch
+        (with dropout, each part draws its masks from its own stream, seeded from ``rng``).
         """
         if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer.forward: src and tgt_in must be (B, S) and (B, T) with one B, "
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
+        Bsz, T = tgt_in.shape
+        k = self._n_parts(Bsz)
+        if k == 1:
+            return self._forward_part(src, tgt_in, rng)
+        self._pos_table("src", src.shape[1])            # build the shared tables before the threads
+        self._pos_table("tgt", T)
+        rngs = [None] * k
+        if rng is not None:
+            seeds = B.to_host(rng.random_uint16((k, 4))).astype("int64")
+            rngs = [B.DeviceRNG(int(a) | int(b) << 16 | int(c) << 32 | int(d) << 48) for a, b, c, d in seeds]
+        V = self.params[self._emb("out")].shape[0]
+        logits = self.xp.empty((Bsz, T, V), dtype=self.dtype)
+        parts = _row_slices(Bsz, k)
+        caches = _THREADS.parallel([
+            lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl])[1]
+            for sl, r in zip(parts, rngs)])
+        return logits, SplitCache(caches, parts)
+
+    def backward(self, dlogits, cache) -> dict:
+        """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of :meth:`forward`.
+
+        Returns: grads, a dict keyed like ``params`` (the reference's gradients).
+        """
+        if not isinstance(cache, SplitCache):
+            return self._backward_part(dlogits, cache)
+        grads = _THREADS.parallel([lambda sl=sl, c=c: self._backward_part(dlogits[sl], c)
+                                   for sl, c in zip(cache.parts, cache.caches)])
+        keys = sorted(grads[0], key=lambda name: -grads[0][name].size)
+        groups = [keys[i::len(grads)] for i in range(len(grads))]
+
+        def add(names):
+            for name in names:
+                for g in grads[1:]:
+                    grads[0][name] += g[name]
+        _THREADS.run([lambda ks=ks: add(ks) for ks in groups])
+        return grads[0]
+
+    def _forward_part(self, src, tgt_in, rng=None, logits_out=None):
+        """The forward of one part (or the whole batch). Writes the logits into
+        ``logits_out`` (B, T, V) when given. Returns logits, FastCache."""
         cfg, xp = self.config, self.xp
         Bsz, S = src.shape
         T = tgt_in.shape[1]
@@ -583,10 +741,12 @@ class FastTransformer(Transformer):
         if cfg.norm == "pre":
             y, dec_norm = self._final_norm("decoder.norm", y)
         E = self.params[self._emb("out")]
-        logits = y @ E.T                                                      # (N_t, V)
+        if logits_out is None:
+            logits_out = xp.empty((Bsz, T, E.shape[0]), dtype=self.dtype)
+        xp.matmul(y, E.T, out=logits_out.reshape(Bsz * T, E.shape[0]))       # (N_t, V)
         cache = FastCache(F, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, y,
                           (Bsz, S, T))
-        return logits.reshape(Bsz, T, E.shape[0]), cache
+        return logits_out, cache
 
     def _final_norm(self, norm, x):
         """Pre-norm's last layer norm. Returns out, (xhat, rstd)."""
@@ -597,11 +757,8 @@ class FastTransformer(Transformer):
 
     # ------------------------------------------------------------------ backward
 
-    def backward(self, dlogits, cache: FastCache) -> dict:
-        """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of :meth:`forward`.
-
-        Returns: grads, a dict keyed like ``params`` (the reference's gradients).
-        """
+    def _backward_part(self, dlogits, cache: FastCache) -> dict:
+        """The backward of one part: its gradients (a dict keyed like ``params``)."""
         cfg, xp, ops, p = self.config, self.xp, self.ops, self.params
         Bsz, S, T = cache.shapes
         D, L = cfg.d_model, cfg.n_decoder_layers
@@ -770,6 +927,10 @@ class FastTransformer(Transformer):
     @staticmethod
     def attention_weights(cache) -> dict:
         """As :meth:`Transformer.attention_weights`, for a :class:`FastCache` (or a reference cache)."""
+        if isinstance(cache, SplitCache):
+            parts = [FastTransformer.attention_weights(c) for c in cache.caches]
+            xp = B.get_array_module(next(iter(parts[0].values())))
+            return {k: xp.concatenate([p[k] for p in parts], axis=0) for k in parts[0]}
         if not isinstance(cache, FastCache):
             return Transformer.attention_weights(cache)
         out = {}
@@ -787,7 +948,7 @@ class FastTransformer(Transformer):
 class FastAdam(Adam):
     """:class:`attn.optim.Adam` with the same update done in place: one scratch buffer
     per thread instead of five temporaries per parameter, and the parameters split
-    over two threads on NumPy (ufuncs release the GIL). The update is rearranged but
+    over :func:`default_workers` threads on NumPy (ufuncs release the GIL). The update is rearranged but
     equal in exact arithmetic::
 
         m += (1 - b1) * (g - m)          # m = b1 m + (1 - b1) g
@@ -795,7 +956,8 @@ class FastAdam(Adam):
         p -= (lr * sqrt(c2) / c1) * m / (sqrt(v) + eps * sqrt(c2))   # = lr m_hat / (sqrt(v_hat) + eps)
     """
 
-    threads = 2
+    #: Threads for the update (NumPy): None = :func:`default_workers`.
+    threads: int | None = None
 
     def step(self, grads: dict) -> float:
         missing = [k for k in self.params if k not in grads]
@@ -808,27 +970,16 @@ class FastAdam(Adam):
         consts = (1.0 - b1, b2, 1.0 - b2, self.eps * math.sqrt(c2), lr * math.sqrt(c2) / c1)
         keys = list(self.params)
         first = next(iter(self.params.values()))
-        if self.threads > 1 and not B.is_device_array(first) and len(keys) > 1:
-            # two groups of about equal size, largest first
-            keys.sort(key=lambda k: -self.params[k].size)
-            groups, sizes = [[], []], [0, 0]
-            for k in keys:
-                j = 0 if sizes[0] <= sizes[1] else 1
-                groups[j].append(k)
-                sizes[j] += self.params[k].size
-            err = []
-
-            def run(ks):
-                try:
-                    self._update(ks, grads, consts)
-                except BaseException as e:      # re-raised in the calling thread
-                    err.append(e)
-            t = threading.Thread(target=run, args=(groups[1],))
-            t.start()
-            run(groups[0])
-            t.join()
-            if err:
-                raise err[0]
+        k = 1 if B.is_device_array(first) else min(self.threads or default_workers(), len(keys))
+        if k > 1:
+            # k groups of about equal size, largest parameters first
+            keys.sort(key=lambda name: -self.params[name].size)
+            groups, sizes = [[] for _ in range(k)], [0] * k
+            for name in keys:
+                j = sizes.index(min(sizes))
+                groups[j].append(name)
+                sizes[j] += self.params[name].size
+            _THREADS.run([lambda ks=ks: self._update(ks, grads, consts) for ks in groups])
         else:
             self._update(keys, grads, consts)
         return lr

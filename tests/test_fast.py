@@ -37,7 +37,8 @@ from strategies import padded_ids
 @st.composite
 def configs(draw, dropout: bool = False, max_width: int = 8):
     H = draw(st.sampled_from([1, 2]))
-    D = H * draw(st.integers(2, max_width // H))
+    D = H * draw(st.integers(max(1, 4 // H), max_width // H))     # d_model >= 4: at 2, layer norm
+                                                                    # maps every row to +-1
     share = draw(st.booleans())
     V = draw(st.integers(3, 9))
     Vt = V if share else draw(st.integers(3, 9))
@@ -63,9 +64,10 @@ def batches(draw, cfg, max_batch=3, max_len=5, all_pad_row=True):
     return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
 
 
-def _both(cfg, seed, dtype, batch):
+def _both(cfg, seed, dtype, batch, workers=None):
     ref = Transformer(cfg, seed=seed, dtype=dtype)
     fast = FastTransformer.from_model(ref)
+    fast.workers = workers
     src, tgt_in, tgt_out = (B.to_device(a) for a in batch)
     l_ref, c_ref = ref.forward(src, tgt_in)
     l_fast, c_fast = fast.forward(src, tgt_in)
@@ -85,17 +87,19 @@ def _assert_close_grads(g_ref, g_fast, tol):
 
 
 @settings(max_examples=25)
-@given(data=st.data())
-def test_fast_matches_reference_float64(backend, data):
+@given(data=st.data(), workers=st.sampled_from([1, 2, 3]))
+def test_fast_matches_reference_float64(backend, data, workers):
+    """workers > 1: the batch is split over threads (NumPy) and the parts' gradients summed."""
     cfg = data.draw(configs())
     batch = data.draw(batches(cfg))
-    _, _, logits, l_ref, loss_ref, loss_fast, g_ref, g_fast = _both(cfg, 0, "float64", batch)
+    _, _, logits, l_ref, loss_ref, loss_fast, g_ref, g_fast = _both(cfg, 0, "float64", batch, workers)
     assert rel_error(B.to_host(l_ref), B.to_host(logits)) < 1e-12
     assert abs(float(loss_ref) - float(loss_fast)) < 1e-12 * max(1.0, abs(float(loss_ref)))
     _assert_close_grads(g_ref, g_fast, 1e-10)
 
 
-def test_fast_matches_reference_float32(backend):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fast_matches_reference_float32(backend, workers):
     cfg = TransformerConfig(vocab_size=300, d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2,
                             n_decoder_layers=2, dropout=0.0, label_smoothing=0.1, max_len=32)
     rng = np.random.default_rng(3)
@@ -104,17 +108,19 @@ def test_fast_matches_reference_float32(backend):
     src[0, 7:] = 0
     tgt[1, 5:] = 0
     ref, fast, logits, l_ref, loss_ref, loss_fast, g_ref, g_fast = _both(
-        cfg, 1, "float32", (src, tgt[:, :-1].copy(), tgt[:, 1:].copy()))
+        cfg, 1, "float32", (src, tgt[:, :-1].copy(), tgt[:, 1:].copy()), workers)
     assert logits.dtype == B.host.float32 and all(g.dtype == np.float32 for g in g_fast.values())
     assert rel_error(B.to_host(l_ref), B.to_host(logits)) < 1e-5
     assert abs(float(loss_ref) - float(loss_fast)) < 1e-5
     _assert_close_grads(g_ref, g_fast, 1e-4)
 
 
-def test_forward_backward_leave_parameters_and_inputs_alone(backend):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_forward_backward_leave_parameters_and_inputs_alone(backend, workers):
     cfg = TransformerConfig(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=2,
                             n_decoder_layers=2, dropout=0.2, attention_dropout=0.1, relu_dropout=0.1)
     model = FastTransformer(cfg, seed=2)
+    model.workers = workers
     before = {k: B.to_host(v).copy() for k, v in model.params.items()}
     src = B.to_device(np.array([[5, 6, 7, 0], [8, 9, 0, 0]]))
     tgt = B.to_device(np.array([[1, 5, 6], [1, 7, 0]]))
@@ -128,8 +134,8 @@ def test_forward_backward_leave_parameters_and_inputs_alone(backend):
 
 
 @settings(max_examples=4)
-@given(data=st.data())
-def test_fast_gradient_with_dropout_matches_numerical(data):
+@given(data=st.data(), workers=st.sampled_from([1, 2]))
+def test_fast_gradient_with_dropout_matches_numerical(data, workers):
     """float64, every dropout on; the masks repeat because every forward gets a fresh RNG
     with the same seed (so the loss is a fixed function of the parameters)."""
     B.set_backend("numpy")
@@ -137,6 +143,7 @@ def test_fast_gradient_with_dropout_matches_numerical(data):
     cfg = TransformerConfig(**{**cfg.to_dict(), "n_encoder_layers": 1, "n_decoder_layers": 1})
     src, tgt_in, tgt_out = data.draw(batches(cfg, max_batch=2, max_len=3, all_pad_row=False))
     model = FastTransformer(cfg, seed=0, dtype="float64")
+    model.workers = workers
 
     def loss():
         logits, _ = model.forward(src, tgt_in, B.DeviceRNG(7))
@@ -151,10 +158,12 @@ def test_fast_gradient_with_dropout_matches_numerical(data):
         assert err < 1e-6, f"{name}: relative error {err:.2e} with dropout on"
 
 
-def test_attention_invariants(backend):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_attention_invariants(backend, workers):
     cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1,
                             n_decoder_layers=2, dropout=0.0)
     model = FastTransformer(cfg, seed=0)
+    model.workers = workers
     src = np.array([[4, 5, 6, 0], [0, 0, 0, 0], [7, 0, 0, 0]])
     tgt = np.array([[1, 4, 5], [1, 0, 0], [1, 6, 0]])
     _, cache = model.forward(B.to_device(src), B.to_device(tgt))
@@ -209,11 +218,13 @@ def test_softmax_and_layer_norm_ops_match_the_layers(backend):
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("pad_id", [0, None])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_cross_entropy_matches_reference(backend, smoothing, pad_id, dtype):
+@pytest.mark.parametrize("shape", [(3, 4, 7), (40, 30, 300)])
+def test_cross_entropy_matches_reference(backend, smoothing, pad_id, dtype, shape):
+    """The larger shape is split over threads on NumPy."""
     xp = backend
     rng = np.random.default_rng(1)
-    logits = xp.asarray((rng.standard_normal((3, 4, 7)) * 5).astype(dtype))
-    targets = xp.asarray(rng.integers(0, 7, (3, 4)))
+    logits = xp.asarray((rng.standard_normal(shape) * 5).astype(dtype))
+    targets = xp.asarray(rng.integers(0, shape[-1], shape[:-1]))
     targets[0, 2:] = 0
     loss_ref, d_ref = cross_entropy(logits, targets, smoothing, pad_id)
     keep = logits.copy()
@@ -240,7 +251,7 @@ def test_cross_entropy_all_padding_and_nonfinite(backend):
         fast_ce(xp.zeros((1, 2, 3)), xp.asarray([[0, 3]]), 0.0)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_fast_adam_matches_adam(backend, threads, dtype):
     xp = backend
@@ -287,3 +298,16 @@ def test_dropout_mask_rate_and_scale(backend):
     assert math.isclose(m.scale * (1 - p_eff), 1.0, rel_tol=1e-12)
     m2 = ops_for(xp).dropout_mask(rng, (400, 500), 0.1)
     assert not np.array_equal(B.to_host(m.keep), B.to_host(m2.keep)), "each call draws a fresh mask"
+
+
+def test_blas_threads_restored_and_errors_propagate():
+    from attn.fast import _THREADS
+    before = B.blas_threads()
+
+    def boom():
+        raise KeyError("part failed")
+    with pytest.raises(KeyError, match="part failed"):
+        _THREADS.parallel([lambda: 1, boom])
+    assert B.blas_threads() == before
+    assert _THREADS.parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
+    assert B.blas_threads() == before
