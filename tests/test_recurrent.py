@@ -116,6 +116,17 @@ def test_all_steps_skipped_keeps_the_initial_state(backend):
         assert not B.to_host(g).any()
 
 
+def test_empty_sequence_returns_the_initial_state_gradient_untouched(backend):
+    rng = np.random.default_rng(4)
+    a = on_device(dict(x=np.zeros((2, 0, 3)), h0=rng.standard_normal((2, 5)), w_x=rng.standard_normal((3, 5)),
+                       w_h=rng.standard_normal((5, 5)), b=rng.standard_normal(5)))
+    hs, cache = rnn_forward(**a)
+    assert hs.shape == (2, 0, 5)
+    dx, dh0, dw_x, dw_h, db = rnn_backward(B.to_device(np.zeros((2, 0, 5))), cache)
+    assert dx.shape == (2, 0, 3) and dh0.shape == (2, 5) and not B.to_host(dh0).any()
+    assert not (B.to_host(dw_x).any() or B.to_host(dw_h).any() or B.to_host(db).any())
+
+
 def test_zero_initial_state_by_default_and_dtype_kept(backend):
     rng = np.random.default_rng(1)
     x, w_x, w_h, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 4), (4, 5), (5, 5), (5,)))

@@ -124,7 +124,7 @@ def rnn_forward(x, h0, w_x, w_h, b, mask=None):
             raise ValueError(f"rnn: mask must be a ({Bsz}, {T}) bool array (one flag per step of x "
                              f"{tuple(x.shape)}), got {mask.dtype} of shape {tuple(mask.shape)}")
     H = w_h.shape[0]
-    xw = (x.reshape(Bsz * T, -1) @ w_x + b).reshape(Bsz, T, H)   # every step's input term at once
+    xw = (x.reshape(Bsz * T, x.shape[-1]) @ w_x + b).reshape(Bsz, T, H)   # every step's input term at once
     hs = xp.empty((Bsz, T, H), dtype=x.dtype)
     h = h0
     for t in range(T):                                       # the only sequential part
@@ -158,9 +158,9 @@ def rnn_backward(dhs, cache: RNNCache):
         das[:, t] = da
         back = da @ w_h.T
         g = back if mask is None else xp.where(mask[:, t, None], back, g)
-    h_prev = xp.concatenate([h0[:, None], hs[:, :-1]], axis=1)   # (B, T, H): h_{t-1} for each t
+    h_prev = xp.concatenate([h0[:, None], hs[:, :-1]], axis=1)[:, :T]   # (B, T, H): h_{t-1} for each t
     da2 = das.reshape(Bsz * T, H)
     dx = (da2 @ w_x.T).reshape(x.shape)
-    dw_x = x.reshape(Bsz * T, -1).T @ da2
+    dw_x = x.reshape(Bsz * T, x.shape[-1]).T @ da2
     dw_h = h_prev.reshape(Bsz * T, H).T @ da2
     return dx, g, dw_x, dw_h, da2.sum(axis=0)
