@@ -1,0 +1,173 @@
+"""The benchmark command (:mod:`attn.bench`).
+
+* ``--help`` explains; ``--quick --json`` prints one JSON object per measurement with the
+  fields the issue asks for (and the PyTorch ones where PyTorch is installed).
+* The FLOP count agrees with an independent count (two FLOPs per weight per token, plus
+  the attention's products).
+* The PyTorch model the benchmark times is the same model: with attn's parameters loaded
+  it gives the same logits, loss and gradients (float64), post- and pre-norm; its greedy
+  decoding picks the same tokens as attn's.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import attn.backend as B
+from attn.bench import (BENCH_PRESETS, _no_eos, _torch_decode, make_batch, model_config, model_flops,
+                        torch_loss, torch_transformer)
+from attn.gradcheck import rel_error
+from attn.loss import cross_entropy
+from attn.model import Transformer, TransformerConfig, parameter_shapes
+
+
+def _bench(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "attn.bench", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_explains_the_options():
+    r = _bench("--help")
+    assert r.returncode == 0
+    for flag in ("--json", "--preset", "--backend", "--quick", "--threads", "--only", "toy-bench"):
+        assert flag in r.stdout, flag
+
+
+def test_quick_json_has_the_fields():
+    only = "train_step,train_step_reference,forward,greedy_cached,greedy_uncached,beam_cached"
+    r = _bench("--quick", "--json", "--only", only)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    by = {row["name"]: row for row in rows}
+    assert list(by)[:2] == ["machine", "matmul"]
+    assert set(only.split(",")) <= set(by)
+    assert by["matmul"]["gflops_per_second"] > 0
+    has_torch = "torch" in by["machine"]
+    for name in only.split(","):
+        row = by[name]
+        for key in ("seconds_per_step", "tokens_per_second", "peak_memory_mb"):
+            assert key in row, (name, key)
+        assert row["seconds_per_step"] > 0 and row["tokens_per_second"] > 0
+        if has_torch:
+            assert row["torch_seconds_per_step"] > 0
+            assert math.isclose(row["ratio"], row["seconds_per_step"] / row["torch_seconds_per_step"])
+    assert by["train_step"]["flops_per_step"] == 3 * by["forward"]["flops_per_step"]
+    assert 0 < by["train_step"]["fraction_of_matmul_rate"]
+    assert by["train_step"]["peak_memory_mb"] is not None
+    assert by["greedy_cached"]["cache_speedup"] > 0 and by["beam_cached"]["cost_vs_greedy"] > 0
+    assert "[attn.bench]" in r.stderr          # progress on stderr
+
+
+def test_flops_agree_with_a_count_by_weights():
+    cfg = TransformerConfig(vocab_size=50, d_model=16, n_heads=4, d_ff=24, n_encoder_layers=2,
+                            n_decoder_layers=3)
+    Bsz, S, T = 3, 5, 7
+    shapes = parameter_shapes(cfg)
+    mat = {k: s for k, s in shapes.items() if len(s) == 2 and not k.endswith("weight")}
+    enc = sum(math.prod(s) for k, s in mat.items() if k.startswith("encoder"))
+    dec_kv = sum(math.prod(s) for k, s in mat.items() if ".cross_attn.w_k" in k or ".cross_attn.w_v" in k)
+    dec = sum(math.prod(s) for k, s in mat.items() if k.startswith("decoder")) - dec_kv
+    D = cfg.d_model
+    attention = 2 * 2 * Bsz * D * (cfg.n_encoder_layers * S * S + cfg.n_decoder_layers * (T * T + T * S))
+    want = 2 * Bsz * (S * enc + S * dec_kv + T * dec + T * cfg.vocab_size * D) + attention
+    assert model_flops(cfg, Bsz, S, T, training=False) == want
+    assert model_flops(cfg, Bsz, S, T) == 3 * want
+
+
+def test_presets_are_the_issue_s():
+    bc = BENCH_PRESETS["toy-bench"]
+    cfg = model_config(bc)
+    assert (bc.batch, bc.src_len, bc.tgt_len) == (64, 32, 32)
+    assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.d_ff) == (1000, 256, 4, 1024)
+    assert (cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.norm, cfg.share_embeddings) == (3, 3, "post", True)
+    src, tgt_in, tgt_out = make_batch(bc)
+    assert src.shape == (64, 32) and tgt_in.shape == tgt_out.shape == (64, 32)
+    assert np.all((tgt_out != 0) <= (tgt_in != 0)) and (tgt_out == 2).sum() == 64     # one EOS each
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_torch_model_is_the_same_model(torch, norm):
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2,
+                            n_decoder_layers=2, dropout=0.0, label_smoothing=0.1, norm=norm, max_len=16)
+    ours = Transformer(cfg, seed=3, dtype="float64")
+    theirs = torch_transformer(cfg, dtype="float64")
+    theirs.load_attn_params(ours.params)
+    src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 0, 0]])
+    tgt = np.array([[1, 4, 5, 6], [1, 7, 8, 0]])
+    tgt_out = np.array([[4, 5, 6, 2], [7, 8, 2, 0]])
+    logits, cache = ours.forward(src, tgt)
+    loss, d = cross_entropy(logits, tgt_out, 0.1)
+    grads = ours.backward(d, cache)
+    t_logits = theirs(torch.as_tensor(src), torch.as_tensor(tgt))
+    t_loss = torch_loss(t_logits, torch.as_tensor(tgt_out), 0.1)
+    t_loss.backward()
+    assert rel_error(logits, t_logits.detach().numpy()) < 1e-12
+    assert abs(float(loss) - float(t_loss.detach())) < 1e-12
+    tp = dict(theirs.named_parameters())
+    D = cfg.d_model
+
+    def theirs_grad(name):
+        """attn's parameter name -> the same gradient from the torch model, in attn's layout."""
+        if name == "embedding.weight":
+            return tp["embedding.weight"].grad.numpy()
+        parts = name.split(".")
+        stack, i, sub, leaf = parts[0], int(parts[1]), parts[2], parts[3]
+        layer = (theirs.encoder if stack == "encoder" else theirs.decoder)[i]
+        if sub.startswith("norm"):
+            order = ["self_attn", "ffn"] if stack == "encoder" else ["self_attn", "cross_attn", "ffn"]
+            mod = getattr(layer, order[int(sub[-1]) - 1]).norm
+            return (mod.weight if leaf == "gamma" else mod.bias).grad.numpy()
+        if sub == "ffn":
+            lin = getattr(layer.ffn.f, "w1" if leaf[1] == "1" else "w2")
+            g = lin.weight.grad if leaf[0] == "w" else lin.bias.grad
+            return g.numpy().T if leaf[0] == "w" else g.numpy()
+        kind, n = leaf.split("_")                     # w_q -> ("w", "q")
+        f = getattr(layer, sub).f
+        if n == "o":
+            lin, cols = f.out, slice(0, D)
+        elif sub == "self_attn":
+            lin, cols = f.qkv, slice("qkv".index(n) * D, ("qkv".index(n) + 1) * D)
+        elif n == "q":
+            lin, cols = f.q, slice(0, D)
+        else:
+            lin, cols = f.kv, slice("kv".index(n) * D, ("kv".index(n) + 1) * D)
+        if kind == "w":
+            return lin.weight.grad.numpy()[cols].T
+        return lin.bias.grad.numpy()[cols]
+
+    for name in ours.params:
+        if name.startswith(("encoder.norm", "decoder.norm")):
+            mod = theirs.enc_norm if name.startswith("encoder") else theirs.dec_norm
+            g = (mod.weight if name.endswith("gamma") else mod.bias).grad.numpy()
+        else:
+            g = theirs_grad(name)
+        err = rel_error(grads[name], g)
+        assert err < 1e-10, f"{name}: attn and the torch model differ (relative error {err:.1e})"
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_torch_decoding_is_the_same_work(torch, use_cache, beam):
+    """The PyTorch decoding the benchmark times picks the tokens attn picks (EOS banned)."""
+    B.set_backend("numpy")
+    from attn import decode
+    cfg = TransformerConfig(vocab_size=17, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+                            n_decoder_layers=2, dropout=0.0, max_len=32)
+    ours = _no_eos(Transformer(cfg, seed=5, dtype="float64"))
+    theirs = torch_transformer(cfg, dtype="float64")
+    theirs.load_attn_params(ours.params)
+    theirs.eval()
+    src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12], [13, 0, 0, 0, 0]])
+    steps = 6
+    if beam == 1:
+        got = decode.greedy_decode(ours, src, max_len=steps, use_cache=use_cache).tokens
+    else:
+        got = decode.beam_search(ours, src, beam_size=beam, alpha=0.0, max_len=steps, use_cache=use_cache).tokens
+    t = _torch_decode(theirs, torch.as_tensor(src), steps, beam, use_cache).numpy()
+    assert got == t[::beam].tolist()         # each sentence's best (row 0 of its beams)
