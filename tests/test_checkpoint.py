@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import zipfile
 
 import numpy as np
 import pytest
