@@ -295,9 +295,9 @@ def test_ids_at_padded_target_positions_never_change_real_logits(backend, case, 
 
 @given(case=cases(max_len=6, max_batch=3), seed=st.integers(0, 2**16))
 def test_the_padding_vector_never_reaches_real_positions(backend, case, seed):
-    """What padded positions *carry*: change the pad row of every embedding (and, learned,
-    every positional row past the longest real prefix). Real positions' logits over the real
-    vocabulary are unchanged (column 0 is the pad token's own logit, h @ E[0])."""
+    """What padded positions *carry*: change the pad row of every embedding matrix. Real
+    positions' logits over the real vocabulary are unchanged (column 0 is the pad token's own
+    logit, h @ E[0], which the loss never asks for)."""
     model, src, tgt_in, _ = build(case)
     before = host(model.forward(src, tgt_in)[0])
     rng = np.random.default_rng(seed)
