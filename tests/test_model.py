@@ -297,7 +297,7 @@ def test_ids_at_padded_target_positions_never_change_real_logits(backend, case, 
 def test_the_padding_vector_never_reaches_real_positions(backend, case, seed):
     """What padded positions *carry*: change the pad row of every embedding matrix. Real
     positions' logits over the real vocabulary are unchanged (column 0 is the pad token's own
-    logit, h @ E[0], which the loss never asks for)."""
+    logit, h @ E[0], and moves with it)."""
     model, src, tgt_in, _ = build(case)
     before = host(model.forward(src, tgt_in)[0])
     rng = np.random.default_rng(seed)
