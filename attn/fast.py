@@ -290,6 +290,27 @@ class _Ops:
         xp.add.at(target.reshape(-1), flat.reshape(-1), rows.reshape(-1))
         return target
 
+    # ---- Adam, in place
+
+    def adam_(self, p, g, m, v, consts, scratch):
+        """One parameter's update (see :class:`FastAdam`); ``scratch`` is a buffer of p's shape."""
+        xp = self.xp
+        one_m_b1, b2, one_m_b2, eps_c, step = consts
+        dt = p.dtype.type
+        t = scratch
+        xp.subtract(g, m, out=t)
+        t *= dt(one_m_b1)
+        m += t
+        xp.multiply(g, g, out=t)
+        t *= dt(one_m_b2)
+        v *= dt(b2)
+        v += t
+        xp.sqrt(v, out=t)
+        t += dt(eps_c)
+        xp.divide(m, t, out=t)
+        t *= dt(step)
+        p -= t
+
     # ---- label-smoothed cross-entropy, in place on the logits
 
     def cross_entropy_(self, x, y, valid, n, smoothing: float):
@@ -337,13 +358,16 @@ _OPS: dict = {}
 
 
 def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = PAD_ID,
-                  check_finite: bool = True, inplace: bool = False, workers: int | None = None):
+                  check_finite: bool = True, inplace: bool = False, workers: int | None = None,
+                  validate: bool = True):
     """:func:`attn.loss.cross_entropy` with fewer passes over the logits.
 
     With ``inplace=True`` the logits array is overwritten by ``dlogits`` (returned as
     the second value), which saves a (B*T, V) buffer; the caller must not use the
     logits afterwards. On NumPy the rows are split over ``workers`` threads (default
-    :func:`default_workers`). Inputs, outputs and errors are otherwise those of the reference.
+    :func:`default_workers`). ``validate=False`` skips the check that the targets lie in
+    the vocabulary, and ``check_finite=False`` the finiteness check: with both off a CuPy call
+    never waits for the device. Inputs, outputs and errors are otherwise the reference's.
     """
     if not 0.0 <= smoothing < 1.0:
         raise ValueError(f"cross_entropy: smoothing must be in [0, 1), got {smoothing}")
@@ -354,7 +378,8 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
         raise TypeError(f"cross_entropy: logits must be floating point, got {logits.dtype}")
     xp = B.get_array_module(logits)
     V = logits.shape[-1]
-    check_ids("cross_entropy", "targets", targets, V)
+    if validate:
+        check_ids("cross_entropy", "targets", targets, V)
     x = logits if inplace and logits.flags.c_contiguous else logits.copy()
     x = x.reshape(-1, V)
     y = targets.reshape(-1)
@@ -609,7 +634,8 @@ class FastTransformer(Transformer):
         """``drop(E[ids] * sqrt(D) + PE)`` as (B*T, D)."""
         xp, D = self.xp, self.config.d_model
         E = self.params[self._emb(which)]
-        check_ids("embedding", "ids", ids, E.shape[0])
+        if self.validate_ids:
+            check_ids("embedding", "ids", ids, E.shape[0])
         Bsz, T = ids.shape
         x = xp.take(E, ids.reshape(-1), axis=0)                               # (N, D)
         x *= self.dtype.type(math.sqrt(D))
@@ -631,6 +657,10 @@ class FastTransformer(Transformer):
         return bias_t, rows.astype(dtype).transpose(3, 0, 1, 2)
 
     # ------------------------------------------------------------------ forward
+
+    #: Check that token ids lie in the vocabulary (CuPy would wrap them silently). On CuPy the
+    #: check is a host synchronisation; a caller that validated its batches can turn it off.
+    validate_ids: bool = True
 
     #: Parts the batch is split into, each run on its own thread with single-threaded BLAS
     #: (NumPy only). None: :func:`default_workers` (NumPy's BLAS threads, at most 4).
@@ -985,24 +1015,10 @@ class FastAdam(Adam):
         return lr
 
     def _update(self, keys, grads, consts):
-        one_m_b1, b2, one_m_b2, eps_c, step = consts
         buf = None
         for k in keys:
             p, g, m, v = self.params[k], grads[k], self.m[k], self.v[k]
             xp = B.get_array_module(p)
-            dt = p.dtype.type
             if buf is None or buf.size < p.size or buf.dtype != p.dtype:
                 buf = xp.empty(max(p.size, 1 if buf is None else buf.size), dtype=p.dtype)
-            t = buf[:p.size].reshape(p.shape)
-            xp.subtract(g, m, out=t)
-            t *= dt(one_m_b1)
-            m += t
-            xp.multiply(g, g, out=t)
-            t *= dt(one_m_b2)
-            v *= dt(b2)
-            v += t
-            xp.sqrt(v, out=t)
-            t += dt(eps_c)
-            xp.divide(m, t, out=t)
-            t *= dt(step)
-            p -= t
+            ops_for(xp).adam_(p, g, m, v, consts, buf[:p.size].reshape(p.shape))

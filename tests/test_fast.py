@@ -311,3 +311,138 @@ def test_blas_threads_restored_and_errors_propagate():
     assert B.blas_threads() == before
     assert _THREADS.parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
     assert B.blas_threads() == before
+
+# ----------------------------------------------------------------------------- CuPy kernels
+
+
+@pytest.fixture
+def cupy():
+    """CuPy with a usable GPU, selected as the backend for the test, or a skip."""
+    if not B.cupy_available():
+        pytest.skip("CuPy not installed or no usable GPU: the fused kernels are not exercised")
+    saved = (B._current, B._xp)
+    cp = B.set_backend("cupy")
+    yield cp
+    B._current, B._xp = saved
+
+
+def _np_cp(cp, a):
+    return a, cp.asarray(a)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mask_shape", [(3, 1, 1, 5), (3, 1, 4, 5)])
+def test_cupy_softmax_kernels_match_numpy(cupy, dtype, mask_shape):
+    from attn.kernels import CupyOps
+    cp = cupy
+    ops_np, ops_cp = ops_for(np), ops_for(cp)
+    assert isinstance(ops_cp, CupyOps)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((3, 2, 4, 5)) * 4).astype(dtype)             # (B, H, Tq, Tk)
+    mask = rng.random(mask_shape) > 0.3
+    mask[1] = False                                                        # a sentence with no key
+    bias = np.where(mask, 0, np.finfo(dtype).min).astype(dtype).transpose(3, 0, 1, 2)
+    rows = mask.any(-1, keepdims=True).astype(dtype).transpose(3, 0, 1, 2)
+    s = np.ascontiguousarray(x.transpose(3, 0, 1, 2))
+    want = ops_np.softmax0_(s.copy(), bias, rows)
+    got = ops_cp.softmax0_(cp.asarray(s), cp.asarray(bias), cp.asarray(rows))
+    tol = 1e-6 if dtype == "float32" else 1e-14
+    assert np.array_equal(cp.asnumpy(got) == 0, want == 0)
+    assert rel_error(cp.asnumpy(got), want) < tol
+    dy = rng.standard_normal(s.shape).astype(dtype)
+    want_d = ops_np.softmax0_backward_(dy.copy(), want)
+    got_d = ops_cp.softmax0_backward_(cp.asarray(dy), got)
+    assert rel_error(cp.asnumpy(got_d), want_d) < 10 * tol
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("D", [7, 256, 513])
+def test_cupy_layer_norm_kernels_match_numpy(cupy, dtype, D):
+    cp = cupy
+    ops_np, ops_cp = ops_for(np), ops_for(cp)
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((9, D)) * 3 + 2).astype(dtype)
+    g, b = rng.standard_normal(D).astype(dtype), rng.standard_normal(D).astype(dtype)
+    xh_np = x.copy()
+    out_np, rstd_np = ops_np.layer_norm_(xh_np, g, b, 1e-6)
+    xh_cp = cp.asarray(x)
+    out_cp, rstd_cp = ops_cp.layer_norm_(xh_cp, cp.asarray(g), cp.asarray(b), 1e-6)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    for a, w in ((xh_cp, xh_np), (out_cp, out_np), (rstd_cp, rstd_np)):
+        assert rel_error(cp.asnumpy(a), w) < tol
+    d = rng.standard_normal((9, D)).astype(dtype)
+    want = ops_np.layer_norm_backward_(d.copy(), xh_np, rstd_np, g)
+    got = ops_cp.layer_norm_backward_(cp.asarray(d), xh_cp, rstd_cp, cp.asarray(g))
+    for a, w in zip(got, want):
+        assert rel_error(cp.asnumpy(a), w) < 10 * tol
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("V", [7, 1000])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cupy_cross_entropy_kernel_matches_numpy(cupy, dtype, V, smoothing):
+    cp = cupy
+    rng = np.random.default_rng(2)
+    logits = (rng.standard_normal((4, 6, V)) * 3).astype(dtype)
+    targets = rng.integers(0, V, (4, 6))
+    targets[0, 3:] = 0
+    loss_np, d_np = fast_ce(logits.copy(), targets, smoothing)
+    loss_cp, d_cp = fast_ce(cp.asarray(logits), cp.asarray(targets), smoothing, inplace=True,
+                            check_finite=False, validate=False)
+    assert isinstance(loss_cp, cp.ndarray) and loss_cp.ndim == 0     # stays on the device
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    assert abs(float(loss_cp) - float(loss_np)) < tol * max(1.0, abs(float(loss_np)))
+    assert rel_error(cp.asnumpy(d_cp), d_np) < tol
+
+
+def test_cupy_dropout_relu_adam_kernels(cupy):
+    cp = cupy
+    ops_np, ops_cp = ops_for(np), ops_for(cp)
+    rng = np.random.default_rng(3)
+    m = ops_cp.dropout_mask(B.DeviceRNG(0), (300, 200), 0.25)
+    assert m.keep.dtype == bool and abs(float(m.keep.mean()) - 0.75) < 0.01 and m.scale == 1 / 0.75
+    x = rng.standard_normal((300, 200)).astype("float32")
+    keep = cp.asnumpy(m.keep)
+    got = ops_cp.dropout_(cp.asarray(x), m)
+    assert np.allclose(cp.asnumpy(got), x * keep / 0.75, rtol=1e-6, atol=0)
+    back = ops_cp.dropout_backward(cp.asarray(x), m)
+    assert np.allclose(cp.asnumpy(back), x * keep / 0.75, rtol=1e-6, atol=0)
+    a = np.maximum(rng.standard_normal((50, 60)), 0).astype("float32")
+    da = rng.standard_normal((50, 60)).astype("float32")
+    assert np.array_equal(cp.asnumpy(ops_cp.relu_backward_(cp.asarray(da), cp.asarray(a))), da * (a > 0))
+    shapes = {"w": (20, 30), "b": (30,)}
+    p1 = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    p2 = {k: cp.asarray(v) for k, v in p1.items()}
+    o1, o2 = FastAdam(p1, d_model=16, warmup_steps=3), FastAdam(p2, d_model=16, warmup_steps=3)
+    for _ in range(3):
+        g = {k: rng.standard_normal(s) for k, s in shapes.items()}
+        o1.step(g)
+        o2.step({k: cp.asarray(v) for k, v in g.items()})
+    for k in shapes:
+        assert rel_error(cp.asnumpy(p2[k]), p1[k]) < 1e-12
+
+
+def test_cupy_fast_step_never_waits_for_the_device(cupy):
+    """With id validation and the finiteness check off, a whole fast step (forward, loss,
+    backward, Adam) never synchronises with the host: CuPy raises if it would."""
+    cp = cupy
+    cupyx = pytest.importorskip("cupyx")
+    cfg = TransformerConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                            n_decoder_layers=1, dropout=0.1)
+    model = FastTransformer(cfg, seed=0)
+    model.validate_ids = False
+    opt = FastAdam(model.params, d_model=16)
+    src = cp.asarray(np.array([[5, 6, 7, 0], [8, 9, 0, 0]]))
+    tgt_in = cp.asarray(np.array([[1, 5, 6], [1, 7, 0]]))
+    tgt_out = cp.asarray(np.array([[5, 6, 2], [7, 2, 0]]))
+    rng = B.DeviceRNG(0)
+
+    def step():
+        logits, cache = model.forward(src, tgt_in, rng)
+        loss, d = fast_ce(logits, tgt_out, 0.1, inplace=True, check_finite=False, validate=False)
+        opt.step(model.backward(d, cache))
+        return loss
+    step()                                   # compiles the kernels, builds the positional table
+    with cupyx.allow_synchronize(False):
+        loss = step()
+    assert np.isfinite(float(loss))
