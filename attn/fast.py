@@ -666,10 +666,19 @@ class FastTransformer(Transformer):
     #: (NumPy only). None: :func:`default_workers` (NumPy's BLAS threads, at most 4).
     workers: int | None = None
 
-    def _n_parts(self, Bsz: int) -> int:
+    #: Below this many activations (sentences x length x d_model) the automatic choice does
+    #: not split: handing work to a thread costs tens of microseconds.
+    SPLIT_MIN_SIZE = 1 << 17
+
+    def _n_parts(self, Bsz: int, T: int = 1) -> int:
         if self.xp is not B.host:
             return 1
-        k = default_workers() if self.workers is None else int(self.workers)
+        if self.workers is None:
+            if Bsz * T * self.config.d_model < self.SPLIT_MIN_SIZE:
+                return 1
+            k = default_workers()
+        else:
+            k = int(self.workers)
         return max(1, min(k, Bsz))
 
     def forward(self, src, tgt_in, rng=None):
@@ -686,7 +695,7 @@ class FastTransformer(Transformer):
             raise ValueError(f"Transformer.forward: src and tgt_in must be (B, S) and (B, T) with one B, "
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
         Bsz, T = tgt_in.shape
-        k = self._n_parts(Bsz)
+        k = self._n_parts(Bsz, max(T, src.shape[1]))
         if k == 1:
             return self._forward_part(src, tgt_in, rng)
         self._pos_table("src", src.shape[1])            # build the shared tables before the threads
