@@ -329,8 +329,8 @@ print("saved", OUT / "09_parameters.png")
 
 # %% [markdown]
 # Left: where the base model's parameters live. The feed-forward networks hold
-# two thirds of the layers' parameters (`2 D F = 8 D^2` per layer against `4 D^2`
-# for an attention block); the decoder is bigger than the encoder by its
+# the largest share of the layers' parameters, 57% (`2 D F = 8 D^2` per layer,
+# against `4 D^2` per attention block); the decoder is bigger than the encoder by its
 # cross-attention; layer norms are a rounding error; the shared embedding is the
 # largest single matrix, and untying would add the two hatched bars. Right: the
 # rows of Table 3 the library can express, turned into the vocabulary size each
