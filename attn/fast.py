@@ -456,19 +456,41 @@ class EmbedCache(NamedTuple):
     T: int
 
 
-class FastCache(NamedTuple):
-    """Everything :meth:`FastTransformer.backward` needs."""
-    fused: object
-    src_emb: EmbedCache
-    tgt_emb: EmbedCache
-    enc: list
-    enc_norm: object
-    dec: list
-    dec_norm: object
-    memory: object
-    kv: object
-    h: object
-    shapes: tuple
+class FastCache:
+    """Everything :meth:`FastTransformer.backward` needs: the step's fused weights, the
+    embeddings' caches, one tuple of ResCaches per layer, the final norms (pre-norm), the
+    encoder output, the cross-attention keys/values of all layers, the decoder output, and
+    (B, S, T).
+
+    Not a NamedTuple, unlike the layers' caches: backward drops each layer's buffers as
+    soon as it is done with them (as autograd frees saved tensors), so that the step's peak
+    memory is not the whole forward's activations plus the gradients. After backward the
+    cache is spent; read :meth:`FastTransformer.attention_weights` before."""
+    __slots__ = ("fused", "src_emb", "tgt_emb", "enc", "enc_norm", "dec", "dec_norm", "memory", "kv", "h",
+                 "shapes")
+
+    def __init__(self, fused, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, h, shapes):
+        self.fused, self.src_emb, self.tgt_emb = fused, src_emb, tgt_emb
+        self.enc, self.enc_norm, self.dec, self.dec_norm = enc, enc_norm, dec, dec_norm
+        self.memory, self.kv, self.h, self.shapes = memory, kv, h, shapes
+
+
+class _GradSink:
+    """Where the parts of a split batch put their gradients: the first part's array is
+    kept and the others' are added into it in place, under a lock, as they come (so the
+    step never holds one full set of gradients per part)."""
+
+    def __init__(self):
+        self.grads: dict = {}
+        self._lock = threading.Lock()
+
+    def __setitem__(self, name, g):
+        with self._lock:
+            cur = self.grads.get(name)
+            if cur is None:
+                self.grads[name] = g
+            else:
+                cur += g
 
 
 class SplitCache(NamedTuple):
@@ -707,8 +729,9 @@ class FastTransformer(Transformer):
         V = self.params[self._emb("out")].shape[0]
         logits = self.xp.empty((Bsz, T, V), dtype=self.dtype)
         parts = _row_slices(Bsz, k)
+        fused = self._fuse()                            # once, shared by the parts
         caches = _THREADS.parallel([
-            lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl])[1]
+            lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused)[1]
             for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts)
 
@@ -718,27 +741,41 @@ class FastTransformer(Transformer):
         Returns: grads, a dict keyed like ``params`` (the reference's gradients).
         """
         if not isinstance(cache, SplitCache):
-            return self._backward_part(dlogits, cache)
-        grads = _THREADS.parallel([lambda sl=sl, c=c: self._backward_part(dlogits[sl], c)
-                                   for sl, c in zip(cache.parts, cache.caches)])
-        keys = sorted(grads[0], key=lambda name: -grads[0][name].size)
-        groups = [keys[i::len(grads)] for i in range(len(grads))]
+            return self._backward_part(dlogits, cache, {})
+        sink = _GradSink()
+        _THREADS.parallel([lambda sl=sl, c=c: self._backward_part(dlogits[sl], c, sink)
+                           for sl, c in zip(cache.parts, cache.caches)])
+        return sink.grads
 
-        def add(names):
-            for name in names:
-                for g in grads[1:]:
-                    grads[0][name] += g[name]
-        _THREADS.run([lambda ks=ks: add(ks) for ks in groups])
-        return grads[0]
+    def logits(self, src, tgt_in):
+        """Logits (B, T, V_tgt) for evaluation: no dropout, and no cache kept, so each
+        layer's buffers are freed as soon as the next layer has run."""
+        if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"Transformer.logits: src and tgt_in must be (B, S) and (B, T) with one B, "
+                             f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
+        Bsz, T = tgt_in.shape
+        k = self._n_parts(Bsz, max(T, src.shape[1]))
+        if k == 1:
+            return self._forward_part(src, tgt_in, None, keep_cache=False)[0]
+        self._pos_table("src", src.shape[1])
+        self._pos_table("tgt", T)
+        V = self.params[self._emb("out")].shape[0]
+        out = self.xp.empty((Bsz, T, V), dtype=self.dtype)
+        fused = self._fuse()
+        _THREADS.parallel([lambda sl=sl: self._forward_part(src[sl], tgt_in[sl], None, out[sl], keep_cache=False,
+                                                            fused=fused)
+                           for sl in _row_slices(Bsz, k)])
+        return out
 
-    def _forward_part(self, src, tgt_in, rng=None, logits_out=None):
+    def _forward_part(self, src, tgt_in, rng=None, logits_out=None, keep_cache=True, fused=None):
         """The forward of one part (or the whole batch). Writes the logits into
-        ``logits_out`` (B, T, V) when given. Returns logits, FastCache."""
+        ``logits_out`` (B, T, V) when given. Returns logits, FastCache (None without
+        ``keep_cache``)."""
         cfg, xp = self.config, self.xp
         Bsz, S = src.shape
         T = tgt_in.shape[1]
         D, L = cfg.d_model, cfg.n_decoder_layers
-        F = self._fuse()
+        F = self._fuse() if fused is None else fused
         src_bias, src_rows = self._bias(padding_mask(src), self.dtype, xp)    # (B, 1, 1, S)
         tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
 
@@ -751,7 +788,9 @@ class FastTransformer(Transformer):
             x, c1 = self._residual(pre + ".norm1", x, lambda h: self._self_attn(
                 pre + ".self_attn", W, b, h, Bsz, S, src_bias, src_rows, rng), rng)
             x, c2 = self._residual(pre + ".norm2", x, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
-            enc.append((c1, c2))
+            if keep_cache:
+                enc.append((c1, c2))
+            del c1, c2
         enc_norm = None
         if cfg.norm == "pre":
             x, enc_norm = self._final_norm("encoder.norm", x)
@@ -775,7 +814,9 @@ class FastTransformer(Transformer):
             y, c2 = self._residual(pre + ".norm2", y, lambda h: self._cross_attn(
                 i, pre + ".cross_attn", Wq, bq, h, kv_i, Bsz, T, src_bias, src_rows, rng), rng)
             y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
-            dec.append((c1, c2, c3))
+            if keep_cache:
+                dec.append((c1, c2, c3))
+            del c1, c2, c3
         dec_norm = None
         if cfg.norm == "pre":
             y, dec_norm = self._final_norm("decoder.norm", y)
@@ -783,6 +824,8 @@ class FastTransformer(Transformer):
         if logits_out is None:
             logits_out = xp.empty((Bsz, T, E.shape[0]), dtype=self.dtype)
         xp.matmul(y, E.T, out=logits_out.reshape(Bsz * T, E.shape[0]))       # (N_t, V)
+        if not keep_cache:
+            return logits_out, None
         cache = FastCache(F, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, y,
                           (Bsz, S, T))
         return logits_out, cache
@@ -796,59 +839,74 @@ class FastTransformer(Transformer):
 
     # ------------------------------------------------------------------ backward
 
-    def _backward_part(self, dlogits, cache: FastCache) -> dict:
-        """The backward of one part: its gradients (a dict keyed like ``params``)."""
+    def _backward_part(self, dlogits, cache: FastCache, grads) -> dict:
+        """The backward of one part: puts its gradients into ``grads`` (a dict, or the
+        :class:`_GradSink` of a split batch) and returns it. Frees the cache as it goes."""
         cfg, xp, ops, p = self.config, self.xp, self.ops, self.params
         Bsz, S, T = cache.shapes
         D, L = cfg.d_model, cfg.n_decoder_layers
         Fw = cache.fused
-        grads: dict = {}
+        emb: dict = {}                     # the embeddings' gradients: this part's, completed below
         # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
         E = p[self._emb("out")]
         d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
-        grads[self._emb("out")] = d2.T @ cache.h                              # (V, D)
+        emb[self._emb("out")] = d2.T @ cache.h                                # (V, D)
         dy = d2 @ E                                                           # (N_t, D)
+        cache.h = None
         if cache.dec_norm is not None:
             dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, grads)
+            cache.dec_norm = None
 
-        # decoder; the cross-attention keys' and values' gradients gather in one buffer
-        dkv = xp.empty((Bsz * S, 2 * D * L), dtype=self.dtype)
-        dkv_heads = self._heads(dkv, Bsz, S, 2 * L)
+        # decoder; each layer's cross-attention key/value gradient goes straight back to the
+        # encoder output: kv_i = memory @ [w_k | w_v] + [b_k | b_v]
+        dmem = xp.zeros((Bsz * S, D), dtype=self.dtype)
+        Wkv, _ = Fw.kv
         for i in reversed(range(L)):
             c1, c2, c3 = cache.dec[i]
+            cache.dec[i] = None
             dy = self._residual_bwd(dy, c3, self._ffn_bwd, grads)
-            dy = self._residual_bwd(dy, c2, lambda d, c, g: self._cross_attn_bwd(
-                d, c, dkv_heads[2 * c.layer], dkv_heads[2 * c.layer + 1], Fw.scale, g), grads)
-            dy = self._residual_bwd(dy, c1, lambda d, c, g: self._self_attn_bwd(d, c, Fw.scale, g), grads)
-        d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, grads)
-
-        # Forward was kv = memory @ Wkv + bkv for all layers at once.
-        Wkv, _ = Fw.kv
-        dmem = dkv @ Wkv.T                                                    # (N_s, D)
-        dWkv = cache.memory.T @ dkv                                           # (D, 2D*L)
-        dbkv = ops.colsum(dkv)
-        for i in range(L):
+            del c3
+            dkv = xp.empty((Bsz * S, 2 * D), dtype=self.dtype)                # (N_s, 2D)
+            dk, dv = self._heads(dkv, Bsz, S, 2)
+            dy = self._residual_bwd(dy, c2, lambda d, c, g: self._cross_attn_bwd(d, c, dk, dv, Fw.scale, g),
+                                    grads)
+            del c2
             pre, o = f"decoder.{i}.cross_attn", 2 * D * i
-            grads[pre + ".w_k"] = xp.ascontiguousarray(dWkv[:, o:o + D])
-            grads[pre + ".w_v"] = xp.ascontiguousarray(dWkv[:, o + D:o + 2 * D])
-            grads[pre + ".b_k"] = dbkv[o:o + D].copy()
-            grads[pre + ".b_v"] = dbkv[o + D:o + 2 * D].copy()
+            dmem += dkv @ Wkv[:, o:o + 2 * D].T
+            dW = cache.memory.T @ dkv                                         # (D, 2D)
+            db = ops.colsum(dkv)
+            del dkv, dk, dv
+            grads[pre + ".w_k"] = xp.ascontiguousarray(dW[:, :D])
+            grads[pre + ".w_v"] = xp.ascontiguousarray(dW[:, D:])
+            grads[pre + ".b_k"] = db[:D].copy()
+            grads[pre + ".b_v"] = db[D:].copy()
+            dy = self._residual_bwd(dy, c1, lambda d, c, g: self._self_attn_bwd(d, c, Fw.scale, g), grads)
+            del c1
+        cache.kv = cache.memory = None
+        d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, grads)
+        del dy
 
         dx = dmem
         if cache.enc_norm is not None:
             dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, grads)
+            cache.enc_norm = None
         for i in reversed(range(cfg.n_encoder_layers)):
             c1, c2 = cache.enc[i]
+            cache.enc[i] = None
             dx = self._residual_bwd(dx, c2, self._ffn_bwd, grads)
             dx = self._residual_bwd(dx, c1, lambda d, c, g: self._self_attn_bwd(d, c, Fw.scale, g), grads)
+            del c1, c2
         d_src = self._embed_bwd("src", dx, cache.src_emb, grads)
+        del dx
 
         # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled).
         for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
             name = self._emb(which)
-            if name not in grads:
-                grads[name] = xp.zeros(p[name].shape, dtype=self.dtype)
-            ops.scatter_rows_(grads[name], ec.ids.reshape(-1), rows)
+            if name not in emb:
+                emb[name] = xp.zeros(p[name].shape, dtype=self.dtype)
+            ops.scatter_rows_(emb[name], ec.ids.reshape(-1), rows)
+        for name, g in emb.items():
+            grads[name] = g
         return grads
 
     def _residual_bwd(self, dout, c: ResCache, sub_bwd, grads):

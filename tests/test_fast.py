@@ -116,6 +116,18 @@ def test_fast_matches_reference_float32(backend, workers):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+def test_logits_for_evaluation_match_forward(backend, workers):
+    cfg = TransformerConfig(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=2,
+                            n_decoder_layers=2, dropout=0.2)
+    model = FastTransformer(cfg, seed=2)
+    model.workers = workers
+    src = B.to_device(np.array([[5, 6, 7, 0], [8, 9, 0, 0], [4, 4, 4, 4]]))
+    tgt = B.to_device(np.array([[1, 5, 6], [1, 7, 0], [1, 3, 3]]))
+    want = Transformer(cfg, seed=2).forward(src, tgt)[0]
+    assert rel_error(B.to_host(model.logits(src, tgt)), B.to_host(want)) < 1e-5
+
+
+@pytest.mark.parametrize("workers", [1, 2])
 def test_forward_backward_leave_parameters_and_inputs_alone(backend, workers):
     cfg = TransformerConfig(vocab_size=20, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=2,
                             n_decoder_layers=2, dropout=0.2, attention_dropout=0.1, relu_dropout=0.1)
