@@ -873,6 +873,7 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"],
                    help="array backend (auto: CuPy where a GPU is usable); PyTorch runs on the matching device")
     p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
+    p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--quick", action="store_true",
                    help="the tiny 'quick' configuration, 1 warm-up and 2 repeats (for tests)")
     p.add_argument("--only", default=",".join(MEASUREMENTS),
@@ -918,6 +919,7 @@ def run(args) -> list[dict]:
     settle = args.settle if args.settle is not None else (0.1 if with_torch else 0.0)
 
     info = machine_info()
+    info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     info.update(backend=args.backend, preset=args.preset, blas_threads=threads,
                 config=cfg.to_dict(), batch=bc.batch, src_len=bc.src_len, tgt_len=bc.tgt_len,
                 command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py")
@@ -957,6 +959,7 @@ def run(args) -> list[dict]:
         r.update(w.extra)
         results.append(r)
     _derived(results)
+    info["load_average_end_of_timing"] = os.getloadavg() if hasattr(os, "getloadavg") else None
 
     if not args.no_memory:
         mem = {"attn": measure_memory(args, "attn", quiet)}
@@ -1022,7 +1025,50 @@ def print_table(results, out=sys.stdout):
               file=out)
 
 
+def print_markdown(results, out=sys.stdout):
+    info, mm = results[0], results[1]
+    load = info.get("load_average")
+    print(f"- command: `{info.get('command') or 'python -m attn.bench'}`", file=out)
+    print(f"- machine: {info.get('cpu_model')}, {info.get('usable_cpus', info.get('cpu_count'))} usable CPUs"
+          + (f", GPU {info['gpu']}" if "gpu" in info else "")
+          + (f"; load average (1/5/15 min) at the start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}" if load else "")
+          + (f", after the timing {info['load_average_end_of_timing'][0]:.2f}"
+             if info.get("load_average_end_of_timing") else ""),
+          file=out)
+    print(f"- software: Python {info['python']}, NumPy {info['numpy']} ({info.get('blas', '?')}), "
+          f"BLAS threads {info.get('blas_threads')}, PyTorch {info.get('torch', 'absent')} "
+          f"(threads {info.get('torch_threads', '-')})" + (f", CuPy {info['cupy']}" if "cupy" in info else ""),
+          file=out)
+    print(f"- preset `{info['preset']}`: batch {info['batch']}, source {info['src_len']}, target {info['tgt_len']}, "
+          f"config {json.dumps({k: info['config'][k] for k in ('vocab_size', 'd_model', 'n_heads', 'd_ff', 'n_encoder_layers', 'n_decoder_layers', 'dropout', 'label_smoothing')})}",
+          file=out)
+    print(f"- float32 matmul rate at the step's shapes: **{mm['gflops_per_second']:.1f} GFLOP/s** "
+          f"(square 2048: {mm['square_2048_gflops_per_second']:.1f} GFLOP/s)", file=out)
+    print(file=out)
+    print("| measurement | s/step (median) | tokens/s | GFLOP/s | % of matmul rate | peak MB | "
+          "PyTorch s/step | ratio ours/PyTorch | PyTorch peak MB | notes |", file=out)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", file=out)
+    for r in results[2:]:
+        notes = []
+        if "cache_speedup" in r:
+            notes.append(f"cache speed-up x{r['cache_speedup']:.1f}")
+        if "cost_vs_greedy" in r:
+            notes.append(f"{r['cost_vs_greedy']:.2f}x greedy (cached)")
+        if "torch_adam" in r:
+            notes.append(f"PyTorch Adam: {r['torch_adam']}")
+        frac = r.get("fraction_of_matmul_rate")
+        print(f"| {r['name']} | {r['seconds_per_step']:.4f} | {r['tokens_per_second']:.0f} | "
+              f"{_fmt(r.get('gflops_per_second'), '.1f')} | {_fmt(None if frac is None else 100 * frac, '.1f')} | "
+              f"{_fmt(r.get('peak_memory_mb'), '.1f')} | {_fmt(r.get('torch_seconds_per_step'), '.4f')} | "
+              f"{_fmt(r.get('ratio'), '.3f')} | {_fmt(r.get('torch_peak_memory_mb'), '.1f')} | {'; '.join(notes)} |",
+              file=out)
+
+
 def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--render-markdown":
+        with open(sys.argv[2]) as fh:             # re-render a saved --json run
+            print_markdown([json.loads(line) for line in fh if line.strip()])
+        return 0
     args = parse_args(argv)
     if args._memory_child:
         B.set_backend(args.backend)
@@ -1037,6 +1083,8 @@ def main(argv=None) -> int:
     if args.json:
         for r in results:
             print(json.dumps(r))
+    elif args.markdown:
+        print_markdown(results)
     else:
         print_table(results)
     return 0
