@@ -73,7 +73,7 @@ def test_toy_splits_sizes_and_no_val_or_test_source_in_train():
 
 def test_toy_corpus_is_pre_tokenised_lowercase_and_in_range():
     """Every line reads back token for token through attn.data.tokenize, lengths are
-    within [3, 25], and the vocabulary per side is a few hundred words."""
+    within [3, 25], and the vocabulary per side is 100 to 400 words."""
     for lang in ("en", "tk"):
         vocab = set()
         for split in ("train", "val", "test"):
@@ -82,7 +82,7 @@ def test_toy_corpus_is_pre_tokenised_lowercase_and_in_range():
                 assert D.tokenize(line) == tokens, line
                 assert line == line.lower() and 3 <= len(tokens) <= 25, line
                 vocab.update(tokens)
-        assert 150 <= len(vocab) <= 400, (lang, len(vocab))
+        assert 100 <= len(vocab) <= 400, (lang, len(vocab))
 
 
 @pytest.mark.parametrize("n, en, tk", [
@@ -108,8 +108,8 @@ def test_noun_phrase_agreement_and_order():
     assert _np("cat", plural=True, adjs=["big"]).tk() == "kas mitsas grandan".split()
     assert _np("apple", definite=False, adjs=["old"]).en() == "an old apple".split()
     assert _np("apple", definite=False).tk() == ["pomo"]  # "a"/"an" translate to nothing
-    assert _np("horse", plural=True, number=23).en() == "the twenty three horses".split()
-    assert _np("horse", plural=True, number=23).tk() == "dus tri e vint kavalen".split()
+    assert _np("dog", plural=True, number=23).en() == "the twenty three dogs".split()
+    assert _np("dog", plural=True, number=23).tk() == "dus tri e vint hunden".split()
 
 
 def test_clause_word_order():
@@ -136,25 +136,25 @@ def _readme_examples():
         return main.en() + [word] + sub.en() + ["."], main.tk(False) + [",", tk_word] + sub.tk(True) + ["."]
 
     return [
-        simple(C(_np("dog", adjs=["big", "red"]), V("sleep"), "present", False, None, None, None)),
+        simple(C(_np("dog", adjs=["big"]), V("sleep"), "present", False, None, None, None)),
         simple(C(_np("cat", definite=False, adjs=["big"]), V("sleep"), "present", False, None, None, None)),
-        simple(C(_np("girl", plural=True, adjs=["happy"]), V("sleep"), "present", False, None, None, None)),
+        simple(C(_np("queen", plural=True, adjs=["happy"]), V("sleep"), "present", False, None, None, None)),
         simple(C(_np("dog"), V("see"), "present", False, _np("cat"), None, None)),
         simple(C(_np("dog", plural=True), V("see"), "present", False, _np("cat", plural=True), None, None)),
         simple(C("they", V("sleep"), "past", False, None, None, None)),
         simple(C("she", V("see"), "past", True, _np("apple", definite=False), None, None)),
-        simple(C(_np("king"), V("open"), "future", False, _np("box"), None, None)),
-        simple(C(_np("king"), V("open"), "future", True, _np("box"), "in", _np("garden"))),
-        simple(C("we", V("call"), "present", False, _np("doctor"), None, None)),
-        simple(C(_np("horse", plural=True, number=23), V("run"), "present", False, None, "under", _np("bridge"))),
-        simple(C("you", V("wait"), "present", True, None, "near",
+        simple(C(_np("king"), V("open"), "future", False, _np("book"), None, None)),
+        simple(C(_np("king"), V("open"), "future", True, _np("book"), "in", _np("garden"))),
+        simple(C("we", V("call"), "present", False, _np("teacher"), None, None)),
+        simple(C(_np("dog", plural=True, number=23), V("run"), "present", False, None, "near", _np("house"))),
+        simple(C("you", V("sing"), "present", True, None, "near",
                  _np("tree", plural=True, definite=False, number=13))),
         complex_(C(_np("woman"), V("say"), "present", False, None, None, None), "that",
                  C(_np("dog"), V("call"), "past", False, _np("cat"), None, None)),
-        complex_(C("he", V("laugh"), "present", False, None, None, None), "because",
-                 C(_np("king"), V("open"), "future", True, _np("box"), None, None)),
-        complex_(C(_np("bird", plural=True), V("sing"), "past", False, None, None, None), "when",
-                 C("i", V("wake"), "past", True, _np("child", plural=True), None, None)),
+        complex_(C("he", V("sing"), "present", False, None, None, None), "because",
+                 C(_np("king"), V("open"), "future", True, _np("book"), None, None)),
+        complex_(C(_np("bird", plural=True), V("sing"), "past", False, None, None, None), "because",
+                 C("i", V("visit"), "past", True, _np("child", plural=True), None, None)),
     ]
 
 
