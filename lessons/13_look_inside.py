@@ -9,8 +9,8 @@
 #   positions before it, never after (the look-ahead mask);
 # * **encoder-decoder (cross) attention**: every target position looks at the source.
 #
-# The toy language reorders words: adjectives follow the noun, in mirror order, and
-# the verb of a subordinate clause goes to its end (`data/make_toy.py`). So a
+# The toy language reorders words: adjectives follow the noun, and the verb of a
+# subordinate clause goes to its end (`data/make_toy.py`). So a
 # word-by-word diagonal is *not* the right alignment, and we can see whether the
 # cross-attention found the real one. We also measure it on the whole test set, with
 # the gold alignment of content words taken from the generator's lexicon.
@@ -241,11 +241,11 @@ def acc(layer, h, cat):
 cats = list(chance)
 print(f"{len(test)} test sentences; argmax of the cross-attention on the gold source word:")
 print(f"{'':<52}" + "".join(f"{'layer ' + str(l) + ' mean':>14}" for l in range(L))
-      + f"{'best single head':>28}{'chance':>7}")
+      + f"{'best single head':>30}{'chance':>8}")
 for cat in cats:
     best = max(((l, h) for l in range(L) for h in range(H)), key=lambda lh: acc(*lh, cat))
     print(f"{cat + ' (' + str(chance[cat][1]) + ')':<52}" + "".join(f"{acc(l, 'mean', cat):>14.0%}" for l in range(L))
-          + f"{acc(*best, cat):>11.0%} (layer {best[0]} head {best[1]}){chance[cat][0] / chance[cat][1]:>5.0%}")
+          + f"{acc(*best, cat):>11.0%} (layer {best[0]} head {best[1]}){chance[cat][0] / chance[cat][1]:>8.0%}")
 acc_all = acc(last, "mean", "all content words")
 chance_all = chance["all content words"][0] / chance["all content words"][1]
 
