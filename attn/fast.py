@@ -44,6 +44,7 @@ fused kernels for them (see there). Decoding uses the reference methods, which
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 from typing import NamedTuple
@@ -77,6 +78,7 @@ class _Threads:
 
     def __init__(self):
         self._helpers = []
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -93,6 +95,8 @@ class _Threads:
         if len(fns) == 1 or getattr(self._local, "helper", False) or not self._lock.acquire(blocking=False):
             return [f() for f in fns]       # nested or concurrent use: run them one after another
         try:
+            if self._pid != os.getpid():      # a forked child inherits the queues, not the threads
+                self._helpers, self._pid = [], os.getpid()
             while len(self._helpers) < len(fns) - 1:
                 inbox, outbox = queue.SimpleQueue(), queue.SimpleQueue()
                 threading.Thread(target=self._loop, args=(inbox, outbox), daemon=True,

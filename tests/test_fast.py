@@ -458,3 +458,19 @@ def test_cupy_fast_step_never_waits_for_the_device(cupy):
     with cupyx.allow_synchronize(False):
         loss = step()
     assert np.isfinite(float(loss))
+
+
+def test_threads_survive_a_fork():
+    """A child forked after the helper threads exist gets fresh ones (it inherits the queues,
+    not the threads) instead of waiting forever."""
+    import multiprocessing as mp
+    from attn.fast import _THREADS
+    _THREADS.run([lambda: 1, lambda: 2])
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=lambda: q.put(_THREADS.run([lambda: 3, lambda: 4])))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0 and q.get(timeout=5) == [3, 4]
