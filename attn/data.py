@@ -60,8 +60,8 @@ class DataWarning(UserWarning):
 # characters: "don't", "well-known", "l'homme") or a single other visible
 # character (punctuation, symbols). Whitespace, control characters and the
 # zero-width space separate tokens; other invisible format characters (BOM,
-# soft hyphen, direction marks) are dropped. Text is NFC-normalised first and
-# case is kept.
+# soft hyphen, direction marks) are dropped, then the text is NFC-normalised.
+# Case is kept.
 
 _JOINERS = frozenset("'\u2019-\u2010\u200c\u200d")  # ' ’ - ‐ ZWNJ ZWJ
 _ZWSP = "\u200b"
