@@ -256,6 +256,8 @@ def train(args) -> dict:
                     stop_reason = f"reached --minutes {args.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
+                if args.average > 1 and state.step % args.snapshot_every == 0:
+                    _snapshot(out, model, vocab, state.step, args.average)
                 if stop_reason == "interrupted":
                     save_checkpoint(ckpt_path, model, opt, state, vocab, args)
                 elif stop_reason or state.step - last_eval_step >= args.eval_every:
@@ -282,7 +284,7 @@ def train(args) -> dict:
     # Section 6.1: the base models average the last 5 checkpoints.
     final_model = model
     if args.average > 1:
-        final_model = average_snapshots(out, args.average, model) or model
+        final_model = average_snapshots(out, args.average, model, vocab) or model
     test_bleu, test_hyps = bleu_on(final_model, vocab, corpus.test, args.beam)
     (out / "test_translations.txt").write_text("\n".join(test_hyps) + "\n", encoding="utf-8")
     last = state.evals[-1] if state.evals else {}
@@ -296,8 +298,10 @@ def train(args) -> dict:
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     _plot(out, state)
     print(json.dumps(metrics), file=sys.stderr)
-    print(f"test BLEU {test_bleu:.2f} ({'beam ' + str(args.beam) if args.beam > 1 else 'greedy'}); "
-          f"translate with: attn-translate --checkpoint {ckpt_path} \"a sentence\"")
+    final_path = out / "averaged.npz" if final_model is not model else ckpt_path
+    print(f"test BLEU {test_bleu:.2f} ({'beam ' + str(args.beam) if args.beam > 1 else 'greedy'}"
+          f"{', average of the last %d snapshots' % args.average if final_model is not model else ''}); "
+          f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
     return metrics
 
 
@@ -316,18 +320,21 @@ def _evaluate_and_save(model, opt, state, vocab, args, corpus, val_batches, conf
         f.write(json.dumps(record) + "\n")
     if write_ckpt:
         save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, args)
-        if args.average > 1:
-            snap = out / "snapshots"
-            save_npz(snap / f"step-{state.step:08d}.npz", model.state_arrays(),
-                     {"config": model.config.to_dict(), "step": state.step})
-            for old in sorted(snap.glob("step-*.npz"))[:-args.average]:
-                old.unlink()
     msg = (f"step {state.step}: val loss {record['val_loss']:.3f}, ppl {record['val_ppl']:.2f}"
            + (f", BLEU {record['val_bleu']:.1f} (first {args.bleu_sentences} val)" if "val_bleu" in record else ""))
     (bar.write if not args.quiet else (lambda m: print(m, file=sys.stderr)))(msg)
 
 
-def average_snapshots(out: Path, k: int, model: Transformer):
+def _snapshot(out: Path, model: Transformer, vocab: Vocab, step: int, keep: int) -> None:
+    """Parameters only, for checkpoint averaging; the newest ``keep`` are kept."""
+    snap = out / "snapshots"
+    save_npz(snap / f"step-{step:08d}.npz", model.state_arrays(),
+             {"config": model.config.to_dict(), "step": step, "vocab": vocab.to_json()})
+    for old in sorted(snap.glob("step-*.npz"))[:-keep]:
+        old.unlink()
+
+
+def average_snapshots(out: Path, k: int, model: Transformer, vocab: Vocab):
     """The parameter-wise mean of the last ``k`` snapshots (section 6.1), as a new model."""
     files = sorted((out / "snapshots").glob("step-*.npz"))[-k:]
     if len(files) < 2:
@@ -342,7 +349,7 @@ def average_snapshots(out: Path, k: int, model: Transformer):
                 total[k_] += a
     params = {k_[len("param/"):]: B.to_device(v / len(files), model.dtype) for k_, v in total.items()}
     avg = Transformer(model.config, dtype=model.dtype, params=params)
-    avg.save(out / "averaged.npz", extra_meta={"averaged": [f.name for f in files]})
+    avg.save(out / "averaged.npz", extra_meta={"averaged": [f.name for f in files], "vocab": vocab.to_json()})
     return avg
 
 
@@ -405,7 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-every", type=int, default=250, help="validate and checkpoint every N steps")
     g.add_argument("--bleu-sentences", type=int, default=200,
                    help="validation sentences translated for the periodic BLEU (0: skip)")
-    g.add_argument("--average", type=int, default=0, help="average the last K checkpoints for the final model (section 6.1)")
+    g.add_argument("--average", type=int, default=5,
+                   help="average the parameters of the last K snapshots for the final model, written to "
+                        "OUT/averaged.npz and used for the test BLEU (section 6.1; 0 or 1: off; default 5)")
+    g.add_argument("--snapshot-every", type=int, default=50, help="steps between the snapshots that --average uses")
     g.add_argument("--beam", type=int, default=1, help="beam size for the final test translation (1: greedy)")
     g.add_argument("--out", type=Path, default=Path("runs/toy"), help="output folder (default runs/toy)")
     g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")

@@ -36,7 +36,7 @@ def write_corpus(folder: Path, pairs=PAIRS):
     return folder
 
 
-TINY = ["--src", "xx", "--tgt", "yy", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
+TINY = ["--src", "xx", "--tgt", "yy", "--average", "0", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--layers", "1",
         "--max-tokens", "64", "--warmup", "30", "--minutes", "0", "--bleu-sentences", "0", "--quiet"]
 
 
@@ -105,7 +105,8 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 
 def test_checkpoint_averaging(tmp_path):
     out = tmp_path / "run"
-    metrics = run_train(tmp_path, "--steps", "9", "--eval-every", "3", "--average", "3", "--out", str(out))
+    metrics = run_train(tmp_path, "--steps", "9", "--eval-every", "5", "--average", "3",
+                        "--snapshot-every", "3", "--out", str(out))
     assert metrics["averaged_checkpoints"] == 3
     snaps = sorted((out / "snapshots").glob("step-*.npz"))
     assert [s.name for s in snaps] == ["step-00000003.npz", "step-00000006.npz", "step-00000009.npz"]
