@@ -129,7 +129,8 @@ print(f"training loss: first step {train_losses[0]:.2f} (log V = {np.log(V):.2f}
 # The first loss is near `log V`: an untrained model spreads its probability
 # roughly evenly over the vocabulary (a little above it, as the initial logits are
 # not exactly uniform). It cannot go to zero: with label smoothing the floor is the
-# entropy of the smoothed target, `H(q)` (lesson 11).
+# entropy of the smoothed target, `H(q)` (lesson 11). In full mode the validation
+# loss sits below the training loss: training runs with dropout, evaluation without.
 #
 # ## 3. Greedy decoding and beam search
 #
@@ -236,11 +237,15 @@ for i in differ[:3]:
 # wrong.
 #
 # But "beam search is never worse than greedy" is *not* a theorem. The beams are
-# ranked by their raw `log P` while they grow, and the search stops once it has `K`
-# finished hypotheses; greedy's prefix can fall out of the top `K` on the way, and a
-# longer hypothesis (which the length penalty would favour) may never get to finish.
-# Here are the sentences, if any, where beam 4 lost to greedy on its own objective,
-# with what a wider beam finds:
+# ranked by their raw `log P` while they grow, so greedy's prefix can fall out of the
+# top `K`; and `attn.decode.beam_search` stops a sentence as soon as it has `K`
+# finished hypotheses. An unlikely candidate that ends early (`... ne .`) is
+# "finished" the moment its EOS ranks among the top `K` candidates of a step, so a
+# few short, poor hypotheses can fill the `K` places while the best one, longer, is
+# still growing, and the search never gets to finish it. (Other implementations
+# keep going while a live beam could still beat the finished ones under the length
+# penalty.) Here are the sentences, if any, where beam 4 lost to greedy on its own
+# objective, with what a wider beam finds:
 
 # %%
 worse = [i for i in range(len(test)) if margin[i] < -1e-4]
@@ -252,8 +257,8 @@ for i in worse[:3]:
           f"    beam 16 {text(wide.tokens[0], 50)!r:<50} {wide.scores[0]:7.3f}")
 
 # %% [markdown]
-# (An undertrained model, like quick mode's, has many near-ties, and that is where
-# search errors happen; a better-trained model makes them rare.)
+# Such misses are rare, but when they happen they can be large, and they are why
+# beam 4's BLEU can come out a little *below* greedy's on a well-trained model.
 #
 # **Beam size 1 is greedy.** With one beam, keeping "the best candidate" at each
 # step is taking the argmax: the tokens must be identical.
@@ -299,9 +304,9 @@ assert bleu_greedy > bleu_copy + 20 and bleu_greedy > 25, f"greedy BLEU {bleu_gr
 assert bleu_beam > bleu_copy + 20, f"beam BLEU {bleu_beam:.1f} should beat copying"
 assert err_g < 1e-3 and err_b < 1e-3, "decoder scores must match a teacher-forced forward pass"
 # beam search is a heuristic (see above): not worse than greedy on its own objective
-# for the great majority of sentences, and better on average
+# for the great majority of sentences (one bad miss can outweigh many small gains,
+# so we do not assert the average)
 assert len(worse) <= 0.05 * len(test), f"beam 4 lost to greedy on {len(worse)} of {len(test)} sentences"
-assert margin.mean() > 0, "beam search should improve log P / lp on average"
 assert same == len(test), "beam search with one beam must be greedy decoding"
 assert np.allclose(beam1.scores, np.array(greedy.scores) / length_penalty(lens_g, 0.6), rtol=0, atol=1e-4), \
     "one beam's score must be greedy's log P / lp"

@@ -67,7 +67,7 @@ if not checkpoint:
                 "--warmup", "200", "--steps", "700", "--max-tokens", "400", "--eval-every", "700"]
     else:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
-                "--warmup", "400", "--steps", "1200", "--max-tokens", "1500", "--eval-every", "1200"]
+                "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
     train(build_parser().parse_args(["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy",
                                      *size, "--lr-factor", "2", "--minutes", "0", "--bleu-sentences", "0",
                                      "--quiet"]))
@@ -262,11 +262,12 @@ chance_all = chance["all content words"][0] / chance["all content words"][1]
 # *used*: the value vectors, the residual stream and the other heads carry
 # information too. And heads differ: for one word class a single head can beat the
 # average of all heads, for another a different head does, and some heads attend to
-# something else entirely, such as the end-of-sentence token. In the full-mode model
-# we trained while writing this lesson, one head of the last layer looked at the
-# *subject pronoun* when producing a verb (`amas` -> "you", `savamos` -> "we"): the tk
-# verb ending encodes the person of the dropped pronoun, so that head finds the
-# information the ending needs, while the other heads look at the verb itself.
+# something else entirely, such as the end-of-sentence token. In the full-mode
+# models we trained while writing this lesson, one or two heads of the last layer
+# looked at the *subject pronoun* when producing a verb (`amas` -> "you", `savamos`
+# -> "we"): the tk verb ending encodes the person of the dropped pronoun, so those
+# heads find the information the ending needs, while the others look at the verb
+# itself.
 #
 # ## Check
 #
@@ -299,14 +300,14 @@ for name, w in Transformer.attention_weights(cb).items():
         assert np.all(np.triu(np.ones((Tx, Tx), bool), 1)[None, None] <= (w == 0)), f"{name}: looked ahead"
 assert acc_all > max(3 * chance_all, 0.4), \
     f"cross-attention alignment {acc_all:.0%} should be far above chance ({chance_all:.0%})"
-# A model that translates the example correctly should also look at the right
-# source words for its reordered words (quick mode's model usually does not
-# translate it correctly yet, and then this is only printed).
-trained_enough = result.tgt_tokens == tgt_tokens
+# Full mode's model (trained above), and any model that translates the example
+# correctly, must also look at the right source words for the reordered words.
+# Quick mode's small model often does not yet; for it this is only printed.
+trained_enough = result.tgt_tokens == tgt_tokens or not (QUICK or os.environ.get("ATTN_CHECKPOINT"))
 if trained_enough:
     assert all(s == gold[t] for t, s in peaks.items()), f"reordered words should attend to their source: {peaks}"
 print(f"Check passed: decoder self-attention is exactly zero above the diagonal, every row sums to 1, padding "
       f"gets no weight; cross-attention alignment {acc_all:.0%} vs chance {chance_all:.0%}"
       + (f"; the reordered words of the example peak on their source words." if trained_enough else
          f"; the example's reordered words peak on their source {sum(s == gold[t] for t, s in peaks.items())}"
-         f" of {len(peaks)} times (not asserted: this model does not translate the example correctly yet)."))
+         f" of {len(peaks)} times (not asserted for a quick-mode model that mistranslates the example)."))
