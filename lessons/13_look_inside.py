@@ -69,8 +69,8 @@ if not checkpoint:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
                 "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
     train(build_parser().parse_args(["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy",
-                                     *size, "--lr-factor", "2", "--minutes", "0", "--bleu-sentences", "0",
-                                     "--quiet"]))
+                                     *size, "--lr-factor", "2", "--average", "0", "--minutes", "0",
+                                     "--bleu-sentences", "0", "--quiet"]))
     checkpoint = run_dir / "checkpoint.npz"
 model, vocab = load_translator(checkpoint)
 cfg = model.config
