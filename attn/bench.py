@@ -667,9 +667,10 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
                 r = _torch_decode(tmodel, td_src, steps, K, cached)
                 torch_sync()
                 return r
-            slow = not cached
-            work.append(Work(name, ours, theirs if with_torch else None, gen_tokens, 0,
-                             max(2, R // 2) if slow else R, 1,
+            # Recomputing the prefix costs tens of seconds per run at toy-bench size: no warm-up
+            # (the cached runs before it did the first-call work), two runs for greedy, one for beam.
+            reps, warm = (R, 1) if cached else ((repeats or (2 if K == 1 else 1)), 0)
+            work.append(Work(name, ours, theirs if with_torch else None, gen_tokens, 0, reps, warm,
                              {"beam": K, "decode_steps": steps, "decode_batch": bc.decode_batch}))
     return work
 
@@ -792,6 +793,8 @@ def _memory_child(args) -> None:
     for w in work:
         if w.name.endswith("_reference") and with_torch:
             continue
+        if w.name.endswith("_uncached") and not args.memory_all:
+            continue
         f = w.torch if with_torch else w.ours
         if f is None:
             continue
@@ -808,6 +811,8 @@ def measure_memory(args, framework: str, quiet: bool) -> dict:
            "--backend", args.backend, "--only", ",".join(args.only)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    if args.memory_all:
+        cmd += ["--memory-all"]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536")
     _progress(f"peak memory ({framework}) in a child process", quiet)
     try:
@@ -884,6 +889,8 @@ def parse_args(argv=None):
                    help="BLAS threads for NumPy (OpenBLAS) and torch.set_num_threads (default: NumPy's current)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    p.add_argument("--memory-all", action="store_true",
+                   help="also measure the peak memory of the uncached decodes (slow)")
     p.add_argument("--settle", type=float, default=None,
                    help="seconds to sleep before each timed run (default 0.1 with PyTorch, else 0)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
