@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import backend as B
-from .fast import FastAdam, FastTransformer
+from .fast import FastAdam, FastTransformer, keep_freed_memory
 from .fast import cross_entropy as fast_cross_entropy
 from .loss import cross_entropy
 from .masks import PAD_ID
@@ -889,6 +889,9 @@ def parse_args(argv=None):
                    help="BLAS threads for NumPy (OpenBLAS) and torch.set_num_threads (default: NumPy's current)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    p.add_argument("--return-freed-memory", action="store_true",
+                   help="leave glibc's malloc as it is (by default the timing process keeps freed blocks "
+                        "for reuse, see attn.fast.keep_freed_memory; it applies to PyTorch alike)")
     p.add_argument("--memory-all", action="store_true",
                    help="also measure the peak memory of the uncached decodes (slow)")
     p.add_argument("--settle", type=float, default=None,
@@ -923,11 +926,14 @@ def run(args) -> list[dict]:
     bc = _bench_config(args)
     cfg = model_config(bc)
     sync, tsync, device = _syncs(args.backend, with_torch)
+    # glibc keeps freed blocks for reuse (both frameworks share this process's malloc); the
+    # memory children below run without it so that their resident set falls with frees.
+    kept = keep_freed_memory() if not args.return_freed_memory else False
     settle = args.settle if args.settle is not None else (0.1 if with_torch else 0.0)
 
     info = machine_info()
     info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    info.update(backend=args.backend, preset=args.preset, blas_threads=threads,
+    info.update(backend=args.backend, preset=args.preset, blas_threads=threads, malloc_keeps_freed_memory=kept,
                 config=cfg.to_dict(), batch=bc.batch, src_len=bc.src_len, tgt_len=bc.tgt_len,
                 command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench.py")
                 else None)
@@ -1044,7 +1050,8 @@ def print_markdown(results, out=sys.stdout):
           file=out)
     print(f"- software: Python {info['python']}, NumPy {info['numpy']} ({info.get('blas', '?')}), "
           f"BLAS threads {info.get('blas_threads')}, PyTorch {info.get('torch', 'absent')} "
-          f"(threads {info.get('torch_threads', '-')})" + (f", CuPy {info['cupy']}" if "cupy" in info else ""),
+          f"(threads {info.get('torch_threads', '-')})" + (f", CuPy {info['cupy']}" if "cupy" in info else "")
+          + (", malloc keeps freed memory (both frameworks)" if info.get("malloc_keeps_freed_memory") else ""),
           file=out)
     print(f"- preset `{info['preset']}`: batch {info['batch']}, source {info['src_len']}, target {info['tgt_len']}, "
           f"config {json.dumps({k: info['config'][k] for k in ('vocab_size', 'd_model', 'n_heads', 'd_ff', 'n_encoder_layers', 'n_decoder_layers', 'dropout', 'label_smoothing')})}",
