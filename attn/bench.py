@@ -85,7 +85,7 @@ BENCH_PRESETS = {
     "toy-bench": BenchConfig(
         dict(vocab_size=1000, d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
              dropout=0.1, label_smoothing=0.1, max_len=256),
-        batch=64, src_len=32, tgt_len=32, decode_batch=64, decode_steps=50,
+        batch=64, src_len=32, tgt_len=32, decode_batch=64, decode_steps=50, repeats=9, warmup=3,
         note="batch 64, source and target length 32, V 1000, D 256, 4 heads, F 1024, 3+3 layers"),
     # For tests: seconds in total.
     "quick": BenchConfig(
