@@ -14,7 +14,7 @@ from .machine import blas_threads, machine_info
 from .memory import _memory_child, measure_memory
 from .presets import BENCH_PRESETS, MEASUREMENTS, _bench_config, model_config
 from .report import _derived, print_markdown, print_table
-from .isolated import Worker, time_isolated, torch_info, worker_main
+from .isolated import Worker, time_isolated, time_phases, torch_info, worker_main
 from .timing import _progress, _syncs, time_work
 from .twin import torch_available
 from .work import build_work
@@ -40,8 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--quick", action="store_true",
                    help="the tiny 'quick' configuration, 1 warm-up and 2 repeats (for tests)")
-    p.add_argument("--only", default=",".join(MEASUREMENTS),
-                   help="comma-separated measurements (default all): " + ", ".join(MEASUREMENTS))
+    p.add_argument("--only", default=None,
+                   help="comma-separated measurements (default: the preset's, most presets all): "
+                        + ", ".join(MEASUREMENTS))
     p.add_argument("--repeats", type=int, help="timed runs per measurement (default per preset)")
     p.add_argument("--warmup", type=int, help="untimed runs before timing (default per preset)")
     p.add_argument("--threads", type=int,
@@ -64,11 +65,15 @@ def parse_args(argv=None):
                    help="skip timing each framework in a worker process of its own")
     p.add_argument("--no-interleaved", action="store_true",
                    help="skip timing both frameworks interleaved in this process")
+    p.add_argument("--no-phases", action="store_true",
+                   help="skip the per-phase profile of the training step (3 extra steps per framework)")
     p.add_argument("--_memory-child", dest="_memory_child", help=argparse.SUPPRESS)
     p.add_argument("--_worker", dest="_worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.preset = "quick"
+    if args.only is None:
+        args.only = ",".join(BENCH_PRESETS[args.preset].measurements or MEASUREMENTS)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in args.only if s not in MEASUREMENTS]
     if unknown:
@@ -141,7 +146,10 @@ def run(args) -> list[dict]:
                 settings["isolated"] = time_isolated(workers, w, settle, quiet)
             if not args.no_interleaved:
                 settings["interleaved"] = time_work(w, settle, quiet, replay=not workers)
-            results.append(_row(w, settings, rate, peak, args.backend))
+            row = _row(w, settings, rate, peak, args.backend)
+            if w.phases and not args.no_phases:
+                row["phases"] = time_phases(w, 3, settle, quiet, workers or None)
+            results.append(row)
     finally:
         for wk in workers.values():
             wk.close()

@@ -90,10 +90,14 @@ def worker_main(args) -> None:
         req = json.loads(line)
         try:
             w = work[req["name"]]
-            f = {"ours": w.ours, "torch": w.torch, "matmul": w.replay}[req["side"]]
-            t0 = time.perf_counter()
-            f()
-            reply = {"seconds": time.perf_counter() - t0}
+            if req["side"].startswith("phases:"):
+                phases = w.phases[req["side"].split(":", 1)[1]]()
+                reply = {"seconds": sum(phases.values()), "phases": phases}
+            else:
+                f = {"ours": w.ours, "torch": w.torch, "matmul": w.replay}[req["side"]]
+                t0 = time.perf_counter()
+                f()
+                reply = {"seconds": time.perf_counter() - t0}
         except Exception:
             reply = {"error": traceback.format_exc()[-3000:]}
         print(json.dumps(reply), file=out, flush=True)
@@ -119,13 +123,16 @@ class Worker:
                                "before answering; its error is above on stderr")
         return json.loads(line)
 
-    def run(self, name: str, side: str) -> float:
+    def request(self, name: str, side: str) -> dict:
         self.proc.stdin.write(json.dumps({"name": name, "side": side}) + "\n")
         self.proc.stdin.flush()
         r = self._read()
         if "error" in r:
             raise RuntimeError(f"attn.bench: {name} ({side}) failed in the {self.framework} worker:\n{r['error']}")
-        return r["seconds"]
+        return r
+
+    def run(self, name: str, side: str) -> float:
+        return self.request(name, side)["seconds"]
 
     def close(self):
         if self.proc.poll() is None:
@@ -159,3 +166,35 @@ def time_isolated(workers: dict, w, settle: float, quiet: bool, replay: bool = T
         last = ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items())
         _progress(f"{w.name} (isolated): run {r + 1}/{w.repeats}: {last}", quiet)
     return times
+
+
+def time_phases(w, runs: int, settle: float, quiet: bool, workers: dict | None = None) -> list:
+    """The training step by phase: ``runs`` phase-timed steps per framework (in the workers when
+    given, taking turns, else in this process), the median of each phase. Returns
+    [{"phase", "seconds", "torch_seconds"}] in the order the phases ran (ours first, then
+    PyTorch's own)."""
+    import statistics
+    sides = [s for s in ("ours", "torch") if s in w.phases and (workers is None or s in workers)]
+    got = {s: [] for s in sides}
+    for r in range(runs):
+        for side in sides:
+            if settle:
+                time.sleep(settle)
+            if workers is None:
+                got[side].append(w.phases[side]())
+            else:
+                got[side].append(workers[side].request(w.name, "phases:" + side)["phases"])
+    _progress(f"{w.name}: {runs} phase-timed steps per framework", quiet)
+    order: list = []
+    for side in sides:                  # ours in order; a phase only PyTorch has goes before the next shared one
+        names = list(got[side][0])
+        for i, phase in enumerate(names):
+            if phase not in order:
+                later = [order.index(n) for n in names[i + 1:] if n in order]
+                order.insert(min(later) if later else len(order), phase)
+    rows = {phase: {"phase": phase, "seconds": None, "torch_seconds": None} for phase in order}
+    for side in sides:
+        key = "seconds" if side == "ours" else "torch_seconds"
+        for phase in got[side][0]:
+            rows[phase][key] = statistics.median(run.get(phase, 0.0) for run in got[side])
+    return list(rows.values())

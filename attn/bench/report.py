@@ -121,28 +121,28 @@ def print_markdown(results, out=sys.stdout):
 
 def _print_phases(results, out, markdown: bool):
     """The per-phase profile of the training step, where the run has one."""
-    rows = [r for r in results if r.get("name") == "step_phases"]
+    rows = [r for r in results[2:] if r.get("phases")]
     if not rows:
         return
-    r = rows[0]
-    total = r["ours_total_seconds"]
+    phases = rows[0]["phases"]
+    total = sum(p["seconds"] or 0.0 for p in phases)
+    ttotal = sum(p["torch_seconds"] or 0.0 for p in phases)
+
+    def cell(v, tot):
+        return ("-", "-") if v is None else (f"{v:.4f}", f"{100 * v / tot:.0f} %" if tot else "-")
     print(file=out)
     if markdown:
-        print("Where the time of a training step goes (one framework alone; median of the runs; "
-              "ours by attn.fast's phases, PyTorch by autograd profiler groups):", file=out)
+        print("Where the time of a training step goes (each framework in its own worker, the median "
+              "of 3 phase-timed steps; attn's phases as its first part (thread) sees them):", file=out)
         print(file=out)
         print("| phase | attn s | share | PyTorch s | share |", file=out)
         print("|---|---:|---:|---:|---:|", file=out)
     else:
-        print("step by phase (seconds, share):", file=out)
-    tt = r.get("torch_total_seconds")
-    for ph in r["phases"]:
-        a, t = ph.get("seconds"), ph.get("torch_seconds")
-        a_s = "-" if a is None else f"{a:.4f}"
-        a_p = "-" if a is None else f"{100 * a / total:.0f} %"
-        t_s = "-" if t is None else f"{t:.4f}"
-        t_p = "-" if t is None or not tt else f"{100 * t / tt:.0f} %"
+        print(f"{'training step by phase':<36}{'attn s':>9}{'share':>7}{'torch s':>9}{'share':>7}", file=out)
+    for p in phases + [{"phase": "total", "seconds": total, "torch_seconds": ttotal or None}]:
+        a, ap = cell(p["seconds"], total)
+        t, tp = cell(p["torch_seconds"], ttotal)
         if markdown:
-            print(f"| {ph['phase']} | {a_s} | {a_p} | {t_s} | {t_p} |", file=out)
+            print(f"| {p['phase']} | {a} | {ap} | {t} | {tp} |", file=out)
         else:
-            print(f"  {ph['phase']:<34}{a_s:>9}{a_p:>7}{t_s:>9}{t_p:>7}", file=out)
+            print(f"  {p['phase']:<34}{a:>9}{ap:>7}{t:>9}{tp:>7}", file=out)
