@@ -98,7 +98,8 @@ class TrainConfig:
     snapshot_every: int = 50           # steps between the snapshots that `average` uses
     beam: int = 1                      # beam size for the final test translation (1: greedy)
     out: Path = Path("runs/toy")       # output folder
-    resume: bool = False               # continue from out/checkpoint.npz
+    resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
+    overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
     reference: bool = False            # train the readable reference classes instead of attn.fast
     quiet: bool = False                # no progress bar
 
@@ -109,6 +110,8 @@ class TrainConfig:
                 object.__setattr__(self, name, Path(v))
             elif v is not None and not isinstance(v, Path):
                 self._bad(name, "must be a path")
+        if self.resume and self.overwrite:
+            self._bad("overwrite", "cannot be combined with resume (one continues the run in out, the other deletes it)")
         if self.tsv is None and self.data is None:
             self._bad("data", "must be a folder (or give tsv)")
         for name in ("src", "tgt"):
@@ -145,7 +148,7 @@ class TrainConfig:
                 self._bad(name, "must be a finite number")
             if not check(v):
                 self._bad(name, rule)
-        for name in ("resume", "reference", "quiet"):
+        for name in ("resume", "overwrite", "reference", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "must be True or False")
 
@@ -175,6 +178,44 @@ class TrainConfig:
             raise TrainConfigError(f"the model settings do not fit together: {e}") from None
 
 
+#: Settings a resumed run may take from the new command line: they change how the run is watched,
+#: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
+RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "beam", "bleu_sentences",
+                     "eval_every", "out", "resume", "overwrite")
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return a == b
+
+
+def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
+    """The settings of a resumed run: the saved run's (``saved``, a :meth:`TrainConfig.to_dict`),
+    with those in :data:`RESUME_MAY_CHANGE` taken from ``config``.
+
+    ``given`` names the fields the user set (the command line passes the flags it saw); by
+    default, those where ``config`` differs from the defaults. A given field that contradicts
+    the saved run is a :class:`TrainConfigError` naming it.
+    """
+    base = TrainConfig.from_dict({**saved, "resume": False, "overwrite": False})
+    default = TrainConfig()
+    if given is None:
+        given = {f.name for f in dataclasses.fields(config)
+                 if not _same(getattr(config, f.name), getattr(default, f.name))}
+    clashes = [f"{_flag(n)} {getattr(config, n)} (the saved run has {getattr(base, n)})"
+               for n in sorted(given) if n not in RESUME_MAY_CHANGE
+               and not _same(getattr(config, n), getattr(base, n))]
+    if clashes:
+        raise TrainConfigError(
+            f"--resume continues the run in {config.out} with its own settings, but "
+            + "; ".join(clashes) + ". Drop the flag(s), or start a new run with another --out. "
+            f"A resumed run may change only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])}.")
+    take = {n: getattr(config, n) for n in RESUME_MAY_CHANGE if n in given or n in ("out", "resume", "overwrite")}
+    take.setdefault("backend", config.backend)       # this machine's choice ($ATTN_BACKEND), not the saved one
+    return dataclasses.replace(base, **take)
+
+
 # --------------------------------------------------------------------------- data
 
 @dataclass
@@ -189,22 +230,37 @@ class Corpus:
 def load_corpus(config: TrainConfig) -> Corpus:
     """The three splits from ``config.tsv`` or ``config.data`` with ``config.src``/``config.tgt``."""
     if config.tsv:
-        pairs = read_tsv(config.tsv)
-        if len(pairs) < 3:
-            raise DataError(f"{config.tsv}: need at least 3 sentence pairs to split into train/val/test, "
-                            f"got {len(pairs)}")
-        # A held-out slice, deterministic in the seed: 5% (at most 1000) each for val and test.
-        order = B.host_rng(config.seed).permutation(len(pairs))
-        n_hold = max(1, min(1000, len(pairs) // 20))
-        val = [pairs[i] for i in order[:n_hold]]
-        test = [pairs[i] for i in order[n_hold:2 * n_hold]]
-        train = [pairs[i] for i in order[2 * n_hold:]]
+        train, val, test = split_by_source(read_tsv(config.tsv), config.seed, str(config.tsv))
         return Corpus(train, val, test, f"tsv:{config.tsv}")
     data, src, tgt = Path(config.data), config.src, config.tgt
     return Corpus(read_parallel(data, src, tgt, "train"),
                   read_parallel(data, src, tgt, "val"),
                   read_parallel(data, src, tgt, "test"),
                   f"{data}/{{train,val,test}}.{{{src},{tgt}}}")
+
+
+def split_by_source(pairs, seed: int, name: str = "corpus"):
+    """Hold out about 5% of the pairs (at most 1000) each for validation and test, by
+    *distinct source sentence*: all translations of a source land in the same split, so
+    no test source is seen in training (Tatoeba has many sources with several translations).
+    Deterministic in ``seed``. Returns (train, val, test) lists of pairs."""
+    groups: dict[str, list[int]] = {}
+    for i, (src, _) in enumerate(pairs):
+        groups.setdefault(src, []).append(i)
+    if len(groups) < 3:
+        raise DataError(f"{name}: need at least 3 distinct source sentences to split into train/val/test, "
+                        f"got {len(groups)} (in {len(pairs)} pairs)")
+    sources = list(groups)
+    order = B.host_rng(seed).permutation(len(sources)).tolist()
+    n_hold = max(1, min(1000, len(pairs) // 20))
+    held: list[list[int]] = [[], []]
+    k = 0
+    for part in held:
+        while len(part) < n_hold and k < len(order) - 1:      # keep at least one source for training
+            part.extend(groups[sources[order[k]]])
+            k += 1
+    train = [pairs[i] for j in order[k:] for i in groups[sources[j]]]
+    return train, [pairs[i] for i in held[0]], [pairs[i] for i in held[1]]
 
 
 def build_vocab(train_pairs, min_freq: int) -> Vocab:
@@ -223,6 +279,7 @@ class TrainState:
     batch_index: int = 0           # next batch within the epoch's (seeded) order
     train_seconds: float = 0.0
     tokens_seen: int = 0
+    wall_seconds: float = 0.0      # of the --minutes budget used, evaluations included, over all sessions
     losses: list = field(default_factory=list)      # training loss of every step
     evals: list = field(default_factory=list)       # the metrics.jsonl records
 
@@ -234,6 +291,7 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
     meta = {"format": "attn-checkpoint-1", "config": model.config.to_dict(), "vocab": vocab.to_json(),
             "step": state.step, "epoch": state.epoch, "batch_index": state.batch_index,
             "train_seconds": state.train_seconds, "tokens_seen": state.tokens_seen, "evals": state.evals,
+            "wall_seconds": state.wall_seconds,
             "seed": config.seed, "args": config.to_dict(), "dtype": str(model.dtype)}
     save_npz(path, arrays, meta)
 
@@ -328,36 +386,70 @@ class _Interrupt:
         return False
 
 
-def train(config: TrainConfig) -> dict:
+#: What a run writes into ``out``; a fresh run refuses an ``out`` that holds any of them.
+RUN_FILES = ("checkpoint.npz", "config.json", "metrics.jsonl", "metrics.json", "loss.png",
+             "test_translations.txt", "averaged.npz", "snapshots")
+
+
+def _previous_run(out: Path) -> list[str]:
+    return [name for name in RUN_FILES if (out / name).exists()]
+
+
+def _remove_previous_run(out: Path) -> list[str]:
+    """Delete the files a previous run wrote into ``out`` (only those: see :data:`RUN_FILES`)."""
+    removed = _previous_run(out)
+    for name in removed:
+        path = out / name
+        if path.is_dir():
+            for f in path.glob("step-*.npz"):
+                f.unlink()
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink()
+    return removed
+
+
+def train(config: TrainConfig, *, given=None) -> dict:
     """Train as ``config`` says; returns the final metrics (also written to ``out/metrics.json``).
 
     The returned dict holds at least ``test_bleu``, ``val_loss``, ``steps``,
     ``train_seconds``, ``tokens_per_second`` and ``backend``; an interrupted run
     returns ``{"interrupted": True, "steps": ...}``.
+
+    A fresh run refuses an ``out`` that already holds a run (unless ``overwrite``);
+    with ``resume`` the saved run's settings and seed are used (see
+    :func:`resumed_config`; ``given`` names the fields the caller set explicitly).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
-    if config.backend is None:
-        config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
-    B.set_backend(config.backend)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.npz"
-
-    corpus = load_corpus(config)
-    state = TrainState()
     if config.resume:
         if not ckpt_path.is_file():
             raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
         arrays, meta = load_npz(ckpt_path)
+        config = resumed_config(config, meta.get("args", {}), given)
+    elif _previous_run(out) and not config.overwrite:
+        raise TrainConfigError(
+            f"--out {out} already holds a run ({', '.join(_previous_run(out))}); a fresh run would mix with it. "
+            f"Continue it with --resume, choose another --out, or pass --overwrite to delete it and start clean.")
+    if config.backend is None:
+        config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
+    B.set_backend(config.backend)
+
+    corpus = load_corpus(config)
+    state = TrainState()
+    if config.resume:
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(ckpt_path))
         model_config = model.config
         model, opt = make_engine(model, config.reference, config.lr_factor)
         opt.load_state(arrays, meta["step"])
         state = TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
-                           meta["tokens_seen"], [float(x) for x in arrays.get("history/train_loss", [])],
-                           meta.get("evals", []))
+                           meta["tokens_seen"], meta.get("wall_seconds", meta["train_seconds"]),
+                           [float(x) for x in arrays.get("history/train_loss", [])], meta.get("evals", []))
+        _check_something_left(config, state)
         print(f"resumed from {ckpt_path} at step {state.step} (epoch {state.epoch}, batch {state.batch_index})",
               file=sys.stderr)
     else:
@@ -369,8 +461,16 @@ def train(config: TrainConfig) -> dict:
     # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
     max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
     train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
+    if not train_enc:
+        raise DataError(f"{corpus.source}: no training pair is left of {len(corpus.train)}: every one is empty on "
+                        f"a side or longer than {max_len} tokens (--max-len; the preset's max_len is "
+                        f"{model_config.max_len})")
     val_enc = encode_pairs(corpus.val, vocab, max_len=max_len)
     val_batches = make_batches(val_enc, config.max_tokens, shuffle=False)
+    out.mkdir(parents=True, exist_ok=True)
+    if not config.resume and config.overwrite and _previous_run(out):
+        print(f"--overwrite: starting clean in {out}: removed the previous run's "
+              f"{', '.join(_remove_previous_run(out))}", file=sys.stderr)
     (out / "config.json").write_text(json.dumps({"model": model_config.to_dict(), "train": config.to_dict(),
                                                  "vocab_size": len(vocab), "corpus": corpus.source,
                                                  "train_pairs": len(train_enc)}, indent=2))
@@ -379,8 +479,8 @@ def train(config: TrainConfig) -> dict:
           file=sys.stderr)
 
     loss_fn = cross_entropy if config.reference else partial(fast_cross_entropy, inplace=True)
-    budget = config.minutes * 60.0 if config.minutes else math.inf
-    started = time.perf_counter()
+    budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
+    started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
     from tqdm import tqdm
     bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
@@ -402,18 +502,19 @@ def train(config: TrainConfig) -> dict:
                 state.step += 1
                 state.batch_index += 1
                 state.train_seconds += dt
+                state.wall_seconds = wall_before + (time.perf_counter() - started)
                 state.tokens_seen += b.n_src_tokens + b.n_tgt_tokens
                 state.losses.append(loss_value)
                 tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
                 bar.update(1)
-                left = budget - (time.perf_counter() - started)
+                left = budget - state.wall_seconds
                 bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
                                     + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
                                     + f" ep {state.epoch}", refresh=False)
 
                 if config.steps and state.step >= config.steps:
                     stop_reason = f"reached --steps {config.steps}"
-                elif time.perf_counter() - started >= budget:
+                elif state.wall_seconds >= budget:
                     stop_reason = f"reached --minutes {config.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
@@ -437,7 +538,7 @@ def train(config: TrainConfig) -> dict:
     print(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
           f"checkpoint {ckpt_path}", file=sys.stderr)
     if stop_reason == "interrupted":
-        print(f"resume with: attn-train --resume --out {out} (and the same data arguments)", file=sys.stderr)
+        print(f"resume with: attn-train --resume --out {out}", file=sys.stderr)
         return {"interrupted": True, "steps": state.step}
 
     # Section 6.1: the base models average the last 5 checkpoints.
@@ -453,7 +554,7 @@ def train(config: TrainConfig) -> dict:
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
                "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
                "beam": config.beam, "averaged_checkpoints": config.average if config.average > 1 else 1,
-               "wall_seconds": round(time.perf_counter() - started, 2), "stop": stop_reason}
+               "wall_seconds": round(wall_before + time.perf_counter() - started, 2), "stop": stop_reason}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     _plot(out, state)
     print(json.dumps(metrics), file=sys.stderr)
@@ -462,6 +563,15 @@ def train(config: TrainConfig) -> dict:
           f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
           f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
     return metrics
+
+
+def _check_something_left(config: TrainConfig, state: TrainState) -> None:
+    """A resumed run that has already met its stopping rule is an error, not a run of one more step."""
+    for name, done, limit in (("steps", state.step, config.steps), ("epochs", state.epoch, config.epochs),
+                              ("minutes", state.wall_seconds / 60.0, config.minutes)):
+        if limit and done >= limit:
+            raise TrainConfigError(f"--resume: the run in {config.out} has already reached --{name} {limit:g} "
+                                   f"({done:.4g} done); give a larger --{name} to train on")
 
 
 def _evaluate_and_save(model, opt, state, vocab, config, corpus, val_batches, model_config, out, bar):
@@ -589,7 +699,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"steps between the snapshots that --average uses (default {_D.snapshot_every})")
     g.add_argument("--beam", type=int, help="beam size for the final test translation (1: greedy, the default)")
     g.add_argument("--out", type=Path, help=f"output folder (default {_D.out})")
-    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
+                        f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")
+    g.add_argument("--overwrite", action="store_true",
+                   help="a fresh run into an OUT that holds a run deletes that run's files first "
+                        "(without it, such an OUT is an error)")
     g.add_argument("--reference", action="store_true",
                    help="train with the readable reference layers instead of the faster attn.fast path "
                         "(same numbers up to float rounding, slower)")
@@ -613,7 +728,7 @@ def main(argv=None) -> int:
     except TrainConfigError as e:
         parser.error(str(e))            # exit status 2, before any work
     try:
-        train(config)
+        train(config, given=set(given))
     except (DataError, CheckpointError, B.BackendError, FileNotFoundError, TrainConfigError) as e:
         print(f"attn-train: error: {e}", file=sys.stderr)
         return 2
