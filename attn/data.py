@@ -122,6 +122,10 @@ class Vocab:
             raise ValueError(f"a BPE vocabulary needs at least {smallest} entries ({len(SPECIALS)} specials, "
                              f"{len(BYTE_TOKENS)} byte tokens, some characters), got vocab_size={vocab_size}")
         bpe = BPE.learn(texts, max_symbols=vocab_size - len(SPECIALS) - len(BYTE_TOKENS), min_count=min_count)
+        if len(SPECIALS) + len(bpe.vocabulary()) > vocab_size:
+            raise ValueError(f"vocab_size={vocab_size} is too small for this text: its {len(bpe.alphabet)} "
+                             f"characters alone need {len(SPECIALS) + len(BYTE_TOKENS) + len(bpe.alphabet)} "
+                             f"entries, with the specials and byte tokens")
         return cls(SPECIALS + tuple(bpe.vocabulary()), bpe=bpe)
 
     def tokenize(self, text: str) -> list[str]:

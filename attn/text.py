@@ -74,6 +74,10 @@ def normalize(text: str) -> str:
     """
     if text.isascii():
         return " ".join(text.translate(_ASCII_SEPARATORS).split())
+    return _normalize_unicode(text)
+
+
+def _normalize_unicode(text: str) -> str:
     # drop invisible format characters first: "a<soft hyphen><combining acute>" must become "á"
     text = unicodedata.normalize("NFC", "".join(ch for ch in text if _char_kind(ch) != "x"))
     spaced = "".join(" " if _char_kind(ch) == "s" else ch for ch in text)
@@ -93,7 +97,7 @@ def _spans_ascii(text: str) -> list[tuple[str, bool]]:
 
 
 def _spans_unicode(text: str) -> list[tuple[str, bool]]:
-    text = normalize(text)
+    text = _normalize_unicode(text)
     kinds = [_char_kind(ch) for ch in text]
     tokens: list[tuple[str, bool]] = []
     glued = False              # no space between the previous token and the current position
