@@ -81,6 +81,9 @@ def test_the_averaged_model_and_a_resumed_run_keep_the_merges(tmp_path):
                       eval_every=2, resume=True, **cfg))
     _, meta = load_npz(out / "checkpoint.npz")
     assert meta["step"] == 6 and Vocab.from_json(meta["vocab"]) == first
+    with pytest.raises(TrainConfigError, match="--vocab-size 700"):      # the saved run's vocabulary stays
+        train(TrainConfig(data=data, out=out, vocab="bpe", vocab_size=700, steps=8, snapshot_every=2,
+                          eval_every=2, resume=True, **cfg))
 
 
 def test_an_old_checkpoint_without_merges_still_loads_and_translates(tmp_path):
