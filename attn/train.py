@@ -50,6 +50,25 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 
 # --------------------------------------------------------------------------- settings
 
+#: The training recipe of each preset: what ``max_tokens``, ``lr_factor`` and ``min_freq`` mean
+#: when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
+#: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
+#: every word in the vocabulary left a 20-minute run on real text far behind).
+RECIPES = {
+    "toy": dict(max_tokens=2048, lr_factor=0.5, min_freq=1),
+    "small": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
+    "base": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
+}
+
+#: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
+#: of the steps the budget allows, if that is shorter than the preset's: a 20-minute run on two
+#: cores takes about a thousand steps, and the ``small`` preset's 2,000 would leave it inside its
+#: warm-up, the learning rate still rising at the last step. (The toy's 400 steps are 30% of the
+#: 1,316 that its 7 minutes allowed, and it learned well: README.)
+WARMUP_FRACTION = 0.3
+#: Share of a --minutes budget spent on evaluations and checkpoints, for the estimate of steps.
+EVAL_SHARE = 0.1
+
 class TrainConfigError(ValueError):
     """A training setting is out of range or of the wrong type; the message names it."""
 
@@ -71,7 +90,7 @@ class TrainConfig:
     src: str = "en"                    # source language suffix
     tgt: str = "tk"                    # target language suffix
     tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
-    min_freq: int = 1                  # words seen fewer times in training become <unk>
+    min_freq: int | None = None        # words seen fewer times in training become <unk> (None: the recipe's)
     max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
     # model (None: the preset's value)
     preset: str = "toy"
@@ -87,9 +106,9 @@ class TrainConfig:
     minutes: float = 7.0               # wall-clock budget for training (0: no limit)
     steps: int = 0                     # stop after this many optimizer steps (0: no limit)
     epochs: int = 0                    # stop after this many epochs (0: no limit)
-    max_tokens: int = 2048             # tokens per batch, padding included
-    warmup: int | None = None          # warm-up steps of the schedule (None: the preset's)
-    lr_factor: float = 0.5             # multiplies the section-5.3 learning rate
+    max_tokens: int | None = None      # tokens per batch, padding included (None: the recipe's)
+    warmup: int | None = None          # warm-up steps (None: the preset's, shortened to fit the budget)
+    lr_factor: float | None = None     # multiplies the section-5.3 learning rate (None: the recipe's)
     clip: float = 0.0                  # clip the global gradient norm to this (0: off)
     seed: int = 0                      # weights, batch order, dropout, the tsv split
     eval_every: int = 250              # validate and checkpoint every N steps
@@ -123,9 +142,9 @@ class TrainConfig:
             self._bad("dtype", "must be 'float32' or 'float64'")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
-        for name, low, optional in (("min_freq", 1, False), ("max_len", 1, True), ("d_model", 1, True),
+        for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
                                     ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True),
-                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, False),
+                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
                                     ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
                                     ("bleu_sentences", 0, False), ("average", 0, False),
                                     ("snapshot_every", 1, False), ("beam", 1, False)):
@@ -142,7 +161,7 @@ class TrainConfig:
                                   ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
                                   ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
             v = getattr(self, name)
-            if v is None and name in ("dropout", "label_smoothing"):
+            if v is None and name in ("dropout", "label_smoothing", "lr_factor"):
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 self._bad(name, "must be a finite number")
@@ -154,6 +173,12 @@ class TrainConfig:
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
+
+    def with_recipe(self) -> "TrainConfig":
+        """This config with the fields left at ``None`` that :data:`RECIPES` covers filled
+        in from the preset's recipe."""
+        recipe = RECIPES.get(self.preset, RECIPES["base"])     # a preset added elsewhere: the real-corpus recipe
+        return dataclasses.replace(self, **{k: v for k, v in recipe.items() if getattr(self, k) is None})
 
     def to_dict(self) -> dict:
         """JSON-ready: paths as strings. :meth:`from_dict` inverts it."""
@@ -332,6 +357,61 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
     return loss, lr
 
 
+# --------------------------------------------------------------------------- the warm-up for a budget
+
+def measure_step_seconds(model: Transformer, batches, label_smoothing: float, loss_fn=cross_entropy) -> float:
+    """Seconds per training step on this machine now: forward and backward on ``batches``
+    (the first untimed: it pays for first-call set-up), the parameters left unchanged.
+    The update is not run; it adds a few per cent (callers allow for it)."""
+    times = []
+    for i, b in enumerate(batches):
+        t0 = time.perf_counter()
+        src, tgt_in, tgt_out = (B.to_device(a) for a in (b.src, b.tgt_in, b.tgt_out))
+        logits, cache = model.forward(src, tgt_in, B.DeviceRNG(i))
+        loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
+        del logits
+        model.backward(dlogits, cache)
+        del cache, dlogits
+        B.to_float(loss)                 # waits for the device (the copy queues behind the backward)
+        times.append(time.perf_counter() - t0)
+    timed = times[1:] or times
+    return sum(timed) / len(timed)
+
+
+def fit_warmup(model: Transformer, model_config: TransformerConfig, config: TrainConfig, train_enc, loss_fn):
+    """The warm-up for a run with a budget and no ``warmup`` given: :data:`WARMUP_FRACTION` of the
+    steps the budget allows (the least of ``steps``, ``epochs`` times the batches of an epoch, and
+    ``minutes`` at the step time measured now), if that is shorter than the preset's.
+
+    Returns (model, optimizer, model config, a record of the rule for config.json); the model's
+    parameters are unchanged, only the schedule's warm-up."""
+    t0 = time.perf_counter()
+    batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed)
+    allowed, rule, why = math.inf, {}, ""
+    for limit, what in ((config.steps, f"--steps {config.steps}"),
+                        (config.epochs * len(batches), f"--epochs {config.epochs} of {len(batches)} steps")):
+        if limit and limit < allowed:
+            allowed, why = limit, what
+    if config.minutes:
+        batches = batches[:3]
+        per_step = 1.05 * measure_step_seconds(model, batches, model_config.label_smoothing, loss_fn)
+        by_time = config.minutes * 60.0 * (1.0 - EVAL_SHARE) / per_step
+        if by_time < allowed:
+            allowed = by_time
+            why = f"about {by_time:.0f} steps in --minutes {config.minutes:g} at {per_step:.2f} s/step"
+        rule.update(seconds_per_step=round(per_step, 4), probe_seconds=round(time.perf_counter() - t0, 2))
+    warmup = max(1, min(model_config.warmup_steps, round(WARMUP_FRACTION * allowed)))
+    why = (f"{WARMUP_FRACTION:.0%} of {why}" if warmup < model_config.warmup_steps
+           else f"the preset's; {why} allow it")
+    rule.update(steps_allowed=round(allowed), fraction=WARMUP_FRACTION, preset_warmup=model_config.warmup_steps,
+                warmup_steps=warmup, why=why)
+    if warmup != model_config.warmup_steps:
+        model_config = dataclasses.replace(model_config, warmup_steps=warmup)
+        model = Transformer(model_config, dtype=model.dtype, params=model.params)
+    model, opt = make_engine(model, config.reference, config.lr_factor)
+    return model, opt, model_config, rule
+
+
 # --------------------------------------------------------------------------- evaluation
 
 def evaluate_loss(model: Transformer, batches, smoothing: float) -> dict:
@@ -436,7 +516,9 @@ def train(config: TrainConfig, *, given=None) -> dict:
             f"Continue it with --resume, choose another --out, or pass --overwrite to delete it and start clean.")
     if config.backend is None:
         config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
+    config = config.with_recipe()
     B.set_backend(config.backend)
+    loss_fn = cross_entropy if config.reference else partial(fast_cross_entropy, inplace=True)
 
     corpus = load_corpus(config)
     state = TrainState()
@@ -467,18 +549,23 @@ def train(config: TrainConfig, *, given=None) -> dict:
                         f"{model_config.max_len})")
     val_enc = encode_pairs(corpus.val, vocab, max_len=max_len)
     val_batches = make_batches(val_enc, config.max_tokens, shuffle=False)
+    warmup_rule = None
+    if not config.resume and config.warmup is None and (config.minutes or config.steps or config.epochs):
+        model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, loss_fn)
+        state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
+        print(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     if not config.resume and config.overwrite and _previous_run(out):
         print(f"--overwrite: starting clean in {out}: removed the previous run's "
               f"{', '.join(_remove_previous_run(out))}", file=sys.stderr)
     (out / "config.json").write_text(json.dumps({"model": model_config.to_dict(), "train": config.to_dict(),
                                                  "vocab_size": len(vocab), "corpus": corpus.source,
-                                                 "train_pairs": len(train_enc)}, indent=2))
+                                                 "train_pairs": len(train_enc), "warmup_rule": warmup_rule},
+                                                indent=2))
     print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)}, "
           f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.get_backend()}",
           file=sys.stderr)
 
-    loss_fn = cross_entropy if config.reference else partial(fast_cross_entropy, inplace=True)
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
@@ -554,6 +641,8 @@ def train(config: TrainConfig, *, given=None) -> dict:
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
                "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
                "beam": config.beam, "averaged_checkpoints": config.average if config.average > 1 else 1,
+               "max_tokens": config.max_tokens, "lr_factor": config.lr_factor, "min_freq": config.min_freq,
+               "warmup_steps": model_config.warmup_steps, "vocab_size": len(vocab),
                "wall_seconds": round(wall_before + time.perf_counter() - started, 2), "stop": stop_reason}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     _plot(out, state)
@@ -637,6 +726,10 @@ def _fmt_secs(s: float) -> str:
 _D = TrainConfig()      # the defaults, quoted in the help
 
 
+def _recipe(name: str) -> str:
+    return ", ".join(f"{preset} {r[name]:g}" for preset, r in RECIPES.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``attn-train`` command line. Flags that are not given stay out of the
     namespace (``argparse.SUPPRESS``): :func:`config_from_argv` fills them from
@@ -661,7 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tgt", help=f"target language suffix (default: {_D.tgt})")
     g.add_argument("--tsv", type=Path, help="tab-separated pairs file instead of --data; 5%% each held out for val/test")
     g.add_argument("--min-freq", type=int,
-                   help=f"drop words seen fewer times in training (-> <unk>; default {_D.min_freq})")
+                   help=f"drop words seen fewer times in training (-> <unk>; default: the preset's, {_recipe('min_freq')})")
     g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), help=f"model size (default: {_D.preset})")
@@ -680,11 +773,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, help="stop after this many optimizer steps (0: no limit)")
     g.add_argument("--epochs", type=int, help="stop after this many epochs (0: no limit)")
     g.add_argument("--max-tokens", type=int,
-                   help=f"tokens per batch, padding included (default {_D.max_tokens})")
-    g.add_argument("--warmup", type=int, help="override the warm-up steps of the schedule")
+                   help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')})")
+    g.add_argument("--warmup", type=int,
+                   help=f"warm-up steps of the schedule (default: the preset's, or {round(WARMUP_FRACTION * 100)}%% of the "
+                        "steps that --minutes/--steps allow when that is shorter; --minutes measures the step time "
+                        "first)")
     g.add_argument("--lr-factor", type=float,
-                   help=f"multiplies the section-5.3 learning rate (default {_D.lr_factor:g}: the toy model's "
-                        "d_model of 128 would otherwise peak at 4.4e-3, where it learns markedly slower)")
+                   help=f"multiplies the section-5.3 learning rate (default: the preset's, {_recipe('lr_factor')}; "
+                        "the toy model's d_model of 128 would peak at 4.4e-3 with 1, where it learns markedly slower)")
     g.add_argument("--clip", type=float, help="clip the global gradient norm to this (0: off, the default)")
     g.add_argument("--seed", type=int, help=f"seed for weights, batch order and dropout (default {_D.seed})")
     g.add_argument("--eval-every", type=int,
