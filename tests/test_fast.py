@@ -251,6 +251,77 @@ def test_cross_entropy_matches_reference(backend, smoothing, pad_id, dtype, shap
     assert rel_error(B.to_host(d2), B.to_host(d_ref)) < tol
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("rows_per_block", [1, 3, 64])
+def test_cross_entropy_in_blocks_matches_reference(monkeypatch, smoothing, rows_per_block):
+    """The NumPy loss works on a few rows of a large vocabulary at a time: with blocks of 1 row,
+    of 3 (37 rows leave a short last block) and of more rows than there are, it gives the
+    readable loss and gradient to float64 rounding."""
+    from attn.fast.ops import _Ops
+    V = 5003
+    monkeypatch.setattr(_Ops, "CE_BLOCK_BYTES", rows_per_block * V * 8)
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((37, V)) * 6 + 40.0      # large logits: the row max shift matters
+    targets = rng.integers(0, V, 37)
+    targets[[0, 5, 36]] = 0                              # padding rows get a zero gradient
+    loss_ref, d_ref = cross_entropy(logits, targets, smoothing)
+    loss, d = fast_ce(logits.copy(), targets, smoothing, inplace=True, workers=1)
+    assert abs(float(loss) - float(loss_ref)) < 1e-12 * abs(float(loss_ref))
+    assert rel_error(d, d_ref) < 1e-12
+    assert not d[[0, 5, 36]].any()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_gradient_is_numerical(monkeypatch, smoothing):
+    """The fused, blocked loss's dlogits against central differences of its own loss (float64)."""
+    from attn.fast.ops import _Ops
+    V = 11
+    monkeypatch.setattr(_Ops, "CE_BLOCK_BYTES", 2 * V * 8)                 # blocks of two rows
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((2, 3, V)) * 3
+    targets = np.array([[4, 0, 7], [10, 2, 0]])
+
+    def loss():
+        return fast_ce(logits, targets, smoothing, workers=1)[0]
+    _, d = fast_ce(logits, targets, smoothing, workers=1)
+    num = numerical_gradient(loss, logits)
+    assert rel_error(d, num) < 1e-8, f"fast cross-entropy gradient: relative error {rel_error(d, num):.1e}"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_step_keeps_one_logits_buffer(workers):
+    """Where the vocabulary dominates, a step (forward, in-place loss, backward) allocates little
+    beyond the one (B, T, V) logits buffer: no (B*T, V) temporaries in the projection, the
+    softmax or the loss (NumPy reports its allocations to tracemalloc)."""
+    import tracemalloc
+    cfg = TransformerConfig(vocab_size=6000, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                            n_decoder_layers=1, dropout=0.1, label_smoothing=0.1, max_len=32)
+    model = FastTransformer(cfg, seed=0)
+    model.workers = workers
+    rng = np.random.default_rng(0)
+    src, tgt_in, tgt_out = (rng.integers(4, 6000, (8, 24)) for _ in range(3))
+    drop = B.DeviceRNG(0)
+
+    def step():
+        logits, cache = model.forward(src, tgt_in, drop)
+        loss, d = fast_ce(logits, tgt_out, 0.1, inplace=True)
+        model.backward(d, cache)
+    step()
+    logits_bytes = 8 * 24 * 6000 * 4
+    grads_bytes = sum(p.nbytes for p in model.params.values())
+    tracemalloc.start()
+    try:
+        step()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the logits, every gradient (one set, plus a part's (V, D) embedding gradient while it is
+    # summed) and the activations, which are small here
+    budget = logits_bytes + 2 * grads_bytes + logits_bytes // 4
+    assert peak < budget, (f"a step allocated {peak / 2**20:.1f} MiB at its peak; the logits are "
+                           f"{logits_bytes / 2**20:.1f} MiB, the gradients {grads_bytes / 2**20:.1f} MiB")
+
+
 def test_cross_entropy_all_padding_and_nonfinite(backend):
     xp = backend
     logits = xp.zeros((2, 3, 5))
