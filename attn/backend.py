@@ -30,10 +30,30 @@ class BackendError(RuntimeError):
     """The requested array backend cannot be used on this machine."""
 
 
+#: Where CuPy comes from: ``None`` imports the real ``cupy`` and ``cupyx``. The test suite's
+#: CuPy stand-in (``tests/fakecupy``, ``ATTN_BACKEND=fakecupy``) puts its look-alike modules
+#: here as ``(cupy, cupyx)``; nothing in ``attn`` sets it.
+cupy_modules: tuple | None = None
+
+
+def _cupy():
+    if cupy_modules is not None:
+        return cupy_modules[0]
+    import cupy  # noqa: F401  (only backend.py may import it)
+    return cupy
+
+
+def _cupyx():
+    if cupy_modules is not None:
+        return cupy_modules[1]
+    import cupyx
+    return cupyx
+
+
 def _import_cupy():
     """Import CuPy and check that a GPU is usable; raise a clear BackendError if not."""
     try:
-        import cupy  # noqa: F401  (only backend.py may import it)
+        cupy = _cupy()
     except Exception as e:  # ImportError, or a broken CUDA install raising anything
         raise BackendError(
             "ATTN_BACKEND=cupy was asked for, but CuPy is not installed or fails to import "
@@ -99,14 +119,15 @@ def get_array_module(*arrays) -> ModuleType:
     Like ``cupy.get_array_module``, but it works where CuPy is not installed.
     """
     for a in arrays:
-        if type(a).__module__.startswith("cupy"):
-            import cupy
-            return cupy
+        if is_device_array(a):
+            return _cupy()
     return np
 
 
 def is_device_array(a) -> bool:
     """True for a CuPy array."""
+    if cupy_modules is not None and isinstance(a, cupy_modules[0].ndarray):
+        return True
     return type(a).__module__.startswith("cupy")
 
 
@@ -143,8 +164,7 @@ def scatter_add(target, ids, values) -> None:
     values : (N, D) array
     """
     if is_device_array(target):
-        import cupyx
-        cupyx.scatter_add(target, ids, values)
+        _cupyx().scatter_add(target, ids, values)
     else:
         np.add.at(target, np.asarray(ids).ravel(), values)
 
