@@ -416,7 +416,7 @@ def train(config: TrainConfig) -> dict:
                                                  "vocab_size": len(vocab), "corpus": corpus.source,
                                                  "train_pairs": len(train_enc)}, indent=2))
     print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)}, "
-          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.get_backend()}",
+          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}",
           file=sys.stderr)
 
     loss_fn = step_loss_fn(config.reference)

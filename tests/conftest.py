@@ -79,7 +79,7 @@ def _why_no_cupy() -> str:
     try:
         B._import_cupy()
     except B.BackendError as e:
-        return str(e).split(" (", 1)[-1].split(")", 1)[0]
+        return e.reason
     return ""
 
 
