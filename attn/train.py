@@ -43,6 +43,7 @@ from .fast import FastAdam, FastTransformer
 from .fast import cross_entropy as fast_cross_entropy
 from .loss import cross_entropy
 from .model import PRESETS, Transformer, TransformerConfig
+from .layers._checks import check_ids
 from .optim import Adam, clip_grad_norm
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
@@ -358,10 +359,22 @@ def make_engine(model: Transformer, reference: bool, lr_factor: float):
     cls, opt_cls = (Transformer, Adam) if reference else (FastTransformer, FastAdam)
     if type(model) is not cls:
         model = cls(model.config, dtype=model.dtype, params=model.params)
+    if not reference:
+        model.validate_ids = False      # train_step checks each batch on the host (no device sync)
     return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
 
 
 # --------------------------------------------------------------------------- one step
+
+def step_loss_fn(reference: bool):
+    """The loss the trainer's steps use: the reference cross-entropy, or the fast one in place.
+    The fast one neither re-checks the ids (:func:`train_step` did, on the host) nor the
+    loss's finiteness (the loop checks it when the losses come to the host), so a fast step
+    never waits for the device."""
+    if reference:
+        return cross_entropy
+    return partial(fast_cross_entropy, inplace=True, validate=False, check_finite=False)
+
 
 def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float, clip: float = 0.0,
                loss_fn=cross_entropy):
@@ -375,6 +388,9 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used.
     """
+    cfg = model.config
+    for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
+        check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
     src, tgt_in, tgt_out = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))
     logits, cache = model.forward(src, tgt_in, rng)
     loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
@@ -440,6 +456,31 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
         model = Transformer(model_config, dtype=model.dtype, params=model.params)
     model, opt = make_engine(model, config.reference, config.lr_factor)
     return model, opt, model_config, rule
+
+
+#: Steps between two logs of the training loss (the progress bar; ``state.losses`` gets every
+#: step's). Fetching the losses is the loop's one host sync, so on a GPU it happens on these
+#: steps only, for all the steps since the last log at once (and before every evaluation,
+#: checkpoint and stop).
+LOG_EVERY = 10
+
+
+def _log_losses(pending: list, state: "TrainState") -> float:
+    """Bring the pending device losses to the host in one transfer, append them to
+    ``state.losses`` and empty ``pending``. Returns the last one. Raises FloatingPointError
+    naming the step if one is NaN or infinite."""
+    if not pending:
+        return state.losses[-1] if state.losses else math.nan
+    xp = B.get_array_module(pending[0])
+    values = B.to_host(xp.stack(pending)).astype("float64").tolist()
+    first = state.step - len(values) + 1
+    pending.clear()
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise FloatingPointError(f"train: the training loss is {v} at step {first + i}: the model diverged "
+                                     "(lower --lr-factor, or --clip the gradients)")
+    state.losses.extend(values)
+    return values[-1]
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -548,7 +589,7 @@ def train(config: TrainConfig, *, given=None) -> dict:
         config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
     config = config.with_recipe()
     B.set_backend(config.backend)
-    loss_fn = cross_entropy if config.reference else partial(fast_cross_entropy, inplace=True)
+    loss_fn = step_loss_fn(config.reference)
 
     corpus = load_corpus(config)
     state = TrainState()
@@ -598,9 +639,10 @@ def train(config: TrainConfig, *, given=None) -> dict:
                                                 indent=2))
     print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)} "
           f"({'BPE' if vocab.bpe is not None else 'words'}), "
-          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.get_backend()}",
+          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}",
           file=sys.stderr)
 
+    pending = []                    # the device losses of the steps since the last log
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
@@ -619,20 +661,14 @@ def train(config: TrainConfig, *, given=None) -> dict:
                 t0 = time.perf_counter()
                 rng = B.DeviceRNG(config.seed * 1_000_003 + state.step)
                 loss, lr = train_step(model, opt, b, rng, model_config.label_smoothing, config.clip, loss_fn)
-                loss_value = B.to_float(loss)      # the one host sync of the step: the bar shows it
+                pending.append(loss)
                 dt = time.perf_counter() - t0
                 state.step += 1
                 state.batch_index += 1
                 state.train_seconds += dt
                 state.wall_seconds = wall_before + (time.perf_counter() - started)
                 state.tokens_seen += b.n_src_tokens + b.n_tgt_tokens
-                state.losses.append(loss_value)
-                tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
                 bar.update(1)
-                left = budget - state.wall_seconds
-                bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
-                                    + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
-                                    + f" ep {state.epoch}", refresh=False)
 
                 if config.steps and state.step >= config.steps:
                     stop_reason = f"reached --steps {config.steps}"
@@ -640,6 +676,13 @@ def train(config: TrainConfig, *, given=None) -> dict:
                     stop_reason = f"reached --minutes {config.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
+                if state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every:
+                    loss_value = _log_losses(pending, state)    # the one host sync, on the steps that log
+                    tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
+                    left = budget - state.wall_seconds
+                    bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
+                                        + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
+                                        + f" ep {state.epoch}", refresh=False)
                 if config.average > 1 and state.step % config.snapshot_every == 0:
                     _snapshot(out, model, vocab, state.step, config.average)
                 if stop_reason == "interrupted":
@@ -655,6 +698,7 @@ def train(config: TrainConfig, *, given=None) -> dict:
                 if config.epochs and state.epoch >= config.epochs:
                     stop_reason = f"reached --epochs {config.epochs}"
                     if state.step != last_eval_step:
+                        _log_losses(pending, state)
                         evaluate()
     bar.close()
     print(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
