@@ -50,14 +50,18 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 
 # --------------------------------------------------------------------------- settings
 
-#: The training recipe of each preset: what ``max_tokens``, ``lr_factor`` and ``min_freq`` mean
-#: when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
+#: The training recipe of each preset: what ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq``
+#: mean when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
 #: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
-#: every word in the vocabulary left a 20-minute run on real text far behind).
+#: every word in the vocabulary left a 20-minute run on real text far behind). BPE: on Tatoeba
+#: en-de an epoch of 8,000 BPE pieces costs what one of the words seen twice does, and no test
+#: word becomes <unk> (benchmarks/recipe_vocab.py measures both). The learning-rate factor is the
+#: toy's: the section-5.3 schedule already scales by d_model^-0.5, and with the fitted warm-up the
+#: peak is then near the toy's (a larger factor trained the toy markedly slower: lesson 14).
 RECIPES = {
-    "toy": dict(max_tokens=2048, lr_factor=0.5, min_freq=1),
-    "small": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
-    "base": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
+    "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1),
+    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=0.5, min_freq=2),
+    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=0.5, min_freq=2),
 }
 
 #: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
@@ -91,7 +95,8 @@ class TrainConfig:
     tgt: str = "tk"                    # target language suffix
     tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
     min_freq: int | None = None        # words seen fewer times in training become <unk> (None: the recipe's)
-    vocab: str = "word"                # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe)
+    vocab: str | None = None           # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe);
+                                       # None: the recipe's
     vocab_size: int | None = None      # bpe: the vocabulary's size (None: 8000); word: at most this many
     max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
     # model (None: the preset's value)
@@ -142,12 +147,13 @@ class TrainConfig:
             self._bad("preset", f"must be one of {sorted(PRESETS)}")
         if self.dtype not in ("float32", "float64"):
             self._bad("dtype", "must be 'float32' or 'float64'")
-        if self.vocab not in ("word", "bpe"):
-            self._bad("vocab", "must be 'word' or 'bpe'")
+        if self.vocab not in (None, "word", "bpe"):
+            self._bad("vocab", "must be 'word' or 'bpe' (or None: the preset's recipe)")
+        kind = self.vocab or RECIPES.get(self.preset, RECIPES["base"])["vocab"]
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
-                                            or self.vocab_size < _smallest_vocab(self.vocab)):
-            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(self.vocab)} "
-                                    f"for vocab={self.vocab!r}")
+                                            or self.vocab_size < _smallest_vocab(kind)):
+            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(kind)} "
+                                    f"for vocab={kind!r}")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
@@ -768,7 +774,8 @@ _D = TrainConfig()      # the defaults, quoted in the help
 
 
 def _recipe(name: str) -> str:
-    return ", ".join(f"{preset} {r[name]:g}" for preset, r in RECIPES.items())
+    return ", ".join(f"{preset} {r[name]:g}" if not isinstance(r[name], str) else f"{preset} {r[name]}"
+                     for preset, r in RECIPES.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -798,8 +805,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"drop words seen fewer times in training (-> <unk>; default: the preset's, {_recipe('min_freq')})")
     g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
     g.add_argument("--vocab", choices=["word", "bpe"],
-                   help=f"word: words and punctuation as written (default {_D.vocab!r}, best for the toy); "
-                        "bpe: subword pieces learned on both languages (byte-pair encoding; no <unk>)")
+                   help=f"word: words and punctuation as written; bpe: subword pieces learned on both languages "
+                        f"(byte-pair encoding; no <unk>) (default: the preset's, {_recipe('vocab')})")
     g.add_argument("--vocab-size", type=int, metavar="N",
                    help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default {DEFAULT_BPE_SIZE}); "
                         "with --vocab word: keep the N most frequent (default: all)")
