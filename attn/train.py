@@ -669,10 +669,23 @@ def train(config: TrainConfig, *, given=None) -> dict:
         print(f"resume with: attn-train --resume --out {out}", file=sys.stderr)
         return {"interrupted": True, "steps": state.step}
 
-    # Section 6.1: the base models average the last 5 checkpoints.
-    final_model = model
+    # Section 6.1: the base models average the last 5 checkpoints. A short run's snapshots can
+    # span a good part of it, while the model still improves fast: the average is used only if
+    # its validation loss is no worse than the last model's.
+    final_model, choice = model, {}
     if config.average > 1:
-        final_model = average_snapshots(out, config.average, model, vocab) or model
+        averaged = average_snapshots(out, config.average, model, vocab)
+        if averaged is not None:
+            last = state.evals[-1] if state.evals and state.evals[-1]["step"] == state.step else \
+                evaluate_loss(model, val_batches, model_config.label_smoothing)
+            avg = evaluate_loss(averaged, val_batches, model_config.label_smoothing)
+            choice = {"val_nll_last": last["val_nll"], "val_nll_averaged": avg["val_nll"]}
+            if avg["val_nll"] <= last["val_nll"]:
+                final_model = averaged
+            else:
+                print(f"the average of the last {config.average} snapshots has a higher validation loss "
+                      f"({avg['val_nll']:.3f}) than the last model ({last['val_nll']:.3f}): testing the last model",
+                      file=sys.stderr)
     from .evaluate import evaluate_translations
     scores, test_hyps = evaluate_translations(final_model, vocab, corpus.test, beam_size=config.beam)
     test_bleu = scores.bleu
@@ -685,7 +698,8 @@ def train(config: TrainConfig, *, given=None) -> dict:
                "train_seconds": round(state.train_seconds, 2),
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
                "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
-               "beam": config.beam, "averaged_checkpoints": config.average if config.average > 1 else 1,
+               "beam": config.beam, "averaged_checkpoints": config.average if final_model is not model else 1,
+               **choice,
                "max_tokens": config.max_tokens, "lr_factor": config.lr_factor, "min_freq": config.min_freq,
                "warmup_steps": model_config.warmup_steps,
                "wall_seconds": round(wall_before + time.perf_counter() - started, 2), "stop": stop_reason}

@@ -20,7 +20,7 @@ from attn.evaluate import translate_sentences
 from attn.loss import cross_entropy
 from attn.model import Transformer
 from attn.data import DataError, Vocab
-from attn.train import TrainConfig, TrainConfigError, config_from_argv, main, train
+from attn.train import TrainConfig, TrainConfigError, config_from_argv, evaluate_loss, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,13 +108,21 @@ def test_checkpoint_averaging(tmp_path):
     out = tmp_path / "run"
     metrics = run_train(tmp_path, "--steps", "9", "--eval-every", "5", "--average", "3",
                         "--snapshot-every", "3", "--out", str(out))
-    assert metrics["averaged_checkpoints"] == 3
     snaps = sorted((out / "snapshots").glob("step-*.npz"))
     assert [s.name for s in snaps] == ["step-00000003.npz", "step-00000006.npz", "step-00000009.npz"]
     avg = Transformer.load(out / "averaged.npz")
     parts = [load_npz(s)[0] for s in snaps]
     for k, v in avg.params.items():
         np.testing.assert_allclose(v, np.mean([p[f"param/{k}"] for p in parts], axis=0), rtol=1e-6, atol=1e-7)
+    # The average is tested only if its validation loss is no worse than the last model's.
+    from attn.data import encode_pairs, make_batches
+    vocab = Vocab.from_json(load_npz(out / "checkpoint.npz")[1]["vocab"])
+    val = make_batches(encode_pairs(PAIRS, vocab), 64, shuffle=False)
+    nll = {name: evaluate_loss(Transformer.load(out / f), val, 0.1)["val_nll"]
+           for name, f in (("last", "checkpoint.npz"), ("averaged", "averaged.npz"))}
+    assert metrics["val_nll_last"] == pytest.approx(nll["last"], rel=1e-5)
+    assert metrics["val_nll_averaged"] == pytest.approx(nll["averaged"], rel=1e-5)
+    assert metrics["averaged_checkpoints"] == (3 if nll["averaged"] <= nll["last"] else 1)
 
 
 def test_help_explains_the_flags():
