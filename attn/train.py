@@ -55,13 +55,14 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 #: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
 #: every word in the vocabulary left a 20-minute run on real text far behind). BPE: on Tatoeba
 #: en-de an epoch of 8,000 BPE pieces costs what one of the words seen twice does, and no test
-#: word becomes <unk> (benchmarks/recipe_vocab.py measures both). The learning-rate factor is the
-#: toy's: the section-5.3 schedule already scales by d_model^-0.5, and with the fitted warm-up the
-#: peak is then near the toy's (a larger factor trained the toy markedly slower: lesson 14).
+#: word becomes <unk> (benchmarks/recipe_vocab.py measures both). Learning-rate factor 1: the run of
+#: issue 9 that reached 21.3 used it (against 14.0 with 0.5 and the other toy defaults); a warm-up
+#: fitted to the budget keeps the preset schedule's peak (:func:`schedule_factor`), 1.4e-3 for
+#: ``small``, and reaches it within the run.
 RECIPES = {
     "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1),
-    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=0.5, min_freq=2),
-    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=0.5, min_freq=2),
+    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
+    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
 }
 
 #: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
@@ -357,6 +358,20 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
     save_npz(path, arrays, meta)
 
 
+def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> float:
+    """The optimizer's learning-rate factor: ``lr_factor``, times ``sqrt(w / w0)`` when the warm-up
+    ``w`` was fitted to the budget (:func:`fit_warmup`) in place of the preset's ``w0``.
+
+    The section-5.3 schedule peaks at ``lr_factor * d_model^-0.5 * w^-0.5``: shortening the
+    warm-up alone would raise the peak (a 6-minute run warming up for 9 steps peaked at 1e-2 and
+    stalled). The scale keeps the peak the preset's schedule would reach, and reaches it sooner.
+    """
+    w0 = PRESETS[config.preset]["warmup_steps"]
+    if config.warmup is not None or model_config.warmup_steps == w0:
+        return config.lr_factor
+    return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
+
+
 def make_engine(model: Transformer, reference: bool, lr_factor: float):
     """The model and optimizer that train: the readable reference classes with
     ``reference=True``, else their faster twins from :mod:`attn.fast`, which compute
@@ -444,7 +459,8 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     if warmup != model_config.warmup_steps:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
         model = Transformer(model_config, dtype=model.dtype, params=model.params)
-    model, opt = make_engine(model, config.reference, config.lr_factor)
+    model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
+    rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
 
 
@@ -562,7 +578,7 @@ def train(config: TrainConfig, *, given=None) -> dict:
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(ckpt_path))
         model_config = model.config
-        model, opt = make_engine(model, config.reference, config.lr_factor)
+        model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
         opt.load_state(arrays, meta["step"])
         state = TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
                            meta["tokens_seen"], meta.get("wall_seconds", meta["train_seconds"]),
@@ -844,8 +860,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')})")
     g.add_argument("--warmup", type=int,
                    help=f"warm-up steps of the schedule (default: the preset's, or {round(WARMUP_FRACTION * 100)}%% of the "
-                        "steps that --minutes/--steps allow when that is shorter; --minutes measures the step time "
-                        "first)")
+                        "steps that --minutes/--steps/--epochs allow when that is shorter, with the peak learning "
+                        "rate of the preset's schedule; --minutes measures the step time first)")
     g.add_argument("--lr-factor", type=float,
                    help=f"multiplies the section-5.3 learning rate (default: the preset's, {_recipe('lr_factor')}; "
                         "the toy model's d_model of 128 would peak at 4.4e-3 with 1, where it learns markedly slower)")

@@ -293,8 +293,15 @@ def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
     assert m["warmup_steps"] == round(T.WARMUP_FRACTION * 20) < 400
     rule = json.loads((tmp_path / "steps" / "config.json").read_text())["warmup_rule"]
     assert rule["warmup_steps"] == m["warmup_steps"] and rule["steps_allowed"] == 20
+    _, meta = load_npz(tmp_path / "steps" / "checkpoint.npz")
+    lr_before = meta["evals"][-1]["lr"]
     m2 = train(TrainConfig(resume=True, out=tmp_path / "steps", steps=100, eval_every=100, quiet=True))
     assert m2["warmup_steps"] == m["warmup_steps"]                 # kept, not refitted to 100 steps
+    _, meta = load_npz(tmp_path / "steps" / "checkpoint.npz")
+    from attn.optim import noam_lr
+    factor = 0.5 * (m["warmup_steps"] / 400) ** 0.5                 # the resumed run's schedule is the same
+    assert lr_before == pytest.approx(noam_lr(20, 32, m["warmup_steps"], factor))
+    assert meta["evals"][-1]["lr"] == pytest.approx(noam_lr(100, 32, m["warmup_steps"], factor))
     assert train(TrainConfig(**base, steps=2, warmup=7, out=tmp_path / "given"))["warmup_steps"] == 7
 
     config = TrainConfig(**{**base, "minutes": 1.0}).with_recipe()
@@ -307,6 +314,11 @@ def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
     assert model_config.warmup_steps == rule["warmup_steps"] == round(T.WARMUP_FRACTION * allowed)
     assert opt.warmup_steps == model_config.warmup_steps and model2.params is model.params
     assert rule["seconds_per_step"] == 0.525 and "--minutes 1" in rule["why"]
+    # A shorter warm-up alone would raise the schedule's peak; the factor keeps the preset's peak.
+    from attn.optim import noam_lr
+    w, w0, d = model_config.warmup_steps, 400, model_config.d_model
+    assert opt.lr(w) == pytest.approx(noam_lr(w0, d, w0, config.lr_factor), rel=1e-12)
+    assert opt.lr(w) == pytest.approx(rule["peak_lr"]) and opt.lr(w // 2) < opt.lr(w) > opt.lr(2 * w)
     fit = lambda **kw: T.fit_warmup(model, model.config, dataclasses.replace(config, **kw),
                                     encode_pairs(PAIRS * 100, vocab), cross_entropy)[2].warmup_steps
     assert fit(minutes=0, steps=5000) == 400                       # a long budget keeps the preset's
