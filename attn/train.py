@@ -51,14 +51,19 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 
 # --------------------------------------------------------------------------- settings
 
-#: The training recipe of each preset: what ``max_tokens``, ``lr_factor`` and ``min_freq`` mean
-#: when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
+#: The training recipe of each preset: what ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq``
+#: mean when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
 #: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
-#: every word in the vocabulary left a 20-minute run on real text far behind).
+#: every word in the vocabulary left a 20-minute run on real text far behind). BPE: on Tatoeba
+#: en-de an epoch of 8,000 BPE pieces costs what one of the words seen twice does, and no test
+#: word becomes <unk> (benchmarks/recipe_vocab.py measures both). Learning-rate factor 1: the run of
+#: issue 9 that reached 21.3 used it (against 14.0 with 0.5 and the other toy defaults); a warm-up
+#: fitted to the budget keeps the preset schedule's peak (:func:`schedule_factor`), 1.4e-3 for
+#: ``small``, and reaches it within the run.
 RECIPES = {
-    "toy": dict(max_tokens=2048, lr_factor=0.5, min_freq=1),
-    "small": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
-    "base": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
+    "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1),
+    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
+    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
 }
 
 #: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
@@ -92,7 +97,8 @@ class TrainConfig:
     tgt: str = "tk"                    # target language suffix
     tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
     min_freq: int | None = None        # words seen fewer times in training become <unk> (None: the recipe's)
-    vocab: str = "word"                # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe)
+    vocab: str | None = None           # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe);
+                                       # None: the recipe's
     vocab_size: int | None = None      # bpe: the vocabulary's size (None: 8000); word: at most this many
     max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
     # model (None: the preset's value)
@@ -143,12 +149,13 @@ class TrainConfig:
             self._bad("preset", f"must be one of {sorted(PRESETS)}")
         if self.dtype not in ("float32", "float64"):
             self._bad("dtype", "must be 'float32' or 'float64'")
-        if self.vocab not in ("word", "bpe"):
-            self._bad("vocab", "must be 'word' or 'bpe'")
+        if self.vocab not in (None, "word", "bpe"):
+            self._bad("vocab", "must be 'word' or 'bpe' (or None: the preset's recipe)")
+        kind = self.vocab or RECIPES.get(self.preset, RECIPES["base"])["vocab"]
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
-                                            or self.vocab_size < _smallest_vocab(self.vocab)):
-            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(self.vocab)} "
-                                    f"for vocab={self.vocab!r}")
+                                            or self.vocab_size < _smallest_vocab(kind)):
+            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(kind)} "
+                                    f"for vocab={kind!r}")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
@@ -352,6 +359,20 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
     save_npz(path, arrays, meta)
 
 
+def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> float:
+    """The optimizer's learning-rate factor: ``lr_factor``, times ``sqrt(w / w0)`` when the warm-up
+    ``w`` was fitted to the budget (:func:`fit_warmup`) in place of the preset's ``w0``.
+
+    The section-5.3 schedule peaks at ``lr_factor * d_model^-0.5 * w^-0.5``: shortening the
+    warm-up alone would raise the peak (a 6-minute run warming up for 9 steps peaked at 1e-2 and
+    stalled). The scale keeps the peak the preset's schedule would reach, and reaches it sooner.
+    """
+    w0 = PRESETS[config.preset]["warmup_steps"]
+    if config.warmup is not None or model_config.warmup_steps == w0:
+        return config.lr_factor
+    return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
+
+
 def make_engine(model: Transformer, reference: bool, lr_factor: float):
     """The model and optimizer that train: the readable reference classes with
     ``reference=True``, else their faster twins from :mod:`attn.fast`, which compute
@@ -454,7 +475,8 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     if warmup != model_config.warmup_steps:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
         model = Transformer(model_config, dtype=model.dtype, params=model.params)
-    model, opt = make_engine(model, config.reference, config.lr_factor)
+    model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
+    rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
 
 
@@ -597,7 +619,7 @@ def train(config: TrainConfig, *, given=None) -> dict:
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(ckpt_path))
         model_config = model.config
-        model, opt = make_engine(model, config.reference, config.lr_factor)
+        model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
         opt.load_state(arrays, meta["step"])
         state = TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
                            meta["tokens_seen"], meta.get("wall_seconds", meta["train_seconds"]),
@@ -707,10 +729,23 @@ def train(config: TrainConfig, *, given=None) -> dict:
         print(f"resume with: attn-train --resume --out {out}", file=sys.stderr)
         return {"interrupted": True, "steps": state.step}
 
-    # Section 6.1: the base models average the last 5 checkpoints.
-    final_model = model
+    # Section 6.1: the base models average the last 5 checkpoints. A short run's snapshots can
+    # span a good part of it, while the model still improves fast: the average is used only if
+    # its validation loss is no worse than the last model's.
+    final_model, choice = model, {}
     if config.average > 1:
-        final_model = average_snapshots(out, config.average, model, vocab) or model
+        averaged = average_snapshots(out, config.average, model, vocab)
+        if averaged is not None:
+            last = state.evals[-1] if state.evals and state.evals[-1]["step"] == state.step else \
+                evaluate_loss(model, val_batches, model_config.label_smoothing)
+            avg = evaluate_loss(averaged, val_batches, model_config.label_smoothing)
+            choice = {"val_nll_last": last["val_nll"], "val_nll_averaged": avg["val_nll"]}
+            if avg["val_nll"] <= last["val_nll"]:
+                final_model = averaged
+            else:
+                print(f"the average of the last {config.average} snapshots has a higher validation loss "
+                      f"({avg['val_nll']:.3f}) than the last model ({last['val_nll']:.3f}): testing the last model",
+                      file=sys.stderr)
     from .evaluate import evaluate_translations
     scores, test_hyps = evaluate_translations(final_model, vocab, corpus.test, beam_size=config.beam)
     test_bleu = scores.bleu
@@ -723,7 +758,8 @@ def train(config: TrainConfig, *, given=None) -> dict:
                "train_seconds": round(state.train_seconds, 2),
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
                "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
-               "beam": config.beam, "averaged_checkpoints": config.average if config.average > 1 else 1,
+               "beam": config.beam, "averaged_checkpoints": config.average if final_model is not model else 1,
+               **choice,
                "max_tokens": config.max_tokens, "lr_factor": config.lr_factor, "min_freq": config.min_freq,
                "warmup_steps": model_config.warmup_steps,
                "wall_seconds": round(wall_before + time.perf_counter() - started, 2), "stop": stop_reason}
@@ -812,7 +848,8 @@ _D = TrainConfig()      # the defaults, quoted in the help
 
 
 def _recipe(name: str) -> str:
-    return ", ".join(f"{preset} {r[name]:g}" for preset, r in RECIPES.items())
+    return ", ".join(f"{preset} {r[name]:g}" if not isinstance(r[name], str) else f"{preset} {r[name]}"
+                     for preset, r in RECIPES.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -842,8 +879,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"drop words seen fewer times in training (-> <unk>; default: the preset's, {_recipe('min_freq')})")
     g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
     g.add_argument("--vocab", choices=["word", "bpe"],
-                   help=f"word: words and punctuation as written (default {_D.vocab!r}, best for the toy); "
-                        "bpe: subword pieces learned on both languages (byte-pair encoding; no <unk>)")
+                   help=f"word: words and punctuation as written; bpe: subword pieces learned on both languages "
+                        f"(byte-pair encoding; no <unk>) (default: the preset's, {_recipe('vocab')})")
     g.add_argument("--vocab-size", type=int, metavar="N",
                    help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default {DEFAULT_BPE_SIZE}); "
                         "with --vocab word: keep the N most frequent (default: all)")
@@ -867,8 +904,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')})")
     g.add_argument("--warmup", type=int,
                    help=f"warm-up steps of the schedule (default: the preset's, or {round(WARMUP_FRACTION * 100)}%% of the "
-                        "steps that --minutes/--steps allow when that is shorter; --minutes measures the step time "
-                        "first)")
+                        "steps that --minutes/--steps/--epochs allow when that is shorter, with the peak learning "
+                        "rate of the preset's schedule; --minutes measures the step time first)")
     g.add_argument("--lr-factor", type=float,
                    help=f"multiplies the section-5.3 learning rate (default: the preset's, {_recipe('lr_factor')}; "
                         "the toy model's d_model of 128 would peak at 4.4e-3 with 1, where it learns markedly slower)")

@@ -98,7 +98,8 @@ def test_an_old_checkpoint_without_merges_still_loads_and_translates(tmp_path):
 
 
 def test_word_vocabulary_is_the_default_and_vocab_size_caps_it():
-    assert TrainConfig().vocab == "word" and TrainConfig().vocab_size is None
+    assert TrainConfig().with_recipe().vocab == "word" and TrainConfig().vocab_size is None
+    assert TrainConfig(preset="small").with_recipe().vocab == "bpe"          # the recipe for real text
     pairs = [("a a a b", "c c d"), ("a b e", "c")]
     assert len(build_vocab(pairs)) == 4 + 5
     assert build_vocab(pairs, kind="word", size=6).itos[4:] == ["a", "c"]
