@@ -328,12 +328,17 @@ class _Interrupt:
         return False
 
 
-def train(config: TrainConfig) -> dict:
+def train(config: TrainConfig, *, on_step=None) -> dict:
     """Train as ``config`` says; returns the final metrics (also written to ``out/metrics.json``).
 
     The returned dict holds at least ``test_bleu``, ``val_loss``, ``steps``,
     ``train_seconds``, ``tokens_per_second`` and ``backend``; an interrupted run
     returns ``{"interrupted": True, "steps": ...}``.
+
+    ``on_step(state, model, wall_seconds)``, if given, is called after every optimizer
+    step (after its averaging snapshot, before any evaluation) with the :class:`TrainState`,
+    the model and the seconds of the ``minutes`` budget used so far; it must change
+    neither. The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
@@ -419,6 +424,8 @@ def train(config: TrainConfig) -> dict:
                     stop_reason = "interrupted"
                 if config.average > 1 and state.step % config.snapshot_every == 0:
                     _snapshot(out, model, vocab, state.step, config.average)
+                if on_step is not None:
+                    on_step(state, model, time.perf_counter() - started)
                 if stop_reason == "interrupted":
                     save_checkpoint(ckpt_path, model, opt, state, vocab, config)
                 elif stop_reason or state.step - last_eval_step >= config.eval_every:
