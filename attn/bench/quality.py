@@ -46,6 +46,7 @@ Files: ``OUT/attn`` (the attn-train run), ``OUT/torch`` (the PyTorch run: ``metr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -191,7 +192,8 @@ def run_attn(config, at_minutes: float | None, out: Path, quiet: bool):
     watch = Watch("attn", at_minutes, out / f"attn-at-{at_minutes:g}min" if at_minutes else None,
                   Path(config.out) / "snapshots")
     _progress(f"attn: training for {config.minutes:g} min into {config.out}", quiet)
-    metrics = T.train(config, on_step=lambda state, model, wall: watch(state, model.params, wall))
+    with contextlib.redirect_stdout(sys.stderr):      # stdout carries the report alone (--json)
+        metrics = T.train(config, on_step=lambda state, model, wall: watch(state, model.params, wall))
     if metrics.get("interrupted"):
         raise KeyboardInterrupt
     return metrics, watch
@@ -253,7 +255,8 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
         with open(metrics_log, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         torch.save({"model": tmodel.state_dict(), "optimizer": topt.state_dict(), "step": state.step,
-                    "epoch": state.epoch, "batch_index": state.batch_index}, out / "checkpoint.pt")
+                    "epoch": state.epoch, "batch_index": state.batch_index, "train_loss": list(losses)},
+                   out / "checkpoint.pt")
         _progress(f"pytorch step {state.step}: val loss {record['val_loss']:.3f}"
                   + (f", BLEU {record['val_bleu']:.1f}" if "val_bleu" in record else ""), quiet)
 
