@@ -92,6 +92,7 @@ def test_two_budgets_report_both_frameworks(torch, tiny_corpus, tmp_path, capsys
         assert "of the 0.02-min run" in how or "stopped before" in how
     assert long_["how"].startswith("end of the run") and long_["torch_how"] == "end of the run"
     assert (out / "results.jsonl").read_text().splitlines() == stdout.splitlines()
+    assert (out / "loss.png").stat().st_size > 0 and info["load_average_after_attn"]
     for fw in ("attn", "torch"):
         assert (out / f"{fw}-at-0.01min" / "metrics.json").is_file()
         assert (out / f"{fw}-at-0.01min" / "test_translations.txt").is_file()

@@ -41,7 +41,7 @@ settings are the longer run's. So 10 and 20 minutes cost 2 x 20 minutes of train
 Files: ``OUT/attn`` (the attn-train run), ``OUT/torch`` (the PyTorch run: ``metrics.jsonl``,
 ``checkpoint.pt``, ``snapshots/``, ``test_translations.txt``, ``metrics.json``),
 ``OUT/<framework>-at-<M>min`` (the shorter budget's state and its results), ``OUT/results.jsonl``
-(the ``--json`` lines).
+(the ``--json`` lines), ``OUT/loss.png`` (both training losses against the minutes used).
 """
 from __future__ import annotations
 
@@ -136,11 +136,15 @@ class Watch:
 
     def __init__(self, framework: str, at_minutes: float | None, folder: Path | None, snapshots: Path):
         self.framework, self.at_minutes, self.folder, self.snapshots = framework, at_minutes, folder, snapshots
-        self.tokens: list[int] = []
+        self.tokens: list[int] = []        # after each step: tokens seen so far
+        self.walls: list[float] = []       # after each step: seconds of the budget used
+        self.losses: list[float] = []      # each step's training loss
         self.point: Point | None = None
 
-    def __call__(self, state, params: dict, wall_seconds: float) -> None:
+    def __call__(self, state, params: dict | None, wall_seconds: float) -> None:
         self.tokens.append(state.tokens_seen)
+        self.walls.append(wall_seconds)
+        self.losses.append(state.losses[-1])
         if self.at_minutes is not None and self.point is None and wall_seconds >= self.at_minutes * 60:
             _link_snapshots(self.snapshots, self.folder / "snapshots")
             self.point = Point(self.framework, self.at_minutes, "", self.folder, state.step, state.epoch,
@@ -234,8 +238,9 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     budget = config.minutes * 60.0 if config.minutes else math.inf
     watch = Watch("pytorch", at_minutes, out.parent / f"torch-at-{at_minutes:g}min" if at_minutes else None,
                   out / "snapshots")
-    losses, evals = [], []
+    evals = []
     state = T.TrainState()
+    losses = state.losses
     metrics_log = out / "metrics.jsonl"
     metrics_log.write_text("")
 
@@ -298,10 +303,8 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
                 stop = f"reached --minutes {config.minutes:g}"
             if config.average > 1 and state.step % config.snapshot_every == 0:
                 T._snapshot(out, attn_view(), vocab, state.step, config.average)
-            if watch.at_minutes is not None and watch.point is None and wall >= watch.at_minutes * 60:
-                watch(state, tmodel.attn_params(), wall)
-            else:
-                watch.tokens.append(state.tokens_seen)
+            capture = watch.at_minutes is not None and watch.point is None and wall >= watch.at_minutes * 60
+            watch(state, tmodel.attn_params() if capture else None, wall)
             if stop or state.step - last_eval >= config.eval_every:
                 evaluate()
                 last_eval = state.step
@@ -432,6 +435,7 @@ def run(args, config) -> list[dict]:
     quiet = args.quiet
 
     metrics, attn_watch = run_attn(config, at, out, quiet)
+    info["load_average_after_attn"] = _load_average()          # our own training adds about the thread count
     arrays, meta = load_npz(Path(config.out) / "checkpoint.npz")
     vocab = Vocab.from_json(meta["vocab"])
     model_config = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz")).config
@@ -460,21 +464,25 @@ def run(args, config) -> list[dict]:
     if at is not None:
         points[("attn", at)] = _shorter(attn_watch, attn_end, at, budgets[-1])
 
+    watches = {"attn": attn_watch}
     if with_torch:
         torch_end, torch_watch, _, evals = run_torch(config, model_config, vocab, corpus, out / "torch", at,
                                                      attn_watch.tokens, quiet)
+        info["load_average_after_torch"] = _load_average()
         _check_schedule(Path(config.out) / "metrics.jsonl", evals)
         _progress("pytorch: translating the test set", quiet)
         evaluate_point(torch_end, model_config, vocab, val_batches, corpus.test, config,
                        val={k: evals[-1][k] for k in ("val_loss", "val_ppl")})
         points[("pytorch", budgets[-1])] = torch_end
+        watches["PyTorch"] = torch_watch
         if at is not None:
             points[("pytorch", at)] = _shorter(torch_watch, torch_end, at, budgets[-1])
     for (fw, m), p in sorted(points.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         if p.params is not None:
             _progress(f"{fw}: evaluating its state at {m:g} min (step {p.step})", quiet)
             evaluate_point(p, model_config, vocab, val_batches, corpus.test, config)
-    info["load_average_after"] = _load_average()
+    info["load_average_after"] = info.get("load_average_after_torch", info["load_average_after_attn"])
+    info["loss_figure"] = str(plot_losses(watches, budgets, out / "loss.png"))
 
     results = [info]
     for m in budgets:
@@ -520,6 +528,33 @@ def _check_schedule(attn_log: Path, torch_evals: list) -> None:
 
 # --------------------------------------------------------------------------- output
 
+def plot_losses(watches: dict, budgets, path) -> Path:
+    """Training loss against the minutes of the budget used, one line per framework
+    (a running mean over 20 steps), the budgets marked: the race the table sums up."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    np = B.host
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot(1, 1, 1)
+    for label, w in watches.items():
+        if not w.losses:
+            continue
+        y = np.asarray(w.losses, dtype=float)
+        k = min(20, len(y))
+        smooth = np.convolve(y, np.ones(k) / k, mode="valid")
+        ax.plot(np.asarray(w.walls[k - 1:]) / 60.0, smooth, label=f"{label} ({len(y)} steps)")
+    for m in budgets:
+        ax.axvline(m, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlabel("minutes of the budget (wall clock, evaluations included)")
+    ax.set_ylabel("training loss (label-smoothed, mean of 20 steps)")
+    ax.legend()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
 _COLUMNS = (("steps", "steps", "d"), ("tokens/s", "tokens_per_second", ".0f"), ("BLEU", "test_bleu", ".2f"),
             ("BLEU lc", "test_bleu_lc", ".2f"), ("chrF", "test_chrf", ".2f"), ("val loss", "val_loss", ".3f"))
 
@@ -536,7 +571,7 @@ def _f(v, spec):
 
 
 def _header(info) -> list[str]:
-    before, after = info.get("load_average_before"), info.get("load_average_after")
+    before = info.get("load_average_before")
     cfg = info.get("model_config", {})
     return [f"corpus {info.get('corpus')}: {info.get('train_pairs')} training pairs, {info.get('test_pairs')} test "
             f"sentences; vocabulary {info.get('vocab_size')}; model d_model {cfg.get('d_model')}, "
@@ -547,7 +582,8 @@ def _header(info) -> list[str]:
             f"{info['train_config']['average']}",
             f"machine: {info.get('cpu_model')}, {info.get('usable_cpus', info.get('cpu_count'))} usable CPUs; "
             f"threads: BLAS {info.get('blas_threads')}, PyTorch {info.get('torch_threads', '-')}; "
-            f"load average (1/5/15 min) before {before}, after {after}",
+            f"load average (1/5/15 min) before {before}, after attn's training "
+            f"{info.get('load_average_after_attn')}, after PyTorch's {info.get('load_average_after_torch', '-')}",
             f"software: Python {info.get('python')}, NumPy {info.get('numpy')} ({info.get('blas', '?')}), "
             f"PyTorch {info.get('torch', 'absent')}, backend {info.get('backend')}",
             f"method: {info['method']}"]
