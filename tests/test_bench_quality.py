@@ -131,11 +131,27 @@ def test_without_torch_it_says_so(monkeypatch, capsys):
 
 
 def test_an_out_holding_a_run_is_refused(tiny_corpus, tmp_path):
-    (tmp_path / "q" / "attn").mkdir(parents=True)
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "results.jsonl").write_text("{}\n")
     args, config = Q.parse_args(["--data", str(tiny_corpus), "--src", "en", "--tgt", "tk", "--minutes", "1",
                                  "--out", str(tmp_path / "q"), "--no-torch", *TINY_MODEL])
-    with pytest.raises(Exception, match="already holds a quality run"):
+    with pytest.raises(Exception, match="already holds a quality run .*--overwrite"):
         Q.run(args, config)
+
+
+def test_overwrite_removes_only_the_benchmark_s_files(tmp_path):
+    out = tmp_path / "q"
+    made = [out / "torch" / "metrics.jsonl", out / "torch" / "checkpoint.pt", out / "torch" / "snapshots" / "step-00000050.npz",
+            out / "attn-at-10min" / "metrics.json", out / "torch-at-10min" / "test_translations.txt",
+            out / "results.jsonl", out / "loss.png"]
+    keep = [out / "torch" / "my-notes.txt", out / "attn" / "checkpoint.npz"]
+    for f in made + keep:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("x")
+    assert Q._previous_run(out) == ["attn", "torch", "attn-at-10min", "torch-at-10min", "results.jsonl", "loss.png"]
+    Q._remove_previous_run(out)
+    assert not any(f.exists() for f in made) and all(f.exists() for f in keep)
+    assert not (out / "attn-at-10min").exists() and (out / "torch").is_dir()
 
 
 def test_train_calls_on_step_after_every_step(tiny_corpus, tmp_path):

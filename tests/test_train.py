@@ -18,7 +18,7 @@ from attn import backend as B
 from attn.checkpoint import load_npz
 from attn.evaluate import translate_sentences
 from attn.model import Transformer
-from attn.data import Vocab
+from attn.data import DataError, Vocab
 from attn.train import TrainConfig, TrainConfigError, config_from_argv, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,3 +186,75 @@ def test_out_of_range_flag_fails_before_any_work(tmp_path, capsys):
     assert e.value.code == 2
     assert "--minutes" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- trainer fixes (issue 9)
+
+def test_tsv_holds_out_whole_source_sentences(tmp_path):
+    """Tatoeba has several translations per source: val and test sources never appear in training."""
+    from attn.train import load_corpus
+    lines = [f"source number {i} .\ttranslation {j} of {i}" for i in range(60) for j in range(1 + i % 3)]
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    corpus = load_corpus(TrainConfig(tsv=tmp_path / "pairs.tsv", seed=0))
+    train_src = {s for s, _ in corpus.train}
+    assert corpus.val and corpus.test
+    assert not train_src & {s for s, _ in corpus.val}
+    assert not train_src & {s for s, _ in corpus.test}
+    assert not {s for s, _ in corpus.val} & {s for s, _ in corpus.test}
+    assert sorted(corpus.train + corpus.val + corpus.test) == sorted(tuple(l.split("\t")) for l in lines)
+    assert load_corpus(TrainConfig(tsv=tmp_path / "pairs.tsv", seed=0)) == corpus     # deterministic
+
+
+def test_a_fresh_run_refuses_an_out_that_holds_a_run(tmp_path):
+    out = tmp_path / "run"
+    run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--out", str(out))
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    with pytest.raises(TrainConfigError, match=r"already holds a run .*--resume.*--overwrite"):
+        run_train(tmp_path, "--steps", "3", "--eval-every", "3", "--out", str(out))
+    assert (out / "metrics.jsonl").read_text().splitlines() == lines       # untouched
+    metrics = run_train(tmp_path, "--steps", "3", "--eval-every", "3", "--out", str(out), "--overwrite")
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3] and metrics["steps"] == 3
+
+
+def test_overwrite_does_not_average_the_previous_runs_snapshots(tmp_path):
+    out = tmp_path / "run"
+    run_train(tmp_path, "--steps", "6", "--eval-every", "6", "--average", "3", "--snapshot-every", "2",
+              "--out", str(out))
+    run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--average", "3", "--snapshot-every", "2",
+              "--out", str(out), "--overwrite", "--seed", "1")
+    assert [s.name for s in (out / "snapshots").glob("*.npz")] == ["step-00000002.npz"]
+
+
+def test_resume_takes_the_saved_settings_and_seed(tmp_path):
+    """`--resume --out DIR` alone continues with the saved run's flags (seed, lr factor, data ...)."""
+    data = write_corpus(tmp_path)
+    flags = ["--data", str(data), *TINY, "--backend", "numpy", "--lr-factor", "1.5", "--seed", "3", "--eval-every", "4"]
+    train(config_from_argv([*flags, "--steps", "8", "--out", str(tmp_path / "straight")]))
+    train(config_from_argv([*flags, "--steps", "4", "--out", str(tmp_path / "split")]))
+    assert main(["--resume", "--out", str(tmp_path / "split"), "--steps", "8", "--quiet"]) == 0
+    a, _ = load_npz(tmp_path / "straight" / "checkpoint.npz")
+    b, meta = load_npz(tmp_path / "split" / "checkpoint.npz")
+    np.testing.assert_array_equal(a["history/train_loss"], b["history/train_loss"])
+    assert meta["seed"] == 3 and meta["args"]["lr_factor"] == 1.5
+
+
+def test_resume_with_a_contradicting_flag_is_an_error_naming_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--out", str(out), "--seed", "3")
+    for flag, value in (("--lr-factor", "2"), ("--seed", "0"), ("--max-tokens", "99"), ("--preset", "small")):
+        assert main(["--resume", "--out", str(out), "--steps", "4", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} " in err and "saved run" in err, err
+    with pytest.raises(TrainConfigError, match="--dropout 0.3"):
+        train(TrainConfig(resume=True, out=out, dropout=0.3, steps=4))
+    # A longer budget (and the same flags again) is fine; a finished budget is an error, not one more step.
+    assert main(["--resume", "--out", str(out), "--steps", "4", "--seed", "3", "--minutes", "30", "--quiet"]) == 0
+    assert main(["--resume", "--out", str(out), "--steps", "4"]) == 2
+    assert "already reached --steps 4" in capsys.readouterr().err
+
+
+def test_a_corpus_with_no_training_pair_left_is_a_clear_error(tmp_path):
+    """Every pair longer than --max-len: an error naming the corpus, not an endless loop of empty epochs."""
+    with pytest.raises(DataError, match=r"no training pair is left of 6.*--max-len"):
+        run_train(tmp_path, "--max-len", "2", "--epochs", "2", "--out", str(tmp_path / "o"))

@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import math
 import os
 import sys
@@ -59,7 +58,7 @@ from pathlib import Path
 from .. import backend as B
 from ..checkpoint import load_npz
 from ..data import Vocab, encode_pairs, make_batches
-from ..evaluate import translate_sentences
+from ..evaluate import evaluate_translations
 from ..model import Transformer
 from ..optim import Adam
 from .machine import blas_threads, machine_info
@@ -70,27 +69,6 @@ PROG = "python -m attn.bench --quality"
 
 class QualityError(RuntimeError):
     """The two halves did not do the same work (a bug, not a user error): the message says where."""
-
-
-# --------------------------------------------------------------------------- scoring
-
-def corpus_scores(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU's BLEU (cased, 13a tokens), BLEU on lower-cased text and chrF of the
-    hypotheses against the raw reference lines, each 0-100, with sacreBLEU's signatures."""
-    from sacrebleu.metrics import BLEU, CHRF
-    if len(hypotheses) != len(references):
-        raise ValueError(f"corpus_scores: {len(hypotheses)} hypotheses but {len(references)} references")
-    metrics = {"bleu": BLEU(), "bleu_lc": BLEU(lowercase=True), "chrf": CHRF()}
-    log = logging.getLogger("sacrebleu")        # quiet the tokenised-reference warning, as attn.evaluate does
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        values = {k: float(m.corpus_score(list(hypotheses), [list(references)]).score) if hypotheses else 0.0
-                  for k, m in metrics.items()}
-    finally:
-        log.setLevel(level)
-    values["signatures"] = {k: str(m.get_signature()) for k, m in metrics.items()}
-    return values
 
 
 # --------------------------------------------------------------------------- one row
@@ -168,15 +146,14 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
     final = model
     if config.average > 1:
         final = T.average_snapshots(p.folder, config.average, model, vocab) or model
-    hyps = translate_sentences(final, vocab, [s for s, _ in test_pairs], beam_size=config.beam)
-    scores = corpus_scores(hyps, [t for _, t in test_pairs])
+    scores, hyps = evaluate_translations(final, vocab, test_pairs, beam_size=config.beam)     # as train() does
     p.folder.mkdir(parents=True, exist_ok=True)
     (p.folder / "test_translations.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
     n_avg = len(list((p.folder / "snapshots").glob("step-*.npz")))
-    p.results = {"test_bleu": scores["bleu"], "test_bleu_lc": scores["bleu_lc"], "test_chrf": scores["chrf"],
+    p.results = {"test_bleu": scores.bleu, "test_bleu_lc": scores.bleu_lc, "test_chrf": scores.chrf,
                  "val_loss": val["val_loss"], "val_ppl": val["val_ppl"],
                  "averaged_checkpoints": min(n_avg, config.average) if final is not model else 1,
-                 "beam": config.beam, "signatures": scores["signatures"],
+                 "beam": config.beam, "sacrebleu": scores.signatures,
                  "eval_seconds": round(time.perf_counter() - t0, 1)}
     (p.folder / "metrics.json").write_text(json.dumps({**p.row(), "folder": str(p.folder)}, indent=2) + "\n")
     p.params = None
@@ -409,11 +386,12 @@ def run(args, config) -> list[dict]:
     """Both halves and their evaluation; returns the result rows (machine first)."""
     from .. import train as T
     out = Path(args.out)
-    previous = ([d for d in ("attn", "torch", "results.jsonl") if (out / d).exists()]
-                + [d.name for d in out.glob("*-at-*min")])
+    previous = _previous_run(out)
+    if previous and not config.overwrite:
+        raise T.TrainConfigError(f"--out {out} already holds a quality run ({', '.join(previous)}); choose another "
+                                 "--out, or pass --overwrite to delete that run's files and start clean")
     if previous:
-        raise T.TrainConfigError(f"--out {out} already holds a quality run ({', '.join(previous)}); "
-                                 "choose another --out or delete it")
+        _progress(f"--overwrite: removed the previous run's {', '.join(_remove_previous_run(out))}", args.quiet)
     backend = config.backend or os.environ.get("ATTN_BACKEND", "numpy")
     B.set_backend(backend)
     threads = blas_threads(args.threads) if B.get_backend() == "numpy" else None
@@ -447,19 +425,12 @@ def run(args, config) -> list[dict]:
     max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
     val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens, shuffle=False)
 
-    # attn at the end of its run: attn-train's own result, its translations rescored for chrF.
+    # attn at the end of its run: attn-train's own result (metrics.json).
     attn_end = Point("attn", budgets[-1], "end of the run (attn-train's metrics.json)", Path(config.out),
-                     metrics["steps"], metrics.get("epochs", 0), attn_watch.tokens[-1] if attn_watch.tokens else 0,
+                     metrics["steps"], metrics["epochs"], attn_watch.tokens[-1] if attn_watch.tokens else 0,
                      metrics["train_seconds"], metrics["wall_seconds"])
-    hyps = (Path(config.out) / "test_translations.txt").read_text(encoding="utf-8").split("\n")[:len(corpus.test)]
-    scores = corpus_scores(hyps, [t for _, t in corpus.test])
-    if abs(scores["bleu"] - metrics["test_bleu"]) > 1e-9:
-        raise QualityError(f"attn-train's test BLEU {metrics['test_bleu']} but its translations score "
-                           f"{scores['bleu']}: the scoring here differs from the trainer's")
-    attn_end.results = {"test_bleu": scores["bleu"], "test_bleu_lc": scores["bleu_lc"],
-                        "test_chrf": scores["chrf"], "val_loss": metrics["val_loss"], "val_ppl": metrics.get("val_ppl"),
-                        "averaged_checkpoints": metrics.get("averaged_checkpoints"), "beam": metrics.get("beam"),
-                        "signatures": scores["signatures"]}
+    attn_end.results = {k: metrics.get(k) for k in ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl",
+                                                    "averaged_checkpoints", "beam", "sacrebleu")}
     points = {("attn", budgets[-1]): attn_end}
     if at is not None:
         points[("attn", at)] = _shorter(attn_watch, attn_end, at, budgets[-1])
@@ -499,6 +470,40 @@ def run(args, config) -> list[dict]:
         for r in results:
             f.write(json.dumps(r) + "\n")
     return results
+
+
+#: What the benchmark writes into ``OUT`` besides attn-train's run in ``OUT/attn`` (which
+#: attn-train itself refuses, or cleans with ``--overwrite``): folders, then the files in them.
+_OWN_FILES = ("metrics.jsonl", "checkpoint.pt", "averaged.npz", "test_translations.txt", "metrics.json")
+
+
+def _own_folders(out: Path) -> list[Path]:
+    return [f for f in [out / "torch", *sorted(out.glob("attn-at-*min")), *sorted(out.glob("torch-at-*min"))]
+            if f.is_dir()]
+
+
+def _previous_run(out: Path) -> list[str]:
+    found = [f.name for f in _own_folders(out)] + [n for n in ("results.jsonl", "loss.png") if (out / n).exists()]
+    attn = out / "attn"
+    if attn.is_dir() and any(attn.iterdir()):
+        found.insert(0, "attn")
+    return found
+
+
+def _remove_previous_run(out: Path) -> list[str]:
+    """Delete what a previous benchmark run wrote (its known files only; attn-train cleans ``OUT/attn``)."""
+    removed = [f.name for f in _own_folders(out)] + [n for n in ("results.jsonl", "loss.png") if (out / n).exists()]
+    for folder in _own_folders(out):
+        for f in [*(folder / "snapshots").glob("step-*.npz"), *(folder / n for n in _OWN_FILES)]:
+            if f.is_file():
+                f.unlink()
+        for d in (folder / "snapshots", folder):
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+    for n in ("results.jsonl", "loss.png"):
+        if (out / n).exists():
+            (out / n).unlink()
+    return removed
 
 
 def _shorter(watch: Watch, end: Point, at: float, longest: float) -> Point:
