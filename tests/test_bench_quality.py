@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +102,9 @@ def test_two_budgets_report_both_frameworks(torch, tiny_corpus, tmp_path, capsys
     Q.print_markdown(rows, md)
     table = [line for line in md.getvalue().splitlines() if line.startswith("| 0.0")]
     assert [line.split(" | ")[1] for line in table] == ["attn", "PyTorch", "attn", "PyTorch"]
+    rendered = subprocess.run([sys.executable, "-m", "attn.bench", "--render-markdown", str(out / "results.jsonl")],
+                              capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0 and rendered.stdout == md.getvalue(), rendered.stderr[-2000:]
     text = io.StringIO()
     Q.print_table(rows, text)
     assert text.getvalue().count("PyTorch ") >= 3 and "load average" in text.getvalue()

@@ -160,8 +160,13 @@ def main(argv=None) -> int:
         from .quality import main as quality_main
         return quality_main(argv)
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--render-markdown":
-        with open(sys.argv[2]) as fh:             # re-render a saved --json run
-            print_markdown([json.loads(line) for line in fh if line.strip()])
+        with open(sys.argv[2]) as fh:             # re-render a saved --json run (either benchmark)
+            rows = [json.loads(line) for line in fh if line.strip()]
+        if any(str(r.get("name", "")).startswith("quality_") for r in rows):
+            from .quality import print_markdown as quality_markdown
+            quality_markdown(rows)
+        else:
+            print_markdown(rows)
         return 0
     args = parse_args(argv)
     if args._memory_child:

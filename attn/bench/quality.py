@@ -41,7 +41,8 @@ settings are the longer run's. So 10 and 20 minutes cost 2 x 20 minutes of train
 Files: ``OUT/attn`` (the attn-train run), ``OUT/torch`` (the PyTorch run: ``metrics.jsonl``,
 ``checkpoint.pt``, ``snapshots/``, ``test_translations.txt``, ``metrics.json``),
 ``OUT/<framework>-at-<M>min`` (the shorter budget's state and its results), ``OUT/results.jsonl``
-(the ``--json`` lines), ``OUT/loss.png`` (both training losses against the minutes used).
+(the ``--json`` lines; ``python -m attn.bench --render-markdown OUT/results.jsonl`` prints them
+as Markdown again), ``OUT/loss.png`` (both training losses against the minutes used).
 """
 from __future__ import annotations
 
@@ -109,8 +110,9 @@ def _link_snapshots(src: Path, dst: Path) -> None:
 
 
 class Watch:
-    """Follows a run step by step: the tokens seen after every step, and the state at
-    ``at_seconds`` of the budget (the shorter budget's row), taken once."""
+    """Follows a run step by step: the tokens seen, the budget used and the loss after every
+    step, and the state once ``at_minutes`` of the budget are used (the shorter budget's row):
+    the weights (``params``, host copies) and the averaging snapshots then (hard links)."""
 
     def __init__(self, framework: str, at_minutes: float | None, folder: Path | None, snapshots: Path):
         self.framework, self.at_minutes, self.folder, self.snapshots = framework, at_minutes, folder, snapshots
@@ -187,7 +189,7 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     """Train the twin as :func:`attn.train.train` trains attn (see the module docstring).
 
     Returns (the end-of-run :class:`Point`, the :class:`Watch` with the shorter budget's
-    state, the training loss of every step). Raises :class:`QualityError` where a step's
+    state, the training loss of every step, the evaluation records). Raises :class:`QualityError` where a step's
     token count differs from attn's (the batches would not be the same)."""
     import torch
     from .. import train as T
@@ -270,7 +272,7 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
             state.train_seconds += dt
             state.tokens_seen += b.n_src_tokens + b.n_tgt_tokens
             losses.append(loss_value)
-            wall = time.perf_counter() - started
+            wall = state.wall_seconds = time.perf_counter() - started
             if state.step <= len(attn_tokens) and attn_tokens[state.step - 1] != state.tokens_seen:
                 raise QualityError(f"step {state.step}: PyTorch has seen {state.tokens_seen} tokens, attn "
                                    f"{attn_tokens[state.step - 1]}: the batches differ")
