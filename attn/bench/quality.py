@@ -151,15 +151,20 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
     scores, hyps = evaluate_translations(final, vocab, test_pairs, beam_size=config.beam)     # as train() does
     p.folder.mkdir(parents=True, exist_ok=True)
     (p.folder / "test_translations.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
-    n_avg = len(list((p.folder / "snapshots").glob("step-*.npz")))
     p.results = {"test_bleu": scores.bleu, "test_bleu_lc": scores.bleu_lc, "test_chrf": scores.chrf,
                  "val_loss": val["val_loss"], "val_ppl": val["val_ppl"],
-                 "averaged_checkpoints": min(n_avg, config.average) if final is not model else 1,
+                 "averaged_checkpoints": _averaged(p.folder, config.average),
                  "beam": config.beam, "sacrebleu": scores.signatures,
                  "eval_seconds": round(time.perf_counter() - t0, 1)}
     (p.folder / "metrics.json").write_text(json.dumps({**p.row(), "folder": str(p.folder)}, indent=2) + "\n")
     p.params = None
     return p.results
+
+
+def _averaged(folder: Path, k: int) -> int:
+    """How many snapshots :func:`attn.train.average_snapshots` averages in ``folder`` (1: none, the last model)."""
+    n = min(len(list((folder / "snapshots").glob("step-*.npz"))), k)
+    return n if k > 1 and n >= 2 else 1
 
 
 def _fast_class():
@@ -241,11 +246,14 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
         torch.save({"model": tmodel.state_dict(), "optimizer": topt.state_dict(), "step": state.step,
                     "epoch": state.epoch, "batch_index": state.batch_index, "train_loss": list(losses)},
                    out / "checkpoint.pt")
-        _progress(f"pytorch step {state.step}: val loss {record['val_loss']:.3f}"
-                  + (f", BLEU {record['val_bleu']:.1f}" if "val_bleu" in record else ""), quiet)
+        bar.write(f"pytorch step {state.step}: val loss {record['val_loss']:.3f}"
+                  + (f", BLEU {record['val_bleu']:.1f}" if "val_bleu" in record else ""), file=sys.stderr)
 
     _progress(f"pytorch: training for {config.minutes:g} min into {out} (threads {torch.get_num_threads()}, "
               f"Adam {adam_kind})", quiet)
+    from tqdm import tqdm
+    bar = tqdm(total=config.steps or None, unit="step", dynamic_ncols=True, disable=quiet, file=sys.stderr,
+               desc="pytorch")                 # attn-train shows the same bar: the same small cost per step
     stop = None
     started = time.perf_counter()
     last_eval = 0
@@ -270,9 +278,14 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
             state.step += 1
             state.batch_index += 1
             state.train_seconds += dt
+            wall = state.wall_seconds = time.perf_counter() - started
             state.tokens_seen += b.n_src_tokens + b.n_tgt_tokens
             losses.append(loss_value)
-            wall = state.wall_seconds = time.perf_counter() - started
+            bar.update(1)
+            bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} "
+                                f"{state.tokens_seen / max(state.train_seconds, 1e-9):,.0f} tok/s"
+                                + (f" left {T._fmt_secs(budget - wall)}" if budget < math.inf else "")
+                                + f" ep {state.epoch}", refresh=False)
             if state.step <= len(attn_tokens) and attn_tokens[state.step - 1] != state.tokens_seen:
                 raise QualityError(f"step {state.step}: PyTorch has seen {state.tokens_seen} tokens, attn "
                                    f"{attn_tokens[state.step - 1]}: the batches differ")
@@ -296,10 +309,10 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
                 stop = f"reached --epochs {config.epochs}"
                 if state.step != last_eval:
                     evaluate()
-    wall = time.perf_counter() - started
+    bar.close()
     _progress(f"pytorch: stopped ({stop}) after {state.step} steps, {state.train_seconds:.0f} s of training", quiet)
     end = Point("pytorch", config.minutes, "end of the run", out, state.step, state.epoch, state.tokens_seen,
-                state.train_seconds, wall, params=tmodel.attn_params())
+                state.train_seconds, state.wall_seconds, params=tmodel.attn_params())
     end.results = {"torch_adam": adam_kind}
     return end, watch, losses, evals
 
@@ -429,10 +442,11 @@ def run(args, config) -> list[dict]:
 
     # attn at the end of its run: attn-train's own result (metrics.json).
     attn_end = Point("attn", budgets[-1], "end of the run (attn-train's metrics.json)", Path(config.out),
-                     metrics["steps"], metrics["epochs"], attn_watch.tokens[-1] if attn_watch.tokens else 0,
-                     metrics["train_seconds"], metrics["wall_seconds"])
+                     metrics["steps"], metrics["epochs"], attn_watch.tokens[-1], metrics["train_seconds"],
+                     attn_watch.walls[-1])      # the budget used at the last step, as the stop rule saw it
     attn_end.results = {k: metrics.get(k) for k in ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl",
-                                                    "averaged_checkpoints", "beam", "sacrebleu")}
+                                                    "beam", "sacrebleu")}
+    attn_end.results["averaged_checkpoints"] = _averaged(Path(config.out), config.average)
     points = {("attn", budgets[-1]): attn_end}
     if at is not None:
         points[("attn", at)] = _shorter(attn_watch, attn_end, at, budgets[-1])
@@ -563,7 +577,8 @@ def plot_losses(watches: dict, budgets, path) -> Path:
 
 
 _COLUMNS = (("steps", "steps", "d"), ("tokens/s", "tokens_per_second", ".0f"), ("BLEU", "test_bleu", ".2f"),
-            ("BLEU lc", "test_bleu_lc", ".2f"), ("chrF", "test_chrf", ".2f"), ("val loss", "val_loss", ".3f"))
+            ("BLEU lc", "test_bleu_lc", ".2f"), ("chrF", "test_chrf", ".2f"), ("val loss", "val_loss", ".3f"),
+            ("averaged", "averaged_checkpoints", "d"))
 
 
 def _framework_rows(results):
@@ -615,9 +630,9 @@ def print_markdown(results, out=sys.stdout):
     for line in _header(info):
         print(f"- {line}", file=out)
     print(file=out)
-    print("| budget | framework | steps | tokens/s | test BLEU | BLEU (lower-cased) | chrF | val loss | how |",
-          file=out)
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---|", file=out)
+    print("| budget | framework | steps | tokens/s | test BLEU | BLEU (lower-cased) | chrF | val loss | "
+          "snapshots averaged | how |", file=out)
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|", file=out)
     for m, fw, v in _framework_rows(results):
         print(f"| {m:g} min | {fw} | " + " | ".join(_f(v[k], s) for _, k, s in _COLUMNS) + f" | {v['how']} |",
               file=out)
