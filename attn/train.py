@@ -583,7 +583,7 @@ def _remove_previous_run(out: Path) -> list[str]:
     return removed
 
 
-def train(config: TrainConfig, *, given=None) -> dict:
+def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     """Train as ``config`` says; returns the final metrics (also written to ``out/metrics.json``).
 
     The returned dict holds at least ``test_bleu``, ``val_loss``, ``steps``,
@@ -593,6 +593,11 @@ def train(config: TrainConfig, *, given=None) -> dict:
     A fresh run refuses an ``out`` that already holds a run (unless ``overwrite``);
     with ``resume`` the saved run's settings and seed are used (see
     :func:`resumed_config`; ``given`` names the fields the caller set explicitly).
+
+    ``on_step(state, model, wall_seconds)``, if given, is called after every optimizer
+    step (after its averaging snapshot, before any evaluation) with the :class:`TrainState`,
+    the model and the seconds of the ``minutes`` budget used so far; it must change
+    neither. The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
@@ -707,6 +712,8 @@ def train(config: TrainConfig, *, given=None) -> dict:
                                         + f" ep {state.epoch}", refresh=False)
                 if config.average > 1 and state.step % config.snapshot_every == 0:
                     _snapshot(out, model, vocab, state.step, config.average)
+                if on_step is not None:
+                    on_step(state, model, state.wall_seconds)
                 if stop_reason == "interrupted":
                     save_checkpoint(ckpt_path, model, opt, state, vocab, config)
                 elif stop_reason or state.step - last_eval_step >= config.eval_every:
