@@ -261,7 +261,9 @@ class InvariantError(AssertionError):
 
 
 def _dev(a):
-    return B.to_device(a) if isinstance(a, np.ndarray) else a
+    """A device copy of a host array (a copy even on NumPy, so that a layer that writes
+    into its input cannot change the caller's example); anything else as it is."""
+    return B.to_device(a.copy()) if isinstance(a, np.ndarray) else a
 
 
 def _host(a):
