@@ -85,12 +85,18 @@ def _where(tb) -> str:
     return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
 
 
+def _raiser(e: BaseException, default: str) -> str:
+    """Name of the function whose body raised ``e`` (the innermost frame)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return frames[-1].name if frames else default
+
+
 def _call(fn, name: str, check: str, *args):
     """Call a learner's function; its exceptions become a Failure (or NotImplementedYet)."""
     try:
         return fn(*args)
-    except NotImplementedError:
-        raise NotImplementedYet(name) from None
+    except NotImplementedError as e:
+        raise NotImplementedYet(_raiser(e, name)) from None
     except Exception as e:      # anything the learner's code raises is a finding, not a crash
         raise Failure(check, f"{name} raised {type(e).__name__}: {e}",
                       "read the message and the line above; the example shows the shapes that triggered it",
@@ -209,8 +215,8 @@ def _run_invariants(layer: Layer, functions: dict, ex: Example) -> None:
         layer.invariants(functions, ex)
     except InvariantError as e:
         raise Failure("invariant", str(e), e.hint) from None
-    except NotImplementedError:
-        raise NotImplementedYet(next(iter(functions))) from None
+    except NotImplementedError as e:
+        raise NotImplementedYet(_raiser(e, next(iter(functions)))) from None
     except Exception as e:
         raise Failure("invariant", f"{type(e).__name__} while checking an invariant: {e}",
                       "the example shows the inputs; the line is in your file", where=_where(e.__traceback__)) from None
