@@ -544,10 +544,10 @@ def assert_heads_round_trip(split_fn, merge_fn, x, H: int) -> None:
                              "merge_heads is the inverse: transpose (B, H, T, Dh) to (B, T, H, Dh), then reshape")
 
 
-def assert_cross_entropy_properties(loss_fn, logits, targets, smoothing: float, pad_id) -> None:
+def assert_cross_entropy_properties(loss_fn, logits, targets, smoothing: float, pad_id, junk=None) -> None:
     """Every row of dlogits sums to zero (p and q both sum to one); with ``pad_id``, the
-    logits at padded targets change neither the loss nor any gradient, and their rows of
-    dlogits are zero."""
+    logits at padded targets (replaced by ``junk``, or by large values) change neither the
+    loss nor any gradient, and their rows of dlogits are zero."""
     loss, d = loss_fn(_dev(logits), _dev(targets), smoothing, pad_id)
     d = _host(d)
     rows = np.abs(d.sum(axis=-1))
@@ -565,13 +565,18 @@ def assert_cross_entropy_properties(loss_fn, logits, targets, smoothing: float, 
                              "multiply the gradient (and the loss, smoothing term included) by the mask of "
                              "real targets")
     x2 = logits.copy()
-    x2[pad] = 37.0 * np.sign(np.arange(x2[pad].size).reshape(x2[pad].shape) % 3 - 1.0)
+    x2[pad] = junk if junk is not None else 37.0 * (np.arange(x2[pad].size).reshape(x2[pad].shape) % 3 - 1.0)
     loss2, d2 = loss_fn(_dev(x2), _dev(targets), smoothing, pad_id)
     if abs(float(_host(loss2)) - float(_host(loss))) > 1e-12 * (1 + abs(float(_host(loss)))):
         raise InvariantError(f"changing the logits at padded targets changed the loss ({float(_host(loss)):.6g} "
                              f"-> {float(_host(loss2)):.6g})",
                              "padded targets contribute nothing: mask the whole per-token loss, the smoothing "
                              "term as well, and average over real tokens only")
+    d2 = _host(d2)
+    if d2[pad].any() or not np.allclose(d2[~pad], d[~pad], rtol=1e-12, atol=1e-16):
+        raise InvariantError("changing the logits at padded targets changed dlogits",
+                             "padded targets contribute nothing: zero their rows of dlogits, and let no real "
+                             "token's gradient depend on them")
 
 
 def assert_causal_mask_properties(causal_fn, T: int) -> None:

@@ -51,6 +51,9 @@ CAUGHT_AS = {
 }
 
 
+_MUTANT_REPORTS: dict[str, tuple[int, str]] = {}      # mutant -> (status, report): each runs once
+
+
 @pytest.fixture
 def run_check():
     """attn-check in this process: (exit status, report). The backend choice is restored."""
@@ -89,7 +92,7 @@ def test_every_mutant_has_a_file_and_an_expected_layer():
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[p.stem for p in MUTANTS])
 def test_mutant_is_caught(run_check, mutant):
     layer = CAUGHT_AS[mutant.stem]
-    rc, report = run_check(mutant, "--layer", layer)
+    rc, report = _MUTANT_REPORTS[mutant.stem] = run_check(mutant, "--layer", layer)
     assert rc == 1, report
     assert status_lines(report) == {layer: "FAIL"}, report
     assert "check:" in report and "example:  the smallest hypothesis found" in report
@@ -97,7 +100,9 @@ def test_mutant_is_caught(run_check, mutant):
 
 
 def test_a_failure_report_names_the_gradient_error_entries_and_hint(run_check):
-    rc, report = run_check(ROOT / "tests" / "mutants" / "attention_backward_no_scale.py", "--layer", "attention")
+    name = "attention_backward_no_scale"
+    rc, report = _MUTANT_REPORTS.get(name) or run_check(ROOT / "tests" / "mutants" / f"{name}.py",
+                                                         "--layer", "attention")
     assert rc == 1
     assert re.search(r"check:\s+backward: gradient d[qk] differs from the library's", report), report
     assert re.search(r"error:\s+relative error [0-9.e+-]+ \(tolerance 1e-06\)", report), report

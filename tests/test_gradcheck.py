@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import attn.backend as B
 from attn.gradcheck import check_layer, numerical_gradient, numerical_gradient_of, rel_error
 from attn.layers import linear_backward, linear_forward
-from strategies import floats, leading_shapes, normals
+from attn.testing import floats, leading_shapes, normals
 
 
 @given(x=floats(st.integers(1, 6), bound=2.0))
