@@ -410,7 +410,9 @@ def _fmt(x) -> str:
 def report(r: Result, out=sys.stdout) -> None:
     w = out.write
     label = {"pass": "PASS", "fail": "FAIL", "todo": "not implemented yet"}[r.status]
-    w(f"{r.layer:<22} {label:<6} {r.seconds:6.2f} s  ({r.examples} example{'s' * (r.examples != 1)})\n")
+    runs = (f"{r.examples} example{'s' * (r.examples != 1)}" if r.status == "pass"
+            else f"{r.examples} runs, shrinking included")
+    w(f"{r.layer:<22} {label:<6} {r.seconds:6.2f} s  ({runs})\n")
     if r.note:
         w(f"    note: {r.note}\n")
     if r.status == "todo":
@@ -427,6 +429,8 @@ def report(r: Result, out=sys.stdout) -> None:
         for name, v in f.example.args:
             if not name.startswith("_"):
                 w(f"                {name} = {_describe(v)}\n")
+        if f.check in ("backward", "invariant"):
+            w(f"                dout = standard normal of the output's shape, attn.backend.host_rng({f.example.seed})\n")
     if f.error is not None:
         w(f"    error:    relative error {f.error:.3g}" + (f" (tolerance {f.tol:g})" if f.tol else "") + "\n")
     if f.entries:
