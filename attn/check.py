@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import re
 import sys
 import time
@@ -38,7 +39,7 @@ from hypothesis.errors import Flaky
 
 from . import backend as B
 from .gradcheck import numerical_gradient, rel_error
-from .testing import LAYERS, XP, Example, Fresh, InvariantError, Layer, reference
+from .testing import LAYERS, XP, Example, Fresh, InvariantError, Layer, _library, reference
 
 DEFAULT_EXAMPLES = 20
 FORWARD_TOL = 1e-8          # relative error of an output against the library's (float64)
@@ -77,9 +78,7 @@ def _where(tb) -> str:
     """'file:line in function: source' of the innermost frame in the learner's file."""
     frames = [f for f in traceback.extract_tb(tb) if _LEARNER_FILE[0] and Path(f.filename).resolve() == Path(
         _LEARNER_FILE[0]).resolve()]
-    if not frames:
-        frames = traceback.extract_tb(tb)[-1:]
-    if not frames:
+    if not frames:          # raised before any line of the learner's ran (a wrong signature)
         return ""
     f = frames[-1]
     return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
@@ -98,9 +97,18 @@ def _call(fn, name: str, check: str, *args):
     except NotImplementedError as e:
         raise NotImplementedYet(_raiser(e, name)) from None
     except Exception as e:      # anything the learner's code raises is a finding, not a crash
-        raise Failure(check, f"{name} raised {type(e).__name__}: {e}",
-                      "read the message and the line above; the example shows the shapes that triggered it",
-                      where=_where(e.__traceback__)) from None
+        where = _where(e.__traceback__)
+        hint = "read the message and the line above; the example shows the shapes that triggered it"
+        if not where and isinstance(e, TypeError):
+            hint = f"{name} must take the library's arguments: {_signature(name)}"
+        raise Failure(check, f"{name} raised {type(e).__name__}: {e}", hint, where=where) from None
+
+
+def _signature(name: str) -> str:
+    try:
+        return name + str(inspect.signature(_library(name)))
+    except (KeyError, TypeError, ValueError):
+        return name
 
 
 def _is_array(a) -> bool:

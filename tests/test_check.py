@@ -171,6 +171,13 @@ def test_an_exception_is_reported_with_the_learners_line(run_check, tmp_path):
     assert "Traceback" not in report
 
 
+def test_a_wrong_signature_names_the_librarys(run_check, tmp_path):
+    f = tmp_path / "sig.py"
+    f.write_text("def softmax_forward(x):\n    return x, None\n")
+    rc, report = run_check(f)
+    assert rc == 1 and "softmax_forward must take the library's arguments: softmax_forward(x, mask=None)" in report
+
+
 def test_a_forward_alone_is_checked_without_gradients(run_check, tmp_path):
     f = tmp_path / "fwd.py"
     f.write_text("from attn.layers import layer_norm_forward\n")
