@@ -485,11 +485,14 @@ def build_parser() -> argparse.ArgumentParser:
             "gradients with float64 central differences of your forward. A layer passes, or the report shows\n"
             "the smallest failing example hypothesis found, which check and which gradient failed, the\n"
             "relative error, the first entries that differ and a hint at the usual cause. A function that\n"
-            "still raises NotImplementedError is reported as 'not implemented yet'.\n\n"
+            "still raises NotImplementedError is reported as 'not implemented yet'. A forward without its\n"
+            "backward is checked without gradients; a backward without its forward gets the library's\n"
+            "forward and cache (so does one that imports the library's forward, as\n"
+            "lessons/exercises/08_backprop_by_hand.py does).\n\n"
             "Exit status: 0 when every layer found passes, 1 when one fails or is not implemented yet,\n"
             "2 when the file cannot be loaded or defines no layer.\n\n"
             "Layers and the names attn-check looks for:\n" + _layer_table()))
-    p.add_argument("path", type=Path, help="your Python file (e.g. a copy of lessons/exercises/07_layer_norm.py)")
+    p.add_argument("path", type=Path, help="your Python file, e.g. lessons/exercises/07_feed_forward_layer_norm.py")
     p.add_argument("--layer", action="append", choices=list(LAYERS), metavar="NAME",
                    help="check only this layer (repeatable); default: every layer the file defines")
     p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",

@@ -683,7 +683,6 @@ class Layer(NamedTuple):
     examples: object
     invariants: Callable | None
     hints: dict
-    lesson: str = ""
 
 
 def _dout(ex: Example, shape):

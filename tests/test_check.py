@@ -210,6 +210,15 @@ def test_help_and_module_entry_point():
         assert words in proc.stdout, words
 
 
+def test_the_grader_gets_its_arrays_from_the_backend():
+    """attn.testing and attn.check import no NumPy (tests/test_backend.py checks every module of attn/;
+    this names the two, so that moving them out of attn/ cannot drop them from that rule)."""
+    from test_backend import _forbidden_imports
+    for module in ("testing.py", "check.py"):
+        path = ROOT / "attn" / module
+        assert path.is_file() and not _forbidden_imports(path), module
+
+
 def test_console_script_and_hypothesis_dependency_are_declared():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
