@@ -23,6 +23,15 @@ def test_numerical_gradient_of_cube_is_three_x_squared(backend, x):
     np.testing.assert_array_equal(B.to_host(xd), x)             # perturbed in place, then restored
 
 
+def test_numerical_gradient_at_chosen_entries_only(backend):
+    rng = np.random.default_rng(1)
+    a, b = B.to_device(rng.standard_normal((3, 4))), B.to_device(rng.standard_normal((3, 4)))
+    full = B.to_host(numerical_gradient(lambda: (a * b).sum(), a))
+    some = B.to_host(numerical_gradient(lambda: (a * b).sum(), a, indices=[0, 5, 11]))
+    np.testing.assert_array_equal(some.reshape(-1)[[0, 5, 11]], full.reshape(-1)[[0, 5, 11]])
+    assert not np.delete(some.reshape(-1), [0, 5, 11]).any()                   # the rest untouched: zero
+
+
 def test_numerical_gradient_of_a_product_uses_the_other_factor(backend):
     rng = np.random.default_rng(0)
     a, b = B.to_device(rng.standard_normal((3, 4))), B.to_device(rng.standard_normal((3, 4)))
