@@ -145,8 +145,8 @@ class _Args:
                 now = B.to_host(a)
                 if now.shape != h.shape or not np.array_equal(now.astype(h.dtype), h):
                     raise Failure(check, f"{fn_name} modified its input {name} in place",
-                                  "compute into new arrays (x = x - m, not x -= m): the caller still needs its "
-                                  "input, and a residual connection reads it again")
+                                  "compute into new arrays (x = x - m, not x -= m; dout * mask, not dout *= "
+                                  "mask): the caller still needs its arrays, a residual connection reads them again")
 
 # ----------------------------------------------------------------------------- comparing
 
@@ -411,6 +411,10 @@ def grade(layer: Layer, impl: dict, examples: int = DEFAULT_EXAMPLES) -> Result:
         inner = next((x for x in getattr(e, "exceptions", ()) if isinstance(x, Failure)), None)
         f = inner or Failure("repeatability", "the same input gave different results on two calls",
                              "an unseeded random number, or state kept between calls (globals, attributes)")
+        return Result(layer.name, "fail", time.perf_counter() - t0, count[0], f, note)
+    except Exception as e:      # a bug of attn-check's own: say so, without a traceback for the learner
+        f = Failure("attn-check", f"attn-check itself failed: {type(e).__name__}: {e}",
+                    "not your code's fault: please report it with this file", where=_where(e.__traceback__))
         return Result(layer.name, "fail", time.perf_counter() - t0, count[0], f, note)
 
 # ----------------------------------------------------------------------------- the report

@@ -454,11 +454,15 @@ def assert_positional_properties(forward, backward, x, table, dout=None) -> None
 
 def assert_sinusoidal_table_properties(table_fn, max_len: int, d_model: int) -> None:
     """Row 0 is (0, 1, 0, 1, ...) and every entry is the paper's sin/cos of
-    ``pos / 10000^(2i/d_model)``, sine in even columns, cosine in odd ones."""
+    ``pos / 10000^(2i/d_model)``, sine in even columns, cosine in odd ones; float32 unless
+    another dtype is asked for."""
     pe = _host(table_fn(max_len, d_model, "float64"))
     if pe.shape != (max_len, d_model):
         raise InvariantError(f"table has shape {pe.shape}, expected ({max_len}, {d_model})",
                              "one row per position, one column per feature")
+    if _host(table_fn(max_len, d_model)).dtype != np.float32:
+        raise InvariantError("sinusoidal_table(max_len, d_model) must be float32 by default",
+                             "compute in float64, then return pe.astype(dtype) with dtype='float32' by default")
     want0 = np.array([0.0, 1.0] * d_model)[:d_model]
     if not np.allclose(pe[0], want0, atol=1e-15):
         raise InvariantError(f"row 0 is {pe[0].tolist()}, expected {want0.tolist()} (sin 0 = 0 in even "

@@ -29,6 +29,7 @@ CAUGHT_AS = {
     "causal_mask_off_by_one": "causal_mask",
     "cross_entropy_smoothing_on_padding": "cross_entropy",
     "dropout_backward_fresh_mask": "dropout",
+    "dropout_backward_in_place": "dropout",
     "dropout_no_rescale": "dropout",
     "embedding_grad_drops_repeats": "embedding",
     "layer_norm_forward_without_cache": "layer_norm",
