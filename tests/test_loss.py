@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import attn.backend as B
 from attn.loss import cross_entropy
 from attn.masks import PAD_ID
-from attn.testing import assert_cross_entropy_properties, check_gradients, floats, logits, normals, token_ids
+from attn.testing import assert_cross_entropy_properties, check_gradients, floats, logits, token_ids
 
 dev, host = B.to_device, B.to_host
 smoothings = st.sampled_from([0.0, 0.1, 0.3, 0.9])
