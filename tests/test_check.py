@@ -58,14 +58,14 @@ _MUTANT_REPORTS: dict[str, tuple[int, str]] = {}      # mutant -> (status, repor
 @pytest.fixture
 def run_check():
     """attn-check in this process: (exit status, report). The backend choice is restored."""
-    saved = (B._current, B._xp)
+    saved = (B._current, B._xp, B.cupy_modules)
 
     def run(*argv):
         out = io.StringIO()
         rc = check.main([str(a) for a in argv], out=out)
         return rc, out.getvalue()
     yield run
-    B._current, B._xp = saved
+    B._current, B._xp, B.cupy_modules = saved
 
 
 def status_lines(report: str) -> dict:
@@ -232,3 +232,15 @@ def test_cupy_backend_without_a_gpu_is_a_clear_error(run_check):
         pytest.skip("a GPU is usable here: the cupy backend works")
     rc, report = run_check(ROOT / "tests" / "solutions.py", "--backend", "cupy")
     assert rc == 2 and "ATTN_BACKEND=cupy was asked for" in report
+
+
+def test_on_cupy_the_library_passes_and_a_mutant_fails(run_check):
+    """--backend cupy: on a GPU where there is one, on the CuPy stand-in (tests/fakecupy)
+    elsewhere. A few examples per layer: this proves the grader's own CuPy path."""
+    from conftest import selected_backend
+    with selected_backend("cupy"):
+        rc, report = run_check(ROOT / "tests" / "solutions.py", "--backend", "cupy", "--examples", "5")
+        assert rc == 0 and set(status_lines(report).values()) == {"PASS"}, report
+        assert "backend cupy" in report
+        rc, report = run_check(ROOT / "tests" / "mutants" / "embedding_grad_drops_repeats.py", "--backend", "cupy")
+        assert rc == 1 and status_lines(report) == {"embedding": "FAIL"}, report
