@@ -321,3 +321,20 @@ assert long_ > 1.5 / N_SYM, f"long sequences should still beat chance: {long_:.2
 first, last = pos_acc[:3].mean(), pos_acc[-3:].mean()
 assert first > last + 0.3, f"the oldest source tokens should be the ones lost: {first:.2f} vs {last:.2f}"
 print(f"Check passed in {time.time() - T0:.1f} s.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write the layers this lesson used: `linear`, `embedding` (repeated ids must
+# accumulate), the tanh cell `rnn_step` and its unrolling `rnn` with backpropagation
+# through time yourself. The starter `lessons/exercises/01_seq2seq.py` has the
+# signatures, and the shapes and formulas in its docstrings; its bodies raise
+# `NotImplementedError`. Fill them in, then grade your work:
+#
+#     attn-check lessons/exercises/01_seq2seq.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

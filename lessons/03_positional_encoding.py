@@ -339,3 +339,19 @@ assert worst_rot < 1e-8, f"the fitted map is not the rotation by w*k: {worst_rot
 assert max(block_err.values()) < 1e-11
 print("Check passed: the table matches the formula; PE(pos+k) = PE(pos) @ M_k with residual "
       f"{worst_resid:.1e}; the one wrong seed entry is PE[4, 0] (printed -0.756, true {np.sin(4):.4f}).")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `sinusoidal_table` and the `positional` layer yourself. The starter
+# `lessons/exercises/03_positional_encoding.py` has the signatures, and the shapes and
+# formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then
+# grade your work:
+#
+#     attn-check lessons/exercises/03_positional_encoding.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

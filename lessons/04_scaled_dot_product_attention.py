@@ -329,3 +329,20 @@ assert max(grad_scaled) / min(grad_scaled) < 1.5, "scaled softmax gradient shoul
 print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
       f"[{min(np.divide(var_dot, dks)):.3f}, {max(np.divide(var_dot, dks)):.3f}], and at d_k = 512 the unscaled "
       f"softmax gradient is {grad_unscaled[i512] / grad_scaled[i512]:.1e} of the scaled one.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write the masked `softmax` (stable for logits of 1e4, zeros on a fully masked row)
+# and scaled dot-product `attention`, forward and backward yourself. The starter
+# `lessons/exercises/04_attention.py` has the signatures, and the shapes and formulas in
+# its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
+# work:
+#
+#     attn-check lessons/exercises/04_attention.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

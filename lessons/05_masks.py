@@ -382,3 +382,19 @@ assert exact, "with the look-ahead mask, later tokens changed earlier outputs"
 assert min(leak) > 1e-3, "without the mask, later tokens should change earlier outputs"
 print(f"Check passed: masked loss {pos_masked.mean():.3f} ~ log V = {logV:.3f}; unmasked loss at positions "
       f"0..{T - 2} {pos_open[:-1].mean():.3f}; causality invariant exact.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `padding_mask` and the look-ahead `causal_mask` yourself. The starter
+# `lessons/exercises/05_masks.py` has the signatures, and the shapes and formulas in its
+# docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
+# work:
+#
+#     attn-check lessons/exercises/05_masks.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -312,3 +312,19 @@ assert [r[6] for r in rows] == [h * n_tok * n_tok for h in hs]
 assert all(hits.values()), hits
 print(f"Check passed: loop == reshape (forward {fwd_diff:.1e}, backward {max(bwd_diff.values()):.1e}); "
       f"{h1[2]:,} weights and {h1[3] + h1[4] + h1[5]:,} multiply-adds for every h in {hs}.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `split_heads`, `merge_heads` and multi-head attention, forward and backward
+# yourself. The starter `lessons/exercises/06_multi_head_attention.py` has the
+# signatures, and the shapes and formulas in its docstrings; its bodies raise
+# `NotImplementedError`. Fill them in, then grade your work:
+#
+#     attn-check lessons/exercises/06_multi_head_attention.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

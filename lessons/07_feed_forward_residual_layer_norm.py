@@ -349,3 +349,20 @@ assert max(pad_diff["batch norm (naive)"]) > 0.1 and max(mate_diff["batch norm (
 assert max(pad_diff["batch norm (masked)"]) < 1e-12
 print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs residual {grad['residual only'][0]:.1e} "
       f"vs post-norm {grad['post-norm'][0]:.1e}; predicted slopes match; layer norm batch-independent, batch norm not.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `relu`, the feed-forward network, `layer_norm`, and Add & Norm around the
+# network (`residual_ffn`), forward and backward yourself. The starter
+# `lessons/exercises/07_feed_forward_layer_norm.py` has the signatures, and the shapes
+# and formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in,
+# then grade your work:
+#
+#     attn-check lessons/exercises/07_feed_forward_layer_norm.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -335,3 +335,20 @@ assert min(sweep["float64", "central"]) < 1e-9 and min(sweep["float32", "central
 assert sweep["float64", "central"][i6] < 1e-8 and sweep["float32", "central"][i6] > 1e-2
 print(f"Check passed: {len(corr)} correct gradients, largest rel error {max(corr.values()):.1e}; "
       f"broken backwards caught with errors {', '.join(f'{v:.1e}' for v in bad.values() if v > 1e-3)}.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write the three backward passes derived above (softmax, layer norm, attention),
+# against the library's forwards and caches yourself. The starter
+# `lessons/exercises/08_backprop_by_hand.py` has the signatures, and the shapes and
+# formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then
+# grade your work:
+#
+#     attn-check lessons/exercises/08_backprop_by_hand.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

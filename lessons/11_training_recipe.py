@@ -358,3 +358,19 @@ print(f"Check passed: schedules peak at step == warmup with d^-0.5 w^-0.5; the s
       f"q[y] = {q_smooth[y]:.2f}; smoothing lowers confidence ({r0['conf']:.3f} -> {r1['conf']:.3f}) and raises "
       f"perplexity ({r0['ppl']:.3f} -> {r1['ppl']:.3f}) at accuracy {r0['acc']:.1%} -> {r1['acc']:.1%}; "
       f"Adam's steps are lr from step 1.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write inverted `dropout` and label-smoothed `cross_entropy` with its gradient
+# yourself. The starter `lessons/exercises/11_training_recipe.py` has the signatures,
+# and the shapes and formulas in its docstrings; its bodies raise `NotImplementedError`.
+# Fill them in, then grade your work:
+#
+#     attn-check lessons/exercises/11_training_recipe.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.
