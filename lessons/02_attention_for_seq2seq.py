@@ -47,11 +47,10 @@
 import os, sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # tiny matrices: BLAS threads only add overhead
 import time
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 from typing import NamedTuple
 
@@ -382,8 +381,7 @@ ax[1].set(xlabel="source position i (token)", ylabel="output step t (token)",
 ax[1].set_xticks(range(L_ex), [f"{i}\n({s})" for i, s in enumerate(ex_src[0])], fontsize=7)
 ax[1].set_yticks(range(L_ex), [f"{t} ({y})" for t, y in enumerate(ex_out[0])], fontsize=7)
 fig.colorbar(im, ax=ax[1], fraction=0.046)
-fig.tight_layout(); fig.savefig(OUT / "02_attention_vs_bottleneck.png", dpi=110); plt.close(fig)
-print("saved", OUT / "02_attention_vs_bottleneck.png")
+fig.tight_layout(); show_figure(fig, "02_attention_vs_bottleneck.png")
 
 # %% [markdown]
 # **What to notice.**

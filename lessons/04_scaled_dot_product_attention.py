@@ -19,11 +19,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -287,8 +286,7 @@ for i in range(5):
         ax[2].text(j, i, f"{weights[i, j]:.3f}", ha="center", va="center", fontsize=7)
 ax[2].set_title("the notes' example: weights (pad column = 0)")
 fig.colorbar(im, ax=ax[2], fraction=0.04)
-fig.tight_layout(); fig.savefig(OUT / "04_attention_scale.png", dpi=110); plt.close(fig)
-print("saved", OUT / "04_attention_scale.png")
+fig.tight_layout(); show_figure(fig, "04_attention_scale.png")
 
 # %% [markdown]
 # Left: the variance follows the dotted line `d_k` exactly; the scaled one is flat

@@ -29,11 +29,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -174,8 +173,7 @@ for a, (img, rows, cols, title) in zip(ax, panels):
             a.text(j, i, ("T" if img[i, j] else "F") if is_mask else f"{img[i, j]:.2f}",
                    ha="center", va="center", fontsize=8, color="black")
 ax[0].set_ylabel("query")
-fig.tight_layout(); fig.savefig(OUT / "05_masks.png", dpi=110); plt.close(fig)
-print("saved", OUT / "05_masks.png")
+fig.tight_layout(); show_figure(fig, "05_masks.png")
 
 # %% [markdown]
 # Green is True, "may attend". Notice in the decoder mask that the `[pad]` *query*
@@ -323,8 +321,7 @@ im = ax[2].imshow(w_open[best], cmap="Blues", vmin=0, vmax=1)
 ax[2].set_xlabel("key position"); ax[2].set_ylabel("query position")
 ax[2].set_title(f"unmasked model, head {best}: query t reads key t+1")
 fig.colorbar(im, ax=ax[2], fraction=0.046)
-fig.tight_layout(); fig.savefig(OUT / "05_cheating.png", dpi=110); plt.close(fig)
-print("saved", OUT / "05_cheating.png")
+fig.tight_layout(); show_figure(fig, "05_cheating.png")
 
 # %% [markdown]
 # ### The invariant behind the mask

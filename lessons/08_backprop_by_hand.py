@@ -28,11 +28,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -289,8 +288,7 @@ for (dt, m), errs in sweep.items():
 ax[1].axhline(1e-3, color="k", ls="--", lw=1)
 ax[1].set_xlabel("step h"); ax[1].set_ylabel("rel_error(analytic, numerical)")
 ax[1].set_title("softmax: truncation error (right) vs rounding error (left)"); ax[1].legend(fontsize=8)
-fig.tight_layout(); fig.savefig(OUT / "08_gradient_checks.png", dpi=110); plt.close(fig)
-print("saved", OUT / "08_gradient_checks.png")
+fig.tight_layout(); show_figure(fig, "08_gradient_checks.png")
 
 # %% [markdown]
 # Left: the green bars (every argument of every correct backward) sit around 1e-10,

@@ -26,11 +26,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import math
 
@@ -324,8 +323,7 @@ ax[1].set_ylim(len(rows) - 0.5, -1.3); ax[1].set_xlim(0, 60)
 ax[1].set_xlabel("embedding rows that make the paper's count (thousands)")
 ax[1].set_title("(paper's count - library's layers) / d_model:\n"
                 "base family ~41k rows, big model ~36k")
-fig.tight_layout(); fig.savefig(OUT / "09_parameters.png", dpi=110); plt.close(fig)
-print("saved", OUT / "09_parameters.png")
+fig.tight_layout(); show_figure(fig, "09_parameters.png")
 
 # %% [markdown]
 # Left: where the base model's parameters live. The feed-forward networks hold

@@ -19,11 +19,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -83,8 +82,7 @@ for d in (128, 256, 512, 1024):
     ax[1].plot(steps[:20000], np.array(schedule_curve(steps[:20000], d, 4000)) * 1e3, label=f"d_model {d}")
 ax[1].set_xlabel("step"); ax[1].set_ylabel("learning rate (x 1e-3)")
 ax[1].set_title("warmup 4000: d_model^-0.5 scales the whole curve"); ax[1].legend()
-fig.tight_layout(); fig.savefig(OUT / "11_schedule.png", dpi=110); plt.close(fig)
-print("saved", OUT / "11_schedule.png")
+fig.tight_layout(); show_figure(fig, "11_schedule.png")
 
 # %% [markdown]
 # ## 2. Label smoothing
@@ -212,8 +210,7 @@ for s in (0.0, eps):
     ax[2].bar(np.arange(V) + (-0.2 if s == 0 else 0.2), fits[s][0], width=0.4, label=f"eps = {s}")
 ax[2].set_xticks(range(V)); ax[2].set_yscale("log"); ax[2].set_xlabel("class")
 ax[2].set_title("one row of free logits after 2000 Adam steps"); ax[2].legend()
-fig.tight_layout(); fig.savefig(OUT / "11_label_smoothing.png", dpi=110); plt.close(fig)
-print("saved", OUT / "11_label_smoothing.png")
+fig.tight_layout(); show_figure(fig, "11_label_smoothing.png")
 
 # %% [markdown]
 # ## 3. Adam: beta2 = 0.98, eps = 1e-9, and bias correction
@@ -311,8 +308,7 @@ for b2, sz in step_sizes.items():
 ax[1].axvspan(300, 700, color="0.9", label="gradient scale x10")
 ax[1].set_xlabel("step"); ax[1].set_ylabel(f"|update| / lr  (mean of {k} steps)")
 ax[1].set_title("v averages ~1/(1 - beta2) steps: 50 (0.98) or 1000 (0.999)"); ax[1].legend()
-fig.tight_layout(); fig.savefig(OUT / "11_adam.png", dpi=110); plt.close(fig)
-print("saved", OUT / "11_adam.png")
+fig.tight_layout(); show_figure(fig, "11_adam.png")
 
 # %% [markdown]
 # Left: the library's steps are exactly `lr` from the first one; without the

@@ -18,11 +18,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import json
 import logging
@@ -120,9 +119,9 @@ print(json.dumps({k: metrics[k] for k in ("steps", "train_seconds", "val_loss", 
 arrays, meta = load_npz(run_dir / "checkpoint.npz")
 train_losses = [float(x) for x in arrays["history/train_loss"]]
 val_points = [(e["step"], e["val_loss"]) for e in meta["evals"]]
-plot_loss_curve(train_losses, val_points, OUT / "12_loss.png",
-                title=f"toy translator ({'quick' if QUICK else 'full'} mode): label-smoothed loss")
-print("saved", OUT / "12_loss.png")
+show_figure(plot_loss_curve(train_losses, val_points, OUT / "12_loss.png",
+                            title=f"toy translator ({'quick' if QUICK else 'full'} mode): label-smoothed loss"),
+            "12_loss.png")
 V, eps = len(meta["vocab"]), 0.1
 floor = -(1 - eps + eps / V) * np.log(1 - eps + eps / V) - (V - 1) * (eps / V) * np.log(eps / V)
 print(f"training loss: first step {train_losses[0]:.2f} (log V = {np.log(V):.2f}), mean of the last 50 steps "
@@ -291,8 +290,7 @@ ax[1].plot([lo, 0], [lo, 0], "k:", lw=1)
 ax[1].scatter(greedy_obj, beam_obj, s=12, c=["tab:red" if i in differ else "tab:blue" for i in range(len(test))])
 ax[1].set_xlabel("greedy output: log P / lp"); ax[1].set_ylabel("beam 4 output: log P / lp")
 ax[1].set_title("per sentence (red: outputs differ; above the line: beam better)")
-fig.tight_layout(); fig.savefig(OUT / "12_greedy_vs_beam.png", dpi=110); plt.close(fig)
-print("saved", OUT / "12_greedy_vs_beam.png")
+fig.tight_layout(); show_figure(fig, "12_greedy_vs_beam.png")
 
 # %% [markdown]
 # Left: BLEU of the two searches against copying the source. Right: every test

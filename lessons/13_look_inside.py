@@ -23,11 +23,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import importlib.util
 import shutil
@@ -131,8 +130,7 @@ for layer in range(axes.shape[0]):
                     ax.add_patch(plt.Rectangle((src_tokens.index(gold[t]) - 0.5, j - 0.5), 1, 1, fill=False,
                                                ec="red", lw=2))
 fig.suptitle(f"'{en}' -> '{tk}'  (mean over {cfg.n_heads} heads; red boxes: the gold links)", y=1.0)
-fig.tight_layout(); fig.savefig(OUT / "13_attention_maps.png", dpi=100, bbox_inches="tight"); plt.close(fig)
-print("saved", OUT / "13_attention_maps.png")
+fig.tight_layout(); show_figure(fig, "13_attention_maps.png", dpi=100, bbox_inches="tight")
 
 cross_last = weights[f"decoder.{last}.cross_attn"][0]                          # (H, T, S)
 fig, axes = plt.subplots(1, cfg.n_heads, figsize=(4.2 * cfg.n_heads, 4.2), squeeze=False)
@@ -141,8 +139,7 @@ for h, ax in enumerate(axes[0]):
     ax.set_xticks(range(len(src_labels)), src_labels, rotation=60, ha="right")
     ax.set_yticks(range(len(tgt_labels)), tgt_labels if h == 0 else [""] * len(tgt_labels))
     ax.set_title(f"decoder layer {last} cross-attention, head {h}", fontsize=9)
-fig.tight_layout(); fig.savefig(OUT / "13_cross_heads.png", dpi=100); plt.close(fig)
-print("saved", OUT / "13_cross_heads.png")
+fig.tight_layout(); show_figure(fig, "13_cross_heads.png", dpi=100)
 
 peaks = {t: src_labels[int(cross_last.mean(0)[j].argmax())] for j, t in enumerate(tgt_tokens) if t in gold}
 print("last layer, mean over heads: where each reordered word looks hardest:")
@@ -172,9 +169,9 @@ for t, s in peaks.items():
 # %%
 result = translate(model, vocab, [en], beam_size=4, with_attention=True)[0]
 print(f"beam 4: {result.text}   (reference: {tk})")
-plot_attention(result.attention, result.src_tokens, result.tgt_tokens, OUT / "13_cross_attention_beam.png",
-               title=f"{en}\n-> {result.text}")
-print("saved", OUT / "13_cross_attention_beam.png")
+show_figure(plot_attention(result.attention, result.src_tokens, result.tgt_tokens,
+                           OUT / "13_cross_attention_beam.png", title=f"{en}\n-> {result.text}"),
+            "13_cross_attention_beam.png")
 
 # %% [markdown]
 # ## 3. Alignment accuracy on the test set

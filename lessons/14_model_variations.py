@@ -25,11 +25,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import logging
 import time
@@ -292,8 +291,7 @@ ax[2].set_title("training curves (black: base, all seeds);\neach run's own loss:
                 fontsize=10)
 fig.suptitle(f"Table 3 at toy scale ({'quick' if QUICK else 'full'} mode: {STEPS} steps per run): "
              f"each variant against the base model")
-fig.tight_layout(); fig.savefig(OUT / "14_variations.png", dpi=100, bbox_inches="tight"); plt.close(fig)
-print("saved", OUT / "14_variations.png")
+fig.tight_layout(); show_figure(fig, "14_variations.png", dpi=100, bbox_inches="tight")
 
 # %% [markdown]
 # ## Check
