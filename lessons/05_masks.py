@@ -34,6 +34,8 @@ from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; a
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
+from typing import NamedTuple
+
 import numpy as np
 
 from attn.layers import (attention_forward, embedding_backward, embedding_forward, linear_backward,
@@ -213,6 +215,14 @@ def init_params(seed):
     return p
 
 
+class Caches(NamedTuple):
+    """The four layers' caches, by name: emb, pos, att (a MultiHeadCache), out."""
+    emb: object
+    pos: object
+    att: object
+    out: object
+
+
 def forward(p, ids, mask):
     """ids (B, T) -> logits (B, T, V), caches."""
     e, c_emb = embedding_forward(ids, p["emb"], np.sqrt(D))          # (B, T, D)
@@ -220,12 +230,12 @@ def forward(p, ids, mask):
     a, c_att = multi_head_attention_forward(x, x, p["w_q"], p["b_q"], p["w_k"], p["b_k"], p["w_v"], p["b_v"],
                                             p["w_o"], p["b_o"], H, mask)   # (B, T, D)
     logits, c_out = linear_forward(a, p["w_out"], p["b_out"])         # (B, T, V)
-    return logits, (c_emb, c_pos, c_att, c_out)
+    return logits, Caches(c_emb, c_pos, c_att, c_out)
 
 
 def backward(dlogits, caches):
     """The forward in reverse; self-attention's x fed both the queries and the keys/values."""
-    c_emb, c_pos, c_att, c_out = caches
+    c_emb, c_pos, c_att, c_out = caches.emb, caches.pos, caches.att, caches.out
     g = {}
     da, g["w_out"], g["b_out"] = linear_backward(dlogits, c_out)
     (dxq, dxkv, g["w_q"], g["b_q"], g["w_k"], g["b_k"], g["w_v"], g["b_v"],
@@ -296,8 +306,8 @@ show("held-out loss per position (position t predicts token t+1)",
 probe = np.random.default_rng(3).integers(0, V, (1, T))
 _, c_open = forward(p_open, probe, None)
 _, c_mask = forward(p_masked, probe, causal_mask(T, np))
-w_open = c_open[2].attn.weights[0]                                    # (H, T, T)
-w_mask = c_mask[2].attn.weights[0]
+w_open = c_open.att.attn.weights[0]                                    # (H, T, T)
+w_mask = c_mask.att.attn.weights[0]
 next_weight = np.array([[w_open[h, t, t + 1] for t in range(T - 1)] for h in range(H)])   # (H, T-1)
 best = int(next_weight.mean(1).argmax())
 print("weight each head of the unmasked model puts on key t+1, per query t:")

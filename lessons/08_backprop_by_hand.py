@@ -127,8 +127,8 @@ args_ln = {"x": rng.standard_normal((3, 4 if QUICK else 6, Dl)) * 2 + 1,
 
 
 def layer_norm_backward_broken(dout, cache):
-    xhat, rstd, gamma = cache
-    g = dout * gamma
+    xhat, rstd = cache.xhat, cache.rstd
+    g = dout * cache.gamma
     dx = rstd * (g - g.mean(axis=-1, keepdims=True))            # forgot "- xhat * mean(g * xhat)"
     return dx, (dout * xhat).reshape(-1, Dl).sum(0), dout.reshape(-1, Dl).sum(0)
 
@@ -163,7 +163,7 @@ args_att = {"q": rng.standard_normal((Bq, Hq, Tq, dk)), "k": rng.standard_normal
 
 
 def attention_backward_broken(dout, cache):
-    q, k, v, w, _, scale = cache
+    q, k, v, w = cache.q, cache.k, cache.v, cache.weights
     dvv = w.swapaxes(-1, -2) @ dout
     ds = softmax_backward(dout @ v.swapaxes(-1, -2), SoftmaxCache(w))     # forgot "* scale"
     return ds @ k, ds.swapaxes(-1, -2) @ q, dvv
@@ -201,7 +201,8 @@ for n in "qkvo":
     mha_args["b_" + n] = rng.standard_normal(Dm)
 out, cache = multi_head_attention_forward(**mha_args)
 dout = rng.standard_normal(out.shape)
-db_k = multi_head_attention_backward(dout, cache)[5]            # order: dx_q, dx_kv, dw_q, db_q, dw_k, db_k, ...
+(dx_q, dx_kv, dw_q, db_q, dw_k, db_k,
+ dw_v, db_v, dw_o, db_o) = multi_head_attention_backward(dout, cache)    # in the order of the forward's inputs
 num_db_k = numerical_gradient_of(multi_head_attention_forward, mha_args, "b_k", dout)
 naive = np.linalg.norm(db_k - num_db_k) / (np.linalg.norm(db_k) + np.linalg.norm(num_db_k))
 fmt = {"float_kind": lambda v: f"{v: .1e}"}
@@ -213,9 +214,11 @@ check_and_report("multi_head_attention", multi_head_attention_forward, multi_hea
                  mha_args, mha_wrt)
 
 # %% [markdown]
-# (In the library's model the key bias is kept anyway, as in the paper's reference
-# code: it is harmless, and its gradient being zero is a fact about softmax, not a
-# bug in backward.)
+# (The paper's reference code, tensor2tensor, gives its attention projections no
+# bias at all. The library keeps one on every projection, as PyTorch's
+# `nn.MultiheadAttention` does by default: it is harmless, the query, value and
+# output biases do learn, and the key bias's gradient being zero is a fact about
+# softmax, not a bug in backward.)
 #
 # ## 5. Why float64, and why central differences
 #
