@@ -1,25 +1,34 @@
-"""The trainer and the ``attn-train`` command.
+"""The trainer: ``train(TrainConfig(...))`` in Python, ``attn-train`` on the command line.
 
-With no arguments it trains the toy translator (``data/toy``, English -> toy
-language) on the default backend and writes, under ``--out``:
+    from attn.train import TrainConfig, train
+    metrics = train(TrainConfig(preset="toy", minutes=2, out="runs/try"))   # the dict of metrics.json
+
+:class:`TrainConfig` holds every setting and its default; the ``attn-train``
+flags are its fields (``--lr-factor`` is ``lr_factor``), and :func:`main` only
+turns the command line into one. With no arguments it trains the toy
+translator (``data/toy``, English -> toy language) on the default backend and
+writes, under ``out``:
 
     checkpoint.npz   model, Adam moments, schedule step, data position, vocabulary, config
-    config.json      the model config and the training arguments
+    config.json      the model config and the training settings
     metrics.jsonl    one JSON object per evaluation (step, losses, perplexity, BLEU, ...)
     metrics.json     the final summary (test_bleu, val_loss, steps, train_seconds, ...)
     loss.png         training and validation loss against steps
 
-One training step (section 5): forward, label-smoothed cross-entropy, backward,
-optional gradient clipping, Adam with the warm-up schedule. Everything random
-is a function of ``--seed``: the batch order of epoch ``e`` comes from
-``seed + e`` and the dropout masks of step ``s`` from ``(seed, s)``, so a run
-resumed from a checkpoint repeats the uninterrupted run's losses exactly.
+One training step (section 5, :func:`train_step`): forward, label-smoothed
+cross-entropy, backward, optional gradient clipping, Adam with the warm-up
+schedule. Everything random is a function of ``seed``: the batch order of epoch
+``e`` comes from ``seed + e`` and the dropout masks of step ``s`` from
+``(seed, s)``, so a run resumed from a checkpoint repeats the uninterrupted
+run's losses exactly.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -39,6 +48,133 @@ from .optim import Adam, clip_grad_norm
 DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 
 
+# --------------------------------------------------------------------------- settings
+
+class TrainConfigError(ValueError):
+    """A training setting is out of range or of the wrong type; the message names it."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run, with its default.
+
+    The field names are the ``attn-train`` flags (``lr_factor`` is ``--lr-factor``).
+    ``None`` for a model field keeps the preset's value. Out-of-range values raise
+    :class:`TrainConfigError` naming the field, before any work starts.
+    """
+    # data
+    data: Path = DEFAULT_DATA          # folder with {train,val,test}.{src,tgt} line-aligned files
+    src: str = "en"                    # source language suffix
+    tgt: str = "tk"                    # target language suffix
+    tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
+    min_freq: int = 1                  # words seen fewer times in training become <unk>
+    max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
+    # model (None: the preset's value)
+    preset: str = "toy"
+    d_model: int | None = None
+    heads: int | None = None
+    d_ff: int | None = None
+    layers: int | None = None          # encoder layers and decoder layers
+    dropout: float | None = None
+    label_smoothing: float | None = None
+    dtype: str = "float32"
+    # training
+    backend: str | None = None         # numpy, cupy, auto; None: $ATTN_BACKEND or numpy
+    minutes: float = 7.0               # wall-clock budget for training (0: no limit)
+    steps: int = 0                     # stop after this many optimizer steps (0: no limit)
+    epochs: int = 0                    # stop after this many epochs (0: no limit)
+    max_tokens: int = 2048             # tokens per batch, padding included
+    warmup: int | None = None          # warm-up steps of the schedule (None: the preset's)
+    lr_factor: float = 0.5             # multiplies the section-5.3 learning rate
+    clip: float = 0.0                  # clip the global gradient norm to this (0: off)
+    seed: int = 0                      # weights, batch order, dropout, the tsv split
+    eval_every: int = 250              # validate and checkpoint every N steps
+    bleu_sentences: int = 200          # validation sentences translated at each evaluation (0: none)
+    average: int = 5                   # average the last K snapshots for the final model (0 or 1: off)
+    snapshot_every: int = 50           # steps between the snapshots that `average` uses
+    beam: int = 1                      # beam size for the final test translation (1: greedy)
+    out: Path = Path("runs/toy")       # output folder
+    resume: bool = False               # continue from out/checkpoint.npz
+    reference: bool = False            # train the readable reference classes instead of attn.fast
+    quiet: bool = False                # no progress bar
+
+    def __post_init__(self):
+        for name in ("data", "tsv", "out"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                object.__setattr__(self, name, Path(v))
+            elif v is not None and not isinstance(v, Path):
+                self._bad(name, "must be a path")
+        if self.tsv is None and self.data is None:
+            self._bad("data", "must be a folder (or give tsv)")
+        for name in ("src", "tgt"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                self._bad(name, "must be a non-empty language suffix such as 'en'")
+        if self.preset not in PRESETS:
+            self._bad("preset", f"must be one of {sorted(PRESETS)}")
+        if self.dtype not in ("float32", "float64"):
+            self._bad("dtype", "must be 'float32' or 'float64'")
+        if self.backend not in (None, "numpy", "cupy", "auto"):
+            self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
+        for name, low, optional in (("min_freq", 1, False), ("max_len", 1, True), ("d_model", 1, True),
+                                    ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True),
+                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, False),
+                                    ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
+                                    ("bleu_sentences", 0, False), ("average", 0, False),
+                                    ("snapshot_every", 1, False), ("beam", 1, False)):
+            v = getattr(self, name)
+            if v is None and optional:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool):
+                self._bad(name, "must be an integer")
+            if v < low:
+                self._bad(name, f"must be at least {low}")
+        for name, check, rule in (("minutes", lambda v: v >= 0, "must be >= 0 (0: no limit)"),
+                                  ("lr_factor", lambda v: v > 0, "must be > 0"),
+                                  ("clip", lambda v: v >= 0, "must be >= 0 (0: off)"),
+                                  ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+                                  ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
+            v = getattr(self, name)
+            if v is None and name in ("dropout", "label_smoothing"):
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                self._bad(name, "must be a finite number")
+            if not check(v):
+                self._bad(name, rule)
+        for name in ("resume", "reference", "quiet"):
+            if not isinstance(getattr(self, name), bool):
+                self._bad(name, "must be True or False")
+
+    def _bad(self, name: str, rule: str):
+        raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        """JSON-ready: paths as strings. :meth:`from_dict` inverts it."""
+        return {f.name: (str(v) if isinstance(v, Path) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """A config from :meth:`to_dict` output (or a checkpoint's saved settings); unknown keys are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        """The preset with this config's overrides, for a vocabulary of ``vocab_size``."""
+        overrides = {k: v for k, v in (("d_model", self.d_model), ("n_heads", self.heads), ("d_ff", self.d_ff),
+                                        ("n_encoder_layers", self.layers), ("n_decoder_layers", self.layers),
+                                        ("dropout", self.dropout), ("label_smoothing", self.label_smoothing),
+                                        ("warmup_steps", self.warmup)) if v is not None}
+        try:
+            return TransformerConfig.preset(self.preset, vocab_size=vocab_size, **overrides)
+        except ValueError as e:
+            raise TrainConfigError(f"the model settings do not fit together: {e}") from None
+
+
 # --------------------------------------------------------------------------- data
 
 @dataclass
@@ -50,24 +186,25 @@ class Corpus:
     source: str
 
 
-def load_corpus(args) -> Corpus:
-    """The three splits from ``--tsv FILE`` or ``--data DIR --src L1 --tgt L2``."""
-    if args.tsv:
-        pairs = read_tsv(args.tsv)
+def load_corpus(config: TrainConfig) -> Corpus:
+    """The three splits from ``config.tsv`` or ``config.data`` with ``config.src``/``config.tgt``."""
+    if config.tsv:
+        pairs = read_tsv(config.tsv)
         if len(pairs) < 3:
-            raise DataError(f"{args.tsv}: need at least 3 sentence pairs to split into train/val/test, got {len(pairs)}")
+            raise DataError(f"{config.tsv}: need at least 3 sentence pairs to split into train/val/test, "
+                            f"got {len(pairs)}")
         # A held-out slice, deterministic in the seed: 5% (at most 1000) each for val and test.
-        order = B.host_rng(args.seed).permutation(len(pairs))
+        order = B.host_rng(config.seed).permutation(len(pairs))
         n_hold = max(1, min(1000, len(pairs) // 20))
         val = [pairs[i] for i in order[:n_hold]]
         test = [pairs[i] for i in order[n_hold:2 * n_hold]]
         train = [pairs[i] for i in order[2 * n_hold:]]
-        return Corpus(train, val, test, f"tsv:{args.tsv}")
-    data = Path(args.data)
-    return Corpus(read_parallel(data, args.src, args.tgt, "train"),
-                  read_parallel(data, args.src, args.tgt, "val"),
-                  read_parallel(data, args.src, args.tgt, "test"),
-                  f"{data}/{{train,val,test}}.{{{args.src},{args.tgt}}}")
+        return Corpus(train, val, test, f"tsv:{config.tsv}")
+    data, src, tgt = Path(config.data), config.src, config.tgt
+    return Corpus(read_parallel(data, src, tgt, "train"),
+                  read_parallel(data, src, tgt, "val"),
+                  read_parallel(data, src, tgt, "test"),
+                  f"{data}/{{train,val,test}}.{{{src},{tgt}}}")
 
 
 def build_vocab(train_pairs, min_freq: int) -> Vocab:
@@ -90,28 +227,51 @@ class TrainState:
     evals: list = field(default_factory=list)       # the metrics.jsonl records
 
 
-def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, vocab: Vocab, args) -> None:
+def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, vocab: Vocab,
+                    config: TrainConfig) -> None:
     arrays = {**model.state_arrays(), **opt.state_arrays(),
               "history/train_loss": B.host.asarray(state.losses, dtype="float64")}
     meta = {"format": "attn-checkpoint-1", "config": model.config.to_dict(), "vocab": vocab.to_json(),
             "step": state.step, "epoch": state.epoch, "batch_index": state.batch_index,
             "train_seconds": state.train_seconds, "tokens_seen": state.tokens_seen, "evals": state.evals,
-            "seed": args.seed, "args": _args_dict(args), "dtype": str(model.dtype)}
+            "seed": config.seed, "args": config.to_dict(), "dtype": str(model.dtype)}
     save_npz(path, arrays, meta)
 
 
-def _engine(model: Transformer, args):
+def make_engine(model: Transformer, reference: bool, lr_factor: float):
     """The model and optimizer that train: the readable reference classes with
-    ``--reference``, else their faster twins from :mod:`attn.fast`, which compute
+    ``reference=True``, else their faster twins from :mod:`attn.fast`, which compute
     the same numbers (tests/test_fast.py checks that) with fewer passes over memory."""
-    cls, opt_cls = (Transformer, Adam) if args.reference else (FastTransformer, FastAdam)
+    cls, opt_cls = (Transformer, Adam) if reference else (FastTransformer, FastAdam)
     if type(model) is not cls:
         model = cls(model.config, dtype=model.dtype, params=model.params)
-    return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, args.lr_factor)
+    return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
 
 
-def _args_dict(args) -> dict:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+# --------------------------------------------------------------------------- one step
+
+def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float, clip: float = 0.0,
+               loss_fn=cross_entropy):
+    """One optimizer step on one batch (sections 5.3, 5.4).
+
+    Forward with dropout (masks from ``rng``), label-smoothed cross-entropy,
+    backward, optional clipping of the global gradient norm to ``clip`` (0: off),
+    Adam with the warm-up schedule. ``batch`` is an :class:`attn.data.Batch` on the
+    host; ``loss_fn(logits, targets, eps) -> (loss, dlogits)``.
+
+    Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
+    and the learning rate the step used.
+    """
+    src, tgt_in, tgt_out = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))
+    logits, cache = model.forward(src, tgt_in, rng)
+    loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
+    del logits
+    grads = model.backward(dlogits, cache)
+    del cache, dlogits
+    if clip:
+        clip_grad_norm(grads, clip)
+    lr = opt.step(grads)
+    return loss, lr
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -168,23 +328,32 @@ class _Interrupt:
         return False
 
 
-def train(args) -> dict:
-    """Train as the arguments say; returns the final metrics (also written to metrics.json)."""
-    B.set_backend(args.backend)
-    out = Path(args.out)
+def train(config: TrainConfig) -> dict:
+    """Train as ``config`` says; returns the final metrics (also written to ``out/metrics.json``).
+
+    The returned dict holds at least ``test_bleu``, ``val_loss``, ``steps``,
+    ``train_seconds``, ``tokens_per_second`` and ``backend``; an interrupted run
+    returns ``{"interrupted": True, "steps": ...}``.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
+    if config.backend is None:
+        config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
+    B.set_backend(config.backend)
+    out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.npz"
 
-    corpus = load_corpus(args)
+    corpus = load_corpus(config)
     state = TrainState()
-    if args.resume:
+    if config.resume:
         if not ckpt_path.is_file():
             raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
         arrays, meta = load_npz(ckpt_path)
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(ckpt_path))
-        config = model.config
-        model, opt = _engine(model, args)
+        model_config = model.config
+        model, opt = make_engine(model, config.reference, config.lr_factor)
         opt.load_state(arrays, meta["step"])
         state = TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
                            meta["tokens_seen"], [float(x) for x in arrays.get("history/train_loss", [])],
@@ -192,50 +361,42 @@ def train(args) -> dict:
         print(f"resumed from {ckpt_path} at step {state.step} (epoch {state.epoch}, batch {state.batch_index})",
               file=sys.stderr)
     else:
-        vocab = build_vocab(corpus.train, args.min_freq)
-        overrides = {k: v for k, v in (("d_model", args.d_model), ("n_heads", args.heads), ("d_ff", args.d_ff),
-                                        ("n_encoder_layers", args.layers), ("n_decoder_layers", args.layers),
-                                        ("dropout", args.dropout), ("label_smoothing", args.label_smoothing),
-                                        ("warmup_steps", args.warmup)) if v is not None}
-        config = TransformerConfig.preset(args.preset, vocab_size=len(vocab), **overrides)
-        model, opt = _engine(Transformer(config, seed=args.seed, dtype=args.dtype), args)
+        vocab = build_vocab(corpus.train, config.min_freq)
+        model_config = config.model_config(len(vocab))
+        model, opt = make_engine(Transformer(model_config, seed=config.seed, dtype=config.dtype),
+                                 config.reference, config.lr_factor)
 
     # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
-    max_len = min(args.max_len or config.max_len, config.max_len - 1)
+    max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
     train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
     val_enc = encode_pairs(corpus.val, vocab, max_len=max_len)
-    val_batches = make_batches(val_enc, args.max_tokens, shuffle=False)
-    (out / "config.json").write_text(json.dumps({"model": config.to_dict(), "train": _args_dict(args),
+    val_batches = make_batches(val_enc, config.max_tokens, shuffle=False)
+    (out / "config.json").write_text(json.dumps({"model": model_config.to_dict(), "train": config.to_dict(),
                                                  "vocab_size": len(vocab), "corpus": corpus.source,
                                                  "train_pairs": len(train_enc)}, indent=2))
     print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)}, "
-          f"model {model.num_parameters():,} parameters ({args.preset}), backend {B.get_backend()}",
+          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.get_backend()}",
           file=sys.stderr)
 
-    step_loss = cross_entropy if args.reference else partial(fast_cross_entropy, inplace=True)
-    budget = args.minutes * 60.0 if args.minutes else math.inf
+    loss_fn = cross_entropy if config.reference else partial(fast_cross_entropy, inplace=True)
+    budget = config.minutes * 60.0 if config.minutes else math.inf
     started = time.perf_counter()
     last_eval_step = state.step
     from tqdm import tqdm
-    bar = tqdm(total=args.steps if args.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=args.quiet, file=sys.stderr, desc="train")
+    bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
+               disable=config.quiet, file=sys.stderr, desc="train")
+    evaluate = partial(_evaluate_and_save, model, opt, state, vocab, config, corpus, val_batches, model_config,
+                       out, bar)
     stop_reason = None
     with _Interrupt() as interrupt:
         while stop_reason is None:
-            batches = make_batches(train_enc, args.max_tokens, shuffle=True, seed=args.seed, epoch=state.epoch)
+            batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed,
+                                   epoch=state.epoch)
             while state.batch_index < len(batches):
                 b = batches[state.batch_index]
                 t0 = time.perf_counter()
-                rng = B.DeviceRNG(args.seed * 1_000_003 + state.step)
-                src, tgt_in, tgt_out = (B.to_device(a) for a in (b.src, b.tgt_in, b.tgt_out))
-                logits, cache = model.forward(src, tgt_in, rng)
-                loss, dlogits = step_loss(logits, tgt_out, config.label_smoothing)
-                del logits
-                grads = model.backward(dlogits, cache)
-                del cache, dlogits
-                if args.clip:
-                    clip_grad_norm(grads, args.clip)
-                lr = opt.step(grads)
+                rng = B.DeviceRNG(config.seed * 1_000_003 + state.step)
+                loss, lr = train_step(model, opt, b, rng, model_config.label_smoothing, config.clip, loss_fn)
                 loss_value = B.to_float(loss)      # the one host sync of the step: the bar shows it
                 dt = time.perf_counter() - t0
                 state.step += 1
@@ -250,30 +411,28 @@ def train(args) -> dict:
                                     + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
                                     + f" ep {state.epoch}", refresh=False)
 
-                if args.steps and state.step >= args.steps:
-                    stop_reason = f"reached --steps {args.steps}"
+                if config.steps and state.step >= config.steps:
+                    stop_reason = f"reached --steps {config.steps}"
                 elif time.perf_counter() - started >= budget:
-                    stop_reason = f"reached --minutes {args.minutes}"
+                    stop_reason = f"reached --minutes {config.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
-                if args.average > 1 and state.step % args.snapshot_every == 0:
-                    _snapshot(out, model, vocab, state.step, args.average)
+                if config.average > 1 and state.step % config.snapshot_every == 0:
+                    _snapshot(out, model, vocab, state.step, config.average)
                 if stop_reason == "interrupted":
-                    save_checkpoint(ckpt_path, model, opt, state, vocab, args)
-                elif stop_reason or state.step - last_eval_step >= args.eval_every:
-                    _evaluate_and_save(model, opt, state, vocab, args, corpus, val_batches, config, out, bar,
-                                       write_ckpt=True)
+                    save_checkpoint(ckpt_path, model, opt, state, vocab, config)
+                elif stop_reason or state.step - last_eval_step >= config.eval_every:
+                    evaluate()
                     last_eval_step = state.step
                 if stop_reason:
                     break
             else:
                 state.epoch += 1
                 state.batch_index = 0
-                if args.epochs and state.epoch >= args.epochs:
-                    stop_reason = f"reached --epochs {args.epochs}"
+                if config.epochs and state.epoch >= config.epochs:
+                    stop_reason = f"reached --epochs {config.epochs}"
                     if state.step != last_eval_step:
-                        _evaluate_and_save(model, opt, state, vocab, args, corpus, val_batches, config, out, bar,
-                                           write_ckpt=True)
+                        evaluate()
     bar.close()
     print(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
           f"checkpoint {ckpt_path}", file=sys.stderr)
@@ -283,46 +442,46 @@ def train(args) -> dict:
 
     # Section 6.1: the base models average the last 5 checkpoints.
     final_model = model
-    if args.average > 1:
-        final_model = average_snapshots(out, args.average, model, vocab) or model
-    test_bleu, test_hyps = bleu_on(final_model, vocab, corpus.test, args.beam)
+    if config.average > 1:
+        final_model = average_snapshots(out, config.average, model, vocab) or model
+    test_bleu, test_hyps = bleu_on(final_model, vocab, corpus.test, config.beam)
     (out / "test_translations.txt").write_text("\n".join(test_hyps) + "\n", encoding="utf-8")
     last = state.evals[-1] if state.evals else {}
     metrics = {"test_bleu": test_bleu, "val_loss": last.get("val_loss"), "val_bleu": last.get("val_bleu"),
                "val_ppl": last.get("val_ppl"), "steps": state.step, "epochs": state.epoch,
                "train_seconds": round(state.train_seconds, 2),
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
-               "backend": B.get_backend(), "preset": args.preset, "parameters": model.num_parameters(),
-               "beam": args.beam, "averaged_checkpoints": args.average if args.average > 1 else 1,
+               "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
+               "beam": config.beam, "averaged_checkpoints": config.average if config.average > 1 else 1,
                "wall_seconds": round(time.perf_counter() - started, 2), "stop": stop_reason}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     _plot(out, state)
     print(json.dumps(metrics), file=sys.stderr)
     final_path = out / "averaged.npz" if final_model is not model else ckpt_path
-    print(f"test BLEU {test_bleu:.2f} ({'beam ' + str(args.beam) if args.beam > 1 else 'greedy'}"
-          f"{', average of the last %d snapshots' % args.average if final_model is not model else ''}); "
+    print(f"test BLEU {test_bleu:.2f} ({'beam ' + str(config.beam) if config.beam > 1 else 'greedy'}"
+          f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
           f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
     return metrics
 
 
-def _evaluate_and_save(model, opt, state, vocab, args, corpus, val_batches, config, out, bar, write_ckpt):
+def _evaluate_and_save(model, opt, state, vocab, config, corpus, val_batches, model_config, out, bar):
+    """Validation loss (and BLEU on the first ``bleu_sentences``), one metrics.jsonl line, a checkpoint."""
     t0 = time.perf_counter()
     record = {"step": state.step, "epoch": state.epoch,
-              "train_loss": float(B.host.mean(state.losses[-args.eval_every:])) if state.losses else None,
+              "train_loss": float(B.host.mean(state.losses[-config.eval_every:])) if state.losses else None,
               "lr": opt.lr(state.step) if state.step else None}
-    record.update(evaluate_loss(model, val_batches, config.label_smoothing))
-    if args.bleu_sentences:
-        record["val_bleu"], _ = bleu_on(model, vocab, corpus.val, 1, args.bleu_sentences)
+    record.update(evaluate_loss(model, val_batches, model_config.label_smoothing))
+    if config.bleu_sentences:
+        record["val_bleu"], _ = bleu_on(model, vocab, corpus.val, 1, config.bleu_sentences)
     record["train_seconds"] = round(state.train_seconds, 2)
     record["eval_seconds"] = round(time.perf_counter() - t0, 2)
     state.evals.append(record)
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-    if write_ckpt:
-        save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, args)
+    save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, config)
     msg = (f"step {state.step}: val loss {record['val_loss']:.3f}, ppl {record['val_ppl']:.2f}"
-           + (f", BLEU {record['val_bleu']:.1f} (first {args.bleu_sentences} val)" if "val_bleu" in record else ""))
-    (bar.write if not args.quiet else (lambda m: print(m, file=sys.stderr)))(msg)
+           + (f", BLEU {record['val_bleu']:.1f} (first {config.bleu_sentences} val)" if "val_bleu" in record else ""))
+    (bar.write if not config.quiet else (lambda m: print(m, file=sys.stderr)))(msg)
 
 
 def _snapshot(out: Path, model: Transformer, vocab: Vocab, step: int, keep: int) -> None:
@@ -365,12 +524,19 @@ def _fmt_secs(s: float) -> str:
 
 # --------------------------------------------------------------------------- command line
 
+_D = TrainConfig()      # the defaults, quoted in the help
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``attn-train`` command line. Flags that are not given stay out of the
+    namespace (``argparse.SUPPRESS``): :func:`config_from_argv` fills them from
+    :class:`TrainConfig`'s defaults, and ``--resume`` knows which ones the user set."""
     p = argparse.ArgumentParser(
-        prog="attn-train",
+        prog="attn-train", argument_default=argparse.SUPPRESS,
         description="Train a Transformer translator. With no arguments: the toy English -> toy-language "
                     "translator in data/toy, on the backend chosen by ATTN_BACKEND (default numpy), "
-                    "for at most --minutes of training, writing runs/toy/.",
+                    "for at most --minutes of training, writing runs/toy/. "
+                    "In Python: attn.train.train(attn.train.TrainConfig(...)), whose fields are these flags.",
         epilog="examples:\n"
                "  attn-train                                   # the toy translator\n"
                "  attn-train --backend cupy                    # the same on a GPU\n"
@@ -379,45 +545,50 @@ def build_parser() -> argparse.ArgumentParser:
                "  attn-train --resume --out runs/toy           # continue an interrupted run",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("data")
-    g.add_argument("--data", type=Path, default=DEFAULT_DATA,
+    g.add_argument("--data", type=Path,
                    help="folder with {train,val,test}.{SRC,TGT} line-aligned files (default: the toy corpus)")
-    g.add_argument("--src", default="en", help="source language suffix (default: en)")
-    g.add_argument("--tgt", default="tk", help="target language suffix (default: tk)")
+    g.add_argument("--src", help=f"source language suffix (default: {_D.src})")
+    g.add_argument("--tgt", help=f"target language suffix (default: {_D.tgt})")
     g.add_argument("--tsv", type=Path, help="tab-separated pairs file instead of --data; 5%% each held out for val/test")
-    g.add_argument("--min-freq", type=int, default=1, help="drop words seen fewer times in training (-> <unk>)")
+    g.add_argument("--min-freq", type=int,
+                   help=f"drop words seen fewer times in training (-> <unk>; default {_D.min_freq})")
     g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
     g = p.add_argument_group("model")
-    g.add_argument("--preset", default="toy", choices=sorted(PRESETS), help="model size (default: toy)")
+    g.add_argument("--preset", choices=sorted(PRESETS), help=f"model size (default: {_D.preset})")
     g.add_argument("--d-model", type=int, help="override the preset's d_model")
     g.add_argument("--heads", type=int, help="override the number of attention heads")
     g.add_argument("--d-ff", type=int, help="override the feed-forward width")
     g.add_argument("--layers", type=int, help="override the number of encoder and decoder layers")
     g.add_argument("--dropout", type=float, help="override the residual dropout")
     g.add_argument("--label-smoothing", type=float, help="override label smoothing epsilon")
-    g.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    g.add_argument("--dtype", choices=["float32", "float64"], help=f"default {_D.dtype}")
     g = p.add_argument_group("training")
-    g.add_argument("--backend", default=None, choices=["numpy", "cupy", "auto"],
+    g.add_argument("--backend", choices=["numpy", "cupy", "auto"],
                    help="array backend (default: $ATTN_BACKEND or numpy)")
-    g.add_argument("--minutes", type=float, default=7.0,
-                   help="wall-clock budget for training, in minutes (0: no limit; default 7)")
-    g.add_argument("--steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
-    g.add_argument("--epochs", type=int, default=0, help="stop after this many epochs (0: no limit)")
-    g.add_argument("--max-tokens", type=int, default=2048, help="tokens per batch, padding included (default 2048)")
+    g.add_argument("--minutes", type=float,
+                   help=f"wall-clock budget for training, in minutes (0: no limit; default {_D.minutes:g})")
+    g.add_argument("--steps", type=int, help="stop after this many optimizer steps (0: no limit)")
+    g.add_argument("--epochs", type=int, help="stop after this many epochs (0: no limit)")
+    g.add_argument("--max-tokens", type=int,
+                   help=f"tokens per batch, padding included (default {_D.max_tokens})")
     g.add_argument("--warmup", type=int, help="override the warm-up steps of the schedule")
-    g.add_argument("--lr-factor", type=float, default=0.5,
-                   help="multiplies the section-5.3 learning rate (default 0.5: the toy model's d_model of 128 "
-                        "would otherwise peak at 4.4e-3, where it learns markedly slower)")
-    g.add_argument("--clip", type=float, default=0.0, help="clip the global gradient norm to this (0: off)")
-    g.add_argument("--seed", type=int, default=0, help="seed for weights, batch order and dropout (default 0)")
-    g.add_argument("--eval-every", type=int, default=250, help="validate and checkpoint every N steps")
-    g.add_argument("--bleu-sentences", type=int, default=200,
-                   help="validation sentences translated for the periodic BLEU (0: skip)")
-    g.add_argument("--average", type=int, default=5,
+    g.add_argument("--lr-factor", type=float,
+                   help=f"multiplies the section-5.3 learning rate (default {_D.lr_factor:g}: the toy model's "
+                        "d_model of 128 would otherwise peak at 4.4e-3, where it learns markedly slower)")
+    g.add_argument("--clip", type=float, help="clip the global gradient norm to this (0: off, the default)")
+    g.add_argument("--seed", type=int, help=f"seed for weights, batch order and dropout (default {_D.seed})")
+    g.add_argument("--eval-every", type=int,
+                   help=f"validate and checkpoint every N steps (default {_D.eval_every})")
+    g.add_argument("--bleu-sentences", type=int,
+                   help=f"validation sentences translated for the periodic BLEU (0: skip; default {_D.bleu_sentences})")
+    g.add_argument("--average", type=int,
                    help="average the parameters of the last K snapshots for the final model, written to "
-                        "OUT/averaged.npz and used for the test BLEU (section 6.1; 0 or 1: off; default 5)")
-    g.add_argument("--snapshot-every", type=int, default=50, help="steps between the snapshots that --average uses")
-    g.add_argument("--beam", type=int, default=1, help="beam size for the final test translation (1: greedy)")
-    g.add_argument("--out", type=Path, default=Path("runs/toy"), help="output folder (default runs/toy)")
+                        "OUT/averaged.npz and used for the test BLEU (section 6.1; 0 or 1: off; "
+                        f"default {_D.average})")
+    g.add_argument("--snapshot-every", type=int,
+                   help=f"steps between the snapshots that --average uses (default {_D.snapshot_every})")
+    g.add_argument("--beam", type=int, help="beam size for the final test translation (1: greedy, the default)")
+    g.add_argument("--out", type=Path, help=f"output folder (default {_D.out})")
     g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")
     g.add_argument("--reference", action="store_true",
                    help="train with the readable reference layers instead of the faster attn.fast path "
@@ -426,14 +597,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def config_from_argv(argv=None) -> TrainConfig:
+    """The :class:`TrainConfig` that an ``attn-train`` command line asks for.
+
+    Raises SystemExit (argparse's usage message) for an unknown flag and
+    :class:`TrainConfigError` for a value out of range."""
+    return TrainConfig(**vars(build_parser().parse_args(argv)))
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.backend is None:
-        import os
-        args.backend = os.environ.get("ATTN_BACKEND", "numpy")
+    parser = build_parser()
+    given = vars(parser.parse_args(argv))
     try:
-        train(args)
-    except (DataError, CheckpointError, B.BackendError, FileNotFoundError) as e:
+        config = TrainConfig(**given)
+    except TrainConfigError as e:
+        parser.error(str(e))            # exit status 2, before any work
+    try:
+        train(config)
+    except (DataError, CheckpointError, B.BackendError, FileNotFoundError, TrainConfigError) as e:
         print(f"attn-train: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

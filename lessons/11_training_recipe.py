@@ -28,9 +28,9 @@ import numpy as np
 
 from attn.loss import cross_entropy
 from attn.optim import Adam, noam_lr, schedule_curve
-from attn.train import build_parser
+from attn.train import TrainConfig
 
-LR_FACTOR = build_parser().get_default("lr_factor")          # attn-train's --lr-factor default, read from the code
+LR_FACTOR = TrainConfig().lr_factor                  # attn-train's --lr-factor default, read from the code
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 
@@ -73,7 +73,7 @@ print(f"the toy preset (d_model 128, warmup 400) with attn-train's default --lr-
 # `1/sqrt(25)` = 20% of the peak.
 #
 # `attn-train` multiplies the schedule by `--lr-factor` (its default is printed
-# above, read from `attn.train.build_parser`); the shape is the paper's.
+# above, read from `attn.train.TrainConfig`); the shape is the paper's.
 #
 # **The learning rate is not trained.** Seed 000 notes "Learning Rate도 Train" (the
 # learning rate is trained too). It is not a parameter: equation (3) is a fixed

@@ -36,7 +36,7 @@ from attn.decode import beam_search, greedy_decode, length_penalty
 from attn.evaluate import corpus_bleu, evaluate_bleu, source_ids
 from attn.model import log_softmax
 from attn.plot import plot_loss_curve
-from attn.train import build_parser, train
+from attn.train import TrainConfig, config_from_argv, train
 from attn.translate import load_translator
 
 B.set_backend("numpy")                                       # lessons run on the CPU
@@ -112,8 +112,8 @@ else:
 argv = ["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy", "--seed", "0",
         *size, "--label-smoothing", "0.1", *schedule, "--average", "5", "--snapshot-every", "50",
         "--minutes", "0", "--bleu-sentences", "0", "--quiet", "--reference"]
-print("attn-train", " ".join(argv), f"   (default --lr-factor: {build_parser().get_default('lr_factor'):g})")
-metrics = train(build_parser().parse_args(argv))
+print("attn-train", " ".join(argv), f"   (default --lr-factor: {TrainConfig().lr_factor:g})")
+metrics = train(config_from_argv(argv))
 print(json.dumps({k: metrics[k] for k in ("steps", "train_seconds", "val_loss", "val_ppl", "parameters")}))
 
 # %% [markdown]

@@ -38,7 +38,7 @@ from attn.data import BOS, EOS, PAD, TOY_DIR, read_parallel
 from attn.evaluate import source_ids, translate
 from attn.model import Transformer
 from attn.plot import plot_attention
-from attn.train import build_parser, train
+from attn.train import config_from_argv, train
 from attn.translate import load_translator
 
 B.set_backend("numpy")
@@ -67,7 +67,7 @@ if not checkpoint:
     else:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
                 "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
-    train(build_parser().parse_args(["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy",
+    train(config_from_argv(["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy",
                                      *size, "--lr-factor", "2", "--average", "0", "--minutes", "0",
                                      "--bleu-sentences", "0", "--quiet", "--reference"]))
     checkpoint = run_dir / "checkpoint.npz"

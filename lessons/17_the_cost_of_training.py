@@ -30,7 +30,7 @@ from attn.data import TOY_DIR, Vocab, encode_pairs, make_batches, read_parallel,
 from attn.loss import cross_entropy
 from attn.model import Transformer, TransformerConfig, parameter_shapes
 from attn.optim import Adam
-from attn.train import build_parser
+from attn.train import TrainConfig
 
 B.set_backend("numpy")
 T0 = time.time()
@@ -163,7 +163,7 @@ def time_steps(model, batch, repeats, smoothing=0.1):
     return float(np.median(times[1:])), float(np.median(adam[1:])), float(loss)
 
 
-max_tokens = build_parser().get_default("max_tokens")
+max_tokens = TrainConfig().max_tokens
 pairs = read_parallel(TOY_DIR, "en", "tk", "train")[:3000]
 vocab = Vocab.build([tokenize(s) for s, _ in pairs] + [tokenize(t) for _, t in pairs])
 toy_batch = max(make_batches(encode_pairs(pairs, vocab), max_tokens, shuffle=True, seed=0),
@@ -209,7 +209,7 @@ print(f"base model, paper's schedule: {shapes_total:.2e} FLOPs / {measured['base
       f"{days_here:,.0f} days ({days_here / 365:.1f} years) on this machine, against "
       f"{paper_runs['base']['hours'] / 24:.1f} days on 8 P100s")
 print(f"one P100 at its 9.5 TFLOPS peak is {P100 / measured['base']['rate']:.0f} x this machine's measured rate")
-toy_minutes = build_parser().get_default("minutes")
+toy_minutes = TrainConfig().minutes
 print(f"the toy model in attn-train's default {toy_minutes:g} minutes, at the readable path's rate measured here "
       f"(attn-train's default fast path gets through more): about "
       f"{toy_minutes * 60 / toy_sec:,.0f} steps of {max_tokens} tokens, {toy_minutes * 60 * measured['toy']['rate']:.1e} "

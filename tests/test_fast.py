@@ -345,7 +345,7 @@ def _np_cp(cp, a):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("mask_shape", [(3, 1, 1, 5), (3, 1, 4, 5)])
 def test_cupy_softmax_kernels_match_numpy(cupy, dtype, mask_shape):
-    from attn.kernels import CupyOps
+    from attn.fast.kernels import CupyOps
     cp = cupy
     ops_np, ops_cp = ops_for(np), ops_for(cp)
     assert isinstance(ops_cp, CupyOps)

@@ -1,8 +1,10 @@
 """End-to-end: the trainer learns, resumes exactly, survives Ctrl-C, and its command explains itself."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +19,7 @@ from attn.checkpoint import load_npz
 from attn.evaluate import translate_sentences
 from attn.model import Transformer
 from attn.data import Vocab
-from attn.train import build_parser, train
+from attn.train import TrainConfig, TrainConfigError, config_from_argv, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,9 +45,7 @@ TINY = ["--src", "xx", "--tgt", "yy", "--average", "0", "--d-model", "32", "--he
 def run_train(tmp_path, *extra):
     (tmp_path / "data").mkdir(exist_ok=True)
     data = write_corpus(tmp_path / "data")
-    args = build_parser().parse_args(["--data", str(data), *TINY, *extra])
-    args.backend = "numpy"
-    return train(args)
+    return train(config_from_argv(["--data", str(data), *TINY, "--backend", "numpy", *extra]))
 
 
 @pytest.fixture(autouse=True)
@@ -136,8 +136,53 @@ def test_bad_data_is_a_clear_error(tmp_path):
 def test_tsv_corpus_trains(tmp_path):
     lines = [f"{s}\t{t}" for s, t in PAIRS * 4]
     (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    args = build_parser().parse_args(["--tsv", str(tmp_path / "pairs.tsv"), *TINY[4:], "--steps", "3",
-                                      "--eval-every", "3", "--out", str(tmp_path / "o")])
-    args.backend = "numpy"
-    metrics = train(args)
+    metrics = train(config_from_argv(["--tsv", str(tmp_path / "pairs.tsv"), *TINY[4:], "--steps", "3",
+                                      "--eval-every", "3", "--out", str(tmp_path / "o"), "--backend", "numpy"]))
     assert metrics["steps"] == 3 and os.path.isfile(tmp_path / "o" / "checkpoint.npz")
+
+
+# --------------------------------------------------------------------------- the Python API
+
+def test_python_api_trains_from_a_config(tmp_path):
+    """train(TrainConfig(...)) is the command's equivalent: same fields, metrics back as a dict."""
+    data = write_corpus(tmp_path)
+    config = TrainConfig(data=data, src="xx", tgt="yy", out=tmp_path / "api", backend="numpy", steps=4,
+                         eval_every=2, minutes=0, average=0, d_model=32, heads=2, d_ff=64, layers=1,
+                         max_tokens=64, warmup=30, bleu_sentences=0, quiet=True)
+    metrics = train(config)
+    assert metrics["steps"] == 4 and "test_bleu" in metrics and metrics["backend"] == "numpy"
+    saved = json.loads((tmp_path / "api" / "config.json").read_text())["train"]
+    assert TrainConfig.from_dict(saved) == config
+    _, meta = load_npz(tmp_path / "api" / "checkpoint.npz")
+    assert TrainConfig.from_dict(meta["args"]) == config
+
+
+def test_command_line_and_config_agree():
+    """Every flag is a field; no flag given gives the defaults; strings become paths."""
+    assert config_from_argv([]) == TrainConfig()
+    c = config_from_argv(["--lr-factor", "2", "--max-tokens", "100", "--out", "x", "--resume", "--tsv", "a.tsv"])
+    assert c == TrainConfig(lr_factor=2.0, max_tokens=100, out="x", resume=True, tsv=Path("a.tsv"))
+    assert isinstance(c.out, Path)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.seed = 3
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("minutes", -3, "minutes (--minutes) must be >= 0"), ("minutes", float("nan"), "finite"),
+    ("steps", -1, "steps (--steps) must be at least 0"), ("max_tokens", 0, "max_tokens"),
+    ("lr_factor", 0, "lr_factor (--lr-factor) must be > 0"), ("beam", 0, "beam"), ("eval_every", 0, "eval_every"),
+    ("dropout", 1.5, "dropout"), ("label_smoothing", -0.1, "label_smoothing"), ("warmup", 0, "warmup"),
+    ("seed", -1, "seed"), ("min_freq", 0, "min_freq"), ("clip", -1.0, "clip"), ("preset", "huge", "preset"),
+    ("steps", 2.5, "steps (--steps) must be an integer"), ("backend", "tpu", "backend")])
+def test_out_of_range_settings_are_errors_naming_the_field(field, value, words):
+    with pytest.raises(TrainConfigError, match=re.escape(words)):
+        TrainConfig(**{field: value})
+
+
+def test_out_of_range_flag_fails_before_any_work(tmp_path, capsys):
+    """`attn-train --minutes -3` used to train a step and report BLEU 0.0; now argparse's usage error."""
+    with pytest.raises(SystemExit) as e:
+        main(["--minutes", "-3", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    assert "--minutes" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import math
 
-from . import backend as B
-from .fast import Mask, _Ops
+from .. import backend as B
+from .ops import Mask, _Ops
 
 _SOURCE = r"""
 // A tree sum / max over the block; blockDim.x must be a power of two and `sh` hold
@@ -215,7 +215,7 @@ class CupyOps(_Ops):
     # ---- softmax (keys first)
 
     def softmax0_(self, s, bias=None, row_scale=None):
-        """As :meth:`attn.fast._Ops.softmax0_` for s (Tk, B, H, Tq) contiguous; ``bias`` is
+        """As :meth:`attn.fast.ops._Ops.softmax0_` for s (Tk, B, H, Tq) contiguous; ``bias`` is
         required (0 / most negative finite, broadcastable), ``row_scale`` is not needed: a
         query with no allowed key is detected in the kernel."""
         cp = self.xp

@@ -1,0 +1,179 @@
+"""The command: ``python -m attn.bench`` (arguments, the run, output)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from .. import backend as B
+from ..fast import keep_freed_memory
+from .flops import measure_matmul_rate
+from .machine import blas_threads, machine_info
+from .memory import _memory_child, measure_memory
+from .presets import BENCH_PRESETS, MEASUREMENTS, _bench_config, model_config
+from .report import _derived, print_markdown, print_table
+from .timing import _progress, _syncs, time_work
+from .twin import torch_available
+from .work import build_work
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python -m attn.bench",
+        description="Time attn's training step (forward, backward, Adam), forward pass and decoding "
+                    "(greedy and beam search, with and without the key/value cache) on a named "
+                    "configuration; where PyTorch is installed, time the same model in PyTorch in the "
+                    "same run and print ours/PyTorch. Reports seconds (median of several runs after "
+                    "warm-up), tokens per second, peak memory growth of one step, model FLOPs, the "
+                    "achieved FLOP rate and its fraction of this machine's float32 matmul rate "
+                    "measured in the same run. Progress goes to stderr.",
+        epilog="presets: " + "; ".join(f"{k}: {v.note or 'model preset ' + k}" for k, v in BENCH_PRESETS.items())
+               + ". Example: python -m attn.bench --preset toy-bench --threads 2")
+    p.add_argument("--preset", default="toy-bench", choices=sorted(BENCH_PRESETS),
+                   help="named configuration (default toy-bench)")
+    p.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"],
+                   help="array backend (auto: CuPy where a GPU is usable); PyTorch runs on the matching device")
+    p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
+    p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
+    p.add_argument("--quick", action="store_true",
+                   help="the tiny 'quick' configuration, 1 warm-up and 2 repeats (for tests)")
+    p.add_argument("--only", default=",".join(MEASUREMENTS),
+                   help="comma-separated measurements (default all): " + ", ".join(MEASUREMENTS))
+    p.add_argument("--repeats", type=int, help="timed runs per measurement (default per preset)")
+    p.add_argument("--warmup", type=int, help="untimed runs before timing (default per preset)")
+    p.add_argument("--threads", type=int,
+                   help="BLAS threads for NumPy (OpenBLAS) and torch.set_num_threads (default: NumPy's current)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
+    p.add_argument("--return-freed-memory", action="store_true",
+                   help="leave glibc's malloc as it is (by default the timing process keeps freed blocks "
+                        "for reuse, see attn.fast.keep_freed_memory; it applies to PyTorch alike)")
+    p.add_argument("--memory-all", action="store_true",
+                   help="also measure the peak memory of the uncached decodes (slow)")
+    p.add_argument("--settle", type=float, default=None,
+                   help="seconds to sleep before each timed run (default 0.1 with PyTorch, else 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    for k, h in (("batch", "sentences per training batch"), ("src_len", "source length"),
+                 ("tgt_len", "target length"), ("decode_batch", "sentences decoded at once"),
+                 ("decode_steps", "tokens generated per sentence"), ("beam", "beam size")):
+        p.add_argument("--" + k.replace("_", "-"), dest=k, type=int, help=h + " (default per preset)")
+    p.add_argument("--_memory-child", dest="_memory_child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.preset = "quick"
+    args.only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in args.only if s not in MEASUREMENTS]
+    if unknown:
+        p.error(f"unknown measurement(s) {unknown}; choose from {', '.join(MEASUREMENTS)}")
+    return args
+
+
+def run(args) -> list[dict]:
+    """Run the benchmark; returns the list of result dicts (also printed)."""
+    quiet = args.quiet
+    B.set_backend(args.backend)
+    args.backend = B.get_backend()
+    threads = blas_threads(args.threads) if args.backend == "numpy" else None
+    with_torch = not args.no_torch and torch_available()
+    if with_torch:
+        import torch
+        if args.backend == "numpy":
+            torch.set_num_threads(threads or args.threads or os.cpu_count() or 1)
+    bc = _bench_config(args)
+    cfg = model_config(bc)
+    sync, tsync, device = _syncs(args.backend, with_torch)
+    # glibc keeps freed blocks for reuse (both frameworks share this process's malloc); the
+    # memory children below run without it so that their resident set falls with frees.
+    kept = keep_freed_memory() if not args.return_freed_memory else False
+    settle = args.settle if args.settle is not None else (0.1 if with_torch else 0.0)
+
+    info = machine_info()
+    info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    info.update(backend=args.backend, preset=args.preset, blas_threads=threads, malloc_keeps_freed_memory=kept,
+                config=cfg.to_dict(), batch=bc.batch, src_len=bc.src_len, tgt_len=bc.tgt_len,
+                command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(os.path.join("bench", "__main__.py"))
+                else None)
+    if with_torch:
+        import torch
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    if args.backend == "cupy":
+        cp = B.xp()
+        info.update(cupy=cp.__version__, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
+    results = [info]
+
+    _progress(f"preset {args.preset} on {args.backend} (threads {threads}); measuring the matmul rate", quiet)
+    rate, peak = measure_matmul_rate(cfg, bc.batch, bc.src_len, bc.tgt_len, B.xp(), sync)
+    results.append({"name": "matmul", "gflops_per_second": rate, "square_2048_gflops_per_second": peak,
+                    "shapes": "the training step's (forward and backward), float32",
+                    "seconds_per_step": None, "tokens_per_second": None, "peak_memory_mb": None})
+
+    work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device,
+                      repeats=args.repeats, warmup=args.warmup)
+    for i, w in enumerate(work):
+        _progress(f"[{i + 1}/{len(work)}] {w.name}", quiet)
+        times = time_work(w, settle, quiet)
+        ours = statistics.median(times["ours"])
+        r = {"name": w.name, "seconds_per_step": ours, "tokens_per_second": w.tokens / ours,
+             "peak_memory_mb": None, "times": times["ours"], "repeats": w.repeats}
+        if w.flops:
+            if args.backend == "cupy":
+                r["tflops_per_second"] = w.flops / ours / 1e12
+            r.update(flops_per_step=w.flops, gflops_per_second=w.flops / ours / 1e9,
+                     fraction_of_best_matmul_rate=w.flops / ours / 1e9 / rate,
+                     fraction_of_square_matmul_rate=w.flops / ours / 1e9 / peak)
+            if "matmul" in times:
+                mm_t = statistics.median(times["matmul"])
+                r.update(matmul_seconds_per_step=mm_t, matmul_gflops_per_second=w.flops / mm_t / 1e9,
+                         fraction_of_matmul_rate=mm_t / ours, matmul_times=times["matmul"])
+            else:
+                r["fraction_of_matmul_rate"] = r["fraction_of_best_matmul_rate"]
+        if "torch" in times:
+            t = statistics.median(times["torch"])
+            r.update(torch_seconds_per_step=t, torch_tokens_per_second=w.tokens / t, ratio=ours / t,
+                     torch_times=times["torch"])
+        r.update(w.extra)
+        results.append(r)
+    _derived(results)
+    info["load_average_end_of_timing"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+
+    if not args.no_memory:
+        mem = {"attn": measure_memory(args, "attn", quiet)}
+        if with_torch:
+            mem["torch"] = measure_memory(args, "torch", quiet)
+        for r in results[2:]:
+            m = mem["attn"].get(r["name"], {})
+            r["peak_memory_mb"] = m.get("peak_memory_mb")
+            if "tracemalloc_peak_mb" in m:
+                r["tracemalloc_peak_mb"] = m["tracemalloc_peak_mb"]
+            if with_torch:
+                tm = mem.get("torch", {}).get(r["name"].replace("_reference", ""), {})
+                r["torch_peak_memory_mb"] = tm.get("peak_memory_mb")
+    return results
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--render-markdown":
+        with open(sys.argv[2]) as fh:             # re-render a saved --json run
+            print_markdown([json.loads(line) for line in fh if line.strip()])
+        return 0
+    args = parse_args(argv)
+    if args._memory_child:
+        B.set_backend(args.backend)
+        if args.backend == "numpy" and args.threads:
+            blas_threads(args.threads)
+        if args._memory_child == "torch":
+            import torch
+            torch.set_num_threads(args.threads or blas_threads() or os.cpu_count() or 1)
+        _memory_child(args)
+        return 0
+    results = run(args)
+    if args.json:
+        for r in results:
+            print(json.dumps(r))
+    elif args.markdown:
+        print_markdown(results)
+    else:
+        print_table(results)
+    return 0
+

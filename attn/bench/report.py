@@ -1,0 +1,99 @@
+"""The benchmark's results as a table (terminal) or Markdown (benchmarks/RESULTS.md)."""
+from __future__ import annotations
+
+import json
+import sys
+
+def _derived(results):
+    """Cache speed-ups and beam/greedy cost, on the rows they concern."""
+    by = {r["name"]: r for r in results}
+    for kind in ("greedy", "beam"):
+        c, u = by.get(f"{kind}_cached"), by.get(f"{kind}_uncached")
+        if c and u:
+            c["cache_speedup"] = u["seconds_per_step"] / c["seconds_per_step"]
+    g, b = by.get("greedy_cached"), by.get("beam_cached")
+    if g and b:
+        b["cost_vs_greedy"] = b["seconds_per_step"] / g["seconds_per_step"]
+
+
+def _fmt(v, spec):
+    if v is None:
+        return format("-", ">" + spec.split(".")[0]) if spec[0].isdigit() else "-"
+    return format(v, spec)
+
+
+def print_table(results, out=sys.stdout):
+    info, mm = results[0], results[1]
+    print(f"attn.bench  preset {info['preset']}  backend {info['backend']}  BLAS threads {info.get('blas_threads')}"
+          f"  torch {info.get('torch', 'absent')} (threads {info.get('torch_threads', '-')})", file=out)
+    print(f"machine: {info.get('cpu_model')}, {info.get('usable_cpus', info.get('cpu_count'))} usable CPUs, "
+          f"numpy {info['numpy']} ({info.get('blas', '?')})" + (f", GPU {info['gpu']}" if "gpu" in info else ""),
+          file=out)
+    if info["backend"] == "cupy":
+        print(f"achieved TFLOP/s: " + ", ".join(f"{r['name']} {r['tflops_per_second']:.1f}"
+                                                for r in results[2:] if "tflops_per_second" in r), file=out)
+    print(f"matmul rate at the step's shapes: {mm['gflops_per_second']:.1f} GFLOP/s "
+          f"(square 2048: {mm['square_2048_gflops_per_second']:.1f} GFLOP/s)", file=out)
+    head = (f"{'measurement':<22}{'s/step':>9}{'tokens/s':>11}{'GFLOP/s':>9}{'%matmul':>8}{'peak MB':>9}"
+            f"{'torch s':>9}{'ratio':>7}{'torch MB':>9}  notes")
+    print(head, file=out)
+    print("-" * len(head), file=out)
+    for r in results[2:]:
+        notes = []
+        if "cache_speedup" in r:
+            notes.append(f"cache x{r['cache_speedup']:.1f}")
+        if "cost_vs_greedy" in r:
+            notes.append(f"{r['cost_vs_greedy']:.2f}x greedy")
+        frac = r.get("fraction_of_matmul_rate")
+        print(f"{r['name']:<22}{r['seconds_per_step']:>9.4f}{r['tokens_per_second']:>11.0f}"
+              f"{_fmt(r.get('gflops_per_second'), '9.1f')}{_fmt(None if frac is None else 100 * frac, '7.1f')}"
+              f"{'%' if frac is not None else ' '}"
+              f"{_fmt(r.get('peak_memory_mb'), '9.1f')}{_fmt(r.get('torch_seconds_per_step'), '9.4f')}"
+              f"{_fmt(r.get('ratio'), '7.2f')}{_fmt(r.get('torch_peak_memory_mb'), '9.1f')}  {', '.join(notes)}",
+              file=out)
+
+
+def print_markdown(results, out=sys.stdout):
+    info, mm = results[0], results[1]
+    load = info.get("load_average")
+    print(f"- command: `{info.get('command') or 'python -m attn.bench'}`", file=out)
+    print(f"- machine: {info.get('cpu_model')}, {info.get('usable_cpus', info.get('cpu_count'))} usable CPUs"
+          + (f", GPU {info['gpu']}" if "gpu" in info else "")
+          + (f"; load average (1/5/15 min) at the start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}" if load else "")
+          + (f", after the timing {info['load_average_end_of_timing'][0]:.2f}"
+             if info.get("load_average_end_of_timing") else ""),
+          file=out)
+    print(f"- software: Python {info['python']}, NumPy {info['numpy']} ({info.get('blas', '?')}), "
+          f"BLAS threads {info.get('blas_threads')}, PyTorch {info.get('torch', 'absent')} "
+          f"(threads {info.get('torch_threads', '-')})" + (f", CuPy {info['cupy']}" if "cupy" in info else "")
+          + (", malloc keeps freed memory (both frameworks)" if info.get("malloc_keeps_freed_memory") else ""),
+          file=out)
+    print(f"- preset `{info['preset']}`: batch {info['batch']}, source {info['src_len']}, target {info['tgt_len']}, "
+          f"config {json.dumps({k: info['config'][k] for k in ('vocab_size', 'd_model', 'n_heads', 'd_ff', 'n_encoder_layers', 'n_decoder_layers', 'dropout', 'label_smoothing')})}",
+          file=out)
+    print(f"- float32 matmul rate at the step's shapes, best of three per shape: {mm['gflops_per_second']:.1f} "
+          f"GFLOP/s (square 2048: {mm['square_2048_gflops_per_second']:.1f} GFLOP/s); the table's "
+          f"'% of matmul rate' is the step's matmuls replayed alone, timed in the same rotation as the step",
+          file=out)
+    print(file=out)
+    print("| measurement | s/step (median) | tokens/s | model GFLOP/s | % of matmul rate | peak MB | "
+          "PyTorch s/step | ratio ours/PyTorch | PyTorch peak MB | notes |", file=out)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|", file=out)
+    for r in results[2:]:
+        notes = []
+        if "cache_speedup" in r:
+            notes.append(f"cache speed-up x{r['cache_speedup']:.1f}")
+        if "cost_vs_greedy" in r:
+            notes.append(f"{r['cost_vs_greedy']:.2f}x greedy (cached)")
+        if "matmul_gflops_per_second" in r:
+            notes.append(f"matmul replay {r['matmul_gflops_per_second']:.1f} GFLOP/s; "
+                         f"{100 * r['fraction_of_best_matmul_rate']:.1f} % of best-of-3 per shape, "
+                         f"{100 * r['fraction_of_square_matmul_rate']:.1f} % of square 2048")
+        if "torch_adam" in r:
+            notes.append(f"PyTorch Adam: {r['torch_adam']}")
+        frac = r.get("fraction_of_matmul_rate")
+        print(f"| {r['name']} | {r['seconds_per_step']:.4f} | {r['tokens_per_second']:.0f} | "
+              f"{_fmt(r.get('gflops_per_second'), '.1f')} | {_fmt(None if frac is None else 100 * frac, '.1f')} | "
+              f"{_fmt(r.get('peak_memory_mb'), '.1f')} | {_fmt(r.get('torch_seconds_per_step'), '.4f')} | "
+              f"{_fmt(r.get('ratio'), '.3f')} | {_fmt(r.get('torch_peak_memory_mb'), '.1f')} | {'; '.join(notes)} |",
+              file=out)

@@ -1,0 +1,178 @@
+"""The measurements as callables: our fast and readable training steps, forward passes and
+decodes, and PyTorch's twins of each, built once per run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import backend as B
+from ..fast import FastAdam, FastTransformer
+from ..fast import cross_entropy as fast_cross_entropy
+from ..loss import cross_entropy
+from ..masks import PAD_ID
+from ..model import Transformer
+from ..optim import Adam, noam_lr
+from .flops import gemm_replay, model_flops
+from .presets import BOS_ID, EOS_ID, BenchConfig, decode_batch, make_batch, model_config
+from .twin import _torch_decode, torch_adam, torch_loss, torch_transformer
+
+def _no_eos(model: Transformer) -> Transformer:
+    """The same model (shared parameters) whose projection never lets EOS win, so that a
+    decoding benchmark generates exactly the asked-for number of tokens."""
+    base = type(model)
+
+    class NoEOS(base):
+        def project(self, h):
+            out = super().project(h)
+            out[..., EOS_ID] = self.xp.finfo(out.dtype).min
+            return out
+
+    return NoEOS(model.config, dtype=model.dtype, params=model.params)
+
+
+@dataclass
+class Work:
+    """One measurement: our callable, PyTorch's (or None), and how to count it."""
+    name: str
+    ours: object
+    torch: object = None
+    tokens: int = 0
+    flops: int = 0
+    repeats: int = 5
+    warmup: int = 2
+    extra: dict = field(default_factory=dict)
+    replay: object = None           # the step's matmuls alone, timed in the same rotation
+
+
+def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, torch_sync=None,
+               device="cpu", repeats=None, warmup=None):
+    """The measurements as :class:`Work` items (model, optimizer and batch built once)."""
+    cfg = model_config(bc)
+    xp = B.xp()
+    src_h, tgt_in_h, tgt_out_h = make_batch(bc)
+    src, tgt_in, tgt_out = (B.to_device(a) for a in (src_h, tgt_in_h, tgt_out_h))
+    n_tokens = int((src_h != PAD_ID).sum() + (tgt_out_h != PAD_ID).sum())
+    flops_train = model_flops(cfg, bc.batch, bc.src_len, bc.tgt_len, True)
+    flops_fwd = model_flops(cfg, bc.batch, bc.src_len, bc.tgt_len, False)
+    R = repeats or bc.repeats
+    W = bc.warmup if warmup is None else warmup
+
+    ref = Transformer(cfg, seed=0)
+    fast = FastTransformer.from_model(Transformer(cfg, seed=0))
+    on_gpu = backend == "cupy"
+    if on_gpu:
+        # The batch is checked once here; inside the timed step nothing waits for the device.
+        from ..layers._checks import check_ids
+        for a in (src, tgt_in, tgt_out):
+            check_ids("bench", "batch", a, cfg.vocab_size)
+        fast.validate_ids = False
+    tmodel = topt = None
+    if with_torch:
+        import torch
+        tmodel = torch_transformer(cfg, device)
+        topt, adam_kind = torch_adam(tmodel)
+        t_src, t_in, t_out = (torch.as_tensor(a, device=device) for a in (src_h, tgt_in_h, tgt_out_h))
+    state = {"fast_opt": FastAdam(fast.params, cfg.d_model, cfg.warmup_steps),
+             "ref_opt": Adam(ref.params, cfg.d_model, cfg.warmup_steps),
+             "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
+    eps = cfg.label_smoothing
+
+    def fast_step():
+        logits, cache = fast.forward(src, tgt_in, state["fast_rng"])
+        loss, d = fast_cross_entropy(logits, tgt_out, eps, check_finite=False, inplace=True,
+                                     validate=not on_gpu)
+        state["fast_opt"].step(fast.backward(d, cache))
+        sync()
+        return loss
+
+    def ref_step():
+        logits, cache = ref.forward(src, tgt_in, state["ref_rng"])
+        loss, d = cross_entropy(logits, tgt_out, eps, check_finite=False)
+        state["ref_opt"].step(ref.backward(d, cache))
+        sync()
+        return loss
+
+    def torch_step():
+        tmodel.train()
+        loss = torch_loss(tmodel(t_src, t_in), t_out, eps)
+        topt.zero_grad(set_to_none=True)
+        loss.backward()
+        for g in topt.param_groups:
+            g["lr"] = noam_lr(state.setdefault("torch_t", 1), cfg.d_model, cfg.warmup_steps)
+        state["torch_t"] += 1
+        topt.step()
+        torch_sync()
+        return loss
+
+    def fwd(model):
+        def f():
+            out = model.forward(src, tgt_in, None)[0]
+            sync()
+            return out
+        return f
+
+    def torch_fwd():
+        import torch
+        tmodel.eval()
+        with torch.no_grad():
+            out = tmodel(t_src, t_in)
+        torch_sync()
+        return out
+
+    work = []
+    extra_train = {"torch_adam": adam_kind} if with_torch else {}
+    replay_train = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, True)
+    replay_fwd = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, False)
+    if "train_step" in which:
+        work.append(Work("train_step", fast_step, torch_step if with_torch else None, n_tokens, flops_train,
+                         R, W, dict(extra_train), replay_train))
+    if "train_step_reference" in which:
+        work.append(Work("train_step_reference", ref_step, torch_step if with_torch else None, n_tokens,
+                         flops_train, max(2, R // 2), max(1, W // 2), dict(extra_train)))
+    def fast_logits():
+        out = fast.logits(src, tgt_in)
+        sync()
+        return out
+
+    if "forward" in which:
+        work.append(Work("forward", fast_logits, torch_fwd if with_torch else None, n_tokens, flops_fwd, R, W,
+                         replay=replay_fwd))
+    if "forward_reference" in which:
+        work.append(Work("forward_reference", fwd(ref), torch_fwd if with_torch else None, n_tokens, flops_fwd,
+                         max(2, R // 2), max(1, W // 2)))
+
+    dec_names = [w for w in which if w.startswith(("greedy", "beam"))]
+    if dec_names:
+        from .. import decode as D
+        from ..data import BOS, EOS, PAD
+        if (PAD, BOS, EOS) != (PAD_ID, BOS_ID, EOS_ID):
+            raise RuntimeError(f"attn.data's PAD/BOS/EOS {(PAD, BOS, EOS)} differ from the bench's")
+        dmodel = _no_eos(fast)
+        dsrc_h = decode_batch(bc)
+        dsrc = B.to_device(dsrc_h)
+        steps = bc.decode_steps
+        gen_tokens = bc.decode_batch * steps
+        if with_torch:
+            td_src = torch.as_tensor(dsrc_h, device=device)
+        for name in dec_names:
+            cached = name.endswith("_cached")
+            K = bc.beam if name.startswith("beam") else 1
+
+            def ours(cached=cached, K=K):
+                if K == 1:
+                    r = D.greedy_decode(dmodel, dsrc, max_len=steps, use_cache=cached)
+                else:
+                    r = D.beam_search(dmodel, dsrc, beam_size=K, max_len=steps, use_cache=cached)
+                sync()
+                return r
+
+            def theirs(cached=cached, K=K):
+                tmodel.eval()
+                r = _torch_decode(tmodel, td_src, steps, K, cached)
+                torch_sync()
+                return r
+            # Recomputing the prefix costs tens of seconds per run at toy-bench size: no warm-up
+            # (the cached runs before it did the first-call work), two runs for greedy, one for beam.
+            reps, warm = (R, 1) if cached else ((repeats or (2 if K == 1 else 1)), 0)
+            work.append(Work(name, ours, theirs if with_torch else None, gen_tokens, 0, reps, warm,
+                             {"beam": K, "decode_steps": steps, "decode_batch": bc.decode_batch}))
+    return work

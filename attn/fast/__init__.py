@@ -1,0 +1,68 @@
+"""A fast training step beside the reference: the same model, parameters and gradients.
+
+:class:`attn.model.Transformer` is the readable version: one forward/backward pair
+per layer, new arrays everywhere. This module computes the same numbers with fewer
+passes over memory, for the benchmark and the trainer to use when asked:
+
+    model = FastTransformer(config)                 # or FastTransformer.from_model(model)
+    logits, cache = model.forward(src, tgt_in, rng)
+    loss, dlogits = cross_entropy(logits, tgt_out, smoothing, inplace=True)
+    grads = model.backward(dlogits, cache)          # the same dict the reference returns
+    FastAdam(model.params, d_model).step(grads)
+
+What it does differently, and why (every item is checked against the reference in
+``tests/test_fast.py``: outputs and gradients agree to float32 rounding):
+
+* Fused projections. Self-attention's Q, K and V are one ``(D, 3D)`` matmul; the
+  keys and values of every decoder layer's cross-attention are one ``(D, 2D*L)``
+  matmul of the encoder output, and their gradient one matmul back. The weights
+  are concatenated once per step (a few hundred kB); the ``1/sqrt(d_k)`` scale is
+  folded into the query weights, so the scores need no extra pass.
+* Heads without copies. Q, K, V are strided views of the fused projection; the
+  attention's output and the gradients of Q, K, V are written by ``matmul(out=)``
+  straight into the ``(B, T, H, Dh)`` layout the next matmul reads.
+* In place. Softmax, layer norm, ReLU, dropout, residual sums and the loss work in
+  the arrays the step owns (``x += ...``, ``out=``), not in fresh temporaries.
+  Masks become an additive bias of 0 / most-negative-finite once per step.
+* Reductions on BLAS. Row and column sums (layer norm, bias gradients, softmax
+  denominators) are matrix-vector products with a vector of ones.
+* Dropout masks from 16-bit random integers (:meth:`DeviceRNG.random_uint16`): the
+  drop probability is ``round(p * 65536) / 65536`` (0.1 -> 0.100006) and kept units
+  are scaled by the exact inverse of the keep probability, so the expectation is
+  unchanged. The random stream differs from the reference's (so do the masks).
+* Embedding gradient by a one-dimensional ``add.at`` on flat indices (the two-
+  dimensional form loops over rows and is ten times slower), one call for the
+  source and target lookups together.
+* :class:`FastAdam`: in-place updates with one scratch buffer, the parameters
+  split over two threads (NumPy releases the GIL inside ufuncs).
+
+Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of an
+``_Ops`` object chosen by array namespace; on CuPy :mod:`attn.fast.kernels` supplies
+fused kernels for them (see there). Decoding uses the reference methods, which
+:class:`FastTransformer` inherits.
+
+The package's rooms:
+
+=================  ===================================================================
+``threads``        the helper-thread pool, single-threaded-BLAS blocks, malloc setting
+``ops``            the memory-bound operations (``_Ops``, NumPy and CuPy alike) and
+                   :func:`ops_for`, which picks the CuPy kernels where they apply
+``kernels``        the fused CuPy kernels (``CupyOps``)
+``loss``           the fused label-smoothed cross-entropy
+``model``          :class:`FastTransformer`, its caches and decode state
+``optim``          :class:`FastAdam`
+=================  ===================================================================
+"""
+from __future__ import annotations
+
+from .loss import cross_entropy
+from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastDecodeState, FastTransformer,
+                    FFNCache, Fused, ResCache, SelfAttnCache, SplitCache)
+from .ops import Mask, _Ops, ops_for
+from .optim import FastAdam
+from .threads import (MAX_AUTO_WORKERS, _THREADS, _row_slices, default_workers, keep_freed_memory,
+                      single_threaded_blas)
+
+__all__ = ["FastTransformer", "FastAdam", "cross_entropy", "keep_freed_memory", "default_workers",
+           "single_threaded_blas", "ops_for", "Mask", "FastCache", "FastDecodeState", "SplitCache",
+           "MAX_AUTO_WORKERS"]

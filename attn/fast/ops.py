@@ -1,0 +1,217 @@
+"""The memory-bound operations of a training step (softmax, layer norm, dropout, ReLU, the
+loss, Adam, the embedding scatter-add), written with in-place ufuncs so that they run on
+NumPy and CuPy alike. Both the fast model and the CuPy kernels (:mod:`attn.fast.kernels`,
+which subclasses :class:`_Ops`) import them from here."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .. import backend as B
+
+class Mask(NamedTuple):
+    """A dropout mask: ``keep`` (bool, True where the unit survives) and the scale of
+    the kept units, ``1 / P(keep)``."""
+    keep: object
+    scale: float
+
+
+class _Ops:
+    """The memory-bound operations of a step, written with in-place ufuncs so that
+    they run on NumPy and CuPy alike. :mod:`attn.fast.kernels` subclasses it for CuPy.
+
+    Every method that ends in ``_`` overwrites its first argument and returns it.
+    """
+
+    def __init__(self, xp):
+        self.xp = xp
+        self._ones = {}
+
+    def ones(self, n: int, dtype):
+        key = (n, str(dtype))
+        if key not in self._ones:
+            self._ones[key] = self.xp.ones(n, dtype=dtype)
+        return self._ones[key]
+
+    def rowsum(self, x2):
+        """(R, C) -> (R,): a matrix-vector product, one BLAS call."""
+        return x2 @ self.ones(x2.shape[1], x2.dtype)
+
+    def colsum(self, x2):
+        """(R, C) -> (C,)."""
+        return self.ones(x2.shape[0], x2.dtype) @ x2
+
+    # ---- softmax over the FIRST axis, in place
+
+    def softmax0_(self, s, bias=None, row_scale=None):
+        """``s`` (K, ...) logits -> softmax over axis 0, in place.
+
+        The attention keeps its scores as (Tk, B, H, Tq), keys first, so that every
+        reduction here runs over whole contiguous rows of B*H*Tq numbers (a reduction
+        over a short last axis costs NumPy a loop call per row). ``bias`` broadcasts to
+        ``s``: 0 where a key may be attended, the dtype's most negative finite value where
+        not, so masked entries come out exactly 0 (``exp`` underflows). ``row_scale``
+        (1, ...) is 0 for queries with no key at all (their column would come out uniform)
+        and 1 elsewhere."""
+        xp = self.xp
+        if bias is not None:
+            s += bias
+        s -= s.max(axis=0)
+        xp.exp(s, out=s)
+        r = s.sum(axis=0)
+        xp.reciprocal(r, out=r)
+        if row_scale is not None:
+            r *= row_scale[0]
+        s *= r
+        return s
+
+    def softmax0_backward_(self, dy, y):
+        """Forward was ``y = softmax(x)`` over axis 0, so ``dx = y * (dy - sum_0(dy * y))``;
+        in place on ``dy``."""
+        t = dy * y
+        dy -= t.sum(axis=0)
+        dy *= y
+        return dy
+
+    # ---- layer norm over the last axis of (N, D), in place
+
+    def layer_norm_(self, x, gamma, beta, eps: float):
+        """``x`` (N, D) becomes ``xhat = (x - mean) * rstd``. Returns out (N, D) new, rstd (N,)."""
+        xp = self.xp
+        D = x.shape[1]
+        mean = self.rowsum(x)
+        mean *= 1.0 / D
+        x -= mean[:, None]
+        var = xp.einsum("ij,ij->i", x, x)
+        var *= 1.0 / D
+        var += eps
+        rstd = xp.sqrt(var, out=var)
+        xp.reciprocal(rstd, out=rstd)
+        x *= rstd[:, None]
+        out = x * gamma
+        out += beta
+        return out, rstd
+
+    def layer_norm_backward_(self, dout, xhat, rstd, gamma):
+        """Forward was ``out = gamma * xhat + beta``, so with ``g = dout * gamma``:
+        ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``; in place on ``dout``.
+        Returns dx (= dout), dgamma, dbeta."""
+        xp = self.xp
+        D = dout.shape[1]
+        dbeta = self.colsum(dout)
+        t = dout * xhat
+        dgamma = self.colsum(t)
+        b = t @ gamma                       # (N,) D * mean(g * xhat)
+        a = dout @ gamma                    # (N,) D * mean(g)
+        b *= 1.0 / D
+        a *= 1.0 / D
+        xp.multiply(xhat, b[:, None], out=t)
+        dout *= gamma
+        dout -= t
+        dout -= a[:, None]
+        dout *= rstd[:, None]
+        return dout, dgamma, dbeta
+
+    # ---- dropout, ReLU
+
+    def dropout_mask(self, rng, shape, p: float) -> Mask:
+        """Keep each unit with probability ``1 - p`` (``p`` quantised to 1/65536)."""
+        thr = int(round(p * 65536))
+        keep = rng.random_uint16(shape) >= thr
+        return Mask(keep, 65536.0 / (65536 - thr))
+
+    def dropout_(self, x, m: Mask):
+        """``x *= keep * scale`` in place."""
+        x *= m.keep
+        x *= x.dtype.type(m.scale)
+        return x
+
+    def dropout_backward(self, d, m: Mask):
+        """A new array ``d * keep * scale``."""
+        out = self.xp.multiply(d, m.keep)
+        out *= out.dtype.type(m.scale)
+        return out
+
+    def relu_(self, h):
+        return self.xp.maximum(h, 0, out=h)
+
+    def relu_backward_(self, da, a):
+        """Forward was ``a = max(h, 0)`` (then perhaps dropout, which keeps a >= 0 and
+        zeroes exactly where it dropped), so ``dh = da * (a > 0)``; in place on ``da``."""
+        return self.xp.multiply(da, a > 0, out=da)
+
+    # ---- scatter-add of embedding rows
+
+    def scatter_rows_(self, target, ids, rows):
+        """``target[ids[i]] += rows[i]`` accumulating repeats. target (V, D), ids (N,), rows (N, D)."""
+        xp = self.xp
+        if B.is_device_array(target):
+            B.scatter_add(target, ids, rows)
+            return target
+        D = target.shape[1]
+        idx_t = xp.int32 if target.size < 2 ** 31 else xp.int64
+        flat = ids.astype(idx_t)[:, None] * idx_t(D) + xp.arange(D, dtype=idx_t)
+        xp.add.at(target.reshape(-1), flat.reshape(-1), rows.reshape(-1))
+        return target
+
+    # ---- Adam, in place
+
+    def adam_(self, p, g, m, v, consts, scratch):
+        """One parameter's update (see :class:`FastAdam`); ``scratch`` is a buffer of p's shape."""
+        xp = self.xp
+        one_m_b1, b2, one_m_b2, eps_c, step = consts
+        dt = p.dtype.type
+        t = scratch
+        xp.subtract(g, m, out=t)
+        t *= dt(one_m_b1)
+        m += t
+        xp.multiply(g, g, out=t)
+        t *= dt(one_m_b2)
+        v *= dt(b2)
+        v += t
+        xp.sqrt(v, out=t)
+        t += dt(eps_c)
+        xp.divide(m, t, out=t)
+        t *= dt(step)
+        p -= t
+
+    # ---- label-smoothed cross-entropy, in place on the logits
+
+    def cross_entropy_(self, x, y, valid, n, smoothing: float):
+        """x (N, V) logits -> dlogits in place; y (N,) targets; valid (N,) bool; n the number
+        of real tokens (0-d, >= 1). Returns the loss (0-d). See :func:`cross_entropy`."""
+        xp = self.xp
+        N, V = x.shape
+        dt = x.dtype.type
+        x -= x.max(axis=1, keepdims=True)
+        rows = xp.arange(N)
+        x_y = x[rows, y]                                  # (N,) shifted logit of the target
+        mean_x = self.rowsum(x)
+        mean_x *= 1.0 / V                                 # (N,) mean shifted logit
+        xp.exp(x, out=x)
+        se = self.rowsum(x)                               # (N,) sum of exp
+        lse = xp.log(se)
+        per_tok = dt(1.0 - smoothing) * (x_y - lse) + dt(smoothing) * (mean_x - lse)
+        w = valid.astype(x.dtype) / n                     # (N,) 1/n on real tokens, 0 on padding
+        loss = -(per_tok @ w)
+        # dlogits = (softmax - q) / n on real tokens, q = (1 - eps) onehot + eps / V
+        r = w / se
+        x *= r[:, None]
+        if smoothing:
+            x -= (w * dt(smoothing / V))[:, None]
+        x[rows, y] -= w * dt(1.0 - smoothing)
+        return loss
+
+
+def ops_for(xp) -> _Ops:
+    """The ``_Ops`` for an array namespace: fused CuPy kernels where they apply."""
+    key = xp.__name__
+    if key not in _OPS:
+        if key.startswith("cupy"):
+            from .kernels import CupyOps            # only imported where CuPy is in use
+            _OPS[key] = CupyOps(xp)
+        else:
+            _OPS[key] = _Ops(xp)
+    return _OPS[key]
+
+
+_OPS: dict = {}
