@@ -72,6 +72,8 @@ class TrainConfig:
     tgt: str = "tk"                    # target language suffix
     tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
     min_freq: int = 1                  # words seen fewer times in training become <unk>
+    vocab: str = "word"                # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe)
+    vocab_size: int | None = None      # bpe: the vocabulary's size (None: 8000); word: at most this many
     max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
     # model (None: the preset's value)
     preset: str = "toy"
@@ -118,6 +120,12 @@ class TrainConfig:
             self._bad("preset", f"must be one of {sorted(PRESETS)}")
         if self.dtype not in ("float32", "float64"):
             self._bad("dtype", "must be 'float32' or 'float64'")
+        if self.vocab not in ("word", "bpe"):
+            self._bad("vocab", "must be 'word' or 'bpe'")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
+                                            or self.vocab_size < _smallest_vocab(self.vocab)):
+            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(self.vocab)} "
+                                    f"for vocab={self.vocab!r}")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         for name, low, optional in (("min_freq", 1, False), ("max_len", 1, True), ("d_model", 1, True),
@@ -207,10 +215,32 @@ def load_corpus(config: TrainConfig) -> Corpus:
                   f"{data}/{{train,val,test}}.{{{src},{tgt}}}")
 
 
-def build_vocab(train_pairs, min_freq: int) -> Vocab:
-    """One vocabulary for both languages, so the three embedding matrices can be shared (section 3.4)."""
+#: The BPE vocabulary's size when ``vocab_size`` is not given.
+DEFAULT_BPE_SIZE = 8000
+
+
+def _smallest_vocab(kind: str) -> int:
+    from .bpe import BYTE_TOKENS
+    from .data import SPECIALS
+    return len(SPECIALS) + (len(BYTE_TOKENS) + 1 if kind == "bpe" else 1)
+
+
+def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | None = None) -> Vocab:
+    """One vocabulary for both languages, so the three embedding matrices can be shared (section 3.4).
+
+    ``kind="word"``: the words of :func:`attn.text.tokenize` seen at least ``min_freq``
+    times (the ``size`` most frequent if given). ``kind="bpe"``: byte-pair merges
+    learned on both sides of the training text until the vocabulary has ``size``
+    entries (default :data:`DEFAULT_BPE_SIZE`; section 5.1).
+    """
+    if kind == "bpe":
+        try:
+            return Vocab.build_bpe([s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                   size if size is not None else DEFAULT_BPE_SIZE)
+        except ValueError as e:
+            raise TrainConfigError(f"vocab_size (--vocab-size): {e}") from None
     return Vocab.build([tokenize(s) for s, _ in train_pairs] + [tokenize(t) for _, t in train_pairs],
-                       min_freq=min_freq)
+                       min_freq=min_freq, max_size=size)
 
 
 # --------------------------------------------------------------------------- state
@@ -361,7 +391,11 @@ def train(config: TrainConfig) -> dict:
         print(f"resumed from {ckpt_path} at step {state.step} (epoch {state.epoch}, batch {state.batch_index})",
               file=sys.stderr)
     else:
-        vocab = build_vocab(corpus.train, config.min_freq)
+        t_vocab = time.perf_counter()
+        vocab = build_vocab(corpus.train, config.min_freq, config.vocab, config.vocab_size)
+        if vocab.bpe is not None:
+            print(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
+                  f"{time.perf_counter() - t_vocab:.1f} s", file=sys.stderr)
         model_config = config.model_config(len(vocab))
         model, opt = make_engine(Transformer(model_config, seed=config.seed, dtype=config.dtype),
                                  config.reference, config.lr_factor)
@@ -374,7 +408,8 @@ def train(config: TrainConfig) -> dict:
     (out / "config.json").write_text(json.dumps({"model": model_config.to_dict(), "train": config.to_dict(),
                                                  "vocab_size": len(vocab), "corpus": corpus.source,
                                                  "train_pairs": len(train_enc)}, indent=2))
-    print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)}, "
+    print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)} "
+          f"({'BPE' if vocab.bpe is not None else 'words'}), "
           f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.get_backend()}",
           file=sys.stderr)
 
@@ -444,10 +479,14 @@ def train(config: TrainConfig) -> dict:
     final_model = model
     if config.average > 1:
         final_model = average_snapshots(out, config.average, model, vocab) or model
-    test_bleu, test_hyps = bleu_on(final_model, vocab, corpus.test, config.beam)
+    from .evaluate import evaluate_translations
+    scores, test_hyps = evaluate_translations(final_model, vocab, corpus.test, beam_size=config.beam)
+    test_bleu = scores.bleu
     (out / "test_translations.txt").write_text("\n".join(test_hyps) + "\n", encoding="utf-8")
     last = state.evals[-1] if state.evals else {}
-    metrics = {"test_bleu": test_bleu, "val_loss": last.get("val_loss"), "val_bleu": last.get("val_bleu"),
+    metrics = {"test_bleu": test_bleu, "test_chrf": scores.chrf, "test_bleu_lc": scores.bleu_lc,
+               "sacrebleu": scores.signatures, "vocab": "bpe" if vocab.bpe is not None else "word",
+               "vocab_size": len(vocab), "val_loss": last.get("val_loss"), "val_bleu": last.get("val_bleu"),
                "val_ppl": last.get("val_ppl"), "steps": state.step, "epochs": state.epoch,
                "train_seconds": round(state.train_seconds, 2),
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
@@ -458,6 +497,8 @@ def train(config: TrainConfig) -> dict:
     _plot(out, state)
     print(json.dumps(metrics), file=sys.stderr)
     final_path = out / "averaged.npz" if final_model is not model else ckpt_path
+    print(f"test BLEU {test_bleu:.2f}, chrF {scores.chrf:.2f}, lower-cased BLEU {scores.bleu_lc:.2f} "
+          f"(sacrebleu {scores.signatures.get('bleu', '-')}; chrF {scores.signatures.get('chrf', '-')})")
     print(f"test BLEU {test_bleu:.2f} ({'beam ' + str(config.beam) if config.beam > 1 else 'greedy'}"
           f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
           f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
@@ -553,6 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-freq", type=int,
                    help=f"drop words seen fewer times in training (-> <unk>; default {_D.min_freq})")
     g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
+    g.add_argument("--vocab", choices=["word", "bpe"],
+                   help=f"word: words and punctuation as written (default {_D.vocab!r}, best for the toy); "
+                        "bpe: subword pieces learned on both languages (byte-pair encoding; no <unk>)")
+    g.add_argument("--vocab-size", type=int, metavar="N",
+                   help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default {DEFAULT_BPE_SIZE}); "
+                        "with --vocab word: keep the N most frequent (default: all)")
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), help=f"model size (default: {_D.preset})")
     g.add_argument("--d-model", type=int, help="override the preset's d_model")
