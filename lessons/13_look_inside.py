@@ -63,7 +63,7 @@ if not checkpoint:
     shutil.copy(data_dir / "val.tk", data_dir / "test.tk")
     if QUICK:
         size = ["--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--dropout", "0.0",
-                "--warmup", "200", "--steps", "700", "--max-tokens", "400", "--eval-every", "700"]
+                "--warmup", "200", "--steps", "500", "--max-tokens", "400", "--eval-every", "500"]
     else:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
                 "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
