@@ -284,6 +284,8 @@ print(f"training loss, mean of the last 20 steps: with mask {loss_masked[-20:].m
       f"without {loss_open[-20:].mean():.4f}")
 show("held-out loss per position (position t predicts token t+1)",
      np.stack([pos_masked, pos_open]), ["with causal_mask", "without mask"], [f"t={t}" for t in range(T)])
+print(f"without the mask: last position {pos_open[-1]:.2f}, divided over the {T} positions "
+      f"{pos_open[-1] / T:.2f}; the other positions add {pos_open[:-1].sum() / T:.2f}")
 
 # %% [markdown]
 # With the mask the loss sits at `log 16 = 2.77` at every position: the model
@@ -292,7 +294,8 @@ show("held-out loss per position (position t predicts token t+1)",
 # nothing to copy (its answer `s_8` is not in the input) and is actually *worse*
 # than uniform: the cheating model is confident about the wrong thing. That last
 # position is also why the unmasked *training* loss (an average over all eight
-# positions) levels off near `3.2 / 8 ~ 0.4` instead of reaching 0.
+# positions) levels off near the last position's loss divided by `T` (printed above)
+# instead of reaching 0.
 #
 # The cheating model would be useless at translation time: there the decoder
 # generates one token at a time, and the token at `t + 1` does not exist yet when
