@@ -260,8 +260,8 @@ chance_all = chance["all linked words"][0] / chance["all linked words"][1]
 # table above has this run's figures). Nobody
 # told the model about alignment: it is a by-product of learning to translate,
 # which is why attention maps became the standard way to look inside these models.
-# (In a 2-layer model it is typically the last layer that aligns; the first layer's
-# cross-attention does something else.)
+# (With more than one decoder layer, compare the layers' columns in the table: the
+# layers need not align equally well, and one of them may do something else.)
 #
 # Two cautions. Attention is where the model *looked*, not a proof of what it
 # *used*: the value vectors, the residual stream and the other heads carry
