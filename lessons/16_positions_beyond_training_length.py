@@ -163,8 +163,10 @@ show_figure(fig, "16_positions_beyond_training.png")
 
 # %% [markdown]
 # What to read in the table (this run's numbers; full mode has three seeds each):
-# inside the training length both models copy (nearly) perfectly, the "nearly
-# identical results" of row (E). Past it, the learned model is looking up rows of its
+# at the positions inside the training length both models copy well, the "nearly
+# identical results" of row (E). (Not perfectly: even those positions now sit in a
+# source twice as long as any seen in training, and the extra keys compete for the
+# attention; the table shows by how much for each model.) Past it, the learned model is looking up rows of its
 # table that no gradient ever reached: they are still their random initial values
 # (checked below, exactly), so the decoder queries and encoder keys at those
 # positions are noise to the attention that learned to match positions. The
@@ -198,8 +200,8 @@ print(f"beyond the training length, sinusoidal minus learned accuracy: {gain:+.2
 for r in results["learned"]:
     assert all(r["untouched"].values()), "rows past the training length must get exactly zero gradient"
     assert all(r["moved"].values()), "rows inside the training length must learn"
-for pos in results:                                   # quick mode's models are trained for fewer steps
-    assert summary[pos]["inside"].min() > (0.75 if QUICK else 0.9), f"{pos}: must copy within the training length"
+for pos in results:                                   # (on test sequences twice as long: see the table)
+    assert summary[pos]["inside"].min() > 0.75, f"{pos}: must copy within the training length"
 assert np.array_equal(sinusoidal_table(200, D, "float64")[:64], sinusoidal_table(64, D, "float64")), \
     "a longer sinusoidal table must extend the shorter one"
 assert np.array_equal(dx, dout)
