@@ -198,8 +198,10 @@ class Vocab:
 def _read_lines(path) -> list[str]:
     """Lines of a UTF-8 text file (``.gz`` read transparently), without their line ends.
 
-    Lines are split on ``\\n`` only (a ``\\r`` before it is dropped), so a stray U+2028
-    inside a sentence does not shift the alignment. A leading byte-order mark is dropped.
+    Lines are split on ``\\n`` only (a ``\\r`` before it is dropped: CRLF files, such as
+    Tatoeba's, read as they should), so a stray U+2028 inside a sentence does not shift the
+    alignment; a ``\\r`` left inside a line (old Mac line ends) is an error naming the line.
+    A leading UTF-8 byte-order mark is dropped; a UTF-16 or UTF-32 one is an error.
     If ``path`` is missing but ``path.gz`` exists, that is read."""
     path = Path(path)
     if not path.is_file() and Path(str(path) + ".gz").is_file():
@@ -214,25 +216,35 @@ def _read_lines(path) -> list[str]:
             raise DataError(f"{path}: not a readable gzip file ({e})") from None
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]
+    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                      (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16")):
+        if raw.startswith(bom):
+            raise DataError(f"{path}: line 1 starts with a {name} byte-order mark: the file is {name}, "
+                            "not UTF-8; save it as UTF-8")
     chunks = raw.split(b"\n")
     if chunks[-1] == b"":  # the newline that ends the last line
         chunks.pop()
     lines = []
     for number, chunk in enumerate(chunks, start=1):
         try:
-            lines.append(chunk.decode("utf-8").removesuffix("\r"))
+            line = chunk.decode("utf-8").removesuffix("\r")
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: line {number} is not valid UTF-8 "
                             f"({e.reason} at byte {e.start} of the line)") from None
+        if "\r" in line:
+            raise DataError(f"{path}: line {number} holds a carriage return (\\r) inside the line: are its lines "
+                            "ended by \\r alone (old Mac style)? Convert the file to \\n line ends")
+        lines.append(line)
     return lines
 
 
 def read_parallel(data_dir, src: str, tgt: str, split: str) -> list[tuple[str, str]]:
     """Sentence pairs from the line-aligned files ``DIR/{split}.{src}`` and ``DIR/{split}.{tgt}``.
 
-    Returns ``[(source text, target text), ...]``, one per line, empty lines included
-    (:func:`encode_pairs` skips and counts them). Raises :class:`DataError` for a
-    missing file, a line that is not UTF-8, or files with different line counts.
+    Returns ``[(source text, target text), ...]``, one per line, lines empty on both
+    sides included (:func:`encode_pairs` skips and counts them). Raises :class:`DataError`
+    for a missing file, a line that is not UTF-8, files with different line counts, or a
+    line that is empty in one file only (the usual sign of files out of step).
     """
     src_path, tgt_path = Path(data_dir) / f"{split}.{src}", Path(data_dir) / f"{split}.{tgt}"
     src_lines = [line.strip() for line in _read_lines(src_path)]
@@ -240,6 +252,11 @@ def read_parallel(data_dir, src: str, tgt: str, split: str) -> list[tuple[str, s
     if len(src_lines) != len(tgt_lines):
         raise DataError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
                         "parallel files must be line-aligned, one sentence per line")
+    for number, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1):
+        if bool(s) != bool(t):
+            empty, full = (src_path, tgt_path) if not s else (tgt_path, src_path)
+            raise DataError(f"{empty}: line {number} is empty but line {number} of {full} is not: "
+                            "are the files out of step? (a line empty in both is skipped)")
     return list(zip(src_lines, tgt_lines))
 
 
@@ -247,10 +264,9 @@ def read_tsv(path) -> list[tuple[str, str]]:
     """Sentence pairs from a tab-separated file: ``source<TAB>target[<TAB>anything]`` per line.
 
     This is the Tatoeba/Anki format (manythings.org files carry an attribution in a
-    third column, which is ignored). Fields are stripped of surrounding spaces; an empty
-    field is kept (:func:`encode_pairs` skips and counts the pair). Blank lines are skipped
-    and counted in a warning; a non-blank line without a tab raises :class:`DataError`
-    naming the file and line.
+    third column, which is ignored). Fields are stripped of surrounding spaces. Blank lines
+    are skipped and counted in a warning; a non-blank line without a tab, or with an empty
+    source or target field, raises :class:`DataError` naming the file and line.
     """
     pairs, blank = [], 0
     for number, line in enumerate(_read_lines(path), start=1):
@@ -261,7 +277,11 @@ def read_tsv(path) -> list[tuple[str, str]]:
         if len(fields) < 2:
             raise DataError(f"{path}: line {number} has no tab; expected 'source<TAB>target', "
                             f"got {line[:60]!r}")
-        pairs.append((fields[0].strip(), fields[1].strip()))
+        src, tgt = fields[0].strip(), fields[1].strip()
+        if not src or not tgt:
+            raise DataError(f"{path}: line {number} has an empty {'source' if not src else 'target'} field: "
+                            f"expected 'source<TAB>target', got {line[:60]!r}")
+        pairs.append((src, tgt))
     if blank:
         warnings.warn(f"{path}: skipped {blank} blank line(s)", DataWarning, stacklevel=2)
     return pairs

@@ -43,12 +43,32 @@ from .fast import FastAdam, FastTransformer
 from .fast import cross_entropy as fast_cross_entropy
 from .loss import cross_entropy
 from .model import PRESETS, Transformer, TransformerConfig
+from .layers._checks import check_ids
 from .optim import Adam, clip_grad_norm
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 
 
 # --------------------------------------------------------------------------- settings
+
+#: The training recipe of each preset: what ``max_tokens``, ``lr_factor`` and ``min_freq`` mean
+#: when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
+#: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
+#: every word in the vocabulary left a 20-minute run on real text far behind).
+RECIPES = {
+    "toy": dict(max_tokens=2048, lr_factor=0.5, min_freq=1),
+    "small": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
+    "base": dict(max_tokens=4096, lr_factor=0.5, min_freq=2),
+}
+
+#: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
+#: of the steps the budget allows, if that is shorter than the preset's: a 20-minute run on two
+#: cores takes about a thousand steps, and the ``small`` preset's 2,000 would leave it inside its
+#: warm-up, the learning rate still rising at the last step. (The toy's 400 steps are 30% of the
+#: 1,316 that its 7 minutes allowed, and it learned well: README.)
+WARMUP_FRACTION = 0.3
+#: Share of a --minutes budget spent on evaluations and checkpoints, for the estimate of steps.
+EVAL_SHARE = 0.1
 
 class TrainConfigError(ValueError):
     """A training setting is out of range or of the wrong type; the message names it."""
@@ -71,7 +91,7 @@ class TrainConfig:
     src: str = "en"                    # source language suffix
     tgt: str = "tk"                    # target language suffix
     tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
-    min_freq: int = 1                  # words seen fewer times in training become <unk>
+    min_freq: int | None = None        # words seen fewer times in training become <unk> (None: the recipe's)
     vocab: str = "word"                # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe)
     vocab_size: int | None = None      # bpe: the vocabulary's size (None: 8000); word: at most this many
     max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
@@ -89,9 +109,9 @@ class TrainConfig:
     minutes: float = 7.0               # wall-clock budget for training (0: no limit)
     steps: int = 0                     # stop after this many optimizer steps (0: no limit)
     epochs: int = 0                    # stop after this many epochs (0: no limit)
-    max_tokens: int = 2048             # tokens per batch, padding included
-    warmup: int | None = None          # warm-up steps of the schedule (None: the preset's)
-    lr_factor: float = 0.5             # multiplies the section-5.3 learning rate
+    max_tokens: int | None = None      # tokens per batch, padding included (None: the recipe's)
+    warmup: int | None = None          # warm-up steps (None: the preset's, shortened to fit the budget)
+    lr_factor: float | None = None     # multiplies the section-5.3 learning rate (None: the recipe's)
     clip: float = 0.0                  # clip the global gradient norm to this (0: off)
     seed: int = 0                      # weights, batch order, dropout, the tsv split
     eval_every: int = 250              # validate and checkpoint every N steps
@@ -100,7 +120,8 @@ class TrainConfig:
     snapshot_every: int = 50           # steps between the snapshots that `average` uses
     beam: int = 1                      # beam size for the final test translation (1: greedy)
     out: Path = Path("runs/toy")       # output folder
-    resume: bool = False               # continue from out/checkpoint.npz
+    resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
+    overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
     reference: bool = False            # train the readable reference classes instead of attn.fast
     quiet: bool = False                # no progress bar
 
@@ -111,6 +132,8 @@ class TrainConfig:
                 object.__setattr__(self, name, Path(v))
             elif v is not None and not isinstance(v, Path):
                 self._bad(name, "must be a path")
+        if self.resume and self.overwrite:
+            self._bad("overwrite", "cannot be combined with resume (one continues the run in out, the other deletes it)")
         if self.tsv is None and self.data is None:
             self._bad("data", "must be a folder (or give tsv)")
         for name in ("src", "tgt"):
@@ -128,9 +151,9 @@ class TrainConfig:
                                     f"for vocab={self.vocab!r}")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
-        for name, low, optional in (("min_freq", 1, False), ("max_len", 1, True), ("d_model", 1, True),
+        for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
                                     ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True),
-                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, False),
+                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
                                     ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
                                     ("bleu_sentences", 0, False), ("average", 0, False),
                                     ("snapshot_every", 1, False), ("beam", 1, False)):
@@ -147,18 +170,24 @@ class TrainConfig:
                                   ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
                                   ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
             v = getattr(self, name)
-            if v is None and name in ("dropout", "label_smoothing"):
+            if v is None and name in ("dropout", "label_smoothing", "lr_factor"):
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 self._bad(name, "must be a finite number")
             if not check(v):
                 self._bad(name, rule)
-        for name in ("resume", "reference", "quiet"):
+        for name in ("resume", "overwrite", "reference", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "must be True or False")
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
+
+    def with_recipe(self) -> "TrainConfig":
+        """This config with the fields left at ``None`` that :data:`RECIPES` covers filled
+        in from the preset's recipe."""
+        recipe = RECIPES.get(self.preset, RECIPES["base"])     # a preset added elsewhere: the real-corpus recipe
+        return dataclasses.replace(self, **{k: v for k, v in recipe.items() if getattr(self, k) is None})
 
     def to_dict(self) -> dict:
         """JSON-ready: paths as strings. :meth:`from_dict` inverts it."""
@@ -183,6 +212,44 @@ class TrainConfig:
             raise TrainConfigError(f"the model settings do not fit together: {e}") from None
 
 
+#: Settings a resumed run may take from the new command line: they change how the run is watched,
+#: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
+RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "beam", "bleu_sentences",
+                     "eval_every", "out", "resume", "overwrite")
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return a == b
+
+
+def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
+    """The settings of a resumed run: the saved run's (``saved``, a :meth:`TrainConfig.to_dict`),
+    with those in :data:`RESUME_MAY_CHANGE` taken from ``config``.
+
+    ``given`` names the fields the user set (the command line passes the flags it saw); by
+    default, those where ``config`` differs from the defaults. A given field that contradicts
+    the saved run is a :class:`TrainConfigError` naming it.
+    """
+    base = TrainConfig.from_dict({**saved, "resume": False, "overwrite": False})
+    default = TrainConfig()
+    if given is None:
+        given = {f.name for f in dataclasses.fields(config)
+                 if not _same(getattr(config, f.name), getattr(default, f.name))}
+    clashes = [f"{_flag(n)} {getattr(config, n)} (the saved run has {getattr(base, n)})"
+               for n in sorted(given) if n not in RESUME_MAY_CHANGE
+               and not _same(getattr(config, n), getattr(base, n))]
+    if clashes:
+        raise TrainConfigError(
+            f"--resume continues the run in {config.out} with its own settings, but "
+            + "; ".join(clashes) + ". Drop the flag(s), or start a new run with another --out. "
+            f"A resumed run may change only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])}.")
+    take = {n: getattr(config, n) for n in RESUME_MAY_CHANGE if n in given or n in ("out", "resume", "overwrite")}
+    take.setdefault("backend", config.backend)       # this machine's choice ($ATTN_BACKEND), not the saved one
+    return dataclasses.replace(base, **take)
+
+
 # --------------------------------------------------------------------------- data
 
 @dataclass
@@ -197,22 +264,37 @@ class Corpus:
 def load_corpus(config: TrainConfig) -> Corpus:
     """The three splits from ``config.tsv`` or ``config.data`` with ``config.src``/``config.tgt``."""
     if config.tsv:
-        pairs = read_tsv(config.tsv)
-        if len(pairs) < 3:
-            raise DataError(f"{config.tsv}: need at least 3 sentence pairs to split into train/val/test, "
-                            f"got {len(pairs)}")
-        # A held-out slice, deterministic in the seed: 5% (at most 1000) each for val and test.
-        order = B.host_rng(config.seed).permutation(len(pairs))
-        n_hold = max(1, min(1000, len(pairs) // 20))
-        val = [pairs[i] for i in order[:n_hold]]
-        test = [pairs[i] for i in order[n_hold:2 * n_hold]]
-        train = [pairs[i] for i in order[2 * n_hold:]]
+        train, val, test = split_by_source(read_tsv(config.tsv), config.seed, str(config.tsv))
         return Corpus(train, val, test, f"tsv:{config.tsv}")
     data, src, tgt = Path(config.data), config.src, config.tgt
     return Corpus(read_parallel(data, src, tgt, "train"),
                   read_parallel(data, src, tgt, "val"),
                   read_parallel(data, src, tgt, "test"),
                   f"{data}/{{train,val,test}}.{{{src},{tgt}}}")
+
+
+def split_by_source(pairs, seed: int, name: str = "corpus"):
+    """Hold out about 5% of the pairs (at most 1000) each for validation and test, by
+    *distinct source sentence*: all translations of a source land in the same split, so
+    no test source is seen in training (Tatoeba has many sources with several translations).
+    Deterministic in ``seed``. Returns (train, val, test) lists of pairs."""
+    groups: dict[str, list[int]] = {}
+    for i, (src, _) in enumerate(pairs):
+        groups.setdefault(src, []).append(i)
+    if len(groups) < 3:
+        raise DataError(f"{name}: need at least 3 distinct source sentences to split into train/val/test, "
+                        f"got {len(groups)} (in {len(pairs)} pairs)")
+    sources = list(groups)
+    order = B.host_rng(seed).permutation(len(sources)).tolist()
+    n_hold = max(1, min(1000, len(pairs) // 20))
+    held: list[list[int]] = [[], []]
+    k = 0
+    for part in held:
+        while len(part) < n_hold and k < len(order) - 1:      # keep at least one source for training
+            part.extend(groups[sources[order[k]]])
+            k += 1
+    train = [pairs[i] for j in order[k:] for i in groups[sources[j]]]
+    return train, [pairs[i] for i in held[0]], [pairs[i] for i in held[1]]
 
 
 #: The BPE vocabulary's size when ``vocab_size`` is not given.
@@ -253,6 +335,7 @@ class TrainState:
     batch_index: int = 0           # next batch within the epoch's (seeded) order
     train_seconds: float = 0.0
     tokens_seen: int = 0
+    wall_seconds: float = 0.0      # of the --minutes budget used, evaluations included, over all sessions
     losses: list = field(default_factory=list)      # training loss of every step
     evals: list = field(default_factory=list)       # the metrics.jsonl records
 
@@ -264,6 +347,7 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
     meta = {"format": "attn-checkpoint-1", "config": model.config.to_dict(), "vocab": vocab.to_json(),
             "step": state.step, "epoch": state.epoch, "batch_index": state.batch_index,
             "train_seconds": state.train_seconds, "tokens_seen": state.tokens_seen, "evals": state.evals,
+            "wall_seconds": state.wall_seconds,
             "seed": config.seed, "args": config.to_dict(), "dtype": str(model.dtype)}
     save_npz(path, arrays, meta)
 
@@ -275,10 +359,22 @@ def make_engine(model: Transformer, reference: bool, lr_factor: float):
     cls, opt_cls = (Transformer, Adam) if reference else (FastTransformer, FastAdam)
     if type(model) is not cls:
         model = cls(model.config, dtype=model.dtype, params=model.params)
+    if not reference:
+        model.validate_ids = False      # train_step checks each batch on the host (no device sync)
     return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
 
 
 # --------------------------------------------------------------------------- one step
+
+def step_loss_fn(reference: bool):
+    """The loss the trainer's steps use: the reference cross-entropy, or the fast one in place.
+    The fast one neither re-checks the ids (:func:`train_step` did, on the host) nor the
+    loss's finiteness (the loop checks it when the losses come to the host), so a fast step
+    never waits for the device."""
+    if reference:
+        return cross_entropy
+    return partial(fast_cross_entropy, inplace=True, validate=False, check_finite=False)
+
 
 def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float, clip: float = 0.0,
                loss_fn=cross_entropy):
@@ -292,6 +388,9 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used.
     """
+    cfg = model.config
+    for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
+        check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
     src, tgt_in, tgt_out = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))
     logits, cache = model.forward(src, tgt_in, rng)
     loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
@@ -302,6 +401,86 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
         clip_grad_norm(grads, clip)
     lr = opt.step(grads)
     return loss, lr
+
+
+# --------------------------------------------------------------------------- the warm-up for a budget
+
+def measure_step_seconds(model: Transformer, batches, label_smoothing: float, loss_fn=cross_entropy) -> float:
+    """Seconds per training step on this machine now: forward and backward on ``batches``
+    (the first untimed: it pays for first-call set-up), the parameters left unchanged.
+    The update is not run; it adds a few per cent (callers allow for it)."""
+    times = []
+    for i, b in enumerate(batches):
+        t0 = time.perf_counter()
+        src, tgt_in, tgt_out = (B.to_device(a) for a in (b.src, b.tgt_in, b.tgt_out))
+        logits, cache = model.forward(src, tgt_in, B.DeviceRNG(i))
+        loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
+        del logits
+        model.backward(dlogits, cache)
+        del cache, dlogits
+        B.to_float(loss)                 # waits for the device (the copy queues behind the backward)
+        times.append(time.perf_counter() - t0)
+    timed = times[1:] or times
+    return sum(timed) / len(timed)
+
+
+def fit_warmup(model: Transformer, model_config: TransformerConfig, config: TrainConfig, train_enc, loss_fn):
+    """The warm-up for a run with a budget and no ``warmup`` given: :data:`WARMUP_FRACTION` of the
+    steps the budget allows (the least of ``steps``, ``epochs`` times the batches of an epoch, and
+    ``minutes`` at the step time measured now), if that is shorter than the preset's.
+
+    Returns (model, optimizer, model config, a record of the rule for config.json); the model's
+    parameters are unchanged, only the schedule's warm-up."""
+    t0 = time.perf_counter()
+    batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed)
+    allowed, rule, why = math.inf, {}, ""
+    for limit, what in ((config.steps, f"--steps {config.steps}"),
+                        (config.epochs * len(batches), f"--epochs {config.epochs} of {len(batches)} steps")):
+        if limit and limit < allowed:
+            allowed, why = limit, what
+    if config.minutes:
+        batches = batches[:3]
+        per_step = 1.05 * measure_step_seconds(model, batches, model_config.label_smoothing, loss_fn)
+        by_time = config.minutes * 60.0 * (1.0 - EVAL_SHARE) / per_step
+        if by_time < allowed:
+            allowed = by_time
+            why = f"about {by_time:.0f} steps in --minutes {config.minutes:g} at {per_step:.2f} s/step"
+        rule.update(seconds_per_step=round(per_step, 4), probe_seconds=round(time.perf_counter() - t0, 2))
+    warmup = max(1, min(model_config.warmup_steps, round(WARMUP_FRACTION * allowed)))
+    why = (f"{WARMUP_FRACTION:.0%} of {why}" if warmup < model_config.warmup_steps
+           else f"the preset's; {why} allow it")
+    rule.update(steps_allowed=round(allowed), fraction=WARMUP_FRACTION, preset_warmup=model_config.warmup_steps,
+                warmup_steps=warmup, why=why)
+    if warmup != model_config.warmup_steps:
+        model_config = dataclasses.replace(model_config, warmup_steps=warmup)
+        model = Transformer(model_config, dtype=model.dtype, params=model.params)
+    model, opt = make_engine(model, config.reference, config.lr_factor)
+    return model, opt, model_config, rule
+
+
+#: Steps between two logs of the training loss (the progress bar; ``state.losses`` gets every
+#: step's). Fetching the losses is the loop's one host sync, so on a GPU it happens on these
+#: steps only, for all the steps since the last log at once (and before every evaluation,
+#: checkpoint and stop).
+LOG_EVERY = 10
+
+
+def _log_losses(pending: list, state: "TrainState") -> float:
+    """Bring the pending device losses to the host in one transfer, append them to
+    ``state.losses`` and empty ``pending``. Returns the last one. Raises FloatingPointError
+    naming the step if one is NaN or infinite."""
+    if not pending:
+        return state.losses[-1] if state.losses else math.nan
+    xp = B.get_array_module(pending[0])
+    values = B.to_host(xp.stack(pending)).astype("float64").tolist()
+    first = state.step - len(values) + 1
+    pending.clear()
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise FloatingPointError(f"train: the training loss is {v} at step {first + i}: the model diverged "
+                                     "(lower --lr-factor, or --clip the gradients)")
+    state.losses.extend(values)
+    return values[-1]
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -358,36 +537,72 @@ class _Interrupt:
         return False
 
 
-def train(config: TrainConfig) -> dict:
+#: What a run writes into ``out``; a fresh run refuses an ``out`` that holds any of them.
+RUN_FILES = ("checkpoint.npz", "config.json", "metrics.jsonl", "metrics.json", "loss.png",
+             "test_translations.txt", "averaged.npz", "snapshots")
+
+
+def _previous_run(out: Path) -> list[str]:
+    return [name for name in RUN_FILES if (out / name).exists()]
+
+
+def _remove_previous_run(out: Path) -> list[str]:
+    """Delete the files a previous run wrote into ``out`` (only those: see :data:`RUN_FILES`)."""
+    removed = _previous_run(out)
+    for name in removed:
+        path = out / name
+        if path.is_dir():
+            for f in path.glob("step-*.npz"):
+                f.unlink()
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink()
+    return removed
+
+
+def train(config: TrainConfig, *, given=None) -> dict:
     """Train as ``config`` says; returns the final metrics (also written to ``out/metrics.json``).
 
     The returned dict holds at least ``test_bleu``, ``val_loss``, ``steps``,
     ``train_seconds``, ``tokens_per_second`` and ``backend``; an interrupted run
     returns ``{"interrupted": True, "steps": ...}``.
+
+    A fresh run refuses an ``out`` that already holds a run (unless ``overwrite``);
+    with ``resume`` the saved run's settings and seed are used (see
+    :func:`resumed_config`; ``given`` names the fields the caller set explicitly).
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
-    if config.backend is None:
-        config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
-    B.set_backend(config.backend)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     ckpt_path = out / "checkpoint.npz"
-
-    corpus = load_corpus(config)
-    state = TrainState()
     if config.resume:
         if not ckpt_path.is_file():
             raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
         arrays, meta = load_npz(ckpt_path)
+        config = resumed_config(config, meta.get("args", {}), given)
+    elif _previous_run(out) and not config.overwrite:
+        raise TrainConfigError(
+            f"--out {out} already holds a run ({', '.join(_previous_run(out))}); a fresh run would mix with it. "
+            f"Continue it with --resume, choose another --out, or pass --overwrite to delete it and start clean.")
+    if config.backend is None:
+        config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
+    config = config.with_recipe()
+    B.set_backend(config.backend)
+    loss_fn = step_loss_fn(config.reference)
+
+    corpus = load_corpus(config)
+    state = TrainState()
+    if config.resume:
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(ckpt_path))
         model_config = model.config
         model, opt = make_engine(model, config.reference, config.lr_factor)
         opt.load_state(arrays, meta["step"])
         state = TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
-                           meta["tokens_seen"], [float(x) for x in arrays.get("history/train_loss", [])],
-                           meta.get("evals", []))
+                           meta["tokens_seen"], meta.get("wall_seconds", meta["train_seconds"]),
+                           [float(x) for x in arrays.get("history/train_loss", [])], meta.get("evals", []))
+        _check_something_left(config, state)
         print(f"resumed from {ckpt_path} at step {state.step} (epoch {state.epoch}, batch {state.batch_index})",
               file=sys.stderr)
     else:
@@ -403,19 +618,33 @@ def train(config: TrainConfig) -> dict:
     # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
     max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
     train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
+    if not train_enc:
+        raise DataError(f"{corpus.source}: no training pair is left of {len(corpus.train)}: every one is empty on "
+                        f"a side or longer than {max_len} tokens (--max-len; the preset's max_len is "
+                        f"{model_config.max_len})")
     val_enc = encode_pairs(corpus.val, vocab, max_len=max_len)
     val_batches = make_batches(val_enc, config.max_tokens, shuffle=False)
+    warmup_rule = None
+    if not config.resume and config.warmup is None and (config.minutes or config.steps or config.epochs):
+        model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, loss_fn)
+        state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
+        print(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    if not config.resume and config.overwrite and _previous_run(out):
+        print(f"--overwrite: starting clean in {out}: removed the previous run's "
+              f"{', '.join(_remove_previous_run(out))}", file=sys.stderr)
     (out / "config.json").write_text(json.dumps({"model": model_config.to_dict(), "train": config.to_dict(),
                                                  "vocab_size": len(vocab), "corpus": corpus.source,
-                                                 "train_pairs": len(train_enc)}, indent=2))
+                                                 "train_pairs": len(train_enc), "warmup_rule": warmup_rule},
+                                                indent=2))
     print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)} "
           f"({'BPE' if vocab.bpe is not None else 'words'}), "
-          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.get_backend()}",
+          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}",
           file=sys.stderr)
 
-    loss_fn = cross_entropy if config.reference else partial(fast_cross_entropy, inplace=True)
-    budget = config.minutes * 60.0 if config.minutes else math.inf
-    started = time.perf_counter()
+    pending = []                    # the device losses of the steps since the last log
+    budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
+    started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
     from tqdm import tqdm
     bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
@@ -432,26 +661,28 @@ def train(config: TrainConfig) -> dict:
                 t0 = time.perf_counter()
                 rng = B.DeviceRNG(config.seed * 1_000_003 + state.step)
                 loss, lr = train_step(model, opt, b, rng, model_config.label_smoothing, config.clip, loss_fn)
-                loss_value = B.to_float(loss)      # the one host sync of the step: the bar shows it
+                pending.append(loss)
                 dt = time.perf_counter() - t0
                 state.step += 1
                 state.batch_index += 1
                 state.train_seconds += dt
+                state.wall_seconds = wall_before + (time.perf_counter() - started)
                 state.tokens_seen += b.n_src_tokens + b.n_tgt_tokens
-                state.losses.append(loss_value)
-                tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
                 bar.update(1)
-                left = budget - (time.perf_counter() - started)
-                bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
-                                    + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
-                                    + f" ep {state.epoch}", refresh=False)
 
                 if config.steps and state.step >= config.steps:
                     stop_reason = f"reached --steps {config.steps}"
-                elif time.perf_counter() - started >= budget:
+                elif state.wall_seconds >= budget:
                     stop_reason = f"reached --minutes {config.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
+                if state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every:
+                    loss_value = _log_losses(pending, state)    # the one host sync, on the steps that log
+                    tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
+                    left = budget - state.wall_seconds
+                    bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
+                                        + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
+                                        + f" ep {state.epoch}", refresh=False)
                 if config.average > 1 and state.step % config.snapshot_every == 0:
                     _snapshot(out, model, vocab, state.step, config.average)
                 if stop_reason == "interrupted":
@@ -467,12 +698,13 @@ def train(config: TrainConfig) -> dict:
                 if config.epochs and state.epoch >= config.epochs:
                     stop_reason = f"reached --epochs {config.epochs}"
                     if state.step != last_eval_step:
+                        _log_losses(pending, state)
                         evaluate()
     bar.close()
     print(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
           f"checkpoint {ckpt_path}", file=sys.stderr)
     if stop_reason == "interrupted":
-        print(f"resume with: attn-train --resume --out {out} (and the same data arguments)", file=sys.stderr)
+        print(f"resume with: attn-train --resume --out {out}", file=sys.stderr)
         return {"interrupted": True, "steps": state.step}
 
     # Section 6.1: the base models average the last 5 checkpoints.
@@ -492,7 +724,9 @@ def train(config: TrainConfig) -> dict:
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
                "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
                "beam": config.beam, "averaged_checkpoints": config.average if config.average > 1 else 1,
-               "wall_seconds": round(time.perf_counter() - started, 2), "stop": stop_reason}
+               "max_tokens": config.max_tokens, "lr_factor": config.lr_factor, "min_freq": config.min_freq,
+               "warmup_steps": model_config.warmup_steps,
+               "wall_seconds": round(wall_before + time.perf_counter() - started, 2), "stop": stop_reason}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     _plot(out, state)
     print(json.dumps(metrics), file=sys.stderr)
@@ -503,6 +737,15 @@ def train(config: TrainConfig) -> dict:
           f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
           f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
     return metrics
+
+
+def _check_something_left(config: TrainConfig, state: TrainState) -> None:
+    """A resumed run that has already met its stopping rule is an error, not a run of one more step."""
+    for name, done, limit in (("steps", state.step, config.steps), ("epochs", state.epoch, config.epochs),
+                              ("minutes", state.wall_seconds / 60.0, config.minutes)):
+        if limit and done >= limit:
+            raise TrainConfigError(f"--resume: the run in {config.out} has already reached --{name} {limit:g} "
+                                   f"({done:.4g} done); give a larger --{name} to train on")
 
 
 def _evaluate_and_save(model, opt, state, vocab, config, corpus, val_batches, model_config, out, bar):
@@ -568,6 +811,10 @@ def _fmt_secs(s: float) -> str:
 _D = TrainConfig()      # the defaults, quoted in the help
 
 
+def _recipe(name: str) -> str:
+    return ", ".join(f"{preset} {r[name]:g}" for preset, r in RECIPES.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``attn-train`` command line. Flags that are not given stay out of the
     namespace (``argparse.SUPPRESS``): :func:`config_from_argv` fills them from
@@ -592,7 +839,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tgt", help=f"target language suffix (default: {_D.tgt})")
     g.add_argument("--tsv", type=Path, help="tab-separated pairs file instead of --data; 5%% each held out for val/test")
     g.add_argument("--min-freq", type=int,
-                   help=f"drop words seen fewer times in training (-> <unk>; default {_D.min_freq})")
+                   help=f"drop words seen fewer times in training (-> <unk>; default: the preset's, {_recipe('min_freq')})")
     g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
     g.add_argument("--vocab", choices=["word", "bpe"],
                    help=f"word: words and punctuation as written (default {_D.vocab!r}, best for the toy); "
@@ -617,11 +864,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, help="stop after this many optimizer steps (0: no limit)")
     g.add_argument("--epochs", type=int, help="stop after this many epochs (0: no limit)")
     g.add_argument("--max-tokens", type=int,
-                   help=f"tokens per batch, padding included (default {_D.max_tokens})")
-    g.add_argument("--warmup", type=int, help="override the warm-up steps of the schedule")
+                   help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')})")
+    g.add_argument("--warmup", type=int,
+                   help=f"warm-up steps of the schedule (default: the preset's, or {round(WARMUP_FRACTION * 100)}%% of the "
+                        "steps that --minutes/--steps allow when that is shorter; --minutes measures the step time "
+                        "first)")
     g.add_argument("--lr-factor", type=float,
-                   help=f"multiplies the section-5.3 learning rate (default {_D.lr_factor:g}: the toy model's "
-                        "d_model of 128 would otherwise peak at 4.4e-3, where it learns markedly slower)")
+                   help=f"multiplies the section-5.3 learning rate (default: the preset's, {_recipe('lr_factor')}; "
+                        "the toy model's d_model of 128 would peak at 4.4e-3 with 1, where it learns markedly slower)")
     g.add_argument("--clip", type=float, help="clip the global gradient norm to this (0: off, the default)")
     g.add_argument("--seed", type=int, help=f"seed for weights, batch order and dropout (default {_D.seed})")
     g.add_argument("--eval-every", type=int,
@@ -636,7 +886,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"steps between the snapshots that --average uses (default {_D.snapshot_every})")
     g.add_argument("--beam", type=int, help="beam size for the final test translation (1: greedy, the default)")
     g.add_argument("--out", type=Path, help=f"output folder (default {_D.out})")
-    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
+                        f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")
+    g.add_argument("--overwrite", action="store_true",
+                   help="a fresh run into an OUT that holds a run deletes that run's files first "
+                        "(without it, such an OUT is an error)")
     g.add_argument("--reference", action="store_true",
                    help="train with the readable reference layers instead of the faster attn.fast path "
                         "(same numbers up to float rounding, slower)")
@@ -660,7 +915,7 @@ def main(argv=None) -> int:
     except TrainConfigError as e:
         parser.error(str(e))            # exit status 2, before any work
     try:
-        train(config)
+        train(config, given=set(given))
     except (DataError, CheckpointError, B.BackendError, FileNotFoundError, TrainConfigError) as e:
         print(f"attn-train: error: {e}", file=sys.stderr)
         return 2

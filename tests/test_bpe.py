@@ -195,3 +195,19 @@ def test_command_bad_arguments(capsys, tmp_path):
     assert bpe_module.main(["--tsv", str(tmp_path / "missing.tsv")]) == 2
     assert "missing.tsv" in capsys.readouterr().err
     assert bpe_module.main(["--tsv", str(FIXTURE), "--vocab-size", "10"]) == 2
+
+
+def test_time_learning_returns_the_bpe_and_both_times():
+    bpe, t_count, t_learn = bpe_module.time_learning(FIXTURE_TEXTS, 20)
+    assert len(bpe.merges) == 20 and t_count >= 0 and t_learn >= 0
+    bpe, _, _ = bpe_module.time_learning(FIXTURE_TEXTS, max_symbols=150)
+    assert len(bpe.symbols) == 150
+
+
+def test_runs_as_a_module():
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-m", "attn.bpe", "--help"], capture_output=True, text=True, cwd=root,
+                       env={"PYTHONPATH": str(root), "PATH": ""}, timeout=60)
+    assert r.returncode == 0 and "--tsv" in r.stdout

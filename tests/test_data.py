@@ -263,8 +263,27 @@ def test_read_parallel_bad_utf8_names_file_and_line(tmp_path):
 
 
 def test_read_tsv(tmp_path):
-    path = _write(tmp_path / "pairs.tsv", "Go.\tVa !\tCC-BY 2.0 (France)\r\nHi.\tSalut !\nEmpty \t\n")
-    assert D.read_tsv(path) == [("Go.", "Va !"), ("Hi.", "Salut !"), ("Empty", "")]
+    path = _write(tmp_path / "pairs.tsv", "\ufeffGo.\tVa !\tCC-BY 2.0 (France)\r\nHi.\tSalut !\n")
+    assert D.read_tsv(path) == [("Go.", "Va !"), ("Hi.", "Salut !")]
+
+
+@pytest.mark.parametrize("content,words", [
+    ("a\tb\nEmpty \t\n", r"pairs\.tsv: line 2 has an empty target field"),
+    ("a\tb\n \tfoo\n", r"pairs\.tsv: line 2 has an empty source field"),
+    ("a\tb\rc\td\re\tf\n", r"pairs\.tsv: line 1 holds a carriage return"),
+    ("a\tb\n".encode("utf-16"), r"pairs\.tsv: line 1 starts with a UTF-16 byte-order mark"),
+    (b"a\tb\nc\td\xe9\n", r"pairs\.tsv: line 2 is not valid UTF-8")])
+def test_read_tsv_bad_lines_name_file_and_line(tmp_path, content, words):
+    path = _write(tmp_path / "pairs.tsv", content)
+    with pytest.raises(DataError, match=words):
+        D.read_tsv(path)
+
+
+def test_read_parallel_line_empty_on_one_side_only(tmp_path):
+    _write(tmp_path / "train.de", "a\n\nc\n")
+    _write(tmp_path / "train.en", "a\nb\nc\n")
+    with pytest.raises(DataError, match=r"train\.de: line 2 is empty but line 2 of .*train\.en is not"):
+        D.read_parallel(tmp_path, "de", "en", "train")
 
 
 def test_read_tsv_blank_lines_warn_once(tmp_path):

@@ -411,6 +411,15 @@ class FastTransformer(Transformer):
                            for sl in _row_slices(Bsz, k)])
         return out
 
+    #: A callable ``clock(phase)`` told when each phase of a forward/backward begins (the
+    #: benchmark's per-phase profile), or None. Only the part on the main thread calls it: the
+    #: parts of a split batch run the same phases at the same time.
+    phase_clock = None
+
+    def _phase(self, name: str) -> None:
+        if self.phase_clock is not None and threading.current_thread() is threading.main_thread():
+            self.phase_clock(name)
+
     def _forward_part(self, src, tgt_in, rng=None, logits_out=None, keep_cache=True, fused=None):
         """The forward of one part (or the whole batch). Writes the logits into
         ``logits_out`` (B, T, V) when given. Returns logits, FastCache (None without
@@ -424,6 +433,7 @@ class FastTransformer(Transformer):
         tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
 
         # encoder
+        self._phase("forward: embeddings, encoder")
         x, src_emb = self._embed("src", src, rng)
         enc = []
         for i in range(cfg.n_encoder_layers):
@@ -439,6 +449,7 @@ class FastTransformer(Transformer):
         if cfg.norm == "pre":
             x, enc_norm = self._final_norm("encoder.norm", x)
         memory = x                                                            # (N_s, D)
+        self._phase("forward: decoder")
         # keys and values of every decoder layer's cross-attention, one matmul
         Wkv, bkv = F.kv
         kv = memory @ Wkv
@@ -464,6 +475,7 @@ class FastTransformer(Transformer):
         dec_norm = None
         if cfg.norm == "pre":
             y, dec_norm = self._final_norm("decoder.norm", y)
+        self._phase("forward: output projection")
         E = self.params[self._emb("out")]
         if logits_out is None:
             logits_out = xp.empty((Bsz, T, E.shape[0]), dtype=self.dtype)
@@ -492,6 +504,7 @@ class FastTransformer(Transformer):
         Fw = cache.fused
         emb: dict = {}                     # the embeddings' gradients: this part's, completed below
         # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
+        self._phase("backward: output projection")
         E = p[self._emb("out")]
         d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
         emb[self._emb("out")] = d2.T @ cache.h                                # (V, D)
@@ -501,6 +514,7 @@ class FastTransformer(Transformer):
             dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, grads)
             cache.dec_norm = None
 
+        self._phase("backward: decoder")
         # decoder; each layer's cross-attention key/value gradient goes straight back to the
         # encoder output: kv_i = memory @ [w_k | w_v] + [b_k | b_v]
         dmem = xp.zeros((Bsz * S, D), dtype=self.dtype)
@@ -530,6 +544,7 @@ class FastTransformer(Transformer):
         d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, grads)
         del dy
 
+        self._phase("backward: encoder")
         dx = dmem
         if cache.enc_norm is not None:
             dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, grads)
@@ -543,6 +558,7 @@ class FastTransformer(Transformer):
         d_src = self._embed_bwd("src", dx, cache.src_emb, grads)
         del dx
 
+        self._phase("backward: embeddings")
         # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled).
         for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
             name = self._emb(which)
