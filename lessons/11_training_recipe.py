@@ -30,7 +30,7 @@ from attn.loss import cross_entropy
 from attn.optim import Adam, noam_lr, schedule_curve
 from attn.train import TrainConfig
 
-LR_FACTOR = TrainConfig().lr_factor                  # attn-train's --lr-factor default, read from the code
+LR_FACTOR = TrainConfig().with_recipe().lr_factor     # attn-train's default for the toy preset, from the code
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 
@@ -73,7 +73,8 @@ print(f"the toy preset (d_model 128, warmup 400) with attn-train's default --lr-
 # `1/sqrt(25)` = 20% of the peak.
 #
 # `attn-train` multiplies the schedule by `--lr-factor` (its default is printed
-# above, read from `attn.train.TrainConfig`); the shape is the paper's.
+# above, read from the toy preset's recipe, `attn.train.TrainConfig().with_recipe()`); the
+# shape is the paper's.
 #
 # **The learning rate is not trained.** Seed 000 notes "Learning Rate도 Train" (the
 # learning rate is trained too). It is not a parameter: equation (3) is a fixed

@@ -112,7 +112,8 @@ else:
 argv = ["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy", "--seed", "0",
         *size, "--label-smoothing", "0.1", *schedule, "--average", "5", "--snapshot-every", "50",
         "--minutes", "0", "--bleu-sentences", "0", "--quiet", "--reference"]
-print("attn-train", " ".join(argv), f"   (default --lr-factor: {TrainConfig().lr_factor:g})")
+print("attn-train", " ".join(argv),
+      f"   (the toy preset's default --lr-factor: {TrainConfig().with_recipe().lr_factor:g})")
 metrics = train(config_from_argv(argv))
 print(json.dumps({k: metrics[k] for k in ("steps", "train_seconds", "val_loss", "val_ppl", "parameters")}))
 

@@ -163,7 +163,7 @@ def time_steps(model, batch, repeats, smoothing=0.1):
     return float(np.median(times[1:])), float(np.median(adam[1:])), float(loss)
 
 
-max_tokens = TrainConfig().max_tokens
+max_tokens = TrainConfig().with_recipe().max_tokens          # the toy preset's batch size in attn-train
 pairs = read_parallel(TOY_DIR, "en", "tk", "train")[:3000]
 vocab = Vocab.build([tokenize(s) for s, _ in pairs] + [tokenize(t) for _, t in pairs])
 toy_batch = max(make_batches(encode_pairs(pairs, vocab), max_tokens, shuffle=True, seed=0),
