@@ -44,11 +44,10 @@
 import os, sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # tiny matrices: BLAS threads only add overhead
 import time
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -280,8 +279,7 @@ ax[2].set_xticks(np.arange(0, L_MAX, 2))
 ax[2].axhline(1 / N_SYM, color="gray", ls=":")
 ax[2].set(xlabel=f"output position (length {L_MAX}); source position = {L_MAX - 1} - this",
           ylabel="token accuracy", ylim=(0, 1.05), title="which tokens are lost: the oldest ones")
-fig.tight_layout(); fig.savefig(OUT / "01_accuracy_vs_length.png", dpi=110); plt.close(fig)
-print("saved", OUT / "01_accuracy_vs_length.png")
+fig.tight_layout(); show_figure(fig, "01_accuracy_vs_length.png")
 
 # %% [markdown]
 # **What to notice.**

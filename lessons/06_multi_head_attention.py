@@ -30,11 +30,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -280,8 +279,7 @@ single = wp.mean(0)                                             # what averaging
 a.imshow(single, cmap="Blues", vmin=0, vmax=1)
 a.set_title("the four heads' weights averaged: what one head\nmixing these positions would have to do", fontsize=10)
 a.set_xlabel("key position"); a.set_ylabel("query position")
-fig.tight_layout(); fig.savefig(OUT / "06_multi_head.png", dpi=110); plt.close(fig)
-print("saved", OUT / "06_multi_head.png")
+fig.tight_layout(); show_figure(fig, "06_multi_head.png")
 
 # %% [markdown]
 # Top row: each head has a single sharp diagonal, shifted by its own offset (rows

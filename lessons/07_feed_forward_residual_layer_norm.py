@@ -41,11 +41,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -199,8 +198,7 @@ ax[0].set_xlabel("block (1 = bottom)"); ax[0].set_ylabel("|dL/dx| at the block's
 ax[0].set_title(f"gradient at initialisation, {L} FFN blocks"); ax[0].legend(fontsize=8)
 ax[1].set_xlabel("block (1 = bottom)"); ax[1].set_ylabel("std of the block's input")
 ax[1].set_title("forward activations"); ax[1].legend(fontsize=8)
-fig.tight_layout(); fig.savefig(OUT / "07_gradient_flow.png", dpi=110); plt.close(fig)
-print("saved", OUT / "07_gradient_flow.png")
+fig.tight_layout(); show_figure(fig, "07_gradient_flow.png")
 
 # %% [markdown]
 # Read the left panel from right (top of the stack, where the loss is) to left
@@ -309,8 +307,7 @@ ax[0].set_xlabel("padded length T (A has 5 real tokens)"); ax[0].set_ylabel("max
 ax[0].set_title("(a) only the padding changes"); ax[0].legend()
 ax[1].set_xlabel("batch number (different batch-mates)"); ax[1].set_title("(b) only the batch-mates change")
 ax[1].legend()
-fig.tight_layout(); fig.savefig(OUT / "07_layer_vs_batch_norm.png", dpi=110); plt.close(fig)
-print("saved", OUT / "07_layer_vs_batch_norm.png")
+fig.tight_layout(); show_figure(fig, "07_layer_vs_batch_norm.png")
 
 # %% [markdown]
 # * **Naive batch norm** changes A's representation just because the batch got
