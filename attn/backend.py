@@ -266,7 +266,7 @@ def _openblas():
                     get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
                     put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
                     if get is not None and put is not None:
-                        found = (get, put)
+                        found = (get, put, lib, prefix, suffix, path)
                         break
                 if found:
                     break
@@ -285,3 +285,27 @@ def blas_threads(set_to: int | None = None) -> int | None:
     if set_to is not None:
         ob[1](int(set_to))
     return int(ob[0]())
+
+
+def blas_info() -> dict:
+    """What NumPy's BLAS is at run time, as threadpoolctl would report it: for OpenBLAS its
+    configuration string (version, build options), the kernel chosen for this CPU
+    (``corename``, e.g. ``Haswell``), its threads and file; else the build's name from
+    ``numpy.show_config``."""
+    info: dict = {}
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        info["build"] = f"{blas.get('name')} {blas.get('version')}"
+    except Exception:       # older NumPy: no dict mode
+        pass
+    ob = _openblas()
+    if ob is not None:
+        import ctypes
+        _get, _put, lib, prefix, suffix, path = ob
+        info.update(library="openblas", threads=int(_get()), path=path)
+        for key in ("corename", "config"):
+            f = getattr(lib, f"{prefix}_get_{key}{suffix}", None)
+            if f is not None:
+                f.restype = ctypes.c_char_p
+                info[key] = f().decode(errors="replace").strip()
+    return info

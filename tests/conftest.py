@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, settings
 
 import attn.backend as B
 import fakecupy
-import strategies
+from attn import testing
 
 # Function-scoped fixtures (``backend``) are fine across examples: they only select the
 # backend, which no example changes. Generating a few hundred floats is not "too slow".
@@ -139,7 +139,7 @@ def torch():
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Close with the worst gradient-check error of the session, if any checks ran."""
-    line = strategies.gradient_summary()
+    line = testing.gradient_summary()
     if line:
         terminalreporter.write_sep("-", "gradient checks")
         terminalreporter.write_line(line)

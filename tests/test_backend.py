@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import attn
 import attn.backend as B
-from strategies import normals, token_ids
+from attn.testing import normals, token_ids
 
 ATTN_DIR = Path(attn.__file__).resolve().parent
 FORBIDDEN = ("numpy", "cupy", "cupyx")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import pickle
 import os
 
 import numpy as np
@@ -245,6 +246,19 @@ def test_a_garbage_file_is_refused_naming_it(tmp_path, content):
     path.write_bytes(content)
     with pytest.raises(CheckpointError, match=f"checkpoint {path} is truncated or corrupt"):
         Transformer.load(path)
+
+
+@pytest.mark.parametrize("content", [b"hello, world\n" * 20, pickle.dumps({"a": 1}), "object"])
+def test_corrupt_checkpoint_errors_do_not_advise_unpickling(tmp_path, content):
+    """NumPy's own message suggests allow_pickle=True or pickle.load(); ours must not pass that on."""
+    path = tmp_path / "bad.npz"
+    if content == "object":
+        np.savez(path, __meta__=np.array("{}"), x=np.array([{"a": 1}], dtype=object))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is truncated or corrupt") as e:
+        load_npz(path)
+    assert "allow_pickle" not in str(e.value) and "pickle.load" not in str(e.value), str(e.value)
 
 
 def test_other_npy_and_npz_files_are_refused(tmp_path):
