@@ -109,14 +109,15 @@ def test_kernels_take_no_implicit_python_scalars():
 
 def test_the_benchmark_runs_its_cupy_path(capsys):
     """``python -m attn.bench --backend cupy``, in process on the stand-in where no GPU is usable
-    (a child process could not load it): the GPU branches (ids checked once before timing,
+    (a child process could not load it, hence no worker processes): the GPU branches (ids checked once before timing,
     device synchronisation around each timed run) run, and report the device."""
     import json
     from conftest import selected_backend
     from attn.bench.cli import main
     with selected_backend("cupy"):
-        assert main(["--backend", "cupy", "--quick", "--no-torch", "--no-memory", "--json", "--quiet",
-                     "--only", "train_step,greedy_cached", "--repeats", "1", "--warmup", "1"]) == 0
+        assert main(["--backend", "cupy", "--quick", "--no-torch", "--no-memory", "--no-isolated", "--no-phases",
+                     "--json", "--quiet", "--only", "train_step,greedy_cached", "--repeats", "1",
+                     "--warmup", "1"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     by = {r["name"]: r for r in rows}
     assert by["machine"]["backend"] == "cupy" and by["machine"]["gpu"]
