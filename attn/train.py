@@ -597,7 +597,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     ``on_step(state, model, wall_seconds)``, if given, is called after every optimizer
     step (after its averaging snapshot, before any evaluation) with the :class:`TrainState`,
     the model and the seconds of the ``minutes`` budget used so far; it must change
-    neither. The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
+    neither. ``state.losses`` then holds every step's loss so far (so each step brings its
+    loss to the host, where an unwatched run does so every :data:`LOG_EVERY` steps). The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
@@ -703,7 +704,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                     stop_reason = f"reached --minutes {config.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
-                if state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every:
+                if (state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every
+                        or on_step is not None):                # a watcher reads each step's loss
                     loss_value = _log_losses(pending, state)    # the one host sync, on the steps that log
                     tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
                     left = budget - state.wall_seconds
