@@ -29,9 +29,9 @@ TINY_MODEL = ["--d-model", "16", "--heads", "2", "--d-ff", "32", "--layers", "1"
 
 @pytest.fixture(scope="module")
 def tiny_corpus(tmp_path_factory):
-    """The first lines of the toy corpus: 200 training pairs, 20 validation, 20 test."""
+    """The first lines of the toy corpus: 200 training pairs, 10 validation, 10 test."""
     d = tmp_path_factory.mktemp("tiny")
-    for split, n in (("train", 200), ("val", 20), ("test", 20)):
+    for split, n in (("train", 200), ("val", 10), ("test", 10)):
         for lang in ("en", "tk"):
             lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             (d / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
