@@ -159,6 +159,16 @@ def _to_device_rows(xp, *columns):
     return list(packed)
 
 
+def _to_host_steps(att_steps):
+    """The per-step (n_t, S) device arrays as float64 host arrays, in one transfer."""
+    np = B.host
+    if not att_steps:
+        return []
+    xp = B.get_array_module(att_steps[0])
+    flat = B.to_host(xp.concatenate(att_steps, axis=0)).astype(np.float64)
+    return np.split(flat, np.cumsum([a.shape[0] for a in att_steps])[:-1])
+
+
 def _attention_rows(att_steps, src_h, sentence_rows):
     """Gather per-sentence attention from the per-step device arrays.
 
@@ -167,7 +177,7 @@ def _attention_rows(att_steps, src_h, sentence_rows):
     Returns: per sentence a (len(rows), S_i) host array over its real source positions.
     """
     np = B.host
-    host_steps = [B.to_host(a).astype(np.float64) for a in att_steps]            # one transfer per step, at the end
+    host_steps = _to_host_steps(att_steps)
     out = []
     for i, rows in enumerate(sentence_rows):
         a = np.stack([host_steps[t][r] for t, r in rows]) if rows else np.zeros((0, src_h.shape[1]))
@@ -237,8 +247,8 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
     cross = None
     if with_attention:
         full = np.zeros((n, len(att_steps), src_h.shape[1]))                     # (B, steps, S)
-        for t, (r, a) in enumerate(att_steps):                                   # one transfer per step, at the end
-            full[r, t] = B.to_host(a)
+        for t, ((r, _), a) in enumerate(zip(att_steps, _to_host_steps([a for _, a in att_steps]))):
+            full[r, t] = a
         cross = [full[i, :n_out[i]][:, src_h[i] != PAD] for i in range(n)]
     return DecodeResult(tokens_out, scores.tolist(), cross)
 

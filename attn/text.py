@@ -22,8 +22,10 @@ laughed .") has no ``##`` tokens at all: it reads back token for token as writte
 is invisible or ambiguous: invisible format characters (byte-order mark, soft
 hyphen, direction marks; not the joiners U+200C/U+200D) are dropped; the text is
 put into Unicode NFC (an "é" typed as "e" + combining accent becomes the one
-character "é"); every run of whitespace, control characters or zero-width spaces
-becomes one space, and the ends are stripped. Case is kept.
+character "é"); every run of whitespace (no-break spaces included), control
+characters or zero-width spaces becomes one space, and the ends are stripped. Case
+is kept. (sacreBLEU splits words at any whitespace too, so a reference with a
+no-break space scores the same against its normalised self: 100.)
 
 Why ``##`` cannot be misread: a token's own text is either a word (no "#" in it)
 or one character, so a token that starts with "##" is always a glued one ("###"
@@ -63,6 +65,10 @@ def _char_kind(ch: str) -> str:
     return "p"
 
 
+# ASCII separators: whitespace and the control characters (str.split() alone misses some, e.g. \x00).
+_ASCII_SEPARATORS = {c: " " for c in range(128) if _char_kind(chr(c)) == "s"}
+
+
 def normalize(text: str) -> str:
     """The text as :func:`tokenize` sees it and :func:`detokenize` gives it back.
 
@@ -83,9 +89,6 @@ def _normalize_unicode(text: str) -> str:
     spaced = "".join(" " if _char_kind(ch) == "s" else ch for ch in text)
     return " ".join(part for part in spaced.split(" ") if part)
 
-
-# ASCII separators: whitespace and the control characters (str.split() alone misses some, e.g. \x00).
-_ASCII_SEPARATORS = {c: " " for c in range(128) if _char_kind(chr(c)) == "s"}
 
 
 def _spans_ascii(text: str) -> list[tuple[str, bool]]:

@@ -43,12 +43,37 @@ from .fast import FastAdam, FastTransformer
 from .fast import cross_entropy as fast_cross_entropy
 from .loss import cross_entropy
 from .model import PRESETS, Transformer, TransformerConfig
+from .layers._checks import check_ids
 from .optim import Adam, clip_grad_norm
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 
 
 # --------------------------------------------------------------------------- settings
+
+#: The training recipe of each preset: what ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq``
+#: mean when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
+#: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
+#: every word in the vocabulary left a 20-minute run on real text far behind). BPE: on Tatoeba
+#: en-de an epoch of 8,000 BPE pieces costs what one of the words seen twice does, and no test
+#: word becomes <unk> (benchmarks/recipe_vocab.py measures both). Learning-rate factor 1: the run of
+#: issue 9 that reached 21.3 used it (against 14.0 with 0.5 and the other toy defaults); a warm-up
+#: fitted to the budget keeps the preset schedule's peak (:func:`schedule_factor`), 1.4e-3 for
+#: ``small``, and reaches it within the run.
+RECIPES = {
+    "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1),
+    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
+    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
+}
+
+#: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
+#: of the steps the budget allows, if that is shorter than the preset's: a 20-minute run on two
+#: cores takes about a thousand steps, and the ``small`` preset's 2,000 would leave it inside its
+#: warm-up, the learning rate still rising at the last step. (The toy's 400 steps are 30% of the
+#: 1,316 that its 7 minutes allowed, and it learned well: README.)
+WARMUP_FRACTION = 0.3
+#: Share of a --minutes budget spent on evaluations and checkpoints, for the estimate of steps.
+EVAL_SHARE = 0.1
 
 class TrainConfigError(ValueError):
     """A training setting is out of range or of the wrong type; the message names it."""
@@ -71,8 +96,9 @@ class TrainConfig:
     src: str = "en"                    # source language suffix
     tgt: str = "tk"                    # target language suffix
     tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
-    min_freq: int = 1                  # words seen fewer times in training become <unk>
-    vocab: str = "word"                # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe)
+    min_freq: int | None = None        # words seen fewer times in training become <unk> (None: the recipe's)
+    vocab: str | None = None           # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe);
+                                       # None: the recipe's
     vocab_size: int | None = None      # bpe: the vocabulary's size (None: 8000); word: at most this many
     max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
     # model (None: the preset's value)
@@ -89,9 +115,9 @@ class TrainConfig:
     minutes: float = 7.0               # wall-clock budget for training (0: no limit)
     steps: int = 0                     # stop after this many optimizer steps (0: no limit)
     epochs: int = 0                    # stop after this many epochs (0: no limit)
-    max_tokens: int = 2048             # tokens per batch, padding included
-    warmup: int | None = None          # warm-up steps of the schedule (None: the preset's)
-    lr_factor: float = 0.5             # multiplies the section-5.3 learning rate
+    max_tokens: int | None = None      # tokens per batch, padding included (None: the recipe's)
+    warmup: int | None = None          # warm-up steps (None: the preset's, shortened to fit the budget)
+    lr_factor: float | None = None     # multiplies the section-5.3 learning rate (None: the recipe's)
     clip: float = 0.0                  # clip the global gradient norm to this (0: off)
     seed: int = 0                      # weights, batch order, dropout, the tsv split
     eval_every: int = 250              # validate and checkpoint every N steps
@@ -123,17 +149,18 @@ class TrainConfig:
             self._bad("preset", f"must be one of {sorted(PRESETS)}")
         if self.dtype not in ("float32", "float64"):
             self._bad("dtype", "must be 'float32' or 'float64'")
-        if self.vocab not in ("word", "bpe"):
-            self._bad("vocab", "must be 'word' or 'bpe'")
+        if self.vocab not in (None, "word", "bpe"):
+            self._bad("vocab", "must be 'word' or 'bpe' (or None: the preset's recipe)")
+        kind = self.vocab or RECIPES.get(self.preset, RECIPES["base"])["vocab"]
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
-                                            or self.vocab_size < _smallest_vocab(self.vocab)):
-            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(self.vocab)} "
-                                    f"for vocab={self.vocab!r}")
+                                            or self.vocab_size < _smallest_vocab(kind)):
+            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(kind)} "
+                                    f"for vocab={kind!r}")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
-        for name, low, optional in (("min_freq", 1, False), ("max_len", 1, True), ("d_model", 1, True),
+        for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
                                     ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True),
-                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, False),
+                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
                                     ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
                                     ("bleu_sentences", 0, False), ("average", 0, False),
                                     ("snapshot_every", 1, False), ("beam", 1, False)):
@@ -150,7 +177,7 @@ class TrainConfig:
                                   ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
                                   ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
             v = getattr(self, name)
-            if v is None and name in ("dropout", "label_smoothing"):
+            if v is None and name in ("dropout", "label_smoothing", "lr_factor"):
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 self._bad(name, "must be a finite number")
@@ -162,6 +189,12 @@ class TrainConfig:
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
+
+    def with_recipe(self) -> "TrainConfig":
+        """This config with the fields left at ``None`` that :data:`RECIPES` covers filled
+        in from the preset's recipe."""
+        recipe = RECIPES.get(self.preset, RECIPES["base"])     # a preset added elsewhere: the real-corpus recipe
+        return dataclasses.replace(self, **{k: v for k, v in recipe.items() if getattr(self, k) is None})
 
     def to_dict(self) -> dict:
         """JSON-ready: paths as strings. :meth:`from_dict` inverts it."""
@@ -326,6 +359,20 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
     save_npz(path, arrays, meta)
 
 
+def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> float:
+    """The optimizer's learning-rate factor: ``lr_factor``, times ``sqrt(w / w0)`` when the warm-up
+    ``w`` was fitted to the budget (:func:`fit_warmup`) in place of the preset's ``w0``.
+
+    The section-5.3 schedule peaks at ``lr_factor * d_model^-0.5 * w^-0.5``: shortening the
+    warm-up alone would raise the peak (a 6-minute run warming up for 9 steps peaked at 1e-2 and
+    stalled). The scale keeps the peak the preset's schedule would reach, and reaches it sooner.
+    """
+    w0 = PRESETS[config.preset]["warmup_steps"]
+    if config.warmup is not None or model_config.warmup_steps == w0:
+        return config.lr_factor
+    return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
+
+
 def make_engine(model: Transformer, reference: bool, lr_factor: float):
     """The model and optimizer that train: the readable reference classes with
     ``reference=True``, else their faster twins from :mod:`attn.fast`, which compute
@@ -333,10 +380,22 @@ def make_engine(model: Transformer, reference: bool, lr_factor: float):
     cls, opt_cls = (Transformer, Adam) if reference else (FastTransformer, FastAdam)
     if type(model) is not cls:
         model = cls(model.config, dtype=model.dtype, params=model.params)
+    if not reference:
+        model.validate_ids = False      # train_step checks each batch on the host (no device sync)
     return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
 
 
 # --------------------------------------------------------------------------- one step
+
+def step_loss_fn(reference: bool):
+    """The loss the trainer's steps use: the reference cross-entropy, or the fast one in place.
+    The fast one neither re-checks the ids (:func:`train_step` did, on the host) nor the
+    loss's finiteness (the loop checks it when the losses come to the host), so a fast step
+    never waits for the device."""
+    if reference:
+        return cross_entropy
+    return partial(fast_cross_entropy, inplace=True, validate=False, check_finite=False)
+
 
 def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float, clip: float = 0.0,
                loss_fn=cross_entropy):
@@ -350,6 +409,9 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used.
     """
+    cfg = model.config
+    for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
+        check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
     src, tgt_in, tgt_out = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))
     logits, cache = model.forward(src, tgt_in, rng)
     loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
@@ -360,6 +422,87 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
         clip_grad_norm(grads, clip)
     lr = opt.step(grads)
     return loss, lr
+
+
+# --------------------------------------------------------------------------- the warm-up for a budget
+
+def measure_step_seconds(model: Transformer, batches, label_smoothing: float, loss_fn=cross_entropy) -> float:
+    """Seconds per training step on this machine now: forward and backward on ``batches``
+    (the first untimed: it pays for first-call set-up), the parameters left unchanged.
+    The update is not run; it adds a few per cent (callers allow for it)."""
+    times = []
+    for i, b in enumerate(batches):
+        t0 = time.perf_counter()
+        src, tgt_in, tgt_out = (B.to_device(a) for a in (b.src, b.tgt_in, b.tgt_out))
+        logits, cache = model.forward(src, tgt_in, B.DeviceRNG(i))
+        loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
+        del logits
+        model.backward(dlogits, cache)
+        del cache, dlogits
+        B.to_float(loss)                 # waits for the device (the copy queues behind the backward)
+        times.append(time.perf_counter() - t0)
+    timed = times[1:] or times
+    return sum(timed) / len(timed)
+
+
+def fit_warmup(model: Transformer, model_config: TransformerConfig, config: TrainConfig, train_enc, loss_fn):
+    """The warm-up for a run with a budget and no ``warmup`` given: :data:`WARMUP_FRACTION` of the
+    steps the budget allows (the least of ``steps``, ``epochs`` times the batches of an epoch, and
+    ``minutes`` at the step time measured now), if that is shorter than the preset's.
+
+    Returns (model, optimizer, model config, a record of the rule for config.json); the model's
+    parameters are unchanged, only the schedule's warm-up."""
+    t0 = time.perf_counter()
+    batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed)
+    allowed, rule, why = math.inf, {}, ""
+    for limit, what in ((config.steps, f"--steps {config.steps}"),
+                        (config.epochs * len(batches), f"--epochs {config.epochs} of {len(batches)} steps")):
+        if limit and limit < allowed:
+            allowed, why = limit, what
+    if config.minutes:
+        batches = batches[:3]
+        per_step = 1.05 * measure_step_seconds(model, batches, model_config.label_smoothing, loss_fn)
+        by_time = config.minutes * 60.0 * (1.0 - EVAL_SHARE) / per_step
+        if by_time < allowed:
+            allowed = by_time
+            why = f"about {by_time:.0f} steps in --minutes {config.minutes:g} at {per_step:.2f} s/step"
+        rule.update(seconds_per_step=round(per_step, 4), probe_seconds=round(time.perf_counter() - t0, 2))
+    warmup = max(1, min(model_config.warmup_steps, round(WARMUP_FRACTION * allowed)))
+    why = (f"{WARMUP_FRACTION:.0%} of {why}" if warmup < model_config.warmup_steps
+           else f"the preset's; {why} allow it")
+    rule.update(steps_allowed=round(allowed), fraction=WARMUP_FRACTION, preset_warmup=model_config.warmup_steps,
+                warmup_steps=warmup, why=why)
+    if warmup != model_config.warmup_steps:
+        model_config = dataclasses.replace(model_config, warmup_steps=warmup)
+        model = Transformer(model_config, dtype=model.dtype, params=model.params)
+    model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
+    rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
+    return model, opt, model_config, rule
+
+
+#: Steps between two logs of the training loss (the progress bar; ``state.losses`` gets every
+#: step's). Fetching the losses is the loop's one host sync, so on a GPU it happens on these
+#: steps only, for all the steps since the last log at once (and before every evaluation,
+#: checkpoint and stop).
+LOG_EVERY = 10
+
+
+def _log_losses(pending: list, state: "TrainState") -> float:
+    """Bring the pending device losses to the host in one transfer, append them to
+    ``state.losses`` and empty ``pending``. Returns the last one. Raises FloatingPointError
+    naming the step if one is NaN or infinite."""
+    if not pending:
+        return state.losses[-1] if state.losses else math.nan
+    xp = B.get_array_module(pending[0])
+    values = B.to_host(xp.stack(pending)).astype("float64").tolist()
+    first = state.step - len(values) + 1
+    pending.clear()
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise FloatingPointError(f"train: the training loss is {v} at step {first + i}: the model diverged "
+                                     "(lower --lr-factor, or --clip the gradients)")
+    state.losses.extend(values)
+    return values[-1]
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -471,7 +614,9 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
             f"Continue it with --resume, choose another --out, or pass --overwrite to delete it and start clean.")
     if config.backend is None:
         config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
+    config = config.with_recipe()
     B.set_backend(config.backend)
+    loss_fn = step_loss_fn(config.reference)
 
     corpus = load_corpus(config)
     state = TrainState()
@@ -479,7 +624,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(ckpt_path))
         model_config = model.config
-        model, opt = make_engine(model, config.reference, config.lr_factor)
+        model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
         opt.load_state(arrays, meta["step"])
         state = TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
                            meta["tokens_seen"], meta.get("wall_seconds", meta["train_seconds"]),
@@ -506,19 +651,25 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                         f"{model_config.max_len})")
     val_enc = encode_pairs(corpus.val, vocab, max_len=max_len)
     val_batches = make_batches(val_enc, config.max_tokens, shuffle=False)
+    warmup_rule = None
+    if not config.resume and config.warmup is None and (config.minutes or config.steps or config.epochs):
+        model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, loss_fn)
+        state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
+        print(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     if not config.resume and config.overwrite and _previous_run(out):
         print(f"--overwrite: starting clean in {out}: removed the previous run's "
               f"{', '.join(_remove_previous_run(out))}", file=sys.stderr)
     (out / "config.json").write_text(json.dumps({"model": model_config.to_dict(), "train": config.to_dict(),
                                                  "vocab_size": len(vocab), "corpus": corpus.source,
-                                                 "train_pairs": len(train_enc)}, indent=2))
+                                                 "train_pairs": len(train_enc), "warmup_rule": warmup_rule},
+                                                indent=2))
     print(f"attn-train: {len(train_enc)} training pairs from {corpus.source}, vocabulary {len(vocab)} "
           f"({'BPE' if vocab.bpe is not None else 'words'}), "
-          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.get_backend()}",
+          f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}",
           file=sys.stderr)
 
-    loss_fn = cross_entropy if config.reference else partial(fast_cross_entropy, inplace=True)
+    pending = []                    # the device losses of the steps since the last log
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
@@ -537,20 +688,14 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                 t0 = time.perf_counter()
                 rng = B.DeviceRNG(config.seed * 1_000_003 + state.step)
                 loss, lr = train_step(model, opt, b, rng, model_config.label_smoothing, config.clip, loss_fn)
-                loss_value = B.to_float(loss)      # the one host sync of the step: the bar shows it
+                pending.append(loss)
                 dt = time.perf_counter() - t0
                 state.step += 1
                 state.batch_index += 1
                 state.train_seconds += dt
                 state.wall_seconds = wall_before + (time.perf_counter() - started)
                 state.tokens_seen += b.n_src_tokens + b.n_tgt_tokens
-                state.losses.append(loss_value)
-                tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
                 bar.update(1)
-                left = budget - state.wall_seconds
-                bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
-                                    + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
-                                    + f" ep {state.epoch}", refresh=False)
 
                 if config.steps and state.step >= config.steps:
                     stop_reason = f"reached --steps {config.steps}"
@@ -558,6 +703,13 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                     stop_reason = f"reached --minutes {config.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
+                if state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every:
+                    loss_value = _log_losses(pending, state)    # the one host sync, on the steps that log
+                    tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
+                    left = budget - state.wall_seconds
+                    bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
+                                        + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
+                                        + f" ep {state.epoch}", refresh=False)
                 if config.average > 1 and state.step % config.snapshot_every == 0:
                     _snapshot(out, model, vocab, state.step, config.average)
                 if on_step is not None:
@@ -575,6 +727,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                 if config.epochs and state.epoch >= config.epochs:
                     stop_reason = f"reached --epochs {config.epochs}"
                     if state.step != last_eval_step:
+                        _log_losses(pending, state)
                         evaluate()
     bar.close()
     print(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
@@ -583,10 +736,23 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         print(f"resume with: attn-train --resume --out {out}", file=sys.stderr)
         return {"interrupted": True, "steps": state.step}
 
-    # Section 6.1: the base models average the last 5 checkpoints.
-    final_model = model
+    # Section 6.1: the base models average the last 5 checkpoints. A short run's snapshots can
+    # span a good part of it, while the model still improves fast: the average is used only if
+    # its validation loss is no worse than the last model's.
+    final_model, choice = model, {}
     if config.average > 1:
-        final_model = average_snapshots(out, config.average, model, vocab) or model
+        averaged = average_snapshots(out, config.average, model, vocab)
+        if averaged is not None:
+            last = state.evals[-1] if state.evals and state.evals[-1]["step"] == state.step else \
+                evaluate_loss(model, val_batches, model_config.label_smoothing)
+            avg = evaluate_loss(averaged, val_batches, model_config.label_smoothing)
+            choice = {"val_nll_last": last["val_nll"], "val_nll_averaged": avg["val_nll"]}
+            if avg["val_nll"] <= last["val_nll"]:
+                final_model = averaged
+            else:
+                print(f"the average of the last {config.average} snapshots has a higher validation loss "
+                      f"({avg['val_nll']:.3f}) than the last model ({last['val_nll']:.3f}): testing the last model",
+                      file=sys.stderr)
     from .evaluate import evaluate_translations
     scores, test_hyps = evaluate_translations(final_model, vocab, corpus.test, beam_size=config.beam)
     test_bleu = scores.bleu
@@ -599,7 +765,10 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                "train_seconds": round(state.train_seconds, 2),
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
                "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
-               "beam": config.beam, "averaged_checkpoints": config.average if config.average > 1 else 1,
+               "beam": config.beam, "averaged_checkpoints": config.average if final_model is not model else 1,
+               **choice,
+               "max_tokens": config.max_tokens, "lr_factor": config.lr_factor, "min_freq": config.min_freq,
+               "warmup_steps": model_config.warmup_steps,
                "wall_seconds": round(wall_before + time.perf_counter() - started, 2), "stop": stop_reason}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     _plot(out, state)
@@ -685,6 +854,11 @@ def _fmt_secs(s: float) -> str:
 _D = TrainConfig()      # the defaults, quoted in the help
 
 
+def _recipe(name: str) -> str:
+    return ", ".join(f"{preset} {r[name]:g}" if not isinstance(r[name], str) else f"{preset} {r[name]}"
+                     for preset, r in RECIPES.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``attn-train`` command line. Flags that are not given stay out of the
     namespace (``argparse.SUPPRESS``): :func:`config_from_argv` fills them from
@@ -709,11 +883,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tgt", help=f"target language suffix (default: {_D.tgt})")
     g.add_argument("--tsv", type=Path, help="tab-separated pairs file instead of --data; 5%% each held out for val/test")
     g.add_argument("--min-freq", type=int,
-                   help=f"drop words seen fewer times in training (-> <unk>; default {_D.min_freq})")
+                   help=f"drop words seen fewer times in training (-> <unk>; default: the preset's, {_recipe('min_freq')})")
     g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
     g.add_argument("--vocab", choices=["word", "bpe"],
-                   help=f"word: words and punctuation as written (default {_D.vocab!r}, best for the toy); "
-                        "bpe: subword pieces learned on both languages (byte-pair encoding; no <unk>)")
+                   help=f"word: words and punctuation as written; bpe: subword pieces learned on both languages "
+                        f"(byte-pair encoding; no <unk>) (default: the preset's, {_recipe('vocab')})")
     g.add_argument("--vocab-size", type=int, metavar="N",
                    help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default {DEFAULT_BPE_SIZE}); "
                         "with --vocab word: keep the N most frequent (default: all)")
@@ -734,11 +908,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, help="stop after this many optimizer steps (0: no limit)")
     g.add_argument("--epochs", type=int, help="stop after this many epochs (0: no limit)")
     g.add_argument("--max-tokens", type=int,
-                   help=f"tokens per batch, padding included (default {_D.max_tokens})")
-    g.add_argument("--warmup", type=int, help="override the warm-up steps of the schedule")
+                   help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')})")
+    g.add_argument("--warmup", type=int,
+                   help=f"warm-up steps of the schedule (default: the preset's, or {round(WARMUP_FRACTION * 100)}%% of the "
+                        "steps that --minutes/--steps/--epochs allow when that is shorter, with the peak learning "
+                        "rate of the preset's schedule; --minutes measures the step time first)")
     g.add_argument("--lr-factor", type=float,
-                   help=f"multiplies the section-5.3 learning rate (default {_D.lr_factor:g}: the toy model's "
-                        "d_model of 128 would otherwise peak at 4.4e-3, where it learns markedly slower)")
+                   help=f"multiplies the section-5.3 learning rate (default: the preset's, {_recipe('lr_factor')}; "
+                        "the toy model's d_model of 128 would peak at 4.4e-3 with 1, where it learns markedly slower)")
     g.add_argument("--clip", type=float, help="clip the global gradient norm to this (0: off, the default)")
     g.add_argument("--seed", type=int, help=f"seed for weights, batch order and dropout (default {_D.seed})")
     g.add_argument("--eval-every", type=int,

@@ -40,7 +40,7 @@ def test_help_explains_the_options():
 
 def test_quick_json_has_the_fields():
     only = "train_step,train_step_reference,forward,greedy_cached,greedy_uncached,beam_cached"
-    r = _bench("--quick", "--json", "--only", only)
+    r = _bench("--quick", "--json", "--only", only, "--settle", "0")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
     by = {row["name"]: row for row in rows}
@@ -53,14 +53,41 @@ def test_quick_json_has_the_fields():
         for key in ("seconds_per_step", "tokens_per_second", "peak_memory_mb"):
             assert key in row, (name, key)
         assert row["seconds_per_step"] > 0 and row["tokens_per_second"] > 0
+        assert row["isolated_seconds_per_step"] > 0 and row["interleaved_seconds_per_step"] > 0
         if has_torch:
             assert row["torch_seconds_per_step"] > 0
             assert math.isclose(row["ratio"], row["seconds_per_step"] / row["torch_seconds_per_step"])
+            # the headline is the less favourable of the two settings
+            assert row["ratio"] == max(row["isolated_ratio"], row["interleaved_ratio"])
+            assert row["ratio"] == row[row["ratio_setting"] + "_ratio"]
     assert by["train_step"]["flops_per_step"] == 3 * by["forward"]["flops_per_step"]
     assert 0 < by["train_step"]["fraction_of_matmul_rate"]
     assert by["train_step"]["peak_memory_mb"] is not None
     assert by["greedy_cached"]["cache_speedup"] > 0 and by["beam_cached"]["cost_vs_greedy"] > 0
     assert "[attn.bench]" in r.stderr          # progress on stderr
+    machine = by["machine"]
+    assert machine["cpu_model"] and machine["isolated_attn"]["framework"] == "attn"
+    if B.blas_threads() is not None:                               # OpenBLAS: its kernel is recorded
+        assert machine["blas_kernel"] and machine["isolated_attn"]["blas"]["corename"] == machine["blas_kernel"]
+    if has_torch:
+        # the PyTorch worker runs beside a one-thread OpenBLAS, with the parent's thread count
+        assert machine["isolated_torch"]["blas_threads"] == 1
+        assert machine["isolated_torch"]["torch_threads"] == machine["torch_threads"]
+        assert machine["isolated_attn"]["blas_threads"] == machine["blas_threads"]
+
+
+def test_headline_is_the_less_favourable_setting():
+    """_row picks the setting with the larger ours/PyTorch ratio, and without PyTorch the slower one."""
+    from attn.bench.cli import _row
+    from attn.bench.work import Work
+    w = Work("train_step", None, None, tokens=100, flops=0, repeats=3)
+    iso = {"ours": [1.0, 1.1, 0.9], "torch": [2.0, 2.0, 2.0]}              # ratio 0.5
+    intl = {"ours": [1.2, 1.2, 1.2], "torch": [1.5, 1.5, 1.5]}             # ratio 0.8
+    r = _row(w, {"isolated": iso, "interleaved": intl}, 1.0, 1.0, "numpy")
+    assert r["ratio_setting"] == "interleaved" and math.isclose(r["ratio"], 0.8)
+    assert math.isclose(r["isolated_ratio"], 0.5) and r["seconds_per_step"] == 1.2
+    r = _row(w, {"isolated": {"ours": [3.0]}, "interleaved": {"ours": [2.0]}}, 1.0, 1.0, "numpy")
+    assert r["ratio_setting"] == "isolated" and r["seconds_per_step"] == 3.0 and "ratio" not in r
 
 
 def test_flops_agree_with_a_count_by_weights():

@@ -198,10 +198,10 @@ def test_command_bad_arguments(capsys, tmp_path):
 
 
 def test_time_learning_returns_the_bpe_and_both_times():
-    bpe, t_count, t_learn = bpe_module.time_learning(FIXTURE_TEXTS, 20)
-    assert len(bpe.merges) == 20 and t_count >= 0 and t_learn >= 0
-    bpe, _, _ = bpe_module.time_learning(FIXTURE_TEXTS, max_symbols=150)
-    assert len(bpe.symbols) == 150
+    timing = bpe_module.time_learning(FIXTURE_TEXTS, 20)
+    assert len(timing.bpe.merges) == 20
+    assert timing.count_seconds >= 0 and timing.learn_seconds >= 0 and timing.learn_cpu_seconds >= 0
+    assert len(bpe_module.time_learning(FIXTURE_TEXTS, max_symbols=150).bpe.symbols) == 150
 
 
 def test_runs_as_a_module():

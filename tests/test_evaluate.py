@@ -6,6 +6,7 @@ The real-text check runs on the Tatoeba corpus in ../shared where it exists, and
 committed fixture (tests/fixtures/real_text.tsv) everywhere."""
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -18,10 +19,11 @@ from attn.translate import load_translator, main as translate_main
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "real_text.tsv"
-# ../shared beside the checkout (or beside the folder of worktrees that holds it)
-TATOEBA = next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared")
-                if (p / "corpora" / "tatoeba-en-de" / "deu.txt").is_file()),
-               ROOT.parent / "shared") / "corpora" / "tatoeba-en-de" / "deu.txt"
+# ATTN_TATOEBA=/path/to/deu.txt, or ../shared beside the checkout (or beside the folder of worktrees holding it)
+_CANDIDATES = [ROOT.parent / "shared", ROOT.parent.parent / "shared"]
+TATOEBA = Path(os.environ.get("ATTN_TATOEBA") or next(
+    (p for p in _CANDIDATES if (p / "corpora" / "tatoeba-en-de" / "deu.txt").is_file()), _CANDIDATES[0])
+    / "corpora" / "tatoeba-en-de" / "deu.txt")
 
 
 def through_the_pipeline(vocab: Vocab, line: str) -> str:
@@ -59,8 +61,8 @@ def test_the_old_round_trip_was_lossy_and_this_one_is_not():
     assert corpus_bleu([detokenize(tokenize(r)) for r in refs], refs) == pytest.approx(100.0, abs=1e-9)
 
 
-@pytest.mark.skipif(not TATOEBA.is_file(), reason=f"the Tatoeba corpus is not here ({TATOEBA}; it lives in "
-                                                  "../shared on the development machines)")
+@pytest.mark.skipif(not TATOEBA.is_file(), reason=f"the Tatoeba corpus is absent ({TATOEBA}); see data/README.md, "
+                                                  "'Getting a corpus', or set ATTN_TATOEBA=/path/to/deu.txt")
 def test_tatoeba_references_score_100_through_words_and_bpe():
     pairs = read_tsv(TATOEBA)
     with_digits = [p for p in pairs if any(c.isdigit() for c in p[0] + p[1])]     # few: take them all

@@ -251,6 +251,77 @@ def test_cross_entropy_matches_reference(backend, smoothing, pad_id, dtype, shap
     assert rel_error(B.to_host(d2), B.to_host(d_ref)) < tol
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("rows_per_block", [1, 3, 64])
+def test_cross_entropy_in_blocks_matches_reference(monkeypatch, smoothing, rows_per_block):
+    """The NumPy loss works on a few rows of a large vocabulary at a time: with blocks of 1 row,
+    of 3 (37 rows leave a short last block) and of more rows than there are, it gives the
+    readable loss and gradient to float64 rounding."""
+    from attn.fast.ops import _Ops
+    V = 5003
+    monkeypatch.setattr(_Ops, "CE_BLOCK_BYTES", rows_per_block * V * 8)
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((37, V)) * 6 + 40.0      # large logits: the row max shift matters
+    targets = rng.integers(0, V, 37)
+    targets[[0, 5, 36]] = 0                              # padding rows get a zero gradient
+    loss_ref, d_ref = cross_entropy(logits, targets, smoothing)
+    loss, d = fast_ce(logits.copy(), targets, smoothing, inplace=True, workers=1)
+    assert abs(float(loss) - float(loss_ref)) < 1e-12 * abs(float(loss_ref))
+    assert rel_error(d, d_ref) < 1e-12
+    assert not d[[0, 5, 36]].any()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_cross_entropy_gradient_is_numerical(monkeypatch, smoothing):
+    """The fused, blocked loss's dlogits against central differences of its own loss (float64)."""
+    from attn.fast.ops import _Ops
+    V = 11
+    monkeypatch.setattr(_Ops, "CE_BLOCK_BYTES", 2 * V * 8)                 # blocks of two rows
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((2, 3, V)) * 3
+    targets = np.array([[4, 0, 7], [10, 2, 0]])
+
+    def loss():
+        return fast_ce(logits, targets, smoothing, workers=1)[0]
+    _, d = fast_ce(logits, targets, smoothing, workers=1)
+    num = numerical_gradient(loss, logits)
+    assert rel_error(d, num) < 1e-8, f"fast cross-entropy gradient: relative error {rel_error(d, num):.1e}"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_step_keeps_one_logits_buffer(workers):
+    """Where the vocabulary dominates, a step (forward, in-place loss, backward) allocates little
+    beyond the one (B, T, V) logits buffer: no (B*T, V) temporaries in the projection, the
+    softmax or the loss (NumPy reports its allocations to tracemalloc)."""
+    import tracemalloc
+    cfg = TransformerConfig(vocab_size=6000, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                            n_decoder_layers=1, dropout=0.1, label_smoothing=0.1, max_len=32)
+    model = FastTransformer(cfg, seed=0)
+    model.workers = workers
+    rng = np.random.default_rng(0)
+    src, tgt_in, tgt_out = (rng.integers(4, 6000, (8, 24)) for _ in range(3))
+    drop = B.DeviceRNG(0)
+
+    def step():
+        logits, cache = model.forward(src, tgt_in, drop)
+        loss, d = fast_ce(logits, tgt_out, 0.1, inplace=True)
+        model.backward(d, cache)
+    step()
+    logits_bytes = 8 * 24 * 6000 * 4
+    grads_bytes = sum(p.nbytes for p in model.params.values())
+    tracemalloc.start()
+    try:
+        step()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # the logits, every gradient (one set, plus a part's (V, D) embedding gradient while it is
+    # summed) and the activations, which are small here
+    budget = logits_bytes + 2 * grads_bytes + logits_bytes // 4
+    assert peak < budget, (f"a step allocated {peak / 2**20:.1f} MiB at its peak; the logits are "
+                           f"{logits_bytes / 2**20:.1f} MiB, the gradients {grads_bytes / 2**20:.1f} MiB")
+
+
 def test_cross_entropy_all_padding_and_nonfinite(backend):
     xp = backend
     logits = xp.zeros((2, 3, 5))
@@ -306,7 +377,8 @@ def test_dropout_mask_rate_and_scale(backend):
     assert isinstance(m, Mask) and m.keep.dtype == bool
     keep = float(B.to_host(m.keep).mean())
     assert abs(keep - 0.9) < 0.003
-    p_eff = round(0.1 * 65536) / 65536
+    # NumPy quantises p to 1/65536 (masks from 16-bit integers); the CuPy kernels keep p exact
+    p_eff = 0.1 if B.is_device_array(m.keep) else round(0.1 * 65536) / 65536
     assert math.isclose(m.scale * (1 - p_eff), 1.0, rel_tol=1e-12)
     m2 = ops_for(xp).dropout_mask(rng, (400, 500), 0.1)
     assert not np.array_equal(B.to_host(m.keep), B.to_host(m2.keep)), "each call draws a fresh mask"
@@ -329,13 +401,11 @@ def test_blas_threads_restored_and_errors_propagate():
 
 @pytest.fixture
 def cupy():
-    """CuPy with a usable GPU, selected as the backend for the test, or a skip."""
-    if not B.cupy_available():
-        pytest.skip("CuPy not installed or no usable GPU: the fused kernels are not exercised")
-    saved = (B._current, B._xp)
-    cp = B.set_backend("cupy")
-    yield cp
-    B._current, B._xp = saved
+    """CuPy selected as the backend for the test: real CuPy where a GPU is usable, else the
+    stand-in (tests/fakecupy), which runs each kernel's NumPy twin in place of its CUDA."""
+    from conftest import selected_backend
+    with selected_backend("cupy") as cp:
+        yield cp
 
 
 def _np_cp(cp, a):
@@ -438,7 +508,7 @@ def test_cupy_fast_step_never_waits_for_the_device(cupy):
     """With id validation and the finiteness check off, a whole fast step (forward, loss,
     backward, Adam) never synchronises with the host: CuPy raises if it would."""
     cp = cupy
-    cupyx = pytest.importorskip("cupyx")
+    cupyx = B._cupyx()                       # real cupyx, or the stand-in's
     cfg = TransformerConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
                             n_decoder_layers=1, dropout=0.1)
     model = FastTransformer(cfg, seed=0)
@@ -496,6 +566,90 @@ def test_fast_decoding_matches_reference(backend, seed, beam):
     assert np.allclose(got.scores, want.scores, rtol=1e-12, atol=1e-12)
     # seeds 0 and 1 end sentences early (lengths [8, 8, 8, 4] / [3, 1, 8, 8] and [8, 0, 8, 8] /
     # [0, 0, 0, 0]), so rows leave the batch; seed 2 runs every sentence to the limit
+
+
+@pytest.mark.parametrize("norm,positional", [("post", "sinusoidal"), ("pre", "learned")])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_fast_decoding_split_and_grown_matches_reference(monkeypatch, norm, positional, beam):
+    """The fast step with its rows split over threads (parts of 2 rows), buffers grown past
+    their first capacity (40 positions), a source that is all padding, pre- and post-norm:
+    the reference decoder's tokens and scores."""
+    from attn import decode
+    from attn.fast import decoding
+    monkeypatch.setattr(decoding, "MIN_ROWS_PER_PART", 2)
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+                            n_decoder_layers=2, dropout=0.0, max_len=64, norm=norm, positional=positional)
+    ref = Transformer(cfg, seed=4, dtype="float64")
+    fast = FastTransformer.from_model(ref)
+    fast.workers = 3
+    src = np.array([[4, 5, 6, 7, 0], [8, 5, 4, 6, 7], [0, 0, 0, 0, 0], [7, 7, 5, 0, 0], [9, 10, 4, 0, 0],
+                    [6, 6, 6, 6, 6]])
+    if beam == 1:
+        want, got = (decode.greedy_decode(m, src, max_len=40) for m in (ref, fast))
+    else:
+        want, got = (decode.beam_search(m, src, beam_size=beam, max_len=40) for m in (ref, fast))
+    assert got.tokens == want.tokens
+    assert np.allclose(got.scores, want.scores, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_fast_encode_decode_and_attention_match_reference(workers, use_cache):
+    """FastTransformer.encode / decode without dropout (the fast stacks, split over threads)
+    give the reference's memory and decoder output, and decoding with the attention returned
+    (cached and uncached) gives the reference's tokens, scores and cross-attention."""
+    from attn import decode
+    from attn.masks import padding_mask
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2,
+                            n_decoder_layers=2, dropout=0.1, max_len=32)
+    ref = Transformer(cfg, seed=2, dtype="float64")
+    fast = FastTransformer.from_model(ref)
+    fast.workers = workers
+    fast.SPLIT_MIN_SIZE = 0
+    src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12], [0, 0, 0, 0, 0], [7, 7, 5, 0, 0]])
+    mask = padding_mask(src)
+    m_ref, m_fast = ref.encode(src, None, mask)[0], fast.encode(src, None, mask)[0]
+    assert rel_error(m_fast, m_ref) < 1e-12
+    tgt = np.array([[1, 4, 5], [1, 6, 0], [1, 0, 0], [1, 9, 9]])
+    (h_ref, c_ref, tm_ref), (h_fast, c_fast, tm_fast) = (m.decode(tgt, m_ref, mask) for m in (ref, fast))
+    assert rel_error(h_fast, h_ref) < 1e-12 and np.array_equal(tm_fast, tm_ref)
+    for i in range(cfg.n_decoder_layers):
+        w_ref, w_fast = c_ref.layers[i][1].sub.attn.weights, c_fast.layers[i][1].sub.attn.weights
+        assert w_fast.shape == w_ref.shape and rel_error(w_fast, w_ref) < 1e-12
+    want = decode.greedy_decode(ref, src, max_len=7, use_cache=use_cache, with_attention=True)
+    got = decode.greedy_decode(fast, src, max_len=7, use_cache=use_cache, with_attention=True)
+    assert got.tokens == want.tokens and np.allclose(got.scores, want.scores, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got.cross_attention, want.cross_attention):
+        assert a.shape == b.shape and np.allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_fast_decode_state_can_be_stepped_twice():
+    """Stepping a state writes the next position into buffers its successor shares; stepping the
+    same (older) state again must not disturb that successor, and gives the reference's numbers."""
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=9, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+                            n_decoder_layers=1, dropout=0.0, max_len=32)
+    ref = Transformer(cfg, seed=1, dtype="float64")
+    fast = FastTransformer.from_model(ref)
+    src = np.array([[4, 5, 6, 0], [7, 8, 4, 5]])
+    mask = (src != 0)[:, None, None, :]
+    memory, _ = ref.encode(src, None, mask)
+    s_ref, s_fast = ref.start_decoding(memory, mask), fast.start_decoding(memory, mask)
+    for tok in ([1, 1], [4, 5]):
+        _, s_ref, _ = ref.decode_step(np.array(tok), s_ref)
+        _, s_fast, _ = fast.decode_step(np.array(tok), s_fast)
+    a_logp, a_state, _ = fast.decode_step(np.array([6, 6]), s_fast)
+    b_logp, b_state, _ = fast.decode_step(np.array([7, 8]), s_fast)       # the same state again
+    c_logp, _, _ = fast.decode_step(np.array([5, 5]), a_state)            # a's successor still right
+    r_a, r_a_state, _ = ref.decode_step(np.array([6, 6]), s_ref)
+    r_b, _, _ = ref.decode_step(np.array([7, 8]), s_ref)
+    r_c, _, _ = ref.decode_step(np.array([5, 5]), r_a_state)
+    for got, want in ((a_logp, r_a), (b_logp, r_b), (c_logp, r_c)):
+        assert rel_error(got, want) < 1e-12
+    for (k, v), (rk, rv) in zip(b_state.self_kv, ref.decode_step(np.array([7, 8]), s_ref)[1].self_kv):
+        assert rel_error(k, rk) < 1e-12 and rel_error(v, rv) < 1e-12
 
 
 def test_keep_freed_memory_is_harmless():

@@ -17,9 +17,10 @@ import pytest
 from attn import backend as B
 from attn.checkpoint import load_npz
 from attn.evaluate import translate_sentences
+from attn.loss import cross_entropy
 from attn.model import Transformer
 from attn.data import DataError, Vocab
-from attn.train import TrainConfig, TrainConfigError, config_from_argv, main, train
+from attn.train import TrainConfig, TrainConfigError, config_from_argv, evaluate_loss, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,13 +108,21 @@ def test_checkpoint_averaging(tmp_path):
     out = tmp_path / "run"
     metrics = run_train(tmp_path, "--steps", "9", "--eval-every", "5", "--average", "3",
                         "--snapshot-every", "3", "--out", str(out))
-    assert metrics["averaged_checkpoints"] == 3
     snaps = sorted((out / "snapshots").glob("step-*.npz"))
     assert [s.name for s in snaps] == ["step-00000003.npz", "step-00000006.npz", "step-00000009.npz"]
     avg = Transformer.load(out / "averaged.npz")
     parts = [load_npz(s)[0] for s in snaps]
     for k, v in avg.params.items():
         np.testing.assert_allclose(v, np.mean([p[f"param/{k}"] for p in parts], axis=0), rtol=1e-6, atol=1e-7)
+    # The average is tested only if its validation loss is no worse than the last model's.
+    from attn.data import encode_pairs, make_batches
+    vocab = Vocab.from_json(load_npz(out / "checkpoint.npz")[1]["vocab"])
+    val = make_batches(encode_pairs(PAIRS, vocab), 64, shuffle=False)
+    nll = {name: evaluate_loss(Transformer.load(out / f), val, 0.1)["val_nll"]
+           for name, f in (("last", "checkpoint.npz"), ("averaged", "averaged.npz"))}
+    assert metrics["val_nll_last"] == pytest.approx(nll["last"], rel=1e-5)
+    assert metrics["val_nll_averaged"] == pytest.approx(nll["averaged"], rel=1e-5)
+    assert metrics["averaged_checkpoints"] == (3 if nll["averaged"] <= nll["last"] else 1)
 
 
 def test_help_explains_the_flags():
@@ -152,9 +161,9 @@ def test_python_api_trains_from_a_config(tmp_path):
     metrics = train(config)
     assert metrics["steps"] == 4 and "test_bleu" in metrics and metrics["backend"] == "numpy"
     saved = json.loads((tmp_path / "api" / "config.json").read_text())["train"]
-    assert TrainConfig.from_dict(saved) == config
+    assert TrainConfig.from_dict(saved) == config.with_recipe()          # what ran, the recipe filled in
     _, meta = load_npz(tmp_path / "api" / "checkpoint.npz")
-    assert TrainConfig.from_dict(meta["args"]) == config
+    assert TrainConfig.from_dict(meta["args"]) == config.with_recipe()
 
 
 def test_command_line_and_config_agree():
@@ -258,3 +267,73 @@ def test_a_corpus_with_no_training_pair_left_is_a_clear_error(tmp_path):
     """Every pair longer than --max-len: an error naming the corpus, not an endless loop of empty epochs."""
     with pytest.raises(DataError, match=r"no training pair is left of 6.*--max-len"):
         run_train(tmp_path, "--max-len", "2", "--epochs", "2", "--out", str(tmp_path / "o"))
+
+
+# --------------------------------------------------------------------------- the recipe
+
+def test_recipe_fills_what_is_left_open_and_explicit_values_win():
+    from attn.train import RECIPES
+    toy = TrainConfig().with_recipe()
+    assert (toy.max_tokens, toy.lr_factor, toy.min_freq) == (2048, 0.5, 1)       # the toy as measured (README)
+    small = TrainConfig(preset="small").with_recipe()
+    assert {k: getattr(small, k) for k in RECIPES["small"]} == RECIPES["small"]
+    assert TrainConfig(preset="small", max_tokens=1000, min_freq=1).with_recipe().max_tokens == 1000
+    assert TrainConfig(preset="small", max_tokens=1000, min_freq=1).with_recipe().min_freq == 1
+
+
+def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
+    """No --warmup and a budget: 30% of the steps it allows, if shorter than the preset's; --minutes
+    measures the step time first. The choice is recorded and a resumed run keeps it."""
+    import attn.train as T
+    from attn.data import encode_pairs
+    data = write_corpus(tmp_path)
+    base = dict(data=data, src="xx", tgt="yy", backend="numpy", average=0, d_model=32, heads=2, d_ff=64,
+                layers=1, max_tokens=64, bleu_sentences=0, quiet=True, minutes=0)
+    m = train(TrainConfig(**base, steps=20, eval_every=20, out=tmp_path / "steps"))
+    assert m["warmup_steps"] == round(T.WARMUP_FRACTION * 20) < 400
+    rule = json.loads((tmp_path / "steps" / "config.json").read_text())["warmup_rule"]
+    assert rule["warmup_steps"] == m["warmup_steps"] and rule["steps_allowed"] == 20
+    _, meta = load_npz(tmp_path / "steps" / "checkpoint.npz")
+    lr_before = meta["evals"][-1]["lr"]
+    m2 = train(TrainConfig(resume=True, out=tmp_path / "steps", steps=100, eval_every=100, quiet=True))
+    assert m2["warmup_steps"] == m["warmup_steps"]                 # kept, not refitted to 100 steps
+    _, meta = load_npz(tmp_path / "steps" / "checkpoint.npz")
+    from attn.optim import noam_lr
+    factor = 0.5 * (m["warmup_steps"] / 400) ** 0.5                 # the resumed run's schedule is the same
+    assert lr_before == pytest.approx(noam_lr(20, 32, m["warmup_steps"], factor))
+    assert meta["evals"][-1]["lr"] == pytest.approx(noam_lr(100, 32, m["warmup_steps"], factor))
+    assert train(TrainConfig(**base, steps=2, warmup=7, out=tmp_path / "given"))["warmup_steps"] == 7
+
+    config = TrainConfig(**{**base, "minutes": 1.0}).with_recipe()
+    vocab = T.build_vocab(PAIRS, 1)
+    model, _ = T.make_engine(Transformer(config.model_config(len(vocab)), seed=0), False, 0.5)
+    monkeypatch.setattr(T, "measure_step_seconds", lambda *a, **k: 0.5)
+    model2, opt, model_config, rule = T.fit_warmup(model, model.config, config, encode_pairs(PAIRS, vocab),
+                                                   cross_entropy)
+    allowed = 60 * (1 - T.EVAL_SHARE) / (1.05 * 0.5)
+    assert model_config.warmup_steps == rule["warmup_steps"] == round(T.WARMUP_FRACTION * allowed)
+    assert opt.warmup_steps == model_config.warmup_steps and model2.params is model.params
+    assert rule["seconds_per_step"] == 0.525 and "--minutes 1" in rule["why"]
+    # A shorter warm-up alone would raise the schedule's peak; the factor keeps the preset's peak.
+    from attn.optim import noam_lr
+    w, w0, d = model_config.warmup_steps, 400, model_config.d_model
+    assert opt.lr(w) == pytest.approx(noam_lr(w0, d, w0, config.lr_factor), rel=1e-12)
+    assert opt.lr(w) == pytest.approx(rule["peak_lr"]) and opt.lr(w // 2) < opt.lr(w) > opt.lr(2 * w)
+    fit = lambda **kw: T.fit_warmup(model, model.config, dataclasses.replace(config, **kw),
+                                    encode_pairs(PAIRS * 100, vocab), cross_entropy)[2].warmup_steps
+    assert fit(minutes=0, steps=5000) == 400                       # a long budget keeps the preset's
+    n_batches = len(T.make_batches(encode_pairs(PAIRS * 100, vocab), 64, shuffle=False))
+    assert fit(minutes=0, epochs=2) == round(T.WARMUP_FRACTION * 2 * n_batches)
+
+
+def test_measured_step_time_leaves_the_parameters_alone():
+    import attn.train as T
+    from attn.data import encode_pairs, make_batches
+    cfg = TrainConfig(d_model=16, heads=2, d_ff=32, layers=1)
+    vocab = T.build_vocab(PAIRS, 1)
+    model, _ = T.make_engine(Transformer(cfg.model_config(len(vocab)), seed=0), False, 0.5)
+    before = {k: v.copy() for k, v in model.params.items()}
+    batches = make_batches(encode_pairs(PAIRS, vocab), 64, shuffle=False)
+    assert T.measure_step_seconds(model, batches[:2], 0.1) > 0
+    for k, v in model.params.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)

@@ -81,6 +81,9 @@ def test_the_averaged_model_and_a_resumed_run_keep_the_merges(tmp_path):
                       eval_every=2, resume=True, **cfg))
     _, meta = load_npz(out / "checkpoint.npz")
     assert meta["step"] == 6 and Vocab.from_json(meta["vocab"]) == first
+    with pytest.raises(TrainConfigError, match="--vocab-size 700"):      # the saved run's vocabulary stays
+        train(TrainConfig(data=data, out=out, vocab="bpe", vocab_size=700, steps=8, snapshot_every=2,
+                          eval_every=2, resume=True, **cfg))
 
 
 def test_an_old_checkpoint_without_merges_still_loads_and_translates(tmp_path):
@@ -95,7 +98,8 @@ def test_an_old_checkpoint_without_merges_still_loads_and_translates(tmp_path):
 
 
 def test_word_vocabulary_is_the_default_and_vocab_size_caps_it():
-    assert TrainConfig().vocab == "word" and TrainConfig().vocab_size is None
+    assert TrainConfig().with_recipe().vocab == "word" and TrainConfig().vocab_size is None
+    assert TrainConfig(preset="small").with_recipe().vocab == "bpe"          # the recipe for real text
     pairs = [("a a a b", "c c d"), ("a b e", "c")]
     assert len(build_vocab(pairs)) == 4 + 5
     assert build_vocab(pairs, kind="word", size=6).itos[4:] == ["a", "c"]

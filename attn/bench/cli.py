@@ -14,9 +14,11 @@ from .machine import blas_threads, machine_info
 from .memory import _memory_child, measure_memory
 from .presets import BENCH_PRESETS, MEASUREMENTS, _bench_config, model_config
 from .report import _derived, print_markdown, print_table
+from .isolated import Worker, time_isolated, time_phases, torch_info, worker_main
 from .timing import _progress, _syncs, time_work
 from .twin import torch_available
 from .work import build_work
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
@@ -41,8 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--quick", action="store_true",
                    help="the tiny 'quick' configuration, 1 warm-up and 2 repeats (for tests)")
-    p.add_argument("--only", default=",".join(MEASUREMENTS),
-                   help="comma-separated measurements (default all): " + ", ".join(MEASUREMENTS))
+    p.add_argument("--only", default=None,
+                   help="comma-separated measurements (default: the preset's, most presets all): "
+                        + ", ".join(MEASUREMENTS))
     p.add_argument("--repeats", type=int, help="timed runs per measurement (default per preset)")
     p.add_argument("--warmup", type=int, help="untimed runs before timing (default per preset)")
     p.add_argument("--threads", type=int,
@@ -61,14 +64,25 @@ def parse_args(argv=None):
                  ("tgt_len", "target length"), ("decode_batch", "sentences decoded at once"),
                  ("decode_steps", "tokens generated per sentence"), ("beam", "beam size")):
         p.add_argument("--" + k.replace("_", "-"), dest=k, type=int, help=h + " (default per preset)")
+    p.add_argument("--no-isolated", action="store_true",
+                   help="skip timing each framework in a worker process of its own")
+    p.add_argument("--no-interleaved", action="store_true",
+                   help="skip timing both frameworks interleaved in this process")
+    p.add_argument("--no-phases", action="store_true",
+                   help="skip the per-phase profile of the training step (3 extra steps per framework)")
     p.add_argument("--_memory-child", dest="_memory_child", help=argparse.SUPPRESS)
+    p.add_argument("--_worker", dest="_worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.preset = "quick"
+    if args.only is None:
+        args.only = ",".join(BENCH_PRESETS[args.preset].measurements or MEASUREMENTS)
     args.only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in args.only if s not in MEASUREMENTS]
     if unknown:
         p.error(f"unknown measurement(s) {unknown}; choose from {', '.join(MEASUREMENTS)}")
+    if args.no_isolated and args.no_interleaved:
+        p.error("--no-isolated and --no-interleaved leave nothing to time")
     return args
 
 
@@ -98,8 +112,7 @@ def run(args) -> list[dict]:
                 command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(os.path.join("bench", "__main__.py"))
                 else None)
     if with_torch:
-        import torch
-        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+        info.update(torch_info())
     if args.backend == "cupy":
         cp = B.xp()
         info.update(cupy=cp.__version__, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
@@ -113,30 +126,36 @@ def run(args) -> list[dict]:
 
     work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device,
                       repeats=args.repeats, warmup=args.warmup)
-    for i, w in enumerate(work):
-        _progress(f"[{i + 1}/{len(work)}] {w.name}", quiet)
-        times = time_work(w, settle, quiet)
-        ours = statistics.median(times["ours"])
-        r = {"name": w.name, "seconds_per_step": ours, "tokens_per_second": w.tokens / ours,
-             "peak_memory_mb": None, "times": times["ours"], "repeats": w.repeats}
-        if w.flops:
-            if args.backend == "cupy":
-                r["tflops_per_second"] = w.flops / ours / 1e12
-            r.update(flops_per_step=w.flops, gflops_per_second=w.flops / ours / 1e9,
-                     fraction_of_best_matmul_rate=w.flops / ours / 1e9 / rate,
-                     fraction_of_square_matmul_rate=w.flops / ours / 1e9 / peak)
-            if "matmul" in times:
-                mm_t = statistics.median(times["matmul"])
-                r.update(matmul_seconds_per_step=mm_t, matmul_gflops_per_second=w.flops / mm_t / 1e9,
-                         fraction_of_matmul_rate=mm_t / ours, matmul_times=times["matmul"])
-            else:
-                r["fraction_of_matmul_rate"] = r["fraction_of_best_matmul_rate"]
-        if "torch" in times:
-            t = statistics.median(times["torch"])
-            r.update(torch_seconds_per_step=t, torch_tokens_per_second=w.tokens / t, ratio=ours / t,
-                     torch_times=times["torch"])
-        r.update(w.extra)
-        results.append(r)
+    workers = {}
+    if not args.no_isolated:
+        _progress("starting the isolated worker processes (one per framework)", quiet)
+        if args.threads is None and threads:
+            args.threads = threads            # the workers get the thread count this process has
+        try:
+            workers["ours"] = Worker(args, "attn")
+            info["isolated_attn"] = workers["ours"].info
+            if with_torch:
+                workers["torch"] = Worker(args, "torch")
+                info["isolated_torch"] = workers["torch"].info
+        except BaseException:
+            for wk in workers.values():
+                wk.close()
+            raise
+    try:
+        for i, w in enumerate(work):
+            _progress(f"[{i + 1}/{len(work)}] {w.name}", quiet)
+            settings = {}
+            if workers:
+                settings["isolated"] = time_isolated(workers, w, settle, quiet)
+            if not args.no_interleaved:
+                settings["interleaved"] = time_work(w, settle, quiet, replay=not workers)
+            row = _row(w, settings, rate, peak, args.backend)
+            if w.phases and not args.no_phases:
+                row["phases"] = time_phases(w, 3, settle, quiet, workers or None)
+            results.append(row)
+    finally:
+        for wk in workers.values():
+            wk.close()
     _derived(results)
     info["load_average_end_of_timing"] = os.getloadavg() if hasattr(os, "getloadavg") else None
 
@@ -153,6 +172,55 @@ def run(args) -> list[dict]:
                 tm = mem.get("torch", {}).get(r["name"].replace("_reference", ""), {})
                 r["torch_peak_memory_mb"] = tm.get("peak_memory_mb")
     return results
+
+
+def _row(w, settings: dict, rate: float, peak: float, backend: str) -> dict:
+    """One measurement's result from its timings in each setting ({"isolated": times,
+    "interleaved": times}, each {"ours": [...], "torch": [...], "matmul": [...]}).
+
+    Each setting gets ``<setting>_seconds_per_step``, ``<setting>_torch_seconds_per_step`` and
+    ``<setting>_ratio`` (medians). The headline (``seconds_per_step``,
+    ``torch_seconds_per_step``, ``ratio``) is the setting with the less favourable ratio
+    (without PyTorch: the one where ours is slower), named in ``ratio_setting``."""
+    med = statistics.median
+    r = {"name": w.name, "repeats": w.repeats}
+    score = {}
+    for name, times in settings.items():
+        ours = med(times["ours"])
+        r[f"{name}_seconds_per_step"] = ours
+        r[f"{name}_times"] = times["ours"]
+        score[name] = ours
+        if "torch" in times:
+            t = med(times["torch"])
+            r.update({f"{name}_torch_seconds_per_step": t, f"{name}_ratio": ours / t,
+                      f"{name}_torch_times": times["torch"]})
+            score[name] = ours / t
+    head = max(score, key=score.get)
+    times = settings[head]
+    ours = med(times["ours"])
+    r.update(ratio_setting=head, seconds_per_step=ours, tokens_per_second=w.tokens / ours,
+             peak_memory_mb=None, times=times["ours"])
+    if "torch" in times:
+        t = med(times["torch"])
+        r.update(torch_seconds_per_step=t, torch_tokens_per_second=w.tokens / t, ratio=ours / t,
+                 torch_times=times["torch"])
+    if w.flops:
+        if backend == "cupy":
+            r["tflops_per_second"] = w.flops / ours / 1e12
+        r.update(flops_per_step=w.flops, gflops_per_second=w.flops / ours / 1e9,
+                 fraction_of_best_matmul_rate=w.flops / ours / 1e9 / rate,
+                 fraction_of_square_matmul_rate=w.flops / ours / 1e9 / peak)
+        mm = next((s for s in settings.values() if "matmul" in s), None)
+        if mm is not None:
+            # the replay's median against ours in the same setting (the rotation it ran in)
+            own = med(mm["ours"])
+            mm_t = med(mm["matmul"])
+            r.update(matmul_seconds_per_step=mm_t, matmul_gflops_per_second=w.flops / mm_t / 1e9,
+                     fraction_of_matmul_rate=mm_t / own, matmul_times=mm["matmul"])
+        else:
+            r["fraction_of_matmul_rate"] = r["fraction_of_best_matmul_rate"]
+    r.update(w.extra)
+    return r
 
 
 def main(argv=None) -> int:
@@ -177,6 +245,9 @@ def main(argv=None) -> int:
             import torch
             torch.set_num_threads(args.threads or blas_threads() or os.cpu_count() or 1)
         _memory_child(args)
+        return 0
+    if args._worker:
+        worker_main(args)
         return 0
     results = run(args)
     if args.json:

@@ -20,16 +20,22 @@ def machine_info() -> dict:
     except AttributeError:
         pass
     try:
-        m = re.search(r"model name\s*:\s*(.*)", open("/proc/cpuinfo").read())
+        cpuinfo = open("/proc/cpuinfo").read()
+        m = re.search(r"model name\s*:\s*(.*)", cpuinfo)
         info["cpu_model"] = m.group(1).strip() if m else platform.processor()
+        flags = re.search(r"flags\s*:\s*(.*)", cpuinfo)
+        if flags:
+            have = set(flags.group(1).split())
+            info["cpu_features"] = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in have]
     except OSError:
         info["cpu_model"] = platform.processor()
-    try:
-        cfgs = B.host.show_config(mode="dicts")
-        blas = cfgs["Build Dependencies"]["blas"]
-        info["blas"] = f"{blas.get('name')} {blas.get('version')}"
-    except Exception:
-        pass
+    bi = B.blas_info()
+    if "build" in bi:
+        info["blas"] = bi["build"]
+    if "corename" in bi:
+        info["blas_kernel"] = bi["corename"]       # the kernel OpenBLAS chose for this CPU
+    if "config" in bi:
+        info["blas_config"] = bi["config"]
     try:
         info["load_average"] = os.getloadavg()
     except OSError:

@@ -23,6 +23,7 @@ class BenchConfig:
     repeats: int = 5
     warmup: int = 2
     note: str = ""
+    measurements: tuple | None = None       # what a plain run times (None: every measurement)
 
 
 BENCH_PRESETS = {
@@ -32,6 +33,16 @@ BENCH_PRESETS = {
              dropout=0.1, label_smoothing=0.1, max_len=256),
         batch=64, src_len=32, tgt_len=32, decode_batch=64, decode_steps=50, repeats=9, warmup=3,
         note="batch 64, source and target length 32, V 1000, D 256, 4 heads, F 1024, 3+3 layers"),
+    # A real corpus's vocabulary (a word vocabulary of ~30k pairs, or 16k subwords) at a batch of
+    # ~4,000 tokens (B * max(S, T), as attn.data counts them): the output layer dominates.
+    **{f"vocab-{V // 1000}k": BenchConfig(
+        dict(vocab_size=V, d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
+             dropout=0.1, label_smoothing=0.1, max_len=256),
+        batch=128, src_len=32, tgt_len=32, decode_batch=64, decode_steps=50, repeats=5, warmup=2,
+        note=f"batch 128 (4096 tokens a side), source and target length 32, V {V}, D 256, 4 heads, F 1024, "
+             "3+3 layers",
+        measurements=("train_step", "train_step_reference", "forward", "greedy_cached", "beam_cached"))
+       for V in (16000, 32000)},
     # For tests: seconds in total.
     "quick": BenchConfig(
         dict(vocab_size=50, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=1,

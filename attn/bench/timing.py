@@ -7,15 +7,18 @@ import time
 from .. import backend as B
 from .work import Work
 
+
 def _progress(msg: str, quiet: bool):
     if not quiet:
         print(f"[attn.bench] {msg}", file=sys.stderr, flush=True)
 
 
-def time_work(w: Work, settle: float, quiet: bool) -> dict:
-    """Warm up both sides, then alternate timed runs (ours, PyTorch, ours, ...); medians."""
+def time_work(w: Work, settle: float, quiet: bool, replay: bool = True) -> dict:
+    """Both frameworks in this process ("interleaved"): warm up both sides, then alternate
+    timed runs (ours, PyTorch, ours, ...), and the step's matmul replay when ``replay``.
+    Returns {"ours": [...], "torch": [...], "matmul": [...]} seconds."""
     fns = [("ours", w.ours)] + ([("torch", w.torch)] if w.torch is not None else [])
-    fns += [("matmul", w.replay)] if w.replay is not None else []
+    fns += [("matmul", w.replay)] if replay and w.replay is not None else []
     for _ in range(w.warmup):
         for _, f in fns:
             f()
@@ -28,7 +31,7 @@ def time_work(w: Work, settle: float, quiet: bool) -> dict:
             f()
             times[k].append(time.perf_counter() - t0)
         last = ", ".join(f"{k} {v[-1]:.3f}s" for k, v in times.items())
-        _progress(f"{w.name}: run {r + 1}/{w.repeats}: {last}", quiet)
+        _progress(f"{w.name} (interleaved): run {r + 1}/{w.repeats}: {last}", quiet)
     return times
 
 

@@ -2,6 +2,7 @@
 decodes, and PyTorch's twins of each, built once per run."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from .. import backend as B
@@ -41,6 +42,28 @@ class Work:
     warmup: int = 2
     extra: dict = field(default_factory=dict)
     replay: object = None           # the step's matmuls alone, timed in the same rotation
+    phases: dict = field(default_factory=dict)     # side -> a step timed by phase (see phase_timer)
+
+
+def phase_timer(step):
+    """A callable that runs ``step(clock)`` once and returns {phase: seconds} in order: ``clock(name)``
+    marks the start of a phase, which lasts until the next mark (the last until ``step`` returns)."""
+    def run():
+        marks = []
+
+        def clock(name):
+            marks.append((name, time.perf_counter()))
+        step(clock)
+        marks.append(("", time.perf_counter()))
+        out = {}
+        for (name, t0), (_, t1) in zip(marks, marks[1:]):
+            out[name] = out.get(name, 0.0) + (t1 - t0)
+        return out
+    return run
+
+
+def _no_clock(name):
+    pass
 
 
 def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, torch_sync=None,
@@ -76,12 +99,19 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
              "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
     eps = cfg.label_smoothing
 
-    def fast_step():
-        logits, cache = fast.forward(src, tgt_in, state["fast_rng"])
-        loss, d = fast_cross_entropy(logits, tgt_out, eps, check_finite=False, inplace=True,
-                                     validate=not on_gpu)
-        state["fast_opt"].step(fast.backward(d, cache))
-        sync()
+    def fast_step(clock=_no_clock):
+        fast.phase_clock = None if clock is _no_clock else clock
+        try:
+            logits, cache = fast.forward(src, tgt_in, state["fast_rng"])
+            clock("loss")
+            loss, d = fast_cross_entropy(logits, tgt_out, eps, check_finite=False, inplace=True,
+                                         validate=not on_gpu)
+            grads = fast.backward(d, cache)
+            clock("optimizer")
+            state["fast_opt"].step(grads)
+            sync()
+        finally:
+            fast.phase_clock = None
         return loss
 
     def ref_step():
@@ -91,11 +121,23 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
         sync()
         return loss
 
-    def torch_step():
+    def torch_step(clock=_no_clock):
         tmodel.train()
-        loss = torch_loss(tmodel(t_src, t_in), t_out, eps)
+        if clock is _no_clock:
+            logits = tmodel(t_src, t_in)
+        else:                                # the same calls as tmodel.forward, phase by phase
+            clock("forward: embeddings, encoder")
+            memory, src_mask = tmodel.encode(t_src)
+            clock("forward: decoder")
+            h = tmodel.decode(t_in, memory, src_mask)
+            clock("forward: output projection")
+            logits = tmodel.project(h)
+        clock("loss")
+        loss = torch_loss(logits, t_out, eps)
+        clock("backward (autograd, all layers)")
         topt.zero_grad(set_to_none=True)
         loss.backward()
+        clock("optimizer")
         for g in topt.param_groups:
             g["lr"] = noam_lr(state.setdefault("torch_t", 1), cfg.d_model, cfg.warmup_steps)
         state["torch_t"] += 1
@@ -123,8 +165,11 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     replay_train = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, True)
     replay_fwd = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, False)
     if "train_step" in which:
+        phases = {"ours": phase_timer(fast_step)}
+        if with_torch:
+            phases["torch"] = phase_timer(torch_step)
         work.append(Work("train_step", fast_step, torch_step if with_torch else None, n_tokens, flops_train,
-                         R, W, dict(extra_train), replay_train))
+                         R, W, dict(extra_train), replay_train, phases))
     if "train_step_reference" in which:
         work.append(Work("train_step_reference", ref_step, torch_step if with_torch else None, n_tokens,
                          flops_train, max(2, R // 2), max(1, W // 2), dict(extra_train)))

@@ -49,15 +49,17 @@ The package's rooms:
                    :func:`ops_for`, which picks the CuPy kernels where they apply
 ``kernels``        the fused CuPy kernels (``CupyOps``)
 ``loss``           the fused label-smoothed cross-entropy
-``model``          :class:`FastTransformer`, its caches and decode state
+``model``          :class:`FastTransformer` and its caches
+``decoding``       the incremental decoding step and its state
 ``optim``          :class:`FastAdam`
 =================  ===================================================================
 """
 from __future__ import annotations
 
 from .loss import cross_entropy
-from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastDecodeState, FastTransformer,
-                    FFNCache, Fused, ResCache, SelfAttnCache, SplitCache)
+from .decoding import FastDecodeState
+from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastTransformer, FFNCache, Fused,
+                    ResCache, SelfAttnCache, SplitCache)
 from .ops import Mask, _Ops, ops_for
 from .optim import FastAdam
 from .threads import (MAX_AUTO_WORKERS, _THREADS, _row_slices, default_workers, keep_freed_memory,

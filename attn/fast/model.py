@@ -1,5 +1,5 @@
 """The fast model: :class:`FastTransformer` (the reference's parameters, logits and gradients
-with fewer passes over memory), its caches, and :class:`FastDecodeState`. See
+with fewer passes over memory) and its caches (its decoding state is in :mod:`attn.fast.decoding`). See
 :mod:`attn.fast` for what it does differently."""
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from .. import backend as B
 from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..model import DecodeState, Transformer
+from . import decoding
+from .decoding import FastDecodeState
 from .ops import _Ops, ops_for
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
@@ -105,36 +107,26 @@ class _GradSink:
                 cur += g
 
 
-class FastDecodeState:
-    """A :class:`attn.model.DecodeState` that also records which sentence each row decodes.
-
-    The cross-attention keys and values of a row depend only on its sentence (they are the
-    projections of that sentence's encoder output). So when :meth:`select` leaves every
-    row with the sentence it had -- beam search reordering the beams within each sentence,
-    which is every step but the first and those where a sentence finishes -- they are kept
-    as they are instead of being copied row by row. NumPy only (the check reads the index
-    on the host)."""
-    __slots__ = ("cross_kv", "self_kv", "src_mask", "length", "sentence")
-
-    def __init__(self, cross_kv, self_kv, src_mask, length, sentence):
-        self.cross_kv, self.self_kv, self.src_mask, self.length = cross_kv, self_kv, src_mask, length
-        self.sentence = sentence
-
-    def __iter__(self):
-        return iter((self.cross_kv, self.self_kv, self.src_mask, self.length))
-
-    def select(self, index) -> "FastDecodeState":
-        sentence = self.sentence[B.to_host(index)]
-        if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
-            cross, mask = self.cross_kv, self.src_mask              # same sentence on every row
-        else:
-            cross = [(k[index], v[index]) for k, v in self.cross_kv]
-            mask = self.src_mask[index]
-        self_kv = [(None, None) if k is None else (k[index], v[index]) for k, v in self.self_kv]
-        return FastDecodeState(cross, self_kv, mask, self.length, sentence)
-
-
 assert DecodeState._fields == ("cross_kv", "self_kv", "src_mask", "length")
+
+
+class _Weights(NamedTuple):
+    weights: object
+
+
+class _Sub(NamedTuple):
+    attn: _Weights
+
+
+class _Residual(NamedTuple):
+    sub: _Sub
+
+
+class CrossWeights(NamedTuple):
+    """What :meth:`FastTransformer.decode` keeps for inference: per decoder layer a triple
+    whose middle item reads like the reference's cross-attention cache,
+    ``layers[i][1].sub.attn.weights`` (B, H, T, S); nothing for a backward."""
+    layers: list
 
 
 class SplitCache(NamedTuple):
@@ -411,6 +403,15 @@ class FastTransformer(Transformer):
                            for sl in _row_slices(Bsz, k)])
         return out
 
+    #: A callable ``clock(phase)`` told when each phase of a forward/backward begins (the
+    #: benchmark's per-phase profile), or None. Only the part on the main thread calls it: the
+    #: parts of a split batch run the same phases at the same time.
+    phase_clock = None
+
+    def _phase(self, name: str) -> None:
+        if self.phase_clock is not None and threading.current_thread() is threading.main_thread():
+            self.phase_clock(name)
+
     def _forward_part(self, src, tgt_in, rng=None, logits_out=None, keep_cache=True, fused=None):
         """The forward of one part (or the whole batch). Writes the logits into
         ``logits_out`` (B, T, V) when given. Returns logits, FastCache (None without
@@ -418,12 +419,29 @@ class FastTransformer(Transformer):
         cfg, xp = self.config, self.xp
         Bsz, S = src.shape
         T = tgt_in.shape[1]
-        D, L = cfg.d_model, cfg.n_decoder_layers
         F = self._fuse() if fused is None else fused
         src_bias, src_rows = self._bias(padding_mask(src), self.dtype, xp)    # (B, 1, 1, S)
-        tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
+        memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
+        self._phase("forward: decoder")
+        kv, kv_heads = self._cross_kv(memory, F, Bsz, S)
+        y, tgt_emb, dec, dec_norm, _ = self._decoder(tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache)
+        self._phase("forward: output projection")
+        E = self.params[self._emb("out")]
+        if logits_out is None:
+            logits_out = xp.empty((Bsz, T, E.shape[0]), dtype=self.dtype)
+        xp.matmul(y, E.T, out=logits_out.reshape(Bsz * T, E.shape[0]))       # (N_t, V)
+        if not keep_cache:
+            return logits_out, None
+        cache = FastCache(F, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, y,
+                          (Bsz, S, T))
+        return logits_out, cache
 
-        # encoder
+    def _encoder(self, src, src_bias, src_rows, F, rng, keep_cache):
+        """Embeddings and encoder layers of one part. Returns memory (N_s, D), the embedding's
+        cache, the layers' caches (empty without ``keep_cache``), the final norm's (pre-norm)."""
+        cfg = self.config
+        Bsz, S = src.shape
+        self._phase("forward: embeddings, encoder")
         x, src_emb = self._embed("src", src, rng)
         enc = []
         for i in range(cfg.n_encoder_layers):
@@ -438,17 +456,26 @@ class FastTransformer(Transformer):
         enc_norm = None
         if cfg.norm == "pre":
             x, enc_norm = self._final_norm("encoder.norm", x)
-        memory = x                                                            # (N_s, D)
-        # keys and values of every decoder layer's cross-attention, one matmul
+        return x, src_emb, enc, enc_norm
+
+    def _cross_kv(self, memory, F, Bsz, S):
+        """Keys and values of every decoder layer's cross-attention, one matmul: kv (N_s, 2D*L)
+        and its 2L views (B, H, S, Dh)."""
         Wkv, bkv = F.kv
         kv = memory @ Wkv
         kv += bkv                                                             # (N_s, 2D*L)
-        kv_heads = self._heads(kv, Bsz, S, 2 * L)                             # 2L views (B, H, S, Dh)
+        return kv, self._heads(kv, Bsz, S, 2 * self.config.n_decoder_layers)
 
-        # decoder
+    def _decoder(self, tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache, keep_cross=False):
+        """Embeddings and decoder layers of one part. Returns y (N_t, D), the embedding's cache,
+        the layers' caches (empty without ``keep_cache``), the final norm's (pre-norm), and with
+        ``keep_cross`` each layer's cross-attention weights (S, B, H, T), else None."""
+        cfg, xp = self.config, self.xp
+        Bsz, T = tgt_in.shape
+        tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
         y, tgt_emb = self._embed("tgt", tgt_in, rng)
-        dec = []
-        for i in range(L):
+        dec, cross = [], [] if keep_cross else None
+        for i in range(cfg.n_decoder_layers):
             pre = f"decoder.{i}"
             W, b = F.dec_qkv[i]
             Wq, bq = F.cross_q[i]
@@ -460,19 +487,72 @@ class FastTransformer(Transformer):
             y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
             if keep_cache:
                 dec.append((c1, c2, c3))
+            if keep_cross:
+                cross.append(c2.sub.att.w)
             del c1, c2, c3
         dec_norm = None
         if cfg.norm == "pre":
             y, dec_norm = self._final_norm("decoder.norm", y)
-        E = self.params[self._emb("out")]
-        if logits_out is None:
-            logits_out = xp.empty((Bsz, T, E.shape[0]), dtype=self.dtype)
-        xp.matmul(y, E.T, out=logits_out.reshape(Bsz * T, E.shape[0]))       # (N_t, V)
-        if not keep_cache:
-            return logits_out, None
-        cache = FastCache(F, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, y,
-                          (Bsz, S, T))
-        return logits_out, cache
+        return y, tgt_emb, dec, dec_norm, cross
+
+    # ------------------------------------------------------------------ encode / decode for inference
+
+    def encode(self, src, rng=None, src_mask=None):
+        """:meth:`Transformer.encode`. Without dropout (``rng=None``, inference: what decoding
+        calls) the fast encoder, its batch split over threads like :meth:`forward`, and no
+        cache (None); with ``rng`` the reference's, whose cache its backward needs."""
+        if rng is not None:
+            return super().encode(src, rng, src_mask)
+        xp, D = self.xp, self.config.d_model
+        Bsz, S = src.shape
+        src_mask = padding_mask(src) if src_mask is None else src_mask
+        out = xp.empty((Bsz, S, D), dtype=self.dtype)
+        F = self._fuse()
+
+        def part(sl):
+            bias, rows = self._bias(src_mask[sl], self.dtype, xp)
+            out[sl] = self._encoder(src[sl], bias, rows, F, None, False)[0].reshape(-1, S, D)
+        self._in_parts(Bsz, S, part)
+        return out, None
+
+    def decode(self, tgt_in, memory, src_mask, rng=None):
+        """:meth:`Transformer.decode`. Without dropout (``rng=None``: decoding without the cache
+        recomputes the prefix with it) the fast decoder, its batch split over threads; the
+        cache it returns holds only each layer's cross-attention weights, in the reference's
+        place (``cache.layers[i][1].sub.attn.weights``, (B, H, T, S)), for
+        :func:`attn.decode.greedy_decode`'s attention. With ``rng`` the reference's."""
+        if rng is not None:
+            return super().decode(tgt_in, memory, src_mask, rng)
+        xp, cfg = self.xp, self.config
+        D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
+        Bsz, T = tgt_in.shape
+        S = memory.shape[1]
+        out = xp.empty((Bsz, T, D), dtype=self.dtype)
+        weights = [xp.empty((Bsz, H, T, S), dtype=self.dtype) for _ in range(L)]
+        F = self._fuse()
+
+        def part(sl):
+            n = tgt_in[sl].shape[0]
+            bias, rows = self._bias(src_mask[sl], self.dtype, xp)
+            _, kv_heads = self._cross_kv(memory[sl].reshape(n * S, D), F, n, S)
+            y, _, _, _, cross = self._decoder(tgt_in[sl], kv_heads, bias, rows, F, None, False, keep_cross=True)
+            out[sl] = y.reshape(n, T, D)
+            for w_all, w in zip(weights, cross):
+                w_all[sl] = w.transpose(1, 2, 3, 0)                           # (S, n, H, T) -> (n, H, T, S)
+        self._in_parts(Bsz, max(S, T), part)
+        return out, CrossWeights([(None, _Residual(_Sub(_Weights(w))), None) for w in weights]), \
+            decoder_mask(tgt_in)
+
+    def _in_parts(self, Bsz: int, T: int, part) -> None:
+        """Call ``part(rows)`` for the batch's row slices, at the same time on the helper
+        threads (BLAS single-threaded meanwhile) when :meth:`_n_parts` splits it."""
+        k = self._n_parts(Bsz, T)
+        if k == 1:
+            part(slice(0, Bsz))
+            return
+        self._pos_table("src", T)                       # build the shared tables before the threads
+        self._pos_table("tgt", T)
+        _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
 
     def _final_norm(self, norm, x):
         """Pre-norm's last layer norm. Returns out, (xhat, rstd)."""
@@ -492,6 +572,7 @@ class FastTransformer(Transformer):
         Fw = cache.fused
         emb: dict = {}                     # the embeddings' gradients: this part's, completed below
         # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
+        self._phase("backward: output projection")
         E = p[self._emb("out")]
         d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
         emb[self._emb("out")] = d2.T @ cache.h                                # (V, D)
@@ -501,6 +582,7 @@ class FastTransformer(Transformer):
             dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, grads)
             cache.dec_norm = None
 
+        self._phase("backward: decoder")
         # decoder; each layer's cross-attention key/value gradient goes straight back to the
         # encoder output: kv_i = memory @ [w_k | w_v] + [b_k | b_v]
         dmem = xp.zeros((Bsz * S, D), dtype=self.dtype)
@@ -530,6 +612,7 @@ class FastTransformer(Transformer):
         d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, grads)
         del dy
 
+        self._phase("backward: encoder")
         dx = dmem
         if cache.enc_norm is not None:
             dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, grads)
@@ -543,6 +626,7 @@ class FastTransformer(Transformer):
         d_src = self._embed_bwd("src", dx, cache.src_emb, grads)
         del dx
 
+        self._phase("backward: embeddings")
         # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled).
         for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
             name = self._emb(which)
@@ -672,23 +756,25 @@ class FastTransformer(Transformer):
     DECODE_ONE_THREAD_MAX = 1 << 18
 
     def start_decoding(self, memory, src_mask):
-        """:meth:`Transformer.start_decoding`; on NumPy the state also knows each row's sentence
-        (see :class:`FastDecodeState`)."""
+        """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
+        key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`)."""
         state = super().start_decoding(memory, src_mask)
         if self.xp is not B.host:
             return state
-        return FastDecodeState(*state, sentence=B.host.arange(memory.shape[0]))
+        return decoding.start(self, state.cross_kv, src_mask)
 
     def decode_step(self, tokens, state):
-        """:meth:`Transformer.decode_step`, with single-threaded BLAS for small steps."""
-        if self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX:
-            with single_threaded_blas():
-                logp, new, cross = super().decode_step(tokens, state)
-        else:
-            logp, new, cross = super().decode_step(tokens, state)
-        if isinstance(state, FastDecodeState):
-            new = FastDecodeState(*new, sentence=state.sentence)
-        return logp, new, cross
+        """:meth:`Transformer.decode_step`. On NumPy with a :class:`FastDecodeState`, the fast
+        step of :mod:`attn.fast.decoding`, its rows split over :attr:`workers` threads (default
+        :func:`default_workers`); small steps otherwise run with single-threaded BLAS."""
+        small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
+        if not isinstance(state, FastDecodeState):
+            if small:
+                with single_threaded_blas():
+                    return super().decode_step(tokens, state)
+            return super().decode_step(tokens, state)
+        parts = default_workers() if self.workers is None else max(1, int(self.workers))
+        return decoding.run_step(self, tokens, state, parts, small)
 
     # ------------------------------------------------------------------ inspection
 

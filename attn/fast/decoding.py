@@ -1,0 +1,261 @@
+"""Incremental decoding on the fast path (NumPy): one decoder position for every row, the
+reference's :meth:`attn.model.Transformer.decode_step` with fewer passes over memory.
+
+What it does differently (``tests/test_fast.py`` checks the tokens and scores of greedy and
+beam search against the reference decoder):
+
+* The self-attention keys and values live in buffers with room for more positions
+  (``(n, H, capacity, Dh)``, doubled when full): a step writes its own position instead of
+  concatenating the whole prefix again.
+* Q, K and V of a step are one ``(D, 3D)`` matmul with the ``1/sqrt(d_k)`` scale folded into
+  the query weights (the training step's fused weights, made once per decode).
+* The rows are split into parts that run at the same time on the helper threads, each with
+  single-threaded BLAS: a step of 64 sentences is a few hundred small products, too small
+  for BLAS's own threads (their hand-offs cost more than the products), but two halves of
+  the batch keep two cores busy with one hand-off per step.
+* Cross-attention keys and values stay shared while a reorder leaves every row with the
+  sentence it had (beam search within each sentence), as before.
+
+A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
+next position into buffers its successor shares. Stepping an older state again is still
+correct: it sees that its buffers have moved on and copies them first.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import backend as B
+from .ops import ops_for
+from .threads import _THREADS, _row_slices, single_threaded_blas
+
+
+class _KV:
+    """The self-attention keys and values of every decoder layer, ``(n, H, capacity, Dh)``
+    each, and how many positions are written (``filled``)."""
+    __slots__ = ("keys", "values", "filled")
+
+    def __init__(self, keys, values, filled):
+        self.keys, self.values, self.filled = keys, values, filled
+
+    @classmethod
+    def empty(cls, xp, n, H, Dh, L, capacity, dtype):
+        shape = (n, H, capacity, Dh)
+        return cls([xp.empty(shape, dtype=dtype) for _ in range(L)],
+                   [xp.empty(shape, dtype=dtype) for _ in range(L)], 0)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    def copy(self, length: int, capacity: int) -> "_KV":
+        """A new buffer with the first ``length`` positions and room for ``capacity``."""
+        xp = B.get_array_module(self.keys[0])
+        new = _KV.empty(xp, self.keys[0].shape[0], self.keys[0].shape[1], self.keys[0].shape[3],
+                        len(self.keys), capacity, self.keys[0].dtype)
+        for a, b in zip(self.keys + self.values, new.keys + new.values):
+            b[:, :, :length] = a[:, :, :length]
+        new.filled = length
+        return new
+
+    def take(self, index, length: int) -> "_KV":
+        """Rows ``index`` (with repeats) of the first ``length`` positions, same capacity."""
+        xp = B.get_array_module(self.keys[0])
+        keys = [xp.take(k, index, axis=0) for k in self.keys]
+        values = [xp.take(v, index, axis=0) for v in self.values]
+        return _KV(keys, values, length)
+
+
+class FastDecodeState:
+    """A :class:`attn.model.DecodeState` for :class:`attn.fast.FastTransformer` on NumPy.
+
+    ``cross_kv``, ``self_kv``, ``src_mask`` and ``length`` read as the reference's (and
+    iterating gives them in that order); besides, it keeps the self-attention keys and
+    values in growing buffers (see the module docstring), the fused decoder weights, the
+    source mask as an additive bias, and which sentence each row decodes.
+
+    The cross-attention keys and values of a row depend only on its sentence (they are the
+    projections of that sentence's encoder output). So when :meth:`select` leaves every
+    row with the sentence it had -- beam search reordering the beams within each sentence,
+    which is every step but the first and those where a sentence finishes -- they are kept
+    as they are instead of being copied row by row."""
+    __slots__ = ("cross_kv", "src_mask", "length", "sentence", "kv", "fused", "src_bias", "src_rows")
+
+    def __init__(self, cross_kv, src_mask, length, sentence, kv, fused, src_bias, src_rows):
+        self.cross_kv, self.src_mask, self.length, self.sentence = cross_kv, src_mask, length, sentence
+        self.kv, self.fused, self.src_bias, self.src_rows = kv, fused, src_bias, src_rows
+
+    @property
+    def self_kv(self) -> list:
+        """Per layer the (k, v) of the positions decoded so far, (n, H, t, Dh) views; (None, None)
+        before the first step."""
+        t = self.length
+        if t == 0:
+            return [(None, None)] * len(self.kv.keys)
+        return [(k[:, :, :t], v[:, :, :t]) for k, v in zip(self.kv.keys, self.kv.values)]
+
+    def __iter__(self):
+        return iter((self.cross_kv, self.self_kv, self.src_mask, self.length))
+
+    def select(self, index) -> "FastDecodeState":
+        """Keep (and repeat) rows ``index``: beam search reorders hypotheses with it."""
+        sentence = self.sentence[B.to_host(index)]
+        if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
+            cross, mask, bias, rows = self.cross_kv, self.src_mask, self.src_bias, self.src_rows
+        else:
+            cross = [(k[index], v[index]) for k, v in self.cross_kv]
+            mask, bias = self.src_mask[index], self.src_bias[index]
+            rows = None if self.src_rows is None else self.src_rows[index]
+        return FastDecodeState(cross, mask, self.length, sentence, self.kv.take(index, self.length),
+                               self.fused, bias, rows)
+
+
+def start(model, cross_kv, src_mask) -> FastDecodeState:
+    """The state before the first step: cross-attention keys/values (B, H, S, Dh) per layer
+    (the reference's), the fused weights, the mask (B, 1, 1, S) as a bias (B, 1, 1, S)."""
+    xp, cfg = model.xp, model.config
+    n = src_mask.shape[0]
+    D, H = cfg.d_model, cfg.n_heads
+    bias = xp.where(src_mask, model.dtype.type(0), xp.finfo(model.dtype).min).astype(model.dtype)
+    rows = src_mask.any(axis=-1, keepdims=True)                               # (B, 1, 1, 1)
+    rows = None if bool(rows.all()) else rows.astype(model.dtype)
+    kv = _KV.empty(xp, n, H, D // H, cfg.n_decoder_layers, 16, model.dtype)
+    return FastDecodeState(cross_kv, src_mask, 0, B.host.arange(n), kv, model._fuse(), bias, rows)
+
+
+#: Least rows per part when a step is split over threads: below it the hand-off costs more
+#: than the part's products save.
+MIN_ROWS_PER_PART = 8
+
+
+def decode_step(model, tokens, state: FastDecodeState, parts: int):
+    """One position for every row (see :meth:`attn.model.Transformer.decode_step`):
+    log-probabilities (n, V), the new state, the cross-attention weights per layer
+    (n, H, 1, S). ``parts``: how many row parts run at the same time (1: this thread)."""
+    cfg, xp = model.config, model.xp
+    t = state.length
+    if cfg.positional == "learned" and t >= cfg.max_len:     # as forward() says it, not an IndexError
+        raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
+                         f"table's {cfg.max_len} positions (raise max_len)")
+    kv = state.kv
+    if kv.filled != t or t >= kv.capacity:       # an older state stepped again, or full: copy first
+        kv = kv.copy(t, max(kv.capacity, 16) * (2 if t >= kv.capacity else 1))
+    n = tokens.shape[0]
+    V = model.params[model._emb("out")].shape[0]
+    S = state.cross_kv[0][0].shape[2]
+    logp = xp.empty((n, V), dtype=model.dtype)
+    cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
+    pe = model._pos_table("tgt", t + 1)[t]                                     # (D,)
+    k = max(1, min(parts, n // MIN_ROWS_PER_PART))
+    if k == 1:
+        _rows(model, tokens, state, kv, t, pe, slice(0, n), logp, cross_w)
+    else:
+        _THREADS.parallel([lambda sl=sl: _rows(model, tokens, state, kv, t, pe, sl, logp, cross_w)
+                           for sl in _row_slices(n, k)])
+    kv.filled = t + 1
+    new = FastDecodeState(state.cross_kv, state.src_mask, t + 1, state.sentence, kv, state.fused,
+                          state.src_bias, state.src_rows)
+    return logp, new, cross_w
+
+
+def _softmax_last_(s, bias=None, row_scale=None):
+    """Softmax over the last axis, in place; ``bias`` 0 / most negative finite (masked
+    weights come out exactly 0), ``row_scale`` 0 for rows with no key at all."""
+    xp = B.get_array_module(s)
+    if bias is not None:
+        s += bias
+    s -= s.max(axis=-1, keepdims=True)
+    xp.exp(s, out=s)
+    r = s.sum(axis=-1, keepdims=True)
+    xp.reciprocal(r, out=r)
+    if row_scale is not None:
+        r *= row_scale
+    s *= r
+    return s
+
+
+def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, cross_w):
+    """The step for rows ``sl``: writes their keys/values at position t, their log-probabilities
+    into ``logp[sl]`` and cross-attention weights into ``cross_w[i][sl]``."""
+    cfg, xp, p = model.config, model.xp, model.params
+    ops = ops_for(xp)
+    D, H = cfg.d_model, cfg.n_heads
+    Dh = D // H
+    eps, post = cfg.ln_eps, cfg.norm == "post"
+    F = state.fused
+    ids = tokens[sl]
+    n = ids.shape[0]
+    x = xp.take(p[model._emb("tgt")], ids, axis=0)                           # (n, D)
+    x *= model.dtype.type(math.sqrt(D))
+    x += pe
+    bias = state.src_bias[sl]                                                # (n, 1, 1, S)
+    rows = None if state.src_rows is None else state.src_rows[sl]
+
+    def residual(norm, x, sub):
+        gamma, beta = p[norm + ".gamma"], p[norm + ".beta"]
+        if post:                                                  # LN(x + sub(x))
+            y = sub(x)
+            y += x
+            return ops.layer_norm_(y, gamma, beta, eps)[0]
+        h, _ = ops.layer_norm_(x.copy(), gamma, beta, eps)         # x + sub(LN(x))
+        y = sub(h)
+        y += x
+        return y
+
+    for i in range(cfg.n_decoder_layers):
+        pre = f"decoder.{i}"
+        W, b = F.dec_qkv[i]
+        Wq, bq = F.cross_q[i]
+        kb, vb = kv.keys[i][sl], kv.values[i][sl]                            # (n, H, cap, Dh) views
+        kc, vc = state.cross_kv[i]
+
+        def self_attn(h):
+            qkv = h @ W
+            qkv += b                                                          # (n, 3D), q pre-scaled
+            q3 = qkv.reshape(n, 3, H, Dh)
+            kb[:, :, t] = q3[:, 1]
+            vb[:, :, t] = q3[:, 2]
+            s = q3[:, 0, :, None, :] @ kb[:, :, :t + 1].swapaxes(-1, -2)     # (n, H, 1, t+1)
+            _softmax_last_(s)                                                 # no mask: every past position
+            ctx = s @ vb[:, :, :t + 1]                                        # (n, H, 1, Dh)
+            out = ctx.reshape(n, D) @ p[pre + ".self_attn.w_o"]
+            out += p[pre + ".self_attn.b_o"]
+            return out
+
+        def cross_attn(h):
+            q = h @ Wq
+            q += bq                                                           # (n, D), pre-scaled
+            s = cross_w[i][sl]                                                # (n, H, 1, S)
+            xp.matmul(q.reshape(n, H, 1, Dh), kc[sl].swapaxes(-1, -2), out=s)
+            _softmax_last_(s, bias, rows)
+            ctx = s @ vc[sl]                                                  # (n, H, 1, Dh)
+            out = ctx.reshape(n, D) @ p[pre + ".cross_attn.w_o"]
+            out += p[pre + ".cross_attn.b_o"]
+            return out
+
+        def ffn(h):
+            a = h @ p[pre + ".ffn.w1"]
+            a += p[pre + ".ffn.b1"]
+            ops.relu_(a)                                                      # (n, F)
+            out = a @ p[pre + ".ffn.w2"]
+            out += p[pre + ".ffn.b2"]
+            return out
+
+        x = residual(pre + ".norm1", x, self_attn)
+        x = residual(pre + ".norm2", x, cross_attn)
+        x = residual(pre + ".norm3", x, ffn)
+    if not post:
+        x, _ = ops.layer_norm_(x, p["decoder.norm.gamma"], p["decoder.norm.beta"], eps)
+    out = model.project(x)                     # (n, V); a subclass may change the projection
+    # log_softmax: out - max - log(sum(exp(out - max)))
+    out -= out.max(axis=1, keepdims=True)
+    e = xp.exp(out)
+    out -= xp.log(ops.rowsum(e))[:, None]
+    logp[sl] = out
+
+
+def run_step(model, tokens, state, parts: int, one_thread: bool):
+    """:func:`decode_step` with NumPy's BLAS on one thread when asked (small steps)."""
+    if one_thread and parts == 1:
+        with single_threaded_blas():
+            return decode_step(model, tokens, state, 1)
+    return decode_step(model, tokens, state, parts)
