@@ -146,7 +146,8 @@ def test_an_out_holding_a_run_is_refused(tiny_corpus, tmp_path):
 
 def test_overwrite_removes_only_the_benchmark_s_files(tmp_path):
     out = tmp_path / "q"
-    made = [out / "torch" / "metrics.jsonl", out / "torch" / "checkpoint.pt", out / "torch" / "snapshots" / "step-00000050.npz",
+    made = [out / "torch" / "metrics.jsonl", out / "torch" / "checkpoint.pt",
+            out / "torch" / "snapshots" / "step-00000050.npz",
             out / "attn-at-10min" / "metrics.json", out / "torch-at-10min" / "test_translations.txt",
             out / "results.jsonl", out / "loss.png"]
     keep = [out / "torch" / "my-notes.txt", out / "attn" / "checkpoint.npz"]

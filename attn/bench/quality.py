@@ -11,13 +11,15 @@ The attn half *is* an ``attn-train`` run: every flag but the benchmark's own goe
 it builds, writing its usual files into ``OUT/attn``. The PyTorch half repeats that run
 rule for rule:
 
-* the corpus split, the vocabulary (read back from attn's checkpoint) and the model
-  settings as attn resolved them (warm-up, dropout, label smoothing);
+* the corpus split, the vocabulary (read back from attn's checkpoint), the training settings
+  as ``train()`` resolved them (the preset's recipe filled in: ``OUT/attn/config.json``) and
+  the model settings as attn used them (the warm-up fitted to the budget, dropout, label
+  smoothing);
 * attn's initial weights, loaded into the twin, and the batches in attn's order: the
   trainer's :func:`attn.data.make_batches` with the run's seed, epoch by epoch, at the same
-  ``max_tokens``. The token count of every step is checked against attn's, and the
-  learning rate of every step against the rates attn logged;
-* the schedule (attn's :class:`attn.optim.Adam` gives each step's rate), Adam's betas and
+  ``max_tokens``. The token count of every step is checked against attn's;
+* the schedule (an :class:`attn.optim.Adam` with attn's warm-up and factor gives each step's
+  rate, checked against the rates attn logged before PyTorch starts), Adam's betas and
   epsilon, gradient clipping, the label-smoothed loss (PyTorch's
   ``cross_entropy(label_smoothing=...)`` is the same formula as :mod:`attn.loss`);
 * the clock: the budget counts wall time from the first step, evaluations included, and a
@@ -208,6 +210,7 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     topt, adam_kind = torch_adam(tmodel)
     # attn's schedule: its warm-up (fitted to the budget, where it was) and its factor
     schedule = Adam({}, model_config.d_model, model_config.warmup_steps, T.schedule_factor(config, model_config))
+    _check_schedule(Path(config.out) / "metrics.jsonl", schedule)      # before any work: fail fast
     cls = Transformer if config.reference else _fast_class()
 
     def attn_view():
@@ -340,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int,
                    help="threads for both: NumPy's BLAS (and attn.fast) and torch.set_num_threads "
                         "(default: NumPy's BLAS threads as they are)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout: the machine, then one per budget")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per line on stdout: the machine, then one per budget")
     p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--no-torch", action="store_true", help="train attn only (no comparison)")
     return p
@@ -450,8 +454,9 @@ def run(args, config) -> list[dict]:
     attn_end = Point("attn", budgets[-1], "end of the run (attn-train's metrics.json)", Path(config.out),
                      metrics["steps"], metrics["epochs"], attn_watch.tokens[-1], metrics["train_seconds"],
                      attn_watch.walls[-1])      # the budget used at the last step, as the stop rule saw it
-    attn_end.results = {k: metrics[k] for k in ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl",
-                                                "beam", "sacrebleu", "val_nll_last", "val_nll_averaged") if k in metrics}
+    keep = ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl", "beam", "sacrebleu", "val_nll_last",
+            "val_nll_averaged")
+    attn_end.results = {k: metrics[k] for k in keep if k in metrics}
     attn_end.results["averaged_checkpoints"] = \
         _averaged(Path(config.out), config.average) if metrics["averaged_checkpoints"] > 1 else 1
     watches = {"attn": (attn_watch.walls, attn_losses)}
@@ -463,7 +468,6 @@ def run(args, config) -> list[dict]:
         torch_end, torch_watch, torch_losses, evals = run_torch(config, model_config, vocab, corpus, out / "torch", at,
                                                      attn_watch.tokens, quiet)
         info["load_average_after_torch"] = _load_average()
-        _check_schedule(Path(config.out) / "metrics.jsonl", evals)
         _progress("pytorch: translating the test set", quiet)
         evaluate_point(torch_end, model_config, vocab, val_batches, corpus.test, config,
                        val={k: evals[-1][k] for k in ("val_loss", "val_nll", "val_ppl")})
@@ -541,17 +545,13 @@ def _shorter(watch: Watch, end: Point, at: float, longest: float) -> Point:
     return p
 
 
-def _check_schedule(attn_log: Path, torch_evals: list) -> None:
-    """The learning rates the twin used equal those attn logged at the same steps."""
-    attn_lr = {}
+def _check_schedule(attn_log: Path, schedule: Adam) -> None:
+    """The rates ``schedule`` gives equal those attn logged (``metrics.jsonl``) at every step it logged."""
     for line in attn_log.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            attn_lr[rec["step"]] = rec.get("lr")
-    for rec in torch_evals:
-        a = attn_lr.get(rec["step"])
-        if a is not None and rec["lr"] is not None and not math.isclose(a, rec["lr"], rel_tol=1e-12):
-            raise QualityError(f"step {rec['step']}: PyTorch's learning rate {rec['lr']} but attn's {a}")
+        rec = json.loads(line) if line.strip() else {}
+        if rec.get("lr") is not None and not math.isclose(schedule.lr(rec["step"]), rec["lr"], rel_tol=1e-12):
+            raise QualityError(f"step {rec['step']}: PyTorch's learning rate would be {schedule.lr(rec['step'])}, "
+                               f"attn's was {rec['lr']}: the schedules differ")
 
 
 # --------------------------------------------------------------------------- output
