@@ -619,6 +619,12 @@ def _header(info) -> list[str]:
             f"method: {info['method']}"]
 
 
+def _differences(results) -> str | None:
+    """attn's test BLEU minus PyTorch's at each budget (the issue's target: at least 0)."""
+    parts = [f"{r['minutes']:g} min {r['bleu_difference']:+.2f}" for r in results[1:] if "bleu_difference" in r]
+    return ("attn's test BLEU minus PyTorch's: " + ", ".join(parts)) if parts else None
+
+
 def print_table(results, out=sys.stdout):
     info = results[0]
     print(f"{PROG}: budgets {', '.join(f'{m:g}' for m in info['budgets_minutes'])} min", file=out)
@@ -630,6 +636,8 @@ def print_table(results, out=sys.stdout):
     for m, fw, v in _framework_rows(results):
         print(f"{m:>6g} m  {fw:<9}" + "".join(f"{_f(v[k], s):>10}" for _, k, s in _COLUMNS) + f"  {v['how']}",
               file=out)
+    if _differences(results):
+        print(_differences(results), file=out)
 
 
 def print_markdown(results, out=sys.stdout):
@@ -644,6 +652,8 @@ def print_markdown(results, out=sys.stdout):
     for m, fw, v in _framework_rows(results):
         print(f"| {m:g} min | {fw} | " + " | ".join(_f(v[k], s) for _, k, s in _COLUMNS) + f" | {v['how']} |",
               file=out)
+    if _differences(results):
+        print(f"\n{_differences(results)}", file=out)
 
 
 def main(argv=None) -> int:
