@@ -172,3 +172,26 @@ def test_train_calls_on_step_after_every_step(tiny_corpus, tmp_path):
     assert [s for s, *_ in seen] == [1, 2, 3] == list(range(1, metrics["steps"] + 1))
     assert seen[0][1] < seen[1][1] < seen[2][1] and 0 < seen[0][2] < seen[1][2] < seen[2][2]
     assert not np.array_equal(seen[0][3], seen[2][3])              # the model it sees is the one training
+
+
+def test_the_watch_takes_the_state_at_the_shorter_budget(tmp_path):
+    """The shorter budget's row: the first step at or past its seconds, with copies of the
+    weights then and links to the snapshots then (the run deletes old snapshots later)."""
+    from attn.train import TrainState
+    snaps = tmp_path / "run" / "snapshots"
+    snaps.mkdir(parents=True)
+    watch = Q.Watch("attn", 1.0, tmp_path / "attn-at-1min", snaps)
+    params = {"w": np.zeros(3)}
+    for step, wall in ((1, 20.0), (2, 59.9), (3, 60.0), (4, 75.0)):
+        (snaps / f"step-{step:08d}.npz").write_bytes(b"snapshot %d" % step)
+        params["w"] += 1
+        state = TrainState(step=step, tokens_seen=10 * step, train_seconds=wall / 2, wall_seconds=wall)
+        watch(state, params, wall)
+        if step == 3:
+            (snaps / f"step-{step:08d}.npz").unlink()              # the run moves on and deletes it
+    p = watch.point
+    assert (p.step, p.tokens_seen, p.wall_seconds, p.minutes) == (3, 30, 60.0, 1.0)
+    assert p.params["w"].tolist() == [3, 3, 3]                      # a copy: later steps did not change it
+    assert sorted(f.name for f in (p.folder / "snapshots").iterdir()) == [f"step-{s:08d}.npz" for s in (1, 2, 3)]
+    assert (p.folder / "snapshots" / "step-00000003.npz").read_bytes() == b"snapshot 3"
+    assert watch.tokens == [10, 20, 30, 40] and watch.walls == [20.0, 59.9, 60.0, 75.0]

@@ -559,7 +559,7 @@ def _check_schedule(attn_log: Path, schedule: Adam) -> None:
 def plot_losses(watches: dict, budgets, path) -> Path:
     """Training loss against the minutes of the budget used, one line per framework
     (``watches``: label -> (budget seconds after each step, each step's loss))
-    (a running mean over 20 steps), the budgets marked: the race the table sums up."""
+    (a running mean over up to 20 steps), the budgets marked: the race the table sums up."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     np = B.host
@@ -569,13 +569,13 @@ def plot_losses(watches: dict, budgets, path) -> Path:
         if not losses:
             continue
         y = np.asarray(losses, dtype=float)
-        k = min(20, len(y))
+        k = max(1, min(20, len(y) // 10))          # a short run's few steps are drawn as they are
         smooth = np.convolve(y, np.ones(k) / k, mode="valid")
         ax.plot(np.asarray(walls[k - 1:len(y)]) / 60.0, smooth, label=f"{label} ({len(y)} steps)")
     for m in budgets:
         ax.axvline(m, color="grey", linestyle="--", linewidth=0.8)
     ax.set_xlabel("minutes of the budget (wall clock, evaluations included)")
-    ax.set_ylabel("training loss (label-smoothed, mean of 20 steps)")
+    ax.set_ylabel("training loss (label-smoothed; running mean of up to 20 steps)")
     ax.legend()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
