@@ -597,7 +597,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     ``on_step(state, model, wall_seconds)``, if given, is called after every optimizer
     step (after its averaging snapshot, before any evaluation) with the :class:`TrainState`,
     the model and the seconds of the ``minutes`` budget used so far; it must change
-    neither. The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
+    neither. ``state.losses`` then holds every step's loss up to this one (so a watched run
+    brings each loss to the host at its step). The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
@@ -713,6 +714,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                 if config.average > 1 and state.step % config.snapshot_every == 0:
                     _snapshot(out, model, vocab, state.step, config.average)
                 if on_step is not None:
+                    _log_losses(pending, state)        # the watcher reads this step's loss: a sync per step
                     on_step(state, model, state.wall_seconds)
                 if stop_reason == "interrupted":
                     save_checkpoint(ckpt_path, model, opt, state, vocab, config)

@@ -207,7 +207,8 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     tmodel.load_attn_params(init.params)
     del init
     topt, adam_kind = torch_adam(tmodel)
-    schedule = Adam({}, model_config.d_model, model_config.warmup_steps, config.lr_factor)
+    # attn's schedule exactly: a warm-up fitted to the budget scales the factor (attn.train.schedule_factor)
+    schedule = Adam({}, model_config.d_model, model_config.warmup_steps, T.schedule_factor(config, model_config))
     cls = Transformer if config.reference else _fast_class()
 
     def attn_view():
@@ -368,7 +369,7 @@ def parse_args(argv=None):
             p.error(f"{bad} is not an attn-train flag here: the benchmark starts fresh runs; see --help")
     given = vars(tp.parse_args(rest))
     try:
-        config = T.TrainConfig(**given, minutes=budgets[-1], out=args.out / "attn")
+        config = T.TrainConfig(**given, minutes=budgets[-1], out=args.out / "attn").with_recipe()   # both halves
     except T.TrainConfigError as e:
         p.error(str(e))
     args.budgets = budgets
@@ -446,7 +447,8 @@ def run(args, config) -> list[dict]:
                      attn_watch.walls[-1])      # the budget used at the last step, as the stop rule saw it
     attn_end.results = {k: metrics.get(k) for k in ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl",
                                                     "beam", "sacrebleu")}
-    attn_end.results["averaged_checkpoints"] = _averaged(Path(config.out), config.average)
+    attn_end.results["averaged_checkpoints"] = metrics.get("averaged_checkpoints",      # train() tests the
+                                                           _averaged(Path(config.out), config.average))  # average only where it is better
     points = {("attn", budgets[-1]): attn_end}
     if at is not None:
         points[("attn", at)] = _shorter(attn_watch, attn_end, at, budgets[-1])
