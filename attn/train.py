@@ -597,8 +597,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     ``on_step(state, model, wall_seconds)``, if given, is called after every optimizer
     step (after its averaging snapshot, before any evaluation) with the :class:`TrainState`,
     the model and the seconds of the ``minutes`` budget used so far; it must change
-    neither. ``state.losses`` then holds every step's loss up to this one (so a watched run
-    brings each loss to the host at its step). The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
+    neither. ``state.losses`` then holds every step's loss so far (so each step brings its
+    loss to the host, where an unwatched run does so every :data:`LOG_EVERY` steps). The side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
     """
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
@@ -704,7 +704,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                     stop_reason = f"reached --minutes {config.minutes}"
                 elif interrupt.requested:
                     stop_reason = "interrupted"
-                if state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every:
+                if (state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every
+                        or on_step is not None):                # a watcher reads each step's loss
                     loss_value = _log_losses(pending, state)    # the one host sync, on the steps that log
                     tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
                     left = budget - state.wall_seconds
@@ -714,7 +715,6 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                 if config.average > 1 and state.step % config.snapshot_every == 0:
                     _snapshot(out, model, vocab, state.step, config.average)
                 if on_step is not None:
-                    _log_losses(pending, state)        # the watcher reads this step's loss: a sync per step
                     on_step(state, model, state.wall_seconds)
                 if stop_reason == "interrupted":
                     save_checkpoint(ckpt_path, model, opt, state, vocab, config)
@@ -738,23 +738,9 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         print(f"resume with: attn-train --resume --out {out}", file=sys.stderr)
         return {"interrupted": True, "steps": state.step}
 
-    # Section 6.1: the base models average the last 5 checkpoints. A short run's snapshots can
-    # span a good part of it, while the model still improves fast: the average is used only if
-    # its validation loss is no worse than the last model's.
-    final_model, choice = model, {}
-    if config.average > 1:
-        averaged = average_snapshots(out, config.average, model, vocab)
-        if averaged is not None:
-            last = state.evals[-1] if state.evals and state.evals[-1]["step"] == state.step else \
-                evaluate_loss(model, val_batches, model_config.label_smoothing)
-            avg = evaluate_loss(averaged, val_batches, model_config.label_smoothing)
-            choice = {"val_nll_last": last["val_nll"], "val_nll_averaged": avg["val_nll"]}
-            if avg["val_nll"] <= last["val_nll"]:
-                final_model = averaged
-            else:
-                print(f"the average of the last {config.average} snapshots has a higher validation loss "
-                      f"({avg['val_nll']:.3f}) than the last model ({last['val_nll']:.3f}): testing the last model",
-                      file=sys.stderr)
+    last_eval = state.evals[-1] if state.evals and state.evals[-1]["step"] == state.step else None
+    final_model, choice = choose_final_model(model, out, config.average, vocab, val_batches,
+                                             model_config.label_smoothing, last_eval)
     from .evaluate import evaluate_translations
     scores, test_hyps = evaluate_translations(final_model, vocab, corpus.test, beam_size=config.beam)
     test_bleu = scores.bleu
@@ -782,6 +768,31 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
           f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
           f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
     return metrics
+
+
+def choose_final_model(model: Transformer, out: Path, average: int, vocab: Vocab, val_batches, smoothing: float,
+                       last_eval: dict | None = None):
+    """The model a run is tested with: the last one, or the average of the last ``average``
+    snapshots in ``out/snapshots`` (section 6.1: the base models average the last 5 checkpoints).
+    A short run's snapshots can span a good part of it, while the model still improves fast: the
+    average is used only if its validation loss is no worse than the last model's (``last_eval``,
+    the last model's :func:`evaluate_loss`, where the caller has it).
+
+    Returns (the model, a record of the choice for metrics.json: both validation NLLs, or {})."""
+    if average <= 1:
+        return model, {}
+    averaged = average_snapshots(out, average, model, vocab)
+    if averaged is None:
+        return model, {}
+    last = last_eval or evaluate_loss(model, val_batches, smoothing)
+    avg = evaluate_loss(averaged, val_batches, smoothing)
+    choice = {"val_nll_last": last["val_nll"], "val_nll_averaged": avg["val_nll"]}
+    if avg["val_nll"] <= last["val_nll"]:
+        return averaged, choice
+    print(f"the average of the last {average} snapshots has a higher validation loss "
+          f"({avg['val_nll']:.3f}) than the last model ({last['val_nll']:.3f}): testing the last model",
+          file=sys.stderr)
+    return model, choice
 
 
 def _check_something_left(config: TrainConfig, state: TrainState) -> None:

@@ -27,7 +27,6 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 import numpy as np
 
 from attn.layers import attention_forward, softmax_backward, softmax_forward
-from attn.layers.softmax import SoftmaxCache
 from attn.masks import padding_mask
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)

@@ -400,10 +400,10 @@ print(f"Check passed: schedules peak at step == warmup with d^-0.5 w^-0.5; the s
 # %% [markdown]
 # ## Exercise
 #
-# Now write inverted `dropout` and label-smoothed `cross_entropy` with its gradient
-# yourself. The starter `lessons/exercises/11_training_recipe.py` has the signatures,
-# and the shapes and formulas in its docstrings; its bodies raise `NotImplementedError`.
-# Fill them in, then grade your work:
+# Now write label-smoothed `cross_entropy` with its gradient yourself. The starter
+# `lessons/exercises/11_training_recipe.py` has the signatures, and the shapes and
+# formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then
+# grade your work:
 #
 #     attn-check lessons/exercises/11_training_recipe.py
 #

@@ -289,3 +289,19 @@ assert all(summary["none"]["gap"] > 0), "without regularisation the model must f
 print(f"Check passed in {time.time() - T0:.1f} s: dropout keeps E[x], its backward uses the forward's mask, the "
       f"library's encoder equals the paper's placement to {same_placement:.0e}, and dropout raised the training "
       f"loss ({summary['none']['train'].mean():.2f} -> {summary['dropout']['train'].mean():.2f}).")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write inverted `dropout`, forward and backward yourself. The starter
+# `lessons/exercises/15_dropout.py` has the signatures, and the shapes and formulas in
+# its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
+# work:
+#
+#     attn-check lessons/exercises/15_dropout.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -41,7 +41,10 @@ from attn import testing
 
 # Function-scoped fixtures (``backend``) are fine across examples: they only select the
 # backend, which no example changes. Generating a few hundred floats is not "too slow".
-_SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+# The model-gradient tests reject models over a cost cap on purpose; which derandomised
+# draws come first depends on what ran before, so alone (``ATTN_BACKEND=cupy``) they could
+# trip the "filters too much" check though the same test passes beside its numpy copy.
+_SUPPRESS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much]
 
 settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True, database=None,
                           print_blob=True, suppress_health_check=_SUPPRESS)

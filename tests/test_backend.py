@@ -135,6 +135,7 @@ def test_asking_for_unavailable_cupy_says_what_is_missing_and_how_to_fix_it(fres
 
 
 def test_missing_cupy_error_even_where_cupy_is_installed(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "cupy_modules", None)     # not the stand-in (ATTN_BACKEND=fakecupy)
     monkeypatch.setitem(sys.modules, "cupy", None)      # makes `import cupy` raise ImportError
     assert not fresh.cupy_available()
     with pytest.raises(B.BackendError, match=r"CuPy is not installed.*pip install -e \.\[gpu\]"):
@@ -142,6 +143,7 @@ def test_missing_cupy_error_even_where_cupy_is_installed(fresh, monkeypatch):
 
 
 def test_auto_falls_back_to_numpy_without_a_gpu(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "cupy_modules", None)
     monkeypatch.setitem(sys.modules, "cupy", None)
     assert fresh.set_backend("auto") is np
     assert fresh.get_backend() == "numpy"
@@ -233,8 +235,9 @@ def test_device_rng_draws_on_the_selected_backend(backend):
 
 
 @pytest.fixture
-def real_cupy_no_gpu(fresh):
+def real_cupy_no_gpu(fresh, monkeypatch):
     """The backend module, fresh, on a machine where the real CuPy imports but no GPU is usable."""
+    monkeypatch.setattr(fresh, "cupy_modules", None)      # the real library even under ATTN_BACKEND=fakecupy
     try:
         import cupy  # noqa: F401
     except Exception as e:

@@ -29,9 +29,9 @@ TINY_MODEL = ["--d-model", "16", "--heads", "2", "--d-ff", "32", "--layers", "1"
 
 @pytest.fixture(scope="module")
 def tiny_corpus(tmp_path_factory):
-    """The first lines of the toy corpus: 200 training pairs, 20 validation, 20 test."""
+    """The first lines of the toy corpus: 200 training pairs, 10 validation, 10 test."""
     d = tmp_path_factory.mktemp("tiny")
-    for split, n in (("train", 200), ("val", 20), ("test", 20)):
+    for split, n in (("train", 200), ("val", 10), ("test", 10)):
         for lang in ("en", "tk"):
             lines = (TOY / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             (d / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -146,7 +146,8 @@ def test_an_out_holding_a_run_is_refused(tiny_corpus, tmp_path):
 
 def test_overwrite_removes_only_the_benchmark_s_files(tmp_path):
     out = tmp_path / "q"
-    made = [out / "torch" / "metrics.jsonl", out / "torch" / "checkpoint.pt", out / "torch" / "snapshots" / "step-00000050.npz",
+    made = [out / "torch" / "metrics.jsonl", out / "torch" / "checkpoint.pt",
+            out / "torch" / "snapshots" / "step-00000050.npz",
             out / "attn-at-10min" / "metrics.json", out / "torch-at-10min" / "test_translations.txt",
             out / "results.jsonl", out / "loss.png"]
     keep = [out / "torch" / "my-notes.txt", out / "attn" / "checkpoint.npz"]

@@ -120,6 +120,20 @@ def test_the_training_loop_syncs_only_on_the_steps_that_log(stand_in, tmp_path, 
     assert losses.shape == (n_steps,) and np.isfinite(losses).all()
 
 
+def test_a_watched_run_has_every_loss_at_every_step(stand_in, tmp_path):
+    """``train(on_step=...)`` (the side-by-side benchmark's watcher) reads ``state.losses[-1]``
+    after every step: then every step brings its loss to the host."""
+    for split in ("train", "val", "test"):
+        (tmp_path / f"{split}.xx").write_text("\n".join(s for s, _ in PAIRS) + "\n", encoding="utf-8")
+        (tmp_path / f"{split}.yy").write_text("\n".join(t for _, t in PAIRS) + "\n", encoding="utf-8")
+    seen = []
+    cfg = T.TrainConfig(data=tmp_path, src="xx", tgt="yy", d_model=16, heads=2, d_ff=32, layers=1, max_tokens=16,
+                        steps=3, eval_every=1000, bleu_sentences=0, average=0, minutes=0, quiet=True,
+                        backend="cupy", out=tmp_path / "run")
+    T.train(cfg, on_step=lambda state, model, wall: seen.append((state.step, list(state.losses))))
+    assert [(s, len(losses)) for s, losses in seen] == [(1, 1), (2, 2), (3, 3)]
+
+
 def test_a_diverged_loss_is_reported_with_its_step(stand_in):
     state = T.TrainState(step=12)
     cp = stand_in

@@ -11,13 +11,15 @@ The attn half *is* an ``attn-train`` run: every flag but the benchmark's own goe
 it builds, writing its usual files into ``OUT/attn``. The PyTorch half repeats that run
 rule for rule:
 
-* the corpus split, the vocabulary (read back from attn's checkpoint) and the model
-  settings as attn resolved them (warm-up, dropout, label smoothing);
+* the corpus split, the vocabulary (read back from attn's checkpoint), the training settings
+  as ``train()`` resolved them (the preset's recipe filled in: ``OUT/attn/config.json``) and
+  the model settings as attn used them (the warm-up fitted to the budget, dropout, label
+  smoothing);
 * attn's initial weights, loaded into the twin, and the batches in attn's order: the
   trainer's :func:`attn.data.make_batches` with the run's seed, epoch by epoch, at the same
-  ``max_tokens``. The token count of every step is checked against attn's, and the
-  learning rate of every step against the rates attn logged;
-* the schedule (attn's :class:`attn.optim.Adam` gives each step's rate), Adam's betas and
+  ``max_tokens``. The token count of every step is checked against attn's;
+* the schedule (an :class:`attn.optim.Adam` with attn's warm-up and factor gives each step's
+  rate, checked against the rates attn logged before PyTorch starts), Adam's betas and
   epsilon, gradient clipping, the label-smoothed loss (PyTorch's
   ``cross_entropy(label_smoothing=...)`` is the same formula as :mod:`attn.loss`);
 * the clock: the budget counts wall time from the first step, evaluations included, and a
@@ -118,13 +120,11 @@ class Watch:
         self.framework, self.at_minutes, self.folder, self.snapshots = framework, at_minutes, folder, snapshots
         self.tokens: list[int] = []        # after each step: tokens seen so far
         self.walls: list[float] = []       # after each step: seconds of the budget used
-        self.losses: list[float] = []      # each step's training loss
         self.point: Point | None = None
 
     def __call__(self, state, params: dict | None, wall_seconds: float) -> None:
         self.tokens.append(state.tokens_seen)
         self.walls.append(wall_seconds)
-        self.losses.append(state.losses[-1])
         if self.at_minutes is not None and self.point is None and wall_seconds >= self.at_minutes * 60:
             _link_snapshots(self.snapshots, self.folder / "snapshots")
             self.point = Point(self.framework, self.at_minutes, "", self.folder, state.step, state.epoch,
@@ -134,9 +134,10 @@ class Watch:
 
 def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, config, val=None) -> dict:
     """Evaluate a run's state as :func:`attn.train.train` evaluates its end: validation loss
-    of the last model (``val``, where the run measured it already), the average of the last
-    ``config.average`` snapshots in ``p.folder`` as the final model, the test set translated
-    with ``config.beam`` and scored. Writes ``test_translations.txt`` and ``metrics.json``
+    of the last model (``val``, where the run measured it already), the final model chosen by
+    :func:`attn.train.choose_final_model` (the average of the last ``config.average`` snapshots
+    in ``p.folder`` where its validation loss is no worse), the test set translated with
+    ``config.beam`` and scored. Writes ``test_translations.txt`` and ``metrics.json``
     into ``p.folder``; returns the results (also kept in ``p.results``)."""
     from .. import train as T
     t0 = time.perf_counter()
@@ -145,15 +146,15 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
     model = cls(model_config, dtype=config.dtype, params=params)
     if val is None:
         val = T.evaluate_loss(model, val_batches, model_config.label_smoothing)
-    final = model
-    if config.average > 1:
-        final = T.average_snapshots(p.folder, config.average, model, vocab) or model
+    final, choice = T.choose_final_model(model, p.folder, config.average, vocab, val_batches,
+                                         model_config.label_smoothing, val)
     scores, hyps = evaluate_translations(final, vocab, test_pairs, beam_size=config.beam)     # as train() does
     p.folder.mkdir(parents=True, exist_ok=True)
     (p.folder / "test_translations.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
     p.results = {"test_bleu": scores.bleu, "test_bleu_lc": scores.bleu_lc, "test_chrf": scores.chrf,
                  "val_loss": val["val_loss"], "val_ppl": val["val_ppl"],
-                 "averaged_checkpoints": _averaged(p.folder, config.average),
+                 "averaged_checkpoints": _averaged(p.folder, config.average) if final is not model else 1,
+                 **choice,
                  "beam": config.beam, "sacrebleu": scores.signatures,
                  "eval_seconds": round(time.perf_counter() - t0, 1)}
     (p.folder / "metrics.json").write_text(json.dumps({**p.row(), "folder": str(p.folder)}, indent=2) + "\n")
@@ -207,8 +208,9 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     tmodel.load_attn_params(init.params)
     del init
     topt, adam_kind = torch_adam(tmodel)
-    # attn's schedule exactly: a warm-up fitted to the budget scales the factor (attn.train.schedule_factor)
+    # attn's schedule: its warm-up (fitted to the budget, where it was) and its factor
     schedule = Adam({}, model_config.d_model, model_config.warmup_steps, T.schedule_factor(config, model_config))
+    _check_schedule(Path(config.out) / "metrics.jsonl", schedule)      # before any work: fail fast
     cls = Transformer if config.reference else _fast_class()
 
     def attn_view():
@@ -341,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int,
                    help="threads for both: NumPy's BLAS (and attn.fast) and torch.set_num_threads "
                         "(default: NumPy's BLAS threads as they are)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line on stdout: the machine, then one per budget")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per line on stdout: the machine, then one per budget")
     p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--no-torch", action="store_true", help="train attn only (no comparison)")
     return p
@@ -369,7 +372,7 @@ def parse_args(argv=None):
             p.error(f"{bad} is not an attn-train flag here: the benchmark starts fresh runs; see --help")
     given = vars(tp.parse_args(rest))
     try:
-        config = T.TrainConfig(**given, minutes=budgets[-1], out=args.out / "attn").with_recipe()   # both halves
+        config = T.TrainConfig(**given, minutes=budgets[-1], out=args.out / "attn")
     except T.TrainConfigError as e:
         p.error(str(e))
     args.budgets = budgets
@@ -394,8 +397,11 @@ def _load_average():
 METHOD = ("each framework trains once for the longest budget, one after the other in one process; a shorter "
           "budget's row is that run's state after the step at which the shorter budget was reached (weights and "
           "averaging snapshots), evaluated as a finished run is. Budgets are wall-clock, periodic evaluations "
-          "included. PyTorch starts from attn's initial weights and trains on attn's batches in attn's order "
-          "with attn's schedule; its final model is translated by attn's decoder and scored by the same code.")
+          "included (for attn also attn-train's probe of its step time, which fits the warm-up to the budget; "
+          "PyTorch takes that warm-up as it is). PyTorch starts from attn's initial weights and trains on attn's "
+          "batches in attn's order with attn's schedule; its final model is chosen by the same rule (the average "
+          "of the last snapshots where its validation loss is no worse), translated by attn's decoder and scored "
+          "by the same code.")
 
 
 def run(args, config) -> list[dict]:
@@ -433,11 +439,14 @@ def run(args, config) -> list[dict]:
     arrays, meta = load_npz(Path(config.out) / "checkpoint.npz")
     vocab = Vocab.from_json(meta["vocab"])
     model_config = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz")).config
+    attn_losses = arrays["history/train_loss"].tolist()            # every step's (the trainer logs them in blocks)
     del arrays
     saved = json.loads((Path(config.out) / "config.json").read_text())
+    config = T.TrainConfig.from_dict(saved["train"])     # as train() resolved it (the preset's recipe filled in)
     corpus = T.load_corpus(config)
     info.update(model_config=model_config.to_dict(), vocab_size=len(vocab), corpus=saved.get("corpus"),
-                train_pairs=saved.get("train_pairs"), test_pairs=len(corpus.test))
+                train_pairs=saved.get("train_pairs"), test_pairs=len(corpus.test), train_config=config.to_dict(),
+                warmup_rule=saved.get("warmup_rule"))
     max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
     val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens, shuffle=False)
 
@@ -445,25 +454,25 @@ def run(args, config) -> list[dict]:
     attn_end = Point("attn", budgets[-1], "end of the run (attn-train's metrics.json)", Path(config.out),
                      metrics["steps"], metrics["epochs"], attn_watch.tokens[-1], metrics["train_seconds"],
                      attn_watch.walls[-1])      # the budget used at the last step, as the stop rule saw it
-    attn_end.results = {k: metrics.get(k) for k in ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl",
-                                                    "beam", "sacrebleu")}
-    attn_end.results["averaged_checkpoints"] = metrics.get("averaged_checkpoints",      # train() tests the
-                                                           _averaged(Path(config.out), config.average))  # average only where it is better
+    keep = ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl", "beam", "sacrebleu", "val_nll_last",
+            "val_nll_averaged")
+    attn_end.results = {k: metrics[k] for k in keep if k in metrics}
+    attn_end.results["averaged_checkpoints"] = \
+        _averaged(Path(config.out), config.average) if metrics["averaged_checkpoints"] > 1 else 1
+    watches = {"attn": (attn_watch.walls, attn_losses)}
     points = {("attn", budgets[-1]): attn_end}
     if at is not None:
         points[("attn", at)] = _shorter(attn_watch, attn_end, at, budgets[-1])
 
-    watches = {"attn": attn_watch}
     if with_torch:
-        torch_end, torch_watch, _, evals = run_torch(config, model_config, vocab, corpus, out / "torch", at,
+        torch_end, torch_watch, torch_losses, evals = run_torch(config, model_config, vocab, corpus, out / "torch", at,
                                                      attn_watch.tokens, quiet)
         info["load_average_after_torch"] = _load_average()
-        _check_schedule(Path(config.out) / "metrics.jsonl", evals)
         _progress("pytorch: translating the test set", quiet)
         evaluate_point(torch_end, model_config, vocab, val_batches, corpus.test, config,
-                       val={k: evals[-1][k] for k in ("val_loss", "val_ppl")})
+                       val={k: evals[-1][k] for k in ("val_loss", "val_nll", "val_ppl")})
         points[("pytorch", budgets[-1])] = torch_end
-        watches["PyTorch"] = torch_watch
+        watches["PyTorch"] = (torch_watch.walls, torch_losses)
         if at is not None:
             points[("pytorch", at)] = _shorter(torch_watch, torch_end, at, budgets[-1])
     for (fw, m), p in sorted(points.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -536,36 +545,33 @@ def _shorter(watch: Watch, end: Point, at: float, longest: float) -> Point:
     return p
 
 
-def _check_schedule(attn_log: Path, torch_evals: list) -> None:
-    """The learning rates the twin used equal those attn logged at the same steps."""
-    attn_lr = {}
+def _check_schedule(attn_log: Path, schedule: Adam) -> None:
+    """The rates ``schedule`` gives equal those attn logged (``metrics.jsonl``) at every step it logged."""
     for line in attn_log.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            attn_lr[rec["step"]] = rec.get("lr")
-    for rec in torch_evals:
-        a = attn_lr.get(rec["step"])
-        if a is not None and rec["lr"] is not None and not math.isclose(a, rec["lr"], rel_tol=1e-12):
-            raise QualityError(f"step {rec['step']}: PyTorch's learning rate {rec['lr']} but attn's {a}")
+        rec = json.loads(line) if line.strip() else {}
+        if rec.get("lr") is not None and not math.isclose(schedule.lr(rec["step"]), rec["lr"], rel_tol=1e-12):
+            raise QualityError(f"step {rec['step']}: PyTorch's learning rate would be {schedule.lr(rec['step'])}, "
+                               f"attn's was {rec['lr']}: the schedules differ")
 
 
 # --------------------------------------------------------------------------- output
 
 def plot_losses(watches: dict, budgets, path) -> Path:
     """Training loss against the minutes of the budget used, one line per framework
+    (``watches``: label -> (budget seconds after each step, each step's loss))
     (a running mean over 20 steps), the budgets marked: the race the table sums up."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     np = B.host
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot(1, 1, 1)
-    for label, w in watches.items():
-        if not w.losses:
+    for label, (walls, losses) in watches.items():
+        if not losses:
             continue
-        y = np.asarray(w.losses, dtype=float)
+        y = np.asarray(losses, dtype=float)
         k = min(20, len(y))
         smooth = np.convolve(y, np.ones(k) / k, mode="valid")
-        ax.plot(np.asarray(w.walls[k - 1:]) / 60.0, smooth, label=f"{label} ({len(y)} steps)")
+        ax.plot(np.asarray(walls[k - 1:len(y)]) / 60.0, smooth, label=f"{label} ({len(y)} steps)")
     for m in budgets:
         ax.axvline(m, color="grey", linestyle="--", linewidth=0.8)
     ax.set_xlabel("minutes of the budget (wall clock, evaluations included)")
@@ -613,6 +619,12 @@ def _header(info) -> list[str]:
             f"method: {info['method']}"]
 
 
+def _differences(results) -> str | None:
+    """attn's test BLEU minus PyTorch's at each budget (the issue's target: at least 0)."""
+    parts = [f"{r['minutes']:g} min {r['bleu_difference']:+.2f}" for r in results[1:] if "bleu_difference" in r]
+    return ("attn's test BLEU minus PyTorch's: " + ", ".join(parts)) if parts else None
+
+
 def print_table(results, out=sys.stdout):
     info = results[0]
     print(f"{PROG}: budgets {', '.join(f'{m:g}' for m in info['budgets_minutes'])} min", file=out)
@@ -624,6 +636,8 @@ def print_table(results, out=sys.stdout):
     for m, fw, v in _framework_rows(results):
         print(f"{m:>6g} m  {fw:<9}" + "".join(f"{_f(v[k], s):>10}" for _, k, s in _COLUMNS) + f"  {v['how']}",
               file=out)
+    if _differences(results):
+        print(_differences(results), file=out)
 
 
 def print_markdown(results, out=sys.stdout):
@@ -638,6 +652,8 @@ def print_markdown(results, out=sys.stdout):
     for m, fw, v in _framework_rows(results):
         print(f"| {m:g} min | {fw} | " + " | ".join(_f(v[k], s) for _, k, s in _COLUMNS) + f" | {v['how']} |",
               file=out)
+    if _differences(results):
+        print(f"\n{_differences(results)}", file=out)
 
 
 def main(argv=None) -> int:

@@ -58,11 +58,12 @@ class _KV:
         return new
 
     def take(self, index, length: int) -> "_KV":
-        """Rows ``index`` (with repeats) of the first ``length`` positions, same capacity."""
+        """Rows ``index`` (with repeats, already checked to lie in range), same capacity.
+        The whole rows are copied (contiguous blocks: faster than copying the filled
+        positions alone through a strided view, and the capacity is at most twice them)."""
         xp = B.get_array_module(self.keys[0])
-        keys = [xp.take(k, index, axis=0) for k in self.keys]
-        values = [xp.take(v, index, axis=0) for v in self.values]
-        return _KV(keys, values, length)
+        return _KV([xp.take(k, index, axis=0) for k in self.keys],
+                   [xp.take(v, index, axis=0) for v in self.values], length)
 
 
 class FastDecodeState:
@@ -98,7 +99,10 @@ class FastDecodeState:
 
     def select(self, index) -> "FastDecodeState":
         """Keep (and repeat) rows ``index``: beam search reorders hypotheses with it."""
-        sentence = self.sentence[B.to_host(index)]
+        index_h = B.to_host(index)
+        if index_h.size and (index_h.min() < 0 or index_h.max() >= self.sentence.shape[0]):
+            raise IndexError(f"FastDecodeState.select: index out of range for {self.sentence.shape[0]} rows")
+        sentence = self.sentence[index_h]
         if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
             cross, mask, bias, rows = self.cross_kv, self.src_mask, self.src_bias, self.src_rows
         else:

@@ -1,4 +1,4 @@
-"""Exercise for lesson 11: the regularisers of section 5.4, dropout and label smoothing.
+"""Exercise for lesson 11: label-smoothed cross-entropy (section 5.4), with its gradient.
 
 Write the bodies below (replace each ``raise NotImplementedError``), then grade them:
 
@@ -9,25 +9,6 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 from __future__ import annotations
 
 from attn import backend as B  # noqa: F401
-
-
-def dropout_forward(x, p, rng=None):
-    """Inverted dropout: keep each unit with probability ``1 - p`` (where
-    ``rng.random(x.shape, dtype=x.dtype) >= p``) and scale the kept ones by ``1/(1-p)``, so
-    the expectation is unchanged. The identity when ``p == 0`` or ``rng is None`` (evaluation).
-
-    Inputs: x (any shape); p in [0, 1); rng an ``attn.backend.DeviceRNG`` or None.
-    Returns: out (same shape), cache.
-    """
-    raise NotImplementedError
-
-
-def dropout_backward(dout, cache):
-    """Forward was ``out = x * mask`` (mask 0 or 1/(1-p)): ``dx = dout * mask``, the same mask.
-
-    Returns: dx (same shape as dout).
-    """
-    raise NotImplementedError
 
 
 def cross_entropy(logits, targets, smoothing=0.0, pad_id=0):

@@ -82,11 +82,17 @@ def _host_refused(where: str, x) -> TypeError:
                      "device operation (move it with cupy.asarray first)")
 
 
+_PLAIN = frozenset({int, float, bool, str, type(None), slice, type(Ellipsis), np.dtype, complex})
+
+
 def _unwrap(x, where: str, allow_host: bool = False):
     """Device arrays -> their NumPy arrays, recursively through lists, tuples and dicts;
     a host ``numpy.ndarray`` raises TypeError unless ``allow_host``."""
-    if isinstance(x, ndarray):
+    t = type(x)
+    if t is ndarray:
         return x._a
+    if t in _PLAIN:
+        return x
     if isinstance(x, np.ndarray):
         if allow_host:
             return x
@@ -98,8 +104,26 @@ def _unwrap(x, where: str, allow_host: bool = False):
     return x
 
 
+def _args(args, where: str) -> list:
+    """``_unwrap`` of a call's positional arguments, with a fast path for the usual ones."""
+    out = []
+    for a in args:
+        t = type(a)
+        if t is ndarray:
+            out.append(a._a)
+        elif t in _PLAIN or (t is not np.ndarray and isinstance(a, np.generic)):
+            out.append(a)
+        else:
+            out.append(_unwrap(a, where))
+    return out
+
+
 def _wrap(r):
     """NumPy results -> device arrays; NumPy scalars -> 0-d device arrays (as CuPy returns)."""
+    if type(r) is np.ndarray:
+        obj = ndarray.__new__(ndarray)
+        obj._a = r
+        return obj
     if isinstance(r, np.ndarray):
         return ndarray._of(r)
     if isinstance(r, np.generic):
@@ -113,6 +137,8 @@ def _wrap(r):
 
 def _out_result(out, r):
     """A call with ``out=`` returns the device array(s) it was given, as CuPy and NumPy do."""
+    if out is None:
+        return _wrap(r)
     if isinstance(out, ndarray):
         return out
     if isinstance(out, tuple) and len(out) == 1 and isinstance(out[0], ndarray):
@@ -129,7 +155,9 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         getattr(uf, "at")(target, _wrap_index(_index_component(idx), target.shape[0] if target.ndim else 0),
                           *rest)
         return None
-    args = _unwrap(tuple(inputs), where)
+    args = _args(inputs, where)
+    if not kwargs:
+        return _wrap(uf(*args) if method == "__call__" else getattr(uf, method)(*args))
     kw = _unwrap(kwargs, where)
     r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
     return _out_result(kwargs.get("out"), r)
@@ -169,7 +197,7 @@ _DATA_DEPENDENT = {"nonzero", "flatnonzero", "argwhere", "unique", "compress", "
 def _function(name: str, f):
     def call(*args, **kwargs):
         where = f"cupy.{name}"
-        a, k = _unwrap(args, where), _unwrap(kwargs, where)
+        a, k = _args(args, where), (_unwrap(kwargs, where) if kwargs else kwargs)
         if name in _DATA_DEPENDENT or (name == "where" and len(args) == 1):
             _sync(f"{name} (result size depends on the data)")
         r = f(*a, **k)
@@ -248,6 +276,11 @@ class MemoryPointer:
 
 def _binary(uf, reflected=False):
     def op(self, other):
+        t = type(other)
+        if t is ndarray:
+            return _wrap(uf(other._a, self._a) if reflected else uf(self._a, other._a))
+        if t in _PLAIN:
+            return _wrap(uf(other, self._a) if reflected else uf(self._a, other))
         if isinstance(other, np.ndarray):
             raise _host_refused(f"cupy.{uf.__name__}", other)
         if not isinstance(other, (ndarray, np.generic, int, float, complex, builtins.bool)):
@@ -401,7 +434,9 @@ class ndarray:
 
             def method(*args, **kwargs):
                 where = f"cupy.ndarray.{name}"
-                r = attr(*_unwrap(args, where), **_unwrap(kwargs, where))
+                if not kwargs:
+                    return _wrap(attr(*_args(args, where)))
+                r = attr(*_args(args, where), **_unwrap(kwargs, where))
                 return _out_result(kwargs.get("out"), r)
             return method
         return _wrap(attr)
@@ -459,6 +494,24 @@ class ndarray:
 
     def __imatmul__(self, other):
         raise TypeError("In-place matrix multiplication is not supported by CuPy; use a @ b")
+
+def _fast_method(name):
+    """The ndarray method ``name`` on device arrays, without going through ``__getattr__``."""
+    where = f"cupy.ndarray.{name}"
+
+    def method(self, *args, **kwargs):
+        f = getattr(self._a, name)
+        if not kwargs:
+            return _wrap(f(*_args(args, where)))
+        r = f(*_args(args, where), **_unwrap(kwargs, where))
+        return _out_result(kwargs.get("out"), r)
+    method.__name__ = name
+    return method
+
+
+for _name in ("reshape", "astype", "sum", "max", "min", "mean", "transpose", "swapaxes", "any", "all", "ravel",
+              "argmax", "view", "fill", "squeeze", "var", "std", "prod", "cumsum", "clip", "dot", "repeat"):
+    setattr(ndarray, _name, _fast_method(_name))
 
 # --------------------------------------------------------------------------- creating arrays
 
