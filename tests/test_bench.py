@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import attn.backend as B
-from attn.bench import (BENCH_PRESETS, _no_eos, _torch_decode, make_batch, model_config, model_flops,
-                        torch_loss, torch_transformer)
+from attn.bench import (BENCH_PRESETS, MEASUREMENTS, _no_eos, _torch_decode, make_batch, model_config,
+                        model_flops, torch_loss, torch_transformer)
 from attn.gradcheck import rel_error
 from attn.loss import cross_entropy
 from attn.model import Transformer, TransformerConfig, parameter_shapes
@@ -115,6 +115,20 @@ def test_presets_are_the_issue_s():
     src, tgt_in, tgt_out = make_batch(bc)
     assert src.shape == (64, 32) and tgt_in.shape == tgt_out.shape == (64, 32)
     assert np.all((tgt_out != 0) <= (tgt_in != 0)) and (tgt_out == 2).sum() == 64     # one EOS each
+
+
+@pytest.mark.parametrize("name,V", [("vocab-16k", 16000), ("vocab-32k", 32000)])
+def test_vocabulary_presets(name, V):
+    """A real corpus's vocabulary at d_model 256, 3+3 layers, d_ff 1024 and a batch of ~4,000
+    tokens (B * max(S, T), as attn.data counts them); a plain run times what fits in minutes."""
+    bc = BENCH_PRESETS[name]
+    cfg = model_config(bc)
+    assert (cfg.vocab_size, cfg.d_model, cfg.d_ff, cfg.n_encoder_layers, cfg.n_decoder_layers) == (V, 256, 1024, 3, 3)
+    assert 3500 <= bc.batch * max(bc.src_len, bc.tgt_len) <= 4500
+    assert "train_step" in bc.measurements and set(bc.measurements) <= set(MEASUREMENTS)
+    from attn.bench.cli import parse_args
+    assert parse_args(["--preset", name]).only == list(bc.measurements)
+    assert parse_args(["--preset", "toy-bench"]).only == list(MEASUREMENTS)
 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])

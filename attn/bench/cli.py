@@ -152,6 +152,7 @@ def run(args) -> list[dict]:
             row = _row(w, settings, rate, peak, args.backend)
             if w.phases and not args.no_phases:
                 row["phases"] = time_phases(w, 3, settle, quiet, workers or None)
+                row["phases_setting"] = "isolated" if workers else "interleaved"
             results.append(row)
     finally:
         for wk in workers.values():

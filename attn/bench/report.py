@@ -132,8 +132,11 @@ def _print_phases(results, out, markdown: bool):
         return ("-", "-") if v is None else (f"{v:.4f}", f"{100 * v / tot:.0f} %" if tot else "-")
     print(file=out)
     if markdown:
-        print("Where the time of a training step goes (each framework in its own worker, the median "
-              "of 3 phase-timed steps; attn's phases as its first part (thread) sees them):", file=out)
+        where = ("each framework in its own worker" if rows[0].get("phases_setting") == "isolated"
+                 else "both in one process")
+        print(f"Where the time of a training step goes ({where}, the median of 3 phase-timed steps; "
+              "attn's phases as its first part (thread) sees them, so a part's wait for the other "
+              "falls in the phase before the wait):", file=out)
         print(file=out)
         print("| phase | attn s | share | PyTorch s | share |", file=out)
         print("|---|---:|---:|---:|---:|", file=out)
