@@ -419,7 +419,7 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
     grads = model.backward(dlogits, cache)
     del cache, dlogits
     if clip:
-        clip_grad_norm(grads, clip)
+        clip_grad_norm(grads, clip, sync=False)          # decided on the device: no host sync
     lr = opt.step(grads)
     return loss, lr
 

@@ -5,7 +5,8 @@ far, so a training step or a decoding step that reads a device value back mid-wa
 the GPU. The stand-in counts every transfer (``.get()``, ``asnumpy``, ``float()``, ``int()``,
 ``bool()``, ``.item()``, ``.tolist()``...), so the budgets are asserted here, on every machine:
 
-* a training step (:func:`attn.train.train_step` on the trainer's fast path): none;
+* a training step (:func:`attn.train.train_step` on the trainer's fast path, with or without
+  gradient clipping): none;
 * the training loop: one per step that logs (every :data:`attn.train.LOG_EVERY` steps, and
   before each evaluation or checkpoint), bringing every pending loss at once; none otherwise;
 * decoding (greedy and beam, with the key/value cache): one per generated position, plus
@@ -50,7 +51,7 @@ def stand_in():
         yield cp
 
 
-@pytest.mark.parametrize("clip", [0.0])
+@pytest.mark.parametrize("clip", [0.0, 1e-3, 1e3])                  # off, clipping, not clipping
 def test_a_fast_training_step_never_waits_for_the_device(stand_in, clip):
     model, opt = T.make_engine(Transformer(CFG, seed=0), reference=False, lr_factor=1.0)
     loss_fn = T.step_loss_fn(reference=False)
@@ -59,6 +60,21 @@ def test_a_fast_training_step_never_waits_for_the_device(stand_in, clip):
         loss, lr = T.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, clip, loss_fn)
     assert c.n == 0, c.kinds
     assert B.is_device_array(loss) and loss.ndim == 0 and isinstance(lr, float)
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 3.0, 1e6])
+def test_clipping_on_the_device_gives_the_host_decision_s_numbers(stand_in, max_norm):
+    from attn.optim import clip_grad_norm
+    rng = np.random.default_rng(0)
+    host = {"a": rng.standard_normal((3, 4)).astype("float32"), "b": rng.standard_normal(5)}
+    g1 = {k: B.to_device(v) for k, v in host.items()}
+    g2 = {k: B.to_device(v) for k, v in host.items()}
+    norm = clip_grad_norm(g1, max_norm)
+    with fakecupy.counting() as c:
+        dnorm = clip_grad_norm(g2, max_norm, sync=False)
+    assert c.n == 0 and B.is_device_array(dnorm) and float(dnorm) == norm
+    for k in host:
+        assert np.array_equal(B.to_host(g1[k]), B.to_host(g2[k])) and g2[k].dtype == host[k].dtype, k
 
 
 def test_the_reference_step_checks_on_the_device(stand_in):
