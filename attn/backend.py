@@ -13,6 +13,7 @@ a program. ``auto`` picks CuPy only where it imports *and* a GPU is usable.
 from __future__ import annotations
 
 import os
+import warnings
 from types import ModuleType
 
 import numpy as np
@@ -27,18 +28,51 @@ _xp: ModuleType | None = None
 
 
 class BackendError(RuntimeError):
-    """The requested array backend cannot be used on this machine."""
+    """The requested array backend cannot be used on this machine. ``reason`` says why in a
+    few words (what ``auto`` reports when it falls back to NumPy)."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+class BackendWarning(UserWarning):
+    """``auto`` chose NumPy although CuPy was looked for; the message says why."""
+
+
+#: Why the last ``set_backend("auto")`` chose NumPy (None where it chose CuPy, or no ``auto``).
+auto_fallback_reason: str | None = None
+
+
+#: Where CuPy comes from: ``None`` imports the real ``cupy`` and ``cupyx``. The test suite's
+#: CuPy stand-in (``tests/fakecupy``, ``ATTN_BACKEND=fakecupy``) puts its look-alike modules
+#: here as ``(cupy, cupyx)``; nothing in ``attn`` sets it.
+cupy_modules: tuple | None = None
+
+
+def _cupy():
+    if cupy_modules is not None:
+        return cupy_modules[0]
+    import cupy  # noqa: F401  (only backend.py may import it)
+    return cupy
+
+
+def _cupyx():
+    if cupy_modules is not None:
+        return cupy_modules[1]
+    import cupyx
+    return cupyx
 
 
 def _import_cupy():
     """Import CuPy and check that a GPU is usable; raise a clear BackendError if not."""
     try:
-        import cupy  # noqa: F401  (only backend.py may import it)
+        cupy = _cupy()
     except Exception as e:  # ImportError, or a broken CUDA install raising anything
+        why = f"CuPy is not installed or fails to import ({type(e).__name__}: {e})"
         raise BackendError(
-            "ATTN_BACKEND=cupy was asked for, but CuPy is not installed or fails to import "
-            f"({type(e).__name__}: {e}). Install it with `pip install -e .[gpu]` "
-            "(or the cupy-cudaXXx wheel matching your CUDA), or use ATTN_BACKEND=numpy."
+            f"ATTN_BACKEND=cupy was asked for, but {why}. Install it with `pip install -e .[gpu]` "
+            "(or the cupy-cudaXXx wheel matching your CUDA), or use ATTN_BACKEND=numpy.", why
         ) from None
     try:
         n = cupy.cuda.runtime.getDeviceCount()
@@ -46,10 +80,10 @@ def _import_cupy():
             raise RuntimeError("no CUDA device found")
         cupy.zeros(1).sum().item()  # a real round trip: driver, context, a kernel
     except Exception as e:
+        why = f"no GPU is usable ({type(e).__name__}: {e})"
         raise BackendError(
-            "ATTN_BACKEND=cupy was asked for and CuPy imports, but no GPU is usable "
-            f"({type(e).__name__}: {e}). Check `nvidia-smi` and the CUDA driver, "
-            "or use ATTN_BACKEND=numpy."
+            f"ATTN_BACKEND=cupy was asked for and CuPy imports, but {why}. Check `nvidia-smi` and the CUDA "
+            "driver, or use ATTN_BACKEND=numpy.", f"CuPy imports, but {why}"
         ) from None
     return cupy
 
@@ -69,14 +103,28 @@ def set_backend(name: str) -> ModuleType:
     Returns the array namespace. Raises :class:`BackendError` if CuPy is asked
     for and cannot be used, and ``ValueError`` for an unknown name.
     """
-    global _current, _xp
+    global _current, _xp, auto_fallback_reason
     if name not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
     if name == "auto":
-        name = "cupy" if cupy_available() else "numpy"
+        try:
+            _xp, _current, auto_fallback_reason = _import_cupy(), "cupy", None
+        except BackendError as e:
+            _xp, _current, auto_fallback_reason = np, "numpy", e.reason
+            warnings.warn(f"backend auto: using NumPy, because {e.reason}", BackendWarning, stacklevel=2)
+        return _xp
     _xp = _import_cupy() if name == "cupy" else np
-    _current = name
+    _current, auto_fallback_reason = name, None
     return _xp
+
+
+def describe() -> str:
+    """The selected backend in a few words, for a command's first line: ``cupy``, ``numpy``, or
+    ``numpy (auto: <why not CuPy>)``."""
+    name = get_backend()
+    if name == "numpy" and auto_fallback_reason:
+        return f"numpy (auto: {auto_fallback_reason})"
+    return name
 
 
 def get_backend() -> str:
@@ -99,14 +147,15 @@ def get_array_module(*arrays) -> ModuleType:
     Like ``cupy.get_array_module``, but it works where CuPy is not installed.
     """
     for a in arrays:
-        if type(a).__module__.startswith("cupy"):
-            import cupy
-            return cupy
+        if is_device_array(a):
+            return _cupy()
     return np
 
 
 def is_device_array(a) -> bool:
     """True for a CuPy array."""
+    if cupy_modules is not None and isinstance(a, cupy_modules[0].ndarray):
+        return True
     return type(a).__module__.startswith("cupy")
 
 
@@ -143,8 +192,7 @@ def scatter_add(target, ids, values) -> None:
     values : (N, D) array
     """
     if is_device_array(target):
-        import cupyx
-        cupyx.scatter_add(target, ids, values)
+        _cupyx().scatter_add(target, ids, values)
     else:
         np.add.at(target, np.asarray(ids).ravel(), values)
 

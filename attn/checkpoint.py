@@ -61,7 +61,13 @@ def load_npz(path) -> tuple[dict, dict]:
     except Exception as e:
         # A damaged zip raises BadZipFile, EOFError or ValueError, but also NotImplementedError
         # (a flipped compression field) or RuntimeError (a flipped "encrypted" flag).
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {e})") from None
+        reason = f"{type(e).__name__}: {e}"
+        if "pickle" in str(e).lower():
+            # NumPy's message advises loading the file with pickle: never relay that for a file
+            # we could not read, since unpickling an untrusted file can run any code.
+            reason = ("it is not an .npz archive of plain arrays but holds pickled Python objects, "
+                      "which attn never loads")
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({reason})") from None
     if "__meta__" not in arrays:
         raise CheckpointError(f"checkpoint {path} has no __meta__ record: not written by attn")
     try:

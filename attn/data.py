@@ -4,6 +4,7 @@ The pipeline, in the order the trainer calls it::
 
     pairs = read_parallel("data/toy", "en", "tk", "train")   # [(src text, tgt text), ...]
     vocab = Vocab.build([tokenize(s) for s, _ in pairs] + [tokenize(t) for _, t in pairs])
+    # or subword pieces: vocab = Vocab.build_bpe([s for s, _ in pairs] + [t for _, t in pairs], 8000)
     enc = encode_pairs(pairs, vocab, max_len=100)            # [(src ids, tgt ids), ...]
     batches = make_batches(enc, max_tokens=2000, shuffle=True, seed=0, epoch=0)
     batches[0].src, batches[0].tgt_in, batches[0].tgt_out    # (B, S), (B, T), (B, T) int64
@@ -25,15 +26,15 @@ from __future__ import annotations
 
 import codecs
 import gzip
-import re
-import unicodedata
 import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
 from . import backend as B
+from .bpe import BPE, BYTE_TOKENS
 from .masks import PAD_ID
+from .text import detokenize, normalize, tokenize  # noqa: F401  (re-exported: the pipeline's first step)
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -55,93 +56,10 @@ class DataWarning(UserWarning):
 # Tokeniser
 # --------------------------------------------------------------------------
 #
-# A token is either a *word* (a run of letters, marks, digits and "_", which may
-# contain an apostrophe, hyphen or zero-width (non-)joiner between two word
-# characters: "don't", "well-known", "l'homme") or a single other visible
-# character (punctuation, symbols). Whitespace, control characters and the
-# zero-width space separate tokens; other invisible format characters (BOM,
-# soft hyphen, direction marks) are dropped, then the text is NFC-normalised.
-# Case is kept.
-
-_JOINERS = frozenset("'\u2019-\u2010\u200c\u200d")  # ' ’ - ‐ ZWNJ ZWJ
-_ZWSP = "\u200b"
-# The same rules restricted to ASCII, as one regular expression: the fast path
-# for the (common) ASCII line. A test checks that both paths agree on ASCII text.
-_ASCII_TOKEN = re.compile(r"[A-Za-z0-9_]+(?:['-][A-Za-z0-9_]+)*|[!-/:-@\[-^`{-~]")
-
-
-def _char_kind(ch: str) -> str:
-    """ "w" word character, "s" separator, "x" dropped, "p" a token on its own."""
-    cat = unicodedata.category(ch)
-    if cat[0] in "LMN" or ch == "_":
-        return "w"
-    if ch.isspace() or cat[0] == "Z" or cat == "Cc" or ch == _ZWSP:
-        return "s"
-    if cat == "Cf" and ch not in _JOINERS:
-        return "x"
-    return "p"
-
-
-def _tokenize_unicode(text: str) -> list[str]:
-    # drop invisible format characters first: "a<soft hyphen><combining acute>" must become "á"
-    text = unicodedata.normalize("NFC", "".join(ch for ch in text if _char_kind(ch) != "x"))
-    chars = [(ch, _char_kind(ch)) for ch in text]
-    tokens: list[str] = []
-    word: list[str] = []
-    for i, (ch, kind) in enumerate(chars):
-        if kind == "w":
-            word.append(ch)
-            continue
-        if ch in _JOINERS and word and i + 1 < len(chars) and chars[i + 1][1] == "w":
-            word.append(ch)  # "don't": the apostrophe sits between two word characters
-            continue
-        if word:
-            tokens.append("".join(word))
-            word = []
-        if kind == "p" and ch not in "\u200c\u200d":  # a lone (non-)joiner is invisible: drop it
-            tokens.append(ch)
-    if word:
-        tokens.append("".join(word))
-    return tokens
-
-
-def tokenize(text: str) -> list[str]:
-    """Split text into words and punctuation; keep case.
-
-    >>> tokenize("Hello, world!  It's 3.5km.")
-    ['Hello', ',', 'world', '!', "It's", '3', '.', '5km', '.']
-
-    Unicode-aware (letters, marks and digits of any script make words), NFC-normalised,
-    whitespace collapsed. Already-tokenised text (tokens joined by single spaces) comes
-    back unchanged, so the toy corpus is read exactly as written.
-    """
-    if text.isascii():
-        return _ASCII_TOKEN.findall(text)
-    return _tokenize_unicode(text)
-
-
-# Punctuation that sticks to the word before it / after it when detokenising.
-_NO_SPACE_BEFORE = frozenset(".,!?;:%)]}»…‽。、，！？；：）」』】")
-_NO_SPACE_AFTER = frozenset("([{«¿¡（「『【")
-
-
-def detokenize(tokens: Sequence[str]) -> str:
-    """Join tokens with spaces, reattaching punctuation.
-
-    >>> detokenize(["hello", ",", "world", "(", "again", ")", "."])
-    'hello, world (again).'
-
-    For tokens made by :func:`tokenize`, ``tokenize(detokenize(t)) == t``. Quotes,
-    apostrophes and hyphens standing alone keep their spaces (gluing them could
-    merge two words into one).
-    """
-    out: list[str] = []
-    for i, tok in enumerate(tokens):
-        if i and tok not in _NO_SPACE_BEFORE and tokens[i - 1] not in _NO_SPACE_AFTER:
-            out.append(" ")
-        out.append(tok)
-    return "".join(out)
-
+# attn.text splits text into words and marks without loss (a token glued to the one
+# before it carries "##"), and attn.bpe cuts words into subword pieces; both are
+# re-exported here, where the pipeline starts. A Vocab knows which of the two it uses:
+# ``vocab.tokenize(text)``.
 
 # --------------------------------------------------------------------------
 # Vocabulary
@@ -149,9 +67,15 @@ def detokenize(tokens: Sequence[str]) -> str:
 
 
 class Vocab:
-    """Token <-> id. ``itos[i]`` is the token with id ``i``; ids 0-3 are :data:`SPECIALS`."""
+    """Token <-> id. ``itos[i]`` is the token with id ``i``; ids 0-3 are :data:`SPECIALS`.
 
-    def __init__(self, itos: Sequence[str]):
+    A word vocabulary (``Vocab.build``) holds the tokens of :func:`tokenize`; a
+    subword vocabulary (``Vocab.build_bpe``) also holds the learned merges
+    (``vocab.bpe``). Either way ``vocab.tokenize(text)`` splits text into its tokens
+    and :func:`detokenize` joins them back.
+    """
+
+    def __init__(self, itos: Sequence[str], bpe: BPE | None = None):
         itos = list(itos)
         if tuple(itos[:len(SPECIALS)]) != SPECIALS:
             raise DataError(f"a vocabulary must start with {list(SPECIALS)}, got {itos[:len(SPECIALS)]}")
@@ -160,6 +84,11 @@ class Vocab:
             raise DataError(f"a vocabulary lists each token once; repeated: {dupes[:10]}")
         self.itos: list[str] = itos
         self.stoi: dict[str, int] = {tok: i for i, tok in enumerate(itos)}
+        if bpe is not None:
+            missing = [t for t in bpe.vocabulary() if t not in self.stoi]
+            if missing:
+                raise DataError(f"a BPE vocabulary holds every piece its merges can make; missing: {missing[:10]}")
+        self.bpe = bpe
 
     @classmethod
     def build(cls, token_lists: Iterable[Sequence[str]], min_freq: int = 1,
@@ -178,6 +107,30 @@ class Vocab:
         if max_size is not None:
             kept = kept[:max_size - len(SPECIALS)]
         return cls(SPECIALS + tuple(kept))
+
+    @classmethod
+    def build_bpe(cls, texts: Iterable[str], vocab_size: int, min_count: int = 2) -> "Vocab":
+        """Learn byte-pair merges on ``texts`` (both languages: one shared vocabulary,
+        section 5.1) until the vocabulary, specials and byte tokens included, has
+        ``vocab_size`` entries (fewer if no pair is seen ``min_count`` times any more).
+
+        Order: specials, the alphabet, the merged symbols in the order learned, the
+        512 byte tokens (see :mod:`attn.bpe`).
+        """
+        smallest = len(SPECIALS) + len(BYTE_TOKENS) + 1
+        if vocab_size < smallest:
+            raise ValueError(f"a BPE vocabulary needs at least {smallest} entries ({len(SPECIALS)} specials, "
+                             f"{len(BYTE_TOKENS)} byte tokens, some characters), got vocab_size={vocab_size}")
+        bpe = BPE.learn(texts, max_symbols=vocab_size - len(SPECIALS) - len(BYTE_TOKENS), min_count=min_count)
+        if len(SPECIALS) + len(bpe.vocabulary()) > vocab_size:
+            raise ValueError(f"vocab_size={vocab_size} is too small for this text: its {len(bpe.alphabet)} "
+                             f"characters alone need {len(SPECIALS) + len(BYTE_TOKENS) + len(bpe.alphabet)} "
+                             f"entries, with the specials and byte tokens")
+        return cls(SPECIALS + tuple(bpe.vocabulary()), bpe=bpe)
+
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of ``text`` in this vocabulary: words (:func:`tokenize`) or BPE pieces."""
+        return self.bpe.encode(text) if self.bpe is not None else tokenize(text)
 
     def encode(self, tokens: Iterable[str]) -> list[int]:
         """Ids of the tokens; a token not in the vocabulary becomes ``UNK``. No BOS/EOS added."""
@@ -207,20 +160,34 @@ class Vocab:
         return token in self.stoi
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Vocab) and self.itos == other.itos
+        return isinstance(other, Vocab) and self.itos == other.itos and self.bpe == other.bpe
 
     def __repr__(self) -> str:
-        return f"Vocab({len(self)} tokens: {self.itos[4:9]}...)"
+        kind = f"BPE, {len(self.bpe.merges)} merges" if self.bpe is not None else "words"
+        return f"Vocab({len(self)} tokens, {kind}: {self.itos[4:9]}...)"
 
-    def to_json(self) -> list[str]:
-        """The list ``itos`` (JSON-ready); :meth:`from_json` inverts it."""
-        return list(self.itos)
+    def to_json(self) -> list[str] | dict:
+        """JSON-ready: a word vocabulary is the list ``itos``; a BPE vocabulary is
+        ``{"itos": [...], "bpe": {"alphabet": [...], "merges": [[a, b], ...]}}``, so the
+        merges travel in the checkpoint with it. :meth:`from_json` inverts both."""
+        if self.bpe is None:
+            return list(self.itos)
+        return {"itos": list(self.itos), "bpe": self.bpe.to_json()}
 
     @classmethod
-    def from_json(cls, itos: Sequence[str]) -> "Vocab":
-        if isinstance(itos, str) or not all(isinstance(t, str) for t in itos):
+    def from_json(cls, obj) -> "Vocab":
+        bpe = None
+        if isinstance(obj, dict):
+            if "itos" not in obj or "bpe" not in obj:
+                raise DataError(f"a saved BPE vocabulary has the keys 'itos' and 'bpe', got {sorted(obj)}")
+            try:
+                bpe = BPE.from_json(obj["bpe"])
+            except ValueError as e:
+                raise DataError(f"a saved BPE vocabulary has unreadable merges: {e}") from None
+            obj = obj["itos"]
+        if isinstance(obj, str) or not isinstance(obj, (list, tuple)) or not all(isinstance(t, str) for t in obj):
             raise DataError("a saved vocabulary is a list of strings")
-        return cls(itos)
+        return cls(obj, bpe=bpe)
 
 
 # --------------------------------------------------------------------------
@@ -231,8 +198,10 @@ class Vocab:
 def _read_lines(path) -> list[str]:
     """Lines of a UTF-8 text file (``.gz`` read transparently), without their line ends.
 
-    Lines are split on ``\\n`` only (a ``\\r`` before it is dropped), so a stray U+2028
-    inside a sentence does not shift the alignment. A leading byte-order mark is dropped.
+    Lines are split on ``\\n`` only (a ``\\r`` before it is dropped: CRLF files, such as
+    Tatoeba's, read as they should), so a stray U+2028 inside a sentence does not shift the
+    alignment; a ``\\r`` left inside a line (old Mac line ends) is an error naming the line.
+    A leading UTF-8 byte-order mark is dropped; a UTF-16 or UTF-32 one is an error.
     If ``path`` is missing but ``path.gz`` exists, that is read."""
     path = Path(path)
     if not path.is_file() and Path(str(path) + ".gz").is_file():
@@ -247,25 +216,35 @@ def _read_lines(path) -> list[str]:
             raise DataError(f"{path}: not a readable gzip file ({e})") from None
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]
+    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                      (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16")):
+        if raw.startswith(bom):
+            raise DataError(f"{path}: line 1 starts with a {name} byte-order mark: the file is {name}, "
+                            "not UTF-8; save it as UTF-8")
     chunks = raw.split(b"\n")
     if chunks[-1] == b"":  # the newline that ends the last line
         chunks.pop()
     lines = []
     for number, chunk in enumerate(chunks, start=1):
         try:
-            lines.append(chunk.decode("utf-8").removesuffix("\r"))
+            line = chunk.decode("utf-8").removesuffix("\r")
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: line {number} is not valid UTF-8 "
                             f"({e.reason} at byte {e.start} of the line)") from None
+        if "\r" in line:
+            raise DataError(f"{path}: line {number} holds a carriage return (\\r) inside the line: are its lines "
+                            "ended by \\r alone (old Mac style)? Convert the file to \\n line ends")
+        lines.append(line)
     return lines
 
 
 def read_parallel(data_dir, src: str, tgt: str, split: str) -> list[tuple[str, str]]:
     """Sentence pairs from the line-aligned files ``DIR/{split}.{src}`` and ``DIR/{split}.{tgt}``.
 
-    Returns ``[(source text, target text), ...]``, one per line, empty lines included
-    (:func:`encode_pairs` skips and counts them). Raises :class:`DataError` for a
-    missing file, a line that is not UTF-8, or files with different line counts.
+    Returns ``[(source text, target text), ...]``, one per line, lines empty on both
+    sides included (:func:`encode_pairs` skips and counts them). Raises :class:`DataError`
+    for a missing file, a line that is not UTF-8, files with different line counts, or a
+    line that is empty in one file only (the usual sign of files out of step).
     """
     src_path, tgt_path = Path(data_dir) / f"{split}.{src}", Path(data_dir) / f"{split}.{tgt}"
     src_lines = [line.strip() for line in _read_lines(src_path)]
@@ -273,6 +252,11 @@ def read_parallel(data_dir, src: str, tgt: str, split: str) -> list[tuple[str, s
     if len(src_lines) != len(tgt_lines):
         raise DataError(f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
                         "parallel files must be line-aligned, one sentence per line")
+    for number, (s, t) in enumerate(zip(src_lines, tgt_lines), start=1):
+        if bool(s) != bool(t):
+            empty, full = (src_path, tgt_path) if not s else (tgt_path, src_path)
+            raise DataError(f"{empty}: line {number} is empty but line {number} of {full} is not: "
+                            "are the files out of step? (a line empty in both is skipped)")
     return list(zip(src_lines, tgt_lines))
 
 
@@ -280,10 +264,9 @@ def read_tsv(path) -> list[tuple[str, str]]:
     """Sentence pairs from a tab-separated file: ``source<TAB>target[<TAB>anything]`` per line.
 
     This is the Tatoeba/Anki format (manythings.org files carry an attribution in a
-    third column, which is ignored). Fields are stripped of surrounding spaces; an empty
-    field is kept (:func:`encode_pairs` skips and counts the pair). Blank lines are skipped
-    and counted in a warning; a non-blank line without a tab raises :class:`DataError`
-    naming the file and line.
+    third column, which is ignored). Fields are stripped of surrounding spaces. Blank lines
+    are skipped and counted in a warning; a non-blank line without a tab, or with an empty
+    source or target field, raises :class:`DataError` naming the file and line.
     """
     pairs, blank = [], 0
     for number, line in enumerate(_read_lines(path), start=1):
@@ -294,7 +277,11 @@ def read_tsv(path) -> list[tuple[str, str]]:
         if len(fields) < 2:
             raise DataError(f"{path}: line {number} has no tab; expected 'source<TAB>target', "
                             f"got {line[:60]!r}")
-        pairs.append((fields[0].strip(), fields[1].strip()))
+        src, tgt = fields[0].strip(), fields[1].strip()
+        if not src or not tgt:
+            raise DataError(f"{path}: line {number} has an empty {'source' if not src else 'target'} field: "
+                            f"expected 'source<TAB>target', got {line[:60]!r}")
+        pairs.append((src, tgt))
     if blank:
         warnings.warn(f"{path}: skipped {blank} blank line(s)", DataWarning, stacklevel=2)
     return pairs
@@ -307,7 +294,7 @@ def read_tsv(path) -> list[tuple[str, str]]:
 
 def encode_pairs(pairs: Iterable[tuple[str, str]], vocab: Vocab,
                  max_len: int | None = None) -> list[tuple[list[int], list[int]]]:
-    """Tokenise and encode each pair with the shared vocabulary.
+    """Tokenise (``vocab.tokenize``: words or BPE pieces) and encode each pair with the shared vocabulary.
 
     Skips pairs where either side has no tokens, or (with ``max_len``) more than
     ``max_len`` tokens (BOS/EOS not counted), and reports the count in one
@@ -316,7 +303,7 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], vocab: Vocab,
     encoded, total, empty, long = [], 0, 0, 0
     for src, tgt in pairs:
         total += 1
-        s, t = tokenize(src), tokenize(tgt)
+        s, t = vocab.tokenize(src), vocab.tokenize(tgt)
         if not s or not t:
             empty += 1
         elif max_len is not None and max(len(s), len(t)) > max_len:

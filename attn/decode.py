@@ -30,11 +30,16 @@ Beam search scores a hypothesis Y of |Y| tokens (EOS included) as in GNMT
 
     score(Y) = log P(Y | X) / lp(Y),    lp(Y) = ((5 + |Y|) / 6) ** alpha
 
-Finished hypotheses are kept aside; a sentence's search ends when it has
-``beam_size`` of them or reaches its length limit (its live beams then count
-as finished, without EOS). Each step keeps the best ``2K`` candidates: an EOS
-among the first ``K`` finishes a hypothesis, the first ``K`` others become the
-next beams. With ``beam_size=1`` this is greedy decoding, token for token.
+Finished hypotheses are kept aside. Each step keeps the best ``2K`` candidates:
+an EOS among the first ``K`` finishes a hypothesis, the first ``K`` others become
+the next beams. A sentence's search ends when no live beam can still beat its
+best finished hypothesis, or at its length limit (its live beams then count as
+finished, without EOS). A live beam's log P can only fall as it grows, and
+``lp`` only rises, so for ``alpha >= 0`` its final score is at most
+``log P / lp(limit)``; once that bound is below the best finished score the
+sentence is done. (Stopping at ``K`` finished hypotheses instead lets short,
+unlikely ones end the search before the best longer one finishes.) With
+``alpha = 0`` and ``beam_size=1`` this is greedy decoding, token for token.
 """
 from __future__ import annotations
 
@@ -154,6 +159,16 @@ def _to_device_rows(xp, *columns):
     return list(packed)
 
 
+def _to_host_steps(att_steps):
+    """The per-step (n_t, S) device arrays as float64 host arrays, in one transfer."""
+    np = B.host
+    if not att_steps:
+        return []
+    xp = B.get_array_module(att_steps[0])
+    flat = B.to_host(xp.concatenate(att_steps, axis=0)).astype(np.float64)
+    return np.split(flat, np.cumsum([a.shape[0] for a in att_steps])[:-1])
+
+
 def _attention_rows(att_steps, src_h, sentence_rows):
     """Gather per-sentence attention from the per-step device arrays.
 
@@ -162,7 +177,7 @@ def _attention_rows(att_steps, src_h, sentence_rows):
     Returns: per sentence a (len(rows), S_i) host array over its real source positions.
     """
     np = B.host
-    host_steps = [B.to_host(a).astype(np.float64) for a in att_steps]            # one transfer per step, at the end
+    host_steps = _to_host_steps(att_steps)
     out = []
     for i, rows in enumerate(sentence_rows):
         a = np.stack([host_steps[t][r] for t, r in rows]) if rows else np.zeros((0, src_h.shape[1]))
@@ -232,8 +247,8 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
     cross = None
     if with_attention:
         full = np.zeros((n, len(att_steps), src_h.shape[1]))                     # (B, steps, S)
-        for t, (r, a) in enumerate(att_steps):                                   # one transfer per step, at the end
-            full[r, t] = B.to_host(a)
+        for t, ((r, _), a) in enumerate(zip(att_steps, _to_host_steps([a for _, a in att_steps]))):
+            full[r, t] = a
         cross = [full[i, :n_out[i]][:, src_h[i] != PAD] for i in range(n)]
     return DecodeResult(tokens_out, scores.tolist(), cross)
 
@@ -250,7 +265,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
     """Beam search with the length penalty of section 6.1, batched over sentences.
 
     Inputs are those of :func:`greedy_decode`, plus ``beam_size`` (K, the paper's
-    4) and ``alpha`` (the paper's 0.6). The B sentences' beams are one flat batch
+    4) and ``alpha`` (the paper's 0.6, at least 0). The B sentences' beams are one flat batch
     of rows (``B*K`` at most); after each step the cache is reordered to the
     surviving beams' parents with :meth:`DecodeState.select`.
 
@@ -261,6 +276,8 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
     """
     if not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_search: beam_size must be a positive integer, got {beam_size!r}")
+    if not alpha >= 0:
+        raise ValueError(f"beam_search: alpha must be >= 0 (the stopping rule relies on it), got {alpha!r}")
     np = B.host
     xp = model.xp
     K = beam_size
@@ -269,7 +286,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
     stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention)
     n, T_max = src_h.shape[0], int(limits.max())
     finished = [[] for _ in range(n)]           # per sentence: (score, -order, tokens, (step, row))
-    n_fin = np.zeros(n, dtype=np.int64)
+    best_fin = np.full(n, -np.inf)               # per sentence: the best finished score so far
     live = np.arange(n)                          # sentence of each live beam group
     W = 1                                        # beams per live sentence: 1 at the start, then K
                                                  # (fewer while K exceeds the candidates)
@@ -304,9 +321,9 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         length = t + 1
         # An EOS among the first K candidates finishes a hypothesis.
         for i, c in zip(*np.nonzero(is_eos[:, :K] & np.isfinite(s[:, :K]))):
-            finish(live[i], hist[parent[i, c]].tolist(), s[i, c] / length_penalty(length, alpha),
-                   t, parent[i, c])
-            n_fin[live[i]] += 1
+            score = s[i, c] / length_penalty(length, alpha)
+            finish(live[i], hist[parent[i, c]].tolist(), score, t, parent[i, c])
+            best_fin[live[i]] = max(best_fin[live[i]], score)
         # The first K other candidates are the next beams (an EOS that must fill in is dead).
         pick = np.argsort(is_eos, axis=1, kind="stable")[:, :K]                  # (n_live, Wn), Wn = min(K, C)
         Wn = pick.shape[1]
@@ -321,7 +338,10 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
                 if np.isfinite(new_s[i, k]):
                     finish(live[i], hist[i * Wn + k].tolist(), new_s[i, k] / length_penalty(length, alpha),
                            t, new_parent[i, k])
-        keep = ~(at_limit | (n_fin[live] >= K))
+        # The best any live beam can still reach: its log P (which only falls) over the largest lp.
+        bound = new_s.max(axis=1) / length_penalty(limits[live], alpha)
+        done = np.isfinite(best_fin[live]) & (bound <= best_fin[live])  # a tie cannot win: earlier ranks first
+        keep = ~(at_limit | done)
         if not keep.any():
             break
         live = live[keep]

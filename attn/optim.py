@@ -18,11 +18,19 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> 
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
-def clip_grad_norm(grads: dict, max_norm: float) -> float:
+def clip_grad_norm(grads: dict, max_norm: float, sync: bool = True):
     """Scale every gradient in place so that their global L2 norm is at most
-    ``max_norm``. Returns the norm before clipping (one host sync)."""
+    ``max_norm``. Returns the norm before clipping: a Python float (one host sync), or
+    with ``sync=False`` a 0-d array on the device, the decision to scale taken there too
+    (the same numbers: a gradient that is not clipped is multiplied by exactly 1)."""
     xp = B.get_array_module(next(iter(grads.values())))
     total = xp.sqrt(sum((g.astype(xp.float64) ** 2).sum() for g in grads.values()))
+    if not sync:
+        if max_norm > 0:
+            scale = xp.where(total > max_norm, max_norm / (total + 1e-6), 1.0)      # 0-d, float64
+            for g in grads.values():
+                g *= scale.astype(g.dtype)
+        return total
     norm = float(total)
     if max_norm > 0 and norm > max_norm:
         scale = max_norm / (norm + 1e-6)

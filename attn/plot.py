@@ -3,9 +3,16 @@
 Each function draws on its own ``Figure`` with an Agg canvas instead of going
 through ``pyplot``: nothing global changes, so importing this module never
 switches the backend of a program that has its own plots open.
+
+The lessons share two helpers from here: :func:`lesson_output_dir` (one folder,
+anchored at the repository root whatever the working directory, that git
+ignores) and :func:`show_figure` (save the figure there, and show it inline
+when the lesson runs as a notebook or in an interactive window).
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -19,6 +26,70 @@ def _save(fig: Figure, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def repository_root() -> Path | None:
+    """The attn checkout this package was imported from (the folder holding ``attn/``
+    and ``lessons/``), or, for an installed copy, the nearest folder above the working
+    directory that holds ``lessons/`` and ``setup.cfg``; None if there is neither."""
+    here = Path(__file__).resolve().parent.parent
+    if (here / "lessons").is_dir():
+        return here
+    for d in (Path.cwd(), *Path.cwd().parents):
+        if (d / "lessons").is_dir() and (d / "setup.cfg").is_file():
+            return d
+    return None
+
+
+def lesson_output_dir() -> Path:
+    """Where the lessons write figures and runs: ``$ATTN_LESSONS_OUT`` if set, else
+    ``<repository root>/lessons/out`` (listed in ``.gitignore``), the same folder
+    whether a lesson is started from the root, from ``lessons/`` or from a notebook
+    server anywhere. Outside a checkout: ``./attn-lessons-out``. Created if missing."""
+    env = os.environ.get("ATTN_LESSONS_OUT")
+    if env:
+        out = Path(env).expanduser().resolve()
+    else:
+        root = repository_root()
+        out = root / "lessons" / "out" if root is not None else Path.cwd() / "attn-lessons-out"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (a notebook, VS Code's interactive window, nbclient)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def show_figure(fig, name: str, dpi: int = 110, **savefig_kwargs) -> Path:
+    """Save a lesson's figure as ``lesson_output_dir() / name`` and show it.
+
+    ``fig`` is a matplotlib ``Figure``, or the path of an image already written (by
+    :func:`plot_attention` or :func:`plot_loss_curve`), which is then only shown.
+    In a notebook or interactive window the image appears inline below the cell;
+    run as a script, the file is the output. A pyplot figure is closed afterwards,
+    so a long lesson does not pile up open figures. Prints and returns the path."""
+    if isinstance(fig, (str, Path)):
+        path = Path(fig)
+        if _in_notebook():
+            from IPython.display import Image, display
+            display(Image(filename=str(path)))
+    else:
+        path = lesson_output_dir() / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
+            FigureCanvasAgg(fig)
+        fig.savefig(path, dpi=dpi, **savefig_kwargs)
+        if _in_notebook():
+            from IPython.display import display
+            display(fig)
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is not None:
+            pyplot.close(fig)
+    print("saved", path)
     return path
 
 

@@ -44,11 +44,10 @@
 import os, sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # tiny matrices: BLAS threads only add overhead
 import time
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -280,8 +279,7 @@ ax[2].set_xticks(np.arange(0, L_MAX, 2))
 ax[2].axhline(1 / N_SYM, color="gray", ls=":")
 ax[2].set(xlabel=f"output position (length {L_MAX}); source position = {L_MAX - 1} - this",
           ylabel="token accuracy", ylim=(0, 1.05), title="which tokens are lost: the oldest ones")
-fig.tight_layout(); fig.savefig(OUT / "01_accuracy_vs_length.png", dpi=110); plt.close(fig)
-print("saved", OUT / "01_accuracy_vs_length.png")
+fig.tight_layout(); show_figure(fig, "01_accuracy_vs_length.png")
 
 # %% [markdown]
 # **What to notice.**
@@ -321,3 +319,20 @@ assert long_ > 1.5 / N_SYM, f"long sequences should still beat chance: {long_:.2
 first, last = pos_acc[:3].mean(), pos_acc[-3:].mean()
 assert first > last + 0.3, f"the oldest source tokens should be the ones lost: {first:.2f} vs {last:.2f}"
 print(f"Check passed in {time.time() - T0:.1f} s.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write the layers this lesson used: `linear`, `embedding` (repeated ids must
+# accumulate), the tanh cell `rnn_step` and its unrolling `rnn` with backpropagation
+# through time yourself. The starter `lessons/exercises/01_seq2seq.py` has the
+# signatures, and the shapes and formulas in its docstrings; its bodies raise
+# `NotImplementedError`. Fill them in, then grade your work:
+#
+#     attn-check lessons/exercises/01_seq2seq.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

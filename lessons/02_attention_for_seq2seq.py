@@ -47,11 +47,10 @@
 import os, sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # tiny matrices: BLAS threads only add overhead
 import time
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 from typing import NamedTuple
 
@@ -135,15 +134,15 @@ def luong_attention_backward(dout, cache: LuongCache):
     ``ds += dscores @ e``, ``de += dscores.T @ s``.
 
     Returns: ds (B, T, H), de (B, S, H), dw_c (2H, H), db_c (H,)."""
-    s, e, c_soft, c_lin, out = cache
-    a = c_soft.y
+    s, e, out = cache.s, cache.e, cache.out
+    a = cache.soft.y
     Hs = s.shape[-1]
     dz = dout * (1 - out * out)
-    dcat, dw_c, db_c = linear_backward(dz, c_lin)              # (B, T, 2H)
+    dcat, dw_c, db_c = linear_backward(dz, cache.lin)              # (B, T, 2H)
     dctx, ds = dcat[..., :Hs], dcat[..., Hs:].copy()
     da = dctx @ e.transpose(0, 2, 1)                           # (B, T, S)
     de = a.transpose(0, 2, 1) @ dctx                           # (B, S, H)   e as the values
-    dscores = softmax_backward(da, c_soft)                     # (B, T, S)   masked entries: a = 0 -> 0
+    dscores = softmax_backward(da, cache.soft)                    # (B, T, S)   masked entries: a = 0 -> 0
     ds += dscores @ e                                          # s as the query
     de += dscores.transpose(0, 2, 1) @ s                       # e as the keys
     return ds, de, dw_c, db_c
@@ -165,7 +164,8 @@ gc_errors = check_layer("luong_attention", luong_attention_forward, luong_attent
                         ["s", "e", "w_c", "b_c"])
 print("gradient check, relative errors:", {k: f"{v:.1e}" for k, v in gc_errors.items()})
 _, gc_cache = luong_attention_forward(**gc_args)
-de_pad = luong_attention_backward(np.ones((Bc, Tc, Hc)), gc_cache)[1][1, 3:]
+_, de_gc, _, _ = luong_attention_backward(np.ones((Bc, Tc, Hc)), gc_cache)
+de_pad = de_gc[1, 3:]                                          # row 1 has 3 real source tokens
 print("gradient reaching the padded encoder states of row 1:", np.abs(de_pad).max())
 
 # %% [markdown]
@@ -382,8 +382,7 @@ ax[1].set(xlabel="source position i (token)", ylabel="output step t (token)",
 ax[1].set_xticks(range(L_ex), [f"{i}\n({s})" for i, s in enumerate(ex_src[0])], fontsize=7)
 ax[1].set_yticks(range(L_ex), [f"{t} ({y})" for t, y in enumerate(ex_out[0])], fontsize=7)
 fig.colorbar(im, ax=ax[1], fraction=0.046)
-fig.tight_layout(); fig.savefig(OUT / "02_attention_vs_bottleneck.png", dpi=110); plt.close(fig)
-print("saved", OUT / "02_attention_vs_bottleneck.png")
+fig.tight_layout(); show_figure(fig, "02_attention_vs_bottleneck.png")
 
 # %% [markdown]
 # **What to notice.**
@@ -422,7 +421,7 @@ assert max(gc_errors.values()) < 1e-6, gc_errors
 assert max(model_errors.values()) < 1e-6, model_errors
 assert np.abs(de_pad).max() == 0.0, "padded encoder states must receive no gradient through the attention"
 assert same_as_library, "Luong dot attention should equal attention_forward with q scaled by sqrt(d_k)"
-# Quick mode trains for a third as long: the attention has only just "clicked", so
+# Quick mode trains for fewer steps (STEPS above): the attention has only just "clicked", so
 # its thresholds are lower (and leave room for a different BLAS taking a slightly
 # different path through training).
 need, floor, focus = (0.2, 0.4, 0.4) if QUICK else (0.5, 0.8, 0.7)

@@ -27,11 +27,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -199,8 +198,7 @@ im = ax[1].imshow(sim, cmap="viridis", interpolation="nearest")
 ax[1].set_xlabel("position q"); ax[1].set_ylabel("position p")
 ax[1].set_title("PE(p) . PE(q): depends only on p - q")
 fig.colorbar(im, ax=ax[1], fraction=0.046)
-fig.tight_layout(); fig.savefig(OUT / "03_positional_heatmap.png", dpi=110); plt.close(fig)
-print("saved", OUT / "03_positional_heatmap.png")
+fig.tight_layout(); show_figure(fig, "03_positional_heatmap.png")
 
 # %% [markdown]
 # Left (red is -1, white 0, blue +1): the first few dozen columns, the fast pairs,
@@ -300,11 +298,13 @@ ax.set_xlabel("pair i (frequency w_i = 10000^(-2i/128))")
 ax.set_ylabel("max |X A - Y| (least squares)")
 ax.set_title(f"one 2x2 map fits PE(p+k) from PE(p) at all {N_pos} positions")
 ax.legend(fontsize=8); fig.tight_layout()
-fig.savefig(OUT / "03_linear_shift_residual.png", dpi=110); plt.close(fig)
-print("saved", OUT / "03_linear_shift_residual.png")
+show_figure(fig, "03_linear_shift_residual.png")
+all_resid = np.concatenate(list(resid_by_k.values()))
+print(f"residuals range from {all_resid.min():.1e} to {all_resid.max():.1e}; pair 0 (angle pos / 1, an exact "
+      f"integer): at most {max(r[0] for r in resid_by_k.values()):.1e}")
 
 # %% [markdown]
-# The residuals sit between 1e-16 and a few 1e-14: float64 rounding, nothing else.
+# The residuals (their range is printed above) are float64 rounding, nothing else.
 # Even their pattern is explained by rounding. The table is computed from the angle
 # `pos / 10000^(2i/d_model)`, which is itself rounded to a relative 1e-16, so its
 # sine is off by about `|angle| * 1e-16`: a few 1e-14 for the fast pairs whose
@@ -339,3 +339,19 @@ assert worst_rot < 1e-8, f"the fitted map is not the rotation by w*k: {worst_rot
 assert max(block_err.values()) < 1e-11
 print("Check passed: the table matches the formula; PE(pos+k) = PE(pos) @ M_k with residual "
       f"{worst_resid:.1e}; the one wrong seed entry is PE[4, 0] (printed -0.756, true {np.sin(4):.4f}).")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `sinusoidal_table` and the `positional` layer yourself. The starter
+# `lessons/exercises/03_positional_encoding.py` has the signatures, and the shapes and
+# formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then
+# grade your work:
+#
+#     attn-check lessons/exercises/03_positional_encoding.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -19,16 +19,14 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
 from attn.layers import attention_forward, softmax_backward, softmax_forward
-from attn.layers.softmax import SoftmaxCache
 from attn.masks import padding_mask
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
@@ -287,18 +285,19 @@ for i in range(5):
         ax[2].text(j, i, f"{weights[i, j]:.3f}", ha="center", va="center", fontsize=7)
 ax[2].set_title("the notes' example: weights (pad column = 0)")
 fig.colorbar(im, ax=ax[2], fraction=0.04)
-fig.tight_layout(); fig.savefig(OUT / "04_attention_scale.png", dpi=110); plt.close(fig)
-print("saved", OUT / "04_attention_scale.png")
+fig.tight_layout(); show_figure(fig, "04_attention_scale.png")
+print("scaled / unscaled median gradient: " + ", ".join(
+    f"d_k = {dk}: {grad_scaled[dks.index(dk)] / grad_unscaled[dks.index(dk)]:.0f} x" for dk in (64, 256, 512)))
 
 # %% [markdown]
 # Left: the variance follows the dotted line `d_k` exactly; the scaled one is flat
 # at 1. Middle: without the scale the gradient through the softmax falls by orders
 # of magnitude as `d_k` grows (the weights go one-hot: the table's "max weight"
 # climbs to 1), while with the scale it does not depend on `d_k` at all, because
-# the scaled logits have the same distribution for every `d_k`. At the paper's head
-# size `d_k = 64` the unscaled gradient is already a few times smaller, at 256 tens
-# of times, and at `d_k = 512` (one head as wide as the base model) hundreds of
-# times: essentially gone. (For small `d_k` the unscaled curve sits slightly *above* the
+# the scaled logits have the same distribution for every `d_k`. How much smaller the
+# unscaled gradient is at the paper's head size `d_k = 64`, at 256, and at `d_k = 512`
+# (one head as wide as the base model) is printed below the figure: at 512 it is
+# essentially gone. (For small `d_k` the unscaled curve sits slightly *above* the
 # scaled one: a moderately peaked softmax passes more gradient than a nearly flat
 # one. The scale is not there to maximise the gradient, but to keep the logits'
 # spread, and so the softmax's regime, the same for every head size.) Right: the
@@ -329,3 +328,20 @@ assert max(grad_scaled) / min(grad_scaled) < 1.5, "scaled softmax gradient shoul
 print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
       f"[{min(np.divide(var_dot, dks)):.3f}, {max(np.divide(var_dot, dks)):.3f}], and at d_k = 512 the unscaled "
       f"softmax gradient is {grad_unscaled[i512] / grad_scaled[i512]:.1e} of the scaled one.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write the masked `softmax` (stable for logits of 1e4, zeros on a fully masked row)
+# and scaled dot-product `attention`, forward and backward yourself. The starter
+# `lessons/exercises/04_attention.py` has the signatures, and the shapes and formulas in
+# its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
+# work:
+#
+#     attn-check lessons/exercises/04_attention.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

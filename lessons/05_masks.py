@@ -29,11 +29,12 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -174,8 +175,7 @@ for a, (img, rows, cols, title) in zip(ax, panels):
             a.text(j, i, ("T" if img[i, j] else "F") if is_mask else f"{img[i, j]:.2f}",
                    ha="center", va="center", fontsize=8, color="black")
 ax[0].set_ylabel("query")
-fig.tight_layout(); fig.savefig(OUT / "05_masks.png", dpi=110); plt.close(fig)
-print("saved", OUT / "05_masks.png")
+fig.tight_layout(); show_figure(fig, "05_masks.png")
 
 # %% [markdown]
 # Green is True, "may attend". Notice in the decoder mask that the `[pad]` *query*
@@ -215,6 +215,14 @@ def init_params(seed):
     return p
 
 
+class Caches(NamedTuple):
+    """The four layers' caches, by name: emb, pos, att (a MultiHeadCache), out."""
+    emb: object
+    pos: object
+    att: object
+    out: object
+
+
 def forward(p, ids, mask):
     """ids (B, T) -> logits (B, T, V), caches."""
     e, c_emb = embedding_forward(ids, p["emb"], np.sqrt(D))          # (B, T, D)
@@ -222,12 +230,12 @@ def forward(p, ids, mask):
     a, c_att = multi_head_attention_forward(x, x, p["w_q"], p["b_q"], p["w_k"], p["b_k"], p["w_v"], p["b_v"],
                                             p["w_o"], p["b_o"], H, mask)   # (B, T, D)
     logits, c_out = linear_forward(a, p["w_out"], p["b_out"])         # (B, T, V)
-    return logits, (c_emb, c_pos, c_att, c_out)
+    return logits, Caches(c_emb, c_pos, c_att, c_out)
 
 
 def backward(dlogits, caches):
     """The forward in reverse; self-attention's x fed both the queries and the keys/values."""
-    c_emb, c_pos, c_att, c_out = caches
+    c_emb, c_pos, c_att, c_out = caches.emb, caches.pos, caches.att, caches.out
     g = {}
     da, g["w_out"], g["b_out"] = linear_backward(dlogits, c_out)
     (dxq, dxkv, g["w_q"], g["b_q"], g["w_k"], g["b_k"], g["w_v"], g["b_v"],
@@ -276,6 +284,8 @@ print(f"training loss, mean of the last 20 steps: with mask {loss_masked[-20:].m
       f"without {loss_open[-20:].mean():.4f}")
 show("held-out loss per position (position t predicts token t+1)",
      np.stack([pos_masked, pos_open]), ["with causal_mask", "without mask"], [f"t={t}" for t in range(T)])
+print(f"without the mask: last position {pos_open[-1]:.2f}, divided over the {T} positions "
+      f"{pos_open[-1] / T:.2f}; the other positions add {pos_open[:-1].sum() / T:.2f}")
 
 # %% [markdown]
 # With the mask the loss sits at `log 16 = 2.77` at every position: the model
@@ -284,7 +294,8 @@ show("held-out loss per position (position t predicts token t+1)",
 # nothing to copy (its answer `s_8` is not in the input) and is actually *worse*
 # than uniform: the cheating model is confident about the wrong thing. That last
 # position is also why the unmasked *training* loss (an average over all eight
-# positions) levels off near `3.2 / 8 ~ 0.4` instead of reaching 0.
+# positions) levels off near the last position's loss divided by `T` (printed above)
+# instead of reaching 0.
 #
 # The cheating model would be useless at translation time: there the decoder
 # generates one token at a time, and the token at `t + 1` does not exist yet when
@@ -298,8 +309,8 @@ show("held-out loss per position (position t predicts token t+1)",
 probe = np.random.default_rng(3).integers(0, V, (1, T))
 _, c_open = forward(p_open, probe, None)
 _, c_mask = forward(p_masked, probe, causal_mask(T, np))
-w_open = c_open[2].attn.weights[0]                                    # (H, T, T)
-w_mask = c_mask[2].attn.weights[0]
+w_open = c_open.att.attn.weights[0]                                    # (H, T, T)
+w_mask = c_mask.att.attn.weights[0]
 next_weight = np.array([[w_open[h, t, t + 1] for t in range(T - 1)] for h in range(H)])   # (H, T-1)
 best = int(next_weight.mean(1).argmax())
 print("weight each head of the unmasked model puts on key t+1, per query t:")
@@ -323,8 +334,7 @@ im = ax[2].imshow(w_open[best], cmap="Blues", vmin=0, vmax=1)
 ax[2].set_xlabel("key position"); ax[2].set_ylabel("query position")
 ax[2].set_title(f"unmasked model, head {best}: query t reads key t+1")
 fig.colorbar(im, ax=ax[2], fraction=0.046)
-fig.tight_layout(); fig.savefig(OUT / "05_cheating.png", dpi=110); plt.close(fig)
-print("saved", OUT / "05_cheating.png")
+fig.tight_layout(); show_figure(fig, "05_cheating.png")
 
 # %% [markdown]
 # ### The invariant behind the mask
@@ -382,3 +392,19 @@ assert exact, "with the look-ahead mask, later tokens changed earlier outputs"
 assert min(leak) > 1e-3, "without the mask, later tokens should change earlier outputs"
 print(f"Check passed: masked loss {pos_masked.mean():.3f} ~ log V = {logV:.3f}; unmasked loss at positions "
       f"0..{T - 2} {pos_open[:-1].mean():.3f}; causality invariant exact.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `padding_mask` and the look-ahead `causal_mask` yourself. The starter
+# `lessons/exercises/05_masks.py` has the signatures, and the shapes and formulas in its
+# docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
+# work:
+#
+#     attn-check lessons/exercises/05_masks.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -30,11 +30,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -280,8 +279,7 @@ single = wp.mean(0)                                             # what averaging
 a.imshow(single, cmap="Blues", vmin=0, vmax=1)
 a.set_title("the four heads' weights averaged: what one head\nmixing these positions would have to do", fontsize=10)
 a.set_xlabel("key position"); a.set_ylabel("query position")
-fig.tight_layout(); fig.savefig(OUT / "06_multi_head.png", dpi=110); plt.close(fig)
-print("saved", OUT / "06_multi_head.png")
+fig.tight_layout(); show_figure(fig, "06_multi_head.png")
 
 # %% [markdown]
 # Top row: each head has a single sharp diagonal, shifted by its own offset (rows
@@ -312,3 +310,19 @@ assert [r[6] for r in rows] == [h * n_tok * n_tok for h in hs]
 assert all(hits.values()), hits
 print(f"Check passed: loop == reshape (forward {fwd_diff:.1e}, backward {max(bwd_diff.values()):.1e}); "
       f"{h1[2]:,} weights and {h1[3] + h1[4] + h1[5]:,} multiply-adds for every h in {hs}.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `split_heads`, `merge_heads` and multi-head attention, forward and backward
+# yourself. The starter `lessons/exercises/06_multi_head_attention.py` has the
+# signatures, and the shapes and formulas in its docstrings; its bodies raise
+# `NotImplementedError`. Fill them in, then grade your work:
+#
+#     attn-check lessons/exercises/06_multi_head_attention.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -41,11 +41,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -199,8 +198,7 @@ ax[0].set_xlabel("block (1 = bottom)"); ax[0].set_ylabel("|dL/dx| at the block's
 ax[0].set_title(f"gradient at initialisation, {L} FFN blocks"); ax[0].legend(fontsize=8)
 ax[1].set_xlabel("block (1 = bottom)"); ax[1].set_ylabel("std of the block's input")
 ax[1].set_title("forward activations"); ax[1].legend(fontsize=8)
-fig.tight_layout(); fig.savefig(OUT / "07_gradient_flow.png", dpi=110); plt.close(fig)
-print("saved", OUT / "07_gradient_flow.png")
+fig.tight_layout(); show_figure(fig, "07_gradient_flow.png")
 
 # %% [markdown]
 # Read the left panel from right (top of the stack, where the loss is) to left
@@ -309,8 +307,7 @@ ax[0].set_xlabel("padded length T (A has 5 real tokens)"); ax[0].set_ylabel("max
 ax[0].set_title("(a) only the padding changes"); ax[0].legend()
 ax[1].set_xlabel("batch number (different batch-mates)"); ax[1].set_title("(b) only the batch-mates change")
 ax[1].legend()
-fig.tight_layout(); fig.savefig(OUT / "07_layer_vs_batch_norm.png", dpi=110); plt.close(fig)
-print("saved", OUT / "07_layer_vs_batch_norm.png")
+fig.tight_layout(); show_figure(fig, "07_layer_vs_batch_norm.png")
 
 # %% [markdown]
 # * **Naive batch norm** changes A's representation just because the batch got
@@ -349,3 +346,20 @@ assert max(pad_diff["batch norm (naive)"]) > 0.1 and max(mate_diff["batch norm (
 assert max(pad_diff["batch norm (masked)"]) < 1e-12
 print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs residual {grad['residual only'][0]:.1e} "
       f"vs post-norm {grad['post-norm'][0]:.1e}; predicted slopes match; layer norm batch-independent, batch norm not.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write `relu`, the feed-forward network, `layer_norm`, and Add & Norm around the
+# network (`residual_ffn`), forward and backward yourself. The starter
+# `lessons/exercises/07_feed_forward_layer_norm.py` has the signatures, and the shapes
+# and formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in,
+# then grade your work:
+#
+#     attn-check lessons/exercises/07_feed_forward_layer_norm.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -28,11 +28,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -128,8 +127,8 @@ args_ln = {"x": rng.standard_normal((3, 4 if QUICK else 6, Dl)) * 2 + 1,
 
 
 def layer_norm_backward_broken(dout, cache):
-    xhat, rstd, gamma = cache
-    g = dout * gamma
+    xhat, rstd = cache.xhat, cache.rstd
+    g = dout * cache.gamma
     dx = rstd * (g - g.mean(axis=-1, keepdims=True))            # forgot "- xhat * mean(g * xhat)"
     return dx, (dout * xhat).reshape(-1, Dl).sum(0), dout.reshape(-1, Dl).sum(0)
 
@@ -164,7 +163,7 @@ args_att = {"q": rng.standard_normal((Bq, Hq, Tq, dk)), "k": rng.standard_normal
 
 
 def attention_backward_broken(dout, cache):
-    q, k, v, w, _, scale = cache
+    q, k, v, w = cache.q, cache.k, cache.v, cache.weights
     dvv = w.swapaxes(-1, -2) @ dout
     ds = softmax_backward(dout @ v.swapaxes(-1, -2), SoftmaxCache(w))     # forgot "* scale"
     return ds @ k, ds.swapaxes(-1, -2) @ q, dvv
@@ -202,7 +201,8 @@ for n in "qkvo":
     mha_args["b_" + n] = rng.standard_normal(Dm)
 out, cache = multi_head_attention_forward(**mha_args)
 dout = rng.standard_normal(out.shape)
-db_k = multi_head_attention_backward(dout, cache)[5]            # order: dx_q, dx_kv, dw_q, db_q, dw_k, db_k, ...
+(dx_q, dx_kv, dw_q, db_q, dw_k, db_k,
+ dw_v, db_v, dw_o, db_o) = multi_head_attention_backward(dout, cache)    # in the order of the forward's inputs
 num_db_k = numerical_gradient_of(multi_head_attention_forward, mha_args, "b_k", dout)
 naive = np.linalg.norm(db_k - num_db_k) / (np.linalg.norm(db_k) + np.linalg.norm(num_db_k))
 fmt = {"float_kind": lambda v: f"{v: .1e}"}
@@ -214,9 +214,11 @@ check_and_report("multi_head_attention", multi_head_attention_forward, multi_hea
                  mha_args, mha_wrt)
 
 # %% [markdown]
-# (In the library's model the key bias is kept anyway, as in the paper's reference
-# code: it is harmless, and its gradient being zero is a fact about softmax, not a
-# bug in backward.)
+# (The paper's reference code, tensor2tensor, gives its attention projections no
+# bias at all. The library keeps one on every projection, as PyTorch's
+# `nn.MultiheadAttention` does by default: it is harmless, the query, value and
+# output biases do learn, and the key bias's gradient being zero is a fact about
+# softmax, not a bug in backward.)
 #
 # ## 5. Why float64, and why central differences
 #
@@ -289,8 +291,7 @@ for (dt, m), errs in sweep.items():
 ax[1].axhline(1e-3, color="k", ls="--", lw=1)
 ax[1].set_xlabel("step h"); ax[1].set_ylabel("rel_error(analytic, numerical)")
 ax[1].set_title("softmax: truncation error (right) vs rounding error (left)"); ax[1].legend(fontsize=8)
-fig.tight_layout(); fig.savefig(OUT / "08_gradient_checks.png", dpi=110); plt.close(fig)
-print("saved", OUT / "08_gradient_checks.png")
+fig.tight_layout(); show_figure(fig, "08_gradient_checks.png")
 
 # %% [markdown]
 # Left: the green bars (every argument of every correct backward) sit around 1e-10,
@@ -335,3 +336,20 @@ assert min(sweep["float64", "central"]) < 1e-9 and min(sweep["float32", "central
 assert sweep["float64", "central"][i6] < 1e-8 and sweep["float32", "central"][i6] > 1e-2
 print(f"Check passed: {len(corr)} correct gradients, largest rel error {max(corr.values()):.1e}; "
       f"broken backwards caught with errors {', '.join(f'{v:.1e}' for v in bad.values() if v > 1e-3)}.")
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write the three backward passes derived above (softmax, layer norm, attention),
+# against the library's forwards and caches yourself. The starter
+# `lessons/exercises/08_backprop_by_hand.py` has the signatures, and the shapes and
+# formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then
+# grade your work:
+#
+#     attn-check lessons/exercises/08_backprop_by_hand.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -26,11 +26,10 @@
 
 # %%
 import os, sys
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import math
 
@@ -152,9 +151,44 @@ print(f"\nmax |ours - library|: memory {diff_memory:.1e}, logits {diff_logits:.1
 #   place where the two meet, as a `T x S` matrix.
 #
 # The hand-written pass agrees with `Transformer.forward` to rounding, so the table
-# *is* the library's model. (`Transformer.attention_weights(cache)` returns the
+# *is* the library's model.
+#
+# **Two slips in the study notes, and what the code says.**
+#
+# * Seed 000 lists the decoder's three sub-layers as masked self-attention,
+#   "Multi-Head Self-Attention" and the FFN. The second one is not self-attention:
+#   it is **encoder-decoder attention** (section 3.2.3), with queries from the
+#   decoder and keys and values from the encoder's output. Its weights are a
+#   `T x S` matrix, target rows against source columns (printed below), and changing
+#   only the source changes its output while the decoder's first sub-layer, the
+#   masked self-attention, does not notice.
+# * Seed 001 says the input embedding, the *positional* embedding and the
+#   pre-softmax linear layer share one weight matrix. Section 3.4 shares the matrix
+#   between the two embedding layers (source and target) and the pre-softmax
+#   projection. The positional encoding is not a weight matrix at all: the sinusoids
+#   have no parameters, and with learned positions (Table 3, row E) each stack gets
+#   its own table, separate from the word embedding. The parameter names below say so. (`Transformer.attention_weights(cache)` returns the
 # same weight arrays by name; lesson 13 looks at them after training.)
 #
+# %%
+w_a = Transformer.attention_weights(cache)                        # the forward pass above
+print(f"decoder layer 0, second sub-layer: weights {tuple(w_a['decoder.0.cross_attn'].shape)} = (B, H, T, S) with "
+      f"T = {tgt_in.shape[1]} target and S = {src.shape[1]} source positions: encoder-decoder attention")
+other_src = np.roll(src, 1, axis=0)                               # the same targets, other sentences' sources
+w_b = Transformer.attention_weights(model.forward(other_src, tgt_in)[1])
+self_same = np.array_equal(w_a["decoder.0.self_attn"], w_b["decoder.0.self_attn"])
+cross_same = np.array_equal(w_a["decoder.0.cross_attn"], w_b["decoder.0.cross_attn"])
+print(f"another source: decoder layer 0 self-attention unchanged: {self_same}; cross-attention unchanged: {cross_same}")
+positional_names = {name: [k for k in parameter_shapes(TransformerConfig(vocab_size=100, d_model=8, n_heads=2,
+                                                                           positional=name))
+                           if "embedding" in k or "pos" in k or "generator" in k]
+                    for name in ("sinusoidal", "learned")}
+for name, keys in positional_names.items():
+    print(f"{name:>10} positions: embedding and position parameters {keys}")
+assert w_a["decoder.0.cross_attn"].shape[-1] == src.shape[1] and self_same and not cross_same
+assert positional_names["sinusoidal"] == ["embedding.weight"], "sinusoids must have no parameters"
+
+# %% [markdown]
 # ## 2. Counting parameters: the base model's "65M"
 #
 # Per encoder layer there is one attention block (four `D x D` matrices `W^Q, W^K,
@@ -324,8 +358,7 @@ ax[1].set_ylim(len(rows) - 0.5, -1.3); ax[1].set_xlim(0, 60)
 ax[1].set_xlabel("embedding rows that make the paper's count (thousands)")
 ax[1].set_title("(paper's count - library's layers) / d_model:\n"
                 "base family ~41k rows, big model ~36k")
-fig.tight_layout(); fig.savefig(OUT / "09_parameters.png", dpi=110); plt.close(fig)
-print("saved", OUT / "09_parameters.png")
+fig.tight_layout(); show_figure(fig, "09_parameters.png")
 
 # %% [markdown]
 # Left: where the base model's parameters live. The feed-forward networks hold

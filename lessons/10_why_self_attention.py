@@ -35,11 +35,10 @@ import os, sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # one core: timings comparable, BLAS threads out of the way
 import math
 import time
-from pathlib import Path
-import matplotlib; matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
-OUT = Path(os.environ.get("ATTN_LESSONS_OUT", "lessons/out")); OUT.mkdir(parents=True, exist_ok=True)
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
 import numpy as np
 
@@ -440,8 +439,7 @@ a.semilogy(dist, g_rnn + 1e-300, color="C1", label="recurrent")
 a.set(xlabel="distance from the last position", ylabel="|d out_last / d x_i|",
       title=f"gradient from the last output, n = {n_grad}", ylim=(max(1e-30, g_rnn.min() + 1e-300), None))
 a.legend(fontsize=8)
-fig.tight_layout(); fig.savefig(OUT / "10_why_self_attention.png", dpi=110); plt.close(fig)
-print("saved", OUT / "10_why_self_attention.png")
+fig.tight_layout(); show_figure(fig, "10_why_self_attention.png")
 
 # %% [markdown]
 # Table 1 again, with our measurements in place of the orders, for `n = 64` (and

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import attn
 import attn.backend as B
-from strategies import normals, token_ids
+from attn.testing import normals, token_ids
 
 ATTN_DIR = Path(attn.__file__).resolve().parent
 FORBIDDEN = ("numpy", "cupy", "cupyx")
@@ -135,6 +135,7 @@ def test_asking_for_unavailable_cupy_says_what_is_missing_and_how_to_fix_it(fres
 
 
 def test_missing_cupy_error_even_where_cupy_is_installed(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "cupy_modules", None)     # not the stand-in (ATTN_BACKEND=fakecupy)
     monkeypatch.setitem(sys.modules, "cupy", None)      # makes `import cupy` raise ImportError
     assert not fresh.cupy_available()
     with pytest.raises(B.BackendError, match=r"CuPy is not installed.*pip install -e \.\[gpu\]"):
@@ -142,6 +143,7 @@ def test_missing_cupy_error_even_where_cupy_is_installed(fresh, monkeypatch):
 
 
 def test_auto_falls_back_to_numpy_without_a_gpu(fresh, monkeypatch):
+    monkeypatch.setattr(fresh, "cupy_modules", None)
     monkeypatch.setitem(sys.modules, "cupy", None)
     assert fresh.set_backend("auto") is np
     assert fresh.get_backend() == "numpy"
@@ -226,3 +228,85 @@ def test_device_rng_draws_on_the_selected_backend(backend):
     first, second = r.random((100,)), r.random((100,))
     assert B.get_array_module(first) is backend
     assert not np.array_equal(B.to_host(first), B.to_host(second))     # a stream, not a constant
+
+# ----------------------------------------------------------------------------- real CuPy, no GPU
+# CI installs cupy-cuda12x (the `gpu-ci` extra) on machines without a GPU: these prove, with the
+# real library, what a user with CuPy installed but no usable GPU sees.
+
+
+@pytest.fixture
+def real_cupy_no_gpu(fresh, monkeypatch):
+    """The backend module, fresh, on a machine where the real CuPy imports but no GPU is usable."""
+    monkeypatch.setattr(fresh, "cupy_modules", None)      # the real library even under ATTN_BACKEND=fakecupy
+    try:
+        import cupy  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"cupy-cuda12x is not installed ({type(e).__name__}); CI installs it with .[gpu-ci]")
+    if B.cupy_available():
+        pytest.skip("a GPU is usable here: these check the machine without one")
+    assert B.cupy_modules is None                       # the real library, not the stand-in
+    return fresh
+
+
+def test_real_cupy_without_a_gpu_auto_falls_back_to_numpy_and_says_why(real_cupy_no_gpu):
+    B = real_cupy_no_gpu
+    with pytest.warns(B.BackendWarning, match=r"backend auto: using NumPy, because CuPy imports, but no GPU "
+                                              r"is usable \(\w+"):
+        assert B.set_backend("auto") is np
+    assert B.get_backend() == "numpy" and B.xp() is np
+    assert B.describe().startswith("numpy (auto: CuPy imports, but no GPU is usable (")
+    B.set_backend("numpy")
+    assert B.describe() == "numpy"                       # the reason goes with the auto choice
+
+
+@pytest.mark.parametrize("how", ["call", "env"])
+def test_real_cupy_without_a_gpu_is_an_error_when_asked_for(real_cupy_no_gpu, monkeypatch, how):
+    B = real_cupy_no_gpu
+    with pytest.raises(B.BackendError) as info:
+        if how == "call":
+            B.set_backend("cupy")
+        else:
+            monkeypatch.setenv("ATTN_BACKEND", "cupy")
+            B.xp()
+    msg = str(info.value)
+    assert msg.startswith("ATTN_BACKEND=cupy was asked for and CuPy imports, but no GPU is usable (")
+    assert "Check `nvidia-smi` and the CUDA driver, or use ATTN_BACKEND=numpy." in msg
+    assert B._current is None
+
+
+def _attn_train(tmp_path, *args, env_backend=None):
+    import os
+    import subprocess
+    pairs = [("a red cat", "un chat rouge"), ("a big dog", "un grand chien"), ("the cat runs", "le chat court")]
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    for split in ("train", "val", "test"):
+        (data / f"{split}.xx").write_text("\n".join(s for s, _ in pairs) + "\n", encoding="utf-8")
+        (data / f"{split}.yy").write_text("\n".join(t for _, t in pairs) + "\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "ATTN_BACKEND"}
+    if env_backend:
+        env["ATTN_BACKEND"] = env_backend
+    env["PYTHONPATH"] = str(ATTN_DIR.parent)
+    cmd = [sys.executable, "-m", "attn.train", "--data", str(data), "--src", "xx", "--tgt", "yy", "--steps", "2",
+           "--d-model", "8", "--heads", "2", "--d-ff", "8", "--layers", "1", "--average", "0",
+           "--bleu-sentences", "0", "--minutes", "0", "--quiet", "--out", str(tmp_path / "run"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_attn_train_asked_for_cupy_without_a_gpu_fails_with_the_message(real_cupy_no_gpu, tmp_path, how):
+    r = _attn_train(tmp_path, *(["--backend", "cupy"] if how == "flag" else []),
+                    env_backend="cupy" if how == "env" else None)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("attn-train: error: ATTN_BACKEND=cupy was asked for and CuPy imports, but no GPU "
+                               "is usable ("), r.stderr
+    assert "nvidia-smi" in r.stderr and "ATTN_BACKEND=numpy" in r.stderr
+    assert not (tmp_path / "run" / "checkpoint.npz").exists()
+
+
+def test_attn_train_auto_without_a_gpu_trains_on_numpy_and_says_why(real_cupy_no_gpu, tmp_path):
+    r = _attn_train(tmp_path, "--backend", "auto")
+    assert r.returncode == 0, r.stderr
+    assert "backend numpy (auto: CuPy imports, but no GPU is usable (" in r.stderr
+    metrics = __import__("json").loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["backend"] == "numpy" and metrics["steps"] == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import pickle
 import os
 
 import numpy as np
@@ -18,6 +19,7 @@ import attn.checkpoint as ckpt
 from attn.checkpoint import CheckpointError, load_npz, save_npz
 from attn.model import Transformer, TransformerConfig, parameter_shapes
 from attn.optim import Adam
+from conftest import selected_backend
 
 CFG = TransformerConfig(vocab_size=9, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2, n_decoder_layers=1,
                         dropout=0.0, max_len=10)
@@ -246,6 +248,19 @@ def test_a_garbage_file_is_refused_naming_it(tmp_path, content):
         Transformer.load(path)
 
 
+@pytest.mark.parametrize("content", [b"hello, world\n" * 20, pickle.dumps({"a": 1}), "object"])
+def test_corrupt_checkpoint_errors_do_not_advise_unpickling(tmp_path, content):
+    """NumPy's own message suggests allow_pickle=True or pickle.load(); ours must not pass that on."""
+    path = tmp_path / "bad.npz"
+    if content == "object":
+        np.savez(path, __meta__=np.array("{}"), x=np.array([{"a": 1}], dtype=object))
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is truncated or corrupt") as e:
+        load_npz(path)
+    assert "allow_pickle" not in str(e.value) and "pickle.load" not in str(e.value), str(e.value)
+
+
 def test_other_npy_and_npz_files_are_refused(tmp_path):
     npy = tmp_path / "array.npz"
     with open(npy, "wb") as f:
@@ -323,21 +338,94 @@ def test_a_crash_on_the_first_save_leaves_nothing(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- across backends and dtypes
 
 
-@pytest.mark.skipif(not B.cupy_available(), reason="CuPy not installed or no usable GPU: "
-                    "cannot check that NumPy and CuPy read each other's checkpoints")
 @pytest.mark.parametrize("writer, reader", [("numpy", "cupy"), ("cupy", "numpy")])
 def test_a_checkpoint_written_on_one_backend_loads_on_the_other(tmp_path, writer, reader):
-    with backend_selected(writer):
+    """``cupy`` is real CuPy on a GPU and the stand-in (tests/fakecupy) elsewhere."""
+    with selected_backend(writer):
         model = Transformer(CFG, seed=6, dtype="float64")
         path = model.save(tmp_path / "m.npz")
         expected = logits_of(model)
         params = host_params(model)
-    with backend_selected(reader):
+    with selected_backend(reader):
         loaded = Transformer.load(path)
         assert all(B.get_array_module(p) is B.xp() for p in loaded.params.values())
         for k, v in params.items():
             np.testing.assert_array_equal(B.to_host(loaded.params[k]), v, err_msg=k)
         np.testing.assert_allclose(logits_of(loaded), expected, rtol=1e-10, atol=1e-12)
+
+
+# A Python process in which CuPy cannot be imported at all (as on a machine without it).
+_NO_CUPY = """
+import json, sys
+sys.modules["cupy"] = sys.modules["cupyx"] = None          # `import cupy` raises ImportError
+import numpy as np
+import attn.backend as B
+from attn.checkpoint import load_npz, save_npz
+from attn.model import Transformer, TransformerConfig
+from attn.optim import Adam
+assert B.set_backend("auto") is np and not B.cupy_available()
+SRC, TGT = np.array({src}), np.array({tgt})
+path = sys.argv[2]
+if sys.argv[1] == "write":
+    model = Transformer(TransformerConfig(**json.loads(sys.argv[3])), seed=4, dtype="float64")
+    opt = Adam(model.params, 8, 4)
+    opt.step({{k: np.full(v.shape, 0.5) for k, v in model.params.items()}})
+    save_npz(path, {{**model.state_arrays(), **opt.state_arrays()}},
+             {{"format": "attn-checkpoint-1", "config": model.config.to_dict(), "step": opt.t}})
+arrays, meta = load_npz(path)
+model = Transformer.from_arrays(arrays, meta)
+assert all(type(a) is np.ndarray for a in arrays.values())
+print(json.dumps({{"logits": model.forward(SRC, TGT)[0].tolist(), "step": meta["step"],
+                  "moments": {{k: v.tolist() for k, v in arrays.items() if k.startswith("adam.")}}}}))
+""".format(src=SRC.tolist(), tgt=TGT.tolist())
+
+
+def _run_without_cupy(*args) -> dict:
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "ATTN_BACKEND": "numpy"}
+    r = subprocess.run([sys.executable, "-c", _NO_CUPY, *map(str, args)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_checkpoint_written_from_cupy_arrays_loads_with_numpy_alone(tmp_path):
+    """Written from device arrays (real CuPy on a GPU, the stand-in elsewhere), read in a process
+    where CuPy cannot even be imported: the file holds plain NumPy arrays and JSON, nothing pickled."""
+    with selected_backend("cupy"):
+        model = Transformer(CFG, seed=5, dtype="float64")
+        opt = Adam(model.params, 8, 4)
+        opt.step({k: B.xp().full(v.shape, 0.25) for k, v in model.params.items()})
+        assert all(B.is_device_array(v) for v in {**model.state_arrays(), **opt.state_arrays()}.values())
+        path = save_npz(tmp_path / "gpu.npz", {**model.state_arrays(), **opt.state_arrays()},
+                        {"format": "attn-checkpoint-1", "config": CFG.to_dict(), "step": opt.t})
+        expected = logits_of(model)
+        moments = {k: B.to_host(v) for k, v in opt.state_arrays().items()}
+    got = _run_without_cupy("read", path)
+    assert got["step"] == 1
+    np.testing.assert_allclose(np.array(got["logits"]), expected, rtol=1e-12, atol=1e-12)
+    assert set(got["moments"]) == set(moments)
+    for k, v in moments.items():
+        np.testing.assert_array_equal(np.array(got["moments"][k]), v, err_msg=k)
+
+
+def test_a_checkpoint_written_without_cupy_loads_onto_cupy_arrays(tmp_path):
+    """The reverse: a NumPy-only process writes, the device (CuPy or the stand-in) reads."""
+    path = tmp_path / "cpu.npz"
+    written = _run_without_cupy("write", path, json.dumps(CFG.to_dict()))
+    with selected_backend("cupy"):
+        arrays, meta = load_npz(path)
+        model = Transformer.from_arrays(arrays, meta)
+        assert all(B.is_device_array(p) for p in model.params.values())
+        opt = Adam(model.params, 8, 4)
+        opt.load_state(arrays, meta["step"])
+        assert opt.t == 1 and all(B.is_device_array(m) for m in opt.m.values())
+        np.testing.assert_allclose(logits_of(model), np.array(written["logits"]), rtol=1e-12, atol=1e-12)
+        for k, v in opt.state_arrays().items():
+            np.testing.assert_array_equal(B.to_host(v), np.array(written["moments"][k]), err_msg=k)
 
 
 def test_float32_file_loads_as_float64_on_request(backend, tmp_path):

@@ -182,44 +182,7 @@ def test_specials():
     assert SPECIALS == ("<pad>", "<s>", "</s>", "<unk>")
 
 
-@pytest.mark.parametrize("text, tokens", [
-    ("Hello, world!", ["Hello", ",", "world", "!"]),
-    ("  two   spaces\tand\na newline ", ["two", "spaces", "and", "a", "newline"]),
-    ("It's a well-known (old) fact.", ["It's", "a", "well-known", "(", "old", ")", "fact", "."]),
-    ("Ein Mann mit Hut, der läuft.", ["Ein", "Mann", "mit", "Hut", ",", "der", "läuft", "."]),
-    ("«Ça va?» l’homme", ["«", "Ça", "va", "?", "»", "l’homme"]),
-    ("हिन्दी भाषा।", ["हिन्दी", "भाषा", "।"]),  # marks (virama) stay inside words
-    ("cafe\u0301", ["café"]),  # NFC
-    ("a\u200bb\ufeffc", ["a", "bc"]),  # zero-width space separates; BOM dropped
-    ("3.5%", ["3", ".", "5", "%"]),
-    ("", []),
-])
-def test_tokenize_examples(text, tokens):
-    assert D.tokenize(text) == tokens
-
-
-def test_detokenize_examples():
-    assert D.detokenize("hello , world .".split()) == "hello, world."
-    assert D.detokenize(["(", "a", ")", "b", "?"]) == "(a) b?"
-    assert D.detokenize(["don", "'", "t", "-", "x"]) == "don ' t - x"  # never glue word pieces
-    assert D.detokenize([]) == ""
-
-
-TEXT = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
-ASCII_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_size=60)
-
-
-@given(TEXT)
-def test_tokenize_round_trips(text):
-    tokens = D.tokenize(text)
-    assert all(tok and not any(ch.isspace() for ch in tok) for tok in tokens)
-    assert D.tokenize(D.detokenize(tokens)) == tokens
-    assert D.tokenize(" ".join(tokens)) == tokens  # pre-tokenised text is read as written
-
-
-@given(ASCII_TEXT)
-def test_ascii_fast_path_agrees_with_the_unicode_rules(text):
-    assert D.tokenize(text) == D._tokenize_unicode(text)
+# The tokeniser itself (attn/text.py) is tested in tests/test_text.py.
 
 
 # --------------------------------------------------------------------------
@@ -300,8 +263,27 @@ def test_read_parallel_bad_utf8_names_file_and_line(tmp_path):
 
 
 def test_read_tsv(tmp_path):
-    path = _write(tmp_path / "pairs.tsv", "Go.\tVa !\tCC-BY 2.0 (France)\r\nHi.\tSalut !\nEmpty \t\n")
-    assert D.read_tsv(path) == [("Go.", "Va !"), ("Hi.", "Salut !"), ("Empty", "")]
+    path = _write(tmp_path / "pairs.tsv", "\ufeffGo.\tVa !\tCC-BY 2.0 (France)\r\nHi.\tSalut !\n")
+    assert D.read_tsv(path) == [("Go.", "Va !"), ("Hi.", "Salut !")]
+
+
+@pytest.mark.parametrize("content,words", [
+    ("a\tb\nEmpty \t\n", r"pairs\.tsv: line 2 has an empty target field"),
+    ("a\tb\n \tfoo\n", r"pairs\.tsv: line 2 has an empty source field"),
+    ("a\tb\rc\td\re\tf\n", r"pairs\.tsv: line 1 holds a carriage return"),
+    ("a\tb\n".encode("utf-16"), r"pairs\.tsv: line 1 starts with a UTF-16 byte-order mark"),
+    (b"a\tb\nc\td\xe9\n", r"pairs\.tsv: line 2 is not valid UTF-8")])
+def test_read_tsv_bad_lines_name_file_and_line(tmp_path, content, words):
+    path = _write(tmp_path / "pairs.tsv", content)
+    with pytest.raises(DataError, match=words):
+        D.read_tsv(path)
+
+
+def test_read_parallel_line_empty_on_one_side_only(tmp_path):
+    _write(tmp_path / "train.de", "a\n\nc\n")
+    _write(tmp_path / "train.en", "a\nb\nc\n")
+    with pytest.raises(DataError, match=r"train\.de: line 2 is empty but line 2 of .*train\.en is not"):
+        D.read_parallel(tmp_path, "de", "en", "train")
 
 
 def test_read_tsv_blank_lines_warn_once(tmp_path):

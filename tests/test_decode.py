@@ -95,7 +95,13 @@ def test_beam_one_is_greedy(seed, eos_scale):
     assert b.tokens == g.tokens
     # With alpha = 0 the length penalty is 1 and the scores are the same sums.
     np.testing.assert_allclose(b.scores, g.scores, rtol=0, atol=1e-9)
-    assert beam_search(m, src, beam_size=1, alpha=0.6).tokens == g.tokens
+    # With alpha > 0 beam 1 still finishes greedy's hypothesis, and may go on to a better-scored one.
+    b6 = beam_search(m, src, beam_size=1, alpha=0.6)
+    limits = (src != PAD).sum(1) + EXTRA_LENGTH
+    for i, toks in enumerate(g.tokens):
+        greedy_score = g.scores[i] / length_penalty(len(toks) + (len(toks) < limits[i]), 0.6)
+        assert b6.scores[i] >= greedy_score - 1e-9
+        assert (toks, pytest.approx(greedy_score, abs=1e-9)) in b6.n_best[i]
 
 
 @pytest.mark.parametrize("K", [1, 3])
@@ -200,3 +206,71 @@ def test_bad_input_and_empty_batch():
         beam_search(m, sources(), beam_size=0)
     empty = np.zeros((0, 4), dtype=np.int64)
     assert greedy_decode(m, empty).tokens == [] and beam_search(m, empty).tokens == []
+
+
+class MarkovModel:
+    """A stand-in model whose next-token distribution is a table keyed by the prefix, so a
+    test can lay out exactly which hypotheses beam search meets (the decoder's interface only:
+    ``encode``, ``start_decoding``, ``decode_step``)."""
+
+    class State:
+        def __init__(self, prefixes):
+            self.prefixes = prefixes
+
+        def select(self, index):
+            return MarkovModel.State([self.prefixes[int(i)] for i in B.to_host(index)])
+
+    def __init__(self, table, vocab_size=6):
+        self.table, self.V = table, vocab_size
+        self.xp = np
+        self.config = TransformerConfig(vocab_size=vocab_size, d_model=8, n_heads=2, d_ff=16,
+                                        n_encoder_layers=1, n_decoder_layers=1)
+
+    def encode(self, src, rng, src_mask):
+        return np.zeros(src.shape + (1,)), None
+
+    def start_decoding(self, memory, src_mask):
+        return self.State([() for _ in range(memory.shape[0])])
+
+    def decode_step(self, tokens, state):
+        prefixes = [p + (int(t),) for p, t in zip(state.prefixes, tokens)]
+        logp = np.empty((len(prefixes), self.V))
+        for r, p in enumerate(prefixes):
+            probs = dict(self.table.get(p[1:], {}))             # p[0] is BOS
+            rest = [t for t in range(self.V) if t not in probs]
+            left = max(1.0 - sum(probs.values()), 1e-6)
+            logp[r] = [math.log(probs[t]) if t in probs else math.log(left / len(rest)) for t in range(self.V)]
+        return logp, self.State(prefixes), None
+
+
+A_, B_ = 4, 5
+#: After BOS: A .5, EOS .3, B .2. After A: A .98. After A A: EOS .99. After B: EOS .9.
+#: Beam 2 finishes "" (log .3 / lp(1) = -1.20) and "B" (log .18 / lp(2) = -1.56) by step 2,
+#: while "A A" (log .485 / lp(3) = -0.61), greedy's answer, is still live.
+TRAP = {(): {A_: 0.5, EOS: 0.3, B_: 0.2 - 1e-4}, (A_,): {A_: 0.98, EOS: 0.01}, (A_, A_): {EOS: 0.99},
+        (B_,): {EOS: 0.9}}
+
+
+def test_beam_search_waits_for_a_better_longer_hypothesis():
+    """Two short, unlikely hypotheses finish first; the search must not stop at K finished ones
+    while a live beam can still beat them under the length penalty."""
+    m = MarkovModel(TRAP)
+    src = np.array([[4, 4, 4]])
+    g = greedy_decode(m, src)
+    assert g.tokens == [[A_, A_]]
+    for K in (2, 3, 4):
+        res = beam_search(m, src, beam_size=K, alpha=0.6)
+        assert res.tokens == [[A_, A_]], (K, res.n_best)
+        expected = math.log(0.5 * 0.98 * 0.99) / length_penalty(3, 0.6)
+        assert abs(res.scores[0] - expected) < 1e-9
+
+
+def test_beam_search_stops_once_no_live_beam_can_win():
+    """The search is not run to the length limit: it ends when every live beam's bound
+    (log P / lp(limit)) is below the best finished score."""
+    m = MarkovModel(TRAP)
+    res = beam_search(m, np.array([[4, 4, 4]]), beam_size=2, alpha=0.6)
+    longest = max(len(t) for t, _ in res.n_best[0])
+    assert longest < 10, res.n_best[0]            # the limit is 3 + 50 tokens
+    with pytest.raises(ValueError, match="alpha"):
+        beam_search(m, np.array([[4]]), beam_size=2, alpha=-0.5)

@@ -2,7 +2,8 @@
 input and parameter, relative error below 1e-6), the invariants a reader would state
 aloud, clear errors on bad input, and float32 in, float32 out.
 
-Arrays are drawn on the host (tests/strategies.py) and moved with ``to_device``, so the
+The strategies and invariants come from attn.testing, which attn-check grades learners with.
+Arrays are drawn on the host and moved with ``to_device``, so the
 same tests run on NumPy and, where a GPU is usable, on CuPy (the ``backend`` fixture).
 """
 from __future__ import annotations
@@ -18,13 +19,17 @@ from hypothesis.extra import numpy as hnp
 import attn.backend as B
 from attn.layers import (attention_backward, attention_forward, dropout_backward, dropout_forward,
                          embedding_backward, embedding_forward, feed_forward_backward, feed_forward_forward,
-                         layer_norm_backward, layer_norm_forward, linear_backward, linear_forward,
+                         layer_norm_backward, layer_norm_forward, linear_backward, linear_forward, merge_heads,
                          multi_head_attention_backward, multi_head_attention_forward, positional_backward,
-                         positional_forward, relu_backward, relu_forward, sinusoidal_table, softmax_backward,
-                         softmax_forward)
+                         positional_forward, relu_backward, relu_forward, residual_ffn_backward,
+                         residual_ffn_forward, sinusoidal_table, softmax_backward, softmax_forward, split_heads)
 from attn.masks import causal_mask, padding_mask
-from strategies import (away_from, causal, check_gradients, dims, floats, leading_shapes, logits, masks,
-                        normals, padded_ids, padding_masks, token_ids)
+from attn.testing import (assert_attention_ignores_unseen_keys, assert_causal_mask_properties,
+                          assert_dropout_properties, assert_embedding_properties, assert_heads_round_trip,
+                          assert_layer_norm_properties, assert_no_look_ahead, assert_padding_ignored,
+                          assert_positional_properties, assert_sinusoidal_table_properties,
+                          assert_softmax_properties, away_from, causal, check_gradients, dims, floats,
+                          leading_shapes, logits, masks, normals, padded_ids, padding_masks, token_ids)
 
 dev, host = B.to_device, B.to_host
 
@@ -135,11 +140,13 @@ def test_dropout_keeps_the_expectation(backend, p):
 def test_dropout_backward_reuses_the_forward_mask(backend):
     rng = np.random.default_rng(0)
     x, dout = rng.uniform(1.0, 2.0, (50, 40)), rng.standard_normal((50, 40))
-    out, cache = dropout_forward(dev(x), 0.3, B.DeviceRNG(5))
-    dx = host(dropout_backward(dev(dout), cache))
-    out = host(out)
-    np.testing.assert_allclose(dx, dout * out / x, rtol=1e-12)         # dropped units pass no gradient
-    assert ((dx == 0) == (out == 0)).all()
+    assert_dropout_properties(dropout_forward, dropout_backward, x, 0.3, 5, dout)
+
+
+@given(shape=small_shapes, p=st.sampled_from([0.0, 0.1, 0.5, 0.9]), seed=seeds, data=st.data())
+def test_dropout_keeps_or_scales_every_unit_and_backward_uses_the_same_mask(backend, shape, p, seed, data):
+    x = data.draw(away_from(shape, (0.0,), margin=1e-3))
+    assert_dropout_properties(dropout_forward, dropout_backward, x, p, seed, data.draw(normals(shape)))
 
 
 def test_dropout_draws_a_fresh_mask_per_call_and_repeats_per_seed(backend):
@@ -172,8 +179,8 @@ def test_embedding_gradients(backend, lead, V, D, scale, data):
 def test_embedding_looks_up_scaled_rows_and_accumulates_repeats(backend, lead, V, D, scale, data):
     ids, W = data.draw(token_ids(lead, V)), data.draw(normals((V, D)))
     dout = data.draw(normals(lead + (D,)))
+    assert_embedding_properties(embedding_forward, embedding_backward, ids, W, scale, dout)
     out, cache = embedding_forward(dev(ids), dev(W), scale)
-    np.testing.assert_allclose(host(out), W[ids] * scale, rtol=1e-15)
     dW = host(embedding_backward(dev(dout), cache))
     expected = np.zeros((V, D))
     for i, g in zip(ids.reshape(-1), dout.reshape(-1, D)):      # the obvious loop
@@ -220,11 +227,9 @@ def test_sinusoidal_table_is_the_papers_formula():
 
 @given(L=st.integers(1, 30), D=st.integers(1, 9))
 def test_sinusoidal_table_any_size(L, D):
+    assert_sinusoidal_table_properties(sinusoidal_table, L, D)               # every entry, odd D included
     pe = sinusoidal_table(L, D, dtype="float64")
-    assert pe.shape == (L, D) and np.isfinite(pe).all() and np.abs(pe).max() <= 1.0
-    pos, col = L - 1, D - 1                                                   # the last entry, odd D included
-    angle = pos / 10000 ** ((col - col % 2) / D)
-    assert pe[pos, col] == pytest.approx(math.sin(angle) if col % 2 == 0 else math.cos(angle), abs=1e-13)
+    assert np.isfinite(pe).all() and np.abs(pe).max() <= 1.0
     assert sinusoidal_table(L, D).dtype == np.float32                         # float32 by default
 
 
@@ -246,12 +251,8 @@ def test_positional_sinusoidal_adds_the_table_and_passes_the_gradient_through(ba
     table = dev(sinusoidal_table(d.T + 2, d.D, dtype="float64"))
     check_gradients("positional(sinusoidal)", lambda x: positional_forward(x, table),
                     lambda dout, cache: positional_backward(dout, cache)[0], {"x": dev(x)}, ("x",))
-    out, cache = positional_forward(dev(x), table)
-    np.testing.assert_allclose(host(out) - x, np.broadcast_to(host(table)[: d.T], x.shape), atol=1e-14)
-    dout = data.draw(normals(x.shape))
-    dx, dtable = positional_backward(dev(dout), cache)
-    np.testing.assert_array_equal(host(dx), dout)                             # the sum passes dout through
-    assert not host(dtable)[d.T:].any()                                       # unused positions: no gradient
+    # out = x + table[:T]; dx = dout; dtable: the batch sum of dout, zero on unused positions
+    assert_positional_properties(positional_forward, positional_backward, x, host(table), data.draw(normals(x.shape)))
 
 
 def test_positional_rejects_bad_input(backend):
@@ -276,11 +277,7 @@ def test_softmax_gradients(backend, lead, K, masked, data):
 def test_softmax_rows_sum_to_one_and_masked_weights_are_zero(backend, lead, K, masked, data):
     x = data.draw(logits(lead + (K,)))
     m = data.draw(masks(lead + (K,))) if masked else None                    # every row keeps a key
-    y = host(softmax_forward(dev(x), None if m is None else dev(m))[0])
-    assert y.shape == x.shape and np.isfinite(y).all() and (y >= 0).all()
-    np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-12)
-    if m is not None:
-        assert (y[~np.broadcast_to(m, y.shape)] == 0.0).all()                # exactly zero, not tiny
+    assert_softmax_properties(softmax_forward, softmax_backward, x, m, data.draw(normals(x.shape)))
 
 
 @given(lead=leading_shapes(1, 2), K=st.integers(1, 6), data=st.data())
@@ -313,15 +310,13 @@ def test_softmax_mask_beats_any_logit(backend):
 def test_softmax_fully_masked_row_is_zero_with_zero_gradient(backend, lead, K, data):
     x = data.draw(logits(lead + (K,)))
     m = data.draw(masks(lead + (K,), broadcast=False, fully_masked_row=True))
-    dead = ~m.any(axis=-1)                                                   # (lead)
-    y, cache = softmax_forward(dev(x), dev(m))
-    y = host(y)
-    assert not np.isnan(y).any()
-    assert (y[dead] == 0.0).all()                                             # zeros, not uniform, not NaN
-    dy = data.draw(normals(x.shape))
-    dx = host(softmax_backward(dev(dy), cache))
-    assert (dx[dead] == 0.0).all() and (dx[~m] == 0.0).all()
-    np.testing.assert_allclose(y[~dead].sum(axis=-1), 1.0, rtol=1e-12)
+    # zeros on the dead row (not uniform, not NaN), no gradient to any masked logit
+    assert_softmax_properties(softmax_forward, softmax_backward, x, m, data.draw(normals(x.shape)))
+
+
+@pytest.mark.parametrize("T", range(1, 9))
+def test_causal_mask_sees_the_past_and_itself(backend, T):
+    assert_causal_mask_properties(causal_mask, T)
 
 
 @given(d=dims(), data=st.data())
@@ -364,24 +359,15 @@ def test_layer_norm_gradients_where_eps_matters(backend, row):
 @given(lead=leading_shapes(1, 3), D=st.integers(1, 8), eps=st.sampled_from([1e-12, 1e-5, 1e-2]), data=st.data())
 def test_layer_norm_output_has_zero_mean_and_unit_variance(backend, lead, D, eps, data):
     x = data.draw(floats(lead + (D,), bound=100.0))
-    out, _ = layer_norm_forward(dev(x), dev(np.ones(D)), dev(np.zeros(D)), eps)
-    out = host(out)
-    var = x.var(axis=-1)
-    # The row mean is exact only up to rounding, ulp(x), which 1/sqrt(var + eps) magnifies.
-    rounding = 8 * np.finfo(np.float64).eps * np.abs(x).max(axis=-1) / np.sqrt(var + eps)
-    assert (np.abs(out.mean(axis=-1)) <= rounding + 1e-15).all()
-    # Exactly var / (var + eps): unit variance up to the effect of eps.
-    np.testing.assert_allclose(out.var(axis=-1), var / (var + eps), rtol=1e-8, atol=1e-8)
+    assert_layer_norm_properties(layer_norm_forward, None, x, eps)
 
 
 @given(lead=leading_shapes(1, 3), D=st.integers(1, 8), data=st.data())
 def test_layer_norm_input_gradient_sums_to_zero_per_row(backend, lead, D, data):
-    # Adding a constant to a row leaves the output alone, so dx is orthogonal to (1, ..., 1).
+    # Adding a constant to a row leaves the output alone, so dx is orthogonal to (1, ..., 1);
+    # scaling a row about its mean changes it only through eps, which fixes sum(dx * xhat).
     x, gamma, dout = data.draw(floats(lead + (D,))), data.draw(normals((D,))), data.draw(normals(lead + (D,)))
-    out, cache = layer_norm_forward(dev(x), dev(gamma), dev(np.zeros(D)))
-    dx = host(layer_norm_backward(dev(dout), cache)[0])
-    scale = np.abs(dx).sum(axis=-1) + np.abs(host(cache.rstd))[..., 0] * np.abs(dout * gamma).sum(axis=-1)
-    assert (np.abs(dx.sum(axis=-1)) <= 1e-12 * scale + 1e-300).all()
+    assert_layer_norm_properties(layer_norm_forward, layer_norm_backward, x, 1e-5, gamma, dout)
 
 
 def test_layer_norm_rejects_bad_input(backend):
@@ -418,6 +404,30 @@ def test_feed_forward_is_relu_sandwich(backend, d, data):
     out, _ = feed_forward_forward(*(dev(a) for a in (x, w1, b1, w2, b2)))
     np.testing.assert_allclose(host(out), np.maximum(x @ w1 + b1, 0) @ w2 + b2, rtol=1e-12, atol=1e-12)
 
+@given(d=dims(), eps=st.sampled_from([1e-5, 0.1, 1.0]), data=st.data())
+def test_residual_ffn_gradients(backend, d, eps, data):
+    # LayerNorm(x + FFN(x)): x reaches the sum by the skip path and through the network.
+    if d.D == 2:
+        eps = max(eps, 0.1)               # see test_layer_norm_gradients: D = 2 needs var not >> eps
+    x = data.draw(normals((d.B, d.T, d.D)))
+    w1, b1 = data.draw(normals((d.D, d.F))), data.draw(normals((d.F,)))
+    w2, b2 = data.draw(normals((d.F, d.D))), data.draw(normals((d.D,)))
+    assume(np.abs(x @ w1 + b1).min() > 1e-4)                  # ReLU's kink is not differentiable
+    args = {"x": dev(x), "w1": dev(w1), "b1": dev(b1), "w2": dev(w2), "b2": dev(b2),
+            "gamma": dev(data.draw(normals((d.D,)))), "beta": dev(data.draw(normals((d.D,))))}
+    check_gradients(f"residual_ffn(eps={eps:g})", lambda **a: residual_ffn_forward(**a, eps=eps),
+                    residual_ffn_backward, args, tuple(args))
+
+
+@given(d=dims(), data=st.data())
+def test_residual_ffn_is_layer_norm_of_x_plus_ffn(backend, d, data):
+    x = data.draw(floats((d.B, d.T, d.D)))
+    w1, b1, w2, b2, g, b = (data.draw(normals(s)) for s in ((d.D, d.F), (d.F,), (d.F, d.D), (d.D,), (d.D,), (d.D,)))
+    out, _ = residual_ffn_forward(*(dev(a) for a in (x, w1, b1, w2, b2, g, b)))
+    z = x + np.maximum(x @ w1 + b1, 0) @ w2 + b2
+    zhat = (z - z.mean(-1, keepdims=True)) / np.sqrt(z.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(host(out), g * zhat + b, rtol=1e-10, atol=1e-10)
+
 # ============================================================================ attention
 
 
@@ -444,13 +454,7 @@ def test_attention_is_softmax_of_scaled_scores_times_v_and_ignores_masked_keys(b
     np.testing.assert_allclose(host(cache.weights), w, rtol=1e-12, atol=1e-300)
     np.testing.assert_allclose(host(out), w @ v, rtol=1e-12, atol=1e-12)
     assert (host(cache.weights)[~np.broadcast_to(m, w.shape)] == 0.0).all()     # exactly zero
-    # Keys and values that no query may see can hold anything.
-    unseen = ~np.broadcast_to(m, (d.B, d.T, d.S)).any(axis=1)                  # (B, S)
-    k2, v2 = k.copy(), v.copy()
-    k2[unseen] += 5.0
-    v2[unseen] = 1e3
-    out2, _ = attention_forward(dev(q), dev(k2), dev(v2), dev(m))
-    np.testing.assert_allclose(host(out2), host(out), rtol=1e-12, atol=1e-12)
+    assert_attention_ignores_unseen_keys(attention_forward, q, k, v, m)       # hidden keys can hold anything
 
 
 def test_attention_rejects_mismatched_shapes(backend):
@@ -550,27 +554,20 @@ def test_multi_head_reshapes_equal_a_loop_over_heads(backend, d, masked, data):
 @given(d=dims(), data=st.data())
 def test_multi_head_self_attention_with_a_causal_mask_never_looks_ahead(backend, d, data):
     x = data.draw(floats((d.B, d.T, d.D)))
-    params = {k: dev(v) for k, v in mha_params(data, d.D).items()}
-    t = data.draw(st.integers(0, d.T - 1))
-    x2 = x.copy()
-    x2[:, t + 1:] += data.draw(floats((d.B, d.T - t - 1, d.D), bound=10.0)) + 1.0   # change the future
-    mask = causal_mask(d.T, backend)
-    outs = [host(multi_head_attention_forward(dev(a), dev(a), **params, n_heads=d.H, mask=mask)[0])
-            for a in (x, x2)]
-    np.testing.assert_allclose(outs[1][:, : t + 1], outs[0][:, : t + 1], rtol=1e-12, atol=1e-12)
+    assert_no_look_ahead(multi_head_attention_forward, x, mha_params(data, d.D), d.H,
+                         data.draw(st.integers(0, d.T - 1)))
 
 
 @given(d=dims(), data=st.data())
 def test_multi_head_cross_attention_ignores_padded_source_content(backend, d, data):
     x_q, x_kv = data.draw(floats((d.B, d.T, d.D))), data.draw(floats((d.B, d.S, d.D)))
-    params = {k: dev(v) for k, v in mha_params(data, d.D).items()}
-    src = data.draw(padded_ids(d.B, d.S, d.V))
-    x_kv2 = x_kv.copy()
-    x_kv2[src == 0] = 1e3                                      # garbage in every padded source position
-    mask = padding_mask(dev(src))
-    outs = [host(multi_head_attention_forward(dev(x_q), dev(kv), **params, n_heads=d.H, mask=mask)[0])
-            for kv in (x_kv, x_kv2)]
-    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-12, atol=1e-12)
+    assert_padding_ignored(multi_head_attention_forward, x_q, x_kv, mha_params(data, d.D), d.H,
+                           data.draw(padded_ids(d.B, d.S, d.V)))
+
+
+@given(d=dims(), data=st.data())
+def test_split_heads_gives_each_head_its_columns_and_merge_undoes_it(backend, d, data):
+    assert_heads_round_trip(split_heads, merge_heads, data.draw(floats((d.B, d.T, d.D))), d.H)
 
 
 def test_multi_head_attention_rejects_heads_not_dividing_d_model(backend):
@@ -608,6 +605,9 @@ def _float32_cases():
         "attention": (lambda q, k, v: attention_forward(q, k, v, dev(mask), 0.1, B.DeviceRNG(0)),
                       attention_backward, {"q": r(2, 3, 4), "k": r(2, 3, 4), "v": r(2, 3, 5)}),
         "multi_head_attention": (mha_fwd, multi_head_attention_backward, {"x": r(2, 3, 4), **mha}),
+        "residual_ffn": (residual_ffn_forward, residual_ffn_backward,
+                         {"x": r(2, 3, 4), "w1": r(4, 6), "b1": r(6), "w2": r(6, 4), "b2": r(4), "gamma": r(4),
+                          "beta": r(4)}),
     }
 
 

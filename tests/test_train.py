@@ -1,8 +1,10 @@
 """End-to-end: the trainer learns, resumes exactly, survives Ctrl-C, and its command explains itself."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,9 +17,10 @@ import pytest
 from attn import backend as B
 from attn.checkpoint import load_npz
 from attn.evaluate import translate_sentences
+from attn.loss import cross_entropy
 from attn.model import Transformer
-from attn.data import Vocab
-from attn.train import build_parser, train
+from attn.data import DataError, Vocab
+from attn.train import TrainConfig, TrainConfigError, config_from_argv, evaluate_loss, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,9 +46,7 @@ TINY = ["--src", "xx", "--tgt", "yy", "--average", "0", "--d-model", "32", "--he
 def run_train(tmp_path, *extra):
     (tmp_path / "data").mkdir(exist_ok=True)
     data = write_corpus(tmp_path / "data")
-    args = build_parser().parse_args(["--data", str(data), *TINY, *extra])
-    args.backend = "numpy"
-    return train(args)
+    return train(config_from_argv(["--data", str(data), *TINY, "--backend", "numpy", *extra]))
 
 
 @pytest.fixture(autouse=True)
@@ -107,13 +108,21 @@ def test_checkpoint_averaging(tmp_path):
     out = tmp_path / "run"
     metrics = run_train(tmp_path, "--steps", "9", "--eval-every", "5", "--average", "3",
                         "--snapshot-every", "3", "--out", str(out))
-    assert metrics["averaged_checkpoints"] == 3
     snaps = sorted((out / "snapshots").glob("step-*.npz"))
     assert [s.name for s in snaps] == ["step-00000003.npz", "step-00000006.npz", "step-00000009.npz"]
     avg = Transformer.load(out / "averaged.npz")
     parts = [load_npz(s)[0] for s in snaps]
     for k, v in avg.params.items():
         np.testing.assert_allclose(v, np.mean([p[f"param/{k}"] for p in parts], axis=0), rtol=1e-6, atol=1e-7)
+    # The average is tested only if its validation loss is no worse than the last model's.
+    from attn.data import encode_pairs, make_batches
+    vocab = Vocab.from_json(load_npz(out / "checkpoint.npz")[1]["vocab"])
+    val = make_batches(encode_pairs(PAIRS, vocab), 64, shuffle=False)
+    nll = {name: evaluate_loss(Transformer.load(out / f), val, 0.1)["val_nll"]
+           for name, f in (("last", "checkpoint.npz"), ("averaged", "averaged.npz"))}
+    assert metrics["val_nll_last"] == pytest.approx(nll["last"], rel=1e-5)
+    assert metrics["val_nll_averaged"] == pytest.approx(nll["averaged"], rel=1e-5)
+    assert metrics["averaged_checkpoints"] == (3 if nll["averaged"] <= nll["last"] else 1)
 
 
 def test_help_explains_the_flags():
@@ -136,8 +145,195 @@ def test_bad_data_is_a_clear_error(tmp_path):
 def test_tsv_corpus_trains(tmp_path):
     lines = [f"{s}\t{t}" for s, t in PAIRS * 4]
     (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    args = build_parser().parse_args(["--tsv", str(tmp_path / "pairs.tsv"), *TINY[4:], "--steps", "3",
-                                      "--eval-every", "3", "--out", str(tmp_path / "o")])
-    args.backend = "numpy"
-    metrics = train(args)
+    metrics = train(config_from_argv(["--tsv", str(tmp_path / "pairs.tsv"), *TINY[4:], "--steps", "3",
+                                      "--eval-every", "3", "--out", str(tmp_path / "o"), "--backend", "numpy"]))
     assert metrics["steps"] == 3 and os.path.isfile(tmp_path / "o" / "checkpoint.npz")
+
+
+# --------------------------------------------------------------------------- the Python API
+
+def test_python_api_trains_from_a_config(tmp_path):
+    """train(TrainConfig(...)) is the command's equivalent: same fields, metrics back as a dict."""
+    data = write_corpus(tmp_path)
+    config = TrainConfig(data=data, src="xx", tgt="yy", out=tmp_path / "api", backend="numpy", steps=4,
+                         eval_every=2, minutes=0, average=0, d_model=32, heads=2, d_ff=64, layers=1,
+                         max_tokens=64, warmup=30, bleu_sentences=0, quiet=True)
+    metrics = train(config)
+    assert metrics["steps"] == 4 and "test_bleu" in metrics and metrics["backend"] == "numpy"
+    saved = json.loads((tmp_path / "api" / "config.json").read_text())["train"]
+    assert TrainConfig.from_dict(saved) == config.with_recipe()          # what ran, the recipe filled in
+    _, meta = load_npz(tmp_path / "api" / "checkpoint.npz")
+    assert TrainConfig.from_dict(meta["args"]) == config.with_recipe()
+
+
+def test_command_line_and_config_agree():
+    """Every flag is a field; no flag given gives the defaults; strings become paths."""
+    assert config_from_argv([]) == TrainConfig()
+    c = config_from_argv(["--lr-factor", "2", "--max-tokens", "100", "--out", "x", "--resume", "--tsv", "a.tsv"])
+    assert c == TrainConfig(lr_factor=2.0, max_tokens=100, out="x", resume=True, tsv=Path("a.tsv"))
+    assert isinstance(c.out, Path)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.seed = 3
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("minutes", -3, "minutes (--minutes) must be >= 0"), ("minutes", float("nan"), "finite"),
+    ("steps", -1, "steps (--steps) must be at least 0"), ("max_tokens", 0, "max_tokens"),
+    ("lr_factor", 0, "lr_factor (--lr-factor) must be > 0"), ("beam", 0, "beam"), ("eval_every", 0, "eval_every"),
+    ("dropout", 1.5, "dropout"), ("label_smoothing", -0.1, "label_smoothing"), ("warmup", 0, "warmup"),
+    ("seed", -1, "seed"), ("min_freq", 0, "min_freq"), ("clip", -1.0, "clip"), ("preset", "huge", "preset"),
+    ("steps", 2.5, "steps (--steps) must be an integer"), ("backend", "tpu", "backend")])
+def test_out_of_range_settings_are_errors_naming_the_field(field, value, words):
+    with pytest.raises(TrainConfigError, match=re.escape(words)):
+        TrainConfig(**{field: value})
+
+
+def test_out_of_range_flag_fails_before_any_work(tmp_path, capsys):
+    """`attn-train --minutes -3` used to train a step and report BLEU 0.0; now argparse's usage error."""
+    with pytest.raises(SystemExit) as e:
+        main(["--minutes", "-3", "--out", str(tmp_path / "o")])
+    assert e.value.code == 2
+    assert "--minutes" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- trainer fixes (issue 9)
+
+def test_tsv_holds_out_whole_source_sentences(tmp_path):
+    """Tatoeba has several translations per source: val and test sources never appear in training."""
+    from attn.train import load_corpus
+    lines = [f"source number {i} .\ttranslation {j} of {i}" for i in range(60) for j in range(1 + i % 3)]
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    corpus = load_corpus(TrainConfig(tsv=tmp_path / "pairs.tsv", seed=0))
+    train_src = {s for s, _ in corpus.train}
+    assert corpus.val and corpus.test
+    assert not train_src & {s for s, _ in corpus.val}
+    assert not train_src & {s for s, _ in corpus.test}
+    assert not {s for s, _ in corpus.val} & {s for s, _ in corpus.test}
+    assert sorted(corpus.train + corpus.val + corpus.test) == sorted(tuple(l.split("\t")) for l in lines)
+    assert load_corpus(TrainConfig(tsv=tmp_path / "pairs.tsv", seed=0)) == corpus     # deterministic
+
+
+def test_a_fresh_run_refuses_an_out_that_holds_a_run(tmp_path):
+    out = tmp_path / "run"
+    run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--out", str(out))
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    with pytest.raises(TrainConfigError, match=r"already holds a run .*--resume.*--overwrite"):
+        run_train(tmp_path, "--steps", "3", "--eval-every", "3", "--out", str(out))
+    assert (out / "metrics.jsonl").read_text().splitlines() == lines       # untouched
+    metrics = run_train(tmp_path, "--steps", "3", "--eval-every", "3", "--out", str(out), "--overwrite")
+    records = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [3] and metrics["steps"] == 3
+
+
+def test_overwrite_does_not_average_the_previous_runs_snapshots(tmp_path):
+    out = tmp_path / "run"
+    run_train(tmp_path, "--steps", "6", "--eval-every", "6", "--average", "3", "--snapshot-every", "2",
+              "--out", str(out))
+    run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--average", "3", "--snapshot-every", "2",
+              "--out", str(out), "--overwrite", "--seed", "1")
+    assert [s.name for s in (out / "snapshots").glob("*.npz")] == ["step-00000002.npz"]
+
+
+def test_resume_takes_the_saved_settings_and_seed(tmp_path):
+    """`--resume --out DIR` alone continues with the saved run's flags (seed, lr factor, data ...)."""
+    data = write_corpus(tmp_path)
+    flags = ["--data", str(data), *TINY, "--backend", "numpy", "--lr-factor", "1.5", "--seed", "3", "--eval-every", "4"]
+    train(config_from_argv([*flags, "--steps", "8", "--out", str(tmp_path / "straight")]))
+    train(config_from_argv([*flags, "--steps", "4", "--out", str(tmp_path / "split")]))
+    assert main(["--resume", "--out", str(tmp_path / "split"), "--steps", "8", "--quiet"]) == 0
+    a, _ = load_npz(tmp_path / "straight" / "checkpoint.npz")
+    b, meta = load_npz(tmp_path / "split" / "checkpoint.npz")
+    np.testing.assert_array_equal(a["history/train_loss"], b["history/train_loss"])
+    assert meta["seed"] == 3 and meta["args"]["lr_factor"] == 1.5
+
+
+def test_resume_with_a_contradicting_flag_is_an_error_naming_it(tmp_path, capsys):
+    out = tmp_path / "run"
+    run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--out", str(out), "--seed", "3")
+    for flag, value in (("--lr-factor", "2"), ("--seed", "0"), ("--max-tokens", "99"), ("--preset", "small")):
+        assert main(["--resume", "--out", str(out), "--steps", "4", flag, value]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} " in err and "saved run" in err, err
+    with pytest.raises(TrainConfigError, match="--dropout 0.3"):
+        train(TrainConfig(resume=True, out=out, dropout=0.3, steps=4))
+    # A longer budget (and the same flags again) is fine; a finished budget is an error, not one more step.
+    assert main(["--resume", "--out", str(out), "--steps", "4", "--seed", "3", "--minutes", "30", "--quiet"]) == 0
+    assert main(["--resume", "--out", str(out), "--steps", "4"]) == 2
+    assert "already reached --steps 4" in capsys.readouterr().err
+
+
+def test_a_corpus_with_no_training_pair_left_is_a_clear_error(tmp_path):
+    """Every pair longer than --max-len: an error naming the corpus, not an endless loop of empty epochs."""
+    with pytest.raises(DataError, match=r"no training pair is left of 6.*--max-len"):
+        run_train(tmp_path, "--max-len", "2", "--epochs", "2", "--out", str(tmp_path / "o"))
+
+
+# --------------------------------------------------------------------------- the recipe
+
+def test_recipe_fills_what_is_left_open_and_explicit_values_win():
+    from attn.train import RECIPES
+    toy = TrainConfig().with_recipe()
+    assert (toy.max_tokens, toy.lr_factor, toy.min_freq) == (2048, 0.5, 1)       # the toy as measured (README)
+    small = TrainConfig(preset="small").with_recipe()
+    assert {k: getattr(small, k) for k in RECIPES["small"]} == RECIPES["small"]
+    assert TrainConfig(preset="small", max_tokens=1000, min_freq=1).with_recipe().max_tokens == 1000
+    assert TrainConfig(preset="small", max_tokens=1000, min_freq=1).with_recipe().min_freq == 1
+
+
+def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
+    """No --warmup and a budget: 30% of the steps it allows, if shorter than the preset's; --minutes
+    measures the step time first. The choice is recorded and a resumed run keeps it."""
+    import attn.train as T
+    from attn.data import encode_pairs
+    data = write_corpus(tmp_path)
+    base = dict(data=data, src="xx", tgt="yy", backend="numpy", average=0, d_model=32, heads=2, d_ff=64,
+                layers=1, max_tokens=64, bleu_sentences=0, quiet=True, minutes=0)
+    m = train(TrainConfig(**base, steps=20, eval_every=20, out=tmp_path / "steps"))
+    assert m["warmup_steps"] == round(T.WARMUP_FRACTION * 20) < 400
+    rule = json.loads((tmp_path / "steps" / "config.json").read_text())["warmup_rule"]
+    assert rule["warmup_steps"] == m["warmup_steps"] and rule["steps_allowed"] == 20
+    _, meta = load_npz(tmp_path / "steps" / "checkpoint.npz")
+    lr_before = meta["evals"][-1]["lr"]
+    m2 = train(TrainConfig(resume=True, out=tmp_path / "steps", steps=100, eval_every=100, quiet=True))
+    assert m2["warmup_steps"] == m["warmup_steps"]                 # kept, not refitted to 100 steps
+    _, meta = load_npz(tmp_path / "steps" / "checkpoint.npz")
+    from attn.optim import noam_lr
+    factor = 0.5 * (m["warmup_steps"] / 400) ** 0.5                 # the resumed run's schedule is the same
+    assert lr_before == pytest.approx(noam_lr(20, 32, m["warmup_steps"], factor))
+    assert meta["evals"][-1]["lr"] == pytest.approx(noam_lr(100, 32, m["warmup_steps"], factor))
+    assert train(TrainConfig(**base, steps=2, warmup=7, out=tmp_path / "given"))["warmup_steps"] == 7
+
+    config = TrainConfig(**{**base, "minutes": 1.0}).with_recipe()
+    vocab = T.build_vocab(PAIRS, 1)
+    model, _ = T.make_engine(Transformer(config.model_config(len(vocab)), seed=0), False, 0.5)
+    monkeypatch.setattr(T, "measure_step_seconds", lambda *a, **k: 0.5)
+    model2, opt, model_config, rule = T.fit_warmup(model, model.config, config, encode_pairs(PAIRS, vocab),
+                                                   cross_entropy)
+    allowed = 60 * (1 - T.EVAL_SHARE) / (1.05 * 0.5)
+    assert model_config.warmup_steps == rule["warmup_steps"] == round(T.WARMUP_FRACTION * allowed)
+    assert opt.warmup_steps == model_config.warmup_steps and model2.params is model.params
+    assert rule["seconds_per_step"] == 0.525 and "--minutes 1" in rule["why"]
+    # A shorter warm-up alone would raise the schedule's peak; the factor keeps the preset's peak.
+    from attn.optim import noam_lr
+    w, w0, d = model_config.warmup_steps, 400, model_config.d_model
+    assert opt.lr(w) == pytest.approx(noam_lr(w0, d, w0, config.lr_factor), rel=1e-12)
+    assert opt.lr(w) == pytest.approx(rule["peak_lr"]) and opt.lr(w // 2) < opt.lr(w) > opt.lr(2 * w)
+    fit = lambda **kw: T.fit_warmup(model, model.config, dataclasses.replace(config, **kw),
+                                    encode_pairs(PAIRS * 100, vocab), cross_entropy)[2].warmup_steps
+    assert fit(minutes=0, steps=5000) == 400                       # a long budget keeps the preset's
+    n_batches = len(T.make_batches(encode_pairs(PAIRS * 100, vocab), 64, shuffle=False))
+    assert fit(minutes=0, epochs=2) == round(T.WARMUP_FRACTION * 2 * n_batches)
+
+
+def test_measured_step_time_leaves_the_parameters_alone():
+    import attn.train as T
+    from attn.data import encode_pairs, make_batches
+    cfg = TrainConfig(d_model=16, heads=2, d_ff=32, layers=1)
+    vocab = T.build_vocab(PAIRS, 1)
+    model, _ = T.make_engine(Transformer(cfg.model_config(len(vocab)), seed=0), False, 0.5)
+    before = {k: v.copy() for k, v in model.params.items()}
+    batches = make_batches(encode_pairs(PAIRS, vocab), 64, shuffle=False)
+    assert T.measure_step_seconds(model, batches[:2], 0.1) > 0
+    for k, v in model.params.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=k)

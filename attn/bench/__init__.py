@@ -38,11 +38,15 @@ then one per measurement with at least ``name``, ``seconds_per_step``,
 ``tokens_per_second``, ``peak_memory_mb`` and, with PyTorch, ``torch_seconds_per_step``
 and ``ratio``.
 
+``python -m attn.bench --quality ...`` (:mod:`attn.bench.quality`) is the other benchmark:
+attn and the same model in PyTorch trained one after the other for the same wall-clock
+minutes on a corpus, with test BLEU and chrF for both.
+
 The package's rooms: ``presets`` (the configurations and their batches), ``flops`` (model
 FLOPs, the matmul rate and replay), ``machine`` (CPU, BLAS, threads), ``twin`` (the same
 model in PyTorch), ``work`` (the measurements as callables), ``timing``, ``memory`` (the
 peak-memory child processes), ``report`` (table and Markdown), ``cli`` (the command;
-``__main__`` runs it).
+``__main__`` runs it), ``quality`` (the side-by-side training run).
 """
 from __future__ import annotations
 

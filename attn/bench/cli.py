@@ -32,6 +32,9 @@ def parse_args(argv=None):
                     "measured in the same run. Progress goes to stderr.",
         epilog="presets: " + "; ".join(f"{k}: {v.note or 'model preset ' + k}" for k, v in BENCH_PRESETS.items())
                + ". Example: python -m attn.bench --preset toy-bench --threads 2")
+    p.add_argument("--quality", action="store_true",
+                   help="instead of timing steps: train attn and the same model in PyTorch for the same "
+                        "minutes on a corpus and compare test BLEU and chrF (python -m attn.bench --quality --help)")
     p.add_argument("--preset", default="toy-bench", choices=sorted(BENCH_PRESETS),
                    help="named configuration (default toy-bench)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"],
@@ -222,9 +225,17 @@ def _row(w, settings: dict, rate: float, peak: float, backend: str) -> dict:
 
 
 def main(argv=None) -> int:
+    if "--quality" in (sys.argv[1:] if argv is None else argv):     # the side-by-side training run
+        from .quality import main as quality_main
+        return quality_main(argv)
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--render-markdown":
-        with open(sys.argv[2]) as fh:             # re-render a saved --json run
-            print_markdown([json.loads(line) for line in fh if line.strip()])
+        with open(sys.argv[2]) as fh:             # re-render a saved --json run (either benchmark)
+            rows = [json.loads(line) for line in fh if line.strip()]
+        if any(str(r.get("name", "")).startswith("quality_") for r in rows):
+            from .quality import print_markdown as quality_markdown
+            quality_markdown(rows)
+        else:
+            print_markdown(rows)
         return 0
     args = parse_args(argv)
     if args._memory_child:

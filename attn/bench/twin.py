@@ -221,6 +221,52 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
                         norm.weight.copy_(t(params[f"{stack}.norm.gamma"]))
                         norm.bias.copy_(t(params[f"{stack}.norm.beta"]))
 
+        def attn_params(self) -> dict:
+            """This model's parameters under attn's names and layouts, as host (NumPy) arrays:
+            the inverse of :meth:`load_attn_params` (fused QKV/KV split back, weights transposed
+            to attn's ``x @ W``), so attn's decoder and scorer can run a model PyTorch trained."""
+            np = B.host
+
+            def h(p):
+                return p.detach().to("cpu").numpy().copy()
+
+            def split(lin, names, pre, out):
+                w, b = h(lin.weight).T, h(lin.bias)                  # (D, n*D), (n*D,)
+                for j, n in enumerate(names):
+                    out[f"{pre}.w_{n}"] = np.ascontiguousarray(w[:, j * D:(j + 1) * D])
+                    out[f"{pre}.b_{n}"] = b[j * D:(j + 1) * D].copy()
+
+            out = {"embedding.weight": h(self.embedding.weight)}
+            for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
+                for i, layer in enumerate(layers):
+                    pre = f"{stack}.{i}"
+                    sa = layer.self_attn.f
+                    split(sa.qkv, "qkv", f"{pre}.self_attn", out)
+                    out[f"{pre}.self_attn.w_o"] = np.ascontiguousarray(h(sa.out.weight).T)
+                    out[f"{pre}.self_attn.b_o"] = h(sa.out.bias)
+                    subs = [("norm1", layer.self_attn)]
+                    if stack == "decoder":
+                        ca = layer.cross_attn.f
+                        split(ca.q, "q", f"{pre}.cross_attn", out)
+                        split(ca.kv, "kv", f"{pre}.cross_attn", out)
+                        out[f"{pre}.cross_attn.w_o"] = np.ascontiguousarray(h(ca.out.weight).T)
+                        out[f"{pre}.cross_attn.b_o"] = h(ca.out.bias)
+                        subs += [("norm2", layer.cross_attn), ("norm3", layer.ffn)]
+                    else:
+                        subs += [("norm2", layer.ffn)]
+                    ff = layer.ffn.f
+                    for n, lin in (("1", ff.w1), ("2", ff.w2)):
+                        out[f"{pre}.ffn.w{n}"] = np.ascontiguousarray(h(lin.weight).T)
+                        out[f"{pre}.ffn.b{n}"] = h(lin.bias)
+                    for norm, sub in subs:
+                        out[f"{pre}.{norm}.gamma"] = h(sub.norm.weight)
+                        out[f"{pre}.{norm}.beta"] = h(sub.norm.bias)
+            if cfg.norm == "pre":
+                for stack, norm in (("encoder", self.enc_norm), ("decoder", self.dec_norm)):
+                    out[f"{stack}.norm.gamma"] = h(norm.weight)
+                    out[f"{stack}.norm.beta"] = h(norm.bias)
+            return out
+
     return TorchTransformer().to(device=device, dtype=tdtype)
 
 

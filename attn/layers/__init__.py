@@ -9,6 +9,7 @@ from .feedforward import feed_forward_backward, feed_forward_forward
 from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import linear_backward, linear_forward
 from .positional import positional_backward, positional_forward, sinusoidal_table
+from .residual import residual_ffn_backward, residual_ffn_forward
 from .softmax import softmax_backward, softmax_forward
 from .recurrent import rnn_backward, rnn_forward, rnn_step_backward, rnn_step_forward
 

@@ -1,6 +1,8 @@
 """Input checks shared by the layers: clear errors that name the layer, the argument and the shapes."""
 from __future__ import annotations
 
+from .. import backend as B
+
 
 def check_float(layer: str, **arrays) -> None:
     """Every array is floating point and all share one dtype."""
@@ -23,7 +25,7 @@ def check_ids(layer: str, name: str, ids, V: int) -> None:
     if ids.dtype.kind not in "iu":
         raise TypeError(f"{layer}: {name} must be an integer array of token ids, got dtype {ids.dtype}")
     if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())
+        lo, hi = (int(v) for v in B.to_host(B.get_array_module(ids).stack([ids.min(), ids.max()])))   # one transfer
         if lo < 0 or hi >= V:
             raise IndexError(
                 f"{layer}: {name} (shape {tuple(ids.shape)}) holds ids in [{lo}, {hi}], "

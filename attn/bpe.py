@@ -1,0 +1,411 @@
+"""Byte-pair encoding, learned by hand (Sennrich, Haddow and Birch 2016).
+
+A word vocabulary gives every inflected form its own row ("Haus", "Hauses",
+"Häuser") and turns every word it has not seen into ``<unk>``. Byte-pair encoding
+instead cuts words into *subword* pieces learned from the corpus:
+
+1. Start with every word as a sequence of characters.
+2. Count every pair of adjacent symbols, weighted by how often the word occurs.
+3. Merge the most frequent pair into one new symbol everywhere ("e" "r" -> "er"),
+   and remember the merge. Repeat until the vocabulary has the size you asked for.
+
+To encode a new word, apply the learned merges to its characters in the order they
+were learned. Frequent words end up as one piece, rare ones as a few pieces, and a
+word never seen is still spelled from known pieces. The Transformer paper shares
+one such vocabulary between source and target ("a shared source-target vocabulary
+of about 37000 tokens", section 5.1), so merges are learned on the training text of
+both languages together, and the embedding matrices can be tied (section 3.4).
+
+    >>> bpe = BPE.learn(["low lower lowest slow", "new newer newest", "wide wider widest"], num_merges=10)
+    >>> bpe.merges[:4]
+    [('##o', '##w'), ('##d', '##e'), ('##e', '##w'), ('##i', '##de')]
+    >>> bpe.encode("newer slower")           # "slower" was never seen: known pieces, no <unk>
+    ['new', '##er', 's', '##l', '##ow', '##er']
+    >>> bpe.encode("the")                    # "t" and "h" were never seen: their bytes
+    ['<0x74>', '##<0x68>', '##e']
+    >>> bpe.decode(bpe.encode("the newer, slower"))
+    'the newer, slower'
+
+Words and spacing come from :func:`attn.text.tokenize`, which marks a token glued
+to the one before it with ``##``. Pieces use the same mark: every piece after a
+word's first is glued to the one before ("s" "##lowest"), so
+:func:`attn.text.detokenize` joins pieces back into exactly the normalised text:
+``decode(encode(s)) == normalize(s)`` for any string ``s``. (Sennrich et al. mark the
+*end* of a word, ``</w>``, while learning and ``@@`` on every piece but the last when
+writing; marking the glued pieces is the same information, and keeps a word that
+stands alone the same token in both vocabularies.)
+
+**Characters never seen in training** (an emoji, a Chinese name in a German
+corpus) cannot be spelled from learned pieces. Rather than ``<unk>``, such a
+character is written as its UTF-8 bytes, one token each (``<0xF0>`` ``##<0x9F>``
+..., as SentencePiece's byte fallback does), and all 256 bytes, in both forms
+(after a space and glued), are in the vocabulary. So nothing is ever ``<unk>``,
+and nothing is lost; the price is 512 rows of the vocabulary that are rarely used.
+
+**Learning fast.** Recounting every pair after every merge costs a pass over the
+whole corpus per merge. Instead (as subword-nmt does), the pair counts are kept
+and, per merge, only the words that contain the merged pair are visited: an index
+from each pair to the words containing it says which. Their old pairs are
+subtracted, their new pairs added, and a heap (with stale entries skipped when
+popped) finds the next most frequent pair. ``python -m attn.bpe --tsv FILE``
+times it.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import random
+import sys
+import time
+from collections import Counter, defaultdict
+from typing import Iterable, Mapping, NamedTuple, Sequence
+
+from .text import GLUE, detokenize, normalize, split_glue, tokenize
+
+#: The byte tokens, after a space and glued: a character the merges have no symbol for is spelled with these.
+BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256)) + tuple(f"{GLUE}<0x{b:02X}>" for b in range(256))
+
+
+def symbols_of(token: str) -> list[str]:
+    """A word token as its characters, the starting point of BPE.
+
+    >>> symbols_of("lower"), symbols_of("##er")
+    (['l', '##o', '##w', '##e', '##r'], ['##e', '##r'])
+
+    The first character keeps the token's own mark; the others are glued to it.
+    """
+    body, glued = split_glue(token)
+    if not body:
+        raise ValueError(f"a word token has at least one character, got {token!r}")
+    return [(GLUE if glued else "") + body[0]] + [GLUE + ch for ch in body[1:]]
+
+
+def merge_symbols(a: str, b: str) -> str:
+    """The symbol that merging ``a`` and ``b`` makes: ``("l", "##o") -> "lo"``.
+
+    ``b`` is never a word's first symbol, so it always carries the glue mark, which goes.
+    """
+    return a + b[len(GLUE):]
+
+
+def _merge_word(symbols: list[str], a: str, b: str, new: str) -> list[str]:
+    """Replace every occurrence of the pair (a, b) in ``symbols``, left to right."""
+    out, i, n = [], 0, len(symbols)
+    while i < n:
+        if i + 1 < n and symbols[i] == a and symbols[i + 1] == b:
+            out.append(new)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
+def learn_merges(token_counts: Mapping[str, int], num_merges: int | None = None, *,
+                 max_symbols: int | None = None, min_count: int = 2) -> tuple[list[str], list[tuple[str, str]]]:
+    """Learn BPE merges from word-token counts.
+
+    Parameters
+    ----------
+    token_counts : {token: count}, tokens as :func:`attn.text.tokenize` writes them
+    num_merges : stop after this many merges (the paper's one hyperparameter)
+    max_symbols : or stop when the alphabet plus the merged symbols number this many
+    min_count : never merge a pair seen fewer times than this (default 2)
+
+    Returns
+    -------
+    (alphabet, merges) : the sorted starting symbols, and the merges in the order
+        learned, each a pair ``(a, b)`` that becomes ``merge_symbols(a, b)``.
+
+    Notes
+    -----
+    Each merge visits only the words that contain the merged pair (``where``):
+    their old pair counts are subtracted and their new ones added. The most frequent
+    pair comes off a heap of ``(-count, pair)`` entries; an entry whose count is no
+    longer current is skipped (the current count was pushed when it changed). Ties
+    go to the alphabetically first pair, so learning is deterministic.
+    """
+    if num_merges is None and max_symbols is None:
+        raise ValueError("learn_merges: give num_merges or max_symbols")
+    if num_merges is not None and num_merges < 0:
+        raise ValueError(f"learn_merges: num_merges must be at least 0, got {num_merges}")
+    words: list[list[str]] = []
+    freqs: list[int] = []
+    for token, count in token_counts.items():
+        if count > 0:
+            words.append(symbols_of(token))
+            freqs.append(int(count))
+    alphabet = sorted({s for w in words for s in w})
+    known = set(alphabet)
+
+    pair_count: dict[tuple[str, str], int] = defaultdict(int)
+    where: dict[tuple[str, str], set[int]] = defaultdict(set)   # pair -> indices of the words holding it
+    for i, w in enumerate(words):
+        for pair in zip(w, w[1:]):
+            pair_count[pair] += freqs[i]
+            where[pair].add(i)
+    heap = [(-n, pair) for pair, n in pair_count.items()]
+    heapq.heapify(heap)
+
+    merges: list[tuple[str, str]] = []
+    while heap:
+        if num_merges is not None and len(merges) >= num_merges:
+            break
+        if max_symbols is not None and len(known) >= max_symbols:
+            break
+        neg, pair = heapq.heappop(heap)
+        if pair_count.get(pair, 0) != -neg:
+            continue                               # stale: the count changed since this entry was pushed
+        if -neg < min_count:
+            break
+        a, b = pair
+        new = merge_symbols(a, b)
+        merges.append(pair)
+        known.add(new)
+        delta: Counter = Counter()
+        for i in where.pop(pair):
+            old = words[i]
+            merged = _merge_word(old, a, b, new)
+            words[i] = merged
+            old_pairs, new_pairs = list(zip(old, old[1:])), list(zip(merged, merged[1:]))
+            for p in old_pairs:
+                delta[p] -= freqs[i]
+            for p in new_pairs:
+                delta[p] += freqs[i]
+            for p in set(old_pairs) - set(new_pairs) - {pair}:
+                where[p].discard(i)
+            for p in new_pairs:
+                where[p].add(i)
+        del pair_count[pair]
+        delta.pop(pair, None)
+        for p, d in delta.items():
+            if d:
+                n = pair_count[p] + d
+                if n > 0:
+                    pair_count[p] = n
+                    heapq.heappush(heap, (-n, p))
+                else:
+                    del pair_count[p]
+                    where.pop(p, None)
+    return alphabet, merges
+
+
+def count_tokens(texts: Iterable[str]) -> Counter:
+    """How often each word token occurs in the texts (both languages, for a shared vocabulary)."""
+    counts: Counter = Counter()
+    for text in texts:
+        counts.update(tokenize(text))
+    return counts
+
+
+class BPE:
+    """Learned merges that cut text into subword pieces, and join pieces back into text.
+
+    ``BPE.learn(texts, ...)`` learns; ``encode(text)`` gives the pieces,
+    ``decode(pieces)`` the text; ``vocabulary()`` lists every piece ``encode`` can
+    produce (the byte tokens included); ``to_json()``/``from_json`` save and load.
+    """
+
+    def __init__(self, alphabet: Iterable[str], merges: Iterable[Sequence[str]]):
+        self.alphabet = sorted(set(alphabet))
+        self.merges = [(str(a), str(b)) for a, b in merges]
+        for a, b in self.merges:
+            if not b.startswith(GLUE):
+                raise ValueError(f"a merge joins a symbol to a glued one ('##...'), got {(a, b)}")
+        self.ranks = {pair: rank for rank, pair in enumerate(self.merges)}
+        symbols = list(self.alphabet)
+        seen = set(symbols)
+        for a, b in self.merges:
+            new = merge_symbols(a, b)
+            if new not in seen:            # two different merges can make the same string
+                seen.add(new)
+                symbols.append(new)
+        self.symbols = symbols
+        self._known = seen
+        self._cache: dict[str, list[str]] = {}
+
+    @classmethod
+    def learn(cls, texts: Iterable[str], num_merges: int | None = None, *, max_symbols: int | None = None,
+              min_count: int = 2) -> "BPE":
+        """Learn merges on ``texts`` (see :func:`learn_merges` for the arguments)."""
+        alphabet, merges = learn_merges(count_tokens(texts), num_merges, max_symbols=max_symbols,
+                                        min_count=min_count)
+        return cls(alphabet, merges)
+
+    def vocabulary(self) -> list[str]:
+        """Every piece :meth:`encode` can produce: the alphabet, the merged symbols, the 512 byte tokens."""
+        return self.symbols + list(BYTE_TOKENS)
+
+    def segment(self, token: str) -> list[str]:
+        """The pieces of one word token: its characters, merged in the order the merges were learned.
+
+        Each time, the pair with the earliest merge is merged everywhere in the word;
+        a merge's new symbol only takes part in later merges, so this gives what
+        learning gave. A character outside the alphabet becomes byte tokens.
+        """
+        cached = self._cache.get(token)
+        if cached is not None:
+            return cached
+        symbols = symbols_of(token)
+        while len(symbols) > 1:
+            rank, pair = min(((self.ranks.get(p, len(self.ranks)), p) for p in zip(symbols, symbols[1:])))
+            if rank == len(self.ranks):
+                break                                  # no learned merge applies
+            symbols = _merge_word(symbols, *pair, merge_symbols(*pair))
+        pieces: list[str] = []
+        for s in symbols:
+            if s in self._known:
+                pieces.append(s)
+            else:                                      # one character never seen: its UTF-8 bytes
+                body, glued = split_glue(s)
+                raw = body.encode("utf-8")
+                pieces.append((GLUE if glued else "") + f"<0x{raw[0]:02X}>")
+                pieces.extend(f"{GLUE}<0x{b:02X}>" for b in raw[1:])
+        if len(self._cache) < 200_000:
+            self._cache[token] = pieces
+        return pieces
+
+    def encode(self, text: str) -> list[str]:
+        """Text -> subword pieces (tokenised, then each word segmented)."""
+        return [piece for token in tokenize(text) for piece in self.segment(token)]
+
+    def decode(self, pieces: Iterable[str]) -> str:
+        """Pieces -> text; ``decode(encode(s)) == attn.text.normalize(s)``."""
+        return detokenize(pieces)
+
+    def to_json(self) -> dict:
+        """``{"alphabet": [...], "merges": [[a, b], ...]}``: plain JSON, stored in checkpoints."""
+        return {"alphabet": list(self.alphabet), "merges": [list(m) for m in self.merges]}
+
+    @classmethod
+    def from_json(cls, obj) -> "BPE":
+        if not isinstance(obj, dict) or not isinstance(obj.get("alphabet"), list) \
+                or not isinstance(obj.get("merges"), list):
+            raise ValueError("a saved BPE is a JSON object with the lists 'alphabet' and 'merges'")
+        if not all(isinstance(s, str) and s for s in obj["alphabet"]):
+            raise ValueError("a saved BPE alphabet is a list of non-empty strings")
+        if not all(isinstance(m, list) and len(m) == 2 and all(isinstance(s, str) and s for s in m)
+                   for m in obj["merges"]):
+            raise ValueError("a saved BPE merge is a pair of non-empty strings")
+        return cls(obj["alphabet"], obj["merges"])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BPE) and self.alphabet == other.alphabet and self.merges == other.merges
+
+    def __repr__(self) -> str:
+        return f"BPE({len(self.alphabet)} characters, {len(self.merges)} merges)"
+
+
+# --------------------------------------------------------------------------- measuring it
+
+class Timing(NamedTuple):
+    """What :func:`time_learning` measured."""
+    bpe: "BPE"
+    count_seconds: float        # wall-clock seconds counting the word tokens
+    learn_seconds: float        # wall-clock seconds learning the merges
+    learn_cpu_seconds: float    # CPU seconds of this process learning the merges (less sensitive to a busy machine)
+
+
+def time_learning(texts: Sequence[str], num_merges: int | None = None, *, max_symbols: int | None = None) -> Timing:
+    """Learn BPE on ``texts`` and time it, on one core (pure Python: one thread)."""
+    t0 = time.perf_counter()
+    counts = count_tokens(texts)
+    t1, c1 = time.perf_counter(), time.process_time()
+    alphabet, merges = learn_merges(counts, num_merges, max_symbols=max_symbols)
+    t2, c2 = time.perf_counter(), time.process_time()
+    return Timing(BPE(alphabet, merges), t1 - t0, t2 - t1, c2 - c1)
+
+
+def _split_by_source(pairs, held_out: int, seed: int):
+    """Hold out ``held_out`` distinct source sentences with all their translations."""
+    sources = sorted({s for s, _ in pairs})
+    random.Random(seed).shuffle(sources)
+    test = set(sources[:held_out])
+    return [p for p in pairs if p[0] not in test], [p for p in pairs if p[0] in test]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m attn.bpe",
+        description="Learn byte-pair merges on a tab-separated corpus (source<TAB>target per line, both "
+                    "languages together), time the learning, and compare vocabularies: tokens per sentence "
+                    "and unknown tokens on held-out sentences, for word vocabularies and BPE of each size.",
+        epilog="examples:\n"
+               "  python -m attn.bpe --tsv ../shared/corpora/tatoeba-en-de/deu.txt --merges 10000\n"
+               "  python -m attn.bpe --tsv deu.txt --vocab-size 8000 16000",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tsv", required=True, help="tab-separated sentence pairs, e.g. deu.txt from Tatoeba")
+    p.add_argument("--vocab-size", type=int, nargs="*", default=[], metavar="N",
+                   help="BPE vocabulary sizes to learn (specials and the 512 byte tokens included)")
+    p.add_argument("--merges", type=int, nargs="*", default=[], metavar="M",
+                   help="numbers of merges to learn (default, with no --vocab-size either: 10000)")
+    p.add_argument("--held-out", type=int, default=1000, metavar="K",
+                   help="distinct source sentences held out (with all their translations) to measure on")
+    p.add_argument("--limit", type=int, default=0, metavar="N",
+                   help="use only the first N training pairs (0: all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out split (default 0)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .data import SPECIALS, DataError, Vocab, read_tsv    # the command reads a corpus; the algorithm does not
+    try:
+        pairs = read_tsv(args.tsv)
+    except DataError as e:
+        print(f"python -m attn.bpe: error: {e}", file=sys.stderr)
+        return 2
+    if any(n < len(SPECIALS) + len(BYTE_TOKENS) + 1 for n in args.vocab_size) or any(m < 0 for m in args.merges):
+        print(f"python -m attn.bpe: error: --vocab-size must be at least {len(SPECIALS) + len(BYTE_TOKENS) + 1}, "
+              f"--merges at least 0", file=sys.stderr)
+        return 2
+    train, test = _split_by_source(pairs, args.held_out, args.seed)
+    if args.limit:
+        train = train[:args.limit]
+    texts = [s for s, _ in train] + [t for _, t in train]
+    print(f"{args.tsv}: {len(pairs)} pairs; training on {len(train)}, measuring on {len(test)} held-out pairs "
+          f"({args.held_out} distinct sources)")
+
+    def per_sentence(tokenize_fn, side):
+        return sum(len(tokenize_fn(p[side])) for p in test) / max(len(test), 1)
+
+    counts = count_tokens(texts)
+    header = (f"{'vocabulary':<26s} {'size':>6s} {'merges':>7s} {'learn s':>8s} {'cpu s':>6s} {'src tok/sent':>13s} "
+              f"{'tgt tok/sent':>13s} {'V x tgt tok':>12s} {'held-out <unk>':>15s}")
+    print("\n" + header)
+
+    def row(label, size, merges, seconds, cpu, tokenize_fn, unk, note=""):
+        src, tgt = per_sentence(tokenize_fn, 0), per_sentence(tokenize_fn, 1)
+        print(f"{label:<26s} {size:6d} {merges:>7s} {seconds:>8s} {cpu:>6s} {src:13.2f} {tgt:13.2f} "
+              f"{size * tgt / 1000:11.1f}k {unk:15.2%}{note}")
+
+    held_out_words = [t for p in test for side in p for t in tokenize(side)]
+    for min_freq in (1, 2):
+        words = {t for t, n in counts.items() if n >= min_freq}
+        unk = sum(t not in words for t in held_out_words) / max(len(held_out_words), 1)
+        row(f"words, min-freq {min_freq}", len(SPECIALS) + len(words), "-", "-", "-", tokenize, unk)
+    settings = [("merges", m) for m in args.merges] + [("size", n) for n in args.vocab_size]
+    if not settings:
+        settings = [("merges", 10_000)]
+    for kind, n in settings:
+        if kind == "merges":
+            timing = time_learning(texts, n)
+        else:
+            timing = time_learning(texts, max_symbols=n - len(SPECIALS) - len(BYTE_TOKENS))
+        bpe = timing.bpe
+        lossless = all(bpe.decode(bpe.encode(side)) == normalize(side) for p in test for side in p)
+        vocab = Vocab(SPECIALS + tuple(bpe.vocabulary()), bpe=bpe)
+        pieces = [t for p in test for side in p for t in bpe.encode(side)]
+        unk = sum(t not in vocab for t in pieces) / max(len(pieces), 1)
+        row(f"BPE, {n} merges" if kind == "merges" else f"BPE, vocab-size {n}", len(vocab),
+            str(len(bpe.merges)), f"{timing.learn_seconds:.2f}", f"{timing.learn_cpu_seconds:.2f}", bpe.encode, unk,
+            f"   (counting words {timing.count_seconds:.2f} s; held-out round trip exact: {lossless})")
+    print("\nlearn s: wall-clock seconds to learn the merges from the word counts, one core of this machine; "
+          "cpu s: the CPU seconds of that (what a quiet machine's wall clock would show); "
+          "tok/sent: tokens per held-out sentence (the model's sequence length); V x tgt tok: vocabulary size "
+          "times target tokens per sentence, what the output projection, softmax and loss cost per sentence")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

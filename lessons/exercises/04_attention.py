@@ -1,0 +1,57 @@
+"""Exercise for lesson 4: masked softmax and scaled dot-product attention.
+
+Write the bodies below (replace each ``raise NotImplementedError``), then grade them:
+
+    attn-check lessons/exercises/04_attention.py
+
+Only the layers whose functions you define are checked (``--layer softmax`` checks one).
+Each forward returns ``(out, cache)`` (the cache is yours); each backward returns the
+gradients in the order the forward took its inputs. ``xp = B.get_array_module(x)``.
+"""
+from __future__ import annotations
+
+from attn import backend as B  # noqa: F401
+
+
+def softmax_forward(x, mask=None):
+    """Softmax over the last axis: ``y_i = exp(x_i) / sum_j exp(x_j)``.
+
+    Inputs: x (..., K) logits; mask None or a bool array broadcastable to x, True where a
+    position may receive weight.
+    Returns: y (..., K), cache. Rows sum to one over their unmasked positions; masked
+    positions are exactly 0; a fully masked row is all zeros (not NaN, not uniform).
+    Logits reach 1e4: subtract each row's maximum before exp. Fill masked logits with
+    ``xp.finfo(x.dtype).min`` (not -inf) and zero masked outputs afterwards.
+    """
+    raise NotImplementedError
+
+
+def softmax_backward(dy, cache):
+    """The Jacobian of softmax is ``diag(y) - y y^T``; applied to dy without building it:
+    ``dx = y * (dy - sum(dy * y, axis=-1, keepdims=True))``.
+
+    Inputs: dy (..., K). Returns: dx (..., K).
+    """
+    raise NotImplementedError
+
+
+def attention_forward(q, k, v, mask=None, dropout=0.0, rng=None):
+    """``out = softmax(q @ k^T / sqrt(d_k), mask) @ v`` (equation 1), with dropout on the
+    weights (``p = dropout``; keep where ``rng.random(shape, dtype=...) >= p``, scale by
+    ``1/(1-p)``; no dropout when ``dropout == 0`` or ``rng is None``).
+
+    Inputs: q (..., Tq, Dk); k (..., Tk, Dk); v (..., Tk, Dv); mask None or bool broadcastable
+    to (..., Tq, Tk), True where query i may attend to key j.
+    Returns: out (..., Tq, Dv), cache.
+    """
+    raise NotImplementedError
+
+
+def attention_backward(dout, cache):
+    """Forward was ``out = drop(w) @ v``, ``w = softmax(s)``, ``s = q @ k^T * scale`` with
+    ``scale = 1/sqrt(d_k)``. So ``dv = drop(w)^T @ dout``, ``dw = dropout_back(dout @ v^T)``,
+    ``ds = softmax_backward(dw) * scale``, ``dq = ds @ k``, ``dk = ds^T @ q``.
+
+    Inputs: dout (..., Tq, Dv). Returns: dq, dk, dv (shapes of q, k, v).
+    """
+    raise NotImplementedError

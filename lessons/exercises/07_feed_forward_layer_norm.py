@@ -1,0 +1,82 @@
+"""Exercise for lesson 7: ReLU, the feed-forward network, layer norm, and Add & Norm.
+
+Write the bodies below (replace each ``raise NotImplementedError``), then grade them:
+
+    attn-check lessons/exercises/07_feed_forward_layer_norm.py
+
+Only the layers whose functions you define are checked (``--layer layer_norm`` checks one).
+Each forward returns ``(out, cache)`` (the cache is yours); each backward returns the
+gradients in the order the forward took its inputs. ``xp = B.get_array_module(x)``.
+The library's layers are at hand as ``L.linear_forward``, ``L.dropout_forward``, ... (imported
+as a module, so that attn-check grades only what you write here).
+"""
+from __future__ import annotations
+
+from attn import backend as B  # noqa: F401
+from attn import layers as L  # noqa: F401  (L.linear_forward, L.dropout_forward, ...: the library's)
+
+
+def relu_forward(x):
+    """``out = max(x, 0)``. Returns: out (same shape as x), cache."""
+    raise NotImplementedError
+
+
+def relu_backward(dout, cache):
+    """Forward was ``out = x * (x > 0)``, so ``dx = dout * (x > 0)``. Returns: dx."""
+    raise NotImplementedError
+
+
+def feed_forward_forward(x, w1, b1, w2, b2, dropout=0.0, rng=None):
+    """``FFN(x) = max(0, x W1 + b1) W2 + b2`` (equation 2), with dropout on the hidden
+    activations (``L.dropout_forward(a, dropout, rng)``); ``L.linear_forward`` does the affine maps.
+
+    Inputs: x (..., D); w1 (D, F); b1 (F,); w2 (F, D); b2 (D,). Returns: out (..., D), cache.
+    """
+    raise NotImplementedError
+
+
+def feed_forward_backward(dout, cache):
+    """The forward's steps in reverse: second linear map, dropout, ReLU, first linear map.
+
+    Returns: dx (..., D), dw1, db1, dw2, db2.
+    """
+    raise NotImplementedError
+
+
+def layer_norm_forward(x, gamma, beta, eps=1e-5):
+    """Normalise each row of the last axis, then scale and shift:
+
+        mean = mean(x),  var = mean((x - mean)**2)    (biased: divide by D)
+        xhat = (x - mean) / sqrt(var + eps),  out = gamma * xhat + beta
+
+    Inputs: x (..., D); gamma (D,); beta (D,). Returns: out (..., D), cache.
+    """
+    raise NotImplementedError
+
+
+def layer_norm_backward(dout, cache):
+    """``dgamma = sum(dout * xhat)`` and ``dbeta = sum(dout)`` over every row. The mean and the
+    variance both depend on every x of the row, so with ``g = dout * gamma`` and
+    ``rstd = 1/sqrt(var + eps)``: ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``.
+
+    Returns: dx (..., D), dgamma (D,), dbeta (D,).
+    """
+    raise NotImplementedError
+
+
+def residual_ffn_forward(x, w1, b1, w2, b2, gamma, beta, eps=1e-5):
+    """Add & Norm around the feed-forward network (section 3.1): ``out = LayerNorm(x + FFN(x))``.
+
+    Inputs: x (..., D); w1 (D, F); b1 (F,); w2 (F, D); b2 (D,); gamma, beta (D,).
+    Returns: out (..., D), cache.
+    """
+    raise NotImplementedError
+
+
+def residual_ffn_backward(dout, cache):
+    """With ``z = x + FFN(x)``: the norm's backward gives dz, and x reaches z by two paths,
+    the skip path and the network, so ``dx = dz + (FFN backward of dz)``.
+
+    Returns: dx, dw1, db1, dw2, db2, dgamma, dbeta.
+    """
+    raise NotImplementedError

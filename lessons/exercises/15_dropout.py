@@ -1,0 +1,32 @@
+"""Exercise for lesson 15: inverted dropout (section 5.4, "Residual Dropout").
+
+Write the bodies below (replace each ``raise NotImplementedError``), then grade them:
+
+    attn-check lessons/exercises/15_dropout.py
+
+``xp = B.get_array_module(x)`` is NumPy (or CuPy on a GPU).
+"""
+from __future__ import annotations
+
+from attn import backend as B  # noqa: F401
+
+
+def dropout_forward(x, p, rng=None):
+    """Inverted dropout: keep each unit with probability ``1 - p`` (where
+    ``rng.random(x.shape, dtype=x.dtype) >= p``) and scale the kept ones by ``1/(1-p)``, so
+    the expectation is unchanged and inference needs no rescale. The identity when ``p == 0``
+    or ``rng is None`` (evaluation).
+
+    Inputs: x (any shape); p in [0, 1); rng an ``attn.backend.DeviceRNG`` or None.
+    Returns: out (same shape), cache.
+    """
+    raise NotImplementedError
+
+
+def dropout_backward(dout, cache):
+    """Forward was ``out = x * mask`` (mask 0 or 1/(1-p)): ``dx = dout * mask``, the same mask
+    (keep it in the cache; never draw a new one).
+
+    Returns: dx (same shape as dout).
+    """
+    raise NotImplementedError

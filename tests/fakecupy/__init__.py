@@ -1,0 +1,56 @@
+"""A CuPy stand-in built on NumPy, so that the CuPy path of attn runs where no GPU is.
+
+``fakecupy.cupy`` and ``fakecupy.cupyx`` look like the parts of ``cupy`` and ``cupyx`` that
+attn uses, and behave like them where CuPy differs from NumPy and attn could depend on it:
+
+* Arrays are their own type (:class:`fakecupy.cupy.ndarray`), not ``numpy.ndarray``.
+  ``numpy.asarray(a)`` (implicit conversion) raises ``TypeError`` as CuPy's does;
+  ``a.get()`` and ``cupy.asnumpy(a)`` are the ways to the host.
+* Mixing a host ``numpy.ndarray`` into a device operation (``a + host``, ``cupy.exp(host)``,
+  ``cupy.concatenate([a, host])``) raises ``TypeError``; NumPy scalars and Python numbers
+  are fine, and ``cupy.asarray(host)`` is the way to the device.
+* Reductions and scalar indexing give 0-d device arrays, not NumPy scalars.
+* Integer-array indices out of range wrap around (``a[ids]``, ``take``,
+  ``take_along_axis``, ``cupyx.scatter_add``) instead of raising.
+* Every device -> host transfer is counted: ``.get()``, ``asnumpy``, ``float()``, ``int()``,
+  ``bool()``, ``operator.index()``, ``.item()``, ``.tolist()``, printing an array, and the
+  operations whose result size depends on the data (boolean-mask indexing, ``nonzero``...).
+  :func:`counting` reads the count; ``cupyx.allow_synchronize(False)`` makes one raise.
+* ``cupy.random.RandomState``, ``cupy.cuda`` (runtime, Device, Stream, Event, memory pool and
+  hooks) and ``cupy.get_default_memory_pool()`` exist and do what a single device would.
+
+**The one difference that is not CuPy's**: a kernel (``cupy.RawModule``) cannot run CUDA
+here, so each kernel function is run by its NumPy twin, the function that
+``attn.fast.kernels`` keeps beside every kernel as its specification (see
+:class:`fakecupy.cupy.RawModule`). Everything around the kernels (argument packing, strides,
+grid and block sizes, the launch code of ``CupyOps``) runs as it would on a GPU.
+
+Selecting it: ``ATTN_BACKEND=fakecupy python -m pytest`` runs every ``backend`` test on the
+stand-in alone; with ``ATTN_BACKEND`` unset (CI), the ``cupy`` copy of each test runs on real
+CuPy where a GPU is usable and on the stand-in elsewhere. :func:`install` registers it in
+``attn.backend.cupy_modules``, where attn looks for CuPy.
+"""
+from __future__ import annotations
+
+from . import cupy, cupyx
+from .cupy import TransferCounter, counting, transfers  # noqa: F401
+
+__all__ = ["cupy", "cupyx", "install", "uninstall", "installed", "counting", "transfers"]
+
+
+def install():
+    """Make attn find the stand-in where it looks for CuPy. Returns the ``cupy`` look-alike."""
+    import attn.backend as B
+    B.cupy_modules = (cupy, cupyx)
+    return cupy
+
+
+def uninstall():
+    """Let attn import the real CuPy again."""
+    import attn.backend as B
+    B.cupy_modules = None
+
+
+def installed() -> bool:
+    import attn.backend as B
+    return B.cupy_modules is not None and B.cupy_modules[0] is cupy

@@ -1,0 +1,943 @@
+"""The ``cupy`` look-alike of the stand-in (see ``fakecupy/__init__.py`` for what it promises).
+
+A device array is an :class:`ndarray` holding a NumPy array; every operation unwraps its
+arguments, runs NumPy, and wraps the result. What CuPy does differently is done here:
+host arrays are refused, scalars come back as 0-d device arrays, integer-array indices wrap,
+and every way to the host is counted (or refused inside ``cupyx.allow_synchronize(False)``).
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import operator
+import re
+import time
+from collections import Counter
+
+import numpy as np
+
+__version__ = "0.0.0+fakecupy (NumPy " + np.__version__ + ")"
+
+# --------------------------------------------------------------------------- transfers
+
+
+class DeviceSynchronized(RuntimeError):
+    """Raised (as ``cupyx.DeviceSynchronized``) by a transfer inside ``allow_synchronize(False)``."""
+
+
+class _Transfers:
+    """Every device -> host transfer (and explicit synchronisation) since the import, by kind."""
+
+    def __init__(self):
+        self.n = 0
+        self.kinds: Counter = Counter()
+        self.allowed = True
+
+    def record(self, kind: str) -> None:
+        if not self.allowed:
+            raise DeviceSynchronized(
+                f"fakecupy: a device->host transfer ({kind}) inside cupyx.allow_synchronize(False)")
+        self.n += 1
+        self.kinds[kind] += 1
+
+
+#: The global count. Read it through :func:`counting`.
+transfers = _Transfers()
+
+
+class TransferCounter:
+    """What :func:`counting` yields: the transfers since the ``with`` began."""
+
+    def __init__(self):
+        self._n0, self._k0 = transfers.n, Counter(transfers.kinds)
+
+    @property
+    def n(self) -> int:
+        return transfers.n - self._n0
+
+    @property
+    def kinds(self) -> dict:
+        now = Counter(transfers.kinds)
+        now.subtract(self._k0)
+        return {k: v for k, v in now.items() if v}
+
+    def __repr__(self):
+        return f"TransferCounter(n={self.n}, kinds={self.kinds})"
+
+
+@contextlib.contextmanager
+def counting():
+    """``with counting() as c: ...``; then ``c.n`` transfers happened, ``c.kinds`` by kind."""
+    yield TransferCounter()
+
+
+def _sync(kind: str) -> None:
+    transfers.record(kind)
+
+# --------------------------------------------------------------------------- wrapping
+
+
+def _host_refused(where: str, x) -> TypeError:
+    return TypeError(f"Unsupported type {type(x)} in {where}: a host numpy.ndarray cannot take part in a "
+                     "device operation (move it with cupy.asarray first)")
+
+
+_PLAIN = frozenset({int, float, bool, str, type(None), slice, type(Ellipsis), np.dtype, complex})
+
+
+def _unwrap(x, where: str, allow_host: bool = False):
+    """Device arrays -> their NumPy arrays, recursively through lists, tuples and dicts;
+    a host ``numpy.ndarray`` raises TypeError unless ``allow_host``."""
+    t = type(x)
+    if t is ndarray:
+        return x._a
+    if t in _PLAIN:
+        return x
+    if isinstance(x, np.ndarray):
+        if allow_host:
+            return x
+        raise _host_refused(where, x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_unwrap(v, where, allow_host) for v in x)
+    if isinstance(x, dict):
+        return {k: _unwrap(v, where, allow_host) for k, v in x.items()}
+    return x
+
+
+def _args(args, where: str) -> list:
+    """``_unwrap`` of a call's positional arguments, with a fast path for the usual ones."""
+    out = []
+    for a in args:
+        t = type(a)
+        if t is ndarray:
+            out.append(a._a)
+        elif t in _PLAIN or (t is not np.ndarray and isinstance(a, np.generic)):
+            out.append(a)
+        else:
+            out.append(_unwrap(a, where))
+    return out
+
+
+def _wrap(r):
+    """NumPy results -> device arrays; NumPy scalars -> 0-d device arrays (as CuPy returns)."""
+    if type(r) is np.ndarray:
+        obj = ndarray.__new__(ndarray)
+        obj._a = r
+        return obj
+    if isinstance(r, np.ndarray):
+        return ndarray._of(r)
+    if isinstance(r, np.generic):
+        return ndarray._of(np.asarray(r))
+    if isinstance(r, tuple):
+        return tuple(_wrap(v) for v in r)
+    if isinstance(r, list):
+        return [_wrap(v) for v in r]
+    return r
+
+
+def _out_result(out, r):
+    """A call with ``out=`` returns the device array(s) it was given, as CuPy and NumPy do."""
+    if out is None:
+        return _wrap(r)
+    if isinstance(out, ndarray):
+        return out
+    if isinstance(out, tuple) and len(out) == 1 and isinstance(out[0], ndarray):
+        return out[0]
+    return _wrap(r)
+
+
+def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
+    where = f"cupy.{uf.__name__}" + ("" if method == "__call__" else f".{method}")
+    if method == "at":
+        a, idx = inputs[0], inputs[1]
+        rest = _unwrap(tuple(inputs[2:]), where)
+        target = _unwrap(a, where)
+        getattr(uf, "at")(target, _wrap_index(_index_component(idx), target.shape[0] if target.ndim else 0),
+                          *rest)
+        return None
+    args = _args(inputs, where)
+    if not kwargs:
+        return _wrap(uf(*args) if method == "__call__" else getattr(uf, method)(*args))
+    kw = _unwrap(kwargs, where)
+    r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
+    return _out_result(kwargs.get("out"), r)
+
+
+class _Ufunc:
+    """``cupy.exp`` and friends: a NumPy ufunc that takes device arrays only."""
+
+    def __init__(self, uf: np.ufunc):
+        self._uf = uf
+        self.__name__ = uf.__name__
+        self.nin, self.nout = uf.nin, uf.nout
+
+    def __call__(self, *args, **kwargs):
+        return _ufunc(self._uf, "__call__", args, kwargs)
+
+    def reduce(self, *args, **kwargs):
+        return _ufunc(self._uf, "reduce", args, kwargs)
+
+    def accumulate(self, *args, **kwargs):
+        return _ufunc(self._uf, "accumulate", args, kwargs)
+
+    def outer(self, *args, **kwargs):
+        return _ufunc(self._uf, "outer", args, kwargs)
+
+    def at(self, *args, **kwargs):
+        return _ufunc(self._uf, "at", args, kwargs)
+
+    def __repr__(self):
+        return f"<fakecupy ufunc '{self.__name__}'>"
+
+
+#: Functions whose result size depends on the data: CuPy reads a count back from the device.
+_DATA_DEPENDENT = {"nonzero", "flatnonzero", "argwhere", "unique", "compress", "extract"}
+
+
+def _function(name: str, f):
+    def call(*args, **kwargs):
+        where = f"cupy.{name}"
+        a, k = _args(args, where), (_unwrap(kwargs, where) if kwargs else kwargs)
+        if name in _DATA_DEPENDENT or (name == "where" and len(args) == 1):
+            _sync(f"{name} (result size depends on the data)")
+        r = f(*a, **k)
+        return _out_result(kwargs.get("out"), r)
+    call.__name__ = name
+    call.__qualname__ = name
+    call.__doc__ = f"fakecupy: numpy.{name} on device arrays."
+    return call
+
+# --------------------------------------------------------------------------- indexing
+
+
+def _index_component(k):
+    """One component of an index: device arrays unwrap; host integer arrays and lists are
+    sent to the device as CuPy does; ints, slices, None and Ellipsis stay."""
+    if isinstance(k, ndarray):
+        return k._a
+    if isinstance(k, (np.ndarray, list)):
+        return np.asarray(k)
+    return k
+
+
+def _wrap_index(k, n: int):
+    """CuPy wraps out-of-range integer-array indices: ``ids % n``."""
+    if isinstance(k, np.ndarray) and k.dtype.kind in "iu" and n > 0:
+        return np.mod(k, n)
+    return k
+
+
+def _prepare_index(key, shape):
+    """An index for NumPy with CuPy's semantics. Returns (index, has_bool_mask)."""
+    comps = [_index_component(k) for k in (key if isinstance(key, tuple) else (key,))]
+
+    def consumes(k):
+        if k is None or k is Ellipsis:
+            return 0
+        if isinstance(k, np.ndarray) and k.dtype == bool:
+            return max(k.ndim, 1)
+        return 1
+    explicit = sum(consumes(k) for k in comps)
+    out, axis, has_mask = [], 0, False
+    for k in comps:
+        if k is Ellipsis:
+            axis += max(len(shape) - explicit, 0)
+            out.append(k)
+            continue
+        if isinstance(k, np.ndarray) and k.dtype == bool and k.ndim > 0:
+            has_mask = True
+        if axis < len(shape):
+            k = _wrap_index(k, shape[axis])
+        out.append(k)
+        axis += consumes(k)
+    return tuple(out), has_mask
+
+# --------------------------------------------------------------------------- the array
+
+
+class _Flags:
+    def __init__(self, a: np.ndarray):
+        self.c_contiguous = a.flags.c_contiguous
+        self.f_contiguous = a.flags.f_contiguous
+        self.owndata = a.flags.owndata
+
+    def __getitem__(self, name):
+        return {"C_CONTIGUOUS": self.c_contiguous, "F_CONTIGUOUS": self.f_contiguous,
+                "OWNDATA": self.owndata}[name]
+
+
+class MemoryPointer:
+    """``a.data``: where the array's memory begins (``ptr``)."""
+
+    def __init__(self, a: np.ndarray):
+        self.ptr = a.__array_interface__["data"][0]
+        self.device_id = 0
+
+
+def _binary(uf, reflected=False):
+    def op(self, other):
+        t = type(other)
+        if t is ndarray:
+            return _wrap(uf(other._a, self._a) if reflected else uf(self._a, other._a))
+        if t in _PLAIN:
+            return _wrap(uf(other, self._a) if reflected else uf(self._a, other))
+        if isinstance(other, np.ndarray):
+            raise _host_refused(f"cupy.{uf.__name__}", other)
+        if not isinstance(other, (ndarray, np.generic, int, float, complex, builtins.bool)):
+            return NotImplemented
+        args = (other, self) if reflected else (self, other)
+        return _ufunc(uf, "__call__", args, {})
+    return op
+
+
+def _inplace(uf):
+    def op(self, other):
+        if isinstance(other, np.ndarray):
+            raise _host_refused(f"cupy.{uf.__name__}", other)
+        uf(self._a, _unwrap(other, f"cupy.{uf.__name__}"), out=self._a)
+        return self
+    return op
+
+
+def _unary(uf):
+    def op(self):
+        return _wrap(uf(self._a))
+    return op
+
+
+class ndarray:
+    """A device array of the stand-in: a NumPy array that refuses to be one implicitly."""
+
+    __slots__ = ("_a", "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
+        self._a = np.empty(shape, dtype=dtype, order=order)
+
+    @classmethod
+    def _of(cls, a: np.ndarray) -> "ndarray":
+        obj = cls.__new__(cls)
+        obj._a = a
+        return obj
+
+    # ---- the ways to the host (each one counted)
+
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        _sync("get")
+        if out is not None:
+            out[...] = self._a
+            return out
+        return np.array(self._a, order=order, copy=True)
+
+    def set(self, arr, stream=None):
+        """Host -> device copy into this array."""
+        self._a[...] = np.asarray(arr)
+
+    def item(self, *args):
+        _sync("item")
+        return self._a.item(*args)
+
+    def tolist(self):
+        _sync("tolist")
+        return self._a.tolist()
+
+    def __float__(self):
+        _sync("float")
+        return float(self._a)
+
+    def __int__(self):
+        _sync("int")
+        return int(self._a)
+
+    def __complex__(self):
+        _sync("complex")
+        return complex(self._a)
+
+    def __bool__(self):
+        _sync("bool")
+        return builtins.bool(self._a)
+
+    def __index__(self):
+        _sync("index")
+        return operator.index(self._a)
+
+    def __repr__(self):
+        _sync("repr")
+        return repr(self._a).replace("array(", "fakecupy.array(", 1)
+
+    def __str__(self):
+        _sync("str")
+        return str(self._a)
+
+    def __format__(self, spec):
+        _sync("format")
+        return format(self._a.item() if self._a.ndim == 0 else self._a, spec)
+
+    def __contains__(self, value):
+        _sync("contains")
+        return value in self._a
+
+    # ---- what CuPy refuses
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed. "
+                        "Please use `.get()` to construct a NumPy array explicitly.")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        import fakecupy.cupy as cp
+        try:
+            f = getattr(cp, func.__name__)
+        except AttributeError:
+            return NotImplemented
+        return f(*args, **kwargs)
+
+    # ---- attributes
+
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    itemsize = property(lambda self: self._a.itemsize)
+    nbytes = property(lambda self: self._a.nbytes)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: _Flags(self._a))
+    data = property(lambda self: MemoryPointer(self._a))
+    T = property(lambda self: ndarray._of(self._a.T))
+    device = property(lambda self: Device(0))
+
+    @shape.setter
+    def shape(self, value):
+        self._a.shape = value
+
+    def __len__(self):
+        return len(self._a)
+
+    def __iter__(self):
+        if self._a.ndim == 0:
+            raise TypeError("iteration over a 0-d array")
+        return (ndarray._of(self._a[i]) if self._a.ndim > 1 else ndarray._of(self._a[i:i + 1].reshape(()))
+                for i in range(len(self._a)))
+
+    def __getattr__(self, name):
+        # Everything else an ndarray has, on device arrays; never NumPy's conversion hooks.
+        if name.startswith("__") or name in ("ctypes",):
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if callable(attr):
+            if name == "take":
+                return lambda indices, axis=None, out=None, mode=None: take(self, indices, axis=axis, out=out)
+            if name in ("nonzero",):
+                _sync("nonzero (result size depends on the data)")
+
+            def method(*args, **kwargs):
+                where = f"cupy.ndarray.{name}"
+                if not kwargs:
+                    return _wrap(attr(*_args(args, where)))
+                r = attr(*_args(args, where), **_unwrap(kwargs, where))
+                return _out_result(kwargs.get("out"), r)
+            return method
+        return _wrap(attr)
+
+    def copy(self, order="C"):
+        return ndarray._of(self._a.copy(order=order))
+
+    def __copy__(self):
+        return self.copy()
+
+    def __deepcopy__(self, memo):
+        return self.copy()
+
+    # ---- indexing
+
+    def __getitem__(self, key):
+        idx, has_mask = _prepare_index(key, self._a.shape)
+        if has_mask:
+            _sync("boolean-mask indexing (result size depends on the data)")
+        return _wrap(self._a[idx])
+
+    def __setitem__(self, key, value):
+        idx, _ = _prepare_index(key, self._a.shape)
+        if isinstance(value, np.ndarray):
+            whole = idx in ((slice(None),), (Ellipsis,))
+            if not whole:
+                raise ValueError("non-scalar numpy.ndarray cannot be used for fill "
+                                 "(fakecupy, as CuPy: only a[:] = host_array copies from the host)")
+            self._a[idx] = value
+            return
+        self._a[idx] = _unwrap(value, "cupy.ndarray.__setitem__")
+
+    # ---- arithmetic
+
+    __add__, __radd__, __iadd__ = _binary(np.add), _binary(np.add, True), _inplace(np.add)
+    __sub__, __rsub__, __isub__ = _binary(np.subtract), _binary(np.subtract, True), _inplace(np.subtract)
+    __mul__, __rmul__, __imul__ = _binary(np.multiply), _binary(np.multiply, True), _inplace(np.multiply)
+    __truediv__, __rtruediv__, __itruediv__ = (_binary(np.true_divide), _binary(np.true_divide, True),
+                                               _inplace(np.true_divide))
+    __floordiv__, __rfloordiv__, __ifloordiv__ = (_binary(np.floor_divide), _binary(np.floor_divide, True),
+                                                  _inplace(np.floor_divide))
+    __mod__, __rmod__, __imod__ = _binary(np.remainder), _binary(np.remainder, True), _inplace(np.remainder)
+    __pow__, __rpow__, __ipow__ = _binary(np.power), _binary(np.power, True), _inplace(np.power)
+    __matmul__, __rmatmul__ = _binary(np.matmul), _binary(np.matmul, True)
+    __and__, __rand__, __iand__ = _binary(np.bitwise_and), _binary(np.bitwise_and, True), _inplace(np.bitwise_and)
+    __or__, __ror__, __ior__ = _binary(np.bitwise_or), _binary(np.bitwise_or, True), _inplace(np.bitwise_or)
+    __xor__, __rxor__, __ixor__ = _binary(np.bitwise_xor), _binary(np.bitwise_xor, True), _inplace(np.bitwise_xor)
+    __lshift__, __rshift__ = _binary(np.left_shift), _binary(np.right_shift)
+    __lt__, __le__, __gt__, __ge__ = _binary(np.less), _binary(np.less_equal), _binary(np.greater), \
+        _binary(np.greater_equal)
+    __eq__, __ne__ = _binary(np.equal), _binary(np.not_equal)
+    __neg__, __pos__, __abs__, __invert__ = _unary(np.negative), _unary(np.positive), _unary(np.absolute), \
+        _unary(np.invert)
+    __hash__ = None
+
+    def __imatmul__(self, other):
+        raise TypeError("In-place matrix multiplication is not supported by CuPy; use a @ b")
+
+def _fast_method(name):
+    """The ndarray method ``name`` on device arrays, without going through ``__getattr__``."""
+    where = f"cupy.ndarray.{name}"
+
+    def method(self, *args, **kwargs):
+        f = getattr(self._a, name)
+        if not kwargs:
+            return _wrap(f(*_args(args, where)))
+        r = f(*_args(args, where), **_unwrap(kwargs, where))
+        return _out_result(kwargs.get("out"), r)
+    method.__name__ = name
+    return method
+
+
+for _name in ("reshape", "astype", "sum", "max", "min", "mean", "transpose", "swapaxes", "any", "all", "ravel",
+              "argmax", "view", "fill", "squeeze", "var", "std", "prod", "cumsum", "clip", "dot", "repeat"):
+    setattr(ndarray, _name, _fast_method(_name))
+
+# --------------------------------------------------------------------------- creating arrays
+
+
+def asarray(a, dtype=None, order=None, blocking=False):
+    """Host data -> a device array (a copy); a device array is returned as it is."""
+    if isinstance(a, ndarray):
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    return ndarray._of(np.array(_unwrap(a, "cupy.asarray", allow_host=True), dtype=dtype, order=order or "K",
+                                copy=True))
+
+
+def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=False):
+    if isinstance(obj, ndarray):
+        return ndarray._of(np.array(obj._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin))
+    return ndarray._of(np.array(_unwrap(obj, "cupy.array", allow_host=True), dtype=dtype, copy=True,
+                                order=order, ndmin=ndmin))
+
+
+asanyarray = asarray
+
+
+def asnumpy(a, stream=None, order="C", out=None, blocking=True):
+    """Device -> host (counted); host data is returned as a NumPy array."""
+    if isinstance(a, ndarray):
+        return a.get(stream=stream, order=order, out=out)
+    return np.asarray(a, order=order)
+
+
+def get_array_module(*args):
+    import fakecupy.cupy as cp
+    return cp if any(isinstance(a, ndarray) for a in args) else np
+
+
+def take(a, indices, axis=None, out=None):
+    """As ``numpy.take``, but out-of-range indices wrap (CuPy has no ``mode='raise'``)."""
+    a_ = _unwrap(a, "cupy.take")
+    idx = np.asarray(_index_component(indices))
+    n = a_.size if axis is None else a_.shape[axis]
+    r = np.take(a_, _wrap_index(idx, n), axis=axis, out=_unwrap(out, "cupy.take"))
+    return _out_result(out, r)
+
+
+def take_along_axis(a, indices, axis):
+    a_ = _unwrap(a, "cupy.take_along_axis")
+    idx = _unwrap(indices, "cupy.take_along_axis")
+    n = a_.size if axis is None else a_.shape[axis]
+    return _wrap(np.take_along_axis(a_, _wrap_index(idx, n), axis=axis))
+
+
+# dtypes and constants are NumPy's own, as in CuPy
+dtype, finfo, iinfo = np.dtype, np.finfo, np.iinfo
+newaxis, inf, nan, pi, e = np.newaxis, np.inf, np.nan, np.pi, np.e
+for _name in ("bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "intp",
+              "float16", "float32", "float64", "complex64", "complex128", "integer", "floating", "number",
+              "generic", "signedinteger", "unsignedinteger", "complexfloating", "inexact", "half", "single",
+              "double", "longlong", "ulonglong", "byte", "ubyte", "short", "ushort", "intc", "uintc"):
+    globals()[_name] = getattr(np, _name)
+globals()["bool"] = np.bool_     # cupy.bool, as numpy.bool (so the code here spells Python's builtins.bool)
+
+_NOT_FUNCTIONS = {"asarray", "array"}
+
+
+def __getattr__(name):
+    """Any other NumPy function or ufunc, taking and giving device arrays."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    obj = getattr(np, name, None)
+    if isinstance(obj, np.ufunc):
+        w = _Ufunc(obj)
+    elif callable(obj) and not isinstance(obj, type):
+        w = _function(name, obj)
+    else:
+        raise AttributeError(f"module 'fakecupy.cupy' has no attribute {name!r}")
+    globals()[name] = w
+    return w
+
+
+class _Namespace:
+    """``cupy.linalg`` and the like: NumPy's sub-module on device arrays."""
+
+    def __init__(self, module, name):
+        self._module, self._name = module, name
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        obj = getattr(self._module, name)
+        if not callable(obj) or isinstance(obj, type):
+            return obj
+        w = _function(f"{self._name}.{name}", obj)
+        setattr(self, name, w)
+        return w
+
+
+linalg = _Namespace(np.linalg, "linalg")
+
+# --------------------------------------------------------------------------- random
+
+
+class _Random:
+    """``cupy.random``: a seeded RandomState whose draws are device arrays."""
+
+    class RandomState:
+        def __init__(self, seed=None):
+            self._g = np.random.Generator(np.random.PCG64(seed))
+
+        def random_sample(self, size=None, dtype=float):
+            dt = np.dtype(dtype)
+            if dt not in (np.float32, np.float64):
+                raise TypeError(f"cupy.random.RandomState.random_sample: dtype must be float32 or float64, got {dt}")
+            return ndarray._of(np.asarray(self._g.random(size, dtype=dt)))
+
+        def randint(self, low, high=None, size=None, dtype=int):
+            return ndarray._of(np.asarray(self._g.integers(low, high, size=size, dtype=dtype)))
+
+        def standard_normal(self, size=None, dtype=float):
+            return ndarray._of(np.asarray(self._g.standard_normal(size, dtype=np.dtype(dtype))))
+
+        def normal(self, loc=0.0, scale=1.0, size=None, dtype=float):
+            return ndarray._of(np.asarray(self._g.normal(loc, scale, size)).astype(dtype))
+
+        def uniform(self, low=0.0, high=1.0, size=None, dtype=float):
+            return ndarray._of(np.asarray(self._g.uniform(low, high, size)).astype(dtype))
+
+    def __init__(self):
+        self._default = self.RandomState(0)
+
+    def seed(self, seed=None):
+        self._default = self.RandomState(seed)
+
+    def random(self, size=None, dtype=float):
+        return self._default.random_sample(size, dtype)
+
+    random_sample = random
+
+
+random = _Random()
+
+# --------------------------------------------------------------------------- cuda
+
+
+class Device:
+    """The one device of the stand-in."""
+
+    def __init__(self, device=None):
+        self.id = 0 if device is None else int(device)
+        if self.id != 0:
+            raise ValueError(f"fakecupy has one device (0), not {self.id}")
+
+    def synchronize(self):
+        _sync("synchronize")
+
+    def use(self):
+        return self
+
+    @property
+    def mem_info(self):
+        return (1 << 34, 1 << 34)
+
+    @property
+    def compute_capability(self):
+        return "90"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Stream:
+    null = None
+
+    def __init__(self, null=False, non_blocking=False, ptr=None):
+        self.ptr = 0 if null else id(self)
+
+    def synchronize(self):
+        _sync("synchronize")
+
+    def use(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+Stream.null = Stream(null=True)
+
+
+class Event:
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self._t = None
+
+    def record(self, stream=None):
+        self._t = time.perf_counter()
+
+    def synchronize(self):
+        _sync("synchronize")
+
+
+def get_elapsed_time(start: Event, end: Event) -> float:
+    """Milliseconds between two recorded events."""
+    return (end._t - start._t) * 1e3
+
+
+class MemoryHook:
+    """``cupy.cuda.MemoryHook``: no device allocations happen here, so no hook is called."""
+    name = "MemoryHook"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class MemoryPool:
+    def used_bytes(self):
+        return 0
+
+    def total_bytes(self):
+        return 0
+
+    def free_bytes(self):
+        return 0
+
+    def free_all_blocks(self, stream=None):
+        pass
+
+    def n_free_blocks(self):
+        return 0
+
+    def set_limit(self, size=None, fraction=None):
+        pass
+
+    def get_limit(self):
+        return 0
+
+
+_POOL, _PINNED_POOL = MemoryPool(), MemoryPool()
+
+
+def get_default_memory_pool():
+    return _POOL
+
+
+def get_default_pinned_memory_pool():
+    return _PINNED_POOL
+
+
+class _Runtime:
+    CUDARuntimeError = RuntimeError
+
+    @staticmethod
+    def getDeviceCount():
+        return 1
+
+    @staticmethod
+    def getDeviceProperties(device):
+        return {"name": b"fakecupy (NumPy stand-in)", "totalGlobalMem": 1 << 34, "major": 9, "minor": 0,
+                "multiProcessorCount": 1, "maxThreadsPerBlock": 1024, "sharedMemPerBlock": 48 << 10}
+
+    @staticmethod
+    def runtimeGetVersion():
+        return 12000
+
+    @staticmethod
+    def driverGetVersion():
+        return 12000
+
+    @staticmethod
+    def deviceSynchronize():
+        _sync("synchronize")
+
+
+class _Cuda:
+    Device, Stream, Event, MemoryHook, MemoryPool = Device, Stream, Event, MemoryHook, MemoryPool
+    get_elapsed_time = staticmethod(get_elapsed_time)
+    runtime = _Runtime()
+
+    @staticmethod
+    def is_available():
+        return True
+
+    @staticmethod
+    def get_current_stream():
+        return Stream.null
+
+
+cuda = _Cuda()
+
+# --------------------------------------------------------------------------- kernels
+
+
+class KernelLaunch:
+    """How a kernel was launched: what its NumPy twin receives first."""
+
+    def __init__(self, name, grid, block, shared_mem):
+        self.name, self.grid, self.block, self.shared_mem = name, grid, block, shared_mem
+
+    @property
+    def threads(self) -> int:
+        return int(np.prod(self.block))
+
+    @property
+    def blocks(self) -> int:
+        return int(np.prod(self.grid))
+
+
+_CTYPE_DTYPES = {"float": np.float32, "double": np.float64, "int": np.int32, "long long": np.int64,
+                 "unsigned int": np.uint32, "unsigned long long": np.uint64, "bool": np.bool_,
+                 "unsigned char": np.uint8, "unsigned short": np.uint16, "short": np.int16}
+
+
+def _kernel_signatures(code: str) -> dict:
+    """name -> (template parameter or None, [(C type, is pointer, parameter name)]) of every
+    ``__global__`` function in ``code``."""
+    sigs = {}
+    pattern = r"(?:template\s*<\s*typename\s+(\w+)\s*>\s*)?__global__\s+void\s+(\w+)\s*\(([^)]*)\)"
+    for m in re.finditer(pattern, code):
+        tparam, name, params = m.group(1), m.group(2), m.group(3)
+        plist = []
+        for p in (s.strip() for s in params.split(",") if s.strip()):
+            p = re.sub(r"\b(const|__restrict__)\b", " ", p)
+            ptr = "*" in p
+            p = p.replace("*", " ")
+            words = p.split()
+            plist.append((" ".join(words[:-1]), ptr, words[-1]))
+        sigs[name] = (tparam, plist)
+    return sigs
+
+
+def _twins() -> dict:
+    """The NumPy twins of attn's kernels, by kernel name: ``attn.fast.kernels.NUMPY_TWINS``."""
+    import importlib
+    for mod in ("attn.fast.kernels", "attn.kernels"):
+        try:
+            m = importlib.import_module(mod)
+        except ImportError:
+            continue
+        if hasattr(m, "NUMPY_TWINS"):
+            return m.NUMPY_TWINS
+    raise RuntimeError("fakecupy: attn's kernels module has no NUMPY_TWINS to run kernels with")
+
+
+class RawKernel:
+    """One kernel of a :class:`RawModule`. Calling it checks the launch as a GPU would
+    (block and shared-memory limits, every argument's type against the kernel's C
+    signature, device arrays only) and then runs the kernel's NumPy twin in its place."""
+
+    MAX_THREADS, MAX_SHARED = 1024, 48 << 10
+
+    def __init__(self, name, signature, targ, twin):
+        self.name, self._sig, self._targ, self._twin = name, signature, targ, twin
+
+    def __call__(self, grid, block, args, *, shared_mem=0, stream=None):
+        tparam, params = self._sig
+        if not (isinstance(grid, tuple) and isinstance(block, tuple) and 1 <= len(grid) <= 3
+                and 1 <= len(block) <= 3):
+            raise TypeError(f"{self.name}: grid and block must be tuples of 1 to 3 ints, got {grid!r}, {block!r}")
+        for v in grid + block:
+            if not isinstance(v, (int, np.integer)) or isinstance(v, (builtins.bool, np.bool_)) or v < 1:
+                raise ValueError(f"{self.name}: grid and block sizes must be positive ints, got {grid!r}, {block!r}")
+        if int(np.prod(block)) > self.MAX_THREADS:
+            raise ValueError(f"{self.name}: {int(np.prod(block))} threads per block, at most {self.MAX_THREADS}")
+        if not 0 <= int(shared_mem) <= self.MAX_SHARED:
+            raise ValueError(f"{self.name}: shared_mem {shared_mem} bytes, at most {self.MAX_SHARED}")
+        if not isinstance(args, tuple) or len(args) != len(params):
+            raise TypeError(f"{self.name}: the kernel takes {len(params)} arguments "
+                            f"({', '.join(p[2] for p in params)}), got {len(args) if isinstance(args, tuple) else args!r}")
+        host_args = []
+        for a, (ctype, ptr, pname) in zip(args, params):
+            ctype = self._targ if ctype == tparam else ctype
+            want = _CTYPE_DTYPES.get(ctype)
+            if want is None:
+                raise TypeError(f"{self.name}: fakecupy does not know the C type {ctype!r} of {pname}")
+            if ptr:
+                if isinstance(a, np.ndarray):
+                    raise _host_refused(f"kernel {self.name} argument {pname}", a)
+                if not isinstance(a, ndarray):
+                    raise TypeError(f"{self.name}: argument {pname} ({ctype}*) must be a device array, "
+                                    f"got {type(a).__name__}")
+                if a.dtype != want:
+                    raise TypeError(f"{self.name}: argument {pname} is {ctype}*, but the array's dtype is "
+                                    f"{a.dtype}")
+                host_args.append(a._a)
+            else:
+                # CuPy passes a NumPy scalar with its own width; a Python int or float would be
+                # passed as 64 bits and silently misread by a kernel expecting int or float.
+                if not isinstance(a, np.generic) or a.dtype != want:
+                    raise TypeError(f"{self.name}: argument {pname} is {ctype}, so it must be a numpy.{np.dtype(want)} "
+                                    f"scalar, got {type(a).__name__} {a!r}")
+                host_args.append(a)
+        launch = KernelLaunch(self.name, tuple(int(v) for v in grid), tuple(int(v) for v in block), int(shared_mem))
+        self._twin(launch, *host_args)
+
+
+class RawModule:
+    """``cupy.RawModule``: CUDA source and the kernels named in ``name_expressions``. The
+    source is only read for the kernels' signatures (``tests/test_kernels.py`` compiles it
+    with NVRTC); each kernel runs as its NumPy twin (see :class:`RawKernel`)."""
+
+    def __init__(self, code=None, *, path=None, options=(), backend="nvrtc", translate_cucomplex=False,
+                 enable_cooperative_groups=False, name_expressions=None, jitify=False):
+        if code is None:
+            raise ValueError("fakecupy.RawModule: pass the source as code=")
+        self.code, self.options = code, tuple(options)
+        self.name_expressions = tuple(name_expressions or ())
+        self._sigs = _kernel_signatures(code)
+
+    def get_function(self, name: str) -> RawKernel:
+        m = re.fullmatch(r"(\w+)\s*(?:<\s*([\w ]+?)\s*>)?", name)
+        if m is None:
+            raise ValueError(f"fakecupy.RawModule.get_function: cannot read the name {name!r}")
+        base, targ = m.group(1), m.group(2)
+        if base not in self._sigs:
+            raise KeyError(f"no __global__ function {base!r} in the module's source")
+        if self._sigs[base][0] is not None:
+            if targ is None or name not in self.name_expressions:
+                raise KeyError(f"template kernel {name!r} was not named in name_expressions "
+                               f"{self.name_expressions} (NVRTC would not instantiate it)")
+        twins = _twins()
+        if base not in twins:
+            raise KeyError(f"kernel {base!r} has no NumPy twin in attn's kernels module")
+        return RawKernel(name, self._sigs[base], targ, twins[base])

@@ -1,0 +1,36 @@
+"""The ``cupyx`` look-alike of the stand-in: ``scatter_add`` and ``allow_synchronize``."""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from .cupy import DeviceSynchronized, _unwrap, _wrap_index, _index_component, ndarray, transfers
+
+__all__ = ["scatter_add", "allow_synchronize", "DeviceSynchronized"]
+
+
+def scatter_add(a, slices, value):
+    """``a[slices] += value`` accumulating repeated indices, as ``cupyx.scatter_add``; an
+    integer-array index out of range wraps, as CuPy's indexing does."""
+    if not isinstance(a, ndarray):
+        raise TypeError(f"cupyx.scatter_add: a must be a device array, got {type(a).__name__}")
+    target = a._a
+    idx = _index_component(slices)
+    if isinstance(idx, tuple):
+        idx = tuple(_wrap_index(_index_component(k), n) for k, n in zip(idx, target.shape))
+    else:
+        idx = _wrap_index(idx, target.shape[0])
+    np.add.at(target, idx, _unwrap(value, "cupyx.scatter_add"))
+
+
+@contextlib.contextmanager
+def allow_synchronize(allow: bool):
+    """Inside ``with allow_synchronize(False)``, any device->host transfer raises
+    :class:`DeviceSynchronized` (as CuPy does for implicit synchronisation)."""
+    before = transfers.allowed
+    transfers.allowed = bool(allow)
+    try:
+        yield
+    finally:
+        transfers.allowed = before

@@ -1,0 +1,12 @@
+"""The mask applied after the softmax: masked weights are zeroed, the rest no longer sum to one."""
+from attn import backend as B
+from attn.layers.softmax import SoftmaxCache, softmax_backward  # noqa: F401
+
+
+def softmax_forward(x, mask=None):
+    xp = B.get_array_module(x)
+    e = xp.exp(x - x.max(axis=-1, keepdims=True))
+    y = e / e.sum(axis=-1, keepdims=True)
+    if mask is not None:
+        y = xp.where(mask, y, 0.0)
+    return y, SoftmaxCache(y)
