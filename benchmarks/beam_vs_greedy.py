@@ -3,8 +3,8 @@
     PYTHONPATH=. python benchmarks/beam_vs_greedy.py runs/tatoeba [--beam 4] [--limit 1000]
 
 Reads ``RUN/config.json`` to rebuild the test split exactly as ``attn-train`` held it out,
-translates its sources with the run's final model (``averaged.npz`` when there is one,
-else ``checkpoint.npz``) greedily and with beam K, and prints one JSON object per search:
+translates its sources with the model the run tested (``averaged.npz`` where ``train()`` chose
+the average of the last snapshots, else ``checkpoint.npz``) greedily and with beam K, and prints one JSON object per search:
 BLEU (sacreBLEU on the text, cased and lower-cased), chrF, and seconds; then one object
 comparing the searches on beam search's own objective, log P / lp (section 6.1): on how
 many sentences the beam output scores below greedy's (beam search is a heuristic, so this
@@ -43,7 +43,9 @@ def main(argv=None) -> int:
     config = TrainConfig.from_dict(json.loads((args.run / "config.json").read_text())["train"])
     test = load_corpus(config).test
     test = test[:args.limit] if args.limit else test
-    ckpt = args.run / "averaged.npz" if (args.run / "averaged.npz").is_file() else args.run / "checkpoint.npz"
+    # The model the run tested: the average of its last snapshots where train() chose it, else the last one.
+    metrics = json.loads((args.run / "metrics.json").read_text())
+    ckpt = args.run / ("averaged.npz" if metrics.get("averaged_checkpoints", 1) > 1 else "checkpoint.npz")
     model, vocab = load_translator(ckpt)
     refs = [t for _, t in test]
     results = {}
