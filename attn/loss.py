@@ -15,6 +15,17 @@ from .layers._checks import check_ids
 from .masks import PAD_ID
 
 
+def check_loss_args(logits, targets, smoothing: float) -> None:
+    """The argument checks both cross-entropies (this one and attn.fast's) make before any work."""
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f"cross_entropy: smoothing must be in [0, 1), got {smoothing}")
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} and targets {tuple(targets.shape)} "
+                         "must agree on every axis but the last")
+    if logits.dtype.kind != "f":
+        raise TypeError(f"cross_entropy: logits must be floating point, got {logits.dtype}")
+
+
 def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = PAD_ID,
                   check_finite: bool = True):
     """Inputs: logits (..., V) float; targets (...) integer ids in [0, V);
@@ -25,13 +36,7 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
     Raises FloatingPointError if the loss is not finite (NaN or inf in the logits)
     unless ``check_finite=False`` (which avoids the one host sync).
     """
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"cross_entropy: smoothing must be in [0, 1), got {smoothing}")
-    if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} and targets {tuple(targets.shape)} "
-                         "must agree on every axis but the last")
-    if logits.dtype.kind != "f":
-        raise TypeError(f"cross_entropy: logits must be floating point, got {logits.dtype}")
+    check_loss_args(logits, targets, smoothing)
     xp = B.get_array_module(logits)
     V = logits.shape[-1]
     check_ids("cross_entropy", "targets", targets, V)

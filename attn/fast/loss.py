@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import backend as B
 from ..layers._checks import check_ids
 from ..masks import PAD_ID
+from ..loss import check_loss_args
 from .ops import ops_for
 from .threads import _THREADS, _row_slices, default_workers
 
@@ -20,13 +21,7 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
     the vocabulary, and ``check_finite=False`` the finiteness check: with both off a CuPy call
     never waits for the device. Inputs, outputs and errors are otherwise the reference's.
     """
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"cross_entropy: smoothing must be in [0, 1), got {smoothing}")
-    if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} and targets {tuple(targets.shape)} "
-                         "must agree on every axis but the last")
-    if logits.dtype.kind != "f":
-        raise TypeError(f"cross_entropy: logits must be floating point, got {logits.dtype}")
+    check_loss_args(logits, targets, smoothing)
     xp = B.get_array_module(logits)
     V = logits.shape[-1]
     if validate:
