@@ -90,31 +90,50 @@ class _CachedStepper:
         att = cross[-1][:, :, 0, :].mean(axis=1) if self.with_attention else None    # (n, S)
         return logp, att
 
-    def select(self, index):
-        """Keep (and repeat) rows ``index`` (device int array)."""
+    def select(self, index, index_h):
+        """Keep (and repeat) rows ``index`` (device int array; ``index_h`` the same on the host)."""
         self.state = self.state.select(index)
 
 
 class _FullStepper:
-    """The same interface, recomputing the whole prefix every step (no cache)."""
+    """The same interface, recomputing the whole prefix every step (no cache).
+
+    The cross-attention keys and values depend on the source alone: where the model's
+    ``decode`` takes them precomputed (:class:`attn.fast.FastTransformer`, which sets
+    ``DECODE_TAKES_CROSS_KV``) they are projected once, as PyTorch's ``nn.Transformer``
+    users do with the memory; the decoder itself still runs on the whole prefix."""
 
     def __init__(self, model, memory, src_mask, with_attention):
         self.model, self.with_attention = model, with_attention
         self.memory, self.src_mask, self.prefix = memory, src_mask, None
+        self.cross_kv = self.sentence = None
+        if getattr(model, "DECODE_TAKES_CROSS_KV", False):
+            self.cross_kv = model.start_decoding(memory, src_mask).cross_kv
+            self.sentence = B.host.arange(memory.shape[0])       # which source row each row decodes
 
     def step(self, tokens):
         xp = B.get_array_module(tokens)
         col = tokens[:, None]
         self.prefix = col if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
-        h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask)                  # (n, t+1, D)
+        if self.cross_kv is None:
+            h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask)              # (n, t+1, D)
+        else:
+            h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask, cross_kv=self.cross_kv,
+                                            keep_weights=self.with_attention)
         logp = log_softmax(self.model.project(h[:, -1, :]))                                      # (n, V)
         att = None
         if self.with_attention:
             att = cache.layers[-1][1].sub.attn.weights[:, :, -1, :].mean(axis=1)              # (n, S)
         return logp, att
 
-    def select(self, index):
+    def select(self, index, index_h):
         self.prefix = self.prefix[index]
+        if self.cross_kv is not None:
+            sentence = self.sentence[index_h]
+            if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
+                return                      # beams reordered within their sentences: the source rows stay
+            self.sentence = sentence
+            self.cross_kv = [(k[index], v[index]) for k, v in self.cross_kv]
         self.memory, self.src_mask = self.memory[index], self.src_mask[index]
 
 
@@ -239,7 +258,7 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
             idx = np.nonzero(keep)[0]
             rows = rows[idx]
             idx_d, tok_d = _to_device_rows(xp, idx, tok[idx])
-            stepper.select(idx_d.astype(xp.int64))
+            stepper.select(idx_d.astype(xp.int64), idx)
             tokens = tok_d.astype(xp.int64)
         else:
             tokens = nxt
@@ -349,7 +368,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         hist = hist.reshape(nl, Wn, -1)[keep].reshape(len(idx), -1)
         parents.append(idx)
         idx_d, tok_d, s_d = _to_device_rows(xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
-        stepper.select(idx_d.astype(xp.int64))
+        stepper.select(idx_d.astype(xp.int64), idx)
         tokens = tok_d.astype(xp.int64)
         beam_scores = s_d.reshape(len(live), Wn)
         W = Wn

@@ -86,6 +86,29 @@ def test_cached_equals_uncached(backend, K):
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("K", [None, 3])
+@pytest.mark.parametrize("with_attention", [False, True])
+def test_fast_uncached_decoding_is_the_reference_search(backend, K, with_attention):
+    """Without the cache the fast model's ``decode`` takes the cross-attention keys and values
+    projected once (reordered only when a row changes sentence) and keeps no weights unless
+    the attention is asked for: the same search as the reference's, sentences ending at
+    several lengths (rows dropped, beams reordered)."""
+    from attn.fast import FastTransformer
+    ref = eos_model()
+    fast = FastTransformer.from_model(ref)
+    src = dev(ref, sources())
+    run = (lambda m, c: greedy_decode(m, src, use_cache=c, with_attention=with_attention)) if K is None else \
+        (lambda m, c: beam_search(m, src, beam_size=K, use_cache=c, with_attention=with_attention))
+    want = run(ref, False)
+    assert len({len(t) for t in want.tokens}) >= 3
+    for got in (run(fast, False), run(fast, True)):
+        assert got.tokens == want.tokens
+        np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-9)
+        assert (got.cross_attention is None) == (not with_attention)
+        for x, y in zip(got.cross_attention or [], want.cross_attention or []):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-9)
+
+
 @pytest.mark.parametrize("seed,eos_scale", [(1, 3.0), (1, 1.0), (2, 2.0), (3, 3.0)])
 def test_beam_one_is_greedy(seed, eos_scale):
     m = tiny_model(seed, eos_scale)

@@ -662,3 +662,21 @@ def test_keep_freed_memory_is_harmless():
     assert r.returncode == 0, r.stderr
     ok, total = r.stdout.split()
     assert ok in ("True", "False") and float(total) == 1 << 22
+
+
+@pytest.mark.parametrize("workers,split_min", [(None, 0), (None, 1 << 40), (1, 0), (3, 0)])
+def test_fast_projection_matches_reference(workers, split_min):
+    """FastTransformer.project (rows split over the helper threads, or on one BLAS thread, or
+    BLAS's own with workers=1) is the reference's projection, for (n, D) and (B, T, D) inputs,
+    a strided view included (the last position of each row, as decoding projects it)."""
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=23, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+                            n_decoder_layers=1, max_len=32)
+    ref = Transformer(cfg, seed=3, dtype="float64")
+    fast = FastTransformer.from_model(ref)
+    fast.workers, fast.SPLIT_MIN_SIZE = workers, split_min
+    h = np.random.default_rng(0).normal(size=(5, 7, 8))
+    for x in (h, h[:, -1, :], h[0]):
+        got, want = fast.project(x), ref.project(x)
+        assert got.shape == want.shape == x.shape[:-1] + (23,)
+        assert rel_error(got, want) < 1e-14

@@ -383,6 +383,29 @@ class FastTransformer(Transformer):
                            for sl, c in zip(cache.parts, cache.caches)])
         return sink.grads
 
+    def project(self, h):
+        """:meth:`Transformer.project`: (..., D) -> (..., V). On NumPy with the automatic split
+        (``workers`` None) it never runs on BLAS's own threads, as no product of the fast path
+        does: a large one is split by rows over the helper threads like :meth:`forward`, a
+        small one runs on one thread. A product on BLAS's threads leaves them spinning for a
+        while after it returns, and a split pass right after it shares the cores with them:
+        greedy decoding without the cache (toy-bench) took 7.0 s with the projection of each
+        step on BLAS's two threads and 5.3 s with it on one."""
+        if self.xp is not B.host or self.workers is not None and int(self.workers) <= 1:
+            return super().project(h)
+        E = self.params[self._emb("out")]                                       # (V, D)
+        lead = h.shape[:-1]
+        rows = math.prod(lead)
+        k = self._n_parts(rows)
+        if k == 1:
+            with single_threaded_blas():
+                return super().project(h)
+        h2 = h.reshape(rows, h.shape[-1])
+        out = self.xp.empty((rows, E.shape[0]), dtype=self.dtype)
+        _THREADS.parallel([lambda sl=sl: self.xp.matmul(h2[sl], E.T, out=out[sl])
+                           for sl in _row_slices(rows, k)])
+        return out.reshape(*lead, E.shape[0])
+
     def logits(self, src, tgt_in):
         """Logits (B, T, V_tgt) for evaluation: no dropout, and no cache kept, so each
         layer's buffers are freed as soon as the next layer has run."""
@@ -515,33 +538,50 @@ class FastTransformer(Transformer):
         self._in_parts(Bsz, S, part)
         return out, None
 
-    def decode(self, tgt_in, memory, src_mask, rng=None):
+    def decode(self, tgt_in, memory, src_mask, rng=None, cross_kv=None, keep_weights=True):
         """:meth:`Transformer.decode`. Without dropout (``rng=None``: decoding without the cache
         recomputes the prefix with it) the fast decoder, its batch split over threads; the
         cache it returns holds only each layer's cross-attention weights, in the reference's
         place (``cache.layers[i][1].sub.attn.weights``, (B, H, T, S)), for
-        :func:`attn.decode.greedy_decode`'s attention. With ``rng`` the reference's."""
+        :func:`attn.decode.greedy_decode`'s attention. With ``rng`` the reference's.
+
+        Two inference options (what :func:`attn.decode.greedy_decode` passes when it
+        recomputes the prefix at every step): ``cross_kv``, each decoder layer's
+        cross-attention keys and values (B, H, S, Dh) as :meth:`start_decoding` makes them
+        (they depend on the source alone, so they are projected once, not at every step);
+        ``keep_weights=False``: no cross-attention weights are kept, and the cache is None."""
         if rng is not None:
+            if cross_kv is not None or not keep_weights:
+                raise ValueError("FastTransformer.decode: cross_kv and keep_weights are for inference (rng=None)")
             return super().decode(tgt_in, memory, src_mask, rng)
         xp, cfg = self.xp, self.config
         D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
         Bsz, T = tgt_in.shape
         S = memory.shape[1]
+        if cross_kv is not None and (len(cross_kv) != L or cross_kv[0][0].shape[:3] != (Bsz, H, S)):
+            raise ValueError(f"FastTransformer.decode: cross_kv must hold {L} (keys, values) pairs of shape "
+                             f"({Bsz}, {H}, {S}, {D // H}), got {len(cross_kv)} pairs, the first keys "
+                             f"{tuple(cross_kv[0][0].shape) if cross_kv else None}")
         out = xp.empty((Bsz, T, D), dtype=self.dtype)
-        weights = [xp.empty((Bsz, H, T, S), dtype=self.dtype) for _ in range(L)]
+        weights = [xp.empty((Bsz, H, T, S), dtype=self.dtype) for _ in range(L)] if keep_weights else None
         F = self._fuse()
 
         def part(sl):
             n = tgt_in[sl].shape[0]
             bias, rows = self._bias(src_mask[sl], self.dtype, xp)
-            _, kv_heads = self._cross_kv(memory[sl].reshape(n * S, D), F, n, S)
-            y, _, _, _, cross = self._decoder(tgt_in[sl], kv_heads, bias, rows, F, None, False, keep_cross=True)
+            if cross_kv is None:
+                _, kv_heads = self._cross_kv(memory[sl].reshape(n * S, D), F, n, S)
+            else:
+                kv_heads = [a[sl] for pair in cross_kv for a in pair]
+            y, _, _, _, cross = self._decoder(tgt_in[sl], kv_heads, bias, rows, F, None, False,
+                                              keep_cross=keep_weights)
             out[sl] = y.reshape(n, T, D)
-            for w_all, w in zip(weights, cross):
+            for w_all, w in zip(weights or [], cross or []):
                 w_all[sl] = w.transpose(1, 2, 3, 0)                           # (S, n, H, T) -> (n, H, T, S)
         self._in_parts(Bsz, max(S, T), part)
-        return out, CrossWeights([(None, _Residual(_Sub(_Weights(w))), None) for w in weights]), \
-            decoder_mask(tgt_in)
+        cache = None if weights is None else \
+            CrossWeights([(None, _Residual(_Sub(_Weights(w))), None) for w in weights])
+        return out, cache, decoder_mask(tgt_in)
 
     def _in_parts(self, Bsz: int, T: int, part) -> None:
         """Call ``part(rows)`` for the batch's row slices, at the same time on the helper
@@ -754,6 +794,9 @@ class FastTransformer(Transformer):
     #: hand-offs cost several times the product (greedy decoding of 64 sentences on two cores:
     #: 8.7 s with two BLAS threads, 1.2 s with one).
     DECODE_ONE_THREAD_MAX = 1 << 18
+
+    #: :meth:`decode` takes the cross-attention keys and values precomputed (``cross_kv``).
+    DECODE_TAKES_CROSS_KV = True
 
     def start_decoding(self, memory, src_mask):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
