@@ -530,6 +530,26 @@ def test_cupy_fast_step_never_waits_for_the_device(cupy):
     assert np.isfinite(float(loss))
 
 
+def test_idle_helper_threads_hold_no_task():
+    """A helper lets go of its task before the caller hears of its end, so an idle helper
+    keeps nothing alive: decoding's last step (its keys and values) and a training step's
+    cache were held that way until the next task, 130 MB after a toy-bench beam search."""
+    import weakref
+    from attn.fast import _THREADS
+
+    class Buffers:
+        pass
+    held = [Buffers() for _ in range(3)]
+    refs = [weakref.ref(b) for b in held]
+    _THREADS.run([lambda b=b: None for b in held])
+    try:
+        _THREADS.run([lambda: None, lambda b=held[1]: 1 / 0])
+    except ZeroDivisionError:
+        pass
+    del held
+    assert [r() for r in refs] == [None, None, None]
+
+
 def test_threads_survive_a_fork():
     """A child forked after the helper threads exist gets fresh ones (it inherits the queues,
     not the threads) instead of waiting forever."""
@@ -650,6 +670,60 @@ def test_fast_decode_state_can_be_stepped_twice():
         assert rel_error(got, want) < 1e-12
     for (k, v), (rk, rv) in zip(b_state.self_kv, ref.decode_step(np.array([7, 8]), s_ref)[1].self_kv):
         assert rel_error(k, rk) < 1e-12 and rel_error(v, rv) < 1e-12
+
+
+def test_fast_decode_state_select_hands_its_buffers_on():
+    """select() moves the key/value buffers to the new state, reordered layer by layer: its
+    numbers are the reference's, the states it came from refuse to be used again (a clear
+    ValueError, not wrong numbers), and the reorder needs about one layer's array beyond the
+    buffers, not a second set of them (as growing the buffers does)."""
+    import tracemalloc
+    B.set_backend("numpy")
+    tracemalloc.start()            # before the buffers exist: it sees frees only of what it saw allocated
+    try:
+        _select_hands_its_buffers_on(tracemalloc)
+    finally:
+        tracemalloc.stop()
+
+
+def _select_hands_its_buffers_on(tracemalloc):
+    cfg = TransformerConfig(vocab_size=9, d_model=64, n_heads=2, d_ff=16, n_encoder_layers=1,
+                            n_decoder_layers=4, dropout=0.0, max_len=64)
+    ref = Transformer(cfg, seed=1, dtype="float64")
+    fast = FastTransformer.from_model(ref)
+    n = 48
+    src = np.tile(np.array([[4, 5, 6, 0], [7, 8, 4, 5]]), (n // 2, 1))
+    mask = (src != 0)[:, None, None, :]
+    memory, _ = ref.encode(src, None, mask)
+    s_ref, s_fast = ref.start_decoding(memory, mask), fast.start_decoding(memory, mask)
+    toks = np.arange(n) % 5 + 3
+    for _ in range(3):
+        _, s_ref, _ = ref.decode_step(toks, s_ref)
+        _, older, _ = fast.decode_step(toks, s_fast)
+        s_fast, s_prev = older, s_fast
+    first = np.repeat(np.arange(n // 2), 2)                    # as beam search's first select: 2 rows a sentence
+    s_fast, s_ref = s_fast.select(first), s_ref.select(first)
+    _, s_ref, _ = ref.decode_step(toks, s_ref)
+    _, s_fast, _ = fast.decode_step(toks, s_fast)
+    index = np.arange(n).reshape(-1, 2)[:, ::-1].ravel()      # the two rows of each sentence swap
+    one_array = s_fast.kv.keys[0].nbytes
+    buffers = 2 * cfg.n_decoder_layers * one_array
+    before = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
+    s_sel = s_fast.select(index)
+    peak = tracemalloc.get_traced_memory()[1] - before
+    assert peak < one_array + buffers / 8, (peak, one_array, buffers)
+    r_sel = s_ref.select(index)
+    got, _, _ = fast.decode_step(toks, s_sel)
+    want, _, _ = ref.decode_step(toks, r_sel)
+    assert rel_error(got, want) < 1e-12
+    for stale, what in ((s_fast, "decode_step"), (s_prev, "decode_step")):
+        with pytest.raises(ValueError, match="select"):
+            fast.decode_step(toks, stale)
+    with pytest.raises(ValueError, match="select"):
+        s_fast.select(index)
+    with pytest.raises(ValueError, match="select"):
+        s_fast.self_kv
 
 
 def test_keep_freed_memory_is_harmless():

@@ -18,7 +18,9 @@ beam search against the reference decoder):
 
 A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
 next position into buffers its successor shares. Stepping an older state again is still
-correct: it sees that its buffers have moved on and copies them first.
+correct: it sees that its buffers have moved on and copies them first. :meth:`FastDecodeState.select`
+hands the buffers on instead (reordered layer by layer, each old array freed as its copy is
+made): after it only the selected state can be used, the others raise a ValueError that says so.
 """
 from __future__ import annotations
 
@@ -57,13 +59,45 @@ class _KV:
         new.filled = length
         return new
 
-    def take(self, index, length: int) -> "_KV":
-        """Rows ``index`` (with repeats, already checked to lie in range), same capacity.
-        The whole rows are copied (contiguous blocks: faster than copying the filled
-        positions alone through a strided view, and the capacity is at most twice them)."""
+    def grow_(self, capacity: int) -> "_KV":
+        """Room for ``capacity`` positions, in place: layer by layer a larger array receives
+        the filled positions and replaces the old one (freed then), so growing needs one
+        layer's array beyond the buffers. The states sharing this ``_KV`` see the new arrays."""
         xp = B.get_array_module(self.keys[0])
-        return _KV([xp.take(k, index, axis=0) for k in self.keys],
-                   [xp.take(v, index, axis=0) for v in self.values], length)
+        for arrays in (self.keys, self.values):
+            for i, a in enumerate(arrays):
+                n, H, _, Dh = a.shape
+                b = xp.empty((n, H, capacity, Dh), dtype=a.dtype)
+                b[:, :, :self.filled] = a[:, :, :self.filled]
+                arrays[i] = b
+        return self
+
+    def take(self, index, length: int) -> "_KV":
+        """Rows ``index`` (with repeats, already checked to lie in range), same capacity, in a
+        new ``_KV`` that takes this one's place. Layer by layer, each old array is let go as
+        soon as its copy exists, so a reorder needs one layer's array beyond the buffers, not
+        a second set of them (beam search reorders at every step); this ``_KV`` is left empty
+        (:attr:`moved`), and the states that shared it can no longer be stepped. The whole
+        rows are copied (contiguous blocks: faster than copying the filled positions alone
+        through a strided view, and the capacity is at most twice them)."""
+        xp = B.get_array_module(self.keys[0])
+        keys, values = self.keys, self.values
+        self.keys, self.values, self.filled = [], [], -1
+        for arrays in (keys, values):
+            for i in range(len(arrays)):
+                arrays[i] = xp.take(arrays[i], index, axis=0)      # the old array is freed here
+        return _KV(keys, values, length)
+
+    @property
+    def moved(self) -> bool:
+        """True once :meth:`take` handed the buffers to a successor."""
+        return self.filled < 0
+
+
+def _check_not_moved(state: "FastDecodeState", what: str) -> None:
+    if state.kv.moved:
+        raise ValueError(f"FastDecodeState.{what}: this state's key/value buffers were handed on by "
+                         f"select() (to save a copy of them); use the state that select() returned")
 
 
 class FastDecodeState:
@@ -90,6 +124,7 @@ class FastDecodeState:
         """Per layer the (k, v) of the positions decoded so far, (n, H, t, Dh) views; (None, None)
         before the first step."""
         t = self.length
+        _check_not_moved(self, "self_kv")
         if t == 0:
             return [(None, None)] * len(self.kv.keys)
         return [(k[:, :, :t], v[:, :, :t]) for k, v in zip(self.kv.keys, self.kv.values)]
@@ -98,7 +133,10 @@ class FastDecodeState:
         return iter((self.cross_kv, self.self_kv, self.src_mask, self.length))
 
     def select(self, index) -> "FastDecodeState":
-        """Keep (and repeat) rows ``index``: beam search reorders hypotheses with it."""
+        """Keep (and repeat) rows ``index``: beam search reorders hypotheses with it. The key/value
+        buffers move to the new state (see :meth:`_KV.take`): this one, and the states it was
+        stepped from, cannot be stepped or selected from again."""
+        _check_not_moved(self, "select")
         index_h = B.to_host(index)
         if index_h.size and (index_h.min() < 0 or index_h.max() >= self.sentence.shape[0]):
             raise IndexError(f"FastDecodeState.select: index out of range for {self.sentence.shape[0]} rows")
@@ -140,9 +178,12 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     if cfg.positional == "learned" and t >= cfg.max_len:     # as forward() says it, not an IndexError
         raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
                          f"table's {cfg.max_len} positions (raise max_len)")
+    _check_not_moved(state, "decode_step")
     kv = state.kv
-    if kv.filled != t or t >= kv.capacity:       # an older state stepped again, or full: copy first
+    if kv.filled != t:                           # an older state stepped again: copy first
         kv = kv.copy(t, max(kv.capacity, 16) * (2 if t >= kv.capacity else 1))
+    elif t >= kv.capacity:                       # full: double the room
+        kv.grow_(max(kv.capacity, 8) * 2)
     n = tokens.shape[0]
     V = model.params[model._emb("out")].shape[0]
     S = state.cross_kv[0][0].shape[2]

@@ -39,9 +39,15 @@ class _Threads:
         while True:
             f = inbox.get()
             try:
-                outbox.put((True, f()))
+                result = (True, f())
             except BaseException as e:      # handed to the caller
-                outbox.put((False, e))
+                result = (False, e)
+            # Let go of the task before the caller hears of its end: its closure may hold a
+            # step's buffers (a decoding state's keys and values, a training step's cache),
+            # which an idle helper would otherwise keep alive until its next task.
+            del f
+            outbox.put(result)
+            del result
 
     def run(self, fns):
         if len(fns) == 1 or getattr(self._local, "helper", False) or not self._lock.acquire(blocking=False):
@@ -68,7 +74,10 @@ class _Threads:
                     err = r
                 results.append(r if ok else None)
             if err is not None:
-                raise err
+                try:
+                    raise err
+                finally:                # no cycle through this frame: the parts' arrays go with the error
+                    err = results = r = f = _f = fns = None
             return results
         finally:
             self._lock.release()
