@@ -672,6 +672,47 @@ def test_fast_decode_state_can_be_stepped_twice():
         assert rel_error(k, rk) < 1e-12 and rel_error(v, rv) < 1e-12
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fast_decode_state_shares_cross_attention_within_groups(workers):
+    """Rows of one sentence side by side share one copy of its cross-attention keys and
+    values (beam search's layout), reordering within the groups copies none of them, and
+    irregular selections fall back to smaller groups: the numbers stay the reference's."""
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+                            n_decoder_layers=2, dropout=0.0, max_len=32)
+    ref = Transformer(cfg, seed=4, dtype="float64")
+    fast = FastTransformer.from_model(ref)
+    fast.workers = workers
+    src = np.array([[4, 5, 6, 0], [7, 8, 4, 5], [9, 0, 0, 0], [5, 5, 6, 7], [8, 4, 0, 0], [6, 9, 10, 4]])
+    mask = (src != 0)[:, None, None, :]
+    memory, _ = ref.encode(src, None, mask)
+    s_ref, s_fast = ref.start_decoding(memory, mask), fast.start_decoding(memory, mask)
+    rng = np.random.default_rng(0)
+
+    def step(s_ref, s_fast):
+        toks = rng.integers(3, cfg.vocab_size, s_fast.sentence.shape[0])
+        want, s_ref, w_ref = ref.decode_step(toks, s_ref)
+        got, s_fast, w_fast = fast.decode_step(toks, s_fast)
+        assert rel_error(got, want) < 1e-12
+        for a, b in zip(w_fast, w_ref):
+            assert rel_error(a, b) < 1e-12
+        return s_ref, s_fast
+    s_ref, s_fast = step(s_ref, s_fast)
+    selections = [(np.repeat(np.arange(6), 3), 3, "kept"),                 # beam 3's first select
+                  (np.arange(18).reshape(6, 3)[:, [2, 0, 0]].ravel(), 3, "kept"),   # within the groups
+                  (np.array([0, 1, 2, 6, 6, 6, 15, 16, 17]), 3, "copied"),  # sentences 1, 3, 4 finished
+                  (np.array([0, 0, 3, 4, 4, 5, 8]), 1, "copied")]           # irregular
+    for index, group, cross in selections:
+        before = s_fast.cross
+        s_ref, s_fast = s_ref.select(index), s_fast.select(index)
+        assert s_fast.group == group
+        assert (s_fast.cross is before) == (cross == "kept")
+        assert s_fast.cross[0][0].shape[0] == index.shape[0] // group
+        for (k, v), (rk, rv) in zip(s_fast.cross_kv, s_ref.cross_kv):
+            assert rel_error(k, rk) < 1e-15 and rel_error(v, rv) < 1e-15
+        s_ref, s_fast = step(s_ref, s_fast)
+
+
 def test_fast_decode_state_select_hands_its_buffers_on():
     """select() moves the key/value buffers to the new state, reordered layer by layer: its
     numbers are the reference's, the states it came from refuse to be used again (a clear

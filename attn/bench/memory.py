@@ -1,6 +1,7 @@
 """Peak memory of one step, measured in child processes (see :mod:`attn.bench`)."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -49,6 +50,7 @@ class _PeakMeter:
         if traced and not tracemalloc.is_tracing():
             tracemalloc.start()
             f()                       # a call under tracing first: tracing's own first-call allocations
+        gc.collect()                  # garbage of earlier calls (either framework's) is not in the base
         try:
             with open("/proc/self/clear_refs", "w") as fh:
                 fh.write("5")

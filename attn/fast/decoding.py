@@ -5,7 +5,7 @@ What it does differently (``tests/test_fast.py`` checks the tokens and scores of
 beam search against the reference decoder):
 
 * The self-attention keys and values live in buffers with room for more positions
-  (``(n, H, capacity, Dh)``, doubled when full): a step writes its own position instead of
+  (``(n, H, capacity, Dh)``, a quarter larger when full): a step writes its own position instead of
   concatenating the whole prefix again.
 * Q, K and V of a step are one ``(D, 3D)`` matmul with the ``1/sqrt(d_k)`` scale folded into
   the query weights (the training step's fused weights, made once per decode).
@@ -109,15 +109,26 @@ class FastDecodeState:
     source mask as an additive bias, and which sentence each row decodes.
 
     The cross-attention keys and values of a row depend only on its sentence (they are the
-    projections of that sentence's encoder output). So when :meth:`select` leaves every
-    row with the sentence it had -- beam search reordering the beams within each sentence,
-    which is every step but the first and those where a sentence finishes -- they are kept
-    as they are instead of being copied row by row."""
-    __slots__ = ("cross_kv", "src_mask", "length", "sentence", "kv", "fused", "src_bias", "src_rows")
+    projections of that sentence's encoder output). Beam search keeps each sentence's
+    beams side by side, so they are kept once per group of ``group`` consecutive rows
+    (``cross``: (n / group, H, S, Dh) per layer) and a step attends with the group's
+    queries together: beam 4 holds and reads a quarter of the copies the reference makes.
+    When :meth:`select` leaves every group with the sentence it had -- beam search
+    reordering the beams within each sentence, which is every step but the first and those
+    where a sentence finishes -- they are not copied at all."""
+    __slots__ = ("cross", "group", "src_mask", "length", "sentence", "kv", "fused", "src_bias", "src_rows")
 
-    def __init__(self, cross_kv, src_mask, length, sentence, kv, fused, src_bias, src_rows):
-        self.cross_kv, self.src_mask, self.length, self.sentence = cross_kv, src_mask, length, sentence
-        self.kv, self.fused, self.src_bias, self.src_rows = kv, fused, src_bias, src_rows
+    def __init__(self, cross, group, src_mask, length, sentence, kv, fused, src_bias, src_rows):
+        self.cross, self.group, self.src_mask, self.length = cross, group, src_mask, length
+        self.sentence, self.kv, self.fused, self.src_bias, self.src_rows = sentence, kv, fused, src_bias, src_rows
+
+    @property
+    def cross_kv(self) -> list:
+        """Per layer the reference's (k, v), one row per decoded row, (n, H, S, Dh) (a copy when
+        rows share them)."""
+        if self.group == 1:
+            return self.cross
+        return [(k.repeat(self.group, axis=0), v.repeat(self.group, axis=0)) for k, v in self.cross]
 
     @property
     def self_kv(self) -> list:
@@ -137,18 +148,34 @@ class FastDecodeState:
         buffers move to the new state (see :meth:`_KV.take`): this one, and the states it was
         stepped from, cannot be stepped or selected from again."""
         _check_not_moved(self, "select")
+        np = B.host
         index_h = B.to_host(index)
         if index_h.size and (index_h.min() < 0 or index_h.max() >= self.sentence.shape[0]):
             raise IndexError(f"FastDecodeState.select: index out of range for {self.sentence.shape[0]} rows")
         sentence = self.sentence[index_h]
-        if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
-            cross, mask, bias, rows = self.cross_kv, self.src_mask, self.src_bias, self.src_rows
+        group = _group_size(sentence)
+        source = index_h[::group] // self.group          # each new group's row of the old ``cross``
+        if source.shape[0] == self.cross[0][0].shape[0] and bool((source == np.arange(source.shape[0])).all()):
+            cross = self.cross
         else:
-            cross = [(k[index], v[index]) for k, v in self.cross_kv]
+            cross = [(k[source], v[source]) for k, v in self.cross]
+        if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
+            mask, bias, rows = self.src_mask, self.src_bias, self.src_rows
+        else:
             mask, bias = self.src_mask[index], self.src_bias[index]
             rows = None if self.src_rows is None else self.src_rows[index]
-        return FastDecodeState(cross, mask, self.length, sentence, self.kv.take(index, self.length),
+        return FastDecodeState(cross, group, mask, self.length, sentence, self.kv.take(index, self.length),
                                self.fused, bias, rows)
+
+
+def _group_size(sentence) -> int:
+    """The largest g such that every block of g consecutive rows decodes one sentence: the
+    greatest common divisor of the lengths of the runs of equal sentences (1 for none)."""
+    np = B.host
+    if sentence.size == 0:
+        return 1
+    bounds = np.concatenate([[0], np.flatnonzero(sentence[1:] != sentence[:-1]) + 1, [sentence.size]])
+    return int(np.gcd.reduce(np.diff(bounds)))
 
 
 def start(model, cross_kv, src_mask) -> FastDecodeState:
@@ -161,7 +188,7 @@ def start(model, cross_kv, src_mask) -> FastDecodeState:
     rows = src_mask.any(axis=-1, keepdims=True)                               # (B, 1, 1, 1)
     rows = None if bool(rows.all()) else rows.astype(model.dtype)
     kv = _KV.empty(xp, n, H, D // H, cfg.n_decoder_layers, 16, model.dtype)
-    return FastDecodeState(cross_kv, src_mask, 0, B.host.arange(n), kv, model._fuse(), bias, rows)
+    return FastDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), kv, model._fuse(decoding=True), bias, rows)
 
 
 #: Least rows per part when a step is split over threads: below it the hand-off costs more
@@ -182,22 +209,24 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     kv = state.kv
     if kv.filled != t:                           # an older state stepped again: copy first
         kv = kv.copy(t, max(kv.capacity, 16) * (2 if t >= kv.capacity else 1))
-    elif t >= kv.capacity:                       # full: double the room
-        kv.grow_(max(kv.capacity, 8) * 2)
+    elif t >= kv.capacity:                       # full: a quarter more room (at least 8 positions):
+        kv.grow_(kv.capacity + max(8, kv.capacity // 4))   # less slack than doubling, few copies
     n = tokens.shape[0]
     V = model.params[model._emb("out")].shape[0]
-    S = state.cross_kv[0][0].shape[2]
+    S = state.cross[0][0].shape[2]
+    g = state.group
     logp = xp.empty((n, V), dtype=model.dtype)
     cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
     pe = model._pos_table("tgt", t + 1)[t]                                     # (D,)
-    k = max(1, min(parts, n // MIN_ROWS_PER_PART))
+    k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
     if k == 1:
         _rows(model, tokens, state, kv, t, pe, slice(0, n), logp, cross_w)
-    else:
-        _THREADS.parallel([lambda sl=sl: _rows(model, tokens, state, kv, t, pe, sl, logp, cross_w)
-                           for sl in _row_slices(n, k)])
+    else:                                                  # parts of whole groups (see FastDecodeState)
+        _THREADS.parallel([lambda sl=slice(gs.start * g, gs.stop * g):
+                           _rows(model, tokens, state, kv, t, pe, sl, logp, cross_w)
+                           for gs in _row_slices(n // g, k)])
     kv.filled = t + 1
-    new = FastDecodeState(state.cross_kv, state.src_mask, t + 1, state.sentence, kv, state.fused,
+    new = FastDecodeState(state.cross, g, state.src_mask, t + 1, state.sentence, kv, state.fused,
                           state.src_bias, state.src_rows)
     return logp, new, cross_w
 
@@ -232,8 +261,14 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     x = xp.take(p[model._emb("tgt")], ids, axis=0)                           # (n, D)
     x *= model.dtype.type(math.sqrt(D))
     x += pe
-    bias = state.src_bias[sl]                                                # (n, 1, 1, S)
-    rows = None if state.src_rows is None else state.src_rows[sl]
+    g = state.group
+    gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
+
+    def by_group(a):
+        """(n, A, 1, C) -> the (n / g, A, g, C) view whose row j holds group j's g rows."""
+        return a.reshape(n // g, g, a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)
+    bias_g = by_group(state.src_bias[sl])                                    # (m, 1, g, S)
+    rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])
 
     def residual(norm, x, sub):
         gamma, beta = p[norm + ".gamma"], p[norm + ".beta"]
@@ -251,7 +286,7 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
         W, b = F.dec_qkv[i]
         Wq, bq = F.cross_q[i]
         kb, vb = kv.keys[i][sl], kv.values[i][sl]                            # (n, H, cap, Dh) views
-        kc, vc = state.cross_kv[i]
+        kc, vc = state.cross[i]                                              # (n / g, H, S, Dh)
 
         def self_attn(h):
             qkv = h @ W
@@ -266,14 +301,14 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
             out += p[pre + ".self_attn.b_o"]
             return out
 
-        def cross_attn(h):
+        def cross_attn(h):                  # the g rows of a group attend to their one copy together
             q = h @ Wq
             q += bq                                                           # (n, D), pre-scaled
-            s = cross_w[i][sl]                                                # (n, H, 1, S)
-            xp.matmul(q.reshape(n, H, 1, Dh), kc[sl].swapaxes(-1, -2), out=s)
-            _softmax_last_(s, bias, rows)
-            ctx = s @ vc[sl]                                                  # (n, H, 1, Dh)
-            out = ctx.reshape(n, D) @ p[pre + ".cross_attn.w_o"]
+            s = by_group(cross_w[i][sl])                                      # (m, H, g, S) of (n, H, 1, S)
+            xp.matmul(by_group(q.reshape(n, H, 1, Dh)), kc[gsl].swapaxes(-1, -2), out=s)
+            _softmax_last_(s, bias_g, rows_g)
+            ctx = s @ vc[gsl]                                                 # (m, H, g, Dh)
+            out = ctx.transpose(0, 2, 1, 3).reshape(n, D) @ p[pre + ".cross_attn.w_o"]
             out += p[pre + ".cross_attn.b_o"]
             return out
 

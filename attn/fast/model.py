@@ -167,11 +167,13 @@ class FastTransformer(Transformer):
 
     # ------------------------------------------------------------------ weights
 
-    def _fuse(self) -> Fused:
+    def _fuse(self, decoding: bool = False) -> Fused:
         """Concatenate the projections that share an input, once per step:
         self-attention ``[w_q * s | w_k | w_v]`` (D, 3D) with ``s = 1/sqrt(d_k)``, the
         cross-attention query ``w_q * s``, and the keys and values of all decoder
-        layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]`` (D, 2D*L)."""
+        layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]`` (D, 2D*L). With ``decoding``
+        only what a cached decoding step reads (the decoder's self-attention and
+        cross-attention queries: ``enc_qkv`` empty, ``kv`` None)."""
         cfg, p, xp = self.config, self.params, self.xp
         D = cfg.d_model
         s = 1.0 / math.sqrt(D // cfg.n_heads)
@@ -186,10 +188,12 @@ class FastTransformer(Transformer):
             b[D:2 * D], b[2 * D:] = p[pre + ".b_k"], p[pre + ".b_v"]
             return W, b
 
-        enc = [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)]
+        enc = [] if decoding else [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)]
         dec = [qkv(f"decoder.{i}.self_attn") for i in range(cfg.n_decoder_layers)]
         cross_q = [(p[f"decoder.{i}.cross_attn.w_q"] * dt(s), p[f"decoder.{i}.cross_attn.b_q"] * dt(s))
                    for i in range(cfg.n_decoder_layers)]
+        if decoding:
+            return Fused(enc, dec, cross_q, None, s)
         L = cfg.n_decoder_layers
         Wkv = xp.empty((D, 2 * D * L), dtype=self.dtype)
         bkv = xp.empty((2 * D * L,), dtype=self.dtype)
