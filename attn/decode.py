@@ -326,11 +326,22 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         nl, V = len(live), logp.shape[1]
         if with_attention:
             att_steps.append(att)
-        cand = (beam_scores[:, :, None] + logp.reshape(nl, W, V).astype(xp.float64)).reshape(nl, W * V)
         C = min(2 * K, W * V)
+        # A sentence's best C candidates are among each of its beams' best C tokens (a beam's
+        # score is the same for all its tokens): pick those first, over V in float32, then
+        # rank the W * C survivors in float64, instead of all W * V of them.
+        c = min(C, V)
+        if c < V:
+            top_v = xp.argpartition(logp, V - c, axis=1)[:, V - c:]              # (n_live*W, c), unordered
+            top_lp = xp.take_along_axis(logp, top_v, axis=1)
+        else:
+            top_v, top_lp = xp.broadcast_to(xp.arange(V), logp.shape), logp
+        cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
+        flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
         top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered
         top_s = xp.take_along_axis(cand, top, axis=1)
-        info = B.to_host(xp.stack([top_s, top.astype(xp.float64)]))              # the step's one sync
+        top_f = xp.take_along_axis(flat, top, axis=1)
+        info = B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))            # the step's one sync
         s, f = info[0], info[1].astype(np.int64)
         srt = np.lexsort((f, -s), axis=-1)          # best first; ties: lower id first, as argmax does
         s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)

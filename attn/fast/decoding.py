@@ -326,11 +326,11 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     if not post:
         x, _ = ops.layer_norm_(x, p["decoder.norm.gamma"], p["decoder.norm.beta"], eps)
     out = model.project(x)                     # (n, V); a subclass may change the projection
-    # log_softmax: out - max - log(sum(exp(out - max)))
+    # log_softmax: out - max - log(sum(exp(out - max))), with no (n, V) buffer beyond these two
     out -= out.max(axis=1, keepdims=True)
-    e = xp.exp(out)
-    out -= xp.log(ops.rowsum(e))[:, None]
     logp[sl] = out
+    xp.exp(out, out=out)
+    logp[sl] -= xp.log(ops.rowsum(out))[:, None]
 
 
 def run_step(model, tokens, state, parts: int, one_thread: bool):

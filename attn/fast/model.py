@@ -450,8 +450,11 @@ class FastTransformer(Transformer):
         src_bias, src_rows = self._bias(padding_mask(src), self.dtype, xp)    # (B, 1, 1, S)
         memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
         self._phase("forward: decoder")
-        kv, kv_heads = self._cross_kv(memory, F, Bsz, S)
-        y, tgt_emb, dec, dec_norm, _ = self._decoder(tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache)
+        kv = kv_heads = None                # inference: the decoder projects them layer by layer
+        if keep_cache:
+            kv, kv_heads = self._cross_kv(memory, F, Bsz, S)
+        y, tgt_emb, dec, dec_norm, _ = self._decoder(tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache,
+                                                     memory=memory)
         self._phase("forward: output projection")
         E = self.params[self._emb("out")]
         if logits_out is None:
@@ -476,6 +479,8 @@ class FastTransformer(Transformer):
             W, b = F.enc_qkv[i]
             x, c1 = self._residual(pre + ".norm1", x, lambda h: self._self_attn(
                 pre + ".self_attn", W, b, h, Bsz, S, src_bias, src_rows, rng), rng)
+            if not keep_cache:
+                c1 = None                   # inference: the attention's buffers go before the FFN runs
             x, c2 = self._residual(pre + ".norm2", x, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
             if keep_cache:
                 enc.append((c1, c2))
@@ -493,10 +498,22 @@ class FastTransformer(Transformer):
         kv += bkv                                                             # (N_s, 2D*L)
         return kv, self._heads(kv, Bsz, S, 2 * self.config.n_decoder_layers)
 
-    def _decoder(self, tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache, keep_cross=False):
+    def _cross_kv_layer(self, memory, F, i, Bsz, S):
+        """Layer i's cross-attention keys and values alone: two views (B, H, S, Dh) of one
+        (N_s, 2D) product (inference projects them layer by layer, holding one layer's)."""
+        D = self.config.d_model
+        Wkv, bkv = F.kv
+        kv = memory @ Wkv[:, 2 * D * i:2 * D * (i + 1)]
+        kv += bkv[2 * D * i:2 * D * (i + 1)]
+        return self._heads(kv, Bsz, S, 2)
+
+    def _decoder(self, tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache, keep_cross=False,
+                 memory=None):
         """Embeddings and decoder layers of one part. Returns y (N_t, D), the embedding's cache,
         the layers' caches (empty without ``keep_cache``), the final norm's (pre-norm), and with
-        ``keep_cross`` each layer's cross-attention weights (S, B, H, T), else None."""
+        ``keep_cross`` each layer's cross-attention weights (S, B, H, T), else None.
+        ``kv_heads``: the cross-attention keys and values of every layer (2L views), or None
+        to project them from ``memory`` (N_s, D) layer by layer."""
         cfg, xp = self.config, self.xp
         Bsz, T = tgt_in.shape
         tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
@@ -506,17 +523,24 @@ class FastTransformer(Transformer):
             pre = f"decoder.{i}"
             W, b = F.dec_qkv[i]
             Wq, bq = F.cross_q[i]
-            kv_i = (kv_heads[2 * i], kv_heads[2 * i + 1])
+            if kv_heads is None:
+                kv_i = self._cross_kv_layer(memory, F, i, Bsz, memory.shape[0] // Bsz)
+            else:
+                kv_i = (kv_heads[2 * i], kv_heads[2 * i + 1])
             y, c1 = self._residual(pre + ".norm1", y, lambda h: self._self_attn(
                 pre + ".self_attn", W, b, h, Bsz, T, tgt_bias, tgt_rows, rng), rng)
+            if not keep_cache:
+                c1 = None                   # inference: each sublayer's buffers go before the next runs
             y, c2 = self._residual(pre + ".norm2", y, lambda h: self._cross_attn(
                 i, pre + ".cross_attn", Wq, bq, h, kv_i, Bsz, T, src_bias, src_rows, rng), rng)
+            if keep_cross:
+                cross.append(c2.sub.att.w)
+            if not keep_cache:
+                c2 = kv_i = None
             y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
             if keep_cache:
                 dec.append((c1, c2, c3))
-            if keep_cross:
-                cross.append(c2.sub.att.w)
-            del c1, c2, c3
+            del c1, c2, c3, kv_i
         dec_norm = None
         if cfg.norm == "pre":
             y, dec_norm = self._final_norm("decoder.norm", y)
@@ -573,12 +597,9 @@ class FastTransformer(Transformer):
         def part(sl):
             n = tgt_in[sl].shape[0]
             bias, rows = self._bias(src_mask[sl], self.dtype, xp)
-            if cross_kv is None:
-                _, kv_heads = self._cross_kv(memory[sl].reshape(n * S, D), F, n, S)
-            else:
-                kv_heads = [a[sl] for pair in cross_kv for a in pair]
+            kv_heads = None if cross_kv is None else [a[sl] for pair in cross_kv for a in pair]
             y, _, _, _, cross = self._decoder(tgt_in[sl], kv_heads, bias, rows, F, None, False,
-                                              keep_cross=keep_weights)
+                                              keep_cross=keep_weights, memory=memory[sl].reshape(n * S, D))
             out[sl] = y.reshape(n, T, D)
             for w_all, w in zip(weights or [], cross or []):
                 w_all[sl] = w.transpose(1, 2, 3, 0)                           # (S, n, H, T) -> (n, H, T, S)
