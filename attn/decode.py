@@ -331,9 +331,10 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         # score is the same for all its tokens): pick those first, over V in float32, then
         # rank the W * C survivors in float64, instead of all W * V of them.
         c = min(C, V)
-        if c < V:
-            top_v = xp.argpartition(logp, V - c, axis=1)[:, V - c:]              # (n_live*W, c), unordered
-            top_lp = xp.take_along_axis(logp, top_v, axis=1)
+        if c < V:                # logp is ours (banned in place above): negated, the best come first,
+            neg = xp.negative(logp, out=logp)      # and ties keep the lower id as before (and as argmax)
+            top_v = xp.argpartition(neg, c - 1, axis=1)[:, :c]                   # (n_live*W, c), unordered
+            top_lp = -xp.take_along_axis(neg, top_v, axis=1)
         else:
             top_v, top_lp = xp.broadcast_to(xp.arange(V), logp.shape), logp
         cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)

@@ -96,17 +96,44 @@ def test_fast_uncached_decoding_is_the_reference_search(backend, K, with_attenti
     from attn.fast import FastTransformer
     ref = eos_model()
     fast = FastTransformer.from_model(ref)
+    calls = []
+    real_decode = fast.decode
+
+    def decode(*args, **kw):                # the new path is the one taken
+        calls.append((kw.get("cross_kv") is not None, kw.get("keep_weights")))
+        return real_decode(*args, **kw)
+    fast.decode = decode
     src = dev(ref, sources())
     run = (lambda m, c: greedy_decode(m, src, use_cache=c, with_attention=with_attention)) if K is None else \
         (lambda m, c: beam_search(m, src, beam_size=K, use_cache=c, with_attention=with_attention))
     want = run(ref, False)
     assert len({len(t) for t in want.tokens}) >= 3
-    for got in (run(fast, False), run(fast, True)):
+    uncached = run(fast, False)
+    assert calls and set(calls) == {(True, with_attention)}
+    for got in (uncached, run(fast, True)):
         assert got.tokens == want.tokens
         np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-9)
         assert (got.cross_attention is None) == (not with_attention)
         for x, y in zip(got.cross_attention or [], want.cross_attention or []):
             np.testing.assert_allclose(x, y, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("use_fast", [False, True])
+def test_beam_one_is_greedy_when_tokens_tie_exactly(backend, use_fast):
+    """Tokens whose output rows are equal get equal log-probabilities; greedy takes the lowest
+    id (argmax), and so must beam 1, whatever the beams' preselection keeps of the tie."""
+    m = tiny_model(seed=2, eos_scale=1.0, vocab_size=40)
+    E = m.params["embedding.weight"]
+    for v in range(4, 40):
+        E[v] = E[3]                            # every token but PAD, BOS and EOS tied
+    if use_fast:
+        from attn.fast import FastTransformer
+        m = FastTransformer.from_model(m)
+    src = dev(m, sources())
+    g = greedy_decode(m, src, max_len=6)
+    b = beam_search(m, src, beam_size=1, alpha=0.0, max_len=6)
+    assert any(t and set(t) == {3} for t in g.tokens)     # the tie was met: 3 is the lowest tied id
+    assert b.tokens == g.tokens
 
 
 @pytest.mark.parametrize("seed,eos_scale", [(1, 3.0), (1, 1.0), (2, 2.0), (3, 3.0)])

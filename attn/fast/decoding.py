@@ -5,16 +5,18 @@ What it does differently (``tests/test_fast.py`` checks the tokens and scores of
 beam search against the reference decoder):
 
 * The self-attention keys and values live in buffers with room for more positions
-  (``(n, H, capacity, Dh)``, a quarter larger when full): a step writes its own position instead of
-  concatenating the whole prefix again.
+  (``(n, H, capacity, Dh)``, a quarter larger when full): a step writes its own position
+  instead of concatenating the whole prefix again.
 * Q, K and V of a step are one ``(D, 3D)`` matmul with the ``1/sqrt(d_k)`` scale folded into
   the query weights (the training step's fused weights, made once per decode).
 * The rows are split into parts that run at the same time on the helper threads, each with
   single-threaded BLAS: a step of 64 sentences is a few hundred small products, too small
   for BLAS's own threads (their hand-offs cost more than the products), but two halves of
   the batch keep two cores busy with one hand-off per step.
-* Cross-attention keys and values stay shared while a reorder leaves every row with the
-  sentence it had (beam search within each sentence), as before.
+* Cross-attention keys and values are kept once per group of consecutive rows that decode
+  one sentence, not once per row: beam search keeps a sentence's beams side by side, so
+  they attend to their sentence's one copy together (see :class:`FastDecodeState`), and a
+  reorder within the sentences copies none of them.
 
 A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
 next position into buffers its successor shares. Stepping an older state again is still
@@ -79,7 +81,8 @@ class _KV:
         a second set of them (beam search reorders at every step); this ``_KV`` is left empty
         (:attr:`moved`), and the states that shared it can no longer be stepped. The whole
         rows are copied (contiguous blocks: faster than copying the filled positions alone
-        through a strided view, and the capacity is at most twice them)."""
+        through a strided view, and the room beyond them is at most a quarter, or 8 positions,
+        when the buffers grew in place)."""
         xp = B.get_array_module(self.keys[0])
         keys, values = self.keys, self.values
         self.keys, self.values, self.filled = [], [], -1
@@ -218,6 +221,7 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     logp = xp.empty((n, V), dtype=model.dtype)
     cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
     pe = model._pos_table("tgt", t + 1)[t]                                     # (D,)
+    # Parts hold whole groups: one sentence with a wide beam (one group) runs on one thread.
     k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
     if k == 1:
         _rows(model, tokens, state, kv, t, pe, slice(0, n), logp, cross_w)

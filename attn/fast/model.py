@@ -388,10 +388,10 @@ class FastTransformer(Transformer):
         return sink.grads
 
     def project(self, h):
-        """:meth:`Transformer.project`: (..., D) -> (..., V). On NumPy with the automatic split
-        (``workers`` None) it never runs on BLAS's own threads, as no product of the fast path
-        does: a large one is split by rows over the helper threads like :meth:`forward`, a
-        small one runs on one thread. A product on BLAS's threads leaves them spinning for a
+        """:meth:`Transformer.project`: (..., D) -> (..., V). On NumPy it never runs on BLAS's
+        own threads (unless ``workers`` is 1), as no product of the fast path does: a large one
+        is split by rows over the helper threads like :meth:`forward`, a small one runs on one
+        thread. A product on BLAS's threads leaves them spinning for a
         while after it returns, and a split pass right after it shares the cores with them:
         greedy decoding without the cache (toy-bench) took 7.0 s with the projection of each
         step on BLAS's two threads and 5.3 s with it on one."""
@@ -524,7 +524,7 @@ class FastTransformer(Transformer):
             W, b = F.dec_qkv[i]
             Wq, bq = F.cross_q[i]
             if kv_heads is None:
-                kv_i = self._cross_kv_layer(memory, F, i, Bsz, memory.shape[0] // Bsz)
+                kv_i = self._cross_kv_layer(memory, F, i, Bsz, memory.shape[0] // max(Bsz, 1))
             else:
                 kv_i = (kv_heads[2 * i], kv_heads[2 * i + 1])
             y, c1 = self._residual(pre + ".norm1", y, lambda h: self._self_attn(
@@ -592,7 +592,7 @@ class FastTransformer(Transformer):
                              f"{tuple(cross_kv[0][0].shape) if cross_kv else None}")
         out = xp.empty((Bsz, T, D), dtype=self.dtype)
         weights = [xp.empty((Bsz, H, T, S), dtype=self.dtype) for _ in range(L)] if keep_weights else None
-        F = self._fuse()
+        F = self._fuse(decoding=cross_kv is not None)     # the keys/values of the source are given
 
         def part(sl):
             n = tgt_in[sl].shape[0]
