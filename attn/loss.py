@@ -48,8 +48,8 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
 
     # log p = shifted - log(sum(exp(shifted))), with shifted = x - max(x) (no overflow).
     # One (N, V) buffer is allocated and reused: shifted, then exp(shifted), then dlogits.
-    # (A fresh buffer of that size costs page faults at every step: with V = 16,000 and
-    # 4,096 tokens, three of them took more time than the rest of the loss.)
+    # (A fresh buffer of that size costs page faults at every step: at V = 16,000 and 4,096
+    # tokens each is 262 MB; see benchmarks/RESULTS.md, "Large vocabularies".)
     shifted = x - x.max(axis=1, keepdims=True)                                             # (N, V)
     shifted_y = xp.take_along_axis(shifted, y[:, None], axis=1)[:, 0]                      # (N,)
     shifted_mean = shifted.mean(axis=1)                                                    # (N,)

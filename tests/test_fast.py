@@ -533,7 +533,7 @@ def test_cupy_fast_step_never_waits_for_the_device(cupy):
 def test_idle_helper_threads_hold_no_task():
     """A helper lets go of its task before the caller hears of its end, so an idle helper
     keeps nothing alive: decoding's last step (its keys and values) and a training step's
-    cache were held that way until the next task, 130 MB after a toy-bench beam search."""
+    cache were held that way until the next task."""
     import weakref
     from attn.fast import _THREADS
 

@@ -391,10 +391,10 @@ class FastTransformer(Transformer):
         """:meth:`Transformer.project`: (..., D) -> (..., V). On NumPy it never runs on BLAS's
         own threads (unless ``workers`` is 1), as no product of the fast path does: a large one
         is split by rows over the helper threads like :meth:`forward`, a small one runs on one
-        thread. A product on BLAS's threads leaves them spinning for a
-        while after it returns, and a split pass right after it shares the cores with them:
-        greedy decoding without the cache (toy-bench) took 7.0 s with the projection of each
-        step on BLAS's two threads and 5.3 s with it on one."""
+        thread. A product on BLAS's threads leaves them spinning for a while after it returns,
+        and a split pass right after it shares the cores with them: decoding without the cache
+        projects each step's last position between two split decoder passes (see
+        benchmarks/RESULTS.md, "OpenBLAS's spinning threads")."""
         if self.xp is not B.host or self.workers is not None and int(self.workers) <= 1:
             return super().project(h)
         E = self.params[self._emb("out")]                                       # (V, D)
