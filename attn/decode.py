@@ -163,6 +163,39 @@ def _start(model, src, max_len, use_cache, with_attention):
     return stepper, src_h, limits
 
 
+#: Columns per block in :func:`_least_columns`'s first round.
+PRESELECT_BLOCK = 256
+
+
+def _least_columns(a, c: int):
+    """The column ids (R, c) of the c least entries of each row of ``a`` (R, V), ties going to
+    the lower id (as argmax's are): beam search's preselection of each beam's best tokens.
+
+    With many columns, in two rounds: the c blocks of :data:`PRESELECT_BLOCK` columns with
+    the least minima (ties: the lower block) hold all c least entries, so only those blocks
+    (and the last, shorter one) are searched, not all V columns."""
+    xp = B.get_array_module(a)
+    R, V = a.shape
+    b = PRESELECT_BLOCK
+    nb = V // b
+    if nb <= 2 * c:                                           # few blocks: search every column
+        ids = xp.broadcast_to(xp.arange(V), (R, V))
+        vals = a
+    else:
+        minima = a[:, :nb * b].reshape(R, nb, b).min(axis=2)                      # (R, nb)
+        blocks = xp.sort(xp.argsort(minima, axis=1, kind="stable")[:, :c], axis=1)
+        ids = (blocks[:, :, None] * b + xp.arange(b)).reshape(R, c * b)           # ascending
+        if nb * b < V:
+            ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(nb * b, V), (R, V - nb * b))], axis=1)
+        vals = xp.take_along_axis(a, ids, axis=1)
+    # The c least of vals; at the c-th value's ties, the first positions (ids ascend in a row).
+    least = xp.argpartition(vals, c - 1, axis=1)[:, :c]
+    cut = xp.take_along_axis(vals, least, axis=1).max(axis=1, keepdims=True)
+    rank = (vals >= cut).astype(xp.int8) + (vals > cut).astype(xp.int8)        # 0 below, 1 at, 2 above
+    first = xp.argsort(rank, axis=1, kind="stable")[:, :c]
+    return xp.take_along_axis(ids, first, axis=1)
+
+
 def _ban(logp):
     """PAD and BOS are never generated: their log-probability becomes -inf (in place)."""
     logp[:, PAD] = -float("inf")
@@ -331,9 +364,9 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         # score is the same for all its tokens): pick those first, over V in float32, then
         # rank the W * C survivors in float64, instead of all W * V of them.
         c = min(C, V)
-        if c < V:                # logp is ours (banned in place above): negated, the best come first,
-            neg = xp.negative(logp, out=logp)      # and ties keep the lower id as before (and as argmax)
-            top_v = xp.argpartition(neg, c - 1, axis=1)[:, :c]                   # (n_live*W, c), unordered
+        if c < V:                # logp is ours (banned in place above): negated, the best are the least
+            neg = xp.negative(logp, out=logp)
+            top_v = _least_columns(neg, c)                                       # (n_live*W, c)
             top_lp = -xp.take_along_axis(neg, top_v, axis=1)
         else:
             top_v, top_lp = xp.broadcast_to(xp.arange(V), logp.shape), logp

@@ -118,6 +118,25 @@ def test_fast_uncached_decoding_is_the_reference_search(backend, K, with_attenti
             np.testing.assert_allclose(x, y, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_least_columns_is_a_stable_sort_cut(backend, seed):
+    """Beam search's preselection (two rounds over blocks of the vocabulary when it is large)
+    picks the same columns as a stable full sort: the c least, ties to the lower id, also
+    with many exact ties and banned (+inf) entries."""
+    from attn.decode import PRESELECT_BLOCK, _least_columns
+    rng = np.random.default_rng(seed)
+    for V in (5, PRESELECT_BLOCK * 9 + 37, PRESELECT_BLOCK * 40):
+        for c in (1, 3, 8):
+            a = rng.integers(0, 1 + 40 * (seed % 3), (4, V)).astype(np.float32)   # many ties
+            if seed % 2:
+                a += rng.normal(size=a.shape).astype(np.float32)
+            a[:, rng.integers(0, V, 3)] = np.inf
+            c = min(c, V)
+            got = B.to_host(_least_columns(backend.asarray(a), c))
+            want = np.argsort(a, axis=1, kind="stable")[:, :c]
+            assert np.array_equal(np.sort(got, axis=1), np.sort(want, axis=1)), (V, c)
+
+
 @pytest.mark.parametrize("use_fast", [False, True])
 def test_beam_one_is_greedy_when_tokens_tie_exactly(backend, use_fast):
     """Tokens whose output rows are equal get equal log-probabilities; greedy takes the lowest
