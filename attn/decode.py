@@ -168,12 +168,14 @@ PRESELECT_BLOCK = 256
 
 
 def _least_columns(a, c: int):
-    """The column ids (R, c) of the c least entries of each row of ``a`` (R, V), ties going to
-    the lower id (as argmax's are): beam search's preselection of each beam's best tokens.
+    """The column ids (R, c) of c least entries of each row of ``a`` (R, V): beam search's
+    preselection of each beam's best tokens. Among entries tied with the c-th least value,
+    the ones kept are those ``argpartition`` keeps (not the lowest ids: breaking exact ties
+    by id would cost a sort at every step).
 
     With many columns, in two rounds: the c blocks of :data:`PRESELECT_BLOCK` columns with
-    the least minima (ties: the lower block) hold all c least entries, so only those blocks
-    (and the last, shorter one) are searched, not all V columns."""
+    the least minima hold c least entries, so only those blocks (and the last, shorter one)
+    are searched, not all V columns."""
     xp = B.get_array_module(a)
     R, V = a.shape
     b = PRESELECT_BLOCK
@@ -183,17 +185,13 @@ def _least_columns(a, c: int):
         vals = a
     else:
         minima = a[:, :nb * b].reshape(R, nb, b).min(axis=2)                      # (R, nb)
-        blocks = xp.sort(xp.argsort(minima, axis=1, kind="stable")[:, :c], axis=1)
-        ids = (blocks[:, :, None] * b + xp.arange(b)).reshape(R, c * b)           # ascending
+        blocks = xp.argpartition(minima, c - 1, axis=1)[:, :c]
+        ids = (blocks[:, :, None] * b + xp.arange(b)).reshape(R, c * b)
         if nb * b < V:
             ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(nb * b, V), (R, V - nb * b))], axis=1)
         vals = xp.take_along_axis(a, ids, axis=1)
-    # The c least of vals; at the c-th value's ties, the first positions (ids ascend in a row).
     least = xp.argpartition(vals, c - 1, axis=1)[:, :c]
-    cut = xp.take_along_axis(vals, least, axis=1).max(axis=1, keepdims=True)
-    rank = (vals >= cut).astype(xp.int8) + (vals > cut).astype(xp.int8)        # 0 below, 1 at, 2 above
-    first = xp.argsort(rank, axis=1, kind="stable")[:, :c]
-    return xp.take_along_axis(ids, first, axis=1)
+    return xp.take_along_axis(ids, least, axis=1)
 
 
 def _ban(logp):
