@@ -108,7 +108,7 @@ class _FullStepper:
         self.memory, self.src_mask, self.prefix = memory, src_mask, None
         self.cross_kv = self.sentence = None
         if getattr(model, "DECODE_TAKES_CROSS_KV", False):
-            self.cross_kv = model.start_decoding(memory, src_mask).cross_kv
+            self.cross_kv = model.cross_attention_kv(memory)
             self.sentence = B.host.arange(memory.shape[0])       # which source row each row decodes
 
     def step(self, tokens):
@@ -362,12 +362,9 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         # score is the same for all its tokens): pick those first, over V in float32, then
         # rank the W * C survivors in float64, instead of all W * V of them.
         c = min(C, V)
-        if c < V:                # logp is ours (banned in place above): negated, the best are the least
-            neg = xp.negative(logp, out=logp)
-            top_v = _least_columns(neg, c)                                       # (n_live*W, c)
-            top_lp = -xp.take_along_axis(neg, top_v, axis=1)
-        else:
-            top_v, top_lp = xp.broadcast_to(xp.arange(V), logp.shape), logp
+        neg = xp.negative(logp, out=logp)   # logp is ours (banned in place above): the best are the least
+        top_v = _least_columns(neg, c)                                           # (n_live*W, c)
+        top_lp = -xp.take_along_axis(neg, top_v, axis=1)
         cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
         flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
         top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered

@@ -444,9 +444,9 @@ class Transformer:
 
     # ------------------------------------------------------------------ incremental decoding
 
-    def start_decoding(self, memory, src_mask) -> "DecodeState":
-        """Precompute each decoder layer's cross-attention keys and values from the
-        encoder output once. Returns the state for :meth:`decode_step`."""
+    def cross_attention_kv(self, memory) -> list:
+        """Each decoder layer's cross-attention keys and values, (B, H, S, Dh) each, from the
+        encoder output (B, S, D): they depend on the source alone."""
         p, H = self.params, self.config.n_heads
         cross = []
         for i in range(self.config.n_decoder_layers):
@@ -454,8 +454,13 @@ class Transformer:
             k = split_heads(_affine(memory, p[pre + ".w_k"], p[pre + ".b_k"]), H)   # (B, H, S, Dh)
             v = split_heads(_affine(memory, p[pre + ".w_v"], p[pre + ".b_v"]), H)
             cross.append((k, v))
+        return cross
+
+    def start_decoding(self, memory, src_mask) -> "DecodeState":
+        """Precompute each decoder layer's cross-attention keys and values from the
+        encoder output once. Returns the state for :meth:`decode_step`."""
         empty = [(None, None)] * self.config.n_decoder_layers
-        return DecodeState(cross, list(empty), src_mask, 0)
+        return DecodeState(self.cross_attention_kv(memory), list(empty), src_mask, 0)
 
     def decode_step(self, tokens, state: "DecodeState"):
         """One decoder position for every sequence in the batch, attending to the

@@ -575,7 +575,7 @@ class FastTransformer(Transformer):
 
         Two inference options (what :func:`attn.decode.greedy_decode` passes when it
         recomputes the prefix at every step): ``cross_kv``, each decoder layer's
-        cross-attention keys and values (B, H, S, Dh) as :meth:`start_decoding` makes them
+        cross-attention keys and values (B, H, S, Dh) as :meth:`cross_attention_kv` makes them
         (they depend on the source alone, so they are projected once, not at every step);
         ``keep_weights=False``: no cross-attention weights are kept, and the cache is None."""
         if rng is not None:
@@ -826,10 +826,9 @@ class FastTransformer(Transformer):
     def start_decoding(self, memory, src_mask):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
         key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`)."""
-        state = super().start_decoding(memory, src_mask)
         if self.xp is not B.host:
-            return state
-        return decoding.start(self, state.cross_kv, src_mask)
+            return super().start_decoding(memory, src_mask)
+        return decoding.start(self, self.cross_attention_kv(memory), src_mask)
 
     def decode_step(self, tokens, state):
         """:meth:`Transformer.decode_step`. On NumPy with a :class:`FastDecodeState`, the fast
