@@ -566,6 +566,14 @@ def test_threads_survive_a_fork():
     assert p.exitcode == 0 and q.get(timeout=5) == [3, 4]
 
 
+def _ref_and_fast(seed, **config):
+    """A float64 reference model on the current backend (2 heads, no dropout unless asked)
+    and the fast view of it."""
+    cfg = TransformerConfig(**{"n_heads": 2, "dropout": 0.0, "max_len": 32, **config})
+    ref = Transformer(cfg, seed=seed, dtype="float64")
+    return cfg, ref, FastTransformer.from_model(ref)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("beam", [1, 3])
 def test_fast_decoding_matches_reference(backend, seed, beam):
@@ -573,10 +581,8 @@ def test_fast_decoding_matches_reference(backend, seed, beam):
     cross-attention keys/values kept when a reorder leaves every row's sentence) pick the
     reference's tokens with its scores; the random models end some sentences early."""
     from attn import decode
-    cfg = TransformerConfig(vocab_size=9, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
-                            n_decoder_layers=2, dropout=0.0, max_len=32)
-    ref = Transformer(cfg, seed=seed, dtype="float64")
-    fast = FastTransformer.from_model(ref)
+    cfg, ref, fast = _ref_and_fast(seed=seed, vocab_size=9, d_model=8, d_ff=12,
+                                   n_encoder_layers=1, n_decoder_layers=2)
     src = B.to_device(np.array([[4, 5, 6, 7, 0], [8, 5, 4, 6, 7], [6, 0, 0, 0, 0], [7, 7, 5, 0, 0]]))
     if beam == 1:
         want, got = (decode.greedy_decode(m, src, max_len=8) for m in (ref, fast))
@@ -598,10 +604,9 @@ def test_fast_decoding_split_and_grown_matches_reference(monkeypatch, norm, posi
     from attn.fast import decoding
     monkeypatch.setattr(decoding, "MIN_ROWS_PER_PART", 2)
     B.set_backend("numpy")
-    cfg = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
-                            n_decoder_layers=2, dropout=0.0, max_len=64, norm=norm, positional=positional)
-    ref = Transformer(cfg, seed=4, dtype="float64")
-    fast = FastTransformer.from_model(ref)
+    cfg, ref, fast = _ref_and_fast(seed=4, vocab_size=11, d_model=8, d_ff=12,
+                                   n_encoder_layers=1, n_decoder_layers=2, max_len=64, norm=norm,
+                                   positional=positional)
     fast.workers = 3
     src = np.array([[4, 5, 6, 7, 0], [8, 5, 4, 6, 7], [0, 0, 0, 0, 0], [7, 7, 5, 0, 0], [9, 10, 4, 0, 0],
                     [6, 6, 6, 6, 6]])
@@ -622,10 +627,8 @@ def test_fast_encode_decode_and_attention_match_reference(workers, use_cache):
     from attn import decode
     from attn.masks import padding_mask
     B.set_backend("numpy")
-    cfg = TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2,
-                            n_decoder_layers=2, dropout=0.1, max_len=32)
-    ref = Transformer(cfg, seed=2, dtype="float64")
-    fast = FastTransformer.from_model(ref)
+    cfg, ref, fast = _ref_and_fast(seed=2, vocab_size=13, d_model=8, d_ff=12,
+                                   n_encoder_layers=2, n_decoder_layers=2, dropout=0.1)
     fast.workers = workers
     fast.SPLIT_MIN_SIZE = 0
     src = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12], [0, 0, 0, 0, 0], [7, 7, 5, 0, 0]])
@@ -649,10 +652,8 @@ def test_fast_decode_state_can_be_stepped_twice():
     """Stepping a state writes the next position into buffers its successor shares; stepping the
     same (older) state again must not disturb that successor, and gives the reference's numbers."""
     B.set_backend("numpy")
-    cfg = TransformerConfig(vocab_size=9, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
-                            n_decoder_layers=1, dropout=0.0, max_len=32)
-    ref = Transformer(cfg, seed=1, dtype="float64")
-    fast = FastTransformer.from_model(ref)
+    cfg, ref, fast = _ref_and_fast(seed=1, vocab_size=9, d_model=8, d_ff=12,
+                                   n_encoder_layers=1, n_decoder_layers=1)
     src = np.array([[4, 5, 6, 0], [7, 8, 4, 5]])
     mask = (src != 0)[:, None, None, :]
     memory, _ = ref.encode(src, None, mask)
@@ -679,10 +680,8 @@ def test_fast_decode_state_shares_cross_attention_within_groups(workers):
     irregular selections fall back to smaller groups: the numbers stay the reference's (a
     source of padding alone included: its row attends to nothing)."""
     B.set_backend("numpy")
-    cfg = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
-                            n_decoder_layers=2, dropout=0.0, max_len=32)
-    ref = Transformer(cfg, seed=4, dtype="float64")
-    fast = FastTransformer.from_model(ref)
+    cfg, ref, fast = _ref_and_fast(seed=4, vocab_size=11, d_model=8, d_ff=12,
+                                   n_encoder_layers=1, n_decoder_layers=2)
     fast.workers = workers
     src = np.array([[4, 5, 6, 0], [7, 8, 4, 5], [0, 0, 0, 0], [5, 5, 6, 7], [8, 4, 0, 0], [6, 9, 10, 4]])
     mask = (src != 0)[:, None, None, :]
@@ -729,10 +728,8 @@ def test_fast_decode_state_select_hands_its_buffers_on():
 
 
 def _select_hands_its_buffers_on(tracemalloc):
-    cfg = TransformerConfig(vocab_size=9, d_model=64, n_heads=2, d_ff=16, n_encoder_layers=1,
-                            n_decoder_layers=4, dropout=0.0, max_len=64)
-    ref = Transformer(cfg, seed=1, dtype="float64")
-    fast = FastTransformer.from_model(ref)
+    cfg, ref, fast = _ref_and_fast(seed=1, vocab_size=9, d_model=64, d_ff=16,
+                                   n_encoder_layers=1, n_decoder_layers=4, max_len=64)
     n = 48
     src = np.tile(np.array([[4, 5, 6, 0], [7, 8, 4, 5]]), (n // 2, 1))
     mask = (src != 0)[:, None, None, :]
@@ -786,10 +783,8 @@ def test_fast_projection_matches_reference(workers, split_min):
     BLAS's own with workers=1) is the reference's projection, for (n, D) and (B, T, D) inputs,
     a strided view included (the last position of each row, as decoding projects it)."""
     B.set_backend("numpy")
-    cfg = TransformerConfig(vocab_size=23, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
-                            n_decoder_layers=1, max_len=32)
-    ref = Transformer(cfg, seed=3, dtype="float64")
-    fast = FastTransformer.from_model(ref)
+    cfg, ref, fast = _ref_and_fast(seed=3, vocab_size=23, d_model=8, d_ff=12,
+                                   n_encoder_layers=1, n_decoder_layers=1, dropout=0.1)
     fast.workers, fast.SPLIT_MIN_SIZE = workers, split_min
     h = np.random.default_rng(0).normal(size=(5, 7, 8))
     for x in (h, h[:, -1, :], h[0]):
