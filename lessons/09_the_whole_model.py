@@ -168,7 +168,7 @@ print(f"\nmax |ours - library|: memory {diff_memory:.1e}, logits {diff_logits:.1
 #   projection. The positional encoding is not a weight matrix at all: the sinusoids
 #   have no parameters, and with learned positions (Table 3, row E) each stack gets
 #   its own table, separate from the word embedding. The parameter names below say so. (`Transformer.attention_weights(cache)` returns the
-# same weight arrays by name; lesson 13 looks at them after training.)
+# same weight arrays by name; lesson 17 looks at them after training.)
 #
 # %%
 w_a = Transformer.attention_weights(cache)                        # the forward pass above

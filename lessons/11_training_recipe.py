@@ -14,7 +14,7 @@
 # 3. **Adam** with `beta1 = 0.9, beta2 = 0.98, eps = 1e-9` (section 5.3), not the
 #    usual `beta2 = 0.999, eps = 1e-8`. (`attn.optim.Adam`)
 #
-# Everything here is small arrays; no Transformer is trained (lesson 14 measures
+# Everything here is small arrays; no Transformer is trained (lesson 20 measures
 # label smoothing on the translator itself). Runs in a few seconds.
 
 # %%
@@ -66,7 +66,7 @@ print(f"the toy preset (d_model 128, warmup 400) with attn-train's default --lr-
 # initial weights and freshly initialised moment estimates, full-size steps in
 # every direction at once easily knock a post-norm Transformer into a bad region;
 # a linear ramp lets Adam's second-moment estimates settle first. (How large a
-# rate suits a model depends on its size: lesson 14 trains every variant with the
+# rate suits a model depends on its size: lesson 20 trains every variant with the
 # paper's factor 1, and says why one shared schedule is part of every comparison
 # it makes.) The inverse-square-root decay afterwards is
 # a slow anneal: at step 100k (the base model's last) the rate is still
@@ -230,7 +230,7 @@ print(f"  mean confidence      {d_conf.min():+.3f} to {d_conf.max():+.3f}")
 # changes how sure the model is, much less which class it ranks first. That is the
 # paper's "hurts perplexity" exactly; the "improves accuracy and BLEU" part needs
 # more than this toy: a model big enough to be over-confident, and beam search,
-# which lesson 12 uses and lesson 14 measures on the translator, with several seeds.
+# which lesson 14 uses and lesson 20 measures on the translator, with several seeds.
 # Which way perplexity goes depends on whether the unsmoothed model is
 # over-confident on held-out data; a well-specified model with enough data, as
 # here, is not, so smoothing can only cost likelihood.

@@ -14,15 +14,15 @@
 # Each figure draws the sentence twice, queries on the left and keys on the right,
 # with a line from word to word whose opacity is the attention weight, one colour
 # per head. We draw the same figures for the toy translator's last encoder layer
-# (lesson 13 looked at all three kinds of attention as heatmaps; here we follow the
+# (lesson 17 looked at all three kinds of attention as heatmaps; here we follow the
 # paper's own pictures), and then ask, over the whole test set rather than one
 # sentence, whether any head does something we can name.
 #
-# **The model.** `ATTN_CHECKPOINT` if set; otherwise lesson 12's last model,
-# `lessons/out/12_run/checkpoint.npz`, when lesson 12 has been run; otherwise the
+# **The model.** `ATTN_CHECKPOINT` if set; otherwise lesson 14's last model,
+# `lessons/out/14_run/checkpoint.npz`, when lesson 14 has been run; otherwise the
 # lesson trains a small one itself with the readable `Transformer` (`--reference`):
-# in quick mode (what CI runs, where lesson 12's output is not there) a 1 + 1-layer
-# model of width 32, in full mode lesson 12's 2 + 2-layer model. It prints which.
+# in quick mode (what CI runs, where lesson 14's output is not there) a 1 + 1-layer
+# model of width 32, in full mode lesson 14's 2 + 2-layer model. It prints which.
 
 # %%
 import os, sys
@@ -53,11 +53,11 @@ T0 = time.time()
 
 # %%
 MAX_WORDS = 8 if QUICK else 25
-checkpoint = os.environ.get("ATTN_CHECKPOINT") or (OUT / "12_run" / "checkpoint.npz")
+checkpoint = os.environ.get("ATTN_CHECKPOINT") or (OUT / "14_run" / "checkpoint.npz")
 if os.environ.get("ATTN_CHECKPOINT"):
     source = "ATTN_CHECKPOINT"
 elif checkpoint.exists():
-    source = "lesson 12's last model"
+    source = "lesson 14's last model"
 else:
     data_dir, run_dir = OUT / "18_data", OUT / "18_run"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -233,7 +233,7 @@ show_figure(fig, "18_figure_5.png")
 # add. Whether a head looks from verbs to their pronoun more than it looks one word
 # back in general is the test of a head that does something like figure 4's anaphora.
 #
-# Two cautions, as in lesson 13: attention weights show where information *could*
+# Two cautions, as in lesson 17: attention weights show where information *could*
 # come from, not what the model did with it; and the paper's figures are hand-picked
 # examples from a 6-layer model trained for days. The honest way to read such
 # pictures is the one used here: pick the example, then measure the pattern over

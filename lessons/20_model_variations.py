@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 14: model variations at toy scale (section 6.2, Table 3)
+# # Lesson 20: model variations at toy scale (section 6.2, Table 3)
 #
 # Table 3 of the paper changes one thing at a time in the base model and reports
 # the development-set perplexity and BLEU:
@@ -60,7 +60,7 @@ logging.getLogger("sacrebleu").setLevel(logging.ERROR)
 MAX_WORDS = 8 if QUICK else 10
 N_TRAIN, N_VAL = (1000, 100) if QUICK else (4000, 200)
 STEPS, WARMUP, MAX_TOKENS = (100, 50, 400) if QUICK else (600, 200, 600)
-LR_FACTOR = 1.0                      # the schedule of section 5.3 as written (lesson 12 passes --lr-factor 2)
+LR_FACTOR = 1.0                      # the schedule of section 5.3 as written (lesson 14 passes --lr-factor 2)
 N_BLEU = 20 if QUICK else N_VAL      # an untrained model's output runs to the length limit: slow to decode
 
 train_pairs = [p for p in read_parallel(TOY_DIR, "en", "tk", "train") if len(p[0].split()) <= MAX_WORDS][:N_TRAIN]
@@ -266,7 +266,7 @@ print("perplexity verdicts:", counts)
 # One more thing is shared by every run: the learning-rate schedule (`LR_FACTOR`
 # times section 5.3's). A rate that suits one size need not suit another, so every
 # comparison here is also a comparison of how well the one schedule suits each
-# variant. Rerun with `LR_FACTOR = 2` (what lesson 12 passes) and watch which
+# variant. Rerun with `LR_FACTOR = 2` (what lesson 14 passes) and watch which
 # verdicts hold.
 
 # %%
@@ -321,7 +321,7 @@ ax[2].set_title("training curves (black: base, all seeds);\neach run's own loss:
                 fontsize=10)
 fig.suptitle(f"Table 3 at toy scale ({'quick' if QUICK else 'full'} mode: {STEPS} steps per run): "
              f"each variant against the base model")
-fig.tight_layout(); show_figure(fig, "14_variations.png", dpi=100, bbox_inches="tight")
+fig.tight_layout(); show_figure(fig, "20_variations.png", dpi=100, bbox_inches="tight")
 
 # %% [markdown]
 # ## Check

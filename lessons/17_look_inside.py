@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 13: look inside a trained model (sections 3.2.3 and 4, "attention visualizations")
+# # Lesson 17: look inside a trained model (sections 3.2.3 and 4, "attention visualizations")
 #
 # A trained Transformer has three kinds of attention (section 3.2.3), and each one
 # can be drawn as a matrix of weights, one row per query, summing to 1:
@@ -16,9 +16,9 @@
 # against word links learned from the training corpus itself (section 3).
 #
 # **The model.** Set `ATTN_CHECKPOINT` to a checkpoint of the toy translator to look
-# inside it: lesson 12's last model, `lessons/out/12_run/checkpoint.npz`, or
+# inside it: lesson 14's last model, `lessons/out/14_run/checkpoint.npz`, or
 # `runs/toy/checkpoint.npz` from `attn-train`. Otherwise the lesson trains one with
-# the readable `Transformer` (`--reference`, as lesson 12 does): in full mode lesson
+# the readable `Transformer` (`--reference`, as lesson 14 does): in full mode lesson
 # 12's 2 + 2-layer model, in quick mode a 1 + 1-layer model of width 32 on short
 # sentences. `lessons/README.md` lists the measured times.
 
@@ -51,7 +51,7 @@ np.set_printoptions(precision=2, suppress=True, linewidth=130)
 MAX_WORDS = 8 if QUICK else 25
 checkpoint = os.environ.get("ATTN_CHECKPOINT")
 if not checkpoint:
-    data_dir, run_dir = OUT / "13_data", OUT / "13_run"
+    data_dir, run_dir = OUT / "17_data", OUT / "17_run"
     shutil.rmtree(run_dir, ignore_errors=True)
     data_dir.mkdir(parents=True, exist_ok=True)
     sizes = (1500, 100) if QUICK else (10_000, 300)
@@ -130,7 +130,7 @@ for layer in range(axes.shape[0]):
                     ax.add_patch(plt.Rectangle((src_tokens.index(gold[t]) - 0.5, j - 0.5), 1, 1, fill=False,
                                                ec="red", lw=2))
 fig.suptitle(f"'{en}' -> '{tk}'  (mean over {cfg.n_heads} heads; red boxes: the gold links)", y=1.0)
-fig.tight_layout(); show_figure(fig, "13_attention_maps.png", dpi=100, bbox_inches="tight")
+fig.tight_layout(); show_figure(fig, "17_attention_maps.png", dpi=100, bbox_inches="tight")
 
 cross_last = weights[f"decoder.{last}.cross_attn"][0]                          # (H, T, S)
 fig, axes = plt.subplots(1, cfg.n_heads, figsize=(4.2 * cfg.n_heads, 4.2), squeeze=False)
@@ -139,7 +139,7 @@ for h, ax in enumerate(axes[0]):
     ax.set_xticks(range(len(src_labels)), src_labels, rotation=60, ha="right")
     ax.set_yticks(range(len(tgt_labels)), tgt_labels if h == 0 else [""] * len(tgt_labels))
     ax.set_title(f"decoder layer {last} cross-attention, head {h}", fontsize=9)
-fig.tight_layout(); show_figure(fig, "13_cross_heads.png", dpi=100)
+fig.tight_layout(); show_figure(fig, "17_cross_heads.png", dpi=100)
 
 peaks = {t: src_labels[int(cross_last.mean(0)[j].argmax())] for j, t in enumerate(tgt_tokens) if t in gold}
 print("last layer, mean over heads: where each reordered word looks hardest:")
@@ -147,7 +147,7 @@ for t, s in peaks.items():
     print(f"  {t:<8} -> {s:<6} (gold: {gold[t]}) {'ok' if s == gold[t] else 'MISSED'}")
 
 # %% [markdown]
-# What to look for in `13_attention_maps.png`:
+# What to look for in `17_attention_maps.png`:
 #
 # * **Decoder self-attention** is lower-triangular: the upper triangle is exactly
 #   zero, because the look-ahead mask sets those weights to 0 before anything else
@@ -160,7 +160,7 @@ for t, s in peaks.items():
 #   or spread out: a "no-op" place to look.)
 # * **Encoder self-attention** is harder to read: its job is to build context-aware
 #   representations, not to align, and averaging the heads mixes patterns that each
-#   head keeps apart. `13_cross_heads.png` shows the last layer's cross-attention
+#   head keeps apart. `17_cross_heads.png` shows the last layer's cross-attention
 #   head by head: usually some heads align sharply and others do something else.
 #
 # The model's own translation, with beam search and the cross-attention the decoder
@@ -170,8 +170,8 @@ for t, s in peaks.items():
 result = translate(model, vocab, [en], beam_size=4, with_attention=True)[0]
 print(f"beam 4: {result.text}   (reference: {tk})")
 show_figure(plot_attention(result.attention, result.src_tokens, result.tgt_tokens,
-                           OUT / "13_cross_attention_beam.png", title=f"{en}\n-> {result.text}"),
-            "13_cross_attention_beam.png")
+                           OUT / "17_cross_attention_beam.png", title=f"{en}\n-> {result.text}"),
+            "17_cross_attention_beam.png")
 
 # %% [markdown]
 # ## 3. Alignment accuracy on the test set

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 19: subword vocabularies, byte-pair encoding by hand (section 5.1)
+# # Lesson 13: subword vocabularies, byte-pair encoding by hand (section 5.1)
 #
 # Section 5.1: "Sentences were encoded using byte-pair encoding, which has a shared
 # source-target vocabulary of about 37000 tokens." Two ideas in one sentence:
@@ -162,7 +162,7 @@ ax[1].set_ylabel("tokens per word"); ax[1].set_title("the price: longer sequence
 for a in ax:
     a.tick_params(axis="x", labelsize=7)
 fig.tight_layout()
-show_figure(fig, "19_subwords.png")
+show_figure(fig, "13_subwords.png")
 
 # %% [markdown]
 # Read the table (this run's): the word vocabulary from 100 pairs leaves test tokens

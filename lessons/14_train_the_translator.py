@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 12: train the translator (sections 5 and 6.1)
+# # Lesson 14: train the translator (sections 5 and 6.1)
 #
 # Everything so far comes together: the model of lesson 9, the recipe of lesson 11,
 # trained on the toy corpus (English -> the made-up language "tk", see
@@ -64,8 +64,8 @@ def short(split, n):
 full_train = read_parallel(TOY_DIR, "en", "tk", "train")
 print(f"the toy corpus: {len(full_train):,} training pairs of {min(len(s.split()) for s, _ in full_train)}-"
       f"{max(len(s.split()) for s, _ in full_train)} English tokens")
-data_dir = OUT / "12_data"
-run_dir = OUT / "12_run"
+data_dir = OUT / "14_data"
+run_dir = OUT / "14_run"
 shutil.rmtree(run_dir, ignore_errors=True)                   # a fresh run, not a --resume
 splits = {"train": short("train", N_TRAIN), "val": short("val", N_VAL), "test": short("test", N_TEST)}
 data_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,7 @@ for s, t in splits["train"][:3]:
 # of width 512; the toy corpus needs much less), and the warm-up is short because
 # the run is short. We also pass `--lr-factor 2`, twice the rate of section 5.3
 # (`attn-train`'s own default is printed below): small post-norm models like a
-# large learning rate, though too large a one stalls them. Lesson 14 trains all its
+# large learning rate, though too large a one stalls them. Lesson 20 trains all its
 # variants at the paper's factor 1, and discusses how the one shared schedule
 # enters every comparison.
 
@@ -129,9 +129,9 @@ print(json.dumps({k: metrics[k] for k in ("steps", "train_seconds", "val_loss", 
 arrays, meta = load_npz(run_dir / "checkpoint.npz")
 train_losses = [float(x) for x in arrays["history/train_loss"]]
 val_points = [(e["step"], e["val_loss"]) for e in meta["evals"]]
-show_figure(plot_loss_curve(train_losses, val_points, OUT / "12_loss.png",
+show_figure(plot_loss_curve(train_losses, val_points, OUT / "14_loss.png",
                             title=f"toy translator ({'quick' if QUICK else 'full'} mode): label-smoothed loss"),
-            "12_loss.png")
+            "14_loss.png")
 V, eps = len(meta["vocab"]), 0.1
 floor = -(1 - eps + eps / V) * np.log(1 - eps + eps / V) - (V - 1) * (eps / V) * np.log(eps / V)
 print(f"training loss: first step {train_losses[0]:.2f} (log V = {np.log(V):.2f}), mean of the last 50 steps "
@@ -304,7 +304,7 @@ ax[1].plot([lo, 0], [lo, 0], "k:", lw=1)
 ax[1].scatter(greedy_obj, beam_obj, s=12, c=["tab:red" if i in differ else "tab:blue" for i in range(len(test))])
 ax[1].set_xlabel("greedy output: log P / lp"); ax[1].set_ylabel("beam 4 output: log P / lp")
 ax[1].set_title("per sentence (red: outputs differ; above the line: beam better)")
-fig.tight_layout(); show_figure(fig, "12_greedy_vs_beam.png")
+fig.tight_layout(); show_figure(fig, "14_greedy_vs_beam.png")
 
 # %% [markdown]
 # Left: BLEU of the two searches against copying the source. Right: every test
@@ -312,10 +312,10 @@ fig.tight_layout(); show_figure(fig, "12_greedy_vs_beam.png")
 # red points are where they differ, nearly all above the line.
 #
 # To translate your own sentences with this model:
-# `attn-translate --checkpoint lessons/out/12_run/averaged.npz --beam 4 "we called the big queen ."`
-# Lessons 13 and 18 look inside the *last* model of this run, `12_run/checkpoint.npz`
+# `attn-translate --checkpoint lessons/out/14_run/averaged.npz --beam 4 "we called the big queen ."`
+# Lessons 17 and 18 look inside the *last* model of this run, `14_run/checkpoint.npz`
 # (the average of snapshots is not a model that was ever trained as such): they
-# reuse it when `ATTN_CHECKPOINT=lessons/out/12_run/checkpoint.npz` is set, and
+# reuse it when `ATTN_CHECKPOINT=lessons/out/14_run/checkpoint.npz` is set, and
 # lesson 18 also finds it there by itself.
 #
 # ## Check

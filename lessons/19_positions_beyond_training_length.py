@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 16: positional encodings beyond the training length (section 3.5, Table 3 row E)
+# # Lesson 19: positional encodings beyond the training length (section 3.5, Table 3 row E)
 #
 # Section 3.5 ends with a choice and its reason:
 #
@@ -8,7 +8,7 @@
 # > chose the sinusoidal version because it may allow the model to extrapolate to
 # > sequence lengths longer than the ones encountered during training.
 #
-# Lesson 14 measured "nearly identical" at toy scale. This lesson tests the reason:
+# Lesson 20 measured "nearly identical" at toy scale. This lesson tests the reason:
 # train two tiny Transformers, identical except for `positional="sinusoidal"` or
 # `"learned"`, on sequences no longer than `L_TRAIN`, then ask both about sequences
 # twice as long.
@@ -159,7 +159,7 @@ ax[1].axvline(L_TRAIN + 0.5, color="k", ls="--")
 ax[1].set_xlabel("position"); ax[1].set_ylabel("dimension")
 ax[1].set_title("the sinusoids continue past the training length (dashed)")
 fig.tight_layout()
-show_figure(fig, "16_positions_beyond_training.png")
+show_figure(fig, "19_positions_beyond_training.png")
 
 # %% [markdown]
 # What to read in the table (this run's numbers; full mode has three seeds each):

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 17: the cost of training (section 5.2, Table 2)
+# # Lesson 21: the cost of training (section 5.2, Table 2)
 #
 # Table 2 of the paper compares models by BLEU *and* by "training cost (FLOPs)": the
 # base Transformer at 3.3·10¹⁸, the big one at 2.3·10¹⁹, against 10¹⁹-10²¹ for the
@@ -229,7 +229,7 @@ ax[1].bar(["this machine: toy", "this machine: base", "P100 peak"],
 ax[1].set_yscale("log"); ax[1].set_ylabel("FLOP/s (matmul FLOPs of a training step / its time)")
 ax[1].set_title("rates")
 fig.tight_layout()
-show_figure(fig, "17_cost_of_training.png")
+show_figure(fig, "21_cost_of_training.png")
 
 # %% [markdown]
 # Neither rate is the CPU's matmul peak. Much of a step's time goes to work the FLOP

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 15: dropout and regularisation (section 5.4)
+# # Lesson 12: dropout and regularisation (section 5.4)
 #
 # Section 5.4 names three regularisers. Label smoothing was lesson 11. This lesson
 # is about the other two, which are one mechanism in two places:
@@ -249,7 +249,7 @@ ax[1].plot(depths, surv["notes"], "s-", label="dropout on the sub-layer input (s
 ax[1].set_xlabel("layers"); ax[1].set_ylabel("corr(stack input, stack output)"); ax[1].set_ylim(0, 1.05)
 ax[1].set_title("what survives a stack of residual blocks"); ax[1].legend()
 fig.tight_layout()
-show_figure(fig, "15_dropout.png")
+show_figure(fig, "12_dropout.png")
 
 # %% [markdown]
 # What the table says is this run's; the text generated below reads it out. Things
@@ -295,11 +295,11 @@ print(f"Check passed in {time.time() - T0:.1f} s: dropout keeps E[x], its backwa
 # ## Exercise
 #
 # Now write inverted `dropout`, forward and backward yourself. The starter
-# `lessons/exercises/15_dropout.py` has the signatures, and the shapes and formulas in
+# `lessons/exercises/12_dropout.py` has the signatures, and the shapes and formulas in
 # its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
 # work:
 #
-#     attn-check lessons/exercises/15_dropout.py
+#     attn-check lessons/exercises/12_dropout.py
 #
 # `attn-check` runs your functions on the examples that prove the library's layers, hard
 # ones included, and prints a pass per layer or the smallest input that breaks your

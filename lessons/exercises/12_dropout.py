@@ -1,8 +1,8 @@
-"""Exercise for lesson 15: inverted dropout (section 5.4, "Residual Dropout").
+"""Exercise for lesson 12: inverted dropout (section 5.4, "Residual Dropout").
 
 Write the bodies below (replace each ``raise NotImplementedError``), then grade them:
 
-    attn-check lessons/exercises/15_dropout.py
+    attn-check lessons/exercises/12_dropout.py
 
 ``xp = B.get_array_module(x)`` is NumPy (or CuPy on a GPU).
 """
