@@ -70,7 +70,7 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     and the learning rate the step used.
     """
     if dp is not None:
-        batch, rng, weight = dp.share(batch, rng)       # this process's sentences and their random numbers
+        batch, rng, weight = dp.share(batch, rng, model)     # this process's sentences and their random numbers
     cfg = model.config
     for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
         check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync

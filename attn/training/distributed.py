@@ -52,6 +52,7 @@ import sys
 
 from .. import backend as B
 from ..data import Batch
+from ..fast import FastTransformer
 from ..masks import PAD_ID
 
 #: Environment variables that MPI launchers set to the number of processes started.
@@ -93,10 +94,10 @@ class Single:
     """One process: its share is the whole batch, and nothing needs agreeing on."""
     size, rank, master, transport = 1, 0, True, "none"
 
-    def use_backend(self) -> None:
+    def use_backend(self, transport: str | None = None) -> None:
         pass
 
-    def share(self, batch: Batch, rng=None):
+    def share(self, batch: Batch, rng=None, model=None):
         return batch, rng, 1.0
 
     def all_reduce(self, loss, grads: dict, weight: float):
@@ -150,26 +151,31 @@ def share_of(batch: Batch, size: int, rank: int):
 
 
 class RowsOf:
-    """The random numbers one process would draw for a whole batch, rows ``[lo, hi)`` of them.
+    """The random numbers one process would draw for a whole batch, this share's sentences of them.
 
-    Every draw the models make for dropout is sentence-major: its first axis is the batch's
-    sentences (B, ...) or their positions (B*T, ...) or heads (B*H, ...). Asked for an array
-    whose first axis is ``k`` times this share's ``hi - lo`` sentences, this draws the array for
-    all ``rows`` sentences from the step's stream, as one process would, and returns this share's
-    rows of it (``[lo*k, hi*k)``)."""
+    Every draw the models make for dropout has one axis of sentences: the first for arrays of
+    the batch's sentences (B, ...), positions (B*T, ...) or heads (B, H, ...), the second for
+    attn.fast's attention weights, which it keeps keys-first (Tk, B, H, Tq). Asked for an
+    array whose sentence axis is ``k`` times this share's ``hi - lo`` sentences, this draws the
+    array for all ``rows`` sentences from the step's stream, as one process would, and
+    returns this share's part of that axis, ``[lo*k, hi*k)``. ``keys_first`` says which
+    layout 4-D draws have (True for :class:`attn.fast.FastTransformer`)."""
 
-    def __init__(self, rng, lo: int, hi: int, rows: int):
-        self.rng, self.lo, self.hi, self.rows = rng, lo, hi, rows
+    def __init__(self, rng, lo: int, hi: int, rows: int, keys_first: bool = False):
+        self.rng, self.lo, self.hi, self.rows, self.keys_first = rng, lo, hi, rows, keys_first
         self.seed = rng.seed
 
     def _whole(self, shape):
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        axis = 1 if self.keys_first and len(shape) == 4 else 0
         n = self.hi - self.lo
-        if not shape or shape[0] % n:
-            raise DistributedError(f"dropout drew an array of shape {shape}, whose first axis is not a multiple "
-                                   f"of this rank's {n} sentences: it cannot be cut from the whole batch's draw")
-        k = shape[0] // n
-        return (self.rows * k,) + shape[1:], slice(self.lo * k, self.hi * k)
+        if len(shape) <= axis or shape[axis] % n:
+            raise DistributedError(f"dropout drew an array of shape {shape}, whose sentence axis ({axis}) is not "
+                                   f"a multiple of this rank's {n} sentences: it cannot be cut from the whole "
+                                   "batch's draw")
+        k = shape[axis] // n
+        whole = shape[:axis] + (self.rows * k,) + shape[axis + 1:]
+        return whole, (slice(None),) * axis + (slice(self.lo * k, self.hi * k),)
 
     def random(self, shape, dtype="float32"):
         whole, mine = self._whole(shape)
@@ -270,21 +276,25 @@ class MPIGroup(Single):
         self.size, self.rank = comm.Get_size(), comm.Get_rank()
         self.master = self.rank == 0
         self.transport = "mpi"
+        self.bucket_bytes = BUCKET_BYTES
         self._flat = None
         self._nccl = None
         if not any(os.environ.get(v) for v in THREAD_VARIABLES):
             B.blas_threads(1)               # one core per rank: a rank's BLAS threads would fight the others
 
-    def use_backend(self) -> None:
+    def use_backend(self, transport: str | None = None) -> None:
         """After the backend is chosen: on CuPy, this rank's GPU (its rank among the ranks of its
-        machine) and NCCL (unless absent, or ``ATTN_ALLREDUCE=mpi``)."""
+        machine) and the transport, ``transport`` or ``$ATTN_ALLREDUCE`` (auto: NCCL where CuPy
+        has it, else MPI staged through the host; mpi; nccl)."""
+        self._flat = None
+        self.transport = "mpi"
         if B.get_backend() != "cupy":
             return
         cp = B.xp()
         local = self.comm.Split_type(_mpi().COMM_TYPE_SHARED).Get_rank()
         n_gpus = cp.cuda.runtime.getDeviceCount()
         cp.cuda.Device(local % max(n_gpus, 1)).use()
-        choice = os.environ.get("ATTN_ALLREDUCE", "auto")
+        choice = transport or os.environ.get("ATTN_ALLREDUCE", "auto")
         if choice not in ("auto", "mpi", "nccl"):
             raise DistributedError(f"ATTN_ALLREDUCE must be auto, mpi or nccl, got {choice!r}")
         nccl = getattr(cp.cuda, "nccl", None)
@@ -299,16 +309,19 @@ class MPIGroup(Single):
         else:
             self.transport = "mpi-staged"
 
-    def share(self, batch: Batch, rng=None):
+    def share(self, batch: Batch, rng=None, model=None):
         """This rank's sentences of the global ``batch``, the random numbers one process would
-        draw for them, and their weight (their target tokens over the batch's)."""
+        draw for them (for ``model``'s layout of them), and their weight (their target tokens
+        over the batch's)."""
         mine, lo, rows, weight = share_of(batch, self.size, self.rank)
-        return mine, (RowsOf(rng, lo, lo + mine.src.shape[0], rows) if rng is not None else None), weight
+        if rng is not None:
+            rng = RowsOf(rng, lo, lo + mine.src.shape[0], rows, keys_first=isinstance(model, FastTransformer))
+        return mine, rng, weight
 
     def flat_grads(self, params: dict) -> FlatGrads:
         """The reused gradient buffer (made at the first step)."""
         if self._flat is None:
-            self._flat = FlatGrads(params)
+            self._flat = FlatGrads(params, self.bucket_bytes)
         return self._flat
 
     def all_reduce(self, loss, grads: dict, weight: float):
