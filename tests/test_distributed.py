@@ -267,3 +267,35 @@ def test_mpiexec_without_mpi4py_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)                    # import mpi4py raises ImportError
     with pytest.raises(D.DistributedError, match=r"mpi4py is not installed: pip install 'attn\[mpi\]'"):
         D.group()
+
+
+# --------------------------------------------------------------------------- python -m attn.bench --data-parallel N
+
+def test_the_bytes_all_reduced_are_every_parameter_and_the_loss():
+    from attn.bench.parallel import allreduce_bytes, counts, paper_model, ring_bytes_per_rank
+    from attn.bench.presets import BENCH_PRESETS, model_config
+    from attn.model import Transformer
+    cfg = model_config(BENCH_PRESETS["quick"])
+    assert allreduce_bytes(cfg) == 4 * (Transformer(cfg).num_parameters() + 1)
+    assert ring_bytes_per_rank(800, 1) == 0 and ring_bytes_per_rank(800, 2) == 800 and ring_bytes_per_rank(800, 8) == 1400
+    c = counts("toy-bench", 4)
+    assert c["ring_bytes_per_rank"] == 1.5 * c["allreduce_bytes"] and c["flops_per_rank"] == c["step_flops"] / 4
+    m = paper_model(8, 0.4, 12.0)
+    from attn.model import TransformerConfig, parameter_shapes
+    base = TransformerConfig.preset("base", vocab_size=37000)
+    assert m["parameters"] == sum(int(np.prod(s)) for s in parameter_shapes(base).values())
+    assert m["allreduce_seconds"] == pytest.approx(1.75 * m["allreduce_bytes"] / 12e9)
+
+
+@needs_mpi
+def test_bench_data_parallel_times_one_and_n_processes():
+    r = subprocess.run([sys.executable, "-m", "attn.bench", "--data-parallel", "2", "--quick", "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {(x["name"], x.get("ranks")): x for x in map(json.loads, r.stdout.splitlines())}
+    one, two = rows[("data_parallel_step_quick", 1)], rows[("data_parallel_step_quick", 2)]
+    assert one["allreduce_seconds"] == 0 and two["transport"] == "mpi" and 0 < two["allreduce_share"] < 1
+    assert two["speedup"] == pytest.approx(one["seconds_per_step"] / two["seconds_per_step"])
+    assert rows[("data_parallel_counts_quick", 2)]["allreduce_bytes"] > 0
+    assert rows[("data_parallel_model_base", 8)]["ranks"] == 8
