@@ -21,6 +21,16 @@ schedule. Everything random is a function of ``seed``: the batch order of epoch
 ``e`` comes from ``seed + e`` and the dropout masks of step ``s`` from
 ``(seed, s)``, so a run resumed from a checkpoint repeats the uninterrupted
 run's losses exactly.
+
+This module is the step and the loop; what they call lives beside them in
+:mod:`attn.training`: ``config`` (:class:`TrainConfig`, the recipes, the command
+line), ``prepare`` (corpus, split, vocabulary, model and optimizer, the warm-up
+fitted to the budget), ``checkpoints`` (state, checkpoints, snapshots, averaging,
+the files of ``out``), ``evaluation`` (validation during training, the test at the
+end) and ``distributed`` (``mpiexec -n N attn-train``: N processes training one
+model as one process would; a run of one process never uses it beyond asking how
+many processes there are). The names the package has always offered here
+(``TrainConfig``, ``build_vocab``, ``evaluate_loss``, ...) are imported from there.
 """
 from __future__ import annotations
 
@@ -159,14 +169,15 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
     dp = distributed.group()                     # one process: Single, whose calls change nothing
+    parallel = dp if dp.size > 1 else None       # what train_step is given: None for one process
     config, saved = open_run(config, given)      # --resume: the saved run's settings and checkpoint
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
     B.set_backend(config.backend)
     dp.use_backend()
-    run = prepare(config, saved, dp if dp.size > 1 else None, dp.say)
+    run = prepare(config, saved, parallel, dp.say)
     model, opt, state, vocab = run.model, run.opt, run.state, run.vocab
     out, ckpt_path, smoothing = Path(config.out), Path(config.out) / "checkpoint.npz", model.config.label_smoothing
-    dp.check_same_parameters(model.params)
+    dp.check_same_parameters(model.params)       # several processes: the same weights, or an error
     if dp.master:
         start_writing(out, not config.resume and config.overwrite,
                       {"model": model.config.to_dict(), "train": config.to_dict(), "vocab_size": len(vocab),
@@ -198,8 +209,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                 batch = batches[state.batch_index]
                 t0 = time.perf_counter()
                 rng = B.DeviceRNG(config.seed * 1_000_003 + state.step)
-                loss, lr = train_step(model, opt, batch, rng, smoothing, config.clip, run.loss_fn,
-                                      dp if dp.size > 1 else None)
+                loss, lr = train_step(model, opt, batch, rng, smoothing, config.clip, run.loss_fn, parallel)
                 pending.append(loss)
                 dt = time.perf_counter() - t0
                 state.step += 1

@@ -112,8 +112,8 @@ class Single:
     def barrier(self) -> None:
         pass
 
-    def check_same_parameters(self, params: dict) -> str:
-        return parameter_digest(params)
+    def check_same_parameters(self, params: dict) -> None:
+        pass
 
     def say(self, message: str) -> None:
         print(message, file=sys.stderr)
