@@ -88,10 +88,11 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     logits, cache = model.forward(src, tgt_in, rng)
     loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
     del logits
-    grads = model.backward(dlogits, cache)
+    if dp is None:
+        grads = model.backward(dlogits, cache)
+    else:           # the sum over processes of weight * (loss, grads), sent layer by layer as the backward goes
+        loss, grads = dp.backward(model, dlogits, cache, loss, weight)
     del cache, dlogits
-    if dp is not None:
-        loss, grads = dp.all_reduce(loss, grads, weight)  # sum over processes of weight * (loss, grads)
     if clip:
         clip_grad_norm(grads, clip, sync=False)          # decided on the device: no host sync
     lr = opt.step(grads)

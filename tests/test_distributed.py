@@ -85,6 +85,10 @@ def test_two_processes_train_exactly_as_one():
         tokens = r["target_tokens_per_rank"]
         assert tokens[0][0] > 2 * tokens[0][1] and tokens[1][0] > 2 * tokens[1][1] and tokens[2][0] == 0
         assert r["buckets"] > 1                      # several buckets in reverse layer order
+        # the reference model's backward fills the dict it is given: every bucket but the last
+        # (the embeddings and the loss) goes out while the backward still runs; attn.fast's after it
+        sent_early = r["buckets"] - 1 if r["engine"] == "reference" else 0
+        assert r["buckets_sent_during_backward"] == [sent_early] * 3, case
         assert r["zero_gradient_params"] and all(k.endswith(".b_k") for k in r["zero_gradient_params"])
     transfers = {r["transport"]: r["all_reduce_host_transfers_per_step"] for r in results if r["backend"] == "cupy"}
     assert transfers == {"nccl": 0.0, "mpi-staged": 1.0}     # NCCL never goes through the host
@@ -202,7 +206,10 @@ def test_flat_gradients_in_reverse_layer_order_with_buckets_on_parameter_edges()
     assert all(stop in edges | {sizes + 1} for _, stop in fg.buckets)
     rng = np.random.default_rng(0)
     grads = {k: rng.normal(size=p.shape) for k, p in params.items()}
-    fg.pack(grads, np.asarray(2.0), 0.25)
+    for i in range(len(fg.buckets)):
+        fg.pack_bucket(i, grads, 0.25)
+    fg.pack_loss(np.asarray(2.0), 0.25)
+    assert sorted(k for names in fg.bucket_names for k in names) == sorted(params)
     for k in params:
         np.testing.assert_array_equal(fg.views[k], 0.25 * grads[k])
         assert np.shares_memory(fg.views[k], fg.flat)
@@ -299,3 +306,27 @@ def test_bench_data_parallel_times_one_and_n_processes():
     assert two["speedup"] == pytest.approx(one["seconds_per_step"] / two["seconds_per_step"])
     assert rows[("data_parallel_counts_quick", 2)]["allreduce_bytes"] > 0
     assert rows[("data_parallel_model_base", 8)]["ranks"] == 8
+
+
+def test_a_bucket_goes_out_once_the_backward_is_past_it():
+    params = {"embedding.weight": np.zeros((10, 4)), "encoder.0.w": np.zeros((4, 4)), "encoder.0.b": np.zeros(4),
+              "decoder.0.w": np.zeros((4, 8)), "decoder.0.b": np.zeros(8)}
+    fg = D.FlatGrads(params, bucket_bytes=8 * 20)
+    assert fg.bucket_names == [["decoder.0.b", "decoder.0.w"], ["encoder.0.b", "encoder.0.w"], ["embedding.weight"],
+                               []]                                              # the loss alone
+    launched = []
+
+    class Group:
+        def _launch(self, i):
+            launched.append(i)
+            np.testing.assert_array_equal(fg.flat[slice(*fg.buckets[i])],     # packed, scaled by the weight
+                                          np.concatenate([3 * feed[k].ravel() for k in fg.bucket_names[i]]))
+
+    feed = D.BucketFeed(Group(), fg, 3.0)
+    # the order the reference backward goes in: the tied embedding (output projection), the
+    # decoder's layers, the embedding again (the target side), the encoder's layers
+    for name, expect in (("embedding.weight", []), ("decoder.0.w", []), ("decoder.0.b", []),
+                         ("embedding.weight", [0]), ("encoder.0.w", [0]), ("encoder.0.b", [0])):
+        feed[name] = np.full(params[name].shape, float(len(feed) + 1))
+        assert launched == expect, (name, launched)
+    assert feed.launched == feed.launched_during_backward == 1

@@ -98,29 +98,19 @@ def time_rank(preset: str, repeats: int, warmup: int, backend: str) -> dict | No
     model, opt = make_engine(Transformer(cfg, seed=0), False, 1.0)
     src, tgt_in, tgt_out = make_batch(bc)
     batch = Batch(src, tgt_in, tgt_out, int((src != PAD_ID).sum()), int((tgt_out != PAD_ID).sum()))
-    in_allreduce = [0.0]
-    if dp.size > 1:
-        all_reduce = dp.all_reduce
-
-        def timed(*args):
-            t0 = time.perf_counter()
-            out = all_reduce(*args)
-            B.to_float(out[0])                  # waits for the device (NCCL runs on its stream)
-            in_allreduce[0] += time.perf_counter() - t0
-            return out
-        dp.all_reduce = timed
+    dp.timing = True                            # NCCL: wait for the all-reduce, to time it
     loss_fn = step_loss_fn(False)
     steps, shares = [], []
     for i in range(warmup + repeats):
         dp.barrier()
-        in_allreduce[0] = 0.0
+        before = getattr(dp, "comm_seconds", 0.0)
         t0 = time.perf_counter()
         loss, _ = train_step(model, opt, batch, B.DeviceRNG(i), cfg.label_smoothing, 0.0, loss_fn,
                              dp if dp.size > 1 else None)
         B.to_float(loss)
         if i >= warmup:
             steps.append(time.perf_counter() - t0)
-            shares.append(in_allreduce[0])
+            shares.append(getattr(dp, "comm_seconds", 0.0) - before)
     if not dp.master:
         return None
     step = statistics.median(steps)

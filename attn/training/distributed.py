@@ -36,6 +36,9 @@ backward finishes them) and hands back views of it. When the model's gradients a
 one contiguous buffer (attn.fast's arena), build ``FlatGrads.over(arena_grads, views)`` instead:
 packing becomes one scaling in place and there is nothing to copy back.
 
+Buckets of the buffer go out in that order, each as soon as the backward is past it where the
+model's backward fills a ``grads`` dict it is given (:class:`BucketFeed`: the all-reduce overlaps
+the rest of the backward, as in PyTorch's DDP), else after the backward.
 The transports: NumPy arrays go through MPI (mpi4py) in place, bucket by bucket with
 non-blocking all-reduces; CuPy arrays through NCCL (``cupy.cuda.nccl``, its unique id made by
 rank 0 and broadcast over MPI, as llm.c does), or through MPI staged via the host where NCCL
@@ -47,8 +50,10 @@ One process (no ``mpiexec``, or ``mpiexec -n 1``) never imports mpi4py: :func:`g
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import sys
+import time
 
 from .. import backend as B
 from ..data import Batch
@@ -102,6 +107,9 @@ class Single:
 
     def all_reduce(self, loss, grads: dict, weight: float):
         return loss, grads
+
+    def backward(self, model, dlogits, cache, loss, weight: float):
+        return loss, model.backward(dlogits, cache)
 
     def broadcast(self, value):
         return value
@@ -195,67 +203,99 @@ def reverse_layer_order(names) -> list[str]:
 class FlatGrads:
     """The gradients of every parameter in one contiguous buffer, plus one slot for the loss.
 
-    ``pack(grads, loss, weight)`` writes ``weight * grads[name]`` into the buffer in the fixed
-    order :attr:`names` and ``weight * loss`` into its last slot; :attr:`views` are the
-    parameters' gradients as views of the buffer (what goes to the optimizer after the
-    all-reduce); :attr:`buckets` are ``(start, stop)`` slices of about :data:`BUCKET_BYTES`
-    that end on parameter boundaries, in reverse layer order (all-reduced one after another).
+    The buffer holds the gradients in the fixed order :attr:`names` (reverse layer order) and
+    the loss in its last slot; :attr:`views` are the parameters' gradients as views of it (what
+    goes to the optimizer after the all-reduce). :attr:`buckets` are ``(start, stop)`` slices of
+    about :data:`BUCKET_BYTES` that end on parameter boundaries, the last one holding the loss;
+    :attr:`bucket_names` the parameters of each. ``pack_bucket(i, grads, weight)`` writes
+    ``weight * grads[name]`` for bucket ``i``'s parameters, ``pack_loss(loss, weight)`` the loss.
     """
 
     def __init__(self, params: dict, bucket_bytes: int = BUCKET_BYTES):
         first = next(iter(params.values()))
         xp = B.get_array_module(first)
         self.names = reverse_layer_order(params)
-        self.shapes = {k: params[k].shape for k in self.names}
         self.offsets, total = {}, 0
         for k in self.names:
             self.offsets[k] = total
             total += params[k].size
         self.flat = xp.zeros(total + 1, dtype=first.dtype)                      # (P + 1,)
-        self.views = {k: self.flat[o:o + params[k].size].reshape(self.shapes[k]) for k, o in self.offsets.items()}
-        self.buckets, start, itemsize = [], 0, first.dtype.itemsize
+        self.views = {k: self.flat[o:o + params[k].size].reshape(params[k].shape) for k, o in self.offsets.items()}
+        self.buckets, self.bucket_names, start, names = [], [], 0, []
         for k in self.names:
             end = self.offsets[k] + params[k].size
-            if (end - start) * itemsize >= bucket_bytes:
+            names.append(k)
+            if (end - start) * first.dtype.itemsize >= bucket_bytes:
                 self.buckets.append((start, end))
-                start = end
+                self.bucket_names.append(names)
+                start, names = end, []
         self.buckets.append((start, total + 1))                                 # the loss travels last
-        self.packed_arena = False
+        self.bucket_names.append(names)
+        self.arena = False
 
     @classmethod
-    def over(cls, arena, views: dict, params: dict, bucket_bytes: int = BUCKET_BYTES) -> "FlatGrads":
-        """A :class:`FlatGrads` whose buffer is the model's own gradient arena (``arena``, one
-        contiguous array with one spare slot at its end for the loss; ``views``, the gradients as
-        views of it, which the backward writes). Packing then scales the arena in place."""
+    def over(cls, arena, views: dict) -> "FlatGrads":
+        """A :class:`FlatGrads` whose buffer is the model's own gradient arena: ``arena``, one
+        contiguous array with one spare slot at its end for the loss, and ``views``, the
+        gradients as views of it, which the backward writes. Packing then scales the arena in
+        place, and there is nothing to copy back: this is where attn.fast's arena plugs in."""
         self = cls.__new__(cls)
         self.names = reverse_layer_order(views)
-        self.shapes = {k: v.shape for k, v in views.items()}
-        self.flat, self.views, self.packed_arena = arena, views, True
+        self.flat, self.views, self.arena = arena, views, True
         self.offsets = {}
-        self.buckets = [(0, arena.size)]
+        self.buckets, self.bucket_names = [(0, arena.size)], [list(self.names)]
         return self
 
     @property
     def nbytes(self) -> int:
         return int(self.flat.size * self.flat.dtype.itemsize)
 
-    def pack(self, grads: dict, loss, weight: float):
-        xp = B.get_array_module(self.flat)
+    def pack_bucket(self, i: int, grads: dict, weight: float) -> None:
         w = self.flat.dtype.type(weight)
-        if self.packed_arena:
-            self.flat[:-1] *= w
-        else:
-            missing = [k for k in self.names if k not in grads]
-            if missing:
-                raise KeyError(f"all_reduce: no gradient for {missing[:5]}")
-            for k in self.names:
-                xp.multiply(grads[k], w, out=self.views[k])
-        self.flat[-1:] = loss.reshape(1) * w
-        return self.flat
+        if self.arena:
+            start, stop = self.buckets[i]
+            self.flat[start:min(stop, self.flat.size - 1)] *= w
+            return
+        xp = B.get_array_module(self.flat)
+        missing = [k for k in self.bucket_names[i] if k not in grads]
+        if missing:
+            raise KeyError(f"all_reduce: no gradient for {missing[:5]}")
+        for k in self.bucket_names[i]:
+            xp.multiply(grads[k], w, out=self.views[k])
+
+    def pack_loss(self, loss, weight: float) -> None:
+        self.flat[-1:] = loss.reshape(1) * self.flat.dtype.type(weight)
 
     def loss(self):
         """The summed loss, a 0-d array of its own (the buffer is reused next step)."""
         return self.flat[-1:].copy().reshape(())
+
+
+class BucketFeed(dict):
+    """The ``grads`` dict a backward fills, which all-reduces each bucket as soon as the backward
+    has moved past it: when a gradient of a later bucket arrives and every gradient of an earlier
+    bucket is there, that bucket is final (the backward visits the layers in reverse order, the
+    buckets' order) and goes on the wire while the backward computes the layers before it.
+    The last bucket (the embeddings, the loss) goes when the backward has returned:
+    :meth:`MPIGroup.backward` calls :meth:`finish`."""
+
+    def __init__(self, group: "MPIGroup", fg: FlatGrads, weight: float):
+        super().__init__()
+        self.group, self.fg, self.weight = group, fg, weight
+        self.bucket_of = {k: i for i, names in enumerate(fg.bucket_names) for k in names}
+        self.launched = 0                    # buckets sent so far (in order)
+        self.launched_during_backward = 0
+
+    def __setitem__(self, name, g):
+        super().__setitem__(name, g)
+        reached = self.bucket_of.get(name, 0)
+        last = len(self.fg.buckets) - 1
+        while (self.launched < min(reached, last)
+               and all(k in self for k in self.fg.bucket_names[self.launched])):
+            self.fg.pack_bucket(self.launched, self, self.weight)
+            self.group._launch(self.launched)
+            self.launched += 1
+        self.launched_during_backward = self.launched
 
 
 def parameter_digest(params: dict) -> str:
@@ -279,6 +319,11 @@ class MPIGroup(Single):
         self.bucket_bytes = BUCKET_BYTES
         self._flat = None
         self._nccl = None
+        self._stream = None
+        self._requests = []
+        self.comm_seconds = 0.0               # host seconds in the all-reduce calls, waiting included
+        self.timing = False                   # True: wait for NCCL at the end of each all-reduce (to time it)
+        self.launched_during_backward = 0     # buckets the last backward sent before it returned
         if not any(os.environ.get(v) for v in THREAD_VARIABLES):
             B.blas_threads(1)               # one core per rank: a rank's BLAS threads would fight the others
 
@@ -286,7 +331,7 @@ class MPIGroup(Single):
         """After the backend is chosen: on CuPy, this rank's GPU (its rank among the ranks of its
         machine) and the transport, ``transport`` or ``$ATTN_ALLREDUCE`` (auto: NCCL where CuPy
         has it, else MPI staged through the host; mpi; nccl)."""
-        self._flat = None
+        self._flat, self._stream = None, None
         self.transport = "mpi"
         if B.get_backend() != "cupy":
             return
@@ -328,23 +373,71 @@ class MPIGroup(Single):
         """The sum over ranks of ``weight * (loss, grads)``: the one-process loss and gradients
         of the whole batch. Returns (loss, grads as views of the reused buffer)."""
         fg = self.flat_grads(grads)
-        flat = fg.pack(grads, loss, weight)
+        for i in range(len(fg.buckets)):
+            fg.pack_bucket(i, grads, weight)
+        fg.pack_loss(loss, weight)
+        for i in range(len(fg.buckets)):
+            self._launch(i)
+        return self._finish()
+
+    def backward(self, model, dlogits, cache, loss, weight: float):
+        """``model.backward`` with the all-reduce of :meth:`all_reduce` overlapped: each bucket
+        is sent as soon as the backward is past it (:class:`BucketFeed`), where the model's
+        backward fills a ``grads`` dict it is given (the reference :class:`attn.model.Transformer`);
+        otherwise after the backward. Returns (loss, grads) as :meth:`all_reduce` does."""
+        if "grads" not in inspect.signature(model.backward).parameters:
+            return self.all_reduce(loss, model.backward(dlogits, cache), weight)
+        fg = self.flat_grads(model.params)
+        feed = BucketFeed(self, fg, weight)
+        model.backward(dlogits, cache, grads=feed)
+        self.launched_during_backward = feed.launched_during_backward
+        fg.pack_loss(loss, weight)
+        for i in range(feed.launched, len(fg.buckets)):
+            fg.pack_bucket(i, feed, weight)
+            self._launch(i)
+        return self._finish()
+
+    def _launch(self, i: int) -> None:
+        """Start the all-reduce of bucket ``i`` (packed): NCCL on a stream of its own that waits
+        for the computation so far; MPI non-blocking; staged through the host: at the end."""
+        fg = self._flat
+        t0 = time.perf_counter()
+        start, stop = fg.buckets[i]
+        part = fg.flat[start:stop]
         if self.transport == "nccl":
-            nccl, cp = B.xp().cuda.nccl, B.xp()
-            kind = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64}[str(flat.dtype)]
-            stream = cp.cuda.get_current_stream().ptr
-            for start, stop in fg.buckets:          # in reverse layer order; NCCL queues them on the stream
-                part = flat[start:stop]
-                self._nccl.allReduce(part.data.ptr, part.data.ptr, part.size, kind, nccl.NCCL_SUM, stream)
-        elif self.transport == "mpi-staged":
-            host = B.to_host(flat)                  # one copy to the host and one back: no CUDA-aware MPI needed
-            self.comm.Allreduce(_mpi().IN_PLACE, host, op=_mpi().SUM)
-            flat[...] = B.to_device(host)
-        else:
+            cp = B.xp()
+            nccl = cp.cuda.nccl
+            if self._stream is None:
+                self._stream = cp.cuda.Stream(non_blocking=True)
+            ready = cp.cuda.Event()
+            ready.record(cp.cuda.get_current_stream())      # the bucket's gradients are packed
+            self._stream.wait_event(ready)
+            kind = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64}[str(part.dtype)]
+            self._nccl.allReduce(part.data.ptr, part.data.ptr, part.size, kind, nccl.NCCL_SUM, self._stream.ptr)
+        elif self.transport == "mpi":
             MPI = _mpi()
-            requests = [self.comm.Iallreduce(MPI.IN_PLACE, flat[start:stop], op=MPI.SUM)
-                        for start, stop in fg.buckets]
-            MPI.Request.Waitall(requests)
+            self._requests.append(self.comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM))
+        self.comm_seconds += time.perf_counter() - t0
+
+    def _finish(self):
+        """Wait for every bucket; returns (loss, gradient views)."""
+        fg = self._flat
+        t0 = time.perf_counter()
+        if self.transport == "nccl":
+            cp = B.xp()
+            done = cp.cuda.Event()
+            done.record(self._stream)
+            cp.cuda.get_current_stream().wait_event(done)   # Adam waits for the sums; the host does not
+            if self.timing:
+                done.synchronize()
+        elif self.transport == "mpi-staged":
+            host = B.to_host(fg.flat)               # one copy to the host and one back: no CUDA-aware MPI needed
+            self.comm.Allreduce(_mpi().IN_PLACE, host, op=_mpi().SUM)
+            fg.flat[...] = B.to_device(host)
+        else:
+            _mpi().Request.Waitall(self._requests)
+            self._requests = []
+        self.comm_seconds += time.perf_counter() - t0
         return fg.loss(), fg.views
 
     def broadcast(self, value):

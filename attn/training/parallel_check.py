@@ -123,15 +123,16 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
     model, opt, loss_fn = check_model(dtype, reference)
     dp.check_same_parameters(model.params)
     batches = check_batches(model.config.vocab_size)
-    transfers = [0]
-    all_reduce = dp.all_reduce
-
-    def counted(*args):                 # device -> host transfers inside the all-reduce (stand-in only)
-        before = _transfers()
-        out = all_reduce(*args)
-        transfers[0] = None if before is None else transfers[0] + _transfers() - before
-        return out
-    dp.all_reduce = counted
+    transfers, overlapped = [0], []
+    for name in ("_launch", "_finish"):      # device -> host transfers inside the all-reduce (stand-in only)
+        def counted(*args, _f=getattr(dp, name)):
+            before = _transfers()
+            out = _f(*args)
+            transfers[0] = None if before is None else transfers[0] + _transfers() - before
+            if _f.__name__ == "_finish":
+                overlapped.append(dp.launched_during_backward)
+            return out
+        setattr(dp, name, counted)
     losses, grads, params = take_steps(model, opt, loss_fn, batches, dp)
     transfers = transfers[0]
     same_on_ranks = len(set(comm.allgather(distributed.parameter_digest(params)))) == 1
@@ -154,7 +155,8 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             "zero_gradient_params": sorted(zero),
             "zero_gradient_params_max_abs": max((float(abs(params[k] - params1[k]).max()) for k in zero), default=0.0),
             "ranks_bitwise_equal": same_on_ranks, "losses": losses,
-            "all_reduce_host_transfers_per_step": transfers / len(batches) if transfers is not None else None}
+            "all_reduce_host_transfers_per_step": transfers / len(batches) if transfers is not None else None,
+            "buckets_sent_during_backward": overlapped}
         result["pass"] = bool(same_on_ranks and result["max_grad_rel"] <= BOUNDS["grad"]
                               and result["max_loss_rel"] <= BOUNDS["loss"]
                               and result["max_param_rel"] <= BOUNDS["param"]

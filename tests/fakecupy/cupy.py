@@ -692,6 +692,9 @@ class Stream:
     def synchronize(self):
         _sync("synchronize")
 
+    def wait_event(self, event):
+        """Work queued later waits for ``event``: here every operation has finished when it returns."""
+
     def use(self):
         return self
 
