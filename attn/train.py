@@ -119,19 +119,21 @@ def _log_losses(pending: list, state: "TrainState") -> float:
 
 class _Interrupt:
     """Turns the first Ctrl-C into a flag the loop checks between steps, so the
-    checkpoint is written from a consistent state; a second Ctrl-C aborts."""
+    checkpoint is written from a consistent state; a second Ctrl-C aborts. ``say``
+    prints the notice (every process of a data-parallel run gets the signal; one says so)."""
 
-    def __init__(self):
+    def __init__(self, say=lambda message: print(message, file=sys.stderr)):
         self.requested = False
         self._old = None
+        self._say = say
 
     def __enter__(self):
         def handler(signum, frame):
             if self.requested:
                 raise KeyboardInterrupt
             self.requested = True
-            print("\ninterrupt: finishing this step, saving a checkpoint, then exiting "
-                  "(Ctrl-C again to abort without saving)", file=sys.stderr)
+            self._say("\ninterrupt: finishing this step, saving a checkpoint, then exiting "
+                      "(Ctrl-C again to abort without saving)")
         try:
             self._old = signal.signal(signal.SIGINT, handler)
         except ValueError:          # not the main thread: keep the default behaviour
@@ -202,7 +204,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
             evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
 
     stop_reason = None
-    with _Interrupt() as interrupt:
+    with _Interrupt(dp.say) as interrupt:
         while stop_reason is None:
             batches = make_batches(run.train_enc, config.max_tokens, shuffle=True, seed=config.seed,
                                    epoch=state.epoch)

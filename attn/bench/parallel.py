@@ -194,8 +194,8 @@ def print_rows(rows) -> None:
                   f"per step, {r['ring_bytes_per_rank'] / 1e6:.2f} MB sent by each of {r['ranks']} ranks (ring); "
                   f"{r['step_flops'] / 1e9:.1f} GFLOP per step, {r['flops_per_byte_sent']:,.0f} FLOP per byte sent")
         elif r["name"].startswith("data_parallel_step"):
-            print(f"{r['preset']}, {r['ranks']} process{'es' if r['ranks'] > 1 else ''} ({r['transport']}): "
-                  f"{r['seconds_per_step']:.3f} s/step, {r['tokens_per_second']:,.0f} tok/s, all-reduce "
+            who = f"{r['ranks']} processes ({r['transport']})" if r["ranks"] > 1 else "1 process"
+            print(f"{r['preset']}, {who}: {r['seconds_per_step']:.3f} s/step, {r['tokens_per_second']:,.0f} tok/s, all-reduce "
                   f"{r['allreduce_seconds'] * 1e3:.1f} ms ({r['allreduce_share']:.0%} of the step)"
                   + (f", {r['speedup']:.2f}x one process" if "speedup" in r else ""))
         else:
