@@ -299,7 +299,10 @@ def main(argv=None) -> int:
 def _end_other_processes(code: int) -> None:
     """Under ``mpiexec``, one process's error would leave the others waiting for it: end them all."""
     if distributed.launched_size() > 1:
-        distributed.group().abort(code)
+        try:
+            distributed.group().abort(code)
+        except distributed.DistributedError:        # no mpi4py: no MPI process is waiting
+            pass
 
 
 if __name__ == "__main__":
