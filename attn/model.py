@@ -380,12 +380,15 @@ class Transformer:
         h, dec, tgt_mask = self.decode(tgt_in, memory, src_mask, rng)
         return self.project(h), ForwardCache(enc, dec, h, src_mask, tgt_mask)
 
-    def backward(self, dlogits, cache: ForwardCache) -> dict:
-        """Inputs: dlogits (B, T, V_tgt), the cache of :meth:`forward`.
+    def backward(self, dlogits, cache: ForwardCache, grads: dict | None = None) -> dict:
+        """Inputs: dlogits (B, T, V_tgt), the cache of :meth:`forward`; ``grads`` the dict to
+        fill (default: a new one), filled layer by layer from the last (data parallelism passes
+        one that sends each layer's gradients as soon as they are final:
+        :class:`attn.training.distributed.BucketFeed`).
 
         Returns: grads, a dict keyed like ``params``.
         """
-        grads: dict = {}
+        grads = {} if grads is None else grads
         h = cache.dec_out
         D = h.shape[-1]
         # Forward was logits = h @ E.T, so dh = dlogits @ E and dE += dlogits.T @ h.

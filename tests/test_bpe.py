@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
+import attn.bench.vocab as vocab_command
 import attn.bpe as bpe_module
 from attn import data as D
 from attn.bpe import BPE, BYTE_TOKENS, count_tokens, learn_merges, merge_symbols, symbols_of
@@ -177,14 +178,14 @@ def test_encode_pairs_uses_the_vocabularys_tokeniser():
 
 def test_command_help(capsys):
     with pytest.raises(SystemExit) as e:
-        bpe_module.main(["--help"])
+        vocab_command.main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--tsv" in out and "--vocab-size" in out and "--merges" in out
 
 
 def test_command_measures_a_corpus(capsys):
-    assert bpe_module.main(["--tsv", str(FIXTURE), "--merges", "50", "--vocab-size", "650",
+    assert vocab_command.main(["--tsv", str(FIXTURE), "--merges", "50", "--vocab-size", "650",
                             "--held-out", "3"]) == 0
     out = capsys.readouterr().out
     assert "words, min-freq 1" in out and "BPE, 50 merges" in out and "BPE, vocab-size 650" in out
@@ -192,9 +193,9 @@ def test_command_measures_a_corpus(capsys):
 
 
 def test_command_bad_arguments(capsys, tmp_path):
-    assert bpe_module.main(["--tsv", str(tmp_path / "missing.tsv")]) == 2
+    assert vocab_command.main(["--tsv", str(tmp_path / "missing.tsv")]) == 2
     assert "missing.tsv" in capsys.readouterr().err
-    assert bpe_module.main(["--tsv", str(FIXTURE), "--vocab-size", "10"]) == 2
+    assert vocab_command.main(["--tsv", str(FIXTURE), "--vocab-size", "10"]) == 2
 
 
 def test_time_learning_returns_the_bpe_and_both_times():
@@ -208,6 +209,6 @@ def test_runs_as_a_module():
     import subprocess
     import sys
     root = Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-m", "attn.bpe", "--help"], capture_output=True, text=True, cwd=root,
+    r = subprocess.run([sys.executable, "-m", "attn.bench.vocab", "--help"], capture_output=True, text=True, cwd=root,
                        env={"PYTHONPATH": str(root), "PATH": ""}, timeout=60)
     assert r.returncode == 0 and "--tsv" in r.stdout

@@ -307,7 +307,8 @@ def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
     config = TrainConfig(**{**base, "minutes": 1.0}).with_recipe()
     vocab = T.build_vocab(PAIRS, 1)
     model, _ = T.make_engine(Transformer(config.model_config(len(vocab)), seed=0), False, 0.5)
-    monkeypatch.setattr(T, "measure_step_seconds", lambda *a, **k: 0.5)
+    import attn.training.prepare as P                              # where fit_warmup looks it up
+    monkeypatch.setattr(P, "measure_step_seconds", lambda *a, **k: 0.5)
     model2, opt, model_config, rule = T.fit_warmup(model, model.config, config, encode_pairs(PAIRS, vocab),
                                                    cross_entropy)
     allowed = 60 * (1 - T.EVAL_SHARE) / (1.05 * 0.5)

@@ -32,6 +32,9 @@ def parse_args(argv=None):
                     "measured in the same run. Progress goes to stderr.",
         epilog="presets: " + "; ".join(f"{k}: {v.note or 'model preset ' + k}" for k, v in BENCH_PRESETS.items())
                + ". Example: python -m attn.bench --preset toy-bench --threads 2")
+    p.add_argument("--data-parallel", type=int, metavar="N",
+                   help="instead: a training step with 1 and N processes (mpiexec), the bytes all-reduced per "
+                        "step against its FLOPs (python -m attn.bench --data-parallel 2 --help)")
     p.add_argument("--quality", action="store_true",
                    help="instead of timing steps: train attn and the same model in PyTorch for the same "
                         "minutes on a corpus and compare test BLEU and chrF (python -m attn.bench --quality --help)")
@@ -228,6 +231,9 @@ def main(argv=None) -> int:
     if "--quality" in (sys.argv[1:] if argv is None else argv):     # the side-by-side training run
         from .quality import main as quality_main
         return quality_main(argv)
+    if any(a.startswith("--data-parallel") for a in (sys.argv[1:] if argv is None else argv)):
+        from .parallel import main as parallel_main                 # 1 and N processes, the all-reduce's share
+        return parallel_main(argv)
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--render-markdown":
         with open(sys.argv[2]) as fh:             # re-render a saved --json run (either benchmark)
             rows = [json.loads(line) for line in fh if line.strip()]

@@ -232,7 +232,7 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     metrics_log.write_text("")
 
     def evaluate():
-        """What attn's ``_evaluate_and_save`` does: validate, log a line, write a checkpoint."""
+        """What attn's ``evaluate_and_save`` does: validate, log a line, write a checkpoint."""
         t0 = time.perf_counter()
         model = attn_view()
         record = {"step": state.step, "epoch": state.epoch,
@@ -297,7 +297,7 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
             elif wall >= budget:
                 stop = f"reached --minutes {config.minutes:g}"
             if config.average > 1 and state.step % config.snapshot_every == 0:
-                T._snapshot(out, attn_view(), vocab, state.step, config.average)
+                T.snapshot(out, attn_view(), vocab, state.step, config.average)
             capture = watch.at_minutes is not None and watch.point is None and wall >= watch.at_minutes * 60
             watch(state, tmodel.attn_params() if capture else None, wall)
             if stop or state.step - last_eval >= config.eval_every:

@@ -17,7 +17,7 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   operations whose result size depends on the data (boolean-mask indexing, ``nonzero``...).
   :func:`counting` reads the count; ``cupyx.allow_synchronize(False)`` makes one raise.
 * ``cupy.random.RandomState``, ``cupy.cuda`` (runtime, Device, Stream, Event, memory pool and
-  hooks) and ``cupy.get_default_memory_pool()`` exist and do what a single device would.
+  hooks, ``nccl``'s all-reduce: over MPI between ``mpiexec``'s ranks) and ``cupy.get_default_memory_pool()`` exist and do what a single device would.
 
 **The one difference that is not CuPy's**: a kernel (``cupy.RawModule``) cannot run CUDA
 here, so each kernel function is run by its NumPy twin, the function that

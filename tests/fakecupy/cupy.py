@@ -692,6 +692,9 @@ class Stream:
     def synchronize(self):
         _sync("synchronize")
 
+    def wait_event(self, event):
+        """Work queued later waits for ``event``: here every operation has finished when it returns."""
+
     def use(self):
         return self
 
@@ -791,8 +794,56 @@ class _Runtime:
         _sync("synchronize")
 
 
+class _Nccl:
+    """``cupy.cuda.nccl``: NCCL's all-reduce as attn.training.distributed calls it.
+
+    A communicator of one rank copies the send buffer to the receive buffer; one of several
+    ranks needs the ranks to be MPI processes (``mpiexec``) and all-reduces over MPI's
+    ``COMM_WORLD``, after checking that every rank was given the same unique id (what rank 0's
+    broadcast must ensure). Buffers are device pointers (``a.data.ptr``), as in NCCL; the
+    stand-in's device memory is host memory, so no transfer is counted."""
+    NCCL_SUM = 0
+    NCCL_FLOAT32, NCCL_FLOAT64 = 7, 8
+    _DTYPES = {7: np.float32, 8: np.float64}
+
+    @staticmethod
+    def get_unique_id():
+        import os
+        return tuple(int(b) - 128 for b in os.urandom(128))      # NCCL's: 128 signed chars
+
+    class NcclCommunicator:
+        def __init__(self, ndev: int, commId, rank: int):
+            self.ndev, self.rank_id, self._mpi = int(ndev), int(rank), None
+            if self.ndev > 1:
+                from mpi4py import MPI
+                comm = MPI.COMM_WORLD
+                if comm.Get_size() != self.ndev or comm.Get_rank() != self.rank_id:
+                    raise RuntimeError(f"fakecupy nccl: rank {rank} of {ndev}, but MPI has rank "
+                                       f"{comm.Get_rank()} of {comm.Get_size()}")
+                if len(set(comm.allgather(tuple(commId)))) != 1:
+                    raise RuntimeError("fakecupy nccl: the ranks were given different unique ids")
+                self._mpi = (MPI, comm)
+
+        def allReduce(self, sendbuf: int, recvbuf: int, count: int, datatype: int, op: int, stream: int):
+            import ctypes
+            if op != _Nccl.NCCL_SUM:
+                raise NotImplementedError("fakecupy nccl: only NCCL_SUM")
+            dtype = np.dtype(_Nccl._DTYPES[datatype])
+
+            def at(ptr):
+                return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(ptr), dtype=dtype)
+            send, recv = at(sendbuf), at(recvbuf)
+            if self._mpi is None:
+                if sendbuf != recvbuf:
+                    recv[...] = send
+                return
+            MPI, comm = self._mpi
+            comm.Allreduce(MPI.IN_PLACE if sendbuf == recvbuf else send, recv, op=MPI.SUM)
+
+
 class _Cuda:
     Device, Stream, Event, MemoryHook, MemoryPool = Device, Stream, Event, MemoryHook, MemoryPool
+    nccl = _Nccl
     get_elapsed_time = staticmethod(get_elapsed_time)
     runtime = _Runtime()
 

@@ -1,0 +1,150 @@
+"""What a training run keeps on disk: its state and checkpoint, the snapshots that
+checkpoint averaging uses, and the files of ``out`` (a fresh run refuses an ``out`` that holds
+another run; ``--resume`` continues the one there).
+
+A checkpoint holds the model, the Adam moments, the schedule step, the position in the data
+(epoch and batch), the vocabulary and the run's settings, so a resumed run repeats the
+uninterrupted run's steps exactly, with any number of processes (:mod:`attn.training.distributed`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import backend as B
+from ..checkpoint import CheckpointError, load_npz, save_npz
+from ..data import Vocab
+from ..model import Transformer
+from ..optim import Adam
+from .config import TrainConfig, TrainConfigError, resumed_config
+
+
+@dataclass
+class TrainState:
+    """Where training stands: what a checkpoint must hold besides the arrays."""
+    step: int = 0                  # optimizer steps taken
+    epoch: int = 0
+    batch_index: int = 0           # next batch within the epoch's (seeded) order
+    train_seconds: float = 0.0
+    tokens_seen: int = 0
+    wall_seconds: float = 0.0      # of the --minutes budget used, evaluations included, over all sessions
+    losses: list = field(default_factory=list)      # training loss of every step
+    evals: list = field(default_factory=list)       # the metrics.jsonl records
+
+
+def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, vocab: Vocab,
+                    config: TrainConfig) -> None:
+    arrays = {**model.state_arrays(), **opt.state_arrays(),
+              "history/train_loss": B.host.asarray(state.losses, dtype="float64")}
+    meta = {"format": "attn-checkpoint-1", "config": model.config.to_dict(), "vocab": vocab.to_json(),
+            "step": state.step, "epoch": state.epoch, "batch_index": state.batch_index,
+            "train_seconds": state.train_seconds, "tokens_seen": state.tokens_seen, "evals": state.evals,
+            "wall_seconds": state.wall_seconds,
+            "seed": config.seed, "args": config.to_dict(), "dtype": str(model.dtype)}
+    save_npz(path, arrays, meta)
+
+
+def state_from_checkpoint(arrays: dict, meta: dict) -> TrainState:
+    """The :class:`TrainState` that :func:`save_checkpoint` wrote."""
+    return TrainState(meta["step"], meta["epoch"], meta["batch_index"], meta["train_seconds"],
+                      meta["tokens_seen"], meta.get("wall_seconds", meta["train_seconds"]),
+                      [float(x) for x in arrays.get("history/train_loss", [])], meta.get("evals", []))
+
+
+#: What a run writes into ``out``; a fresh run refuses an ``out`` that holds any of them.
+RUN_FILES = ("checkpoint.npz", "config.json", "metrics.jsonl", "metrics.json", "loss.png",
+             "test_translations.txt", "averaged.npz", "snapshots")
+
+
+def previous_run(out: Path) -> list[str]:
+    return [name for name in RUN_FILES if (out / name).exists()]
+
+
+def remove_previous_run(out: Path) -> list[str]:
+    """Delete the files a previous run wrote into ``out`` (only those: see :data:`RUN_FILES`)."""
+    removed = previous_run(out)
+    for name in removed:
+        path = out / name
+        if path.is_dir():
+            for f in path.glob("step-*.npz"):
+                f.unlink()
+            if not any(path.iterdir()):
+                path.rmdir()
+        else:
+            path.unlink()
+    return removed
+
+
+def open_run(config: TrainConfig, given=None):
+    """The settings of the run about to start in ``config.out``, and its checkpoint if it resumes.
+
+    With ``resume`` the saved run's settings come back (:func:`attn.training.config.resumed_config`)
+    and its checkpoint is read: returns ``(config, (arrays, meta))``. A fresh run refuses an ``out``
+    that already holds a run unless ``overwrite`` is set (:func:`start_writing` then clears it):
+    returns ``(config, None)``. Either way the config comes back with the backend chosen
+    (``$ATTN_BACKEND`` or numpy) and the preset's recipe filled in."""
+    out = Path(config.out)
+    ckpt_path = out / "checkpoint.npz"
+    saved = None
+    if config.resume:
+        if not ckpt_path.is_file():
+            raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
+        saved = load_npz(ckpt_path)
+        config = resumed_config(config, saved[1].get("args", {}), given)
+    elif previous_run(out) and not config.overwrite:
+        raise TrainConfigError(
+            f"--out {out} already holds a run ({', '.join(previous_run(out))}); a fresh run would mix with it. "
+            f"Continue it with --resume, choose another --out, or pass --overwrite to delete it and start clean.")
+    if config.backend is None:
+        config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
+    return config.with_recipe(), saved
+
+
+def start_writing(out: Path, fresh_overwrite: bool, record: dict, say) -> None:
+    """Make ``out``, clear a previous run there if this fresh run was told to ``--overwrite`` it,
+    and write ``config.json`` (``record``: the model config, the settings, the corpus...)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if fresh_overwrite and previous_run(out):
+        say(f"--overwrite: starting clean in {out}: removed the previous run's {', '.join(remove_previous_run(out))}")
+    (out / "config.json").write_text(json.dumps(record, indent=2))
+
+
+def check_something_left(config: TrainConfig, state: TrainState) -> None:
+    """A resumed run that has already met its stopping rule is an error, not a run of one more step."""
+    for name, done, limit in (("steps", state.step, config.steps), ("epochs", state.epoch, config.epochs),
+                              ("minutes", state.wall_seconds / 60.0, config.minutes)):
+        if limit and done >= limit:
+            raise TrainConfigError(f"--resume: the run in {config.out} has already reached --{name} {limit:g} "
+                                   f"({done:.4g} done); give a larger --{name} to train on")
+
+
+def snapshot(out: Path, model: Transformer, vocab: Vocab, step: int, keep: int) -> None:
+    """Parameters only, for checkpoint averaging; the newest ``keep`` are kept."""
+    snap = out / "snapshots"
+    save_npz(snap / f"step-{step:08d}.npz", model.state_arrays(),
+             {"config": model.config.to_dict(), "step": step, "vocab": vocab.to_json()})
+    for old in sorted(snap.glob("step-*.npz"))[:-keep]:
+        old.unlink()
+
+
+def average_snapshots(out: Path, k: int, model: Transformer, vocab: Vocab):
+    """The parameter-wise mean of the last ``k`` snapshots (section 6.1), as a new model."""
+    files = sorted((out / "snapshots").glob("step-*.npz"))[-k:]
+    if len(files) < 2:
+        return None
+    total = None
+    for f in files:
+        arrays, _ = load_npz(f)
+        if total is None:
+            total = {k_: a.astype("float64") for k_, a in arrays.items()}
+        else:
+            for k_, a in arrays.items():
+                total[k_] += a
+    params = {k_[len("param/"):]: B.to_device(v / len(files), model.dtype) for k_, v in total.items()}
+    avg = Transformer(model.config, dtype=model.dtype, params=params)
+    avg.save(out / "averaged.npz", extra_meta={"averaged": [f.name for f in files], "vocab": vocab.to_json()})
+    return avg
+

@@ -1,0 +1,338 @@
+"""What a training run is asked to do: :class:`TrainConfig`, the recipes behind its defaults,
+the settings a resumed run keeps, and the ``attn-train`` command line that fills it in.
+
+The field names are the flags (``lr_factor`` is ``--lr-factor``); :func:`build_parser` is the
+command line and :func:`config_from_argv` turns one into a config. Nothing here trains:
+:mod:`attn.train` runs the loop.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..bpe import BYTE_TOKENS
+from ..data import SPECIALS
+from ..model import PRESETS, TransformerConfig
+
+DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
+
+
+# --------------------------------------------------------------------------- settings
+
+#: The training recipe of each preset: what ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq``
+#: mean when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
+#: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
+#: every word in the vocabulary left a 20-minute run on real text far behind). BPE: on Tatoeba
+#: en-de an epoch of 8,000 BPE pieces costs what one of the words seen twice does, and no test
+#: word becomes <unk> (benchmarks/recipe_vocab.py measures both). Learning-rate factor 1: the run of
+#: issue 9 that reached 21.3 used it (against 14.0 with 0.5 and the other toy defaults); a warm-up
+#: fitted to the budget keeps the preset schedule's peak (:func:`schedule_factor`), 1.4e-3 for
+#: ``small``, and reaches it within the run.
+RECIPES = {
+    "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1),
+    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
+    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
+}
+
+#: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
+#: of the steps the budget allows, if that is shorter than the preset's: a 20-minute run on two
+#: cores takes about a thousand steps, and the ``small`` preset's 2,000 would leave it inside its
+#: warm-up, the learning rate still rising at the last step. (The toy's 400 steps are 30% of the
+#: 1,316 that its 7 minutes allowed, and it learned well: README.)
+WARMUP_FRACTION = 0.3
+#: Share of a --minutes budget spent on evaluations and checkpoints, for the estimate of steps.
+EVAL_SHARE = 0.1
+
+class TrainConfigError(ValueError):
+    """A training setting is out of range or of the wrong type; the message names it."""
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run, with its default.
+
+    The field names are the ``attn-train`` flags (``lr_factor`` is ``--lr-factor``).
+    ``None`` for a model field keeps the preset's value. Out-of-range values raise
+    :class:`TrainConfigError` naming the field, before any work starts.
+    """
+    # data
+    data: Path = DEFAULT_DATA          # folder with {train,val,test}.{src,tgt} line-aligned files
+    src: str = "en"                    # source language suffix
+    tgt: str = "tk"                    # target language suffix
+    tsv: Path | None = None            # tab-separated pairs file instead of `data`; val/test held out
+    min_freq: int | None = None        # words seen fewer times in training become <unk> (None: the recipe's)
+    vocab: str | None = None           # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe);
+                                       # None: the recipe's
+    vocab_size: int | None = None      # bpe: the vocabulary's size (None: 8000); word: at most this many
+    max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
+    # model (None: the preset's value)
+    preset: str = "toy"
+    d_model: int | None = None
+    heads: int | None = None
+    d_ff: int | None = None
+    layers: int | None = None          # encoder layers and decoder layers
+    dropout: float | None = None
+    label_smoothing: float | None = None
+    dtype: str = "float32"
+    # training
+    backend: str | None = None         # numpy, cupy, auto; None: $ATTN_BACKEND or numpy
+    minutes: float = 7.0               # wall-clock budget for training (0: no limit)
+    steps: int = 0                     # stop after this many optimizer steps (0: no limit)
+    epochs: int = 0                    # stop after this many epochs (0: no limit)
+    max_tokens: int | None = None      # tokens per batch, padding included (None: the recipe's)
+    warmup: int | None = None          # warm-up steps (None: the preset's, shortened to fit the budget)
+    lr_factor: float | None = None     # multiplies the section-5.3 learning rate (None: the recipe's)
+    clip: float = 0.0                  # clip the global gradient norm to this (0: off)
+    seed: int = 0                      # weights, batch order, dropout, the tsv split
+    eval_every: int = 250              # validate and checkpoint every N steps
+    bleu_sentences: int = 200          # validation sentences translated at each evaluation (0: none)
+    average: int = 5                   # average the last K snapshots for the final model (0 or 1: off)
+    snapshot_every: int = 50           # steps between the snapshots that `average` uses
+    beam: int = 1                      # beam size for the final test translation (1: greedy)
+    out: Path = Path("runs/toy")       # output folder
+    resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
+    overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
+    reference: bool = False            # train the readable reference classes instead of attn.fast
+    quiet: bool = False                # no progress bar
+
+    def __post_init__(self):
+        for name in ("data", "tsv", "out"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                object.__setattr__(self, name, Path(v))
+            elif v is not None and not isinstance(v, Path):
+                self._bad(name, "must be a path")
+        if self.resume and self.overwrite:
+            self._bad("overwrite", "cannot be combined with resume (one continues the run in out, the other deletes it)")
+        if self.tsv is None and self.data is None:
+            self._bad("data", "must be a folder (or give tsv)")
+        for name in ("src", "tgt"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                self._bad(name, "must be a non-empty language suffix such as 'en'")
+        if self.preset not in PRESETS:
+            self._bad("preset", f"must be one of {sorted(PRESETS)}")
+        if self.dtype not in ("float32", "float64"):
+            self._bad("dtype", "must be 'float32' or 'float64'")
+        if self.vocab not in (None, "word", "bpe"):
+            self._bad("vocab", "must be 'word' or 'bpe' (or None: the preset's recipe)")
+        kind = self.vocab or RECIPES.get(self.preset, RECIPES["base"])["vocab"]
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or isinstance(self.vocab_size, bool)
+                                            or self.vocab_size < _smallest_vocab(kind)):
+            self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(kind)} "
+                                    f"for vocab={kind!r}")
+        if self.backend not in (None, "numpy", "cupy", "auto"):
+            self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
+        for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
+                                    ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True),
+                                    ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
+                                    ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
+                                    ("bleu_sentences", 0, False), ("average", 0, False),
+                                    ("snapshot_every", 1, False), ("beam", 1, False)):
+            v = getattr(self, name)
+            if v is None and optional:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool):
+                self._bad(name, "must be an integer")
+            if v < low:
+                self._bad(name, f"must be at least {low}")
+        for name, check, rule in (("minutes", lambda v: v >= 0, "must be >= 0 (0: no limit)"),
+                                  ("lr_factor", lambda v: v > 0, "must be > 0"),
+                                  ("clip", lambda v: v >= 0, "must be >= 0 (0: off)"),
+                                  ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+                                  ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
+            v = getattr(self, name)
+            if v is None and name in ("dropout", "label_smoothing", "lr_factor"):
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                self._bad(name, "must be a finite number")
+            if not check(v):
+                self._bad(name, rule)
+        for name in ("resume", "overwrite", "reference", "quiet"):
+            if not isinstance(getattr(self, name), bool):
+                self._bad(name, "must be True or False")
+
+    def _bad(self, name: str, rule: str):
+        raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
+
+    def with_recipe(self) -> "TrainConfig":
+        """This config with the fields left at ``None`` that :data:`RECIPES` covers filled
+        in from the preset's recipe."""
+        recipe = RECIPES.get(self.preset, RECIPES["base"])     # a preset added elsewhere: the real-corpus recipe
+        return dataclasses.replace(self, **{k: v for k, v in recipe.items() if getattr(self, k) is None})
+
+    def to_dict(self) -> dict:
+        """JSON-ready: paths as strings. :meth:`from_dict` inverts it."""
+        return {f.name: (str(v) if isinstance(v, Path) else v)
+                for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """A config from :meth:`to_dict` output (or a checkpoint's saved settings); unknown keys are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def model_config(self, vocab_size: int) -> TransformerConfig:
+        """The preset with this config's overrides, for a vocabulary of ``vocab_size``."""
+        overrides = {k: v for k, v in (("d_model", self.d_model), ("n_heads", self.heads), ("d_ff", self.d_ff),
+                                        ("n_encoder_layers", self.layers), ("n_decoder_layers", self.layers),
+                                        ("dropout", self.dropout), ("label_smoothing", self.label_smoothing),
+                                        ("warmup_steps", self.warmup)) if v is not None}
+        try:
+            return TransformerConfig.preset(self.preset, vocab_size=vocab_size, **overrides)
+        except ValueError as e:
+            raise TrainConfigError(f"the model settings do not fit together: {e}") from None
+
+
+#: Settings a resumed run may take from the new command line: they change how the run is watched,
+#: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
+RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "beam", "bleu_sentences",
+                     "eval_every", "out", "resume", "overwrite")
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return a == b
+
+
+def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
+    """The settings of a resumed run: the saved run's (``saved``, a :meth:`TrainConfig.to_dict`),
+    with those in :data:`RESUME_MAY_CHANGE` taken from ``config``.
+
+    ``given`` names the fields the user set (the command line passes the flags it saw); by
+    default, those where ``config`` differs from the defaults. A given field that contradicts
+    the saved run is a :class:`TrainConfigError` naming it.
+    """
+    base = TrainConfig.from_dict({**saved, "resume": False, "overwrite": False})
+    default = TrainConfig()
+    if given is None:
+        given = {f.name for f in dataclasses.fields(config)
+                 if not _same(getattr(config, f.name), getattr(default, f.name))}
+    clashes = [f"{_flag(n)} {getattr(config, n)} (the saved run has {getattr(base, n)})"
+               for n in sorted(given) if n not in RESUME_MAY_CHANGE
+               and not _same(getattr(config, n), getattr(base, n))]
+    if clashes:
+        raise TrainConfigError(
+            f"--resume continues the run in {config.out} with its own settings, but "
+            + "; ".join(clashes) + ". Drop the flag(s), or start a new run with another --out. "
+            f"A resumed run may change only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])}.")
+    take = {n: getattr(config, n) for n in RESUME_MAY_CHANGE if n in given or n in ("out", "resume", "overwrite")}
+    take.setdefault("backend", config.backend)       # this machine's choice ($ATTN_BACKEND), not the saved one
+    return dataclasses.replace(base, **take)
+
+
+#: The BPE vocabulary's size when ``vocab_size`` is not given.
+DEFAULT_BPE_SIZE = 8000
+
+
+def _smallest_vocab(kind: str) -> int:
+    return len(SPECIALS) + (len(BYTE_TOKENS) + 1 if kind == "bpe" else 1)
+
+
+# --------------------------------------------------------------------------- command line
+
+_D = TrainConfig()      # the defaults, quoted in the help
+
+
+def _recipe(name: str) -> str:
+    return ", ".join(f"{preset} {r[name]:g}" if not isinstance(r[name], str) else f"{preset} {r[name]}"
+                     for preset, r in RECIPES.items())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``attn-train`` command line. Flags that are not given stay out of the
+    namespace (``argparse.SUPPRESS``): :func:`config_from_argv` fills them from
+    :class:`TrainConfig`'s defaults, and ``--resume`` knows which ones the user set."""
+    p = argparse.ArgumentParser(
+        prog="attn-train", argument_default=argparse.SUPPRESS,
+        description="Train a Transformer translator. With no arguments: the toy English -> toy-language "
+                    "translator in data/toy, on the backend chosen by ATTN_BACKEND (default numpy), "
+                    "for at most --minutes of training, writing runs/toy/. "
+                    "In Python: attn.train.train(attn.train.TrainConfig(...)), whose fields are these flags.",
+        epilog="examples:\n"
+               "  attn-train                                   # the toy translator\n"
+               "  attn-train --backend cupy                    # the same on a GPU\n"
+               "  attn-train --data multi30k --src de --tgt en --preset small --minutes 60\n"
+               "  attn-train --tsv deu.txt --preset small      # Tatoeba/Anki pairs: src<TAB>tgt\n"
+               "  attn-train --resume --out runs/toy           # continue an interrupted run",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("data")
+    g.add_argument("--data", type=Path,
+                   help="folder with {train,val,test}.{SRC,TGT} line-aligned files (default: the toy corpus)")
+    g.add_argument("--src", help=f"source language suffix (default: {_D.src})")
+    g.add_argument("--tgt", help=f"target language suffix (default: {_D.tgt})")
+    g.add_argument("--tsv", type=Path, help="tab-separated pairs file instead of --data; 5%% each held out for val/test")
+    g.add_argument("--min-freq", type=int,
+                   help=f"drop words seen fewer times in training (-> <unk>; default: the preset's, {_recipe('min_freq')})")
+    g.add_argument("--max-len", type=int, help="skip training pairs longer than this many tokens (default: the preset's max_len)")
+    g.add_argument("--vocab", choices=["word", "bpe"],
+                   help=f"word: words and punctuation as written; bpe: subword pieces learned on both languages "
+                        f"(byte-pair encoding; no <unk>) (default: the preset's, {_recipe('vocab')})")
+    g.add_argument("--vocab-size", type=int, metavar="N",
+                   help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default {DEFAULT_BPE_SIZE}); "
+                        "with --vocab word: keep the N most frequent (default: all)")
+    g = p.add_argument_group("model")
+    g.add_argument("--preset", choices=sorted(PRESETS), help=f"model size (default: {_D.preset})")
+    g.add_argument("--d-model", type=int, help="override the preset's d_model")
+    g.add_argument("--heads", type=int, help="override the number of attention heads")
+    g.add_argument("--d-ff", type=int, help="override the feed-forward width")
+    g.add_argument("--layers", type=int, help="override the number of encoder and decoder layers")
+    g.add_argument("--dropout", type=float, help="override the residual dropout")
+    g.add_argument("--label-smoothing", type=float, help="override label smoothing epsilon")
+    g.add_argument("--dtype", choices=["float32", "float64"], help=f"default {_D.dtype}")
+    g = p.add_argument_group("training")
+    g.add_argument("--backend", choices=["numpy", "cupy", "auto"],
+                   help="array backend (default: $ATTN_BACKEND or numpy)")
+    g.add_argument("--minutes", type=float,
+                   help=f"wall-clock budget for training, in minutes (0: no limit; default {_D.minutes:g})")
+    g.add_argument("--steps", type=int, help="stop after this many optimizer steps (0: no limit)")
+    g.add_argument("--epochs", type=int, help="stop after this many epochs (0: no limit)")
+    g.add_argument("--max-tokens", type=int,
+                   help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')})")
+    g.add_argument("--warmup", type=int,
+                   help=f"warm-up steps of the schedule (default: the preset's, or {round(WARMUP_FRACTION * 100)}%% of the "
+                        "steps that --minutes/--steps/--epochs allow when that is shorter, with the peak learning "
+                        "rate of the preset's schedule; --minutes measures the step time first)")
+    g.add_argument("--lr-factor", type=float,
+                   help=f"multiplies the section-5.3 learning rate (default: the preset's, {_recipe('lr_factor')}; "
+                        "the toy model's d_model of 128 would peak at 4.4e-3 with 1, where it learns markedly slower)")
+    g.add_argument("--clip", type=float, help="clip the global gradient norm to this (0: off, the default)")
+    g.add_argument("--seed", type=int, help=f"seed for weights, batch order and dropout (default {_D.seed})")
+    g.add_argument("--eval-every", type=int,
+                   help=f"validate and checkpoint every N steps (default {_D.eval_every})")
+    g.add_argument("--bleu-sentences", type=int,
+                   help=f"validation sentences translated for the periodic BLEU (0: skip; default {_D.bleu_sentences})")
+    g.add_argument("--average", type=int,
+                   help="average the parameters of the last K snapshots for the final model, written to "
+                        "OUT/averaged.npz and used for the test BLEU (section 6.1; 0 or 1: off; "
+                        f"default {_D.average})")
+    g.add_argument("--snapshot-every", type=int,
+                   help=f"steps between the snapshots that --average uses (default {_D.snapshot_every})")
+    g.add_argument("--beam", type=int, help="beam size for the final test translation (1: greedy, the default)")
+    g.add_argument("--out", type=Path, help=f"output folder (default {_D.out})")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
+                        f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")
+    g.add_argument("--overwrite", action="store_true",
+                   help="a fresh run into an OUT that holds a run deletes that run's files first "
+                        "(without it, such an OUT is an error)")
+    g.add_argument("--reference", action="store_true",
+                   help="train with the readable reference layers instead of the faster attn.fast path "
+                        "(same numbers up to float rounding, slower)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_argv(argv=None) -> TrainConfig:
+    """The :class:`TrainConfig` that an ``attn-train`` command line asks for.
+
+    Raises SystemExit (argparse's usage message) for an unknown flag and
+    :class:`TrainConfigError` for a value out of range."""
+    return TrainConfig(**vars(build_parser().parse_args(argv)))

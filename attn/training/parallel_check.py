@@ -1,0 +1,209 @@
+"""``mpiexec -n 2 python -m attn.training.parallel_check``: the proof that N processes train
+exactly as one does.
+
+Every rank takes the same few steps of a small model, on its share of batches that split
+unevenly (long sentences in the first rows, short ones after: the halves hold very different
+numbers of tokens, and the short half is mostly padding), with dropout on. Rank 0 then takes
+the same steps alone, on the whole batches, and compares:
+
+    the gradients of the first step       (relative error per parameter, attn.gradcheck.rel_error)
+    the loss of every step                (relative difference)
+    the parameters after the last step    (relative error per parameter, and of all as one vector,
+                                           but for the key biases: see zero_in_truth)
+    every rank's parameters               (bit for bit: their SHA-256 hashes)
+
+It prints one JSON line per case and exits with status 1 if a case misses the bounds
+(:data:`BOUNDS`, for float64). ``--wrong-normalisation`` demonstrates the mistake that the sum
+of gradients avoids: every rank normalises its loss by its *own* token count and the ranks'
+gradients are averaged; the check then fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .. import backend as B
+from ..data import Batch
+from ..gradcheck import rel_error
+from ..masks import PAD_ID
+from ..model import Transformer, TransformerConfig
+from . import distributed
+from .prepare import make_engine, step_loss_fn
+
+#: The largest differences allowed in float64 (gradients of step 1, losses, parameters after the last step).
+BOUNDS = {"grad": 1e-12, "loss": 1e-13, "param": 1e-10}
+#: Sentences per batch: the third has fewer sentences than... one rank, when there are two or more.
+BATCH_SIZES = (5, 4, 1)
+
+
+def check_batches(vocab_size: int, seed: int = 0) -> list[Batch]:
+    """Batches whose first rows are long sentences and the rest short ones, padded to the longest."""
+    rng = B.host_rng(seed)
+    np = B.host
+    batches = []
+    for size in BATCH_SIZES:
+        long_rows = size // 2
+        lengths = [int(rng.integers(9, 13)) if i < long_rows else int(rng.integers(1, 3)) for i in range(size)]
+        S, T = max(lengths) + 1, max(lengths) + 2
+        src = np.full((size, S), PAD_ID, dtype=np.int64)
+        tgt_in = np.full((size, T), PAD_ID, dtype=np.int64)
+        tgt_out = np.full((size, T), PAD_ID, dtype=np.int64)
+        for row, n in enumerate(lengths):
+            ids = rng.integers(4, vocab_size, size=n + 1)
+            src[row, :n + 1] = ids                        # n ids then an EOS stand-in (any real id)
+            tgt = rng.integers(4, vocab_size, size=n + 1)
+            tgt_in[row, 0] = 2
+            tgt_in[row, 1:n + 2] = tgt
+            tgt_out[row, :n + 1] = tgt
+            tgt_out[row, n + 1] = 3
+        batches.append(Batch(src, tgt_in, tgt_out, int((src != PAD_ID).sum()), int((tgt_out != PAD_ID).sum())))
+    return batches
+
+
+def check_model(dtype: str, reference: bool):
+    """A small model with every dropout on, its optimizer and its loss (one worker thread)."""
+    cfg = TransformerConfig.preset("toy", vocab_size=23, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
+                                   n_decoder_layers=2, dropout=0.1, attention_dropout=0.1, relu_dropout=0.1,
+                                   label_smoothing=0.1, warmup_steps=4)
+    model, opt = make_engine(Transformer(cfg, seed=0, dtype=dtype), reference, 1.0)
+    if not reference:
+        model.workers = 1                   # one process's draws come from one stream (see distributed)
+        opt.threads = 1
+    return model, opt, step_loss_fn(reference)
+
+
+def take_steps(model, opt, loss_fn, batches, dp=None, seed: int = 0):
+    """The steps; returns (losses, the first step's gradients, the parameters after the last) on the host."""
+    from ..train import train_step
+    first = {}
+    step = opt.step
+
+    def keep_first(grads):
+        if not first:
+            first.update({k: B.to_host(g).copy() for k, g in grads.items()})
+        return step(grads)
+
+    opt.step = keep_first
+    losses = []
+    for s, batch in enumerate(batches):
+        rng = B.DeviceRNG(seed * 1_000_003 + s)
+        loss, _ = train_step(model, opt, batch, rng, model.config.label_smoothing, 0.0, loss_fn, dp)
+        losses.append(B.to_float(loss))
+    opt.step = step
+    return losses, first, {k: B.to_host(p).copy() for k, p in model.params.items()}
+
+
+def zero_in_truth(grads: dict) -> set:
+    """The parameters whose gradient is zero in truth: the attention key biases (a key bias
+    shifts every score of a row equally, which softmax ignores). Their computed gradient is
+    rounding noise (about 1e-17 in float64), which Adam divides by its own square root: each
+    step moves them by about ``lr * noise / eps``, around 1e-9, in a direction that rounding
+    decides. Their differences are reported (``zero_gradient_params_max_abs``), not bounded."""
+    largest = max(float((g.astype("float64") ** 2).sum()) ** 0.5 for g in grads.values())
+    return {k for k, g in grads.items() if float((g.astype("float64") ** 2).sum()) ** 0.5 < 1e-12 * largest}
+
+
+def vector_rel(a: dict, b: dict, skip=()) -> float:
+    """``|a - b| / |b|`` over the parameters (but ``skip``) as one vector."""
+    diff = sum(float(((a[k].astype("float64") - b[k]) ** 2).sum()) for k in b if k not in skip)
+    norm = sum(float((b[k].astype("float64") ** 2).sum()) for k in b if k not in skip)
+    return (diff / norm) ** 0.5
+
+
+def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wrong: bool,
+             bucket_bytes: int) -> dict:
+    """One case on every rank; rank 0's comparison, the same dict on every rank."""
+    B.set_backend(backend)
+    dp = distributed.MPIGroup(comm)
+    dp.use_backend(transport)
+    dp.bucket_bytes = bucket_bytes
+    if wrong:
+        dp.share = lambda batch, rng=None, model=None, _share=dp.share: (*_share(batch, rng, model)[:2], 1.0 / dp.size)
+    model, opt, loss_fn = check_model(dtype, reference)
+    dp.check_same_parameters(model.params)
+    batches = check_batches(model.config.vocab_size)
+    transfers, overlapped = [0], []
+    for name in ("_launch", "_finish"):      # device -> host transfers inside the all-reduce (stand-in only)
+        def counted(*args, _f=getattr(dp, name)):
+            before = _transfers()
+            out = _f(*args)
+            transfers[0] = None if before is None else transfers[0] + _transfers() - before
+            if _f.__name__ == "_finish":
+                overlapped.append(dp.launched_during_backward)
+            return out
+        setattr(dp, name, counted)
+    losses, grads, params = take_steps(model, opt, loss_fn, batches, dp)
+    transfers = transfers[0]
+    same_on_ranks = len(set(comm.allgather(distributed.parameter_digest(params)))) == 1
+    tokens = [[mine.n_tgt_tokens if weight else 0 for r in range(dp.size)
+               for mine, _, _, weight in [distributed.share_of(b, dp.size, r)]] for b in batches]
+    result = None
+    if dp.master:
+        model1, opt1, loss_fn1 = check_model(dtype, reference)
+        losses1, grads1, params1 = take_steps(model1, opt1, loss_fn1, batches)
+        zero = zero_in_truth(grads1)
+        result = {
+            "backend": B.describe() if backend == "numpy" else backend, "transport": dp.transport,
+            "engine": "reference" if reference else "fast", "dtype": dtype, "processes": dp.size,
+            "normalisation": "local (wrong)" if wrong else "global",
+            "target_tokens_per_rank": tokens, "buckets": len(dp.flat_grads(model.params).buckets),
+            "max_grad_rel": max(rel_error(grads[k], grads1[k]) for k in grads1),
+            "max_loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, losses1)),
+            "max_param_rel": max(rel_error(params[k], params1[k]) for k in params1 if k not in zero),
+            "param_vector_rel": vector_rel(params, params1, skip=zero),
+            "zero_gradient_params": sorted(zero),
+            "zero_gradient_params_max_abs": max((float(abs(params[k] - params1[k]).max()) for k in zero), default=0.0),
+            "ranks_bitwise_equal": same_on_ranks, "losses": losses,
+            "all_reduce_host_transfers_per_step": transfers / len(batches) if transfers is not None else None,
+            "buckets_sent_during_backward": overlapped}
+        result["pass"] = bool(same_on_ranks and result["max_grad_rel"] <= BOUNDS["grad"]
+                              and result["max_loss_rel"] <= BOUNDS["loss"]
+                              and result["max_param_rel"] <= BOUNDS["param"]
+                              and result["param_vector_rel"] <= BOUNDS["param"])
+    return comm.bcast(result, root=0)
+
+
+def _transfers():
+    """Device -> host transfers so far on the CuPy stand-in (None elsewhere)."""
+    counter = getattr(B.xp(), "transfers", None) if B.get_backend() == "cupy" else None
+    return getattr(counter, "n", None) if counter is not None else None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mpiexec -n N python -m attn.training.parallel_check",
+        description="N processes take a few steps of a small model on their shares of uneven batches; "
+                    "process 0 takes them alone on the whole batches and compares gradients, losses and "
+                    "parameters (one JSON line per case; exit status 1 if a case misses the bounds).")
+    p.add_argument("--backend", nargs="+", default=["numpy"], choices=["numpy", "cupy"])
+    p.add_argument("--transport", nargs="+", default=["auto"], choices=["auto", "mpi", "nccl"],
+                   help="on CuPy: NCCL, or MPI staged through the host (auto: NCCL where CuPy has it)")
+    p.add_argument("--engine", nargs="+", default=["fast"], choices=["fast", "reference"],
+                   help="attn.fast's model, or the readable reference classes")
+    p.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    p.add_argument("--bucket-bytes", type=int, default=4096,
+                   help="all-reduce bucket size (small, so the small model's gradients go in several buckets)")
+    p.add_argument("--wrong-normalisation", action="store_true",
+                   help="each rank normalises by its own token count and the gradients are averaged: must fail")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    ok = True
+    for backend in args.backend:
+        for transport in (args.transport if backend == "cupy" else ["mpi"]):
+            for engine in args.engine:
+                result = run_case(comm, backend, transport, engine == "reference", args.dtype,
+                                  args.wrong_normalisation, args.bucket_bytes)
+                if comm.Get_rank() == 0:
+                    print(json.dumps(result), flush=True)
+                ok = ok and result["pass"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

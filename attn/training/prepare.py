@@ -1,0 +1,262 @@
+"""Everything a training run needs before its first step: the corpus and its source-wise split,
+the vocabulary, the model and optimizer (the readable classes or their attn.fast twins), and the
+warm-up fitted to the budget. :func:`prepare` does it all, in that order, for a fresh run or a
+resumed one; the loop in :mod:`attn.train` starts from what it returns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from .. import backend as B
+from ..data import DataError, Vocab, encode_pairs, make_batches, read_parallel, read_tsv, tokenize
+from ..fast import FastAdam, FastTransformer
+from ..fast import cross_entropy as fast_cross_entropy
+from ..loss import cross_entropy
+from ..model import PRESETS, Transformer, TransformerConfig
+from ..optim import Adam
+from .checkpoints import TrainState, check_something_left, state_from_checkpoint
+from .config import DEFAULT_BPE_SIZE, EVAL_SHARE, WARMUP_FRACTION, TrainConfig, TrainConfigError
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` hands the loop."""
+    config: TrainConfig        # with the recipe filled in
+    corpus: "Corpus"
+    vocab: Vocab
+    model: Transformer         # the training engine: attn.fast's twin unless config.reference
+    opt: Adam
+    state: TrainState          # step 0, or where the resumed run stopped
+    train_enc: list            # the training pairs as ids, too long ones left out
+    val_batches: list
+    loss_fn: object            # loss_fn(logits, targets, eps) -> (loss, dlogits), see step_loss_fn
+    warmup_rule: dict | None   # how the warm-up was fitted to the budget (None: not fitted)
+
+
+def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
+    """The corpus, vocabulary, model, optimizer and state of a run, ready for its first step.
+
+    ``saved`` is the checkpoint ``(arrays, meta)`` of a resumed run (its vocabulary, weights,
+    Adam moments and position are taken from it) or None for a fresh run (the vocabulary is
+    built on the training split, the weights drawn from ``config.seed``, the warm-up fitted to
+    the budget). ``dp`` is the data-parallel group (:mod:`attn.training.distributed`) or None;
+    it only changes how the step time is measured for the warm-up. ``say`` prints progress.
+    """
+    loss_fn = step_loss_fn(config.reference)
+    corpus = load_corpus(config)
+    if saved is not None:
+        arrays, meta = saved
+        vocab = Vocab.from_json(meta["vocab"])
+        model = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz"))
+        model, opt = make_engine(model, config.reference, schedule_factor(config, model.config))
+        opt.load_state(arrays, meta["step"])
+        state = state_from_checkpoint(arrays, meta)
+        check_something_left(config, state)
+        say(f"resumed from {Path(config.out) / 'checkpoint.npz'} at step {state.step} "
+            f"(epoch {state.epoch}, batch {state.batch_index})")
+    else:
+        t_vocab = time.perf_counter()
+        vocab = build_vocab(corpus.train, config.min_freq, config.vocab, config.vocab_size)
+        if vocab.bpe is not None:
+            say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
+                f"{time.perf_counter() - t_vocab:.1f} s")
+        model, opt = make_engine(Transformer(config.model_config(len(vocab)), seed=config.seed, dtype=config.dtype),
+                                 config.reference, config.lr_factor)
+        state = TrainState()
+
+    # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
+    model_config = model.config
+    max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
+    train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
+    if not train_enc:
+        raise DataError(f"{corpus.source}: no training pair is left of {len(corpus.train)}: every one is empty on "
+                        f"a side or longer than {max_len} tokens (--max-len; the preset's max_len is "
+                        f"{model_config.max_len})")
+    val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens, shuffle=False)
+    warmup_rule = None
+    if saved is None and config.warmup is None and (config.minutes or config.steps or config.epochs):
+        model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, loss_fn, dp)
+        state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
+        say(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})")
+    return Prepared(config, corpus, vocab, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
+
+
+# --------------------------------------------------------------------------- corpus and vocabulary
+
+@dataclass
+class Corpus:
+    """Raw sentence pairs of the three splits and where they came from."""
+    train: list
+    val: list
+    test: list
+    source: str
+
+
+def load_corpus(config: TrainConfig) -> Corpus:
+    """The three splits from ``config.tsv`` or ``config.data`` with ``config.src``/``config.tgt``."""
+    if config.tsv:
+        train, val, test = split_by_source(read_tsv(config.tsv), config.seed, str(config.tsv))
+        return Corpus(train, val, test, f"tsv:{config.tsv}")
+    data, src, tgt = Path(config.data), config.src, config.tgt
+    return Corpus(read_parallel(data, src, tgt, "train"),
+                  read_parallel(data, src, tgt, "val"),
+                  read_parallel(data, src, tgt, "test"),
+                  f"{data}/{{train,val,test}}.{{{src},{tgt}}}")
+
+
+def split_by_source(pairs, seed: int, name: str = "corpus"):
+    """Hold out about 5% of the pairs (at most 1000) each for validation and test, by
+    *distinct source sentence*: all translations of a source land in the same split, so
+    no test source is seen in training (Tatoeba has many sources with several translations).
+    Deterministic in ``seed``. Returns (train, val, test) lists of pairs."""
+    groups: dict[str, list[int]] = {}
+    for i, (src, _) in enumerate(pairs):
+        groups.setdefault(src, []).append(i)
+    if len(groups) < 3:
+        raise DataError(f"{name}: need at least 3 distinct source sentences to split into train/val/test, "
+                        f"got {len(groups)} (in {len(pairs)} pairs)")
+    sources = list(groups)
+    order = B.host_rng(seed).permutation(len(sources)).tolist()
+    n_hold = max(1, min(1000, len(pairs) // 20))
+    held: list[list[int]] = [[], []]
+    k = 0
+    for part in held:
+        while len(part) < n_hold and k < len(order) - 1:      # keep at least one source for training
+            part.extend(groups[sources[order[k]]])
+            k += 1
+    train = [pairs[i] for j in order[k:] for i in groups[sources[j]]]
+    return train, [pairs[i] for i in held[0]], [pairs[i] for i in held[1]]
+
+
+
+def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | None = None) -> Vocab:
+    """One vocabulary for both languages, so the three embedding matrices can be shared (section 3.4).
+
+    ``kind="word"``: the words of :func:`attn.text.tokenize` seen at least ``min_freq``
+    times (the ``size`` most frequent if given). ``kind="bpe"``: byte-pair merges
+    learned on both sides of the training text until the vocabulary has ``size``
+    entries (default :data:`DEFAULT_BPE_SIZE`; section 5.1).
+    """
+    if kind == "bpe":
+        try:
+            return Vocab.build_bpe([s for s, _ in train_pairs] + [t for _, t in train_pairs],
+                                   size if size is not None else DEFAULT_BPE_SIZE)
+        except ValueError as e:
+            raise TrainConfigError(f"vocab_size (--vocab-size): {e}") from None
+    return Vocab.build([tokenize(s) for s, _ in train_pairs] + [tokenize(t) for _, t in train_pairs],
+                       min_freq=min_freq, max_size=size)
+
+
+
+# --------------------------------------------------------------------------- model and optimizer
+
+def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> float:
+    """The optimizer's learning-rate factor: ``lr_factor``, times ``sqrt(w / w0)`` when the warm-up
+    ``w`` was fitted to the budget (:func:`fit_warmup`) in place of the preset's ``w0``.
+
+    The section-5.3 schedule peaks at ``lr_factor * d_model^-0.5 * w^-0.5``: shortening the
+    warm-up alone would raise the peak (a 6-minute run warming up for 9 steps peaked at 1e-2 and
+    stalled). The scale keeps the peak the preset's schedule would reach, and reaches it sooner.
+    """
+    w0 = PRESETS[config.preset]["warmup_steps"]
+    if config.warmup is not None or model_config.warmup_steps == w0:
+        return config.lr_factor
+    return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
+
+
+def make_engine(model: Transformer, reference: bool, lr_factor: float):
+    """The model and optimizer that train: the readable reference classes with
+    ``reference=True``, else their faster twins from :mod:`attn.fast`, which compute
+    the same numbers (tests/test_fast.py checks that) with fewer passes over memory."""
+    cls, opt_cls = (Transformer, Adam) if reference else (FastTransformer, FastAdam)
+    if type(model) is not cls:
+        model = cls(model.config, dtype=model.dtype, params=model.params)
+    if not reference:
+        model.validate_ids = False      # train_step checks each batch on the host (no device sync)
+    return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
+
+
+
+def step_loss_fn(reference: bool):
+    """The loss the trainer's steps use: the reference cross-entropy, or the fast one in place.
+    The fast one neither re-checks the ids (:func:`attn.train.train_step` did, on the host) nor the
+    loss's finiteness (the loop checks it when the losses come to the host), so a fast step
+    never waits for the device."""
+    if reference:
+        return cross_entropy
+    return partial(fast_cross_entropy, inplace=True, validate=False, check_finite=False)
+
+
+# --------------------------------------------------------------------------- the warm-up for a budget
+
+def measure_step_seconds(model: Transformer, batches, label_smoothing: float, loss_fn=cross_entropy) -> float:
+    """Seconds per training step on this machine now: forward and backward on ``batches``
+    (the first untimed: it pays for first-call set-up), the parameters left unchanged.
+    The update is not run; it adds a few per cent (callers allow for it)."""
+    times = []
+    for i, b in enumerate(batches):
+        t0 = time.perf_counter()
+        src, tgt_in, tgt_out = (B.to_device(a) for a in (b.src, b.tgt_in, b.tgt_out))
+        logits, cache = model.forward(src, tgt_in, B.DeviceRNG(i))
+        loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
+        del logits
+        model.backward(dlogits, cache)
+        del cache, dlogits
+        B.to_float(loss)                 # waits for the device (the copy queues behind the backward)
+        times.append(time.perf_counter() - t0)
+    timed = times[1:] or times
+    return sum(timed) / len(timed)
+
+
+def fit_warmup(model: Transformer, model_config: TransformerConfig, config: TrainConfig, train_enc, loss_fn,
+               dp=None):
+    """The warm-up for a run with a budget and no ``warmup`` given: :data:`WARMUP_FRACTION` of the
+    steps the budget allows (the least of ``steps``, ``epochs`` times the batches of an epoch, and
+    ``minutes`` at the step time measured now), if that is shorter than the preset's.
+
+    With a data-parallel group ``dp`` every rank times its own share of the batches, and all
+    take rank 0's time, so that every rank fits the same schedule.
+
+    Returns (model, optimizer, model config, a record of the rule for config.json); the model's
+    parameters are unchanged, only the schedule's warm-up."""
+    t0 = time.perf_counter()
+    batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed)
+    allowed, rule, why = math.inf, {}, ""
+    for limit, what in ((config.steps, f"--steps {config.steps}"),
+                        (config.epochs * len(batches), f"--epochs {config.epochs} of {len(batches)} steps")):
+        if limit and limit < allowed:
+            allowed, why = limit, what
+    if config.minutes:
+        batches = batches[:3]
+        if dp is not None:
+            batches = [dp.share(b)[0] for b in batches]
+        per_step = 1.05 * measure_step_seconds(model, batches, model_config.label_smoothing, loss_fn)
+        if dp is not None:
+            per_step = dp.broadcast(per_step)
+        by_time = config.minutes * 60.0 * (1.0 - EVAL_SHARE) / per_step
+        if by_time < allowed:
+            allowed = by_time
+            why = f"about {by_time:.0f} steps in --minutes {config.minutes:g} at {per_step:.2f} s/step"
+        rule.update(seconds_per_step=round(per_step, 4), probe_seconds=round(time.perf_counter() - t0, 2))
+    warmup = max(1, min(model_config.warmup_steps, round(WARMUP_FRACTION * allowed)))
+    why = (f"{WARMUP_FRACTION:.0%} of {why}" if warmup < model_config.warmup_steps
+           else f"the preset's; {why} allow it")
+    rule.update(steps_allowed=round(allowed), fraction=WARMUP_FRACTION, preset_warmup=model_config.warmup_steps,
+                warmup_steps=warmup, why=why)
+    if warmup != model_config.warmup_steps:
+        model_config = dataclasses.replace(model_config, warmup_steps=warmup)
+        model = Transformer(model_config, dtype=model.dtype, params=model.params)
+    model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
+    rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
+    return model, opt, model_config, rule
+
