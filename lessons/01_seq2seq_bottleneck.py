@@ -20,7 +20,7 @@
 # falls steadily as sentences get longer. This lesson reproduces that curve on a
 # task small enough to train in seconds.
 #
-# The study notes (file 000, "Seq2Seq") say it in two lines: the context vector is
+# Introductions to seq2seq usually say it in two lines: the context vector is
 # the encoder's last hidden state and the decoder's first one, and (1) squeezing
 # everything into one fixed-size vector loses information, worse for longer
 # sentences; (2) recurrent networks suffer from vanishing gradients. Both are right,

@@ -12,7 +12,7 @@
 # network." This lesson builds that conjunction; the Transformer then drops the
 # recurrent network and keeps only the attention.
 #
-# The study notes (file 000, "Attention") list the steps; in formulas, for decoder
+# Introductions to attention usually list the steps; in formulas, for decoder
 # step `t` with decoder state `s_t` (B, H) and encoder states `h_1..h_S` (B, S, H):
 #
 #     1. score      e_{t,i} = s_t . h_i                     for every source position i (dot product)
@@ -22,13 +22,13 @@
 #     5. output     h~_t = tanh([c_t ; s_t] W_c + b_c),  p(y_t) = softmax(h~_t W_o + b_o)
 #
 # This is Luong et al.'s "global attention" with the "dot" score. Two remarks on
-# the notes:
+# how these steps are often written:
 #
-# * Step 1 there reads "transpose `s_t` and take the dot product with `h_t`". The
+# * Step 1 is often written "transpose `s_t` and take the dot product with `h_t`". The
 #   index is misleading: the decoder state is compared with *every* encoder state
 #   `h_i`, `i = 1..S`, giving `S` scores per decoder step, not one. (In matrix form
 #   for all decoder steps at once: `scores = S_dec @ H_enc^T`, shape (B, T, S).)
-# * The notes' recipe is Luong's, not Bahdanau's (2015, the first attention for
+# * This recipe is Luong's, not Bahdanau's (2015, the first attention for
 #   translation). Bahdanau scores with a small feed-forward net ("additive
 #   attention", paper section 3.2.1), uses the *previous* state `s_{t-1}`, and
 #   feeds `c_t` into the recurrence. In Luong's version the attention sits *on top*
@@ -37,7 +37,7 @@
 #   one batched product. (Luong et al. also describe "input feeding", which feeds
 #   `h~_{t-1}` back into the next step; we leave it out.)
 #
-# In the notes' vocabulary: the query is `s_t`, the keys and the values are both
+# In the Transformer's vocabulary: the query is `s_t`, the keys and the values are both
 # the encoder states. The Transformer's scaled dot-product attention (section
 # 3.2.1) is exactly steps 1-3 with the scores divided by `sqrt(d_k)` and with
 # learned projections making queries, keys and values different; we check that

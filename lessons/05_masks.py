@@ -20,8 +20,8 @@
 # True where the query may attend. The softmax gives masked keys a weight of
 # exactly 0 (lesson 4).
 #
-# This lesson draws the masks on the study notes' example, checks the notes'
-# "masked attention" numbers, and then proves the point of the look-ahead mask
+# This lesson draws the masks on lesson 4's example, checks the "masked attention"
+# numbers that lesson 4's slide deck prints, and then proves the point of the look-ahead mask
 # with an experiment: a tiny model trained to predict the next token of *random*
 # sequences. Random tokens cannot be predicted, so an honest model can do no
 # better than a uniform guess, loss `log V`. Without the mask the model gets
@@ -56,7 +56,7 @@ def show(title, table, rows, cols, fmt="{:9.4f}"):
 
 
 # %% [markdown]
-# ## 1. The three masks on the notes' example
+# ## 1. The three masks on lesson 4's example
 #
 # Same vectors as lesson 4: six English keys (the last one padding) and five Korean
 # tokens 교육은 가장 중요한 무기이다 [pad] (*gyoyugeun gajang jungyohan mugiida*),
@@ -85,27 +85,27 @@ for name, m in (("padding_mask(src_ids)", pad_m), ("causal_mask(5)", causal), ("
 # same triangle for every sentence. `decoder_mask` is their `&`: the triangle, with
 # the column of the target's own padding removed as well.
 #
-# ### The notes' "masked attention" example
+# ### The slides' "masked attention" example
 #
-# Seed 003 demonstrates the look-ahead mask with the *same* setting as its padding
+# Lesson 4's slide deck demonstrates the look-ahead mask with the *same* setting as its padding
 # example: Korean queries against English keys. Row `i` may see English keys
 # `0..i`, and the `[pad]` key never. We rebuild that mask from the library's pieces
 # (the first five rows of a 6 x 6 triangle, `&` the English padding mask), run
 # `attention_forward`, and check the printed numbers as in lesson 4.
 
 # %%
-seed_mask = causal_mask(6, np)[:, :, :5, :] & pad_m                # (1, 1, 5, 6)
-out_m, cache_m = attention_forward(Q[None, None], K[None, None], K[None, None], seed_mask)
+slide_mask = causal_mask(6, np)[:, :, :5, :] & pad_m                # (1, 1, 5, 6)
+out_m, cache_m = attention_forward(Q[None, None], K[None, None], K[None, None], slide_mask)
 w_m = cache_m.weights[0, 0]
-show("the notes' masked example: weights", w_m, kor, keys)
-show("the notes' masked example: output = weights @ V", out_m[0, 0], kor, [f"dim {j}" for j in range(4)])
+show("the slides' masked example: weights", w_m, kor, keys)
+show("the slides' masked example: output = weights @ V", out_m[0, 0], kor, [f"dim {j}" for j in range(4)])
 
-SEED_W = """1.00 0 0 0 0 0
+SLIDE_W = """1.00 0 0 0 0 0
 0.48 0.51 0 0 0 0
 0.30 0.33 0.36 0 0 0
 0.23 0.24 0.26 0.24 0 0
 0.19 0.20 0.20 0.19 0.20 0"""
-SEED_OUT = """0.1 0.2 0.3 0.4
+SLIDE_OUT = """0.1 0.2 0.3 0.4
 0.15 0.25 0.35 0.45
 0.20 0.30 0.40 0.50
 0.25 0.30 0.35 0.40
@@ -123,12 +123,12 @@ def classify(printed, truth):
     return "WRONG"
 
 
-seed_wrong = []
-for name, text, truth in (("weights", SEED_W, w_m), ("output", SEED_OUT, out_m[0, 0])):
+slide_wrong = []
+for name, text, truth in (("weights", SLIDE_W, w_m), ("output", SLIDE_OUT, out_m[0, 0])):
     v = [[classify(s, truth[i, j]) for j, s in enumerate(line.split())] for i, line in enumerate(text.splitlines())]
     flat = sum(v, [])
-    seed_wrong += [(name, i, j) for i, row in enumerate(v) for j, c in enumerate(row) if c == "WRONG"]
-    print(f"seed's masked {name}: {flat.count('rounded')} rounded, {flat.count('truncated')} truncated, "
+    slide_wrong += [(name, i, j) for i, row in enumerate(v) for j, c in enumerate(row) if c == "WRONG"]
+    print(f"the slides' masked {name}: {flat.count('rounded')} rounded, {flat.count('truncated')} truncated, "
           f"{flat.count('WRONG')} wrong")
 
 # %% [markdown]
@@ -148,7 +148,7 @@ for name, text, truth in (("weights", SEED_W, w_m), ("output", SEED_OUT, out_m[0
 # Korean sequence, with `decoder_mask(tgt_ids)`. (Encoder-decoder attention uses
 # only `padding_mask(src_ids)`, which is exactly lesson 4's computation.)
 #
-# A curiosity: the notes gave the four Korean words *the same vectors* as the
+# A curiosity: the slides gave the four Korean words *the same vectors* as the
 # first four English words, so the first four rows below coincide with the slide's
 # numbers. Only the `[pad]` query row differs, and that row is thrown away anyway.
 
@@ -381,8 +381,8 @@ assert causal.shape == (1, 1, 5, 5) and np.array_equal(causal[0, 0], tri)
 assert pad_m.shape == (1, 1, 1, 6) and pad_m.ravel().tolist() == [True] * 5 + [False]
 assert np.array_equal(dec_m[0, 0], tri & (tgt_ids[0] != PAD_ID)[None, :])
 assert np.all(w_d[~dec_m[0, 0]] == 0.0) and np.allclose(w_d.sum(-1), 1.0)
-assert np.all(w_m[~seed_mask[0, 0]] == 0.0), "masked weights must be exactly zero"
-assert seed_wrong == [], seed_wrong
+assert np.all(w_m[~slide_mask[0, 0]] == 0.0), "masked weights must be exactly zero"
+assert slide_wrong == [], slide_wrong
 logV = np.log(V)
 assert abs(pos_masked.mean() - logV) < 0.05, f"masked model should stay at log V = {logV:.3f}, got {pos_masked.mean():.3f}"
 assert pos_masked.min() > logV - 0.05, "an honest model cannot beat log V on random tokens"

@@ -6,7 +6,7 @@
 #
 # with `W_i^Q, W_i^K in R^{d_model x d_k}`, `W_i^V in R^{d_model x d_v}`,
 # `W^O in R^{h d_v x d_model}`, and in the paper `h = 8`, `d_k = d_v = d_model / h = 64`.
-# (Seed 002 writes `W_i^O`, one output matrix per head. The paper has a single
+# (Blog posts often write `W_i^O`, one output matrix per head. The paper has a single
 # `W^O`. Its row block `i` does act on head `i` alone, since
 # `Concat(head_1..head_h) W^O = sum_i head_i W^O[i d_v:(i+1) d_v, :]`; but the
 # blocks are added up, so every output dimension mixes all the heads, and it is

@@ -153,17 +153,17 @@ print(f"\nmax |ours - library|: memory {diff_memory:.1e}, logits {diff_logits:.1
 # The hand-written pass agrees with `Transformer.forward` to rounding, so the table
 # *is* the library's model.
 #
-# **Two slips in the study notes, and what the code says.**
+# **Two common slips in summaries of the paper, and what the code says.**
 #
-# * Seed 000 lists the decoder's three sub-layers as masked self-attention,
-#   "Multi-Head Self-Attention" and the FFN. The second one is not self-attention:
+# * Summaries often list the decoder's three sub-layers as "masked self-attention,
+#   multi-head self-attention and the FFN". The second one is not self-attention:
 #   it is **encoder-decoder attention** (section 3.2.3), with queries from the
 #   decoder and keys and values from the encoder's output. Its weights are a
 #   `T x S` matrix, target rows against source columns (printed below), and changing
 #   only the source changes its output while the decoder's first sub-layer, the
 #   masked self-attention, does not notice.
-# * Seed 001 says the input embedding, the *positional* embedding and the
-#   pre-softmax linear layer share one weight matrix. Section 3.4 shares the matrix
+# * Others say "the input embedding, the positional embedding and the
+#   pre-softmax linear layer share one weight matrix". Section 3.4 shares the matrix
 #   between the two embedding layers (source and target) and the pre-softmax
 #   projection. The positional encoding is not a weight matrix at all: the sinusoids
 #   have no parameters, and with learned positions (Table 3, row E) each stack gets

@@ -28,7 +28,7 @@
 # This lesson *measures* each column with the library's layers,
 # `attn.layers.multi_head_attention_forward` and `attn.layers.rnn_forward`
 # (plus a convolution built from `linear_forward`), rather than taking the table
-# on faith; and looks at what the study notes say about it.
+# on faith; and looks at what common summaries of section 4 say about it.
 
 # %%
 import os, sys
@@ -311,8 +311,8 @@ for k in paths:
 # %% [markdown]
 # **Restricted self-attention** lets each position attend only to a neighbourhood
 # of size `r` "centered around the respective output position" (section 4): a
-# banded mask. The study notes (file 001) describe it differently: "cut the
-# sentence into `n/r` blocks of length `r` and attend within each block". That is
+# banded mask. Blog posts often describe it differently: "cut the sentence into
+# `n/r` blocks of length `r` and attend within each block". That is
 # not the paper's construction, and the difference matters for this column: with
 # disjoint blocks no stack of layers ever connects two blocks, so the path length
 # between the first and the last position is *infinite*, not `O(n/r)`.
@@ -336,11 +336,11 @@ def masked_path(mask, max_layers):
     return None
 
 
-restricted = {"banded (paper)": [], "blocks (notes)": []}
+restricted = {"banded (paper)": [], "blocks (blogs)": []}
 for n in path_ns:
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     restricted["banded (paper)"].append(masked_path(np.abs(i - j) <= R // 2, n))
-    restricted["blocks (notes)"].append(masked_path(i // R == j // R, n))
+    restricted["blocks (blogs)"].append(masked_path(i // R == j // R, n))
 expected["banded (paper)"] = [layers_to_reach(n, lambda L: L * (R // 2)) for n in path_ns]
 print(f"restricted self-attention, r = {R}")
 for k, v in restricted.items():
@@ -376,9 +376,9 @@ print(f"gradient reaching the far quarter / the near quarter (geometric means), 
 print(f"  recurrent {decay_rnn:.1e}   self-attention {decay_att:.2f}")
 
 # %% [markdown]
-# **On the notes.** File 000 sums section 4 up as (1) self-attention reduces the
-# computation per layer, (2) it parallelises, (3) its gradients do not vanish
-# however long the sequence. (2) is right, and measured above. (1) holds only while
+# **On the common summary.** Tutorials often sum section 4 up as "(1) self-attention
+# reduces the computation per layer, (2) it parallelises, (3) its gradients do not
+# vanish however long the sequence". (2) is right, and measured above. (1) holds only while
 # `n < d`; past that, self-attention does *more* arithmetic (section 1's counts),
 # which is exactly why the paper proposes the restricted variant for long
 # sequences. (3) is true of *distance*: the plot's self-attention curve is flat.
@@ -388,7 +388,7 @@ print(f"  recurrent {decay_rnn:.1e}   self-attention {decay_att:.2f}")
 # about `1/n`, so the signal per input thins out as `n` grows, slowly rather than
 # exponentially.
 #
-# The Korean translation (file 002) glosses `O(n)` sequential operations as "the
+# Translations of the paper sometimes gloss `O(n)` sequential operations as "the
 # recurrent network takes more time". That is not what the column says: it says
 # the steps cannot be *parallelised*. On one CPU core (section 2) the recurrent
 # layer is not slower at all; the `n` dependent steps cost time when there are
@@ -476,7 +476,7 @@ assert rounds_match_rnn, "the parallel rounds should reproduce rnn_forward exact
 for k in paths:
     assert paths[k] == expected[k], f"path length of {k}: measured {paths[k]}, expected {expected[k]}"
 assert restricted["banded (paper)"] == expected["banded (paper)"], restricted
-assert all(p is None for n, p in zip(path_ns, restricted["blocks (notes)"]) if n > R), \
+assert all(p is None for n, p in zip(path_ns, restricted["blocks (blogs)"]) if n > R), \
     "disjoint blocks should never connect the first and the last position"
 assert slope_att > slope_rnn + 0.4, \
     f"self-attention's time should grow faster in n: n^{slope_att:.2f} vs n^{slope_rnn:.2f}"

@@ -76,8 +76,8 @@ print(f"the toy preset (d_model 128, warmup 400) with attn-train's default --lr-
 # above, read from the toy preset's recipe, `attn.train.TrainConfig().with_recipe()`); the
 # shape is the paper's.
 #
-# **The learning rate is not trained.** Seed 000 notes "Learning Rate도 Train" (the
-# learning rate is trained too). It is not a parameter: equation (3) is a fixed
+# **The learning rate is not trained.** Study summaries of the schedule sometimes
+# note "the learning rate is trained too". It is not a parameter: equation (3) is a fixed
 # function of the step number, `d_model` and `warmup_steps`, and no gradient ever
 # reaches it. Below, two optimizers fed very different gradients for 50 steps
 # both take step 51 at exactly the rate the formula gives.

@@ -13,7 +13,7 @@
 # `"learned"`, on sequences no longer than `L_TRAIN`, then ask both about sequences
 # twice as long.
 #
-# Before that, two things the study notes get wrong about positions.
+# Before that, two things summaries of the paper often get wrong about positions.
 
 # %%
 import os, sys
@@ -37,10 +37,10 @@ np.set_printoptions(precision=2, suppress=True, linewidth=130)
 T0 = time.time()
 
 # %% [markdown]
-# ## 1. Two slips in the notes
+# ## 1. Two common slips
 #
-# **"Raw positions work as well"** (seed 001: using the positions 1 to `time_step`
-# directly gives the same result). The paper says no such thing: it compares
+# **"Raw positions work as well"** (a claim found in blog posts: using the positions
+# 1 to `time_step` directly gives the same result). The paper says no such thing: it compares
 # sinusoids with *learned* embeddings, not with raw indices. And raw indices would
 # be a poor signal, for two reasons the numbers below show. Their scale grows without
 # bound, so at position 50 the "position" part of `embedding + position` is fifty
@@ -48,7 +48,8 @@ T0 = time.time()
 # never seen a value like 50 at all. The sinusoids stay in `[-1, 1]`, every row has the
 # same norm, and nearby positions have similar encodings at every length.
 #
-# **"Adding the positional encoding is the residual connection"** (seed 004). A
+# **"Adding the positional encoding is the residual connection"** (another, from
+# study summaries). A
 # residual connection adds a layer's *input* to its *output*, `x + F(x)`, so that
 # the identity path carries both the signal and the gradient around `F`. Adding the
 # positional encoding adds a fixed table to the input of the whole stack; there is no

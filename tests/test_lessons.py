@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,29 @@ def test_lesson_runs(lesson, tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, f"{lesson.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert list(tmp_path.glob("*.png")), f"{lesson.name} saved no figure into ATTN_LESSONS_OUT"
+
+
+# What a reader of the lessons cannot open: numbered sources ("seed 002", "file 001") and "the
+# study notes". A lesson that corrects a common misreading quotes it and says where such claims are
+# found ("blog posts often write ..."), in its own words.
+UNREADABLE_SOURCES = re.compile(r"seeds?[ _]?0\d\d?(?!\d)|\bfile[ _]?0\d\d?(?!\d)|study notes|\bthe notes\b|\bnotes'|"
+                                r"\bthe seeds'", re.IGNORECASE)
+
+
+def test_lessons_cite_only_what_a_reader_can_open():
+    files = LESSONS + [ROOT / "lessons" / "README.md"]
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if UNREADABLE_SOURCES.search(line)]
+    assert not hits, "lessons refer to sources a reader cannot open:\n" + "\n".join(hits)
+
+
+def test_the_unreadable_sources_pattern_catches_what_it_should():
+    for bad in ("Seed 002 writes W_i^O", "the study notes' table", "file 001 says", "SEED_002_BIG = 1",
+                "as the notes write", "the notes' example", "the seeds' table", "seed003"):
+        assert UNREADABLE_SOURCES.search(bad), bad
+    for ok in ("over three seeds", "the runs' seeds' spread", "seed=0", "SEEDS = [0, 1, 2]", "data seed 7",
+               "footnotes", "rng seed 1234"):
+        assert not UNREADABLE_SOURCES.search(ok), ok
 
 
 def test_lessons_exist():
