@@ -16,7 +16,7 @@
 #    `Transformer.forward` computes.
 # 2. **Parameter count.** The base model of Table 3 has "65M" parameters. We count
 #    the library's parameters, derive the same number by a formula, and explain why
-#    both give 63.1M, not 65M.
+#    both fall short of 65M.
 # 3. **Shared embeddings (section 3.4).** "We share the same weight matrix between
 #    the two embedding layers and the pre-softmax linear transformation." One
 #    matrix used three times gets three gradient contributions; we show that the
@@ -167,8 +167,9 @@ print(f"\nmax |ours - library|: memory {diff_memory:.1e}, logits {diff_logits:.1
 #   between the two embedding layers (source and target) and the pre-softmax
 #   projection. The positional encoding is not a weight matrix at all: the sinusoids
 #   have no parameters, and with learned positions (Table 3, row E) each stack gets
-#   its own table, separate from the word embedding. The parameter names below say so. (`Transformer.attention_weights(cache)` returns the
-# same weight arrays by name; lesson 17 looks at them after training.)
+#   its own table, separate from the word embedding. The parameter names below say
+#   so. (`Transformer.attention_weights(cache)` returns the same weight arrays by
+#   name; lesson 17 looks at them after training.)
 #
 # %%
 w_a = Transformer.attention_weights(cache)                        # the forward pass above
@@ -241,7 +242,8 @@ for k, v in groups.items():
     print(f"  {k:<22} {v:>12,}  {v / n_base:6.1%}")
 
 # %% [markdown]
-# Our count is 63.1M, the paper says 65M. The layers are not the difference:
+# Our count (printed above, with the formula's) falls short of the paper's 65M.
+# The layers are not the difference:
 # Table 3 gives the count for a dozen variants, and the layer formula predicts how
 # every one of them changes. Take our layer count for each row and ask how many
 # embedding rows of width `d_model` would make up the paper's number:
@@ -261,19 +263,28 @@ for name, D_, F_, N_, H_, paper in table3:
     implied_V = (paper * 1e6 - layers_only) / D_
     rows.append((name, ours, paper, implied_V))
     print(f"{name:<18} {ours / 1e6:>13.1f}M {paper:>5}M {layers_only / 1e6:>11.1f}M {implied_V:>10,.0f}")
+family = [r for r in rows if r[0] != "big"]
+lo_V, hi_V = min(r[3] for r in family), max(r[3] for r in family)
+round_V = 0.5e6 / 512                                             # the paper rounds to whole millions
+big_ours, big_paper = next((r[1], r[2]) for r in rows if r[0] == "big")
+layers_base = n_base - base.vocab_size * 512
+print(f"base family: the paper's counts imply {lo_V / 1e3:.1f}k to {hi_V / 1e3:.1f}k embedding rows (rounding to whole "
+      f"millions moves each by up to +-{round_V:,.0f}); {base.vocab_size} rows give {n_base / 1e6:.1f}M. The big model: "
+      f"{big_ours / 1e6:.0f}M with {base.vocab_size} rows against the paper's {big_paper}M. The gap for base is "
+      f"{65 - n_base / 1e6:.1f}M parameters of the embedding; the layers' {layers_base / 1e6:.1f}M are not in question. "
+      f"The shared embedding is {groups['embedding (shared)'] / n_base:.0%} of the base model.")
 
 # %% [markdown]
-# Every row of the base family points to the same answer: the paper's counts fit
-# our layer formula plus a shared embedding of roughly 40-42 thousand rows (the
-# paper rounds to whole millions, which at `d_model = 512` moves the implied
-# vocabulary by up to ±1000). "About 37000 tokens" (section 5.1) gives 63.1M; a
-# vocabulary near 41k gives 65M. The big model is the odd one out: with 37000 rows
-# it comes to 214M against the paper's 213M, which fits 37000 better. The paper
-# does not say more, so we leave it there: the gap is about 2M parameters of the
-# embedding matrix, and the 44.1M of the layers are not in question.
+# Every row of the base family points to the same answer (the line under the
+# table gives the range): the paper's counts fit our layer formula plus a shared
+# embedding a few thousand rows larger than the "about 37000 tokens" of section
+# 5.1, and the paper's rounding to whole millions cannot explain the difference.
+# The big model is the odd one out: its count fits 37000 rows. The paper does not
+# say more, so we leave it there: the gap is parameters of the embedding matrix,
+# and the layers are not in question.
 #
-# Note also how much of the model the embedding is: 30% of the base model with
-# sharing. Without sharing it would be three such matrices, next section.
+# Note also how much of the model the embedding is (the last figure on that line).
+# Without sharing it would be three such matrices, next section.
 #
 # ## 3. One matrix, three uses, three gradients
 #
@@ -357,17 +368,20 @@ for i, v in enumerate(implied):
 ax[1].set_ylim(len(rows) - 0.5, -1.3); ax[1].set_xlim(0, 60)
 ax[1].set_xlabel("embedding rows that make the paper's count (thousands)")
 ax[1].set_title("(paper's count - library's layers) / d_model:\n"
-                "base family ~41k rows, big model ~36k")
+                f"base family {lo_V / 1e3:.0f}k-{hi_V / 1e3:.0f}k rows, big model {rows[-1][3] / 1e3:.0f}k")
 fig.tight_layout(); show_figure(fig, "09_parameters.png")
+layer_total = sum(v for k, v in groups.items() if k.startswith(("encoder", "decoder")))
+ffn_total = sum(v for k, v in groups.items() if k.endswith("ffn"))
+print(f"the feed-forward networks hold {ffn_total / layer_total:.0%} of the layers' parameters")
 
 # %% [markdown]
 # Left: where the base model's parameters live. The feed-forward networks hold
-# the largest share of the layers' parameters, 57% (`2 D F = 8 D^2` per layer,
+# the largest share of the layers' parameters (printed above; `2 D F = 8 D^2` per layer,
 # against `4 D^2` per attention block); the decoder is bigger than the encoder by its
 # cross-attention; layer norms are a rounding error; the shared embedding is the
 # largest single matrix, and untying would add the two hatched bars. Right: the
 # rows of Table 3 the library can express, turned into the vocabulary size each
-# one implies: the base family agrees on about 41k rows, the big model does not.
+# one implies: the base family agrees on one size, the big model does not.
 #
 # ## Check
 #
