@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from attn.data import TOY_DIR, Vocab, encode_pairs, make_batches, read_parallel, tokenize
-from attn.layers import (embedding_forward, feed_forward_forward, layer_norm_forward,
+from attn.layers import (attention_weights, embedding_forward, feed_forward_forward, layer_norm_forward,
                          multi_head_attention_forward, positional_forward, sinusoidal_table)
 from attn.loss import cross_entropy
 from attn.masks import decoder_mask, padding_mask
@@ -112,7 +112,7 @@ x = embedding_forward(src, E, math.sqrt(D))[0]; show("src embedding * sqrt(d_mod
 x = positional_forward(x, pe)[0]; show("+ positional encoding", x)
 for i in range(cfg.n_encoder_layers):
     a, c = mha(f"encoder.{i}.self_attn", x, x, src_mask)
-    show(f"  layer {i} self-attention weights", c.attn.weights)   # (B, H, S, S)
+    show(f"  layer {i} self-attention weights", attention_weights(c))   # (B, H, S, S)
     x = norm(f"encoder.{i}.norm1", x + a); show(f"  layer {i} LayerNorm(x + SelfAttn(x))", x)
     x = norm(f"encoder.{i}.norm2", x + ffn(f"encoder.{i}.ffn", x)[0]); show(f"  layer {i} LayerNorm(x + FFN(x))", x)
 memory = x; show("memory (encoder output)", memory)
@@ -123,10 +123,10 @@ y = embedding_forward(tgt_in, E, math.sqrt(D))[0]; show("tgt embedding * sqrt(d_
 y = positional_forward(y, pe)[0]; show("+ positional encoding", y)
 for i in range(cfg.n_decoder_layers):
     a, c = mha(f"decoder.{i}.self_attn", y, y, tgt_mask)
-    show(f"  layer {i} masked self-attention weights", c.attn.weights)   # (B, H, T, T)
+    show(f"  layer {i} masked self-attention weights", attention_weights(c))   # (B, H, T, T)
     y = norm(f"decoder.{i}.norm1", y + a); show(f"  layer {i} LayerNorm(y + MaskedSelfAttn(y))", y)
     a, c = mha(f"decoder.{i}.cross_attn", y, memory, src_mask)
-    show(f"  layer {i} cross-attention weights", c.attn.weights)         # (B, H, T, S)
+    show(f"  layer {i} cross-attention weights", attention_weights(c))       # (B, H, T, S)
     y = norm(f"decoder.{i}.norm2", y + a); show(f"  layer {i} LayerNorm(y + CrossAttn(y, memory))", y)
     y = norm(f"decoder.{i}.norm3", y + ffn(f"decoder.{i}.ffn", y)[0]); show(f"  layer {i} LayerNorm(y + FFN(y))", y)
 logits_hand = y @ E.T; show("logits = decoder output @ E^T", logits_hand)

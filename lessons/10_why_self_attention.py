@@ -42,8 +42,8 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 
 import numpy as np
 
-from attn.layers import (linear_forward, multi_head_attention_backward, multi_head_attention_forward,
-                         rnn_backward, rnn_forward, rnn_step_forward)
+from attn.layers import (attention_weights, linear_forward, multi_head_attention_backward,
+                         multi_head_attention_forward, rnn_backward, rnn_forward, rnn_step_forward)
 
 T0 = time.time()
 rng = np.random.default_rng(0)
@@ -69,9 +69,9 @@ def self_attention(x, p, heads):
 # %% [markdown]
 # ## 1. Complexity per layer: count the multiply-adds
 #
-# As in lesson 6, we do not count by formula: we read the shapes of the arrays
-# that went into each matrix product from the layers' caches. For one sequence of
-# `n` positions of width `d`:
+# As in lesson 6, we count from shapes: of the input, of the weight matrices the
+# layer multiplies by, and of the attention weights it returned (one `n x n` table
+# per head). For one sequence of `n` positions of width `d`:
 #
 # | | per-position projections | mixing across positions |
 # |---|---|---|
@@ -86,21 +86,21 @@ def self_attention(x, p, heads):
 # the crossing point; the big-O statement "cheaper when `n < d`" is about the order.
 
 # %%
-def macs_attention(cache):
-    """(projections, mixing) multiply-adds of one multi_head_attention_forward, from its cache."""
-    proj = sum(int(np.prod(lin.x.shape[:-1])) * lin.w.shape[0] * lin.w.shape[1]
-               for lin in (cache.lin_q, cache.lin_k, cache.lin_v, cache.lin_o))
-    q, v = cache.attn.q, cache.attn.v                       # (B, H, n, Dh)
-    *lead, Tq, Dk = q.shape
-    Tk, Dv = v.shape[-2:]
-    mixing = int(np.prod(lead)) * Tq * Tk * (Dk + Dv)       # Q K^T and weights @ V, all heads
+def macs_attention(x, p, cache):
+    """(projections, mixing) multiply-adds of one multi_head_attention_forward on x with weights
+    p, read off the shapes: of x, of the four (D, D) matrices, and of the weights it returned."""
+    rows = int(np.prod(x.shape[:-1]))                       # B * n positions
+    proj = sum(rows * w.shape[0] * w.shape[1] for w in p[0::2])   # W^Q, W^K, W^V, W^O
+    Bsz, H, Tq, Tk = attention_weights(cache).shape         # one (Tq, Tk) table per head
+    Dh = x.shape[-1] // H
+    mixing = Bsz * H * Tq * Tk * (Dh + Dh)                  # Q K^T and weights @ V, all heads
     return proj, mixing
 
 
-def macs_rnn(cache):
-    """(input projection, recurrence) multiply-adds of one rnn_forward, from its cache."""
-    Bsz, T, Din = cache.x.shape
-    H = cache.w_h.shape[0]
+def macs_rnn(x, p):
+    """(input projection, recurrence) multiply-adds of one rnn_forward on x with w_x, w_h, b = p."""
+    Bsz, T, Din = x.shape
+    H = p[1].shape[0]
     return Bsz * T * Din * H, Bsz * T * H * H
 
 
@@ -109,9 +109,9 @@ count_ns = [8, 16, 32, 48, 64, 96, 128, 256, 512]
 counts = []
 for n in count_ns:
     x = rng.standard_normal((1, n, d_count))
-    _, c_att = self_attention(x, attention_params(d_count, rng), heads)
-    _, c_rnn = rnn_forward(x, None, *rnn_params(d_count, rng))
-    counts.append(macs_attention(c_att) + macs_rnn(c_rnn))
+    pa, pr = attention_params(d_count, rng), rnn_params(d_count, rng)
+    _, c_att = self_attention(x, pa, heads)
+    counts.append(macs_attention(x, pa, c_att) + macs_rnn(x, pr))
 counts = np.array(counts)                                   # columns: att proj, att mixing, rnn input, rnn recurrence
 print(f"multiply-adds per layer, d = {d_count}")
 print(f"{'n':>5} {'attn proj':>11} {'attn mixing':>12} {'rnn input':>10} {'rnn recur':>10}   mixing: attn / rnn")

@@ -40,8 +40,8 @@ import numpy as np
 from attn import backend as B
 from attn.data import TOY_DIR, read_parallel
 from attn.evaluate import source_ids
-from attn.layers import (embedding_forward, feed_forward_forward, layer_norm_forward, multi_head_attention_forward,
-                         positional_forward, sinusoidal_table)
+from attn.layers import (attention_weights, embedding_forward, feed_forward_forward, layer_norm_forward,
+                         multi_head_attention_forward, positional_forward, sinusoidal_table)
 from attn.masks import padding_mask
 from attn.model import Transformer
 from attn.train import config_from_argv, train
@@ -111,7 +111,7 @@ for i in range(cfg.n_encoder_layers):
     a, c = multi_head_attention_forward(x, x, *[prm[f"{pre}.self_attn.{n}"] for n in
                                                 ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")],
                                         n_heads=cfg.n_heads, mask=mask)
-    by_hand = c.attn.weights[0]
+    by_hand = attention_weights(c)[0]
     x = layer_norm_forward(x + a, prm[f"{pre}.norm1.gamma"], prm[f"{pre}.norm1.beta"], cfg.ln_eps)[0]
     f = feed_forward_forward(x, *[prm[f"{pre}.ffn.{n}"] for n in ("w1", "b1", "w2", "b2")])[0]
     x = layer_norm_forward(x + f, prm[f"{pre}.norm2.gamma"], prm[f"{pre}.norm2.beta"], cfg.ln_eps)[0]
