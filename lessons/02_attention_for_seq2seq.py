@@ -390,9 +390,10 @@ fig.tight_layout(); show_figure(fig, "02_attention_vs_bottleneck.png")
 # * The bottleneck curve falls with length as in lesson 1; the attention curve
 #   stays high across all lengths, after the same number of steps with the same
 #   RNNs. (Bahdanau et al.'s Figure 2 is this picture on real translation: BLEU
-#   against sentence length, falling for the encoder-decoder, flat with attention.) The decoder no longer needs `c` to remember the sequence: at step `t` it
-#   only needs to know *where* to look, and the token is read straight from the
-#   encoder state there.
+#   against sentence length, falling for the encoder-decoder, flat with
+#   attention.) The decoder no longer needs `c` to remember the sequence: at step
+#   `t` it only needs to know *where* to look, and the token is read straight from
+#   the encoder state there.
 # * The heatmap is an (almost) clean anti-diagonal: the model learned the
 #   alignment. Such pictures are what the paper means by attention giving "more
 #   interpretable models" (section 4). Early in training (the quick mode) the

@@ -65,7 +65,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # | norm only | `x <- LN(FFN(x))` | |
 # | residual only | `x <- x + FFN(x)` | |
 # | post-norm | `x <- LN(x + FFN(x))` | **the paper** |
-# | pre-norm | `x <- x + FFN(LN(x))` | later work; `TransformerConfig(norm="pre")` |
+# | pre-norm | `x <- x + FFN(LN(x))` | later work (e.g. Xiong et al. 2020); lesson 9's model offers it |
 #
 # We push a batch of random unit-variance tokens through the stack, take a random
 # upstream gradient `g` at the top (so the "loss" is `sum(out * g)`, as in a gradient

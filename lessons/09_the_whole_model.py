@@ -385,6 +385,12 @@ print(f"the feed-forward networks hold {ffn_total / layer_total:.0%} of the laye
 #
 # ## Check
 #
+# The count is also checked for three other settings of `TransformerConfig`:
+# learned positions (`positional="learned"`, one `max_len x D` table per stack,
+# Table 3 row E), unequal depths, and `norm="pre"`, lesson 7's pre-norm wiring
+# `x + Sublayer(LN(x))`, which needs one more layer norm at the top of each stack
+# (nothing else normalises the last sub-layer's sum).
+#
 # These fail if the library's model is wrong: a parameter missing or of the wrong
 # shape (the counts would not match the formula), a forward that differs from the
 # paper's architecture as written out above, or a shared embedding whose gradient

@@ -141,8 +141,8 @@ print(f"with dropout vs without (rng=None): max |diff| = {np.abs(mem_lib - mem_e
 # %% [markdown]
 # **A common misreading.** Summaries of the paper often describe residual dropout
 # as applied to "the sub-layer input before normalisation, the sum of the
-# embeddings (attention score), and the positional encoding". The paper's sentence says *output*, and
-# "the sums of the embeddings and the positional encodings" means the one vector
+# embeddings (attention score), and the positional encoding". The paper's
+# sentence says *output*, and "the sums of the embeddings and the positional encodings" means the one vector
 # `embedding + PE`, not attention scores and not the positional encoding alone.
 #
 # The difference is not cosmetic. Put dropout on the sub-layer input, `LayerNorm(Dropout(x)

@@ -257,8 +257,8 @@ chance_all = chance["all linked words"][0] / chance["all linked words"][1]
 # The last decoder layer's head-averaged cross-attention (what `greedy_decode` and
 # `beam_search` return with `with_attention=True`) points at the right source word
 # for the linked words, including the ones that moved, far above chance (the
-# table above has this run's figures). Nobody
-# told the model about alignment: it is a by-product of learning to translate,
+# table above has this run's figures). Nobody told the model about alignment: it
+# is a by-product of learning to translate,
 # which is why attention maps became the standard way to look inside these models.
 # (With more than one decoder layer, compare the layers' columns in the table: the
 # layers need not align equally well, and one of them may do something else.)

@@ -167,10 +167,10 @@ show_figure(fig, "19_positions_beyond_training.png")
 # at the positions inside the training length both models copy well, the "nearly
 # identical results" of row (E). (Not perfectly: even those positions now sit in a
 # source twice as long as any seen in training, and the extra keys compete for the
-# attention; the table shows by how much for each model.) Past it, the learned model is looking up rows of its
-# table that no gradient ever reached: they are still their random initial values
-# (checked below, exactly), so the decoder queries and encoder keys at those
-# positions are noise to the attention that learned to match positions. The
+# attention; the table shows by how much for each model.) Past it, the learned
+# model is looking up rows of its table that no gradient ever reached: they are
+# still their random initial values (checked below, exactly), so the decoder
+# queries and encoder keys at those positions are noise to the attention that learned to match positions. The
 # sinusoidal model's encodings past `L_TRAIN` are the same smooth functions it was
 # trained on, and `PE(pos + k)` is the same rotation of `PE(pos)` at every `pos`
 # (lesson 3), so what it learned about "the next position" can carry over, at least
