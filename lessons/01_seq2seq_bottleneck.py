@@ -322,6 +322,18 @@ print(f"Check passed in {time.time() - T0:.1f} s.")
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does the recurrent encoder-decoder's accuracy fall as the sequences get
+#    longer, and which tokens does it lose first? Why those?
+# 2. In Sutskever et al.'s design the context vector is the decoder's first hidden
+#    state; what do Cho et al. change, and does that remove the bottleneck?
+# 3. Why does the task reverse *random* tokens rather than real words?
+
+
+# %% [markdown]
 # ## Exercise
 #
 # Now write the layers this lesson used: `linear`, `embedding` (repeated ids must

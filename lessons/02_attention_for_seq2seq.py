@@ -431,3 +431,33 @@ assert models["attention"]["acc"].min() > floor, \
     f"attention should hold up at every length: {np.round(models['attention']['acc'], 2)}"
 assert band_mean > focus, f"attention should concentrate on the anti-diagonal: {band_mean:.2f} (uniform {2 / L_MAX})"
 print(f"Check passed in {time.time() - T0:.1f} s.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. At decoder step `t`, how many scores does Luong attention compute, and against
+#    which states? What is misleading about writing the score as `s_t . h_t`?
+# 2. Why can Luong's attention run the decoder RNN over all steps first and attend
+#    afterwards, while Bahdanau's cannot?
+# 3. Which two changes turn steps 1-3 of this lesson into the Transformer's scaled
+#    dot-product attention?
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write Luong attention (the dot score, the masked softmax over the source, the
+# context, the concatenation and the tanh output layer), forward and backward, yourself.
+# The starter `lessons/exercises/luong_attention.py` has the signatures, and the shapes
+# and formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in,
+# then grade your work:
+#
+#     attn-check lessons/exercises/luong_attention.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

@@ -347,6 +347,18 @@ print("Check passed: the table matches the formula; PE(pos+k) = PE(pos) @ M_k wi
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Which columns of the table share one angle, and what does that make of each
+#    pair of columns?
+# 2. Why is `PE(pos + k)` a linear function of `PE(pos)`, and why does the matrix
+#    not depend on `pos`?
+# 3. What are the fast pairs good for, and what are the slow pairs good for?
+
+
+# %% [markdown]
 # ## Exercise
 #
 # Now write `sinusoidal_table` and the `positional` layer yourself. The starter

@@ -345,6 +345,20 @@ print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. If the components of `q` and `k` are independent with mean 0 and variance 1,
+#    what is the variance of `q . k`, and what does dividing by `sqrt(d_k)` do to
+#    it?
+# 2. Using softmax's backward, explain why a nearly one-hot softmax passes almost no
+#    gradient back to the queries and keys.
+# 3. Why does the library fill masked scores with the most negative finite number
+#    instead of `-inf`, and what does a fully masked row give?
+
+
+# %% [markdown]
 # ## Exercise
 #
 # Now write the masked `softmax` (stable for logits of 1e4, zeros on a fully masked row)

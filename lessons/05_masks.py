@@ -403,9 +403,23 @@ print(f"Check passed: masked loss {pos_masked.mean():.3f} ~ log V = {logV:.3f}; 
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does a decoder trained without the look-ahead mask reach a near-zero loss
+#    on random tokens, and why is its last position *worse* than a uniform guess?
+# 2. Where does the look-ahead mask belong, and why is it wrong to apply it in
+#    encoder-decoder attention?
+# 3. Why does `padding_mask` have a single row, and why is the padding *query* row
+#    not blanked?
+
+
+# %% [markdown]
 # ## Exercise
 #
-# Now write `padding_mask` and the look-ahead `causal_mask` yourself. The starter
+# Now write `padding_mask`, the look-ahead `causal_mask` and `decoder_mask` (the two
+# combined with the target's padding) yourself. The starter
 # `lessons/exercises/05_masks.py` has the signatures, and the shapes and formulas in its
 # docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
 # work:

@@ -315,6 +315,19 @@ print(f"Check passed: loop == reshape (forward {fwd_diff:.1e}, backward {max(bwd
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why do `h` heads of width `d_model / h` cost the same parameters and multiply-
+#    adds as one head of full width? What does grow with `h`?
+# 2. Is `W^O` one matrix per head? How does head `i`'s output reach every output
+#    dimension?
+# 3. Four heads attend to four relative positions at once; what would one head have
+#    to do instead, and what would its output be?
+
+
+# %% [markdown]
 # ## Exercise
 #
 # Now write `split_heads`, `merge_heads` and multi-head attention, forward and backward

@@ -349,6 +349,20 @@ print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs resid
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why would a ReLU after the feed-forward network's second linear map be a
+#    problem for the residual stream?
+# 2. In the gradient-flow experiment, why does post-norm keep the gradient at the
+#    first layer at a usable size, and why is layer norm alone not enough once
+#    training changes the sub-layers?
+# 3. Why is layer norm, rather than batch norm, the right normalisation for padded
+#    batches of sentences?
+
+
+# %% [markdown]
 # ## Exercise
 #
 # Now write `relu`, the feed-forward network, `layer_norm`, and Add & Norm around the

@@ -351,6 +351,19 @@ print(f"Check passed: {len(corr)} correct gradients, largest rel error {max(corr
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Derive softmax's backward, `dx = y * (dy - sum(dy * y))`, without writing the
+#    Jacobian.
+# 2. Why is the true gradient of the key bias `b^K` exactly zero, and how does
+#    `rel_error` keep that from failing the check?
+# 3. Why do gradient checks run in float64? What goes wrong with a central
+#    difference in float32 at `h = 1e-6`?
+
+
+# %% [markdown]
 # ## Exercise
 #
 # Now write the three backward passes derived above (softmax, layer norm, attention),

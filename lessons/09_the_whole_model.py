@@ -418,3 +418,34 @@ assert set(np.nonzero(np.abs(parts["tgt embedding"]).sum(1))[0].tolist()) <= row
 print(f"Check passed: parameter counts equal the formula (base {n_base:,}; untied {n_untied:,}; learned "
       f"positions, pre-norm, unequal depths), the model written out equals Transformer.forward "
       f"({diff_logits:.0e}), and the tied gradient equals the sum of the untied three ({diff_tied:.0e}).")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. What are the decoder's three sub-layers, and which one reads the encoder's
+#    output? What is the shape of its weights?
+# 2. The library counts fewer parameters for the base model than Table 3's 65M.
+#    Which part of the model explains the gap, and why are the layers not in
+#    question?
+# 3. The shared embedding is used three times. Which use gives a gradient to *every*
+#    row, and why must the three gradients be added?
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write an encoder layer, a decoder layer, and the whole model's forward and
+# backward with the tied embedding yourself. The starter
+# `lessons/exercises/the_whole_model.py` has the signatures, and the shapes and formulas
+# in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade
+# your work:
+#
+#     attn-check lessons/exercises/the_whole_model.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

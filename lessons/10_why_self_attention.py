@@ -483,3 +483,16 @@ assert slope_att > slope_rnn + 0.4, \
 assert decay_rnn < 1e-6, f"the recurrent gradient should vanish across distance: {decay_rnn:.2e}"
 assert 0.2 < decay_att < 5, f"self-attention's gradient should not depend on distance: {decay_att:.2f}"
 print(f"Check passed in {time.time() - T0:.1f} s.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. With the constants counted in this lesson, for which sequence lengths is self-
+#    attention's mixing cheaper than a recurrent layer's?
+# 2. What is the maximum path length between two positions for self-attention, a
+#    recurrent layer and a stack of contiguous convolutions?
+# 3. Why is "cut the sentence into `n/r` blocks and attend within each block" not
+#    the paper's restricted self-attention, and what would it do to the path length?

@@ -406,9 +406,23 @@ print(f"Check passed: schedules peak at step == warmup with d^-0.5 w^-0.5; the s
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. At which step does the learning rate of equation (3) peak, and why does a
+#    longer warm-up give a *lower* peak?
+# 2. With label smoothing `eps`, what target does the loss use, which probability
+#    does it pull `p[y]` towards, and why do the logits stay finite?
+# 3. What does Adam's bias correction do to the first steps, and why does `beta2 =
+#    0.98` recover faster than 0.999 when the gradient's scale changes?
+
+
+# %% [markdown]
 # ## Exercise
 #
-# Now write label-smoothed `cross_entropy` with its gradient yourself. The starter
+# Now write label-smoothed `cross_entropy` with its gradient, the warm-up schedule of
+# equation (3), and an Adam step with bias correction yourself. The starter
 # `lessons/exercises/11_training_recipe.py` has the signatures, and the shapes and
 # formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then
 # grade your work:

@@ -304,6 +304,18 @@ print(f"Check passed in {time.time() - T0:.1f} s: dropout keeps E[x], its backwa
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does inverted dropout need no rescaling at evaluation time?
+# 2. Where does section 5.4 apply residual dropout, and what changes if dropout is
+#    put on the sub-layer's *input* instead?
+# 3. Section 5.4 announces three regularisers and describes two. Which two, and
+#    where is the third in the library?
+
+
+# %% [markdown]
 # ## Exercise
 #
 # Now write inverted `dropout`, forward and backward yourself. The starter

@@ -493,3 +493,16 @@ print(f"Check passed: our loop == attn.train for {PROBE} steps; label smoothing 
       f"{bleu_greedy:.1f}, beam {bleu_beam:.1f}, copying {bleu_copy:.1f}; decoder scores match forward "
       f"({max(err_g, err_b):.0e}); beam 4 >= greedy on log P / lp for {len(test) - len(worse)} of {len(test)} "
       f"sentences (mean gain {margin.mean():.3f}); beam 1 == greedy.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Name the six lines of a training step. What does `attn.train` add around them,
+#    and how did the lesson check that its step is the same?
+# 2. Why do the unsmoothed model's greedy translations run long, and why does beam
+#    search repair much of that?
+# 3. Why is beam search with one beam and no length penalty exactly greedy decoding,
+#    but not with `alpha > 0`?

@@ -19,7 +19,7 @@
 # inside it: lesson 14's last model, `lessons/out/14_run/checkpoint.npz`, or
 # `runs/toy/checkpoint.npz` from `attn-train`. Otherwise the lesson trains one with
 # the readable `Transformer` (`--reference`, as lesson 14 does): in full mode lesson
-# 12's 2 + 2-layer model, in quick mode a 1 + 1-layer model of width 32 on short
+# 14's 2 + 2-layer model, in quick mode a 1 + 1-layer model of width 32 on short
 # sentences. `lessons/README.md` lists the measured times.
 
 # %%
@@ -322,3 +322,15 @@ print(f"Check passed: decoder self-attention is exactly zero above the diagonal,
       + (f"; the reordered words of the example peak on their source words." if trained_enough else
          f"; the example's reordered words peak on their source {sum(s == gold[t] for t, s in peaks.items())}"
          f" of {len(peaks)} times (not asserted for a quick-mode model that mistranslates the example)."))
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. What are the three kinds of attention in a trained Transformer, and which of
+#    them can show the toy language's reordering?
+# 2. Why is a word-by-word diagonal not the right alignment for this corpus, and how
+#    does the lesson score the cross-attention without hand-made alignments?
+# 3. Why is an attention map where the model looked, but not proof of what it used?

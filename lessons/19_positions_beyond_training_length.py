@@ -217,3 +217,16 @@ assert np.array_equal(dx, dout)
 print(f"Check passed in {time.time() - T0:.1f} s: learned rows past position {L_TRAIN} never moved; both models copy "
       f"within the training length; past it, sinusoidal {summary['sinusoidal']['beyond'].mean():.2f} vs learned "
       f"{summary['learned']['beyond'].mean():.2f} accuracy.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why do the rows of the learned position table past the training length never
+#    change, and what do they contribute at test time?
+# 2. Why may sinusoids let a model extrapolate, and why does its accuracy still fall
+#    past the training length?
+# 3. Why is adding the positional encoding not a residual connection, although both
+#    are sums?

@@ -350,3 +350,16 @@ if not QUICK:
 print(f"Check passed: all {len(base_seeds) + len(results)} runs train (val cross-entropy falls, e.g. base "
       f"{base['val_before']:.2f} -> {base['val_nll']:.2f}, learned positions {learned['val_before']:.2f} -> "
       f"{learned['val_nll']:.2f}); the table has all {len(rows)} variant rows.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does each variant keep the seed and the order of the batches of the base
+#    run?
+# 2. How does the lesson decide whether a variant's difference from the base means
+#    anything?
+# 3. Why need a tiny model trained briefly on a simple language not behave like
+#    Table 3's models?

@@ -263,3 +263,16 @@ assert np.isfinite(toy_loss) and np.isfinite(base_loss) and toy_sec > 0 and base
 print(f"Check passed in {time.time() - T0:.1f} s: the shape count equals attn.bench.model_flops; Table 2's 3.3e18 and "
       f"2.3e19 reproduced; measured {measured['toy']['rate'] / 1e9:.1f} (toy) and "
       f"{measured['base']['rate'] / 1e9:.1f} (base) GFLOP/s here.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. How did the paper estimate the training cost in Table 2, and does that estimate
+#    count the operations the model needed?
+# 2. Which sanity rule shows that a copy of Table 2 giving the big model less
+#    compute than the base model is wrong?
+# 3. Why is the FLOP rate of a training step on this machine far below the machine's
+#    peak, and where does the rest of the time go?
