@@ -106,10 +106,11 @@ def make_batch(rng, lengths):
 
 # %%
 class LuongCache(NamedTuple):
-    """Kept for backward: s, e, the softmax's cache (``soft.y`` (B, T, S) are the
-    attention weights), the linear layer's cache, and the output h~ (tanh' = 1 - h~^2)."""
+    """Kept for backward: s, e, the attention weights ``a`` (B, T, S), the softmax's cache,
+    the linear layer's cache, and the output h~ (tanh' = 1 - h~^2)."""
     s: object
     e: object
+    a: object
     soft: object
     lin: object
     out: object
@@ -117,13 +118,13 @@ class LuongCache(NamedTuple):
 
 def luong_attention_forward(s, e, w_c, b_c, src_mask):
     """Inputs: s (B, T, H); e (B, S, H); w_c (2H, H); b_c (H,); src_mask (B, S) bool.
-    Returns: h~ (B, T, H), cache. ``cache.soft.y`` (B, T, S) are the attention weights."""
+    Returns: h~ (B, T, H), cache. ``cache.a`` (B, T, S) are the attention weights."""
     scores = s @ e.transpose(0, 2, 1)                          # (B, T, S)   e_{t,i} = s_t . h_i
     a, c_soft = softmax_forward(scores, src_mask[:, None, :])  # (B, T, S)   pads get exactly 0
     ctx = a @ e                                                # (B, T, H)   c_t = sum_i a_ti h_i
     z, c_lin = linear_forward(np.concatenate([ctx, s], axis=-1), w_c, b_c)   # [c_t; s_t] W_c + b_c
     out = np.tanh(z)                                           # (B, T, H)
-    return out, LuongCache(s, e, c_soft, c_lin, out)
+    return out, LuongCache(s, e, a, c_soft, c_lin, out)
 
 
 def luong_attention_backward(dout, cache: LuongCache):
@@ -135,7 +136,7 @@ def luong_attention_backward(dout, cache: LuongCache):
 
     Returns: ds (B, T, H), de (B, S, H), dw_c (2H, H), db_c (H,)."""
     s, e, out = cache.s, cache.e, cache.out
-    a = cache.soft.y
+    a = cache.a
     Hs = s.shape[-1]
     dz = dout * (1 - out * out)
     dcat, dw_c, db_c = linear_backward(dz, cache.lin)              # (B, T, 2H)
@@ -175,7 +176,7 @@ print("gradient reaching the padded encoder states of row 1:", np.abs(de_pad).ma
 # give exactly our context `c_t`.
 
 # %%
-a_ours = gc_cache.soft.y
+a_ours = gc_cache.a
 ctx_ours = a_ours @ gc_args["e"]
 ctx_lib, c_lib = attention_forward(gc_args["s"] * np.sqrt(Hc), gc_args["e"], gc_args["e"],
                                    gc_args["src_mask"][:, None, :])
@@ -256,7 +257,7 @@ def greedy_decode(p, src, mask, keep_weights=False):
         if "attn.w_c" in p:
             top, c = luong_attention_forward(h[:, None], hs_enc, p["attn.w_c"], p["attn.b_c"], mask)
             top = top[:, 0]
-            weights.append(c.soft.y[:, 0])
+            weights.append(c.a[:, 0])
         logits, _ = linear_forward(top, p["out.w"], p["out.b"])
         tok = logits.argmax(axis=-1)
         out[:, t] = tok
