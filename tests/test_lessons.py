@@ -1,6 +1,7 @@
 """Every lesson runs in its quick mode and passes its own final check; one runs as a notebook."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -49,6 +50,25 @@ def test_the_unreadable_sources_pattern_catches_what_it_should():
     for ok in ("over three seeds", "the runs' seeds' spread", "seed=0", "SEEDS = [0, 1, 2]", "data seed 7",
                "footnotes", "rng seed 1234"):
         assert not UNREADABLE_SOURCES.search(ok), ok
+
+
+def test_lessons_use_public_names_only():
+    """A lesson imports attn's public modules (attn.layers, not attn.layers.softmax), no private
+    name, and reads attention weights through attn.layers.attention_weights or
+    Transformer.attention_weights, not through a cache's inner fields."""
+    bad = []
+    for p in LESSONS:
+        text = p.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text, str(p))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attn"):
+                parts = node.module.split(".")
+                if parts[:2] == ["attn", "layers"] and len(parts) > 2 or any(x.startswith("_") for x in parts):
+                    bad.append(f"{p.name}:{node.lineno}: from {node.module} import ...")
+                bad += [f"{p.name}:{node.lineno}: {a.name}" for a in node.names if a.name.startswith("_")]
+        for i, line in enumerate(text.splitlines(), 1):
+            if re.search(r"\.attn\.(weights|q|k|v)\b|\.lin_[qkvo]\b|\.soft\.y\b|\.sub\.attn\b", line):
+                bad.append(f"{p.name}:{i}: {line.strip()}")
+    assert not bad, "lessons reach into the library's internals:\n" + "\n".join(bad)
 
 
 def test_lessons_exist():
