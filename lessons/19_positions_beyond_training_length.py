@@ -44,7 +44,7 @@ T0 = time.time()
 # sinusoids with *learned* embeddings, not with raw indices. And raw indices would
 # be a poor signal, for two reasons the numbers below show. Their scale grows without
 # bound, so at position 50 the "position" part of `embedding + position` is fifty
-# times the word: the word is drowned out. And a model trained up to position 12 has
+# times the word: the word is drowned out. And a model trained on short sequences has
 # never seen a value like 50 at all. The sinusoids stay in `[-1, 1]`, every row has the
 # same norm, and nearby positions have similar encodings at every length.
 #
