@@ -26,7 +26,6 @@ from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; a
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
-import json
 import logging
 import shutil
 
@@ -187,7 +186,9 @@ def compare_at_probe(state, trainer_model, seconds):
 metrics = train(config_from_argv(argv), on_step=compare_at_probe)
 print(f"after {PROBE} steps, the trainer's parameters against our loop's: largest |difference| "
       f"{max(probe_diff.values()):.1e} over {len(probe_diff)} arrays")
-print(json.dumps({k: metrics[k] for k in ("steps", "train_seconds", "val_loss", "val_ppl", "parameters")}))
+print(f"attn.train: {metrics['steps']} steps in {metrics['train_seconds']:.1f} s of training, "
+      f"{metrics['parameters']:,} parameters; validation loss {metrics['val_loss']:.3f} (label-smoothed), "
+      f"perplexity {metrics['val_ppl']:.2f}")
 
 # %% [markdown]
 # The trainer wrote `checkpoint.npz` (the model, Adam's moments, the vocabulary, the
