@@ -3,10 +3,11 @@
 #
 # Section 5.4 opens "We employ three types of regularization during training", and
 # then describes two: residual dropout (applied in two places, quoted below) and
-# label smoothing. The count does not match the text, and no reading of the final
-# text makes it match. An earlier version of the paper on arXiv also described
-# dropout on the attention weights, which would make three; the final text dropped
-# that paragraph but kept the count. The library has that third one too, off by
+# label smoothing. The count does not match the text. Summaries sometimes count
+# residual dropout's two places as two regularisers to make it match, but the paper
+# names one technique, "Residual Dropout", with one rate. An earlier version of the
+# paper on arXiv also described dropout on the attention weights, which would make
+# three; the final text no longer does. The library has that third one too, off by
 # default because the final text does not ask for it:
 # `TransformerConfig(attention_dropout=...)`, the `dropout` argument of lesson 4's
 # `attention_forward`, applied to the weights after the softmax. Label smoothing was
