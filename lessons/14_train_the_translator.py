@@ -325,25 +325,32 @@ print(f"{'':<14} {'greedy BLEU':>12} {'beam 4 BLEU':>12} {'beam != greedy':>15} 
 for name, r in search.items():
     print(f"{name:<14} {r['greedy']:>12.1f} {r['beam']:>12.1f} {r['differ']:>10} of {len(test)} "
           f"{r['greedy_len']:>14.2f} {r['beam_len']:>12.2f} {r['sure']:>17.3f}")
-smooth_gain = search["smoothing 0.1"]["greedy"] - search["no smoothing"]["greedy"]
-beam_gain_plain = search["no smoothing"]["beam"] - search["no smoothing"]["greedy"]
-print(f"label smoothing adds {smooth_gain:+.1f} BLEU to greedy decoding; beam search adds "
-      f"{beam_gain_plain:+.1f} to the unsmoothed model and "
-      f"{search['smoothing 0.1']['beam'] - search['smoothing 0.1']['greedy']:+.1f} to the smoothed one")
+smooth_gain = {how: search["smoothing 0.1"][how] - search["no smoothing"][how] for how in ("beam", "greedy")}
+beam_gain = {name: r["beam"] - r["greedy"] for name, r in search.items()}
+print(f"label smoothing changes BLEU by {smooth_gain['beam']:+.1f} with beam search, {smooth_gain['greedy']:+.1f} "
+      f"with greedy decoding; beam search changes it by {beam_gain['smoothing 0.1']:+.1f} for the smoothed model, "
+      f"{beam_gain['no smoothing']:+.1f} for the unsmoothed one")
 
 # %% [markdown]
 # (Lengths are the outputs' total tokens over the references'; "P(token)" is the
 # geometric mean probability the model gives greedy's own tokens.)
 #
 # Read the table with this run's numbers (the line under it sums them up). The
-# unsmoothed model is *surer* of every token it picks, as lesson 11 predicted, and
-# its greedy outputs run longer than the references: a sure model that has started
-# to repeat a token (`e e e`) has no reason to stop, and greedy cannot go back.
-# Beam search repairs much of that, because it compares whole outputs, and a looping
-# output's `log P / lp` is low. The smoothed model's greedy translations are already
-# close to its beam search's: smoothing and search do overlapping work, both keeping
-# one over-confident early choice from deciding the whole sentence. The paper uses
-# both.
+# unsmoothed model is *surer* of the tokens it picks, as lesson 11 predicted: the
+# smoothed one was trained to keep some probability for the other words. Beam
+# search changes a handful of translations and raises BLEU for both models. Greedy
+# outputs tend to run longer than the references: once greedy has started to repeat
+# a token (`e e e`), it cannot go back, while beam search compares whole outputs, and
+# a looping output's `log P / lp` is low. And with beam search, the way the paper
+# decodes, the smoothed model translates better: section 6.2's "improves ... BLEU
+# score", in small.
+#
+# How much of this is the seed? We trained these two models with other seeds while
+# writing the lesson (change `SEED` to try): the smoothed model was always the less
+# sure one, beam search never lost BLEU to greedy, and the smoothed model won with
+# beam search every time; but its lead with *greedy* decoding changed sign from seed
+# to seed. At this size one greedy comparison says little; the check below asserts
+# only what held on every seed.
 #
 # ### What beam search optimises
 #
@@ -474,10 +481,10 @@ fig.tight_layout(); show_figure(fig, "14_greedy_vs_beam.png")
 assert probe_diff and max(probe_diff.values()) < 1e-6, f"attn.train's first {PROBE} steps are not our loop's"
 assert np.mean(train_losses[-50:]) < 0.5 * train_losses[0], "the training loss must fall"
 smooth, plain = search["smoothing 0.1"], search["no smoothing"]
-assert smooth_gain > 5, f"label smoothing should lift greedy BLEU visibly: {smooth_gain:+.1f}"
-assert beam_gain_plain > 5, f"beam search should rescue the unsmoothed model's greedy outputs: {beam_gain_plain:+.1f}"
-assert plain["sure"] > smooth["sure"], "without smoothing the model should be surer of its tokens"
-assert plain["greedy_len"] > max(smooth["greedy_len"], plain["beam_len"]), "unsmoothed greedy outputs run long"
+assert plain["sure"] > smooth["sure"] + 0.05, f"smoothing should make the model less sure: {smooth['sure']:.3f} " \
+                                              f"vs {plain['sure']:.3f} without"
+assert smooth_gain["beam"] > 2, f"with beam search, smoothing should raise BLEU visibly: {smooth_gain['beam']:+.1f}"
+assert min(beam_gain.values()) > 0 and max(beam_gain.values()) > 5, f"beam search should beat greedy: {beam_gain}"
 assert plain["differ"] > 0 and smooth["differ"] > 0, "beam search should change some translations"
 assert bleu_greedy > bleu_copy + 20 and bleu_greedy > 25, f"greedy BLEU {bleu_greedy:.1f} should beat copying"
 assert bleu_beam > bleu_copy + 20, f"beam BLEU {bleu_beam:.1f} should beat copying"
@@ -488,8 +495,9 @@ assert err_g < 1e-3 and err_b < 1e-3, "decoder scores must match a teacher-force
 assert len(worse) <= 0.05 * len(test), f"beam 4 lost to greedy on {len(worse)} of {len(test)} sentences"
 assert same == len(test), "beam search with one beam must be greedy decoding"
 assert np.allclose(beam1.scores, greedy.scores, rtol=0, atol=1e-4), "one beam's score (alpha 0) must be greedy's log P"
-print(f"Check passed: our loop == attn.train for {PROBE} steps; label smoothing {smooth_gain:+.1f} BLEU (greedy), "
-      f"beam search {beam_gain_plain:+.1f} without smoothing; loss {train_losses[0]:.2f} -> "
+print(f"Check passed: our loop == attn.train for {PROBE} steps; label smoothing {smooth_gain['beam']:+.1f} BLEU "
+      f"with beam search; beam search {beam_gain['smoothing 0.1']:+.1f} and {beam_gain['no smoothing']:+.1f}; "
+      f"loss {train_losses[0]:.2f} -> "
       f"{np.mean(train_losses[-50:]):.2f}; BLEU greedy "
       f"{bleu_greedy:.1f}, beam {bleu_beam:.1f}, copying {bleu_copy:.1f}; decoder scores match forward "
       f"({max(err_g, err_b):.0e}); beam 4 >= greedy on log P / lp for {len(test) - len(worse)} of {len(test)} "
