@@ -90,11 +90,11 @@ print(f"the last pair's cosine (column {D - 1}) over {L} positions runs from {sl
 #
 # ### Which numbers in a widely copied table are wrong?
 #
-# A slide deck on the paper that circulates online, and blog posts that copy it,
-# print the first six rows of both tables (angles and sin/cos). Below they are typed
-# in exactly as printed there. A printed number is *right* if it is the true value rounded to the
-# digits shown (so `0.9996` for `cos(0.03) = 0.99955` is right); it is *wrong* if it
-# is off by more than half a unit in its last digit.
+# A slide deck on the paper that circulates online, and blog posts that copy it, print
+# the first six rows of both tables (angles and sin/cos). Below they are typed in
+# exactly as printed there. A printed number is *right* if it is the true value
+# rounded to the digits shown (so `0.9996` for `cos(0.03) = 0.99955` is right); it is
+# *wrong* if it is off by more than half a unit in its last digit.
 
 # %%
 SLIDES_ANGLE = """

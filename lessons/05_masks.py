@@ -21,10 +21,10 @@
 # exactly 0 (lesson 4).
 #
 # This lesson draws the masks on lesson 4's example, checks the "masked attention"
-# numbers that lesson 4's slide deck prints, and then proves the point of the look-ahead mask
-# with an experiment: a tiny model trained to predict the next token of *random*
-# sequences. Random tokens cannot be predicted, so an honest model can do no
-# better than a uniform guess, loss `log V`. Without the mask the model gets
+# numbers that lesson 4's slide deck prints, and then proves the point of the
+# look-ahead mask with an experiment: a tiny model trained to predict the next token
+# of *random* sequences. Random tokens cannot be predicted, so an honest model can do
+# no better than a uniform guess, loss `log V`. Without the mask the model gets
 # near-zero loss anyway. It cheats.
 
 # %%
@@ -87,10 +87,10 @@ for name, m in (("padding_mask(src_ids)", pad_m), ("causal_mask(5)", causal), ("
 #
 # ### The slides' "masked attention" example
 #
-# Lesson 4's slide deck demonstrates the look-ahead mask with the *same* setting as its padding
-# example: Korean queries against English keys. Row `i` may see English keys
-# `0..i`, and the `[pad]` key never. We rebuild that mask from the library's pieces
-# (the first five rows of a 6 x 6 triangle, `&` the English padding mask), run
+# Lesson 4's slide deck demonstrates the look-ahead mask with the *same* setting as
+# its padding example: Korean queries against English keys. Row `i` may see English
+# keys `0..i`, and the `[pad]` key never. We rebuild that mask from the library's
+# pieces (the first five rows of a 6 x 6 triangle, `&` the English padding mask), run
 # `attention_forward`, and check the printed numbers as in lesson 4.
 
 # %%

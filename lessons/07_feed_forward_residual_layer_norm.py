@@ -24,10 +24,10 @@
 #
 # Three things tutorials and blog posts often get wrong here, checked against the paper:
 #
-# * There is **one** ReLU in the FFN, between the two linear maps; the second
-#   linear map has no activation (equation 2). A common summary says "both dense
-#   layers use ReLU". A ReLU at the end would make every sub-layer output non-negative, and
-#   the residual stream could then only ever grow in the positive direction.
+# * There is **one** ReLU in the FFN, between the two linear maps; the second linear
+#   map has no activation (equation 2). A common summary says "both dense layers use
+#   ReLU". A ReLU at the end would make every sub-layer output non-negative, and the
+#   residual stream could then only ever grow in the positive direction.
 # * Another says "the residual connection and layer norm are there to prevent
 #   overfitting". They are not regularisers; the paper's regularisers are dropout
 #   and label smoothing (section 5.4). Add & Norm is about *optimisation*: getting

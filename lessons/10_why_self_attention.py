@@ -378,15 +378,14 @@ print(f"  recurrent {decay_rnn:.1e}   self-attention {decay_att:.2f}")
 # %% [markdown]
 # **On the common summary.** Tutorials often sum section 4 up as "(1) self-attention
 # reduces the computation per layer, (2) it parallelises, (3) its gradients do not
-# vanish however long the sequence". (2) is right, and measured above. (1) holds only while
-# `n < d`; past that, self-attention does *more* arithmetic (section 1's counts),
-# which is exactly why the paper proposes the restricted variant for long
-# sequences. (3) is true of *distance*: the plot's self-attention curve is flat.
-# But gradients in a Transformer can still vanish: a saturated softmax (the reason
-# for the `1/sqrt(d_k)` of section 3.2.1), a deep stack (residual connections and
-# layer norm are there for that), and with diffuse attention each input's share is
-# about `1/n`, so the signal per input thins out as `n` grows, slowly rather than
-# exponentially.
+# vanish however long the sequence". (2) is right, and measured above. (1) holds only
+# while `n < d`; past that, self-attention does *more* arithmetic (section 1's
+# counts), which is exactly why the paper proposes the restricted variant for long
+# sequences. (3) is true of *distance*: the plot's self-attention curve is flat. But
+# gradients in a Transformer can still vanish: a saturated softmax (the reason for the
+# `1/sqrt(d_k)` of section 3.2.1), a deep stack (residual connections and layer norm
+# are there for that), and with diffuse attention each input's share is about `1/n`,
+# so the signal per input thins out as `n` grows, slowly rather than exponentially.
 #
 # Translations of the paper sometimes gloss `O(n)` sequential operations as "the
 # recurrent network takes more time". That is not what the column says: it says

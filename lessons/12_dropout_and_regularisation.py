@@ -139,20 +139,20 @@ print(f"library encoder vs the hand-written one, same random numbers: max |diff|
 print(f"with dropout vs without (rng=None): max |diff| = {np.abs(mem_lib - mem_eval).max():.2f}")
 
 # %% [markdown]
-# **A common misreading.** Summaries of the paper often describe residual dropout
-# as applied to "the sub-layer input before normalisation, the sum of the
-# embeddings (attention score), and the positional encoding". The paper's
-# sentence says *output*, and "the sums of the embeddings and the positional encodings" means the one vector
+# **A common misreading.** Summaries of the paper often describe residual dropout as
+# applied to "the sub-layer input before normalisation, the sum of the embeddings
+# (attention score), and the positional encoding". The paper's sentence says *output*,
+# and "the sums of the embeddings and the positional encodings" means the one vector
 # `embedding + PE`, not attention scores and not the positional encoding alone.
 #
-# The difference is not cosmetic. Put dropout on the sub-layer input, `LayerNorm(Dropout(x)
-# + Sublayer(Dropout(x)))`, and the residual path itself is corrupted: the identity
-# connection no longer carries `x` through unchanged, and every layer drops another
-# fraction `p` of what the layers below computed. With the paper's placement the skip path is
-# clean and only each layer's *new* contribution is perturbed. We measure how much
-# of a stack's input survives through `N` layers whose sub-layers contribute little
-# (as at initialisation): the correlation between the output and the input, for
-# both placements.
+# The difference is not cosmetic. Put dropout on the sub-layer input,
+# `LayerNorm(Dropout(x) + Sublayer(Dropout(x)))`, and the residual path itself is
+# corrupted: the identity connection no longer carries `x` through unchanged, and
+# every layer drops another fraction `p` of what the layers below computed. With the
+# paper's placement the skip path is clean and only each layer's *new* contribution is
+# perturbed. We measure how much of a stack's input survives through `N` layers whose
+# sub-layers contribute little (as at initialisation): the correlation between the
+# output and the input, for both placements.
 
 # %%
 def survival(n_layers, placement, rng, p=0.1, D=64, n=256):

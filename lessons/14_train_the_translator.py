@@ -194,9 +194,9 @@ print(f"attn.train: {metrics['steps']} steps in {metrics['train_seconds']:.1f} s
 # The trainer wrote `checkpoint.npz` (the model, Adam's moments, the vocabulary, the
 # loss history), `metrics.jsonl` and `metrics.json`. It also kept a snapshot of the
 # parameters every `--snapshot-every` steps and, at the end, averaged the last
-# `--average` of them into `averaged.npz`: section 6.1, "for the base models, we used a single model obtained
-# by averaging the last 5 checkpoints". The loss curve, from the checkpoint's
-# history:
+# `--average` of them into `averaged.npz`: section 6.1, "for the base models, we used
+# a single model obtained by averaging the last 5 checkpoints". The loss curve, from
+# the checkpoint's history:
 
 # %%
 arrays, meta = load_npz(run_dir / "checkpoint.npz")

@@ -39,14 +39,15 @@ T0 = time.time()
 # %% [markdown]
 # ## 1. Two common slips
 #
-# **"Raw positions work as well"** (a claim found in blog posts: using the positions
-# 1 to `time_step` directly gives the same result). The paper says no such thing: it compares
-# sinusoids with *learned* embeddings, not with raw indices. And raw indices would
-# be a poor signal, for two reasons the numbers below show. Their scale grows without
-# bound, so at position 50 the "position" part of `embedding + position` is fifty
-# times the word: the word is drowned out. And a model trained on short sequences has
-# never seen a value like 50 at all. The sinusoids stay in `[-1, 1]`, every row has the
-# same norm, and nearby positions have similar encodings at every length.
+# **"Raw positions work as well"** (a claim found in blog posts: using the positions 1
+# to `time_step` directly gives the same result). The paper says no such thing: it
+# compares sinusoids with *learned* embeddings, not with raw indices. And raw indices
+# would be a poor signal, for two reasons the numbers below show. Their scale grows
+# without bound, so at position 50 the "position" part of `embedding + position` is
+# fifty times the word: the word is drowned out. And a model trained on short
+# sequences has never seen a value like 50 at all. The sinusoids stay in `[-1, 1]`,
+# every row has the same norm, and nearby positions have similar encodings at every
+# length.
 #
 # **"Adding the positional encoding is the residual connection"** (another, from
 # study summaries). A
@@ -163,15 +164,15 @@ fig.tight_layout()
 show_figure(fig, "19_positions_beyond_training.png")
 
 # %% [markdown]
-# What to read in the table (this run's numbers; full mode has three seeds each):
-# at the positions inside the training length both models copy well, the "nearly
+# What to read in the table (this run's numbers; full mode has three seeds each): at
+# the positions inside the training length both models copy well, the "nearly
 # identical results" of row (E). (Not perfectly: even those positions now sit in a
 # source twice as long as any seen in training, and the extra keys compete for the
-# attention; the table shows by how much for each model.) Past it, the learned
-# model is looking up rows of its table that no gradient ever reached: they are
-# still their random initial values (checked below, exactly), so the decoder
-# queries and encoder keys at those positions are noise to the attention that learned to match positions. The
-# sinusoidal model's encodings past `L_TRAIN` are the same smooth functions it was
+# attention; the table shows by how much for each model.) Past it, the learned model
+# is looking up rows of its table that no gradient ever reached: they are still their
+# random initial values (checked below, exactly), so the decoder queries and encoder
+# keys at those positions are noise to the attention that learned to match positions.
+# The sinusoidal model's encodings past `L_TRAIN` are the same smooth functions it was
 # trained on, and `PE(pos + k)` is the same rotation of `PE(pos)` at every `pos`
 # (lesson 3), so what it learned about "the next position" can carry over, at least
 # for a while.

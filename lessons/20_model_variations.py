@@ -18,11 +18,11 @@
 # WMT. We also train the base model with other seeds, to see how large a difference
 # must be before it means anything.
 #
-# **Runtime.** Full mode trains every variant with several seeds, for longer, on
-# more short pairs; quick mode trains fewer variants with one seed for a few
-# steps on fewer pairs (the settings are printed below). Runs that short only show
-# which variants learn *fastest*, and their BLEU is near zero. The lesson prints the number of runs and the time they took;
-# `lessons/README.md` lists the measured times.
+# **Runtime.** Full mode trains every variant with several seeds, for longer, on more
+# short pairs; quick mode trains fewer variants with one seed for a few steps on fewer
+# pairs (the settings are printed below). Runs that short only show which variants
+# learn *fastest*, and their BLEU is near zero. The lesson prints the number of runs
+# and the time they took; `lessons/README.md` lists the measured times.
 
 # %%
 import os, sys
