@@ -304,8 +304,8 @@ def search_table(m):
     g_bleu, g_hyps = evaluate_bleu(m, vocab, test, beam_size=1)
     b_bleu, b_hyps = evaluate_bleu(m, vocab, test, beam_size=4, alpha=0.6)
     g = greedy_decode(m, src)
-    sure = np.mean([np.exp(log_prob_under(m, i, t, len(t) < len(src_rows[i]) + 50) / max(len(t), 1))
-                    for i, t in enumerate(g.tokens)])
+    done = [len(t) < len(src_rows[i]) + 50 for i, t in enumerate(g.tokens)]   # ended with EOS, not the limit
+    sure = np.mean([np.exp(log_prob_under(m, i, t, d) / (len(t) + d)) for i, (t, d) in enumerate(zip(g.tokens, done))])
     return dict(greedy=g_bleu, beam=b_bleu, differ=sum(a != b for a, b in zip(g_hyps, b_hyps)),
                 greedy_len=sum(len(tokenize(h)) for h in g_hyps) / ref_len,
                 beam_len=sum(len(tokenize(h)) for h in b_hyps) / ref_len, sure=sure)
