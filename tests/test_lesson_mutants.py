@@ -5,8 +5,9 @@ The broken library is a ``sitecustomize.py`` put first on the child's ``PYTHONPA
 imports it at start-up, it imports attn and swaps one function for a broken twin everywhere attn
 bound it (``attn.layers.attention.attention_forward`` and its re-export ``attn.layers
 .attention_forward`` alike), before the lesson imports anything. A lesson that crashes on the
-mutant instead of failing its check does not count: the traceback must end in an
-AssertionError raised in the lesson's own file.
+mutant instead of failing its check does not count: the run must end in an AssertionError
+raised from a line of the lesson itself (an ``assert``, or a checker such as
+``attn.gradcheck.check_layer`` that the lesson calls there).
 
 Each run costs about what the lesson costs in quick mode (the checks come at the end): all of
 them together about a minute of CPU on the two-core machine this was written on, about half of
