@@ -20,7 +20,7 @@
 # falls steadily as sentences get longer. This lesson reproduces that curve on a
 # task small enough to train in seconds.
 #
-# The study notes (file 000, "Seq2Seq") say it in two lines: the context vector is
+# Introductions to seq2seq usually say it in two lines: the context vector is
 # the encoder's last hidden state and the decoder's first one, and (1) squeezing
 # everything into one fixed-size vector loses information, worse for longer
 # sentences; (2) recurrent networks suffer from vanishing gradients. Both are right,
@@ -319,6 +319,18 @@ assert long_ > 1.5 / N_SYM, f"long sequences should still beat chance: {long_:.2
 first, last = pos_acc[:3].mean(), pos_acc[-3:].mean()
 assert first > last + 0.3, f"the oldest source tokens should be the ones lost: {first:.2f} vs {last:.2f}"
 print(f"Check passed in {time.time() - T0:.1f} s.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does the recurrent encoder-decoder's accuracy fall as the sequences get
+#    longer, and which tokens does it lose first? Why those?
+# 2. In Sutskever et al.'s design the context vector is the decoder's first hidden
+#    state; what do Cho et al. change, and does that remove the bottleneck?
+# 3. Why does the task reverse *random* tokens rather than real words?
 
 
 # %% [markdown]

@@ -12,7 +12,7 @@
 # network." This lesson builds that conjunction; the Transformer then drops the
 # recurrent network and keeps only the attention.
 #
-# The study notes (file 000, "Attention") list the steps; in formulas, for decoder
+# Introductions to attention usually list the steps; in formulas, for decoder
 # step `t` with decoder state `s_t` (B, H) and encoder states `h_1..h_S` (B, S, H):
 #
 #     1. score      e_{t,i} = s_t . h_i                     for every source position i (dot product)
@@ -22,13 +22,13 @@
 #     5. output     h~_t = tanh([c_t ; s_t] W_c + b_c),  p(y_t) = softmax(h~_t W_o + b_o)
 #
 # This is Luong et al.'s "global attention" with the "dot" score. Two remarks on
-# the notes:
+# how these steps are often written:
 #
-# * Step 1 there reads "transpose `s_t` and take the dot product with `h_t`". The
+# * Step 1 is often written "transpose `s_t` and take the dot product with `h_t`". The
 #   index is misleading: the decoder state is compared with *every* encoder state
 #   `h_i`, `i = 1..S`, giving `S` scores per decoder step, not one. (In matrix form
 #   for all decoder steps at once: `scores = S_dec @ H_enc^T`, shape (B, T, S).)
-# * The notes' recipe is Luong's, not Bahdanau's (2015, the first attention for
+# * This recipe is Luong's, not Bahdanau's (2015, the first attention for
 #   translation). Bahdanau scores with a small feed-forward net ("additive
 #   attention", paper section 3.2.1), uses the *previous* state `s_{t-1}`, and
 #   feeds `c_t` into the recurrence. In Luong's version the attention sits *on top*
@@ -37,7 +37,7 @@
 #   one batched product. (Luong et al. also describe "input feeding", which feeds
 #   `h~_{t-1}` back into the next step; we leave it out.)
 #
-# In the notes' vocabulary: the query is `s_t`, the keys and the values are both
+# In the Transformer's vocabulary: the query is `s_t`, the keys and the values are both
 # the encoder states. The Transformer's scaled dot-product attention (section
 # 3.2.1) is exactly steps 1-3 with the scores divided by `sqrt(d_k)` and with
 # learned projections making queries, keys and values different; we check that
@@ -106,10 +106,11 @@ def make_batch(rng, lengths):
 
 # %%
 class LuongCache(NamedTuple):
-    """Kept for backward: s, e, the softmax's cache (``soft.y`` (B, T, S) are the
-    attention weights), the linear layer's cache, and the output h~ (tanh' = 1 - h~^2)."""
+    """Kept for backward: s, e, the attention weights ``a`` (B, T, S), the softmax's cache,
+    the linear layer's cache, and the output h~ (tanh' = 1 - h~^2)."""
     s: object
     e: object
+    a: object
     soft: object
     lin: object
     out: object
@@ -117,13 +118,13 @@ class LuongCache(NamedTuple):
 
 def luong_attention_forward(s, e, w_c, b_c, src_mask):
     """Inputs: s (B, T, H); e (B, S, H); w_c (2H, H); b_c (H,); src_mask (B, S) bool.
-    Returns: h~ (B, T, H), cache. ``cache.soft.y`` (B, T, S) are the attention weights."""
+    Returns: h~ (B, T, H), cache. ``cache.a`` (B, T, S) are the attention weights."""
     scores = s @ e.transpose(0, 2, 1)                          # (B, T, S)   e_{t,i} = s_t . h_i
     a, c_soft = softmax_forward(scores, src_mask[:, None, :])  # (B, T, S)   pads get exactly 0
     ctx = a @ e                                                # (B, T, H)   c_t = sum_i a_ti h_i
     z, c_lin = linear_forward(np.concatenate([ctx, s], axis=-1), w_c, b_c)   # [c_t; s_t] W_c + b_c
     out = np.tanh(z)                                           # (B, T, H)
-    return out, LuongCache(s, e, c_soft, c_lin, out)
+    return out, LuongCache(s, e, a, c_soft, c_lin, out)
 
 
 def luong_attention_backward(dout, cache: LuongCache):
@@ -135,7 +136,7 @@ def luong_attention_backward(dout, cache: LuongCache):
 
     Returns: ds (B, T, H), de (B, S, H), dw_c (2H, H), db_c (H,)."""
     s, e, out = cache.s, cache.e, cache.out
-    a = cache.soft.y
+    a = cache.a
     Hs = s.shape[-1]
     dz = dout * (1 - out * out)
     dcat, dw_c, db_c = linear_backward(dz, cache.lin)              # (B, T, 2H)
@@ -175,7 +176,7 @@ print("gradient reaching the padded encoder states of row 1:", np.abs(de_pad).ma
 # give exactly our context `c_t`.
 
 # %%
-a_ours = gc_cache.soft.y
+a_ours = gc_cache.a
 ctx_ours = a_ours @ gc_args["e"]
 ctx_lib, c_lib = attention_forward(gc_args["s"] * np.sqrt(Hc), gc_args["e"], gc_args["e"],
                                    gc_args["src_mask"][:, None, :])
@@ -256,7 +257,7 @@ def greedy_decode(p, src, mask, keep_weights=False):
         if "attn.w_c" in p:
             top, c = luong_attention_forward(h[:, None], hs_enc, p["attn.w_c"], p["attn.b_c"], mask)
             top = top[:, 0]
-            weights.append(c.soft.y[:, 0])
+            weights.append(c.a[:, 0])
         logits, _ = linear_forward(top, p["out.w"], p["out.b"])
         tok = logits.argmax(axis=-1)
         out[:, t] = tok
@@ -390,9 +391,10 @@ fig.tight_layout(); show_figure(fig, "02_attention_vs_bottleneck.png")
 # * The bottleneck curve falls with length as in lesson 1; the attention curve
 #   stays high across all lengths, after the same number of steps with the same
 #   RNNs. (Bahdanau et al.'s Figure 2 is this picture on real translation: BLEU
-#   against sentence length, falling for the encoder-decoder, flat with attention.) The decoder no longer needs `c` to remember the sequence: at step `t` it
-#   only needs to know *where* to look, and the token is read straight from the
-#   encoder state there.
+#   against sentence length, falling for the encoder-decoder, flat with
+#   attention.) The decoder no longer needs `c` to remember the sequence: at step
+#   `t` it only needs to know *where* to look, and the token is read straight from
+#   the encoder state there.
 # * The heatmap is an (almost) clean anti-diagonal: the model learned the
 #   alignment. Such pictures are what the paper means by attention giving "more
 #   interpretable models" (section 4). Early in training (the quick mode) the
@@ -430,3 +432,33 @@ assert models["attention"]["acc"].min() > floor, \
     f"attention should hold up at every length: {np.round(models['attention']['acc'], 2)}"
 assert band_mean > focus, f"attention should concentrate on the anti-diagonal: {band_mean:.2f} (uniform {2 / L_MAX})"
 print(f"Check passed in {time.time() - T0:.1f} s.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. At decoder step `t`, how many scores does Luong attention compute, and against
+#    which states? What is misleading about writing the score as `s_t . h_t`?
+# 2. Why can Luong's attention run the decoder RNN over all steps first and attend
+#    afterwards, while Bahdanau's cannot?
+# 3. Which two changes turn steps 1-3 of this lesson into the Transformer's scaled
+#    dot-product attention?
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write Luong attention (the dot score, the masked softmax over the source, the
+# context, the concatenation and the tanh output layer), forward and backward, yourself.
+# The starter `lessons/exercises/luong_attention.py` has the signatures, and the shapes
+# and formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in,
+# then grade your work:
+#
+#     attn-check lessons/exercises/luong_attention.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

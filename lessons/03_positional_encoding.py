@@ -17,8 +17,9 @@
 #
 # In this lesson we
 #
-# 1. rebuild the study notes' (seed 003) table for 16 positions and `d_model = 8`
-#    with `attn.layers.sinusoidal_table`, and say which printed numbers are wrong;
+# 1. rebuild, with `attn.layers.sinusoidal_table`, the 16-position, `d_model = 8`
+#    table that slide decks about the paper often print, and say which of their
+#    printed numbers are wrong;
 # 2. look at the whole table for 64 positions and `d_model = 128`;
 # 3. check the paper's reason for choosing sinusoids: "for any fixed offset k,
 #    PE_{pos+k} can be represented as a linear function of PE_{pos}". We *find*
@@ -72,26 +73,31 @@ show("pos / 10000^(2i/d_model): the angle of each column (columns 2i and 2i+1 sh
 show("PE = sinusoidal_table(16, 8): even columns sin(angle), odd columns cos(angle)",
      pe, range(L), cols)
 print("\nlargest |library - formula| over the table:", np.abs(pe - formula).max())
+slow = pe[:, D - 1]                                                # the last pair's cosine, over all 16 positions
+print(f"the last pair's cosine (column {D - 1}) over {L} positions runs from {slow.max():.4f} down to {slow.min():.4f}: "
+      f"its angle grows by only {angle[1, D - 1]:g} radian per position")
 
 # %% [markdown]
 # What to notice:
 #
 # * Row 0 is `[0, 1, 0, 1, ...]`: every angle is 0, sin 0 = 0, cos 0 = 1.
 # * The first pair (columns 0, 1) turns one radian per position: it goes around the
-#   circle every `2*pi ~ 6.3` positions. The last pair (columns 6, 7) turns a
-#   thousandth of a radian per position: across 16 positions its cosine stays at
-#   1.0000 to four decimals. Fast pairs tell neighbours apart; slow pairs tell
-#   far-apart positions apart without wrapping around.
+#   circle every `2*pi` positions. The last pair (columns 6, 7) turns a
+#   thousandth of a radian per position: the line printed under the table shows
+#   how little its cosine moves over the 16 positions (it barely leaves 1). Fast
+#   pairs tell neighbours apart; slow pairs tell far-apart positions apart without
+#   wrapping around.
 #
-# ### Which numbers in the study notes are wrong?
+# ### Which numbers in a widely copied table are wrong?
 #
-# Seed 003 prints the first six rows of both tables. Below they are typed in exactly
-# as printed. A printed number is *right* if it is the true value rounded to the
-# digits shown (so `0.9996` for `cos(0.03) = 0.99955` is right); it is *wrong* if it
-# is off by more than half a unit in its last digit.
+# A slide deck on the paper that circulates online, and blog posts that copy it, print
+# the first six rows of both tables (angles and sin/cos). Below they are typed in
+# exactly as printed there. A printed number is *right* if it is the true value
+# rounded to the digits shown (so `0.9996` for `cos(0.03) = 0.99955` is right); it is
+# *wrong* if it is off by more than half a unit in its last digit.
 
 # %%
-SEED_ANGLE = """
+SLIDES_ANGLE = """
 0 0.0 0.0 0.0 0.0 0.0 0.0 0.0 0.0
 1 1.0 1.0 0.1 0.1 0.01 0.01 0.001 0.001
 2 2.0 2.0 0.2 0.2 0.02 0.02 0.002 0.002
@@ -99,7 +105,7 @@ SEED_ANGLE = """
 4 4.0 4.0 0.4 0.4 0.04 0.04 0.004 0.004
 5 5.0 5.0 0.5 0.5 0.05 0.05 0.005 0.005
 """
-SEED_PE = """
+SLIDES_PE = """
 0 0.0000 1.0000 0.0000 1.0000 0.0000 1.0000 0.0000 1.0000
 1 0.8415 0.5403 0.0998 0.9950 0.0100 1.0000 0.0010 1.0000
 2 0.9093 -0.4161 0.1987 0.9801 0.0200 0.9998 0.0020 1.0000
@@ -127,10 +133,10 @@ def judge(printed, truth):
 
 
 wrong = []
-for name, seed, truth in (("angle", SEED_ANGLE, angle), ("PE", SEED_PE, pe)):
-    entries = parse(seed)
+for name, printed, truth in (("angle", SLIDES_ANGLE, angle), ("PE", SLIDES_PE, pe)):
+    entries = parse(printed)
     bad = [(p, j, s) for (p, j), s in entries.items() if not judge(s, truth[p, j])[0]]
-    print(f"seed 003 {name} table: {len(entries)} printed numbers, {len(bad)} wrong")
+    print(f"the slides' {name} table: {len(entries)} printed numbers, {len(bad)} wrong")
     for p, j, s in bad:
         print(f"   PE[pos={p}, col={j}] printed {s:>8}, true value {truth[p, j]: .6f} "
               f"(= sin({angle[p, j]:g}); rounded to the digits shown: {truth[p, j]:.3f})")
@@ -139,50 +145,49 @@ for name, seed, truth in (("angle", SEED_ANGLE, angle), ("PE", SEED_PE, pe)):
 # %% [markdown]
 # The angle table is right: its pairs share one angle, exactly as the formula says
 # (a common slip is to use `j / d_model` instead of `2i / d_model` for the odd column
-# `j = 2i+1`, which would make each cosine turn slower than its sine; the notes do not
-# make it). The sin/cos table is right except one entry:
+# `j = 2i+1`, which would make each cosine turn slower than its sine; the slides do
+# not make it). The sin/cos table is right except one entry:
 #
 # * **`PE[4, 0]` is printed `-0.756`; `sin(4) = -0.75680`**, so it is `-0.7568` to the
-#   four digits the other entries use, or `-0.757` to three. The notes cut the number
+#   four digits the other entries use, or `-0.757` to three. The slides cut the number
 #   off (truncated) instead of rounding it, and dropped a digit while at it.
 # * `PE[5, 0]` printed `-0.959` is right to three digits (`sin(5) = -0.95892`), but it
 #   too lost the fourth digit: it should read `-0.9589` like its neighbours.
 # * The slide titles its table `sin(pos/10000^(2i/d_model))`, but the table holds
 #   both: even columns sines, odd columns cosines.
 #
-# Seed 002 works a smaller example by hand (`d_model = 4`, three words "I love you"
-# with made-up embeddings) and gets almost every number wrong. Here is what it says
-# for position 1, next to the truth.
+# A smaller example worked by hand also circulates in blog posts (`d_model = 4`,
+# three words "I love you" with made-up embeddings), and it gets almost every number
+# wrong. Here is what it says for position 1, next to the truth.
 
 # %%
 pe4 = sinusoidal_table(3, 4, dtype="float64")
-seed002_pe1 = [0.0001, 0.9999, 0.0001, 0.9999]
-seed002_terms = ["sin(1) = 0.0001", "cos(1) = 0.0001", "sin(1/100) = 0.9999", "cos(1/10000^(0/4)) = cos(1/1000) = 0.9999"]
+blog_terms = ["sin(1) = 0.0001", "cos(1) = 0.0001", "sin(1/100) = 0.9999", "cos(1/10000^(0/4)) = cos(1/1000) = 0.9999"]
 true_terms = ["sin(1/10000^(0/4)) = sin(1)", "cos(1/10000^(0/4)) = cos(1)",
               "sin(1/10000^(2/4)) = sin(0.01)", "cos(1/10000^(2/4)) = cos(0.01)"]
-print("seed 002, PE(pos=1) with d_model = 4:")
+print("the blog example's PE(pos=1) with d_model = 4:")
 for j in range(4):
-    print(f"  col {j}: seed says {seed002_terms[j]:<44} truth: {true_terms[j]:<32} = {pe4[1, j]:.4f}")
+    print(f"  col {j}: blog says {blog_terms[j]:<44} truth: {true_terms[j]:<32} = {pe4[1, j]:.4f}")
 
 emb = np.array([[0.5, 0.6, 0.7, 0.8], [0.6, 0.7, 0.8, 0.9], [0.7, 0.8, 0.9, 1.0]])   # "I", "love", "you"
-seed002_sum = np.array([[0.5, 1.6, 0.7, 0.8], [0.6001, 1.6999, 0.8001, 1.8999], [0.7002, 1.7998, 0.9002, 1.9998]])
+blog_sum = np.array([[0.5, 1.6, 0.7, 0.8], [0.6001, 1.6999, 0.8001, 1.8999], [0.7002, 1.7998, 0.9002, 1.9998]])
 added, _ = positional_forward(emb[None], pe4)                     # (1, 3, 4): embedding + PE
-show("seed 002's 'embedding + PE'", seed002_sum, ["I", "love", "you"], [f"col {j}" for j in range(4)])
+show("the blog example's 'embedding + PE'", blog_sum, ["I", "love", "you"], [f"col {j}" for j in range(4)])
 show("embedding + PE, computed", added[0], ["I", "love", "you"], [f"col {j}" for j in range(4)])
 
 # %% [markdown]
-# Seed 002's mistakes, one by one:
+# The worked example's mistakes, one by one:
 #
-# * `sin(1) = 0.8415` and `cos(1) = 0.5403`, not `0.0001`. The notes seem to have
-#   taken the angle `1 / 10000^(0/4) = 1` for something tiny.
+# * `sin(1) = 0.8415` and `cos(1) = 0.5403`, not `0.0001`. The example seems to
+#   have taken the angle `1 / 10000^(0/4) = 1` for something tiny.
 # * `sin(1/100) = 0.0100`, not `0.9999` (the sine of a small angle is small; it is
 #   the *cosine* that is near 1).
 # * Column 3 is the cosine partner of column 2, so it uses the *same* exponent
-#   `2i/d_model = 2/4` and the same angle `1/100`: `cos(0.01) = 0.99995`. The notes
-#   write exponent `0/4` and then angle `1/1000`, two different wrong numbers.
+#   `2i/d_model = 2/4` and the same angle `1/100`: `cos(0.01) = 0.99995`. The example
+#   writes exponent `0/4` and then angle `1/1000`, two different wrong numbers.
 # * The sums are wrong even where the PE is right: "I" is at position 0, whose PE is
-#   `[0, 1, 0, 1]`, so it becomes `(0.5, 1.6, 0.7, 1.8)`; the notes forgot the last
-#   `+1`. For "love" and "you" they added the wrong PE rows.
+#   `[0, 1, 0, 1]`, so it becomes `(0.5, 1.6, 0.7, 1.8)`; the example forgot the
+#   last `+1`. For "love" and "you" they added the wrong PE rows.
 #
 # ## 2. The whole table: 64 positions, d_model = 128
 
@@ -332,13 +337,25 @@ assert np.allclose(pe[:, 0::2] ** 2 + pe[:, 1::2] ** 2, 1.0, atol=1e-15), "colum
 assert np.allclose(pe[1], [np.sin(1), np.cos(1), np.sin(0.1), np.cos(0.1), np.sin(0.01), np.cos(0.01),
                            np.sin(0.001), np.cos(0.001)], atol=1e-15)
 assert np.array_equal(sinusoidal_table(16, 8), pe.astype("float32")), "default dtype should be the float32 cast"
-# Exactly one printed number in seed 003 is wrong, the one we named.
+# Exactly one printed number in the slides' tables is wrong, the one we named.
 assert [(n, p, j) for n, p, j, *_ in wrong] == [("PE", 4, 0)], wrong
 assert worst_resid < 1e-11, f"PE(pos+k) is not a linear function of PE(pos): residual {worst_resid:.2e}"
 assert worst_rot < 1e-8, f"the fitted map is not the rotation by w*k: {worst_rot:.2e}"
 assert max(block_err.values()) < 1e-11
 print("Check passed: the table matches the formula; PE(pos+k) = PE(pos) @ M_k with residual "
-      f"{worst_resid:.1e}; the one wrong seed entry is PE[4, 0] (printed -0.756, true {np.sin(4):.4f}).")
+      f"{worst_resid:.1e}; the one wrong entry in the slides is PE[4, 0] (printed -0.756, true {np.sin(4):.4f}).")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Which columns of the table share one angle, and what does that make of each
+#    pair of columns?
+# 2. Why is `PE(pos + k)` a linear function of `PE(pos)`, and why does the matrix
+#    not depend on `pos`?
+# 3. What are the fast pairs good for, and what are the slow pairs good for?
 
 
 # %% [markdown]

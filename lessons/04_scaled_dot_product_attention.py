@@ -13,8 +13,9 @@
 # 4. softmax along each row: the weights are positive and sum to 1;
 # 5. the output row i is the weighted average of the value rows, `sum_j w_ij V_j`.
 #
-# We walk through the study notes' example (seed 003, a slide deck from LangCon
-# 2020), compare every number they print with what the library computes, and then
+# We walk through an example from a slide deck on the paper that circulates online
+# (a Korean-to-English toy with made-up vectors), compare every number the slides
+# print with what the library computes, and then
 # answer the question the paper only sketches: *why* divide by `sqrt(d_k)`?
 
 # %%
@@ -47,7 +48,7 @@ def show(title, table, rows, cols, fmt="{:9.4f}"):
 # Six English key/value vectors ("Education is most powerful weapon" and one
 # padding slot) and five Korean query vectors (교육은 *gyoyugeun* "education",
 # 가장 *gajang* "most", 중요한 *jungyohan* "important", 무기이다 *mugiida* "is a
-# weapon", and padding), `d_model = d_k = 4`. The notes use the same matrix for K
+# weapon", and padding), `d_model = d_k = 4`. The slides use the same matrix for K
 # and V, so here `V = K`. The numbers are made up to be easy to multiply, not
 # learned. We label the Korean rows by their romanisation so that figures render
 # everywhere.
@@ -64,7 +65,7 @@ K = np.array([[0.1, 0.2, 0.3, 0.4],
               [0.4, 0.3, 0.2, 0.1],
               [0.5, 0.4, 0.3, 0.2],
               [0.1, 0.1, 0.1, 0.1]])                                # (6, 4)
-Q = K[:5].copy()                                                    # (5, 4): the notes' Q rows equal K's first four ...
+Q = K[:5].copy()                                                    # (5, 4): the slides' Q rows equal K's first four ...
 Q[4] = [0.1, 0.1, 0.1, 0.1]                                         # ... and the pad row
 V = K                                                               # (6, 4)
 key_ids = np.array([[1, 2, 3, 4, 5, 0]])                            # (1, 6)
@@ -99,22 +100,28 @@ show("step 5: weights @ V: the output, one weighted average of V's rows per quer
 out, cache = attention_forward(Q[None, None], K[None, None], V[None, None], mask)
 print("\nattention_forward gives the same output: max |diff| =", np.abs(out[0, 0] - out_steps).max())
 print("row sums of the weights:", weights.sum(axis=1))
+real = weights[:, :5]                                               # the five real keys
+spread = (scaled[:, :5].max(axis=1) - scaled[:, :5].min(axis=1)).max()
+print(f"the real keys' weights lie between {real.min():.2f} and {real.max():.2f}: in any row the scaled scores "
+      f"differ by at most {spread:.2f}, and e^{spread:.2f} = {np.exp(spread):.2f} is all the softmax can prefer one "
+      f"key by; the plain average of the five real value rows is ({', '.join(f'{v:.2f}' for v in V[:5].mean(0))})")
 
 # %% [markdown]
 # What to notice:
 #
 # * The `[pad]` **column** is exactly 0 in every row: no query takes anything from
 #   the padding key, however well it matches.
-# * The weights are nearly uniform (0.18 to 0.23). With `d_k = 4` and entries of
-#   0.1 to 0.6 the scaled scores differ by at most 0.3, and `e^0.3 = 1.35`: the
-#   softmax barely prefers anything. So every output row is close to the plain
-#   average of the five real value rows, `(0.30, 0.32, 0.34, 0.36)`.
+# * The weights are nearly uniform: the last line printed above gives their range.
+#   With `d_k = 4` and small made-up entries the scaled scores of a row differ by
+#   little, and the softmax can prefer one key by at most the exponential of that
+#   difference. So every output row is close to the plain average of the five real
+#   value rows (printed on the same line).
 # * The `[pad]` **row** (a padding query) still gets an output. The padding mask of
 #   section 3.2.3 masks *keys*; whatever a padding query computes is thrown away
 #   later, because the loss ignores padding targets (`attn.loss.cross_entropy`'s
 #   `pad_id`).
 #
-# Why not literally `-inf`, as the paper and the notes write? Because a row whose
+# Why not literally `-inf`, as the paper and most tutorials write? Because a row whose
 # keys are *all* masked would become `exp(-inf - (-inf)) = exp(nan)`, and NaN spreads
 # through everything downstream. The library fills with `finfo(dtype).min`, the most
 # negative finite number (not a magic `-1e4`, which a large enough logit would beat)
@@ -129,15 +136,15 @@ with np.errstate(invalid="ignore"):
 print("the same with a literal -inf ->", e / e.sum())
 
 # %% [markdown]
-# ### The notes' numbers, checked
+# ### The slides' numbers, checked
 #
 # Every number the slides print, typed in as printed, compared with the library's.
 # A printed number is *rounded* if it is the true value rounded to the digits shown,
-# *truncated* if the digits were cut off instead (0.2164 printed as 0.21), and
-# *wrong* otherwise.
+# *truncated* if the digits were cut off instead (a true 0.2164 printed as 0.21),
+# and *wrong* otherwise.
 
 # %%
-SEED = {
+SLIDES = {
     "Q K^T": (scores, """
 0.3 0.4 0.5 0.2 0.3 0.1
 0.4 0.54 0.68 0.3 0.44 0.14
@@ -176,7 +183,7 @@ def classify(printed: str, truth: float) -> str:
 
 
 verdicts = {}
-for name, (truth, text) in SEED.items():
+for name, (truth, text) in SLIDES.items():
     rows = [line.split() for line in text.strip().splitlines()]
     counts = {"rounded": 0, "truncated": 0, "WRONG": 0}
     for i, row in enumerate(rows):
@@ -188,19 +195,26 @@ for name, (truth, text) in SEED.items():
                 print(f"  {name}: row {queries[i]!r}, column {(keys + ['dim'] * 4)[j] if truth.shape[1] == 6 else j}: "
                       f"printed {s}, true {truth[i, j]:.4f}")
     print(f"{name:<22} rounded {counts['rounded']:>2}, truncated {counts['truncated']:>2}, wrong {counts['WRONG']}")
+slide_w = np.array([[float(v) for v in line.split()] for line in SLIDES["softmax (weights)"][1].strip().splitlines()])
+(_, bad_i, bad_j), = [k for k, v in verdicts.items() if v == "WRONG"]
+twin = int(np.flatnonzero(np.isclose(scaled[bad_i, :5], scaled[bad_i, bad_j]) & (np.arange(5) != bad_j))[0])
+print(f"the wrong entry: {queries[bad_i]} on {keys[bad_j]!r}, printed {slide_w[bad_i, bad_j]:.2f}, true "
+      f"{weights[bad_i, bad_j]:.4f}; its scaled score {scaled[bad_i, bad_j]:.2f} equals the score on {keys[twin]!r}, "
+      f"whose weight the slide prints {slide_w[bad_i, twin]:.2f}; the slide's row sums to {slide_w[bad_i].sum():.2f}; "
+      f"the slide's output row for {queries[bad_i]} is ({', '.join(SLIDES['weights @ V (output)'][1].split(chr(10))[bad_i + 1].split())}), "
+      f"true ({', '.join(f'{v:.4f}' for v in out_steps[bad_i])})")
 
 # %% [markdown]
-# The score tables are exact. In the weights and outputs the slides cut digits off
-# rather than round (0.2164 is printed 0.21; 0.1893 is printed 0.18), which is a
+# The score tables are exact. In the weights and outputs the slides often cut
+# digits off rather than round (the "truncated" counts above), which is a
 # presentation choice worth knowing when you compare numbers, not an error. One
-# entry is an error:
+# entry is an error, described in the last line printed above:
 #
-# * **weight of gyoyugeun (교육은) on "weapon": printed 0.10, true 0.1958.** The
-#   scaled score of that pair is 0.15, identical to the score on "Education", so the
-#   two weights must be identical too; they are 0.19 and 0.10 on the slide. The
-#   printed row sums to 0.88, not 1. The slide's *output* row for gyoyugeun
-#   (0.29, 0.32, 0.34, 0.36) is right, so the slide computed with the right weight
-#   and mistyped it.
+# * **the weight of gyoyugeun (교육은) on "weapon".** The scaled score of that pair
+#   is identical to its score on "Education", so the two weights must be identical
+#   too; the slide prints two different numbers, and its row does not sum to 1. The
+#   slide's *output* row for gyoyugeun agrees with the true one to the digits it
+#   prints, so the slide computed with the right weight and mistyped it.
 #
 # A good habit that catches this kind of slip at once: **every row of attention
 # weights sums to 1**, and equal scores in a row get equal weights.
@@ -283,7 +297,7 @@ ax[2].set_xticks(range(6), keys, rotation=45, ha="right"); ax[2].set_yticks(rang
 for i in range(5):
     for j in range(6):
         ax[2].text(j, i, f"{weights[i, j]:.3f}", ha="center", va="center", fontsize=7)
-ax[2].set_title("the notes' example: weights (pad column = 0)")
+ax[2].set_title("the slides' example: weights (pad column = 0)")
 fig.colorbar(im, ax=ax[2], fraction=0.04)
 fig.tight_layout(); show_figure(fig, "04_attention_scale.png")
 print("scaled / unscaled median gradient: " + ", ".join(
@@ -328,6 +342,20 @@ assert max(grad_scaled) / min(grad_scaled) < 1.5, "scaled softmax gradient shoul
 print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
       f"[{min(np.divide(var_dot, dks)):.3f}, {max(np.divide(var_dot, dks)):.3f}], and at d_k = 512 the unscaled "
       f"softmax gradient is {grad_unscaled[i512] / grad_scaled[i512]:.1e} of the scaled one.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. If the components of `q` and `k` are independent with mean 0 and variance 1,
+#    what is the variance of `q . k`, and what does dividing by `sqrt(d_k)` do to
+#    it?
+# 2. Using softmax's backward, explain why a nearly one-hot softmax passes almost no
+#    gradient back to the queries and keys.
+# 3. Why does the library fill masked scores with the most negative finite number
+#    instead of `-inf`, and what does a fully masked row give?
 
 
 # %% [markdown]

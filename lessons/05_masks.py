@@ -20,11 +20,11 @@
 # True where the query may attend. The softmax gives masked keys a weight of
 # exactly 0 (lesson 4).
 #
-# This lesson draws the masks on the study notes' example, checks the notes'
-# "masked attention" numbers, and then proves the point of the look-ahead mask
-# with an experiment: a tiny model trained to predict the next token of *random*
-# sequences. Random tokens cannot be predicted, so an honest model can do no
-# better than a uniform guess, loss `log V`. Without the mask the model gets
+# This lesson draws the masks on lesson 4's example, checks the "masked attention"
+# numbers that lesson 4's slide deck prints, and then proves the point of the
+# look-ahead mask with an experiment: a tiny model trained to predict the next token
+# of *random* sequences. Random tokens cannot be predicted, so an honest model can do
+# no better than a uniform guess, loss `log V`. Without the mask the model gets
 # near-zero loss anyway. It cheats.
 
 # %%
@@ -38,9 +38,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from attn.layers import (attention_forward, embedding_backward, embedding_forward, linear_backward,
-                         linear_forward, multi_head_attention_backward, multi_head_attention_forward,
-                         positional_backward, positional_forward, sinusoidal_table)
+from attn.layers import (attention_backward, attention_forward, attention_weights, embedding_backward,
+                         embedding_forward, linear_backward, linear_forward, positional_backward, positional_forward,
+                         sinusoidal_table)
 from attn.loss import cross_entropy
 from attn.masks import PAD_ID, causal_mask, decoder_mask, padding_mask
 
@@ -56,7 +56,7 @@ def show(title, table, rows, cols, fmt="{:9.4f}"):
 
 
 # %% [markdown]
-# ## 1. The three masks on the notes' example
+# ## 1. The three masks on lesson 4's example
 #
 # Same vectors as lesson 4: six English keys (the last one padding) and five Korean
 # tokens 교육은 가장 중요한 무기이다 [pad] (*gyoyugeun gajang jungyohan mugiida*),
@@ -85,27 +85,27 @@ for name, m in (("padding_mask(src_ids)", pad_m), ("causal_mask(5)", causal), ("
 # same triangle for every sentence. `decoder_mask` is their `&`: the triangle, with
 # the column of the target's own padding removed as well.
 #
-# ### The notes' "masked attention" example
+# ### The slides' "masked attention" example
 #
-# Seed 003 demonstrates the look-ahead mask with the *same* setting as its padding
-# example: Korean queries against English keys. Row `i` may see English keys
-# `0..i`, and the `[pad]` key never. We rebuild that mask from the library's pieces
-# (the first five rows of a 6 x 6 triangle, `&` the English padding mask), run
+# Lesson 4's slide deck demonstrates the look-ahead mask with the *same* setting as
+# its padding example: Korean queries against English keys. Row `i` may see English
+# keys `0..i`, and the `[pad]` key never. We rebuild that mask from the library's
+# pieces (the first five rows of a 6 x 6 triangle, `&` the English padding mask), run
 # `attention_forward`, and check the printed numbers as in lesson 4.
 
 # %%
-seed_mask = causal_mask(6, np)[:, :, :5, :] & pad_m                # (1, 1, 5, 6)
-out_m, cache_m = attention_forward(Q[None, None], K[None, None], K[None, None], seed_mask)
-w_m = cache_m.weights[0, 0]
-show("the notes' masked example: weights", w_m, kor, keys)
-show("the notes' masked example: output = weights @ V", out_m[0, 0], kor, [f"dim {j}" for j in range(4)])
+slide_mask = causal_mask(6, np)[:, :, :5, :] & pad_m                # (1, 1, 5, 6)
+out_m, cache_m = attention_forward(Q[None, None], K[None, None], K[None, None], slide_mask)
+w_m = attention_weights(cache_m)[0, 0]
+show("the slides' masked example: weights", w_m, kor, keys)
+show("the slides' masked example: output = weights @ V", out_m[0, 0], kor, [f"dim {j}" for j in range(4)])
 
-SEED_W = """1.00 0 0 0 0 0
+SLIDE_W = """1.00 0 0 0 0 0
 0.48 0.51 0 0 0 0
 0.30 0.33 0.36 0 0 0
 0.23 0.24 0.26 0.24 0 0
 0.19 0.20 0.20 0.19 0.20 0"""
-SEED_OUT = """0.1 0.2 0.3 0.4
+SLIDE_OUT = """0.1 0.2 0.3 0.4
 0.15 0.25 0.35 0.45
 0.20 0.30 0.40 0.50
 0.25 0.30 0.35 0.40
@@ -123,12 +123,12 @@ def classify(printed, truth):
     return "WRONG"
 
 
-seed_wrong = []
-for name, text, truth in (("weights", SEED_W, w_m), ("output", SEED_OUT, out_m[0, 0])):
+slide_wrong = []
+for name, text, truth in (("weights", SLIDE_W, w_m), ("output", SLIDE_OUT, out_m[0, 0])):
     v = [[classify(s, truth[i, j]) for j, s in enumerate(line.split())] for i, line in enumerate(text.splitlines())]
     flat = sum(v, [])
-    seed_wrong += [(name, i, j) for i, row in enumerate(v) for j, c in enumerate(row) if c == "WRONG"]
-    print(f"seed's masked {name}: {flat.count('rounded')} rounded, {flat.count('truncated')} truncated, "
+    slide_wrong += [(name, i, j) for i, row in enumerate(v) for j, c in enumerate(row) if c == "WRONG"]
+    print(f"the slides' masked {name}: {flat.count('rounded')} rounded, {flat.count('truncated')} truncated, "
           f"{flat.count('WRONG')} wrong")
 
 # %% [markdown]
@@ -148,13 +148,13 @@ for name, text, truth in (("weights", SEED_W, w_m), ("output", SEED_OUT, out_m[0
 # Korean sequence, with `decoder_mask(tgt_ids)`. (Encoder-decoder attention uses
 # only `padding_mask(src_ids)`, which is exactly lesson 4's computation.)
 #
-# A curiosity: the notes gave the four Korean words *the same vectors* as the
+# A curiosity: the slides gave the four Korean words *the same vectors* as the
 # first four English words, so the first four rows below coincide with the slide's
 # numbers. Only the `[pad]` query row differs, and that row is thrown away anyway.
 
 # %%
 out_d, cache_d = attention_forward(Q[None, None], Q[None, None], Q[None, None], dec_m)
-w_d = cache_d.weights[0, 0]
+w_d = attention_weights(cache_d)[0, 0]
 show("decoder self-attention over the Korean sequence, decoder_mask(tgt_ids)", w_d, kor, kor)
 
 # %%
@@ -186,10 +186,13 @@ fig.tight_layout(); show_figure(fig, "05_masks.png")
 #
 # ## 2. Without the look-ahead mask, the decoder cheats
 #
-# A deliberately tiny next-token predictor, built from the library's layer pairs:
+# A deliberately tiny next-token predictor, built from the layer pairs of lessons
+# 3 and 4 and a linear layer: one attention head whose queries, keys and values are
+# three learned projections of the same input (self-attention; lesson 6 splits this
+# into several heads):
 #
 # ```
-# ids (B, T) ─ embedding·sqrt(D) ─ + PE ─ multi-head self-attention(mask) ─ linear ─ logits (B, T, V)
+# ids (B, T) ─ embedding·sqrt(D) ─ + PE ─ x ─ attention(x W_q, x W_k, x W_v, mask) ─ linear ─ logits (B, T, V)
 # ```
 #
 # It is trained the way the decoder is trained (teacher forcing): feed tokens
@@ -201,7 +204,7 @@ fig.tight_layout(); show_figure(fig, "05_masks.png")
 # backward are the library's, Adam is eight lines below.
 
 # %%
-V, T, D, H, Bsz = 16, 8, 32, 4, 32
+V, T, D, Bsz = 16, 8, 32, 32
 steps = 150 if QUICK else 400
 table = sinusoidal_table(T, D, dtype="float64")
 
@@ -210,15 +213,18 @@ def init_params(seed):
     r = np.random.default_rng(seed)
     p = {"emb": r.normal(0, D ** -0.5, (V, D)),
          "w_out": r.normal(0, D ** -0.5, (D, V)), "b_out": np.zeros(V)}
-    for n in "qkvo":
+    for n in "qkv":
         p["w_" + n] = r.normal(0, D ** -0.5, (D, D)); p["b_" + n] = np.zeros(D)
     return p
 
 
 class Caches(NamedTuple):
-    """The four layers' caches, by name: emb, pos, att (a MultiHeadCache), out."""
+    """The layers' caches, by name: emb, pos, the three projections, att (attention_forward's), out."""
     emb: object
     pos: object
+    q: object
+    k: object
+    v: object
     att: object
     out: object
 
@@ -227,21 +233,24 @@ def forward(p, ids, mask):
     """ids (B, T) -> logits (B, T, V), caches."""
     e, c_emb = embedding_forward(ids, p["emb"], np.sqrt(D))          # (B, T, D)
     x, c_pos = positional_forward(e, table)                           # (B, T, D)
-    a, c_att = multi_head_attention_forward(x, x, p["w_q"], p["b_q"], p["w_k"], p["b_k"], p["w_v"], p["b_v"],
-                                            p["w_o"], p["b_o"], H, mask)   # (B, T, D)
-    logits, c_out = linear_forward(a, p["w_out"], p["b_out"])         # (B, T, V)
-    return logits, Caches(c_emb, c_pos, c_att, c_out)
+    q, c_q = linear_forward(x, p["w_q"], p["b_q"])                    # (B, T, D) each
+    k, c_k = linear_forward(x, p["w_k"], p["b_k"])
+    v, c_v = linear_forward(x, p["w_v"], p["b_v"])
+    a, c_att = attention_forward(q[:, None], k[:, None], v[:, None], mask)   # (B, 1, T, D): one head
+    logits, c_out = linear_forward(a[:, 0], p["w_out"], p["b_out"])   # (B, T, V)
+    return logits, Caches(c_emb, c_pos, c_q, c_k, c_v, c_att, c_out)
 
 
 def backward(dlogits, caches):
-    """The forward in reverse; self-attention's x fed both the queries and the keys/values."""
-    c_emb, c_pos, c_att, c_out = caches.emb, caches.pos, caches.att, caches.out
+    """The forward in reverse; x fed the queries, the keys and the values, so its gradient is the sum."""
     g = {}
-    da, g["w_out"], g["b_out"] = linear_backward(dlogits, c_out)
-    (dxq, dxkv, g["w_q"], g["b_q"], g["w_k"], g["b_k"], g["w_v"], g["b_v"],
-     g["w_o"], g["b_o"]) = multi_head_attention_backward(da, c_att)
-    dx, _ = positional_backward(dxq + dxkv, c_pos)                    # the sinusoids have no parameters
-    g["emb"] = embedding_backward(dx, c_emb)
+    da, g["w_out"], g["b_out"] = linear_backward(dlogits, caches.out)
+    dq, dk, dv = attention_backward(da[:, None], caches.att)         # (B, 1, T, D) each
+    dxq, g["w_q"], g["b_q"] = linear_backward(dq[:, 0], caches.q)
+    dxk, g["w_k"], g["b_k"] = linear_backward(dk[:, 0], caches.k)
+    dxv, g["w_v"], g["b_v"] = linear_backward(dv[:, 0], caches.v)
+    dx, _ = positional_backward(dxq + dxk + dxv, caches.pos)         # the sinusoids have no parameters
+    g["emb"] = embedding_backward(dx, caches.emb)
     return g
 
 
@@ -288,7 +297,7 @@ print(f"without the mask: last position {pos_open[-1]:.2f}, divided over the {T}
       f"{pos_open[-1] / T:.2f}; the other positions add {pos_open[:-1].sum() / T:.2f}")
 
 # %% [markdown]
-# With the mask the loss sits at `log 16 = 2.77` at every position: the model
+# With the mask the loss sits at `log V` (printed above) at every position: the model
 # learned the only honest thing, that the next token is a 16-sided die. Without the
 # mask every position but the last is nearly perfect. The last one, `t = 7`, has
 # nothing to copy (its answer `s_8` is not in the input) and is actually *worse*
@@ -309,14 +318,12 @@ print(f"without the mask: last position {pos_open[-1]:.2f}, divided over the {T}
 probe = np.random.default_rng(3).integers(0, V, (1, T))
 _, c_open = forward(p_open, probe, None)
 _, c_mask = forward(p_masked, probe, causal_mask(T, np))
-w_open = c_open.att.attn.weights[0]                                    # (H, T, T)
-w_mask = c_mask.att.attn.weights[0]
-next_weight = np.array([[w_open[h, t, t + 1] for t in range(T - 1)] for h in range(H)])   # (H, T-1)
-best = int(next_weight.mean(1).argmax())
-print("weight each head of the unmasked model puts on key t+1, per query t:")
+w_open = attention_weights(c_open.att)[0, 0]                           # (T, T)
+w_mask = attention_weights(c_mask.att)[0, 0]
+next_weight = np.array([w_open[t, t + 1] for t in range(T - 1)])       # (T-1,)
+print("weight the unmasked model puts on key t+1, per query t:")
 print(next_weight)
-print(f"head {best} averages {next_weight[best].mean():.3f}; all heads together "
-      f"{next_weight.mean():.3f} (a uniform head would give {1 / T:.3f})")
+print(f"on average {next_weight.mean():.3f} (a uniform head would give {1 / T:.3f})")
 
 fig, ax = plt.subplots(1, 3, figsize=(16, 4.3))
 ax[0].plot(loss_masked, label="with causal_mask")
@@ -330,9 +337,9 @@ ax[1].bar(xs + 0.2, pos_open, 0.4, label="without mask")
 ax[1].axhline(np.log(V), color="k", ls=":", lw=1)
 ax[1].set_xlabel("position t (predicts token t+1)"); ax[1].set_ylabel("held-out loss"); ax[1].legend(fontsize=8)
 ax[1].set_title("the last position has nothing to copy")
-im = ax[2].imshow(w_open[best], cmap="Blues", vmin=0, vmax=1)
+im = ax[2].imshow(w_open, cmap="Blues", vmin=0, vmax=1)
 ax[2].set_xlabel("key position"); ax[2].set_ylabel("query position")
-ax[2].set_title(f"unmasked model, head {best}: query t reads key t+1")
+ax[2].set_title("unmasked model: query t reads key t+1")
 fig.colorbar(im, ax=ax[2], fraction=0.046)
 fig.tight_layout(); show_figure(fig, "05_cheating.png")
 
@@ -381,13 +388,14 @@ assert causal.shape == (1, 1, 5, 5) and np.array_equal(causal[0, 0], tri)
 assert pad_m.shape == (1, 1, 1, 6) and pad_m.ravel().tolist() == [True] * 5 + [False]
 assert np.array_equal(dec_m[0, 0], tri & (tgt_ids[0] != PAD_ID)[None, :])
 assert np.all(w_d[~dec_m[0, 0]] == 0.0) and np.allclose(w_d.sum(-1), 1.0)
-assert np.all(w_m[~seed_mask[0, 0]] == 0.0), "masked weights must be exactly zero"
-assert seed_wrong == [], seed_wrong
+assert np.all(w_m[~slide_mask[0, 0]] == 0.0), "masked weights must be exactly zero"
+assert slide_wrong == [], slide_wrong
 logV = np.log(V)
 assert abs(pos_masked.mean() - logV) < 0.05, f"masked model should stay at log V = {logV:.3f}, got {pos_masked.mean():.3f}"
 assert pos_masked.min() > logV - 0.05, "an honest model cannot beat log V on random tokens"
 assert pos_open[:-1].mean() < 0.1 * logV, f"unmasked model should read the answer: {pos_open[:-1].mean():.3f}"
 assert loss_open[-20:].mean() < 0.5 * loss_masked[-20:].mean()
+assert next_weight.mean() > 3 / T, f"the unmasked model should read key t+1: {next_weight.mean():.3f}"
 assert exact, "with the look-ahead mask, later tokens changed earlier outputs"
 assert min(leak) > 1e-3, "without the mask, later tokens should change earlier outputs"
 print(f"Check passed: masked loss {pos_masked.mean():.3f} ~ log V = {logV:.3f}; unmasked loss at positions "
@@ -395,9 +403,23 @@ print(f"Check passed: masked loss {pos_masked.mean():.3f} ~ log V = {logV:.3f}; 
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does a decoder trained without the look-ahead mask reach a near-zero loss
+#    on random tokens, and why is its last position *worse* than a uniform guess?
+# 2. Where does the look-ahead mask belong, and why is it wrong to apply it in
+#    encoder-decoder attention?
+# 3. Why does `padding_mask` have a single row, and why is the padding *query* row
+#    not blanked?
+
+
+# %% [markdown]
 # ## Exercise
 #
-# Now write `padding_mask` and the look-ahead `causal_mask` yourself. The starter
+# Now write `padding_mask`, the look-ahead `causal_mask` and `decoder_mask` (the two
+# combined with the target's padding) yourself. The starter
 # `lessons/exercises/05_masks.py` has the signatures, and the shapes and formulas in its
 # docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
 # work:

@@ -6,7 +6,7 @@
 #
 # with `W_i^Q, W_i^K in R^{d_model x d_k}`, `W_i^V in R^{d_model x d_v}`,
 # `W^O in R^{h d_v x d_model}`, and in the paper `h = 8`, `d_k = d_v = d_model / h = 64`.
-# (Seed 002 writes `W_i^O`, one output matrix per head. The paper has a single
+# (Blog posts often write `W_i^O`, one output matrix per head. The paper has a single
 # `W^O`. Its row block `i` does act on head `i` alone, since
 # `Concat(head_1..head_h) W^O = sum_i head_i W^O[i d_v:(i+1) d_v, :]`; but the
 # blocks are added up, so every output dimension mixes all the heads, and it is
@@ -37,8 +37,8 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 
 import numpy as np
 
-from attn.layers import (attention_backward, attention_forward, merge_heads, multi_head_attention_backward,
-                         multi_head_attention_forward, sinusoidal_table, split_heads)
+from attn.layers import (attention_backward, attention_forward, attention_weights, merge_heads,
+                         multi_head_attention_backward, multi_head_attention_forward, sinusoidal_table, split_heads)
 from attn.masks import padding_mask
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
@@ -125,7 +125,7 @@ order = ["w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o"]
 out_lib, cache = multi_head_attention_forward(x_q, x_kv, *[params[n] for n in order], n_heads=H, mask=mask)
 out_loop, saved = mha_loop_forward(x_q, x_kv, params, H, mask)
 fwd_diff = np.abs(out_lib - out_loop).max()
-w_diff = max(np.abs(cache.attn.weights[:, i] - saved[1][i].weights).max() for i in range(H))
+w_diff = max(np.abs(attention_weights(cache)[:, i] - attention_weights(saved[1][i])).max() for i in range(H))
 
 dout = rng.standard_normal(out_lib.shape)
 grads_lib = multi_head_attention_backward(dout, cache)          # dx_q, dx_kv, dw_q, db_q, ..., dw_o, db_o
@@ -165,33 +165,35 @@ for n, d in bwd_diff.items():
 # | scores `Q K^T` | `n^2 D` | `h * n^2 * D/h = n^2 D` |
 # | weighted sum `W V` | `n^2 D` | `h * n^2 * D/h = n^2 D` |
 #
-# We do not count by formula, we count from the shapes the library actually used:
-# the caches hold every array that went into a matrix product.
+# We do not count by formula, we count from shapes: of the inputs, of the weight
+# matrices the layer multiplies by, and of the attention weights it returned
+# (`attn.layers.attention_weights(cache)`, `(B, h, Tq, Tk)`: one table per head, which
+# is how we learn how many heads ran and how wide each was).
 
 # %%
-def count_params(cache):
+def count_params(p, cache):
     """Weights (biases aside, 4*D in every case) two ways: the (D, D) arrays the library
-    multiplied by, read from the cache, and the paper's h separate matrices per projection
-    (W_i^Q, W_i^K: D x d_k; W_i^V: D x d_v; W^O: h*d_v x D) with d_k = d_v = D/h."""
-    lib = sum(lin.w.size for lin in (cache.lin_q, cache.lin_k, cache.lin_v, cache.lin_o))
-    D, h = cache.lin_q.w.shape[0], cache.H
+    multiplied by (p, in the order w_q, b_q, ..., w_o, b_o), and the paper's h separate matrices
+    per projection (W_i^Q, W_i^K: D x d_k; W_i^V: D x d_v; W^O: h*d_v x D), d_k = d_v = D/h."""
+    lib = sum(w.size for w in p[0::2])
+    D, h = p[0].shape[0], attention_weights(cache).shape[1]
     d_k = d_v = D // h
     paper = h * (D * d_k + D * d_k + D * d_v) + (h * d_v) * D
     return lib, paper
 
 
-def count_macs(cache):
-    """Multiply-adds of one multi_head_attention_forward, read off the shapes in its cache."""
-    proj = 0
-    for lin in (cache.lin_q, cache.lin_k, cache.lin_v, cache.lin_o):
-        rows = int(np.prod(lin.x.shape[:-1]))
-        proj += rows * lin.w.shape[0] * lin.w.shape[1]           # (rows, Din) @ (Din, Dout)
-    q, k, v = cache.attn.q, cache.attn.k, cache.attn.v           # (B, H, Tq, Dh), (B, H, Tk, Dh), (B, H, Tk, Dv)
-    *lead, Tq, Dk = q.shape
-    Tk, Dv = v.shape[-2:]
-    scores = int(np.prod(lead)) * Tq * Tk * Dk                   # Q K^T, per head, all heads
-    wsum = int(np.prod(lead)) * Tq * Tk * Dv                     # weights @ V
-    n_exp = int(np.prod(cache.attn.weights.shape))               # softmax entries: B*H*Tq*Tk
+def count_macs(x_q, x_kv, p, cache):
+    """Multiply-adds of one multi_head_attention_forward, read off the shapes of its inputs,
+    its weight matrices and the attention weights it returned."""
+    rows_q, rows_kv = int(np.prod(x_q.shape[:-1])), int(np.prod(x_kv.shape[:-1]))
+    w_q, w_k, w_v, w_o = p[0::2]
+    proj = sum(r * w.shape[0] * w.shape[1] for r, w in ((rows_q, w_q), (rows_kv, w_k), (rows_kv, w_v), (rows_q, w_o)))
+    weights = attention_weights(cache)                           # (B, H, Tq, Tk)
+    Bsz, h, Tq, Tk = weights.shape
+    Dk, Dv = w_q.shape[1] // h, w_v.shape[1] // h                # each head's slice of the columns
+    scores = Bsz * h * Tq * Tk * Dk                              # Q K^T, per head, all heads
+    wsum = Bsz * h * Tq * Tk * Dv                                # weights @ V
+    n_exp = weights.size                                         # softmax entries: B*H*Tq*Tk
     return proj, scores, wsum, n_exp
 
 
@@ -202,9 +204,9 @@ hs = [h for h in (1, 2, 4, 8, 16, 32, 64) if D_cost % h == 0]
 rows = []
 for h in hs:
     _, c = multi_head_attention_forward(x, x, *pp, n_heads=h)
-    lib_w, paper_w = count_params(c)
+    lib_w, paper_w = count_params(pp, c)
     assert lib_w == paper_w, (h, lib_w, paper_w)
-    rows.append((h, D_cost // h, lib_w) + count_macs(c))
+    rows.append((h, D_cost // h, lib_w) + count_macs(x, x, pp, c))
 print(f"self-attention, n = {n_tok} tokens, d_model = {D_cost}")
 print(f"{'h':>3} {'d_k':>4} {'weights':>9} {'proj MACs':>11} {'QK^T MACs':>10} {'WV MACs':>9} "
       f"{'total MACs':>11} {'softmax entries':>16}")
@@ -251,7 +253,7 @@ for i, k in enumerate(offsets):
     w_k[:, i * Dhp:(i + 1) * Dhp] = np.eye(Dp)[:, :Dhp]
 eye, zero = np.eye(Dp), np.zeros(Dp)
 _, cache_p = multi_head_attention_forward(pe, pe, w_q, zero, w_k, zero, eye, zero, eye, zero, n_heads=Hp)
-wp = cache_p.attn.weights[0]                                    # (4, 12, 12)
+wp = attention_weights(cache_p)[0]                              # (4, 12, 12)
 hits = {}
 for i, k in enumerate(offsets):
     ts = [t for t in range(Tp) if 0 <= t + k < Tp]
@@ -310,6 +312,19 @@ assert [r[6] for r in rows] == [h * n_tok * n_tok for h in hs]
 assert all(hits.values()), hits
 print(f"Check passed: loop == reshape (forward {fwd_diff:.1e}, backward {max(bwd_diff.values()):.1e}); "
       f"{h1[2]:,} weights and {h1[3] + h1[4] + h1[5]:,} multiply-adds for every h in {hs}.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why do `h` heads of width `d_model / h` cost the same parameters and multiply-
+#    adds as one head of full width? What does grow with `h`?
+# 2. Is `W^O` one matrix per head? How does head `i`'s output reach every output
+#    dimension?
+# 3. Four heads attend to four relative positions at once; what would one head have
+#    to do instead, and what would its output be?
 
 
 # %% [markdown]

@@ -22,22 +22,22 @@
 #    not *batch* norm (statistics over the batch) for padded sentences of different
 #    lengths.
 #
-# Three things the study notes get wrong here, checked against the paper:
+# Three things tutorials and blog posts often get wrong here, checked against the paper:
 #
-# * There is **one** ReLU in the FFN, between the two linear maps; the second
-#   linear map has no activation (equation 2). Seed 001 says both dense layers use
-#   ReLU. A ReLU at the end would make every sub-layer output non-negative, and
-#   the residual stream could then only ever grow in the positive direction.
-# * Seed 000 says the residual connection and layer norm are there to prevent
-#   overfitting. They are not regularisers; the paper's regularisers are dropout
+# * There is **one** ReLU in the FFN, between the two linear maps; the second linear
+#   map has no activation (equation 2). A common summary says "both dense layers use
+#   ReLU". A ReLU at the end would make every sub-layer output non-negative, and the
+#   residual stream could then only ever grow in the positive direction.
+# * Another says "the residual connection and layer norm are there to prevent
+#   overfitting". They are not regularisers; the paper's regularisers are dropout
 #   and label smoothing (section 5.4). Add & Norm is about *optimisation*: getting
 #   a usable gradient to every layer and keeping activations at a stable scale,
 #   which is what part 1 measures.
-# * Seed 004's batch-norm formulas mix up their limits
+# * Batch-norm formulas copied between blog posts often mix up their limits
 #   (`mu = 1/M sum_{m=1}^{N}`, `sigma^2 = 1/M sum_{m=1}^{K}`). Batch norm averages
 #   feature `k` over the `M` examples of the mini-batch, both sums `m = 1..M`; layer
-#   norm averages over the `K` features of one example. (Seed 000 also calls `sigma`
-#   the variance; it is the standard deviation, `sigma^2` the variance.)
+#   norm averages over the `K` features of one example. (Summaries also often call
+#   `sigma` the variance; it is the standard deviation, `sigma^2` the variance.)
 
 # %%
 import os, sys
@@ -65,7 +65,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # | norm only | `x <- LN(FFN(x))` | |
 # | residual only | `x <- x + FFN(x)` | |
 # | post-norm | `x <- LN(x + FFN(x))` | **the paper** |
-# | pre-norm | `x <- x + FFN(LN(x))` | later work; `TransformerConfig(norm="pre")` |
+# | pre-norm | `x <- x + FFN(LN(x))` | later work (e.g. Xiong et al. 2020); lesson 9's model offers it |
 #
 # We push a batch of random unit-variance tokens through the stack, take a random
 # upstream gradient `g` at the top (so the "loss" is `sum(out * g)`, as in a gradient
@@ -346,6 +346,20 @@ assert max(pad_diff["batch norm (naive)"]) > 0.1 and max(mate_diff["batch norm (
 assert max(pad_diff["batch norm (masked)"]) < 1e-12
 print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs residual {grad['residual only'][0]:.1e} "
       f"vs post-norm {grad['post-norm'][0]:.1e}; predicted slopes match; layer norm batch-independent, batch norm not.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why would a ReLU after the feed-forward network's second linear map be a
+#    problem for the residual stream?
+# 2. In the gradient-flow experiment, why does post-norm keep the gradient at the
+#    first layer at a usable size, and why is layer norm alone not enough once
+#    training changes the sub-layers?
+# 3. Why is layer norm, rather than batch norm, the right normalisation for padded
+#    batches of sentences?
 
 
 # %% [markdown]

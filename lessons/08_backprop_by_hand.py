@@ -39,7 +39,6 @@ from attn.gradcheck import check_layer, numerical_gradient, numerical_gradient_o
 from attn.layers import (attention_backward, attention_forward, layer_norm_backward, layer_norm_forward,
                          multi_head_attention_backward, multi_head_attention_forward, softmax_backward,
                          softmax_forward)
-from attn.layers.softmax import SoftmaxCache
 from attn.masks import padding_mask
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
@@ -163,9 +162,10 @@ args_att = {"q": rng.standard_normal((Bq, Hq, Tq, dk)), "k": rng.standard_normal
 
 
 def attention_backward_broken(dout, cache):
-    q, k, v, w = cache.q, cache.k, cache.v, cache.weights
+    q, k, v, w = cache.q, cache.k, cache.v, cache.weights                # AttentionCache's documented fields
     dvv = w.swapaxes(-1, -2) @ dout
-    ds = softmax_backward(dout @ v.swapaxes(-1, -2), SoftmaxCache(w))     # forgot "* scale"
+    dw = dout @ v.swapaxes(-1, -2)
+    ds = w * (dw - (dw * w).sum(-1, keepdims=True))                      # section 1's softmax backward; forgot "* scale"
     return ds @ k, ds.swapaxes(-1, -2) @ q, dvv
 
 
@@ -231,8 +231,8 @@ check_and_report("multi_head_attention", multi_head_attention_forward, multi_hea
 # That is the *truncation* error, falling as `h` shrinks. The *rounding* error rises:
 # `f` is only known to about `eps * |f|` (machine epsilon: 1e-16 in float64, 1e-7 in
 # float32), and dividing by `h` magnifies it to `eps/h`. The best `h` balances the
-# two: for central differences about `eps^(1/3)`, which in float64 is `h ~ 1e-5`
-# with errors near 1e-11, far below the 0.1 a real bug produces. We measure it on
+# two: for central differences `h ~ eps^(1/3)`, with errors near `eps^(2/3)`: in
+# float64 far below what a real bug produces. We measure it on
 # the softmax, in both precisions.
 
 # %%
@@ -292,27 +292,40 @@ ax[1].axhline(1e-3, color="k", ls="--", lw=1)
 ax[1].set_xlabel("step h"); ax[1].set_ylabel("rel_error(analytic, numerical)")
 ax[1].set_title("softmax: truncation error (right) vs rounding error (left)"); ax[1].legend(fontsize=8)
 fig.tight_layout(); show_figure(fig, "08_gradient_checks.png")
+green = [v for (_, _, t), v in zip(order, vals) if t == "correct"]
+red = [v for c, v in zip(colors, vals) if c == "tab:red"]
+grey = [v for c, v in zip(colors, vals) if c == "lightgray"]
+best = {dt: (min(sweep[dt, "central"]), hs[int(np.argmin(sweep[dt, "central"]))]) for dt in ("float64", "float32")}
+i6 = int(np.argmin(np.abs(np.log10(hs) + 6)))                   # h = 1e-6, the library's step
+margin = {dt: np.log10(min(red) / best[dt][0]) for dt in best}
+print(f"correct backwards: rel errors {min(green):.0e} to {max(green):.0e}; the arguments a bug touched: "
+      f"{min(red):.2f} to {max(red):.2f}; untouched arguments of broken backwards: up to {max(grey):.0e}.")
+print(f"central differences bottom out at {best['float64'][0]:.0e} (h = {best['float64'][1]:.0e}) in float64 and "
+      f"{best['float32'][0]:.0e} (h = {best['float32'][1]:.0e}) in float32; at the library's h = {hs[i6]:.0e} float32 "
+      f"is off by {sweep['float32', 'central'][i6]:.0%}. Margin between the best estimate and the smallest bug: "
+      f"{margin['float64']:.0f} orders of magnitude in float64, {margin['float32']:.0f} in float32.")
 
 # %% [markdown]
-# Left: the green bars (every argument of every correct backward) sit around 1e-10,
-# many orders of magnitude below the dotted 1e-7 line; the red ones (the arguments
-# a broken backward gets wrong) jump to 0.1..0.3, and the grey ones (arguments
-# whose formula the bug did not touch) stay down with the green.
-# A check passes or fails by six or more orders of magnitude, not by a hair: there
-# is no need to fiddle with tolerances. The key bias sits at 1e-10 too, because
-# `rel_error` switched to the absolute difference for it.
+# Left: the green bars (every argument of every correct backward) sit many orders
+# of magnitude below the dotted 1e-7 line; the red ones (the arguments a broken
+# backward gets wrong) jump far above the dashed 1e-3 line, and the grey ones
+# (arguments whose formula the bug did not touch) stay down with the green. The
+# first line printed under the figure gives the ranges. A check passes or fails by
+# orders of magnitude, not by a hair: there is no need to fiddle with tolerances.
+# The key bias sits down with the green too, because `rel_error` switched to the
+# absolute difference for it.
 #
 # Right: going right to left, the error first falls (truncation, slope 2 for
-# central and 1 for forward differences on a log-log plot) and then rises again
-# (rounding, slope -1). In float64 the central difference bottoms out near 1e-11
-# at `h ~ 1e-5`; `attn.gradcheck` uses `h = 1e-6`. In float32 the curve is shifted
-# up and to the right: the best it can do is about 1e-5, and only at a large,
-# hand-tuned `h ~ 1e-2`. At `h = 1e-6` the float32 estimate is off by several
-# percent, so a *correct* backward would fail; below `h ~ 1e-7`, `x + h` rounds back
-# to `x` in float32 and the estimate is exactly 0 (error 1). The margin between
-# right (1e-5) and a gross bug (1e-1) shrinks from ten orders of magnitude to four,
-# and a subtle bug (a small term missing, an `eps` in the wrong place) would hide in
-# it. That is why gradient checks run in float64 while training runs in float32.
+# central and 1 for forward differences on a log-log plot, as fitted above) and
+# then rises again (rounding, slope -1). The second line under the figure says where
+# each precision bottoms out; `attn.gradcheck` uses `h = 1e-6`. In float32 the curve
+# is shifted up and to the right: its best is far worse, and only at a large,
+# hand-tuned `h`. At `h = 1e-6` the float32 estimate is off by a large fraction, so
+# a *correct* backward would fail; for even smaller `h`, `x + h` rounds back to `x`
+# in float32 and the estimate is exactly 0 (error 1). The margin between right and a
+# gross bug shrinks by many orders of magnitude (printed), and a subtle bug (a small
+# term missing, an `eps` in the wrong place) would hide in what is left. That is why
+# gradient checks run in float64 while training runs in float32.
 #
 # ## Check
 #
@@ -331,11 +344,23 @@ assert bad[("attention", "q", "broken")] > 1e-3 and bad[("attention", "k", "brok
 assert bad[("attention", "v", "broken")] < 1e-7
 assert np.abs(db_k).max() < 1e-12 and naive > 1e-3, "the key bias's true gradient is zero"
 assert 1.7 < slope["central"] < 2.3 and 0.8 < slope["forward"] < 1.2, slope
-i6 = int(np.argmin(np.abs(np.log10(hs) + 6)))                   # h = 1e-6, the library's step
 assert min(sweep["float64", "central"]) < 1e-9 and min(sweep["float32", "central"]) > 1e-6
 assert sweep["float64", "central"][i6] < 1e-8 and sweep["float32", "central"][i6] > 1e-2
 print(f"Check passed: {len(corr)} correct gradients, largest rel error {max(corr.values()):.1e}; "
       f"broken backwards caught with errors {', '.join(f'{v:.1e}' for v in bad.values() if v > 1e-3)}.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Derive softmax's backward, `dx = y * (dy - sum(dy * y))`, without writing the
+#    Jacobian.
+# 2. Why is the true gradient of the key bias `b^K` exactly zero, and how does
+#    `rel_error` keep that from failing the check?
+# 3. Why do gradient checks run in float64? What goes wrong with a central
+#    difference in float32 at `h = 1e-6`?
 
 
 # %% [markdown]

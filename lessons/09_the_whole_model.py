@@ -16,7 +16,7 @@
 #    `Transformer.forward` computes.
 # 2. **Parameter count.** The base model of Table 3 has "65M" parameters. We count
 #    the library's parameters, derive the same number by a formula, and explain why
-#    both give 63.1M, not 65M.
+#    both fall short of 65M.
 # 3. **Shared embeddings (section 3.4).** "We share the same weight matrix between
 #    the two embedding layers and the pre-softmax linear transformation." One
 #    matrix used three times gets three gradient contributions; we show that the
@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from attn.data import TOY_DIR, Vocab, encode_pairs, make_batches, read_parallel, tokenize
-from attn.layers import (embedding_forward, feed_forward_forward, layer_norm_forward,
+from attn.layers import (attention_weights, embedding_forward, feed_forward_forward, layer_norm_forward,
                          multi_head_attention_forward, positional_forward, sinusoidal_table)
 from attn.loss import cross_entropy
 from attn.masks import decoder_mask, padding_mask
@@ -112,7 +112,7 @@ x = embedding_forward(src, E, math.sqrt(D))[0]; show("src embedding * sqrt(d_mod
 x = positional_forward(x, pe)[0]; show("+ positional encoding", x)
 for i in range(cfg.n_encoder_layers):
     a, c = mha(f"encoder.{i}.self_attn", x, x, src_mask)
-    show(f"  layer {i} self-attention weights", c.attn.weights)   # (B, H, S, S)
+    show(f"  layer {i} self-attention weights", attention_weights(c))   # (B, H, S, S)
     x = norm(f"encoder.{i}.norm1", x + a); show(f"  layer {i} LayerNorm(x + SelfAttn(x))", x)
     x = norm(f"encoder.{i}.norm2", x + ffn(f"encoder.{i}.ffn", x)[0]); show(f"  layer {i} LayerNorm(x + FFN(x))", x)
 memory = x; show("memory (encoder output)", memory)
@@ -123,10 +123,10 @@ y = embedding_forward(tgt_in, E, math.sqrt(D))[0]; show("tgt embedding * sqrt(d_
 y = positional_forward(y, pe)[0]; show("+ positional encoding", y)
 for i in range(cfg.n_decoder_layers):
     a, c = mha(f"decoder.{i}.self_attn", y, y, tgt_mask)
-    show(f"  layer {i} masked self-attention weights", c.attn.weights)   # (B, H, T, T)
+    show(f"  layer {i} masked self-attention weights", attention_weights(c))   # (B, H, T, T)
     y = norm(f"decoder.{i}.norm1", y + a); show(f"  layer {i} LayerNorm(y + MaskedSelfAttn(y))", y)
     a, c = mha(f"decoder.{i}.cross_attn", y, memory, src_mask)
-    show(f"  layer {i} cross-attention weights", c.attn.weights)         # (B, H, T, S)
+    show(f"  layer {i} cross-attention weights", attention_weights(c))       # (B, H, T, S)
     y = norm(f"decoder.{i}.norm2", y + a); show(f"  layer {i} LayerNorm(y + CrossAttn(y, memory))", y)
     y = norm(f"decoder.{i}.norm3", y + ffn(f"decoder.{i}.ffn", y)[0]); show(f"  layer {i} LayerNorm(y + FFN(y))", y)
 logits_hand = y @ E.T; show("logits = decoder output @ E^T", logits_hand)
@@ -153,22 +153,23 @@ print(f"\nmax |ours - library|: memory {diff_memory:.1e}, logits {diff_logits:.1
 # The hand-written pass agrees with `Transformer.forward` to rounding, so the table
 # *is* the library's model.
 #
-# **Two slips in the study notes, and what the code says.**
+# **Two common slips in summaries of the paper, and what the code says.**
 #
-# * Seed 000 lists the decoder's three sub-layers as masked self-attention,
-#   "Multi-Head Self-Attention" and the FFN. The second one is not self-attention:
+# * Summaries often list the decoder's three sub-layers as "masked self-attention,
+#   multi-head self-attention and the FFN". The second one is not self-attention:
 #   it is **encoder-decoder attention** (section 3.2.3), with queries from the
 #   decoder and keys and values from the encoder's output. Its weights are a
 #   `T x S` matrix, target rows against source columns (printed below), and changing
 #   only the source changes its output while the decoder's first sub-layer, the
 #   masked self-attention, does not notice.
-# * Seed 001 says the input embedding, the *positional* embedding and the
-#   pre-softmax linear layer share one weight matrix. Section 3.4 shares the matrix
+# * Others say "the input embedding, the positional embedding and the
+#   pre-softmax linear layer share one weight matrix". Section 3.4 shares the matrix
 #   between the two embedding layers (source and target) and the pre-softmax
 #   projection. The positional encoding is not a weight matrix at all: the sinusoids
 #   have no parameters, and with learned positions (Table 3, row E) each stack gets
-#   its own table, separate from the word embedding. The parameter names below say so. (`Transformer.attention_weights(cache)` returns the
-# same weight arrays by name; lesson 17 looks at them after training.)
+#   its own table, separate from the word embedding. The parameter names below say
+#   so. (`Transformer.attention_weights(cache)` returns the same weight arrays by
+#   name; lesson 17 looks at them after training.)
 #
 # %%
 w_a = Transformer.attention_weights(cache)                        # the forward pass above
@@ -241,7 +242,8 @@ for k, v in groups.items():
     print(f"  {k:<22} {v:>12,}  {v / n_base:6.1%}")
 
 # %% [markdown]
-# Our count is 63.1M, the paper says 65M. The layers are not the difference:
+# Our count (printed above, with the formula's) falls short of the paper's 65M.
+# The layers are not the difference:
 # Table 3 gives the count for a dozen variants, and the layer formula predicts how
 # every one of them changes. Take our layer count for each row and ask how many
 # embedding rows of width `d_model` would make up the paper's number:
@@ -261,19 +263,28 @@ for name, D_, F_, N_, H_, paper in table3:
     implied_V = (paper * 1e6 - layers_only) / D_
     rows.append((name, ours, paper, implied_V))
     print(f"{name:<18} {ours / 1e6:>13.1f}M {paper:>5}M {layers_only / 1e6:>11.1f}M {implied_V:>10,.0f}")
+family = [r for r in rows if r[0] != "big"]
+lo_V, hi_V = min(r[3] for r in family), max(r[3] for r in family)
+round_V = 0.5e6 / 512                                             # the paper rounds to whole millions
+big_ours, big_paper = next((r[1], r[2]) for r in rows if r[0] == "big")
+layers_base = n_base - base.vocab_size * 512
+print(f"base family: the paper's counts imply {lo_V / 1e3:.1f}k to {hi_V / 1e3:.1f}k embedding rows (rounding to whole "
+      f"millions moves each by up to +-{round_V:,.0f}); {base.vocab_size} rows give {n_base / 1e6:.1f}M. The big model: "
+      f"{big_ours / 1e6:.0f}M with {base.vocab_size} rows against the paper's {big_paper}M. The gap for base is "
+      f"{65 - n_base / 1e6:.1f}M parameters of the embedding; the layers' {layers_base / 1e6:.1f}M are not in question. "
+      f"The shared embedding is {groups['embedding (shared)'] / n_base:.0%} of the base model.")
 
 # %% [markdown]
-# Every row of the base family points to the same answer: the paper's counts fit
-# our layer formula plus a shared embedding of roughly 40-42 thousand rows (the
-# paper rounds to whole millions, which at `d_model = 512` moves the implied
-# vocabulary by up to ±1000). "About 37000 tokens" (section 5.1) gives 63.1M; a
-# vocabulary near 41k gives 65M. The big model is the odd one out: with 37000 rows
-# it comes to 214M against the paper's 213M, which fits 37000 better. The paper
-# does not say more, so we leave it there: the gap is about 2M parameters of the
-# embedding matrix, and the 44.1M of the layers are not in question.
+# Every row of the base family points to the same answer (the line under the
+# table gives the range): the paper's counts fit our layer formula plus a shared
+# embedding a few thousand rows larger than the "about 37000 tokens" of section
+# 5.1, and the paper's rounding to whole millions cannot explain the difference.
+# The big model is the odd one out: its count fits 37000 rows. The paper does not
+# say more, so we leave it there: the gap is parameters of the embedding matrix,
+# and the layers are not in question.
 #
-# Note also how much of the model the embedding is: 30% of the base model with
-# sharing. Without sharing it would be three such matrices, next section.
+# Note also how much of the model the embedding is (the last figure on that line).
+# Without sharing it would be three such matrices, next section.
 #
 # ## 3. One matrix, three uses, three gradients
 #
@@ -357,19 +368,28 @@ for i, v in enumerate(implied):
 ax[1].set_ylim(len(rows) - 0.5, -1.3); ax[1].set_xlim(0, 60)
 ax[1].set_xlabel("embedding rows that make the paper's count (thousands)")
 ax[1].set_title("(paper's count - library's layers) / d_model:\n"
-                "base family ~41k rows, big model ~36k")
+                f"base family {lo_V / 1e3:.0f}k-{hi_V / 1e3:.0f}k rows, big model {rows[-1][3] / 1e3:.0f}k")
 fig.tight_layout(); show_figure(fig, "09_parameters.png")
+layer_total = sum(v for k, v in groups.items() if k.startswith(("encoder", "decoder")))
+ffn_total = sum(v for k, v in groups.items() if k.endswith("ffn"))
+print(f"the feed-forward networks hold {ffn_total / layer_total:.0%} of the layers' parameters")
 
 # %% [markdown]
 # Left: where the base model's parameters live. The feed-forward networks hold
-# the largest share of the layers' parameters, 57% (`2 D F = 8 D^2` per layer,
+# the largest share of the layers' parameters (printed above; `2 D F = 8 D^2` per layer,
 # against `4 D^2` per attention block); the decoder is bigger than the encoder by its
 # cross-attention; layer norms are a rounding error; the shared embedding is the
 # largest single matrix, and untying would add the two hatched bars. Right: the
 # rows of Table 3 the library can express, turned into the vocabulary size each
-# one implies: the base family agrees on about 41k rows, the big model does not.
+# one implies: the base family agrees on one size, the big model does not.
 #
 # ## Check
+#
+# The count is also checked for three other settings of `TransformerConfig`:
+# learned positions (`positional="learned"`, one `max_len x D` table per stack,
+# Table 3 row E), unequal depths, and `norm="pre"`, lesson 7's pre-norm wiring
+# `x + Sublayer(LN(x))`, which needs one more layer norm at the top of each stack
+# (nothing else normalises the last sub-layer's sum).
 #
 # These fail if the library's model is wrong: a parameter missing or of the wrong
 # shape (the counts would not match the formula), a forward that differs from the
@@ -398,3 +418,34 @@ assert set(np.nonzero(np.abs(parts["tgt embedding"]).sum(1))[0].tolist()) <= row
 print(f"Check passed: parameter counts equal the formula (base {n_base:,}; untied {n_untied:,}; learned "
       f"positions, pre-norm, unequal depths), the model written out equals Transformer.forward "
       f"({diff_logits:.0e}), and the tied gradient equals the sum of the untied three ({diff_tied:.0e}).")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. What are the decoder's three sub-layers, and which one reads the encoder's
+#    output? What is the shape of its weights?
+# 2. The library counts fewer parameters for the base model than Table 3's 65M.
+#    Which part of the model explains the gap, and why are the layers not in
+#    question?
+# 3. The shared embedding is used three times. Which use gives a gradient to *every*
+#    row, and why must the three gradients be added?
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write an encoder layer, a decoder layer, and the whole model's forward and
+# backward with the tied embedding yourself. The starter
+# `lessons/exercises/the_whole_model.py` has the signatures, and the shapes and formulas
+# in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade
+# your work:
+#
+#     attn-check lessons/exercises/the_whole_model.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

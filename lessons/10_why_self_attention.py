@@ -28,7 +28,7 @@
 # This lesson *measures* each column with the library's layers,
 # `attn.layers.multi_head_attention_forward` and `attn.layers.rnn_forward`
 # (plus a convolution built from `linear_forward`), rather than taking the table
-# on faith; and looks at what the study notes say about it.
+# on faith; and looks at what common summaries of section 4 say about it.
 
 # %%
 import os, sys
@@ -42,8 +42,8 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 
 import numpy as np
 
-from attn.layers import (linear_forward, multi_head_attention_backward, multi_head_attention_forward,
-                         rnn_backward, rnn_forward, rnn_step_forward)
+from attn.layers import (attention_weights, linear_forward, multi_head_attention_backward,
+                         multi_head_attention_forward, rnn_backward, rnn_forward, rnn_step_forward)
 
 T0 = time.time()
 rng = np.random.default_rng(0)
@@ -69,9 +69,9 @@ def self_attention(x, p, heads):
 # %% [markdown]
 # ## 1. Complexity per layer: count the multiply-adds
 #
-# As in lesson 6, we do not count by formula: we read the shapes of the arrays
-# that went into each matrix product from the layers' caches. For one sequence of
-# `n` positions of width `d`:
+# As in lesson 6, we count from shapes: of the input, of the weight matrices the
+# layer multiplies by, and of the attention weights it returned (one `n x n` table
+# per head). For one sequence of `n` positions of width `d`:
 #
 # | | per-position projections | mixing across positions |
 # |---|---|---|
@@ -86,21 +86,21 @@ def self_attention(x, p, heads):
 # the crossing point; the big-O statement "cheaper when `n < d`" is about the order.
 
 # %%
-def macs_attention(cache):
-    """(projections, mixing) multiply-adds of one multi_head_attention_forward, from its cache."""
-    proj = sum(int(np.prod(lin.x.shape[:-1])) * lin.w.shape[0] * lin.w.shape[1]
-               for lin in (cache.lin_q, cache.lin_k, cache.lin_v, cache.lin_o))
-    q, v = cache.attn.q, cache.attn.v                       # (B, H, n, Dh)
-    *lead, Tq, Dk = q.shape
-    Tk, Dv = v.shape[-2:]
-    mixing = int(np.prod(lead)) * Tq * Tk * (Dk + Dv)       # Q K^T and weights @ V, all heads
+def macs_attention(x, p, cache):
+    """(projections, mixing) multiply-adds of one multi_head_attention_forward on x with weights
+    p, read off the shapes: of x, of the four (D, D) matrices, and of the weights it returned."""
+    rows = int(np.prod(x.shape[:-1]))                       # B * n positions
+    proj = sum(rows * w.shape[0] * w.shape[1] for w in p[0::2])   # W^Q, W^K, W^V, W^O
+    Bsz, H, Tq, Tk = attention_weights(cache).shape         # one (Tq, Tk) table per head
+    Dh = x.shape[-1] // H
+    mixing = Bsz * H * Tq * Tk * (Dh + Dh)                  # Q K^T and weights @ V, all heads
     return proj, mixing
 
 
-def macs_rnn(cache):
-    """(input projection, recurrence) multiply-adds of one rnn_forward, from its cache."""
-    Bsz, T, Din = cache.x.shape
-    H = cache.w_h.shape[0]
+def macs_rnn(x, p):
+    """(input projection, recurrence) multiply-adds of one rnn_forward on x with w_x, w_h, b = p."""
+    Bsz, T, Din = x.shape
+    H = p[1].shape[0]
     return Bsz * T * Din * H, Bsz * T * H * H
 
 
@@ -109,9 +109,9 @@ count_ns = [8, 16, 32, 48, 64, 96, 128, 256, 512]
 counts = []
 for n in count_ns:
     x = rng.standard_normal((1, n, d_count))
-    _, c_att = self_attention(x, attention_params(d_count, rng), heads)
-    _, c_rnn = rnn_forward(x, None, *rnn_params(d_count, rng))
-    counts.append(macs_attention(c_att) + macs_rnn(c_rnn))
+    pa, pr = attention_params(d_count, rng), rnn_params(d_count, rng)
+    _, c_att = self_attention(x, pa, heads)
+    counts.append(macs_attention(x, pa, c_att) + macs_rnn(x, pr))
 counts = np.array(counts)                                   # columns: att proj, att mixing, rnn input, rnn recurrence
 print(f"multiply-adds per layer, d = {d_count}")
 print(f"{'n':>5} {'attn proj':>11} {'attn mixing':>12} {'rnn input':>10} {'rnn recur':>10}   mixing: attn / rnn")
@@ -311,8 +311,8 @@ for k in paths:
 # %% [markdown]
 # **Restricted self-attention** lets each position attend only to a neighbourhood
 # of size `r` "centered around the respective output position" (section 4): a
-# banded mask. The study notes (file 001) describe it differently: "cut the
-# sentence into `n/r` blocks of length `r` and attend within each block". That is
+# banded mask. Blog posts often describe it differently: "cut the sentence into
+# `n/r` blocks of length `r` and attend within each block". That is
 # not the paper's construction, and the difference matters for this column: with
 # disjoint blocks no stack of layers ever connects two blocks, so the path length
 # between the first and the last position is *infinite*, not `O(n/r)`.
@@ -336,11 +336,11 @@ def masked_path(mask, max_layers):
     return None
 
 
-restricted = {"banded (paper)": [], "blocks (notes)": []}
+restricted = {"banded (paper)": [], "blocks (blogs)": []}
 for n in path_ns:
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     restricted["banded (paper)"].append(masked_path(np.abs(i - j) <= R // 2, n))
-    restricted["blocks (notes)"].append(masked_path(i // R == j // R, n))
+    restricted["blocks (blogs)"].append(masked_path(i // R == j // R, n))
 expected["banded (paper)"] = [layers_to_reach(n, lambda L: L * (R // 2)) for n in path_ns]
 print(f"restricted self-attention, r = {R}")
 for k, v in restricted.items():
@@ -376,19 +376,18 @@ print(f"gradient reaching the far quarter / the near quarter (geometric means), 
 print(f"  recurrent {decay_rnn:.1e}   self-attention {decay_att:.2f}")
 
 # %% [markdown]
-# **On the notes.** File 000 sums section 4 up as (1) self-attention reduces the
-# computation per layer, (2) it parallelises, (3) its gradients do not vanish
-# however long the sequence. (2) is right, and measured above. (1) holds only while
-# `n < d`; past that, self-attention does *more* arithmetic (section 1's counts),
-# which is exactly why the paper proposes the restricted variant for long
-# sequences. (3) is true of *distance*: the plot's self-attention curve is flat.
-# But gradients in a Transformer can still vanish: a saturated softmax (the reason
-# for the `1/sqrt(d_k)` of section 3.2.1), a deep stack (residual connections and
-# layer norm are there for that), and with diffuse attention each input's share is
-# about `1/n`, so the signal per input thins out as `n` grows, slowly rather than
-# exponentially.
+# **On the common summary.** Tutorials often sum section 4 up as "(1) self-attention
+# reduces the computation per layer, (2) it parallelises, (3) its gradients do not
+# vanish however long the sequence". (2) is right, and measured above. (1) holds only
+# while `n < d`; past that, self-attention does *more* arithmetic (section 1's
+# counts), which is exactly why the paper proposes the restricted variant for long
+# sequences. (3) is true of *distance*: the plot's self-attention curve is flat. But
+# gradients in a Transformer can still vanish: a saturated softmax (the reason for the
+# `1/sqrt(d_k)` of section 3.2.1), a deep stack (residual connections and layer norm
+# are there for that), and with diffuse attention each input's share is about `1/n`,
+# so the signal per input thins out as `n` grows, slowly rather than exponentially.
 #
-# The Korean translation (file 002) glosses `O(n)` sequential operations as "the
+# Translations of the paper sometimes gloss `O(n)` sequential operations as "the
 # recurrent network takes more time". That is not what the column says: it says
 # the steps cannot be *parallelised*. On one CPU core (section 2) the recurrent
 # layer is not slower at all; the `n` dependent steps cost time when there are
@@ -476,10 +475,23 @@ assert rounds_match_rnn, "the parallel rounds should reproduce rnn_forward exact
 for k in paths:
     assert paths[k] == expected[k], f"path length of {k}: measured {paths[k]}, expected {expected[k]}"
 assert restricted["banded (paper)"] == expected["banded (paper)"], restricted
-assert all(p is None for n, p in zip(path_ns, restricted["blocks (notes)"]) if n > R), \
+assert all(p is None for n, p in zip(path_ns, restricted["blocks (blogs)"]) if n > R), \
     "disjoint blocks should never connect the first and the last position"
 assert slope_att > slope_rnn + 0.4, \
     f"self-attention's time should grow faster in n: n^{slope_att:.2f} vs n^{slope_rnn:.2f}"
 assert decay_rnn < 1e-6, f"the recurrent gradient should vanish across distance: {decay_rnn:.2e}"
 assert 0.2 < decay_att < 5, f"self-attention's gradient should not depend on distance: {decay_att:.2f}"
 print(f"Check passed in {time.time() - T0:.1f} s.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. With the constants counted in this lesson, for which sequence lengths is self-
+#    attention's mixing cheaper than a recurrent layer's?
+# 2. What is the maximum path length between two positions for self-attention, a
+#    recurrent layer and a stack of contiguous convolutions?
+# 3. Why is "cut the sentence into `n/r` blocks and attend within each block" not
+#    the paper's restricted self-attention, and what would it do to the path length?

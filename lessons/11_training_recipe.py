@@ -28,9 +28,6 @@ import numpy as np
 
 from attn.loss import cross_entropy
 from attn.optim import Adam, noam_lr, schedule_curve
-from attn.train import TrainConfig
-
-LR_FACTOR = TrainConfig().with_recipe().lr_factor     # attn-train's default for the toy preset, from the code
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 
@@ -41,7 +38,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # `step = w`. So the rate climbs linearly for `w` steps and peaks at exactly
 # `step = warmup_steps` with the value
 #
-#     lrate_max = d_model^-0.5 * w^-0.5        (base model: 512^-0.5 * 4000^-0.5 = 6.99e-4)
+#     lrate_max = d_model^-0.5 * w^-0.5        (the base model's is the warmup-4000 row below)
 #
 # A longer warm-up therefore means a *lower* peak, not just a later one: past its
 # peak every curve with the same `d_model` joins the one curve
@@ -56,9 +53,10 @@ curves = {w: np.array(schedule_curve(steps, 512, w)) for w in warmups}
 print(f"{'warmup':>7} {'argmax step':>12} {'peak':>10} {'d^-0.5 w^-0.5':>14} {'lr at 40k':>10}")
 for w, c in curves.items():
     print(f"{w:>7} {int(steps[c.argmax()]):>12} {c.max():>10.3e} {512 ** -0.5 * w ** -0.5:>14.3e} {c[-1]:>10.3e}")
-toy = np.array(schedule_curve(steps[:4000], 128, 400, factor=LR_FACTOR))
-print(f"the toy preset (d_model 128, warmup 400) with attn-train's default --lr-factor {LR_FACTOR:g}: "
-      f"peak {toy.max():.2e} at step {int(steps[toy.argmax()])}")
+toy = np.array(schedule_curve(steps[:4000], 128, 400))
+print(f"a toy model (d_model 128, warmup 400): peak {toy.max():.2e} at step {int(steps[toy.argmax()])}")
+base_end = curves[4000][100_000 - 1] if len(steps) >= 100_000 else 512 ** -0.5 * 100_000 ** -0.5
+print(f"the base model at its last step, 100k: {base_end:.2e}, {base_end / curves[4000].max():.0%} of its peak")
 
 # %% [markdown]
 # Why warm up at all? At step 1 Adam's update has size about `lr` for *every*
@@ -68,16 +66,15 @@ print(f"the toy preset (d_model 128, warmup 400) with attn-train's default --lr-
 # a linear ramp lets Adam's second-moment estimates settle first. (How large a
 # rate suits a model depends on its size: lesson 20 trains every variant with the
 # paper's factor 1, and says why one shared schedule is part of every comparison
-# it makes.) The inverse-square-root decay afterwards is
-# a slow anneal: at step 100k (the base model's last) the rate is still
-# `1/sqrt(25)` = 20% of the peak.
+# it makes.) The inverse-square-root decay afterwards is a slow anneal: at step
+# 100k (the base model's last) the rate is still a sizeable fraction of the peak,
+# `sqrt(w / step)` (printed above).
 #
-# `attn-train` multiplies the schedule by `--lr-factor` (its default is printed
-# above, read from the toy preset's recipe, `attn.train.TrainConfig().with_recipe()`); the
-# shape is the paper's.
+# The library's trainer (lesson 14) can multiply the schedule by a constant
+# factor, `attn-train --lr-factor`; the shape is the paper's.
 #
-# **The learning rate is not trained.** Seed 000 notes "Learning Rate도 Train" (the
-# learning rate is trained too). It is not a parameter: equation (3) is a fixed
+# **The learning rate is not trained.** Study summaries of the schedule sometimes
+# note "the learning rate is trained too". It is not a parameter: equation (3) is a fixed
 # function of the step number, `d_model` and `warmup_steps`, and no gradient ever
 # reaches it. Below, two optimizers fed very different gradients for 50 steps
 # both take step 51 at exactly the rate the formula gives.
@@ -131,12 +128,13 @@ for s in (0.0, eps):
 q_smooth = q[0]
 
 # %% [markdown]
-# The true class gets `1 - eps + eps/V = 0.91`, every other class `eps/V = 0.01`.
+# The true class gets `1 - eps + eps/V`, every other class `eps/V` (the printed
+# `q[y]` and `q`).
 #
 # **What the model is asked to learn.** Cross-entropy against `q` is minimised by
 # `p = q` (Gibbs' inequality), so a model trained with smoothing is pulled towards
-# being 91% sure (with V = 10; 90.0...% for a large vocabulary), never 100%: its
-# logits stay finite. Without smoothing the optimum is `p = onehot`, which needs
+# being `1 - eps + eps/V` sure (just over `1 - eps` for a large vocabulary), never
+# 100%: its logits stay finite. Without smoothing the optimum is `p = onehot`, which needs
 # infinite logits, and the loss keeps pushing them up forever. Fit one free row of
 # logits with Adam and watch:
 
@@ -154,10 +152,13 @@ for s in (0.0, eps):
     print(f"eps = {s}: after 2000 steps p[y] = {pz[y]:.6f}, logit margin {fits[s][2]:7.2f}, loss {float(loss):.4f}")
 H_q = -(q_smooth * np.log(q_smooth)).sum()
 print(f"the smoothed loss cannot go below the entropy of q: H(q) = {H_q:.4f}")
+q_y, q_other = q_smooth[y], np.delete(q_smooth, y)[0]
+print(f"p = q would mean p[y] = {q_y:.2f} and a margin log({q_y:.2f}/{q_other:.2f}) = {np.log(q_y / q_other):.2f}: "
+      f"the smoothed fit reached p[y] = {fits[eps][0][y]:.4f}, margin {fits[eps][2]:.2f}, loss {fits[eps][1]:.4f}")
 
 # %% [markdown]
-# The smoothed fit stops at `p[y] = 0.91` with a margin of `log(0.91/0.01) = 4.51`,
-# and its loss stops at `H(q)`; the unsmoothed one is still climbing.
+# The smoothed fit stops at `p = q`, with the margin `log(q[y] / q[other])` and the
+# loss `H(q)` (the last two lines above); the unsmoothed one is still climbing.
 #
 # **"Hurts perplexity, improves accuracy."** Now a classifier trained on data,
 # measured on held-out data. The task: 10 classes, 16 features, Gaussian classes that
@@ -287,11 +288,12 @@ for scale in (1e3, 1.0, 1e-3, 1e-6):
 # orders of magnitude of `eps`.)
 #
 # Without bias correction the step would be `(1 - beta1^t) / sqrt(1 - beta2^t)`
-# times the corrected one for a constant gradient: 0.71 at step 1 with the paper's
-# `beta2 = 0.98`, rising to 1.5 around step 10 and back to 1 after a hundred steps;
-# with the common 0.999 it is 3.2 at step 1 and climbs to about 7 before slowly
-# coming down, many times larger than asked for. Here are the first steps from the
-# library (corrected) and from that formula:
+# times the corrected one for a constant gradient: below 1 at step 1 with the
+# paper's `beta2 = 0.98`, rising above 1 for some steps and settling at 1 after a
+# hundred or so; with the common 0.999 it starts above 1 and climbs to several times
+# the asked-for size before slowly coming down. Here are the first steps from the
+# library (corrected) and from that formula, and where each uncorrected curve
+# peaks:
 
 # %%
 prm = {"w": np.zeros(1)}
@@ -307,6 +309,11 @@ print("step                         ", tt[show])
 print("library step / lr             ", np.array(measured)[show].round(4))
 print("uncorrected, beta2 0.98       ", ((1 - 0.9 ** tt) / np.sqrt(1 - 0.98 ** tt))[show].round(3))
 print("uncorrected, beta2 0.999      ", ((1 - 0.9 ** tt) / np.sqrt(1 - 0.999 ** tt))[show].round(3))
+for b2 in (0.98, 0.999):
+    tl = np.arange(1, 20_001)
+    unc = (1 - 0.9 ** tl) / np.sqrt(1 - b2 ** tl)
+    print(f"uncorrected, beta2 {b2}: step 1 at {unc[0]:.2f} x lr, largest {unc.max():.2f} x lr at step "
+          f"{int(tl[unc.argmax()])}")
 
 # %% [markdown]
 # **Why 0.98 rather than 0.999.** `v` averages over about `1/(1 - beta2)` steps: 50
@@ -353,12 +360,13 @@ fig.tight_layout(); show_figure(fig, "11_adam.png")
 
 # %% [markdown]
 # Left: the library's steps are exactly `lr` from the first one; without the
-# correction they would be off by up to 50% with `beta2 = 0.98` and by up to seven
-# times with 0.999. Right: after the gradient scale jumps, the updates with
-# `beta2 = 0.999` overshoot for a long time, and after it drops back they stay
-# suppressed for hundreds of steps, while with 0.98 they are back near their old
-# size within about a hundred. Neither matters much in a long, steady run; in the first thousands of steps
-# of a Transformer, when the gradient scale changes fast, it does.
+# correction they would be off by the factors printed above, modestly with
+# `beta2 = 0.98` and by several times with 0.999. Right: after the gradient scale
+# jumps, the updates with `beta2 = 0.999` overshoot for a long time, and after it
+# drops back they stay suppressed for hundreds of steps, while with 0.98 they are
+# back near their old size much sooner (the table above). Neither matters much in
+# a long, steady run; in the first thousands of steps of a Transformer, when the
+# gradient scale changes fast, it does.
 #
 # ## Check
 #
@@ -398,9 +406,23 @@ print(f"Check passed: schedules peak at step == warmup with d^-0.5 w^-0.5; the s
 
 
 # %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. At which step does the learning rate of equation (3) peak, and why does a
+#    longer warm-up give a *lower* peak?
+# 2. With label smoothing `eps`, what target does the loss use, which probability
+#    does it pull `p[y]` towards, and why do the logits stay finite?
+# 3. What does Adam's bias correction do to the first steps, and why does `beta2 =
+#    0.98` recover faster than 0.999 when the gradient's scale changes?
+
+
+# %% [markdown]
 # ## Exercise
 #
-# Now write label-smoothed `cross_entropy` with its gradient yourself. The starter
+# Now write label-smoothed `cross_entropy` with its gradient, the warm-up schedule of
+# equation (3), and an Adam step with bias correction yourself. The starter
 # `lessons/exercises/11_training_recipe.py` has the signatures, and the shapes and
 # formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in, then
 # grade your work:

@@ -1,8 +1,17 @@
 # %% [markdown]
 # # Lesson 12: dropout and regularisation (section 5.4)
 #
-# Section 5.4 names three regularisers. Label smoothing was lesson 11. This lesson
-# is about the other two, which are one mechanism in two places:
+# Section 5.4 opens "We employ three types of regularization during training", and
+# then describes two: residual dropout (applied in two places, quoted below) and
+# label smoothing. The count does not match the text. Summaries sometimes count
+# residual dropout's two places as two regularisers to make it match, but the paper
+# names one technique, "Residual Dropout", with one rate. An earlier version of the
+# paper on arXiv also described dropout on the attention weights, which would make
+# three; the final text no longer does. The library has that third one too, off by
+# default because the final text does not ask for it:
+# `TransformerConfig(attention_dropout=...)`, the `dropout` argument of lesson 4's
+# `attention_forward`, applied to the weights after the softmax. Label smoothing was
+# lesson 11; this lesson is about residual dropout:
 #
 # > **Residual Dropout** We apply dropout to the output of each sub-layer, before it
 # > is added to the sub-layer input and normalized. In addition, we apply dropout to
@@ -17,8 +26,9 @@
 # 1. **inverted dropout** (`attn.layers.dropout_forward` / `dropout_backward`): the
 #    scaling by `1/(1 - p)`, why evaluation then needs no rescale, and its backward;
 # 2. **where** the paper puts it: we rebuild the encoder by hand with the same random
-#    numbers and get the library's output exactly; and why the study notes' placement
-#    (on the sub-layer *input*) would be a different, worse model;
+#    numbers and get the library's output exactly; and why a placement that
+#    summaries of the paper often give (on the sub-layer *input*) would be a
+#    different model, worse in a toy measurement;
 # 3. **what it is for**: a small corpus, a model that can memorise it, trained with
 #    and without dropout and label smoothing, over several seeds.
 
@@ -43,7 +53,6 @@ from attn.loss import cross_entropy
 from attn.masks import padding_mask
 from attn.model import Transformer, TransformerConfig
 from attn.optim import Adam
-from attn.train import evaluate_loss
 
 B.set_backend("numpy")
 np.set_printoptions(precision=3, suppress=True, linewidth=130)
@@ -130,25 +139,25 @@ print(f"library encoder vs the hand-written one, same random numbers: max |diff|
 print(f"with dropout vs without (rng=None): max |diff| = {np.abs(mem_lib - mem_eval).max():.2f}")
 
 # %% [markdown]
-# **The study notes' version.** Seed 000 summarises residual dropout as applied to
-# "the sub-layer input before normalisation, the sum of the embeddings (attention
-# score), and the positional encoding". The paper's sentence says *output*, and
-# "the sums of the embeddings and the positional encodings" means the one vector
+# **A common misreading.** Summaries of the paper often describe residual dropout as
+# applied to "the sub-layer input before normalisation, the sum of the embeddings
+# (attention score), and the positional encoding". The paper's sentence says *output*,
+# and "the sums of the embeddings and the positional encodings" means the one vector
 # `embedding + PE`, not attention scores and not the positional encoding alone.
 #
-# The difference matters. Put dropout on the sub-layer input, `LayerNorm(Dropout(x)
-# + Sublayer(Dropout(x)))`, and the residual path itself is corrupted: the identity
-# connection no longer carries `x` through unchanged, and every layer drops another
-# 10% of what the layers below computed. With the paper's placement the skip path is
-# clean and only each layer's *new* contribution is perturbed. We measure how much
-# of a stack's input survives through `N` layers whose sub-layers contribute little
-# (as at initialisation): the correlation between the output and the input, for
-# both placements.
+# The difference is not cosmetic. Put dropout on the sub-layer input,
+# `LayerNorm(Dropout(x) + Sublayer(Dropout(x)))`, and the residual path itself is
+# corrupted: the identity connection no longer carries `x` through unchanged, and
+# every layer drops another fraction `p` of what the layers below computed. With the
+# paper's placement the skip path is clean and only each layer's *new* contribution is
+# perturbed. We measure how much of a stack's input survives through `N` layers whose
+# sub-layers contribute little (as at initialisation): the correlation between the
+# output and the input, for both placements.
 
 # %%
 def survival(n_layers, placement, rng, p=0.1, D=64, n=256):
     """corr(input, output) of n_layers residual blocks LN(x + s(x)) with a small random
-    sub-layer s, dropout on the sub-layer output (paper) or on the block's input (notes)."""
+    sub-layer s, dropout on the sub-layer output (paper) or on the block's input (misread)."""
     x0 = np.random.default_rng(5).standard_normal((n, D))
     w = np.random.default_rng(6).standard_normal((n_layers, D, D)) * 0.1 / math.sqrt(D)
     ones, zeros = np.ones(D), np.zeros(D)
@@ -163,17 +172,20 @@ def survival(n_layers, placement, rng, p=0.1, D=64, n=256):
 
 
 depths = [1, 2, 4, 6, 12]
-surv = {pl: [survival(N, pl, B.DeviceRNG(N)) for N in depths] for pl in ("paper", "notes")}
+surv = {pl: [survival(N, pl, B.DeviceRNG(N)) for N in depths] for pl in ("paper", "misread")}
 print("layers                        " + " ".join(f"{N:>6}" for N in depths))
-for pl, label in (("paper", "dropout on sub-layer output"), ("notes", "dropout on sub-layer input ")):
+for pl, label in (("paper", "dropout on sub-layer output"), ("misread", "dropout on sub-layer input ")):
     print(f"{label}  " + " ".join(f"{c:>6.3f}" for c in surv[pl]))
 
 # %% [markdown]
 # With the paper's placement the input survives almost intact through a deep stack;
 # with dropout on the input, each layer multiplies in another random mask and the
-# original signal fades with depth. That is the reason for "before it is added to
-# the sub-layer input": regularise what a layer *adds*, never the road that carries
-# everything else.
+# original signal fades with depth. The paper gives no reason for its placement; it
+# only says where dropout goes. This toy correlation (random sub-layers that add
+# little, as at initialisation) is our illustration, not the paper's argument: it
+# shows one thing "before it is added to the sub-layer input" buys, that dropout
+# perturbs what a layer *adds* and leaves the road that carries everything else
+# clean.
 #
 # ## 3. What it is for: overfitting a small corpus
 #
@@ -201,6 +213,17 @@ SETTINGS = {"none": (0.0, 0.0), "dropout": (P_DROP, 0.0), "label smoothing": (0.
             "both": (P_DROP, 0.1)}
 
 
+def mean_nll(model, batches):
+    """Plain cross-entropy per target token over batches, without dropout (rng=None) and without smoothing."""
+    total = n = 0
+    for b in batches:
+        logits, _ = model.forward(b.src, b.tgt_in)
+        nll, _ = cross_entropy(logits, b.tgt_out, 0.0)
+        total += float(nll) * b.n_tgt_tokens
+        n += b.n_tgt_tokens
+    return total / n
+
+
 def overfit_run(dropout, smoothing, seed):
     cfg = TransformerConfig(vocab_size=len(vocab), d_model=32 if QUICK else 64, n_heads=4,
                             d_ff=128 if QUICK else 256, n_encoder_layers=1,
@@ -215,8 +238,7 @@ def overfit_run(dropout, smoothing, seed):
             opt.step(m.backward(dlogits, c))
             step += 1
             if step % (STEPS // (3 if QUICK else 6)) == 0:
-                curve.append((step, evaluate_loss(m, train_eval, 0.0)["val_nll"],
-                              evaluate_loss(m, val_batches, 0.0)["val_nll"]))
+                curve.append((step, mean_nll(m, train_eval), mean_nll(m, val_batches)))
             if step == STEPS:
                 break
         epoch += 1
@@ -245,7 +267,7 @@ for (name, rs), color in zip(runs.items(), ("tab:red", "tab:blue", "tab:green", 
 ax[0].set_xlabel("step"); ax[0].set_ylabel("cross-entropy (no smoothing, no dropout)"); ax[0].set_yscale("log")
 ax[0].set_title(f"{len(pairs)} training pairs: train (dashed) and validation (solid)"); ax[0].legend(fontsize=7)
 ax[1].plot(depths, surv["paper"], "o-", label="dropout on the sub-layer output (paper)")
-ax[1].plot(depths, surv["notes"], "s-", label="dropout on the sub-layer input (seed 000)")
+ax[1].plot(depths, surv["misread"], "s-", label="dropout on the sub-layer input (a common misreading)")
 ax[1].set_xlabel("layers"); ax[1].set_ylabel("corr(stack input, stack output)"); ax[1].set_ylim(0, 1.05)
 ax[1].set_title("what survives a stack of residual blocks"); ax[1].legend()
 fig.tight_layout()
@@ -283,12 +305,24 @@ assert mean_err < 6 * sd, f"inverted dropout must keep the expectation: {mean_er
 assert np.array_equal(eval_out, x), "evaluation must be the identity"
 assert max(grad_err.values()) < 1e-6
 assert same_placement < 1e-12, "the library's residual dropout is not where section 5.4 puts it"
-assert surv["paper"][-1] > surv["notes"][-1] + 0.1, "dropout on the residual path should destroy more signal"
+assert surv["paper"][-1] > surv["misread"][-1] + 0.1, "dropout on the residual path should destroy more signal"
 assert all(summary["dropout"]["train"] > summary["none"]["train"]), "dropout must keep the training loss up"
 assert all(summary["none"]["gap"] > 0), "without regularisation the model must fit train better than validation"
 print(f"Check passed in {time.time() - T0:.1f} s: dropout keeps E[x], its backward uses the forward's mask, the "
       f"library's encoder equals the paper's placement to {same_placement:.0e}, and dropout raised the training "
       f"loss ({summary['none']['train'].mean():.2f} -> {summary['dropout']['train'].mean():.2f}).")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does inverted dropout need no rescaling at evaluation time?
+# 2. Where does section 5.4 apply residual dropout, and what changes if dropout is
+#    put on the sub-layer's *input* instead?
+# 3. Section 5.4 announces three regularisers and describes two. Which two, and
+#    where is the third in the library?
 
 
 # %% [markdown]

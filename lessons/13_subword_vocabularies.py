@@ -194,3 +194,31 @@ assert big_slice[0]["per_word"] >= big_slice[-1]["per_word"], "a smaller BPE voc
 print(f"Check passed in {time.time() - T0:.1f} s: the library's merges are the hand-computed ones; BPE "
       f"vocabularies have no <unk> and round-trip exactly; the word vocabulary misses {rows[0]['unk']:.2%} of test "
       f"tokens.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. How does byte-pair encoding choose its next merge, and why does a word never
+#    seen in training still get encoded without `<unk>`?
+# 2. Why does the paper learn one vocabulary for both languages, and what does that
+#    let section 3.4 do?
+# 3. What does byte fallback guarantee about encoding and decoding any text?
+
+
+# %% [markdown]
+# ## Exercise
+#
+# Now write byte-pair encoding's merges: learning them from a corpus and applying them
+# to a word yourself. The starter `lessons/exercises/bpe.py` has the signatures, and the
+# shapes and formulas in its docstrings; its bodies raise `NotImplementedError`. Fill
+# them in, then grade your work:
+#
+#     attn-check lessons/exercises/bpe.py
+#
+# `attn-check` runs your functions on the examples that prove the library's layers, hard
+# ones included, and prints a pass per layer or the smallest input that breaks your
+# code, with a hint. `--layer NAME` grades one layer; `attn-check --help` explains the
+# rest.

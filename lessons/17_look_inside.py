@@ -19,7 +19,7 @@
 # inside it: lesson 14's last model, `lessons/out/14_run/checkpoint.npz`, or
 # `runs/toy/checkpoint.npz` from `attn-train`. Otherwise the lesson trains one with
 # the readable `Transformer` (`--reference`, as lesson 14 does): in full mode lesson
-# 12's 2 + 2-layer model, in quick mode a 1 + 1-layer model of width 32 on short
+# 14's 2 + 2-layer model, in quick mode a 1 + 1-layer model of width 32 on short
 # sentences. `lessons/README.md` lists the measured times.
 
 # %%
@@ -257,8 +257,8 @@ chance_all = chance["all linked words"][0] / chance["all linked words"][1]
 # The last decoder layer's head-averaged cross-attention (what `greedy_decode` and
 # `beam_search` return with `with_attention=True`) points at the right source word
 # for the linked words, including the ones that moved, far above chance (the
-# table above has this run's figures). Nobody
-# told the model about alignment: it is a by-product of learning to translate,
+# table above has this run's figures). Nobody told the model about alignment: it
+# is a by-product of learning to translate,
 # which is why attention maps became the standard way to look inside these models.
 # (With more than one decoder layer, compare the layers' columns in the table: the
 # layers need not align equally well, and one of them may do something else.)
@@ -322,3 +322,15 @@ print(f"Check passed: decoder self-attention is exactly zero above the diagonal,
       + (f"; the reordered words of the example peak on their source words." if trained_enough else
          f"; the example's reordered words peak on their source {sum(s == gold[t] for t, s in peaks.items())}"
          f" of {len(peaks)} times (not asserted for a quick-mode model that mistranslates the example)."))
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. What are the three kinds of attention in a trained Transformer, and which of
+#    them can show the toy language's reordering?
+# 2. Why is a word-by-word diagonal not the right alignment for this corpus, and how
+#    does the lesson score the cross-attention without hand-made alignments?
+# 3. Why is an attention map where the model looked, but not proof of what it used?

@@ -40,8 +40,8 @@ import numpy as np
 from attn import backend as B
 from attn.data import TOY_DIR, read_parallel
 from attn.evaluate import source_ids
-from attn.layers import (embedding_forward, feed_forward_forward, layer_norm_forward, multi_head_attention_forward,
-                         positional_forward, sinusoidal_table)
+from attn.layers import (attention_weights, embedding_forward, feed_forward_forward, layer_norm_forward,
+                         multi_head_attention_forward, positional_forward, sinusoidal_table)
 from attn.masks import padding_mask
 from attn.model import Transformer
 from attn.train import config_from_argv, train
@@ -111,7 +111,7 @@ for i in range(cfg.n_encoder_layers):
     a, c = multi_head_attention_forward(x, x, *[prm[f"{pre}.self_attn.{n}"] for n in
                                                 ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")],
                                         n_heads=cfg.n_heads, mask=mask)
-    by_hand = c.attn.weights[0]
+    by_hand = attention_weights(c)[0]
     x = layer_norm_forward(x + a, prm[f"{pre}.norm1.gamma"], prm[f"{pre}.norm1.beta"], cfg.ln_eps)[0]
     f = feed_forward_forward(x, *[prm[f"{pre}.ffn.{n}"] for n in ("w1", "b1", "w2", "b2")])[0]
     x = layer_norm_forward(x + f, prm[f"{pre}.norm2.gamma"], prm[f"{pre}.norm2.beta"], cfg.ln_eps)[0]
@@ -206,7 +206,9 @@ print(f"{'':<18}" + "".join(f"{'head ' + str(h):>9}" for h in range(H)) + "   (c
 for k, v in profile.items():
     print(f"{k:<18}" + "".join(f"{x:>9.2f}" for x in v) + f"   ({counts[k]})")
 job = {h: max(("self", "previous", "next", "</s>"), key=lambda k: profile[k][h]) for h in range(H)}
-specialists = sorted(range(H), key=lambda h: -profile[job[h]][h])[:2]
+by_strength = sorted(range(H), key=lambda h: -profile[job[h]][h])
+# figure 5's two heads: the clearest specialist, and the clearest one with another job
+specialists = [by_strength[0]] + [h for h in by_strength if job[h] != job[by_strength[0]]][:1]
 for h in range(H):
     print(f"head {h}: mostly '{job[h]}' ({profile[job[h]][h]:.2f}); verb -> pronoun {profile['verb -> pronoun'][h]:.2f} "
           f"vs previous word in general {profile['previous'][h]:.2f}")
@@ -243,7 +245,9 @@ show_figure(fig, "18_figure_5.png")
 #
 # These fail if the weights drawn were not the model's (the recomputation from the
 # layers would differ), if rows did not sum to 1, or if the statistics were not
-# computed from probability distributions.
+# computed from probability distributions; and if the claims about heads stopped
+# holding: figure 5 needs two heads with different jobs, and each of them must put
+# clearly more weight on its job than uniform attention would (half as much again).
 
 # %%
 assert recompute_err < 1e-5, "attention_weights must return the weights the layers computed"
@@ -252,5 +256,22 @@ assert np.allclose(weights.sum(-1), 1.0, atol=1e-5)
 for k in ("self", "previous", "next", "</s>"):
     assert np.all((profile[k] >= 0) & (profile[k] <= 1)), k
 assert np.allclose(sum(profile[k] for k in ("self", "previous", "next")) <= 1 + 1e-6, True)
+assert len(specialists) == 2, f"every head has the same job ({job}): no figure 5 to draw"
+for h in specialists:
+    assert profile[job[h]][h] > 1.5 * np.mean(uniform), \
+        f"head {h} is no specialist: {profile[job[h]][h]:.2f} on '{job[h]}' against uniform {np.mean(uniform):.2f}"
 print(f"Check passed in {time.time() - T0:.1f} s: the drawn weights are the model's (to {recompute_err:.0e}); "
       f"head jobs: " + ", ".join(f"{h}: {job[h]}" for h in range(H)) + ".")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does the lesson recompute the last encoder layer's weights from the layer
+#    functions before drawing them?
+# 2. What does a head's "job" mean in the test-set table, and why compare its weight
+#    from verbs to pronouns with its weight on the previous word in general?
+# 3. Why is one sentence's picture, like the paper's figures, not enough to say what
+#    a head does?

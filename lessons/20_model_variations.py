@@ -18,11 +18,11 @@
 # WMT. We also train the base model with other seeds, to see how large a difference
 # must be before it means anything.
 #
-# **Runtime.** Full mode trains every variant with three seeds, 600 steps each on
-# 4 000 short pairs; quick mode trains seven variants with one seed for 100 steps on
-# 1 000 pairs. Runs that short only show which variants learn *fastest*, and their
-# BLEU is near zero. The lesson prints the number of runs and the time they took;
-# `lessons/README.md` lists the measured times.
+# **Runtime.** Full mode trains every variant with several seeds, for longer, on more
+# short pairs; quick mode trains fewer variants with one seed for a few steps on fewer
+# pairs (the settings are printed below). Runs that short only show which variants
+# learn *fastest*, and their BLEU is near zero. The lesson prints the number of runs
+# and the time they took; `lessons/README.md` lists the measured times.
 
 # %%
 import os, sys
@@ -350,3 +350,16 @@ if not QUICK:
 print(f"Check passed: all {len(base_seeds) + len(results)} runs train (val cross-entropy falls, e.g. base "
       f"{base['val_before']:.2f} -> {base['val_nll']:.2f}, learned positions {learned['val_before']:.2f} -> "
       f"{learned['val_nll']:.2f}); the table has all {len(rows)} variant rows.")
+
+
+# %% [markdown]
+# ## Questions
+#
+# Answer these from the lesson and what it printed:
+#
+# 1. Why does each variant keep the seed and the order of the batches of the base
+#    run?
+# 2. How does the lesson decide whether a variant's difference from the base means
+#    anything?
+# 3. Why need a tiny model trained briefly on a simple language not behave like
+#    Table 3's models?

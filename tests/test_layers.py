@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import attn.backend as B
-from attn.layers import (attention_backward, attention_forward, dropout_backward, dropout_forward,
+from attn.layers import (attention_backward, attention_forward, attention_weights, dropout_backward, dropout_forward,
                          embedding_backward, embedding_forward, feed_forward_backward, feed_forward_forward,
                          layer_norm_backward, layer_norm_forward, linear_backward, linear_forward, merge_heads,
                          multi_head_attention_backward, multi_head_attention_forward, positional_backward,
@@ -568,6 +568,27 @@ def test_multi_head_cross_attention_ignores_padded_source_content(backend, d, da
 @given(d=dims(), data=st.data())
 def test_split_heads_gives_each_head_its_columns_and_merge_undoes_it(backend, d, data):
     assert_heads_round_trip(split_heads, merge_heads, data.draw(floats((d.B, d.T, d.D))), d.H)
+
+
+def test_attention_weights_reads_either_attention_cache():
+    """attn.layers.attention_weights: the public way to the weights an attention forward used."""
+    rng = np.random.default_rng(0)
+    x_q, x_kv = rng.standard_normal((2, 3, 8)), rng.standard_normal((2, 5, 8))
+    mask = padding_mask(np.array([[1, 2, 3, 0, 0], [1, 2, 3, 4, 5]]))
+    w, b = [rng.standard_normal((8, 8)) for _ in range(4)], np.zeros(8)
+    _, cache = multi_head_attention_forward(x_q, x_kv, w[0], b, w[1], b, w[2], b, w[3], b, n_heads=2, mask=mask)
+    weights = attention_weights(cache)
+    assert weights.shape == (2, 2, 3, 5) and np.allclose(weights.sum(-1), 1.0)
+    assert np.all(weights[0, :, :, 3:] == 0.0), "masked keys get exactly zero weight"
+    q, k = x_q @ w[0], x_kv @ w[1]                                 # head 0: the first 4 columns
+    s = q[..., :4] @ k[..., :4].swapaxes(-1, -2) / 2.0
+    s = np.where(mask[:, 0], s, -np.inf)
+    ref = np.exp(s - s.max(-1, keepdims=True)); ref /= ref.sum(-1, keepdims=True)
+    assert np.allclose(weights[:, 0], ref, atol=1e-12)
+    _, single = attention_forward(q[:, None], k[:, None], x_kv[:, None], mask)
+    assert attention_weights(single).shape == (2, 1, 3, 5)
+    with pytest.raises(TypeError, match="attention_weights: expected the cache of attention_forward"):
+        attention_weights((1, 2))
 
 
 def test_multi_head_attention_rejects_heads_not_dividing_d_model(backend):

@@ -1,7 +1,9 @@
 """Every lesson runs in its quick mode and passes its own final check; one runs as a notebook."""
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,48 @@ def test_lesson_runs(lesson, tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, f"{lesson.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert list(tmp_path.glob("*.png")), f"{lesson.name} saved no figure into ATTN_LESSONS_OUT"
+
+
+# What a reader of the lessons cannot open: numbered sources ("seed 002", "file 001") and "the
+# study notes". A lesson that corrects a common misreading quotes it and says where such claims are
+# found ("blog posts often write ..."), in its own words.
+UNREADABLE_SOURCES = re.compile(r"seeds?[ _]?0\d\d?(?!\d)|\bfile[ _]?0\d\d?(?!\d)|study notes|\bthe notes\b|\bnotes'|"
+                                r"\bthe seeds'", re.IGNORECASE)
+
+
+def test_lessons_cite_only_what_a_reader_can_open():
+    files = LESSONS + [ROOT / "lessons" / "README.md"]
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in files
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if UNREADABLE_SOURCES.search(line)]
+    assert not hits, "lessons refer to sources a reader cannot open:\n" + "\n".join(hits)
+
+
+def test_the_unreadable_sources_pattern_catches_what_it_should():
+    for bad in ("Seed 002 writes W_i^O", "the study notes' table", "file 001 says", "SEED_002_BIG = 1",
+                "as the notes write", "the notes' example", "the seeds' table", "seed003"):
+        assert UNREADABLE_SOURCES.search(bad), bad
+    for ok in ("over three seeds", "the runs' seeds' spread", "seed=0", "SEEDS = [0, 1, 2]", "data seed 7",
+               "footnotes", "rng seed 1234"):
+        assert not UNREADABLE_SOURCES.search(ok), ok
+
+
+def test_lessons_use_public_names_only():
+    """A lesson imports attn's public modules (attn.layers, not attn.layers.softmax), no private
+    name, and reads attention weights through attn.layers.attention_weights or
+    Transformer.attention_weights, not through a cache's inner fields."""
+    bad = []
+    for p in LESSONS:
+        text = p.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text, str(p))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attn"):
+                parts = node.module.split(".")
+                if parts[:2] == ["attn", "layers"] and len(parts) > 2 or any(x.startswith("_") for x in parts):
+                    bad.append(f"{p.name}:{node.lineno}: from {node.module} import ...")
+                bad += [f"{p.name}:{node.lineno}: {a.name}" for a in node.names if a.name.startswith("_")]
+        for i, line in enumerate(text.splitlines(), 1):
+            if re.search(r"\.attn\.(weights|q|k|v)\b|\.lin_[qkvo]\b|\.soft\.y\b|\.sub\.attn\b", line):
+                bad.append(f"{p.name}:{i}: {line.strip()}")
+    assert not bad, "lessons reach into the library's internals:\n" + "\n".join(bad)
 
 
 def test_lessons_exist():

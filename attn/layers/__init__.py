@@ -1,7 +1,7 @@
 """Layers as pairs of plain functions: ``*_forward(...) -> (out, cache)`` and
 ``*_backward(dout, cache) -> gradients`` in the order the forward took its inputs."""
 from .activation import relu_backward, relu_forward
-from .attention import (attention_backward, attention_forward, merge_heads,
+from .attention import (attention_backward, attention_forward, attention_weights, merge_heads,
                         multi_head_attention_backward, multi_head_attention_forward, split_heads)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
@@ -14,4 +14,4 @@ from .softmax import softmax_backward, softmax_forward
 from .recurrent import rnn_backward, rnn_forward, rnn_step_backward, rnn_step_forward
 
 __all__ = [n for n in dir() if n.endswith(("_forward", "_backward"))] + [
-    "merge_heads", "split_heads", "sinusoidal_table"]
+    "attention_weights", "merge_heads", "split_heads", "sinusoidal_table"]

@@ -105,6 +105,19 @@ def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
     return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads)
 
 
+def attention_weights(cache):
+    """The attention weights an attention forward kept, from its cache: (..., Tq, Tk) from
+    :func:`attention_forward`, (B, H, Tq, Tk) from :func:`multi_head_attention_forward`.
+    Each row sums to one over the keys a query may see and is exactly zero on masked keys
+    (the weights before attention dropout, which is what the model attended with in evaluation)."""
+    if isinstance(cache, MultiHeadCache):
+        return cache.attn.weights
+    if isinstance(cache, AttentionCache):
+        return cache.weights
+    raise TypeError(f"attention_weights: expected the cache of attention_forward or multi_head_attention_forward, "
+                    f"got {type(cache).__name__}")
+
+
 def multi_head_attention_backward(dout, cache: MultiHeadCache):
     """Backward through the output projection, the heads, and the three input projections.
 
