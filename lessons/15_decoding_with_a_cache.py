@@ -34,7 +34,8 @@ from attn import backend as B
 from attn.data import BOS, EOS, PAD, TOY_DIR, read_parallel, tokenize
 from attn.decode import EXTRA_LENGTH, beam_search, greedy_decode, length_penalty
 from attn.evaluate import source_ids
-from attn.layers import attention_forward, feed_forward_forward, layer_norm_forward, merge_heads, split_heads
+from attn.layers import (attention_forward, feed_forward_forward, layer_norm_forward, merge_heads,
+                         sinusoidal_table, split_heads)
 from attn.masks import padding_mask
 from attn.model import Transformer, log_softmax
 from attn.train import config_from_argv, train
@@ -195,7 +196,7 @@ def my_step(token, pos, cache, cross_kv, src_mask):
     Returns log-probabilities (V,) of the next token and the grown cache."""
     H, D = cfg.n_heads, cfg.d_model
     x = model.params["embedding.weight"][token] * math.sqrt(D)
-    x = (x + model._pos_table("tgt", pos + 1)[pos])[None, None, :]                # (1, 1, D)
+    x = (x + sinusoidal_table(pos + 1, D, "float64")[pos])[None, None, :]        # (1, 1, D)
     new_cache = []
     for i in range(cfg.n_decoder_layers):
         pre = f"decoder.{i}"
@@ -215,9 +216,8 @@ def my_step(token, pos, cache, cross_kv, src_mask):
 
 
 # %% [markdown]
-# (The positional row comes from the model's own table, `model._pos_table`, the
-# sinusoids of lesson 3: a private helper, used here only so the table is the very
-# same array.) Now step through the first test sentence three ways at once: by hand
+# (The positional row is the sinusoid of lesson 3, `attn.layers.sinusoidal_table`: a
+# row depends on its position alone, not on the table's length.) Now step through the first test sentence three ways at once: by hand
 # with our cache, with the library's `decode_step`, and by re-running the whole
 # decoder on the prefix. At every step the three distributions must agree.
 
