@@ -309,9 +309,8 @@ for name, (d, F, V, N) in {"this toy model": (cfg.d_model, cfg.d_ff, len(vocab),
 # %% [markdown]
 # The ratio grows with the output length: the uncached total grows like `T^2`
 # (and `T^3` in the attention scores), the cached one like `T` (and `T^2`). For
-# the base model at short lengths the output projection onto the 37,000-token
-# vocabulary, the same either way, is a large part of each step, which is why the
-# ratio is smaller there at first.
+# the base model the output projection onto the 37,000-token vocabulary, the same
+# either way, is a large part of each cached step, which is why its ratio is smaller.
 #
 # The positions each approach runs through the decoder are a count we can check
 # against the loop of section 2: the uncached loop ran `T(T + 1)/2` positions for a

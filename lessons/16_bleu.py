@@ -43,8 +43,8 @@ T0 = time.time()
 # %% [markdown]
 # ## 1. The pieces, on one sentence
 #
-# BLEU compares a hypothesis with a reference by the **n-grams** (runs of n tokens,
-# n = 1 to 4) they share. The precision of order n is the fraction of the
+# BLEU compares a hypothesis with a reference by the **n-grams** (runs of `n` tokens,
+# `n = 1 .. 4`) they share. The precision of order n is the fraction of the
 # hypothesis's n-grams that occur in the reference. Plain precision is easy to game:
 # a hypothesis that repeats one common word has a perfect unigram precision. So the
 # count of each n-gram is **clipped** to the number of times it occurs in the
@@ -80,7 +80,7 @@ for hyp in ("the the the the the the the", "the cat the cat on the mat", "the ca
 # the reference: with `c` the hypothesis length and `r` the reference length,
 #
 # `BP = 1` if `c > r`, else `exp(1 - r / c)`, and `BLEU = BP * exp(sum_n log p_n / 4)`
-# (times 100, by convention).
+# (times `100`, by convention).
 #
 # ## 2. Corpus BLEU, not an average of sentences
 #
@@ -184,7 +184,7 @@ for name in systems:
 # %% [markdown]
 # ## 3. chrF, briefly
 #
-# chrF (Popović 2015) works on **characters**: the n-grams of orders 1 to 6 of each
+# chrF (Popović 2015) works on **characters**: the n-grams of orders `1 .. 6` of each
 # sentence with the spaces removed. For each order it computes precision and recall
 # (again from statistics summed over the corpus), averages them over the orders, and
 # combines them as an F-score that weighs recall `beta = 2` times as much as
@@ -362,6 +362,7 @@ s_half = sum(stats(tokenize(h), r) for h, r in zip(systems["half of the referenc
 assert (s_half[:4] == s_half[4:8]).all() and hand["half of the reference"] < 50, "only the brevity penalty holds it"
 assert stats("the the the the the the the".split(), ref)[0] == 2, "clipping: 'the' occurs twice in the reference"
 assert hand["greedy"] > hand["copy source"] + 10 and lo < hand["greedy"] < hi and one_word > 0
+assert hi - lo > 1, f"one BLEU point is inside the noise of {len(test)} sentences: the interval is {hi - lo:.2f} wide"
 print(f"Check passed in {time.time() - T0:.1f} s: BLEU and chrF by hand equal sacreBLEU's on all "
       f"{len(systems)} systems; corpus BLEU {hand['greedy']:.2f} vs sentence mean {sent_mean['greedy']:.2f}; "
       f"the same output scores {min(ways.values()):.2f}-{max(ways.values()):.2f} depending on tokenisation and "
@@ -375,5 +376,5 @@ print(f"Check passed in {time.time() - T0:.1f} s: BLEU and chrF by hand equal sa
 #    penalty?
 # 2. Why is corpus BLEU not the mean of the sentence BLEU scores, and which of the two
 #    punishes a single sentence with no matching 4-gram harder?
-# 3. Two papers report 28.4 and 27.9 on the same test set. What would you need to
-#    know before concluding that the first system is better?
+# 3. Two papers report BLEU scores half a point apart on the same test set. What would
+#    you need to know before concluding that the first system is better?

@@ -411,7 +411,7 @@ for model_name in ("toy", "base"):
 assert launch_share["toy", "fast"] > 0.5, "the toy step on a GPU is mostly launch overhead"
 base = est["base", "fast"]
 assert base["compute"] > base["memory"] and launch_share["base", "fast"] < 0.2, "the base step is compute-bound"
-assert base["total"] < PAPER_STEP_S, "a roofline estimate is a lower bound on the measured step"
+assert PAPER_STEP_S / 10 < base["total"] < PAPER_STEP_S, "a lower bound on the measured step, of its order"
 print(f"Check passed in {time.time() - T0:.1f} s: fast path equal to the readable one (relative gradient "
       f"difference {grad_err:.0e}); residual + layer norm in {t_read.calls} operations and "
       f"{(t_read.read + t_read.written) / pass_bytes:.0f} passes readable, {gpu['calls']} launches and "

@@ -262,8 +262,8 @@ print(f"encoder-decoder of the same width and depth: {same_size.num_parameters()
 # * **greedy**: the most probable token. Deterministic: from the same prompt it
 #   always writes the same sentence;
 # * **sampling with temperature `tau`**: draw from `softmax(logits / tau)`. At
-#   `tau = 1` this is the model's own distribution; below 1 it is sharpened towards
-#   the most probable tokens, above 1 flattened towards uniform;
+#   `tau = 1` this is the model's own distribution; at `tau < 1` it is sharpened
+#   towards the most probable tokens, at `tau > 1` flattened towards uniform;
 # * **top-k**: keep the `k` most probable tokens, renormalise, draw. It cuts off the
 #   long tail of unlikely tokens, each rare but together likely to be hit somewhere
 #   in a long text.

@@ -344,6 +344,6 @@ print(f"Check passed in {time.time() - T0:.1f} s: bracket F1 greedy {f_greedy:.1
 #
 # 1. Why do the leaves of the linearised tree need to match the sentence's words one
 #    for one, and what happens to the bracket F1 of an output with one leaf too many?
-# 2. The flat parse has a precision of 100% and yet a low F1. Why?
+# 2. The flat parse has a perfect precision and yet a low F1. Why?
 # 3. Why did the paper raise the maximum output length from input + 50 to input + 300
 #    for parsing?
