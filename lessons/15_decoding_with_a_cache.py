@@ -10,9 +10,10 @@
 # Done naively, every step re-runs the whole decoder on the whole prefix. This
 # lesson shows why that is quadratic in the output length, what a **key/value
 # cache** keeps between steps so that each step runs the decoder on *one* position,
-# proves that the cached decoder computes exactly what the uncached one does, step by
-# step, and counts the work saved. Then the two searches of section 6.1 on top of the
-# one-step decoder: greedy, and beam search with the length penalty.
+# proves that the cached decoder computes what the uncached one does (to float64
+# rounding), step by step, and counts the work saved. Then the two searches of
+# section 6.1 on top of the one-step decoder: greedy, and beam search with the
+# length penalty.
 #
 # Everything below uses the readable model (`attn.model.Transformer`, lesson 9), the
 # layers of `attn.layers`, and the searches of `attn.decode`.
@@ -217,7 +218,8 @@ def my_step(token, pos, cache, cross_kv, src_mask):
 
 # %% [markdown]
 # (The positional row is the sinusoid of lesson 3, `attn.layers.sinusoidal_table`: a
-# row depends on its position alone, not on the table's length.) Now step through the first test sentence three ways at once: by hand
+# row depends on its position alone, not on the table's length.) Now step through
+# the first test sentence three ways at once: by hand
 # with our cache, with the library's `decode_step`, and by re-running the whole
 # decoder on the prefix. At every step the three distributions must agree.
 

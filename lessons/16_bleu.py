@@ -198,7 +198,8 @@ def chrf_by_hand(hyps, refs, order=6, beta=2.0):
     for h, r in zip(hyps, refs):
         h, r = "".join(h.split()), "".join(r.split())
         for n in range(1, order + 1):
-            gh, gr = Counter(h[i:i + n] for i in range(len(h) - n + 1)), Counter(r[i:i + n] for i in range(len(r) - n + 1))
+            gh = Counter(h[i:i + n] for i in range(len(h) - n + 1))
+            gr = Counter(r[i:i + n] for i in range(len(r) - n + 1))
             tot[n - 1] += (sum(gh.values()), sum(gr.values()), sum((gh & gr).values()))
     ok = (tot[:, 0] > 0) & (tot[:, 1] > 0)
     p, r = (tot[ok, 2] / tot[ok, 0]).mean(), (tot[ok, 2] / tot[ok, 1]).mean()
@@ -261,7 +262,8 @@ print(f"attn.evaluate.corpus_scores on the stored text: BLEU {library.bleu:.2f} 
 
 # %%
 rng = np.random.default_rng(0)
-per_sent = {name: np.stack([stats(tokenize(h), r) for h, r in zip(systems[name], refs)]) for name in ("greedy", "beam 4")}
+per_sent = {name: np.stack([stats(tokenize(h), r) for h, r in zip(systems[name], refs)])
+            for name in ("greedy", "beam 4")}
 N_BOOT = 300 if QUICK else 1000
 boot = {name: [] for name in per_sent}
 for _ in range(N_BOOT):
@@ -273,7 +275,8 @@ lo, hi = np.percentile(boot["greedy"], [2.5, 97.5])
 wins = (boot["beam 4"] > boot["greedy"]).mean()
 print(f"greedy BLEU {hand['greedy']:.2f} on {len(test)} sentences; 95% of {N_BOOT} bootstrap resamples fall in "
       f"[{lo:.2f}, {hi:.2f}] (a width of {hi - lo:.2f} points)")
-print(f"beam 4 {hand['beam 4']:.2f} against greedy {hand['greedy']:.2f}: beam 4 higher in {wins:.0%} of paired resamples")
+print(f"beam 4 {hand['beam 4']:.2f} against greedy {hand['greedy']:.2f}: beam 4 higher in {wins:.0%} of "
+      "paired resamples")
 
 # one corrected word: replace the first wrong token of one hypothesis by the reference's
 toks = [tokenize(h) for h in systems["greedy"]]

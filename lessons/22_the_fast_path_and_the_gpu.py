@@ -169,7 +169,8 @@ print(f"the two NumPy versions agree to {ln_err:.1e}")
 # %% [markdown]
 # A layer norm does a handful of arithmetic operations per number it touches; a GPU
 # can do many more than that in the time it takes to fetch one number from its main
-# memory (section 5 prints the P100's ratio, its *balance point*). So the time of such an operation is the time to move its
+# memory (section 5 prints the P100's ratio, its *balance point*). So the time of
+# such an operation is the time to move its
 # bytes, and the only way to make it faster is to move fewer: **fusion**, doing
 # several steps of the formula while the numbers are in registers or cache, instead
 # of writing each intermediate out and reading it back. The passes column is the
@@ -353,7 +354,8 @@ for (model_name, path), c in results.items():
 print(f"the P100's balance point: {P100_FLOPS / P100_BYTES:.0f} FLOP per byte; the paper's base step took "
       f"{PAPER_STEP_S} s")
 launch_share = {k: v["launch"] / v["total"] for k, v in est.items()}
-print("share of the estimated step spent launching: " + ", ".join(f"{m} {p} {v:.0%}" for (m, p), v in launch_share.items()))
+print("share of the estimated step spent launching: "
+      + ", ".join(f"{m} {p} {v:.0%}" for (m, p), v in launch_share.items()))
 
 fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
 labels = [name for name, *_ in rows]

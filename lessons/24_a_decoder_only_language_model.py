@@ -102,6 +102,10 @@ class DecoderOnlyLM:
 
     def backward(self, dlogits, cache):
         """dlogits (B, T, V) -> grads, a dict keyed like params."""
+        # Forward was logits = h @ E.T, so dh = dlogits @ E and dE gets dlogits.T @ h. Each layer
+        # was x1 = LN(x + attn(x)), x2 = LN(x1 + ffn(x1)): through a norm, then the residual sum
+        # sends its gradient both ways (skip path and sub-layer); self-attention read x as query
+        # and as key/value, so x gets both gradients. Last, the lookup: rows of E get their share.
         c_emb, c_pos, layers, h = cache
         E = self.params["embedding.weight"]
         g = {"embedding.weight": np.einsum("btv,btd->vd", dlogits, h)}    # the output projection's share
@@ -109,7 +113,9 @@ class DecoderOnlyLM:
         for i in reversed(range(self.N)):
             c_att, c_n1, c_ffn, c_n2 = layers[i]
             dy, g[f"{i}.norm2.gamma"], g[f"{i}.norm2.beta"] = layer_norm_backward(dx, c_n2)
-            df, g[f"{i}.ffn.w1"], g[f"{i}.ffn.b1"], g[f"{i}.ffn.w2"], g[f"{i}.ffn.b2"] = feed_forward_backward(dy, c_ffn)
+            df, *d_ffn = feed_forward_backward(dy, c_ffn)
+            for name, d in zip(("w1", "b1", "w2", "b2"), d_ffn):
+                g[f"{i}.ffn.{name}"] = d
             dx = dy + df                                                   # residual: skip path + sub-layer
             dy, g[f"{i}.norm1.gamma"], g[f"{i}.norm1.beta"] = layer_norm_backward(dx, c_n1)
             dq, dkv, *d_att = multi_head_attention_backward(dy, c_att)
@@ -130,7 +136,9 @@ class DecoderOnlyLM:
 # A new assembly of known layers is a new backward pass, and it is checked like every
 # other: in float64, central differences of the loss with respect to every entry of
 # every parameter of a tiny model, against what `backward` returns. The batch has
-# padding, so the check also covers the masked keys and the ignored targets.
+# padding, so the check also covers the masked keys and the ignored targets. Beside
+# it, the invariant the look-ahead mask promises: a later token cannot change an
+# earlier position's output.
 
 # %%
 tiny = DecoderOnlyLM(V=13, d_model=8, n_heads=2, d_ff=12, n_layers=2, seed=1, dtype="float64")
@@ -153,6 +161,12 @@ errors = {k: rel_error(grads[k], numerical_gradient(tiny_loss, v)) for k, v in t
 worst = max(errors, key=errors.get)
 print(f"{len(errors)} parameters, {sum(v.size for v in tiny.params.values())} entries checked; "
       f"worst relative error {errors[worst]:.1e} ({worst})")
+
+# The invariant the mask promises: a later token never changes an earlier position's logits.
+changed = ids.copy()
+changed[:, 4] = 4 + (changed[:, 4] - 3) % 9                  # another token at position 4
+future_leak = float(np.abs(tiny.forward(changed)[0][:, :4] - logits[:, :4]).max())
+print(f"changing the token at position 4 changes the logits at positions 0-3 by {future_leak:.1e}")
 
 # %% [markdown]
 # ## 3. Training on the toy language
@@ -351,7 +365,8 @@ names = list(stats)
 ax[1].bar(names, [np.mean([r["unseen"] for r in stats[n]]) * 100 for n in names], color="tab:red", alpha=0.7,
           label="unseen word pairs (%)")
 ax[1].plot(names, [np.mean([r["distinct"] for r in stats[n]]) * 100 for n in names], "ko-", label="distinct (%)")
-ax[1].set_title(f"generated sentences (mean over {len(SEEDS)} seeds)"); ax[1].legend(); ax[1].tick_params(axis="x", labelsize=8)
+ax[1].set_title(f"generated sentences (mean over {len(SEEDS)} seeds)"); ax[1].legend()
+ax[1].tick_params(axis="x", labelsize=8)
 fig.tight_layout(); show_figure(fig, "24_sampling.png")
 print("entropy of the first word (nats): " + ", ".join(f"tau {t}: {e:.2f}" for t, e in entropy.items()))
 
@@ -388,6 +403,7 @@ for _ in range(4):
 
 # %%
 assert errors[worst] < 1e-6, f"gradient check: {worst} has relative error {errors[worst]:.1e}"
+assert future_leak == 0.0, "the look-ahead mask must keep later tokens out of earlier positions"
 assert ppl_end < ppl_bi < ppl_uni < ppl_start, (ppl_start, ppl_uni, ppl_bi, ppl_end)
 assert lm.num_parameters() < same_size.num_parameters()
 assert all(r["distinct"] == 1 / N_GEN for r in stats["greedy"]), "greedy writes one sentence"

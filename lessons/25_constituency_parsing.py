@@ -221,12 +221,14 @@ print(f"{len(data)} distinct sentences of at most {MAX_WORDS} words; a tree is o
 
 argv = ["--data", str(data_dir), "--src", "words", "--tgt", "tree", "--out", str(run_dir), "--backend", "numpy",
         "--seed", "0", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--layers", "2",
-        "--dropout", "0.0" if QUICK else "0.1", "--warmup", "300", "--lr-factor", "0.5", "--steps", str(STEPS), "--max-tokens", "800",
+        "--dropout", "0.0" if QUICK else "0.1", "--warmup", "300", "--lr-factor", "0.5", "--steps", str(STEPS),
+        "--max-tokens", "800",
         "--eval-every", str(STEPS), "--average", "0", "--minutes", "0", "--bleu-sentences", "0", "--quiet"]
 print("attn-train " + " ".join(argv[argv.index("--seed"):argv.index("--max-tokens") + 2]))
 metrics = train(config_from_argv(argv))
 model, vocab = load_translator(run_dir / "checkpoint.npz")
-print(f"trained {metrics['steps']} steps in {metrics['train_seconds']:.1f} s; validation loss {metrics['val_loss']:.3f}")
+print(f"trained {metrics['steps']} steps in {metrics['train_seconds']:.1f} s; "
+      f"validation loss {metrics['val_loss']:.3f}")
 
 # %% [markdown]
 # ## 4. Parsing the test set
