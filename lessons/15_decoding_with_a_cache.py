@@ -107,7 +107,8 @@ print(f"{len(test)} test sentences, source lengths {min(map(len, src_rows))}-{ma
 # %%
 def greedy_uncached(i, limit=None):
     """Greedy decoding of test sentence i, re-running the decoder on the whole prefix at every step.
-    Returns the tokens (no BOS/EOS), the summed log-probabilities, and the positions the decoder ran."""
+    Returns the tokens (no BOS/EOS), the summed log-probabilities, the positions the decoder ran,
+    and the number of steps."""
     s = src[i:i + 1, :len(src_rows[i])]
     mask = padding_mask(s)
     memory, _ = model.encode(s, None, mask)                   # once
@@ -123,12 +124,13 @@ def greedy_uncached(i, limit=None):
         if nxt == EOS:
             break
         prefix.append(nxt)
-    return prefix[1:], score, positions
+    return prefix[1:], score, positions, t + 1
 
 
-toks, score, positions = greedy_uncached(0)
+toks, score, positions, steps = greedy_uncached(0)
 print(f"en:  {test[0][0]}\nref: {test[0][1]}\nout: {' '.join(vocab.decode(toks))}")
-print(f"{len(toks) + 1} steps (the last one produced EOS); the decoder ran on {positions} positions in all")
+print(f"{steps} steps ({'the last one produced EOS' if len(toks) < steps else 'stopped at the length limit'}); "
+      f"the decoder ran on {positions} positions in all")
 
 # %% [markdown]
 # Step `t` runs every decoder layer on `t + 1` positions, to use one of them: an
@@ -320,9 +322,9 @@ for name, (d, F, V, N) in {"this toy model": (cfg.d_model, cfg.d_ff, len(vocab),
 # prefix length (printed, not asserted: timings on a shared machine vary).
 
 # %%
-positions_ok = all(h[2] == (n := len(h[0]) + 1) * (n + 1) // 2 for h in hand)
+positions_ok = all(h[2] == h[3] * (h[3] + 1) // 2 for h in hand)
 print(f"uncached positions == T(T+1)/2 for every test sentence: {positions_ok}; total "
-      f"{sum(h[2] for h in hand)} positions against {sum(len(h[0]) + 1 for h in hand)} with the cache")
+      f"{sum(h[2] for h in hand)} positions against {sum(h[3] for h in hand)} with the cache")
 
 lengths = list(range(1, 41 if QUICK else 81, 3))
 sec_step_full, sec_step_cached = [], []
