@@ -50,9 +50,9 @@ T0 = time.time()
 #
 # A cache is a matter of bookkeeping, so any model would do for the proofs; a trained
 # one makes the searches worth looking at. We train a small translator (its size is
-# printed below) on short sentences of the toy corpus with `attn.train.train` (lesson 14), briefly: a
-# half-trained model hesitates between outputs, which is where beam search and greedy
-# part ways. We then load it in float64, so that "equal" below can mean equal to
+# printed below) on short sentences of the toy corpus with `attn.train.train` (lesson
+# 14), briefly: a model that is good but not perfect, so that it still hesitates
+# between outputs now and then, which is where beam search and greedy part ways. We then load it in float64, so that "equal" below can mean equal to
 # float64's rounding error, far below float32's.
 
 # %%
@@ -74,7 +74,7 @@ for split, pairs in splits.items():
         (data_dir / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
 argv = ["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy", "--seed", "0",
         "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "2", "--dropout", "0.0",
-        "--warmup", "150", "--lr-factor", "2", "--steps", str(STEPS), "--max-tokens", "400",
+        "--warmup", "150", "--lr-factor", "1", "--steps", str(STEPS), "--max-tokens", "400",
         "--eval-every", str(STEPS), "--average", "0", "--minutes", "0", "--bleu-sentences", "0", "--quiet"]
 metrics = train(config_from_argv(argv))
 _, vocab = load_translator(run_dir / "checkpoint.npz")
@@ -428,8 +428,9 @@ print(f"beam 4: library cached == library uncached == by hand on {beam_same} of 
       f"(score |diff| {beam_err:.1e})")
 print(f"beam 4 and greedy choose different outputs on {len(differ)} of {len(test)} sentences")
 for i in differ[:3]:
-    print(f"  en:     {test[i][0]}\n  ref:    {test[i][1]}\n  greedy: {' '.join(vocab.decode(g_cached.tokens[i]))}"
-          f"\n  beam 4: {' '.join(vocab.decode(b_cached.tokens[i]))}")
+    g_text, b_text = (" ".join(vocab.decode(x.tokens[i])) for x in (g_cached, b_cached))
+    print(f"  en:     {test[i][0]}\n  ref:    {test[i][1]}\n  greedy: {g_text[:100] + ' ...' * (len(g_text) > 100)}"
+          f"\n  beam 4: {b_text[:100] + ' ...' * (len(b_text) > 100)}")
 
 # %% [markdown]
 # The length penalty matters to what beam search returns. Over the test set, with
