@@ -497,7 +497,7 @@ print(f"Check passed in {time.time() - T0:.1f} s: cached and uncached decoding a
 # %% [markdown]
 # ## Exercise
 #
-# Write greedy decoding and beam search on the one-step decoder yourself, and
-# checkpoint averaging (section 6.1): the starter is
+# Write greedy decoding and beam search on the one-step decoder yourself, and the
+# checkpoint averaging of section 6.1 that lesson 14 used: the starter is
 # `lessons/exercises/decoding.py`; grade it with
 # `attn-check lessons/exercises/decoding.py`.
