@@ -9,8 +9,8 @@
 # opens both and asks where the time of a training step goes.
 #
 # The tool is counting. We wrap arrays in a small NumPy subclass that records every
-# operation run on them: how many (on a GPU each is one **kernel launch**), how many
-# bytes each reads and writes (its **passes over memory**), and how many
+# operation run on them: how many (on a GPU each is roughly one **kernel launch**),
+# how many bytes each reads and writes (its **passes over memory**), and how many
 # floating-point operations the matrix products do. Counts are deterministic; the
 # few timings below are printed for interest, never asserted (they depend on the
 # machine and its load).
