@@ -678,8 +678,13 @@ class Layer(NamedTuple):
         :class:`InvariantError`; given the learner's functions where the file defines
         them and the library's otherwise.
     hints
-        the usual cause of a wrong result: ``"forward"`` (or the function's name), and
-        ``"d<input>"`` for each gradient.
+        the formula (``attn-check --hint 3``), by ``"forward"`` (or the function's name)
+        and ``"d<input>"`` for each gradient.
+    where
+        where to look (``--hint 2``), by the same keys.
+    compare
+        for a ``"function"`` whose result is not one array (a list of merges, decoded
+        tokens): ``(yours, the library's, example) -> None``, raising InvariantError.
     """
     name: str
     kind: str
@@ -687,6 +692,8 @@ class Layer(NamedTuple):
     examples: object
     invariants: Callable | None
     hints: dict
+    where: dict = {}
+    compare: Callable | None = None
 
 
 def _dout(ex: Example, shape):
@@ -1082,3 +1089,45 @@ def _library(name: str):
 def reference(layer: str) -> tuple:
     """The library's functions of a layer, in the order of ``LAYERS[layer].functions``."""
     return tuple(_library(n) for n in LAYERS[layer].functions)
+
+# ----------------------------------------------------------------------------- dropout probes
+#
+# For each layer that takes dropout: arguments on which the layer's output, without
+# dropout, is one constant c at every entry of the tensor dropout applies to, and on
+# which the output *is* that tensor (identity weights, zero scores): with dropout every
+# entry of the output is 0 or c / (1 - p), so the grader reads the mask off the output.
+
+
+def _probe_dropout(p, rng):
+    x = np.ones((64, 32))
+    return [x, p, rng], 1.0, ["x = ones (64, 32)"]
+
+
+def _probe_attention(p, rng):
+    Bsz, T = 4, 16
+    q, k = np.zeros((Bsz, T, 2)), np.zeros((Bsz, T, 2))
+    v = np.broadcast_to(np.eye(T), (Bsz, T, T)).copy()
+    return [q, k, v, None, p, rng], 1.0 / T, [
+        "q = k = zeros (4, 16, 2) (every weight 1/16), v = identity (4, 16, 16): the output is the weights"]
+
+
+def _probe_feed_forward(p, rng):
+    D = 32
+    x = np.zeros((4, 16, D))
+    return [x, np.zeros((D, D)), np.ones(D), np.eye(D), np.zeros(D), p, rng], 1.0, [
+        "x = zeros (4, 16, 32), w1 = 0, b1 = 1 (every hidden unit 1), w2 = identity, b2 = 0: the output is "
+        "the hidden units"]
+
+
+def _probe_multi_head_attention(p, rng):
+    Bsz, T = 4, 16
+    x_q = np.zeros((Bsz, T, T))
+    x_kv = np.broadcast_to(np.eye(T), (Bsz, T, T)).copy()
+    z, eye, b = np.zeros((T, T)), np.eye(T), np.zeros(T)
+    return [x_q, x_kv, z, b, z, b, eye, b, eye, b, 1, None, p, rng], 1.0 / T, [
+        "one head, x_q = 0, w_k = 0 (every weight 1/16), x_kv = w_v = w_o = identity (16 x 16), biases 0: the "
+        "output is the weights"]
+
+
+DROPOUT_PROBES = {"dropout": _probe_dropout, "attention": _probe_attention,
+                  "feed_forward": _probe_feed_forward, "multi_head_attention": _probe_multi_head_attention}
