@@ -898,6 +898,22 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int):
                                  look="not your code's fault: please report it with this file")
 
 
+def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
+    """For the HTML report: the learner's output and the library's on the failing example,
+    where the failure (an invariant, say) did not already compare them."""
+    if f.arrays is not None or f.example is None or f.fatal:
+        return
+    try:
+        ref_f = reference(layer.name)[0]
+        want = B.to_host(ref_f(*_Args(f.example).call())[0])
+        got = impl[layer.functions[0]](*_Args(f.example, drop=drop).call())
+        got = B.to_host(got[0] if isinstance(got, tuple) else got)
+        if got.shape == want.shape and want.dtype.kind == "f":
+            f.arrays = (got, want)
+    except (Exception, Fatal):
+        pass
+
+
 def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EXAMPLES, given_forward: bool = False,
           forward_only: bool = False, drop=()) -> Result:
     """Grade one layer: its forward first (every example), then its backward (against the
@@ -936,6 +952,7 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
     if forward_failure is not None and forward_failure.check == "attn-check":
         return result("fail", runs, forward_failure, note)
     if forward_failure is not None:
+        _attach_outputs(layer, impl, forward_failure, drop)
         also = ""
         if has_bwd and forward_failure.check != "integrity" and not forward_failure.message.startswith(fname + " "):
             n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "self", drop), examples)

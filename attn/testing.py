@@ -1131,3 +1131,59 @@ def _probe_multi_head_attention(p, rng):
 
 DROPOUT_PROBES = {"dropout": _probe_dropout, "attention": _probe_attention,
                   "feed_forward": _probe_feed_forward, "multi_head_attention": _probe_multi_head_attention}
+
+# ----------------------------------------------------------------------------- where to look (--hint 2)
+#
+# The second level of a hint: which step or term of the layer to look at, without the
+# formula (``--hint 3`` gives that). The first level is the symptom the report shows.
+
+_WHERE = {
+    "linear": {"forward": "the affine map over the last axis, with any number of leading axes",
+               "dx": "which matrix multiplies dout, and whether it is transposed",
+               "dw": "which two arrays are multiplied, in which order, and the leading axes: every position "
+                     "contributes to dw",
+               "db": "which axes the bias gradient is summed over"},
+    "relu": {"forward": "where the output is zero", "dx": "which array decides where the gradient passes"},
+    "dropout": {"forward": "what happens to a kept unit, and when dropout is off",
+                "dx": "which mask the backward applies, and where it comes from"},
+    "embedding": {"forward": "the row lookup and the scale",
+                  "dW": "what happens when an id occurs twice, and whether the scale reaches dW"},
+    "positional": {"forward": "which rows of the table are added", "dx": "what the addition passes back to x",
+                   "dtable": "every sentence of the batch adds the same rows: what does each row receive?"},
+    "sinusoidal_table": {"sinusoidal_table": "which columns hold sines and which cosines, and the exponent of "
+                                             "10000"},
+    "softmax": {"forward": "large logits (overflow), masked logits, and a row whose keys are all masked",
+                "dx": "each output depends on every logit of its row through the normaliser"},
+    "layer_norm": {"forward": "the mean, the variance (which divisor?) and where eps goes",
+                   "dx": "the mean and the variance both depend on every x of the row: two terms besides the "
+                         "direct one",
+                   "dgamma": "which axes dgamma is summed over, and what multiplies dout",
+                   "dbeta": "which axes dbeta is summed over"},
+    "feed_forward": {"forward": "the order of the steps: linear, ReLU, (dropout), linear",
+                     "dx": "the steps in reverse order, the ReLU's mask from its own input",
+                     "dw1": "the gradient reaching the first linear map: after the ReLU's mask",
+                     "dw2": "the activation that entered the second linear map"},
+    "residual_ffn": {"forward": "what is added before the norm",
+                     "dx": "x reaches the output by two paths: the skip path and the network"},
+    "attention": {"forward": "where the mask is applied (before or after the normalisation) and the scale of "
+                             "the scores",
+                  "dq": "the scale of the scores applies to their gradient too",
+                  "dk": "the scale of the scores, and which side of the product k is on",
+                  "dv": "which weights multiplied v in the forward (after dropout)"},
+    "split_heads": {"split_heads": "the order of reshape and transpose: which columns go to which head"},
+    "merge_heads": {"merge_heads": "the inverse of split_heads: transpose back before reshaping"},
+    "multi_head_attention": {"forward": "split_heads: which columns of every position go to each head",
+                             "dx_kv": "x_kv feeds two projections", "dx_q": "the query path, through the heads"},
+    "rnn_step": {"forward": "the two products and the nonlinearity", "dx": "tanh's derivative, from its output",
+                 "dw_x": "the order of the product"},
+    "rnn": {"forward": "what a masked step does to the state",
+            "dx": "the gradient reaching h_t comes from two places: its own output and the next step",
+            "dh0": "what the first step sends back to the initial state",
+            "dw_h": "the weights are shared by every step"},
+    "cross_entropy": {"cross_entropy": "the smoothing term, padded targets, and what the mean is over",
+                      "dlogits": "the gradient of the smoothed loss, and what it is divided by"},
+    "causal_mask": {"causal_mask": "the diagonal: may a position see itself?"},
+    "padding_mask": {"padding_mask": "the shape that broadcasts over heads and queries"},
+}
+for _name, _where in _WHERE.items():
+    LAYERS[_name] = LAYERS[_name]._replace(where=_where)
