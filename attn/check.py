@@ -61,7 +61,7 @@ from hypothesis.errors import Flaky
 from . import backend as B
 from .check_child import LIBRARY, Arr, Handle, Rng, XpRef, is_array, library_function
 from .gradcheck import numerical_gradient, rel_error
-from .testing import DROPOUT_PROBES, LAYERS, XP, Example, Fresh, InvariantError, Layer, reference
+from .testing import DROPOUT_PROBES, LAYERS, XP, Built, Example, Fresh, InvariantError, Layer, reference
 
 DEFAULT_EXAMPLES = 20
 DEFAULT_TIMEOUT = 10.0      # seconds per call: a correct layer on these sizes takes milliseconds
@@ -431,8 +431,12 @@ class _Args:
             return {k: _Args._dev(x, dtype) for k, x in v.items()}
         return v
 
-    def call(self) -> list:
-        return [B.DeviceRNG(v.seed) if isinstance(v, Fresh) else B.xp() if v is XP else v for v in self.arrays]
+    def call(self, sandbox: "Sandbox | None" = None) -> list:
+        """The arguments of one call; a :class:`Built` one made by the library here, or in
+        ``sandbox``'s child for the learner's call."""
+        return [B.DeviceRNG(v.seed) if isinstance(v, Fresh) else B.xp() if v is XP else
+                (sandbox.call(v.function, v.args, given=True) if sandbox else library_function(v.function)(*v.args))
+                if isinstance(v, Built) else v for v in self.arrays]
 
     def index(self, name: str) -> int:
         return self.names.index(name)
@@ -552,7 +556,7 @@ class _Wrapped:
         return _call(self.fn, self.name, "invariant", *args)
 
 
-def _grad_items(wrt, grads, ref_grads, args, bname):
+def _grad_items(layer, wrt, grads, ref_grads, args, bname):
     """(label, hint key, yours, expected, the input array) for every gradient, dict inputs
     (a block's parameters) one entry per key."""
     items = []
@@ -569,14 +573,11 @@ def _grad_items(wrt, grads, ref_grads, args, bname):
                                           + (" ..." if len(missing) > 4 else ""),
                               look="every parameter gets a gradient; a parameter used in several places gets "
                                    "the sum of its paths")
-            items += [(f"d{name}[{k!r}]", "d" + k.split(".")[-1] if f"d{k}" not in _HINT_KEYS else f"d{k}", g[k],
-                       rg[k], x[k]) for k in x]
+            items += [(f"d{name}[{k!r}]", f"d{k}" if f"d{k}" in layer.hints or f"d{k}" in layer.where
+                       else "d" + k.split(".")[-1], g[k], rg[k], x[k]) for k in x]
         else:
             items.append((f"d{name}", "d" + name, g, rg, x))
     return items
-
-
-_HINT_KEYS: set = set()
 
 
 def _hints(layer: Layer, key: str) -> tuple[str, str]:
@@ -637,14 +638,19 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
                                   + ", ".join("d" + w for w in wrt),
                       look="return one gradient per input of the forward, in the forward's order")
     args.check_unchanged(bname, "backward", [("dout", dout_host, dout)])
-    items = _grad_items(wrt, grads, ref_grads, args, bname)
+    items = _grad_items(layer, wrt, grads, ref_grads, args, bname)
     for label, key, g, rg, _ in items:
         _check_output("backward", label, g, rg)
         _compare("backward", label, g, rg, np.inf, *_hints(layer, key)[::-1])
     if phase == "backward":
         if ex.compare:
             for label, key, g, rg, _ in items:
-                _compare("backward", f"gradient {label}", g, rg, GRADIENT_TOL, *_hints(layer, key)[::-1])
+                try:
+                    _compare("backward", f"gradient {label}", g, rg, GRADIENT_TOL, *_hints(layer, key)[::-1])
+                except Failure as f:
+                    if layer.explain is not None:
+                        f.symptom = layer.explain(label, g, rg, ex, dout_host) or f.symptom
+                    raise
         _run_invariants(layer, {fname: _Wrapped(fwd, fname), bname: _Wrapped(bwd, bname)}, ex)
     if ex.gradcheck:
         spot = SPOT_CHECK if len(items) <= 12 else 3
@@ -668,7 +674,7 @@ def check_function(layer: Layer, impl: dict, ex: Example, phase: str = "all", dr
     ref_fn = reference(layer.name)[0]
     args = _Args(ex)
     want = ref_fn(*_Args(ex).call())
-    got = _call(impl[name], name, "output", *args.call())
+    got = _call(impl[name], name, "output", *args.call(getattr(impl[name], "sandbox", None)))
     if B.is_device_array(want):
         _check_output("output", "the result", got, want)
     args.check_unchanged(name, "output")
@@ -734,7 +740,45 @@ def _spot(size: int, seed: int, k: int = SPOT_CHECK):
     return np.sort(B.host_rng(seed).choice(size, k, replace=False))
 
 
-CHECKS = {"pair": check_pair, "function": check_function, "loss": check_loss}
+def check_steps(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=()) -> None:
+    """An optimizer step, a few times from zero moments: the learner's state carried from
+    step to step, compared after every step with the library's carried the same way."""
+    (name,) = layer.functions
+    ref_fn = reference(layer.name)[0]
+    d = dict(ex.args)
+    dev = lambda tree: {k: B.to_device(v.copy()) for k, v in tree.items()}        # noqa: E731
+    params = dev(d["params"])
+    zeros = {k: B.to_device(np.zeros_like(v)) for k, v in d["params"].items()}
+    mine, ref = (params, dict(zeros), dict(zeros)), (dev(d["params"]), dict(zeros), dict(zeros))
+    look, formula = _hints(layer, name)
+    for t, (grads, lr) in enumerate(zip(d["_grads"], d["_lrs"]), start=1):
+        g = dev(grads)
+        res = _call(impl[name], name, "output", mine[0], g, mine[1], mine[2], t, lr, d["beta1"], d["beta2"],
+                    d["eps"])
+        ref = ref_fn(ref[0], dev(grads), ref[1], ref[2], t, lr, d["beta1"], d["beta2"], d["eps"])
+        if not (isinstance(res, tuple) and len(res) == 3 and all(isinstance(x, dict) for x in res)):
+            raise Failure("output", f"{name} returned a {_typename(res)}, expected (params, m, v), three dicts",
+                          formula, look="return the new parameters and both moments, each a dict keyed like params")
+        for what, got, want in zip(("the parameters", "m", "v"), res, ref):
+            for k in want:
+                if k not in got:
+                    raise Failure("output", f"step {t}: {what} have no {k!r}", formula, look=look)
+                try:
+                    _compare("output", f"step {t} (lr {lr:g}): {what}[{k!r}]", got[k], want[k], FORWARD_TOL,
+                             formula, look)
+                except Failure as f:
+                    if what == "the parameters" and t == 1:
+                        f.symptom = f.symptom or ("already wrong at the first step, where the bias correction "
+                                                  "matters most")
+                    raise
+        mine = res
+
+
+CHECKS = {"pair": check_pair, "function": check_function, "loss": check_loss, "steps": check_steps}
+
+#: A share of --examples for the checks whose examples cost most (a whole model's
+#: central differences): a whole-model check stays under a minute.
+EXAMPLE_SHARE = {"encoder_layer": 0.5, "decoder_layer": 0.5, "transformer": 0.25}
 
 # ----------------------------------------------------------------------------- dropout, graded
 
@@ -864,6 +908,7 @@ class Result:
 def _run(layer: Layer, sandbox: Sandbox, fn, examples: int):
     """Hypothesis over the layer's examples with ``fn(ex)``; returns (runs, the failure or None)."""
     count = [0]
+    examples = max(1, round(examples * EXAMPLE_SHARE.get(layer.name, 1.0)))
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
