@@ -112,6 +112,14 @@ class Fatal(BaseException):
         failure.fatal = True
 
 
+class _Todo(BaseException):
+    """Carries NotImplementedYet out of hypothesis without shrinking (a BaseException)."""
+
+    def __init__(self, todo: NotImplementedYet):
+        super().__init__(todo.function)
+        self.todo = todo
+
+
 class LoadError(Exception):
     """The learner's file could not be imported (the message says why, ``where`` where)."""
 
@@ -919,9 +927,11 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int):
         sandbox.reset()
         try:
             fn(ex)
-        except (Failure, NotImplementedYet) as e:
+        except Failure as e:
             e.example = ex
             raise
+        except NotImplementedYet as e:          # nothing to shrink: stop at once
+            raise _Todo(e) from None
         except Fatal as e:
             e.failure.example = ex
             raise
@@ -929,6 +939,8 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int):
     try:
         run()
         return count[0], None
+    except _Todo as e:
+        return count[0], e.todo
     except (Failure, NotImplementedYet) as e:
         return count[0], e
     except Fatal as e:

@@ -35,8 +35,8 @@ def positional_forward(x, table):
 
 
 def positional_backward(dout, cache):
-    """Forward was ``out = x + table[:T]``: dx is dout, and the first T rows of dtable are
-    dout summed over the batch (every sentence adds the same rows); the other rows are 0.
+    """The gradients of ``out = x + table[:T]``: derive them (every sentence of the batch
+    adds the same rows; the table has L rows, not T).
 
     Inputs: dout (B, T, D). Returns: dx (B, T, D), dtable (L, D).
     """

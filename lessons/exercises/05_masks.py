@@ -28,3 +28,12 @@ def causal_mask(T, xp=None):
     Returns: (1, 1, T, T) bool, True on and below the diagonal.
     """
     raise NotImplementedError
+
+
+def decoder_mask(tgt_ids, pad_id=0):
+    """The decoder's self-attention mask: a query may attend to a key only if the key is not
+    in its future *and* the key is a real token (not padding).
+
+    Inputs: tgt_ids (B, T) integer ids. Returns: (B, 1, T, T) bool.
+    """
+    raise NotImplementedError

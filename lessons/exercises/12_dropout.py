@@ -24,8 +24,8 @@ def dropout_forward(x, p, rng=None):
 
 
 def dropout_backward(dout, cache):
-    """Forward was ``out = x * mask`` (mask 0 or 1/(1-p)): ``dx = dout * mask``, the same mask
-    (keep it in the cache; never draw a new one).
+    """The gradient of the forward with respect to x. The mask was random: which mask must
+    the backward use, and where does it come from?
 
     Returns: dx (same shape as dout).
     """
