@@ -1339,7 +1339,7 @@ def adam_examples(draw):
              for _ in range(K)]
     lrs = [draw(st.sampled_from([1e-3, 0.1, 0.5])) for _ in range(K)]
     beta1, beta2 = draw(st.sampled_from([(0.9, 0.98), (0.9, 0.999), (0.5, 0.9)]))
-    return Example((("params", params), ("_grads", grads), ("_lrs", lrs), ("beta1", beta1), ("beta2", beta2),
+    return Example((("params", params), ("grads", grads), ("lrs", lrs), ("beta1", beta1), ("beta2", beta2),
                     ("eps", draw(st.sampled_from([1e-9, 1e-3])))))
 
 
