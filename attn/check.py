@@ -819,15 +819,17 @@ def check_dropout(layer: Layer, impl: dict, seed: int = 0) -> None:
     ref_f, ref_b = reference(layer.name)
     fwd, bwd = impl[fname], impl.get(bname)
     probe = DROPOUT_PROBES[layer.name]
+    dev = lambda args: [B.to_device(a) if isinstance(a, np.ndarray) else a for a in args]      # noqa: E731
+    base_args, shown = probe(0.0, None)
+    base = B.to_host(ref_f(*dev(base_args))[0])                     # the output without dropout
     for p, rng, what in ((0.0, B.DeviceRNG(seed), "p = 0 with a generator"),
                          (0.5, None, "inference: p = 0.5 with rng=None")):
-        args, c, shown = probe(p, rng)
-        want = ref_f(*[B.to_device(a) if isinstance(a, np.ndarray) else a for a in args])[0]
-        got = _call(fwd, fname, "dropout", *[B.to_device(a) if isinstance(a, np.ndarray) else a for a in args])
+        args, shown = probe(p, rng)
+        got = _call(fwd, fname, "dropout", *dev(args))
         if not (isinstance(got, tuple) and len(got) == 2):
             raise Failure("dropout", f"{fname} returned a {_typename(got)}, expected (out, cache)")
         try:
-            _compare("dropout", f"the output ({what})", got[0], want, FORWARD_TOL, "",
+            _compare("dropout", f"the output ({what})", got[0], B.to_device(base), FORWARD_TOL, "",
                      "with p == 0, or rng None (evaluation), dropout must leave everything as it is")
         except Failure as f:
             f.setup = shown + [f"dropout: {what}"]
@@ -835,35 +837,34 @@ def check_dropout(layer: Layer, impl: dict, seed: int = 0) -> None:
     p = 0.5
     rng = B.DeviceRNG(seed)
     outs, caches = [], []
-    shown = []
     for _ in range(DROPOUT_DRAWS):
-        args, c, shown = probe(p, rng)
-        res = _call(fwd, fname, "dropout", *[B.to_device(a) if isinstance(a, np.ndarray) else a for a in args])
+        args, shown = probe(p, rng)
+        res = _call(fwd, fname, "dropout", *dev(args))
         if not (isinstance(res, tuple) and len(res) == 2):
             raise Failure("dropout", f"{fname} returned a {_typename(res)}, expected (out, cache)")
         outs.append(B.to_host(res[0]))
         caches.append(res[1])
     setup = shown + [f"p = {p}, one rng = attn.backend.DeviceRNG({seed}) for {DROPOUT_DRAWS} calls"]
-    kept = [o != 0 for o in outs]
-    n = sum(k.size for k in kept)
-    frac = sum(int(k.sum()) for k in kept) / n
-    vals = np.concatenate([o[k] for o, k in zip(outs, kept)])
 
     def fail(message, look, formula=""):
         f = Failure("dropout", message, formula, look=look)
         f.setup = setup
         return f
 
+    if any(o.shape != base.shape for o in outs):
+        raise fail(f"the output has shape {outs[0].shape}, expected {base.shape}", "dropout keeps the shape")
+    kept = [o != 0 for o in outs]
+    n = sum(k.size for k in kept)
+    frac = sum(int(k.sum()) for k in kept) / n
+    ratios = np.concatenate([o[k] / base[k] for o, k in zip(outs, kept)])
     if frac == 1.0:
         raise fail(f"no unit was dropped in {DROPOUT_DRAWS} calls with p = {p}: the dropout argument is ignored",
                    "with p > 0 and an rng, draw a mask from rng at every call (rng.random(shape) >= p) and "
                    "apply it", layer.hints.get("dropout", ""))
-    want = c / (1 - p)
-    if not np.allclose(vals, want, rtol=1e-9, atol=0):
-        ratio = float(np.median(vals) / c)
-        raise fail(f"kept units are {ratio:.6g} times their value without dropout, expected 1/(1-p) = "
-                   f"{1 / (1 - p):.6g}", "inverted dropout scales the kept units by 1/(1-p), so that inference "
-                   "needs no rescale")
+    if not np.allclose(ratios, 1 / (1 - p), rtol=1e-9, atol=0):
+        raise fail(f"kept units are {float(np.median(ratios)):.6g} times their value without dropout, expected "
+                   f"1/(1-p) = {1 / (1 - p):.6g}", "inverted dropout scales the kept units by 1/(1-p), so that "
+                   "inference needs no rescale")
     sigma = math.sqrt(p * (1 - p) / n)
     if abs(frac - (1 - p)) > 5 * sigma:
         raise fail(f"a fraction {frac:.4f} of {n} units was kept over {DROPOUT_DRAWS} calls, expected "
@@ -874,12 +875,10 @@ def check_dropout(layer: Layer, impl: dict, seed: int = 0) -> None:
                    "draw a new mask from rng at every call; never keep one between calls")
     if bwd is None:
         return
-    args, c, shown = probe(p, rng)
+    args, shown = probe(p, rng)
     dout_host = B.host_rng(seed + 1).standard_normal(outs[0].shape)
-    keep0 = np.broadcast_to(kept[0], outs[0].shape)
-    dev = [B.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
-    dev = [_MaskRNG(keep0) if isinstance(a, B.DeviceRNG) else a for a in dev]
-    _, ref_cache = ref_f(*dev)
+    d = [_MaskRNG(kept[0]) if isinstance(a, B.DeviceRNG) else a for a in dev(args)]
+    _, ref_cache = ref_f(*d)
     ref_grads = ref_b(B.to_device(dout_host), ref_cache)
     ref_grads = ref_grads if isinstance(ref_grads, tuple) else (ref_grads,)
     grads = _call(bwd, bname, "dropout", B.to_device(dout_host.copy()), caches[0])
@@ -974,6 +973,10 @@ def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
         got = B.to_host(got[0] if isinstance(got, tuple) else got)
         if got.shape == want.shape and want.dtype.kind == "f":
             f.arrays = (got, want)
+            if not f.entries:
+                f.entries = _entries(got, want)
+            if f.error is None and not np.array_equal(got, want):
+                f.error = rel_error(got, want)
     except (Exception, Fatal):
         pass
 
@@ -1122,12 +1125,14 @@ def failure_lines(r: Result, hint_level: int = 1) -> list[str]:
         for name, v in f.example.args:
             if not name.startswith("_"):
                 lines.append(f"              {name} = {_describe(v)}")
-        if f.check in ("backward", "invariant"):
+        if f.check == "backward" or (f.check == "invariant" and r.blame != r.functions[0]):
             lines.append(f"              dout = standard normal of the output's shape, attn.backend.host_rng("
                          f"{f.example.seed})")
     if f.error is not None:
         lines.append(f"error:    relative error {f.error:.3g}" + (f" (tolerance {f.tol:g})" if f.tol else ""))
     if f.entries:
+        if f.check == "invariant":
+            lines.append("output:   yours and the library's on this example")
         lines.append(f"entries:  {'index':<14} {'yours':>14} {'expected':>14}")
         for idx, a, b in f.entries:
             lines.append(f"          {str(idx):<14} {_fmt(a):>14} {_fmt(b):>14}")
@@ -1147,7 +1152,8 @@ def failure_lines(r: Result, hint_level: int = 1) -> list[str]:
 
 def report(r: Result, out=sys.stdout, hint_level: int = 1) -> None:
     w = out.write
-    runs = (f"{r.examples} run{'s' * (r.examples != 1)}" + (", shrinking included" if r.status == "fail" else ""))
+    runs = ("not run" if not r.examples else
+            f"{r.examples} run{'s' * (r.examples != 1)}" + (", shrinking included" if r.status == "fail" else ""))
     w(f"{r.layer:<22} {LABELS[r.status]:<6} {r.seconds:6.2f} s  ({runs})\n")
     for line in failure_lines(r, hint_level):
         w(f"    {line}\n")
@@ -1358,8 +1364,14 @@ def _heatmaps(f: Failure, png: Path) -> bool:
     grid = lambda a: a.reshape(1, -1) if a.ndim < 2 else a.reshape(-1, a.shape[-1])     # noqa: E731
     panels = [("yours", grid(yours)), ("expected", grid(want)), ("yours - expected", grid(yours - want))]
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.2))
+    lo, hi = float(min(yours.min(), want.min())), float(max(yours.max(), want.max()))
+    d = float(np.abs(yours - want).max()) or 1.0
     for ax, (title, a) in zip(axes, panels):
-        im = ax.imshow(a, cmap="RdBu_r" if "-" in title else "viridis", aspect="auto", interpolation="nearest")
+        diff = "-" in title               # one scale for yours and expected; the difference centred on 0
+        im = ax.imshow(a, cmap="RdBu_r" if diff else "viridis", vmin=-d if diff else lo, vmax=d if diff else hi,
+                       aspect="auto", interpolation="nearest")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.yaxis.get_major_locator().set_params(integer=True)
         ax.set_title(title)
         ax.set_xlabel("last axis")
         ax.set_ylabel("rows (leading axes flattened)")
@@ -1419,7 +1431,8 @@ def _all(folder: Path, args, out) -> tuple[int, list[FileReport]]:
     for p in files:
         reports.append(grade_file(p, None, args.examples, args.timeout, args.forward_only, args.allow_library,
                                   None, args.hint))
-    out.write(f"attn-check --all {folder}: {len(files)} files, {args.examples} examples per layer\n")
+    out.write(f"attn-check --all {folder}: {len(files)} file{'s' * (len(files) != 1)}, {args.examples} examples "
+              "per layer\n")
     out.write(f"{'exercise':<34} {'state':<16} {'passed':>7}  not yet done\n")
     done = 0
     for rep in reports:
@@ -1434,7 +1447,8 @@ def _all(folder: Path, args, out) -> tuple[int, list[FileReport]]:
             state, detail = "not started", ""
         else:
             state = "in progress" if not any(r.status == "fail" for r in rs) else "failing"
-            detail = ", ".join(f"{r.layer} ({LABELS[r.status].lower()})" for r in rs if r.status != "pass")
+            detail = ", ".join(f"{r.layer} (fix {r.blame})" if r.status == "fail" and r.blame else
+                               f"{r.layer} ({LABELS[r.status].lower()})" for r in rs if r.status != "pass")
         out.write(f"{rep.path.name:<34} {state:<16} {passed:>3}/{len(rs):<3}  {detail}\n")
     out.write(f"{done} of {len(files)} exercises done\n")
     return (0 if done == len(files) else 1), reports

@@ -41,7 +41,9 @@ CAUGHT_AS = {
                                                 r"projection", LIB),
     "attention_backward_no_scale": ("attention", "attention_backward", r"gradient d[qk] differs", ()),
     "attention_dropout_fresh_mask": ("attention", "attention_backward",
-                                     r"gradient d[qk] disagrees with central differences of your forward", ()),
+                                     r"check:\s+dropout: d[qk] of the first of 8 calls differs from the library's"
+                                     r"(.|\n)*look at:\s+the backward must use the mask its own forward drew",
+                                     ("--hint", "2")),
     "attention_dropout_ignored": ("attention", "attention_forward",
                                   r"no unit was dropped in 8 calls with p = 0.5: the dropout argument is ignored", ()),
     "attention_mask_after_softmax": ("attention", "attention_forward", FORWARD_FIRST, LIB),
