@@ -193,7 +193,7 @@ class Sandbox:
         answer = self._wait("importing the file", self.timeout + 30.0)
         if answer[0] == "import_failed":
             self.close()
-            raise LoadError(answer[1], answer[2])
+            raise LoadError(self.show(answer[1]), self.show(answer[2]))
         self.found = answer[1]
         return self.found
 
@@ -230,6 +230,10 @@ class Sandbox:
             text = f.read().decode("utf-8", "replace")
         return [ln for ln in text.splitlines() if ln.strip()][-lines:]
 
+    def show(self, text: str) -> str:
+        """``text`` with the learner's file as it was named on the command line, not resolved."""
+        return text.replace(str(self.path.resolve()), str(self.path)) if text else text
+
     def _learner_line(self, start: int) -> str:
         """The learner's innermost line in the traceback the child's faulthandler wrote."""
         target = str(self.path.resolve())
@@ -246,7 +250,7 @@ class Sandbox:
             src = Path(file).read_text(encoding="utf-8", errors="replace").splitlines()[int(line) - 1].strip()
         except (OSError, IndexError):
             src = ""
-        return f"{file}:{line} in {fn}: {src}"
+        return self.show(f"{file}:{line} in {fn}: {src}")
 
     # -- one call
 
@@ -351,7 +355,8 @@ class Sandbox:
         if answer[0] == "todo":
             raise NotImplementedYet(answer[1])
         if answer[0] == "raised":
-            raise _Raised(*answer[1:])
+            kind, message, where, raiser = answer[1:]
+            raise _Raised(kind, message, self.show(where), raiser)
         _, result, modified, twin = answer
         if twin:
             raise _Twin(name, twin)
@@ -1458,8 +1463,13 @@ def timings(examples: int, out) -> int:
     """Grade the library's own functions (every layer) and print each check's seconds."""
     from . import solutions
     rep = grade_file(Path(solutions.__file__), None, examples, DEFAULT_TIMEOUT, False, True, None)
+    if rep.error:
+        out.write(f"attn-check: {rep.error}\n")
+        return 2
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     out.write(f"seconds per check at {examples} examples (the library's own functions, backend "
-              f"{B.get_backend()}, {os.cpu_count()} CPU cores visible; a loaded machine is slower)\n")
+              f"{B.get_backend()}, {os.cpu_count()} CPU cores visible, load average {load:.1f} at the end: "
+              "a loaded machine is slower)\n")
     for r in rep.results:
         out.write(f"  {r.layer:<22} {r.seconds:7.2f} s  {LABELS[r.status]}\n")
     out.write(f"  {'total':<22} {sum(r.seconds for r in rep.results):7.2f} s\n")

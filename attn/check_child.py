@@ -233,7 +233,10 @@ class _Child:
             params = []
         defined = f"{module}.{getattr(fn, '__qualname__', name)}"
         if file:
-            defined += f" ({file}:{getattr(code, 'co_firstlineno', '?')})"
+            shown = str(Path(file).resolve())
+            if shown.startswith(package + os.sep):          # the library's files as attn/...
+                shown = os.path.relpath(shown, str(Path(package).parent))
+            defined += f", {shown}:{getattr(code, 'co_firstlineno', '?')}"
         return {"library": bool(from_library), "defined": defined, "params": params}
 
     def call(self, name: str, args, given: bool):
