@@ -982,6 +982,7 @@ def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
                 f.entries = _entries(got, want)
             if f.error is None and not np.array_equal(got, want):
                 f.error = rel_error(got, want)
+            f.outputs_agree = not f.entries
     except (Exception, Fatal):
         pass
 
@@ -1135,6 +1136,9 @@ def failure_lines(r: Result, hint_level: int = 1) -> list[str]:
                          f"{f.example.seed})")
     if f.error is not None:
         lines.append(f"error:    relative error {f.error:.3g}" + (f" (tolerance {f.tol:g})" if f.tol else ""))
+    if getattr(f, "outputs_agree", False):
+        lines.append("output:   yours equals the library's on these inputs: only the inputs the invariant "
+                     "describes show the bug")
     if f.entries:
         if f.check == "invariant":
             lines.append("output:   yours and the library's on this example")

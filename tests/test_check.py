@@ -389,3 +389,11 @@ def test_on_cupy_the_library_passes_and_a_mutant_fails(run_check):
         assert "backend cupy" in report
         rc, report = run_check(ROOT / "tests" / "mutants" / "embedding_grad_drops_repeats.py", "--backend", "cupy")
         assert rc == 1 and status_lines(report) == {"embedding": "FAIL"}, report
+
+
+def test_the_whole_model_written_from_its_starter_passes(run_check):
+    """The whole-model exercise can be done from its starter: an answer built on the library's
+    layers passes the encoder layer, the decoder layer and the whole model."""
+    rc, report = run_check(ROOT / "tests" / "answers" / "the_whole_model.py", "--examples", "4")
+    assert rc == 0, report
+    assert status_lines(report) == {"encoder_layer": "PASS", "decoder_layer": "PASS", "transformer": "PASS"}
