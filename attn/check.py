@@ -59,7 +59,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, reject, seed, setti
 from hypothesis.errors import Flaky
 
 from . import backend as B
-from .check_child import LIBRARY, Arr, Handle, Rng, XpRef, is_array, library_function
+from .check_child import Arr, Handle, Rng, XpRef, is_array, library_function
 from .gradcheck import numerical_gradient, rel_error
 from .testing import DROPOUT_PROBES, LAYERS, XP, Built, Example, Fresh, InvariantError, Layer, reference
 
@@ -1437,9 +1437,15 @@ def _all(folder: Path, args, out) -> tuple[int, list[FileReport]]:
         out.write(f"attn-check: {folder} holds no .py file\n")
         return 2, []
     reports = []
-    for p in files:
+    progress = sys.stderr.isatty()
+    for i, p in enumerate(files, start=1):
+        if progress:
+            sys.stderr.write(f"\rattn-check --all: {i}/{len(files)} {p.name[:40]:<40}")
+            sys.stderr.flush()
         reports.append(grade_file(p, None, args.examples, args.timeout, args.forward_only, args.allow_library,
                                   None, args.hint))
+    if progress:
+        sys.stderr.write("\r" + " " * 70 + "\r")
     out.write(f"attn-check --all {folder}: {len(files)} file{'s' * (len(files) != 1)}, {args.examples} examples "
               "per layer\n")
     out.write(f"{'exercise':<34} {'state':<16} {'passed':>7}  not yet done\n")

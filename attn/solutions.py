@@ -15,7 +15,6 @@ from attn.layers import *  # noqa: F401,F403
 from attn.layers import merge_heads, sinusoidal_table, split_heads  # noqa: F401
 from attn.loss import cross_entropy  # noqa: F401
 from attn.masks import causal_mask, decoder_mask, padding_mask  # noqa: F401
-import math
 
 from attn import backend as B
 from attn.bpe import learn_merges as _learn_merges
@@ -220,4 +219,3 @@ def learn_merges(token_counts, num_merges):
     return _learn_merges(token_counts, num_merges)[1]
 
 
-del math

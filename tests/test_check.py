@@ -68,7 +68,8 @@ CAUGHT_AS = {
     "layer_norm_unbiased_variance": ("layer_norm", "layer_norm_forward", FORWARD_FIRST, LIB),
     "layer_norm_without_backward": ("layer_norm", None, r"forward only: layer_norm_backward is not defined", ()),
     "layer_norm_wrapped_library": ("layer_norm", "layer_norm_forward",
-                                   r"layer_norm_forward calls the library's own answer, attn.layers.layer_norm_forward", ()),
+                                   r"layer_norm_forward calls the library's own answer, "
+                                   r"attn.layers.layer_norm_forward", ()),
     "linear_weight_grad_transposed": ("linear", "linear_backward", r"dw has shape", ()),
     "positional_backward_no_batch_sum": ("positional", "positional_backward", r"gradient dtable differs", ()),
     "positional_sin_cos_swapped": ("sinusoidal_table", "sinusoidal_table", r"sin and cos swapped", ("--hint", "2")),
