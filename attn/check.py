@@ -1585,5 +1585,15 @@ def main(argv=None, out=None) -> int:
     return status
 
 
+def console() -> int:
+    """The command: :func:`main`, quiet when its output is piped into a command that stops
+    reading (``attn-check FILE | head``)."""
+    try:
+        return main()
+    except BrokenPipeError:
+        sys.stderr.close()
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

@@ -60,6 +60,8 @@ CAUGHT_AS = {
                                  r"check:\s+forward: layer_norm_forward called sys.exit\(0\)(.|\n)*where:.*"
                                  r"layer_norm_forward_exits.py:6 in layer_norm_forward: sys.exit\(0\)", ()),
     "layer_norm_forward_without_cache": ("layer_norm", "layer_norm_forward", r"expected \(out, cache\)", LIB),
+    "layer_norm_library_in_a_thread": ("layer_norm", "layer_norm_forward",
+                                       r"layer_norm_forward calls the library's own answer", ()),
     "layer_norm_modifies_input": ("layer_norm", "layer_norm_forward", r"modified its input x in place", LIB),
     "layer_norm_no_mean_term": ("layer_norm", "layer_norm_backward", r"gradient dx differs", ()),
     "layer_norm_no_variance_term": ("layer_norm", "layer_norm_backward", r"gradient dx differs", ()),
