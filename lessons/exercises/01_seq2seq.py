@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/01_seq2seq.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Only the layers whose functions you define are checked, so you can write one at a time
 (``--layer rnn_step`` checks one). Each forward returns ``(out, cache)``: the cache is
 yours, whatever your backward needs. Each backward returns the gradients in the order

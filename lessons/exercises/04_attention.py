@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/04_attention.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Only the layers whose functions you define are checked (``--layer softmax`` checks one).
 Each forward returns ``(out, cache)`` (the cache is yours); each backward returns the
 gradients in the order the forward took its inputs. ``xp = B.get_array_module(x)``.

@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/05_masks.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 A mask is a bool array that broadcasts against attention scores (B, H, Tq, Tk): True where
 a query may attend to a key.
 """

@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/06_multi_head_attention.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Your multi-head attention may call the library's layers as ``L.linear_forward``,
 ``L.attention_forward``, ... (imported as a module, so that attn-check grades only what you
 write here), or your own from the earlier exercises.

@@ -5,6 +5,9 @@ library's caches, then grade them:
 
     attn-check lessons/exercises/08_backprop_by_hand.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 attn-check compares your gradients with the library's and with float64 central
 differences, and checks the invariants (rows of a softmax's dx sum to zero, ...).
 

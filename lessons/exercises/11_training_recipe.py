@@ -5,6 +5,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/11_training_recipe.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 ``xp = B.get_array_module(x)`` is NumPy (or CuPy on a GPU).
 """
 from __future__ import annotations

@@ -4,6 +4,9 @@ Write the body below (replace the ``raise NotImplementedError``), then grade it:
 
     attn-check lessons/exercises/bpe.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 attn-check compares your merges with ``attn.bpe.learn_merges`` on corpora hypothesis draws.
 """
 from __future__ import annotations

@@ -5,6 +5,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/decoding.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 attn-check runs your decoders on a fixed small model (an ``attn.model.Transformer`` with 6
 ids: 0 PAD, 1 BOS, 2 EOS) and compares tokens and scores with ``attn.decode``. Use the
 model's cached decoding:

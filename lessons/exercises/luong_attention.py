@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/luong_attention.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 The forward returns ``(out, cache)`` (the cache is yours); the backward returns the gradients
 in the order the forward took its inputs. The library's layers are at hand as
 ``L.softmax_forward``, ``L.linear_forward``, ... (imported as a module, so that attn-check

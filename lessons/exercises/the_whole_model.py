@@ -5,6 +5,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/the_whole_model.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Build on the library's layers (``L.multi_head_attention_forward``, ``L.layer_norm_forward``,
 ``L.feed_forward_forward``, ``L.embedding_forward``, ``L.positional_forward``,
 ``L.sinusoidal_table``, and their backwards) and masks (``M.padding_mask``,
