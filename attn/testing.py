@@ -49,12 +49,17 @@ invariants
     positions, layer norm's output has zero mean, repeated ids accumulate...
 layers
     :data:`LAYERS`: for every layer of :mod:`attn.layers`, its helpers and the
-    loss, the names of its functions, a strategy of examples (hard inputs
-    included), and which invariants apply. :mod:`attn.check` grades with it.
+    loss, and for every exercise beyond them (Luong attention, the decoder's mask,
+    an encoder layer, a decoder layer, the whole Transformer, the schedule, Adam,
+    greedy and beam search, checkpoint averaging, BPE merges): the names of its
+    functions, a strategy of examples (hard inputs included), which invariants
+    apply, and hints at two levels (where to look, the formula). :mod:`attn.check`
+    grades with it, against :mod:`attn.solutions`.
+dropout
+    :data:`DROPOUT_PROBES`: for each layer that takes dropout, inputs on which the
+    output is the tensor dropout applies to, so that the mask can be read off it.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import math
 from typing import Callable, NamedTuple
