@@ -546,19 +546,12 @@ def _run_invariants(layer: Layer, functions: dict, ex: Example, check: str = "in
         layer.invariants(functions, ex)
     except InvariantError as e:
         raise Failure(check, str(e), look=e.hint) from None
-    except (NotImplementedYet, Failure, Fatal):
+    except (NotImplementedYet, Failure):
         raise
-    except (_Raised, _Twin) as e:
-        _call(_raise_again(e), getattr(e, "raiser", getattr(e, "name", "?")), check)
-    except Exception as e:
+    except Exception as e:      # the learner's result was not what the invariant could work with
         raise Failure(check, f"{type(e).__name__} while checking an invariant: {e}",
-                      look="the example shows the inputs; the line is in your file") from None
-
-
-def _raise_again(e):
-    def f():
-        raise e
-    return f
+                      look="the example shows the inputs; the result of your function had an unexpected type "
+                           "or shape") from None
 
 
 class _Wrapped:
