@@ -49,12 +49,17 @@ invariants
     positions, layer norm's output has zero mean, repeated ids accumulate...
 layers
     :data:`LAYERS`: for every layer of :mod:`attn.layers`, its helpers and the
-    loss, the names of its functions, a strategy of examples (hard inputs
-    included), and which invariants apply. :mod:`attn.check` grades with it.
+    loss, and for every exercise beyond them (Luong attention, the decoder's mask,
+    an encoder layer, a decoder layer, the whole Transformer, the schedule, Adam,
+    greedy and beam search, checkpoint averaging, BPE merges): the names of its
+    functions, a strategy of examples (hard inputs included), which invariants
+    apply, and hints at two levels (where to look, the formula). :mod:`attn.check`
+    grades with it, against :mod:`attn.solutions`.
+dropout
+    :data:`DROPOUT_PROBES`: for each layer that takes dropout, inputs on which the
+    output is the tensor dropout applies to, so that the mask can be read off it.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import math
 from typing import Callable, NamedTuple
@@ -678,8 +683,16 @@ class Layer(NamedTuple):
         :class:`InvariantError`; given the learner's functions where the file defines
         them and the library's otherwise.
     hints
-        the usual cause of a wrong result: ``"forward"`` (or the function's name), and
-        ``"d<input>"`` for each gradient.
+        the formula (``attn-check --hint 3``), by ``"forward"`` (or the function's name)
+        and ``"d<input>"`` for each gradient.
+    where
+        where to look (``--hint 2``), by the same keys.
+    compare
+        for a ``"function"`` whose result is not one array (a list of merges, decoded
+        tokens): ``(yours, the library's, example) -> None``, raising InvariantError.
+    explain
+        ``(label, yours, expected, example, dout) -> str``: what a wrong gradient looks
+        like, beyond what any layer's could (which path of a shared weight is missing).
     """
     name: str
     kind: str
@@ -687,6 +700,9 @@ class Layer(NamedTuple):
     examples: object
     invariants: Callable | None
     hints: dict
+    where: dict = {}
+    compare: Callable | None = None
+    explain: Callable | None = None
 
 
 def _dout(ex: Example, shape):
@@ -1072,13 +1088,413 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
 
 def _library(name: str):
     """The library's function called ``name`` (the solution)."""
-    from . import layers, loss, masks as masks_module
-    for module in (layers, loss, masks_module):
-        if hasattr(module, name):
-            return getattr(module, name)
-    raise KeyError(name)
+    from .check_child import library_function
+    return library_function(name)
 
 
 def reference(layer: str) -> tuple:
     """The library's functions of a layer, in the order of ``LAYERS[layer].functions``."""
     return tuple(_library(n) for n in LAYERS[layer].functions)
+
+# ----------------------------------------------------------------------------- dropout probes
+#
+# For each layer that takes dropout: arguments on which the layer's output *is* the tensor
+# dropout applies to (identity weights after it), every entry of it non-zero. With dropout
+# each entry of the output is then 0 or its value without dropout times 1 / (1 - p), so the
+# grader reads the mask off the output; the inputs before the dropout are random, so every
+# gradient depends on the mask. ``probe(p, rng) -> (arguments, lines that describe them)``.
+
+
+def _probe_dropout(p, rng):
+    return [np.ones((64, 32)), p, rng], ["x = ones (64, 32)"]
+
+
+def _probe_attention(p, rng):
+    Bsz, T = 4, 16
+    r = np.random.default_rng(7)
+    q, k = r.standard_normal((Bsz, T, 2)), r.standard_normal((Bsz, T, 2))
+    v = np.broadcast_to(np.eye(T), (Bsz, T, T)).copy()
+    return [q, k, v, None, p, rng], [
+        "q, k = standard normal (4, 16, 2), v = identity (4, 16, 16): the output is the attention weights"]
+
+
+def _probe_feed_forward(p, rng):
+    D = 32
+    r = np.random.default_rng(7)
+    x = r.standard_normal((4, 16, D))
+    b1 = np.abs(r.standard_normal(D)) + 0.1
+    return [x, np.zeros((D, D)), b1, np.eye(D), np.zeros(D), p, rng], [
+        "x standard normal (4, 16, 32), w1 = 0, b1 > 0 (the hidden units), w2 = identity, b2 = 0: the output is "
+        "the hidden units"]
+
+
+def _probe_multi_head_attention(p, rng):
+    Bsz, T = 4, 16
+    r = np.random.default_rng(7)
+    x_q = r.standard_normal((Bsz, T, T))
+    x_kv = np.broadcast_to(np.eye(T), (Bsz, T, T)).copy()
+    eye, zero = np.eye(T), np.zeros(T)
+    w_q, b_q = r.standard_normal((T, T)) / 4, r.standard_normal(T) / 4
+    w_k, b_k = r.standard_normal((T, T)) / 4, r.standard_normal(T) / 4
+    return [x_q, x_kv, w_q, b_q, w_k, b_k, eye, zero, eye, zero, 1, None, p, rng], [
+        "one head, x_q, w_q, b_q, w_k, b_k standard normal, x_kv = w_v = w_o = identity (16 x 16), b_v = b_o = 0: "
+        "the output is the attention weights"]
+
+
+DROPOUT_PROBES = {"dropout": _probe_dropout, "attention": _probe_attention,
+                  "feed_forward": _probe_feed_forward, "multi_head_attention": _probe_multi_head_attention}
+
+# ----------------------------------------------------------------------------- where to look (--hint 2)
+#
+# The second level of a hint: which step or term of the layer to look at, without the
+# formula (``--hint 3`` gives that). The first level is the symptom the report shows.
+
+_WHERE = {
+    "linear": {"forward": "the affine map over the last axis, with any number of leading axes",
+               "dx": "which matrix multiplies dout, and whether it is transposed",
+               "dw": "which two arrays are multiplied, in which order, and the leading axes: every position "
+                     "contributes to dw",
+               "db": "which axes the bias gradient is summed over"},
+    "relu": {"forward": "where the output is zero", "dx": "which array decides where the gradient passes"},
+    "dropout": {"forward": "what happens to a kept unit, and when dropout is off",
+                "dx": "which mask the backward applies, and where it comes from"},
+    "embedding": {"forward": "the row lookup and the scale",
+                  "dW": "what happens when an id occurs twice, and whether the scale reaches dW"},
+    "positional": {"forward": "which rows of the table are added", "dx": "what the addition passes back to x",
+                   "dtable": "every sentence of the batch adds the same rows: what does each row receive?"},
+    "sinusoidal_table": {"sinusoidal_table": "which columns hold sines and which cosines, and the exponent of "
+                                             "10000"},
+    "softmax": {"forward": "large logits (overflow), masked logits, and a row whose keys are all masked",
+                "dx": "each output depends on every logit of its row through the normaliser"},
+    "layer_norm": {"forward": "the mean, the variance (which divisor?) and where eps goes",
+                   "dx": "the mean and the variance both depend on every x of the row: two terms besides the "
+                         "direct one",
+                   "dgamma": "which axes dgamma is summed over, and what multiplies dout",
+                   "dbeta": "which axes dbeta is summed over"},
+    "feed_forward": {"forward": "the order of the steps: linear, ReLU, (dropout), linear",
+                     "dx": "the steps in reverse order, the ReLU's mask from its own input",
+                     "dw1": "the gradient reaching the first linear map: after the ReLU's mask",
+                     "dw2": "the activation that entered the second linear map"},
+    "residual_ffn": {"forward": "what is added before the norm",
+                     "dx": "x reaches the output by two paths: the skip path and the network"},
+    "attention": {"forward": "where the mask is applied (before or after the normalisation) and the scale of "
+                             "the scores",
+                  "dq": "the scale of the scores applies to their gradient too",
+                  "dk": "the scale of the scores, and which side of the product k is on",
+                  "dv": "which weights multiplied v in the forward (after dropout)"},
+    "split_heads": {"split_heads": "the order of reshape and transpose: which columns go to which head"},
+    "merge_heads": {"merge_heads": "the inverse of split_heads: transpose back before reshaping"},
+    "multi_head_attention": {"forward": "split_heads: which columns of every position go to each head",
+                             "dx_kv": "x_kv feeds two projections", "dx_q": "the query path, through the heads"},
+    "rnn_step": {"forward": "the two products and the nonlinearity", "dx": "tanh's derivative, from its output",
+                 "dw_x": "the order of the product"},
+    "rnn": {"forward": "what a masked step does to the state",
+            "dx": "the gradient reaching h_t comes from two places: its own output and the next step",
+            "dh0": "what the first step sends back to the initial state",
+            "dw_h": "the weights are shared by every step"},
+    "cross_entropy": {"cross_entropy": "the smoothing term, padded targets, and what the mean is over",
+                      "dlogits": "the gradient of the smoothed loss, and what it is divided by"},
+    "causal_mask": {"causal_mask": "the diagonal: may a position see itself?"},
+    "padding_mask": {"padding_mask": "the shape that broadcasts over heads and queries"},
+}
+for _name, _where in _WHERE.items():
+    LAYERS[_name] = LAYERS[_name]._replace(where=_where)
+
+# ----------------------------------------------------------------------------- the whole path: lessons 2-15
+#
+# Exercises beyond single layers, graded against the code the library runs
+# (:mod:`attn.solutions` calls attn.model, attn.optim, attn.decode and attn.bpe).
+
+
+class Built(NamedTuple):
+    """An argument made by ``attn.solutions.<function>(*args)`` (the fixed model of the
+    decoding exercise): in the grader's process for the library's call, in the child for
+    the learner's."""
+    function: str
+    args: tuple
+
+
+@st.composite
+def luong_examples(draw):
+    Bsz, T, S, H = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    lengths = np.array(draw(st.lists(st.integers(1, S), min_size=Bsz, max_size=Bsz)))
+    mask = np.arange(S)[None, :] < lengths[:, None]
+    return Example((("s", draw(normals((Bsz, T, H)))), ("e", draw(normals((Bsz, S, H)))),
+                    ("w_c", draw(normals((2 * H, H), 1 / math.sqrt(2 * H)))), ("b_c", draw(normals((H,), 0.1))),
+                    ("src_mask", mask)), ("s", "e", "w_c", "b_c"), seed=draw(seeds))
+
+
+def _luong_invariants(f, ex):
+    """Whatever sits at padded source positions, the output does not change."""
+    s, e, w_c, b_c, mask = (ex.get(k) for k in ("s", "e", "w_c", "b_c", "src_mask"))
+    if mask.all():
+        return
+    e2 = e.copy()
+    e2[~mask] = 1e3
+    fwd = f["luong_attention_forward"]
+    outs = [_host(_out(fwd(_dev(s), _dev(x), _dev(w_c), _dev(b_c), _dev(mask)))) for x in (e, e2)]
+    if not np.allclose(outs[0], outs[1], rtol=1e-12, atol=1e-12):
+        raise InvariantError("changing padded encoder states changed the output: padding leaks into the context",
+                             "the source mask must reach the scores before the softmax")
+
+
+@st.composite
+def decoder_mask_examples(draw):
+    d = draw(dims())
+    return Example((("tgt_ids", draw(padded_ids(d.B, d.T, d.V))), ("pad_id", PAD_ID)))
+
+
+def _block_params(draw, D, F, names):
+    out = {}
+    for name in names:
+        if name.endswith("attn"):
+            for n in "qkvo":
+                out[f"{name}.w_{n}"] = draw(normals((D, D), 1.0 / math.sqrt(D)))
+                out[f"{name}.b_{n}"] = draw(normals((D,), 0.1))
+        elif name == "ffn":
+            out.update({"ffn.w1": draw(normals((D, F), 1 / math.sqrt(D))), "ffn.b1": draw(normals((F,), 0.1)),
+                        "ffn.w2": draw(normals((F, D), 1 / math.sqrt(F))), "ffn.b2": draw(normals((D,), 0.1))})
+        else:
+            out[f"{name}.gamma"] = 1.0 + draw(normals((D,), 0.1))
+            out[f"{name}.beta"] = draw(normals((D,), 0.1))
+    return out
+
+
+@st.composite
+def _block_dims(draw):
+    """dims() for a whole block: widths 3 or 4 (with D = 2 a layer norm's output is +-1 whatever its input,
+    and central differences through it stop resolving the gradients behind it)."""
+    d = draw(dims(max_batch=2, max_len=4, max_width=4))
+    D = draw(st.sampled_from([3, 4]))
+    return d._replace(D=D, H=draw(st.sampled_from(divisors(D))), F=max(d.F, 2))
+
+
+#: eps of the blocks' layer norms: large enough that central differences resolve every gradient.
+BLOCK_EPS = st.sampled_from([1e-3, 0.1])
+
+
+@st.composite
+def encoder_layer_examples(draw):
+    d = draw(_block_dims())
+    mask = draw(padding_masks(d.B, d.S)) if draw(st.booleans()) else None
+    params = _block_params(draw, d.D, d.F, ("self_attn", "norm1", "ffn", "norm2"))
+    return Example((("x", draw(normals((d.B, d.S, d.D)))), ("mask", mask), ("params", params), ("n_heads", d.H),
+                    ("eps", draw(BLOCK_EPS))), ("x", "params"), seed=draw(seeds))
+
+
+@st.composite
+def decoder_layer_examples(draw):
+    d = draw(_block_dims())
+    from .masks import decoder_mask
+    tgt = draw(padded_ids(d.B, d.T, max(d.V, 2)))
+    params = _block_params(draw, d.D, d.F, ("self_attn", "norm1", "cross_attn", "norm2", "ffn", "norm3"))
+    return Example((("x", draw(normals((d.B, d.T, d.D)))), ("memory", draw(normals((d.B, d.S, d.D)))),
+                    ("src_mask", draw(padding_masks(d.B, d.S))), ("tgt_mask", decoder_mask(tgt)),
+                    ("params", params), ("n_heads", d.H), ("eps", draw(BLOCK_EPS))), ("x", "memory", "params"),
+                   seed=draw(seeds))
+
+
+@st.composite
+def transformer_examples(draw):
+    D = draw(st.sampled_from([3, 4]))
+    H, F, V = draw(st.sampled_from(divisors(D))), draw(st.integers(2, 4)), draw(st.integers(4, 7))
+    n_enc, n_dec = draw(st.integers(1, 2)), 1
+    Bsz, S, T = draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    params = {"embedding.weight": draw(normals((V, D)))}
+    for i in range(n_enc):
+        params.update({f"encoder.{i}.{k}": v for k, v in _block_params(
+            draw, D, F, ("self_attn", "norm1", "ffn", "norm2")).items()})
+    for i in range(n_dec):
+        params.update({f"decoder.{i}.{k}": v for k, v in _block_params(
+            draw, D, F, ("self_attn", "norm1", "cross_attn", "norm2", "ffn", "norm3")).items()})
+    return Example((("src", draw(padded_ids(Bsz, S, V))), ("tgt_in", draw(padded_ids(Bsz, T, V))),
+                    ("params", params), ("n_heads", H), ("eps", draw(BLOCK_EPS))), ("params",), seed=draw(seeds))
+
+
+def explain_tied_embedding(label, yours, expected, ex, dout) -> str:
+    """For ``embedding.weight``: which of its three gradient paths yours lacks (or counts twice)."""
+    if "embedding.weight" not in label:
+        return ""
+    from . import solutions
+    args = {k: B.to_device(v) if isinstance(v, np.ndarray) else
+            ({n: B.to_device(a) for n, a in v.items()} if isinstance(v, dict) else v) for k, v in ex.args}
+    paths = solutions.tied_embedding_paths(args["params"], args["n_heads"], args["eps"], args["src"],
+                                           args["tgt_in"], B.to_device(dout))
+    y, e = B.to_host(yours), B.to_host(expected)
+    scale = np.abs(e).max() + 1e-300
+    for name, g in paths.items():
+        g = B.to_host(g)
+        if np.abs(g).max() > 1e-9 * scale:
+            if np.abs(y - (e - g)).max() <= 1e-7 * scale:
+                return (f"yours is the expected without the path through {name}: embedding.weight is used three "
+                        "times, and its gradient is the sum of all three")
+            if np.abs(y - (e + g)).max() <= 1e-7 * scale:
+                return f"yours counts the path through {name} twice"
+    return ""
+
+
+@st.composite
+def noam_examples(draw):
+    return Example((("step", draw(st.integers(1, 20000))), ("d_model", draw(st.sampled_from([8, 64, 256, 512]))),
+                    ("warmup_steps", draw(st.sampled_from([1, 10, 400, 4000]))),
+                    ("factor", draw(st.sampled_from([1.0, 2.0, 0.5])))))
+
+
+@st.composite
+def adam_examples(draw):
+    """A few steps from zero moments: params, one gradient dict per step, and the rate of each step."""
+    shapes = draw(st.lists(small_shapes, min_size=1, max_size=3))
+    params = {f"p{i}": draw(normals(s)) for i, s in enumerate(shapes)}
+    K = draw(st.integers(1, 4))
+    grads = [{k: draw(normals(v.shape, draw(st.sampled_from([1.0, 1e-3, 100.0])))) for k, v in params.items()}
+             for _ in range(K)]
+    lrs = [draw(st.sampled_from([1e-3, 0.1, 0.5])) for _ in range(K)]
+    beta1, beta2 = draw(st.sampled_from([(0.9, 0.98), (0.9, 0.999), (0.5, 0.9)]))
+    return Example((("params", params), ("grads", grads), ("lrs", lrs), ("beta1", beta1), ("beta2", beta2),
+                    ("eps", draw(st.sampled_from([1e-9, 1e-3])))))
+
+
+@st.composite
+def decoding_examples(draw, beam: bool):
+    Bsz, S = draw(st.integers(1, 3)), draw(st.integers(1, 5))
+    args = [("model", Built("decoding_model", (draw(st.integers(0, 3)),))), ("src", draw(padded_ids(Bsz, S, 6)))]
+    if beam:
+        args += [("beam_size", draw(st.integers(1, 4))), ("alpha", draw(st.sampled_from([0.0, 0.6, 1.0])))]
+    args.append(("max_len", draw(st.integers(1, 8))))
+    return Example(tuple(args))
+
+
+def compare_decoded(got, want, ex) -> None:
+    """(tokens, scores): the same tokens for every sentence, scores within 1e-9."""
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise InvariantError(f"the result is a {type(got).__name__}, expected (tokens, scores)",
+                             "return the tokens of each sentence (a list of lists of ints) and their scores")
+    tokens, scores = got
+    wt, ws = want
+    try:
+        tokens = [[int(t) for t in row] for row in tokens]
+        scores = [float(s) for s in scores]
+    except (TypeError, ValueError):
+        raise InvariantError("tokens must be a list of lists of ids and scores a list of numbers",
+                             "one row of tokens and one score per sentence") from None
+    if len(tokens) != len(wt) or len(scores) != len(ws):
+        raise InvariantError(f"{len(tokens)} rows of tokens and {len(scores)} scores for {len(wt)} sentences",
+                             "one row of tokens and one score per sentence of src")
+    for i, (a, b) in enumerate(zip(tokens, wt)):
+        if a != b:
+            raise InvariantError(f"sentence {i}: your tokens {a}, the library's {b}",
+                                 "the stopping rule (EOS, max_len), PAD and BOS never generated, and which "
+                                 "hypothesis is kept")
+    for i, (a, b) in enumerate(zip(scores, ws)):
+        if not abs(a - b) <= 1e-9 * (1 + abs(b)):
+            raise InvariantError(f"sentence {i}: your score {a!r}, the library's {b!r} (same tokens)",
+                                 "the score is the summed log-probabilities, EOS included; beam search divides "
+                                 "it by the length penalty")
+
+
+@st.composite
+def average_examples(draw):
+    shapes = draw(st.lists(small_shapes, min_size=1, max_size=3))
+    dtype = draw(st.sampled_from(["float32", "float64"]))
+    ckpts = [{f"p{i}": draw(normals(s, 10.0)).astype(dtype) for i, s in enumerate(shapes)}
+             for _ in range(draw(st.integers(1, 5)))]
+    return Example((("checkpoints", ckpts),))
+
+
+def compare_arrays_by_name(got, want, ex) -> None:
+    if not isinstance(got, dict) or sorted(got) != sorted(want):
+        raise InvariantError(f"the result has keys {sorted(got) if isinstance(got, dict) else type(got).__name__}, "
+                             f"expected {sorted(want)}", "return a dict keyed like each checkpoint")
+    for k in want:
+        g, w = B.to_host(got[k]), B.to_host(want[k])
+        if g.shape != w.shape or g.dtype != w.dtype:
+            raise InvariantError(f"{k!r} has shape {g.shape} dtype {g.dtype}, expected {w.shape} {w.dtype}",
+                                 "the mean keeps each parameter's shape and dtype")
+        tol = 1e-6 if w.dtype == np.float32 else 1e-12
+        if not np.allclose(g, w, rtol=tol, atol=tol * (np.abs(w).max() + 1)):
+            raise InvariantError(f"{k!r} differs from the parameter-wise mean",
+                                 "sum in float64, divide by the number of checkpoints, then cast back")
+
+
+WORDS = st.text(alphabet="abcde", min_size=1, max_size=6)
+
+
+@st.composite
+def bpe_examples(draw):
+    counts = draw(st.dictionaries(WORDS, st.integers(1, 6), min_size=1, max_size=8))
+    return Example((("token_counts", counts), ("num_merges", draw(st.integers(0, 12)))))
+
+
+def compare_merges(got, want, ex) -> None:
+    try:
+        got = [tuple(p) for p in got]
+    except TypeError:
+        raise InvariantError(f"the result is a {type(got).__name__}, expected a list of (a, b) pairs",
+                             "return the merges in the order learned") from None
+    want = [tuple(p) for p in want]
+    n = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    if got != want:
+        raise InvariantError(
+            f"merge {n}: yours {got[n] if n < len(got) else '(none)'}, the library's "
+            f"{want[n] if n < len(want) else '(none)'} ({len(got)} merges, expected {len(want)})",
+            "the most frequent pair, counted with each word's count; ties to the alphabetically first pair; "
+            "stop at num_merges or when no pair occurs twice")
+
+
+LAYERS.update({layer.name: layer for layer in [
+    Layer("luong_attention", "pair", ("luong_attention_forward", "luong_attention_backward"), luong_examples(),
+          _luong_invariants, {
+              "forward": "out = tanh([a @ e ; s] @ w_c + b_c), a = softmax(s @ e^T) with the source mask",
+              "ds": "s is used twice (the query of the scores, and half of the concatenation): ds is the sum of both",
+              "de": "e is used twice (the keys of the scores, and the values of the context): de is the sum"},
+          {"forward": "the scores (which product), the mask, and the order of [context ; state]",
+           "ds": "every place s is used", "de": "every place e is used", "dw_c": "the concatenation it multiplied"}),
+    Layer("decoder_mask", "function", ("decoder_mask",), decoder_mask_examples(), None, {
+        "decoder_mask": "causal_mask(T) & padding_mask(tgt_ids): (B, 1, T, T)"},
+        {"decoder_mask": "both masks at once: the future and the padded keys"}),
+    Layer("encoder_layer", "pair", ("encoder_layer_forward", "encoder_layer_backward"), encoder_layer_examples(),
+          None, {"forward": "h = LayerNorm1(x + SelfAttn(x, x, mask)); out = LayerNorm2(h + FFN(h))",
+                 "dx": "each Add & Norm: dz from the norm, then dz + (sub-layer backward of dz)"},
+          {"forward": "the residual additions and the order of the two sub-layers",
+           "dx": "each sub-layer's input reaches its output by two paths: the residual and the sub-layer"}),
+    Layer("decoder_layer", "pair", ("decoder_layer_forward", "decoder_layer_backward"), decoder_layer_examples(),
+          None, {"forward": "masked self-attention, cross-attention (queries from x, keys and values from memory, "
+                            "src_mask), FFN, each as LayerNorm(x + sublayer(x))",
+                 "dmemory": "memory gives the cross-attention its keys and its values: dmemory = dx_kv"},
+          {"forward": "which mask each attention uses, and where the queries, keys and values come from",
+           "dx": "the three residual paths", "dmemory": "the cross-attention's keys and values"}),
+    Layer("transformer", "pair", ("transformer_forward", "transformer_backward"), transformer_examples(), None, {
+        "forward": "logits = decoder(embed(tgt_in), encoder(embed(src))) @ E^T with E = embedding.weight, the "
+                   "embeddings scaled by sqrt(d_model) plus the sinusoids",
+        "dembedding.weight": "dE = (source embedding's dW) + (target embedding's dW) + dlogits^T @ h"},
+        {"forward": "the scale of the embeddings, the positions, the masks (padding, look-ahead), the shared "
+                    "output projection",
+         "dembedding.weight": "embedding.weight is used three times: every use sends back a gradient"},
+        explain=explain_tied_embedding),
+    Layer("noam_lr", "function", ("noam_lr",), noam_examples(), None, {
+        "noam_lr": "factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)"},
+        {"noam_lr": "the two branches of the min, and the 1-based step"}),
+    Layer("adam", "steps", ("adam_step",), adam_examples(), None, {
+        "adam_step": "m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) "
+                     "+ eps)"},
+        {"adam_step": "the bias correction of both moments, and where eps goes"}),
+    Layer("greedy_decode", "function", ("greedy_decode",), decoding_examples(False), None, {
+        "greedy_decode": "encode, then from BOS: the most probable token at every step (PAD and BOS never), until "
+                         "EOS or max_len; the score sums the chosen tokens' log-probabilities, EOS included"},
+        {"greedy_decode": "the stopping rule, and the tokens banned from generation"}, compare=compare_decoded),
+    Layer("beam_search", "function", ("beam_search",), decoding_examples(True), None, {
+        "beam_search": "keep the K best unfinished beams by summed log-probability; a beam that ends in EOS is "
+                       "finished with score logP / ((5 + len) / 6)^alpha; stop when no live beam can beat the "
+                       "best finished one (or at max_len)"},
+        {"beam_search": "when a sentence's search may stop: a finished hypothesis is not the end while a live "
+                        "beam could still beat it"}, compare=compare_decoded),
+    Layer("average_checkpoints", "function", ("average_checkpoints",), average_examples(), None, {
+        "average_checkpoints": "mean over the checkpoints of each parameter, summed in float64, cast back"},
+        {"average_checkpoints": "the precision of the sum and the dtype of the result"},
+        compare=compare_arrays_by_name),
+    Layer("bpe", "function", ("learn_merges",), bpe_examples(), None, {
+        "learn_merges": "count adjacent pairs over all words, times each word's count; merge the most frequent "
+                        "(ties: the alphabetically first pair) everywhere; repeat"},
+        {"learn_merges": "the tie-break, the counts weighted by word frequency, and when to stop"},
+        compare=compare_merges),
+]})

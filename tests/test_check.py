@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import configparser
 import io
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -20,35 +22,71 @@ from attn.testing import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = sorted((ROOT / "tests" / "mutants").glob("*.py"))
-STARTERS = sorted((ROOT / "lessons" / "exercises").glob("[0-9][0-9]_*.py"))
+STARTERS = sorted((ROOT / "lessons" / "exercises").glob("*.py"))
 
-#: mutant file -> the layer attn-check must fail.
+#: mutant file -> (the layer attn-check must fail, the function it must blame, a regex the
+#: report must match, extra arguments). Mutants that borrow the library's other half of a
+#: layer (its backward, to break only the forward) run with --allow-library.
+LIB = ("--allow-library",)
+FORWARD_FIRST = r"blame:\s+fix {f} first: the forward is wrong"
 CAUGHT_AS = {
-    "attention_backward_no_scale": "attention",
-    "attention_mask_after_softmax": "attention",
-    "causal_mask_off_by_one": "causal_mask",
-    "cross_entropy_smoothing_on_padding": "cross_entropy",
-    "dropout_backward_fresh_mask": "dropout",
-    "dropout_backward_in_place": "dropout",
-    "dropout_no_rescale": "dropout",
-    "embedding_grad_drops_repeats": "embedding",
-    "layer_norm_forward_without_cache": "layer_norm",
-    "layer_norm_modifies_input": "layer_norm",
-    "layer_norm_no_mean_term": "layer_norm",
-    "layer_norm_no_variance_term": "layer_norm",
-    "layer_norm_unbiased_variance": "layer_norm",
-    "linear_weight_grad_transposed": "linear",
-    "positional_backward_no_batch_sum": "positional",
-    "positional_sin_cos_swapped": "sinusoidal_table",
-    "relu_backward_mask_from_dout": "relu",
-    "residual_drops_skip_path": "residual_ffn",
-    "rnn_backward_no_carry": "rnn",
-    "softmax_backward_y_times_dy": "softmax",
-    "softmax_fully_masked_row_uniform": "softmax",
-    "softmax_mask_after_normalising": "softmax",
-    "softmax_returns_float64": "softmax",
-    "softmax_without_max_shift": "softmax",
-    "split_heads_wrong_reshape": "multi_head_attention",
+    "adam_no_bias_correction": ("adam", "adam_step", r"step 1 \(lr [0-9.e-]+\): the parameters\['p0'\] differs", ()),
+    "beam_search_stops_at_first_finished": ("beam_search", "beam_search", r"sentence \d+: your tokens .*, the "
+                                            r"library's", ()),
+    "encoder_layer_no_residual": ("encoder_layer", "encoder_layer_forward", FORWARD_FIRST + r"(.|\n)*backward: "
+                                  r"encoder_layer_backward agrees with central differences of your own forward", ()),
+    "transformer_tied_embedding_missing_path": ("transformer", "transformer_backward",
+                                                r"gradient dparams\['embedding.weight'\] differs(.|\n)*looks like: "
+                                                r"yours is the expected without the path through the output "
+                                                r"projection", LIB),
+    "attention_backward_no_scale": ("attention", "attention_backward", r"gradient d[qk] differs", ()),
+    "attention_dropout_fresh_mask": ("attention", "attention_backward",
+                                     r"check:\s+dropout: d[qk] of the first of 8 calls differs from the library's"
+                                     r"(.|\n)*look at:\s+the backward must use the mask its own forward drew",
+                                     ("--hint", "2")),
+    "attention_dropout_ignored": ("attention", "attention_forward",
+                                  r"no unit was dropped in 8 calls with p = 0.5: the dropout argument is ignored", ()),
+    "attention_mask_after_softmax": ("attention", "attention_forward", FORWARD_FIRST, LIB),
+    "causal_mask_off_by_one": ("causal_mask", "causal_mask", r"the result differs from the library's", ()),
+    "cross_entropy_smoothing_on_padding": ("cross_entropy", "cross_entropy", r"padded targets changed the loss", ()),
+    "dropout_backward_fresh_mask": ("dropout", "dropout_backward", r"dx is not dout times the forward's mask", ()),
+    "dropout_backward_in_place": ("dropout", "dropout_backward", r"modified its input dout in place", ()),
+    "dropout_no_rescale": ("dropout", "dropout_forward", r"kept units are scaled by 1, expected 1/\(1-p\)", LIB),
+    "embedding_grad_drops_repeats": ("embedding", "embedding_backward", r"gradient dW differs", ()),
+    "layer_norm_eps_outside_sqrt": ("layer_norm", "layer_norm_forward",
+                                    FORWARD_FIRST + r"(.|\n)*backward: layer_norm_backward agrees with central "
+                                                    r"differences of your own forward", ()),
+    "layer_norm_forward_exits": ("layer_norm", "layer_norm_forward",
+                                 r"check:\s+forward: layer_norm_forward called sys.exit\(0\)(.|\n)*where:.*"
+                                 r"layer_norm_forward_exits.py:6 in layer_norm_forward: sys.exit\(0\)", ()),
+    "layer_norm_forward_without_cache": ("layer_norm", "layer_norm_forward", r"expected \(out, cache\)", LIB),
+    "layer_norm_library_in_a_thread": ("layer_norm", "layer_norm_forward",
+                                       r"layer_norm_forward calls the library's own answer", ()),
+    "layer_norm_modifies_input": ("layer_norm", "layer_norm_forward", r"modified its input x in place", LIB),
+    "layer_norm_no_mean_term": ("layer_norm", "layer_norm_backward", r"gradient dx differs", ()),
+    "layer_norm_no_variance_term": ("layer_norm", "layer_norm_backward", r"gradient dx differs", ()),
+    "layer_norm_reexported": ("layer_norm", "layer_norm_backward",
+                              r"layer_norm_backward is the library's own \(attn.layers.layernorm", ()),
+    "layer_norm_unbiased_variance": ("layer_norm", "layer_norm_forward", FORWARD_FIRST, LIB),
+    "layer_norm_without_backward": ("layer_norm", None, r"forward only: layer_norm_backward is not defined", ()),
+    "layer_norm_wrapped_library": ("layer_norm", "layer_norm_forward",
+                                   r"layer_norm_forward calls the library's own answer, "
+                                   r"attn.layers.layer_norm_forward", ()),
+    "linear_weight_grad_transposed": ("linear", "linear_backward", r"dw has shape", ()),
+    "positional_backward_no_batch_sum": ("positional", "positional_backward", r"gradient dtable differs", ()),
+    "positional_sin_cos_swapped": ("sinusoidal_table", "sinusoidal_table", r"sin and cos swapped", ("--hint", "2")),
+    "relu_backward_mask_from_dout": ("relu", "relu_backward", r"gradient dx differs", ()),
+    "residual_drops_skip_path": ("residual_ffn", "residual_ffn_backward", r"gradient dx differs", LIB),
+    "rnn_backward_no_carry": ("rnn", "rnn_backward", r"gradient dx differs", ()),
+    "softmax_backward_y_times_dy": ("softmax", "softmax_backward", r"gradient dx differs", ()),
+    "softmax_forward_endless_loop": ("softmax", "softmax_forward",
+                                     r"softmax_forward did not return within 2 s: an endless loop\?(.|\n)*where:.*"
+                                     r"softmax_forward_endless_loop.py:\d+ in softmax_forward", ("--timeout", "2")),
+    "softmax_fully_masked_row_uniform": ("softmax", "softmax_forward", FORWARD_FIRST, LIB),
+    "softmax_mask_after_normalising": ("softmax", "softmax_forward", FORWARD_FIRST, LIB),
+    "softmax_returns_float64": ("softmax", "softmax_forward", r"with float32 inputs the output is float64", LIB),
+    "softmax_without_max_shift": ("softmax", "softmax_forward", r"the output has nan", LIB),
+    "split_heads_wrong_reshape": ("multi_head_attention", "multi_head_attention_forward", FORWARD_FIRST, LIB),
 }
 
 
@@ -69,47 +107,68 @@ def run_check():
 
 
 def status_lines(report: str) -> dict:
-    """layer -> "PASS", "FAIL" or "not implemented yet", from the report's layer lines."""
+    """layer -> "PASS", "FAIL", "INCOMPLETE" or "not implemented yet", from the report's layer lines."""
     found = {}
     for line in report.splitlines():
-        m = re.match(r"^(\w+)\s+(PASS|FAIL|not implemented yet)\s", line)
+        m = re.match(r"^(\w+)\s+(PASS|FAIL|INCOMPLETE|not implemented yet)\s", line)
         if m:
             found[m.group(1)] = m.group(2)
     return found
 
 
 def test_the_librarys_layers_pass(run_check):
-    rc, report = run_check(ROOT / "tests" / "solutions.py")
+    rc, report = run_check("--allow-library", ROOT / "tests" / "solutions.py", "--examples", "10")
     assert rc == 0, report
     assert status_lines(report) == {name: "PASS" for name in LAYERS}, report
     print(report)                              # per-layer seconds at the default number of examples
 
 
-def test_every_mutant_has_a_file_and_an_expected_layer():
-    assert len(MUTANTS) >= 15
+def test_the_librarys_layers_re_exported_fail_every_one(run_check):
+    rc, report = run_check(ROOT / "tests" / "solutions.py", "--examples", "1")
+    assert rc == 1, report
+    assert set(status_lines(report).values()) == {"FAIL"}, report
+    assert report.count("is the library's own") == len(LAYERS), report
+
+
+def test_every_mutant_has_a_file_and_an_expected_blame():
+    assert len(MUTANTS) >= 30
     assert sorted(p.stem for p in MUTANTS) == sorted(CAUGHT_AS)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[p.stem for p in MUTANTS])
-def test_mutant_is_caught(run_check, mutant):
-    layer = CAUGHT_AS[mutant.stem]
-    rc, report = _MUTANT_REPORTS[mutant.stem] = run_check(mutant, "--layer", layer)
+def test_mutant_is_caught_and_blamed(run_check, mutant):
+    layer, blamed, pattern, extra = CAUGHT_AS[mutant.stem]
+    rc, report = _MUTANT_REPORTS[mutant.stem] = run_check(mutant, "--layer", layer, *extra)
     assert rc == 1, report
-    assert status_lines(report) == {layer: "FAIL"}, report
-    assert "check:" in report and "example:  the smallest hypothesis found" in report
     assert "Traceback" not in report
+    if blamed is None:                                          # not a failure: forward only, incomplete
+        assert status_lines(report) == {layer: "INCOMPLETE"}, report
+    else:
+        assert status_lines(report) == {layer: "FAIL"}, report
+        assert re.search(rf"blame:\s+fix {blamed}\b", report), report
+        assert "check:" in report
+    assert re.search(pattern.format(f=blamed), report), report
 
 
 def test_a_failure_report_names_the_gradient_error_entries_and_hint(run_check):
     name = "attention_backward_no_scale"
-    rc, report = _MUTANT_REPORTS.get(name) or run_check(ROOT / "tests" / "mutants" / f"{name}.py",
-                                                         "--layer", "attention")
+    rc, report = run_check(ROOT / "tests" / "mutants" / f"{name}.py", "--layer", "attention", "--hint", "3")
     assert rc == 1
     assert re.search(r"check:\s+backward: gradient d[qk] differs from the library's", report), report
     assert re.search(r"error:\s+relative error [0-9.e+-]+ \(tolerance 1e-06\)", report), report
     assert re.search(r"entries:\s+index\s+yours\s+expected", report), report
     assert "1.41421 times the expected" in report                     # sqrt(2): d_k = 2 in the smallest example
-    assert "hint:" in report and "sqrt(d_k)" in report
+    assert "formula:" in report and "sqrt(d_k)" in report
+
+
+def test_hints_come_in_levels(run_check):
+    mutant = ROOT / "tests" / "mutants" / "layer_norm_no_mean_term.py"
+    reports = {level: run_check(mutant, "--hint", str(level))[1] for level in (1, 2, 3)}
+    assert "look at:" not in reports[1] and "formula:" not in reports[1]
+    assert "attn-check --hint 2 says where to look" in reports[1]
+    assert "look at:" in reports[2] and "formula:" not in reports[2]
+    assert "attn-check --hint 3 says the formula" in reports[2]
+    assert "look at:" in reports[3] and "formula:" in reports[3]
 
 
 @pytest.mark.parametrize("starter", STARTERS, ids=[p.stem for p in STARTERS])
@@ -123,12 +182,17 @@ def test_untouched_starter_says_not_implemented_yet(run_check, starter):
 
 
 def test_every_starter_has_its_lessons_exercise_cell():
-    for starter in STARTERS:
-        lesson = next((ROOT / "lessons").glob(starter.name[:3] + "*.py"))
+    """Every starter is named (`attn-check lessons/exercises/<name>`) in the closing
+    markdown "Exercise" cell of some lesson."""
+    tails = {}
+    for lesson in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")):
         text = lesson.read_text(encoding="utf-8")
         tail = text[text.rindex("# %%"):]
-        assert tail.startswith("# %% [markdown]") and "Exercise" in tail, lesson.name
-        assert f"attn-check lessons/exercises/{starter.name}" in tail, lesson.name
+        if tail.startswith("# %% [markdown]") and "Exercise" in tail:
+            tails[lesson.name] = tail
+    for starter in STARTERS:
+        named = [name for name, tail in tails.items() if f"attn-check lessons/exercises/{starter.name}" in tail]
+        assert named, f"no lesson ends with an Exercise cell naming lessons/exercises/{starter.name}"
 
 
 def _write_layer_norm(text: str) -> str:
@@ -175,15 +239,14 @@ def test_an_exception_is_reported_with_the_learners_line(run_check, tmp_path):
 def test_a_wrong_signature_names_the_librarys(run_check, tmp_path):
     f = tmp_path / "sig.py"
     f.write_text("def softmax_forward(x):\n    return x, None\n")
-    rc, report = run_check(f)
+    rc, report = run_check(f, "--hint", "2")
     assert rc == 1 and "softmax_forward must take the library's arguments: softmax_forward(x, mask=None)" in report
 
 
-def test_a_forward_alone_is_checked_without_gradients(run_check, tmp_path):
-    f = tmp_path / "fwd.py"
-    f.write_text("from attn.layers import layer_norm_forward\n")
-    rc, report = run_check(f)
-    assert rc == 0 and status_lines(report) == {"layer_norm": "PASS"}
+def test_a_forward_alone_is_incomplete_unless_asked_for(run_check):
+    mutant = ROOT / "tests" / "mutants" / "layer_norm_without_backward.py"
+    rc, report = run_check(mutant, "--forward-only")
+    assert rc == 0 and status_lines(report) == {"layer_norm": "PASS"}, report
     assert "forward only: layer_norm_backward is not defined" in report
 
 
@@ -192,13 +255,96 @@ def test_files_that_cannot_be_graded_exit_2(run_check, tmp_path):
     empty = tmp_path / "empty.py"
     empty.write_text("x = 1\n")
     rc, report = run_check(empty)
-    assert rc == 2 and "defines none of the library's layer functions" in report
+    assert rc == 2 and "defines no gradable function" in report
+    imported = tmp_path / "imported.py"
+    imported.write_text("from attn.layers import layer_norm_forward\n")
+    rc, report = run_check(imported)
+    assert rc == 2 and "layer_norm_forward is the library's own, imported, not written here" in report, report
     bad = tmp_path / "bad.py"
     bad.write_text("def softmax_forward(x, mask=None):\n    return x +\n")
     rc, report = run_check(bad)
     assert rc == 2 and f"{bad}:2" in report and "SyntaxError" in report
+    exits = tmp_path / "exits.py"
+    exits.write_text("import sys\nsys.exit(0)\n")
+    rc, report = run_check(exits)
+    assert rc == 2 and "importing it called sys.exit(0)" in report and f"{exits}:2" in report, report
     rc, report = run_check(ROOT / "tests" / "solutions.py", "--layer", "softmax", "--examples", "0")
     assert rc == 2
+
+
+ENDINGS = {
+    "os_exit": ("import os\n\n\ndef relu_forward(x):\n    os._exit(3)\n",
+                r"relu_forward ended the process with exit status 3"),
+    "segfault": ("import ctypes\n\n\ndef relu_forward(x):\n    ctypes.string_at(0)\n",
+                 r"relu_forward crashed the interpreter \(SIGSEGV, segmentation fault\)(.|\n)*where:.*:5 in "
+                 r"relu_forward: ctypes.string_at\(0\)"),
+    "keyboard_interrupt": ("def relu_forward(x):\n    raise KeyboardInterrupt\n",
+                           r"relu_forward raised KeyboardInterrupt"),
+    "flood": ("def relu_forward(x):\n    while True:\n        print('debug', x)\n",
+              r"relu_forward printed more than 200,000 bytes: output flooding(.|\n)*where:.*:3 in relu_forward"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ENDINGS))
+def test_a_call_that_ends_or_floods_the_process_fails_naming_the_function(run_check, tmp_path, kind):
+    source, pattern = ENDINGS[kind]
+    f = tmp_path / f"{kind}.py"
+    f.write_text(source)
+    rc, report = run_check(f, "--timeout", "60", "--examples", "3")
+    assert rc == 1 and status_lines(report) == {"relu": "FAIL"}, report
+    assert re.search(pattern, report), report
+    assert re.search(r"blame:\s+fix relu_forward", report), report
+
+
+def test_an_untouched_starter_with_dropout_deferred_passes_without_it(run_check, tmp_path):
+    """The starters before lesson 12 leave dropout out of attention_forward's signature:
+    the examples without dropout are graded, and the report says dropout was not."""
+    f = tmp_path / "attention.py"
+    f.write_text("import math\nfrom attn import layers as L\n\n\ndef attention_forward(q, k, v, mask=None):\n"
+                 "    w, c = L.softmax_forward((q @ k.swapaxes(-1, -2)) / math.sqrt(q.shape[-1]), mask)\n"
+                 "    return w @ v, None\n")
+    rc, report = run_check(f, "--forward-only", "--examples", "10")
+    assert rc == 0 and status_lines(report) == {"attention": "PASS"}, report
+    assert "dropout not graded: attention_forward takes no dropout argument" in report
+
+
+def test_teacher_reports(run_check, tmp_path):
+    mutant = ROOT / "tests" / "mutants" / "layer_norm_eps_outside_sqrt.py"
+    paths = {k: tmp_path / n for k, n in (("json", "r.json"), ("junit", "r.xml"), ("gradescope", "results.json"))}
+    rc, report = run_check(mutant, "--json", paths["json"], "--junit", paths["junit"],
+                           "--gradescope", paths["gradescope"], "--html", tmp_path / "html")
+    assert rc == 1
+    data = json.loads(paths["json"].read_text())
+    (layer,) = data["layers"]
+    assert layer["status"] == "fail" and layer["blame"] == "layer_norm_forward"
+    assert layer["failure"]["example"]["eps"] and "agrees with central differences" in layer["backward"]
+    xml = ElementTree.parse(paths["junit"]).getroot()
+    case = xml.find("testsuite/testcase")
+    assert case.get("name") == "layer_norm" and case.find("failure") is not None
+    grades = json.loads(paths["gradescope"].read_text())
+    assert grades["score"] == 0 and grades["max_score"] == 1
+    assert grades["tests"][0]["status"] == "failed" and "fix layer_norm_forward" in grades["tests"][0]["output"]
+    page = (tmp_path / "html" / "index.html").read_text()
+    assert "layer_norm" in page and "fix layer_norm_forward" in page
+    pngs = list((tmp_path / "html").glob("*.png"))
+    assert len(pngs) == 1 and "<img src='" + pngs[0].name in page
+
+
+def test_all_prints_which_exercises_are_done(run_check, tmp_path):
+    folder = tmp_path / "learner"
+    folder.mkdir()
+    (folder / "05_masks.py").write_text((ROOT / "lessons/exercises/05_masks.py").read_text())
+    (folder / "07_feed_forward_layer_norm.py").write_text(
+        _write_layer_norm((ROOT / "lessons/exercises/07_feed_forward_layer_norm.py").read_text()))
+    (folder / "relu.py").write_text("def relu_forward(x):\n    return x * (x > 0), x > 0\n\n\n"
+                                    "def relu_backward(dout, cache):\n    return dout * cache\n")
+    rc, report = run_check("--all", folder, "--examples", "5")
+    assert rc == 1, report
+    rows = {line.split()[0]: line for line in report.splitlines()[2:-1]}
+    assert re.search(r"\bnot started\b", rows["05_masks.py"]), report
+    assert re.search(r"\bin progress\b\s+1/4", rows["07_feed_forward_layer_norm.py"]), report
+    assert re.search(r"\bdone\b\s+1/1", rows["relu.py"]), report
+    assert report.splitlines()[-1] == "1 of 3 exercises done"
 
 
 def test_help_and_module_entry_point():
@@ -206,7 +352,8 @@ def test_help_and_module_entry_point():
     proc = subprocess.run([sys.executable, "-m", "attn.check", "--help"], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 0
-    for words in ("attn-check", "--layer", "--examples", "--backend", "Exit status", "NotImplementedError",
+    for words in ("attn-check", "--layer", "--examples", "--timeout", "--hint", "--forward-only", "--json",
+                  "--junit", "--gradescope", "--html", "--all", "--backend", "Exit status", "NotImplementedError",
                   "layer_norm_forward, layer_norm_backward"):
         assert words in proc.stdout, words
 
@@ -215,7 +362,7 @@ def test_the_grader_gets_its_arrays_from_the_backend():
     """attn.testing and attn.check import no NumPy (tests/test_backend.py checks every module of attn/;
     this names the two, so that moving them out of attn/ cannot drop them from that rule)."""
     from test_backend import _forbidden_imports
-    for module in ("testing.py", "check.py"):
+    for module in ("testing.py", "check.py", "check_child.py", "solutions.py"):
         path = ROOT / "attn" / module
         assert path.is_file() and not _forbidden_imports(path), module
 
@@ -230,7 +377,7 @@ def test_console_script_and_hypothesis_dependency_are_declared():
 def test_cupy_backend_without_a_gpu_is_a_clear_error(run_check):
     if B.cupy_available():
         pytest.skip("a GPU is usable here: the cupy backend works")
-    rc, report = run_check(ROOT / "tests" / "solutions.py", "--backend", "cupy")
+    rc, report = run_check("--allow-library", ROOT / "tests" / "solutions.py", "--backend", "cupy")
     assert rc == 2 and "ATTN_BACKEND=cupy was asked for" in report
 
 
@@ -239,8 +386,30 @@ def test_on_cupy_the_library_passes_and_a_mutant_fails(run_check):
     elsewhere. A few examples per layer: this proves the grader's own CuPy path."""
     from conftest import selected_backend
     with selected_backend("cupy"):
-        rc, report = run_check(ROOT / "tests" / "solutions.py", "--backend", "cupy", "--examples", "5")
+        rc, report = run_check("--allow-library", ROOT / "tests" / "solutions.py", "--backend", "cupy",
+                               "--examples", "5")
         assert rc == 0 and set(status_lines(report).values()) == {"PASS"}, report
         assert "backend cupy" in report
         rc, report = run_check(ROOT / "tests" / "mutants" / "embedding_grad_drops_repeats.py", "--backend", "cupy")
         assert rc == 1 and status_lines(report) == {"embedding": "FAIL"}, report
+
+
+ANSWERS = sorted((ROOT / "tests" / "answers").glob("*.py"))
+
+
+@pytest.mark.parametrize("answer", ANSWERS, ids=[p.stem for p in ANSWERS])
+def test_an_exercise_written_from_its_starter_passes(run_check, answer):
+    """Every new exercise can be done from its starter: answers written from the docstrings
+    (on the library's layers where the exercise allows it) pass every function."""
+    rc, report = run_check(answer, "--examples", "4")
+    assert rc == 0, report
+    assert status_lines(report) and set(status_lines(report).values()) == {"PASS"}, report
+
+
+def test_answers_cover_every_new_exercise():
+    graded = set()
+    for answer in ANSWERS:
+        text = answer.read_text()
+        graded |= {name for name, layer in LAYERS.items() if f"def {layer.functions[0]}(" in text}
+    assert {"luong_attention", "decoder_mask", "encoder_layer", "decoder_layer", "transformer", "noam_lr", "adam",
+            "greedy_decode", "average_checkpoints", "bpe"} <= graded

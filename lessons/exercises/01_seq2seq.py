@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/01_seq2seq.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Only the layers whose functions you define are checked, so you can write one at a time
 (``--layer rnn_step`` checks one). Each forward returns ``(out, cache)``: the cache is
 yours, whatever your backward needs. Each backward returns the gradients in the order
@@ -25,9 +28,8 @@ def linear_forward(x, w, b=None):
 
 
 def linear_backward(dout, cache):
-    """Forward was ``out = x @ w + b``, so ``dx = dout @ w.T``, ``dw = x.T @ dout`` and
-    ``db = sum(dout)``, with x and dout flattened to (N, Din) and (N, Dout) (every leading
-    axis is a batch axis, summed over).
+    """The gradients of ``out = x @ w + b``: derive them (every leading axis of x is a batch
+    axis, and every position used w and b).
 
     Inputs: dout (..., Dout). Returns: dx (..., Din), dw (Din, Dout), db (Dout,).
     """
@@ -44,9 +46,9 @@ def embedding_forward(ids, W, scale=1.0):
 
 
 def embedding_backward(dout, cache):
-    """Row v of dW is ``scale`` times the sum of dout over every position holding id v.
-    Ids repeat: ``dW[ids] += g`` keeps only one of the repeats; ``B.scatter_add(dW, ids, g)``
-    (``np.add.at``) accumulates them.
+    """The gradient of ``out = W[ids] * scale`` with respect to W. Ids repeat, and
+    ``dW[ids] += g`` keeps only one of the repeats: ``B.scatter_add(dW, ids, g)`` (``np.add.at``)
+    accumulates them.
 
     Inputs: dout (..., D). Returns: dW (V, D).
     """
@@ -63,9 +65,8 @@ def rnn_step_forward(x, h_prev, w_x, w_h, b):
 
 
 def rnn_step_backward(dh, cache):
-    """``tanh'(a) = 1 - tanh(a)**2``, so ``da = dh * (1 - h**2)``; then as for two linear maps
-    sharing one output: ``dx = da @ w_x.T``, ``dh_prev = da @ w_h.T``, ``dw_x = x.T @ da``,
-    ``dw_h = h_prev.T @ da``, ``db = sum(da)`` over the batch.
+    """The gradients of one step of the cell, from dh: derive them (tanh's derivative can be
+    written with its output).
 
     Inputs: dh (B, H). Returns: dx (B, Din), dh_prev (B, H), dw_x (Din, H), dw_h (H, H), db (H,).
     """
@@ -84,12 +85,14 @@ def rnn_forward(x, h0, w_x, w_h, b, mask=None):
 
 
 def rnn_backward(dhs, cache):
-    """Backpropagation through time. Walking t backwards, the gradient reaching ``h_t`` is
-    ``g_t = dhs[:, t] + (what step t+1 sent back)``; a real step has ``da_t = g_t * (1 - h_t**2)``
-    and sends ``da_t @ w_h.T`` back; a skipped step passes ``g_t`` on unchanged. The weights
-    are shared by every step, so their gradients are sums over t:
-    ``dw_x = sum x_t.T @ da_t``, ``dw_h = sum h_{t-1}.T @ da_t``, ``db = sum da_t``.
+    """Backpropagation through time: walk t backwards. Think about what reaches ``h_t`` (its
+    own output's gradient, and what the next step sends back), what a skipped step does,
+    and that the weights are shared by every step.
 
-    Inputs: dhs (B, T, H). Returns: dx (B, T, Din), dh0 (B, H), dw_x (Din, H), dw_h (H, H), db (H,).
+    Inputs: dhs (B, T, H), the gradient of every state the forward returned.
+    Returns:
+        dx (B, T, Din)   the gradient of every input step x_t;
+        dh0 (B, H)       the gradient of the initial state (what step 0 sends back);
+        dw_x (Din, H), dw_h (H, H), db (H,)   summed over the steps.
     """
     raise NotImplementedError

@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/03_positional_encoding.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Only the functions you define are checked. ``B.host`` is NumPy (the table is built on the
 host); ``xp = B.get_array_module(x)`` is the array library of x (NumPy or CuPy).
 """
@@ -35,8 +38,8 @@ def positional_forward(x, table):
 
 
 def positional_backward(dout, cache):
-    """Forward was ``out = x + table[:T]``: dx is dout, and the first T rows of dtable are
-    dout summed over the batch (every sentence adds the same rows); the other rows are 0.
+    """The gradients of ``out = x + table[:T]``: derive them (every sentence of the batch
+    adds the same rows; the table has L rows, not T).
 
     Inputs: dout (B, T, D). Returns: dx (B, T, D), dtable (L, D).
     """

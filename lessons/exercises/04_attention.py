@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/04_attention.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Only the layers whose functions you define are checked (``--layer softmax`` checks one).
 Each forward returns ``(out, cache)`` (the cache is yours); each backward returns the
 gradients in the order the forward took its inputs. ``xp = B.get_array_module(x)``.
@@ -27,30 +30,32 @@ def softmax_forward(x, mask=None):
 
 
 def softmax_backward(dy, cache):
-    """The Jacobian of softmax is ``diag(y) - y y^T``; applied to dy without building it:
-    ``dx = y * (dy - sum(dy * y, axis=-1, keepdims=True))``.
+    """The gradient of the softmax with respect to its logits: derive it (each output
+    depends on every logit of its row), and apply it to dy without building a K x K matrix.
 
     Inputs: dy (..., K). Returns: dx (..., K).
     """
     raise NotImplementedError
 
 
-def attention_forward(q, k, v, mask=None, dropout=0.0, rng=None):
-    """``out = softmax(q @ k^T / sqrt(d_k), mask) @ v`` (equation 1), with dropout on the
-    weights (``p = dropout``; keep where ``rng.random(shape, dtype=...) >= p``, scale by
-    ``1/(1-p)``; no dropout when ``dropout == 0`` or ``rng is None``).
+def attention_forward(q, k, v, mask=None):
+    """``out = softmax(q @ k^T / sqrt(d_k), mask) @ v`` (equation 1).
 
     Inputs: q (..., Tq, Dk); k (..., Tk, Dk); v (..., Tk, Dv); mask None or bool broadcastable
     to (..., Tq, Tk), True where query i may attend to key j.
     Returns: out (..., Tq, Dv), cache.
+
+    Dropout on the weights comes in lesson 12. After its exercise, add ``dropout=0.0,
+    rng=None`` to this signature and drop the weights with inverted dropout (your
+    ``dropout_forward`` of lesson 12): attn-check then grades the dropout too (until then it
+    says "dropout not graded").
     """
     raise NotImplementedError
 
 
 def attention_backward(dout, cache):
-    """Forward was ``out = drop(w) @ v``, ``w = softmax(s)``, ``s = q @ k^T * scale`` with
-    ``scale = 1/sqrt(d_k)``. So ``dv = drop(w)^T @ dout``, ``dw = dropout_back(dout @ v^T)``,
-    ``ds = softmax_backward(dw) * scale``, ``dq = ds @ k``, ``dk = ds^T @ q``.
+    """The gradients of the three steps of the forward, in reverse: the product with v, the
+    softmax (your softmax_backward), the scaled scores. Derive each.
 
     Inputs: dout (..., Tq, Dv). Returns: dq, dk, dv (shapes of q, k, v).
     """

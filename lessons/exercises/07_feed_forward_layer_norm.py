@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/07_feed_forward_layer_norm.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 Only the layers whose functions you define are checked (``--layer layer_norm`` checks one).
 Each forward returns ``(out, cache)`` (the cache is yours); each backward returns the
 gradients in the order the forward took its inputs. ``xp = B.get_array_module(x)``.
@@ -22,21 +25,26 @@ def relu_forward(x):
 
 
 def relu_backward(dout, cache):
-    """Forward was ``out = x * (x > 0)``, so ``dx = dout * (x > 0)``. Returns: dx."""
+    """The gradient of ``max(x, 0)``: derive it (which array decides where it passes?). Returns: dx."""
     raise NotImplementedError
 
 
-def feed_forward_forward(x, w1, b1, w2, b2, dropout=0.0, rng=None):
-    """``FFN(x) = max(0, x W1 + b1) W2 + b2`` (equation 2), with dropout on the hidden
-    activations (``L.dropout_forward(a, dropout, rng)``); ``L.linear_forward`` does the affine maps.
+def feed_forward_forward(x, w1, b1, w2, b2):
+    """``FFN(x) = max(0, x W1 + b1) W2 + b2`` (equation 2); ``L.linear_forward`` does the affine maps.
 
     Inputs: x (..., D); w1 (D, F); b1 (F,); w2 (F, D); b2 (D,). Returns: out (..., D), cache.
+
+    Dropout comes in lesson 12. The paper drops each sub-layer's *output*, before the residual
+    addition (section 5.4), which belongs to the Add & Norm, not here. The library's
+    feed-forward can also drop its hidden units (``TransformerConfig.relu_dropout``, the
+    "relu dropout" of tensor2tensor, not in the paper's text): to be graded on it, add
+    ``dropout=0.0, rng=None`` and apply ``L.dropout_forward`` after the ReLU.
     """
     raise NotImplementedError
 
 
 def feed_forward_backward(dout, cache):
-    """The forward's steps in reverse: second linear map, dropout, ReLU, first linear map.
+    """The forward's steps in reverse.
 
     Returns: dx (..., D), dw1, db1, dw2, db2.
     """
@@ -55,9 +63,9 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5):
 
 
 def layer_norm_backward(dout, cache):
-    """``dgamma = sum(dout * xhat)`` and ``dbeta = sum(dout)`` over every row. The mean and the
-    variance both depend on every x of the row, so with ``g = dout * gamma`` and
-    ``rstd = 1/sqrt(var + eps)``: ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``.
+    """The gradients of the layer norm: derive them. The mean and the variance both depend on
+    every x of the row, so dx has more than the direct term; gamma and beta are shared by every
+    row.
 
     Returns: dx (..., D), dgamma (D,), dbeta (D,).
     """
@@ -74,8 +82,7 @@ def residual_ffn_forward(x, w1, b1, w2, b2, gamma, beta, eps=1e-5):
 
 
 def residual_ffn_backward(dout, cache):
-    """With ``z = x + FFN(x)``: the norm's backward gives dz, and x reaches z by two paths,
-    the skip path and the network, so ``dx = dz + (FFN backward of dz)``.
+    """The norm's backward, then the addition: by how many paths does x reach the sum?
 
     Returns: dx, dw1, db1, dw2, db2, dgamma, dbeta.
     """

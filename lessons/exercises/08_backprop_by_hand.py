@@ -5,6 +5,9 @@ library's caches, then grade them:
 
     attn-check lessons/exercises/08_backprop_by_hand.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 attn-check compares your gradients with the library's and with float64 central
 differences, and checks the invariants (rows of a softmax's dx sum to zero, ...).
 
@@ -21,28 +24,26 @@ from attn.layers import attention_forward, layer_norm_forward, softmax_forward  
 
 
 def softmax_backward(dy, cache):
-    """Forward was ``y_i = exp(x_i) / sum_j exp(x_j)`` over the last axis.
+    """Forward was ``y_i = exp(x_i) / sum_j exp(x_j)`` over the last axis: derive dx.
 
-    Inputs: dy (..., K). Returns: dx (..., K) = ``y * (dy - sum(dy * y, axis=-1, keepdims=True))``.
+    Inputs: dy (..., K). Returns: dx (..., K).
     """
     raise NotImplementedError
 
 
 def layer_norm_backward(dout, cache):
-    """Forward was ``out = gamma * xhat + beta``, ``xhat = (x - mean) * rstd``.
+    """Forward was ``out = gamma * xhat + beta``, ``xhat = (x - mean) * rstd``,
+    ``rstd = 1/sqrt(var + eps)``, mean and var over the row: derive the gradients.
 
-    Inputs: dout (..., D). Returns: dx (..., D), dgamma (D,), dbeta (D,), with ``g = dout * gamma``:
-    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` (means over the row),
-    ``dgamma = sum(dout * xhat)``, ``dbeta = sum(dout)`` over every row.
+    Inputs: dout (..., D). Returns: dx (..., D), dgamma (D,), dbeta (D,).
     """
     raise NotImplementedError
 
 
 def attention_backward(dout, cache):
-    """Forward was ``out = drop(w) @ v``, ``w = softmax(s)``, ``s = q @ k^T * scale``.
+    """Forward was ``out = drop(w) @ v``, ``w = softmax(s)``, ``s = q @ k^T * scale``: derive
+    the gradients, step by step in reverse.
 
-    Inputs: dout (..., Tq, Dv). Returns: dq, dk, dv (shapes of q, k, v), from
-    ``dv = drop(w)^T @ dout``, ``dw = (dout @ v^T) * drop.mask`` (if any),
-    ``ds = softmax backward of dw, times scale``, ``dq = ds @ k``, ``dk = ds^T @ q``.
+    Inputs: dout (..., Tq, Dv). Returns: dq, dk, dv (shapes of q, k, v).
     """
     raise NotImplementedError

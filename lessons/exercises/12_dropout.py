@@ -4,6 +4,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 
     attn-check lessons/exercises/12_dropout.py
 
+When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
+to look, ``--hint 3`` the formula.
+
 ``xp = B.get_array_module(x)`` is NumPy (or CuPy on a GPU).
 """
 from __future__ import annotations
@@ -24,8 +27,8 @@ def dropout_forward(x, p, rng=None):
 
 
 def dropout_backward(dout, cache):
-    """Forward was ``out = x * mask`` (mask 0 or 1/(1-p)): ``dx = dout * mask``, the same mask
-    (keep it in the cache; never draw a new one).
+    """The gradient of the forward with respect to x. The mask was random: which mask must
+    the backward use, and where does it come from?
 
     Returns: dx (same shape as dout).
     """
