@@ -388,8 +388,10 @@ class ndarray:
 
     def __array_function__(self, func, types, args, kwargs):
         import fakecupy.cupy as cp
+        # numpy.linalg.norm -> cupy.linalg.norm, as CuPy looks a function up by its module too
+        space = cp.linalg if func.__module__.endswith("linalg") else cp
         try:
-            f = getattr(cp, func.__name__)
+            f = getattr(space, func.__name__)
         except AttributeError:
             return NotImplemented
         return f(*args, **kwargs)
