@@ -65,11 +65,11 @@ def test_the_lint_finds_no_other_fixed_grid_kernel(toy_bench):
 
 
 def test_the_lint_flags_a_grid_that_stays_while_the_work_grows():
-    small = [("rows", 2, 256), ("cols", 2, 4096), ("adam", 40, 10_000)]
-    large = [("rows", 4, 512), ("cols", 2, 8192), ("adam", 40, 10_000)]
+    small = [("rows", 2, 256, 512), ("cols", 2, 256, 4096), ("adam", 40, 256, 10_000), ("tiny", 1, 256, 256)]
+    large = [("rows", 4, 256, 1024), ("cols", 2, 256, 8192), ("adam", 40, 256, 10_000), ("tiny", 1, 256, 512)]
     assert C.fixed_grid_kernels(small, large) == [{"kernel": "cols", "blocks": 2, "work_small": 4096,
                                                    "work_large": 8192}]
-    assert C.fixed_grid_kernels(small, small) == []
+    assert C.fixed_grid_kernels(small, small) == []           # "tiny": one block, two elements a thread
 
 
 def _traced(call):
@@ -118,7 +118,7 @@ def test_a_kernel_launch_reports_its_grid_and_work():
         da, a = cp.zeros(1000, dtype="float32"), cp.ones(1000, dtype="float32")
         f((4,), (256,), (da, a, np.int64(1000)))
     t, _ = _traced(ops)
-    assert t.kinds["raw"] == 1 and t.raw == [("relu_bwd", 4, 1000)]
+    assert t.kinds["raw"] == 1 and t.raw == [("relu_bwd", 4, 256, 1000)]
 
 
 def test_bytes_scale_with_the_batch_as_counted():

@@ -79,7 +79,7 @@ class Tally:
         self.bytes = 0
         self.allocations = 0
         self.allocated_bytes = 0
-        self.raw: list = []                    # (kernel, grid blocks, work) in launch order
+        self.raw: list = []                    # (kernel, grid blocks, threads per block, work) in launch order
 
     def mark(self, phase: str) -> None:
         """The benchmark's phase clock: launches from here on count for ``phase``."""
@@ -96,10 +96,12 @@ class Tally:
         self.phases[self.phase] += 1
         self.bytes += sum(a.nbytes for a in inputs) + sum(a.nbytes for a in outputs)
         if kind == "raw":
-            blocks = 1
+            blocks = threads = 1
             for g in info["grid"]:
                 blocks *= int(g)
-            self.raw.append((name, blocks, int(info["work"])))
+            for t in info["block"]:
+                threads *= int(t)
+            self.raw.append((name, blocks, threads, int(info["work"])))
 
     @property
     def launches(self) -> int:
@@ -151,18 +153,26 @@ def count_at(bc: BenchConfig, which=COUNTED, warmup: int = 1) -> dict:
     return out
 
 
+#: Elements per thread above which a kernel with a fixed grid is a finding (below it, a kernel
+#: at its one-block floor on a tiny batch is not).
+LOOP_PER_THREAD = 8
+
+
 def fixed_grid_kernels(small: list, large: list) -> list:
-    """The lint: RawKernel launches (``(kernel, blocks, work)`` in launch order, at a small and
-    a larger batch) whose work grew while their grid did not. Returns one dict per kernel
-    flagged: ``kernel``, ``blocks``, ``work_small``, ``work_large``."""
+    """The lint: RawKernel launches (``(kernel, blocks, threads per block, work)`` in launch
+    order, at a small and a larger batch) whose work grew while their grid did not, and whose
+    threads loop over more than :data:`LOOP_PER_THREAD` elements each at the larger batch: a
+    kernel that cannot fill a bigger GPU (layer norm's ``colsum_prod`` gives each of D threads
+    a whole column of B*T rows). Returns one dict per kernel flagged: ``kernel``, ``blocks``,
+    ``work_small``, ``work_large``."""
     flagged = {}
     by_small, by_large = {}, {}
     for rows, into in ((small, by_small), (large, by_large)):
-        for name, blocks, work in rows:
-            into.setdefault(name, []).append((blocks, work))
+        for name, blocks, threads, work in rows:
+            into.setdefault(name, []).append((blocks, threads, work))
     for name in by_small:
-        for (b1, w1), (b2, w2) in zip(by_small[name], by_large.get(name, [])):
-            if w2 > w1 and b2 <= b1 and name not in flagged:
+        for (b1, _, w1), (b2, t2, w2) in zip(by_small[name], by_large.get(name, [])):
+            if w2 > w1 and b2 <= b1 and w2 > LOOP_PER_THREAD * b2 * t2 and name not in flagged:
                 flagged[name] = {"kernel": name, "blocks": b1, "work_small": w1, "work_large": w2}
     return list(flagged.values())
 
