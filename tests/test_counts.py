@@ -142,3 +142,8 @@ def test_the_benchmark_prints_the_counts(capsys):
     text = io.StringIO()
     C.print_counts(rows, text)
     assert "of which Adam" in text.getvalue() and "(target 1)" in text.getvalue() and "lint" in text.getvalue()
+    md = io.StringIO()
+    C.print_counts_markdown(rows, md)
+    table = [line for line in md.getvalue().splitlines() if line.startswith("| quick |")]
+    assert [line.split(" | ")[1] for line in table] == ["train_step", "target", "greedy_cached", "beam_cached"]
+    assert table[0].split(" | ")[3] == f"{rows[0]['launches']:g}"

@@ -276,7 +276,7 @@ def main(argv=None) -> int:
         print("attn.bench: error: --dry-run goes with --gpu-report DIR", file=sys.stderr)
         return 2
     if args.counts:
-        from .counts import CountsError, measure_counts, print_counts
+        from .counts import CountsError, measure_counts, print_counts, print_counts_markdown
         _progress(f"counting launches, syncs and allocations of {args.preset} on the CuPy stand-in", args.quiet)
         try:
             rows = measure_counts(args.preset)
@@ -286,6 +286,8 @@ def main(argv=None) -> int:
         if args.json:
             for r in rows:
                 print(json.dumps(r))
+        elif args.markdown:
+            print_counts_markdown(rows)
         else:
             print_counts(rows)
         return 0

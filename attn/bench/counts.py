@@ -247,3 +247,31 @@ def print_counts(rows: list, out=None) -> None:
               f"  ({r['pool_allocated_mb']:.1f} MB)", file=out)
         print(f"  bytes moved        {r['bytes_moved_mb']:10.1f} MB at batch {r['batch']}", file=out)
         print("  most launched: " + "; ".join(f"{n} ({k}) {c:g}" for k, n, c in r["top_operations"][:6]), file=out)
+
+
+def print_counts_markdown(rows: list, out=None) -> None:
+    """The counts as Markdown: one row per measurement, the launches by kind, and the lint."""
+    out = out or sys.stdout
+    kinds = ("elementwise", "reduction", "raw", "matmul", "copy", "random", "sort")
+    print("| " + " | ".join(["preset", "measurement", "per", "launches", *kinds, "Adam", "syncs",
+                             "pool allocations", "MB moved"]) + " |", file=out)
+    print("|---|---|---|" + "---:|" * (len(kinds) + 5), file=out)
+    for r in rows:
+        if r["name"] == "counts_lint":
+            continue
+        by = r["launches_by_kind"]
+        cells = [r["preset"], r["name"].replace("counts_", ""), r["per"], f"{r['launches']:g}",
+                 *(f"{by.get(k, 0):g}" for k in kinds), f"{r['optimizer_launches']:g}" if "optimizer_launches" in r
+                 else "", f"{r['syncs']:g}", f"{r['pool_allocations']:g}", f"{r['bytes_moved_mb']:,.0f}"]
+        print("| " + " | ".join(cells) + " |", file=out)
+        if r.get("targets"):
+            t = r["targets"]
+            print("| " + " | ".join([r["preset"], "target", r["per"], f"{t['launches']}" if "launches" in t else "",
+                                     *("" for _ in kinds), f"{t['optimizer_launches']}", f"{t['syncs']}",
+                                     f"{t['pool_allocations']}", ""]) + " |", file=out)
+    for r in rows:
+        if r["name"] == "counts_lint":
+            ks = r["fixed_grid_kernels"]
+            print(f"\n{r['preset']}: {r['what']}: " + (", ".join(
+                f"`{k['kernel']}` ({k['blocks']} blocks for a work of {k['work_small']:,} and {k['work_large']:,} "
+                "elements)" for k in ks) if ks else "none") + ".", file=out)
