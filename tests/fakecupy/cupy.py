@@ -605,9 +605,11 @@ class ndarray:
         v = _unwrap(value, "cupy.ndarray.__setitem__")
         self._a[idx] = v
         if tracer is not None:
+            # a copy kernel from an array, a fill from a scalar; it writes the indexed region
+            # (the whole array where the index is an integer array: a scatter)
+            basic = all(isinstance(k, (int, np.integer, slice, type(None), type(Ellipsis))) for k in idx)
             _report("copy" if isinstance(v, np.ndarray) and v.ndim else "elementwise", "setitem", (v,),
-                    self._a[idx] if not isinstance(idx, tuple) or all(isinstance(k, (int, slice, type(None),
-                    type(Ellipsis))) for k in idx) else self._a, True)
+                    self._a[idx] if basic else self._a, True)
 
     # ---- arithmetic
 
