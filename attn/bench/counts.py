@@ -270,6 +270,10 @@ def print_counts_markdown(rows: list, out=None) -> None:
                                      *("" for _ in kinds), f"{t['optimizer_launches']}", f"{t['syncs']}",
                                      f"{t['pool_allocations']}", ""]) + " |", file=out)
     for r in rows:
+        if r["name"] == "counts_train_step":
+            print(f"\n{r['preset']}, the training step's most launched: " + "; ".join(
+                f"{n} ({k}) {c:g}" for k, n, c in r["top_operations"][:8]) + ".", file=out)
+    for r in rows:
         if r["name"] == "counts_lint":
             ks = r["fixed_grid_kernels"]
             print(f"\n{r['preset']}: {r['what']}: " + (", ".join(

@@ -135,35 +135,35 @@ def _report(kind: str, name: str, inputs, result, out_given: bool = False, **inf
     tracer(kind, name, ins, outs, info)
 
 
-def _cublas_ready(a: np.ndarray) -> bool:
-    """Whether cuBLAS takes ``a`` as it is: each matrix with one unit stride and a leading
-    dimension that fits, and the batch dimensions one uniform stride (strided-batched GEMM).
-    Otherwise CuPy's matmul copies it first."""
-    if a.ndim < 2:
-        return a.size <= 1 or a.strides[0] == a.itemsize
-    it, (m, n), (s0, s1) = a.itemsize, a.shape[-2:], a.strides[-2:]
-    if not (m == 1 or n == 1 or (s1 == it and s0 >= n * it) or (s0 == it and s1 >= m * it)):
+def _copied_for_cublas(a: np.ndarray, batched: bool) -> bool:
+    """Whether CuPy's ``matmul`` copies operand ``a`` before cuBLAS sees it (CuPy 13/14,
+    ``cupy/_core/_routines_linalg.pyx``): a batched product (an operand of more than two
+    dimensions) makes every operand C-contiguous (``ascontiguousarray``), so a head view or a
+    transposed batch is copied; a plain product (``dot``) takes a C- or Fortran-contiguous
+    matrix (a transposed one) as it is and copies any other view."""
+    if a.size <= 1:
         return False
-    lead = [(d, st) for d, st in zip(a.shape[:-2], a.strides[:-2]) if d != 1]
-    for (d_out, s_out), (d_in, s_in) in zip(lead, lead[1:]):
-        if s_out != s_in * d_in:                           # the batch dimensions do not collapse
-            return False
-    return True
+    if batched:
+        return not a.flags.c_contiguous
+    return not (a.flags.c_contiguous or a.flags.f_contiguous)
 
 
-def _report_matmul(name: str, inputs, result, out_given: bool, out=None) -> None:
-    """A product as CuPy runs it: a copy of each operand cuBLAS cannot take as it is, the GEMM,
-    and a copy back where ``out`` is a view cuBLAS cannot write."""
+def _report_matmul(name: str, inputs, result, out_given: bool) -> None:
+    """A product as CuPy runs it: a copy of each operand cuBLAS is not given as it is, the
+    GEMM, and, where ``out`` is not C-contiguous, the product into a new array copied into it."""
     operands = _arrays(inputs, [])[:2]
+    batched = max((a.ndim for a in operands), default=0) > 2
     for a in operands:
-        if a.ndim >= 1 and a.size > 1 and not _cublas_ready(a):
+        if _copied_for_cublas(a, batched):
             tracer("copy", "matmul operand copy", [a], [a], {"fresh": [a]})
     outs = _arrays(result, [])
-    ins = operands
-    fresh = [] if out_given else [r for r in outs if not any(np.may_share_memory(r, i) for i in ins)]
-    tracer("matmul", name, ins, outs, {"fresh": fresh})
-    if out_given and outs and not outs[0].flags.c_contiguous and not _cublas_ready(outs[0]):
-        tracer("copy", "matmul out= copy", outs, outs, {"fresh": outs})
+    fresh = [] if out_given else [r for r in outs if not any(np.may_share_memory(r, i) for i in operands)]
+    if out_given and outs and not outs[0].flags.c_contiguous:
+        tracer("matmul", name, operands, outs, {"fresh": outs})
+        tracer("copy", "matmul out= copy", outs, outs, {"fresh": []})
+        return
+    tracer("matmul", name, operands, outs, {"fresh": fresh})
+
 
 # --------------------------------------------------------------------------- wrapping
 
