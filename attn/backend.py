@@ -36,11 +36,6 @@ class BackendError(RuntimeError):
         self.cupy_missing = cupy_missing       # CuPy is simply not installed (nothing to report for auto)
 
 
-class BackendWarning(UserWarning):
-    """Kept for programs that filter it; ``set_backend("auto")`` no longer warns (a command reports
-    :func:`auto_fallback_notice` in its own words instead)."""
-
-
 #: Why the last ``set_backend("auto")`` chose NumPy (None where it chose CuPy, or no ``auto``).
 auto_fallback_reason: str | None = None
 #: Whether that reason is worth a line: CuPy is installed (or broken) but cannot be used. ``auto``
@@ -106,7 +101,9 @@ def set_backend(name: str) -> ModuleType:
     """Select the array backend: ``"numpy"``, ``"cupy"`` or ``"auto"``.
 
     Returns the array namespace. Raises :class:`BackendError` if CuPy is asked
-    for and cannot be used, and ``ValueError`` for an unknown name.
+    for and cannot be used, and ``ValueError`` for an unknown name. ``"auto"`` never warns:
+    where it chose NumPy although CuPy is installed, :func:`auto_fallback_notice` says why, for
+    a command to print in its own words.
     """
     global _current, _xp, auto_fallback_reason, _auto_fallback_notable
     if name not in _BACKENDS:
