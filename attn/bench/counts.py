@@ -221,6 +221,10 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
     return rows
 
 
+def _blocks(n: int) -> str:
+    return f"{n} block" + ("" if n == 1 else "s")
+
+
 def print_counts(rows: list, out=None) -> None:
     """The counts as a table, with the targets beside the training step's."""
     out = out or sys.stdout
@@ -228,7 +232,7 @@ def print_counts(rows: list, out=None) -> None:
         if r["name"] == "counts_lint":
             ks = r["fixed_grid_kernels"]
             print(f"lint ({r['what']}): " + (", ".join(
-                f"{k['kernel']} ({k['blocks']} blocks for work {k['work_small']} and {k['work_large']})"
+                f"{k['kernel']} ({_blocks(k['blocks'])} for work {k['work_small']} and {k['work_large']})"
                 for k in ks) if ks else "none"), file=out)
             continue
         t = r.get("targets", {})
@@ -277,5 +281,5 @@ def print_counts_markdown(rows: list, out=None) -> None:
         if r["name"] == "counts_lint":
             ks = r["fixed_grid_kernels"]
             print(f"\n{r['preset']}: {r['what']}: " + (", ".join(
-                f"`{k['kernel']}` ({k['blocks']} blocks for a work of {k['work_small']:,} and {k['work_large']:,} "
+                f"`{k['kernel']}` ({_blocks(k['blocks'])} for a work of {k['work_small']:,} and {k['work_large']:,} "
                 "elements)" for k in ks) if ks else "none") + ".", file=out)
