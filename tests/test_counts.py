@@ -154,3 +154,13 @@ def test_the_benchmark_prints_the_counts(capsys):
     table = [line for line in md.getvalue().splitlines() if line.startswith("| quick |")]
     assert [line.split(" | ")[1] for line in table] == ["train_step", "target", "greedy_cached", "beam_cached"]
     assert table[0].split(" | ")[3] == f"{rows[0]['launches']:g}"
+
+
+def test_docs_quote_the_counts_the_code_prints(toy_bench):
+    """docs/GPU.md quotes ``python -m attn.bench --counts --markdown --preset toy-bench``; after a
+    change to the counts, run it again and paste its output there (and the base preset's)."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "GPU.md").read_text(encoding="utf-8")
+    md = io.StringIO()
+    C.print_counts_markdown(list(toy_bench.values()), md)
+    assert md.getvalue().strip() in doc, "docs/GPU.md does not quote today's toy-bench counts:\n" + md.getvalue()
