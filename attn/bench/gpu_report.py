@@ -4,8 +4,9 @@ For whoever is lent a GPU for ten minutes. In order, each step a child process w
 limit, its output kept in ``DIR/logs``:
 
 1. **the test suite on real CuPy** (``ATTN_BACKEND=cupy python -m pytest -q``, on 8 workers where
-   pytest-xdist is installed), stopped at its time limit if it runs over: the counts of passed,
-   failed and skipped tests, and the failures by name. Meanwhile, on the CPU, the counts of
+   pytest-xdist is installed, the files only a GPU can fail first: :data:`FIRST_TESTS`), stopped
+   at its time limit if it runs over: the counts of passed, failed and skipped tests, and the
+   failures by name. Meanwhile, on the CPU, the counts of
    :mod:`attn.bench.counts` for ``toy-bench`` and ``base`` (the stand-in needs no GPU, and the
    suite's timings are not reported, so sharing the CPU costs nothing that matters);
 2. **the benchmark against PyTorch on the same GPU** (``python -m attn.bench --backend cupy --json``
