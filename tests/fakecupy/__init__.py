@@ -18,6 +18,10 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   :func:`counting` reads the count; ``cupyx.allow_synchronize(False)`` makes one raise.
 * ``cupy.random.RandomState``, ``cupy.cuda`` (runtime, Device, Stream, Event, memory pool and
   hooks) and ``cupy.get_default_memory_pool()`` exist and do what a single device would.
+* Every operation can be traced as CuPy would run it (``fakecupy.cupy.tracer``): the kernel it
+  launches (elementwise, reduction, RawKernel with its grid, cuBLAS product, copy, cuRAND draw),
+  the arrays it reads and writes and those it allocates, including the copies CuPy's ``matmul``
+  makes of operands cuBLAS is not given as they are. ``attn.bench.counts`` counts with it.
 
 **The one difference that is not CuPy's**: a kernel (``cupy.RawModule``) cannot run CUDA
 here, so each kernel function is run by its NumPy twin, the function that
