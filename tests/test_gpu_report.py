@@ -79,3 +79,18 @@ def test_the_plan_fits_in_ten_minutes():
     assert total <= 590 and G.TRAIN_SECONDS >= G.TRAIN_MINUTES * 60 + 30
     assert [p for p, _, _ in G.BENCH_PLAN] == ["toy-bench", "small", "base"] and set(G.COUNT_PRESETS) == {"toy-bench",
                                                                                                         "base"}
+
+
+def test_the_page_says_what_is_missing():
+    """A stopped suite, a benchmark that measured nothing and a training without metrics are
+    said so on the page, not left out."""
+    report = {"dry_run": False, "date": "d", "commit": None, "seconds": 600.0, "device": {"gpu": "G"},
+              "suite": {"counts": {"passed": 3, "failed": 1}, "failures": ["tests/test_a.py::test_b"],
+                        "stopped_at_time_limit": True},
+              "bench": {"base": [{"name": "machine"}]}, "train": None, "counts": {},
+              "steps": [{"name": "suite", "command": "python -m pytest -q", "returncode": -15, "timed_out": True,
+                         "seconds": 90.0}]}
+    md = G.render_markdown(report)
+    assert "3 passed, 1 failed (stopped at its time limit)" in md and "* failed: `tests/test_a.py::test_b`" in md
+    assert "### base\n\nNo measurement (see the step's log)." in md and "No metrics.json" in md
+    assert "| suite | `python -m pytest -q` | -15 (time limit) | 90 |" in md
