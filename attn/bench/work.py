@@ -46,8 +46,9 @@ class Work:
 
 
 def _marker(where: str):
-    """(mark, seconds_between) for a phase timer: ``mark()`` records the moment, and
-    ``seconds_between(a, b)`` the seconds between two marks once all are taken.
+    """(mark, between, wait) for a phase timer: ``mark()`` records the moment, ``wait(last)``
+    waits until the last mark has passed, and then ``between(a, b)`` gives the seconds between
+    two marks.
 
     On the CPU a mark is ``time.perf_counter()``. On a GPU the host only issues work, so a mark
     is a CUDA event recorded on the stream (``cupy.cuda.Event``, or ``torch.cuda.Event`` for
@@ -82,8 +83,6 @@ def phase_timer(step, where: str = "numpy"):
     marks the start of a phase, which lasts until the next mark (the last until ``step`` returns).
     ``where`` says how a moment is taken (see :func:`_marker`): ``"numpy"`` (the host clock),
     ``"cupy"`` or ``"torch"`` (CUDA events, for work on a GPU)."""
-    if step is None:
-        return None
     mark, between, wait = _marker(where)
 
     def run():
