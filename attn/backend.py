@@ -13,7 +13,6 @@ a program. ``auto`` picks CuPy only where it imports *and* a GPU is usable.
 from __future__ import annotations
 
 import os
-import warnings
 from types import ModuleType
 
 import numpy as np
@@ -31,17 +30,17 @@ class BackendError(RuntimeError):
     """The requested array backend cannot be used on this machine. ``reason`` says why in a
     few words (what ``auto`` reports when it falls back to NumPy)."""
 
-    def __init__(self, message: str, reason: str = ""):
+    def __init__(self, message: str, reason: str = "", cupy_missing: bool = False):
         super().__init__(message)
         self.reason = reason or message
-
-
-class BackendWarning(UserWarning):
-    """``auto`` chose NumPy although CuPy was looked for; the message says why."""
+        self.cupy_missing = cupy_missing       # CuPy is simply not installed (nothing to report for auto)
 
 
 #: Why the last ``set_backend("auto")`` chose NumPy (None where it chose CuPy, or no ``auto``).
 auto_fallback_reason: str | None = None
+#: Whether that reason is worth a line: CuPy is installed (or broken) but cannot be used. ``auto``
+#: on a machine without CuPy is what it is for, and says nothing.
+_auto_fallback_notable = False
 
 
 #: Where CuPy comes from: ``None`` imports the real ``cupy`` and ``cupyx``. The test suite's
@@ -70,9 +69,10 @@ def _import_cupy():
         cupy = _cupy()
     except Exception as e:  # ImportError, or a broken CUDA install raising anything
         why = f"CuPy is not installed or fails to import ({type(e).__name__}: {e})"
+        missing = isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] in ("cupy", "cupyx")
         raise BackendError(
             f"ATTN_BACKEND=cupy was asked for, but {why}. Install it with `pip install -e .[gpu]` "
-            "(or the cupy-cudaXXx wheel matching your CUDA), or use ATTN_BACKEND=numpy.", why
+            "(or the cupy-cudaXXx wheel matching your CUDA), or use ATTN_BACKEND=numpy.", why, missing
         ) from None
     try:
         n = cupy.cuda.runtime.getDeviceCount()
@@ -101,28 +101,39 @@ def set_backend(name: str) -> ModuleType:
     """Select the array backend: ``"numpy"``, ``"cupy"`` or ``"auto"``.
 
     Returns the array namespace. Raises :class:`BackendError` if CuPy is asked
-    for and cannot be used, and ``ValueError`` for an unknown name.
+    for and cannot be used, and ``ValueError`` for an unknown name. ``"auto"`` never warns:
+    where it chose NumPy although CuPy is installed, :func:`auto_fallback_notice` says why, for
+    a command to print in its own words.
     """
-    global _current, _xp, auto_fallback_reason
+    global _current, _xp, auto_fallback_reason, _auto_fallback_notable
     if name not in _BACKENDS:
         raise ValueError(f"backend must be one of {_BACKENDS}, got {name!r}")
     if name == "auto":
         try:
-            _xp, _current, auto_fallback_reason = _import_cupy(), "cupy", None
+            _xp, _current, auto_fallback_reason, _auto_fallback_notable = _import_cupy(), "cupy", None, False
         except BackendError as e:
             _xp, _current, auto_fallback_reason = np, "numpy", e.reason
-            warnings.warn(f"backend auto: using NumPy, because {e.reason}", BackendWarning, stacklevel=2)
+            _auto_fallback_notable = not e.cupy_missing
         return _xp
     _xp = _import_cupy() if name == "cupy" else np
-    _current, auto_fallback_reason = name, None
+    _current, auto_fallback_reason, _auto_fallback_notable = name, None, False
     return _xp
+
+
+def auto_fallback_notice() -> str | None:
+    """Why ``auto`` chose NumPy, where a user would want to know: CuPy is installed but cannot be
+    used (no GPU, a broken CUDA install). None where ``auto`` chose CuPy, was not asked for, or
+    found no CuPy installed. A command prints it as one line in its own words."""
+    if get_backend() == "numpy" and auto_fallback_reason and _auto_fallback_notable:
+        return f"using NumPy: {auto_fallback_reason}"
+    return None
 
 
 def describe() -> str:
     """The selected backend in a few words, for a command's first line: ``cupy``, ``numpy``, or
-    ``numpy (auto: <why not CuPy>)``."""
+    ``numpy (auto: <why not CuPy>)`` where CuPy is installed but unusable."""
     name = get_backend()
-    if name == "numpy" and auto_fallback_reason:
+    if name == "numpy" and auto_fallback_reason and _auto_fallback_notable:
         return f"numpy (auto: {auto_fallback_reason})"
     return name
 

@@ -102,6 +102,9 @@ def main(argv=None) -> int:
         return _fail(f"--batch-size must be at least 1, got {args.batch_size}")
     try:
         B.set_backend(args.backend)
+        notice = B.auto_fallback_notice()          # auto with CuPy installed but unusable: one line
+        if notice:
+            print(f"attn-translate: {notice}", file=sys.stderr)
         model, vocab = load_translator(args.checkpoint)
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))

@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 
+from attn.backend import to_device
 from attn.data import TOY_DIR, Vocab, encode_pairs, make_batches, read_parallel, tokenize
 from attn.layers import (attention_weights, embedding_forward, feed_forward_forward, layer_norm_forward,
                          multi_head_attention_forward, positional_forward, sinusoidal_table)
@@ -51,13 +52,14 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # "the same" can mean "equal to 1e-12". The batch is four sentence pairs of the toy
 # corpus, batched the way the trainer batches them (`make_batches`): the source gets
 # an end-of-sentence id, the decoder input starts with `<s>`, and shorter sentences
-# are padded with id 0.
+# are padded with id 0. Like the trainer, we move the batch to the array backend's device
+# (`to_device`: nothing to do on NumPy; on a GPU the ids must live where the weights do).
 
 # %%
 pairs = read_parallel(TOY_DIR, "en", "tk", "train")[:200]
 vocab = Vocab.build([tokenize(s) for s, _ in pairs] + [tokenize(t) for _, t in pairs])
 batch = make_batches(encode_pairs(pairs[:4], vocab), max_tokens=10_000, shuffle=False)[0]
-src, tgt_in, tgt_out = batch.src, batch.tgt_in, batch.tgt_out
+src, tgt_in, tgt_out = (to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))   # as the trainer does
 for s, t in pairs[:4]:
     print(f"  {s}\n    -> {t}")
 print("src", src.shape, " tgt_in", tgt_in.shape, " tgt_out", tgt_out.shape, f" (vocabulary {len(vocab)})")

@@ -60,7 +60,8 @@ _ENV = os.environ.get("ATTN_BACKEND", "").strip().lower()
 if _ENV == "fakecupy":
     # attn does not know the test-only name: the stand-in is installed and selected as "cupy"
     # for every test (as ATTN_BACKEND=cupy selects CuPy), and the commands that tests start
-    # in child processes, which cannot load the stand-in, run on NumPy.
+    # in child processes run on NumPy (a test that wants its child on the stand-in gives it
+    # fakecupy.child_env(), as the lessons' test does).
     fakecupy.install()
     B.set_backend("cupy")
     os.environ["ATTN_BACKEND"] = "numpy"

@@ -3,6 +3,7 @@ libraries spell differently (scatter-add, host transfer, seeded random numbers).
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -149,6 +150,20 @@ def test_auto_falls_back_to_numpy_without_a_gpu(fresh, monkeypatch):
     assert fresh.get_backend() == "numpy"
 
 
+def test_auto_without_cupy_installed_says_nothing(fresh, monkeypatch):
+    """``auto`` on a CPU-only install is what it is for: no warning, no notice, a plain description."""
+    import warnings
+
+    def not_installed():
+        raise ModuleNotFoundError("No module named 'cupy'", name="cupy")
+    monkeypatch.setattr(fresh, "_cupy", not_installed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fresh.set_backend("auto") is np
+    assert fresh.auto_fallback_notice() is None and fresh.describe() == "numpy"
+    assert fresh.auto_fallback_reason.startswith("CuPy is not installed")
+
+
 def test_auto_picks_what_this_machine_has(fresh):
     expected = "cupy" if B.cupy_available() else "numpy"
     fresh.set_backend("auto")
@@ -249,10 +264,12 @@ def real_cupy_no_gpu(fresh, monkeypatch):
 
 
 def test_real_cupy_without_a_gpu_auto_falls_back_to_numpy_and_says_why(real_cupy_no_gpu):
+    import warnings
     B = real_cupy_no_gpu
-    with pytest.warns(B.BackendWarning, match=r"backend auto: using NumPy, because CuPy imports, but no GPU "
-                                              r"is usable \(\w+"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                   # said by the command, in its own words
         assert B.set_backend("auto") is np
+    assert re.fullmatch(r"using NumPy: CuPy imports, but no GPU is usable \(\w+.*", B.auto_fallback_notice())
     assert B.get_backend() == "numpy" and B.xp() is np
     assert B.describe().startswith("numpy (auto: CuPy imports, but no GPU is usable (")
     B.set_backend("numpy")

@@ -292,7 +292,14 @@ def test_cross_entropy_gradient_is_numerical(monkeypatch, smoothing):
 def test_step_keeps_one_logits_buffer(workers):
     """Where the vocabulary dominates, a step (forward, in-place loss, backward) allocates little
     beyond the one (B, T, V) logits buffer: no (B*T, V) temporaries in the projection, the
-    softmax or the loss (NumPy reports its allocations to tracemalloc)."""
+    softmax or the loss (NumPy reports its allocations to tracemalloc, so this is a NumPy test:
+    it selects NumPy whatever ``ATTN_BACKEND`` selected for the run)."""
+    from conftest import selected_backend
+    with selected_backend("numpy"):
+        _one_logits_buffer(workers)
+
+
+def _one_logits_buffer(workers):
     import tracemalloc
     cfg = TransformerConfig(vocab_size=6000, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
                             n_decoder_layers=1, dropout=0.1, label_smoothing=0.1, max_len=32)

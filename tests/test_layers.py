@@ -255,6 +255,20 @@ def test_positional_sinusoidal_adds_the_table_and_passes_the_gradient_through(ba
     assert_positional_properties(positional_forward, positional_backward, x, host(table), data.draw(normals(x.shape)))
 
 
+def test_positional_takes_the_host_table_sinusoidal_table_returns(backend):
+    """``sinusoidal_table`` gives a host table; beside a device ``x`` its rows move to x's device
+    (the whole-model lesson adds it to a device embedding), and the reverse works too."""
+    x = np.random.default_rng(0).standard_normal((2, 5, 4))
+    table = sinusoidal_table(7, 4, dtype="float64")
+    out, cache = positional_forward(dev(x), table)
+    assert B.get_array_module(out) is B.get_array_module(dev(x))
+    np.testing.assert_array_equal(host(out), x + table[:5])
+    back, _ = positional_forward(x, dev(table))
+    assert isinstance(back, np.ndarray) and np.array_equal(back, x + table[:5])
+    dx, dtable = positional_backward(dev(np.ones_like(x)), cache)
+    assert dtable.shape == (7, 4) and np.array_equal(host(dtable)[:5], np.full((5, 4), 2.0))
+
+
 def test_positional_rejects_bad_input(backend):
     x = dev(np.ones((2, 5, 4)))
     with pytest.raises(ValueError, match="positional: sequence length 5 exceeds .* 3 positions"):

@@ -1,4 +1,12 @@
-"""Every lesson runs in its quick mode and passes its own final check; one runs as a notebook."""
+"""Every lesson runs in its quick mode and passes its own final check; one runs as a notebook.
+
+The lessons whose arrays can reach the device run a second time on the CuPy stand-in
+(``tests/fakecupy``, loaded in the child process by :func:`fakecupy.child_env` with
+``ATTN_BACKEND=cupy``), so that a lesson mixing host and device arrays fails here as it would
+on a GPU: those that build on the model, the trainer, the decoder, the fast path or move arrays
+themselves, and do not pin NumPy (``B.set_backend("numpy")``). The others call the layers on
+host arrays, which stay on the host whatever the backend (run on the stand-in, they make no
+device operation at all), so a second run would cost CI time and prove nothing."""
 from __future__ import annotations
 
 import ast
@@ -21,12 +29,40 @@ def _env(out: Path) -> dict:
                 OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
 
 
+#: What puts a lesson's arrays on the selected backend's device.
+_REACHES_THE_DEVICE = ("from attn.model import", "from attn.train import", "from attn.decode import",
+                       "from attn.fast", "to_device", "DeviceRNG")
+#: The lessons whose arrays follow ATTN_BACKEND (see the module docstring).
+ON_THE_STAND_IN = [p for p in LESSONS if any(k in p.read_text(encoding="utf-8") for k in _REACHES_THE_DEVICE)
+                   and 'set_backend("numpy")' not in p.read_text(encoding="utf-8")]
+
+
+def _run_lesson(lesson: Path, env: dict, out: Path, where: str):
+    proc = subprocess.run([sys.executable, str(lesson)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"{lesson.name} failed{where}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert list(out.glob("*.png")), f"{lesson.name} saved no figure into ATTN_LESSONS_OUT"
+
+
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs(lesson, tmp_path):
-    proc = subprocess.run([sys.executable, str(lesson)], cwd=ROOT, env=_env(tmp_path), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, f"{lesson.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    assert list(tmp_path.glob("*.png")), f"{lesson.name} saved no figure into ATTN_LESSONS_OUT"
+    _run_lesson(lesson, _env(tmp_path), tmp_path, "")           # on ATTN_BACKEND's choice (numpy by default)
+
+
+@pytest.mark.parametrize("lesson", ON_THE_STAND_IN, ids=[p.stem for p in ON_THE_STAND_IN])
+def test_lesson_runs_on_the_cupy_stand_in(lesson, tmp_path):
+    import fakecupy
+    _run_lesson(lesson, fakecupy.child_env(_env(tmp_path)), tmp_path, " on the CuPy stand-in (ATTN_BACKEND=cupy)")
+
+
+def test_a_child_process_runs_on_the_stand_in(tmp_path):
+    """What the lessons' child processes see: ``import cupy`` is the stand-in, and attn selects it."""
+    import fakecupy
+    code = "import attn.backend as B; print(B.get_backend(), B.xp().__name__, B.xp().ones(2).sum().get())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=fakecupy.child_env(_env(tmp_path)),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split() == ["cupy", "fakecupy.cupy", "2.0"], proc.stderr[-2000:]
+    assert ROOT / "lessons" / "09_the_whole_model.py" in ON_THE_STAND_IN, [p.name for p in ON_THE_STAND_IN]
 
 
 # What a reader of the lessons cannot open: numbered sources ("seed 002", "file 001") and "the

@@ -248,6 +248,34 @@ def test_resume_takes_the_saved_settings_and_seed(tmp_path):
     assert meta["seed"] == 3 and meta["args"]["lr_factor"] == 1.5
 
 
+def test_resume_keeps_the_saved_backend_and_says_so(tmp_path, monkeypatch, capsys):
+    """Saved on NumPy and resumed with ATTN_BACKEND=cupy (here the stand-in): the run continues on
+    NumPy with the numbers of an unbroken run, and one line says why; ``--backend cupy`` switches,
+    and says that the numbers will differ."""
+    import fakecupy
+    from conftest import selected_backend
+    data = write_corpus(tmp_path)
+    flags = ["--data", str(data), *TINY, "--backend", "numpy", "--seed", "3", "--eval-every", "4", "--quiet"]
+    train(config_from_argv([*flags, "--steps", "8", "--out", str(tmp_path / "straight")]))
+    train(config_from_argv([*flags, "--steps", "4", "--out", str(tmp_path / "split")]))
+    with selected_backend("fakecupy"):
+        fakecupy.install()
+        monkeypatch.setenv("ATTN_BACKEND", "cupy")
+        capsys.readouterr()
+        assert main(["--resume", "--out", str(tmp_path / "split"), "--steps", "8", "--quiet"]) == 0
+        err = capsys.readouterr().err
+        assert "continues on the saved run's backend, numpy" in err and "--backend cupy" in err, err
+        a, _ = load_npz(tmp_path / "straight" / "checkpoint.npz")
+        b, meta = load_npz(tmp_path / "split" / "checkpoint.npz")
+        np.testing.assert_array_equal(a["history/train_loss"], b["history/train_loss"])
+        assert json.loads((tmp_path / "split" / "metrics.json").read_text())["backend"] == "numpy"
+        assert main(["--resume", "--out", str(tmp_path / "split"), "--steps", "10", "--backend", "cupy",
+                     "--quiet"]) == 0
+        err = capsys.readouterr().err
+        assert "saved on the numpy backend and continues on cupy" in err and "not match" in err, err
+        assert json.loads((tmp_path / "split" / "metrics.json").read_text())["backend"] == "cupy"
+
+
 def test_resume_with_a_contradicting_flag_is_an_error_naming_it(tmp_path, capsys):
     out = tmp_path / "run"
     run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--out", str(out), "--seed", "3")

@@ -176,3 +176,33 @@ def test_plot_attention_checks_the_shape(tmp_path):
     assert plot_attention(w, ["a", "b", "</s>"], ["x", "y"], tmp_path / "a.png", title="t").read_bytes()[:8] == PNG
     with pytest.raises(ValueError, match=r"expected \(2, 2\)"):
         plot_attention(w, ["a", "b"], ["x", "y"], tmp_path / "b.png")
+
+
+def _translate_auto(checkpoint, prelude=""):
+    env = {k: v for k, v in os.environ.items() if k != "ATTN_BACKEND"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = f"{prelude}import sys; from attn.translate import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, "--checkpoint", str(checkpoint), "--backend", "auto", "a b"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def test_auto_on_a_cpu_only_install_says_nothing_about_cupy(checkpoint):
+    r = _translate_auto(checkpoint, prelude="import sys; sys.modules['cupy'] = None; ")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    assert r.stderr == ""
+
+
+def test_auto_with_cupy_but_no_gpu_says_so_in_one_line(checkpoint):
+    """CuPy installed, no GPU usable: one line in the command's words, not a Python warning with a path."""
+    try:
+        import cupy  # noqa: F401
+    except Exception as e:
+        pytest.skip(f"cupy-cuda12x is not installed ({type(e).__name__}); CI installs it with .[gpu-ci]")
+    if B.cupy_modules is None and B.cupy_available():
+        pytest.skip("a GPU is usable here: this checks the machine without one")
+    r = _translate_auto(checkpoint)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attn-translate: using NumPy: CuPy imports, but no GPU is usable"), \
+        r.stderr
+    assert "Warning" not in r.stderr and ".py" not in r.stderr

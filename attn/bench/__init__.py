@@ -46,7 +46,10 @@ The package's rooms: ``presets`` (the configurations and their batches), ``flops
 FLOPs, the matmul rate and replay), ``machine`` (CPU, BLAS, threads), ``twin`` (the same
 model in PyTorch), ``work`` (the measurements as callables), ``timing``, ``memory`` (the
 peak-memory child processes), ``report`` (table and Markdown), ``cli`` (the command;
-``__main__`` runs it), ``quality`` (the side-by-side training run).
+``__main__`` runs it), ``quality`` (the side-by-side training run), ``counts`` (kernel launches,
+bytes, syncs and pool allocations of a step, counted on the CuPy stand-in: ``--counts``) and
+``gpu_report`` (the suite, this benchmark, a training run and the counts on a GPU in one command:
+``--gpu-report DIR``).
 """
 from __future__ import annotations
 

@@ -38,6 +38,18 @@ def parse_args(argv=None):
     p.add_argument("--quality", action="store_true",
                    help="instead of timing steps: train attn and the same model in PyTorch for the same "
                         "minutes on a corpus and compare test BLEU and chrF (python -m attn.bench --quality --help)")
+    p.add_argument("--counts", action="store_true",
+                   help="instead of timing: count what a training step and a decoding step ask of a GPU "
+                        "(kernel launches by kind, bytes moved, host synchronisations, memory-pool "
+                        "allocations), on the CuPy stand-in, so on any machine; with the issue's targets "
+                        "and the lint of kernels whose grid does not grow with the batch (attn.bench.counts)")
+    p.add_argument("--gpu-report", metavar="DIR",
+                   help="on a GPU, in about 10 minutes: the test suite on real CuPy, this benchmark against "
+                        "PyTorch for toy-bench, small and base, a 3-minute toy training and the counts, written "
+                        "to DIR/REPORT.md and DIR/report.json (attn.bench.gpu_report); stops at once without a GPU")
+    p.add_argument("--dry-run", action="store_true",
+                   help="with --gpu-report: the same pipeline on the CuPy stand-in, cheaply (proves the report "
+                        "is assembled, not its figures)")
     p.add_argument("--preset", default="toy-bench", choices=sorted(BENCH_PRESETS),
                    help="named configuration (default toy-bench)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"],
@@ -129,6 +141,8 @@ def run(args) -> list[dict]:
 
     work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device,
                       repeats=args.repeats, warmup=args.warmup)
+    if with_torch:
+        info.update(torch_info())             # with the precision build_work set (match_precision)
     workers = {}
     if not args.no_isolated:
         _progress("starting the isolated worker processes (one per framework)", quiet)
@@ -255,6 +269,33 @@ def main(argv=None) -> int:
         return 0
     if args._worker:
         worker_main(args)
+        return 0
+    if args.gpu_report:
+        from .gpu_report import GpuReportError, gpu_report
+        try:
+            gpu_report(args.gpu_report, dry_run=args.dry_run, quiet=args.quiet)
+        except GpuReportError as e:
+            print(f"attn.bench: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    if args.dry_run:
+        print("attn.bench: error: --dry-run goes with --gpu-report DIR", file=sys.stderr)
+        return 2
+    if args.counts:
+        from .counts import CountsError, measure_counts, print_counts, print_counts_markdown
+        _progress(f"counting launches, syncs and allocations of {args.preset} on the CuPy stand-in", args.quiet)
+        try:
+            rows = measure_counts(args.preset)
+        except CountsError as e:
+            print(f"attn.bench: error: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            for r in rows:
+                print(json.dumps(r))
+        elif args.markdown:
+            print_counts_markdown(rows)
+        else:
+            print_counts(rows)
         return 0
     results = run(args)
     if args.json:

@@ -37,10 +37,10 @@ def measure_matmul_rate(cfg, Bsz, S, T, xp, sync, training=True, repeats=3):
     """GFLOP/s of float32 matmuls of exactly the step's shapes (forward, and for training
     the two backward products of each: ``dA = dC @ B.T`` and ``dB = A.T @ dC``), timed one
     shape at a time, total FLOPs over total time; and of a square 2048^3 matmul."""
-    rng = B.host_rng(0)
+    rng = B.DeviceRNG(0)            # drawn where they are used: no host arrays to copy to a GPU
 
     def arr(*shape):
-        return xp.asarray(rng.standard_normal(shape, dtype="float32"))
+        return rng.random(shape, dtype="float32")
 
     total_flops, total_time = 0, 0.0
     for b, m, k, n, c in matmul_shapes(cfg, Bsz, S, T):
@@ -72,30 +72,49 @@ def measure_matmul_rate(cfg, Bsz, S, T, xp, sync, training=True, repeats=3):
     return total_flops / total_time / 1e9, 2 * 2048 ** 3 / best / 1e9
 
 
-def gemm_replay(cfg, Bsz, S, T, xp, sync, training=True):
-    """A callable that runs every matmul of a step once, at the step's shapes (the forward's,
-    and for training the two backward products of each), with NumPy's BLAS as it is set.
+class _Replay:
+    """What :func:`gemm_replay` returns: the replay, whose operands are drawn on the first call."""
 
-    The benchmark times it interleaved with the step itself, so that the step's fraction of
-    the matmul rate compares medians taken under the same conditions (this machine's speed
-    drifts by 10 % from minute to minute). Its operands stay hot in cache, which makes the
-    replay an optimistic, so the fraction a conservative, figure."""
-    rng = B.host_rng(1)
+    def __init__(self, cfg, Bsz, S, T, sync, training):
+        self.args, self.sync, self.training, self.mats = (cfg, Bsz, S, T), sync, training, None
 
-    def arr(*shape):
-        return xp.asarray(rng.standard_normal(shape, dtype="float32"))
+    @property
+    def built(self) -> bool:
+        return self.mats is not None
 
-    mats = []
-    for b, m, k, n, c in matmul_shapes(cfg, Bsz, S, T):
-        lead = (b,) if b > 1 else ()
-        mats.append((arr(*lead, m, k), arr(*lead, k, n), arr(*lead, m, n), c))
+    def build(self):
+        """Draw the operands (uniform floats: their values do not change a product's time) with
+        the selected backend's generator, on its device: on ``base`` they are gigabytes, which
+        drawn on the host and copied took a minute per worker."""
+        rng = B.DeviceRNG(1)
+        self.mats = []
+        for b, m, k, n, c in matmul_shapes(*self.args):
+            lead = (b,) if b > 1 else ()
+            self.mats.append((rng.random((*lead, m, k)), rng.random((*lead, k, n)), rng.random((*lead, m, n)), c))
+        return self
 
-    def run():
-        for A, Bm, C, c in mats:
+    def __call__(self):
+        if self.mats is None:
+            self.build()
+        training = self.training
+        for A, Bm, C, c in self.mats:
             for _ in range(c):
                 A @ Bm
                 if training:
                     C @ Bm.swapaxes(-1, -2)
                     A.swapaxes(-1, -2) @ C
-        sync()
-    return run
+        self.sync()
+
+
+def gemm_replay(cfg, Bsz, S, T, xp, sync, training=True):
+    """A callable that runs every matmul of a step once, at the step's shapes (the forward's,
+    and for training the two backward products of each), on the selected backend (NumPy's BLAS
+    as it is set, or cuBLAS). Its operands are drawn on the device at its first call, so a
+    process that never replays (the PyTorch worker, the counts) never pays for them.
+
+    The benchmark times it interleaved with the step itself, so that the step's fraction of
+    the matmul rate compares medians taken under the same conditions (this machine's speed
+    drifts by 10 % from minute to minute). Its operands stay hot in cache, which makes the
+    replay an optimistic, so the fraction a conservative, figure. ``xp`` is kept for callers;
+    the operands come from the selected backend."""
+    return _Replay(cfg, Bsz, S, T, sync, training)

@@ -28,7 +28,7 @@ import traceback
 from .. import backend as B
 from ..fast import keep_freed_memory
 from .presets import _bench_config
-from .timing import _progress, _syncs
+from .timing import _progress, _syncs, ready
 
 
 def _worker_args(args, framework: str) -> list:
@@ -46,7 +46,9 @@ def _worker_args(args, framework: str) -> list:
 def torch_info() -> dict:
     """PyTorch's version, threads and the BLAS it was built with (``torch.__config__``)."""
     import torch
-    info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    info = {"torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "torch_float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "torch_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32)}
     try:
         cfg = torch.__config__.show()
         for key in ("BLAS_INFO", "LAPACK_INFO"):
@@ -78,7 +80,10 @@ def worker_main(args) -> None:
         keep_freed_memory()
     sync, tsync, device = _syncs(args.backend, with_torch)
     bc = _bench_config(args)
-    work = {w.name: w for w in build_work(bc, args.only, args.backend, with_torch, sync, tsync, device)}
+    # Each worker builds its own framework's side alone (the replay of the step's matmuls is
+    # drawn on the device at its first run, in the attn worker).
+    work = {w.name: w for w in build_work(bc, args.only, args.backend, with_torch, sync, tsync, device,
+                                          with_ours=not with_torch)}
     info = {"pid": os.getpid(), "framework": framework, "blas_threads": B.blas_threads(), "blas": B.blas_info()}
     if with_torch:
         info.update(torch_info())
@@ -95,6 +100,7 @@ def worker_main(args) -> None:
                 reply = {"seconds": sum(phases.values()), "phases": phases}
             else:
                 f = {"ours": w.ours, "torch": w.torch, "matmul": w.replay}[req["side"]]
+                ready(f)
                 t0 = time.perf_counter()
                 f()
                 reply = {"seconds": time.perf_counter() - t0}

@@ -95,7 +95,7 @@ def _memory_child(args) -> None:
     framework = args._memory_child
     with_torch = framework == "torch"
     sync, tsync, device = _syncs(args.backend, with_torch)
-    work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device)
+    work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device, with_ours=not with_torch)
     meter = _PeakMeter(args.backend, framework)
     result = {}
     for w in work:

@@ -13,12 +13,20 @@ def _progress(msg: str, quiet: bool):
         print(f"[attn.bench] {msg}", file=sys.stderr, flush=True)
 
 
+def ready(f) -> None:
+    """Build what ``f`` builds on its first call (the matmul replay's operands) before it is timed."""
+    if getattr(f, "built", True) is False:
+        f.build()
+
+
 def time_work(w: Work, settle: float, quiet: bool, replay: bool = True) -> dict:
     """Both frameworks in this process ("interleaved"): warm up both sides, then alternate
     timed runs (ours, PyTorch, ours, ...), and the step's matmul replay when ``replay``.
     Returns {"ours": [...], "torch": [...], "matmul": [...]} seconds."""
     fns = [("ours", w.ours)] + ([("torch", w.torch)] if w.torch is not None else [])
     fns += [("matmul", w.replay)] if replay and w.replay is not None else []
+    for _, f in fns:
+        ready(f)
     for _ in range(w.warmup):
         for _, f in fns:
             f()

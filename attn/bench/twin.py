@@ -17,6 +17,21 @@ def torch_available() -> bool:
         return False
 
 
+def match_precision(torch) -> str:
+    """Set PyTorch's float32 products to the precision of attn's on the selected backend, and
+    return it: ``"fp32"``, or ``"tf32"`` where CuPy is told to use TensorFloat-32 (``CUPY_TF32=1``).
+
+    CuPy computes float32 products in full float32 unless ``CUPY_TF32=1``; PyTorch's defaults
+    have changed across versions (and cuDNN's allow TF32), so the benchmark sets them rather
+    than trusting them: otherwise PyTorch's GPU step could run at a lower precision than attn's."""
+    import os
+    tf32 = B.get_backend() == "cupy" and os.environ.get("CUPY_TF32", "0").strip() == "1"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    return "tf32" if tf32 else "fp32"
+
+
 def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = "float32"):
     """The same architecture in PyTorch, for timing and for checking (``tests/test_bench.py``
     loads attn's parameters into it and compares losses and gradients).

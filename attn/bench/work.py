@@ -14,7 +14,7 @@ from ..model import Transformer
 from ..optim import Adam, noam_lr
 from .flops import gemm_replay, model_flops
 from .presets import BOS_ID, EOS_ID, BenchConfig, decode_batch, make_batch, model_config
-from .twin import _torch_decode, torch_adam, torch_loss, torch_transformer
+from .twin import _torch_decode, match_precision, torch_adam, torch_loss, torch_transformer
 
 def _no_eos(model: Transformer) -> Transformer:
     """The same model (shared parameters) whose projection never lets EOS win, so that a
@@ -45,20 +45,59 @@ class Work:
     phases: dict = field(default_factory=dict)     # side -> a step timed by phase (see phase_timer)
 
 
-def phase_timer(step):
+def _marker(where: str):
+    """(mark, between, wait) for a phase timer: ``mark()`` records the moment, ``wait(last)``
+    waits until the last mark has passed, and then ``between(a, b)`` gives the seconds between
+    two marks.
+
+    On the CPU a mark is ``time.perf_counter()``. On a GPU the host only issues work, so a mark
+    is a CUDA event recorded on the stream (``cupy.cuda.Event``, or ``torch.cuda.Event`` for
+    PyTorch's side): the times are the device's, and the only wait is for the last event."""
+    if where == "cupy":
+        cp = B.xp()
+
+        def mark():
+            ev = cp.cuda.Event()
+            ev.record()
+            return ev
+
+        def between(a, b):
+            return cp.cuda.get_elapsed_time(a, b) / 1e3
+        return mark, between, lambda last: last.synchronize()
+    if where == "torch":
+        import torch
+
+        def mark():
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+
+        def between(a, b):
+            return a.elapsed_time(b) / 1e3
+        return mark, between, lambda last: last.synchronize()
+    return time.perf_counter, lambda a, b: b - a, lambda last: None
+
+
+def phase_timer(step, where: str = "numpy"):
     """A callable that runs ``step(clock)`` once and returns {phase: seconds} in order: ``clock(name)``
-    marks the start of a phase, which lasts until the next mark (the last until ``step`` returns)."""
+    marks the start of a phase, which lasts until the next mark (the last until ``step`` returns).
+    ``where`` says how a moment is taken (see :func:`_marker`): ``"numpy"`` (the host clock),
+    ``"cupy"`` or ``"torch"`` (CUDA events, for work on a GPU)."""
+    mark, between, wait = _marker(where)
+
     def run():
         marks = []
 
         def clock(name):
-            marks.append((name, time.perf_counter()))
+            marks.append((name, mark()))
         step(clock)
-        marks.append(("", time.perf_counter()))
+        marks.append(("", mark()))
+        wait(marks[-1][1])
         out = {}
         for (name, t0), (_, t1) in zip(marks, marks[1:]):
-            out[name] = out.get(name, 0.0) + (t1 - t0)
+            out[name] = out.get(name, 0.0) + between(t0, t1)
         return out
+    run.where = where
     return run
 
 
@@ -67,8 +106,13 @@ def _no_clock(name):
 
 
 def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, torch_sync=None,
-               device="cpu", repeats=None, warmup=None):
-    """The measurements as :class:`Work` items (model, optimizer and batch built once)."""
+               device="cpu", repeats=None, warmup=None, with_ours: bool = True):
+    """The measurements as :class:`Work` items (model, optimizer and batch built once).
+
+    ``with_ours=False`` (the PyTorch worker) builds PyTorch's side alone: attn's models, and the
+    matmul replay (drawn lazily in any case, see :func:`attn.bench.flops.gemm_replay`), are then
+    never built, and each item's ``ours`` is None. attn's readable model is built only where
+    ``train_step_reference`` or ``forward_reference`` is measured."""
     cfg = model_config(bc)
     xp = B.xp()
     src_h, tgt_in_h, tgt_out_h = make_batch(bc)
@@ -79,10 +123,11 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     R = repeats or bc.repeats
     W = bc.warmup if warmup is None else warmup
 
-    ref = Transformer(cfg, seed=0)
-    fast = FastTransformer.from_model(Transformer(cfg, seed=0))
     on_gpu = backend == "cupy"
-    if on_gpu:
+    wants_ref = with_ours and any(w in which for w in ("train_step_reference", "forward_reference"))
+    ref = Transformer(cfg, seed=0) if wants_ref else None
+    fast = FastTransformer.from_model(Transformer(cfg, seed=0)) if with_ours else None
+    if on_gpu and with_ours:
         # The batch is checked once here; inside the timed step nothing waits for the device.
         from ..layers._checks import check_ids
         for a in (src, tgt_in, tgt_out):
@@ -91,11 +136,12 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     tmodel = topt = None
     if with_torch:
         import torch
+        precision = match_precision(torch)          # PyTorch's products at attn's precision
         tmodel = torch_transformer(cfg, device)
         topt, adam_kind = torch_adam(tmodel)
         t_src, t_in, t_out = (torch.as_tensor(a, device=device) for a in (src_h, tgt_in_h, tgt_out_h))
-    state = {"fast_opt": FastAdam(fast.params, cfg.d_model, cfg.warmup_steps),
-             "ref_opt": Adam(ref.params, cfg.d_model, cfg.warmup_steps),
+    state = {"fast_opt": FastAdam(fast.params, cfg.d_model, cfg.warmup_steps) if with_ours else None,
+             "ref_opt": Adam(ref.params, cfg.d_model, cfg.warmup_steps) if ref is not None else None,
              "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
     eps = cfg.label_smoothing
 
@@ -161,13 +207,15 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
         return out
 
     work = []
-    extra_train = {"torch_adam": adam_kind} if with_torch else {}
-    replay_train = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, True)
-    replay_fwd = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, False)
+    extra_train = {"torch_adam": adam_kind, "torch_precision": precision} if with_torch else {}
+    replay_train = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, True) if with_ours else None
+    replay_fwd = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, False) if with_ours else None
+    if not with_ours:
+        fast_step = ref_step = None
     if "train_step" in which:
-        phases = {"ours": phase_timer(fast_step)}
+        phases = {"ours": phase_timer(fast_step, backend)} if with_ours else {}
         if with_torch:
-            phases["torch"] = phase_timer(torch_step)
+            phases["torch"] = phase_timer(torch_step, "torch" if device != "cpu" else "numpy")
         work.append(Work("train_step", fast_step, torch_step if with_torch else None, n_tokens, flops_train,
                          R, W, dict(extra_train), replay_train, phases))
     if "train_step_reference" in which:
@@ -179,10 +227,10 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
         return out
 
     if "forward" in which:
-        work.append(Work("forward", fast_logits, torch_fwd if with_torch else None, n_tokens, flops_fwd, R, W,
+        work.append(Work("forward", fast_logits if with_ours else None, torch_fwd if with_torch else None, n_tokens, flops_fwd, R, W,
                          replay=replay_fwd))
     if "forward_reference" in which:
-        work.append(Work("forward_reference", fwd(ref), torch_fwd if with_torch else None, n_tokens, flops_fwd,
+        work.append(Work("forward_reference", fwd(ref) if with_ours else None, torch_fwd if with_torch else None, n_tokens, flops_fwd,
                          max(2, R // 2), max(1, W // 2)))
 
     dec_names = [w for w in which if w.startswith(("greedy", "beam"))]
@@ -191,7 +239,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
         from ..data import BOS, EOS, PAD
         if (PAD, BOS, EOS) != (PAD_ID, BOS_ID, EOS_ID):
             raise RuntimeError(f"attn.data's PAD/BOS/EOS {(PAD, BOS, EOS)} differ from the bench's")
-        dmodel = _no_eos(fast)
+        dmodel = _no_eos(fast) if with_ours else None
         dsrc_h = decode_batch(bc)
         dsrc = B.to_device(dsrc_h)
         steps = bc.decode_steps
@@ -218,6 +266,6 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
             # Recomputing the prefix costs tens of seconds per run at toy-bench size: no warm-up
             # (the cached runs before it did the first-call work), two runs for greedy, one for beam.
             reps, warm = (R, 1) if cached else ((repeats or (2 if K == 1 else 1)), 0)
-            work.append(Work(name, ours, theirs if with_torch else None, gen_tokens, 0, reps, warm,
+            work.append(Work(name, ours if with_ours else None, theirs if with_torch else None, gen_tokens, 0, reps, warm,
                              {"beam": K, "decode_steps": steps, "decode_batch": bc.decode_batch}))
     return work

@@ -38,7 +38,8 @@ class PositionalCache(NamedTuple):
 
 
 def positional_forward(x, table):
-    """Inputs: x (B, T, D); table (L, D) with L >= T.
+    """Inputs: x (B, T, D); table (L, D) with L >= T, on x's device or on the host (as
+    :func:`sinusoidal_table` returns it: its first T rows are then moved to x's device).
 
     Returns: out (B, T, D) = ``x + table[:T]``, cache.
     """
@@ -49,7 +50,11 @@ def positional_forward(x, table):
     if T > table.shape[0]:
         raise ValueError(f"positional: sequence length {T} exceeds the positional table's "
                          f"{table.shape[0]} positions (raise max_len)")
-    return x + table[:T], PositionalCache(table.shape, T)
+    rows = table[:T]
+    xp = B.get_array_module(x)
+    if B.get_array_module(rows) is not xp:        # a host table beside a device x (or the reverse)
+        rows = B.to_host(rows) if xp is B.host else xp.asarray(rows)
+    return x + rows, PositionalCache(table.shape, T)
 
 
 def positional_backward(dout, cache: PositionalCache):

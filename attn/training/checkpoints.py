@@ -19,7 +19,7 @@ from ..checkpoint import CheckpointError, load_npz, save_npz
 from ..data import Vocab
 from ..model import Transformer
 from ..optim import Adam
-from .config import TrainConfig, TrainConfigError, resumed_config
+from .config import TrainConfig, TrainConfigError, resumed_config, say_resumed_backend
 
 
 @dataclass
@@ -93,7 +93,9 @@ def open_run(config: TrainConfig, given=None):
         if not ckpt_path.is_file():
             raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
         saved = load_npz(ckpt_path)
+        asked_backend = config.backend
         config = resumed_config(config, saved[1].get("args", {}), given)
+        say_resumed_backend(saved[1].get("args", {}).get("backend"), asked_backend, config.backend)
     elif previous_run(out) and not config.overwrite:
         raise TrainConfigError(
             f"--out {out} already holds a run ({', '.join(previous_run(out))}); a fresh run would mix with it. "

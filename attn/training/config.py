@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +204,20 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def say_resumed_backend(saved: str | None, asked: str | None, chosen: str | None) -> None:
+    """One line where a resumed run's backend is not simply the saved one's by default: the
+    environment asks for another (kept: the saved), or ``--backend`` switches (the numbers then
+    differ from an unbroken run's)."""
+    env = os.environ.get("ATTN_BACKEND", "").strip().lower()
+    if asked is not None and saved is not None and asked != saved:
+        print(f"attn-train: --resume: the run was saved on the {saved} backend and continues on {asked}, as "
+              "--backend asks; its dropout masks come from another generator, so its numbers will not match "
+              "an unbroken run's", file=sys.stderr)
+    elif asked is None and saved is not None and env and env != saved:
+        print(f"attn-train: --resume continues on the saved run's backend, {saved} (ATTN_BACKEND={env} applies "
+              f"to new runs; pass --backend {env} to switch)", file=sys.stderr)
+
+
 def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
     """The settings of a resumed run: the saved run's (``saved``, a :meth:`TrainConfig.to_dict`),
     with those in :data:`RESUME_MAY_CHANGE` taken from ``config``.
@@ -224,7 +240,11 @@ def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
             + "; ".join(clashes) + ". Drop the flag(s), or start a new run with another --out. "
             f"A resumed run may change only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])}.")
     take = {n: getattr(config, n) for n in RESUME_MAY_CHANGE if n in given or n in ("out", "resume", "overwrite")}
-    take.setdefault("backend", config.backend)       # this machine's choice ($ATTN_BACKEND), not the saved one
+    # The backend too is the saved run's unless --backend is given: $ATTN_BACKEND chooses for new
+    # runs, and a run continued on another backend draws other dropout masks (other numbers).
+    if config.backend is not None:
+        take["backend"] = config.backend
+    take.setdefault("backend", base.backend)
     return dataclasses.replace(base, **take)
 
 
@@ -289,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=["float32", "float64"], help=f"default {_D.dtype}")
     g = p.add_argument_group("training")
     g.add_argument("--backend", choices=["numpy", "cupy", "auto"],
-                   help="array backend (default: $ATTN_BACKEND or numpy)")
+                   help="array backend (default: $ATTN_BACKEND or numpy; a resumed run keeps its saved backend "
+                        "unless this flag is given)")
     g.add_argument("--minutes", type=float,
                    help=f"wall-clock budget for training, in minutes (0: no limit; default {_D.minutes:g})")
     g.add_argument("--steps", type=int, help="stop after this many optimizer steps (0: no limit)")

@@ -18,6 +18,10 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   :func:`counting` reads the count; ``cupyx.allow_synchronize(False)`` makes one raise.
 * ``cupy.random.RandomState``, ``cupy.cuda`` (runtime, Device, Stream, Event, memory pool and
   hooks, ``nccl``'s all-reduce: over MPI between ``mpiexec``'s ranks) and ``cupy.get_default_memory_pool()`` exist and do what a single device would.
+* Every operation can be traced as CuPy would run it (``fakecupy.cupy.tracer``): the kernel it
+  launches (elementwise, reduction, RawKernel with its grid, cuBLAS product, copy, cuRAND draw),
+  the arrays it reads and writes and those it allocates, including the copies CuPy's ``matmul``
+  makes of operands cuBLAS is not given as they are. ``attn.bench.counts`` counts with it.
 
 **The one difference that is not CuPy's**: a kernel (``cupy.RawModule``) cannot run CUDA
 here, so each kernel function is run by its NumPy twin, the function that
@@ -28,14 +32,15 @@ grid and block sizes, the launch code of ``CupyOps``) runs as it would on a GPU.
 Selecting it: ``ATTN_BACKEND=fakecupy python -m pytest`` runs every ``backend`` test on the
 stand-in alone; with ``ATTN_BACKEND`` unset (CI), the ``cupy`` copy of each test runs on real
 CuPy where a GPU is usable and on the stand-in elsewhere. :func:`install` registers it in
-``attn.backend.cupy_modules``, where attn looks for CuPy.
+``attn.backend.cupy_modules``, where attn looks for CuPy. A child process (a lesson, a
+command) runs on the stand-in with the environment of :func:`child_env`.
 """
 from __future__ import annotations
 
 from . import cupy, cupyx
 from .cupy import TransferCounter, counting, transfers  # noqa: F401
 
-__all__ = ["cupy", "cupyx", "install", "uninstall", "installed", "counting", "transfers"]
+__all__ = ["cupy", "cupyx", "install", "uninstall", "installed", "counting", "transfers", "child_env"]
 
 
 def install():
@@ -49,6 +54,21 @@ def uninstall():
     """Let attn import the real CuPy again."""
     import attn.backend as B
     B.cupy_modules = None
+
+
+def child_env(env: dict | None = None) -> dict:
+    """The environment of a child process that runs on the stand-in: ``ATTN_BACKEND=cupy``, and
+    ``PYTHONPATH`` starting with ``as_cupy`` (where ``import cupy`` and ``import cupyx`` give the
+    stand-in's modules) and ``tests`` (where ``fakecupy`` is). The child's own children inherit
+    it, so a command that starts more processes (``attn-check``, the benchmark's workers) runs
+    on the stand-in throughout."""
+    import os
+    env = dict(os.environ if env is None else env)
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [os.path.join(here, "as_cupy"), os.path.dirname(here)]
+    env["PYTHONPATH"] = os.pathsep.join(path + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["ATTN_BACKEND"] = "cupy"
+    return env
 
 
 def installed() -> bool:

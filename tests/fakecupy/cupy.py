@@ -71,8 +71,99 @@ def counting():
     yield TransferCounter()
 
 
-def _sync(kind: str) -> None:
+def _sync(kind: str, a: np.ndarray | None = None) -> None:
+    """Count a transfer (or synchronisation); to the tracer, a transfer is a device -> host copy
+    (of ``a``, where the whole array is copied)."""
     transfers.record(kind)
+    if tracer is not None and kind != "synchronize":
+        tracer("copy", "device->host", [] if a is None else [a], [], {"fresh": [], "direction": "d2h"})
+
+# --------------------------------------------------------------------------- tracing
+
+#: Set to a callable to see every kernel launch, copy and allocation as CuPy would make it:
+#: ``tracer(kind, name, inputs, outputs, info)``, with ``kind`` one of :data:`KINDS`, ``name``
+#: the operation, ``inputs`` and ``outputs`` the NumPy arrays read and written, and ``info`` a
+#: dict (``fresh``: the outputs newly allocated from the memory pool; ``grid``, ``block`` for a
+#: RawKernel; ``direction`` for a host transfer). ``attn.bench.counts`` sets it; None costs one
+#: test per operation.
+tracer = None
+
+#: What a traced event is, as CuPy would run it: an elementwise kernel, a reduction, one of
+#: attn's RawKernels, a cuBLAS product, a copy (device to device, or a host transfer), a cuRAND
+#: draw, a sort or scan (CuPy launches several kernels for one), or an allocation alone.
+KINDS = ("elementwise", "reduction", "raw", "matmul", "copy", "random", "sort", "alloc")
+
+_REDUCTIONS = frozenset({"sum", "max", "min", "amax", "amin", "mean", "argmax", "argmin", "any", "all", "var",
+                         "std", "prod", "nansum", "nanmax", "nanmin", "count_nonzero", "norm", "linalg.norm",
+                         "average", "logsumexp", "reduce"})
+_SORTS = frozenset({"sort", "argsort", "partition", "argpartition", "unique", "lexsort", "cumsum", "cumprod",
+                    "accumulate", "nonzero", "flatnonzero", "argwhere", "compress", "extract"})
+_MATMULS = frozenset({"matmul", "dot", "tensordot", "einsum", "inner", "vdot"})
+_COPIES = frozenset({"copy", "ascontiguousarray", "asfortranarray", "concatenate", "stack", "hstack", "vstack",
+                     "copyto", "tile", "array"})
+_ALLOC_ONLY = frozenset({"empty", "empty_like"})
+
+
+def _arrays(x, out: list) -> list:
+    """The NumPy arrays in x (recursively through tuples and lists), appended to out."""
+    if isinstance(x, np.ndarray):
+        out.append(x)
+    elif isinstance(x, ndarray):
+        out.append(x._a)
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            _arrays(v, out)
+    return out
+
+
+def _report(kind: str, name: str, inputs, result, out_given: bool = False, **info) -> None:
+    """Report one operation to the tracer. ``kind`` "auto": a view of an input is no launch
+    (nothing reported), anything else a kernel of the kind its name says (elementwise unless
+    it is a known reduction, sort, product, copy or bare allocation)."""
+    ins, outs = _arrays(inputs, []), _arrays(result, [])
+    fresh = [] if out_given else [r for r in outs if r.size and not any(np.may_share_memory(r, i) for i in ins)]
+    if kind == "auto":
+        if outs and not fresh and not out_given:
+            return                                          # a view: no kernel, no memory
+        base = name.rsplit(".", 1)[-1]
+        kind = ("reduction" if base in _REDUCTIONS or name in _REDUCTIONS else "sort" if base in _SORTS
+                else "matmul" if base in _MATMULS else "copy" if base in _COPIES
+                else "alloc" if base in _ALLOC_ONLY else "elementwise")
+        if kind == "matmul":
+            return _report_matmul(name, inputs, result, out_given)
+    info["fresh"] = fresh
+    tracer(kind, name, ins, outs, info)
+
+
+def _copied_for_cublas(a: np.ndarray, batched: bool) -> bool:
+    """Whether CuPy's ``matmul`` copies operand ``a`` before cuBLAS sees it (CuPy 13/14,
+    ``cupy/_core/_routines_linalg.pyx``): a batched product (an operand of more than two
+    dimensions) makes every operand C-contiguous (``ascontiguousarray``), so a head view or a
+    transposed batch is copied; a plain product (``dot``) takes a C- or Fortran-contiguous
+    matrix (a transposed one) as it is and copies any other view."""
+    if a.size <= 1:
+        return False
+    if batched:
+        return not a.flags.c_contiguous
+    return not (a.flags.c_contiguous or a.flags.f_contiguous)
+
+
+def _report_matmul(name: str, inputs, result, out_given: bool) -> None:
+    """A product as CuPy runs it: a copy of each operand cuBLAS is not given as it is, the
+    GEMM, and, where ``out`` is not C-contiguous, the product into a new array copied into it."""
+    operands = _arrays(inputs, [])[:2]
+    batched = max((a.ndim for a in operands), default=0) > 2
+    for a in operands:
+        if _copied_for_cublas(a, batched):
+            tracer("copy", "matmul operand copy", [a], [a], {"fresh": [a]})
+    outs = _arrays(result, [])
+    fresh = [] if out_given else [r for r in outs if not any(np.may_share_memory(r, i) for i in operands)]
+    if out_given and outs and not outs[0].flags.c_contiguous:
+        tracer("matmul", name, operands, outs, {"fresh": outs})
+        tracer("copy", "matmul out= copy", outs, outs, {"fresh": []})
+        return
+    tracer("matmul", name, operands, outs, {"fresh": fresh})
+
 
 # --------------------------------------------------------------------------- wrapping
 
@@ -154,13 +245,27 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         target = _unwrap(a, where)
         getattr(uf, "at")(target, _wrap_index(_index_component(idx), target.shape[0] if target.ndim else 0),
                           *rest)
+        if tracer is not None:
+            _report("elementwise", f"{uf.__name__}.at", (target, rest), target, True)
         return None
     args = _args(inputs, where)
     if not kwargs:
-        return _wrap(uf(*args) if method == "__call__" else getattr(uf, method)(*args))
+        r = uf(*args) if method == "__call__" else getattr(uf, method)(*args)
+        if tracer is not None:
+            _report_ufunc(uf, method, args, r, False)
+        return _wrap(r)
     kw = _unwrap(kwargs, where)
     r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
+    if tracer is not None:
+        _report_ufunc(uf, method, args, r, kwargs.get("out") is not None)
     return _out_result(kwargs.get("out"), r)
+
+
+def _report_ufunc(uf, method: str, args, r, out_given: bool) -> None:
+    if uf is np.matmul:
+        return _report_matmul("matmul", args, r, out_given)
+    kind = {"reduce": "reduction", "accumulate": "sort"}.get(method, "elementwise")
+    _report(kind, uf.__name__ if method == "__call__" else f"{uf.__name__}.{method}", args, r, out_given)
 
 
 class _Ufunc:
@@ -201,6 +306,8 @@ def _function(name: str, f):
         if name in _DATA_DEPENDENT or (name == "where" and len(args) == 1):
             _sync(f"{name} (result size depends on the data)")
         r = f(*a, **k)
+        if tracer is not None:
+            _report("auto", name, (a, list(k.values())), r, k.get("out") is not None)
         return _out_result(kwargs.get("out"), r)
     call.__name__ = name
     call.__qualname__ = name
@@ -278,9 +385,15 @@ def _binary(uf, reflected=False):
     def op(self, other):
         t = type(other)
         if t is ndarray:
-            return _wrap(uf(other._a, self._a) if reflected else uf(self._a, other._a))
+            r = uf(other._a, self._a) if reflected else uf(self._a, other._a)
+            if tracer is not None:
+                _report_ufunc(uf, "__call__", (other._a, self._a) if reflected else (self._a, other._a), r, False)
+            return _wrap(r)
         if t in _PLAIN:
-            return _wrap(uf(other, self._a) if reflected else uf(self._a, other))
+            r = uf(other, self._a) if reflected else uf(self._a, other)
+            if tracer is not None:
+                _report_ufunc(uf, "__call__", (self._a,), r, False)
+            return _wrap(r)
         if isinstance(other, np.ndarray):
             raise _host_refused(f"cupy.{uf.__name__}", other)
         if not isinstance(other, (ndarray, np.generic, int, float, complex, builtins.bool)):
@@ -294,14 +407,20 @@ def _inplace(uf):
     def op(self, other):
         if isinstance(other, np.ndarray):
             raise _host_refused(f"cupy.{uf.__name__}", other)
-        uf(self._a, _unwrap(other, f"cupy.{uf.__name__}"), out=self._a)
+        o = _unwrap(other, f"cupy.{uf.__name__}")
+        uf(self._a, o, out=self._a)
+        if tracer is not None:
+            _report("elementwise", uf.__name__, (self._a, o), self._a, True)
         return self
     return op
 
 
 def _unary(uf):
     def op(self):
-        return _wrap(uf(self._a))
+        r = uf(self._a)
+        if tracer is not None:
+            _report("elementwise", uf.__name__, (self._a,), r)
+        return _wrap(r)
     return op
 
 
@@ -313,6 +432,8 @@ class ndarray:
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         self._a = np.empty(shape, dtype=dtype, order=order)
+        if tracer is not None:
+            _report("alloc", "ndarray", (), self._a)
 
     @classmethod
     def _of(cls, a: np.ndarray) -> "ndarray":
@@ -323,7 +444,7 @@ class ndarray:
     # ---- the ways to the host (each one counted)
 
     def get(self, stream=None, order="C", out=None, blocking=True):
-        _sync("get")
+        _sync("get", self._a)
         if out is not None:
             out[...] = self._a
             return out
@@ -332,6 +453,8 @@ class ndarray:
     def set(self, arr, stream=None):
         """Host -> device copy into this array."""
         self._a[...] = np.asarray(arr)
+        if tracer is not None:
+            tracer("copy", "host->device", [], [self._a], {"fresh": [], "direction": "h2d"})
 
     def item(self, *args):
         _sync("item")
@@ -388,8 +511,10 @@ class ndarray:
 
     def __array_function__(self, func, types, args, kwargs):
         import fakecupy.cupy as cp
+        # numpy.linalg.norm -> cupy.linalg.norm, as CuPy looks a function up by its module too
+        space = cp.linalg if func.__module__.endswith("linalg") else cp
         try:
-            f = getattr(cp, func.__name__)
+            f = getattr(space, func.__name__)
         except AttributeError:
             return NotImplemented
         return f(*args, **kwargs)
@@ -434,15 +559,20 @@ class ndarray:
 
             def method(*args, **kwargs):
                 where = f"cupy.ndarray.{name}"
-                if not kwargs:
-                    return _wrap(attr(*_args(args, where)))
-                r = attr(*_args(args, where), **_unwrap(kwargs, where))
-                return _out_result(kwargs.get("out"), r)
+                a = _args(args, where)
+                k = _unwrap(kwargs, where) if kwargs else {}
+                r = attr(*a, **k)
+                if tracer is not None:
+                    _report("auto", name, (self._a, a, list(k.values())), r, k.get("out") is not None)
+                return _out_result(kwargs.get("out"), r) if kwargs else _wrap(r)
             return method
         return _wrap(attr)
 
     def copy(self, order="C"):
-        return ndarray._of(self._a.copy(order=order))
+        r = self._a.copy(order=order)
+        if tracer is not None:
+            _report("copy", "copy", (self._a,), r)
+        return ndarray._of(r)
 
     def __copy__(self):
         return self.copy()
@@ -456,7 +586,10 @@ class ndarray:
         idx, has_mask = _prepare_index(key, self._a.shape)
         if has_mask:
             _sync("boolean-mask indexing (result size depends on the data)")
-        return _wrap(self._a[idx])
+        r = self._a[idx]
+        if tracer is not None and isinstance(r, np.ndarray):     # a scalar index is a 0-d view
+            _report("auto", "getitem (advanced index)", (self._a,), r)
+        return _wrap(r)
 
     def __setitem__(self, key, value):
         idx, _ = _prepare_index(key, self._a.shape)
@@ -466,8 +599,17 @@ class ndarray:
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill "
                                  "(fakecupy, as CuPy: only a[:] = host_array copies from the host)")
             self._a[idx] = value
+            if tracer is not None:
+                tracer("copy", "host->device", [], [self._a], {"fresh": [], "direction": "h2d"})
             return
-        self._a[idx] = _unwrap(value, "cupy.ndarray.__setitem__")
+        v = _unwrap(value, "cupy.ndarray.__setitem__")
+        self._a[idx] = v
+        if tracer is not None:
+            # a copy kernel from an array, a fill from a scalar; it writes the indexed region
+            # (the whole array where the index is an integer array: a scatter)
+            basic = all(isinstance(k, (int, np.integer, slice, type(None), type(Ellipsis))) for k in idx)
+            _report("copy" if isinstance(v, np.ndarray) and v.ndim else "elementwise", "setitem", (v,),
+                    self._a[idx] if basic else self._a, True)
 
     # ---- arithmetic
 
@@ -501,9 +643,17 @@ def _fast_method(name):
 
     def method(self, *args, **kwargs):
         f = getattr(self._a, name)
+        a = _args(args, where)
         if not kwargs:
-            return _wrap(f(*_args(args, where)))
-        r = f(*_args(args, where), **_unwrap(kwargs, where))
+            r = f(*a)
+            if tracer is not None:
+                _report("elementwise" if name == "fill" else "auto", name, (self._a, a), self._a if name == "fill"
+                        else r, name == "fill")
+            return _wrap(r)
+        k = _unwrap(kwargs, where)
+        r = f(*a, **k)
+        if tracer is not None:
+            _report("auto", name, (self._a, a, list(k.values())), r, k.get("out") is not None)
         return _out_result(kwargs.get("out"), r)
     method.__name__ = name
     return method
@@ -520,15 +670,22 @@ def asarray(a, dtype=None, order=None, blocking=False):
     """Host data -> a device array (a copy); a device array is returned as it is."""
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
-    return ndarray._of(np.array(_unwrap(a, "cupy.asarray", allow_host=True), dtype=dtype, order=order or "K",
-                                copy=True))
+    r = np.array(_unwrap(a, "cupy.asarray", allow_host=True), dtype=dtype, order=order or "K", copy=True)
+    if tracer is not None:
+        tracer("copy", "host->device", [], [r], {"fresh": [r] if r.size else [], "direction": "h2d"})
+    return ndarray._of(r)
 
 
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=False):
     if isinstance(obj, ndarray):
-        return ndarray._of(np.array(obj._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin))
-    return ndarray._of(np.array(_unwrap(obj, "cupy.array", allow_host=True), dtype=dtype, copy=True,
-                                order=order, ndmin=ndmin))
+        r = np.array(obj._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
+        if tracer is not None:
+            _report("auto", "array", (obj._a,), r)
+        return ndarray._of(r)
+    r = np.array(_unwrap(obj, "cupy.array", allow_host=True), dtype=dtype, copy=True, order=order, ndmin=ndmin)
+    if tracer is not None:
+        tracer("copy", "host->device", [], [r], {"fresh": [r] if r.size else [], "direction": "h2d"})
+    return ndarray._of(r)
 
 
 asanyarray = asarray
@@ -552,6 +709,8 @@ def take(a, indices, axis=None, out=None):
     idx = np.asarray(_index_component(indices))
     n = a_.size if axis is None else a_.shape[axis]
     r = np.take(a_, _wrap_index(idx, n), axis=axis, out=_unwrap(out, "cupy.take"))
+    if tracer is not None:
+        _report("elementwise", "take", (a_, idx), r, out is not None)
     return _out_result(out, r)
 
 
@@ -559,7 +718,10 @@ def take_along_axis(a, indices, axis):
     a_ = _unwrap(a, "cupy.take_along_axis")
     idx = _unwrap(indices, "cupy.take_along_axis")
     n = a_.size if axis is None else a_.shape[axis]
-    return _wrap(np.take_along_axis(a_, _wrap_index(idx, n), axis=axis))
+    r = np.take_along_axis(a_, _wrap_index(idx, n), axis=axis)
+    if tracer is not None:
+        _report("elementwise", "take_along_axis", (a_, idx), r)
+    return _wrap(r)
 
 
 # dtypes and constants are NumPy's own, as in CuPy
@@ -612,6 +774,13 @@ linalg = _Namespace(np.linalg, "linalg")
 # --------------------------------------------------------------------------- random
 
 
+def _drawn(name: str, a: np.ndarray) -> "ndarray":
+    """A random draw's result on the device: one cuRAND launch (and the memory for it)."""
+    if tracer is not None:
+        tracer("random", name, [], [a], {"fresh": [a] if a.size else []})
+    return ndarray._of(a)
+
+
 class _Random:
     """``cupy.random``: a seeded RandomState whose draws are device arrays."""
 
@@ -623,19 +792,19 @@ class _Random:
             dt = np.dtype(dtype)
             if dt not in (np.float32, np.float64):
                 raise TypeError(f"cupy.random.RandomState.random_sample: dtype must be float32 or float64, got {dt}")
-            return ndarray._of(np.asarray(self._g.random(size, dtype=dt)))
+            return _drawn('random_sample', np.asarray(self._g.random(size, dtype=dt)))
 
         def randint(self, low, high=None, size=None, dtype=int):
-            return ndarray._of(np.asarray(self._g.integers(low, high, size=size, dtype=dtype)))
+            return _drawn('randint', np.asarray(self._g.integers(low, high, size=size, dtype=dtype)))
 
         def standard_normal(self, size=None, dtype=float):
-            return ndarray._of(np.asarray(self._g.standard_normal(size, dtype=np.dtype(dtype))))
+            return _drawn('standard_normal', np.asarray(self._g.standard_normal(size, dtype=np.dtype(dtype))))
 
         def normal(self, loc=0.0, scale=1.0, size=None, dtype=float):
-            return ndarray._of(np.asarray(self._g.normal(loc, scale, size)).astype(dtype))
+            return _drawn('normal', np.asarray(self._g.normal(loc, scale, size)).astype(dtype))
 
         def uniform(self, low=0.0, high=1.0, size=None, dtype=float):
-            return ndarray._of(np.asarray(self._g.uniform(low, high, size)).astype(dtype))
+            return _drawn('uniform', np.asarray(self._g.uniform(low, high, size)).astype(dtype))
 
     def __init__(self):
         self._default = self.RandomState(0)
@@ -962,6 +1131,11 @@ class RawKernel:
                 host_args.append(a)
         launch = KernelLaunch(self.name, tuple(int(v) for v in grid), tuple(int(v) for v in block), int(shared_mem))
         self._twin(launch, *host_args)
+        if tracer is not None:
+            arrays = [a for a in host_args if isinstance(a, np.ndarray)]
+            tracer("raw", self.name.split("<")[0], arrays, [],
+                   {"fresh": [], "grid": launch.grid, "block": launch.block, "work": max((a.size for a in arrays),
+                                                                                         default=0)})
 
 
 class RawModule:

@@ -21,7 +21,11 @@ def scatter_add(a, slices, value):
         idx = tuple(_wrap_index(_index_component(k), n) for k, n in zip(idx, target.shape))
     else:
         idx = _wrap_index(idx, target.shape[0])
-    np.add.at(target, idx, _unwrap(value, "cupyx.scatter_add"))
+    v = _unwrap(value, "cupyx.scatter_add")
+    np.add.at(target, idx, v)
+    from . import cupy as _cp
+    if _cp.tracer is not None:
+        _cp._report("elementwise", "scatter_add", (v, idx), target, True)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,115 @@
+"""The benchmark's GPU paths, on the CuPy stand-in (a GPU run proves the timings themselves).
+
+* The matmul replay is drawn lazily, on the device, and only in the attn worker: the PyTorch
+  worker builds PyTorch's side alone (on ``base`` each worker took over a minute to draw
+  gigabytes of host normals it never used).
+* On CuPy the per-phase profile takes CUDA events (the host clock only times the issuing of
+  work on a GPU) and waits once, for the last event.
+* PyTorch's float32 products are set to attn's precision.
+"""
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+
+import attn.backend as B
+from attn.bench import flops, work as W
+from attn.bench.presets import BENCH_PRESETS
+
+
+def _quick_work(backend="numpy", **kw):
+    return {w.name: w for w in W.build_work(BENCH_PRESETS["quick"], ["train_step", "forward", "greedy_cached"],
+                                            backend, False, lambda: None, lambda: None, "cpu", **kw)}
+
+
+def test_the_replay_is_drawn_at_its_first_run(monkeypatch):
+    drawn = []
+    real = flops._Replay.build
+    monkeypatch.setattr(flops._Replay, "build", lambda self: drawn.append(self) or real(self))
+    from conftest import selected_backend
+    with selected_backend("numpy"):
+        work = _quick_work()
+        assert not drawn and not work["train_step"].replay.built
+        work["train_step"].replay()
+        assert len(drawn) == 1 and work["train_step"].replay.built
+        work["train_step"].replay()
+        assert len(drawn) == 1
+
+
+def test_a_worker_builds_its_own_side_alone(monkeypatch):
+    """The PyTorch side's worker (and memory child) gets no attn model and no replay; attn's
+    readable model is built only where a ``_reference`` measurement is asked for."""
+    from conftest import selected_backend
+    from attn.model import Transformer
+    built = []
+    monkeypatch.setattr(W, "Transformer", lambda *a, **k: built.append(a) or Transformer(*a, **k))
+    with selected_backend("numpy"):
+        mine = _quick_work(with_ours=False)
+        assert not built
+        assert all(w.ours is None and w.replay is None for w in mine.values())
+        assert "ours" not in mine["train_step"].phases
+        _quick_work()
+        assert len(built) == 1                      # the fast model's source, no readable model
+        built.clear()
+        W.build_work(BENCH_PRESETS["quick"], ["train_step_reference"], "numpy", False, lambda: None)
+        assert len(built) == 2
+
+
+def test_the_workers_ask_for_their_side(monkeypatch, capsys):
+    """``worker_main``: the torch worker builds with ``with_ours=False``, the attn worker with it."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e .[ref])")
+    from attn.bench import isolated
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)     # this process's threads stay
+    seen = []
+    monkeypatch.setattr(W, "build_work", lambda *a, **k: seen.append(k.get("with_ours", True)) or [])
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    for framework in ("torch", "attn"):
+        args = SimpleNamespace(_worker=framework, backend="numpy", threads=1, return_freed_memory=True,
+                               preset="quick", only=["train_step"], batch=None, src_len=None, tgt_len=None,
+                               decode_batch=None, decode_steps=None, beam=None)
+        saved = (B._current, B._xp)
+        try:
+            isolated.worker_main(args)
+        finally:
+            B._current, B._xp = saved
+    assert seen == [False, True]
+    assert [json.loads(line)["ready"] for line in capsys.readouterr().out.splitlines()] == [True, True]
+
+
+def test_on_cupy_the_phases_are_timed_with_cuda_events(monkeypatch):
+    import fakecupy
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as cp:
+        recorded = []
+        real = cp.cuda.Event.record
+        monkeypatch.setattr(cp.cuda.Event, "record", lambda self, stream=None: recorded.append(self) or real(self))
+        step = _quick_work("cupy")["train_step"]
+        assert step.phases["ours"].where == "cupy"
+        step.ours()                                            # warm-up
+        with fakecupy.counting() as syncs:
+            phases = step.phases["ours"]()
+        assert len(recorded) == len(phases) + 1 >= 5           # one event per mark, and one at the end
+        assert syncs.kinds == {"synchronize": 1}               # only the last event is waited for
+        assert {"loss", "optimizer"} <= set(phases) and all(t >= 0 for t in phases.values())
+    with selected_backend("numpy"):
+        assert _quick_work()["train_step"].phases["ours"].where == "numpy"
+
+
+def test_pytorch_runs_at_attns_precision(monkeypatch):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e .[ref])")
+    from conftest import selected_backend
+    from attn.bench.twin import match_precision
+    before = torch.get_float32_matmul_precision()
+    try:
+        with selected_backend("numpy"):
+            monkeypatch.setenv("CUPY_TF32", "1")               # CuPy's switch: not attn's on NumPy
+            assert match_precision(torch) == "fp32" and torch.get_float32_matmul_precision() == "highest"
+        with selected_backend("fakecupy"):
+            assert match_precision(torch) == "tf32" and torch.get_float32_matmul_precision() == "high"
+            monkeypatch.setenv("CUPY_TF32", "0")
+            assert match_precision(torch) == "fp32" and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.set_float32_matmul_precision(before)
