@@ -45,9 +45,9 @@ The package's rooms:
 
 =================  ===================================================================
 ``threads``        the helper-thread pool, single-threaded-BLAS blocks, malloc setting
-``ops``            the memory-bound operations (``_Ops``, NumPy and CuPy alike) and
-                   :func:`ops_for`, which picks the CuPy kernels where they apply
-``kernels``        the fused CuPy kernels (``CupyOps``)
+``ops``            the memory-bound operations (``_Ops``, NumPy and CuPy alike)
+``kernels``        the fused CuPy kernels (``CupyOps``) and their NumPy twins
+``dispatch``       :func:`ops_for`, which picks the CuPy kernels where they apply
 ``loss``           the fused label-smoothed cross-entropy
 ``model``          :class:`FastTransformer` and its caches
 ``decoding``       the incremental decoding step and its state
@@ -60,7 +60,8 @@ from .loss import cross_entropy
 from .decoding import FastDecodeState
 from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastTransformer, FFNCache, Fused,
                     ResCache, SelfAttnCache, SplitCache)
-from .ops import Mask, _Ops, ops_for
+from .dispatch import ops_for
+from .ops import Mask, _Ops
 from .optim import FastAdam
 from .threads import (MAX_AUTO_WORKERS, _THREADS, _row_slices, default_workers, keep_freed_memory,
                       single_threaded_blas)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 from .. import backend as B
-from .ops import ops_for
+from .dispatch import ops_for
 from .threads import _THREADS, _row_slices, single_threaded_blas
 
 

@@ -445,9 +445,16 @@ class CupyOps(_Ops):
     def __init__(self, xp):
         super().__init__(xp)
         self._module = xp.RawModule(code=_SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
+        self._functions: dict = {}
 
     def _fn(self, name, dtype):
-        return self._module.get_function(f"{name}<{_CTYPES[str(dtype)]}>")
+        """The kernel ``name<T>`` for ``dtype``, looked up in the module once (a lookup is a
+        string formatting and a driver call: microseconds at every launch otherwise)."""
+        key = (name, dtype)                      # not str(dtype): that costs microseconds per call
+        f = self._functions.get(key)
+        if f is None:
+            f = self._functions[key] = self._module.get_function(f"{name}<{_CTYPES[str(dtype)]}>")
+        return f
 
     @staticmethod
     def _scalar(v, dtype):

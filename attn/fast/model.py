@@ -13,7 +13,8 @@ from ..masks import decoder_mask, padding_mask
 from ..model import DecodeState, Transformer
 from . import decoding
 from .decoding import FastDecodeState
-from .ops import _Ops, ops_for
+from .dispatch import ops_for
+from .ops import _Ops
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
 class AttendCache(NamedTuple):

@@ -1,7 +1,8 @@
 """The memory-bound operations of a training step (softmax, layer norm, dropout, ReLU, the
 loss, Adam, the embedding scatter-add), written with in-place ufuncs so that they run on
-NumPy and CuPy alike. Both the fast model and the CuPy kernels (:mod:`attn.fast.kernels`,
-which subclasses :class:`_Ops`) import them from here."""
+NumPy and CuPy alike. The CuPy kernels (:mod:`attn.fast.kernels`) subclass :class:`_Ops`;
+:func:`attn.fast.dispatch.ops_for` picks one or the other for an array namespace (this module
+imports neither)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -218,18 +219,3 @@ class _Ops:
         x_y -= mx
         per_tok = dt(1.0 - smoothing) * (x_y - lse) + dt(smoothing) * (mean_x - lse)
         return -(per_tok @ w)
-
-
-def ops_for(xp) -> _Ops:
-    """The ``_Ops`` for an array namespace: fused CuPy kernels where they apply."""
-    key = xp.__name__
-    if key not in _OPS:
-        if xp is not B.host:                        # CuPy (or the test suite's stand-in for it)
-            from .kernels import CupyOps            # only imported where CuPy is in use
-            _OPS[key] = CupyOps(xp)
-        else:
-            _OPS[key] = _Ops(xp)
-    return _OPS[key]
-
-
-_OPS: dict = {}

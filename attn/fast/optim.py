@@ -5,7 +5,7 @@ import math
 
 from .. import backend as B
 from ..optim import Adam
-from .ops import ops_for
+from .dispatch import ops_for
 from .threads import _THREADS, default_workers
 
 class FastAdam(Adam):
