@@ -44,7 +44,7 @@ from .fast import cross_entropy as fast_cross_entropy
 from .loss import cross_entropy
 from .model import PRESETS, Transformer, TransformerConfig
 from .layers._checks import check_ids
-from .optim import Adam, clip_grad_norm
+from .optim import Adam
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent / "data" / "toy"
 
@@ -418,9 +418,7 @@ def train_step(model: Transformer, opt: Adam, batch, rng, label_smoothing: float
     del logits
     grads = model.backward(dlogits, cache)
     del cache, dlogits
-    if clip:
-        clip_grad_norm(grads, clip, sync=False)          # decided on the device: no host sync
-    lr = opt.step(grads)
+    lr = opt.step(grads, clip=clip)                      # clipping decided on the device: no host sync
     return loss, lr
 
 
