@@ -18,7 +18,7 @@ from . import backend as B
 def numerical_gradient(f, x, h: float = 1e-6, indices=None):
     """Central-difference gradient of the scalar function ``f()`` with respect to
     the array ``x``, which ``f`` reads and this function perturbs in place
-    (and restores). Works on NumPy and CuPy arrays.
+    (and restores). Works on NumPy and CuPy arrays, contiguous or strided views.
 
     ``indices``: flat indices of the entries to differentiate (the others stay 0),
     for a spot check of a large input; None for every entry.
@@ -26,18 +26,24 @@ def numerical_gradient(f, x, h: float = 1e-6, indices=None):
     Returns: an array of x's shape.
     """
     xp = B.get_array_module(x)
-    grad = xp.zeros_like(x)
-    if not x.flags.c_contiguous:
-        raise ValueError("numerical_gradient: x must be C-contiguous so that it can be perturbed in place")
-    flat, gflat = x.reshape(-1), grad.reshape(-1)      # views: writing flat[i] writes x
-    for i in (range(flat.size) if indices is None else (int(j) for j in indices)):
-        old = flat[i].item()
-        flat[i] = old + h
+    grad = xp.zeros((x.shape), dtype=x.dtype)
+    if x.flags.c_contiguous:
+        flat, gflat = x.reshape(-1), grad.reshape(-1)      # views: writing flat[i] writes x
+        at = int
+    else:                                   # a strided view (a column block of the fast model's arena)
+        flat, gflat = x, grad
+
+        def at(i):
+            return tuple(int(v) for v in B.host.unravel_index(int(i), x.shape))
+    for i in (range(x.size) if indices is None else (int(j) for j in indices)):
+        k = at(i)
+        old = flat[k].item()
+        flat[k] = old + h
         fp = float(f())
-        flat[i] = old - h
+        flat[k] = old - h
         fm = float(f())
-        flat[i] = old
-        gflat[i] = (fp - fm) / (2 * h)
+        flat[k] = old
+        gflat[k] = (fp - fm) / (2 * h)
     return grad
 
 

@@ -63,8 +63,12 @@ class Adam:
             return self.fixed_lr
         return noam_lr(step, self.d_model, self.warmup_steps, self.lr_factor)
 
-    def step(self, grads: dict) -> float:
-        """One update with the learning rate of the coming step. Returns that rate."""
+    def step(self, grads: dict, clip: float = 0.0) -> float:
+        """One update with the learning rate of the coming step. Returns that rate.
+        ``clip`` > 0: the gradients' global norm is first clipped to it in place
+        (:func:`clip_grad_norm`, decided on the device: no host sync)."""
+        if clip:
+            clip_grad_norm(grads, clip, sync=False)
         missing = [k for k in self.params if k not in grads]
         if missing:
             raise KeyError(f"Adam.step: no gradient for {missing[:5]}{'...' if len(missing) > 5 else ''}")

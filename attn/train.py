@@ -45,7 +45,6 @@ from .checkpoint import CheckpointError
 from .data import DataError, make_batches
 from .layers._checks import check_ids
 from .loss import cross_entropy
-from .optim import clip_grad_norm
 from .training import distributed
 from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, open_run,  # noqa: F401 (re-exported)
                                    save_checkpoint, snapshot, start_writing)
@@ -93,9 +92,7 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     else:           # the sum over processes of weight * (loss, grads), sent layer by layer as the backward goes
         loss, grads = dp.backward(model, dlogits, cache, loss, weight)
     del cache, dlogits
-    if clip:
-        clip_grad_norm(grads, clip, sync=False)          # decided on the device: no host sync
-    lr = opt.step(grads)
+    lr = opt.step(grads, clip=clip)                      # clipping decided on the device: no host sync
     return loss, lr
 
 

@@ -8,16 +8,20 @@ passes over memory, for the benchmark and the trainer to use when asked:
     logits, cache = model.forward(src, tgt_in, rng)
     loss, dlogits = cross_entropy(logits, tgt_out, smoothing, inplace=True)
     grads = model.backward(dlogits, cache)          # the same dict the reference returns
-    FastAdam(model.params, d_model).step(grads)
+    FastAdam(model.params, d_model).step(grads, clip=0.0)   # one update over model.arena
 
 What it does differently, and why (every item is checked against the reference in
 ``tests/test_fast.py``: outputs and gradients agree to float32 rounding):
 
-* Fused projections. Self-attention's Q, K and V are one ``(D, 3D)`` matmul; the
-  keys and values of every decoder layer's cross-attention are one ``(D, 2D*L)``
-  matmul of the encoder output, and their gradient one matmul back. The weights
-  are concatenated once per step (a few hundred kB); the ``1/sqrt(d_k)`` scale is
-  folded into the query weights, so the scores need no extra pass.
+* One arena (:mod:`attn.fast.arena`). Parameters, gradients and Adam's moments are
+  four flat buffers of one layout; ``params`` holds views of the first under the
+  reference's names, ``backward`` writes every gradient into the second (``out=``)
+  and returns its views, and :class:`FastAdam` is one update of all four.
+* Fused projections, laid out side by side in the arena. Self-attention's Q, K and V
+  are one ``(D, 3D)`` matmul; the keys and values of every decoder layer's
+  cross-attention are one ``(D, 2D*L)`` matmul of the encoder output, and their
+  gradient one matmul back. Nothing is concatenated or sliced per step; the
+  ``1/sqrt(d_k)`` scale is applied by the softmax (for free in the CuPy kernel).
 * Heads without copies. Q, K, V are strided views of the fused projection; the
   attention's output and the gradients of Q, K, V are written by ``matmul(out=)``
   straight into the ``(B, T, H, Dh)`` layout the next matmul reads.
@@ -33,8 +37,8 @@ What it does differently, and why (every item is checked against the reference i
 * Embedding gradient by a one-dimensional ``add.at`` on flat indices (the two-
   dimensional form loops over rows and is ten times slower), one call for the
   source and target lookups together.
-* :class:`FastAdam`: in-place updates with one scratch buffer, the parameters
-  split over two threads (NumPy releases the GIL inside ufuncs).
+* :class:`FastAdam`: over the arena, one update of the flat buffers (one kernel launch
+  on CuPy, clipping decided on the device; slices over the helper threads on NumPy).
 
 Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of an
 ``_Ops`` object chosen by array namespace; on CuPy :mod:`attn.fast.kernels` supplies
@@ -45,10 +49,11 @@ The package's rooms:
 
 =================  ===================================================================
 ``threads``        the helper-thread pool, single-threaded-BLAS blocks, malloc setting
-``ops``            the memory-bound operations (``_Ops``, NumPy and CuPy alike) and
-                   :func:`ops_for`, which picks the CuPy kernels where they apply
-``kernels``        the fused CuPy kernels (``CupyOps``)
+``ops``            the memory-bound operations (``_Ops``, NumPy and CuPy alike)
+``kernels``        the fused CuPy kernels (``CupyOps``) and their NumPy twins
+``dispatch``       :func:`ops_for`, which picks the CuPy kernels where they apply
 ``loss``           the fused label-smoothed cross-entropy
+``arena``          the flat parameter/gradient/moment buffers and their layout
 ``model``          :class:`FastTransformer` and its caches
 ``decoding``       the incremental decoding step and its state
 ``optim``          :class:`FastAdam`
@@ -60,7 +65,8 @@ from .loss import cross_entropy
 from .decoding import FastDecodeState
 from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastTransformer, FFNCache, Fused,
                     ResCache, SelfAttnCache, SplitCache)
-from .ops import Mask, _Ops, ops_for
+from .dispatch import ops_for
+from .ops import Mask, _Ops
 from .optim import FastAdam
 from .threads import (MAX_AUTO_WORKERS, _THREADS, _row_slices, default_workers, keep_freed_memory,
                       single_threaded_blas)

@@ -8,7 +8,7 @@ beam search against the reference decoder):
   (``(n, H, capacity, Dh)``, a quarter larger when full): a step writes its own position
   instead of concatenating the whole prefix again.
 * Q, K and V of a step are one ``(D, 3D)`` matmul with the ``1/sqrt(d_k)`` scale folded into
-  the query weights (the training step's fused weights, made once per decode).
+  the query weights (copies of the arena's fused blocks, made once per decode).
 * The rows are split into parts that run at the same time on the helper threads, each with
   single-threaded BLAS: a step of 64 sentences is a few hundred small products, too small
   for BLAS's own threads (their hand-offs cost more than the products), but two halves of
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 from .. import backend as B
-from .ops import ops_for
+from .dispatch import ops_for
 from .threads import _THREADS, _row_slices, single_threaded_blas
 
 
@@ -191,7 +191,7 @@ def start(model, cross_kv, src_mask) -> FastDecodeState:
     rows = src_mask.any(axis=-1, keepdims=True)                               # (B, 1, 1, 1)
     rows = None if bool(rows.all()) else rows.astype(model.dtype)
     kv = _KV.empty(xp, n, H, D // H, cfg.n_decoder_layers, 16, model.dtype)
-    return FastDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), kv, model._fuse(decoding=True), bias, rows)
+    return FastDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), kv, model._decoding_weights(), bias, rows)
 
 
 #: Least rows per part when a step is split over threads: below it the hand-off costs more

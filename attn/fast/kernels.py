@@ -11,13 +11,21 @@ softmax0_              keys-first masked softmax: one thread per (batch, head, q
 softmax0_backward_     one thread per column: ``dx = y * (dy - sum(dy * y))``
 layer_norm_            one block per row: mean and variance by a shared-memory tree sum,
                        then ``xhat`` (in place) and ``gamma * xhat + beta``
-layer_norm_backward_   dgamma (one thread per column), dbeta, before ``dout`` is
-                       overwritten; then one block per row for ``dx``
+layer_norm_backward_   dgamma and dbeta by one ``column_sums`` launch (into the arena's
+                       (2, D) block), before ``dout`` is overwritten; then one block per
+                       row for ``dx``
+colsum                 the bias gradients: ``column_sums``, one launch of two stages
+                       (blocks of 32 columns x 64-row chunks write partial sums; the last
+                       block of each column tile to finish adds them up), so the grid
+                       grows with the rows as well as the columns
 cross_entropy_         one block per row: max, sum of exp, then ``dlogits`` in place; the
                        per-row losses are summed on the device
 dropout_mask / _       ``uniform >= p`` (exact p, no quantisation), ``x * keep * scale``
 relu_backward_         ``da * (a > 0)``
 adam_                  the whole Adam update of one parameter in one kernel
+adam_flat_             the whole arena's Adam update in one kernel, after one
+                       ``sumsq_partial`` launch when clipping: the norm and the decision
+                       to clip stay on the device
 =====================  =====================================================================
 
 Nothing here synchronises with the host; the loss stays a 0-d device array.
@@ -114,10 +122,11 @@ __device__ T block_max(T v, T* sh) {
 # --------------------------------------------------------------------------- softmax
 
 _SOFTMAX0_FWD = r"""
-// Keys-first softmax, in place: s is (Tk, M) with M = B*H*Tq, column m = (b, h, q).
+// Keys-first softmax of alpha * s + bias, in place: s is (Tk, M) with M = B*H*Tq, column m = (b, h, q);
+// alpha is the attention's 1/sqrt(d_k) (the weights are stored unscaled in the arena).
 // bias[k*sk + b*sb + h*sh + q*sq] is 0 (may attend) or the most negative finite value.
 template <typename T>
-__global__ void softmax0_fwd(T* s, const T* bias, int Tk, long long M, int H, int Tq,
+__global__ void softmax0_fwd(T* s, const T* bias, T alpha, int Tk, long long M, int H, int Tq,
                              long long sk, long long sb, long long shd, long long sq) {
     long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= M) return;
@@ -127,7 +136,7 @@ __global__ void softmax0_fwd(T* s, const T* bias, int Tk, long long M, int H, in
     T mx = 0;
     for (int k = 0; k < Tk; ++k) {
         T bk = bias[k * sk + boff];
-        T v = s[k * M + m] + bk;
+        T v = alpha * s[k * M + m] + bk;
         s[k * M + m] = v;
         if (bk == T(0)) any = true;
         if (k == 0 || v > mx) mx = v;
@@ -144,12 +153,13 @@ __global__ void softmax0_fwd(T* s, const T* bias, int Tk, long long M, int H, in
 """
 
 
-def softmax0_fwd_np(launch, s, bias, Tk, M, H, Tq, sk, sb, shd, sq):
+def softmax0_fwd_np(launch, s, bias, alpha, Tk, M, H, Tq, sk, sb, shd, sq):
     """NumPy twin of ``softmax0_fwd``."""
     np = B.host
     _check_threads(launch, M, "columns")
     x = _view(s, (Tk, M), (M, 1))
     bias_t = _view(bias, (Tk, M // (H * Tq), H, Tq), (sk, sb, shd, sq)).reshape(Tk, M)
+    x *= alpha
     x += bias_t
     allowed = (bias_t == 0).any(axis=0)
     x -= x.max(axis=0) if Tk else 0
@@ -159,25 +169,26 @@ def softmax0_fwd_np(launch, s, bias, Tk, M, H, Tq, sk, sb, shd, sq):
 
 
 _SOFTMAX0_BWD = r"""
-// dy <- y * (dy - sum_k dy * y), per column, in place.
+// dy <- alpha * y * (dy - sum_k dy * y), per column, in place (the forward was softmax(alpha * s)).
 template <typename T>
-__global__ void softmax0_bwd(T* dy, const T* y, int Tk, long long M) {
+__global__ void softmax0_bwd(T* dy, const T* y, T alpha, int Tk, long long M) {
     long long m = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (m >= M) return;
     T t = 0;
     for (int k = 0; k < Tk; ++k) t += dy[k * M + m] * y[k * M + m];
-    for (int k = 0; k < Tk; ++k) dy[k * M + m] = y[k * M + m] * (dy[k * M + m] - t);
+    for (int k = 0; k < Tk; ++k) dy[k * M + m] = alpha * y[k * M + m] * (dy[k * M + m] - t);
 }
 """
 
 
-def softmax0_bwd_np(launch, dy, y, Tk, M):
+def softmax0_bwd_np(launch, dy, y, alpha, Tk, M):
     """NumPy twin of ``softmax0_bwd``."""
     _check_threads(launch, M, "columns")
     d, w = _view(dy, (Tk, M), (M, 1)), _view(y, (Tk, M), (M, 1))
     t = (d * w).sum(axis=0)
     d -= t
     d *= w
+    d *= alpha
 
 # --------------------------------------------------------------------------- layer norm
 
@@ -257,23 +268,98 @@ def layer_norm_bwd_np(launch, dout, xhat, rstd, gamma, D):
     d[...] = r[:, None] * (g - a[:, None] - xh * b[:, None])
 
 
-_COLSUM_PROD = r"""
-// y[j] = sum_i a[i, j] * b[i, j] for a, b (N, D): one thread per column (layer norm's dgamma).
+_COLUMN_SUMS = r"""
+// Column sums of a, (N, D) contiguous, in one launch of two stages (layer norm's dgamma and
+// dbeta, the bias gradients): the grid grows with the rows as well as the columns.
+// Block (x, y) is 32 x 8 threads: the 32 columns of tile x, and 8 lanes over the rows of the
+// chunks y, y + gridDim.y, ... of `chunk` rows each. Stage one: every block writes its partial
+// sums, partial[(y * K + k) * D + j]. Stage two: the last block of tile x to finish (a ticket
+// from counter[x], which must be 0 at the launch) sums the gridDim.y partials of its columns
+// in a fixed order, and sets the counter back to 0 for the next launch.
+// K = 2: out[j] = sum_i a[i, j] * b[i, j] and out[D + j] = sum_i a[i, j] (dgamma, dbeta);
+// K = 1: out[j] = sum_i a[i, j] (b is not read).
 template <typename T>
-__global__ void colsum_prod(const T* a, const T* b, T* y, long long N, int D) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= D) return;
-    T s = 0;
-    for (long long i = 0; i < N; ++i) s += a[i * D + j] * b[i * D + j];
-    y[j] = s;
+__global__ void column_sums(const T* a, const T* b, T* partial, unsigned int* counter, T* out,
+                            long long N, int D, int K, int chunk) {
+    __shared__ T sh[2][8][33];
+    __shared__ bool last;
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int j = blockIdx.x * 32 + tx;
+    T s0 = 0, s1 = 0;
+    if (j < D) {
+        for (long long c = blockIdx.y; c * chunk < N; c += gridDim.y) {
+            long long end = min(N, (c + 1) * chunk);
+            for (long long i = c * chunk + ty; i < end; i += 8) {
+                T x = a[i * D + j];
+                if (K == 2) { s0 += x * b[i * D + j]; s1 += x; } else s0 += x;
+            }
+        }
+    }
+    sh[0][ty][tx] = s0;
+    sh[1][ty][tx] = s1;
+    __syncthreads();
+    if (ty == 0 && j < D) {
+        T t0 = 0, t1 = 0;
+        for (int r = 0; r < 8; ++r) { t0 += sh[0][r][tx]; t1 += sh[1][r][tx]; }
+        partial[(long long)blockIdx.y * K * D + j] = t0;
+        if (K == 2) partial[((long long)blockIdx.y * K + 1) * D + j] = t1;
+    }
+    __threadfence();                        // this block's partials reach every block before its ticket
+    __syncthreads();
+    if (tx == 0 && ty == 0) last = atomicAdd(&counter[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    const volatile T* pv = partial;         // written by other blocks: read past the L1 cache
+    s0 = 0;
+    s1 = 0;
+    if (j < D) {
+        for (int r = ty; r < (int)gridDim.y; r += 8) {
+            s0 += pv[(long long)r * K * D + j];
+            if (K == 2) s1 += pv[((long long)r * K + 1) * D + j];
+        }
+    }
+    sh[0][ty][tx] = s0;
+    sh[1][ty][tx] = s1;
+    __syncthreads();
+    if (ty == 0 && j < D) {
+        T t0 = 0, t1 = 0;
+        for (int r = 0; r < 8; ++r) { t0 += sh[0][r][tx]; t1 += sh[1][r][tx]; }
+        out[j] = t0;
+        if (K == 2) out[D + j] = t1;
+    }
+    if (tx == 0 && ty == 0) counter[blockIdx.x] = 0;
 }
 """
 
+#: Rows per chunk of ``column_sums``, and the most row blocks (``gridDim.y``) it is launched with.
+COLUMN_CHUNK, COLUMN_MAX_ROW_BLOCKS = 64, 1024
 
-def colsum_prod_np(launch, a, b, y, N, D):
-    """NumPy twin of ``colsum_prod``."""
-    _check_threads(launch, D, "columns")
-    _view(y, (D,), (1,))[...] = (_view(a, (N, D), (D, 1)) * _view(b, (N, D), (D, 1))).sum(axis=0)
+
+def column_sums_np(launch, a, b, partial, counter, out, N, D, K, chunk):
+    """NumPy twin of ``column_sums``: the partial sums of every row block, then their sum."""
+    np = B.host
+    if launch.block != (32, 8):
+        raise ValueError(f"{launch.name}: the block must be (32, 8), got {launch.block}")
+    tiles, R = launch.grid[0], (launch.grid[1] if len(launch.grid) > 1 else 1)
+    if tiles * 32 < D:
+        raise ValueError(f"{launch.name}: {tiles} tiles of 32 columns cannot cover {D} columns")
+    if K not in (1, 2):
+        raise ValueError(f"{launch.name}: K must be 1 or 2, got {K}")
+    cnt = _view(counter, (tiles,), (1,))
+    if cnt.any():
+        raise ValueError(f"{launch.name}: the tile counters must be 0 at the launch (a launch "
+                         "before this one did not finish, or the counter buffer was not zeroed)")
+    N, D, chunk = int(N), int(D), int(chunk)
+    x = _view(a, (N, D), (D, 1))
+    sums = [x * _view(b, (N, D), (D, 1)), x] if K == 2 else [x]
+    span = chunk * R                                  # rows of one round over the row blocks
+    pad = -N % span
+    part = np.empty((R, K, D), dtype=a.dtype)
+    for k, t in enumerate(sums):
+        t = np.concatenate([t, np.zeros((pad, D), dtype=a.dtype)]) if pad else t
+        part[:, k] = t.reshape(-1, R, chunk, D).sum(axis=(0, 2))      # block y: chunks y, y + R, ...
+    _view(partial, (R, K, D), (K * D, D, 1))[...] = part
+    _view(out, (K * D,), (1,))[...] = part.sum(axis=0).reshape(-1)
 
 # --------------------------------------------------------------------------- loss
 
@@ -406,17 +492,93 @@ def adam_np(launch, p, m, v, g, one_m_b1, b2, one_m_b2, eps_c, step, n):
     vv[...] = b2 * vv + one_m_b2 * gv * gv
     pv -= step * mv / (np.sqrt(vv) + eps_c)
 
+_SUMSQ_PARTIAL = r"""
+// Stage one of the global gradient norm: partial[b] = the sum of g[i]^2 (in double) over the
+// elements that block b visits in a grid-stride loop. adam_flat sums the partials.
+template <typename T>
+__global__ void sumsq_partial(const T* g, double* partial, long long n) {
+    extern __shared__ unsigned char smem[];
+    double* sh = reinterpret_cast<double*>(smem);
+    double s = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        double x = (double)g[i];
+        s += x * x;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+"""
+
+
+def sumsq_partial_np(launch, g, partial, n):
+    """NumPy twin of ``sumsq_partial``."""
+    np = B.host
+    _check_block_reduction(launch, 8)
+    nb, t, n = launch.blocks, launch.threads, int(n)
+    x = _view(g, (n,), (1,)).astype(np.float64)
+    x = np.concatenate([x, np.zeros(-n % (nb * t))]).reshape(-1, nb, t)   # [round, block, thread]
+    _view(partial, (nb,), (1,))[...] = (x * x).sum(axis=(0, 2))
+
+
+_ADAM_FLAT = r"""
+// Adam over the whole arena in one launch, in place on p, m, v (see attn.fast.optim.FastAdam).
+// With n_partial > 0 the gradient is clipped first, decided here on the device: every block sums
+// the n_partial partial sums of squares of sumsq_partial (in one fixed order, so every block gets
+// the same norm), and g is used times max_norm / (norm + 1e-6) where norm > max_norm
+// (attn.optim.clip_grad_norm's rule). g itself is not written.
+template <typename T>
+__global__ void adam_flat(T* p, T* m, T* v, const T* g, const double* partial, int n_partial, double max_norm,
+                          T one_m_b1, T b2, T one_m_b2, T eps_c, T step, long long n) {
+    extern __shared__ unsigned char smem[];
+    double* sh = reinterpret_cast<double*>(smem);
+    T scale = T(1);
+    if (n_partial > 0) {
+        double s = 0;
+        for (int j = threadIdx.x; j < n_partial; j += blockDim.x) s += partial[j];
+        double norm = sqrt(block_sum(s, sh));
+        if (norm > max_norm) scale = T(max_norm / (norm + 1e-6));
+    }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        T gi = g[i] * scale;
+        T mi = m[i] + one_m_b1 * (gi - m[i]);
+        T vi = b2 * v[i] + one_m_b2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] -= step * mi / (sqrt(vi) + eps_c);
+    }
+}
+"""
+
+
+def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2, one_m_b2, eps_c, step, n):
+    """NumPy twin of ``adam_flat``."""
+    np = B.host
+    n = int(n)
+    dt = p.dtype.type
+    scale = dt(1)
+    if n_partial > 0:
+        _check_block_reduction(launch, 8)
+        norm = np.sqrt(_view(partial, (int(n_partial),), (1,)).sum())
+        if norm > max_norm:
+            scale = dt(max_norm / (norm + 1e-6))
+    pv, mv, vv, gv = (_view(a, (n,), (1,)) for a in (p, m, v, g))
+    gv = gv * scale
+    mv += one_m_b1 * (gv - mv)
+    vv[...] = b2 * vv + one_m_b2 * gv * gv
+    pv -= step * mv / (np.sqrt(vv) + eps_c)
+
 # --------------------------------------------------------------------------- the module
 
-_SOURCE = "".join([_HELPERS, _SOFTMAX0_FWD, _SOFTMAX0_BWD, _LAYER_NORM_FWD, _LAYER_NORM_BWD, _COLSUM_PROD,
-                   _CROSS_ENTROPY, _DROPOUT, _RELU_BWD, _ADAM])
+_SOURCE = "".join([_HELPERS, _SOFTMAX0_FWD, _SOFTMAX0_BWD, _LAYER_NORM_FWD, _LAYER_NORM_BWD, _COLUMN_SUMS,
+                   _CROSS_ENTROPY, _DROPOUT, _RELU_BWD, _ADAM, _SUMSQ_PARTIAL, _ADAM_FLAT])
 
 #: Every kernel of ``_SOURCE`` and its NumPy twin.
 NUMPY_TWINS = {
     "softmax0_fwd": softmax0_fwd_np, "softmax0_bwd": softmax0_bwd_np,
-    "layer_norm_fwd": layer_norm_fwd_np, "layer_norm_bwd": layer_norm_bwd_np, "colsum_prod": colsum_prod_np,
+    "layer_norm_fwd": layer_norm_fwd_np, "layer_norm_bwd": layer_norm_bwd_np, "column_sums": column_sums_np,
     "cross_entropy_fwd_bwd": cross_entropy_fwd_bwd_np,
     "dropout_fwd": dropout_fwd_np, "dropout_bwd": dropout_bwd_np, "relu_bwd": relu_bwd_np, "adam": adam_np,
+    "sumsq_partial": sumsq_partial_np, "adam_flat": adam_flat_np,
 }
 _KERNELS = tuple(NUMPY_TWINS)
 _CTYPES = {"float32": "float", "float64": "double"}
@@ -445,9 +607,17 @@ class CupyOps(_Ops):
     def __init__(self, xp):
         super().__init__(xp)
         self._module = xp.RawModule(code=_SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
+        self._functions: dict = {}
+        self._scratch: dict = {}
 
     def _fn(self, name, dtype):
-        return self._module.get_function(f"{name}<{_CTYPES[str(dtype)]}>")
+        """The kernel ``name<T>`` for ``dtype``, looked up in the module once (a lookup is a
+        string formatting and a driver call: microseconds at every launch otherwise)."""
+        key = (name, dtype)                      # not str(dtype): that costs microseconds per call
+        f = self._functions.get(key)
+        if f is None:
+            f = self._functions[key] = self._module.get_function(f"{name}<{_CTYPES[str(dtype)]}>")
+        return f
 
     @staticmethod
     def _scalar(v, dtype):
@@ -470,8 +640,9 @@ class CupyOps(_Ops):
 
     # ---- softmax (keys first)
 
-    def softmax0_(self, s, bias=None, row_scale=None):
-        """As :meth:`attn.fast.ops._Ops.softmax0_` for s (Tk, B, H, Tq) contiguous; ``bias`` is
+    def softmax0_(self, s, bias=None, row_scale=None, scale: float = 1.0):
+        """As :meth:`attn.fast.ops._Ops.softmax0_` for s (Tk, B, H, Tq) contiguous (``scale``
+        multiplies the scores inside the kernel, at no extra pass); ``bias`` is
         required (0 / most negative finite, broadcastable), ``row_scale`` is not needed: a
         query with no allowed key is detected in the kernel."""
         cp = self.xp
@@ -488,17 +659,19 @@ class CupyOps(_Ops):
         i64 = B.host.int64
         self._fn("softmax0_fwd", s.dtype)(
             ((M + threads - 1) // threads,), (threads,),
-            (s, b4, B.host.int32(Tk), i64(M), B.host.int32(H), B.host.int32(Tq), i64(sk), i64(sb), i64(sh), i64(sq)))
+            (s, b4, self._scalar(scale, s.dtype), B.host.int32(Tk), i64(M), B.host.int32(H), B.host.int32(Tq),
+             i64(sk), i64(sb), i64(sh), i64(sq)))
         return s
 
-    def softmax0_backward_(self, dy, y):
+    def softmax0_backward_(self, dy, y, scale: float = 1.0):
         if not (dy.flags.c_contiguous and y.flags.c_contiguous) or dy.shape != y.shape:
             raise ValueError("CupyOps.softmax0_backward_: dy and y must be contiguous and of one shape")
         Tk = dy.shape[0]
         M = dy.size // Tk
         threads = 256
         self._fn("softmax0_bwd", dy.dtype)(((M + threads - 1) // threads,), (threads,),
-                                            (dy, y, B.host.int32(Tk), B.host.int64(M)))
+                                            (dy, y, self._scalar(scale, dy.dtype), B.host.int32(Tk),
+                                             B.host.int64(M)))
         return dy
 
     # ---- layer norm
@@ -517,20 +690,63 @@ class CupyOps(_Ops):
             shared_mem=threads * x.dtype.itemsize)
         return out, rstd
 
-    def layer_norm_backward_(self, dout, xhat, rstd, gamma):
+    def layer_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
+        """As :meth:`attn.fast.ops._Ops.layer_norm_backward_`: dgamma and dbeta by one
+        ``column_sums`` launch (into ``out``, (2, D), before ``dout`` is overwritten), then one
+        block per row for ``dx``."""
         cp = self.xp
         N, D = dout.shape
         self._contiguous("layer_norm_backward_", dout=dout, xhat=xhat)
-        dgamma = cp.empty((D,), dtype=dout.dtype)                 # before dout is overwritten
-        threads = 256
-        self._fn("colsum_prod", dout.dtype)(((D + threads - 1) // threads,), (threads,),
-                                             (dout, xhat, dgamma, B.host.int64(N), B.host.int32(D)))
-        dbeta = dout.sum(axis=0)
+        out = cp.empty((2, D), dtype=dout.dtype) if out is None else out
+        self._column_sums(dout, xhat, out, "layer_norm_backward_")
         threads = _block(D)
         self._fn("layer_norm_bwd", dout.dtype)(
             (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), B.host.int32(D)),
             shared_mem=threads * dout.dtype.itemsize)
-        return dout, dgamma, dbeta
+        return dout, out[0], out[1]
+
+    # ---- column sums (bias gradients, dgamma and dbeta)
+
+    def colsum(self, x2, out=None):
+        """(R, C) -> (C,) by one ``column_sums`` launch (into ``out`` when given)."""
+        out = self.xp.empty((x2.shape[1],), dtype=x2.dtype) if out is None else out
+        self._column_sums(x2, None, out, "colsum")
+        return out
+
+    def _column_sums(self, a, b, out, where):
+        """``column_sums`` of a (N, D) contiguous: K = 2 with b (a*b, then a), K = 1 without.
+        ``out`` (K*D elements, contiguous) receives the sums."""
+        cp = self.xp
+        N, D = a.shape
+        K = 1 if b is None else 2
+        if not a.flags.c_contiguous or not out.flags.c_contiguous or out.size != K * D or out.dtype != a.dtype:
+            raise ValueError(f"CupyOps.{where}: a contiguous (N, D) input and a contiguous output of {K} x {D} "
+                             f"{a.dtype} are needed, got a {tuple(a.shape)} strides {a.strides}, out "
+                             f"{tuple(out.shape)} {out.dtype}")
+        tiles = max(1, -(-D // 32))
+        from_rows = -(-N // COLUMN_CHUNK)
+        R = max(1, min(from_rows, COLUMN_MAX_ROW_BLOCKS))
+        partial = self._buffer("column_partials", R * K * D, a.dtype)
+        counter = self._counters(tiles)
+        self._fn("column_sums", a.dtype)(
+            (tiles, R), (32, 8), (a, a if b is None else b, partial, counter, out, B.host.int64(N),
+                                  B.host.int32(D), B.host.int32(K), B.host.int32(COLUMN_CHUNK)))
+
+    def _buffer(self, name, n, dtype):
+        """A scratch buffer of at least ``n`` elements kept between launches (one stream runs
+        them in order, so a launch never finds the previous one still reading it)."""
+        key = (name, dtype)
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < n:
+            buf = self._scratch[key] = self.xp.empty((max(n, 1),), dtype=dtype)
+        return buf[:max(n, 1)]
+
+    def _counters(self, n):
+        """``column_sums``' per-tile tickets: zeroed once, and set back to 0 by every launch."""
+        c = self._scratch.get("counters")
+        if c is None or c.size < n:
+            c = self._scratch["counters"] = self.xp.zeros((max(n, 64),), dtype=B.host.uint32)
+        return c
 
     # ---- dropout, ReLU
 
@@ -577,6 +793,28 @@ class CupyOps(_Ops):
         self._contiguous("adam_", p=p, g=g, m=m, v=v)
         one_m_b1, b2, one_m_b2, eps_c, step = (self._scalar(c, p.dtype) for c in consts)
         self._elementwise("adam", p.dtype, p.size, p, m, v, g, one_m_b1, b2, one_m_b2, eps_c, step)
+
+    #: Most blocks of the gradient norm's first stage (``adam_flat`` sums their partials in
+    #: every block) and of the flat update's grid-stride loop.
+    NORM_BLOCKS, ADAM_BLOCKS = 256, 4096
+
+    def adam_flat_(self, p, g, m, v, consts, scratch=None, max_norm: float = 0.0):
+        """Adam over flat arrays (the whole arena) in one launch; with ``max_norm > 0`` the
+        gradient's global norm first, by one ``sumsq_partial`` launch, and the clipping decided
+        inside ``adam_flat`` (no host synchronisation). ``g`` is not written."""
+        self._contiguous("adam_flat_", p=p, g=g, m=m, v=v)
+        n, threads = p.size, 256
+        partial = self._buffer("norm_partials", self.NORM_BLOCKS, B.host.float64)
+        n_partial = 0
+        if max_norm > 0:
+            n_partial = max(1, min(self.NORM_BLOCKS, -(-n // (threads * 16))))
+            self._fn("sumsq_partial", g.dtype)((n_partial,), (threads,), (g, partial, B.host.int64(n)),
+                                               shared_mem=threads * 8)
+        one_m_b1, b2, one_m_b2, eps_c, step = (self._scalar(c, p.dtype) for c in consts)
+        self._fn("adam_flat", p.dtype)(
+            _grid(n, threads, self.ADAM_BLOCKS), (threads,),
+            (p, m, v, g, partial, B.host.int32(n_partial), B.host.float64(max_norm), one_m_b1, b2, one_m_b2,
+             eps_c, step, B.host.int64(n)), shared_mem=threads * 8)
 
 
 def block_size_for(n: int) -> int:

@@ -6,7 +6,7 @@ from .. import backend as B
 from ..layers._checks import check_ids
 from ..masks import PAD_ID
 from ..loss import check_loss_args
-from .ops import ops_for
+from .dispatch import ops_for
 from .threads import _THREADS, _row_slices, default_workers
 
 def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = PAD_ID,

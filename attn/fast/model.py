@@ -12,12 +12,15 @@ from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..model import DecodeState, Transformer
 from . import decoding
+from .arena import Arena
 from .decoding import FastDecodeState
-from .ops import _Ops, ops_for
+from .dispatch import ops_for
+from .ops import _Ops
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
 class AttendCache(NamedTuple):
-    """Scaled dot-product attention: q (pre-scaled), k, v as (B, H, T, Dh) views, the
+    """Scaled dot-product attention: q, k, v as (B, H, T, Dh) views (q unscaled: the softmax
+    applies ``1/sqrt(d_k)``), the
     weights w before dropout, keys first (Tk, B, H, Tq), their dropout mask, and the merged
     context ctx (B*Tq, D), the input of the output projection."""
     q: object
@@ -29,7 +32,8 @@ class AttendCache(NamedTuple):
 
 
 class SelfAttnCache(NamedTuple):
-    """Self-attention: its input x (N, D), the fused weight (D, 3D), the output weight's name."""
+    """Self-attention: its input x (N, D), the fused weight (D, 3D) (the arena's block), the
+    output weight's name."""
     x: object
     W: object
     att: AttendCache
@@ -37,7 +41,7 @@ class SelfAttnCache(NamedTuple):
 
 
 class CrossAttnCache(NamedTuple):
-    """Encoder-decoder attention: its query input x (N, D), the scaled query weight, the layer."""
+    """Encoder-decoder attention: its query input x (N, D), the query weight, the layer."""
     x: object
     Wq: object
     att: AttendCache
@@ -89,22 +93,16 @@ class FastCache:
         self.memory, self.kv, self.h, self.shapes = memory, kv, h, shapes
 
 
-class _GradSink:
-    """Where the parts of a split batch put their gradients: the first part's array is
-    kept and the others' are added into it in place, under a lock, as they come (so the
-    step never holds one full set of gradients per part)."""
+class _Grads(NamedTuple):
+    """Where one part of a step writes its gradients: a flat buffer with the arena's layout
+    (the arena's own ``grads``, or a split batch's other parts' scratch), its per-name views,
+    and the arena (for the fused blocks: :meth:`block`)."""
+    flat: object
+    views: dict
+    arena: Arena
 
-    def __init__(self):
-        self.grads: dict = {}
-        self._lock = threading.Lock()
-
-    def __setitem__(self, name, g):
-        with self._lock:
-            cur = self.grads.get(name)
-            if cur is None:
-                self.grads[name] = g
-            else:
-                cur += g
+    def block(self, name: str):
+        return self.arena.block(self.flat, name)
 
 
 assert DecodeState._fields == ("cross_kv", "self_kv", "src_mask", "length")
@@ -136,7 +134,9 @@ class SplitCache(NamedTuple):
 
 
 class Fused(NamedTuple):
-    """The step's concatenated weights (see :meth:`FastTransformer._fuse`)."""
+    """The step's fused weights (see :meth:`FastTransformer._fuse`): (W, b) per layer of
+    each stack's self-attention, the cross-attention queries' (W, b), the keys/values of
+    every decoder layer's cross-attention (W, b), and the attention's ``1/sqrt(d_k)``."""
     enc_qkv: list
     dec_qkv: list
     cross_q: list
@@ -154,7 +154,28 @@ class FastTransformer(Transformer):
     gradients; the cache is a :class:`FastCache`. Decoding, save and load are the
     reference's. ``forward`` must be followed by ``backward`` with its cache (the
     cache holds views into buffers the step reuses in place).
+
+    The parameters live in one :class:`attn.fast.arena.Arena` (``self.arena``):
+    ``self.params`` holds its views, under the reference's names. ``backward`` writes the
+    gradients into ``arena.grads`` and returns its views (overwritten by the next
+    ``backward``); :class:`FastAdam` over ``self.params`` updates the arena in one pass.
+    A parameter replaced in ``params`` by another array (not written into) is copied into
+    the arena at the next forward.
     """
+
+    def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None):
+        super().__init__(config, seed, dtype, params)
+        self.arena = Arena.adopt(self.params, config, self.dtype)
+        self._fused = None
+        self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
+        self._part_grads: list = []
+
+    def _own_params(self) -> None:
+        """Keep ``params`` the arena's views: a dict replaced, or entries replaced in it, are
+        copied into the arena (and the entries replaced by the views again)."""
+        if not self.arena.holds(self.params):
+            self.arena.load(self.params)
+            self.params.update(self.arena.param_views)
 
     @classmethod
     def from_model(cls, model: Transformer) -> "FastTransformer":
@@ -167,41 +188,44 @@ class FastTransformer(Transformer):
 
     # ------------------------------------------------------------------ weights
 
-    def _fuse(self, decoding: bool = False) -> Fused:
-        """Concatenate the projections that share an input, once per step:
-        self-attention ``[w_q * s | w_k | w_v]`` (D, 3D) with ``s = 1/sqrt(d_k)``, the
-        cross-attention query ``w_q * s``, and the keys and values of all decoder
-        layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]`` (D, 2D*L). With ``decoding``
-        only what a cached decoding step reads (the decoder's self-attention and
-        cross-attention queries: ``enc_qkv`` empty, ``kv`` None)."""
+    def _fuse(self) -> Fused:
+        """The fused weights as the arena lays them out (views: nothing is copied): each
+        self-attention's ``[w_q | w_k | w_v]`` (D, 3D), the cross-attention queries, and the
+        keys and values of all decoder layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]``
+        (D, 2D*L). The ``1/sqrt(d_k)`` scale is applied by the softmax (its kernel on CuPy)."""
+        self._own_params()
+        if self._fused is None:
+            cfg, a, P, p = self.config, self.arena, self.arena.params, self.params
+
+            def qkv(pre):
+                return a.block(P, pre + ".w_qkv"), a.block(P, pre + ".b_qkv")
+            L = cfg.n_decoder_layers
+            self._fused = Fused(
+                [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)],
+                [qkv(f"decoder.{i}.self_attn") for i in range(L)],
+                [(p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]) for i in range(L)],
+                (a.block(P, "decoder.cross_attn.w_kv"), a.block(P, "decoder.cross_attn.b_kv")),
+                self._attn_scale)
+        return self._fused
+
+    def _decoding_weights(self) -> Fused:
+        """What the fast decoding state (:mod:`attn.fast.decoding`) reads, made once per
+        decoding: the decoder's self-attention ``[w_q * s | w_k | w_v]`` and cross-attention
+        queries ``w_q * s`` with ``s = 1/sqrt(d_k)`` folded in (copies; ``enc_qkv`` empty,
+        ``kv`` None)."""
         cfg, p, xp = self.config, self.params, self.xp
         D = cfg.d_model
-        s = 1.0 / math.sqrt(D // cfg.n_heads)
+        s = self._attn_scale
         dt = self.dtype.type
-
-        def qkv(pre):
-            W = xp.empty((D, 3 * D), dtype=self.dtype)
-            b = xp.empty((3 * D,), dtype=self.dtype)
-            xp.multiply(p[pre + ".w_q"], dt(s), out=W[:, :D])
-            xp.multiply(p[pre + ".b_q"], dt(s), out=b[:D])
-            W[:, D:2 * D], W[:, 2 * D:] = p[pre + ".w_k"], p[pre + ".w_v"]
-            b[D:2 * D], b[2 * D:] = p[pre + ".b_k"], p[pre + ".b_v"]
-            return W, b
-
-        enc = [] if decoding else [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)]
-        dec = [qkv(f"decoder.{i}.self_attn") for i in range(cfg.n_decoder_layers)]
+        dec = []
+        for i in range(cfg.n_decoder_layers):
+            W, b = (a.copy() for a in self._fuse().dec_qkv[i])
+            W[:, :D] *= dt(s)
+            b[:D] *= dt(s)
+            dec.append((W, b))
         cross_q = [(p[f"decoder.{i}.cross_attn.w_q"] * dt(s), p[f"decoder.{i}.cross_attn.b_q"] * dt(s))
                    for i in range(cfg.n_decoder_layers)]
-        if decoding:
-            return Fused(enc, dec, cross_q, None, s)
-        L = cfg.n_decoder_layers
-        Wkv = xp.empty((D, 2 * D * L), dtype=self.dtype)
-        bkv = xp.empty((2 * D * L,), dtype=self.dtype)
-        for i in range(L):
-            pre = f"decoder.{i}.cross_attn"
-            Wkv[:, 2 * D * i:2 * D * i + D], Wkv[:, 2 * D * i + D:2 * D * (i + 1)] = p[pre + ".w_k"], p[pre + ".w_v"]
-            bkv[2 * D * i:2 * D * i + D], bkv[2 * D * i + D:2 * D * (i + 1)] = p[pre + ".b_k"], p[pre + ".b_v"]
-        return Fused(enc, dec, cross_q, (Wkv, bkv), s)
+        return Fused([], dec, cross_q, None, s)
 
     # ------------------------------------------------------------------ pieces: forward
 
@@ -213,7 +237,7 @@ class FastTransformer(Transformer):
         return [a5[:, :, j].transpose(0, 2, 1, 3) for j in range(n)]
 
     def _attend(self, q, k, v, bias_t, rows_t, rng):
-        """softmax(q k^T + bias) v with q pre-scaled, the scores kept keys-first.
+        """softmax(q k^T / sqrt(d_k) + bias) v, the scores kept keys-first.
 
         Inputs: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) views; bias_t and rows_t the mask
         in the keys-first layout (see :meth:`_bias`). Returns ctx (B*Tq, D), AttendCache
@@ -223,7 +247,7 @@ class FastTransformer(Transformer):
         Tk = k.shape[2]
         w = xp.empty((Tk, Bsz, H, Tq), dtype=q.dtype)
         xp.matmul(k, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3))          # scores^T, per (b, h)
-        ops.softmax0_(w, bias_t, rows_t)
+        ops.softmax0_(w, bias_t, rows_t, self._attn_scale)
         m, wd = None, w
         if rng is not None and self.config.attention_dropout > 0:
             m = ops.dropout_mask(rng, w.shape, self.config.attention_dropout)
@@ -378,14 +402,30 @@ class FastTransformer(Transformer):
     def backward(self, dlogits, cache) -> dict:
         """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of :meth:`forward`.
 
-        Returns: grads, a dict keyed like ``params`` (the reference's gradients).
+        Returns: grads, a dict keyed like ``params`` (the reference's gradients): the views
+        of ``arena.grads``, which every gradient is written into (the next backward
+        overwrites them). The parts of a split batch (NumPy) write theirs into scratch
+        buffers of the arena's layout, kept between steps, which are then added in.
         """
+        a = self.arena
+        G = _Grads(a.grads, a.grad_views, a)
         if not isinstance(cache, SplitCache):
-            return self._backward_part(dlogits, cache, {})
-        sink = _GradSink()
-        _THREADS.parallel([lambda sl=sl, c=c: self._backward_part(dlogits[sl], c, sink)
-                           for sl, c in zip(cache.parts, cache.caches)])
-        return sink.grads
+            self._backward_part(dlogits, cache, G)
+            return dict(G.views)
+        while len(self._part_grads) < len(cache.parts) - 1:
+            flat = a.new_buffer()
+            self._part_grads.append(_Grads(flat, a.views(flat), a))
+        parts = [G] + self._part_grads[:len(cache.parts) - 1]
+        _THREADS.parallel([lambda sl=sl, c=c, g=g: self._backward_part(dlogits[sl], c, g)
+                           for sl, c, g in zip(cache.parts, cache.caches, parts)])
+        n, k = a.size, len(parts)
+        bounds = [n * i // k for i in range(k + 1)]
+
+        def add(lo, hi):
+            for g in parts[1:]:
+                a.grads[lo:hi] += g.flat[lo:hi]
+        _THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
+        return dict(G.views)
 
     def project(self, h):
         """:meth:`Transformer.project`: (..., D) -> (..., V). On NumPy it never runs on BLAS's
@@ -592,7 +632,7 @@ class FastTransformer(Transformer):
                              f"{tuple(cross_kv[0][0].shape) if cross_kv else None}")
         out = xp.empty((Bsz, T, D), dtype=self.dtype)
         weights = [xp.empty((Bsz, H, T, S), dtype=self.dtype) for _ in range(L)] if keep_weights else None
-        F = self._fuse(decoding=cross_kv is not None)     # the keys/values of the source are given
+        F = self._fuse()
 
         def part(sl):
             n = tgt_in[sl].shape[0]
@@ -628,114 +668,107 @@ class FastTransformer(Transformer):
 
     # ------------------------------------------------------------------ backward
 
-    def _backward_part(self, dlogits, cache: FastCache, grads) -> dict:
-        """The backward of one part: puts its gradients into ``grads`` (a dict, or the
-        :class:`_GradSink` of a split batch) and returns it. Frees the cache as it goes."""
+    def _backward_part(self, dlogits, cache: FastCache, G: _Grads) -> None:
+        """The backward of one part: writes its gradients into ``G`` (every parameter's: the
+        arena's layout, nothing concatenated or sliced). Frees the cache as it goes."""
         cfg, xp, ops, p = self.config, self.xp, self.ops, self.params
         Bsz, S, T = cache.shapes
         D, L = cfg.d_model, cfg.n_decoder_layers
-        Fw = cache.fused
-        emb: dict = {}                     # the embeddings' gradients: this part's, completed below
+        gv = G.views
         # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
         self._phase("backward: output projection")
         E = p[self._emb("out")]
         d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
-        emb[self._emb("out")] = d2.T @ cache.h                                # (V, D)
+        xp.matmul(d2.T, cache.h, out=gv[self._emb("out")])                    # (V, D)
         dy = d2 @ E                                                           # (N_t, D)
         cache.h = None
         if cache.dec_norm is not None:
-            dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, grads)
+            dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, G)
             cache.dec_norm = None
 
         self._phase("backward: decoder")
-        # decoder; each layer's cross-attention key/value gradient goes straight back to the
-        # encoder output: kv_i = memory @ [w_k | w_v] + [b_k | b_v]
-        dmem = xp.zeros((Bsz * S, D), dtype=self.dtype)
-        Wkv, _ = Fw.kv
+        # decoder; the cross-attention keys/values of every layer were one product of the encoder
+        # output, kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are
+        # collected in one (N_s, 2D*L) buffer and go back through one product at the end
+        dkv = xp.empty((Bsz * S, 2 * D * L), dtype=self.dtype)
+        dkv_heads = self._heads(dkv, Bsz, S, 2 * L)
         for i in reversed(range(L)):
             c1, c2, c3 = cache.dec[i]
             cache.dec[i] = None
-            dy = self._residual_bwd(dy, c3, self._ffn_bwd, grads)
+            dy = self._residual_bwd(dy, c3, self._ffn_bwd, G)
             del c3
-            dkv = xp.empty((Bsz * S, 2 * D), dtype=self.dtype)                # (N_s, 2D)
-            dk, dv = self._heads(dkv, Bsz, S, 2)
-            dy = self._residual_bwd(dy, c2, lambda d, c, g: self._cross_attn_bwd(d, c, dk, dv, Fw.scale, g),
-                                    grads)
+            dk, dv = dkv_heads[2 * i], dkv_heads[2 * i + 1]
+            dy = self._residual_bwd(dy, c2, lambda d, c, g: self._cross_attn_bwd(d, c, dk, dv, g), G)
             del c2
-            pre, o = f"decoder.{i}.cross_attn", 2 * D * i
-            dmem += dkv @ Wkv[:, o:o + 2 * D].T
-            dW = cache.memory.T @ dkv                                         # (D, 2D)
-            db = ops.colsum(dkv)
-            del dkv, dk, dv
-            grads[pre + ".w_k"] = xp.ascontiguousarray(dW[:, :D])
-            grads[pre + ".w_v"] = xp.ascontiguousarray(dW[:, D:])
-            grads[pre + ".b_k"] = db[:D].copy()
-            grads[pre + ".b_v"] = db[D:].copy()
-            dy = self._residual_bwd(dy, c1, lambda d, c, g: self._self_attn_bwd(d, c, Fw.scale, g), grads)
+            dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
             del c1
+        Wkv, _ = cache.fused.kv
+        dmem = dkv @ Wkv.T                                                    # (N_s, D)
+        xp.matmul(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
+        ops.colsum(dkv, out=G.block("decoder.cross_attn.b_kv"))
+        del dkv, dkv_heads
         cache.kv = cache.memory = None
-        d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, grads)
+        d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, G)
         del dy
 
         self._phase("backward: encoder")
         dx = dmem
         if cache.enc_norm is not None:
-            dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, grads)
+            dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, G)
             cache.enc_norm = None
         for i in reversed(range(cfg.n_encoder_layers)):
             c1, c2 = cache.enc[i]
             cache.enc[i] = None
-            dx = self._residual_bwd(dx, c2, self._ffn_bwd, grads)
-            dx = self._residual_bwd(dx, c1, lambda d, c, g: self._self_attn_bwd(d, c, Fw.scale, g), grads)
+            dx = self._residual_bwd(dx, c2, self._ffn_bwd, G)
+            dx = self._residual_bwd(dx, c1, self._self_attn_bwd, G)
             del c1, c2
-        d_src = self._embed_bwd("src", dx, cache.src_emb, grads)
+        d_src = self._embed_bwd("src", dx, cache.src_emb, G)
         del dx
 
         self._phase("backward: embeddings")
-        # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled).
+        # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled). A shared
+        # embedding already holds the output projection's gradient; a separate one starts at 0.
+        out_name = self._emb("out")
         for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
             name = self._emb(which)
-            if name not in emb:
-                emb[name] = xp.zeros(p[name].shape, dtype=self.dtype)
-            ops.scatter_rows_(emb[name], ec.ids.reshape(-1), rows)
-        for name, g in emb.items():
-            grads[name] = g
-        return grads
+            if name != out_name:
+                gv[name][...] = 0
+            ops.scatter_rows_(gv[name], ec.ids.reshape(-1), rows)
 
-    def _residual_bwd(self, dout, c: ResCache, sub_bwd, grads):
-        """Backward of :meth:`_residual`. ``dout`` is the step's own buffer (overwritten)."""
+    def _residual_bwd(self, dout, c: ResCache, sub_bwd, G: _Grads):
+        """Backward of :meth:`_residual`. ``dout`` is the step's own buffer (overwritten).
+        dgamma and dbeta go into the norm's (2, D) block of ``G``."""
         ops = self.ops
         gamma = self.params[c.norm + ".gamma"]
+        dgb = G.block(c.norm + ".gamma_beta")
         if self.config.norm == "pre":
             ds = dout if c.drop is None else ops.dropout_backward(dout, c.drop)
-            dh = sub_bwd(ds, c.sub, grads)
-            dx, dg, db = ops.layer_norm_backward_(dh, c.xhat, c.rstd, gamma)
+            dh = sub_bwd(ds, c.sub, G)
+            dx, _, _ = ops.layer_norm_backward_(dh, c.xhat, c.rstd, gamma, out=dgb)
             dx += dout
         else:
-            dy, dg, db = ops.layer_norm_backward_(dout, c.xhat, c.rstd, gamma)   # y = x + drop(s)
+            dy, _, _ = ops.layer_norm_backward_(dout, c.xhat, c.rstd, gamma, out=dgb)   # y = x + drop(s)
             ds = dy if c.drop is None else ops.dropout_backward(dy, c.drop)
-            dx = sub_bwd(ds, c.sub, grads)
+            dx = sub_bwd(ds, c.sub, G)
             dx += dy
-        grads[c.norm + ".gamma"] = dg
-        grads[c.norm + ".beta"] = db
         return dx
 
-    def _final_norm_bwd(self, norm, dout, nc, grads):
+    def _final_norm_bwd(self, norm, dout, nc, G: _Grads):
         xhat, rstd = nc
-        dx, dg, db = self.ops.layer_norm_backward_(dout, xhat, rstd, self.params[norm + ".gamma"])
-        grads[norm + ".gamma"] = dg
-        grads[norm + ".beta"] = db
+        dx, _, _ = self.ops.layer_norm_backward_(dout, xhat, rstd, self.params[norm + ".gamma"],
+                                                 out=G.block(norm + ".gamma_beta"))
         return dx
 
-    def _out_proj_bwd(self, pre, dout, ctx, grads):
+    def _out_proj_bwd(self, pre, dout, ctx, G: _Grads):
         """Forward was ``out = ctx @ w_o + b_o``. Returns dctx."""
-        grads[pre + ".w_o"] = ctx.T @ dout
-        grads[pre + ".b_o"] = self.ops.colsum(dout)
+        self.xp.matmul(ctx.T, dout, out=G.views[pre + ".w_o"])
+        self.ops.colsum(dout, out=G.views[pre + ".b_o"])
         return dout @ self.params[pre + ".w_o"].T
 
     def _attend_bwd(self, dctx, ac: AttendCache, dq, dk, dv):
-        """Forward was ``ctx = drop(softmax(q k^T + bias)) v``; writes dq, dk, dv (views) in place:
-        ``dv = wd^T dctx``, ``dw = dctx v^T``, ``ds = softmax_back(dropback(dw))``,
+        """Forward was ``ctx = drop(softmax(q k^T s + bias)) v`` with ``s = 1/sqrt(d_k)``; writes
+        dq, dk, dv (views) in place: ``dv = wd^T dctx``, ``dw = dctx v^T``,
+        ``ds = s * softmax_back(dropback(dw))``,
         ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first."""
         xp, ops = self.xp, self.ops
         Bsz, H, Tq, Dh = ac.q.shape
@@ -747,68 +780,56 @@ class FastTransformer(Transformer):
         xp.matmul(ac.v, dO.swapaxes(-1, -2), out=dw.transpose(1, 2, 0, 3))      # dw^T, per (b, h)
         if ac.drop is not None:
             ops.dropout_(dw, ac.drop)
-        ds = ops.softmax0_backward_(dw, ac.w)                                  # (Tk, B, H, Tq)
+        ds = ops.softmax0_backward_(dw, ac.w, self._attn_scale)                # (Tk, B, H, Tq), times 1/sqrt(d_k)
         xp.matmul(ds.transpose(1, 2, 3, 0), ac.k, out=dq)
         xp.matmul(ds.transpose(1, 2, 0, 3), ac.q, out=dk)
 
-    def _self_attn_bwd(self, dout, c: SelfAttnCache, scale, grads):
+    def _self_attn_bwd(self, dout, c: SelfAttnCache, G: _Grads):
         xp = self.xp
         D = dout.shape[1]
-        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, grads)
+        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
         Bsz, H, T, Dh = c.att.q.shape
         dqkv = xp.empty((Bsz * T, 3 * D), dtype=dout.dtype)
         dq, dk, dv = self._heads(dqkv, Bsz, T, 3)
         self._attend_bwd(dctx, c.att, dq, dk, dv)
-        # Forward was qkv = x @ [w_q*s | w_k | w_v] + [b_q*s | b_k | b_v].
-        dW = c.x.T @ dqkv                                                      # (D, 3D)
-        db = self.ops.colsum(dqkv)
-        dt = dout.dtype.type
-        grads[c.pre + ".w_q"] = dW[:, :D] * dt(scale)
-        grads[c.pre + ".b_q"] = db[:D] * dt(scale)
-        grads[c.pre + ".w_k"] = xp.ascontiguousarray(dW[:, D:2 * D])
-        grads[c.pre + ".b_k"] = db[D:2 * D].copy()
-        grads[c.pre + ".w_v"] = xp.ascontiguousarray(dW[:, 2 * D:])
-        grads[c.pre + ".b_v"] = db[2 * D:].copy()
+        # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
+        xp.matmul(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))                 # (D, 3D)
+        self.ops.colsum(dqkv, out=G.block(c.pre + ".b_qkv"))
         return dqkv @ c.W.T
 
-    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, scale, grads):
+    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads):
         xp = self.xp
-        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, grads)
+        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
         dq = xp.empty(dout.shape, dtype=dout.dtype)                           # (N_t, D)
         Bsz, H, T, Dh = c.att.q.shape
         (dqh,) = self._heads(dq, Bsz, T, 1)
         self._attend_bwd(dctx, c.att, dqh, dk, dv)
-        dt = dout.dtype.type
-        dW = c.x.T @ dq
-        dW *= dt(scale)
-        db = self.ops.colsum(dq)
-        grads[c.pre + ".w_q"] = dW
-        grads[c.pre + ".b_q"] = db * dt(scale)
+        xp.matmul(c.x.T, dq, out=G.views[c.pre + ".w_q"])
+        self.ops.colsum(dq, out=G.views[c.pre + ".b_q"])
         return dq @ c.Wq.T
 
-    def _ffn_bwd(self, dout, c: FFNCache, grads):
+    def _ffn_bwd(self, dout, c: FFNCache, G: _Grads):
         """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
-        p, ops = self.params, self.ops
-        grads[c.pre + ".w2"] = c.a.T @ dout
-        grads[c.pre + ".b2"] = ops.colsum(dout)
+        p, ops, xp, gv = self.params, self.ops, self.xp, G.views
+        xp.matmul(c.a.T, dout, out=gv[c.pre + ".w2"])
+        ops.colsum(dout, out=gv[c.pre + ".b2"])
         da = dout @ p[c.pre + ".w2"].T                                         # (N, F)
         ops.relu_backward_(da, c.a)
         if c.drop_scale is not None:
             da *= da.dtype.type(c.drop_scale)
-        grads[c.pre + ".w1"] = c.x.T @ da
-        grads[c.pre + ".b1"] = ops.colsum(da)
+        xp.matmul(c.x.T, da, out=gv[c.pre + ".w1"])
+        ops.colsum(da, out=gv[c.pre + ".b1"])
         return da @ p[c.pre + ".w1"].T
 
-    def _embed_bwd(self, which, dx, ec: EmbedCache, grads):
+    def _embed_bwd(self, which, dx, ec: EmbedCache, G: _Grads):
         """Dropout and positional backward; returns the rows to scatter into the
         embedding's gradient, scaled by sqrt(D) (in ``dx``'s buffer or a new one)."""
-        ops, xp, D = self.ops, self.xp, self.config.d_model
+        ops, D = self.ops, self.config.d_model
         d = dx if ec.drop is None else ops.dropout_backward(dx, ec.drop)
         if self.config.positional == "learned":
-            name = f"{which}_pos.weight"
-            g = xp.zeros(self.params[name].shape, dtype=self.dtype)
+            g = G.views[f"{which}_pos.weight"]
+            g[...] = 0
             g[:ec.T] = d.reshape(-1, ec.T, D).sum(axis=0)
-            grads[name] = g
         d *= self.dtype.type(math.sqrt(D))
         return d
 

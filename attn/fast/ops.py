@@ -1,7 +1,8 @@
 """The memory-bound operations of a training step (softmax, layer norm, dropout, ReLU, the
 loss, Adam, the embedding scatter-add), written with in-place ufuncs so that they run on
-NumPy and CuPy alike. Both the fast model and the CuPy kernels (:mod:`attn.fast.kernels`,
-which subclasses :class:`_Ops`) import them from here."""
+NumPy and CuPy alike. The CuPy kernels (:mod:`attn.fast.kernels`) subclass :class:`_Ops`;
+:func:`attn.fast.dispatch.ops_for` picks one or the other for an array namespace (this module
+imports neither)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -36,14 +37,14 @@ class _Ops:
         """(R, C) -> (R,): a matrix-vector product, one BLAS call."""
         return x2 @ self.ones(x2.shape[1], x2.dtype)
 
-    def colsum(self, x2):
-        """(R, C) -> (C,)."""
-        return self.ones(x2.shape[0], x2.dtype) @ x2
+    def colsum(self, x2, out=None):
+        """(R, C) -> (C,), into ``out`` when given (a gradient's place in the arena)."""
+        return self.xp.matmul(self.ones(x2.shape[0], x2.dtype), x2, out=out)
 
     # ---- softmax over the FIRST axis, in place
 
-    def softmax0_(self, s, bias=None, row_scale=None):
-        """``s`` (K, ...) logits -> softmax over axis 0, in place.
+    def softmax0_(self, s, bias=None, row_scale=None, scale: float = 1.0):
+        """``s`` (K, ...) logits -> ``softmax(scale * s + bias)`` over axis 0, in place.
 
         The attention keeps its scores as (Tk, B, H, Tq), keys first, so that every
         reduction here runs over whole contiguous rows of B*H*Tq numbers (a reduction
@@ -51,8 +52,11 @@ class _Ops:
         ``s``: 0 where a key may be attended, the dtype's most negative finite value where
         not, so masked entries come out exactly 0 (``exp`` underflows). ``row_scale``
         (1, ...) is 0 for queries with no key at all (their column would come out uniform)
-        and 1 elsewhere."""
+        and 1 elsewhere. ``scale`` is the attention's ``1/sqrt(d_k)`` (one more pass here; the
+        CuPy kernel applies it as it reads the scores)."""
         xp = self.xp
+        if scale != 1.0:
+            s *= s.dtype.type(scale)
         if bias is not None:
             s += bias
         s -= s.max(axis=0)
@@ -64,12 +68,16 @@ class _Ops:
         s *= r
         return s
 
-    def softmax0_backward_(self, dy, y):
-        """Forward was ``y = softmax(x)`` over axis 0, so ``dx = y * (dy - sum_0(dy * y))``;
-        in place on ``dy``."""
+    def softmax0_backward_(self, dy, y, scale: float = 1.0):
+        """Forward was ``y = softmax(scale * x)`` over axis 0, so
+        ``dx = scale * y * (dy - sum_0(dy * y))``; in place on ``dy``."""
         t = dy * y
         dy -= t.sum(axis=0)
-        dy *= y
+        if scale != 1.0:
+            self.xp.multiply(y, y.dtype.type(scale), out=t)
+            dy *= t
+        else:
+            dy *= y
         return dy
 
     # ---- layer norm over the last axis of (N, D), in place
@@ -91,15 +99,18 @@ class _Ops:
         out += beta
         return out, rstd
 
-    def layer_norm_backward_(self, dout, xhat, rstd, gamma):
+    def layer_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
         """Forward was ``out = gamma * xhat + beta``, so with ``g = dout * gamma``:
         ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``; in place on ``dout``.
-        Returns dx (= dout), dgamma, dbeta."""
+        Returns dx (= dout), dgamma, dbeta: the rows of ``out`` (2, D) when given (their
+        place in the arena), else of a new array."""
         xp = self.xp
         D = dout.shape[1]
-        dbeta = self.colsum(dout)
+        out = xp.empty((2, D), dtype=dout.dtype) if out is None else out
+        dgamma, dbeta = out[0], out[1]
+        self.colsum(dout, out=dbeta)
         t = dout * xhat
-        dgamma = self.colsum(t)
+        self.colsum(t, out=dgamma)
         b = t @ gamma                       # (N,) D * mean(g * xhat)
         a = dout @ gamma                    # (N,) D * mean(g)
         b *= 1.0 / D
@@ -156,7 +167,8 @@ class _Ops:
     # ---- Adam, in place
 
     def adam_(self, p, g, m, v, consts, scratch):
-        """One parameter's update (see :class:`FastAdam`); ``scratch`` is a buffer of p's shape."""
+        """One parameter's update (see :class:`FastAdam`), or a slice of the arena's;
+        ``scratch`` is a buffer of p's shape."""
         xp = self.xp
         one_m_b1, b2, one_m_b2, eps_c, step = consts
         dt = p.dtype.type
@@ -218,18 +230,3 @@ class _Ops:
         x_y -= mx
         per_tok = dt(1.0 - smoothing) * (x_y - lse) + dt(smoothing) * (mean_x - lse)
         return -(per_tok @ w)
-
-
-def ops_for(xp) -> _Ops:
-    """The ``_Ops`` for an array namespace: fused CuPy kernels where they apply."""
-    key = xp.__name__
-    if key not in _OPS:
-        if xp is not B.host:                        # CuPy (or the test suite's stand-in for it)
-            from .kernels import CupyOps            # only imported where CuPy is in use
-            _OPS[key] = CupyOps(xp)
-        else:
-            _OPS[key] = _Ops(xp)
-    return _OPS[key]
-
-
-_OPS: dict = {}

@@ -1,0 +1,216 @@
+"""One contiguous arena for the fast engine's parameters, gradients and Adam's two moments.
+
+The parameters of :class:`attn.fast.FastTransformer` live in one flat buffer, their
+gradients in a second with the same layout, and the optimizer's first and second moments
+in a third and a fourth (Megatron's contiguous gradient buffer, apex's multi-tensor apply).
+The optimizer is then one update over four flat arrays (one kernel launch on CuPy), the
+global gradient norm one reduction, and a data-parallel run all-reduces ``arena.grads`` as
+one buffer.
+
+The API::
+
+    arena = Arena(config, dtype, xp)          # or Arena.adopt(params, config): copies them in
+    arena.params, arena.grads                 # flat (size,) buffers, one layout
+    arena.m, arena.v                          # Adam's moments, the same layout (made on first use)
+    arena.views(arena.params)                 # {name: view} for every parameter (the model's params)
+    arena.views(arena.grads)                  # {name: view}: what backward writes and returns
+    arena.block(arena.grads, "decoder.cross_attn.w_kv")   # a fused block (below) of any buffer
+    Arena.find(params)                        # the arena whose views ``params`` holds, or None
+
+Every flat buffer has ``arena.size`` elements of ``arena.dtype``; each parameter's view
+keeps its name and shape from :func:`attn.model.parameter_shapes`, so checkpoints, the
+reference model and the trainer see the same dict of arrays as before. Elements between
+blocks (each block starts on a multiple of :data:`ALIGN` elements) are zero in every buffer
+and stay zero: their gradient is never written, so Adam leaves them at zero, and they add
+nothing to the gradient norm. The all-reduce of a data-parallel run may include them.
+
+**The fused blocks.** Projections that read the same input are laid out side by side, so
+that the step multiplies by one block and writes one block's gradient, with nothing
+concatenated or sliced per step:
+
+=====================================  ==============  =========================================
+block                                  shape           parameters (column blocks of D)
+=====================================  ==============  =========================================
+``{stack}.{i}.self_attn.w_qkv``        (D, 3D)         ``w_q | w_k | w_v``
+``{stack}.{i}.self_attn.b_qkv``        (3D,)           ``b_q | b_k | b_v``
+``decoder.cross_attn.w_kv``            (D, 2D L)       ``w_k0 | w_v0 | w_k1 | w_v1 | ...``
+``decoder.cross_attn.b_kv``            (2D L,)         ``b_k0 | b_v0 | ...``
+``{norm}.gamma_beta``                  (2, D)          ``gamma``, ``beta`` (rows)
+=====================================  ==============  =========================================
+
+Every other parameter is a block of its own. The views of ``w_q``, ``w_k``, ``w_v``,
+``w_k{i}`` and ``w_v{i}`` are column slices of their block, so they are not contiguous
+(their rows are 3D or 2DL apart); the other views are.
+"""
+from __future__ import annotations
+
+import re
+import weakref
+from typing import NamedTuple
+
+from .. import backend as B
+from ..model import TransformerConfig, parameter_shapes
+
+#: Every block starts at a multiple of this many elements (256 bytes in float32).
+ALIGN = 64
+
+
+class Block(NamedTuple):
+    """A block of the layout: where it starts in a flat buffer, and its shape."""
+    offset: int
+    shape: tuple
+
+
+class Member(NamedTuple):
+    """Where a parameter sits in its block: the block's name, and the index of the view
+    (a column slice for the fused projections, a row for layer norm, everything otherwise)."""
+    block: str
+    index: tuple
+
+
+def _member(name: str, shape: tuple, cfg: TransformerConfig) -> tuple:
+    """(block name, block shape, index in the block) of a parameter."""
+    D, L = cfg.d_model, cfg.n_decoder_layers
+    m = re.fullmatch(r"((?:encoder|decoder)\.\d+\.self_attn)\.([wb])_([qkv])", name)
+    if m:
+        pre, kind, j = m.group(1), m.group(2), "qkv".index(m.group(3))
+        if kind == "w":
+            return f"{pre}.w_qkv", (D, 3 * D), (slice(None), slice(j * D, (j + 1) * D))
+        return f"{pre}.b_qkv", (3 * D,), (slice(j * D, (j + 1) * D),)
+    m = re.fullmatch(r"decoder\.(\d+)\.cross_attn\.([wb])_([kv])", name)
+    if m:
+        i, kind, j = int(m.group(1)), m.group(2), "kv".index(m.group(3))
+        cols = slice(2 * D * i + j * D, 2 * D * i + (j + 1) * D)
+        if kind == "w":
+            return "decoder.cross_attn.w_kv", (D, 2 * D * L), (slice(None), cols)
+        return "decoder.cross_attn.b_kv", (2 * D * L,), (cols,)
+    m = re.fullmatch(r"(.*)\.(gamma|beta)", name)
+    if m:
+        return f"{m.group(1)}.gamma_beta", (2, D), (0 if m.group(2) == "gamma" else 1,)
+    return name, tuple(shape), ()
+
+
+class Layout(NamedTuple):
+    """Blocks (name -> Block, in order), members (parameter name -> Member, in
+    :func:`parameter_shapes` order), and the flat size."""
+    blocks: dict
+    members: dict
+    size: int
+
+
+def layout(cfg: TransformerConfig) -> Layout:
+    """The arena's layout for a model configuration (see the module docstring)."""
+    blocks, members, size = {}, {}, 0
+    for name, shape in parameter_shapes(cfg).items():
+        bname, bshape, index = _member(name, tuple(shape), cfg)
+        if bname not in blocks:
+            n = 1
+            for s in bshape:
+                n *= int(s)
+            blocks[bname] = Block(size, bshape)
+            size += -(-n // ALIGN) * ALIGN
+        members[name] = Member(bname, index)
+    return Layout(blocks, members, size)
+
+
+class Arena:
+    """Flat parameter, gradient and moment buffers of one model (see the module docstring).
+
+    ``params`` is made at construction (zeros); ``grads``, ``m`` and ``v`` on first use,
+    so a model that only decodes holds its parameters alone."""
+
+    _live: "weakref.WeakSet[Arena]" = weakref.WeakSet()
+
+    def __init__(self, config: TransformerConfig, dtype, xp):
+        self.config, self.dtype, self.xp = config, B.host.dtype(dtype), xp
+        self.layout = layout(config)
+        self.size = self.layout.size
+        self.params = xp.zeros((self.size,), dtype=self.dtype)
+        self._grads = self._m = self._v = None
+        self.param_views = self.views(self.params)
+        Arena._live.add(self)
+
+    @classmethod
+    def adopt(cls, params: dict, config: TransformerConfig, dtype=None) -> "Arena":
+        """An arena holding copies of ``params`` (every parameter of ``config``, one backend);
+        the entries of ``params`` are then replaced by the arena's views, in place, so that
+        whoever shares the dict (a reference model) shares the arena's memory."""
+        first = next(iter(params.values()))
+        arena = cls(config, dtype or first.dtype, B.get_array_module(first))
+        arena.load(params)
+        params.update(arena.param_views)
+        return arena
+
+    def load(self, params: dict) -> None:
+        """Copy every parameter's values from ``params`` into the arena."""
+        shapes = parameter_shapes(self.config)
+        missing = [k for k in shapes if k not in params]
+        if missing:
+            raise KeyError(f"Arena.load: no value for {missing[:5]}")
+        for name, view in self.param_views.items():
+            a = params[name]
+            if a is view:
+                continue
+            if tuple(a.shape) != tuple(shapes[name]):
+                raise ValueError(f"Arena.load: {name} has shape {tuple(a.shape)}, expected {shapes[name]}")
+            view[...] = a
+
+    # ---- the buffers made on first use
+
+    @property
+    def grads(self):
+        if self._grads is None:
+            self._grads = self.xp.zeros((self.size,), dtype=self.dtype)
+            self._grad_views = self.views(self._grads)
+        return self._grads
+
+    @property
+    def grad_views(self) -> dict:
+        """{name: view} of :attr:`grads` (made once)."""
+        self.grads
+        return self._grad_views
+
+    @property
+    def m(self):
+        if self._m is None:
+            self._m = self.xp.zeros((self.size,), dtype=self.dtype)
+        return self._m
+
+    @property
+    def v(self):
+        if self._v is None:
+            self._v = self.xp.zeros((self.size,), dtype=self.dtype)
+        return self._v
+
+    def new_buffer(self):
+        """A zeroed flat buffer with the arena's layout (a part's gradients, a scratch)."""
+        return self.xp.zeros((self.size,), dtype=self.dtype)
+
+    # ---- views
+
+    def block(self, flat, name: str):
+        """Block ``name`` (see the module docstring) of a flat buffer, in its shape."""
+        b = self.layout.blocks[name]
+        n = 1
+        for s in b.shape:
+            n *= int(s)
+        return flat[b.offset:b.offset + n].reshape(b.shape)
+
+    def views(self, flat) -> dict:
+        """{parameter name: view} of a flat buffer with this layout, in parameter order."""
+        blocks = {name: self.block(flat, name) for name in self.layout.blocks}
+        return {name: blocks[m.block][m.index] if m.index else blocks[m.block]
+                for name, m in self.layout.members.items()}
+
+    def holds(self, params: dict) -> bool:
+        """Whether ``params`` holds exactly this arena's parameter views (the same objects)."""
+        pv = self.param_views
+        return len(params) == len(pv) and all(params.get(k) is a for k, a in pv.items())
+
+    @classmethod
+    def find(cls, params: dict) -> "Arena | None":
+        """The live arena whose parameter views ``params`` holds, or None."""
+        for arena in list(cls._live):
+            if arena.holds(params):
+                return arena
+        return None

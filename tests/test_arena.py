@@ -1,0 +1,338 @@
+"""The fast engine's arena and the kernels built on it (:mod:`attn.fast.arena`, ``adam_flat``,
+``column_sums``), on every backend this machine has (NumPy, and CuPy or its stand-in).
+
+* The layout: every parameter's view has its name's shape and writes through to the flat
+  buffer; fused blocks are the parameters side by side; the padding stays zero.
+* N training steps of the fast model with its arena and FastAdam (one update; clipping
+  decided on the device) equal N steps of the reference model with :class:`attn.optim.Adam`
+  on separate arrays: float64, a changing learning rate, clipping on and off.
+* On the stand-in, counted: the optimizer step is one kernel launch (two with clipping) and
+  nothing else; the per-step weight concatenation is gone; kernels are looked up once.
+* ``column_sums`` (dgamma, dbeta, bias gradients) against NumPy's sums, through the launch
+  code, at shapes that take one and several rounds over its row blocks.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import attn.backend as B
+from attn.fast import FastAdam, FastTransformer, cross_entropy as fast_ce, ops_for
+from attn.fast.arena import ALIGN, Arena, layout
+from attn.gradcheck import rel_error
+from attn.loss import cross_entropy
+from attn.model import Transformer, TransformerConfig, parameter_shapes
+from attn.optim import Adam
+
+CFG = TransformerConfig(vocab_size=23, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2, n_decoder_layers=2,
+                        dropout=0.0, label_smoothing=0.1, max_len=16, warmup_steps=3)
+
+
+def _batch(seed=0, Bsz=3, S=5, T=4, V=23):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(3, V, (Bsz, S))
+    tgt = rng.integers(3, V, (Bsz, T + 1))
+    src[0, 3:] = 0
+    tgt[1, 3:] = 0
+    return tuple(B.to_device(a) for a in (src, tgt[:, :-1].copy(), tgt[:, 1:].copy()))
+
+
+# ----------------------------------------------------------------------------- the layout
+
+
+@pytest.mark.parametrize("cfg", [CFG, TransformerConfig(vocab_size=9, tgt_vocab_size=7, share_embeddings=False,
+                                                        d_model=4, n_heads=1, d_ff=6, n_encoder_layers=1,
+                                                        n_decoder_layers=3, norm="pre", positional="learned")])
+def test_every_parameter_is_a_view_of_the_arena_with_its_shape(backend, cfg):
+    xp = backend
+    lay = layout(cfg)
+    assert all(b.offset % ALIGN == 0 for b in lay.blocks.values())
+    assert list(lay.members) == list(parameter_shapes(cfg))
+    ref = Transformer(cfg, seed=1, dtype="float64")
+    want = {k: B.to_host(v).copy() for k, v in ref.params.items()}
+    fast = FastTransformer.from_model(ref)
+    a = fast.arena
+    assert a.holds(fast.params) and fast.params is ref.params          # the reference shares the arena
+    for k, shape in parameter_shapes(cfg).items():
+        v = fast.params[k]
+        assert tuple(v.shape) == tuple(shape) and v.dtype == np.float64, k
+        assert np.array_equal(B.to_host(v), want[k]), k
+    # writing a view writes the flat buffer; the flat buffer holds every value once, padding 0
+    fast.params["decoder.0.cross_attn.w_v"][1, 2] = 7.5
+    blk = a.block(a.params, "decoder.cross_attn.w_kv")
+    D = cfg.d_model
+    assert float(blk[1, D + 2]) == 7.5
+    total = sum(float((B.to_host(v) ** 2).sum()) for v in fast.params.values())
+    assert abs(float((a.params ** 2).sum()) - total) < 1e-9 * total
+    # w_q, w_k, w_v are the (D, 3D) block's column blocks
+    W = a.block(a.params, "encoder.0.self_attn.w_qkv")
+    for j, n in enumerate("qkv"):
+        assert np.array_equal(B.to_host(W[:, j * D:(j + 1) * D]), B.to_host(fast.params[f"encoder.0.self_attn.w_{n}"]))
+    assert Arena.find(fast.params) is a and Arena.find(dict(fast.params)) is a
+    assert Arena.find({k: v.copy() for k, v in fast.params.items()}) is None
+
+
+def test_a_replaced_parameter_is_copied_into_the_arena(backend):
+    xp = backend
+    fast = FastTransformer(CFG, seed=0, dtype="float64")
+    new = xp.asarray(np.full((CFG.d_model, CFG.d_model), 0.25))
+    fast.params["decoder.1.self_attn.w_k"] = new
+    src, tgt_in, _ = _batch()
+    fast.forward(src, tgt_in)
+    assert fast.arena.holds(fast.params)
+    assert np.array_equal(B.to_host(fast.params["decoder.1.self_attn.w_k"]), B.to_host(new))
+    ref = Transformer(CFG, seed=0, dtype="float64")
+    ref.params["decoder.1.self_attn.w_k"] = new
+    assert rel_error(B.to_host(ref.forward(src, tgt_in)[0]), B.to_host(fast.forward(src, tgt_in)[0])) < 1e-12
+
+
+def test_checkpoint_round_trip_through_the_arena(backend, tmp_path):
+    fast = FastTransformer(CFG, seed=4)
+    path = fast.save(tmp_path / "m.npz")
+    back = FastTransformer.load(path)
+    assert back.arena.holds(back.params) and back.arena is not fast.arena
+    for k in fast.params:
+        assert np.array_equal(B.to_host(back.params[k]), B.to_host(fast.params[k])), k
+
+# ----------------------------------------------------------------------------- N steps against the reference
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_steps_with_the_arena_equal_the_reference_with_adam(backend, clip, workers):
+    """Forward, loss, backward and the optimizer, 6 steps in float64 on two batches: the fast
+    model (arena, one flat Adam update, clipping decided on the device) against the reference
+    model and :class:`attn.optim.Adam` on separate arrays (clipped by ``clip_grad_norm``). The
+    warm-up of 3 steps makes the rate rise and fall; ``clip`` 1.0 clips the first steps (norms near 2), not the later ones."""
+    ref = Transformer(CFG, seed=5, dtype="float64")
+    fast = FastTransformer(CFG, seed=5, dtype="float64")
+    fast.workers = workers
+    assert not any(np.shares_memory(B.to_host(a), B.to_host(b)) for a, b in zip(ref.params.values(),
+                                                                                   fast.params.values()))
+    o_ref = Adam(ref.params, CFG.d_model, CFG.warmup_steps)
+    o_fast = FastAdam(fast.params, CFG.d_model, CFG.warmup_steps)
+    assert o_fast.arena is fast.arena
+    batches = [_batch(0, Bsz=4), _batch(1, Bsz=4)]
+    clipped, lrs = [], []
+    for step in range(6):
+        src, tgt_in, tgt_out = batches[step % 2]
+        logits, cache = ref.forward(src, tgt_in)
+        _, d = cross_entropy(logits, tgt_out, CFG.label_smoothing)
+        g_ref = ref.backward(d, cache)
+        norm = float(np.sqrt(sum(float((B.to_host(g) ** 2).sum()) for g in g_ref.values())))
+        clipped.append(clip > 0 and norm > clip)
+        lr_ref = o_ref.step(g_ref, clip=clip)
+        logits, cache = fast.forward(src, tgt_in)
+        _, d = fast_ce(logits, tgt_out, CFG.label_smoothing, inplace=True)
+        lr_fast = o_fast.step(fast.backward(d, cache), clip=clip)
+        assert lr_ref == lr_fast
+        lrs.append(lr_fast)
+    assert len(set(lrs)) == 6                                   # the rate changed at every step
+    if clip:
+        assert any(clipped) and not all(clipped), clipped
+    for k in ref.params:
+        for a, b, what in ((ref.params[k], fast.params[k], "parameter"), (o_ref.m[k], o_fast.m[k], "m"),
+                           (o_ref.v[k], o_fast.v[k], "v")):
+            err = rel_error(B.to_host(a), B.to_host(b))
+            # 1e-8: the keys' bias has a gradient of rounding noise alone (a softmax does not see
+            # a shift of its row), which Adam's normalisation turns into steps of ~lr * 1e-8
+            assert err < 1e-8, f"{what} of {k} after 6 steps: relative error {err:.1e}"
+    assert o_fast.t == o_ref.t == 6
+
+
+def test_fast_adam_over_the_arena_takes_any_dict_of_gradients(backend):
+    """Gradients that are not the arena's own (a caller's dict) are copied in first."""
+    xp = backend
+    fast = FastTransformer(CFG, seed=1, dtype="float64")
+    ref = {k: v.copy() for k, v in fast.params.items()}
+    o_ref, o_fast = Adam(ref, CFG.d_model, 3), FastAdam(fast.params, CFG.d_model, 3)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        g = {k: xp.asarray(rng.standard_normal(v.shape)) for k, v in ref.items()}
+        o_ref.step({k: v.copy() for k, v in g.items()}, clip=1.0)
+        o_fast.step(g, clip=1.0)
+    for k in ref:
+        assert rel_error(B.to_host(ref[k]), B.to_host(fast.params[k])) < 1e-12, k
+
+
+def test_optimizer_state_loads_into_the_arena(backend):
+    fast = FastTransformer(CFG, seed=1, dtype="float64")
+    opt = FastAdam(fast.params, CFG.d_model, 3)
+    src, tgt_in, tgt_out = _batch()
+    logits, cache = fast.forward(src, tgt_in)
+    opt.step(fast.backward(fast_ce(logits, tgt_out, 0.1, inplace=True)[1], cache))
+    state = {k: B.to_host(v).copy() for k, v in opt.state_arrays().items()}
+    other = FastTransformer(CFG, seed=1, dtype="float64")
+    o2 = FastAdam(other.params, CFG.d_model, 3)
+    o2.load_state(state, opt.t)
+    assert o2.t == 1 and Arena.find(other.params) is other.arena
+    for k in fast.params:
+        assert np.array_equal(B.to_host(o2.m[k]), B.to_host(opt.m[k])), k
+        assert np.array_equal(B.to_host(o2.v[k]), B.to_host(opt.v[k])), k
+    assert np.array_equal(B.to_host(other.arena.m), B.to_host(fast.arena.m))       # padding included
+
+# ----------------------------------------------------------------------------- counted on the stand-in
+
+
+class _Launches:
+    """Counts, on the stand-in, the kernels launched (by name) and every other device
+    operation that would be a launch on a GPU: ufuncs (arithmetic, in place or not), NumPy-like
+    functions (``matmul``, ``concatenate``...), reductions and copies."""
+
+    def __init__(self, monkeypatch, fc):
+        self.kernels, self.ops = Counter(), Counter()
+        cupy = fc.cupy
+        real_call = cupy.RawKernel.__call__
+
+        def call(kernel, *a, **k):
+            self.kernels[kernel.name.split("<")[0]] += 1
+            return real_call(kernel, *a, **k)
+        monkeypatch.setattr(cupy.RawKernel, "__call__", call)
+        real_ufunc, real_function = cupy._ufunc, cupy._function
+
+        def ufunc(uf, method, inputs, kwargs):
+            self.ops[f"ufunc {uf.__name__}"] += 1
+            return real_ufunc(uf, method, inputs, kwargs)
+        monkeypatch.setattr(cupy, "_ufunc", ufunc)
+        for name in list(vars(cupy)):          # cached function wrappers: made again, counted
+            if callable(vars(cupy)[name]) and getattr(vars(cupy)[name], "__doc__", "") and \
+                    str(vars(cupy)[name].__doc__).startswith("fakecupy: numpy."):
+                monkeypatch.delattr(cupy, name)
+
+        def function(name, f):
+            inner = real_function(name, f)
+
+            def counted(*a, **k):
+                self.ops[f"function {name}"] += 1
+                return inner(*a, **k)
+            counted.__doc__ = inner.__doc__
+            return counted
+        monkeypatch.setattr(cupy, "_function", function)
+        for op in ("__iadd__", "__isub__", "__imul__", "__itruediv__", "__add__", "__sub__", "__mul__",
+                   "__truediv__", "__radd__", "__rsub__", "__rmul__", "__matmul__", "__neg__", "__gt__",
+                   "__ge__", "__lt__", "__setitem__", "copy", "astype", "sum", "max"):
+            real = getattr(cupy.ndarray, op)
+
+            def counted(self_, *a, _real=real, _op=op, **k):
+                self.ops[f"ndarray {_op}"] += 1
+                return _real(self_, *a, **k)
+            monkeypatch.setattr(cupy.ndarray, op, counted)
+
+    def total(self) -> int:
+        return sum(self.kernels.values()) + sum(self.ops.values())
+
+
+@pytest.fixture
+def stand_in():
+    import fakecupy
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as cp:
+        yield fakecupy, cp
+
+
+@pytest.mark.parametrize("clip", [0.0, 1e-3])
+def test_the_optimizer_step_is_one_launch_over_the_arena(stand_in, monkeypatch, clip):
+    fc, cp = stand_in
+    fast = FastTransformer(CFG, seed=0)
+    fast.validate_ids = False
+    opt = FastAdam(fast.params, CFG.d_model, 3)
+    src, tgt_in, tgt_out = _batch()
+    logits, cache = fast.forward(src, tgt_in)
+    grads = fast.backward(fast_ce(logits, tgt_out, 0.1, inplace=True, validate=False, check_finite=False)[1],
+                          cache)
+    opt.step(grads, clip=clip)                  # compiles; the next step is counted
+    count = _Launches(monkeypatch, fc)
+    opt.step(grads, clip=clip)
+    want = Counter({"adam_flat": 1, **({"sumsq_partial": 1} if clip else {})})
+    assert count.kernels == want and not count.ops, (count.kernels, count.ops)
+
+
+def test_a_training_step_concatenates_and_slices_no_weights(stand_in, monkeypatch):
+    """The fused weights are the arena's blocks: no ``concatenate``, no weight copied or
+    scaled per step, no gradient sliced into a contiguous copy; each kernel is looked up in
+    the module once."""
+    fc, cp = stand_in
+    fast = FastTransformer(CFG, seed=0)
+    fast.validate_ids = False
+    opt = FastAdam(fast.params, CFG.d_model, 3)
+    src, tgt_in, tgt_out = _batch()
+
+    def step():
+        logits, cache = fast.forward(src, tgt_in, B.DeviceRNG(0))
+        _, d = fast_ce(logits, tgt_out, 0.1, inplace=True, validate=False, check_finite=False)
+        opt.step(fast.backward(d, cache), clip=1.0)
+    step()
+    lookups = Counter()
+    real_get = fc.cupy.RawModule.get_function
+    monkeypatch.setattr(fc.cupy.RawModule, "get_function",
+                        lambda self, name: (lookups.update([name]), real_get(self, name))[1])
+    count = _Launches(monkeypatch, fc)
+    step()
+    assert not lookups, f"kernels looked up again: {dict(lookups)}"
+    assert count.ops["function concatenate"] == 0
+    assert count.ops["ndarray copy"] <= 2 * (CFG.n_encoder_layers + 3 * CFG.n_decoder_layers), count.ops
+    # the weights are read where they are: every matmul's weight operand is the arena's memory
+    assert count.kernels["adam_flat"] == 1 and count.kernels["column_sums"] > 0
+    assert "colsum_prod" not in count.kernels
+
+# ----------------------------------------------------------------------------- column sums
+
+
+@pytest.mark.parametrize("N,D", [(1, 1), (5, 31), (64, 32), (65, 33), (1000, 40), (70_000, 3), (0, 5)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_column_sums_match_numpy(stand_in, N, D, dtype):
+    """Through :class:`CupyOps`'s launch code and the twin (the stand-in): the bias gradient's
+    column sum, and layer norm's dgamma and dbeta, at one and several rounds of row blocks
+    (N = 70,000 is 1,094 chunks of 64 rows over at most 1,024 row blocks)."""
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = np.random.default_rng(N + D)
+    a = rng.standard_normal((N, D)).astype(dtype)
+    b = rng.standard_normal((N, D)).astype(dtype)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    got = cp.asnumpy(ops.colsum(cp.asarray(a)))
+    assert got.shape == (D,) and rel_error(got, a.sum(axis=0, dtype=np.float64)) < tol
+    if N == 0:
+        return
+    out = cp.zeros((2, D), dtype=dtype)
+    gamma = cp.asarray(rng.standard_normal(D).astype(dtype))
+    rstd = cp.ones((N,), dtype=dtype)
+    _, dg, db = ops.layer_norm_backward_(cp.asarray(a), cp.asarray(b), rstd, gamma, out=out)
+    assert rel_error(cp.asnumpy(out[0]), (a * b).sum(axis=0, dtype=np.float64)) < tol
+    assert rel_error(cp.asnumpy(out[1]), a.sum(axis=0, dtype=np.float64)) < tol
+    assert not cp.asnumpy(ops._counters(1)).any()               # every ticket counter back at 0
+
+
+def test_column_sums_refuses_a_launch_with_a_busy_counter(stand_in):
+    from attn.fast import kernels as K
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    ops._counters(4)[1] = 3
+    try:
+        with pytest.raises(ValueError, match="counters must be 0"):
+            ops.colsum(cp.ones((10, 40), dtype="float32"))
+    finally:
+        ops._counters(4)[...] = 0
+    assert K.column_sums_np.__doc__.startswith("NumPy twin of ``column_sums``")
+
+
+def test_colsum_prod_and_its_one_thread_per_column_grid_are_gone():
+    from attn.fast import kernels as K
+    assert "colsum_prod" not in K.NUMPY_TWINS and "column_sums" in K.NUMPY_TWINS
+
+# ----------------------------------------------------------------------------- imports
+
+
+def test_ops_and_kernels_do_not_import_each_other_in_a_circle():
+    """``ops`` <- ``kernels`` <- ``dispatch``: ops imports neither, kernels not dispatch."""
+    root = pathlib.Path(__file__).resolve().parents[1] / "attn" / "fast"
+
+    def imports(name):
+        tree = ast.parse((root / f"{name}.py").read_text(encoding="utf-8"))
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+    assert not imports("ops") & {"kernels", "dispatch"}
+    assert "dispatch" not in imports("kernels") and "ops" in imports("kernels")
