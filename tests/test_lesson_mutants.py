@@ -138,7 +138,7 @@ def positional_backward(dout, cache):
 old = patch("attn.layers.positional", "positional_backward", positional_backward)
 '''),
     "20": ("Adam takes no steps", '''
-def step(self, grads):
+def step(self, grads, clip=0.0):
     return 0.0
 attn.optim.Adam.step = step
 '''),

@@ -79,10 +79,10 @@ def take_steps(model, opt, loss_fn, batches, dp=None, seed: int = 0):
     first = {}
     step = opt.step
 
-    def keep_first(grads):
+    def keep_first(grads, **how):
         if not first:
             first.update({k: B.to_host(g).copy() for k, g in grads.items()})
-        return step(grads)
+        return step(grads, **how)
 
     opt.step = keep_first
     losses = []
