@@ -86,6 +86,7 @@ html_theme_options = {
     "use_download_button": False,
     "use_fullscreen_button": False,
 }
+html_context = {"default_mode": "light"}     # the theme logs a console error when no mode is set
 html_static_path: list[str] = []
 html_last_updated_fmt = None
 
