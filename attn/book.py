@@ -36,10 +36,12 @@ def lesson_files(root: Path = ROOT) -> list[Path]:
 
 def library_hash(root: Path = ROOT) -> str:
     """A short hash of everything a lesson's output depends on besides its own code:
-    the library's sources (``attn/**/*.py``) and the data (``data/**``)."""
+    the library's sources (``attn/**/*.py``, this module aside: the lessons do not run it)
+    and the data (``data/**``)."""
     h = hashlib.sha256()
     files = sorted(p for d in ("attn", "data") for p in (root / d).rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+                   and p != root / "attn" / "book.py")
     for p in files:
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
@@ -69,16 +71,17 @@ def executed_lesson(lesson: Path):
     if not (path / "global.db").is_file():
         return None
     try:
+        import jupytext
         from jupyter_cache import get_cache
     except ImportError:
         return None
     cache = get_cache(str(path))
-    for record in cache.list_project_records():
-        if Path(record.uri).name == lesson.name:
-            match = cache.get_cached_project_nb(record.uri)
-            if match is not None:
-                return cache.get_cache_bundle(match.pk).nb
-    return None
+    nb = jupytext.reads(lesson.read_text(encoding="utf-8"), fmt="py:percent")    # as the book reads it
+    try:
+        record = cache.match_cache_notebook(nb)        # matched on the code cells' sources
+    except KeyError:
+        return None
+    return cache.get_cache_bundle(record.pk).nb
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -45,6 +46,18 @@ def _link_lessons() -> list[str]:
 
 
 LESSON_STEMS = _link_lessons()
+
+
+def _drop_stale_caches() -> None:
+    """Delete the caches of executed lessons made with another library than this one."""
+    current = attn_book.cache_path(ROOT)
+    if current.parent.is_dir():
+        for other in current.parent.iterdir():
+            if other.is_dir() and other != current:
+                shutil.rmtree(other)
+
+
+_drop_stale_caches()
 
 project = "attn"
 author = "the attn authors"
