@@ -93,9 +93,9 @@ def main(argv=None) -> int:
                     "attn/ or data/ changed).")
     parser.add_argument("--clean", action="store_true",
                         help="delete build/book/ first (the cache of executed lessons too): a cold build")
-    parser.add_argument("-j", "--jobs", default="1",
-                        help="Sphinx's parallel jobs for reading (and so executing) the lessons: a number "
-                             "or 'auto' (default 1)")
+    parser.add_argument("-j", "--jobs", default="2",
+                        help="how many lessons execute at once (Sphinx's parallel reading): a number or "
+                             "'auto', one per CPU (default 2; each is one process of one BLAS thread)")
     args = parser.parse_args(argv)
     try:
         from sphinx.cmd.build import build_main

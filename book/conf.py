@@ -69,8 +69,11 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
-    "sphinx-mathjax-offline",        # MathJax 3's files, copied into the site: no CDN
 ]
+# MathJax 3 served from the site itself, not a CDN: its files come from the PyPI package
+# sphinx-mathjax-offline and are copied into _static/mathjax/ (by _copy_mathjax below rather
+# than by loading the package as an extension, which Sphinx would then read in serial only).
+mathjax_path = "mathjax/tex-chtml.js"
 exclude_patterns = ["conf.py", "_build", "**/__pycache__", "**/.ipynb_checkpoints"]
 
 # The lessons: percent-format Python read by jupytext, executed in quick mode, cached.
@@ -127,9 +130,27 @@ def _write_redirects(app, exc) -> None:
             "in reading order.</p>\n</body></html>\n", encoding="utf-8")
 
 
+def _mathjax_files() -> Path:
+    import importlib.util
+    spec = importlib.util.find_spec("sphinx-mathjax-offline")
+    if spec is None or not spec.origin:
+        raise RuntimeError("MathJax's files come from the package sphinx-mathjax-offline: "
+                           "pip install -e \".[book]\"")
+    return Path(spec.origin).parent / "static" / "mathjax"
+
+
+def _copy_mathjax(app, exc) -> None:
+    if exc is None and app.builder.name == "html":
+        from sphinx.util.fileutil import copy_asset
+        copy_asset(str(_mathjax_files()), str(Path(app.outdir) / "_static" / "mathjax"))
+
+
 def setup(app):
     # The library's hash is part of the environment: when attn/ or data/ change, Sphinx
     # re-reads every lesson, and the cache named by the new hash re-executes them.
     app.add_config_value("attn_library_hash", "", "env")
     app.config.attn_library_hash = attn_book.library_hash(ROOT)
+    _mathjax_files()                 # fail early, with the command that installs it
+    app.connect("build-finished", _copy_mathjax)
     app.connect("build-finished", _write_redirects)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
