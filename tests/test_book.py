@@ -233,3 +233,27 @@ def test_the_site_needs_nothing_from_outside(built_book):
         text = page.read_text(encoding="utf-8")
         for src in re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', text):
             assert not urlsplit(src).netloc, f"{page.relative_to(built_book)} loads {src}"
+
+
+def test_a_lesson_whose_check_fails_fails_the_build(tmp_path):
+    """A copy of the project with two tiny lessons, the second of which fails its check:
+    python -m attn.book exits non-zero and names the lesson; the first lesson's page is fine."""
+    missing = _missing_toolchain()
+    if missing:
+        pytest.skip(missing)
+    shutil.copytree(ROOT / "attn", tmp_path / "attn", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "book", tmp_path / "book", ignore=shutil.ignore_patterns("lessons", "__pycache__"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "lessons").mkdir()
+    (tmp_path / "lessons" / "renumbered.json").write_text('{"_about": "none renamed"}', encoding="utf-8")
+    cell = "# %% [markdown]\n# # Lesson {n}: {what}\n#\n# Text.\n\n# %%\nx = {x}\nassert x == 1, 'the check fails'\n" \
+           "print('Check passed')\n"
+    (tmp_path / "lessons" / "01_passes.py").write_text(cell.format(n=1, what="passes", x=1), encoding="utf-8")
+    (tmp_path / "lessons" / "02_fails.py").write_text(cell.format(n=2, what="fails", x=2), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "attn.book", "-j", "1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, log[-3000:]
+    assert "02_fails" in log and "the check fails" in log, log[-3000:]
+    assert "build succeeded" not in log
