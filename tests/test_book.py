@@ -172,7 +172,9 @@ def test_lesson_page(lesson, site, browser):
     facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html", book.SCREENSHOTS / f"{lesson.stem}.png")
     assert_page_works(facts, report, lesson.name)
     title = re.search(r"^# # (.+)$", lesson.read_text(encoding="utf-8"), re.M)
-    assert title and facts["title"].startswith(title.group(1).split(":")[0]), (facts["title"], title)
+    assert title and title.group(1).startswith(f"Lesson {int(lesson.name[:2])}: "), \
+        f"{lesson.name}: its first markdown cell must open with '# Lesson {int(lesson.name[:2])}: <title>'"
+    assert facts["title"].startswith(title.group(1).split(":")[0] + ":"), (facts["title"], title.group(1))
     assert CHECK_OUTPUT in facts["outputs"], f"{lesson.name}: no '{CHECK_OUTPUT}' in the page's outputs"
     figures = [i for i in facts["images"] if "/_images/" in i["src"]]
     assert figures, f"{lesson.name}: the page shows no figure (attn.plot.show_figure shows them inline)"
