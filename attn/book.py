@@ -1,0 +1,119 @@
+"""Build the course as a book: every lesson executed into a static website.
+
+``python -m attn.book`` runs Sphinx on ``book/`` (myst-nb reads each
+``lessons/NN_*.py`` through jupytext and executes it in quick mode) and writes
+the site to ``build/book/html/``: open ``build/book/html/index.html``, or serve
+the folder. Warnings are errors, so a lesson whose check fails, a broken
+reference or a figure that does not come out fails the build.
+
+Executed lessons are cached (jupyter-cache) under
+``build/book/jupyter_cache/<library hash>/``: a rebuild re-executes a lesson
+only when its code cells changed, and every lesson when the library
+(``attn/``) or the data (``data/``) changed, because their hash names the cache.
+Needs the ``book`` extra: ``pip install -e ".[book]"``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "book"
+HTML = BUILD / "html"
+DOCTREES = BUILD / "doctrees"
+LESSONS_OUT = BUILD / "lessons-out"           # where the lessons write figures and runs during the build
+SCREENSHOTS = BUILD / "screenshots"           # tests/test_book.py saves one per page here
+
+
+def lesson_files(root: Path = ROOT) -> list[Path]:
+    """The lessons in reading order: ``lessons/NN_*.py``, sorted by their number."""
+    return sorted((root / "lessons").glob("[0-9][0-9]_*.py"), key=lambda p: (int(p.name[:2]), p.name))
+
+
+def library_hash(root: Path = ROOT) -> str:
+    """A short hash of everything a lesson's output depends on besides its own code:
+    the library's sources (``attn/**/*.py``, this module aside: the lessons do not run it)
+    and the data (``data/**``)."""
+    h = hashlib.sha256()
+    files = sorted(p for d in ("attn", "data") for p in (root / d).rglob("*")
+                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+                   and p != root / "attn" / "book.py")
+    for p in files:
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def cache_path(root: Path = ROOT) -> Path:
+    """The jupyter-cache folder the build uses for the current library."""
+    return root / "build" / "book" / "jupyter_cache" / library_hash(root)
+
+
+def build_environment() -> dict:
+    """The environment the lessons execute in: quick mode, this checkout's ``attn`` first
+    on the path, figures inline (no ``MPLBACKEND``), and their files under the build."""
+    env = dict(os.environ, ATTN_QUICK="1", ATTN_LESSONS_OUT=str(LESSONS_OUT), PYTHONUNBUFFERED="1",
+               OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    env.pop("MPLBACKEND", None)          # the kernel's default, inline: figures become image outputs
+    env.pop("ATTN_CHECKPOINT", None)     # lessons 17 and 18 use the model lesson 14 trained in this build
+    return env
+
+
+def executed_lesson(lesson: Path):
+    """The notebook the book's build executed from ``lesson``'s current code with the current
+    library, from the cache, or None when no build has (jupyter-cache keeps only runs that
+    raised nothing). tests/test_lessons.py uses it so that CI runs each lesson once."""
+    path = cache_path()
+    if not (path / "global.db").is_file():
+        return None
+    try:
+        import jupytext
+        from jupyter_cache import get_cache
+    except ImportError:
+        return None
+    cache = get_cache(str(path))
+    nb = jupytext.reads(lesson.read_text(encoding="utf-8"), fmt="py:percent")    # as the book reads it
+    try:
+        record = cache.match_cache_notebook(nb)        # matched on the code cells' sources
+    except KeyError:
+        return None
+    return cache.get_cache_bundle(record.pk).nb
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attn.book",
+        description="Build the lessons into a website (build/book/html/), each executed in quick mode. "
+                    "Sphinx's warnings are errors: a lesson that fails fails the build. Executed lessons "
+                    "are cached: a rebuild re-runs only the lessons whose code changed (all of them when "
+                    "attn/ or data/ changed).")
+    parser.add_argument("--clean", action="store_true",
+                        help="delete build/book/ first (the cache of executed lessons too): a cold build")
+    parser.add_argument("-j", "--jobs", default="2",
+                        help="how many lessons execute at once (Sphinx's parallel reading): a number or "
+                             "'auto', one per CPU (default 2; each is one process of one BLAS thread)")
+    args = parser.parse_args(argv)
+    try:
+        from sphinx.cmd.build import build_main
+    except ImportError:
+        parser.error("Sphinx is not installed: pip install -e \".[book]\"")
+    if not (ROOT / "book" / "conf.py").is_file():
+        parser.error(f"no book sources at {ROOT / 'book'}: run from a checkout of attn")
+    if args.clean and BUILD.exists():
+        shutil.rmtree(BUILD)
+    os.environ.update(build_environment())
+    for name in ("MPLBACKEND", "ATTN_CHECKPOINT"):
+        os.environ.pop(name, None)
+    code = build_main(["-b", "html", "-W", "--keep-going", "-j", str(args.jobs), "-d", str(DOCTREES),
+                       str(ROOT / "book"), str(HTML)])
+    if code == 0:
+        print(f"The book is in {HTML}: open {HTML / 'index.html'}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The book (``python -m attn.book``) builds with every lesson executed, and every page works
+in a real browser: headless Chromium (Debian's ``chromium``, driven by Playwright from PyPI,
+never a downloaded browser) opens each page from a server on 127.0.0.1 and checks that every
+image loaded, the maths rendered, the console stayed clean, a lesson page shows its check's
+output, and no request left 127.0.0.1. A screenshot of each page goes to
+``build/book/screenshots/``.
+
+The build runs once per session (a fixture). It executes every lesson, so
+tests/test_lessons.py takes each lesson's result from the build's cache instead of running
+it a second time (attn.book.executed_lesson)."""
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from attn import book  # noqa: E402
+
+LESSONS = book.lesson_files(ROOT)
+CHROMIUM = os.environ.get("ATTN_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHECK_OUTPUT = "Check passed"                 # what every lesson's last check prints when it passes
+
+
+def _missing_toolchain() -> str | None:
+    for module, extra in (("sphinx", "book"), ("myst_nb", "book"), ("sphinx_book_theme", "book"),
+                          ("jupytext", "book"), ("sphinx-mathjax-offline", "book")):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install -e \".[{extra}]\")"
+    return None
+
+
+@pytest.fixture(scope="session")
+def built_book() -> Path:
+    """Build the book once per session (cached: a rebuild executes only what changed)."""
+    missing = _missing_toolchain()
+    if missing:
+        pytest.skip(missing)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    proc = subprocess.run([sys.executable, "-m", "attn.book"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, f"python -m attn.book failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    return book.HTML
+
+
+@pytest.fixture(scope="session")
+def site(built_book):
+    """The built site served over HTTP on 127.0.0.1 (a free port); yields its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(built_book))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip("playwright is not installed (pip install -e \".[browser]\")")
+    if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium, or set ATTN_CHROMIUM)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+class PageReport:
+    """What a browser saw while loading one page."""
+
+    def __init__(self):
+        self.console_errors: list[str] = []
+        self.outside: list[str] = []          # requests to anywhere but 127.0.0.1, blocked
+        self.failed: list[str] = []           # requests to 127.0.0.1 that failed or answered >= 400
+
+
+_IMAGES = """() => Array.from(document.images).map(img => ({src: img.currentSrc || img.src,
+    complete: img.complete, width: img.naturalWidth}))"""
+_MATH = """() => ({
+    source: document.querySelectorAll('.math, span.math, div.math').length,
+    rendered: document.querySelectorAll('mjx-container').length,
+    errors: Array.from(document.querySelectorAll('mjx-merror, mjx-container [data-mjx-error]'))
+        .map(e => e.getAttribute('data-mjx-error') || e.textContent).slice(0, 5),
+    unrendered: Array.from(document.querySelectorAll('.math')).filter(e =>
+        !e.querySelector('mjx-container') && /\\\\\\(|\\\\\\[|\\$\\$/.test(e.textContent))
+        .map(e => e.textContent.slice(0, 80)).slice(0, 5),
+})"""
+
+
+def visit(browser, url: str, screenshot: Path | None):
+    """Open ``url`` in a fresh context that lets no request leave 127.0.0.1; wait for the
+    images and for MathJax; return (page facts, PageReport). The page is closed after."""
+    report = PageReport()
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+
+    def route(r):
+        host = urlsplit(r.request.url).hostname
+        if r.request.url.startswith(("data:", "blob:", "about:")) or host == "127.0.0.1":
+            r.continue_()
+        else:
+            report.outside.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda m: report.console_errors.append(f"{m.text} ({m.location.get('url', '')})")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: report.console_errors.append(f"uncaught: {e}"))
+    page.on("request", lambda r: None if urlsplit(r.url).hostname in ("127.0.0.1", None)
+            or r.url.startswith(("data:", "blob:", "about:")) or r.url in report.outside
+            else report.outside.append(r.url))
+    page.on("requestfailed", lambda r: report.failed.append(f"{r.url} ({r.failure})")
+            if urlsplit(r.url).hostname == "127.0.0.1" else None)
+    page.on("response", lambda r: report.failed.append(f"{r.url} (HTTP {r.status})") if r.status >= 400 else None)
+    try:
+        page.goto(url, wait_until="load")
+        page.wait_for_load_state("networkidle")
+        page.wait_for_function("() => Array.from(document.images).every(i => i.complete)", timeout=30_000)
+        if page.evaluate("() => !!document.querySelector('.math')"):
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                                   timeout=30_000)
+            page.evaluate("() => MathJax.startup.promise")
+        facts = {"url": page.url, "title": page.title(), "images": page.evaluate(_IMAGES),
+                 "text": page.evaluate("() => document.body.innerText"),
+                 "math": page.evaluate(_MATH),
+                 "outputs": page.evaluate("() => Array.from(document.querySelectorAll('.cell_output'))"
+                                          ".map(e => e.innerText).join('\\n')")}
+        if screenshot is not None:
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot), full_page=True)
+    finally:
+        context.close()
+    return facts, report
+
+
+def assert_page_works(facts: dict, report: PageReport, name: str) -> None:
+    assert not report.outside, f"{name}: requests left 127.0.0.1 (blocked): {report.outside}"
+    assert not report.failed, f"{name}: requests failed: {report.failed}"
+    assert not report.console_errors, f"{name}: console errors: {report.console_errors}"
+    broken = [i["src"] for i in facts["images"] if not (i["complete"] and i["width"] > 0)]
+    assert not broken, f"{name}: images that did not load: {broken}"
+    math = facts["math"]
+    assert not math["errors"], f"{name}: MathJax errors: {math['errors']}"
+    assert not math["unrendered"], f"{name}: maths left as TeX: {math['unrendered']}"
+    if math["source"]:
+        assert math["rendered"] >= math["source"], f"{name}: {math['source']} maths, {math['rendered']} rendered"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_page(lesson, site, browser):
+    facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html", book.SCREENSHOTS / f"{lesson.stem}.png")
+    assert_page_works(facts, report, lesson.name)
+    title = re.search(r"^# # (.+)$", lesson.read_text(encoding="utf-8"), re.M)
+    assert title and title.group(1).startswith(f"Lesson {int(lesson.name[:2])}: "), \
+        f"{lesson.name}: its first markdown cell must open with '# Lesson {int(lesson.name[:2])}: <title>'"
+    assert facts["title"].startswith(title.group(1).split(":")[0] + ":"), (facts["title"], title.group(1))
+    assert CHECK_OUTPUT in facts["outputs"], f"{lesson.name}: no '{CHECK_OUTPUT}' in the page's outputs"
+    figures = [i for i in facts["images"] if "/_images/" in i["src"]]
+    assert figures, f"{lesson.name}: the page shows no figure (attn.plot.show_figure shows them inline)"
+
+
+def test_front_page_lists_every_lesson_in_order(site, browser, built_book):
+    facts, report = visit(browser, site, book.SCREENSHOTS / "index.png")
+    assert_page_works(facts, report, "index.html")
+    html = (built_book / "index.html").read_text(encoding="utf-8")
+    positions = [html.find(f'href="lessons/{p.stem}.html"') for p in LESSONS]
+    assert all(i >= 0 for i in positions), [p.stem for p, i in zip(LESSONS, positions) if i < 0]
+    assert positions == sorted(positions), "the front page lists the lessons out of order"
+    assert "python -m attn.book" in facts["text"] and "pip install -e" in facts["text"]
+
+
+def test_every_other_page(site, browser, built_book):
+    """The pages that are not lessons (the API reference, the index, search) and that are not
+    redirects: every one loads cleanly."""
+    lesson_pages = {f"lessons/{p.stem}.html" for p in LESSONS}
+    pages = sorted(p.relative_to(built_book).as_posix() for p in built_book.rglob("*.html")
+                   if not p.relative_to(built_book).as_posix().startswith("_")
+                   and 'http-equiv="refresh"' not in p.read_text(encoding="utf-8"))
+    others = [p for p in pages if p not in lesson_pages and p != "index.html"]
+    assert "api/layers.html" in others and "search.html" in others, others
+    for page in others:
+        facts, report = visit(browser, site + page, book.SCREENSHOTS / (page.replace("/", "_")[:-5] + ".png"))
+        assert_page_works(facts, report, page)
+
+
+def test_api_reference_shows_every_layer_with_its_derivation(built_book):
+    html = (built_book / "api" / "layers.html").read_text(encoding="utf-8")
+    modules = sorted(p.stem for p in (ROOT / "attn" / "layers").glob("*.py") if not p.stem.startswith("_"))
+    missing = [m for m in modules if f'id="module-attn.layers.{m}"' not in html]
+    assert not missing, f"book/api/layers.md does not document attn.layers.{missing}"
+    import attn.layers
+    for name in attn.layers.__all__:
+        assert f'id="attn.layers.' in html and re.search(rf'id="attn\.layers\.\w+\.{name}"', html), name
+    assert "Jacobian" in html            # softmax_backward's derivation, from its docstring
+
+
+def test_old_lesson_names_redirect_to_the_new_pages(site, browser, built_book):
+    import json
+    mapping = json.loads((ROOT / "lessons" / "renumbered.json").read_text(encoding="utf-8"))
+    current = {p.stem for p in LESSONS}
+    moved = {old: new for old, new in mapping.items() if not old.startswith("_") and old not in current}
+    assert moved
+    for old, new in moved.items():
+        facts, report = visit(browser, f"{site}lessons/{old}.html", None)
+        assert not report.outside and not report.console_errors, (old, report.outside, report.console_errors)
+        assert facts["url"].endswith(f"/lessons/{new}.html"), (old, facts["url"])
+
+
+def test_the_site_needs_nothing_from_outside(built_book):
+    """Belt and braces for the browser's check: no page or script names a CDN for MathJax,
+    and MathJax's own files are in the site."""
+    assert (built_book / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    for page in built_book.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        for src in re.findall(r'<(?:script|link)[^>]+(?:src|href)="([^"]+)"', text):
+            assert not urlsplit(src).netloc, f"{page.relative_to(built_book)} loads {src}"
+
+
+def test_a_lesson_whose_check_fails_fails_the_build(tmp_path):
+    """A copy of the project with two tiny lessons, the second of which fails its check:
+    python -m attn.book exits non-zero and names the lesson; the first lesson's page is fine."""
+    missing = _missing_toolchain()
+    if missing:
+        pytest.skip(missing)
+    shutil.copytree(ROOT / "attn", tmp_path / "attn", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "book", tmp_path / "book", ignore=shutil.ignore_patterns("lessons", "__pycache__"))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "lessons").mkdir()
+    (tmp_path / "lessons" / "renumbered.json").write_text('{"_about": "none renamed"}', encoding="utf-8")
+    cell = "# %% [markdown]\n# # Lesson {n}: {what}\n#\n# Text.\n\n# %%\nx = {x}\nassert x == 1, 'the check fails'\n" \
+           "print('Check passed')\n"
+    (tmp_path / "lessons" / "01_passes.py").write_text(cell.format(n=1, what="passes", x=1), encoding="utf-8")
+    (tmp_path / "lessons" / "02_fails.py").write_text(cell.format(n=2, what="fails", x=2), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "attn.book", "-j", "1"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, log[-3000:]
+    assert "02_fails" in log and "the check fails" in log, log[-3000:]
+    assert "build succeeded" not in log

@@ -1,0 +1,160 @@
+"""No number typed into a lesson's prose: lessons/README.md promises that every number in a
+lesson's prose is printed or formatted by the code that produced it. This test reads every
+markdown cell of every lesson (``# %% [markdown]`` up to the next ``# %%``), prose, inline
+code, code blocks and maths alike, and reports each number that is not allowed, as
+``file:line``.
+
+A number is a run of digits, with thousands separated by commas or spaces, a decimal part and
+an exponent (``3``, ``4,000``, ``100 000``, ``0.1958``, ``1e-9``, ``6.99e-4``), optionally followed by ``%`` or a
+multiplier ``k``/``K``/``M`` (``100K``, ``4.5M``) or ``x``/``×`` (``4x``); a percentage or a
+factor is never allowed. Digits that are part
+of a word or a name are not numbers: ``W1``, ``d_k``, ``float64``, ``P100``, ``06_masks.py``.
+
+Allowed, and only these:
+
+1. the paper's own constants, :data:`PAPER`, by value, a whole number only when written
+   without a decimal point (``4,000``, ``4000`` and ``4K`` are one; ``1`` is allowed,
+   ``1.0000`` is not);
+2. whole numbers from 0 to 10 written without a decimal point (counts, indices, exponents,
+   the 2 of ``n^2``);
+3. section, table, figure, equation and lesson numbers: the numbers that follow the words
+   section(s), §, table(s), figure(s), fig., equation(s), eq., lesson(s), chapter(s), with the
+   lists and ranges that continue them (``sections 3.1, 3.2.3``, ``figures 3-5``,
+   ``lessons 17 and 18``, ``Table 3``), and any number with two or more dots (``3.2.1``);
+4. years, 1900 to 2099 written without a comma (``Ba et al., 2016``);
+5. anything inside a glue role or directive (``{glue:text}`name:.3f` ``) and link targets
+   (``[paper](https://arxiv.org/abs/1706.03762)``, bare URLs).
+
+Every other number is a result or a setting typed by hand: print it from the code, or
+quote it with myst-nb's glue (``glue("name", value)`` in a code cell,
+``{glue:text}`name:.2f` `` in the prose).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))
+
+# The paper's constants (Vaswani et al., 2017), by where they appear.
+PAPER = {
+    512, 2048, 8, 6, 64, 0.1,                    # base model: d_model, d_ff, h, N, d_k = d_v, P_drop and eps_ls
+    1024, 4096, 16, 0.3,                         # big model (Table 3), and h = 16
+    1, 4, 32, 128, 256, 0.2,                     # Table 3's variations (A)-(D)
+    100_000, 300_000, 65e6, 213e6, 4.92, 4.33, 25.8, 26.4,   # Table 3: steps, parameters (millions), PPL, BLEU
+    27.3, 28.4, 38.1, 41.8, 3.3e18, 2.3e19,      # Table 2: BLEU EN-DE / EN-FR, training cost in FLOPs
+    3.3, 2.3,                                    # the same, written 3.3·10¹⁸ and 2.3·10¹⁹
+    2.8, 3.7, 6.0, 9.5,                          # footnote 5: TFLOPS of K80, K40, M40, P100
+    5.29, 24.9, 5.00, 25.5, 4.91, 5.01, 25.4, 5.16, 25.1, 6.11, 23.7, 5.19, 25.3, 4.88,   # Table 3's
+    5.75, 24.5, 4.66, 26.0, 5.12, 4.75, 26.2, 5.77, 24.6, 4.95, 4.67, 5.47, 25.7,         # rows (A)-(E)
+    4000, 0.9, 0.98, 1e-9, 0.5, 1.5,             # section 5.3: warmup_steps, beta1, beta2, epsilon, the powers
+    10000,                                       # section 3.5: the sinusoids' base
+    3.5, 12, 0.4,                                # section 5.2: 3.5 days, 12 hours, 0.4 s per step
+    4.5e6, 36e6, 37000, 32000, 25000,            # section 5.1: sentence pairs, shared vocabularies, batch tokens
+    20, 0.6, 50,                                 # section 6.1: checkpoints averaged (big), beam length penalty, +50
+    40000, 17e6, 16000, 300, 21, 91.3, 92.7,     # section 6.3 (Table 4): parsing
+}
+
+_NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:[,\u2009\u202f ]\d{3})+(?!\d)|\d+)(\.\d+)?([eE][-+]?\d+)?"
+                     r"(%|[kKM](?![\w])|[x×](?![\w.]))?(?![\w])")
+_DOTTED = re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w.])")
+_REFERENCE = re.compile(
+    r"(?:\b(?:sections?|tables?|figures?|figs?\.|equations?|eqs?\.|lessons?|chapters?)|§)\s*\(?"
+    r"\d+(?:\.\d+)*[a-z]?\)?(?:\s*(?:,|and|or|to|-|–|&)\s*\(?\d+(?:\.\d+)*[a-z]?\)?)*", re.I)
+_EXEMPT = [re.compile(r"\{glue[:\w-]*\}`[^`]*`"),           # glue roles
+           re.compile(r"\]\([^)]*\)"),                      # link targets
+           re.compile(r"https?://\S+")]                     # bare URLs
+_MULTIPLIER = {"k": 1e3, "K": 1e3, "M": 1e6}
+
+
+def markdown_lines(path: Path):
+    """(line number, text) of every line of the lesson's markdown cells, the ``# `` taken off;
+    a glue directive's block (``` ```{glue...}``` ... ``` ``` ```) is left out."""
+    in_markdown = in_glue = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("# %%"):
+            in_markdown, in_glue = "[markdown]" in line, False
+            continue
+        if not in_markdown:
+            continue
+        text = line[2:] if line.startswith("# ") else line.lstrip("#")
+        if re.match(r"\s*(```|:::)\{glue", text):
+            in_glue = True
+        elif in_glue and re.match(r"\s*(```|:::)\s*$", text):
+            in_glue = False
+            continue
+        if not in_glue:
+            yield number, text
+
+
+def _value(whole: str, decimals: str | None, exponent: str | None, suffix: str | None) -> float:
+    v = float(re.sub(r"[,\u2009\u202f ]", "", whole) + (decimals or "") + (exponent or ""))
+    return v * _MULTIPLIER.get(suffix or "", 1.0)
+
+
+def typed_numbers(text: str) -> list[str]:
+    """The numbers in one line of prose that the rules above do not allow."""
+    for pattern in (*_EXEMPT, _REFERENCE, _DOTTED):
+        text = pattern.sub(lambda m: " " * len(m.group(0)), text)
+    found = []
+    for m in _NUMBER.finditer(text):
+        whole, decimals, exponent, suffix = m.groups()
+        value = _value(whole, decimals, exponent, suffix)
+        if suffix in ("%", "x", "×"):           # a percentage or a factor is a result, never a constant
+            found.append(m.group(0))
+            continue
+        if any(abs(value - c) <= 1e-12 * max(1.0, abs(c)) and (exponent or suffix or bool(decimals) == isinstance(c, float))
+               for c in PAPER):
+            continue
+        if decimals is None and exponent is None and suffix is None and whole.isdigit():
+            if value <= 10 or 1900 <= value <= 2099:
+                continue
+        found.append(m.group(0))
+    return found
+
+
+def offenders(path: Path) -> list[str]:
+    rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+    return [f"{rel}:{n}: {', '.join(nums)}   | {text.strip()[:100]}"
+            for n, text in markdown_lines(path) if (nums := typed_numbers(text))]
+
+
+@pytest.mark.xfail(strict=False, reason="the lessons still type results into their prose; the lessons "
+                   "branch replaces them with glue or printed sentences (issue 19, item 3)")
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_no_number_typed_into_a_lessons_prose(lesson):
+    found = offenders(lesson)
+    assert not found, (f"{len(found)} lines of {lesson.name}'s prose type numbers (see "
+                       "tests/test_lesson_numbers.py for the rules; print or glue them):\n" + "\n".join(found))
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("across 16 positions its cosine stays at 1.0000 to four decimals", ["1.0000"]),
+    ("The weights are nearly uniform (0.18 to 0.23), and `e^0.3 = 1.35`", ["0.18", "0.23", "1.35"]),
+    ("    lrate_max = d_model^-0.5 * w^-0.5   (512^-0.5 * 4000^-0.5 = 6.99e-4)", ["6.99e-4"]),
+    ("Our count is 63.1M, the paper says 65M; 30% of the base model", ["63.1M", "30%"]),
+    ("beam search differs from greedy on 0 of 100 sentences, a 4x gap", ["100", "4x"]),
+    ("a vocabulary of 1,234 words, 40-42 thousand rows, 1 500 pairs", ["1,234", "40", "42", "1 500"]),
+    ("for 100 000 steps, the `<0x..>` tokens; 3.3·10¹⁸ FLOPs", []),
+    ("with d_model = 512, d_ff = 2048, h = 8, P_drop = 0.1, warmup 4,000 and 100K steps", []),
+    ("Table 2's 27.3 and 28.4 BLEU; beta2 = 0.98, eps = 1e-9; 4.5M sentence pairs", []),
+    ("sections 3.1, 3.2.3 and 5.4; figures 3-5; lessons 17 and 18; Table 3 row E; § 6.2", []),
+    ("Lesson 14 trains W1 and W2 in float64 on 8 P100 GPUs (Ba et al., 2016)", []),
+    ("see `lessons/exercises/06_multi_head_attention.py` and [the paper](https://arxiv.org/abs/1706.03762)", []),
+    ("the loss fell to {glue:text}`final_loss:.3f` after {glue}`steps` steps", []),
+    ("two heads, columns 0, 1 and 6, 7; slope 2 and -1; n^2 d", []),
+])
+def test_the_rules(line, expected):
+    assert typed_numbers(line) == expected
+
+
+def test_line_numbers_point_at_the_markdown(tmp_path):
+    lesson = tmp_path / "99_example.py"
+    lesson.write_text("# %% [markdown]\n# # Lesson 99: an example (section 3.2)\n#\n# It took 12.5 s.\n"
+                      "\n# %%\nx = 12.5\nprint(f'took {x} s')\n\n# %% [markdown]\n# and 0.123 more\n",
+                      encoding="utf-8")
+    found = offenders(lesson)
+    assert [f.split(": ")[0].rsplit(":", 1)[1] for f in found] == ["4", "11"], found
