@@ -313,7 +313,12 @@ def count_step(cfg, Bsz, T, fast_path):
     if fast_path:
         model = FastTransformer.from_model(model)
         model.workers = 1                                   # no thread split: one GPU's order of work
-    model.params = {k: v.view(Counted) for k, v in model.params.items()}
+        arena = model.arena                                 # the fast path keeps its weights in one flat buffer:
+        arena.params = arena.params.view(Counted)           # count that buffer, and hand the model its views
+        arena.param_views = arena.views(arena.params)
+        model.params.update(arena.param_views)
+    else:
+        model.params = {k: v.view(Counted) for k, v in model.params.items()}
     r = np.random.default_rng(2)
     src, tgt = r.integers(4, cfg.vocab_size, (Bsz, T)), r.integers(4, cfg.vocab_size, (Bsz, T + 1))
     loss_fn = fast_cross_entropy if fast_path else cross_entropy
