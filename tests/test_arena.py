@@ -181,7 +181,10 @@ def test_optimizer_state_loads_into_the_arena(backend):
 class _Launches:
     """Counts, on the stand-in, the kernels launched (by name) and every other device
     operation that would be a launch on a GPU: ufuncs (arithmetic, in place or not), NumPy-like
-    functions (``matmul``, ``concatenate``...), reductions and copies."""
+    functions (``matmul``, ``concatenate``...), reductions and copies. Allocations and views
+    are not launches."""
+
+    NOT_LAUNCHES = {"empty", "empty_like", "broadcast_to", "ascontiguousarray"}
 
     def __init__(self, monkeypatch, fc):
         self.kernels, self.ops = Counter(), Counter()
@@ -207,7 +210,8 @@ class _Launches:
             inner = real_function(name, f)
 
             def counted(*a, **k):
-                self.ops[f"function {name}"] += 1
+                if name not in self.NOT_LAUNCHES:
+                    self.ops[f"function {name}"] += 1
                 return inner(*a, **k)
             counted.__doc__ = inner.__doc__
             return counted
@@ -336,3 +340,44 @@ def test_ops_and_kernels_do_not_import_each_other_in_a_circle():
         return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
     assert not imports("ops") & {"kernels", "dispatch"}
     assert "dispatch" not in imports("kernels") and "ops" in imports("kernels")
+
+
+# ----------------------------------------------------------------------------- dropout from a counter
+
+
+def _splitmix64_reference(key: int, i: int) -> int:
+    """splitmix64 of ``key + (i + 1) * golden``, written out on Python ints (an independent
+    statement of what ``dropout_hash`` computes per element)."""
+    m = (1 << 64) - 1
+    z = (key + (i + 1) * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return (z ^ (z >> 31)) >> 48
+
+
+def test_dropout_bits_are_splitmix64_bit_for_bit():
+    from attn.fast.kernels import dropout_bits_np
+    for key in (0, 1, 0xDEADBEEFCAFEF00D, (1 << 64) - 1):
+        bits = dropout_bits_np(key, 1000)
+        assert [int(b) for b in bits[[0, 1, 2, 517, 999]]] == [_splitmix64_reference(key, i)
+                                                              for i in (0, 1, 2, 517, 999)]
+    assert abs(float((dropout_bits_np(12345, 200_000) >= 6554).mean()) - (1 - 6554 / 65536)) < 0.003
+
+
+def test_cupy_dropout_is_one_launch_each_way_and_the_backward_regenerates_the_mask(stand_in, monkeypatch):
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = B.DeviceRNG(7)
+    x = np.random.default_rng(0).standard_normal((64, 33)).astype("float32")
+    m = ops.dropout_mask(rng, x.shape, 0.3)
+    count = _Launches(monkeypatch, fc)
+    y = cp.asnumpy(ops.dropout_(cp.asarray(x), m))
+    d = cp.asnumpy(ops.dropout_backward(cp.asarray(x), m))
+    assert count.kernels == Counter({"dropout_hash": 2}) and not count.ops, (count.kernels, count.ops)
+    keep = cp.asnumpy(m.keep.array(cp))
+    assert np.array_equal(y, np.where(keep, x * np.float32(m.scale), 0)) and np.array_equal(y, d)
+    m2 = ops.dropout_mask(rng, x.shape, 0.3)
+    assert m2.keep.key != m.keep.key and not np.array_equal(cp.asnumpy(m2.keep.array(cp)), keep)
+    assert ops.dropout_mask(B.DeviceRNG(7), x.shape, 0.3).keep.key == m.keep.key       # seeded
+    with pytest.raises(ValueError, match="drawn for shape"):
+        ops.dropout_(cp.ones((3, 3), dtype="float32"), m)

@@ -20,7 +20,10 @@ colsum                 the bias gradients: ``column_sums``, one launch of two st
                        grows with the rows as well as the columns
 cross_entropy_         one block per row: max, sum of exp, then ``dlogits`` in place; the
                        per-row losses are summed on the device
-dropout_mask / _       ``uniform >= p`` (exact p, no quantisation), ``x * keep * scale``
+dropout_mask / _       no mask in memory: ``dropout_hash`` keeps element i where the top 16
+                       bits of splitmix64(key + (i+1) golden) are >= round(p * 65536), the
+                       key made on the host per mask; the backward regenerates the same bits
+                       (one launch each way, nothing drawn, nothing stored)
 relu_backward_         ``da * (a > 0)``
 adam_                  the whole Adam update of one parameter in one kernel
 adam_flat_             the whole arena's Adam update in one kernel, after one
@@ -47,6 +50,8 @@ has no GPU (docs/GPU.md lists what a GPU owner should run).
 from __future__ import annotations
 
 import math
+import weakref
+from typing import NamedTuple
 
 from .. import backend as B
 from .ops import Mask, _Ops
@@ -451,6 +456,48 @@ def dropout_bwd_np(launch, d, keep, scale, out, n):
                                            d.dtype.type(0))
 
 
+_DROPOUT_HASH = r"""
+// Dropout whose random numbers come from a counter-based generator, not from memory: element i
+// of a site is kept when the top 16 bits of splitmix64(key + (i + 1) * golden) are >= thr, so the
+// backward regenerates the forward's mask from (key, i) and no mask is stored or drawn.
+// out <- keep ? x * scale : 0 (out may be x).
+__device__ __forceinline__ unsigned int dropout_bits(unsigned long long key, long long i) {
+    unsigned long long z = key + (unsigned long long)(i + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (unsigned int)(z >> 48);
+}
+
+template <typename T>
+__global__ void dropout_hash(T* out, const T* x, unsigned long long key, unsigned int thr, T scale, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = dropout_bits(key, i) >= thr ? x[i] * scale : T(0);
+}
+"""
+
+_M64 = (1 << 64) - 1
+
+
+def dropout_bits_np(key: int, n: int):
+    """``dropout_bits`` of ``dropout_hash`` for i = 0 .. n-1: uint32 in [0, 65536), bit for bit."""
+    np = B.host
+    with np.errstate(over="ignore"):
+        z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key & _M64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(48)).astype(np.uint32)
+
+
+def dropout_hash_np(launch, out, x, key, thr, scale, n):
+    """NumPy twin of ``dropout_hash``."""
+    np = B.host
+    n = int(n)
+    keep = dropout_bits_np(int(key), n) >= thr
+    _view(out, (n,), (1,))[...] = np.where(keep, _view(x, (n,), (1,)) * scale, x.dtype.type(0))
+
+
 _RELU_BWD = r"""
 // da <- a > 0 ? da : 0, in place.
 template <typename T>
@@ -570,14 +617,15 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2,
 # --------------------------------------------------------------------------- the module
 
 _SOURCE = "".join([_HELPERS, _SOFTMAX0_FWD, _SOFTMAX0_BWD, _LAYER_NORM_FWD, _LAYER_NORM_BWD, _COLUMN_SUMS,
-                   _CROSS_ENTROPY, _DROPOUT, _RELU_BWD, _ADAM, _SUMSQ_PARTIAL, _ADAM_FLAT])
+                   _CROSS_ENTROPY, _DROPOUT, _DROPOUT_HASH, _RELU_BWD, _ADAM, _SUMSQ_PARTIAL, _ADAM_FLAT])
 
 #: Every kernel of ``_SOURCE`` and its NumPy twin.
 NUMPY_TWINS = {
     "softmax0_fwd": softmax0_fwd_np, "softmax0_bwd": softmax0_bwd_np,
     "layer_norm_fwd": layer_norm_fwd_np, "layer_norm_bwd": layer_norm_bwd_np, "column_sums": column_sums_np,
     "cross_entropy_fwd_bwd": cross_entropy_fwd_bwd_np,
-    "dropout_fwd": dropout_fwd_np, "dropout_bwd": dropout_bwd_np, "relu_bwd": relu_bwd_np, "adam": adam_np,
+    "dropout_fwd": dropout_fwd_np, "dropout_bwd": dropout_bwd_np, "dropout_hash": dropout_hash_np,
+    "relu_bwd": relu_bwd_np, "adam": adam_np,
     "sumsq_partial": sumsq_partial_np, "adam_flat": adam_flat_np,
 }
 _KERNELS = tuple(NUMPY_TWINS)
@@ -601,6 +649,27 @@ def _grid(n: int, threads: int = 256, most: int = 65535) -> tuple:
     return (max(1, min(most, (n + threads - 1) // threads)),)
 
 
+class HashedKeep(NamedTuple):
+    """The ``keep`` of a CuPy dropout :class:`Mask`: no array, the key of ``dropout_hash``'s
+    generator, the threshold (``round(p * 65536)``) and the shape it was drawn for.
+    :meth:`array` makes the boolean mask (for tests and inspection)."""
+    key: int
+    thr: int
+    shape: tuple
+
+    def array(self, xp):
+        n = math.prod(self.shape)
+        return xp.asarray(dropout_bits_np(self.key, n) >= self.thr).reshape(self.shape)
+
+
+def _splitmix64(x: int) -> int:
+    """One step of splitmix64 on a Python int (host-side key mixing)."""
+    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
 class CupyOps(_Ops):
     """The fast path's memory-bound operations as fused CuPy kernels (see the module docstring)."""
 
@@ -609,6 +678,7 @@ class CupyOps(_Ops):
         self._module = xp.RawModule(code=_SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
         self._functions: dict = {}
         self._scratch: dict = {}
+        self._draws = weakref.WeakKeyDictionary()    # DeviceRNG -> dropout masks it has keyed
 
     def _fn(self, name, dtype):
         """The kernel ``name<T>`` for ``dtype``, looked up in the module once (a lookup is a
@@ -751,19 +821,39 @@ class CupyOps(_Ops):
     # ---- dropout, ReLU
 
     def dropout_mask(self, rng, shape, p: float) -> Mask:
-        """Keep with probability exactly ``1 - p`` (uniform floats, as the reference draws them)."""
-        keep = rng.random(shape, dtype="float32") >= p
-        return Mask(keep, 1.0 / (1.0 - p))
+        """A mask drawn by no launch: ``keep`` is a :class:`HashedKeep`, the key of the counter-
+        based generator of ``dropout_hash`` (from ``rng``'s seed and how many masks it has made,
+        on the host), which the forward and the backward both regenerate the mask from. As on
+        NumPy, ``p`` is quantised to 1/65536 and kept units are scaled by the exact inverse."""
+        thr = int(round(p * 65536))
+        draws = self._draws.get(rng, 0)
+        self._draws[rng] = draws + 1
+        return Mask(HashedKeep(_splitmix64(_splitmix64(rng.seed) ^ draws), thr, tuple(shape)),
+                    65536.0 / (65536 - thr))
 
     def dropout_(self, x, m: Mask):
+        if isinstance(m.keep, HashedKeep):
+            return self._dropout_hash(x, x, m, "dropout_")
         self._contiguous("dropout_", x=x, keep=m.keep)
         self._elementwise("dropout_fwd", x.dtype, x.size, x, m.keep, self._scalar(m.scale, x.dtype))
         return x
 
     def dropout_backward(self, d, m: Mask):
+        if isinstance(m.keep, HashedKeep):
+            return self._dropout_hash(self.xp.empty_like(d), d, m, "dropout_backward")
         self._contiguous("dropout_backward", d=d, keep=m.keep)
         out = self.xp.empty_like(d)
         self._elementwise("dropout_bwd", d.dtype, d.size, d, m.keep, self._scalar(m.scale, d.dtype), out)
+        return out
+
+    def _dropout_hash(self, out, x, m: Mask, where):
+        k = m.keep
+        if tuple(x.shape) != k.shape:
+            raise ValueError(f"CupyOps.{where}: the mask was drawn for shape {k.shape}, the array is "
+                             f"{tuple(x.shape)}")
+        self._contiguous(where, out=out, x=x)
+        self._elementwise("dropout_hash", x.dtype, x.size, out, x, B.host.uint64(k.key), B.host.uint32(k.thr),
+                          self._scalar(m.scale, x.dtype))
         return out
 
     def relu_backward_(self, da, a):
