@@ -381,3 +381,53 @@ def test_cupy_dropout_is_one_launch_each_way_and_the_backward_regenerates_the_ma
     assert ops.dropout_mask(B.DeviceRNG(7), x.shape, 0.3).keep.key == m.keep.key       # seeded
     with pytest.raises(ValueError, match="drawn for shape"):
         ops.dropout_(cp.ones((3, 3), dtype="float32"), m)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_post_norm_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
+    """``residual_layer_norm_``: bias, dropout (from its counter), residual sum and layer
+    norm in one ``residual_ln_fwd`` launch, equal to ``_Ops``'s steps one by one with the same
+    mask (the one ``dropout_hash`` regenerates in the backward)."""
+    from attn.fast.ops import _Ops
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = np.random.default_rng(1)
+    N, D = 37, 48
+    s, x = rng.standard_normal((N, D)), rng.standard_normal((N, D))
+    bias, gamma, beta = rng.standard_normal(D), rng.standard_normal(D), rng.standard_normal(D)
+    m = ops.dropout_mask(B.DeviceRNG(3), (N, D), p) if p else None
+    count = _Launches(monkeypatch, fc)
+    s_d = cp.asarray(s)
+    out, rstd = ops.residual_layer_norm_(s_d, cp.asarray(bias), m, cp.asarray(x), cp.asarray(gamma),
+                                         cp.asarray(beta), 1e-6)
+    assert count.kernels == Counter({"residual_ln_fwd": 1}) and not count.ops, (count.kernels, count.ops)
+    s2 = cp.asarray(s)                          # the unfused steps, on the same arrays
+    want_out, want_rstd = _Ops.residual_layer_norm_(ops, s2, cp.asarray(bias), m, cp.asarray(x), cp.asarray(gamma),
+                                                    cp.asarray(beta), 1e-6)
+    for a, b in ((out, want_out), (rstd, want_rstd), (s_d, s2)):
+        assert rel_error(cp.asnumpy(a), cp.asnumpy(b)) < 1e-12
+    if p:
+        dropped = ~cp.asnumpy(m.keep.array(cp))
+        assert 0.2 < dropped.mean() < 0.4
+
+
+def test_post_norm_backward_through_norm_and_dropout_is_two_launches(stand_in, monkeypatch):
+    from attn.fast.ops import _Ops
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = np.random.default_rng(2)
+    N, D = 29, 40
+    dout, xhat = rng.standard_normal((N, D)), rng.standard_normal((N, D))
+    rstd, gamma = rng.uniform(0.5, 2, N), rng.standard_normal(D)
+    m = ops.dropout_mask(B.DeviceRNG(4), (N, D), 0.25)
+    out = cp.empty((2, D))
+    count = _Launches(monkeypatch, fc)
+    dy, ds = ops.layer_norm_backward_dropout_(cp.asarray(dout), cp.asarray(xhat), cp.asarray(rstd),
+                                              cp.asarray(gamma), m, out=out)
+    assert count.kernels == Counter({"column_sums": 1, "layer_norm_bwd_drop": 1}) and not count.ops
+    out2 = cp.empty((2, D))
+    dy2, ds2 = _Ops.layer_norm_backward_dropout_(ops, cp.asarray(dout), cp.asarray(xhat), cp.asarray(rstd),
+                                                 cp.asarray(gamma), m, out=out2)
+    for a, b in ((dy, dy2), (ds, ds2), (out, out2)):
+        assert rel_error(cp.asnumpy(a), cp.asnumpy(b)) < 1e-12
+    assert np.array_equal(cp.asnumpy(ds) == 0, ~cp.asnumpy(m.keep.array(cp)) | (cp.asnumpy(dy) == 0))

@@ -99,6 +99,24 @@ class _Ops:
         out += beta
         return out, rstd
 
+    def residual_layer_norm_(self, s, bias, m, x, gamma, beta, eps: float):
+        """Post-norm's epilogue of a sub-layer whose output ``s`` (N, D) lacks its bias:
+        ``LN(drop(s + bias) + x)``, with ``m`` the dropout :class:`Mask` (None: none). ``s``
+        becomes xhat; returns out (N, D) new, rstd (N,). The same passes as the steps one
+        by one (the CuPy kernels fuse them into one launch)."""
+        s += bias
+        if m is not None:
+            self.dropout_(s, m)
+        s += x
+        return self.layer_norm_(s, gamma, beta, eps)
+
+    def layer_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
+        """Post-norm's backward through ``LN(x + drop(s))``: ``dout`` becomes dy (the norm's
+        input gradient, in place; dgamma and dbeta into ``out``), and ``ds = drop(dy)`` with
+        the forward's mask ``m`` (None: ``ds`` is dy). Returns dy, ds."""
+        dy, _, _ = self.layer_norm_backward_(dout, xhat, rstd, gamma, out=out)
+        return dy, (dy if m is None else self.dropout_backward(dy, m))
+
     def layer_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
         """Forward was ``out = gamma * xhat + beta``, so with ``g = dout * gamma``:
         ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``; in place on ``dout``.
