@@ -431,3 +431,19 @@ def test_post_norm_backward_through_norm_and_dropout_is_two_launches(stand_in, m
     for a, b in ((dy, dy2), (ds, ds2), (out, out2)):
         assert rel_error(cp.asnumpy(a), cp.asnumpy(b)) < 1e-12
     assert np.array_equal(cp.asnumpy(ds) == 0, ~cp.asnumpy(m.keep.array(cp)) | (cp.asnumpy(dy) == 0))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
+    from attn.fast.ops import _Ops
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = np.random.default_rng(5)
+    a, bias = rng.standard_normal((31, 24)).astype("float32"), rng.standard_normal(24).astype("float32")
+    m = ops.dropout_mask(B.DeviceRNG(9), a.shape, p) if p else None
+    count = _Launches(monkeypatch, fc)
+    got = ops.bias_relu_dropout_(cp.asarray(a), cp.asarray(bias), m)
+    assert count.kernels == Counter({"bias_relu_drop": 1}) and not count.ops, (count.kernels, count.ops)
+    want = _Ops.bias_relu_dropout_(ops, cp.asarray(a), cp.asarray(bias), m)
+    assert np.array_equal(cp.asnumpy(got), cp.asnumpy(want))
+    assert (cp.asnumpy(got) >= 0).all()

@@ -28,6 +28,7 @@ layer_norm_backward_   post-norm's backward: dgamma and dbeta (one ``column_sums
   dropout_             dy and drop(dy) in one launch (the mask regenerated)
 residual_layer_norm_   post-norm's epilogue in one launch: ``s + bias``, dropout (from its
                        counter), ``+ x``, then layer norm of the row (one block per row)
+bias_relu_dropout_     the feed-forward's hidden epilogue, ``drop(max(a + b1, 0))``, one launch
 relu_backward_         ``da * (a > 0)``
 adam_                  the whole Adam update of one parameter in one kernel
 adam_flat_             the whole arena's Adam update in one kernel, after one
@@ -589,6 +590,33 @@ def layer_norm_bwd_drop_np(launch, dout, xhat, rstd, gamma, ds, key, thr, scale,
     _view(ds, (N, D), (D, 1))[...] = np.where(keep, _view(dout, (N, D), (D, 1)) * scale, dout.dtype.type(0))
 
 
+_BIAS_RELU_DROP = r"""
+// The feed-forward's hidden epilogue, in place on a (n / F, F): a <- drop(max(a + bias, 0)), the
+// dropout as dropout_hash over the flat index (thr 0: none).
+template <typename T>
+__global__ void bias_relu_drop(T* a, const T* bias, unsigned long long key, unsigned int thr, T scale, long long n,
+                               int F) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        T v = a[i] + bias[i % F];
+        v = v > T(0) ? v : T(0);
+        if (thr > 0u) v = dropout_bits(key, i) >= thr ? v * scale : T(0);
+        a[i] = v;
+    }
+}
+"""
+
+
+def bias_relu_drop_np(launch, a, bias, key, thr, scale, n, F):
+    """NumPy twin of ``bias_relu_drop``."""
+    np = B.host
+    n, F = int(n), int(F)
+    av = _view(a, (n // F, F), (F, 1))
+    v = np.maximum(av + _view(bias, (F,), (1,)), a.dtype.type(0))
+    if thr > 0:
+        v = np.where((dropout_bits_np(int(key), n) >= thr).reshape(n // F, F), v * scale, a.dtype.type(0))
+    av[...] = v
+
+
 _RELU_BWD = r"""
 // da <- a > 0 ? da : 0, in place.
 template <typename T>
@@ -708,7 +736,7 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2,
 # --------------------------------------------------------------------------- the module
 
 _SOURCE = "".join([_HELPERS, _SOFTMAX0_FWD, _SOFTMAX0_BWD, _LAYER_NORM_FWD, _LAYER_NORM_BWD, _COLUMN_SUMS,
-                   _CROSS_ENTROPY, _DROPOUT, _DROPOUT_HASH, _RESIDUAL_LN_FWD, _LAYER_NORM_BWD_DROP, _RELU_BWD, _ADAM, _SUMSQ_PARTIAL, _ADAM_FLAT])
+                   _CROSS_ENTROPY, _DROPOUT, _DROPOUT_HASH, _RESIDUAL_LN_FWD, _LAYER_NORM_BWD_DROP, _BIAS_RELU_DROP, _RELU_BWD, _ADAM, _SUMSQ_PARTIAL, _ADAM_FLAT])
 
 #: Every kernel of ``_SOURCE`` and its NumPy twin.
 NUMPY_TWINS = {
@@ -717,6 +745,7 @@ NUMPY_TWINS = {
     "cross_entropy_fwd_bwd": cross_entropy_fwd_bwd_np,
     "dropout_fwd": dropout_fwd_np, "dropout_bwd": dropout_bwd_np, "dropout_hash": dropout_hash_np,
     "residual_ln_fwd": residual_ln_fwd_np, "layer_norm_bwd_drop": layer_norm_bwd_drop_np,
+    "bias_relu_drop": bias_relu_drop_np,
     "relu_bwd": relu_bwd_np, "adam": adam_np,
     "sumsq_partial": sumsq_partial_np, "adam_flat": adam_flat_np,
 }
@@ -992,6 +1021,25 @@ class CupyOps(_Ops):
         self._elementwise("dropout_hash", x.dtype, x.size, out, x, B.host.uint64(k.key), B.host.uint32(k.thr),
                           self._scalar(m.scale, x.dtype))
         return out
+
+    def bias_relu_dropout_(self, a, bias, m):
+        """As :meth:`attn.fast.ops._Ops.bias_relu_dropout_`, in one ``bias_relu_drop`` launch
+        where the mask is this class's own or there is none."""
+        if m is not None and not isinstance(m.keep, HashedKeep):
+            return super().bias_relu_dropout_(a, bias, m)
+        if not a.flags.c_contiguous or a.ndim != 2:
+            raise ValueError(f"CupyOps.bias_relu_dropout_: a must be a contiguous (N, F) array, got shape "
+                             f"{tuple(a.shape)} strides {a.strides}")
+        if m is not None and m.keep.shape != tuple(a.shape):
+            raise ValueError(f"CupyOps.bias_relu_dropout_: the mask was drawn for shape {m.keep.shape}, "
+                             f"a is {tuple(a.shape)}")
+        key, thr, scale = (0, 0, 1.0) if m is None else (m.keep.key, m.keep.thr, m.scale)
+        threads = 256
+        self._fn("bias_relu_drop", a.dtype)(
+            _grid(a.size, threads), (threads,),
+            (a, self.xp.ascontiguousarray(bias), B.host.uint64(key), B.host.uint32(thr), self._scalar(scale, a.dtype),
+             B.host.int64(a.size), B.host.int32(a.shape[1])))
+        return a
 
     def relu_backward_(self, da, a):
         self._contiguous("relu_backward_", da=da, a=a)

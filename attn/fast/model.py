@@ -279,14 +279,12 @@ class FastTransformer(Transformer):
 
     def _ffn(self, pre, x, rng):
         p, ops = self.params, self.ops
-        a = x @ p[pre + ".w1"]
-        a += p[pre + ".b1"]
-        ops.relu_(a)                                                          # (N, F)
-        scale = None
+        a = x @ p[pre + ".w1"]                                                # (N, F)
+        m = scale = None
         if rng is not None and self.config.relu_dropout > 0:
             m = ops.dropout_mask(rng, a.shape, self.config.relu_dropout)
-            ops.dropout_(a, m)
             scale = m.scale
+        ops.bias_relu_dropout_(a, p[pre + ".b1"], m)                          # drop(relu(x @ w1 + b1))
         out = a @ p[pre + ".w2"]                                              # + b2 in _residual
         return out, FFNCache(x, a, scale, pre)
 

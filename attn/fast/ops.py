@@ -160,6 +160,15 @@ class _Ops:
         out *= out.dtype.type(m.scale)
         return out
 
+    def bias_relu_dropout_(self, a, bias, m):
+        """The feed-forward's hidden epilogue in place: ``a = drop(max(a + bias, 0))`` with the
+        dropout :class:`Mask` ``m`` (None: none). Returns a."""
+        a += bias
+        self.relu_(a)
+        if m is not None:
+            self.dropout_(a, m)
+        return a
+
     def relu_(self, h):
         return self.xp.maximum(h, 0, out=h)
 
