@@ -231,9 +231,12 @@ class _Launches:
 
 
 @pytest.fixture
-def stand_in():
+def stand_in(monkeypatch):
+    """The stand-in selected, its CupyOps with :attr:`counter_dropout` on."""
     import fakecupy
     from conftest import selected_backend
+    from attn.fast.kernels import CupyOps
+    monkeypatch.setattr(CupyOps, "counter_dropout", True)
     with selected_backend("fakecupy") as cp:
         yield fakecupy, cp
 
@@ -447,3 +450,17 @@ def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(sta
     want = _Ops.bias_relu_dropout_(ops, cp.asarray(a), cp.asarray(bias), m)
     assert np.array_equal(cp.asnumpy(got), cp.asnumpy(want))
     assert (cp.asnumpy(got) >= 0).all()
+
+
+def test_counter_dropout_is_off_by_default_so_data_parallel_masks_can_be_cut_from_the_whole(cupy_only):
+    from attn.fast.kernels import CupyOps
+    cp = cupy_only
+    m = ops_for(cp).dropout_mask(B.DeviceRNG(0), (4, 6), 0.5)
+    assert not CupyOps.counter_dropout and m.keep.dtype == bool
+
+
+@pytest.fixture
+def cupy_only():
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as cp:
+        yield cp

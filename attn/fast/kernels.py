@@ -20,10 +20,11 @@ colsum                 the bias gradients: ``column_sums``, one launch of two st
                        grows with the rows as well as the columns
 cross_entropy_         one block per row: max, sum of exp, then ``dlogits`` in place; the
                        per-row losses are summed on the device
-dropout_mask / _       no mask in memory: ``dropout_hash`` keeps element i where the top 16
-                       bits of splitmix64(key + (i+1) golden) are >= round(p * 65536), the
-                       key made on the host per mask; the backward regenerates the same bits
-                       (one launch each way, nothing drawn, nothing stored)
+dropout_mask / _       ``uniform >= p`` (exact p), ``x * keep * scale``; with
+                       ``counter_dropout``, no mask in memory: ``dropout_hash`` keeps element
+                       i where the top 16 bits of splitmix64(key + (i+1) golden) are >=
+                       round(p * 65536), the key made on the host per mask; the backward
+                       regenerates the same bits (one launch each way, nothing drawn)
 layer_norm_backward_   post-norm's backward: dgamma and dbeta (one ``column_sums``), then
   dropout_             dy and drop(dy) in one launch (the mask regenerated)
 residual_layer_norm_   post-norm's epilogue in one launch: ``s + bias``, dropout (from its
@@ -986,11 +987,21 @@ class CupyOps(_Ops):
 
     # ---- dropout, ReLU
 
+    #: Dropout masks from the counter-based generator of ``dropout_hash`` (no draw, no mask in
+    #: memory, one launch each way, and the fused epilogues apply them) instead of drawn from
+    #: ``rng``. Off by default: data parallelism cuts each process's masks out of the whole
+    #: batch's draw (``attn.training.distributed.RowsOf``), and these masks are keyed by the
+    #: local index; a process that trains alone may turn it on.
+    counter_dropout: bool = False
+
     def dropout_mask(self, rng, shape, p: float) -> Mask:
-        """A mask drawn by no launch: ``keep`` is a :class:`HashedKeep`, the key of the counter-
-        based generator of ``dropout_hash`` (from ``rng``'s seed and how many masks it has made,
-        on the host), which the forward and the backward both regenerate the mask from. As on
-        NumPy, ``p`` is quantised to 1/65536 and kept units are scaled by the exact inverse."""
+        """Drawn from ``rng``: ``uniform >= p`` (p exact). With :attr:`counter_dropout`, a mask
+        drawn by no launch: ``keep`` is a :class:`HashedKeep`, the key of the counter-based
+        generator of ``dropout_hash`` (from ``rng``'s seed and how many masks it has made, on
+        the host), which the forward and the backward both regenerate the mask from; then, as
+        on NumPy, ``p`` is quantised to 1/65536 and kept units are scaled by the exact inverse."""
+        if not self.counter_dropout:
+            return Mask(rng.random(shape, dtype="float32") >= p, 1.0 / (1.0 - p))
         thr = int(round(p * 65536))
         draws = self._draws.get(rng, 0)
         self._draws[rng] = draws + 1
