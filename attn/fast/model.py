@@ -169,6 +169,7 @@ class FastTransformer(Transformer):
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
+        self._decode_params = None
 
     def _own_params(self) -> None:
         """Keep ``params`` the arena's views: a dict replaced, or entries replaced in it, are
@@ -408,6 +409,7 @@ class FastTransformer(Transformer):
         buffers of the arena's layout, kept between steps, which are then added in.
         """
         a = self.arena
+        self._decode_params = None                      # the parameters are about to change
         G = _Grads(a.grads, a.grad_views, a)
         if not isinstance(cache, SplitCache):
             self._backward_part(dlogits, cache, G)
@@ -850,8 +852,23 @@ class FastTransformer(Transformer):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
         key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`)."""
         if self.xp is not B.host:
+            self._decode_params = None                  # made afresh from the arena for this decoding
             return super().start_decoding(memory, src_mask)
         return decoding.start(self, self.cross_attention_kv(memory), src_mask)
+
+    def _decoding_params(self) -> dict:
+        """What the reference's :meth:`decode_step` reads on CuPy: ``params`` with contiguous
+        copies of the arena's column-block views (``w_q``, ``w_k``, ``w_v``), made once per
+        decoding (cuBLAS cannot take a column block, so CuPy's matmul would copy each at
+        every position). Made again after :meth:`start_decoding` and after a backward (an
+        optimizer step follows). On NumPy ``params`` (BLAS takes the strided views)."""
+        if self.xp is B.host:
+            return self.params
+        if self._decode_params is None:
+            self._own_params()
+            self._decode_params = {k: v if v.flags.c_contiguous else self.xp.ascontiguousarray(v)
+                                   for k, v in self.params.items()}
+        return self._decode_params
 
     def decode_step(self, tokens, state):
         """:meth:`Transformer.decode_step`. On NumPy with a :class:`FastDecodeState`, the fast
