@@ -170,6 +170,7 @@ class FastTransformer(Transformer):
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
         self._decode_params = None
+        self._decode_copies: dict = {}
 
     def _own_params(self) -> None:
         """Keep ``params`` the arena's views: a dict replaced, or entries replaced in it, are
@@ -858,16 +859,22 @@ class FastTransformer(Transformer):
 
     def _decoding_params(self) -> dict:
         """What the reference's :meth:`decode_step` reads on CuPy: ``params`` with contiguous
-        copies of the arena's column-block views (``w_q``, ``w_k``, ``w_v``), made once per
-        decoding (cuBLAS cannot take a column block, so CuPy's matmul would copy each at
+        copies of the decoder's self-attention ``w_q``, ``w_k``, ``w_v`` (column blocks of the
+        arena; buffers kept between decodings), refreshed once per decoding (cuBLAS cannot take a column block, so CuPy's matmul would copy each at
         every position). Made again after :meth:`start_decoding` and after a backward (an
         optimizer step follows). On NumPy ``params`` (BLAS takes the strided views)."""
         if self.xp is B.host:
             return self.params
         if self._decode_params is None:
             self._own_params()
-            self._decode_params = {k: v if v.flags.c_contiguous else self.xp.ascontiguousarray(v)
-                                   for k, v in self.params.items()}
+            copies = self._decode_copies                  # kept between decodings: refreshed, not allocated
+            for i in range(self.config.n_decoder_layers):
+                for n in "qkv":
+                    k = f"decoder.{i}.self_attn.w_{n}"
+                    if k not in copies:
+                        copies[k] = self.xp.empty(self.params[k].shape, dtype=self.dtype)
+                    copies[k][...] = self.params[k]
+            self._decode_params = {**self.params, **copies}
         return self._decode_params
 
     def decode_step(self, tokens, state):
