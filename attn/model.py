@@ -459,6 +459,11 @@ class Transformer:
             cross.append((k, v))
         return cross
 
+    def _decoding_params(self) -> dict:
+        """The parameters :meth:`decode_step` reads (a faster model may hand it copies laid out
+        for its products)."""
+        return self.params
+
     def start_decoding(self, memory, src_mask) -> "DecodeState":
         """Precompute each decoder layer's cross-attention keys and values from the
         encoder output once. Returns the state for :meth:`decode_step`."""
@@ -474,7 +479,7 @@ class Transformer:
         log-probabilities (B, V_tgt) for the next token, the new state, and the
         cross-attention weights of every layer (list of (B, H, 1, S)).
         """
-        cfg, p, H = self.config, self.params, self.config.n_heads
+        cfg, p, H = self.config, self._decoding_params(), self.config.n_heads
         pos = state.length
         if cfg.positional == "learned" and pos >= cfg.max_len:     # as forward() says it, not an IndexError
             raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "

@@ -181,7 +181,10 @@ def test_optimizer_state_loads_into_the_arena(backend):
 class _Launches:
     """Counts, on the stand-in, the kernels launched (by name) and every other device
     operation that would be a launch on a GPU: ufuncs (arithmetic, in place or not), NumPy-like
-    functions (``matmul``, ``concatenate``...), reductions and copies."""
+    functions (``matmul``, ``concatenate``...), reductions and copies. Allocations and views
+    are not launches."""
+
+    NOT_LAUNCHES = {"empty", "empty_like", "broadcast_to", "ascontiguousarray"}
 
     def __init__(self, monkeypatch, fc):
         self.kernels, self.ops = Counter(), Counter()
@@ -207,7 +210,8 @@ class _Launches:
             inner = real_function(name, f)
 
             def counted(*a, **k):
-                self.ops[f"function {name}"] += 1
+                if name not in self.NOT_LAUNCHES:
+                    self.ops[f"function {name}"] += 1
                 return inner(*a, **k)
             counted.__doc__ = inner.__doc__
             return counted
@@ -227,9 +231,12 @@ class _Launches:
 
 
 @pytest.fixture
-def stand_in():
+def stand_in(monkeypatch):
+    """The stand-in selected, its CupyOps with :attr:`counter_dropout` on."""
     import fakecupy
     from conftest import selected_backend
+    from attn.fast.kernels import CupyOps
+    monkeypatch.setattr(CupyOps, "counter_dropout", True)
     with selected_backend("fakecupy") as cp:
         yield fakecupy, cp
 
@@ -336,3 +343,148 @@ def test_ops_and_kernels_do_not_import_each_other_in_a_circle():
         return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
     assert not imports("ops") & {"kernels", "dispatch"}
     assert "dispatch" not in imports("kernels") and "ops" in imports("kernels")
+
+
+# ----------------------------------------------------------------------------- dropout from a counter
+
+
+def _splitmix64_reference(key: int, i: int) -> int:
+    """splitmix64 of ``key + (i + 1) * golden``, written out on Python ints (an independent
+    statement of what ``dropout_hash`` computes per element)."""
+    m = (1 << 64) - 1
+    z = (key + (i + 1) * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return (z ^ (z >> 31)) >> 48
+
+
+def test_dropout_bits_are_splitmix64_bit_for_bit():
+    from attn.fast.kernels import dropout_bits_np
+    for key in (0, 1, 0xDEADBEEFCAFEF00D, (1 << 64) - 1):
+        bits = dropout_bits_np(key, 1000)
+        assert [int(b) for b in bits[[0, 1, 2, 517, 999]]] == [_splitmix64_reference(key, i)
+                                                              for i in (0, 1, 2, 517, 999)]
+    assert abs(float((dropout_bits_np(12345, 200_000) >= 6554).mean()) - (1 - 6554 / 65536)) < 0.003
+
+
+def test_cupy_dropout_is_one_launch_each_way_and_the_backward_regenerates_the_mask(stand_in, monkeypatch):
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = B.DeviceRNG(7)
+    x = np.random.default_rng(0).standard_normal((64, 33)).astype("float32")
+    m = ops.dropout_mask(rng, x.shape, 0.3)
+    count = _Launches(monkeypatch, fc)
+    y = cp.asnumpy(ops.dropout_(cp.asarray(x), m))
+    d = cp.asnumpy(ops.dropout_backward(cp.asarray(x), m))
+    assert count.kernels == Counter({"dropout_hash": 2}) and not count.ops, (count.kernels, count.ops)
+    keep = cp.asnumpy(m.keep.array(cp))
+    assert np.array_equal(y, np.where(keep, x * np.float32(m.scale), 0)) and np.array_equal(y, d)
+    m2 = ops.dropout_mask(rng, x.shape, 0.3)
+    assert m2.keep.key != m.keep.key and not np.array_equal(cp.asnumpy(m2.keep.array(cp)), keep)
+    assert ops.dropout_mask(B.DeviceRNG(7), x.shape, 0.3).keep.key == m.keep.key       # seeded
+    with pytest.raises(ValueError, match="drawn for shape"):
+        ops.dropout_(cp.ones((3, 3), dtype="float32"), m)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_post_norm_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
+    """``residual_layer_norm_``: bias, dropout (from its counter), residual sum and layer
+    norm in one ``residual_ln_fwd`` launch, equal to ``_Ops``'s steps one by one with the same
+    mask (the one ``dropout_hash`` regenerates in the backward)."""
+    from attn.fast.ops import _Ops
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = np.random.default_rng(1)
+    N, D = 37, 48
+    s, x = rng.standard_normal((N, D)), rng.standard_normal((N, D))
+    bias, gamma, beta = rng.standard_normal(D), rng.standard_normal(D), rng.standard_normal(D)
+    m = ops.dropout_mask(B.DeviceRNG(3), (N, D), p) if p else None
+    count = _Launches(monkeypatch, fc)
+    s_d = cp.asarray(s)
+    out, rstd = ops.residual_layer_norm_(s_d, cp.asarray(bias), m, cp.asarray(x), cp.asarray(gamma),
+                                         cp.asarray(beta), 1e-6)
+    assert count.kernels == Counter({"residual_ln_fwd": 1}) and not count.ops, (count.kernels, count.ops)
+    s2 = cp.asarray(s)                          # the unfused steps, on the same arrays
+    want_out, want_rstd = _Ops.residual_layer_norm_(ops, s2, cp.asarray(bias), m, cp.asarray(x), cp.asarray(gamma),
+                                                    cp.asarray(beta), 1e-6)
+    for a, b in ((out, want_out), (rstd, want_rstd), (s_d, s2)):
+        assert rel_error(cp.asnumpy(a), cp.asnumpy(b)) < 1e-12
+    if p:
+        dropped = ~cp.asnumpy(m.keep.array(cp))
+        assert 0.2 < dropped.mean() < 0.4
+
+
+def test_post_norm_backward_through_norm_and_dropout_is_two_launches(stand_in, monkeypatch):
+    from attn.fast.ops import _Ops
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = np.random.default_rng(2)
+    N, D = 29, 40
+    dout, xhat = rng.standard_normal((N, D)), rng.standard_normal((N, D))
+    rstd, gamma = rng.uniform(0.5, 2, N), rng.standard_normal(D)
+    m = ops.dropout_mask(B.DeviceRNG(4), (N, D), 0.25)
+    out = cp.empty((2, D))
+    count = _Launches(monkeypatch, fc)
+    dy, ds = ops.layer_norm_backward_dropout_(cp.asarray(dout), cp.asarray(xhat), cp.asarray(rstd),
+                                              cp.asarray(gamma), m, out=out)
+    assert count.kernels == Counter({"column_sums": 1, "layer_norm_bwd_drop": 1}) and not count.ops
+    out2 = cp.empty((2, D))
+    dy2, ds2 = _Ops.layer_norm_backward_dropout_(ops, cp.asarray(dout), cp.asarray(xhat), cp.asarray(rstd),
+                                                 cp.asarray(gamma), m, out=out2)
+    for a, b in ((dy, dy2), (ds, ds2), (out, out2)):
+        assert rel_error(cp.asnumpy(a), cp.asnumpy(b)) < 1e-12
+    assert np.array_equal(cp.asnumpy(ds) == 0, ~cp.asnumpy(m.keep.array(cp)) | (cp.asnumpy(dy) == 0))
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
+    from attn.fast.ops import _Ops
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    rng = np.random.default_rng(5)
+    a, bias = rng.standard_normal((31, 24)).astype("float32"), rng.standard_normal(24).astype("float32")
+    m = ops.dropout_mask(B.DeviceRNG(9), a.shape, p) if p else None
+    count = _Launches(monkeypatch, fc)
+    got = ops.bias_relu_dropout_(cp.asarray(a), cp.asarray(bias), m)
+    assert count.kernels == Counter({"bias_relu_drop": 1}) and not count.ops, (count.kernels, count.ops)
+    want = _Ops.bias_relu_dropout_(ops, cp.asarray(a), cp.asarray(bias), m)
+    assert np.array_equal(cp.asnumpy(got), cp.asnumpy(want))
+    assert (cp.asnumpy(got) >= 0).all()
+
+
+def test_counter_dropout_is_off_by_default_so_data_parallel_masks_can_be_cut_from_the_whole(cupy_only):
+    from attn.fast.kernels import CupyOps
+    cp = cupy_only
+    m = ops_for(cp).dropout_mask(B.DeviceRNG(0), (4, 6), 0.5)
+    assert not CupyOps.counter_dropout and m.keep.dtype == bool
+
+
+@pytest.fixture
+def cupy_only():
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as cp:
+        yield cp
+
+
+def test_cached_decoding_on_cupy_multiplies_by_contiguous_weights(stand_in):
+    """The reference's decode_step on CuPy reads contiguous copies of the arena's column
+    blocks (made once per decoding), equal to the parameters, and made again after training."""
+    fc, cp = stand_in
+    fast = FastTransformer(CFG, seed=3)
+    src, tgt_in, tgt_out = _batch()
+    memory, _ = fast.encode(src)
+    from attn.masks import padding_mask
+    state = fast.start_decoding(memory, padding_mask(src))
+    fast.decode_step(cp.asarray(np.array([1, 1, 1])), state)
+    dp = fast._decoding_params()
+    assert all(dp[f"decoder.{i}.self_attn.w_{n}"].flags.c_contiguous for i in range(2) for n in "qkv")
+    assert dp is fast._decoding_params()
+    dp = {k: v.copy() for k, v in dp.items()}
+    for k in fast.params:
+        assert np.array_equal(cp.asnumpy(dp[k]), cp.asnumpy(fast.params[k])), k
+    opt = FastAdam(fast.params, CFG.d_model, 3)
+    logits, cache = fast.forward(src, tgt_in)
+    opt.step(fast.backward(fast_ce(logits, tgt_out, 0.1, inplace=True)[1], cache))
+    k = "decoder.0.self_attn.w_q"
+    assert np.array_equal(cp.asnumpy(fast._decoding_params()[k]), cp.asnumpy(fast.params[k]))
+    assert not np.array_equal(cp.asnumpy(dp[k]), cp.asnumpy(fast.params[k]))

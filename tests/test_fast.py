@@ -380,15 +380,18 @@ def test_scatter_rows_accumulates_repeats(backend):
 def test_dropout_mask_rate_and_scale(backend):
     xp = backend
     rng = B.DeviceRNG(0)
-    m = ops_for(xp).dropout_mask(rng, (400, 500), 0.1)
-    assert isinstance(m, Mask) and m.keep.dtype == bool
-    keep = float(B.to_host(m.keep).mean())
-    assert abs(keep - 0.9) < 0.003
-    # NumPy quantises p to 1/65536 (masks from 16-bit integers); the CuPy kernels keep p exact
+    ops = ops_for(xp)
+    m = ops.dropout_mask(rng, (400, 500), 0.1)
+    assert isinstance(m, Mask)
+    keep = B.to_host(ops.dropout_(xp.ones((400, 500), dtype=xp.float32), m)) != 0
+    assert abs(float(keep.mean()) - 0.9) < 0.003
+    # NumPy quantises p to 1/65536 (16 random bits per element), as CuPy's counter dropout does;
+    # CuPy's drawn masks keep p exact
     p_eff = 0.1 if B.is_device_array(m.keep) else round(0.1 * 65536) / 65536
     assert math.isclose(m.scale * (1 - p_eff), 1.0, rel_tol=1e-12)
-    m2 = ops_for(xp).dropout_mask(rng, (400, 500), 0.1)
-    assert not np.array_equal(B.to_host(m.keep), B.to_host(m2.keep)), "each call draws a fresh mask"
+    m2 = ops.dropout_mask(rng, (400, 500), 0.1)
+    keep2 = B.to_host(ops.dropout_(xp.ones((400, 500), dtype=xp.float32), m2)) != 0
+    assert not np.array_equal(keep, keep2), "each call draws a fresh mask"
 
 
 def test_blas_threads_restored_and_errors_propagate():
@@ -489,9 +492,9 @@ def test_cupy_dropout_relu_adam_kernels(cupy):
     ops_np, ops_cp = ops_for(np), ops_for(cp)
     rng = np.random.default_rng(3)
     m = ops_cp.dropout_mask(B.DeviceRNG(0), (300, 200), 0.25)
-    assert m.keep.dtype == bool and abs(float(m.keep.mean()) - 0.75) < 0.01 and m.scale == 1 / 0.75
-    x = rng.standard_normal((300, 200)).astype("float32")
     keep = cp.asnumpy(m.keep)
+    assert keep.dtype == bool and abs(float(keep.mean()) - 0.75) < 0.01 and m.scale == 1 / 0.75
+    x = rng.standard_normal((300, 200)).astype("float32")
     got = ops_cp.dropout_(cp.asarray(x), m)
     assert np.allclose(cp.asnumpy(got), x * keep / 0.75, rtol=1e-6, atol=0)
     back = ops_cp.dropout_backward(cp.asarray(x), m)

@@ -20,7 +20,16 @@ colsum                 the bias gradients: ``column_sums``, one launch of two st
                        grows with the rows as well as the columns
 cross_entropy_         one block per row: max, sum of exp, then ``dlogits`` in place; the
                        per-row losses are summed on the device
-dropout_mask / _       ``uniform >= p`` (exact p, no quantisation), ``x * keep * scale``
+dropout_mask / _       ``uniform >= p`` (exact p), ``x * keep * scale``; with
+                       ``counter_dropout``, no mask in memory: ``dropout_hash`` keeps element
+                       i where the top 16 bits of splitmix64(key + (i+1) golden) are >=
+                       round(p * 65536), the key made on the host per mask; the backward
+                       regenerates the same bits (one launch each way, nothing drawn)
+layer_norm_backward_   post-norm's backward: dgamma and dbeta (one ``column_sums``), then
+  dropout_             dy and drop(dy) in one launch (the mask regenerated)
+residual_layer_norm_   post-norm's epilogue in one launch: ``s + bias``, dropout (from its
+                       counter), ``+ x``, then layer norm of the row (one block per row)
+bias_relu_dropout_     the feed-forward's hidden epilogue, ``drop(max(a + b1, 0))``, one launch
 relu_backward_         ``da * (a > 0)``
 adam_                  the whole Adam update of one parameter in one kernel
 adam_flat_             the whole arena's Adam update in one kernel, after one
@@ -47,6 +56,8 @@ has no GPU (docs/GPU.md lists what a GPU owner should run).
 from __future__ import annotations
 
 import math
+import weakref
+from typing import NamedTuple
 
 from .. import backend as B
 from .ops import Mask, _Ops
@@ -451,6 +462,162 @@ def dropout_bwd_np(launch, d, keep, scale, out, n):
                                            d.dtype.type(0))
 
 
+_DROPOUT_HASH = r"""
+// Dropout whose random numbers come from a counter-based generator, not from memory: element i
+// of a site is kept when the top 16 bits of splitmix64(key + (i + 1) * golden) are >= thr, so the
+// backward regenerates the forward's mask from (key, i) and no mask is stored or drawn.
+// out <- keep ? x * scale : 0 (out may be x).
+__device__ __forceinline__ unsigned int dropout_bits(unsigned long long key, long long i) {
+    unsigned long long z = key + (unsigned long long)(i + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (unsigned int)(z >> 48);
+}
+
+template <typename T>
+__global__ void dropout_hash(T* out, const T* x, unsigned long long key, unsigned int thr, T scale, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = dropout_bits(key, i) >= thr ? x[i] * scale : T(0);
+}
+"""
+
+_M64 = (1 << 64) - 1
+
+
+def dropout_bits_np(key: int, n: int):
+    """``dropout_bits`` of ``dropout_hash`` for i = 0 .. n-1: uint32 in [0, 65536), bit for bit."""
+    np = B.host
+    with np.errstate(over="ignore"):
+        z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key & _M64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(48)).astype(np.uint32)
+
+
+def dropout_hash_np(launch, out, x, key, thr, scale, n):
+    """NumPy twin of ``dropout_hash``."""
+    np = B.host
+    n = int(n)
+    keep = dropout_bits_np(int(key), n) >= thr
+    _view(out, (n,), (1,))[...] = np.where(keep, _view(x, (n,), (1,)) * scale, x.dtype.type(0))
+
+
+_RESIDUAL_LN_FWD = r"""
+// The post-norm epilogue of a sub-layer, one block per row of s (N, D): the sub-layer's output
+// s (its output projection without the bias) becomes v = drop(s + bias) + x, then layer norm:
+// s <- xhat, out <- gamma * xhat + beta, rstd[row]. Dropout as dropout_hash over the flat index
+// row * D + j (thr 0: none), so dropout_hash regenerates this mask in the backward.
+template <typename T>
+__global__ void residual_ln_fwd(T* s, const T* bias, const T* x, T* out, T* rstd, const T* gamma, const T* beta,
+                                unsigned long long key, unsigned int thr, T scale, int D, T eps) {
+    extern __shared__ unsigned char smem[];
+    T* sh = reinterpret_cast<T*>(smem);
+    long long row = blockIdx.x;
+    T* sr = s + row * D;
+    const T* xr = x + row * D;
+    T* orow = out + row * D;
+    T sum = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        T v = sr[j] + bias[j];
+        if (thr > 0u) v = dropout_bits(key, row * D + j) >= thr ? v * scale : T(0);
+        v += xr[j];
+        sr[j] = v;
+        sum += v;
+    }
+    T mean = block_sum(sum, sh) / T(D);
+    T q = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { T c = sr[j] - mean; q += c * c; }
+    T var = block_sum(q, sh) / T(D);
+    T r = T(1) / sqrt(var + eps);
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        T xh = (sr[j] - mean) * r;
+        sr[j] = xh;
+        orow[j] = xh * gamma[j] + beta[j];
+    }
+    if (threadIdx.x == 0) rstd[row] = r;
+}
+"""
+
+
+def residual_ln_fwd_np(launch, s, bias, x, out, rstd, gamma, beta, key, thr, scale, D, eps):
+    """NumPy twin of ``residual_ln_fwd`` (one block per row: N = the grid's size)."""
+    np = B.host
+    _check_block_reduction(launch, s.itemsize)
+    N, D = launch.blocks, int(D)
+    sv = _view(s, (N, D), (D, 1))
+    v = sv + _view(bias, (D,), (1,))
+    if thr > 0:
+        keep = (dropout_bits_np(int(key), N * D) >= thr).reshape(N, D)
+        v = np.where(keep, v * scale, s.dtype.type(0))
+    v += _view(x, (N, D), (D, 1))
+    sv[...] = v
+    layer_norm_fwd_np(launch, s, out, rstd, gamma, beta, D, eps)
+
+
+_LAYER_NORM_BWD_DROP = r"""
+// Post-norm's backward through the norm and the dropout, one block per row: dout <- dy, the
+// layer norm's dx as in layer_norm_bwd (in place), and ds <- drop(dy) with the forward's mask
+// regenerated by dropout_bits over the flat index row * D + j (see residual_ln_fwd).
+template <typename T>
+__global__ void layer_norm_bwd_drop(T* dout, const T* xhat, const T* rstd, const T* gamma, T* ds,
+                                    unsigned long long key, unsigned int thr, T scale, int D) {
+    extern __shared__ unsigned char smem[];
+    T* sh = reinterpret_cast<T*>(smem);
+    long long row = blockIdx.x;
+    T* dr = dout + row * D;
+    const T* xr = xhat + row * D;
+    T a = 0, b = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { T g = dr[j] * gamma[j]; a += g; b += g * xr[j]; }
+    a = block_sum(a, sh) / T(D);
+    b = block_sum(b, sh) / T(D);
+    T r = rstd[row];
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        T v = r * (dr[j] * gamma[j] - a - xr[j] * b);
+        dr[j] = v;
+        ds[row * D + j] = dropout_bits(key, row * D + j) >= thr ? v * scale : T(0);
+    }
+}
+"""
+
+
+def layer_norm_bwd_drop_np(launch, dout, xhat, rstd, gamma, ds, key, thr, scale, D):
+    """NumPy twin of ``layer_norm_bwd_drop`` (one block per row)."""
+    np = B.host
+    layer_norm_bwd_np(launch, dout, xhat, rstd, gamma, D)
+    N, D = launch.blocks, int(D)
+    keep = (dropout_bits_np(int(key), N * D) >= thr).reshape(N, D)
+    _view(ds, (N, D), (D, 1))[...] = np.where(keep, _view(dout, (N, D), (D, 1)) * scale, dout.dtype.type(0))
+
+
+_BIAS_RELU_DROP = r"""
+// The feed-forward's hidden epilogue, in place on a (n / F, F): a <- drop(max(a + bias, 0)), the
+// dropout as dropout_hash over the flat index (thr 0: none).
+template <typename T>
+__global__ void bias_relu_drop(T* a, const T* bias, unsigned long long key, unsigned int thr, T scale, long long n,
+                               int F) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        T v = a[i] + bias[i % F];
+        v = v > T(0) ? v : T(0);
+        if (thr > 0u) v = dropout_bits(key, i) >= thr ? v * scale : T(0);
+        a[i] = v;
+    }
+}
+"""
+
+
+def bias_relu_drop_np(launch, a, bias, key, thr, scale, n, F):
+    """NumPy twin of ``bias_relu_drop``."""
+    np = B.host
+    n, F = int(n), int(F)
+    av = _view(a, (n // F, F), (F, 1))
+    v = np.maximum(av + _view(bias, (F,), (1,)), a.dtype.type(0))
+    if thr > 0:
+        v = np.where((dropout_bits_np(int(key), n) >= thr).reshape(n // F, F), v * scale, a.dtype.type(0))
+    av[...] = v
+
+
 _RELU_BWD = r"""
 // da <- a > 0 ? da : 0, in place.
 template <typename T>
@@ -570,14 +737,17 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2,
 # --------------------------------------------------------------------------- the module
 
 _SOURCE = "".join([_HELPERS, _SOFTMAX0_FWD, _SOFTMAX0_BWD, _LAYER_NORM_FWD, _LAYER_NORM_BWD, _COLUMN_SUMS,
-                   _CROSS_ENTROPY, _DROPOUT, _RELU_BWD, _ADAM, _SUMSQ_PARTIAL, _ADAM_FLAT])
+                   _CROSS_ENTROPY, _DROPOUT, _DROPOUT_HASH, _RESIDUAL_LN_FWD, _LAYER_NORM_BWD_DROP, _BIAS_RELU_DROP, _RELU_BWD, _ADAM, _SUMSQ_PARTIAL, _ADAM_FLAT])
 
 #: Every kernel of ``_SOURCE`` and its NumPy twin.
 NUMPY_TWINS = {
     "softmax0_fwd": softmax0_fwd_np, "softmax0_bwd": softmax0_bwd_np,
     "layer_norm_fwd": layer_norm_fwd_np, "layer_norm_bwd": layer_norm_bwd_np, "column_sums": column_sums_np,
     "cross_entropy_fwd_bwd": cross_entropy_fwd_bwd_np,
-    "dropout_fwd": dropout_fwd_np, "dropout_bwd": dropout_bwd_np, "relu_bwd": relu_bwd_np, "adam": adam_np,
+    "dropout_fwd": dropout_fwd_np, "dropout_bwd": dropout_bwd_np, "dropout_hash": dropout_hash_np,
+    "residual_ln_fwd": residual_ln_fwd_np, "layer_norm_bwd_drop": layer_norm_bwd_drop_np,
+    "bias_relu_drop": bias_relu_drop_np,
+    "relu_bwd": relu_bwd_np, "adam": adam_np,
     "sumsq_partial": sumsq_partial_np, "adam_flat": adam_flat_np,
 }
 _KERNELS = tuple(NUMPY_TWINS)
@@ -601,6 +771,27 @@ def _grid(n: int, threads: int = 256, most: int = 65535) -> tuple:
     return (max(1, min(most, (n + threads - 1) // threads)),)
 
 
+class HashedKeep(NamedTuple):
+    """The ``keep`` of a CuPy dropout :class:`Mask`: no array, the key of ``dropout_hash``'s
+    generator, the threshold (``round(p * 65536)``) and the shape it was drawn for.
+    :meth:`array` makes the boolean mask (for tests and inspection)."""
+    key: int
+    thr: int
+    shape: tuple
+
+    def array(self, xp):
+        n = math.prod(self.shape)
+        return xp.asarray(dropout_bits_np(self.key, n) >= self.thr).reshape(self.shape)
+
+
+def _splitmix64(x: int) -> int:
+    """One step of splitmix64 on a Python int (host-side key mixing)."""
+    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
 class CupyOps(_Ops):
     """The fast path's memory-bound operations as fused CuPy kernels (see the module docstring)."""
 
@@ -609,6 +800,7 @@ class CupyOps(_Ops):
         self._module = xp.RawModule(code=_SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
         self._functions: dict = {}
         self._scratch: dict = {}
+        self._draws = weakref.WeakKeyDictionary()    # DeviceRNG -> dropout masks it has keyed
 
     def _fn(self, name, dtype):
         """The kernel ``name<T>`` for ``dtype``, looked up in the module once (a lookup is a
@@ -690,6 +882,29 @@ class CupyOps(_Ops):
             shared_mem=threads * x.dtype.itemsize)
         return out, rstd
 
+    def residual_layer_norm_(self, s, bias, m, x, gamma, beta, eps: float):
+        """As :meth:`attn.fast.ops._Ops.residual_layer_norm_`, in one ``residual_ln_fwd``
+        launch (bias, dropout from its counter, residual sum and layer norm) where the mask is
+        this class's own (a :class:`HashedKeep`) or there is none."""
+        if m is not None and not isinstance(m.keep, HashedKeep):
+            return super().residual_layer_norm_(s, bias, m, x, gamma, beta, eps)
+        cp = self.xp
+        N, D = s.shape
+        self._contiguous("residual_layer_norm_", s=s, x=x)
+        if m is not None and m.keep.shape != (N, D):
+            raise ValueError(f"CupyOps.residual_layer_norm_: the mask was drawn for shape {m.keep.shape}, "
+                             f"s is {(N, D)}")
+        out = cp.empty_like(s)
+        rstd = cp.empty((N,), dtype=s.dtype)
+        key, thr, scale = (0, 0, 1.0) if m is None else (m.keep.key, m.keep.thr, m.scale)
+        threads = _block(D)
+        self._fn("residual_ln_fwd", s.dtype)(
+            (N,), (threads,), (s, cp.ascontiguousarray(bias), x, out, rstd, cp.ascontiguousarray(gamma),
+                               cp.ascontiguousarray(beta), B.host.uint64(key), B.host.uint32(thr),
+                               self._scalar(scale, s.dtype), B.host.int32(D), self._scalar(eps, s.dtype)),
+            shared_mem=threads * s.dtype.itemsize)
+        return out, rstd
+
     def layer_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
         """As :meth:`attn.fast.ops._Ops.layer_norm_backward_`: dgamma and dbeta by one
         ``column_sums`` launch (into ``out``, (2, D), before ``dout`` is overwritten), then one
@@ -704,6 +919,28 @@ class CupyOps(_Ops):
             (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), B.host.int32(D)),
             shared_mem=threads * dout.dtype.itemsize)
         return dout, out[0], out[1]
+
+    def layer_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
+        """As :meth:`attn.fast.ops._Ops.layer_norm_backward_dropout_`: dgamma and dbeta by one
+        ``column_sums`` launch, then dy and drop(dy) by one ``layer_norm_bwd_drop`` launch
+        (the mask regenerated from its counter)."""
+        if m is None or not isinstance(m.keep, HashedKeep):
+            return super().layer_norm_backward_dropout_(dout, xhat, rstd, gamma, m, out)
+        cp = self.xp
+        N, D = dout.shape
+        self._contiguous("layer_norm_backward_dropout_", dout=dout, xhat=xhat)
+        if m.keep.shape != (N, D):
+            raise ValueError(f"CupyOps.layer_norm_backward_dropout_: the mask was drawn for shape {m.keep.shape}, "
+                             f"dout is {(N, D)}")
+        out = cp.empty((2, D), dtype=dout.dtype) if out is None else out
+        self._column_sums(dout, xhat, out, "layer_norm_backward_dropout_")
+        ds = cp.empty_like(dout)
+        threads = _block(D)
+        self._fn("layer_norm_bwd_drop", dout.dtype)(
+            (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), ds, B.host.uint64(m.keep.key),
+                               B.host.uint32(m.keep.thr), self._scalar(m.scale, dout.dtype), B.host.int32(D)),
+            shared_mem=threads * dout.dtype.itemsize)
+        return dout, ds
 
     # ---- column sums (bias gradients, dgamma and dbeta)
 
@@ -750,21 +987,70 @@ class CupyOps(_Ops):
 
     # ---- dropout, ReLU
 
+    #: Dropout masks from the counter-based generator of ``dropout_hash`` (no draw, no mask in
+    #: memory, one launch each way, and the fused epilogues apply them) instead of drawn from
+    #: ``rng``. Off by default: data parallelism cuts each process's masks out of the whole
+    #: batch's draw (``attn.training.distributed.RowsOf``), and these masks are keyed by the
+    #: local index; a process that trains alone may turn it on.
+    counter_dropout: bool = False
+
     def dropout_mask(self, rng, shape, p: float) -> Mask:
-        """Keep with probability exactly ``1 - p`` (uniform floats, as the reference draws them)."""
-        keep = rng.random(shape, dtype="float32") >= p
-        return Mask(keep, 1.0 / (1.0 - p))
+        """Drawn from ``rng``: ``uniform >= p`` (p exact). With :attr:`counter_dropout`, a mask
+        drawn by no launch: ``keep`` is a :class:`HashedKeep`, the key of the counter-based
+        generator of ``dropout_hash`` (from ``rng``'s seed and how many masks it has made, on
+        the host), which the forward and the backward both regenerate the mask from; then, as
+        on NumPy, ``p`` is quantised to 1/65536 and kept units are scaled by the exact inverse."""
+        if not self.counter_dropout:
+            return Mask(rng.random(shape, dtype="float32") >= p, 1.0 / (1.0 - p))
+        thr = int(round(p * 65536))
+        draws = self._draws.get(rng, 0)
+        self._draws[rng] = draws + 1
+        return Mask(HashedKeep(_splitmix64(_splitmix64(rng.seed) ^ draws), thr, tuple(shape)),
+                    65536.0 / (65536 - thr))
 
     def dropout_(self, x, m: Mask):
+        if isinstance(m.keep, HashedKeep):
+            return self._dropout_hash(x, x, m, "dropout_")
         self._contiguous("dropout_", x=x, keep=m.keep)
         self._elementwise("dropout_fwd", x.dtype, x.size, x, m.keep, self._scalar(m.scale, x.dtype))
         return x
 
     def dropout_backward(self, d, m: Mask):
+        if isinstance(m.keep, HashedKeep):
+            return self._dropout_hash(self.xp.empty_like(d), d, m, "dropout_backward")
         self._contiguous("dropout_backward", d=d, keep=m.keep)
         out = self.xp.empty_like(d)
         self._elementwise("dropout_bwd", d.dtype, d.size, d, m.keep, self._scalar(m.scale, d.dtype), out)
         return out
+
+    def _dropout_hash(self, out, x, m: Mask, where):
+        k = m.keep
+        if tuple(x.shape) != k.shape:
+            raise ValueError(f"CupyOps.{where}: the mask was drawn for shape {k.shape}, the array is "
+                             f"{tuple(x.shape)}")
+        self._contiguous(where, out=out, x=x)
+        self._elementwise("dropout_hash", x.dtype, x.size, out, x, B.host.uint64(k.key), B.host.uint32(k.thr),
+                          self._scalar(m.scale, x.dtype))
+        return out
+
+    def bias_relu_dropout_(self, a, bias, m):
+        """As :meth:`attn.fast.ops._Ops.bias_relu_dropout_`, in one ``bias_relu_drop`` launch
+        where the mask is this class's own or there is none."""
+        if m is not None and not isinstance(m.keep, HashedKeep):
+            return super().bias_relu_dropout_(a, bias, m)
+        if not a.flags.c_contiguous or a.ndim != 2:
+            raise ValueError(f"CupyOps.bias_relu_dropout_: a must be a contiguous (N, F) array, got shape "
+                             f"{tuple(a.shape)} strides {a.strides}")
+        if m is not None and m.keep.shape != tuple(a.shape):
+            raise ValueError(f"CupyOps.bias_relu_dropout_: the mask was drawn for shape {m.keep.shape}, "
+                             f"a is {tuple(a.shape)}")
+        key, thr, scale = (0, 0, 1.0) if m is None else (m.keep.key, m.keep.thr, m.scale)
+        threads = 256
+        self._fn("bias_relu_drop", a.dtype)(
+            _grid(a.size, threads), (threads,),
+            (a, self.xp.ascontiguousarray(bias), B.host.uint64(key), B.host.uint32(thr), self._scalar(scale, a.dtype),
+             B.host.int64(a.size), B.host.int32(a.shape[1])))
+        return a
 
     def relu_backward_(self, da, a):
         self._contiguous("relu_backward_", da=da, a=a)

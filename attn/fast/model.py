@@ -169,6 +169,8 @@ class FastTransformer(Transformer):
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
+        self._decode_params = None
+        self._decode_copies: dict = {}
 
     def _own_params(self) -> None:
         """Keep ``params`` the arena's views: a dict replaced, or entries replaced in it, are
@@ -258,10 +260,9 @@ class FastTransformer(Transformer):
         return ctx, AttendCache(q, k, v, w, m, ctx)
 
     def _out_proj(self, pre, ctx):
-        p = self.params
-        out = ctx @ p[pre + ".w_o"]
-        out += p[pre + ".b_o"]
-        return out
+        """``ctx @ w_o``: the bias ``b_o`` is added by :meth:`_residual` (fused with the dropout,
+        the residual sum and the norm)."""
+        return ctx @ self.params[pre + ".w_o"]
 
     def _self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
         qkv = x @ W
@@ -280,33 +281,34 @@ class FastTransformer(Transformer):
 
     def _ffn(self, pre, x, rng):
         p, ops = self.params, self.ops
-        a = x @ p[pre + ".w1"]
-        a += p[pre + ".b1"]
-        ops.relu_(a)                                                          # (N, F)
-        scale = None
+        a = x @ p[pre + ".w1"]                                                # (N, F)
+        m = scale = None
         if rng is not None and self.config.relu_dropout > 0:
             m = ops.dropout_mask(rng, a.shape, self.config.relu_dropout)
-            ops.dropout_(a, m)
             scale = m.scale
-        out = a @ p[pre + ".w2"]
-        out += p[pre + ".b2"]
+        ops.bias_relu_dropout_(a, p[pre + ".b1"], m)                          # drop(relu(x @ w1 + b1))
+        out = a @ p[pre + ".w2"]                                              # + b2 in _residual
         return out, FFNCache(x, a, scale, pre)
 
-    def _residual(self, norm, x, sublayer, rng):
-        """post: ``LN(x + drop(sub(x)))``; pre: ``x + drop(sub(LN(x)))``. x is not modified."""
+    def _residual(self, norm, x, sublayer, bias, rng):
+        """post: ``LN(x + drop(sub(x) + bias))``; pre: ``x + drop(sub(LN(x)) + bias)``, with
+        ``bias`` the sub-layer's output bias (the sub-layers leave it out, so that post-norm's
+        epilogue is one fused operation). x is not modified."""
         ops, p, cfg = self.ops, self.params, self.config
         gamma, beta = p[norm + ".gamma"], p[norm + ".beta"]
         if cfg.norm == "pre":
             xhat = x.copy()
             h, rstd = ops.layer_norm_(xhat, gamma, beta, cfg.ln_eps)
             s, cs = sublayer(h)
+            s += bias
             m = self._drop(s, rng)
             s += x
             return s, ResCache(xhat, rstd, m, cs, norm)
         s, cs = sublayer(x)
-        m = self._drop(s, rng)
-        s += x
-        out, rstd = ops.layer_norm_(s, gamma, beta, cfg.ln_eps)              # s becomes xhat
+        m = None
+        if rng is not None and cfg.dropout > 0:
+            m = ops.dropout_mask(rng, s.shape, cfg.dropout)
+        out, rstd = ops.residual_layer_norm_(s, bias, m, x, gamma, beta, cfg.ln_eps)   # s becomes xhat
         return out, ResCache(s, rstd, m, cs, norm)
 
     def _drop(self, x, rng):
@@ -408,6 +410,7 @@ class FastTransformer(Transformer):
         buffers of the arena's layout, kept between steps, which are then added in.
         """
         a = self.arena
+        self._decode_params = None                      # the parameters are about to change
         G = _Grads(a.grads, a.grad_views, a)
         if not isinstance(cache, SplitCache):
             self._backward_part(dlogits, cache, G)
@@ -509,7 +512,7 @@ class FastTransformer(Transformer):
     def _encoder(self, src, src_bias, src_rows, F, rng, keep_cache):
         """Embeddings and encoder layers of one part. Returns memory (N_s, D), the embedding's
         cache, the layers' caches (empty without ``keep_cache``), the final norm's (pre-norm)."""
-        cfg = self.config
+        cfg, p = self.config, self.params
         Bsz, S = src.shape
         self._phase("forward: embeddings, encoder")
         x, src_emb = self._embed("src", src, rng)
@@ -518,10 +521,11 @@ class FastTransformer(Transformer):
             pre = f"encoder.{i}"
             W, b = F.enc_qkv[i]
             x, c1 = self._residual(pre + ".norm1", x, lambda h: self._self_attn(
-                pre + ".self_attn", W, b, h, Bsz, S, src_bias, src_rows, rng), rng)
+                pre + ".self_attn", W, b, h, Bsz, S, src_bias, src_rows, rng), p[pre + ".self_attn.b_o"], rng)
             if not keep_cache:
                 c1 = None                   # inference: the attention's buffers go before the FFN runs
-            x, c2 = self._residual(pre + ".norm2", x, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
+            x, c2 = self._residual(pre + ".norm2", x, lambda h: self._ffn(pre + ".ffn", h, rng),
+                                   p[pre + ".ffn.b2"], rng)
             if keep_cache:
                 enc.append((c1, c2))
             del c1, c2
@@ -554,7 +558,7 @@ class FastTransformer(Transformer):
         ``keep_cross`` each layer's cross-attention weights (S, B, H, T), else None.
         ``kv_heads``: the cross-attention keys and values of every layer (2L views), or None
         to project them from ``memory`` (N_s, D) layer by layer."""
-        cfg, xp = self.config, self.xp
+        cfg, xp, p = self.config, self.xp, self.params
         Bsz, T = tgt_in.shape
         tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
         y, tgt_emb = self._embed("tgt", tgt_in, rng)
@@ -568,16 +572,18 @@ class FastTransformer(Transformer):
             else:
                 kv_i = (kv_heads[2 * i], kv_heads[2 * i + 1])
             y, c1 = self._residual(pre + ".norm1", y, lambda h: self._self_attn(
-                pre + ".self_attn", W, b, h, Bsz, T, tgt_bias, tgt_rows, rng), rng)
+                pre + ".self_attn", W, b, h, Bsz, T, tgt_bias, tgt_rows, rng), p[pre + ".self_attn.b_o"], rng)
             if not keep_cache:
                 c1 = None                   # inference: each sublayer's buffers go before the next runs
             y, c2 = self._residual(pre + ".norm2", y, lambda h: self._cross_attn(
-                i, pre + ".cross_attn", Wq, bq, h, kv_i, Bsz, T, src_bias, src_rows, rng), rng)
+                i, pre + ".cross_attn", Wq, bq, h, kv_i, Bsz, T, src_bias, src_rows, rng),
+                p[pre + ".cross_attn.b_o"], rng)
             if keep_cross:
                 cross.append(c2.sub.att.w)
             if not keep_cache:
                 c2 = kv_i = None
-            y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng), rng)
+            y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng),
+                                   p[pre + ".ffn.b2"], rng)
             if keep_cache:
                 dec.append((c1, c2, c3))
             del c1, c2, c3, kv_i
@@ -747,8 +753,7 @@ class FastTransformer(Transformer):
             dx, _, _ = ops.layer_norm_backward_(dh, c.xhat, c.rstd, gamma, out=dgb)
             dx += dout
         else:
-            dy, _, _ = ops.layer_norm_backward_(dout, c.xhat, c.rstd, gamma, out=dgb)   # y = x + drop(s)
-            ds = dy if c.drop is None else ops.dropout_backward(dy, c.drop)
+            dy, ds = ops.layer_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)  # y = x + drop(s)
             dx = sub_bwd(ds, c.sub, G)
             dx += dy
         return dx
@@ -848,8 +853,29 @@ class FastTransformer(Transformer):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
         key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`)."""
         if self.xp is not B.host:
+            self._decode_params = None                  # made afresh from the arena for this decoding
             return super().start_decoding(memory, src_mask)
         return decoding.start(self, self.cross_attention_kv(memory), src_mask)
+
+    def _decoding_params(self) -> dict:
+        """What the reference's :meth:`decode_step` reads on CuPy: ``params`` with contiguous
+        copies of the decoder's self-attention ``w_q``, ``w_k``, ``w_v`` (column blocks of the
+        arena; buffers kept between decodings), refreshed once per decoding (cuBLAS cannot take a column block, so CuPy's matmul would copy each at
+        every position). Made again after :meth:`start_decoding` and after a backward (an
+        optimizer step follows). On NumPy ``params`` (BLAS takes the strided views)."""
+        if self.xp is B.host:
+            return self.params
+        if self._decode_params is None:
+            self._own_params()
+            copies = self._decode_copies                  # kept between decodings: refreshed, not allocated
+            for i in range(self.config.n_decoder_layers):
+                for n in "qkv":
+                    k = f"decoder.{i}.self_attn.w_{n}"
+                    if k not in copies:
+                        copies[k] = self.xp.empty(self.params[k].shape, dtype=self.dtype)
+                    copies[k][...] = self.params[k]
+            self._decode_params = {**self.params, **copies}
+        return self._decode_params
 
     def decode_step(self, tokens, state):
         """:meth:`Transformer.decode_step`. On NumPy with a :class:`FastDecodeState`, the fast

@@ -99,6 +99,24 @@ class _Ops:
         out += beta
         return out, rstd
 
+    def residual_layer_norm_(self, s, bias, m, x, gamma, beta, eps: float):
+        """Post-norm's epilogue of a sub-layer whose output ``s`` (N, D) lacks its bias:
+        ``LN(drop(s + bias) + x)``, with ``m`` the dropout :class:`Mask` (None: none). ``s``
+        becomes xhat; returns out (N, D) new, rstd (N,). The same passes as the steps one
+        by one (the CuPy kernels fuse them into one launch)."""
+        s += bias
+        if m is not None:
+            self.dropout_(s, m)
+        s += x
+        return self.layer_norm_(s, gamma, beta, eps)
+
+    def layer_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
+        """Post-norm's backward through ``LN(x + drop(s))``: ``dout`` becomes dy (the norm's
+        input gradient, in place; dgamma and dbeta into ``out``), and ``ds = drop(dy)`` with
+        the forward's mask ``m`` (None: ``ds`` is dy). Returns dy, ds."""
+        dy, _, _ = self.layer_norm_backward_(dout, xhat, rstd, gamma, out=out)
+        return dy, (dy if m is None else self.dropout_backward(dy, m))
+
     def layer_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
         """Forward was ``out = gamma * xhat + beta``, so with ``g = dout * gamma``:
         ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``; in place on ``dout``.
@@ -141,6 +159,15 @@ class _Ops:
         out = self.xp.multiply(d, m.keep)
         out *= out.dtype.type(m.scale)
         return out
+
+    def bias_relu_dropout_(self, a, bias, m):
+        """The feed-forward's hidden epilogue in place: ``a = drop(max(a + bias, 0))`` with the
+        dropout :class:`Mask` ``m`` (None: none). Returns a."""
+        a += bias
+        self.relu_(a)
+        if m is not None:
+            self.dropout_(a, m)
+        return a
 
     def relu_(self, h):
         return self.xp.maximum(h, 0, out=h)
