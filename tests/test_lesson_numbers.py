@@ -25,13 +25,20 @@ Allowed, and only these:
 5. anything inside a glue role or directive (``{glue:text}`name:.3f` ``) and link targets
    (``[paper](https://arxiv.org/abs/1706.03762)``, bare URLs).
 
+6. a number that the lesson's own code writes as a literal (:func:`code_literals`: Python's
+   NUMBER tokens in its code cells, not its comments or strings), matched by value: a
+   tolerance the code asserts (``1e-6``), a setting it uses (``range(100)``, step ``51``), data
+   it types in. A percentage or a factor is still never allowed.
+
 Every other number is a result or a setting typed by hand: print it from the code, or
 quote it with myst-nb's glue (``glue("name", value)`` in a code cell,
 ``{glue:text}`name:.2f` `` in the prose).
 """
 from __future__ import annotations
 
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -70,6 +77,27 @@ _EXEMPT = [re.compile(r"\{glue[:\w-]*\}`[^`]*`"),           # glue roles
 _MULTIPLIER = {"k": 1e3, "K": 1e3, "M": 1e6}
 
 
+def code_literals(path: Path) -> set[float]:
+    """The values of the number literals in the lesson's own code cells (Python's tokenizer's
+    NUMBER tokens): the settings, tolerances and data the code shows. Comments and strings are
+    left out: a comment, a label or a title can hold a result typed by hand."""
+    source, in_code = [], False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# %%"):
+            in_code = "[markdown]" not in line
+            source.append("")
+        else:
+            source.append(line if in_code else "")
+    values = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO("\n".join(source) + "\n").readline):
+            if tok.type == tokenize.NUMBER and (m := _NUMBER.fullmatch(tok.string.replace("_", ""))):
+                values.add(_value(*m.groups()[:3], None))
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return values
+
+
 def markdown_lines(path: Path):
     """(line number, text) of every line of the lesson's markdown cells, the ``# `` taken off;
     a glue directive's block (``` ```{glue...}``` ... ``` ``` ```) is left out."""
@@ -95,8 +123,9 @@ def _value(whole: str, decimals: str | None, exponent: str | None, suffix: str |
     return v * _MULTIPLIER.get(suffix or "", 1.0)
 
 
-def typed_numbers(text: str) -> list[str]:
-    """The numbers in one line of prose that the rules above do not allow."""
+def typed_numbers(text: str, shown: frozenset[float] | set[float] = frozenset()) -> list[str]:
+    """The numbers in one line of prose that the rules above do not allow; ``shown`` are the
+    values written in the lesson's own code (:func:`code_literals`)."""
     for pattern in (*_EXEMPT, _REFERENCE, _DOTTED):
         text = pattern.sub(lambda m: " " * len(m.group(0)), text)
     found = []
@@ -109,6 +138,8 @@ def typed_numbers(text: str) -> list[str]:
         if any(abs(value - c) <= 1e-12 * max(1.0, abs(c)) and (exponent or suffix or bool(decimals) == isinstance(c, float))
                for c in PAPER):
             continue
+        if any(abs(value - c) <= 1e-12 * abs(c) for c in shown):
+            continue
         if decimals is None and exponent is None and suffix is None and whole.isdigit():
             if value <= 10 or 1900 <= value <= 2099:
                 continue
@@ -118,8 +149,9 @@ def typed_numbers(text: str) -> list[str]:
 
 def offenders(path: Path) -> list[str]:
     rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+    shown = code_literals(path)
     return [f"{rel}:{n}: {', '.join(nums)}   | {text.strip()[:100]}"
-            for n, text in markdown_lines(path) if (nums := typed_numbers(text))]
+            for n, text in markdown_lines(path) if (nums := typed_numbers(text, shown))]
 
 
 @pytest.mark.xfail(strict=False, reason="the lessons still type results into their prose; the lessons "
@@ -151,10 +183,29 @@ def test_the_rules(line, expected):
     assert typed_numbers(line) == expected
 
 
+@pytest.mark.parametrize("line, shown, expected", [
+    ("raises if any relative error exceeds `1e-6`", set(), ["1e-6"]),
+    ("raises if any relative error exceeds `1e-6`", {1e-6}, []),
+    ("the first 100 pairs; step 51", {100.0, 51.0}, []),
+    ("differences of order 1e-16", {0.0, 1e-12}, ["1e-16"]),       # no absolute tolerance near 0
+    ("30% of the mass, a 4x gap", {30.0, 4.0}, ["30%", "4x"]),      # a percentage or factor never
+])
+def test_a_number_written_in_the_code_is_shown(line, shown, expected):
+    assert typed_numbers(line, shown) == expected
+
+
+def test_code_literals_are_the_code_cells_number_tokens(tmp_path):
+    lesson = tmp_path / "99_example.py"
+    lesson.write_text("# %% [markdown]\n# tolerance 1e-6, 0.25 and 51\n\n# %%\nassert err < 1e-6  # took 12.5 s\n"
+                      "print('loss 2.31', f'{x:.3f} 0.75')\nfor step in range(1_000):\n    pass\n", encoding="utf-8")
+    assert code_literals(lesson) == {1e-6, 1000.0}
+    assert [f.split(": ")[1].split("   |")[0] for f in offenders(lesson)] == ["0.25, 51"]
+
+
 def test_line_numbers_point_at_the_markdown(tmp_path):
     lesson = tmp_path / "99_example.py"
     lesson.write_text("# %% [markdown]\n# # Lesson 99: an example (section 3.2)\n#\n# It took 12.5 s.\n"
-                      "\n# %%\nx = 12.5\nprint(f'took {x} s')\n\n# %% [markdown]\n# and 0.123 more\n",
+                      "\n# %%\nx = 25 / 2\nprint(f'took {x} s')\n\n# %% [markdown]\n# and 0.123 more\n",
                       encoding="utf-8")
     found = offenders(lesson)
     assert [f.split(": ")[0].rsplit(":", 1)[1] for f in found] == ["4", "11"], found
