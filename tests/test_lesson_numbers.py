@@ -33,7 +33,8 @@ Allowed, and only these:
    as ``/`` and ``·``), ``=``, and a right side with a decimal point that its value rounds to
    (``cos(0.03) = 0.99955``, ``sin(4) = -0.757``, ``\\frac{2 \\cdot 64 \\cdot 256}{320^2} =
    0.32``); a wrong identity leaves all its numbers flagged;
-8. float64's and float32's machine epsilon to an order of magnitude, :data:`ROUNDING`
+8. :data:`CITED`, the constants of another paper that a lesson cites (Adam's ``beta2 = 0.999,
+   eps = 1e-8``); float64's and float32's machine epsilon to an order of magnitude, :data:`ROUNDING`
    (``1e-16``, ``1e-7``); and ``N million``/``N billion`` is read as ``NM`` (``4.5 million``
    pairs is the paper's ``4.5e6``);
 9. a number that the lesson's own code writes as a literal (:func:`code_literals`: Python's
@@ -87,6 +88,8 @@ _REFERENCE = re.compile(
 _EXEMPT = [re.compile(r"\{glue[:\w-]*\}`[^`]*`"),           # glue roles
            re.compile(r"\]\([^)]*\)"),                      # link targets
            re.compile(r"https?://\S+")]                     # bare URLs
+# Adam's defaults in its own paper (Kingma and Ba, 2015), which the lessons contrast with section 5.3's.
+CITED = {0.999, 1e-8}
 # Float64's and float32's machine epsilon, to an order of magnitude (2.2e-16, 1.2e-7): the size of rounding.
 ROUNDING = {1e-16, 1e-7}
 _QUOTED = re.compile(r'"[^"]*"|\u201c[^\u201d]*\u201d')  # "a quotation" on one line
@@ -176,7 +179,7 @@ def typed_numbers(text: str, shown: frozenset[float] | set[float] = frozenset())
         if any(abs(value - c) <= 1e-12 * max(1.0, abs(c)) and (exponent or suffix or bool(decimals) == isinstance(c, float))
                for c in PAPER):
             continue
-        if any(abs(value - c) <= 1e-12 * abs(c) for c in (*shown, *ROUNDING)):
+        if any(abs(value - c) <= 1e-12 * abs(c) for c in (*shown, *ROUNDING, *CITED)):
             continue
         if decimals is None and exponent is None and suffix is None and whole.isdigit():
             if value <= 10 or 1900 <= value <= 2099:
@@ -232,6 +235,7 @@ def test_the_rules(line, expected):
     ("the slides print \u201c-0.756\u201d where 0.7568 is right", ["0.7568"]),
     ("about 4.5 million sentence pairs, 36 million sentences; 5.1 million apart", ["5.1 million"]),
     ("Dyer et al. (91.7, 93.3 generative), Vinyals et al. (88.3)", []),
+    ("Adam's own `beta2 = 0.999, eps = 1e-8`, not 0.99 or 1e-5", ["0.99", "1e-5"]),
     ("machine epsilon: 1e-16 in float64, 1e-7 in float32; noise of 1e-10, 1e-14", ["1e-10", "1e-14"]),
 ])
 def test_quotations_identities_and_rounding(line, expected):
