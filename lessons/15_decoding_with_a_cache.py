@@ -377,7 +377,7 @@ fig.tight_layout(); show_figure(fig, "15_cache_cost.png")
 # one batch, and keeping beam `k`'s extension means keeping row `k`'s cache:
 # `DecodeState.select(parents)` reorders (and repeats) the cached keys and values.
 #
-# When to stop? The library's rule: keep the best `2K` candidates; an `EOS` among the
+# When to stop? The library's rule: keep the best `2 * K` candidates; an `EOS` among the
 # first `K` finishes a hypothesis, the first `K` others are the next beams; stop when
 # no live beam can beat the best finished score any more. A live beam's `log P` can
 # only fall and `lp` only rise, so `log P / lp(limit)` bounds what it can reach. Here
