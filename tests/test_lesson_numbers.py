@@ -23,8 +23,7 @@ Allowed, and only these:
    ``lessons 17 and 18``, ``Table 3``), and any number with two or more dots (``3.2.1``);
 4. years, 1900 to 2099 written without a comma (``Ba et al., 2016``);
 5. anything inside a glue role or directive (``{glue:text}`name:.3f` ``) and link targets
-   (``[paper](https://arxiv.org/abs/1706.03762)``, bare URLs).
-
+   (``[paper](https://arxiv.org/abs/1706.03762)``, bare URLs);
 6. a quotation: anything between double quotation marks on one line (``"2.8, 3.7, 6.0 and
    9.5 TFLOPS"``, the slides' ``"-0.756"``), the words of the paper or of a source the lesson
    cites or corrects;
@@ -195,8 +194,6 @@ def offenders(path: Path) -> list[str]:
             for n, text in markdown_lines(path) if (nums := typed_numbers(text, shown))]
 
 
-@pytest.mark.xfail(strict=False, reason="the lessons still type results into their prose; the lessons "
-                   "branch replaces them with glue or printed sentences (issue 19, item 3)")
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_no_number_typed_into_a_lessons_prose(lesson):
     found = offenders(lesson)
