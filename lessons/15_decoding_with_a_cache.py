@@ -50,8 +50,8 @@ T0 = time.time()
 #
 # A cache is a matter of bookkeeping, so any model would do for the proofs; a trained
 # one makes the searches worth looking at. We train a small translator (its size is
-# printed below) on short sentences of the toy corpus with `attn.train.train` (lesson
-# 14), briefly: a model that is good but not perfect, so that it still hesitates
+# printed below) on short sentences of the toy corpus with `attn.train.train`
+# (lesson 14), briefly: a model that is good but not perfect, so that it still hesitates
 # between outputs now and then, which is where beam search and greedy part ways. We then load it in float64, so that "equal" below can mean equal to
 # float64's rounding error, far below float32's.
 
