@@ -189,7 +189,7 @@ print("Luong dot attention == scaled dot-product attention with q * sqrt(d_k), k
 # Both have the same encoder and decoder RNNs as lesson 1 (`H = 32`). The
 # bottleneck model predicts from the decoder state `s_t`; the attention model
 # predicts from `h~_t`, which mixes in the context `c_t`. The attention model has
-# one extra matrix, `attn.w_c` (2H, H), about 2k parameters.
+# one extra matrix, `attn.w_c` (2H, H): `2H^2` more parameters, and a bias of `H`.
 #
 # In the backward pass, the encoder states now receive gradient from *every*
 # decoder step through the attention (`de`), not only through `c` at the last

@@ -93,7 +93,7 @@ print(f"the last pair's cosine (column {D - 1}) over {L} positions runs from {sl
 # A slide deck on the paper that circulates online, and blog posts that copy it, print
 # the first six rows of both tables (angles and sin/cos). Below they are typed in
 # exactly as printed there. A printed number is *right* if it is the true value
-# rounded to the digits shown (so `0.9996` for `cos(0.03) = 0.99955` is right); it is
+# rounded to the digits shown (so a printed `"0.9996"` for `cos(0.03) = 0.99955` is right); it is
 # *wrong* if it is off by more than half a unit in its last digit.
 
 # %%
@@ -148,11 +148,11 @@ for name, printed, truth in (("angle", SLIDES_ANGLE, angle), ("PE", SLIDES_PE, p
 # `j = 2i+1`, which would make each cosine turn slower than its sine; the slides do
 # not make it). The sin/cos table is right except one entry:
 #
-# * **`PE[4, 0]` is printed `-0.756`; `sin(4) = -0.75680`**, so it is `-0.7568` to the
-#   four digits the other entries use, or `-0.757` to three. The slides cut the number
+# * **`PE[4, 0]` is printed `"-0.756"`; `sin(4) = -0.75680`**, so `sin(4) = -0.7568` to the
+#   four digits the other entries use, or `sin(4) = -0.757` to three. The slides cut the number
 #   off (truncated) instead of rounding it, and dropped a digit while at it.
-# * `PE[5, 0]` printed `-0.959` is right to three digits (`sin(5) = -0.95892`), but it
-#   too lost the fourth digit: it should read `-0.9589` like its neighbours.
+# * `PE[5, 0]` printed `"-0.959"` is right to three digits (`sin(5) = -0.95892`), but it
+#   too lost the fourth digit: to four digits, like its neighbours, `sin(5) = -0.9589`.
 # * The slide titles its table `sin(pos/10000^(2i/d_model))`, but the table holds
 #   both: even columns sines, odd columns cosines.
 #
@@ -178,15 +178,15 @@ show("embedding + PE, computed", added[0], ["I", "love", "you"], [f"col {j}" for
 # %% [markdown]
 # The worked example's mistakes, one by one:
 #
-# * `sin(1) = 0.8415` and `cos(1) = 0.5403`, not `0.0001`. The example seems to
+# * `sin(1) = 0.8415` and `cos(1) = 0.5403`, not `"0.0001"`. The example seems to
 #   have taken the angle `1 / 10000^(0/4) = 1` for something tiny.
-# * `sin(1/100) = 0.0100`, not `0.9999` (the sine of a small angle is small; it is
+# * `sin(1/100) = 0.0100`, not `"0.9999"` (the sine of a small angle is small; it is
 #   the *cosine* that is near 1).
 # * Column 3 is the cosine partner of column 2, so it uses the *same* exponent
 #   `2i/d_model = 2/4` and the same angle `1/100`: `cos(0.01) = 0.99995`. The example
-#   writes exponent `0/4` and then angle `1/1000`, two different wrong numbers.
+#   writes exponent `0/4` and then angle `"1/1000"`, two different wrong numbers.
 # * The sums are wrong even where the PE is right: "I" is at position 0, whose PE is
-#   `[0, 1, 0, 1]`, so it becomes `(0.5, 1.6, 0.7, 1.8)`; the example forgot the
+#   `[0, 1, 0, 1]`, so it becomes `(0.5, 0.6 + 1, 0.7, 0.8 + 1)`; the example forgot the
 #   last `+1`. For "love" and "you" they added the wrong PE rows.
 #
 # ## 2. The whole table: 64 positions, d_model = 128
@@ -312,7 +312,7 @@ print(f"residuals range from {all_resid.min():.1e} to {all_resid.max():.1e}; pai
 # The residuals (their range is printed above) are float64 rounding, nothing else.
 # Even their pattern is explained by rounding. The table is computed from the angle
 # `pos / 10000^(2i/d_model)`, which is itself rounded to a relative 1e-16, so its
-# sine is off by about `|angle| * 1e-16`: a few 1e-14 for the fast pairs whose
+# sine is off by about `|angle| * 1e-16`: hundreds of times that for the fast pairs whose
 # angles reach hundreds of radians, 1e-16 for the slow ones. Pair 0 is the
 # exception that proves it: its angle is `pos / 1`, an exact integer. A map that
 # depended on `p`, say a table that was not exactly sinusoidal, could not be fit

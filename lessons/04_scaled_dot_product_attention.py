@@ -140,7 +140,7 @@ print("the same with a literal -inf ->", e / e.sum())
 #
 # Every number the slides print, typed in as printed, compared with the library's.
 # A printed number is *rounded* if it is the true value rounded to the digits shown,
-# *truncated* if the digits were cut off instead (a true 0.2164 printed as 0.21),
+# *truncated* if the digits were cut off instead (a true `2/3` printed `"0.66"` instead of `"0.67"`),
 # and *wrong* otherwise.
 
 # %%

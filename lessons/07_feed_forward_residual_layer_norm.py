@@ -172,9 +172,9 @@ for kind in VARIANTS:
 #
 # $$a = \frac{2DF}{(D+F)^2} = \frac{2 \cdot 64 \cdot 256}{320^2} = 0.32 .$$
 #
-# * **plain**: the gradient norm shrinks by `sqrt(a) ~ 0.57` per block, so over
+# * **plain**: the gradient norm shrinks by `sqrt(a) = sqrt(0.32) = 0.57` per block, so over
 #   `L - 1` blocks by `a^((L-1)/2)`: a straight line on a log plot.
-# * **residual only**: `x + FFN(x)` adds the two variances, a factor `1 + a = 1.32`
+# * **residual only**: `x + FFN(x)` adds the two variances, a factor `1 + a = 1 + 0.32 = 1.32`
 #   per block, so the gradient *grows* by `sqrt(1 + a)` per block going down, and so
 #   do the forward activations going up.
 

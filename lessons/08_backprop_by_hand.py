@@ -175,8 +175,8 @@ check_and_report("attention (broken backward)", attention_forward, attention_bac
 
 # %% [markdown]
 # Again the message names the culprits: `q` and `k` fail, `v` passes (its path
-# does not go through the scale). And the number itself is a clue: 0.333 is
-# `(2 - 1)/(2 + 1)`, the relative error of a gradient exactly twice too large, and
+# does not go through the scale). And the number itself is a clue: it is
+# `(2 - 1)/(2 + 1) = 0.333`, the relative error of a gradient exactly twice too large, and
 # `sqrt(d_k) = sqrt(4) = 2`. A relative error of exactly 1/3 means "off by a factor
 # of 2"; of 1, "one side is zero or the sign is flipped".
 #
@@ -187,8 +187,9 @@ check_and_report("attention (broken backward)", attention_forward, attention_bac
 # number** `q . b^K` to every score in the row, and softmax ignores a constant shift
 # of its row. So the output does not depend on `b^K` at all and its true gradient
 # is exactly 0. The analytic backward returns rounding noise around 0 (1e-16);
-# the numerical one returns finite-difference noise (1e-10). The ratio of two
-# noises is meaningless, about 1, and would fail any tolerance. `rel_error`
+# the numerical one returns finite-difference noise (about `1e-16 / h`, with
+# `h = 1e-6`). The ratio of two noises is meaningless, about 1, and would fail any
+# tolerance. `rel_error`
 # therefore falls back to the absolute difference when both norms are below
 # `zero = 1e-6` (see its docstring).
 

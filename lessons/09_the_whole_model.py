@@ -279,8 +279,8 @@ print(f"base family: the paper's counts imply {lo_V / 1e3:.1f}k to {hi_V / 1e3:.
 # %% [markdown]
 # Every row of the base family points to the same answer (the line under the
 # table gives the range): the paper's counts fit our layer formula plus a shared
-# embedding a few thousand rows larger than the "about 37000 tokens" of section
-# 5.1, and the paper's rounding to whole millions cannot explain the difference.
+# embedding a few thousand rows larger than the "about 37000 tokens" of
+# section 5.1, and the paper's rounding to whole millions cannot explain the difference.
 # The big model is the odd one out: its count fits 37000 rows. The paper does not
 # say more, so we leave it there: the gap is parameters of the embedding matrix,
 # and the layers are not in question.

@@ -12,7 +12,8 @@
 #    as the model learns to be more unsure, but improves accuracy and BLEU score."
 #    (`attn.loss.cross_entropy(..., smoothing=0.1)`)
 # 3. **Adam** with `beta1 = 0.9, beta2 = 0.98, eps = 1e-9` (section 5.3), not the
-#    usual `beta2 = 0.999, eps = 1e-8`. (`attn.optim.Adam`)
+#    usual `beta2 = 0.999, eps = 1e-8` of Adam's own paper (Kingma and Ba, 2015).
+#    (`attn.optim.Adam`)
 #
 # Everything here is small arrays; no Transformer is trained (lesson 20 measures
 # label smoothing on the translator itself). Runs in a few seconds.
@@ -134,7 +135,7 @@ q_smooth = q[0]
 # **What the model is asked to learn.** Cross-entropy against `q` is minimised by
 # `p = q` (Gibbs' inequality), so a model trained with smoothing is pulled towards
 # being `1 - eps + eps/V` sure (just over `1 - eps` for a large vocabulary), never
-# 100%: its logits stay finite. Without smoothing the optimum is `p = onehot`, which needs
+# fully sure: its logits stay finite. Without smoothing the optimum is `p = onehot`, which needs
 # infinite logits, and the loss keeps pushing them up forever. Fit one free row of
 # logits with Adam and watch:
 
@@ -222,9 +223,9 @@ print(f"  mean confidence      {d_conf.min():+.3f} to {d_conf.max():+.3f}")
 
 # %% [markdown]
 # The smoothed model is less confident (lower `max p`, higher entropy; the
-# histogram below). Not every prediction stays under 0.91: one `W` serves all inputs,
+# histogram below). Not every prediction stays under `1 - eps + eps/V`: one `W` serves all inputs,
 # and points far from every class boundary get large margins anyway. Its
-# perplexity is worse: it was trained to spread 10% of its mass over the other
+# perplexity is worse: it was trained to spread `eps = 0.1` of its mass over the other
 # classes, and the held-out labels do not reward that. The accuracy difference is
 # small and, over the several draws of the data printed above, its sign is not
 # fixed, while the perplexity and confidence differences keep theirs: smoothing
@@ -266,8 +267,8 @@ fig.tight_layout(); show_figure(fig, "11_label_smoothing.png")
 # at zero, so early on they are too small; the corrections undo exactly that. At
 # step 1 `m_hat = g` and `v_hat = g^2`, so the first update is `lr * g / (|g| + eps)`:
 # size `lr` for every parameter, whatever the scale of its gradient (hence the
-# warm-up above). The paper's tiny `eps = 1e-9` keeps that true down to gradients of
-# about 1e-8; a common `eps = 1e-6` would already halve a gradient-1e-6 step.
+# warm-up above). The paper's tiny `eps = 1e-9` keeps that true down to gradients
+# a few times `eps`; a common `eps = 1e-6` would already halve a gradient-1e-6 step.
 
 # %%
 lr = 1e-3

@@ -50,8 +50,8 @@ T0 = time.time()
 #
 # A cache is a matter of bookkeeping, so any model would do for the proofs; a trained
 # one makes the searches worth looking at. We train a small translator (its size is
-# printed below) on short sentences of the toy corpus with `attn.train.train` (lesson
-# 14), briefly: a model that is good but not perfect, so that it still hesitates
+# printed below) on short sentences of the toy corpus with `attn.train.train`
+# (lesson 14), briefly: a model that is good but not perfect, so that it still hesitates
 # between outputs now and then, which is where beam search and greedy part ways. We then load it in float64, so that "equal" below can mean equal to
 # float64's rounding error, far below float32's.
 
@@ -377,7 +377,7 @@ fig.tight_layout(); show_figure(fig, "15_cache_cost.png")
 # one batch, and keeping beam `k`'s extension means keeping row `k`'s cache:
 # `DecodeState.select(parents)` reorders (and repeats) the cached keys and values.
 #
-# When to stop? The library's rule: keep the best `2K` candidates; an `EOS` among the
+# When to stop? The library's rule: keep the best `2 * K` candidates; an `EOS` among the
 # first `K` finishes a hypothesis, the first `K` others are the next beams; stop when
 # no live beam can beat the best finished score any more. A live beam's `log P` can
 # only fall and `lp` only rise, so `log P / lp(limit)` bounds what it can reach. Here

@@ -18,8 +18,8 @@
 # **The model.** Set `ATTN_CHECKPOINT` to a checkpoint of the toy translator to look
 # inside it: lesson 14's last model, `lessons/out/14_run/checkpoint.npz`, or
 # `runs/toy/checkpoint.npz` from `attn-train`. Otherwise the lesson trains one with
-# the readable `Transformer` (`--reference`, as lesson 14 does): in full mode lesson
-# 14's 2 + 2-layer model, in quick mode a 1 + 1-layer model of width 32 on short
+# the readable `Transformer` (`--reference`, as lesson 14 does): in full mode
+# lesson 14's 2 + 2-layer model, in quick mode a 1 + 1-layer model of width 32 on short
 # sentences. `lessons/README.md` lists the measured times.
 
 # %%
@@ -180,7 +180,7 @@ show_figure(plot_attention(result.attention, result.src_tokens, result.tgt_token
 # each target word, without looking inside the corpus generator. We learn it from
 # the training pairs, the way word aligners start: a word and its translation occur
 # in the same sentence pairs. A tk word form `t` is linked to the English word `e`
-# when `e` is in the source of at least 90% of the training pairs whose target has
+# when `e` is in the source of at least `0.9` of the training pairs whose target has
 # `t`, and no other English word is in even half of them (words in more than half
 # of all sentences, like ".", do not count). A form that carries two English words
 # has two candidates and is left out: `amas` comes with "you" and with a form of

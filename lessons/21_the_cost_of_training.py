@@ -236,7 +236,7 @@ show_figure(fig, "21_cost_of_training.png")
 # Neither rate is the CPU's matmul peak. Much of a step's time goes to work the FLOP
 # count ignores: Python, softmaxes, layer norms, and the optimizer, which touches
 # every parameter once per step however small the batch (its share of each step is
-# printed above). For `base` with a CPU-sized batch that update over 63M parameters is
+# printed above). For `base` with a CPU-sized batch that update over all its parameters is
 # a large part of the step; the paper's 25 000-token batches spread it over far more
 # matrix work. Both rates are far from a GPU. That gap, and the fact that attention's work
 # is a few large matrix products rather than a chain of small sequential steps

@@ -256,8 +256,8 @@ print(f"Check passed: the weighted sum of the shares' gradients is the whole bat
 # %% [markdown]
 # ## Questions
 #
-# 1. A batch of 4,000 target tokens is split between two ranks holding 3,000 and 1,000 real
-#    tokens. By what factor does averaging the ranks' means over-weigh a token of the second
+# 1. A batch of 4,000 target tokens is split between two ranks holding `3/4` and `1/4` of the
+#    real tokens. By what factor does averaging the ranks' means over-weigh a token of the second
 #    rank, compared with the correct gradient?
 # 2. Each rank sends `2 (R - 1) / R` of the buffer. Why is that the least any algorithm can
 #    send when every rank must end with the sum of all `R` buffers? (Think of what each rank
