@@ -370,7 +370,7 @@ def test_the_grader_gets_its_arrays_from_the_backend():
 def test_console_script_and_hypothesis_dependency_are_declared():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    assert "attn-check = attn.check:main" in cfg["options.entry_points"]["console_scripts"]
+    assert "attn-check = attn.check:console" in cfg["options.entry_points"]["console_scripts"]
     assert "hypothesis" in cfg["options"]["install_requires"]
 
 
