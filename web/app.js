@@ -3,7 +3,7 @@
 // draws. window.attnPage and document.body.dataset.state are there for tests and measurements.
 
 import { EOS } from "./attn/data.js";
-import { attentionMatrices, beamSearch, greedySteps, source } from "./attn/decode.js";
+import { attentionMatrices, beamSearch, greedySteps, source as sourceOf } from "./attn/decode.js";
 import { loadModel } from "./attn/model.js";
 import { detokenize } from "./attn/text.js";
 
@@ -160,7 +160,7 @@ async function run(text, startedAt) {
   const mine = ++generation;
   clearInterval(replayTimer);
   document.body.dataset.state = "busy";
-  const { srcTokens, srcIds } = source(model, vocab, text);
+  const { srcTokens, srcIds } = sourceOf(model, vocab, text);
   if (srcIds.length === 1) {                          // nothing but EOS: no sentence
     current = null;
     $("#output").replaceChildren();
