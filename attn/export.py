@@ -1,0 +1,225 @@
+"""Export a trained model for the browser: ``attn-export CHECKPOINT DIR``.
+
+    attn-export runs/toy/averaged.npz web/models/mine --sentences data/toy/test.en
+    python -m http.server -d web        # then open http://127.0.0.1:8000/?model=models/mine
+
+writes two files that the page in ``web/`` (plain JavaScript, no build step) reads:
+
+``DIR/model.json``
+    the format's name and version, the configuration (the fields of
+    :class:`attn.model.TransformerConfig`), the vocabulary exactly as checkpoints
+    store it (a list of tokens, or ``{"itos": [...], "bpe": {"alphabet", "merges"}}``),
+    the special ids, a few example sentences, and the index of the weights: for each
+    parameter its dotted name, its byte offset into the binary file and its shape.
+``DIR/weights.bin``
+    every parameter, one after the other in the index's order, row-major,
+    little-endian IEEE float32 (or float16 with ``--float16``: half the bytes).
+
+Nothing in either file is executable or pickled: JSON and raw numbers. The format
+is described in ``docs/WEB_FORMAT.md``; :func:`load_export` reads it back into a
+:class:`attn.model.Transformer`, which is how the tests compare the page with NumPy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from . import backend as B
+from .checkpoint import CheckpointError
+
+#: The format's name and version, the first thing a reader checks.
+FORMAT = "attn-web-1"
+MODEL_FILE = "model.json"
+WEIGHTS_FILE = "weights.bin"
+#: Bytes per number of each storage type; both little-endian IEEE 754.
+DTYPES = {"float32": 4, "float16": 2}
+
+EXAMPLES = """\
+examples:
+  attn-export runs/toy/averaged.npz web/models/mine
+  attn-export runs/toy/averaged.npz web/models/mine --float16 --sentences data/toy/test.en --max-sentences 100
+  python -m http.server -d web     # then open http://127.0.0.1:8000/?model=models/mine
+"""
+
+
+class ExportError(ValueError):
+    """An exported model folder is missing, incomplete, or not in this format."""
+
+
+def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), source: str = "") -> dict:
+    """Write ``model`` (a :class:`attn.model.Transformer`) and ``vocab`` (a :class:`attn.data.Vocab`)
+    to ``out_dir``. Returns the JSON document written to ``model.json``.
+
+    ``dtype`` is the storage type of the weights, ``"float32"`` or ``"float16"`` (values
+    outside float16's range are an error, not silently infinite). ``sentences`` are
+    example source sentences the page offers in a list.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"export_model: dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if len(vocab) != model.config.target_vocab_size:
+        raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
+                         f"the model {model.config.target_vocab_size}")
+    np = B.host
+    from .model import parameter_shapes
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors, chunks, offset = [], [], 0
+    for name, shape in parameter_shapes(model.config).items():
+        a = B.to_host(model.params[name]).astype(np.float64)
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"export_model: parameter {name} has shape {a.shape}, the config says {shape}")
+        if not np.isfinite(a).all():
+            raise ValueError(f"export_model: parameter {name} holds NaN or infinite values")
+        if dtype == "float16" and np.abs(a).max(initial=0.0) > float(np.finfo(np.float16).max):
+            raise ValueError(f"export_model: parameter {name} has values beyond float16's range "
+                             f"(|x| up to {np.abs(a).max():.4g}); export it as float32")
+        raw = a.astype("<f4" if dtype == "float32" else "<f2").tobytes()
+        tensors.append({"name": name, "offset": offset, "shape": list(shape)})
+        chunks.append(raw)
+        offset += len(raw)
+    doc = {
+        "format": FORMAT,
+        "config": model.config.to_dict(),
+        "vocab": vocab.to_json(),
+        "specials": {"pad": 0, "bos": 1, "eos": 2, "unk": 3},
+        "sentences": [str(s) for s in sentences],
+        "source": source,
+        "weights": {"file": WEIGHTS_FILE, "dtype": dtype, "byte_order": "little", "bytes": offset,
+                    "tensors": tensors},
+    }
+    _write_atomic(out_dir / WEIGHTS_FILE, b"".join(chunks))
+    _write_atomic(out_dir / MODEL_FILE, (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8"))
+    return doc
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)      # mkstemp's 0600 would hide the files from a web server's user
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_checkpoint(checkpoint, out_dir, dtype: str = "float32", sentences=()) -> dict:
+    """Export a checkpoint written by ``attn-train`` (its config, vocabulary and parameters)."""
+    from .translate import load_translator
+    model, vocab = load_translator(checkpoint)
+    return export_model(model, vocab, out_dir, dtype, sentences, source=Path(checkpoint).name)
+
+
+def load_export(out_dir):
+    """Read an exported folder back: ``(Transformer on the host in float32, Vocab, the model.json document)``.
+
+    The parameters are exactly the numbers the page computes with (float16 ones widened
+    to float32, which is exact). Raises :class:`ExportError` naming the file and the problem.
+    """
+    from .data import DataError, Vocab
+    from .model import Transformer, TransformerConfig, parameter_shapes
+    np = B.host
+    out_dir = Path(out_dir)
+    meta_path, bin_path = out_dir / MODEL_FILE, out_dir / WEIGHTS_FILE
+    for p in (meta_path, bin_path):
+        if not p.is_file():
+            raise ExportError(f"{p} does not exist: is {out_dir} a folder written by attn-export?")
+    try:
+        doc = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ExportError(f"{meta_path} is not readable JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ExportError(f"{meta_path}: format {doc.get('format') if isinstance(doc, dict) else doc!r:.40}, "
+                          f"expected {FORMAT!r}")
+    try:
+        cfg = TransformerConfig.from_dict(doc["config"])
+        vocab = Vocab.from_json(doc["vocab"])
+        weights = doc["weights"]
+        dtype, tensors = weights["dtype"], weights["tensors"]
+    except (KeyError, TypeError, ValueError, DataError) as e:
+        raise ExportError(f"{meta_path}: unreadable config, vocabulary or weights index ({e})") from None
+    if dtype not in DTYPES:
+        raise ExportError(f"{meta_path}: weights dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    raw = bin_path.read_bytes()
+    if len(raw) != weights.get("bytes"):
+        raise ExportError(f"{bin_path} has {len(raw)} bytes, {meta_path} says {weights.get('bytes')}")
+    expected = parameter_shapes(cfg)
+    index = {t["name"]: t for t in tensors}
+    if set(index) != set(expected):
+        raise ExportError(f"{meta_path}: the weights index does not fit the config: missing "
+                          f"{sorted(set(expected) - set(index))}, unexpected {sorted(set(index) - set(expected))}")
+    params = {}
+    for name, shape in expected.items():
+        t = index[name]
+        if tuple(t["shape"]) != tuple(shape):
+            raise ExportError(f"{meta_path}: {name} has shape {t['shape']}, the config says {list(shape)}")
+        n = int(np.prod(shape)) * DTYPES[dtype]
+        if not 0 <= t["offset"] <= len(raw) - n:
+            raise ExportError(f"{meta_path}: {name} at offset {t['offset']} runs past the end of {bin_path}")
+        a = np.frombuffer(raw, dtype="<f4" if dtype == "float32" else "<f2", count=n // DTYPES[dtype],
+                          offset=t["offset"])
+        params[name] = B.to_device(a.astype(np.float32).reshape(shape))
+    if len(vocab) != cfg.target_vocab_size:
+        raise ExportError(f"{meta_path}: the vocabulary has {len(vocab)} tokens, the model {cfg.target_vocab_size}")
+    return Transformer(cfg, dtype="float32", params=params), vocab, doc
+
+
+def _read_sentences(path, limit: int) -> list[str]:
+    from .data import _read_lines
+    lines = [line.strip() for line in _read_lines(path)]
+    return [s for s in lines if s][:limit] if limit else [s for s in lines if s]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="attn-export",
+        description="Export a checkpoint written by attn-train for the browser page in web/: DIR/model.json "
+                    "(configuration, vocabulary, example sentences, the index of the weights) and "
+                    "DIR/weights.bin (the parameters, little-endian float32 or float16). No pickle, nothing "
+                    "executable; the format is docs/WEB_FORMAT.md.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", type=Path, metavar="CHECKPOINT",
+                   help="a checkpoint written by attn-train, e.g. runs/toy/averaged.npz")
+    p.add_argument("out", type=Path, metavar="DIR", help="the folder to write model.json and weights.bin to")
+    p.add_argument("--float16", action="store_true",
+                   help="store the weights as float16 (half the bytes; the page widens them to float32)")
+    p.add_argument("--sentences", type=Path, metavar="FILE",
+                   help="source sentences, one per line, that the page offers to pick from, "
+                        "e.g. --sentences data/toy/test.en")
+    p.add_argument("--max-sentences", type=int, default=100, metavar="N",
+                   help="keep the first N of --sentences (default 100; 0: all)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from .data import DataError
+    if args.max_sentences < 0:
+        print(f"attn-export: error: --max-sentences must be at least 0, got {args.max_sentences}", file=sys.stderr)
+        return 2
+    try:
+        sentences = _read_sentences(args.sentences, args.max_sentences) if args.sentences else []
+        doc = export_checkpoint(args.checkpoint, args.out, "float16" if args.float16 else "float32", sentences)
+    except (CheckpointError, DataError, ValueError) as e:
+        print(f"attn-export: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"attn-export: error: cannot write {args.out}: {e}", file=sys.stderr)
+        return 2
+    cfg = doc["config"]
+    print(f"attn-export: wrote {args.out / MODEL_FILE} and {args.out / WEIGHTS_FILE} "
+          f"({doc['weights']['bytes']:,} bytes, {doc['weights']['dtype']}; {len(doc['weights']['tensors'])} "
+          f"tensors; d_model {cfg['d_model']}, {cfg['n_encoder_layers']}+{cfg['n_decoder_layers']} layers, "
+          f"{cfg['n_heads']} heads; {len(doc['sentences'])} example sentences)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

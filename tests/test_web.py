@@ -1,0 +1,369 @@
+"""The model in the browser (web/, plain JavaScript) computes what attn computes in NumPy.
+
+Headless Chromium (the system's, driven by Playwright) loads the page from a local server.
+For 50 sentences of the toy test set with the shipped toy model (word vocabulary, sinusoidal
+positions, post-norm, tied embeddings, float16 weights) and for a BPE model built here
+(learned positions, pre-norm, separate embeddings, float32 weights, Unicode and byte
+fallback), every output token must be NumPy's, every logit within 1e-4 and every attention
+weight of every layer and head within 1e-5. A mutant JavaScript layer (no 1/sqrt(d_k), a
+look-ahead mask off by one) must fail the same comparison. The tokeniser is compared on
+tricky text and on the character class of every Unicode code point.
+
+Without Playwright or a system Chromium the browser tests skip, saying which is missing; the
+export tests run anyway. Screenshots go to tests/out/web/ (git ignores it).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import unicodedata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attn import browser
+from attn.bpe import BPE
+from attn.data import BOS, EOS, Vocab, read_tsv
+from attn.decode import EXTRA_LENGTH, beam_search, greedy_decode
+from attn.evaluate import source_ids
+from attn.export import ExportError, export_model, load_export, main as export_main
+from attn.model import Transformer, TransformerConfig
+from attn.text import _char_kind, detokenize, normalize, tokenize
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY_MODEL = ROOT / "web" / "model"
+OUT = ROOT / "tests" / "out" / "web"
+LOGIT_TOL, ATTENTION_TOL = 1e-4, 1e-5
+
+MISSING = browser.missing()
+needs_browser = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+TRICKY = [
+    "the old friend laughed .", "Hello, world!  It's 3.5km.", "It's 3.5 km, „quite“ far.", "Tom's car costs 1,000$",
+    "don't -- well-known l'homme rock'n'roll 'quoted' -dash- a-", "Cafe\u0301 au\tlait \n", "soft\u00adhyphen",
+    "zero\u200bwidth", "nbsp\u00a0here\u2028line\u2029para", "ctrl\x00\x1f\x7fchars", "\ufeffbom", "##, ###",
+    "rtl \u200fmark\u200e", "👨\u200d👩\u200d👧 family", "🇩🇪 flag 1\ufe0f\u20e3", "नमस्ते दुनिया", "ภาษาไทย", "日本語の文",
+    "مرحبا بالعالم", "Straße, Äpfel & Öl — 20 €", "e\u0301\u0301 double accent", "a\u200cb a\u200db \u200c", "x_y __init__",
+    "   ", "", "½ ² Ⅻ ① ٣", "Ǆemal ǅ", "i\u0307 İ", "क्\u200dष", "the end.\u0085next",
+]
+DETOKENIZE = [["caf", "##<0xC3>", "##<0xA9>"], ["<0xE2>", "##<0x82>"], ["<0xFF>", "x"], ["a", "##<0xC3>", "b"],
+              ["<0xF0>", "##<0x9F>", "##<0x98>"], ["<0xED>", "##<0xA0>", "##<0x80>"], ["##x", "<0x41>"], ["<0xc3>"]]
+
+
+# --------------------------------------------------------------------------- models
+
+def _bpe_model(tmp_path_factory):
+    """A BPE vocabulary learned on the real-text fixture, and an untrained model that uses every
+    option the toy model does not: learned positions, pre-norm, separate embeddings, float32."""
+    pairs = read_tsv(ROOT / "tests" / "fixtures" / "real_text.tsv")
+    texts = [s for s, _ in pairs] + [t for _, t in pairs]
+    vocab = Vocab.build_bpe(texts, vocab_size=700)
+    cfg = TransformerConfig(vocab_size=len(vocab), d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
+                            n_decoder_layers=2, dropout=0.0, max_len=40, positional="learned", norm="pre",
+                            share_embeddings=False)
+    model = Transformer(cfg, seed=3)
+    for name, p in model.params.items():          # untrained gains and biases would hide mistakes: perturb them
+        if name.endswith((".gamma", ".beta")) or name.rsplit(".", 1)[1].startswith("b"):
+            p += np.random.default_rng(len(name)).normal(0, 0.1, p.shape).astype(p.dtype)
+    out = tmp_path_factory.mktemp("bpe-model")
+    sentences = texts + [s for s in TRICKY if tokenize(s)][:12] + ["a \U0001F600 emoji and 漢字 never seen"]
+    export_model(model, vocab, out, "float32", sentences, source="tests/test_web.py")
+    return out
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    return _bpe_model(tmp_path_factory)
+
+
+# --------------------------------------------------------------------------- the format (no browser)
+
+def test_the_shipped_model_reads_back_and_translates():
+    model, vocab, doc = load_export(TOY_MODEL)
+    assert doc["weights"]["dtype"] == "float16" and len(doc["sentences"]) >= 50
+    assert (TOY_MODEL / "weights.bin").stat().st_size == doc["weights"]["bytes"] < 2_500_000
+    from attn.evaluate import translate
+    pairs = list(zip(doc["sentences"], (ROOT / "data" / "toy" / "test.tk").read_text().splitlines()))[:20]
+    hyps = [t.text for t in translate(model, vocab, [s for s, _ in pairs])]
+    assert sum(h == r for h, (_, r) in zip(hyps, pairs)) >= 15, "the shipped toy model should translate"
+
+
+def test_export_round_trip_is_exact_and_float16_rounds(tmp_path, bpe_dir):
+    model, vocab, doc = load_export(bpe_dir)
+    assert vocab.bpe is not None and doc["config"]["positional"] == "learned"
+    export_model(model, vocab, tmp_path / "f32", "float32")
+    export_model(model, vocab, tmp_path / "f16", "float16")
+    same, _, _ = load_export(tmp_path / "f32")
+    half, _, doc16 = load_export(tmp_path / "f16")
+    assert doc16["weights"]["bytes"] * 2 == doc["weights"]["bytes"]
+    for name, p in model.params.items():
+        assert np.array_equal(same.params[name], p), name
+        assert np.array_equal(half.params[name], p.astype(np.float16).astype(np.float32)), name
+    text = (bpe_dir / "model.json").read_text(encoding="utf-8")
+    assert json.loads(text)["vocab"] == vocab.to_json()
+    offsets = [(t["offset"], t["shape"]) for t in doc["weights"]["tensors"]]
+    assert offsets[0][0] == 0 and all(o2 == o1 + 4 * int(np.prod(s1)) for (o1, s1), (o2, _) in zip(offsets, offsets[1:]))
+
+
+def test_export_command_and_its_errors(tmp_path, capsys):
+    model = Transformer(TransformerConfig.preset("toy", vocab_size=8), seed=0)
+    vocab = Vocab(["<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "."])
+    ckpt = model.save(tmp_path / "c.npz", extra_meta={"vocab": vocab.to_json()})
+    (tmp_path / "s.txt").write_text("a b .\n\nc .\n", encoding="utf-8")
+    assert export_main([str(ckpt), str(tmp_path / "out"), "--sentences", str(tmp_path / "s.txt")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    back, v, doc = load_export(tmp_path / "out")
+    assert doc["sentences"] == ["a b .", "c ."] and v == vocab
+    assert np.array_equal(back.params["embedding.weight"], model.params["embedding.weight"])
+    assert export_main([str(tmp_path / "missing.npz"), str(tmp_path / "o2")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "out" / "weights.bin").write_bytes(b"\0" * 12)
+    with pytest.raises(ExportError, match="has 12 bytes"):
+        load_export(tmp_path / "out")
+    with pytest.raises(ExportError, match="does not exist"):
+        load_export(tmp_path / "nothing")
+    big = Transformer(TransformerConfig.preset("toy", vocab_size=8), seed=0)
+    big.params["embedding.weight"][0, 0] = 1e6
+    with pytest.raises(ValueError, match="float16's range"):
+        export_model(big, vocab, tmp_path / "o3", "float16")
+
+
+# --------------------------------------------------------------------------- in the browser
+
+@pytest.fixture(scope="module")
+def site(bpe_dir):
+    if MISSING:
+        pytest.skip(MISSING)
+    with browser.serve(browser.WEB_DIR, {"/_test/bpe/": bpe_dir}) as url, browser.chromium() as chromium:
+        yield url, chromium
+
+
+RUN_JS = """async ({modelUrl, sentences, beamSize}) => {
+  const { loadModel } = await import("/attn/model.js");
+  const { translate } = await import("/attn/decode.js");
+  const { model, vocab } = await loadModel(modelUrl);
+  const pack = (arrays) => {
+    const n = arrays.reduce((a, x) => a + x.length, 0), all = new Float32Array(n);
+    let o = 0;
+    for (const x of arrays) { all.set(x, o); o += x.length; }
+    const bytes = new Uint8Array(all.buffer);
+    let s = "";
+    for (let i = 0; i < bytes.length; i += 8192) s += String.fromCharCode(...bytes.subarray(i, i + 8192));
+    return btoa(s);
+  };
+  return sentences.map((text) => {
+    const r = translate(model, vocab, text, { beamSize });
+    return { srcTokens: r.srcTokens, srcIds: r.srcIds, ids: r.ids, text: r.text, score: r.score,
+             logits: pack(r.steps.map((s) => s.logits)),
+             encoder: pack(r.attention.encoder.map((w) => w.data)),
+             decoderSelf: pack(r.attention.decoderSelf.map((w) => w.data)),
+             cross: pack(r.attention.cross.map((w) => w.data)) };
+  });
+}"""
+
+
+def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
+    """Translate ``sentences`` in a fresh page; ``routes`` {url glob: (old, new)} serve a module with
+    one piece of text replaced (a mutant). Returns the per-sentence results of RUN_JS."""
+    url, chromium = site
+    context = chromium.new_context()
+    errors = []
+    try:
+        for glob, (old, new) in (routes or {}).items():
+            def handler(route, old=old, new=new):
+                body = route.fetch().text()
+                assert old in body, f"the mutant's target {old!r} is not in {route.request.url}"
+                route.fulfill(body=body.replace(old, new), content_type="text/javascript")
+            context.route(glob, handler)
+        page = context.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url + "index.html?model=" + model_url)
+        page.wait_for_function("['ready', 'done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+        results = page.evaluate(RUN_JS, {"modelUrl": url + model_url, "sentences": sentences, "beamSize": beam_size})
+    finally:
+        context.close()
+    assert not errors, errors
+    return results
+
+
+def _floats(b64):
+    return np.frombuffer(base64.b64decode(b64), dtype="<f4")
+
+
+def compare(model, vocab, sentence, js, beam_size=1) -> list[str]:
+    """Every way the browser's result for ``sentence`` differs from attn's in NumPy (empty: none)."""
+    problems = []
+    tokens = vocab.tokenize(sentence)
+    src = source_ids(vocab, tokens)
+    if model.config.positional == "learned":
+        src = src[:model.config.max_len]          # as attn.evaluate.translate cuts it
+    if js["srcTokens"] != (tokens + ["</s>"])[:len(src)] or js["srcIds"] != src:
+        return [f"source tokens {js['srcTokens']} / ids {js['srcIds']}, NumPy {tokens} / {src}"]
+    src_a = np.array([src])
+    if beam_size == 1:
+        res = greedy_decode(model, src_a)
+    else:
+        res = beam_search(model, src_a, beam_size=beam_size)
+        if abs(res.scores[0] - js["score"]) > LOGIT_TOL:
+            problems.append(f"beam score {js['score']}, NumPy {res.scores[0]}")
+    limit = len(src) + EXTRA_LENGTH
+    if model.config.positional == "learned":
+        limit = min(limit, model.config.max_len)
+    out = res.tokens[0]
+    expected = out + [EOS] if len(out) < limit else out       # a search that stops at the limit has no EOS
+    if js["ids"] != expected:
+        return problems + [f"output ids {js['ids']}, NumPy {expected}"]
+    tgt_in = np.array([[BOS] + expected[:-1]])
+    logits, cache = model.forward(src_a, tgt_in)
+    T, S, H, V = tgt_in.shape[1], len(src), model.config.n_heads, logits.shape[-1]
+    err = np.abs(_floats(js["logits"]).reshape(T, V) - logits[0]).max()
+    if not err <= LOGIT_TOL:
+        problems.append(f"logits differ by {err:.3g}")
+    weights = Transformer.attention_weights(cache)
+    for kind, stack, shape in (("encoder", "encoder.{}.self_attn", (H, S, S)),
+                               ("decoderSelf", "decoder.{}.self_attn", (H, T, T)),
+                               ("cross", "decoder.{}.cross_attn", (H, T, S))):
+        n = model.config.n_encoder_layers if kind == "encoder" else model.config.n_decoder_layers
+        got = _floats(js[kind]).reshape(n, *shape)
+        for i in range(n):
+            err = np.abs(got[i] - weights[stack.format(i)][0]).max()
+            if not err <= ATTENTION_TOL:
+                problems.append(f"{stack.format(i)} weights differ by {err:.3g}")
+    return problems
+
+
+@needs_browser
+def test_the_page_equals_numpy_on_50_toy_test_sentences(site):
+    model, vocab, doc = load_export(TOY_MODEL)
+    sentences = doc["sentences"][:50]
+    results = run_in_browser(site, "model", sentences)
+    problems = {s: p for s, js in zip(sentences, results) if (p := compare(model, vocab, s, js))}
+    assert not problems, problems
+    refs = (ROOT / "data" / "toy" / "test.tk").read_text(encoding="utf-8").splitlines()
+    print(f"\n{sum(js['text'] == r for js, r in zip(results, refs))} of {len(sentences)} translations equal "
+          f"the reference")
+
+
+@needs_browser
+def test_the_page_equals_numpy_with_bpe_learned_positions_pre_norm(site, bpe_dir):
+    model, vocab, doc = load_export(bpe_dir)
+    results = run_in_browser(site, "_test/bpe/", doc["sentences"])
+    problems = {s: p for s, js in zip(doc["sentences"], results) if (p := compare(model, vocab, s, js))}
+    assert not problems, problems
+    assert any("<0x" in vocab.itos[i] for js in results for i in js["srcIds"]), "no byte fallback was exercised"
+
+
+@needs_browser
+def test_beam_search_equals_numpy(site):
+    model, vocab, doc = load_export(TOY_MODEL)
+    sentences = doc["sentences"][50:60]
+    results = run_in_browser(site, "model", sentences, beam_size=4)
+    problems = {s: p for s, js in zip(sentences, results) if (p := compare(model, vocab, s, js, beam_size=4))}
+    assert not problems, problems
+
+
+MUTANTS = {
+    "attention without 1/sqrt(d_k)": ("**/attn/layers.js", ("const scale = Math.fround(1 / Math.sqrt(dk));",
+                                                            "const scale = 1;")),
+    "look-ahead mask off by one": ("**/attn/masks.js", ("j <= offset + i ? 1 : 0", "j < offset + i ? 1 : 0")),
+    "cached decoding one position ahead": ("**/attn/model.js", ('this.embed("tgt", [token], t)',
+                                                                'this.embed("tgt", [token], t + 1)')),
+}
+
+
+@needs_browser
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_a_mutant_layer_fails_the_comparison(site, mutant):
+    glob, replace = MUTANTS[mutant]
+    model, vocab, doc = load_export(TOY_MODEL)
+    sentences = doc["sentences"][:5]
+    results = run_in_browser(site, "model", sentences, routes={glob: replace})
+    problems = [p for s, js in zip(sentences, results) for p in compare(model, vocab, s, js)]
+    assert problems, f"the mutant '{mutant}' passed the comparison with NumPy"
+
+
+TEXT_JS = """async ({texts, pieces, detok}) => {
+  const text = await import("/attn/text.js");
+  const { Vocab } = await import("/attn/data.js");
+  const meta = await (await fetch("/_test/bpe/model.json")).json();
+  const vocab = Vocab.fromJson(meta.vocab);
+  let kinds = "";
+  for (let c = 0; c < 0x110000; c++) kinds += text.charKind(String.fromCodePoint(c));
+  return { normalize: texts.map(text.normalize), tokenize: texts.map(text.tokenize),
+           roundTrip: texts.map((s) => text.detokenize(text.tokenize(s))), bpe: texts.map((s) => vocab.tokenize(s)),
+           detokenize: detok.map(text.detokenize), kinds };
+}"""
+
+
+@needs_browser
+def test_the_tokeniser_and_bpe_equal_python(site, bpe_dir):
+    url, chromium = site
+    _, vocab, doc = load_export(bpe_dir)
+    texts = TRICKY + doc["sentences"]
+    page = chromium.new_page()
+    page.goto(url + "index.html?model=_test/bpe/")
+    js = page.evaluate(TEXT_JS, {"texts": texts, "pieces": [], "detok": DETOKENIZE})
+    page.close()
+    assert js["normalize"] == [normalize(s) for s in texts]
+    assert js["tokenize"] == [tokenize(s) for s in texts]
+    assert js["roundTrip"] == [normalize(s) for s in texts]
+    assert js["bpe"] == [vocab.tokenize(s) for s in texts]
+    assert js["detokenize"] == [detokenize(t) for t in DETOKENIZE]
+    # Every code point's class: the two may differ only where Python's Unicode database
+    # (unicodedata.unidata_version) leaves a character unassigned that the browser's newer one assigns.
+    differ = [c for c, k in enumerate(js["kinds"]) if k != _char_kind(chr(c))]
+    real = [f"U+{c:04X} {unicodedata.category(chr(c))}: browser {js['kinds'][c]}, Python {_char_kind(chr(c))}"
+            for c in differ if unicodedata.category(chr(c)) != "Cn"]
+    assert not real, real[:20]
+    print(f"\n{len(differ)} code points unassigned in Unicode {unicodedata.unidata_version} are assigned in the browser")
+
+
+@needs_browser
+def test_typing_shows_every_head_and_the_hover_reads_the_weight(site):
+    url, chromium = site
+    model, vocab, _ = load_export(TOY_MODEL)
+    cfg = model.config
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(url + "index.html")
+    page.wait_for_function("document.body.dataset.state === 'ready'", timeout=60_000)
+    sentence = "the woman says that the big dog called the small cat ."
+    page.fill("#source", sentence[:-1])
+    page.wait_for_function("document.body.dataset.state === 'done'")
+    page.type("#source", ".")
+    page.wait_for_function(f"document.body.dataset.state === 'done' && "
+                           f"window.attnTiming && window.attnTiming.sourceTokens === {len(tokenize(sentence)) + 1}")
+    from attn.evaluate import translate
+    expected = translate(model, vocab, [sentence])[0]
+    shown = page.locator("#output .tok").all_inner_texts()
+    assert shown == expected.tgt_tokens + ["</s>"]
+    per_kind = {k: page.locator(f'.maps[data-kind="{k}"] canvas').count() for k in ("encoder", "decoderSelf", "cross")}
+    assert per_kind == {"encoder": cfg.n_encoder_layers * cfg.n_heads, "decoderSelf": cfg.n_decoder_layers * cfg.n_heads,
+                        "cross": cfg.n_decoder_layers * cfg.n_heads}
+    # Hover one cell of the last cross-attention head: the tooltip reads NumPy's weight.
+    src = np.array([source_ids(vocab, vocab.tokenize(sentence))])
+    tgt = np.array([[BOS] + vocab.encode(expected.tgt_tokens)])
+    _, cache = model.forward(src, tgt)
+    want = Transformer.attention_weights(cache)[f"decoder.{cfg.n_decoder_layers - 1}.cross_attn"][0]
+    canvas = page.locator(f'.maps[data-kind="cross"] canvas[data-layer="{cfg.n_decoder_layers - 1}"]'
+                          f'[data-head="{cfg.n_heads - 1}"]')
+    d = canvas.evaluate("c => ({...c.dataset})")
+    box = canvas.bounding_box()
+    row, col = 3, 2
+    page.mouse.move(box["x"] + float(d["x0"]) + (col + 0.5) * float(d["cell"]),
+                    box["y"] + float(d["y0"]) + (row + 0.5) * float(d["cell"]))
+    tip = page.locator("#tooltip")
+    assert tip.is_visible()
+    assert abs(float(tip.get_attribute("data-weight")) - want[cfg.n_heads - 1, row, col]) <= ATTENTION_TOL
+    assert f"{want[cfg.n_heads - 1, row, col]:.4f}" in tip.inner_text()
+    OUT.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(OUT / "heads.png"), full_page=True)
+    page.check("#average")
+    assert page.locator(".maps canvas").count() == cfg.n_encoder_layers + 2 * cfg.n_decoder_layers
+    canvas = page.locator(f'.maps[data-kind="cross"] canvas[data-layer="{cfg.n_decoder_layers - 1}"]')
+    box = canvas.bounding_box()
+    page.mouse.move(box["x"] + float(d["x0"]) + (col + 0.5) * float(d["cell"]),
+                    box["y"] + float(d["y0"]) + (row + 0.5) * float(d["cell"]))
+    assert abs(float(tip.get_attribute("data-weight")) - want[:, row, col].mean()) <= ATTENTION_TOL
+    page.screenshot(path=str(OUT / "average.png"), full_page=True)
+    page.close()

@@ -1,0 +1,258 @@
+// The page: type a sentence, watch the translation appear token by token, and every attention
+// weight of every layer and head as heatmaps. The model itself is in attn/*.js; this file only
+// draws. window.attnPage and document.body.dataset.state are there for tests and measurements.
+
+import { EOS } from "./attn/data.js";
+import { attentionMatrices, beamSearch, greedySteps, source as sourceOf } from "./attn/decode.js";
+import { loadModel } from "./attn/model.js";
+import { detokenize } from "./attn/text.js";
+
+const $ = (sel) => document.querySelector(sel);
+const source = $("#source"), examples = $("#examples"), beam = $("#beam"), average = $("#average");
+const stepInput = $("#step"), stepLabel = $("#step-label"), replay = $("#replay"), tooltip = $("#tooltip");
+const KINDS = { encoder: "encoder", decoderSelf: "decoder self", cross: "cross" };
+
+let model = null, vocab = null;
+let current = null;           // {srcTokens, srcIds, encoderWeights, steps, done}
+let generation = 0;           // a newer keystroke makes an older translation stop
+let replayTimer = null;
+
+const nextFrame = () => new Promise((resolve) => requestAnimationFrame(() => resolve()));
+
+function tokenLabel(id) {
+  return vocab.itos[id];
+}
+
+// ------------------------------------------------------------------ heatmaps
+
+// Weights (rows, cols) of one head, or averaged over the heads of a (H, rows, cols) tensor.
+function headValues(w, head) {
+  const [H, R, C] = w.shape;
+  if (head !== "avg") return w.data.subarray(head * R * C, (head + 1) * R * C);
+  const out = new Float32Array(R * C);
+  for (let i = 0; i < R * C; i++) {
+    let s = 0;
+    for (let h = 0; h < H; h++) s += w.data[h * R * C + i];
+    out[i] = s / H;
+  }
+  return out;
+}
+
+function color(v) {        // white (0) to dark blue (1)
+  const t = Math.max(0, Math.min(1, v));
+  const r = Math.round(255 - t * (255 - 8)), g = Math.round(255 - t * (255 - 48)), b = Math.round(255 - t * (255 - 107));
+  return `rgb(${r},${g},${b})`;
+}
+
+function fit(ctx, text, width) {
+  if (ctx.measureText(text).width <= width) return text;
+  while (text.length > 1 && ctx.measureText(text + "…").width > width) text = text.slice(0, -1);
+  return text + "…";
+}
+
+// One heatmap: values (rows × cols), labels on both axes; the geometry goes into the canvas's
+// dataset so that hovering (and a test) can find a cell.
+function drawMap(canvas, values, rows, cols, rowLabels, colLabels) {
+  const cell = Math.max(9, Math.min(20, Math.floor(260 / Math.max(rows, cols, 1))));
+  const ctx = canvas.getContext("2d");
+  ctx.font = "11px system-ui, sans-serif";
+  const labelW = Math.min(90, Math.max(20, ...rowLabels.map((s) => ctx.measureText(s).width)) + 6);
+  const labelH = Math.min(90, Math.max(20, ...colLabels.map((s) => ctx.measureText(s).width)) + 6);
+  const width = labelW + cols * cell + 2, height = labelH + rows * cell + 2;
+  const dpr = window.devicePixelRatio || 1;
+  canvas.width = width * dpr;
+  canvas.height = height * dpr;
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  ctx.scale(dpr, dpr);
+  ctx.font = "11px system-ui, sans-serif";
+  ctx.fillStyle = "#fff";
+  ctx.fillRect(0, 0, width, height);
+  for (let i = 0; i < rows; i++) {
+    for (let j = 0; j < cols; j++) {
+      ctx.fillStyle = color(values[i * cols + j]);
+      ctx.fillRect(labelW + j * cell, labelH + i * cell, cell, cell);
+    }
+  }
+  ctx.strokeStyle = "#ccc";
+  ctx.strokeRect(labelW, labelH, cols * cell, rows * cell);
+  ctx.fillStyle = "#222";
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  rowLabels.forEach((s, i) => ctx.fillText(fit(ctx, s, labelW - 6), labelW - 3, labelH + (i + 0.5) * cell));
+  ctx.save();
+  ctx.rotate(-Math.PI / 2);
+  ctx.textAlign = "left";
+  colLabels.forEach((s, j) => ctx.fillText(fit(ctx, s, labelH - 6), -labelH + 3, labelW + (j + 0.5) * cell));
+  ctx.restore();
+  Object.assign(canvas.dataset, { x0: labelW, y0: labelH, cell, rows, cols });
+  canvas.values = values;
+  canvas.rowLabels = rowLabels;
+  canvas.colLabels = colLabels;
+}
+
+function showTooltip(event) {
+  const canvas = event.target, d = canvas.dataset;
+  const rect = canvas.getBoundingClientRect();
+  const j = Math.floor((event.clientX - rect.left - d.x0) / d.cell), i = Math.floor((event.clientY - rect.top - d.y0) / d.cell);
+  if (!(i >= 0 && j >= 0 && i < +d.rows && j < +d.cols)) { tooltip.hidden = true; return; }
+  const w = canvas.values[i * +d.cols + j];
+  const head = d.head === "avg" ? "average of the heads" : `head ${+d.head + 1}`;
+  tooltip.textContent = `${KINDS[d.kind]}, layer ${+d.layer + 1}, ${head}: ${canvas.rowLabels[i]} → ${canvas.colLabels[j]}  ${w.toFixed(4)}`;
+  Object.assign(tooltip.dataset, { weight: String(w), kind: d.kind, layer: d.layer, head: d.head, row: i, col: j });
+  tooltip.style.left = `${event.clientX + 12}px`;
+  tooltip.style.top = `${event.clientY + 12}px`;
+  tooltip.hidden = false;
+}
+
+// Draw every map of one kind: a row of heads (or their average) per layer.
+function drawKind(kind, weights, rowLabels, colLabels) {
+  const grid = document.querySelector(`.maps[data-kind="${kind}"] .grid`);
+  const heads = average.checked ? ["avg"] : [...Array(model.config.n_heads).keys()];
+  const wanted = weights.length * heads.length;
+  if (grid.children.length !== wanted) {
+    grid.replaceChildren();
+    weights.forEach((_, layer) => heads.forEach((head) => {
+      const box = document.createElement("div");
+      box.className = "map";
+      const title = document.createElement("div");
+      title.className = "title";
+      title.textContent = `layer ${layer + 1}, ${head === "avg" ? "average of the heads" : `head ${head + 1}`}`;
+      const canvas = document.createElement("canvas");
+      Object.assign(canvas.dataset, { kind, layer, head });
+      canvas.addEventListener("mousemove", showTooltip);
+      canvas.addEventListener("mouseleave", () => { tooltip.hidden = true; });
+      box.append(title, canvas);
+      grid.append(box);
+    }));
+  }
+  [...grid.querySelectorAll("canvas")].forEach((canvas) => {
+    const w = weights[+canvas.dataset.layer];
+    const head = canvas.dataset.head === "avg" ? "avg" : +canvas.dataset.head;
+    drawMap(canvas, headValues(w, head), w.shape[1], w.shape[2], rowLabels, colLabels);
+  });
+}
+
+// Show the translation after `shown` steps: the tokens so far and all three kinds of maps.
+function render(shown = current.steps.length) {
+  const steps = current.steps.slice(0, shown);
+  const out = $("#output");
+  out.replaceChildren(...steps.map((s) => {
+    const span = document.createElement("span");
+    span.className = s.token === EOS ? "tok eos" : "tok";
+    span.textContent = tokenLabel(s.token);
+    return span;
+  }));
+  out.title = detokenize(vocab.decode(steps.map((s) => s.token)));
+  const att = attentionMatrices(current.encoderWeights, steps);
+  const inputs = steps.map((_, t) => (t === 0 ? "<s>" : tokenLabel(steps[t - 1].token)));
+  drawKind("encoder", att.encoder, current.srcTokens, current.srcTokens);
+  if (steps.length) {
+    drawKind("decoderSelf", att.decoderSelf, inputs, inputs);
+    drawKind("cross", att.cross, inputs, current.srcTokens);
+  }
+  stepLabel.textContent = steps.length ? `${shown} of ${current.steps.length}: ${inputs[shown - 1]} → ${tokenLabel(steps[shown - 1].token)}` : "";
+}
+
+// ------------------------------------------------------------------ translating
+
+async function run(text, startedAt) {
+  const mine = ++generation;
+  clearInterval(replayTimer);
+  document.body.dataset.state = "busy";
+  const { srcTokens, srcIds } = sourceOf(model, vocab, text);
+  if (srcIds.length === 1) {                          // nothing but EOS: no sentence
+    current = null;
+    $("#output").replaceChildren();
+    for (const grid of document.querySelectorAll(".grid")) grid.replaceChildren();
+    document.body.dataset.state = "done";
+    return;
+  }
+  const t0 = performance.now();
+  const { memory, weights } = model.encode(srcIds);
+  current = { srcTokens, srcIds, encoderWeights: weights, steps: [] };
+  let compute = performance.now() - t0;
+  const beamSize = +beam.value;
+  if (beamSize > 1) {
+    const t1 = performance.now();
+    current.steps = beamSearch(model, srcIds, { beamSize, memory }).steps;
+    compute += performance.now() - t1;
+  } else {
+    let lastPaint = performance.now();
+    const steps = greedySteps(model, srcIds, { memory });
+    for (;;) {
+      const t1 = performance.now();
+      const { value, done } = steps.next();
+      compute += performance.now() - t1;
+      if (done) break;
+      current.steps.push(value);
+      if (performance.now() - lastPaint > 16) {      // a slow model: show each token as it comes
+        render();
+        await nextFrame();
+        if (mine !== generation) return;
+        lastPaint = performance.now();
+      }
+    }
+  }
+  render();
+  stepInput.max = String(current.steps.length);
+  stepInput.value = String(current.steps.length);
+  stepInput.disabled = replay.disabled = false;
+  await nextFrame();                                  // the frame that shows the last token
+  if (mine !== generation) return;
+  const ms = performance.now() - startedAt;
+  window.attnTiming = { ms, computeMs: compute, tokens: current.steps.length, sourceTokens: srcIds.length };
+  $("#timing").textContent = `${current.steps.length} tokens; ${ms.toFixed(1)} ms from keystroke to the last token ` +
+    `(${compute.toFixed(1)} ms computing)`;
+  document.body.dataset.state = "done";
+}
+
+function startReplay() {
+  if (!current) return;
+  clearInterval(replayTimer);
+  let t = 1;
+  render(t);
+  stepInput.value = "1";
+  replayTimer = setInterval(() => {
+    t += 1;
+    if (t > current.steps.length) { clearInterval(replayTimer); return; }
+    stepInput.value = String(t);
+    render(t);
+  }, 300);
+}
+
+async function main() {
+  const url = new URLSearchParams(location.search).get("model") ?? "model";
+  try {
+    ({ model, vocab } = await loadModel(url).then((r) => { window.attnMeta = r.meta; return r; }));
+  } catch (e) {
+    $("#model-info").textContent = `could not load the model from ${url}/: ${e.message}`;
+    document.body.dataset.state = "error";
+    return;
+  }
+  const c = model.config, meta = window.attnMeta;
+  $("#model-info").textContent = `model ${url}: d_model ${c.d_model}, ${c.n_encoder_layers}+${c.n_decoder_layers} layers, ` +
+    `${c.n_heads} heads, d_ff ${c.d_ff}, ${c.norm}-norm, ${c.positional} positions, vocabulary ${vocab.length} ` +
+    `(${vocab.bpe ? "BPE" : "words"}), weights ${meta.weights.dtype} (${meta.weights.bytes.toLocaleString("en")} bytes)`;
+  for (const s of meta.sentences) examples.append(new Option(s, s));
+  source.disabled = examples.disabled = false;
+  source.addEventListener("input", (e) => run(source.value, e.timeStamp));
+  examples.addEventListener("change", (e) => {
+    if (!examples.value) return;
+    source.value = examples.value;
+    run(source.value, e.timeStamp);
+  });
+  beam.addEventListener("change", (e) => current && run(source.value, e.timeStamp));
+  average.addEventListener("change", () => current && render(+stepInput.value));
+  stepInput.addEventListener("input", () => { clearInterval(replayTimer); render(+stepInput.value); });
+  replay.addEventListener("click", startReplay);
+  window.attnPage = { model, vocab, meta, run: (text) => run(text, performance.now()) };
+  const first = meta.sentences[0];
+  if (first && !source.value) {
+    source.value = first;
+    await run(first, performance.now());
+  }
+  document.body.dataset.state = "ready";
+}
+
+main();
