@@ -163,6 +163,16 @@ RUN_JS = """async ({modelUrl, sentences, beamSize}) => {
 }"""
 
 
+def _serve_mutant(old: str, new: str):
+    """A route handler that serves the module with ``old`` replaced by ``new`` (Playwright calls
+    it with the route and the request)."""
+    def handler(route, request=None):
+        body = route.fetch().text()
+        assert old in body, f"the mutant's target {old!r} is not in {route.request.url}"
+        route.fulfill(body=body.replace(old, new), content_type="text/javascript")
+    return handler
+
+
 def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
     """Translate ``sentences`` in a fresh page; ``routes`` {url glob: (old, new)} serve a module with
     one piece of text replaced (a mutant). Returns the per-sentence results of RUN_JS."""
@@ -171,11 +181,7 @@ def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
     errors = []
     try:
         for glob, (old, new) in (routes or {}).items():
-            def handler(route, old=old, new=new):
-                body = route.fetch().text()
-                assert old in body, f"the mutant's target {old!r} is not in {route.request.url}"
-                route.fulfill(body=body.replace(old, new), content_type="text/javascript")
-            context.route(glob, handler)
+            context.route(glob, _serve_mutant(old, new))
         page = context.new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(url + "index.html?model=" + model_url)
@@ -348,6 +354,7 @@ def test_typing_shows_every_head_and_the_hover_reads_the_weight(site):
     canvas = page.locator(f'.maps[data-kind="cross"] canvas[data-layer="{cfg.n_decoder_layers - 1}"]'
                           f'[data-head="{cfg.n_heads - 1}"]')
     d = canvas.evaluate("c => ({...c.dataset})")
+    canvas.scroll_into_view_if_needed()                   # the mouse moves within the viewport only
     box = canvas.bounding_box()
     row, col = 3, 2
     page.mouse.move(box["x"] + float(d["x0"]) + (col + 0.5) * float(d["cell"]),
@@ -361,6 +368,7 @@ def test_typing_shows_every_head_and_the_hover_reads_the_weight(site):
     page.check("#average")
     assert page.locator(".maps canvas").count() == cfg.n_encoder_layers + 2 * cfg.n_decoder_layers
     canvas = page.locator(f'.maps[data-kind="cross"] canvas[data-layer="{cfg.n_decoder_layers - 1}"]')
+    canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     page.mouse.move(box["x"] + float(d["x0"]) + (col + 0.5) * float(d["cell"]),
                     box["y"] + float(d["y0"]) + (row + 0.5) * float(d["cell"]))
