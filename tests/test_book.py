@@ -73,7 +73,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="session")
+# Module-scoped: Playwright's sync API allows one running instance per thread, and
+# tests/test_web.py starts its own after this module.
+@pytest.fixture(scope="module")
 def browser():
     if importlib.util.find_spec("playwright") is None:
         pytest.skip("playwright is not installed (pip install -e \".[browser]\")")
