@@ -236,12 +236,14 @@ print(f"one float32 step of the toy model, this machine: readable {1e3 * times['
 # arrays standing for the memory the kernel's pointers point at) and computes what
 # the kernel computes. The test suite compiles the CUDA source with NVRTC (the CUDA
 # compiler as a library) and runs the launch code with each kernel replaced by its
-# twin. Here is the layer-norm kernel, as it is in the file:
+# twin. Here is the layer-norm kernel, as it is in the file, after the device function
+# that normalises one row (the fused residual + layer-norm kernel calls it too):
 
 # %%
 source = Path(kernels.__file__).read_text(encoding="utf-8")
 kernel_src = re.search(r'_LAYER_NORM_FWD = r"""(.*?)"""', source, re.S).group(1).strip()
-print(kernel_src)
+helper_src = re.search(r"(// Layer norm of one row.*?\n}\n)", source, re.S).group(1).strip()
+print(helper_src, kernel_src, sep="\n\n")
 
 # %% [markdown]
 # `blockIdx.x` is the row; the block's `blockDim.x` threads stride over the row's

@@ -116,6 +116,25 @@ __device__ T block_sum(T v, T* sh) {
     return r;
 }
 
+// Layer norm of one row, its values in xr and `part` this thread's share of their sum:
+// xr <- xhat, orow <- gamma * xhat + beta, rstd[row] <- 1 / sqrt(var + eps). Shared by
+// layer_norm_fwd and residual_ln_fwd.
+template <typename T>
+__device__ void normalise_row(T* xr, T* orow, T* rstd, long long row, T part, const T* gamma, const T* beta,
+                              int D, T eps, T* sh) {
+    T mean = block_sum(part, sh) / T(D);
+    T q = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { T c = xr[j] - mean; q += c * c; }
+    T var = block_sum(q, sh) / T(D);
+    T r = T(1) / sqrt(var + eps);
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        T xh = (xr[j] - mean) * r;
+        xr[j] = xh;
+        orow[j] = xh * gamma[j] + beta[j];
+    }
+    if (threadIdx.x == 0) rstd[row] = r;
+}
+
 template <typename T>
 __device__ T block_max(T v, T* sh) {
     sh[threadIdx.x] = v;
@@ -215,17 +234,7 @@ __global__ void layer_norm_fwd(T* x, T* out, T* rstd, const T* gamma, const T* b
     T* orow = out + row * D;
     T s = 0;
     for (int j = threadIdx.x; j < D; j += blockDim.x) s += xr[j];
-    T mean = block_sum(s, sh) / T(D);
-    T v = 0;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) { T c = xr[j] - mean; v += c * c; }
-    T var = block_sum(v, sh) / T(D);
-    T r = T(1) / sqrt(var + eps);
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-        T xh = (xr[j] - mean) * r;
-        xr[j] = xh;
-        orow[j] = xh * gamma[j] + beta[j];
-    }
-    if (threadIdx.x == 0) rstd[row] = r;
+    normalise_row(xr, orow, rstd, row, s, gamma, beta, D, eps, sh);
 }
 """
 
@@ -526,17 +535,7 @@ __global__ void residual_ln_fwd(T* s, const T* bias, const T* x, T* out, T* rstd
         sr[j] = v;
         sum += v;
     }
-    T mean = block_sum(sum, sh) / T(D);
-    T q = 0;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) { T c = sr[j] - mean; q += c * c; }
-    T var = block_sum(q, sh) / T(D);
-    T r = T(1) / sqrt(var + eps);
-    for (int j = threadIdx.x; j < D; j += blockDim.x) {
-        T xh = (sr[j] - mean) * r;
-        sr[j] = xh;
-        orow[j] = xh * gamma[j] + beta[j];
-    }
-    if (threadIdx.x == 0) rstd[row] = r;
+    normalise_row(sr, orow, rstd, row, sum, gamma, beta, D, eps, sh);
 }
 """
 
