@@ -76,6 +76,69 @@ def test_every_parameter_is_a_view_of_the_arena_with_its_shape(backend, cfg):
     assert Arena.find({k: v.copy() for k, v in fast.params.items()}) is None
 
 
+@pytest.mark.parametrize("cfg", [CFG, TransformerConfig(vocab_size=9, tgt_vocab_size=7, share_embeddings=False,
+                                                        d_model=4, n_heads=1, d_ff=6, n_encoder_layers=2,
+                                                        n_decoder_layers=3, norm="pre", positional="learned")])
+def test_the_arena_lies_in_the_order_the_backward_finishes_its_gradients(cfg):
+    """Stage by stage, last layer first (a data-parallel run sends the front while the backward
+    computes the rest): the stages tile the buffer in :func:`stages` order, each block lies in
+    its stage, and the gradient buffer has the slot for the loss and the tokens past the end."""
+    from attn.fast.arena import SLOT, stages
+    lay = layout(cfg)
+    assert list(lay.stages) == stages(cfg)
+    assert stages(cfg)[:2] == ["decoder.norm", f"decoder.{cfg.n_decoder_layers - 1}"]
+    assert stages(cfg)[-1] == "embeddings"
+    spans = list(lay.stages.values())
+    assert spans[0][0] == 0 and spans[-1][1] == lay.size
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    offsets = [b.offset for b in lay.blocks.values()]
+    assert offsets == sorted(offsets)                                   # blocks in the buffers' order
+    for name, blk in lay.blocks.items():
+        stage = next(st for st, (lo, hi) in lay.stages.items() if lo <= blk.offset < hi)
+        want = "embeddings" if "embedding" in name or name.startswith("generator") else \
+            name.split(".")[0] if name.endswith("_pos.weight") else ".".join(name.split(".")[:2])
+        assert stage == want, (name, stage)
+    last_layer = f"decoder.{cfg.n_decoder_layers - 1}.ffn.w1"
+    assert lay.blocks[last_layer].offset < lay.blocks["decoder.0.ffn.w1"].offset \
+        < lay.blocks["decoder.cross_attn.w_kv"].offset < lay.blocks["encoder.1.ffn.w1"].offset \
+        < lay.blocks["encoder.0.ffn.w1"].offset
+    a = Arena(cfg, "float64", np)
+    assert a.grad_buffer.shape == (lay.size + SLOT,) and np.shares_memory(a.grads, a.grad_buffer)
+    assert a.grads.shape == (lay.size,) and a.grads.base is a.grad_buffer
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_the_backward_announces_each_stage_once_it_is_final(backend, workers, norm):
+    """``backward(..., ready=)``: the calls rise to ``arena.size`` along the stages' ends, and what
+    each call declares final (``grads[:stop]``) holds its final values then; the gradients are
+    those of a backward told nothing, bit for bit. With the batch split over threads (NumPy,
+    ``workers`` 3) a stage is final only when every part has written it."""
+    from dataclasses import replace
+    cfg = replace(CFG, norm=norm, dropout=0.1)
+    fast = FastTransformer(cfg, seed=2, dtype="float64")
+    fast.workers = workers
+    src, tgt_in, tgt_out = _batch(3, Bsz=5)
+    grads = []
+    for told in (False, True):
+        logits, cache = fast.forward(src, tgt_in, B.DeviceRNG(8))
+        if workers > 1 and backend is np:
+            assert type(cache).__name__ == "SplitCache" and len(cache.parts) == 3
+        _, d = fast_ce(logits, tgt_out, cfg.label_smoothing, inplace=True)
+        seen = []
+        ready = (lambda stop: seen.append((stop, fast.arena.grads[:stop].copy()))) if told else None
+        g = fast.backward(d, cache, ready=ready)
+        grads.append({k: B.to_host(v).copy() for k, v in g.items()})
+    for k in grads[0]:
+        assert np.array_equal(grads[0][k], grads[1][k]), k
+    ends = [hi for _, hi in fast.arena.layout.stages.values()]
+    stops = [stop for stop, _ in seen]
+    assert stops == ends and stops[-1] == fast.arena.size
+    final = B.to_host(fast.arena.grads)
+    for stop, early in seen:
+        assert np.array_equal(B.to_host(early), final[:stop]), stop
+
+
 def test_a_replaced_parameter_is_copied_into_the_arena(backend):
     xp = backend
     fast = FastTransformer(CFG, seed=0, dtype="float64")
