@@ -85,10 +85,12 @@ def test_two_processes_train_exactly_as_one():
         tokens = r["target_tokens_per_rank"]
         assert tokens[0][0] > 2 * tokens[0][1] and tokens[1][0] > 2 * tokens[1][1] and tokens[2][0] == 0
         assert r["buckets"] > 1                      # several buckets in reverse layer order
-        # the reference model's backward fills the dict it is given: every bucket but the last
-        # (the embeddings and the loss) goes out while the backward still runs; attn.fast's after it
-        sent_early = r["buckets"] - 1 if r["engine"] == "reference" else 0
-        assert r["buckets_sent_during_backward"] == [sent_early] * 3, case
+        # every bucket but the last (the embeddings and the loss) goes out while the backward
+        # still runs: the reference model fills the dict it is given, attn.fast announces the
+        # stages of its arena, which is the buffer all-reduced (in place, no copy)
+        assert r["buckets_sent_during_backward"] == [r["buckets"] - 1] * 3, case
+        assert r["all_reduce_buffer"] == ("the arena's own" if r["engine"] == "fast" else "a copy"), case
+        assert r["summed_tokens"] == r["batch_tokens"], case          # the shares cover each batch once
         assert r["zero_gradient_params"] and all(k.endswith(".b_k") for k in r["zero_gradient_params"])
     transfers = {r["transport"]: r["all_reduce_host_transfers_per_step"] for r in results if r["backend"] == "cupy"}
     assert transfers == {"nccl": 0.0, "mpi-staged": 1.0}     # NCCL never goes through the host
@@ -199,21 +201,22 @@ def test_flat_gradients_in_reverse_layer_order_with_buckets_on_parameter_edges()
     fg = D.FlatGrads(params, bucket_bytes=8 * 20)
     assert fg.names == ["decoder.0.b", "decoder.0.w", "encoder.0.b", "encoder.0.w", "embedding.weight"]
     sizes = sum(p.size for p in params.values())
-    assert fg.flat.shape == (sizes + 1,) and fg.nbytes == 8 * (sizes + 1)
+    assert fg.flat.shape == (sizes + 2,) and fg.nbytes == 8 * (sizes + 2)     # the loss and the tokens
     edges = {0} | {fg.offsets[k] + params[k].size for k in fg.names}
-    assert fg.buckets[0][0] == 0 and fg.buckets[-1][1] == sizes + 1
+    assert fg.buckets[0][0] == 0 and fg.buckets[-1][1] == sizes + 2
     assert all(a[1] == b[0] for a, b in zip(fg.buckets, fg.buckets[1:])) and len(fg.buckets) > 2
-    assert all(stop in edges | {sizes + 1} for _, stop in fg.buckets)
+    assert all(stop in edges | {sizes + 2} for _, stop in fg.buckets)
     rng = np.random.default_rng(0)
     grads = {k: rng.normal(size=p.shape) for k, p in params.items()}
     for i in range(len(fg.buckets)):
         fg.pack_bucket(i, grads, 0.25)
-    fg.pack_loss(np.asarray(2.0), 0.25)
+    fg.pack_loss(np.asarray(2.0), 0.25, 17)
     assert sorted(k for names in fg.bucket_names for k in names) == sorted(params)
     for k in params:
         np.testing.assert_array_equal(fg.views[k], 0.25 * grads[k])
         assert np.shares_memory(fg.views[k], fg.flat)
-    assert fg.loss() == 0.5 and not np.shares_memory(fg.loss(), fg.flat)
+    assert fg.loss() == 0.5 and not np.shares_memory(fg.loss(), fg.flat) and fg.loss().shape == ()
+    assert fg.tokens() == 17 and fg.flat[-1] == 17
 
 
 class _OneRank:

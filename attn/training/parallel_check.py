@@ -11,6 +11,9 @@ the same steps alone, on the whole batches, and compares:
     the parameters after the last step    (relative error per parameter, and of all as one vector,
                                            but for the key biases: see zero_in_truth)
     every rank's parameters               (bit for bit: their SHA-256 hashes)
+    the target tokens the all-reduce summed (the whole batch's: the shares cover it once)
+
+On the fast engine the buffer all-reduced is the model's own gradient arena, in place.
 
 It prints one JSON line per case and exits with status 1 if a case misses the bounds
 (:data:`BOUNDS`, for float64). ``--wrong-normalisation`` demonstrates the mistake that the sum
@@ -123,7 +126,7 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
     model, opt, loss_fn = check_model(dtype, reference)
     dp.check_same_parameters(model.params)
     batches = check_batches(model.config.vocab_size)
-    transfers, overlapped = [0], []
+    transfers, overlapped, summed_tokens = [0], [], []
     for name in ("_launch", "_finish"):      # device -> host transfers inside the all-reduce (stand-in only)
         def counted(*args, _f=getattr(dp, name)):
             before = _transfers()
@@ -131,6 +134,7 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             transfers[0] = None if before is None else transfers[0] + _transfers() - before
             if _f.__name__ == "_finish":
                 overlapped.append(dp.launched_during_backward)
+                summed_tokens.append(B.to_float(dp.summed_tokens))
             return out
         setattr(dp, name, counted)
     losses, grads, params = take_steps(model, opt, loss_fn, batches, dp)
@@ -147,7 +151,9 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             "backend": B.describe() if backend == "numpy" else backend, "transport": dp.transport,
             "engine": "reference" if reference else "fast", "dtype": dtype, "processes": dp.size,
             "normalisation": "local (wrong)" if wrong else "global",
-            "target_tokens_per_rank": tokens, "buckets": len(dp.flat_grads(model.params).buckets),
+            "target_tokens_per_rank": tokens, "buckets": len(dp.flat_grads(model.params, getattr(model, "arena", None)).buckets),
+            "all_reduce_buffer": "the arena's own" if dp._flat.arena is not None else "a copy",
+            "summed_tokens": summed_tokens, "batch_tokens": [b.n_tgt_tokens for b in batches],
             "max_grad_rel": max(rel_error(grads[k], grads1[k]) for k in grads1),
             "max_loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, losses1)),
             "max_param_rel": max(rel_error(params[k], params1[k]) for k in params1 if k not in zero),
@@ -157,7 +163,8 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             "ranks_bitwise_equal": same_on_ranks, "losses": losses,
             "all_reduce_host_transfers_per_step": transfers / len(batches) if transfers is not None else None,
             "buckets_sent_during_backward": overlapped}
-        result["pass"] = bool(same_on_ranks and result["max_grad_rel"] <= BOUNDS["grad"]
+        result["pass"] = bool(same_on_ranks and summed_tokens == [float(b.n_tgt_tokens) for b in batches]
+                              and result["max_grad_rel"] <= BOUNDS["grad"]
                               and result["max_loss_rel"] <= BOUNDS["loss"]
                               and result["max_param_rel"] <= BOUNDS["param"]
                               and result["param_vector_rel"] <= BOUNDS["param"])
