@@ -515,11 +515,36 @@ def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(sta
     assert (cp.asnumpy(got) >= 0).all()
 
 
-def test_counter_dropout_is_off_by_default_so_data_parallel_masks_can_be_cut_from_the_whole(cupy_only):
-    from attn.fast.kernels import CupyOps
+def test_counter_dropout_is_on_by_default_and_off_draws_from_the_stream(cupy_only, monkeypatch):
+    """On by default (keyed by the index in the global batch: a data-parallel rank's masks are
+    its rows of one process's, tests/test_distributed.py); off, ``uniform >= p`` drawn."""
+    from attn.fast.kernels import CupyOps, HashedKeep
     cp = cupy_only
     m = ops_for(cp).dropout_mask(B.DeviceRNG(0), (4, 6), 0.5)
-    assert not CupyOps.counter_dropout and m.keep.dtype == bool
+    assert CupyOps.counter_dropout and isinstance(m.keep, HashedKeep) and (m.keep.run, m.keep.skip) == (0, 0)
+    monkeypatch.setattr(CupyOps, "counter_dropout", False)
+    m = ops_for(cp).dropout_mask(B.DeviceRNG(0), (4, 6), 0.5)
+    assert m.keep.dtype == bool
+
+
+def test_counters_in_runs_are_the_global_index_bit_for_bit(stand_in):
+    """``dropout_bits`` of element i of a share whose elements lie in runs of ``run``, ``skip``
+    apart in the whole batch, the first at ``base`` (folded into the key): splitmix64 of the whole
+    batch's index ``base + i + (i // run) * skip``, bit for bit; the fused kernels, which index
+    by row, refuse a mask that lies in runs."""
+    from attn.fast.kernels import GOLDEN, HashedKeep, dropout_bits_np
+    from attn.fast.ops import Mask
+    key, base, run, skip = 0xDEADBEEFCAFEF00D, 40, 12, 30
+    bits = dropout_bits_np((key + base * GOLDEN) % (1 << 64), 50, run, skip)
+    for i in (0, 11, 12, 13, 49):
+        assert int(bits[i]) == _splitmix64_reference(key, base + i + (i // run) * skip), i
+    fc, cp = stand_in
+    bad = Mask(HashedKeep(1, 100, (4, 6), 12, 12), 1.0)
+    with pytest.raises(ValueError, match="row-major"):
+        ops_for(cp).bias_relu_dropout_(cp.ones((4, 6)), cp.zeros(6), bad)
+    with pytest.raises(ValueError, match="row-major"):
+        ops_for(cp).residual_layer_norm_(cp.ones((4, 6)), cp.zeros(6), bad, cp.ones((4, 6)), cp.ones(6),
+                                         cp.zeros(6), 1e-6)
 
 
 @pytest.fixture

@@ -91,6 +91,11 @@ def test_two_processes_train_exactly_as_one():
         assert r["buckets_sent_during_backward"] == [r["buckets"] - 1] * 3, case
         assert r["all_reduce_buffer"] == ("the arena's own" if r["engine"] == "fast" else "a copy"), case
         assert r["summed_tokens"] == r["batch_tokens"], case          # the shares cover each batch once
+        # attn.fast on CuPy: dropout by the counter-based generator (the default), keyed by the
+        # index in the global batch; elsewhere drawn from the step's stream, cut to the share
+        counter = r["engine"] == "fast" and r["backend"] == "cupy"
+        assert r["dropout"] == ("counter-based, keyed by the index in the global batch" if counter
+                                else "drawn from the step's stream"), case
         assert r["zero_gradient_params"] and all(k.endswith(".b_k") for k in r["zero_gradient_params"])
     transfers = {r["transport"]: r["all_reduce_host_transfers_per_step"] for r in results if r["backend"] == "cupy"}
     assert transfers == {"nccl": 0.0, "mpi-staged": 1.0}     # NCCL never goes through the host
@@ -105,6 +110,15 @@ def test_normalising_by_the_local_token_count_fails_the_check():
     assert r["normalisation"] == "local (wrong)" and not r["pass"] and code == 1
     assert r["max_grad_rel"] > 1e-3 and r["max_loss_rel"] > 1e-3
     assert r["ranks_bitwise_equal"]                  # the ranks agree with each other, on the wrong answer
+
+
+@needs_mpi
+def test_counter_dropout_keyed_by_the_index_in_the_share_fails_the_check():
+    code, results = parallel_check("--backend", "cupy", "--transport", "nccl", "--wrong-dropout-keys")
+    (r,) = results
+    print(f"dropout keyed locally: gradients {r['max_grad_rel']:.2e}, losses {r['max_loss_rel']:.2e}")
+    assert r["dropout"].endswith("(wrong)") and not r["pass"] and code == 1
+    assert r["max_grad_rel"] > 1e-3 and r["max_loss_rel"] > 1e-3
 
 
 # --------------------------------------------------------------------------- the trainer under mpiexec
@@ -192,6 +206,40 @@ def test_a_share_draws_its_rows_of_what_one_process_draws(keys_first):
     np.testing.assert_array_equal(got[1], expect[1][lo * 6:hi * 6])
     with pytest.raises(D.DistributedError, match="sentence axis"):
         mine.random((4, 4))
+
+
+@pytest.mark.parametrize("keys_first", [False, True])
+def test_a_share_keys_counter_dropout_by_its_place_in_the_whole_batch(keys_first):
+    """attn.fast's counter-based dropout on CuPy draws nothing: a share's masks, keyed by the
+    index of each element in the whole batch (:meth:`RowsOf.place`), are its rows of one
+    process's masks, bit for bit, through the kernels' launch code (dropout_hash, and the fused
+    epilogues for the row-major (B*T, D) masks) on the stand-in."""
+    import fakecupy  # noqa: F401
+    from conftest import selected_backend
+    from attn.fast import ops_for
+    rows, T, width = 7, 3, 8
+    shape_of = (lambda b: (5, b, 2, 3)) if keys_first else (lambda b: (b * T, width))
+    with selected_backend("fakecupy") as cp:
+        ops = ops_for(cp)
+        assert ops.counter_dropout
+        whole = ops.dropout_mask(B.DeviceRNG(11), shape_of(rows), 0.3)
+        want = cp.asnumpy(whole.keep.array(cp))
+        x = np.random.default_rng(0).standard_normal(shape_of(rows))
+        for lo, hi in ((0, 3), (3, 7), (2, 5), (6, 7)):
+            mine = D.RowsOf(B.DeviceRNG(11), lo, hi, rows, keys_first=keys_first)
+            m = ops.dropout_mask(mine, shape_of(hi - lo), 0.3)
+            cut = (slice(None), slice(lo, hi)) if keys_first else (slice(lo * T, hi * T),)
+            assert np.array_equal(cp.asnumpy(m.keep.array(cp)), want[cut]), (lo, hi)
+            got = cp.asnumpy(ops.dropout_(cp.asarray(x[cut]), m))
+            assert np.array_equal(got, np.where(want[cut], x[cut] * m.scale, 0)), (lo, hi)
+            if not keys_first:
+                a = np.abs(x[cut]) + 1                                  # positive: ReLU keeps every unit
+                got = cp.asnumpy(ops.bias_relu_dropout_(cp.asarray(a), cp.zeros(width), m))
+                assert np.array_equal(got != 0, want[cut]), (lo, hi)
+            else:                                                       # one run per key, the others' between
+                assert (m.keep.run, m.keep.skip) == ((hi - lo) * 6, (rows - hi + lo) * 6)
+        base, _, skip = D.RowsOf(B.DeviceRNG(11), 0, rows, rows, keys_first).place(shape_of(rows))
+        assert base == skip == 0                                       # the whole batch: its own index
 
 
 def test_flat_gradients_in_reverse_layer_order_with_buckets_on_parameter_edges():

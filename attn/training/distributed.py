@@ -171,11 +171,32 @@ class RowsOf:
     array whose sentence axis is ``k`` times this share's ``hi - lo`` sentences, this draws the
     array for all ``rows`` sentences from the step's stream, as one process would, and
     returns this share's part of that axis, ``[lo*k, hi*k)``. ``keys_first`` says which
-    layout 4-D draws have (True for :class:`attn.fast.FastTransformer`)."""
+    layout 4-D draws have (True for :class:`attn.fast.FastTransformer`).
+
+    A counter-based generator draws nothing: it asks :meth:`place` where this share's
+    elements sit in the whole batch's array, and keys each element by that index (attn.fast's
+    CuPy dropout, ``dropout_hash``), so this share gets its rows of one process's masks without
+    making the others'."""
 
     def __init__(self, rng, lo: int, hi: int, rows: int, keys_first: bool = False):
         self.rng, self.lo, self.hi, self.rows, self.keys_first = rng, lo, hi, rows, keys_first
         self.seed = rng.seed
+
+    def place(self, shape) -> tuple:
+        """Where this share's array of ``shape`` (C order) sits in the whole batch's: ``(base,
+        run, skip)``, its element i being the whole's ``base + i + (i // run) * skip``. The
+        share's sentences hold ``C`` elements each below the sentence axis, so its elements
+        come in runs of ``run = n * C`` (one run when the sentence axis is the first), the
+        first at ``base = lo * C``, each ``skip = (rows - n) * C`` before the next."""
+        whole, _ = self._whole(shape)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        axis = 1 if self.keys_first and len(shape) == 4 else 0
+        per_sentence = 1
+        for s in shape[axis:]:
+            per_sentence *= int(s)
+        n = self.hi - self.lo
+        C = per_sentence // n
+        return self.lo * C, n * C, (0 if axis == 0 else (self.rows - n) * C)
 
     def _whole(self, shape):
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
