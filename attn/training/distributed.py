@@ -23,7 +23,10 @@ Dropout's random numbers are keyed by the position in the global batch, not by t
 rank asks the step's random stream for the whole batch's numbers and keeps its own rows
 (:class:`RowsOf`), so N ranks draw exactly what one process draws with one worker thread (the
 fast path's threads draw from per-thread streams; with one BLAS thread per rank, the default,
-each rank runs one). The price is that every rank generates the whole batch's masks.
+each rank runs one). The price is that every rank generates the whole batch's masks, except
+where the masks are drawn by no one: attn.fast's counter-based dropout on CuPy keys each element
+by its index in the global batch, which :meth:`RowsOf.place` gives it, so a rank computes its
+own rows alone.
 
 Before the first step every rank hashes its parameters and the hashes must agree
 (:meth:`MPIGroup.check_same_parameters`). Rank 0 alone logs, evaluates and writes; every other
