@@ -1,9 +1,9 @@
 """``python -m attn.bench --data-parallel N``: what data parallelism costs and gains.
 
 For each preset (``toy-bench`` and ``vocab-16k`` by default) it prints what is deterministic
-first: the bytes all-reduced per step (the gradient arena: every gradient once, plus the loss and the token count), the bytes each rank
-sends in a ring all-reduce (a reduce-scatter then an all-gather: ``2 (N-1)/N`` times the buffer),
-and the step's matmul FLOPs, so the FLOPs per byte sent. Then it times a training step on the
+first: the bytes all-reduced per step (the gradient arena: every gradient once, plus the loss
+and the token count), the bytes each rank sends in a ring all-reduce (a reduce-scatter then an
+all-gather: ``2 (N-1)/N`` times the buffer), and the step's matmul FLOPs, so the FLOPs per byte sent. Then it times a training step on the
 preset's global batch with 1 and N processes (``mpiexec -n``), the N sharing each batch, and
 reports the all-reduce's share of the step (time inside it on rank 0, waiting included).
 
