@@ -267,6 +267,53 @@ def test_flat_gradients_in_reverse_layer_order_with_buckets_on_parameter_edges()
     assert fg.tokens() == 17 and fg.flat[-1] == 17
 
 
+def test_the_fast_engine_all_reduces_its_own_arena_bucket_by_bucket_as_the_backward_announces_it():
+    """``FlatGrads.over(arena)``: the buffer is the arena's gradient buffer (the views Adam reads
+    are the arena's: nothing is copied), its buckets end on the backward's stages, and each goes
+    out (scaled by the rank's weight) as soon as the backward has announced its last stage,
+    holding then what it holds at the end; the last (the slot, and whatever stages share its
+    bucket) waits for the loss."""
+    from attn.fast import FastTransformer, cross_entropy as fast_ce
+    from attn.model import TransformerConfig
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=23, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2, n_decoder_layers=3,
+                            dropout=0.1, label_smoothing=0.1, max_len=16)
+    model = FastTransformer(cfg, seed=0, dtype="float64")
+    fg = D.FlatGrads.over(model.arena, bucket_bytes=8 * 1000)
+    a = model.arena
+    assert fg.flat is a.grad_buffer and fg.views is a.grad_views and fg.nbytes == 8 * (a.size + 2)
+    ends = {hi for _, hi in a.layout.stages.values()}
+    assert len(fg.buckets) > 2 and all(stop in ends for _, stop in fg.buckets[:-1])
+    assert fg.buckets[-1][1] == a.size + 2 and fg.bucket_names[0][0] == "decoder.norm"
+    batch = check_batches(23)[0]
+    logits, cache = model.forward(batch.src, batch.tgt_in, B.DeviceRNG(1))
+    _, d = fast_ce(logits, batch.tgt_out, cfg.label_smoothing, inplace=True)
+    sent = []
+
+    class Group:
+        def _launch(self, i):
+            lo, hi = fg.buckets[i]
+            sent.append((i, fg.flat[lo:hi].copy()))
+
+    feed = D.BucketFeed(Group(), fg, 0.25)
+    grads = model.backward(d, cache, ready=feed.ready)
+    assert [i for i, _ in sent] == list(range(len(fg.buckets) - 1)) == list(range(feed.launched_during_backward))
+    assert all(g is fg.views[k] for k, g in grads.items())                # what Adam reads: the arena's views
+    for i, early in sent:
+        lo, hi = fg.buckets[i]
+        np.testing.assert_array_equal(early, fg.flat[lo:hi])                # final when it went out
+        assert np.abs(early).max() > 0
+    logits, cache = model.forward(batch.src, batch.tgt_in, B.DeviceRNG(1))     # the same step, told nothing
+    _, d = fast_ce(logits, batch.tgt_out, cfg.label_smoothing, inplace=True)
+    model.backward(d, cache)
+    for i, early in sent:                                                   # the weight scaled what went out
+        lo, hi = fg.buckets[i]
+        np.testing.assert_array_equal(early, 0.25 * a.grads[lo:hi])
+    fg.pack_bucket(len(fg.buckets) - 1, {}, 0.25)
+    fg.pack_loss(np.asarray(2.0), 0.25, 9)
+    assert fg.loss() == 0.5 and fg.tokens() == 9
+
+
 class _OneRank:
     """What MPIGroup asks of a communicator, for one rank (no MPI in this process)."""
 

@@ -280,7 +280,7 @@ class FlatGrads:
         self = cls.__new__(cls)
         self.arena, self.size = arena, arena.size
         self.flat, self.views = arena.grad_buffer, arena.grad_views
-        self.names = list(reversed(arena.layout.stages))                        # not parameters: stages
+        self.names = list(arena.layout.stages)                   # stages (in the buffer's order), not parameters
         self.offsets = {}
         itemsize = arena.dtype.itemsize
         self.buckets, self.bucket_names, start, names = [], [], 0, []
