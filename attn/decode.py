@@ -80,9 +80,12 @@ class DecodeResult(NamedTuple):
 class _CachedStepper:
     """One decoder position per call, with the keys/values of the prefix cached."""
 
-    def __init__(self, model, memory, src_mask, with_attention):
+    def __init__(self, model, memory, src_mask, with_attention, reserve):
         self.model, self.with_attention = model, with_attention
-        self.state = model.start_decoding(memory, src_mask)
+        if getattr(model, "DECODE_RESERVES", False):      # buffers sized once for the whole search
+            self.state = model.start_decoding(memory, src_mask, reserve=reserve)
+        else:
+            self.state = model.start_decoding(memory, src_mask)
 
     def step(self, tokens):
         """tokens (n,) ids at the next position. Returns log-probs (n, V), attention (n, S) or None."""
@@ -92,7 +95,10 @@ class _CachedStepper:
 
     def select(self, index, index_h):
         """Keep (and repeat) rows ``index`` (device int array; ``index_h`` the same on the host)."""
-        self.state = self.state.select(index)
+        if getattr(self.state, "TAKES_HOST_INDEX", False):
+            self.state = self.state.select(index, index_h)
+        else:
+            self.state = self.state.select(index)
 
 
 class _FullStepper:
@@ -103,7 +109,7 @@ class _FullStepper:
     ``DECODE_TAKES_CROSS_KV``) they are projected once, as PyTorch's ``nn.Transformer``
     users do with the memory; the decoder itself still runs on the whole prefix."""
 
-    def __init__(self, model, memory, src_mask, with_attention):
+    def __init__(self, model, memory, src_mask, with_attention, reserve=None):
         self.model, self.with_attention = model, with_attention
         self.memory, self.src_mask, self.prefix = memory, src_mask, None
         self.cross_kv = self.sentence = None
@@ -114,7 +120,7 @@ class _FullStepper:
     def step(self, tokens):
         xp = B.get_array_module(tokens)
         col = tokens[:, None]
-        self.prefix = col if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
+        self.prefix = col.copy() if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
         if self.cross_kv is None:
             h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask)              # (n, t+1, D)
         else:
@@ -139,8 +145,9 @@ class _FullStepper:
 
 # --------------------------------------------------------------------------- shared parts
 
-def _start(model, src, max_len, use_cache, with_attention):
-    """Check ``src``, encode it, and work out each sentence's step limit.
+def _start(model, src, max_len, use_cache, with_attention, beam=1):
+    """Check ``src``, encode it, and work out each sentence's step limit (``beam``: the most rows
+    per sentence, which a model's decoding buffers may be sized for).
 
     Returns: stepper, src on the host, step limits (B,) host ints.
     """
@@ -159,7 +166,8 @@ def _start(model, src, max_len, use_cache, with_attention):
     limits = np.maximum(limits, 1).astype(np.int64)
     src_mask = padding_mask(src)                                                  # (B, 1, 1, S)
     memory, _ = model.encode(src, None, src_mask)                                 # (B, S, D)
-    stepper = (_CachedStepper if use_cache else _FullStepper)(model, memory, src_mask, with_attention)
+    reserve = (src_h.shape[0] * beam, int(limits.max()))
+    stepper = (_CachedStepper if use_cache else _FullStepper)(model, memory, src_mask, with_attention, reserve)
     return stepper, src_h, limits
 
 
@@ -192,6 +200,29 @@ def _least_columns(a, c: int):
         vals = xp.take_along_axis(a, ids, axis=1)
     least = xp.argpartition(vals, c - 1, axis=1)[:, :c]
     return xp.take_along_axis(ids, least, axis=1)
+
+
+#: Greedy decoding on a GPU generates this many positions between two looks at which sentences
+#: have ended (one transfer to the host each), instead of one look (a synchronisation) at every
+#: position. The tokens are the same: the host replays the positions in order and keeps each
+#: sentence's tokens up to its EOS; a finished sentence's row runs on for at most this many
+#: positions less one. On the host (NumPy) there is nothing to wait for: every position.
+EOS_CHECK_EVERY = 8
+
+
+def _greedy_pick(logp, info, tokens):
+    """Greedy decoding's choice at one position, written in place: ``info`` (2, n) float64 <- the
+    most probable token of each row of ``logp`` (n, V), PAD and BOS excluded, and its
+    log-probability; ``tokens`` (n,) <- the same ids. On a GPU one kernel (``greedy_pick``)."""
+    xp = B.get_array_module(logp)
+    if xp is not B.host:
+        from .fast.decoding import greedy_pick
+        return greedy_pick(logp, (PAD, BOS), info, tokens)
+    _ban(logp)
+    nxt = logp.argmax(axis=-1)                                                     # (n,)
+    info[0] = nxt
+    info[1] = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
+    tokens[...] = nxt
 
 
 def _ban(logp):
@@ -266,33 +297,39 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
     out = np.full((n, T_max), PAD, dtype=np.int64)     # generated ids, by sentence and step
     n_out = np.zeros(n, dtype=np.int64)                # tokens kept (EOS excluded)
     scores = np.zeros(n, dtype=np.float64)
-    rows = np.arange(n)                                # sentence of each live row
-    att_steps = []                                     # per step: (sentence of each row, (n_live, S))
+    rows = np.arange(n)                                # sentence of each row
+    alive = np.ones(n, dtype=bool)                     # rows still decoding, as of the last check
+    att_steps = []                                     # per step: (sentence of each row, (n_rows, S))
+    every = 1 if xp is B.host else EOS_CHECK_EVERY     # positions between two looks at the device
+    info = xp.empty((every, 2, n), dtype=xp.float64)   # per position: (ids, log-probs) of every row
     tokens = xp.full((n,), BOS, dtype=xp.int64)
-    for t in range(T_max):
-        logp, att = stepper.step(tokens)
-        _ban(logp)
-        nxt = logp.argmax(axis=-1)                                                 # (n_live,)
-        lp = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
-        info = B.to_host(xp.stack([nxt.astype(xp.float64), lp.astype(xp.float64)]))  # the step's one sync
-        tok, lp_h = info[0].astype(np.int64), info[1]
-        scores[rows] += lp_h
-        is_eos = tok == EOS
-        out[rows[~is_eos], t] = tok[~is_eos]
-        n_out[rows[~is_eos]] += 1
-        if with_attention:
-            att_steps.append((rows, att))
-        keep = ~(is_eos | (t + 1 >= limits[rows]))
-        if not keep.any():
+    t = 0
+    while t < T_max:
+        steps = min(every, T_max - t)
+        for j in range(steps):
+            logp, att = stepper.step(tokens)
+            _greedy_pick(logp, info[j], tokens)        # tokens <- the picks: the next step's input
+            if with_attention:
+                att_steps.append((rows, att))
+        got = B.to_host(info[:steps])                  # the check's one sync
+        for j in range(steps):                         # as if the host had looked at every position
+            live = np.nonzero(alive)[0]
+            tok, lp_h = got[j, 0, live].astype(np.int64), got[j, 1, live]
+            scores[rows[live]] += lp_h
+            is_eos = tok == EOS
+            out[rows[live[~is_eos]], t + j] = tok[~is_eos]
+            n_out[rows[live[~is_eos]]] += 1
+            alive[live] = ~(is_eos | (t + j + 1 >= limits[rows[live]]))
+        t += steps
+        if not alive.any():
             break
-        if not keep.all():
-            idx = np.nonzero(keep)[0]
-            rows = rows[idx]
-            idx_d, tok_d = _to_device_rows(xp, idx, tok[idx])
-            stepper.select(idx_d.astype(xp.int64), idx)
-            tokens = tok_d.astype(xp.int64)
-        else:
-            tokens = nxt
+        if not alive.all():                            # finished rows leave the batch
+            idx = np.nonzero(alive)[0]
+            rows, alive = rows[idx], alive[idx]
+            idx_d = xp.asarray(idx)
+            stepper.select(idx_d, idx)
+            tokens = tokens[idx_d]
+            info = xp.empty((every, 2, len(idx)), dtype=xp.float64)
     tokens_out = [out[i, :n_out[i]].tolist() for i in range(n)]   # tokens are contiguous from step 0
     cross = None
     if with_attention:
@@ -333,7 +370,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
     K = beam_size
     if src.shape[0] == 0:
         return DecodeResult([], [], [] if with_attention else None, [])
-    stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention)
+    stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention, beam=K)
     n, T_max = src_h.shape[0], int(limits.max())
     finished = [[] for _ in range(n)]           # per sentence: (score, -order, tokens, (step, row))
     best_fin = np.full(n, -np.inf)               # per sentence: the best finished score so far

@@ -62,7 +62,7 @@ The package's rooms:
 from __future__ import annotations
 
 from .loss import cross_entropy
-from .decoding import FastDecodeState
+from .decoding import DeviceDecodeState, FastDecodeState
 from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastTransformer, FFNCache, Fused,
                     ResCache, SelfAttnCache, SplitCache)
 from .dispatch import ops_for
@@ -72,5 +72,5 @@ from .threads import (MAX_AUTO_WORKERS, _THREADS, _row_slices, default_workers, 
                       single_threaded_blas)
 
 __all__ = ["FastTransformer", "FastAdam", "cross_entropy", "keep_freed_memory", "default_workers",
-           "single_threaded_blas", "ops_for", "Mask", "FastCache", "FastDecodeState", "SplitCache",
+           "single_threaded_blas", "ops_for", "Mask", "FastCache", "FastDecodeState", "DeviceDecodeState", "SplitCache",
            "MAX_AUTO_WORKERS"]

@@ -1108,3 +1108,382 @@ def block_size_for(n: int) -> int:
 
 
 assert _block(1) == 32 and _block(512) == 256 and _block(37000, 512) == 512 and math.log2(_block(100)) % 1 == 0
+
+# --------------------------------------------------------------------------- decoding
+#
+# The kernels of a cached decoding step on CuPy (:mod:`attn.fast.decoding`): one position for
+# every row, so each launch is small and the step is bound by how many there are. Per decoder
+# layer a step is three products and one kernel per sub-layer (plus the feed-forward's ReLU):
+# the single-query attention (the new key and value written into the cache, scores, softmax and
+# the weighted sum in one launch), and the residual sum with the next layer norm in one launch.
+# They join the module's source and twins below, so NVRTC compiles them with the others.
+
+_DECODE_EMBED = r"""
+// The decoder's input at one position, one block per row: x[r] <- table[ids[r]] * scale + pe;
+// with norm = 1 (pre-norm) also out[r] <- gamma * xhat + beta, the first sub-layer's layer norm.
+template <typename T>
+__global__ void decode_embed(const long long* ids, const T* table, const T* pe, T scale, T* x, T* out,
+                             const T* gamma, const T* beta, int D, T eps, int norm) {
+    extern __shared__ unsigned char smem[];
+    T* sh = reinterpret_cast<T*>(smem);
+    long long r = blockIdx.x;
+    const T* er = table + ids[r] * D;
+    T* xr = x + r * D;
+    T sum = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        T v = er[j] * scale + pe[j];
+        xr[j] = v;
+        sum += v;
+    }
+    if (!norm) return;
+    T mean = block_sum(sum, sh) / T(D);
+    T q = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { T c = xr[j] - mean; q += c * c; }
+    T rs = T(1) / sqrt(block_sum(q, sh) / T(D) + eps);
+    for (int j = threadIdx.x; j < D; j += blockDim.x) out[r * D + j] = (xr[j] - mean) * rs * gamma[j] + beta[j];
+}
+"""
+
+
+def _row_norm_np(v, gamma, beta, eps):
+    """gamma * (v - mean) / sqrt(var + eps) + beta over the rows of v (N, D), as the kernels do."""
+    np = B.host
+    dt = v.dtype.type
+    D = v.shape[1]
+    c = v - (v.sum(axis=1) / dt(D))[:, None]
+    r = dt(1) / np.sqrt((c * c).sum(axis=1) / dt(D) + dt(eps))
+    return c * r[:, None] * gamma + beta
+
+
+def decode_embed_np(launch, ids, table, pe, scale, x, out, gamma, beta, D, eps, norm):
+    """NumPy twin of ``decode_embed`` (one block per row: n = the grid's size)."""
+    _check_block_reduction(launch, x.itemsize)
+    n, D = launch.blocks, int(D)
+    idv = _view(ids, (n,), (1,))
+    if idv.size and (idv.min() < 0 or (idv.max() + 1) * D > table.size):
+        raise IndexError(f"decode_embed: a token id outside the table of {table.size // D} rows")
+    xv = _view(x, (n, D), (D, 1))
+    xv[...] = table.reshape(-1, D)[idv] * scale + _view(pe, (D,), (1,))
+    if norm:
+        _view(out, (n, D), (D, 1))[...] = _row_norm_np(xv, _view(gamma, (D,), (1,)), _view(beta, (D,), (1,)), eps)
+
+
+_ADD_NORM = r"""
+// A decoder sub-layer's epilogue, one block per row: v = (s + bias) + x (the sub-layer's output
+// projection without its bias, plus the residual); x <- v, then out <- gamma * xhat(v) + beta.
+// Pre-norm passes the next layer norm and its input buffer as out; post-norm passes out = x (the
+// norm's output is the next residual). A thread reads and writes only its own elements of x and
+// out, so out may be x.
+template <typename T>
+__global__ void add_norm(T* x, const T* s, const T* bias, T* out, const T* gamma, const T* beta, int D, T eps) {
+    extern __shared__ unsigned char smem[];
+    T* sh = reinterpret_cast<T*>(smem);
+    long long r = blockIdx.x;
+    T* xr = x + r * D;
+    const T* sr = s + r * D;
+    T sum = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+        T v = (sr[j] + bias[j]) + xr[j];
+        xr[j] = v;
+        sum += v;
+    }
+    T mean = block_sum(sum, sh) / T(D);
+    T q = 0;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) { T c = xr[j] - mean; q += c * c; }
+    T rs = T(1) / sqrt(block_sum(q, sh) / T(D) + eps);
+    for (int j = threadIdx.x; j < D; j += blockDim.x) out[r * D + j] = (xr[j] - mean) * rs * gamma[j] + beta[j];
+}
+"""
+
+
+def add_norm_np(launch, x, s, bias, out, gamma, beta, D, eps):
+    """NumPy twin of ``add_norm`` (one block per row: n = the grid's size; ``out`` may be ``x``)."""
+    _check_block_reduction(launch, x.itemsize)
+    n, D = launch.blocks, int(D)
+    xv = _view(x, (n, D), (D, 1))
+    v = (_view(s, (n, D), (D, 1)) + _view(bias, (D,), (1,))) + xv
+    xv[...] = v
+    _view(out, (n, D), (D, 1))[...] = _row_norm_np(v, _view(gamma, (D,), (1,)), _view(beta, (D,), (1,)), eps)
+
+
+_ONE_QUERY_ATTENTION = r"""
+// Attention of one query per row and head -- a decoding step -- one block each (blockIdx.x = r * H + h).
+// The query is q_in[r * q_row + h * Dh + d] + q_bias[h * Dh + d] (1/sqrt(d_k) folded into both). With
+// self_attn = 1 the row's new key and value come next in q_in (columns D + ... and 2D + ..., plus their
+// biases) and are first written at position Tk - 1 of the cache. Keys and values are read at
+// k[(r / g) * s_row + h * s_head + j * s_pos + d]: g consecutive rows share one copy (a sentence's beams
+// attend to its one cross-attention copy). Then w[r * w_row + h * w_head + j] = softmax_j(q . k_j + bias[r *
+// bias_row + j]) (bias 0 or the most negative finite value; none with has_bias = 0; a row with no allowed
+// key gets zero weights) and ctx[r, h * Dh + d] = sum_j w_j v_j, ctx (n, H * Dh). Shared memory: blockDim.x
+// values for the reductions, then the query's Dh.
+template <typename T>
+__global__ void one_query_attention(const T* q_in, const T* q_bias, long long q_row, int self_attn,
+                                    T* k, T* v, long long s_row, long long s_head, long long s_pos, int g,
+                                    const T* bias, long long bias_row, int has_bias,
+                                    T* w, long long w_row, long long w_head, T* ctx, int H, int Dh, int Tk, T lowest) {
+    extern __shared__ unsigned char smem[];
+    T* sh = reinterpret_cast<T*>(smem);
+    T* qs = sh + blockDim.x;
+    long long r = blockIdx.x / H;
+    int h = blockIdx.x % H;
+    int D = H * Dh;
+    const T* qr = q_in + r * q_row + h * Dh;
+    const T* qb = q_bias + h * Dh;
+    T* kr = k + (r / g) * s_row + h * s_head;
+    T* vr = v + (r / g) * s_row + h * s_head;
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+        qs[d] = qr[d] + qb[d];
+        if (self_attn) {
+            kr[(long long)(Tk - 1) * s_pos + d] = qr[D + d] + qb[D + d];
+            vr[(long long)(Tk - 1) * s_pos + d] = qr[2 * D + d] + qb[2 * D + d];
+        }
+    }
+    __syncthreads();
+    T* wr = w + r * w_row + h * w_head;
+    const T* br = bias + r * bias_row;
+    T mx = lowest, allowed = 0;
+    for (int j = threadIdx.x; j < Tk; j += blockDim.x) {
+        T sc = 0;
+        for (int d = 0; d < Dh; ++d) sc += qs[d] * kr[j * s_pos + d];
+        if (has_bias) { T bj = br[j]; sc += bj; if (bj == T(0)) allowed = 1; } else allowed = 1;
+        wr[j] = sc;
+        if (sc > mx) mx = sc;
+    }
+    mx = block_max(mx, sh);
+    T any = block_sum(allowed, sh);
+    T total = 0;
+    for (int j = threadIdx.x; j < Tk; j += blockDim.x) { T e = exp(wr[j] - mx); wr[j] = e; total += e; }
+    total = block_sum(total, sh);
+    T scale = any > T(0) ? T(1) / total : T(0);
+    for (int j = threadIdx.x; j < Tk; j += blockDim.x) wr[j] *= scale;
+    __syncthreads();
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) {
+        T acc = 0;
+        for (int j = 0; j < Tk; ++j) acc += wr[j] * vr[j * s_pos + d];
+        ctx[r * D + h * Dh + d] = acc;
+    }
+}
+"""
+
+
+def one_query_attention_np(launch, q_in, q_bias, q_row, self_attn, k, v, s_row, s_head, s_pos, g, bias, bias_row,
+                           has_bias, w, w_row, w_head, ctx, H, Dh, Tk, lowest):
+    """NumPy twin of ``one_query_attention`` (one block per row and head: n = the grid's size / H)."""
+    np = B.host
+    _check_block_reduction(launch, q_in.itemsize)
+    H, Dh, Tk, g = int(H), int(Dh), int(Tk), int(g)
+    if launch.blocks % H or launch.shared_mem < (launch.threads + Dh) * q_in.itemsize:
+        raise ValueError(f"{launch.name}: {launch.blocks} blocks for {H} heads, {launch.shared_mem} bytes of "
+                         f"shared memory for {launch.threads} threads and Dh {Dh}")
+    n = launch.blocks // H
+    if n % g:
+        raise ValueError(f"{launch.name}: {n} rows are not whole groups of {g}")
+    m, D = n // g, H * Dh
+    dt = q_in.dtype.type
+    q = _view(q_in, (n, H, Dh), (q_row, Dh, 1)) + _view(q_bias, (H, Dh), (Dh, 1))
+    kv, vv = (_view(a, (m, H, Tk, Dh), (s_row, s_head, s_pos, 1)) for a in (k, v))
+    if self_attn:                                      # each row its own cache: groups of one
+        if g != 1:
+            raise ValueError(f"{launch.name}: self-attention writes each row's own cache, got groups of {g}")
+        new = _view(q_in, (n, 3, H, Dh), (q_row, D, Dh, 1))[:, 1:] + _view(q_bias, (3, H, Dh), (D, Dh, 1))[1:]
+        kv[:, :, Tk - 1] = new[:, 0]
+        vv[:, :, Tk - 1] = new[:, 1]
+    qg = q.reshape(m, g, H, Dh).transpose(0, 2, 1, 3)                                       # (m, H, g, Dh)
+    s = qg @ kv.swapaxes(-1, -2)                                                           # (m, H, g, Tk)
+    if has_bias:
+        b = _view(bias, (m, g, Tk), (g * bias_row, bias_row, 1))[:, None]                   # (m, 1, g, Tk)
+        s += b
+        allowed = (b == 0).any(axis=-1)
+    else:
+        allowed = np.ones((m, 1, g), dtype=bool)
+    s -= np.maximum(s.max(axis=-1), dt(lowest))[..., None] if Tk else 0
+    np.exp(s, out=s)
+    total = s.sum(axis=-1)
+    s *= np.where(allowed, dt(1) / np.where(allowed, total, 1), dt(0))[..., None]
+    _view(w, (m, g, H, Tk), (g * w_row, w_row, w_head, 1))[...] = s.transpose(0, 2, 1, 3)
+    out = (s @ vv).transpose(0, 2, 1, 3)                                                    # (m, g, H, Dh)
+    _view(ctx, (n, D), (D, 1))[...] = out.reshape(n, D)
+
+
+_LOG_SOFTMAX_ROWS = r"""
+// Log-probabilities of each row of x (n, V), one block per row: out <- (x - max) - log(sum(exp(x - max))).
+// out may be x.
+template <typename T>
+__global__ void log_softmax_rows(const T* x, T* out, int V) {
+    extern __shared__ unsigned char smem[];
+    T* sh = reinterpret_cast<T*>(smem);
+    long long r = blockIdx.x;
+    const T* xr = x + r * V;
+    T mx = xr[0];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) if (xr[j] > mx) mx = xr[j];
+    mx = block_max(mx, sh);
+    T total = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) total += exp(xr[j] - mx);
+    T lse = log(block_sum(total, sh));
+    for (int j = threadIdx.x; j < V; j += blockDim.x) out[r * V + j] = (xr[j] - mx) - lse;
+}
+"""
+
+
+def log_softmax_rows_np(launch, x, out, V):
+    """NumPy twin of ``log_softmax_rows`` (one block per row: n = the grid's size)."""
+    np = B.host
+    _check_block_reduction(launch, x.itemsize)
+    n, V = launch.blocks, int(V)
+    s = _view(x, (n, V), (V, 1)).copy()
+    s -= s.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(s).sum(axis=1, keepdims=True))
+    _view(out, (n, V), (V, 1))[...] = s - lse
+
+
+_GREEDY_PICK = r"""
+// Greedy decoding's choice, one block per row of logp (n, V): the most probable token other than ban0 and
+// ban1 (PAD and BOS; the lowest id among equals, as argmax picks). info[r] <- its id, info[n + r] <- its
+// log-probability (as doubles: the host reads both in one transfer), tokens[r] <- its id (the next input).
+// Shared memory: blockDim.x values and blockDim.x ints.
+template <typename T>
+__global__ void greedy_pick(const T* logp, int V, int ban0, int ban1, double* info, long long n,
+                            long long* tokens) {
+    extern __shared__ unsigned char smem[];
+    T* sv = reinterpret_cast<T*>(smem);
+    int* si = reinterpret_cast<int*>(sv + blockDim.x);
+    long long r = blockIdx.x;
+    const T* row = logp + r * V;
+    T best = 0;
+    int bi = -1;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        if (j == ban0 || j == ban1) continue;
+        if (bi < 0 || row[j] > best) { best = row[j]; bi = j; }
+    }
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            int oi = si[threadIdx.x + s], mi = si[threadIdx.x];
+            T ov = sv[threadIdx.x + s], mv = sv[threadIdx.x];
+            if (oi >= 0 && (mi < 0 || ov > mv || (ov == mv && oi < mi))) { sv[threadIdx.x] = ov; si[threadIdx.x] = oi; }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        int id = si[0];
+        info[r] = (double)id;
+        info[n + r] = (double)row[id];
+        tokens[r] = id;
+    }
+}
+"""
+
+
+def greedy_pick_np(launch, logp, V, ban0, ban1, info, n, tokens):
+    """NumPy twin of ``greedy_pick`` (one block per row: the grid's size is n)."""
+    np = B.host
+    t = launch.block[0]
+    if t & (t - 1) or launch.shared_mem < t * (logp.itemsize + 4):
+        raise ValueError(f"{launch.name}: a power-of-two block and {t} values and ints of shared memory are "
+                         f"needed, got {launch.block} and {launch.shared_mem} bytes")
+    n, V = int(n), int(V)
+    if launch.blocks != n:
+        raise ValueError(f"{launch.name}: {launch.blocks} blocks for {n} rows")
+    x = _view(logp, (n, V), (V, 1)).copy()
+    x[:, [int(ban0), int(ban1)]] = -np.inf
+    ids = x.argmax(axis=1)
+    iv = _view(info, (2, n), (n, 1))
+    iv[0] = ids
+    iv[1] = np.take_along_axis(x, ids[:, None], axis=1)[:, 0]
+    _view(tokens, (n,), (1,))[...] = ids
+
+
+# The decoding kernels join the module's source and its table of twins (after the training step's,
+# so that the names and launch code above do not move).
+_SOURCE += "".join([_DECODE_EMBED, _ADD_NORM, _ONE_QUERY_ATTENTION, _LOG_SOFTMAX_ROWS, _GREEDY_PICK])
+NUMPY_TWINS.update({"decode_embed": decode_embed_np, "add_norm": add_norm_np,
+                    "one_query_attention": one_query_attention_np, "log_softmax_rows": log_softmax_rows_np,
+                    "greedy_pick": greedy_pick_np})
+_KERNELS = tuple(NUMPY_TWINS)
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
+
+
+class DecodeKernels:
+    """The launches of the decoding kernels, on the module of a :class:`CupyOps` (what
+    :mod:`attn.fast.decoding`'s device step calls). Arrays are CuPy arrays whose last axis is
+    contiguous; each method says which must be contiguous as a whole."""
+
+    def __init__(self, ops: CupyOps):
+        self.ops = ops
+
+    def _launch(self, name, dtype, grid, threads, args, shared):
+        self.ops._fn(name, dtype)((grid,), (threads,), args, shared_mem=shared)
+
+    def embed(self, ids, table, pe, scale: float, x, out, gamma, beta, eps: float, norm: bool):
+        """x (n, D) <- table[ids] * scale + pe; with ``norm``, out (n, D) <- its layer norm."""
+        n, D = x.shape
+        self.ops._contiguous("decode_embed", x=x, out=out)
+        if ids.dtype != B.host.int64 or not ids.flags.c_contiguous or ids.shape != (n,):
+            raise ValueError(f"DecodeKernels.embed: ids must be a contiguous ({n},) int64 array, got "
+                             f"{tuple(ids.shape)} {ids.dtype}")
+        t = _block(D)
+        dt = x.dtype
+        self._launch("decode_embed", dt, n, t, (ids, table, pe, self.ops._scalar(scale, dt), x, out, gamma, beta,
+                                                B.host.int32(D), self.ops._scalar(eps, dt), B.host.int32(int(norm))),
+                     t * dt.itemsize)
+
+    def add_norm(self, x, s, bias, out, gamma, beta, eps: float):
+        """x (n, D) <- (s + bias) + x, then out <- its layer norm (out may be x)."""
+        n, D = x.shape
+        self.ops._contiguous("add_norm", x=x, s=s, out=out)
+        t = _block(D)
+        dt = x.dtype
+        self._launch("add_norm", dt, n, t, (x, s, bias, out, gamma, beta, B.host.int32(D), self.ops._scalar(eps, dt)),
+                     t * dt.itemsize)
+
+    def attend(self, q_in, q_bias, k, v, group: int, bias, w, ctx, n_heads: int, Tk: int, self_attn: bool):
+        """One query per row and head (see ``one_query_attention``): q_in (n, D) or, for
+        self-attention, (n, 3D) with the new key and value; k, v (n / group, H, >= Tk, Dh) of one
+        layout; bias (n, >= Tk) or None; w (n, H, >= Tk) receives the weights; ctx (n, D)."""
+        n = q_in.shape[0]
+        H, Dh = n_heads, k.shape[3]
+        it = k.dtype.itemsize
+        if k.strides != v.strides or k.strides[3] != it or w.strides[2] != w.dtype.itemsize \
+                or not (q_in.flags.c_contiguous and ctx.flags.c_contiguous and q_bias.flags.c_contiguous):
+            raise ValueError(f"DecodeKernels.attend: keys and values of one layout with contiguous rows of Dh, "
+                             f"contiguous q_in, q_bias and ctx are needed (k {k.strides}, v {v.strides}, w "
+                             f"{w.strides})")
+        if n != k.shape[0] * group or Tk > k.shape[2] or Tk > w.shape[2]:
+            raise ValueError(f"DecodeKernels.attend: {n} rows, groups of {group}, {Tk} keys, but k is "
+                             f"{tuple(k.shape)} and w {tuple(w.shape)}")
+        s_row, s_head, s_pos = (st // it for st in k.strides[:3])
+        i64, i32 = B.host.int64, B.host.int32
+        has_bias = bias is not None
+        b = bias if has_bias else ctx
+        b_row = bias.strides[0] // it if has_bias else 0
+        w_row, w_head = (st // it for st in w.strides[:2])
+        t = _block(max(Tk, Dh), 128)
+        self._launch("one_query_attention", k.dtype, n * H, t,
+                     (q_in, q_bias, i64(q_in.strides[0] // it), i32(int(self_attn)), k, v, i64(s_row), i64(s_head),
+                      i64(s_pos), i32(group), b, i64(b_row), i32(int(has_bias)), w, i64(w_row), i64(w_head), ctx,
+                      i32(H), i32(Dh), i32(Tk), self.ops._scalar(B.host.finfo(k.dtype).min, k.dtype)),
+                     (t + Dh) * it)
+
+    def log_softmax(self, x, out):
+        """out (n, V) <- log_softmax(x) over each row (out may be x)."""
+        n, V = x.shape
+        self.ops._contiguous("log_softmax_rows", x=x, out=out)
+        t = _block(V, 512)
+        self._launch("log_softmax_rows", x.dtype, n, t, (x, out, B.host.int32(V)), t * x.dtype.itemsize)
+
+    def greedy_pick(self, logp, ban, info, tokens):
+        """Greedy decoding's choice per row of logp (n, V), ``ban`` (two ids) excluded: info (2, n)
+        float64 <- (ids, their log-probabilities), tokens (n,) int64 <- ids."""
+        n, V = logp.shape
+        if not (logp.flags.c_contiguous and info.flags.c_contiguous and tokens.flags.c_contiguous) \
+                or info.shape != (2, n) or info.dtype != B.host.float64 or tokens.shape != (n,) \
+                or tokens.dtype != B.host.int64:
+            raise ValueError(f"DecodeKernels.greedy_pick: contiguous logp (n, V), info (2, n) float64 and tokens "
+                             f"(n,) int64 are needed, got {tuple(logp.shape)}, {tuple(info.shape)} {info.dtype}, "
+                             f"{tuple(tokens.shape)} {tokens.dtype}")
+        t = _block(V, 512)
+        i32 = B.host.int32
+        self._launch("greedy_pick", logp.dtype, n, t, (logp, i32(V), i32(ban[0]), i32(ban[1]), info, B.host.int64(n),
+                                                      tokens), t * (logp.dtype.itemsize + 4))
