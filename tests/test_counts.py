@@ -166,3 +166,34 @@ def test_docs_quote_the_counts_the_code_prints(toy_bench):
     md = io.StringIO()
     C.print_counts_markdown(list(toy_bench.values()), md)
     assert md.getvalue().strip() in doc, "docs/GPU.md does not quote today's toy-bench counts:\n" + md.getvalue()
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_a_decoding_position_on_the_gpu_allocates_nothing(norm):
+    """A steady-state cached decoding position on CuPy (FastTransformer's device state, then
+    greedy decoding's pick) writes into buffers made before it: no pool allocation, no sync, and
+    per decoder layer six products and six kernels (two attentions, three residual-and-norm
+    epilogues, the ReLU), plus the embedding, the projection, the log-softmax and the pick."""
+    from attn import decode as D
+    from attn.fast import FastTransformer
+    from attn.model import TransformerConfig
+    L = 2
+    with C._on_the_stand_in() as fc:
+        cp = fc.cupy
+        cfg = TransformerConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                                n_decoder_layers=L, dropout=0.0, norm=norm)
+        model = FastTransformer(cfg, seed=0)
+        src = cp.asarray(np.array([[4, 5, 6, 0], [7, 8, 9, 10], [11, 4, 0, 0]]))
+        mask = (src != 0)[:, None, None, :]
+        state = model.start_decoding(model.encode(src, None, mask)[0], mask, reserve=(3, 8))
+        tokens, info = cp.full((3,), 1, dtype=np.int64), cp.empty((2, 3), dtype=np.float64)
+
+        def position():
+            nonlocal state
+            logp, state, _ = model.decode_step(tokens, state)
+            D._greedy_pick(logp, info, tokens)
+        for _ in range(2):
+            position()
+        tally, syncs, _ = C._count_once(fc, position)
+    assert (tally.allocations, syncs) == (0, 0), tally.ops
+    assert dict(tally.kinds) == {"matmul": 6 * L + 1, "raw": 6 * L + 3}, tally.ops

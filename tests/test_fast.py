@@ -801,3 +801,71 @@ def test_fast_projection_matches_reference(workers, split_min):
         got, want = fast.project(x), ref.project(x)
         assert got.shape == want.shape == x.shape[:-1] + (23,)
         assert rel_error(got, want) < 1e-14
+
+
+@pytest.mark.parametrize("norm,positional", [("post", "sinusoidal"), ("pre", "learned")])
+def test_device_decode_state_matches_reference(norm, positional):
+    """On CuPy (the stand-in: the kernels' NumPy twins) FastTransformer decodes with a
+    DeviceDecodeState: step by step its log-probabilities, cross-attention weights and cached
+    keys/values are the reference decoder's, through buffers grown past their first 16 positions
+    and 6 rows (no reserve), beam search's selects (groups kept, reordered within them, then
+    irregular) and a source of padding alone; pre- and post-norm."""
+    from attn.fast import DeviceDecodeState
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as cp:
+        cfg, ref, fast = _ref_and_fast(seed=4, vocab_size=11, d_model=8, d_ff=12, n_encoder_layers=1,
+                                       n_decoder_layers=2, norm=norm, positional=positional)
+        src = cp.asarray(np.array([[4, 5, 6, 0], [7, 8, 4, 5], [0, 0, 0, 0], [5, 5, 6, 7], [8, 4, 0, 0],
+                                   [6, 9, 10, 4]]))
+        mask = (src != 0)[:, None, None, :]
+        memory, _ = ref.encode(src, None, mask)
+        s_ref, s_fast = ref.start_decoding(memory, mask), fast.start_decoding(memory, mask)
+        assert isinstance(s_fast, DeviceDecodeState) and s_fast.buf.capacity == 16 and s_fast.buf.rows == 6
+        rng = np.random.default_rng(0)
+
+        def step(s_ref, s_fast):
+            toks = cp.asarray(rng.integers(3, cfg.vocab_size, s_fast.n))
+            want, s_ref, w_ref = ref.decode_step(toks, s_ref)
+            got, s_fast, w_fast = fast.decode_step(toks, s_fast)
+            assert rel_error(B.to_host(got), B.to_host(want)) < 1e-12
+            for a, b in zip(w_fast, w_ref):
+                assert a.shape == b.shape and rel_error(B.to_host(a), B.to_host(b)) < 1e-12
+            return s_ref, s_fast
+        selections = [(np.repeat(np.arange(6), 3), 3, True),                      # beam 3's first select
+                      (np.arange(18).reshape(6, 3)[:, [2, 0, 0]].ravel(), 3, True),   # within the groups
+                      (np.array([0, 1, 2, 6, 6, 6, 15, 16, 17]), 3, False),      # sentences 1, 3, 4 finished
+                      (np.array([0, 0, 3, 4, 4, 5, 8]), 1, False)]               # irregular
+        for t in range(20):
+            s_ref, s_fast = step(s_ref, s_fast)
+            if t % 4 == 1 and selections:
+                index, group, kept = selections.pop(0)
+                before = s_fast.cross
+                s_ref, s_fast = s_ref.select(cp.asarray(index)), s_fast.select(cp.asarray(index), index)
+                assert s_fast.group == group and (s_fast.cross is before) == kept
+        assert s_fast.buf.capacity >= 20 and s_fast.buf.rows >= 18 and not selections
+        for (k, v), (rk, rv) in zip(s_fast.self_kv, s_ref.self_kv):
+            assert rel_error(B.to_host(k), B.to_host(rk)) < 1e-12 and rel_error(B.to_host(v), B.to_host(rv)) < 1e-12
+
+
+def test_device_decode_state_is_stepped_once():
+    """A DeviceDecodeState's buffers move on with each step and select: an older state raises a
+    ValueError that says which state to use, rather than giving the numbers of a later position."""
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as cp:
+        cfg, ref, fast = _ref_and_fast(seed=1, vocab_size=9, d_model=8, d_ff=12, n_encoder_layers=1,
+                                       n_decoder_layers=1)
+        src = cp.asarray(np.array([[4, 5, 6, 0], [7, 8, 4, 5]]))
+        mask = (src != 0)[:, None, None, :]
+        s0 = fast.start_decoding(fast.encode(src, None, mask)[0], mask)
+        toks = cp.asarray(np.array([1, 1]))
+        _, s1, _ = fast.decode_step(toks, s0)
+        with pytest.raises(ValueError, match="already stepped"):
+            fast.decode_step(toks, s0)
+        s2 = s1.select(cp.asarray(np.array([1, 0])), np.array([1, 0]))
+        for stale in (lambda: fast.decode_step(toks, s1), lambda: s1.select(toks, np.array([0, 0])),
+                      lambda: s1.self_kv):
+            with pytest.raises(ValueError, match="use the state"):
+                stale()
+        _, s3, _ = fast.decode_step(toks, s2)
+        with pytest.raises(IndexError, match="out of range"):
+            s3.select(toks, np.array([0, 2]))
