@@ -342,6 +342,13 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
 
 # --------------------------------------------------------------------------- beam search
 
+#: On a GPU, beam search ranks each step's candidates with one kernel (``beam_candidates``:
+#: each beam's best tokens, then each sentence's best 2K of those) where a sentence's beams have
+#: at most this many candidates between them; above it, and on NumPy, with the array calls below.
+#: Both keep the same candidates (among exactly equal scores at the cut, which ones may differ).
+BEAM_FUSED_MAX = 1024
+
+
 def length_penalty(length, alpha: float = 0.6):
     """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (1 for alpha = 0)."""
     return ((5.0 + length) / 6.0) ** alpha
@@ -388,9 +395,9 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         finished[i].append((score, -order, toks, (step, int(row))))
         order += 1
 
+    cand_buf = None                              # on a GPU: the fused kernel's output, kept between steps
     for t in range(T_max):
         logp, att = stepper.step(tokens)                                          # (n_live*W, V)
-        _ban(logp)
         nl, V = len(live), logp.shape[1]
         if with_attention:
             att_steps.append(att)
@@ -399,15 +406,23 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         # score is the same for all its tokens): pick those first, over V in float32, then
         # rank the W * C survivors in float64, instead of all W * V of them.
         c = min(C, V)
-        neg = xp.negative(logp, out=logp)   # logp is ours (banned in place above): the best are the least
-        top_v = _least_columns(neg, c)                                           # (n_live*W, c)
-        top_lp = -xp.take_along_axis(neg, top_v, axis=1)
-        cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
-        flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
-        top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered
-        top_s = xp.take_along_axis(cand, top, axis=1)
-        top_f = xp.take_along_axis(flat, top, axis=1)
-        info = B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))            # the step's one sync
+        if xp is not B.host and c <= V - 2 and W * c <= BEAM_FUSED_MAX:   # one kernel does all of it
+            from .fast.decoding import beam_candidates
+            if cand_buf is None or cand_buf.shape != (2, nl, C):
+                cand_buf = xp.empty((2, nl, C), dtype=xp.float64)
+            beam_candidates(logp, beam_scores.reshape(-1), W, c, C, (PAD, BOS), cand_buf)
+            info = B.to_host(cand_buf)                                            # the step's one sync
+        else:
+            _ban(logp)
+            neg = xp.negative(logp, out=logp)   # logp is ours (banned in place above): the best are the least
+            top_v = _least_columns(neg, c)                                           # (n_live*W, c)
+            top_lp = -xp.take_along_axis(neg, top_v, axis=1)
+            cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
+            flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
+            top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered
+            top_s = xp.take_along_axis(cand, top, axis=1)
+            top_f = xp.take_along_axis(flat, top, axis=1)
+            info = B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))            # the step's one sync
         s, f = info[0], info[1].astype(np.int64)
         srt = np.lexsort((f, -s), axis=-1)          # best first; ties: lower id first, as argmax does
         s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)

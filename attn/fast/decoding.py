@@ -510,6 +510,14 @@ def _kernels(xp):
     return K
 
 
+def beam_candidates(logp, beam_scores, W: int, c: int, C: int, ban, info):
+    """Beam search's ranking on CuPy, one ``beam_candidates`` launch: for each sentence of W beams
+    (consecutive rows of logp (n, V)), each beam's c best tokens other than the two ids of ``ban``
+    scored ``beam_scores`` (n,) float64 + their log-probability, then the sentence's C best of them
+    into info (2, n / W, C) float64: (score, w * V + v), best first."""
+    _kernels(B.get_array_module(logp)).beam_candidates(logp, beam_scores, W, c, C, ban, info)
+
+
 def greedy_pick(logp, ban, info, tokens):
     """Greedy decoding's choice on CuPy, one ``greedy_pick`` launch: info (2, n) float64 <- the most
     probable id of each row of logp (n, V) other than the two ids of ``ban``, and its

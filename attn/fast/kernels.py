@@ -1395,12 +1395,129 @@ def greedy_pick_np(launch, logp, V, ban0, ban1, info, n, tokens):
     _view(tokens, (n,), (1,))[...] = ids
 
 
+_BEAM_CANDIDATES = r"""
+// The best of (v, i) over the block, in the order (v descending, i ascending); i < 0 is no entry, NaN never
+// wins. Every thread gets the result. sv and si hold blockDim.x pairs (a power of two).
+__device__ void best_pair(double& v, long long& i, double* sv, long long* si) {
+    sv[threadIdx.x] = v;
+    si[threadIdx.x] = i;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) {
+            int o = threadIdx.x + s;
+            if (si[o] >= 0 && (si[threadIdx.x] < 0 || sv[o] > sv[threadIdx.x] ||
+                               (sv[o] == sv[threadIdx.x] && si[o] < si[threadIdx.x]))) {
+                sv[threadIdx.x] = sv[o];
+                si[threadIdx.x] = si[o];
+            }
+        }
+        __syncthreads();
+    }
+    v = sv[0];
+    i = si[0];
+    __syncthreads();
+}
+
+// Whether (v, i) comes after (pv, pi) in the order of best_pair (everything does when pi < 0).
+__device__ __forceinline__ bool after(double v, long long i, double pv, long long pi) {
+    return pi < 0 || v < pv || (v == pv && i > pi);
+}
+
+// Beam search's candidates, one block per live sentence s, whose W beams are rows s * W .. s * W + W - 1 of
+// logp (n, V): each beam's c most probable tokens other than ban0 and ban1, scored beam_scores[row] + logp
+// (in double), then the C best of those W * c into info (2, n / W, C): info[0][s][k] the score, info[1][s][k]
+// the id w * V + v (as a double), best first. Each round picks the best entry after the last one picked in the
+// order (score descending, id ascending), so equal scores go to the lower id. Shared memory: blockDim.x
+// (double, long long) pairs for the reductions, then the W * c candidates' pairs.
+template <typename T>
+__global__ void beam_candidates(const T* logp, const double* beam_scores, int V, int W, int c, int C, int ban0,
+                                int ban1, double* info) {
+    extern __shared__ unsigned char smem[];
+    double* sv = reinterpret_cast<double*>(smem);
+    long long* si = reinterpret_cast<long long*>(sv + blockDim.x);
+    double* cv = reinterpret_cast<double*>(si + blockDim.x);
+    long long* ci = reinterpret_cast<long long*>(cv + W * c);
+    long long sent = blockIdx.x, n_sent = gridDim.x;
+    for (int w = 0; w < W; ++w) {
+        long long row = sent * W + w;
+        const T* lr = logp + row * V;
+        double pv = 0;
+        long long pi = -1;
+        for (int k = 0; k < c; ++k) {
+            double bv = 0;
+            long long bi = -1;
+            for (int j = threadIdx.x; j < V; j += blockDim.x) {
+                if (j == ban0 || j == ban1) continue;
+                double x = (double)lr[j];
+                if (!after(x, j, pv, pi)) continue;
+                if (bi < 0 || x > bv || (x == bv && j < bi)) { bv = x; bi = j; }
+            }
+            best_pair(bv, bi, sv, si);
+            if (threadIdx.x == 0) {
+                cv[w * c + k] = beam_scores[row] + bv;
+                ci[w * c + k] = (long long)w * V + bi;
+            }
+            pv = bv;
+            pi = bi;
+        }
+    }
+    __syncthreads();
+    double pv = 0;
+    long long pi = -1;
+    for (int k = 0; k < C; ++k) {
+        double bv = 0;
+        long long bi = -1;
+        for (int m = threadIdx.x; m < W * c; m += blockDim.x) {
+            if (!after(cv[m], ci[m], pv, pi)) continue;
+            if (bi < 0 || cv[m] > bv || (cv[m] == bv && ci[m] < bi)) { bv = cv[m]; bi = ci[m]; }
+        }
+        best_pair(bv, bi, sv, si);
+        if (threadIdx.x == 0) {
+            info[sent * C + k] = bv;
+            info[n_sent * C + sent * C + k] = (double)bi;
+        }
+        pv = bv;
+        pi = bi;
+    }
+}
+"""
+
+
+def _best_first(values, ids, k):
+    """The first k of each row of (values, ids) in the order (value descending, id ascending), NaN last."""
+    np = B.host
+    order = np.lexsort((ids, -values), axis=-1)[..., :k]
+    return np.take_along_axis(values, order, -1), np.take_along_axis(ids, order, -1)
+
+
+def beam_candidates_np(launch, logp, beam_scores, V, W, c, C, ban0, ban1, info):
+    """NumPy twin of ``beam_candidates`` (one block per sentence: the grid's size is the sentences)."""
+    np = B.host
+    t = launch.block[0]
+    V, W, c, C = int(V), int(W), int(c), int(C)
+    if t & (t - 1) or launch.shared_mem < 16 * (t + W * c):
+        raise ValueError(f"{launch.name}: a power-of-two block and {16 * (t + W * c)} bytes of shared memory are "
+                         f"needed, got {launch.block} and {launch.shared_mem}")
+    if not (0 < c <= V - 2 and 0 < C <= W * c):
+        raise ValueError(f"{launch.name}: c {c} must leave out the two banned ids of V {V}, and C {C} be at most W * c")
+    m = launch.blocks
+    x = _view(logp, (m * W, V), (V, 1)).astype(np.float64)
+    x[:, [int(ban0), int(ban1)]] = np.nan                                   # never picked
+    ids = np.broadcast_to(np.arange(V), x.shape)
+    top, top_ids = _best_first(x, ids, c)                                   # (m * W, c)
+    cand = (_view(beam_scores, (m * W, 1), (1, 0)) + top).reshape(m, W * c)
+    flat = (np.arange(W)[None, :, None] * V + top_ids.reshape(m, W, c)).reshape(m, W * c)
+    s, f = _best_first(cand, flat, C)
+    iv = _view(info, (2, m, C), (m * C, C, 1))
+    iv[0], iv[1] = s, f
+
+
 # The decoding kernels join the module's source and its table of twins (after the training step's,
 # so that the names and launch code above do not move).
-_SOURCE += "".join([_DECODE_EMBED, _ADD_NORM, _ONE_QUERY_ATTENTION, _LOG_SOFTMAX_ROWS, _GREEDY_PICK])
+_SOURCE += "".join([_DECODE_EMBED, _ADD_NORM, _ONE_QUERY_ATTENTION, _LOG_SOFTMAX_ROWS, _GREEDY_PICK, _BEAM_CANDIDATES])
 NUMPY_TWINS.update({"decode_embed": decode_embed_np, "add_norm": add_norm_np,
                     "one_query_attention": one_query_attention_np, "log_softmax_rows": log_softmax_rows_np,
-                    "greedy_pick": greedy_pick_np})
+                    "greedy_pick": greedy_pick_np, "beam_candidates": beam_candidates_np})
 _KERNELS = tuple(NUMPY_TWINS)
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
 
@@ -1487,3 +1604,24 @@ class DecodeKernels:
         i32 = B.host.int32
         self._launch("greedy_pick", logp.dtype, n, t, (logp, i32(V), i32(ban[0]), i32(ban[1]), info, B.host.int64(n),
                                                       tokens), t * (logp.dtype.itemsize + 4))
+
+    #: Most candidates (beams x tokens per beam) :meth:`beam_candidates` keeps in shared memory.
+    BEAM_MAX_CANDIDATES = 1024
+
+    def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, ban, info):
+        """Beam search's best C candidates per sentence of W beams (see ``beam_candidates``): logp
+        (n, V) contiguous, beam_scores (n,) float64, info (2, n / W, C) float64 receives the scores
+        and the ids w * V + v, best first."""
+        n, V = logp.shape
+        if not (logp.flags.c_contiguous and beam_scores.flags.c_contiguous and info.flags.c_contiguous) \
+                or beam_scores.shape != (n,) or info.shape != (2, n // W, C) or n % W \
+                or beam_scores.dtype != B.host.float64 or info.dtype != B.host.float64 \
+                or W * c > self.BEAM_MAX_CANDIDATES:
+            raise ValueError(f"DecodeKernels.beam_candidates: contiguous logp (n, V), beam_scores (n,) and info "
+                             f"(2, n / W, C) float64, at most {self.BEAM_MAX_CANDIDATES} candidates, are needed; got "
+                             f"{tuple(logp.shape)}, {tuple(beam_scores.shape)}, {tuple(info.shape)}, W {W}, c {c}")
+        t = 128
+        i32 = B.host.int32
+        self._launch("beam_candidates", logp.dtype, n // W, t,
+                     (logp, beam_scores, i32(V), i32(W), i32(c), i32(C), i32(ban[0]), i32(ban[1]), info),
+                     16 * (t + W * c))
