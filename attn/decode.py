@@ -24,6 +24,10 @@ Conventions
   :meth:`DecodeState.select`), so a long tail of one sentence costs one row.
 * Per step the host receives one small array (the chosen ids and their scores)
   and, when rows change, sends one back (the row index, the tokens, the scores).
+  On a GPU, where each transfer waits for the device, greedy decoding receives the
+  ids and scores of :data:`EOS_CHECK_EVERY` positions at once and replays them in
+  order (finished rows run on until then, and leave the batch at that look): the
+  same tokens and scores. Beam search still looks at every position.
 
 Beam search scores a hypothesis Y of |Y| tokens (EOS included) as in GNMT
 (Wu et al. 2016), which the paper uses with alpha = 0.6::

@@ -55,7 +55,7 @@ The package's rooms:
 ``loss``           the fused label-smoothed cross-entropy
 ``arena``          the flat parameter/gradient/moment buffers and their layout
 ``model``          :class:`FastTransformer` and its caches
-``decoding``       the incremental decoding step and its state
+``decoding``       the incremental decoding step and its states (NumPy; CuPy: preallocated)
 ``optim``          :class:`FastAdam`
 =================  ===================================================================
 """

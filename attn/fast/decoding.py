@@ -1,5 +1,7 @@
-"""Incremental decoding on the fast path (NumPy): one decoder position for every row, the
-reference's :meth:`attn.model.Transformer.decode_step` with fewer passes over memory.
+"""Incremental decoding on the fast path: one decoder position for every row, the reference's
+:meth:`attn.model.Transformer.decode_step` with fewer passes over memory. On NumPy a
+:class:`FastDecodeState` (below); on CuPy a :class:`DeviceDecodeState` (at the end: buffers
+preallocated, one kernel per sub-layer, nothing allocated by a steady-state step).
 
 What it does differently (``tests/test_fast.py`` checks the tokens and scores of greedy and
 beam search against the reference decoder):

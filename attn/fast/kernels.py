@@ -1,4 +1,4 @@
-"""Fused CuPy kernels for the memory-bound parts of the fast training step.
+"""Fused CuPy kernels for the memory-bound parts of the fast training step and decoding.
 
 :class:`CupyOps` is what :func:`attn.fast.ops_for` returns for CuPy arrays: the same
 methods as the NumPy ``_Ops`` (which they are tested against in ``tests/test_fast.py``),
@@ -35,6 +35,24 @@ adam_                  the whole Adam update of one parameter in one kernel
 adam_flat_             the whole arena's Adam update in one kernel, after one
                        ``sumsq_partial`` launch when clipping: the norm and the decision
                        to clip stay on the device
+=====================  =====================================================================
+
+and, launched by :class:`DecodeKernels` for a cached decoding step on CuPy
+(:mod:`attn.fast.decoding`, one position for every row):
+
+=====================  =====================================================================
+decode_embed           ``table[ids] * sqrt(D) + pe``, and pre-norm's first layer norm
+one_query_attention    one block per (row, head): the new key and value written into the
+                       cache (self-attention), the scores, the masked softmax and the
+                       weighted sum of the values for the row's one query
+add_norm               a sub-layer's epilogue: ``x <- (s + bias) + x`` and the next layer
+                       norm of it (pre-norm: into the next sub-layer's input; post-norm:
+                       into x). ``residual_ln_fwd`` writes xhat over its input and keeps
+                       no residual stream, which pre-norm needs
+log_softmax_rows       one block per row
+greedy_pick            greedy decoding's choice (PAD and BOS banned) and its log-probability
+beam_candidates        one block per sentence: each beam's best tokens, then the sentence's
+                       best 2K candidates, in the order (score, then lower id)
 =====================  =====================================================================
 
 Nothing here synchronises with the host; the loss stays a 0-d device array.
