@@ -236,12 +236,14 @@ def _ban(logp):
     return logp
 
 
-def _to_device_rows(xp, *columns):
-    """Send several (n,) host columns to the device in one transfer; return them as
-    float64 device arrays (ids are exact in float64 up to 2**53)."""
+def _to_device_rows(xp, index, tokens, scores):
+    """Send the (n,) row index and tokens (int64) and scores (float64) to the device in one
+    transfer (the scores' bits ride in an int64 row); return them as device views of it, so
+    nothing is converted there."""
     np = B.host
-    packed = xp.asarray(np.stack([np.asarray(c, dtype=np.float64) for c in columns]))
-    return list(packed)
+    packed = xp.asarray(np.stack([np.asarray(index, dtype=np.int64), np.asarray(tokens, dtype=np.int64),
+                                  np.ascontiguousarray(scores, dtype=np.float64).view(np.int64)]))
+    return packed[0], packed[1], packed[2].view(xp.float64)
 
 
 def _to_host_steps(att_steps):
@@ -463,9 +465,8 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         idx = new_parent[keep].ravel()
         hist = hist.reshape(nl, Wn, -1)[keep].reshape(len(idx), -1)
         parents.append(idx)
-        idx_d, tok_d, s_d = _to_device_rows(xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
-        stepper.select(idx_d.astype(xp.int64), idx)
-        tokens = tok_d.astype(xp.int64)
+        idx_d, tokens, s_d = _to_device_rows(xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
+        stepper.select(idx_d, idx)
         beam_scores = s_d.reshape(len(live), Wn)
         W = Wn
 
