@@ -869,3 +869,94 @@ def test_device_decode_state_is_stepped_once():
         _, s3, _ = fast.decode_step(toks, s2)
         with pytest.raises(IndexError, match="out of range"):
             s3.select(toks, np.array([0, 2]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cupy_decoding_kernels_match_numpy(cupy, dtype):
+    """The decoding kernels (launched by DecodeKernels) against the sums they stand for: the
+    single-query attention with rows sharing keys in groups, a padded source and a source of
+    padding alone (zero weights), the self-attention's new key and value written into the cache;
+    the residual-and-norm epilogue (out may be x); the log-softmax; and the two picks, whose
+    equal scores go to the lower id (as argmax and a stable sort by score do)."""
+    from attn.fast.decoding import _kernels
+    cp = cupy
+    K = _kernels(cp)
+    rng = np.random.default_rng(1)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    dt = np.dtype(dtype).type
+    n, g, H, Dh, S, cap = 6, 2, 2, 3, 5, 7
+    D = H * Dh
+    # cross-attention: rows 2j and 2j+1 share keys j; sentence 1 has 3 real positions, sentence 2 none
+    q, bq = rng.standard_normal((n, D)).astype(dtype), rng.standard_normal(D).astype(dtype)
+    k, v = (rng.standard_normal((n // g, H, S, Dh)).astype(dtype) for _ in range(2))
+    real = np.ones((n, S), bool)
+    real[2:4, 3:] = False
+    real[4:6] = False
+    bias = np.where(real, 0, np.finfo(dtype).min).astype(dtype)
+    w, ctx = cp.zeros((n, H, S), dtype=dtype), cp.zeros((n, D), dtype=dtype)
+    K.attend(cp.asarray(q), cp.asarray(bq), cp.asarray(k), cp.asarray(v), g, cp.asarray(bias), w, ctx, H, S, False)
+    qh = (q + bq).reshape(n, H, Dh)
+    kk, vv = np.repeat(k, g, axis=0), np.repeat(v, g, axis=0)
+    s = np.einsum("nhd,nhjd->nhj", qh, kk)
+    s = np.where(real[:, None], s, -np.inf)
+    with np.errstate(invalid="ignore"):                                    # rows with no key: nan, then 0
+        e = np.exp(s - s.max(-1, keepdims=True))
+        want_w = np.nan_to_num(e / e.sum(-1, keepdims=True))
+    assert np.array_equal(cp.asnumpy(w) == 0, want_w == 0) and rel_error(cp.asnumpy(w), want_w) < tol
+    want_ctx = np.einsum("nhj,nhjd->nhd", want_w, vv).reshape(n, D)
+    assert np.all(cp.asnumpy(ctx)[4:] == 0) and rel_error(cp.asnumpy(ctx), want_ctx) < tol
+    # self-attention at position t = 3 of a cache with room for 7: writes the new key and value first
+    t = 3
+    qkv, bqkv = rng.standard_normal((n, 3 * D)).astype(dtype), rng.standard_normal(3 * D).astype(dtype)
+    cache = rng.standard_normal((n, 2, H, cap, Dh)).astype(dtype)
+    cache_d, ws = cp.asarray(cache), cp.zeros((n, H, cap), dtype=dtype)
+    K.attend(cp.asarray(qkv), cp.asarray(bqkv), cache_d[:, 0], cache_d[:, 1], 1, None, ws, ctx, H, t + 1, True)
+    new = (qkv + bqkv).reshape(n, 3, H, Dh)
+    cache[:, 0, :, t], cache[:, 1, :, t] = new[:, 1], new[:, 2]
+    assert rel_error(cp.asnumpy(cache_d), cache) < tol                    # position t written, the rest kept
+    s = np.einsum("nhd,nhjd->nhj", new[:, 0], cache[:, 0, :, :t + 1])
+    e = np.exp(s - s.max(-1, keepdims=True))
+    want_ctx = np.einsum("nhj,nhjd->nhd", e / e.sum(-1, keepdims=True), cache[:, 1, :, :t + 1]).reshape(n, D)
+    assert rel_error(cp.asnumpy(ctx), want_ctx) < tol
+    # add_norm, into another buffer and into x itself
+    x, sub, b = (rng.standard_normal(shape).astype(dtype) for shape in ((n, D), (n, D), (D,)))
+    gamma, beta = rng.standard_normal(D).astype(dtype), rng.standard_normal(D).astype(dtype)
+    y = (sub + b) + x
+    want = (y - y.mean(1, keepdims=True)) / np.sqrt(y.var(1, keepdims=True) + dt(1e-6)) * gamma + beta
+    x_d, out_d = cp.asarray(x), cp.empty((n, D), dtype=dtype)
+    K.add_norm(x_d, cp.asarray(sub), cp.asarray(b), out_d, cp.asarray(gamma), cp.asarray(beta), 1e-6)
+    assert rel_error(cp.asnumpy(x_d), y) < tol and rel_error(cp.asnumpy(out_d), want) < tol
+    x_d = cp.asarray(x)
+    K.add_norm(x_d, cp.asarray(sub), cp.asarray(b), x_d, cp.asarray(gamma), cp.asarray(beta), 1e-6)
+    assert rel_error(cp.asnumpy(x_d), want) < tol
+    # log-softmax in place, then the picks with ties (ids 0 and 1 banned)
+    V = 9
+    logits = rng.standard_normal((4, V)).astype(dtype)
+    logits[0, [0, 3, 5]] = 9.0                                             # a banned id above a tie of 3 and 5
+    logits[1, [2, 7]] = 8.0
+    lp = cp.asarray(logits)
+    K.log_softmax(lp, lp)
+    want_lp = logits - logits.max(1, keepdims=True)
+    want_lp -= np.log(np.exp(want_lp).sum(1, keepdims=True))
+    assert rel_error(cp.asnumpy(lp), want_lp) < tol
+    info, toks = cp.zeros((2, 4), dtype=np.float64), cp.zeros(4, dtype=np.int64)
+    K.greedy_pick(lp, (0, 1), info, toks)
+    banned = want_lp.copy()
+    banned[:, :2] = -np.inf
+    ids = banned.argmax(1)
+    assert ids[0] == 3 and ids[1] == 2 and cp.asnumpy(toks).tolist() == ids.tolist()
+    assert np.array_equal(cp.asnumpy(info), np.stack([ids, cp.asnumpy(lp)[np.arange(4), ids]]))
+    # beam: 2 sentences x W = 2 beams, each beam's c = 3 best, the sentence's C = 4 best
+    W, c, C = 2, 3, 4
+    scores = np.array([0.0, -0.5, -1.0, -np.inf])                          # the last beam is dead
+    cand = cp.zeros((2, 2, C), dtype=np.float64)
+    K.beam_candidates(lp, cp.asarray(scores), W, c, C, (0, 1), cand)
+    host = cp.asnumpy(lp).astype(np.float64)
+    for sent in range(2):
+        pool = []
+        for wb in range(W):
+            row = sent * W + wb
+            best = sorted(range(2, V), key=lambda j: (-host[row, j], j))[:c]
+            pool += [(scores[row] + host[row, j], wb * V + j) for j in best]
+        top = sorted(pool, key=lambda p: (-p[0], p[1]))[:C]
+        assert cp.asnumpy(cand)[:, sent].T.tolist() == [list(p) for p in top], sent
