@@ -877,7 +877,7 @@ def test_cupy_decoding_kernels_match_numpy(cupy, dtype):
     single-query attention with rows sharing keys in groups, a padded source and a source of
     padding alone (zero weights), the self-attention's new key and value written into the cache;
     the residual-and-norm epilogue (out may be x); the log-softmax; and the two picks, whose
-    equal scores go to the lower id (as argmax and a stable sort by score do)."""
+    equal scores go to the lower id (as argmax and a stable sort by score do); the cache's reorder."""
     from attn.fast.decoding import _kernels
     cp = cupy
     K = _kernels(cp)
@@ -960,3 +960,10 @@ def test_cupy_decoding_kernels_match_numpy(cupy, dtype):
             pool += [(scores[row] + host[row, j], wb * V + j) for j in best]
         top = sorted(pool, key=lambda p: (-p[0], p[1]))[:C]
         assert cp.asnumpy(cand)[:, sent].T.tolist() == [list(p) for p in top], sent
+    # the cache's reorder: the written positions of the rows picked (with repeats), the room left alone
+    src = rng.standard_normal((4, 2, 2, H, cap, Dh)).astype(dtype)
+    dst = rng.standard_normal((5, 2, 2, H, cap, Dh)).astype(dtype)
+    dst_d, index = cp.asarray(dst), np.array([3, 3, 0])
+    K.gather_prefix(cp.asarray(src), dst_d, cp.asarray(index), 4)
+    dst[:3, ..., :4, :] = src[index][..., :4, :]
+    assert np.array_equal(cp.asnumpy(dst_d), dst)

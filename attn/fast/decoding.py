@@ -356,8 +356,8 @@ def run_step(model, tokens, state, parts: int, one_thread: bool):
 
 class _DeviceBuffers:
     """What device steps write, shared by the states of one decoding: the self-attention keys and
-    values of every layer in one array ``kv`` (rows, L, 2, H, capacity, Dh) (one copy reorders all
-    layers: beam search's every step), a spare of that shape for the reorder (made at the first
+    values of every layer in one array ``kv`` (rows, L, 2, H, capacity, Dh) (one launch reorders
+    all layers: beam search's every step), a spare of that shape for the reorder (made at the first
     :meth:`DeviceDecodeState.select`), and each step's buffers for ``rows`` rows (a step of n rows
     uses the first n). ``generation`` counts steps and selects: only the state of the latest one
     may be stepped or selected from."""
@@ -452,8 +452,9 @@ class DeviceDecodeState:
 
     def select(self, index, index_h=None) -> "DeviceDecodeState":
         """Keep (and repeat) rows ``index`` (device ints; ``index_h`` the same on the host, else it
-        is fetched): the keys and values of every layer are gathered by one ``take`` into the
-        spare buffer, which then becomes the buffer (no allocation). The cross-attention copies,
+        is fetched): the keys and values of every layer, at the positions written so far, are
+        gathered by one ``gather_prefix`` launch into the spare buffer, which then becomes the
+        buffer (no allocation). The cross-attention copies,
         the source bias and mask are gathered only when the rows' sentences change."""
         self._check_latest("select")
         np, xp = B.host, B.get_array_module(self.src_bias)
@@ -464,8 +465,9 @@ class DeviceDecodeState:
         buf.fit(n_new, max(buf.capacity, t), self.n, t)
         if buf.spare is None:
             buf.spare = xp.empty_like(buf.kv)
-        index = index if B.get_array_module(index) is xp and index.dtype == np.int64 else xp.asarray(index_h)
-        xp.take(buf.kv[:self.n], index, axis=0, out=buf.spare[:n_new])
+        if not (B.get_array_module(index) is xp and index.dtype == np.int64 and index.flags.c_contiguous):
+            index = xp.asarray(index_h.astype(np.int64))
+        _kernels(xp).gather_prefix(buf.kv, buf.spare, index, t)      # the t positions written, not the room
         buf.kv, buf.spare = buf.spare, buf.kv
         sentence = self.sentence[index_h]
         group = _group_size(sentence)

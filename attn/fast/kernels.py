@@ -53,6 +53,9 @@ log_softmax_rows       one block per row
 greedy_pick            greedy decoding's choice (PAD and BOS banned) and its log-probability
 beam_candidates        one block per sentence: each beam's best tokens, then the sentence's
                        best 2K candidates, in the order (score, then lower id)
+gather_prefix          beam search's reorder of the key/value cache: the positions written
+                       so far of the rows picked, one block per (row, layer, keys or values,
+                       head)
 =====================  =====================================================================
 
 Nothing here synchronises with the host; the loss stays a 0-d device array.
@@ -1530,12 +1533,44 @@ def beam_candidates_np(launch, logp, beam_scores, V, W, c, C, ban0, ban1, info):
     iv[0], iv[1] = s, f
 
 
+_GATHER_PREFIX = r"""
+// Beam search's reorder of the key/value cache: row r of dst (rows of `row` elements, each `segs` segments of
+// `seg` elements: a layer's keys or values of one head) receives the first `len` elements of every segment of row
+// index[r] of src (the positions decoded so far, not the room after them). One block per (row, segment).
+template <typename T>
+__global__ void gather_prefix(const T* src, T* dst, const long long* index, long long row, int segs, long long seg,
+                              long long len) {
+    long long r = blockIdx.x / segs, b = blockIdx.x % segs;
+    const T* from = src + index[r] * row + b * seg;
+    T* to = dst + r * row + b * seg;
+    for (long long i = threadIdx.x; i < len; i += blockDim.x) to[i] = from[i];
+}
+"""
+
+
+def gather_prefix_np(launch, src, dst, index, row, segs, seg, len):
+    """NumPy twin of ``gather_prefix`` (one block per row and segment: the grid's size is rows * segs)."""
+    row, segs, seg, len = int(row), int(segs), int(seg), int(len)
+    if launch.blocks % segs or not 0 <= len <= seg or segs * seg > row:
+        raise ValueError(f"{launch.name}: {launch.blocks} blocks for {segs} segments of {seg} ({len} copied) in rows "
+                         f"of {row}")
+    n = launch.blocks // segs
+    idx = _view(index, (n,), (1,))
+    if n and (idx.min() < 0 or (idx.max() + 1) * row > src.size):
+        raise IndexError(f"{launch.name}: a row index outside the source's {src.size // row} rows")
+    if n and len:
+        whole = _view(src, (src.size // row, segs, len), (row, seg, 1))
+        _view(dst, (n, segs, len), (row, seg, 1))[...] = whole[idx]
+
+
 # The decoding kernels join the module's source and its table of twins (after the training step's,
 # so that the names and launch code above do not move).
-_SOURCE += "".join([_DECODE_EMBED, _ADD_NORM, _ONE_QUERY_ATTENTION, _LOG_SOFTMAX_ROWS, _GREEDY_PICK, _BEAM_CANDIDATES])
+_SOURCE += "".join([_DECODE_EMBED, _ADD_NORM, _ONE_QUERY_ATTENTION, _LOG_SOFTMAX_ROWS, _GREEDY_PICK, _BEAM_CANDIDATES,
+                     _GATHER_PREFIX])
 NUMPY_TWINS.update({"decode_embed": decode_embed_np, "add_norm": add_norm_np,
                     "one_query_attention": one_query_attention_np, "log_softmax_rows": log_softmax_rows_np,
-                    "greedy_pick": greedy_pick_np, "beam_candidates": beam_candidates_np})
+                    "greedy_pick": greedy_pick_np, "beam_candidates": beam_candidates_np,
+                    "gather_prefix": gather_prefix_np})
 _KERNELS = tuple(NUMPY_TWINS)
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
 
@@ -1643,3 +1678,20 @@ class DecodeKernels:
         self._launch("beam_candidates", logp.dtype, n // W, t,
                      (logp, beam_scores, i32(V), i32(W), i32(c), i32(C), i32(ban[0]), i32(ban[1]), info),
                      16 * (t + W * c))
+
+    def gather_prefix(self, src, dst, index, length: int):
+        """dst[r, ..., :length, :] <- src[index[r], ..., :length, :] for the caches (rows, L, 2, H,
+        capacity, Dh) (both contiguous, one shape): the positions written so far, not the room."""
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous and index.flags.c_contiguous) \
+                or src.shape[1:] != dst.shape[1:] or index.dtype != B.host.int64 or index.shape[0] > dst.shape[0]:
+            raise ValueError(f"DecodeKernels.gather_prefix: contiguous caches of one shape and an int64 index are "
+                             f"needed, got {tuple(src.shape)}, {tuple(dst.shape)}, index {tuple(index.shape)} "
+                             f"{index.dtype}")
+        n = index.shape[0]
+        Dh, cap = src.shape[-1], src.shape[-2]
+        segs = math.prod(src.shape[1:-2])
+        if n == 0 or length == 0:
+            return
+        i64 = B.host.int64
+        self._launch("gather_prefix", src.dtype, n * segs, _block(length * Dh, 256),
+                     (src, dst, index, i64(segs * cap * Dh), B.host.int32(segs), i64(cap * Dh), i64(length * Dh)), 0)
