@@ -84,7 +84,7 @@ class DecodeResult(NamedTuple):
 class _CachedStepper:
     """One decoder position per call, with the keys/values of the prefix cached."""
 
-    def __init__(self, model, memory, src_mask, with_attention, reserve):
+    def __init__(self, model, memory, src_mask, with_attention, reserve=None):
         self.model, self.with_attention = model, with_attention
         if getattr(model, "DECODE_RESERVES", False):      # buffers sized once for the whole search
             self.state = model.start_decoding(memory, src_mask, reserve=reserve)
