@@ -192,7 +192,9 @@ def keystroke_to_last_token(chromium, url: str, sentence: str, repeats: int, del
     keydown to the animation frame that paints the last token (``window.attnTiming.endedAt``,
     in the page's own clock), ``repeats`` times, in one page (the first translation on load
     warmed it, as it does for a reader). Also the page's computing time (encoder and decoding
-    steps), its drawing time (the tokens and every heatmap) and the output tokens."""
+    steps), its drawing time (the tokens and every heatmap), the animation frames it waited
+    for (one per token shown as it comes when decoding is slower than a frame, and the last)
+    and the output tokens."""
     problems: list[str] = []
     context, page = _guarded_context(chromium, problems)
     runs = []
@@ -216,8 +218,10 @@ def keystroke_to_last_token(chromium, url: str, sentence: str, repeats: int, del
             if page.input_value("#source") != sentence:
                 problems.append(f"the page's input reads {page.input_value('#source')!r}, not the sentence typed")
             source_tokens = timing["sourceTokens"]
-            runs.append({"ms": timing["endedAt"] - timing["keydown"], "compute_ms": timing["computeMs"],
-                         "draw_ms": timing["drawMs"], "page_ms": timing["ms"]})
+            ms = timing["endedAt"] - timing["keydown"]
+            runs.append({"ms": ms, "compute_ms": timing["computeMs"], "draw_ms": timing["drawMs"],
+                         "rest_ms": ms - timing["computeMs"] - timing["drawMs"], "frames": timing["frames"],
+                         "page_ms": timing["ms"]})
             if progress:
                 progress(i + 1, repeats, runs[-1]["ms"])
         tokens = page.locator("#output .tok").all_inner_texts()
@@ -233,7 +237,8 @@ def keystroke_to_last_token(chromium, url: str, sentence: str, repeats: int, del
     return {"sentence": sentence, "words": word_count(sentence), "source_tokens": source_tokens,
             "output_tokens": tokens, "repeats": repeats, "type_delay_ms": delay_ms,
             "keystroke_to_last_token_ms": summary("ms"), "compute_ms": summary("compute_ms"),
-            "draw_ms": summary("draw_ms"), "page_ms": summary("page_ms")}
+            "draw_ms": summary("draw_ms"), "rest_ms": summary("rest_ms"), "frames": summary("frames"),
+            "page_ms": summary("page_ms")}
 
 
 def measure(repeats: int = 9, sentence: str | None = None, delay_ms: float = 100.0, progress=None) -> dict:
@@ -269,7 +274,9 @@ def render_markdown(result: dict) -> str:
     m, w = result["machine"], result["page_weight"]
     loads = lambda key: ", ".join(f"{x:.2f}" for x in m[key]) if m.get(key) else "unknown"   # noqa: E731
     cfg = result["model"]["config"]
-    key, compute, draw, page = (result[k] for k in ("keystroke_to_last_token_ms", "compute_ms", "draw_ms", "page_ms"))
+    key, compute, draw, rest, page = (result[k] for k in ("keystroke_to_last_token_ms", "compute_ms", "draw_ms",
+                                                          "rest_ms", "page_ms"))
+    frames = result["frames"]["median"]
     median = key["median"]
     verdict = "within" if result["within_target"] else "over"
     lines = [
@@ -295,6 +302,8 @@ def render_markdown(result: dict) -> str:
         f"| {_ms(compute['max'])} |",
         f"| of which drawing (tokens, every heatmap) | {_ms(draw['median'])} | {_ms(draw['min'])} "
         f"| {_ms(draw['max'])} |",
+        f"| the rest: waiting for the frames that paint ({frames:g}, the median), the browser's own work "
+        f"| {_ms(rest['median'])} | {_ms(rest['min'])} | {_ms(rest['max'])} |",
         f"| the page's own figure (from the input event) | {_ms(page['median'])} | {_ms(page['min'])} "
         f"| {_ms(page['max'])} |",
         "",
