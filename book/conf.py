@@ -152,6 +152,8 @@ def _copy_web(app, exc) -> None:
     folder's contents to the site's root, where the page's ``index.html`` would replace the
     book's.)"""
     if exc is None and app.builder.name == "html":
+        if not (ROOT / "web" / "index.html").is_file():
+            raise RuntimeError(f"book/web.md frames the web page, but {ROOT / 'web' / 'index.html'} does not exist")
         target = Path(app.outdir) / "web"
         if target.exists():
             shutil.rmtree(target)            # a file deleted from web/ leaves the site too

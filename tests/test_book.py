@@ -287,6 +287,7 @@ def test_a_lesson_whose_check_fails_fails_the_build(tmp_path):
         pytest.skip(missing)
     shutil.copytree(ROOT / "attn", tmp_path / "attn", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "book", tmp_path / "book", ignore=shutil.ignore_patterns("lessons", "__pycache__"))
+    (tmp_path / "web").symlink_to(ROOT / "web")           # the page the book frames (book/web.md)
     (tmp_path / "data").mkdir()
     (tmp_path / "lessons").mkdir()
     (tmp_path / "lessons" / "renumbered.json").write_text('{"_about": "none renamed"}', encoding="utf-8")
