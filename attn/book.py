@@ -34,14 +34,18 @@ def lesson_files(root: Path = ROOT) -> list[Path]:
     return sorted((root / "lessons").glob("[0-9][0-9]_*.py"), key=lambda p: (int(p.name[:2]), p.name))
 
 
+#: Modules of the library that no lesson runs: changing them re-executes no lesson.
+NOT_RUN_BY_LESSONS = ("attn/book.py", "attn/browser.py")
+
+
 def library_hash(root: Path = ROOT) -> str:
     """A short hash of everything a lesson's output depends on besides its own code:
-    the library's sources (``attn/**/*.py``, this module aside: the lessons do not run it)
-    and the data (``data/**``)."""
+    the library's sources (``attn/**/*.py``, but for NOT_RUN_BY_LESSONS: this module, and the
+    browser driver of the web page's tests and measurement) and the data (``data/**``)."""
     h = hashlib.sha256()
+    skip = {root / name for name in NOT_RUN_BY_LESSONS}
     files = sorted(p for d in ("attn", "data") for p in (root / d).rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-                   and p != root / "attn" / "book.py")
+                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc" and p not in skip)
     for p in files:
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]

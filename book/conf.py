@@ -145,6 +145,21 @@ def _copy_mathjax(app, exc) -> None:
         copy_asset(str(_mathjax_files()), str(Path(app.outdir) / "_static" / "mathjax"))
 
 
+def _copy_web(app, exc) -> None:
+    """The web page (``web/``: the page, its modules and the exported toy model) into the
+    site's ``web/``, where ``book/web.md`` frames it: the built book carries the page, and a
+    reader who serves the book has it offline. (Not ``html_extra_path``, which copies a
+    folder's contents to the site's root, where the page's ``index.html`` would replace the
+    book's.)"""
+    if exc is None and app.builder.name == "html":
+        if not (ROOT / "web" / "index.html").is_file():
+            raise RuntimeError(f"book/web.md frames the web page, but {ROOT / 'web' / 'index.html'} does not exist")
+        target = Path(app.outdir) / "web"
+        if target.exists():
+            shutil.rmtree(target)            # a file deleted from web/ leaves the site too
+        shutil.copytree(ROOT / "web", target, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+
+
 def setup(app):
     # The library's hash is part of the environment: when attn/ or data/ change, Sphinx
     # re-reads every lesson, and the cache named by the new hash re-executes them.
@@ -153,4 +168,5 @@ def setup(app):
     _mathjax_files()                 # fail early, with the command that installs it
     app.connect("build-finished", _copy_mathjax)
     app.connect("build-finished", _write_redirects)
+    app.connect("build-finished", _copy_web)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

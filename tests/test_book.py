@@ -110,9 +110,10 @@ _MATH = """() => ({
 })"""
 
 
-def visit(browser, url: str, screenshot: Path | None):
+def visit(browser, url: str, screenshot: Path | None, act=None):
     """Open ``url`` in a fresh context that lets no request leave 127.0.0.1; wait for the
-    images and for MathJax; return (page facts, PageReport). The page is closed after."""
+    images and for MathJax; then ``act(page)``, if given, whose result joins the facts as
+    ``facts["act"]``; return (page facts, PageReport). The page is closed after."""
     report = PageReport()
     context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
 
@@ -148,6 +149,8 @@ def visit(browser, url: str, screenshot: Path | None):
                  "math": page.evaluate(_MATH),
                  "outputs": page.evaluate("() => Array.from(document.querySelectorAll('.cell_output'))"
                                           ".map(e => e.innerText).join('\\n')")}
+        if act is not None:
+            facts["act"] = act(page)
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(screenshot), full_page=True)
@@ -206,6 +209,43 @@ def test_every_other_page(site, browser, built_book):
         assert_page_works(facts, report, page)
 
 
+def test_the_web_page_translates_inside_the_book(site, browser, built_book):
+    """book/web.md frames the page of web/, which the build copies into the site (book/conf.py):
+    inside the book the page loads the shipped model from the site, and typing a sentence
+    translates it token for token as attn does in NumPy, with every head drawn; no request
+    leaves 127.0.0.1 and the console stays clean (tests/test_web.py proves the numbers)."""
+    from attn.evaluate import translate
+    from attn.export import load_export
+    for path in (ROOT / "web").rglob("*"):
+        if path.is_file():
+            copy = built_book / "web" / path.relative_to(ROOT / "web")
+            assert copy.is_file() and copy.read_bytes() == path.read_bytes(), f"the site's copy of {path} differs"
+    model, vocab, doc = load_export(ROOT / "web" / "model")
+    sentence = doc["sentences"][1]
+    expected = translate(model, vocab, [sentence])[0].tgt_tokens + ["</s>"]
+
+    def type_a_sentence(page):
+        assert page.get_attribute("#open-web-page", "href") == "web/index.html"
+        frame = page.locator("iframe#web-page").element_handle().content_frame()
+        frame.wait_for_function("['ready', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+        assert frame.evaluate("document.body.dataset.state") == "ready", frame.inner_text("#model-info")
+        frame.fill("#source", sentence[:-1])
+        frame.wait_for_function("document.body.dataset.state === 'done'")
+        frame.evaluate("window.attnTiming = null")
+        frame.type("#source", sentence[-1])
+        frame.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming")
+        return {"tokens": frame.locator("#output .tok").all_inner_texts(),
+                "maps": frame.locator(".maps canvas").count(), "url": frame.url}
+
+    facts, report = visit(browser, site + "web.html", book.SCREENSHOTS / "web_in_the_book.png", act=type_a_sentence)
+    assert_page_works(facts, report, "web.html")
+    seen = facts["act"]
+    assert seen["url"] == site + "web/index.html"
+    assert seen["tokens"] == expected, (sentence, seen["tokens"], expected)
+    cfg = model.config
+    assert seen["maps"] == (cfg.n_encoder_layers + 2 * cfg.n_decoder_layers) * cfg.n_heads
+
+
 def test_api_reference_shows_every_layer_with_its_derivation(built_book):
     html = (built_book / "api" / "layers.html").read_text(encoding="utf-8")
     modules = sorted(p.stem for p in (ROOT / "attn" / "layers").glob("*.py") if not p.stem.startswith("_"))
@@ -247,6 +287,7 @@ def test_a_lesson_whose_check_fails_fails_the_build(tmp_path):
         pytest.skip(missing)
     shutil.copytree(ROOT / "attn", tmp_path / "attn", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "book", tmp_path / "book", ignore=shutil.ignore_patterns("lessons", "__pycache__"))
+    (tmp_path / "web").symlink_to(ROOT / "web")           # the page the book frames (book/web.md)
     (tmp_path / "data").mkdir()
     (tmp_path / "lessons").mkdir()
     (tmp_path / "lessons" / "renumbered.json").write_text('{"_about": "none renamed"}', encoding="utf-8")

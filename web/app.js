@@ -171,7 +171,8 @@ async function run(text, startedAt) {
   const t0 = performance.now();
   const { memory, weights } = model.encode(srcIds);
   current = { srcTokens, srcIds, encoderWeights: weights, steps: [] };
-  let compute = performance.now() - t0;
+  let compute = performance.now() - t0, draw = 0, frames = 0;
+  const timedRender = () => { const d0 = performance.now(); render(); draw += performance.now() - d0; };
   const beamSize = +beam.value;
   if (beamSize > 1) {
     const t1 = performance.now();
@@ -187,23 +188,26 @@ async function run(text, startedAt) {
       if (done) break;
       current.steps.push(value);
       if (performance.now() - lastPaint > 16) {      // a slow model: show each token as it comes
-        render();
+        timedRender();
         await nextFrame();
+        frames += 1;
         if (mine !== generation) return;
         lastPaint = performance.now();
       }
     }
   }
-  render();
+  timedRender();
   stepInput.max = String(current.steps.length);
   stepInput.value = String(current.steps.length);
   stepInput.disabled = replay.disabled = false;
   await nextFrame();                                  // the frame that shows the last token
+  frames += 1;
   if (mine !== generation) return;
-  const ms = performance.now() - startedAt;
-  window.attnTiming = { ms, computeMs: compute, tokens: current.steps.length, sourceTokens: srcIds.length };
+  const endedAt = performance.now(), ms = endedAt - startedAt;
+  window.attnTiming = { ms, computeMs: compute, drawMs: draw, frames, tokens: current.steps.length,
+                        sourceTokens: srcIds.length, startedAt, endedAt };
   $("#timing").textContent = `${current.steps.length} tokens; ${ms.toFixed(1)} ms from keystroke to the last token ` +
-    `(${compute.toFixed(1)} ms computing)`;
+    `(${compute.toFixed(1)} ms computing, ${draw.toFixed(1)} ms drawing)`;
   document.body.dataset.state = "done";
 }
 
