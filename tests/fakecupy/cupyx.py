@@ -24,6 +24,8 @@ def scatter_add(a, slices, value):
     v = _unwrap(value, "cupyx.scatter_add")
     np.add.at(target, idx, v)
     from . import cupy as _cp
+    if _cp._capturing is not None:
+        _cp._record(lambda: np.add.at(target, idx, v))
     if _cp.tracer is not None:
         _cp._report("elementwise", "scatter_add", (v, idx), target, True)
 

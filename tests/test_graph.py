@@ -1,0 +1,155 @@
+"""A step captured as a CUDA graph (:mod:`attn.fast.graph`), proven on the CuPy stand-in.
+
+The stand-in models capture as a GPU does it: while a stream captures, nothing it records has
+any effect on memory (the stand-in runs each operation, records it, and puts every array back
+when the capture ends; arrays made during it are filled with NaN), a graph replays exactly what
+was recorded (host scalars by their value at the capture), and what CUDA or CuPy refuse during a
+capture raises. So a step that replays equal to the same steps run eagerly, with a learning rate
+that changes every step, is one that a GPU can replay.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attn.fast.graph import CapturedStep, CaptureError, summarise, survey
+
+
+@pytest.fixture
+def fc():
+    import fakecupy
+    from conftest import selected_backend
+    with selected_backend("fakecupy"):
+        yield fakecupy.cupy
+
+
+def _state(cp, seed=0, n=64):
+    rng = np.random.default_rng(seed)
+    return {"w": cp.asarray(rng.standard_normal(n).astype(np.float32)),
+            "g": cp.zeros(n, dtype=np.float32), "lr": cp.zeros(1, dtype=np.float32),
+            "cols": cp.zeros(8, dtype=np.float32)}
+
+
+def _sgd(cp, s):
+    """A capture-safe step: its learning rate is read from device memory."""
+    from attn.fast.dispatch import ops_for
+    ops = ops_for(cp)
+
+    def step(x):
+        cp.subtract(s["w"], x, out=s["g"])                       # the gradient of |w - x|^2 / 2
+        ops.colsum(s["g"].reshape(8, 8), out=s["cols"])         # a RawKernel (two-stage column sums)
+        s["cols"] *= np.float32(1 / 64)
+        s["g"].reshape(8, 8)[...] += s["cols"]
+        cp.multiply(s["g"], s["lr"], out=s["g"])
+        s["w"] -= s["g"]
+        return s["w"]
+    return step
+
+
+def _batches(n, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(64).astype(np.float32) for _ in range(n)]
+
+
+def test_a_capture_changes_nothing_and_a_launch_replays_it(fc):
+    s = _state(fc)
+    before = s["w"].get()
+    stream = fc.cuda.Stream(non_blocking=True)
+    x = fc.asarray(_batches(1)[0])
+    s["lr"][...] = fc.asarray(np.float32([0.5]))
+    _sgd(fc, _state(fc))(x)                  # an eager call first: the kernels' scratch memory is made
+    stream.begin_capture()
+    _sgd(fc, s)(x)
+    graph = stream.end_capture()
+    np.testing.assert_array_equal(s["w"].get(), before)       # recorded, not run
+    graph.launch()
+    eager = _state(fc)
+    eager["lr"][...] = fc.asarray(np.float32([0.5]))
+    _sgd(fc, eager)(x)
+    np.testing.assert_array_equal(s["w"].get(), eager["w"].get())
+
+
+def test_replaying_equals_eager_steps_with_a_changing_learning_rate(fc):
+    lrs = [0.1, 0.05, 0.2, 0.01, 0.3, 0.07]
+    eager, captured = _state(fc), _state(fc)
+    eager_step, graphed = _sgd(fc, eager), CapturedStep(_sgd(fc, captured), warmup=1)
+    for lr, x in zip(lrs, _batches(len(lrs))):
+        for s in (eager, captured):
+            s["lr"][...] = fc.asarray(np.float32([lr]))       # outside the graph: one host->device copy
+        eager_step(fc.asarray(x))
+        graphed(fc.asarray(x))
+    assert graphed.graphs == 1
+    np.testing.assert_array_equal(captured["w"].get(), eager["w"].get())
+
+
+def test_a_host_scalar_is_replayed_as_it_was_captured(fc):
+    """Why the learning rate must live on the device: passed as a host number, a graph replays
+    the value it saw when it was captured, and the replayed run leaves the eager one."""
+    eager, captured = _state(fc), _state(fc)
+
+    def step_with(s):
+        def step(x, lr):
+            fc.subtract(s["w"], x, out=s["g"])
+            s["g"] *= np.float32(lr)
+            s["w"] -= s["g"]
+        return step
+    lrs, xs = [0.1, 0.2, 0.3], _batches(3)
+    box = {}
+    graphed = CapturedStep(lambda x: step_with(captured)(x, box["lr"]), warmup=1)
+    for lr, x in zip(lrs, xs):
+        step_with(eager)(fc.asarray(x), lr)
+        box["lr"] = lr
+        graphed(fc.asarray(x))
+    assert not np.array_equal(captured["w"].get(), eager["w"].get())
+
+
+def test_one_graph_per_input_shape(fc):
+    calls = []
+
+    def step(x):
+        calls.append(x.shape)
+        x *= np.float32(2)
+    graphed = CapturedStep(step, warmup=2)
+    for n in (4, 4, 4, 4, 6, 6, 6, 4):
+        graphed(fc.ones(n, dtype=np.float32))
+    # shape 4: two eager calls, one capture, then launches; shape 6: two eager, one capture
+    assert graphed.graphs == 2
+    assert calls == [(4,), (4,), (4,), (6,), (6,), (6,)]
+
+
+@pytest.mark.parametrize("what, kind", [
+    (lambda cp, x: x + 1, "allocates"),
+    (lambda cp, x: float(x[0]), "device->host"),
+    (lambda cp, x: cp.matmul(x.reshape(1, -1), x.reshape(-1, 1), out=x[:1].reshape(1, 1)), "matmul"),
+    (lambda cp, x: cp.random.RandomState(0).random_sample(3, dtype=np.float32), "cuRAND"),
+    (lambda cp, x: x.set(np.zeros(x.shape, x.dtype)), "host->device"),
+])
+def test_what_a_capture_refuses_is_an_error_naming_it(fc, what, kind):
+    graphed = CapturedStep(lambda x: what(fc, x), warmup=1)
+    x = fc.ones(4, dtype=np.float32)
+    graphed(x)                                   # eager: allowed
+    with pytest.raises(CaptureError, match=kind) as e:
+        graphed(x)
+    assert "test_graph.py" in str(e.value)       # where the step asked for it
+    assert not fc.cuda.Stream(non_blocking=True).is_capturing()
+
+
+def test_numpy_calls_the_function(fc):
+    calls = []
+    graphed = CapturedStep(lambda x: calls.append(1), warmup=1)
+    for _ in range(3):
+        graphed(np.ones(3))
+    assert len(calls) == 3 and graphed.graphs == 0
+
+
+def test_the_survey_lists_every_refusal_and_where(fc):
+    x = fc.ones(4, dtype=np.float32)
+
+    def step():
+        y = x + 1                                 # an allocation
+        fc.matmul(y.reshape(1, -1), y.reshape(-1, 1))   # CuPy's matmul (and its result's allocation)
+        x.sum()                                   # an allocation
+    found = survey(step, fc)
+    assert summarise(found) == {"pool allocation": 3, "CuPy matmul": 1}
+    assert all("test_graph.py" in r.where for r in found)
+    np.testing.assert_array_equal(x.get(), np.ones(4, np.float32))
