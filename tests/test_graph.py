@@ -153,3 +153,57 @@ def test_the_survey_lists_every_refusal_and_where(fc):
     assert summarise(found) == {"pool allocation": 3, "CuPy matmul": 1}
     assert all("test_graph.py" in r.where for r in found)
     np.testing.assert_array_equal(x.get(), np.ones(4, np.float32))
+
+
+# ----------------------------------------------------------------------------- batches of few shapes
+
+
+def _pairs(seed, n=7, V=23):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(4, V, rng.integers(1, 9)).tolist(), rng.integers(4, V, rng.integers(1, 11)).tolist())
+            for _ in range(n)]
+
+
+def test_a_batch_padded_to_its_bucket_has_the_same_loss_and_gradients():
+    """Padding to a bucket adds masked positions and rows of PAD alone: in float64 the loss and
+    every gradient are the unpadded batch's (to the rounding of sums taken in another order)."""
+    from conftest import selected_backend
+    from attn.data import _pad_batch, pad_to_bucket
+    from attn.fast import FastTransformer, cross_entropy as fast_ce
+    from attn.model import TransformerConfig
+    with selected_backend("numpy"):
+        _padded_against_unpadded(FastTransformer, fast_ce, TransformerConfig, _pad_batch, pad_to_bucket)
+
+
+def _padded_against_unpadded(FastTransformer, fast_ce, TransformerConfig, _pad_batch, pad_to_bucket):
+    cfg = TransformerConfig(vocab_size=23, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2, n_decoder_layers=2,
+                            dropout=0.0, label_smoothing=0.1, max_len=32)
+    model = FastTransformer(cfg, seed=3, dtype="float64")
+    batch = _pad_batch(_pairs(5))
+    bucketed = pad_to_bucket(batch, 8, 4)
+    assert bucketed.src.shape[0] % 4 == 0 and bucketed.src.shape[1] % 8 == 0 and bucketed.tgt_in.shape[1] % 8 == 0
+    assert bucketed.src.shape != batch.src.shape
+    assert (bucketed.n_src_tokens, bucketed.n_tgt_tokens) == (batch.n_src_tokens, batch.n_tgt_tokens)
+    got = []
+    for b in (batch, bucketed):
+        logits, cache = model.forward(b.src, b.tgt_in)
+        loss, dlogits = fast_ce(logits, b.tgt_out, 0.1)
+        grads = model.backward(dlogits, cache)
+        got.append((float(loss), {k: np.array(v) for k, v in grads.items()}))
+    (l1, g1), (l2, g2) = got
+    assert l2 == pytest.approx(l1, rel=1e-13)
+    for k in g1:
+        np.testing.assert_allclose(g2[k], g1[k], rtol=1e-10, atol=1e-13, err_msg=k)
+
+
+def test_bucketing_leaves_few_shapes_and_a_bucketed_batch_as_it_is():
+    from attn.data import make_batches, pad_to_bucket
+    pairs = _pairs(0, n=400)
+    batches = make_batches(pairs, 256, shuffle=True, seed=0)
+    shapes = {(b.src.shape, b.tgt_in.shape) for b in batches}
+    bucketed = [pad_to_bucket(b) for b in batches]
+    few = {(b.src.shape, b.tgt_in.shape) for b in bucketed}
+    assert len(few) < len(shapes) / 2, (len(few), len(shapes))
+    assert all(pad_to_bucket(b) is b for b in bucketed)
+    with pytest.raises(ValueError, match="length_multiple"):
+        pad_to_bucket(batches[0], 0)
