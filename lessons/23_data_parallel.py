@@ -106,7 +106,10 @@ print(f"mean of the ranks' means:   loss {sum(l for _, _, l, _ in shares) / 2:.6
 # process draws for sentences 2, 3 and 4. Drawing per rank (a stream seeded by the rank) would
 # be just as random, but the two-process run would no longer be the one-process run, and there
 # would be nothing to check it against. The cost is that every rank generates the masks of
-# the whole batch: a small share of a step.
+# the whole batch: a small share of a step. On a GPU `attn` pays nothing for it: its
+# counter-based dropout computes each element's mask from a hash of the step's seed, the site
+# and the element's index in the *global* batch, so a rank computes its own rows alone and they
+# are still one process's.
 
 # %%
 whole_draw = B.DeviceRNG(3).random_uint16((5, 4, 8))
@@ -199,8 +202,8 @@ show_figure(fig, OUT / "23_ring_allreduce.png")
 # backward reaches the embeddings, so their bucket can be on the wire while the rest is still
 # computed (PyTorch's DDP and `attn`'s buckets go in reverse layer order for that reason).
 # On two CPU cores the picture is different: two processes share the same two cores one
-# process would use with two threads, and each copies its gradients into the buffer and back;
-# `python -m attn.bench --data-parallel 2` measures both, and may well show no speed-up.
+# process would use with two threads; `python -m attn.bench --data-parallel 2` measures both,
+# and may well show no speed-up.
 #
 # ## 4. Two processes against one
 #
@@ -262,6 +265,7 @@ print(f"Check passed: the weighted sum of the shares' gradients is the whole bat
 # 2. Each rank sends `2 (R - 1) / R` of the buffer. Why is that the least any algorithm can
 #    send when every rank must end with the sum of all `R` buffers? (Think of what each rank
 #    must receive.)
-# 3. `attn` keys dropout's random numbers by position in the global batch, at the price of
-#    every rank drawing the whole batch's masks. Name a way to draw only a rank's own rows and
-#    still get one process's numbers. (Hint: counter-based generators such as Philox.)
+# 3. On NumPy `attn` cuts a rank's masks out of the whole batch's draw, at the price of every
+#    rank drawing the whole batch's masks; on a GPU a counter-based generator draws only the
+#    rank's own. Keyed by what must its counter be for the ranks to get one process's numbers,
+#    and what goes wrong if it is keyed by the element's index in the rank's own array?

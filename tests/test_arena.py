@@ -76,6 +76,69 @@ def test_every_parameter_is_a_view_of_the_arena_with_its_shape(backend, cfg):
     assert Arena.find({k: v.copy() for k, v in fast.params.items()}) is None
 
 
+@pytest.mark.parametrize("cfg", [CFG, TransformerConfig(vocab_size=9, tgt_vocab_size=7, share_embeddings=False,
+                                                        d_model=4, n_heads=1, d_ff=6, n_encoder_layers=2,
+                                                        n_decoder_layers=3, norm="pre", positional="learned")])
+def test_the_arena_lies_in_the_order_the_backward_finishes_its_gradients(cfg):
+    """Stage by stage, last layer first (a data-parallel run sends the front while the backward
+    computes the rest): the stages tile the buffer in :func:`stages` order, each block lies in
+    its stage, and the gradient buffer has the slot for the loss and the tokens past the end."""
+    from attn.fast.arena import SLOT, stages
+    lay = layout(cfg)
+    assert list(lay.stages) == stages(cfg)
+    assert stages(cfg)[:2] == ["decoder.norm", f"decoder.{cfg.n_decoder_layers - 1}"]
+    assert stages(cfg)[-1] == "embeddings"
+    spans = list(lay.stages.values())
+    assert spans[0][0] == 0 and spans[-1][1] == lay.size
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    offsets = [b.offset for b in lay.blocks.values()]
+    assert offsets == sorted(offsets)                                   # blocks in the buffers' order
+    for name, blk in lay.blocks.items():
+        stage = next(st for st, (lo, hi) in lay.stages.items() if lo <= blk.offset < hi)
+        want = "embeddings" if "embedding" in name or name.startswith("generator") else \
+            name.split(".")[0] if name.endswith("_pos.weight") else ".".join(name.split(".")[:2])
+        assert stage == want, (name, stage)
+    last_layer = f"decoder.{cfg.n_decoder_layers - 1}.ffn.w1"
+    assert lay.blocks[last_layer].offset < lay.blocks["decoder.0.ffn.w1"].offset \
+        < lay.blocks["decoder.cross_attn.w_kv"].offset < lay.blocks["encoder.1.ffn.w1"].offset \
+        < lay.blocks["encoder.0.ffn.w1"].offset
+    a = Arena(cfg, "float64", np)
+    assert a.grad_buffer.shape == (lay.size + SLOT,) and np.shares_memory(a.grads, a.grad_buffer)
+    assert a.grads.shape == (lay.size,) and a.grads.base is a.grad_buffer
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_the_backward_announces_each_stage_once_it_is_final(backend, workers, norm):
+    """``backward(..., ready=)``: the calls rise to ``arena.size`` along the stages' ends, and what
+    each call declares final (``grads[:stop]``) holds its final values then; the gradients are
+    those of a backward told nothing, bit for bit. With the batch split over threads (NumPy,
+    ``workers`` 3) a stage is final only when every part has written it."""
+    from dataclasses import replace
+    cfg = replace(CFG, norm=norm, dropout=0.1)
+    fast = FastTransformer(cfg, seed=2, dtype="float64")
+    fast.workers = workers
+    src, tgt_in, tgt_out = _batch(3, Bsz=5)
+    grads = []
+    for told in (False, True):
+        logits, cache = fast.forward(src, tgt_in, B.DeviceRNG(8))
+        if workers > 1 and backend is np:
+            assert type(cache).__name__ == "SplitCache" and len(cache.parts) == 3
+        _, d = fast_ce(logits, tgt_out, cfg.label_smoothing, inplace=True)
+        seen = []
+        ready = (lambda stop: seen.append((stop, fast.arena.grads[:stop].copy()))) if told else None
+        g = fast.backward(d, cache, ready=ready)
+        grads.append({k: B.to_host(v).copy() for k, v in g.items()})
+    for k in grads[0]:
+        assert np.array_equal(grads[0][k], grads[1][k]), k
+    ends = [hi for _, hi in fast.arena.layout.stages.values()]
+    stops = [stop for stop, _ in seen]
+    assert stops == ends and stops[-1] == fast.arena.size
+    final = B.to_host(fast.arena.grads)
+    for stop, early in seen:
+        assert np.array_equal(B.to_host(early), final[:stop]), stop
+
+
 def test_a_replaced_parameter_is_copied_into_the_arena(backend):
     xp = backend
     fast = FastTransformer(CFG, seed=0, dtype="float64")
@@ -452,11 +515,36 @@ def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(sta
     assert (cp.asnumpy(got) >= 0).all()
 
 
-def test_counter_dropout_is_off_by_default_so_data_parallel_masks_can_be_cut_from_the_whole(cupy_only):
-    from attn.fast.kernels import CupyOps
+def test_counter_dropout_is_on_by_default_and_off_draws_from_the_stream(cupy_only, monkeypatch):
+    """On by default (keyed by the index in the global batch: a data-parallel rank's masks are
+    its rows of one process's, tests/test_distributed.py); off, ``uniform >= p`` drawn."""
+    from attn.fast.kernels import CupyOps, HashedKeep
     cp = cupy_only
     m = ops_for(cp).dropout_mask(B.DeviceRNG(0), (4, 6), 0.5)
-    assert not CupyOps.counter_dropout and m.keep.dtype == bool
+    assert CupyOps.counter_dropout and isinstance(m.keep, HashedKeep) and (m.keep.run, m.keep.skip) == (0, 0)
+    monkeypatch.setattr(CupyOps, "counter_dropout", False)
+    m = ops_for(cp).dropout_mask(B.DeviceRNG(0), (4, 6), 0.5)
+    assert m.keep.dtype == bool
+
+
+def test_counters_in_runs_are_the_global_index_bit_for_bit(stand_in):
+    """``dropout_bits`` of element i of a share whose elements lie in runs of ``run``, ``skip``
+    apart in the whole batch, the first at ``base`` (folded into the key): splitmix64 of the whole
+    batch's index ``base + i + (i // run) * skip``, bit for bit; the fused kernels, which index
+    by row, refuse a mask that lies in runs."""
+    from attn.fast.kernels import GOLDEN, HashedKeep, dropout_bits_np
+    from attn.fast.ops import Mask
+    key, base, run, skip = 0xDEADBEEFCAFEF00D, 40, 12, 30
+    bits = dropout_bits_np((key + base * GOLDEN) % (1 << 64), 50, run, skip)
+    for i in (0, 11, 12, 13, 49):
+        assert int(bits[i]) == _splitmix64_reference(key, base + i + (i // run) * skip), i
+    fc, cp = stand_in
+    bad = Mask(HashedKeep(1, 100, (4, 6), 12, 12), 1.0)
+    with pytest.raises(ValueError, match="row-major"):
+        ops_for(cp).bias_relu_dropout_(cp.ones((4, 6)), cp.zeros(6), bad)
+    with pytest.raises(ValueError, match="row-major"):
+        ops_for(cp).residual_layer_norm_(cp.ones((4, 6)), cp.zeros(6), bad, cp.ones((4, 6)), cp.ones(6),
+                                         cp.zeros(6), 1e-6)
 
 
 @pytest.fixture

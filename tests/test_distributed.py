@@ -85,10 +85,17 @@ def test_two_processes_train_exactly_as_one():
         tokens = r["target_tokens_per_rank"]
         assert tokens[0][0] > 2 * tokens[0][1] and tokens[1][0] > 2 * tokens[1][1] and tokens[2][0] == 0
         assert r["buckets"] > 1                      # several buckets in reverse layer order
-        # the reference model's backward fills the dict it is given: every bucket but the last
-        # (the embeddings and the loss) goes out while the backward still runs; attn.fast's after it
-        sent_early = r["buckets"] - 1 if r["engine"] == "reference" else 0
-        assert r["buckets_sent_during_backward"] == [sent_early] * 3, case
+        # every bucket but the last (the embeddings and the loss) goes out while the backward
+        # still runs: the reference model fills the dict it is given, attn.fast announces the
+        # stages of its arena, which is the buffer all-reduced (in place, no copy)
+        assert r["buckets_sent_during_backward"] == [r["buckets"] - 1] * 3, case
+        assert r["all_reduce_buffer"] == ("the arena's own" if r["engine"] == "fast" else "a copy"), case
+        assert r["summed_tokens"] == r["batch_tokens"], case          # the shares cover each batch once
+        # attn.fast on CuPy: dropout by the counter-based generator (the default), keyed by the
+        # index in the global batch; elsewhere drawn from the step's stream, cut to the share
+        counter = r["engine"] == "fast" and r["backend"] == "cupy"
+        assert r["dropout"] == ("counter-based, keyed by the index in the global batch" if counter
+                                else "drawn from the step's stream"), case
         assert r["zero_gradient_params"] and all(k.endswith(".b_k") for k in r["zero_gradient_params"])
     transfers = {r["transport"]: r["all_reduce_host_transfers_per_step"] for r in results if r["backend"] == "cupy"}
     assert transfers == {"nccl": 0.0, "mpi-staged": 1.0}     # NCCL never goes through the host
@@ -103,6 +110,15 @@ def test_normalising_by_the_local_token_count_fails_the_check():
     assert r["normalisation"] == "local (wrong)" and not r["pass"] and code == 1
     assert r["max_grad_rel"] > 1e-3 and r["max_loss_rel"] > 1e-3
     assert r["ranks_bitwise_equal"]                  # the ranks agree with each other, on the wrong answer
+
+
+@needs_mpi
+def test_counter_dropout_keyed_by_the_index_in_the_share_fails_the_check():
+    code, results = parallel_check("--backend", "cupy", "--transport", "nccl", "--wrong-dropout-keys")
+    (r,) = results
+    print(f"dropout keyed locally: gradients {r['max_grad_rel']:.2e}, losses {r['max_loss_rel']:.2e}")
+    assert r["dropout"].endswith("(wrong)") and not r["pass"] and code == 1
+    assert r["max_grad_rel"] > 1e-3 and r["max_loss_rel"] > 1e-3
 
 
 # --------------------------------------------------------------------------- the trainer under mpiexec
@@ -192,6 +208,40 @@ def test_a_share_draws_its_rows_of_what_one_process_draws(keys_first):
         mine.random((4, 4))
 
 
+@pytest.mark.parametrize("keys_first", [False, True])
+def test_a_share_keys_counter_dropout_by_its_place_in_the_whole_batch(keys_first):
+    """attn.fast's counter-based dropout on CuPy draws nothing: a share's masks, keyed by the
+    index of each element in the whole batch (:meth:`RowsOf.place`), are its rows of one
+    process's masks, bit for bit, through the kernels' launch code (dropout_hash, and the fused
+    epilogues for the row-major (B*T, D) masks) on the stand-in."""
+    import fakecupy  # noqa: F401
+    from conftest import selected_backend
+    from attn.fast import ops_for
+    rows, T, width = 7, 3, 8
+    shape_of = (lambda b: (5, b, 2, 3)) if keys_first else (lambda b: (b * T, width))
+    with selected_backend("fakecupy") as cp:
+        ops = ops_for(cp)
+        assert ops.counter_dropout
+        whole = ops.dropout_mask(B.DeviceRNG(11), shape_of(rows), 0.3)
+        want = cp.asnumpy(whole.keep.array(cp))
+        x = np.random.default_rng(0).standard_normal(shape_of(rows))
+        for lo, hi in ((0, 3), (3, 7), (2, 5), (6, 7)):
+            mine = D.RowsOf(B.DeviceRNG(11), lo, hi, rows, keys_first=keys_first)
+            m = ops.dropout_mask(mine, shape_of(hi - lo), 0.3)
+            cut = (slice(None), slice(lo, hi)) if keys_first else (slice(lo * T, hi * T),)
+            assert np.array_equal(cp.asnumpy(m.keep.array(cp)), want[cut]), (lo, hi)
+            got = cp.asnumpy(ops.dropout_(cp.asarray(x[cut]), m))
+            assert np.array_equal(got, np.where(want[cut], x[cut] * m.scale, 0)), (lo, hi)
+            if not keys_first:
+                a = np.abs(x[cut]) + 1                                  # positive: ReLU keeps every unit
+                got = cp.asnumpy(ops.bias_relu_dropout_(cp.asarray(a), cp.zeros(width), m))
+                assert np.array_equal(got != 0, want[cut]), (lo, hi)
+            else:                                                       # one run per key, the others' between
+                assert (m.keep.run, m.keep.skip) == ((hi - lo) * 6, (rows - hi + lo) * 6)
+        base, _, skip = D.RowsOf(B.DeviceRNG(11), 0, rows, rows, keys_first).place(shape_of(rows))
+        assert base == skip == 0                                       # the whole batch: its own index
+
+
 def test_flat_gradients_in_reverse_layer_order_with_buckets_on_parameter_edges():
     B.set_backend("numpy")
     params = {"embedding.weight": np.zeros((10, 4)), "encoder.0.w": np.zeros((4, 4)), "encoder.0.b": np.zeros(4),
@@ -199,21 +249,69 @@ def test_flat_gradients_in_reverse_layer_order_with_buckets_on_parameter_edges()
     fg = D.FlatGrads(params, bucket_bytes=8 * 20)
     assert fg.names == ["decoder.0.b", "decoder.0.w", "encoder.0.b", "encoder.0.w", "embedding.weight"]
     sizes = sum(p.size for p in params.values())
-    assert fg.flat.shape == (sizes + 1,) and fg.nbytes == 8 * (sizes + 1)
+    assert fg.flat.shape == (sizes + 2,) and fg.nbytes == 8 * (sizes + 2)     # the loss and the tokens
     edges = {0} | {fg.offsets[k] + params[k].size for k in fg.names}
-    assert fg.buckets[0][0] == 0 and fg.buckets[-1][1] == sizes + 1
+    assert fg.buckets[0][0] == 0 and fg.buckets[-1][1] == sizes + 2
     assert all(a[1] == b[0] for a, b in zip(fg.buckets, fg.buckets[1:])) and len(fg.buckets) > 2
-    assert all(stop in edges | {sizes + 1} for _, stop in fg.buckets)
+    assert all(stop in edges | {sizes + 2} for _, stop in fg.buckets)
     rng = np.random.default_rng(0)
     grads = {k: rng.normal(size=p.shape) for k, p in params.items()}
     for i in range(len(fg.buckets)):
         fg.pack_bucket(i, grads, 0.25)
-    fg.pack_loss(np.asarray(2.0), 0.25)
+    fg.pack_loss(np.asarray(2.0), 0.25, 17)
     assert sorted(k for names in fg.bucket_names for k in names) == sorted(params)
     for k in params:
         np.testing.assert_array_equal(fg.views[k], 0.25 * grads[k])
         assert np.shares_memory(fg.views[k], fg.flat)
-    assert fg.loss() == 0.5 and not np.shares_memory(fg.loss(), fg.flat)
+    assert fg.loss() == 0.5 and not np.shares_memory(fg.loss(), fg.flat) and fg.loss().shape == ()
+    assert fg.tokens() == 17 and fg.flat[-1] == 17
+
+
+def test_the_fast_engine_all_reduces_its_own_arena_bucket_by_bucket_as_the_backward_announces_it():
+    """``FlatGrads.over(arena)``: the buffer is the arena's gradient buffer (the views Adam reads
+    are the arena's: nothing is copied), its buckets end on the backward's stages, and each goes
+    out (scaled by the rank's weight) as soon as the backward has announced its last stage,
+    holding then what it holds at the end; the last (the slot, and whatever stages share its
+    bucket) waits for the loss."""
+    from attn.fast import FastTransformer, cross_entropy as fast_ce
+    from attn.model import TransformerConfig
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=23, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2, n_decoder_layers=3,
+                            dropout=0.1, label_smoothing=0.1, max_len=16)
+    model = FastTransformer(cfg, seed=0, dtype="float64")
+    fg = D.FlatGrads.over(model.arena, bucket_bytes=8 * 1000)
+    a = model.arena
+    assert fg.flat is a.grad_buffer and fg.views is a.grad_views and fg.nbytes == 8 * (a.size + 2)
+    ends = {hi for _, hi in a.layout.stages.values()}
+    assert len(fg.buckets) > 2 and all(stop in ends for _, stop in fg.buckets[:-1])
+    assert fg.buckets[-1][1] == a.size + 2 and fg.bucket_names[0][0] == "decoder.norm"
+    batch = check_batches(23)[0]
+    logits, cache = model.forward(batch.src, batch.tgt_in, B.DeviceRNG(1))
+    _, d = fast_ce(logits, batch.tgt_out, cfg.label_smoothing, inplace=True)
+    sent = []
+
+    class Group:
+        def _launch(self, i):
+            lo, hi = fg.buckets[i]
+            sent.append((i, fg.flat[lo:hi].copy()))
+
+    feed = D.BucketFeed(Group(), fg, 0.25)
+    grads = model.backward(d, cache, ready=feed.ready)
+    assert [i for i, _ in sent] == list(range(len(fg.buckets) - 1)) == list(range(feed.launched_during_backward))
+    assert all(g is fg.views[k] for k, g in grads.items())                # what Adam reads: the arena's views
+    for i, early in sent:
+        lo, hi = fg.buckets[i]
+        np.testing.assert_array_equal(early, fg.flat[lo:hi])                # final when it went out
+        assert np.abs(early).max() > 0
+    logits, cache = model.forward(batch.src, batch.tgt_in, B.DeviceRNG(1))     # the same step, told nothing
+    _, d = fast_ce(logits, batch.tgt_out, cfg.label_smoothing, inplace=True)
+    model.backward(d, cache)
+    for i, early in sent:                                                   # the weight scaled what went out
+        lo, hi = fg.buckets[i]
+        np.testing.assert_array_equal(early, 0.25 * a.grads[lo:hi])
+    fg.pack_bucket(len(fg.buckets) - 1, {}, 0.25)
+    fg.pack_loss(np.asarray(2.0), 0.25, 9)
+    assert fg.loss() == 0.5 and fg.tokens() == 9
 
 
 class _OneRank:
@@ -283,7 +381,9 @@ def test_the_bytes_all_reduced_are_every_parameter_and_the_loss():
     from attn.bench.presets import BENCH_PRESETS, model_config
     from attn.model import Transformer
     cfg = model_config(BENCH_PRESETS["quick"])
-    assert allreduce_bytes(cfg) == 4 * (Transformer(cfg).num_parameters() + 1)
+    from attn.fast import FastTransformer
+    assert allreduce_bytes(cfg) == FastTransformer(cfg).arena.grad_buffer.nbytes           # the arena, as it is
+    assert allreduce_bytes(cfg) >= 4 * (Transformer(cfg).num_parameters() + 2)             # + the loss and tokens
     assert ring_bytes_per_rank(800, 1) == 0 and ring_bytes_per_rank(800, 2) == 800 and ring_bytes_per_rank(800, 8) == 1400
     c = counts("toy-bench", 4)
     assert c["ring_bytes_per_rank"] == 1.5 * c["allreduce_bytes"] and c["flops_per_rank"] == c["step_flops"] / 4

@@ -487,7 +487,11 @@ def test_cupy_cross_entropy_kernel_matches_numpy(cupy, dtype, V, smoothing):
     assert rel_error(cp.asnumpy(d_cp), d_np) < tol
 
 
-def test_cupy_dropout_relu_adam_kernels(cupy):
+def test_cupy_dropout_relu_adam_kernels(cupy, monkeypatch):
+    """The dropout kernels of masks drawn from the stream (``counter_dropout`` off; the
+    counter-based ones are tested in tests/test_arena.py), ReLU's backward, Adam."""
+    from attn.fast.kernels import CupyOps
+    monkeypatch.setattr(CupyOps, "counter_dropout", False)
     cp = cupy
     ops_np, ops_cp = ops_for(np), ops_for(cp)
     rng = np.random.default_rng(3)

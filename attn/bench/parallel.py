@@ -1,9 +1,9 @@
 """``python -m attn.bench --data-parallel N``: what data parallelism costs and gains.
 
 For each preset (``toy-bench`` and ``vocab-16k`` by default) it prints what is deterministic
-first: the bytes all-reduced per step (every gradient once, plus the loss), the bytes each rank
-sends in a ring all-reduce (a reduce-scatter then an all-gather: ``2 (N-1)/N`` times the buffer),
-and the step's matmul FLOPs, so the FLOPs per byte sent. Then it times a training step on the
+first: the bytes all-reduced per step (the gradient arena: every gradient once, plus the loss
+and the token count), the bytes each rank sends in a ring all-reduce (a reduce-scatter then an
+all-gather: ``2 (N-1)/N`` times the buffer), and the step's matmul FLOPs, so the FLOPs per byte sent. Then it times a training step on the
 preset's global batch with 1 and N processes (``mpiexec -n``), the N sharing each batch, and
 reports the all-reduce's share of the step (time inside it on rank 0, waiting included).
 
@@ -13,8 +13,8 @@ measured 0.4 s per step and a PCIe 3 x16 link by default): the all-reduce's time
 overlapped with the backward, and the share of the step it would take.
 
 On a machine with two cores two processes cannot be faster than one process with two threads
-by much: they split the same cores, every rank draws the whole batch's dropout numbers, and
-the all-reduce copies the gradients twice. The figures say how large each part is.
+by much: they split the same cores, and every rank draws the whole batch's dropout numbers (on
+NumPy; attn.fast's dropout on CuPy draws nothing). The figures say how large each part is.
 """
 from __future__ import annotations
 
@@ -28,15 +28,21 @@ import sys
 import time
 
 from .. import backend as B
+from ..fast.arena import SLOT, layout
 from ..model import TransformerConfig, parameter_shapes
 from .flops import model_flops
 from .presets import BENCH_PRESETS, make_batch, model_config
 
 
 def allreduce_bytes(cfg: TransformerConfig, itemsize: int = 4) -> int:
-    """Bytes of the buffer all-reduced per step: every parameter's gradient and the loss."""
-    n = sum(_size(s) for s in parameter_shapes(cfg).values())
-    return (n + 1) * itemsize
+    """Bytes of the buffer all-reduced per step: attn.fast's gradient arena (every parameter's
+    gradient, and the padding between its blocks, if any) and its slot for the loss and the
+    token count."""
+    return (layout(cfg).size + SLOT) * itemsize
+
+
+def parameters(cfg: TransformerConfig) -> int:
+    return sum(_size(s) for s in parameter_shapes(cfg).values())
 
 
 def ring_bytes_per_rank(nbytes: int, ranks: int) -> float:
@@ -60,7 +66,7 @@ def counts(preset: str, ranks: int) -> dict:
     flops = model_flops(cfg, bc.batch, bc.src_len, bc.tgt_len)
     ring = ring_bytes_per_rank(nbytes, ranks)
     return {"name": f"data_parallel_counts_{preset}", "preset": preset, "ranks": ranks,
-            "parameters": nbytes // 4 - 1, "allreduce_bytes": nbytes, "ring_bytes_per_rank": ring,
+            "parameters": parameters(cfg), "allreduce_bytes": nbytes, "ring_bytes_per_rank": ring,
             "step_flops": flops, "flops_per_rank": flops / ranks,
             "flops_per_byte_sent": (flops / ranks) / ring if ring else None,
             "batch": bc.batch, "src_len": bc.src_len, "tgt_len": bc.tgt_len}
@@ -72,7 +78,7 @@ def paper_model(ranks: int, step_seconds: float, link_gbytes: float) -> dict:
     nbytes = allreduce_bytes(cfg)
     ring = ring_bytes_per_rank(nbytes, ranks)
     seconds = ring / (link_gbytes * 1e9)
-    return {"name": "data_parallel_model_base", "ranks": ranks, "parameters": nbytes // 4 - 1,
+    return {"name": "data_parallel_model_base", "ranks": ranks, "parameters": parameters(cfg),
             "allreduce_bytes": nbytes, "ring_bytes_per_rank": ring, "link_gbytes_per_s": link_gbytes,
             "allreduce_seconds": seconds, "step_seconds": step_seconds,
             "allreduce_share_not_overlapped": seconds / (step_seconds + seconds),

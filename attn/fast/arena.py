@@ -11,6 +11,8 @@ The API::
 
     arena = Arena(config, dtype, xp)          # or Arena.adopt(params, config): copies them in
     arena.params, arena.grads                 # flat (size,) buffers, one layout
+    arena.grad_buffer                         # (size + SLOT,): grads, then the slot a data-parallel
+                                              # all-reduce carries beside them (the loss, the tokens)
     arena.m, arena.v                          # Adam's moments, the same layout (made on first use)
     arena.views(arena.params)                 # {name: view} for every parameter (the model's params)
     arena.views(arena.grads)                  # {name: view}: what backward writes and returns
@@ -19,10 +21,24 @@ The API::
 
 Every flat buffer has ``arena.size`` elements of ``arena.dtype``; each parameter's view
 keeps its name and shape from :func:`attn.model.parameter_shapes`, so checkpoints, the
-reference model and the trainer see the same dict of arrays as before. Elements between
-blocks (each block starts on a multiple of :data:`ALIGN` elements) are zero in every buffer
-and stay zero: their gradient is never written, so Adam leaves them at zero, and they add
-nothing to the gradient norm. The all-reduce of a data-parallel run may include them.
+reference model and the trainer see the same dict of arrays as before (the order of the
+blocks in the buffers is the arena's own business: nothing outside it reads it). Elements
+between blocks (each block starts on a multiple of :data:`ALIGN` elements) are zero in every
+buffer and stay zero: their gradient is never written, so Adam leaves them at zero, and they
+add nothing to the gradient norm. The all-reduce of a data-parallel run includes them.
+
+**The order: the backward's.** The blocks lie in the order the fast backward finishes their
+gradients, stage by stage (:func:`stages`): the decoder's final norm (pre-norm), the decoder's
+layers from the last to the first, the cross-attention K|V block of all layers, the target's
+learned positions, the encoder's final norm, the encoder's layers from the last to the first,
+the source's learned positions, and last the embeddings (a tied embedding's gradient is
+complete only at the very end). ``layout.stages`` holds each stage's ``(start, stop)``: when
+the backward has finished a stage, ``grads[:stop]`` is final, which is what lets a
+data-parallel run all-reduce the front of the buffer while the backward computes the rest
+(buckets in reverse layer order, as PyTorch's DDP sends them). The gradient buffer is
+:data:`SLOT` elements longer than the others: ``grad_buffer[size:]`` is where that run puts
+its loss and its token count (:data:`LOSS`, :data:`TOKENS`), so that one all-reduce of
+``grad_buffer`` carries everything; ``grads`` is ``grad_buffer[:size]``, what Adam reads.
 
 **The fused blocks.** Projections that read the same input are laid out side by side, so
 that the step multiplies by one block and writes one block's gradient, with nothing
@@ -53,6 +69,9 @@ from ..model import TransformerConfig, parameter_shapes
 
 #: Every block starts at a multiple of this many elements (256 bytes in float32).
 ALIGN = 64
+#: Elements of the gradient buffer past the gradients (a data-parallel run's loss and tokens),
+#: and where each sits in them.
+SLOT, LOSS, TOKENS = 2, 0, 1
 
 
 class Block(NamedTuple):
@@ -91,26 +110,50 @@ def _member(name: str, shape: tuple, cfg: TransformerConfig) -> tuple:
 
 
 class Layout(NamedTuple):
-    """Blocks (name -> Block, in order), members (parameter name -> Member, in
-    :func:`parameter_shapes` order), and the flat size."""
+    """Blocks (name -> Block, in the buffers' order), members (parameter name -> Member, in
+    :func:`parameter_shapes` order), the flat size, and the stages (name -> ``(start, stop)``
+    in the buffers, in the backward's order; an empty stage has ``start == stop``)."""
     blocks: dict
     members: dict
     size: int
+    stages: dict
+
+
+def stages(cfg: TransformerConfig) -> list:
+    """The stages of the fast backward, in the order it finishes them (see the module docstring)."""
+    return ["decoder.norm", *(f"decoder.{i}" for i in reversed(range(cfg.n_decoder_layers))),
+            "decoder.cross_attn", "tgt_pos", "encoder.norm",
+            *(f"encoder.{i}" for i in reversed(range(cfg.n_encoder_layers))), "src_pos", "embeddings"]
+
+
+def _stage_of(block: str) -> str:
+    """The stage whose end makes a block's gradient final."""
+    m = re.match(r"((?:encoder|decoder)\.(?:\d+|norm|cross_attn))\.", block)
+    if m:
+        return m.group(1)
+    return block.split(".")[0] if block in ("src_pos.weight", "tgt_pos.weight") else "embeddings"
 
 
 def layout(cfg: TransformerConfig) -> Layout:
     """The arena's layout for a model configuration (see the module docstring)."""
-    blocks, members, size = {}, {}, 0
+    shapes, members = {}, {}
     for name, shape in parameter_shapes(cfg).items():
         bname, bshape, index = _member(name, tuple(shape), cfg)
-        if bname not in blocks:
-            n = 1
-            for s in bshape:
-                n *= int(s)
-            blocks[bname] = Block(size, bshape)
-            size += -(-n // ALIGN) * ALIGN
+        shapes.setdefault(bname, bshape)
         members[name] = Member(bname, index)
-    return Layout(blocks, members, size)
+    order = {stage: i for i, stage in enumerate(stages(cfg))}
+    blocks, ranges, size = {}, {}, 0
+    for stage in order:
+        start = size
+        for bname in (b for b in shapes if _stage_of(b) == stage):     # in parameter order within a stage
+            n = 1
+            for s in shapes[bname]:
+                n *= int(s)
+            blocks[bname] = Block(size, shapes[bname])
+            size += -(-n // ALIGN) * ALIGN
+        ranges[stage] = (start, size)
+    assert len(blocks) == len(shapes), sorted(set(shapes) - set(blocks))
+    return Layout(blocks, members, size, ranges)
 
 
 class Arena:
@@ -158,10 +201,21 @@ class Arena:
     # ---- the buffers made on first use
 
     @property
-    def grads(self):
+    def grad_buffer(self):
+        """The gradients and, past them, :data:`SLOT` elements for a data-parallel run's loss and
+        token count: (size + SLOT,), the buffer one all-reduce carries."""
         if self._grads is None:
-            self._grads = self.xp.zeros((self.size,), dtype=self.dtype)
+            self._grad_buffer = self.xp.zeros((self.size + SLOT,), dtype=self.dtype)
+            self._grads = self._grad_buffer[:self.size]
             self._grad_views = self.views(self._grads)
+        return self._grad_buffer
+
+    @property
+    def grads(self):
+        """The gradients, (size,): the front of :attr:`grad_buffer`, what the backward writes
+        and Adam reads."""
+        if self._grads is None:
+            self.grad_buffer
         return self._grads
 
     @property

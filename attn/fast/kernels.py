@@ -21,10 +21,11 @@ colsum                 the bias gradients: ``column_sums``, one launch of two st
 cross_entropy_         one block per row: max, sum of exp, then ``dlogits`` in place; the
                        per-row losses are summed on the device
 dropout_mask / _       ``uniform >= p`` (exact p), ``x * keep * scale``; with
-                       ``counter_dropout``, no mask in memory: ``dropout_hash`` keeps element
-                       i where the top 16 bits of splitmix64(key + (i+1) golden) are >=
-                       round(p * 65536), the key made on the host per mask; the backward
-                       regenerates the same bits (one launch each way, nothing drawn)
+                       ``counter_dropout`` (the default), no mask in memory: ``dropout_hash``
+                       keeps element i where the top 16 bits of splitmix64(key + (g+1) golden)
+                       are >= round(p * 65536), g the element's index in the global batch, the
+                       key made on the host per mask; the backward regenerates the same bits
+                       (one launch each way, nothing drawn)
 layer_norm_backward_   post-norm's backward: dgamma and dbeta (one ``column_sums``), then
   dropout_             dy and drop(dy) in one launch (the mask regenerated)
 residual_layer_norm_   post-norm's epilogue in one launch: ``s + bias``, dropout (from its
@@ -484,32 +485,47 @@ __device__ __forceinline__ unsigned int dropout_bits(unsigned long long key, lon
     return (unsigned int)(z >> 48);
 }
 
+//
+// The counter is the element's index in the GLOBAL batch, so that the ranks of a data-parallel
+// run, each holding some of the batch's sentences, draw what one process draws for them: a
+// rank's elements come in runs of `run` contiguous ones, each run `skip` elements before the
+// next in the whole batch's array (the other ranks' sentences: keys-first attention weights
+// (Tk, B, H, Tq) hold one run per key), so element i is the whole batch's i + (i / run) * skip;
+// where the rank's first element sits is folded into `key` (key + base * golden). One process:
+// skip 0.
 template <typename T>
-__global__ void dropout_hash(T* out, const T* x, unsigned long long key, unsigned int thr, T scale, long long n) {
+__global__ void dropout_hash(T* out, const T* x, unsigned long long key, unsigned int thr, T scale, long long run,
+                             long long skip, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        out[i] = dropout_bits(key, i) >= thr ? x[i] * scale : T(0);
+        out[i] = dropout_bits(key, i + (i / run) * skip) >= thr ? x[i] * scale : T(0);
 }
 """
 
 _M64 = (1 << 64) - 1
+#: splitmix64's increment (the golden ratio in 64 bits): counter i is mixed as key + (i + 1) * GOLDEN.
+GOLDEN = 0x9E3779B97F4A7C15
 
 
-def dropout_bits_np(key: int, n: int):
-    """``dropout_bits`` of ``dropout_hash`` for i = 0 .. n-1: uint32 in [0, 65536), bit for bit."""
+def dropout_bits_np(key: int, n: int, run: int = 0, skip: int = 0):
+    """``dropout_bits`` of ``dropout_hash`` for its elements i = 0 .. n-1 (counters
+    ``i + (i // run) * skip``; ``skip`` 0: i): uint32 in [0, 65536), bit for bit."""
     np = B.host
+    i = np.arange(n, dtype=np.uint64)
+    if skip:
+        i += (i // np.uint64(run)) * np.uint64(skip)
     with np.errstate(over="ignore"):
-        z = np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key & _M64)
+        z = (i + np.uint64(1)) * np.uint64(GOLDEN) + np.uint64(key & _M64)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
     return (z >> np.uint64(48)).astype(np.uint32)
 
 
-def dropout_hash_np(launch, out, x, key, thr, scale, n):
+def dropout_hash_np(launch, out, x, key, thr, scale, run, skip, n):
     """NumPy twin of ``dropout_hash``."""
     np = B.host
     n = int(n)
-    keep = dropout_bits_np(int(key), n) >= thr
+    keep = dropout_bits_np(int(key), n, int(run), int(skip)) >= thr
     _view(out, (n,), (1,))[...] = np.where(keep, _view(x, (n,), (1,)) * scale, x.dtype.type(0))
 
 
@@ -772,20 +788,24 @@ def _grid(n: int, threads: int = 256, most: int = 65535) -> tuple:
 
 class HashedKeep(NamedTuple):
     """The ``keep`` of a CuPy dropout :class:`Mask`: no array, the key of ``dropout_hash``'s
-    generator, the threshold (``round(p * 65536)``) and the shape it was drawn for.
+    generator (where the first element sits in the global batch folded in), the threshold
+    (``round(p * 65536)``), the shape it was drawn for, and where the elements sit in the
+    global batch: runs of ``run`` elements, ``skip`` apart (0: one run; see ``dropout_hash``).
     :meth:`array` makes the boolean mask (for tests and inspection)."""
     key: int
     thr: int
     shape: tuple
+    run: int = 0
+    skip: int = 0
 
     def array(self, xp):
         n = math.prod(self.shape)
-        return xp.asarray(dropout_bits_np(self.key, n) >= self.thr).reshape(self.shape)
+        return xp.asarray(dropout_bits_np(self.key, n, self.run, self.skip) >= self.thr).reshape(self.shape)
 
 
 def _splitmix64(x: int) -> int:
     """One step of splitmix64 on a Python int (host-side key mixing)."""
-    z = (x + 0x9E3779B97F4A7C15) & _M64
+    z = (x + GOLDEN) & _M64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
     return z ^ (z >> 31)
@@ -890,6 +910,7 @@ class CupyOps(_Ops):
         cp = self.xp
         N, D = s.shape
         self._contiguous("residual_layer_norm_", s=s, x=x)
+        self._rows(m, "residual_layer_norm_")
         if m is not None and m.keep.shape != (N, D):
             raise ValueError(f"CupyOps.residual_layer_norm_: the mask was drawn for shape {m.keep.shape}, "
                              f"s is {(N, D)}")
@@ -928,6 +949,7 @@ class CupyOps(_Ops):
         cp = self.xp
         N, D = dout.shape
         self._contiguous("layer_norm_backward_dropout_", dout=dout, xhat=xhat)
+        self._rows(m, "layer_norm_backward_dropout_")
         if m.keep.shape != (N, D):
             raise ValueError(f"CupyOps.layer_norm_backward_dropout_: the mask was drawn for shape {m.keep.shape}, "
                              f"dout is {(N, D)}")
@@ -988,24 +1010,37 @@ class CupyOps(_Ops):
 
     #: Dropout masks from the counter-based generator of ``dropout_hash`` (no draw, no mask in
     #: memory, one launch each way, and the fused epilogues apply them) instead of drawn from
-    #: ``rng``. Off by default: data parallelism cuts each process's masks out of the whole
-    #: batch's draw (``attn.training.distributed.RowsOf``), and these masks are keyed by the
-    #: local index; a process that trains alone may turn it on.
-    counter_dropout: bool = False
+    #: ``rng`` (a cuRAND draw and a comparison per site). On by default: the masks are keyed by
+    #: (seed, step, site, index in the global batch), so the ranks of a data-parallel run draw
+    #: what one process draws. Off: ``uniform >= p`` drawn from ``rng``, p exact.
+    counter_dropout: bool = True
 
     def dropout_mask(self, rng, shape, p: float) -> Mask:
-        """Drawn from ``rng``: ``uniform >= p`` (p exact). With :attr:`counter_dropout`, a mask
-        drawn by no launch: ``keep`` is a :class:`HashedKeep`, the key of the counter-based
-        generator of ``dropout_hash`` (from ``rng``'s seed and how many masks it has made, on
-        the host), which the forward and the backward both regenerate the mask from; then, as
-        on NumPy, ``p`` is quantised to 1/65536 and kept units are scaled by the exact inverse."""
+        """With :attr:`counter_dropout`, a mask drawn by no launch: ``keep`` is a
+        :class:`HashedKeep`, the key of the counter-based generator of ``dropout_hash`` (from
+        ``rng``'s seed, which the trainer makes from its seed and the step, and how many masks
+        it has made: the site; on the host), which the forward and the backward both regenerate
+        the mask from; then, as on NumPy, ``p`` is quantised to 1/65536 and kept units are scaled
+        by the exact inverse. The counter is the element's index in the global batch: a
+        data-parallel rank's ``rng`` says where its rows sit in it (``rng.place(shape)``:
+        :class:`attn.training.distributed.RowsOf`); one process's index is the local one.
+        Without it, drawn from ``rng``: ``uniform >= p`` (p exact)."""
         if not self.counter_dropout:
             return Mask(rng.random(shape, dtype="float32") >= p, 1.0 / (1.0 - p))
         thr = int(round(p * 65536))
         draws = self._draws.get(rng, 0)
         self._draws[rng] = draws + 1
-        return Mask(HashedKeep(_splitmix64(_splitmix64(rng.seed) ^ draws), thr, tuple(shape)),
-                    65536.0 / (65536 - thr))
+        base, run, skip = rng.place(shape) if hasattr(rng, "place") else (0, 0, 0)
+        key = (_splitmix64(_splitmix64(rng.seed) ^ draws) + base * GOLDEN) & _M64     # counter i -> base + i
+        return Mask(HashedKeep(key, thr, tuple(shape), run, skip), 65536.0 / (65536 - thr))
+
+    @staticmethod
+    def _rows(m, where):
+        """A mask the fused epilogues can regenerate from the flat index row * D + j: one run (its
+        rows are contiguous in the global batch, as (B*T, D) masks are)."""
+        if m is not None and m.keep.skip:
+            raise ValueError(f"CupyOps.{where}: the mask of shape {m.keep.shape} lies in runs of {m.keep.run} "
+                             "elements in the global batch; the fused kernels take a row-major one (B*T, D)")
 
     def dropout_(self, x, m: Mask):
         if isinstance(m.keep, HashedKeep):
@@ -1029,7 +1064,7 @@ class CupyOps(_Ops):
                              f"{tuple(x.shape)}")
         self._contiguous(where, out=out, x=x)
         self._elementwise("dropout_hash", x.dtype, x.size, out, x, B.host.uint64(k.key), B.host.uint32(k.thr),
-                          self._scalar(m.scale, x.dtype))
+                          self._scalar(m.scale, x.dtype), B.host.int64(max(k.run, 1)), B.host.int64(k.skip))
         return out
 
     def bias_relu_dropout_(self, a, bias, m):
@@ -1043,6 +1078,7 @@ class CupyOps(_Ops):
         if m is not None and m.keep.shape != tuple(a.shape):
             raise ValueError(f"CupyOps.bias_relu_dropout_: the mask was drawn for shape {m.keep.shape}, "
                              f"a is {tuple(a.shape)}")
+        self._rows(m, "bias_relu_dropout_")
         key, thr, scale = (0, 0, 1.0) if m is None else (m.keep.key, m.keep.thr, m.scale)
         threads = 256
         self._fn("bias_relu_drop", a.dtype)(

@@ -96,13 +96,48 @@ class FastCache:
 class _Grads(NamedTuple):
     """Where one part of a step writes its gradients: a flat buffer with the arena's layout
     (the arena's own ``grads``, or a split batch's other parts' scratch), its per-name views,
-    and the arena (for the fused blocks: :meth:`block`)."""
+    the arena (for the fused blocks: :meth:`block`), and ``done(stage)``, called when the part
+    has written every gradient of a stage of :func:`attn.fast.arena.stages`."""
     flat: object
     views: dict
     arena: Arena
+    done: object
 
     def block(self, name: str):
         return self.arena.block(self.flat, name)
+
+
+def _nothing(stage: str) -> None:
+    """``done`` of one process's backward: nobody waits for a stage."""
+
+
+class _Stages:
+    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`).
+
+    One part: each stage as its part finishes it. Several parts (a split batch, on threads):
+    a stage is final only when every part has written it; the last part to finish it adds the
+    other parts' gradients of the stage into the arena's (in the parts' order, as one sum over
+    the parts would) and announces it. The last stage (the embeddings) is added by
+    :meth:`FastTransformer.backward` over the threads once they have all returned."""
+
+    def __init__(self, arena: Arena, parts: list, ready):
+        self.arena, self.parts, self.ready = arena, parts, ready
+        self.last = next(reversed(arena.layout.stages))
+        self.left = {}
+        self.lock = threading.Lock()
+
+    def one(self, stage: str) -> None:
+        self.ready(self.arena.layout.stages[stage][1])
+
+    def of_parts(self, stage: str) -> None:
+        with self.lock:
+            left = self.left[stage] = self.left.get(stage, len(self.parts)) - 1
+        if left or stage == self.last:
+            return
+        lo, hi = self.arena.layout.stages[stage]
+        for g in self.parts[1:]:
+            self.arena.grads[lo:hi] += g.flat[lo:hi]
+        self.ready(hi)
 
 
 assert DecodeState._fields == ("cross_kv", "self_kv", "src_mask", "length")
@@ -401,34 +436,44 @@ class FastTransformer(Transformer):
             for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts)
 
-    def backward(self, dlogits, cache) -> dict:
-        """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of :meth:`forward`.
+    def backward(self, dlogits, cache, ready=None) -> dict:
+        """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of :meth:`forward`;
+        ``ready`` (optional), called as ``ready(stop)`` each time ``arena.grads[:stop]`` has
+        become final: the arena lies in the order the backward finishes its gradients, last
+        layer first (:mod:`attn.fast.arena`), so a data-parallel run sends the front of the
+        buffer while the backward computes the rest. The last call is ``ready(arena.size)``.
 
         Returns: grads, a dict keyed like ``params`` (the reference's gradients): the views
         of ``arena.grads``, which every gradient is written into (the next backward
         overwrites them). The parts of a split batch (NumPy) write theirs into scratch
-        buffers of the arena's layout, kept between steps, which are then added in.
+        buffers of the arena's layout, kept between steps, which are added in stage by stage.
         """
         a = self.arena
         self._decode_params = None                      # the parameters are about to change
-        G = _Grads(a.grads, a.grad_views, a)
         if not isinstance(cache, SplitCache):
+            done = _nothing if ready is None else _Stages(a, [], ready).one
+            G = _Grads(a.grads, a.grad_views, a, done)
             self._backward_part(dlogits, cache, G)
             return dict(G.views)
-        while len(self._part_grads) < len(cache.parts) - 1:
+        k = len(cache.parts)
+        while len(self._part_grads) < k - 1:
             flat = a.new_buffer()
-            self._part_grads.append(_Grads(flat, a.views(flat), a))
-        parts = [G] + self._part_grads[:len(cache.parts) - 1]
+            self._part_grads.append((flat, a.views(flat)))
+        stages = _Stages(a, [], ready or _nothing)
+        parts = stages.parts
+        parts.extend(_Grads(flat, views, a, stages.of_parts)
+                     for flat, views in [(a.grads, a.grad_views), *self._part_grads[:k - 1]])
         _THREADS.parallel([lambda sl=sl, c=c, g=g: self._backward_part(dlogits[sl], c, g)
                            for sl, c, g in zip(cache.parts, cache.caches, parts)])
-        n, k = a.size, len(parts)
-        bounds = [n * i // k for i in range(k + 1)]
+        start, n = a.layout.stages[stages.last][0], a.size          # the embeddings, over the threads
+        bounds = [start + (n - start) * i // k for i in range(k + 1)]
 
         def add(lo, hi):
             for g in parts[1:]:
                 a.grads[lo:hi] += g.flat[lo:hi]
         _THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
-        return dict(G.views)
+        stages.ready(n)
+        return dict(parts[0].views)
 
     def project(self, h):
         """:meth:`Transformer.project`: (..., D) -> (..., V). On NumPy it never runs on BLAS's
@@ -691,6 +736,7 @@ class FastTransformer(Transformer):
         if cache.dec_norm is not None:
             dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, G)
             cache.dec_norm = None
+        G.done("decoder.norm")                  # the arena's stages, in this order (attn.fast.arena)
 
         self._phase("backward: decoder")
         # decoder; the cross-attention keys/values of every layer were one product of the encoder
@@ -708,13 +754,16 @@ class FastTransformer(Transformer):
             del c2
             dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
             del c1
+            G.done(f"decoder.{i}")
         Wkv, _ = cache.fused.kv
         dmem = dkv @ Wkv.T                                                    # (N_s, D)
         xp.matmul(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
         ops.colsum(dkv, out=G.block("decoder.cross_attn.b_kv"))
+        G.done("decoder.cross_attn")
         del dkv, dkv_heads
         cache.kv = cache.memory = None
         d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, G)
+        G.done("tgt_pos")
         del dy
 
         self._phase("backward: encoder")
@@ -722,13 +771,16 @@ class FastTransformer(Transformer):
         if cache.enc_norm is not None:
             dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, G)
             cache.enc_norm = None
+        G.done("encoder.norm")
         for i in reversed(range(cfg.n_encoder_layers)):
             c1, c2 = cache.enc[i]
             cache.enc[i] = None
             dx = self._residual_bwd(dx, c2, self._ffn_bwd, G)
             dx = self._residual_bwd(dx, c1, self._self_attn_bwd, G)
             del c1, c2
+            G.done(f"encoder.{i}")
         d_src = self._embed_bwd("src", dx, cache.src_emb, G)
+        G.done("src_pos")
         del dx
 
         self._phase("backward: embeddings")
@@ -740,6 +792,7 @@ class FastTransformer(Transformer):
             if name != out_name:
                 gv[name][...] = 0
             ops.scatter_rows_(gv[name], ec.ids.reshape(-1), rows)
+        G.done("embeddings")
 
     def _residual_bwd(self, dout, c: ResCache, sub_bwd, G: _Grads):
         """Backward of :meth:`_residual`. ``dout`` is the step's own buffer (overwritten).

@@ -16,13 +16,17 @@ its share of the batch's target tokens:
 so rank r scales its local gradient (a mean over its own tokens) by ``n_r / N`` and the sum is
 the one-process gradient. Averaging the ranks' means instead (a mean all-reduce) weighs a token
 of rank r by ``1 / (ranks * n_r)``, wrong whenever the ranks hold different numbers of tokens,
-as they do. The loss travels in the same buffer as the gradients: one all-reduce per step.
+as they do. The loss travels in the same buffer as the gradients, and each rank's target
+tokens beside it (their sum, the batch's, shows that the shares cover it): one all-reduce per step.
 
 Dropout's random numbers are keyed by the position in the global batch, not by the rank: each
 rank asks the step's random stream for the whole batch's numbers and keeps its own rows
 (:class:`RowsOf`), so N ranks draw exactly what one process draws with one worker thread (the
 fast path's threads draw from per-thread streams; with one BLAS thread per rank, the default,
-each rank runs one). The price is that every rank generates the whole batch's masks.
+each rank runs one). The price is that every rank generates the whole batch's masks, except
+where the masks are drawn by no one: attn.fast's counter-based dropout on CuPy keys each element
+by its index in the global batch, which :meth:`RowsOf.place` gives it, so a rank computes its
+own rows alone.
 
 Before the first step every rank hashes its parameters and the hashes must agree
 (:meth:`MPIGroup.check_same_parameters`). Rank 0 alone logs, evaluates and writes; every other
@@ -30,15 +34,17 @@ rank follows its decisions (:meth:`MPIGroup.agree`), so all stop at the same ste
 interrupted run's checkpoint is the one a single process would have written: ``--resume``
 works with any number of ranks.
 
-**Where the gradient arena plugs in.** :class:`FlatGrads` packs the ``grads`` dict into one
-contiguous buffer (in a fixed order: reverse layer order, last layer first, the order the
-backward finishes them) and hands back views of it. When the model's gradients already live in
-one contiguous buffer (attn.fast's arena), build ``FlatGrads.over(arena_grads, views)`` instead:
-packing becomes one scaling in place and there is nothing to copy back.
-
-Buckets of the buffer go out in that order, each as soon as the backward is past it where the
-model's backward fills a ``grads`` dict it is given (:class:`BucketFeed`: the all-reduce overlaps
-the rest of the backward, as in PyTorch's DDP), else after the backward.
+**The gradient buffer is the arena.** attn.fast's model (what ``attn-train`` uses) writes its
+gradients into one flat arena (:mod:`attn.fast.arena`) laid out in the order its backward
+finishes them (reverse layer order, last layer first), with a slot of two elements past them
+for the loss and the tokens; :meth:`FlatGrads.over` all-reduces that buffer in place, in buckets
+of whole stages (a layer, the cross-attention K|V block of all layers: no fused block is cut,
+nothing is copied either way). The backward announces each stage as it finishes it
+(``FastTransformer.backward(..., ready=)``), and a bucket goes out as soon as its last stage is
+announced, while the backward computes the layers before it (:class:`BucketFeed`, as PyTorch's
+DDP does). The readable reference model's gradients are separate arrays: :class:`FlatGrads`
+packs them into a buffer of its own in the same order, each bucket as soon as the backward
+(which fills a ``grads`` dict it is given) is past it.
 The transports: NumPy arrays go through MPI (mpi4py) in place, bucket by bucket with
 non-blocking all-reduces; CuPy arrays through NCCL (``cupy.cuda.nccl``, its unique id made by
 rank 0 and broadcast over MPI, as llm.c does), or through MPI staged via the host where NCCL
@@ -58,6 +64,7 @@ import time
 from .. import backend as B
 from ..data import Batch
 from ..fast import FastTransformer
+from ..fast.arena import LOSS, SLOT, TOKENS
 from ..masks import PAD_ID
 
 #: Environment variables that MPI launchers set to the number of processes started.
@@ -167,11 +174,32 @@ class RowsOf:
     array whose sentence axis is ``k`` times this share's ``hi - lo`` sentences, this draws the
     array for all ``rows`` sentences from the step's stream, as one process would, and
     returns this share's part of that axis, ``[lo*k, hi*k)``. ``keys_first`` says which
-    layout 4-D draws have (True for :class:`attn.fast.FastTransformer`)."""
+    layout 4-D draws have (True for :class:`attn.fast.FastTransformer`).
+
+    A counter-based generator draws nothing: it asks :meth:`place` where this share's
+    elements sit in the whole batch's array, and keys each element by that index (attn.fast's
+    CuPy dropout, ``dropout_hash``), so this share gets its rows of one process's masks without
+    making the others'."""
 
     def __init__(self, rng, lo: int, hi: int, rows: int, keys_first: bool = False):
         self.rng, self.lo, self.hi, self.rows, self.keys_first = rng, lo, hi, rows, keys_first
         self.seed = rng.seed
+
+    def place(self, shape) -> tuple:
+        """Where this share's array of ``shape`` (C order) sits in the whole batch's: ``(base,
+        run, skip)``, its element i being the whole's ``base + i + (i // run) * skip``. The
+        share's sentences hold ``C`` elements each below the sentence axis, so its elements
+        come in runs of ``run = n * C`` (one run when the sentence axis is the first), the
+        first at ``base = lo * C``, each ``skip = (rows - n) * C`` before the next."""
+        whole, _ = self._whole(shape)
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
+        axis = 1 if self.keys_first and len(shape) == 4 else 0
+        per_sentence = 1
+        for s in shape[axis:]:
+            per_sentence *= int(s)
+        n = self.hi - self.lo
+        C = per_sentence // n
+        return self.lo * C, n * C, (0 if axis == 0 else (self.rows - n) * C)
 
     def _whole(self, shape):
         shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
@@ -201,14 +229,21 @@ def reverse_layer_order(names) -> list[str]:
 
 
 class FlatGrads:
-    """The gradients of every parameter in one contiguous buffer, plus one slot for the loss.
+    """The gradients of every parameter in one contiguous buffer, then a slot of two for the
+    loss and the target tokens: one all-reduce carries everything a step sums.
 
-    The buffer holds the gradients in the fixed order :attr:`names` (reverse layer order) and
-    the loss in its last slot; :attr:`views` are the parameters' gradients as views of it (what
-    goes to the optimizer after the all-reduce). :attr:`buckets` are ``(start, stop)`` slices of
-    about :data:`BUCKET_BYTES` that end on parameter boundaries, the last one holding the loss;
-    :attr:`bucket_names` the parameters of each. ``pack_bucket(i, grads, weight)`` writes
-    ``weight * grads[name]`` for bucket ``i``'s parameters, ``pack_loss(loss, weight)`` the loss.
+    :attr:`flat` holds the gradients in the order the backward finishes them (reverse layer
+    order) and, in its last two elements, the loss and the token count; :attr:`views` are the
+    parameters' gradients as views of it (what goes to the optimizer after the all-reduce).
+    :attr:`buckets` are ``(start, stop)`` slices of about :data:`BUCKET_BYTES` in that order,
+    the last one holding the slot; :attr:`bucket_names` the parameters of each (the arena's
+    stages for :meth:`over`). ``pack_bucket(i, grads, weight)`` makes bucket ``i`` hold
+    ``weight * grads``, ``pack_loss(loss, weight, tokens)`` fills the slot.
+
+    Two kinds: ``FlatGrads(params)`` owns its buffer, and packing copies a ``grads`` dict into
+    it (the reference model's gradients are separate arrays); ``FlatGrads.over(arena)`` *is*
+    attn.fast's gradient arena, which the backward has written in that order already, so
+    packing scales it in place and nothing is copied either way.
     """
 
     def __init__(self, params: dict, bucket_bytes: int = BUCKET_BYTES):
@@ -219,7 +254,8 @@ class FlatGrads:
         for k in self.names:
             self.offsets[k] = total
             total += params[k].size
-        self.flat = xp.zeros(total + 1, dtype=first.dtype)                      # (P + 1,)
+        self.size = total
+        self.flat = xp.zeros(total + SLOT, dtype=first.dtype)                   # (P + 2,)
         self.views = {k: self.flat[o:o + params[k].size].reshape(params[k].shape) for k, o in self.offsets.items()}
         self.buckets, self.bucket_names, start, names = [], [], 0, []
         for k in self.names:
@@ -229,21 +265,33 @@ class FlatGrads:
                 self.buckets.append((start, end))
                 self.bucket_names.append(names)
                 start, names = end, []
-        self.buckets.append((start, total + 1))                                 # the loss travels last
+        self.buckets.append((start, total + SLOT))                               # the loss travels last
         self.bucket_names.append(names)
-        self.arena = False
+        self.arena = None
 
     @classmethod
-    def over(cls, arena, views: dict) -> "FlatGrads":
-        """A :class:`FlatGrads` whose buffer is the model's own gradient arena: ``arena``, one
-        contiguous array with one spare slot at its end for the loss, and ``views``, the
-        gradients as views of it, which the backward writes. Packing then scales the arena in
-        place, and there is nothing to copy back: this is where attn.fast's arena plugs in."""
+    def over(cls, arena, bucket_bytes: int = BUCKET_BYTES) -> "FlatGrads":
+        """The :class:`FlatGrads` that is attn.fast's gradient arena (:class:`attn.fast.arena.Arena`):
+        its ``grad_buffer`` (the gradients in the order the backward finishes them, then the
+        slot) all-reduced in place, in buckets of whole stages of :func:`attn.fast.arena.stages`
+        (a layer, the cross-attention K|V block of all layers, ...: nothing is cut out of a
+        fused block), so that a bucket goes out as soon as the backward announces its last
+        stage (``FastTransformer.backward(..., ready=)``)."""
         self = cls.__new__(cls)
-        self.names = reverse_layer_order(views)
-        self.flat, self.views, self.arena = arena, views, True
+        self.arena, self.size = arena, arena.size
+        self.flat, self.views = arena.grad_buffer, arena.grad_views
+        self.names = list(arena.layout.stages)                   # stages (in the buffer's order), not parameters
         self.offsets = {}
-        self.buckets, self.bucket_names = [(0, arena.size)], [list(self.names)]
+        itemsize = arena.dtype.itemsize
+        self.buckets, self.bucket_names, start, names = [], [], 0, []
+        for stage, (_, stop) in arena.layout.stages.items():
+            names.append(stage)
+            if (stop - start) * itemsize >= bucket_bytes:
+                self.buckets.append((start, stop))
+                self.bucket_names.append(names)
+                start, names = stop, []
+        self.buckets.append((start, self.size + SLOT))
+        self.bucket_names.append(names)
         return self
 
     @property
@@ -252,9 +300,9 @@ class FlatGrads:
 
     def pack_bucket(self, i: int, grads: dict, weight: float) -> None:
         w = self.flat.dtype.type(weight)
-        if self.arena:
+        if self.arena is not None:                  # the gradients are there already: scale them
             start, stop = self.buckets[i]
-            self.flat[start:min(stop, self.flat.size - 1)] *= w
+            self.flat[start:min(stop, self.size)] *= w
             return
         xp = B.get_array_module(self.flat)
         missing = [k for k in self.bucket_names[i] if k not in grads]
@@ -263,21 +311,32 @@ class FlatGrads:
         for k in self.bucket_names[i]:
             xp.multiply(grads[k], w, out=self.views[k])
 
-    def pack_loss(self, loss, weight: float) -> None:
-        self.flat[-1:] = loss.reshape(1) * self.flat.dtype.type(weight)
+    def pack_loss(self, loss, weight: float, tokens: int = 0) -> None:
+        """The slot: ``weight * loss`` and this rank's target tokens (summed: the batch's)."""
+        self.flat[self.size + LOSS:self.size + LOSS + 1] = loss.reshape(1) * self.flat.dtype.type(weight)
+        self.flat[self.size + TOKENS:self.size + TOKENS + 1] = tokens
 
     def loss(self):
         """The summed loss, a 0-d array of its own (the buffer is reused next step)."""
-        return self.flat[-1:].copy().reshape(())
+        return self.flat[self.size + LOSS:self.size + LOSS + 1].copy().reshape(())
+
+    def tokens(self):
+        """The summed target tokens (a 0-d array of its own): the global batch's, when every
+        rank put its own (a check that the shares cover the batch once, with no host sync)."""
+        return self.flat[self.size + TOKENS:self.size + TOKENS + 1].copy().reshape(())
 
 
 class BucketFeed(dict):
-    """The ``grads`` dict a backward fills, which all-reduces each bucket as soon as the backward
-    has moved past it: when a gradient of a later bucket arrives and every gradient of an earlier
-    bucket is there, that bucket is final (the backward visits the layers in reverse order, the
-    buckets' order) and goes on the wire while the backward computes the layers before it.
-    The last bucket (the embeddings, the loss) goes when the backward has returned:
-    :meth:`MPIGroup.backward` calls :meth:`finish`."""
+    """What a backward fills as it goes, which all-reduces each bucket of a :class:`FlatGrads`
+    as soon as the backward is past it, while the backward computes the layers before it (the
+    backward finishes the layers in reverse order, the buckets' order). The last bucket (the
+    embeddings, and the slot with the loss) goes when the backward has returned:
+    :meth:`MPIGroup.backward` sends it.
+
+    Two ways to be told: attn.fast's backward calls :meth:`ready` with the arena's end of what
+    is final; a backward that fills a ``grads`` dict it is given (the reference model) is given
+    this dict, and when a gradient of a later bucket arrives and every gradient of an earlier
+    bucket is there, that bucket is final."""
 
     def __init__(self, group: "MPIGroup", fg: FlatGrads, weight: float):
         super().__init__()
@@ -286,16 +345,27 @@ class BucketFeed(dict):
         self.launched = 0                    # buckets sent so far (in order)
         self.launched_during_backward = 0
 
+    def ready(self, stop: int) -> None:
+        """``fg.flat[:stop]`` is final: send every bucket that ends there or before (the last
+        bucket waits for the loss)."""
+        last = len(self.fg.buckets) - 1
+        while self.launched < last and self.fg.buckets[self.launched][1] <= stop:
+            self._send()
+        self.launched_during_backward = self.launched
+
     def __setitem__(self, name, g):
         super().__setitem__(name, g)
         reached = self.bucket_of.get(name, 0)
         last = len(self.fg.buckets) - 1
         while (self.launched < min(reached, last)
                and all(k in self for k in self.fg.bucket_names[self.launched])):
-            self.fg.pack_bucket(self.launched, self, self.weight)
-            self.group._launch(self.launched)
-            self.launched += 1
+            self._send()
         self.launched_during_backward = self.launched
+
+    def _send(self) -> None:
+        self.fg.pack_bucket(self.launched, self, self.weight)
+        self.group._launch(self.launched)
+        self.launched += 1
 
 
 def parameter_digest(params: dict) -> str:
@@ -321,6 +391,8 @@ class MPIGroup(Single):
         self._nccl = None
         self._stream = None
         self._requests = []
+        self.tokens = 0                       # this rank's target tokens in the step's batch (share)
+        self.summed_tokens = None             # every rank's, summed by the last all-reduce (0-d array)
         self.comm_seconds = 0.0               # host seconds in the all-reduce calls, waiting included
         self.timing = False                   # True: wait for NCCL at the end of each all-reduce (to time it)
         self.launched_during_backward = 0     # buckets the last backward sent before it returned
@@ -359,14 +431,17 @@ class MPIGroup(Single):
         draw for them (for ``model``'s layout of them), and their weight (their target tokens
         over the batch's)."""
         mine, lo, rows, weight = share_of(batch, self.size, self.rank)
+        self.tokens = mine.n_tgt_tokens if weight else 0
         if rng is not None:
             rng = RowsOf(rng, lo, lo + mine.src.shape[0], rows, keys_first=isinstance(model, FastTransformer))
         return mine, rng, weight
 
-    def flat_grads(self, params: dict) -> FlatGrads:
-        """The reused gradient buffer (made at the first step)."""
-        if self._flat is None:
-            self._flat = FlatGrads(params, self.bucket_bytes)
+    def flat_grads(self, params: dict, arena=None) -> FlatGrads:
+        """The reused gradient buffer (made at the first step): ``arena``'s own (attn.fast's
+        :class:`attn.fast.arena.Arena`) when given, else one of :class:`FlatGrads`'s own."""
+        if self._flat is None or self._flat.arena is not arena:
+            self._flat = FlatGrads(params, self.bucket_bytes) if arena is None else \
+                FlatGrads.over(arena, self.bucket_bytes)
         return self._flat
 
     def all_reduce(self, loss, grads: dict, weight: float):
@@ -375,23 +450,32 @@ class MPIGroup(Single):
         fg = self.flat_grads(grads)
         for i in range(len(fg.buckets)):
             fg.pack_bucket(i, grads, weight)
-        fg.pack_loss(loss, weight)
+        fg.pack_loss(loss, weight, self.tokens)
         for i in range(len(fg.buckets)):
             self._launch(i)
         return self._finish()
 
     def backward(self, model, dlogits, cache, loss, weight: float):
         """``model.backward`` with the all-reduce of :meth:`all_reduce` overlapped: each bucket
-        is sent as soon as the backward is past it (:class:`BucketFeed`), where the model's
-        backward fills a ``grads`` dict it is given (the reference :class:`attn.model.Transformer`);
-        otherwise after the backward. Returns (loss, grads) as :meth:`all_reduce` does."""
-        if "grads" not in inspect.signature(model.backward).parameters:
+        is sent as soon as the backward is past it (:class:`BucketFeed`). attn.fast's model
+        announces the stages of its arena as it finishes them (``ready``), and its arena is
+        all-reduced in place; the reference :class:`attn.model.Transformer` fills a ``grads``
+        dict it is given; any other model's gradients go after its backward. Returns (loss,
+        grads) as :meth:`all_reduce` does (for attn.fast, the arena's own views)."""
+        arena = getattr(model, "arena", None)
+        takes = inspect.signature(model.backward).parameters
+        if arena is not None and "ready" in takes:
+            fg = self.flat_grads(model.params, arena)
+            feed = BucketFeed(self, fg, weight)
+            model.backward(dlogits, cache, ready=feed.ready)
+        elif "grads" in takes:
+            fg = self.flat_grads(model.params)
+            feed = BucketFeed(self, fg, weight)
+            model.backward(dlogits, cache, grads=feed)
+        else:
             return self.all_reduce(loss, model.backward(dlogits, cache), weight)
-        fg = self.flat_grads(model.params)
-        feed = BucketFeed(self, fg, weight)
-        model.backward(dlogits, cache, grads=feed)
         self.launched_during_backward = feed.launched_during_backward
-        fg.pack_loss(loss, weight)
+        fg.pack_loss(loss, weight, self.tokens)
         for i in range(feed.launched, len(fg.buckets)):
             fg.pack_bucket(i, feed, weight)
             self._launch(i)
@@ -438,6 +522,7 @@ class MPIGroup(Single):
             _mpi().Request.Waitall(self._requests)
             self._requests = []
         self.comm_seconds += time.perf_counter() - t0
+        self.summed_tokens = fg.tokens()
         return fg.loss(), fg.views
 
     def broadcast(self, value):

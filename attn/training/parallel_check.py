@@ -11,11 +11,17 @@ the same steps alone, on the whole batches, and compares:
     the parameters after the last step    (relative error per parameter, and of all as one vector,
                                            but for the key biases: see zero_in_truth)
     every rank's parameters               (bit for bit: their SHA-256 hashes)
+    the target tokens the all-reduce summed (the whole batch's: the shares cover it once)
+
+On the fast engine the buffer all-reduced is the model's own gradient arena, in place.
 
 It prints one JSON line per case and exits with status 1 if a case misses the bounds
 (:data:`BOUNDS`, for float64). ``--wrong-normalisation`` demonstrates the mistake that the sum
 of gradients avoids: every rank normalises its loss by its *own* token count and the ranks'
-gradients are averaged; the check then fails.
+gradients are averaged; the check then fails. ``--wrong-dropout-keys`` demonstrates why the
+counter-based dropout of attn.fast on CuPy (``dropout_hash``, the default there) keys each element
+by its index in the *global* batch: keyed by its index in the rank's share, each rank draws other
+masks than one process does, and the check fails.
 """
 from __future__ import annotations
 
@@ -112,7 +118,7 @@ def vector_rel(a: dict, b: dict, skip=()) -> float:
 
 
 def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wrong: bool,
-             bucket_bytes: int) -> dict:
+             bucket_bytes: int, wrong_dropout: bool = False) -> dict:
     """One case on every rank; rank 0's comparison, the same dict on every rank."""
     B.set_backend(backend)
     dp = distributed.MPIGroup(comm)
@@ -120,10 +126,17 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
     dp.bucket_bytes = bucket_bytes
     if wrong:
         dp.share = lambda batch, rng=None, model=None, _share=dp.share: (*_share(batch, rng, model)[:2], 1.0 / dp.size)
+    if wrong_dropout:
+        def share(batch, rng=None, model=None, _share=dp.share):
+            mine, rows_of, weight = _share(batch, rng, model)
+            rows_of.place = lambda shape: (0, 0, 0)         # the index in the share: as if alone
+            return mine, rows_of, weight
+        dp.share = share
     model, opt, loss_fn = check_model(dtype, reference)
     dp.check_same_parameters(model.params)
+    counter = not reference and getattr(model.ops, "counter_dropout", False)
     batches = check_batches(model.config.vocab_size)
-    transfers, overlapped = [0], []
+    transfers, overlapped, summed_tokens = [0], [], []
     for name in ("_launch", "_finish"):      # device -> host transfers inside the all-reduce (stand-in only)
         def counted(*args, _f=getattr(dp, name)):
             before = _transfers()
@@ -131,6 +144,7 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             transfers[0] = None if before is None else transfers[0] + _transfers() - before
             if _f.__name__ == "_finish":
                 overlapped.append(dp.launched_during_backward)
+                summed_tokens.append(B.to_float(dp.summed_tokens))
             return out
         setattr(dp, name, counted)
     losses, grads, params = take_steps(model, opt, loss_fn, batches, dp)
@@ -147,7 +161,12 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             "backend": B.describe() if backend == "numpy" else backend, "transport": dp.transport,
             "engine": "reference" if reference else "fast", "dtype": dtype, "processes": dp.size,
             "normalisation": "local (wrong)" if wrong else "global",
-            "target_tokens_per_rank": tokens, "buckets": len(dp.flat_grads(model.params).buckets),
+            "dropout": ("drawn from the step's stream" if not counter else
+                        "counter-based, keyed by the index in the share (wrong)" if wrong_dropout else
+                        "counter-based, keyed by the index in the global batch"),
+            "target_tokens_per_rank": tokens, "buckets": len(dp.flat_grads(model.params, getattr(model, "arena", None)).buckets),
+            "all_reduce_buffer": "the arena's own" if dp._flat.arena is not None else "a copy",
+            "summed_tokens": summed_tokens, "batch_tokens": [b.n_tgt_tokens for b in batches],
             "max_grad_rel": max(rel_error(grads[k], grads1[k]) for k in grads1),
             "max_loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, losses1)),
             "max_param_rel": max(rel_error(params[k], params1[k]) for k in params1 if k not in zero),
@@ -157,7 +176,8 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             "ranks_bitwise_equal": same_on_ranks, "losses": losses,
             "all_reduce_host_transfers_per_step": transfers / len(batches) if transfers is not None else None,
             "buckets_sent_during_backward": overlapped}
-        result["pass"] = bool(same_on_ranks and result["max_grad_rel"] <= BOUNDS["grad"]
+        result["pass"] = bool(same_on_ranks and summed_tokens == [float(b.n_tgt_tokens) for b in batches]
+                              and result["max_grad_rel"] <= BOUNDS["grad"]
                               and result["max_loss_rel"] <= BOUNDS["loss"]
                               and result["max_param_rel"] <= BOUNDS["param"]
                               and result["param_vector_rel"] <= BOUNDS["param"])
@@ -186,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="all-reduce bucket size (small, so the small model's gradients go in several buckets)")
     p.add_argument("--wrong-normalisation", action="store_true",
                    help="each rank normalises by its own token count and the gradients are averaged: must fail")
+    p.add_argument("--wrong-dropout-keys", action="store_true",
+                   help="the counter-based dropout (CuPy, fast engine) keyed by the index in each rank's share, "
+                        "not in the global batch: must fail")
     return p
 
 
@@ -198,7 +221,7 @@ def main(argv=None) -> int:
         for transport in (args.transport if backend == "cupy" else ["mpi"]):
             for engine in args.engine:
                 result = run_case(comm, backend, transport, engine == "reference", args.dtype,
-                                  args.wrong_normalisation, args.bucket_bytes)
+                                  args.wrong_normalisation, args.bucket_bytes, args.wrong_dropout_keys)
                 if comm.Get_rank() == 0:
                     print(json.dumps(result), flush=True)
                 ok = ok and result["pass"]
