@@ -449,6 +449,34 @@ def test_cupy_dropout_is_one_launch_each_way_and_the_backward_regenerates_the_ma
         ops.dropout_(cp.ones((3, 3), dtype="float32"), m)
 
 
+class _SeedOnDevice:
+    """A step's random numbers as a captured step gives them: the seed in a device buffer."""
+
+    def __init__(self, buffer):
+        self.device_seed = buffer
+
+
+def test_dropout_reads_the_steps_seed_from_the_device(stand_in):
+    """What makes dropout capturable as a CUDA graph: the kernels read the step's seed from
+    device memory, so the same launches (the same arguments) draw the masks of whatever seed
+    the buffer holds when they run; each is the mask of that seed, bit for bit."""
+    from attn.fast.kernels import _splitmix64, dropout_bits_np, dropout_key_np
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    seed = cp.asarray(np.array([11], dtype=np.uint64))
+    rng = _SeedOnDevice(seed)
+    x = cp.ones((16, 24), dtype="float32")
+    m = ops.dropout_mask(rng, x.shape, 0.5)
+    first = cp.asnumpy(ops.dropout_(x.copy(), m)) != 0
+    seed[...] = cp.asarray(np.array([12], dtype=np.uint64))
+    second = cp.asnumpy(ops.dropout_(x.copy(), m)) != 0
+    assert not np.array_equal(first, second)
+    for value, got in ((11, first), (12, second)):
+        key = (_splitmix64(_splitmix64(value) ^ m.keep.site) + m.keep.offset) % (1 << 64)
+        assert dropout_key_np(np.array([value], dtype=np.uint64), m.keep.site, m.keep.offset) == key
+        assert np.array_equal(got.reshape(-1), dropout_bits_np(key, x.size) >= m.keep.thr)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_post_norm_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
     """``residual_layer_norm_``: bias, dropout (from its counter), residual sum and layer
@@ -539,7 +567,7 @@ def test_counters_in_runs_are_the_global_index_bit_for_bit(stand_in):
     for i in (0, 11, 12, 13, 49):
         assert int(bits[i]) == _splitmix64_reference(key, base + i + (i // run) * skip), i
     fc, cp = stand_in
-    bad = Mask(HashedKeep(1, 100, (4, 6), 12, 12), 1.0)
+    bad = Mask(HashedKeep(cp.zeros(1, dtype=np.uint64), 0, 0, 100, (4, 6), 12, 12), 1.0)
     with pytest.raises(ValueError, match="row-major"):
         ops_for(cp).bias_relu_dropout_(cp.ones((4, 6)), cp.zeros(6), bad)
     with pytest.raises(ValueError, match="row-major"):
