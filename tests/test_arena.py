@@ -238,6 +238,26 @@ def test_optimizer_state_loads_into_the_arena(backend):
         assert np.array_equal(B.to_host(o2.v[k]), B.to_host(opt.v[k])), k
     assert np.array_equal(B.to_host(other.arena.m), B.to_host(fast.arena.m))       # padding included
 
+
+def test_a_resumed_optimizer_continues_the_schedule_and_its_step_count_on_the_device(backend):
+    """The learning rate and Adam's bias corrections come from the step count (on a GPU the
+    count lives on the device, advanced by ``adam_flat``): an optimizer loaded at step t takes
+    step t + 1 exactly as the optimizer that took the t steps, with a warm-up still rising."""
+    fast, twin = FastTransformer(CFG, seed=1, dtype="float64"), FastTransformer(CFG, seed=1, dtype="float64")
+    opt, o2 = FastAdam(fast.params, CFG.d_model, 4), FastAdam(twin.params, CFG.d_model, 4)
+    rng = np.random.default_rng(3)
+    grads = [{k: B.to_device(rng.standard_normal(v.shape)) for k, v in fast.params.items()} for _ in range(3)]
+    for g in grads[:2]:
+        opt.step(g)
+    twin.arena.params[...] = fast.arena.params
+    o2.load_state({k: B.to_host(v).copy() for k, v in opt.state_arrays().items()}, opt.t)
+    lrs = [opt.step(grads[2]), o2.step(grads[2])]
+    assert lrs[0] == lrs[1] == opt.lr(3) and opt.t == o2.t == 3
+    assert np.array_equal(B.to_host(fast.arena.params), B.to_host(twin.arena.params))
+    for o in (opt, o2):
+        count = getattr(o, "_device_count", None)
+        assert count is None or int(B.to_host(count)[0]) == 3
+
 # ----------------------------------------------------------------------------- counted on the stand-in
 
 

@@ -740,11 +740,24 @@ _ADAM_FLAT = r"""
 // the n_partial partial sums of squares of sumsq_partial (in one fixed order, so every block gets
 // the same norm), and g is used times max_norm / (norm + 1e-6) where norm > max_norm
 // (attn.optim.clip_grad_norm's rule). g itself is not written.
+//
+// The step count lives on the device: every block reads t = count[0] + 1 and makes the step's
+// numbers from it in double (section 5.3's learning rate, lr_factor * d_model^-0.5 *
+// min(t^-0.5, t * warmup^-1.5), or fixed_lr where use_fixed; Adam's bias corrections
+// c1 = 1 - b1^t, c2 = 1 - b2^t), and the last block to finish (a ticket, as in column_sums)
+// sets count[0] = t. So a step captured as a CUDA graph takes a new learning rate and new
+// corrections at every replay: numbers passed by value would be replayed as captured.
 template <typename T>
 __global__ void adam_flat(T* p, T* m, T* v, const T* g, const double* partial, int n_partial, double max_norm,
-                          T one_m_b1, T b2, T one_m_b2, T eps_c, T step, long long n) {
+                          long long* count, unsigned int* ticket, double lr_factor, double fixed_lr, int use_fixed,
+                          double d_model, double warmup, double b1, double b2, double eps, long long n) {
     extern __shared__ unsigned char smem[];
     double* sh = reinterpret_cast<double*>(smem);
+    const double t = (double)count[0] + 1.0;
+    const double lr = use_fixed ? fixed_lr : lr_factor / sqrt(d_model) * fmin(1.0 / sqrt(t), t * pow(warmup, -1.5));
+    const double c1 = 1.0 - pow(b1, t), c2 = 1.0 - pow(b2, t);
+    const T one_m_b1 = T(1.0 - b1), b2_t = T(b2), one_m_b2 = T(1.0 - b2), eps_c = T(eps * sqrt(c2));
+    const T step = T(lr * sqrt(c2) / c1);
     T scale = T(1);
     if (n_partial > 0) {
         double s = 0;
@@ -755,20 +768,33 @@ __global__ void adam_flat(T* p, T* m, T* v, const T* g, const double* partial, i
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         T gi = g[i] * scale;
         T mi = m[i] + one_m_b1 * (gi - m[i]);
-        T vi = b2 * v[i] + one_m_b2 * gi * gi;
+        T vi = b2_t * v[i] + one_m_b2 * gi * gi;
         m[i] = mi;
         v[i] = vi;
         p[i] -= step * mi / (sqrt(vi) + eps_c);
+    }
+    __syncthreads();                        // every thread of this block has read count (above)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ticket, 1u) == gridDim.x - 1) { count[0] += 1; *ticket = 0u; }   // the last block
     }
 }
 """
 
 
-def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2, one_m_b2, eps_c, step, n):
+def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, count, ticket, lr_factor, fixed_lr, use_fixed,
+                 d_model, warmup, b1, b2, eps, n):
     """NumPy twin of ``adam_flat``."""
     np = B.host
     n = int(n)
     dt = p.dtype.type
+    count_v = _view(count, (1,), (1,))
+    t = float(count_v[0]) + 1.0
+    lr = float(fixed_lr) if use_fixed else float(lr_factor) / math.sqrt(float(d_model)) * min(
+        1.0 / math.sqrt(t), t * float(warmup) ** -1.5)
+    c1, c2 = 1.0 - float(b1) ** t, 1.0 - float(b2) ** t
+    one_m_b1, b2, one_m_b2, eps_c = dt(1.0 - b1), dt(b2), dt(1.0 - b2), dt(float(eps) * math.sqrt(c2))
+    step = dt(lr * math.sqrt(c2) / c1)
     scale = dt(1)
     if n_partial > 0:
         _check_block_reduction(launch, 8)
@@ -780,6 +806,8 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2,
     mv += one_m_b1 * (gv - mv)
     vv[...] = b2 * vv + one_m_b2 * gv * gv
     pv -= step * mv / (np.sqrt(vv) + eps_c)
+    count_v[0] += 1
+    _view(ticket, (1,), (1,))[0] = 0
 
 # --------------------------------------------------------------------------- the module
 
@@ -1187,11 +1215,18 @@ class CupyOps(_Ops):
     #: every block) and of the flat update's grid-stride loop.
     NORM_BLOCKS, ADAM_BLOCKS = 256, 4096
 
-    def adam_flat_(self, p, g, m, v, consts, scratch=None, max_norm: float = 0.0):
+    def adam_flat_(self, p, g, m, v, count, schedule, max_norm: float = 0.0):
         """Adam over flat arrays (the whole arena) in one launch; with ``max_norm > 0`` the
         gradient's global norm first, by one ``sumsq_partial`` launch, and the clipping decided
-        inside ``adam_flat`` (no host synchronisation). ``g`` is not written."""
+        inside ``adam_flat`` (no host synchronisation). ``g`` is not written. ``count`` (a
+        one-element int64 device array) is the number of steps taken, which the kernel reads and
+        advances; ``schedule`` is ``(lr_factor, fixed_lr or None, d_model, warmup_steps, b1, b2,
+        eps)``, from which it makes the step's learning rate and bias corrections."""
         self._contiguous("adam_flat_", p=p, g=g, m=m, v=v)
+        if count.shape != (1,) or count.dtype != B.host.int64:
+            raise ValueError(f"CupyOps.adam_flat_: count must be a one-element int64 device array, got shape "
+                             f"{tuple(count.shape)} {count.dtype}")
+        lr_factor, fixed_lr, d_model, warmup, b1, b2, eps = schedule
         n, threads = p.size, 256
         partial = self._buffer("norm_partials", self.NORM_BLOCKS, B.host.float64)
         n_partial = 0
@@ -1199,11 +1234,19 @@ class CupyOps(_Ops):
             n_partial = max(1, min(self.NORM_BLOCKS, -(-n // (threads * 16))))
             self._fn("sumsq_partial", g.dtype)((n_partial,), (threads,), (g, partial, B.host.int64(n)),
                                                shared_mem=threads * 8)
-        one_m_b1, b2, one_m_b2, eps_c, step = (self._scalar(c, p.dtype) for c in consts)
+        f64 = B.host.float64
         self._fn("adam_flat", p.dtype)(
             _grid(n, threads, self.ADAM_BLOCKS), (threads,),
-            (p, m, v, g, partial, B.host.int32(n_partial), B.host.float64(max_norm), one_m_b1, b2, one_m_b2,
-             eps_c, step, B.host.int64(n)), shared_mem=threads * 8)
+            (p, m, v, g, partial, B.host.int32(n_partial), f64(max_norm), count, self._ticket("adam_ticket"),
+             f64(lr_factor), f64(0.0 if fixed_lr is None else fixed_lr), B.host.int32(fixed_lr is not None),
+             f64(d_model), f64(warmup), f64(b1), f64(b2), f64(eps), B.host.int64(n)), shared_mem=threads * 8)
+
+    def _ticket(self, name):
+        """A one-element counter a kernel's last block sets back to 0: zeroed once."""
+        c = self._scratch.get(name)
+        if c is None:
+            c = self._scratch[name] = self.xp.zeros((1,), dtype=B.host.uint32)
+        return c
 
 
 def block_size_for(n: int) -> int:
