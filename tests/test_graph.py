@@ -207,3 +207,48 @@ def test_bucketing_leaves_few_shapes_and_a_bucketed_batch_as_it_is():
     assert all(pad_to_bucket(b) is b for b in bucketed)
     with pytest.raises(ValueError, match="length_multiple"):
         pad_to_bucket(batches[0], 0)
+
+
+# ----------------------------------------------------------------------------- the training step captured
+
+
+def test_the_captured_training_step_replays_equal_to_eager_steps(fc):
+    """The capture check of the training step: the toy model's steps on the stand-in, one
+    process, dropout on and the warm-up's learning rate rising every step, taken eagerly
+    (``train_step`` on the padded batches, ``DeviceRNG`` seeds) and through
+    :class:`GraphedTrainStep` (one eager call, one capture, then replays): the losses and the
+    parameters after every step are the same, bit for bit; one graph was captured, and every
+    step after the capture is one graph launch."""
+    import attn.backend as B
+    from attn.data import _pad_batch, pad_to_bucket
+    from attn.fast import FastAdam, FastTransformer
+    from attn.fast.graph import GraphedTrainStep
+    from attn.model import TransformerConfig
+    from attn.train import train_step
+    from attn.training.prepare import step_loss_fn
+    cfg = TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layers=2,
+                            dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8)
+    models = [FastTransformer(cfg, seed=5) for _ in range(2)]
+    for m in models:
+        m.validate_ids = False
+    opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
+    graphed = GraphedTrainStep(models[1], opts[1], cfg.label_smoothing, clip=1.0)
+    loss_fn = step_loss_fn(False)
+    calls, run = [], graphed.captured.fn
+    graphed.captured.fn = lambda *a: calls.append(1) or run(*a)
+    rng = np.random.default_rng(0)
+    batches = []
+    while len(batches) < 5:          # batches of one bucket: (16 rows, 8 source and 8 target positions)
+        pairs = [(rng.integers(4, 23, rng.integers(1, 8)).tolist(), rng.integers(4, 23, rng.integers(1, 8)).tolist())
+                 for _ in range(int(rng.integers(9, 17)))]
+        batches.append(_pad_batch(pairs))
+    for step, batch in enumerate(batches):
+        seed = 1000 + step
+        eager_loss, eager_lr = train_step(models[0], opts[0], pad_to_bucket(batch), B.DeviceRNG(seed),
+                                          cfg.label_smoothing, 1.0, loss_fn)
+        loss, lr = graphed(batch, seed)
+        assert lr == eager_lr
+        assert float(loss) == float(eager_loss), step
+        assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
+    assert graphed.graphs == 1 and opts[0].t == opts[1].t == 5
+    assert len(calls) == 2          # the eager call and the capture: the last three steps were replays

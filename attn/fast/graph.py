@@ -123,3 +123,74 @@ def survey(fn: Callable, xp) -> list:
 def summarise(refusals: list) -> dict:
     """{kind: count} of :func:`survey`'s refusals, most frequent first."""
     return dict(Counter(r.kind for r in refusals).most_common())
+
+
+# --------------------------------------------------------------------------- the training step
+
+
+class _SeedOnDevice:
+    """The random numbers of a captured step: dropout's kernels read the step's seed from
+    ``device_seed`` (see :meth:`attn.fast.kernels.CupyOps.dropout_mask`), a buffer of the graph
+    that each call refreshes."""
+
+    def __init__(self, buffer):
+        self.device_seed = buffer
+
+
+class GraphedTrainStep:
+    """:func:`attn.train.train_step` for the fast engine on a GPU, each step one CUDA graph launch.
+
+    ``step(batch, seed)`` pads the batch to its bucket (:func:`attn.data.pad_to_bucket`: a
+    graph replays one shape, and a bucket's batches share one), checks its ids on the host,
+    counts the optimizer's step on the host (:meth:`attn.fast.optim.FastAdam.count_step`), and
+    runs forward, label-smoothed cross-entropy, backward and Adam through a
+    :class:`CapturedStep`: eagerly for the first ``warmup`` batches of a shape, captured on the
+    next and replayed from then on. What changes between steps reaches the graph through
+    device memory: the batch and the dropout seed are copied into the graph's buffers, and
+    Adam's step count (hence its learning rate and bias corrections) lives on the device.
+    Returns ``(loss, lr)`` as ``train_step`` does: the loss a 0-d device array of its own (the
+    graph's is rewritten by the next replay).
+
+    Dropout's masks are those of ``train_step`` given ``B.DeviceRNG(seed)`` and the padded
+    batch, so a run with graphs computes what the eager run on padded batches computes.
+    """
+
+    def __init__(self, model, opt, label_smoothing: float, clip: float = 0.0, loss_fn=None, *,
+                 length_multiple: int = 8, row_multiple: int = 16, warmup: int = 1):
+        from .loss import cross_entropy
+        if getattr(opt, "arena", None) is None or not hasattr(opt, "apply_step"):
+            raise TypeError("GraphedTrainStep: the optimizer must be attn.fast.FastAdam over the model's arena "
+                            f"(got {type(opt).__name__})")
+        self.model, self.opt, self.smoothing, self.clip = model, opt, label_smoothing, clip
+        self.loss_fn = loss_fn or (lambda logits, targets, eps: cross_entropy(
+            logits, targets, eps, inplace=True, validate=False, check_finite=False))
+        self.length_multiple, self.row_multiple = length_multiple, row_multiple
+        self.captured = CapturedStep(self._device_step, warmup=warmup)
+
+    def __call__(self, batch, seed: int):
+        from ..data import pad_to_bucket
+        from ..layers._checks import check_ids
+        cfg = self.model.config
+        batch = pad_to_bucket(batch, self.length_multiple, self.row_multiple)
+        for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size),
+                        ("tgt_out", cfg.target_vocab_size)):
+            check_ids("GraphedTrainStep", f"batch.{name}", B.to_host(getattr(batch, name)), V)
+        host_seed = B.host.array([int(seed) & (2 ** 64 - 1)], dtype=B.host.uint64)
+        src, tgt_in, tgt_out, seed_d = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out, host_seed))
+        lr = self.opt.count_step()
+        loss = self.captured(src, tgt_in, tgt_out, seed_d)
+        return loss.copy(), lr
+
+    def _device_step(self, src, tgt_in, tgt_out, seed):
+        logits, cache = self.model.forward(src, tgt_in, _SeedOnDevice(seed))
+        loss, dlogits = self.loss_fn(logits, tgt_out, self.smoothing)
+        del logits
+        self.model.backward(dlogits, cache)          # into the arena's gradients, which Adam reads
+        del cache, dlogits
+        self.opt.apply_step(self.clip)
+        return loss
+
+    @property
+    def graphs(self) -> int:
+        """Graphs captured so far (one per batch shape)."""
+        return self.captured.graphs

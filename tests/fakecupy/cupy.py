@@ -403,10 +403,11 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         a, idx = inputs[0], inputs[1]
         rest = _unwrap(tuple(inputs[2:]), where)
         target = _unwrap(a, where)
-        wrapped = _wrap_index(_index_component(idx), target.shape[0] if target.ndim else 0)
-        getattr(uf, "at")(target, wrapped, *rest)
+        def wrapped():     # the indices as the kernel reads them when it runs (a replay: the memory's values then)
+            return _wrap_index(_index_component(idx), target.shape[0] if target.ndim else 0)
+        getattr(uf, "at")(target, wrapped(), *rest)
         if _capturing is not None:
-            _record(lambda: getattr(uf, "at")(target, wrapped, *rest))
+            _record(lambda: getattr(uf, "at")(target, wrapped(), *rest))
         if tracer is not None:
             _report("elementwise", f"{uf.__name__}.at", (target, rest), target, True)
         return None
@@ -795,7 +796,8 @@ class ndarray:
         src = self._a
         r = src[idx]
         if _capturing is not None and isinstance(r, np.ndarray):
-            r = _record_result("cupy.ndarray.__getitem__", r, (src,), lambda: src[idx])
+            shape = src.shape
+            r = _record_result("cupy.ndarray.__getitem__", r, (src,), lambda: src[_prepare_index(key, shape)[0]])
         if tracer is not None and isinstance(r, np.ndarray):     # a scalar index is a 0-d view
             _report("auto", "getitem (advanced index)", (self._a,), r)
         return _wrap(r)
@@ -816,7 +818,7 @@ class ndarray:
         target = self._a
         target[idx] = v
         if _capturing is not None:
-            _record(lambda: target.__setitem__(idx, v))
+            _record(lambda: target.__setitem__(_prepare_index(key, target.shape)[0], v))
         if tracer is not None:
             # a copy kernel from an array, a fill from a scalar; it writes the indexed region
             # (the whole array where the index is an integer array: a scatter)
@@ -942,10 +944,12 @@ def take(a, indices, axis=None, out=None):
     widx, o = _wrap_index(idx, n), _unwrap(out, "cupy.take")
     r = np.take(a_, widx, axis=axis, out=o)
     if _capturing is not None:
+        def compute(out=None):       # the indices read when the kernel runs
+            return np.take(a_, _wrap_index(idx, n), axis=axis, out=out)
         if o is not None:
-            _record(lambda: np.take(a_, widx, axis=axis, out=o))
+            _record(lambda: compute(o))
         else:
-            r = _record_result("cupy.take", r, (a_,), lambda: np.take(a_, widx, axis=axis))
+            r = _record_result("cupy.take", r, (a_,), compute)
     if tracer is not None:
         _report("elementwise", "take", (a_, idx), r, out is not None)
     return _out_result(out, r)
@@ -955,10 +959,10 @@ def take_along_axis(a, indices, axis):
     a_ = _unwrap(a, "cupy.take_along_axis")
     idx = _unwrap(indices, "cupy.take_along_axis")
     n = a_.size if axis is None else a_.shape[axis]
-    widx = _wrap_index(idx, n)
-    r = np.take_along_axis(a_, widx, axis=axis)
+    r = np.take_along_axis(a_, _wrap_index(idx, n), axis=axis)
     if _capturing is not None:
-        r = _record_result("cupy.take_along_axis", r, (a_, idx), lambda: np.take_along_axis(a_, widx, axis=axis))
+        r = _record_result("cupy.take_along_axis", r, (a_, idx),
+                           lambda: np.take_along_axis(a_, _wrap_index(idx, n), axis=axis))
     if tracer is not None:
         _report("elementwise", "take_along_axis", (a_, idx), r)
     return _wrap(r)
