@@ -252,3 +252,15 @@ def test_the_captured_training_step_replays_equal_to_eager_steps(fc):
         assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
     assert graphed.graphs == 1 and opts[0].t == opts[1].t == 5
     assert len(calls) == 2          # the eager call and the capture: the last three steps were replays
+
+
+@pytest.mark.parametrize("args, why", [(["--backend", "numpy"], "--backend cupy"),
+                                       (["--backend", "cupy", "--reference"], "--reference")])
+def test_cuda_graph_says_where_it_cannot_run(tmp_path, capsys, args, why):
+    from conftest import selected_backend
+    from attn.train import main
+    with selected_backend("fakecupy"):
+        rc = main(["--cuda-graph", *args, "--steps", "1", "--quiet", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--cuda-graph" in err and why in err, err
+    assert not (tmp_path / "run" / "checkpoint.npz").exists()
