@@ -24,6 +24,10 @@ Conventions
   :meth:`DecodeState.select`), so a long tail of one sentence costs one row.
 * Per step the host receives one small array (the chosen ids and their scores)
   and, when rows change, sends one back (the row index, the tokens, the scores).
+  On a GPU, where each transfer waits for the device, greedy decoding receives the
+  ids and scores of :data:`EOS_CHECK_EVERY` positions at once and replays them in
+  order (finished rows run on until then, and leave the batch at that look): the
+  same tokens and scores. Beam search still looks at every position.
 
 Beam search scores a hypothesis Y of |Y| tokens (EOS included) as in GNMT
 (Wu et al. 2016), which the paper uses with alpha = 0.6::
@@ -80,9 +84,12 @@ class DecodeResult(NamedTuple):
 class _CachedStepper:
     """One decoder position per call, with the keys/values of the prefix cached."""
 
-    def __init__(self, model, memory, src_mask, with_attention):
+    def __init__(self, model, memory, src_mask, with_attention, reserve=None):
         self.model, self.with_attention = model, with_attention
-        self.state = model.start_decoding(memory, src_mask)
+        if getattr(model, "DECODE_RESERVES", False):      # buffers sized once for the whole search
+            self.state = model.start_decoding(memory, src_mask, reserve=reserve)
+        else:
+            self.state = model.start_decoding(memory, src_mask)
 
     def step(self, tokens):
         """tokens (n,) ids at the next position. Returns log-probs (n, V), attention (n, S) or None."""
@@ -92,7 +99,10 @@ class _CachedStepper:
 
     def select(self, index, index_h):
         """Keep (and repeat) rows ``index`` (device int array; ``index_h`` the same on the host)."""
-        self.state = self.state.select(index)
+        if getattr(self.state, "TAKES_HOST_INDEX", False):
+            self.state = self.state.select(index, index_h)
+        else:
+            self.state = self.state.select(index)
 
 
 class _FullStepper:
@@ -103,7 +113,7 @@ class _FullStepper:
     ``DECODE_TAKES_CROSS_KV``) they are projected once, as PyTorch's ``nn.Transformer``
     users do with the memory; the decoder itself still runs on the whole prefix."""
 
-    def __init__(self, model, memory, src_mask, with_attention):
+    def __init__(self, model, memory, src_mask, with_attention, reserve=None):
         self.model, self.with_attention = model, with_attention
         self.memory, self.src_mask, self.prefix = memory, src_mask, None
         self.cross_kv = self.sentence = None
@@ -114,7 +124,7 @@ class _FullStepper:
     def step(self, tokens):
         xp = B.get_array_module(tokens)
         col = tokens[:, None]
-        self.prefix = col if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
+        self.prefix = col.copy() if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
         if self.cross_kv is None:
             h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask)              # (n, t+1, D)
         else:
@@ -139,8 +149,9 @@ class _FullStepper:
 
 # --------------------------------------------------------------------------- shared parts
 
-def _start(model, src, max_len, use_cache, with_attention):
-    """Check ``src``, encode it, and work out each sentence's step limit.
+def _start(model, src, max_len, use_cache, with_attention, beam=1):
+    """Check ``src``, encode it, and work out each sentence's step limit (``beam``: the most rows
+    per sentence, which a model's decoding buffers may be sized for).
 
     Returns: stepper, src on the host, step limits (B,) host ints.
     """
@@ -159,7 +170,8 @@ def _start(model, src, max_len, use_cache, with_attention):
     limits = np.maximum(limits, 1).astype(np.int64)
     src_mask = padding_mask(src)                                                  # (B, 1, 1, S)
     memory, _ = model.encode(src, None, src_mask)                                 # (B, S, D)
-    stepper = (_CachedStepper if use_cache else _FullStepper)(model, memory, src_mask, with_attention)
+    reserve = (src_h.shape[0] * beam, int(limits.max()))
+    stepper = (_CachedStepper if use_cache else _FullStepper)(model, memory, src_mask, with_attention, reserve)
     return stepper, src_h, limits
 
 
@@ -194,6 +206,29 @@ def _least_columns(a, c: int):
     return xp.take_along_axis(ids, least, axis=1)
 
 
+#: Greedy decoding on a GPU generates this many positions between two looks at which sentences
+#: have ended (one transfer to the host each), instead of one look (a synchronisation) at every
+#: position. The tokens are the same: the host replays the positions in order and keeps each
+#: sentence's tokens up to its EOS; a finished sentence's row runs on for at most this many
+#: positions less one. On the host (NumPy) there is nothing to wait for: every position.
+EOS_CHECK_EVERY = 8
+
+
+def _greedy_pick(logp, info, tokens):
+    """Greedy decoding's choice at one position, written in place: ``info`` (2, n) float64 <- the
+    most probable token of each row of ``logp`` (n, V), PAD and BOS excluded, and its
+    log-probability; ``tokens`` (n,) <- the same ids. On a GPU one kernel (``greedy_pick``)."""
+    xp = B.get_array_module(logp)
+    if xp is not B.host:
+        from .fast.decoding import greedy_pick
+        return greedy_pick(logp, (PAD, BOS), info, tokens)
+    _ban(logp)
+    nxt = logp.argmax(axis=-1)                                                     # (n,)
+    info[0] = nxt
+    info[1] = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
+    tokens[...] = nxt
+
+
 def _ban(logp):
     """PAD and BOS are never generated: their log-probability becomes -inf (in place)."""
     logp[:, PAD] = -float("inf")
@@ -201,12 +236,14 @@ def _ban(logp):
     return logp
 
 
-def _to_device_rows(xp, *columns):
-    """Send several (n,) host columns to the device in one transfer; return them as
-    float64 device arrays (ids are exact in float64 up to 2**53)."""
+def _to_device_rows(xp, index, tokens, scores):
+    """Send the (n,) row index and tokens (int64) and scores (float64) to the device in one
+    transfer (the scores' bits ride in an int64 row); return them as device views of it, so
+    nothing is converted there."""
     np = B.host
-    packed = xp.asarray(np.stack([np.asarray(c, dtype=np.float64) for c in columns]))
-    return list(packed)
+    packed = xp.asarray(np.stack([np.asarray(index, dtype=np.int64), np.asarray(tokens, dtype=np.int64),
+                                  np.ascontiguousarray(scores, dtype=np.float64).view(np.int64)]))
+    return packed[0], packed[1], packed[2].view(xp.float64)
 
 
 def _to_host_steps(att_steps):
@@ -266,33 +303,39 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
     out = np.full((n, T_max), PAD, dtype=np.int64)     # generated ids, by sentence and step
     n_out = np.zeros(n, dtype=np.int64)                # tokens kept (EOS excluded)
     scores = np.zeros(n, dtype=np.float64)
-    rows = np.arange(n)                                # sentence of each live row
-    att_steps = []                                     # per step: (sentence of each row, (n_live, S))
+    rows = np.arange(n)                                # sentence of each row
+    alive = np.ones(n, dtype=bool)                     # rows still decoding, as of the last check
+    att_steps = []                                     # per step: (sentence of each row, (n_rows, S))
+    every = 1 if xp is B.host else EOS_CHECK_EVERY     # positions between two looks at the device
+    info = xp.empty((every, 2, n), dtype=xp.float64)   # per position: (ids, log-probs) of every row
     tokens = xp.full((n,), BOS, dtype=xp.int64)
-    for t in range(T_max):
-        logp, att = stepper.step(tokens)
-        _ban(logp)
-        nxt = logp.argmax(axis=-1)                                                 # (n_live,)
-        lp = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
-        info = B.to_host(xp.stack([nxt.astype(xp.float64), lp.astype(xp.float64)]))  # the step's one sync
-        tok, lp_h = info[0].astype(np.int64), info[1]
-        scores[rows] += lp_h
-        is_eos = tok == EOS
-        out[rows[~is_eos], t] = tok[~is_eos]
-        n_out[rows[~is_eos]] += 1
-        if with_attention:
-            att_steps.append((rows, att))
-        keep = ~(is_eos | (t + 1 >= limits[rows]))
-        if not keep.any():
+    t = 0
+    while t < T_max:
+        steps = min(every, T_max - t)
+        for j in range(steps):
+            logp, att = stepper.step(tokens)
+            _greedy_pick(logp, info[j], tokens)        # tokens <- the picks: the next step's input
+            if with_attention:
+                att_steps.append((rows, att))
+        got = B.to_host(info[:steps])                  # the check's one sync
+        for j in range(steps):                         # as if the host had looked at every position
+            live = np.nonzero(alive)[0]
+            tok, lp_h = got[j, 0, live].astype(np.int64), got[j, 1, live]
+            scores[rows[live]] += lp_h
+            is_eos = tok == EOS
+            out[rows[live[~is_eos]], t + j] = tok[~is_eos]
+            n_out[rows[live[~is_eos]]] += 1
+            alive[live] = ~(is_eos | (t + j + 1 >= limits[rows[live]]))
+        t += steps
+        if not alive.any():
             break
-        if not keep.all():
-            idx = np.nonzero(keep)[0]
-            rows = rows[idx]
-            idx_d, tok_d = _to_device_rows(xp, idx, tok[idx])
-            stepper.select(idx_d.astype(xp.int64), idx)
-            tokens = tok_d.astype(xp.int64)
-        else:
-            tokens = nxt
+        if not alive.all():                            # finished rows leave the batch
+            idx = np.nonzero(alive)[0]
+            rows, alive = rows[idx], alive[idx]
+            idx_d = xp.asarray(idx)
+            stepper.select(idx_d, idx)
+            tokens = tokens[idx_d]
+            info = xp.empty((every, 2, len(idx)), dtype=xp.float64)
     tokens_out = [out[i, :n_out[i]].tolist() for i in range(n)]   # tokens are contiguous from step 0
     cross = None
     if with_attention:
@@ -304,6 +347,13 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
 
 
 # --------------------------------------------------------------------------- beam search
+
+#: On a GPU, beam search ranks each step's candidates with one kernel (``beam_candidates``:
+#: each beam's best tokens, then each sentence's best 2K of those) where a sentence's beams have
+#: at most this many candidates between them; above it, and on NumPy, with the array calls below.
+#: Both keep the same candidates (among exactly equal scores at the cut, which ones may differ).
+BEAM_FUSED_MAX = 1024
+
 
 def length_penalty(length, alpha: float = 0.6):
     """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (1 for alpha = 0)."""
@@ -333,7 +383,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
     K = beam_size
     if src.shape[0] == 0:
         return DecodeResult([], [], [] if with_attention else None, [])
-    stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention)
+    stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention, beam=K)
     n, T_max = src_h.shape[0], int(limits.max())
     finished = [[] for _ in range(n)]           # per sentence: (score, -order, tokens, (step, row))
     best_fin = np.full(n, -np.inf)               # per sentence: the best finished score so far
@@ -351,9 +401,9 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         finished[i].append((score, -order, toks, (step, int(row))))
         order += 1
 
+    cand_buf = None                              # on a GPU: the fused kernel's output, kept between steps
     for t in range(T_max):
         logp, att = stepper.step(tokens)                                          # (n_live*W, V)
-        _ban(logp)
         nl, V = len(live), logp.shape[1]
         if with_attention:
             att_steps.append(att)
@@ -362,15 +412,23 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         # score is the same for all its tokens): pick those first, over V in float32, then
         # rank the W * C survivors in float64, instead of all W * V of them.
         c = min(C, V)
-        neg = xp.negative(logp, out=logp)   # logp is ours (banned in place above): the best are the least
-        top_v = _least_columns(neg, c)                                           # (n_live*W, c)
-        top_lp = -xp.take_along_axis(neg, top_v, axis=1)
-        cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
-        flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
-        top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered
-        top_s = xp.take_along_axis(cand, top, axis=1)
-        top_f = xp.take_along_axis(flat, top, axis=1)
-        info = B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))            # the step's one sync
+        if xp is not B.host and c <= V - 2 and W * c <= BEAM_FUSED_MAX:   # one kernel does all of it
+            from .fast.decoding import beam_candidates
+            if cand_buf is None or cand_buf.shape != (2, nl, C):
+                cand_buf = xp.empty((2, nl, C), dtype=xp.float64)
+            beam_candidates(logp, beam_scores.reshape(-1), W, c, C, (PAD, BOS), cand_buf)
+            info = B.to_host(cand_buf)                                            # the step's one sync
+        else:
+            _ban(logp)
+            neg = xp.negative(logp, out=logp)   # logp is ours (banned in place above): the best are the least
+            top_v = _least_columns(neg, c)                                           # (n_live*W, c)
+            top_lp = -xp.take_along_axis(neg, top_v, axis=1)
+            cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
+            flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
+            top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered
+            top_s = xp.take_along_axis(cand, top, axis=1)
+            top_f = xp.take_along_axis(flat, top, axis=1)
+            info = B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))            # the step's one sync
         s, f = info[0], info[1].astype(np.int64)
         srt = np.lexsort((f, -s), axis=-1)          # best first; ties: lower id first, as argmax does
         s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)
@@ -407,9 +465,8 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         idx = new_parent[keep].ravel()
         hist = hist.reshape(nl, Wn, -1)[keep].reshape(len(idx), -1)
         parents.append(idx)
-        idx_d, tok_d, s_d = _to_device_rows(xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
-        stepper.select(idx_d.astype(xp.int64), idx)
-        tokens = tok_d.astype(xp.int64)
+        idx_d, tokens, s_d = _to_device_rows(xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
+        stepper.select(idx_d, idx)
         beam_scores = s_d.reshape(len(live), Wn)
         W = Wn
 

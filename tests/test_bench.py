@@ -212,3 +212,27 @@ def test_torch_decoding_is_the_same_work(torch, use_cache, beam):
         got = decode.beam_search(ours, src, beam_size=beam, alpha=0.0, max_len=steps, use_cache=use_cache).tokens
     t = _torch_decode(theirs, torch.as_tensor(src), steps, beam, use_cache).numpy()
     assert got == t[::beam].tolist()         # each sentence's best (row 0 of its beams)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_torch_decoding_is_the_same_work_as_the_gpu_engines(torch, beam):
+    """The benchmark's decoding on CuPy (the stand-in: attn.fast's device state and kernels, the
+    no-EOS projection written into the step's logits buffer) picks the tokens PyTorch picks."""
+    from attn import decode
+    from attn.fast import FastTransformer
+    from conftest import selected_backend
+    cfg = TransformerConfig(vocab_size=17, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
+                            n_decoder_layers=2, dropout=0.0, max_len=32)
+    src, steps = np.array([[4, 5, 6, 7, 0], [8, 9, 10, 11, 12], [13, 0, 0, 0, 0]]), 6
+    with selected_backend("numpy"):
+        theirs = torch_transformer(cfg, dtype="float64")
+        theirs.load_attn_params(Transformer(cfg, seed=5, dtype="float64").params)
+        theirs.eval()
+        t = _torch_decode(theirs, torch.as_tensor(src), steps, beam, True).numpy()
+    with selected_backend("fakecupy") as cp:
+        ours = _no_eos(FastTransformer(cfg, seed=5, dtype="float64"))
+        if beam == 1:
+            got = decode.greedy_decode(ours, cp.asarray(src), max_len=steps).tokens
+        else:
+            got = decode.beam_search(ours, cp.asarray(src), beam_size=beam, alpha=0.0, max_len=steps).tokens
+    assert got == t[::beam].tolist()

@@ -326,3 +326,54 @@ def test_beam_search_stops_once_no_live_beam_can_win():
     assert longest < 10, res.n_best[0]            # the limit is 3 + 50 tokens
     with pytest.raises(ValueError, match="alpha"):
         beam_search(m, np.array([[4]]), beam_size=2, alpha=-0.5)
+
+
+@pytest.mark.parametrize("every", [1, 2, 5, 8])
+@pytest.mark.parametrize("fast", [False, True])
+def test_greedy_on_a_gpu_looks_for_eos_every_few_positions(monkeypatch, every, fast):
+    """On a GPU greedy decoding learns which sentences have ended only every ``EOS_CHECK_EVERY``
+    positions (one transfer each): finished rows run on until the next look, and the host replays
+    the positions in order. Tokens, scores and attention are those of looking at every position
+    (NumPy's), with sentences ending at several lengths (rows leave the batch at the looks)."""
+    import attn.decode as D
+    from conftest import selected_backend
+    with selected_backend("numpy"):
+        want = greedy_decode(eos_model(), sources(), with_attention=True)
+    assert len({len(t) for t in want.tokens}) >= 3
+    monkeypatch.setattr(D, "EOS_CHECK_EVERY", every)
+    with selected_backend("fakecupy") as cp:
+        m = eos_model()
+        if fast:
+            from attn.fast import FastTransformer
+            m = FastTransformer.from_model(m)
+        got = greedy_decode(m, cp.asarray(sources()), with_attention=True)
+    assert got.tokens == want.tokens
+    np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-12)
+    for a, b in zip(got.cross_attention, want.cross_attention):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("K", [1, 3, 5])
+@pytest.mark.parametrize("fast", [False, True])
+def test_beam_search_on_a_gpu_ranks_candidates_in_one_kernel(K, fast):
+    """On a GPU each step's candidates are ranked by one kernel (``beam_candidates``: each beam's
+    best tokens, then each sentence's best 2K) instead of NumPy's preselection and partitions: the
+    same hypotheses, scores, n-best lists and attention as on NumPy, with hypotheses finishing at
+    several lengths (K = 5 keeps 10 of 13 tokens a beam: the two banned ids are never candidates)."""
+    from conftest import selected_backend
+    with selected_backend("numpy"):
+        want = beam_search(eos_model(), sources(), beam_size=K, with_attention=True)
+    assert len({len(h) for nb in want.n_best for h, _ in nb}) >= 3      # hypotheses end at several lengths
+    with selected_backend("fakecupy") as cp:
+        m = eos_model()
+        if fast:
+            from attn.fast import FastTransformer
+            m = FastTransformer.from_model(m)
+        got = beam_search(m, cp.asarray(sources()), beam_size=K, with_attention=True)
+    assert got.tokens == want.tokens
+    np.testing.assert_allclose(got.scores, want.scores, rtol=0, atol=1e-12)
+    assert [[h for h, _ in nb] for nb in got.n_best] == [[h for h, _ in nb] for nb in want.n_best]
+    for a, b in zip(got.cross_attention, want.cross_attention):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)

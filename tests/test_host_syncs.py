@@ -9,10 +9,12 @@ the GPU. The stand-in counts every transfer (``.get()``, ``asnumpy``, ``float()`
   gradient clipping): none;
 * the training loop: one per step that logs (every :data:`attn.train.LOG_EVERY` steps, and
   before each evaluation or checkpoint), bringing every pending loss at once; none otherwise;
-* decoding (greedy and beam, with the key/value cache): one per generated position, plus
-  two to start (the source's lengths, the source ids' range check) and one at the end for
-  the attention weights when they are asked for. Without the cache (the O(t^2) baseline),
-  two per position: the re-run prefix's ids are range-checked on the device each time.
+* decoding with the key/value cache: beam search one per generated position, greedy decoding
+  one per :data:`attn.decode.EOS_CHECK_EVERY` positions (the host learns which sentences have
+  ended only then), plus two to start (the source's lengths, the source ids' range check) and
+  one at the end for the attention weights when they are asked for. Without the cache (the
+  O(t^2) baseline), one more per position: the re-run prefix's ids are range-checked on the
+  device each time.
 
 The stand-in is used even where a GPU is usable: real CuPy cannot count its transfers.
 """
@@ -163,7 +165,12 @@ def test_a_diverged_loss_is_reported_with_its_step(stand_in):
 @pytest.mark.parametrize("search", ["greedy", "beam"])
 @pytest.mark.parametrize("use_cache", [True, False])
 @pytest.mark.parametrize("with_attention", [False, True])
-def test_decoding_syncs_once_per_generated_position(stand_in, monkeypatch, cls, search, use_cache, with_attention):
+@pytest.mark.parametrize("every", [3, 8])
+def test_decoding_syncs_once_per_generated_position(stand_in, monkeypatch, cls, search, use_cache, with_attention,
+                                                    every):
+    """Beam search: one sync per position. Greedy: one per ``every`` positions (rows that ended
+    meanwhile leave the batch then, without another)."""
+    monkeypatch.setattr(decode, "EOS_CHECK_EVERY", every)
     model = cls(TransformerConfig(**{**CFG.__dict__, "dropout": 0.0}), seed=1, dtype="float64")
     src = B.to_device(np.array([[4, 5, 6, 7, 0], [8, 5, 4, 6, 7], [6, 0, 0, 0, 0]]))
     positions = []
@@ -184,6 +191,9 @@ def test_decoding_syncs_once_per_generated_position(stand_in, monkeypatch, cls, 
     # Without the cache each position re-runs the decoder on the whole prefix, whose embedding
     # layer checks the ids' range on the device: one more transfer per position. That path is
     # the benchmark's baseline ("recompute the prefix"), not what the translator runs.
-    per_position = 1 if use_cache else 2
-    assert positions and np.diff(positions).tolist() == [per_position] * (len(positions) - 1)
-    assert c.n == per_position * len(positions) + 2 + (1 if with_attention else 0), c.kinds
+    extra = 0 if use_cache else 1
+    k = every if search == "greedy" else 1                         # positions between two checks
+    n = len(positions)
+    assert n > every and positions
+    assert np.diff(positions).tolist() == [extra + (1 if (i + 1) % k == 0 else 0) for i in range(n - 1)]
+    assert c.n == extra * n + -(-n // k) + 2 + (1 if with_attention else 0), c.kinds

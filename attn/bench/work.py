@@ -22,8 +22,8 @@ def _no_eos(model: Transformer) -> Transformer:
     base = type(model)
 
     class NoEOS(base):
-        def project(self, h):
-            out = super().project(h)
+        def project(self, h, out=None):          # out=: a decoding step's logits buffer (attn.fast on CuPy)
+            out = super().project(h) if out is None else super().project(h, out=out)
             out[..., EOS_ID] = self.xp.finfo(out.dtype).min
             return out
 

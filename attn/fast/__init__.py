@@ -55,14 +55,14 @@ The package's rooms:
 ``loss``           the fused label-smoothed cross-entropy
 ``arena``          the flat parameter/gradient/moment buffers and their layout
 ``model``          :class:`FastTransformer` and its caches
-``decoding``       the incremental decoding step and its state
+``decoding``       the incremental decoding step and its states (NumPy; CuPy: preallocated)
 ``optim``          :class:`FastAdam`
 =================  ===================================================================
 """
 from __future__ import annotations
 
 from .loss import cross_entropy
-from .decoding import FastDecodeState
+from .decoding import DeviceDecodeState, FastDecodeState
 from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastTransformer, FFNCache, Fused,
                     ResCache, SelfAttnCache, SplitCache)
 from .dispatch import ops_for
@@ -72,5 +72,5 @@ from .threads import (MAX_AUTO_WORKERS, _THREADS, _row_slices, default_workers, 
                       single_threaded_blas)
 
 __all__ = ["FastTransformer", "FastAdam", "cross_entropy", "keep_freed_memory", "default_workers",
-           "single_threaded_blas", "ops_for", "Mask", "FastCache", "FastDecodeState", "SplitCache",
+           "single_threaded_blas", "ops_for", "Mask", "FastCache", "FastDecodeState", "DeviceDecodeState", "SplitCache",
            "MAX_AUTO_WORKERS"]

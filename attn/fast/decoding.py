@@ -1,5 +1,7 @@
-"""Incremental decoding on the fast path (NumPy): one decoder position for every row, the
-reference's :meth:`attn.model.Transformer.decode_step` with fewer passes over memory.
+"""Incremental decoding on the fast path: one decoder position for every row, the reference's
+:meth:`attn.model.Transformer.decode_step` with fewer passes over memory. On NumPy a
+:class:`FastDecodeState` (below); on CuPy a :class:`DeviceDecodeState` (at the end: buffers
+preallocated, one kernel per sub-layer, nothing allocated by a steady-state step).
 
 What it does differently (``tests/test_fast.py`` checks the tokens and scores of greedy and
 beam search against the reference decoder):
@@ -343,3 +345,255 @@ def run_step(model, tokens, state, parts: int, one_thread: bool):
         with single_threaded_blas():
             return decode_step(model, tokens, state, 1)
     return decode_step(model, tokens, state, parts)
+
+
+# --------------------------------------------------------------------------- on the GPU
+#
+# On CuPy a decoding step is bound by how many kernels it launches and how often it waits for the
+# host, not by its arithmetic: a row is one query. The device state below preallocates everything
+# a step writes, so that a steady-state position allocates nothing from the memory pool, and runs
+# each sub-layer as its product(s) and one kernel (attn.fast.kernels, "decoding").
+
+class _DeviceBuffers:
+    """What device steps write, shared by the states of one decoding: the self-attention keys and
+    values of every layer in one array ``kv`` (rows, L, 2, H, capacity, Dh) (one launch reorders
+    all layers: beam search's every step), a spare of that shape for the reorder (made at the first
+    :meth:`DeviceDecodeState.select`), and each step's buffers for ``rows`` rows (a step of n rows
+    uses the first n). ``generation`` counts steps and selects: only the state of the latest one
+    may be stepped or selected from."""
+
+    def __init__(self, model, rows: int, capacity: int, S: int):
+        self.model, self.S = model, S
+        self.spare = None
+        self.generation = 0
+        self.project_into = _projects_into(model)
+        self._make(rows, capacity)
+
+    def _make(self, rows: int, capacity: int, keep=None):
+        cfg, xp, dt = self.model.config, self.model.xp, self.model.dtype
+        D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
+        V = self.model.params[self.model._emb("out")].shape[0]
+        self.rows, self.capacity = rows, capacity
+        kv = xp.empty((rows, L, 2, H, capacity, D // H), dtype=dt)
+        if keep is not None:                           # (old kv, filled rows, filled positions)
+            old, n, t = keep
+            kv[:n, :, :, :, :t] = old[:n, :, :, :, :t]
+        self.kv, self.spare = kv, None
+        e = lambda *shape: xp.empty(shape, dtype=dt)    # noqa: E731
+        self.x, self.h, self.ctx, self.s, self.qc = (e(rows, D) for _ in range(5))
+        self.qkv, self.a, self.logits = e(rows, 3 * D), e(rows, cfg.d_ff), e(rows, V)
+        self.w_self = e(rows, H, capacity)
+        self.cross_w = [e(rows, H, 1, self.S) for _ in range(L)]
+
+    def fit(self, rows: int, capacity: int, n: int, t: int) -> None:
+        """Room for ``rows`` rows and ``capacity`` positions, the first n rows' t positions kept
+        (a new set of buffers when either grows: a quarter more than asked, rarely)."""
+        if rows > self.rows or capacity > self.capacity:
+            grow = lambda want, have: have if want <= have else max(want, have + have // 4)   # noqa: E731
+            self._make(grow(rows, self.rows), grow(capacity, self.capacity), keep=(self.kv, n, t))
+
+
+class DeviceDecodeState:
+    """A :class:`attn.model.DecodeState` for :class:`attn.fast.FastTransformer` on CuPy.
+
+    As :class:`FastDecodeState`, it reads as the reference's (``cross_kv``, ``self_kv``,
+    ``src_mask``, ``length``) and keeps the cross-attention keys and values once per group of
+    ``group`` rows that decode one sentence. Its keys, values and step buffers are preallocated
+    (:class:`_DeviceBuffers`, sized by ``reserve`` at :func:`start_device`), so a step launches its
+    kernels into them and allocates nothing: the log-probabilities and attention weights a step
+    returns are views of those buffers, overwritten by the next step. A state is stepped (or
+    selected from) once; using an older one raises a ValueError. :meth:`select` takes the host
+    copy of the index as well (``index_h``), so that reordering needs no transfer to the host."""
+    __slots__ = ("cross", "group", "src_mask", "length", "sentence", "buf", "fused", "src_bias", "generation")
+
+    #: :meth:`select` takes the index on the host too.
+    TAKES_HOST_INDEX = True
+
+    def __init__(self, cross, group, src_mask, length, sentence, buf, fused, src_bias):
+        self.cross, self.group, self.src_mask, self.length = cross, group, src_mask, length
+        self.sentence, self.buf, self.fused, self.src_bias = sentence, buf, fused, src_bias
+        self.generation = buf.generation
+
+    def _check_latest(self, what: str) -> None:
+        if self.generation != self.buf.generation:
+            raise ValueError(f"DeviceDecodeState.{what}: this state was already stepped or selected from (its "
+                             f"buffers now hold a later position); use the state that call returned")
+
+    def _successor(self, **changes) -> "DeviceDecodeState":
+        self.buf.generation += 1
+        fields = {k: getattr(self, k) for k in ("cross", "group", "src_mask", "length", "sentence", "fused",
+                                                "src_bias")}
+        fields.update(changes)
+        return DeviceDecodeState(buf=self.buf, **fields)
+
+    @property
+    def n(self) -> int:
+        return self.sentence.shape[0]
+
+    @property
+    def cross_kv(self) -> list:
+        """Per layer the reference's (k, v), (n, H, S, Dh) (a copy when rows share them)."""
+        if self.group == 1:
+            return list(self.cross)
+        return [(k.repeat(self.group, axis=0), v.repeat(self.group, axis=0)) for k, v in self.cross]
+
+    @property
+    def self_kv(self) -> list:
+        """Per layer the (k, v) of the positions decoded so far, (n, H, t, Dh) views; (None, None)
+        before the first step."""
+        self._check_latest("self_kv")
+        t, kv = self.length, self.buf.kv
+        if t == 0:
+            return [(None, None)] * kv.shape[1]
+        return [(kv[:self.n, i, 0, :, :t], kv[:self.n, i, 1, :, :t]) for i in range(kv.shape[1])]
+
+    def __iter__(self):
+        return iter((self.cross_kv, self.self_kv, self.src_mask, self.length))
+
+    def select(self, index, index_h=None) -> "DeviceDecodeState":
+        """Keep (and repeat) rows ``index`` (device ints; ``index_h`` the same on the host, else it
+        is fetched): the keys and values of every layer, at the positions written so far, are
+        gathered by one ``gather_prefix`` launch into the spare buffer, which then becomes the
+        buffer (no allocation). The cross-attention copies,
+        the source bias and mask are gathered only when the rows' sentences change."""
+        self._check_latest("select")
+        np, xp = B.host, B.get_array_module(self.src_bias)
+        index_h = B.to_host(index) if index_h is None else np.asarray(index_h)
+        if index_h.size and (index_h.min() < 0 or index_h.max() >= self.n):
+            raise IndexError(f"DeviceDecodeState.select: index out of range for {self.n} rows")
+        n_new, t, buf = index_h.shape[0], self.length, self.buf
+        buf.fit(n_new, max(buf.capacity, t), self.n, t)
+        if buf.spare is None:
+            buf.spare = xp.empty_like(buf.kv)
+        if not (B.get_array_module(index) is xp and index.dtype == np.int64 and index.flags.c_contiguous):
+            index = xp.asarray(index_h.astype(np.int64))
+        _kernels(xp).gather_prefix(buf.kv, buf.spare, index, t)      # the t positions written, not the room
+        buf.kv, buf.spare = buf.spare, buf.kv
+        sentence = self.sentence[index_h]
+        group = _group_size(sentence)
+        source = index_h[::group] // self.group            # each new group's row of the old ``cross``
+        cross = self.cross
+        if not (source.shape[0] == cross[0][0].shape[0] and bool((source == np.arange(source.shape[0])).all())):
+            source_d = xp.asarray(source)
+            cross = [(k[source_d], v[source_d]) for k, v in cross]
+        mask, bias = self.src_mask, self.src_bias
+        if not (sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all())):
+            mask, bias = mask[index], bias[index]
+        return self._successor(cross=cross, group=group, src_mask=mask, sentence=sentence, src_bias=bias)
+
+
+def start_device(model, cross_kv, src_mask, reserve=None) -> DeviceDecodeState:
+    """The device state before the first step: the cross-attention keys/values (B, H, S, Dh) per
+    layer (the reference's), the mask (B, 1, 1, S) as a bias (B, S), and buffers for ``reserve`` =
+    (rows, positions) (the most rows and positions the search will step: beam search's B * K rows;
+    without it, B rows and 16 positions, grown as needed)."""
+    xp = model.xp
+    n, S = src_mask.shape[0], src_mask.shape[-1]
+    rows, positions = reserve if reserve is not None else (n, 16)
+    bias = xp.where(src_mask.reshape(n, S), model.dtype.type(0), xp.finfo(model.dtype).min).astype(model.dtype)
+    buf = _DeviceBuffers(model, max(int(rows), n, 1), max(int(positions), 1), S)
+    return DeviceDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), buf, model._decoding_weights(), bias)
+
+
+def _projects_into(model) -> bool:
+    """Whether ``model.project`` takes ``out=`` (a subclass may override it without)."""
+    import inspect
+    return "out" in inspect.signature(model.project).parameters
+
+
+#: The launchers of each CupyOps (by its id), made on first use.
+_DECODE_KERNELS: dict = {}
+
+
+def _kernels(xp):
+    from .kernels import DecodeKernels
+    ops = ops_for(xp)
+    K = _DECODE_KERNELS.get(id(ops))
+    if K is None or K.ops is not ops:
+        K = _DECODE_KERNELS[id(ops)] = DecodeKernels(ops)
+    return K
+
+
+def beam_candidates(logp, beam_scores, W: int, c: int, C: int, ban, info):
+    """Beam search's ranking on CuPy, one ``beam_candidates`` launch: for each sentence of W beams
+    (consecutive rows of logp (n, V)), each beam's c best tokens other than the two ids of ``ban``
+    scored ``beam_scores`` (n,) float64 + their log-probability, then the sentence's C best of them
+    into info (2, n / W, C) float64: (score, w * V + v), best first."""
+    _kernels(B.get_array_module(logp)).beam_candidates(logp, beam_scores, W, c, C, ban, info)
+
+
+def greedy_pick(logp, ban, info, tokens):
+    """Greedy decoding's choice on CuPy, one ``greedy_pick`` launch: info (2, n) float64 <- the most
+    probable id of each row of logp (n, V) other than the two ids of ``ban``, and its
+    log-probability; tokens (n,) int64 <- the ids."""
+    _kernels(B.get_array_module(logp)).greedy_pick(logp, ban, info, tokens)
+
+
+def device_step(model, tokens, state: DeviceDecodeState):
+    """One position for every row on CuPy (see :meth:`attn.model.Transformer.decode_step`):
+    log-probabilities (n, V), the new state, the cross-attention weights per layer (n, H, 1, S);
+    the arrays returned are the buffers' views (overwritten by the next step).
+
+    Per decoder layer: the fused Q/K/V product, ``one_query_attention`` (the new key and value
+    written into the cache, then the attention), the output product and ``add_norm`` (bias,
+    residual and the next layer norm); the cross-attention the same with the query product; the
+    feed-forward's two products around ``bias_relu_drop`` and one ``add_norm``. Before them one
+    ``decode_embed``, after them the projection and ``log_softmax_rows``."""
+    cfg, xp, p = model.config, model.xp, model.params
+    t = state.length
+    if cfg.positional == "learned" and t >= cfg.max_len:     # as forward() says it, not an IndexError
+        raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
+                         f"table's {cfg.max_len} positions (raise max_len)")
+    state._check_latest("decode_step")
+    n = state.n
+    if tokens.shape != (n,):
+        raise ValueError(f"decode_step: tokens must be ({n},), one per row of the state, got {tuple(tokens.shape)}")
+    if tokens.dtype != B.host.int64 or not tokens.flags.c_contiguous:
+        tokens = xp.ascontiguousarray(tokens, dtype=B.host.int64)
+    ops = ops_for(xp)
+    K = _kernels(xp)
+    buf = state.buf
+    buf.fit(n, t + 1, n, t)
+    D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
+    eps, pre = cfg.ln_eps, cfg.norm == "pre"
+    F = state.fused
+    x, h, ctx, s, qc = (a[:n] for a in (buf.x, buf.h, buf.ctx, buf.s, buf.qc))
+    qkv, a, logits, w_self = buf.qkv[:n], buf.a[:n], buf.logits[:n], buf.w_self[:n]
+    inp = h if pre else x                          # what each sub-layer reads
+
+    def norm(name):
+        return p[name + ".gamma"], p[name + ".beta"]
+
+    def epilogue(sub_out_bias, this_norm, next_norm):
+        """x <- x + sub-layer; pre-norm: h <- the next norm of x; post-norm: x <- this norm of x."""
+        g, b = norm(next_norm if pre else this_norm)
+        K.add_norm(x, s, sub_out_bias, h if pre else x, g, b, eps)
+
+    g1, b1 = norm("decoder.0.norm1")
+    K.embed(tokens, p[model._emb("tgt")], model._pos_table("tgt", t + 1)[t], math.sqrt(D), x, h, g1, b1, eps, pre)
+    for i in range(L):
+        pre_i = f"decoder.{i}"
+        nxt = f"decoder.{i + 1}.norm1" if i + 1 < L else "decoder.norm"
+        W, b = F.dec_qkv[i]
+        xp.matmul(inp, W, out=qkv)
+        kv = buf.kv[:n, i]
+        K.attend(qkv, b, kv[:, 0], kv[:, 1], 1, None, w_self, ctx, H, t + 1, self_attn=True)
+        xp.matmul(ctx, p[pre_i + ".self_attn.w_o"], out=s)
+        epilogue(p[pre_i + ".self_attn.b_o"], pre_i + ".norm1", pre_i + ".norm2")
+        Wq, bq = F.cross_q[i]
+        xp.matmul(inp, Wq, out=qc)
+        kc, vc = state.cross[i]
+        K.attend(qc, bq, kc, vc, state.group, state.src_bias, buf.cross_w[i][:n, :, 0], ctx, H, kc.shape[2],
+                 self_attn=False)
+        xp.matmul(ctx, p[pre_i + ".cross_attn.w_o"], out=s)
+        epilogue(p[pre_i + ".cross_attn.b_o"], pre_i + ".norm2", pre_i + ".norm3")
+        xp.matmul(inp, p[pre_i + ".ffn.w1"], out=a)
+        ops.bias_relu_dropout_(a, p[pre_i + ".ffn.b1"], None)
+        xp.matmul(a, p[pre_i + ".ffn.w2"], out=s)
+        epilogue(p[pre_i + ".ffn.b2"], pre_i + ".norm3", nxt)
+    if buf.project_into:
+        out = model.project(inp, out=logits)
+    else:                                          # a projection that cannot write into the buffer
+        out = model.project(inp)
+    K.log_softmax(out, logits)
+    return logits, state._successor(length=t + 1), [w[:n] for w in buf.cross_w]

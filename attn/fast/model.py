@@ -13,7 +13,7 @@ from ..masks import decoder_mask, padding_mask
 from ..model import DecodeState, Transformer
 from . import decoding
 from .arena import Arena
-from .decoding import FastDecodeState
+from .decoding import DeviceDecodeState, FastDecodeState
 from .dispatch import ops_for
 from .ops import _Ops
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
@@ -475,14 +475,17 @@ class FastTransformer(Transformer):
         stages.ready(n)
         return dict(parts[0].views)
 
-    def project(self, h):
-        """:meth:`Transformer.project`: (..., D) -> (..., V). On NumPy it never runs on BLAS's
+    def project(self, h, out=None):
+        """:meth:`Transformer.project`: (..., D) -> (..., V); into ``out`` when given on CuPy (the
+        decoding step's logits buffer: (n, D) -> (n, V)). On NumPy it never runs on BLAS's
         own threads (unless ``workers`` is 1), as no product of the fast path does: a large one
         is split by rows over the helper threads like :meth:`forward`, a small one runs on one
         thread. A product on BLAS's threads leaves them spinning for a while after it returns,
         and a split pass right after it shares the cores with them: decoding without the cache
         projects each step's last position between two split decoder passes (see
         benchmarks/RESULTS.md, "OpenBLAS's spinning threads")."""
+        if out is not None and self.xp is not B.host:
+            return self.xp.matmul(h, self.params[self._emb("out")].T, out=out)
         if self.xp is not B.host or self.workers is not None and int(self.workers) <= 1:
             return super().project(h)
         E = self.params[self._emb("out")]                                       # (V, D)
@@ -902,12 +905,18 @@ class FastTransformer(Transformer):
     #: :meth:`decode` takes the cross-attention keys and values precomputed (``cross_kv``).
     DECODE_TAKES_CROSS_KV = True
 
-    def start_decoding(self, memory, src_mask):
+    #: :meth:`start_decoding` takes ``reserve`` (the most rows and positions a search will step).
+    DECODE_RESERVES = True
+
+    def start_decoding(self, memory, src_mask, reserve=None):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
-        key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`)."""
+        key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`); on
+        CuPy a :class:`DeviceDecodeState` (preallocated buffers, one kernel per sub-layer), its
+        buffers sized by ``reserve`` = (rows, positions) when given."""
         if self.xp is not B.host:
-            self._decode_params = None                  # made afresh from the arena for this decoding
-            return super().start_decoding(memory, src_mask)
+            self._own_params()
+            self._decode_params = None        # the reference step's copies (for its own states): made afresh
+            return decoding.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
         return decoding.start(self, self.cross_attention_kv(memory), src_mask)
 
     def _decoding_params(self) -> dict:
@@ -934,6 +943,8 @@ class FastTransformer(Transformer):
         """:meth:`Transformer.decode_step`. On NumPy with a :class:`FastDecodeState`, the fast
         step of :mod:`attn.fast.decoding`, its rows split over :attr:`workers` threads (default
         :func:`default_workers`); small steps otherwise run with single-threaded BLAS."""
+        if isinstance(state, DeviceDecodeState):
+            return decoding.device_step(self, tokens, state)
         small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
         if not isinstance(state, FastDecodeState):
             if small:
