@@ -398,3 +398,31 @@ def make_batches(encoded_pairs: Sequence[tuple[Sequence[int], Sequence[int]]], m
     if shuffle:
         groups = [groups[k] for k in rng.permutation(len(groups)).tolist()]
     return [_pad_batch([encoded_pairs[i] for i in g]) for g in groups]
+
+
+def pad_to_bucket(batch: Batch, length_multiple: int = 8, row_multiple: int = 16) -> Batch:
+    """``batch`` padded with PAD to a shape from a short list: source and target lengths
+    rounded up to multiples of ``length_multiple``, the rows to a multiple of ``row_multiple``
+    (rows of PAD alone). A CUDA graph replays one shape (:class:`attn.fast.graph.CapturedStep`
+    captures one per shape), and batches of about N tokens come in dozens of shapes an epoch;
+    rounded, in a handful. The loss and the gradients are those of ``batch``: every padded
+    position is masked out of the attention and the loss (up to the order floating-point
+    sums are taken in), and the token counts are unchanged."""
+    if length_multiple < 1 or row_multiple < 1:
+        raise ValueError(f"pad_to_bucket: length_multiple and row_multiple must be positive, got "
+                         f"{length_multiple} and {row_multiple}")
+    np = B.host
+    (n, S), T = batch.src.shape, batch.tgt_in.shape[1]
+
+    def up(k, m):
+        return -(-k // m) * m
+    rows, S2, T2 = up(n, row_multiple), up(S, length_multiple), up(T, length_multiple)
+    if (rows, S2, T2) == (n, S, T):
+        return batch
+
+    def padded(a, width):
+        out = np.full((rows, width), PAD, dtype=a.dtype)
+        out[:a.shape[0], :a.shape[1]] = a
+        return out
+    return batch._replace(src=padded(batch.src, S2), tgt_in=padded(batch.tgt_in, T2),
+                          tgt_out=padded(batch.tgt_out, T2))

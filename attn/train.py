@@ -174,6 +174,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
     B.set_backend(config.backend)
     dp.use_backend()
+    if config.cuda_graph:
+        _check_cuda_graph(config, dp)            # before any work
     run = prepare(config, saved, parallel, dp.say)
     model, opt, state, vocab = run.model, run.opt, run.state, run.vocab
     out, ckpt_path, smoothing = Path(config.out), Path(config.out) / "checkpoint.npz", model.config.label_smoothing
@@ -188,6 +190,10 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
            f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}"
            + (f", {dp.size} processes (gradients over {dp.transport})" if dp.size > 1 else ""))
 
+    step = None
+    if config.cuda_graph:
+        from .fast.graph import GraphedTrainStep
+        step = GraphedTrainStep(model, opt, smoothing, config.clip, run.loss_fn)
     pending = []                    # the device losses of the steps since the last log
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
@@ -208,8 +214,12 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
             while state.batch_index < len(batches):
                 batch = batches[state.batch_index]
                 t0 = time.perf_counter()
-                rng = B.DeviceRNG(config.seed * 1_000_003 + state.step)
-                loss, lr = train_step(model, opt, batch, rng, smoothing, config.clip, run.loss_fn, parallel)
+                seed = config.seed * 1_000_003 + state.step
+                if step is None:
+                    loss, lr = train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn,
+                                          parallel)
+                else:                                   # --cuda-graph: one launch a step
+                    loss, lr = step(batch, seed)
                 pending.append(loss)
                 dt = time.perf_counter() - t0
                 state.step += 1
@@ -265,6 +275,16 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         metrics = test_and_report(run, model, state, stop_reason, wall_before + time.perf_counter() - started,
                                   {"processes": dp.size} if dp.size > 1 else {})
     return dp.broadcast(metrics)
+
+
+def _check_cuda_graph(config: TrainConfig, dp) -> None:
+    """``--cuda-graph`` (:class:`attn.fast.graph.GraphedTrainStep`) where it can run, or a
+    :class:`TrainConfigError` naming the flag and why not."""
+    why = ("it needs --backend cupy (a GPU)" if B.get_backend() != "cupy" else
+           "it needs the attn.fast engine, not --reference" if config.reference else
+           "it runs one process (a data-parallel step all-reduces between its launches)" if dp.size > 1 else None)
+    if why:
+        raise TrainConfigError(f"cuda_graph (--cuda-graph) cannot be used here: {why}")
 
 
 def _fmt_secs(s: float) -> str:

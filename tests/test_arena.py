@@ -238,6 +238,26 @@ def test_optimizer_state_loads_into_the_arena(backend):
         assert np.array_equal(B.to_host(o2.v[k]), B.to_host(opt.v[k])), k
     assert np.array_equal(B.to_host(other.arena.m), B.to_host(fast.arena.m))       # padding included
 
+
+def test_a_resumed_optimizer_continues_the_schedule_and_its_step_count_on_the_device(backend):
+    """The learning rate and Adam's bias corrections come from the step count (on a GPU the
+    count lives on the device, advanced by ``adam_flat``): an optimizer loaded at step t takes
+    step t + 1 exactly as the optimizer that took the t steps, with a warm-up still rising."""
+    fast, twin = FastTransformer(CFG, seed=1, dtype="float64"), FastTransformer(CFG, seed=1, dtype="float64")
+    opt, o2 = FastAdam(fast.params, CFG.d_model, 4), FastAdam(twin.params, CFG.d_model, 4)
+    rng = np.random.default_rng(3)
+    grads = [{k: B.to_device(rng.standard_normal(v.shape)) for k, v in fast.params.items()} for _ in range(3)]
+    for g in grads[:2]:
+        opt.step(g)
+    twin.arena.params[...] = fast.arena.params
+    o2.load_state({k: B.to_host(v).copy() for k, v in opt.state_arrays().items()}, opt.t)
+    lrs = [opt.step(grads[2]), o2.step(grads[2])]
+    assert lrs[0] == lrs[1] == opt.lr(3) and opt.t == o2.t == 3
+    assert np.array_equal(B.to_host(fast.arena.params), B.to_host(twin.arena.params))
+    for o in (opt, o2):
+        count = getattr(o, "_device_count", None)
+        assert count is None or int(B.to_host(count)[0]) == 3
+
 # ----------------------------------------------------------------------------- counted on the stand-in
 
 
@@ -449,6 +469,34 @@ def test_cupy_dropout_is_one_launch_each_way_and_the_backward_regenerates_the_ma
         ops.dropout_(cp.ones((3, 3), dtype="float32"), m)
 
 
+class _SeedOnDevice:
+    """A step's random numbers as a captured step gives them: the seed in a device buffer."""
+
+    def __init__(self, buffer):
+        self.device_seed = buffer
+
+
+def test_dropout_reads_the_steps_seed_from_the_device(stand_in):
+    """What makes dropout capturable as a CUDA graph: the kernels read the step's seed from
+    device memory, so the same launches (the same arguments) draw the masks of whatever seed
+    the buffer holds when they run; each is the mask of that seed, bit for bit."""
+    from attn.fast.kernels import _splitmix64, dropout_bits_np, dropout_key_np
+    fc, cp = stand_in
+    ops = ops_for(cp)
+    seed = cp.asarray(np.array([11], dtype=np.uint64))
+    rng = _SeedOnDevice(seed)
+    x = cp.ones((16, 24), dtype="float32")
+    m = ops.dropout_mask(rng, x.shape, 0.5)
+    first = cp.asnumpy(ops.dropout_(x.copy(), m)) != 0
+    seed[...] = cp.asarray(np.array([12], dtype=np.uint64))
+    second = cp.asnumpy(ops.dropout_(x.copy(), m)) != 0
+    assert not np.array_equal(first, second)
+    for value, got in ((11, first), (12, second)):
+        key = (_splitmix64(_splitmix64(value) ^ m.keep.site) + m.keep.offset) % (1 << 64)
+        assert dropout_key_np(np.array([value], dtype=np.uint64), m.keep.site, m.keep.offset) == key
+        assert np.array_equal(got.reshape(-1), dropout_bits_np(key, x.size) >= m.keep.thr)
+
+
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_post_norm_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
     """``residual_layer_norm_``: bias, dropout (from its counter), residual sum and layer
@@ -539,7 +587,7 @@ def test_counters_in_runs_are_the_global_index_bit_for_bit(stand_in):
     for i in (0, 11, 12, 13, 49):
         assert int(bits[i]) == _splitmix64_reference(key, base + i + (i // run) * skip), i
     fc, cp = stand_in
-    bad = Mask(HashedKeep(1, 100, (4, 6), 12, 12), 1.0)
+    bad = Mask(HashedKeep(cp.zeros(1, dtype=np.uint64), 0, 0, 100, (4, 6), 12, 12), 1.0)
     with pytest.raises(ValueError, match="row-major"):
         ops_for(cp).bias_relu_dropout_(cp.ones((4, 6)), cp.zeros(6), bad)
     with pytest.raises(ValueError, match="row-major"):

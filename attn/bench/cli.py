@@ -60,7 +60,8 @@ def parse_args(argv=None):
                    help="the tiny 'quick' configuration, 1 warm-up and 2 repeats (for tests)")
     p.add_argument("--only", default=None,
                    help="comma-separated measurements (default: the preset's, most presets all): "
-                        + ", ".join(MEASUREMENTS))
+                        + ", ".join(MEASUREMENTS) + " (train_step_graph: the step as one CUDA graph, "
+                        "attn-train --cuda-graph; with --backend cupy only)")
     p.add_argument("--repeats", type=int, help="timed runs per measurement (default per preset)")
     p.add_argument("--warmup", type=int, help="untimed runs before timing (default per preset)")
     p.add_argument("--threads", type=int,

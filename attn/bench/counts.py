@@ -15,7 +15,11 @@ operation as CuPy would run it), in a steady-state step after a warm-up:
 * **host synchronisations**: every device-to-host transfer or explicit synchronisation;
 * **memory-pool allocations**: every array the step allocates (CuPy serves them from its
   pool: cheap, but an allocation cannot be captured in a CUDA graph, and each is a launch
-  of bookkeeping on the host).
+  of bookkeeping on the host);
+* **what a CUDA graph capture of the training step would refuse** (:func:`attn.fast.graph.survey`):
+  pool allocations, CuPy's own ``matmul`` (cuBLAS through CuPy), cuRAND draws, host transfers
+  and syncs, by kind and by the line of attn that asked for them. The step can be captured and
+  replayed (``attn.fast.graph.CapturedStep``) once none is left.
 
 Launch, sync and allocation counts do not depend on the batch (the same kernels run on
 bigger arrays), so each measurement is counted at two small batches (quick even for ``base``),
@@ -212,6 +216,8 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
             row["targets"] = dict(TARGETS, **({"launches": LAUNCH_TARGETS[preset]} if preset in LAUNCH_TARGETS
                                               else {}))
         rows.append(row)
+    if "train_step" in which:
+        rows.append(capture_survey(replace(bc, batch=b2), preset))
     flagged = {}
     for name in which:
         for f in fixed_grid_kernels(at[b1][name][0].raw, at[b2][name][0].raw):
@@ -219,6 +225,24 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
     rows.append({"name": "counts_lint", "preset": preset, "fixed_grid_kernels": list(flagged.values()),
                  "what": "RawKernels whose grid stays the same while their work grows with the batch"})
     return rows
+
+
+def capture_survey(bc: BenchConfig, preset: str) -> dict:
+    """The ``counts_capture`` row: what a capture of a steady-state training step would refuse
+    (:func:`attn.fast.graph.survey` on the stand-in), by kind and by place."""
+    from ..fast.graph import summarise, survey
+    from .work import build_work
+
+    def nothing():
+        pass
+    with _on_the_stand_in() as fc:
+        (w,) = build_work(bc, ["train_step"], "cupy", False, nothing, nothing, "cuda", repeats=1, warmup=0)
+        w.ours()
+        found = survey(w.ours, fc.cupy)
+    places = Counter((r.kind, r.where) for r in found)
+    return {"name": "counts_capture", "preset": preset, "refused": summarise(found), "total": len(found),
+            "places": [[k, where, n] for (k, where), n in places.most_common(8)],
+            "what": "operations a CUDA graph capture of the training step refuses"}
 
 
 def _blocks(n: int) -> str:
@@ -229,6 +253,12 @@ def print_counts(rows: list, out=None) -> None:
     """The counts as a table, with the targets beside the training step's."""
     out = out or sys.stdout
     for r in rows:
+        if r["name"] == "counts_capture":
+            print(f"capture ({r['what']}): " + (", ".join(f"{k} {n}" for k, n in r["refused"].items())
+                                                 if r["total"] else "none (target none)"), file=out)
+            for k, where, n in r["places"][:4]:
+                print(f"  {n:4d} {k:<16} {where}", file=out)
+            continue
         if r["name"] == "counts_lint":
             ks = r["fixed_grid_kernels"]
             print(f"lint ({r['what']}): " + (", ".join(
@@ -261,7 +291,7 @@ def print_counts_markdown(rows: list, out=None) -> None:
                              "pool allocations", "MB moved"]) + " |", file=out)
     print("|---|---|---|" + "---:|" * (len(kinds) + 5), file=out)
     for r in rows:
-        if r["name"] == "counts_lint":
+        if r["name"] in ("counts_lint", "counts_capture"):
             continue
         by = r["launches_by_kind"]
         cells = [r["preset"], r["name"].replace("counts_", ""), r["per"], f"{r['launches']:g}",
@@ -277,6 +307,10 @@ def print_counts_markdown(rows: list, out=None) -> None:
         if r["name"] == "counts_train_step":
             print(f"\n{r['preset']}, the training step's most launched: " + "; ".join(
                 f"{n} ({k}) {c:g}" for k, n, c in r["top_operations"][:8]) + ".", file=out)
+    for r in rows:
+        if r["name"] == "counts_capture":
+            print(f"\n{r['preset']}: {r['what']}: " + (", ".join(f"{k} {n}" for k, n in r["refused"].items())
+                                                           if r["total"] else "none") + ".", file=out)
     for r in rows:
         if r["name"] == "counts_lint":
             ks = r["fixed_grid_kernels"]

@@ -60,7 +60,7 @@ BENCH_PRESETS = {
                         note="paper base, ~25.6k+25.6k tokens per batch (GPU)"),
 }
 
-MEASUREMENTS = ("train_step", "train_step_reference", "forward", "forward_reference",
+MEASUREMENTS = ("train_step", "train_step_graph", "train_step_reference", "forward", "forward_reference",
                 "greedy_cached", "greedy_uncached", "beam_cached", "beam_uncached")
 
 

@@ -218,6 +218,24 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
             phases["torch"] = phase_timer(torch_step, "torch" if device != "cpu" else "numpy")
         work.append(Work("train_step", fast_step, torch_step if with_torch else None, n_tokens, flops_train,
                          R, W, dict(extra_train), replay_train, phases))
+    if "train_step_graph" in which and on_gpu:
+        # The same step captured as a CUDA graph and replayed (attn-train --cuda-graph), as the
+        # trainer runs it: the batch sent from the host and its ids checked there every step.
+        graph_step = None
+        if with_ours:
+            from ..data import Batch
+            from ..fast.graph import GraphedTrainStep
+            gfast = FastTransformer.from_model(Transformer(cfg, seed=0))
+            gfast.validate_ids = False
+            graphed = GraphedTrainStep(gfast, FastAdam(gfast.params, cfg.d_model, cfg.warmup_steps), eps)
+            gbatch = Batch(src_h, tgt_in_h, tgt_out_h, int((src_h != PAD_ID).sum()), int((tgt_out_h != PAD_ID).sum()))
+
+            def graph_step():
+                loss = graphed(gbatch, 1)[0]
+                sync()
+                return loss
+        work.append(Work("train_step_graph", graph_step, torch_step if with_torch else None, n_tokens, flops_train,
+                         R, max(W, 2), dict(extra_train)))
     if "train_step_reference" in which:
         work.append(Work("train_step_reference", ref_step, torch_step if with_torch else None, n_tokens,
                          flops_train, max(2, R // 2), max(1, W // 2), dict(extra_train)))

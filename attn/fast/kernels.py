@@ -24,8 +24,9 @@ dropout_mask / _       ``uniform >= p`` (exact p), ``x * keep * scale``; with
                        ``counter_dropout`` (the default), no mask in memory: ``dropout_hash``
                        keeps element i where the top 16 bits of splitmix64(key + (g+1) golden)
                        are >= round(p * 65536), g the element's index in the global batch, the
-                       key made on the host per mask; the backward regenerates the same bits
-                       (one launch each way, nothing drawn)
+                       key made in the kernel from the step's seed (read from device memory, so a
+                       captured step draws new masks every replay) and the site's number; the
+                       backward regenerates the same bits (one launch each way, nothing drawn)
 layer_norm_backward_   post-norm's backward: dgamma and dbeta (one ``column_sums``), then
   dropout_             dy and drop(dy) in one launch (the mask regenerated)
 residual_layer_norm_   post-norm's epilogue in one launch: ``s + bias``, dropout (from its
@@ -506,6 +507,23 @@ __device__ __forceinline__ unsigned int dropout_bits(unsigned long long key, lon
     return (unsigned int)(z >> 48);
 }
 
+// One step of splitmix64.
+__device__ __forceinline__ unsigned long long splitmix64(unsigned long long x) {
+    unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// The key of a dropout site: the step's seed, read from device memory (so that a step captured
+// as a CUDA graph draws new masks at every replay: a seed passed by value would be replayed as
+// it was captured), mixed with the site's number in the step, plus where the rank's first
+// element sits in the global batch (offset = base * golden).
+__device__ __forceinline__ unsigned long long dropout_key(const unsigned long long* seed, unsigned long long site,
+                                                          unsigned long long offset) {
+    return splitmix64(splitmix64(seed[0]) ^ site) + offset;
+}
+
 //
 // The counter is the element's index in the GLOBAL batch, so that the ranks of a data-parallel
 // run, each holding some of the batch's sentences, draw what one process draws for them: a
@@ -515,8 +533,10 @@ __device__ __forceinline__ unsigned int dropout_bits(unsigned long long key, lon
 // where the rank's first element sits is folded into `key` (key + base * golden). One process:
 // skip 0.
 template <typename T>
-__global__ void dropout_hash(T* out, const T* x, unsigned long long key, unsigned int thr, T scale, long long run,
-                             long long skip, long long n) {
+__global__ void dropout_hash(T* out, const T* x, const unsigned long long* seed, unsigned long long site,
+                             unsigned long long offset, unsigned int thr, T scale, long long run, long long skip,
+                             long long n) {
+    const unsigned long long key = dropout_key(seed, site, offset);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = dropout_bits(key, i + (i / run) * skip) >= thr ? x[i] * scale : T(0);
 }
@@ -542,11 +562,17 @@ def dropout_bits_np(key: int, n: int, run: int = 0, skip: int = 0):
     return (z >> np.uint64(48)).astype(np.uint32)
 
 
-def dropout_hash_np(launch, out, x, key, thr, scale, run, skip, n):
+def dropout_key_np(seed, site, offset) -> int:
+    """``dropout_key``: the key of a site from the step's seed (a one-element uint64 array, as
+    the kernels read it), the site's number and the rank's offset."""
+    return (_splitmix64(_splitmix64(int(seed[0])) ^ int(site)) + int(offset)) & _M64
+
+
+def dropout_hash_np(launch, out, x, seed, site, offset, thr, scale, run, skip, n):
     """NumPy twin of ``dropout_hash``."""
     np = B.host
     n = int(n)
-    keep = dropout_bits_np(int(key), n, int(run), int(skip)) >= thr
+    keep = dropout_bits_np(dropout_key_np(seed, site, offset), n, int(run), int(skip)) >= thr
     _view(out, (n,), (1,))[...] = np.where(keep, _view(x, (n,), (1,)) * scale, x.dtype.type(0))
 
 
@@ -557,8 +583,10 @@ _RESIDUAL_LN_FWD = r"""
 // row * D + j (thr 0: none), so dropout_hash regenerates this mask in the backward.
 template <typename T>
 __global__ void residual_ln_fwd(T* s, const T* bias, const T* x, T* out, T* rstd, const T* gamma, const T* beta,
-                                unsigned long long key, unsigned int thr, T scale, int D, T eps) {
+                                const unsigned long long* seed, unsigned long long site, unsigned long long offset,
+                                unsigned int thr, T scale, int D, T eps) {
     extern __shared__ unsigned char smem[];
+    const unsigned long long key = thr > 0u ? dropout_key(seed, site, offset) : 0ULL;
     T* sh = reinterpret_cast<T*>(smem);
     long long row = blockIdx.x;
     T* sr = s + row * D;
@@ -577,7 +605,7 @@ __global__ void residual_ln_fwd(T* s, const T* bias, const T* x, T* out, T* rstd
 """
 
 
-def residual_ln_fwd_np(launch, s, bias, x, out, rstd, gamma, beta, key, thr, scale, D, eps):
+def residual_ln_fwd_np(launch, s, bias, x, out, rstd, gamma, beta, seed, site, offset, thr, scale, D, eps):
     """NumPy twin of ``residual_ln_fwd`` (one block per row: N = the grid's size)."""
     np = B.host
     _check_block_reduction(launch, s.itemsize)
@@ -585,7 +613,7 @@ def residual_ln_fwd_np(launch, s, bias, x, out, rstd, gamma, beta, key, thr, sca
     sv = _view(s, (N, D), (D, 1))
     v = sv + _view(bias, (D,), (1,))
     if thr > 0:
-        keep = (dropout_bits_np(int(key), N * D) >= thr).reshape(N, D)
+        keep = (dropout_bits_np(dropout_key_np(seed, site, offset), N * D) >= thr).reshape(N, D)
         v = np.where(keep, v * scale, s.dtype.type(0))
     v += _view(x, (N, D), (D, 1))
     sv[...] = v
@@ -598,8 +626,10 @@ _LAYER_NORM_BWD_DROP = r"""
 // regenerated by dropout_bits over the flat index row * D + j (see residual_ln_fwd).
 template <typename T>
 __global__ void layer_norm_bwd_drop(T* dout, const T* xhat, const T* rstd, const T* gamma, T* ds,
-                                    unsigned long long key, unsigned int thr, T scale, int D) {
+                                    const unsigned long long* seed, unsigned long long site,
+                                    unsigned long long offset, unsigned int thr, T scale, int D) {
     extern __shared__ unsigned char smem[];
+    const unsigned long long key = dropout_key(seed, site, offset);
     T* sh = reinterpret_cast<T*>(smem);
     long long row = blockIdx.x;
     T* dr = dout + row * D;
@@ -618,12 +648,12 @@ __global__ void layer_norm_bwd_drop(T* dout, const T* xhat, const T* rstd, const
 """
 
 
-def layer_norm_bwd_drop_np(launch, dout, xhat, rstd, gamma, ds, key, thr, scale, D):
+def layer_norm_bwd_drop_np(launch, dout, xhat, rstd, gamma, ds, seed, site, offset, thr, scale, D):
     """NumPy twin of ``layer_norm_bwd_drop`` (one block per row)."""
     np = B.host
     layer_norm_bwd_np(launch, dout, xhat, rstd, gamma, D)
     N, D = launch.blocks, int(D)
-    keep = (dropout_bits_np(int(key), N * D) >= thr).reshape(N, D)
+    keep = (dropout_bits_np(dropout_key_np(seed, site, offset), N * D) >= thr).reshape(N, D)
     _view(ds, (N, D), (D, 1))[...] = np.where(keep, _view(dout, (N, D), (D, 1)) * scale, dout.dtype.type(0))
 
 
@@ -631,8 +661,9 @@ _BIAS_RELU_DROP = r"""
 // The feed-forward's hidden epilogue, in place on a (n / F, F): a <- drop(max(a + bias, 0)), the
 // dropout as dropout_hash over the flat index (thr 0: none).
 template <typename T>
-__global__ void bias_relu_drop(T* a, const T* bias, unsigned long long key, unsigned int thr, T scale, long long n,
-                               int F) {
+__global__ void bias_relu_drop(T* a, const T* bias, const unsigned long long* seed, unsigned long long site,
+                               unsigned long long offset, unsigned int thr, T scale, long long n, int F) {
+    const unsigned long long key = thr > 0u ? dropout_key(seed, site, offset) : 0ULL;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         T v = a[i] + bias[i % F];
         v = v > T(0) ? v : T(0);
@@ -643,14 +674,15 @@ __global__ void bias_relu_drop(T* a, const T* bias, unsigned long long key, unsi
 """
 
 
-def bias_relu_drop_np(launch, a, bias, key, thr, scale, n, F):
+def bias_relu_drop_np(launch, a, bias, seed, site, offset, thr, scale, n, F):
     """NumPy twin of ``bias_relu_drop``."""
     np = B.host
     n, F = int(n), int(F)
     av = _view(a, (n // F, F), (F, 1))
     v = np.maximum(av + _view(bias, (F,), (1,)), a.dtype.type(0))
     if thr > 0:
-        v = np.where((dropout_bits_np(int(key), n) >= thr).reshape(n // F, F), v * scale, a.dtype.type(0))
+        v = np.where((dropout_bits_np(dropout_key_np(seed, site, offset), n) >= thr).reshape(n // F, F), v * scale,
+                     a.dtype.type(0))
     av[...] = v
 
 
@@ -729,11 +761,24 @@ _ADAM_FLAT = r"""
 // the n_partial partial sums of squares of sumsq_partial (in one fixed order, so every block gets
 // the same norm), and g is used times max_norm / (norm + 1e-6) where norm > max_norm
 // (attn.optim.clip_grad_norm's rule). g itself is not written.
+//
+// The step count lives on the device: every block reads t = count[0] + 1 and makes the step's
+// numbers from it in double (section 5.3's learning rate, lr_factor * d_model^-0.5 *
+// min(t^-0.5, t * warmup^-1.5), or fixed_lr where use_fixed; Adam's bias corrections
+// c1 = 1 - b1^t, c2 = 1 - b2^t), and the last block to finish (a ticket, as in column_sums)
+// sets count[0] = t. So a step captured as a CUDA graph takes a new learning rate and new
+// corrections at every replay: numbers passed by value would be replayed as captured.
 template <typename T>
 __global__ void adam_flat(T* p, T* m, T* v, const T* g, const double* partial, int n_partial, double max_norm,
-                          T one_m_b1, T b2, T one_m_b2, T eps_c, T step, long long n) {
+                          long long* count, unsigned int* ticket, double lr_factor, double fixed_lr, int use_fixed,
+                          double d_model, double warmup, double b1, double b2, double eps, long long n) {
     extern __shared__ unsigned char smem[];
     double* sh = reinterpret_cast<double*>(smem);
+    const double t = (double)count[0] + 1.0;
+    const double lr = use_fixed ? fixed_lr : lr_factor / sqrt(d_model) * fmin(1.0 / sqrt(t), t * pow(warmup, -1.5));
+    const double c1 = 1.0 - pow(b1, t), c2 = 1.0 - pow(b2, t);
+    const T one_m_b1 = T(1.0 - b1), b2_t = T(b2), one_m_b2 = T(1.0 - b2), eps_c = T(eps * sqrt(c2));
+    const T step = T(lr * sqrt(c2) / c1);
     T scale = T(1);
     if (n_partial > 0) {
         double s = 0;
@@ -744,20 +789,33 @@ __global__ void adam_flat(T* p, T* m, T* v, const T* g, const double* partial, i
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         T gi = g[i] * scale;
         T mi = m[i] + one_m_b1 * (gi - m[i]);
-        T vi = b2 * v[i] + one_m_b2 * gi * gi;
+        T vi = b2_t * v[i] + one_m_b2 * gi * gi;
         m[i] = mi;
         v[i] = vi;
         p[i] -= step * mi / (sqrt(vi) + eps_c);
+    }
+    __syncthreads();                        // every thread of this block has read count (above)
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(ticket, 1u) == gridDim.x - 1) { count[0] += 1; *ticket = 0u; }   // the last block
     }
 }
 """
 
 
-def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2, one_m_b2, eps_c, step, n):
+def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, count, ticket, lr_factor, fixed_lr, use_fixed,
+                 d_model, warmup, b1, b2, eps, n):
     """NumPy twin of ``adam_flat``."""
     np = B.host
     n = int(n)
     dt = p.dtype.type
+    count_v = _view(count, (1,), (1,))
+    t = float(count_v[0]) + 1.0
+    lr = float(fixed_lr) if use_fixed else float(lr_factor) / math.sqrt(float(d_model)) * min(
+        1.0 / math.sqrt(t), t * float(warmup) ** -1.5)
+    c1, c2 = 1.0 - float(b1) ** t, 1.0 - float(b2) ** t
+    one_m_b1, b2, one_m_b2, eps_c = dt(1.0 - b1), dt(b2), dt(1.0 - b2), dt(float(eps) * math.sqrt(c2))
+    step = dt(lr * math.sqrt(c2) / c1)
     scale = dt(1)
     if n_partial > 0:
         _check_block_reduction(launch, 8)
@@ -769,6 +827,8 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, one_m_b1, b2,
     mv += one_m_b1 * (gv - mv)
     vv[...] = b2 * vv + one_m_b2 * gv * gv
     pv -= step * mv / (np.sqrt(vv) + eps_c)
+    count_v[0] += 1
+    _view(ticket, (1,), (1,))[0] = 0
 
 # --------------------------------------------------------------------------- the module
 
@@ -808,16 +868,24 @@ def _grid(n: int, threads: int = 256, most: int = 65535) -> tuple:
 
 
 class HashedKeep(NamedTuple):
-    """The ``keep`` of a CuPy dropout :class:`Mask`: no array, the key of ``dropout_hash``'s
-    generator (where the first element sits in the global batch folded in), the threshold
-    (``round(p * 65536)``), the shape it was drawn for, and where the elements sit in the
-    global batch: runs of ``run`` elements, ``skip`` apart (0: one run; see ``dropout_hash``).
-    :meth:`array` makes the boolean mask (for tests and inspection)."""
-    key: int
+    """The ``keep`` of a CuPy dropout :class:`Mask`: no array, what the kernels make the key of
+    ``dropout_hash``'s generator from (``dropout_key``: the step's ``seed``, a one-element uint64
+    device array; the ``site``'s number in the step; the ``offset`` of the rank's first element
+    in the global batch times the golden ratio), the threshold (``round(p * 65536)``), the shape
+    it was drawn for, and where the elements sit in the global batch: runs of ``run`` elements,
+    ``skip`` apart (0: one run; see ``dropout_hash``). :attr:`key` and :meth:`array` (the
+    boolean mask) read the seed from the device: for tests and inspection."""
+    seed: object
+    site: int
+    offset: int
     thr: int
     shape: tuple
     run: int = 0
     skip: int = 0
+
+    @property
+    def key(self) -> int:
+        return dropout_key_np(B.to_host(self.seed), self.site, self.offset)
 
     def array(self, xp):
         n = math.prod(self.shape)
@@ -841,6 +909,7 @@ class CupyOps(_Ops):
         self._functions: dict = {}
         self._scratch: dict = {}
         self._draws = weakref.WeakKeyDictionary()    # DeviceRNG -> dropout masks it has keyed
+        self._seeds = weakref.WeakKeyDictionary()    # DeviceRNG -> its seed on the device
 
     def _fn(self, name, dtype):
         """The kernel ``name<T>`` for ``dtype``, looked up in the module once (a lookup is a
@@ -937,11 +1006,11 @@ class CupyOps(_Ops):
                              f"s is {(N, D)}")
         out = cp.empty_like(s)
         rstd = cp.empty((N,), dtype=s.dtype)
-        key, thr, scale = (0, 0, 1.0) if m is None else (m.keep.key, m.keep.thr, m.scale)
+        seed, site, offset, thr, scale = self._dropout_args(m)
         threads = _block(D)
         self._fn("residual_ln_fwd", s.dtype)(
             (N,), (threads,), (s, cp.ascontiguousarray(bias), x, out, rstd, cp.ascontiguousarray(gamma),
-                               cp.ascontiguousarray(beta), B.host.uint64(key), B.host.uint32(thr),
+                               cp.ascontiguousarray(beta), seed, site, offset, thr,
                                self._scalar(scale, s.dtype), B.host.int32(D), self._scalar(eps, s.dtype)),
             shared_mem=threads * s.dtype.itemsize)
         return out, rstd
@@ -978,9 +1047,10 @@ class CupyOps(_Ops):
         self._column_sums(dout, xhat, out, "layer_norm_backward_dropout_")
         ds = cp.empty_like(dout)
         threads = _block(D)
+        seed, site, offset, thr, scale = self._dropout_args(m)
         self._fn("layer_norm_bwd_drop", dout.dtype)(
-            (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), ds, B.host.uint64(m.keep.key),
-                               B.host.uint32(m.keep.thr), self._scalar(m.scale, dout.dtype), B.host.int32(D)),
+            (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), ds, seed, site, offset, thr,
+                               self._scalar(scale, dout.dtype), B.host.int32(D)),
             shared_mem=threads * dout.dtype.itemsize)
         return dout, ds
 
@@ -1052,8 +1122,33 @@ class CupyOps(_Ops):
         draws = self._draws.get(rng, 0)
         self._draws[rng] = draws + 1
         base, run, skip = rng.place(shape) if hasattr(rng, "place") else (0, 0, 0)
-        key = (_splitmix64(_splitmix64(rng.seed) ^ draws) + base * GOLDEN) & _M64     # counter i -> base + i
-        return Mask(HashedKeep(key, thr, tuple(shape), run, skip), 65536.0 / (65536 - thr))
+        return Mask(HashedKeep(self._seed_of(rng), draws, (base * GOLDEN) & _M64, thr, tuple(shape), run, skip),
+                    65536.0 / (65536 - thr))           # counter i -> base + i
+
+    def _seed_of(self, rng):
+        """``rng``'s seed on the device, where the dropout kernels read it: ``rng.device_seed``
+        where it has one (a captured step's: a buffer the graph reads, refreshed before every
+        replay), else a one-element array made once per ``rng`` (one host-to-device copy a step)."""
+        seed = getattr(rng, "device_seed", None)
+        if seed is None:
+            seed = self._seeds.get(rng)
+            if seed is None:
+                seed = self._seeds[rng] = self.xp.asarray(B.host.array([rng.seed & _M64], dtype=B.host.uint64))
+        return seed
+
+    def _no_seed(self):
+        """The seed given to a fused kernel that drops nothing (thr 0: never read)."""
+        z = self._scratch.get("no_seed")
+        if z is None:
+            z = self._scratch["no_seed"] = self.xp.zeros((1,), dtype=B.host.uint64)
+        return z
+
+    def _dropout_args(self, m):
+        """(seed, site, offset, thr, scale) of mask ``m`` (None: no dropout) as the fused kernels take them."""
+        if m is None:
+            return self._no_seed(), B.host.uint64(0), B.host.uint64(0), B.host.uint32(0), 1.0
+        k = m.keep
+        return k.seed, B.host.uint64(k.site), B.host.uint64(k.offset), B.host.uint32(k.thr), m.scale
 
     @staticmethod
     def _rows(m, where):
@@ -1084,8 +1179,9 @@ class CupyOps(_Ops):
             raise ValueError(f"CupyOps.{where}: the mask was drawn for shape {k.shape}, the array is "
                              f"{tuple(x.shape)}")
         self._contiguous(where, out=out, x=x)
-        self._elementwise("dropout_hash", x.dtype, x.size, out, x, B.host.uint64(k.key), B.host.uint32(k.thr),
-                          self._scalar(m.scale, x.dtype), B.host.int64(max(k.run, 1)), B.host.int64(k.skip))
+        seed, site, offset, thr, scale = self._dropout_args(m)
+        self._elementwise("dropout_hash", x.dtype, x.size, out, x, seed, site, offset, thr,
+                          self._scalar(scale, x.dtype), B.host.int64(max(k.run, 1)), B.host.int64(k.skip))
         return out
 
     def bias_relu_dropout_(self, a, bias, m):
@@ -1100,11 +1196,11 @@ class CupyOps(_Ops):
             raise ValueError(f"CupyOps.bias_relu_dropout_: the mask was drawn for shape {m.keep.shape}, "
                              f"a is {tuple(a.shape)}")
         self._rows(m, "bias_relu_dropout_")
-        key, thr, scale = (0, 0, 1.0) if m is None else (m.keep.key, m.keep.thr, m.scale)
+        seed, site, offset, thr, scale = self._dropout_args(m)
         threads = 256
         self._fn("bias_relu_drop", a.dtype)(
             _grid(a.size, threads), (threads,),
-            (a, self.xp.ascontiguousarray(bias), B.host.uint64(key), B.host.uint32(thr), self._scalar(scale, a.dtype),
+            (a, self.xp.ascontiguousarray(bias), seed, site, offset, thr, self._scalar(scale, a.dtype),
              B.host.int64(a.size), B.host.int32(a.shape[1])))
         return a
 
@@ -1140,11 +1236,18 @@ class CupyOps(_Ops):
     #: every block) and of the flat update's grid-stride loop.
     NORM_BLOCKS, ADAM_BLOCKS = 256, 4096
 
-    def adam_flat_(self, p, g, m, v, consts, scratch=None, max_norm: float = 0.0):
+    def adam_flat_(self, p, g, m, v, count, schedule, max_norm: float = 0.0):
         """Adam over flat arrays (the whole arena) in one launch; with ``max_norm > 0`` the
         gradient's global norm first, by one ``sumsq_partial`` launch, and the clipping decided
-        inside ``adam_flat`` (no host synchronisation). ``g`` is not written."""
+        inside ``adam_flat`` (no host synchronisation). ``g`` is not written. ``count`` (a
+        one-element int64 device array) is the number of steps taken, which the kernel reads and
+        advances; ``schedule`` is ``(lr_factor, fixed_lr or None, d_model, warmup_steps, b1, b2,
+        eps)``, from which it makes the step's learning rate and bias corrections."""
         self._contiguous("adam_flat_", p=p, g=g, m=m, v=v)
+        if count.shape != (1,) or count.dtype != B.host.int64:
+            raise ValueError(f"CupyOps.adam_flat_: count must be a one-element int64 device array, got shape "
+                             f"{tuple(count.shape)} {count.dtype}")
+        lr_factor, fixed_lr, d_model, warmup, b1, b2, eps = schedule
         n, threads = p.size, 256
         partial = self._buffer("norm_partials", self.NORM_BLOCKS, B.host.float64)
         n_partial = 0
@@ -1152,11 +1255,19 @@ class CupyOps(_Ops):
             n_partial = max(1, min(self.NORM_BLOCKS, -(-n // (threads * 16))))
             self._fn("sumsq_partial", g.dtype)((n_partial,), (threads,), (g, partial, B.host.int64(n)),
                                                shared_mem=threads * 8)
-        one_m_b1, b2, one_m_b2, eps_c, step = (self._scalar(c, p.dtype) for c in consts)
+        f64 = B.host.float64
         self._fn("adam_flat", p.dtype)(
             _grid(n, threads, self.ADAM_BLOCKS), (threads,),
-            (p, m, v, g, partial, B.host.int32(n_partial), B.host.float64(max_norm), one_m_b1, b2, one_m_b2,
-             eps_c, step, B.host.int64(n)), shared_mem=threads * 8)
+            (p, m, v, g, partial, B.host.int32(n_partial), f64(max_norm), count, self._ticket("adam_ticket"),
+             f64(lr_factor), f64(0.0 if fixed_lr is None else fixed_lr), B.host.int32(fixed_lr is not None),
+             f64(d_model), f64(warmup), f64(b1), f64(b2), f64(eps), B.host.int64(n)), shared_mem=threads * 8)
+
+    def _ticket(self, name):
+        """A one-element counter a kernel's last block sets back to 0: zeroed once."""
+        c = self._scratch.get(name)
+        if c is None:
+            c = self._scratch[name] = self.xp.zeros((1,), dtype=B.host.uint32)
+        return c
 
 
 def block_size_for(n: int) -> int:

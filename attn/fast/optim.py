@@ -62,6 +62,25 @@ class FastAdam(Adam):
                     raise KeyError(f"optimizer state has no {key}")
                 store[k][...] = B.to_device(arrays[key], self.params[k].dtype)
         self.t = int(t)
+        self._device_count = None              # made again from t at the next step
+
+    def count_step(self) -> float:
+        """The host's half of a step over an arena on the GPU: count it (``t``, for the schedule
+        shown, the checkpoint and the snapshots) and return its learning rate. The device counts
+        too (:meth:`apply_step`), so a step captured as a CUDA graph
+        (:class:`attn.fast.graph.GraphedTrainStep`) calls this before every replay."""
+        return self._consts()[0]
+
+    def apply_step(self, clip: float = 0.0) -> None:
+        """The device's half: the update of the whole arena in one ``adam_flat`` launch (one
+        ``sumsq_partial`` more with ``clip``), which makes the step's learning rate and bias
+        corrections from the step count it keeps on the device and advances it."""
+        a = self.arena
+        count = getattr(self, "_device_count", None)
+        if count is None:      # the steps taken before this one: t was counted by count_step
+            count = self._device_count = a.xp.asarray(B.host.array([self.t - 1], dtype=B.host.int64))
+        schedule = (self.lr_factor, self.fixed_lr, self.d_model, self.warmup_steps, self.beta1, self.beta2, self.eps)
+        ops_for(a.xp).adam_flat_(a.params, a.grads, a.m, a.v, count, schedule, max_norm=clip)
 
     def _consts(self):
         lr = self.lr(self.t + 1)
@@ -116,8 +135,8 @@ class FastAdam(Adam):
                     view[...] = grads[k]
         xp = a.xp
         if xp is not B.host:
-            lr, consts = self._consts()
-            ops_for(xp).adam_flat_(a.params, a.grads, a.m, a.v, consts, max_norm=clip)
+            lr = self.count_step()
+            self.apply_step(clip)
             return lr
         if clip:
             # NumPy: the norm in float64 (as attn.optim.clip_grad_norm), a slice at a time

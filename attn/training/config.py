@@ -102,6 +102,7 @@ class TrainConfig:
     resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
     overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
     reference: bool = False            # train the readable reference classes instead of attn.fast
+    cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, attn.fast, one process)
     quiet: bool = False                # no progress bar
 
     def __post_init__(self):
@@ -156,7 +157,7 @@ class TrainConfig:
                 self._bad(name, "must be a finite number")
             if not check(v):
                 self._bad(name, rule)
-        for name in ("resume", "overwrite", "reference", "quiet"):
+        for name in ("resume", "overwrite", "reference", "cuda_graph", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "must be True or False")
 
@@ -194,8 +195,8 @@ class TrainConfig:
 
 #: Settings a resumed run may take from the new command line: they change how the run is watched,
 #: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
-RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "beam", "bleu_sentences",
-                     "eval_every", "out", "resume", "overwrite")
+RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "cuda_graph", "beam",
+                     "bleu_sentences", "eval_every", "out", "resume", "overwrite")
 
 
 def _same(a, b) -> bool:
@@ -347,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--reference", action="store_true",
                    help="train with the readable reference layers instead of the faster attn.fast path "
                         "(same numbers up to float rounding, slower)")
+    g.add_argument("--cuda-graph", action="store_true",
+                   help="on a GPU (--backend cupy, the attn.fast engine, one process): capture the training step "
+                        "as a CUDA graph per batch shape and replay it, one launch a step instead of hundreds; "
+                        "batches are padded to shapes from a short list (lengths to multiples of 8, rows to 16), "
+                        "which changes the dropout masks but not the loss or the gradients")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

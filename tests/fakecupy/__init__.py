@@ -22,6 +22,12 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   launches (elementwise, reduction, RawKernel with its grid, cuBLAS product, copy, cuRAND draw),
   the arrays it reads and writes and those it allocates, including the copies CuPy's ``matmul``
   makes of operands cuBLAS is not given as they are. ``attn.bench.counts`` counts with it.
+* Streams capture CUDA graphs (``Stream.begin_capture``/``end_capture``, ``Graph.launch``) as a
+  GPU does: the capture has no effect on memory, the graph replays the recorded operations with
+  the host scalars they were given then, and what CUDA or CuPy refuse while a stream captures
+  (a host transfer or sync, an allocation from the pool, CuPy's ``matmul``, cuRAND) raises
+  ``StreamCaptureError`` naming the line that asked; ``begin_capture(survey=True)`` notes every
+  refusal instead (:func:`attn.fast.graph.survey`).
 
 **The one difference that is not CuPy's**: a kernel (``cupy.RawModule``) cannot run CUDA
 here, so each kernel function is run by its NumPy twin, the function that

@@ -74,6 +74,7 @@ def counting():
 def _sync(kind: str, a: np.ndarray | None = None) -> None:
     """Count a transfer (or synchronisation); to the tracer, a transfer is a device -> host copy
     (of ``a``, where the whole array is copied)."""
+    _refuse_in_capture(f"a device->host transfer or synchronisation ({kind})", "host sync")
     transfers.record(kind)
     if tracer is not None and kind != "synchronize":
         tracer("copy", "device->host", [] if a is None else [a], [], {"fresh": [], "direction": "d2h"})
@@ -102,6 +103,165 @@ _MATMULS = frozenset({"matmul", "dot", "tensordot", "einsum", "inner", "vdot"})
 _COPIES = frozenset({"copy", "ascontiguousarray", "asfortranarray", "concatenate", "stack", "hstack", "vstack",
                      "copyto", "tile", "array"})
 _ALLOC_ONLY = frozenset({"empty", "empty_like"})
+
+
+# --------------------------------------------------------------------------- stream capture
+
+#: The capture in progress (a :class:`_Capture`), or None. While a stream captures, every
+#: operation still runs here (the stand-in cannot defer NumPy), is recorded so that
+#: :meth:`Graph.launch` can run it again, and ``end_capture`` puts every device array back as it
+#: was before the capture (those made during it are filled with NaN), so a capture has no
+#: effect on memory, as on a GPU. What CUDA or CuPy refuse during a capture raises
+#: :class:`StreamCaptureError`: a host transfer or synchronisation, a cuRAND draw, CuPy's own
+#: ``matmul`` (CuPy refuses cuBLAS calls it makes while the stream captures), and an allocation
+#: from the memory pool (the graph would keep addresses the pool hands out again).
+_capturing = None
+
+
+class StreamCaptureError(RuntimeError):
+    """An operation CUDA or CuPy does not permit while a stream captures a graph."""
+
+
+def _refuse_in_capture(what: str, kind: str = "") -> None:
+    """Raise :class:`StreamCaptureError` for ``what`` during a capture; a survey
+    (``begin_capture(survey=True)``) notes it instead and goes on."""
+    if _capturing is not None:
+        _capturing.refuse(what, kind or what)
+
+
+def _caller() -> str:
+    """``file:line function`` of the first frame outside the stand-in: who asked for the operation."""
+    import sys
+    f = sys._getframe(2)
+    while f is not None and "fakecupy" in f.f_code.co_filename:
+        f = f.f_back
+    if f is None:
+        return "?"
+    path = f.f_code.co_filename
+    for root in ("/attn/", "/tests/", "/lessons/"):
+        if root in path:
+            path = path[path.rindex(root) + 1:]
+            break
+    return f"{path}:{f.f_lineno} {f.f_code.co_name}"
+
+
+def _record(redo) -> None:
+    """During a capture: keep ``redo`` (a function that runs the operation just run again, into
+    the same memory) for the graph."""
+    _capturing.ops.append(redo)
+
+
+def _fresh_results(r, inputs) -> list:
+    """The NumPy arrays of result ``r`` that share no memory with ``inputs``: new memory."""
+    ins = _arrays(inputs, [])
+    return [a for a in _arrays(r, []) if a.size and not any(np.may_share_memory(a, i) for i in ins)]
+
+
+def _record_result(name: str, r, inputs, compute):
+    """During a capture: the operation ``name`` gave ``r``; ``compute()`` gives it again. New
+    memory in ``r`` is an allocation (refused unless :func:`capture_allocations_allowed`); the
+    replay copies ``compute()`` into ``r``. Returns ``r`` with NumPy scalars made 0-d arrays
+    (what the caller must wrap, so that the replay writes the device array it gave out)."""
+    if isinstance(r, np.generic):
+        r = np.asarray(r)
+    elif isinstance(r, tuple):
+        r = tuple(np.asarray(v) if isinstance(v, np.generic) else v for v in r)
+    fresh = _fresh_results(r, inputs)
+    if fresh and not capture_allocations_allowed():
+        _capturing.refuse(f"{name} allocates {sum(a.nbytes for a in fresh)} bytes from the memory pool (give it "
+                          "out=, or allocate before the capture)", "pool allocation")
+    if not fresh:
+        if r is None or not _arrays(r, []):
+            _record(compute)
+        return r                    # a view: nothing to run again
+    _record(lambda: _into(r, compute()))
+    return r
+
+
+def _into(r, v) -> None:
+    if isinstance(r, tuple):
+        for a, b in zip(r, v):
+            _into(a, b)
+    elif isinstance(r, np.ndarray):
+        np.copyto(r, v, casting="unsafe")
+
+
+def capture_allocations_allowed() -> bool:
+    """Whether an allocation during a capture comes from somewhere the graph may keep (an
+    allocator set with ``cupy.cuda.using_allocator`` that is not the memory pool)."""
+    return _capturing is not None and _capturing.allocations_ok()
+
+
+def _live_roots() -> dict:
+    """id -> the NumPy array that owns the memory of every live device array."""
+    import gc
+    roots = {}
+    for obj in gc.get_objects():
+        if type(obj) is ndarray:
+            a = obj._a
+            while isinstance(a.base, np.ndarray):
+                a = a.base
+            roots[id(a)] = a
+    return roots
+
+
+class _Capture:
+    def __init__(self, stream, survey: bool):
+        self.stream, self.ops, self.survey = stream, [], survey
+        #: (kind, what, caller) of every refused operation of a survey
+        self.refused: list = []
+        self.before = {i: (a, a.copy()) for i, a in _live_roots().items() if a.flags.writeable}
+
+    def refuse(self, what: str, kind: str) -> None:
+        if not self.survey:
+            raise StreamCaptureError(f"operation not permitted when stream is capturing: {what} "
+                                     f"(at {_caller()})")
+        self.refused.append((kind, what, _caller()))
+
+    @staticmethod
+    def allocations_ok() -> bool:
+        return False
+
+    def undo(self) -> None:
+        for a, saved in self.before.values():
+            np.copyto(a, saved)
+        for i, a in _live_roots().items():
+            if i not in self.before and a.flags.writeable and a.size:
+                _poison(a)
+
+
+def _poison(a: np.ndarray) -> None:
+    if a.dtype.kind in "fc":
+        a.fill(np.nan)
+    elif a.dtype.kind in "iu":
+        a.fill(np.iinfo(a.dtype).max)
+    elif a.dtype.kind == "b":
+        a.fill(True)
+
+
+class Graph:
+    """``cupy.cuda.Graph``: what a stream captured. :meth:`launch` runs the captured operations
+    again, in order, on the memory they were captured with and with the scalars they were
+    given then (a host number that changes later does not change the graph)."""
+
+    def __init__(self, ops, refused=()):
+        self._ops = tuple(ops)
+        #: what a survey found that a capture refuses: (kind, what, caller) each
+        self.refused = list(refused)
+
+    def launch(self, stream=None):
+        if self.refused:
+            raise StreamCaptureError(f"fakecupy: this graph was a survey with {len(self.refused)} refused "
+                                     "operations; it cannot be launched")
+        if _capturing is not None:
+            raise StreamCaptureError("fakecupy: launching a graph while a stream captures is not modelled")
+        for op in self._ops:
+            op()
+        if tracer is not None:
+            tracer("graph", "graph launch", [], [], {"fresh": [], "operations": len(self._ops)})
+
+    def __len__(self):
+        return len(self._ops)
 
 
 def _arrays(x, out: list) -> list:
@@ -243,19 +403,34 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         a, idx = inputs[0], inputs[1]
         rest = _unwrap(tuple(inputs[2:]), where)
         target = _unwrap(a, where)
-        getattr(uf, "at")(target, _wrap_index(_index_component(idx), target.shape[0] if target.ndim else 0),
-                          *rest)
+        def wrapped():     # the indices as the kernel reads them when it runs (a replay: the memory's values then)
+            return _wrap_index(_index_component(idx), target.shape[0] if target.ndim else 0)
+        getattr(uf, "at")(target, wrapped(), *rest)
+        if _capturing is not None:
+            _record(lambda: getattr(uf, "at")(target, wrapped(), *rest))
         if tracer is not None:
             _report("elementwise", f"{uf.__name__}.at", (target, rest), target, True)
         return None
     args = _args(inputs, where)
+    if _capturing is not None and uf is np.matmul:
+        _refuse_in_capture("CuPy's matmul calls cuBLAS through CuPy, which refuses while the stream captures",
+                          "CuPy matmul")
     if not kwargs:
         r = uf(*args) if method == "__call__" else getattr(uf, method)(*args)
+        if _capturing is not None:
+            f = uf if method == "__call__" else getattr(uf, method)
+            r = _record_result(where, r, args, lambda: f(*args))
         if tracer is not None:
             _report_ufunc(uf, method, args, r, False)
         return _wrap(r)
     kw = _unwrap(kwargs, where)
     r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
+    if _capturing is not None:
+        f = uf if method == "__call__" else getattr(uf, method)
+        if kw.get("out") is not None:
+            _record(lambda: f(*args, **kw))
+        else:
+            r = _record_result(where, r, args, lambda: f(*args, **kw))
     if tracer is not None:
         _report_ufunc(uf, method, args, r, kwargs.get("out") is not None)
     return _out_result(kwargs.get("out"), r)
@@ -305,7 +480,15 @@ def _function(name: str, f):
         a, k = _args(args, where), (_unwrap(kwargs, where) if kwargs else kwargs)
         if name in _DATA_DEPENDENT or (name == "where" and len(args) == 1):
             _sync(f"{name} (result size depends on the data)")
+        if _capturing is not None and name in _MATMULS:
+            _refuse_in_capture(f"cupy.{name} calls cuBLAS through CuPy, which refuses while the stream captures",
+                              "CuPy matmul")
         r = f(*a, **k)
+        if _capturing is not None:
+            if k.get("out") is not None:
+                _record(lambda: f(*a, **k))
+            else:
+                r = _record_result(where, r, (a, list(k.values())), lambda: f(*a, **k))
         if tracer is not None:
             _report("auto", name, (a, list(k.values())), r, k.get("out") is not None)
         return _out_result(kwargs.get("out"), r)
@@ -384,13 +567,22 @@ class MemoryPointer:
 def _binary(uf, reflected=False):
     def op(self, other):
         t = type(other)
+        if _capturing is not None and uf is np.matmul:
+            _refuse_in_capture("CuPy's matmul (a @ b) calls cuBLAS through CuPy, which refuses while the stream "
+                              "captures", "CuPy matmul")
         if t is ndarray:
-            r = uf(other._a, self._a) if reflected else uf(self._a, other._a)
+            x, y = (other._a, self._a) if reflected else (self._a, other._a)
+            r = uf(x, y)
+            if _capturing is not None:
+                r = _record_result(f"cupy.{uf.__name__}", r, (x, y), lambda: uf(x, y))
             if tracer is not None:
                 _report_ufunc(uf, "__call__", (other._a, self._a) if reflected else (self._a, other._a), r, False)
             return _wrap(r)
         if t in _PLAIN:
-            r = uf(other, self._a) if reflected else uf(self._a, other)
+            x, y = (other, self._a) if reflected else (self._a, other)
+            r = uf(x, y)
+            if _capturing is not None:
+                r = _record_result(f"cupy.{uf.__name__}", r, (self._a,), lambda: uf(x, y))
             if tracer is not None:
                 _report_ufunc(uf, "__call__", (self._a,), r, False)
             return _wrap(r)
@@ -408,7 +600,10 @@ def _inplace(uf):
         if isinstance(other, np.ndarray):
             raise _host_refused(f"cupy.{uf.__name__}", other)
         o = _unwrap(other, f"cupy.{uf.__name__}")
-        uf(self._a, o, out=self._a)
+        a = self._a
+        uf(a, o, out=a)
+        if _capturing is not None:
+            _record(lambda: uf(a, o, out=a))
         if tracer is not None:
             _report("elementwise", uf.__name__, (self._a, o), self._a, True)
         return self
@@ -417,7 +612,10 @@ def _inplace(uf):
 
 def _unary(uf):
     def op(self):
-        r = uf(self._a)
+        a = self._a
+        r = uf(a)
+        if _capturing is not None:
+            r = _record_result(f"cupy.{uf.__name__}", r, (a,), lambda: uf(a))
         if tracer is not None:
             _report("elementwise", uf.__name__, (self._a,), r)
         return _wrap(r)
@@ -452,6 +650,7 @@ class ndarray:
 
     def set(self, arr, stream=None):
         """Host -> device copy into this array."""
+        _refuse_in_capture("a host->device copy (ndarray.set)", "host transfer")
         self._a[...] = np.asarray(arr)
         if tracer is not None:
             tracer("copy", "host->device", [], [self._a], {"fresh": [], "direction": "h2d"})
@@ -562,6 +761,11 @@ class ndarray:
                 a = _args(args, where)
                 k = _unwrap(kwargs, where) if kwargs else {}
                 r = attr(*a, **k)
+                if _capturing is not None:
+                    if k.get("out") is not None:
+                        _record(lambda: attr(*a, **k))
+                    else:
+                        r = _record_result(where, r, (self._a, a, list(k.values())), lambda: attr(*a, **k))
                 if tracer is not None:
                     _report("auto", name, (self._a, a, list(k.values())), r, k.get("out") is not None)
                 return _out_result(kwargs.get("out"), r) if kwargs else _wrap(r)
@@ -569,7 +773,10 @@ class ndarray:
         return _wrap(attr)
 
     def copy(self, order="C"):
-        r = self._a.copy(order=order)
+        src = self._a
+        r = src.copy(order=order)
+        if _capturing is not None:
+            r = _record_result("cupy.ndarray.copy", r, (), lambda: src)
         if tracer is not None:
             _report("copy", "copy", (self._a,), r)
         return ndarray._of(r)
@@ -586,7 +793,11 @@ class ndarray:
         idx, has_mask = _prepare_index(key, self._a.shape)
         if has_mask:
             _sync("boolean-mask indexing (result size depends on the data)")
-        r = self._a[idx]
+        src = self._a
+        r = src[idx]
+        if _capturing is not None and isinstance(r, np.ndarray):
+            shape = src.shape
+            r = _record_result("cupy.ndarray.__getitem__", r, (src,), lambda: src[_prepare_index(key, shape)[0]])
         if tracer is not None and isinstance(r, np.ndarray):     # a scalar index is a 0-d view
             _report("auto", "getitem (advanced index)", (self._a,), r)
         return _wrap(r)
@@ -598,12 +809,16 @@ class ndarray:
             if not whole:
                 raise ValueError("non-scalar numpy.ndarray cannot be used for fill "
                                  "(fakecupy, as CuPy: only a[:] = host_array copies from the host)")
+            _refuse_in_capture("a host->device copy (a[:] = host_array)", "host transfer")
             self._a[idx] = value
             if tracer is not None:
                 tracer("copy", "host->device", [], [self._a], {"fresh": [], "direction": "h2d"})
             return
         v = _unwrap(value, "cupy.ndarray.__setitem__")
-        self._a[idx] = v
+        target = self._a
+        target[idx] = v
+        if _capturing is not None:
+            _record(lambda: target.__setitem__(_prepare_index(key, target.shape)[0], v))
         if tracer is not None:
             # a copy kernel from an array, a fill from a scalar; it writes the indexed region
             # (the whole array where the index is an integer array: a scatter)
@@ -644,14 +859,27 @@ def _fast_method(name):
     def method(self, *args, **kwargs):
         f = getattr(self._a, name)
         a = _args(args, where)
+        if _capturing is not None and name == "dot":
+            _refuse_in_capture("cupy.ndarray.dot calls cuBLAS through CuPy, which refuses while the stream captures",
+                              "CuPy matmul")
         if not kwargs:
             r = f(*a)
+            if _capturing is not None:
+                if name == "fill":
+                    _record(lambda: f(*a))
+                else:
+                    r = _record_result(where, r, (self._a, a), lambda: f(*a))
             if tracer is not None:
                 _report("elementwise" if name == "fill" else "auto", name, (self._a, a), self._a if name == "fill"
                         else r, name == "fill")
             return _wrap(r)
         k = _unwrap(kwargs, where)
         r = f(*a, **k)
+        if _capturing is not None:
+            if k.get("out") is not None:
+                _record(lambda: f(*a, **k))
+            else:
+                r = _record_result(where, r, (self._a, a, list(k.values())), lambda: f(*a, **k))
         if tracer is not None:
             _report("auto", name, (self._a, a, list(k.values())), r, k.get("out") is not None)
         return _out_result(kwargs.get("out"), r)
@@ -670,6 +898,7 @@ def asarray(a, dtype=None, order=None, blocking=False):
     """Host data -> a device array (a copy); a device array is returned as it is."""
     if isinstance(a, ndarray):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+    _refuse_in_capture("a host->device copy (cupy.asarray of host data)", "host transfer")
     r = np.array(_unwrap(a, "cupy.asarray", allow_host=True), dtype=dtype, order=order or "K", copy=True)
     if tracer is not None:
         tracer("copy", "host->device", [], [r], {"fresh": [r] if r.size else [], "direction": "h2d"})
@@ -678,10 +907,14 @@ def asarray(a, dtype=None, order=None, blocking=False):
 
 def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=False):
     if isinstance(obj, ndarray):
-        r = np.array(obj._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
+        src = obj._a
+        r = np.array(src, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
+        if _capturing is not None:
+            r = _record_result("cupy.array", r, (src,), lambda: src)
         if tracer is not None:
             _report("auto", "array", (obj._a,), r)
         return ndarray._of(r)
+    _refuse_in_capture("a host->device copy (cupy.array of host data)", "host transfer")
     r = np.array(_unwrap(obj, "cupy.array", allow_host=True), dtype=dtype, copy=True, order=order, ndmin=ndmin)
     if tracer is not None:
         tracer("copy", "host->device", [], [r], {"fresh": [r] if r.size else [], "direction": "h2d"})
@@ -708,7 +941,15 @@ def take(a, indices, axis=None, out=None):
     a_ = _unwrap(a, "cupy.take")
     idx = np.asarray(_index_component(indices))
     n = a_.size if axis is None else a_.shape[axis]
-    r = np.take(a_, _wrap_index(idx, n), axis=axis, out=_unwrap(out, "cupy.take"))
+    widx, o = _wrap_index(idx, n), _unwrap(out, "cupy.take")
+    r = np.take(a_, widx, axis=axis, out=o)
+    if _capturing is not None:
+        def compute(out=None):       # the indices read when the kernel runs
+            return np.take(a_, _wrap_index(idx, n), axis=axis, out=out)
+        if o is not None:
+            _record(lambda: compute(o))
+        else:
+            r = _record_result("cupy.take", r, (a_,), compute)
     if tracer is not None:
         _report("elementwise", "take", (a_, idx), r, out is not None)
     return _out_result(out, r)
@@ -719,6 +960,9 @@ def take_along_axis(a, indices, axis):
     idx = _unwrap(indices, "cupy.take_along_axis")
     n = a_.size if axis is None else a_.shape[axis]
     r = np.take_along_axis(a_, _wrap_index(idx, n), axis=axis)
+    if _capturing is not None:
+        r = _record_result("cupy.take_along_axis", r, (a_, idx),
+                           lambda: np.take_along_axis(a_, _wrap_index(idx, n), axis=axis))
     if tracer is not None:
         _report("elementwise", "take_along_axis", (a_, idx), r)
     return _wrap(r)
@@ -776,6 +1020,7 @@ linalg = _Namespace(np.linalg, "linalg")
 
 def _drawn(name: str, a: np.ndarray) -> "ndarray":
     """A random draw's result on the device: one cuRAND launch (and the memory for it)."""
+    _refuse_in_capture(f"cupy.random's {name} (cuRAND, through CuPy)", "cuRAND")
     if tracer is not None:
         tracer("random", name, [], [a], {"fresh": [a] if a.size else []})
     return ndarray._of(a)
@@ -857,6 +1102,34 @@ class Stream:
 
     def __init__(self, null=False, non_blocking=False, ptr=None):
         self.ptr = 0 if null else id(self)
+
+    def begin_capture(self, mode=None, *, survey: bool = False):
+        """Record what follows into a graph (see :data:`_capturing`). ``survey`` (the stand-in
+        only): note every operation a capture would refuse (:attr:`Graph.refused`) instead of
+        raising at the first."""
+        global _capturing
+        if self.ptr == 0:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if _capturing is not None:
+            raise RuntimeError("fakecupy: a stream is already capturing")
+        _capturing = _Capture(self, survey)
+
+    def end_capture(self) -> Graph:
+        global _capturing
+        if _capturing is None or _capturing.stream is not self:
+            raise RuntimeError("fakecupy: end_capture on a stream that is not capturing")
+        capture, _capturing = _capturing, None
+        capture.undo()
+        return Graph(capture.ops, capture.refused)
+
+    def is_capturing(self) -> bool:
+        return _capturing is not None and _capturing.stream is self
+
+    def record(self, event=None):
+        """An event recorded on this stream (here all work is done when a call returns)."""
+        event = Event() if event is None else event
+        event.record(self)
+        return event
 
     def synchronize(self):
         _sync("synchronize")
@@ -1011,7 +1284,7 @@ class _Nccl:
 
 
 class _Cuda:
-    Device, Stream, Event, MemoryHook, MemoryPool = Device, Stream, Event, MemoryHook, MemoryPool
+    Device, Stream, Event, MemoryHook, MemoryPool, Graph = Device, Stream, Event, MemoryHook, MemoryPool, Graph
     nccl = _Nccl
     get_elapsed_time = staticmethod(get_elapsed_time)
     runtime = _Runtime()
@@ -1131,6 +1404,9 @@ class RawKernel:
                 host_args.append(a)
         launch = KernelLaunch(self.name, tuple(int(v) for v in grid), tuple(int(v) for v in block), int(shared_mem))
         self._twin(launch, *host_args)
+        if _capturing is not None:
+            twin = self._twin
+            _record(lambda: twin(launch, *host_args))
         if tracer is not None:
             arrays = [a for a in host_args if isinstance(a, np.ndarray)]
             tracer("raw", self.name.split("<")[0], arrays, [],

@@ -16,14 +16,17 @@ def scatter_add(a, slices, value):
     if not isinstance(a, ndarray):
         raise TypeError(f"cupyx.scatter_add: a must be a device array, got {type(a).__name__}")
     target = a._a
-    idx = _index_component(slices)
-    if isinstance(idx, tuple):
-        idx = tuple(_wrap_index(_index_component(k), n) for k, n in zip(idx, target.shape))
-    else:
-        idx = _wrap_index(idx, target.shape[0])
+    def indices():          # as the kernel reads them when it runs (a replay: the memory's values then)
+        idx = _index_component(slices)
+        if isinstance(idx, tuple):
+            return tuple(_wrap_index(_index_component(k), n) for k, n in zip(idx, target.shape))
+        return _wrap_index(idx, target.shape[0])
+    idx = indices()
     v = _unwrap(value, "cupyx.scatter_add")
     np.add.at(target, idx, v)
     from . import cupy as _cp
+    if _cp._capturing is not None:
+        _cp._record(lambda: np.add.at(target, indices(), v))
     if _cp.tracer is not None:
         _cp._report("elementwise", "scatter_add", (v, idx), target, True)
 

@@ -1,0 +1,266 @@
+"""A step captured as a CUDA graph (:mod:`attn.fast.graph`), proven on the CuPy stand-in.
+
+The stand-in models capture as a GPU does it: while a stream captures, nothing it records has
+any effect on memory (the stand-in runs each operation, records it, and puts every array back
+when the capture ends; arrays made during it are filled with NaN), a graph replays exactly what
+was recorded (host scalars by their value at the capture), and what CUDA or CuPy refuse during a
+capture raises. So a step that replays equal to the same steps run eagerly, with a learning rate
+that changes every step, is one that a GPU can replay.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attn.fast.graph import CapturedStep, CaptureError, summarise, survey
+
+
+@pytest.fixture
+def fc():
+    import fakecupy
+    from conftest import selected_backend
+    with selected_backend("fakecupy"):
+        yield fakecupy.cupy
+
+
+def _state(cp, seed=0, n=64):
+    rng = np.random.default_rng(seed)
+    return {"w": cp.asarray(rng.standard_normal(n).astype(np.float32)),
+            "g": cp.zeros(n, dtype=np.float32), "lr": cp.zeros(1, dtype=np.float32),
+            "cols": cp.zeros(8, dtype=np.float32)}
+
+
+def _sgd(cp, s):
+    """A capture-safe step: its learning rate is read from device memory."""
+    from attn.fast.dispatch import ops_for
+    ops = ops_for(cp)
+
+    def step(x):
+        cp.subtract(s["w"], x, out=s["g"])                       # the gradient of |w - x|^2 / 2
+        ops.colsum(s["g"].reshape(8, 8), out=s["cols"])         # a RawKernel (two-stage column sums)
+        s["cols"] *= np.float32(1 / 64)
+        s["g"].reshape(8, 8)[...] += s["cols"]
+        cp.multiply(s["g"], s["lr"], out=s["g"])
+        s["w"] -= s["g"]
+        return s["w"]
+    return step
+
+
+def _batches(n, seed=1):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(64).astype(np.float32) for _ in range(n)]
+
+
+def test_a_capture_changes_nothing_and_a_launch_replays_it(fc):
+    s = _state(fc)
+    before = s["w"].get()
+    stream = fc.cuda.Stream(non_blocking=True)
+    x = fc.asarray(_batches(1)[0])
+    s["lr"][...] = fc.asarray(np.float32([0.5]))
+    _sgd(fc, _state(fc))(x)                  # an eager call first: the kernels' scratch memory is made
+    stream.begin_capture()
+    _sgd(fc, s)(x)
+    graph = stream.end_capture()
+    np.testing.assert_array_equal(s["w"].get(), before)       # recorded, not run
+    graph.launch()
+    eager = _state(fc)
+    eager["lr"][...] = fc.asarray(np.float32([0.5]))
+    _sgd(fc, eager)(x)
+    np.testing.assert_array_equal(s["w"].get(), eager["w"].get())
+
+
+def test_replaying_equals_eager_steps_with_a_changing_learning_rate(fc):
+    lrs = [0.1, 0.05, 0.2, 0.01, 0.3, 0.07]
+    eager, captured = _state(fc), _state(fc)
+    eager_step, graphed = _sgd(fc, eager), CapturedStep(_sgd(fc, captured), warmup=1)
+    for lr, x in zip(lrs, _batches(len(lrs))):
+        for s in (eager, captured):
+            s["lr"][...] = fc.asarray(np.float32([lr]))       # outside the graph: one host->device copy
+        eager_step(fc.asarray(x))
+        graphed(fc.asarray(x))
+    assert graphed.graphs == 1
+    np.testing.assert_array_equal(captured["w"].get(), eager["w"].get())
+
+
+def test_a_host_scalar_is_replayed_as_it_was_captured(fc):
+    """Why the learning rate must live on the device: passed as a host number, a graph replays
+    the value it saw when it was captured, and the replayed run leaves the eager one."""
+    eager, captured = _state(fc), _state(fc)
+
+    def step_with(s):
+        def step(x, lr):
+            fc.subtract(s["w"], x, out=s["g"])
+            s["g"] *= np.float32(lr)
+            s["w"] -= s["g"]
+        return step
+    lrs, xs = [0.1, 0.2, 0.3], _batches(3)
+    box = {}
+    graphed = CapturedStep(lambda x: step_with(captured)(x, box["lr"]), warmup=1)
+    for lr, x in zip(lrs, xs):
+        step_with(eager)(fc.asarray(x), lr)
+        box["lr"] = lr
+        graphed(fc.asarray(x))
+    assert not np.array_equal(captured["w"].get(), eager["w"].get())
+
+
+def test_one_graph_per_input_shape(fc):
+    calls = []
+
+    def step(x):
+        calls.append(x.shape)
+        x *= np.float32(2)
+    graphed = CapturedStep(step, warmup=2)
+    for n in (4, 4, 4, 4, 6, 6, 6, 4):
+        graphed(fc.ones(n, dtype=np.float32))
+    # shape 4: two eager calls, one capture, then launches; shape 6: two eager, one capture
+    assert graphed.graphs == 2
+    assert calls == [(4,), (4,), (4,), (6,), (6,), (6,)]
+
+
+@pytest.mark.parametrize("what, kind", [
+    (lambda cp, x: x + 1, "allocates"),
+    (lambda cp, x: float(x[0]), "device->host"),
+    (lambda cp, x: cp.matmul(x.reshape(1, -1), x.reshape(-1, 1), out=x[:1].reshape(1, 1)), "matmul"),
+    (lambda cp, x: cp.random.RandomState(0).random_sample(3, dtype=np.float32), "cuRAND"),
+    (lambda cp, x: x.set(np.zeros(x.shape, x.dtype)), "host->device"),
+])
+def test_what_a_capture_refuses_is_an_error_naming_it(fc, what, kind):
+    graphed = CapturedStep(lambda x: what(fc, x), warmup=1)
+    x = fc.ones(4, dtype=np.float32)
+    graphed(x)                                   # eager: allowed
+    with pytest.raises(CaptureError, match=kind) as e:
+        graphed(x)
+    assert "test_graph.py" in str(e.value)       # where the step asked for it
+    assert not fc.cuda.Stream(non_blocking=True).is_capturing()
+
+
+def test_numpy_calls_the_function(fc):
+    calls = []
+    graphed = CapturedStep(lambda x: calls.append(1), warmup=1)
+    for _ in range(3):
+        graphed(np.ones(3))
+    assert len(calls) == 3 and graphed.graphs == 0
+
+
+def test_the_survey_lists_every_refusal_and_where(fc):
+    x = fc.ones(4, dtype=np.float32)
+
+    def step():
+        y = x + 1                                 # an allocation
+        fc.matmul(y.reshape(1, -1), y.reshape(-1, 1))   # CuPy's matmul (and its result's allocation)
+        x.sum()                                   # an allocation
+    found = survey(step, fc)
+    assert summarise(found) == {"pool allocation": 3, "CuPy matmul": 1}
+    assert all("test_graph.py" in r.where for r in found)
+    np.testing.assert_array_equal(x.get(), np.ones(4, np.float32))
+
+
+# ----------------------------------------------------------------------------- batches of few shapes
+
+
+def _pairs(seed, n=7, V=23):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(4, V, rng.integers(1, 9)).tolist(), rng.integers(4, V, rng.integers(1, 11)).tolist())
+            for _ in range(n)]
+
+
+def test_a_batch_padded_to_its_bucket_has_the_same_loss_and_gradients():
+    """Padding to a bucket adds masked positions and rows of PAD alone: in float64 the loss and
+    every gradient are the unpadded batch's (to the rounding of sums taken in another order)."""
+    from conftest import selected_backend
+    from attn.data import _pad_batch, pad_to_bucket
+    from attn.fast import FastTransformer, cross_entropy as fast_ce
+    from attn.model import TransformerConfig
+    with selected_backend("numpy"):
+        _padded_against_unpadded(FastTransformer, fast_ce, TransformerConfig, _pad_batch, pad_to_bucket)
+
+
+def _padded_against_unpadded(FastTransformer, fast_ce, TransformerConfig, _pad_batch, pad_to_bucket):
+    cfg = TransformerConfig(vocab_size=23, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2, n_decoder_layers=2,
+                            dropout=0.0, label_smoothing=0.1, max_len=32)
+    model = FastTransformer(cfg, seed=3, dtype="float64")
+    batch = _pad_batch(_pairs(5))
+    bucketed = pad_to_bucket(batch, 8, 4)
+    assert bucketed.src.shape[0] % 4 == 0 and bucketed.src.shape[1] % 8 == 0 and bucketed.tgt_in.shape[1] % 8 == 0
+    assert bucketed.src.shape != batch.src.shape
+    assert (bucketed.n_src_tokens, bucketed.n_tgt_tokens) == (batch.n_src_tokens, batch.n_tgt_tokens)
+    got = []
+    for b in (batch, bucketed):
+        logits, cache = model.forward(b.src, b.tgt_in)
+        loss, dlogits = fast_ce(logits, b.tgt_out, 0.1)
+        grads = model.backward(dlogits, cache)
+        got.append((float(loss), {k: np.array(v) for k, v in grads.items()}))
+    (l1, g1), (l2, g2) = got
+    assert l2 == pytest.approx(l1, rel=1e-13)
+    for k in g1:
+        np.testing.assert_allclose(g2[k], g1[k], rtol=1e-10, atol=1e-13, err_msg=k)
+
+
+def test_bucketing_leaves_few_shapes_and_a_bucketed_batch_as_it_is():
+    from attn.data import make_batches, pad_to_bucket
+    pairs = _pairs(0, n=400)
+    batches = make_batches(pairs, 256, shuffle=True, seed=0)
+    shapes = {(b.src.shape, b.tgt_in.shape) for b in batches}
+    bucketed = [pad_to_bucket(b) for b in batches]
+    few = {(b.src.shape, b.tgt_in.shape) for b in bucketed}
+    assert len(few) < len(shapes) / 2, (len(few), len(shapes))
+    assert all(pad_to_bucket(b) is b for b in bucketed)
+    with pytest.raises(ValueError, match="length_multiple"):
+        pad_to_bucket(batches[0], 0)
+
+
+# ----------------------------------------------------------------------------- the training step captured
+
+
+def test_the_captured_training_step_replays_equal_to_eager_steps(fc):
+    """The capture check of the training step: the toy model's steps on the stand-in, one
+    process, dropout on and the warm-up's learning rate rising every step, taken eagerly
+    (``train_step`` on the padded batches, ``DeviceRNG`` seeds) and through
+    :class:`GraphedTrainStep` (one eager call, one capture, then replays): the losses and the
+    parameters after every step are the same, bit for bit; one graph was captured, and every
+    step after the capture is one graph launch."""
+    import attn.backend as B
+    from attn.data import _pad_batch, pad_to_bucket
+    from attn.fast import FastAdam, FastTransformer
+    from attn.fast.graph import GraphedTrainStep
+    from attn.model import TransformerConfig
+    from attn.train import train_step
+    from attn.training.prepare import step_loss_fn
+    cfg = TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layers=2,
+                            dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8)
+    models = [FastTransformer(cfg, seed=5) for _ in range(2)]
+    for m in models:
+        m.validate_ids = False
+    opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
+    graphed = GraphedTrainStep(models[1], opts[1], cfg.label_smoothing, clip=1.0)
+    loss_fn = step_loss_fn(False)
+    calls, run = [], graphed.captured.fn
+    graphed.captured.fn = lambda *a: calls.append(1) or run(*a)
+    rng = np.random.default_rng(0)
+    batches = []
+    while len(batches) < 5:          # batches of one bucket: (16 rows, 8 source and 8 target positions)
+        pairs = [(rng.integers(4, 23, rng.integers(1, 8)).tolist(), rng.integers(4, 23, rng.integers(1, 8)).tolist())
+                 for _ in range(int(rng.integers(9, 17)))]
+        batches.append(_pad_batch(pairs))
+    for step, batch in enumerate(batches):
+        seed = 1000 + step
+        eager_loss, eager_lr = train_step(models[0], opts[0], pad_to_bucket(batch), B.DeviceRNG(seed),
+                                          cfg.label_smoothing, 1.0, loss_fn)
+        loss, lr = graphed(batch, seed)
+        assert lr == eager_lr
+        assert float(loss) == float(eager_loss), step
+        assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
+    assert graphed.graphs == 1 and opts[0].t == opts[1].t == 5
+    assert len(calls) == 2          # the eager call and the capture: the last three steps were replays
+
+
+@pytest.mark.parametrize("args, why", [(["--backend", "numpy"], "--backend cupy"),
+                                       (["--backend", "cupy", "--reference"], "--reference")])
+def test_cuda_graph_says_where_it_cannot_run(tmp_path, capsys, args, why):
+    from conftest import selected_backend
+    from attn.train import main
+    with selected_backend("fakecupy"):
+        rc = main(["--cuda-graph", *args, "--steps", "1", "--quiet", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--cuda-graph" in err and why in err, err
+    assert not (tmp_path / "run" / "checkpoint.npz").exists()
