@@ -59,6 +59,17 @@ def test_a_larger_step_grows_the_slab_after_it_and_keeps_the_old_one(fc):
     assert memory.overflows == 0
 
 
+def test_a_step_over_the_limit_keeps_its_slab_and_takes_the_rest_from_the_pool(fc):
+    memory = StepMemory(fc)
+    _addresses(fc, memory, [(100,)])
+    small = memory.capacity
+    memory.limit = 1000
+    _addresses(fc, memory, [(100,), (1000,)])
+    assert memory.over_limit and memory.capacity == small
+    _addresses(fc, memory, [(100,), (1000,)])
+    assert memory.allocations == 2 and memory.overflows == 2           # ones and * 2, for each shape
+
+
 def test_what_is_kept_between_steps_is_made_outside_the_slab(fc):
     memory = StepMemory(fc)
     memory.reserve(4096)

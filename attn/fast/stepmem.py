@@ -17,6 +17,10 @@ temporaries, a cuBLAS call's output) is served by it.
   old one (PyTorch's graph pools grow so). So the first step at a new, larger shape takes its
   memory from the pool and every later one none. A slab replaced is kept: a graph captured
   on it still writes there when replayed.
+* **The cost**: nothing is reused within a step, so the slab is the sum of what a step
+  allocates, not its peak (``python -m attn.bench --counts`` prints its size). A step that
+  needs more than :data:`LIMIT_FRACTION` of the device's memory keeps a smaller slab and takes
+  the rest from the pool, as before (such a step cannot be captured).
 * **What outlives the step must not come from the slab**: the next step hands the same bytes
   out again. Parameters, the arena, Adam's state are made before any step; what the engine
   makes on first use and keeps (the kernels' scratch buffers, device seeds, Adam's device step
@@ -44,6 +48,11 @@ POISON = os.environ.get("ATTN_POISON_STEP_MEMORY", "") not in ("", "0")
 #: Every request is rounded up to this many bytes (cuBLAS and vector loads want 256-byte
 #: alignment; CUDA's own allocations have it).
 ALIGN = 256
+
+#: The largest slab, as a fraction of the device's memory: a step that needs more (the slab holds
+#: every array the step makes, freed or not, so it is the sum of the step's allocations, not
+#: their peak) keeps its slab and takes the rest from the pool (it cannot be captured then).
+LIMIT_FRACTION = 0.5
 
 #: The step memory whose allocator is in place, or None.
 _active = None
@@ -74,6 +83,10 @@ class StepMemory:
         self._retired: list = []           # slabs replaced (a graph captured on one still writes there)
         #: steps begun
         self.steps = 0
+        #: the largest slab in bytes (:data:`LIMIT_FRACTION` of the device's memory)
+        self.limit = int(LIMIT_FRACTION * xp.cuda.Device().mem_info[1])
+        #: whether a step needed more than :attr:`limit` (and so took some memory from the pool)
+        self.over_limit = False
 
     @classmethod
     def of(cls, owner) -> "StepMemory | None":
@@ -131,7 +144,11 @@ class StepMemory:
 
     def _grow(self, outer) -> None:
         """A slab that holds the last step's demand, from ``outer``, after the step (so the next
-        step at that shape is served entirely by the slab). The slab replaced is kept."""
+        step at that shape is served entirely by the slab), unless that is over :attr:`limit`.
+        The slab replaced is kept."""
+        if self.demand > self.limit:
+            self.over_limit = True
+            return
         if self.slab is not None:
             self._retired.append(self.slab)
         with self.xp.cuda.using_allocator(outer):
@@ -148,7 +165,7 @@ class StepMemory:
     def stats(self) -> dict:
         """The last step's counts and the slab's size (bytes)."""
         return {"allocations": self.allocations, "overflows": self.overflows, "demand_bytes": self.demand,
-                "slab_bytes": self.capacity, "retired_slabs": len(self._retired)}
+                "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "over_limit": self.over_limit}
 
 
 def outside_step():
