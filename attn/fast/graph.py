@@ -85,6 +85,8 @@ class CapturedStep:
         if entry.graph is None:
             with self._in_step():
                 entry.graph, entry.out = _capture(xp, self.fn, entry.static)
+            if self.memory is not None:
+                self.memory.pin()                     # the graph's addresses are in this slab
             self.graphs += 1
         entry.graph.launch(stream=xp.cuda.get_current_stream())
         return entry.out

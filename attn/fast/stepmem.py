@@ -15,8 +15,9 @@ temporaries, a cuBLAS call's output) is served by it.
   the allocator in place before the step (the pool: counted, and refused during a capture),
   and the step's total demand is noted; when the step ends, a slab that holds it replaces the
   old one (PyTorch's graph pools grow so). So the first step at a new, larger shape takes its
-  memory from the pool and every later one none. A slab replaced is kept: a graph captured
-  on it still writes there when replayed.
+  memory from the pool and every later one none. A slab replaced is kept if a graph was
+  captured on it (:meth:`StepMemory.pin`): the graph still writes there when replayed; else it
+  goes back to the pool once the last array in it has gone.
 * **The cost**: nothing is reused within a step, so the slab is the sum of what a step
   allocates, not its peak (``python -m attn.bench --counts`` prints its size). A step that
   needs more than :data:`LIMIT_FRACTION` of the device's memory keeps a smaller slab and takes
@@ -80,7 +81,8 @@ class StepMemory:
         self._offset = 0
         self.demand = self.allocations = self.overflows = 0
         self._outer = None                 # the allocator in place before the step
-        self._retired: list = []           # slabs replaced (a graph captured on one still writes there)
+        self._retired: list = []           # slabs replaced that graphs were captured on (they still write there)
+        self._pinned = False               # whether a graph was captured on the slab
         #: steps begun
         self.steps = 0
         #: the largest slab in bytes (:data:`LIMIT_FRACTION` of the device's memory)
@@ -132,6 +134,11 @@ class StepMemory:
             if self.demand > self.capacity:
                 self._grow(outer)
 
+    def pin(self) -> None:
+        """A graph was captured on the slab: keep it when a larger one replaces it (the graph's
+        replays write there)."""
+        self._pinned = True
+
     def reserve(self, nbytes: int) -> None:
         """Make the slab hold at least ``nbytes`` now (outside a step), so that even the first
         step at a shape is served by it."""
@@ -145,12 +152,13 @@ class StepMemory:
     def _grow(self, outer) -> None:
         """A slab that holds the last step's demand, from ``outer``, after the step (so the next
         step at that shape is served entirely by the slab), unless that is over :attr:`limit`.
-        The slab replaced is kept."""
+        The slab replaced is kept if it is pinned."""
         if self.demand > self.limit:
             self.over_limit = True
             return
-        if self.slab is not None:
+        if self.slab is not None and self._pinned:
             self._retired.append(self.slab)
+        self._pinned = False
         with self.xp.cuda.using_allocator(outer):
             self.slab = self.xp.empty((self.demand,), dtype=B.host.uint8)
         self._base, self.capacity = self.slab.data, self.demand
