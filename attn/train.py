@@ -44,6 +44,8 @@ from . import backend as B
 from .checkpoint import CheckpointError
 from .data import DataError, make_batches
 from .layers._checks import check_ids
+from .fast import FastTransformer
+from .fast.stepmem import StepMemory
 from .loss import cross_entropy
 from .training import distributed
 from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, open_run,  # noqa: F401 (re-exported)
@@ -75,14 +77,29 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     takes its share of the batch's sentences, and the gradients and the loss are the
     sums over all processes: those of the whole batch, as one process computes them.
 
+    On CuPy, the fast engine's step (one process) makes its arrays in the model's step memory
+    (:class:`attn.fast.stepmem.StepMemory`: one slab, the same addresses every step, no
+    allocation from CuPy's pool once the slab has grown to the step's size); the loss returned
+    is a copy, since the next step reuses the slab.
+
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used.
     """
+    weight = None
     if dp is not None:
         batch, rng, weight = dp.share(batch, rng, model)     # this process's sentences and their random numbers
     cfg = model.config
     for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
         check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
+    memory = StepMemory.of(model) if dp is None and isinstance(model, FastTransformer) else None
+    if memory is None:
+        return _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
+    with memory.step():         # every array the step makes from one slab (attn.fast.stepmem)
+        loss, lr = _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
+    return loss.copy(), lr      # the slab is the next step's: the loss kept is a copy
+
+
+def _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight):
     src, tgt_in, tgt_out = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))
     logits, cache = model.forward(src, tgt_in, rng)
     loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)

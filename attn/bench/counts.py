@@ -13,9 +13,11 @@ operation as CuPy would run it), in a steady-state step after a warm-up:
 * **bytes moved**: each launch's operands and results, read once and written once (a lower
   bound on the memory traffic), at the preset's batch;
 * **host synchronisations**: every device-to-host transfer or explicit synchronisation;
-* **memory-pool allocations**: every array the step allocates (CuPy serves them from its
-  pool: cheap, but an allocation cannot be captured in a CUDA graph, and each is a launch
-  of bookkeeping on the host);
+* **memory-pool allocations**: every array the step takes from CuPy's memory pool (cheap,
+  but an allocation from the pool cannot be captured in a CUDA graph, and each is some
+  bookkeeping on the host), and apart from them the **step memory**'s: the arrays the
+  training step makes inside :class:`attn.fast.stepmem.StepMemory` (one slab, the same
+  addresses every step), with the slab's size;
 * **what a CUDA graph capture of the training step would refuse** (:func:`attn.fast.graph.survey`):
   pool allocations, CuPy's own ``matmul`` (cuBLAS through CuPy), cuRAND draws, host transfers
   and syncs, by kind and by the line of attn that asked for them. The step can be captured and
@@ -81,8 +83,10 @@ class Tally:
         self.phases: Counter = Counter()       # phase -> launches
         self.phase = "forward: before the first layer"
         self.bytes = 0
-        self.allocations = 0
+        self.allocations = 0                   # from the memory pool
         self.allocated_bytes = 0
+        self.step_memory_allocations = 0       # from a step memory's slab
+        self.slab_bytes = 0                    # the slab's size after the step (set by count_at)
         self.raw: list = []                    # (kernel, grid blocks, threads per block, work) in launch order
 
     def mark(self, phase: str) -> None:
@@ -93,6 +97,7 @@ class Tally:
         fresh = info.get("fresh", ())
         self.allocations += len(fresh)
         self.allocated_bytes += sum(a.nbytes for a in fresh)
+        self.step_memory_allocations += len(info.get("step_memory", ()))
         if kind == "alloc":
             return
         self.kinds[kind] += 1
@@ -152,6 +157,8 @@ def count_at(bc: BenchConfig, which=COUNTED, warmup: int = 1) -> dict:
                 w.ours()
             if w.name == "train_step":
                 out[w.name] = _count_once(fc, w.ours, clock=True)      # fast_step(clock): phases too
+                memory = getattr(w.ours, "step_memory", None)
+                out[w.name][0].slab_bytes = memory.capacity if memory is not None else 0
             else:
                 out[w.name] = _count_once(fc, w.ours)
     return out
@@ -207,6 +214,8 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
                "launches": t2.launches / per, "launches_by_kind": {k: v / per for k, v in sorted(t2.kinds.items())},
                "syncs": s2 / per, "sync_kinds": k2, "pool_allocations": t2.allocations / per,
                "pool_allocated_mb": _scale(t1.allocated_bytes, t2.allocated_bytes, b1, b2, batch) / per / 2**20,
+               "step_memory_allocations": t2.step_memory_allocations / per,
+               "slab_mb": _scale(t1.slab_bytes, t2.slab_bytes, b1, b2, batch) / 2**20,
                "bytes_moved_mb": _scale(t1.bytes, t2.bytes, b1, b2, batch) / per / 2**20,
                "batch": batch, "counted_at_batches": [b1, b2],
                "top_operations": [[k, n, c / per] for (k, n), c in t2.ops.most_common(12)]}
@@ -279,6 +288,9 @@ def print_counts(rows: list, out=None) -> None:
         print(f"  host syncs         {r['syncs']:10.1f}{tgt('syncs')}", file=out)
         print(f"  pool allocations   {r['pool_allocations']:10.1f}{tgt('pool_allocations')}"
               f"  ({r['pool_allocated_mb']:.1f} MB)", file=out)
+        if r.get("step_memory_allocations"):
+            print(f"  step memory        {r['step_memory_allocations']:10.1f}   allocations from one slab of "
+                  f"{r['slab_mb']:.1f} MB (the same addresses every step)", file=out)
         print(f"  bytes moved        {r['bytes_moved_mb']:10.1f} MB at batch {r['batch']}", file=out)
         print("  most launched: " + "; ".join(f"{n} ({k}) {c:g}" for k, n, c in r["top_operations"][:6]), file=out)
 
@@ -307,6 +319,9 @@ def print_counts_markdown(rows: list, out=None) -> None:
         if r["name"] == "counts_train_step":
             print(f"\n{r['preset']}, the training step's most launched: " + "; ".join(
                 f"{n} ({k}) {c:g}" for k, n, c in r["top_operations"][:8]) + ".", file=out)
+            if r.get("step_memory_allocations"):
+                print(f"\n{r['preset']}, the training step's step memory: {r['step_memory_allocations']:g} "
+                      f"allocations from one slab of {r['slab_mb']:.1f} MB at batch {r['batch']}.", file=out)
     for r in rows:
         if r["name"] == "counts_capture":
             print(f"\n{r['preset']}: {r['what']}: " + (", ".join(f"{k} {n}" for k, n in r["refused"].items())

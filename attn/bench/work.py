@@ -2,12 +2,14 @@
 decodes, and PyTorch's twins of each, built once per run."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 from .. import backend as B
 from ..fast import FastAdam, FastTransformer
 from ..fast import cross_entropy as fast_cross_entropy
+from ..fast.stepmem import StepMemory
 from ..loss import cross_entropy
 from ..masks import PAD_ID
 from ..model import Transformer
@@ -145,20 +147,29 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
              "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
     eps = cfg.label_smoothing
 
+    # On CuPy every array the step makes comes from the model's step memory (one slab, the same
+    # addresses every step: attn.fast.stepmem), as in attn-train; the loss returned lives there
+    # until the next step begins.
+    memory = StepMemory.of(fast) if with_ours else None
+    in_step = memory.step if memory is not None else contextlib.nullcontext
+
     def fast_step(clock=_no_clock):
         fast.phase_clock = None if clock is _no_clock else clock
         try:
-            logits, cache = fast.forward(src, tgt_in, state["fast_rng"])
-            clock("loss")
-            loss, d = fast_cross_entropy(logits, tgt_out, eps, check_finite=False, inplace=True,
-                                         validate=not on_gpu)
-            grads = fast.backward(d, cache)
-            clock("optimizer")
-            state["fast_opt"].step(grads)
+            with in_step():
+                logits, cache = fast.forward(src, tgt_in, state["fast_rng"])
+                clock("loss")
+                loss, d = fast_cross_entropy(logits, tgt_out, eps, check_finite=False, inplace=True,
+                                             validate=not on_gpu)
+                grads = fast.backward(d, cache)
+                clock("optimizer")
+                state["fast_opt"].step(grads)
+                del logits, cache, d, grads
             sync()
         finally:
             fast.phase_clock = None
         return loss
+    fast_step.step_memory = memory
 
     def ref_step():
         logits, cache = ref.forward(src, tgt_in, state["ref_rng"])

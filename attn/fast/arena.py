@@ -66,6 +66,7 @@ from typing import NamedTuple
 
 from .. import backend as B
 from ..model import TransformerConfig, parameter_shapes
+from .stepmem import outside_step
 
 #: Every block starts at a multiple of this many elements (256 bytes in float32).
 ALIGN = 64
@@ -205,7 +206,8 @@ class Arena:
         """The gradients and, past them, :data:`SLOT` elements for a data-parallel run's loss and
         token count: (size + SLOT,), the buffer one all-reduce carries."""
         if self._grads is None:
-            self._grad_buffer = self.xp.zeros((self.size + SLOT,), dtype=self.dtype)
+            with outside_step():               # kept between steps: never from a step's memory
+                self._grad_buffer = self.xp.zeros((self.size + SLOT,), dtype=self.dtype)
             self._grads = self._grad_buffer[:self.size]
             self._grad_views = self.views(self._grads)
         return self._grad_buffer
@@ -227,18 +229,21 @@ class Arena:
     @property
     def m(self):
         if self._m is None:
-            self._m = self.xp.zeros((self.size,), dtype=self.dtype)
+            with outside_step():
+                self._m = self.xp.zeros((self.size,), dtype=self.dtype)
         return self._m
 
     @property
     def v(self):
         if self._v is None:
-            self._v = self.xp.zeros((self.size,), dtype=self.dtype)
+            with outside_step():
+                self._v = self.xp.zeros((self.size,), dtype=self.dtype)
         return self._v
 
     def new_buffer(self):
         """A zeroed flat buffer with the arena's layout (a part's gradients, a scratch)."""
-        return self.xp.zeros((self.size,), dtype=self.dtype)
+        with outside_step():
+            return self.xp.zeros((self.size,), dtype=self.dtype)
 
     # ---- views
 

@@ -8,7 +8,9 @@ one call. What a graph replays is exactly what was recorded, so a step can be ca
 
 * every array it reads or writes lives at the same address from one call to the next (its
   inputs are copied into buffers the graph owns; nothing is taken from CuPy's memory pool while
-  the stream captures, since the pool would hand those addresses out again);
+  the stream captures, since the pool would hand those addresses out again: what the step makes
+  comes from a :class:`attn.fast.stepmem.StepMemory`, one slab at the same addresses every
+  step, given as ``memory``);
 * every number that changes between calls (the learning rate, the step count, dropout's key)
   is read from device memory by the kernels, never passed as a host scalar (a host scalar is
   recorded by value and replayed as it was);
@@ -25,6 +27,7 @@ On NumPy there is nothing to capture: :class:`CapturedStep` calls the function.
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from typing import Callable, NamedTuple
 
@@ -53,11 +56,14 @@ class CapturedStep:
     call). ``capture=False`` (or NumPy inputs) calls ``fn`` every time.
     """
 
-    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True):
+    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None):
         if warmup < 1:
             raise ValueError(f"CapturedStep: warmup must be at least 1 (the eager call that allocates what the "
                              f"step keeps), got {warmup}")
         self.fn, self.warmup, self.capture = fn, int(warmup), bool(capture)
+        #: the :class:`attn.fast.stepmem.StepMemory` every eager and captured call runs in (its
+        #: slab grows after an eager call that needed more, so the capture finds it large enough)
+        self.memory = memory
         self._entries: dict = {}
         #: graphs captured so far (one per input shape)
         self.graphs = 0
@@ -74,12 +80,20 @@ class CapturedStep:
             buffer[...] = a                                   # one device copy each, outside the graph
         if entry.graph is None and entry.calls < self.warmup:
             entry.calls += 1
-            return self.fn(*entry.static)
+            with self._in_step():
+                return self.fn(*entry.static)
         if entry.graph is None:
-            entry.graph, entry.out = _capture(xp, self.fn, entry.static)
+            with self._in_step():
+                entry.graph, entry.out = _capture(xp, self.fn, entry.static)
+            if self.memory is not None:
+                self.memory.pin()                     # the graph's addresses are in this slab
             self.graphs += 1
         entry.graph.launch(stream=xp.cuda.get_current_stream())
         return entry.out
+
+
+    def _in_step(self):
+        return self.memory.step() if self.memory is not None else contextlib.nullcontext()
 
 
 def _capture(xp, fn, args):
@@ -165,7 +179,8 @@ class GraphedTrainStep:
         self.loss_fn = loss_fn or (lambda logits, targets, eps: cross_entropy(
             logits, targets, eps, inplace=True, validate=False, check_finite=False))
         self.length_multiple, self.row_multiple = length_multiple, row_multiple
-        self.captured = CapturedStep(self._device_step, warmup=warmup)
+        from .stepmem import StepMemory
+        self.captured = CapturedStep(self._device_step, warmup=warmup, memory=StepMemory.of(model))
 
     def __call__(self, batch, seed: int):
         from ..data import pad_to_bucket

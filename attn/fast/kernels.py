@@ -84,6 +84,7 @@ from typing import NamedTuple
 
 from .. import backend as B
 from .ops import Mask, _Ops
+from .stepmem import outside_step
 
 # --------------------------------------------------------------------------- helpers
 
@@ -1087,14 +1088,16 @@ class CupyOps(_Ops):
         key = (name, dtype)
         buf = self._scratch.get(key)
         if buf is None or buf.size < n:
-            buf = self._scratch[key] = self.xp.empty((max(n, 1),), dtype=dtype)
+            with outside_step():                 # kept between steps: never from a step's memory
+                buf = self._scratch[key] = self.xp.empty((max(n, 1),), dtype=dtype)
         return buf[:max(n, 1)]
 
     def _counters(self, n):
         """``column_sums``' per-tile tickets: zeroed once, and set back to 0 by every launch."""
         c = self._scratch.get("counters")
         if c is None or c.size < n:
-            c = self._scratch["counters"] = self.xp.zeros((max(n, 64),), dtype=B.host.uint32)
+            with outside_step():
+                c = self._scratch["counters"] = self.xp.zeros((max(n, 64),), dtype=B.host.uint32)
         return c
 
     # ---- dropout, ReLU
@@ -1133,14 +1136,16 @@ class CupyOps(_Ops):
         if seed is None:
             seed = self._seeds.get(rng)
             if seed is None:
-                seed = self._seeds[rng] = self.xp.asarray(B.host.array([rng.seed & _M64], dtype=B.host.uint64))
+                with outside_step():
+                    seed = self._seeds[rng] = self.xp.asarray(B.host.array([rng.seed & _M64], dtype=B.host.uint64))
         return seed
 
     def _no_seed(self):
         """The seed given to a fused kernel that drops nothing (thr 0: never read)."""
         z = self._scratch.get("no_seed")
         if z is None:
-            z = self._scratch["no_seed"] = self.xp.zeros((1,), dtype=B.host.uint64)
+            with outside_step():
+                z = self._scratch["no_seed"] = self.xp.zeros((1,), dtype=B.host.uint64)
         return z
 
     def _dropout_args(self, m):
@@ -1266,7 +1271,8 @@ class CupyOps(_Ops):
         """A one-element counter a kernel's last block sets back to 0: zeroed once."""
         c = self._scratch.get(name)
         if c is None:
-            c = self._scratch[name] = self.xp.zeros((1,), dtype=B.host.uint32)
+            with outside_step():
+                c = self._scratch[name] = self.xp.zeros((1,), dtype=B.host.uint32)
         return c
 
 

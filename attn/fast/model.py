@@ -16,6 +16,7 @@ from .arena import Arena
 from .decoding import DeviceDecodeState, FastDecodeState
 from .dispatch import ops_for
 from .ops import _Ops
+from .stepmem import in_step, outside_step
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
 class AttendCache(NamedTuple):
@@ -206,6 +207,14 @@ class FastTransformer(Transformer):
         self._part_grads: list = []
         self._decode_params = None
         self._decode_copies: dict = {}
+
+    def _pos_table(self, which: str, T: int):
+        """The reference's table, made (on first use, or longer) outside a step's memory: it is
+        kept between steps (:mod:`attn.fast.stepmem`)."""
+        if not in_step():
+            return super()._pos_table(which, T)
+        with outside_step():
+            return super()._pos_table(which, T)
 
     def _own_params(self) -> None:
         """Keep ``params`` the arena's views: a dict replaced, or entries replaced in it, are

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .. import backend as B
+from .stepmem import outside_step
 
 class Mask(NamedTuple):
     """A dropout mask: ``keep`` (bool, True where the unit survives) and the scale of
@@ -30,7 +31,8 @@ class _Ops:
     def ones(self, n: int, dtype):
         key = (n, dtype)                      # not str(dtype): that costs microseconds per call
         if key not in self._ones:
-            self._ones[key] = self.xp.ones(n, dtype=dtype)
+            with outside_step():                 # kept between steps: never from a step's memory
+                self._ones[key] = self.xp.ones(n, dtype=dtype)
         return self._ones[key]
 
     def rowsum(self, x2):

@@ -8,6 +8,7 @@ from .. import backend as B
 from ..optim import Adam
 from .arena import Arena
 from .dispatch import ops_for
+from .stepmem import outside_step
 from .threads import _THREADS, default_workers
 
 
@@ -78,7 +79,8 @@ class FastAdam(Adam):
         a = self.arena
         count = getattr(self, "_device_count", None)
         if count is None:      # the steps taken before this one: t was counted by count_step
-            count = self._device_count = a.xp.asarray(B.host.array([self.t - 1], dtype=B.host.int64))
+            with outside_step():               # kept between steps: never from a step's memory
+                count = self._device_count = a.xp.asarray(B.host.array([self.t - 1], dtype=B.host.int64))
         schedule = (self.lr_factor, self.fixed_lr, self.d_model, self.warmup_steps, self.beta1, self.beta2, self.eps)
         ops_for(a.xp).adam_flat_(a.params, a.grads, a.m, a.v, count, schedule, max_norm=clip)
 

@@ -28,6 +28,11 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   (a host transfer or sync, an allocation from the pool, CuPy's ``matmul``, cuRAND) raises
   ``StreamCaptureError`` naming the line that asked; ``begin_capture(survey=True)`` notes every
   refusal instead (:func:`attn.fast.graph.survey`).
+* CuPy's allocator API (``cupy.cuda.using_allocator``, ``set_allocator``, ``get_allocator``;
+  ``MemoryPointer + offset``): while an allocator other than the pool's is in place, every new
+  array asks it for its bytes and becomes a view of the memory it returns, so memory handed out
+  twice is shared for real; such arrays count as the allocator's (the tracer's ``step_memory``),
+  not the pool's, and a capture accepts them (attn's step memory, :mod:`attn.fast.stepmem`).
 
 **The one difference that is not CuPy's**: a kernel (``cupy.RawModule``) cannot run CUDA
 here, so each kernel function is run by its NumPy twin, the function that

@@ -12,6 +12,7 @@ import contextlib
 import operator
 import re
 import time
+import weakref
 from collections import Counter
 
 import numpy as np
@@ -84,7 +85,8 @@ def _sync(kind: str, a: np.ndarray | None = None) -> None:
 #: Set to a callable to see every kernel launch, copy and allocation as CuPy would make it:
 #: ``tracer(kind, name, inputs, outputs, info)``, with ``kind`` one of :data:`KINDS`, ``name``
 #: the operation, ``inputs`` and ``outputs`` the NumPy arrays read and written, and ``info`` a
-#: dict (``fresh``: the outputs newly allocated from the memory pool; ``grid``, ``block`` for a
+#: dict (``fresh``: the outputs newly allocated from the memory pool; ``step_memory``: those
+#: placed in memory from an allocator other than the pool's; ``grid``, ``block`` for a
 #: RawKernel; ``direction`` for a host transfer). ``attn.bench.counts`` sets it; None costs one
 #: test per operation.
 tracer = None
@@ -167,8 +169,9 @@ def _record_result(name: str, r, inputs, compute):
     elif isinstance(r, tuple):
         r = tuple(np.asarray(v) if isinstance(v, np.generic) else v for v in r)
     fresh = _fresh_results(r, inputs)
-    if fresh and not capture_allocations_allowed():
-        _capturing.refuse(f"{name} allocates {sum(a.nbytes for a in fresh)} bytes from the memory pool (give it "
+    pooled = [a for a in fresh if not in_step_memory(a)]     # an allocator's memory is the graph's to keep
+    if pooled:
+        _capturing.refuse(f"{name} allocates {sum(a.nbytes for a in pooled)} bytes from the memory pool (give it "
                           "out=, or allocate before the capture)", "pool allocation")
     if not fresh:
         if r is None or not _arrays(r, []):
@@ -187,9 +190,123 @@ def _into(r, v) -> None:
 
 
 def capture_allocations_allowed() -> bool:
-    """Whether an allocation during a capture comes from somewhere the graph may keep (an
-    allocator set with ``cupy.cuda.using_allocator`` that is not the memory pool)."""
-    return _capturing is not None and _capturing.allocations_ok()
+    """Whether an allocation during a capture comes from somewhere the graph may keep: an
+    allocator set with ``cupy.cuda.using_allocator`` (or ``set_allocator``) that is not the
+    memory pool's, such as attn's step memory. (Its own fallback to the pool is still refused:
+    :func:`_record_result` refuses every new array that is not in allocator-given memory.)"""
+    return _capturing is not None and _step_allocator is not None
+
+
+# --------------------------------------------------------------------------- allocators
+
+#: The allocator of ``cupy.cuda.set_allocator`` (None: the memory pool's ``malloc``) and the
+#: thread's, of ``cupy.cuda.using_allocator`` (None: the global one).
+_global_allocator = None
+_thread_allocator = None
+#: The current allocator when it is not the memory pool's: every new device array is then
+#: placed in the memory it returns (a view of the array that memory belongs to), so that memory
+#: handed out twice is shared for real, as on a GPU. None: arrays are NumPy's own (the pool).
+_step_allocator = None
+#: id -> weak reference of every array whose memory an allocator has handed out pieces of.
+_allocator_roots: dict = {}
+
+
+def _update_allocator() -> None:
+    global _step_allocator
+    a = _thread_allocator if _thread_allocator is not None else _global_allocator
+    _step_allocator = None if a is None or a == _POOL.malloc else a
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def in_step_memory(a: np.ndarray) -> bool:
+    """Whether ``a`` lies in memory an allocator other than the pool handed out."""
+    root = _root(a)
+    ref = _allocator_roots.get(id(root))
+    return ref is not None and ref() is root
+
+
+def _place(r, inputs):
+    """The result ``r`` of an operation with its new arrays (those sharing no memory with
+    ``inputs``) moved into memory from the current allocator, as CuPy allocates them: each
+    one asks the allocator for its bytes and, given allocator memory, becomes a view of it
+    holding the same values; given pool memory, stays as it is. NumPy scalars come back as
+    0-d arrays (CuPy's 0-d device arrays are allocations too)."""
+    alloc = _step_allocator
+    if isinstance(r, np.generic):
+        r = np.asarray(r)
+    elif isinstance(r, tuple):
+        r = tuple(np.asarray(v) if isinstance(v, np.generic) else v for v in r)
+    fresh = {id(a) for a in _fresh_results(r, inputs)}
+    if not fresh:
+        return r
+
+    def moved(a):
+        if isinstance(a, tuple):
+            return tuple(moved(v) for v in a)
+        if isinstance(a, list):
+            return [moved(v) for v in a]
+        if not isinstance(a, np.ndarray) or id(a) not in fresh:
+            return a
+        mp = alloc(a.nbytes)
+        root = getattr(mp, "_root", None)
+        if root is None:
+            return a                                  # the allocator gave memory from the pool
+        if mp._offset + a.nbytes > root.nbytes:
+            raise ValueError(f"fakecupy: the allocator returned {root.nbytes - mp._offset} bytes for a request "
+                             f"of {a.nbytes}")
+        ref = _allocator_roots.get(id(root))
+        if ref is None or ref() is not root:          # (an id is used again once its array has gone)
+            _allocator_roots[id(root)] = weakref.ref(root)
+        v = np.ndarray(a.shape, a.dtype, buffer=root, offset=mp._offset)
+        v[...] = a
+        return v
+    return moved(r)
+
+
+def _placed(a: np.ndarray) -> np.ndarray:
+    """A new array made without a result to compare (``ndarray(shape)``, a random draw, a copy
+    from the host): placed as :func:`_place` places results."""
+    return a if _step_allocator is None or not a.size else _place(a, ())
+
+
+def _using_allocator(allocator=None):
+    """``cupy.cuda.using_allocator``: the thread's allocator inside the ``with``."""
+    @contextlib.contextmanager
+    def scope():
+        global _thread_allocator
+        previous = _thread_allocator
+        _thread_allocator = _raw_malloc if allocator is None else allocator
+        _update_allocator()
+        try:
+            yield
+        finally:
+            _thread_allocator = previous
+            _update_allocator()
+    return scope()
+
+
+def _set_allocator(allocator=None) -> None:
+    global _global_allocator
+    if _thread_allocator is not None:
+        raise ValueError("Can't change the global allocator inside `using_allocator` context manager")
+    _global_allocator = _raw_malloc if allocator is None else allocator
+    _update_allocator()
+
+
+def _get_allocator():
+    a = _thread_allocator if _thread_allocator is not None else _global_allocator
+    return _POOL.malloc if a is None else a
+
+
+def _raw_malloc(size: int) -> "MemoryPointer":
+    """``cupy.cuda.memory._malloc``: memory straight from the device, which the stand-in, like
+    the pool, does not track (a new NumPy array)."""
+    return MemoryPointer(None)
 
 
 def _live_roots() -> dict:
@@ -291,8 +408,21 @@ def _report(kind: str, name: str, inputs, result, out_given: bool = False, **inf
                 else "alloc" if base in _ALLOC_ONLY else "elementwise")
         if kind == "matmul":
             return _report_matmul(name, inputs, result, out_given)
-    info["fresh"] = fresh
+    info.update(_allocated(fresh))
     tracer(kind, name, ins, outs, info)
+
+
+def _allocated(fresh: list, temporary: bool = False) -> dict:
+    """The tracer's ``fresh`` (new arrays from the memory pool) and ``step_memory`` (new arrays
+    in memory an allocator other than the pool handed out) of an operation's new arrays.
+    ``temporary``: CuPy's own scratch (a product's operand copies), which the current
+    allocator serves (the stand-in only counts it)."""
+    if not _allocator_roots and _step_allocator is None:
+        return {"fresh": fresh}
+    if temporary:
+        return {"fresh": fresh, "step_memory": []} if _step_allocator is None else {"fresh": [], "step_memory": fresh}
+    mine = [a for a in fresh if in_step_memory(a)]
+    return {"fresh": [a for a in fresh if not in_step_memory(a)], "step_memory": mine}
 
 
 def _copied_for_cublas(a: np.ndarray, batched: bool) -> bool:
@@ -315,14 +445,14 @@ def _report_matmul(name: str, inputs, result, out_given: bool) -> None:
     batched = max((a.ndim for a in operands), default=0) > 2
     for a in operands:
         if _copied_for_cublas(a, batched):
-            tracer("copy", "matmul operand copy", [a], [a], {"fresh": [a]})
+            tracer("copy", "matmul operand copy", [a], [a], _allocated([a], temporary=True))
     outs = _arrays(result, [])
     fresh = [] if out_given else [r for r in outs if not any(np.may_share_memory(r, i) for i in operands)]
     if out_given and outs and not outs[0].flags.c_contiguous:
-        tracer("matmul", name, operands, outs, {"fresh": outs})
+        tracer("matmul", name, operands, outs, _allocated(outs, temporary=True))
         tracer("copy", "matmul out= copy", outs, outs, {"fresh": []})
         return
-    tracer("matmul", name, operands, outs, {"fresh": fresh})
+    tracer("matmul", name, operands, outs, _allocated(fresh))
 
 
 # --------------------------------------------------------------------------- wrapping
@@ -417,6 +547,8 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
                           "CuPy matmul")
     if not kwargs:
         r = uf(*args) if method == "__call__" else getattr(uf, method)(*args)
+        if _step_allocator is not None:
+            r = _place(r, args)
         if _capturing is not None:
             f = uf if method == "__call__" else getattr(uf, method)
             r = _record_result(where, r, args, lambda: f(*args))
@@ -425,6 +557,8 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         return _wrap(r)
     kw = _unwrap(kwargs, where)
     r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
+    if _step_allocator is not None and kw.get("out") is None:
+        r = _place(r, args)
     if _capturing is not None:
         f = uf if method == "__call__" else getattr(uf, method)
         if kw.get("out") is not None:
@@ -484,6 +618,8 @@ def _function(name: str, f):
             _refuse_in_capture(f"cupy.{name} calls cuBLAS through CuPy, which refuses while the stream captures",
                               "CuPy matmul")
         r = f(*a, **k)
+        if _step_allocator is not None and k.get("out") is None:
+            r = _place(r, (a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
                 _record(lambda: f(*a, **k))
@@ -557,11 +693,27 @@ class _Flags:
 
 
 class MemoryPointer:
-    """``a.data``: where the array's memory begins (``ptr``)."""
+    """``a.data``: where the array's memory begins (``ptr``), in the memory it belongs to (the
+    NumPy array owning it; None for memory the stand-in does not track, the pool's).
+    ``pointer + n`` is ``n`` bytes further in the same memory, as in CuPy."""
 
-    def __init__(self, a: np.ndarray):
-        self.ptr = a.__array_interface__["data"][0]
+    def __init__(self, a: np.ndarray | None, offset: int = 0):
         self.device_id = 0
+        if a is None:
+            self._root, self._offset, self.ptr = None, 0, 0
+            return
+        root = _root(a)
+        base = root.__array_interface__["data"][0]
+        self._root = root
+        self._offset = a.__array_interface__["data"][0] - base + int(offset)
+        self.ptr = base + self._offset
+
+    def __add__(self, n: int) -> "MemoryPointer":
+        if self._root is None:
+            raise TypeError("fakecupy: offsets into untracked memory are not modelled")
+        p = MemoryPointer.__new__(MemoryPointer)
+        p.device_id, p._root, p._offset, p.ptr = 0, self._root, self._offset + int(n), self.ptr + int(n)
+        return p
 
 
 def _binary(uf, reflected=False):
@@ -573,6 +725,8 @@ def _binary(uf, reflected=False):
         if t is ndarray:
             x, y = (other._a, self._a) if reflected else (self._a, other._a)
             r = uf(x, y)
+            if _step_allocator is not None:
+                r = _place(r, (x, y))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (x, y), lambda: uf(x, y))
             if tracer is not None:
@@ -581,6 +735,8 @@ def _binary(uf, reflected=False):
         if t in _PLAIN:
             x, y = (other, self._a) if reflected else (self._a, other)
             r = uf(x, y)
+            if _step_allocator is not None:
+                r = _place(r, (self._a,))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (self._a,), lambda: uf(x, y))
             if tracer is not None:
@@ -614,6 +770,8 @@ def _unary(uf):
     def op(self):
         a = self._a
         r = uf(a)
+        if _step_allocator is not None:
+            r = _place(r, (a,))
         if _capturing is not None:
             r = _record_result(f"cupy.{uf.__name__}", r, (a,), lambda: uf(a))
         if tracer is not None:
@@ -629,7 +787,7 @@ class ndarray:
     __array_priority__ = 1000
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
-        self._a = np.empty(shape, dtype=dtype, order=order)
+        self._a = _placed(np.empty(shape, dtype=dtype, order=order))
         if tracer is not None:
             _report("alloc", "ndarray", (), self._a)
 
@@ -761,6 +919,8 @@ class ndarray:
                 a = _args(args, where)
                 k = _unwrap(kwargs, where) if kwargs else {}
                 r = attr(*a, **k)
+                if _step_allocator is not None and k.get("out") is None:
+                    r = _place(r, (self._a, a, list(k.values())))
                 if _capturing is not None:
                     if k.get("out") is not None:
                         _record(lambda: attr(*a, **k))
@@ -775,6 +935,8 @@ class ndarray:
     def copy(self, order="C"):
         src = self._a
         r = src.copy(order=order)
+        if _step_allocator is not None:
+            r = _place(r, ())
         if _capturing is not None:
             r = _record_result("cupy.ndarray.copy", r, (), lambda: src)
         if tracer is not None:
@@ -795,6 +957,8 @@ class ndarray:
             _sync("boolean-mask indexing (result size depends on the data)")
         src = self._a
         r = src[idx]
+        if _step_allocator is not None and isinstance(r, np.ndarray):
+            r = _place(r, (src,))
         if _capturing is not None and isinstance(r, np.ndarray):
             shape = src.shape
             r = _record_result("cupy.ndarray.__getitem__", r, (src,), lambda: src[_prepare_index(key, shape)[0]])
@@ -864,6 +1028,8 @@ def _fast_method(name):
                               "CuPy matmul")
         if not kwargs:
             r = f(*a)
+            if _step_allocator is not None and name != "fill":
+                r = _place(r, (self._a, a))
             if _capturing is not None:
                 if name == "fill":
                     _record(lambda: f(*a))
@@ -875,6 +1041,8 @@ def _fast_method(name):
             return _wrap(r)
         k = _unwrap(kwargs, where)
         r = f(*a, **k)
+        if _step_allocator is not None and k.get("out") is None:
+            r = _place(r, (self._a, a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
                 _record(lambda: f(*a, **k))
@@ -900,8 +1068,9 @@ def asarray(a, dtype=None, order=None, blocking=False):
         return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
     _refuse_in_capture("a host->device copy (cupy.asarray of host data)", "host transfer")
     r = np.array(_unwrap(a, "cupy.asarray", allow_host=True), dtype=dtype, order=order or "K", copy=True)
+    r = _placed(r)
     if tracer is not None:
-        tracer("copy", "host->device", [], [r], {"fresh": [r] if r.size else [], "direction": "h2d"})
+        tracer("copy", "host->device", [], [r], dict(_allocated([r] if r.size else []), direction="h2d"))
     return ndarray._of(r)
 
 
@@ -909,6 +1078,8 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=
     if isinstance(obj, ndarray):
         src = obj._a
         r = np.array(src, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
+        if _step_allocator is not None:
+            r = _place(r, (src,))
         if _capturing is not None:
             r = _record_result("cupy.array", r, (src,), lambda: src)
         if tracer is not None:
@@ -916,8 +1087,9 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=
         return ndarray._of(r)
     _refuse_in_capture("a host->device copy (cupy.array of host data)", "host transfer")
     r = np.array(_unwrap(obj, "cupy.array", allow_host=True), dtype=dtype, copy=True, order=order, ndmin=ndmin)
+    r = _placed(r)
     if tracer is not None:
-        tracer("copy", "host->device", [], [r], {"fresh": [r] if r.size else [], "direction": "h2d"})
+        tracer("copy", "host->device", [], [r], dict(_allocated([r] if r.size else []), direction="h2d"))
     return ndarray._of(r)
 
 
@@ -943,6 +1115,8 @@ def take(a, indices, axis=None, out=None):
     n = a_.size if axis is None else a_.shape[axis]
     widx, o = _wrap_index(idx, n), _unwrap(out, "cupy.take")
     r = np.take(a_, widx, axis=axis, out=o)
+    if _step_allocator is not None and o is None:
+        r = _place(r, (a_,))
     if _capturing is not None:
         def compute(out=None):       # the indices read when the kernel runs
             return np.take(a_, _wrap_index(idx, n), axis=axis, out=out)
@@ -960,6 +1134,8 @@ def take_along_axis(a, indices, axis):
     idx = _unwrap(indices, "cupy.take_along_axis")
     n = a_.size if axis is None else a_.shape[axis]
     r = np.take_along_axis(a_, _wrap_index(idx, n), axis=axis)
+    if _step_allocator is not None:
+        r = _place(r, (a_, idx))
     if _capturing is not None:
         r = _record_result("cupy.take_along_axis", r, (a_, idx),
                            lambda: np.take_along_axis(a_, _wrap_index(idx, n), axis=axis))
@@ -1021,8 +1197,9 @@ linalg = _Namespace(np.linalg, "linalg")
 def _drawn(name: str, a: np.ndarray) -> "ndarray":
     """A random draw's result on the device: one cuRAND launch (and the memory for it)."""
     _refuse_in_capture(f"cupy.random's {name} (cuRAND, through CuPy)", "cuRAND")
+    a = _placed(a)
     if tracer is not None:
-        tracer("random", name, [], [a], {"fresh": [a] if a.size else []})
+        tracer("random", name, [], [a], _allocated([a] if a.size else []))
     return ndarray._of(a)
 
 
@@ -1178,6 +1355,10 @@ class MemoryHook:
 
 
 class MemoryPool:
+    def malloc(self, size):
+        """Memory from the pool: untracked here (an array given it stays NumPy's own)."""
+        return MemoryPointer(None)
+
     def used_bytes(self):
         return 0
 
@@ -1288,6 +1469,10 @@ class _Cuda:
     nccl = _Nccl
     get_elapsed_time = staticmethod(get_elapsed_time)
     runtime = _Runtime()
+    MemoryPointer = MemoryPointer
+    using_allocator = staticmethod(_using_allocator)
+    set_allocator = staticmethod(_set_allocator)
+    get_allocator = staticmethod(_get_allocator)
 
     @staticmethod
     def is_available():

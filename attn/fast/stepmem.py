@@ -1,0 +1,190 @@
+"""Step memory: every array a training step makes, served from one device slab at the same
+addresses every step.
+
+A training step on the GPU makes some hundreds of arrays (activations, their gradients, a
+product's result), each freed within the step. CuPy's memory pool serves them quickly, but a
+step captured as a CUDA graph (:mod:`attn.fast.graph`) cannot take memory from the pool while
+the stream captures: the graph would keep addresses the pool hands out again. So inside a step
+the allocator is this one (``cupy.cuda.using_allocator``): a bump allocator over one slab,
+set back to the slab's start when each step begins. The same step at the same shapes asks for
+the same sizes in the same order, so it gets the same addresses every time: what a graph
+replays. Whoever allocates inside the step (attn's layers, CuPy's products and their
+temporaries, a cuBLAS call's output) is served by it.
+
+* **Growth, outside the step.** The slab starts empty. A request that does not fit is served by
+  the allocator in place before the step (the pool: counted, and refused during a capture),
+  and the step's total demand is noted; when the step ends, a slab that holds it replaces the
+  old one (PyTorch's graph pools grow so). So the first step at a new, larger shape takes its
+  memory from the pool and every later one none. A slab replaced is kept if a graph was
+  captured on it (:meth:`StepMemory.pin`): the graph still writes there when replayed; else it
+  goes back to the pool once the last array in it has gone.
+* **The cost**: nothing is reused within a step, so the slab is the sum of what a step
+  allocates, not its peak (``python -m attn.bench --counts`` prints its size). A step that
+  needs more than :data:`LIMIT_FRACTION` of the device's memory keeps a smaller slab and takes
+  the rest from the pool, as before (such a step cannot be captured).
+* **What outlives the step must not come from the slab**: the next step hands the same bytes
+  out again. Parameters, the arena, Adam's state are made before any step; what the engine
+  makes on first use and keeps (the kernels' scratch buffers, device seeds, Adam's device step
+  count) is made inside :func:`outside_step`, which restores the allocator in place before
+  the step. What a step returns is valid until the next step begins: the trainer copies the
+  loss out after the step (:func:`attn.train.train_step`), as
+  :class:`attn.fast.graph.GraphedTrainStep` does.
+* **A stale read is detectable**: with :data:`POISON` (or ``ATTN_POISON_STEP_MEMORY=1``) every
+  step begins by filling the slab with ``0xFF`` bytes (NaN in float32 and float64, -1 in
+  integers), so an array of a previous step read after it, or a kept buffer wrongly taken from
+  the slab, reads NaN; the tests run the training step so and compare it to the step without.
+
+On NumPy there is no slab (the CPU path is unchanged): :meth:`StepMemory.of` gives None.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+from .. import backend as B
+
+#: Fill the slab with 0xFF bytes at the start of every step (a debug mode: one launch a step).
+POISON = os.environ.get("ATTN_POISON_STEP_MEMORY", "") not in ("", "0")
+
+#: Every request is rounded up to this many bytes (cuBLAS and vector loads want 256-byte
+#: alignment; CUDA's own allocations have it).
+ALIGN = 256
+
+#: The largest slab, as a fraction of the device's memory: a step that needs more (the slab holds
+#: every array the step makes, freed or not, so it is the sum of the step's allocations, not
+#: their peak) keeps its slab and takes the rest from the pool (it cannot be captured then).
+LIMIT_FRACTION = 0.5
+
+#: The step memory whose allocator is in place, or None.
+_active = None
+
+
+class StepMemory:
+    """One slab of device memory serving every allocation made inside :meth:`step`.
+
+    ``with memory.step(): ...`` begins a step: the slab is set back to its start (poisoned with
+    :data:`POISON`) and its allocator put in place for the ``with``; at its end, if the step
+    asked for more than the slab holds, a slab that holds it is made (from the allocator in
+    place before the step). Counts of the last step:
+    :attr:`allocations` (served by the slab), :attr:`overflows` (served by the pool: the slab
+    was too small), :attr:`demand` (bytes asked for, aligned); :attr:`capacity` is the slab's
+    size in bytes.
+    """
+
+    def __init__(self, xp):
+        if xp is B.host:
+            raise TypeError("StepMemory: a slab of device memory needs CuPy; NumPy has no step memory")
+        self.xp = xp
+        self.slab = None
+        self._base = None                  # the slab's MemoryPointer
+        self.capacity = 0
+        self._offset = 0
+        self.demand = self.allocations = self.overflows = 0
+        self._outer = None                 # the allocator in place before the step
+        self._retired: list = []           # slabs replaced that graphs were captured on (they still write there)
+        self._pinned = False               # whether a graph was captured on the slab
+        #: steps begun
+        self.steps = 0
+        #: the largest slab in bytes (:data:`LIMIT_FRACTION` of the device's memory)
+        self.limit = int(LIMIT_FRACTION * xp.cuda.Device().mem_info[1])
+        #: whether a step needed more than :attr:`limit` (and so took some memory from the pool)
+        self.over_limit = False
+
+    @classmethod
+    def of(cls, owner) -> "StepMemory | None":
+        """``owner``'s step memory (made on first use and kept on it), or None where its
+        arrays are NumPy's (``owner.xp``)."""
+        mem = getattr(owner, "_step_memory", None)
+        if mem is None:
+            xp = getattr(owner, "xp", B.host)
+            if xp is B.host or not hasattr(getattr(xp, "cuda", None), "using_allocator"):
+                return None
+            mem = cls(xp)
+            owner._step_memory = mem
+        return mem
+
+    def malloc(self, size: int):
+        """The allocator of a step (``cupy.cuda.using_allocator``): ``size`` bytes at the slab's
+        next free address, or from the allocator in place before the step where the slab is full."""
+        n = -(-int(size) // ALIGN) * ALIGN
+        self.demand += n
+        if self._offset + n <= self.capacity:
+            p = self._base + self._offset
+            self._offset += n
+            self.allocations += 1
+            return p
+        self.overflows += 1
+        return self._outer(size)
+
+    @contextlib.contextmanager
+    def step(self):
+        """The ``with`` of one step: every allocation inside it from the slab."""
+        global _active
+        if _active is not None:
+            raise RuntimeError("StepMemory.step: a step is already in progress (steps do not nest)")
+        outer = self.xp.cuda.get_allocator()
+        self._begin()
+        self._outer = outer
+        _active = self
+        try:
+            with self.xp.cuda.using_allocator(self.malloc):
+                yield self
+        finally:
+            _active = None
+            if self.demand > self.capacity:
+                self._grow(outer)
+
+    def pin(self) -> None:
+        """A graph was captured on the slab: keep it when a larger one replaces it (the graph's
+        replays write there)."""
+        self._pinned = True
+
+    def reserve(self, nbytes: int) -> None:
+        """Make the slab hold at least ``nbytes`` now (outside a step), so that even the first
+        step at a shape is served by it."""
+        if _active is not None:
+            raise RuntimeError("StepMemory.reserve: not inside a step (the slab would move under it)")
+        if nbytes > self.capacity:
+            self.demand = -(-int(nbytes) // ALIGN) * ALIGN
+            self._grow(self.xp.cuda.get_allocator())
+            self.demand = 0
+
+    def _grow(self, outer) -> None:
+        """A slab that holds the last step's demand, from ``outer``, after the step (so the next
+        step at that shape is served entirely by the slab), unless that is over :attr:`limit`.
+        The slab replaced is kept if it is pinned."""
+        if self.demand > self.limit:
+            self.over_limit = True
+            return
+        if self.slab is not None and self._pinned:
+            self._retired.append(self.slab)
+        self._pinned = False
+        with self.xp.cuda.using_allocator(outer):
+            self.slab = self.xp.empty((self.demand,), dtype=B.host.uint8)
+        self._base, self.capacity = self.slab.data, self.demand
+
+    def _begin(self) -> None:
+        """Set the slab back to its start (poisoned with :data:`POISON`)."""
+        if POISON and self.slab is not None:
+            self.slab.fill(255)
+        self._offset = self.demand = self.allocations = self.overflows = 0
+        self.steps += 1
+
+    def stats(self) -> dict:
+        """The last step's counts and the slab's size (bytes)."""
+        return {"allocations": self.allocations, "overflows": self.overflows, "demand_bytes": self.demand,
+                "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "over_limit": self.over_limit}
+
+
+def outside_step():
+    """A ``with`` in which allocations come from the allocator in place before the step (for
+    what the engine makes on first use and keeps between steps); nothing outside a step."""
+    mem = _active
+    if mem is None:
+        return contextlib.nullcontext()
+    return mem.xp.cuda.using_allocator(mem._outer)
+
+
+def in_step() -> bool:
+    """Whether a step's allocator is in place."""
+    return _active is not None
