@@ -230,3 +230,27 @@ def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
             CB.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4,
                      c.data.ptr, 3)
         stream.end_capture()
+
+
+def test_the_stand_in_has_the_real_cupy_cublas_signatures():
+    """Each cuBLAS function the stand-in models takes the parameters of the installed CuPy's
+    (read from the compiled module's embedded signatures: importing it needs libcublas)."""
+    import importlib.util
+    import inspect
+    import re
+    try:
+        spec = importlib.util.find_spec("cupy_backends.cuda.libs.cublas")
+    except ImportError:
+        spec = None
+    if spec is None or not spec.origin:
+        pytest.skip("cupy-cuda12x is not installed; CI installs it with .[gpu-ci]")
+    with open(spec.origin, "rb") as f:
+        binary = f.read()
+    names = ["sgemm", "dgemm", "sgemmStridedBatched", "dgemmStridedBatched", "sgemmBatched", "dgemmBatched",
+             "setStream", "getStream", "setPointerMode", "getPointerMode"]
+    for name in names:
+        m = re.search(rb"\b" + name.encode() + rb"\((intptr_t handle[^)]*)\)", binary)
+        assert m, f"the installed CuPy's cublas has no {name}"
+        real = [p.split()[-1] for p in m.group(1).decode().split(",")]
+        ours = list(inspect.signature(getattr(CB, name)).parameters)
+        assert real[1:] == ours[1:] and ours[0] == "handle", (name, real, ours)
