@@ -207,7 +207,10 @@ def test_stand_in_cublas_refuses_what_would_leave_an_array():
 
 
 def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
-    h = fcp.cuda.device.get_cublas_handle()
+    """The library called directly (as attn.fast.cublas does, with a handle of its own): a
+    captured call replays on what memory holds then, with alpha as it was at the call."""
+    D = fcp.cuda.direct_cublas()
+    h = D.create()
     a = fcp.asarray(np.eye(3, dtype=np.float32))
     b = fcp.asarray(np.arange(9, dtype=np.float32).reshape(3, 3))
     c = fcp.zeros((3, 3), dtype=np.float32)
@@ -215,8 +218,8 @@ def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
     stream = fcp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()
-        CB.setStream(h, fcp.cuda.get_current_stream().ptr)
-        CB.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4, c.data.ptr, 3)
+        D.setStream(h, fcp.cuda.get_current_stream().ptr)
+        D.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4, c.data.ptr, 3)
         graph = stream.end_capture()
     assert (c.get() == 0).all()                        # a capture leaves memory as it was
     sc[0] = 5.0                                        # alpha was read at the call: the graph keeps 2
@@ -225,11 +228,32 @@ def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
     assert np.array_equal(c.get(), 6 * np.arange(9, dtype=np.float32).reshape(3, 3))
     with stream:
         stream.begin_capture()
-        CB.setStream(h, 0)                             # the handle left on the legacy stream
+        D.setStream(h, 0)                              # the handle left on the legacy stream
         with pytest.raises(fcp.StreamCaptureError, match="not the capturing stream"):
-            CB.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4,
-                     c.data.ptr, 3)
+            D.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4,
+                    c.data.ptr, 3)
         stream.end_capture()
+
+
+def test_cupys_cublas_wrappers_refuse_while_a_stream_captures():
+    """As CuPy's do: each wrapper sets the handle's stream first, and that raises during a
+    capture; outside one they run."""
+    h = fcp.cuda.device.get_cublas_handle()
+    a = fcp.asarray(np.eye(2, dtype=np.float32))
+    c = fcp.zeros((2, 2), dtype=np.float32)
+    sc = _scalars(np.float32, 1.0, 0.0)
+    stream = fcp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for call in (lambda: CB.setStream(h, stream.ptr),
+                     lambda: CB.sgemm(h, 0, 0, 2, 2, 2, sc.ctypes.data, a.data.ptr, 2, a.data.ptr, 2,
+                                      sc.ctypes.data + 4, c.data.ptr, 2)):
+            with pytest.raises(fcp.StreamCaptureError, match="during stream capture is currently unsupported"):
+                call()
+        stream.end_capture()
+    CB.setStream(h, 0)
+    CB.sgemm(h, 0, 0, 2, 2, 2, sc.ctypes.data, a.data.ptr, 2, a.data.ptr, 2, sc.ctypes.data + 4, c.data.ptr, 2)
+    assert np.array_equal(c.get(), np.eye(2, dtype=np.float32))
 
 
 def test_the_stand_in_has_the_real_cupy_cublas_signatures():

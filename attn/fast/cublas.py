@@ -61,6 +61,10 @@ class CtypesCublas:
     ``cupy.cuda.cublas``'s names (:data:`CUPY_NAMES`), each checking its status; and
     :meth:`create`, a handle of attn's own."""
 
+    CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
+    CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
+    CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+
     def __init__(self, lib):
         self.lib = lib
         for cname, argtypes in SIGNATURES.items():
@@ -108,6 +112,10 @@ def _load(xp):
 
 
 _DIRECT: dict = {}
+
+#: Bytes of the workspace attn's handle works in (PyTorch gives cuBLAS 32 MiB on recent GPUs):
+#: set once, so that cuBLAS allocates nothing while a step is captured.
+WORKSPACE_BYTES = 32 << 20
 
 
 def direct_cublas(xp):

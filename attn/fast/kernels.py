@@ -1112,12 +1112,19 @@ class CupyOps(_Ops):
     # ---- the matrix products: cuBLAS on the views as they are
 
     def _cublas(self):
-        """cuBLAS and the current device's handle, set to the current stream (a capture runs on
-        a stream of its own) and to host pointers for alpha and beta (as CuPy's ``matmul``)."""
-        cuda = self.xp.cuda
-        cublas = cuda.cublas
-        handle = cuda.device.get_cublas_handle()
-        cublas.setStream(handle, cuda.get_current_stream().ptr)
+        """cuBLAS called directly (:func:`attn.fast.cublas.direct_cublas`: CuPy's own wrappers
+        refuse every call while a stream captures) and attn's own handle, with a workspace made
+        once outside any step, set to the current stream (a capture runs on a stream of its own)
+        and to host pointers for alpha and beta (as CuPy's ``matmul``)."""
+        from .cublas import WORKSPACE_BYTES, direct_cublas
+        cublas = direct_cublas(self.xp)
+        handle = self._scratch.get("cublas_handle")
+        if handle is None:
+            with outside_step():
+                workspace = self._scratch["cublas_workspace"] = self.xp.empty((WORKSPACE_BYTES,), dtype=B.host.uint8)
+            handle = self._scratch["cublas_handle"] = cublas.create()
+            cublas.setWorkspace(handle, workspace.data.ptr, WORKSPACE_BYTES)
+        cublas.setStream(handle, self.xp.cuda.get_current_stream().ptr)
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         return cublas, handle
 

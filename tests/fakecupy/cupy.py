@@ -1510,7 +1510,15 @@ class _Cublas:
     mode, host by default, as cuBLAS's) and are read when the call is made, as cuBLAS does; the
     pointer arrays and matrices are read when the work runs, so a captured call replays on what
     memory holds then. During a capture the handle must be on the capturing stream
-    (``setStream``): work on another stream is not captured on a GPU."""
+    (``setStream``): work on another stream is not captured on a GPU.
+
+    As in CuPy, these wrappers refuse every call while a stream captures (each first sets the
+    handle's stream, and CuPy's ``setStream`` raises ``NotImplementedError('calling cuBLAS API
+    during stream capture is currently unsupported')``); :class:`_DirectCublas`, the library
+    called without CuPy (``attn.fast.cublas``), does not."""
+
+    #: False for the library called directly (no CuPy wrapper in between)
+    _through_cupy = True
 
     CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
     CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
@@ -1530,7 +1538,15 @@ class _Cublas:
         return st
 
     @classmethod
+    def _cupy_refuses(cls, name):
+        if _capturing is not None and cls._through_cupy:
+            _refuse_in_capture(f"cupy.cuda.cublas.{name}: calling cuBLAS API during stream capture is currently "
+                               "unsupported (CuPy's wrappers refuse; attn.fast.cublas calls the library directly)",
+                               "CuPy cuBLAS")
+
+    @classmethod
     def setStream(cls, handle, stream):
+        cls._cupy_refuses("setStream")
         cls._handle(handle)[0] = _int(stream, "stream", 64, unsigned=True)
 
     @classmethod
@@ -1589,6 +1605,7 @@ class _Cublas:
 
     @classmethod
     def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays):
+        cls._cupy_refuses(name)
         stream, mode = cls._handle(handle)
         ta, tb = (_int(t, f"trans{w}", 32) for t, w in ((transa, "a"), (transb, "b")))
         m, n, k, count = (_int(v, w, 32) for v, w in ((m, "m"), (n, "n"), (k, "k"), (count, "batchCount")))
@@ -1728,6 +1745,31 @@ def _int(v, what: str, bits: int, unsigned: bool = False) -> int:
     return v
 
 
+class _DirectCublas(_Cublas):
+    """libcublas called directly (what :func:`attn.fast.cublas.direct_cublas` gives on the
+    stand-in, in place of the library bound through ctypes): the same calls as :class:`_Cublas`,
+    not refused during a capture, and handles of the caller's own (``create``) with a workspace
+    (``setWorkspace``: a device buffer the handle works in, so that cuBLAS allocates nothing
+    during a capture)."""
+    _through_cupy = False
+    _next = [0x5EED1000]
+
+    @classmethod
+    def create(cls) -> int:
+        handle = cls._next[0] = cls._next[0] + 1
+        cls._state[handle] = [0, 0]
+        return handle
+
+    @classmethod
+    def setWorkspace(cls, handle, workspace, size):
+        cls._handle(handle)
+        size = _int(size, "workspaceSizeInBytes", 64, unsigned=True)
+        ptr = _int(workspace, "workspace", 64, unsigned=True)
+        if size and not any(lo <= ptr and ptr + size <= hi for lo, hi, _ in _exposed_memory()):
+            raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: setWorkspace: {size} bytes at {ptr:#x} lie in no "
+                                  "live device array")
+
+
 class _DeviceModule:
     """``cupy.cuda.device``: the current device's cuBLAS handle."""
     Device = Device
@@ -1760,6 +1802,11 @@ class _Cuda:
     @staticmethod
     def get_cublas_handle():
         return _Cublas.HANDLE
+
+    @staticmethod
+    def direct_cublas():
+        """The stand-in's libcublas for :func:`attn.fast.cublas.direct_cublas` (not CuPy API)."""
+        return _DirectCublas
 
 
 cuda = _Cuda()
