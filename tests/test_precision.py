@@ -1,0 +1,112 @@
+"""attn.precision: the rounding of a product's inputs to bf16 and tf32, bit for bit.
+
+Against ``ml_dtypes.bfloat16`` (the type CuPy 14 uses for bf16 arrays) where it is installed,
+and against the rule itself (the nearest representable number, ties to the even significand)
+with integers, so that the tests stand without it; then the edge cases one by one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from attn import precision as P
+
+float32s = hnp.arrays(np.float32, st.integers(1, 64),
+                      elements=st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True))
+#: Any 32-bit pattern: every NaN payload, every subnormal, every exponent.
+words = hnp.arrays(np.uint32, st.integers(1, 64))
+
+
+def nearest_even(u: np.ndarray, drop: int) -> np.ndarray:
+    """The rule spelled with Python integers on finite, non-NaN words: the candidates below and
+    above, the nearer one, the even one on a tie (the significand's bit ``drop``)."""
+    out = []
+    for w in u.tolist():
+        low = w & ~((1 << drop) - 1)
+        rest, half = w - low, 1 << (drop - 1)
+        up = rest > half or (rest == half and (low >> drop) & 1)
+        out.append(low + (1 << drop) if up else low)
+    return np.array(out, dtype=np.uint64).astype(np.uint32)
+
+
+@given(words)
+def test_bf16_and_tf32_round_to_nearest_even(u):
+    finite = u[(u & 0x7FFFFFFF) < 0x7F800000]
+    x = finite.view(np.float32)
+    assert np.array_equal(P.round_bf16(x).view(np.uint32), nearest_even(finite, 16))
+    assert np.array_equal(P.round_tf32(x).view(np.uint32), nearest_even(finite, 13))
+
+
+@given(float32s)
+def test_bf16_matches_ml_dtypes(x):
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    want = x.astype(ml.bfloat16).astype(np.float32)
+    got = P.round_bf16(x)
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))     # signed zeros too
+    assert np.array_equal(P.bf16_bits(x)[~nan], x[~nan].astype(ml.bfloat16).view(np.uint16))
+
+
+@given(words)
+def test_nan_stays_nan_with_its_sign(u):
+    x = (u | np.uint32(0x7F800001)).view(np.float32)       # every exponent bit set, a payload: NaN
+    for f in (P.round_bf16, P.round_tf32):
+        r = f(x)
+        assert np.isnan(r).all(), f.__name__
+        assert np.array_equal(np.signbit(r), np.signbit(x)), f.__name__
+
+
+def bits(*ws):
+    return np.array(ws, dtype=np.uint32).view(np.float32)
+
+
+def test_ties_go_to_the_even_significand():
+    # 1 + 2^-8 lies halfway between bf16's 1 and 1 + 2^-7: to 1 (even). 1 + 3 * 2^-8 lies halfway
+    # between 1 + 2^-7 (odd) and 1 + 2^-6: up, to the even one.
+    assert P.round_bf16(bits(0x3F808000, 0x3F818000)).tolist() == [1.0, 1.0 + 2 ** -6]
+    # Just above a tie rounds up; just below, down.
+    assert P.round_bf16(bits(0x3F808001, 0x3F807FFF)).tolist() == [1.0 + 2 ** -7, 1.0]
+    # TF32: 1 + 2^-11 halfway between 1 and 1 + 2^-10.
+    assert P.round_tf32(bits(0x3F801000, 0x3F803000)).tolist() == [1.0, 1.0 + 2 ** -9]
+
+
+def test_infinities_overflow_and_subnormals():
+    big = np.finfo(np.float32).max
+    r = P.round_bf16(np.array([np.inf, -np.inf, big, -big], dtype=np.float32))
+    assert r.tolist() == [np.inf, -np.inf, np.inf, -np.inf]           # past bf16's largest finite: inf
+    bf16_max = bits(0x7F7F0000)
+    assert P.round_bf16(bf16_max)[0] == bf16_max[0]                     # the largest finite stays
+    assert P.round_bf16(bits(0x7F7F7FFF))[0] == bf16_max[0]             # below the halfway point: down
+    assert P.round_tf32(np.array([big], dtype=np.float32))[0] == np.inf
+    sub = bits(0x00000001, 0x00008000, 0x00018000, 0x00007FFF, 0x80008000)
+    assert P.round_bf16(sub).view(np.uint32).tolist() == [0, 0, 0x00020000, 0, 0x80000000]
+    assert np.signbit(P.round_bf16(np.array([-0.0], dtype=np.float32)))[0]
+
+
+def test_round_to_keeps_fp32_and_other_dtypes_as_they_are():
+    x = np.linspace(-3, 3, 11, dtype=np.float32)
+    assert P.round_to(x, "fp32") is x
+    d = x.astype(np.float64)
+    assert P.round_to(d, "bf16") is d                      # float64 gradient checks stay exact
+    out = np.empty_like(x)
+    assert P.round_to(x, "bf16", out=out) is out and np.array_equal(out, P.round_bf16(x))
+    y = x.copy()
+    P.round_to(y, "tf32", out=y)
+    assert np.array_equal(y, P.round_tf32(x))
+
+
+def test_bits_round_trip():
+    x = np.array([1.5, -2.25, 3.0e38, 1e-40], dtype=np.float32)
+    assert np.array_equal(P.from_bf16_bits(P.bf16_bits(x)), P.round_bf16(x))
+
+
+def test_precision_names_are_checked():
+    assert P.check("bf16") == "bf16"
+    with pytest.raises(P.PrecisionError, match="fp32, tf32, bf16.*'fp16'"):
+        P.check("fp16")
+    with pytest.raises(TypeError, match="float32"):
+        P.round_bf16(np.zeros(3, dtype=np.float16))
