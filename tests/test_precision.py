@@ -110,3 +110,25 @@ def test_precision_names_are_checked():
         P.check("fp16")
     with pytest.raises(TypeError, match="float32"):
         P.round_bf16(np.zeros(3, dtype=np.float16))
+
+
+def test_the_bf16_weight_copy_kernel_is_the_rounding():
+    """``round_bf16`` (the per-step bf16 copy of the master weights) on CuPy, or on the stand-in
+    by its NumPy twin, against :func:`attn.precision.bf16_bits` on the host: ties, NaN, infinities,
+    overflow, subnormals and ordinary numbers, in a buffer longer than one block."""
+    from attn.fast import ops_for
+    from conftest import selected_backend
+    special = bits(0x3F808000, 0x3F818000, 0x7F7F7FFF, 0x7F7FFFFF, 0xFFC00001, 0x7F800001, 0x7F800000,
+                   0x00018000, 0x80008000, 0x00000000)
+    x = np.concatenate([special, np.random.default_rng(0).standard_normal(1000).astype(np.float32) * 1e3])
+    with selected_backend("cupy") as cp:
+        out = cp.zeros(x.size, dtype=np.uint16)
+        ops_for(cp).round_bf16_(cp.asarray(x), out)
+        got = cp.asnumpy(out)
+        with pytest.raises(ValueError, match="uint16 dst"):
+            ops_for(cp).round_bf16_(cp.asarray(x), cp.zeros(x.size, dtype=np.float32))
+    want = P.bf16_bits(x)
+    assert np.array_equal(got, want)
+    nan = np.isnan(x)
+    assert np.array_equal(P.from_bf16_bits(got)[~nan], P.round_bf16(x)[~nan])
+    assert np.isnan(P.from_bf16_bits(got)[nan]).all()
