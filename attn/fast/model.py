@@ -304,31 +304,31 @@ class FastTransformer(Transformer):
         Bsz, H, Tq, Dh = q.shape
         Tk = k.shape[2]
         w = xp.empty((Tk, Bsz, H, Tq), dtype=q.dtype)
-        xp.matmul(k, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3))          # scores^T, per (b, h)
+        ops.bmm(k, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3))           # scores^T, per (b, h)
         ops.softmax0_(w, bias_t, rows_t, self._attn_scale)
         m, wd = None, w
         if rng is not None and self.config.attention_dropout > 0:
             m = ops.dropout_mask(rng, w.shape, self.config.attention_dropout)
             wd = ops.dropout_(w.copy(), m)
         ctx = xp.empty((Bsz, Tq, H, Dh), dtype=q.dtype)
-        xp.matmul(wd.transpose(1, 2, 3, 0), v, out=ctx.transpose(0, 2, 1, 3))   # (B, H, Tq, Dh)
+        ops.bmm(wd.transpose(1, 2, 3, 0), v, out=ctx.transpose(0, 2, 1, 3))   # (B, H, Tq, Dh)
         ctx = ctx.reshape(Bsz * Tq, H * Dh)
         return ctx, AttendCache(q, k, v, w, m, ctx)
 
     def _out_proj(self, pre, ctx):
         """``ctx @ w_o``: the bias ``b_o`` is added by :meth:`_residual` (fused with the dropout,
         the residual sum and the norm)."""
-        return ctx @ self.params[pre + ".w_o"]
+        return self.ops.mm(ctx, self.params[pre + ".w_o"])
 
     def _self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
-        qkv = x @ W
+        qkv = self.ops.mm(x, W)
         qkv += b                                                              # (N, 3D)
         q, k, v = self._heads(qkv, Bsz, T, 3)
         ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
         return self._out_proj(pre, ctx), SelfAttnCache(x, W, ac, pre)
 
     def _cross_attn(self, i, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
-        q = x @ Wq
+        q = self.ops.mm(x, Wq)
         q += bq                                                               # (N_t, D)
         (q,) = self._heads(q, Bsz, T, 1)
         k, v = kv
@@ -337,13 +337,13 @@ class FastTransformer(Transformer):
 
     def _ffn(self, pre, x, rng):
         p, ops = self.params, self.ops
-        a = x @ p[pre + ".w1"]                                                # (N, F)
+        a = ops.mm(x, p[pre + ".w1"])                                         # (N, F)
         m = scale = None
         if rng is not None and self.config.relu_dropout > 0:
             m = ops.dropout_mask(rng, a.shape, self.config.relu_dropout)
             scale = m.scale
         ops.bias_relu_dropout_(a, p[pre + ".b1"], m)                          # drop(relu(x @ w1 + b1))
-        out = a @ p[pre + ".w2"]                                              # + b2 in _residual
+        out = ops.mm(a, p[pre + ".w2"])                                       # + b2 in _residual
         return out, FFNCache(x, a, scale, pre)
 
     def _residual(self, norm, x, sublayer, bias, rng):
@@ -571,7 +571,7 @@ class FastTransformer(Transformer):
         E = self.params[self._emb("out")]
         if logits_out is None:
             logits_out = xp.empty((Bsz, T, E.shape[0]), dtype=self.dtype)
-        xp.matmul(y, E.T, out=logits_out.reshape(Bsz * T, E.shape[0]))       # (N_t, V)
+        self.ops.mm(y, E.T, out=logits_out.reshape(Bsz * T, E.shape[0]))      # (N_t, V)
         if not keep_cache:
             return logits_out, None
         cache = FastCache(F, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, y,
@@ -607,7 +607,7 @@ class FastTransformer(Transformer):
         """Keys and values of every decoder layer's cross-attention, one matmul: kv (N_s, 2D*L)
         and its 2L views (B, H, S, Dh)."""
         Wkv, bkv = F.kv
-        kv = memory @ Wkv
+        kv = self.ops.mm(memory, Wkv)
         kv += bkv                                                             # (N_s, 2D*L)
         return kv, self._heads(kv, Bsz, S, 2 * self.config.n_decoder_layers)
 
@@ -616,7 +616,7 @@ class FastTransformer(Transformer):
         (N_s, 2D) product (inference projects them layer by layer, holding one layer's)."""
         D = self.config.d_model
         Wkv, bkv = F.kv
-        kv = memory @ Wkv[:, 2 * D * i:2 * D * (i + 1)]
+        kv = self.ops.mm(memory, Wkv[:, 2 * D * i:2 * D * (i + 1)])
         kv += bkv[2 * D * i:2 * D * (i + 1)]
         return self._heads(kv, Bsz, S, 2)
 
@@ -754,8 +754,8 @@ class FastTransformer(Transformer):
         self._phase("backward: output projection")
         E = p[self._emb("out")]
         d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
-        xp.matmul(d2.T, cache.h, out=gv[self._emb("out")])                    # (V, D)
-        dy = d2 @ E                                                           # (N_t, D)
+        ops.mm(d2.T, cache.h, out=gv[self._emb("out")])                       # (V, D)
+        dy = ops.mm(d2, E)                                                            # (N_t, D)
         cache.h = None
         if cache.dec_norm is not None:
             dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, G)
@@ -780,8 +780,8 @@ class FastTransformer(Transformer):
             del c1
             G.done(f"decoder.{i}")
         Wkv, _ = cache.fused.kv
-        dmem = dkv @ Wkv.T                                                    # (N_s, D)
-        xp.matmul(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
+        dmem = ops.mm(dkv, Wkv.T)                                             # (N_s, D)
+        ops.mm(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
         ops.colsum(dkv, out=G.block("decoder.cross_attn.b_kv"))
         G.done("decoder.cross_attn")
         del dkv, dkv_heads
@@ -843,9 +843,9 @@ class FastTransformer(Transformer):
 
     def _out_proj_bwd(self, pre, dout, ctx, G: _Grads):
         """Forward was ``out = ctx @ w_o + b_o``. Returns dctx."""
-        self.xp.matmul(ctx.T, dout, out=G.views[pre + ".w_o"])
+        self.ops.mm(ctx.T, dout, out=G.views[pre + ".w_o"])
         self.ops.colsum(dout, out=G.views[pre + ".b_o"])
-        return dout @ self.params[pre + ".w_o"].T
+        return self.ops.mm(dout, self.params[pre + ".w_o"].T)
 
     def _attend_bwd(self, dctx, ac: AttendCache, dq, dk, dv):
         """Forward was ``ctx = drop(softmax(q k^T s + bias)) v`` with ``s = 1/sqrt(d_k)``; writes
@@ -857,14 +857,14 @@ class FastTransformer(Transformer):
         Tk = ac.k.shape[2]
         dO = dctx.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3)               # (B, H, Tq, Dh)
         wd = ac.w if ac.drop is None else ops.dropout_(ac.w.copy(), ac.drop)
-        xp.matmul(wd.transpose(1, 2, 0, 3), dO, out=dv)                        # (B, H, Tk, Dh)
+        ops.bmm(wd.transpose(1, 2, 0, 3), dO, out=dv)                         # (B, H, Tk, Dh)
         dw = xp.empty((Tk, Bsz, H, Tq), dtype=dctx.dtype)
-        xp.matmul(ac.v, dO.swapaxes(-1, -2), out=dw.transpose(1, 2, 0, 3))      # dw^T, per (b, h)
+        ops.bmm(ac.v, dO.swapaxes(-1, -2), out=dw.transpose(1, 2, 0, 3))      # dw^T, per (b, h)
         if ac.drop is not None:
             ops.dropout_(dw, ac.drop)
         ds = ops.softmax0_backward_(dw, ac.w, self._attn_scale)                # (Tk, B, H, Tq), times 1/sqrt(d_k)
-        xp.matmul(ds.transpose(1, 2, 3, 0), ac.k, out=dq)
-        xp.matmul(ds.transpose(1, 2, 0, 3), ac.q, out=dk)
+        ops.bmm(ds.transpose(1, 2, 3, 0), ac.k, out=dq)
+        ops.bmm(ds.transpose(1, 2, 0, 3), ac.q, out=dk)
 
     def _self_attn_bwd(self, dout, c: SelfAttnCache, G: _Grads):
         xp = self.xp
@@ -875,9 +875,9 @@ class FastTransformer(Transformer):
         dq, dk, dv = self._heads(dqkv, Bsz, T, 3)
         self._attend_bwd(dctx, c.att, dq, dk, dv)
         # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
-        xp.matmul(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))                 # (D, 3D)
+        self.ops.mm(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))               # (D, 3D)
         self.ops.colsum(dqkv, out=G.block(c.pre + ".b_qkv"))
-        return dqkv @ c.W.T
+        return self.ops.mm(dqkv, c.W.T)
 
     def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads):
         xp = self.xp
@@ -886,22 +886,22 @@ class FastTransformer(Transformer):
         Bsz, H, T, Dh = c.att.q.shape
         (dqh,) = self._heads(dq, Bsz, T, 1)
         self._attend_bwd(dctx, c.att, dqh, dk, dv)
-        xp.matmul(c.x.T, dq, out=G.views[c.pre + ".w_q"])
+        self.ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
         self.ops.colsum(dq, out=G.views[c.pre + ".b_q"])
-        return dq @ c.Wq.T
+        return self.ops.mm(dq, c.Wq.T)
 
     def _ffn_bwd(self, dout, c: FFNCache, G: _Grads):
         """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
         p, ops, xp, gv = self.params, self.ops, self.xp, G.views
-        xp.matmul(c.a.T, dout, out=gv[c.pre + ".w2"])
+        ops.mm(c.a.T, dout, out=gv[c.pre + ".w2"])
         ops.colsum(dout, out=gv[c.pre + ".b2"])
-        da = dout @ p[c.pre + ".w2"].T                                         # (N, F)
+        da = ops.mm(dout, p[c.pre + ".w2"].T)                                 # (N, F)
         ops.relu_backward_(da, c.a)
         if c.drop_scale is not None:
             da *= da.dtype.type(c.drop_scale)
-        xp.matmul(c.x.T, da, out=gv[c.pre + ".w1"])
+        ops.mm(c.x.T, da, out=gv[c.pre + ".w1"])
         ops.colsum(da, out=gv[c.pre + ".b1"])
-        return da @ p[c.pre + ".w1"].T
+        return ops.mm(da, p[c.pre + ".w1"].T)
 
     def _embed_bwd(self, which, dx, ec: EmbedCache, G: _Grads):
         """Dropout and positional backward; returns the rows to scatter into the

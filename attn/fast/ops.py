@@ -33,6 +33,22 @@ class _Ops:
             self._ones[key] = self.xp.ones(n, dtype=dtype)
         return self._ones[key]
 
+    # ---- the matrix products of a step
+
+    def mm(self, a, b, out=None):
+        """``a @ b`` for matrices a (M, K) and b (K, N), into ``out`` (M, N) when given, else a
+        new array. The operands may be views (a transposed matrix, a block of columns): on
+        NumPy this is NumPy's ``matmul``; the CuPy kernels call cuBLAS with the views as they
+        are (no operand copied, nothing through CuPy's ``matmul``)."""
+        return self.xp.matmul(a, b, out=out)
+
+    def bmm(self, a, b, out=None):
+        """``a @ b`` batched: a (..., M, K), b (..., K, N), out (..., M, N) with the same
+        leading (batch) dimensions, at most two of them (an attention's (B, H)); the operands
+        and ``out`` may be strided views (the heads of a (B*T, n*D) projection, keys-first
+        scores). On NumPy, NumPy's ``matmul``."""
+        return self.xp.matmul(a, b, out=out)
+
     def rowsum(self, x2):
         """(R, C) -> (R,): a matrix-vector product, one BLAS call."""
         return x2 @ self.ones(x2.shape[1], x2.dtype)
