@@ -58,7 +58,7 @@ def _round_bits(x, drop: int, out=None):
     lsb = (u >> xp.uint32(drop)) & xp.uint32(1)                  # the lowest kept bit: ties go to even
     r = u + (lsb + xp.uint32((1 << (drop - 1)) - 1))
     nan = (u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
-    if nan.any():
+    if B.is_device_array(x) or nan.any():                         # (no host sync on a device)
         r = xp.where(nan, u | xp.uint32(0x00400000), r)           # quiet NaN: its top significand bit
     r &= xp.uint32((0xFFFFFFFF << drop) & 0xFFFFFFFF)
     if out is None:

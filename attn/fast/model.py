@@ -200,6 +200,8 @@ class FastTransformer(Transformer):
     the arena at the next forward.
     """
 
+    _precision = "fp32"
+
     def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None,
                  precision: str = "fp32"):
         super().__init__(config, seed, dtype, params)
@@ -242,7 +244,7 @@ class FastTransformer(Transformer):
 
     @property
     def ops(self) -> _Ops:
-        return ops_for(self.xp)
+        return ops_for(self.xp, self._precision)
 
     # ------------------------------------------------------------------ weights
 

@@ -5,9 +5,12 @@ NumPy and CuPy alike. The CuPy kernels (:mod:`attn.fast.kernels`) subclass :clas
 imports neither)."""
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 from .. import backend as B
+from ..precision import check as check_precision
+from ..precision import round_to
 
 class Mask(NamedTuple):
     """A dropout mask: ``keep`` (bool, True where the unit survives) and the scale of
@@ -35,18 +38,43 @@ class _Ops:
 
     # ---- the matrix products of a step
 
+    #: What the products read (:mod:`attn.precision`): ``fp32``, or ``tf32`` / ``bf16`` in the
+    #: objects :meth:`with_precision` makes. Sums and results are float32 in every mode.
+    precision = "fp32"
+
+    def with_precision(self, precision: str) -> "_Ops":
+        """These operations with products at ``precision``: a shallow copy, so that its buffers,
+        compiled kernels and scratch are this object's (only the products differ)."""
+        check_precision(precision)
+        if precision == self.precision:
+            return self
+        twin = copy.copy(self)
+        twin.precision = precision
+        return twin
+
+    def _rounded(self, a, b):
+        """The operands as a product at :attr:`precision` reads them: rounded to its significand
+        (round to nearest even, :func:`attn.precision.round_to`), then multiplied in float32. This
+        is the NumPy twin of the tensor cores' products (bf16 or tf32 inputs, float32 sums)."""
+        return round_to(a, self.precision), round_to(b, self.precision)
+
     def mm(self, a, b, out=None):
         """``a @ b`` for matrices a (M, K) and b (K, N), into ``out`` (M, N) when given, else a
         new array. The operands may be views (a transposed matrix, a block of columns): on
         NumPy this is NumPy's ``matmul``; the CuPy kernels call cuBLAS with the views as they
-        are (no operand copied, nothing through CuPy's ``matmul``)."""
+        are (no operand copied, nothing through CuPy's ``matmul``). At a :attr:`precision` other
+        than fp32 the operands are rounded first (:meth:`_rounded`)."""
+        if self.precision != "fp32":
+            a, b = self._rounded(a, b)
         return self.xp.matmul(a, b, out=out)
 
     def bmm(self, a, b, out=None):
         """``a @ b`` batched: a (..., M, K), b (..., K, N), out (..., M, N) with the same
         leading (batch) dimensions, at most two of them (an attention's (B, H)); the operands
         and ``out`` may be strided views (the heads of a (B*T, n*D) projection, keys-first
-        scores). On NumPy, NumPy's ``matmul``."""
+        scores). On NumPy, NumPy's ``matmul``; rounded first as :meth:`mm`'s."""
+        if self.precision != "fp32":
+            a, b = self._rounded(a, b)
         return self.xp.matmul(a, b, out=out)
 
     def rowsum(self, x2):
