@@ -132,3 +132,66 @@ def test_the_bf16_weight_copy_kernel_is_the_rounding():
     nan = np.isnan(x)
     assert np.array_equal(P.from_bf16_bits(got)[~nan], P.round_bf16(x)[~nan])
     assert np.isnan(P.from_bf16_bits(got)[nan]).all()
+
+
+# ----------------------------------------------------------------------------- the engine's products
+
+
+def test_products_read_rounded_operands_and_sum_in_float32():
+    from attn.fast import ops_for
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 3)).astype(np.float32)
+    fp32 = ops_for(np)
+    assert ops_for(np, "fp32") is fp32 and fp32.precision == "fp32"
+    assert np.array_equal(fp32.mm(a, b), a @ b)
+    for name, rnd in (("bf16", P.round_bf16), ("tf32", P.round_tf32)):
+        ops = ops_for(np, name)
+        assert ops.precision == name and ops._ones is fp32._ones          # one set of buffers
+        assert np.array_equal(ops.mm(a, b), rnd(a) @ rnd(b))
+        assert np.array_equal(ops.mm(a.T.copy().T, b[:, :2]), rnd(a) @ rnd(b[:, :2].copy()))   # views
+        out = np.empty((2, 3, 5, 5), dtype=np.float32)
+        x = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+        ops.bmm(x, x.swapaxes(-1, -2), out=out)
+        assert np.array_equal(out, rnd(x) @ rnd(x).swapaxes(-1, -2))
+        assert not np.array_equal(ops.mm(a, b), a @ b)
+    d = a.astype(np.float64)
+    assert np.array_equal(ops_for(np, "bf16").mm(d, d.T), d @ d.T)      # float64 (gradient checks): exact
+
+
+def test_the_fast_engine_knows_its_precision():
+    from attn.fast import FastTransformer, ops_for
+    from attn.model import TransformerConfig
+    cfg = TransformerConfig.preset("toy", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                                   n_decoder_layers=1)
+    m = FastTransformer(cfg, seed=0)
+    assert m.precision == "fp32" and m.ops is ops_for(np)               # fp32: the very object as before
+    m.precision = "bf16"
+    assert m.ops is ops_for(np, "bf16")
+    with pytest.raises(P.PrecisionError, match="fp16"):
+        m.precision = "fp16"
+    with pytest.raises(P.PrecisionError, match="float64"):
+        FastTransformer(cfg, seed=0, dtype="float64", precision="tf32")
+
+
+# ----------------------------------------------------------------------------- the loss curves
+
+#: How far the loss curve of a run at bf16 (and tf32) may stray from fp32's: the largest absolute
+#: difference of the running means of 10 steps, over 30 steps of a tiny model on the toy corpus.
+#: bfloat16 keeps 8 significant bits (a relative rounding of at most 2^-9 per operand); the run's
+#: differences are a few 1e-4 with NumPy's OpenBLAS, so the bound leaves room for another BLAS's
+#: order of summation, and none for a rounding that drops more bits than the format does.
+CURVE_TOLERANCE = {"tf32": 0.005, "bf16": 0.01}
+
+
+def _tiny(precision, **kw):
+    from attn.training.config import TrainConfig
+    return TrainConfig(d_model=32, heads=2, d_ff=64, layers=1, max_tokens=512, steps=30, precision=precision,
+                       backend="numpy", **kw)
+
+
+def test_bf16_and_tf32_training_stay_within_the_tolerance_of_fp32():
+    from attn.bench.precision import compare, loss_curve
+    curves = {p: loss_curve(_tiny(p)) for p in P.PRECISIONS}
+    result = compare(curves, k=10)
+    for p, tol in CURVE_TOLERANCE.items():
+        assert 0 < result[p]["max_diff"] <= tol, (p, result[p])         # rounded (not fp32), and close
