@@ -195,3 +195,31 @@ def test_bf16_and_tf32_training_stay_within_the_tolerance_of_fp32():
     result = compare(curves, k=10)
     for p, tol in CURVE_TOLERANCE.items():
         assert 0 < result[p]["max_diff"] <= tol, (p, result[p])         # rounded (not fp32), and close
+
+
+def test_the_cupy_path_rounds_as_the_numpy_twin():
+    """On CuPy (or the stand-in) a bf16 step's products read the same rounded operands as on
+    NumPy: the loss and a gradient agree to float32 rounding, and both differ from fp32's."""
+    from attn.fast import FastTransformer, cross_entropy
+    from attn.model import Transformer, TransformerConfig
+    from conftest import selected_backend
+    cfg = TransformerConfig.preset("toy", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                                   n_decoder_layers=1, dropout=0.0)
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(3, 20, (3, 5)), rng.integers(3, 20, (3, 6))
+
+    def step(xp, precision):
+        m = FastTransformer.from_model(Transformer(cfg, seed=0, params=None), precision)
+        if xp is not np:
+            m = FastTransformer(cfg, params={k: xp.asarray(v) for k, v in m.params.items()}, precision=precision)
+        logits, cache = m.forward(xp.asarray(src), xp.asarray(tgt[:, :-1]), None)
+        loss, d = cross_entropy(logits, xp.asarray(tgt[:, 1:]), 0.1)
+        g = m.backward(d, cache)["encoder.0.ffn.w1"]
+        return float(loss), (g.get() if hasattr(g, "get") else g).copy()
+
+    with selected_backend("cupy") as cp:
+        on_device = step(cp, "bf16")
+    on_host, fp32 = step(np, "bf16"), step(np, "fp32")
+    assert on_device[0] == pytest.approx(on_host[0], rel=1e-6)
+    np.testing.assert_allclose(on_device[1], on_host[1], rtol=1e-4, atol=1e-6)
+    assert not np.allclose(on_host[1], fp32[1], rtol=1e-6, atol=0)
