@@ -157,6 +157,20 @@ def test_products_read_rounded_operands_and_sum_in_float32():
     d = a.astype(np.float64)
     assert np.array_equal(ops_for(np, "bf16").mm(d, d.T), d @ d.T)      # float64 (gradient checks): exact
 
+    from attn.fast.ops import _Ops
+
+    class OwnProducts(_Ops):                # a subclass with products of its own (CuPy's: cuBLAS)
+        def mm(self, a, b, out=None):
+            self.seen.append((a, b))
+            return super().mm(a, b, out=out)
+
+    own = OwnProducts(np)
+    own.seen = []
+    bf16 = own.with_precision("bf16")
+    assert own.with_precision("fp32") is own and isinstance(bf16, OwnProducts)
+    assert np.array_equal(bf16.mm(a, b), P.round_bf16(a) @ P.round_bf16(b))
+    assert np.array_equal(own.seen[-1][0], P.round_bf16(a))               # it was handed rounded operands
+
 
 def test_the_fast_engine_knows_its_precision():
     from attn.fast import FastTransformer, ops_for
