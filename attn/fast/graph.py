@@ -112,11 +112,12 @@ def survey(fn: Callable, xp) -> list:
     ``fn`` runs for real before the capture's effects are undone, so call it where a step may
     be taken."""
     stream = xp.cuda.Stream(non_blocking=True)
-    stream.begin_capture(survey=True)
-    try:
-        fn()
-    finally:
-        graph = stream.end_capture()
+    with stream:                                # current, as in a capture: cuBLAS is set to it
+        stream.begin_capture(survey=True)
+        try:
+            fn()
+        finally:
+            graph = stream.end_capture()
     return [Refusal(*r) for r in graph.refused]
 
 

@@ -1098,6 +1098,146 @@ class CupyOps(_Ops):
             c = self._scratch["counters"] = self.xp.zeros((max(n, 64),), dtype=B.host.uint32)
         return c
 
+    # ---- the matrix products: cuBLAS on the views as they are
+
+    def _cublas(self):
+        """cuBLAS and the current device's handle, set to the current stream (a capture runs on
+        a stream of its own) and to host pointers for alpha and beta (as CuPy's ``matmul``)."""
+        cuda = self.xp.cuda
+        cublas = cuda.cublas
+        handle = cuda.device.get_cublas_handle()
+        cublas.setStream(handle, cuda.get_current_stream().ptr)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        return cublas, handle
+
+    def _alpha_beta(self, dtype):
+        """Host addresses of 1 and 0 in ``dtype`` (kept alive here: cuBLAS reads them at the call)."""
+        key = ("alpha_beta", dtype)
+        ab = self._scratch.get(key)
+        if ab is None:
+            ab = self._scratch[key] = B.host.array([1, 0], dtype=dtype)
+        return ab.ctypes.data, ab.ctypes.data + ab.itemsize
+
+    @staticmethod
+    def _matrix(x, where, name):
+        """How cuBLAS reads matrix ``x`` (the last two axes, R x C) in place: (rows_contiguous,
+        ld) with ld in elements; rows_contiguous when x's rows are contiguous (row-major with
+        leading dimension ld: cuBLAS's column-major x^T), else its columns (x itself,
+        column-major). Anything else cannot be given to cuBLAS as it is: ValueError."""
+        R, C = x.shape[-2:]
+        item = x.itemsize
+        sr, sc = x.strides[-2:]
+        if sr % item or sc % item:
+            raise ValueError(f"CupyOps.{where}: {name} strides {x.strides} are not whole elements")
+        sr, sc = sr // item, sc // item
+        if (sc == 1 or C == 1) and (R == 1 or sr >= max(1, C)):
+            return True, (sr if R > 1 else max(1, C))
+        if (sr == 1 or R == 1) and (C == 1 or sc >= max(1, R)):
+            return False, (sc if C > 1 else max(1, R))
+        raise ValueError(f"CupyOps.{where}: {name} of shape {tuple(x.shape)}, strides {x.strides}: neither its rows "
+                         "nor its columns are contiguous, so cuBLAS cannot read it as it is")
+
+    def _operands(self, where, a, b, out, nbatch):
+        xp = self.xp
+        if a.ndim != nbatch + 2 or b.ndim != nbatch + 2:
+            raise ValueError(f"CupyOps.{where}: a {tuple(a.shape)} and b {tuple(b.shape)} must have {nbatch + 2} "
+                             "dimensions")
+        *batch, M, K = a.shape
+        if tuple(b.shape[:-2]) != tuple(batch) or b.shape[-2] != K:
+            raise ValueError(f"CupyOps.{where}: a {tuple(a.shape)} @ b {tuple(b.shape)}: the shapes do not match")
+        N = b.shape[-1]
+        if a.dtype != b.dtype or str(a.dtype) not in _CTYPES:
+            raise ValueError(f"CupyOps.{where}: a and b must be both float32 or both float64, got {a.dtype} "
+                             f"and {b.dtype}")
+        if out is None:
+            out = xp.empty((*batch, M, N), dtype=a.dtype)
+        elif tuple(out.shape) != (*batch, M, N) or out.dtype != a.dtype:
+            raise ValueError(f"CupyOps.{where}: out must be {(*batch, M, N)} {a.dtype}, got {tuple(out.shape)} "
+                             f"{out.dtype}")
+        return out, M, N, K
+
+    def _gemm_args(self, where, a, b, out, M, N, K):
+        """The column-major GEMM that makes ``out = a @ b``: (transa, transb, m, n, k, first,
+        lda, second, ldb, ldc), with first and second the arrays cuBLAS takes as its A and B.
+        Row-major out is cuBLAS's C^T = B^T A^T (so cuBLAS's A is b), column-major out its
+        C = A B."""
+        a_rows, lda = self._matrix(a, where, "a")
+        b_rows, ldb = self._matrix(b, where, "b")
+        c_rows, ldc = self._matrix(out, where, "out")
+        N_, T_ = 0, 1                      # CUBLAS_OP_N, CUBLAS_OP_T
+        if c_rows:                         # a row-major array's memory is its transpose, column-major
+            return (N_ if b_rows else T_, N_ if a_rows else T_, N, M, K, b, ldb, a, lda, ldc)
+        return (T_ if a_rows else N_, T_ if b_rows else N_, M, N, K, a, lda, b, ldb, ldc)
+
+    def mm(self, a, b, out=None):
+        """``a @ b`` (M, K) x (K, N) by one cuBLAS GEMM (``sgemm``/``dgemm``) on the operands as
+        they are (each needs its rows or its columns contiguous: a transposed matrix, a block
+        of columns); ``out`` too may be such a view. Returns out."""
+        out, M, N, K = self._operands("mm", a, b, out, 0)
+        if M == 0 or N == 0:
+            return out
+        if K == 0:
+            out.fill(0)
+            return out
+        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args("mm", a, b, out, M, N, K)
+        cublas, handle = self._cublas()
+        alpha, beta = self._alpha_beta(a.dtype)
+        gemm = cublas.sgemm if a.dtype == B.host.float32 else cublas.dgemm
+        gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta, out.data.ptr, ldc)
+        return out
+
+    @staticmethod
+    def _batch_strides(x):
+        """The batch axes of ``x`` (one or two) as (outer, inner, outer stride, inner stride),
+        strides in elements."""
+        shape, strides = x.shape[:-2], tuple(s // x.itemsize for s in x.strides[:-2])
+        if len(shape) == 1:
+            return 1, shape[0], 0, strides[0]
+        return shape[0], shape[1], strides[0], strides[1]
+
+    def bmm(self, a, b, out=None):
+        """``a @ b`` over one or two batch axes, (..., M, K) x (..., K, N), each matrix as it lies
+        (see :meth:`mm`). Where each operand's batch is one stride (the batch axes merge), one
+        ``gemmStridedBatched``; else (head views of a (B*T, n*D) projection: batch and head are
+        two strides) the three pointer arrays of ``gemmBatched`` made on the device by one
+        ``gemm_pointers`` launch (into a scratch buffer kept between products), then one
+        ``gemmBatched``: two launches, no operand copied. Returns out."""
+        if a.ndim not in (3, 4):
+            raise ValueError(f"CupyOps.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
+        out, M, N, K = self._operands("bmm", a, b, out, a.ndim - 2)
+        count = math.prod(out.shape[:-2])
+        if M == 0 or N == 0 or count == 0:
+            return out
+        if K == 0:
+            out.fill(0)
+            return out
+        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args("bmm", a, b, out, M, N, K)
+        batches = [self._batch_strides(x) for x in (first, second, out)]
+        cublas, handle = self._cublas()
+        alpha, beta = self._alpha_beta(a.dtype)
+        single = B.host.float32 == a.dtype
+        merged = []
+        for outer, inner, so, si in batches:
+            if outer == 1 or inner == 1 or so == si * inner:
+                merged.append(so if inner == 1 else si)
+        if len(merged) == 3:
+            gemm = cublas.sgemmStridedBatched if single else cublas.dgemmStridedBatched
+            gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, merged[0], second.data.ptr, ldb, merged[1],
+                 beta, out.data.ptr, ldc, merged[2], count)
+            return out
+        ptrs = self._buffer("gemm_pointers", 3 * count, B.host.uint64)
+        outer, inner = batches[2][:2]
+        args = []
+        for x, (_, _, so, si) in zip((first, second, out), batches):
+            args += [B.host.uint64(x.data.ptr), B.host.int64(so), B.host.int64(si)]
+        threads = 128
+        self._fn("gemm_pointers", a.dtype)((-(-count // threads),), (threads,),
+                                           (ptrs, *args, B.host.int32(count), B.host.int32(inner)))
+        gemm = cublas.sgemmBatched if single else cublas.dgemmBatched
+        p, step = ptrs.data.ptr, 8 * count
+        gemm(handle, ta, tb, m, n, k, alpha, p, lda, p + step, ldb, beta, p + 2 * step, ldc, count)
+        return out
+
     # ---- dropout, ReLU
 
     #: Dropout masks from the counter-based generator of ``dropout_hash`` (no draw, no mask in
@@ -1730,6 +1870,50 @@ NUMPY_TWINS.update({"decode_embed": decode_embed_np, "add_norm": add_norm_np,
                     "one_query_attention": one_query_attention_np, "log_softmax_rows": log_softmax_rows_np,
                     "greedy_pick": greedy_pick_np, "beam_candidates": beam_candidates_np,
                     "gather_prefix": gather_prefix_np})
+_KERNELS = tuple(NUMPY_TWINS)
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
+
+# --------------------------------------------------------------------------- pointers for cuBLAS
+
+_GEMM_POINTERS = r"""
+// The three pointer arrays of a batched GEMM (cublas<t>gemmBatched) over a batch of two levels,
+// outer x inner (an attention's batch x heads): for each operand j (0, 1, 2: cuBLAS's A, B, C) and
+// batch entry i = o * inner + n, ptrs[j * count + i] = base_j + (o * outer_j + n * inner_j) elements of T
+// (the strides may be negative). One thread per batch entry.
+template <typename T>
+__global__ void gemm_pointers(unsigned long long* ptrs, unsigned long long a, long long a_outer, long long a_inner,
+                              unsigned long long b, long long b_outer, long long b_inner, unsigned long long c,
+                              long long c_outer, long long c_inner, int count, int inner) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    long long o = i / inner, n = i % inner;
+    const unsigned long long size = sizeof(T);
+    ptrs[i] = a + size * (unsigned long long)(o * a_outer + n * a_inner);
+    ptrs[count + i] = b + size * (unsigned long long)(o * b_outer + n * b_inner);
+    ptrs[2 * (long long)count + i] = c + size * (unsigned long long)(o * c_outer + n * c_inner);
+}
+"""
+
+
+def gemm_pointers_np(launch, ptrs, a, a_outer, a_inner, b, b_outer, b_inner, c, c_outer, c_inner, count, inner):
+    """NumPy twin of ``gemm_pointers`` (``launch.name`` says T: float or double); the addresses
+    are computed modulo 2**64, as the kernel's unsigned arithmetic does."""
+    np = B.host
+    count, inner = int(count), int(inner)
+    _check_threads(launch, count, "batch entries")
+    if inner < 1 or count % inner:
+        raise ValueError(f"{launch.name}: {count} batch entries are not a whole number of {inner} inner entries")
+    size = 8 if "double" in launch.name else 4
+    i = np.arange(count, dtype=np.int64)
+    o, n = i // inner, i % inner
+    out = _view(ptrs, (3, count), (count, 1))
+    for j, (base, so, si) in enumerate(((a, a_outer, a_inner), (b, b_outer, b_inner), (c, c_outer, c_inner))):
+        offs = (o * int(so) + n * int(si)) * size                        # bytes, int64 (|offsets| < 2**63)
+        out[j] = (offs.astype(np.uint64) + np.uint64(int(base)))         # modulo 2**64, as the kernel
+
+
+_SOURCE += _GEMM_POINTERS
+NUMPY_TWINS["gemm_pointers"] = gemm_pointers_np
 _KERNELS = tuple(NUMPY_TWINS)
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
 

@@ -557,11 +557,39 @@ class _Flags:
 
 
 class MemoryPointer:
-    """``a.data``: where the array's memory begins (``ptr``)."""
+    """``a.data``: where the array's memory begins (``ptr``). Taking it makes the array's
+    memory reachable by address (:func:`_exposed_memory`), as device memory is to cuBLAS."""
 
     def __init__(self, a: np.ndarray):
         self.ptr = a.__array_interface__["data"][0]
         self.device_id = 0
+        _expose(a)
+
+
+#: The memory whose address was taken (``a.data``): id of the NumPy array owning it -> a weak
+#: reference to that array. cuBLAS calls resolve device pointers against it (the stand-in's
+#: device memory is NumPy memory, so a pointer is a NumPy data address).
+_EXPOSED: dict = {}
+
+
+def _expose(a: np.ndarray) -> None:
+    import weakref
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    if a.size and id(a) not in _EXPOSED:
+        key = id(a)
+        _EXPOSED[key] = weakref.ref(a, lambda _r, key=key: _EXPOSED.pop(key, None))
+
+
+def _exposed_memory() -> list:
+    """(first byte, one past the last, owner) of every live array whose address was taken."""
+    out = []
+    for ref in list(_EXPOSED.values()):
+        a = ref()
+        if a is not None:
+            lo, hi = np.lib.array_utils.byte_bounds(a)
+            out.append((lo, hi, a))
+    return out
 
 
 def _binary(uf, reflected=False):
@@ -1138,16 +1166,21 @@ class Stream:
         """Work queued later waits for ``event``: here every operation has finished when it returns."""
 
     def use(self):
+        _CURRENT_STREAM[0] = self
         return self
 
     def __enter__(self):
+        _CURRENT_STREAM.append(self)
         return self
 
     def __exit__(self, *exc):
+        _CURRENT_STREAM.pop()
         return False
 
 
 Stream.null = Stream(null=True)
+#: The current stream (``get_current_stream``): the last one entered with ``with stream:``.
+_CURRENT_STREAM = [Stream.null]
 
 
 class Event:
@@ -1283,9 +1316,247 @@ class _Nccl:
             comm.Allreduce(MPI.IN_PLACE if sendbuf == recvbuf else send, recv, op=MPI.SUM)
 
 
+class _Cublas:
+    """``cupy.cuda.cublas`` (``cupy_backends.cuda.libs.cublas``): the GEMMs attn calls, with
+    CuPy 14's signatures and cuBLAS's constants, computed with NumPy exactly as cuBLAS defines
+    them (column-major: ``C = alpha op(A) op(B) + beta C`` with ``op(X)`` X or X^T, element
+    (i, j) of a stored matrix at ``X + (i + j * ld) * itemsize``; C not read when beta is 0).
+
+    Pointers are device addresses (``a.data.ptr``, here NumPy data addresses). Every matrix a
+    call touches, and every pointer array of the batched calls, must lie inside one live device
+    array whose address was taken: a wrong ld, stride or pointer raises :class:`CUBLASError`
+    instead of reading what lies there. ``alpha`` and ``beta`` are host pointers (the pointer
+    mode, host by default, as cuBLAS's) and are read when the call is made, as cuBLAS does; the
+    pointer arrays and matrices are read when the work runs, so a captured call replays on what
+    memory holds then. During a capture the handle must be on the capturing stream
+    (``setStream``): work on another stream is not captured on a GPU."""
+
+    CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
+    CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
+    HANDLE = 0x5EED0001
+
+    class CUBLASError(RuntimeError):
+        pass
+
+    #: handle -> [stream, pointer mode]
+    _state = {HANDLE: [0, 0]}
+
+    @classmethod
+    def _handle(cls, handle):
+        st = cls._state.get(handle)
+        if st is None:
+            raise cls.CUBLASError(f"CUBLAS_STATUS_NOT_INITIALIZED: {handle!r} is not a cuBLAS handle")
+        return st
+
+    @classmethod
+    def setStream(cls, handle, streamId):
+        cls._handle(handle)[0] = _int(streamId, "streamId", 64)
+
+    @classmethod
+    def getStream(cls, handle):
+        return cls._handle(handle)[0]
+
+    @classmethod
+    def setPointerMode(cls, handle, mode):
+        if mode not in (0, 1):
+            raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: pointer mode {mode!r}")
+        cls._handle(handle)[1] = int(mode)
+
+    @classmethod
+    def getPointerMode(cls, handle):
+        return cls._handle(handle)[1]
+
+    # ---- the GEMMs (CuPy 14's argument lists)
+
+    @classmethod
+    def sgemm(cls, handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
+        cls._gemm("sgemm", np.float32, handle, transa, transb, m, n, k, alpha, beta,
+                  ("A", A, lda, 0), ("B", B, ldb, 0), ("C", C, ldc, 0), 1, False)
+
+    @classmethod
+    def dgemm(cls, handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc):
+        cls._gemm("dgemm", np.float64, handle, transa, transb, m, n, k, alpha, beta,
+                  ("A", A, lda, 0), ("B", B, ldb, 0), ("C", C, ldc, 0), 1, False)
+
+    @classmethod
+    def sgemmStridedBatched(cls, handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+                            beta, C, ldc, strideC, batchCount):
+        cls._gemm("sgemmStridedBatched", np.float32, handle, transa, transb, m, n, k, alpha, beta,
+                  ("A", A, lda, strideA), ("B", B, ldb, strideB), ("C", C, ldc, strideC), batchCount, False)
+
+    @classmethod
+    def dgemmStridedBatched(cls, handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+                            beta, C, ldc, strideC, batchCount):
+        cls._gemm("dgemmStridedBatched", np.float64, handle, transa, transb, m, n, k, alpha, beta,
+                  ("A", A, lda, strideA), ("B", B, ldb, strideB), ("C", C, ldc, strideC), batchCount, False)
+
+    @classmethod
+    def sgemmBatched(cls, handle, transa, transb, m, n, k, alpha, Aarray, lda, Barray, ldb, beta, Carray, ldc,
+                     batchCount):
+        cls._gemm("sgemmBatched", np.float32, handle, transa, transb, m, n, k, alpha, beta,
+                  ("Aarray", Aarray, lda, None), ("Barray", Barray, ldb, None), ("Carray", Carray, ldc, None),
+                  batchCount, True)
+
+    @classmethod
+    def dgemmBatched(cls, handle, transa, transb, m, n, k, alpha, Aarray, lda, Barray, ldb, beta, Carray, ldc,
+                     batchCount):
+        cls._gemm("dgemmBatched", np.float64, handle, transa, transb, m, n, k, alpha, beta,
+                  ("Aarray", Aarray, lda, None), ("Barray", Barray, ldb, None), ("Carray", Carray, ldc, None),
+                  batchCount, True)
+
+    # ---- what they compute
+
+    @classmethod
+    def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays):
+        stream, mode = cls._handle(handle)
+        ta, tb = (_int(t, f"trans{w}", 32) for t, w in ((transa, "a"), (transb, "b")))
+        m, n, k, count = (_int(v, w, 32) for v, w in ((m, "m"), (n, "n"), (k, "k"), (count, "batchCount")))
+        if ta not in (0, 1, 2) or tb not in (0, 1, 2):
+            raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: {name}: transa {ta}, transb {tb}")
+        if min(m, n, k, count) < 0:
+            raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: {name}: m {m}, n {n}, k {k}, batchCount {count}")
+        # the stored shapes (rows, columns) of A, B and C: op(A) is m x k, op(B) k x n, C m x n
+        shapes = {"A": (m, k) if ta == 0 else (k, m), "B": (k, n) if tb == 0 else (n, k), "C": (m, n)}
+        specs = []
+        for (what, ptr, ld, stride), key in zip((A, B, C), "ABC"):
+            ld = _int(ld, f"ld{key.lower()}", 32)
+            rows, cols = shapes[key]
+            if ld < max(1, rows):
+                raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: {name}: ld{key.lower()} {ld} < max(1, {rows}) "
+                                      f"(the rows of the stored {key}, {rows} x {cols})")
+            specs.append((what, _int(ptr, what, 64), ld, None if stride is None else _int(stride, f"stride{key}", 64),
+                          rows, cols))
+        if _capturing is not None and stream != _capturing.stream.ptr:
+            _refuse_in_capture(f"cuBLAS {name} on stream {stream:#x}, not the capturing stream (setStream first)",
+                               "cuBLAS off the capturing stream")
+        if mode == cls.CUBLAS_POINTER_MODE_HOST:
+            a_s, b_s = (_host_scalar(p, dtype, w) for p, w in ((alpha, "alpha"), (beta, "beta")))
+            scalars = lambda: (a_s, b_s)                                           # noqa: E731
+        else:
+            scalars = lambda: tuple(_device_scalar(p, dtype, w) for p, w in ((alpha, "alpha"), (beta, "beta")))  # noqa: E731
+
+        def run():
+            if m == 0 or n == 0 or count == 0:
+                return [np.empty(0, dtype)] * 3
+            al, be = scalars()
+            ops = []
+            for (what, ptr, ld, stride, rows, cols), t in zip(specs, (ta, tb, None)):
+                ptrs = (_device_words(ptr, count, f"{name} {what}") if arrays
+                        else ptr + np.arange(count, dtype=np.int64) * (stride * np.dtype(dtype).itemsize))
+                ops.append(_Matrices(ptrs, rows, cols, ld, dtype, f"{name} {what}"))
+            a, b, c = ops
+            ra, rb = a.read(), b.read()
+            opa = ra if ta == 0 else ra.transpose(0, 2, 1)
+            opb = rb if tb == 0 else rb.transpose(0, 2, 1)
+            r = np.matmul(opa, opb) if k else np.zeros((count, m, n), dtype=dtype)
+            if al != 1:
+                r *= dtype(al)
+            if be != 0:
+                r += dtype(be) * c.read()
+            c.write(r)
+            return [ra, rb, r]                  # what was read and written (the tracer's bytes)
+
+        touched = run()
+        if _capturing is not None:
+            _record(run)
+        if tracer is not None:
+            tracer("matmul", f"cublas {name}", touched[:2], touched[2:], {"fresh": []})
+
+
+class _Matrices:
+    """``count`` stored matrices (rows x cols, column-major with leading dimension ``ld``) at
+    device addresses ``ptrs``: each inside one live device array, else :class:`_Cublas.CUBLASError`."""
+
+    def __init__(self, ptrs, rows, cols, ld, dtype, what):
+        item = np.dtype(dtype).itemsize
+        ptrs = np.asarray(ptrs, dtype=np.int64)
+        extent = ((cols - 1) * ld + rows) * item if rows and cols else 0
+        self.shape, self.dtype, self.arrays = (rows, cols), np.dtype(dtype), []
+        self._parts = []                    # (indices into the batch, element view of the owner, offsets)
+        left = np.ones(len(ptrs), dtype=bool)
+        if extent == 0:
+            return
+        for lo, hi, owner in _exposed_memory():
+            inside = left & (ptrs >= lo) & (ptrs + extent <= hi)
+            if not inside.any():
+                continue
+            if (lo % item) or ((ptrs[inside] - lo) % item).any():
+                raise _Cublas.CUBLASError(f"fakecupy cublas {what}: a pointer not aligned to {item} bytes")
+            mem = _memory_at(lo, (hi - lo) // item, self.dtype)
+            self._parts.append((np.flatnonzero(inside), mem, (ptrs[inside] - lo) // item, owner))
+            self.arrays.append(owner)
+            left &= ~inside
+            if not left.any():
+                break
+        if left.any():
+            i = int(np.flatnonzero(left)[0])
+            raise _Cublas.CUBLASError(
+                f"fakecupy cublas {what}: matrix {i} of {len(ptrs)}, {rows} x {cols} (column-major, ld {ld}) at "
+                f"{int(ptrs[i]):#x}, {extent} bytes, is not inside any live device array")
+        rr, cc = np.arange(rows), np.arange(cols)
+        self._cell = rr[:, None] + cc[None, :] * ld                     # (rows, cols) element offsets
+        self._n = len(ptrs)
+
+    def read(self):
+        out = np.empty((self._n,) + self.shape, dtype=self.dtype)
+        for idx, mem, off, _ in self._parts:
+            out[idx] = mem[off[:, None, None] + self._cell]
+        return out
+
+    def write(self, r):
+        for idx, mem, off, _ in self._parts:
+            mem[off[:, None, None] + self._cell] = r[idx]
+
+
+def _memory_at(address: int, n: int, dtype) -> np.ndarray:
+    """The n elements of ``dtype`` at a device address (NumPy memory here), writable."""
+    import ctypes
+    return np.frombuffer((ctypes.c_char * (n * np.dtype(dtype).itemsize)).from_address(address), dtype=dtype)
+
+
+def _device_words(ptr: int, count: int, what: str) -> np.ndarray:
+    """The ``count`` 64-bit pointers of a device pointer array at ``ptr``."""
+    m = _Matrices([ptr], count, 1, max(count, 1), np.uint64, f"{what} (pointer array)")
+    return m.read().reshape(-1).astype(np.int64) if count else np.empty(0, np.int64)
+
+
+def _host_scalar(ptr, dtype, what: str):
+    """A scalar at a host address (pointer mode host), read now."""
+    import ctypes
+    ptr = _int(ptr, what, 64)
+    if not ptr:
+        raise _Cublas.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: {what} is a null pointer")
+    return np.frombuffer((ctypes.c_char * np.dtype(dtype).itemsize).from_address(ptr), dtype=dtype)[0].copy()
+
+
+def _device_scalar(ptr, dtype, what: str):
+    return _Matrices([_int(ptr, what, 64)], 1, 1, 1, dtype, what).read().reshape(())[()]
+
+
+def _int(v, what: str, bits: int) -> int:
+    """An argument CuPy's Cython wrapper converts to a C integer of ``bits`` bits."""
+    if isinstance(v, (builtins.bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"fakecupy cublas: {what} must be an integer, got {type(v).__name__} {v!r}")
+    v = int(v)
+    if not -(1 << (bits - 1)) <= v < (1 << bits):
+        raise OverflowError(f"fakecupy cublas: {what} = {v} does not fit in {bits} bits")
+    return v
+
+
+class _DeviceModule:
+    """``cupy.cuda.device``: the current device's cuBLAS handle."""
+    Device = Device
+
+    @staticmethod
+    def get_cublas_handle():
+        return _Cublas.HANDLE
+
+
 class _Cuda:
     Device, Stream, Event, MemoryHook, MemoryPool, Graph = Device, Stream, Event, MemoryHook, MemoryPool, Graph
     nccl = _Nccl
+    cublas = None                   # set below: _Cublas
+    device = None                   # set below: _DeviceModule
     get_elapsed_time = staticmethod(get_elapsed_time)
     runtime = _Runtime()
 
@@ -1295,10 +1566,15 @@ class _Cuda:
 
     @staticmethod
     def get_current_stream():
-        return Stream.null
+        return _CURRENT_STREAM[-1]
+
+    @staticmethod
+    def get_cublas_handle():
+        return _Cublas.HANDLE
 
 
 cuda = _Cuda()
+_Cuda.cublas, _Cuda.device = _Cublas, _DeviceModule
 
 # --------------------------------------------------------------------------- kernels
 
