@@ -237,3 +237,27 @@ def test_the_cupy_path_rounds_as_the_numpy_twin():
     assert on_device[0] == pytest.approx(on_host[0], rel=1e-6)
     np.testing.assert_allclose(on_device[1], on_host[1], rtol=1e-4, atol=1e-6)
     assert not np.allclose(on_host[1], fp32[1], rtol=1e-6, atol=0)
+
+
+def test_tf32_on_cupy_is_cublas_math_mode_and_put_back():
+    """At tf32 the CuPy kernels' products run on the handle's TF32 tensor-op math mode (the stand-in's
+    cuBLAS then reads float32 operands as TF32), and the handle's mode is put back after each."""
+    from attn.fast import ops_for
+    from attn.fast.kernels import Tf32CupyOps
+    from conftest import selected_backend
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((6, 9)).astype(np.float32), rng.standard_normal((9, 5)).astype(np.float32)
+    x = rng.standard_normal((2, 3, 4, 9)).astype(np.float32)
+    with selected_backend("cupy") as cp:
+        ops = ops_for(cp, "tf32")
+        assert isinstance(ops, Tf32CupyOps) and ops._functions is ops_for(cp)._functions
+        handle = cp.cuda.device.get_cublas_handle()
+        before = cp.cuda.cublas.getMathMode(handle)
+        got = cp.asnumpy(ops.mm(cp.asarray(a), cp.asarray(b)))
+        got_b = cp.asnumpy(ops.bmm(cp.asarray(x), cp.asarray(x).swapaxes(-1, -2)))
+        fp32 = cp.asnumpy(ops_for(cp).mm(cp.asarray(a), cp.asarray(b)))
+        assert cp.cuda.cublas.getMathMode(handle) == before
+    want = P.round_tf32(a) @ P.round_tf32(b)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_b, P.round_tf32(x) @ P.round_tf32(x).swapaxes(-1, -2), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(got, fp32, rtol=1e-7, atol=0)

@@ -78,6 +78,7 @@ has no GPU (docs/GPU.md lists what a GPU owner should run).
 """
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from typing import NamedTuple
@@ -1403,6 +1404,21 @@ class CupyOps(_Ops):
              f64(lr_factor), f64(0.0 if fixed_lr is None else fixed_lr), B.host.int32(fixed_lr is not None),
              f64(d_model), f64(warmup), f64(b1), f64(b2), f64(eps), B.host.int64(n)), shared_mem=threads * 8)
 
+    # ---- the products' precision (attn.precision)
+
+    def with_precision(self, precision: str):
+        """These kernels with products at ``precision``. tf32: every product on cuBLAS's TF32
+        tensor-op math mode (:class:`Tf32CupyOps`: the float32 operands read as TF32 inside the
+        GEMM, float32 sums, nothing rounded beforehand). bf16: the operands rounded to bf16 by
+        :meth:`_Ops.with_precision`'s products, then multiplied in float32 (the numbers of bf16
+        operands with float32 compute; not yet the ``CUDA_R_16BF`` operands of ``gemmEx``)."""
+        if precision != "tf32":
+            return super().with_precision(precision)
+        twin = copy.copy(self)
+        twin.__class__ = Tf32CupyOps
+        twin.precision = precision
+        return twin
+
     def round_bf16_(self, src, dst):
         """dst (uint16, src's size) <- the bfloat16 patterns nearest to src (float32): the bf16
         copy of the fp32 master weights that ``--precision bf16`` makes once a step, one launch
@@ -1947,6 +1963,30 @@ _SOURCE += _ROUND_BF16
 NUMPY_TWINS["round_bf16"] = round_bf16_np
 _KERNELS = tuple(NUMPY_TWINS)
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
+
+
+class Tf32CupyOps(CupyOps):
+    """:class:`CupyOps` whose products run on the cuBLAS handle's ``CUBLAS_TF32_TENSOR_OP_MATH``
+    (``attn-train --precision tf32``): the GEMMs read their float32 operands as TF32 in the tensor
+    cores and sum in float32. The handle's mode is set for each product and put back after it (CuPy's
+    own products share the handle)."""
+
+    precision = "tf32"
+
+    def _tf32(self, product, a, b, out):
+        cublas, handle = self._cublas()
+        before = cublas.getMathMode(handle)
+        cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
+        try:
+            return product(self, a, b, out=out)
+        finally:
+            cublas.setMathMode(handle, before)
+
+    def mm(self, a, b, out=None):
+        return self._tf32(CupyOps.mm, a, b, out)
+
+    def bmm(self, a, b, out=None):
+        return self._tf32(CupyOps.bmm, a, b, out)
 
 
 class DecodeKernels:
