@@ -29,28 +29,36 @@ from ..training.config import TrainConfig
 SMOOTH = 20
 
 
-def loss_curve(config: TrainConfig, progress=None) -> list:
-    """The training loss of every step of ``config.steps`` steps of the run ``config`` asks for
-    (its precision, preset, seed, data), with no evaluation and nothing written."""
+def loss_curves(config: TrainConfig, precisions=PRECISIONS, progress=None) -> dict:
+    """{precision: the training loss of every step} for ``config.steps`` steps of the run ``config``
+    asks for (its preset, seed, data; its own precision is ignored), once per precision, each from
+    the same initial weights with the same batches and dropout masks; no evaluation, nothing written.
+    The data and the vocabulary are prepared once. ``progress(precision, steps_done)``."""
+    from ..model import Transformer
     from ..train import train_step
-    from ..training.prepare import prepare
+    from ..training.prepare import make_engine, prepare
     with tempfile.TemporaryDirectory() as tmp:
-        config = dataclasses.replace(config.with_recipe(), minutes=0, out=Path(tmp), quiet=True)
+        config = dataclasses.replace(config.with_recipe(), minutes=0, out=Path(tmp), quiet=True, precision="fp32")
         B.set_backend(config.backend)
         run = prepare(config, None, None, say=lambda message: None)
-    model, opt = run.model, run.opt
-    smoothing, losses, epoch = model.config.label_smoothing, [], 0
-    while len(losses) < config.steps:
-        for batch in make_batches(run.train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=epoch):
-            seed = config.seed * 1_000_003 + len(losses)          # as attn-train seeds each step
-            loss, _ = train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn)
-            losses.append(B.to_float(loss))
-            if progress is not None:
-                progress(len(losses))
-            if len(losses) == config.steps:
-                break
-        epoch += 1
-    return losses
+    first = {k: v.copy() for k, v in run.model.params.items()}         # the weights every run starts from
+    smoothing, curves = run.model.config.label_smoothing, {}
+    for precision in precisions:
+        model = Transformer(run.model.config, dtype=run.model.dtype, params={k: v.copy() for k, v in first.items()})
+        model, opt = make_engine(model, False, run.opt.lr_factor, precision)
+        losses, epoch = [], 0
+        while len(losses) < config.steps:
+            for batch in make_batches(run.train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=epoch):
+                seed = config.seed * 1_000_003 + len(losses)          # as attn-train seeds each step
+                loss, _ = train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn)
+                losses.append(B.to_float(loss))
+                if progress is not None:
+                    progress(precision, len(losses))
+                if len(losses) == config.steps:
+                    break
+            epoch += 1
+        curves[precision] = losses
+    return curves
 
 
 def smooth(losses, k: int = SMOOTH):
@@ -88,12 +96,12 @@ def main(argv=None) -> int:
     if not wanted or wanted[0] != "fp32" or any(w not in PRECISIONS for w in wanted):
         p.error(f"--precisions must start with fp32 (the reference) and name only {', '.join(PRECISIONS)}")
     from tqdm import tqdm
-    curves = {}
-    for precision in wanted:
-        config = TrainConfig(preset=args.preset, seed=args.seed, steps=args.steps, backend=args.backend,
-                             precision=precision)
-        with tqdm(total=args.steps, desc=precision, unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
-            curves[precision] = loss_curve(config, progress=lambda n: bar.update(1))
+    config = TrainConfig(preset=args.preset, seed=args.seed, steps=args.steps, backend=args.backend)
+    with tqdm(total=args.steps * len(wanted), unit="step", file=sys.stderr, dynamic_ncols=True) as bar:
+        def progress(precision, n):
+            bar.set_description(precision, refresh=False)
+            bar.update(1)
+        curves = loss_curves(config, wanted, progress)
     print(f"python -m attn.bench.precision {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"{args.preset} preset, seed {args.seed}, {args.steps} steps on {B.describe()}; curves smoothed over "
           f"{SMOOTH} steps")
