@@ -138,6 +138,10 @@ class TrainConfig:
         if self.precision != "fp32" and self.dtype != "float32":
             self._bad("precision", f"rounds float32 products and needs --dtype float32 (got {self.dtype}); "
                                    "use --precision fp32")
+        if self.precision == "bf16" and self.cuda_graph is True:
+            self._bad("precision", "bf16 cannot be captured with --cuda-graph yet: its products round their "
+                                   "operands into new arrays, which a CUDA graph capture refuses; use --precision "
+                                   "tf32 or fp32 with --cuda-graph")
         if self.precision != "fp32" and self.reference is True:
             self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
                                    "multiply in float32); drop one of the two flags")
