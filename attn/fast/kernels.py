@@ -37,6 +37,15 @@ adam_                  the whole Adam update of one parameter in one kernel
 adam_flat_             the whole arena's Adam update in one kernel, after one
                        ``sumsq_partial`` launch when clipping: the norm and the decision
                        to clip stay on the device
+mm, bmm                the step's matrix products by cuBLAS itself (``cupy.cuda.cublas``, the
+                       handle set to the current stream, alpha and beta host pointers), the
+                       operands and ``out`` as they lie (transposed, column blocks, head
+                       views: leading dimensions and transposes, column-major C^T = B^T A^T):
+                       ``sgemm``/``dgemm``; a batch that is one stride, ``gemmStridedBatched``;
+                       head views (offset ``b * T * n*D + h * Dh``: two strides), the three
+                       pointer arrays by one ``gemm_pointers`` launch, then ``gemmBatched``.
+                       Never CuPy's ``matmul``, which copies such views and which CuPy
+                       refuses while a stream captures
 =====================  =====================================================================
 
 and, launched by :class:`DecodeKernels` for a cached decoding step on CuPy
@@ -1157,7 +1166,7 @@ class CupyOps(_Ops):
                              f"{out.dtype}")
         return out, M, N, K
 
-    def _gemm_args(self, where, a, b, out, M, N, K):
+    def _gemm_args(self, cublas, where, a, b, out, M, N, K):
         """The column-major GEMM that makes ``out = a @ b``: (transa, transb, m, n, k, first,
         lda, second, ldb, ldc), with first and second the arrays cuBLAS takes as its A and B.
         Row-major out is cuBLAS's C^T = B^T A^T (so cuBLAS's A is b), column-major out its
@@ -1165,7 +1174,7 @@ class CupyOps(_Ops):
         a_rows, lda = self._matrix(a, where, "a")
         b_rows, ldb = self._matrix(b, where, "b")
         c_rows, ldc = self._matrix(out, where, "out")
-        N_, T_ = 0, 1                      # CUBLAS_OP_N, CUBLAS_OP_T
+        N_, T_ = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
         if c_rows:                         # a row-major array's memory is its transpose, column-major
             return (N_ if b_rows else T_, N_ if a_rows else T_, N, M, K, b, ldb, a, lda, ldc)
         return (T_ if a_rows else N_, T_ if b_rows else N_, M, N, K, a, lda, b, ldb, ldc)
@@ -1180,8 +1189,8 @@ class CupyOps(_Ops):
         if K == 0:
             out.fill(0)
             return out
-        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args("mm", a, b, out, M, N, K)
         cublas, handle = self._cublas()
+        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, M, N, K)
         alpha, beta = self._alpha_beta(a.dtype)
         gemm = cublas.sgemm if a.dtype == B.host.float32 else cublas.dgemm
         gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta, out.data.ptr, ldc)
@@ -1212,9 +1221,9 @@ class CupyOps(_Ops):
         if K == 0:
             out.fill(0)
             return out
-        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args("bmm", a, b, out, M, N, K)
-        batches = [self._batch_strides(x) for x in (first, second, out)]
         cublas, handle = self._cublas()
+        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "bmm", a, b, out, M, N, K)
+        batches = [self._batch_strides(x) for x in (first, second, out)]
         alpha, beta = self._alpha_beta(a.dtype)
         single = B.host.float32 == a.dtype
         merged = []

@@ -18,6 +18,12 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   :func:`counting` reads the count; ``cupyx.allow_synchronize(False)`` makes one raise.
 * ``cupy.random.RandomState``, ``cupy.cuda`` (runtime, Device, Stream, Event, memory pool and
   hooks, ``nccl``'s all-reduce: over MPI between ``mpiexec``'s ranks) and ``cupy.get_default_memory_pool()`` exist and do what a single device would.
+* ``cupy.cuda.cublas`` has the GEMMs attn calls (``sgemm``/``dgemm``, their ``StridedBatched``
+  and pointer-array ``Batched`` forms) with CuPy's signatures and cuBLAS's constants, and
+  ``cupy.cuda.device.get_cublas_handle()``: device pointers (``a.data.ptr``) are resolved to
+  the arrays whose address was taken, every matrix touched must lie inside one (a wrong ld or
+  stride raises ``CUBLASError``), and the result is what cuBLAS defines for the arguments
+  (column-major, transposes, alpha and beta read from host memory at the call).
 * Every operation can be traced as CuPy would run it (``fakecupy.cupy.tracer``): the kernel it
   launches (elementwise, reduction, RawKernel with its grid, cuBLAS product, copy, cuRAND draw),
   the arrays it reads and writes and those it allocates, including the copies CuPy's ``matmul``

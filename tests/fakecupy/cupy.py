@@ -1350,8 +1350,8 @@ class _Cublas:
         return st
 
     @classmethod
-    def setStream(cls, handle, streamId):
-        cls._handle(handle)[0] = _int(streamId, "streamId", 64)
+    def setStream(cls, handle, stream):
+        cls._handle(handle)[0] = _int(stream, "stream", 64, unsigned=True)
 
     @classmethod
     def getStream(cls, handle):
@@ -1439,16 +1439,18 @@ class _Cublas:
             if ld < max(1, rows):
                 raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: {name}: ld{key.lower()} {ld} < max(1, {rows}) "
                                       f"(the rows of the stored {key}, {rows} x {cols})")
-            specs.append((what, _int(ptr, what, 64), ld, None if stride is None else _int(stride, f"stride{key}", 64),
-                          rows, cols))
+            stride = None if stride is None else _int(stride, f"stride{key}", 64)
+            specs.append((what, _int(ptr, what, 64, unsigned=True), ld, stride, rows, cols))
         if _capturing is not None and stream != _capturing.stream.ptr:
             _refuse_in_capture(f"cuBLAS {name} on stream {stream:#x}, not the capturing stream (setStream first)",
                                "cuBLAS off the capturing stream")
         if mode == cls.CUBLAS_POINTER_MODE_HOST:
             a_s, b_s = (_host_scalar(p, dtype, w) for p, w in ((alpha, "alpha"), (beta, "beta")))
-            scalars = lambda: (a_s, b_s)                                           # noqa: E731
+            def scalars():
+                return a_s, b_s
         else:
-            scalars = lambda: tuple(_device_scalar(p, dtype, w) for p, w in ((alpha, "alpha"), (beta, "beta")))  # noqa: E731
+            def scalars():                   # device pointers: read when the work runs
+                return tuple(_device_scalar(p, dtype, w) for p, w in ((alpha, "alpha"), (beta, "beta")))
 
         def run():
             if m == 0 or n == 0 or count == 0:
@@ -1541,22 +1543,24 @@ def _device_words(ptr: int, count: int, what: str) -> np.ndarray:
 def _host_scalar(ptr, dtype, what: str):
     """A scalar at a host address (pointer mode host), read now."""
     import ctypes
-    ptr = _int(ptr, what, 64)
+    ptr = _int(ptr, what, 64, unsigned=True)
     if not ptr:
         raise _Cublas.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: {what} is a null pointer")
     return np.frombuffer((ctypes.c_char * np.dtype(dtype).itemsize).from_address(ptr), dtype=dtype)[0].copy()
 
 
 def _device_scalar(ptr, dtype, what: str):
-    return _Matrices([_int(ptr, what, 64)], 1, 1, 1, dtype, what).read().reshape(())[()]
+    return _Matrices([_int(ptr, what, 64, unsigned=True)], 1, 1, 1, dtype, what).read().reshape(())[()]
 
 
-def _int(v, what: str, bits: int) -> int:
-    """An argument CuPy's Cython wrapper converts to a C integer of ``bits`` bits."""
+def _int(v, what: str, bits: int, unsigned: bool = False) -> int:
+    """An argument CuPy's Cython wrapper converts to a C integer of ``bits`` bits (a pointer:
+    ``size_t``, unsigned)."""
     if isinstance(v, (builtins.bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"fakecupy cublas: {what} must be an integer, got {type(v).__name__} {v!r}")
     v = int(v)
-    if not -(1 << (bits - 1)) <= v < (1 << bits):
+    low, high = (0, 1 << bits) if unsigned else (-(1 << (bits - 1)), 1 << (bits - 1))
+    if not low <= v < high:
         raise OverflowError(f"fakecupy cublas: {what} = {v} does not fit in {bits} bits")
     return v
 

@@ -1,0 +1,256 @@
+"""The training step's matrix products through cuBLAS: ``ops.mm`` and ``ops.bmm`` (NumPy's
+``matmul`` on NumPy; ``cupy.cuda.cublas`` on the views as they lie on CuPy) against NumPy, on
+every backend this machine has, and the CuPy stand-in's ``cupy.cuda.cublas`` against what
+cuBLAS defines (column-major, leading dimensions, transposes, batch strides, pointer arrays),
+including that a wrong argument raises instead of reading memory outside an array."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import attn.backend as B
+from attn.fast.dispatch import ops_for
+from fakecupy import cupy as fcp
+
+DTYPES = [np.float32, np.float64]
+TOL = {np.float32: 1e-5, np.float64: 1e-12}
+
+
+def close(got, want, dtype):
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    return float(np.abs(got - want).max(initial=0.0)) <= TOL[dtype] * scale * 10
+
+
+# --------------------------------------------------------------------------- ops.mm / ops.bmm
+
+
+def _matrix_view(xp, rng, shape, dtype, how):
+    """A (R, C) operand laid out as ``how``: a contiguous array, the transpose of one, or a block of
+    columns of a wider array. Returns (device view, its values on the host)."""
+    R, C = shape
+    if how == "c":
+        h = rng.standard_normal((R, C)).astype(dtype)
+        return xp.asarray(h), h
+    if how == "t":
+        h = rng.standard_normal((C, R)).astype(dtype)
+        return xp.asarray(h).T, h.T
+    h = rng.standard_normal((R, C + 7)).astype(dtype)
+    return xp.asarray(h)[:, 3:3 + C], h[:, 3:3 + C]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(M=st.integers(1, 9), K=st.integers(1, 9), N=st.integers(1, 9),
+       ha=st.sampled_from("ctb"), hb=st.sampled_from("ctb"), ho=st.sampled_from(["new", "c", "t", "b"]),
+       seed=st.integers(0, 2 ** 16))
+def test_mm_equals_numpy_on_views(backend, dtype, M, K, N, ha, hb, ho, seed):
+    xp, ops = backend, ops_for(backend)
+    rng = np.random.default_rng(seed)
+    a, ah = _matrix_view(xp, rng, (M, K), dtype, ha)
+    b, bh = _matrix_view(xp, rng, (K, N), dtype, hb)
+    out = None if ho == "new" else _matrix_view(xp, rng, (M, N), dtype, ho)[0]
+    r = ops.mm(a, b, out=out)
+    if out is not None:
+        assert r is out
+    assert r.dtype == dtype and close(B.to_host(r), ah.astype(np.float64) @ bh, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(Bsz=st.integers(1, 3), H=st.integers(1, 4), T=st.integers(1, 6), S=st.integers(1, 6),
+       Dh=st.integers(1, 5), seed=st.integers(0, 2 ** 16))
+def test_bmm_equals_numpy_on_the_attention_views(backend, dtype, Bsz, H, T, S, Dh, seed):
+    """The attention's products as attn.fast.model makes them: head views of (B*T, n*D)
+    projections (two batch strides), keys-first scores written through a transposed view."""
+    xp, ops = backend, ops_for(backend)
+    rng = np.random.default_rng(seed)
+    D = H * Dh
+    qkv = rng.standard_normal((Bsz * T, 3 * D)).astype(dtype)
+    kv = rng.standard_normal((Bsz * S, 2 * D)).astype(dtype)
+
+    def heads(a, L, n):
+        return [a.reshape(Bsz, L, n, H, Dh)[:, :, j].transpose(0, 2, 1, 3) for j in range(n)]
+    q, _, _ = heads(xp.asarray(qkv), T, 3)
+    k, v = heads(xp.asarray(kv), S, 2)
+    qh, _, _ = heads(qkv, T, 3)
+    kh, vh = heads(kv, S, 2)
+    w = xp.empty((S, Bsz, H, T), dtype=dtype)                       # keys first
+    assert ops.bmm(k, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3)) is not None
+    want = kh.astype(np.float64) @ qh.swapaxes(-1, -2)
+    assert close(B.to_host(w).transpose(1, 2, 0, 3), want, dtype)
+    ctx = xp.empty((Bsz, T, H, Dh), dtype=dtype)
+    ops.bmm(w.transpose(1, 2, 3, 0), v, out=ctx.transpose(0, 2, 1, 3))
+    wh = B.to_host(w)
+    assert close(B.to_host(ctx).transpose(0, 2, 1, 3), wh.transpose(1, 2, 3, 0).astype(np.float64) @ vh, dtype)
+    dqkv = xp.empty((Bsz * S, 2 * D), dtype=dtype)                   # into head views of a gradient
+    dk, _ = heads(dqkv, S, 2)
+    ops.bmm(w.transpose(1, 2, 0, 3), q, out=dk)
+    assert close(B.to_host(dk), wh.transpose(1, 2, 0, 3).astype(np.float64) @ qh, dtype)
+    x3 = xp.asarray(rng.standard_normal((H, T, Dh)).astype(dtype))  # one batch axis, a new result
+    y3 = xp.asarray(rng.standard_normal((H, Dh, S)).astype(dtype))
+    assert close(B.to_host(ops.bmm(x3, y3)), B.to_host(x3).astype(np.float64) @ B.to_host(y3), dtype)
+
+
+def test_cupy_products_refuse_what_cublas_cannot_read(backend):
+    if backend is B.host:
+        pytest.skip("NumPy's matmul takes any view")
+    ops = ops_for(backend)
+    a = backend.zeros((4, 6, 5), dtype=np.float32)[:, ::2, ::2]        # no contiguous axis
+    with pytest.raises(ValueError, match="neither its rows nor its columns"):
+        ops.mm(a[0], backend.zeros((3, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match="shapes do not match"):
+        ops.mm(backend.zeros((2, 3), dtype=np.float32), backend.zeros((4, 2), dtype=np.float32))
+    with pytest.raises(ValueError, match="float32 or both float64"):
+        ops.mm(backend.zeros((2, 3), dtype=np.float32), backend.zeros((3, 2), dtype=np.float64))
+
+
+def test_the_stand_in_counts_one_launch_per_product_and_no_copy():
+    from attn.bench.counts import Tally
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as xp:
+        ops = ops_for(xp)
+        qkv = xp.zeros((2 * 3, 3 * 8), dtype=np.float32)
+        q = qkv.reshape(2, 3, 3, 2, 4)[:, :, 0].transpose(0, 2, 1, 3)
+        w = xp.empty((3, 2, 2, 3), dtype=np.float32)
+        x, W, g = xp.zeros((6, 8), dtype=np.float32), xp.zeros((8, 5), dtype=np.float32), xp.empty((8, 8), np.float32)
+        tally = fcp.tracer = Tally()
+        try:
+            ops.bmm(q, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3))
+            ops.mm(x.T, x, out=g)
+            ops.mm(x, W)
+        finally:
+            fcp.tracer = None
+    assert tally.ops[("matmul", "cublas sgemmBatched")] == 1 and tally.ops[("raw", "gemm_pointers")] == 1
+    assert tally.ops[("matmul", "cublas sgemm")] == 2
+    assert tally.launches == 4 and tally.allocations == 1, tally.ops          # the one new result
+
+
+# --------------------------------------------------------------------------- the stand-in's cuBLAS
+
+CB = fcp.cuda.cublas
+
+
+def _colmajor(rng, rows, cols, ld, dtype):
+    """A device buffer holding a rows x cols column-major matrix with leading dimension ld (the
+    rest of each column is noise), and the matrix on the host."""
+    buf = rng.standard_normal(max(1, ld * cols)).astype(dtype)
+    mat = np.lib.stride_tricks.as_strided(buf, (rows, cols), (buf.itemsize, ld * buf.itemsize)).copy()
+    return fcp.asarray(buf), mat
+
+
+def _scalars(dtype, alpha, beta):
+    return np.array([alpha, beta], dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@given(m=st.integers(1, 7), n=st.integers(1, 7), k=st.integers(1, 7), ta=st.integers(0, 1), tb=st.integers(0, 1),
+       pads=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)), batch=st.integers(1, 4),
+       kind=st.sampled_from(["gemm", "strided", "pointers"]), alpha=st.sampled_from([1.0, 0.5, -2.0]),
+       beta=st.sampled_from([0.0, 1.0, 0.25]), seed=st.integers(0, 2 ** 16))
+def test_stand_in_cublas_computes_what_cublas_defines(dtype, m, n, k, ta, tb, pads, batch, kind, alpha, beta, seed):
+    rng = np.random.default_rng(seed)
+    h = fcp.cuda.device.get_cublas_handle()
+    batch = 1 if kind == "gemm" else batch
+    ra, ca = (m, k) if ta == 0 else (k, m)
+    rb, cb = (k, n) if tb == 0 else (n, k)
+    lda, ldb, ldc = ra + pads[0], rb + pads[1], m + pads[2]
+    As = [_colmajor(rng, ra, ca, lda, dtype) for _ in range(batch)]
+    Bs = [_colmajor(rng, rb, cb, ldb, dtype) for _ in range(batch)]
+    Cs = [_colmajor(rng, m, n, ldc, dtype) for _ in range(batch)]
+    want = [alpha * ((a if ta == 0 else a.T).astype(np.float64) @ (b if tb == 0 else b.T)) + beta * c
+            for (_, a), (_, b), (_, c) in zip(As, Bs, Cs)]
+    sc = _scalars(dtype, alpha, beta)
+    al, be = sc.ctypes.data, sc.ctypes.data + sc.itemsize
+    s = "s" if dtype == np.float32 else "d"
+    if kind == "gemm":
+        getattr(CB, f"{s}gemm")(h, ta, tb, m, n, k, al, As[0][0].data.ptr, lda, Bs[0][0].data.ptr, ldb, be,
+                                Cs[0][0].data.ptr, ldc)
+        got = [Cs[0][0]]
+    elif kind == "strided":                    # one buffer per operand, the matrices one stride apart
+        def pack(ms, ld, cols):
+            stride = ld * cols + 2
+            buf = np.full(stride * len(ms), np.nan, dtype=dtype)
+            for i, (d, _) in enumerate(ms):
+                buf[i * stride:i * stride + ld * cols] = d.get()[:ld * cols]
+            return fcp.asarray(buf), stride
+        (pa, sa), (pb, sb), (pc, scs) = pack(As, lda, ca), pack(Bs, ldb, cb), pack(Cs, ldc, n)
+        getattr(CB, f"{s}gemmStridedBatched")(h, ta, tb, m, n, k, al, pa.data.ptr, lda, sa, pb.data.ptr, ldb, sb,
+                                              be, pc.data.ptr, ldc, scs, batch)
+        got = [pc[i * scs:i * scs + ldc * n] for i in range(batch)]
+    else:                                      # pointer arrays on the device, matrices anywhere
+        ptrs = fcp.asarray(np.array([x[0].data.ptr for x in As + Bs + Cs], dtype=np.uint64))
+        p = ptrs.data.ptr
+        getattr(CB, f"{s}gemmBatched")(h, ta, tb, m, n, k, al, p, lda, p + 8 * batch, ldb, be, p + 16 * batch, ldc,
+                                       batch)
+        got = [c[0] for c in Cs]
+    for g, w in zip(got, want):
+        g = g.get()
+        mat = np.lib.stride_tricks.as_strided(g, (m, n), (g.itemsize, ldc * g.itemsize))
+        assert close(mat, w, dtype)
+
+
+def test_stand_in_cublas_refuses_what_would_leave_an_array():
+    h = fcp.cuda.device.get_cublas_handle()
+    a, b, c = (fcp.zeros((4, 4), dtype=np.float32) for _ in range(3))
+    sc = _scalars(np.float32, 1.0, 0.0)
+    al, be = sc.ctypes.data, sc.ctypes.data + 4
+    with pytest.raises(CB.CUBLASError, match="not inside any live device array"):      # ld too large
+        CB.sgemm(h, CB.CUBLAS_OP_N, CB.CUBLAS_OP_N, 4, 4, 4, al, a.data.ptr, 5, b.data.ptr, 4, be, c.data.ptr, 4)
+    with pytest.raises(CB.CUBLASError, match="ldb 3 < max"):                          # ld too small
+        CB.sgemm(h, CB.CUBLAS_OP_N, CB.CUBLAS_OP_N, 4, 4, 4, al, a.data.ptr, 4, b.data.ptr, 3, be, c.data.ptr, 4)
+    with pytest.raises(CB.CUBLASError, match="not inside any live device array"):      # a stride past the end
+        CB.sgemmStridedBatched(h, 0, 0, 2, 2, 2, al, a.data.ptr, 2, 4, b.data.ptr, 2, 4, be, c.data.ptr, 2, 4, 5)
+    with pytest.raises(TypeError, match="must be an integer"):
+        CB.sgemm(h, 0, 0, 4.0, 4, 4, al, a.data.ptr, 4, b.data.ptr, 4, be, c.data.ptr, 4)
+    c[...] = np.nan                                   # beta 0: C is written, never read
+    a[...] = 1
+    b[...] = 2
+    CB.sgemm(h, 0, 0, 4, 4, 4, al, a.data.ptr, 4, b.data.ptr, 4, be, c.data.ptr, 4)
+    assert (c.get() == 8).all()
+
+
+def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
+    h = fcp.cuda.device.get_cublas_handle()
+    a = fcp.asarray(np.eye(3, dtype=np.float32))
+    b = fcp.asarray(np.arange(9, dtype=np.float32).reshape(3, 3))
+    c = fcp.zeros((3, 3), dtype=np.float32)
+    sc = _scalars(np.float32, 2.0, 0.0)
+    stream = fcp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        CB.setStream(h, fcp.cuda.get_current_stream().ptr)
+        CB.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4, c.data.ptr, 3)
+        graph = stream.end_capture()
+    assert (c.get() == 0).all()                        # a capture leaves memory as it was
+    sc[0] = 5.0                                        # alpha was read at the call: the graph keeps 2
+    a[...] = fcp.asarray(3 * np.eye(3, dtype=np.float32))
+    graph.launch()
+    assert np.array_equal(c.get(), 6 * np.arange(9, dtype=np.float32).reshape(3, 3))
+    with stream:
+        stream.begin_capture()
+        CB.setStream(h, 0)                             # the handle left on the legacy stream
+        with pytest.raises(fcp.StreamCaptureError, match="not the capturing stream"):
+            CB.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4,
+                     c.data.ptr, 3)
+        stream.end_capture()
+
+
+def test_the_stand_in_has_the_real_cupy_cublas_signatures():
+    """Each cuBLAS function the stand-in models takes the parameters of the installed CuPy's
+    (read from the compiled module's embedded signatures: importing it needs libcublas)."""
+    import importlib.util
+    import inspect
+    import re
+    try:
+        spec = importlib.util.find_spec("cupy_backends.cuda.libs.cublas")
+    except ImportError:
+        spec = None
+    if spec is None or not spec.origin:
+        pytest.skip("cupy-cuda12x is not installed; CI installs it with .[gpu-ci]")
+    with open(spec.origin, "rb") as f:
+        binary = f.read()
+    names = ["sgemm", "dgemm", "sgemmStridedBatched", "dgemmStridedBatched", "sgemmBatched", "dgemmBatched",
+             "setStream", "getStream", "setPointerMode", "getPointerMode"]
+    for name in names:
+        m = re.search(rb"\b" + name.encode() + rb"\((intptr_t handle[^)]*)\)", binary)
+        assert m, f"the installed CuPy's cublas has no {name}"
+        real = [p.split()[-1] for p in m.group(1).decode().split(",")]
+        ours = list(inspect.signature(getattr(CB, name)).parameters)
+        assert real[1:] == ours[1:] and ours[0] == "handle", (name, real, ours)
