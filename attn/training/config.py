@@ -369,11 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "batches are padded to shapes from a short list (lengths to multiples of 8, rows to 16), "
                         "which changes the dropout masks but not the loss or the gradients")
     g.add_argument("--precision", choices=list(PRECISIONS),
-                   help="what the matrix products read: fp32 (the default and the reference), tf32 (on a GPU: "
-                        "tensor cores, 10-bit significands) or bf16 (a bfloat16 copy of the weights each step, "
-                        "7-bit significands); sums and the weights stay float32. On NumPy the inputs are rounded "
-                        "the same way and multiplied in float32. The attn.fast engine only (not --reference); a "
-                        "resumed run keeps its saved precision")
+                   help="what the training step's matrix products read: fp32 (the default and the reference), "
+                        "tf32 (10 stored significand bits; on a GPU cuBLAS's TF32 tensor-op math) or bf16 (7 bits, "
+                        "bfloat16 operands); their sums, the weights (fp32 master weights), gradients and Adam stay "
+                        "float32. On NumPy the operands are rounded the same way and multiplied in float32. The "
+                        "attn.fast engine only (not --reference; bf16 not with --cuda-graph); a resumed run keeps "
+                        "its saved precision")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
