@@ -190,6 +190,18 @@ def to_float(a) -> float:
     return float(to_host(a))
 
 
+def bfloat16():
+    """The bfloat16 dtype that CuPy 14 gives bf16 arrays (``ml_dtypes.bfloat16``), or
+    :class:`BackendError` saying which package is missing. (``attn.precision`` works on the
+    float32 bits and needs it nowhere else.)"""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise BackendError("bfloat16 arrays need the ml_dtypes package (pip install ml_dtypes), through which "
+                           "CuPy 14 supports them", reason="ml_dtypes is not installed") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
 def scatter_add(target, ids, values) -> None:
     """``target[ids] += values`` in place, accumulating repeated ids.
 

@@ -156,3 +156,36 @@ def plot_loss_curve(train_losses, val_points, path, title="training") -> Path:
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
+
+
+def plot_precision_curves(curves: dict, path, k: int = 20, title: str = "") -> Path:
+    """Training loss per step at each precision (``{"fp32": [...], "bf16": [...]}``), each as its
+    running mean of ``k`` steps, and below it each curve's difference from fp32's. Returns the
+    path written."""
+    np = B.host
+    fig = Figure(figsize=(6.4, 5.6))
+    top, bottom = fig.add_subplot(2, 1, 1), fig.add_subplot(2, 1, 2)
+    colors = {"fp32": "black", "tf32": "tab:blue", "bf16": "tab:red"}
+
+    def run_mean(y):
+        y = np.asarray(y, dtype=float)
+        kk = max(1, min(k, len(y)))
+        return np.arange(kk, len(y) + 1), np.convolve(y, np.ones(kk) / kk, mode="valid")
+
+    x0, ref = run_mean(curves["fp32"])
+    for name, losses in curves.items():
+        x, s = run_mean(losses)
+        top.plot(x, s, color=colors.get(name), lw=1.2, label=name, ls="-" if name == "fp32" else "--")
+        if name != "fp32":
+            bottom.plot(x, s - ref, color=colors.get(name), lw=1.0, label=f"{name} - fp32")
+    top.set_ylabel(f"loss (mean of {k} steps)")
+    top.set_yscale("log")
+    top.set_title("training loss by precision" + (f": {title}" if title else ""))
+    top.grid(alpha=0.3)
+    top.legend()
+    bottom.axhline(0.0, color="black", lw=0.8)
+    bottom.set_xlabel("optimizer step")
+    bottom.set_ylabel("difference from fp32")
+    bottom.grid(alpha=0.3)
+    bottom.legend()
+    return _save(fig, path)

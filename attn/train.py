@@ -193,6 +193,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     dp.use_backend()
     if config.cuda_graph:
         _check_cuda_graph(config, dp)            # before any work
+    _check_precision(config)
     run = prepare(config, saved, parallel, dp.say)
     model, opt, state, vocab = run.model, run.opt, run.state, run.vocab
     out, ckpt_path, smoothing = Path(config.out), Path(config.out) / "checkpoint.npz", model.config.label_smoothing
@@ -302,6 +303,16 @@ def _check_cuda_graph(config: TrainConfig, dp) -> None:
            "it runs one process (a data-parallel step all-reduces between its launches)" if dp.size > 1 else None)
     if why:
         raise TrainConfigError(f"cuda_graph (--cuda-graph) cannot be used here: {why}")
+
+
+def _check_precision(config: TrainConfig) -> None:
+    """``--precision`` where the engine can apply it, or a :class:`TrainConfigError` naming the flag
+    (``--reference`` and ``--dtype float64`` are refused by :class:`TrainConfig` itself)."""
+    if config.precision == "bf16" and B.get_backend() == "cupy":
+        try:
+            B.bfloat16()
+        except B.BackendError as e:
+            raise TrainConfigError(f"precision (--precision) bf16 cannot be used here: {e}") from None
 
 
 def _fmt_secs(s: float) -> str:

@@ -113,3 +113,27 @@ def test_pytorch_runs_at_attns_precision(monkeypatch):
             assert match_precision(torch) == "fp32" and not torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_bench_precision_runs_both_frameworks_at_it():
+    """``python -m attn.bench --precision``: attn's fast engine at it, PyTorch set to match (tf32:
+    ``allow_tf32``; bf16: autocast to bfloat16 around its forward and loss), and the isolated
+    workers told."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e .[ref])")
+    from attn.bench.cli import parse_args
+    from attn.bench.isolated import _worker_args
+    from attn.bench.twin import match_precision, torch_autocast
+    args = parse_args(["--quick", "--precision", "bf16"])
+    assert args.precision == "bf16" and _worker_args(args, "attn")[-2:] == ["--precision", "bf16"]
+    assert parse_args(["--quick"]).precision is None and "--precision" not in _worker_args(parse_args(["--quick"]), "attn")
+    before, before_tf32 = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+    try:
+        assert match_precision(torch, "tf32") == "tf32" and torch.backends.cuda.matmul.allow_tf32
+        assert match_precision(torch, "bf16") == "bf16" and not torch.backends.cuda.matmul.allow_tf32
+        with torch_autocast(torch, "bf16", "cpu"):
+            assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.bfloat16
+        with torch_autocast(torch, "fp32", "cpu"):
+            assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype == torch.float32
+    finally:
+        torch.set_float32_matmul_precision(before)
+        torch.backends.cuda.matmul.allow_tf32 = before_tf32

@@ -13,7 +13,7 @@ from attn.fast import cublas as C
 C_ARG_COUNTS = {"cublasSgemm_v2": 14, "cublasDgemm_v2": 14, "cublasSgemmStridedBatched": 18,
                 "cublasDgemmStridedBatched": 18, "cublasSgemmBatched": 15, "cublasDgemmBatched": 15,
                 "cublasGemmEx": 19, "cublasGemmStridedBatchedEx": 23, "cublasSetStream_v2": 2,
-                "cublasSetPointerMode_v2": 2, "cublasSetWorkspace_v2": 3, "cublasSetMathMode": 2,
+                "cublasSetPointerMode_v2": 2, "cublasSetWorkspace_v2": 3, "cublasSetMathMode": 2, "cublasGetMathMode": 2,
                 "cublasCreate_v2": 1, "cublasDestroy_v2": 1}
 
 

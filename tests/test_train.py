@@ -248,6 +248,38 @@ def test_resume_takes_the_saved_settings_and_seed(tmp_path):
     assert meta["seed"] == 3 and meta["args"]["lr_factor"] == 1.5
 
 
+def test_precision_is_kept_on_resume_and_refused_where_it_cannot_apply(tmp_path, capsys):
+    """A run at ``--precision bf16`` resumed with no flag continues at bf16, with the numbers of an
+    unbroken bf16 run (which differ from fp32's); ``--precision fp32`` on resume names the clash;
+    ``--reference`` and ``--dtype float64`` with bf16 are refused before any work."""
+    data = write_corpus(tmp_path)
+    flags = ["--data", str(data), *TINY, "--backend", "numpy", "--seed", "3", "--eval-every", "4", "--quiet"]
+    train(config_from_argv([*flags, "--precision", "bf16", "--steps", "8", "--out", str(tmp_path / "straight")]))
+    train(config_from_argv([*flags, "--precision", "bf16", "--steps", "4", "--out", str(tmp_path / "split")]))
+    train(config_from_argv([*flags, "--steps", "8", "--out", str(tmp_path / "fp32")]))
+    assert main(["--resume", "--out", str(tmp_path / "split"), "--steps", "8", "--quiet"]) == 0
+    a, _ = load_npz(tmp_path / "straight" / "checkpoint.npz")
+    b, meta = load_npz(tmp_path / "split" / "checkpoint.npz")
+    c, _ = load_npz(tmp_path / "fp32" / "checkpoint.npz")
+    np.testing.assert_array_equal(a["history/train_loss"], b["history/train_loss"])
+    assert not np.array_equal(a["history/train_loss"], c["history/train_loss"])
+    assert meta["args"]["precision"] == "bf16"
+    capsys.readouterr()
+    assert main(["--resume", "--out", str(tmp_path / "split"), "--steps", "12", "--precision", "fp32"]) == 2
+    assert "--precision fp32 (the saved run has bf16)" in capsys.readouterr().err
+    for extra, why in ((["--reference"], "not to --reference"), (["--dtype", "float64"], "needs --dtype float32")):
+        with pytest.raises(SystemExit):
+            main(["--data", str(data), *TINY, "--precision", "bf16", *extra, "--out", str(tmp_path / "no")])
+        err = capsys.readouterr().err
+        assert "precision (--precision)" in err and why in err, err
+    with pytest.raises(TrainConfigError, match=r"precision \(--precision\) bf16 cannot be captured with --cuda-graph"):
+        TrainConfig(precision="bf16", cuda_graph=True)
+    with pytest.raises(TrainConfigError, match=r"precision \(--precision\) must be one of fp32, tf32, bf16"):
+        TrainConfig(precision="fp16")
+    assert TrainConfig.from_dict({k: v for k, v in TrainConfig().to_dict().items() if k != "precision"}).precision \
+        == "fp32"                                       # a run saved before the flag: fp32
+
+
 def test_resume_keeps_the_saved_backend_and_says_so(tmp_path, monkeypatch, capsys):
     """Saved on NumPy and resumed with ATTN_BACKEND=cupy (here the stand-in): the run continues on
     NumPy with the numbers of an unbroken run, and one line says why; ``--backend cupy`` switches,

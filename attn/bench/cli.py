@@ -54,6 +54,10 @@ def parse_args(argv=None):
                    help="named configuration (default toy-bench)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"],
                    help="array backend (auto: CuPy where a GPU is usable); PyTorch runs on the matching device")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
+                   help="what attn's training step and forward multiply in (attn-train --precision; on NumPy "
+                        "the rounding emulated), and PyTorch at the same: allow_tf32 for tf32, autocast to "
+                        "bfloat16 for bf16 (default: fp32, PyTorch at CuPy's own precision)")
     p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
     p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--quick", action="store_true",
@@ -123,7 +127,8 @@ def run(args) -> list[dict]:
 
     info = machine_info()
     info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    info.update(backend=args.backend, preset=args.preset, blas_threads=threads, malloc_keeps_freed_memory=kept,
+    info.update(backend=args.backend, preset=args.preset, precision=args.precision or "fp32", blas_threads=threads,
+                malloc_keeps_freed_memory=kept,
                 config=cfg.to_dict(), batch=bc.batch, src_len=bc.src_len, tgt_len=bc.tgt_len,
                 command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(os.path.join("bench", "__main__.py"))
                 else None)
@@ -141,7 +146,7 @@ def run(args) -> list[dict]:
                     "seconds_per_step": None, "tokens_per_second": None, "peak_memory_mb": None})
 
     work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device,
-                      repeats=args.repeats, warmup=args.warmup)
+                      repeats=args.repeats, warmup=args.warmup, precision=args.precision)
     if with_torch:
         info.update(torch_info())             # with the precision build_work set (match_precision)
     workers = {}

@@ -40,6 +40,8 @@ def _worker_args(args, framework: str) -> list:
             cmd += ["--" + k.replace("_", "-"), str(v)]
     if args.return_freed_memory:
         cmd += ["--return-freed-memory"]
+    if getattr(args, "precision", None):
+        cmd += ["--precision", args.precision]
     return cmd
 
 
@@ -83,7 +85,7 @@ def worker_main(args) -> None:
     # Each worker builds its own framework's side alone (the replay of the step's matmuls is
     # drawn on the device at its first run, in the attn worker).
     work = {w.name: w for w in build_work(bc, args.only, args.backend, with_torch, sync, tsync, device,
-                                          with_ours=not with_torch)}
+                                          with_ours=not with_torch, precision=getattr(args, "precision", None))}
     info = {"pid": os.getpid(), "framework": framework, "blas_threads": B.blas_threads(), "blas": B.blas_info()}
     if with_torch:
         info.update(torch_info())

@@ -17,19 +17,37 @@ def torch_available() -> bool:
         return False
 
 
-def match_precision(torch) -> str:
-    """Set PyTorch's float32 products to the precision of attn's on the selected backend, and
-    return it: ``"fp32"``, or ``"tf32"`` where CuPy is told to use TensorFloat-32 (``CUPY_TF32=1``).
+def match_precision(torch, precision: str | None = None) -> str:
+    """Set PyTorch's float32 products to the precision of attn's, and return it.
+
+    ``precision`` is attn's ``--precision`` (:mod:`attn.precision`): ``"fp32"`` (full float32
+    products), ``"tf32"`` (``allow_tf32``: TensorFloat-32 on a GPU's tensor cores) or ``"bf16"``
+    (the products in bfloat16 under :func:`torch_autocast`, with float32 parameters and
+    optimizer, as attn's master weights; the float32 products outside it at full precision).
+    None: ``"tf32"`` where CuPy is told to use TensorFloat-32 (``CUPY_TF32=1``), else ``"fp32"``.
 
     CuPy computes float32 products in full float32 unless ``CUPY_TF32=1``; PyTorch's defaults
     have changed across versions (and cuDNN's allow TF32), so the benchmark sets them rather
     than trusting them: otherwise PyTorch's GPU step could run at a lower precision than attn's."""
     import os
-    tf32 = B.get_backend() == "cupy" and os.environ.get("CUPY_TF32", "0").strip() == "1"
+    if precision is None:
+        cupy_tf32 = B.get_backend() == "cupy" and os.environ.get("CUPY_TF32", "0").strip() == "1"
+        precision = "tf32" if cupy_tf32 else "fp32"
+    tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    return "tf32" if tf32 else "fp32"
+    return precision
+
+
+def torch_autocast(torch, precision: str, device: str):
+    """The context PyTorch's forward and loss run in at ``precision``: ``torch.autocast`` to
+    bfloat16 for ``"bf16"`` (PyTorch's mixed precision: the products of bf16 operands, float32
+    weights and gradients), else nothing."""
+    import contextlib
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cpu" if device == "cpu" else "cuda", dtype=torch.bfloat16)
 
 
 def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = "float32"):

@@ -16,7 +16,7 @@ from ..model import Transformer
 from ..optim import Adam, noam_lr
 from .flops import gemm_replay, model_flops
 from .presets import BOS_ID, EOS_ID, BenchConfig, decode_batch, make_batch, model_config
-from .twin import _torch_decode, match_precision, torch_adam, torch_loss, torch_transformer
+from .twin import _torch_decode, match_precision, torch_adam, torch_autocast, torch_loss, torch_transformer
 
 def _no_eos(model: Transformer) -> Transformer:
     """The same model (shared parameters) whose projection never lets EOS win, so that a
@@ -108,8 +108,14 @@ def _no_clock(name):
 
 
 def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, torch_sync=None,
-               device="cpu", repeats=None, warmup=None, with_ours: bool = True):
+               device="cpu", repeats=None, warmup=None, with_ours: bool = True, precision: str | None = None):
     """The measurements as :class:`Work` items (model, optimizer and batch built once).
+
+    ``precision`` (``--precision``, :mod:`attn.precision`) is the fast engine's, and PyTorch runs at
+    the same (:func:`attn.bench.twin.match_precision`; None: fp32, PyTorch at CuPy's own, which
+    ``CUPY_TF32=1`` makes tf32); the readable model multiplies in float32. Decoding is timed at
+    float32 on both sides, and at bf16 the captured step (``train_step_graph``) is not measured
+    (``attn-train`` refuses ``--cuda-graph`` with bf16).
 
     ``with_ours=False`` (the PyTorch worker) builds PyTorch's side alone: attn's models, and the
     matmul replay (drawn lazily in any case, see :func:`attn.bench.flops.gemm_replay`), are then
@@ -128,7 +134,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     on_gpu = backend == "cupy"
     wants_ref = with_ours and any(w in which for w in ("train_step_reference", "forward_reference"))
     ref = Transformer(cfg, seed=0) if wants_ref else None
-    fast = FastTransformer.from_model(Transformer(cfg, seed=0)) if with_ours else None
+    fast = FastTransformer.from_model(Transformer(cfg, seed=0), precision or "fp32") if with_ours else None
     if on_gpu and with_ours:
         # The batch is checked once here; inside the timed step nothing waits for the device.
         from ..layers._checks import check_ids
@@ -138,7 +144,8 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     tmodel = topt = None
     if with_torch:
         import torch
-        precision = match_precision(torch)          # PyTorch's products at attn's precision
+        precision = match_precision(torch, precision)       # PyTorch's products at attn's precision
+        autocast = torch_autocast(torch, precision, device)
         tmodel = torch_transformer(cfg, device)
         topt, adam_kind = torch_adam(tmodel)
         t_src, t_in, t_out = (torch.as_tensor(a, device=device) for a in (src_h, tgt_in_h, tgt_out_h))
@@ -180,17 +187,18 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
 
     def torch_step(clock=_no_clock):
         tmodel.train()
-        if clock is _no_clock:
-            logits = tmodel(t_src, t_in)
-        else:                                # the same calls as tmodel.forward, phase by phase
-            clock("forward: embeddings, encoder")
-            memory, src_mask = tmodel.encode(t_src)
-            clock("forward: decoder")
-            h = tmodel.decode(t_in, memory, src_mask)
-            clock("forward: output projection")
-            logits = tmodel.project(h)
-        clock("loss")
-        loss = torch_loss(logits, t_out, eps)
+        with autocast:
+            if clock is _no_clock:
+                logits = tmodel(t_src, t_in)
+            else:                                # the same calls as tmodel.forward, phase by phase
+                clock("forward: embeddings, encoder")
+                memory, src_mask = tmodel.encode(t_src)
+                clock("forward: decoder")
+                h = tmodel.decode(t_in, memory, src_mask)
+                clock("forward: output projection")
+                logits = tmodel.project(h)
+            clock("loss")
+            loss = torch_loss(logits, t_out, eps)
         clock("backward (autograd, all layers)")
         topt.zero_grad(set_to_none=True)
         loss.backward()
@@ -212,7 +220,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     def torch_fwd():
         import torch
         tmodel.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             out = tmodel(t_src, t_in)
         torch_sync()
         return out
@@ -229,14 +237,14 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
             phases["torch"] = phase_timer(torch_step, "torch" if device != "cpu" else "numpy")
         work.append(Work("train_step", fast_step, torch_step if with_torch else None, n_tokens, flops_train,
                          R, W, dict(extra_train), replay_train, phases))
-    if "train_step_graph" in which and on_gpu:
+    if "train_step_graph" in which and on_gpu and precision != "bf16":     # bf16 cannot be captured yet
         # The same step captured as a CUDA graph and replayed (attn-train --cuda-graph), as the
         # trainer runs it: the batch sent from the host and its ids checked there every step.
         graph_step = None
         if with_ours:
             from ..data import Batch
             from ..fast.graph import GraphedTrainStep
-            gfast = FastTransformer.from_model(Transformer(cfg, seed=0))
+            gfast = FastTransformer.from_model(Transformer(cfg, seed=0), precision or "fp32")
             gfast.validate_ids = False
             graphed = GraphedTrainStep(gfast, FastAdam(gfast.params, cfg.d_model, cfg.warmup_steps), eps)
             gbatch = Batch(src_h, tgt_in_h, tgt_out_h, int((src_h != PAD_ID).sum()), int((tgt_out_h != PAD_ID).sum()))

@@ -33,6 +33,7 @@ SIGNATURES = {
     "cublasSetPointerMode_v2": [_P, _I],
     "cublasSetWorkspace_v2": [_P, _P, _Z],
     "cublasSetMathMode": [_P, _I],
+    "cublasGetMathMode": [_P, ctypes.POINTER(_I)],
     "cublasSgemm_v2": _GEMM,
     "cublasDgemm_v2": _GEMM,
     "cublasSgemmStridedBatched": _STRIDED,
@@ -81,6 +82,13 @@ class CtypesCublas:
                 raise CublasError(f"{cname} returned CUBLAS_STATUS_{_STATUS.get(status, status)}")
         call.__name__ = CUPY_NAMES[cname]
         return call
+
+    def getMathMode(self, handle) -> int:
+        mode = _I()
+        status = self.lib.cublasGetMathMode(handle, ctypes.byref(mode))
+        if status != 0:
+            raise CublasError(f"cublasGetMathMode returned CUBLAS_STATUS_{_STATUS.get(status, status)}")
+        return int(mode.value)
 
     def create(self) -> int:
         handle = _P()

@@ -11,13 +11,17 @@ from .kernels import CupyOps
 from .ops import _Ops
 
 
-def ops_for(xp) -> _Ops:
+def ops_for(xp, precision: str = "fp32") -> _Ops:
     """The ``_Ops`` for an array namespace: fused CuPy kernels where they apply. One object
-    per namespace, made on first use (the CuPy one compiles its module then)."""
-    key = xp.__name__
+    per namespace, made on first use (the CuPy one compiles its module then), and one per
+    other ``precision`` of its products (:meth:`_Ops.with_precision`: the same buffers)."""
+    key = xp.__name__ if precision == "fp32" else (xp.__name__, precision)
     ops = _OPS.get(key)
     if ops is None:
-        ops = _OPS[key] = _Ops(xp) if xp is B.host else CupyOps(xp)   # CuPy, or the tests' stand-in
+        if precision != "fp32":
+            ops = _OPS[key] = ops_for(xp).with_precision(precision)
+        else:
+            ops = _OPS[key] = _Ops(xp) if xp is B.host else CupyOps(xp)   # CuPy, or the tests' stand-in
     return ops
 
 

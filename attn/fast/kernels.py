@@ -87,11 +87,13 @@ has no GPU (docs/GPU.md lists what a GPU owner should run).
 """
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 from typing import NamedTuple
 
 from .. import backend as B
+from ..precision import bf16_bits
 from .ops import Mask, _Ops
 from .stepmem import outside_step
 
@@ -1423,6 +1425,32 @@ class CupyOps(_Ops):
              f64(lr_factor), f64(0.0 if fixed_lr is None else fixed_lr), B.host.int32(fixed_lr is not None),
              f64(d_model), f64(warmup), f64(b1), f64(b2), f64(eps), B.host.int64(n)), shared_mem=threads * 8)
 
+    # ---- the products' precision (attn.precision)
+
+    def with_precision(self, precision: str):
+        """These kernels with products at ``precision``. tf32: every product on cuBLAS's TF32
+        tensor-op math mode (:class:`Tf32CupyOps`: the float32 operands read as TF32 inside the
+        GEMM, float32 sums, nothing rounded beforehand). bf16: the operands rounded to bf16 by
+        :meth:`_Ops.with_precision`'s products, then multiplied in float32 (the numbers of bf16
+        operands with float32 compute; not yet the ``CUDA_R_16BF`` operands of ``gemmEx``)."""
+        if precision != "tf32":
+            return super().with_precision(precision)
+        twin = copy.copy(self)
+        twin.__class__ = Tf32CupyOps
+        twin.precision = precision
+        return twin
+
+    def round_bf16_(self, src, dst):
+        """dst (uint16, src's size) <- the bfloat16 patterns nearest to src (float32): the bf16
+        copy of the fp32 master weights that ``--precision bf16`` makes once a step, one launch
+        (``round_bf16``; :func:`attn.precision.bf16_bits` is the same rounding on any array)."""
+        if not (src.flags.c_contiguous and dst.flags.c_contiguous) or src.size != dst.size \
+                or dst.dtype != B.host.uint16:
+            raise ValueError(f"CupyOps.round_bf16_: contiguous src and a uint16 dst of its size are needed, got "
+                             f"{tuple(src.shape)} {src.dtype} and {tuple(dst.shape)} {dst.dtype}")
+        self._elementwise("round_bf16", src.dtype, src.size, src, dst)
+        return dst
+
     def _ticket(self, name):
         """A one-element counter a kernel's last block sets back to 0: zeroed once."""
         c = self._scratch.get(name)
@@ -1926,6 +1954,61 @@ _SOURCE += _GEMM_POINTERS
 NUMPY_TWINS["gemm_pointers"] = gemm_pointers_np
 _KERNELS = tuple(NUMPY_TWINS)
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
+
+
+_ROUND_BF16 = r"""
+// --precision bf16: dst[i] = the bfloat16 nearest to src[i], as its 16-bit pattern (the top half of a
+// float32). Round to nearest, ties to even, on the bits (attn.precision, CUDA's __float2bfloat16_rn):
+// add 0x7FFF plus the lowest kept bit and keep the top half; a carry goes into the exponent, which
+// rounds past bf16's largest finite value to infinity. A NaN keeps its sign and gets the quiet bit,
+// so that dropping the low half cannot make it an infinity. A double is first made a float.
+template <typename T>
+__global__ void round_bf16(const T* src, unsigned short* dst, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        unsigned int u = __float_as_uint((float)src[i]);
+        if ((u & 0x7FFFFFFFu) > 0x7F800000u) dst[i] = (unsigned short)((u | 0x00400000u) >> 16);
+        else dst[i] = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+"""
+
+
+def round_bf16_np(launch, src, dst, n):
+    """NumPy twin of ``round_bf16``."""
+    np = B.host
+    n = int(n)
+    _view(dst, (n,), (1,))[...] = bf16_bits(_view(src, (n,), (1,)).astype(np.float32))
+
+
+# The precision kernel joins last (the kernels above keep their names and order).
+_SOURCE += _ROUND_BF16
+NUMPY_TWINS["round_bf16"] = round_bf16_np
+_KERNELS = tuple(NUMPY_TWINS)
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
+
+
+class Tf32CupyOps(CupyOps):
+    """:class:`CupyOps` whose products run on the cuBLAS handle's ``CUBLAS_TF32_TENSOR_OP_MATH``
+    (``attn-train --precision tf32``): the GEMMs read their float32 operands as TF32 in the tensor
+    cores and sum in float32. The handle's mode is set for each product and put back after it (CuPy's
+    own products share the handle)."""
+
+    precision = "tf32"
+
+    def _tf32(self, product, a, b, out):
+        cublas, handle = self._cublas()
+        before = cublas.getMathMode(handle)
+        cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH)
+        try:
+            return product(self, a, b, out=out)
+        finally:
+            cublas.setMathMode(handle, before)
+
+    def mm(self, a, b, out=None):
+        return self._tf32(CupyOps.mm, a, b, out)
+
+    def bmm(self, a, b, out=None):
+        return self._tf32(CupyOps.bmm, a, b, out)
 
 
 class DecodeKernels:

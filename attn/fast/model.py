@@ -11,6 +11,8 @@ from .. import backend as B
 from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..model import DecodeState, Transformer
+from ..precision import PrecisionError
+from ..precision import check as check_precision
 from . import decoding
 from .arena import Arena
 from .decoding import DeviceDecodeState, FastDecodeState
@@ -199,9 +201,13 @@ class FastTransformer(Transformer):
     the arena at the next forward.
     """
 
-    def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None):
+    _precision = "fp32"
+
+    def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None,
+                 precision: str = "fp32"):
         super().__init__(config, seed, dtype, params)
         self.arena = Arena.adopt(self.params, config, self.dtype)
+        self.precision = precision
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
@@ -224,13 +230,30 @@ class FastTransformer(Transformer):
             self.params.update(self.arena.param_views)
 
     @classmethod
-    def from_model(cls, model: Transformer) -> "FastTransformer":
+    def from_model(cls, model: Transformer, precision: str = "fp32") -> "FastTransformer":
         """A fast view of an existing model: the same config and the same parameter arrays."""
-        return cls(model.config, dtype=model.dtype, params=model.params)
+        return cls(model.config, dtype=model.dtype, params=model.params, precision=precision)
+
+    @property
+    def precision(self) -> str:
+        """What the step's matrix products read (:mod:`attn.precision`): ``fp32`` (the reference),
+        ``tf32`` or ``bf16``. The parameters stay in the arena in the model's dtype (the master
+        weights); tf32 and bf16 need float32."""
+        return self._precision
+
+    @precision.setter
+    def precision(self, precision: str) -> None:
+        check_precision(precision)
+        if precision != "fp32" and self.dtype != self.xp.float32:
+            raise PrecisionError(f"precision {precision!r} rounds float32 products; this model is {self.dtype} "
+                                 "(use fp32)")
+        if precision == "bf16" and B.is_device_array(self.arena.params):
+            B.bfloat16()                  # CuPy's bf16 arrays need ml_dtypes: a BackendError now, not mid-step
+        self._precision = precision
 
     @property
     def ops(self) -> _Ops:
-        return ops_for(self.xp)
+        return ops_for(self.xp, self._precision)
 
     # ------------------------------------------------------------------ weights
 

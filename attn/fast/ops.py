@@ -5,9 +5,12 @@ NumPy and CuPy alike. The CuPy kernels (:mod:`attn.fast.kernels`) subclass :clas
 imports neither)."""
 from __future__ import annotations
 
+import copy
 from typing import NamedTuple
 
 from .. import backend as B
+from ..precision import check as check_precision
+from ..precision import round_to
 from .stepmem import outside_step
 
 class Mask(NamedTuple):
@@ -50,6 +53,31 @@ class _Ops:
         and ``out`` may be strided views (the heads of a (B*T, n*D) projection, keys-first
         scores). On NumPy, NumPy's ``matmul``."""
         return self.xp.matmul(a, b, out=out)
+
+    # ---- the products' precision
+
+    #: What the products read (:mod:`attn.precision`): ``fp32`` here; ``tf32`` or ``bf16`` in the
+    #: objects :meth:`with_precision` makes. Sums and results are float32 in every mode.
+    precision = "fp32"
+
+    def with_precision(self, precision: str) -> "_Ops":
+        """These operations with products at ``precision``: a shallow copy (its buffers, compiled
+        kernels and scratch are this object's) whose :meth:`mm` and :meth:`bmm` round both
+        operands first (:func:`_rounding_class`), whatever class defines the products. fp32:
+        this object itself."""
+        check_precision(precision)
+        if precision == "fp32":
+            return self
+        twin = copy.copy(self)
+        twin.__class__ = _rounding_class(type(self))
+        twin.precision = precision
+        return twin
+
+    def _rounded(self, a, b):
+        """The operands as a product at :attr:`precision` reads them: rounded to its significand
+        (round to nearest even, :func:`attn.precision.round_to`), to be multiplied in float32. This
+        is the NumPy twin of the tensor cores' products (bf16 or tf32 inputs, float32 sums)."""
+        return round_to(a, self.precision), round_to(b, self.precision)
 
     def rowsum(self, x2):
         """(R, C) -> (R,): a matrix-vector product, one BLAS call."""
@@ -275,3 +303,26 @@ class _Ops:
         x_y -= mx
         per_tok = dt(1.0 - smoothing) * (x_y - lse) + dt(smoothing) * (mean_x - lse)
         return -(per_tok @ w)
+
+
+_ROUNDING: dict = {}
+
+
+def _rounding_class(cls):
+    """``cls`` with products that round their operands to the object's precision first
+    (:meth:`_Ops._rounded`), then multiply as ``cls`` does: made once per class, so that the
+    CuPy kernels' products (cuBLAS on the views) round as NumPy's do. A class whose products
+    take narrow operands themselves (cuBLAS's Ex calls with bf16 operands or a TF32 compute
+    type) would override this pair."""
+    sub = _ROUNDING.get(cls)
+    if sub is None:
+        def mm(self, a, b, out=None):
+            return cls.mm(self, *self._rounded(a, b), out=out)
+
+        def bmm(self, a, b, out=None):
+            return cls.bmm(self, *self._rounded(a, b), out=out)
+
+        sub = _ROUNDING[cls] = type(f"Rounding{cls.__name__}", (cls,), {
+            "mm": mm, "bmm": bmm, "__doc__": f"{cls.__name__} whose products read rounded operands",
+            "__module__": cls.__module__})
+    return sub

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
 from ..model import PRESETS, TransformerConfig
+from ..precision import PRECISIONS
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
 
@@ -103,6 +104,8 @@ class TrainConfig:
     overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
     reference: bool = False            # train the readable reference classes instead of attn.fast
     cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, attn.fast, one process)
+    precision: str = "fp32"            # the matrix products' inputs: fp32, tf32 or bf16 (attn.precision); the
+                                       # weights stay float32 (fp32 master weights in the arena)
     quiet: bool = False                # no progress bar
 
     def __post_init__(self):
@@ -130,6 +133,18 @@ class TrainConfig:
                                             or self.vocab_size < _smallest_vocab(kind)):
             self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(kind)} "
                                     f"for vocab={kind!r}")
+        if self.precision not in PRECISIONS:
+            self._bad("precision", f"must be one of {', '.join(PRECISIONS)}")
+        if self.precision != "fp32" and self.dtype != "float32":
+            self._bad("precision", f"rounds float32 products and needs --dtype float32 (got {self.dtype}); "
+                                   "use --precision fp32")
+        if self.precision == "bf16" and self.cuda_graph is True:
+            self._bad("precision", "bf16 cannot be captured with --cuda-graph yet: its products round their "
+                                   "operands into new arrays, which a CUDA graph capture refuses; use --precision "
+                                   "tf32 or fp32 with --cuda-graph")
+        if self.precision != "fp32" and self.reference is True:
+            self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
+                                   "multiply in float32); drop one of the two flags")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
@@ -353,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "as a CUDA graph per batch shape and replay it, one launch a step instead of hundreds; "
                         "batches are padded to shapes from a short list (lengths to multiples of 8, rows to 16), "
                         "which changes the dropout masks but not the loss or the gradients")
+    g.add_argument("--precision", choices=list(PRECISIONS),
+                   help="what the training step's matrix products read: fp32 (the default and the reference), "
+                        "tf32 (10 stored significand bits; on a GPU cuBLAS's TF32 tensor-op math) or bf16 (7 bits, "
+                        "bfloat16 operands); their sums, the weights (fp32 master weights), gradients and Adam stay "
+                        "float32. On NumPy the operands are rounded the same way and multiplied in float32. The "
+                        "attn.fast engine only (not --reference; bf16 not with --cuda-graph); a resumed run keeps "
+                        "its saved precision")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

@@ -58,7 +58,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
         arrays, meta = saved
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz"))
-        model, opt = make_engine(model, config.reference, schedule_factor(config, model.config))
+        model, opt = make_engine(model, config.reference, schedule_factor(config, model.config), config.precision)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
         check_something_left(config, state)
@@ -71,7 +71,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
                 f"{time.perf_counter() - t_vocab:.1f} s")
         model, opt = make_engine(Transformer(config.model_config(len(vocab)), seed=config.seed, dtype=config.dtype),
-                                 config.reference, config.lr_factor)
+                                 config.reference, config.lr_factor, config.precision)
         state = TrainState()
 
     # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
@@ -174,14 +174,19 @@ def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> flo
     return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
 
 
-def make_engine(model: Transformer, reference: bool, lr_factor: float):
+def make_engine(model: Transformer, reference: bool, lr_factor: float, precision: str = "fp32"):
     """The model and optimizer that train: the readable reference classes with
     ``reference=True``, else their faster twins from :mod:`attn.fast`, which compute
-    the same numbers (tests/test_fast.py checks that) with fewer passes over memory."""
+    the same numbers (tests/test_fast.py checks that) with fewer passes over memory.
+    ``precision`` (:mod:`attn.precision`) is the fast engine's: the reference multiplies in
+    float32 only (:class:`TrainConfig` refuses the two together)."""
+    if reference and precision != "fp32":
+        raise ValueError(f"precision {precision!r} applies to the attn.fast engine, not the reference layers")
     cls, opt_cls = (Transformer, Adam) if reference else (FastTransformer, FastAdam)
     if type(model) is not cls:
         model = cls(model.config, dtype=model.dtype, params=model.params)
     if not reference:
+        model.precision = precision
         model.validate_ids = False      # train_step checks each batch on the host (no device sync)
     return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
 
@@ -256,7 +261,7 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     if warmup != model_config.warmup_steps:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
         model = Transformer(model_config, dtype=model.dtype, params=model.params)
-    model, opt = make_engine(model, config.reference, schedule_factor(config, model_config))
+    model, opt = make_engine(model, config.reference, schedule_factor(config, model_config), config.precision)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
 

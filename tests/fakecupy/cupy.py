@@ -1522,13 +1522,14 @@ class _Cublas:
 
     CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
     CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
+    CUBLAS_DEFAULT_MATH, CUBLAS_TENSOR_OP_MATH, CUBLAS_PEDANTIC_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 1, 2, 3
     HANDLE = 0x5EED0001
 
     class CUBLASError(RuntimeError):
         pass
 
-    #: handle -> [stream, pointer mode]
-    _state = {HANDLE: [0, 0]}
+    #: handle -> [stream, pointer mode, math mode]
+    _state = {HANDLE: [0, 0, 0]}
 
     @classmethod
     def _handle(cls, handle):
@@ -1562,6 +1563,20 @@ class _Cublas:
     @classmethod
     def getPointerMode(cls, handle):
         return cls._handle(handle)[1]
+
+    @classmethod
+    def setMathMode(cls, handle, mode):
+        """The handle's math mode: with ``CUBLAS_TF32_TENSOR_OP_MATH`` the single-precision GEMMs
+        read their operands as TF32 (here rounded to 10 stored significand bits, to nearest even,
+        by :func:`attn.precision.round_tf32`) and sum in float32; the others as they are."""
+        cls._cupy_refuses("setMathMode")
+        if int(mode) & ~0x10 not in (0, 1, 2, 3):
+            raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: math mode {mode!r}")
+        cls._handle(handle)[2] = int(mode)
+
+    @classmethod
+    def getMathMode(cls, handle):
+        return cls._handle(handle)[2]
 
     # ---- the GEMMs (CuPy 14's argument lists)
 
@@ -1606,7 +1621,8 @@ class _Cublas:
     @classmethod
     def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays):
         cls._cupy_refuses(name)
-        stream, mode = cls._handle(handle)
+        stream, mode, math = cls._handle(handle)
+        tf32 = dtype == np.float32 and math & ~0x10 == cls.CUBLAS_TF32_TENSOR_OP_MATH    # read at the call
         ta, tb = (_int(t, f"trans{w}", 32) for t, w in ((transa, "a"), (transb, "b")))
         m, n, k, count = (_int(v, w, 32) for v, w in ((m, "m"), (n, "n"), (k, "k"), (count, "batchCount")))
         if ta not in (0, 1, 2) or tb not in (0, 1, 2):
@@ -1646,6 +1662,9 @@ class _Cublas:
                 ops.append(_Matrices(ptrs, rows, cols, ld, dtype, f"{name} {what}"))
             a, b, c = ops
             ra, rb = a.read(), b.read()
+            if tf32:
+                from attn.precision import round_tf32
+                ra, rb = round_tf32(ra), round_tf32(rb)
             opa = ra if ta == 0 else ra.transpose(0, 2, 1)
             opb = rb if tb == 0 else rb.transpose(0, 2, 1)
             r = np.matmul(opa, opb) if k else np.zeros((count, m, n), dtype=dtype)
@@ -1757,7 +1776,7 @@ class _DirectCublas(_Cublas):
     @classmethod
     def create(cls) -> int:
         handle = cls._next[0] = cls._next[0] + 1
-        cls._state[handle] = [0, 0]
+        cls._state[handle] = [0, 0, 0]
         return handle
 
     @classmethod

@@ -1,0 +1,287 @@
+"""attn.precision: the rounding of a product's inputs to bf16 and tf32, bit for bit.
+
+Against ``ml_dtypes.bfloat16`` (the type CuPy 14 uses for bf16 arrays) where it is installed,
+and against the rule itself (the nearest representable number, ties to the even significand)
+with integers, so that the tests stand without it; then the edge cases one by one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from attn import precision as P
+
+float32s = hnp.arrays(np.float32, st.integers(1, 64),
+                      elements=st.floats(width=32, allow_nan=True, allow_infinity=True, allow_subnormal=True))
+#: Any 32-bit pattern: every NaN payload, every subnormal, every exponent.
+words = hnp.arrays(np.uint32, st.integers(1, 64))
+
+
+def nearest_even(u: np.ndarray, drop: int) -> np.ndarray:
+    """The rule spelled with Python integers on finite, non-NaN words: the candidates below and
+    above, the nearer one, the even one on a tie (the significand's bit ``drop``)."""
+    out = []
+    for w in u.tolist():
+        low = w & ~((1 << drop) - 1)
+        rest, half = w - low, 1 << (drop - 1)
+        up = rest > half or (rest == half and (low >> drop) & 1)
+        out.append(low + (1 << drop) if up else low)
+    return np.array(out, dtype=np.uint64).astype(np.uint32)
+
+
+@given(words)
+def test_bf16_and_tf32_round_to_nearest_even(u):
+    finite = u[(u & 0x7FFFFFFF) < 0x7F800000]
+    x = finite.view(np.float32)
+    assert np.array_equal(P.round_bf16(x).view(np.uint32), nearest_even(finite, 16))
+    assert np.array_equal(P.round_tf32(x).view(np.uint32), nearest_even(finite, 13))
+
+
+@given(float32s)
+def test_bf16_matches_ml_dtypes(x):
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes is not installed")
+    want = x.astype(ml.bfloat16).astype(np.float32)
+    got = P.round_bf16(x)
+    nan = np.isnan(x)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))     # signed zeros too
+    assert np.array_equal(P.bf16_bits(x)[~nan], x[~nan].astype(ml.bfloat16).view(np.uint16))
+
+
+@given(words)
+def test_nan_stays_nan_with_its_sign(u):
+    x = (u | np.uint32(0x7F800001)).view(np.float32)       # every exponent bit set, a payload: NaN
+    for f in (P.round_bf16, P.round_tf32):
+        r = f(x)
+        assert np.isnan(r).all(), f.__name__
+        assert np.array_equal(np.signbit(r), np.signbit(x)), f.__name__
+
+
+def bits(*ws):
+    return np.array(ws, dtype=np.uint32).view(np.float32)
+
+
+def test_ties_go_to_the_even_significand():
+    # 1 + 2^-8 lies halfway between bf16's 1 and 1 + 2^-7: to 1 (even). 1 + 3 * 2^-8 lies halfway
+    # between 1 + 2^-7 (odd) and 1 + 2^-6: up, to the even one.
+    assert P.round_bf16(bits(0x3F808000, 0x3F818000)).tolist() == [1.0, 1.0 + 2 ** -6]
+    # Just above a tie rounds up; just below, down.
+    assert P.round_bf16(bits(0x3F808001, 0x3F807FFF)).tolist() == [1.0 + 2 ** -7, 1.0]
+    # TF32: 1 + 2^-11 halfway between 1 and 1 + 2^-10.
+    assert P.round_tf32(bits(0x3F801000, 0x3F803000)).tolist() == [1.0, 1.0 + 2 ** -9]
+
+
+def test_infinities_overflow_and_subnormals():
+    big = np.finfo(np.float32).max
+    r = P.round_bf16(np.array([np.inf, -np.inf, big, -big], dtype=np.float32))
+    assert r.tolist() == [np.inf, -np.inf, np.inf, -np.inf]           # past bf16's largest finite: inf
+    bf16_max = bits(0x7F7F0000)
+    assert P.round_bf16(bf16_max)[0] == bf16_max[0]                     # the largest finite stays
+    assert P.round_bf16(bits(0x7F7F7FFF))[0] == bf16_max[0]             # below the halfway point: down
+    assert P.round_tf32(np.array([big], dtype=np.float32))[0] == np.inf
+    sub = bits(0x00000001, 0x00008000, 0x00018000, 0x00007FFF, 0x80008000)
+    assert P.round_bf16(sub).view(np.uint32).tolist() == [0, 0, 0x00020000, 0, 0x80000000]
+    assert np.signbit(P.round_bf16(np.array([-0.0], dtype=np.float32)))[0]
+
+
+def test_round_to_keeps_fp32_and_other_dtypes_as_they_are():
+    x = np.linspace(-3, 3, 11, dtype=np.float32)
+    assert P.round_to(x, "fp32") is x
+    d = x.astype(np.float64)
+    assert P.round_to(d, "bf16") is d                      # float64 gradient checks stay exact
+    out = np.empty_like(x)
+    assert P.round_to(x, "bf16", out=out) is out and np.array_equal(out, P.round_bf16(x))
+    y = x.copy()
+    P.round_to(y, "tf32", out=y)
+    assert np.array_equal(y, P.round_tf32(x))
+
+
+def test_bits_round_trip():
+    x = np.array([1.5, -2.25, 3.0e38, 1e-40], dtype=np.float32)
+    assert np.array_equal(P.from_bf16_bits(P.bf16_bits(x)), P.round_bf16(x))
+
+
+def test_precision_names_are_checked():
+    assert P.check("bf16") == "bf16"
+    with pytest.raises(P.PrecisionError, match="fp32, tf32, bf16.*'fp16'"):
+        P.check("fp16")
+    with pytest.raises(TypeError, match="float32"):
+        P.round_bf16(np.zeros(3, dtype=np.float16))
+
+
+def test_the_bf16_weight_copy_kernel_is_the_rounding():
+    """``round_bf16`` (the per-step bf16 copy of the master weights) on CuPy, or on the stand-in
+    by its NumPy twin, against :func:`attn.precision.bf16_bits` on the host: ties, NaN, infinities,
+    overflow, subnormals and ordinary numbers, in a buffer longer than one block."""
+    from attn.fast import ops_for
+    from conftest import selected_backend
+    special = bits(0x3F808000, 0x3F818000, 0x7F7F7FFF, 0x7F7FFFFF, 0xFFC00001, 0x7F800001, 0x7F800000,
+                   0x00018000, 0x80008000, 0x00000000)
+    x = np.concatenate([special, np.random.default_rng(0).standard_normal(1000).astype(np.float32) * 1e3])
+    with selected_backend("cupy") as cp:
+        out = cp.zeros(x.size, dtype=np.uint16)
+        ops_for(cp).round_bf16_(cp.asarray(x), out)
+        got = cp.asnumpy(out)
+        with pytest.raises(ValueError, match="uint16 dst"):
+            ops_for(cp).round_bf16_(cp.asarray(x), cp.zeros(x.size, dtype=np.float32))
+    want = P.bf16_bits(x)
+    assert np.array_equal(got, want)
+    nan = np.isnan(x)
+    assert np.array_equal(P.from_bf16_bits(got)[~nan], P.round_bf16(x)[~nan])
+    assert np.isnan(P.from_bf16_bits(got)[nan]).all()
+
+
+# ----------------------------------------------------------------------------- the engine's products
+
+
+def test_products_read_rounded_operands_and_sum_in_float32():
+    from attn.fast import ops_for
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 3)).astype(np.float32)
+    fp32 = ops_for(np)
+    assert ops_for(np, "fp32") is fp32 and fp32.precision == "fp32"
+    assert np.array_equal(fp32.mm(a, b), a @ b)
+    for name, rnd in (("bf16", P.round_bf16), ("tf32", P.round_tf32)):
+        ops = ops_for(np, name)
+        assert ops.precision == name and ops._ones is fp32._ones          # one set of buffers
+        assert np.array_equal(ops.mm(a, b), rnd(a) @ rnd(b))
+        assert np.array_equal(ops.mm(a.T.copy().T, b[:, :2]), rnd(a) @ rnd(b[:, :2].copy()))   # views
+        out = np.empty((2, 3, 5, 5), dtype=np.float32)
+        x = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+        ops.bmm(x, x.swapaxes(-1, -2), out=out)
+        assert np.array_equal(out, rnd(x) @ rnd(x).swapaxes(-1, -2))
+        assert not np.array_equal(ops.mm(a, b), a @ b)
+    d = a.astype(np.float64)
+    assert np.array_equal(ops_for(np, "bf16").mm(d, d.T), d @ d.T)      # float64 (gradient checks): exact
+
+    from attn.fast.ops import _Ops
+
+    class OwnProducts(_Ops):                # a subclass with products of its own (CuPy's: cuBLAS)
+        def mm(self, a, b, out=None):
+            self.seen.append((a, b))
+            return super().mm(a, b, out=out)
+
+    own = OwnProducts(np)
+    own.seen = []
+    bf16 = own.with_precision("bf16")
+    assert own.with_precision("fp32") is own and isinstance(bf16, OwnProducts)
+    assert np.array_equal(bf16.mm(a, b), P.round_bf16(a) @ P.round_bf16(b))
+    assert np.array_equal(own.seen[-1][0], P.round_bf16(a))               # it was handed rounded operands
+
+
+def test_the_fast_engine_knows_its_precision():
+    from attn.fast import FastTransformer, ops_for
+    from attn.model import TransformerConfig
+    cfg = TransformerConfig.preset("toy", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                                   n_decoder_layers=1)
+    m = FastTransformer(cfg, seed=0)
+    assert m.precision == "fp32" and m.ops is ops_for(np)               # fp32: the very object as before
+    m.precision = "bf16"
+    assert m.ops is ops_for(np, "bf16")
+    with pytest.raises(P.PrecisionError, match="fp16"):
+        m.precision = "fp16"
+    with pytest.raises(P.PrecisionError, match="float64"):
+        FastTransformer(cfg, seed=0, dtype="float64", precision="tf32")
+
+
+# ----------------------------------------------------------------------------- the loss curves
+
+#: How far the loss curve of a run at bf16 (and tf32) may stray from fp32's: the largest absolute
+#: difference of the running means of 10 steps, over 30 steps of a tiny model on the toy corpus.
+#: bfloat16 keeps 8 significant bits (a relative rounding of at most 2^-9 per operand); the run's
+#: differences are a few 1e-4 with NumPy's OpenBLAS, so the bound leaves room for another BLAS's
+#: order of summation, and none for a rounding that drops more bits than the format does.
+CURVE_TOLERANCE = {"tf32": 0.005, "bf16": 0.01}
+
+
+def _tiny(precision, **kw):
+    from attn.training.config import TrainConfig
+    return TrainConfig(d_model=32, heads=2, d_ff=64, layers=1, max_tokens=512, steps=30, precision=precision,
+                       backend="numpy", **kw)
+
+
+def test_bf16_and_tf32_training_stay_within_the_tolerance_of_fp32():
+    from attn.bench.precision import compare, loss_curves
+    curves = loss_curves(_tiny("fp32"))
+    result = compare(curves, k=10)
+    for p, tol in CURVE_TOLERANCE.items():
+        assert 0 < result[p]["max_diff"] <= tol, (p, result[p])         # rounded (not fp32), and close
+
+
+def test_the_cupy_path_rounds_as_the_numpy_twin():
+    """On CuPy (or the stand-in) a bf16 step's products read the same rounded operands as on
+    NumPy: the loss and a gradient agree to float32 rounding, and both differ from fp32's."""
+    from attn.fast import FastTransformer, cross_entropy
+    from attn.model import Transformer, TransformerConfig
+    from conftest import selected_backend
+    cfg = TransformerConfig.preset("toy", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                                   n_decoder_layers=1, dropout=0.0)
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(3, 20, (3, 5)), rng.integers(3, 20, (3, 6))
+
+    def step(xp, precision):
+        m = FastTransformer.from_model(Transformer(cfg, seed=0, params=None), precision)
+        if xp is not np:
+            m = FastTransformer(cfg, params={k: xp.asarray(v) for k, v in m.params.items()}, precision=precision)
+        logits, cache = m.forward(xp.asarray(src), xp.asarray(tgt[:, :-1]), None)
+        loss, d = cross_entropy(logits, xp.asarray(tgt[:, 1:]), 0.1)
+        g = m.backward(d, cache)["encoder.0.ffn.w1"]
+        return float(loss), (g.get() if hasattr(g, "get") else g).copy()
+
+    with selected_backend("cupy") as cp:
+        on_device = step(cp, "bf16")
+    on_host, fp32 = step(np, "bf16"), step(np, "fp32")
+    assert on_device[0] == pytest.approx(on_host[0], rel=1e-6)
+    np.testing.assert_allclose(on_device[1], on_host[1], rtol=1e-4, atol=1e-6)
+    assert not np.allclose(on_host[1], fp32[1], rtol=1e-6, atol=0)
+
+
+def test_tf32_on_cupy_is_cublas_math_mode_and_put_back():
+    """At tf32 the CuPy kernels' products run on the handle's TF32 tensor-op math mode (the stand-in's
+    cuBLAS then reads float32 operands as TF32), and the handle's mode is put back after each."""
+    from attn.fast import ops_for
+    from attn.fast.kernels import Tf32CupyOps
+    from conftest import selected_backend
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((6, 9)).astype(np.float32), rng.standard_normal((9, 5)).astype(np.float32)
+    x = rng.standard_normal((2, 3, 4, 9)).astype(np.float32)
+    with selected_backend("cupy") as cp:
+        ops = ops_for(cp, "tf32")
+        assert isinstance(ops, Tf32CupyOps) and ops._functions is ops_for(cp)._functions
+        handle = cp.cuda.device.get_cublas_handle()
+        before = cp.cuda.cublas.getMathMode(handle)
+        got = cp.asnumpy(ops.mm(cp.asarray(a), cp.asarray(b)))
+        got_b = cp.asnumpy(ops.bmm(cp.asarray(x), cp.asarray(x).swapaxes(-1, -2)))
+        fp32 = cp.asnumpy(ops_for(cp).mm(cp.asarray(a), cp.asarray(b)))
+        assert cp.cuda.cublas.getMathMode(handle) == before
+    want = P.round_tf32(a) @ P.round_tf32(b)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_b, P.round_tf32(x) @ P.round_tf32(x).swapaxes(-1, -2), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(got, fp32, rtol=1e-7, atol=0)
+
+
+def test_the_stand_in_math_mode_has_the_real_cupy_signatures():
+    """``setMathMode``/``getMathMode``, which tf32 uses, take the installed CuPy's parameters (read
+    from the compiled module, as ``tests/test_cublas.py`` reads the GEMMs')."""
+    import importlib.util
+    import inspect
+    import re
+    import fakecupy
+    try:
+        spec = importlib.util.find_spec("cupy_backends.cuda.libs.cublas")
+    except ImportError:
+        spec = None
+    if spec is None or not spec.origin:
+        pytest.skip("cupy-cuda12x is not installed; CI installs it with .[gpu-ci]")
+    with open(spec.origin, "rb") as f:
+        binary = f.read()
+    CB = fakecupy.cupy.cuda.cublas
+    for name in ("setMathMode", "getMathMode"):
+        m = re.search(rb"\b" + name.encode() + rb"\((intptr_t handle[^)]*)\)", binary)
+        assert m, f"the installed CuPy's cublas has no {name}"
+        real = [p.split()[-1] for p in m.group(1).decode().split(",")]
+        assert real[1:] == list(inspect.signature(getattr(CB, name)).parameters)[1:], (name, real)
+    assert b"CUBLAS_TF32_TENSOR_OP_MATH" in binary
