@@ -5,14 +5,17 @@ updates in float32); what changes is what the products read. A GPU's tensor core
 narrower numbers and add them up in float32:
 
 =========  ============================  ============================================
-mode       a product's inputs             on the GPU (cuBLAS)
+mode       a product's inputs             on the GPU today (cuBLAS)
 =========  ============================  ============================================
-``fp32``   float32 (24-bit significand)   ``CUBLAS_COMPUTE_32F``: the reference
-``tf32``   TF32: 8-bit exponent, 11-bit   ``CUBLAS_COMPUTE_32F_FAST_TF32``: float32
-           significand (10 stored bits)   operands, rounded inside the tensor cores
-``bf16``   bfloat16: 8-bit exponent,      ``CUDA_R_16BF`` operands (a bf16 copy of the
-           8-bit significand (7 stored)   weights, made once a step), float32 sums
+``fp32``   float32 (24-bit significand)   ``sgemm`` family, full float32: the reference
+``tf32``   TF32: 8-bit exponent, 11-bit   the handle's ``CUBLAS_TF32_TENSOR_OP_MATH``:
+           significand (10 stored bits)   float32 operands rounded in the tensor cores
+``bf16``   bfloat16: 8-bit exponent,      operands rounded to bf16, then ``sgemm`` in
+           8-bit significand (7 stored)   float32: bf16's numbers, not yet its speed
 =========  ============================  ============================================
+
+(The fast bf16 path, ``CUDA_R_16BF`` operands read from a bf16 copy of the weights made once a
+step by ``CupyOps.round_bf16_``, is not wired yet: docs/GPU.md says what it needs.)
 
 On the CPU the products run in float32 on rounded inputs: :func:`round_to` rounds a float32
 array's significand to the mode's width, so a CPU run shows the numbers a GPU run would (up to

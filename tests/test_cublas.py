@@ -216,9 +216,13 @@ def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
     c = fcp.zeros((3, 3), dtype=np.float32)
     sc = _scalars(np.float32, 2.0, 0.0)
     stream = fcp.cuda.Stream(non_blocking=True)
+    workspace = fcp.empty((1 << 16,), dtype=np.uint8)
     with stream:
         stream.begin_capture()
-        D.setStream(h, fcp.cuda.get_current_stream().ptr)
+        D.setStream(h, fcp.cuda.get_current_stream().ptr)       # back on cuBLAS's default workspace
+        with pytest.raises(fcp.StreamCaptureError, match="default workspace"):
+            D.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4, c.data.ptr, 3)
+        D.setWorkspace(h, workspace.data.ptr, workspace.size)
         D.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4, c.data.ptr, 3)
         graph = stream.end_capture()
     assert (c.get() == 0).all()                        # a capture leaves memory as it was
@@ -229,6 +233,7 @@ def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
     with stream:
         stream.begin_capture()
         D.setStream(h, 0)                              # the handle left on the legacy stream
+        D.setWorkspace(h, workspace.data.ptr, workspace.size)
         with pytest.raises(fcp.StreamCaptureError, match="not the capturing stream"):
             D.sgemm(h, 0, 0, 3, 3, 3, sc.ctypes.data, b.data.ptr, 3, a.data.ptr, 3, sc.ctypes.data + 4,
                     c.data.ptr, 3)

@@ -212,13 +212,15 @@ def test_bucketing_leaves_few_shapes_and_a_bucketed_batch_as_it_is():
 # ----------------------------------------------------------------------------- the training step captured
 
 
-def test_the_captured_training_step_replays_equal_to_eager_steps(fc):
+@pytest.mark.parametrize("buckets", [1, 2])
+def test_the_captured_training_step_replays_equal_to_eager_steps(fc, buckets):
     """The capture check of the training step: the toy model's steps on the stand-in, one
     process, dropout on and the warm-up's learning rate rising every step, taken eagerly
     (``train_step`` on the padded batches, ``DeviceRNG`` seeds) and through
     :class:`GraphedTrainStep` (one eager call, one capture, then replays): the losses and the
-    parameters after every step are the same, bit for bit; one graph was captured, and every
-    step after the capture is one graph launch."""
+    parameters after every step are the same, bit for bit; one graph was captured per batch
+    shape, and every step after a shape's capture is one graph launch. With two shapes in turn,
+    the larger grows the engine's scratch buffers between the smaller's capture and its replays."""
     import attn.backend as B
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
@@ -238,9 +240,11 @@ def test_the_captured_training_step_replays_equal_to_eager_steps(fc):
     graphed.captured.fn = lambda *a: calls.append(1) or run(*a)
     rng = np.random.default_rng(0)
     batches = []
-    while len(batches) < 5:          # batches of one bucket: (16 rows, 8 source and 8 target positions)
-        pairs = [(rng.integers(4, 23, rng.integers(1, 8)).tolist(), rng.integers(4, 23, rng.integers(1, 8)).tolist())
-                 for _ in range(int(rng.integers(9, 17)))]
+    while len(batches) < 4 * buckets + 1:
+        big = buckets == 2 and len(batches) % 2 == 1     # bucket (32 rows, 16 and 16 positions), else (16, 8, 8)
+        lo, hi, rows = (9, 16, (17, 33)) if big else (1, 8, (9, 17))
+        pairs = [(rng.integers(4, 23, rng.integers(lo, hi)).tolist(), rng.integers(4, 23, rng.integers(lo, hi)).tolist())
+                 for _ in range(int(rng.integers(*rows)))]
         batches.append(_pad_batch(pairs))
     for step, batch in enumerate(batches):
         seed = 1000 + step
@@ -250,8 +254,8 @@ def test_the_captured_training_step_replays_equal_to_eager_steps(fc):
         assert lr == eager_lr
         assert float(loss) == float(eager_loss), step
         assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
-    assert graphed.graphs == 1 and opts[0].t == opts[1].t == 5
-    assert len(calls) == 2          # the eager call and the capture: the last three steps were replays
+    assert graphed.graphs == buckets and opts[0].t == opts[1].t == len(batches)
+    assert len(calls) == 2 * buckets          # per shape, the eager call and the capture: the rest were replays
 
 
 @pytest.mark.parametrize("args, why", [(["--backend", "numpy"], "--backend cupy"),

@@ -40,17 +40,13 @@ SIGNATURES = {
     "cublasDgemmStridedBatched": _STRIDED,
     "cublasSgemmBatched": _BATCHED,
     "cublasDgemmBatched": _BATCHED,
-    "cublasGemmEx": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I],
-    "cublasGemmStridedBatchedEx": [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _LL, _P, _I, _I, _LL, _P, _P, _I, _I,
-                                   _LL, _I, _I, _I],
 }
 #: cupy.cuda.cublas's name of each, as the launch code calls them
 CUPY_NAMES = {"cublasSetStream_v2": "setStream", "cublasSetPointerMode_v2": "setPointerMode",
               "cublasSetWorkspace_v2": "setWorkspace", "cublasSetMathMode": "setMathMode",
               "cublasSgemm_v2": "sgemm", "cublasDgemm_v2": "dgemm",
               "cublasSgemmStridedBatched": "sgemmStridedBatched", "cublasDgemmStridedBatched": "dgemmStridedBatched",
-              "cublasSgemmBatched": "sgemmBatched", "cublasDgemmBatched": "dgemmBatched",
-              "cublasGemmEx": "gemmEx", "cublasGemmStridedBatchedEx": "gemmStridedBatchedEx"}
+              "cublasSgemmBatched": "sgemmBatched", "cublasDgemmBatched": "dgemmBatched"}
 
 
 class CublasError(RuntimeError):

@@ -106,7 +106,10 @@ def _capture(xp, fn, args):
         try:
             out = fn(*args)
         except BaseException as e:
-            stream.end_capture()
+            try:                                # a GPU invalidates the capture: ending it raises too
+                stream.end_capture()
+            except Exception:                   # noqa: BLE001 (the cause is e, raised below)
+                pass
             raise CaptureError(f"CapturedStep: the step cannot be captured as a CUDA graph: {e}") from e
         graph = stream.end_capture()
     return graph, out

@@ -1095,21 +1095,34 @@ class CupyOps(_Ops):
 
     def _buffer(self, name, n, dtype):
         """A scratch buffer of at least ``n`` elements kept between launches (one stream runs
-        them in order, so a launch never finds the previous one still reading it)."""
+        them in order, so a launch never finds the previous one still reading it). It grows by
+        doubling, and a buffer it replaces is kept (:meth:`_retire`): a CUDA graph captured at a
+        smaller shape still writes to it."""
         key = (name, dtype)
         buf = self._scratch.get(key)
         if buf is None or buf.size < n:
+            self._retire(buf)
             with outside_step():                 # kept between steps: never from a step's memory
-                buf = self._scratch[key] = self.xp.empty((max(n, 1),), dtype=dtype)
+                size = max(n, 1, 0 if buf is None else 2 * buf.size)
+                buf = self._scratch[key] = self.xp.empty((size,), dtype=dtype)
         return buf[:max(n, 1)]
 
     def _counters(self, n):
-        """``column_sums``' per-tile tickets: zeroed once, and set back to 0 by every launch."""
+        """``column_sums``' per-tile tickets: zeroed once, and set back to 0 by every launch
+        (grown and replaced as :meth:`_buffer`'s buffers are)."""
         c = self._scratch.get("counters")
         if c is None or c.size < n:
+            self._retire(c)
             with outside_step():
-                c = self._scratch["counters"] = self.xp.zeros((max(n, 64),), dtype=B.host.uint32)
+                c = self._scratch["counters"] = self.xp.zeros((max(n, 64, 0 if c is None else 2 * c.size),),
+                                                              dtype=B.host.uint32)
         return c
+
+    def _retire(self, buf):
+        """Keep a replaced scratch buffer alive: a graph captured before it was replaced holds its
+        address, and the pool must not hand that memory to anything else."""
+        if buf is not None:
+            self._scratch.setdefault("retired", []).append(buf)
 
     # ---- the matrix products: cuBLAS on the views as they are
 
@@ -1123,11 +1136,15 @@ class CupyOps(_Ops):
         handle = self._scratch.get("cublas_handle")
         if handle is None:
             with outside_step():
-                workspace = self._scratch["cublas_workspace"] = self.xp.empty((WORKSPACE_BYTES,), dtype=B.host.uint8)
+                self._scratch["cublas_workspace"] = self.xp.empty((WORKSPACE_BYTES,), dtype=B.host.uint8)
             handle = self._scratch["cublas_handle"] = cublas.create()
-            cublas.setWorkspace(handle, workspace.data.ptr, WORKSPACE_BYTES)
-        cublas.setStream(handle, self.xp.cuda.get_current_stream().ptr)
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        stream = self.xp.cuda.get_current_stream().ptr
+        if self._scratch.get("cublas_stream") != stream:
+            # cublasSetStream puts the handle back on cuBLAS's default workspace: set ours again
+            cublas.setStream(handle, stream)
+            cublas.setWorkspace(handle, self._scratch["cublas_workspace"].data.ptr, WORKSPACE_BYTES)
+            self._scratch["cublas_stream"] = stream
         return cublas, handle
 
     def _alpha_beta(self, dtype):
@@ -1441,9 +1458,11 @@ class CupyOps(_Ops):
         return twin
 
     def round_bf16_(self, src, dst):
-        """dst (uint16, src's size) <- the bfloat16 patterns nearest to src (float32): the bf16
-        copy of the fp32 master weights that ``--precision bf16`` makes once a step, one launch
-        (``round_bf16``; :func:`attn.precision.bf16_bits` is the same rounding on any array)."""
+        """dst (uint16, src's size) <- the bfloat16 patterns nearest to src (float32), in one
+        launch (``round_bf16``; :func:`attn.precision.bf16_bits` is the same rounding on any
+        array): the bf16 copy of the fp32 master weights that bf16 products with ``CUDA_R_16BF``
+        operands will read. No step calls it yet (``--precision bf16`` rounds each product's
+        operands instead)."""
         if not (src.flags.c_contiguous and dst.flags.c_contiguous) or src.size != dst.size \
                 or dst.dtype != B.host.uint16:
             raise ValueError(f"CupyOps.round_bf16_: contiguous src and a uint16 dst of its size are needed, got "
@@ -1990,8 +2009,8 @@ NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values()
 class Tf32CupyOps(CupyOps):
     """:class:`CupyOps` whose products run on the cuBLAS handle's ``CUBLAS_TF32_TENSOR_OP_MATH``
     (``attn-train --precision tf32``): the GEMMs read their float32 operands as TF32 in the tensor
-    cores and sum in float32. The handle's mode is set for each product and put back after it (CuPy's
-    own products share the handle)."""
+    cores and sum in float32. The handle's mode is set for each product and put back after it (the
+    handle is shared with the fp32 ops of the same device, which the decoding uses)."""
 
     precision = "tf32"
 

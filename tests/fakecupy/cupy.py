@@ -1529,7 +1529,7 @@ class _Cublas:
         pass
 
     #: handle -> [stream, pointer mode, math mode]
-    _state = {HANDLE: [0, 0, 0]}
+    _state = {HANDLE: [0, 0, 0, None]}     # stream, pointer mode, math mode, workspace
 
     @classmethod
     def _handle(cls, handle):
@@ -1621,7 +1621,10 @@ class _Cublas:
     @classmethod
     def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays):
         cls._cupy_refuses(name)
-        stream, mode, math = cls._handle(handle)
+        stream, mode, math, workspace = cls._handle(handle)
+        if _capturing is not None and not cls._through_cupy and workspace is None:
+            _refuse_in_capture(f"cuBLAS {name} in its default workspace during a capture (cublasSetStream puts a "
+                               "handle back on it: set the workspace again after it)", "cuBLAS default workspace")
         tf32 = dtype == np.float32 and math & ~0x10 == cls.CUBLAS_TF32_TENSOR_OP_MATH    # read at the call
         ta, tb = (_int(t, f"trans{w}", 32) for t, w in ((transa, "a"), (transb, "b")))
         m, n, k, count = (_int(v, w, 32) for v, w in ((m, "m"), (n, "n"), (k, "k"), (count, "batchCount")))
@@ -1776,8 +1779,14 @@ class _DirectCublas(_Cublas):
     @classmethod
     def create(cls) -> int:
         handle = cls._next[0] = cls._next[0] + 1
-        cls._state[handle] = [0, 0, 0]
+        cls._state[handle] = [0, 0, 0, None]
         return handle
+
+    @classmethod
+    def setStream(cls, handle, stream):
+        """As cuBLAS's: the handle goes back to cuBLAS's default workspace."""
+        super().setStream(handle, stream)
+        cls._handle(handle)[3] = None
 
     @classmethod
     def setWorkspace(cls, handle, workspace, size):
@@ -1787,6 +1796,7 @@ class _DirectCublas(_Cublas):
         if size and not any(lo <= ptr and ptr + size <= hi for lo, hi, _ in _exposed_memory()):
             raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: setWorkspace: {size} bytes at {ptr:#x} lie in no "
                                   "live device array")
+        cls._handle(handle)[3] = (ptr, size)
 
 
 class _DeviceModule:
