@@ -305,10 +305,17 @@ class Sandbox:
         except OSError:
             pass
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 1.0 and self._out_size() == size:
-            time.sleep(0.02)
+        while time.monotonic() - t0 < 2.0 and not self._dumped(size):   # a flood grows the output anyway:
+            time.sleep(0.02)                                              # wait for the traceback itself
         time.sleep(0.05)
         self._kill()
+
+    def _dumped(self, start: int) -> bool:
+        """Whether the faulthandler's traceback has appeared in the child's output past ``start``."""
+        with open(self._out.name, "rb") as f:
+            f.seek(start)
+            text = f.read()
+        return b"most recent call first" in text or b"Current thread" in text
 
     def pack(self, v):
         if isinstance(v, Handle):
