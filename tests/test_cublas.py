@@ -276,10 +276,11 @@ def test_the_stand_in_has_the_real_cupy_cublas_signatures():
     with open(spec.origin, "rb") as f:
         binary = f.read()
     names = ["sgemm", "dgemm", "sgemmStridedBatched", "dgemmStridedBatched", "sgemmBatched", "dgemmBatched",
-             "setStream", "getStream", "setPointerMode", "getPointerMode"]
+             "setStream", "getStream", "setPointerMode", "getPointerMode", "setMathMode", "getMathMode"]
     for name in names:
         m = re.search(rb"\b" + name.encode() + rb"\((intptr_t handle[^)]*)\)", binary)
         assert m, f"the installed CuPy's cublas has no {name}"
         real = [p.split()[-1] for p in m.group(1).decode().split(",")]
         ours = list(inspect.signature(getattr(CB, name)).parameters)
         assert real[1:] == ours[1:] and ours[0] == "handle", (name, real, ours)
+    assert b"CUBLAS_TF32_TENSOR_OP_MATH" in binary          # the math mode --precision tf32 sets
