@@ -91,7 +91,6 @@ class CapturedStep:
         entry.graph.launch(stream=xp.cuda.get_current_stream())
         return entry.out
 
-
     def _in_step(self):
         return self.memory.step() if self.memory is not None else contextlib.nullcontext()
 
