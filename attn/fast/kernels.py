@@ -1211,10 +1211,7 @@ class CupyOps(_Ops):
         they are (each needs its rows or its columns contiguous: a transposed matrix, a block
         of columns); ``out`` too may be such a view. Returns out."""
         out, M, N, K = self._operands("mm", a, b, out, 0)
-        if M == 0 or N == 0:
-            return out
-        if K == 0:
-            out.fill(0)
+        if self._nothing_to_multiply(out, M, N, K, 1):
             return out
         cublas, handle = self._cublas()
         ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, M, N, K)
@@ -1222,6 +1219,17 @@ class CupyOps(_Ops):
         gemm = cublas.sgemm if a.dtype == B.host.float32 else cublas.dgemm
         gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta, out.data.ptr, ldc)
         return out
+
+    @staticmethod
+    def _nothing_to_multiply(out, M, N, K, count) -> bool:
+        """Whether a product of these sizes is done without cuBLAS: an empty ``out``, or zeros
+        (a sum over K = 0 terms)."""
+        if M == 0 or N == 0 or count == 0:
+            return True
+        if K == 0:
+            out.fill(0)
+            return True
+        return False
 
     @staticmethod
     def _batch_strides(x):
@@ -1243,10 +1251,7 @@ class CupyOps(_Ops):
             raise ValueError(f"CupyOps.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
         out, M, N, K = self._operands("bmm", a, b, out, a.ndim - 2)
         count = math.prod(out.shape[:-2])
-        if M == 0 or N == 0 or count == 0:
-            return out
-        if K == 0:
-            out.fill(0)
+        if self._nothing_to_multiply(out, M, N, K, count):
             return out
         cublas, handle = self._cublas()
         ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "bmm", a, b, out, M, N, K)
