@@ -48,19 +48,20 @@ class _Entry:
 class CapturedStep:
     """``fn(*inputs)`` captured as a CUDA graph per input shape and replayed.
 
-    ``inputs`` are device arrays; each call copies them into buffers of their shape that the
-    graph reads (so the caller's arrays may change or go), runs ``fn`` eagerly for the first
+    ``inputs`` are device arrays, or host arrays where ``xp`` (CuPy) is given; each call copies
+    them into buffers of their shape that the graph reads (a host array straight from the host:
+    one transfer, no device copy after it; the caller's arrays may change or go), runs ``fn`` eagerly for the first
     ``warmup`` calls at a shape (they allocate what the step keeps and compile the kernels),
     captures it on the next and replays it from then on. Returns what ``fn`` returned: after a
     capture, the same arrays every time, refreshed by every replay (read them before the next
     call). ``capture=False`` (or NumPy inputs) calls ``fn`` every time.
     """
 
-    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None):
+    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None, xp=None):
         if warmup < 1:
             raise ValueError(f"CapturedStep: warmup must be at least 1 (the eager call that allocates what the "
                              f"step keeps), got {warmup}")
-        self.fn, self.warmup, self.capture = fn, int(warmup), bool(capture)
+        self.fn, self.warmup, self.capture, self.xp = fn, int(warmup), bool(capture), xp
         #: the :class:`attn.fast.stepmem.StepMemory` every eager and captured call runs in (its
         #: slab grows after an eager call that needed more, so the capture finds it large enough)
         self.memory = memory
@@ -69,15 +70,18 @@ class CapturedStep:
         self.graphs = 0
 
     def __call__(self, *inputs):
-        xp = B.get_array_module(*inputs)
+        xp = self.xp or B.get_array_module(*inputs)
         if not self.capture or xp is B.host:
             return self.fn(*inputs)
         key = tuple((a.shape, a.dtype.str) for a in inputs)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry([xp.empty_like(a) for a in inputs])
-        for buffer, a in zip(entry.static, inputs):
-            buffer[...] = a                                   # one device copy each, outside the graph
+            entry = self._entries[key] = _Entry([xp.empty(a.shape, dtype=a.dtype) for a in inputs])
+        for buffer, a in zip(entry.static, inputs):           # outside the graph
+            if B.is_device_array(a):
+                buffer[...] = a                               # one device copy
+            else:
+                buffer.set(B.host.ascontiguousarray(a))       # one host-to-device transfer
         if entry.graph is None and entry.calls < self.warmup:
             entry.calls += 1
             with self._in_step():
@@ -183,7 +187,8 @@ class GraphedTrainStep:
             logits, targets, eps, inplace=True, validate=False, check_finite=False))
         self.length_multiple, self.row_multiple = length_multiple, row_multiple
         from .stepmem import StepMemory
-        self.captured = CapturedStep(self._device_step, warmup=warmup, memory=StepMemory.of(model))
+        self.captured = CapturedStep(self._device_step, warmup=warmup, memory=StepMemory.of(model),
+                                     xp=opt.arena.xp)
 
     def __call__(self, batch, seed: int):
         from ..data import pad_to_bucket
@@ -194,9 +199,8 @@ class GraphedTrainStep:
                         ("tgt_out", cfg.target_vocab_size)):
             check_ids("GraphedTrainStep", f"batch.{name}", B.to_host(getattr(batch, name)), V)
         host_seed = B.host.array([int(seed) & (2 ** 64 - 1)], dtype=B.host.uint64)
-        src, tgt_in, tgt_out, seed_d = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out, host_seed))
         lr = self.opt.count_step()
-        loss = self.captured(src, tgt_in, tgt_out, seed_d)
+        loss = self.captured(*(B.to_host(a) for a in (batch.src, batch.tgt_in, batch.tgt_out)), host_seed)
         return loss.copy(), lr
 
     def _device_step(self, src, tgt_in, tgt_out, seed):
