@@ -276,11 +276,27 @@ def test_the_stand_in_has_the_real_cupy_cublas_signatures():
     with open(spec.origin, "rb") as f:
         binary = f.read()
     names = ["sgemm", "dgemm", "sgemmStridedBatched", "dgemmStridedBatched", "sgemmBatched", "dgemmBatched",
+             "gemmEx", "gemmStridedBatchedEx",
              "setStream", "getStream", "setPointerMode", "getPointerMode", "setMathMode", "getMathMode"]
-    for name in names:
+
+    def real_parameters(name):
         m = re.search(rb"\b" + name.encode() + rb"\((intptr_t handle[^)]*)\)", binary)
-        assert m, f"the installed CuPy's cublas has no {name}"
-        real = [p.split()[-1] for p in m.group(1).decode().split(",")]
+        return m and [p.split()[-1] for p in m.group(1).decode().split(",")]
+
+    for name in names:
+        real = real_parameters(name)
+        assert real, f"the installed CuPy's cublas has no {name}"
         ours = list(inspect.signature(getattr(CB, name)).parameters)
         assert real[1:] == ours[1:] and ours[0] == "handle", (name, real, ours)
-    assert b"CUBLAS_TF32_TENSOR_OP_MATH" in binary          # the math mode --precision tf32 sets
+    # cublasGemmBatchedEx: the stand-in's CuPy module has it exactly when the installed CuPy does
+    # (CuPy 14 does not: attn calls it directly); the direct library's follows the C API
+    real = real_parameters("gemmBatchedEx")
+    assert hasattr(CB, "gemmBatchedEx") == bool(real)
+    ours = list(inspect.signature(fcp.cuda.direct_cublas().gemmBatchedEx).parameters)
+    assert ours == ["handle", "transa", "transb", "m", "n", "k", "alpha", "Aarray", "Atype", "lda", "Barray",
+                    "Btype", "ldb", "beta", "Carray", "Ctype", "ldc", "batchCount", "computeType", "algo"]
+    assert not real or real[1:] == ours[1:], real
+    # the math mode --precision tf32 sets; the Ex GEMMs' compute types and algos
+    for const in ("CUBLAS_TF32_TENSOR_OP_MATH", "CUBLAS_COMPUTE_32F", "CUBLAS_COMPUTE_32F_FAST_TF32",
+                  "CUBLAS_COMPUTE_64F", "CUBLAS_GEMM_DEFAULT", "CUBLAS_GEMM_DEFAULT_TENSOR_OP"):
+        assert const.encode() in binary and hasattr(CB, const), const

@@ -14,14 +14,34 @@ C_ARG_COUNTS = {"cublasSgemm_v2": 14, "cublasDgemm_v2": 14, "cublasSgemmStridedB
                 "cublasDgemmStridedBatched": 18, "cublasSgemmBatched": 15, "cublasDgemmBatched": 15,
                 "cublasSetStream_v2": 2,
                 "cublasSetPointerMode_v2": 2, "cublasSetWorkspace_v2": 3, "cublasSetMathMode": 2, "cublasGetMathMode": 2,
-                "cublasCreate_v2": 1, "cublasDestroy_v2": 1}
+                "cublasCreate_v2": 1, "cublasDestroy_v2": 1,
+                "cublasGemmEx": 19, "cublasGemmStridedBatchedEx": 23, "cublasGemmBatchedEx": 20}
 
 
 def test_the_bound_prototypes_have_the_c_apis_arguments():
     assert {k: len(v) for k, v in C.SIGNATURES.items()} == C_ARG_COUNTS
-    for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched"):       # strides are long long
-        assert sum(t is ctypes.c_longlong for t in C.SIGNATURES[name]) == 3
+    for name in ("cublasSgemmStridedBatched", "cublasDgemmStridedBatched", "cublasGemmStridedBatchedEx"):
+        assert sum(t is ctypes.c_longlong for t in C.SIGNATURES[name]) == 3            # strides are long long
     assert C.SIGNATURES["cublasSetWorkspace_v2"][2] is ctypes.c_size_t
+    # the Ex GEMMs: a C int (cudaDataType) after each matrix pointer, computeType and algo C ints last
+    for name, types_at in (("cublasGemmEx", (8, 11, 15)), ("cublasGemmStridedBatchedEx", (8, 12, 17)),
+                           ("cublasGemmBatchedEx", (8, 11, 15))):
+        sig = C.SIGNATURES[name]
+        assert all(sig[i - 1] is ctypes.c_void_p and sig[i] is ctypes.c_int for i in types_at), name
+        assert sig[-2:] == [ctypes.c_int, ctypes.c_int], name
+
+
+def test_the_stand_in_models_every_bound_call_with_its_arguments_and_constants():
+    """What attn.fast.cublas binds, the stand-in's direct library (what direct_cublas gives on
+    it) has under the same name, taking as many arguments; and the constants agree."""
+    import inspect
+    from fakecupy import cupy as fcp
+    D = fcp.cuda.direct_cublas()
+    for cname, name in C.CUPY_NAMES.items():
+        assert len(inspect.signature(getattr(D, name)).parameters) == len(C.SIGNATURES[cname]), name
+    consts = [k for k in vars(C.CtypesCublas) if k.isupper()]
+    assert {"CUDA_R_16BF", "CUBLAS_COMPUTE_32F", "CUBLAS_GEMM_DEFAULT"} <= set(consts)
+    assert {k: getattr(D, k) for k in consts} == {k: getattr(C.CtypesCublas, k) for k in consts}
 
 
 class _Function:

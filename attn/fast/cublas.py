@@ -25,6 +25,10 @@ _P, _I, _LL, _Z = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_siz
 _GEMM = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I]
 _STRIDED = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _LL, _P, _I, _LL, _P, _P, _I, _LL, _I]
 _BATCHED = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I, _P, _P, _I, _I]
+# the Ex GEMMs: each matrix followed by its cudaDataType, and computeType, algo last (C ints)
+_GEMM_EX = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I]
+_STRIDED_EX = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _LL, _P, _I, _I, _LL, _P, _P, _I, _I, _LL, _I, _I, _I]
+_BATCHED_EX = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I, _I]
 #: the C functions bound, with their arguments (cublas_api.h, CUDA 12 and 13)
 SIGNATURES = {
     "cublasCreate_v2": [ctypes.POINTER(_P)],
@@ -40,13 +44,18 @@ SIGNATURES = {
     "cublasDgemmStridedBatched": _STRIDED,
     "cublasSgemmBatched": _BATCHED,
     "cublasDgemmBatched": _BATCHED,
+    "cublasGemmEx": _GEMM_EX,
+    "cublasGemmStridedBatchedEx": _STRIDED_EX,
+    "cublasGemmBatchedEx": _BATCHED_EX,
 }
 #: cupy.cuda.cublas's name of each, as the launch code calls them
 CUPY_NAMES = {"cublasSetStream_v2": "setStream", "cublasSetPointerMode_v2": "setPointerMode",
               "cublasSetWorkspace_v2": "setWorkspace", "cublasSetMathMode": "setMathMode",
               "cublasSgemm_v2": "sgemm", "cublasDgemm_v2": "dgemm",
               "cublasSgemmStridedBatched": "sgemmStridedBatched", "cublasDgemmStridedBatched": "dgemmStridedBatched",
-              "cublasSgemmBatched": "sgemmBatched", "cublasDgemmBatched": "dgemmBatched"}
+              "cublasSgemmBatched": "sgemmBatched", "cublasDgemmBatched": "dgemmBatched",
+              "cublasGemmEx": "gemmEx", "cublasGemmStridedBatchedEx": "gemmStridedBatchedEx",
+              "cublasGemmBatchedEx": "gemmBatchedEx"}
 
 
 class CublasError(RuntimeError):
@@ -61,6 +70,11 @@ class CtypesCublas:
     CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
     CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
     CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+    #: cudaDataType (library_types.h), cublasComputeType_t and cublasGemmAlgo_t (cublas_api.h):
+    #: the Ex GEMMs' type arguments, named as on the CuPy stand-in
+    CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
+    CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F = 68, 77, 70
+    CUBLAS_GEMM_DEFAULT, CUBLAS_GEMM_DEFAULT_TENSOR_OP = -1, 99
 
     def __init__(self, lib):
         self.lib = lib

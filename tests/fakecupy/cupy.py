@@ -1427,6 +1427,7 @@ def get_default_pinned_memory_pool():
 
 class _Runtime:
     CUDARuntimeError = RuntimeError
+    CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14      # cudaDataType (as _Cublas's)
 
     @staticmethod
     def getDeviceCount():
@@ -1515,7 +1516,12 @@ class _Cublas:
     As in CuPy, these wrappers refuse every call while a stream captures (each first sets the
     handle's stream, and CuPy's ``setStream`` raises ``NotImplementedError('calling cuBLAS API
     during stream capture is currently unsupported')``); :class:`_DirectCublas`, the library
-    called without CuPy (``attn.fast.cublas``), does not."""
+    called without CuPy (``attn.fast.cublas``), does not.
+
+    The Ex GEMMs (``gemmEx``, ``gemmStridedBatchedEx``) take each matrix's storage type and the
+    compute type: bf16 A and B (16-bit patterns, a uint16 array here) into fp32 C, summed in
+    float32 from the operands' exact values; all fp32 (an sgemm, TF32 under the handle's TF32
+    math mode as sgemm's) or all fp64. Other combinations are ``CUBLAS_STATUS_NOT_SUPPORTED``."""
 
     #: False for the library called directly (no CuPy wrapper in between)
     _through_cupy = True
@@ -1523,6 +1529,12 @@ class _Cublas:
     CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
     CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
     CUBLAS_DEFAULT_MATH, CUBLAS_TENSOR_OP_MATH, CUBLAS_PEDANTIC_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 1, 2, 3
+    #: cudaDataType (library_types.h; CuPy has them in ``cupy_backends.cuda.api.runtime``), the
+    #: storage types of the Ex GEMMs' matrices
+    CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
+    #: cublasComputeType_t and cublasGemmAlgo_t (cublas_api.h)
+    CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F = 68, 77, 70
+    CUBLAS_GEMM_DEFAULT, CUBLAS_GEMM_DEFAULT_TENSOR_OP = -1, 99
     HANDLE = 0x5EED0001
 
     class CUBLASError(RuntimeError):
@@ -1616,11 +1628,62 @@ class _Cublas:
                   ("Aarray", Aarray, lda, None), ("Barray", Barray, ldb, None), ("Carray", Carray, ldc, None),
                   batchCount, True)
 
+    # ---- the mixed-precision GEMMs: each matrix's storage type and the compute type are arguments
+
+    #: (Atype, Btype, Ctype, computeType) -> the storage dtypes of A, B, C and the compute dtype
+    #: (that of alpha and beta): the combinations modelled. bf16 matrices hold 16-bit patterns
+    #: (uint16 in device memory), read as the float32 they are the top half of.
+    _EX_TYPES = {(14, 14, 0, 68): ((np.uint16, np.uint16, np.float32), np.float32),     # bf16 x bf16 -> fp32
+                 (0, 0, 0, 68): ((np.float32,) * 3, np.float32),                      # an sgemm
+                 (1, 1, 1, 70): ((np.float64,) * 3, np.float64)}                      # a dgemm
+    _TYPE_NAMES = {0: "CUDA_R_32F", 1: "CUDA_R_64F", 2: "CUDA_R_16F", 14: "CUDA_R_16BF",
+                   68: "CUBLAS_COMPUTE_32F", 77: "CUBLAS_COMPUTE_32F_FAST_TF32", 70: "CUBLAS_COMPUTE_64F"}
+
+    @classmethod
+    def _ex_types(cls, name, Atype, Btype, Ctype, computeType, algo):
+        """The storage dtypes and the compute dtype of an Ex GEMM's type arguments; a
+        combination not modelled, or an algo other than the default ones, is cuBLAS's
+        ``CUBLAS_STATUS_NOT_SUPPORTED`` (what it answers for combinations it lacks)."""
+        cls._cupy_refuses(name)                     # CuPy's wrapper sets the stream before anything
+        types = tuple(_int(t, w, 32) for t, w in ((Atype, "Atype"), (Btype, "Btype"), (Ctype, "Ctype"),
+                                                  (computeType, "computeType")))
+        algo = _int(algo, "algo", 32)
+        got = cls._EX_TYPES.get(types)
+        if got is None:
+            named = ", ".join(f"{w} {cls._TYPE_NAMES.get(t, t)}"
+                              for t, w in zip(types, ("Atype", "Btype", "Ctype", "computeType")))
+            raise cls.CUBLASError(f"CUBLAS_STATUS_NOT_SUPPORTED: {name}: {named} (the stand-in models bf16 x bf16 "
+                                  "-> fp32, fp32 and fp64, with the compute type of their precision)")
+        if algo not in (cls.CUBLAS_GEMM_DEFAULT, cls.CUBLAS_GEMM_DEFAULT_TENSOR_OP):
+            raise cls.CUBLASError(f"CUBLAS_STATUS_NOT_SUPPORTED: {name}: algo {algo} (the stand-in models "
+                                  "CUBLAS_GEMM_DEFAULT and CUBLAS_GEMM_DEFAULT_TENSOR_OP)")
+        return got
+
+    @classmethod
+    def gemmEx(cls, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+               computeType, algo):
+        dtypes, dtype = cls._ex_types("gemmEx", Atype, Btype, Ctype, computeType, algo)
+        cls._gemm("gemmEx", dtype, handle, transa, transb, m, n, k, alpha, beta,
+                  ("A", A, lda, 0), ("B", B, ldb, 0), ("C", C, ldc, 0), 1, False, dtypes=dtypes)
+
+    @classmethod
+    def gemmStridedBatchedEx(cls, handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb,
+                             strideB, beta, C, Ctype, ldc, strideC, batchCount, computeType, algo):
+        dtypes, dtype = cls._ex_types("gemmStridedBatchedEx", Atype, Btype, Ctype, computeType, algo)
+        cls._gemm("gemmStridedBatchedEx", dtype, handle, transa, transb, m, n, k, alpha, beta,
+                  ("A", A, lda, strideA), ("B", B, ldb, strideB), ("C", C, ldc, strideC), batchCount, False,
+                  dtypes=dtypes)
+
     # ---- what they compute
 
     @classmethod
-    def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays):
+    def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays, dtypes=None):
+        """One GEMM call, checked and run. ``dtype`` is the compute type (alpha's and beta's, and
+        the sums'); ``dtypes`` the storage dtypes of A, B and C (all ``dtype`` when not given):
+        uint16 is bf16 patterns, read as the float32 values they are the top half of. Lengths,
+        strides and alignment are in each matrix's own elements."""
         cls._cupy_refuses(name)
+        dtypes = tuple(np.dtype(d) for d in (dtypes or (dtype,) * 3))
         stream, mode, math, workspace = cls._handle(handle)
         if _capturing is not None and not cls._through_cupy and workspace is None:
             _refuse_in_capture(f"cuBLAS {name} in its default workspace during a capture (cublasSetStream puts a "
@@ -1656,15 +1719,16 @@ class _Cublas:
 
         def run():
             if m == 0 or n == 0 or count == 0:
-                return [np.empty(0, dtype)] * 3
+                return [np.empty(0, dt) for dt in dtypes]
             al, be = scalars()
             ops = []
-            for (what, ptr, ld, stride, rows, cols), t in zip(specs, (ta, tb, None)):
+            for (what, ptr, ld, stride, rows, cols), dt in zip(specs, dtypes):
                 ptrs = (_device_words(ptr, count, f"{name} {what}") if arrays
-                        else ptr + np.arange(count, dtype=np.int64) * (stride * np.dtype(dtype).itemsize))
-                ops.append(_Matrices(ptrs, rows, cols, ld, dtype, f"{name} {what}"))
+                        else ptr + np.arange(count, dtype=np.int64) * (stride * dt.itemsize))
+                ops.append(_Matrices(ptrs, rows, cols, ld, dt, f"{name} {what}"))
             a, b, c = ops
-            ra, rb = a.read(), b.read()
+            sa, sb = a.read(), b.read()         # as stored (bf16: 16-bit patterns)
+            ra, rb = (_bf16_values(x) if x.dtype == np.uint16 else x for x in (sa, sb))
             if tf32:
                 from attn.precision import round_tf32
                 ra, rb = round_tf32(ra), round_tf32(rb)
@@ -1676,7 +1740,7 @@ class _Cublas:
             if be != 0:
                 r += dtype(be) * c.read()
             c.write(r)
-            return [ra, rb, r]                  # what was read and written (the tracer's bytes)
+            return [sa, sb, r]                  # what was read and written (the tracer's bytes)
 
         touched = run()
         if _capturing is not None:
@@ -1728,6 +1792,11 @@ class _Matrices:
     def write(self, r):
         for idx, mem, off, _ in self._parts:
             mem[off[:, None, None] + self._cell] = r[idx]
+
+
+def _bf16_values(h: np.ndarray) -> np.ndarray:
+    """bf16 16-bit patterns (uint16) as the float32 values they are the top half of (exact)."""
+    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def _memory_at(address: int, n: int, dtype) -> np.ndarray:
@@ -1797,6 +1866,17 @@ class _DirectCublas(_Cublas):
             raise cls.CUBLASError(f"CUBLAS_STATUS_INVALID_VALUE: setWorkspace: {size} bytes at {ptr:#x} lie in no "
                                   "live device array")
         cls._handle(handle)[3] = (ptr, size)
+
+    @classmethod
+    def gemmBatchedEx(cls, handle, transa, transb, m, n, k, alpha, Aarray, Atype, lda, Barray, Btype, ldb, beta,
+                      Carray, Ctype, ldc, batchCount, computeType, algo):
+        """cublasGemmBatchedEx (the C API's argument order, as CuPy names the others): in
+        libcublas, so here, but not among CuPy 14's wrappers (``cupy.cuda.cublas`` has gemmEx
+        and gemmStridedBatchedEx only)."""
+        dtypes, dtype = cls._ex_types("gemmBatchedEx", Atype, Btype, Ctype, computeType, algo)
+        cls._gemm("gemmBatchedEx", dtype, handle, transa, transb, m, n, k, alpha, beta,
+                  ("Aarray", Aarray, lda, None), ("Barray", Barray, ldb, None), ("Carray", Carray, ldc, None),
+                  batchCount, True, dtypes=dtypes)
 
 
 class _DeviceModule:
