@@ -10,12 +10,11 @@ mode       a product's inputs             on the GPU today (cuBLAS)
 ``fp32``   float32 (24-bit significand)   ``sgemm`` family, full float32: the reference
 ``tf32``   TF32: 8-bit exponent, 11-bit   the handle's ``CUBLAS_TF32_TENSOR_OP_MATH``:
            significand (10 stored bits)   float32 operands rounded in the tensor cores
-``bf16``   bfloat16: 8-bit exponent,      operands rounded to bf16, then ``sgemm`` in
-           8-bit significand (7 stored)   float32: bf16's numbers, not yet its speed
+``bf16``   bfloat16: 8-bit exponent,      ``gemmEx`` family on ``CUDA_R_16BF`` operands
+           8-bit significand (7 stored)   (the weights' bf16 copy made once a forward,
+                                          activations copied to bf16 per product),
+                                          float32 sums and results
 =========  ============================  ============================================
-
-(The fast bf16 path, ``CUDA_R_16BF`` operands read from a bf16 copy of the weights made once a
-step by ``CupyOps.round_bf16_``, is not wired yet: docs/GPU.md says what it needs.)
 
 On the CPU the products run in float32 on rounded inputs: :func:`round_to` rounds a float32
 array's significand to the mode's width, so a CPU run shows the numbers a GPU run would (up to

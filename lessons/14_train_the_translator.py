@@ -341,16 +341,21 @@ print(f"label smoothing changes BLEU by {smooth_gain['beam']:+.1f} with beam sea
 # search changes a handful of translations and raises BLEU for both models. Greedy
 # outputs tend to run longer than the references: once greedy has started to repeat
 # a token (`e e e`), it cannot go back, while beam search compares whole outputs, and
-# a looping output's `log P / lp` is low. And with beam search, the way the paper
-# decodes, the smoothed model translates better: section 6.2's "improves ... BLEU
-# score", in small.
+# a looping output's `log P / lp` is low. Compare the two models with beam search,
+# the way the paper decodes: section 6.2's "improves ... BLEU score" is the claim.
 #
-# How much of this is the seed? We trained these two models with other seeds while
-# writing the lesson (change `SEED` to try): the smoothed model was always the less
-# sure one, beam search never lost BLEU to greedy, and the smoothed model won with
-# beam search every time; but its lead with *greedy* decoding changed sign from seed
-# to seed. At this size one greedy comparison says little; the check below asserts
-# only what held on every seed.
+# How much of this is the seed, or the machine? We trained these two models with
+# other seeds while writing the lesson (change `SEED` to try): the smoothed model was
+# always the less sure one and beam search never lost BLEU to greedy. Which model
+# came out ahead did not hold still. With greedy decoding the lead changed sign from
+# seed to seed. With beam search the smoothed model won on every seed on one
+# machine, and lost by a point with the same seed on another: the same code and
+# data, but its BLAS library summed the float32 products in another order, and
+# that is enough to send 500 steps of training down a different path. At this size
+# the BLEU difference between the two models is within that noise: section 6.2's
+# gain is a claim about large models trained to convergence, and it needs more
+# than one small run to see. The check below asserts only what held on every seed
+# and machine.
 #
 # Full mode trains larger models for longer, and both come close to translating this
 # easy test set perfectly: then beam search and greedy decoding agree on almost
@@ -481,8 +486,9 @@ fig.tight_layout(); show_figure(fig, "14_greedy_vs_beam.png")
 # not our six lines, a model that did not learn (BLEU near the copy baseline),
 # decoder scores that disagree with the model's own forward pass (a bad cache), a
 # beam search whose objective is not what it claims, or a one-beam search (without
-# length penalty) that is not greedy; and if label smoothing or beam search stopped
-# mattering the way the table of "Label smoothing and search" shows.
+# length penalty) that is not greedy; and if label smoothing stopped making the model
+# less sure, or beam search stopped raising BLEU, as the table of "Label smoothing and
+# search" shows.
 
 # %%
 assert probe_diff and max(probe_diff.values()) < 1e-6, f"attn.train's first {PROBE} steps are not our loop's"
@@ -491,7 +497,6 @@ smooth, plain = search["smoothing 0.1"], search["no smoothing"]
 assert plain["sure"] > smooth["sure"] + 0.05, f"smoothing should make the model less sure: {smooth['sure']:.3f} " \
                                               f"vs {plain['sure']:.3f} without"
 if QUICK:                                             # where the models are still unsure (see above)
-    assert smooth_gain["beam"] > 2, f"with beam search, smoothing should raise BLEU visibly: {smooth_gain['beam']:+.1f}"
     assert min(beam_gain.values()) > 0 and max(beam_gain.values()) > 5, f"beam search should beat greedy: {beam_gain}"
 assert plain["differ"] > 0 and smooth["differ"] > 0, "beam search should change some translations"
 assert bleu_greedy > bleu_copy + 20 and bleu_greedy > 25, f"greedy BLEU {bleu_greedy:.1f} should beat copying"
@@ -519,7 +524,7 @@ print(f"Check passed: our loop == attn.train for {PROBE} steps; label smoothing 
 #
 # 1. Name the six lines of a training step. What does `attn.train` add around them,
 #    and how did the lesson check that its step is the same?
-# 2. Why do the unsmoothed model's greedy translations run long, and why does beam
-#    search repair much of that?
+# 2. Why can a model's greedy translations run long (look at the table's lengths: in
+#    this run, whose did?), and why does beam search repair much of that?
 # 3. Why is beam search with one beam and no length penalty exactly greedy decoding,
 #    but not with `alpha > 0`?

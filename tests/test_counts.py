@@ -28,9 +28,11 @@ from attn.bench.presets import BENCH_PRESETS
 #: them, and allocated 543 arrays; with those and dropout masks drawn, 574 and 365; with counter
 #: dropout, 480 and 331, of which 108 operand copies and 54 ``out=`` copies CuPy's ``matmul`` made
 #: of head views and transposed operands, until the products went to cuBLAS directly; and the
-#: arrays came from the pool until the step memory served them all from one slab.)
+#: arrays came from the pool until the step memory served them all from one slab; 372, until the
+#: head-view products kept their pointer arrays per address, a sub-layer's two bias gradients
+#: became one launch and post-norm's backward residual sum went into cuBLAS's beta.)
 BUDGETS = {
-    "train_step": {"launches": 372, "optimizer_launches": 1, "syncs": 0, "pool_allocations": 0},
+    "train_step": {"launches": 288, "optimizer_launches": 1, "syncs": 0, "pool_allocations": 0},
     "greedy_cached": {"launches": 43.1, "syncs": 0.18, "pool_allocations": 1.7},
     "beam_cached": {"launches": 45.98, "syncs": 1.04, "pool_allocations": 2.76},
 }
@@ -229,3 +231,19 @@ def test_a_decoding_position_on_the_gpu_allocates_nothing(norm):
         tally, syncs, _ = C._count_once(fc, position)
     assert (tally.allocations, syncs) == (0, 0), tally.ops
     assert dict(tally.kinds) == {"matmul": 6 * L + 1, "raw": 6 * L + 3}, tally.ops
+
+
+def test_a_bf16_step_is_counted_and_capturable():
+    """``--counts --precision bf16``: the bf16 step (``gemmEx`` on bf16 copies) keeps the
+    training step's targets: no host sync, nothing from the memory pool, nothing a capture
+    refuses, one Adam launch; the weights' bf16 copy is one launch a step and every other product
+    operand one ``round_bf16_gather``; no fp32 GEMM is left in the step."""
+    rows = {r["name"]: r for r in C.measure_counts("quick", which=("train_step",), precision="bf16")}
+    row = rows["counts_train_step"]
+    assert row["precision"] == "bf16" and "launches" not in row["targets"]
+    assert (row["syncs"], row["pool_allocations"], row["optimizer_launches"]) == (0, 0, 1), row
+    assert rows["counts_capture"]["total"] == 0, rows["counts_capture"]
+    tally = C.count_at(BENCH_PRESETS["quick"], ("train_step",), precision="bf16")["train_step"][0]
+    ops = {name: n for (_, name), n in tally.ops.items()}
+    assert ops["round_bf16"] == 1 and ops["round_bf16_gather"] > 0 and ops["cublas gemmEx"] > 0, ops
+    assert not any(name.startswith("cublas s") for name in ops), ops

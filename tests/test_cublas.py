@@ -122,6 +122,96 @@ def test_the_stand_in_counts_one_launch_per_product_and_no_copy():
     assert tally.launches == 4 and tally.allocations == 1, tally.ops          # the one new result
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mm_accumulates_into_out_in_the_same_product(backend, dtype):
+    """``mm(a, b, out=c, accumulate=True)`` is ``c += a @ b`` on the views as they lie: on CuPy
+    one GEMM with beta = 1 (no addition launched); without ``out`` it is refused."""
+    from attn.bench.counts import Tally
+    rng = np.random.default_rng(3)
+    ops = ops_for(backend)
+    a, ha = _matrix_view(backend, rng, (5, 4), dtype, "t")
+    b, hb = _matrix_view(backend, rng, (4, 6), dtype, "s")
+    c, hc = _matrix_view(backend, rng, (5, 6), dtype, "s")
+    hc = hc.copy()                                  # on NumPy, c's own memory
+    tally = Tally()
+    if B.is_device_array(c) and backend.__name__ == "fakecupy.cupy":
+        fcp.tracer = tally
+    try:
+        got = ops.mm(a, b, out=c, accumulate=True)
+    finally:
+        fcp.tracer = None
+    assert got is c and close(B.to_host(c), hc + ha @ hb, dtype)
+    if tally.launches:
+        assert dict(tally.ops) == {("matmul", f"cublas {'s' if dtype == np.float32 else 'd'}gemm"): 1}
+    with pytest.raises(ValueError, match="accumulate=True needs out"):
+        ops.mm(a, b, accumulate=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_column_sums_of_the_same_rows_are_one_launch(dtype):
+    """``colsums`` sums two (N, D) and (N, D1) matrices in one ``column_sums`` launch (the tiles
+    of the second after the first's, its partial sums after the first's), equal to NumPy's;
+    matrices of other rows go in launches of their own."""
+    from attn.bench.counts import Tally
+    from conftest import selected_backend
+    rng = np.random.default_rng(4)
+    hs = [rng.standard_normal(shape).astype(dtype) for shape in ((150, 40), (150, 70), (9, 33))]
+    with selected_backend("fakecupy") as xp:
+        ops = ops_for(xp)
+        xs = [xp.asarray(h) for h in hs]
+        outs = [xp.full((h.shape[1],), np.nan, dtype=dtype) for h in hs]
+        tally = fcp.tracer = Tally()
+        try:
+            ops.colsums((xs[0], outs[0]), (xs[1], outs[1]))
+            assert tally.ops[("raw", "column_sums")] == 1 and tally.kinds["elementwise"] <= 1   # (its counters, once)
+            ops.colsums((xs[1], outs[1]), (xs[2], outs[2]), (xs[0], outs[0]))
+            assert tally.ops[("raw", "column_sums")] == 4             # in turn: 2 and 33 differ, 33 and 40 too
+        finally:
+            fcp.tracer = None
+        for h, o in zip(hs, outs):
+            assert close(B.to_host(o), h.sum(axis=0), dtype)
+
+
+def test_a_steady_step_keeps_its_batched_products_pointer_arrays():
+    """Inside a step memory, a batched product of head views makes its ``gemmBatched`` pointer
+    arrays once (the first step in the slab) and reads them again in every later step at the
+    same addresses: no ``gemm_pointers`` launch, the same result. Outside a step (addresses from
+    the pool) every product fills a scratch buffer with one launch."""
+    from attn.bench.counts import Tally
+    from attn.fast.stepmem import StepMemory
+    from conftest import selected_backend
+    rng = np.random.default_rng(6)
+    h = rng.standard_normal((2 * 3, 3 * 8)).astype(np.float32)
+    want = h.reshape(2, 3, 3, 2, 4)[:, :, 0].transpose(0, 2, 1, 3)
+    want = want @ want.swapaxes(-1, -2)
+
+    class Owner:
+        pass
+    with selected_backend("fakecupy") as xp:
+        ops, owner = ops_for(xp), Owner()
+        owner.xp = xp
+        memory = StepMemory.of(owner)
+
+        def step():
+            qkv = xp.asarray(h)
+            q = qkv.reshape(2, 3, 3, 2, 4)[:, :, 0].transpose(0, 2, 1, 3)
+            return B.to_host(ops.bmm(q, q.swapaxes(-1, -2)))
+        launches = []
+        for i in range(4):
+            tally = fcp.tracer = Tally()
+            try:
+                if i < 3:
+                    with memory.step():
+                        got = step()
+                else:
+                    got = step()
+            finally:
+                fcp.tracer = None
+            launches.append(tally.ops[("raw", "gemm_pointers")])
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-5), i
+    assert launches == [1, 1, 0, 1], launches      # pool; first in the slab (kept); kept ones; pool again
+
+
 # --------------------------------------------------------------------------- the stand-in's cuBLAS
 
 CB = fcp.cuda.cublas

@@ -212,15 +212,19 @@ def test_bucketing_leaves_few_shapes_and_a_bucketed_batch_as_it_is():
 # ----------------------------------------------------------------------------- the training step captured
 
 
-@pytest.mark.parametrize("buckets", [1, 2])
-def test_the_captured_training_step_replays_equal_to_eager_steps(fc, buckets):
+@pytest.mark.parametrize("buckets, warmup, precision", [(1, 2, "fp32"), (2, 2, "fp32"), (1, 1, "fp32"), (1, 2, "bf16")])
+def test_the_captured_training_step_replays_equal_to_eager_steps(fc, buckets, warmup, precision):
     """The capture check of the training step: the toy model's steps on the stand-in, one
     process, dropout on and the warm-up's learning rate rising every step, taken eagerly
     (``train_step`` on the padded batches, ``DeviceRNG`` seeds) and through
-    :class:`GraphedTrainStep` (one eager call, one capture, then replays): the losses and the
-    parameters after every step are the same, bit for bit; one graph was captured per batch
+    :class:`GraphedTrainStep` (``warmup`` eager calls, one capture, then replays): the losses and
+    the parameters after every step are the same, bit for bit; one graph was captured per batch
     shape, and every step after a shape's capture is one graph launch. With two shapes in turn,
-    the larger grows the engine's scratch buffers between the smaller's capture and its replays."""
+    the larger grows the engine's scratch buffers between the smaller's capture and its replays.
+    With one eager call, the capture is the first step in the slab: the batched products'
+    pointer arrays are not kept yet, and the graph makes them in a scratch buffer (a capture
+    allocates nothing). At bf16 the graph also replays the weights' bf16 copy (made at every
+    forward) and the operands' copies (step memory), and reads the new weights every step."""
     import attn.backend as B
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
@@ -230,17 +234,17 @@ def test_the_captured_training_step_replays_equal_to_eager_steps(fc, buckets):
     from attn.training.prepare import step_loss_fn
     cfg = TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layers=2,
                             dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8)
-    models = [FastTransformer(cfg, seed=5) for _ in range(2)]
+    models = [FastTransformer(cfg, seed=5, precision=precision) for _ in range(2)]
     for m in models:
         m.validate_ids = False
     opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
-    graphed = GraphedTrainStep(models[1], opts[1], cfg.label_smoothing, clip=1.0)
+    graphed = GraphedTrainStep(models[1], opts[1], cfg.label_smoothing, clip=1.0, warmup=warmup)
     loss_fn = step_loss_fn(False)
     calls, run = [], graphed.captured.fn
     graphed.captured.fn = lambda *a: calls.append(1) or run(*a)
     rng = np.random.default_rng(0)
     batches = []
-    while len(batches) < 4 * buckets + 1:
+    while len(batches) < (warmup + 3) * buckets + 1:
         big = buckets == 2 and len(batches) % 2 == 1     # bucket (32 rows, 16 and 16 positions), else (16, 8, 8)
         lo, hi, rows = (9, 16, (17, 33)) if big else (1, 8, (9, 17))
         pairs = [(rng.integers(4, 23, rng.integers(lo, hi)).tolist(), rng.integers(4, 23, rng.integers(lo, hi)).tolist())
@@ -255,7 +259,7 @@ def test_the_captured_training_step_replays_equal_to_eager_steps(fc, buckets):
         assert float(loss) == float(eager_loss), step
         assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
     assert graphed.graphs == buckets and opts[0].t == opts[1].t == len(batches)
-    assert len(calls) == 2 * buckets          # per shape, the eager call and the capture: the rest were replays
+    assert len(calls) == (warmup + 1) * buckets   # per shape, the eager calls and the capture: the rest replays
 
 
 @pytest.mark.parametrize("args, why", [(["--backend", "numpy"], "--backend cupy"),

@@ -261,3 +261,87 @@ def test_tf32_on_cupy_is_cublas_math_mode_and_put_back():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got_b, P.round_tf32(x) @ P.round_tf32(x).swapaxes(-1, -2), rtol=1e-6, atol=1e-6)
     assert not np.allclose(got, fp32, rtol=1e-7, atol=0)
+
+
+def test_bf16_on_cupy_reads_bf16_operands_through_gemm_ex():
+    """At bf16 the CuPy kernels' products are cuBLAS's ``gemmEx`` family on ``CUDA_R_16BF``
+    operands (the stand-in's cuBLAS reads their 16-bit patterns), summed in float32: equal to the
+    NumPy twin's rounded operands multiplied in float32. A parameter operand (a view of the
+    prepared arena, transposed or a block of columns) is read from the weights' bf16 copy with no
+    launch of its own; an activation is copied into bf16 by one ``round_bf16_gather``; batched
+    head views go through ``gemmBatchedEx`` (pointer arrays) or, where ``out``'s batch is one
+    stride, ``gemmStridedBatchedEx``."""
+    from attn.bench.counts import Tally
+    from attn.fast import ops_for
+    from attn.fast.kernels import Bf16CupyOps
+    from conftest import selected_backend
+    rng = np.random.default_rng(2)
+    f32 = np.float32
+    params = rng.standard_normal(9 * 12 + 40).astype(f32)
+    x = rng.standard_normal((7, 9)).astype(f32)
+    qkv = rng.standard_normal((2 * 5, 3 * 8)).astype(f32)             # (B*T, 3*H*Dh), B 2, T 5, H 2, Dh 4
+
+    def heads(a):
+        return a.reshape(2, 5, 3, 2, 4)[:, :, 0].transpose(0, 2, 1, 3), a.reshape(2, 5, 3, 2, 4)[:, :, 1].transpose(0, 2, 1, 3)
+    with selected_backend("fakecupy") as cp:
+        fcp = cp
+        ops = ops_for(cp, "bf16")
+        assert isinstance(ops, Bf16CupyOps) and ops._functions is ops_for(cp)._functions
+        P_d = cp.asarray(params)
+        ops.prepare_weights(P_d)
+        W = P_d[40:].reshape(9, 12)[:, 2:8]                          # a block of columns of a parameter
+        runs = {}
+        for name, call in (
+                ("x W", lambda: ops.mm(cp.asarray(x), W)),
+                ("x x^T", lambda: ops.mm(cp.asarray(x), cp.asarray(x).T)),
+                ("W^T x^T += ", lambda: ops.mm(W.T, cp.asarray(x).T, out=cp.ones((6, 7), dtype=f32), accumulate=True)),
+                ("q k^T, (B, H) out", lambda: ops.bmm(*(lambda q, k: (q, k.swapaxes(-1, -2)))(*heads(cp.asarray(qkv))))),
+                ("q k^T into head views", lambda: ops.bmm(heads(cp.asarray(qkv))[0], heads(cp.asarray(qkv))[1].swapaxes(-1, -2)[..., :4],
+                                                          out=cp.zeros((2, 5, 2, 4), dtype=f32).transpose(0, 2, 1, 3)))):
+            tally = fcp.tracer = Tally()
+            try:
+                runs[name] = (cp.asnumpy(call()), dict(tally.ops))
+            finally:
+                fcp.tracer = None
+    r = P.round_bf16
+    Wh = params[40:].reshape(9, 12)[:, 2:8]
+    q, k = qkv.reshape(2, 5, 3, 2, 4)[:, :, 0].transpose(0, 2, 1, 3), qkv.reshape(2, 5, 3, 2, 4)[:, :, 1].transpose(0, 2, 1, 3)
+    want = {"x W": r(x) @ r(Wh), "x x^T": r(x) @ r(x).T, "W^T x^T += ": 1 + r(Wh).T @ r(x).T,
+            "q k^T, (B, H) out": r(q) @ r(k).swapaxes(-1, -2),
+            "q k^T into head views": r(q) @ r(k).swapaxes(-1, -2)[..., :4]}
+    launches = {"x W": {"round_bf16_gather": 1, "cublas gemmEx": 1},
+                "x x^T": {"round_bf16_gather": 2, "cublas gemmEx": 1},
+                "W^T x^T += ": {"round_bf16_gather": 1, "cublas gemmEx": 1},
+                "q k^T, (B, H) out": {"round_bf16_gather": 2, "cublas gemmStridedBatchedEx": 1},
+                "q k^T into head views": {"round_bf16_gather": 2, "gemm_pointers": 1, "cublas gemmBatchedEx": 1}}
+    for name, (got, ops_seen) in runs.items():
+        np.testing.assert_allclose(got, want[name], rtol=2e-6, atol=2e-6, err_msg=name)
+        seen = {op: n for (kind, op), n in ops_seen.items() if kind in ("raw", "matmul")}
+        assert seen == launches[name], (name, ops_seen)
+    assert not np.allclose(runs["x W"][0], x @ Wh, rtol=1e-6, atol=0)     # rounded: not fp32's product
+
+
+def test_bf16_weights_prepared_for_another_arena_are_not_read():
+    """The weights' bf16 copy serves the arena it was made from: after another arena is
+    prepared, a product of the first one's views copies them like any operand (the same numbers)
+    instead of reading the other's copy; a float64 operand is refused with its dtype named."""
+    from attn.bench.counts import Tally
+    from attn.fast import ops_for
+    from conftest import selected_backend
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal(30).astype(np.float32) for _ in range(2))
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    with selected_backend("fakecupy") as cp:
+        ops = ops_for(cp, "bf16")
+        A, Bp = cp.asarray(a), cp.asarray(b)
+        ops.prepare_weights(A)
+        ops.prepare_weights(Bp)
+        tally = cp.tracer = Tally()
+        try:
+            got = cp.asnumpy(ops.mm(cp.asarray(x), A.reshape(5, 6)))
+        finally:
+            cp.tracer = None
+        assert tally.ops[("raw", "round_bf16_gather")] == 2
+        with pytest.raises(ValueError, match="float32 operands.*float64"):
+            ops.mm(cp.zeros((2, 3)), cp.zeros((3, 2)))
+    np.testing.assert_allclose(got, P.round_bf16(x) @ P.round_bf16(a.reshape(5, 6)), rtol=2e-6, atol=2e-6)

@@ -289,9 +289,10 @@ def main(argv=None) -> int:
         return 2
     if args.counts:
         from .counts import CountsError, measure_counts, print_counts, print_counts_markdown
-        _progress(f"counting launches, syncs and allocations of {args.preset} on the CuPy stand-in", args.quiet)
+        at = f" at {args.precision}" if args.precision not in (None, "fp32") else ""
+        _progress(f"counting launches, syncs and allocations of {args.preset}{at} on the CuPy stand-in", args.quiet)
         try:
-            rows = measure_counts(args.preset)
+            rows = measure_counts(args.preset, precision=args.precision or "fp32")
         except CountsError as e:
             print(f"attn.bench: error: {e}", file=sys.stderr)
             return 2

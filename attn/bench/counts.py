@@ -143,16 +143,23 @@ def _count_once(fc, call, clock: bool = False) -> tuple:
     return tally, syncs.n, syncs.kinds
 
 
-def count_at(bc: BenchConfig, which=COUNTED, warmup: int = 1) -> dict:
+#: Untimed runs before a counted one: the first training step sizes the step memory's slab (its
+#: arrays come from the pool), the second runs in the slab and makes what the kernels keep per
+#: address (:meth:`attn.fast.kernels.CupyOps._gemm_pointers`); the third is a steady-state step.
+STEADY_AFTER = 2
+
+
+def count_at(bc: BenchConfig, which=COUNTED, warmup: int = STEADY_AFTER, precision: str = "fp32") -> dict:
     """{measurement: (Tally, syncs, sync kinds)} for one configuration, on the stand-in, after
-    ``warmup`` untimed runs of each."""
+    ``warmup`` untimed runs of each; the fast engine's products at ``precision``."""
     from .work import build_work
 
     def nothing():
         pass
     out = {}
     with _on_the_stand_in() as fc:
-        for w in build_work(bc, list(which), "cupy", False, nothing, nothing, "cuda", repeats=1, warmup=0):
+        for w in build_work(bc, list(which), "cupy", False, nothing, nothing, "cuda", repeats=1, warmup=0,
+                            precision=precision):
             for _ in range(warmup):
                 w.ours()
             if w.name == "train_step":
@@ -193,13 +200,15 @@ def _scale(v_small: float, v_large: float, b_small: int, b_large: int, b: int) -
     return v_small + (b - b_small) * (v_large - v_small) / (b_large - b_small)
 
 
-def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc: BenchConfig | None = None) -> list:
+def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc: BenchConfig | None = None,
+                   precision: str = "fp32") -> list:
     """The counts of ``preset``'s training step and decoding steps, as one result row each
     (``name`` ``counts_<measurement>``) plus one ``counts_lint`` row. Decoding rows are per
-    generated position."""
+    generated position. ``precision``: the fast engine's products (``--precision``; the launch
+    target is fp32's)."""
     bc = bc or BENCH_PRESETS[preset]
     b1, b2 = batches
-    at = {b: count_at(replace(bc, batch=b, decode_batch=b), which) for b in (b1, b2)}
+    at = {b: count_at(replace(bc, batch=b, decode_batch=b), which, precision=precision) for b in (b1, b2)}
     rows = []
     for name in which:
         (t1, s1, k1), (t2, s2, k2) = at[b1][name], at[b2][name]
@@ -210,7 +219,8 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
         train = name.startswith("train")
         per = 1 if train else bc.decode_steps
         batch = bc.batch if train else bc.decode_batch
-        row = {"name": f"counts_{name}", "preset": preset, "per": "training step" if train else "generated position",
+        row = {"name": f"counts_{name}", "preset": preset, "precision": precision,
+               "per": "training step" if train else "generated position",
                "launches": t2.launches / per, "launches_by_kind": {k: v / per for k, v in sorted(t2.kinds.items())},
                "syncs": s2 / per, "sync_kinds": k2, "pool_allocations": t2.allocations / per,
                "pool_allocated_mb": _scale(t1.allocated_bytes, t2.allocated_bytes, b1, b2, batch) / per / 2**20,
@@ -222,11 +232,11 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
         if train:
             row["launches_by_phase"] = dict(t2.phases)
             row["optimizer_launches"] = t2.phases.get("optimizer", 0)
-            row["targets"] = dict(TARGETS, **({"launches": LAUNCH_TARGETS[preset]} if preset in LAUNCH_TARGETS
-                                              else {}))
+            row["targets"] = dict(TARGETS, **({"launches": LAUNCH_TARGETS[preset]}
+                                              if preset in LAUNCH_TARGETS and precision == "fp32" else {}))
         rows.append(row)
     if "train_step" in which:
-        rows.append(capture_survey(replace(bc, batch=b2), preset))
+        rows.append(capture_survey(replace(bc, batch=b2), preset, precision))
     flagged = {}
     for name in which:
         for f in fixed_grid_kernels(at[b1][name][0].raw, at[b2][name][0].raw):
@@ -236,7 +246,7 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
     return rows
 
 
-def capture_survey(bc: BenchConfig, preset: str) -> dict:
+def capture_survey(bc: BenchConfig, preset: str, precision: str = "fp32") -> dict:
     """The ``counts_capture`` row: what a capture of a steady-state training step would refuse
     (:func:`attn.fast.graph.survey` on the stand-in), by kind and by place."""
     from ..fast.graph import summarise, survey
@@ -245,8 +255,10 @@ def capture_survey(bc: BenchConfig, preset: str) -> dict:
     def nothing():
         pass
     with _on_the_stand_in() as fc:
-        (w,) = build_work(bc, ["train_step"], "cupy", False, nothing, nothing, "cuda", repeats=1, warmup=0)
-        w.ours()
+        (w,) = build_work(bc, ["train_step"], "cupy", False, nothing, nothing, "cuda", repeats=1, warmup=0,
+                          precision=precision)
+        for _ in range(STEADY_AFTER):
+            w.ours()
         found = survey(w.ours, fc.cupy)
     places = Counter((r.kind, r.where) for r in found)
     return {"name": "counts_capture", "preset": preset, "refused": summarise(found), "total": len(found),
@@ -279,7 +291,8 @@ def print_counts(rows: list, out=None) -> None:
 
         def tgt(key, fmt="{}"):
             return f"   (target {'<= ' if key == 'launches' else ''}{fmt.format(t[key])})" if key in t else ""
-        print(f"{what} ({r['preset']}, per {r['per']}):", file=out)
+        at = f", {r['precision']}" if r.get("precision", "fp32") != "fp32" else ""
+        print(f"{what} ({r['preset']}{at}, per {r['per']}):", file=out)
         print(f"  launches           {r['launches']:10.1f}{tgt('launches')}", file=out)
         for k, v in r["launches_by_kind"].items():
             print(f"    {k:<16} {v:10.1f}", file=out)

@@ -114,8 +114,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     ``precision`` (``--precision``, :mod:`attn.precision`) is the fast engine's, and PyTorch runs at
     the same (:func:`attn.bench.twin.match_precision`; None: fp32, PyTorch at CuPy's own, which
     ``CUPY_TF32=1`` makes tf32); the readable model multiplies in float32. Decoding is timed at
-    float32 on both sides, and at bf16 the captured step (``train_step_graph``) is not measured
-    (``attn-train`` refuses ``--cuda-graph`` with bf16).
+    float32 on both sides.
 
     ``with_ours=False`` (the PyTorch worker) builds PyTorch's side alone: attn's models, and the
     matmul replay (drawn lazily in any case, see :func:`attn.bench.flops.gemm_replay`), are then
@@ -237,7 +236,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
             phases["torch"] = phase_timer(torch_step, "torch" if device != "cpu" else "numpy")
         work.append(Work("train_step", fast_step, torch_step if with_torch else None, n_tokens, flops_train,
                          R, W, dict(extra_train), replay_train, phases))
-    if "train_step_graph" in which and on_gpu and precision != "bf16":     # bf16 cannot be captured yet
+    if "train_step_graph" in which and on_gpu:
         # The same step captured as a CUDA graph and replayed (attn-train --cuda-graph), as the
         # trainer runs it: the batch sent from the host and its ids checked there every step.
         graph_step = None

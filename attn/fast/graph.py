@@ -166,7 +166,11 @@ class GraphedTrainStep:
     counts the optimizer's step on the host (:meth:`attn.fast.optim.FastAdam.count_step`), and
     runs forward, label-smoothed cross-entropy, backward and Adam through a
     :class:`CapturedStep`: eagerly for the first ``warmup`` batches of a shape, captured on the
-    next and replayed from then on. What changes between steps reaches the graph through
+    next and replayed from then on. Two eager steps by default: the first takes its memory from
+    the pool and sizes the step memory's slab; the second runs in the slab, at the addresses the
+    graph will keep, and so makes what the kernels keep per address (the batched products'
+    pointer arrays, :meth:`attn.fast.kernels.CupyOps._gemm_pointers`), which the graph then
+    reads instead of making them on every replay. What changes between steps reaches the graph through
     device memory: the batch and the dropout seed are copied into the graph's buffers, and
     Adam's step count (hence its learning rate and bias corrections) lives on the device.
     Returns ``(loss, lr)`` as ``train_step`` does: the loss a 0-d device array of its own (the
@@ -177,7 +181,7 @@ class GraphedTrainStep:
     """
 
     def __init__(self, model, opt, label_smoothing: float, clip: float = 0.0, loss_fn=None, *,
-                 length_multiple: int = 8, row_multiple: int = 16, warmup: int = 1):
+                 length_multiple: int = 8, row_multiple: int = 16, warmup: int = 2):
         from .loss import cross_entropy
         if getattr(opt, "arena", None) is None or not hasattr(opt, "apply_step"):
             raise TypeError("GraphedTrainStep: the optimizer must be attn.fast.FastAdam over the model's arena "

@@ -14,10 +14,11 @@ layer_norm_            one block per row: mean and variance by a shared-memory t
 layer_norm_backward_   dgamma and dbeta by one ``column_sums`` launch (into the arena's
                        (2, D) block), before ``dout`` is overwritten; then one block per
                        row for ``dx``
-colsum                 the bias gradients: ``column_sums``, one launch of two stages
+colsum, colsums        the bias gradients: ``column_sums``, one launch of two stages
                        (blocks of 32 columns x 64-row chunks write partial sums; the last
                        block of each column tile to finish adds them up), so the grid
-                       grows with the rows as well as the columns
+                       grows with the rows as well as the columns; two matrices of the same
+                       rows in one launch (a sub-layer's two bias gradients)
 cross_entropy_         one block per row: max, sum of exp, then ``dlogits`` in place; the
                        per-row losses are summed on the device
 dropout_mask / _       ``uniform >= p`` (exact p), ``x * keep * scale``; with
@@ -43,7 +44,8 @@ mm, bmm                the step's matrix products by cuBLAS itself (``cupy.cuda.
                        views: leading dimensions and transposes, column-major C^T = B^T A^T):
                        ``sgemm``/``dgemm``; a batch that is one stride, ``gemmStridedBatched``;
                        head views (offset ``b * T * n*D + h * Dh``: two strides), the three
-                       pointer arrays by one ``gemm_pointers`` launch, then ``gemmBatched``.
+                       pointer arrays by one ``gemm_pointers`` launch (inside a step memory,
+                       once per product and kept: the addresses repeat), then ``gemmBatched``.
                        Never CuPy's ``matmul``, which copies such views and which CuPy
                        refuses while a stream captures
 =====================  =====================================================================
@@ -94,8 +96,9 @@ from typing import NamedTuple
 
 from .. import backend as B
 from ..precision import bf16_bits
+from ..precision import check as check_precision
 from .ops import Mask, _Ops
-from .stepmem import outside_step
+from .stepmem import in_slab, outside_step
 
 # --------------------------------------------------------------------------- helpers
 
@@ -325,21 +328,32 @@ def layer_norm_bwd_np(launch, dout, xhat, rstd, gamma, D):
 
 _COLUMN_SUMS = r"""
 // Column sums of a, (N, D) contiguous, in one launch of two stages (layer norm's dgamma and
-// dbeta, the bias gradients): the grid grows with the rows as well as the columns.
+// dbeta, the bias gradients), and of a second matrix a1 (N, D1) in the same launch (two bias
+// gradients of one backward: one launch instead of two): the grid grows with the rows as well
+// as the columns. Tiles x < tiles0 are a's (32 columns each), tiles x >= tiles0 are a1's.
 // Block (x, y) is 32 x 8 threads: the 32 columns of tile x, and 8 lanes over the rows of the
 // chunks y, y + gridDim.y, ... of `chunk` rows each. Stage one: every block writes its partial
-// sums, partial[(y * K + k) * D + j]. Stage two: the last block of tile x to finish (a ticket
-// from counter[x], which must be 0 at the launch) sums the gridDim.y partials of its columns
-// in a fixed order, and sets the counter back to 0 for the next launch.
+// sums, partial[(y * K + k) * D + j] (a1's after a's: partial + gridDim.y * K * D, K = 1).
+// Stage two: the last block of tile x to finish (a ticket from counter[x], which must be 0 at
+// the launch) sums the gridDim.y partials of its columns in a fixed order, and sets the counter
+// back to 0 for the next launch.
 // K = 2: out[j] = sum_i a[i, j] * b[i, j] and out[D + j] = sum_i a[i, j] (dgamma, dbeta);
-// K = 1: out[j] = sum_i a[i, j] (b is not read).
+// K = 1: out[j] = sum_i a[i, j] (b is not read). a1: out1[j] = sum_i a1[i, j] (D1 = 0: none).
 template <typename T>
 __global__ void column_sums(const T* a, const T* b, T* partial, unsigned int* counter, T* out,
-                            long long N, int D, int K, int chunk) {
+                            long long N, int D, int K, int chunk, const T* a1, T* out1, int D1, int tiles0) {
     __shared__ T sh[2][8][33];
     __shared__ bool last;
     int tx = threadIdx.x, ty = threadIdx.y;
-    int j = blockIdx.x * 32 + tx;
+    const bool second = (int)blockIdx.x >= tiles0;
+    if (second) {
+        partial += (long long)gridDim.y * K * D;
+        a = a1;
+        out = out1;
+        D = D1;
+        K = 1;
+    }
+    int j = ((int)blockIdx.x - (second ? tiles0 : 0)) * 32 + tx;
     T s0 = 0, s1 = 0;
     if (j < D) {
         for (long long c = blockIdx.y; c * chunk < N; c += gridDim.y) {
@@ -390,31 +404,38 @@ __global__ void column_sums(const T* a, const T* b, T* partial, unsigned int* co
 COLUMN_CHUNK, COLUMN_MAX_ROW_BLOCKS = 64, 1024
 
 
-def column_sums_np(launch, a, b, partial, counter, out, N, D, K, chunk):
-    """NumPy twin of ``column_sums``: the partial sums of every row block, then their sum."""
+def column_sums_np(launch, a, b, partial, counter, out, N, D, K, chunk, a1, out1, D1, tiles0):
+    """NumPy twin of ``column_sums``: the partial sums of every row block, then their sum; for
+    a and, in the tiles from ``tiles0`` on, a1."""
     np = B.host
     if launch.block != (32, 8):
         raise ValueError(f"{launch.name}: the block must be (32, 8), got {launch.block}")
     tiles, R = launch.grid[0], (launch.grid[1] if len(launch.grid) > 1 else 1)
-    if tiles * 32 < D:
-        raise ValueError(f"{launch.name}: {tiles} tiles of 32 columns cannot cover {D} columns")
+    N, D, D1, chunk, tiles0 = int(N), int(D), int(D1), int(chunk), int(tiles0)
+    if tiles0 * 32 < D or (tiles - tiles0) * 32 < D1 or tiles0 > tiles:
+        raise ValueError(f"{launch.name}: {tiles0} and {tiles - tiles0} tiles of 32 columns cannot cover {D} "
+                         f"and {D1} columns")
     if K not in (1, 2):
         raise ValueError(f"{launch.name}: K must be 1 or 2, got {K}")
     cnt = _view(counter, (tiles,), (1,))
     if cnt.any():
         raise ValueError(f"{launch.name}: the tile counters must be 0 at the launch (a launch "
                          "before this one did not finish, or the counter buffer was not zeroed)")
-    N, D, chunk = int(N), int(D), int(chunk)
-    x = _view(a, (N, D), (D, 1))
-    sums = [x * _view(b, (N, D), (D, 1)), x] if K == 2 else [x]
     span = chunk * R                                  # rows of one round over the row blocks
     pad = -N % span
-    part = np.empty((R, K, D), dtype=a.dtype)
-    for k, t in enumerate(sums):
-        t = np.concatenate([t, np.zeros((pad, D), dtype=a.dtype)]) if pad else t
-        part[:, k] = t.reshape(-1, R, chunk, D).sum(axis=(0, 2))      # block y: chunks y, y + R, ...
-    _view(partial, (R, K, D), (K * D, D, 1))[...] = part
-    _view(out, (K * D,), (1,))[...] = part.sum(axis=0).reshape(-1)
+    start = 0
+    for x, y, o, DD, KK in ((a, b, out, D, K), (a1, None, out1, D1, 1)):
+        if DD == 0:
+            continue
+        xs = _view(x, (N, DD), (DD, 1))
+        sums = [xs * _view(y, (N, DD), (DD, 1)), xs] if KK == 2 else [xs]
+        part = np.empty((R, KK, DD), dtype=a.dtype)
+        for k, t in enumerate(sums):
+            t = np.concatenate([t, np.zeros((pad, DD), dtype=a.dtype)]) if pad else t
+            part[:, k] = t.reshape(-1, R, chunk, DD).sum(axis=(0, 2))      # block y: chunks y, y + R, ...
+        _view(partial.reshape(-1)[start:], (R, KK, DD), (KK * DD, DD, 1))[...] = part
+        _view(o, (KK * DD,), (1,))[...] = part.sum(axis=0).reshape(-1)
+        start += R * KK * DD
 
 # --------------------------------------------------------------------------- loss
 
@@ -1074,24 +1095,44 @@ class CupyOps(_Ops):
         self._column_sums(x2, None, out, "colsum")
         return out
 
-    def _column_sums(self, a, b, out, where):
+    def colsums(self, *pairs):
+        """``colsum(x2, out=out)`` for each ``(x2, out)``, two by two in one ``column_sums``
+        launch where their rows agree (a backward's two bias gradients)."""
+        i = 0
+        while i < len(pairs):
+            (a, out), nxt = pairs[i], pairs[i + 1] if i + 1 < len(pairs) else None
+            if nxt is not None and nxt[0].shape[0] == a.shape[0] and nxt[0].dtype == a.dtype:
+                self._column_sums(a, None, out, "colsums", second=nxt)
+                i += 2
+            else:
+                self._column_sums(a, None, out, "colsums")
+                i += 1
+
+    def _column_sums(self, a, b, out, where, second=None):
         """``column_sums`` of a (N, D) contiguous: K = 2 with b (a*b, then a), K = 1 without.
-        ``out`` (K*D elements, contiguous) receives the sums."""
+        ``out`` (K*D elements, contiguous) receives the sums; ``second`` = (a1, out1), a1
+        (N, D1) contiguous, a second K = 1 sum in the same launch."""
         cp = self.xp
         N, D = a.shape
         K = 1 if b is None else 2
-        if not a.flags.c_contiguous or not out.flags.c_contiguous or out.size != K * D or out.dtype != a.dtype:
-            raise ValueError(f"CupyOps.{where}: a contiguous (N, D) input and a contiguous output of {K} x {D} "
-                             f"{a.dtype} are needed, got a {tuple(a.shape)} strides {a.strides}, out "
-                             f"{tuple(out.shape)} {out.dtype}")
-        tiles = max(1, -(-D // 32))
+        a1, out1 = second if second is not None else (a, out)
+        D1 = a1.shape[1] if second is not None else 0
+        for x, o, k, d in ((a, out, K, D), (a1, out1, 1, D1)):
+            if (not x.flags.c_contiguous or not o.flags.c_contiguous or x.shape != (N, x.shape[1])
+                    or (d and (o.size != k * d or o.dtype != a.dtype or x.dtype != a.dtype))):
+                raise ValueError(f"CupyOps.{where}: a contiguous (N, D) input and a contiguous output of {k} x "
+                                 f"{x.shape[1]} {a.dtype} are needed, got {tuple(x.shape)} strides {x.strides}, "
+                                 f"out {tuple(o.shape)} {o.dtype}")
+        tiles0 = max(1, -(-D // 32))
+        tiles = tiles0 + -(-D1 // 32)
         from_rows = -(-N // COLUMN_CHUNK)
         R = max(1, min(from_rows, COLUMN_MAX_ROW_BLOCKS))
-        partial = self._buffer("column_partials", R * K * D, a.dtype)
+        partial = self._buffer("column_partials", R * (K * D + D1), a.dtype)
         counter = self._counters(tiles)
         self._fn("column_sums", a.dtype)(
             (tiles, R), (32, 8), (a, a if b is None else b, partial, counter, out, B.host.int64(N),
-                                  B.host.int32(D), B.host.int32(K), B.host.int32(COLUMN_CHUNK)))
+                                  B.host.int32(D), B.host.int32(K), B.host.int32(COLUMN_CHUNK), a1, out1,
+                                  B.host.int32(D1), B.host.int32(tiles0)))
 
     def _buffer(self, name, n, dtype):
         """A scratch buffer of at least ``n`` elements kept between launches (one stream runs
@@ -1206,16 +1247,23 @@ class CupyOps(_Ops):
             return (N_ if b_rows else T_, N_ if a_rows else T_, N, M, K, b, ldb, a, lda, ldc)
         return (T_ if a_rows else N_, T_ if b_rows else N_, M, N, K, a, lda, b, ldb, ldc)
 
-    def mm(self, a, b, out=None):
+    def mm(self, a, b, out=None, accumulate: bool = False):
         """``a @ b`` (M, K) x (K, N) by one cuBLAS GEMM (``sgemm``/``dgemm``) on the operands as
         they are (each needs its rows or its columns contiguous: a transposed matrix, a block
-        of columns); ``out`` too may be such a view. Returns out."""
+        of columns); ``out`` too may be such a view. With ``accumulate``, ``out += a @ b`` in the
+        same GEMM (beta = 1). Returns out."""
+        if accumulate and out is None:
+            raise ValueError("CupyOps.mm: accumulate=True needs out, the array the product is added to")
         out, M, N, K = self._operands("mm", a, b, out, 0)
+        if accumulate and K == 0:
+            return out                                  # adding a sum of no terms
         if self._nothing_to_multiply(out, M, N, K, 1):
             return out
         cublas, handle = self._cublas()
         ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, M, N, K)
         alpha, beta = self._alpha_beta(a.dtype)
+        if accumulate:
+            beta = alpha                                # the address of a 1
         gemm = cublas.sgemm if a.dtype == B.host.float32 else cublas.dgemm
         gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta, out.data.ptr, ldc)
         return out
@@ -1267,18 +1315,51 @@ class CupyOps(_Ops):
             gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, merged[0], second.data.ptr, ldb, merged[1],
                  beta, out.data.ptr, ldc, merged[2], count)
             return out
-        ptrs = self._buffer("gemm_pointers", 3 * count, B.host.uint64)
-        outer, inner = batches[2][:2]
-        args = []
-        for x, (_, _, so, si) in zip((first, second, out), batches):
-            args += [B.host.uint64(x.data.ptr), B.host.int64(so), B.host.int64(si)]
-        threads = 128
-        self._fn("gemm_pointers", a.dtype)((-(-count // threads),), (threads,),
-                                           (ptrs, *args, B.host.int32(count), B.host.int32(inner)))
+        ptrs = self._gemm_pointers(a.dtype, count, batches[2][1],
+                                   tuple((x.data.ptr, so, si) for x, (_, _, so, si) in zip((first, second, out), batches)))
         gemm = cublas.sgemmBatched if single else cublas.dgemmBatched
         p, step = ptrs.data.ptr, 8 * count
         gemm(handle, ta, tb, m, n, k, alpha, p, lda, p + step, ldb, beta, p + 2 * step, ldc, count)
         return out
+
+    #: Bytes of pointer arrays :meth:`_gemm_pointers` keeps (a product met again past this is
+    #: given its pointers by a launch, as when no step memory is in place).
+    POINTER_CACHE_BYTES = 64 << 20
+
+    def _gemm_pointers(self, dtype, count: int, inner: int, operands: tuple):
+        """The three pointer arrays of a ``gemmBatched`` (A's, B's and C's ``count`` addresses,
+        contiguous) for operands given as (address, outer stride, inner stride) each.
+
+        They are a function of those numbers alone. Operands in a step memory's slab
+        (:mod:`attn.fast.stepmem`) lie at the same addresses every step, so for them each
+        distinct product's arrays are made by one ``gemm_pointers`` launch the first time it is
+        met and kept (up to :attr:`POINTER_CACHE_BYTES`; never replaced, so a graph captured on
+        them stays valid): a steady-state step launches none (the first step in a new slab makes
+        them; see :class:`attn.fast.graph.GraphedTrainStep`'s two eager steps). Elsewhere
+        (addresses from the pool change from call to call), and for a product first met while a
+        stream captures (which may not allocate), one launch fills a scratch buffer."""
+        ptrs = None
+        if all(in_slab(address) for address, _, _ in operands):
+            key = (dtype, count, inner, operands)
+            cache = self._scratch.setdefault("gemm_pointer_arrays", {})
+            ptrs = cache.get(key)
+            if ptrs is not None:
+                return ptrs
+            kept = self._scratch.get("gemm_pointer_bytes", 0)
+            if (kept + 24 * count <= self.POINTER_CACHE_BYTES
+                    and not self.xp.cuda.get_current_stream().is_capturing()):   # a capture allocates nothing
+                with outside_step():
+                    ptrs = cache[key] = self.xp.empty((3 * count,), dtype=B.host.uint64)
+                self._scratch["gemm_pointer_bytes"] = kept + 24 * count
+        if ptrs is None:
+            ptrs = self._buffer("gemm_pointers", 3 * count, B.host.uint64)
+        args = []
+        for address, so, si in operands:
+            args += [B.host.uint64(address), B.host.int64(so), B.host.int64(si)]
+        threads = 128
+        self._fn("gemm_pointers", dtype)((-(-count // threads),), (threads,),
+                                         (ptrs, *args, B.host.int32(count), B.host.int32(inner)))
+        return ptrs
 
     # ---- dropout, ReLU
 
@@ -1450,15 +1531,16 @@ class CupyOps(_Ops):
     # ---- the products' precision (attn.precision)
 
     def with_precision(self, precision: str):
-        """These kernels with products at ``precision``. tf32: every product on cuBLAS's TF32
-        tensor-op math mode (:class:`Tf32CupyOps`: the float32 operands read as TF32 inside the
-        GEMM, float32 sums, nothing rounded beforehand). bf16: the operands rounded to bf16 by
-        :meth:`_Ops.with_precision`'s products, then multiplied in float32 (the numbers of bf16
-        operands with float32 compute; not yet the ``CUDA_R_16BF`` operands of ``gemmEx``)."""
-        if precision != "tf32":
-            return super().with_precision(precision)
+        """These kernels with products at ``precision`` (a shallow copy sharing this object's
+        buffers and compiled kernels). tf32: every product on cuBLAS's TF32 tensor-op math mode
+        (:class:`Tf32CupyOps`: the float32 operands read as TF32 inside the GEMM, float32 sums,
+        nothing rounded beforehand). bf16: :class:`Bf16CupyOps`, cuBLAS's ``gemmEx`` family on
+        ``CUDA_R_16BF`` operands (the weights' bf16 copy made once a forward), float32 sums."""
+        if precision == "fp32":
+            return self
+        check_precision(precision)
         twin = copy.copy(self)
-        twin.__class__ = Tf32CupyOps
+        twin.__class__ = Tf32CupyOps if precision == "tf32" else Bf16CupyOps
         twin.precision = precision
         return twin
 
@@ -1466,8 +1548,7 @@ class CupyOps(_Ops):
         """dst (uint16, src's size) <- the bfloat16 patterns nearest to src (float32), in one
         launch (``round_bf16``; :func:`attn.precision.bf16_bits` is the same rounding on any
         array): the bf16 copy of the fp32 master weights that bf16 products with ``CUDA_R_16BF``
-        operands will read. No step calls it yet (``--precision bf16`` rounds each product's
-        operands instead)."""
+        operands read (:meth:`Bf16CupyOps.prepare_weights`)."""
         if not (src.flags.c_contiguous and dst.flags.c_contiguous) or src.size != dst.size \
                 or dst.dtype != B.host.uint16:
             raise ValueError(f"CupyOps.round_bf16_: contiguous src and a uint16 dst of its size are needed, got "
@@ -2011,6 +2092,210 @@ _KERNELS = tuple(NUMPY_TWINS)
 NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
 
 
+_ROUND_BF16_GATHER = r"""
+// --precision bf16, a product's operand that is not a parameter: the bfloat16 copy of a strided
+// view of up to four axes (n0, n1, n2, n3) with element strides (s0, s1, s2, s3), written as
+// n0 * n1 matrices (n2, n3) of contiguous rows, each starting `per` elements after the one
+// before (per >= n2 * n3; what lies between is not written): what cuBLAS's bf16 GEMMs read.
+// The rounding is round_bf16's.
+template <typename T>
+__global__ void round_bf16_gather(const T* src, unsigned short* dst, long long n, long long n1, long long n2,
+                                  long long n3, long long s0, long long s1, long long s2, long long s3,
+                                  long long per) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        long long i3 = i % n3, t = i / n3;
+        long long i2 = t % n2;
+        t /= n2;
+        long long i1 = t % n1, i0 = t / n1;
+        unsigned int u = __float_as_uint((float)src[i0 * s0 + i1 * s1 + i2 * s2 + i3 * s3]);
+        unsigned short r;
+        if ((u & 0x7FFFFFFFu) > 0x7F800000u) r = (unsigned short)((u | 0x00400000u) >> 16);
+        else r = (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        dst[(i0 * n1 + i1) * per + i2 * n3 + i3] = r;
+    }
+}
+"""
+
+
+def round_bf16_gather_np(launch, src, dst, n, n1, n2, n3, s0, s1, s2, s3, per):
+    """NumPy twin of ``round_bf16_gather``."""
+    np = B.host
+    n, n1, n2, n3, per = (int(v) for v in (n, n1, n2, n3, per))
+    if n % (n1 * n2 * n3 or 1) or per < n2 * n3:
+        raise ValueError(f"{launch.name}: {n} elements are not a whole number of ({n1}, {n2}, {n3}) blocks, or per "
+                         f"{per} < {n2} x {n3}")
+    n0 = n // (n1 * n2 * n3) if n else 0
+    if n == 0:
+        return
+    x = _view(src, (n0, n1, n2, n3), (s0, s1, s2, s3)).astype(np.float32)
+    _view(dst, (n0, n1, n2, n3), (n1 * per, per, n3, 1))[...] = bf16_bits(x)
+
+
+_SOURCE += _ROUND_BF16_GATHER
+NUMPY_TWINS["round_bf16_gather"] = round_bf16_gather_np
+_KERNELS = tuple(NUMPY_TWINS)
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in _KERNELS for t in _CTYPES.values())
+
+
+class Bf16CupyOps(CupyOps):
+    """:class:`CupyOps` whose products read bfloat16 operands (``attn-train --precision bf16``):
+    cuBLAS's ``gemmEx`` family with ``CUDA_R_16BF`` A and B, a float32 C and float32 compute
+    (``CUBLAS_COMPUTE_32F``): the tensor cores' bf16 products, summed in float32.
+
+    Where an operand is a parameter (a view of the model's arena), the product reads it from
+    the bf16 copy of the master weights that :meth:`prepare_weights` makes at every forward, in
+    one launch, at the same offsets and strides; any other operand (an activation, a gradient)
+    is copied into bf16 first by one ``round_bf16_gather`` launch (contiguous matrices, each
+    batch entry starting on 16 bytes). The rounding is :func:`attn.precision.round_bf16`'s, so
+    the NumPy twin (``_Ops.with_precision("bf16")``: operands rounded, float32 products) computes
+    the same numbers up to the order of the float32 sums."""
+
+    precision = "bf16"
+
+    #: A rounded batch's matrices start this many bf16 elements apart at least (16 bytes).
+    BATCH_ALIGN = 8
+
+    def prepare_weights(self, params):
+        """The bf16 copy of ``params`` (the arena's flat float32 parameters), made by one
+        ``round_bf16`` launch into a buffer kept between steps: the products of this forward and
+        of its backward read their parameter operands from it. One arena at a time: preparing
+        another makes the products of the first round their parameters as activations (the
+        same numbers), never read a stale copy."""
+        if params.dtype != B.host.float32 or not params.flags.c_contiguous or params.ndim != 1:
+            raise ValueError(f"Bf16CupyOps.prepare_weights: the arena's flat float32 parameters are needed, got "
+                             f"{tuple(params.shape)} {params.dtype}")
+        kept = self._scratch.get("bf16_weights")
+        if kept is None or kept[0] is not params:
+            mirror = kept[1] if kept is not None and kept[1].size == params.size else None
+            if mirror is None:
+                with outside_step():
+                    mirror = self.xp.empty((params.size,), dtype=B.host.uint16)
+            self._scratch["bf16_weights"] = kept = (params, mirror)
+        self.round_bf16_(params, kept[1])
+        return kept[1]
+
+    def _weight_copy(self, x):
+        """The address of ``x``'s first element in the bf16 copy of the weights, where ``x`` is
+        a view of the prepared parameters (its whole extent inside them); else None."""
+        kept = self._scratch.get("bf16_weights")
+        if kept is None:
+            return None
+        params, mirror = kept
+        base, end = params.data.ptr, params.data.ptr + params.nbytes
+        lo, hi = x.data.ptr, x.data.ptr + x.itemsize
+        for n, st in zip(x.shape, x.strides):
+            if n == 0:
+                return None
+            if st < 0:
+                lo += (n - 1) * st
+            else:
+                hi += (n - 1) * st
+        if not (base <= lo and hi <= end) or (x.data.ptr - base) % x.itemsize:
+            return None
+        return mirror.data.ptr + (x.data.ptr - base) // x.itemsize * 2
+
+    def _gathered(self, x):
+        """A bf16 copy of ``x`` (..., R, C) with at most two batch axes: (address, per), its
+        matrices row-major and contiguous, entry ``i`` of the flattened batch at ``i * per``."""
+        *batch, R, C = x.shape
+        batch = [1] * (2 - len(batch)) + batch
+        strides = [0] * (4 - x.ndim) + [st // x.itemsize for st in x.strides]
+        per = R * C if not any(b > 1 for b in batch) else -(-R * C // self.BATCH_ALIGN) * self.BATCH_ALIGN
+        n = batch[0] * batch[1] * R * C
+        dst = self.xp.empty((max(1, batch[0] * batch[1] * per),), dtype=B.host.uint16)
+        if n:
+            self._fn("round_bf16_gather", x.dtype)(
+                _grid(n, 256), (256,), (x, dst, B.host.int64(n), B.host.int64(batch[1]), B.host.int64(R),
+                                        B.host.int64(C), *(B.host.int64(st) for st in strides), B.host.int64(per)))
+        return dst, per
+
+    def _bf16_operand(self, x, where, name, batched):
+        """How the GEMM reads ``x`` in bf16: (keep-alive array or None, address, rows
+        contiguous, ld, batch stride in elements)."""
+        if not batched:
+            ptr = self._weight_copy(x)
+            if ptr is not None:
+                rows, ld = self._matrix(x, where, name)
+                return None, ptr, rows, ld, 0
+        dst, per = self._gathered(x)
+        return dst, dst.data.ptr, True, max(1, x.shape[-1]), per
+
+    @staticmethod
+    def _plan(cublas, a, b, c_rows, M, N, K):
+        """The column-major GEMM making ``out = a @ b`` from operand descriptions (address,
+        rows contiguous, ld, batch stride): (transa, transb, m, n, k, first, second), first and
+        second the descriptions of cuBLAS's A and B (see :meth:`CupyOps._gemm_args`)."""
+        N_, T_ = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
+        if c_rows:
+            return N_ if b[1] else T_, N_ if a[1] else T_, N, M, K, b, a
+        return T_ if a[1] else N_, T_ if b[1] else N_, M, N, K, a, b
+
+    def _check_float32(self, where, a):
+        if a.dtype != B.host.float32:
+            raise ValueError(f"Bf16CupyOps.{where}: bf16 products take float32 operands (the master weights' "
+                             f"dtype), got {a.dtype}")
+
+    def mm(self, a, b, out=None, accumulate: bool = False):
+        """``a @ b`` by one ``gemmEx`` (bf16 A and B, float32 C and sums), after the bf16 copy
+        of each operand that is not a prepared parameter; ``accumulate`` as :meth:`CupyOps.mm`."""
+        if accumulate and out is None:
+            raise ValueError("Bf16CupyOps.mm: accumulate=True needs out, the array the product is added to")
+        out, M, N, K = self._operands("mm", a, b, out, 0)
+        self._check_float32("mm", a)
+        if accumulate and K == 0:
+            return out
+        if self._nothing_to_multiply(out, M, N, K, 1):
+            return out
+        cublas, handle = self._cublas()
+        ka, pa, ra, lda, _ = self._bf16_operand(a, "mm", "a", False)
+        kb, pb, rb, ldb, _ = self._bf16_operand(b, "mm", "b", False)
+        c_rows, ldc = self._matrix(out, "mm", "out")
+        ta, tb, m, n, k, first, second = self._plan(cublas, (pa, ra, lda), (pb, rb, ldb), c_rows, M, N, K)
+        alpha, beta = self._alpha_beta(a.dtype)
+        if accumulate:
+            beta = alpha
+        bf, f32 = cublas.CUDA_R_16BF, cublas.CUDA_R_32F
+        cublas.gemmEx(handle, ta, tb, m, n, k, alpha, first[0], bf, first[2], second[0], bf, second[2], beta,
+                      out.data.ptr, f32, ldc, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+        del ka, kb                          # (the copies lived until the call: stream order keeps them)
+        return out
+
+    def bmm(self, a, b, out=None):
+        """``a @ b`` batched (see :meth:`CupyOps.bmm`) with bf16 operands: both copied into bf16
+        (contiguous matrices), then one ``gemmStridedBatchedEx`` where ``out``'s batch is one
+        stride, else ``gemmBatchedEx`` with pointer arrays (:meth:`CupyOps._gemm_pointers`)."""
+        if a.ndim not in (3, 4):
+            raise ValueError(f"Bf16CupyOps.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
+        out, M, N, K = self._operands("bmm", a, b, out, a.ndim - 2)
+        self._check_float32("bmm", a)
+        count = math.prod(out.shape[:-2])
+        if self._nothing_to_multiply(out, M, N, K, count):
+            return out
+        cublas, handle = self._cublas()
+        ka, pa, ra, lda, sa = self._bf16_operand(a, "bmm", "a", True)
+        kb, pb, rb, ldb, sb = self._bf16_operand(b, "bmm", "b", True)
+        c_rows, ldc = self._matrix(out, "bmm", "out")
+        ta, tb, m, n, k, first, second = self._plan(cublas, (pa, ra, lda, sa), (pb, rb, ldb, sb), c_rows, M, N, K)
+        outer, inner, so, si = self._batch_strides(out)
+        alpha, beta = self._alpha_beta(a.dtype)
+        bf, f32 = cublas.CUDA_R_16BF, cublas.CUDA_R_32F
+        if outer == 1 or inner == 1 or so == si * inner:
+            sc = so if inner == 1 else si
+            cublas.gemmStridedBatchedEx(handle, ta, tb, m, n, k, alpha, first[0], bf, first[2], first[3], second[0],
+                                        bf, second[2], second[3], beta, out.data.ptr, f32, ldc, sc, count,
+                                        cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+        else:
+            # the pointers in float32 units (4 bytes): a bf16 copy's entries are an even number of elements apart
+            ptrs = self._gemm_pointers(B.host.dtype(B.host.float32), count, inner, (
+                (first[0], inner * first[3] // 2, first[3] // 2), (second[0], inner * second[3] // 2, second[3] // 2),
+                (out.data.ptr, so, si)))
+            p, step = ptrs.data.ptr, 8 * count
+            cublas.gemmBatchedEx(handle, ta, tb, m, n, k, alpha, p, bf, first[2], p + step, bf, second[2], beta,
+                                 p + 2 * step, f32, ldc, count, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+        del ka, kb
+        return out
+
+
 class Tf32CupyOps(CupyOps):
     """:class:`CupyOps` whose products run on the cuBLAS handle's ``CUBLAS_TF32_TENSOR_OP_MATH``
     (``attn-train --precision tf32``): the GEMMs read their float32 operands as TF32 in the tensor
@@ -2028,8 +2313,8 @@ class Tf32CupyOps(CupyOps):
         finally:
             cublas.setMathMode(handle, before)
 
-    def mm(self, a, b, out=None):
-        return self._tf32(CupyOps.mm, a, b, out)
+    def mm(self, a, b, out=None, accumulate=False):
+        return self._tf32(lambda ops, a, b, out: CupyOps.mm(ops, a, b, out=out, accumulate=accumulate), a, b, out)
 
     def bmm(self, a, b, out=None):
         return self._tf32(CupyOps.bmm, a, b, out)

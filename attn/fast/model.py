@@ -261,8 +261,13 @@ class FastTransformer(Transformer):
         """The fused weights as the arena lays them out (views: nothing is copied): each
         self-attention's ``[w_q | w_k | w_v]`` (D, 3D), the cross-attention queries, and the
         keys and values of all decoder layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]``
-        (D, 2D*L). The ``1/sqrt(d_k)`` scale is applied by the softmax (its kernel on CuPy)."""
+        (D, 2D*L). The ``1/sqrt(d_k)`` scale is applied by the softmax (its kernel on CuPy).
+        Called once by every forward, encoding and decoding: where the products read bf16
+        (:class:`attn.fast.kernels.Bf16CupyOps`), the weights' bf16 copy is made here."""
         self._own_params()
+        prepare = getattr(self.ops, "prepare_weights", None)
+        if prepare is not None:
+            prepare(self.arena.params)
         if self._fused is None:
             cfg, a, P, p = self.config, self.arena, self.arena.params, self.params
 
@@ -785,7 +790,7 @@ class FastTransformer(Transformer):
             dy = self._residual_bwd(dy, c3, self._ffn_bwd, G)
             del c3
             dk, dv = dkv_heads[2 * i], dkv_heads[2 * i + 1]
-            dy = self._residual_bwd(dy, c2, lambda d, c, g: self._cross_attn_bwd(d, c, dk, dv, g), G)
+            dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into), G)
             del c2
             dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
             del c1
@@ -831,20 +836,21 @@ class FastTransformer(Transformer):
 
     def _residual_bwd(self, dout, c: ResCache, sub_bwd, G: _Grads):
         """Backward of :meth:`_residual`. ``dout`` is the step's own buffer (overwritten).
-        dgamma and dbeta go into the norm's (2, D) block of ``G``."""
+        dgamma and dbeta go into the norm's (2, D) block of ``G``. ``sub_bwd(ds, cache, G,
+        into)`` adds the sub-layer's input gradient to ``into`` (its last product accumulates
+        there: post-norm's residual sum costs no launch of its own) or, with ``into`` None,
+        returns it in an array of its own."""
         ops = self.ops
         gamma = self.params[c.norm + ".gamma"]
         dgb = G.block(c.norm + ".gamma_beta")
         if self.config.norm == "pre":
             ds = dout if c.drop is None else ops.dropout_backward(dout, c.drop)
-            dh = sub_bwd(ds, c.sub, G)
+            dh = sub_bwd(ds, c.sub, G, None)
             dx, _, _ = ops.layer_norm_backward_(dh, c.xhat, c.rstd, gamma, out=dgb)
             dx += dout
-        else:
-            dy, ds = ops.layer_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)  # y = x + drop(s)
-            dx = sub_bwd(ds, c.sub, G)
-            dx += dy
-        return dx
+            return dx
+        dy, ds = ops.layer_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)  # y = x + drop(s)
+        return sub_bwd(ds, c.sub, G, dy)                                      # dy + d(sub)/dx
 
     def _final_norm_bwd(self, norm, dout, nc, G: _Grads):
         xhat, rstd = nc
@@ -853,9 +859,9 @@ class FastTransformer(Transformer):
         return dx
 
     def _out_proj_bwd(self, pre, dout, ctx, G: _Grads):
-        """Forward was ``out = ctx @ w_o + b_o``. Returns dctx."""
+        """Forward was ``out = ctx @ w_o + b_o``. Returns dctx; b_o's gradient is left to the
+        caller (one column-sum launch with the input projection's bias)."""
         self.ops.mm(ctx.T, dout, out=G.views[pre + ".w_o"])
-        self.ops.colsum(dout, out=G.views[pre + ".b_o"])
         return self.ops.mm(dout, self.params[pre + ".w_o"].T)
 
     def _attend_bwd(self, dctx, ac: AttendCache, dq, dk, dv):
@@ -877,7 +883,7 @@ class FastTransformer(Transformer):
         ops.bmm(ds.transpose(1, 2, 3, 0), ac.k, out=dq)
         ops.bmm(ds.transpose(1, 2, 0, 3), ac.q, out=dk)
 
-    def _self_attn_bwd(self, dout, c: SelfAttnCache, G: _Grads):
+    def _self_attn_bwd(self, dout, c: SelfAttnCache, G: _Grads, into=None):
         xp = self.xp
         D = dout.shape[1]
         dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
@@ -887,10 +893,10 @@ class FastTransformer(Transformer):
         self._attend_bwd(dctx, c.att, dq, dk, dv)
         # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
         self.ops.mm(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))               # (D, 3D)
-        self.ops.colsum(dqkv, out=G.block(c.pre + ".b_qkv"))
-        return self.ops.mm(dqkv, c.W.T)
+        self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dqkv, G.block(c.pre + ".b_qkv")))
+        return self.ops.mm(dqkv, c.W.T, out=into, accumulate=into is not None)
 
-    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads):
+    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads, into=None):
         xp = self.xp
         dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
         dq = xp.empty(dout.shape, dtype=dout.dtype)                           # (N_t, D)
@@ -898,21 +904,20 @@ class FastTransformer(Transformer):
         (dqh,) = self._heads(dq, Bsz, T, 1)
         self._attend_bwd(dctx, c.att, dqh, dk, dv)
         self.ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
-        self.ops.colsum(dq, out=G.views[c.pre + ".b_q"])
-        return self.ops.mm(dq, c.Wq.T)
+        self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
+        return self.ops.mm(dq, c.Wq.T, out=into, accumulate=into is not None)
 
-    def _ffn_bwd(self, dout, c: FFNCache, G: _Grads):
+    def _ffn_bwd(self, dout, c: FFNCache, G: _Grads, into=None):
         """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
         p, ops, xp, gv = self.params, self.ops, self.xp, G.views
         ops.mm(c.a.T, dout, out=gv[c.pre + ".w2"])
-        ops.colsum(dout, out=gv[c.pre + ".b2"])
         da = ops.mm(dout, p[c.pre + ".w2"].T)                                 # (N, F)
         ops.relu_backward_(da, c.a)
         if c.drop_scale is not None:
             da *= da.dtype.type(c.drop_scale)
         ops.mm(c.x.T, da, out=gv[c.pre + ".w1"])
-        ops.colsum(da, out=gv[c.pre + ".b1"])
-        return ops.mm(da, p[c.pre + ".w1"].T)
+        ops.colsums((dout, gv[c.pre + ".b2"]), (da, gv[c.pre + ".b1"]))
+        return ops.mm(da, p[c.pre + ".w1"].T, out=into, accumulate=into is not None)
 
     def _embed_bwd(self, which, dx, ec: EmbedCache, G: _Grads):
         """Dropout and positional backward; returns the rows to scatter into the

@@ -40,11 +40,18 @@ class _Ops:
 
     # ---- the matrix products of a step
 
-    def mm(self, a, b, out=None):
+    def mm(self, a, b, out=None, accumulate: bool = False):
         """``a @ b`` for matrices a (M, K) and b (K, N), into ``out`` (M, N) when given, else a
-        new array. The operands may be views (a transposed matrix, a block of columns): on
-        NumPy this is NumPy's ``matmul``; the CuPy kernels call cuBLAS with the views as they
-        are (no operand copied, nothing through CuPy's ``matmul``)."""
+        new array; with ``accumulate``, ``out += a @ b`` (a backward's sum of two gradients:
+        the CuPy kernels give cuBLAS beta = 1, no launch of its own). The operands may be views
+        (a transposed matrix, a block of columns): on NumPy this is NumPy's ``matmul``; the CuPy
+        kernels call cuBLAS with the views as they are (no operand copied, nothing through
+        CuPy's ``matmul``)."""
+        if accumulate:
+            if out is None:
+                raise ValueError("mm: accumulate=True needs out, the array the product is added to")
+            out += self.xp.matmul(a, b)
+            return out
         return self.xp.matmul(a, b, out=out)
 
     def bmm(self, a, b, out=None):
@@ -86,6 +93,12 @@ class _Ops:
     def colsum(self, x2, out=None):
         """(R, C) -> (C,), into ``out`` when given (a gradient's place in the arena)."""
         return self.xp.matmul(self.ones(x2.shape[0], x2.dtype), x2, out=out)
+
+    def colsums(self, *pairs):
+        """``colsum(x2, out=out)`` for each ``(x2, out)`` pair (the CuPy kernels sum two in one
+        launch)."""
+        for x2, out in pairs:
+            self.colsum(x2, out=out)
 
     # ---- softmax over the FIRST axis, in place
 
@@ -316,7 +329,9 @@ def _rounding_class(cls):
     type) would override this pair."""
     sub = _ROUNDING.get(cls)
     if sub is None:
-        def mm(self, a, b, out=None):
+        def mm(self, a, b, out=None, accumulate=False):
+            if accumulate:                          # a class of products without it is still taken
+                return cls.mm(self, *self._rounded(a, b), out=out, accumulate=True)
             return cls.mm(self, *self._rounded(a, b), out=out)
 
         def bmm(self, a, b, out=None):

@@ -185,6 +185,13 @@ def outside_step():
     return mem.xp.cuda.using_allocator(mem._outer)
 
 
+def in_slab(address: int) -> bool:
+    """Whether ``address`` lies in the slab of the step in progress (so the same step at the same
+    shapes finds its array there again: what a kernel may key a cache by)."""
+    mem = _active
+    return mem is not None and mem.slab is not None and mem._base.ptr <= address < mem._base.ptr + mem.capacity
+
+
 def in_step() -> bool:
     """Whether a step's allocator is in place."""
     return _active is not None

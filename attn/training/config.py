@@ -138,10 +138,6 @@ class TrainConfig:
         if self.precision != "fp32" and self.dtype != "float32":
             self._bad("precision", f"rounds float32 products and needs --dtype float32 (got {self.dtype}); "
                                    "use --precision fp32")
-        if self.precision == "bf16" and self.cuda_graph is True:
-            self._bad("precision", "bf16 cannot be captured with --cuda-graph yet: its products round their "
-                                   "operands into new arrays, which a CUDA graph capture refuses; use --precision "
-                                   "tf32 or fp32 with --cuda-graph")
         if self.precision != "fp32" and self.reference is True:
             self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
                                    "multiply in float32); drop one of the two flags")
@@ -373,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "tf32 (10 stored significand bits; on a GPU cuBLAS's TF32 tensor-op math) or bf16 (7 bits, "
                         "bfloat16 operands); their sums, the weights (fp32 master weights), gradients and Adam stay "
                         "float32. On NumPy the operands are rounded the same way and multiplied in float32. The "
-                        "attn.fast engine only (not --reference; bf16 not with --cuda-graph); a resumed run keeps "
+                        "attn.fast engine only (not --reference); a resumed run keeps "
                         "its saved precision")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
