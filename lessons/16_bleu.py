@@ -278,12 +278,22 @@ print(f"greedy BLEU {hand['greedy']:.2f} on {len(test)} sentences; 95% of {N_BOO
 print(f"beam 4 {hand['beam 4']:.2f} against greedy {hand['greedy']:.2f}: beam 4 higher in {wins:.0%} of "
       "paired resamples")
 
-# one corrected word: replace the first wrong token of one hypothesis by the reference's
+# one corrected word: replace a wrong token of one hypothesis by the reference's, the first
+# whose correction adds a unigram match (a wrong word that matches elsewhere in the reference,
+# swapped for one already matched as often as the reference has it, would change nothing)
 toks = [tokenize(h) for h in systems["greedy"]]
-i = next(j for j, (h, r) in enumerate(zip(toks, refs)) if h != r and len(h) == len(r))
-k = next(p for p in range(len(refs[i])) if toks[i][p] != refs[i][p])
+
+
+def corrected(j, p):
+    t = list(toks[j])
+    t[p] = refs[j][p]
+    return t
+
+
+i, k = next((j, p) for j, (h, r) in enumerate(zip(toks, refs)) if h != r and len(h) == len(r)
+            for p in range(len(r)) if h[p] != r[p] and stats(corrected(j, p), r)[0] > stats(h, r)[0])
 fixed = [list(t) for t in toks]
-fixed[i][k] = refs[i][k]
+fixed[i] = corrected(i, k)
 one_word = corpus_bleu_by_hand(fixed, refs) - hand["greedy"]
 n_words = sum(map(len, refs))
 print(f"correcting one word ({toks[i][k]!r} -> {refs[i][k]!r} in sentence {i}) of {n_words} reference tokens "

@@ -1338,7 +1338,7 @@ class CupyOps(_Ops):
         them; see :class:`attn.fast.graph.GraphedTrainStep`'s two eager steps). Elsewhere
         (addresses from the pool change from call to call), and for a product first met while a
         stream captures (which may not allocate), one launch fills a scratch buffer."""
-        ptrs = None
+        ptrs = key = None
         if all(in_slab(address) for address, _, _ in operands):
             key = (dtype, count, inner, operands)
             cache = self._scratch.setdefault("gemm_pointer_arrays", {})
@@ -1349,8 +1349,9 @@ class CupyOps(_Ops):
             if (kept + 24 * count <= self.POINTER_CACHE_BYTES
                     and not self.xp.cuda.get_current_stream().is_capturing()):   # a capture allocates nothing
                 with outside_step():
-                    ptrs = cache[key] = self.xp.empty((3 * count,), dtype=B.host.uint64)
-                self._scratch["gemm_pointer_bytes"] = kept + 24 * count
+                    ptrs = self.xp.empty((3 * count,), dtype=B.host.uint64)
+            else:
+                key = None
         if ptrs is None:
             ptrs = self._buffer("gemm_pointers", 3 * count, B.host.uint64)
         args = []
@@ -1359,6 +1360,9 @@ class CupyOps(_Ops):
         threads = 128
         self._fn("gemm_pointers", dtype)((-(-count // threads),), (threads,),
                                          (ptrs, *args, B.host.int32(count), B.host.int32(inner)))
+        if key is not None:                              # kept once made
+            cache[key] = ptrs
+            self._scratch["gemm_pointer_bytes"] = self._scratch.get("gemm_pointer_bytes", 0) + 24 * count
         return ptrs
 
     # ---- dropout, ReLU
@@ -2155,24 +2159,23 @@ class Bf16CupyOps(CupyOps):
     #: A rounded batch's matrices start this many bf16 elements apart at least (16 bytes).
     BATCH_ALIGN = 8
 
-    def prepare_weights(self, params):
-        """The bf16 copy of ``params`` (the arena's flat float32 parameters), made by one
-        ``round_bf16`` launch into a buffer kept between steps: the products of this forward and
-        of its backward read their parameter operands from it. One arena at a time: preparing
-        another makes the products of the first round their parameters as activations (the
-        same numbers), never read a stale copy."""
+    def prepare_weights(self, params, into=None):
+        """The bf16 copy of ``params`` (the arena's flat float32 parameters) by one ``round_bf16``
+        launch into ``into`` (uint16, params' size: the owner's buffer, kept between steps; None:
+        a new one, made outside any step, which the caller keeps and passes again). Returns it.
+        Until the next call, the products read their operands that are views of ``params`` from
+        it. One arena at a time: after another arena is prepared, the products round the first
+        one's views as they round activations (the same numbers), and never read another arena's
+        copy. Each arena has a copy of its own, so a graph captured on one keeps its address."""
         if params.dtype != B.host.float32 or not params.flags.c_contiguous or params.ndim != 1:
             raise ValueError(f"Bf16CupyOps.prepare_weights: the arena's flat float32 parameters are needed, got "
                              f"{tuple(params.shape)} {params.dtype}")
-        kept = self._scratch.get("bf16_weights")
-        if kept is None or kept[0] is not params:
-            mirror = kept[1] if kept is not None and kept[1].size == params.size else None
-            if mirror is None:
-                with outside_step():
-                    mirror = self.xp.empty((params.size,), dtype=B.host.uint16)
-            self._scratch["bf16_weights"] = kept = (params, mirror)
-        self.round_bf16_(params, kept[1])
-        return kept[1]
+        if into is None:
+            with outside_step():
+                into = self.xp.empty((params.size,), dtype=B.host.uint16)
+        self.round_bf16_(params, into)
+        self._scratch["bf16_weights"] = (params, into)
+        return into
 
     def _weight_copy(self, x):
         """The address of ``x``'s first element in the bf16 copy of the weights, where ``x`` is

@@ -213,6 +213,7 @@ class FastTransformer(Transformer):
         self._part_grads: list = []
         self._decode_params = None
         self._decode_copies: dict = {}
+        self._bf16_weights = None               # at bf16 on CuPy: the weights' bf16 copy (see _fuse)
 
     def _pos_table(self, which: str, T: int):
         """The reference's table, made (on first use, or longer) outside a step's memory: it is
@@ -266,8 +267,8 @@ class FastTransformer(Transformer):
         (:class:`attn.fast.kernels.Bf16CupyOps`), the weights' bf16 copy is made here."""
         self._own_params()
         prepare = getattr(self.ops, "prepare_weights", None)
-        if prepare is not None:
-            prepare(self.arena.params)
+        if prepare is not None:                          # the model's own copy: a graph keeps its address
+            self._bf16_weights = prepare(self.arena.params, getattr(self, "_bf16_weights", None))
         if self._fused is None:
             cfg, a, P, p = self.config, self.arena, self.arena.params, self.params
 
@@ -291,9 +292,9 @@ class FastTransformer(Transformer):
         D = cfg.d_model
         s = self._attn_scale
         dt = self.dtype.type
-        dec = []
+        dec, F = [], self._fuse()
         for i in range(cfg.n_decoder_layers):
-            W, b = (a.copy() for a in self._fuse().dec_qkv[i])
+            W, b = (a.copy() for a in F.dec_qkv[i])
             W[:, :D] *= dt(s)
             b[:D] *= dt(s)
             dec.append((W, b))
