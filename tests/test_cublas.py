@@ -213,6 +213,59 @@ def test_a_steady_step_keeps_its_batched_products_pointer_arrays():
     assert launches == [1, 1, 0, 1], launches      # pool; first in the slab (kept); kept ones; pool again
 
 
+def test_the_kept_pointer_arrays_make_room_but_keep_what_a_graph_reads():
+    """Past ``POINTER_CACHE_BYTES`` the least recently used pointer arrays are dropped to make
+    room (an eager run whose batches take many shapes keeps its latest products'), except those
+    a stream captured, which a graph reads at every replay; a product that finds no room gets a
+    scratch buffer. Every product's result stays right."""
+    from attn.fast.kernels import CupyOps
+    from attn.fast.stepmem import StepMemory
+    from conftest import selected_backend
+    rng = np.random.default_rng(8)
+    h = rng.standard_normal((2 * 3, 4 * 3 * 8)).astype(np.float32)     # four (2, 2, 3, 4) head views a step
+
+    class Owner:
+        pass
+    with selected_backend("fakecupy") as xp:
+        ops, owner = CupyOps(xp), Owner()
+        owner.xp = xp
+        ops.POINTER_CACHE_BYTES = 2 * 24 * 4                           # room for two products' arrays
+        memory = StepMemory.of(owner)
+
+        def products(which, qkv=None):
+            qkv = xp.asarray(h) if qkv is None else qkv              # the step's first array: one address
+            v = qkv.reshape(2, 3, 4, 3, 2, 4)
+            got = []
+            for j in which:
+                q = v[:, :, j, 0].transpose(0, 2, 1, 3)
+                got.append(ops.bmm(q, q.swapaxes(-1, -2)))
+            return got
+        want = [hj @ hj.swapaxes(-1, -2) for hj in (h.reshape(2, 3, 4, 3, 2, 4)[:, :, j, 0].transpose(0, 2, 1, 3)
+                                                     for j in range(4))]
+        with memory.step():
+            products(range(4))                                       # in the pool: nothing kept
+        cache = lambda: ops._scratch.get("gemm_pointer_arrays", {})  # noqa: E731
+        sets = []
+        for which in ([0, 1], [0, 1], [2, 3]):
+            with memory.step():
+                got = products(which)
+            for j, g in zip(which, got):
+                assert np.allclose(B.to_host(g), want[j], rtol=1e-5, atol=1e-5)
+            sets.append(set(cache()))
+        assert len(sets[0]) == 2 and sets[0] == sets[1] and not sets[1] & sets[2]   # [2, 3] made room
+        kept = sets[2]
+        stream = xp.cuda.Stream(non_blocking=True)
+        with memory.step(), stream:                                  # a capture reads the two kept ones
+            qkv = xp.asarray(h)                                      # (a capture takes no host transfer)
+            stream.begin_capture()
+            products([2, 3], qkv)
+            stream.end_capture()
+        with memory.step():
+            got = products([0, 1])                                   # no room: the captured ones stay
+            assert all(np.allclose(B.to_host(g), want[j], rtol=1e-5, atol=1e-5) for j, g in zip([0, 1], got))
+        assert set(cache()) == kept and ops._scratch["gemm_pointer_bytes"] <= ops.POINTER_CACHE_BYTES
+
+
 # --------------------------------------------------------------------------- the stand-in's cuBLAS
 
 CB = fcp.cuda.cublas

@@ -89,6 +89,7 @@ has no GPU (docs/GPU.md lists what a GPU owner should run).
 """
 from __future__ import annotations
 
+import collections
 import copy
 import math
 import weakref
@@ -1322,8 +1323,8 @@ class CupyOps(_Ops):
         gemm(handle, ta, tb, m, n, k, alpha, p, lda, p + step, ldb, beta, p + 2 * step, ldc, count)
         return out
 
-    #: Bytes of pointer arrays :meth:`_gemm_pointers` keeps (a product met again past this is
-    #: given its pointers by a launch, as when no step memory is in place).
+    #: Bytes of pointer arrays :meth:`_gemm_pointers` keeps: past it, the least recently used
+    #: that no captured graph reads make room.
     POINTER_CACHE_BYTES = 64 << 20
 
     def _gemm_pointers(self, dtype, count: int, inner: int, operands: tuple):
@@ -1333,25 +1334,31 @@ class CupyOps(_Ops):
         They are a function of those numbers alone. Operands in a step memory's slab
         (:mod:`attn.fast.stepmem`) lie at the same addresses every step, so for them each
         distinct product's arrays are made by one ``gemm_pointers`` launch the first time it is
-        met and kept (up to :attr:`POINTER_CACHE_BYTES`; never replaced, so a graph captured on
-        them stays valid): a steady-state step launches none (the first step in a new slab makes
-        them; see :class:`attn.fast.graph.GraphedTrainStep`'s two eager steps). Elsewhere
-        (addresses from the pool change from call to call), and for a product first met while a
-        stream captures (which may not allocate), one launch fills a scratch buffer."""
+        met and kept: a steady-state step launches none (the first step in a new slab makes
+        them; see :class:`attn.fast.graph.GraphedTrainStep`'s two eager steps). At most
+        :attr:`POINTER_CACHE_BYTES` are kept: an eager run whose batches take many shapes makes
+        room by dropping the least recently used, never one that a stream captured (a graph
+        reads it at every replay). Elsewhere (addresses from the pool change from call to call),
+        and for a product first met while a stream captures (which may not allocate), one
+        launch fills a scratch buffer."""
         ptrs = key = None
         if all(in_slab(address) for address, _, _ in operands):
             key = (dtype, count, inner, operands)
-            cache = self._scratch.setdefault("gemm_pointer_arrays", {})
+            cache = self._scratch.get("gemm_pointer_arrays")
+            if cache is None:
+                cache = self._scratch["gemm_pointer_arrays"] = collections.OrderedDict()
+            capturing = self.xp.cuda.get_current_stream().is_capturing()
             ptrs = cache.get(key)
             if ptrs is not None:
+                cache.move_to_end(key)
+                if capturing:
+                    self._scratch.setdefault("gemm_pointers_captured", set()).add(key)
                 return ptrs
-            kept = self._scratch.get("gemm_pointer_bytes", 0)
-            if (kept + 24 * count <= self.POINTER_CACHE_BYTES
-                    and not self.xp.cuda.get_current_stream().is_capturing()):   # a capture allocates nothing
+            if capturing or not self._pointer_room(cache, 24 * count):   # a capture allocates nothing
+                key = None
+            else:
                 with outside_step():
                     ptrs = self.xp.empty((3 * count,), dtype=B.host.uint64)
-            else:
-                key = None
         if ptrs is None:
             ptrs = self._buffer("gemm_pointers", 3 * count, B.host.uint64)
         args = []
@@ -1362,8 +1369,21 @@ class CupyOps(_Ops):
                                          (ptrs, *args, B.host.int32(count), B.host.int32(inner)))
         if key is not None:                              # kept once made
             cache[key] = ptrs
-            self._scratch["gemm_pointer_bytes"] = self._scratch.get("gemm_pointer_bytes", 0) + 24 * count
+            self._scratch["gemm_pointer_bytes"] = self._scratch.get("gemm_pointer_bytes", 0) + ptrs.nbytes
         return ptrs
+
+    def _pointer_room(self, cache, nbytes: int) -> bool:
+        """Whether ``nbytes`` more pointer arrays fit in :attr:`POINTER_CACHE_BYTES`, after
+        dropping the least recently used ones no graph captured, as many as it takes."""
+        kept = self._scratch.get("gemm_pointer_bytes", 0)
+        captured = self._scratch.get("gemm_pointers_captured", set())
+        if kept + nbytes > self.POINTER_CACHE_BYTES:
+            for old in [k for k in cache if k not in captured]:
+                kept -= cache.pop(old).nbytes
+                if kept + nbytes <= self.POINTER_CACHE_BYTES:
+                    break
+            self._scratch["gemm_pointer_bytes"] = kept
+        return kept + nbytes <= self.POINTER_CACHE_BYTES
 
     # ---- dropout, ReLU
 
