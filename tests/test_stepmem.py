@@ -173,6 +173,7 @@ def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
     from attn.fast.dispatch import ops_for
+    from attn.bench.counts import Tally
     from attn.training.prepare import step_loss_fn
     cfg = _toy()
     models = [FastTransformer(cfg, seed=5) for _ in range(2)]
@@ -185,13 +186,19 @@ def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
     ops = ops_for(B.xp())
     ops._scratch.clear(), ops._ones.clear(), ops._seeds.clear()
     rng = np.random.default_rng(0)
-    losses = []
+    losses, pool = [], []
     for step in range(6):
         n, L = (6, 7) if step < 3 else (20, 12)        # padded to (16, 8) and (32, 16) positions
         pairs = [(rng.integers(4, 23, rng.integers(1, L)).tolist(), rng.integers(4, 23, rng.integers(1, L)).tolist())
                  for _ in range(n)]
         batch = pad_to_bucket(_pad_batch(pairs))
-        with_memory = T.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
+        tally = fc.tracer = Tally()
+        try:                                           # (the seed: a new DeviceRNG a step, as attn-train makes)
+            with_memory = T.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0,
+                                       loss_fn)
+        finally:
+            fc.tracer = None
+        pool.append(tally.allocations)
         without = T._step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn, None,
                           None)
         losses.append(with_memory[0])
@@ -200,4 +207,8 @@ def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
         memory = StepMemory.of(models[0])
         assert (memory.overflows > 0) == (step == 3), (step, memory.stats())
     assert memory.steps == 6 and not memory._retired          # no graph: the slab replaced was let go
+    # from the pool: what the engine keeps, made at the first step and at the larger shape's first
+    # two (the second is the first in the grown slab: the batched products' pointer arrays for its
+    # addresses); in every other step one array, the loss's copy the step returns (kept past it)
+    assert pool[1] == pool[2] == pool[5] == 1 and min(pool[0], pool[3], pool[4]) > 1, pool
     assert all(np.isfinite(float(v)) for v in losses)             # the losses kept are copies

@@ -99,7 +99,7 @@ from .. import backend as B
 from ..precision import bf16_bits
 from ..precision import check as check_precision
 from .ops import Mask, _Ops
-from .stepmem import in_slab, outside_step
+from .stepmem import in_slab, outside_step, step_token
 
 # --------------------------------------------------------------------------- helpers
 
@@ -1416,13 +1416,23 @@ class CupyOps(_Ops):
     def _seed_of(self, rng):
         """``rng``'s seed on the device, where the dropout kernels read it: ``rng.device_seed``
         where it has one (a captured step's: a buffer the graph reads, refreshed before every
-        replay), else a one-element array made once per ``rng`` (one host-to-device copy a step)."""
+        replay), else a one-element array made once per ``rng`` (one host-to-device copy). The
+        trainer makes an ``rng`` a step: the first time one is met inside a step memory its array
+        comes from the slab, for that step only (nothing from the pool); one met again in another
+        step (the benchmark's, which keeps one), or outside any step, gets one kept for good."""
         seed = getattr(rng, "device_seed", None)
         if seed is None:
-            seed = self._seeds.get(rng)
-            if seed is None:
+            step = step_token()
+            kept = self._seeds.get(rng)
+            if kept is not None and (kept[0] is None or kept[0] == step):
+                return kept[1]
+            host = B.host.array([rng.seed & _M64], dtype=B.host.uint64)
+            if step is None or kept is not None:
                 with outside_step():
-                    seed = self._seeds[rng] = self.xp.asarray(B.host.array([rng.seed & _M64], dtype=B.host.uint64))
+                    kept = self._seeds[rng] = (None, self.xp.asarray(host))
+            else:
+                kept = self._seeds[rng] = (step, self.xp.asarray(host))
+            seed = kept[1]
         return seed
 
     def _no_seed(self):

@@ -192,6 +192,14 @@ def in_slab(address: int) -> bool:
     return mem is not None and mem.slab is not None and mem._base.ptr <= address < mem._base.ptr + mem.capacity
 
 
+def step_token():
+    """Which step is in progress: a value equal for every call within one step and different
+    in every other step (None outside any step). What a cache of arrays made in a step's memory
+    keys them by: the next step hands the same bytes out again."""
+    mem = _active
+    return None if mem is None else (mem, mem.steps)
+
+
 def in_step() -> bool:
     """Whether a step's allocator is in place."""
     return _active is not None
