@@ -65,7 +65,7 @@ LOG_EVERY = 10
 
 
 def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0, loss_fn=cross_entropy,
-               dp=None):
+               dp=None, copy_loss: bool = True):
     """One optimizer step on one batch (sections 5.3, 5.4).
 
     Forward with dropout (masks from ``rng``), label-smoothed cross-entropy,
@@ -83,7 +83,9 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     is a copy, since the next step reuses the slab.
 
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
-    and the learning rate the step used.
+    and the learning rate the step used. With ``copy_loss=False`` the loss may lie in the step
+    memory, valid until the next step begins (the training loop copies it into its own buffer
+    at once: :class:`_PendingLosses`); else it is a copy of its own.
     """
     weight = None
     if dp is not None:
@@ -96,7 +98,7 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
         return _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
     with memory.step():         # every array the step makes from one slab (attn.fast.stepmem)
         loss, lr = _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    return loss.copy(), lr      # the slab is the next step's: the loss kept is a copy
+    return (loss.copy() if copy_loss else loss), lr      # the slab is the next step's
 
 
 def _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight):
@@ -113,16 +115,43 @@ def _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight):
     return loss, lr
 
 
-def _log_losses(pending: list, state: "TrainState") -> float:
+class _PendingLosses:
+    """The losses of the steps since the last log, in one buffer on the losses' device: each
+    step's is copied into the next slot (one launch, nothing allocated once the buffer holds a
+    log's worth), so that a step may hand back a loss in its step memory; :func:`_log_losses`
+    brings them to the host in one transfer."""
+
+    def __init__(self):
+        self.buf, self.n = None, 0
+
+    def append(self, loss) -> None:
+        if self.buf is None or self.n == self.buf.size:
+            xp = B.get_array_module(loss)              # (the loop calls this between steps)
+            grown = xp.empty((max(2 * LOG_EVERY, 0 if self.buf is None else 2 * self.buf.size),), dtype=loss.dtype)
+            if self.n:
+                grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[self.n] = loss
+        self.n += 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def take(self) -> list:
+        """The pending losses as host floats (one transfer); none pending afterwards."""
+        values = B.to_host(self.buf[:self.n]).astype("float64").tolist() if self.n else []
+        self.n = 0
+        return values
+
+
+def _log_losses(pending: _PendingLosses, state: "TrainState") -> float:
     """Bring the pending device losses to the host in one transfer, append them to
     ``state.losses`` and empty ``pending``. Returns the last one. Raises FloatingPointError
     naming the step if one is NaN or infinite."""
-    if not pending:
+    if not len(pending):
         return state.losses[-1] if state.losses else math.nan
-    xp = B.get_array_module(pending[0])
-    values = B.to_host(xp.stack(pending)).astype("float64").tolist()
+    values = pending.take()
     first = state.step - len(values) + 1
-    pending.clear()
     for i, v in enumerate(values):
         if not math.isfinite(v):
             raise FloatingPointError(f"train: the training loss is {v} at step {first + i}: the model diverged "
@@ -212,7 +241,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     if config.cuda_graph:
         from .fast.graph import GraphedTrainStep
         step = GraphedTrainStep(model, opt, smoothing, config.clip, run.loss_fn)
-    pending = []                    # the device losses of the steps since the last log
+    pending = _PendingLosses()      # the device losses of the steps since the last log
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
@@ -235,10 +264,10 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                 seed = config.seed * 1_000_003 + state.step
                 if step is None:
                     loss, lr = train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn,
-                                          parallel)
+                                          parallel, copy_loss=False)
                 else:                                   # --cuda-graph: one launch a step
-                    loss, lr = step(batch, seed)
-                pending.append(loss)
+                    loss, lr = step(batch, seed, copy_loss=False)
+                pending.append(loss)                    # copied before the next step reuses its memory
                 dt = time.perf_counter() - t0
                 state.step += 1
                 state.batch_index += 1

@@ -155,7 +155,9 @@ def test_a_watched_run_has_every_loss_at_every_step(stand_in, tmp_path):
 def test_a_diverged_loss_is_reported_with_its_step(stand_in):
     state = T.TrainState(step=12)
     cp = stand_in
-    pending = [cp.asarray(np.float32(v)) for v in (2.0, float("nan"), 1.0)]
+    pending = T._PendingLosses()
+    for v in (2.0, float("nan"), 1.0):
+        pending.append(cp.asarray(np.float32(v)))
     with fakecupy.counting() as c, pytest.raises(FloatingPointError, match="nan at step 11"):
         T._log_losses(pending, state)
     assert c.n == 1
@@ -197,3 +199,27 @@ def test_decoding_syncs_once_per_generated_position(stand_in, monkeypatch, cls, 
     assert n > every and positions
     assert np.diff(positions).tolist() == [extra + (1 if (i + 1) % k == 0 else 0) for i in range(n - 1)]
     assert c.n == extra * n + -(-n // k) + 2 + (1 if with_attention else 0), c.kinds
+
+
+def test_pending_losses_are_one_buffer_that_allocates_only_to_grow(stand_in):
+    """The training loop copies each step's loss into one device buffer (so a step may hand back
+    a loss in its step memory): an append is one copy, no allocation, except when the buffer
+    grows (to twice a log's worth first, then doubling); a log is one transfer of them all."""
+    from attn.bench.counts import Tally
+    cp = stand_in
+    losses = [cp.asarray(np.float32(v)) for v in np.arange(2 * T.LOG_EVERY + 3) / 7]
+    pending = T._PendingLosses()
+    tally = fakecupy.cupy.tracer = Tally()
+    try:
+        grows = []
+        for loss in losses:
+            before = tally.allocations
+            pending.append(loss)
+            grows.append(tally.allocations - before)
+    finally:
+        fakecupy.cupy.tracer = None
+    assert [i for i, g in enumerate(grows) if g] == [0, 2 * T.LOG_EVERY] and max(grows) == 1, grows
+    with fakecupy.counting() as c:
+        values = pending.take()
+    assert c.n == 1 and len(pending) == 0 and pending.take() == []
+    assert values == [float(np.float32(v)) for v in np.arange(2 * T.LOG_EVERY + 3) / 7]

@@ -174,7 +174,8 @@ class GraphedTrainStep:
     device memory: the batch and the dropout seed are copied into the graph's buffers, and
     Adam's step count (hence its learning rate and bias corrections) lives on the device.
     Returns ``(loss, lr)`` as ``train_step`` does: the loss a 0-d device array of its own (the
-    graph's is rewritten by the next replay).
+    graph's is rewritten by the next replay), or with ``copy_loss=False`` the graph's own,
+    valid until the next call.
 
     Dropout's masks are those of ``train_step`` given ``B.DeviceRNG(seed)`` and the padded
     batch, so a run with graphs computes what the eager run on padded batches computes.
@@ -194,7 +195,7 @@ class GraphedTrainStep:
         self.captured = CapturedStep(self._device_step, warmup=warmup, memory=StepMemory.of(model),
                                      xp=opt.arena.xp)
 
-    def __call__(self, batch, seed: int):
+    def __call__(self, batch, seed: int, copy_loss: bool = True):
         from ..data import pad_to_bucket
         from ..layers._checks import check_ids
         cfg = self.model.config
@@ -205,7 +206,7 @@ class GraphedTrainStep:
         host_seed = B.host.array([int(seed) & (2 ** 64 - 1)], dtype=B.host.uint64)
         lr = self.opt.count_step()
         loss = self.captured(*(B.to_host(a) for a in (batch.src, batch.tgt_in, batch.tgt_out)), host_seed)
-        return loss.copy(), lr
+        return (loss.copy() if copy_loss else loss), lr
 
     def _device_step(self, src, tgt_in, tgt_out, seed):
         logits, cache = self.model.forward(src, tgt_in, _SeedOnDevice(seed))
