@@ -424,10 +424,9 @@ def column_sums_np(launch, a, b, partial, counter, out, N, D, K, chunk, a1, out1
                          "before this one did not finish, or the counter buffer was not zeroed)")
     span = chunk * R                                  # rows of one round over the row blocks
     pad = -N % span
-    start = 0
-    for x, y, o, DD, KK in ((a, b, out, D, K), (a1, None, out1, D1, 1)):
-        if DD == 0:
-            continue
+    jobs = [(x, y, o, DD, KK, start) for x, y, o, DD, KK, start in
+            ((a, b, out, D, K, 0), (a1, None, out1, D1, 1, R * K * D)) if DD]
+    for x, y, _, DD, KK, start in jobs:               # stage one: every block's partial sums
         xs = _view(x, (N, DD), (DD, 1))
         sums = [xs * _view(y, (N, DD), (DD, 1)), xs] if KK == 2 else [xs]
         part = np.empty((R, KK, DD), dtype=a.dtype)
@@ -435,8 +434,9 @@ def column_sums_np(launch, a, b, partial, counter, out, N, D, K, chunk, a1, out1
             t = np.concatenate([t, np.zeros((pad, DD), dtype=a.dtype)]) if pad else t
             part[:, k] = t.reshape(-1, R, chunk, DD).sum(axis=(0, 2))      # block y: chunks y, y + R, ...
         _view(partial.reshape(-1)[start:], (R, KK, DD), (KK * DD, DD, 1))[...] = part
+    for _, _, o, DD, KK, start in jobs:               # stage two: from the partials as they lie
+        part = _view(partial.reshape(-1)[start:], (R, KK, DD), (KK * DD, DD, 1))
         _view(o, (KK * DD,), (1,))[...] = part.sum(axis=0).reshape(-1)
-        start += R * KK * DD
 
 # --------------------------------------------------------------------------- loss
 
