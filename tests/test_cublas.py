@@ -9,6 +9,7 @@ from hypothesis import given, strategies as st
 
 import attn.backend as B
 from attn.fast.dispatch import ops_for
+import gemm_cases
 from fakecupy import cupy as fcp
 
 DTYPES = [np.float32, np.float64]
@@ -271,14 +272,6 @@ def test_the_kept_pointer_arrays_make_room_but_keep_what_a_graph_reads():
 CB = fcp.cuda.cublas
 
 
-def _colmajor(rng, rows, cols, ld, dtype):
-    """A device buffer holding a rows x cols column-major matrix with leading dimension ld (the
-    rest of each column is noise), and the matrix on the host."""
-    buf = rng.standard_normal(max(1, ld * cols)).astype(dtype)
-    mat = np.lib.stride_tricks.as_strided(buf, (rows, cols), (buf.itemsize, ld * buf.itemsize)).copy()
-    return fcp.asarray(buf), mat
-
-
 def _scalars(dtype, alpha, beta):
     return np.array([alpha, beta], dtype=dtype)
 
@@ -292,41 +285,27 @@ def test_stand_in_cublas_computes_what_cublas_defines(dtype, m, n, k, ta, tb, pa
     rng = np.random.default_rng(seed)
     h = fcp.cuda.device.get_cublas_handle()
     batch = 1 if kind == "gemm" else batch
-    ra, ca = (m, k) if ta == 0 else (k, m)
-    rb, cb = (k, n) if tb == 0 else (n, k)
-    lda, ldb, ldc = ra + pads[0], rb + pads[1], m + pads[2]
-    As = [_colmajor(rng, ra, ca, lda, dtype) for _ in range(batch)]
-    Bs = [_colmajor(rng, rb, cb, ldb, dtype) for _ in range(batch)]
-    Cs = [_colmajor(rng, m, n, ldc, dtype) for _ in range(batch)]
-    want = [alpha * ((a if ta == 0 else a.T).astype(np.float64) @ (b if tb == 0 else b.T)) + beta * c
-            for (_, a), (_, b), (_, c) in zip(As, Bs, Cs)]
+    c = gemm_cases.case(rng, m, n, k, ta, tb, pads, batch, alpha, beta, dtype)
     sc = _scalars(dtype, alpha, beta)
     al, be = sc.ctypes.data, sc.ctypes.data + sc.itemsize
     s = "s" if dtype == np.float32 else "d"
     if kind == "gemm":
-        getattr(CB, f"{s}gemm")(h, ta, tb, m, n, k, al, As[0][0].data.ptr, lda, Bs[0][0].data.ptr, ldb, be,
-                                Cs[0][0].data.ptr, ldc)
-        got = [Cs[0][0]]
+        getattr(CB, f"{s}gemm")(h, ta, tb, m, n, k, al, c.As[0][0].data.ptr, c.lda, c.Bs[0][0].data.ptr, c.ldb, be,
+                                c.Cs[0][0].data.ptr, c.ldc)
+        got = [c.Cs[0][0]]
     elif kind == "strided":                    # one buffer per operand, the matrices one stride apart
-        def pack(ms, ld, cols):
-            stride = ld * cols + 2
-            buf = np.full(stride * len(ms), np.nan, dtype=dtype)
-            for i, (d, _) in enumerate(ms):
-                buf[i * stride:i * stride + ld * cols] = d.get()[:ld * cols]
-            return fcp.asarray(buf), stride
-        (pa, sa), (pb, sb), (pc, scs) = pack(As, lda, ca), pack(Bs, ldb, cb), pack(Cs, ldc, n)
-        getattr(CB, f"{s}gemmStridedBatched")(h, ta, tb, m, n, k, al, pa.data.ptr, lda, sa, pb.data.ptr, ldb, sb,
-                                              be, pc.data.ptr, ldc, scs, batch)
-        got = [pc[i * scs:i * scs + ldc * n] for i in range(batch)]
+        (pa, sa), (pb, sb), (pc, scs) = (gemm_cases.pack(ms, ld, cols, dtype, np.nan) for ms, ld, cols in
+                                         ((c.As, c.lda, c.ca), (c.Bs, c.ldb, c.cb), (c.Cs, c.ldc, n)))
+        getattr(CB, f"{s}gemmStridedBatched")(h, ta, tb, m, n, k, al, pa.data.ptr, c.lda, sa, pb.data.ptr, c.ldb,
+                                              sb, be, pc.data.ptr, c.ldc, scs, batch)
+        got = [pc[i * scs:i * scs + c.ldc * n] for i in range(batch)]
     else:                                      # pointer arrays on the device, matrices anywhere
-        ptrs = fcp.asarray(np.array([x[0].data.ptr for x in As + Bs + Cs], dtype=np.uint64))
+        ptrs, _ = gemm_cases.pointer_array(c)
         p = ptrs.data.ptr
-        getattr(CB, f"{s}gemmBatched")(h, ta, tb, m, n, k, al, p, lda, p + 8 * batch, ldb, be, p + 16 * batch, ldc,
-                                       batch)
-        got = [c[0] for c in Cs]
-    for g, w in zip(got, want):
-        g = g.get()
-        mat = np.lib.stride_tricks.as_strided(g, (m, n), (g.itemsize, ldc * g.itemsize))
+        getattr(CB, f"{s}gemmBatched")(h, ta, tb, m, n, k, al, p, c.lda, p + 8 * batch, c.ldb, be, p + 16 * batch,
+                                       c.ldc, batch)
+        got = [x[0] for x in c.Cs]
+    for mat, w in zip(gemm_cases.results(got, m, n, c.ldc), c.want):
         assert close(mat, w, dtype)
 
 

@@ -7,24 +7,14 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from attn.precision import bf16_bits, from_bf16_bits
+from attn.precision import bf16_bits
+import gemm_cases
 from fakecupy import cupy as fcp
 
 CB = fcp.cuda.cublas
 D = fcp.cuda.direct_cublas()
 BF16, F32, F64 = CB.CUDA_R_16BF, CB.CUDA_R_32F, CB.CUDA_R_64F
 COMPUTE_32F = CB.CUBLAS_COMPUTE_32F
-
-
-def _colmajor(rng, rows, cols, ld, bf16):
-    """A device buffer holding a rows x cols column-major matrix with leading dimension ld (the
-    rest of each column is noise): bf16 patterns (uint16) or float32. Returns the buffer and the
-    matrix's values on the host (float32: what a bf16 pattern stands for exactly)."""
-    buf = rng.standard_normal(max(1, ld * cols)).astype(np.float32)
-    if bf16:
-        buf = bf16_bits(buf)
-    mat = np.lib.stride_tricks.as_strided(buf, (rows, cols), (buf.itemsize, ld * buf.itemsize)).copy()
-    return fcp.asarray(buf), (from_bf16_bits(mat) if bf16 else mat)
 
 
 def _scalars(alpha, beta, dtype=np.float32):
@@ -51,41 +41,29 @@ def test_bf16_gemm_ex_computes_what_cublas_defines(m, n, k, ta, tb, pads, batch,
     lib = D if direct or kind == "pointers" else CB          # CuPy 14 has no gemmBatchedEx
     h = D.create() if lib is D else fcp.cuda.device.get_cublas_handle()
     batch = 1 if kind == "gemm" else batch
-    ra, ca = (m, k) if ta == 0 else (k, m)
-    rb, cb = (k, n) if tb == 0 else (n, k)
-    lda, ldb, ldc = ra + pads[0], rb + pads[1], m + pads[2]
-    As = [_colmajor(rng, ra, ca, lda, True) for _ in range(batch)]
-    Bs = [_colmajor(rng, rb, cb, ldb, True) for _ in range(batch)]
-    Cs = [_colmajor(rng, m, n, ldc, False) for _ in range(batch)]
-    want = [alpha * ((a if ta == 0 else a.T).astype(np.float64) @ (b if tb == 0 else b.T)) + beta * c
-            for (_, a), (_, b), (_, c) in zip(As, Bs, Cs)]
+    c = gemm_cases.case(rng, m, n, k, ta, tb, pads, batch, alpha, beta, np.float32, bf16=True)
+    lda, ldb, ldc = c.lda, c.ldb, c.ldc
     sc, al, be = _scalars(alpha, beta)
     if kind == "gemm":
-        lib.gemmEx(h, ta, tb, m, n, k, al, As[0][0].data.ptr, BF16, lda, Bs[0][0].data.ptr, BF16, ldb, be,
-                   Cs[0][0].data.ptr, F32, ldc, COMPUTE_32F, algo)
-        got = [Cs[0][0]]
+        lib.gemmEx(h, ta, tb, m, n, k, al, c.As[0][0].data.ptr, BF16, lda, c.Bs[0][0].data.ptr, BF16, ldb, be,
+                   c.Cs[0][0].data.ptr, F32, ldc, COMPUTE_32F, algo)
+        got = [c.Cs[0][0]]
     elif kind == "strided":                    # one buffer per operand, the matrices one stride apart
-        def pack(ms, ld, cols, dtype, fill):
-            stride = ld * cols + 2             # in the operand's own elements
-            buf = np.full(stride * len(ms), fill, dtype=dtype)
-            for i, (d, _) in enumerate(ms):
-                buf[i * stride:i * stride + ld * cols] = d.get()[:ld * cols]
-            return fcp.asarray(buf), stride
-        (pa, sa), (pb, sb) = pack(As, lda, ca, np.uint16, 0x7FC0), pack(Bs, ldb, cb, np.uint16, 0x7FC0)  # NaN
-        pc, scs = pack(Cs, ldc, n, np.float32, np.nan)
+        (pa, sa), (pb, sb) = (gemm_cases.pack(ms, ld, cols, np.uint16, 0x7FC0)      # bf16 NaN between them
+                              for ms, ld, cols in ((c.As, lda, c.ca), (c.Bs, ldb, c.cb)))
+        pc, scs = gemm_cases.pack(c.Cs, ldc, n, np.float32, np.nan)
         lib.gemmStridedBatchedEx(h, ta, tb, m, n, k, al, pa.data.ptr, BF16, lda, sa, pb.data.ptr, BF16, ldb, sb,
                                  be, pc.data.ptr, F32, ldc, scs, batch, COMPUTE_32F, algo)
         got = [pc[i * scs:i * scs + ldc * n] for i in range(batch)]
     else:                                      # pointer arrays on the device, matrices anywhere
-        ptrs = fcp.asarray(np.array([x[0].data.ptr for x in As + Bs + Cs], dtype=np.uint64))
+        ptrs, _ = gemm_cases.pointer_array(c)
         p = ptrs.data.ptr
         lib.gemmBatchedEx(h, ta, tb, m, n, k, al, p, BF16, lda, p + 8 * batch, BF16, ldb, be, p + 16 * batch,
                           F32, ldc, batch, COMPUTE_32F, algo)
-        got = [c[0] for c in Cs]
-    for g, w in zip(got, want):
-        g = g.get()
+        got = [x[0] for x in c.Cs]
+    for g in got:
         assert g.dtype == np.float32
-        mat = np.lib.stride_tricks.as_strided(g, (m, n), (g.itemsize, ldc * g.itemsize))
+    for mat, w in zip(gemm_cases.results(got, m, n, ldc), c.want):
         assert _close(mat, w)
 
 
