@@ -1113,7 +1113,6 @@ class CupyOps(_Ops):
         """``column_sums`` of a (N, D) contiguous: K = 2 with b (a*b, then a), K = 1 without.
         ``out`` (K*D elements, contiguous) receives the sums; ``second`` = (a1, out1), a1
         (N, D1) contiguous, a second K = 1 sum in the same launch."""
-        cp = self.xp
         N, D = a.shape
         K = 1 if b is None else 2
         a1, out1 = second if second is not None else (a, out)
@@ -1189,13 +1188,14 @@ class CupyOps(_Ops):
             self._scratch["cublas_stream"] = stream
         return cublas, handle
 
-    def _alpha_beta(self, dtype):
-        """Host addresses of 1 and 0 in ``dtype`` (kept alive here: cuBLAS reads them at the call)."""
+    def _alpha_beta(self, dtype, accumulate: bool = False):
+        """Host addresses of alpha = 1 and beta (0, or 1 to ``accumulate`` into C) in ``dtype``
+        (kept alive here: cuBLAS reads them at the call)."""
         key = ("alpha_beta", dtype)
         ab = self._scratch.get(key)
         if ab is None:
             ab = self._scratch[key] = B.host.array([1, 0], dtype=dtype)
-        return ab.ctypes.data, ab.ctypes.data + ab.itemsize
+        return ab.ctypes.data, ab.ctypes.data + (0 if accumulate else ab.itemsize)
 
     @staticmethod
     def _matrix(x, where, name):
@@ -1243,28 +1243,42 @@ class CupyOps(_Ops):
         a_rows, lda = self._matrix(a, where, "a")
         b_rows, ldb = self._matrix(b, where, "b")
         c_rows, ldc = self._matrix(out, where, "out")
+        ta, tb, m, n, k, first, second = self._plan(cublas, (a, a_rows, lda), (b, b_rows, ldb), c_rows, M, N, K)
+        return ta, tb, m, n, k, first[0], first[2], second[0], second[2], ldc
+
+    @staticmethod
+    def _plan(cublas, a, b, c_rows, M, N, K):
+        """The column-major GEMM making ``out = a @ b`` from descriptions of its operands
+        (what, rows contiguous, ld, ...) and whether ``out``'s rows are contiguous: (transa,
+        transb, m, n, k, first, second), first and second the descriptions of cuBLAS's A and B.
+        Row-major out is cuBLAS's C^T = B^T A^T (so cuBLAS's A is b), column-major out its C = A B."""
         N_, T_ = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
         if c_rows:                         # a row-major array's memory is its transpose, column-major
-            return (N_ if b_rows else T_, N_ if a_rows else T_, N, M, K, b, ldb, a, lda, ldc)
-        return (T_ if a_rows else N_, T_ if b_rows else N_, M, N, K, a, lda, b, ldb, ldc)
+            return N_ if b[1] else T_, N_ if a[1] else T_, N, M, K, b, a
+        return T_ if a[1] else N_, T_ if b[1] else N_, M, N, K, a, b
+
+    def _mm_operands(self, a, b, out, accumulate: bool):
+        """:meth:`mm`'s checks: (out, (M, N, K)) of a product left to cuBLAS, or (out, None) where
+        nothing is left to multiply (an empty out; a sum of K = 0 terms: zeros, or, accumulating,
+        out as it is)."""
+        if accumulate and out is None:
+            raise ValueError(f"{type(self).__name__}.mm: accumulate=True needs out, the array the product is added to")
+        out, M, N, K = self._operands("mm", a, b, out, 0)
+        if (accumulate and K == 0) or self._nothing_to_multiply(out, M, N, K, 1):
+            return out, None
+        return out, (M, N, K)
 
     def mm(self, a, b, out=None, accumulate: bool = False):
         """``a @ b`` (M, K) x (K, N) by one cuBLAS GEMM (``sgemm``/``dgemm``) on the operands as
         they are (each needs its rows or its columns contiguous: a transposed matrix, a block
         of columns); ``out`` too may be such a view. With ``accumulate``, ``out += a @ b`` in the
         same GEMM (beta = 1). Returns out."""
-        if accumulate and out is None:
-            raise ValueError("CupyOps.mm: accumulate=True needs out, the array the product is added to")
-        out, M, N, K = self._operands("mm", a, b, out, 0)
-        if accumulate and K == 0:
-            return out                                  # adding a sum of no terms
-        if self._nothing_to_multiply(out, M, N, K, 1):
+        out, dims = self._mm_operands(a, b, out, accumulate)
+        if dims is None:
             return out
         cublas, handle = self._cublas()
-        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, M, N, K)
-        alpha, beta = self._alpha_beta(a.dtype)
-        if accumulate:
-            beta = alpha                                # the address of a 1
+        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, *dims)
+        alpha, beta = self._alpha_beta(a.dtype, accumulate)
         gemm = cublas.sgemm if a.dtype == B.host.float32 else cublas.dgemm
         gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta, out.data.ptr, ldc)
         return out
@@ -2253,16 +2267,6 @@ class Bf16CupyOps(CupyOps):
         dst, per = self._gathered(x)
         return dst, dst.data.ptr, True, max(1, x.shape[-1]), per
 
-    @staticmethod
-    def _plan(cublas, a, b, c_rows, M, N, K):
-        """The column-major GEMM making ``out = a @ b`` from operand descriptions (address,
-        rows contiguous, ld, batch stride): (transa, transb, m, n, k, first, second), first and
-        second the descriptions of cuBLAS's A and B (see :meth:`CupyOps._gemm_args`)."""
-        N_, T_ = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
-        if c_rows:
-            return N_ if b[1] else T_, N_ if a[1] else T_, N, M, K, b, a
-        return T_ if a[1] else N_, T_ if b[1] else N_, M, N, K, a, b
-
     def _check_float32(self, where, a):
         if a.dtype != B.host.float32:
             raise ValueError(f"Bf16CupyOps.{where}: bf16 products take float32 operands (the master weights' "
@@ -2271,22 +2275,16 @@ class Bf16CupyOps(CupyOps):
     def mm(self, a, b, out=None, accumulate: bool = False):
         """``a @ b`` by one ``gemmEx`` (bf16 A and B, float32 C and sums), after the bf16 copy
         of each operand that is not a prepared parameter; ``accumulate`` as :meth:`CupyOps.mm`."""
-        if accumulate and out is None:
-            raise ValueError("Bf16CupyOps.mm: accumulate=True needs out, the array the product is added to")
-        out, M, N, K = self._operands("mm", a, b, out, 0)
         self._check_float32("mm", a)
-        if accumulate and K == 0:
-            return out
-        if self._nothing_to_multiply(out, M, N, K, 1):
+        out, dims = self._mm_operands(a, b, out, accumulate)
+        if dims is None:
             return out
         cublas, handle = self._cublas()
         ka, pa, ra, lda, _ = self._bf16_operand(a, "mm", "a", False)
         kb, pb, rb, ldb, _ = self._bf16_operand(b, "mm", "b", False)
         c_rows, ldc = self._matrix(out, "mm", "out")
-        ta, tb, m, n, k, first, second = self._plan(cublas, (pa, ra, lda), (pb, rb, ldb), c_rows, M, N, K)
-        alpha, beta = self._alpha_beta(a.dtype)
-        if accumulate:
-            beta = alpha
+        ta, tb, m, n, k, first, second = self._plan(cublas, (pa, ra, lda), (pb, rb, ldb), c_rows, *dims)
+        alpha, beta = self._alpha_beta(a.dtype, accumulate)
         bf, f32 = cublas.CUDA_R_16BF, cublas.CUDA_R_32F
         cublas.gemmEx(handle, ta, tb, m, n, k, alpha, first[0], bf, first[2], second[0], bf, second[2], beta,
                       out.data.ptr, f32, ldc, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)

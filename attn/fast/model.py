@@ -268,7 +268,7 @@ class FastTransformer(Transformer):
         self._own_params()
         prepare = getattr(self.ops, "prepare_weights", None)
         if prepare is not None:                          # the model's own copy: a graph keeps its address
-            self._bf16_weights = prepare(self.arena.params, getattr(self, "_bf16_weights", None))
+            self._bf16_weights = prepare(self.arena.params, self._bf16_weights)
         if self._fused is None:
             cfg, a, P, p = self.config, self.arena, self.arena.params, self.params
 
