@@ -349,7 +349,7 @@ print(f"label smoothing changes BLEU by {smooth_gain['beam']:+.1f} with beam sea
 # always the less sure one and beam search never lost BLEU to greedy. Which model
 # came out ahead did not hold still. With greedy decoding the lead changed sign from
 # seed to seed. With beam search the smoothed model won on every seed on one
-# machine, and lost by a point with the same seed on another: the same code and
+# machine, and lost with the same seed on another: the same code and
 # data, but its BLAS library summed the float32 products in another order, and
 # that is enough to send 500 steps of training down a different path. At this size
 # the BLEU difference between the two models is within that noise: section 6.2's
