@@ -86,10 +86,7 @@ class _CachedStepper:
 
     def __init__(self, model, memory, src_mask, with_attention, reserve=None):
         self.model, self.with_attention = model, with_attention
-        if getattr(model, "DECODE_RESERVES", False):      # buffers sized once for the whole search
-            self.state = model.start_decoding(memory, src_mask, reserve=reserve)
-        else:
-            self.state = model.start_decoding(memory, src_mask)
+        self.state = model.start_decoding(memory, src_mask, reserve=reserve)
 
     def step(self, tokens):
         """tokens (n,) ids at the next position. Returns log-probs (n, V), attention (n, S) or None."""
@@ -99,37 +96,30 @@ class _CachedStepper:
 
     def select(self, index, index_h):
         """Keep (and repeat) rows ``index`` (device int array; ``index_h`` the same on the host)."""
-        if getattr(self.state, "TAKES_HOST_INDEX", False):
-            self.state = self.state.select(index, index_h)
-        else:
-            self.state = self.state.select(index)
+        self.state = self.state.select(index, index_h)
 
 
 class _FullStepper:
-    """The same interface, recomputing the whole prefix every step (no cache).
+    """The same interface, recomputing the whole prefix every step (no cache): the decoder runs
+    on the whole prefix, the O(t^2) way.
 
-    The cross-attention keys and values depend on the source alone: where the model's
-    ``decode`` takes them precomputed (:class:`attn.fast.FastTransformer`, which sets
-    ``DECODE_TAKES_CROSS_KV``) they are projected once, as PyTorch's ``nn.Transformer``
-    users do with the memory; the decoder itself still runs on the whole prefix."""
+    The cross-attention keys and values depend on the source alone: they are projected once
+    (:meth:`Transformer.cross_attention_kv`), as PyTorch's ``nn.Transformer`` users do with the
+    memory, and handed to ``decode``, which may use them (the readable model recomputes them
+    from the memory, the fast one does not)."""
 
     def __init__(self, model, memory, src_mask, with_attention, reserve=None):
         self.model, self.with_attention = model, with_attention
         self.memory, self.src_mask, self.prefix = memory, src_mask, None
-        self.cross_kv = self.sentence = None
-        if getattr(model, "DECODE_TAKES_CROSS_KV", False):
-            self.cross_kv = model.cross_attention_kv(memory)
-            self.sentence = B.host.arange(memory.shape[0])       # which source row each row decodes
+        self.cross_kv = model.cross_attention_kv(memory)
+        self.sentence = B.host.arange(memory.shape[0])       # which source row each row decodes
 
     def step(self, tokens):
         xp = B.get_array_module(tokens)
         col = tokens[:, None]
         self.prefix = col.copy() if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
-        if self.cross_kv is None:
-            h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask)              # (n, t+1, D)
-        else:
-            h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask, cross_kv=self.cross_kv,
-                                            keep_weights=self.with_attention)
+        h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask, cross_kv=self.cross_kv,
+                                        keep_weights=self.with_attention)                        # (n, t+1, D)
         logp = log_softmax(self.model.project(h[:, -1, :]))                                      # (n, V)
         att = None
         if self.with_attention:
@@ -138,11 +128,9 @@ class _FullStepper:
 
     def select(self, index, index_h):
         self.prefix = self.prefix[index]
-        if self.cross_kv is not None:
-            sentence = self.sentence[index_h]
-            if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
-                return                      # beams reordered within their sentences: the source rows stay
-            self.sentence = sentence
+        sentence = self.sentence[index_h]
+        if not (sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all())):
+            self.sentence = sentence          # rows changed sentence (beams reordered within one do not)
             self.cross_kv = [(k[index], v[index]) for k, v in self.cross_kv]
         self.memory, self.src_mask = self.memory[index], self.src_mask[index]
 
@@ -175,36 +163,8 @@ def _start(model, src, max_len, use_cache, with_attention, beam=1):
     return stepper, src_h, limits
 
 
-#: Columns per block in :func:`_least_columns`'s first round.
-PRESELECT_BLOCK = 256
-
-
-def _least_columns(a, c: int):
-    """The column ids (R, c) of c least entries of each row of ``a`` (R, V): beam search's
-    preselection of each beam's best tokens. Among entries tied with the c-th least value,
-    the ones kept are those ``argpartition`` keeps (not the lowest ids: breaking exact ties
-    by id would cost a sort at every step).
-
-    With many columns, in two rounds: the c blocks of :data:`PRESELECT_BLOCK` columns with
-    the least minima hold c least entries, so only those blocks (and the last, shorter one)
-    are searched, not all V columns."""
-    xp = B.get_array_module(a)
-    R, V = a.shape
-    b = PRESELECT_BLOCK
-    nb = V // b
-    if nb <= 2 * c:                                           # few blocks: search every column
-        ids = xp.broadcast_to(xp.arange(V), (R, V))
-        vals = a
-    else:
-        minima = a[:, :nb * b].reshape(R, nb, b).min(axis=2)                      # (R, nb)
-        blocks = xp.argpartition(minima, c - 1, axis=1)[:, :c]
-        ids = (blocks[:, :, None] * b + xp.arange(b)).reshape(R, c * b)
-        if nb * b < V:
-            ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(nb * b, V), (R, V - nb * b))], axis=1)
-        vals = xp.take_along_axis(a, ids, axis=1)
-    least = xp.argpartition(vals, c - 1, axis=1)[:, :c]
-    return xp.take_along_axis(ids, least, axis=1)
-
+#: Never generated: padding and the start symbol.
+BANNED = (PAD, BOS)
 
 #: Greedy decoding on a GPU generates this many positions between two looks at which sentences
 #: have ended (one transfer to the host each), instead of one look (a synchronisation) at every
@@ -212,28 +172,6 @@ def _least_columns(a, c: int):
 #: sentence's tokens up to its EOS; a finished sentence's row runs on for at most this many
 #: positions less one. On the host (NumPy) there is nothing to wait for: every position.
 EOS_CHECK_EVERY = 8
-
-
-def _greedy_pick(logp, info, tokens):
-    """Greedy decoding's choice at one position, written in place: ``info`` (2, n) float64 <- the
-    most probable token of each row of ``logp`` (n, V), PAD and BOS excluded, and its
-    log-probability; ``tokens`` (n,) <- the same ids. On a GPU one kernel (``greedy_pick``)."""
-    xp = B.get_array_module(logp)
-    if xp is not B.host:
-        from .fast.decoding import greedy_pick
-        return greedy_pick(logp, (PAD, BOS), info, tokens)
-    _ban(logp)
-    nxt = logp.argmax(axis=-1)                                                     # (n,)
-    info[0] = nxt
-    info[1] = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
-    tokens[...] = nxt
-
-
-def _ban(logp):
-    """PAD and BOS are never generated: their log-probability becomes -inf (in place)."""
-    logp[:, PAD] = -float("inf")
-    logp[:, BOS] = -float("inf")
-    return logp
 
 
 def _to_device_rows(xp, index, tokens, scores):
@@ -314,7 +252,7 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
         steps = min(every, T_max - t)
         for j in range(steps):
             logp, att = stepper.step(tokens)
-            _greedy_pick(logp, info[j], tokens)        # tokens <- the picks: the next step's input
+            model.greedy_pick(logp, BANNED, info[j], tokens)   # tokens <- the picks: the next step's input
             if with_attention:
                 att_steps.append((rows, att))
         got = B.to_host(info[:steps])                  # the check's one sync
@@ -347,13 +285,6 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
 
 
 # --------------------------------------------------------------------------- beam search
-
-#: On a GPU, beam search ranks each step's candidates with one kernel (``beam_candidates``:
-#: each beam's best tokens, then each sentence's best 2K of those) where a sentence's beams have
-#: at most this many candidates between them; above it, and on NumPy, with the array calls below.
-#: Both keep the same candidates (among exactly equal scores at the cut, which ones may differ).
-BEAM_FUSED_MAX = 1024
-
 
 def length_penalty(length, alpha: float = 0.6):
     """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha (1 for alpha = 0)."""
@@ -401,34 +332,13 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         finished[i].append((score, -order, toks, (step, int(row))))
         order += 1
 
-    cand_buf = None                              # on a GPU: the fused kernel's output, kept between steps
     for t in range(T_max):
         logp, att = stepper.step(tokens)                                          # (n_live*W, V)
         nl, V = len(live), logp.shape[1]
         if with_attention:
             att_steps.append(att)
         C = min(2 * K, W * V)
-        # A sentence's best C candidates are among each of its beams' best C tokens (a beam's
-        # score is the same for all its tokens): pick those first, over V in float32, then
-        # rank the W * C survivors in float64, instead of all W * V of them.
-        c = min(C, V)
-        if xp is not B.host and c <= V - 2 and W * c <= BEAM_FUSED_MAX:   # one kernel does all of it
-            from .fast.decoding import beam_candidates
-            if cand_buf is None or cand_buf.shape != (2, nl, C):
-                cand_buf = xp.empty((2, nl, C), dtype=xp.float64)
-            beam_candidates(logp, beam_scores.reshape(-1), W, c, C, (PAD, BOS), cand_buf)
-            info = B.to_host(cand_buf)                                            # the step's one sync
-        else:
-            _ban(logp)
-            neg = xp.negative(logp, out=logp)   # logp is ours (banned in place above): the best are the least
-            top_v = _least_columns(neg, c)                                           # (n_live*W, c)
-            top_lp = -xp.take_along_axis(neg, top_v, axis=1)
-            cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
-            flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
-            top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                        # (n_live, C), unordered
-            top_s = xp.take_along_axis(cand, top, axis=1)
-            top_f = xp.take_along_axis(flat, top, axis=1)
-            info = B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))            # the step's one sync
+        info = model.beam_candidates(logp, beam_scores, W, min(C, V), C, BANNED)  # the step's one sync
         s, f = info[0], info[1].astype(np.int64)
         srt = np.lexsort((f, -s), axis=-1)          # best first; ties: lower id first, as argmax does
         s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)

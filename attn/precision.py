@@ -30,6 +30,8 @@ This module uses only the array namespace of its inputs (:func:`attn.backend.get
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from . import backend as B
 
 #: The modes, fp32 first: the default and the reference.
@@ -43,11 +45,47 @@ class PrecisionError(ValueError):
     """A precision that is not one of :data:`PRECISIONS`, or one that cannot apply where asked."""
 
 
-def check(precision: str) -> str:
-    """``precision`` if it is one of :data:`PRECISIONS`, else :class:`PrecisionError`."""
-    if precision not in PRECISIONS:
-        raise PrecisionError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    return precision
+@dataclass(frozen=True)
+class Precision:
+    """What a step's matrix products read: one of :data:`PRECISIONS`, checked once, here.
+
+    An engine is given one when it is made (``Precision("bf16")``, or :meth:`of` a flag's
+    string) and keeps it: a model's precision is part of what it is, not a switch."""
+    name: str = "fp32"
+
+    def __post_init__(self):
+        if self.name not in PRECISIONS:
+            raise PrecisionError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.name!r}")
+
+    @classmethod
+    def of(cls, value) -> "Precision":
+        """``value`` itself if it is a :class:`Precision`, else ``Precision(value)``."""
+        return value if isinstance(value, cls) else cls(value)
+
+    @property
+    def exact(self) -> bool:
+        """True for fp32: the products read their float32 operands as they are."""
+        return self.name == "fp32"
+
+    @property
+    def mantissa_bits(self) -> int:
+        return MANTISSA_BITS[self.name]
+
+    def round(self, x, out=None):
+        """``x`` as a product at this precision reads it (:func:`round_to`)."""
+        return round_to(x, self.name, out)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+#: The default: full float32 products.
+FP32 = Precision("fp32")
+
+
+def check(precision) -> str:
+    """The name of ``precision`` (a :class:`Precision` or its name), else :class:`PrecisionError`."""
+    return Precision.of(precision).name
 
 
 def _round_bits(x, drop: int, out=None):
@@ -92,9 +130,11 @@ def from_bf16_bits(h):
     return (h.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
 
 
-def round_to(x, precision: str, out=None):
-    """``x`` as a product of ``precision`` reads it: rounded to bf16 or tf32, or ``x`` itself
-    (no copy) for fp32 and for anything not float32 (float64 gradient checks stay exact)."""
+def round_to(x, precision, out=None):
+    """``x`` as a product of ``precision`` (a :class:`Precision` or its name) reads it: rounded to
+    bf16 or tf32, or ``x`` itself (no copy) for fp32 and for anything not float32 (float64
+    gradient checks stay exact)."""
+    precision = getattr(precision, "name", precision)
     if precision == "fp32" or x.dtype.itemsize != 4 or x.dtype.kind != "f":
         return x if out is None or out is x else _copy(x, out)
     return _round_bits(x, 16 if precision == "bf16" else 13, out)

@@ -41,11 +41,10 @@ import time
 from pathlib import Path
 
 from . import backend as B
+from . import engine as engines
 from .checkpoint import CheckpointError
 from .data import DataError, make_batches
 from .layers._checks import check_ids
-from .fast import FastTransformer
-from .fast.stepmem import StepMemory
 from .loss import cross_entropy
 from .training import distributed
 from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, open_run,  # noqa: F401 (re-exported)
@@ -77,10 +76,8 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     takes its share of the batch's sentences, and the gradients and the loss are the
     sums over all processes: those of the whole batch, as one process computes them.
 
-    On CuPy, the fast engine's step (one process) makes its arrays in the model's step memory
-    (:class:`attn.fast.stepmem.StepMemory`: one slab, the same addresses every step, no
-    allocation from CuPy's pool once the slab has grown to the step's size); the loss returned
-    is a copy, since the next step reuses the slab.
+    The step runs inside ``model.step_memory()`` (:mod:`attn.engine`): an engine may make a step's
+    arrays at the same addresses every step, so the loss returned is a copy of its own.
 
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used. With ``copy_loss=False`` the loss may lie in the step
@@ -93,12 +90,11 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     cfg = model.config
     for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
         check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
-    memory = StepMemory.of(model) if dp is None and isinstance(model, FastTransformer) else None
-    if memory is None:
+    if dp is not None:                       # a data-parallel step all-reduces between its launches
         return _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    with memory.step():         # every array the step makes from one slab (attn.fast.stepmem)
+    with model.step_memory():
         loss, lr = _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    return (loss.copy() if copy_loss else loss), lr      # the slab is the next step's
+    return (loss.copy() if copy_loss else loss), lr
 
 
 def _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight):
@@ -239,8 +235,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
 
     step = None
     if config.cuda_graph:
-        from .fast.graph import GraphedTrainStep
-        step = GraphedTrainStep(model, opt, smoothing, config.clip, run.loss_fn)
+        step = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn)
     pending = _PendingLosses()      # the device losses of the steps since the last log
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
@@ -325,10 +320,10 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
 
 
 def _check_cuda_graph(config: TrainConfig, dp) -> None:
-    """``--cuda-graph`` (:class:`attn.fast.graph.GraphedTrainStep`) where it can run, or a
+    """``--cuda-graph`` (the engine's ``captured_step``) where it can run, or a
     :class:`TrainConfigError` naming the flag and why not."""
     why = ("it needs --backend cupy (a GPU)" if B.get_backend() != "cupy" else
-           "it needs the attn.fast engine, not --reference" if config.reference else
+           f"the {config.engine} engine cannot capture a step" if not engines.get(config.engine).captures else
            "it runs one process (a data-parallel step all-reduces between its launches)" if dp.size > 1 else None)
     if why:
         raise TrainConfigError(f"cuda_graph (--cuda-graph) cannot be used here: {why}")
@@ -359,7 +354,7 @@ def main(argv=None) -> int:
     try:
         train(config, given=set(given))
     except (DataError, CheckpointError, B.BackendError, FileNotFoundError, TrainConfigError,
-            distributed.DistributedError) as e:
+            distributed.DistributedError, engines.EngineError) as e:
         print(f"attn-train: error: {e}", file=sys.stderr)
         _end_other_processes(2)
         return 2

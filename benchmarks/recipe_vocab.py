@@ -35,7 +35,7 @@ for spec in args.vocabs:
     per_pair = statistics.mean(len(s) + len(t) for s, t in enc)
     batches = make_batches(enc, 4096, shuffle=True, seed=0)
     cfg = TrainConfig(preset="small").model_config(len(vocab))
-    model, opt = make_engine(Transformer(cfg, seed=0), False, 0.5)
+    model, opt = make_engine(Transformer(cfg, seed=0), "fast", 0.5)
     cpu = []
     for i, b in enumerate(batches[:4]):
         c0 = time.process_time()

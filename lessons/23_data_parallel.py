@@ -37,7 +37,7 @@ from attn.bench.parallel import counts, paper_model, ring_bytes_per_rank
 from attn.gradcheck import rel_error
 from attn.loss import cross_entropy
 from attn.training.distributed import RowsOf, share_of
-from attn.training.parallel_check import check_batches, check_model
+from attn.bench.parallel_check import check_batches, check_model
 
 B.set_backend("numpy")
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
@@ -207,7 +207,7 @@ show_figure(fig, OUT / "23_ring_allreduce.png")
 #
 # ## 4. Two processes against one
 #
-# `attn.training.parallel_check` is the proof the test suite runs: two processes take three
+# `attn.bench.parallel_check` is the proof the test suite runs: two processes take three
 # Adam steps, in float64 with every dropout on, on their shares of batches whose halves hold
 # very different numbers of tokens (the third batch has one sentence: one rank gets none and
 # weighs its stand-in by zero). Process 0 then takes the same steps alone on the whole
@@ -222,7 +222,7 @@ except ImportError:
 check = None
 if have_mpi:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "attn.training.parallel_check"],
+    proc = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "attn.bench.parallel_check"],
                           capture_output=True, text=True, env=env, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert lines, f"the two-process check printed nothing:\n{proc.stderr[-2000:]}"

@@ -327,8 +327,7 @@ def stand_in(monkeypatch):
 @pytest.mark.parametrize("clip", [0.0, 1e-3])
 def test_the_optimizer_step_is_one_launch_over_the_arena(stand_in, monkeypatch, clip):
     fc, cp = stand_in
-    fast = FastTransformer(CFG, seed=0)
-    fast.validate_ids = False
+    fast = FastTransformer(CFG, seed=0, check_ids=False)
     opt = FastAdam(fast.params, CFG.d_model, 3)
     src, tgt_in, tgt_out = _batch()
     logits, cache = fast.forward(src, tgt_in)
@@ -346,8 +345,7 @@ def test_a_training_step_concatenates_and_slices_no_weights(stand_in, monkeypatc
     scaled per step, no gradient sliced into a contiguous copy; each kernel is looked up in
     the module once."""
     fc, cp = stand_in
-    fast = FastTransformer(CFG, seed=0)
-    fast.validate_ids = False
+    fast = FastTransformer(CFG, seed=0, check_ids=False)
     opt = FastAdam(fast.params, CFG.d_model, 3)
     src, tgt_in, tgt_out = _batch()
 

@@ -1,6 +1,6 @@
 """Data-parallel training (attn/training/distributed.py): N processes train exactly as one.
 
-The proof runs ``mpiexec -n 2`` (:mod:`attn.training.parallel_check`): three steps in float64
+The proof runs ``mpiexec -n 2`` (:mod:`attn.bench.parallel_check`): three steps in float64
 of a small model with dropout, on batches whose halves are uneven and padding-heavy, against one
 process on the whole batches, on NumPy and on the CuPy stand-in (NCCL's all-reduce, and MPI
 staged through the host). A mutant that normalises by each rank's own token count must fail it.
@@ -23,7 +23,7 @@ import pytest
 import attn.backend as B
 from attn.data import Batch
 from attn.training import distributed as D
-from attn.training.parallel_check import BOUNDS, check_batches
+from attn.bench.parallel_check import BOUNDS, check_batches
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,7 @@ def mpiexec(n: int, args: list[str], timeout: int = 300) -> subprocess.Completed
                           env=env, timeout=timeout, cwd=ROOT)
 
 
-CHECK = ("import sys, fakecupy; fakecupy.install(); from attn.training.parallel_check import main; "
+CHECK = ("import sys, fakecupy; fakecupy.install(); from attn.bench.parallel_check import main; "
          "sys.exit(main(sys.argv[1:]))")
 
 

@@ -525,8 +525,7 @@ def test_cupy_fast_step_never_waits_for_the_device(cupy):
     cupyx = B._cupyx()                       # real cupyx, or the stand-in's
     cfg = TransformerConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
                             n_decoder_layers=1, dropout=0.1)
-    model = FastTransformer(cfg, seed=0)
-    model.validate_ids = False
+    model = FastTransformer(cfg, seed=0, check_ids=False)
     opt = FastAdam(model.params, d_model=16)
     src = cp.asarray(np.array([[5, 6, 7, 0], [8, 9, 0, 0]]))
     tgt_in = cp.asarray(np.array([[1, 5, 6], [1, 7, 0]]))

@@ -234,12 +234,10 @@ def test_the_captured_training_step_replays_equal_to_eager_steps(fc, buckets, wa
     from attn.training.prepare import step_loss_fn
     cfg = TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layers=2,
                             dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8)
-    models = [FastTransformer(cfg, seed=5, precision=precision) for _ in range(2)]
-    for m in models:
-        m.validate_ids = False
+    models = [FastTransformer(cfg, seed=5, precision=precision, check_ids=False) for _ in range(2)]
     opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
     graphed = GraphedTrainStep(models[1], opts[1], cfg.label_smoothing, clip=1.0, warmup=warmup)
-    loss_fn = step_loss_fn(False)
+    loss_fn = step_loss_fn("fast")
     calls, run = [], graphed.captured.fn
     graphed.captured.fn = lambda *a: calls.append(1) or run(*a)
     rng = np.random.default_rng(0)

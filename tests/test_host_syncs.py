@@ -55,8 +55,8 @@ def stand_in():
 
 @pytest.mark.parametrize("clip", [0.0, 1e-3, 1e3])                  # off, clipping, not clipping
 def test_a_fast_training_step_never_waits_for_the_device(stand_in, clip):
-    model, opt = T.make_engine(Transformer(CFG, seed=0), reference=False, lr_factor=1.0)
-    loss_fn = T.step_loss_fn(reference=False)
+    model, opt = T.make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
+    loss_fn = T.step_loss_fn("fast")
     T.train_step(model, opt, BATCH, B.DeviceRNG(0), 0.1, clip, loss_fn)     # positional table, buffers
     with fakecupy.counting() as c, fakecupy.cupyx.allow_synchronize(False):
         loss, lr = T.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, clip, loss_fn)
@@ -82,8 +82,8 @@ def test_clipping_on_the_device_gives_the_host_decision_s_numbers(stand_in, max_
 def test_the_reference_step_checks_on_the_device(stand_in):
     """The readable path validates ids in its layers and the loss's finiteness, each a sync:
     counted here so that a change shows (the trainer's default is the fast path)."""
-    model, opt = T.make_engine(Transformer(CFG, seed=0), reference=True, lr_factor=1.0)
-    loss_fn = T.step_loss_fn(reference=True)
+    model, opt = T.make_engine(Transformer(CFG, seed=0), "reference", lr_factor=1.0)
+    loss_fn = T.step_loss_fn("reference")
     T.train_step(model, opt, BATCH, B.DeviceRNG(0), 0.1, 0.0, loss_fn)
     with fakecupy.counting() as c:
         T.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, 0.0, loss_fn)
@@ -92,11 +92,11 @@ def test_the_reference_step_checks_on_the_device(stand_in):
 
 
 def test_a_bad_batch_is_refused_on_the_host(stand_in):
-    model, opt = T.make_engine(Transformer(CFG, seed=0), reference=False, lr_factor=1.0)
+    model, opt = T.make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
     bad = _Batch(BATCH.src, BATCH.tgt_in, BATCH.tgt_out.copy())
     bad.tgt_out[0, 0] = CFG.vocab_size                       # CuPy would wrap it to 0 silently
     with fakecupy.counting() as c, pytest.raises(IndexError, match=r"train_step: batch.tgt_out .*\[0, 30\)"):
-        T.train_step(model, opt, bad, B.DeviceRNG(0), 0.1, 0.0, T.step_loss_fn(False))
+        T.train_step(model, opt, bad, B.DeviceRNG(0), 0.1, 0.0, T.step_loss_fn("fast"))
     assert c.n == 0
 
 

@@ -178,11 +178,11 @@ def test_the_fast_engine_knows_its_precision():
     cfg = TransformerConfig.preset("toy", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
                                    n_decoder_layers=1)
     m = FastTransformer(cfg, seed=0)
-    assert m.precision == "fp32" and m.ops is ops_for(np)               # fp32: the very object as before
-    m.precision = "bf16"
-    assert m.ops is ops_for(np, "bf16")
+    assert m.precision == P.FP32 and m.ops is ops_for(np)               # fp32: the very object as before
+    bf16 = FastTransformer(cfg, params=m.params, precision=P.Precision("bf16"))
+    assert type(bf16) is FastTransformer and bf16.ops is ops_for(np, "bf16")
     with pytest.raises(P.PrecisionError, match="fp16"):
-        m.precision = "fp16"
+        FastTransformer(cfg, seed=0, precision="fp16")
     with pytest.raises(P.PrecisionError, match="float64"):
         FastTransformer(cfg, seed=0, dtype="float64", precision="tf32")
 

@@ -178,7 +178,7 @@ def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
     cfg = _toy()
     models = [FastTransformer(cfg, seed=5) for _ in range(2)]
     opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
-    loss_fn = step_loss_fn(False)
+    loss_fn = step_loss_fn("fast")
     # the slab large enough from the first step, so that whatever the engine makes on first use
     # and keeps (scratch buffers, device constants, Adam's step count) would land in it, were it
     # not made outside the step; and those made by earlier tests made again here

@@ -365,11 +365,11 @@ def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
 
     config = TrainConfig(**{**base, "minutes": 1.0}).with_recipe()
     vocab = T.build_vocab(PAIRS, 1)
-    model, _ = T.make_engine(Transformer(config.model_config(len(vocab)), seed=0), False, 0.5)
+    model, _ = T.make_engine(Transformer(config.model_config(len(vocab)), seed=0), "fast", 0.5)
     import attn.training.prepare as P                              # where fit_warmup looks it up
     monkeypatch.setattr(P, "measure_step_seconds", lambda *a, **k: 0.5)
     model2, opt, model_config, rule = T.fit_warmup(model, model.config, config, encode_pairs(PAIRS, vocab),
-                                                   cross_entropy)
+                                                   "fast")
     allowed = 60 * (1 - T.EVAL_SHARE) / (1.05 * 0.5)
     assert model_config.warmup_steps == rule["warmup_steps"] == round(T.WARMUP_FRACTION * allowed)
     assert opt.warmup_steps == model_config.warmup_steps and model2.params is model.params
@@ -380,7 +380,7 @@ def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
     assert opt.lr(w) == pytest.approx(noam_lr(w0, d, w0, config.lr_factor), rel=1e-12)
     assert opt.lr(w) == pytest.approx(rule["peak_lr"]) and opt.lr(w // 2) < opt.lr(w) > opt.lr(2 * w)
     fit = lambda **kw: T.fit_warmup(model, model.config, dataclasses.replace(config, **kw),
-                                    encode_pairs(PAIRS * 100, vocab), cross_entropy)[2].warmup_steps
+                                    encode_pairs(PAIRS * 100, vocab), "fast")[2].warmup_steps
     assert fit(minutes=0, steps=5000) == 400                       # a long budget keeps the preset's
     n_batches = len(T.make_batches(encode_pairs(PAIRS * 100, vocab), 64, shuffle=False))
     assert fit(minutes=0, epochs=2) == round(T.WARMUP_FRACTION * 2 * n_batches)
@@ -391,7 +391,7 @@ def test_measured_step_time_leaves_the_parameters_alone():
     from attn.data import encode_pairs, make_batches
     cfg = TrainConfig(d_model=16, heads=2, d_ff=32, layers=1)
     vocab = T.build_vocab(PAIRS, 1)
-    model, _ = T.make_engine(Transformer(cfg.model_config(len(vocab)), seed=0), False, 0.5)
+    model, _ = T.make_engine(Transformer(cfg.model_config(len(vocab)), seed=0), "fast", 0.5)
     before = {k: v.copy() for k, v in model.params.items()}
     batches = make_batches(encode_pairs(PAIRS, vocab), 64, shuffle=False)
     assert T.measure_step_seconds(model, batches[:2], 0.1) > 0

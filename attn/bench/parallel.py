@@ -101,11 +101,11 @@ def time_rank(preset: str, repeats: int, warmup: int, backend: str) -> dict | No
     dp.use_backend()
     bc = BENCH_PRESETS[preset]
     cfg = model_config(bc)
-    model, opt = make_engine(Transformer(cfg, seed=0), False, 1.0)
+    model, opt = make_engine(Transformer(cfg, seed=0), "fast", 1.0)
     src, tgt_in, tgt_out = make_batch(bc)
     batch = Batch(src, tgt_in, tgt_out, int((src != PAD_ID).sum()), int((tgt_out != PAD_ID).sum()))
     dp.timing = True                            # NCCL: wait for the all-reduce, to time it
-    loss_fn = step_loss_fn(False)
+    loss_fn = step_loss_fn("fast")
     steps, shares = [], []
     for i in range(warmup + repeats):
         dp.barrier()

@@ -45,7 +45,7 @@ def loss_curves(config: TrainConfig, precisions=PRECISIONS, progress=None) -> di
     smoothing, curves = run.model.config.label_smoothing, {}
     for precision in precisions:
         model = Transformer(run.model.config, dtype=run.model.dtype, params={k: v.copy() for k, v in first.items()})
-        model, opt = make_engine(model, False, run.opt.lr_factor, precision)
+        model, opt = make_engine(model, "fast", run.opt.lr_factor, precision)
         losses, epoch = [], 0
         while len(losses) < config.steps:
             for batch in make_batches(run.train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=epoch):

@@ -7,16 +7,21 @@ import time
 from dataclasses import dataclass, field
 
 from .. import backend as B
-from ..fast import FastAdam, FastTransformer
 from ..fast import cross_entropy as fast_cross_entropy
+from ..fast.engine import FastEngine
 from ..fast.stepmem import StepMemory
 from ..loss import cross_entropy
 from ..masks import PAD_ID
 from ..model import Transformer
 from ..optim import Adam, noam_lr
+from ..precision import Precision
 from .flops import gemm_replay, model_flops
 from .presets import BOS_ID, EOS_ID, BenchConfig, decode_batch, make_batch, model_config
 from .twin import _torch_decode, match_precision, torch_adam, torch_autocast, torch_loss, torch_transformer
+
+#: The engine measured against PyTorch (:mod:`attn.engine`).
+FAST = FastEngine()
+
 
 def _no_eos(model: Transformer) -> Transformer:
     """The same model (shared parameters) whose projection never lets EOS win, so that a
@@ -133,13 +138,13 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     on_gpu = backend == "cupy"
     wants_ref = with_ours and any(w in which for w in ("train_step_reference", "forward_reference"))
     ref = Transformer(cfg, seed=0) if wants_ref else None
-    fast = FastTransformer.from_model(Transformer(cfg, seed=0), precision or "fp32") if with_ours else None
+    # On a GPU the batch is checked once here; inside the timed step nothing waits for the device.
+    fast = FAST.model(cfg, seed=0, precision=Precision.of(precision or "fp32"), check_ids=not on_gpu) \
+        if with_ours else None
     if on_gpu and with_ours:
-        # The batch is checked once here; inside the timed step nothing waits for the device.
         from ..layers._checks import check_ids
         for a in (src, tgt_in, tgt_out):
             check_ids("bench", "batch", a, cfg.vocab_size)
-        fast.validate_ids = False
     tmodel = topt = None
     if with_torch:
         import torch
@@ -148,7 +153,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
         tmodel = torch_transformer(cfg, device)
         topt, adam_kind = torch_adam(tmodel)
         t_src, t_in, t_out = (torch.as_tensor(a, device=device) for a in (src_h, tgt_in_h, tgt_out_h))
-    state = {"fast_opt": FastAdam(fast.params, cfg.d_model, cfg.warmup_steps) if with_ours else None,
+    state = {"fast_opt": FAST.optimizer(fast) if with_ours else None,
              "ref_opt": Adam(ref.params, cfg.d_model, cfg.warmup_steps) if ref is not None else None,
              "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
     eps = cfg.label_smoothing
@@ -242,10 +247,8 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
         graph_step = None
         if with_ours:
             from ..data import Batch
-            from ..fast.graph import GraphedTrainStep
-            gfast = FastTransformer.from_model(Transformer(cfg, seed=0), precision or "fp32")
-            gfast.validate_ids = False
-            graphed = GraphedTrainStep(gfast, FastAdam(gfast.params, cfg.d_model, cfg.warmup_steps), eps)
+            gfast = FAST.model(cfg, seed=0, precision=Precision.of(precision or "fp32"), check_ids=False)
+            graphed = FAST.captured_step(gfast, FAST.optimizer(gfast), eps, 0.0, FAST.loss(trusted=True))
             gbatch = Batch(src_h, tgt_in_h, tgt_out_h, int((src_h != PAD_ID).sum()), int((tgt_out_h != PAD_ID).sum()))
 
             def graph_step():

@@ -65,6 +65,7 @@ import weakref
 from typing import NamedTuple
 
 from .. import backend as B
+from ..engine import LOSS, SLOT, TOKENS  # noqa: F401 (the slot's layout, declared by the interface)
 from ..model import TransformerConfig, parameter_shapes
 from .stepmem import outside_step
 
@@ -72,7 +73,6 @@ from .stepmem import outside_step
 ALIGN = 64
 #: Elements of the gradient buffer past the gradients (a data-parallel run's loss and tokens),
 #: and where each sits in them.
-SLOT, LOSS, TOKENS = 2, 0, 1
 
 
 class Block(NamedTuple):

@@ -148,7 +148,7 @@ class FastDecodeState:
     def __iter__(self):
         return iter((self.cross_kv, self.self_kv, self.src_mask, self.length))
 
-    def select(self, index) -> "FastDecodeState":
+    def select(self, index, index_host=None) -> "FastDecodeState":
         """Keep (and repeat) rows ``index``: beam search reorders hypotheses with it. The key/value
         buffers move to the new state (see :meth:`_KV.take`): this one, and the states it was
         stepped from, cannot be stepped or selected from again."""
@@ -405,9 +405,6 @@ class DeviceDecodeState:
     selected from) once; using an older one raises a ValueError. :meth:`select` takes the host
     copy of the index as well (``index_h``), so that reordering needs no transfer to the host."""
     __slots__ = ("cross", "group", "src_mask", "length", "sentence", "buf", "fused", "src_bias", "generation")
-
-    #: :meth:`select` takes the index on the host too.
-    TAKES_HOST_INDEX = True
 
     def __init__(self, cross, group, src_mask, length, sentence, buf, fused, src_bias):
         self.cross, self.group, self.src_mask, self.length = cross, group, src_mask, length

@@ -11,14 +11,13 @@ from .. import backend as B
 from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..model import DecodeState, Transformer
-from ..precision import PrecisionError
-from ..precision import check as check_precision
+from ..precision import FP32, Precision, PrecisionError
 from . import decoding
 from .arena import Arena
 from .decoding import DeviceDecodeState, FastDecodeState
 from .dispatch import ops_for
 from .ops import _Ops
-from .stepmem import in_step, outside_step
+from .stepmem import StepMemory, in_step, outside_step
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
 class AttendCache(NamedTuple):
@@ -199,21 +198,29 @@ class FastTransformer(Transformer):
     ``backward``); :class:`FastAdam` over ``self.params`` updates the arena in one pass.
     A parameter replaced in ``params`` by another array (not written into) is copied into
     the arena at the next forward.
+
+    ``precision`` (:class:`attn.precision.Precision` or its name) is what the step's products
+    read, fixed when the model is made. ``check_ids=False`` skips the check that token ids lie
+    in the vocabulary (CuPy would wrap them silently; on CuPy the check is a host
+    synchronisation): for a caller that checked its batches on the host.
     """
 
-    _precision = "fp32"
+    #: Attention weights are kept keys-first, (Tk, B, H, Tq) (:mod:`attn.engine`).
+    keys_first = True
 
     def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None,
-                 precision: str = "fp32"):
+                 precision: Precision | str = FP32, check_ids: bool = True):
         super().__init__(config, seed, dtype, params)
         self.arena = Arena.adopt(self.params, config, self.dtype)
-        self.precision = precision
+        self.precision = self._usable(Precision.of(precision))
+        self.validate_ids = check_ids
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
         self._decode_params = None
         self._decode_copies: dict = {}
         self._bf16_weights = None               # at bf16 on CuPy: the weights' bf16 copy (see _fuse)
+        self._candidates = None                 # beam search's ranked candidates on CuPy, kept between steps
 
     def _pos_table(self, which: str, T: int):
         """The reference's table, made (on first use, or longer) outside a step's memory: it is
@@ -231,30 +238,35 @@ class FastTransformer(Transformer):
             self.params.update(self.arena.param_views)
 
     @classmethod
-    def from_model(cls, model: Transformer, precision: str = "fp32") -> "FastTransformer":
+    def from_model(cls, model: Transformer, precision: Precision | str = FP32) -> "FastTransformer":
         """A fast view of an existing model: the same config and the same parameter arrays."""
         return cls(model.config, dtype=model.dtype, params=model.params, precision=precision)
 
-    @property
-    def precision(self) -> str:
-        """What the step's matrix products read (:mod:`attn.precision`): ``fp32`` (the reference),
-        ``tf32`` or ``bf16``. The parameters stay in the arena in the model's dtype (the master
-        weights); tf32 and bf16 need float32."""
-        return self._precision
-
-    @precision.setter
-    def precision(self, precision: str) -> None:
-        check_precision(precision)
-        if precision != "fp32" and self.dtype != self.xp.float32:
-            raise PrecisionError(f"precision {precision!r} rounds float32 products; this model is {self.dtype} "
-                                 "(use fp32)")
-        if precision == "bf16" and B.is_device_array(self.arena.params):
+    def _usable(self, precision: Precision) -> Precision:
+        """``precision`` (what the step's matrix products read, :mod:`attn.precision`; the
+        parameters stay in the arena in the model's dtype, the master weights) if this model can
+        multiply at it: tf32 and bf16 need float32, and bf16 on CuPy needs ml_dtypes."""
+        if not precision.exact and self.dtype != self.xp.float32:
+            raise PrecisionError(f"precision {precision.name!r} rounds float32 products; this model is "
+                                 f"{self.dtype} (use fp32)")
+        if precision.name == "bf16" and B.is_device_array(self.arena.params):
             B.bfloat16()                  # CuPy's bf16 arrays need ml_dtypes: a BackendError now, not mid-step
-        self._precision = precision
+        return precision
+
+    @property
+    def gradient_arena(self) -> Arena:
+        """The flat buffer every gradient is written into (:mod:`attn.engine`)."""
+        return self.arena
+
+    def step_memory(self):
+        """On CuPy, the model's :class:`attn.fast.stepmem.StepMemory`: every array a step makes
+        comes from one slab, at the same addresses every step; on NumPy nothing."""
+        memory = StepMemory.of(self)
+        return super().step_memory() if memory is None else memory.step()
 
     @property
     def ops(self) -> _Ops:
-        return ops_for(self.xp, self._precision)
+        return ops_for(self.xp, self.precision.name)
 
     # ------------------------------------------------------------------ weights
 
@@ -418,10 +430,6 @@ class FastTransformer(Transformer):
         return bias_t, rows.astype(dtype).transpose(3, 0, 1, 2)
 
     # ------------------------------------------------------------------ forward
-
-    #: Check that token ids lie in the vocabulary (CuPy would wrap them silently). On CuPy the
-    #: check is a host synchronisation; a caller that validated its batches can turn it off.
-    validate_ids: bool = True
 
     #: Parts the batch is split into, each run on its own thread with single-threaded BLAS
     #: (NumPy only). None: :func:`default_workers` (NumPy's BLAS threads, at most 4).
@@ -940,12 +948,6 @@ class FastTransformer(Transformer):
     #: 8.7 s with two BLAS threads, 1.2 s with one).
     DECODE_ONE_THREAD_MAX = 1 << 18
 
-    #: :meth:`decode` takes the cross-attention keys and values precomputed (``cross_kv``).
-    DECODE_TAKES_CROSS_KV = True
-
-    #: :meth:`start_decoding` takes ``reserve`` (the most rows and positions a search will step).
-    DECODE_RESERVES = True
-
     def start_decoding(self, memory, src_mask, reserve=None):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
         key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`); on
@@ -991,6 +993,29 @@ class FastTransformer(Transformer):
             return super().decode_step(tokens, state)
         parts = default_workers() if self.workers is None else max(1, int(self.workers))
         return decoding.run_step(self, tokens, state, parts, small)
+
+    #: On CuPy, beam search's candidates are ranked by one kernel where a sentence's beams have at
+    #: most this many between them; above it, by the reference's array calls. Both keep the same
+    #: candidates (among exactly equal scores at the cut, which ones may differ).
+    BEAM_FUSED_MAX = 1024
+
+    def greedy_pick(self, logp, banned, info, tokens) -> None:
+        """:meth:`Transformer.greedy_pick`; on CuPy one kernel (``greedy_pick``)."""
+        if self.xp is B.host:
+            return super().greedy_pick(logp, banned, info, tokens)
+        decoding.greedy_pick(logp, tuple(banned), info, tokens)
+
+    def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, banned):
+        """:meth:`Transformer.beam_candidates`; on CuPy one kernel (``beam_candidates``: each beam's
+        best tokens, then each sentence's best C of those) up to :attr:`BEAM_FUSED_MAX`."""
+        V = logp.shape[1]
+        if self.xp is B.host or c > V - 2 or W * c > self.BEAM_FUSED_MAX:
+            return super().beam_candidates(logp, beam_scores, W, c, C, banned)
+        shape = (2, beam_scores.shape[0], C)
+        if self._candidates is None or self._candidates.shape != shape:
+            self._candidates = self.xp.empty(shape, dtype=self.xp.float64)
+        decoding.beam_candidates(logp, beam_scores.reshape(-1), W, c, C, tuple(banned), self._candidates)
+        return B.to_host(self._candidates)
 
     # ------------------------------------------------------------------ inspection
 

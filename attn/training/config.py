@@ -18,7 +18,7 @@ from pathlib import Path
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
 from ..model import PRESETS, TransformerConfig
-from ..precision import PRECISIONS
+from ..precision import PRECISIONS, Precision, PrecisionError
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
 
@@ -133,7 +133,9 @@ class TrainConfig:
                                             or self.vocab_size < _smallest_vocab(kind)):
             self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(kind)} "
                                     f"for vocab={kind!r}")
-        if self.precision not in PRECISIONS:
+        try:
+            Precision(self.precision)
+        except PrecisionError:
             self._bad("precision", f"must be one of {', '.join(PRECISIONS)}")
         if self.precision != "fp32" and self.dtype != "float32":
             self._bad("precision", f"rounds float32 products and needs --dtype float32 (got {self.dtype}); "
@@ -191,6 +193,11 @@ class TrainConfig:
         """A config from :meth:`to_dict` output (or a checkpoint's saved settings); unknown keys are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+    @property
+    def engine(self) -> str:
+        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference``, else ``fast``."""
+        return "reference" if self.reference else "fast"
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         """The preset with this config's overrides, for a vocabulary of ``vocab_size``."""

@@ -56,15 +56,13 @@ One process (no ``mpiexec``, or ``mpiexec -n 1``) never imports mpi4py: :func:`g
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import sys
 import time
 
 from .. import backend as B
 from ..data import Batch
-from ..fast import FastTransformer
-from ..fast.arena import LOSS, SLOT, TOKENS
+from ..engine import LOSS, SLOT, TOKENS
 from ..masks import PAD_ID
 
 #: Environment variables that MPI launchers set to the number of processes started.
@@ -174,7 +172,7 @@ class RowsOf:
     array whose sentence axis is ``k`` times this share's ``hi - lo`` sentences, this draws the
     array for all ``rows`` sentences from the step's stream, as one process would, and
     returns this share's part of that axis, ``[lo*k, hi*k)``. ``keys_first`` says which
-    layout 4-D draws have (True for :class:`attn.fast.FastTransformer`).
+    layout 4-D draws have (the model's ``keys_first``, :mod:`attn.engine`).
 
     A counter-based generator draws nothing: it asks :meth:`place` where this share's
     elements sit in the whole batch's array, and keys each element by that index (attn.fast's
@@ -433,7 +431,7 @@ class MPIGroup(Single):
         mine, lo, rows, weight = share_of(batch, self.size, self.rank)
         self.tokens = mine.n_tgt_tokens if weight else 0
         if rng is not None:
-            rng = RowsOf(rng, lo, lo + mine.src.shape[0], rows, keys_first=isinstance(model, FastTransformer))
+            rng = RowsOf(rng, lo, lo + mine.src.shape[0], rows, keys_first=model.keys_first)
         return mine, rng, weight
 
     def flat_grads(self, params: dict, arena=None) -> FlatGrads:
@@ -457,23 +455,18 @@ class MPIGroup(Single):
 
     def backward(self, model, dlogits, cache, loss, weight: float):
         """``model.backward`` with the all-reduce of :meth:`all_reduce` overlapped: each bucket
-        is sent as soon as the backward is past it (:class:`BucketFeed`). attn.fast's model
-        announces the stages of its arena as it finishes them (``ready``), and its arena is
-        all-reduced in place; the reference :class:`attn.model.Transformer` fills a ``grads``
-        dict it is given; any other model's gradients go after its backward. Returns (loss,
-        grads) as :meth:`all_reduce` does (for attn.fast, the arena's own views)."""
-        arena = getattr(model, "arena", None)
-        takes = inspect.signature(model.backward).parameters
-        if arena is not None and "ready" in takes:
-            fg = self.flat_grads(model.params, arena)
-            feed = BucketFeed(self, fg, weight)
+        is sent as soon as the backward is past it (:class:`BucketFeed`). A model with a
+        ``gradient_arena`` (:mod:`attn.engine`) announces its stages as it finishes them
+        (``ready``), and the arena is all-reduced in place; the reference
+        :class:`attn.model.Transformer` fills a ``grads`` dict it is given. Returns (loss, grads)
+        as :meth:`all_reduce` does (with an arena, the arena's own views)."""
+        arena = model.gradient_arena
+        fg = self.flat_grads(model.params, arena)
+        feed = BucketFeed(self, fg, weight)
+        if arena is not None:
             model.backward(dlogits, cache, ready=feed.ready)
-        elif "grads" in takes:
-            fg = self.flat_grads(model.params)
-            feed = BucketFeed(self, fg, weight)
-            model.backward(dlogits, cache, grads=feed)
         else:
-            return self.all_reduce(loss, model.backward(dlogits, cache), weight)
+            model.backward(dlogits, cache, grads=feed)
         self.launched_during_backward = feed.launched_during_backward
         fg.pack_loss(loss, weight, self.tokens)
         for i in range(feed.launched, len(fg.buckets)):

@@ -1,5 +1,5 @@
 """Everything a training run needs before its first step: the corpus and its source-wise split,
-the vocabulary, the model and optimizer (the readable classes or their attn.fast twins), and the
+the vocabulary, the model and optimizer (made by the engine the config names: :mod:`attn.engine`), and the
 warm-up fitted to the budget. :func:`prepare` does it all, in that order, for a fresh run or a
 resumed one; the loop in :mod:`attn.train` starts from what it returns.
 """
@@ -10,16 +10,15 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from .. import backend as B
+from .. import engine as engines
 from ..data import DataError, Vocab, encode_pairs, make_batches, read_parallel, read_tsv, tokenize
-from ..fast import FastAdam, FastTransformer
-from ..fast import cross_entropy as fast_cross_entropy
 from ..loss import cross_entropy
 from ..model import PRESETS, Transformer, TransformerConfig
 from ..optim import Adam
+from ..precision import FP32, Precision
 from .checkpoints import TrainState, check_something_left, state_from_checkpoint
 from .config import DEFAULT_BPE_SIZE, EVAL_SHARE, WARMUP_FRACTION, TrainConfig, TrainConfigError
 
@@ -34,7 +33,8 @@ class Prepared:
     config: TrainConfig        # with the recipe filled in
     corpus: "Corpus"
     vocab: Vocab
-    model: Transformer         # the training engine: attn.fast's twin unless config.reference
+    engine: object             # the attn.engine engine that made model, opt and loss_fn
+    model: Transformer         # the engine's model
     opt: Adam
     state: TrainState          # step 0, or where the resumed run stopped
     train_enc: list            # the training pairs as ids, too long ones left out
@@ -52,13 +52,14 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     the budget). ``dp`` is the data-parallel group (:mod:`attn.training.distributed`) or None;
     it only changes how the step time is measured for the warm-up. ``say`` prints progress.
     """
-    loss_fn = step_loss_fn(config.reference)
+    engine = engines.get(config.engine)
+    loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
     if saved is not None:
         arrays, meta = saved
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz"))
-        model, opt = make_engine(model, config.reference, schedule_factor(config, model.config), config.precision)
+        model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
         check_something_left(config, state)
@@ -71,7 +72,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
                 f"{time.perf_counter() - t_vocab:.1f} s")
         model, opt = make_engine(Transformer(config.model_config(len(vocab)), seed=config.seed, dtype=config.dtype),
-                                 config.reference, config.lr_factor, config.precision)
+                                 engine, config.lr_factor, config.precision)
         state = TrainState()
 
     # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
@@ -85,10 +86,10 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens, shuffle=False)
     warmup_rule = None
     if saved is None and config.warmup is None and (config.minutes or config.steps or config.epochs):
-        model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, loss_fn, dp)
+        model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, engine, dp)
         state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
         say(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})")
-    return Prepared(config, corpus, vocab, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
+    return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
 
 
 # --------------------------------------------------------------------------- corpus and vocabulary
@@ -174,32 +175,24 @@ def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> flo
     return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
 
 
-def make_engine(model: Transformer, reference: bool, lr_factor: float, precision: str = "fp32"):
-    """The model and optimizer that train: the readable reference classes with
-    ``reference=True``, else their faster twins from :mod:`attn.fast`, which compute
-    the same numbers (tests/test_fast.py checks that) with fewer passes over memory.
-    ``precision`` (:mod:`attn.precision`) is the fast engine's: the reference multiplies in
-    float32 only (:class:`TrainConfig` refuses the two together)."""
-    if reference and precision != "fp32":
-        raise ValueError(f"precision {precision!r} applies to the attn.fast engine, not the reference layers")
-    cls, opt_cls = (Transformer, Adam) if reference else (FastTransformer, FastAdam)
-    if type(model) is not cls:
-        model = cls(model.config, dtype=model.dtype, params=model.params)
-    if not reference:
-        model.precision = precision
-        model.validate_ids = False      # train_step checks each batch on the host (no device sync)
-    return model, opt_cls(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
+def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32):
+    """The model and optimizer that train: ``engine``'s (an :mod:`attn.engine` engine or its name,
+    ``"fast"`` or ``"reference"``), over ``model``'s config and parameters (shared, not copied),
+    its products at ``precision`` (:class:`attn.precision.Precision` or its name). The fast
+    engine computes the reference's numbers (tests/test_fast.py checks that) with fewer passes
+    over memory. The model does not check token ids: :func:`attn.train.train_step` checks each
+    batch on the host (on a GPU the model's check would wait for the device)."""
+    engine = engines.get(engine) if isinstance(engine, str) else engine
+    model = engine.model(model.config, dtype=model.dtype, params=model.params, precision=Precision.of(precision),
+                         check_ids=False)
+    return model, engine.optimizer(model, lr_factor)
 
 
-
-def step_loss_fn(reference: bool):
-    """The loss the trainer's steps use: the reference cross-entropy, or the fast one in place.
-    The fast one neither re-checks the ids (:func:`attn.train.train_step` did, on the host) nor the
-    loss's finiteness (the loop checks it when the losses come to the host), so a fast step
-    never waits for the device."""
-    if reference:
-        return cross_entropy
-    return partial(fast_cross_entropy, inplace=True, validate=False, check_finite=False)
+def step_loss_fn(engine):
+    """The loss the trainer's steps use: ``engine``'s (or the engine's name), which need not
+    re-check the ids (:func:`attn.train.train_step` did, on the host) nor the loss's finiteness
+    (the loop checks it when the losses come to the host), so a step never waits for the device."""
+    return (engines.get(engine) if isinstance(engine, str) else engine).loss(trusted=True)
 
 
 # --------------------------------------------------------------------------- the warm-up for a budget
@@ -223,11 +216,14 @@ def measure_step_seconds(model: Transformer, batches, label_smoothing: float, lo
     return sum(timed) / len(timed)
 
 
-def fit_warmup(model: Transformer, model_config: TransformerConfig, config: TrainConfig, train_enc, loss_fn,
+def fit_warmup(model: Transformer, model_config: TransformerConfig, config: TrainConfig, train_enc, engine,
                dp=None):
     """The warm-up for a run with a budget and no ``warmup`` given: :data:`WARMUP_FRACTION` of the
     steps the budget allows (the least of ``steps``, ``epochs`` times the batches of an epoch, and
     ``minutes`` at the step time measured now), if that is shorter than the preset's.
+
+    ``engine`` (an :mod:`attn.engine` engine or its name) makes the model and optimizer of the
+    fitted schedule and the loss the step time is measured with.
 
     With a data-parallel group ``dp`` every rank times its own share of the batches, and all
     take rank 0's time, so that every rank fits the same schedule.
@@ -235,6 +231,7 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     Returns (model, optimizer, model config, a record of the rule for config.json); the model's
     parameters are unchanged, only the schedule's warm-up."""
     t0 = time.perf_counter()
+    engine = engines.get(engine) if isinstance(engine, str) else engine
     batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed)
     allowed, rule, why = math.inf, {}, ""
     for limit, what in ((config.steps, f"--steps {config.steps}"),
@@ -245,7 +242,7 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
         batches = batches[:3]
         if dp is not None:
             batches = [dp.share(b)[0] for b in batches]
-        per_step = 1.05 * measure_step_seconds(model, batches, model_config.label_smoothing, loss_fn)
+        per_step = 1.05 * measure_step_seconds(model, batches, model_config.label_smoothing, engine.loss(trusted=True))
         if dp is not None:
             per_step = dp.broadcast(per_step)
         by_time = config.minutes * 60.0 * (1.0 - EVAL_SHARE) / per_step
@@ -261,7 +258,7 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     if warmup != model_config.warmup_steps:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
         model = Transformer(model_config, dtype=model.dtype, params=model.params)
-    model, opt = make_engine(model, config.reference, schedule_factor(config, model_config), config.precision)
+    model, opt = make_engine(model, engine, schedule_factor(config, model_config), config.precision)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
 

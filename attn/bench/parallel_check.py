@@ -1,4 +1,4 @@
-"""``mpiexec -n 2 python -m attn.training.parallel_check``: the proof that N processes train
+"""``mpiexec -n 2 python -m attn.bench.parallel_check``: the proof that N processes train
 exactly as one does.
 
 Every rank takes the same few steps of a small model, on its share of batches that split
@@ -34,8 +34,8 @@ from ..data import Batch
 from ..gradcheck import rel_error
 from ..masks import PAD_ID
 from ..model import Transformer, TransformerConfig
-from . import distributed
-from .prepare import make_engine, step_loss_fn
+from ..training import distributed
+from ..training.prepare import make_engine, step_loss_fn
 
 #: The largest differences allowed in float64 (gradients of step 1, losses, parameters after the last step).
 BOUNDS = {"grad": 1e-12, "loss": 1e-13, "param": 1e-10}
@@ -72,11 +72,12 @@ def check_model(dtype: str, reference: bool):
     cfg = TransformerConfig.preset("toy", vocab_size=23, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
                                    n_decoder_layers=2, dropout=0.1, attention_dropout=0.1, relu_dropout=0.1,
                                    label_smoothing=0.1, warmup_steps=4)
-    model, opt = make_engine(Transformer(cfg, seed=0, dtype=dtype), reference, 1.0)
+    engine = "reference" if reference else "fast"
+    model, opt = make_engine(Transformer(cfg, seed=0, dtype=dtype), engine, 1.0)
     if not reference:
         model.workers = 1                   # one process's draws come from one stream (see distributed)
         opt.threads = 1
-    return model, opt, step_loss_fn(reference)
+    return model, opt, step_loss_fn(engine)
 
 
 def take_steps(model, opt, loss_fn, batches, dp=None, seed: int = 0):
@@ -153,6 +154,7 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
     tokens = [[mine.n_tgt_tokens if weight else 0 for r in range(dp.size)
                for mine, _, _, weight in [distributed.share_of(b, dp.size, r)]] for b in batches]
     result = None
+    flat = dp.flat_grads(model.params, model.gradient_arena)
     if dp.master:
         model1, opt1, loss_fn1 = check_model(dtype, reference)
         losses1, grads1, params1 = take_steps(model1, opt1, loss_fn1, batches)
@@ -164,8 +166,8 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             "dropout": ("drawn from the step's stream" if not counter else
                         "counter-based, keyed by the index in the share (wrong)" if wrong_dropout else
                         "counter-based, keyed by the index in the global batch"),
-            "target_tokens_per_rank": tokens, "buckets": len(dp.flat_grads(model.params, getattr(model, "arena", None)).buckets),
-            "all_reduce_buffer": "the arena's own" if dp._flat.arena is not None else "a copy",
+            "target_tokens_per_rank": tokens, "buckets": len(flat.buckets),
+            "all_reduce_buffer": "the arena's own" if flat.arena is not None else "a copy",
             "summed_tokens": summed_tokens, "batch_tokens": [b.n_tgt_tokens for b in batches],
             "max_grad_rel": max(rel_error(grads[k], grads1[k]) for k in grads1),
             "max_loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, losses1)),
@@ -192,7 +194,7 @@ def _transfers():
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="mpiexec -n N python -m attn.training.parallel_check",
+        prog="mpiexec -n N python -m attn.bench.parallel_check",
         description="N processes take a few steps of a small model on their shares of uneven batches; "
                     "process 0 takes them alone on the whole batches and compares gradients, losses and "
                     "parameters (one JSON line per case; exit status 1 if a case misses the bounds).")

@@ -1,0 +1,45 @@
+"""The fast engine (:mod:`attn.engine`'s interface, registered as ``fast``): what ``attn-train``
+trains with unless ``--reference`` is given."""
+from __future__ import annotations
+
+from functools import partial
+
+from .. import backend as B
+from ..engine import EngineError, ReferenceEngine
+from ..precision import FP32, PRECISIONS, Precision
+from .graph import GraphedTrainStep
+from .loss import cross_entropy
+from .model import FastTransformer
+from .optim import FastAdam
+
+
+class FastEngine(ReferenceEngine):
+    """:class:`FastTransformer`, :class:`FastAdam` and the fused cross-entropy: the reference's
+    numbers with fewer passes over memory; products at any of :data:`attn.precision.PRECISIONS`;
+    on CuPy a step captured as a CUDA graph (:class:`attn.fast.graph.GraphedTrainStep`)."""
+
+    name = "fast"
+    precisions = PRECISIONS
+    captures = True
+
+    def model(self, config, *, seed: int = 0, dtype="float32", params: dict | None = None,
+              precision: Precision = FP32, check_ids: bool = True) -> FastTransformer:
+        self.check_precision(precision, dtype)
+        return FastTransformer(config, seed=seed, dtype=dtype, params=params, precision=precision,
+                               check_ids=check_ids)
+
+    def optimizer(self, model, lr_factor: float = 1.0) -> FastAdam:
+        return FastAdam(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
+
+    def loss(self, trusted: bool = False):
+        """The fused cross-entropy, in place on the logits; ``trusted``: it checks neither the ids
+        nor the loss's finiteness, so a step never waits for the device."""
+        if trusted:
+            return partial(cross_entropy, inplace=True, validate=False, check_finite=False)
+        return partial(cross_entropy, inplace=True)
+
+    def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn):
+        """The training step captured as a CUDA graph per input shape and replayed (CuPy only)."""
+        if B.get_backend() != "cupy":
+            raise EngineError("a captured step needs the CuPy backend (a GPU)")
+        return GraphedTrainStep(model, opt, label_smoothing, clip, loss_fn)
