@@ -1,6 +1,6 @@
 """Sphinx configuration of the book: the lessons executed into a website.
 
-Build it with ``python -m attn.book`` (see attn/book.py); ``sphinx-build book build/book/html``
+Build it with ``python -m attn.site.book`` (see attn/site/book.py); ``sphinx-build book build/book/html``
 works too, with the same settings, because everything the build needs is set here.
 
 The lessons stay where they are (``lessons/NN_*.py``): the build links each into
@@ -20,7 +20,7 @@ BOOK = Path(__file__).resolve().parent
 ROOT = BOOK.parent
 sys.path.insert(0, str(ROOT))
 
-from attn import book as attn_book  # noqa: E402
+from attn.site import book as attn_book  # noqa: E402
 
 os.environ.update(attn_book.build_environment())
 for _name in ("MPLBACKEND", "ATTN_CHECKPOINT"):

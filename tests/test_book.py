@@ -1,4 +1,4 @@
-"""The book (``python -m attn.book``) builds with every lesson executed, and every page works
+"""The book (``python -m attn.site.book``) builds with every lesson executed, and every page works
 in a real browser: headless Chromium (Debian's ``chromium``, driven by Playwright from PyPI,
 never a downloaded browser) opens each page from a server on 127.0.0.1 and checks that every
 image loaded, the maths rendered, the console stayed clean, a lesson page shows its check's
@@ -7,7 +7,7 @@ output, and no request left 127.0.0.1. A screenshot of each page goes to
 
 The build runs once per session (a fixture). It executes every lesson, so
 tests/test_lessons.py takes each lesson's result from the build's cache instead of running
-it a second time (attn.book.executed_lesson)."""
+it a second time (attn.site.book.executed_lesson)."""
 from __future__ import annotations
 
 import functools
@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from attn import book  # noqa: E402
+from attn.site import book  # noqa: E402
 
 LESSONS = book.lesson_files(ROOT)
 CHROMIUM = os.environ.get("ATTN_CHROMIUM", "/usr/bin/chromium")
@@ -50,9 +50,9 @@ def built_book() -> Path:
     if missing:
         pytest.skip(missing)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    proc = subprocess.run([sys.executable, "-m", "attn.book"], cwd=ROOT, env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "attn.site.book"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=1800)
-    assert proc.returncode == 0, f"python -m attn.book failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"python -m attn.site.book failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
     return book.HTML
 
 
@@ -192,7 +192,7 @@ def test_front_page_lists_every_lesson_in_order(site, browser, built_book):
     positions = [html.find(f'href="lessons/{p.stem}.html"') for p in LESSONS]
     assert all(i >= 0 for i in positions), [p.stem for p, i in zip(LESSONS, positions) if i < 0]
     assert positions == sorted(positions), "the front page lists the lessons out of order"
-    assert "python -m attn.book" in facts["text"] and "pip install -e" in facts["text"]
+    assert "python -m attn.site.book" in facts["text"] and "pip install -e" in facts["text"]
 
 
 def test_every_other_page(site, browser, built_book):
@@ -215,7 +215,7 @@ def test_the_web_page_translates_inside_the_book(site, browser, built_book):
     translates it token for token as attn does in NumPy, with every head drawn; no request
     leaves 127.0.0.1 and the console stays clean (tests/test_web.py proves the numbers)."""
     from attn.evaluate import translate
-    from attn.export import load_export
+    from attn.site.export import load_export
     for path in (ROOT / "web").rglob("*"):
         if path.is_file():
             copy = built_book / "web" / path.relative_to(ROOT / "web")
@@ -281,7 +281,7 @@ def test_the_site_needs_nothing_from_outside(built_book):
 
 def test_a_lesson_whose_check_fails_fails_the_build(tmp_path):
     """A copy of the project with two tiny lessons, the second of which fails its check:
-    python -m attn.book exits non-zero and names the lesson; the first lesson's page is fine."""
+    python -m attn.site.book exits non-zero and names the lesson; the first lesson's page is fine."""
     missing = _missing_toolchain()
     if missing:
         pytest.skip(missing)
@@ -296,9 +296,55 @@ def test_a_lesson_whose_check_fails_fails_the_build(tmp_path):
     (tmp_path / "lessons" / "01_passes.py").write_text(cell.format(n=1, what="passes", x=1), encoding="utf-8")
     (tmp_path / "lessons" / "02_fails.py").write_text(cell.format(n=2, what="fails", x=2), encoding="utf-8")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "attn.book", "-j", "1"], cwd=tmp_path, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "attn.site.book", "-j", "1"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log[-3000:]
     assert "02_fails" in log and "the check fails" in log, log[-3000:]
     assert "build succeeded" not in log
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The modules a Python file imports (relative imports resolved against ``package``)."""
+    import ast
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def test_no_lesson_and_no_module_of_the_course_imports_the_site():
+    """attn/site/ (the book, the export for the page, the browser driver) is a room of its own:
+    the course never imports it, which is why a change there re-executes no lesson."""
+    offenders = []
+    for path in sorted((ROOT / "attn").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        if parts[:2] == ("attn", "site"):
+            continue
+        package = ".".join(parts if path.name == "__init__.py" else parts[:-1])
+        if any(m == "attn.site" or m.startswith("attn.site.") for m in _imports(path, package)):
+            offenders.append(path.relative_to(ROOT).as_posix())
+    for path in sorted((ROOT / "lessons").rglob("*.py")):
+        if any(m == "attn.site" or m.startswith("attn.site.") for m in _imports(path, "")):
+            offenders.append(path.relative_to(ROOT).as_posix())
+    assert not offenders, f"these import attn.site, which the course must not: {offenders}"
+
+
+def test_a_change_in_attn_site_re_executes_no_lesson(tmp_path):
+    """The cache of executed lessons is named by a hash of attn/ and data/ but for attn/site/."""
+    for name, text in (("attn/model.py", "x = 1\n"), ("attn/site/book.py", "y = 1\n"),
+                       ("attn/site/browser.py", "z = 1\n"), ("data/toy/train.en", "a\n")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    before = book.library_hash(tmp_path)
+    (tmp_path / "attn" / "site" / "browser.py").write_text("z = 2\n", encoding="utf-8")
+    (tmp_path / "attn" / "site" / "export.py").write_text("w = 1\n", encoding="utf-8")
+    assert book.library_hash(tmp_path) == before
+    (tmp_path / "attn" / "model.py").write_text("x = 2\n", encoding="utf-8")
+    assert book.library_hash(tmp_path) != before

@@ -46,7 +46,7 @@ def _run_lesson(lesson: Path, env: dict, out: Path, where: str):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_runs(lesson, tmp_path):
-    from attn.book import executed_lesson
+    from attn.site.book import executed_lesson
     # The book's build (tests/test_book.py runs first) executed this very code with this library
     # and data, on NumPy: read its result instead of running the lesson again.
     nb = executed_lesson(lesson) if os.environ.get("ATTN_BACKEND", "numpy") == "numpy" else None

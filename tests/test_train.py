@@ -333,7 +333,7 @@ def test_a_corpus_with_no_training_pair_left_is_a_clear_error(tmp_path):
 def test_recipe_fills_what_is_left_open_and_explicit_values_win():
     from attn.train import RECIPES
     toy = TrainConfig().with_recipe()
-    assert (toy.max_tokens, toy.lr_factor, toy.min_freq) == (2048, 0.5, 1)       # the toy as measured (README)
+    assert (toy.max_tokens, toy.lr_factor, toy.min_freq) == (2048, 0.5, 1)       # the toy as measured (benchmarks/RESULTS.md)
     small = TrainConfig(preset="small").with_recipe()
     assert {k: getattr(small, k) for k in RECIPES["small"]} == RECIPES["small"]
     assert TrainConfig(preset="small", max_tokens=1000, min_freq=1).with_recipe().max_tokens == 1000

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn import browser
+from attn.site import browser
 from attn.bpe import BPE
 from attn.data import BOS, EOS, Vocab, read_tsv
 from attn.decode import EXTRA_LENGTH, beam_search, greedy_decode
 from attn.evaluate import source_ids
-from attn.export import ExportError, export_model, load_export, main as export_main
+from attn.site.export import ExportError, export_model, load_export, main as export_main
 from attn.model import Transformer, TransformerConfig
 from attn.text import _char_kind, detokenize, normalize, tokenize
 
@@ -381,7 +381,7 @@ def test_typing_shows_every_head_and_the_hover_reads_the_weight(site):
 
 @needs_browser
 def test_the_speed_command_in_quick_mode(tmp_path):
-    """``python -m attn.browser measure`` with one repeat: the structure of what it prints and
+    """``python -m attn.site.browser measure`` with one repeat: the structure of what it prints and
     writes, the tokens it saw (NumPy's), and the page's weight, which is deterministic: every
     file the page loads, at its size on disk (the server does not compress). No time is asserted."""
     import os
@@ -389,7 +389,7 @@ def test_the_speed_command_in_quick_mode(tmp_path):
     import sys
     out = tmp_path / "speed.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    proc = subprocess.run([sys.executable, "-m", "attn.browser", "measure", "--repeats", "1", "--type-delay", "5",
+    proc = subprocess.run([sys.executable, "-m", "attn.site.browser", "measure", "--repeats", "1", "--type-delay", "5",
                            "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result, text = json.loads(out.read_text(encoding="utf-8")), proc.stdout

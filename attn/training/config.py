@@ -25,15 +25,8 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
 
 # --------------------------------------------------------------------------- settings
 
-#: The training recipe of each preset: what ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq``
-#: mean when left at None. The toy's are the values measured on the toy corpus (README); ``small`` and
-#: ``base`` are for real corpora (issue 9: 2,048-token batches, learning-rate factor 0.5 and
-#: every word in the vocabulary left a 20-minute run on real text far behind). BPE: on Tatoeba
-#: en-de an epoch of 8,000 BPE pieces costs what one of the words seen twice does, and no test
-#: word becomes <unk> (benchmarks/recipe_vocab.py measures both). Learning-rate factor 1: the run of
-#: issue 9 that reached 21.3 used it (against 14.0 with 0.5 and the other toy defaults); a warm-up
-#: fitted to the budget keeps the preset schedule's peak (:func:`schedule_factor`), 1.4e-3 for
-#: ``small``, and reaches it within the run.
+#: Each preset's training recipe, for ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq`` left at None:
+#: words for the toy corpus, BPE and 4,096-token batches for real corpora (why: benchmarks/RESULTS.md).
 RECIPES = {
     "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1),
     "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
@@ -41,10 +34,8 @@ RECIPES = {
 }
 
 #: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
-#: of the steps the budget allows, if that is shorter than the preset's: a 20-minute run on two
-#: cores takes about a thousand steps, and the ``small`` preset's 2,000 would leave it inside its
-#: warm-up, the learning rate still rising at the last step. (The toy's 400 steps are 30% of the
-#: 1,316 that its 7 minutes allowed, and it learned well: README.)
+#: of the steps the budget allows, if that is shorter than the preset's, so that a short run
+#: leaves its warm-up before it ends.
 WARMUP_FRACTION = 0.3
 #: Share of a --minutes budget spent on evaluations and checkpoints, for the estimate of steps.
 EVAL_SHARE = 0.1

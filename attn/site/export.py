@@ -28,8 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import backend as B
-from .checkpoint import CheckpointError
+from .. import backend as B
+from ..checkpoint import CheckpointError
 
 #: The format's name and version, the first thing a reader checks.
 FORMAT = "attn-web-1"
@@ -64,7 +64,7 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
         raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
                          f"the model {model.config.target_vocab_size}")
     np = B.host
-    from .model import parameter_shapes
+    from ..model import parameter_shapes
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tensors, chunks, offset = [], [], 0
@@ -112,7 +112,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def export_checkpoint(checkpoint, out_dir, dtype: str = "float32", sentences=()) -> dict:
     """Export a checkpoint written by ``attn-train`` (its config, vocabulary and parameters)."""
-    from .translate import load_translator
+    from ..translate import load_translator
     model, vocab = load_translator(checkpoint)
     return export_model(model, vocab, out_dir, dtype, sentences, source=Path(checkpoint).name)
 
@@ -123,8 +123,8 @@ def load_export(out_dir):
     The parameters are exactly the numbers the page computes with (float16 ones widened
     to float32, which is exact). Raises :class:`ExportError` naming the file and the problem.
     """
-    from .data import DataError, Vocab
-    from .model import Transformer, TransformerConfig, parameter_shapes
+    from ..data import DataError, Vocab
+    from ..model import Transformer, TransformerConfig, parameter_shapes
     np = B.host
     out_dir = Path(out_dir)
     meta_path, bin_path = out_dir / MODEL_FILE, out_dir / WEIGHTS_FILE
@@ -172,7 +172,7 @@ def load_export(out_dir):
 
 
 def _read_sentences(path, limit: int) -> list[str]:
-    from .data import _read_lines
+    from ..data import _read_lines
     lines = [line.strip() for line in _read_lines(path)]
     return [s for s in lines if s][:limit] if limit else [s for s in lines if s]
 
@@ -200,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from .data import DataError
+    from ..data import DataError
     if args.max_sentences < 0:
         print(f"attn-export: error: --max-sentences must be at least 0, got {args.max_sentences}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Build the course as a book: every lesson executed into a static website.
 
-``python -m attn.book`` runs Sphinx on ``book/`` (myst-nb reads each
+``python -m attn.site.book`` runs Sphinx on ``book/`` (myst-nb reads each
 ``lessons/NN_*.py`` through jupytext and executes it in quick mode) and writes
 the site to ``build/book/html/``: open ``build/book/html/index.html``, or serve
 the folder. Warnings are errors, so a lesson whose check fails, a broken
@@ -9,7 +9,8 @@ reference or a figure that does not come out fails the build.
 Executed lessons are cached (jupyter-cache) under
 ``build/book/jupyter_cache/<library hash>/``: a rebuild re-executes a lesson
 only when its code cells changed, and every lesson when the library
-(``attn/``) or the data (``data/``) changed, because their hash names the cache.
+(``attn/``, but for ``attn/site/``, which no lesson runs) or the data (``data/``)
+changed, because their hash names the cache.
 Needs the ``book`` extra: ``pip install -e ".[book]"``.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "build" / "book"
 HTML = BUILD / "html"
 DOCTREES = BUILD / "doctrees"
@@ -34,18 +35,20 @@ def lesson_files(root: Path = ROOT) -> list[Path]:
     return sorted((root / "lessons").glob("[0-9][0-9]_*.py"), key=lambda p: (int(p.name[:2]), p.name))
 
 
-#: Modules of the library that no lesson runs: changing them re-executes no lesson.
-NOT_RUN_BY_LESSONS = ("attn/book.py", "attn/browser.py")
+#: Parts of the library that no lesson runs: changing them re-executes no lesson. ``attn/site/``
+#: (this module, the export for the page, the browser driver) is the book's and the page's own
+#: room; no lesson and no module of the course imports it (tests/test_book.py checks).
+NOT_RUN_BY_LESSONS = ("attn/site",)
 
 
 def library_hash(root: Path = ROOT) -> str:
     """A short hash of everything a lesson's output depends on besides its own code:
-    the library's sources (``attn/**/*.py``, but for NOT_RUN_BY_LESSONS: this module, and the
-    browser driver of the web page's tests and measurement) and the data (``data/**``)."""
+    the library's sources (``attn/**``, but for NOT_RUN_BY_LESSONS) and the data (``data/**``)."""
     h = hashlib.sha256()
-    skip = {root / name for name in NOT_RUN_BY_LESSONS}
+    skip = [root / name for name in NOT_RUN_BY_LESSONS]
     files = sorted(p for d in ("attn", "data") for p in (root / d).rglob("*")
-                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc" and p not in skip)
+                   if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+                   and not any(p == s or s in p.parents for s in skip))
     for p in files:
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
@@ -90,7 +93,7 @@ def executed_lesson(lesson: Path):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attn.book",
+        prog="python -m attn.site.book",
         description="Build the lessons into a website (build/book/html/), each executed in quick mode. "
                     "Sphinx's warnings are errors: a lesson that fails fails the build. Executed lessons "
                     "are cached: a rebuild re-runs only the lessons whose code changed (all of them when "

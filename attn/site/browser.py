@@ -1,6 +1,6 @@
 """The page in ``web/`` served locally and opened in headless Chromium: what the browser tests
 (``tests/test_web.py``, ``tests/test_book.py``) use, and the page's speed measured
-(``python -m attn.browser measure``: the time from a keystroke to the last token, and the
+(``python -m attn.site.browser measure``: the time from a keystroke to the last token, and the
 bytes the page transfers on load).
 
 Chromium is the system's (Debian's ``chromium`` package), driven by Playwright from PyPI
@@ -25,7 +25,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 #: The page and its modules, in a source checkout.
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -246,7 +246,7 @@ def keystroke_to_last_token(chromium, url: str, sentence: str, repeats: int, del
 def measure(repeats: int = 9, sentence: str | None = None, delay_ms: float = 100.0, progress=None) -> dict:
     """Serve web/, open it in the system's headless Chromium, and measure the page's weight and
     its time from keystroke to last token (see page_weight and keystroke_to_last_token)."""
-    from .bench.machine import machine_info
+    from ..bench.machine import machine_info
     info = machine_info()
     machine = {k: info.get(k) for k in ("cpu_model", "cpu_count", "usable_cpus", "platform")}
     machine["load_average_before"] = info.get("load_average")
@@ -335,7 +335,7 @@ def render_markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attn.browser",
+        prog="python -m attn.site.browser",
         description="The web page (web/) in the system's headless Chromium, driven by Playwright "
                     "(never a downloaded browser).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -369,7 +369,7 @@ def main(argv=None) -> int:
                      f"not {args.sentence!r}")
     why = missing()
     if why:
-        print(f"python -m attn.browser: cannot run the browser: {why}", file=sys.stderr)
+        print(f"python -m attn.site.browser: cannot run the browser: {why}", file=sys.stderr)
         return 2
 
     def progress(i, n, ms):
