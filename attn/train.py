@@ -233,35 +233,75 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
            f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}"
            + (f", {dp.size} processes (gradients over {dp.transport})" if dp.size > 1 else ""))
 
-    step = None
-    if config.cuda_graph:
-        step = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn)
+    captured = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn) if config.cuda_graph else None
+
+    def step(batch, seed):
+        if captured is not None:                        # --cuda-graph: one launch a step
+            return captured(batch, seed, copy_loss=False)
+        return train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn, parallel,
+                          copy_loss=False)
+
+    def evaluate(bar):
+        evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
+
+    stop_reason = run_loop(config, state, run.train_enc, step, evaluate=evaluate,
+                           save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
+                           snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
+                           on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp)
+    dp.say(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
+           f"checkpoint {ckpt_path}")
+    if stop_reason == "interrupted":
+        dp.say(f"resume with: attn-train --resume --out {out}")
+        return {"interrupted": True, "steps": state.step}
+    metrics = None
+    if dp.master:
+        metrics = test_and_report(run, model, state, stop_reason, state.wall_seconds,
+                                  {"processes": dp.size} if dp.size > 1 else {})
+    return dp.broadcast(metrics)
+
+
+def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluate, save, snapshot=None,
+             on_step=None, dp=None, desc: str = "train") -> str:
+    """The training loop (section 5): epochs of batches of about ``config.max_tokens`` tokens from
+    ``train_enc`` (the order of epoch ``e`` from ``config.seed + e``), one optimizer step each,
+    until ``config``'s budget (``steps``, ``minutes`` of wall time over the whole run, ``epochs``)
+    is reached or Ctrl-C asks it to stop; ``state`` (:class:`TrainState`) is where it starts and
+    is kept up to date. Returns why it stopped.
+
+    What it does at each step is handed in, so that any model trains by the same rules:
+
+    ``step(batch, seed) -> (loss, lr)``
+        One optimizer step on ``batch``, its dropout seeded by ``seed``; the loss a 0-d array
+        (host or device) valid until the next step begins.
+    ``evaluate(bar)``
+        Validate and checkpoint: every ``config.eval_every`` steps and at the end.
+    ``save()``
+        Write the checkpoint of an interrupted run.
+    ``snapshot(step)``
+        An averaging snapshot, every ``config.snapshot_every`` steps when ``config.average > 1``.
+    ``on_step(state, wall_seconds)``
+        After every step (after its snapshot, before any evaluation); every step's loss is then
+        in ``state.losses`` (else they come to the host every :data:`LOG_EVERY` steps).
+
+    With a data-parallel group ``dp`` (:mod:`attn.training.distributed`; default: one process)
+    process 0's clock decides when all stop, and it alone evaluates, saves and snapshots.
+    """
+    from tqdm import tqdm
+    dp = distributed.group() if dp is None else dp
     pending = _PendingLosses()      # the device losses of the steps since the last log
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
-    from tqdm import tqdm
     bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=config.quiet or not dp.master, file=sys.stderr, desc="train")
-
-    def evaluate():
-        if dp.master:
-            evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
-
+               disable=config.quiet or not dp.master, file=sys.stderr, desc=desc)
     stop_reason = None
     with _Interrupt(dp.say) as interrupt:
         while stop_reason is None:
-            batches = make_batches(run.train_enc, config.max_tokens, shuffle=True, seed=config.seed,
-                                   epoch=state.epoch)
+            batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=state.epoch)
             while state.batch_index < len(batches):
                 batch = batches[state.batch_index]
                 t0 = time.perf_counter()
-                seed = config.seed * 1_000_003 + state.step
-                if step is None:
-                    loss, lr = train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn,
-                                          parallel, copy_loss=False)
-                else:                                   # --cuda-graph: one launch a step
-                    loss, lr = step(batch, seed, copy_loss=False)
+                loss, lr = step(batch, config.seed * 1_000_003 + state.step)
                 pending.append(loss)                    # copied before the next step reuses its memory
                 dt = time.perf_counter() - t0
                 state.step += 1
@@ -286,15 +326,17 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                     bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
                                         + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
                                         + f" ep {state.epoch}", refresh=False)
-                if dp.master and config.average > 1 and state.step % config.snapshot_every == 0:
-                    snapshot(out, model, vocab, state.step, config.average)
+                if dp.master and snapshot is not None and config.average > 1 \
+                        and state.step % config.snapshot_every == 0:
+                    snapshot(state.step)
                 if on_step is not None and dp.master:
-                    on_step(state, model, state.wall_seconds)
+                    on_step(state, state.wall_seconds)
                 if stop_reason == "interrupted":
                     if dp.master:
-                        save_checkpoint(ckpt_path, model, opt, state, vocab, config)
+                        save()
                 elif stop_reason or state.step - last_eval_step >= config.eval_every:
-                    evaluate()
+                    if dp.master:
+                        evaluate(bar)
                     last_eval_step = state.step
                 if stop_reason:
                     break
@@ -305,18 +347,11 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                     stop_reason = f"reached --epochs {config.epochs}"
                     if state.step != last_eval_step:
                         _log_losses(pending, state)
-                        evaluate()
+                        if dp.master:
+                            evaluate(bar)
     bar.close()
-    dp.say(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
-           f"checkpoint {ckpt_path}")
-    if stop_reason == "interrupted":
-        dp.say(f"resume with: attn-train --resume --out {out}")
-        return {"interrupted": True, "steps": state.step}
-    metrics = None
-    if dp.master:
-        metrics = test_and_report(run, model, state, stop_reason, wall_before + time.perf_counter() - started,
-                                  {"processes": dp.size} if dp.size > 1 else {})
-    return dp.broadcast(metrics)
+    state.wall_seconds = wall_before + (time.perf_counter() - started)     # the last evaluation included
+    return stop_reason
 
 
 def _check_cuda_graph(config: TrainConfig, dp) -> None:
