@@ -55,10 +55,12 @@ import math
 import os
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import backend as B
+from .. import engine as engines
 from ..checkpoint import load_npz
 from ..data import Vocab, encode_pairs, make_batches
 from ..evaluate import evaluate_translations
@@ -142,8 +144,7 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
     from .. import train as T
     t0 = time.perf_counter()
     params = {k: B.to_device(v, config.dtype) for k, v in p.params.items()}
-    cls = Transformer if config.reference else _fast_class()
-    model = cls(model_config, dtype=config.dtype, params=params)
+    model = engines.get(config.engine).model(model_config, dtype=config.dtype, params=params)
     if val is None:
         val = T.evaluate_loss(model, val_batches, model_config.label_smoothing)
     final, choice = T.choose_final_model(model, p.folder, config.average, vocab, val_batches,
@@ -166,11 +167,6 @@ def _averaged(folder: Path, k: int) -> int:
     """How many snapshots :func:`attn.train.average_snapshots` averages in ``folder`` (1: none, the last model)."""
     n = min(len(list((folder / "snapshots").glob("step-*.npz"))), k)
     return n if k > 1 and n >= 2 else 1
-
-
-def _fast_class():
-    from ..fast import FastTransformer
-    return FastTransformer
 
 
 # --------------------------------------------------------------------------- the attn half
@@ -211,18 +207,17 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     # attn's schedule: its warm-up (fitted to the budget, where it was) and its factor
     schedule = Adam({}, model_config.d_model, model_config.warmup_steps, T.schedule_factor(config, model_config))
     _check_schedule(Path(config.out) / "metrics.jsonl", schedule)      # before any work: fail fast
-    cls = Transformer if config.reference else _fast_class()
+    engine = engines.get(config.engine)
 
     def attn_view():
         """A copy of the twin's weights as an attn model (for attn's evaluation code)."""
         params = {k: B.to_device(v, config.dtype) for k, v in tmodel.attn_params().items()}
-        return cls(model_config, dtype=config.dtype, params=params)
+        return engine.model(model_config, dtype=config.dtype, params=params)
 
     max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
     train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
     val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens, shuffle=False)
     ls = model_config.label_smoothing
-    budget = config.minutes * 60.0 if config.minutes else math.inf
     watch = Watch("pytorch", at_minutes, out.parent / f"torch-at-{at_minutes:g}min" if at_minutes else None,
                   out / "snapshots")
     evals = []
@@ -231,7 +226,12 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     metrics_log = out / "metrics.jsonl"
     metrics_log.write_text("")
 
-    def evaluate():
+    def save():
+        torch.save({"model": tmodel.state_dict(), "optimizer": topt.state_dict(), "step": state.step,
+                    "epoch": state.epoch, "batch_index": state.batch_index, "train_loss": list(losses)},
+                   out / "checkpoint.pt")
+
+    def evaluate(bar):
         """What attn's ``evaluate_and_save`` does: validate, log a line, write a checkpoint."""
         t0 = time.perf_counter()
         model = attn_view()
@@ -246,73 +246,39 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
         evals.append(record)
         with open(metrics_log, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        torch.save({"model": tmodel.state_dict(), "optimizer": topt.state_dict(), "step": state.step,
-                    "epoch": state.epoch, "batch_index": state.batch_index, "train_loss": list(losses)},
-                   out / "checkpoint.pt")
+        save()
         bar.write(f"pytorch step {state.step}: val loss {record['val_loss']:.3f}"
                   + (f", BLEU {record['val_bleu']:.1f}" if "val_bleu" in record else ""), file=sys.stderr)
 
+    def step(b, seed):
+        """PyTorch's optimizer step (dropout from PyTorch's own generator, not ``seed``)."""
+        src, tgt_in, tgt_out = (torch.from_numpy(a).to(device) for a in (b.src, b.tgt_in, b.tgt_out))
+        tmodel.train()
+        loss = torch_loss(tmodel(src, tgt_in), tgt_out, ls)
+        topt.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.clip:
+            torch.nn.utils.clip_grad_norm_(tmodel.parameters(), config.clip)
+        lr = schedule.lr(state.step + 1)
+        for g in topt.param_groups:
+            g["lr"] = lr
+        topt.step()
+        return B.host.asarray(loss.item()), lr            # the one sync of the step, as attn's
+
+    def check_and_watch(state, wall):
+        if state.step <= len(attn_tokens) and attn_tokens[state.step - 1] != state.tokens_seen:
+            raise QualityError(f"step {state.step}: PyTorch has seen {state.tokens_seen} tokens, attn "
+                               f"{attn_tokens[state.step - 1]}: the batches differ")
+        capture = watch.at_minutes is not None and watch.point is None and wall >= watch.at_minutes * 60
+        watch(state, tmodel.attn_params() if capture else None, wall)
+
     _progress(f"pytorch: training for {config.minutes:g} min into {out} (threads {torch.get_num_threads()}, "
               f"Adam {adam_kind})", quiet)
-    from tqdm import tqdm
-    bar = tqdm(total=config.steps or None, unit="step", dynamic_ncols=True, disable=quiet, file=sys.stderr,
-               desc="pytorch")                 # attn-train shows the same bar: the same small cost per step
-    stop = None
-    started = time.perf_counter()
-    last_eval = 0
-    while stop is None:
-        batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=state.epoch)
-        while state.batch_index < len(batches):
-            b = batches[state.batch_index]
-            t0 = time.perf_counter()
-            src, tgt_in, tgt_out = (torch.from_numpy(a).to(device) for a in (b.src, b.tgt_in, b.tgt_out))
-            tmodel.train()
-            loss = torch_loss(tmodel(src, tgt_in), tgt_out, ls)
-            topt.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.clip:
-                torch.nn.utils.clip_grad_norm_(tmodel.parameters(), config.clip)
-            lr = schedule.lr(state.step + 1)
-            for g in topt.param_groups:
-                g["lr"] = lr
-            topt.step()
-            loss_value = loss.item()                  # the one sync of the step, as attn's
-            dt = time.perf_counter() - t0
-            state.step += 1
-            state.batch_index += 1
-            state.train_seconds += dt
-            wall = state.wall_seconds = time.perf_counter() - started
-            state.tokens_seen += b.n_src_tokens + b.n_tgt_tokens
-            losses.append(loss_value)
-            bar.update(1)
-            bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} "
-                                f"{state.tokens_seen / max(state.train_seconds, 1e-9):,.0f} tok/s"
-                                + (f" left {T._fmt_secs(budget - wall)}" if budget < math.inf else "")
-                                + f" ep {state.epoch}", refresh=False)
-            if state.step <= len(attn_tokens) and attn_tokens[state.step - 1] != state.tokens_seen:
-                raise QualityError(f"step {state.step}: PyTorch has seen {state.tokens_seen} tokens, attn "
-                                   f"{attn_tokens[state.step - 1]}: the batches differ")
-            if config.steps and state.step >= config.steps:
-                stop = f"reached --steps {config.steps}"
-            elif wall >= budget:
-                stop = f"reached --minutes {config.minutes:g}"
-            if config.average > 1 and state.step % config.snapshot_every == 0:
-                T.snapshot(out, attn_view(), vocab, state.step, config.average)
-            capture = watch.at_minutes is not None and watch.point is None and wall >= watch.at_minutes * 60
-            watch(state, tmodel.attn_params() if capture else None, wall)
-            if stop or state.step - last_eval >= config.eval_every:
-                evaluate()
-                last_eval = state.step
-            if stop:
-                break
-        else:
-            state.epoch += 1
-            state.batch_index = 0
-            if config.epochs and state.epoch >= config.epochs:
-                stop = f"reached --epochs {config.epochs}"
-                if state.step != last_eval:
-                    evaluate()
-    bar.close()
+    stop = T.run_loop(dataclasses.replace(config, quiet=quiet), state, train_enc, step, evaluate=evaluate, save=save,
+                      snapshot=lambda at: T.snapshot(out, attn_view(), vocab, at, config.average),
+                      on_step=check_and_watch, desc="pytorch")
+    if stop == "interrupted":
+        raise KeyboardInterrupt
     _progress(f"pytorch: stopped ({stop}) after {state.step} steps, {state.train_seconds:.0f} s of training", quiet)
     end = Point("pytorch", config.minutes, "end of the run", out, state.step, state.epoch, state.tokens_seen,
                 state.train_seconds, state.wall_seconds, params=tmodel.attn_params())
