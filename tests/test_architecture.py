@@ -1,0 +1,85 @@
+"""The architecture, enforced: the import-linter contracts in setup.cfg hold, every part of the
+package is in one of the three layers they name, docs/ARCHITECTURE.md draws those layers as
+they are, and no module is longer than one person reads in a sitting."""
+from __future__ import annotations
+
+import configparser
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "attn"
+
+#: The most lines a module of attn/ may have.
+MAX_LINES = 800
+
+
+def _lines(value: str) -> list[str]:
+    return [v.strip() for v in value.split() if v.strip()]
+
+
+def layers() -> dict[str, set[str]]:
+    """The three layers as setup.cfg's contracts name them: {"course", "engine", "tools"} -> the
+    parts (``attn.model``, ``attn.fast``, ...)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg", encoding="utf-8")
+    course = cfg["importlinter:contract:course"]
+    engine = cfg["importlinter:contract:engine"]
+    return {"course": set(_lines(course["source_modules"])),
+            "engine": set(_lines(engine["source_modules"])),
+            "tools": set(_lines(engine["forbidden_modules"]))}
+
+
+def parts() -> set[str]:
+    """Every module and sub-package directly under attn/."""
+    found = {f"attn.{p.stem}" for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    found |= {f"attn.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    return found
+
+
+def test_the_import_contracts_hold(capsys):
+    """``lint-imports``: the course imports no engine and no tool (directly or through another
+    module), the engine no tool, the grader neither the benchmarks nor the site."""
+    from importlinter.cli import lint_imports
+    code = lint_imports(config_filename=str(ROOT / "setup.cfg"), no_cache=True, no_logo=True)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "BROKEN" not in out and "KEPT" in out
+
+
+def test_every_part_of_the_package_is_in_one_layer():
+    named = layers()
+    where = {}
+    for layer, names in named.items():
+        for name in names:
+            assert name not in where, f"{name} is in both the {where[name]} and the {layer} layer (setup.cfg)"
+            where[name] = layer
+    assert parts() - set(where) == set(), "parts of attn/ in no layer of setup.cfg's contracts: add them"
+    assert set(where) - parts() == set(), "layers of setup.cfg name parts that do not exist"
+
+
+def test_the_map_draws_the_layers_as_the_contracts_name_them():
+    """docs/ARCHITECTURE.md's drawing has a row per layer (``course``, ``engine``, ``tools``, maybe
+    over several lines) naming its parts as paths under attn/ (``model``, ``layers/``)."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    drawing = re.search(r"<!-- layers -->\n```\n(.*?)```", text, re.S)
+    assert drawing, "docs/ARCHITECTURE.md has no drawing of the layers (a fenced block after <!-- layers -->)"
+    drawn, layer = {}, None
+    for line in drawing.group(1).splitlines():
+        head, _, rest = line.partition("│")
+        first = head.split()[0] if head.split() else ""
+        if first in ("course", "engine", "tools"):
+            layer = first
+            head = head[len(head) - len(head.lstrip()) + len(first):]
+        if layer is None or not head.strip():
+            continue
+        drawn.setdefault(layer, set()).update("attn." + w.rstrip("/") for w in head.split())
+    assert drawn == layers()
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_longer_than_a_sitting(path):
+    n = len(path.read_text(encoding="utf-8").splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (at most {MAX_LINES}): split it by its seams"
