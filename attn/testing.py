@@ -1,7 +1,7 @@
 """Testing tools for attn's layers, public as ``numpy.testing`` is: the hypothesis
 strategies, the float64 gradient check, and each layer's invariants.
 
-The test suite (``tests/``) and the learner's grader (``attn-check``, :mod:`attn.check`)
+The test suite (``tests/``) and the learner's grader (``attn-check``, :mod:`attn.grader`)
 both use this module, so a learner's layer is graded by exactly what proves the
 library's.
 
@@ -53,8 +53,8 @@ layers
     an encoder layer, a decoder layer, the whole Transformer, the schedule, Adam,
     greedy and beam search, checkpoint averaging, BPE merges): the names of its
     functions, a strategy of examples (hard inputs included), which invariants
-    apply, and hints at two levels (where to look, the formula). :mod:`attn.check`
-    grades with it, against :mod:`attn.solutions`.
+    apply, and hints at two levels (where to look, the formula). :mod:`attn.grader`
+    grades with it, against :mod:`attn.grader.solutions`.
 dropout
     :data:`DROPOUT_PROBES`: for each layer that takes dropout, inputs on which the
     output is the tensor dropout applies to, so that the mask can be read off it.
@@ -614,7 +614,7 @@ def assert_rnn_skips_masked_steps(forward, x, h0, w_x, w_h, b, mask) -> None:
 #
 # One entry per layer of attn.layers (and its helpers, the masks and the loss): the names
 # of its functions, a strategy of examples (hypothesis shrinks them to the smallest that
-# fails), and the invariants above that apply. attn.check grades a learner's functions
+# fails), and the invariants above that apply. attn.grader grades a learner's functions
 # with these; the hard inputs (large logits, fully masked rows, repeated ids, padding)
 # come from the same strategies the tests use.
 
@@ -1088,7 +1088,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
 
 def _library(name: str):
     """The library's function called ``name`` (the solution)."""
-    from .check_child import library_function
+    from .grader.child import library_function
     return library_function(name)
 
 
@@ -1203,11 +1203,11 @@ for _name, _where in _WHERE.items():
 # ----------------------------------------------------------------------------- the whole path: lessons 2-15
 #
 # Exercises beyond single layers, graded against the code the library runs
-# (:mod:`attn.solutions` calls attn.model, attn.optim, attn.decode and attn.bpe).
+# (:mod:`attn.grader.solutions` calls attn.model, attn.optim, attn.decode and attn.bpe).
 
 
 class Built(NamedTuple):
-    """An argument made by ``attn.solutions.<function>(*args)`` (the fixed model of the
+    """An argument made by ``attn.grader.solutions.<function>(*args)`` (the fixed model of the
     decoding exercise): in the grader's process for the library's call, in the child for
     the learner's."""
     function: str
@@ -1315,7 +1315,7 @@ def explain_tied_embedding(label, yours, expected, ex, dout) -> str:
     """For ``embedding.weight``: which of its three gradient paths yours lacks (or counts twice)."""
     if "embedding.weight" not in label:
         return ""
-    from . import solutions
+    from .grader import solutions
     args = {k: B.to_device(v) if isinstance(v, np.ndarray) else
             ({n: B.to_device(a) for n, a in v.items()} if isinstance(v, dict) else v) for k, v in ex.args}
     paths = solutions.tied_embedding_paths(args["params"], args["n_heads"], args["eps"], args["src"],
