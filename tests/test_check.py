@@ -362,10 +362,12 @@ def test_the_grader_gets_its_arrays_from_the_backend():
     """attn.testing and attn.grader import no NumPy (tests/test_backend.py checks every module of attn/;
     this names the two, so that moving them out of attn/ cannot drop them from that rule)."""
     from test_backend import _forbidden_imports
-    for module in ("testing.py",) + tuple(f"grader/{m}.py" for m in (
-            "__init__", "cli", "grading", "checks", "sandbox", "child", "reports", "results", "solutions")):
-        path = ROOT / "attn" / module
-        assert path.is_file() and not _forbidden_imports(path), module
+    for package, modules in (("testing", ("strategies", "gradients", "invariants", "layers", "probes", "exercises")),
+                             ("grader", ("cli", "grading", "checks", "sandbox", "child", "reports", "results",
+                                         "solutions"))):
+        for module in ("__init__",) + modules:
+            path = ROOT / "attn" / package / f"{module}.py"
+            assert path.is_file() and not _forbidden_imports(path), path
 
 
 def test_console_script_and_hypothesis_dependency_are_declared():
