@@ -17,7 +17,7 @@ from xml.etree import ElementTree
 import pytest
 
 import attn.backend as B
-from attn import check
+from attn.grader import cli
 from attn.testing import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def run_check():
 
     def run(*argv):
         out = io.StringIO()
-        rc = check.main([str(a) for a in argv], out=out)
+        rc = cli.main([str(a) for a in argv], out=out)
         return rc, out.getvalue()
     yield run
     B._current, B._xp, B.cupy_modules = saved
@@ -349,7 +349,7 @@ def test_all_prints_which_exercises_are_done(run_check, tmp_path):
 
 def test_help_and_module_entry_point():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "attn.check", "--help"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", "--help"], capture_output=True, text=True,
                           env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 0
     for words in ("attn-check", "--layer", "--examples", "--timeout", "--hint", "--forward-only", "--json",
@@ -359,18 +359,21 @@ def test_help_and_module_entry_point():
 
 
 def test_the_grader_gets_its_arrays_from_the_backend():
-    """attn.testing and attn.check import no NumPy (tests/test_backend.py checks every module of attn/;
+    """attn.testing and attn.grader import no NumPy (tests/test_backend.py checks every module of attn/;
     this names the two, so that moving them out of attn/ cannot drop them from that rule)."""
     from test_backend import _forbidden_imports
-    for module in ("testing.py", "check.py", "check_child.py", "solutions.py"):
-        path = ROOT / "attn" / module
-        assert path.is_file() and not _forbidden_imports(path), module
+    for package, modules in (("testing", ("strategies", "gradients", "invariants", "layers", "probes", "exercises")),
+                             ("grader", ("cli", "grading", "checks", "sandbox", "child", "reports", "results",
+                                         "solutions"))):
+        for module in ("__init__",) + modules:
+            path = ROOT / "attn" / package / f"{module}.py"
+            assert path.is_file() and not _forbidden_imports(path), path
 
 
 def test_console_script_and_hypothesis_dependency_are_declared():
     cfg = configparser.ConfigParser()
     cfg.read(ROOT / "setup.cfg")
-    assert "attn-check = attn.check:console" in cfg["options.entry_points"]["console_scripts"]
+    assert "attn-check = attn.grader.cli:console" in cfg["options.entry_points"]["console_scripts"]
     assert "hypothesis" in cfg["options"]["install_requires"]
 
 

@@ -3,8 +3,8 @@ paths: the output projection's (logits = h @ E^T). Built on attn.model with the 
 untied and copied three ways, so that each path's gradient is at hand."""
 import dataclasses
 
+from attn.grader.solutions import _config
 from attn.model import Transformer
-from attn.solutions import _config
 
 
 def transformer_forward(src, tgt_in, params, n_heads, eps=1e-6):

@@ -1,7 +1,7 @@
 """The other side of ``attn-check``: the child process that runs a learner's code.
 
-:mod:`attn.check` never imports a learner's file. It starts this module in a child
-process (``python -c "from attn.check_child import main; main()"``) and asks it, over a pipe, to call one function
+:mod:`attn.grader` never imports a learner's file. It starts this module in a child
+process (``python -c "from attn.grader.child import main; main()"``) and asks it, over a pipe, to call one function
 at a time; everything the grader decides (hypothesis' examples, the library's results,
 every comparison) stays in the grader's process, where nothing the learner writes can
 reach it. What the learner's code can do is confined to this process: loop forever (the
@@ -43,7 +43,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import NamedTuple
 
-from . import backend as B
+from .. import backend as B
 
 np = B.host
 
@@ -59,7 +59,7 @@ LIBRARY = {n: f"attn.layers:{n}" for n in (
     "rnn_step_forward", "rnn_step_backward", "rnn_forward", "rnn_backward")}
 LIBRARY.update({"cross_entropy": "attn.loss:cross_entropy", "causal_mask": "attn.masks:causal_mask",
                 "padding_mask": "attn.masks:padding_mask", "decoder_mask": "attn.masks:decoder_mask"})
-LIBRARY.update({n: f"attn.solutions:{n}" for n in (
+LIBRARY.update({n: f"attn.grader.solutions:{n}" for n in (
     "luong_attention_forward", "luong_attention_backward", "encoder_layer_forward", "encoder_layer_backward",
     "decoder_layer_forward", "decoder_layer_backward", "transformer_forward", "transformer_backward",
     "adam_step", "greedy_decode", "beam_search", "average_checkpoints", "learn_merges", "decoding_model")})
@@ -69,7 +69,7 @@ GIVEN_ONLY = {"decoding_model"}
 
 
 #: Besides its own name, the library code an exercise's function may not call: the larger
-#: thing attn.solutions builds that exercise's answer from.
+#: thing attn.grader.solutions builds that exercise's answer from.
 TWINS = {
     "encoder_layer_forward": ("attn.model:Transformer._residual_fwd", "attn.model:Transformer.encode"),
     "encoder_layer_backward": ("attn.model:Transformer._residual_bwd", "attn.model:Transformer.backward"),

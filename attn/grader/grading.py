@@ -1,0 +1,268 @@
+"""Grading: one layer (its forward on every example first, then its backward, then its
+dropout) and one file (every layer it defines, in the child process)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+from hypothesis.errors import Flaky
+
+from .. import backend as B
+from ..gradcheck import rel_error
+from ..testing import DROPOUT_PROBES, LAYERS, Layer, reference
+from .checks import CHECKS, DROPOUT_DRAWS, EXAMPLE_SHARE, _Args, _entries, check_dropout, check_pair
+from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, Fatal, FileReport, LoadError,
+                      NotImplementedYet, Result, _Todo)
+from .reports import report, summary
+from .sandbox import Remote, Sandbox
+
+np = B.host
+
+# ----------------------------------------------------------------------------- grading a layer
+
+
+def _run(layer: Layer, sandbox: Sandbox, fn, examples: int):
+    """Hypothesis over the layer's examples with ``fn(ex)``; returns (runs, the failure or None)."""
+    count = [0]
+    examples = max(1, round(examples * EXAMPLE_SHARE.get(layer.name, 1.0)))
+
+    # A fixed seed, not derandomize (which seeds from this function's source): the same
+    # examples for every file and every version of the grader.
+    @settings(max_examples=examples, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
+              phases=(Phase.explicit, Phase.generate, Phase.shrink))
+    @seed(EXAMPLE_SEED)
+    @given(layer.examples)
+    def run(ex):
+        count[0] += 1
+        sandbox.reset()
+        try:
+            fn(ex)
+        except Failure as e:
+            e.example = ex
+            raise
+        except NotImplementedYet as e:          # nothing to shrink: stop at once
+            raise _Todo(e) from None
+        except Fatal as e:
+            e.failure.example = ex
+            raise
+
+    try:
+        run()
+        return count[0], None
+    except _Todo as e:
+        return count[0], e.todo
+    except (Failure, NotImplementedYet) as e:
+        return count[0], e
+    except Fatal as e:
+        return count[0], e.failure
+    except Flaky as e:
+        inner = next((x for x in getattr(e, "exceptions", ()) if isinstance(x, (Failure, NotImplementedYet))), None)
+        return count[0], inner or Failure("repeatability", "the same input gave different results on two calls",
+                                          look="an unseeded random number, or state kept between calls (globals, "
+                                               "attributes)")
+    except Exception as e:      # a bug of attn-check's own: say so, without a traceback for the learner
+        return count[0], Failure("attn-check", f"attn-check itself failed: {type(e).__name__}: {e}",
+                                 look="not your code's fault: please report it with this file")
+
+
+def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
+    """For the HTML report: the learner's output and the library's on the failing example,
+    where the failure (an invariant, say) did not already compare them."""
+    if f.arrays is not None or f.example is None or f.fatal:
+        return
+    try:
+        ref_f = reference(layer.name)[0]
+        want = B.to_host(ref_f(*_Args(f.example).call())[0])
+        got = impl[layer.functions[0]](*_Args(f.example, drop=drop).call())
+        got = B.to_host(got[0] if isinstance(got, tuple) else got)
+        if got.shape == want.shape and want.dtype.kind == "f":
+            f.arrays = (got, want)
+            if not f.entries:
+                f.entries = _entries(got, want)
+            if f.error is None and not np.array_equal(got, want):
+                f.error = rel_error(got, want)
+            f.outputs_agree = not f.entries
+    except (Exception, Fatal):
+        pass
+
+
+def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EXAMPLES, given_forward: bool = False,
+          forward_only: bool = False, drop=()) -> Result:
+    """Grade one layer: its forward first (every example), then its backward (against the
+    library's if the forward passed, against central differences of the learner's own
+    forward if not), then its dropout."""
+    t0 = time.perf_counter()
+    check = CHECKS[layer.kind]
+    names = [n for n in layer.functions if n in impl and not (given_forward and n == layer.functions[0])]
+
+    def result(status, runs, detail=None, note="", blame="", also=""):
+        return Result(layer.name, status, time.perf_counter() - t0, runs, detail, note, blame, also, names)
+
+    note = ""
+    if drop:
+        note = (f"dropout not graded: {layer.functions[0]} takes no dropout argument (lesson 12 teaches it; add "
+                "`dropout=0.0, rng=None` then)")
+    if layer.kind != "pair":
+        runs, err = _run(layer, sandbox, lambda ex: check(layer, impl, ex), examples)
+        if err is None:
+            return result("pass", runs, note=note)
+        if isinstance(err, NotImplementedYet):
+            return result("todo", runs, err, note)
+        return result("fail", runs, err, note, blame=layer.functions[0])
+    fname, bname = layer.functions
+    has_bwd = bname in impl
+    runs = 0
+    forward_failure = None
+    if not given_forward:
+        n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "forward", drop), examples)
+        runs += n
+        if isinstance(err, NotImplementedYet):
+            return result("todo", runs, err, note)
+        if err is not None:
+            forward_failure = err
+            err.blame = fname
+    if forward_failure is not None and forward_failure.check == "attn-check":
+        return result("fail", runs, forward_failure, note)
+    if forward_failure is not None:
+        _attach_outputs(layer, impl, forward_failure, drop)
+        also = ""
+        if has_bwd and forward_failure.check != "integrity" and not forward_failure.message.startswith(fname + " "):
+            n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "self", drop), examples)
+            runs += n
+            if isinstance(err, NotImplementedYet):
+                also = f"{bname}: not implemented yet"
+            elif err is None:
+                also = (f"{bname} agrees with central differences of your own forward (it was not compared with "
+                        "the library's, whose forward differs from yours): fix the forward, then run this again")
+            else:
+                also = (f"{bname} also disagrees with central differences of your own forward: {err.message}"
+                        + (f" (relative error {err.error:.3g})" if err.error is not None else ""))
+        r = result("fail", runs, forward_failure, note, blame=fname, also=also)
+        r.forward_first = has_bwd and forward_failure.check != "integrity"
+        return r
+    if not has_bwd:
+        n = f"forward only: {bname} is not defined, gradients not checked"
+        if forward_only:
+            return result("pass", runs, note="; ".join(x for x in (n, note) if x))
+        return result("incomplete", runs, note="; ".join(x for x in (n + " (--forward-only accepts that)", note)
+                                                          if x))
+    n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "backward", drop), examples)
+    runs += n
+    if isinstance(err, NotImplementedYet):
+        return result("todo", runs, err, note)
+    if err is not None:
+        blame = fname if err.check in ("forward", "float32") else bname
+        err.blame = blame
+        return result("fail", runs, err, note, blame=blame)
+    if layer.name in DROPOUT_PROBES and not drop:
+        sandbox.reset()
+        try:
+            check_dropout(layer, impl)
+        except Fatal as e:
+            e.failure.blame = fname
+            return result("fail", runs, e.failure, note, blame=fname)
+        except NotImplementedYet as e:
+            return result("todo", runs, e, note)
+        except Failure as f:
+            blame = bname if "backward" in f.look or f.message.startswith("d") else fname
+            f.blame = blame
+            return result("fail", runs, f, note, blame=blame)
+        runs += DROPOUT_DRAWS + 3
+    if given_forward:
+        note = "; ".join(x for x in (f"{fname} is the library's, as the exercise gives it: {bname} graded", note) if x)
+    return result("pass", runs, note=note)
+
+# ----------------------------------------------------------------------------- grading a file
+
+
+def _layer_table() -> str:
+    return "\n".join(f"  {n:<22} {', '.join(layer.functions)}" for n, layer in LAYERS.items())
+
+
+def _reexport(layer: Layer, name: str, origin: dict) -> Result:
+    f = Failure("integrity", f"{name} is the library's own ({origin['defined']}), re-exported: attn-check grades "
+                             "your code", look="write the body yourself; import the library as a module (from attn "
+                             "import layers as L) only to call its other layers")
+    return Result(layer.name, "fail", 0.0, 0, f, blame=name, functions=(name,))
+
+
+def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeout: float = DEFAULT_TIMEOUT,
+               forward_only: bool = False, allow_library: bool = False, out=None, hint_level: int = 1) -> FileReport:
+    """Grade every layer ``path`` defines (or those named in ``layers``), printing the text
+    report to ``out`` as it goes."""
+    rep = FileReport(path)
+    rep.examples, rep.hint = examples, hint_level
+    w = (out.write if out is not None else (lambda s: None))
+    sandbox = Sandbox(path, timeout, allow_library)
+    try:
+        try:
+            found = sandbox.start()
+        except LoadError as e:
+            rep.error = f"could not import {path}: {e}" + (f"\n    where: {e.where}" if e.where else "")
+            return rep
+        except Fatal as e:
+            rep.error = f"could not import {path}: {e.failure.message}" + (
+                f"\n    where: {e.failure.where}" if e.failure.where else "")
+            return rep
+        plan, imported = [], []
+        for name, layer in LAYERS.items():
+            present = [n for n in layer.functions if n in found]
+            if not present or (layers and name not in layers):
+                continue
+            lib = [n for n in present if found[n]["library"] and not allow_library]
+            if layer.kind != "pair":
+                plan.append((layer, _reexport(layer, present[0], found[present[0]]) if lib else
+                             {present[0]: Remote(sandbox, present[0])}, False, ()))
+                continue
+            fname, bname = layer.functions
+            if bname in lib:
+                plan.append((layer, _reexport(layer, bname, found[bname]), False, ()))
+            elif bname in present:
+                given_fwd = fname not in present or fname in lib
+                impl = {fname: Remote(sandbox, fname, given=given_fwd), bname: Remote(sandbox, bname)}
+                plan.append((layer, impl, given_fwd, _deferred(layer, found.get(fname), given_fwd)))
+            elif fname in lib:
+                imported.append(fname)
+            else:
+                plan.append((layer, {fname: Remote(sandbox, fname)}, False, _deferred(layer, found[fname], False)))
+        if layers:
+            missing = [n for n in layers if n not in {layer.name for layer, *_ in plan}]
+            if missing:
+                rep.error = (f"{path} defines no function of {', '.join(missing)} (looked for "
+                             + "; ".join(", ".join(LAYERS[n].functions) for n in missing) + ")")
+                return rep
+        if not plan:
+            rep.error = f"{path} defines no gradable function"
+            if imported:
+                rep.error += (f": {', '.join(imported)} {'is' if len(imported) == 1 else 'are'} the library's own, "
+                              "imported, not written here")
+            rep.error += f". Names it looks for:\n{_layer_table()}"
+            return rep
+        rep.header = (f"attn-check {path}: {len(plan)} layer{'s' * (len(plan) != 1)}, {examples} examples each, "
+                      f"backend {B.get_backend()}" + (", the library's own functions allowed" if allow_library else ""))
+        w(rep.header + "\n")
+        for layer, impl, given_fwd, drop in plan:
+            if isinstance(impl, Result):
+                r = impl
+            else:
+                r = grade(layer, impl, sandbox, examples, given_fwd, forward_only, drop)
+            if out is not None:
+                report(r, out, hint_level)
+                out.flush()
+            rep.results.append(r)
+        w(summary(rep.results) + "\n")
+        rep.status = 0 if all(r.status == "pass" for r in rep.results) else 1
+        return rep
+    finally:
+        sandbox.cleanup()
+
+
+def _deferred(layer: Layer, origin: dict | None, given_fwd: bool) -> tuple:
+    """("dropout", "rng") when the learner's forward takes no dropout argument although the
+    library's does (the starters before lesson 12 leave it out); () otherwise."""
+    if given_fwd or origin is None or layer.name not in DROPOUT_PROBES or layer.name == "dropout":
+        return ()
+    params = origin.get("params") or []
+    return () if "dropout" in params or not params else ("dropout", "rng")
