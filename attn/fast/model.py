@@ -944,8 +944,7 @@ class FastTransformer(Transformer):
 
     #: decode_step runs with single-threaded BLAS (NumPy) while rows x d_model is at most this:
     #: OpenBLAS splits even (64, 256) x (256, 256) products over its threads, and the threads'
-    #: hand-offs cost several times the product (greedy decoding of 64 sentences on two cores:
-    #: 8.7 s with two BLAS threads, 1.2 s with one).
+    #: hand-offs cost several times the product.
     DECODE_ONE_THREAD_MAX = 1 << 18
 
     def start_decoding(self, memory, src_mask, reserve=None):
