@@ -54,7 +54,9 @@ The package's rooms:
 ``dispatch``       :func:`ops_for`, which picks the CuPy kernels where they apply
 ``loss``           the fused label-smoothed cross-entropy
 ``arena``          the flat parameter/gradient/moment buffers and their layout
-``model``          :class:`FastTransformer` and its caches
+``caches``         what the forward keeps (:class:`FastCache`...), the fused weights
+``backward``       ``FastBackward``, the backward half of :class:`FastTransformer`
+``model``          :class:`FastTransformer`: weights, forward, decoding entry points
 ``decoding``       the incremental decoding step and its states (NumPy; CuPy: preallocated)
 ``optim``          :class:`FastAdam`
 =================  ===================================================================

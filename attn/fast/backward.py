@@ -1,0 +1,278 @@
+"""The fast model's backward: :class:`FastBackward`, the half of
+:class:`attn.fast.FastTransformer` that turns a :class:`attn.fast.caches.FastCache` into
+the gradients, and where it writes them (:class:`_Grads`, the stages announced by
+:class:`_Stages`)."""
+from __future__ import annotations
+
+import math
+import threading
+from typing import NamedTuple
+
+from .arena import Arena
+from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FFNCache, ResCache, SelfAttnCache,
+                     SplitCache)
+from .threads import _THREADS
+
+
+class _Grads(NamedTuple):
+    """Where one part of a step writes its gradients: a flat buffer with the arena's layout
+    (the arena's own ``grads``, or a split batch's other parts' scratch), its per-name views,
+    the arena (for the fused blocks: :meth:`block`), and ``done(stage)``, called when the part
+    has written every gradient of a stage of :func:`attn.fast.arena.stages`."""
+    flat: object
+    views: dict
+    arena: Arena
+    done: object
+
+    def block(self, name: str):
+        return self.arena.block(self.flat, name)
+
+
+def _nothing(stage: str) -> None:
+    """``done`` of one process's backward: nobody waits for a stage."""
+
+
+class _Stages:
+    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`).
+
+    One part: each stage as its part finishes it. Several parts (a split batch, on threads):
+    a stage is final only when every part has written it; the last part to finish it adds the
+    other parts' gradients of the stage into the arena's (in the parts' order, as one sum over
+    the parts would) and announces it. The last stage (the embeddings) is added by
+    :meth:`FastTransformer.backward` over the threads once they have all returned."""
+
+    def __init__(self, arena: Arena, parts: list, ready):
+        self.arena, self.parts, self.ready = arena, parts, ready
+        self.last = next(reversed(arena.layout.stages))
+        self.left = {}
+        self.lock = threading.Lock()
+
+    def one(self, stage: str) -> None:
+        self.ready(self.arena.layout.stages[stage][1])
+
+    def of_parts(self, stage: str) -> None:
+        with self.lock:
+            left = self.left[stage] = self.left.get(stage, len(self.parts)) - 1
+        if left or stage == self.last:
+            return
+        lo, hi = self.arena.layout.stages[stage]
+        for g in self.parts[1:]:
+            self.arena.grads[lo:hi] += g.flat[lo:hi]
+        self.ready(hi)
+
+
+class FastBackward:
+    """The backward of :class:`attn.fast.FastTransformer` (its base class): :meth:`backward`
+    and the backward of each piece of its forward, which it reads (``config``, ``params``,
+    ``ops``, ``_heads``...) from the model."""
+
+    def backward(self, dlogits, cache, ready=None) -> dict:
+        """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of :meth:`forward`;
+        ``ready`` (optional), called as ``ready(stop)`` each time ``arena.grads[:stop]`` has
+        become final: the arena lies in the order the backward finishes its gradients, last
+        layer first (:mod:`attn.fast.arena`), so a data-parallel run sends the front of the
+        buffer while the backward computes the rest. The last call is ``ready(arena.size)``.
+
+        Returns: grads, a dict keyed like ``params`` (the reference's gradients): the views
+        of ``arena.grads``, which every gradient is written into (the next backward
+        overwrites them). The parts of a split batch (NumPy) write theirs into scratch
+        buffers of the arena's layout, kept between steps, which are added in stage by stage.
+        """
+        a = self.arena
+        self._decode_params = None                      # the parameters are about to change
+        if not isinstance(cache, SplitCache):
+            done = _nothing if ready is None else _Stages(a, [], ready).one
+            G = _Grads(a.grads, a.grad_views, a, done)
+            self._backward_part(dlogits, cache, G)
+            return dict(G.views)
+        k = len(cache.parts)
+        while len(self._part_grads) < k - 1:
+            flat = a.new_buffer()
+            self._part_grads.append((flat, a.views(flat)))
+        stages = _Stages(a, [], ready or _nothing)
+        parts = stages.parts
+        parts.extend(_Grads(flat, views, a, stages.of_parts)
+                     for flat, views in [(a.grads, a.grad_views), *self._part_grads[:k - 1]])
+        _THREADS.parallel([lambda sl=sl, c=c, g=g: self._backward_part(dlogits[sl], c, g)
+                           for sl, c, g in zip(cache.parts, cache.caches, parts)])
+        start, n = a.layout.stages[stages.last][0], a.size          # the embeddings, over the threads
+        bounds = [start + (n - start) * i // k for i in range(k + 1)]
+
+        def add(lo, hi):
+            for g in parts[1:]:
+                a.grads[lo:hi] += g.flat[lo:hi]
+        _THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
+        stages.ready(n)
+        return dict(parts[0].views)
+
+    def _backward_part(self, dlogits, cache: FastCache, G: _Grads) -> None:
+        """The backward of one part: writes its gradients into ``G`` (every parameter's: the
+        arena's layout, nothing concatenated or sliced). Frees the cache as it goes."""
+        cfg, xp, ops, p = self.config, self.xp, self.ops, self.params
+        Bsz, S, T = cache.shapes
+        D, L = cfg.d_model, cfg.n_decoder_layers
+        gv = G.views
+        # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
+        self._phase("backward: output projection")
+        E = p[self._emb("out")]
+        d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
+        ops.mm(d2.T, cache.h, out=gv[self._emb("out")])                       # (V, D)
+        dy = ops.mm(d2, E)                                                            # (N_t, D)
+        cache.h = None
+        if cache.dec_norm is not None:
+            dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, G)
+            cache.dec_norm = None
+        G.done("decoder.norm")                  # the arena's stages, in this order (attn.fast.arena)
+
+        self._phase("backward: decoder")
+        # decoder; the cross-attention keys/values of every layer were one product of the encoder
+        # output, kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are
+        # collected in one (N_s, 2D*L) buffer and go back through one product at the end
+        dkv = xp.empty((Bsz * S, 2 * D * L), dtype=self.dtype)
+        dkv_heads = self._heads(dkv, Bsz, S, 2 * L)
+        for i in reversed(range(L)):
+            c1, c2, c3 = cache.dec[i]
+            cache.dec[i] = None
+            dy = self._residual_bwd(dy, c3, self._ffn_bwd, G)
+            del c3
+            dk, dv = dkv_heads[2 * i], dkv_heads[2 * i + 1]
+            dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into), G)
+            del c2
+            dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
+            del c1
+            G.done(f"decoder.{i}")
+        Wkv, _ = cache.fused.kv
+        dmem = ops.mm(dkv, Wkv.T)                                             # (N_s, D)
+        ops.mm(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
+        ops.colsum(dkv, out=G.block("decoder.cross_attn.b_kv"))
+        G.done("decoder.cross_attn")
+        del dkv, dkv_heads
+        cache.kv = cache.memory = None
+        d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, G)
+        G.done("tgt_pos")
+        del dy
+
+        self._phase("backward: encoder")
+        dx = dmem
+        if cache.enc_norm is not None:
+            dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, G)
+            cache.enc_norm = None
+        G.done("encoder.norm")
+        for i in reversed(range(cfg.n_encoder_layers)):
+            c1, c2 = cache.enc[i]
+            cache.enc[i] = None
+            dx = self._residual_bwd(dx, c2, self._ffn_bwd, G)
+            dx = self._residual_bwd(dx, c1, self._self_attn_bwd, G)
+            del c1, c2
+            G.done(f"encoder.{i}")
+        d_src = self._embed_bwd("src", dx, cache.src_emb, G)
+        G.done("src_pos")
+        del dx
+
+        self._phase("backward: embeddings")
+        # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled). A shared
+        # embedding already holds the output projection's gradient; a separate one starts at 0.
+        out_name = self._emb("out")
+        for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
+            name = self._emb(which)
+            if name != out_name:
+                gv[name][...] = 0
+            ops.scatter_rows_(gv[name], ec.ids.reshape(-1), rows)
+        G.done("embeddings")
+
+    def _residual_bwd(self, dout, c: ResCache, sub_bwd, G: _Grads):
+        """Backward of :meth:`_residual`. ``dout`` is the step's own buffer (overwritten).
+        dgamma and dbeta go into the norm's (2, D) block of ``G``. ``sub_bwd(ds, cache, G,
+        into)`` adds the sub-layer's input gradient to ``into`` (its last product accumulates
+        there: post-norm's residual sum costs no launch of its own) or, with ``into`` None,
+        returns it in an array of its own."""
+        ops = self.ops
+        gamma = self.params[c.norm + ".gamma"]
+        dgb = G.block(c.norm + ".gamma_beta")
+        if self.config.norm == "pre":
+            ds = dout if c.drop is None else ops.dropout_backward(dout, c.drop)
+            dh = sub_bwd(ds, c.sub, G, None)
+            dx, _, _ = ops.layer_norm_backward_(dh, c.xhat, c.rstd, gamma, out=dgb)
+            dx += dout
+            return dx
+        dy, ds = ops.layer_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)  # y = x + drop(s)
+        return sub_bwd(ds, c.sub, G, dy)                                      # dy + d(sub)/dx
+
+    def _final_norm_bwd(self, norm, dout, nc, G: _Grads):
+        xhat, rstd = nc
+        dx, _, _ = self.ops.layer_norm_backward_(dout, xhat, rstd, self.params[norm + ".gamma"],
+                                                 out=G.block(norm + ".gamma_beta"))
+        return dx
+
+    def _out_proj_bwd(self, pre, dout, ctx, G: _Grads):
+        """Forward was ``out = ctx @ w_o + b_o``. Returns dctx; b_o's gradient is left to the
+        caller (one column-sum launch with the input projection's bias)."""
+        self.ops.mm(ctx.T, dout, out=G.views[pre + ".w_o"])
+        return self.ops.mm(dout, self.params[pre + ".w_o"].T)
+
+    def _attend_bwd(self, dctx, ac: AttendCache, dq, dk, dv):
+        """Forward was ``ctx = drop(softmax(q k^T s + bias)) v`` with ``s = 1/sqrt(d_k)``; writes
+        dq, dk, dv (views) in place: ``dv = wd^T dctx``, ``dw = dctx v^T``,
+        ``ds = s * softmax_back(dropback(dw))``,
+        ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first."""
+        xp, ops = self.xp, self.ops
+        Bsz, H, Tq, Dh = ac.q.shape
+        Tk = ac.k.shape[2]
+        dO = dctx.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3)               # (B, H, Tq, Dh)
+        wd = ac.w if ac.drop is None else ops.dropout_(ac.w.copy(), ac.drop)
+        ops.bmm(wd.transpose(1, 2, 0, 3), dO, out=dv)                         # (B, H, Tk, Dh)
+        dw = xp.empty((Tk, Bsz, H, Tq), dtype=dctx.dtype)
+        ops.bmm(ac.v, dO.swapaxes(-1, -2), out=dw.transpose(1, 2, 0, 3))      # dw^T, per (b, h)
+        if ac.drop is not None:
+            ops.dropout_(dw, ac.drop)
+        ds = ops.softmax0_backward_(dw, ac.w, self._attn_scale)                # (Tk, B, H, Tq), times 1/sqrt(d_k)
+        ops.bmm(ds.transpose(1, 2, 3, 0), ac.k, out=dq)
+        ops.bmm(ds.transpose(1, 2, 0, 3), ac.q, out=dk)
+
+    def _self_attn_bwd(self, dout, c: SelfAttnCache, G: _Grads, into=None):
+        xp = self.xp
+        D = dout.shape[1]
+        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
+        Bsz, H, T, Dh = c.att.q.shape
+        dqkv = xp.empty((Bsz * T, 3 * D), dtype=dout.dtype)
+        dq, dk, dv = self._heads(dqkv, Bsz, T, 3)
+        self._attend_bwd(dctx, c.att, dq, dk, dv)
+        # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
+        self.ops.mm(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))               # (D, 3D)
+        self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dqkv, G.block(c.pre + ".b_qkv")))
+        return self.ops.mm(dqkv, c.W.T, out=into, accumulate=into is not None)
+
+    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads, into=None):
+        xp = self.xp
+        dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
+        dq = xp.empty(dout.shape, dtype=dout.dtype)                           # (N_t, D)
+        Bsz, H, T, Dh = c.att.q.shape
+        (dqh,) = self._heads(dq, Bsz, T, 1)
+        self._attend_bwd(dctx, c.att, dqh, dk, dv)
+        self.ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
+        self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
+        return self.ops.mm(dq, c.Wq.T, out=into, accumulate=into is not None)
+
+    def _ffn_bwd(self, dout, c: FFNCache, G: _Grads, into=None):
+        """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
+        p, ops, xp, gv = self.params, self.ops, self.xp, G.views
+        ops.mm(c.a.T, dout, out=gv[c.pre + ".w2"])
+        da = ops.mm(dout, p[c.pre + ".w2"].T)                                 # (N, F)
+        ops.relu_backward_(da, c.a)
+        if c.drop_scale is not None:
+            da *= da.dtype.type(c.drop_scale)
+        ops.mm(c.x.T, da, out=gv[c.pre + ".w1"])
+        ops.colsums((dout, gv[c.pre + ".b2"]), (da, gv[c.pre + ".b1"]))
+        return ops.mm(da, p[c.pre + ".w1"].T, out=into, accumulate=into is not None)
+
+    def _embed_bwd(self, which, dx, ec: EmbedCache, G: _Grads):
+        """Dropout and positional backward; returns the rows to scatter into the
+        embedding's gradient, scaled by sqrt(D) (in ``dx``'s buffer or a new one)."""
+        ops, D = self.ops, self.config.d_model
+        d = dx if ec.drop is None else ops.dropout_backward(dx, ec.drop)
+        if self.config.positional == "learned":
+            g = G.views[f"{which}_pos.weight"]
+            g[...] = 0
+            g[:ec.T] = d.reshape(-1, ec.T, D).sum(axis=0)
+        d *= self.dtype.type(math.sqrt(D))
+        return d
