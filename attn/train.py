@@ -358,7 +358,8 @@ def _check_cuda_graph(config: TrainConfig, dp) -> None:
     """``--cuda-graph`` (the engine's ``captured_step``) where it can run, or a
     :class:`TrainConfigError` naming the flag and why not."""
     why = ("it needs --backend cupy (a GPU)" if B.get_backend() != "cupy" else
-           f"the {config.engine} engine cannot capture a step" if not engines.get(config.engine).captures else
+           f"the {config.engine} engine cannot capture a step"
+           + (" (drop --reference)" if config.reference else "") if not engines.get(config.engine).captures else
            "it runs one process (a data-parallel step all-reduces between its launches)" if dp.size > 1 else None)
     if why:
         raise TrainConfigError(f"cuda_graph (--cuda-graph) cannot be used here: {why}")
