@@ -93,8 +93,8 @@ class TrainConfig:
     out: Path = Path("runs/toy")       # output folder
     resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
     overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
-    reference: bool = False            # train the readable reference classes instead of attn.fast
-    cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, attn.fast, one process)
+    reference: bool = False            # train with the readable engine (attn.engine), not the fast one
+    cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, the fast engine, one process)
     precision: str = "fp32"            # the matrix products' inputs: fp32, tf32 or bf16 (attn.precision); the
                                        # weights stay float32 (fp32 master weights in the arena)
     quiet: bool = False                # no progress bar

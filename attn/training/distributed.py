@@ -24,8 +24,8 @@ rank asks the step's random stream for the whole batch's numbers and keeps its o
 (:class:`RowsOf`), so N ranks draw exactly what one process draws with one worker thread (the
 fast path's threads draw from per-thread streams; with one BLAS thread per rank, the default,
 each rank runs one). The price is that every rank generates the whole batch's masks, except
-where the masks are drawn by no one: attn.fast's counter-based dropout on CuPy keys each element
-by its index in the global batch, which :meth:`RowsOf.place` gives it, so a rank computes its
+where the masks are drawn by no one: a counter-based dropout (the fast engine's on CuPy) keys each
+element by its index in the global batch, which :meth:`RowsOf.place` gives it, so a rank computes its
 own rows alone.
 
 Before the first step every rank hashes its parameters and the hashes must agree
@@ -34,13 +34,13 @@ rank follows its decisions (:meth:`MPIGroup.agree`), so all stop at the same ste
 interrupted run's checkpoint is the one a single process would have written: ``--resume``
 works with any number of ranks.
 
-**The gradient buffer is the arena.** attn.fast's model (what ``attn-train`` uses) writes its
-gradients into one flat arena (:mod:`attn.fast.arena`) laid out in the order its backward
-finishes them (reverse layer order, last layer first), with a slot of two elements past them
+**The gradient buffer is the arena.** A model with a ``gradient_arena`` (:mod:`attn.engine`; the
+fast engine's, what ``attn-train`` uses) writes its gradients into one flat buffer laid out in the
+order its backward finishes them (reverse layer order, last layer first), with a slot of two elements past them
 for the loss and the tokens; :meth:`FlatGrads.over` all-reduces that buffer in place, in buckets
 of whole stages (a layer, the cross-attention K|V block of all layers: no fused block is cut,
 nothing is copied either way). The backward announces each stage as it finishes it
-(``FastTransformer.backward(..., ready=)``), and a bucket goes out as soon as its last stage is
+(``backward(..., ready=)``), and a bucket goes out as soon as its last stage is
 announced, while the backward computes the layers before it (:class:`BucketFeed`, as PyTorch's
 DDP does). The readable reference model's gradients are separate arrays: :class:`FlatGrads`
 packs them into a buffer of its own in the same order, each bucket as soon as the backward
@@ -168,14 +168,14 @@ class RowsOf:
 
     Every draw the models make for dropout has one axis of sentences: the first for arrays of
     the batch's sentences (B, ...), positions (B*T, ...) or heads (B, H, ...), the second for
-    attn.fast's attention weights, which it keeps keys-first (Tk, B, H, Tq). Asked for an
+    attention weights a model keeps keys-first (Tk, B, H, Tq): its ``keys_first``. Asked for an
     array whose sentence axis is ``k`` times this share's ``hi - lo`` sentences, this draws the
     array for all ``rows`` sentences from the step's stream, as one process would, and
     returns this share's part of that axis, ``[lo*k, hi*k)``. ``keys_first`` says which
     layout 4-D draws have (the model's ``keys_first``, :mod:`attn.engine`).
 
     A counter-based generator draws nothing: it asks :meth:`place` where this share's
-    elements sit in the whole batch's array, and keys each element by that index (attn.fast's
+    elements sit in the whole batch's array, and keys each element by that index (the fast engine's
     CuPy dropout, ``dropout_hash``), so this share gets its rows of one process's masks without
     making the others'."""
 
@@ -240,7 +240,7 @@ class FlatGrads:
 
     Two kinds: ``FlatGrads(params)`` owns its buffer, and packing copies a ``grads`` dict into
     it (the reference model's gradients are separate arrays); ``FlatGrads.over(arena)`` *is*
-    attn.fast's gradient arena, which the backward has written in that order already, so
+    a model's gradient arena, which the backward has written in that order already, so
     packing scales it in place and nothing is copied either way.
     """
 
@@ -269,12 +269,12 @@ class FlatGrads:
 
     @classmethod
     def over(cls, arena, bucket_bytes: int = BUCKET_BYTES) -> "FlatGrads":
-        """The :class:`FlatGrads` that is attn.fast's gradient arena (:class:`attn.fast.arena.Arena`):
-        its ``grad_buffer`` (the gradients in the order the backward finishes them, then the
-        slot) all-reduced in place, in buckets of whole stages of :func:`attn.fast.arena.stages`
+        """The :class:`FlatGrads` that is a model's gradient arena (:mod:`attn.engine`): its
+        ``grad_buffer`` (the gradients in the order the backward finishes them, then the
+        slot) all-reduced in place, in buckets of whole stages of ``arena.layout.stages``
         (a layer, the cross-attention K|V block of all layers, ...: nothing is cut out of a
         fused block), so that a bucket goes out as soon as the backward announces its last
-        stage (``FastTransformer.backward(..., ready=)``)."""
+        stage (``backward(..., ready=)``)."""
         self = cls.__new__(cls)
         self.arena, self.size = arena, arena.size
         self.flat, self.views = arena.grad_buffer, arena.grad_views
@@ -331,7 +331,7 @@ class BucketFeed(dict):
     embeddings, and the slot with the loss) goes when the backward has returned:
     :meth:`MPIGroup.backward` sends it.
 
-    Two ways to be told: attn.fast's backward calls :meth:`ready` with the arena's end of what
+    Two ways to be told: a backward with a gradient arena calls :meth:`ready` with its end of what
     is final; a backward that fills a ``grads`` dict it is given (the reference model) is given
     this dict, and when a gradient of a later bucket arrives and every gradient of an earlier
     bucket is there, that bucket is final."""
@@ -435,8 +435,8 @@ class MPIGroup(Single):
         return mine, rng, weight
 
     def flat_grads(self, params: dict, arena=None) -> FlatGrads:
-        """The reused gradient buffer (made at the first step): ``arena``'s own (attn.fast's
-        :class:`attn.fast.arena.Arena`) when given, else one of :class:`FlatGrads`'s own."""
+        """The reused gradient buffer (made at the first step): ``arena``'s own (a model's
+        ``gradient_arena``) when given, else one of :class:`FlatGrads`'s own."""
         if self._flat is None or self._flat.arena is not arena:
             self._flat = FlatGrads(params, self.bucket_bytes) if arena is None else \
                 FlatGrads.over(arena, self.bucket_bytes)
