@@ -28,7 +28,8 @@ import sys
 import time
 
 from .. import backend as B
-from ..fast.arena import SLOT, layout
+from ..engine import SLOT
+from ..fast.arena import layout
 from ..model import TransformerConfig, parameter_shapes
 from .flops import model_flops
 from .presets import BENCH_PRESETS, make_batch, model_config
