@@ -90,14 +90,12 @@ has no GPU (docs/GPU.md lists what a GPU owner should run).
 from __future__ import annotations
 
 import collections
-import copy
 import math
 import weakref
 from typing import NamedTuple
 
 from .. import backend as B
 from ..precision import bf16_bits
-from ..precision import check as check_precision
 from .ops import Mask, _Ops
 from .stepmem import in_slab, outside_step, step_token
 
@@ -937,8 +935,16 @@ def _splitmix64(x: int) -> int:
 class CupyOps(_Ops):
     """The fast path's memory-bound operations as fused CuPy kernels (see the module docstring)."""
 
-    def __init__(self, xp):
-        super().__init__(xp)
+    def __init__(self, xp, sharing: CupyOps | None = None):
+        """The kernels' module compiled for ``xp``, or, with ``sharing`` (the fp32 operations of
+        the same namespace), that object's module, kernels, buffers and seeds: the objects of
+        the other precisions (:class:`Tf32CupyOps`, :class:`Bf16CupyOps`) differ from it in
+        their products alone."""
+        super().__init__(xp, self.precision, sharing)
+        if sharing is not None:
+            self._module, self._functions, self._scratch = sharing._module, sharing._functions, sharing._scratch
+            self._draws, self._seeds = sharing._draws, sharing._seeds
+            return
         self._module = xp.RawModule(code=_SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
         self._functions: dict = {}
         self._scratch: dict = {}
@@ -1578,20 +1584,6 @@ class CupyOps(_Ops):
 
     # ---- the products' precision (attn.precision)
 
-    def with_precision(self, precision: str):
-        """These kernels with products at ``precision`` (a shallow copy sharing this object's
-        buffers and compiled kernels). tf32: every product on cuBLAS's TF32 tensor-op math mode
-        (:class:`Tf32CupyOps`: the float32 operands read as TF32 inside the GEMM, float32 sums,
-        nothing rounded beforehand). bf16: :class:`Bf16CupyOps`, cuBLAS's ``gemmEx`` family on
-        ``CUDA_R_16BF`` operands (the weights' bf16 copy made once a forward), float32 sums."""
-        if precision == "fp32":
-            return self
-        check_precision(precision)
-        twin = copy.copy(self)
-        twin.__class__ = Tf32CupyOps if precision == "tf32" else Bf16CupyOps
-        twin.precision = precision
-        return twin
-
     def round_bf16_(self, src, dst):
         """dst (uint16, src's size) <- the bfloat16 patterns nearest to src (float32), in one
         launch (``round_bf16``; :func:`attn.precision.bf16_bits` is the same rounding on any
@@ -2195,7 +2187,7 @@ class Bf16CupyOps(CupyOps):
     one launch, at the same offsets and strides; any other operand (an activation, a gradient)
     is copied into bf16 first by one ``round_bf16_gather`` launch (contiguous matrices, each
     batch entry starting on 16 bytes). The rounding is :func:`attn.precision.round_bf16`'s, so
-    the NumPy twin (``_Ops.with_precision("bf16")``: operands rounded, float32 products) computes
+    the NumPy twin (``_Ops(numpy, "bf16")``: operands rounded, float32 products) computes
     the same numbers up to the order of the float32 sums."""
 
     precision = "bf16"
