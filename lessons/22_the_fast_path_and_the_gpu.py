@@ -5,7 +5,7 @@
 # forward/backward pair per layer, each a few lines of array code that allocate new
 # arrays everywhere. `attn-train` by default trains its twin, `attn.fast.FastTransformer`,
 # which computes the same numbers faster; on a GPU (CuPy) the memory-bound parts of
-# the step run as hand-written CUDA kernels in `attn/fast/kernels.py`. This lesson
+# the step run as hand-written CUDA kernels in `attn/fast/kernels/`. This lesson
 # opens both and asks where the time of a training step goes.
 #
 # The tool is counting. We wrap arrays in a small NumPy subclass that records every
@@ -25,7 +25,6 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 import inspect
 import re
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -231,18 +230,18 @@ print(f"one float32 step of the toy model, this machine: readable {1e3 * times['
 # ## 4. A CUDA kernel and its NumPy twin
 #
 # No GPU is needed to read, compile or test the kernels. Each CUDA kernel in
-# `attn/fast/kernels.py` has beside it a **NumPy twin**: a function that takes what
-# the kernel takes (the launch's grid, block and shared memory, then the arguments,
-# arrays standing for the memory the kernel's pointers point at) and computes what
-# the kernel computes. The test suite compiles the CUDA source with NVRTC (the CUDA
-# compiler as a library) and runs the launch code with each kernel replaced by its
-# twin. Here is the layer-norm kernel, as it is in the file, after the device function
-# that normalises one row (the fused residual + layer-norm kernel calls it too):
+# `attn/fast/kernels/` (a module per family of kernels, all listed once in its
+# `registry.py`) has beside it a **NumPy twin**: a function that takes what the kernel
+# takes (the launch's grid, block and shared memory, then the arguments, arrays
+# standing for the memory the kernel's pointers point at) and computes what the kernel
+# computes. The test suite compiles the CUDA source with NVRTC (the CUDA compiler as a
+# library) and runs the launch code with each kernel replaced by its twin. Here is the
+# layer-norm kernel, as it is in `layer_norm.py`, after the device function that
+# normalises one row (in `common.py`: the fused residual + layer-norm kernel calls it too):
 
 # %%
-source = Path(kernels.__file__).read_text(encoding="utf-8")
-kernel_src = re.search(r'_LAYER_NORM_FWD = r"""(.*?)"""', source, re.S).group(1).strip()
-helper_src = re.search(r"(// Layer norm of one row.*?\n}\n)", source, re.S).group(1).strip()
+kernel_src = kernels.KERNELS["layer_norm_fwd"][0].strip()        # (its CUDA source, its NumPy twin)
+helper_src = re.search(r"(// Layer norm of one row.*?\n}\n)", kernels.SOURCE, re.S).group(1).strip()
 print(helper_src, kernel_src, sep="\n\n")
 
 # %% [markdown]
@@ -282,7 +281,7 @@ for bad in (Launch("layer_norm_fwd", (N,), (threads - 1,), threads * 8),      # 
 print("wrong launches the twin refuses (on a GPU they would compute garbage silently):")
 for e in refused:
     print("  ", e)
-print(f"kernels with twins in attn/fast/kernels.py: {', '.join(kernels.NUMPY_TWINS)}")
+print(f"kernels with twins in attn/fast/kernels/: {', '.join(kernels.NUMPY_TWINS)}")
 
 # %% [markdown]
 # ## 5. What a GPU step costs

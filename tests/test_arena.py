@@ -419,11 +419,18 @@ def test_ops_and_kernels_do_not_import_each_other_in_a_circle():
     """``ops`` <- ``kernels`` <- ``dispatch``: ops imports neither, kernels not dispatch."""
     root = pathlib.Path(__file__).resolve().parents[1] / "attn" / "fast"
 
-    def imports(name):
-        tree = ast.parse((root / f"{name}.py").read_text(encoding="utf-8"))
-        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
-    assert not imports("ops") & {"kernels", "dispatch"}
-    assert "dispatch" not in imports("kernels") and "ops" in imports("kernels")
+    def imports(*paths):
+        """The modules of attn.fast that ``paths`` import (those of the kernels package one level up)."""
+        found = set()
+        for path in paths:
+            level = 1 if path.parent == root else 2
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            found |= {n.module.split(".")[0] for n in ast.walk(tree)
+                      if isinstance(n, ast.ImportFrom) and n.level == level and n.module}
+        return found
+    assert not imports(root / "ops.py") & {"kernels", "dispatch"}
+    kernels = imports(*(root / "kernels").glob("*.py"))
+    assert "dispatch" not in kernels and "ops" in kernels
 
 
 # ----------------------------------------------------------------------------- dropout from a counter
@@ -478,7 +485,7 @@ def test_dropout_reads_the_steps_seed_from_the_device(stand_in):
     """What makes dropout capturable as a CUDA graph: the kernels read the step's seed from
     device memory, so the same launches (the same arguments) draw the masks of whatever seed
     the buffer holds when they run; each is the mask of that seed, bit for bit."""
-    from attn.fast.kernels import _splitmix64, dropout_bits_np, dropout_key_np
+    from attn.fast.kernels.dropout import _splitmix64, dropout_bits_np, dropout_key_np
     fc, cp = stand_in
     ops = ops_for(cp)
     seed = cp.asarray(np.array([11], dtype=np.uint64))

@@ -155,7 +155,7 @@ def test_a_kernel_launch_reports_its_grid_and_work():
     from attn.fast import kernels as K
 
     def ops(cp):
-        f = cp.RawModule(code=K._SOURCE, options=K.OPTIONS, name_expressions=K.NAME_EXPRESSIONS) \
+        f = cp.RawModule(code=K.SOURCE, options=K.OPTIONS, name_expressions=K.NAME_EXPRESSIONS) \
             .get_function("relu_bwd<float>")
         da, a = cp.zeros(1000, dtype="float32"), cp.ones(1000, dtype="float32")
         f((4,), (256,), (da, a, np.int64(1000)))

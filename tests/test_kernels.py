@@ -83,7 +83,7 @@ def test_every_kernel_compiles_for(arch):
     if arch not in archs_to_compile(supported_archs(nvrtc)):
         pytest.skip(f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))} does not compile for {arch} "
                     f"(it supports {min(nvrtc.getSupportedArchs())} to {max(nvrtc.getSupportedArchs())})")
-    ptx, log, lowered = compile_source(K._SOURCE, arch)
+    ptx, log, lowered = compile_source(K.SOURCE, arch)
     # NVRTC 12.9 says that targets before 7.5 are deprecated; any other remark fails the test
     remarks = [ln for ln in log.splitlines() if ln.strip() and "are deprecated" not in ln]
     assert not remarks, log
@@ -97,15 +97,15 @@ def test_every_kernel_compiles_for(arch):
 
 def test_a_typo_in_a_kernel_fails_with_its_line():
     """The check can fail: a missing semicolon is reported with the line of the source."""
-    broken = K._SOURCE.replace("T total = 0;", "T total = 0", 1)
+    broken = K.SOURCE.replace("T total = 0;", "T total = 0", 1)
     line = broken[:broken.index("T total = 0")].count("\n") + 1
     with pytest.raises(AssertionError, match=rf"attn_kernels\.cu\({line + 1}\)|attn_kernels\.cu\({line}\)"):
         compile_source(broken, "compute_90")
 
 
 def test_a_type_error_in_a_kernel_fails():
-    broken = K._SOURCE.replace("const bool* keep, T scale, long long n) {",
-                               "const bool* keep, T scale, long long n) { keep[0] = true;", 1)
+    broken = K.SOURCE.replace("const bool* keep, T scale, long long n) {",
+                              "const bool* keep, T scale, long long n) { keep[0] = true;", 1)
     with pytest.raises(AssertionError, match="const"):
         compile_source(broken, "compute_80")
 
@@ -115,9 +115,17 @@ def _kernels_in(source: str) -> set:
 
 
 def test_every_kernel_has_its_numpy_twin_and_every_twin_its_kernel():
-    assert _kernels_in(K._SOURCE) == set(K.NUMPY_TWINS)
+    assert _kernels_in(K.SOURCE) == set(K.NUMPY_TWINS)
     for name, twin in K.NUMPY_TWINS.items():
         assert twin.__name__ == f"{name}_np" and twin.__doc__.startswith(f"NumPy twin of ``{name}``")
+
+
+def test_the_registry_lists_each_kernel_once_with_its_own_source():
+    """Each entry's source defines that kernel and no other; the shared device functions define none."""
+    assert not _kernels_in(K.registry.PRELUDE)
+    for name, (source, _) in K.KERNELS.items():
+        assert _kernels_in(source) == {name}, name
+    assert K.SOURCE == K.registry.PRELUDE + "".join(source for source, _ in K.KERNELS.values())
 
 
 def test_kernels_take_no_implicit_python_scalars():
@@ -126,7 +134,7 @@ def test_kernels_take_no_implicit_python_scalars():
     import numpy as np
     import fakecupy
     cp = fakecupy.cupy
-    module = cp.RawModule(code=K._SOURCE, options=K.OPTIONS, name_expressions=K.NAME_EXPRESSIONS)
+    module = cp.RawModule(code=K.SOURCE, options=K.OPTIONS, name_expressions=K.NAME_EXPRESSIONS)
     f = module.get_function("relu_bwd<float>")
     da, a = cp.zeros(4, dtype="float32"), cp.ones(4, dtype="float32")
     with pytest.raises(TypeError, match=r"n is long long, so it must be a numpy\.int64"):
@@ -135,7 +143,7 @@ def test_kernels_take_no_implicit_python_scalars():
         f((1,), (32,), (cp.zeros(4), a, np.int64(4)))
     f((1,), (32,), (da, a, np.int64(4)))
     with pytest.raises(KeyError, match="name_expressions"):
-        cp.RawModule(code=K._SOURCE, name_expressions=("adam<float>",)).get_function("adam<double>")
+        cp.RawModule(code=K.SOURCE, name_expressions=("adam<float>",)).get_function("adam<double>")
 
 
 def test_the_benchmark_runs_its_cupy_path(capsys):
@@ -164,7 +172,7 @@ def test_every_cupy_name_attn_calls_exists_in_the_real_cupy():
         import cupy
     except Exception as e:
         pytest.skip(f"cupy-cuda12x is not installed ({type(e).__name__}); CI installs it with .[gpu-ci]")
-    root = pathlib.Path(K.__file__).resolve().parents[1]
+    root = pathlib.Path(K.__file__).resolve().parents[2]
     missing = set()
     for f in root.rglob("*.py"):
         for m in re.finditer(r"\b(?:xp|cp|self\.xp)\.(\w+)(?:\.(\w+))?", f.read_text(encoding="utf-8")):

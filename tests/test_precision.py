@@ -157,19 +157,17 @@ def test_products_read_rounded_operands_and_sum_in_float32():
     d = a.astype(np.float64)
     assert np.array_equal(ops_for(np, "bf16").mm(d, d.T), d @ d.T)      # float64 (gradient checks): exact
 
+    from types import SimpleNamespace
     from attn.fast.ops import _Ops
-
-    class OwnProducts(_Ops):                # a subclass with products of its own (CuPy's: cuBLAS)
-        def mm(self, a, b, out=None):
-            self.seen.append((a, b))
-            return super().mm(a, b, out=out)
-
-    own = OwnProducts(np)
-    own.seen = []
-    bf16 = own.with_precision("bf16")
-    assert own.with_precision("fp32") is own and isinstance(bf16, OwnProducts)
-    assert np.array_equal(bf16.mm(a, b), P.round_bf16(a) @ P.round_bf16(b))
-    assert np.array_equal(own.seen[-1][0], P.round_bf16(a))               # it was handed rounded operands
+    assert ops_for(np, SimpleNamespace(name="bf16")) is ops_for(np, "bf16")   # a precision object: its name
+    made = _Ops(np, "bf16")                  # made at its precision, as it is: no copy, no class made for it
+    assert type(made) is _Ops and type(ops_for(np, "tf32")) is _Ops and made._ones is not fp32._ones
+    assert np.array_equal(made.mm(a, b), P.round_bf16(a) @ P.round_bf16(b))
+    for bad in ("fp16", SimpleNamespace(name="fp16")):
+        with pytest.raises(P.PrecisionError, match="fp16"):
+            ops_for(np, bad)
+    with pytest.raises(P.PrecisionError, match="fp16"):
+        _Ops(np, "fp16")
 
 
 def test_the_fast_engine_knows_its_precision():

@@ -5,7 +5,6 @@ NumPy and CuPy alike. The CuPy kernels (:mod:`attn.fast.kernels`) subclass :clas
 imports neither)."""
 from __future__ import annotations
 
-import copy
 from typing import NamedTuple
 
 from .. import backend as B
@@ -27,9 +26,13 @@ class _Ops:
     Every method that ends in ``_`` overwrites its first argument and returns it.
     """
 
-    def __init__(self, xp):
+    def __init__(self, xp, precision: str = "fp32", sharing: _Ops | None = None):
+        """The operations on namespace ``xp`` whose products read their operands at ``precision``
+        (:mod:`attn.precision`: ``fp32``, ``tf32`` or ``bf16``); with ``sharing`` (an object of
+        the same namespace), that object's buffers rather than new ones."""
         self.xp = xp
-        self._ones = {}
+        self.precision = check_precision(precision)
+        self._ones = {} if sharing is None else sharing._ones
 
     def ones(self, n: int, dtype):
         key = (n, dtype)                      # not str(dtype): that costs microseconds per call
@@ -46,7 +49,10 @@ class _Ops:
         the CuPy kernels give cuBLAS beta = 1, no launch of its own). The operands may be views
         (a transposed matrix, a block of columns): on NumPy this is NumPy's ``matmul``; the CuPy
         kernels call cuBLAS with the views as they are (no operand copied, nothing through
-        CuPy's ``matmul``)."""
+        CuPy's ``matmul``). At a :attr:`precision` other than fp32 both operands are rounded first
+        (:meth:`_rounded`)."""
+        if self.precision != "fp32":
+            a, b = self._rounded(a, b)
         if accumulate:
             if out is None:
                 raise ValueError("mm: accumulate=True needs out, the array the product is added to")
@@ -58,27 +64,17 @@ class _Ops:
         """``a @ b`` batched: a (..., M, K), b (..., K, N), out (..., M, N) with the same
         leading (batch) dimensions, at most two of them (an attention's (B, H)); the operands
         and ``out`` may be strided views (the heads of a (B*T, n*D) projection, keys-first
-        scores). On NumPy, NumPy's ``matmul``."""
+        scores). On NumPy, NumPy's ``matmul``; operands rounded as :meth:`mm`'s."""
+        if self.precision != "fp32":
+            a, b = self._rounded(a, b)
         return self.xp.matmul(a, b, out=out)
 
     # ---- the products' precision
 
-    #: What the products read (:mod:`attn.precision`): ``fp32`` here; ``tf32`` or ``bf16`` in the
-    #: objects :meth:`with_precision` makes. Sums and results are float32 in every mode.
+    #: What the products read (:mod:`attn.precision`): ``fp32``, ``tf32`` or ``bf16``, given to the
+    #: constructor (or fixed by the CuPy class: :class:`attn.fast.kernels.Tf32CupyOps`,
+    #: :class:`attn.fast.kernels.Bf16CupyOps`). Sums and results are float32 in every mode.
     precision = "fp32"
-
-    def with_precision(self, precision: str) -> "_Ops":
-        """These operations with products at ``precision``: a shallow copy (its buffers, compiled
-        kernels and scratch are this object's) whose :meth:`mm` and :meth:`bmm` round both
-        operands first (:func:`_rounding_class`), whatever class defines the products. fp32:
-        this object itself."""
-        check_precision(precision)
-        if precision == "fp32":
-            return self
-        twin = copy.copy(self)
-        twin.__class__ = _rounding_class(type(self))
-        twin.precision = precision
-        return twin
 
     def _rounded(self, a, b):
         """The operands as a product at :attr:`precision` reads them: rounded to its significand
@@ -316,28 +312,3 @@ class _Ops:
         x_y -= mx
         per_tok = dt(1.0 - smoothing) * (x_y - lse) + dt(smoothing) * (mean_x - lse)
         return -(per_tok @ w)
-
-
-_ROUNDING: dict = {}
-
-
-def _rounding_class(cls):
-    """``cls`` with products that round their operands to the object's precision first
-    (:meth:`_Ops._rounded`), then multiply as ``cls`` does: made once per class, so that the
-    CuPy kernels' products (cuBLAS on the views) round as NumPy's do. A class whose products
-    take narrow operands themselves (cuBLAS's Ex calls with bf16 operands or a TF32 compute
-    type) would override this pair."""
-    sub = _ROUNDING.get(cls)
-    if sub is None:
-        def mm(self, a, b, out=None, accumulate=False):
-            if accumulate:                          # a class of products without it is still taken
-                return cls.mm(self, *self._rounded(a, b), out=out, accumulate=True)
-            return cls.mm(self, *self._rounded(a, b), out=out)
-
-        def bmm(self, a, b, out=None):
-            return cls.bmm(self, *self._rounded(a, b), out=out)
-
-        sub = _ROUNDING[cls] = type(f"Rounding{cls.__name__}", (cls,), {
-            "mm": mm, "bmm": bmm, "__doc__": f"{cls.__name__} whose products read rounded operands",
-            "__module__": cls.__module__})
-    return sub
