@@ -9,6 +9,7 @@ import sys
 
 from .. import backend as B
 from ..fast import keep_freed_memory
+from ..precision import PRECISIONS
 from .flops import measure_matmul_rate
 from .machine import blas_threads, machine_info
 from .memory import _memory_child, measure_memory
@@ -54,7 +55,7 @@ def parse_args(argv=None):
                    help="named configuration (default toy-bench)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"],
                    help="array backend (auto: CuPy where a GPU is usable); PyTorch runs on the matching device")
-    p.add_argument("--precision", choices=["fp32", "tf32", "bf16"], default=None,
+    p.add_argument("--precision", choices=list(PRECISIONS), default=None,
                    help="what attn's training step and forward multiply in (attn-train --precision; on NumPy "
                         "the rounding emulated), and PyTorch at the same: allow_tf32 for tf32, autocast to "
                         "bfloat16 for bf16 (default: fp32, PyTorch at CuPy's own precision)")
