@@ -153,7 +153,7 @@ MUTANTS["04"] = (MUTANTS["04"][0], MUTANTS["02"][1])
 #: The lessons written later (15, 16, 22, 24, 25).
 MUTANTS.update({
     "15": ("the decoding state's select keeps the self-attention cache in its old row order", '''
-def select(self, index):
+def select(self, index, index_host=None):
     cross = [(k[index], v[index]) for k, v in self.cross_kv]
     same = self.self_kv[0][0] is None or len(index) == self.self_kv[0][0].shape[0]
     kv = self.self_kv if same else [(k[index], v[index]) for k, v in self.self_kv]
