@@ -310,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a Transformer translator. With no arguments: the toy English -> toy-language "
                     "translator in data/toy, on the backend chosen by ATTN_BACKEND (default numpy), "
                     "for at most --minutes of training, writing runs/toy/. "
-                    "In Python: attn.train.train(attn.train.TrainConfig(...)), whose fields are these flags.",
+                    "In Python: attn.train.train(attn.train.TrainConfig(...)), whose fields are these flags. "
+                    "Ctrl-C or SIGTERM saves a checkpoint at the next step and exits with status 130 or 143 "
+                    "(--resume continues it); a second one aborts without saving. Errors exit with status 2.",
         epilog="examples:\n"
                "  attn-train                                   # the toy translator\n"
                "  attn-train --backend cupy                    # the same on a GPU\n"
