@@ -15,12 +15,28 @@ returns sacrebleu's signatures, which say exactly how they were computed.
 from __future__ import annotations
 
 import logging
-
+import re
 from typing import NamedTuple
 
 from . import backend as B
 from .data import EOS, PAD, detokenize
 from .decode import beam_search, greedy_decode
+from .text import split_glue
+
+#: The most tokens one source sentence may have (the end-of-sentence mark included) by default.
+#: Attention's memory and time grow with the square of the length: on the CPU the toy model
+#: translates a sentence of this length in about a second and a few hundred MB (benchmarks/RESULTS.md,
+#: "Bounded input"), where 10,000 words need over 9 GB. Longer input is cut at its sentence
+#: boundaries (:func:`split_sentences`); a single sentence over the limit is an :class:`InputTooLong`.
+MAX_SOURCE_TOKENS = 512
+#: What ends a sentence, for cutting long input into pieces the limit allows.
+SENTENCE_ENDS = frozenset(".!?…。！？")
+_SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")
+
+
+class InputTooLong(ValueError):
+    """A source sentence is longer than the translation's limit and has no sentence boundary to
+    cut it at; the message names the sentence, its length and the limit."""
 
 
 class Translation(NamedTuple):
@@ -100,20 +116,88 @@ def source_ids(vocab, tokens) -> list[int]:
     return list(vocab.encode(list(tokens))) + [EOS]
 
 
+def split_sentences(text: str) -> list[str]:
+    """``text`` cut after each sentence end (``.``, ``!``, ``?``, ...) that a space follows."""
+    return [part for part in _SENTENCE_END.split(text.strip()) if part]
+
+
+def _cut_tokens(tokens: list) -> list[list]:
+    """A token list cut after each sentence-end token that the next token is not glued to."""
+    pieces, start = [], 0
+    for i, tok in enumerate(tokens):
+        text, _ = split_glue(tok)
+        if text in SENTENCE_ENDS and (i + 1 == len(tokens) or not split_glue(tokens[i + 1])[1]):
+            pieces.append(tokens[start:i + 1])
+            start = i + 1
+    return pieces + ([tokens[start:]] if start < len(tokens) else [])
+
+
+def _pieces(vocab, sentence, limit: int | None, number: int) -> list[list]:
+    """The token lists one input sentence is translated as: the whole, or, if it is longer than
+    ``limit`` tokens (its end mark included), consecutive sentences packed into pieces that fit."""
+    toks = vocab.tokenize(sentence) if isinstance(sentence, str) else list(sentence)
+    if limit is None or len(toks) + 1 <= limit:
+        return [toks]
+    parts = ([vocab.tokenize(p) for p in split_sentences(sentence)] if isinstance(sentence, str)
+             else _cut_tokens(toks))
+    pieces: list = []
+    for part in parts:
+        if len(part) + 1 > limit:
+            raise InputTooLong(f"sentence {number} has a part of {len(part) + 1:,} tokens (its end mark included) "
+                               f"with no sentence end to cut it at, more than the limit of {limit:,} tokens: "
+                               f"raise it (max_source_tokens, attn-translate --max-length), knowing that "
+                               f"memory and time grow with the square of the length, or split the input")
+        if pieces and len(pieces[-1]) + len(part) + 1 <= limit:
+            pieces[-1] = pieces[-1] + part
+        else:
+            pieces.append(list(part))
+    return pieces
+
+
 def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
-              max_len=None, use_cache: bool = True, with_attention: bool = False) -> list[Translation]:
+              max_len=None, use_cache: bool = True, with_attention: bool = False,
+              max_source_tokens: int | None = MAX_SOURCE_TOKENS) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
+
+    A sentence longer than ``max_source_tokens`` tokens (its end-of-sentence mark included;
+    for a model with a learned positional table, at most its ``max_len``) is cut at its sentence
+    ends into pieces that fit, translated piece by piece and joined; one with no sentence end to
+    cut it at raises :class:`InputTooLong` before anything is decoded. None: no limit (a learned
+    table's model then sees the first ``max_len`` tokens of each sentence). The
+    limit bounds each piece's memory and time, which grow with the square of its length. Such a
+    joined translation has no ``attention``. An empty sentence translates to an empty one.
 
     Returns one :class:`Translation` per sentence, in the input order.
     """
     if batch_size < 1:
         raise ValueError(f"translate: batch_size must be positive, got {batch_size}")
+    if max_source_tokens is not None and (isinstance(max_source_tokens, bool) or
+                                          not isinstance(max_source_tokens, int) or max_source_tokens < 2):
+        raise ValueError(f"translate: max_source_tokens must be an integer of at least 2 or None, "
+                         f"got {max_source_tokens!r}")
+    limit = max_source_tokens
+    if model.config.positional == "learned" and limit is not None:    # a learned table has no row past max_len
+        limit = min(limit, model.config.max_len)
+    pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=1)]
+    flat = [(i, toks) for i, ps in enumerate(pieces) for toks in ps if toks]
+    done = _translate_pieces(model, vocab, [t for _, t in flat], beam_size, alpha, batch_size, max_len, use_cache,
+                             with_attention)
+    by_sentence: list = [[] for _ in pieces]
+    for (i, _), t in zip(flat, done):
+        by_sentence[i].append(t)
+    empty = B.host.zeros((0, 0), dtype="float32") if with_attention else None
+    return [parts[0] if len(parts) == 1 else
+            Translation("", [], [], 0.0, empty) if not parts else
+            Translation(" ".join(p.text for p in parts), sum((p.src_tokens for p in parts), []),
+                        sum((p.tgt_tokens for p in parts), []), sum(p.score for p in parts), None)
+            for parts in by_sentence]
+
+
+def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len, use_cache, with_attention):
     np, xp = B.host, model.xp
-    toks = [vocab.tokenize(s) if isinstance(s, str) else list(s) for s in sentences]
     ids = [source_ids(vocab, t) for t in toks]
-    limit = model.config.max_len if model.config.positional == "learned" else None
-    if limit is not None:                 # a learned table has no row past max_len
-        ids = [x[:limit] for x in ids]
+    if model.config.positional == "learned":
+        ids = [x[:model.config.max_len] for x in ids]
     eos = _eos_token(vocab)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))     # similar lengths share a batch
     out: list = [None] * len(ids)
@@ -138,12 +222,14 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
 
 
 def translate_sentences(model, vocab, sentences: list[str], beam_size: int = 1, batch_size: int = 64,
-                        alpha: float = 0.6, max_len=None, use_cache: bool = True) -> list[str]:
+                        alpha: float = 0.6, max_len=None, use_cache: bool = True,
+                        max_source_tokens: int | None = MAX_SOURCE_TOKENS) -> list[str]:
     """Translate text: tokenise (``vocab.tokenize``), map to ids (UNK for unknown words),
     decode in batches of sentences of similar length (greedy for ``beam_size`` 1, beam
-    search otherwise), detokenise. Returns the translations in the input order."""
+    search otherwise), detokenise. Returns the translations in the input order. A sentence
+    over ``max_source_tokens`` tokens is cut at its sentence ends (see :func:`translate`)."""
     return [t.text for t in translate(model, vocab, sentences, beam_size, alpha, batch_size,
-                                      max_len, use_cache)]
+                                      max_len, use_cache, max_source_tokens=max_source_tokens)]
 
 
 def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float = 0.6,
@@ -156,7 +242,8 @@ def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float 
     """
     srcs = [p[0] for p in pairs]
     refs = [p[1] if isinstance(p[1], str) else detokenize(list(p[1])) for p in pairs]
-    hyps = translate_sentences(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha)
+    hyps = translate_sentences(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha,
+                               max_source_tokens=None)      # a test set is scored line by line, as it is
     return corpus_scores(hyps, refs), hyps
 
 

@@ -604,7 +604,7 @@ class Transformer:
             raise CheckpointError(f"{source} holds no model config")
         try:
             file_cfg = TransformerConfig.from_dict(meta["config"])
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, AttributeError) as e:
             raise CheckpointError(f"{source} has an invalid config: {e}") from None
         if config is not None and config != file_cfg:
             a, b = config.to_dict(), file_cfg.to_dict()
@@ -616,9 +616,13 @@ class Transformer:
         problems += [f"unexpected {k}" for k in found if k not in expected]
         problems += [f"{k} has shape {tuple(found[k].shape)}, expected {expected[k]}"
                      for k in expected if k in found and tuple(found[k].shape) != tuple(expected[k])]
+        problems += [f"{k} holds {found[k].dtype} numbers, not floating point ones"
+                     for k in expected if k in found and found[k].dtype.kind != "f"]
         if problems:
             raise CheckpointError(f"{source} does not fit its config: " + "; ".join(problems))
         dtype = dtype or next(iter(found.values())).dtype
+        if dtype not in ("float32", "float64"):
+            dtype = "float32"
         params = {k: B.to_device(found[k], dtype) for k in expected}
         return cls(file_cfg, dtype=dtype, params=params)
 

@@ -35,7 +35,6 @@ many processes there are). The names the package has always offered here
 from __future__ import annotations
 
 import math
-import signal
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from .data import DataError, make_batches
 from .layers._checks import check_ids
 from .loss import cross_entropy
 from .training import distributed
+from .training.interrupts import Interrupted, StopSignals, abort_on_signals, exit_status
 from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, open_run,  # noqa: F401 (re-exported)
                                    save_checkpoint, snapshot, start_writing)
 from .training.config import (DEFAULT_BPE_SIZE, DEFAULT_DATA, EVAL_SHARE, RECIPES,  # noqa: F401 (re-exported)
@@ -156,42 +156,13 @@ def _log_losses(pending: _PendingLosses, state: "TrainState") -> float:
     return values[-1]
 
 
-class _Interrupt:
-    """Turns the first Ctrl-C into a flag the loop checks between steps, so the
-    checkpoint is written from a consistent state; a second Ctrl-C aborts. ``say``
-    prints the notice (every process of a data-parallel run gets the signal; one says so)."""
-
-    def __init__(self, say=lambda message: print(message, file=sys.stderr)):
-        self.requested = False
-        self._old = None
-        self._say = say
-
-    def __enter__(self):
-        def handler(signum, frame):
-            if self.requested:
-                raise KeyboardInterrupt
-            self.requested = True
-            self._say("\ninterrupt: finishing this step, saving a checkpoint, then exiting "
-                      "(Ctrl-C again to abort without saving)")
-        try:
-            self._old = signal.signal(signal.SIGINT, handler)
-        except ValueError:          # not the main thread: keep the default behaviour
-            self._old = None
-        return self
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-        return False
-
-
-
 def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     """Train as ``config`` says; returns the final metrics (also written to ``out/metrics.json``).
 
     The returned dict holds at least ``test_bleu``, ``val_loss``, ``steps``,
-    ``train_seconds``, ``tokens_per_second`` and ``backend``; an interrupted run
-    returns ``{"interrupted": True, "steps": ...}``.
+    ``train_seconds``, ``tokens_per_second`` and ``backend``; a run stopped by Ctrl-C or SIGTERM
+    saves its checkpoint at the next step boundary and returns ``{"interrupted": True, "steps": ...,
+    "signal": "SIGINT" or "SIGTERM", "exit_status": 130 or 143}``.
 
     A fresh run refuses an ``out`` that already holds a run (unless ``overwrite``);
     with ``resume`` the saved run's settings and seed are used (see
@@ -227,7 +198,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         start_writing(out, not config.resume and config.overwrite,
                       {"model": model.config.to_dict(), "train": config.to_dict(), "vocab_size": len(vocab),
                        "corpus": run.corpus.source, "train_pairs": len(run.train_enc),
-                       "warmup_rule": run.warmup_rule, "processes": dp.size}, dp.say)
+                       "warmup_rule": run.warmup_rule, "processes": dp.size}, dp.say,
+                      evals=state.evals if config.resume else None)
     dp.say(f"attn-train: {len(run.train_enc)} training pairs from {run.corpus.source}, vocabulary {len(vocab)} "
            f"({'BPE' if vocab.bpe is not None else 'words'}), "
            f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}"
@@ -244,15 +216,19 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     def evaluate(bar):
         evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
 
+    stop = StopSignals(dp.say)
     stop_reason = run_loop(config, state, run.train_enc, step, evaluate=evaluate,
                            save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
                            snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
-                           on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp)
+                           on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp,
+                           stop=stop)
+    if stop_reason == "interrupted":
+        dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
+               f"checkpoint {ckpt_path} (step {state.step}); resume with: attn-train --resume --out {out}")
+        return {"interrupted": True, "steps": state.step, "signal": stop.name,
+                "exit_status": exit_status(stop.signum or 2)}
     dp.say(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
            f"checkpoint {ckpt_path}")
-    if stop_reason == "interrupted":
-        dp.say(f"resume with: attn-train --resume --out {out}")
-        return {"interrupted": True, "steps": state.step}
     metrics = None
     if dp.master:
         metrics = test_and_report(run, model, state, stop_reason, state.wall_seconds,
@@ -261,11 +237,12 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
 
 
 def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluate, save, snapshot=None,
-             on_step=None, dp=None, desc: str = "train") -> str:
+             on_step=None, dp=None, desc: str = "train", stop: StopSignals | None = None) -> str:
     """The training loop (section 5): epochs of batches of about ``config.max_tokens`` tokens from
     ``train_enc`` (the order of epoch ``e`` from ``config.seed + e``), one optimizer step each,
     until ``config``'s budget (``steps``, ``minutes`` of wall time over the whole run, ``epochs``)
-    is reached or Ctrl-C asks it to stop; ``state`` (:class:`TrainState`) is where it starts and
+    is reached or Ctrl-C or SIGTERM asks it to stop (``stop``, a :class:`StopSignals`, says which
+    and when; default: a new one); ``state`` (:class:`TrainState`) is where it starts and
     is kept up to date. Returns why it stopped.
 
     What it does at each step is handed in, so that any model trains by the same rules:
@@ -295,7 +272,7 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluat
     bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
                disable=config.quiet or not dp.master, file=sys.stderr, desc=desc)
     stop_reason = None
-    with _Interrupt(dp.say) as interrupt:
+    with (stop or StopSignals(dp.say)) as interrupt:
         while stop_reason is None:
             batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=state.epoch)
             while state.batch_index < len(batches):
@@ -388,17 +365,28 @@ def main(argv=None) -> int:
     except TrainConfigError as e:
         parser.error(str(e))            # exit status 2, before any work
     try:
-        train(config, given=set(given))
-    except (DataError, CheckpointError, B.BackendError, FileNotFoundError, TrainConfigError,
+        with abort_on_signals():                # before the loop: nothing to save yet
+            metrics = train(config, given=set(given))
+    except (DataError, CheckpointError, B.BackendError, TrainConfigError, FloatingPointError,
             distributed.DistributedError, engines.EngineError) as e:
-        print(f"attn-train: error: {e}", file=sys.stderr)
-        _end_other_processes(2)
-        return 2
-    except KeyboardInterrupt:
-        print("attn-train: aborted", file=sys.stderr)
-        _end_other_processes(130)
-        return 130
-    return 0
+        return _error(str(e))
+    except MemoryError:
+        return _error(f"out of memory (preset {config.preset}, --max-tokens {config.max_tokens}): "
+                      "lower --max-tokens or choose a smaller model")
+    except OSError as e:
+        return _error(f"{e.filename or config.out}: {e.strerror or e}")
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, Interrupted) else 2
+        print(f"attn-train: aborted by {Interrupted(signum)} without saving", file=sys.stderr)
+        _end_other_processes(exit_status(signum))
+        return exit_status(signum)
+    return metrics.get("exit_status", 0) if metrics else 0
+
+
+def _error(message: str) -> int:
+    print(f"attn-train: error: {message}", file=sys.stderr)
+    _end_other_processes(2)
+    return 2
 
 
 def _end_other_processes(code: int) -> None:

@@ -3,19 +3,30 @@
     attn-translate --checkpoint runs/toy/checkpoint.npz "the old friend laughed ."
     echo "he carries red girls ." | attn-translate --checkpoint runs/toy/checkpoint.npz --beam 4
 
-One translation per line on standard output; everything else (where a figure
-was written) goes to standard error. Problems the user can fix (no checkpoint,
-a damaged one, an unusable backend) end with exit code 2 and a one-line message.
+One translation per line on standard output (an empty line for an empty one);
+everything else (where a figure was written) goes to standard error. A sentence
+may have at most ``--max-length`` tokens (default 512): longer input is cut at its
+sentence ends, and one sentence over the limit is refused, since attention's
+memory and time grow with the square of the length. Problems the user can fix (no
+checkpoint, a damaged one, an unusable backend, a bad flag, input that is not
+UTF-8 or too long) end with exit code 2 and a one-line message, before any
+translating.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from . import backend as B
 from .checkpoint import CheckpointError, load_npz
+from .evaluate import MAX_SOURCE_TOKENS
+
+#: The largest --beam: a beam search keeps K hypotheses of every sentence, each a row of every step.
+MAX_BEAM = 256
 
 EXAMPLES = """\
 examples:
@@ -52,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "default $ATTN_BACKEND or auto, e.g. --backend numpy")
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="sentences decoded together (default 64)")
+    p.add_argument("--max-length", type=int, default=MAX_SOURCE_TOKENS, metavar="N",
+                   help=f"the most tokens a sentence may have, its end mark included (default {MAX_SOURCE_TOKENS}); "
+                        "longer input is cut at its sentence ends (. ! ?) and a single sentence over the limit "
+                        "is refused. Memory and time grow with the square of the length: on a CPU the toy "
+                        "model takes about a second and a few hundred MB at 512 tokens, 9 GB at 10,000")
     return p
 
 
@@ -94,12 +110,67 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _check_attention_path(path: Path) -> str | None:
+    """Why the figure cannot be written to ``path`` (a format matplotlib lacks, a folder that is
+    missing or not writable), or None."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lstrip(".").lower()
+    if suffix not in formats:
+        return (f"--attention {path}: {'.' + suffix if suffix else 'no extension'} is not an image format; "
+                f"use one of {', '.join('.' + f for f in sorted(formats))}, e.g. --attention att.png")
+    if path.is_dir():
+        return f"--attention {path} is a folder; give a file name such as {path / 'att.png'}"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:      # the figure's folder is made if need be
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"--attention {path}: {folder} is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"--attention {path}: cannot write into {folder} ({e.strerror})"
+    return None
+
+
+def _check_args(args) -> str | None:
+    """The first flag that is out of range, in words, or None."""
+    if not 1 <= args.beam <= MAX_BEAM:
+        return f"--beam must be between 1 and {MAX_BEAM}, got {args.beam}"
+    if not math.isfinite(args.alpha):
+        return f"--alpha must be a finite number, got {args.alpha}"
+    if args.batch_size < 1:
+        return f"--batch-size must be at least 1, got {args.batch_size}"
+    if args.max_length < 2:
+        return f"--max-length must be at least 2 (a token and the end mark), got {args.max_length}"
+    for i, s in enumerate(args.sentences, start=1):
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"sentence argument {i} is not valid UTF-8 (at character {e.start + 1})"
+    return _check_attention_path(args.attention) if args.attention is not None else None
+
+
+def read_stdin_lines(stream) -> list[str]:
+    """The lines of a binary stream as text, each decoded as UTF-8 (a byte-order mark at the start
+    is dropped); raises ValueError naming the first line that is not UTF-8."""
+    lines = []
+    for number, raw in enumerate(stream, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"standard input line {number} is not valid UTF-8 (byte {raw[e.start]:#04x} "
+                             f"at position {e.start + 1}); convert it, e.g. with iconv -t UTF-8") from None
+        lines.append((line.lstrip("\ufeff") if number == 1 else line).rstrip("\r\n"))
+    return lines
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.beam < 1:
-        return _fail(f"--beam must be at least 1, got {args.beam}")
-    if args.batch_size < 1:
-        return _fail(f"--batch-size must be at least 1, got {args.batch_size}")
+    problem = _check_args(args)
+    if problem:
+        return _fail(problem)
     try:
         B.set_backend(args.backend)
         notice = B.auto_fallback_notice()          # auto with CuPy installed but unusable: one line
@@ -109,10 +180,19 @@ def main(argv=None) -> int:
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))
 
-    sentences = args.sentences if args.sentences else [line.rstrip("\r\n") for line in sys.stdin]
-    from .evaluate import translate
-    results = translate(model, vocab, sentences, beam_size=args.beam, alpha=args.alpha,
-                        batch_size=args.batch_size, with_attention=args.attention is not None)
+    from .evaluate import InputTooLong, translate
+    try:
+        sentences = args.sentences if args.sentences else read_stdin_lines(sys.stdin.buffer)
+        results = translate(model, vocab, sentences, beam_size=args.beam, alpha=args.alpha,
+                            batch_size=args.batch_size, with_attention=args.attention is not None,
+                            max_source_tokens=args.max_length)
+    except InputTooLong as e:
+        return _fail(str(e).replace("(max_source_tokens, attn-translate --max-length)", "(--max-length)"))
+    except ValueError as e:
+        return _fail(str(e))
+    except MemoryError:
+        return _fail(f"out of memory translating {len(sentences)} sentences: lower --batch-size "
+                     f"({args.batch_size}), --max-length ({args.max_length}) or --beam ({args.beam})")
     for r in results:
         print(r.text)
     sys.stdout.flush()
@@ -120,6 +200,10 @@ def main(argv=None) -> int:
     if args.attention is not None and results:
         from .plot import plot_attention
         for path, r in zip(attention_paths(args.attention, len(results)), results):
+            if r.attention is None or not r.attention.size:
+                why = "it is empty" if not r.src_tokens else "it was cut into sentences translated one by one"
+                print(f"attn-translate: no attention figure {path}: {why}", file=sys.stderr)
+                continue
             try:
                 plot_attention(r.attention, r.src_tokens, r.tgt_tokens, path,
                                title=_short(" ".join(r.src_tokens)) + "\n→ " + _short(r.text))

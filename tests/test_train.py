@@ -85,23 +85,42 @@ def test_resume_reproduces_the_uninterrupted_losses(tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
-def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(tmp_path):
-    data = write_corpus(tmp_path)
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_saves_the_last_step_and_exits_with_the_shells_status(tmp_path, sig, status):
+    """Ctrl-C and SIGTERM (a scheduler, timeout) save a checkpoint of the step they interrupted, long
+    before the next evaluation would have, exit 128 + the signal's number and say how to resume;
+    the run resumes from that very step."""
+    (tmp_path / "data").mkdir()
+    data = write_corpus(tmp_path / "data")
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "attn.train", "--data", str(data), *TINY, "--steps", "100000",
-           "--eval-every", "3", "--out", str(out), "--backend", "numpy"]
+           "--eval-every", "100000", "--out", str(out), "--backend", "numpy"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not (out / "metrics.jsonl").exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    assert "training pairs" in proc.stderr.readline()          # said as the loop begins
+    time.sleep(1.0)
     assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 0, stderr
-    assert "resume with" in stderr
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == status, stderr
+    stopped = re.search(r"stopped by (\w+) after (\d+) steps.*resume with: attn-train --resume --out (\S+)", stderr)
+    assert stopped and stopped[1] == signal.Signals(sig).name and stopped[3] == str(out), stderr
     arrays, meta = load_npz(out / "checkpoint.npz")
-    assert meta["step"] >= 3 and len(arrays["history/train_loss"]) == meta["step"]
+    assert meta["step"] == int(stopped[2]) >= 1 and len(arrays["history/train_loss"]) == meta["step"]
     assert not list(out.glob(".*.tmp")), "a temporary checkpoint file was left behind"
+    metrics = run_train(tmp_path, "--steps", str(meta["step"] + 2), "--out", str(out), "--resume")
+    assert metrics["steps"] == meta["step"] + 2
+
+
+def test_a_signal_before_the_first_step_exits_with_the_shells_status(tmp_path):
+    data = write_corpus(tmp_path)
+    code = ("import os, signal, sys; import attn.training.prepare as P; real = P.prepare\n"
+            "def prepare(*a, **k):\n    os.kill(os.getpid(), signal.SIGTERM); return real(*a, **k)\n"
+            "P.prepare = prepare; import attn.train as T; T.prepare = prepare; sys.exit(T.main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "--data", str(data), *TINY, "--steps", "5",
+                           "--out", str(tmp_path / "run"), "--backend", "numpy"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "attn-train: aborted by SIGTERM without saving"
 
 
 def test_checkpoint_averaging(tmp_path):

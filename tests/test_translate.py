@@ -206,3 +206,84 @@ def test_auto_with_cupy_but_no_gpu_says_so_in_one_line(checkpoint):
     assert len(lines) == 1 and lines[0].startswith("attn-translate: using NumPy: CuPy imports, but no GPU is usable"), \
         r.stderr
     assert "Warning" not in r.stderr and ".py" not in r.stderr
+
+
+# --------------------------------------------------------------------------- bounded input, one line per mistake
+
+def _one_line_error(r, *words):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attn-translate: error:"), r.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_a_sentence_over_the_limit_is_refused_in_one_line_before_any_work(checkpoint):
+    r = run_cli("--checkpoint", checkpoint, stdin="a b c " * 200 + "\n")
+    _one_line_error(r, "sentence 1", "601 tokens", "512", "--max-length")
+    assert run_cli("--checkpoint", checkpoint, "--max-length", "601", "a b c " * 200).returncode == 0
+
+
+def test_long_input_is_cut_at_its_sentence_ends():
+    model, vocab = tiny()
+    sentences = ["a b c .", "d e .", "a a a a ."]
+    (joined,) = translate(model, vocab, [" ".join(sentences)], max_source_tokens=8)
+    alone = translate(model, vocab, ["a b c . d e .", "a a a a ."], max_source_tokens=8)
+    assert joined.text == " ".join(t.text for t in alone)         # packed: as many whole sentences as fit
+    assert joined.attention is None
+    as_tokens = translate(model, vocab, [tokenize(" ".join(sentences))], max_source_tokens=8)
+    assert as_tokens[0].text == joined.text
+    with pytest.raises(ValueError, match="sentence 2 has a part of 9 tokens"):
+        translate(model, vocab, ["a", "a b c d e a b c"], max_source_tokens=8)
+
+
+def test_a_learned_table_bounds_the_limit_too():
+    vocab = Vocab.build([WORDS])
+    cfg = TransformerConfig(vocab_size=len(vocab), d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                            n_decoder_layers=1, positional="learned", max_len=6)
+    model = Transformer(cfg, seed=1)
+    with pytest.raises(ValueError, match="limit of 6 tokens"):
+        translate(model, vocab, ["a b c d e a b"])
+    assert len(translate(model, vocab, ["a b c d e a b"], max_source_tokens=None)[0].src_tokens) == 6
+
+
+def test_an_empty_line_translates_to_an_empty_line(checkpoint):
+    r = run_cli("--checkpoint", checkpoint, stdin="a b\n\n   \nc .\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[1:3] == ["", ""]
+    (t,) = translate(*tiny(), [""], with_attention=True)
+    assert t.text == "" and t.tgt_tokens == [] and t.attention.shape == (0, 0)
+
+
+def test_input_that_is_not_utf8_is_one_line_naming_the_line(checkpoint):
+    env = {**os.environ, "ATTN_BACKEND": "numpy", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "attn.translate", "--checkpoint", str(checkpoint)],
+                       input=b"a b\n\xff\xfe c\n", capture_output=True, env=env, cwd=ROOT, timeout=120)
+    r = subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(), r.stderr.decode())
+    _one_line_error(r, "standard input line 2 is not valid UTF-8")
+    r = subprocess.run([sys.executable, "-m", "attn.translate", "--checkpoint", str(checkpoint), b"a \xff"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    _one_line_error(r, "sentence argument 1 is not valid UTF-8")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--alpha", "nan"], ["--alpha must be a finite number"]),
+    (["--alpha", "inf"], ["--alpha must be a finite number"]),
+    (["--beam", "0"], ["--beam must be between 1 and"]),
+    (["--beam", "1000000000"], ["--beam must be between 1 and"]),
+    (["--batch-size", "0"], ["--batch-size must be at least 1"]),
+    (["--max-length", "1"], ["--max-length must be at least 2"]),
+    (["--attention", "x.txt"], ["--attention x.txt", ".txt is not an image format"]),
+    (["--attention", "/proc/att.png"], ["cannot write into /proc"]),
+])
+def test_every_flag_out_of_range_is_one_line(checkpoint, flags, words):
+    _one_line_error(run_cli("--checkpoint", checkpoint, *flags, "a b"), *words)
+
+
+def test_a_text_file_as_checkpoint_is_said_to_be_text(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("the old friend laughed .\n")
+    r = run_cli("--checkpoint", text, "a b")
+    _one_line_error(r, str(text), "not an .npz archive", "looks like text")
+    assert "pickle" not in r.stderr

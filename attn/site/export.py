@@ -3,7 +3,7 @@
     attn-export runs/toy/averaged.npz web/models/mine --sentences data/toy/test.en
     python -m http.server -d web        # then open http://127.0.0.1:8000/?model=models/mine
 
-writes two files that the page in ``web/`` (plain JavaScript, no build step) reads:
+writes a folder of two files that the page in ``web/`` (plain JavaScript, no build step) reads:
 
 ``DIR/model.json``
     the format's name and version, the configuration (the fields of
@@ -15,6 +15,10 @@ writes two files that the page in ``web/`` (plain JavaScript, no build step) rea
     every parameter, one after the other in the index's order, row-major,
     little-endian IEEE float32 (or float16 with ``--float16``: half the bytes).
 
+The folder is written beside ``DIR`` and renamed into place, so a reader never sees the
+model of one export with the weights of another; a folder that already holds an export is
+replaced only when asked (``--overwrite``).
+
 Nothing in either file is executable or pickled: JSON and raw numbers. The format
 is described in ``docs/WEB_FORMAT.md``; :func:`load_export` reads it back into a
 :class:`attn.model.Transformer`, which is how the tests compare the page with NumPy.
@@ -24,12 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from .. import backend as B
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, write_atomic
+from ..evaluate import MAX_SOURCE_TOKENS
 
 #: The format's name and version, the first thing a reader checks.
 FORMAT = "attn-web-1"
@@ -42,6 +48,7 @@ EXAMPLES = """\
 examples:
   attn-export runs/toy/averaged.npz web/models/mine
   attn-export runs/toy/averaged.npz web/models/mine --float16 --sentences data/toy/test.en --max-sentences 100
+  attn-export runs/toy/averaged.npz web/models/mine --overwrite     # replace the export there
   python -m http.server -d web     # then open http://127.0.0.1:8000/?model=models/mine
 """
 
@@ -50,23 +57,32 @@ class ExportError(ValueError):
     """An exported model folder is missing, incomplete, or not in this format."""
 
 
-def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), source: str = "") -> dict:
+def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), source: str = "",
+                 max_source_tokens: int = MAX_SOURCE_TOKENS, overwrite: bool = False) -> dict:
     """Write ``model`` (a :class:`attn.model.Transformer`) and ``vocab`` (a :class:`attn.data.Vocab`)
     to ``out_dir``. Returns the JSON document written to ``model.json``.
 
     ``dtype`` is the storage type of the weights, ``"float32"`` or ``"float16"`` (values
     outside float16's range are an error, not silently infinite). ``sentences`` are
-    example source sentences the page offers in a list.
+    example source sentences the page offers in a list. ``max_source_tokens`` is the most
+    tokens the page lets a sentence have (its end mark included; a learned positional table's
+    ``max_len`` bounds it too), written as ``model.json``'s ``max_source_tokens``.
+
+    The two files are written into a new folder beside ``out_dir`` that then takes its place
+    (:func:`_swap_in`). An ``out_dir`` that holds an export is an :class:`ExportError` unless
+    ``overwrite``; one that holds anything else is always one.
     """
     if dtype not in DTYPES:
         raise ValueError(f"export_model: dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if isinstance(max_source_tokens, bool) or not isinstance(max_source_tokens, int) or max_source_tokens < 2:
+        raise ValueError(f"export_model: max_source_tokens must be an integer of at least 2, got {max_source_tokens!r}")
     if len(vocab) != model.config.target_vocab_size:
         raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
                          f"the model {model.config.target_vocab_size}")
+    out_dir = Path(out_dir)
+    _check_destination(out_dir, overwrite)
     np = B.host
     from ..model import parameter_shapes
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tensors, chunks, offset = [], [], 0
     for name, shape in parameter_shapes(model.config).items():
         a = B.to_host(model.params[name]).astype(np.float64)
@@ -81,40 +97,74 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
         tensors.append({"name": name, "offset": offset, "shape": list(shape)})
         chunks.append(raw)
         offset += len(raw)
+    if model.config.positional == "learned":
+        max_source_tokens = min(max_source_tokens, model.config.max_len)
     doc = {
         "format": FORMAT,
         "config": model.config.to_dict(),
         "vocab": vocab.to_json(),
         "specials": {"pad": 0, "bos": 1, "eos": 2, "unk": 3},
+        "max_source_tokens": max_source_tokens,
         "sentences": [str(s) for s in sentences],
         "source": source,
         "weights": {"file": WEIGHTS_FILE, "dtype": dtype, "byte_order": "little", "bytes": offset,
                     "tensors": tensors},
     }
-    _write_atomic(out_dir / WEIGHTS_FILE, b"".join(chunks))
-    _write_atomic(out_dir / MODEL_FILE, (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8"))
+    text = (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
+    _swap_in(out_dir, {WEIGHTS_FILE: b"".join(chunks), MODEL_FILE: text})
     return doc
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def _check_destination(out_dir: Path, overwrite: bool) -> None:
+    """An ExportError unless ``out_dir`` is new, an empty folder, or an export that ``overwrite``
+    allows replacing."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"{out_dir} is a file, not a folder")
+    held = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    others = [n for n in held if n not in (MODEL_FILE, WEIGHTS_FILE)]
+    if others:
+        raise ExportError(f"{out_dir} holds other files than an export ({', '.join(others[:5])}): an export "
+                          f"replaces its whole folder, so give it a folder of its own")
+    if held and not overwrite:
+        raise ExportError(f"{out_dir} already holds an export ({', '.join(held)}): pass --overwrite to replace "
+                          f"it, or choose another folder")
+
+
+def _swap_in(out_dir: Path, files: dict) -> None:
+    """Write ``files`` (name -> bytes) into a new folder beside ``out_dir`` and rename it into place
+    (over an empty ``out_dir`` in one step; an old export is first renamed aside, then removed),
+    so that a reader finds both old files, both new ones, or none, never a mixed pair."""
+    parent = out_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".new", dir=parent))
+    old = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        for name, data in files.items():
+            write_atomic(new / name, lambda f, data=data: f.write(data))
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)      # mkstemp's 0600 would hide the files from a web server's user
-        os.replace(tmp, path)
+        os.chmod(new, 0o777 & ~umask)             # mkdtemp's 0700 would hide the folder from a web server
+        if out_dir.is_dir() and any(out_dir.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=parent))
+            os.replace(out_dir, old / "export")
+        os.replace(new, out_dir)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        shutil.rmtree(new, ignore_errors=True)
+        if old is not None and (old / "export").is_dir() and not out_dir.exists():
+            os.replace(old / "export", out_dir)                 # put the previous export back
         raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
-def export_checkpoint(checkpoint, out_dir, dtype: str = "float32", sentences=()) -> dict:
+def export_checkpoint(checkpoint, out_dir, dtype: str = "float32", sentences=(),
+                      max_source_tokens: int = MAX_SOURCE_TOKENS, overwrite: bool = False) -> dict:
     """Export a checkpoint written by ``attn-train`` (its config, vocabulary and parameters)."""
     from ..translate import load_translator
     model, vocab = load_translator(checkpoint)
-    return export_model(model, vocab, out_dir, dtype, sentences, source=Path(checkpoint).name)
+    return export_model(model, vocab, out_dir, dtype, sentences, source=Path(checkpoint).name,
+                        max_source_tokens=max_source_tokens, overwrite=overwrite)
 
 
 def load_export(out_dir):
@@ -133,8 +183,8 @@ def load_export(out_dir):
             raise ExportError(f"{p} does not exist: is {out_dir} a folder written by attn-export?")
     try:
         doc = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ExportError(f"{meta_path} is not readable JSON ({e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ExportError(f"{meta_path} is not readable JSON ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ExportError(f"{meta_path}: format {doc.get('format') if isinstance(doc, dict) else doc!r:.40}, "
                           f"expected {FORMAT!r}")
@@ -142,29 +192,34 @@ def load_export(out_dir):
         cfg = TransformerConfig.from_dict(doc["config"])
         vocab = Vocab.from_json(doc["vocab"])
         weights = doc["weights"]
-        dtype, tensors = weights["dtype"], weights["tensors"]
-    except (KeyError, TypeError, ValueError, DataError) as e:
-        raise ExportError(f"{meta_path}: unreadable config, vocabulary or weights index ({e})") from None
-    if dtype not in DTYPES:
-        raise ExportError(f"{meta_path}: weights dtype {dtype!r} is not one of {sorted(DTYPES)}")
-    raw = bin_path.read_bytes()
-    if len(raw) != weights.get("bytes"):
-        raise ExportError(f"{bin_path} has {len(raw)} bytes, {meta_path} says {weights.get('bytes')}")
+        dtype, tensors, size = weights["dtype"], weights["tensors"], weights["bytes"]
+        index = {t["name"]: (t["offset"], tuple(t["shape"])) for t in tensors}
+    except (KeyError, TypeError, ValueError, AttributeError, DataError) as e:
+        raise ExportError(f"{meta_path}: unreadable config, vocabulary or weights index "
+                          f"({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise ExportError(f"{meta_path}: weights dtype {dtype!r:.40} is not one of {sorted(DTYPES)}")
+    limit = doc.get("max_source_tokens", MAX_SOURCE_TOKENS)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+        raise ExportError(f"{meta_path}: max_source_tokens must be an integer of at least 2, got {limit!r:.40}")
+    on_disk = bin_path.stat().st_size
+    if on_disk != size:
+        raise ExportError(f"{bin_path} has {on_disk} bytes, {meta_path} says {size!r:.40}")
     expected = parameter_shapes(cfg)
-    index = {t["name"]: t for t in tensors}
     if set(index) != set(expected):
         raise ExportError(f"{meta_path}: the weights index does not fit the config: missing "
                           f"{sorted(set(expected) - set(index))}, unexpected {sorted(set(index) - set(expected))}")
+    raw = bin_path.read_bytes()
     params = {}
     for name, shape in expected.items():
-        t = index[name]
-        if tuple(t["shape"]) != tuple(shape):
-            raise ExportError(f"{meta_path}: {name} has shape {t['shape']}, the config says {list(shape)}")
+        offset, found = index[name]
+        if found != tuple(shape):
+            raise ExportError(f"{meta_path}: {name} has shape {list(found)}, the config says {list(shape)}")
         n = int(np.prod(shape)) * DTYPES[dtype]
-        if not 0 <= t["offset"] <= len(raw) - n:
-            raise ExportError(f"{meta_path}: {name} at offset {t['offset']} runs past the end of {bin_path}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= len(raw) - n:
+            raise ExportError(f"{meta_path}: {name} at offset {offset!r:.40} runs past the end of {bin_path}")
         a = np.frombuffer(raw, dtype="<f4" if dtype == "float32" else "<f2", count=n // DTYPES[dtype],
-                          offset=t["offset"])
+                          offset=offset)
         params[name] = B.to_device(a.astype(np.float32).reshape(shape))
     if len(vocab) != cfg.target_vocab_size:
         raise ExportError(f"{meta_path}: the vocabulary has {len(vocab)} tokens, the model {cfg.target_vocab_size}")
@@ -195,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. --sentences data/toy/test.en")
     p.add_argument("--max-sentences", type=int, default=100, metavar="N",
                    help="keep the first N of --sentences (default 100; 0: all)")
+    p.add_argument("--max-length", type=int, default=MAX_SOURCE_TOKENS, metavar="N",
+                   help=f"the most tokens the page lets a sentence have, its end mark included (default "
+                        f"{MAX_SOURCE_TOKENS}; model.json's max_source_tokens): attention's memory and time grow "
+                        "with the square of the length")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the export that DIR already holds (without it, that is an error)")
     return p
 
 
@@ -204,9 +265,14 @@ def main(argv=None) -> int:
     if args.max_sentences < 0:
         print(f"attn-export: error: --max-sentences must be at least 0, got {args.max_sentences}", file=sys.stderr)
         return 2
+    if args.max_length < 2:
+        print(f"attn-export: error: --max-length must be at least 2, got {args.max_length}", file=sys.stderr)
+        return 2
     try:
+        _check_destination(args.out, args.overwrite)          # before reading anything
         sentences = _read_sentences(args.sentences, args.max_sentences) if args.sentences else []
-        doc = export_checkpoint(args.checkpoint, args.out, "float16" if args.float16 else "float32", sentences)
+        doc = export_checkpoint(args.checkpoint, args.out, "float16" if args.float16 else "float32", sentences,
+                                max_source_tokens=args.max_length, overwrite=args.overwrite)
     except (CheckpointError, DataError, ValueError) as e:
         print(f"attn-export: error: {e}", file=sys.stderr)
         return 2

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import backend as B
-from ..checkpoint import CheckpointError, load_npz, save_npz
+from ..checkpoint import CheckpointError, load_npz, remove_stale_temporaries, save_npz, write_text_atomic
 from ..data import Vocab
 from ..model import Transformer
 from ..optim import Adam
@@ -45,6 +46,27 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
             "wall_seconds": state.wall_seconds,
             "seed": config.seed, "args": config.to_dict(), "dtype": str(model.dtype)}
     save_npz(path, arrays, meta)
+
+
+#: What a checkpoint of a run holds beside the model, and what each must be.
+STATE_FIELDS = {"step": int, "epoch": int, "batch_index": int, "train_seconds": (int, float),
+                "tokens_seen": int}
+
+
+def check_resumable(path: Path, arrays: dict, meta: dict) -> None:
+    """A CheckpointError naming ``path`` unless it holds a run's training state (a model alone,
+    such as ``averaged.npz`` or a snapshot, cannot be resumed)."""
+    missing = [k for k in STATE_FIELDS if k not in meta]
+    if missing or not any(k.startswith("adam.") for k in arrays):
+        what = f"no {', '.join(missing)}" if missing else "no optimizer state"
+        raise CheckpointError(f"--resume: {path} holds a model but not a run's training state ({what}): it is an "
+                              f"averaged model or a snapshot, which translates and exports but does not resume; "
+                              f"resume from the run's checkpoint.npz or start a fresh run")
+    for k, kind in STATE_FIELDS.items():
+        if isinstance(meta[k], bool) or not isinstance(meta[k], kind) or meta[k] < 0:
+            raise CheckpointError(f"--resume: {path} has an invalid training state ({k} = {meta[k]!r:.40})")
+    if not isinstance(meta.get("args", {}), dict) or not isinstance(meta.get("evals", []), list):
+        raise CheckpointError(f"--resume: {path} has an invalid record of the run's settings or evaluations")
 
 
 def state_from_checkpoint(arrays: dict, meta: dict) -> TrainState:
@@ -93,6 +115,7 @@ def open_run(config: TrainConfig, given=None):
         if not ckpt_path.is_file():
             raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
         saved = load_npz(ckpt_path)
+        check_resumable(ckpt_path, *saved)
         asked_backend = config.backend
         config = resumed_config(config, saved[1].get("args", {}), given)
         say_resumed_backend(saved[1].get("args", {}).get("backend"), asked_backend, config.backend)
@@ -100,18 +123,53 @@ def open_run(config: TrainConfig, given=None):
         raise TrainConfigError(
             f"--out {out} already holds a run ({', '.join(previous_run(out))}); a fresh run would mix with it. "
             f"Continue it with --resume, choose another --out, or pass --overwrite to delete it and start clean.")
+    check_out(out)
+    config.check_model_fits()
     if config.backend is None:
         config = dataclasses.replace(config, backend=os.environ.get("ATTN_BACKEND", "numpy"))
     return config.with_recipe(), saved
 
 
-def start_writing(out: Path, fresh_overwrite: bool, record: dict, say) -> None:
-    """Make ``out``, clear a previous run there if this fresh run was told to ``--overwrite`` it,
-    and write ``config.json`` (``record``: the model config, the settings, the corpus...)."""
+def check_out(out: Path) -> None:
+    """A TrainConfigError unless ``out`` is a folder this process can write into, or one it can
+    make (checked before any data preparation)."""
+    folder = out
+    while not folder.exists() and folder != folder.parent:       # the nearest folder that exists
+        folder = folder.parent
+    if not folder.is_dir():
+        raise TrainConfigError(f"--out {out}: {folder} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise TrainConfigError(f"--out {out}: cannot write into {folder} ({e.strerror})") from None
+
+
+def start_writing(out: Path, fresh_overwrite: bool, record: dict, say, evals: list | None = None) -> None:
+    """Make ``out``, remove the temporary files a killed run left there, clear a previous run if
+    this fresh run was told to ``--overwrite`` it, and write ``config.json`` (``record``: the model
+    config, the settings, the corpus...). A resumed run passes the checkpoint's ``evals``:
+    ``metrics.jsonl`` is rewritten to hold exactly those (none written after the checkpoint), and
+    the ``warmup_rule`` that the first session recorded is kept."""
     out.mkdir(parents=True, exist_ok=True)
+    stale = remove_stale_temporaries(out, RUN_FILES) + remove_stale_temporaries(out / "snapshots", ["step-*.npz"])
+    if stale:
+        say(f"removed {len(stale)} temporary file(s) that an interrupted write left in {out}")
     if fresh_overwrite and previous_run(out):
         say(f"--overwrite: starting clean in {out}: removed the previous run's {', '.join(remove_previous_run(out))}")
-    (out / "config.json").write_text(json.dumps(record, indent=2))
+    if evals is not None:
+        if record.get("warmup_rule") is None:
+            record = {**record, "warmup_rule": _saved_record(out / "config.json").get("warmup_rule")}
+        write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(e) + "\n" for e in evals))
+    write_text_atomic(out / "config.json", json.dumps(record, indent=2))
+
+
+def _saved_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def check_something_left(config: TrainConfig, state: TrainState) -> None:

@@ -40,6 +40,11 @@ WARMUP_FRACTION = 0.3
 #: Share of a --minutes budget spent on evaluations and checkpoints, for the estimate of steps.
 EVAL_SHARE = 0.1
 
+#: The largest ``lr_factor``: the paper's rate times this already diverges; beyond it the rate
+#: overflows float32.
+MAX_LR_FACTOR = 1000.0
+
+
 class TrainConfigError(ValueError):
     """A training setting is out of range or of the wrong type; the message names it."""
 
@@ -150,7 +155,8 @@ class TrainConfig:
             if v < low:
                 self._bad(name, f"must be at least {low}")
         for name, check, rule in (("minutes", lambda v: v >= 0, "must be >= 0 (0: no limit)"),
-                                  ("lr_factor", lambda v: v > 0, "must be > 0"),
+                                  ("lr_factor", lambda v: 0 < v <= MAX_LR_FACTOR,
+                                   f"must be > 0 and at most {MAX_LR_FACTOR:g} (1 is the paper's rate)"),
                                   ("clip", lambda v: v >= 0, "must be >= 0 (0: off)"),
                                   ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
                                   ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
@@ -200,6 +206,25 @@ class TrainConfig:
             return TransformerConfig.preset(self.preset, vocab_size=vocab_size, **overrides)
         except ValueError as e:
             raise TrainConfigError(f"the model settings do not fit together: {e}") from None
+
+    def check_model_fits(self, memory_bytes: int | None = None) -> None:
+        """A TrainConfigError if the model's parameters, gradients and Adam's two moments alone, its
+        embeddings left out, exceed ``memory_bytes`` (default: this machine's memory), so that
+        ``--d-model 1000000`` is refused before any data is read rather than ending in a MemoryError."""
+        from ..model import parameter_shapes
+        if memory_bytes is None:
+            try:
+                memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            except (ValueError, OSError, AttributeError):
+                return
+        cfg = self.model_config(len(SPECIALS) + 1)
+        count = sum(math.prod(shape) for shape in parameter_shapes(cfg).values())
+        need = 4 * count * (8 if self.dtype == "float64" else 4)
+        if need > memory_bytes:
+            raise TrainConfigError(f"the model ({self.preset} with --d-model {cfg.d_model}, --d-ff {cfg.d_ff}, "
+                                   f"--layers {cfg.n_encoder_layers}) has {count:,} parameters before its "
+                                   f"embeddings: {need / 2**30:,.1f} GiB with gradients and Adam's moments, "
+                                   f"more than this machine's {memory_bytes / 2**30:,.1f} GiB")
 
 
 #: Settings a resumed run may take from the new command line: they change how the run is watched,
@@ -285,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a Transformer translator. With no arguments: the toy English -> toy-language "
                     "translator in data/toy, on the backend chosen by ATTN_BACKEND (default numpy), "
                     "for at most --minutes of training, writing runs/toy/. "
-                    "In Python: attn.train.train(attn.train.TrainConfig(...)), whose fields are these flags.",
+                    "In Python: attn.train.train(attn.train.TrainConfig(...)), whose fields are these flags. "
+                    "Ctrl-C or SIGTERM saves a checkpoint at the next step and exits with status 130 or 143 "
+                    "(--resume continues it); a second one aborts without saving. Errors exit with status 2.",
         epilog="examples:\n"
                "  attn-train                                   # the toy translator\n"
                "  attn-train --backend cupy                    # the same on a GPU\n"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .. import backend as B
+from ..checkpoint import write_text_atomic
 from ..data import Vocab
 from ..evaluate import evaluate_bleu, evaluate_translations
 from ..loss import cross_entropy
@@ -77,9 +78,9 @@ def evaluate_and_save(model, opt, state, vocab, config, corpus, val_batches, mod
     record["train_seconds"] = round(state.train_seconds, 2)
     record["eval_seconds"] = round(time.perf_counter() - t0, 2)
     state.evals.append(record)
-    with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
     save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, config)
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:     # after the checkpoint: never ahead of it
+        f.write(json.dumps(record) + "\n")
     msg = (f"step {state.step}: val loss {record['val_loss']:.3f}, ppl {record['val_ppl']:.2f}"
            + (f", BLEU {record['val_bleu']:.1f} (first {config.bleu_sentences} val)" if "val_bleu" in record else ""))
     (bar.write if not config.quiet else (lambda m: print(m, file=sys.stderr)))(msg)
@@ -102,7 +103,7 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
                                              model_config.label_smoothing, last_eval)
     scores, test_hyps = evaluate_translations(final_model, vocab, run.corpus.test, beam_size=config.beam)
     test_bleu = scores.bleu
-    (out / "test_translations.txt").write_text("\n".join(test_hyps) + "\n", encoding="utf-8")
+    write_text_atomic(out / "test_translations.txt", "\n".join(test_hyps) + "\n")
     last = state.evals[-1] if state.evals else {}
     metrics = {"test_bleu": test_bleu, "test_chrf": scores.chrf, "test_bleu_lc": scores.bleu_lc,
                "sacrebleu": scores.signatures, "vocab": "bpe" if vocab.bpe is not None else "word",
@@ -116,7 +117,7 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
                "max_tokens": config.max_tokens, "lr_factor": config.lr_factor, "min_freq": config.min_freq,
                "warmup_steps": model_config.warmup_steps,
                "wall_seconds": round(wall_seconds, 2), "stop": stop_reason, **extra}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     plot_losses(out, state)
     print(json.dumps(metrics), file=sys.stderr)
     final_path = out / "averaged.npz" if final_model is not model else out / "checkpoint.npz"

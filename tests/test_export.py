@@ -1,0 +1,99 @@
+"""attn-export's folder: written whole and swapped into place, never overwritten unasked, its
+sentence limit recorded for the page, and every mistake one line."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from attn.checkpoint import file_mode
+from attn.data import Vocab
+from attn.model import Transformer, TransformerConfig
+from attn.site import export as E
+from attn.site.export import ExportError, export_model, load_export, main
+
+VOCAB = Vocab(["<pad>", "<s>", "</s>", "<unk>", "a", "b", "c", "."])
+
+
+def tiny(seed=0, **kw):
+    cfg = TransformerConfig(vocab_size=len(VOCAB), d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                            n_decoder_layers=1, **kw)
+    return Transformer(cfg, seed=seed)
+
+
+def test_an_export_is_not_overwritten_unasked(tmp_path):
+    out = tmp_path / "m"
+    export_model(tiny(0), VOCAB, out)
+    with pytest.raises(ExportError, match=f"{out} already holds an export .*--overwrite"):
+        export_model(tiny(1), VOCAB, out)
+    assert np.array_equal(load_export(out)[0].params["embedding.weight"], tiny(0).params["embedding.weight"])
+    export_model(tiny(1), VOCAB, out, overwrite=True)
+    assert np.array_equal(load_export(out)[0].params["embedding.weight"], tiny(1).params["embedding.weight"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]          # no folder left beside it
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="holds other files than an export \\(notes.txt\\)"):
+        export_model(tiny(1), VOCAB, out, overwrite=True)
+
+
+def test_a_failed_swap_leaves_the_previous_export_whole(tmp_path, monkeypatch):
+    out = tmp_path / "m"
+    export_model(tiny(0), VOCAB, out)
+    real, calls = os.replace, []
+
+    def replace(a, b):
+        calls.append(b)
+        if len(calls) == 4:          # two files written, the old export moved aside: the swap itself fails
+            raise OSError(28, "No space left on device")
+        return real(a, b)
+
+    monkeypatch.setattr(E.os, "replace", replace)
+    with pytest.raises(OSError):
+        export_model(tiny(1), VOCAB, out, overwrite=True)
+    monkeypatch.undo()
+    assert np.array_equal(load_export(out)[0].params["embedding.weight"], tiny(0).params["embedding.weight"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_files_and_folder_get_the_modes_a_plain_write_would(tmp_path):
+    out = tmp_path / "m"
+    export_model(tiny(), VOCAB, out)
+    umask = 0o777 & ~(stat.S_IMODE(out.stat().st_mode))
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    for name in ("model.json", "weights.bin"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == file_mode()
+
+
+def test_the_sentence_limit_is_in_model_json(tmp_path):
+    doc = export_model(tiny(), VOCAB, tmp_path / "a", max_source_tokens=300)
+    assert doc["max_source_tokens"] == 300 == json.loads((tmp_path / "a" / "model.json").read_text())["max_source_tokens"]
+    assert export_model(tiny(positional="learned", max_len=40), VOCAB, tmp_path / "b")["max_source_tokens"] == 40
+    assert load_export(tmp_path / "a")[2]["max_source_tokens"] == 300
+    path = tmp_path / "a" / "model.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "max_source_tokens": "lots"}))
+    with pytest.raises(ExportError, match="max_source_tokens must be an integer"):
+        load_export(tmp_path / "a")
+
+
+@pytest.mark.parametrize("case", ["file", "exists", "length", "not_utf8"])
+def test_every_mistake_is_one_line(tmp_path, capsys, case):
+    ckpt = tiny().save(tmp_path / "c.npz", extra_meta={"vocab": VOCAB.to_json()})
+    out, flags = tmp_path / "out", []
+    if case == "file":
+        out.write_text("x")
+        ckpt = tmp_path / "missing.npz"            # the destination is checked first
+    elif case == "exists":
+        export_model(tiny(), VOCAB, out)
+    elif case == "length":
+        flags = ["--max-length", "1"]
+    else:
+        (tmp_path / "s.txt").write_bytes(b"a b\n\xff\n")
+        flags = ["--sentences", str(tmp_path / "s.txt")]
+    assert main([str(ckpt), str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attn-export: error:"), err
+    assert {"file": "is a file, not a folder", "exists": "--overwrite", "length": "--max-length",
+            "not_utf8": "not valid UTF-8"}[case] in err[0]
+    assert main([str(ckpt), str(out), "--overwrite"]) == (0 if case in ("exists", "length", "not_utf8") else 2)
