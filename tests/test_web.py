@@ -129,6 +129,45 @@ def test_export_command_and_its_errors(tmp_path, capsys):
         export_model(big, vocab, tmp_path / "o3", "float16")
 
 
+# --------------------------------------------------------------------------- the test server (no browser)
+
+def test_the_test_server_refuses_paths_that_leave_its_folders(tmp_path):
+    """``browser.serve`` answers 404 to any path that leaves web/ or a mount: ``..`` (plain or
+    percent-encoded), an absolute path after a mount's prefix, a symbolic link pointing out."""
+    import http.client
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the browser\n", encoding="utf-8")
+    mount = tmp_path / "mount"
+    (mount / "sub").mkdir(parents=True)
+    (mount / "sub" / "ok.txt").write_text("served\n", encoding="utf-8")
+    (mount / "out").symlink_to(secret)
+    (mount / "outdir").symlink_to(tmp_path, target_is_directory=True)
+    (mount / "inside").symlink_to(mount / "sub" / "ok.txt")
+    up = "/".join([".."] * (len(secret.parts) + 2))
+
+    def get(port, path):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", path)                     # sent as written: no client normalises it
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    with browser.serve(browser.WEB_DIR, {"/_test/m/": mount}) as url:
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        assert get(port, "/_test/m/sub/ok.txt") == (200, b"served\n")
+        assert get(port, "/_test/m/inside") == (200, b"served\n")      # a link that stays inside
+        assert get(port, "/index.html")[0] == get(port, "/attn/model.js")[0] == 200
+        refused = [f"/_test/m/{up}{secret}", f"/_test/m/sub/../../{secret.name}", f"/_test/m/{secret}",
+                   f"/_test/m//{secret}", "/_test/m/" + "/".join(["%2e%2e"] * 12) + str(secret),
+                   "/_test/m/out", "/_test/m/outdir/secret.txt", f"/{up}{secret}", f"/{up}/etc/hostname",
+                   f"//{secret}", "/%2E%2E/%2e%2e/etc/hostname", f"/_test/m/..%2f..%2f{secret.name}"]
+        for path in refused:
+            status, body = get(port, path)
+            assert status == 404 and b"not for the browser" not in body, (path, status, body[:80])
+
+
 # --------------------------------------------------------------------------- in the browser
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import statistics
 import sys
 import threading
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 #: The page and its modules, in a source checkout.
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -49,15 +49,40 @@ def missing() -> str | None:
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Files under ``directory``, plus each mount ``{"/prefix/": folder}`` at its prefix; quiet."""
+    """Files under ``directory``, plus each mount ``{"/prefix/": folder}`` at its prefix; quiet.
+
+    A request that would leave its folder (a ``..`` component, plain or percent-encoded, an
+    absolute path after a mount's prefix, a symbolic link that points outside) is answered
+    404: the server shows the page's files and the mounted models, nothing else on the disk.
+    """
     mounts: dict = {}
 
     def translate_path(self, path):
+        """The file for a URL path, or None when the path leaves the folder it names."""
+        path = unquote(path.split("?", 1)[0].split("#", 1)[0], errors="surrogatepass")
+        root, rest = Path(self.directory), path
         for prefix, folder in self.mounts.items():
             if path.startswith(prefix):
-                rest = path[len(prefix):].split("?", 1)[0].split("#", 1)[0]
-                return str(Path(folder) / rest)
-        return super().translate_path(path)
+                root, rest = Path(folder), path[len(prefix):]
+                break
+        if rest.startswith("/") and root == Path(self.directory):
+            rest = rest[1:]                               # the site's own root: "/x" is "x" under it
+        parts = rest.split("/")
+        if rest.startswith("/") or "\\" in rest or any(p in ("..", ".") for p in parts):
+            return None                                   # absolute after a mount, or climbing out
+        target = root.joinpath(*[p for p in parts if p])
+        try:
+            if not target.resolve().is_relative_to(root.resolve()):
+                return None                               # a symbolic link that points outside
+        except (OSError, RuntimeError):
+            return None
+        return str(target) + ("/" if path.endswith("/") else "")
+
+    def send_head(self):
+        if self.translate_path(self.path) is None:
+            self.send_error(404, "File not found")
+            return None
+        return super().send_head()
 
     def end_headers(self):
         self.send_header("Cache-Control", "no-store")
