@@ -170,11 +170,54 @@ def test_the_test_server_refuses_paths_that_leave_its_folders(tmp_path):
 
 # --------------------------------------------------------------------------- in the browser
 
+def _broken(doc: dict, case: str) -> tuple[dict, int | None]:
+    """``doc`` (the toy model's model.json) spoilt as ``case`` says; and weights.bin's new size
+    (None: unchanged)."""
+    doc = json.loads(json.dumps(doc))
+    tensors = doc["weights"]["tensors"]
+    if case == "missing-tensor":
+        del tensors[5]
+    elif case == "n-heads-3":
+        doc["config"]["n_heads"] = 3
+    elif case == "wrong-shape":
+        doc["config"]["d_ff"] //= 2
+    elif case == "extra-tensor":
+        tensors.append({**tensors[-1], "name": "decoder.9.ffn.b2"})
+    elif case == "vocabulary-size":
+        doc["vocab"].append("an-extra-token")
+    elif case == "unknown-field":
+        doc["config"]["n_head"] = 4
+    elif case == "short-weights":
+        return doc, doc["weights"]["bytes"] - 2
+    return doc, None
+
+
+#: Each broken model, and what load_export's error and the page's both say.
+BROKEN = {"missing-tensor": "does not fit the config: missing", "n-heads-3": "must be divisible by n_heads",
+          "wrong-shape": "the config says", "extra-tensor": "unexpected", "vocabulary-size": "the vocabulary has",
+          "unknown-field": "unknown fields", "short-weights": "bytes"}
+
+
 @pytest.fixture(scope="module")
-def site(bpe_dir):
+def broken_dir(tmp_path_factory):
+    """A folder of broken copies of the toy model: broken_dir/CASE/{model.json, weights.bin}."""
+    root = tmp_path_factory.mktemp("broken")
+    doc = json.loads((TOY_MODEL / "model.json").read_text(encoding="utf-8"))
+    raw = (TOY_MODEL / "weights.bin").read_bytes()
+    for case in BROKEN:
+        spoilt, size = _broken(doc, case)
+        (root / case).mkdir()
+        (root / case / "model.json").write_text(json.dumps(spoilt), encoding="utf-8")
+        (root / case / "weights.bin").write_bytes(raw if size is None else raw[:size])
+    return root
+
+
+@pytest.fixture(scope="module")
+def site(bpe_dir, broken_dir):
     if MISSING:
         pytest.skip(MISSING)
-    with browser.serve(browser.WEB_DIR, {"/_test/bpe/": bpe_dir}) as url, browser.chromium() as chromium:
+    with browser.serve(browser.WEB_DIR, {"/_test/bpe/": bpe_dir, "/_test/broken/": broken_dir}) as url, \
+            browser.chromium() as chromium:
         yield url, chromium
 
 
@@ -326,6 +369,68 @@ def test_a_mutant_layer_fails_the_comparison(site, mutant):
     results = run_in_browser(site, "model", sentences, routes={glob: replace})
     problems = [p for s, js in zip(sentences, results) for p in compare(model, vocab, s, js)]
     assert problems, f"the mutant '{mutant}' passed the comparison with NumPy"
+
+
+def _open(site, query: str, until="['ready', 'error'].includes(document.body.dataset.state)"):
+    """A fresh page at index.html?QUERY, waited on until ``until``; returns (context, page,
+    errors: what the page threw)."""
+    url, chromium = site
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url + "index.html" + query)
+    page.wait_for_function(until, timeout=60_000)
+    return context, page, errors
+
+
+@needs_browser
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_model_is_refused_with_a_message_on_the_page(site, broken_dir, case):
+    """A model.json that lacks a tensor, has one too many, does not fit its config (n_heads 3
+    against d_model 128, a shape, the vocabulary's size) or a weights.bin of the wrong size:
+    load_export refuses it, and so does the page, saying why on the page, never busy for ever."""
+    with pytest.raises(ExportError, match=BROKEN[case]):
+        load_export(broken_dir / case)
+    context, page, errors = _open(site, f"?model=_test/broken/{case}/")
+    try:
+        assert page.evaluate("document.body.dataset.state") == "error"
+        message = page.locator("#message")
+        assert message.is_visible() and BROKEN[case] in message.inner_text(), message.inner_text()
+        assert "could not load the model" in message.inner_text() and page.locator("#source").is_disabled()
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+CONFIGS = [{}, {"d_model": 12, "n_heads": 3, "d_ff": 7, "n_encoder_layers": 1, "n_decoder_layers": 3},
+           {"share_embeddings": False, "vocab_size": 10, "tgt_vocab_size": 12, "positional": "learned", "norm": "pre",
+            "max_len": 9}, {"d_model": 128, "n_heads": 3}, {"n_heads": 0}, {"d_model": -8}, {"d_ff": 1.5},
+           {"n_encoder_layers": 0}, {"positional": "rotary"}, {"norm": "sandwich"}, {"dropout": 1.0},
+           {"label_smoothing": -0.1}, {"share_embeddings": True, "vocab_size": 10, "tgt_vocab_size": 11},
+           {"tgt_vocab_size": 0}, {"warmup_steps": 0}, {"heads": 4}, {"d_model": "512"}]
+
+
+@needs_browser
+def test_the_page_checks_a_config_as_transformer_config_does(site):
+    """Every config TransformerConfig refuses the page refuses; for the others the page expects
+    exactly the tensors of attn.model.parameter_shapes, in its order."""
+    from attn.model import parameter_shapes
+    url, chromium = site
+    page = chromium.new_page()
+    page.goto(url + "index.html")
+    js = page.evaluate("""async (configs) => {
+      const { checkConfig, parameterShapes } = await import("/attn/model.js");
+      return configs.map((c) => { try { return [...parameterShapes(checkConfig(c))]; } catch (e) { return e.message; } });
+    }""", CONFIGS)
+    page.close()
+    for config, got in zip(CONFIGS, js):
+        try:
+            cfg = TransformerConfig.from_dict(config)
+        except (ValueError, TypeError):
+            assert isinstance(got, str) and got.startswith("config: "), (config, got)
+            continue
+        assert [[n, list(s)] for n, s in parameter_shapes(cfg).items()] == got, config
 
 
 TEXT_JS = """async ({texts, pieces, detok}) => {

@@ -156,10 +156,28 @@ function render(shown = current.steps.length) {
 
 // ------------------------------------------------------------------ translating
 
+// A message above the translation (a refusal, an error), or none.
+function say(text) {
+  $("#message").textContent = text ?? "";
+  $("#message").hidden = !text;
+}
+
+// Translate text (run), showing any error on the page rather than leaving it busy.
 async function run(text, startedAt) {
+  try {
+    await translateAndDraw(text, startedAt);
+  } catch (e) {
+    generation += 1;                                  // whatever was under way stops
+    say(`could not translate: ${e.message}`);
+    document.body.dataset.state = "error";
+  }
+}
+
+async function translateAndDraw(text, startedAt) {
   const mine = ++generation;
   clearInterval(replayTimer);
   document.body.dataset.state = "busy";
+  say(null);
   const { srcTokens, srcIds } = sourceOf(model, vocab, text);
   if (srcIds.length === 1) {                          // nothing but EOS: no sentence
     current = null;
@@ -230,7 +248,8 @@ async function main() {
   try {
     ({ model, vocab } = await loadModel(url).then((r) => { window.attnMeta = r.meta; return r; }));
   } catch (e) {
-    $("#model-info").textContent = `could not load the model from ${url}/: ${e.message}`;
+    $("#model-info").textContent = `could not load the model from ${url}/`;
+    say(`could not load the model: ${e.message}`);
     document.body.dataset.state = "error";
     return;
   }
@@ -256,7 +275,7 @@ async function main() {
     source.value = first;
     await run(first, performance.now());
   }
-  document.body.dataset.state = "ready";
+  if (document.body.dataset.state !== "error") document.body.dataset.state = "ready";
 }
 
 main();
