@@ -403,6 +403,120 @@ def test_a_broken_model_is_refused_with_a_message_on_the_page(site, broken_dir, 
         context.close()
 
 
+@pytest.fixture(scope="module")
+def limit_dir(tmp_path_factory):
+    """The toy model with ``config.max_input_tokens`` 5: the page's limit read from model.json."""
+    out = tmp_path_factory.mktemp("limit-5")
+    doc = json.loads((TOY_MODEL / "model.json").read_text(encoding="utf-8"))
+    doc["config"]["max_input_tokens"] = 5
+    (out / "model.json").write_text(json.dumps(doc), encoding="utf-8")
+    (out / "weights.bin").write_bytes((TOY_MODEL / "weights.bin").read_bytes())
+    return out
+
+
+LONG_WORDS = "the old king found a car on young eggs and".split()
+
+
+def _words(n: int) -> str:
+    """A toy sentence of n word tokens."""
+    return " ".join(LONG_WORDS[i % len(LONG_WORDS)] for i in range(n))
+
+
+@needs_browser
+def test_a_long_input_shows_a_message_and_is_not_translated(site):
+    """1,000 words typed (pasted) into the page: no translation, no freeze, a message saying the
+    limit (200 tokens, the default, as the toy model's model.json sets none); 200 tokens are
+    translated; translate() in JavaScript refuses 201."""
+    context, page, errors = _open(site, "")
+    try:
+        page.fill("#source", _words(1000))
+        page.wait_for_function("document.body.dataset.state === 'done'", timeout=60_000)
+        message = page.locator("#message")
+        assert message.is_visible(), "no message for a sentence of 1,000 tokens"
+        assert "1,000 tokens" in message.inner_text() and "at most 200" in message.inner_text()
+        assert page.locator("#output .tok").count() == 0 and page.locator(".maps canvas").count() == 0
+        page.fill("#source", _words(200))
+        page.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 201",
+                               timeout=60_000)
+        assert message.is_hidden() and page.locator("#output .tok").count() > 0
+        refused = page.evaluate("""async (text) => {
+          const { translate, MAX_INPUT_TOKENS } = await import("/attn/decode.js");
+          try { translate(window.attnPage.model, window.attnPage.vocab, text); return "translated"; }
+          catch (e) { return `${e.name}: ${e.message} (${MAX_INPUT_TOKENS})`; }
+        }""", _words(201))
+        assert refused == "RangeError: translate: 201 tokens, more than the 200 the model takes (200)"
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+@needs_browser
+def test_the_limit_comes_from_model_json_when_it_has_one(site, limit_dir):
+    url, chromium = site
+    with browser.serve(browser.WEB_DIR, {"/_test/limit/": limit_dir}) as url2:
+        context, page, errors = _open((url2, chromium), "?model=_test/limit/")
+        try:
+            page.fill("#source", _words(6))
+            page.wait_for_function("document.body.dataset.state === 'done'")
+            assert "6 tokens" in page.inner_text("#message") and "at most 5" in page.inner_text("#message")
+            page.fill("#source", _words(5))
+            page.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 6")
+            assert page.locator("#message").is_hidden() and page.locator("#output .tok").count() > 0
+            assert not errors, errors
+        finally:
+            context.close()
+
+
+#: Installed in the page: counts animation frames (all, and those while it is busy), the longest
+#: gap between two frames while busy, and records the page's state at each keydown.
+PROBE_JS = """() => {
+  const probe = window.attnProbe = { frames: 0, busyFrames: 0, longestGap: 0, keys: [], last: null };
+  const tick = (t) => {
+    probe.frames += 1;
+    if (document.body.dataset.state === "busy") {
+      probe.busyFrames += 1;
+      if (probe.last !== null) probe.longestGap = Math.max(probe.longestGap, t - probe.last);
+      probe.last = t;
+    } else probe.last = null;
+    requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+  document.addEventListener("keydown", (e) => probe.keys.push({ key: e.key, state: document.body.dataset.state,
+                                                                busyFrames: probe.busyFrames }), { capture: true });
+}"""
+
+
+@needs_browser
+def test_the_page_answers_input_while_a_long_sentence_decodes(site):
+    """A 200-token sentence with beam search 4 (the page's longest work): while it decodes, the page
+    keeps painting (animation frames come while it is busy: Playwright's wait below polls in
+    animation frames, so a page that froze until the end would never be seen busy) and handles
+    keys (a keydown arrives while it is still busy). Counted, not timed; the figures are printed."""
+    context, page, errors = _open(site, "")
+    try:
+        # Chromium's CPU slowed 4 times: the decoding outlasts Playwright's round trips on any machine.
+        context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": 4})
+        page.evaluate(PROBE_JS)
+        page.select_option("#beam", "4")
+        page.wait_for_function("document.body.dataset.state === 'done'", timeout=60_000)
+        page.evaluate("(text) => { window.attnPage.run(text); }", _words(200))     # not awaited
+        page.wait_for_function("document.body.dataset.state === 'busy' && window.attnProbe.busyFrames >= 3",
+                               polling="raf", timeout=60_000)
+        for _ in range(3):
+            page.keyboard.press("Shift")
+        page.wait_for_function("document.body.dataset.state === 'done'", timeout=120_000)
+        probe, timing = page.evaluate("[window.attnProbe, window.attnTiming]")
+        assert [k["state"] for k in probe["keys"]].count("busy") >= 1, probe["keys"]
+        assert timing["sourceTokens"] == 201 and timing["turns"] >= 3, timing
+        assert not errors, errors
+        print(f"\n200 tokens, beam 4, CPU slowed 4 times: {timing['ms']:.0f} ms, {timing['tokens']} tokens out; the browser got "
+              f"{timing['turns']} turns, {probe['busyFrames']} animation frames while busy, the longest gap "
+              f"between two {probe['longestGap']:.0f} ms; keys handled while busy: "
+              f"{[k['state'] for k in probe['keys']].count('busy')} of {len(probe['keys'])}")
+    finally:
+        context.close()
+
+
 CONFIGS = [{}, {"d_model": 12, "n_heads": 3, "d_ff": 7, "n_encoder_layers": 1, "n_decoder_layers": 3},
            {"share_embeddings": False, "vocab_size": 10, "tgt_vocab_size": 12, "positional": "learned", "norm": "pre",
             "max_len": 9}, {"d_model": 128, "n_heads": 3}, {"n_heads": 0}, {"d_model": -8}, {"d_ff": 1.5},

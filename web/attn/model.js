@@ -249,6 +249,16 @@ export class Transformer {
 
   // The encoder stack. srcIds (S) -> {memory (S, D), weights: per layer (H, S, S)}
   encode(srcIds) {
+    const layers = this.encodeLayers(srcIds);
+    for (;;) {
+      const { value, done } = layers.next();
+      if (done) return value;
+    }
+  }
+
+  // The same, a layer at a time: a generator that yields (nothing) after each layer, so that
+  // the page can let the browser in between, and returns what encode returns.
+  *encodeLayers(srcIds) {
     let x = this.embed("src", srcIds);
     const weights = [];
     for (let i = 0; i < this.config.n_encoder_layers; i++) {
@@ -259,6 +269,7 @@ export class Transformer {
         return out;
       });
       x = this.residual(`${pre}.norm2`, x, (h) => this.ffn(`${pre}.ffn`, h));
+      yield;
     }
     if (this.config.norm === "pre") x = this.norm("encoder.norm", x);
     return { memory: x, weights };
