@@ -15,6 +15,8 @@ export tests run anyway. Screenshots go to tests/out/web/ (git ignores it).
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import json
 import unicodedata
 from pathlib import Path
@@ -267,7 +269,7 @@ def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
         page = context.new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(url + "index.html?model=" + model_url)
-        page.wait_for_function("['ready', 'done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+        page.wait_for_function("() => ['ready', 'done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
         results = page.evaluate(RUN_JS, {"modelUrl": url + model_url, "sentences": sentences, "beamSize": beam_size})
     finally:
         context.close()
@@ -371,7 +373,7 @@ def test_a_mutant_layer_fails_the_comparison(site, mutant):
     assert problems, f"the mutant '{mutant}' passed the comparison with NumPy"
 
 
-def _open(site, query: str, until="['ready', 'error'].includes(document.body.dataset.state)"):
+def _open(site, query: str, until="() => ['ready', 'error'].includes(document.body.dataset.state)"):
     """A fresh page at index.html?QUERY, waited on until ``until``; returns (context, page,
     errors: what the page threw)."""
     url, chromium = site
@@ -379,6 +381,7 @@ def _open(site, query: str, until="['ready', 'error'].includes(document.body.dat
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
     page.goto(url + "index.html" + query)
     page.wait_for_function(until, timeout=60_000)
     return context, page, errors
@@ -430,13 +433,13 @@ def test_a_long_input_shows_a_message_and_is_not_translated(site):
     context, page, errors = _open(site, "")
     try:
         page.fill("#source", _words(1000))
-        page.wait_for_function("document.body.dataset.state === 'done'", timeout=60_000)
+        page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=60_000)
         message = page.locator("#message")
         assert message.is_visible(), "no message for a sentence of 1,000 tokens"
         assert "1,000 tokens" in message.inner_text() and "at most 200" in message.inner_text()
         assert page.locator("#output .tok").count() == 0 and page.locator(".maps canvas").count() == 0
         page.fill("#source", _words(200))
-        page.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 201",
+        page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 201",
                                timeout=60_000)
         assert message.is_hidden() and page.locator("#output .tok").count() > 0
         refused = page.evaluate("""async (text) => {
@@ -457,10 +460,10 @@ def test_the_limit_comes_from_model_json_when_it_has_one(site, limit_dir):
         context, page, errors = _open((url2, chromium), "?model=_test/limit/")
         try:
             page.fill("#source", _words(6))
-            page.wait_for_function("document.body.dataset.state === 'done'")
+            page.wait_for_function("() => document.body.dataset.state === 'done'")
             assert "6 tokens" in page.inner_text("#message") and "at most 5" in page.inner_text("#message")
             page.fill("#source", _words(5))
-            page.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 6")
+            page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 6")
             assert page.locator("#message").is_hidden() and page.locator("#output .tok").count() > 0
             assert not errors, errors
         finally:
@@ -498,13 +501,13 @@ def test_the_page_answers_input_while_a_long_sentence_decodes(site):
         context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": 4})
         page.evaluate(PROBE_JS)
         page.select_option("#beam", "4")
-        page.wait_for_function("document.body.dataset.state === 'done'", timeout=60_000)
+        page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=60_000)
         page.evaluate("(text) => { window.attnPage.run(text); }", _words(200))     # not awaited
-        page.wait_for_function("document.body.dataset.state === 'busy' && window.attnProbe.busyFrames >= 3",
+        page.wait_for_function("() => document.body.dataset.state === 'busy' && window.attnProbe.busyFrames >= 3",
                                polling="raf", timeout=60_000)
         for _ in range(3):
             page.keyboard.press("Shift")
-        page.wait_for_function("document.body.dataset.state === 'done'", timeout=120_000)
+        page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=120_000)
         probe, timing = page.evaluate("[window.attnProbe, window.attnTiming]")
         assert [k["state"] for k in probe["keys"]].count("busy") >= 1, probe["keys"]
         assert timing["sourceTokens"] == 201 and timing["turns"] >= 3, timing
@@ -515,6 +518,85 @@ def test_the_page_answers_input_while_a_long_sentence_decodes(site):
               f"{[k['state'] for k in probe['keys']].count('busy')} of {len(probe['keys'])}")
     finally:
         context.close()
+
+
+@contextlib.contextmanager
+def _another_site(directory):
+    """``directory`` served on 127.0.0.1 at another port, another origin, that lets any origin
+    read it (Access-Control-Allow-Origin: *); yields (its origin, the paths it was asked for)."""
+    import http.server
+    import threading
+    asked = []
+
+    class Handler(browser._Handler):
+        def send_head(self):
+            asked.append(self.path)
+            return super().send_head()
+
+        def end_headers(self):
+            self.send_header("Access-Control-Allow-Origin", "*")
+            super().end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@needs_browser
+def test_a_model_from_another_origin_needs_the_readers_consent(site):
+    """?model= on another origin (a site that allows it): without &allow-origin= the page fetches
+    nothing from it and says how to opt in, and the Content-Security-Policy itself blocks a
+    fetch there; with &allow-origin= naming that origin the page asks, fetches nothing until the
+    reader presses its button, and then loads and translates. Other addresses are refused."""
+    with _another_site(browser.WEB_DIR) as (origin, asked):
+        model = f"{origin}/model/"
+        context, page, errors = _open(site, f"?model={model}")
+        try:
+            assert page.evaluate("document.body.dataset.state") == "error"
+            text = page.inner_text("#message")
+            assert "another site" in text and f"&allow-origin={origin}" in text, text
+            blocked = page.evaluate("""async (url) => {
+              const seen = [];
+              document.addEventListener("securitypolicyviolation", (e) => seen.push(e.violatedDirective));
+              try { await fetch(url); return "fetched"; }
+              catch (e) { await new Promise((r) => setTimeout(r, 50)); return seen.join(" ") || e.name; }
+            }""", model + "model.json")
+            assert blocked == "connect-src", blocked
+            assert asked == [], asked
+        finally:
+            context.close()
+        errors.clear()
+        for query in (f"?model={model}&allow-origin=http://127.0.0.1:1", f"?model={model}&allow-origin=nonsense",
+                      "?model=javascript:alert(1)//&allow-origin=javascript:alert(1)",
+                      "?model=data:text/plain,x&allow-origin=data:text/plain,x"):
+            context, page, _ = _open(site, query)
+            try:
+                assert page.evaluate("document.body.dataset.state") == "error", query
+                assert "another site" in page.inner_text("#message"), query
+            finally:
+                context.close()
+        assert asked == [], asked
+
+        context, page, errors = _open(site, f"?model={model}&allow-origin={origin}",
+                                      until="() => document.body.dataset.state === 'confirm'")
+        try:
+            assert f"Load the model from {model}?" in page.inner_text("#message")
+            page.wait_for_timeout(200)
+            assert asked == [], "the page fetched from another origin before the reader confirmed"
+            page.click("#load-elsewhere")
+            page.wait_for_function("() => ['ready', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+            assert page.evaluate("document.body.dataset.state") == "ready", page.inner_text("#message")
+            assert sorted(asked) == ["/model/model.json", "/model/weights.bin"]
+            assert page.locator("#output .tok").count() > 0 and page.locator("#message").is_hidden()
+            assert not errors, errors
+        finally:
+            context.close()
 
 
 CONFIGS = [{}, {"d_model": 12, "n_heads": 3, "d_ff": 7, "n_encoder_layers": 1, "n_decoder_layers": 3},
@@ -590,12 +672,12 @@ def test_typing_shows_every_head_and_the_hover_reads_the_weight(site):
     cfg = model.config
     page = chromium.new_page(viewport={"width": 1280, "height": 900})
     page.goto(url + "index.html")
-    page.wait_for_function("document.body.dataset.state === 'ready'", timeout=60_000)
+    page.wait_for_function("() => document.body.dataset.state === 'ready'", timeout=60_000)
     sentence = "the woman says that the big dog called the small cat ."
     page.fill("#source", sentence[:-1])
-    page.wait_for_function("document.body.dataset.state === 'done'")
+    page.wait_for_function("() => document.body.dataset.state === 'done'")
     page.type("#source", ".")
-    page.wait_for_function(f"document.body.dataset.state === 'done' && "
+    page.wait_for_function(f"() => document.body.dataset.state === 'done' && "
                            f"window.attnTiming && window.attnTiming.sourceTokens === {len(tokenize(sentence)) + 1}")
     from attn.evaluate import translate
     expected = translate(model, vocab, [sentence])[0]
@@ -669,7 +751,7 @@ def test_the_speed_command_in_quick_mode(tmp_path):
 
     weight = result["page_weight"]
     on_disk = {p.relative_to(browser.WEB_DIR).as_posix(): p.stat().st_size
-               for p in [browser.WEB_DIR / "index.html", browser.WEB_DIR / "style.css", browser.WEB_DIR / "app.js",
+               for p in [browser.WEB_DIR / "index.html", browser.WEB_DIR / "style.css", *browser.WEB_DIR.glob("*.js"),
                          *browser.WEB_DIR.glob("attn/*.js"), *browser.WEB_DIR.glob("model/*")]}
     seen = {r["file"]: r["bytes"] for r in weight["requests"]}
     assert seen == on_disk, "the page loads other files than web/'s, or not at their size on disk"

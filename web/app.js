@@ -296,8 +296,46 @@ function startReplay() {
   }, 300);
 }
 
+// A model from another origin runs only when the reader asks for it twice: the address opts in
+// to that origin (&allow-origin=ORIGIN, which policy.js lets fetch reach), and the reader
+// presses the button the page shows. Resolves to true when the model may be loaded.
+function mayLoad(url) {
+  const params = new URLSearchParams(location.search);
+  let where;
+  try {
+    where = new URL(url, location.href);
+  } catch (e) {
+    say(`?model=${url} is not an address.`);
+    return Promise.resolve(false);
+  }
+  if (where.origin === location.origin) return Promise.resolve(true);
+  const origin = where.origin, allow = params.get("allow-origin");
+  let allowed = false;
+  try { allowed = allow !== null && new URL(allow).origin === origin; } catch (e) { allowed = false; }
+  if (!["http:", "https:"].includes(where.protocol) || !allowed) {
+    say(`The model ${where.href} is on another site (${origin}). This page loads models from its own origin ` +
+        `only; to run that one, add &allow-origin=${origin} to the address and confirm on the page.`);
+    return Promise.resolve(false);
+  }
+  say(`Load the model from ${where.href}? It is on another site (${origin}), and this page will run what it ` +
+      `sends: load it only if you trust that site.`);
+  const button = document.createElement("button");
+  button.id = "load-elsewhere";
+  button.type = "button";
+  button.textContent = `load the model from ${origin}`;
+  $("#message").append(button);
+  document.body.dataset.state = "confirm";
+  return new Promise((resolve) => button.addEventListener("click", () => { say(null); resolve(true); }, { once: true }));
+}
+
 async function main() {
   const url = new URLSearchParams(location.search).get("model") ?? "model";
+  if (!(await mayLoad(url))) {
+    $("#model-info").textContent = `did not load the model from ${url}/`;
+    document.body.dataset.state = "error";
+    return;
+  }
+  document.body.dataset.state = "loading";
   try {
     ({ model, vocab } = await loadModel(url).then((r) => { window.attnMeta = r.meta; return r; }));
   } catch (e) {

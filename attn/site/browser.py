@@ -165,7 +165,7 @@ def _guarded_context(chromium, problems: list[str]):
 
 
 def _wait_ready(page, problems):
-    page.wait_for_function("['ready', 'error'].includes(document.body.dataset.state)", timeout=120_000)
+    page.wait_for_function("() => ['ready', 'error'].includes(document.body.dataset.state)", timeout=120_000)
     if page.evaluate("document.body.dataset.state") != "ready":
         problems.append("the page did not load its model: " + page.inner_text("#model-info"))
 
@@ -233,13 +233,13 @@ def keystroke_to_last_token(chromium, url: str, sentence: str, repeats: int, del
             if problems:
                 break
             page.fill("#source", "")
-            page.wait_for_function("document.body.dataset.state === 'done'")
+            page.wait_for_function("() => document.body.dataset.state === 'done'")
             page.click("#source")
             page.keyboard.type(sentence[:-1], delay=delay_ms)
-            page.wait_for_function("document.body.dataset.state === 'done'", timeout=120_000)
+            page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=120_000)
             page.evaluate(_KEYDOWN_JS)
             page.keyboard.type(sentence[-1])
-            page.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming !== null",
+            page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming !== null",
                                    timeout=120_000)
             timing = page.evaluate("({...window.attnTiming, keydown: window.attnKeydown})")
             if page.input_value("#source") != sentence:
