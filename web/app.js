@@ -250,6 +250,7 @@ async function translateAndDraw(text, startedAt) {
   }
   const { memory, weights } = encoded;
   current.encoderWeights = weights;
+  lastPaint = performance.now();                      // tokens are shown a frame apart from here on
   const beamSize = +beam.value;
   if (beamSize > 1) {
     const search = beamSearchSteps(model, srcIds, { beamSize, memory });
