@@ -227,13 +227,13 @@ def test_the_web_page_translates_inside_the_book(site, browser, built_book):
     def type_a_sentence(page):
         assert page.get_attribute("#open-web-page", "href") == "web/index.html"
         frame = page.locator("iframe#web-page").element_handle().content_frame()
-        frame.wait_for_function("['ready', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+        frame.wait_for_function("() => ['ready', 'error'].includes(document.body.dataset.state)", timeout=60_000)
         assert frame.evaluate("document.body.dataset.state") == "ready", frame.inner_text("#model-info")
         frame.fill("#source", sentence[:-1])
-        frame.wait_for_function("document.body.dataset.state === 'done'")
+        frame.wait_for_function("() => document.body.dataset.state === 'done'")
         frame.evaluate("window.attnTiming = null")
         frame.type("#source", sentence[-1])
-        frame.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming")
+        frame.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming")
         return {"tokens": frame.locator("#output .tok").all_inner_texts(),
                 "maps": frame.locator(".maps canvas").count(), "url": frame.url}
 

@@ -15,6 +15,8 @@ export tests run anyway. Screenshots go to tests/out/web/ (git ignores it).
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import json
 import unicodedata
 from pathlib import Path
@@ -129,13 +131,95 @@ def test_export_command_and_its_errors(tmp_path, capsys):
         export_model(big, vocab, tmp_path / "o3", "float16")
 
 
+# --------------------------------------------------------------------------- the test server (no browser)
+
+def test_the_test_server_refuses_paths_that_leave_its_folders(tmp_path):
+    """``browser.serve`` answers 404 to any path that leaves web/ or a mount: ``..`` (plain or
+    percent-encoded), an absolute path after a mount's prefix, a symbolic link pointing out."""
+    import http.client
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the browser\n", encoding="utf-8")
+    mount = tmp_path / "mount"
+    (mount / "sub").mkdir(parents=True)
+    (mount / "sub" / "ok.txt").write_text("served\n", encoding="utf-8")
+    (mount / "out").symlink_to(secret)
+    (mount / "outdir").symlink_to(tmp_path, target_is_directory=True)
+    (mount / "inside").symlink_to(mount / "sub" / "ok.txt")
+    up = "/".join([".."] * (len(secret.parts) + 2))
+
+    def get(port, path):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", path)                     # sent as written: no client normalises it
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    with browser.serve(browser.WEB_DIR, {"/_test/m/": mount}) as url:
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        assert get(port, "/_test/m/sub/ok.txt") == (200, b"served\n")
+        assert get(port, "/_test/m/inside") == (200, b"served\n")      # a link that stays inside
+        assert get(port, "/index.html")[0] == get(port, "/attn/model.js")[0] == 200
+        refused = [f"/_test/m/{up}{secret}", f"/_test/m/sub/../../{secret.name}", f"/_test/m/{secret}",
+                   f"/_test/m//{secret}", "/_test/m/" + "/".join(["%2e%2e"] * 12) + str(secret),
+                   "/_test/m/out", "/_test/m/outdir/secret.txt", f"/{up}{secret}", f"/{up}/etc/hostname",
+                   f"//{secret}", "/%2E%2E/%2e%2e/etc/hostname", f"/_test/m/..%2f..%2f{secret.name}"]
+        for path in refused:
+            status, body = get(port, path)
+            assert status == 404 and b"not for the browser" not in body, (path, status, body[:80])
+
+
 # --------------------------------------------------------------------------- in the browser
 
+def _broken(doc: dict, case: str) -> tuple[dict, int | None]:
+    """``doc`` (the toy model's model.json) spoilt as ``case`` says; and weights.bin's new size
+    (None: unchanged)."""
+    doc = json.loads(json.dumps(doc))
+    tensors = doc["weights"]["tensors"]
+    if case == "missing-tensor":
+        del tensors[5]
+    elif case == "n-heads-3":
+        doc["config"]["n_heads"] = 3
+    elif case == "wrong-shape":
+        doc["config"]["d_ff"] //= 2
+    elif case == "extra-tensor":
+        tensors.append({**tensors[-1], "name": "decoder.9.ffn.b2"})
+    elif case == "vocabulary-size":
+        doc["vocab"].append("an-extra-token")
+    elif case == "unknown-field":
+        doc["config"]["n_head"] = 4
+    elif case == "short-weights":
+        return doc, doc["weights"]["bytes"] - 2
+    return doc, None
+
+
+#: Each broken model, and what load_export's error and the page's both say.
+BROKEN = {"missing-tensor": "does not fit the config: missing", "n-heads-3": "must be divisible by n_heads",
+          "wrong-shape": "the config says", "extra-tensor": "unexpected", "vocabulary-size": "the vocabulary has",
+          "unknown-field": "unknown fields", "short-weights": "bytes"}
+
+
 @pytest.fixture(scope="module")
-def site(bpe_dir):
+def broken_dir(tmp_path_factory):
+    """A folder of broken copies of the toy model: broken_dir/CASE/{model.json, weights.bin}."""
+    root = tmp_path_factory.mktemp("broken")
+    doc = json.loads((TOY_MODEL / "model.json").read_text(encoding="utf-8"))
+    raw = (TOY_MODEL / "weights.bin").read_bytes()
+    for case in BROKEN:
+        spoilt, size = _broken(doc, case)
+        (root / case).mkdir()
+        (root / case / "model.json").write_text(json.dumps(spoilt), encoding="utf-8")
+        (root / case / "weights.bin").write_bytes(raw if size is None else raw[:size])
+    return root
+
+
+@pytest.fixture(scope="module")
+def site(bpe_dir, broken_dir):
     if MISSING:
         pytest.skip(MISSING)
-    with browser.serve(browser.WEB_DIR, {"/_test/bpe/": bpe_dir}) as url, browser.chromium() as chromium:
+    with browser.serve(browser.WEB_DIR, {"/_test/bpe/": bpe_dir, "/_test/broken/": broken_dir}) as url, \
+            browser.chromium() as chromium:
         yield url, chromium
 
 
@@ -185,7 +269,7 @@ def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
         page = context.new_page()
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(url + "index.html?model=" + model_url)
-        page.wait_for_function("['ready', 'done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+        page.wait_for_function("() => ['ready', 'done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
         results = page.evaluate(RUN_JS, {"modelUrl": url + model_url, "sentences": sentences, "beamSize": beam_size})
     finally:
         context.close()
@@ -289,6 +373,262 @@ def test_a_mutant_layer_fails_the_comparison(site, mutant):
     assert problems, f"the mutant '{mutant}' passed the comparison with NumPy"
 
 
+def _open(site, query: str, until="() => ['ready', 'error'].includes(document.body.dataset.state)"):
+    """A fresh page at index.html?QUERY, waited on until ``until``; returns (context, page,
+    errors: what the page threw)."""
+    url, chromium = site
+    context = chromium.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.goto(url + "index.html" + query)
+    page.wait_for_function(until, timeout=60_000)
+    return context, page, errors
+
+
+@needs_browser
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_a_broken_model_is_refused_with_a_message_on_the_page(site, broken_dir, case):
+    """A model.json that lacks a tensor, has one too many, does not fit its config (n_heads 3
+    against d_model 128, a shape, the vocabulary's size) or a weights.bin of the wrong size:
+    load_export refuses it, and so does the page, saying why on the page, never busy for ever."""
+    with pytest.raises(ExportError, match=BROKEN[case]):
+        load_export(broken_dir / case)
+    context, page, errors = _open(site, f"?model=_test/broken/{case}/")
+    try:
+        assert page.evaluate("document.body.dataset.state") == "error"
+        message = page.locator("#message")
+        assert message.is_visible() and BROKEN[case] in message.inner_text(), message.inner_text()
+        assert "could not load the model" in message.inner_text() and page.locator("#source").is_disabled()
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def limit_dir(tmp_path_factory):
+    """The toy model with ``config.max_input_tokens`` 5: the page's limit read from model.json."""
+    out = tmp_path_factory.mktemp("limit-5")
+    doc = json.loads((TOY_MODEL / "model.json").read_text(encoding="utf-8"))
+    doc["config"]["max_input_tokens"] = 5
+    (out / "model.json").write_text(json.dumps(doc), encoding="utf-8")
+    (out / "weights.bin").write_bytes((TOY_MODEL / "weights.bin").read_bytes())
+    return out
+
+
+LONG_WORDS = "the old king found a car on young eggs and".split()
+
+
+def _words(n: int) -> str:
+    """A toy sentence of n word tokens."""
+    return " ".join(LONG_WORDS[i % len(LONG_WORDS)] for i in range(n))
+
+
+@needs_browser
+def test_a_long_input_shows_a_message_and_is_not_translated(site):
+    """1,000 words typed (pasted) into the page: no translation, no freeze, a message saying the
+    limit (200 tokens, the default, as the toy model's model.json sets none); 200 tokens are
+    translated; translate() in JavaScript refuses 201."""
+    context, page, errors = _open(site, "")
+    try:
+        page.fill("#source", _words(1000))
+        page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=60_000)
+        message = page.locator("#message")
+        assert message.is_visible(), "no message for a sentence of 1,000 tokens"
+        assert "1,000 tokens" in message.inner_text() and "at most 200" in message.inner_text()
+        assert page.locator("#output .tok").count() == 0 and page.locator(".maps canvas").count() == 0
+        page.fill("#source", _words(200))
+        page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 201",
+                               timeout=60_000)
+        assert message.is_hidden() and page.locator("#output .tok").count() > 0
+        refused = page.evaluate("""async (text) => {
+          const { translate, MAX_INPUT_TOKENS } = await import("/attn/decode.js");
+          try { translate(window.attnPage.model, window.attnPage.vocab, text); return "translated"; }
+          catch (e) { return `${e.name}: ${e.message} (${MAX_INPUT_TOKENS})`; }
+        }""", _words(201))
+        assert refused == "RangeError: translate: 201 tokens, more than the 200 the model takes (200)"
+        assert not errors, errors
+    finally:
+        context.close()
+
+
+@needs_browser
+def test_the_limit_comes_from_model_json_when_it_has_one(site, limit_dir):
+    url, chromium = site
+    with browser.serve(browser.WEB_DIR, {"/_test/limit/": limit_dir}) as url2:
+        context, page, errors = _open((url2, chromium), "?model=_test/limit/")
+        try:
+            page.fill("#source", _words(6))
+            page.wait_for_function("() => document.body.dataset.state === 'done'")
+            assert "6 tokens" in page.inner_text("#message") and "at most 5" in page.inner_text("#message")
+            page.fill("#source", _words(5))
+            page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 6")
+            assert page.locator("#message").is_hidden() and page.locator("#output .tok").count() > 0
+            assert not errors, errors
+        finally:
+            context.close()
+
+
+#: Installed in the page: counts animation frames (all, and those while it is busy), the longest
+#: gap between two frames while busy, and records the page's state at each keydown.
+PROBE_JS = """() => {
+  const probe = window.attnProbe = { frames: 0, busyFrames: 0, longestGap: 0, keys: [], last: null };
+  const tick = (t) => {
+    probe.frames += 1;
+    if (document.body.dataset.state === "busy") {
+      probe.busyFrames += 1;
+      if (probe.last !== null) probe.longestGap = Math.max(probe.longestGap, t - probe.last);
+      probe.last = t;
+    } else probe.last = null;
+    requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+  document.addEventListener("keydown", (e) => probe.keys.push({ key: e.key, state: document.body.dataset.state,
+                                                                busyFrames: probe.busyFrames }), { capture: true });
+}"""
+
+
+@needs_browser
+def test_the_page_answers_input_while_a_long_sentence_decodes(site):
+    """A 200-token sentence with beam search 4 (the page's longest work): while it decodes, the page
+    keeps painting (animation frames come while it is busy: Playwright's wait below polls in
+    animation frames, so a page that froze until the end would never be seen busy) and handles
+    keys (a keydown arrives while it is still busy). Counted, not timed; the figures are printed."""
+    context, page, errors = _open(site, "")
+    try:
+        # Chromium's CPU slowed 4 times: the decoding outlasts Playwright's round trips on any machine.
+        context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": 4})
+        page.evaluate(PROBE_JS)
+        page.select_option("#beam", "4")
+        page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=60_000)
+        page.evaluate("(text) => { window.attnPage.run(text); }", _words(200))     # not awaited
+        page.wait_for_function("() => document.body.dataset.state === 'busy' && window.attnProbe.busyFrames >= 3",
+                               polling="raf", timeout=60_000)
+        for _ in range(3):
+            page.keyboard.press("Shift")
+        page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=120_000)
+        probe, timing = page.evaluate("[window.attnProbe, window.attnTiming]")
+        assert [k["state"] for k in probe["keys"]].count("busy") >= 1, probe["keys"]
+        assert timing["sourceTokens"] == 201 and timing["turns"] >= 3, timing
+        assert not errors, errors
+        print(f"\n200 tokens, beam 4, CPU slowed 4 times: {timing['ms']:.0f} ms, {timing['tokens']} tokens out; the browser got "
+              f"{timing['turns']} turns, {probe['busyFrames']} animation frames while busy, the longest gap "
+              f"between two {probe['longestGap']:.0f} ms; keys handled while busy: "
+              f"{[k['state'] for k in probe['keys']].count('busy')} of {len(probe['keys'])}")
+    finally:
+        context.close()
+
+
+@contextlib.contextmanager
+def _another_site(directory):
+    """``directory`` served on 127.0.0.1 at another port, another origin, that lets any origin
+    read it (Access-Control-Allow-Origin: *); yields (its origin, the paths it was asked for)."""
+    import http.server
+    import threading
+    asked = []
+
+    class Handler(browser._Handler):
+        def send_head(self):
+            asked.append(self.path)
+            return super().send_head()
+
+        def end_headers(self):
+            self.send_header("Access-Control-Allow-Origin", "*")
+            super().end_headers()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@needs_browser
+def test_a_model_from_another_origin_needs_the_readers_consent(site):
+    """?model= on another origin (a site that allows it): without &allow-origin= the page fetches
+    nothing from it and says how to opt in, and the Content-Security-Policy itself blocks a
+    fetch there; with &allow-origin= naming that origin the page asks, fetches nothing until the
+    reader presses its button, and then loads and translates. Other addresses are refused."""
+    with _another_site(browser.WEB_DIR) as (origin, asked):
+        model = f"{origin}/model/"
+        context, page, errors = _open(site, f"?model={model}")
+        try:
+            assert page.evaluate("document.body.dataset.state") == "error"
+            text = page.inner_text("#message")
+            assert "another site" in text and f"&allow-origin={origin}" in text, text
+            blocked = page.evaluate("""async (url) => {
+              const seen = [];
+              document.addEventListener("securitypolicyviolation", (e) => seen.push(e.violatedDirective));
+              try { await fetch(url); return "fetched"; }
+              catch (e) { await new Promise((r) => setTimeout(r, 50)); return seen.join(" ") || e.name; }
+            }""", model + "model.json")
+            assert blocked == "connect-src", blocked
+            assert asked == [], asked
+        finally:
+            context.close()
+        errors.clear()
+        for query in (f"?model={model}&allow-origin=http://127.0.0.1:1", f"?model={model}&allow-origin=nonsense",
+                      "?model=javascript:alert(1)//&allow-origin=javascript:alert(1)",
+                      "?model=data:text/plain,x&allow-origin=data:text/plain,x"):
+            context, page, _ = _open(site, query)
+            try:
+                assert page.evaluate("document.body.dataset.state") == "error", query
+                assert "another site" in page.inner_text("#message"), query
+            finally:
+                context.close()
+        assert asked == [], asked
+
+        context, page, errors = _open(site, f"?model={model}&allow-origin={origin}",
+                                      until="() => document.body.dataset.state === 'confirm'")
+        try:
+            assert f"Load the model from {model}?" in page.inner_text("#message")
+            page.wait_for_timeout(200)
+            assert asked == [], "the page fetched from another origin before the reader confirmed"
+            page.click("#load-elsewhere")
+            page.wait_for_function("() => ['ready', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+            assert page.evaluate("document.body.dataset.state") == "ready", page.inner_text("#message")
+            assert sorted(asked) == ["/model/model.json", "/model/weights.bin"]
+            assert page.locator("#output .tok").count() > 0 and page.locator("#message").is_hidden()
+            assert not errors, errors
+        finally:
+            context.close()
+
+
+CONFIGS = [{}, {"d_model": 12, "n_heads": 3, "d_ff": 7, "n_encoder_layers": 1, "n_decoder_layers": 3},
+           {"share_embeddings": False, "vocab_size": 10, "tgt_vocab_size": 12, "positional": "learned", "norm": "pre",
+            "max_len": 9}, {"d_model": 128, "n_heads": 3}, {"n_heads": 0}, {"d_model": -8}, {"d_ff": 1.5},
+           {"n_encoder_layers": 0}, {"positional": "rotary"}, {"norm": "sandwich"}, {"dropout": 1.0},
+           {"label_smoothing": -0.1}, {"share_embeddings": True, "vocab_size": 10, "tgt_vocab_size": 11},
+           {"tgt_vocab_size": 0}, {"warmup_steps": 0}, {"heads": 4}, {"d_model": "512"}]
+
+
+@needs_browser
+def test_the_page_checks_a_config_as_transformer_config_does(site):
+    """Every config TransformerConfig refuses the page refuses; for the others the page expects
+    exactly the tensors of attn.model.parameter_shapes, in its order."""
+    from attn.model import parameter_shapes
+    url, chromium = site
+    page = chromium.new_page()
+    page.goto(url + "index.html")
+    js = page.evaluate("""async (configs) => {
+      const { checkConfig, parameterShapes } = await import("/attn/model.js");
+      return configs.map((c) => { try { return [...parameterShapes(checkConfig(c))]; } catch (e) { return e.message; } });
+    }""", CONFIGS)
+    page.close()
+    for config, got in zip(CONFIGS, js):
+        try:
+            cfg = TransformerConfig.from_dict(config)
+        except (ValueError, TypeError):
+            assert isinstance(got, str) and got.startswith("config: "), (config, got)
+            continue
+        assert [[n, list(s)] for n, s in parameter_shapes(cfg).items()] == got, config
+
+
 TEXT_JS = """async ({texts, pieces, detok}) => {
   const text = await import("/attn/text.js");
   const { Vocab } = await import("/attn/data.js");
@@ -332,12 +672,12 @@ def test_typing_shows_every_head_and_the_hover_reads_the_weight(site):
     cfg = model.config
     page = chromium.new_page(viewport={"width": 1280, "height": 900})
     page.goto(url + "index.html")
-    page.wait_for_function("document.body.dataset.state === 'ready'", timeout=60_000)
+    page.wait_for_function("() => document.body.dataset.state === 'ready'", timeout=60_000)
     sentence = "the woman says that the big dog called the small cat ."
     page.fill("#source", sentence[:-1])
-    page.wait_for_function("document.body.dataset.state === 'done'")
+    page.wait_for_function("() => document.body.dataset.state === 'done'")
     page.type("#source", ".")
-    page.wait_for_function(f"document.body.dataset.state === 'done' && "
+    page.wait_for_function(f"() => document.body.dataset.state === 'done' && "
                            f"window.attnTiming && window.attnTiming.sourceTokens === {len(tokenize(sentence)) + 1}")
     from attn.evaluate import translate
     expected = translate(model, vocab, [sentence])[0]
@@ -411,7 +751,7 @@ def test_the_speed_command_in_quick_mode(tmp_path):
 
     weight = result["page_weight"]
     on_disk = {p.relative_to(browser.WEB_DIR).as_posix(): p.stat().st_size
-               for p in [browser.WEB_DIR / "index.html", browser.WEB_DIR / "style.css", browser.WEB_DIR / "app.js",
+               for p in [browser.WEB_DIR / "index.html", browser.WEB_DIR / "style.css", *browser.WEB_DIR.glob("*.js"),
                          *browser.WEB_DIR.glob("attn/*.js"), *browser.WEB_DIR.glob("model/*")]}
     seen = {r["file"]: r["bytes"] for r in weight["requests"]}
     assert seen == on_disk, "the page loads other files than web/'s, or not at their size on disk"

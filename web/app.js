@@ -3,7 +3,7 @@
 // draws. window.attnPage and document.body.dataset.state are there for tests and measurements.
 
 import { EOS } from "./attn/data.js";
-import { attentionMatrices, beamSearch, greedySteps, source as sourceOf } from "./attn/decode.js";
+import { attentionMatrices, beamSearchSteps, greedySteps, source as sourceOf } from "./attn/decode.js";
 import { loadModel } from "./attn/model.js";
 import { detokenize } from "./attn/text.js";
 
@@ -18,6 +18,14 @@ let generation = 0;           // a newer keystroke makes an older translation st
 let replayTimer = null;
 
 const nextFrame = () => new Promise((resolve) => requestAnimationFrame(() => resolve()));
+// A turn for the browser (input, painting when a frame is due), then back: a message to ourselves
+// is a task of its own, without the 4 ms that nested setTimeouts wait.
+const yieldToBrowser = () => new Promise((resolve) => {
+  const channel = new MessageChannel();
+  channel.port1.onmessage = () => resolve();
+  channel.port2.postMessage(null);
+});
+const SLICE_MS = 8;           // the longest stretch of computing before the browser gets a turn
 
 function tokenLabel(id) {
   return vocab.itos[id];
@@ -38,10 +46,28 @@ function headValues(w, head) {
   return out;
 }
 
-function color(v) {        // white (0) to dark blue (1)
+function rgb(v) {          // white (0) to dark blue (1)
   const t = Math.max(0, Math.min(1, v));
-  const r = Math.round(255 - t * (255 - 8)), g = Math.round(255 - t * (255 - 48)), b = Math.round(255 - t * (255 - 107));
-  return `rgb(${r},${g},${b})`;
+  return [Math.round(255 - t * (255 - 8)), Math.round(255 - t * (255 - 48)), Math.round(255 - t * (255 - 107))];
+}
+
+// The cells of a map as an image of one pixel per cell (rows × cols), for drawImage to scale
+// up without smoothing: one call instead of a fillRect per cell, which a 200-token sentence
+// (40,000 cells a map) would make slow.
+function cellImage(values, rows, cols) {
+  const image = new ImageData(cols, rows);
+  for (let i = 0; i < rows * cols; i++) {
+    const [r, g, b] = rgb(values[i]);
+    image.data[4 * i] = r;
+    image.data[4 * i + 1] = g;
+    image.data[4 * i + 2] = b;
+    image.data[4 * i + 3] = 255;
+  }
+  const small = document.createElement("canvas");
+  small.width = cols;
+  small.height = rows;
+  small.getContext("2d").putImageData(image, 0, 0);
+  return small;
 }
 
 function fit(ctx, text, width) {
@@ -68,11 +94,9 @@ function drawMap(canvas, values, rows, cols, rowLabels, colLabels) {
   ctx.font = "11px system-ui, sans-serif";
   ctx.fillStyle = "#fff";
   ctx.fillRect(0, 0, width, height);
-  for (let i = 0; i < rows; i++) {
-    for (let j = 0; j < cols; j++) {
-      ctx.fillStyle = color(values[i * cols + j]);
-      ctx.fillRect(labelW + j * cell, labelH + i * cell, cell, cell);
-    }
+  if (rows && cols) {
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(cellImage(values, rows, cols), labelW, labelH, cols * cell, rows * cell);
   }
   ctx.strokeStyle = "#ccc";
   ctx.strokeRect(labelW, labelH, cols * cell, rows * cell);
@@ -129,7 +153,10 @@ function drawKind(kind, weights, rowLabels, colLabels) {
   [...grid.querySelectorAll("canvas")].forEach((canvas) => {
     const w = weights[+canvas.dataset.layer];
     const head = canvas.dataset.head === "avg" ? "avg" : +canvas.dataset.head;
+    if (canvas.drawn === w && canvas.drawnHead === head) return;   // the encoder's maps, while it decodes
     drawMap(canvas, headValues(w, head), w.shape[1], w.shape[2], rowLabels, colLabels);
+    canvas.drawn = w;
+    canvas.drawnHead = head;
   });
 }
 
@@ -156,44 +183,89 @@ function render(shown = current.steps.length) {
 
 // ------------------------------------------------------------------ translating
 
+// A message above the translation (a refusal, an error), or none.
+function say(text) {
+  $("#message").textContent = text ?? "";
+  $("#message").hidden = !text;
+}
+
+// Translate text (run), showing any error on the page rather than leaving it busy.
 async function run(text, startedAt) {
+  try {
+    await translateAndDraw(text, startedAt);
+  } catch (e) {
+    generation += 1;                                  // whatever was under way stops
+    say(`could not translate: ${e.message}`);
+    document.body.dataset.state = "error";
+  }
+}
+
+async function translateAndDraw(text, startedAt) {
   const mine = ++generation;
   clearInterval(replayTimer);
   document.body.dataset.state = "busy";
-  const { srcTokens, srcIds } = sourceOf(model, vocab, text);
-  if (srcIds.length === 1) {                          // nothing but EOS: no sentence
+  say(null);
+  const { srcTokens, srcIds, tooLong } = sourceOf(model, vocab, text);
+  if (tooLong || srcIds.length === 1) {               // too long to translate, or nothing but EOS: no sentence
     current = null;
     $("#output").replaceChildren();
+    $("#timing").textContent = "";
     for (const grid of document.querySelectorAll(".grid")) grid.replaceChildren();
+    stepInput.disabled = replay.disabled = true;
+    if (tooLong) {
+      say(`This sentence has ${tooLong.tokens.toLocaleString("en")} tokens; the model translates at most ` +
+          `${tooLong.limit.toLocaleString("en")}. Shorten it to see its translation.`);
+    }
     document.body.dataset.state = "done";
     return;
   }
-  const t0 = performance.now();
-  const { memory, weights } = model.encode(srcIds);
-  current = { srcTokens, srcIds, encoderWeights: weights, steps: [] };
-  let compute = performance.now() - t0, draw = 0, frames = 0;
+  // The work comes in slices: after each piece (an encoder layer, a decoder position, a step of the
+  // beam search) the page gives the browser a turn once SLICE_MS have passed, so typing and
+  // painting go on while a long sentence decodes; a newer keystroke stops this translation there.
+  let compute = 0, draw = 0, frames = 0, turns = 0, lastPaint = performance.now(), lastYield = lastPaint;
+  const timed = (f) => { const t1 = performance.now(); const r = f(); compute += performance.now() - t1; return r; };
   const timedRender = () => { const d0 = performance.now(); render(); draw += performance.now() - d0; };
+  const pause = async () => {                         // true when a newer translation took over
+    const now = performance.now();
+    if (now - lastPaint > 16 && current.steps.length) {   // a slow model: show each token as it comes
+      timedRender();
+      await nextFrame();
+      frames += 1;
+      lastPaint = lastYield = performance.now();
+      turns += 1;
+    } else if (now - lastYield > SLICE_MS) {
+      await yieldToBrowser();
+      lastYield = performance.now();
+      turns += 1;
+    }
+    return mine !== generation;
+  };
+  current = { srcTokens, srcIds, encoderWeights: [], steps: [] };
+  const layers = model.encodeLayers(srcIds);
+  let encoded;
+  for (;;) {
+    const { value, done } = timed(() => layers.next());
+    if (done) { encoded = value; break; }
+    if (await pause()) return;
+  }
+  const { memory, weights } = encoded;
+  current.encoderWeights = weights;
+  lastPaint = performance.now();                      // tokens are shown a frame apart from here on
   const beamSize = +beam.value;
   if (beamSize > 1) {
-    const t1 = performance.now();
-    current.steps = beamSearch(model, srcIds, { beamSize, memory }).steps;
-    compute += performance.now() - t1;
+    const search = beamSearchSteps(model, srcIds, { beamSize, memory });
+    for (;;) {
+      const { value, done } = timed(() => search.next());
+      if (done) { current.steps = value.steps; break; }
+      if (await pause()) return;
+    }
   } else {
-    let lastPaint = performance.now();
     const steps = greedySteps(model, srcIds, { memory });
     for (;;) {
-      const t1 = performance.now();
-      const { value, done } = steps.next();
-      compute += performance.now() - t1;
+      const { value, done } = timed(() => steps.next());
       if (done) break;
       current.steps.push(value);
-      if (performance.now() - lastPaint > 16) {      // a slow model: show each token as it comes
-        timedRender();
-        await nextFrame();
-        frames += 1;
-        if (mine !== generation) return;
-        lastPaint = performance.now();
-      }
+      if (await pause()) return;
     }
   }
   timedRender();
@@ -204,7 +276,7 @@ async function run(text, startedAt) {
   frames += 1;
   if (mine !== generation) return;
   const endedAt = performance.now(), ms = endedAt - startedAt;
-  window.attnTiming = { ms, computeMs: compute, drawMs: draw, frames, tokens: current.steps.length,
+  window.attnTiming = { ms, computeMs: compute, drawMs: draw, frames, turns, tokens: current.steps.length,
                         sourceTokens: srcIds.length, startedAt, endedAt };
   $("#timing").textContent = `${current.steps.length} tokens; ${ms.toFixed(1)} ms from keystroke to the last token ` +
     `(${compute.toFixed(1)} ms computing, ${draw.toFixed(1)} ms drawing)`;
@@ -225,12 +297,51 @@ function startReplay() {
   }, 300);
 }
 
+// A model from another origin runs only when the reader asks for it twice: the address opts in
+// to that origin (&allow-origin=ORIGIN, which policy.js lets fetch reach), and the reader
+// presses the button the page shows. Resolves to true when the model may be loaded.
+function mayLoad(url) {
+  const params = new URLSearchParams(location.search);
+  let where;
+  try {
+    where = new URL(url, location.href);
+  } catch (e) {
+    say(`?model=${url} is not an address.`);
+    return Promise.resolve(false);
+  }
+  if (where.origin === location.origin) return Promise.resolve(true);
+  const origin = where.origin, allow = params.get("allow-origin");
+  let allowed = false;
+  try { allowed = allow !== null && new URL(allow).origin === origin; } catch (e) { allowed = false; }
+  if (!["http:", "https:"].includes(where.protocol) || !allowed) {
+    say(`The model ${where.href} is on another site (${origin}). This page loads models from its own origin ` +
+        `only; to run that one, add &allow-origin=${origin} to the address and confirm on the page.`);
+    return Promise.resolve(false);
+  }
+  say(`Load the model from ${where.href}? It is on another site (${origin}), and this page will run what it ` +
+      `sends: load it only if you trust that site.`);
+  const button = document.createElement("button");
+  button.id = "load-elsewhere";
+  button.type = "button";
+  button.textContent = `load the model from ${origin}`;
+  $("#message").append(button);
+  document.body.dataset.state = "confirm";
+  return new Promise((resolve) => button.addEventListener("click", () => { say(null); resolve(true); }, { once: true }));
+}
+
 async function main() {
   const url = new URLSearchParams(location.search).get("model") ?? "model";
+  if (!(await mayLoad(url))) {
+    $("#model-info").textContent = `did not load the model from ${url}/`;
+    document.body.dataset.state = "error";
+    return;
+  }
+  document.body.dataset.state = "loading";
   try {
     ({ model, vocab } = await loadModel(url).then((r) => { window.attnMeta = r.meta; return r; }));
   } catch (e) {
-    $("#model-info").textContent = `could not load the model from ${url}/: ${e.message}`;
+    $("#model-info").textContent = `could not load the model from ${url}/`;
+    say(`could not load the model: ${e.message}`);
     document.body.dataset.state = "error";
     return;
   }
@@ -256,7 +367,7 @@ async function main() {
     source.value = first;
     await run(first, performance.now());
   }
-  document.body.dataset.state = "ready";
+  if (document.body.dataset.state !== "error") document.body.dataset.state = "ready";
 }
 
 main();

@@ -22,7 +22,7 @@ import statistics
 import sys
 import threading
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 #: The page and its modules, in a source checkout.
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -49,15 +49,40 @@ def missing() -> str | None:
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
-    """Files under ``directory``, plus each mount ``{"/prefix/": folder}`` at its prefix; quiet."""
+    """Files under ``directory``, plus each mount ``{"/prefix/": folder}`` at its prefix; quiet.
+
+    A request that would leave its folder (a ``..`` component, plain or percent-encoded, an
+    absolute path after a mount's prefix, a symbolic link that points outside) is answered
+    404: the server shows the page's files and the mounted models, nothing else on the disk.
+    """
     mounts: dict = {}
 
     def translate_path(self, path):
+        """The file for a URL path, or None when the path leaves the folder it names."""
+        path = unquote(path.split("?", 1)[0].split("#", 1)[0], errors="surrogatepass")
+        root, rest = Path(self.directory), path
         for prefix, folder in self.mounts.items():
             if path.startswith(prefix):
-                rest = path[len(prefix):].split("?", 1)[0].split("#", 1)[0]
-                return str(Path(folder) / rest)
-        return super().translate_path(path)
+                root, rest = Path(folder), path[len(prefix):]
+                break
+        if rest.startswith("/") and root == Path(self.directory):
+            rest = rest[1:]                               # the site's own root: "/x" is "x" under it
+        parts = rest.split("/")
+        if rest.startswith("/") or "\\" in rest or any(p in ("..", ".") for p in parts):
+            return None                                   # absolute after a mount, or climbing out
+        target = root.joinpath(*[p for p in parts if p])
+        try:
+            if not target.resolve().is_relative_to(root.resolve()):
+                return None                               # a symbolic link that points outside
+        except (OSError, RuntimeError):
+            return None
+        return str(target) + ("/" if path.endswith("/") else "")
+
+    def send_head(self):
+        if self.translate_path(self.path) is None:
+            self.send_error(404, "File not found")
+            return None
+        return super().send_head()
 
     def end_headers(self):
         self.send_header("Cache-Control", "no-store")
@@ -140,7 +165,7 @@ def _guarded_context(chromium, problems: list[str]):
 
 
 def _wait_ready(page, problems):
-    page.wait_for_function("['ready', 'error'].includes(document.body.dataset.state)", timeout=120_000)
+    page.wait_for_function("() => ['ready', 'error'].includes(document.body.dataset.state)", timeout=120_000)
     if page.evaluate("document.body.dataset.state") != "ready":
         problems.append("the page did not load its model: " + page.inner_text("#model-info"))
 
@@ -208,13 +233,13 @@ def keystroke_to_last_token(chromium, url: str, sentence: str, repeats: int, del
             if problems:
                 break
             page.fill("#source", "")
-            page.wait_for_function("document.body.dataset.state === 'done'")
+            page.wait_for_function("() => document.body.dataset.state === 'done'")
             page.click("#source")
             page.keyboard.type(sentence[:-1], delay=delay_ms)
-            page.wait_for_function("document.body.dataset.state === 'done'", timeout=120_000)
+            page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=120_000)
             page.evaluate(_KEYDOWN_JS)
             page.keyboard.type(sentence[-1])
-            page.wait_for_function("document.body.dataset.state === 'done' && window.attnTiming !== null",
+            page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming !== null",
                                    timeout=120_000)
             timing = page.evaluate("({...window.attnTiming, keydown: window.attnKeydown})")
             if page.input_value("#source") != sentence:

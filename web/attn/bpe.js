@@ -56,7 +56,16 @@ export class BPE {
     this.cache = new Map();
   }
 
+  // Checked as attn.bpe.BPE.from_json checks it.
   static fromJson(obj) {
+    const nonEmpty = (s) => typeof s === "string" && s.length > 0;
+    if (obj === null || typeof obj !== "object" || !Array.isArray(obj.alphabet) || !Array.isArray(obj.merges)) {
+      throw new Error('a saved BPE is a JSON object with the lists "alphabet" and "merges"');
+    }
+    if (!obj.alphabet.every(nonEmpty)) throw new Error("a saved BPE alphabet is a list of non-empty strings");
+    if (!obj.merges.every((m) => Array.isArray(m) && m.length === 2 && m.every(nonEmpty))) {
+      throw new Error("a saved BPE merge is a pair of non-empty strings");
+    }
     return new BPE(obj.alphabet, obj.merges);
   }
 

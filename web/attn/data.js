@@ -14,13 +14,26 @@ export class Vocab {
     }
     this.itos = itos;
     this.stoi = new Map(itos.map((tok, i) => [tok, i]));
+    if (this.stoi.size !== itos.length) {
+      const dupes = [...new Set(itos.filter((tok, i) => this.stoi.get(tok) !== i))];
+      throw new Error(`a vocabulary lists each token once; repeated: ${dupes.slice(0, 10).join(" ")}`);
+    }
     this.bpe = bpe;
   }
 
   // What checkpoints and model.json store: a list of tokens, or {itos, bpe: {alphabet, merges}}.
+  // Checked as attn.data.Vocab.from_json checks it.
   static fromJson(obj) {
-    if (Array.isArray(obj)) return new Vocab(obj);
-    return new Vocab(obj.itos, BPE.fromJson(obj.bpe));
+    let bpe = null;
+    if (obj !== null && typeof obj === "object" && !Array.isArray(obj)) {
+      if (!("itos" in obj && "bpe" in obj)) {
+        throw new Error(`a saved BPE vocabulary has the keys "itos" and "bpe", got ${Object.keys(obj).sort().join(", ")}`);
+      }
+      bpe = BPE.fromJson(obj.bpe);
+      obj = obj.itos;
+    }
+    if (!Array.isArray(obj) || !obj.every((t) => typeof t === "string")) throw new Error("a saved vocabulary is a list of strings");
+    return new Vocab(obj, bpe);
   }
 
   get length() { return this.itos.length; }

@@ -56,7 +56,17 @@ export function lengthPenalty(length, alpha = 0.6) {
 // among the first K finishes a hypothesis, the first K others become the next beams. The search
 // ends at the length limit or when no live beam can still beat the best finished hypothesis.
 // Returns the best hypothesis: {steps (as greedySteps yields them), score}.
-export function beamSearch(model, srcIds, { beamSize = 4, alpha = 0.6, maxLen = null, memory = null } = {}) {
+export function beamSearch(model, srcIds, options = {}) {
+  const search = beamSearchSteps(model, srcIds, options);
+  for (;;) {
+    const { value, done } = search.next();
+    if (done) return value;
+  }
+}
+
+// The same search, one step at a time: a generator that yields (nothing) after each step, so
+// that the page can let the browser in between, and returns what beamSearch returns.
+export function* beamSearchSteps(model, srcIds, { beamSize = 4, alpha = 0.6, maxLen = null, memory = null } = {}) {
   const K = beamSize, limit = lengthLimit(model, srcIds, maxLen);
   const start = model.startDecoding(memory ?? model.encode(srcIds).memory);
   let beams = [{ state: start, token: BOS, score: 0, steps: [] }];
@@ -101,6 +111,7 @@ export function beamSearch(model, srcIds, { beamSize = 4, alpha = 0.6, maxLen = 
     const bound = Math.max(...next.map((b) => b.score)) / lengthPenalty(limit, alpha);
     if (atLimit || (Number.isFinite(bestFinished) && bound <= bestFinished)) break;
     beams = next;
+    yield;
   }
   finished.sort((a, b) => b.score - a.score || a.order - b.order);
   return finished[0];
@@ -130,10 +141,23 @@ export function attentionMatrices(encoderWeights, steps) {
   };
 }
 
+// The longest source the page translates, in tokens (words or BPE pieces, EOS not counted):
+// model.json's config.max_input_tokens when it has one, else the same default as attn's Python
+// side. The encoder's work grows with the square of the length, the heatmaps' with the
+// product of the lengths: a bound keeps a pasted book from freezing the page.
+export const MAX_INPUT_TOKENS = 200;
+
+export function maxInputTokens(config) {
+  return config.max_input_tokens ?? MAX_INPUT_TOKENS;
+}
+
 // The source of a text as the encoder sees it: {srcTokens (labels, "</s>" last), srcIds (the
-// vocabulary's ids and EOS)}, cut to a learned positional table's length (attn.evaluate.translate).
+// vocabulary's ids and EOS)}, cut to a learned positional table's length (attn.evaluate.translate);
+// or, for a text of more than maxInputTokens tokens, {srcTokens: [], srcIds: [EOS],
+// tooLong: {tokens, limit}}, and nothing to translate.
 export function source(model, vocab, text) {
-  const tokens = vocab.tokenize(text);
+  const tokens = vocab.tokenize(text), limit = maxInputTokens(model.config);
+  if (tokens.length > limit) return { srcTokens: [], srcIds: [EOS], tooLong: { tokens: tokens.length, limit } };
   let srcIds = sourceIds(vocab, tokens);
   if (model.config.positional === "learned") srcIds = srcIds.slice(0, model.config.max_len);
   return { srcTokens: [...tokens, vocab.itos[EOS]].slice(0, srcIds.length), srcIds };
@@ -143,7 +167,8 @@ export function source(model, vocab, text) {
 // Returns {srcTokens (the source labels, "</s>" last), srcIds, tgtTokens (without EOS), text,
 // ids (every output id, EOS included), steps, score, attention (attentionMatrices)}.
 export function translate(model, vocab, text, { beamSize = 1, alpha = 0.6, maxLen = null } = {}) {
-  const { srcTokens, srcIds } = source(model, vocab, text);
+  const { srcTokens, srcIds, tooLong } = source(model, vocab, text);
+  if (tooLong) throw new RangeError(`translate: ${tooLong.tokens} tokens, more than the ${tooLong.limit} the model takes`);
   const { memory, weights } = model.encode(srcIds);
   let steps, score;
   if (beamSize === 1) {

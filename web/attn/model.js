@@ -26,14 +26,148 @@ function halfToFloat(h) {
   return sign * (1 + frac / 1024) * 2 ** (exp - 15);
 }
 
-// Read model.json and weights.bin (docs/WEB_FORMAT.md) from the folder at url.
-// Returns {model: Transformer, vocab: Vocab, meta: the model.json document}.
+// The fields of attn.model.TransformerConfig and their defaults: model.json's config may leave
+// any of them out, as TransformerConfig.from_dict allows.
+export const CONFIG_DEFAULTS = {
+  vocab_size: 37000, tgt_vocab_size: null, d_model: 512, n_heads: 8, d_ff: 2048, n_encoder_layers: 6,
+  n_decoder_layers: 6, dropout: 0.1, attention_dropout: 0.0, relu_dropout: 0.0, label_smoothing: 0.1,
+  max_len: 256, positional: "sinusoidal", norm: "post", share_embeddings: true, ln_eps: 1e-6, warmup_steps: 4000,
+};
+// A key the page reads when present: the longest source it translates, in tokens (decode.js).
+const PAGE_KEYS = ["max_input_tokens"];
+
+// The configuration of model.json with the defaults filled in, checked as TransformerConfig
+// checks it (plus the types the page relies on); throws an Error saying what does not fit.
+export function checkConfig(obj) {
+  if (obj === null || typeof obj !== "object" || Array.isArray(obj)) throw new Error("config is not a JSON object");
+  const unknown = Object.keys(obj).filter((k) => !(k in CONFIG_DEFAULTS) && !PAGE_KEYS.includes(k)).sort();
+  if (unknown.length) throw new Error(`config: unknown fields ${unknown.join(", ")}`);
+  const c = { ...CONFIG_DEFAULTS, ...obj };
+  const bad = (msg) => { throw new Error(`config: ${msg}`); };
+  const show = (v) => JSON.stringify(v);
+  const positive = (v) => Number.isInteger(v) && v > 0;
+  for (const name of ["vocab_size", "d_model", "n_heads", "d_ff", "max_len", "n_encoder_layers", "n_decoder_layers"]) {
+    if (!positive(c[name])) bad(`${name} must be a positive integer, got ${show(c[name])}`);
+  }
+  if (c.tgt_vocab_size !== null && !positive(c.tgt_vocab_size)) {
+    bad(`tgt_vocab_size must be a positive integer or null, got ${show(c.tgt_vocab_size)}`);
+  }
+  if (c.d_model % c.n_heads) bad(`d_model (${c.d_model}) must be divisible by n_heads (${c.n_heads})`);
+  for (const name of ["dropout", "attention_dropout", "relu_dropout", "label_smoothing"]) {
+    if (!(typeof c[name] === "number" && c[name] >= 0 && c[name] < 1)) bad(`${name} must be in [0, 1), got ${show(c[name])}`);
+  }
+  if (!["sinusoidal", "learned"].includes(c.positional)) bad(`positional must be "sinusoidal" or "learned", got ${show(c.positional)}`);
+  if (!["post", "pre"].includes(c.norm)) bad(`norm must be "post" or "pre", got ${show(c.norm)}`);
+  if (typeof c.share_embeddings !== "boolean") bad(`share_embeddings must be true or false, got ${show(c.share_embeddings)}`);
+  if (c.share_embeddings && ![null, c.vocab_size].includes(c.tgt_vocab_size)) {
+    bad(`share_embeddings needs one vocabulary, got vocab_size ${c.vocab_size} and tgt_vocab_size ${c.tgt_vocab_size}`);
+  }
+  if (!(typeof c.ln_eps === "number" && Number.isFinite(c.ln_eps) && c.ln_eps >= 0)) bad(`ln_eps must be a number >= 0, got ${show(c.ln_eps)}`);
+  if (!(typeof c.warmup_steps === "number" && c.warmup_steps >= 1)) bad(`warmup_steps must be positive, got ${show(c.warmup_steps)}`);
+  if ("max_input_tokens" in obj && !positive(obj.max_input_tokens)) {
+    bad(`max_input_tokens must be a positive integer, got ${show(obj.max_input_tokens)}`);
+  }
+  return c;
+}
+
+export const targetVocabSize = (c) => c.tgt_vocab_size ?? c.vocab_size;
+
+// Every parameter's dotted name and shape, in the order of attn.model.parameter_shapes.
+export function parameterShapes(c) {
+  const D = c.d_model, F = c.d_ff, shapes = new Map();
+  if (c.share_embeddings) {
+    shapes.set("embedding.weight", [c.vocab_size, D]);
+  } else {
+    shapes.set("src_embedding.weight", [c.vocab_size, D]);
+    shapes.set("tgt_embedding.weight", [targetVocabSize(c), D]);
+    shapes.set("generator.weight", [targetVocabSize(c), D]);
+  }
+  if (c.positional === "learned") {
+    shapes.set("src_pos.weight", [c.max_len, D]);
+    shapes.set("tgt_pos.weight", [c.max_len, D]);
+  }
+  const attention = {};
+  for (const n of "qkvo") { attention[`w_${n}`] = [D, D]; attention[`b_${n}`] = [D]; }
+  const ffn = { w1: [D, F], b1: [F], w2: [F, D], b2: [D] }, norm = { gamma: [D], beta: [D] };
+  const blocks = {
+    encoder: [["self_attn", attention], ["norm1", norm], ["ffn", ffn], ["norm2", norm]],
+    decoder: [["self_attn", attention], ["norm1", norm], ["cross_attn", attention], ["norm2", norm],
+              ["ffn", ffn], ["norm3", norm]],
+  };
+  for (const [stack, n] of [["encoder", c.n_encoder_layers], ["decoder", c.n_decoder_layers]]) {
+    for (let i = 0; i < n; i++) {
+      for (const [sub, fields] of blocks[stack]) {
+        for (const [f, shape] of Object.entries(fields)) shapes.set(`${stack}.${i}.${sub}.${f}`, shape);
+      }
+    }
+    if (c.norm === "pre") {
+      shapes.set(`${stack}.norm.gamma`, [D]);
+      shapes.set(`${stack}.norm.beta`, [D]);
+    }
+  }
+  return shapes;
+}
+
+// Bytes per number of each storage type; both little-endian IEEE 754.
+const DTYPES = { float32: 4, float16: 2 };
+
+// Check model.json as attn.site.export.load_export does, before a byte of weights.bin is read:
+// the format, the config, the vocabulary, and an index that holds every tensor the config
+// implies, of its shape, and no other. Returns {config (defaults filled in), vocab: Vocab}.
+export function checkExport(meta) {
+  if (meta === null || typeof meta !== "object" || Array.isArray(meta)) throw new Error("not a JSON object");
+  if (meta.format !== FORMAT) throw new Error(`format ${JSON.stringify(meta.format)}, expected ${FORMAT}`);
+  const config = checkConfig(meta.config);
+  const vocab = Vocab.fromJson(meta.vocab);
+  const w = meta.weights;
+  if (w === null || typeof w !== "object" || !Array.isArray(w.tensors)) throw new Error("weights: no index of tensors");
+  if (!(w.dtype in DTYPES)) throw new Error(`weights dtype ${JSON.stringify(w.dtype)} is neither float32 nor float16`);
+  if (typeof w.file !== "string" || !/^[\w.-]+$/.test(w.file) || w.file.startsWith(".")) {
+    throw new Error(`weights file ${JSON.stringify(w.file)} is not a plain file name beside model.json`);
+  }
+  if (!(Number.isInteger(w.bytes) && w.bytes >= 0)) throw new Error(`weights bytes ${JSON.stringify(w.bytes)} is not a size`);
+  const expected = parameterShapes(config), index = new Map();
+  for (const t of w.tensors) {
+    if (t === null || typeof t !== "object" || typeof t.name !== "string") throw new Error("weights: a tensor without a name");
+    if (index.has(t.name)) throw new Error(`weights: ${t.name} appears twice`);
+    index.set(t.name, t);
+  }
+  const missing = [...expected.keys()].filter((n) => !index.has(n)).sort();
+  const unexpected = [...index.keys()].filter((n) => !expected.has(n)).sort();
+  if (missing.length || unexpected.length) {
+    throw new Error(`the weights index does not fit the config: missing [${missing.join(", ")}], ` +
+                    `unexpected [${unexpected.join(", ")}]`);
+  }
+  for (const [name, shape] of expected) {
+    const t = index.get(name);
+    if (!Array.isArray(t.shape) || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
+      throw new Error(`${name} has shape ${JSON.stringify(t.shape)}, the config says ${JSON.stringify(shape)}`);
+    }
+    const n = shape.reduce((a, b) => a * b, 1) * DTYPES[w.dtype];
+    if (!(Number.isInteger(t.offset) && t.offset >= 0 && t.offset <= w.bytes - n)) {
+      throw new Error(`${name} at offset ${JSON.stringify(t.offset)} runs past the end of ${w.file}`);
+    }
+  }
+  if (vocab.length !== targetVocabSize(config)) {
+    throw new Error(`the vocabulary has ${vocab.length} tokens, the model ${targetVocabSize(config)}`);
+  }
+  return { config, vocab };
+}
+
+// Read model.json and weights.bin (docs/WEB_FORMAT.md) from the folder at url, each checked
+// (checkExport) before it is used. Returns {model: Transformer, vocab: Vocab, meta: the
+// model.json document}; throws an Error naming the file and what does not fit.
 export async function loadModel(url) {
   const base = url.endsWith("/") ? url : url + "/";
   const response = await fetch(base + "model.json");
   if (!response.ok) throw new Error(`${base}model.json: HTTP ${response.status}`);
-  const meta = await response.json();
-  if (meta.format !== FORMAT) throw new Error(`${base}model.json: format ${meta.format}, expected ${FORMAT}`);
+  let meta, config, vocab;
+  try {
+    meta = await response.json();
+    ({ config, vocab } = checkExport(meta));
+  } catch (e) {
+    throw new Error(`${base}model.json: ${e.message}`);
+  }
   const w = meta.weights;
   const bin = await fetch(base + w.file);
   if (!bin.ok) throw new Error(`${base}${w.file}: HTTP ${bin.status}`);
@@ -45,11 +179,10 @@ export async function loadModel(url) {
     const n = shape.reduce((a, b) => a * b, 1);
     const data = new Float32Array(n);
     if (w.dtype === "float32") for (let i = 0; i < n; i++) data[i] = view.getFloat32(offset + 4 * i, true);
-    else if (w.dtype === "float16") for (let i = 0; i < n; i++) data[i] = halfToFloat(view.getUint16(offset + 2 * i, true));
-    else throw new Error(`${base}model.json: weights dtype ${w.dtype} is neither float32 nor float16`);
+    else for (let i = 0; i < n; i++) data[i] = halfToFloat(view.getUint16(offset + 2 * i, true));
     params[name] = tensor(shape, data);
   }
-  return { model: new Transformer(meta.config, params), vocab: Vocab.fromJson(meta.vocab), meta };
+  return { model: new Transformer(config, params), vocab, meta };
 }
 
 // (H, T, Dh) and (H, 1, Dh) -> (H, T+1, Dh): the key/value cache grows by one position.
@@ -116,6 +249,16 @@ export class Transformer {
 
   // The encoder stack. srcIds (S) -> {memory (S, D), weights: per layer (H, S, S)}
   encode(srcIds) {
+    const layers = this.encodeLayers(srcIds);
+    for (;;) {
+      const { value, done } = layers.next();
+      if (done) return value;
+    }
+  }
+
+  // The same, a layer at a time: a generator that yields (nothing) after each layer, so that
+  // the page can let the browser in between, and returns what encode returns.
+  *encodeLayers(srcIds) {
     let x = this.embed("src", srcIds);
     const weights = [];
     for (let i = 0; i < this.config.n_encoder_layers; i++) {
@@ -126,6 +269,7 @@ export class Transformer {
         return out;
       });
       x = this.residual(`${pre}.norm2`, x, (h) => this.ffn(`${pre}.ffn`, h));
+      yield;
     }
     if (this.config.norm === "pre") x = this.norm("encoder.norm", x);
     return { memory: x, weights };
