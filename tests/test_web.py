@@ -408,10 +408,11 @@ def test_a_broken_model_is_refused_with_a_message_on_the_page(site, broken_dir, 
 
 @pytest.fixture(scope="module")
 def limit_dir(tmp_path_factory):
-    """The toy model with ``config.max_input_tokens`` 5: the page's limit read from model.json."""
+    """The toy model with ``max_source_tokens`` 6 (five words and the end mark): the page's limit
+    read from model.json."""
     out = tmp_path_factory.mktemp("limit-5")
     doc = json.loads((TOY_MODEL / "model.json").read_text(encoding="utf-8"))
-    doc["config"]["max_input_tokens"] = 5
+    doc["max_source_tokens"] = 6
     (out / "model.json").write_text(json.dumps(doc), encoding="utf-8")
     (out / "weights.bin").write_bytes((TOY_MODEL / "weights.bin").read_bytes())
     return out
@@ -428,26 +429,23 @@ def _words(n: int) -> str:
 @needs_browser
 def test_a_long_input_shows_a_message_and_is_not_translated(site):
     """1,000 words typed (pasted) into the page: no translation, no freeze, a message saying the
-    limit (200 tokens, the default, as the toy model's model.json sets none); 200 tokens are
-    translated; translate() in JavaScript refuses 201."""
+    limit (512 tokens with the end mark, attn-translate's default, as the toy model's model.json
+    sets none); translate() in JavaScript refuses 512 words (513 tokens). (A sentence at the
+    limit translating: the next test, with a limit of its own.)"""
     context, page, errors = _open(site, "")
     try:
         page.fill("#source", _words(1000))
         page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=60_000)
         message = page.locator("#message")
         assert message.is_visible(), "no message for a sentence of 1,000 tokens"
-        assert "1,000 tokens" in message.inner_text() and "at most 200" in message.inner_text()
+        assert "1,001 tokens" in message.inner_text() and "at most 512" in message.inner_text()
         assert page.locator("#output .tok").count() == 0 and page.locator(".maps canvas").count() == 0
-        page.fill("#source", _words(200))
-        page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 201",
-                               timeout=60_000)
-        assert message.is_hidden() and page.locator("#output .tok").count() > 0
         refused = page.evaluate("""async (text) => {
-          const { translate, MAX_INPUT_TOKENS } = await import("/attn/decode.js");
+          const { translate, MAX_SOURCE_TOKENS } = await import("/attn/decode.js");
           try { translate(window.attnPage.model, window.attnPage.vocab, text); return "translated"; }
-          catch (e) { return `${e.name}: ${e.message} (${MAX_INPUT_TOKENS})`; }
-        }""", _words(201))
-        assert refused == "RangeError: translate: 201 tokens, more than the 200 the model takes (200)"
+          catch (e) { return `${e.name}: ${e.message} (${MAX_SOURCE_TOKENS})`; }
+        }""", _words(512))
+        assert refused == "RangeError: translate: 513 tokens, more than the 512 the model takes (512)"
         assert not errors, errors
     finally:
         context.close()
@@ -461,7 +459,7 @@ def test_the_limit_comes_from_model_json_when_it_has_one(site, limit_dir):
         try:
             page.fill("#source", _words(6))
             page.wait_for_function("() => document.body.dataset.state === 'done'")
-            assert "6 tokens" in page.inner_text("#message") and "at most 5" in page.inner_text("#message")
+            assert "7 tokens" in page.inner_text("#message") and "at most 6" in page.inner_text("#message")
             page.fill("#source", _words(5))
             page.wait_for_function("() => document.body.dataset.state === 'done' && window.attnTiming.sourceTokens === 6")
             assert page.locator("#message").is_hidden() and page.locator("#output .tok").count() > 0

@@ -3,7 +3,7 @@
 // draws. window.attnPage and document.body.dataset.state are there for tests and measurements.
 
 import { EOS } from "./attn/data.js";
-import { attentionMatrices, beamSearchSteps, greedySteps, source as sourceOf } from "./attn/decode.js";
+import { attentionMatrices, beamSearchSteps, greedySteps, maxSourceTokens, source as sourceOf } from "./attn/decode.js";
 import { loadModel } from "./attn/model.js";
 import { detokenize } from "./attn/text.js";
 
@@ -205,7 +205,7 @@ async function translateAndDraw(text, startedAt) {
   clearInterval(replayTimer);
   document.body.dataset.state = "busy";
   say(null);
-  const { srcTokens, srcIds, tooLong } = sourceOf(model, vocab, text);
+  const { srcTokens, srcIds, tooLong } = sourceOf(model, vocab, text, maxSourceTokens(window.attnMeta));
   if (tooLong || srcIds.length === 1) {               // too long to translate, or nothing but EOS: no sentence
     current = null;
     $("#output").replaceChildren();

@@ -141,23 +141,23 @@ export function attentionMatrices(encoderWeights, steps) {
   };
 }
 
-// The longest source the page translates, in tokens (words or BPE pieces, EOS not counted):
-// model.json's config.max_input_tokens when it has one, else the same default as attn's Python
-// side. The encoder's work grows with the square of the length, the heatmaps' with the
-// product of the lengths: a bound keeps a pasted book from freezing the page.
-export const MAX_INPUT_TOKENS = 200;
+// The most tokens a source may have, its end-of-sentence mark included: model.json's
+// max_source_tokens (docs/WEB_FORMAT.md) when it has one, else 512, attn-translate's default
+// (attn.evaluate.MAX_SOURCE_TOKENS). The encoder's work grows with the square of the length,
+// the heatmaps' with the product of the lengths: a bound keeps a pasted book from freezing the page.
+export const MAX_SOURCE_TOKENS = 512;
 
-export function maxInputTokens(config) {
-  return config.max_input_tokens ?? MAX_INPUT_TOKENS;
+export function maxSourceTokens(meta) {
+  return meta?.max_source_tokens ?? MAX_SOURCE_TOKENS;
 }
 
 // The source of a text as the encoder sees it: {srcTokens (labels, "</s>" last), srcIds (the
 // vocabulary's ids and EOS)}, cut to a learned positional table's length (attn.evaluate.translate);
-// or, for a text of more than maxInputTokens tokens, {srcTokens: [], srcIds: [EOS],
-// tooLong: {tokens, limit}}, and nothing to translate.
-export function source(model, vocab, text) {
-  const tokens = vocab.tokenize(text), limit = maxInputTokens(model.config);
-  if (tokens.length > limit) return { srcTokens: [], srcIds: [EOS], tooLong: { tokens: tokens.length, limit } };
+// or, for a text of more than limit tokens with its end mark, {srcTokens: [], srcIds: [EOS],
+// tooLong: {tokens (the end mark included), limit}}, and nothing to translate.
+export function source(model, vocab, text, limit = MAX_SOURCE_TOKENS) {
+  const tokens = vocab.tokenize(text);
+  if (tokens.length + 1 > limit) return { srcTokens: [], srcIds: [EOS], tooLong: { tokens: tokens.length + 1, limit } };
   let srcIds = sourceIds(vocab, tokens);
   if (model.config.positional === "learned") srcIds = srcIds.slice(0, model.config.max_len);
   return { srcTokens: [...tokens, vocab.itos[EOS]].slice(0, srcIds.length), srcIds };
@@ -166,8 +166,9 @@ export function source(model, vocab, text) {
 // Translate text: tokenise, encode, decode (greedy, or beam search for beamSize > 1), detokenise.
 // Returns {srcTokens (the source labels, "</s>" last), srcIds, tgtTokens (without EOS), text,
 // ids (every output id, EOS included), steps, score, attention (attentionMatrices)}.
-export function translate(model, vocab, text, { beamSize = 1, alpha = 0.6, maxLen = null } = {}) {
-  const { srcTokens, srcIds, tooLong } = source(model, vocab, text);
+export function translate(model, vocab, text,
+                          { beamSize = 1, alpha = 0.6, maxLen = null, maxSourceTokens = MAX_SOURCE_TOKENS } = {}) {
+  const { srcTokens, srcIds, tooLong } = source(model, vocab, text, maxSourceTokens);
   if (tooLong) throw new RangeError(`translate: ${tooLong.tokens} tokens, more than the ${tooLong.limit} the model takes`);
   const { memory, weights } = model.encode(srcIds);
   let steps, score;

@@ -33,14 +33,11 @@ export const CONFIG_DEFAULTS = {
   n_decoder_layers: 6, dropout: 0.1, attention_dropout: 0.0, relu_dropout: 0.0, label_smoothing: 0.1,
   max_len: 256, positional: "sinusoidal", norm: "post", share_embeddings: true, ln_eps: 1e-6, warmup_steps: 4000,
 };
-// A key the page reads when present: the longest source it translates, in tokens (decode.js).
-const PAGE_KEYS = ["max_input_tokens"];
-
 // The configuration of model.json with the defaults filled in, checked as TransformerConfig
 // checks it (plus the types the page relies on); throws an Error saying what does not fit.
 export function checkConfig(obj) {
   if (obj === null || typeof obj !== "object" || Array.isArray(obj)) throw new Error("config is not a JSON object");
-  const unknown = Object.keys(obj).filter((k) => !(k in CONFIG_DEFAULTS) && !PAGE_KEYS.includes(k)).sort();
+  const unknown = Object.keys(obj).filter((k) => !(k in CONFIG_DEFAULTS)).sort();
   if (unknown.length) throw new Error(`config: unknown fields ${unknown.join(", ")}`);
   const c = { ...CONFIG_DEFAULTS, ...obj };
   const bad = (msg) => { throw new Error(`config: ${msg}`); };
@@ -64,9 +61,6 @@ export function checkConfig(obj) {
   }
   if (!(typeof c.ln_eps === "number" && Number.isFinite(c.ln_eps) && c.ln_eps >= 0)) bad(`ln_eps must be a number >= 0, got ${show(c.ln_eps)}`);
   if (!(typeof c.warmup_steps === "number" && c.warmup_steps >= 1)) bad(`warmup_steps must be positive, got ${show(c.warmup_steps)}`);
-  if ("max_input_tokens" in obj && !positive(obj.max_input_tokens)) {
-    bad(`max_input_tokens must be a positive integer, got ${show(obj.max_input_tokens)}`);
-  }
   return c;
 }
 
@@ -119,6 +113,10 @@ export function checkExport(meta) {
   if (meta.format !== FORMAT) throw new Error(`format ${JSON.stringify(meta.format)}, expected ${FORMAT}`);
   const config = checkConfig(meta.config);
   const vocab = Vocab.fromJson(meta.vocab);
+  const limit = meta.max_source_tokens;
+  if (limit !== undefined && !(Number.isInteger(limit) && limit >= 2)) {
+    throw new Error(`max_source_tokens must be an integer of at least 2, got ${JSON.stringify(limit)}`);
+  }
   const w = meta.weights;
   if (w === null || typeof w !== "object" || !Array.isArray(w.tensors)) throw new Error("weights: no index of tensors");
   if (!(w.dtype in DTYPES)) throw new Error(`weights dtype ${JSON.stringify(w.dtype)} is neither float32 nor float16`);
