@@ -82,6 +82,7 @@ class Result:
         self.detail, self.note, self.blame, self.also = detail, note, blame, also
         self.functions = tuple(functions)
         self.forward_first = False          # the forward failed and the backward waits for it
+        self.part = ""                      # a part of this composite failed first
 
 
 class FileReport:
@@ -91,3 +92,4 @@ class FileReport:
     def __init__(self, path: Path):
         self.path, self.results, self.status, self.error, self.header = path, [], 2, "", ""
         self.backend, self.examples, self.hint = B.get_backend(), DEFAULT_EXAMPLES, 1
+        self.exercise, self.sandbox, self.seed = "", "", None

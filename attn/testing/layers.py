@@ -500,7 +500,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
 
 def _library(name: str):
     """The library's function called ``name`` (the solution)."""
-    from ..grader.child import library_function
+    from ..grader.library import library_function
     return library_function(name)
 
 
