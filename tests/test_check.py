@@ -30,7 +30,24 @@ STARTERS = sorted((ROOT / "lessons" / "exercises").glob("*.py"))
 LIB = ("--allow-library",)
 EX8 = ("--exercise", "08_backprop_by_hand")
 FORWARD_FIRST = r"blame:\s+fix {f} first: the forward is wrong"
+EX7 = ("--exercise", "07_feed_forward_layer_norm")
 CAUGHT_AS = {
+    # The rows of issue 28's table: what a file written to get full marks without being right gets.
+    "softmax_pickle_on_the_pipe": ("softmax", "softmax_forward", r"softmax_forward sent the grader something that "
+                                   r"is not plain data", ()),
+    "softmax_patches_the_child": ("softmax", "softmax_forward", r"raised ImportError: attn.grader is not available "
+                                  r"to the file attn-check grades", ()),
+    "layer_norm_code_replaced": ("layer_norm", "layer_norm_forward", r"raised AttributeError: 'Withheld' object has "
+                                 r"no attribute '__code__'", ()),
+    "softmax_from_another_module": ("softmax", "softmax_forward", r"raised ImportError: attn.model is not available",
+                                    ()),
+    "relu_allocates_20gb": ("relu", "relu_forward", r"raised MemoryError", ()),
+    "relu_writes_50mb": ("relu", "relu_forward", r"raised OSError: \[Errno 27\] File too large", ()),
+    "layer_norm_backward_only": ("layer_norm", "layer_norm_forward", r"layer_norm_forward is the library's own", EX7),
+    "softmax_float32_zeros": ("softmax", "softmax_forward", r"float32: the float32 output differs from the library's",
+                              ()),
+    "layer_norm_backward_reads_globals": ("layer_norm", "layer_norm_backward", r"gradient dx differs", ()),
+    "layer_norm_wrong_for_wide_rows": ("layer_norm", "layer_norm_forward", r"check:\s+invariant", ("--seed", "4242")),
     "adam_no_bias_correction": ("adam", "adam_step", r"step 1 \(lr [0-9.e-]+\): the parameters\['p0'\] differs", ()),
     "beam_search_stops_at_first_finished": ("beam_search", "beam_search", r"sentence \d+: your tokens .*, the "
                                             r"library's", ("--exercise", "decoding")),
@@ -147,6 +164,15 @@ def test_mutant_is_caught_and_blamed(run_check, mutant):
         assert re.search(rf"blame:\s+fix {blamed}\b", report), report
         assert "check:" in report
     assert re.search(pattern.format(f=blamed), report), report
+
+
+def test_the_pickle_never_runs_in_the_grader():
+    assert not Path("/tmp/attn-check-pickle-ran").exists()
+
+
+def test_wide_rows_pass_the_everyday_profile_only(run_check):
+    rc, report = run_check(ROOT / "tests" / "mutants" / "layer_norm_wrong_for_wide_rows.py")
+    assert rc == 0, report
 
 
 def test_a_failure_report_names_the_gradient_error_entries_and_hint(run_check):
