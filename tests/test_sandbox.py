@@ -153,3 +153,33 @@ def test_the_sandbox_here_and_required():
         assert proc.returncode == 2 and "no sandbox can be had here" in proc.stdout
         pytest.skip(f"no sandbox here: {why}")
     assert "sandbox: namespaces: mount, pid, net" in proc.stdout, proc.stdout
+
+
+def test_a_class_is_graded_in_parallel_into_one_table(tmp_path):
+    import csv
+    starter = (ROOT / "lessons" / "exercises" / "12_dropout.py").read_text()
+    answer = starter.replace("    raise NotImplementedError", "    pass", 0)
+    learners = {"ann": GOOD, "ben": KILLS, "cid": STOPS, "dee": FORGES, "eve": GOOD}
+    for name, relu in learners.items():
+        (tmp_path / "class" / name).mkdir(parents=True)
+        (tmp_path / "class" / name / "07_feed_forward_layer_norm.py").write_text(relu)
+    (tmp_path / "class" / "ann" / "12_dropout.py").write_text(answer)
+    proc = _run("--class", tmp_path / "class", "--examples", "3", "--timeout", "3", "--jobs", "2", "--similarity")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    table = {ln.split()[0]: ln.split()[1:] for ln in lines if ln.split() and ln.split()[0] in learners}
+    assert table["ann"] == ["1/4", "0/1", "1/5"] and table["eve"] == ["1/4", "-", "1/4"], proc.stdout
+    assert all(table[n][0] == "0/4" for n in ("ben", "cid", "dee")), proc.stdout
+    out = tmp_path / "class" / "attn-check"
+    rows = list(csv.DictReader(open(out / "grades.csv")))
+    assert {r["learner"] for r in rows} == set(learners) and all(len(r["sha256"]) == 64 for r in rows)
+    relu = {r["learner"]: r["status"] for r in rows if r["layer"] == "relu"}
+    assert relu == {"ann": "pass", "ben": "fail", "cid": "fail", "dee": "fail", "eve": "pass"}
+    assert (out / "grades.html").is_file() and (out / "ann" / "07_feed_forward_layer_norm.txt").is_file()
+    report = json.loads((out / "ann" / "07_feed_forward_layer_norm.json").read_text())
+    assert report["student"] == "ann" and report["exercise"] == "07_feed_forward_layer_norm" and report["grader"]
+    try:
+        import copydetect  # noqa: F401
+    except ImportError:
+        return
+    assert "100%" in proc.stdout and (out / "similarity.html").is_file()       # ann's relu is eve's

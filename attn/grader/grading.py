@@ -261,7 +261,7 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
     is no exercise's), or those named in ``layers``, printing the text report to ``out`` as it
     goes."""
     rep = FileReport(path)
-    rep.examples, rep.hint = examples, hint_level
+    rep.examples, rep.hint, rep.seed = examples, hint_level, seed
     manifest = manifest_for(path, exercise)
     rep.exercise = manifest.name if manifest else ""
     w = (out.write if out is not None else (lambda s: None))
