@@ -379,6 +379,7 @@ def test_help_and_module_entry_point():
     assert proc.returncode == 0
     for words in ("attn-check", "--layer", "--examples", "--timeout", "--hint", "--forward-only", "--json",
                   "--junit", "--gradescope", "--html", "--all", "--backend", "Exit status", "NotImplementedError",
+                  "--class", "--jobs", "--seed", "--sandbox", "--exercise", "--memory", "--similarity",
                   "layer_norm_forward, layer_norm_backward"):
         assert words in proc.stdout, words
 

@@ -31,6 +31,7 @@ import inspect
 import json
 import os
 import re
+import resource
 import signal
 import sys
 import traceback
@@ -43,6 +44,10 @@ np = B.host
 
 _PLAIN = (int, float, complex, bool, str, bytes, type(None))
 NOBODY = 65534
+#: The standard library a learner's file may import, loaded before the child becomes nobody.
+PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "dataclasses", "typing",
+           "copy", "operator", "random", "statistics", "time", "queue", "threading", "types", "glob", "json",
+           "string", "textwrap", "warnings", "contextlib", "abc", "enum", "numbers", "fractions", "decimal")
 #: Top-level folders kept visible in a mount namespace (the rest are hidden under an empty tmpfs).
 SYSTEM = {"usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "dev", "proc"}
 
@@ -195,7 +200,6 @@ def _in_user_namespace() -> bool:
 
 
 def _limits(cfg: dict) -> list:
-    import resource
     got = []
     for name, value in (("RLIMIT_AS", cfg["memory_mb"] << 20), ("RLIMIT_CPU", cfg["cpu_s"]),
                         ("RLIMIT_FSIZE", cfg["file_mb"] << 20), ("RLIMIT_CORE", 0),
@@ -244,6 +248,11 @@ def confine(cfg: dict, source: str, name: str) -> tuple[str, dict]:
     os.environ.update(cfg["env"])
     os.environ["HOME"] = str(work)
     if drop:
+        for name in PRELOAD:                 # Python's folders may not be nobody's to read (a Python in /root)
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)

@@ -132,7 +132,7 @@ class Sandbox:
                "policy": child_policy(manifest_for(self.path, self.exercise), source, self.reference),
                "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), "env": CLEAN_ENV,
                "namespaces": list(NAMESPACES) if unshare else [], "work": self._work,
-               "keep": paths if self.reference else [], **self.limits}
+               "keep": paths if self.reference else paths[1:], **self.limits}
         env = dict(CLEAN_ENV, ATTN_CHECK_CONFIG=json.dumps(cfg), ATTN_CHECK_CUPY_MODULES=modules,
                    PYTHONPATH=os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(
                        os.pathsep) if p]), PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")

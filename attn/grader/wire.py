@@ -15,7 +15,9 @@ from __future__ import annotations
 import collections
 import json
 import os
+import select
 import struct
+import time
 from typing import NamedTuple
 
 from .. import backend as B
@@ -227,8 +229,6 @@ def decode(text: bytes, blobs: list):
 
 
 def _read_exact(fd: int, n: int, deadline: float | None = None) -> bytes:
-    import select
-    import time
     parts, left = [], n
     while left:
         if deadline is not None:
@@ -267,7 +267,6 @@ class Channel:
     def recv(self):
         """The next message. With ``patience``, a message that has begun must end within that
         many seconds (a child that writes half a frame and stops cannot hang the grader)."""
-        import time
         deadline = None if self.patience is None else time.monotonic() + self.patience
         read = lambda n: _read_exact(self.fd, n, deadline)        # noqa: E731
         n, k = _HEADER.unpack(read(_HEADER.size))
@@ -284,7 +283,6 @@ class Channel:
         return decode(text, blobs)
 
     def poll(self, timeout: float) -> bool:
-        import select
         r, _, _ = select.select([self.fd], [], [], timeout)
         return bool(r)
 
