@@ -17,6 +17,10 @@ import pytest
 from attn.grader.sandbox import namespaces
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Where new mount, PID and network namespaces cannot be had (a container that forbids them), the
+#: tests of what only they give skip and say why; the others hold in either sandbox.
+UNSHARE, NO_NAMESPACES_WHY = namespaces()
+needs_namespaces = pytest.mark.skipif(not UNSHARE, reason=f"no namespaces here: {NO_NAMESPACES_WHY}")
 GOOD = "def relu_forward(x):\n    return x * (x > 0), x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout * cache\n"
 WRONG_RELU = "    return x, x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout\n"
 KILLS = ("import os, signal\n\n\ndef relu_forward(x):\n    for target in (os.getppid(), 1, -1, 0):\n        try:\n"
@@ -91,6 +95,7 @@ def test_a_batch_survives_a_file_that_kills_one_that_stops_and_one_that_forges(t
                                                         "e_good.py"]
 
 
+@needs_namespaces
 def test_a_file_reads_nothing_of_the_machine_its_classmates_or_the_environment(tmp_path):
     folder = tmp_path / "alice"
     folder.mkdir()
@@ -124,6 +129,7 @@ def relu_forward(x):
     assert "ATTN_SECRET_TOKEN" not in text and "ATTN_CHECK" not in text, text
 
 
+@needs_namespaces
 def test_what_a_file_starts_is_gone_before_the_reports(tmp_path):
     f = tmp_path / "relu.py"
     f.write_text('''import subprocess
@@ -149,7 +155,7 @@ def test_the_sandbox_here_and_required():
     unshare, why = namespaces()
     proc = _run(ROOT / "tests" / "mutants" / "relu_backward_mask_from_dout.py", "--sandbox", "required",
                 "--allow-library", "--examples", "1")
-    if not unshare and os.geteuid() != 0:
+    if not unshare:
         assert proc.returncode == 2 and "no sandbox can be had here" in proc.stdout
         pytest.skip(f"no sandbox here: {why}")
     assert "sandbox: namespaces: mount, pid, net" in proc.stdout, proc.stdout

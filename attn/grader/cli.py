@@ -67,12 +67,13 @@ def check_sandbox(args, out) -> bool:
     if args.sandbox == "off":
         return True
     unshare, why = namespaces()
-    if unshare or os.geteuid() == 0:
+    if unshare:
         return True
     if args.sandbox == "required":
         out.write(f"attn-check: no sandbox can be had here ({why}), and --sandbox required asks for one\n")
         return False
-    out.write(f"attn-check: no sandbox here ({why}): the file runs as you, under resource limits only\n")
+    runs_as = "as nobody" if os.geteuid() == 0 else "as you"
+    out.write(f"attn-check: no sandbox here ({why}): the file runs {runs_as}, under resource limits only\n")
     return True
 
 
