@@ -12,11 +12,13 @@ floods its output is a failure that names the function and what it did. Everythi
 that decides a grade (hypothesis' examples, the library's results, every comparison)
 stays in this process.
 
-The child reports which of the library's names (:data:`attn.grader.child.LIBRARY`) the
-file defines, and where each was defined. A function that is the library's own (by
-identity, module or file), or that calls the library's own function of its name, is a
-failure: "re-exports the library's". A forward the exercise gives (exercise 8 imports
-the library's forwards and asks for the backwards) is used, not graded.
+The child is sealed before the file is imported (namespaces, the nobody user, hidden
+files, limits: :mod:`attn.grader.child`); only plain data comes back
+(:mod:`attn.grader.wire`). Each starter's manifest (:mod:`attn.grader.library`) says what
+the exercise asks for and gives: the asked-for names are withheld from the library
+modules the child loads, and every other module of the library is refused, so a file
+cannot re-export, wrap or copy the library's answer. A forward the exercise gives
+(exercise 8 gives the forwards and asks for the backwards) is used, not graded.
 
 For every layer the file defines, on examples hypothesis draws
 (:data:`attn.testing.LAYERS`; hard inputs included):

@@ -1,139 +1,55 @@
 """The other side of ``attn-check``: the child process that runs a learner's code.
 
 :mod:`attn.grader` never imports a learner's file. It starts this module in a child
-process (``python -c "from attn.grader.child import main; main()"``) and asks it, over a pipe, to call one function
-at a time; everything the grader decides (hypothesis' examples, the library's results,
-every comparison) stays in the grader's process, where nothing the learner writes can
-reach it. What the learner's code can do is confined to this process: loop forever (the
-grader kills it after its time limit), exit or crash the interpreter (the grader sees
-the process end), print without end (its output goes to a file whose size the grader
-watches), raise anything (``SystemExit`` and ``KeyboardInterrupt`` included: reported
-as what the function did).
+process and asks it, over a pipe, to call one function at a time; everything that decides
+a grade (hypothesis' examples, the library's results, every comparison) stays in the
+grader's process. Only plain data crosses the pipe (:mod:`attn.grader.wire`: JSON and raw
+array bytes, validated on arrival; never pickle).
 
-The protocol (:class:`multiprocessing.connection.Connection` messages, pickled):
+Before the learner's file is imported, the child seals itself (:func:`confine`): the
+library modules its exercise gives are loaded with the names it asks for withheld (a
+stand-in that raises in their place), every other module of ``attn`` is unloaded and
+refused by an import hook, and where the grader started it in namespaces it hides the
+file system but for Python itself, works in an empty folder of its own, drops to the
+``nobody`` user when it is root, and sets its resource limits. It reports what it got.
 
-``("call", name, args, given)``
-    call the learner's ``name`` (or, with ``given``, the library's own: a forward an
-    exercise provides) on ``args``. Arrays travel as :class:`Arr` (host copies, moved to
-    the selected backend here); random generators as :class:`Rng` (one generator per id
-    for the example, so repeated calls continue its stream); anything else the learner
-    returns that is not an array, a number, a string, None or a plain tuple / list /
-    dict of those stays here and travels as a :class:`Handle`.
-``("reset",)``
-    forget the handles and generators of the last example.
-
-Answers: ``("ok", result, modified, twin)`` (``modified``: index -> new value of each
-array argument the call changed in place; ``twin``: the library function the call ran
-that it may not, its own namesake or :data:`TWINS`), ``("raised", kind, message, where, raiser)`` or
-``("todo", raiser)`` (the body still raises ``NotImplementedError``).
+The protocol: requests ``("call", name, args, given)`` (call the learner's ``name``, or
+with ``given`` a forward the exercise gives, on ``args``) and ``("reset",)``; answers
+``("loaded", found, sandbox)``, ``("import_failed", message, where)``, ``("ok", result,
+modified)``, ``("raised", kind, message, where, raiser)``, ``("todo", raiser)``.
+Arrays travel as :class:`~attn.grader.wire.Arr`; anything the learner returns that is
+not plain data stays here as a :class:`~attn.grader.wire.Handle`.
 """
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
+import importlib.abc
 import importlib.util
 import inspect
+import json
 import os
 import re
+import resource
 import signal
 import sys
-import threading
 import traceback
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import NamedTuple
 
 from .. import backend as B
+from .wire import Arr, Channel, Handle, Rng, XpRef
 
 np = B.host
 
-#: Where the library's own implementation of each gradable name lives ("module:function").
-#: attn-check compares the learner's functions with these, and refuses them re-exported.
-LIBRARY = {n: f"attn.layers:{n}" for n in (
-    "linear_forward", "linear_backward", "relu_forward", "relu_backward", "dropout_forward",
-    "dropout_backward", "embedding_forward", "embedding_backward", "positional_forward",
-    "positional_backward", "sinusoidal_table", "softmax_forward", "softmax_backward",
-    "layer_norm_forward", "layer_norm_backward", "feed_forward_forward", "feed_forward_backward",
-    "residual_ffn_forward", "residual_ffn_backward", "attention_forward", "attention_backward",
-    "split_heads", "merge_heads", "multi_head_attention_forward", "multi_head_attention_backward",
-    "rnn_step_forward", "rnn_step_backward", "rnn_forward", "rnn_backward")}
-LIBRARY.update({"cross_entropy": "attn.loss:cross_entropy", "causal_mask": "attn.masks:causal_mask",
-                "padding_mask": "attn.masks:padding_mask", "decoder_mask": "attn.masks:decoder_mask"})
-LIBRARY.update({n: f"attn.grader.solutions:{n}" for n in (
-    "luong_attention_forward", "luong_attention_backward", "encoder_layer_forward", "encoder_layer_backward",
-    "decoder_layer_forward", "decoder_layer_backward", "transformer_forward", "transformer_backward",
-    "adam_step", "greedy_decode", "beam_search", "average_checkpoints", "learn_merges", "decoding_model")})
-LIBRARY["noam_lr"] = "attn.optim:noam_lr"
-#: Names the grader builds arguments with (``given`` calls), never looked for in a learner's file.
-GIVEN_ONLY = {"decoding_model"}
-
-
-#: Besides its own name, the library code an exercise's function may not call: the larger
-#: thing attn.grader.solutions builds that exercise's answer from.
-TWINS = {
-    "encoder_layer_forward": ("attn.model:Transformer._residual_fwd", "attn.model:Transformer.encode"),
-    "encoder_layer_backward": ("attn.model:Transformer._residual_bwd", "attn.model:Transformer.backward"),
-    "decoder_layer_forward": ("attn.model:Transformer._residual_fwd", "attn.model:Transformer.decode"),
-    "decoder_layer_backward": ("attn.model:Transformer._residual_bwd", "attn.model:Transformer.backward"),
-    "transformer_forward": ("attn.model:Transformer.forward", "attn.model:Transformer.encode"),
-    "transformer_backward": ("attn.model:Transformer.backward",),
-    "adam_step": ("attn.optim:Adam.step",),
-    "greedy_decode": ("attn.decode:greedy_decode",),
-    "beam_search": ("attn.decode:beam_search",),
-    "learn_merges": ("attn.bpe:learn_merges",),
-}
-
-
-def _resolve(spec: str):
-    module, attr = spec.split(":")
-    obj = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def twin_codes(name: str) -> dict:
-    """code object -> "module.function" of the library code ``name`` may not call."""
-    out = {}
-    for spec in (LIBRARY[name],) + TWINS.get(name, ()):
-        code = getattr(_resolve(spec), "__code__", None)
-        if code is not None:
-            out[code] = spec.replace(":", ".")
-    return out
-
-
-def library_function(name: str):
-    """The library's own function called ``name`` (the solution attn-check grades against)."""
-    module, attr = LIBRARY[name].split(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-class Arr(NamedTuple):
-    """An array in transit: its host copy, and whether it lives on the device."""
-    host: object
-    device: bool
-
-
-class Rng(NamedTuple):
-    """A random generator in transit: ``attn.backend.DeviceRNG(seed)``, one per ``uid``."""
-    seed: int
-    uid: int
-
-
-class Handle(NamedTuple):
-    """An object that stays in the child (a cache, a generator the learner returned)."""
-    uid: int
-    type_name: str
-
-    def __repr__(self) -> str:
-        return f"<{self.type_name}>"
-
-
-class XpRef(NamedTuple):
-    """The selected backend's array namespace."""
-
-
 _PLAIN = (int, float, complex, bool, str, bytes, type(None))
+NOBODY = 65534
+#: The standard library a learner's file may import, loaded before the child becomes nobody.
+PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "dataclasses", "typing",
+           "copy", "operator", "random", "statistics", "time", "queue", "threading", "types", "glob", "json",
+           "string", "textwrap", "warnings", "contextlib", "abc", "enum", "numbers", "fractions", "decimal")
+#: Top-level folders kept visible in a mount namespace (the rest are hidden under an empty tmpfs).
+SYSTEM = {"usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "dev", "proc"}
 
 
 def is_array(a) -> bool:
@@ -144,22 +60,225 @@ def where(tb, learner_file: str) -> str:
     """'file:line in function: source' of the innermost frame in the learner's file."""
     if not learner_file:
         return ""
-    target = Path(learner_file).resolve()
-    frames = [f for f in traceback.extract_tb(tb) if Path(f.filename).resolve() == target]
+    target = os.path.realpath(learner_file)
+    frames = [f for f in traceback.extract_tb(tb) if os.path.realpath(f.filename) == target]
     if not frames:
         return ""
     f = frames[-1]
     return f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}"
 
+# ----------------------------------------------------------------------------- the seal
+
+
+class Withheld:
+    """What stands in the library's module for a function the exercise asks for."""
+
+    __attn_withheld__ = True
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+        self.__name__ = self.__qualname__ = name
+        self.__module__ = "attn-check"
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(
+            f"{self.module}.{self.name} is withheld while attn-check grades {self.name}: "
+            "the exercise asks you to write it")
+
+    def __repr__(self) -> str:
+        return f"<{self.module}.{self.name}, withheld by attn-check>"
+
+
+class Refuse(importlib.abc.MetaPathFinder):
+    """An import hook: the library's modules the exercise does not give cannot be imported."""
+
+    def __init__(self, allowed):
+        self.allowed = tuple(allowed)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "attn" or not fullname.startswith("attn."):
+            return None
+        if "*" in self.allowed or any(fullname == a or fullname.startswith(a + ".") for a in self.allowed):
+            return None
+        raise ImportError(f"{fullname} is not available to the file attn-check grades: the exercise gives "
+                          "NumPy, attn.backend" + "".join(f", {a}" for a in self.allowed if a != "attn.backend")
+                          + " and nothing else of the library", name=fullname)
+
+
+def _load_given(policy: dict) -> dict:
+    """Import what the exercise gives, withhold what it asks for; returns the given
+    forwards (name -> function) the grader may call."""
+    gives, withhold = policy["gives"], set(policy["withhold"])
+    if gives == ["*"]:
+        return {"*": True}
+    for module in gives:
+        importlib.import_module(module)
+    forwards = {}
+    for name in policy["forwards"]:
+        if name == "decoding_model":
+            from .built import decoding_model
+            forwards[name] = decoding_model
+        else:
+            mod = importlib.import_module("attn.layers")
+            forwards[name] = getattr(mod, name)
+    for key, mod in list(sys.modules.items()):
+        if not (key == "attn" or key.startswith("attn.")) or mod is None:
+            continue
+        for name in withhold:
+            if name in vars(mod):
+                setattr(mod, name, Withheld(key, name))
+    return forwards
+
+
+def _unload(policy: dict) -> None:
+    """Forget every module of ``attn`` the exercise does not give (they stay loaded where the
+    given ones use them), and the submodule attributes that would reach them."""
+    gives = ["attn.backend"] + list(policy["gives"])
+    if policy["gives"] == ["*"]:
+        return
+    keep = lambda k: k == "attn" or any(k == g or k.startswith(g + ".") for g in gives)      # noqa: E731
+    for key in list(sys.modules):
+        if (key.startswith("attn.")) and not keep(key):
+            parent, _, leaf = key.rpartition(".")
+            if parent in sys.modules and getattr(sys.modules[parent], leaf, None) is sys.modules[key]:
+                try:
+                    delattr(sys.modules[parent], leaf)
+                except AttributeError:
+                    pass
+            del sys.modules[key]
+    for key in policy.get("block", []):
+        sys.modules.pop(key, None)
+    gc.collect()
+
+
+def _libc():
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(libc, src, target, fstype, flags, data=None) -> None:
+    import ctypes
+    enc = lambda s: s.encode() if s is not None else None       # noqa: E731
+    if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {target}: {os.strerror(e)}")
+
+
+def _hide_files(libc, work_size_mb: int, extra=()) -> None:
+    """In a mount namespace: an empty tmpfs over every top-level folder but the system's,
+    Python's own folders bound back read-only, /tmp a small tmpfs of its own."""
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
+    keep = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)
+                   if os.path.isdir(p)} | {os.path.realpath(os.path.dirname(np.__file__) + "/..")}
+                  | {os.path.realpath(p) for p in extra if os.path.isdir(p)})
+    keep_files = [p for p in ("/etc/ld.so.cache",) if os.path.exists(p)]
+    fds = {p: os.open(p, os.O_PATH) for p in keep + keep_files}
+    tops = [e for e in os.listdir("/") if e not in SYSTEM and os.path.isdir("/" + e) and not os.path.islink("/" + e)]
+    for top in tops:
+        size = f"size={work_size_mb}m,mode=1777" if top == "tmp" else "size=1m,mode=755"
+        _mount(libc, "tmpfs", "/" + top, "tmpfs", MS_NOSUID | MS_NODEV, size)
+    for p in keep + keep_files:
+        if p.split("/")[1] not in tops or any(p != k and p.startswith(k + "/") for k in keep):
+            continue
+        if p in keep:
+            os.makedirs(p, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            open(p, "w").close()
+        _mount(libc, f"/proc/self/fd/{fds[p]}", p, None, MS_BIND | MS_REC)
+        _mount(libc, None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
+    for fd in fds.values():
+        os.close(fd)
+
+
+def _in_user_namespace() -> bool:
+    try:
+        with open("/proc/self/uid_map") as f:
+            return f.read().split() != ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
+def _limits(cfg: dict) -> list:
+    got = []
+    for name, value in (("RLIMIT_AS", cfg["memory_mb"] << 20), ("RLIMIT_CPU", cfg["cpu_s"]),
+                        ("RLIMIT_FSIZE", cfg["file_mb"] << 20), ("RLIMIT_CORE", 0),
+                        ("RLIMIT_NPROC", cfg["processes"] if cfg.get("nproc") else None)):
+        if value is None or not hasattr(resource, name):
+            continue
+        limit = getattr(resource, name)
+        try:
+            hard = resource.getrlimit(limit)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(limit, (value, value))
+            got.append(name[7:].lower())
+        except (ValueError, OSError):
+            pass
+    return got
+
+
+def confine(cfg: dict, source: str, name: str) -> tuple[str, dict]:
+    """Seal this process before the learner's file runs: hide the files, an empty working
+    folder with the file's copy in it, the nobody user, the limits. Returns the copy's path
+    and what was got."""
+    got = {"namespaces": cfg.get("namespaces", []), "user": "", "files": "", "limits": []}
+    libc = None
+    try:
+        libc = _libc()
+        libc.prctl(38, 1, 0, 0, 0)                         # PR_SET_NO_NEW_PRIVS
+    except (OSError, AttributeError):
+        pass
+    hidden = False
+    if "mount" in got["namespaces"] and os.geteuid() == 0 and libc is not None:
+        try:
+            _hide_files(libc, cfg["work_mb"], cfg.get("keep", ()))
+            hidden = True
+        except OSError as e:
+            got["files"] = f"not hidden ({e})"
+    work = Path("/tmp/attn-check-work") if hidden else Path(cfg["work"])
+    work.mkdir(mode=0o700, exist_ok=True)
+    copy = work / name
+    copy.write_text(source, encoding="utf-8")
+    drop = os.geteuid() == 0 and not _in_user_namespace()
+    if drop:
+        os.chown(work, NOBODY, NOBODY)
+        os.chown(copy, NOBODY, NOBODY)
+    os.chdir(work)
+    os.environ.clear()
+    os.environ.update(cfg["env"])
+    os.environ["HOME"] = str(work)
+    if drop:
+        for name in PRELOAD:                 # Python's folders may not be nobody's to read (a Python in /root)
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        got["user"] = "nobody"
+    elif os.geteuid() == 0:
+        got["user"] = "root of a user namespace"
+    else:
+        got["user"] = f"uid {os.geteuid()}"
+    got["files"] = got["files"] or ("only Python's own folders and the copy of the file" if hidden
+                                    else "not hidden (no mount namespace)")
+    got["limits"] = _limits(dict(cfg, nproc=drop))
+    return str(copy), got
+
+# ----------------------------------------------------------------------------- the calls
+
 
 class _Child:
-    def __init__(self, path: str, reference: bool):
-        self.path, self.reference = path, reference
+    def __init__(self, path: str, reference: bool, shown: str = ""):
+        self.path, self.reference, self.shown = path, reference, shown or path
         self.module = None
         self.handles: dict[int, object] = {}
         self.rngs: dict[int, object] = {}
+        self.forwards: dict = {}
 
-    # -- transit
+    def show(self, text: str) -> str:
+        return text.replace(self.path, self.shown) if text else text
 
     def unpack(self, v):
         if isinstance(v, Arr):
@@ -174,85 +293,85 @@ class _Child:
             return B.xp()
         if type(v) in (tuple, list):
             return type(v)(self.unpack(x) for x in v)
+        if isinstance(v, tuple):
+            return type(v)(*(self.unpack(x) for x in v))
         if type(v) is dict:
             return {k: self.unpack(x) for k, x in v.items()}
         return v
 
-    def pack(self, v):
-        if isinstance(v, _PLAIN) or isinstance(v, np.generic):
+    def pack(self, v, depth: int = 0):
+        if depth > 32:
+            return self._handle(v)
+        if isinstance(v, _PLAIN) and type(v) in _PLAIN:
+            return v
+        if isinstance(v, np.generic) and v.dtype.kind in "biufc":
             return v
         if is_array(v):
             device = B.get_backend() == "cupy" and B.is_device_array(v)
             try:
-                return Arr(np.array(B.to_host(v)), device)
+                host = np.array(B.to_host(v))
+                if host.dtype.kind in "biufc":
+                    return Arr(host, device)
             except Exception:
                 pass
         if type(v) in (tuple, list):
-            return type(v)(self.pack(x) for x in v)
-        if type(v) is dict and all(isinstance(k, str) for k in v):
-            return {k: self.pack(x) for k, x in v.items()}
+            return type(v)(self.pack(x, depth + 1) for x in v)
+        if type(v) is dict and all(type(k) is str for k in v):
+            return {k: self.pack(x, depth + 1) for k, x in v.items()}
+        return self._handle(v)
+
+    def _handle(self, v):
         uid = len(self.handles) + 1
         self.handles[uid] = v
         return Handle(uid, type(v).__name__)
 
-    # -- calls
-
-    def load(self):
+    def load(self, names):
         name = "attn_check_" + re.sub(r"\W", "_", Path(self.path).stem)
         spec = importlib.util.spec_from_file_location(name, self.path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        folder = str(Path(self.path).parent.resolve())
-        sys.path.insert(0, folder)
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            if folder in sys.path:
-                sys.path.remove(folder)
+        spec.loader.exec_module(module)
         self.module = module
         found = {}
-        for n in LIBRARY:
-            if n in GIVEN_ONLY:
-                continue
+        for n in names:
             fn = getattr(module, n, None)
             if callable(fn):
                 found[n] = self.origin(n, fn)
         return found
 
     def origin(self, name: str, fn) -> dict:
-        """Who wrote ``fn``: the learner, or the library (by identity, by its module, by its file)."""
-        lib = library_function(name)
+        """Who wrote ``fn``: the learner (defined in the file), or not (the library's, a
+        withheld stand-in, something imported)."""
         code = getattr(fn, "__code__", None)
         file = getattr(code, "co_filename", None) or ""
-        package = str(Path(B.__file__).resolve().parent)
         module = getattr(fn, "__module__", "") or ""
-        from_library = (fn is lib or module == "attn" or module.startswith("attn.")
-                        or (file and str(Path(file).resolve()).startswith(package + os.sep)))
+        withheld = getattr(fn, "__attn_withheld__", False) is True
+        mine = (not withheld and code is not None and module == self.module.__name__
+                and os.path.realpath(file) == os.path.realpath(self.path))
         try:
             params = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
             params = []
         defined = f"{module}.{getattr(fn, '__qualname__', name)}"
-        if file:
-            shown = str(Path(file).resolve())
-            if shown.startswith(package + os.sep):          # the library's files as attn/...
-                shown = os.path.relpath(shown, str(Path(package).parent))
-            defined += f", {shown}:{getattr(code, 'co_firstlineno', '?')}"
-        return {"library": bool(from_library), "defined": defined, "params": params}
+        if withheld:
+            defined = f"{fn.module}.{name}"
+        elif file:
+            defined += f", {self.show(file)}:{getattr(code, 'co_firstlineno', '?')}"
+        return {"library": not mine, "defined": str(defined), "params": [str(p) for p in params]}
 
     def call(self, name: str, args, given: bool):
-        fn = library_function(name) if given else getattr(self.module, name)
+        if given:
+            fn = self.forwards.get(name)
+            if fn is None and "*" in self.forwards:
+                from .built import decoding_model
+                fn = decoding_model if name == "decoding_model" else getattr(importlib.import_module("attn.layers"),
+                                                                               name, None)
+            if fn is None:
+                return ("raised", "attn-check", f"{name} is not given by this exercise", "", name)
+        else:
+            fn = getattr(self.module, name)
         real = [self.unpack(a) for a in args]
         before = {i: np.array(B.to_host(a)) for i, a in enumerate(real) if is_array(a)}
-        twin = []
-        if not given and not self.reference:
-            codes = twin_codes(name)
-
-            def tracer(frame, event, arg):
-                if event == "call" and frame.f_code in codes:
-                    twin.append(codes[frame.f_code])
-            sys.setprofile(tracer)
-            threading.setprofile(tracer)           # threads the call starts are traced too
         try:
             res = fn(*real)
         except NotImplementedError as e:
@@ -266,17 +385,15 @@ class _Child:
                 kind, message = "KeyboardInterrupt", "raised KeyboardInterrupt"
             else:
                 kind, message = type(e).__name__, f"raised {type(e).__name__}: {e}"
-            return ("raised", kind, message, where(e.__traceback__, self.path),
-                    frames[-1].name if frames else name)
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
-        modified = {}
+            return ("raised", str(kind), self.show(str(message)), self.show(where(e.__traceback__, self.path)),
+                    str(frames[-1].name if frames else name))
+        modified = []
         for i, h in before.items():
             now = np.array(B.to_host(real[i]))
             if now.shape != h.shape or not np.array_equal(now, h, equal_nan=h.dtype.kind in "fc"):
-                modified[i] = now
-        return ("ok", self.pack(res), modified, twin[0] if twin else "")
+                if now.dtype.kind in "biufc":
+                    modified.append([i, Arr(now, False)])
+        return ("ok", self.pack(res), modified)
 
 
 def _install_cupy_modules():
@@ -287,34 +404,51 @@ def _install_cupy_modules():
 
 
 def _die_with_the_grader() -> None:
-    """On Linux, ask the kernel to kill this process when the grader's ends: a learner's
-    endless loop must not outlive a grader killed with SIGKILL."""
+    """On Linux, ask the kernel to kill this process when its parent ends."""
     try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)                       # PR_SET_PDEATHSIG
+        _libc().prctl(1, signal.SIGKILL)                       # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
 
 def main() -> None:
     _die_with_the_grader()
-    fd_in, fd_out = (int(x) for x in os.environ["ATTN_CHECK_FDS"].split(","))
-    requests, answers = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
+    try:
+        os.setsid()                                            # a session of its own, nothing of the grader's
+    except OSError:
+        pass
+    cfg = json.loads(os.environ["ATTN_CHECK_CONFIG"])
+    fd_in, fd_out = cfg["fds"]
+    requests, answers = Channel(fd_in), Channel(fd_out)
     faulthandler.register(signal.SIGUSR1, all_threads=False)     # the grader asks where a hang is
     _install_cupy_modules()
-    B.set_backend(os.environ.get("ATTN_CHECK_BACKEND", "numpy"))
-    child = _Child(os.environ["ATTN_CHECK_FILE"], os.environ.get("ATTN_CHECK_REFERENCE") == "1")
+    B.set_backend(cfg["backend"])
+    policy = cfg["policy"]
     try:
-        answers.send(("loaded", child.load()))
+        with open(cfg["file"], encoding="utf-8", errors="replace") as f:
+            source = f.read()
+    except OSError as e:
+        answers.send(("import_failed", f"cannot read the file: {e.strerror}", ""))
+        return
+    forwards = _load_given(policy)
+    _unload(policy)
+    copy, got = confine(cfg, source, Path(cfg["file"]).name)
+    sys.meta_path.insert(0, Refuse(["attn.backend"] + policy["gives"]))
+    child = _Child(copy, cfg["reference"], cfg["shown"])
+    child.forwards = forwards
+    names = cfg["names"]
+    del cfg, source, policy, forwards
+    try:
+        answers.send(("loaded", child.load(names), got))
     except BaseException as e:
         if isinstance(e, SyntaxError):
-            answers.send(("import_failed", f"{e.filename}:{e.lineno}: SyntaxError: {e.msg}", ""))
+            answers.send(("import_failed", child.show(f"{e.filename}:{e.lineno}: SyntaxError: {e.msg}"), ""))
         elif isinstance(e, SystemExit):
             answers.send(("import_failed", f"importing it called sys.exit({e.code!r})",
-                          where(e.__traceback__, child.path)))
+                          child.show(where(e.__traceback__, child.path))))
         else:
-            answers.send(("import_failed", f"{type(e).__name__}: {e}", where(e.__traceback__, child.path)))
+            answers.send(("import_failed", child.show(f"{type(e).__name__}: {e}"),
+                          child.show(where(e.__traceback__, child.path))))
         return
     while True:
         try:
@@ -327,8 +461,7 @@ def main() -> None:
             continue
         _, name, args, given = msg
         try:
-            answer = child.call(name, args, given)
-            answers.send(answer)
+            answers.send(child.call(name, args, given))
         except Exception as e:          # a result that cannot travel: say so rather than hang
             answers.send(("raised", "attn-check", f"its result could not be sent back: {type(e).__name__}: {e}",
                           "", name))

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from .. import backend as B
 from ..testing import LAYERS
-from .grading import _layer_table, grade_file
+from .grading import FINAL_SCALE, _layer_table, grade_file
+from .library import EXERCISES
+from .sandbox import LIMITS, namespaces
 from .reports import LABELS, write_gradescope, write_html, write_json, write_junit
 from .results import DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, FileReport
 
@@ -29,7 +31,7 @@ def _all(folder: Path, args, out) -> tuple[int, list[FileReport]]:
             sys.stderr.write(f"\rattn-check --all: {i}/{len(files)} {p.name[:40]:<40}")
             sys.stderr.flush()
         reports.append(grade_file(p, None, args.examples, args.timeout, args.forward_only, args.allow_library,
-                                  None, args.hint))
+                                  None, args.hint, **_options(args)))
     if progress:
         sys.stderr.write("\r" + " " * 70 + "\r")
     out.write(f"attn-check --all {folder}: {len(files)} file{'s' * (len(files) != 1)}, {args.examples} examples "
@@ -53,6 +55,26 @@ def _all(folder: Path, args, out) -> tuple[int, list[FileReport]]:
         out.write(f"{rep.path.name:<34} {state:<16} {passed:>3}/{len(rs):<3}  {detail}\n")
     out.write(f"{done} of {len(files)} exercises done\n")
     return (0 if done == len(files) else 1), reports
+
+
+def _options(args) -> dict:
+    return {"exercise": args.exercise, "sandbox_mode": "off" if args.sandbox == "off" else "auto",
+            "memory_mb": args.memory, "seed": args.seed}
+
+
+def check_sandbox(args, out) -> bool:
+    """Say in one line when no sandbox can be had here; False when one is required."""
+    if args.sandbox == "off":
+        return True
+    unshare, why = namespaces()
+    if unshare:
+        return True
+    if args.sandbox == "required":
+        out.write(f"attn-check: no sandbox can be had here ({why}), and --sandbox required asks for one\n")
+        return False
+    runs_as = "as nobody" if os.geteuid() == 0 else "as you"
+    out.write(f"attn-check: no sandbox here ({why}): the file runs {runs_as}, under resource limits only\n")
+    return True
 
 
 def timings(examples: int, out) -> int:
@@ -80,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Write the functions of a layer in PATH.py under the library's names (start from a file in\n"
             "lessons/exercises/), then run `attn-check PATH.py`. Only the layers the file defines are checked.\n"
-            "Your file runs in a child process, each call under a time limit: a call that hangs, exits,\n"
+            "Your file runs in a sealed child process (its own namespaces, another user, no network, no\n"
+            "files but Python's, resource limits; the library's answers are not importable there), each\n"
+            "call under a time limit: a call that hangs, exits,\n"
             "crashes or floods its output fails, naming the function. For each layer, hypothesis draws\n"
             "examples (hard ones included: logits of 1e4, fully masked rows, repeated ids, padding); the\n"
             "forward is graded first on all of them (exceptions, NaN, shapes, dtypes, inputs modified in\n"
@@ -94,8 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
             "without its backward is INCOMPLETE unless --forward-only. The library's own functions,\n"
             "re-exported, fail; a forward an exercise gives (exercise 8 imports the library's) is used, not\n"
             "graded.\n\n"
+            "A file named as a starter is graded on everything that starter asks for (--exercise NAME for\n"
+            "another name): a missing or re-exported function fails.\n\n"
             "For teachers: --json, --junit, --gradescope (results.json, a point per layer) and --html DIR\n"
-            "write reports; --all DIR grades every file of a folder and prints which exercises are done.\n\n"
+            "write reports; --all DIR grades every file of a folder and prints which exercises are done;\n"
+            "--class DIR grades a folder of learners' folders in parallel into one table; --seed N is the\n"
+            "final profile; --sandbox required refuses to grade where no sandbox can be had.\n\n"
             "Exit status: 0 when every graded layer passes, 1 when one fails, is incomplete or not\n"
             "implemented yet, 2 when the file cannot be loaded or defines nothing gradable.\n\n"
             "Layers and the names attn-check looks for:\n" + _layer_table()))
@@ -124,6 +152,25 @@ def build_parser() -> argparse.ArgumentParser:
                    "own functions at --examples, and exit")
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
                    help="array backend to run on (default numpy; cupy needs a GPU)")
+    p.add_argument("--exercise", choices=sorted(EXERCISES), metavar="NAME",
+                   help="grade the file as this exercise (default: the starter whose file name it has): what the "
+                        "exercise asks for is what is scored, whatever the file defines")
+    p.add_argument("--seed", type=int, metavar="N", help="final grading: examples from this seed (one the learners "
+                   f"do not know) and lengths and widths up to {FINAL_SCALE} times the defaults")
+    p.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
+                   help="auto (default): namespaces and a separate user where they can be had, limits always; "
+                        "required: refuse to grade where no sandbox can be had; off: no namespaces")
+    p.add_argument("--memory", type=int, metavar="MB", help=f"the child's address-space limit "
+                   f"(default {LIMITS['memory_mb']} MB)")
+    p.add_argument("--class", dest="class_dir", type=Path, metavar="DIR",
+                   help="grade a class: DIR holds one folder per learner, each with exercise files named as "
+                        "the starters; writes DIR's table (grades.csv, grades.html) and each learner's report")
+    p.add_argument("--out", type=Path, metavar="DIR", help="with --class: where the table and reports go "
+                   "(default DIR/attn-check)")
+    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2), metavar="N",
+                   help="with --class: files graded at once")
+    p.add_argument("--similarity", action="store_true", help="with --class: also a report of similar files "
+                   "between learners and with the library's source (copydetect)")
     return p
 
 
@@ -143,6 +190,11 @@ def main(argv=None, out=None) -> int:
         return 2
     if args.timings:
         return timings(args.examples, out)
+    if not check_sandbox(args, out):
+        return 2
+    if args.class_dir is not None:
+        from .classes import grade_class
+        return grade_class(args, out)
     if args.all is not None:
         if not args.all.is_dir():
             out.write(f"attn-check: {args.all}: no such folder\n")
@@ -156,7 +208,7 @@ def main(argv=None, out=None) -> int:
             out.write(f"attn-check: {args.path}: no such file\n")
             return 2
         rep = grade_file(args.path, args.layer, args.examples, args.timeout, args.forward_only, args.allow_library,
-                         out, args.hint)
+                         out, args.hint, **_options(args))
         if rep.error:
             out.write(f"attn-check: {rep.error}\n")
         status, reports = rep.status, [rep]

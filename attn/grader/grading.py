@@ -2,6 +2,7 @@
 dropout) and one file (every layer it defines, in the child process)."""
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -11,18 +12,23 @@ from hypothesis.errors import Flaky
 from .. import backend as B
 from ..gradcheck import rel_error
 from ..testing import DROPOUT_PROBES, LAYERS, Layer, reference
+from ..testing.strategies import scaled
 from .checks import CHECKS, DROPOUT_DRAWS, EXAMPLE_SHARE, _Args, _entries, check_dropout, check_pair
 from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, Fatal, FileReport, LoadError,
                       NotImplementedYet, Result, _Todo)
 from .reports import report, summary
-from .sandbox import Remote, Sandbox
+from .library import manifest_for
+from .sandbox import Remote, Sandbox, describe
 
 np = B.host
+
+#: The final profile (``--seed``): lengths and widths up to this many times the defaults.
+FINAL_SCALE = 3
 
 # ----------------------------------------------------------------------------- grading a layer
 
 
-def _run(layer: Layer, sandbox: Sandbox, fn, examples: int):
+def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = None):
     """Hypothesis over the layer's examples with ``fn(ex)``; returns (runs, the failure or None)."""
     count = [0]
     examples = max(1, round(examples * EXAMPLE_SHARE.get(layer.name, 1.0)))
@@ -32,7 +38,7 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int):
     @settings(max_examples=examples, database=None, deadline=None,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
               phases=(Phase.explicit, Phase.generate, Phase.shrink))
-    @seed(EXAMPLE_SEED)
+    @seed(EXAMPLE_SEED if seed_ is None else seed_)
     @given(layer.examples)
     def run(ex):
         count[0] += 1
@@ -89,7 +95,7 @@ def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
 
 
 def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EXAMPLES, given_forward: bool = False,
-          forward_only: bool = False, drop=()) -> Result:
+          forward_only: bool = False, drop=(), seed: int | None = None) -> Result:
     """Grade one layer: its forward first (every example), then its backward (against the
     library's if the forward passed, against central differences of the learner's own
     forward if not), then its dropout."""
@@ -105,7 +111,7 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
         note = (f"dropout not graded: {layer.functions[0]} takes no dropout argument (lesson 12 teaches it; add "
                 "`dropout=0.0, rng=None` then)")
     if layer.kind != "pair":
-        runs, err = _run(layer, sandbox, lambda ex: check(layer, impl, ex), examples)
+        runs, err = _run(layer, sandbox, lambda ex: check(layer, impl, ex), examples, seed)
         if err is None:
             return result("pass", runs, note=note)
         if isinstance(err, NotImplementedYet):
@@ -116,7 +122,7 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
     runs = 0
     forward_failure = None
     if not given_forward:
-        n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "forward", drop), examples)
+        n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "forward", drop), examples, seed)
         runs += n
         if isinstance(err, NotImplementedYet):
             return result("todo", runs, err, note)
@@ -129,7 +135,7 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
         _attach_outputs(layer, impl, forward_failure, drop)
         also = ""
         if has_bwd and forward_failure.check != "integrity" and not forward_failure.message.startswith(fname + " "):
-            n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "self", drop), examples)
+            n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "self", drop), examples, seed)
             runs += n
             if isinstance(err, NotImplementedYet):
                 also = f"{bname}: not implemented yet"
@@ -148,7 +154,7 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
             return result("pass", runs, note="; ".join(x for x in (n, note) if x))
         return result("incomplete", runs, note="; ".join(x for x in (n + " (--forward-only accepts that)", note)
                                                           if x))
-    n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "backward", drop), examples)
+    n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "backward", drop), examples, seed)
     runs += n
     if isinstance(err, NotImplementedYet):
         return result("todo", runs, err, note)
@@ -188,45 +194,92 @@ def _reexport(layer: Layer, name: str, origin: dict) -> Result:
     return Result(layer.name, "fail", 0.0, 0, f, blame=name, functions=(name,))
 
 
+def _missing(layer: Layer, names: list, why: str) -> Result:
+    f = Failure("missing", f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} {why}",
+                look="write every function the exercise's starter asks for, under its name")
+    return Result(layer.name, "fail", 0.0, 0, f, blame=names[0], functions=tuple(names))
+
+
+def _plan(found: dict, sandbox: Sandbox, manifest, layers, allow_library: bool) -> tuple[list, list]:
+    """(layer, implementation or a Result already decided, given forward, deferred dropout) for
+    every layer graded, and the names the file imported from the library without writing them."""
+    plan, imported = [], []
+    asks = set(manifest.asks) if manifest else None
+    given = set(manifest.given_forwards) if manifest else set()
+    for name, layer in LAYERS.items():
+        if layers and name not in layers:
+            continue
+        present = [n for n in layer.functions if n in found]
+        if asks is not None:
+            wanted = [n for n in layer.functions if n in asks]
+            if not wanted:
+                continue
+            absent = [n for n in wanted if n not in found]
+            if absent:
+                plan.append((layer, _missing(layer, absent, "not defined in the file (the exercise asks for "
+                                                            + ("it" if len(absent) == 1 else "them") + ")"),
+                             False, ()))
+                continue
+        elif not present:
+            continue
+        lib = [n for n in present if found[n]["library"] and not allow_library]
+        if layer.kind != "pair":
+            plan.append((layer, _reexport(layer, present[0], found[present[0]]) if lib else
+                         {present[0]: Remote(sandbox, present[0])}, False, ()))
+            continue
+        fname, bname = layer.functions
+        if bname in lib:
+            plan.append((layer, _reexport(layer, bname, found[bname]), False, ()))
+        elif bname in present:
+            if fname in given:
+                impl = {fname: Remote(sandbox, fname, given=True), bname: Remote(sandbox, bname)}
+                plan.append((layer, impl, True, ()))
+            elif fname not in present:
+                plan.append((layer, _missing(layer, [fname], "not defined in the file, and the exercise gives no "
+                                                             f"forward: {bname} is graded with your own forward"),
+                             False, ()))
+            elif fname in lib:
+                plan.append((layer, _reexport(layer, fname, found[fname]), False, ()))
+            else:
+                impl = {fname: Remote(sandbox, fname), bname: Remote(sandbox, bname)}
+                plan.append((layer, impl, False, _deferred(layer, found.get(fname), False)))
+        elif fname in lib:
+            if asks is not None:
+                plan.append((layer, _reexport(layer, fname, found[fname]), False, ()))
+            else:
+                imported.append(fname)
+        else:
+            plan.append((layer, {fname: Remote(sandbox, fname)}, False, _deferred(layer, found[fname], False)))
+    return plan, imported
+
+
 def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeout: float = DEFAULT_TIMEOUT,
-               forward_only: bool = False, allow_library: bool = False, out=None, hint_level: int = 1) -> FileReport:
-    """Grade every layer ``path`` defines (or those named in ``layers``), printing the text
-    report to ``out`` as it goes."""
+               forward_only: bool = False, allow_library: bool = False, out=None, hint_level: int = 1,
+               exercise: str | None = None, sandbox_mode: str = "auto", memory_mb: int | None = None,
+               seed: int | None = None) -> FileReport:
+    """Grade every layer ``path``'s exercise asks for (every layer it defines, for a file that
+    is no exercise's), or those named in ``layers``, printing the text report to ``out`` as it
+    goes."""
     rep = FileReport(path)
-    rep.examples, rep.hint = examples, hint_level
+    rep.examples, rep.hint, rep.seed = examples, hint_level, seed
+    manifest = manifest_for(path, exercise)
+    rep.exercise = manifest.name if manifest else ""
     w = (out.write if out is not None else (lambda s: None))
-    sandbox = Sandbox(path, timeout, allow_library)
+    sandbox = Sandbox(path, timeout, allow_library, exercise=exercise, mode=sandbox_mode, memory_mb=memory_mb)
     try:
         try:
             found = sandbox.start()
         except LoadError as e:
             rep.error = f"could not import {path}: {e}" + (f"\n    where: {e.where}" if e.where else "")
+            _zero(rep, manifest)
             return rep
         except Fatal as e:
             rep.error = f"could not import {path}: {e.failure.message}" + (
                 f"\n    where: {e.failure.where}" if e.failure.where else "")
+            _zero(rep, manifest)
             return rep
-        plan, imported = [], []
-        for name, layer in LAYERS.items():
-            present = [n for n in layer.functions if n in found]
-            if not present or (layers and name not in layers):
-                continue
-            lib = [n for n in present if found[n]["library"] and not allow_library]
-            if layer.kind != "pair":
-                plan.append((layer, _reexport(layer, present[0], found[present[0]]) if lib else
-                             {present[0]: Remote(sandbox, present[0])}, False, ()))
-                continue
-            fname, bname = layer.functions
-            if bname in lib:
-                plan.append((layer, _reexport(layer, bname, found[bname]), False, ()))
-            elif bname in present:
-                given_fwd = fname not in present or fname in lib
-                impl = {fname: Remote(sandbox, fname, given=given_fwd), bname: Remote(sandbox, bname)}
-                plan.append((layer, impl, given_fwd, _deferred(layer, found.get(fname), given_fwd)))
-            elif fname in lib:
-                imported.append(fname)
-            else:
-                plan.append((layer, {fname: Remote(sandbox, fname)}, False, _deferred(layer, found[fname], False)))
+        rep.sandbox = describe(sandbox.got)
+        plan, imported = _plan(found, sandbox, manifest, layers, allow_library)
         if layers:
             missing = [n for n in layers if n not in {layer.name for layer, *_ in plan}]
             if missing:
@@ -240,23 +293,64 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
                               "imported, not written here")
             rep.error += f". Names it looks for:\n{_layer_table()}"
             return rep
-        rep.header = (f"attn-check {path}: {len(plan)} layer{'s' * (len(plan) != 1)}, {examples} examples each, "
-                      f"backend {B.get_backend()}" + (", the library's own functions allowed" if allow_library else ""))
+        rep.header = (f"attn-check {path}: {len(plan)} layer{'s' * (len(plan) != 1)}"
+                      + (f" of exercise {manifest.name}" if manifest else "")
+                      + f", {examples} examples each, backend {B.get_backend()}"
+                      + (f", seed {seed}" if seed is not None else "")
+                      + (", the library's own functions allowed" if allow_library else ""))
         w(rep.header + "\n")
-        for layer, impl, given_fwd, drop in plan:
-            if isinstance(impl, Result):
-                r = impl
-            else:
-                r = grade(layer, impl, sandbox, examples, given_fwd, forward_only, drop)
+        w(f"sandbox: {rep.sandbox}\n")
+        with scaled(FINAL_SCALE) if seed is not None else contextlib.nullcontext():
+            for layer, impl, given_fwd, drop in plan:
+                if isinstance(impl, Result):
+                    r = impl
+                else:
+                    r = grade(layer, impl, sandbox, examples, given_fwd, forward_only, drop, seed=seed)
+                rep.results.append(r)
+        _blame_parts(rep.results)
+        for r in rep.results:
             if out is not None:
                 report(r, out, hint_level)
                 out.flush()
-            rep.results.append(r)
         w(summary(rep.results) + "\n")
         rep.status = 0 if all(r.status == "pass" for r in rep.results) else 1
         return rep
     finally:
         sandbox.cleanup()
+
+
+def _zero(rep: FileReport, manifest) -> None:
+    """A file that could not be loaded scores nothing of what its exercise asks for."""
+    if manifest is None:
+        return
+    for name, layer in LAYERS.items():
+        wanted = [n for n in layer.functions if n in manifest.asks]
+        if wanted:
+            r = _missing(layer, wanted, "not graded: the file could not be imported")
+            rep.results.append(r)
+
+
+#: Composites and the parts they are built from (a part's failure explains the composite's).
+PARTS = {"residual_ffn": ("feed_forward", "layer_norm"), "feed_forward": ("relu",),
+         "multi_head_attention": ("attention", "split_heads", "merge_heads"), "attention": ("softmax",),
+         "encoder_layer": ("multi_head_attention", "feed_forward", "layer_norm"),
+         "decoder_layer": ("multi_head_attention", "feed_forward", "layer_norm"),
+         "transformer": ("encoder_layer", "decoder_layer", "embedding", "positional"),
+         "luong_attention": ("softmax",), "rnn": ("rnn_step",)}
+
+
+def _blame_parts(results: list) -> None:
+    """A composite that fails after one of its parts failed in the same file: say so, and
+    point at the part (the composite may well be right once the part is)."""
+    failed = {r.layer: r for r in results if r.status == "fail"}
+    for r in results:
+        if r.status != "fail" or not isinstance(r.detail, Failure) or r.detail.check in ("missing", "integrity"):
+            continue
+        parts = [p for p in PARTS.get(r.layer, ()) if p in failed]
+        if parts:
+            part = failed[parts[0]]
+            r.part = f"{parts[0]} failed first (fix {part.blame or parts[0]}): {r.layer} may pass once it does"
+            r.blame = part.blame or r.blame
 
 
 def _deferred(layer: Layer, origin: dict | None, given_fwd: bool) -> tuple:

@@ -96,6 +96,8 @@ def failure_lines(r: Result, hint_level: int = 1) -> list[str]:
                      + ("where to look" if hint_level < 2 else "the formula"))
     if r.also:
         lines.append(f"backward: {r.also}")
+    if r.part:
+        lines.append(f"part:     {r.part}")
     return lines
 
 
@@ -139,16 +141,32 @@ def result_dict(r: Result, hint_level: int = 3) -> dict:
         d["failure"] = {
             "check": f.check, "message": f.message, "where": f.where, "error": f.error, "tolerance": f.tol,
             "entries": [{"index": list(i), "yours": _jsonable(a), "expected": _jsonable(b)} for i, a, b in f.entries],
-            "looks_like": f.symptom, "look_at": f.look, "formula": f.hint,
+            "looks_like": f.symptom, "look_at": f.look if hint_level >= 2 else "",
+            "formula": f.hint if hint_level >= 3 else "",
             "example": ({n: _describe(v) for n, v in f.example.args if not n.startswith("_")}
                         if f.example is not None and not getattr(f, "setup", None) else None),
             "setup": getattr(f, "setup", None)}
     return d
 
 
+def _stamp(rep: FileReport) -> dict:
+    """Who, what and when: the learner, the exercise, the file's hash, the grader's version."""
+    import datetime
+    import hashlib
+    from .classes import grader_version
+    try:
+        digest = hashlib.sha256(Path(rep.path).read_bytes()).hexdigest()
+    except OSError:
+        digest = ""
+    return {"student": getattr(rep, "student", "") or Path(rep.path).resolve().parent.name,
+            "exercise": rep.exercise, "sha256": digest, "grader": grader_version(), "sandbox": rep.sandbox,
+            "seed": rep.seed, "graded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
 def write_json(reports: list[FileReport], path: Path) -> None:
-    files = [{"file": str(rep.path), "exit_status": rep.status, "error": rep.error, "backend": rep.backend,
-              "examples": rep.examples, "layers": [result_dict(r) for r in rep.results]} for rep in reports]
+    files = [{"file": str(rep.path), **_stamp(rep), "exit_status": rep.status, "error": rep.error,
+              "backend": rep.backend, "examples": rep.examples, "hint": rep.hint,
+              "layers": [result_dict(r, rep.hint) for r in rep.results]} for rep in reports]
     Path(path).write_text(json.dumps(files[0] if len(files) == 1 else files, indent=2) + "\n", encoding="utf-8")
 
 
@@ -254,7 +272,7 @@ def write_html(reports: list[FileReport], folder: Path) -> Path:
             if r.status == "pass":
                 continue
             body.append(f"<h3 id='f{k}-{q(r.layer)}'>{q(r.layer)}: {q(LABELS[r.status])}</h3>")
-            text = "\n".join(failure_lines(r, 3))
+            text = "\n".join(failure_lines(r, rep.hint))
             img = ""
             if isinstance(r.detail, Failure):
                 png = folder / f"{k:02d}-{rep.path.stem}-{r.layer}.png"

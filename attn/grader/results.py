@@ -11,6 +11,7 @@ DEFAULT_EXAMPLES = 20
 EXAMPLE_SEED = 20170612     # hypothesis' seed: the same examples on every run (the paper's arXiv date)
 DEFAULT_TIMEOUT = 10.0      # seconds per call: a correct layer on these sizes takes milliseconds
 MAX_OUTPUT = 200_000        # bytes a file may print over one call
+FLOAT32_TOL = 1e-4          # relative error of a float32 output against the library's float32 one
 FORWARD_TOL = 1e-8          # relative error of an output against the library's (float64)
 GRADIENT_TOL = 1e-6         # relative error of a gradient against the library's or central differences
 NOISE_FLOOR = 1e-8         # absolute difference from central differences that is rounding, not a bug
@@ -82,6 +83,7 @@ class Result:
         self.detail, self.note, self.blame, self.also = detail, note, blame, also
         self.functions = tuple(functions)
         self.forward_first = False          # the forward failed and the backward waits for it
+        self.part = ""                      # a part of this composite failed first
 
 
 class FileReport:
@@ -91,3 +93,4 @@ class FileReport:
     def __init__(self, path: Path):
         self.path, self.results, self.status, self.error, self.header = path, [], 2, "", ""
         self.backend, self.examples, self.hint = B.get_backend(), DEFAULT_EXAMPLES, 1
+        self.exercise, self.sandbox, self.seed = "", "", None

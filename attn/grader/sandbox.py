@@ -1,23 +1,67 @@
 """The grader's side of the child process that runs a learner's file (the other side is
-:mod:`attn.grader.child`): starting it, one call at a time under a time limit, and what
-a call that hangs, exits, crashes or floods its output becomes."""
+:mod:`attn.grader.child`): starting it sealed off, one call at a time under a time limit,
+what a call that hangs, exits, crashes or floods its output becomes, and ending it with
+everything it started before the grader writes a report."""
 from __future__ import annotations
 
+import functools
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from .. import backend as B
-from .child import Arr, Handle, Rng, XpRef, is_array
+from .library import GIVEN_ONLY, LIBRARY, child_policy, is_array, manifest_for
 from .results import DEFAULT_TIMEOUT, MAX_OUTPUT, Failure, Fatal, LoadError, NotImplementedYet
+from .wire import Arr, Channel, Handle, Rng, WireError, XpRef
 
 np = B.host
+
+#: The child's resource limits (``--memory`` changes the first).
+LIMITS = {"memory_mb": 4096, "cpu_s": 900, "file_mb": 16, "processes": 64, "work_mb": 32}
+#: The child's whole environment.
+CLEAN_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+             "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+NAMESPACES = ("mount", "pid", "net")
+
+
+@functools.lru_cache(maxsize=None)
+def namespaces() -> tuple[tuple, str]:
+    """(the unshare command's arguments, "") where new mount, PID and network namespaces can be
+    had here (user ones too when not root), or ((), why not)."""
+    exe = shutil.which("unshare")
+    if sys.platform != "linux" or exe is None:
+        return (), "no unshare command" if sys.platform == "linux" else f"not Linux ({sys.platform})"
+    args = [exe, "--mount", "--pid", "--fork", "--net", "--mount-proc", "--kill-child"]
+    if os.geteuid() != 0:
+        args[1:1] = ["--user", "--map-root-user"]
+    try:
+        r = subprocess.run(args + ["true"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return (), f"unshare failed: {e}"
+    if r.returncode != 0:
+        return (), "unshare failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+    return tuple(args), ""
+
+
+def describe(got: dict) -> str:
+    """One line: the sandbox a child got."""
+    ns = got.get("namespaces") or []
+    parts = [("namespaces: " + ", ".join(ns)) if ns else "no namespaces", f"user {got.get('user') or '?'}",
+             f"files: {got.get('files') or '?'}", "limits: " + (", ".join(got.get("limits") or []) or "none")]
+    return "; ".join(parts)
+
+
+def sealed(got: dict) -> bool:
+    """Whether the child can neither see nor signal the grader: its own PID namespace, or
+    another user than the grader's."""
+    return "pid" in (got.get("namespaces") or []) or got.get("user") == "nobody"
 
 
 def _signal_name(rc: int) -> str:
@@ -26,8 +70,17 @@ def _signal_name(rc: int) -> str:
     except ValueError:
         return f"signal {-rc}"
     meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
-               "SIGFPE": "floating-point exception", "SIGILL": "illegal instruction", "SIGKILL": "killed"}
+               "SIGFPE": "floating-point exception", "SIGILL": "illegal instruction", "SIGKILL": "killed",
+               "SIGXCPU": "its CPU time limit", "SIGXFSZ": "its file size limit"}
     return f"{name}, {meaning[name]}" if name in meaning else name
+
+
+def _pdeathsig() -> None:
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
 
 
 class Sandbox:
@@ -35,17 +88,24 @@ class Sandbox:
 
     :meth:`call` sends one call and waits for its answer, at most ``timeout`` seconds,
     watching the child's output; if the child dies, hangs or floods, it is killed, the
-    call raises :class:`Fatal`, and the next call starts a fresh child."""
+    call raises :class:`Fatal`, and the next call starts a fresh child. ``mode``: "auto"
+    (namespaces where they can be had), "off" (none; a separate user still, as root)."""
 
     def __init__(self, path: Path, timeout: float = DEFAULT_TIMEOUT, reference: bool = False,
-                 max_output: int = MAX_OUTPUT):
+                 max_output: int = MAX_OUTPUT, exercise: str | None = None, mode: str = "auto",
+                 memory_mb: int | None = None):
         self.path, self.timeout, self.reference, self.max_output = Path(path), timeout, reference, max_output
+        self.exercise, self.mode = exercise, mode
+        self.limits = dict(LIMITS, **({"memory_mb": memory_mb} if memory_mb else {}))
         self.proc = None
         self.found: dict = {}
+        self.got: dict = {}
         self.calls = 0
         self._rng_ids: dict = {}
         self._out = tempfile.NamedTemporaryFile(prefix="attn-check-", suffix=".out", delete=False)
         self._out.close()
+        self._work = None
+        self._copy = ""
 
     # -- lifetime
 
@@ -61,41 +121,67 @@ class Sandbox:
             modules = ",".join(m.__name__ for m in B.cupy_modules)
             paths += [str(Path(sys.modules[m.__name__.split(".")[0]].__file__).resolve().parents[1])
                       for m in B.cupy_modules]
-        env = dict(os.environ, ATTN_CHECK_FDS=f"{req_r},{ans_w}", ATTN_CHECK_FILE=str(self.path.resolve()),
-                   ATTN_CHECK_BACKEND=B.get_backend(), ATTN_CHECK_REFERENCE="1" if self.reference else "0",
-                   ATTN_CHECK_CUPY_MODULES=modules,
+        try:
+            source = self.path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            source = ""
+        unshare, _ = namespaces() if self.mode != "off" else ((), "")
+        self._work = tempfile.mkdtemp(prefix="attn-check-work-")
+        cfg = {"fds": [req_r, ans_w], "file": str(self.path.resolve()), "shown": str(self.path),
+               "backend": B.get_backend(), "reference": self.reference,
+               "policy": child_policy(manifest_for(self.path, self.exercise), source, self.reference),
+               "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), "env": CLEAN_ENV,
+               "namespaces": list(NAMESPACES) if unshare else [], "work": self._work,
+               "keep": paths if self.reference else paths[1:], **self.limits}
+        env = dict(CLEAN_ENV, ATTN_CHECK_CONFIG=json.dumps(cfg), ATTN_CHECK_CUPY_MODULES=modules,
                    PYTHONPATH=os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(
-                       os.pathsep) if p]),
-                   PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
+                       os.pathsep) if p]), PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
         out = open(self._out.name, "ab")
         try:
-            self.proc = subprocess.Popen([sys.executable, "-c", "from attn.grader.child import main; main()"], env=env,
-                                         pass_fds=(req_r, ans_w), stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=out, cwd=str(self.path.resolve().parent), start_new_session=True)
+            self.proc = subprocess.Popen(list(unshare) + [sys.executable, "-s", "-c",
+                                                          "from attn.grader.child import main; main()"],
+                                         env=env, pass_fds=(req_r, ans_w), stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=out, cwd=self._work, start_new_session=True,
+                                         preexec_fn=_pdeathsig)
         finally:
             out.close()
             os.close(req_r)
             os.close(ans_w)
-        self.requests = Connection(req_w, readable=False)
-        self.answers = Connection(ans_r, writable=False)
+        self.requests = Channel(req_w)
+        self.answers = Channel(ans_r, patience=30.0)
         answer = self._wait("importing the file", self.timeout + 30.0)
         if answer[0] == "import_failed":
             self.close()
             raise LoadError(self.show(answer[1]), self.show(answer[2]))
-        self.found = answer[1]
+        if answer[0] != "loaded" or not isinstance(answer[1], dict) or not isinstance(answer[2], dict):
+            self.close()
+            raise LoadError("the child's first answer was not what attn-check asked for")
+        self.found, self.got = answer[1], answer[2]
         return self.found
 
+    def _inner(self) -> list[int]:
+        """The pids of the unshare command's children (the sealed child, seen from here)."""
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                return [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            return []
+
     def close(self) -> None:
+        """End the child and everything it started: its PID namespace (all of it) or its
+        session, and wait until they are gone."""
         if self.proc is not None:
             for conn in (self.requests, self.answers):
                 conn.close()
-            if self.proc.poll() is None:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-            self.proc.wait()
+            self._kill()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
             self.proc = None
+        if self._work:
+            shutil.rmtree(self._work, ignore_errors=True)
+            self._work = None
 
     def cleanup(self) -> None:
         self.close()
@@ -120,7 +206,15 @@ class Sandbox:
 
     def show(self, text: str) -> str:
         """``text`` with the learner's file as it was named on the command line, not resolved."""
-        return text.replace(str(self.path.resolve()), str(self.path)) if text else text
+        if not text:
+            return text
+        for copy in self._copies():
+            text = text.replace(copy, str(self.path))
+        return text.replace(str(self.path.resolve()), str(self.path))
+
+    def _copies(self) -> list[str]:
+        """Where the child sees its copy of the file."""
+        return [f"/tmp/attn-check-work/{self.path.name}"] + ([f"{self._work}/{self.path.name}"] if self._work else [])
 
     def _learner_line(self, start: int) -> str:
         """The learner's innermost line in the traceback the child's faulthandler wrote."""
@@ -130,12 +224,12 @@ class Sandbox:
             text = f.read().decode("utf-8", "replace")
         block = text.split("Current thread")[-1] if "Current thread" in text else text
         hits = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', block)
-        mine = [h for h in hits if str(Path(h[0]).resolve()) == target]
+        mine = [h for h in hits if h[0] in self._copies() or str(Path(h[0]).resolve()) == target]
         if not mine:
             return ""
         file, line, fn = mine[0]                       # faulthandler lists the innermost frame first
         try:
-            src = Path(file).read_text(encoding="utf-8", errors="replace").splitlines()[int(line) - 1].strip()
+            src = self.path.read_text(encoding="utf-8", errors="replace").splitlines()[int(line) - 1].strip()
         except (OSError, IndexError):
             src = ""
         return self.show(f"{file}:{line} in {fn}: {src}")
@@ -143,10 +237,16 @@ class Sandbox:
     # -- one call
 
     def _kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        for pid in self._inner():                 # the namespace's first process: the kernel ends the rest
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for target in (self.proc.pid,):
+            try:
+                os.killpg(target, signal.SIGKILL)
+            except OSError:
+                pass
 
     def _wait(self, what: str, limit: float, start_size: int | None = None):
         start_size = self._out_size() if start_size is None else start_size
@@ -154,9 +254,17 @@ class Sandbox:
         while True:
             try:
                 if self.answers.poll(0.02):
-                    return self.answers.recv()
+                    answer = self.answers.recv()
+                    if not (isinstance(answer, tuple) and answer and isinstance(answer[0], str)):
+                        raise WireError("an answer that is not one")
+                    return answer
             except (EOFError, OSError):
                 pass
+            except (WireError, TimeoutError) as e:
+                self.close()
+                raise Fatal(Failure("integrity", f"{what} sent the grader something that is not plain data ({e})",
+                                    look="your functions return arrays, numbers, strings and tuples, lists or "
+                                         "dicts of them; nothing else crosses to the grader"))
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
                 time.sleep(0.05)
@@ -188,10 +296,11 @@ class Sandbox:
     def _stop_and_dump(self):
         """Ask the child's faulthandler for a traceback (where it was), then kill it."""
         size = self._out_size()
-        try:
-            os.kill(self.proc.pid, signal.SIGUSR1)
-        except OSError:
-            pass
+        for pid in self._inner() or [self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
         t0 = time.monotonic()
         while time.monotonic() - t0 < 2.0 and not self._dumped(size):   # a flood grows the output anyway:
             time.sleep(0.02)                                              # wait for the traceback itself
@@ -219,6 +328,8 @@ class Sandbox:
             return Arr(np.array(B.to_host(v)), B.get_backend() == "cupy" and B.is_device_array(v))
         if type(v) in (tuple, list):
             return type(v)(self.pack(x) for x in v)
+        if isinstance(v, tuple) and hasattr(type(v), "_fields"):
+            return type(v)(*(self.pack(x) for x in v))
         if type(v) is dict:
             return {k: self.pack(x) for k, x in v.items()}
         return v
@@ -228,6 +339,8 @@ class Sandbox:
             return B.to_device(v.host) if v.device or B.get_backend() == "numpy" else v.host
         if type(v) in (tuple, list):
             return type(v)(self.unpack(x) for x in v)
+        if isinstance(v, tuple) and hasattr(type(v), "_fields"):
+            return type(v)(*(self.unpack(x) for x in v))
         if type(v) is dict:
             return {k: self.unpack(x) for k, x in v.items()}
         return v
@@ -239,7 +352,7 @@ class Sandbox:
 
     def call(self, name: str, args, given: bool = False):
         """Run ``name(*args)`` in the child. Returns its result; raises _Raised,
-        NotImplementedYet, _Twin, or Fatal."""
+        NotImplementedYet, or Fatal."""
         if self.proc is None:
             self.start()
         self.calls += 1
@@ -252,11 +365,14 @@ class Sandbox:
         if answer[0] == "raised":
             kind, message, where, raiser = answer[1:]
             raise _Raised(kind, message, self.show(where), raiser)
-        _, result, modified, twin = answer
-        if twin:
-            raise _Twin(name, twin)
-        for i, new in modified.items():         # what the call did to its inputs, for check_unchanged
-            a = args[i]
+        if answer[0] != "ok" or len(answer) != 3 or not isinstance(answer[2], list):
+            raise Fatal(Failure("integrity", f"{name}'s answer was not what attn-check asked for"))
+        _, result, modified = answer
+        for item in modified:                   # what the call did to its inputs, for check_unchanged
+            if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
+                    and 0 <= item[0] < len(args) and isinstance(item[1], Arr)):
+                raise Fatal(Failure("integrity", f"{name}'s answer was not what attn-check asked for"))
+            a, new = args[item[0]], item[1].host
             if is_array(a) and tuple(a.shape) == new.shape:
                 a[...] = B.to_device(new) if B.is_device_array(a) else new
         return self.unpack(result)
@@ -266,12 +382,6 @@ class _Raised(Exception):
     def __init__(self, kind, message, where, raiser):
         super().__init__(message)
         self.kind, self.message, self.where, self.raiser = kind, message, where, raiser
-
-
-class _Twin(Exception):
-    def __init__(self, name, called):
-        super().__init__(name)
-        self.name, self.called = name, called
 
 
 class Remote:

@@ -2,6 +2,8 @@
 host arrays (see :mod:`attn.testing`)."""
 from __future__ import annotations
 
+import contextlib
+
 from typing import NamedTuple
 
 from hypothesis import strategies as st
@@ -32,10 +34,27 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+#: How much larger than their defaults :func:`dims` draws lengths and widths (:func:`scaled`).
+SCALE = [1]
+
+
+@contextlib.contextmanager
+def scaled(k: int):
+    """Within it, :func:`dims` draws lengths and widths up to ``k`` times their maxima: the
+    grader's final profile, on shapes a learner did not try."""
+    saved = SCALE[0]
+    SCALE[0] = k
+    try:
+        yield
+    finally:
+        SCALE[0] = saved
+
+
 @st.composite
 def dims(draw, max_batch: int = 3, max_len: int = 6, max_width: int = 8, max_vocab: int = 10) -> Dims:
-    """Batch 1..max_batch, lengths 1..max_len, widths 1..max_width, heads dividing D.
-    Shrinks towards the smallest case (everything 1, V = 2)."""
+    """Batch 1..max_batch, lengths 1..max_len, widths 1..max_width, heads dividing D (each
+    maximum times :data:`SCALE`). Shrinks towards the smallest case (everything 1, V = 2)."""
+    max_len, max_width = max_len * SCALE[0], max_width * SCALE[0]
     B = draw(st.integers(1, max_batch))
     T = draw(st.integers(1, max_len))
     S = draw(st.integers(1, max_len))

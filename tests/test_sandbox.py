@@ -1,0 +1,207 @@
+"""attn-check's seal, by files that try to break it: a batch in which one learner's file
+kills the grader, one stops it and one forges its reports still grades everyone else
+right; a file reads nothing of the grader's machine, its classmates or its environment;
+what a file starts is gone when the grader writes its reports (docs/TEACHING.md)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attn.grader.sandbox import namespaces
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Where new mount, PID and network namespaces cannot be had (a container that forbids them), the
+#: tests of what only they give skip and say why; the others hold in either sandbox.
+UNSHARE, NO_NAMESPACES_WHY = namespaces()
+needs_namespaces = pytest.mark.skipif(not UNSHARE, reason=f"no namespaces here: {NO_NAMESPACES_WHY}")
+GOOD = "def relu_forward(x):\n    return x * (x > 0), x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout * cache\n"
+WRONG_RELU = "    return x, x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout\n"
+KILLS = ("import os, signal\n\n\ndef relu_forward(x):\n    for target in (os.getppid(), 1, -1, 0):\n        try:\n"
+         "            os.kill(target, signal.SIGKILL)\n        except OSError:\n            pass\n" + WRONG_RELU)
+STOPS = KILLS.replace("SIGKILL", "SIGSTOP")
+FORGES = '''import json, os, signal, time
+
+FORGED = {"score": 100, "max_score": 1, "tests": [], "output": "forged"}
+
+
+def _forge():
+    for folder in (os.getcwd(), os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))):
+        for name in ("results.json", "report.json", "grades.csv"):
+            try:
+                with open(os.path.join(folder, name), "w") as f:
+                    json.dump(FORGED, f)
+            except OSError:
+                pass
+
+
+_forge()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(2)
+        _forge()
+        os._exit(0)
+    os._exit(0)
+
+
+def relu_forward(x):
+    _forge()
+    os.kill(os.getppid(), signal.SIGKILL)
+''' + WRONG_RELU
+
+
+def _run(*argv, cwd=ROOT, env=None, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "attn.grader", *map(str, argv)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=timeout)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_batch_survives_a_file_that_kills_one_that_stops_and_one_that_forges(tmp_path):
+    folder = tmp_path / "class"
+    folder.mkdir()
+    for name, text in (("a_good.py", GOOD), ("b_kills.py", KILLS), ("c_stops.py", STOPS), ("d_forges.py", FORGES),
+                       ("e_good.py", GOOD)):
+        (folder / name).write_text(text)
+    out = tmp_path / "reports"
+    out.mkdir()
+    t0 = time.monotonic()
+    proc = _run("--all", folder, "--examples", "3", "--timeout", "3", "--json", out / "report.json",
+                "--gradescope", out / "results.json")
+    assert time.monotonic() - t0 < 240
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = {Path(f["file"]).name: f for f in json.loads((out / "report.json").read_text())}
+    status = {name: [r["status"] for r in f["layers"]] for name, f in data.items()}
+    assert status == {"a_good.py": ["pass"], "b_kills.py": ["fail"], "c_stops.py": ["fail"], "d_forges.py": ["fail"],
+                      "e_good.py": ["pass"]}, status
+    for name in ("b_kills.py", "c_stops.py", "d_forges.py"):
+        assert data[name]["layers"][0]["failure"]["message"] == "the output differs from the library's", data[name]
+    grades = json.loads((out / "results.json").read_text())
+    assert grades["score"] == 2 and grades["max_score"] == 5 and grades["output"] != "forged"
+    digests = {p: _digest(p) for p in out.iterdir()}
+    time.sleep(3)                                    # the detached writer, had it survived, has written by now
+    assert {p: _digest(p) for p in out.iterdir()} == digests
+    assert sorted(p.name for p in folder.iterdir()) == ["a_good.py", "b_kills.py", "c_stops.py", "d_forges.py",
+                                                        "e_good.py"]
+
+
+@needs_namespaces
+def test_a_file_reads_nothing_of_the_machine_its_classmates_or_the_environment(tmp_path):
+    folder = tmp_path / "alice"
+    folder.mkdir()
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "relu.py").write_text("# bob's answer: CLASSMATE-MARKER\n")
+    (folder / "notes.txt").write_text("CLASSMATE-MARKER beside the file\n")
+    (folder / "relu.py").write_text('''import glob, os
+
+
+def relu_forward(x):
+    found = []
+    for pattern in ("/etc/passwd", "/root/*", "/home/*/*", "/tmp/*/*/*.py", "/tmp/**/notes.txt"):
+        for p in glob.glob(pattern, recursive=True):
+            try:
+                found.append(open(p).read(200))
+            except OSError:
+                pass
+    for d in (os.path.dirname(__file__), os.path.join(os.path.dirname(__file__), "..")):
+        for name in os.listdir(d):
+            try:
+                found.append(open(os.path.join(d, name)).read(200))
+            except OSError:
+                pass
+    found.append(os.environ.get("ATTN_SECRET_TOKEN", ""))
+    raise ValueError("found: " + repr(found) + " " + repr(sorted(os.environ)))
+''')
+    proc = _run(folder / "relu.py", "--examples", "1", env={"ATTN_SECRET_TOKEN": "s3cr3t-t0ken"})
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "relu_forward raised ValueError: found:" in text, text
+    assert "root:" not in text and "s3cr3t-t0ken" not in text and "CLASSMATE-MARKER" not in text, text
+    assert "ATTN_SECRET_TOKEN" not in text and "ATTN_CHECK" not in text, text
+
+
+@needs_namespaces
+def test_what_a_file_starts_is_gone_before_the_reports(tmp_path):
+    f = tmp_path / "relu.py"
+    f.write_text('''import subprocess
+
+
+def relu_forward(x):
+    for _ in range(3):
+        subprocess.Popen(["sleep", "987654"], start_new_session=True)
+    return x * (x > 0), x > 0
+
+
+def relu_backward(dout, cache):
+    return dout * cache
+''')
+    proc = _run(f, "--examples", "2", "--json", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "sleep 987654" not in ps
+
+
+def test_the_sandbox_here_and_required():
+    """This machine (CI's too) can have namespaces; the report says which sandbox it got."""
+    unshare, why = namespaces()
+    proc = _run(ROOT / "tests" / "mutants" / "relu_backward_mask_from_dout.py", "--sandbox", "required",
+                "--allow-library", "--examples", "1")
+    if not unshare:
+        assert proc.returncode == 2 and "no sandbox can be had here" in proc.stdout
+        pytest.skip(f"no sandbox here: {why}")
+    assert "sandbox: namespaces: mount, pid, net" in proc.stdout, proc.stdout
+
+
+def test_a_class_is_graded_in_parallel_into_one_table(tmp_path):
+    import csv
+    starter = (ROOT / "lessons" / "exercises" / "12_dropout.py").read_text()
+    answer = starter.replace("    raise NotImplementedError", "    pass", 0)
+    learners = {"ann": GOOD, "ben": KILLS, "cid": STOPS, "dee": FORGES, "eve": GOOD}
+    for name, relu in learners.items():
+        (tmp_path / "class" / name).mkdir(parents=True)
+        (tmp_path / "class" / name / "07_feed_forward_layer_norm.py").write_text(relu)
+    (tmp_path / "class" / "ann" / "12_dropout.py").write_text(answer)
+    proc = _run("--class", tmp_path / "class", "--examples", "3", "--timeout", "3", "--jobs", "2", "--similarity")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    table = {ln.split()[0]: ln.split()[1:] for ln in lines if ln.split() and ln.split()[0] in learners}
+    assert table["ann"] == ["1/4", "0/1", "1/5"] and table["eve"] == ["1/4", "-", "1/4"], proc.stdout
+    assert all(table[n][0] == "0/4" for n in ("ben", "cid", "dee")), proc.stdout
+    out = tmp_path / "class" / "attn-check"
+    rows = list(csv.DictReader(open(out / "grades.csv")))
+    assert {r["learner"] for r in rows} == set(learners) and all(len(r["sha256"]) == 64 for r in rows)
+    relu = {r["learner"]: r["status"] for r in rows if r["layer"] == "relu"}
+    assert relu == {"ann": "pass", "ben": "fail", "cid": "fail", "dee": "fail", "eve": "pass"}
+    assert (out / "grades.html").is_file() and (out / "ann" / "07_feed_forward_layer_norm.txt").is_file()
+    report = json.loads((out / "ann" / "07_feed_forward_layer_norm.json").read_text())
+    assert report["student"] == "ann" and report["exercise"] == "07_feed_forward_layer_norm" and report["grader"]
+    try:
+        import copydetect  # noqa: F401
+    except ImportError:
+        return
+    assert "100%" in proc.stdout and (out / "similarity.html").is_file()       # ann's relu is eve's
+
+
+def test_without_namespaces_a_batch_still_survives(tmp_path):
+    """--sandbox off: no namespaces; as root the child is nobody, who may not signal the grader."""
+    if os.geteuid() != 0:
+        pytest.skip("the grader is not root here: without namespaces the child is the grader's own user")
+    folder = tmp_path / "class"
+    folder.mkdir()
+    for name, text in (("a_good.py", GOOD), ("b_kills.py", KILLS), ("c_good.py", GOOD)):
+        (folder / name).write_text(text)
+    proc = _run("--all", folder, "--examples", "3", "--timeout", "3", "--sandbox", "off", "--json",
+                tmp_path / "r.json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = {Path(f["file"]).name: [r["status"] for r in f["layers"]] for f in json.loads((tmp_path / "r.json")
+                                                                                            .read_text())}
+    assert data == {"a_good.py": ["pass"], "b_kills.py": ["fail"], "c_good.py": ["pass"]}, data
