@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import backend as B
 from ..testing import Built, Fresh
-from .results import Failure, FileReport, Result
+from .results import Failure, FileReport, Result, grader_version
 
 np = B.host
 
@@ -153,7 +153,6 @@ def _stamp(rep: FileReport) -> dict:
     """Who, what and when: the learner, the exercise, the file's hash, the grader's version."""
     import datetime
     import hashlib
-    from .classes import grader_version
     try:
         digest = hashlib.sha256(Path(rep.path).read_bytes()).hexdigest()
     except OSError:
