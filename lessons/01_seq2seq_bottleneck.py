@@ -5,14 +5,18 @@
 # recurrent encoder-decoders. "Recurrent models typically factor computation along
 # the symbol positions of the input and output sequences ... they generate a
 # sequence of hidden states `h_t`, as a function of the previous hidden state
-# `h_{t-1}` and the input for position `t`."
+# $h_{t-1}$ and the input for position `t`."
 #
 # The first such translators (Sutskever et al. 2014; Cho et al. 2014) worked like this:
 #
-#     encoder:  h_t = tanh(x_t W_x + h_{t-1} W_h + b)          t = 1..S   (x_t: source embeddings)
-#     context:  c   = h_S                                      one vector for the whole sentence
-#     decoder:  s_0 = c,  s_t = tanh(y_{t-1} W'_x + s_{t-1} W'_h + b')   (y_{t-1}: previous target token)
-#     output:   p(y_t | y_<t, source) = softmax(s_t W_o + b_o)
+# $$\begin{aligned}
+# \text{encoder:}\quad & h_t = \tanh(x_t W_x + h_{t-1} W_h + b), \quad t = 1, \dots, S
+#   && (x_t\text{: source embeddings})\\
+# \text{context:}\quad & c = h_S && \text{(one vector for the whole sentence)}\\
+# \text{decoder:}\quad & s_0 = c, \quad s_t = \tanh(y_{t-1} W'_x + s_{t-1} W'_h + b')
+#   && (y_{t-1}\text{: previous target token})\\
+# \text{output:}\quad & p(y_t \mid y_{<t}, \text{source}) = \mathrm{softmax}(s_t W_o + b_o)
+# \end{aligned} \tag{1.1}$$
 #
 # Everything the decoder knows about the source has to pass through `c`, a vector
 # of fixed size `H`, however long the sentence. That is the **bottleneck**. Cho et
@@ -182,7 +186,7 @@ for k, e in grad_errors.items():
 # %% [markdown]
 # ## 3. Training
 #
-# Adam (section 5.3 of the paper uses it too, with `beta2 = 0.98`), a constant
+# Adam (section 5.3 of the paper uses it too, with $\beta_2 = 0.98$), a constant
 # learning rate, and gradient clipping: a recurrent network's gradient can explode
 # when products of many `W_h` factors line up (Pascanu et al. 2013), and one bad
 # step can undo training. Every batch draws fresh random sequences, so there is

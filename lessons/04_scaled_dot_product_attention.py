@@ -1,22 +1,22 @@
 # %% [markdown]
 # # Lesson 4: scaled dot-product attention (section 3.2.1)
 #
-# $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V \qquad (1)$$
+# $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V \tag{1}$$
 #
 # Read it right to left as five steps, each a line of `attn.layers.attention_forward`:
 #
-# 1. `Q K^T`: every query dotted with every key, a `(T_q, T_k)` table of "how well
+# 1. $Q K^\top$: every query dotted with every key, a `(T_q, T_k)` table of "how well
 #    does query i match key j";
-# 2. divide by `sqrt(d_k)` (the *scaled* in the name);
+# 2. divide by $\sqrt{d_k}$ (the *scaled* in the name);
 # 3. mask: keys a query must not see (padding here, the future in lesson 5) get a
 #    logit so negative that their weight is exactly zero;
 # 4. softmax along each row: the weights are positive and sum to 1;
-# 5. the output row i is the weighted average of the value rows, `sum_j w_ij V_j`.
+# 5. the output row i is the weighted average of the value rows, $\sum_j w_{ij} V_j$.
 #
 # We walk through an example from a slide deck on the paper that circulates online
 # (a Korean-to-English toy with made-up vectors), compare every number the slides
 # print with what the library computes, and then
-# answer the question the paper only sketches: *why* divide by `sqrt(d_k)`?
+# answer the question the paper only sketches: *why* divide by $\sqrt{d_k}$?
 
 # %%
 import os, sys
@@ -122,7 +122,7 @@ print(f"the real keys' weights lie between {real.min():.2f} and {real.max():.2f}
 #   `pad_id`).
 #
 # Why not literally `-inf`, as the paper and most tutorials write? Because a row whose
-# keys are *all* masked would become `exp(-inf - (-inf)) = exp(nan)`, and NaN spreads
+# keys are *all* masked would become $\exp(-\infty - (-\infty)) = \exp(\mathrm{NaN})$, and NaN spreads
 # through everything downstream. The library fills with `finfo(dtype).min`, the most
 # negative finite number (not a magic `-1e4`, which a large enough logit would beat)
 # and then sets the masked weights to exactly 0, so a fully masked row comes out as
@@ -222,10 +222,10 @@ print(f"the wrong entry: {queries[bad_i]} on {keys[bad_j]!r}, printed {slide_w[b
 # ## 2. Why divide by sqrt(d_k)?
 #
 # The paper (3.2.1, footnote 4): if the components of `q` and `k` are independent
-# with mean 0 and variance 1, then `q . k = sum_{i=1}^{d_k} q_i k_i` has mean 0 and
+# with mean 0 and variance 1, then $q \cdot k = \sum_{i=1}^{d_k} q_i k_i$ has mean 0 and
 # variance `d_k` (a sum of `d_k` independent terms, each of variance
-# `E[q_i^2] E[k_i^2] = 1`). So the logits' spread grows like `sqrt(d_k)`, and
-# dividing by `sqrt(d_k)` brings their variance back to 1 whatever the head size.
+# $\mathbb{E}[q_i^2] \mathbb{E}[k_i^2] = 1$). So the logits' spread grows like $\sqrt{d_k}$, and
+# dividing by $\sqrt{d_k}$ brings their variance back to 1 whatever the head size.
 # Let us measure it.
 
 # %%
@@ -350,7 +350,7 @@ print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
 # Answer these from the lesson and what it printed:
 #
 # 1. If the components of `q` and `k` are independent with mean 0 and variance 1,
-#    what is the variance of `q . k`, and what does dividing by `sqrt(d_k)` do to
+#    what is the variance of $q \cdot k$, and what does dividing by $\sqrt{d_k}$ do to
 #    it?
 # 2. Using softmax's backward, explain why a nearly one-hot softmax passes almost no
 #    gradient back to the queries and keys.

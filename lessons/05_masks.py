@@ -196,8 +196,8 @@ fig.tight_layout(); show_figure(fig, "05_masks.png")
 # ```
 #
 # It is trained the way the decoder is trained (teacher forcing): feed tokens
-# `s_0 .. s_{T-1}` and ask position `t` to predict `s_{t+1}`. The data are **uniformly
-# random** token sequences, fresh every step, so `s_{t+1}` is independent of
+# $s_0 \ldots s_{T-1}$ and ask position `t` to predict $s_{t+1}$. The data are **uniformly
+# random** token sequences, fresh every step, so $s_{t+1}$ is independent of
 # everything before it. The best an honest model can do is predict the uniform
 # distribution, cross-entropy `log V`. We train two copies from the same
 # initialisation on the same data, with and without `causal_mask`; forward and

@@ -4,11 +4,11 @@
 # Every encoder and decoder layer ends with the position-wise feed-forward network
 # (section 3.3), the same two-layer MLP applied to every position separately:
 #
-# $$\mathrm{FFN}(x) = \max(0,\, x W_1 + b_1)\, W_2 + b_2, \qquad W_1: d_{model} \times d_{ff},\; W_2: d_{ff} \times d_{model}$$
+# $$\mathrm{FFN}(x) = \max(0,\, x W_1 + b_1)\, W_2 + b_2, \qquad W_1: d_{model} \times d_{ff},\; W_2: d_{ff} \times d_{model} \tag{2}$$
 #
 # and every sub-layer, attention or FFN, is wrapped the same way (section 3.1):
 #
-# $$x \leftarrow \mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$$
+# $$x \leftarrow \mathrm{LayerNorm}(x + \mathrm{Sublayer}(x)) \tag{§3.1}$$
 #
 # (with dropout on the sub-layer's output, section 5.4, which we leave out here).
 # That is the "Add & Norm" box of Figure 1. This lesson measures what the two parts
@@ -34,10 +34,10 @@
 #   a usable gradient to every layer and keeping activations at a stable scale,
 #   which is what part 1 measures.
 # * Batch-norm formulas copied between blog posts often mix up their limits
-#   (`mu = 1/M sum_{m=1}^{N}`, `sigma^2 = 1/M sum_{m=1}^{K}`). Batch norm averages
+#   ($\mu = 1/M \sum_{m=1}^{N}$, $\sigma^2 = 1/M \sum_{m=1}^{K}$). Batch norm averages
 #   feature `k` over the `M` examples of the mini-batch, both sums `m = 1..M`; layer
 #   norm averages over the `K` features of one example. (Summaries also often call
-#   `sigma` the variance; it is the standard deviation, `sigma^2` the variance.)
+#   $\sigma$ the variance; it is the standard deviation, $\sigma^2$ the variance.)
 
 # %%
 import os, sys
@@ -73,7 +73,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # the *input* of every block.
 #
 # The residual's backward is one line: forward `y = x + F(x)` gives
-# `dx = dy + dF^T(dy)`, the upstream gradient *plus* what the sub-layer sends back.
+# $dx = dy + dF^\top(dy)$, the upstream gradient *plus* what the sub-layer sends back.
 # The `+ dy` is a path on which nothing can shrink the gradient.
 
 # %%
@@ -170,12 +170,12 @@ for kind in VARIANTS:
 # variance; ReLU keeps half of the second moment; `W2` multiplies by `F * 2/(D+F)`.
 # Altogether
 #
-# $$a = \frac{2DF}{(D+F)^2} = \frac{2 \cdot 64 \cdot 256}{320^2} = 0.32 .$$
+# $$a = \frac{2DF}{(D+F)^2} = \frac{2 \cdot 64 \cdot 256}{320^2} = 0.32 . \tag{7.1}$$
 #
-# * **plain**: the gradient norm shrinks by `sqrt(a) = sqrt(0.32) = 0.57` per block, so over
-#   `L - 1` blocks by `a^((L-1)/2)`: a straight line on a log plot.
+# * **plain**: the gradient norm shrinks by $\sqrt{a} = \sqrt{0.32} = 0.57$ per block, so over
+#   `L - 1` blocks by $a^{(L-1)/2}$: a straight line on a log plot.
 # * **residual only**: `x + FFN(x)` adds the two variances, a factor `1 + a = 1 + 0.32 = 1.32`
-#   per block, so the gradient *grows* by `sqrt(1 + a)` per block going down, and so
+#   per block, so the gradient *grows* by $\sqrt{1 + a}$ per block going down, and so
 #   do the forward activations going up.
 
 # %%
@@ -228,7 +228,7 @@ fig.tight_layout(); show_figure(fig, "07_gradient_flow.png")
 # features:
 #
 # $$\mathrm{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta,
-# \qquad \mu = \frac{1}{D}\sum_k x_k,\;\; \sigma^2 = \frac{1}{D}\sum_k (x_k - \mu)^2$$
+# \qquad \mu = \frac{1}{D}\sum_k x_k,\;\; \sigma^2 = \frac{1}{D}\sum_k (x_k - \mu)^2 \tag{7.2}$$
 #
 # Batch norm normalises each *feature* over all the tokens in the batch. For text
 # that is a problem. A batch holds sentences of different lengths, padded to the
@@ -323,7 +323,7 @@ fig.tight_layout(); show_figure(fig, "07_layer_vs_batch_norm.png")
 #   same, bit for bit, in every batch and with any padding. It works with batch
 #   size 1, at training and test time alike, and on one token at a time during
 #   incremental decoding. (A padding token normalised by LN is just a zero row
-#   divided by `sqrt(eps)`: still zero, and ignored downstream.)
+#   divided by $\sqrt{\epsilon}$: still zero, and ignored downstream.)
 #
 # ## Check
 #

@@ -19,7 +19,7 @@
 # > decoder stacks. For the base model, we use a rate of `P_drop = 0.1`.
 #
 # So one sub-layer is `LayerNorm(x + Dropout(Sublayer(x)))`, and the stacks start
-# from `Dropout(Embedding(ids) * sqrt(d_model) + PE)`.
+# from $\mathrm{Dropout}(\mathrm{Embedding}(\mathit{ids}) \cdot \sqrt{d_{\text{model}}} + PE)$.
 #
 # We look at
 #

@@ -84,7 +84,7 @@ print("by hand:              ", hand_merges)
 #
 # To encode a word, start from its characters and apply the learned merges in the
 # order they were learned. A word never seen in training is spelled from known
-# pieces; a character never seen becomes its UTF-8 bytes (`<0x..>` tokens, all 256
+# pieces; a character never seen becomes its UTF-8 bytes (`<0x..>` tokens, all $2^8 = 256$
 # of them in the vocabulary), so nothing is ever `<unk>`. And decoding joins the
 # pieces back into exactly the (normalised) text.
 

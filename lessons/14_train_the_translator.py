@@ -227,8 +227,8 @@ print(f"training loss: first step {train_losses[0]:.2f} (log V = {np.log(V):.2f}
 #
 # * **Greedy** takes the most probable token at every step.
 # * **Beam search** keeps the `K = 4` best partial translations, and ranks finished
-#   ones by `log P(Y | X) / lp(Y)` with `lp(Y) = ((5 + |Y|) / 6)^alpha`,
-#   `alpha = 0.6` (GNMT's length penalty; without it, every extra token lowers
+#   ones by `log P(Y | X) / lp(Y)` with $\mathit{lp}(Y) = ((5 + |Y|) / 6)^{\alpha}$,
+#   $\alpha = 0.6$ (GNMT's length penalty; without it, every extra token lowers
 #   `log P`, so search would favour short outputs).
 
 # %%
@@ -435,10 +435,10 @@ for i in worse[:3]:
 # Such misses are rare, but when they happen they can be large, and they are why
 # beam 4's BLEU can come out a little *below* greedy's on a well-trained model.
 #
-# **Beam size 1 is greedy** when there is no length penalty (`alpha = 0`): with one
+# **Beam size 1 is greedy** when there is no length penalty ($\alpha = 0$): with one
 # beam, keeping "the best candidate" at each step is taking the argmax, and once
 # greedy's output has finished, no live beam can beat it (its `log P` is already
-# lower and can only fall): the tokens must be identical. (With `alpha > 0` one beam
+# lower and can only fall): the tokens must be identical. (With $\alpha > 0$ one beam
 # may go on past greedy's EOS to a longer output that scores better.)
 
 # %%
@@ -527,4 +527,4 @@ print(f"Check passed: our loop == attn.train for {PROBE} steps; label smoothing 
 # 2. Why can a model's greedy translations run long (look at the table's lengths: in
 #    this run, whose did?), and why does beam search repair much of that?
 # 3. Why is beam search with one beam and no length penalty exactly greedy decoding,
-#    but not with `alpha > 0`?
+#    but not with $\alpha > 0$?

@@ -72,14 +72,14 @@ for hyp in ("the the the the the the the", "the cat the cat on the mat", "the ca
           f"clipped precision of orders 1-4: " + " ".join(f"{s[n]}/{s[4 + n]}" for n in range(4)))
 
 # %% [markdown]
-# The four precisions are combined by their **geometric mean**, `exp(sum_n log p_n / 4)`:
+# The four precisions are combined by their **geometric mean**, $\exp(\sum_n \log p_n / 4)$:
 # one order with no match sends it to zero, and each order counts the same however
 # large its numbers. Precision alone rewards saying little: a hypothesis of only the
 # words it is sure of scores high. Recall is not usable with several references, so
 # BLEU instead multiplies by a **brevity penalty** when the hypothesis is shorter than
 # the reference: with `c` the hypothesis length and `r` the reference length,
 #
-# `BP = 1` if `c > r`, else `exp(1 - r / c)`, and `BLEU = BP * exp(sum_n log p_n / 4)`
+# `BP = 1` if `c > r`, else $\exp(1 - r / c)$, and $\mathrm{BLEU} = \mathrm{BP} \cdot \exp(\sum_n \log p_n / 4)$
 # (times `100`, by convention).
 #
 # ## 2. Corpus BLEU, not an average of sentences
@@ -187,8 +187,8 @@ for name in systems:
 # chrF (Popović 2015) works on **characters**: the n-grams of orders `1 .. 6` of each
 # sentence with the spaces removed. For each order it computes precision and recall
 # (again from statistics summed over the corpus), averages them over the orders, and
-# combines them as an F-score that weighs recall `beta = 2` times as much as
-# precision: `F = (1 + beta^2) P R / (beta^2 P + R)`. It gives partial credit for a
+# combines them as an F-score that weighs recall $\beta = 2$ times as much as
+# precision: $F = (1 + \beta^2) P R / (\beta^2 P + R)$. It gives partial credit for a
 # word with the right stem and the wrong ending, which word-level BLEU does not;
 # `attn.evaluate` reports it next to BLEU.
 

@@ -283,7 +283,7 @@ for j, t in enumerate(tgt_tokens):
 # ## Check
 #
 # These fail if the library's attention were wrong: future positions leaking into
-# the decoder's self-attention, weights that do not sum to 1, padding that receives
+# the decoder's self-attention, weights that do not sum to 1 ($\sum_j w_{ij} \ne 1$), padding that receives
 # weight, or a "trained" model whose cross-attention carries no alignment at all.
 
 # %%

@@ -244,7 +244,7 @@ show_figure(fig, "18_figure_5.png")
 # ## Check
 #
 # These fail if the weights drawn were not the model's (the recomputation from the
-# layers would differ), if rows did not sum to 1, or if the statistics were not
+# layers would differ), if rows did not sum to 1 ($\sum_j w_{ij} \ne 1$), or if the statistics were not
 # computed from probability distributions; and if the claims about heads stopped
 # holding: figure 5 needs two heads with different jobs, and each of them must put
 # clearly more weight on its job than uniform attention would: the clearer one half as

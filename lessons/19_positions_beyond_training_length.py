@@ -51,7 +51,7 @@ T0 = time.time()
 #
 # **"Adding the positional encoding is the residual connection"** (another, from
 # study summaries). A
-# residual connection adds a layer's *input* to its *output*, `x + F(x)`, so that
+# residual connection adds a layer's *input* to its *output*, $x + F(x)$, so that
 # the identity path carries both the signal and the gradient around `F`. Adding the
 # positional encoding adds a fixed table to the input of the whole stack; there is no
 # `F` to go around. What the two share is only that a sum passes its gradient to both
@@ -173,7 +173,7 @@ show_figure(fig, "19_positions_beyond_training.png")
 # random initial values (checked below, exactly), so the decoder queries and encoder
 # keys at those positions are noise to the attention that learned to match positions.
 # The sinusoidal model's encodings past `L_TRAIN` are the same smooth functions it was
-# trained on, and `PE(pos + k)` is the same rotation of `PE(pos)` at every `pos`
+# trained on, and $PE(pos + k)$ is the same rotation of $PE(pos)$ at every $pos$
 # (lesson 3), so what it learned about "the next position" can carry over, at least
 # for a while.
 #

@@ -4,7 +4,7 @@
 # Table 3 of the paper changes one thing at a time in the base model and reports
 # the development-set perplexity and BLEU:
 #
-# * (A) the number of heads `h` at constant compute (`d_k = d_v = d_model / h`):
+# * (A) the number of heads $h$ at constant compute ($d_k = d_v = d_{\text{model}} / h$):
 #   one head is 0.9 BLEU worse than the best, too many heads also hurt;
 # * (B) a smaller key size `d_k` hurts;
 # * (C) bigger models (depth, width, `d_ff`) are better;

@@ -77,17 +77,17 @@ print(f"the misprinted copies give the big model {MISPRINT_BIG:.1e}: {paper_runs
 #
 # | where | products | FLOPs |
 # |---|---|---|
-# | encoder self-attention, per layer | `W^Q, W^K, W^V, W^O`; `Q K^T`; weights @ `V` | `4 * 2 N_s D^2 + 2 * 2 B S^2 D` |
+# | encoder self-attention, per layer | $W^Q, W^K, W^V, W^O$; $Q K^\top$; weights @ `V` | $4 \cdot 2 N_s D^2 + 2 \cdot 2 B S^2 D$ |
 # | encoder FFN, per layer | `W_1`, `W_2` | `2 * 2 N_s D F` |
-# | decoder self-attention, per layer | as the encoder's, over `T` | `4 * 2 N_t D^2 + 2 * 2 B T^2 D` |
-# | cross-attention, per layer | `W^Q, W^O` on the target; `W^K, W^V` on the memory; `T x S` scores | `2 * 2 N_t D^2 + 2 * 2 N_s D^2 + 2 * 2 B T S D` |
+# | decoder self-attention, per layer | as the encoder's, over `T` | $4 \cdot 2 N_t D^2 + 2 \cdot 2 B T^2 D$ |
+# | cross-attention, per layer | $W^Q, W^O$ on the target; $W^K, W^V$ on the memory; `T x S` scores | $2 \cdot 2 N_t D^2 + 2 \cdot 2 N_s D^2 + 2 \cdot 2 B T S D$ |
 # | decoder FFN, per layer | `W_1`, `W_2` | `2 * 2 N_t D F` |
-# | output projection | decoder output @ `E^T` | `2 N_t D V` |
+# | output projection | decoder output @ $E^\top$ | `2 N_t D V` |
 #
 # (Heads do not change the count: `H` heads of width `D/H` do the work of one of
 # width `D`, lesson 6.) A training step is about three times the forward pass: the
-# backward of each product `C = A B` is two products of the same size, `dA = dC B^T`
-# and `dB = A^T dC`. Layer norms, softmaxes, dropout and the optimizer add a few
+# backward of each product `C = A B` is two products of the same size, $dA = dC B^\top$
+# and $dB = A^\top dC$. Layer norms, softmaxes, dropout and the optimizer add a few
 # operations per number, negligible in FLOPs (though not in time on a CPU, as we
 # will see).
 

@@ -185,7 +185,7 @@ print(f"the two NumPy versions agree to {ln_err:.1e}")
 # gradient. (`tests/test_fast.py` does the same for every option: dropout, pre-norm,
 # learned positions, separate embeddings.) We compare each gradient relative to the
 # largest one: one kind of parameter has a gradient that is exactly zero in exact
-# arithmetic, the key projections' bias `b_k`. It adds `q . b_k` to every score of a
+# arithmetic, the key projections' bias `b_k`. It adds $q \cdot b_k$ to every score of a
 # query alike, and the softmax does not change when all its inputs shift by the same
 # amount; both paths return rounding noise there, which no per-parameter relative
 # comparison could match.

@@ -48,12 +48,13 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # Write the batch's loss as the mean over its `N` real target tokens and split the tokens
 # among the ranks, `n_r` on rank `r`:
 #
-#     L = (1/N) sum_tokens l_t = sum_r (n_r / N) * [ (1/n_r) sum_{t on r} l_t ] = sum_r (n_r / N) L_r
+# $$L = \frac{1}{N} \sum_{\text{tokens}} l_t = \sum_r \frac{n_r}{N} \Big[ \frac{1}{n_r} \sum_{t \text{ on } r} l_t \Big]
+#   = \sum_r \frac{n_r}{N} L_r \tag{23.1}$$
 #
 # Each rank computes `L_r`, the mean over its own tokens, and its gradient. The gradient of
-# the batch is the sum over ranks of `(n_r / N) * grad L_r`: weighted by token counts, then
+# the batch is the sum over ranks of $(n_r / N) \nabla L_r$: weighted by token counts, then
 # **summed**. The tempting alternative, average the ranks' gradients (what an all-reduce
-# with "mean" gives), is `sum_r (1/R) grad L_r`: it weighs a token on a rank with few tokens
+# with "mean" gives), is $\sum_r (1/R) \nabla L_r$: it weighs a token on a rank with few tokens
 # more than a token on a rank with many. Only when every rank holds the same number of real
 # tokens do the two agree, and with padding-heavy batches they almost never do.
 #

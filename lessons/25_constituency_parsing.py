@@ -234,8 +234,8 @@ print(f"trained {metrics['steps']} steps in {metrics['train_seconds']:.1f} s; "
 # ## 4. Parsing the test set
 #
 # Decode with greedy search and with beam search. Section 6.3 used a beam of 21 and
-# `alpha = 0.3` for parsing; a beam of that width costs more than this quick run
-# should, so we use a narrower beam (printed) with the paper's `alpha`.
+# $\alpha = 0.3$ for parsing; a beam of that width costs more than this quick run
+# should, so we use a narrower beam (printed) with the paper's $\alpha$.
 
 # %%
 BEAM = 4 if QUICK else 21
@@ -307,7 +307,7 @@ fig.tight_layout(); show_figure(fig, "25_parsing.png")
 # attention and residuals, learning rates and beam size tuned on the development
 # set, all other parameters unchanged from the English-to-German base model. At
 # inference the maximum output length was input length + 300 (a tree is several
-# times longer than its sentence, as above), with a beam of 21 and `alpha = 0.3`.
+# times longer than its sentence, as above), with a beam of 21 and $\alpha = 0.3$.
 #
 # Table 4's results on section 23 of the WSJ, in F1: **91.3** trained on the WSJ
 # only, **92.7** semi-supervised. In the paper's words, better than all previously
