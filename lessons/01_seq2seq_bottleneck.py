@@ -4,7 +4,7 @@
 # "Attention Is All You Need" opens (section 1) with the models it replaces:
 # recurrent encoder-decoders. "Recurrent models typically factor computation along
 # the symbol positions of the input and output sequences ... they generate a
-# sequence of hidden states `h_t`, as a function of the previous hidden state
+# sequence of hidden states $h_t$, as a function of the previous hidden state
 # $h_{t-1}$ and the input for position `t`."
 #
 # The first such translators (Sutskever et al. 2014; Cho et al. 2014) worked like this:
@@ -17,6 +17,10 @@
 #   && (y_{t-1}\text{: previous target token})\\
 # \text{output:}\quad & p(y_t \mid y_{<t}, \text{source}) = \mathrm{softmax}(s_t W_o + b_o)
 # \end{aligned} \tag{1.1}$$
+#
+# (The formulas of these lessons are written in the paper's notation; [the notation
+# page](../notation.md), `book/notation.md` in the repository, maps each symbol to its
+# name in the code and explains the equation numbers.)
 #
 # Everything the decoder knows about the source has to pass through `c`, a vector
 # of fixed size `H`, however long the sentence. That is the **bottleneck**. Cho et
@@ -332,9 +336,37 @@ print(f"Check passed in {time.time() - T0:.1f} s.")
 #
 # 1. Why does the recurrent encoder-decoder's accuracy fall as the sequences get
 #    longer, and which tokens does it lose first? Why those?
+#
+#    <details><summary>Answer</summary>
+#
+#    Everything the decoder learns about the source must pass through the context vector
+#    $c = h_S$ of fixed size `H` (equation 1.1); a longer sequence has more to fit into
+#    the same numbers, and each token must survive more recurrent steps. The first source
+#    tokens are lost first: the output is the source reversed, so the last outputs need
+#    the tokens read longest before $c$ was formed (the right panel of the figure).
+#
+#    </details>
+#
 # 2. In Sutskever et al.'s design the context vector is the decoder's first hidden
 #    state; what do Cho et al. change, and does that remove the bottleneck?
+#
+#    <details><summary>Answer</summary>
+#
+#    Cho et al. feed $c$ to *every* decoder step (and to the output layer), not only as
+#    the first hidden state, so the decoder cannot forget it. It does not remove the
+#    bottleneck: $c$ is still one vector of fixed size, however long the sentence.
+#
+#    </details>
+#
 # 3. Why does the task reverse *random* tokens rather than real words?
+#
+#    <details><summary>Answer</summary>
+#
+#    So that nothing about the tokens helps: the model cannot guess a token from its
+#    neighbours or from a language model of real words, and every error measures what the
+#    context vector lost. The task's difficulty then depends only on the length.
+#
+#    </details>
 
 
 # %% [markdown]

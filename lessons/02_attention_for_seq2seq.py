@@ -441,10 +441,39 @@ print(f"Check passed in {time.time() - T0:.1f} s.")
 #
 # 1. At decoder step `t`, how many scores does Luong attention compute, and against
 #    which states? What is misleading about writing the score as $s_t \cdot h_t$?
+#
+#    <details><summary>Answer</summary>
+#
+#    One score per encoder state: $S$ scores at step $t$, of the decoder state $s_t$
+#    against each encoder state $h_1, \dots, h_S$. Writing $s_t \cdot h_t$ suggests one
+#    score against the encoder state of the *same* index; the score is $s_t \cdot h_j$
+#    for every source position $j$, and $t$ and $j$ run over different sentences.
+#
+#    </details>
+#
 # 2. Why can Luong's attention run the decoder RNN over all steps first and attend
 #    afterwards, while Bahdanau's cannot?
+#
+#    <details><summary>Answer</summary>
+#
+#    Luong's attention uses the current state $s_t$, and its attentional output is not
+#    fed back into the recurrence (this lesson leaves input feeding out), so all $s_t$
+#    can be computed first and attended to in one matrix product. Bahdanau's scores use
+#    the previous state $s_{t-1}$ and feed the context back into the next step, so each
+#    step must wait for the attention of the one before.
+#
+#    </details>
+#
 # 3. Which two changes turn steps 1-3 of this lesson into the Transformer's scaled
 #    dot-product attention?
+#
+#    <details><summary>Answer</summary>
+#
+#    Divide the scores by $\sqrt{d_k}$ (the scaling of equation 1), and let queries, keys
+#    and values be learned projections of the states rather than the states themselves:
+#    then steps 1-3 compute $\mathrm{softmax}(Q K^\top / \sqrt{d_k}) V$.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -353,9 +353,37 @@ print("Check passed: the table matches the formula; PE(pos+k) = PE(pos) @ M_k wi
 #
 # 1. Which columns of the table share one angle, and what does that make of each
 #    pair of columns?
+#
+#    <details><summary>Answer</summary>
+#
+#    Columns $2i$ and $2i+1$ share the angle $pos / 10000^{2i/d_{\text{model}}}$: the
+#    even column is its sine, the odd its cosine. Each pair of columns is therefore a
+#    point on the unit circle turning at its own frequency $w_i$ as $pos$ grows.
+#
+#    </details>
+#
 # 2. Why is `PE(pos + k)` a linear function of `PE(pos)`, and why does the matrix
 #    not depend on `pos`?
+#
+#    <details><summary>Answer</summary>
+#
+#    By the angle-addition formulas (equation 3.1), each pair of $PE(pos + k)$ is the
+#    pair of $PE(pos)$ rotated by the angle $w_i k$. The rotation's entries are
+#    $\cos w_i k$ and $\sin w_i k$: they depend on the offset $k$ and the frequency,
+#    never on $pos$, so one matrix $M_k$ serves every position.
+#
+#    </details>
+#
 # 3. What are the fast pairs good for, and what are the slow pairs good for?
+#
+#    <details><summary>Answer</summary>
+#
+#    The fast pairs (small $i$, high frequency) change a lot from one position to the
+#    next, so they tell neighbours apart, but they wrap around after a few positions. The
+#    slow pairs (large $i$) change little between neighbours but keep distinct values
+#    over long spans, so they tell far-apart positions and coarse location apart.
+#
+#    </details>
 
 
 # %% [markdown]

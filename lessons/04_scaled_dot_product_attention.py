@@ -352,10 +352,42 @@ print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
 # 1. If the components of `q` and `k` are independent with mean 0 and variance 1,
 #    what is the variance of $q \cdot k$, and what does dividing by $\sqrt{d_k}$ do to
 #    it?
+#
+#    <details><summary>Answer</summary>
+#
+#    $q \cdot k = \sum_{i=1}^{d_k} q_i k_i$ is a sum of $d_k$ independent terms of mean 0
+#    and variance $\mathbb{E}[q_i^2]\mathbb{E}[k_i^2] = 1$, so its variance is $d_k$.
+#    Dividing by $\sqrt{d_k}$ divides the variance by $d_k$: the scaled scores have
+#    variance 1 whatever $d_k$ is.
+#
+#    </details>
+#
 # 2. Using softmax's backward, explain why a nearly one-hot softmax passes almost no
 #    gradient back to the queries and keys.
+#
+#    <details><summary>Answer</summary>
+#
+#    Softmax's backward is $dx = y \odot (dy - \sum_j dy_j\, y_j)$ (lesson 8,
+#    equation 8.2). When $y$ is nearly one-hot, every $y_j$ off the peak is near zero,
+#    and at the peak $y_j \approx 1$ makes $dy_j - \sum dy\, y \approx dy_j - dy_j = 0$.
+#    So $dx$ is near zero everywhere, and the scores, hence the queries and keys, receive
+#    almost no gradient.
+#
+#    </details>
+#
 # 3. Why does the library fill masked scores with the most negative finite number
 #    instead of `-inf`, and what does a fully masked row give?
+#
+#    <details><summary>Answer</summary>
+#
+#    With $-\infty$ a fully masked row computes
+#    $\exp(-\infty - (-\infty)) = \exp(\mathrm{NaN})$: the row's maximum is itself
+#    $-\infty$, and the NaN spreads through the model. The most negative finite number
+#    keeps the arithmetic finite; the library then sets the masked outputs to exactly
+#    zero, so a fully masked row gives all-zero weights (and an all-zero output), not NaN
+#    and not a uniform row.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -321,10 +321,39 @@ print(f"Check passed: loop == reshape (forward {fwd_diff:.1e}, backward {max(bwd
 #
 # 1. Why do `h` heads of width `d_model / h` cost the same parameters and multiply-
 #    adds as one head of full width? What does grow with `h`?
+#
+#    <details><summary>Answer</summary>
+#
+#    Each head projects to width $d_k = d_{\text{model}}/h$, so the $h$ heads'
+#    projections together are $d_{\text{model}} \times d_{\text{model}}$ matrices, the
+#    size of one full-width head's; the score and weighted-sum products cost
+#    $h \cdot n^2 \cdot D/h = n^2 D$ either way. What grows with $h$ is the number of
+#    attention-weight tables: the $h n^2$ weights kept for backward.
+#
+#    </details>
+#
 # 2. Is $W^O$ one matrix per head? How does head `i`'s output reach every output
 #    dimension?
+#
+#    <details><summary>Answer</summary>
+#
+#    No: $W^O$ is one $h d_v \times d_{\text{model}}$ matrix. Row block $i$ of it
+#    multiplies head $i$'s output, and that block has $d_{\text{model}}$ columns, so head
+#    $i$ reaches every output dimension; the heads' contributions are summed there.
+#
+#    </details>
+#
 # 3. Four heads attend to four relative positions at once; what would one head have
 #    to do instead, and what would its output be?
+#
+#    <details><summary>Answer</summary>
+#
+#    One head has one softmax per query: to look at four relative positions it would have
+#    to spread its weight over the four, and its output would be the *average* of the
+#    four values, mixed into one vector, from which the next layer cannot recover which
+#    position said what. Four heads keep the four values apart until $W^O$ combines them.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -355,11 +355,42 @@ print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs resid
 #
 # 1. Why would a ReLU after the feed-forward network's second linear map be a
 #    problem for the residual stream?
+#
+#    <details><summary>Answer</summary>
+#
+#    The residual stream adds the sub-layer's output to $x$; with a ReLU last, the FFN
+#    could only *add* non-negative numbers, never lower a feature. Each layer could then
+#    push the stream one way only, and the features would drift upwards through the
+#    stack.
+#
+#    </details>
+#
 # 2. In the gradient-flow experiment, why does post-norm keep the gradient at the
 #    first layer at a usable size, and why is layer norm alone not enough once
 #    training changes the sub-layers?
+#
+#    <details><summary>Answer</summary>
+#
+#    After each residual sum, layer norm rescales the activations to unit variance, so
+#    the gradient passing back through each block is rescaled too and neither explodes
+#    nor vanishes with depth. But layer norm only fixes the size of the forward
+#    activations: once training changes the sub-layers, the part of the gradient that
+#    passes through them changes, and it is the residual path, the identity in
+#    $x + F(x)$, that keeps a direct route for the gradient to the first layer.
+#
+#    </details>
+#
 # 3. Why is layer norm, rather than batch norm, the right normalisation for padded
 #    batches of sentences?
+#
+#    <details><summary>Answer</summary>
+#
+#    Batch norm normalises each feature over all the tokens of the batch, so a sentence's
+#    result depends on the other sentences and on how much padding they bring. Layer norm
+#    normalises each token over its own features: a token's output depends on nothing
+#    else in the batch, and padding changes nothing for the real tokens.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -148,7 +148,7 @@ check_and_report("layer_norm (broken backward)", layer_norm_forward, layer_norm_
 #
 # * `out = w v`: a matrix product, so $dv = w^\top \mathit{dout}$ and $dw = \mathit{dout} v^\top$;
 # * $w = \mathrm{softmax}(s)$: `ds = w * (dw - sum(dw * w))` (section 1);
-# * $s = q k^\top c$: `dq = c ds k` and $dk = c ds^\top q$.
+# * $s = q k^\top c$: $dq = c\, ds\, k$ and $dk = c\, ds^\top q$.
 #
 # That is `attention_backward`. The mistake here: dropping the scale `c` in the last
 # step (it "is just a constant"). The gradients point the right way and are
@@ -358,10 +358,44 @@ print(f"Check passed: {len(corr)} correct gradients, largest rel error {max(corr
 #
 # 1. Derive softmax's backward, `dx = y * (dy - sum(dy * y))`, without writing the
 #    Jacobian.
+#
+#    <details><summary>Answer</summary>
+#
+#    With $y_i = e^{x_i}/\sum_k e^{x_k}$, a change of $x_j$ changes every $y_i$ by
+#    $\partial y_i/\partial x_j = y_i(\delta_{ij} - y_j)$. Then
+#    $\partial L/\partial x_j = \sum_i dy_i\, y_i(\delta_{ij} - y_j) = y_j dy_j - y_j \sum_i dy_i\, y_i$,
+#    which is $dx = y \odot (dy - \sum_i dy_i y_i)$ (equation 8.2): one dot product per
+#    row, no Jacobian.
+#
+#    </details>
+#
 # 2. Why is the true gradient of the key bias $b^K$ exactly zero, and how does
 #    `rel_error` keep that from failing the check?
+#
+#    <details><summary>Answer</summary>
+#
+#    The bias $b^K$ adds the same number $q \cdot b^K$ to every score of a query's row,
+#    and softmax ignores a constant shift of its row, so the output does not depend on
+#    $b^K$ and its gradient is exactly zero. The backward returns rounding noise around 0
+#    and the central difference finite-difference noise; their ratio is meaningless
+#    (about 1), so `rel_error` falls back to the absolute difference when both norms are
+#    below its `zero` threshold, and two near-zero gradients agree.
+#
+#    </details>
+#
 # 3. Why do gradient checks run in float64? What goes wrong with a central
 #    difference in float32 at `h = 1e-6`?
+#
+#    <details><summary>Answer</summary>
+#
+#    The central difference has truncation error $O(h^2)$ and rounding error about
+#    $\epsilon/h$ (machine epsilon $\epsilon$). In float64 ($\epsilon$ about 1e-16) a
+#    step of 1e-6 gives errors far below the check's tolerance. In float32 ($\epsilon$
+#    about 1e-7) the rounding term $\epsilon/h$ at $h = 10^{-6}$ is about a tenth: the
+#    difference of two nearly equal values loses all its digits, and a correct backward
+#    would fail.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -431,11 +431,42 @@ print(f"Check passed: parameter counts equal the formula (base {n_base:,}; untie
 #
 # 1. What are the decoder's three sub-layers, and which one reads the encoder's
 #    output? What is the shape of its weights?
+#
+#    <details><summary>Answer</summary>
+#
+#    Masked self-attention over the target, encoder-decoder (cross-) attention, and the
+#    feed-forward network. Cross-attention reads the encoder's output (the memory) as its
+#    keys and values; its weights are the same shapes as self-attention's: four
+#    $d_{\text{model}} \times d_{\text{model}}$ matrices $W^Q, W^K, W^V, W^O$ with their
+#    biases.
+#
+#    </details>
+#
 # 2. The library counts fewer parameters for the base model than Table 3's 65M.
 #    Which part of the model explains the gap, and why are the layers not in
 #    question?
+#
+#    <details><summary>Answer</summary>
+#
+#    The shared embedding matrix, $V \times d_{\text{model}}$. The layer formula predicts
+#    how every row of Table 3 changes, and fitting each row's count leaves an embedding
+#    of a vocabulary somewhat larger than section 5.1's, so the difference is embedding
+#    rows; the layers' count agrees with every variant.
+#
+#    </details>
+#
 # 3. The shared embedding is used three times. Which use gives a gradient to *every*
 #    row, and why must the three gradients be added?
+#
+#    <details><summary>Answer</summary>
+#
+#    The output projection (the pre-softmax linear map) gives a gradient to every row:
+#    the softmax's gradient reaches every vocabulary entry at every position. The two
+#    embedding lookups give gradients only to the rows of tokens in the batch. The same
+#    matrix is used three times, so by the chain rule its gradient is the sum of the
+#    three uses' gradients.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -491,7 +491,38 @@ print(f"Check passed in {time.time() - T0:.1f} s.")
 #
 # 1. With the constants counted in this lesson, for which sequence lengths is self-
 #    attention's mixing cheaper than a recurrent layer's?
+#
+#    <details><summary>Answer</summary>
+#
+#    Counting the mixing terms, self-attention costs $2 n^2 d$ and a plain recurrent
+#    layer $n d^2$, so self-attention is cheaper while $n < d/2$ (against an LSTM's four
+#    gates, while $n < 2d$). The order-of-magnitude statement of section 4 is "cheaper
+#    when $n < d$".
+#
+#    </details>
+#
 # 2. What is the maximum path length between two positions for self-attention, a
 #    recurrent layer and a stack of contiguous convolutions?
+#
+#    <details><summary>Answer</summary>
+#
+#    Self-attention: $O(1)$, every position attends to every other in one layer.
+#    Recurrent: $O(n)$, the signal passes through every step in between. Contiguous
+#    convolutions of width $k$: $O(n/k)$ layers, or $O(\log_k n)$ with dilated
+#    convolutions.
+#
+#    </details>
+#
 # 3. Why is "cut the sentence into `n/r` blocks and attend within each block" not
 #    the paper's restricted self-attention, and what would it do to the path length?
+#
+#    <details><summary>Answer</summary>
+#
+#    Blocks cut the sentence so that two neighbours on either side of a boundary never
+#    meet, and a position near the start of a block sees nothing to its left. The paper's
+#    restricted self-attention is a window of size $r$ *centred on each position*: every
+#    position sees its $r$ nearest neighbours, and the maximum path length is $O(n/r)$.
+#    With blocks, positions in different blocks are never connected at all, in any number
+#    of layers: the path length is infinite.
+#
+#    </details>

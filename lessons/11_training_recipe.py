@@ -415,10 +415,43 @@ print(f"Check passed: schedules peak at step == warmup with d^-0.5 w^-0.5; the s
 #
 # 1. At which step does the learning rate of equation (3) peak, and why does a
 #    longer warm-up give a *lower* peak?
+#
+#    <details><summary>Answer</summary>
+#
+#    At $\mathit{step} = \mathit{warmup\_steps}$, where the two branches of the $\min$ in
+#    equation (3) cross. The peak is $d_{\text{model}}^{-0.5} \cdot w^{-0.5}$
+#    (equation 11.1): after the peak every schedule joins the same curve
+#    $d_{\text{model}}^{-0.5}\mathit{step}^{-0.5}$, which falls with $\mathit{step}$, so
+#    the later the warm-up ends the lower the point at which it joins.
+#
+#    </details>
+#
 # 2. With label smoothing $\epsilon_{ls}$, what target does the loss use, which probability
 #    does it pull `p[y]` towards, and why do the logits stay finite?
+#
+#    <details><summary>Answer</summary>
+#
+#    The target is $q = (1 - \epsilon_{ls})\, \mathrm{onehot}(y) + \epsilon_{ls}/V$
+#    (equation 11.2). The loss is lowest when $p = q$, so it pulls $p[y]$ towards
+#    $1 - \epsilon_{ls} + \epsilon_{ls}/V$, not 1. Reaching probability 1 would need an
+#    infinite gap between logits; reaching $q$ needs only the finite gap
+#    $\log(q[y]/q[\mathit{other}])$, so the logits stay finite.
+#
+#    </details>
+#
 # 3. What does Adam's bias correction do to the first steps, and why does $\beta_2 =
 #    0.98$ recover faster than 0.999 when the gradient's scale changes?
+#
+#    <details><summary>Answer</summary>
+#
+#    Both running means start at zero; the corrections divide them by $1 - \beta_1^t$ and
+#    $1 - \beta_2^t$, so the first steps are full-size (at step 1 the update is
+#    $\mathit{lr} \cdot g/(|g| + \epsilon)$) instead of too small or too large. $v_t$
+#    averages over about $1/(1 - \beta_2)$ steps: that is 50 steps for $\beta_2 = 0.98$
+#    against a thousand for 0.999, so after a change in the gradient's scale the estimate
+#    catches up twenty times sooner.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -319,10 +319,39 @@ print(f"Check passed in {time.time() - T0:.1f} s: dropout keeps E[x], its backwa
 # Answer these from the lesson and what it printed:
 #
 # 1. Why does inverted dropout need no rescaling at evaluation time?
+#
+#    <details><summary>Answer</summary>
+#
+#    Inverted dropout divides the kept activations by the keep probability $1 - P_{drop}$
+#    during training, so each activation's expected value is the same as without dropout.
+#    At evaluation nothing is dropped and nothing needs scaling.
+#
+#    </details>
+#
 # 2. Where does section 5.4 apply residual dropout, and what changes if dropout is
 #    put on the sub-layer's *input* instead?
+#
+#    <details><summary>Answer</summary>
+#
+#    On the output of each sub-layer, before it is added to the sub-layer's input and
+#    normalised, and on the sums of the embeddings and the positional encodings. Dropout
+#    on the sub-layer's *input* would also drop the residual path: the identity $x$ would
+#    be damaged too, where section 5.4 leaves it intact and drops only the sub-layer's
+#    contribution.
+#
+#    </details>
+#
 # 3. Section 5.4 announces three regularisers and describes two. Which two, and
 #    where is the third in the library?
+#
+#    <details><summary>Answer</summary>
+#
+#    Residual dropout and label smoothing. The third, dropout on the attention weights
+#    (from an earlier version of the paper), is in the library as
+#    `TransformerConfig(attention_dropout=...)`, the `dropout` argument of lesson 4's
+#    `attention_forward`, off by default.
+#
+#    </details>
 
 
 # %% [markdown]

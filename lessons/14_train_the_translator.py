@@ -524,7 +524,41 @@ print(f"Check passed: our loop == attn.train for {PROBE} steps; label smoothing 
 #
 # 1. Name the six lines of a training step. What does `attn.train` add around them,
 #    and how did the lesson check that its step is the same?
+#
+#    <details><summary>Answer</summary>
+#
+#    A batch; the forward pass; the loss with `dlogits`; the backward pass; an Adam step
+#    with the schedule; a log line. `attn.train` adds the batching by length, checkpoints
+#    and their averaging, evaluation, dropout seeds per step and resuming; the lesson ran
+#    its own loop and the library's from the same start and compared the results, which
+#    were the same.
+#
+#    </details>
+#
 # 2. Why can a model's greedy translations run long (look at the table's lengths: in
 #    this run, whose did?), and why does beam search repair much of that?
+#
+#    <details><summary>Answer</summary>
+#
+#    A greedy decoder never takes back a word: once it takes a wrong turn or misses the
+#    end-of-sentence token it keeps going, repeating or adding words, until the length
+#    limit (the table's lengths show which model did it in this run). Beam search keeps
+#    several candidates and ranks finished ones by their whole probability, so a
+#    translation that ends at the right place wins over a long one that had one likely
+#    word at an early step. Beam search is built in lesson 15.
+#
+#    </details>
+#
 # 3. Why is beam search with one beam and no length penalty exactly greedy decoding,
 #    but not with $\alpha > 0$?
+#
+#    <details><summary>Answer</summary>
+#
+#    With one beam the search keeps the single most probable continuation at every step,
+#    which is greedy decoding, and with $\alpha = 0$ the length penalty is
+#    $\mathit{lp}(Y) = 1$, so the ranking of finished hypotheses is by probability alone,
+#    as greedy's. With $\alpha > 0$ the ranking divides by $\mathit{lp}(Y)$, so a
+#    finished short hypothesis can lose to a longer one the greedy path would not have
+#    chosen, and the outputs may differ.
+#
+#    </details>

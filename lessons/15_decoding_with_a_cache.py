@@ -488,11 +488,40 @@ print(f"Check passed in {time.time() - T0:.1f} s: cached and uncached decoding a
 #
 # 1. Why may the new position's query attend to every cached key without a
 #    look-ahead mask, when training needs one?
+#
+#    <details><summary>Answer</summary>
+#
+#    The cache holds only positions already produced, all earlier than the new one: there
+#    is nothing later to hide. In training the whole target is present at once, so the
+#    mask is what hides the later positions.
+#
+#    </details>
+#
 # 2. The cross-attention keys and values are computed once, the self-attention ones
 #    grow. What would change if the decoder's self-attention were not causal (if
 #    position `j` could see later positions)? Could it still be cached?
+#
+#    <details><summary>Answer</summary>
+#
+#    Every position's keys and values would depend on later tokens, so each new token
+#    would change the keys and values of all earlier positions: the cache would be stale
+#    after every step and all positions would have to be recomputed. Causality is what
+#    lets earlier keys and values stay fixed and be cached.
+#
+#    </details>
+#
 # 3. In beam search, why must the cache be reordered with `select` after each step,
 #    and why can a row appear twice in the new order?
+#
+#    <details><summary>Answer</summary>
+#
+#    After a step, the surviving hypotheses are not in the old order: the best
+#    continuations may come from any beams. The cached keys and values must follow their
+#    hypotheses, so the cache rows are gathered by the index of each new hypothesis's
+#    parent. One parent can have two good continuations, so its row is copied to two
+#    places in the new order.
+#
+#    </details>
 
 # %% [markdown]
 # ## Exercise

@@ -387,7 +387,37 @@ print(f"Check passed in {time.time() - T0:.1f} s: BLEU and chrF by hand equal sa
 # 1. A hypothesis repeats the reference's most frequent word as many times as the
 #    reference has words. What are its clipped unigram precision and its brevity
 #    penalty?
+#
+#    <details><summary>Answer</summary>
+#
+#    Its clipped unigram precision is the count of that word in the reference divided by
+#    the reference's length (the matches are clipped to the reference's count). Its
+#    length equals the reference's, so the brevity penalty is $\mathrm{BP} = 1$.
+#
+#    </details>
+#
 # 2. Why is corpus BLEU not the mean of the sentence BLEU scores, and which of the two
 #    punishes a single sentence with no matching 4-gram harder?
+#
+#    <details><summary>Answer</summary>
+#
+#    Corpus BLEU adds up the clipped $n$-gram counts of all sentences before taking the
+#    precisions and their geometric mean, and applies one brevity penalty to the total
+#    lengths; the mean of sentence scores does not. A sentence with no matching 4-gram
+#    has $p_4 = 0$ and its sentence BLEU is 0 (the geometric mean of precisions with a
+#    zero is zero), so the mean of sentence BLEU punishes it much harder; in corpus BLEU
+#    it only lowers the totals.
+#
+#    </details>
+#
 # 3. Two papers report BLEU scores half a point apart on the same test set. What would
 #    you need to know before concluding that the first system is better?
+#
+#    <details><summary>Answer</summary>
+#
+#    How the BLEU was computed (tokenisation, casing, which tool and settings, one
+#    reference or several), that the test set and preprocessing were the same, and how
+#    much a score varies between training runs or seeds: half a point can be within that
+#    noise. A significance test or several runs would tell.
+#
+#    </details>

@@ -359,7 +359,34 @@ print(f"Check passed: all {len(base_seeds) + len(results)} runs train (val cross
 #
 # 1. Why does each variant keep the seed and the order of the batches of the base
 #    run?
+#
+#    <details><summary>Answer</summary>
+#
+#    So that the only difference between a variant and the base is the one thing changed:
+#    with the same initialisation and the same data order, a difference in the result
+#    cannot come from different luck in the seed or the batches.
+#
+#    </details>
+#
 # 2. How does the lesson decide whether a variant's difference from the base means
 #    anything?
+#
+#    <details><summary>Answer</summary>
+#
+#    It trains the base model with other seeds and compares a variant's difference from
+#    the base with the spread of those runs: a difference within the seeds' spread is
+#    noise and means nothing.
+#
+#    </details>
+#
 # 3. Why need a tiny model trained briefly on a simple language not behave like
 #    Table 3's models?
+#
+#    <details><summary>Answer</summary>
+#
+#    Table 3's conclusions are about large models trained long on millions of real
+#    sentences, where capacity and optimisation limit the result. A tiny model trained
+#    briefly on a simple language is limited by other things (the few steps, the small
+#    data), so a change may not matter, or matter differently.
+#
+#    </details>

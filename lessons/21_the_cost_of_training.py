@@ -272,7 +272,36 @@ print(f"Check passed in {time.time() - T0:.1f} s: the shape count equals attn.be
 #
 # 1. How did the paper estimate the training cost in Table 2, and does that estimate
 #    count the operations the model needed?
+#
+#    <details><summary>Answer</summary>
+#
+#    Training time multiplied by the number of GPUs and an estimate of each GPU's
+#    sustained single-precision throughput (footnote 5). That counts the operations the
+#    GPUs *could* do in that time, not the operations the model needed: it is an upper
+#    bound for the work done.
+#
+#    </details>
+#
 # 2. Which sanity rule shows that a copy of Table 2 giving the big model less
 #    compute than the base model is wrong?
+#
+#    <details><summary>Answer</summary>
+#
+#    The big model has more parameters and trains for more steps on the same number of
+#    GPUs, so it needs more operations and more time: its cost must be larger. A copy
+#    that gives the big model less compute than the base has its numbers swapped or
+#    mistyped.
+#
+#    </details>
+#
 # 3. Why is the FLOP rate of a training step on this machine far below the machine's
 #    peak, and where does the rest of the time go?
+#
+#    <details><summary>Answer</summary>
+#
+#    A training step also spends time on memory traffic, small operations and overhead
+#    (the operations that do not use the machine's fast matrix units, copies, Python,
+#    synchronisation), and its matrix products are small: the peak rate is reached only
+#    by large matrix products.
+#
+#    </details>

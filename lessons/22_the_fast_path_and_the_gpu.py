@@ -432,7 +432,34 @@ print(f"Check passed in {time.time() - T0:.1f} s: fast path equal to the readabl
 #
 # 1. Why does fusing the layer norm speed it up on a GPU, when it does not change the
 #    number of floating-point operations?
+#
+#    <details><summary>Answer</summary>
+#
+#    Layer norm is memory-bound: each unfused step reads and writes the whole array in
+#    memory to do very little arithmetic on it. Fusing does all the steps on each row in
+#    one pass, reading the input once and writing the output once, so the memory traffic,
+#    which is the real cost, falls.
+#
+#    </details>
+#
 # 2. The toy model's step is estimated to be mostly launch overhead. What two changes
 #    to the training run would shift it towards being compute-bound?
+#
+#    <details><summary>Answer</summary>
+#
+#    Larger work per launch: bigger batches (more tokens per step) and a bigger model
+#    (wider matrices), so each kernel does more arithmetic for its fixed launch cost.
+#
+#    </details>
+#
 # 3. What does a kernel's NumPy twin let the test suite check without a GPU, and what
 #    can it not check?
+#
+#    <details><summary>Answer</summary>
+#
+#    That the kernel's algorithm gives the right numbers, against the plain layers, on
+#    any inputs, on a machine without a GPU. It cannot check that the real GPU code
+#    compiles and runs, that it uses the GPU correctly (memory, launch sizes, races), nor
+#    how fast it is.
+#
+#    </details>

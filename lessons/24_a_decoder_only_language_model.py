@@ -423,7 +423,34 @@ print(f"Check passed in {time.time() - T0:.1f} s: gradient check {errors[worst]:
 #
 # 1. Which sub-layer of the paper's decoder layer does a decoder-only model drop, and
 #    why can it not keep it?
+#
+#    <details><summary>Answer</summary>
+#
+#    Encoder-decoder (cross-) attention. A decoder-only model has no encoder, so there is
+#    no memory for it to read.
+#
+#    </details>
+#
 # 2. Why does one forward pass over a sentence train every one of its next-token
 #    predictions at once, and which mask makes that honest?
+#
+#    <details><summary>Answer</summary>
+#
+#    Every position predicts the next token from the tokens before it, and all positions
+#    are computed in parallel in one pass, so every next-token prediction of the sentence
+#    gets its loss at once. The look-ahead (causal) mask makes it honest: without it
+#    position $t$ could read $y_{t+1}$, the token it must predict.
+#
+#    </details>
+#
 # 3. Greedy decoding from `BOS` always writes the same sentence. What do temperature
 #    and top-k each change to avoid that, and what does each risk?
+#
+#    <details><summary>Answer</summary>
+#
+#    Temperature $\tau$ samples from $\mathrm{softmax}(\mathit{logits}/\tau)$: $\tau < 1$
+#    sharpens the distribution, $\tau > 1$ flattens it; too high a temperature gives
+#    incoherent text. Top-k samples only among the $k$ most probable tokens; too small a
+#    $k$ brings back repetition, too large lets unlikely tokens in.
+#
+#    </details>

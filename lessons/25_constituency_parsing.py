@@ -346,6 +346,37 @@ print(f"Check passed in {time.time() - T0:.1f} s: bracket F1 greedy {f_greedy:.1
 #
 # 1. Why do the leaves of the linearised tree need to match the sentence's words one
 #    for one, and what happens to the bracket F1 of an output with one leaf too many?
+#
+#    <details><summary>Answer</summary>
+#
+#    The tree is scored against the sentence's words by bracket spans over word
+#    positions, so a linearised tree must have exactly one leaf per word to be read as a
+#    tree of this sentence. With one leaf too many the output is not a well-formed tree
+#    of the sentence (the lesson's table counts those), and every constituent that closes
+#    after the extra leaf has its span shifted by one word, so it matches no gold
+#    constituent: the F1 loses all of them, while those closed before the extra leaf
+#    still count.
+#
+#    </details>
+#
 # 2. The flat parse has a perfect precision and yet a low F1. Why?
+#
+#    <details><summary>Answer</summary>
+#
+#    The flat parse has few brackets (only the whole sentence), and that bracket is in
+#    every gold tree, so all its brackets are right: precision is perfect. But it finds
+#    almost none of the gold brackets, so its recall is low, and F1, the harmonic mean,
+#    is low too.
+#
+#    </details>
+#
 # 3. Why did the paper raise the maximum output length from input + 50 to input + 300
 #    for parsing?
+#
+#    <details><summary>Answer</summary>
+#
+#    A linearised tree is much longer than its sentence: every word carries its tag and
+#    the brackets open and close around phrases. An output limit of input + 50 would cut
+#    long trees off before they close.
+#
+#    </details>

@@ -138,3 +138,17 @@ def test_the_rules_leave_code_alone(span):
 
 def test_count_maths():
     assert count_maths("a $x$ and $y_i$, $$z$$ and\n$$\na = b\n$$\ncosts $5 or $6") == (2, 2)
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_every_question_has_an_answer(lesson):
+    """Each numbered question under ``## Questions`` is followed by its answer, folded in a
+    ``<details><summary>Answer</summary>`` block (a toggle in the book and in Jupyter, plain
+    text in the script)."""
+    text = lesson.read_text(encoding="utf-8")
+    section = text.split("# ## Questions", 1)[1].split("# %%", 1)[0].split("\n# ## ", 1)[0]
+    questions = re.findall(r"^# \d+\. ", section, re.M)
+    answers = re.findall(r"^#\s+<details><summary>Answer</summary>$", section, re.M)
+    closed = re.findall(r"^#\s+</details>$", section, re.M)
+    assert questions and len(answers) == len(questions) == len(closed), (
+        f"{lesson.name}: {len(questions)} questions, {len(answers)} answers")
