@@ -395,9 +395,11 @@ print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
 #
 # Now write the masked `softmax` (stable for logits of 1e4, zeros on a fully masked row)
 # and scaled dot-product `attention`, forward and backward yourself. The starter
-# `lessons/exercises/04_attention.py` has the signatures, and the shapes and formulas in
-# its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
-# work:
+# `lessons/exercises/04_attention.py` has the signatures, the shapes, and the forward
+# formulas in its docstrings; its bodies raise `NotImplementedError`. The two backward
+# passes are derived in lesson 8 (sections 1 and 3): write the forwards now and the
+# backwards after lesson 8, or derive them first and check yourself against it
+# (`--layer` grades one function at a time). Fill them in, then grade your work:
 #
 #     attn-check lessons/exercises/04_attention.py
 #

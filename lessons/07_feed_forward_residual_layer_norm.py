@@ -322,8 +322,10 @@ fig.tight_layout(); show_figure(fig, "07_layer_vs_batch_norm.png")
 # * **Layer norm** uses only the token's own `d_model` numbers: A's output is the
 #   same, bit for bit, in every batch and with any padding. It works with batch
 #   size 1, at training and test time alike, and on one token at a time during
-#   incremental decoding. (A padding token normalised by LN is just a zero row
-#   divided by $\sqrt{\epsilon}$: still zero, and ignored downstream.)
+#   incremental decoding. (A zero padding row normalised by LN is a zero row
+#   divided by $\sqrt{\epsilon}$, zero again, so LN's output for it is
+#   $\gamma \odot 0 + \beta = \beta$: not zero, but ignored downstream, since no real
+#   query attends to padding and the loss skips it.)
 #
 # ## Check
 #
@@ -398,9 +400,12 @@ print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs resid
 #
 # Now write `relu`, the feed-forward network, `layer_norm`, and Add & Norm around the
 # network (`residual_ffn`), forward and backward yourself. The starter
-# `lessons/exercises/07_feed_forward_layer_norm.py` has the signatures, and the shapes
-# and formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in,
-# then grade your work:
+# `lessons/exercises/07_feed_forward_layer_norm.py` has the signatures, the shapes and
+# the forward formulas in its docstrings; its bodies raise `NotImplementedError`. The
+# layer norm's backward is derived in lesson 8 (section 2, equations 8.3 and 8.4): do it
+# after lesson 8, or derive it first (`--layer` grades one function at a time). ReLU's
+# and the network's backward need only the chain rule. Fill them in, then grade your
+# work:
 #
 #     attn-check lessons/exercises/07_feed_forward_layer_norm.py
 #

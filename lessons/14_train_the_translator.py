@@ -5,8 +5,9 @@
 # trained on the toy corpus (English -> the made-up language "tk", see
 # `data/make_toy.py`: adjectives after the noun, verbs at the end of subordinate
 # clauses, agreement, numbers said units-first), then used to translate with greedy
-# decoding and with the paper's beam search (beam 4, length penalty alpha = 0.6,
-# section 6.1), and scored with BLEU.
+# decoding and with the paper's beam search (beam 4, length penalty $\alpha = 0.6$,
+# section 6.1), and scored with BLEU. This lesson uses beam search and BLEU as tools;
+# lesson 15 builds beam search (with the decoder's cache) and lesson 16 builds BLEU.
 #
 # We first write the training step and loop ourselves, from the model of lesson 9,
 # the loss of lesson 11 and Adam; then hand the same run over to the library's
@@ -226,8 +227,9 @@ print(f"training loss: first step {train_losses[0]:.2f} (log V = {np.log(V):.2f}
 # (with the keys and values of earlier positions cached: lesson 15 builds that).
 #
 # * **Greedy** takes the most probable token at every step.
-# * **Beam search** keeps the `K = 4` best partial translations, and ranks finished
-#   ones by `log P(Y | X) / lp(Y)` with $\mathit{lp}(Y) = ((5 + |Y|) / 6)^{\alpha}$,
+# * **Beam search** (built in lesson 15, `attn.decode.beam_search`; here we only use it)
+#   keeps the `K = 4` best partial translations, and ranks finished
+#   ones by $\log P(Y \mid X) / \mathit{lp}(Y)$ with $\mathit{lp}(Y) = ((5 + |Y|) / 6)^{\alpha}$,
 #   $\alpha = 0.6$ (GNMT's length penalty; without it, every extra token lowers
 #   `log P`, so search would favour short outputs).
 
@@ -259,7 +261,8 @@ for i in range(6):
 # %% [markdown]
 # ### BLEU
 #
-# `attn.evaluate.evaluate_bleu` translates and scores with sacrebleu's corpus BLEU.
+# `attn.evaluate.evaluate_bleu` translates and scores with sacrebleu's corpus BLEU
+# (lesson 16 builds BLEU and explains what it counts; here we only use the score).
 # A trivial baseline: output the English source unchanged. The two languages share
 # almost no words (only the full stop and the comma), so copying scores nearly zero;
 # the word-by-word dictionary of `data/baseline.py` does much better, but a lookup
