@@ -22,22 +22,21 @@
 #    not *batch* norm (statistics over the batch) for padded sentences of different
 #    lengths.
 #
-# Three things tutorials and blog posts often get wrong here, checked against the paper:
+# Three things to read carefully in the paper:
 #
 # * There is **one** ReLU in the FFN, between the two linear maps; the second linear
-#   map has no activation (equation 2). A common summary says "both dense layers use
-#   ReLU". A ReLU at the end would make every sub-layer output non-negative, and the
-#   residual stream could then only ever grow in the positive direction.
-# * Another says "the residual connection and layer norm are there to prevent
-#   overfitting". They are not regularisers; the paper's regularisers are dropout
-#   and label smoothing (section 5.4). Add & Norm is about *optimisation*: getting
-#   a usable gradient to every layer and keeping activations at a stable scale,
-#   which is what part 1 measures.
-# * Batch-norm formulas copied between blog posts often mix up their limits
-#   ($\mu = 1/M \sum_{m=1}^{N}$, $\sigma^2 = 1/M \sum_{m=1}^{K}$). Batch norm averages
-#   feature `k` over the `M` examples of the mini-batch, both sums `m = 1..M`; layer
-#   norm averages over the `K` features of one example. (Summaries also often call
-#   $\sigma$ the variance; it is the standard deviation, $\sigma^2$ the variance.)
+#   map has no activation (equation 2). A ReLU at the end would make every sub-layer
+#   output non-negative, and the residual stream could then only ever grow in the
+#   positive direction.
+# * The residual connection and layer norm are not regularisers; the paper's
+#   regularisers are dropout and label smoothing (section 5.4). Add & Norm is about
+#   *optimisation*: getting a usable gradient to every layer and keeping activations
+#   at a stable scale, which is what part 1 measures.
+# * Batch norm averages feature $k$ over the $M$ examples of the mini-batch,
+#   $\mu_k = \frac{1}{M} \sum_{m=1}^{M} x_{mk}$ and
+#   $\sigma_k^2 = \frac{1}{M} \sum_{m=1}^{M} (x_{mk} - \mu_k)^2$; layer norm averages over the
+#   $K$ features of one example (equation 7.2). $\sigma$ is the standard deviation,
+#   $\sigma^2$ the variance.
 
 # %%
 import os, sys

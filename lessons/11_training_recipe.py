@@ -76,8 +76,7 @@ print(f"the base model at its last step, 100k: {base_end:.2e}, {base_end / curve
 # The library's trainer (lesson 14) can multiply the schedule by a constant
 # factor, `attn-train --lr-factor`; the shape is the paper's.
 #
-# **The learning rate is not trained.** Study summaries of the schedule sometimes
-# note "the learning rate is trained too". It is not a parameter: equation (3) is a fixed
+# **The learning rate is not trained.** It is not a parameter: equation (3) is a fixed
 # function of the step number, `d_model` and `warmup_steps`, and no gradient ever
 # reaches it. Below, two optimizers fed very different gradients for 50 steps
 # both take step 51 at exactly the rate the formula gives.

@@ -374,7 +374,7 @@ print(f"Check passed: all {len(base_seeds) + len(results)} runs train (val cross
 #    <details><summary>Answer</summary>
 #
 #    It trains the base model with other seeds and compares a variant's difference from
-#    the base with the spread of those runs: a difference within the seeds' spread is
+#    the base with the spread of those runs: a difference within the spread over seeds is
 #    noise and means nothing.
 #
 #    </details>

@@ -373,7 +373,7 @@ ax[0].invert_yaxis(); ax[0].legend()
 keys = list(est)
 bottom = np.zeros(len(keys))
 for part, color in (("compute", "tab:blue"), ("memory", "tab:orange"), ("launch", "tab:red")):
-    vals = np.array([est[k][part] / est[k]["total"] for k in keys])
+    vals = np.array([est[k][part] / (est[k]["compute"] + est[k]["memory"] + est[k]["launch"]) for k in keys])
     ax[1].bar([f"{m}\n{p}" for m, p in keys], vals, bottom=bottom, color=color, label=part)
     bottom += vals
 ax[1].set_ylabel("share of the summed estimates"); ax[1].set_title("a P100 step, estimated from the counts")
