@@ -11,10 +11,10 @@
 #
 # $$\begin{aligned}
 # \text{encoder:}\quad & h_t = \tanh(x_t W_x + h_{t-1} W_h + b), \quad t = 1, \dots, S
-#   && (x_t\text{: source embeddings})\\
-# \text{context:}\quad & c = h_S && \text{(one vector for the whole sentence)}\\
+#   && (x_t\text{: source embeddings})\cr
+# \text{context:}\quad & c = h_S && \text{(one vector for the whole sentence)}\cr
 # \text{decoder:}\quad & s_0 = c, \quad s_t = \tanh(y_{t-1} W'_x + s_{t-1} W'_h + b')
-#   && (y_{t-1}\text{: previous target token})\\
+#   && (y_{t-1}\text{: previous target token})\cr
 # \text{output:}\quad & p(y_t \mid y_{<t}, \text{source}) = \mathrm{softmax}(s_t W_o + b_o)
 # \end{aligned} \tag{1.1}$$
 #

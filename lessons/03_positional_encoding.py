@@ -222,12 +222,12 @@ fig.tight_layout(); show_figure(fig, "03_positional_heatmap.png")
 # Take one pair with frequency `w`. By the angle-addition formulas
 #
 # $$\begin{aligned}
-# \sin(w(p+k)) &= \sin(wp)\cos(wk) + \cos(wp)\sin(wk)\\
+# \sin(w(p+k)) &= \sin(wp)\cos(wk) + \cos(wp)\sin(wk)\cr
 # \cos(w(p+k)) &= \cos(wp)\cos(wk) - \sin(wp)\sin(wk)
 # \end{aligned}
 # \quad\Longrightarrow\quad
 # [\sin, \cos](p+k) = [\sin, \cos](p)\, M_k,\;\;
-# M_k = \begin{pmatrix}\cos wk & -\sin wk\\ \sin wk & \cos wk\end{pmatrix} \tag{3.1}$$
+# M_k = \begin{pmatrix}\cos wk & -\sin wk\cr \sin wk & \cos wk\end{pmatrix} \tag{3.1}$$
 #
 # `M_k` is a rotation by `wk`. It depends on the offset `k` and the frequency, **not
 # on `p`**: one matrix moves every position `k` steps along. That is what the paper

@@ -201,9 +201,9 @@ assert positional_names["sinusoidal"] == ["embedding.weight"], "sinusoids must h
 # the sinusoids have no parameters.
 #
 # $$\begin{aligned}
-# \text{attention} &= 4 (D^2 + D), \qquad \text{ffn} = 2 D F + F + D, \qquad \text{norm} = 2 D\\
-# \text{encoder layer} &= \text{attention} + \text{ffn} + 2\, \text{norm}\\
-# \text{decoder layer} &= 2\, \text{attention} + \text{ffn} + 3\, \text{norm}\\
+# \text{attention} &= 4 (D^2 + D), \qquad \text{ffn} = 2 D F + F + D, \qquad \text{norm} = 2 D\cr
+# \text{encoder layer} &= \text{attention} + \text{ffn} + 2\, \text{norm}\cr
+# \text{decoder layer} &= 2\, \text{attention} + \text{ffn} + 3\, \text{norm}\cr
 # \text{total} &= V D + N_{\text{enc}} \cdot \text{encoder layer} + N_{\text{dec}} \cdot \text{decoder layer}
 # \end{aligned} \tag{9.1}$$
 

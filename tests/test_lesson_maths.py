@@ -152,3 +152,12 @@ def test_every_question_has_an_answer(lesson):
     closed = re.findall(r"^#\s+</details>$", section, re.M)
     assert questions and len(answers) == len(questions) == len(closed), (
         f"{lesson.name}: {len(questions)} questions, {len(answers)} answers")
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_a_tagged_equation_has_no_double_backslash(lesson):
+    """Sphinx wraps a displayed equation that holds ``\\\\`` in ``\\begin{split}``, where MathJax
+    refuses ``\\tag``: a numbered equation of several rows ends its rows with ``\\cr``."""
+    text = "\n".join(t for _, t in markdown_cells(lesson))
+    bad = [b[:60] for b in _DISPLAY.findall(text) if "\\tag" in b and "\\\\" in b]
+    assert not bad, f"{lesson.name}: tagged equations with \\\\ rows: {bad}"
