@@ -4,15 +4,23 @@
 # "Attention Is All You Need" opens (section 1) with the models it replaces:
 # recurrent encoder-decoders. "Recurrent models typically factor computation along
 # the symbol positions of the input and output sequences ... they generate a
-# sequence of hidden states `h_t`, as a function of the previous hidden state
-# `h_{t-1}` and the input for position `t`."
+# sequence of hidden states $h_t$, as a function of the previous hidden state
+# $h_{t-1}$ and the input for position `t`."
 #
 # The first such translators (Sutskever et al. 2014; Cho et al. 2014) worked like this:
 #
-#     encoder:  h_t = tanh(x_t W_x + h_{t-1} W_h + b)          t = 1..S   (x_t: source embeddings)
-#     context:  c   = h_S                                      one vector for the whole sentence
-#     decoder:  s_0 = c,  s_t = tanh(y_{t-1} W'_x + s_{t-1} W'_h + b')   (y_{t-1}: previous target token)
-#     output:   p(y_t | y_<t, source) = softmax(s_t W_o + b_o)
+# $$\begin{aligned}
+# \text{encoder:}\quad & h_t = \tanh(x_t W_x + h_{t-1} W_h + b), \quad t = 1, \dots, S
+#   && (x_t\text{: source embeddings})\cr
+# \text{context:}\quad & c = h_S && \text{(one vector for the whole sentence)}\cr
+# \text{decoder:}\quad & s_0 = c, \quad s_t = \tanh(y_{t-1} W'_x + s_{t-1} W'_h + b')
+#   && (y_{t-1}\text{: previous target token})\cr
+# \text{output:}\quad & p(y_t \mid y_{<t}, \text{source}) = \mathrm{softmax}(s_t W_o + b_o)
+# \end{aligned} \tag{1.1}$$
+#
+# (The formulas of these lessons are written in the paper's notation; [the notation
+# page](../notation.md), `book/notation.md` in the repository, maps each symbol to its
+# name in the code and explains the equation numbers.)
 #
 # Everything the decoder knows about the source has to pass through `c`, a vector
 # of fixed size `H`, however long the sentence. That is the **bottleneck**. Cho et
@@ -182,7 +190,7 @@ for k, e in grad_errors.items():
 # %% [markdown]
 # ## 3. Training
 #
-# Adam (section 5.3 of the paper uses it too, with `beta2 = 0.98`), a constant
+# Adam (section 5.3 of the paper uses it too, with $\beta_2 = 0.98$), a constant
 # learning rate, and gradient clipping: a recurrent network's gradient can explode
 # when products of many `W_h` factors line up (Pascanu et al. 2013), and one bad
 # step can undo training. Every batch draws fresh random sequences, so there is
@@ -328,9 +336,37 @@ print(f"Check passed in {time.time() - T0:.1f} s.")
 #
 # 1. Why does the recurrent encoder-decoder's accuracy fall as the sequences get
 #    longer, and which tokens does it lose first? Why those?
+#
+#    <details><summary>Answer</summary>
+#
+#    Everything the decoder learns about the source must pass through the context vector
+#    $c = h_S$ of fixed size `H` (equation 1.1); a longer sequence has more to fit into
+#    the same numbers, and each token must survive more recurrent steps. The first source
+#    tokens are lost first: the output is the source reversed, so the last outputs need
+#    the tokens read longest before $c$ was formed (the right panel of the figure).
+#
+#    </details>
+#
 # 2. In Sutskever et al.'s design the context vector is the decoder's first hidden
 #    state; what do Cho et al. change, and does that remove the bottleneck?
+#
+#    <details><summary>Answer</summary>
+#
+#    Cho et al. feed $c$ to *every* decoder step (and to the output layer), not only as
+#    the first hidden state, so the decoder cannot forget it. It does not remove the
+#    bottleneck: $c$ is still one vector of fixed size, however long the sentence.
+#
+#    </details>
+#
 # 3. Why does the task reverse *random* tokens rather than real words?
+#
+#    <details><summary>Answer</summary>
+#
+#    So that nothing about the tokens helps: the model cannot guess a token from its
+#    neighbours or from a language model of real words, and every error measures what the
+#    context vector lost. The task's difficulty then depends only on the length.
+#
+#    </details>
 
 
 # %% [markdown]

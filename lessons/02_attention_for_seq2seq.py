@@ -27,19 +27,19 @@
 # * Step 1 is often written "transpose `s_t` and take the dot product with `h_t`". The
 #   index is misleading: the decoder state is compared with *every* encoder state
 #   `h_i`, `i = 1..S`, giving `S` scores per decoder step, not one. (In matrix form
-#   for all decoder steps at once: `scores = S_dec @ H_enc^T`, shape (B, T, S).)
+#   for all decoder steps at once: $\mathrm{scores} = S_{\text{dec}} H_{\text{enc}}^\top$, shape (B, T, S).)
 # * This recipe is Luong's, not Bahdanau's (2015, the first attention for
 #   translation). Bahdanau scores with a small feed-forward net ("additive
-#   attention", paper section 3.2.1), uses the *previous* state `s_{t-1}`, and
+#   attention", paper section 3.2.1), uses the *previous* state $s_{t-1}$, and
 #   feeds `c_t` into the recurrence. In Luong's version the attention sits *on top*
 #   of the decoder RNN and never feeds back into it, which is why, in training, we
 #   can run the decoder RNN over all steps first and then attend for all steps in
 #   one batched product. (Luong et al. also describe "input feeding", which feeds
-#   `h~_{t-1}` back into the next step; we leave it out.)
+#   $\tilde h_{t-1}$ back into the next step; we leave it out.)
 #
 # In the Transformer's vocabulary: the query is `s_t`, the keys and the values are both
 # the encoder states. The Transformer's scaled dot-product attention (section
-# 3.2.1) is exactly steps 1-3 with the scores divided by `sqrt(d_k)` and with
+# 3.2.1) is exactly steps 1-3 with the scores divided by $\sqrt{d_k}$ and with
 # learned projections making queries, keys and values different; we check that
 # identity numerically below.
 
@@ -171,7 +171,7 @@ print("gradient reaching the padded encoder states of row 1:", np.abs(de_pad).ma
 
 # %% [markdown]
 # **The same thing as the Transformer's attention.** `attn.layers.attention_forward`
-# computes `softmax(q k^T / sqrt(d_k)) v`. With `q = s * sqrt(H)` (undoing the
+# computes $\mathrm{softmax}(q k^\top / \sqrt{d_k}) v$. With $q = s \cdot \sqrt{H}$ (undoing the
 # scale), `k = v = e`, and the padding mask broadcast over decoder steps, it must
 # give exactly our context `c_t`.
 
@@ -189,7 +189,7 @@ print("Luong dot attention == scaled dot-product attention with q * sqrt(d_k), k
 # Both have the same encoder and decoder RNNs as lesson 1 (`H = 32`). The
 # bottleneck model predicts from the decoder state `s_t`; the attention model
 # predicts from `h~_t`, which mixes in the context `c_t`. The attention model has
-# one extra matrix, `attn.w_c` (2H, H): `2H^2` more parameters, and a bias of `H`.
+# one extra matrix, `attn.w_c` (2H, H): $2H^2$ more parameters, and a bias of `H`.
 #
 # In the backward pass, the encoder states now receive gradient from *every*
 # decoder step through the attention (`de`), not only through `c` at the last
@@ -440,11 +440,40 @@ print(f"Check passed in {time.time() - T0:.1f} s.")
 # Answer these from the lesson and what it printed:
 #
 # 1. At decoder step `t`, how many scores does Luong attention compute, and against
-#    which states? What is misleading about writing the score as `s_t . h_t`?
+#    which states? What is misleading about writing the score as $s_t \cdot h_t$?
+#
+#    <details><summary>Answer</summary>
+#
+#    One score per encoder state: $S$ scores at step $t$, of the decoder state $s_t$
+#    against each encoder state $h_1, \dots, h_S$. Writing $s_t \cdot h_t$ suggests one
+#    score against the encoder state of the *same* index; the score is $s_t \cdot h_j$
+#    for every source position $j$, and $t$ and $j$ run over different sentences.
+#
+#    </details>
+#
 # 2. Why can Luong's attention run the decoder RNN over all steps first and attend
 #    afterwards, while Bahdanau's cannot?
+#
+#    <details><summary>Answer</summary>
+#
+#    Luong's attention uses the current state $s_t$, and its attentional output is not
+#    fed back into the recurrence (this lesson leaves input feeding out), so all $s_t$
+#    can be computed first and attended to in one matrix product. Bahdanau's scores use
+#    the previous state $s_{t-1}$ and feed the context back into the next step, so each
+#    step must wait for the attention of the one before.
+#
+#    </details>
+#
 # 3. Which two changes turn steps 1-3 of this lesson into the Transformer's scaled
 #    dot-product attention?
+#
+#    <details><summary>Answer</summary>
+#
+#    Divide the scores by $\sqrt{d_k}$ (the scaling of equation 1), and let queries, keys
+#    and values be learned projections of the states rather than the states themselves:
+#    then steps 1-3 compute $\mathrm{softmax}(Q K^\top / \sqrt{d_k}) V$.
+#
+#    </details>
 
 
 # %% [markdown]

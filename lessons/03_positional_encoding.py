@@ -7,13 +7,13 @@
 # vector to every token embedding, at the bottom of the encoder and decoder stacks:
 #
 # $$PE_{(pos,\,2i)} = \sin\!\left(pos / 10000^{2i/d_{model}}\right), \qquad
-#   PE_{(pos,\,2i+1)} = \cos\!\left(pos / 10000^{2i/d_{model}}\right)$$
+#   PE_{(pos,\,2i+1)} = \cos\!\left(pos / 10000^{2i/d_{model}}\right) \tag{§3.5}$$
 #
 # Read the indices carefully: column `2i` and column `2i+1` share **one** angle,
-# `pos / 10000^(2i/d_model)`. The even column is its sine, the odd column its
+# $\mathit{pos} / 10000^{2i/d_{\text{model}}}$. The even column is its sine, the odd column its
 # cosine. So the table is `d_model/2` (sine, cosine) *pairs*, each pair turning at
-# its own frequency `w_i = 1 / 10000^(2i/d_model)`; the wavelengths `2*pi / w_i`
-# form a geometric progression from `2*pi` (i = 0) towards `10000 * 2*pi`.
+# its own frequency $w_i = 1 / 10000^{2i/d_{\text{model}}}$; the wavelengths $2\pi / w_i$
+# form a geometric progression from $2\pi$ (i = 0) towards $10000 \cdot 2\pi$.
 #
 # In this lesson we
 #
@@ -82,7 +82,7 @@ print(f"the last pair's cosine (column {D - 1}) over {L} positions runs from {sl
 #
 # * Row 0 is `[0, 1, 0, 1, ...]`: every angle is 0, sin 0 = 0, cos 0 = 1.
 # * The first pair (columns 0, 1) turns one radian per position: it goes around the
-#   circle every `2*pi` positions. The last pair (columns 6, 7) turns a
+#   circle every $2\pi$ positions. The last pair (columns 6, 7) turns a
 #   thousandth of a radian per position: the line printed under the table shows
 #   how little its cosine moves over the 16 positions (it barely leaves 1). Fast
 #   pairs tell neighbours apart; slow pairs tell far-apart positions apart without
@@ -93,7 +93,7 @@ print(f"the last pair's cosine (column {D - 1}) over {L} positions runs from {sl
 # A slide deck on the paper that circulates online, and blog posts that copy it, print
 # the first six rows of both tables (angles and sin/cos). Below they are typed in
 # exactly as printed there. A printed number is *right* if it is the true value
-# rounded to the digits shown (so a printed `"0.9996"` for `cos(0.03) = 0.99955` is right); it is
+# rounded to the digits shown (so a printed `"0.9996"` for $\cos(0.03) = 0.99955$ is right); it is
 # *wrong* if it is off by more than half a unit in its last digit.
 
 # %%
@@ -148,12 +148,12 @@ for name, printed, truth in (("angle", SLIDES_ANGLE, angle), ("PE", SLIDES_PE, p
 # `j = 2i+1`, which would make each cosine turn slower than its sine; the slides do
 # not make it). The sin/cos table is right except one entry:
 #
-# * **`PE[4, 0]` is printed `"-0.756"`; `sin(4) = -0.75680`**, so `sin(4) = -0.7568` to the
-#   four digits the other entries use, or `sin(4) = -0.757` to three. The slides cut the number
+# * **`PE[4, 0]` is printed `"-0.756"`; $\sin(4) = -0.75680$**, so $\sin(4) = -0.7568$ to the
+#   four digits the other entries use, or $\sin(4) = -0.757$ to three. The slides cut the number
 #   off (truncated) instead of rounding it, and dropped a digit while at it.
-# * `PE[5, 0]` printed `"-0.959"` is right to three digits (`sin(5) = -0.95892`), but it
-#   too lost the fourth digit: to four digits, like its neighbours, `sin(5) = -0.9589`.
-# * The slide titles its table `sin(pos/10000^(2i/d_model))`, but the table holds
+# * `PE[5, 0]` printed `"-0.959"` is right to three digits ($\sin(5) = -0.95892$), but it
+#   too lost the fourth digit: to four digits, like its neighbours, $\sin(5) = -0.9589$.
+# * The slide titles its table $\sin(\mathit{pos}/10000^{2i/d_{\text{model}}})$, but the table holds
 #   both: even columns sines, odd columns cosines.
 #
 # A smaller example worked by hand also circulates in blog posts (`d_model = 4`,
@@ -178,12 +178,12 @@ show("embedding + PE, computed", added[0], ["I", "love", "you"], [f"col {j}" for
 # %% [markdown]
 # The worked example's mistakes, one by one:
 #
-# * `sin(1) = 0.8415` and `cos(1) = 0.5403`, not `"0.0001"`. The example seems to
-#   have taken the angle `1 / 10000^(0/4) = 1` for something tiny.
-# * `sin(1/100) = 0.0100`, not `"0.9999"` (the sine of a small angle is small; it is
+# * $\sin(1) = 0.8415$ and $\cos(1) = 0.5403$, not `"0.0001"`. The example seems to
+#   have taken the angle $1 / 10000^{0/4} = 1$ for something tiny.
+# * $\sin(1/100) = 0.0100$, not `"0.9999"` (the sine of a small angle is small; it is
 #   the *cosine* that is near 1).
 # * Column 3 is the cosine partner of column 2, so it uses the *same* exponent
-#   `2i/d_model = 2/4` and the same angle `1/100`: `cos(0.01) = 0.99995`. The example
+#   `2i/d_model = 2/4` and the same angle `1/100`: $\cos(0.01) = 0.99995$. The example
 #   writes exponent `0/4` and then angle `"1/1000"`, two different wrong numbers.
 # * The sums are wrong even where the PE is right: "I" is at position 0, whose PE is
 #   `[0, 1, 0, 1]`, so it becomes `(0.5, 0.6 + 1, 0.7, 0.8 + 1)`; the example forgot the
@@ -212,7 +212,7 @@ fig.tight_layout(); show_figure(fig, "03_positional_heatmap.png")
 # alternate between a sine stuck near 0 (white) and a cosine stuck near 1 (dark
 # blue): those dimensions only start to matter for much longer sequences.
 # Right: the dot product of two positions' encodings. Each pair contributes
-# `sin(a)sin(b) + cos(a)cos(b) = cos(a - b)`, so `PE(p) . PE(q) = sum_i cos(w_i (p - q))`:
+# $\sin(a)\sin(b) + \cos(a)\cos(b) = \cos(a - b)$, so $PE(p) \cdot PE(q) = \sum_i \cos(w_i (p - q))$:
 # every diagonal is constant (a Toeplitz matrix), largest on the main diagonal
 # (`d_model/2 = 64`). Attention scores are dot products, so this is the shape of
 # "how much does position p look like position q" before any learning.
@@ -222,17 +222,17 @@ fig.tight_layout(); show_figure(fig, "03_positional_heatmap.png")
 # Take one pair with frequency `w`. By the angle-addition formulas
 #
 # $$\begin{aligned}
-# \sin(w(p+k)) &= \sin(wp)\cos(wk) + \cos(wp)\sin(wk)\\
+# \sin(w(p+k)) &= \sin(wp)\cos(wk) + \cos(wp)\sin(wk)\cr
 # \cos(w(p+k)) &= \cos(wp)\cos(wk) - \sin(wp)\sin(wk)
 # \end{aligned}
 # \quad\Longrightarrow\quad
 # [\sin, \cos](p+k) = [\sin, \cos](p)\, M_k,\;\;
-# M_k = \begin{pmatrix}\cos wk & -\sin wk\\ \sin wk & \cos wk\end{pmatrix}$$
+# M_k = \begin{pmatrix}\cos wk & -\sin wk\cr \sin wk & \cos wk\end{pmatrix} \tag{3.1}$$
 #
 # `M_k` is a rotation by `wk`. It depends on the offset `k` and the frequency, **not
 # on `p`**: one matrix moves every position `k` steps along. That is what the paper
 # means by "linear function", and why a model might "easily learn to attend by
-# relative positions": a fixed linear map (which attention's `W^Q`, `W^K` can be)
+# relative positions": a fixed linear map (which attention's $W^Q$, $W^K$ can be)
 # relates a position to its neighbour `k` away.
 #
 # We do not take the algebra on trust. For each frequency we stack the rows
@@ -311,7 +311,7 @@ print(f"residuals range from {all_resid.min():.1e} to {all_resid.max():.1e}; pai
 # %% [markdown]
 # The residuals (their range is printed above) are float64 rounding, nothing else.
 # Even their pattern is explained by rounding. The table is computed from the angle
-# `pos / 10000^(2i/d_model)`, which is itself rounded to a relative 1e-16, so its
+# $\mathit{pos} / 10000^{2i/d_{\text{model}}}$, which is itself rounded to a relative 1e-16, so its
 # sine is off by about `|angle| * 1e-16`: hundreds of times that for the fast pairs whose
 # angles reach hundreds of radians, 1e-16 for the slow ones. Pair 0 is the
 # exception that proves it: its angle is `pos / 1`, an exact integer. A map that
@@ -353,9 +353,37 @@ print("Check passed: the table matches the formula; PE(pos+k) = PE(pos) @ M_k wi
 #
 # 1. Which columns of the table share one angle, and what does that make of each
 #    pair of columns?
+#
+#    <details><summary>Answer</summary>
+#
+#    Columns $2i$ and $2i+1$ share the angle $pos / 10000^{2i/d_{\text{model}}}$: the
+#    even column is its sine, the odd its cosine. Each pair of columns is therefore a
+#    point on the unit circle turning at its own frequency $w_i$ as $pos$ grows.
+#
+#    </details>
+#
 # 2. Why is `PE(pos + k)` a linear function of `PE(pos)`, and why does the matrix
 #    not depend on `pos`?
+#
+#    <details><summary>Answer</summary>
+#
+#    By the angle-addition formulas (equation 3.1), each pair of $PE(pos + k)$ is the
+#    pair of $PE(pos)$ rotated by the angle $w_i k$. The rotation's entries are
+#    $\cos w_i k$ and $\sin w_i k$: they depend on the offset $k$ and the frequency,
+#    never on $pos$, so one matrix $M_k$ serves every position.
+#
+#    </details>
+#
 # 3. What are the fast pairs good for, and what are the slow pairs good for?
+#
+#    <details><summary>Answer</summary>
+#
+#    The fast pairs (small $i$, high frequency) change a lot from one position to the
+#    next, so they tell neighbours apart, but they wrap around after a few positions. The
+#    slow pairs (large $i$) change little between neighbours but keep distinct values
+#    over long spans, so they tell far-apart positions and coarse location apart.
+#
+#    </details>
 
 
 # %% [markdown]

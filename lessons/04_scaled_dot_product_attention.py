@@ -1,22 +1,22 @@
 # %% [markdown]
 # # Lesson 4: scaled dot-product attention (section 3.2.1)
 #
-# $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V \qquad (1)$$
+# $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt{d_k}}\right) V \tag{1}$$
 #
 # Read it right to left as five steps, each a line of `attn.layers.attention_forward`:
 #
-# 1. `Q K^T`: every query dotted with every key, a `(T_q, T_k)` table of "how well
+# 1. $Q K^\top$: every query dotted with every key, a `(T_q, T_k)` table of "how well
 #    does query i match key j";
-# 2. divide by `sqrt(d_k)` (the *scaled* in the name);
+# 2. divide by $\sqrt{d_k}$ (the *scaled* in the name);
 # 3. mask: keys a query must not see (padding here, the future in lesson 5) get a
 #    logit so negative that their weight is exactly zero;
 # 4. softmax along each row: the weights are positive and sum to 1;
-# 5. the output row i is the weighted average of the value rows, `sum_j w_ij V_j`.
+# 5. the output row i is the weighted average of the value rows, $\sum_j w_{ij} V_j$.
 #
 # We walk through an example from a slide deck on the paper that circulates online
 # (a Korean-to-English toy with made-up vectors), compare every number the slides
 # print with what the library computes, and then
-# answer the question the paper only sketches: *why* divide by `sqrt(d_k)`?
+# answer the question the paper only sketches: *why* divide by $\sqrt{d_k}$?
 
 # %%
 import os, sys
@@ -122,7 +122,7 @@ print(f"the real keys' weights lie between {real.min():.2f} and {real.max():.2f}
 #   `pad_id`).
 #
 # Why not literally `-inf`, as the paper and most tutorials write? Because a row whose
-# keys are *all* masked would become `exp(-inf - (-inf)) = exp(nan)`, and NaN spreads
+# keys are *all* masked would become $\exp(-\infty - (-\infty)) = \exp(\mathrm{NaN})$, and NaN spreads
 # through everything downstream. The library fills with `finfo(dtype).min`, the most
 # negative finite number (not a magic `-1e4`, which a large enough logit would beat)
 # and then sets the masked weights to exactly 0, so a fully masked row comes out as
@@ -222,10 +222,10 @@ print(f"the wrong entry: {queries[bad_i]} on {keys[bad_j]!r}, printed {slide_w[b
 # ## 2. Why divide by sqrt(d_k)?
 #
 # The paper (3.2.1, footnote 4): if the components of `q` and `k` are independent
-# with mean 0 and variance 1, then `q . k = sum_{i=1}^{d_k} q_i k_i` has mean 0 and
+# with mean 0 and variance 1, then $q \cdot k = \sum_{i=1}^{d_k} q_i k_i$ has mean 0 and
 # variance `d_k` (a sum of `d_k` independent terms, each of variance
-# `E[q_i^2] E[k_i^2] = 1`). So the logits' spread grows like `sqrt(d_k)`, and
-# dividing by `sqrt(d_k)` brings their variance back to 1 whatever the head size.
+# $\mathbb{E}[q_i^2] \mathbb{E}[k_i^2] = 1$). So the logits' spread grows like $\sqrt{d_k}$, and
+# dividing by $\sqrt{d_k}$ brings their variance back to 1 whatever the head size.
 # Let us measure it.
 
 # %%
@@ -350,12 +350,44 @@ print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
 # Answer these from the lesson and what it printed:
 #
 # 1. If the components of `q` and `k` are independent with mean 0 and variance 1,
-#    what is the variance of `q . k`, and what does dividing by `sqrt(d_k)` do to
+#    what is the variance of $q \cdot k$, and what does dividing by $\sqrt{d_k}$ do to
 #    it?
+#
+#    <details><summary>Answer</summary>
+#
+#    $q \cdot k = \sum_{i=1}^{d_k} q_i k_i$ is a sum of $d_k$ independent terms of mean 0
+#    and variance $\mathbb{E}[q_i^2]\mathbb{E}[k_i^2] = 1$, so its variance is $d_k$.
+#    Dividing by $\sqrt{d_k}$ divides the variance by $d_k$: the scaled scores have
+#    variance 1 whatever $d_k$ is.
+#
+#    </details>
+#
 # 2. Using softmax's backward, explain why a nearly one-hot softmax passes almost no
 #    gradient back to the queries and keys.
+#
+#    <details><summary>Answer</summary>
+#
+#    Softmax's backward is $dx = y \odot (dy - \sum_j dy_j\, y_j)$ (lesson 8,
+#    equation 8.2). When $y$ is nearly one-hot, every $y_j$ off the peak is near zero,
+#    and at the peak $y_j \approx 1$ makes $dy_j - \sum dy\, y \approx dy_j - dy_j = 0$.
+#    So $dx$ is near zero everywhere, and the scores, hence the queries and keys, receive
+#    almost no gradient.
+#
+#    </details>
+#
 # 3. Why does the library fill masked scores with the most negative finite number
 #    instead of `-inf`, and what does a fully masked row give?
+#
+#    <details><summary>Answer</summary>
+#
+#    With $-\infty$ a fully masked row computes
+#    $\exp(-\infty - (-\infty)) = \exp(\mathrm{NaN})$: the row's maximum is itself
+#    $-\infty$, and the NaN spreads through the model. The most negative finite number
+#    keeps the arithmetic finite; the library then sets the masked outputs to exactly
+#    zero, so a fully masked row gives all-zero weights (and an all-zero output), not NaN
+#    and not a uniform row.
+#
+#    </details>
 
 
 # %% [markdown]
@@ -363,9 +395,11 @@ print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
 #
 # Now write the masked `softmax` (stable for logits of 1e4, zeros on a fully masked row)
 # and scaled dot-product `attention`, forward and backward yourself. The starter
-# `lessons/exercises/04_attention.py` has the signatures, and the shapes and formulas in
-# its docstrings; its bodies raise `NotImplementedError`. Fill them in, then grade your
-# work:
+# `lessons/exercises/04_attention.py` has the signatures, the shapes, and the forward
+# formulas in its docstrings; its bodies raise `NotImplementedError`. The two backward
+# passes are derived in lesson 8 (sections 1 and 3): write the forwards now and the
+# backwards after lesson 8, or derive them first and check yourself against it
+# (`--layer` grades one function at a time). Fill them in, then grade your work:
 #
 #     attn-check lessons/exercises/04_attention.py
 #

@@ -196,8 +196,8 @@ fig.tight_layout(); show_figure(fig, "05_masks.png")
 # ```
 #
 # It is trained the way the decoder is trained (teacher forcing): feed tokens
-# `s_0 .. s_{T-1}` and ask position `t` to predict `s_{t+1}`. The data are **uniformly
-# random** token sequences, fresh every step, so `s_{t+1}` is independent of
+# $s_0 \ldots s_{T-1}$ and ask position `t` to predict $s_{t+1}$. The data are **uniformly
+# random** token sequences, fresh every step, so $s_{t+1}$ is independent of
 # everything before it. The best an honest model can do is predict the uniform
 # distribution, cross-entropy `log V`. We train two copies from the same
 # initialisation on the same data, with and without `causal_mask`; forward and
@@ -409,10 +409,42 @@ print(f"Check passed: masked loss {pos_masked.mean():.3f} ~ log V = {logV:.3f}; 
 #
 # 1. Why does a decoder trained without the look-ahead mask reach a near-zero loss
 #    on random tokens, and why is its last position *worse* than a uniform guess?
+#
+#    <details><summary>Answer</summary>
+#
+#    Without the mask, position $t$ sees the very token $s_{t+1}$ it must predict (the
+#    target is the input shifted by one), so it learns to copy it and the loss falls to
+#    almost zero. The last position has no later input token to copy, yet the model was
+#    trained to find its answer in the input: it puts its weight on a token that is not
+#    the answer, and does worse than a uniform guess over the vocabulary.
+#
+#    </details>
+#
 # 2. Where does the look-ahead mask belong, and why is it wrong to apply it in
 #    encoder-decoder attention?
+#
+#    <details><summary>Answer</summary>
+#
+#    In the decoder's self-attention only, where the queries and keys are the same target
+#    positions and a query must not see later targets. In encoder-decoder attention the
+#    keys are the source, which is known in full before decoding starts; a look-ahead
+#    mask there would hide source words for no reason (and is the wrong shape when source
+#    and target lengths differ).
+#
+#    </details>
+#
 # 3. Why does `padding_mask` have a single row, and why is the padding *query* row
 #    not blanked?
+#
+#    <details><summary>Answer</summary>
+#
+#    The padding mask depends only on which *keys* are padding, the same for every query,
+#    so one row broadcasts over all queries. A padding query's output row is computed but
+#    never used: the loss ignores padding positions and no real query attends to it, so
+#    blanking it would change nothing (and a fully blanked row gains nothing over a
+#    harmless one).
+#
+#    </details>
 
 
 # %% [markdown]

@@ -2,13 +2,13 @@
 # # Lesson 6: multi-head attention (section 3.2.2)
 #
 # $$\mathrm{MultiHead}(Q, K, V) = \mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h)\, W^O,
-# \qquad \mathrm{head}_i = \mathrm{Attention}(Q W_i^Q,\, K W_i^K,\, V W_i^V)$$
+# \qquad \mathrm{head}_i = \mathrm{Attention}(Q W_i^Q,\, K W_i^K,\, V W_i^V) \tag{§3.2.2}$$
 #
-# with `W_i^Q, W_i^K in R^{d_model x d_k}`, `W_i^V in R^{d_model x d_v}`,
-# `W^O in R^{h d_v x d_model}`, and in the paper `h = 8`, `d_k = d_v = d_model / h = 64`.
-# (Blog posts often write `W_i^O`, one output matrix per head. The paper has a single
-# `W^O`. Its row block `i` does act on head `i` alone, since
-# `Concat(head_1..head_h) W^O = sum_i head_i W^O[i d_v:(i+1) d_v, :]`; but the
+# with $W_i^Q, W_i^K \in \mathbb{R}^{d_{\text{model}} \times d_k}$, $W_i^V \in \mathbb{R}^{d_{\text{model}} \times d_v}$,
+# $W^O \in \mathbb{R}^{h d_v \times d_{\text{model}}}$, and in the paper `h = 8`, `d_k = d_v = d_model / h = 64`.
+# (Blog posts often write $W_i^O$, one output matrix per head. The paper has a single
+# $W^O$. Its row block `i` does act on head `i` alone, since
+# $\mathrm{Concat}(\mathrm{head}_1, \dots, \mathrm{head}_h) W^O = \sum_i \mathrm{head}_i\, W^O[i d_v : (i+1) d_v,\ :]$; but the
 # blocks are added up, so every output dimension mixes all the heads, and it is
 # one `(h d_v, d_model)` parameter, not `h` separate layers.)
 #
@@ -46,8 +46,8 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # %% [markdown]
 # ## 1. The reshape trick
 #
-# Stack the `h` matrices `W_i^Q` side by side and you get one `(d_model, d_model)`
-# matrix `W^Q = [W_1^Q | W_2^Q | ... | W_h^Q]`. One matrix product `x @ W^Q` then
+# Stack the `h` matrices $W_i^Q$ side by side and you get one `(d_model, d_model)`
+# matrix $W^Q = [W_1^Q | W_2^Q | \dots | W_h^Q]$. One matrix product $x W^Q$ then
 # computes every head's queries at once; head `i`'s queries are the column block
 # `i*d_k : (i+1)*d_k` of the result. `split_heads` turns `(B, T, D)` into
 # `(B, H, T, D/H)` with a reshape (cutting the last axis into `H` blocks) and a
@@ -144,8 +144,8 @@ for n, d in bwd_diff.items():
 # are worth saying aloud:
 #
 # * The heads never interact between the projections: head `i`'s queries only
-#   meet head `i`'s keys. So in backward, the gradient of `W^Q` is just the
-#   per-head gradients `dW_i^Q` side by side, which is what the loop writes into
+#   meet head `i`'s keys. So in backward, the gradient of $W^Q$ is just the
+#   per-head gradients $dW_i^Q$ side by side, which is what the loop writes into
 #   column block `i`.
 # * The input `x_kv` feeds both keys and values, so its gradient is the sum of
 #   both paths (`dx_k + dx_v`); in self-attention `x_q` is the same array again and
@@ -153,17 +153,17 @@ for n, d in bwd_diff.items():
 #
 # ## 2. Same cost as one full-width head
 #
-# Parameters: `W^Q, W^K, W^V, W^O` are `(D, D)` plus biases whatever `h` is; the
+# Parameters: $W^Q, W^K, W^V, W^O$ are `(D, D)` plus biases whatever `h` is; the
 # heads *partition* the columns, they do not add any. The paper's `h` separate
-# `D x d_k` matrices hold exactly as many numbers: `h * D * (D/h) = D^2`.
+# `D x d_k` matrices hold exactly as many numbers: $h \cdot D \cdot (D/h) = D^2$.
 #
 # Multiply-adds for `n` queries and `n` keys (self-attention):
 #
 # | step | one head, width D | h heads, width D/h |
 # |---|---|---|
-# | projections Q, K, V, O | `4 n D^2` | `4 n D^2` (same matrices) |
-# | scores `Q K^T` | `n^2 D` | `h * n^2 * D/h = n^2 D` |
-# | weighted sum `W V` | `n^2 D` | `h * n^2 * D/h = n^2 D` |
+# | projections Q, K, V, O | $4 n D^2$ | $4 n D^2$ (same matrices) |
+# | scores $Q K^\top$ | $n^2 D$ | $h \cdot n^2 \cdot D/h = n^2 D$ |
+# | weighted sum `W V` | $n^2 D$ | $h \cdot n^2 \cdot D/h = n^2 D$ |
 #
 # We do not count by formula, we count from shapes: of the inputs, of the weight
 # matrices the layer multiplies by, and of the attention weights it returned
@@ -217,8 +217,8 @@ for h, dk, npar, proj, sc, ws, ne in rows:
 # Every column but the last is constant down the table: parameters and
 # multiply-adds do not depend on `h`. The last column does: each head has its own
 # `n x n` weight matrix, so the softmax's `exp`s and the memory for the weights
-# (kept for backward) grow as `h n^2`. For the paper's sizes that is small next to
-# the `4 n d^2` of the projections, which is why the paper says "similar", not
+# (kept for backward) grow as $h n^2$. For the paper's sizes that is small next to
+# the $4 n d^2$ of the projections, which is why the paper says "similar", not
 # "equal". On real hardware more, smaller matmuls also run less efficiently, so
 # heads are not entirely free.
 #
@@ -227,9 +227,9 @@ for h, dk, npar, proj, sc, ws, ne in rows:
 # To see heads doing different jobs without training anything, we wire four of
 # them by hand, using lesson 3's fact that a fixed rotation `M_k` maps `PE(t)` to
 # `PE(t + k)`. The input is the positional encoding alone, `x_t = PE(t)`. Head `i`
-# gets `W_i^K` = "keep the 16 fastest dimensions" and `W_i^Q` = `c * M_{k_i}`
+# gets $W_i^K$ = "keep the 16 fastest dimensions" and $W_i^Q$ = $c \cdot M_{k_i}$
 # restricted to the same dimensions, so its score is
-# `c * PE(t + k_i) . PE(s) / sqrt(d_k)`, largest at `s = t + k_i`: head `i` looks
+# $c \cdot PE(t + k_i) \cdot PE(s) / \sqrt{d_k}$, largest at `s = t + k_i`: head `i` looks
 # `k_i` positions away. We give the heads offsets -1, 0, +1 and +3 and let
 # `multi_head_attention_forward` run them together.
 
@@ -287,7 +287,7 @@ fig.tight_layout(); show_figure(fig, "06_multi_head.png")
 # Top row: each head has a single sharp diagonal, shifted by its own offset (rows
 # near the edge, whose target position does not exist, settle on the nearest
 # position there is). The
-# four outputs are concatenated and `W^O` can use all of them: "the previous word",
+# four outputs are concatenated and $W^O$ can use all of them: "the previous word",
 # "this word", "the next word" and "three words on", side by side in separate
 # dimensions. Bottom right: a single head would have to spread its one softmax over
 # all four positions, and its output would be their *average*, one blurred vector
@@ -321,10 +321,39 @@ print(f"Check passed: loop == reshape (forward {fwd_diff:.1e}, backward {max(bwd
 #
 # 1. Why do `h` heads of width `d_model / h` cost the same parameters and multiply-
 #    adds as one head of full width? What does grow with `h`?
-# 2. Is `W^O` one matrix per head? How does head `i`'s output reach every output
+#
+#    <details><summary>Answer</summary>
+#
+#    Each head projects to width $d_k = d_{\text{model}}/h$, so the $h$ heads'
+#    projections together are $d_{\text{model}} \times d_{\text{model}}$ matrices, the
+#    size of one full-width head's; the score and weighted-sum products cost
+#    $h \cdot n^2 \cdot D/h = n^2 D$ either way. What grows with $h$ is the number of
+#    attention-weight tables: the $h n^2$ weights kept for backward.
+#
+#    </details>
+#
+# 2. Is $W^O$ one matrix per head? How does head `i`'s output reach every output
 #    dimension?
+#
+#    <details><summary>Answer</summary>
+#
+#    No: $W^O$ is one $h d_v \times d_{\text{model}}$ matrix. Row block $i$ of it
+#    multiplies head $i$'s output, and that block has $d_{\text{model}}$ columns, so head
+#    $i$ reaches every output dimension; the heads' contributions are summed there.
+#
+#    </details>
+#
 # 3. Four heads attend to four relative positions at once; what would one head have
 #    to do instead, and what would its output be?
+#
+#    <details><summary>Answer</summary>
+#
+#    One head has one softmax per query: to look at four relative positions it would have
+#    to spread its weight over the four, and its output would be the *average* of the
+#    four values, mixed into one vector, from which the next layer cannot recover which
+#    position said what. Four heads keep the four values apart until $W^O$ combines them.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -4,11 +4,11 @@
 # Every encoder and decoder layer ends with the position-wise feed-forward network
 # (section 3.3), the same two-layer MLP applied to every position separately:
 #
-# $$\mathrm{FFN}(x) = \max(0,\, x W_1 + b_1)\, W_2 + b_2, \qquad W_1: d_{model} \times d_{ff},\; W_2: d_{ff} \times d_{model}$$
+# $$\mathrm{FFN}(x) = \max(0,\, x W_1 + b_1)\, W_2 + b_2, \qquad W_1: d_{model} \times d_{ff},\; W_2: d_{ff} \times d_{model} \tag{2}$$
 #
 # and every sub-layer, attention or FFN, is wrapped the same way (section 3.1):
 #
-# $$x \leftarrow \mathrm{LayerNorm}(x + \mathrm{Sublayer}(x))$$
+# $$x \leftarrow \mathrm{LayerNorm}(x + \mathrm{Sublayer}(x)) \tag{§3.1}$$
 #
 # (with dropout on the sub-layer's output, section 5.4, which we leave out here).
 # That is the "Add & Norm" box of Figure 1. This lesson measures what the two parts
@@ -22,22 +22,21 @@
 #    not *batch* norm (statistics over the batch) for padded sentences of different
 #    lengths.
 #
-# Three things tutorials and blog posts often get wrong here, checked against the paper:
+# Three things to read carefully in the paper:
 #
 # * There is **one** ReLU in the FFN, between the two linear maps; the second linear
-#   map has no activation (equation 2). A common summary says "both dense layers use
-#   ReLU". A ReLU at the end would make every sub-layer output non-negative, and the
-#   residual stream could then only ever grow in the positive direction.
-# * Another says "the residual connection and layer norm are there to prevent
-#   overfitting". They are not regularisers; the paper's regularisers are dropout
-#   and label smoothing (section 5.4). Add & Norm is about *optimisation*: getting
-#   a usable gradient to every layer and keeping activations at a stable scale,
-#   which is what part 1 measures.
-# * Batch-norm formulas copied between blog posts often mix up their limits
-#   (`mu = 1/M sum_{m=1}^{N}`, `sigma^2 = 1/M sum_{m=1}^{K}`). Batch norm averages
-#   feature `k` over the `M` examples of the mini-batch, both sums `m = 1..M`; layer
-#   norm averages over the `K` features of one example. (Summaries also often call
-#   `sigma` the variance; it is the standard deviation, `sigma^2` the variance.)
+#   map has no activation (equation 2). A ReLU at the end would make every sub-layer
+#   output non-negative, and the residual stream could then only ever grow in the
+#   positive direction.
+# * The residual connection and layer norm are not regularisers; the paper's
+#   regularisers are dropout and label smoothing (section 5.4). Add & Norm is about
+#   *optimisation*: getting a usable gradient to every layer and keeping activations
+#   at a stable scale, which is what part 1 measures.
+# * Batch norm averages feature $k$ over the $M$ examples of the mini-batch,
+#   $\mu_k = \frac{1}{M} \sum_{m=1}^{M} x_{mk}$ and
+#   $\sigma_k^2 = \frac{1}{M} \sum_{m=1}^{M} (x_{mk} - \mu_k)^2$; layer norm averages over the
+#   $K$ features of one example (equation 7.2). $\sigma$ is the standard deviation,
+#   $\sigma^2$ the variance.
 
 # %%
 import os, sys
@@ -73,7 +72,7 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # the *input* of every block.
 #
 # The residual's backward is one line: forward `y = x + F(x)` gives
-# `dx = dy + dF^T(dy)`, the upstream gradient *plus* what the sub-layer sends back.
+# $dx = dy + dF^\top(dy)$, the upstream gradient *plus* what the sub-layer sends back.
 # The `+ dy` is a path on which nothing can shrink the gradient.
 
 # %%
@@ -170,12 +169,12 @@ for kind in VARIANTS:
 # variance; ReLU keeps half of the second moment; `W2` multiplies by `F * 2/(D+F)`.
 # Altogether
 #
-# $$a = \frac{2DF}{(D+F)^2} = \frac{2 \cdot 64 \cdot 256}{320^2} = 0.32 .$$
+# $$a = \frac{2DF}{(D+F)^2} = \frac{2 \cdot 64 \cdot 256}{320^2} = 0.32 . \tag{7.1}$$
 #
-# * **plain**: the gradient norm shrinks by `sqrt(a) = sqrt(0.32) = 0.57` per block, so over
-#   `L - 1` blocks by `a^((L-1)/2)`: a straight line on a log plot.
+# * **plain**: the gradient norm shrinks by $\sqrt{a} = \sqrt{0.32} = 0.57$ per block, so over
+#   `L - 1` blocks by $a^{(L-1)/2}$: a straight line on a log plot.
 # * **residual only**: `x + FFN(x)` adds the two variances, a factor `1 + a = 1 + 0.32 = 1.32`
-#   per block, so the gradient *grows* by `sqrt(1 + a)` per block going down, and so
+#   per block, so the gradient *grows* by $\sqrt{1 + a}$ per block going down, and so
 #   do the forward activations going up.
 
 # %%
@@ -228,7 +227,7 @@ fig.tight_layout(); show_figure(fig, "07_gradient_flow.png")
 # features:
 #
 # $$\mathrm{LN}(x) = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \epsilon}} + \beta,
-# \qquad \mu = \frac{1}{D}\sum_k x_k,\;\; \sigma^2 = \frac{1}{D}\sum_k (x_k - \mu)^2$$
+# \qquad \mu = \frac{1}{D}\sum_k x_k,\;\; \sigma^2 = \frac{1}{D}\sum_k (x_k - \mu)^2 \tag{7.2}$$
 #
 # Batch norm normalises each *feature* over all the tokens in the batch. For text
 # that is a problem. A batch holds sentences of different lengths, padded to the
@@ -322,8 +321,10 @@ fig.tight_layout(); show_figure(fig, "07_layer_vs_batch_norm.png")
 # * **Layer norm** uses only the token's own `d_model` numbers: A's output is the
 #   same, bit for bit, in every batch and with any padding. It works with batch
 #   size 1, at training and test time alike, and on one token at a time during
-#   incremental decoding. (A padding token normalised by LN is just a zero row
-#   divided by `sqrt(eps)`: still zero, and ignored downstream.)
+#   incremental decoding. (A zero padding row normalised by LN is a zero row
+#   divided by $\sqrt{\epsilon}$, zero again, so LN's output for it is
+#   $\gamma \odot 0 + \beta = \beta$: not zero, but ignored downstream, since no real
+#   query attends to padding and the loss skips it.)
 #
 # ## Check
 #
@@ -355,11 +356,42 @@ print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs resid
 #
 # 1. Why would a ReLU after the feed-forward network's second linear map be a
 #    problem for the residual stream?
+#
+#    <details><summary>Answer</summary>
+#
+#    The residual stream adds the sub-layer's output to $x$; with a ReLU last, the FFN
+#    could only *add* non-negative numbers, never lower a feature. Each layer could then
+#    push the stream one way only, and the features would drift upwards through the
+#    stack.
+#
+#    </details>
+#
 # 2. In the gradient-flow experiment, why does post-norm keep the gradient at the
 #    first layer at a usable size, and why is layer norm alone not enough once
 #    training changes the sub-layers?
+#
+#    <details><summary>Answer</summary>
+#
+#    After each residual sum, layer norm rescales the activations to unit variance, so
+#    the gradient passing back through each block is rescaled too and neither explodes
+#    nor vanishes with depth. But layer norm only fixes the size of the forward
+#    activations: once training changes the sub-layers, the part of the gradient that
+#    passes through them changes, and it is the residual path, the identity in
+#    $x + F(x)$, that keeps a direct route for the gradient to the first layer.
+#
+#    </details>
+#
 # 3. Why is layer norm, rather than batch norm, the right normalisation for padded
 #    batches of sentences?
+#
+#    <details><summary>Answer</summary>
+#
+#    Batch norm normalises each feature over all the tokens of the batch, so a sentence's
+#    result depends on the other sentences and on how much padding they bring. Layer norm
+#    normalises each token over its own features: a token's output depends on nothing
+#    else in the batch, and padding changes nothing for the real tokens.
+#
+#    </details>
 
 
 # %% [markdown]
@@ -367,9 +399,12 @@ print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs resid
 #
 # Now write `relu`, the feed-forward network, `layer_norm`, and Add & Norm around the
 # network (`residual_ffn`), forward and backward yourself. The starter
-# `lessons/exercises/07_feed_forward_layer_norm.py` has the signatures, and the shapes
-# and formulas in its docstrings; its bodies raise `NotImplementedError`. Fill them in,
-# then grade your work:
+# `lessons/exercises/07_feed_forward_layer_norm.py` has the signatures, the shapes and
+# the forward formulas in its docstrings; its bodies raise `NotImplementedError`. The
+# layer norm's backward is derived in lesson 8 (section 2, equations 8.3 and 8.4): do it
+# after lesson 8, or derive it first (`--layer` grades one function at a time). ReLU's
+# and the network's backward need only the chain rule. Fill them in, then grade your
+# work:
 #
 #     attn-check lessons/exercises/07_feed_forward_layer_norm.py
 #

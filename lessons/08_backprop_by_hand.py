@@ -19,11 +19,11 @@
 # `dL/dx` is exactly what `backward(dout, cache)` must return. The numerical
 # estimate perturbs one input at a time:
 #
-# $$\frac{\partial L}{\partial x_i} \approx \frac{L(x + h e_i) - L(x - h e_i)}{2h}$$
+# $$\frac{\partial L}{\partial x_i} \approx \frac{L(x + h e_i) - L(x - h e_i)}{2h} \tag{8.1}$$
 #
 # and `rel_error(a, b) = |a - b| / (|a| + |b|)` (Euclidean norms over all entries)
 # compares the two. Why a *random* `dout`? With `dout = 1` the softmax's loss is
-# `sum(softmax(x)) = 1`, a constant, whose gradient is zero: a backward that
+# $\sum_i \mathrm{softmax}(x)_i = 1$, a constant, whose gradient is zero: a backward that
 # returned zeros would pass.
 
 # %%
@@ -64,14 +64,14 @@ def check_and_report(name, fwd, bwd, args, wrt, broken=False):
 # %% [markdown]
 # ## 1. Softmax
 #
-# Forward, along the last axis: `y_i = exp(x_i) / sum_j exp(x_j)`.
+# Forward, along the last axis: $y_i = \exp(x_i) / \sum_j \exp(x_j)$.
 #
 # Differentiate the quotient: `dy_i/dx_j = y_i (delta_ij - y_j)`; as a matrix, the
-# Jacobian `diag(y) - y y^T`. Backward multiplies the upstream gradient by its
+# Jacobian $\mathrm{diag}(y) - y y^\top$. Backward multiplies the upstream gradient by its
 # transpose (it is symmetric):
 #
 # $$\frac{\partial L}{\partial x_j} = \sum_i \frac{\partial L}{\partial y_i}\, y_i(\delta_{ij} - y_j)
-#   = y_j\Big(dy_j - \sum_i dy_i\, y_i\Big)$$
+#   = y_j\Big(dy_j - \sum_i dy_i\, y_i\Big) \tag{8.2}$$
 #
 # so `dx = y * (dy - sum(dy * y))`: no `K x K` Jacobian is ever built. The
 # subtracted term is there because every output shares one denominator: pushing
@@ -99,21 +99,21 @@ check_and_report("softmax (broken backward)", softmax_forward, softmax_backward_
 # %% [markdown]
 # ## 2. Layer norm
 #
-# Forward over the last axis (`D` features): `mu = mean(x)`, `var = mean((x - mu)^2)`,
-# `r = (var + eps)^(-1/2)`, `xhat = (x - mu) r`, `out = gamma * xhat + beta`.
+# Forward over the last axis (`D` features): $\mu = \mathrm{mean}(x)$, $\mathrm{var} = \mathrm{mean}((x - \mu)^2)$,
+# $r = (\mathrm{var} + \epsilon)^{-1/2}$, $\hat x = (x - \mu) r$, $\mathit{out} = \gamma \cdot \hat x + \beta$.
 #
-# `gamma` and `beta` are easy: `dbeta = sum(dout)`, `dgamma = sum(dout * xhat)`,
+# $\gamma$ and $\beta$ are easy: `dbeta = sum(dout)`, `dgamma = sum(dout * xhat)`,
 # summed over every row (they are shared by all tokens). For `x`, write
-# `g = dout * gamma = dL/dxhat`. Each `x_k` reaches `xhat_i` three ways: directly
-# (through `x_i - mu` when `i = k`), through the mean, and through the variance:
+# $g = \mathit{dout} \cdot \gamma = \partial L/\partial \hat x$. Each `x_k` reaches `xhat_i` three ways: directly
+# (through $x_i - \mu$ when `i = k`), through the mean, and through the variance:
 #
 # $$\frac{\partial \mu}{\partial x_k} = \frac1D,\qquad
 #   \frac{\partial\, var}{\partial x_k} = \frac{2(x_k-\mu)}{D},\qquad
-#   \frac{\partial r}{\partial\, var} = -\tfrac12 r^3$$
+#   \frac{\partial r}{\partial\, var} = -\tfrac12 r^3 \tag{8.3}$$
 #
 # $$\frac{\partial L}{\partial x_k} = r g_k - \frac{r}{D}\sum_i g_i
 #   - (x_k-\mu)\,\frac{r^3}{D}\sum_i g_i (x_i - \mu)
-#   = r\Big(g_k - \overline{g} - \hat x_k\, \overline{g\,\hat x}\Big)$$
+#   = r\Big(g_k - \overline{g} - \hat x_k\, \overline{g\,\hat x}\Big) \tag{8.4}$$
 #
 # (bars are means over the row). The last term comes from the variance. Forget it,
 # and you have the backward of "subtract the mean, then multiply by a constant",
@@ -143,16 +143,16 @@ check_and_report("layer_norm (broken backward)", layer_norm_forward, layer_norm_
 #
 # ## 3. Scaled dot-product attention
 #
-# Forward: `s = q k^T * c` with `c = 1/sqrt(d_k)`, `w = softmax(s, mask)`, `out = w v`.
+# Forward: $s = q k^\top \cdot c$ with $c = 1/\sqrt{d_k}$, $w = \mathrm{softmax}(s, \mathit{mask})$, `out = w v`.
 # Backward, one line per forward line, in reverse:
 #
-# * `out = w v`: a matrix product, so `dv = w^T dout` and `dw = dout v^T`;
-# * `w = softmax(s)`: `ds = w * (dw - sum(dw * w))` (section 1);
-# * `s = q k^T c`: `dq = c ds k` and `dk = c ds^T q`.
+# * `out = w v`: a matrix product, so $dv = w^\top \mathit{dout}$ and $dw = \mathit{dout} v^\top$;
+# * $w = \mathrm{softmax}(s)$: `ds = w * (dw - sum(dw * w))` (section 1);
+# * $s = q k^\top c$: $dq = c\, ds\, k$ and $dk = c\, ds^\top q$.
 #
 # That is `attention_backward`. The mistake here: dropping the scale `c` in the last
 # step (it "is just a constant"). The gradients point the right way and are
-# `sqrt(d_k)` times too big, which a learning rate might hide for a while.
+# $\sqrt{d_k}$ times too big, which a learning rate might hide for a while.
 
 # %%
 Bq, Hq, Tq, Tk, dk, dv = 2, 2, 5, 6, 4, 3
@@ -177,15 +177,15 @@ check_and_report("attention (broken backward)", attention_forward, attention_bac
 # Again the message names the culprits: `q` and `k` fail, `v` passes (its path
 # does not go through the scale). And the number itself is a clue: it is
 # `(2 - 1)/(2 + 1) = 0.333`, the relative error of a gradient exactly twice too large, and
-# `sqrt(d_k) = sqrt(4) = 2`. A relative error of exactly 1/3 means "off by a factor
+# $\sqrt{d_k} = \sqrt{4} = 2$. A relative error of exactly 1/3 means "off by a factor
 # of 2"; of 1, "one side is zero or the sign is flipped".
 #
 # ## 4. The key bias: a gradient that is exactly zero
 #
-# In multi-head attention the keys are `k = x W^K + b^K`. The score of query `q`
-# against key `j` is then `q . (x_j W^K) + q . b^K`: the bias adds **the same
-# number** `q . b^K` to every score in the row, and softmax ignores a constant shift
-# of its row. So the output does not depend on `b^K` at all and its true gradient
+# In multi-head attention the keys are $k = x W^K + b^K$. The score of query `q`
+# against key `j` is then $q \cdot (x_j W^K) + q \cdot b^K$: the bias adds **the same
+# number** $q \cdot b^K$ to every score in the row, and softmax ignores a constant shift
+# of its row. So the output does not depend on $b^K$ at all and its true gradient
 # is exactly 0. The analytic backward returns rounding noise around 0 (1e-16);
 # the numerical one returns finite-difference noise (about `1e-16 / h`, with
 # `h = 1e-6`). The ratio of two noises is meaningless, about 1, and would fail any
@@ -223,16 +223,16 @@ check_and_report("multi_head_attention", multi_head_attention_forward, multi_hea
 #
 # ## 5. Why float64, and why central differences
 #
-# Taylor-expand around `x`: `f(x + h) = f + h f' + h^2/2 f'' + h^3/6 f''' + ...`
+# Taylor-expand around `x`: $f(x + h) = f + h f' + h^2/2 f'' + h^3/6 f''' + \dots$
 #
 # * forward difference `(f(x+h) - f(x))/h = f' + h/2 f'' + ...`: error `O(h)`;
-# * central difference `(f(x+h) - f(x-h))/2h = f' + h^2/6 f''' + ...`: the even
-#   terms cancel, error `O(h^2)`.
+# * central difference $(f(x+h) - f(x-h))/2h = f' + h^2/6 f''' + \dots$: the even
+#   terms cancel, error $O(h^2)$.
 #
 # That is the *truncation* error, falling as `h` shrinks. The *rounding* error rises:
-# `f` is only known to about `eps * |f|` (machine epsilon: 1e-16 in float64, 1e-7 in
-# float32), and dividing by `h` magnifies it to `eps/h`. The best `h` balances the
-# two: for central differences `h ~ eps^(1/3)`, with errors near `eps^(2/3)`: in
+# `f` is only known to about $\epsilon \cdot |f|$ (machine epsilon: 1e-16 in float64, 1e-7 in
+# float32), and dividing by `h` magnifies it to $\epsilon /h$. The best `h` balances the
+# two: for central differences $h \sim \epsilon^{1/3}$, with errors near $\epsilon^{2/3}$: in
 # float64 far below what a real bug produces. We measure it on
 # the softmax, in both precisions.
 
@@ -325,7 +325,7 @@ print(f"central differences bottom out at {best['float64'][0]:.0e} (h = {best['f
 # a *correct* backward would fail; for even smaller `h`, `x + h` rounds back to `x`
 # in float32 and the estimate is exactly 0 (error 1). The margin between right and a
 # gross bug shrinks by many orders of magnitude (printed), and a subtle bug (a small
-# term missing, an `eps` in the wrong place) would hide in what is left. That is why
+# term missing, an $\epsilon$ in the wrong place) would hide in what is left. That is why
 # gradient checks run in float64 while training runs in float32.
 #
 # ## Check
@@ -358,10 +358,44 @@ print(f"Check passed: {len(corr)} correct gradients, largest rel error {max(corr
 #
 # 1. Derive softmax's backward, `dx = y * (dy - sum(dy * y))`, without writing the
 #    Jacobian.
-# 2. Why is the true gradient of the key bias `b^K` exactly zero, and how does
+#
+#    <details><summary>Answer</summary>
+#
+#    With $y_i = e^{x_i}/\sum_k e^{x_k}$, a change of $x_j$ changes every $y_i$ by
+#    $\partial y_i/\partial x_j = y_i(\delta_{ij} - y_j)$. Then
+#    $\partial L/\partial x_j = \sum_i dy_i\, y_i(\delta_{ij} - y_j) = y_j dy_j - y_j \sum_i dy_i\, y_i$,
+#    which is $dx = y \odot (dy - \sum_i dy_i y_i)$ (equation 8.2): one dot product per
+#    row, no Jacobian.
+#
+#    </details>
+#
+# 2. Why is the true gradient of the key bias $b^K$ exactly zero, and how does
 #    `rel_error` keep that from failing the check?
+#
+#    <details><summary>Answer</summary>
+#
+#    The bias $b^K$ adds the same number $q \cdot b^K$ to every score of a query's row,
+#    and softmax ignores a constant shift of its row, so the output does not depend on
+#    $b^K$ and its gradient is exactly zero. The backward returns rounding noise around 0
+#    and the central difference finite-difference noise; their ratio is meaningless
+#    (about 1), so `rel_error` falls back to the absolute difference when both norms are
+#    below its `zero` threshold, and two near-zero gradients agree.
+#
+#    </details>
+#
 # 3. Why do gradient checks run in float64? What goes wrong with a central
 #    difference in float32 at `h = 1e-6`?
+#
+#    <details><summary>Answer</summary>
+#
+#    The central difference has truncation error $O(h^2)$ and rounding error about
+#    $\epsilon/h$ (machine epsilon $\epsilon$). In float64 ($\epsilon$ about 1e-16) a
+#    step of 1e-6 gives errors far below the check's tolerance. In float32 ($\epsilon$
+#    about 1e-7) the rounding term $\epsilon/h$ at $h = 10^{-6}$ is about a tenth: the
+#    difference of two nearly equal values loses all its digits, and a correct backward
+#    would fail.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -79,8 +79,8 @@ p, D, H = model.params, cfg.d_model, cfg.n_heads
 # output, the *memory*.
 #
 # The last column is the root mean square of the activations: the embedding is
-# multiplied by `sqrt(d_model)` (section 3.4) so that, with the library's
-# initialisation (std `d_model^-0.5`), it has unit scale, the same order as the
+# multiplied by $\sqrt{d_{\text{model}}}$ (section 3.4) so that, with the library's
+# initialisation (std $d_{\text{model}}^{-0.5}$), it has unit scale, the same order as the
 # positional encoding it is added to (rms `1/sqrt 2`); after every layer norm the
 # rms is back to 1.
 
@@ -194,16 +194,18 @@ assert positional_names["sinusoidal"] == ["embedding.weight"], "sinusoids must h
 # %% [markdown]
 # ## 2. Counting parameters: the base model's "65M"
 #
-# Per encoder layer there is one attention block (four `D x D` matrices `W^Q, W^K,
-# W^V, W^O` and their biases), one FFN (`D x F` and `F x D` plus biases) and two
+# Per encoder layer there is one attention block (four $D \times D$ matrices $W^Q, W^K,
+# W^V, W^O$ and their biases), one FFN ($D \times F$ and $F \times D$ plus biases) and two
 # layer norms (a gain and a bias each). A decoder layer has a second attention block
-# (cross-attention) and a third norm. The shared embedding is one `V x D` matrix;
+# (cross-attention) and a third norm. The shared embedding is one $V \times D$ matrix;
 # the sinusoids have no parameters.
 #
-#     attention = 4 (D^2 + D)        ffn = 2 D F + F + D        norm = 2 D
-#     encoder layer = attention + ffn + 2 norm
-#     decoder layer = 2 attention + ffn + 3 norm
-#     total = V D + N_enc * encoder layer + N_dec * decoder layer
+# $$\begin{aligned}
+# \text{attention} &= 4 (D^2 + D), \qquad \text{ffn} = 2 D F + F + D, \qquad \text{norm} = 2 D\cr
+# \text{encoder layer} &= \text{attention} + \text{ffn} + 2\, \text{norm}\cr
+# \text{decoder layer} &= 2\, \text{attention} + \text{ffn} + 3\, \text{norm}\cr
+# \text{total} &= V D + N_{\text{enc}} \cdot \text{encoder layer} + N_{\text{dec}} \cdot \text{decoder layer}
+# \end{aligned} \tag{9.1}$$
 
 # %%
 def formula(V, D, F, n_enc, n_dec, shared=True, learned_positions=0, pre_norm=False):
@@ -378,8 +380,8 @@ print(f"the feed-forward networks hold {ffn_total / layer_total:.0%} of the laye
 
 # %% [markdown]
 # Left: where the base model's parameters live. The feed-forward networks hold
-# the largest share of the layers' parameters (printed above; `2 D F = 8 D^2` per layer,
-# against `4 D^2` per attention block); the decoder is bigger than the encoder by its
+# the largest share of the layers' parameters (printed above; $2 D F = 8 D^2$ per layer,
+# against $4 D^2$ per attention block); the decoder is bigger than the encoder by its
 # cross-attention; layer norms are a rounding error; the shared embedding is the
 # largest single matrix, and untying would add the two hatched bars. Right: the
 # rows of Table 3 the library can express, turned into the vocabulary size each
@@ -429,11 +431,42 @@ print(f"Check passed: parameter counts equal the formula (base {n_base:,}; untie
 #
 # 1. What are the decoder's three sub-layers, and which one reads the encoder's
 #    output? What is the shape of its weights?
+#
+#    <details><summary>Answer</summary>
+#
+#    Masked self-attention over the target, encoder-decoder (cross-) attention, and the
+#    feed-forward network. Cross-attention reads the encoder's output (the memory) as its
+#    keys and values; its weights are the same shapes as self-attention's: four
+#    $d_{\text{model}} \times d_{\text{model}}$ matrices $W^Q, W^K, W^V, W^O$ with their
+#    biases.
+#
+#    </details>
+#
 # 2. The library counts fewer parameters for the base model than Table 3's 65M.
 #    Which part of the model explains the gap, and why are the layers not in
 #    question?
+#
+#    <details><summary>Answer</summary>
+#
+#    The shared embedding matrix, $V \times d_{\text{model}}$. The layer formula predicts
+#    how every row of Table 3 changes, and fitting each row's count leaves an embedding
+#    of a vocabulary somewhat larger than section 5.1's, so the difference is embedding
+#    rows; the layers' count agrees with every variant.
+#
+#    </details>
+#
 # 3. The shared embedding is used three times. Which use gives a gradient to *every*
 #    row, and why must the three gradients be added?
+#
+#    <details><summary>Answer</summary>
+#
+#    The output projection (the pre-softmax linear map) gives a gradient to every row:
+#    the softmax's gradient reaches every vocabulary entry at every position. The two
+#    embedding lookups give gradients only to the rows of tokens in the batch. The same
+#    matrix is used three times, so by the chain rule its gradient is the sum of the
+#    three uses' gradients.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -7,20 +7,20 @@
 #
 # | layer type | complexity per layer | sequential operations | maximum path length |
 # |---|---|---|---|
-# | self-attention | `O(n^2 d)` | `O(1)` | `O(1)` |
-# | recurrent | `O(n d^2)` | `O(n)` | `O(n)` |
-# | convolutional (kernel `k`) | `O(k n d^2)` | `O(1)` | `O(log_k n)` (dilated) |
+# | self-attention | $O(n^2 d)$ | `O(1)` | `O(1)` |
+# | recurrent | $O(n d^2)$ | `O(n)` | `O(n)` |
+# | convolutional (kernel `k`) | $O(k n d^2)$ | `O(1)` | `O(log_k n)` (dilated) |
 # | self-attention, restricted to a neighbourhood `r` | `O(r n d)` | `O(1)` | `O(n / r)` |
 #
 # * **Complexity per layer**: arithmetic. Self-attention compares every position
-#   with every other: `n^2` dot products of length `d`. A recurrent layer
+#   with every other: $n^2$ dot products of length `d`. A recurrent layer
 #   multiplies each of the `n` states by a `d x d` matrix. So self-attention is
 #   cheaper when `n < d`, "which is most often the case with sentence
 #   representations used by state-of-the-art models" (sentences of tens of
 #   word-pieces, `d = 512`).
 # * **Sequential operations**: how many steps must happen one after the other,
 #   however many processors you have. A recurrent layer cannot compute `h_t`
-#   before `h_{t-1}`.
+#   before $h_{t-1}$.
 # * **Maximum path length**: how many layers (or steps) a signal must cross to go
 #   from one position to another, forwards or, for learning, backwards. "The
 #   shorter these paths ... the easier it is to learn long-range dependencies."
@@ -75,14 +75,14 @@ def self_attention(x, p, heads):
 #
 # | | per-position projections | mixing across positions |
 # |---|---|---|
-# | self-attention | `W^Q, W^K, W^V, W^O`: `4 n d^2` | scores `n^2 d` + weighted sum `n^2 d` |
-# | recurrent | input `x_t W_x`: `n d^2` | recurrence `h_{t-1} W_h`: `n d^2` |
+# | self-attention | $W^Q, W^K, W^V, W^O$: $4 n d^2$ | scores $n^2 d$ + weighted sum $n^2 d$ |
+# | recurrent | input `x_t W_x`: $n d^2$ | recurrence $h_{t-1} W_h$: $n d^2$ |
 #
-# Table 1's `O(n^2 d)` for self-attention is the mixing column: the projections
-# cost `O(n d^2)`, like a recurrent layer, and the table leaves them out (they are
+# Table 1's $O(n^2 d)$ for self-attention is the mixing column: the projections
+# cost $O(n d^2)$, like a recurrent layer, and the table leaves them out (they are
 # per-position work that any layer type has in some form). Comparing the mixing
-# terms, `2 n^2 d` against `n d^2`, self-attention is cheaper while `n < d/2`; with
-# an LSTM (four gates, `4 n d^2` for the recurrence) while `n < 2d`. Constants move
+# terms, $2 n^2 d$ against $n d^2$, self-attention is cheaper while `n < d/2`; with
+# an LSTM (four gates, $4 n d^2$ for the recurrence) while `n < 2d`. Constants move
 # the crossing point; the big-O statement "cheaper when `n < d`" is about the order.
 
 # %%
@@ -155,7 +155,7 @@ print(f"time grows like n^{slope_att:.2f} (self-attention) and n^{slope_rnn:.2f}
 # %% [markdown]
 # **What to notice.** The recurrent layer's time grows in proportion to `n`: a
 # constant cost per step (the `us/step` column). Self-attention's grows faster,
-# towards `n^2`, once the `n x n` score matrices dominate, and the ratio of the two
+# towards $n^2$, once the `n x n` score matrices dominate, and the ratio of the two
 # climbs with `n`.
 #
 # On one core this is all there is to it: a core does one thing at a time, and the
@@ -174,7 +174,7 @@ print(f"time grows like n^{slope_att:.2f} (self-attention) and n^{slope_rnn:.2f}
 # applies the layer's update to whatever its inputs currently hold. How many
 # rounds until every output is right?
 #
-# For the recurrent layer, a round computes `h_t = cell(x_t, h_{t-1})` for all `t`
+# For the recurrent layer, a round computes $h_t = \mathrm{cell}(x_t, h_{t-1})$ for all `t`
 # at once, with `rnn_step_forward` on all positions stacked into one batch. We
 # start with every `h_t` unknown, written as NaN. NaN is contagious: any
 # arithmetic with it gives NaN, so a value is finite exactly when everything it
@@ -226,7 +226,7 @@ print("after n rounds the parallel recurrence equals rnn_forward:", rounds_match
 
 # %% [markdown]
 # (One caveat, for later reading: this holds for a *nonlinear* recurrence such as
-# the tanh cell. A *linear* recurrence `h_t = a_t h_{t-1} + b_t` can be computed
+# the tanh cell. A *linear* recurrence $h_t = a_t h_{t-1} + b_t$ can be computed
 # with a parallel prefix scan in `O(log n)` rounds, which is what some recent
 # sequence models exploit.)
 #
@@ -239,13 +239,13 @@ print("after n rounds the parallel recurrence equals rnn_forward:", rounds_match
 #
 # * **Self-attention**: one layer. The last query's scores include the poisoned
 #   key.
-# * **Recurrent**: `n` steps: `x_0 -> h_0 -> h_1 -> ... -> h_{n-1}`. (Rounds of the
+# * **Recurrent**: `n` steps: $x_0 \to h_0 \to h_1 \to \dots \to h_{n-1}$. (Rounds of the
 #   parallel update from a finite guess, as above, one position per round.)
 # * **Convolution**, kernel `k = 3`, causal: output `t` reads inputs `t, t-s, t-2s`
 #   (`s` the dilation), built from `linear_forward` on three shifted copies.
 #   Contiguous kernels (`s = 1` in every layer) reach `k - 1` positions further
 #   per layer: `ceil((n-1)/(k-1))` layers, the `O(n/k)` of section 4. Dilated ones
-#   (`s = 1, k, k^2, ...`, as in ByteNet) multiply the reach by `k` per layer:
+#   ($s = 1, k, k^2, \dots$, as in ByteNet) multiply the reach by `k` per layer:
 #   `ceil(log_k n)` layers, Table 1's `O(log_k n)`.
 
 # %%
@@ -351,7 +351,7 @@ for k, v in restricted.items():
 #
 # Backpropagate from the **last** output only, and look at how much gradient
 # reaches each input, against its distance from the end. The recurrent layer's
-# gradient to `x_i` is a product of `n - 1 - i` step Jacobians `diag(1 - h^2) W_h^T`;
+# gradient to `x_i` is a product of `n - 1 - i` step Jacobians $\mathrm{diag}(1 - h^2) W_h^\top$;
 # with weights like these (spectral radius about 1, tanh' below 1) each factor
 # shrinks it, and after a few dozen steps almost nothing is left: the vanishing
 # gradient of lesson 1. Self-attention reaches every input through one softmax.
@@ -383,7 +383,7 @@ print(f"  recurrent {decay_rnn:.1e}   self-attention {decay_att:.2f}")
 # counts), which is exactly why the paper proposes the restricted variant for long
 # sequences. (3) is true of *distance*: the plot's self-attention curve is flat. But
 # gradients in a Transformer can still vanish: a saturated softmax (the reason for the
-# `1/sqrt(d_k)` of section 3.2.1), a deep stack (residual connections and layer norm
+# $1/\sqrt{d_k}$ of section 3.2.1), a deep stack (residual connections and layer norm
 # are there for that), and with diffuse attention each input's share is about `1/n`,
 # so the signal per input thins out as `n` grows, slowly rather than exponentially.
 #
@@ -491,7 +491,38 @@ print(f"Check passed in {time.time() - T0:.1f} s.")
 #
 # 1. With the constants counted in this lesson, for which sequence lengths is self-
 #    attention's mixing cheaper than a recurrent layer's?
+#
+#    <details><summary>Answer</summary>
+#
+#    Counting the mixing terms, self-attention costs $2 n^2 d$ and a plain recurrent
+#    layer $n d^2$, so self-attention is cheaper while $n < d/2$ (against an LSTM's four
+#    gates, while $n < 2d$). The order-of-magnitude statement of section 4 is "cheaper
+#    when $n < d$".
+#
+#    </details>
+#
 # 2. What is the maximum path length between two positions for self-attention, a
 #    recurrent layer and a stack of contiguous convolutions?
+#
+#    <details><summary>Answer</summary>
+#
+#    Self-attention: $O(1)$, every position attends to every other in one layer.
+#    Recurrent: $O(n)$, the signal passes through every step in between. Contiguous
+#    convolutions of width $k$: $O(n/k)$ layers, or $O(\log_k n)$ with dilated
+#    convolutions.
+#
+#    </details>
+#
 # 3. Why is "cut the sentence into `n/r` blocks and attend within each block" not
 #    the paper's restricted self-attention, and what would it do to the path length?
+#
+#    <details><summary>Answer</summary>
+#
+#    Blocks cut the sentence so that two neighbours on either side of a boundary never
+#    meet, and a position near the start of a block sees nothing to its left. The paper's
+#    restricted self-attention is a window of size $r$ *centred on each position*: every
+#    position sees its $r$ nearest neighbours, and the maximum path length is $O(n/r)$.
+#    With blocks, positions in different blocks are never connected at all, in any number
+#    of layers: the path length is infinite.
+#
+#    </details>

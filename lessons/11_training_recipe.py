@@ -5,14 +5,14 @@
 # ingredients, each a few lines in the library, each easy to get subtly wrong:
 #
 # 1. **The learning-rate schedule** (section 5.3):
-#    `lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)`, with
-#    `warmup_steps = 4000`: a linear warm-up, then decay with `1/sqrt(step)`.
+#    $\mathit{lrate} = d_{\text{model}}^{-0.5} \cdot \min(\mathit{step}^{-0.5}, \mathit{step} \cdot \mathit{warmup\_steps}^{-1.5})$, with
+#    `warmup_steps = 4000`: a linear warm-up, then decay with $1/\sqrt{\mathit{step}}$.
 #    (`attn.optim.noam_lr`, `schedule_curve`)
 # 2. **Label smoothing** with `eps_ls = 0.1` (section 5.4): "This hurts perplexity,
 #    as the model learns to be more unsure, but improves accuracy and BLEU score."
 #    (`attn.loss.cross_entropy(..., smoothing=0.1)`)
-# 3. **Adam** with `beta1 = 0.9, beta2 = 0.98, eps = 1e-9` (section 5.3), not the
-#    usual `beta2 = 0.999, eps = 1e-8` of Adam's own paper (Kingma and Ba, 2015).
+# 3. **Adam** with $\beta_1 = 0.9, \beta_2 = 0.98, \epsilon = 10^{-9}$ (section 5.3), not the
+#    usual $\beta_2 = 0.999, \epsilon = 10^{-8}$ of Adam's own paper (Kingma and Ba, 2015).
 #    (`attn.optim.Adam`)
 #
 # Everything here is small arrays; no Transformer is trained (lesson 20 measures
@@ -35,16 +35,18 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # %% [markdown]
 # ## 1. Warm-up, then inverse square root
 #
-# The two branches of the `min` cross where `step^-0.5 = step * w^-1.5`, i.e. at
+# The two branches of the `min` cross where $\mathit{step}^{-0.5} = \mathit{step} \cdot w^{-1.5}$, i.e. at
 # `step = w`. So the rate climbs linearly for `w` steps and peaks at exactly
 # `step = warmup_steps` with the value
 #
-#     lrate_max = d_model^-0.5 * w^-0.5        (the base model's is the warmup-4000 row below)
+# $$\mathit{lrate}_{\max} = d_{\text{model}}^{-0.5} \cdot w^{-0.5} \tag{11.1}$$
+#
+# (the base model's is the warmup-4000 row below).
 #
 # A longer warm-up therefore means a *lower* peak, not just a later one: past its
 # peak every curve with the same `d_model` joins the one curve
-# `d_model^-0.5 step^-0.5` (the dotted line below), so the warm-up only decides
-# where you climb onto it. `d_model^-0.5` scales the whole schedule: a wider model
+# $d_{\text{model}}^{-0.5} \mathit{step}^{-0.5}$ (the dotted line below), so the warm-up only decides
+# where you climb onto it. $d_{\text{model}}^{-0.5}$ scales the whole schedule: a wider model
 # takes smaller steps.
 
 # %%
@@ -69,13 +71,12 @@ print(f"the base model at its last step, 100k: {base_end:.2e}, {base_end / curve
 # paper's factor 1, and says why one shared schedule is part of every comparison
 # it makes.) The inverse-square-root decay afterwards is a slow anneal: at step
 # 100k (the base model's last) the rate is still a sizeable fraction of the peak,
-# `sqrt(w / step)` (printed above).
+# $\sqrt{w / \mathit{step}}$ (printed above).
 #
 # The library's trainer (lesson 14) can multiply the schedule by a constant
 # factor, `attn-train --lr-factor`; the shape is the paper's.
 #
-# **The learning rate is not trained.** Study summaries of the schedule sometimes
-# note "the learning rate is trained too". It is not a parameter: equation (3) is a fixed
+# **The learning rate is not trained.** It is not a parameter: equation (3) is a fixed
 # function of the step number, `d_model` and `warmup_steps`, and no gradient ever
 # reaches it. Below, two optimizers fed very different gradients for 50 steps
 # both take step 51 at exactly the rate the formula gives.
@@ -109,11 +110,11 @@ fig.tight_layout(); show_figure(fig, "11_schedule.png")
 #
 # Instead of the one-hot target, the loss uses
 #
-#     q = (1 - eps) * onehot(y) + eps / V
+# $$q = (1 - \epsilon_{ls})\, \mathrm{onehot}(y) + \epsilon_{ls} / V \tag{11.2}$$
 #
 # (Szegedy et al. 2016; the library follows the convention of PyTorch's
-# `cross_entropy(label_smoothing=eps)`, where the uniform part also covers the true
-# class). The loss is the cross-entropy `-sum_v q_v log p_v`, and softmax and loss
+# `cross_entropy(label_smoothing=...)`, where the uniform part also covers the true
+# class). The loss is the cross-entropy $-\sum_v q_v \log p_v$, and softmax and loss
 # fuse to `dlogits = (p - q) / n_tokens`. We don't take `q` from the formula: we
 # read it back out of the library's gradient, `q = p - n * dlogits`.
 
@@ -129,12 +130,12 @@ for s in (0.0, eps):
 q_smooth = q[0]
 
 # %% [markdown]
-# The true class gets `1 - eps + eps/V`, every other class `eps/V` (the printed
+# The true class gets $1 - \epsilon_{ls} + \epsilon_{ls}/V$, every other class $\epsilon_{ls}/V$ (the printed
 # `q[y]` and `q`).
 #
 # **What the model is asked to learn.** Cross-entropy against `q` is minimised by
 # `p = q` (Gibbs' inequality), so a model trained with smoothing is pulled towards
-# being `1 - eps + eps/V` sure (just over `1 - eps` for a large vocabulary), never
+# being $1 - \epsilon_{ls} + \epsilon_{ls}/V$ sure (just over $1 - \epsilon_{ls}$ for a large vocabulary), never
 # fully sure: its logits stay finite. Without smoothing the optimum is `p = onehot`, which needs
 # infinite logits, and the loss keeps pushing them up forever. Fit one free row of
 # logits with Adam and watch:
@@ -158,7 +159,7 @@ print(f"p = q would mean p[y] = {q_y:.2f} and a margin log({q_y:.2f}/{q_other:.2
       f"the smoothed fit reached p[y] = {fits[eps][0][y]:.4f}, margin {fits[eps][2]:.2f}, loss {fits[eps][1]:.4f}")
 
 # %% [markdown]
-# The smoothed fit stops at `p = q`, with the margin `log(q[y] / q[other])` and the
+# The smoothed fit stops at `p = q`, with the margin $\log(q[y] / q[\mathit{other}])$ and the
 # loss `H(q)` (the last two lines above); the unsmoothed one is still climbing.
 #
 # **"Hurts perplexity, improves accuracy."** Now a classifier trained on data,
@@ -166,7 +167,7 @@ print(f"p = q would mean p[y] = {q_y:.2f} and a margin log({q_y:.2f}/{q_other:.2
 # overlap, so no model can be right every time. The model is softmax regression,
 # `logits = x W + b`, which is exactly the Transformer's last step (the decoder's
 # output times the embedding matrix) with fixed features. Two runs, identical except
-# for `eps`. We measure on a held-out set: perplexity `exp(mean -log p_y)` (*without*
+# for $\epsilon_{ls}$. We measure on a held-out set: perplexity $\exp(\mathrm{mean}(-\log p_y))$ (*without*
 # smoothing: the true labels' likelihood, the paper's PPL), accuracy, the average
 # confidence `max p`, and the average entropy of `p`.
 
@@ -223,9 +224,9 @@ print(f"  mean confidence      {d_conf.min():+.3f} to {d_conf.max():+.3f}")
 
 # %% [markdown]
 # The smoothed model is less confident (lower `max p`, higher entropy; the
-# histogram below). Not every prediction stays under `1 - eps + eps/V`: one `W` serves all inputs,
+# histogram below). Not every prediction stays under $1 - \epsilon_{ls} + \epsilon_{ls}/V$: one `W` serves all inputs,
 # and points far from every class boundary get large margins anyway. Its
-# perplexity is worse: it was trained to spread `eps = 0.1` of its mass over the other
+# perplexity is worse: it was trained to spread $\epsilon_{ls} = 0.1$ of its mass over the other
 # classes, and the held-out labels do not reward that. The accuracy difference is
 # small and, over the several draws of the data printed above, its sign is not
 # fixed, while the perplexity and confidence differences keep theirs: smoothing
@@ -256,19 +257,19 @@ ax[2].set_title("one row of free logits after 2000 Adam steps"); ax[2].legend()
 fig.tight_layout(); show_figure(fig, "11_label_smoothing.png")
 
 # %% [markdown]
-# ## 3. Adam: beta2 = 0.98, eps = 1e-9, and bias correction
+# ## 3. Adam: $\beta_2 = 0.98$, $\epsilon = 10^{-9}$, and bias correction
 #
 # Adam keeps running means of the gradient and of its square,
 #
-#     m_t = beta1 m_{t-1} + (1 - beta1) g_t        v_t = beta2 v_{t-1} + (1 - beta2) g_t^2
+# $$m_t = \beta_1 m_{t-1} + (1 - \beta_1) g_t, \qquad v_t = \beta_2 v_{t-1} + (1 - \beta_2) g_t^2 \tag{11.3}$$
 #
-# and steps by `lr * m_hat / (sqrt(v_hat) + eps)` with the bias-corrected
-# `m_hat = m_t / (1 - beta1^t)`, `v_hat = v_t / (1 - beta2^t)`. Both averages start
+# and steps by $lr \cdot \hat m_t / (\sqrt{\hat v_t} + \epsilon)$ with the bias-corrected
+# $\hat m_t = m_t / (1 - \beta_1^t)$, $\hat v_t = v_t / (1 - \beta_2^t)$. Both averages start
 # at zero, so early on they are too small; the corrections undo exactly that. At
-# step 1 `m_hat = g` and `v_hat = g^2`, so the first update is `lr * g / (|g| + eps)`:
+# step 1 $\hat m_t = g$ and $\hat v_t = g^2$, so the first update is $lr \cdot g / (|g| + \epsilon)$:
 # size `lr` for every parameter, whatever the scale of its gradient (hence the
-# warm-up above). The paper's tiny `eps = 1e-9` keeps that true down to gradients
-# a few times `eps`; a common `eps = 1e-6` would already halve a gradient-1e-6 step.
+# warm-up above). The paper's tiny $\epsilon = 10^{-9}$ keeps that true down to gradients
+# a few times $\epsilon$; a common $\epsilon = 10^{-6}$ would already halve a gradient-1e-6 step.
 
 # %%
 lr = 1e-3
@@ -285,12 +286,12 @@ for scale in (1e3, 1.0, 1e-3, 1e-6):
     print(f"{scale:>8.0e} {str(ratios[0].round(4)):>28} {str(ratios[1].round(3)):>12}")
 
 # %% [markdown]
-# (The ratios are `|g| / (|g| + eps)`: exactly 1 until the gradient is within a few
-# orders of magnitude of `eps`.)
+# (The ratios are $|g| / (|g| + \epsilon)$: exactly 1 until the gradient is within a few
+# orders of magnitude of $\epsilon$.)
 #
-# Without bias correction the step would be `(1 - beta1^t) / sqrt(1 - beta2^t)`
+# Without bias correction the step would be $(1 - \beta_1^t) / \sqrt{1 - \beta_2^t}$
 # times the corrected one for a constant gradient: below 1 at step 1 with the
-# paper's `beta2 = 0.98`, rising above 1 for some steps and settling at 1 after a
+# paper's $\beta_2 = 0.98$, rising above 1 for some steps and settling at 1 after a
 # hundred or so; with the common 0.999 it starts above 1 and climbs to several times
 # the asked-for size before slowly coming down. Here are the first steps from the
 # library (corrected) and from that formula, and where each uncorrected curve
@@ -317,7 +318,7 @@ for b2 in (0.98, 0.999):
           f"{int(tl[unc.argmax()])}")
 
 # %% [markdown]
-# **Why 0.98 rather than 0.999.** `v` averages over about `1/(1 - beta2)` steps: 50
+# **Why 0.98 rather than 0.999.** `v` averages over about $1/(1 - \beta_2)$ steps: 50
 # with 0.98, 1000 with 0.999. When the scale of the gradient changes (early in
 # training it changes all the time, as the loss falls and layers wake up), `v` lags
 # behind, and while it lags the steps are too big (scale up) or too small (scale
@@ -362,8 +363,8 @@ fig.tight_layout(); show_figure(fig, "11_adam.png")
 # %% [markdown]
 # Left: the library's steps are exactly `lr` from the first one; without the
 # correction they would be off by the factors printed above, modestly with
-# `beta2 = 0.98` and by several times with 0.999. Right: after the gradient scale
-# jumps, the updates with `beta2 = 0.999` overshoot for a long time, and after it
+# $\beta_2 = 0.98$ and by several times with 0.999. Right: after the gradient scale
+# jumps, the updates with $\beta_2 = 0.999$ overshoot for a long time, and after it
 # drops back they stay suppressed for hundreds of steps, while with 0.98 they are
 # back near their old size much sooner (the table above). Neither matters much in
 # a long, steady run; in the first thousands of steps of a Transformer, when the
@@ -413,10 +414,43 @@ print(f"Check passed: schedules peak at step == warmup with d^-0.5 w^-0.5; the s
 #
 # 1. At which step does the learning rate of equation (3) peak, and why does a
 #    longer warm-up give a *lower* peak?
-# 2. With label smoothing `eps`, what target does the loss use, which probability
+#
+#    <details><summary>Answer</summary>
+#
+#    At $\mathit{step} = \mathit{warmup\_steps}$, where the two branches of the $\min$ in
+#    equation (3) cross. The peak is $d_{\text{model}}^{-0.5} \cdot w^{-0.5}$
+#    (equation 11.1): after the peak every schedule joins the same curve
+#    $d_{\text{model}}^{-0.5}\mathit{step}^{-0.5}$, which falls with $\mathit{step}$, so
+#    the later the warm-up ends the lower the point at which it joins.
+#
+#    </details>
+#
+# 2. With label smoothing $\epsilon_{ls}$, what target does the loss use, which probability
 #    does it pull `p[y]` towards, and why do the logits stay finite?
-# 3. What does Adam's bias correction do to the first steps, and why does `beta2 =
-#    0.98` recover faster than 0.999 when the gradient's scale changes?
+#
+#    <details><summary>Answer</summary>
+#
+#    The target is $q = (1 - \epsilon_{ls})\, \mathrm{onehot}(y) + \epsilon_{ls}/V$
+#    (equation 11.2). The loss is lowest when $p = q$, so it pulls $p[y]$ towards
+#    $1 - \epsilon_{ls} + \epsilon_{ls}/V$, not 1. Reaching probability 1 would need an
+#    infinite gap between logits; reaching $q$ needs only the finite gap
+#    $\log(q[y]/q[\mathit{other}])$, so the logits stay finite.
+#
+#    </details>
+#
+# 3. What does Adam's bias correction do to the first steps, and why does $\beta_2 =
+#    0.98$ recover faster than 0.999 when the gradient's scale changes?
+#
+#    <details><summary>Answer</summary>
+#
+#    Both running means start at zero; the corrections divide them by $1 - \beta_1^t$ and
+#    $1 - \beta_2^t$, so the first steps are full-size (at step 1 the update is
+#    $\mathit{lr} \cdot g/(|g| + \epsilon)$) instead of too small or too large. $v_t$
+#    averages over about $1/(1 - \beta_2)$ steps: that is 50 steps for $\beta_2 = 0.98$
+#    against a thousand for 0.999, so after a change in the gradient's scale the estimate
+#    catches up twenty times sooner.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -3,9 +3,9 @@
 #
 # Section 5.4 opens "We employ three types of regularization during training", and
 # then describes two: residual dropout (applied in two places, quoted below) and
-# label smoothing. The count does not match the text. Summaries sometimes count
-# residual dropout's two places as two regularisers to make it match, but the paper
-# names one technique, "Residual Dropout", with one rate. An earlier version of the
+# label smoothing. The count does not match the text. Residual dropout's two places
+# are not two regularisers: the paper names one technique, "Residual Dropout", with
+# one rate. An earlier version of the
 # paper on arXiv also described dropout on the attention weights, which would make
 # three; the final text no longer does. The library has that third one too, off by
 # default because the final text does not ask for it:
@@ -19,16 +19,15 @@
 # > decoder stacks. For the base model, we use a rate of `P_drop = 0.1`.
 #
 # So one sub-layer is `LayerNorm(x + Dropout(Sublayer(x)))`, and the stacks start
-# from `Dropout(Embedding(ids) * sqrt(d_model) + PE)`.
+# from $\mathrm{Dropout}(\mathrm{Embedding}(\mathit{ids}) \cdot \sqrt{d_{\text{model}}} + PE)$.
 #
 # We look at
 #
 # 1. **inverted dropout** (`attn.layers.dropout_forward` / `dropout_backward`): the
 #    scaling by `1/(1 - p)`, why evaluation then needs no rescale, and its backward;
 # 2. **where** the paper puts it: we rebuild the encoder by hand with the same random
-#    numbers and get the library's output exactly; and why a placement that
-#    summaries of the paper often give (on the sub-layer *input*) would be a
-#    different model, worse in a toy measurement;
+#    numbers and get the library's output exactly; and why another placement (on
+#    the sub-layer *input*) would be a different model, worse in a toy measurement;
 # 3. **what it is for**: a small corpus, a model that can memorise it, trained with
 #    and without dropout and label smoothing, over several seeds.
 
@@ -139,11 +138,9 @@ print(f"library encoder vs the hand-written one, same random numbers: max |diff|
 print(f"with dropout vs without (rng=None): max |diff| = {np.abs(mem_lib - mem_eval).max():.2f}")
 
 # %% [markdown]
-# **A common misreading.** Summaries of the paper often describe residual dropout as
-# applied to "the sub-layer input before normalisation, the sum of the embeddings
-# (attention score), and the positional encoding". The paper's sentence says *output*,
-# and "the sums of the embeddings and the positional encodings" means the one vector
-# `embedding + PE`, not attention scores and not the positional encoding alone.
+# **Input or output?** The paper's sentence says *output*, and "the sums of the
+# embeddings and the positional encodings" means the one vector `embedding + PE`, not
+# attention scores and not the positional encoding alone.
 #
 # The difference is not cosmetic. Put dropout on the sub-layer input,
 # `LayerNorm(Dropout(x) + Sublayer(Dropout(x)))`, and the residual path itself is
@@ -319,10 +316,39 @@ print(f"Check passed in {time.time() - T0:.1f} s: dropout keeps E[x], its backwa
 # Answer these from the lesson and what it printed:
 #
 # 1. Why does inverted dropout need no rescaling at evaluation time?
+#
+#    <details><summary>Answer</summary>
+#
+#    Inverted dropout divides the kept activations by the keep probability $1 - P_{drop}$
+#    during training, so each activation's expected value is the same as without dropout.
+#    At evaluation nothing is dropped and nothing needs scaling.
+#
+#    </details>
+#
 # 2. Where does section 5.4 apply residual dropout, and what changes if dropout is
 #    put on the sub-layer's *input* instead?
+#
+#    <details><summary>Answer</summary>
+#
+#    On the output of each sub-layer, before it is added to the sub-layer's input and
+#    normalised, and on the sums of the embeddings and the positional encodings. Dropout
+#    on the sub-layer's *input* would also drop the residual path: the identity $x$ would
+#    be damaged too, where section 5.4 leaves it intact and drops only the sub-layer's
+#    contribution.
+#
+#    </details>
+#
 # 3. Section 5.4 announces three regularisers and describes two. Which two, and
 #    where is the third in the library?
+#
+#    <details><summary>Answer</summary>
+#
+#    Residual dropout and label smoothing. The third, dropout on the attention weights
+#    (from an earlier version of the paper), is in the library as
+#    `TransformerConfig(attention_dropout=...)`, the `dropout` argument of lesson 4's
+#    `attention_forward`, off by default.
+#
+#    </details>
 
 
 # %% [markdown]

@@ -84,7 +84,7 @@ print("by hand:              ", hand_merges)
 #
 # To encode a word, start from its characters and apply the learned merges in the
 # order they were learned. A word never seen in training is spelled from known
-# pieces; a character never seen becomes its UTF-8 bytes (`<0x..>` tokens, all 256
+# pieces; a character never seen becomes its UTF-8 bytes (`<0x..>` tokens, all $2^8 = 256$
 # of them in the vocabulary), so nothing is ever `<unk>`. And decoding joins the
 # pieces back into exactly the (normalised) text.
 
@@ -203,9 +203,38 @@ print(f"Check passed in {time.time() - T0:.1f} s: the library's merges are the h
 #
 # 1. How does byte-pair encoding choose its next merge, and why does a word never
 #    seen in training still get encoded without `<unk>`?
+#
+#    <details><summary>Answer</summary>
+#
+#    It counts every pair of adjacent symbols in the training words (weighted by the
+#    words' counts) and merges the most frequent pair into a new symbol. A word never
+#    seen is split into characters and the learned merges are applied in their order; a
+#    character never seen becomes its UTF-8 bytes, which are all in the vocabulary, so
+#    there is always an encoding without `<unk>`.
+#
+#    </details>
+#
 # 2. Why does the paper learn one vocabulary for both languages, and what does that
 #    let section 3.4 do?
+#
+#    <details><summary>Answer</summary>
+#
+#    English and German share an alphabet and many subwords (names, numbers, cognates):
+#    one vocabulary makes one embedding table for both sides, which is what lets
+#    section 3.4 share one weight matrix between the two embedding layers and the
+#    pre-softmax linear map.
+#
+#    </details>
+#
 # 3. What does byte fallback guarantee about encoding and decoding any text?
+#
+#    <details><summary>Answer</summary>
+#
+#    Every string can be encoded (no `<unk>`, since the $2^8 = 256$ bytes cover any text)
+#    and decoding gives back exactly the text that was encoded: encoding is lossless and
+#    decoding inverts it.
+#
+#    </details>
 
 
 # %% [markdown]

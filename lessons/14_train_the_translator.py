@@ -5,8 +5,9 @@
 # trained on the toy corpus (English -> the made-up language "tk", see
 # `data/make_toy.py`: adjectives after the noun, verbs at the end of subordinate
 # clauses, agreement, numbers said units-first), then used to translate with greedy
-# decoding and with the paper's beam search (beam 4, length penalty alpha = 0.6,
-# section 6.1), and scored with BLEU.
+# decoding and with the paper's beam search (beam 4, length penalty $\alpha = 0.6$,
+# section 6.1), and scored with BLEU. This lesson uses beam search and BLEU as tools;
+# lesson 15 builds beam search (with the decoder's cache) and lesson 16 builds BLEU.
 #
 # We first write the training step and loop ourselves, from the model of lesson 9,
 # the loss of lesson 11 and Adam; then hand the same run over to the library's
@@ -226,9 +227,10 @@ print(f"training loss: first step {train_losses[0]:.2f} (log V = {np.log(V):.2f}
 # (with the keys and values of earlier positions cached: lesson 15 builds that).
 #
 # * **Greedy** takes the most probable token at every step.
-# * **Beam search** keeps the `K = 4` best partial translations, and ranks finished
-#   ones by `log P(Y | X) / lp(Y)` with `lp(Y) = ((5 + |Y|) / 6)^alpha`,
-#   `alpha = 0.6` (GNMT's length penalty; without it, every extra token lowers
+# * **Beam search** (built in lesson 15, `attn.decode.beam_search`; here we only use it)
+#   keeps the `K = 4` best partial translations, and ranks finished
+#   ones by $\log P(Y \mid X) / \mathit{lp}(Y)$ with $\mathit{lp}(Y) = ((5 + |Y|) / 6)^{\alpha}$,
+#   $\alpha = 0.6$ (GNMT's length penalty; without it, every extra token lowers
 #   `log P`, so search would favour short outputs).
 
 # %%
@@ -259,7 +261,8 @@ for i in range(6):
 # %% [markdown]
 # ### BLEU
 #
-# `attn.evaluate.evaluate_bleu` translates and scores with sacrebleu's corpus BLEU.
+# `attn.evaluate.evaluate_bleu` translates and scores with sacrebleu's corpus BLEU
+# (lesson 16 builds BLEU and explains what it counts; here we only use the score).
 # A trivial baseline: output the English source unchanged. The two languages share
 # almost no words (only the full stop and the comma), so copying scores nearly zero;
 # the word-by-word dictionary of `data/baseline.py` does much better, but a lookup
@@ -435,10 +438,10 @@ for i in worse[:3]:
 # Such misses are rare, but when they happen they can be large, and they are why
 # beam 4's BLEU can come out a little *below* greedy's on a well-trained model.
 #
-# **Beam size 1 is greedy** when there is no length penalty (`alpha = 0`): with one
+# **Beam size 1 is greedy** when there is no length penalty ($\alpha = 0$): with one
 # beam, keeping "the best candidate" at each step is taking the argmax, and once
 # greedy's output has finished, no live beam can beat it (its `log P` is already
-# lower and can only fall): the tokens must be identical. (With `alpha > 0` one beam
+# lower and can only fall): the tokens must be identical. (With $\alpha > 0$ one beam
 # may go on past greedy's EOS to a longer output that scores better.)
 
 # %%
@@ -524,7 +527,41 @@ print(f"Check passed: our loop == attn.train for {PROBE} steps; label smoothing 
 #
 # 1. Name the six lines of a training step. What does `attn.train` add around them,
 #    and how did the lesson check that its step is the same?
+#
+#    <details><summary>Answer</summary>
+#
+#    A batch; the forward pass; the loss with `dlogits`; the backward pass; an Adam step
+#    with the schedule; a log line. `attn.train` adds the batching by length, checkpoints
+#    and their averaging, evaluation, dropout seeds per step and resuming; the lesson ran
+#    its own loop and the library's from the same start and compared the results, which
+#    were the same.
+#
+#    </details>
+#
 # 2. Why can a model's greedy translations run long (look at the table's lengths: in
 #    this run, whose did?), and why does beam search repair much of that?
+#
+#    <details><summary>Answer</summary>
+#
+#    A greedy decoder never takes back a word: once it takes a wrong turn or misses the
+#    end-of-sentence token it keeps going, repeating or adding words, until the length
+#    limit (the table's lengths show which model did it in this run). Beam search keeps
+#    several candidates and ranks finished ones by their whole probability, so a
+#    translation that ends at the right place wins over a long one that had one likely
+#    word at an early step. Beam search is built in lesson 15.
+#
+#    </details>
+#
 # 3. Why is beam search with one beam and no length penalty exactly greedy decoding,
-#    but not with `alpha > 0`?
+#    but not with $\alpha > 0$?
+#
+#    <details><summary>Answer</summary>
+#
+#    With one beam the search keeps the single most probable continuation at every step,
+#    which is greedy decoding, and with $\alpha = 0$ the length penalty is
+#    $\mathit{lp}(Y) = 1$, so the ranking of finished hypotheses is by probability alone,
+#    as greedy's. With $\alpha > 0$ the ranking divides by $\mathit{lp}(Y)$, so a
+#    finished short hypothesis can lose to a longer one the greedy path would not have
+#    chosen, and the outputs may differ.
+#
+#    </details>

@@ -136,7 +136,7 @@ print(f"{steps} steps ({'the last one produced EOS' if len(toks) < steps else 's
 # Step `t` runs every decoder layer on `t + 1` positions, to use one of them: an
 # output of `T` tokens costs `1 + 2 + ... + T = T(T + 1)/2` position-passes through
 # the decoder, and each of them attends over up to `T` positions, so the attention
-# alone grows like `T^3 / 3`. Nearly all of it recomputes numbers that did not
+# alone grows like $T^3 / 3$. Nearly all of it recomputes numbers that did not
 # change.
 #
 # ## 3. What does not change: the keys and values
@@ -180,7 +180,7 @@ print(f"the cache grows by 2 x {cfg.n_decoder_layers} layers x d_model {cfg.d_mo
 # To see that nothing is hidden in `decode_step`, we write the step from the layers
 # of `attn.layers` and the model's parameters (post-norm, as in the paper:
 # `LayerNorm(x + Sublayer(x))` around each of the three sub-layers, no dropout at
-# inference). The input is the new token's embedding times `sqrt(d_model)` plus the
+# inference). The input is the new token's embedding times $\sqrt{d_{\text{model}}}$ plus the
 # positional encoding of its position, exactly as in training.
 
 # %%
@@ -273,17 +273,17 @@ print(f"time for the batch (this machine, printed, not a benchmark): cached {sec
 #
 # | per layer | without cache | with cache |
 # |---|---|---|
-# | self-attention projections q, k, v, out | `4 t d^2` | `4 d^2` |
-# | self-attention scores and weighted sum | `2 t^2 d` | `2 t d` |
-# | cross-attention q and out projections | `2 t d^2` | `2 d^2` |
-# | cross-attention K and V of the memory | `2 S d^2` | `0` (done once) |
+# | self-attention projections q, k, v, out | $4 t d^2$ | $4 d^2$ |
+# | self-attention scores and weighted sum | $2 t^2 d$ | `2 t d` |
+# | cross-attention q and out projections | $2 t d^2$ | $2 d^2$ |
+# | cross-attention K and V of the memory | $2 S d^2$ | `0` (done once) |
 # | cross-attention scores and weighted sum | `2 t S d` | `2 S d` |
 # | feed-forward | `2 t d F` | `2 d F` |
 #
 # plus `d V` for the output projection of the last position either way. (The
 # library's uncached path recomputes the memory's keys and values at every step
 # because `model.decode` takes only the memory; a careful uncached decoder would
-# hoist them, which changes the constant, not the `t^2`.) Summed over an output of
+# hoist them, which changes the constant, not the $t^2$.) Summed over an output of
 # `T` tokens:
 
 # %%
@@ -311,8 +311,8 @@ for name, (d, F, V, N) in {"this toy model": (cfg.d_model, cfg.d_ff, len(vocab),
               f"{full / cached:5.1f} times fewer")
 
 # %% [markdown]
-# The ratio grows with the output length: the uncached total grows like `T^2`
-# (and `T^3` in the attention scores), the cached one like `T` (and `T^2`). For
+# The ratio grows with the output length: the uncached total grows like $T^2$
+# (and $T^3$ in the attention scores), the cached one like `T` (and $T^2$). For
 # the base model the output projection onto the 37,000-token vocabulary, the same
 # either way, is a large part of each cached step, which is why its ratio is smaller.
 #
@@ -370,7 +370,7 @@ fig.tight_layout(); show_figure(fig, "15_cache_cost.png")
 # `K` survive. A candidate ending in `EOS` is a finished hypothesis; finished ones
 # are ranked by GNMT's length-penalised score (Wu et al. 2016),
 #
-# `score(Y) = log P(Y | X) / lp(Y)`, `lp(Y) = ((5 + |Y|) / 6)^alpha`,
+# `score(Y) = log P(Y | X) / lp(Y)`, $\mathit{lp}(Y) = ((5 + |Y|) / 6)^{\alpha}$,
 #
 # because `log P` only falls as a sentence grows, and without the penalty search
 # would prefer short outputs. With the cache, the beams of a sentence are rows of
@@ -434,7 +434,7 @@ for i in differ[:3]:
 
 # %% [markdown]
 # The length penalty matters to what beam search returns. Over the test set, with
-# `alpha = 0` (raw `log P`) and with the paper's `alpha = 0.6`, compare the outputs'
+# $\alpha = 0$ (raw `log P`) and with the paper's $\alpha = 0.6$, compare the outputs'
 # lengths; then one sentence's finished hypotheses (`n_best`, best first), with their
 # raw `log P` and their penalised score.
 
@@ -457,7 +457,7 @@ for alpha, r in ((0.0, b_raw), (0.6, b_cached)):
 # %% [markdown]
 # Without the penalty every extra token costs `log P`, and search settles for
 # shorter outputs; with it, a longer hypothesis is divided by a larger `lp` and gets
-# its due. (With `alpha = 0` the search also stops sooner: once a hypothesis has
+# its due. (With $\alpha = 0$ the search also stops sooner: once a hypothesis has
 # finished, no live beam can beat it, since `log P` only falls.)
 
 # %% [markdown]
@@ -488,11 +488,40 @@ print(f"Check passed in {time.time() - T0:.1f} s: cached and uncached decoding a
 #
 # 1. Why may the new position's query attend to every cached key without a
 #    look-ahead mask, when training needs one?
+#
+#    <details><summary>Answer</summary>
+#
+#    The cache holds only positions already produced, all earlier than the new one: there
+#    is nothing later to hide. In training the whole target is present at once, so the
+#    mask is what hides the later positions.
+#
+#    </details>
+#
 # 2. The cross-attention keys and values are computed once, the self-attention ones
 #    grow. What would change if the decoder's self-attention were not causal (if
 #    position `j` could see later positions)? Could it still be cached?
+#
+#    <details><summary>Answer</summary>
+#
+#    Every position's keys and values would depend on later tokens, so each new token
+#    would change the keys and values of all earlier positions: the cache would be stale
+#    after every step and all positions would have to be recomputed. Causality is what
+#    lets earlier keys and values stay fixed and be cached.
+#
+#    </details>
+#
 # 3. In beam search, why must the cache be reordered with `select` after each step,
 #    and why can a row appear twice in the new order?
+#
+#    <details><summary>Answer</summary>
+#
+#    After a step, the surviving hypotheses are not in the old order: the best
+#    continuations may come from any beams. The cached keys and values must follow their
+#    hypotheses, so the cache rows are gathered by the index of each new hypothesis's
+#    parent. One parent can have two good continuations, so its row is copied to two
+#    places in the new order.
+#
+#    </details>
 
 # %% [markdown]
 # ## Exercise

@@ -72,14 +72,14 @@ for hyp in ("the the the the the the the", "the cat the cat on the mat", "the ca
           f"clipped precision of orders 1-4: " + " ".join(f"{s[n]}/{s[4 + n]}" for n in range(4)))
 
 # %% [markdown]
-# The four precisions are combined by their **geometric mean**, `exp(sum_n log p_n / 4)`:
+# The four precisions are combined by their **geometric mean**, $\exp(\sum_n \log p_n / 4)$:
 # one order with no match sends it to zero, and each order counts the same however
 # large its numbers. Precision alone rewards saying little: a hypothesis of only the
 # words it is sure of scores high. Recall is not usable with several references, so
 # BLEU instead multiplies by a **brevity penalty** when the hypothesis is shorter than
 # the reference: with `c` the hypothesis length and `r` the reference length,
 #
-# `BP = 1` if `c > r`, else `exp(1 - r / c)`, and `BLEU = BP * exp(sum_n log p_n / 4)`
+# `BP = 1` if `c > r`, else $\exp(1 - r / c)$, and $\mathrm{BLEU} = \mathrm{BP} \cdot \exp(\sum_n \log p_n / 4)$
 # (times `100`, by convention).
 #
 # ## 2. Corpus BLEU, not an average of sentences
@@ -187,8 +187,8 @@ for name in systems:
 # chrF (Popović 2015) works on **characters**: the n-grams of orders `1 .. 6` of each
 # sentence with the spaces removed. For each order it computes precision and recall
 # (again from statistics summed over the corpus), averages them over the orders, and
-# combines them as an F-score that weighs recall `beta = 2` times as much as
-# precision: `F = (1 + beta^2) P R / (beta^2 P + R)`. It gives partial credit for a
+# combines them as an F-score that weighs recall $\beta = 2$ times as much as
+# precision: $F = (1 + \beta^2) P R / (\beta^2 P + R)$. It gives partial credit for a
 # word with the right stem and the wrong ending, which word-level BLEU does not;
 # `attn.evaluate` reports it next to BLEU.
 
@@ -387,7 +387,37 @@ print(f"Check passed in {time.time() - T0:.1f} s: BLEU and chrF by hand equal sa
 # 1. A hypothesis repeats the reference's most frequent word as many times as the
 #    reference has words. What are its clipped unigram precision and its brevity
 #    penalty?
+#
+#    <details><summary>Answer</summary>
+#
+#    Its clipped unigram precision is the count of that word in the reference divided by
+#    the reference's length (the matches are clipped to the reference's count). Its
+#    length equals the reference's, so the brevity penalty is $\mathrm{BP} = 1$.
+#
+#    </details>
+#
 # 2. Why is corpus BLEU not the mean of the sentence BLEU scores, and which of the two
 #    punishes a single sentence with no matching 4-gram harder?
+#
+#    <details><summary>Answer</summary>
+#
+#    Corpus BLEU adds up the clipped $n$-gram counts of all sentences before taking the
+#    precisions and their geometric mean, and applies one brevity penalty to the total
+#    lengths; the mean of sentence scores does not. A sentence with no matching 4-gram
+#    has $p_4 = 0$ and its sentence BLEU is 0 (the geometric mean of precisions with a
+#    zero is zero), so the mean of sentence BLEU punishes it much harder; in corpus BLEU
+#    it only lowers the totals.
+#
+#    </details>
+#
 # 3. Two papers report BLEU scores half a point apart on the same test set. What would
 #    you need to know before concluding that the first system is better?
+#
+#    <details><summary>Answer</summary>
+#
+#    How the BLEU was computed (tokenisation, casing, which tool and settings, one
+#    reference or several), that the test set and preprocessing were the same, and how
+#    much a score varies between training runs or seeds: half a point can be within that
+#    noise. A significance test or several runs would tell.
+#
+#    </details>

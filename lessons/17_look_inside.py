@@ -283,7 +283,7 @@ for j, t in enumerate(tgt_tokens):
 # ## Check
 #
 # These fail if the library's attention were wrong: future positions leaking into
-# the decoder's self-attention, weights that do not sum to 1, padding that receives
+# the decoder's self-attention, weights that do not sum to 1 ($\sum_j w_{ij} \ne 1$), padding that receives
 # weight, or a "trained" model whose cross-attention carries no alignment at all.
 
 # %%
@@ -331,6 +331,36 @@ print(f"Check passed: decoder self-attention is exactly zero above the diagonal,
 #
 # 1. What are the three kinds of attention in a trained Transformer, and which of
 #    them can show the toy language's reordering?
+#
+#    <details><summary>Answer</summary>
+#
+#    Encoder self-attention, decoder (masked) self-attention and encoder-decoder (cross-)
+#    attention. Only cross-attention connects target positions to source positions, so
+#    only it can show the reordering between the two languages.
+#
+#    </details>
+#
 # 2. Why is a word-by-word diagonal not the right alignment for this corpus, and how
 #    does the lesson score the cross-attention without hand-made alignments?
+#
+#    <details><summary>Answer</summary>
+#
+#    The toy language reorders words (the verb moves to the end of a subordinate clause,
+#    as the lesson's figure shows), so target word $t$ does not come from source word
+#    $t$. The lesson learns the dictionary of source word to target word from the
+#    training pairs and checks whether the argmax of a target word's cross-attention row
+#    falls on that source word, against chance.
+#
+#    </details>
+#
 # 3. Why is an attention map where the model looked, but not proof of what it used?
+#
+#    <details><summary>Answer</summary>
+#
+#    The weights say how the values were mixed, not how much the result mattered: a value
+#    with a large weight may carry little the later layers use, residual connections
+#    carry information around attention, and several heads and layers combine. Showing
+#    what the model *used* needs an intervention: change or remove what it looked at and
+#    see the output change.
+#
+#    </details>

@@ -244,7 +244,7 @@ show_figure(fig, "18_figure_5.png")
 # ## Check
 #
 # These fail if the weights drawn were not the model's (the recomputation from the
-# layers would differ), if rows did not sum to 1, or if the statistics were not
+# layers would differ), if rows did not sum to 1 ($\sum_j w_{ij} \ne 1$), or if the statistics were not
 # computed from probability distributions; and if the claims about heads stopped
 # holding: figure 5 needs two heads with different jobs, and each of them must put
 # clearly more weight on its job than uniform attention would: the clearer one half as
@@ -274,7 +274,35 @@ print(f"Check passed in {time.time() - T0:.1f} s: the drawn weights are the mode
 #
 # 1. Why does the lesson recompute the last encoder layer's weights from the layer
 #    functions before drawing them?
+#
+#    <details><summary>Answer</summary>
+#
+#    To be sure the picture shows what the model computes: recomputing the weights from
+#    the layer functions and comparing them with the library's checks that the drawn
+#    weights are the model's, not a cache from another call or a transposed array.
+#
+#    </details>
+#
 # 2. What does a head's "job" mean in the test-set table, and why compare its weight
 #    from verbs to pronouns with its weight on the previous word in general?
+#
+#    <details><summary>Answer</summary>
+#
+#    A head's "job" is what it does consistently over the test set, measured by the share
+#    of its weight that goes to one kind of target (the previous word, a verb's pronoun,
+#    `</s>`). Comparing with the head's weight on the previous word in general tells
+#    whether a high number is specific to that relation or is what the head does to every
+#    word.
+#
+#    </details>
+#
 # 3. Why is one sentence's picture, like the paper's figures, not enough to say what
 #    a head does?
+#
+#    <details><summary>Answer</summary>
+#
+#    One sentence can show a pattern by chance, and a head's behaviour varies with the
+#    sentence. A claim about what a head does needs a measure over many sentences, with a
+#    baseline to compare with, as the table does.
+#
+#    </details>

@@ -51,7 +51,7 @@ T0 = time.time()
 #
 # **"Adding the positional encoding is the residual connection"** (another, from
 # study summaries). A
-# residual connection adds a layer's *input* to its *output*, `x + F(x)`, so that
+# residual connection adds a layer's *input* to its *output*, $x + F(x)$, so that
 # the identity path carries both the signal and the gradient around `F`. Adding the
 # positional encoding adds a fixed table to the input of the whole stack; there is no
 # `F` to go around. What the two share is only that a sum passes its gradient to both
@@ -173,7 +173,7 @@ show_figure(fig, "19_positions_beyond_training.png")
 # random initial values (checked below, exactly), so the decoder queries and encoder
 # keys at those positions are noise to the attention that learned to match positions.
 # The sinusoidal model's encodings past `L_TRAIN` are the same smooth functions it was
-# trained on, and `PE(pos + k)` is the same rotation of `PE(pos)` at every `pos`
+# trained on, and $PE(pos + k)$ is the same rotation of $PE(pos)$ at every $pos$
 # (lesson 3), so what it learned about "the next position" can carry over, at least
 # for a while.
 #
@@ -237,7 +237,36 @@ print(f"Check passed in {time.time() - T0:.1f} s: learned rows past position {L_
 #
 # 1. Why do the rows of the learned position table past the training length never
 #    change, and what do they contribute at test time?
+#
+#    <details><summary>Answer</summary>
+#
+#    Training sequences never reach those positions, so no loss ever depends on those
+#    rows: their gradient is zero and they keep their random initial values. At test time
+#    they add random vectors, noise the model never learned to read, to the embeddings.
+#
+#    </details>
+#
 # 2. Why may sinusoids let a model extrapolate, and why does its accuracy still fall
 #    past the training length?
+#
+#    <details><summary>Answer</summary>
+#
+#    The sinusoids are defined for every position, and $PE(pos + k)$ is the same rotation
+#    of $PE(pos)$ at every $pos$, so a model that uses relative offsets can apply them
+#    anywhere. But the model was never trained on the combinations of angles found past
+#    the training length, so attention and the later layers meet inputs they never saw,
+#    and accuracy falls with distance past it.
+#
+#    </details>
+#
 # 3. Why is adding the positional encoding not a residual connection, although both
 #    are sums?
+#
+#    <details><summary>Answer</summary>
+#
+#    A residual connection adds a layer's *input* to its *output*, so the identity path
+#    carries the signal and the gradient around the layer. Adding the positional encoding
+#    adds a constant that does not depend on the input and has no layer around which to
+#    carry anything: it is a shift of the input, not a bypass.
+#
+#    </details>

@@ -4,7 +4,7 @@
 # Table 3 of the paper changes one thing at a time in the base model and reports
 # the development-set perplexity and BLEU:
 #
-# * (A) the number of heads `h` at constant compute (`d_k = d_v = d_model / h`):
+# * (A) the number of heads $h$ at constant compute ($d_k = d_v = d_{\text{model}} / h$):
 #   one head is 0.9 BLEU worse than the best, too many heads also hurt;
 # * (B) a smaller key size `d_k` hurts;
 # * (C) bigger models (depth, width, `d_ff`) are better;
@@ -359,7 +359,34 @@ print(f"Check passed: all {len(base_seeds) + len(results)} runs train (val cross
 #
 # 1. Why does each variant keep the seed and the order of the batches of the base
 #    run?
+#
+#    <details><summary>Answer</summary>
+#
+#    So that the only difference between a variant and the base is the one thing changed:
+#    with the same initialisation and the same data order, a difference in the result
+#    cannot come from different luck in the seed or the batches.
+#
+#    </details>
+#
 # 2. How does the lesson decide whether a variant's difference from the base means
 #    anything?
+#
+#    <details><summary>Answer</summary>
+#
+#    It trains the base model with other seeds and compares a variant's difference from
+#    the base with the spread of those runs: a difference within the spread over seeds is
+#    noise and means nothing.
+#
+#    </details>
+#
 # 3. Why need a tiny model trained briefly on a simple language not behave like
 #    Table 3's models?
+#
+#    <details><summary>Answer</summary>
+#
+#    Table 3's conclusions are about large models trained long on millions of real
+#    sentences, where capacity and optimisation limit the result. A tiny model trained
+#    briefly on a simple language is limited by other things (the few steps, the small
+#    data), so a change may not matter, or matter differently.
+#
+#    </details>

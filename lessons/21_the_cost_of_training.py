@@ -77,17 +77,17 @@ print(f"the misprinted copies give the big model {MISPRINT_BIG:.1e}: {paper_runs
 #
 # | where | products | FLOPs |
 # |---|---|---|
-# | encoder self-attention, per layer | `W^Q, W^K, W^V, W^O`; `Q K^T`; weights @ `V` | `4 * 2 N_s D^2 + 2 * 2 B S^2 D` |
+# | encoder self-attention, per layer | $W^Q, W^K, W^V, W^O$; $Q K^\top$; weights @ `V` | $4 \cdot 2 N_s D^2 + 2 \cdot 2 B S^2 D$ |
 # | encoder FFN, per layer | `W_1`, `W_2` | `2 * 2 N_s D F` |
-# | decoder self-attention, per layer | as the encoder's, over `T` | `4 * 2 N_t D^2 + 2 * 2 B T^2 D` |
-# | cross-attention, per layer | `W^Q, W^O` on the target; `W^K, W^V` on the memory; `T x S` scores | `2 * 2 N_t D^2 + 2 * 2 N_s D^2 + 2 * 2 B T S D` |
+# | decoder self-attention, per layer | as the encoder's, over `T` | $4 \cdot 2 N_t D^2 + 2 \cdot 2 B T^2 D$ |
+# | cross-attention, per layer | $W^Q, W^O$ on the target; $W^K, W^V$ on the memory; `T x S` scores | $2 \cdot 2 N_t D^2 + 2 \cdot 2 N_s D^2 + 2 \cdot 2 B T S D$ |
 # | decoder FFN, per layer | `W_1`, `W_2` | `2 * 2 N_t D F` |
-# | output projection | decoder output @ `E^T` | `2 N_t D V` |
+# | output projection | decoder output @ $E^\top$ | `2 N_t D V` |
 #
 # (Heads do not change the count: `H` heads of width `D/H` do the work of one of
 # width `D`, lesson 6.) A training step is about three times the forward pass: the
-# backward of each product `C = A B` is two products of the same size, `dA = dC B^T`
-# and `dB = A^T dC`. Layer norms, softmaxes, dropout and the optimizer add a few
+# backward of each product `C = A B` is two products of the same size, $dA = dC B^\top$
+# and $dB = A^\top dC$. Layer norms, softmaxes, dropout and the optimizer add a few
 # operations per number, negligible in FLOPs (though not in time on a CPU, as we
 # will see).
 
@@ -272,7 +272,36 @@ print(f"Check passed in {time.time() - T0:.1f} s: the shape count equals attn.be
 #
 # 1. How did the paper estimate the training cost in Table 2, and does that estimate
 #    count the operations the model needed?
+#
+#    <details><summary>Answer</summary>
+#
+#    Training time multiplied by the number of GPUs and an estimate of each GPU's
+#    sustained single-precision throughput (footnote 5). That counts the operations the
+#    GPUs *could* do in that time, not the operations the model needed: it is an upper
+#    bound for the work done.
+#
+#    </details>
+#
 # 2. Which sanity rule shows that a copy of Table 2 giving the big model less
 #    compute than the base model is wrong?
+#
+#    <details><summary>Answer</summary>
+#
+#    The big model has more parameters and trains for more steps on the same number of
+#    GPUs, so it needs more operations and more time: its cost must be larger. A copy
+#    that gives the big model less compute than the base has its numbers swapped or
+#    mistyped.
+#
+#    </details>
+#
 # 3. Why is the FLOP rate of a training step on this machine far below the machine's
 #    peak, and where does the rest of the time go?
+#
+#    <details><summary>Answer</summary>
+#
+#    A training step also spends time on memory traffic, small operations and overhead
+#    (the operations that do not use the machine's fast matrix units, copies, Python,
+#    synchronisation), and its matrix products are small: the peak rate is reached only
+#    by large matrix products.
+#
+#    </details>

@@ -185,7 +185,7 @@ print(f"the two NumPy versions agree to {ln_err:.1e}")
 # gradient. (`tests/test_fast.py` does the same for every option: dropout, pre-norm,
 # learned positions, separate embeddings.) We compare each gradient relative to the
 # largest one: one kind of parameter has a gradient that is exactly zero in exact
-# arithmetic, the key projections' bias `b_k`. It adds `q . b_k` to every score of a
+# arithmetic, the key projections' bias `b_k`. It adds $q \cdot b_k$ to every score of a
 # query alike, and the softmax does not change when all its inputs shift by the same
 # amount; both paths return rounding noise there, which no per-parameter relative
 # comparison could match.
@@ -373,7 +373,7 @@ ax[0].invert_yaxis(); ax[0].legend()
 keys = list(est)
 bottom = np.zeros(len(keys))
 for part, color in (("compute", "tab:blue"), ("memory", "tab:orange"), ("launch", "tab:red")):
-    vals = np.array([est[k][part] / est[k]["total"] for k in keys])
+    vals = np.array([est[k][part] / (est[k]["compute"] + est[k]["memory"] + est[k]["launch"]) for k in keys])
     ax[1].bar([f"{m}\n{p}" for m, p in keys], vals, bottom=bottom, color=color, label=part)
     bottom += vals
 ax[1].set_ylabel("share of the summed estimates"); ax[1].set_title("a P100 step, estimated from the counts")
@@ -432,7 +432,34 @@ print(f"Check passed in {time.time() - T0:.1f} s: fast path equal to the readabl
 #
 # 1. Why does fusing the layer norm speed it up on a GPU, when it does not change the
 #    number of floating-point operations?
+#
+#    <details><summary>Answer</summary>
+#
+#    Layer norm is memory-bound: each unfused step reads and writes the whole array in
+#    memory to do very little arithmetic on it. Fusing does all the steps on each row in
+#    one pass, reading the input once and writing the output once, so the memory traffic,
+#    which is the real cost, falls.
+#
+#    </details>
+#
 # 2. The toy model's step is estimated to be mostly launch overhead. What two changes
 #    to the training run would shift it towards being compute-bound?
+#
+#    <details><summary>Answer</summary>
+#
+#    Larger work per launch: bigger batches (more tokens per step) and a bigger model
+#    (wider matrices), so each kernel does more arithmetic for its fixed launch cost.
+#
+#    </details>
+#
 # 3. What does a kernel's NumPy twin let the test suite check without a GPU, and what
 #    can it not check?
+#
+#    <details><summary>Answer</summary>
+#
+#    That the kernel's algorithm gives the right numbers, against the plain layers, on
+#    any inputs, on a machine without a GPU. It cannot check that the real GPU code
+#    compiles and runs, that it uses the GPU correctly (memory, launch sizes, races), nor
+#    how fast it is.
+#
+#    </details>

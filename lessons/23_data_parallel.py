@@ -48,12 +48,13 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 # Write the batch's loss as the mean over its `N` real target tokens and split the tokens
 # among the ranks, `n_r` on rank `r`:
 #
-#     L = (1/N) sum_tokens l_t = sum_r (n_r / N) * [ (1/n_r) sum_{t on r} l_t ] = sum_r (n_r / N) L_r
+# $$L = \frac{1}{N} \sum_{\text{tokens}} l_t = \sum_r \frac{n_r}{N} \Big[ \frac{1}{n_r} \sum_{t \text{ on } r} l_t \Big]
+#   = \sum_r \frac{n_r}{N} L_r \tag{23.1}$$
 #
 # Each rank computes `L_r`, the mean over its own tokens, and its gradient. The gradient of
-# the batch is the sum over ranks of `(n_r / N) * grad L_r`: weighted by token counts, then
+# the batch is the sum over ranks of $(n_r / N) \nabla L_r$: weighted by token counts, then
 # **summed**. The tempting alternative, average the ranks' gradients (what an all-reduce
-# with "mean" gives), is `sum_r (1/R) grad L_r`: it weighs a token on a rank with few tokens
+# with "mean" gives), is $\sum_r (1/R) \nabla L_r$: it weighs a token on a rank with few tokens
 # more than a token on a rank with many. Only when every rank holds the same number of real
 # tokens do the two agree, and with padding-heavy batches they almost never do.
 #
@@ -262,10 +263,40 @@ print(f"Check passed: the weighted sum of the shares' gradients is the whole bat
 # 1. A batch of 4,000 target tokens is split between two ranks holding `3/4` and `1/4` of the
 #    real tokens. By what factor does averaging the ranks' means over-weigh a token of the second
 #    rank, compared with the correct gradient?
+#
+#    <details><summary>Answer</summary>
+#
+#    Averaging the ranks' means gives each rank weight 1/2; a token on the second rank
+#    gets $(1/2)/(N/4) = 2/N$ instead of the correct $1/N$: it is over-weighed by a
+#    factor of 2 (and a token of the first rank is under-weighed, by $2/3$).
+#
+#    </details>
+#
 # 2. Each rank sends `2 (R - 1) / R` of the buffer. Why is that the least any algorithm can
 #    send when every rank must end with the sum of all `R` buffers? (Think of what each rank
 #    must receive.)
+#
+#    <details><summary>Answer</summary>
+#
+#    Each rank must end with the sum, which depends on every other rank's buffer, and
+#    each rank holds only its own: it must receive, directly or summed, everything from
+#    the other $R - 1$ ranks. With the work spread evenly, the reduction (each rank
+#    summing $1/R$ of the buffer) needs $(R-1)/R$ of the buffer in per rank, and
+#    spreading the sums needs another $(R-1)/R$: $2(R-1)/R$ in all.
+#
+#    </details>
+#
 # 3. On NumPy `attn` cuts a rank's masks out of the whole batch's draw, at the price of every
 #    rank drawing the whole batch's masks; on a GPU a counter-based generator draws only the
 #    rank's own. Keyed by what must its counter be for the ranks to get one process's numbers,
 #    and what goes wrong if it is keyed by the element's index in the rank's own array?
+#
+#    <details><summary>Answer</summary>
+#
+#    By the element's index in the *whole batch*: then each rank draws, for its own
+#    elements, exactly the numbers one process would draw for them. Keyed by the index in
+#    the rank's own array, every rank would draw the same masks for its first elements,
+#    ranks would repeat each other's numbers, and the result would depend on the number
+#    of ranks.
+#
+#    </details>

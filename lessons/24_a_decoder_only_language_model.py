@@ -5,7 +5,7 @@
 # writes the target one token at a time, looking back at its own output through
 # masked self-attention and at the source through encoder-decoder attention. Take
 # the encoder away, and the cross-attention with it, and what remains is a model of
-# *one* sequence: `P(y_t | y_1 .. y_{t-1})`, a **language model**. That is the whole
+# *one* sequence: $P(y_t | y_1 \ldots y_{t-1})$, a **language model**. That is the whole
 # architecture of GPT (Radford et al. 2018) and its successors: a stack of the
 # paper's decoder layers without the middle sub-layer, trained to predict the next
 # token of a large amount of text.
@@ -45,13 +45,13 @@ T0 = time.time()
 # %% [markdown]
 # ## 1. The model: the decoder stack without cross-attention
 #
-# Input ids `y_0 .. y_{T-1}` (with `y_0 = BOS`) are embedded (times `sqrt(d_model)`,
+# Input ids $y_0 \ldots y_{T-1}$ (with `y_0 = BOS`) are embedded (times $\sqrt{d_{\text{model}}}$,
 # section 3.4) and get the sinusoidal positions of section 3.5. Each layer is the
 # paper's decoder layer minus encoder-decoder attention: masked self-attention and
 # the feed-forward network, each in a residual connection followed by layer norm
 # (post-norm, as in the paper). The look-ahead mask (lesson 5) is what makes it a
 # language model: position `t` sees only `y_0 .. y_t`, so its output can be trained
-# to predict `y_{t+1}` at every position of a sentence at once. The output is
+# to predict $y_{t+1}$ at every position of a sentence at once. The output is
 # projected onto the vocabulary with the embedding matrix itself (the tied embedding
 # of section 3.4), so the embedding gets gradients from both ends.
 #
@@ -181,7 +181,7 @@ print(f"changing the token at position 4 changes the logits at positions 0-3 by 
 # To know what the loss means, compare with two models that need no training: a
 # **unigram** model (each word's frequency, ignoring context) and a **bigram** model
 # (the frequency of each word after the one before, with add-k smoothing). Perplexity
-# is `exp(loss)`: the number of equally likely words the model is, on average, as
+# is $\exp(\mathit{loss})$: the number of equally likely words the model is, on average, as
 # uncertain as.
 
 # %%
@@ -275,9 +275,9 @@ print(f"encoder-decoder of the same width and depth: {same_size.num_parameters()
 #
 # * **greedy**: the most probable token. Deterministic: from the same prompt it
 #   always writes the same sentence;
-# * **sampling with temperature `tau`**: draw from `softmax(logits / tau)`. At
-#   `tau = 1` this is the model's own distribution; at `tau < 1` it is sharpened
-#   towards the most probable tokens, at `tau > 1` flattened towards uniform;
+# * **sampling with temperature $\tau$**: draw from $\mathrm{softmax}(\mathit{logits} / \tau)$. At
+#   $\tau = 1$ this is the model's own distribution; at $\tau < 1$ it is sharpened
+#   towards the most probable tokens, at $\tau > 1$ flattened towards uniform;
 # * **top-k**: keep the `k` most probable tokens, renormalise, draw. It cuts off the
 #   long tail of unlikely tokens, each rare but together likely to be hit somewhere
 #   in a long text.
@@ -423,7 +423,34 @@ print(f"Check passed in {time.time() - T0:.1f} s: gradient check {errors[worst]:
 #
 # 1. Which sub-layer of the paper's decoder layer does a decoder-only model drop, and
 #    why can it not keep it?
+#
+#    <details><summary>Answer</summary>
+#
+#    Encoder-decoder (cross-) attention. A decoder-only model has no encoder, so there is
+#    no memory for it to read.
+#
+#    </details>
+#
 # 2. Why does one forward pass over a sentence train every one of its next-token
 #    predictions at once, and which mask makes that honest?
+#
+#    <details><summary>Answer</summary>
+#
+#    Every position predicts the next token from the tokens before it, and all positions
+#    are computed in parallel in one pass, so every next-token prediction of the sentence
+#    gets its loss at once. The look-ahead (causal) mask makes it honest: without it
+#    position $t$ could read $y_{t+1}$, the token it must predict.
+#
+#    </details>
+#
 # 3. Greedy decoding from `BOS` always writes the same sentence. What do temperature
 #    and top-k each change to avoid that, and what does each risk?
+#
+#    <details><summary>Answer</summary>
+#
+#    Temperature $\tau$ samples from $\mathrm{softmax}(\mathit{logits}/\tau)$: $\tau < 1$
+#    sharpens the distribution, $\tau > 1$ flattens it; too high a temperature gives
+#    incoherent text. Top-k samples only among the $k$ most probable tokens; too small a
+#    $k$ brings back repetition, too large lets unlikely tokens in.
+#
+#    </details>

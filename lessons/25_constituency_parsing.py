@@ -234,8 +234,8 @@ print(f"trained {metrics['steps']} steps in {metrics['train_seconds']:.1f} s; "
 # ## 4. Parsing the test set
 #
 # Decode with greedy search and with beam search. Section 6.3 used a beam of 21 and
-# `alpha = 0.3` for parsing; a beam of that width costs more than this quick run
-# should, so we use a narrower beam (printed) with the paper's `alpha`.
+# $\alpha = 0.3$ for parsing; a beam of that width costs more than this quick run
+# should, so we use a narrower beam (printed) with the paper's $\alpha$.
 
 # %%
 BEAM = 4 if QUICK else 21
@@ -307,7 +307,7 @@ fig.tight_layout(); show_figure(fig, "25_parsing.png")
 # attention and residuals, learning rates and beam size tuned on the development
 # set, all other parameters unchanged from the English-to-German base model. At
 # inference the maximum output length was input length + 300 (a tree is several
-# times longer than its sentence, as above), with a beam of 21 and `alpha = 0.3`.
+# times longer than its sentence, as above), with a beam of 21 and $\alpha = 0.3$.
 #
 # Table 4's results on section 23 of the WSJ, in F1: **91.3** trained on the WSJ
 # only, **92.7** semi-supervised. In the paper's words, better than all previously
@@ -346,6 +346,37 @@ print(f"Check passed in {time.time() - T0:.1f} s: bracket F1 greedy {f_greedy:.1
 #
 # 1. Why do the leaves of the linearised tree need to match the sentence's words one
 #    for one, and what happens to the bracket F1 of an output with one leaf too many?
+#
+#    <details><summary>Answer</summary>
+#
+#    The tree is scored against the sentence's words by bracket spans over word
+#    positions, so a linearised tree must have exactly one leaf per word to be read as a
+#    tree of this sentence. With one leaf too many the output is not a well-formed tree
+#    of the sentence (the lesson's table counts those), and every constituent that closes
+#    after the extra leaf has its span shifted by one word, so it matches no gold
+#    constituent: the F1 loses all of them, while those closed before the extra leaf
+#    still count.
+#
+#    </details>
+#
 # 2. The flat parse has a perfect precision and yet a low F1. Why?
+#
+#    <details><summary>Answer</summary>
+#
+#    The flat parse has few brackets (only the whole sentence), and that bracket is in
+#    every gold tree, so all its brackets are right: precision is perfect. But it finds
+#    almost none of the gold brackets, so its recall is low, and F1, the harmonic mean,
+#    is low too.
+#
+#    </details>
+#
 # 3. Why did the paper raise the maximum output length from input + 50 to input + 300
 #    for parsing?
+#
+#    <details><summary>Answer</summary>
+#
+#    A linearised tree is much longer than its sentence: every word carries its tag and
+#    the brackets open and close around phrases. An output limit of input + 50 would cut
+#    long trees off before they close.
+#
+#    </details>

@@ -20,7 +20,8 @@ Allowed, and only these:
 3. section, table, figure, equation and lesson numbers: the numbers that follow the words
    section(s), §, table(s), figure(s), fig., equation(s), eq., lesson(s), chapter(s), with the
    lists and ranges that continue them (``sections 3.1, 3.2.3``, ``figures 3-5``,
-   ``lessons 17 and 18``, ``Table 3``), and any number with two or more dots (``3.2.1``);
+   ``lessons 17 and 18``, ``Table 3``), an equation's tag in maths (``\\tag{8.1}``), and any
+   number with two or more dots (``3.2.1``);
 4. years, 1900 to 2099 written without a comma (``Ba et al., 2016``);
 5. anything inside a glue role or directive (``{glue:text}`name:.3f` ``) and link targets
    (``[paper](https://arxiv.org/abs/1706.03762)``, bare URLs);
@@ -29,7 +30,7 @@ Allowed, and only these:
    cites or corrects;
 7. an identity the reader can redo, which the test redoes: a left side of literals only, with an
    operator or one of sin, cos, tan, exp, sqrt, log (LaTeX's ``\\frac{}{}`` and ``\\cdot`` read
-   as ``/`` and ``·``), ``=``, and a right side with a decimal point that its value rounds to
+   and ``\\sqrt{}`` read as ``/``, ``·`` and ``sqrt()``), ``=``, and a right side with a decimal point that its value rounds to
    (``cos(0.03) = 0.99955``, ``sin(4) = -0.757``, ``\\frac{2 \\cdot 64 \\cdot 256}{320^2} =
    0.32``); a wrong identity leaves all its numbers flagged;
 8. :data:`CITED`, the constants of another paper that a lesson cites (Adam's ``beta2 = 0.999,
@@ -82,7 +83,7 @@ _NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:[,\u2009\u202f ]\d{3})+(?!\d)|\d+)(\
                      r"(%|[kKM](?![\w])|[x×](?![\w.])| million\b| billion\b)?(?![\w])")
 _DOTTED = re.compile(r"(?<![\w.])\d+(?:\.\d+){2,}(?![\w.])")
 _REFERENCE = re.compile(
-    r"(?:\b(?:sections?|tables?|figures?|figs?\.|equations?|eqs?\.|lessons?|chapters?)|§)\s*\(?"
+    r"(?:\b(?:sections?|tables?|figures?|figs?\.|equations?|eqs?\.|lessons?|chapters?)|§|\\tag\{)\s*\(?"
     r"\d+(?:\.\d+)*[a-z]?\)?(?:\s*(?:,|and|or|to|-|–|&)\s*\(?\d+(?:\.\d+)*[a-z]?\)?)*", re.I)
 _EXEMPT = [re.compile(r"\{glue[:\w-]*\}`[^`]*`"),           # glue roles
            re.compile(r"\]\([^)]*\)"),                      # link targets
@@ -93,6 +94,7 @@ CITED = {0.999, 1e-8}
 ROUNDING = {1e-16, 1e-7}
 _QUOTED = re.compile(r'"[^"]*"|\u201c[^\u201d]*\u201d')  # "a quotation" on one line
 _FRAC = re.compile(r"\\frac\{([^{}]*)\}\{([^{}]*)\}")
+_SQRT = re.compile(r"\\sqrt\{([^{}]*)\}")
 _IDENTITY = re.compile(r"(?<![\w.])((?:(?:sin|cos|tan|exp|sqrt|log)\s*)?[-\d.\s/*·^+()]*\d[-\d.\s/*·^+()]*?)"
                        r"\s*=\s*(-?\d+\.\d+)(?![\w]|\.\d)")
 _MATH = {f: getattr(math, f) for f in ("sin", "cos", "tan", "exp", "sqrt", "log")}
@@ -164,7 +166,7 @@ def _value(whole: str, decimals: str | None, exponent: str | None, suffix: str |
 def typed_numbers(text: str, shown: frozenset[float] | set[float] = frozenset()) -> list[str]:
     """The numbers in one line of prose that the rules above do not allow; ``shown`` are the
     values written in the lesson's own code (:func:`code_literals`)."""
-    text = _FRAC.sub(r"(\1)/(\2)", text.replace("\\cdot", "·"))
+    text = _SQRT.sub(r"sqrt(\1)", _FRAC.sub(r"(\1)/(\2)", text.replace("\\cdot", "·")))
     text = _IDENTITY.sub(lambda m: " " * len(m.group(0)) if _true_identity(m) else m.group(0), text)
     for pattern in (*_EXEMPT, _QUOTED, _REFERENCE, _DOTTED):
         text = pattern.sub(lambda m: " " * len(m.group(0)), text)
@@ -227,6 +229,7 @@ def test_the_rules(line, expected):
     ("`sin(4) = -0.7569`, `cos(0.03) = 0.9995`", ["0.7569", "0.03", "0.9995"]),   # a wrong identity
     (r"$$\frac{2 \cdot 64 \cdot 256}{320^2} = 0.32 .$$", []),
     (r"$$\frac{2 \cdot 64 \cdot 256}{320^2} = 0.33 .$$", ["320", "0.33"]),
+    (r"$\sqrt{a} = \sqrt{0.32} = 0.57$ and $x = y \tag{7.2}$", []),
     ("a factor `1 + a = 1.32`, loss = 2.31, step 51 = 0.25", ["1.32", "2.31", "51", "0.25"]),   # not literals only
     ("Footnote 5: \"We used values of 2.8, 3.7, 6.0 and 14.1 TFLOPS\"", []),
     ("the slides print \u201c-0.756\u201d where 0.7568 is right", ["0.7568"]),

@@ -32,6 +32,7 @@ def softmax_forward(x, mask=None):
 def softmax_backward(dy, cache):
     """The gradient of the softmax with respect to its logits: derive it (each output
     depends on every logit of its row), and apply it to dy without building a K x K matrix.
+    Lesson 8, section 1 derives it (equation 8.2): do this after lesson 8, or derive it first.
 
     Inputs: dy (..., K). Returns: dx (..., K).
     """
@@ -55,7 +56,8 @@ def attention_forward(q, k, v, mask=None):
 
 def attention_backward(dout, cache):
     """The gradients of the three steps of the forward, in reverse: the product with v, the
-    softmax (your softmax_backward), the scaled scores. Derive each.
+    softmax (your softmax_backward), the scaled scores. Derive each; lesson 8, section 3
+    derives them (do this after lesson 8, or derive them first).
 
     Inputs: dout (..., Tq, Dv). Returns: dq, dk, dv (shapes of q, k, v).
     """

@@ -65,7 +65,8 @@ def layer_norm_forward(x, gamma, beta, eps=1e-5):
 def layer_norm_backward(dout, cache):
     """The gradients of the layer norm: derive them. The mean and the variance both depend on
     every x of the row, so dx has more than the direct term; gamma and beta are shared by every
-    row.
+    row. Lesson 8, section 2 derives them (equations 8.3 and 8.4): do this after lesson 8, or
+    derive them first.
 
     Returns: dx (..., D), dgamma (D,), dbeta (D,).
     """
