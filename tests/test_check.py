@@ -87,6 +87,9 @@ CAUGHT_AS = {
                               r"layer_norm_backward is the library's own \(attn.layers.layernorm", ()),
     "layer_norm_unbiased_variance": ("layer_norm", "layer_norm_forward", FORWARD_FIRST, LIB),
     "layer_norm_without_backward": ("layer_norm", None, r"forward only: layer_norm_backward is not defined", ()),
+    "layer_norm_wrapped_after_setprofile": ("layer_norm", "layer_norm_forward",
+                                            r"layer_norm_forward raised RuntimeError: attn.layers.layer_norm_forward "
+                                            r"is withheld while attn-check grades layer_norm_forward", ()),
     "layer_norm_wrapped_library": ("layer_norm", "layer_norm_forward",
                                    r"layer_norm_forward raised RuntimeError: attn.layers.layer_norm_forward is "
                                    r"withheld while attn-check grades layer_norm_forward", ()),
