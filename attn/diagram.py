@@ -200,16 +200,15 @@ def kv_cache(self_k_shapes, cross_k_shape=None, tokens=None) -> Figure:
     return fig
 
 
-def beam_tree(steps, words, chosen=(), greedy=(), finished=()) -> Figure:
+def beam_tree(steps, words, chosen=(), greedy=()) -> Figure:
     """Beam search's tree: ``steps[t]`` lists the beams kept at step t as (parent index in
     ``steps[t-1]``, token id, log P); ``words`` maps a token id to its text. ``chosen`` and
     ``greedy`` are token lists whose paths are drawn thick (the best hypothesis, green) and
-    dashed (greedy's output, red); ``finished`` lists (step, parent, score) of hypotheses that
-    ended with </s>."""
+    dashed (greedy's output, red)."""
     T = len(steps)
     K = max(len(s) for s in steps)
-    fig, ax = _canvas(min(2.0 + 1.45 * (T + 1), 12.0), 1.4 + 0.75 * (K + 1), (-0.8, T + 0.8), (-K - 0.4, 1.0))
-    ax.text(-0.5, 0, "<s>", ha="center", va="center", fontsize=10, weight="bold")
+    fig, ax = _canvas(min(1.0 + 1.3 * (T + 1), 12.0), 1.2 + 0.75 * (K + 1), (-1.5, T - 0.5), (-K + 0.4, 1.0))
+    ax.text(-1, 0, "<s>", ha="center", va="bottom", fontsize=10, weight="bold")
     prefixes = {(-1, 0): []}
 
     def on(path, prefix):
@@ -218,7 +217,7 @@ def beam_tree(steps, words, chosen=(), greedy=(), finished=()) -> Figure:
         for k, (parent, tok, lp) in enumerate(beams):
             prefix = prefixes[(t - 1, parent if t else 0)] + [tok]
             prefixes[(t, k)] = prefix
-            x0, y0 = (t - 1, -parent) if t else (-0.5, 0)
+            x0, y0 = t - 1, (-parent if t else 0)
             best, gre = on(chosen, prefix), on(greedy, prefix)
             color = "#2a9d3f" if best else ("#c0392b" if gre else "#999999")
             ax.plot([x0 + 0.3, t - 0.3], [y0, -k], color=color, lw=2.4 if best else 1.0,
@@ -226,10 +225,7 @@ def beam_tree(steps, words, chosen=(), greedy=(), finished=()) -> Figure:
             ax.text(t, -k + 0.02, words(tok), ha="center", va="bottom", fontsize=10,
                     weight="bold" if best else "normal")
             ax.text(t, -k - 0.04, f"{lp:.2f}", ha="center", va="top", fontsize=9, color="#555555")
-    for t, parent, score in finished:
-        ax.text(t, -K + 0.1, f"</s> after {' '.join(words(x) for x in prefixes[(t - 1, parent)]) if t else ''}"
-                f": {score:.2f}", fontsize=9, ha="center", color="#555555")
-    ax.text(T / 2, 0.7, "green: the best hypothesis; red dashed: greedy's path; under each word, log P so far",
+    ax.text((T - 2) / 2, 0.7, "green: the best hypothesis; red dashed: greedy's path; under each word, log P so far",
             ha="center", va="center", fontsize=10)
     fig.attn_alt = (f"Beam search's tree over {T} steps, {K} beams kept per step, each word with its log "
                     f"probability; the best hypothesis '{' '.join(words(x) for x in chosen)}' and greedy's "
