@@ -58,30 +58,43 @@ def describe(fig) -> str:
     return "Figure: " + ("; ".join(p.replace("\n", " ") for p in parts) or "a plot")
 
 
+def _shown_text_px(fig, dpi: float, column_px: float) -> float:
+    """The smallest text of ``fig`` in CSS pixels, once saved with a tight bounding box at
+    ``dpi`` and shown at most ``column_px`` wide."""
+    FigureCanvasAgg(fig) if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase" else None
+    width_in = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2      # savefig's pad_inches, twice
+    smallest = min(t.get_fontsize() for t in _texts(fig))
+    return smallest * dpi / 72.0 * min(1.0, column_px / (width_in * dpi))
+
+
 def fit_text(fig, dpi: float = 110, column_px: float = COLUMN_PX, min_px: float = MIN_TEXT_PX,
-             most: float = 2.4) -> float:
+             most: float = 3.0) -> float:
     """Scale a figure's text so that, shown ``column_px`` CSS pixels wide, none is under ``min_px``
-    pixels (the book shrinks a wider figure to its column). Returns the factor (1: unchanged)."""
-    texts = _texts(fig)
-    if not texts:
+    pixels (the book shrinks a wider figure to its column). Larger text can widen a figure's
+    tight box (labels outside the axes), so it measures again after each scaling. Returns the
+    factor (1: unchanged; at most ``most``)."""
+    if not _texts(fig):
         return 1.0
-    width_pt = fig.get_figwidth() * 72.0
-    shown = min(t.get_fontsize() for t in texts) * min(column_px / width_pt, dpi / 72.0)
-    factor = min(most, min_px / shown) if shown < min_px else 1.0
-    if factor > 1.0:
-        for ax in fig.axes:
-            for axis, name in ((ax.xaxis, "x"), (ax.yaxis, "y")):
-                for which, ticks in (("major", axis.get_major_ticks()), ("minor", axis.get_minor_ticks())):
-                    if ticks:
-                        ax.tick_params(axis=name, which=which, labelsize=ticks[0].label1.get_fontsize() * factor)
+    import warnings
+    total = 1.0
+    for _ in range(3):
+        shown = _shown_text_px(fig, dpi, column_px)
+        if shown >= min_px or total >= most:
+            break
+        factor = min(most / total, 1.02 * min_px / shown)
+        ticks = [(ax, name, which, tk[0].label1.get_fontsize()) for ax in fig.axes
+                 for axis, name in ((ax.xaxis, "x"), (ax.yaxis, "y"))
+                 for which, tk in (("major", axis.get_major_ticks()), ("minor", axis.get_minor_ticks())) if tk]
         for t in _texts(fig):
             t.set_fontsize(t.get_fontsize() * factor)
-        import warnings
+        for ax, name, which, size in ticks:                 # ticks made later get the new size too
+            ax.tick_params(axis=name, which=which, labelsize=size * factor)
+        total *= factor
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if fig.get_layout_engine() is None:
                 fig.tight_layout()
-    return factor
+    return total
 
 
 def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefig_kwargs) -> SavedFigure:
