@@ -25,6 +25,8 @@ from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; a
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
+import textwrap
+
 import numpy as np
 
 from attn import diagram
@@ -36,11 +38,11 @@ np.set_printoptions(precision=4, suppress=True, linewidth=130)
 
 def show(title, table, rows, cols, fmt="{:8.4f}"):
     """Print a labelled table, narrow enough for a phone's screen."""
-    print(f"\n{title}")
+    print("\n" + textwrap.fill(title, 64))
     w = max(len(r) for r in rows) + 1
     print(" " * w + "".join(f"{c[:8]:>9}" for c in cols))
     for r, row in zip(rows, table):
-        print(f"{r:<{w}}" + "".join(" " + (fmt.format(v) if np.isfinite(v) else f"{v:>9}") for v in row))
+        print(f"{r:<{w}}" + "".join(" " + (fmt.format(v) if np.isfinite(v) else f"{v:>8}") for v in row))
 
 
 # %% [markdown]

@@ -240,23 +240,27 @@ def test_a_phone_sees_the_point_of_lesson_4s_tables(site, browser):
     visit(browser, url, book.SCREENSHOTS / "book-1280.png", full_page=False)
 
     def pad_column(page):
-        page.locator("text=step 4: softmax_forward").first.scroll_into_view_if_needed()
         return page.evaluate("""() => {
             const pre = Array.from(document.querySelectorAll('div.cell_output pre'))
                 .find(e => e.innerText.includes('[pad]') && e.innerText.includes('step 4'));
-            const range = document.createRange();
-            const node = Array.from(pre.childNodes).find(n => n.textContent.includes('[pad]'));
-            const at = node.textContent.indexOf('[pad]');
-            range.setStart(node, at); range.setEnd(node, at + 5);
-            const r = range.getBoundingClientRect();
-            return {right: r.right, width: window.innerWidth, scroll: pre.scrollWidth - pre.clientWidth,
-                    font: parseFloat(getComputedStyle(pre).fontSize)};
+            pre.scrollIntoView({block: 'center'});
+            const node = Array.from(pre.childNodes).find(n => n.textContent.includes('step 4'));
+            const text = node.textContent, header = text.indexOf('Educatio', text.indexOf('step 4'));
+            const rect = (word) => {
+                const at = text.indexOf(word, header), range = document.createRange();
+                range.setStart(node, at); range.setEnd(node, at + word.length);
+                return range.getBoundingClientRect();
+            };
+            const first = rect('Educatio'), pad = rect('[pad]');
+            return {right: pad.right, width: window.innerWidth, scroll: pre.scrollWidth - pre.clientWidth,
+                    font: parseFloat(getComputedStyle(pre).fontSize), oneLine: Math.abs(pad.top - first.top) < 2};
         }""")
     facts, report = visit(browser, url, book.SCREENSHOTS / "book-390.png", act=pad_column, width=390,
                           full_page=False)
     assert_page_works(facts, report, lesson.name + " at 390 px")
     seen = facts["act"]
     assert seen["scroll"] <= 1 and seen["right"] <= seen["width"], f"[pad] is off screen on a phone: {seen}"
+    assert seen["oneLine"], f"lesson 4's table wraps on a phone, losing its columns: {seen}"
     assert seen["font"] >= 8, f"lesson 4's tables shrink to {seen['font']} px on a phone"
 
 
