@@ -21,12 +21,102 @@ from matplotlib.figure import Figure
 from . import backend as B
 
 
-def _save(fig: Figure, path) -> Path:
-    path = Path(path)
+#: The width, in CSS pixels, of the book's article column at a 1280-pixel window
+#: (book/_static/attn.css): a wider figure is shrunk to it, its text with it.
+COLUMN_PX = 880
+#: The smallest text, in CSS pixels, a figure may show at that width (tests/test_book.py checks).
+MIN_TEXT_PX = 9.5
+
+
+class SavedFigure(type(Path())):
+    """The path of a saved figure. A notebook shows the figure, not this path's repr, when a
+    cell ends with :func:`show_figure`."""
+
+    def _ipython_display_(self):
+        pass
+
+
+def _texts(fig):
+    from matplotlib.text import Text
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def describe(fig) -> str:
+    """Alt text for a figure: its titles, and for an axes without one, what it plots against what."""
+    if getattr(fig, "attn_alt", None):
+        return fig.attn_alt
+    parts = []
+    if getattr(fig, "_suptitle", None) is not None and fig._suptitle.get_text():
+        parts.append(fig._suptitle.get_text())
+    for ax in fig.axes:
+        title = " ".join(t for t in (ax.get_title("left"), ax.get_title(), ax.get_title("right")) if t)
+        x, y = ax.get_xlabel(), ax.get_ylabel()
+        if title:
+            parts.append(title + (f" ({y} against {x})" if x and y else ""))
+        elif x and y:
+            parts.append(f"{y} against {x}")
+    return "Figure: " + ("; ".join(p.replace("\n", " ") for p in parts) or "a plot")
+
+
+def _shown_text_px(fig, dpi: float, column_px: float) -> float:
+    """The smallest text of ``fig`` in CSS pixels, once saved with a tight bounding box at
+    ``dpi`` and shown at most ``column_px`` wide."""
+    FigureCanvasAgg(fig) if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase" else None
+    width_in = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2      # savefig's pad_inches, twice
+    smallest = min(t.get_fontsize() for t in _texts(fig))
+    return smallest * dpi / 72.0 * min(1.0, column_px / (width_in * dpi))
+
+
+def fit_text(fig, dpi: float = 110, column_px: float = COLUMN_PX, min_px: float = MIN_TEXT_PX,
+             most: float = 3.0) -> float:
+    """Scale a figure's text so that, shown ``column_px`` CSS pixels wide, none is under ``min_px``
+    pixels (the book shrinks a wider figure to its column). Larger text can widen a figure's
+    tight box (labels outside the axes), so it measures again after each scaling. Returns the
+    factor (1: unchanged; at most ``most``)."""
+    if not _texts(fig):
+        return 1.0
+    import warnings
+    total = 1.0
+    for _ in range(3):
+        shown = _shown_text_px(fig, dpi, column_px)
+        if shown >= min_px or total >= most:
+            break
+        factor = min(most / total, 1.02 * min_px / shown)
+        ticks = [(ax, name, which, tk[0].label1.get_fontsize()) for ax in fig.axes
+                 for axis, name in ((ax.xaxis, "x"), (ax.yaxis, "y"))
+                 for which, tk in (("major", axis.get_major_ticks()), ("minor", axis.get_minor_ticks())) if tk]
+        for t in _texts(fig):
+            t.set_fontsize(t.get_fontsize() * factor)
+        for ax, name, which, size in ticks:                 # ticks made later get the new size too
+            ax.tick_params(axis=name, which=which, labelsize=size * factor)
+        total *= factor
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if fig.get_layout_engine() is None:
+                fig.tight_layout()
+    return total
+
+
+def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefig_kwargs) -> SavedFigure:
+    """Fit the text to the page, then save with the alt text and the smallest text's size (in
+    pixels of the image) in the PNG, where the book reads them."""
+    path = SavedFigure(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
+        FigureCanvasAgg(fig)
+    fit_text(fig, dpi)
+    texts = _texts(fig)
+    metadata = {}
+    if path.suffix.lower() == ".png":
+        metadata = {"Description": alt or describe(fig),
+                    "attn:text-px": f"{min((t.get_fontsize() for t in texts), default=72.0) * dpi / 72.0:.2f}"}
+    savefig_kwargs.setdefault("bbox_inches", "tight")
+    fig.savefig(path, dpi=dpi, metadata=metadata, **savefig_kwargs)
     return path
+
+
+def _save(fig: Figure, path, alt: str | None = None) -> SavedFigure:
+    return _write(fig, Path(path), 120, alt)
 
 
 def repository_root() -> Path | None:
@@ -64,32 +154,41 @@ def _in_notebook() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def show_figure(fig, name: str, dpi: int = 110, **savefig_kwargs) -> Path:
+def shown_path(path) -> str:
+    """``path`` as a lesson prints it: relative to the repository (or to the working
+    directory) when it lies inside, so that no page shows the machine's folders."""
+    path = Path(path)
+    for base in (repository_root(), Path.cwd()):
+        if base is not None:
+            try:
+                return path.resolve().relative_to(base.resolve()).as_posix()
+            except ValueError:
+                pass
+    return path.as_posix()
+
+
+def show_figure(fig, name: str = "", dpi: int = 110, alt: str | None = None, **savefig_kwargs) -> Path:
     """Save a lesson's figure as ``lesson_output_dir() / name`` and show it.
 
     ``fig`` is a matplotlib ``Figure``, or the path of an image already written (by
     :func:`plot_attention` or :func:`plot_loss_curve`), which is then only shown.
-    In a notebook or interactive window the image appears inline below the cell;
-    run as a script, the file is the output. A pyplot figure is closed afterwards,
-    so a long lesson does not pile up open figures. Prints and returns the path."""
+    Text too small to read at the book's column width is enlarged first (:func:`fit_text`);
+    ``alt`` (default: the figure's titles, :func:`describe`) is stored in the PNG, where the
+    book reads the image's alt text. In a notebook or interactive window the saved image
+    appears inline below the cell; run as a script, the file is the output. A pyplot figure
+    is closed afterwards, so a long lesson does not pile up open figures. Prints the path
+    (relative to the repository) and returns it."""
     if isinstance(fig, (str, Path)):
-        path = Path(fig)
-        if _in_notebook():
-            from IPython.display import Image, display
-            display(Image(filename=str(path)))
+        path = SavedFigure(fig)
     else:
-        path = lesson_output_dir() / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
-            FigureCanvasAgg(fig)
-        fig.savefig(path, dpi=dpi, **savefig_kwargs)
-        if _in_notebook():
-            from IPython.display import display
-            display(fig)
+        path = _write(fig, lesson_output_dir() / name, dpi, alt, **savefig_kwargs)
         pyplot = sys.modules.get("matplotlib.pyplot")
         if pyplot is not None:
             pyplot.close(fig)
-    print("saved", path)
+    if _in_notebook():
+        from IPython.display import Image, display
+        display(Image(filename=str(path)))
+    print("saved", shown_path(path))
     return path
 
 

@@ -10,8 +10,10 @@ scripts through jupytext and executes them in quick mode, cached.
 """
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -103,7 +105,9 @@ html_theme_options = {
     "use_fullscreen_button": False,
 }
 html_context = {"default_mode": "light"}     # the theme logs a console error when no mode is set
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["attn.css"]                # a wider column, wrapping code, the fonts (Korean too)
+html_js_files = ["attn-fit.js"]              # wide output tables shrink to the page's width
 html_last_updated_fmt = None
 
 
@@ -128,6 +132,37 @@ def _write_redirects(app, exc) -> None:
             "</head><body>\n"
             f"<p>This lesson is now <a href=\"{new}.html\">{new}</a>: the lessons were renumbered "
             "in reading order.</p>\n</body></html>\n", encoding="utf-8")
+
+
+_IMG = re.compile(r'<img alt="[^"]*" src="(\.\./_images/[0-9a-f]+\.png)" />')
+
+
+def _png_text(path: Path) -> dict:
+    """The text chunks of a PNG (where attn.plot stores a figure's alt text and text size)."""
+    from PIL import Image
+    with Image.open(path) as im:
+        return dict(getattr(im, "text", {}) or {})
+
+
+def _figures_open_full_size(app, exc) -> None:
+    """Every figure of a lesson page gets the alt text its PNG carries (attn.plot.show_figure
+    stores it), the size of its smallest text (``data-text-px``, pixels of the image, which
+    tests/test_book.py checks), and a link that opens it at full size."""
+    if exc is not None or app.builder.name != "html":
+        return
+    out = Path(app.outdir)
+    for page in sorted((out / "lessons").glob("*.html")):
+        text = page.read_text(encoding="utf-8")
+
+        def replace(m):
+            meta = _png_text((page.parent / m.group(1)).resolve())
+            alt = html.escape(meta.get("Description", "a figure of the lesson"), quote=True)
+            px = html.escape(meta.get("attn:text-px", ""), quote=True)
+            return (f'<a class="attn-figure" href="{m.group(1)}" title="open the figure at full size">'
+                    f'<img alt="{alt}" src="{m.group(1)}" data-text-px="{px}" /></a>')
+        new = _IMG.sub(replace, text)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
 
 
 def _mathjax_files() -> Path:
@@ -169,4 +204,5 @@ def setup(app):
     app.connect("build-finished", _copy_mathjax)
     app.connect("build-finished", _write_redirects)
     app.connect("build-finished", _copy_web)
+    app.connect("build-finished", _figures_open_full_size)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -163,7 +163,7 @@ gc_args = {"s": rng.standard_normal((Bc, Tc, Hc)), "e": rng.standard_normal((Bc,
            "src_mask": np.arange(Sc)[None, :] < np.array([[5], [3]])}
 gc_errors = check_layer("luong_attention", luong_attention_forward, luong_attention_backward, gc_args,
                         ["s", "e", "w_c", "b_c"])
-print("gradient check, relative errors:", {k: f"{v:.1e}" for k, v in gc_errors.items()})
+print("gradient check, relative errors:", ", ".join(f"{k} {v:.1e}" for k, v in gc_errors.items()))
 _, gc_cache = luong_attention_forward(**gc_args)
 _, de_gc, _, _ = luong_attention_backward(np.ones((Bc, Tc, Hc)), gc_cache)
 de_pad = de_gc[1, 3:]                                          # row 1 has 3 real source tokens
@@ -276,7 +276,7 @@ batch64 = make_batch(np.random.default_rng(3), [3, 5, 2])
 _, g64 = loss_and_grads(p64, *batch64)
 model_errors = {k: rel_error(g64[k], numerical_gradient(lambda: loss_and_grads(p64, *batch64)[0], p64[k]))
                 for k in ("encoder.emb", "encoder.w_h", "decoder.w_h", "attn.w_c", "out.w")}
-print("whole-model gradient check:", {k: f"{v:.1e}" for k, v in model_errors.items()})
+print("whole-model gradient check, relative errors:\n " + ", ".join(f"{k} {v:.1e}" for k, v in model_errors.items()))
 
 # %% [markdown]
 # ## 4. Training both

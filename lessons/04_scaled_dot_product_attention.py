@@ -25,21 +25,24 @@ from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; a
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
+import textwrap
+
 import numpy as np
 
+from attn import diagram
 from attn.layers import attention_forward, softmax_backward, softmax_forward
 from attn.masks import padding_mask
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 
 
-def show(title, table, rows, cols, fmt="{:9.4f}"):
-    """Print a labelled table."""
-    print(f"\n{title}")
+def show(title, table, rows, cols, fmt="{:8.4f}"):
+    """Print a labelled table, narrow enough for a phone's screen."""
+    print("\n" + textwrap.fill(title, 64))
     w = max(len(r) for r in rows) + 1
-    print(" " * w + "".join(f"{c:>10}" for c in cols))
+    print(" " * w + "".join(f"{c[:8]:>9}" for c in cols))
     for r, row in zip(rows, table):
-        print(f"{r:<{w}}" + "".join(" " + (fmt.format(v) if np.isfinite(v) else f"{v:>9}") for v in row))
+        print(f"{r:<{w}}" + "".join(" " + (fmt.format(v) if np.isfinite(v) else f"{v:>8}") for v in row))
 
 
 # %% [markdown]
@@ -71,6 +74,7 @@ V = K                                                               # (6, 4)
 key_ids = np.array([[1, 2, 3, 4, 5, 0]])                            # (1, 6)
 mask = padding_mask(key_ids)                                        # (1, 1, 1, 6): True = may attend
 print("padding_mask(key_ids):", mask.astype(int).ravel(), " shape", mask.shape)
+show_figure(diagram.attention_figure(d_k=K.shape[1]), "04_scaled_dot_product.png")   # the paper's Figure 2, left
 
 # %% [markdown]
 # ### Steps 1 to 4, one at a time

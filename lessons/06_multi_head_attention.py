@@ -37,6 +37,7 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 
 import numpy as np
 
+from attn import diagram
 from attn.layers import (attention_backward, attention_forward, attention_weights, merge_heads,
                          multi_head_attention_backward, multi_head_attention_forward, sinusoidal_table, split_heads)
 from attn.masks import padding_mask
@@ -65,6 +66,7 @@ params = {n: rng.standard_normal((D, D)) / np.sqrt(D) for n in ("w_q", "w_k", "w
 params.update({n: 0.1 * rng.standard_normal(D) for n in ("b_q", "b_k", "b_v", "b_o")})
 src_ids = np.array([[5, 3, 8, 2, 9, 0, 0], [4, 4, 7, 1, 6, 2, 3]])   # the first source has 2 pads
 mask = padding_mask(src_ids)                                    # (2, 1, 1, 7)
+show_figure(diagram.attention_figure(n_heads=H, d_k=Dh), "06_multi_head_attention.png")   # the paper's Figure 2
 
 q_all = x_q @ params["w_q"] + params["b_q"]                     # (B, T, D): every head's queries at once
 q_heads = split_heads(q_all, H)                                 # (B, H, T, Dh)

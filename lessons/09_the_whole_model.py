@@ -35,6 +35,7 @@ import math
 
 import numpy as np
 
+from attn import diagram
 from attn.backend import to_device
 from attn.data import TOY_DIR, Vocab, encode_pairs, make_batches, read_parallel, tokenize
 from attn.layers import (attention_weights, embedding_forward, feed_forward_forward, layer_norm_forward,
@@ -68,6 +69,9 @@ cfg = TransformerConfig(vocab_size=len(vocab), d_model=32, n_heads=4, d_ff=64, n
                         n_decoder_layers=2, dropout=0.1, max_len=64)
 model = Transformer(cfg, seed=0, dtype="float64")
 p, D, H = model.params, cfg.d_model, cfg.n_heads
+# The paper's Figure 1, drawn from this model's parameter names (the sub-layers, in order) and sizes:
+show_figure(diagram.architecture(parameter_shapes(cfg), cfg.n_encoder_layers, cfg.n_decoder_layers,
+                                 cfg.d_model, cfg.n_heads, cfg.d_ff), "09_architecture.png")
 
 # %% [markdown]
 # Now the model, written out. Each sub-layer sits in a residual connection followed

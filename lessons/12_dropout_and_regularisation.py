@@ -91,7 +91,8 @@ print("evaluation (rng=None) is the identity:", np.array_equal(eval_out, x))
 x64 = np.random.default_rng(2).standard_normal((3, 5))
 grad_err = check_layer("dropout", lambda x: dropout_forward(x, 0.3, B.DeviceRNG(7)), dropout_backward, {"x": x64},
                        ["x"])
-print("gradient check of dropout_backward (the same mask as the forward):", {k: f"{v:.1e}" for k, v in grad_err.items()})
+print("gradient check of dropout_backward (the same mask as the forward), relative error:",
+      ", ".join(f"{k} {v:.1e}" for k, v in grad_err.items()))
 
 # %% [markdown]
 # ## 2. Where the paper puts it

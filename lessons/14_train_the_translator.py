@@ -30,6 +30,8 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 import logging
 import shutil
 
+import textwrap
+
 import numpy as np
 
 from attn import backend as B
@@ -40,7 +42,7 @@ from attn.evaluate import corpus_bleu, evaluate_bleu, source_ids
 from attn.loss import cross_entropy
 from attn.model import Transformer, TransformerConfig, log_softmax
 from attn.optim import Adam
-from attn.plot import plot_loss_curve
+from attn.plot import plot_loss_curve, shown_path
 from attn.train import TrainConfig, config_from_argv, train
 from attn.translate import load_translator
 
@@ -77,7 +79,7 @@ data_dir.mkdir(parents=True, exist_ok=True)
 for split, pairs in splits.items():
     for side, lang in ((0, "en"), (1, "tk")):
         (data_dir / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-print({k: len(v) for k, v in splits.items()}, "pairs in", data_dir)
+print(", ".join(f"{k} {len(v)}" for k, v in splits.items()), "pairs in", shown_path(data_dir))
 for s, t in splits["train"][:3]:
     print(f"  {s}  ->  {t}")
 
@@ -167,14 +169,14 @@ probe_model, probe_losses = train_by_hand(SMOOTHING, PROBE, log_every=PROBE)
 
 # %%
 data_dir.mkdir(parents=True, exist_ok=True)
-argv = ["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy", "--seed", str(SEED),
+argv = ["--data", os.path.relpath(data_dir), "--out", os.path.relpath(run_dir), "--backend", "numpy", "--seed", str(SEED),
         "--d-model", str(D_MODEL), "--heads", str(HEADS), "--d-ff", str(D_FF), "--layers", str(LAYERS),
         "--dropout", str(DROPOUT), "--label-smoothing", str(SMOOTHING), "--warmup", str(WARMUP),
         "--lr-factor", str(LR_FACTOR), "--steps", str(STEPS), "--max-tokens", str(MAX_TOKENS),
         "--eval-every", str(EVAL_EVERY), "--average", "5", "--snapshot-every", "50",
         "--minutes", "0", "--bleu-sentences", "0", "--quiet", "--reference"]
-print("attn-train", " ".join(argv),
-      f"   (the toy preset's default --lr-factor: {TrainConfig().with_recipe().lr_factor:g})")
+print(" \\\n    ".join(textwrap.wrap("attn-train " + " ".join(argv), 78, break_on_hyphens=False)))
+print(f"(the toy preset's default --lr-factor: {TrainConfig().with_recipe().lr_factor:g})")
 probe_diff = {}
 
 
@@ -211,6 +213,15 @@ floor = -(1 - eps + eps / V) * np.log(1 - eps + eps / V) - (V - 1) * (eps / V) *
 print(f"training loss: first step {train_losses[0]:.2f} (log V = {np.log(V):.2f}), mean of the last 50 steps "
       f"{np.mean(train_losses[-50:]):.2f}, floor H(q) = {floor:.2f}; validation "
       + ", ".join(f"{s}: {v:.2f}" for s, v in val_points))
+# What this run's curve shows (quick mode trains less than full mode, so say it from the numbers):
+k_ = max(1, min(50, len(train_losses) // 20))
+running = {s: float(np.mean(train_losses[max(0, s - k_):s])) for s, _ in val_points}
+gaps = [v - running[s] for s, v in val_points]
+print(f"in this run ({'quick' if QUICK else 'full'} mode, {len(train_losses)} steps) validation loss falls from "
+      f"{val_points[0][1]:.2f} to {val_points[-1][1]:.2f}; it ends "
+      + (f"{gaps[-1]:.2f} above the training loss's running mean" if gaps[-1] > 0 else
+         f"{-gaps[-1]:.2f} below the training loss's running mean (dropout and label smoothing act in training only)")
+      + ("; the two lines cross" if min(gaps) < 0 < max(gaps) else ""))
 
 # %% [markdown]
 # The first loss is near `log V`: an untrained model spreads its probability

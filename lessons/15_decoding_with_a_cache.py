@@ -21,7 +21,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, shown_path  # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from attn import backend as B
+from attn import diagram
 from attn.data import BOS, EOS, PAD, TOY_DIR, read_parallel, tokenize
 from attn.decode import EXTRA_LENGTH, beam_search, greedy_decode, length_penalty
 from attn.evaluate import source_ids
@@ -57,7 +58,7 @@ T0 = time.time()
 
 # %%
 MAX_WORDS = 8 if QUICK else 14
-N_TRAIN, N_TEST = (1500, 60) if QUICK else (8000, 200)
+N_TRAIN, N_TEST, N_POOL = (1500, 60, 300) if QUICK else (8000, 200, 1000)
 STEPS = 600 if QUICK else 1500
 
 
@@ -67,12 +68,12 @@ def short(split, n):
 
 data_dir, run_dir = OUT / "15_data", OUT / "15_run"
 shutil.rmtree(run_dir, ignore_errors=True)
-splits = {"train": short("train", N_TRAIN), "val": short("val", 50), "test": short("test", N_TEST)}
+splits = {"train": short("train", N_TRAIN), "val": short("val", 50), "test": short("test", N_POOL)}
 data_dir.mkdir(parents=True, exist_ok=True)
 for split, pairs in splits.items():
     for side, lang in ((0, "en"), (1, "tk")):
         (data_dir / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-argv = ["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy", "--seed", "0",
+argv = ["--data", os.path.relpath(data_dir), "--out", os.path.relpath(run_dir), "--backend", "numpy", "--seed", "0",
         "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "2", "--dropout", "0.0",
         "--warmup", "150", "--lr-factor", "1", "--steps", str(STEPS), "--max-tokens", "400",
         "--eval-every", str(STEPS), "--average", "0", "--minutes", "0", "--bleu-sentences", "0", "--quiet"]
@@ -84,13 +85,32 @@ print(f"trained {metrics['steps']} steps in {metrics['train_seconds']:.1f} s; va
       f"{metrics['val_loss']:.2f}; {cfg.n_decoder_layers} decoder layers, d_model {cfg.d_model}, "
       f"{cfg.n_heads} heads, vocabulary {len(vocab)}")
 
-test = splits["test"]
-src_rows = [source_ids(vocab, tokenize(s)) for s, _ in test]
-src = np.full((len(test), max(map(len, src_rows))), PAD, dtype=np.int64)
-for i, row in enumerate(src_rows):
-    src[i, :len(row)] = row
-print(f"{len(test)} test sentences, source lengths {min(map(len, src_rows))}-{max(map(len, src_rows))} "
-      "(with the end-of-sentence id)")
+def batch_of(pairs):
+    rows_ = [source_ids(vocab, tokenize(s)) for s, _ in pairs]
+    ids = np.full((len(pairs), max(map(len, rows_))), PAD, dtype=np.int64)
+    for i, row in enumerate(rows_):
+        ids[i, :len(row)] = row
+    return rows_, ids
+
+
+# A model this good agrees with beam search on most sentences. To watch the two part ways,
+# we decode a pool of test sentences once and keep, first, those where greedy and beam
+# search (with or without the length penalty) choose differently, then others up to N_TEST.
+pool = splits["test"]
+_, pool_src = batch_of(pool)
+pool_g = greedy_decode(model, pool_src).tokens
+pool_b = beam_search(model, pool_src, beam_size=4, alpha=0.6).tokens
+pool_b0 = beam_search(model, pool_src, beam_size=4, alpha=0.0).tokens
+n_beam_greedy = sum(g != b for g, b in zip(pool_g, pool_b))
+n_alpha = sum(b != b0 for b, b0 in zip(pool_b, pool_b0))
+parting = [i for i in range(len(pool)) if not pool_g[i] == pool_b[i] == pool_b0[i]]
+keep = (parting + [i for i in range(len(pool)) if i not in parting])[:N_TEST]
+test = [pool[i] for i in sorted(keep)]
+src_rows, src = batch_of(test)
+print(f"of {len(pool)} test sentences, beam search (4 beams) and greedy part ways on {n_beam_greedy}, "
+      f"the length penalty changes beam search's output on {n_alpha};\nthe {len(test)} below hold all "
+      f"{min(len(parting), N_TEST)} such sentences; source lengths "
+      f"{min(map(len, src_rows))}-{max(map(len, src_rows))} (with the end-of-sentence id)")
 
 # %% [markdown]
 # ## 2. Decoding without a cache: the whole prefix, every step
@@ -165,8 +185,13 @@ s0 = src[:1, :len(src_rows[0])]
 mask0 = padding_mask(s0)
 memory0, _ = model.encode(s0, None, mask0)
 state = model.start_decoding(memory0, mask0)
-for tok in [BOS] + toks[:2]:
+grown = []                                                   # the cache's keys' shape after each step
+for tok in [BOS] + toks[:5]:
     _, state, _ = model.decode_step(np.array([tok]), state)
+    grown.append(state.self_kv[0][0].shape)
+show_figure(diagram.kv_cache(grown, state.cross_kv[0][0].shape, [vocab.itos[t] for t in [BOS] + toks[:5]]),
+            "15_kv_cache.png", alt=f"The key/value cache of decoder layer 0 growing one position per step, "
+            f"{grown[0]} to {grown[-1]}, while the cross-attention's keys stay {state.cross_kv[0][0].shape}.")
 for i, ((ck, cv), (sk, sv)) in enumerate(zip(state.cross_kv, state.self_kv)):
     print(f"decoder layer {i}: cross-attention K {ck.shape} V {cv.shape} (computed once); "
           f"self-attention K {sk.shape} V {sv.shape} (after {state.length} steps)")
@@ -333,19 +358,21 @@ t_next = 0
 for L in lengths:
     while state.length < L - 1:                            # grow the cache to L - 1 positions
         _, state, _ = model.decode_step(np.array([EOS]), state)
-    reps = 5
-    t = time.perf_counter()
-    for _ in range(reps):
+    one, full_ = [], []                                    # every repetition timed on its own
+    for _ in range(9):
+        t = time.perf_counter()
         model.decode_step(np.array([EOS]), state)
-    sec_step_cached.append((time.perf_counter() - t) / reps)
-    t = time.perf_counter()
-    for _ in range(reps):
+        one.append(time.perf_counter() - t)
+        t = time.perf_counter()
         h, _, _ = model.decode(np.full((1, L), EOS), memory0, mask0)
         model.project(h[:, -1])
-    sec_step_full.append((time.perf_counter() - t) / reps)
-print(f"one step at prefix length {lengths[0]}: cached {1e3 * sec_step_cached[0]:.2f} ms, uncached "
-      f"{1e3 * sec_step_full[0]:.2f} ms; at {lengths[-1]}: cached {1e3 * sec_step_cached[-1]:.2f} ms, "
-      f"uncached {1e3 * sec_step_full[-1]:.2f} ms")
+        full_.append(time.perf_counter() - t)
+    sec_step_cached.append(np.percentile(one, [25, 50, 75]))   # quartiles: the median and its spread
+    sec_step_full.append(np.percentile(full_, [25, 50, 75]))
+sec_step_cached, sec_step_full = np.array(sec_step_cached), np.array(sec_step_full)
+print(f"one step, median of 9: at prefix length {lengths[0]}: cached {1e3 * sec_step_cached[0, 1]:.2f} ms, "
+      f"uncached {1e3 * sec_step_full[0, 1]:.2f} ms;\nat {lengths[-1]}: cached {1e3 * sec_step_cached[-1, 1]:.2f} ms, "
+      f"uncached {1e3 * sec_step_full[-1, 1]:.2f} ms")
 
 d, F, V, N, S = cfg.d_model, cfg.d_ff, len(vocab), cfg.n_decoder_layers, s0.shape[1]
 fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -354,10 +381,11 @@ ax[0].plot(Ts, [decode_cost(T, S, d, F, V, N, False) for T in Ts], label="withou
 ax[0].plot(Ts, [decode_cost(T, S, d, F, V, N, True) for T in Ts], label="with cache")
 ax[0].set_xlabel("output length T"); ax[0].set_ylabel("multiply-adds for the whole output")
 ax[0].set_title(f"counted: toy decoder, S = {S}"); ax[0].legend()
-ax[1].plot(lengths, 1e3 * np.array(sec_step_full), "o-", label="without cache")
-ax[1].plot(lengths, 1e3 * np.array(sec_step_cached), "o-", label="with cache")
+for q, label in ((sec_step_full, "without cache"), (sec_step_cached, "with cache")):
+    ax[1].plot(lengths, 1e3 * q[:, 1], "o-", label=label + " (median)")
+    ax[1].fill_between(lengths, 1e3 * q[:, 0], 1e3 * q[:, 2], alpha=0.3)
 ax[1].set_xlabel("prefix length at this step"); ax[1].set_ylabel("ms per step (this machine)")
-ax[1].set_title("measured: one step"); ax[1].legend()
+ax[1].set_title("measured: one step, median of 9, quartiles shaded"); ax[1].legend()
 fig.tight_layout(); show_figure(fig, "15_cache_cost.png")
 
 # %% [markdown]
@@ -384,7 +412,7 @@ fig.tight_layout(); show_figure(fig, "15_cache_cost.png")
 # it is for one sentence, by hand, on `decode_step` and `select`:
 
 # %%
-def my_beam(i, K=4, alpha=0.6):
+def my_beam(i, K=4, alpha=0.6, trace=None):
     s = src[i:i + 1, :len(src_rows[i])]
     mask = padding_mask(s)
     memory, _ = model.encode(s, None, mask)
@@ -407,6 +435,8 @@ def my_beam(i, K=4, alpha=0.6):
             elif len(new) < K:
                 new.append((r, v, cand[r, v]))
         beams = [(beams[r][0] + [v], lp) for r, v, lp in new]
+        if trace is not None:                               # for the figure: (parent, token, log P) per beam
+            trace.append([(r, v, lp) for r, v, lp in new])
         if t + 1 >= limit:                                  # the length limit: live beams count as finished
             finished += [(lp / length_penalty(t + 1, alpha), toks) for toks, lp in beams]
             break
@@ -429,8 +459,15 @@ print(f"beam 4: library cached == library uncached == by hand on {beam_same} of 
 print(f"beam 4 and greedy choose different outputs on {len(differ)} of {len(test)} sentences")
 for i in differ[:3]:
     g_text, b_text = (" ".join(vocab.decode(x.tokens[i])) for x in (g_cached, b_cached))
-    print(f"  en:     {test[i][0]}\n  ref:    {test[i][1]}\n  greedy: {g_text[:100] + ' ...' * (len(g_text) > 100)}"
-          f"\n  beam 4: {b_text[:100] + ' ...' * (len(b_text) > 100)}")
+    print(f"  en:     {test[i][0]}\n  ref:    {test[i][1]}\n  greedy: {g_text[:70] + ' ...' * (len(g_text) > 70)}"
+          f"\n  beam 4: {b_text[:70] + ' ...' * (len(b_text) > 70)}")
+if differ:                                                  # the search's tree, for the shortest of them
+    i = min(differ, key=lambda j: len(b_cached.tokens[j]))
+    tree = []
+    my_beam(i, trace=tree)
+    tree = tree[:len(b_cached.tokens[i]) + 1]
+    show_figure(diagram.beam_tree(tree, lambda t: vocab.itos[t], chosen=b_cached.tokens[i],
+                                  greedy=g_cached.tokens[i]), "15_beam_tree.png")
 
 # %% [markdown]
 # The length penalty matters to what beam search returns. Over the test set, with
@@ -477,6 +514,7 @@ assert positions_ok, "the uncached loop runs 1 + 2 + ... + T positions"
 for name, T, full, cached in rows:
     assert full > cached, f"{name}, T = {T}: the cache must save work"
 toy_ratios = [full / cached for name, T, full, cached in rows if name == "this toy model"]
+assert differ and n_changed, "quick mode too must show beam and greedy, and the penalty, making a difference"
 assert len_pen >= len_raw, f"the length penalty should lengthen outputs: {len_raw:.2f} -> {len_pen:.2f}"
 assert toy_ratios == sorted(toy_ratios), "the saving grows with the output length"
 print(f"Check passed in {time.time() - T0:.1f} s: cached and uncached decoding agree step by step "

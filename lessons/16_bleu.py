@@ -138,7 +138,7 @@ data_dir.mkdir(parents=True, exist_ok=True)
 for split, pairs in splits.items():
     for side, lang in ((0, "en"), (1, "tk")):
         (data_dir / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
-train(config_from_argv(["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy", "--seed", "0",
+train(config_from_argv(["--data", os.path.relpath(data_dir), "--out", os.path.relpath(run_dir), "--backend", "numpy", "--seed", "0",
                         "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--dropout", "0.0",
                         "--warmup", "200", "--lr-factor", "2", "--steps", str(STEPS), "--max-tokens", "400",
                         "--eval-every", str(STEPS), "--average", "0", "--minutes", "0", "--bleu-sentences", "0",

@@ -37,7 +37,7 @@ from attn import backend as B
 from attn.data import BOS, EOS, PAD, TOY_DIR, read_parallel
 from attn.evaluate import source_ids, translate
 from attn.model import Transformer
-from attn.plot import plot_attention
+from attn.plot import plot_attention, shown_path
 from attn.train import config_from_argv, train
 from attn.translate import load_translator
 
@@ -67,13 +67,13 @@ if not checkpoint:
     else:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
                 "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
-    train(config_from_argv(["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy",
+    train(config_from_argv(["--data", os.path.relpath(data_dir), "--out", os.path.relpath(run_dir), "--backend", "numpy",
                                      *size, "--lr-factor", "2", "--average", "0", "--minutes", "0",
                                      "--bleu-sentences", "0", "--quiet", "--reference"]))
     checkpoint = run_dir / "checkpoint.npz"
 model, vocab = load_translator(checkpoint)
 cfg = model.config
-print(f"model from {checkpoint}: {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "
+print(f"model from {shown_path(checkpoint)}: {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers, d_model {cfg.d_model}, "
       f"{cfg.n_heads} heads, {model.num_parameters():,} parameters")
 
 # %% [markdown]

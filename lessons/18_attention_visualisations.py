@@ -27,7 +27,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, shown_path  # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -72,7 +72,7 @@ else:
     else:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
                 "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
-    train(config_from_argv(["--data", str(data_dir), "--out", str(run_dir), "--backend", "numpy", *size,
+    train(config_from_argv(["--data", os.path.relpath(data_dir), "--out", os.path.relpath(run_dir), "--backend", "numpy", *size,
                                      "--lr-factor", "2", "--average", "0", "--minutes", "0", "--bleu-sentences", "0",
                                      "--quiet", "--reference"]))
     checkpoint = run_dir / "checkpoint.npz"
@@ -80,7 +80,7 @@ else:
 model, vocab = load_translator(checkpoint)
 cfg = model.config
 LAST = cfg.n_encoder_layers - 1
-print(f"model: {source}, {checkpoint}: {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers, d_model "
+print(f"model: {source}, {shown_path(checkpoint)}: {cfg.n_encoder_layers} + {cfg.n_decoder_layers} layers, d_model "
       f"{cfg.d_model}, {cfg.n_heads} heads; we look at encoder layer {LAST + 1} of {cfg.n_encoder_layers}")
 
 # %% [markdown]

@@ -297,7 +297,9 @@ print(f"The largest perplexity cost in this run: {worst['name']} ({worst['d_ppl'
 
 # %%
 names = [r["name"] for r in rows]
-fig, ax = plt.subplots(1, 3, figsize=(17, 0.45 * len(rows) + 2.4))
+fig = plt.figure(figsize=(12, 0.45 * len(rows) + 6.4))          # two panels of bars above, the curves below
+grid = fig.add_gridspec(2, 2, height_ratios=[0.45 * len(rows) + 1.6, 4.2])
+ax = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])]
 y = np.arange(len(rows))
 for a, key, noise, label in ((ax[0], "d_ppl", ppl_noise, "validation perplexity vs base (%): lower is better"),
                              (ax[1], "d_bleu", bleu_noise, "validation BLEU vs base (points): higher is better")):
@@ -307,7 +309,7 @@ for a, key, noise, label in ((ax[0], "d_ppl", ppl_noise, "validation perplexity 
     a.axvspan(-noise, noise, color="0.85", zorder=0, label="toy noise level")
     a.axvline(0, color="k", lw=0.8)
     a.set_yticks(y, names if a is ax[0] else [""] * len(names)); a.invert_yaxis()
-    a.set_xlabel(label); a.legend(loc="lower right", fontsize=7)
+    a.set_xlabel(label); a.legend(loc="lower right", fontsize=8)
 colors = plt.cm.tab20(np.linspace(0, 1, 20))
 k = 20 if not QUICK else 5
 for i, r in enumerate(base_seeds + results):
@@ -316,7 +318,7 @@ for i, r in enumerate(base_seeds + results):
     ax[2].plot(np.arange(k, len(r["losses"]) + 1), curve, lw=2 if is_base else 1.2,
                color="k" if is_base else colors[(i - len(base_seeds)) % 20], label=r["name"])
 ax[2].set_yscale("log"); ax[2].set_xlabel("step"); ax[2].set_ylabel(f"training loss (mean of {k} steps)")
-ax[2].legend(fontsize=6, ncol=2)
+ax[2].legend(fontsize=8, ncol=3)
 ax[2].set_title("training curves (black: base, all seeds);\neach run's own loss: label smoothing moves its floor",
                 fontsize=10)
 fig.suptitle(f"Table 3 at toy scale ({'quick' if QUICK else 'full'} mode: {STEPS} steps per run): "

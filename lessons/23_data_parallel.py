@@ -33,6 +33,7 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 import numpy as np
 
 import attn.backend as B
+from attn import diagram
 from attn.bench.parallel import counts, paper_model, ring_bytes_per_rank
 from attn.gradcheck import rel_error
 from attn.loss import cross_entropy
@@ -136,23 +137,28 @@ print(f"rank 1's draw for sentences {lo}..{rows - 1} equals one process's rows {
 # twice the buffer however many ranks there are*. Here it is, by hand, on four ranks:
 
 # %%
-def ring_allreduce(buffers):
-    """Sum the ranks' buffers as a ring does; returns (every rank's result, numbers each rank sent)."""
+def ring_allreduce(buffers, trace=None):
+    """Sum the ranks' buffers as a ring does; returns (every rank's result, numbers each rank sent).
+    ``trace``, a list, receives a copy of every rank's chunks before the first round and after each."""
     R = len(buffers)
     chunks = [np.array_split(b.astype("float64").copy(), R) for b in buffers]
     sent = [0] * R
+    snap = (lambda: trace.append([[c.copy() for c in cs] for cs in chunks])) if trace is not None else (lambda: None)
+    snap()
     for step in range(R - 1):                           # reduce-scatter
         outgoing = [chunks[r][(r - step) % R].copy() for r in range(R)]
         for r in range(R):
             c = (r - step) % R
             chunks[(r + 1) % R][c] += outgoing[r]
             sent[r] += outgoing[r].size
+        snap()
     for step in range(R - 1):                           # all-gather
         outgoing = [chunks[r][(r + 1 - step) % R].copy() for r in range(R)]
         for r in range(R):
             c = (r + 1 - step) % R
             chunks[(r + 1) % R][c] = outgoing[r]
             sent[r] += outgoing[r].size
+        snap()
     return [np.concatenate(c) for c in chunks], sent
 
 
@@ -163,6 +169,13 @@ results, sent = ring_allreduce(buffers)
 ring_ok = all(np.allclose(res, sum(buffers), rtol=1e-13, atol=1e-13) for res in results)
 print(f"4 ranks, {P} numbers each: every rank ends with the sum: {ring_ok}; each sent {sent} numbers "
       f"= 2 (R-1)/R * P = {ring_bytes_per_rank(P, 4):.0f}")
+
+# The rounds, drawn: rank r's buffer holds 2**r, so a chunk's value names the ranks it sums (its bits).
+rounds = []
+ring_allreduce([np.full(4, 2.0 ** r) for r in range(4)], trace=rounds)
+holds = [[[{s for s in range(4) if int(c[0]) >> s & 1} for c in cs] for cs in snap] for snap in rounds]
+show_figure(diagram.ring_rounds(holds, ["before"] + [f"reduce-scatter {k}" for k in (1, 2, 3)]
+                                + [f"all-gather {k}" for k in (1, 2, 3)]), "23_ring_rounds.png")
 
 # %% [markdown]
 # How many bytes is that for a real model, against how much arithmetic? `attn` all-reduces

@@ -219,7 +219,7 @@ print(f"{len(data)} distinct sentences of at most {MAX_WORDS} words; a tree is o
       f"{np.mean([len(t) / len(w) for w, t in data]):.1f} times as many tokens as its sentence, "
       f"at most {longest_extra} more (the decoder's limit is input + {EXTRA_LENGTH})")
 
-argv = ["--data", str(data_dir), "--src", "words", "--tgt", "tree", "--out", str(run_dir), "--backend", "numpy",
+argv = ["--data", os.path.relpath(data_dir), "--src", "words", "--tgt", "tree", "--out", os.path.relpath(run_dir), "--backend", "numpy",
         "--seed", "0", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--layers", "2",
         "--dropout", "0.0" if QUICK else "0.1", "--warmup", "300", "--lr-factor", "0.5", "--steps", str(STEPS),
         "--max-tokens", "800",

@@ -110,12 +110,25 @@ _MATH = """() => ({
 })"""
 
 
-def visit(browser, url: str, screenshot: Path | None, act=None):
+_LAYOUT = """() => ({
+    overflowing: Array.from(document.querySelectorAll('div.cell_input pre, div.cell_output pre, div.highlight pre'))
+        .filter(e => e.scrollWidth > e.clientWidth + 1)
+        .map(e => `${e.scrollWidth} > ${e.clientWidth} px: ${e.innerText.split('\\n').sort((a, b) => b.length - a.length)[0].slice(0, 90)}`),
+    figures: Array.from(document.querySelectorAll('img')).filter(i => i.src.includes('/_images/')).map(i => ({
+        src: i.src.split('/').pop(), alt: i.alt, textPx: parseFloat(i.dataset.textPx || 'NaN'),
+        shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
+        link: i.parentElement.tagName === 'A' ? i.parentElement.getAttribute('href') : null})),
+})"""
+MIN_TEXT_PX = 9.0                             # the smallest text a figure may show on the page, CSS pixels
+
+
+def visit(browser, url: str, screenshot: Path | None, act=None, width: int = 1280, full_page: bool = True):
     """Open ``url`` in a fresh context that lets no request leave 127.0.0.1; wait for the
     images and for MathJax; then ``act(page)``, if given, whose result joins the facts as
     ``facts["act"]``; return (page facts, PageReport). The page is closed after."""
     report = PageReport()
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    context = browser.new_context(viewport={"width": width, "height": 900 if width > 600 else 844},
+                                  service_workers="block")
 
     def route(r):
         host = urlsplit(r.request.url).hostname
@@ -148,12 +161,13 @@ def visit(browser, url: str, screenshot: Path | None, act=None):
                  "text": page.evaluate("() => document.body.innerText"),
                  "math": page.evaluate(_MATH),
                  "outputs": page.evaluate("() => Array.from(document.querySelectorAll('.cell_output'))"
-                                          ".map(e => e.innerText).join('\\n')")}
+                                          ".map(e => e.innerText).join('\\n')"),
+                 "layout": page.evaluate(_LAYOUT)}
         if act is not None:
             facts["act"] = act(page)
         if screenshot is not None:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(screenshot), full_page=True)
+            page.screenshot(path=str(screenshot), full_page=full_page)
     finally:
         context.close()
     return facts, report
@@ -183,6 +197,71 @@ def test_lesson_page(lesson, site, browser):
     assert CHECK_OUTPUT in facts["outputs"], f"{lesson.name}: no '{CHECK_OUTPUT}' in the page's outputs"
     figures = [i for i in facts["images"] if "/_images/" in i["src"]]
     assert figures, f"{lesson.name}: the page shows no figure (attn.plot.show_figure shows them inline)"
+    assert_nothing_cut_off(facts, lesson.name)
+
+
+def assert_nothing_cut_off(facts: dict, name: str) -> None:
+    """At 1280 px no code or output block scrolls sideways, and every figure's smallest text
+    shows at MIN_TEXT_PX or more, has alt text that is not a file name, and opens full size."""
+    layout = facts["layout"]
+    assert not layout["overflowing"], f"{name}: blocks that scroll sideways at 1280 px: {layout['overflowing']}"
+    for f in layout["figures"]:
+        assert f["alt"] and not re.fullmatch(r"[./\w-]*\.png", f["alt"]), f"{name}: {f['src']} has no alt text"
+        assert f["link"] and f["link"].endswith(f["src"]), f"{name}: {f['src']} does not open full size"
+        assert f["textPx"] == f["textPx"], f"{name}: {f['src']} was not saved by attn.plot (no text size)"
+        shown = f["textPx"] * min(1.0, f["shown"] / f["natural"])
+        assert shown >= MIN_TEXT_PX, (f"{name}: {f['src']} ({f['alt'][:60]}) shows its smallest text at "
+                                      f"{shown:.1f} px, under {MIN_TEXT_PX}")
+
+
+#: What a page must never show: where the book was built (a path of the build machine), a
+#: Path's repr. (Machines' homes and temporary folders, and this checkout wherever it is.)
+_MACHINE = re.compile(r"PosixPath\(|WindowsPath\(|(?<![\w.])/(?:home|root|tmp|Users|work|private|var/folders)/")
+
+
+def test_no_page_shows_the_build_machine(built_book):
+    offenders = []
+    for page in sorted(built_book.rglob("*.html")):
+        text = page.read_text(encoding="utf-8")
+        for hit in [str(ROOT)] if str(ROOT) in text else []:
+            offenders.append(f"{page.relative_to(built_book)}: {hit}")
+        if page.parent.name == "lessons":
+            offenders += [f"{page.relative_to(built_book)}: ...{text[max(0, m.start() - 40):m.end() + 40]}..."
+                          for m in _MACHINE.finditer(text)][:3]
+    assert not offenders, "pages that show the build machine's paths:\n" + "\n".join(offenders[:20])
+
+
+def test_a_phone_sees_the_point_of_lesson_4s_tables(site, browser):
+    """At 390 px (a phone) lesson 4's tables keep their columns on screen: the [pad] column,
+    their point, is visible without scrolling. Screenshots of the page at 1280 and 390 px go to
+    build/book/screenshots/book-1280.png and book-390.png (docs/ keeps a copy of each)."""
+    lesson = next(p for p in LESSONS if p.name.startswith("04_"))
+    url = f"{site}lessons/{lesson.stem}.html"
+    visit(browser, url, book.SCREENSHOTS / "book-1280.png", full_page=False)
+
+    def pad_column(page):
+        return page.evaluate("""() => {
+            const pre = Array.from(document.querySelectorAll('div.cell_output pre'))
+                .find(e => e.innerText.includes('[pad]') && e.innerText.includes('step 4'));
+            pre.scrollIntoView({block: 'center'});
+            const node = Array.from(pre.childNodes).find(n => n.textContent.includes('step 4'));
+            const text = node.textContent, header = text.indexOf('Educatio', text.indexOf('step 4'));
+            const rect = (word) => {
+                const at = text.indexOf(word, header), range = document.createRange();
+                range.setStart(node, at); range.setEnd(node, at + word.length);
+                return range.getBoundingClientRect();
+            };
+            const first = rect('Educatio'), pad = rect('[pad]');
+            return {right: pad.right, width: window.innerWidth, scroll: pre.scrollWidth - pre.clientWidth,
+                    font: parseFloat(getComputedStyle(pre).fontSize), oneLine: Math.abs(pad.top - first.top) < 2};
+        }""")
+    facts, report = visit(browser, url, book.SCREENSHOTS / "book-390.png", act=pad_column, width=390,
+                          full_page=False)
+    assert_page_works(facts, report, lesson.name + " at 390 px")
+    seen = facts["act"]
+    assert seen["scroll"] <= 1 and seen["right"] <= seen["width"], f"[pad] is off screen on a phone: {seen}"
+    assert seen["oneLine"], f"lesson 4's table wraps on a phone, losing its columns: {seen}"
+    assert seen["font"] >= 8, f"lesson 4's tables shrink to {seen['font']} px on a phone"
 
 
 def test_front_page_lists_every_lesson_in_order(site, browser, built_book):

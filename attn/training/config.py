@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "float32. On NumPy the operands are rounded the same way and multiplied in float32. The "
                         "attn.fast engine only (not --reference); a resumed run keeps "
                         "its saved precision")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    g.add_argument("--quiet", action="store_true", help="no progress bar, and no metrics dumped as JSON on stderr at the end (metrics.json has them)")
     return p
 
 

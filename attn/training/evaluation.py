@@ -119,7 +119,8 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
                "wall_seconds": round(wall_seconds, 2), "stop": stop_reason, **extra}
     write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     plot_losses(out, state)
-    print(json.dumps(metrics), file=sys.stderr)
+    if not config.quiet:                  # quiet: the metrics are in metrics.json and returned, not dumped
+        print(json.dumps(metrics), file=sys.stderr)
     final_path = out / "averaged.npz" if final_model is not model else out / "checkpoint.npz"
     print(f"test BLEU {test_bleu:.2f}, chrF {scores.chrf:.2f}, lower-cased BLEU {scores.bleu_lc:.2f} "
           f"(sacrebleu {scores.signatures.get('bleu', '-')}; chrF {scores.signatures.get('chrf', '-')})")

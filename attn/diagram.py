@@ -1,0 +1,263 @@
+"""The paper's figures, drawn by the lessons from the code they explain.
+
+Each function returns a matplotlib ``Figure`` (no ``pyplot``: nothing global changes) that
+a lesson shows with :func:`attn.plot.show_figure`. What a figure draws comes from its
+arguments, which the lesson takes from the library: the architecture from the model's
+parameter names (:func:`attn.model.parameter_shapes`), the key/value cache from the shapes of
+the cache a decoder grew, beam search's tree from the beams a search kept, the ring
+all-reduce from the chunks each rank held after each round. So a figure cannot drift from
+the code: change the model, and the figure changes with it.
+
+Boxes and arrows are in data coordinates of one axes without ticks; sizes are chosen so
+that the text stays legible at the book's column width (attn.plot.COLUMN_PX).
+"""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+COLORS = {"attention": "#fbe3c4", "ffn": "#d4ecf7", "norm": "#f6f3b7", "embed": "#f3d3dc",
+          "linear": "#e2e2f4", "softmax": "#d9f0d3", "plain": "#f2f2f2", "mask": "#e8e8e8"}
+
+
+def _canvas(width: float, height: float, xlim, ylim):
+    fig = Figure(figsize=(width, height))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(*xlim)
+    ax.set_ylim(*ylim)
+    ax.axis("off")
+    return fig, ax
+
+
+def _box(ax, x, y, w, h, text, kind="plain", size=10, **kw):
+    """A rounded box centred at (x, y), ``w`` by ``h``, with centred text."""
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                fc=COLORS.get(kind, kind), ec="#333333", lw=1.0))
+    ax.text(x, y, text, ha="center", va="center", fontsize=size, **kw)
+
+
+def _arrow(ax, a, b, color="#333333", style="-|>", **kw):
+    ax.add_patch(FancyArrowPatch(a, b, arrowstyle=style, mutation_scale=11, color=color, lw=1.1,
+                                 shrinkA=0, shrinkB=0, **kw))
+
+
+def _sublayers(names, stack: str) -> list[str]:
+    """The sub-layers of layer 0 of ``stack`` in the order the parameters list them:
+    e.g. ['self_attn', 'norm1', 'ffn', 'norm2']."""
+    seen = []
+    for name in names:
+        parts = name.split(".")
+        if parts[:2] == [stack, "0"] and parts[2] not in seen:
+            seen.append(parts[2])
+    return seen
+
+
+_LABELS = {("encoder", "self_attn"): ("Multi-head\nself-attention", "attention"),
+           ("decoder", "self_attn"): ("Masked multi-head\nself-attention", "attention"),
+           ("decoder", "cross_attn"): ("Multi-head\ncross-attention", "attention")}
+
+
+def architecture(parameter_names, n_encoder_layers: int, n_decoder_layers: int, d_model: int,
+                 n_heads: int, d_ff: int) -> Figure:
+    """Figure 1 of the paper from the model's parameter names: the encoder stack (left), the
+    decoder stack (right), each sub-layer followed by "Add & Norm" with its residual path drawn
+    around it, the memory going into every cross-attention, the embeddings with the positional
+    encoding below and the output projection and softmax above."""
+    names = list(parameter_names)
+    enc, dec = _sublayers(names, "encoder"), _sublayers(names, "decoder")
+    h = 0.62                                              # a box's height; the layout is built bottom-up
+    rows = max(len(enc), len(dec))
+    top = 2.45 + rows / 2 * 1.3 + 2.6
+    fig, ax = _canvas(8.6, 0.62 * top, (-0.4, 10.4), (-0.3, top))
+    stacks = {}
+    for stack, x, sub, n in (("encoder", 2.6, enc, n_encoder_layers), ("decoder", 7.2, dec, n_decoder_layers)):
+        side = "inputs (source ids)" if stack == "encoder" else "outputs, shifted right\n(<s> + target ids)"
+        ax.text(x, 0.0, side, ha="center", va="center", fontsize=10)
+        _box(ax, x, 0.9, 2.6, h, f"Embedding x √{d_model}", "embed")
+        ax.text(x + 1.55 if stack == "decoder" else x - 1.55, 1.75, "+ positional\nencoding",
+                ha="left" if stack == "decoder" else "right", va="center", fontsize=9)
+        ax.add_patch(FancyBboxPatch((x - 0.07, 1.68), 0.14, 0.14, boxstyle="circle,pad=0.02", fc="white",
+                                    ec="#333333"))
+        _arrow(ax, (x, 0.3), (x, 0.9 - h / 2))
+        _arrow(ax, (x, 0.9 + h / 2), (x, 1.66))
+        y, y_in, ys = 2.45, 1.84, {}
+        frame_lo = y - 0.35
+        for name in sub:
+            if name.startswith("norm"):
+                continue
+            label, kind = _LABELS.get((stack, name), (f"Feed forward\n{d_model} -> {d_ff} -> {d_model}", "ffn"))
+            _box(ax, x, y + 0.3, 2.6, h + 0.08, label, kind)
+            _box(ax, x, y + 0.95, 2.6, 0.36, "Add & Norm", "norm", size=9)
+            _arrow(ax, (x, y_in), (x, y + 0.3 - (h + 0.08) / 2))
+            _arrow(ax, (x, y + 0.3 + (h + 0.08) / 2), (x, y + 0.95 - 0.18))
+            # the residual path: around the sub-layer, into Add & Norm
+            rx = x - 1.55 if stack == "encoder" else x + 1.55
+            ax.plot([x, rx, rx], [y_in + 0.12, y_in + 0.12, y + 0.95], color="#555555", lw=1.0)
+            _arrow(ax, (rx, y + 0.95), (x - 1.3 if stack == "encoder" else x + 1.3, y + 0.95), color="#555555")
+            ys[name] = y + 0.3
+            y_in = y + 0.95 + 0.18
+            y += 1.3
+        ax.add_patch(FancyBboxPatch((x - 1.85, frame_lo), 3.7, y - frame_lo - 0.2,
+                                    boxstyle="round,pad=0.05,rounding_size=0.2", fc="none", ec="#777777", lw=1.2))
+        ax.text(x + 2.0 if stack == "decoder" else x - 2.0, (frame_lo + y) / 2, f"x {n}", fontsize=13,
+                ha="left" if stack == "decoder" else "right", va="center", weight="bold")
+        stacks[stack] = (x, y_in, ys)
+    ex, ey, _ = stacks["encoder"]
+    dx, dy, dys = stacks["decoder"]
+    # the memory: the encoder's output goes to every decoder layer's cross-attention
+    if "cross_attn" in dys:
+        my = dys["cross_attn"]
+        ax.plot([ex, ex, (ex + dx) / 2, (ex + dx) / 2], [ey, ey + 0.25, ey + 0.25, my], color="#b05a00", lw=1.3)
+        _arrow(ax, ((ex + dx) / 2, my), (dx - 1.3, my), color="#b05a00")
+        ax.text((ex + dx) / 2 + 0.08, ey + 0.33, "memory (K, V)", color="#b05a00", fontsize=9)
+    _box(ax, dx, dy + 0.75, 2.6, 0.5, "Linear (x Embeddingᵀ)", "linear", size=9)
+    _box(ax, dx, dy + 1.5, 2.6, 0.5, "Softmax", "softmax", size=9)
+    _arrow(ax, (dx, dy), (dx, dy + 0.5))
+    _arrow(ax, (dx, dy + 1.0), (dx, dy + 1.25))
+    _arrow(ax, (dx, dy + 1.75), (dx, dy + 2.15))
+    ax.text(dx, dy + 2.35, "output probabilities", ha="center", va="center", fontsize=10)
+    ax.text(ex, ey + 1.4, f"Encoder\nd_model {d_model}, {n_heads} heads", ha="center", va="center", fontsize=10)
+    fig.attn_alt = (f"The Transformer (the paper's Figure 1) as this model builds it: an encoder of {n_encoder_layers} "
+                    f"layers ({', '.join(s for s in enc if not s.startswith('norm'))}, each followed by Add & Norm "
+                    f"around a residual path) and a decoder of {n_decoder_layers} layers "
+                    f"({', '.join(s for s in dec if not s.startswith('norm'))}, likewise); the encoder's output, "
+                    "the memory, feeds every cross-attention; embeddings plus positional encoding below, the "
+                    "output projection and softmax above.")
+    return fig
+
+
+def attention_figure(n_heads: int | None = None, d_k: int | None = None) -> Figure:
+    """Figure 2 of the paper: scaled dot-product attention (left) and, given ``n_heads``,
+    multi-head attention (right), with the shapes of one head's ``d_k``."""
+    two = n_heads is not None
+    fig, ax = _canvas(9.0 if two else 4.2, 5.2, (0, 10 if two else 4.6), (0, 10))
+    x = 2.3
+    steps = [("MatMul  Q Kᵀ", "linear"), (f"Scale  1/√d_k{f' = 1/√{d_k}' if d_k else ''}", "plain"),
+             ("Mask (optional)", "mask"), ("SoftMax (over keys)", "softmax"), ("MatMul  · V", "linear")]
+    for i, (label, kind) in enumerate(steps):
+        _box(ax, x, 2.0 + 1.5 * i, 3.6, 0.8, label, kind, size=10)
+        if i:
+            _arrow(ax, (x, 2.4 + 1.5 * (i - 1)), (x, 1.6 + 1.5 * i))
+    for k, name in enumerate(("Q", "K")):
+        qx = x - 0.8 + 1.6 * k
+        ax.text(qx, 0.6, name, ha="center", va="center", fontsize=11)
+        _arrow(ax, (qx, 0.9), (qx, 1.6))
+    ax.plot([x + 2.05, x + 2.05], [0.9, 8.0], color="#333333", lw=1.1)
+    ax.text(x + 2.05, 0.6, "V", ha="center", va="center", fontsize=11)
+    _arrow(ax, (x + 2.05, 8.0), (x + 1.8, 8.0))
+    _arrow(ax, (x, 8.4), (x, 9.2))
+    ax.text(x, 9.5, "Scaled dot-product attention", ha="center", va="center", fontsize=11, weight="bold")
+    if two:
+        mx = 7.4
+        for k, name in enumerate(("V", "K", "Q")):
+            lx = mx - 1.6 + 1.6 * k
+            ax.text(lx, 0.6, name, ha="center", va="center", fontsize=11)
+            _arrow(ax, (lx, 0.9), (lx, 1.55))
+            for j in range(2, -1, -1):                    # a stack of h linear maps
+                _box(ax, lx + 0.1 * j, 2.0 + 0.1 * j, 1.3, 0.7, "Linear" if j == 0 else "", "linear", size=9)
+            _arrow(ax, (lx, 2.4), (lx, 3.3))
+        for j in range(2, -1, -1):
+            _box(ax, mx + 0.12 * j, 4.2 + 0.12 * j, 4.4, 0.9,
+                 "Scaled dot-product\nattention" if j == 0 else "", "attention", size=10)
+        ax.text(mx + 2.55, 4.7, f"h = {n_heads}", fontsize=11, weight="bold", va="center")
+        _box(ax, mx, 6.3, 2.4, 0.7, "Concat", "plain")
+        _box(ax, mx, 7.8, 2.4, 0.7, "Linear (W_O)", "linear")
+        _arrow(ax, (mx, 4.65), (mx, 5.95))
+        _arrow(ax, (mx, 6.65), (mx, 7.45))
+        _arrow(ax, (mx, 8.15), (mx, 9.0))
+        ax.text(mx, 9.5, "Multi-head attention", ha="center", va="center", fontsize=11, weight="bold")
+    fig.attn_alt = ("Scaled dot-product attention (the paper's Figure 2): Q times K transposed, scaled by "
+                    "1/sqrt(d_k), optionally masked, softmax over the keys, times V."
+                    + (f" Multi-head attention: V, K and Q each through {n_heads} linear maps, {n_heads} "
+                       "attentions in parallel, concatenated, one more linear map." if two else ""))
+    return fig
+
+
+def kv_cache(self_k_shapes, cross_k_shape=None, tokens=None) -> Figure:
+    """The decoder's self-attention key cache after each step (one row of cells per step, one
+    cell per cached position, the new one highlighted), from the shapes ``(B, H, t, d_k)`` the
+    cache had after each step; ``cross_k_shape``, the cross-attention's keys, computed once."""
+    steps = len(self_k_shapes)
+    width = max(s[2] for s in self_k_shapes)
+    fig, ax = _canvas(8.6, 1.5 + 0.48 * steps, (-3.6, width + 4.2), (-1.2, steps + 0.9))
+    for i, shape in enumerate(self_k_shapes):
+        y = steps - 1 - i
+        t = shape[2]
+        word = f" ({tokens[i]})" if tokens is not None and i < len(tokens) else ""
+        ax.text(-0.4, y, f"step {i + 1}{word}", ha="right", va="center", fontsize=10)
+        for j in range(t):
+            new = j == t - 1
+            ax.add_patch(FancyBboxPatch((j + 0.06, y - 0.34), 0.88, 0.68, boxstyle="square,pad=0",
+                                        fc="#f4a259" if new else "#cfe3f2", ec="#333333", lw=0.8))
+        ax.text(t + 0.3, y, f"K {tuple(shape)}", va="center", fontsize=10)
+    ax.text(width / 2, steps + 0.35, "self-attention keys in the cache (values alike); orange: this step's",
+            ha="center", va="center", fontsize=10)
+    if cross_k_shape is not None:
+        ax.text(width / 2, -0.9, f"cross-attention K, V {tuple(cross_k_shape)}: computed once, before step 1",
+                ha="center", va="center", fontsize=10)
+    fig.attn_alt = (f"The decoder's key cache over {steps} steps: after step t it holds t positions, shapes "
+                    f"{tuple(self_k_shapes[0])} to {tuple(self_k_shapes[-1])}, one new row per step.")
+    return fig
+
+
+def beam_tree(steps, words, chosen=(), greedy=()) -> Figure:
+    """Beam search's tree: ``steps[t]`` lists the beams kept at step t as (parent index in
+    ``steps[t-1]``, token id, log P); ``words`` maps a token id to its text. ``chosen`` and
+    ``greedy`` are token lists whose paths are drawn thick (the best hypothesis, green) and
+    dashed (greedy's output, red)."""
+    T = len(steps)
+    K = max(len(s) for s in steps)
+    fig, ax = _canvas(min(1.0 + 1.3 * (T + 1), 12.0), 1.2 + 0.75 * (K + 1), (-1.5, T - 0.5), (-K + 0.4, 1.0))
+    ax.text(-1, 0, "<s>", ha="center", va="bottom", fontsize=10, weight="bold")
+    prefixes = {(-1, 0): []}
+
+    def on(path, prefix):
+        return list(path[:len(prefix)]) == prefix
+    for t, beams in enumerate(steps):
+        for k, (parent, tok, lp) in enumerate(beams):
+            prefix = prefixes[(t - 1, parent if t else 0)] + [tok]
+            prefixes[(t, k)] = prefix
+            x0, y0 = t - 1, (-parent if t else 0)
+            best, gre = on(chosen, prefix), on(greedy, prefix)
+            color = "#2a9d3f" if best else ("#c0392b" if gre else "#999999")
+            ax.plot([x0 + 0.3, t - 0.3], [y0, -k], color=color, lw=2.4 if best else 1.0,
+                    ls="--" if gre and not best else "-")
+            ax.text(t, -k + 0.02, words(tok), ha="center", va="bottom", fontsize=10,
+                    weight="bold" if best else "normal")
+            ax.text(t, -k - 0.04, f"{lp:.2f}", ha="center", va="top", fontsize=9, color="#555555")
+    ax.text((T - 2) / 2, 0.7, "green: the best hypothesis; red dashed: greedy's path; under each word, log P so far",
+            ha="center", va="center", fontsize=10)
+    fig.attn_alt = (f"Beam search's tree over {T} steps, {K} beams kept per step, each word with its log "
+                    f"probability; the best hypothesis '{' '.join(words(x) for x in chosen)}' and greedy's "
+                    f"'{' '.join(words(x) for x in greedy)}' part ways.")
+    return fig
+
+
+def ring_rounds(snapshots, phases) -> Figure:
+    """The ring all-reduce, round by round: ``snapshots[i][r][c]`` is the set of ranks whose
+    numbers chunk ``c`` of rank ``r`` holds after round ``i`` (round 0: before any), and
+    ``phases[i]`` names the round. A full chunk (every rank's sum) is dark."""
+    R = len(snapshots[0])
+    n = len(snapshots)
+    fig, ax = _canvas(8.8, 1.0 + 0.62 * n, (-3.2, R * (R + 1) + 0.2), (-n - 0.2, 1.3))
+    for r in range(R):
+        ax.text(r * (R + 1) + R / 2, 0.75, f"rank {r}", ha="center", va="center", fontsize=10, weight="bold")
+    for i, (snap, phase) in enumerate(zip(snapshots, phases)):
+        y = -i
+        ax.text(-0.3, y, phase, ha="right", va="center", fontsize=9)
+        for r in range(R):
+            for c in range(R):
+                have = snap[r][c]
+                x = r * (R + 1) + c
+                full = len(have) == R
+                ax.add_patch(FancyBboxPatch((x + 0.04, y - 0.36), 0.92, 0.72, boxstyle="square,pad=0",
+                                            fc="#1d5e8c" if full else ("#a9cce3" if len(have) > 1 else "#f2f2f2"),
+                                            ec="#333333", lw=0.6))
+                ax.text(x + 0.5, y, "".join(str(s) for s in sorted(have)), ha="center", va="center", fontsize=9,
+                        color="white" if full else "black")
+    ax.text(R * (R + 1) / 2, -n + 0.25, "each cell: one chunk of a rank's buffer, labelled by the ranks "
+            "whose gradients it sums", ha="center", va="center", fontsize=9)
+    fig.attn_alt = (f"The ring all-reduce on {R} ranks, round by round ({', '.join(phases)}): each rank's buffer "
+                    f"in {R} chunks; reduce-scatter leaves each rank one chunk summed over all ranks, all-gather "
+                    "passes the sums round until every rank has every chunk summed.")
+    return fig
