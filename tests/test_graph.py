@@ -118,20 +118,81 @@ def test_one_graph_per_input_shape(fc):
 
 
 @pytest.mark.parametrize("what, kind", [
-    (lambda cp, x: x + 1, "allocates"),
+    (lambda cp, x: x + 1, "memory pool"),
     (lambda cp, x: float(x[0]), "device->host"),
     (lambda cp, x: cp.matmul(x.reshape(1, -1), x.reshape(-1, 1), out=x[:1].reshape(1, 1)), "matmul"),
     (lambda cp, x: cp.random.RandomState(0).random_sample(3, dtype=np.float32), "cuRAND"),
     (lambda cp, x: x.set(np.zeros(x.shape, x.dtype)), "host->device"),
 ])
 def test_what_a_capture_refuses_is_an_error_naming_it(fc, what, kind):
-    graphed = CapturedStep(lambda x: what(fc, x), warmup=1)
+    graphed = CapturedStep(lambda x: what(fc, x), warmup=1, strict=True)
     x = fc.ones(4, dtype=np.float32)
     graphed(x)                                   # eager: allowed
     with pytest.raises(CaptureError, match=kind) as e:
         graphed(x)
     assert "test_graph.py" in str(e.value)       # where the step asked for it
     assert not fc.cuda.Stream(non_blocking=True).is_capturing()
+
+
+def test_the_stand_in_records_a_pool_allocation_in_a_capture_as_cuda_does(fc):
+    """CUDA does not refuse a pool allocation while a stream captures (the pool serves it from
+    blocks it holds; CuPy's default mode, relaxed, would let a cudaMalloc through as well): the
+    stand-in records it, the pool keeps the block, and memory hooks are told of it."""
+    seen = []
+
+    class Hook(fc.cuda.MemoryHook):
+        def malloc_postprocess(self, **kw):
+            seen.append(kw["mem_size"])
+    x = fc.ones(4, dtype=np.float32)
+    pool = fc.get_default_memory_pool()
+    before = pool.total_bytes()
+    for mode in (None, fc.cuda.runtime.streamCaptureModeGlobal, fc.cuda.runtime.streamCaptureModeThreadLocal):
+        stream = fc.cuda.Stream(non_blocking=True)
+        with Hook():
+            stream.begin_capture(mode=mode)
+            x + 1
+            graph = stream.end_capture()
+        assert len(graph.pool_allocations) == 1 and "test_graph.py" in graph.pool_allocations[0][1]
+    assert seen == [16, 16, 16] and pool.total_bytes() == before + 48
+
+
+def test_a_capture_with_an_allocation_in_it_is_refused_by_the_guard_and_runs_eagerly(fc):
+    """attn's guard, not CUDA, refuses it: the graph is dropped, the reason kept, and the step
+    (this call and every later one at that shape) runs eagerly with its right results."""
+    calls = []
+
+    def step(x):
+        calls.append(1)
+        y = x + 1                                # from the memory pool: no step memory here
+        x[...] = y
+        return x
+    graphed = CapturedStep(step, warmup=1)
+    x = fc.zeros(4, dtype=np.float32)
+    for i in range(4):
+        out = graphed(x)
+        x = fc.asarray(out.get())                # the step's input is the last result
+    assert graphed.graphs == 0 and len(calls) == 5             # 1 eager, 1 refused capture + its eager run, 2 eager
+    (why,) = graphed.refusals.values()
+    assert "memory pool" in why and "test_graph.py" in why and "eagerly" in why
+    np.testing.assert_array_equal(x.get(), np.full(4, 4, np.float32))
+
+
+def test_the_guard_refuses_a_host_sync_and_a_step_memory_overflow(fc):
+    from attn.fast.graph import CaptureGuard
+    from attn.fast.stepmem import StepMemory
+    x = fc.ones(4, dtype=np.float32)
+    stream = fc.cuda.Stream(non_blocking=True)
+    with pytest.raises(Exception, match="synchronis|device->host"):
+        with CaptureGuard(fc):
+            float(x[0])                          # outside a capture too: the guard forbids waiting
+    memory = StepMemory(fc)
+    with memory.step():
+        with CaptureGuard(fc, memory) as guard:
+            stream.begin_capture()
+            y = x * 2                            # the slab is empty: the step memory overflows to the pool
+            stream.end_capture()
+    assert any("overflowed" in r for r in guard.reasons) and any("memory pool" in r for r in guard.reasons)
+    del y
 
 
 def test_numpy_calls_the_function(fc):

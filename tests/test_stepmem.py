@@ -149,7 +149,7 @@ def test_a_capture_inside_a_step_takes_the_slab_and_refuses_the_pool(fc):
     graphed(x)
     assert float(out) == 80
     shape["n"] = 10_000                                  # a capture that would need the pool
-    other = CapturedStep(step, warmup=1, memory=memory)
+    other = CapturedStep(step, warmup=1, memory=memory, strict=True)
     other(fc.ones(16, dtype=np.float32))
     shape["n"] = 20_000
     with pytest.raises(CaptureError, match="memory pool"):

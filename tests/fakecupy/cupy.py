@@ -114,10 +114,18 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: :meth:`Graph.launch` can run it again, and ``end_capture`` puts every device array back as it
 #: was before the capture (those made during it are filled with NaN), so a capture has no
 #: effect on memory, as on a GPU. What CUDA or CuPy refuse during a capture raises
-#: :class:`StreamCaptureError`: a host transfer or synchronisation, a cuRAND draw, CuPy's own
-#: ``matmul`` (CuPy refuses cuBLAS calls it makes while the stream captures), and an allocation
-#: from the memory pool (the graph would keep addresses the pool hands out again).
+#: :class:`StreamCaptureError`: a host transfer or synchronisation, a cuRAND draw, and CuPy's
+#: own ``matmul`` (CuPy refuses cuBLAS calls it makes while the stream captures). An allocation
+#: from the memory pool is *not* refused, in any capture mode, as on a GPU: the pool serves it
+#: from blocks it holds, with no CUDA call for the mode to refuse (CuPy's default mode, relaxed,
+#: would not refuse even a ``cudaMalloc``). It is recorded (:attr:`_Capture.pool_allocations`),
+#: the pool's byte counts grow by it (the graph keeps the block) and memory hooks see it; the
+#: graph keeps an address the pool will hand out again, and nothing but the capturer's own
+#: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
 _capturing = None
+
+#: The ``cupy.cuda.MemoryHook`` s in their ``with``: told of every pool allocation a capture records.
+_HOOKS: list = []
 
 
 class StreamCaptureError(RuntimeError):
@@ -171,8 +179,13 @@ def _record_result(name: str, r, inputs, compute):
     fresh = _fresh_results(r, inputs)
     pooled = [a for a in fresh if not in_step_memory(a)]     # an allocator's memory is the graph's to keep
     if pooled:
-        _capturing.refuse(f"{name} allocates {sum(a.nbytes for a in pooled)} bytes from the memory pool (give it "
-                          "out=, or allocate before the capture)", "pool allocation")
+        nbytes = sum(a.nbytes for a in pooled)
+        what = (f"{name} allocates {nbytes} bytes from the memory pool (give it out=, or allocate before the "
+                "capture)")
+        if _capturing.survey:
+            _capturing.refuse(what, "pool allocation")
+        else:
+            _capturing.pool_allocated(what, pooled)
     if not fresh:
         if r is None or not _arrays(r, []):
             _record(compute)
@@ -323,10 +336,12 @@ def _live_roots() -> dict:
 
 
 class _Capture:
-    def __init__(self, stream, survey: bool):
-        self.stream, self.ops, self.survey = stream, [], survey
+    def __init__(self, stream, survey: bool, mode: int):
+        self.stream, self.ops, self.survey, self.mode = stream, [], survey, mode
         #: (kind, what, caller) of every refused operation of a survey
         self.refused: list = []
+        #: (what, caller) of every allocation from the memory pool (recorded, not refused)
+        self.pool_allocations: list = []
         self.before = {i: (a, a.copy()) for i, a in _live_roots().items() if a.flags.writeable}
 
     def refuse(self, what: str, kind: str) -> None:
@@ -338,6 +353,15 @@ class _Capture:
     @staticmethod
     def allocations_ok() -> bool:
         return False
+
+    def pool_allocated(self, what: str, arrays: list) -> None:
+        """A pool allocation during the capture: recorded, the pool's counts grown, the hooks told."""
+        self.pool_allocations.append((what, _caller()))
+        for a in arrays:
+            _POOL._grow(a.nbytes)
+            for hook in list(_HOOKS):
+                hook.malloc_preprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes)
+                hook.malloc_postprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes, mem_ptr=id(a), pmem_id=0)
 
     def undo(self) -> None:
         for a, saved in self.before.values():
@@ -1309,7 +1333,8 @@ class Stream:
         self.ptr = 0 if null else id(self)
 
     def begin_capture(self, mode=None, *, survey: bool = False):
-        """Record what follows into a graph (see :data:`_capturing`). ``survey`` (the stand-in
+        """Record what follows into a graph (see :data:`_capturing`) in ``mode`` (a
+        ``runtime.streamCaptureMode*``; None: relaxed, CuPy's default). ``survey`` (the stand-in
         only): note every operation a capture would refuse (:attr:`Graph.refused`) instead of
         raising at the first."""
         global _capturing
@@ -1317,7 +1342,11 @@ class Stream:
             raise RuntimeError("cannot capture on the default (legacy) stream")
         if _capturing is not None:
             raise RuntimeError("fakecupy: a stream is already capturing")
-        _capturing = _Capture(self, survey)
+        mode = _Runtime.streamCaptureModeRelaxed if mode is None else int(mode)
+        if mode not in (_Runtime.streamCaptureModeGlobal, _Runtime.streamCaptureModeThreadLocal,
+                        _Runtime.streamCaptureModeRelaxed):
+            raise ValueError(f"fakecupy: unknown stream capture mode {mode}")
+        _capturing = _Capture(self, survey, mode)
 
     def end_capture(self) -> Graph:
         global _capturing
@@ -1325,7 +1354,9 @@ class Stream:
             raise RuntimeError("fakecupy: end_capture on a stream that is not capturing")
         capture, _capturing = _capturing, None
         capture.undo()
-        return Graph(capture.ops, capture.refused)
+        graph = Graph(capture.ops, capture.refused)
+        graph.pool_allocations = capture.pool_allocations
+        return graph
 
     def is_capturing(self) -> bool:
         return _capturing is not None and _capturing.stream is self
@@ -1377,26 +1408,43 @@ def get_elapsed_time(start: Event, end: Event) -> float:
 
 
 class MemoryHook:
-    """``cupy.cuda.MemoryHook``: no device allocations happen here, so no hook is called."""
+    """``cupy.cuda.MemoryHook``: the pool's memory is not tracked here, so a hook is told only of
+    the pool allocations a capture records (what a guard around a capture listens for)."""
     name = "MemoryHook"
 
     def __enter__(self):
+        _HOOKS.append(self)
         return self
 
     def __exit__(self, *exc):
+        _HOOKS.remove(self)
         return False
+
+    def malloc_preprocess(self, **kwargs):
+        pass
+
+    def malloc_postprocess(self, **kwargs):
+        pass
 
 
 class MemoryPool:
+    def __init__(self):
+        self._bytes = 0
+
     def malloc(self, size):
         """Memory from the pool: untracked here (an array given it stays NumPy's own)."""
         return MemoryPointer(None)
 
+    def _grow(self, nbytes: int) -> None:
+        """A capture kept ``nbytes`` of the pool (its graph holds the block for good)."""
+        self._bytes += int(nbytes)
+
     def used_bytes(self):
-        return 0
+        """Bytes in use: here only what captures kept (the pool's other memory is untracked)."""
+        return self._bytes
 
     def total_bytes(self):
-        return 0
+        return self._bytes
 
     def free_bytes(self):
         return 0
@@ -1428,6 +1476,7 @@ def get_default_pinned_memory_pool():
 class _Runtime:
     CUDARuntimeError = RuntimeError
     CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14      # cudaDataType (as _Cublas's)
+    streamCaptureModeGlobal, streamCaptureModeThreadLocal, streamCaptureModeRelaxed = 0, 1, 2
 
     @staticmethod
     def getDeviceCount():
