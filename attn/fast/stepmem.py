@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 
 from .. import backend as B
 
@@ -57,6 +58,15 @@ LIMIT_FRACTION = 0.5
 
 #: The step memory whose allocator is in place, or None.
 _active = None
+
+#: Every step memory alive (what :func:`held_bytes` adds up).
+_all = weakref.WeakSet()
+
+
+def held_bytes() -> int:
+    """Bytes of device memory every live step memory holds (its slab and the slabs graphs keep):
+    what a memory hook on the pool does not see once the slabs are made."""
+    return sum(m.capacity + sum(int(s.nbytes) for s in m._retired) for m in list(_all))
 
 
 class StepMemory:
@@ -89,6 +99,7 @@ class StepMemory:
         self.limit = int(LIMIT_FRACTION * xp.cuda.Device().mem_info[1])
         #: whether a step needed more than :attr:`limit` (and so took some memory from the pool)
         self.over_limit = False
+        _all.add(self)
 
     @classmethod
     def of(cls, owner) -> "StepMemory | None":
