@@ -190,17 +190,17 @@ class CapturedStep:
                 buffer.set(B.host.ascontiguousarray(a))       # one host-to-device transfer
         if entry.graph is None and (entry.calls < self.warmup or key in self.refusals):
             entry.calls += 1
-            with self._in_step():
+            with self._in_step(key):
                 return self.fn(*entry.static)
         if entry.graph is None:
             try:
-                with self._in_step():
+                with self._in_step(key):
                     entry.graph, entry.out = _capture(xp, self.fn, entry.static, self.memory)
             except CaptureError as e:
                 if self.strict:
                     raise
                 self.refusals[key] = str(e)
-                with self._in_step():                 # the capture ran nothing: the step, eagerly
+                with self._in_step(key):                 # the capture ran nothing: the step, eagerly
                     return self.fn(*entry.static)
             if self.memory is not None:
                 self.memory.pin()                     # the graph's addresses are in this slab
@@ -208,8 +208,8 @@ class CapturedStep:
         entry.graph.launch(stream=xp.cuda.get_current_stream())
         return entry.out
 
-    def _in_step(self):
-        return self.memory.step() if self.memory is not None else contextlib.nullcontext()
+    def _in_step(self, key):
+        return self.memory.step(key) if self.memory is not None else contextlib.nullcontext()
 
 
 def capture_mode(xp) -> int:

@@ -231,9 +231,16 @@ def _update_allocator() -> None:
 
 
 def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
+    """The NumPy array owning ``a``'s memory (through the :class:`UnownedMemory` an array placed in
+    allocator-wrapped memory keeps alive)."""
+    while True:
+        b = a.base
+        if isinstance(b, np.ndarray):
+            a = b
+        elif isinstance(b, UnownedMemory) and b._root is not None:
+            a = b._root
+        else:
+            return a
 
 
 def in_step_memory(a: np.ndarray) -> bool:
@@ -266,6 +273,21 @@ def _place(r, inputs):
         if not isinstance(a, np.ndarray) or id(a) not in fresh:
             return a
         mp = alloc(a.nbytes)
+        mem = getattr(mp, "mem", None)
+        if isinstance(mem, UnownedMemory):            # memory the allocator wrapped: arrays keep it alive
+            if mem._root is None:
+                mem._attach(a)                        # the pool's: the new array's own memory
+                return mem._view(0, a.shape, a.dtype)
+            if mp._offset + a.nbytes > mem._offset + mem.size:
+                raise ValueError(f"fakecupy: the allocator returned {mem._offset + mem.size - mp._offset} bytes "
+                                 f"for a request of {a.nbytes}")
+            root = mem._root
+            ref = _allocator_roots.get(id(root))
+            if ref is None or ref() is not root:
+                _allocator_roots[id(root)] = weakref.ref(root)
+            v = mem._view(mp._offset - mem._offset, a.shape, a.dtype)
+            v[...] = a
+            return v
         root = getattr(mp, "_root", None)
         if root is None:
             return a                                  # the allocator gave memory from the pool
@@ -328,9 +350,7 @@ def _live_roots() -> dict:
     roots = {}
     for obj in gc.get_objects():
         if type(obj) is ndarray:
-            a = obj._a
-            while isinstance(a.base, np.ndarray):
-                a = a.base
+            a = _root(obj._a)
             roots[id(a)] = a
     return roots
 
@@ -722,8 +742,12 @@ class MemoryPointer:
     ``pointer + n`` is ``n`` bytes further in the same memory, as in CuPy. Taking it makes the
     array's memory reachable by address (:func:`_exposed_memory`), as device memory is to cuBLAS."""
 
-    def __init__(self, a: np.ndarray | None, offset: int = 0):
-        self.device_id = 0
+    def __init__(self, a: "np.ndarray | UnownedMemory | None", offset: int = 0):
+        self.device_id, self.mem = 0, None
+        if isinstance(a, UnownedMemory):                  # cupy.cuda.MemoryPointer(mem, offset)
+            self.mem, self._root = a, a._root
+            self._offset, self.ptr = a._offset + int(offset), a.ptr + int(offset)
+            return
         if a is None:
             self._root, self._offset, self.ptr = None, 0, 0
             return
@@ -739,7 +763,43 @@ class MemoryPointer:
             raise TypeError("fakecupy: offsets into untracked memory are not modelled")
         p = MemoryPointer.__new__(MemoryPointer)
         p.device_id, p._root, p._offset, p.ptr = 0, self._root, self._offset + int(n), self.ptr + int(n)
+        p.mem = self.mem
         return p
+
+
+class UnownedMemory:
+    """``cupy.cuda.UnownedMemory(ptr, size, owner)``: ``size`` bytes at ``ptr`` that ``owner`` (a
+    device array, or a ``MemoryPointer``, the pool's included) keeps. Every array placed in it
+    (through ``MemoryPointer(mem, offset)``), and every view of those, keeps it alive, as CuPy's
+    arrays keep their memory object: so a weak reference to it says when the last is gone (what
+    attn's step memory watches to learn an array's lifetime). Memory the stand-in does not track
+    (the pool's) becomes the first array placed in it."""
+
+    def __init__(self, ptr: int, size: int, owner, device_id: int = 0):
+        self.ptr, self.size, self.owner, self.device_id = int(ptr), int(size), owner, device_id
+        root = None
+        if isinstance(owner, ndarray):
+            root = _root(owner._a)
+        elif isinstance(owner, MemoryPointer):
+            root = owner._root
+        self._root = root
+        self._offset = 0 if root is None else self.ptr - root.__array_interface__["data"][0]
+        if root is not None and not 0 <= self._offset <= root.nbytes - self.size:
+            raise ValueError(f"fakecupy: UnownedMemory of {self.size} bytes at {self.ptr:#x} lies outside its owner")
+
+    def _attach(self, a: np.ndarray) -> None:
+        """Untracked memory (the pool's): ``a``, the first array placed in it, is that memory."""
+        self._root, self._offset, self.ptr = a, 0, a.__array_interface__["data"][0]
+
+    @property
+    def __array_interface__(self):
+        return {"shape": (self.size,), "typestr": "|u1", "version": 3,
+                "data": (self._root.__array_interface__["data"][0] + self._offset, False)}
+
+    def _view(self, offset: int, shape, dtype) -> np.ndarray:
+        """An array of ``shape`` at ``offset`` in this memory, keeping it alive (its base)."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return np.asarray(self)[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
 #: The memory whose address was taken (``a.data``): id of the NumPy array owning it -> a weak
@@ -750,8 +810,7 @@ _EXPOSED: dict = {}
 
 def _expose(a: np.ndarray) -> None:
     import weakref
-    while isinstance(a.base, np.ndarray):
-        a = a.base
+    a = _root(a)
     if a.size and id(a) not in _EXPOSED:
         key = id(a)
         _EXPOSED[key] = weakref.ref(a, lambda _r, key=key: _EXPOSED.pop(key, None))
@@ -1945,6 +2004,7 @@ class _Cuda:
     get_elapsed_time = staticmethod(get_elapsed_time)
     runtime = _Runtime()
     MemoryPointer = MemoryPointer
+    UnownedMemory = UnownedMemory
     using_allocator = staticmethod(_using_allocator)
     set_allocator = staticmethod(_set_allocator)
     get_allocator = staticmethod(_get_allocator)
