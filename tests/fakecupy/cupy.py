@@ -2033,11 +2033,21 @@ _Cuda.cublas, _Cuda.device = _Cublas, _DeviceModule
 # --------------------------------------------------------------------------- kernels
 
 
+#: Set to a ``numpy.random.Generator`` to run every kernel's blocks in an order drawn from it
+#: (:attr:`KernelLaunch.order`), as a GPU may: the race check of the kernels whose blocks
+#: depend on one another (the two-stage reductions' last block, the ticket counters).
+race = None
+
+
 class KernelLaunch:
     """How a kernel was launched: what its NumPy twin receives first."""
 
     def __init__(self, name, grid, block, shared_mem):
         self.name, self.grid, self.block, self.shared_mem = name, grid, block, shared_mem
+        #: the order the launch's blocks run in (flat indices, x fastest), where :data:`race`
+        #: is set; None: the twin may run them as it likes. A twin whose kernel's blocks talk to
+        #: each other (a two-stage reduction, a ticket counter) runs them one by one in it.
+        self.order = None
 
     @property
     def threads(self) -> int:
@@ -2133,6 +2143,8 @@ class RawKernel:
                                     f"scalar, got {type(a).__name__} {a!r}")
                 host_args.append(a)
         launch = KernelLaunch(self.name, tuple(int(v) for v in grid), tuple(int(v) for v in block), int(shared_mem))
+        if race is not None:
+            launch.order = tuple(race.permutation(launch.blocks).tolist())
         self._twin(launch, *host_args)
         if _capturing is not None:
             twin = self._twin
