@@ -88,6 +88,7 @@ class Tally:
         self.step_memory_allocations = 0       # from a step memory's slab
         self.slab_bytes = 0                    # the slab's size after the step (set by count_at)
         self.peak_live_bytes = 0               # the most bytes of the step's arrays alive at once (count_at)
+        self.host_seconds = 0.0                # the untraced step's median wall time (count_at)
         self.raw: list = []                    # (kernel, grid blocks, threads per block, work) in launch order
 
     def mark(self, phase: str) -> None:
@@ -173,9 +174,30 @@ def count_at(bc: BenchConfig, which=COUNTED, warmup: int = STEADY_AFTER, precisi
                 memory = getattr(w.ours, "step_memory", None)
                 out[w.name][0].slab_bytes = memory.capacity if memory is not None else 0
                 out[w.name][0].peak_live_bytes = memory.stats()["peak_live_bytes"] if memory is not None else 0
+                out[w.name][0].host_seconds = _host_seconds(w.ours)
             else:
                 out[w.name] = _count_once(fc, w.ours)
     return out
+
+
+#: Timed runs of the steady-state step whose median is its host time (no tracer).
+HOST_RUNS = 5
+
+
+def _host_seconds(step) -> float:
+    """The median host time of ``step()`` on the stand-in, untraced: its wall time less what the
+    stand-in spent doing the device's work (the kernels' twins, cuBLAS's products; the stand-in's
+    ``device_seconds``). What is left is attn's Python and the stand-in's CuPy around each launch
+    (its elementwise kernels still compute in NumPy, on the smallest counted batch: an upper
+    bound of the host time a GPU's launches cost)."""
+    import time
+    fcp = stand_in().cupy
+    times = []
+    for _ in range(HOST_RUNS):
+        d0, t0 = fcp.device_seconds[0], time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0 - (fcp.device_seconds[0] - d0))
+    return sorted(times)[len(times) // 2]
 
 
 #: Elements per thread above which a kernel with a fixed grid is a finding (below it, a kernel
@@ -234,6 +256,8 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
                "step_memory_allocations": t2.step_memory_allocations / per,
                "slab_mb": _scale(t1.slab_bytes, t2.slab_bytes, b1, b2, batch) / 2**20,
                "peak_live_mb": _scale(t1.peak_live_bytes, t2.peak_live_bytes, b1, b2, batch) / 2**20,
+               "host_us_per_launch": (getattr(t1, "host_seconds", 0.0) / max(1, t1.launches) / per * 1e6
+                                      if train else None),
                "bytes_moved_mb": _scale(t1.bytes, t2.bytes, b1, b2, batch) / per / 2**20,
                "batch": batch, "counted_at_batches": [b1, b2],
                "top_operations": [[k, n, c / per] for (k, n), c in t2.ops.most_common(12)]}
@@ -307,6 +331,9 @@ def print_counts(rows: list, out=None) -> None:
         if "optimizer_launches" in r:
             print(f"  of which Adam      {r['optimizer_launches']:10d}{tgt('optimizer_launches')}", file=out)
         print(f"  host syncs         {r['syncs']:10.1f}{tgt('syncs')}", file=out)
+        if r.get("host_us_per_launch"):
+            print(f"  host time          {r['host_us_per_launch']:10.1f}   us per launch of the eager step (host_us_per_launch; "
+                  f"the stand-in at batch {r['counted_at_batches'][0]}, twins included: an upper bound)", file=out)
         print(f"  pool allocations   {r['pool_allocations']:10.1f}{tgt('pool_allocations')}"
               f"  ({r['pool_allocated_mb']:.1f} MB)", file=out)
         if r.get("step_memory_allocations"):

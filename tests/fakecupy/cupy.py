@@ -1606,6 +1606,20 @@ class _Nccl:
             comm.Allreduce(MPI.IN_PLACE if sendbuf == recvbuf else send, recv, op=MPI.SUM)
 
 
+def _device_time(f):
+    """``f``, its time added to :data:`device_seconds` (the device's work, not the host's)."""
+    import functools
+
+    @functools.wraps(f)
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            device_seconds[0] += time.perf_counter() - t0
+    return timed
+
+
 class _Cublas:
     """``cupy.cuda.cublas`` (``cupy_backends.cuda.libs.cublas``): the GEMMs attn calls, with
     CuPy 14's signatures and cuBLAS's constants, computed with NumPy exactly as cuBLAS defines
@@ -1785,6 +1799,7 @@ class _Cublas:
     # ---- what they compute
 
     @classmethod
+    @_device_time
     def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays, dtypes=None):
         """One GEMM call, checked and run. ``dtype`` is the compute type (alpha's and beta's, and
         the sums'); ``dtypes`` the storage dtypes of A, B and C (all ``dtype`` when not given):
@@ -2033,6 +2048,10 @@ _Cuda.cublas, _Cuda.device = _Cublas, _DeviceModule
 # --------------------------------------------------------------------------- kernels
 
 
+#: Seconds spent doing what the device would (the kernels' twins, cuBLAS's products), summed:
+#: a step's wall time less this is the host's time to issue its work.
+device_seconds = [0.0]
+
 #: Set to a ``numpy.random.Generator`` to run every kernel's blocks in an order drawn from it
 #: (:attr:`KernelLaunch.order`), as a GPU may: the race check of the kernels whose blocks
 #: depend on one another (the two-stage reductions' last block, the ticket counters).
@@ -2145,7 +2164,9 @@ class RawKernel:
         launch = KernelLaunch(self.name, tuple(int(v) for v in grid), tuple(int(v) for v in block), int(shared_mem))
         if race is not None:
             launch.order = tuple(race.permutation(launch.blocks).tolist())
+        t0 = time.perf_counter()
         self._twin(launch, *host_args)
+        device_seconds[0] += time.perf_counter() - t0
         if _capturing is not None:
             twin = self._twin
             _record(lambda: twin(launch, *host_args))
