@@ -75,6 +75,8 @@ def test_the_training_step_reports_its_phases_and_the_targets(toy_bench):
     assert row["launches_by_kind"]["raw"] >= 1 and row["launches_by_kind"]["matmul"] >= 1
     assert row["bytes_moved_mb"] > row["slab_mb"] > 0 and row["batch"] == BENCH_PRESETS["toy-bench"].batch
     assert row["pool_allocated_mb"] == 0 and row["step_memory_allocations"] > 0
+    assert row["peak_live_mb"] <= row["slab_mb"] <= 1.1 * row["peak_live_mb"]     # the plan: near the peak
+    assert 0 < row["host_us_per_launch"] < 10_000
 
 
 def test_what_a_capture_of_the_step_refuses_stays_within_its_budget(toy_bench):

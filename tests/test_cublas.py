@@ -423,3 +423,29 @@ def test_the_stand_in_has_the_real_cupy_cublas_signatures():
     for const in ("CUBLAS_TF32_TENSOR_OP_MATH", "CUBLAS_COMPUTE_32F", "CUBLAS_COMPUTE_32F_FAST_TF32",
                   "CUBLAS_COMPUTE_64F", "CUBLAS_GEMM_DEFAULT", "CUBLAS_GEMM_DEFAULT_TENSOR_OP"):
         assert const.encode() in binary and hasattr(CB, const), const
+
+
+def test_a_product_met_again_reuses_its_arguments(monkeypatch):
+    """The checks and the GEMM's arguments are worked out once per operand signature: a product
+    met again (the same shapes, strides and dtype, new data) only reads its operands' addresses,
+    and computes what a first product does."""
+    from conftest import selected_backend
+    from attn.fast.dispatch import ops_for
+    from attn.fast.kernels.cupy_ops import CupyOps
+    rng = np.random.default_rng(0)
+    with selected_backend("fakecupy") as cp:
+        ops = ops_for(cp)
+        ops._scratch.pop("product_plans", None)
+        worked = []
+        real = CupyOps._gemm_args
+        monkeypatch.setattr(CupyOps, "_gemm_args", lambda self, *a: worked.append(a[1]) or real(self, *a))
+        for _ in range(3):
+            a = rng.standard_normal((6, 9)).astype(np.float32)
+            b = rng.standard_normal((5, 9)).astype(np.float32).T          # a transposed view
+            x = rng.standard_normal((2, 3, 4, 8)).astype(np.float32)
+            np.testing.assert_allclose(ops.mm(cp.asarray(a), cp.asarray(b.T).T).get(), a @ b, rtol=1e-5)
+            got = ops.bmm(cp.asarray(x), cp.asarray(x).swapaxes(-1, -2)).get()
+            np.testing.assert_allclose(got, x @ x.swapaxes(-1, -2), rtol=1e-5, atol=1e-6)
+        assert worked == ["mm", "bmm"]                    # once each, not once a call
+        with pytest.raises(ValueError, match="do not match"):
+            ops.mm(cp.asarray(a), cp.asarray(a))          # a new signature is checked

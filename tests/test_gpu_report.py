@@ -1,20 +1,24 @@
 """``python -m attn.bench --gpu-report DIR`` (:mod:`attn.bench.gpu_report`).
 
 * Without a GPU it stops at once with a message that says why and offers ``--dry-run``.
-* ``--dry-run`` runs the whole pipeline on the CuPy stand-in (a small test file, the quick
-  preset, a 2-step training, the counts) and assembles the Markdown page and the JSON file:
-  the counts sit beside the timings, every command is listed with its exit status.
+* ``--dry-run`` runs every part on the CuPy stand-in (a small test file, the quick preset, a
+  2-step training, the counts, peak memory) with one measurement made to fail: that row says
+  what failed and why, and every other row is still there.
+* A task past its limit, or needing what the preflight found missing, is a row; the report is
+  written after every task; each part's limits add up to under 10 minutes.
 * The suite's result is read from pytest's output, also when the run was stopped at its limit.
 """
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
 
 import attn.backend as B
 from attn.bench import gpu_report as G
+from attn.bench.gpu_report_md import render_markdown
 
 
 def test_without_a_gpu_it_stops_at_once_and_says_why(tmp_path, monkeypatch, capsys):
@@ -42,27 +46,75 @@ def test_the_stand_in_is_no_gpu(tmp_path):
             G.gpu_report(tmp_path, quiet=True)
 
 
-def test_a_dry_run_assembles_the_whole_report(tmp_path):
-    report = G.gpu_report(tmp_path / "r", dry_run=True, quiet=True)
+def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
+    """The whole report on the stand-in, one measurement made to raise: that row says what failed
+    and why, every other part and row is there, and the page and the JSON agree."""
+    report = G.gpu_report(tmp_path / "r", dry_run=True, quiet=True, inject_failure="bench-quick-forward")
     assert (tmp_path / "r" / "report.json").is_file() and (tmp_path / "r" / "REPORT.md").is_file()
     assert json.loads((tmp_path / "r" / "report.json").read_text()) == report
-    assert report["dry_run"] and report["device"]["gpu"].startswith("fakecupy")
-    assert report["suite"]["counts"]["passed"] >= 10 and not report["suite"]["failures"]
-    assert [s["name"] for s in report["steps"]] == ["suite", "bench-quick", "train", "counts-quick"]
-    assert all(s["returncode"] == 0 and not s["timed_out"] for s in report["steps"]), report["steps"]
-    bench = {r["name"]: r for r in report["bench"]["quick"]}
-    assert bench["machine"]["backend"] == "cupy" and bench["train_step"]["seconds_per_step"] > 0
-    assert {p["phase"] for p in bench["train_step"]["phases"]} >= {"loss", "optimizer"}
-    assert report["train"]["steps"] == 2 and report["train"]["backend"] == "cupy"
-    counts = {r["name"]: r for r in report["counts"]["quick"]}
+    assert report["dry_run"] and report["device"]["gpu"].startswith("fakecupy") and not report["preflight"]["missing"]
+    rows = {r["name"]: r for r in report["rows"]}
+    assert list(rows) == ["suite", "counts-quick", "bench-quick-train_step", "bench-quick-forward",
+                          "precision-quick-bf16", "graph-quick-fp32", "train", "train-cuda-graph", "memory-quick-attn"]
+    bad = rows.pop("bench-quick-forward")
+    assert bad["status"] == "failed" and "injected failure in forward" in bad["why"], bad
+    assert all(r["status"] == "ok" for r in rows.values()), [(r["name"], r.get("why")) for r in rows.values()]
+    assert rows["suite"]["suite"]["counts"]["passed"] >= 10 and not rows["suite"]["suite"]["failures"]
+    assert rows["bench-quick-train_step"]["result"]["seconds_per_step"] > 0
+    assert {p["phase"] for p in rows["bench-quick-train_step"]["result"]["phases"]} >= {"loss", "optimizer"}
+    assert rows["precision-quick-bf16"]["result"]["seconds_per_step"] > 0
+    assert rows["graph-quick-fp32"]["result"]["seconds_per_step"] > 0
+    assert rows["train"]["result"]["steps"] == 2 and rows["train-cuda-graph"]["result"]["backend"] == "cupy"
+    mem = rows["memory-quick-attn"]["result"]
+    assert mem["step_memory_mb"] > 0 and mem["peak_memory_mb"] >= mem["step_memory_mb"]
     md = (tmp_path / "r" / "REPORT.md").read_text()
-    for heading in ("# attn on a GPU: the report", "Dry run on the CuPy stand-in", "## The test suite on the GPU",
-                    "### quick", "## Training the toy translator", "## Counts against their targets", "## Commands"):
+    for heading in ("# attn on a GPU: the report", "Dry run on the CuPy stand-in", "## Preflight",
+                    "## The test suite on the GPU", "## attn against PyTorch", "## At bf16 and tf32",
+                    "## The captured step", "## Training the toy translator", "## Peak GPU memory", "## Commands"):
         assert heading in md, heading
+    counts = {r["name"]: r for r in rows["counts-quick"]["rows"]}
     launches = counts["counts_train_step"]["launches"]
-    assert f"| train_step | {bench['train_step']['seconds_per_step']:.4f} | - | - | {launches:g} | 0 |" in md
-    assert f"{counts['counts_train_step']['optimizer_launches']:g} (target 1)" in md
-    assert "| suite | `python -m pytest -q" in md and "| train | `python -m attn.train --backend cupy" in md
+    assert f"| quick | train_step | fp32 | {rows['bench-quick-train_step']['result']['seconds_per_step']:.4f} | - | - | " \
+           f"{launches:g} | 0 | 0 | ok |" in md
+    assert "| quick | forward | fp32 | - | - | - | - | - | - | **failed**: exit 1: RuntimeError: injected failure" in md
+    assert "9 rows, 8 ok: bench-quick-forward failed." in md
+
+
+def _tiny(tmp_path):
+    """A plan of three small tasks: one that runs past its limit, one that prints a row, one that
+    needs a module the preflight says is missing."""
+    row = json.dumps({"name": "forward", "seconds_per_step": 0.5})
+    return {p: [] for p in G.PARTS} | {"bench": [
+        G.Task("bench", "slow", [sys.executable, "-c", "import time; time.sleep(60)"], 1, "bench",
+               {"preset": "p", "measurement": "forward", "precision": "fp32"}),
+        G.Task("bench", "fine", [sys.executable, "-c", f"print({row!r})"], 30, "bench",
+               {"preset": "p", "measurement": "forward", "precision": "fp32"})],
+        "memory": [G.Task("memory", "needs-torch", [sys.executable, "-c", "raise SystemExit(1)"], 30, "memory",
+                          {"preset": "p", "measurement": "train_step", "framework": "torch"}, needs=("torch",))]}
+
+
+def test_a_task_past_its_limit_or_missing_what_it_needs_is_a_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(G, "preflight", lambda env: {"have": {}, "missing": {"torch": "ModuleNotFoundError: torch"},
+                                                     "torch_cuda": False})
+    written = []
+    real = G._Child.wait
+
+    def wait(self):                               # the report on disk before each task ends
+        written.append(json.loads((tmp_path / "r" / "report.json").read_text())["rows"])
+        return real(self)
+    monkeypatch.setattr(G._Child, "wait", wait)
+    t0 = time.perf_counter()
+    report = G.gpu_report(tmp_path / "r", dry_run=True, quiet=True, parts=["bench", "memory"], tasks=_tiny(tmp_path))
+    assert time.perf_counter() - t0 < 45
+    rows = {r["name"]: r for r in report["rows"]}
+    assert rows["slow"]["status"] == "time limit" and "limit of 1 s" in rows["slow"]["why"]
+    assert rows["fine"]["status"] == "ok" and rows["fine"]["result"]["seconds_per_step"] == 0.5
+    assert rows["needs-torch"]["status"] == "skipped" and rows["needs-torch"]["why"] == "missing: torch"
+    assert [len(w) for w in written] == [0, 1]    # written after every task, not only at the end
+    md = (tmp_path / "r" / "REPORT.md").read_text()
+    assert "* missing: `torch` (ModuleNotFoundError: torch)" in md and "**time limit**" in md
+    with pytest.raises(G.GpuReportError, match="unknown part"):
+        G.gpu_report(tmp_path / "s", dry_run=True, quiet=True, parts=["benchmarks"])
 
 
 def test_the_suite_result_is_read_from_pytest_output():
@@ -74,23 +126,42 @@ def test_the_suite_result_is_read_from_pytest_output():
     assert got["counts"] == {"passed": 15, "failed": 1, "skipped": 1} and got["stopped_at_time_limit"]
 
 
-def test_the_plan_fits_in_ten_minutes():
-    total = G.SUITE_SECONDS + sum(limit for _, _, limit in G.BENCH_PLAN) + G.TRAIN_SECONDS
-    assert total <= 590 and G.TRAIN_SECONDS >= G.TRAIN_MINUTES * 60 + 30
-    assert [p for p, _, _ in G.BENCH_PLAN] == ["toy-bench", "small", "base"] and set(G.COUNT_PRESETS) == {"toy-bench",
-                                                                                                        "base"}
+def test_each_part_fits_in_ten_minutes():
+    """The limits of each part's tasks add up to under 600 s (a lent machine's limit per
+    command), on the GPU's plan and the dry run's; every measurement is a task of its own."""
+    assert G.PART_SECONDS < 600
+    for dry in (False, True):
+        limits = G.part_limits(G.plan(dry_run=dry))
+        assert set(limits) == set(G.PARTS) and all(0 < v <= G.PART_SECONDS for v in limits.values()), limits
+    parts = G.plan()
+    assert {t.info["measurement"] for t in parts["bench"]} >= {"train_step", "forward", "greedy_cached"}
+    assert {(t.info["preset"], t.info["precision"]) for t in parts["precision"]} >= {("toy-bench", "bf16"),
+                                                                                       ("base", "tf32")}
+    assert all(t.info["measurement"] == "train_step_graph" and "--warmup" in t.cmd for t in parts["graph"])
+    assert any("--cuda-graph" in t.cmd for t in parts["train"])
+    assert G.TRAIN_SECONDS >= G.TRAIN_MINUTES * 60 + 30
+    assert sum(t.beside for ts in parts.values() for t in ts) == len(G.COUNT_PLAN)     # only the counts run beside
 
 
 def test_the_page_says_what_is_missing():
-    """A stopped suite, a benchmark that measured nothing and a training without metrics are
-    said so on the page, not left out."""
+    """A stopped suite, a failed measurement and a training without metrics are said so on the
+    page, not left out."""
     report = {"dry_run": False, "date": "d", "commit": None, "seconds": 600.0, "device": {"gpu": "G"},
-              "suite": {"counts": {"passed": 3, "failed": 1}, "failures": ["tests/test_a.py::test_b"],
-                        "stopped_at_time_limit": True},
-              "bench": {"base": [{"name": "machine"}]}, "train": None, "counts": {},
-              "steps": [{"name": "suite", "command": "python -m pytest -q", "returncode": -15, "timed_out": True,
-                         "seconds": 90.0}]}
-    md = G.render_markdown(report)
+              "parts": ["suite", "bench", "train"], "limits": {"suite": 340, "bench": 550, "train": 420},
+              "preflight": {"have": {"pytest": "9"}, "missing": {}},
+              "rows": [{"part": "suite", "name": "suite", "command": "python -m pytest -q", "returncode": -15,
+                        "timed_out": True, "seconds": 90.0, "limit_seconds": 240, "status": "ok",
+                        "suite": {"counts": {"passed": 3, "failed": 1}, "failures": ["tests/test_a.py::test_b"],
+                                  "stopped_at_time_limit": True}},
+                       {"part": "bench", "name": "bench-base-forward", "preset": "base", "measurement": "forward",
+                        "precision": "fp32", "command": "python -m attn.bench", "returncode": 1, "timed_out": False,
+                        "seconds": 9.0, "limit_seconds": 60, "status": "failed", "why": "exit 1: CUDARuntimeError",
+                        "result": None},
+                       {"part": "train", "name": "train", "command": "python -m attn.train", "returncode": 1,
+                        "timed_out": False, "seconds": 9.0, "limit_seconds": 240, "status": "failed",
+                        "why": "exit 1: boom", "result": None}]}
+    md = render_markdown(report)
     assert "3 passed, 1 failed (stopped at its time limit)" in md and "* failed: `tests/test_a.py::test_b`" in md
-    assert "### base\n\nNo measurement (see the step's log)." in md and "No metrics.json" in md
-    assert "| suite | `python -m pytest -q` | -15 (time limit) | 90 |" in md
+    assert "| base | forward | fp32 | - | - | - | - | - | - | **failed**: exit 1: CUDARuntimeError |" in md
+    assert "no metrics.json (**failed**: exit 1: boom" in md
+    assert "| suite | `python -m pytest -q` | -15 (time limit) | 90 | 240 | ok |" in md

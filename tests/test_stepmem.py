@@ -33,12 +33,16 @@ def _addresses(cp, memory, shapes):
         return [a.data.ptr for a in arrays], arrays
 
 
-def test_a_step_is_served_by_the_slab_at_the_same_addresses_every_step(fc):
-    memory = StepMemory(fc)
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_step_is_served_by_the_slab_at_the_same_addresses_every_step(fc, planned):
+    memory = StepMemory(fc, planned=planned)
     shapes = [(3, 5), (7,), (2, 2, 2)]
     first, _ = _addresses(fc, memory, shapes)
     assert memory.overflows == 2 * len(shapes) and memory.allocations == 0     # an empty slab: the pool
-    assert memory.capacity == memory.demand > 0                                # grown after the step
+    if planned:                  # each `ones` is freed once doubled: the next one takes its bytes
+        assert memory.capacity == memory.last_plan.size == 4 * stepmem.ALIGN < memory.demand
+    else:
+        assert memory.capacity == memory.demand > 0                            # grown after the step
     second, arrays = _addresses(fc, memory, shapes)
     third, _ = _addresses(fc, memory, shapes)
     assert second == third and memory.overflows == 0 and memory.allocations == 2 * len(shapes)
@@ -48,7 +52,7 @@ def test_a_step_is_served_by_the_slab_at_the_same_addresses_every_step(fc):
 
 
 def test_a_larger_step_grows_the_slab_after_it_and_keeps_the_old_one_if_pinned(fc):
-    memory = StepMemory(fc)
+    memory = StepMemory(fc, planned=False)
     _addresses(fc, memory, [(4,)])
     small = memory.capacity
     _addresses(fc, memory, [(4,), (1000,)])          # the second array does not fit: from the pool
@@ -62,12 +66,16 @@ def test_a_larger_step_grows_the_slab_after_it_and_keeps_the_old_one_if_pinned(f
     assert memory.stats()["retired_slabs"] == 1 and memory._retired[0] is old
 
 
-def test_a_step_over_the_limit_keeps_its_slab_and_takes_the_rest_from_the_pool(fc):
-    memory = StepMemory(fc)
+@pytest.mark.parametrize("planned", [True, False])
+def test_a_step_over_the_limit_keeps_its_slab_and_takes_the_rest_from_the_pool(fc, planned):
+    memory = StepMemory(fc, planned=planned)
     _addresses(fc, memory, [(100,)])
     small = memory.capacity
     memory.limit = 1000
     _addresses(fc, memory, [(100,), (1000,)])
+    if planned:                  # the plan served the first array, then the sizes changed: the pool
+        assert memory.overflows == 2 and not memory.over_limit
+        _addresses(fc, memory, [(100,), (1000,)])                      # traced: its plan is over the limit
     assert memory.over_limit and memory.capacity == small
     _addresses(fc, memory, [(100,), (1000,)])
     assert memory.allocations == 2 and memory.overflows == 2           # ones and * 2, for each shape
@@ -149,7 +157,7 @@ def test_a_capture_inside_a_step_takes_the_slab_and_refuses_the_pool(fc):
     graphed(x)
     assert float(out) == 80
     shape["n"] = 10_000                                  # a capture that would need the pool
-    other = CapturedStep(step, warmup=1, memory=memory)
+    other = CapturedStep(step, warmup=1, memory=memory, strict=True)
     other(fc.ones(16, dtype=np.float32))
     shape["n"] = 20_000
     with pytest.raises(CaptureError, match="memory pool"):
@@ -207,8 +215,61 @@ def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
         memory = StepMemory.of(models[0])
         assert (memory.overflows > 0) == (step == 3), (step, memory.stats())
     assert memory.steps == 6 and not memory._retired          # no graph: the slab replaced was let go
-    # from the pool: what the engine keeps, made at the first step and at the larger shape's first
-    # two (the second is the first in the grown slab: the batched products' pointer arrays for its
-    # addresses); in every other step one array, the loss's copy the step returns (kept past it)
-    assert pool[1] == pool[2] == pool[5] == 1 and min(pool[0], pool[3], pool[4]) > 1, pool
+    # from the pool: what the engine keeps, made at each shape's first two steps (the first is
+    # traced at the bump allocator's addresses, the second is the first at its plan's: the batched
+    # products' pointer arrays for its addresses); in every other step one array, the loss's copy
+    # the step returns (kept past it)
+    assert pool[2] == pool[5] == 1 and min(pool[0], pool[1], pool[3], pool[4]) > 1, pool
+    assert memory.plans_made == 2 and not memory.overlapping
     assert all(np.isfinite(float(v)) for v in losses)             # the losses kept are copies
+
+
+# ----------------------------------------------------------------------------- the plan by lifetimes
+
+
+def test_a_plan_never_overlaps_two_live_arrays_and_needs_about_their_peak():
+    from attn.fast.stepplan import FOREVER, overlaps, peak_live, plan
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n = int(rng.integers(1, 60))
+        sizes = (rng.integers(1, 64, n) * stepmem.ALIGN).tolist()
+        died = [FOREVER if rng.random() < 0.1 else int(i + 1 + rng.integers(0, 8)) for i in range(n)]
+        p = plan(sizes, died)
+        assert not overlaps(p, died), trial
+        assert p.peak == peak_live(sizes, died) <= p.size <= sum(sizes)
+        assert all(o % stepmem.ALIGN == 0 for o in p.offsets)
+    # a chain of arrays each freed once the next is made: two at a time
+    p = plan([1024] * 10, [i + 2 for i in range(10)])
+    assert p.size == p.peak == 2048
+
+
+def test_the_training_step_planned_equals_it_unplanned_and_no_live_arrays_overlap(fc, poisoned):
+    """The toy model's training step in a planned step memory that checks every step (each
+    array's memory watched: no two alive at once share a byte) computes, bit for bit, what the
+    bump allocator's step computes, with a slab near the peak of live bytes, well under the sum."""
+    import attn.backend as B
+    from attn import train as T
+    from attn.data import _pad_batch, pad_to_bucket
+    from attn.fast import FastAdam, FastTransformer
+    from attn.training.prepare import step_loss_fn
+    cfg = _toy()
+    models = [FastTransformer(cfg, seed=5) for _ in range(2)]
+    opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
+    planned, bump = StepMemory(fc, planned=True, check=True), StepMemory(fc, planned=False)
+    models[0]._step_memory, models[1]._step_memory = planned, bump
+    loss_fn = step_loss_fn("fast")
+    rng = np.random.default_rng(1)
+    for step in range(5):
+        pairs = [(rng.integers(4, 23, rng.integers(1, 7)).tolist(), rng.integers(4, 23, rng.integers(1, 7)).tolist())
+                 for _ in range(6)]
+        batch = pad_to_bucket(_pad_batch(pairs))
+        a = T.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
+        b = T.train_step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
+        assert float(a[0]) == float(b[0]) and a[1] == b[1], step
+        assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
+        if step:
+            assert planned.overflows == 0 and planned.allocations == bump.allocations, planned.stats()
+    assert not planned.overlapping and planned.plans_made == 1
+    peak = planned.last_plan.peak
+    assert peak <= planned.capacity <= 1.1 * peak and planned.capacity < 0.8 * bump.capacity, \
+        (planned.capacity, peak, bump.capacity)

@@ -48,8 +48,9 @@ model in PyTorch), ``work`` (the measurements as callables), ``timing``, ``memor
 peak-memory child processes), ``report`` (table and Markdown), ``cli`` (the command;
 ``__main__`` runs it), ``quality`` (the side-by-side training run), ``counts`` (kernel launches,
 bytes, syncs and pool allocations of a step, counted on the CuPy stand-in: ``--counts``) and
-``gpu_report`` (the suite, this benchmark, a training run and the counts on a GPU in one command:
-``--gpu-report DIR``).
+``gpu_report`` (the suite, this benchmark, bf16 and tf32, the captured step, a training run,
+peak memory and the counts on a GPU, part by part, every measurement isolated: ``--gpu-report
+DIR``; ``gpu_report_md`` its page).
 """
 from __future__ import annotations
 

@@ -45,9 +45,13 @@ def parse_args(argv=None):
                         "allocations), on the CuPy stand-in, so on any machine; with the issue's targets "
                         "and the lint of kernels whose grid does not grow with the batch (attn.bench.counts)")
     p.add_argument("--gpu-report", metavar="DIR",
-                   help="on a GPU, in about 10 minutes: the test suite on real CuPy, this benchmark against "
-                        "PyTorch for toy-bench, small and base, a 3-minute toy training and the counts, written "
-                        "to DIR/REPORT.md and DIR/report.json (attn.bench.gpu_report); stops at once without a GPU")
+                   help="on a GPU, part by part (--part), each under 10 minutes: the test suite on real CuPy with "
+                        "the counts, this benchmark against PyTorch, bf16 and tf32, the captured step, a toy "
+                        "training, peak memory; every measurement isolated, DIR/REPORT.md and DIR/report.json "
+                        "written as each finishes (attn.bench.gpu_report); stops at once without a GPU")
+    p.add_argument("--part", default="all",
+                   help="with --gpu-report: the parts to run, comma-separated (suite, bench, precision, graph, "
+                        "train, memory; default all)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --gpu-report: the same pipeline on the CuPy stand-in, cheaply (proves the report "
                         "is assembled, not its figures)")
@@ -280,7 +284,7 @@ def main(argv=None) -> int:
     if args.gpu_report:
         from .gpu_report import GpuReportError, gpu_report
         try:
-            gpu_report(args.gpu_report, dry_run=args.dry_run, quiet=args.quiet)
+            gpu_report(args.gpu_report, dry_run=args.dry_run, quiet=args.quiet, parts=args.part.split(","))
         except GpuReportError as e:
             print(f"attn.bench: error: {e}", file=sys.stderr)
             return 2

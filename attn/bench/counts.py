@@ -87,6 +87,8 @@ class Tally:
         self.allocated_bytes = 0
         self.step_memory_allocations = 0       # from a step memory's slab
         self.slab_bytes = 0                    # the slab's size after the step (set by count_at)
+        self.peak_live_bytes = 0               # the most bytes of the step's arrays alive at once (count_at)
+        self.host_seconds = 0.0                # the untraced step's median wall time (count_at)
         self.raw: list = []                    # (kernel, grid blocks, threads per block, work) in launch order
 
     def mark(self, phase: str) -> None:
@@ -143,10 +145,15 @@ def _count_once(fc, call, clock: bool = False) -> tuple:
     return tally, syncs.n, syncs.kinds
 
 
-#: Untimed runs before a counted one: the first training step sizes the step memory's slab (its
-#: arrays come from the pool), the second runs in the slab and makes what the kernels keep per
-#: address (:meth:`attn.fast.kernels.CupyOps._gemm_pointers`); the third is a steady-state step.
-STEADY_AFTER = 2
+#: Untimed runs before a counted one: the first training step is traced (its arrays come from the
+#: pool, their lifetimes give the step memory its plan and the slab its size); the second asks
+#: for one array less (the benchmark keeps its dropout generator, whose seed the first step made
+#: in its own memory), so its sizes leave the plan and the third is traced again; the fourth is
+#: the first at the plan's addresses and makes what the kernels keep per address
+#: (:meth:`attn.fast.kernels.CupyOps._gemm_pointers`); the fifth is a steady-state step.
+STEADY_AFTER = 4
+#: Untimed runs before a counted decoding run (decoding runs in no step memory).
+DECODE_STEADY_AFTER = 2
 
 
 def count_at(bc: BenchConfig, which=COUNTED, warmup: int = STEADY_AFTER, precision: str = "fp32") -> dict:
@@ -160,15 +167,37 @@ def count_at(bc: BenchConfig, which=COUNTED, warmup: int = STEADY_AFTER, precisi
     with _on_the_stand_in() as fc:
         for w in build_work(bc, list(which), "cupy", False, nothing, nothing, "cuda", repeats=1, warmup=0,
                             precision=precision):
-            for _ in range(warmup):
+            for _ in range(warmup if w.name == "train_step" else min(warmup, DECODE_STEADY_AFTER)):
                 w.ours()
             if w.name == "train_step":
                 out[w.name] = _count_once(fc, w.ours, clock=True)      # fast_step(clock): phases too
                 memory = getattr(w.ours, "step_memory", None)
                 out[w.name][0].slab_bytes = memory.capacity if memory is not None else 0
+                out[w.name][0].peak_live_bytes = memory.stats()["peak_live_bytes"] if memory is not None else 0
+                out[w.name][0].host_seconds = _host_seconds(w.ours)
             else:
                 out[w.name] = _count_once(fc, w.ours)
     return out
+
+
+#: Timed runs of the steady-state step whose median is its host time (no tracer).
+HOST_RUNS = 5
+
+
+def _host_seconds(step) -> float:
+    """The median host time of ``step()`` on the stand-in, untraced: its wall time less what the
+    stand-in spent doing the device's work (the kernels' twins, cuBLAS's products; the stand-in's
+    ``device_seconds``). What is left is attn's Python and the stand-in's CuPy around each launch
+    (its elementwise kernels still compute in NumPy, on the smallest counted batch: an upper
+    bound of the host time a GPU's launches cost)."""
+    import time
+    fcp = stand_in().cupy
+    times = []
+    for _ in range(HOST_RUNS):
+        d0, t0 = fcp.device_seconds[0], time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0 - (fcp.device_seconds[0] - d0))
+    return sorted(times)[len(times) // 2]
 
 
 #: Elements per thread above which a kernel with a fixed grid is a finding (below it, a kernel
@@ -226,6 +255,9 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
                "pool_allocated_mb": _scale(t1.allocated_bytes, t2.allocated_bytes, b1, b2, batch) / per / 2**20,
                "step_memory_allocations": t2.step_memory_allocations / per,
                "slab_mb": _scale(t1.slab_bytes, t2.slab_bytes, b1, b2, batch) / 2**20,
+               "peak_live_mb": _scale(t1.peak_live_bytes, t2.peak_live_bytes, b1, b2, batch) / 2**20,
+               "host_us_per_launch": (getattr(t1, "host_seconds", 0.0) / max(1, t1.launches) / per * 1e6
+                                      if train else None),
                "bytes_moved_mb": _scale(t1.bytes, t2.bytes, b1, b2, batch) / per / 2**20,
                "batch": batch, "counted_at_batches": [b1, b2],
                "top_operations": [[k, n, c / per] for (k, n), c in t2.ops.most_common(12)]}
@@ -299,11 +331,15 @@ def print_counts(rows: list, out=None) -> None:
         if "optimizer_launches" in r:
             print(f"  of which Adam      {r['optimizer_launches']:10d}{tgt('optimizer_launches')}", file=out)
         print(f"  host syncs         {r['syncs']:10.1f}{tgt('syncs')}", file=out)
+        if r.get("host_us_per_launch"):
+            print(f"  host time          {r['host_us_per_launch']:10.1f}   us per launch of the eager step (host_us_per_launch; "
+                  f"the stand-in at batch {r['counted_at_batches'][0]}, twins included: an upper bound)", file=out)
         print(f"  pool allocations   {r['pool_allocations']:10.1f}{tgt('pool_allocations')}"
               f"  ({r['pool_allocated_mb']:.1f} MB)", file=out)
         if r.get("step_memory_allocations"):
             print(f"  step memory        {r['step_memory_allocations']:10.1f}   allocations from one slab of "
-                  f"{r['slab_mb']:.1f} MB (the same addresses every step)", file=out)
+                  f"{r['slab_mb']:.1f} MB (slab_mb; planned by lifetimes, the same addresses every step), its "
+                  f"arrays' peak {r['peak_live_mb']:.1f} MB alive at once (peak_live_mb)", file=out)
         print(f"  bytes moved        {r['bytes_moved_mb']:10.1f} MB at batch {r['batch']}", file=out)
         print("  most launched: " + "; ".join(f"{n} ({k}) {c:g}" for k, n, c in r["top_operations"][:6]), file=out)
 
@@ -334,7 +370,8 @@ def print_counts_markdown(rows: list, out=None) -> None:
                 f"{n} ({k}) {c:g}" for k, n, c in r["top_operations"][:8]) + ".", file=out)
             if r.get("step_memory_allocations"):
                 print(f"\n{r['preset']}, the training step's step memory: {r['step_memory_allocations']:g} "
-                      f"allocations from one slab of {r['slab_mb']:.1f} MB at batch {r['batch']}.", file=out)
+                      f"allocations from one slab of {r['slab_mb']:.1f} MB at batch {r['batch']} (planned by "
+                      f"lifetimes: its arrays' peak alive at once is {r['peak_live_mb']:.1f} MB).", file=out)
     for r in rows:
         if r["name"] == "counts_capture":
             print(f"\n{r['preset']}: {r['what']}: " + (", ".join(f"{k} {n}" for k, n in r["refused"].items())

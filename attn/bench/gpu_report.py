@@ -1,27 +1,32 @@
-"""``python -m attn.bench --gpu-report DIR``: what a GPU run must show, in one command.
+"""``python -m attn.bench --gpu-report DIR``: what a GPU run must show, part by part.
 
-For whoever is lent a GPU for ten minutes. In order, each step a child process with a time
-limit, its output kept in ``DIR/logs``:
+For whoever is lent a GPU for ten minutes a command. The report is made of parts
+(``--part``, :data:`PARTS`; all of them, in order, by default), each a list of tasks, and each
+task one child process with a time limit, its output kept in ``DIR/logs``:
 
-1. **the test suite on real CuPy** (``ATTN_BACKEND=cupy python -m pytest -q``, on 8 workers where
-   pytest-xdist is installed, the files only a GPU can fail first: :data:`FIRST_TESTS`), stopped
-   at its time limit if it runs over: the counts of passed, failed and skipped tests, and the
-   failures by name. Meanwhile, on the CPU, the counts of
-   :mod:`attn.bench.counts` for ``toy-bench`` and ``base`` (the stand-in needs no GPU, and the
-   suite's timings are not reported, so sharing the CPU costs nothing that matters);
-2. **the benchmark against PyTorch on the same GPU** (``python -m attn.bench --backend cupy --json``
-   for ``toy-bench``, ``small`` and ``base``, each framework in its own worker process, phases
-   timed with CUDA events, PyTorch at attn's precision);
-3. **a 3-minute toy training** (``attn-train --backend cupy --minutes 3``): test BLEU and tokens/s;
+* ``suite``: the test suite on real CuPy (the files only a GPU can fail first:
+  :data:`FIRST_TESTS`), and beside it, on the CPU, the counts of :mod:`attn.bench.counts` for
+  ``toy-bench`` and ``base`` (the suite is not timed, so sharing the CPU costs nothing that matters);
+* ``bench``: every measurement of :data:`BENCH_PLAN` against PyTorch, one child process each;
+* ``precision``: the training step at ``--precision bf16`` and ``tf32``, PyTorch at the same;
+* ``graph``: the captured step (``train_step_graph``, what ``attn-train --cuda-graph`` runs) at
+  fp32 and bf16, its two eager calls and its capture among the warm-up runs, never timed;
+* ``train``: ``attn-train`` for 3 minutes, and with ``--cuda-graph`` for 2;
+* ``memory``: the training step's peak GPU memory, attn's (the step memory's slab included) beside
+  PyTorch's, each in a child process of its own.
 
-then one Markdown page (``DIR/REPORT.md``) and one JSON file (``DIR/report.json``): the device
-and versions, the suite's result, each measurement's seconds for attn and PyTorch with the
-counted launches, syncs and allocations beside them, the step by phase, the training run,
-the counts against their targets, and every command with its exit status and seconds.
+**Every measurement is isolated**: a task that fails, raises or runs past its limit is one row
+that says what failed and why (the last lines of its output), and every other row is still
+there. ``DIR/report.json`` and ``DIR/REPORT.md`` are rewritten as each task finishes, so a report
+cut short keeps what was done. The limits of a part's tasks add up to less than
+:data:`PART_SECONDS` (checked by the tests), so each part ends well inside 10 minutes whatever
+runs over; only the suite part runs two things at once (the counts, on the CPU, beside the
+untimed suite): nothing runs beside a timing. Before anything, a **preflight** lists what is
+missing (:data:`NEEDED`); a task that needs it is a row saying so, not a failure.
 
-Without a usable GPU it stops at once, saying why. ``--dry-run`` runs the same pipeline on the
-CuPy stand-in, cheaply (one small test file, the ``quick`` preset, a 2-step training): it proves
-that the report is assembled, not any figure in it.
+Without a usable GPU it stops at once, saying why. ``--dry-run`` runs the same parts on the CuPy
+stand-in, cheaply (one small test file, the ``quick`` preset, a 2-step training): it proves that
+the report is assembled and survives a failing task, not any figure in it.
 """
 from __future__ import annotations
 
@@ -33,51 +38,166 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import backend as B
 from .timing import _progress
 
-#: (preset, measurements, seconds allowed) of the benchmark step. The limits of all steps add up
-#: to 580 s, so that the report ends within 10 minutes whatever runs over.
-BENCH_PLAN = (("toy-bench", "train_step,train_step_graph,train_step_reference,forward,greedy_cached,beam_cached", 105),
-              ("small", "train_step,train_step_graph,forward,greedy_cached", 55),
-              ("base", "train_step,forward", 105))
-#: Timed runs and warm-up runs per measurement (the benchmark prints its rows only at the end,
-#: so a preset that runs over its limit reports nothing: fewer runs than a full benchmark's).
-BENCH_RUNS = ("--repeats", "5", "--warmup", "2")
-#: Seconds for the suite, and the training's minutes and seconds allowed (evaluation included).
-SUITE_SECONDS = 75
-TRAIN_MINUTES, TRAIN_SECONDS = 3, 240
+#: The parts, in the order ``--part all`` runs them.
+PARTS = ("suite", "bench", "precision", "graph", "train", "memory")
+#: The most the limits of one part's tasks may add up to (seconds): under the 600 s a command
+#: may run on a lent machine, with room for the report's own start and the device query.
+PART_SECONDS = 560
+#: (preset, measurement, seconds allowed) of the ``bench`` part, each a child process.
+BENCH_PLAN = (("toy-bench", "train_step", 60), ("toy-bench", "train_step_reference", 50),
+              ("toy-bench", "forward", 40), ("toy-bench", "greedy_cached", 50), ("toy-bench", "beam_cached", 50),
+              ("small", "train_step", 60), ("small", "forward", 40), ("small", "greedy_cached", 50),
+              ("base", "train_step", 90), ("base", "forward", 60))
+#: (preset, precision, seconds allowed) of the ``precision`` part: the training step.
+PRECISION_PLAN = (("toy-bench", "bf16", 60), ("toy-bench", "tf32", 60), ("small", "bf16", 75),
+                  ("small", "tf32", 75), ("base", "bf16", 110), ("base", "tf32", 110))
+#: (preset, precision, seconds allowed) of the ``graph`` part: ``train_step_graph``.
+GRAPH_PLAN = (("toy-bench", "fp32", 75), ("toy-bench", "bf16", 75), ("small", "fp32", 90), ("small", "bf16", 90))
+#: (preset, framework, seconds allowed) of the ``memory`` part: the training step's peak.
+MEMORY_PLAN = (("toy-bench", "attn", 50), ("toy-bench", "torch", 50), ("small", "attn", 60), ("small", "torch", 60),
+               ("base", "attn", 90), ("base", "torch", 90))
+#: Timed runs and warm-up runs per measurement (three warm-ups: the captured step's two eager
+#: calls and its capture are all untimed).
+BENCH_RUNS = ("--repeats", "5", "--warmup", "3")
+#: Seconds for the suite; the counts' presets and seconds (beside the suite).
+SUITE_SECONDS = 240
+COUNT_PLAN = (("toy-bench", 100), ("base", 200))
+#: (minutes, seconds allowed) of the eager training and of the ``--cuda-graph`` one.
+TRAIN_PLAN = ((3, 240), (2, 180))
+TRAIN_MINUTES, TRAIN_SECONDS = TRAIN_PLAN[0]
 #: The tests that only a GPU can fail run first (pytest collects a file once), then the rest, until
-#: the suite's time limit: without pytest-xdist the whole suite takes longer than the report has.
-FIRST_TESTS = ("tests/test_fast.py", "tests/test_kernels.py", "tests/test_host_syncs.py", "tests/test_layers.py",
+#: the suite's time limit.
+FIRST_TESTS = ("tests/test_fast.py", "tests/test_kernels.py", "tests/test_graph.py", "tests/test_stepmem.py",
+               "tests/test_host_syncs.py", "tests/test_cublas.py", "tests/test_precision.py", "tests/test_layers.py",
                "tests/test_model.py", "tests/test_decode.py", "tests/test_loss.py", "tests/test_optim.py")
-#: The presets whose counts are taken (during the suite, on the CPU), and their time limit.
-COUNT_PRESETS, COUNT_SECONDS = ("toy-bench", "base"), 400
+#: What the parts need beyond attn: module -> the parts that cannot run without it (CuPy is
+#: checked before the preflight: without it nothing runs).
+NEEDED = {"pytest": ("suite",), "hypothesis": ("suite",), "torch": ("memory-torch",), "tqdm": ("train",),
+          "sacrebleu": ("train",)}
 
 
 class GpuReportError(RuntimeError):
-    """The report cannot be made here (no usable GPU)."""
+    """The report cannot be made here (no usable GPU, or an unknown part)."""
+
+
+@dataclass
+class Task:
+    """One child process of the report, and what its row says."""
+    part: str
+    name: str
+    cmd: list
+    limit: float
+    kind: str                                 # suite, counts, bench, memory, train
+    info: dict = field(default_factory=dict)  # preset, measurement, precision, framework
+    needs: tuple = ()
+    beside: bool = False                      # started with the next task and waited for at the part's end
+    env: dict = field(default_factory=dict)   # added to the report's environment
 
 
 def _python(*args) -> list:
     return [sys.executable, *args]
 
 
-class _Step:
-    """One child process of the report: started, then waited for within its time limit (its
-    whole process group is ended at the limit, the benchmark's workers with it)."""
+def _bench_cmd(preset: str, only: str, dry_run: bool, torch: bool, precision: str | None = None) -> list:
+    cmd = _python("-m", "attn.bench", "--backend", "cupy", "--json", "--quiet", "--no-interleaved", "--no-memory",
+                  "--preset", preset, "--only", only)
+    cmd += ["--repeats", "1", "--warmup", "3"] if dry_run else list(BENCH_RUNS)
+    if precision:
+        cmd += ["--precision", precision]
+    return cmd + ([] if torch else ["--no-torch"])
 
-    def __init__(self, name: str, cmd: list, env: dict, limit: float, logs: Path):
-        self.name, self.cmd, self.limit = name, cmd, limit
-        self.log = logs / f"{name}.log"
+
+def plan(dry_run: bool = False, torch: bool = True) -> dict:
+    """{part: [Task]}: the GPU's plan, or with ``dry_run`` the stand-in's (the quick preset, one
+    run each, no PyTorch). ``torch``: whether PyTorch is there to compare with."""
+    torch = torch and not dry_run
+    parts = {p: [] for p in PARTS}
+    suite = _python("-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider")
+    suite += ["tests/test_text.py"] if dry_run else [*FIRST_TESTS, "tests"]
+    for preset, limit in ((("quick", 120),) if dry_run else COUNT_PLAN):
+        parts["suite"].append(Task("suite", f"counts-{preset}", _python("-m", "attn.bench", "--counts", "--json",
+                                   "--quiet", "--preset", preset), limit, "counts", {"preset": preset}, beside=True))
+    parts["suite"].append(Task("suite", "suite", suite, 60 if dry_run else SUITE_SECONDS, "suite",
+                               needs=("pytest", "hypothesis")))
+    bench = (("quick", "train_step", 60), ("quick", "forward", 60)) if dry_run else BENCH_PLAN
+    for preset, m, limit in bench:
+        parts["bench"].append(Task("bench", f"bench-{preset}-{m}", _bench_cmd(preset, m, dry_run, torch), limit,
+                                   "bench", {"preset": preset, "measurement": m, "precision": "fp32"}))
+    for preset, prec, limit in ((("quick", "bf16", 60),) if dry_run else PRECISION_PLAN):
+        parts["precision"].append(Task("precision", f"precision-{preset}-{prec}",
+                                       _bench_cmd(preset, "train_step", dry_run, torch, prec), limit, "bench",
+                                       {"preset": preset, "measurement": "train_step", "precision": prec}))
+    for preset, prec, limit in ((("quick", "fp32", 90),) if dry_run else GRAPH_PLAN):
+        parts["graph"].append(Task("graph", f"graph-{preset}-{prec}",
+                                   _bench_cmd(preset, "train_step_graph", dry_run, torch, prec), limit, "bench",
+                                   {"preset": preset, "measurement": "train_step_graph", "precision": prec}))
+    for i, (minutes, limit) in enumerate(((0, 120), (0, 120)) if dry_run else TRAIN_PLAN):
+        graph = i == 1
+        cmd = _python("-m", "attn.train", "--backend", "cupy", "--overwrite", "--quiet")
+        cmd += ["--cuda-graph"] if graph else []
+        if dry_run:
+            cmd += ["--steps", "2", "--minutes", "0", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--layers",
+                    "1", "--bleu-sentences", "5", "--average", "0", "--eval-every", "2"]
+        else:
+            cmd += ["--minutes", str(minutes)]
+        name = "train-cuda-graph" if graph else "train"
+        parts["train"].append(Task("train", name, cmd, limit, "train", {"cuda_graph": graph},
+                                   needs=("tqdm", "sacrebleu")))
+    mem = (("quick", "attn", 90),) if dry_run else MEMORY_PLAN
+    for preset, fw, limit in mem:
+        cmd = _python("-m", "attn.bench", "--_memory-child", fw, "--preset", preset, "--backend", "cupy",
+                      "--only", "train_step")
+        parts["memory"].append(Task("memory", f"memory-{preset}-{fw}", cmd, limit, "memory",
+                                    {"preset": preset, "measurement": "train_step", "framework": fw},
+                                    needs=("torch",) if fw == "torch" else ()))
+    return parts
+
+
+def part_limits(parts: dict) -> dict:
+    """{part: the seconds its tasks' limits add up to}."""
+    return {p: sum(t.limit for t in tasks) for p, tasks in parts.items()}
+
+
+def preflight(env: dict) -> dict:
+    """What the parts need, checked in a child process with the report's environment:
+    {"have": {module: version}, "missing": {module: why}, "torch_cuda": bool}."""
+    code = ("import importlib, json\nhave, missing = {}, {}\n"
+            f"for m in {sorted(NEEDED) + ['xdist']!r}:\n"
+            " try:\n  mod = importlib.import_module(m); have[m] = str(getattr(mod, '__version__', '?'))\n"
+            " except Exception as e:\n  missing[m] = f'{type(e).__name__}: {e}'[:200]\n"
+            "cuda = False\n"
+            "if 'torch' in have:\n"
+            " import torch\n cuda = bool(torch.cuda.is_available())\n"
+            "print(json.dumps({'have': have, 'missing': missing, 'torch_cuda': cuda}))")
+    try:
+        r = subprocess.run(_python("-c", code), env=env, capture_output=True, text=True, timeout=120)
+        rows = _json_rows(r.stdout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"have": {}, "missing": {"python": str(e)}, "torch_cuda": False}
+    out = rows[-1] if rows else {"have": {}, "missing": {"python": r.stderr[-300:]}, "torch_cuda": False}
+    out["missing"].pop("xdist", None)        # optional: the suite on 8 workers where it is there
+    return out
+
+
+class _Child:
+    """A task's child process: started, then waited for within its limit (its whole process
+    group is ended at the limit, the benchmark's workers with it)."""
+
+    def __init__(self, task: Task, env: dict, logs: Path):
+        self.task, self.log = task, logs / f"{task.name}.log"
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+        self.proc = subprocess.Popen(task.cmd, env={**env, **task.env}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                     cwd=Path(__file__).resolve().parents[2])
 
     def wait(self) -> dict:
-        left = max(1.0, self.limit - (time.perf_counter() - self.t0))
+        left = max(1.0, self.task.limit - (time.perf_counter() - self.t0))
         timed_out = False
         try:
             out, _ = self.proc.communicate(timeout=left)
@@ -90,9 +210,8 @@ class _Step:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 out, _ = self.proc.communicate()
         self.log.write_text(out or "")
-        return {"name": self.name, "command": " ".join(["python", *self.cmd[1:]]),
-                "returncode": self.proc.returncode, "seconds": round(time.perf_counter() - self.t0, 1),
-                "limit_seconds": self.limit, "timed_out": timed_out, "log": str(self.log), "output": out or ""}
+        return {"returncode": self.proc.returncode, "seconds": round(time.perf_counter() - self.t0, 1),
+                "timed_out": timed_out, "output": out or ""}
 
 
 def _json_rows(text: str) -> list:
@@ -104,6 +223,15 @@ def _json_rows(text: str) -> list:
             except json.JSONDecodeError:
                 pass
     return rows
+
+
+def _why(output: str) -> str:
+    """The reason a child failed: its last error line (a traceback's last line), else its last line."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error:" in ln or "Exception" in ln:
+            return ln[:300]
+    return lines[-1][:300] if lines else "no output"
 
 
 def suite_summary(output: str, timed_out: bool) -> dict:
@@ -125,6 +253,45 @@ def suite_summary(output: str, timed_out: bool) -> dict:
     return {"counts": counts, "failures": failures, "stopped_at_time_limit": timed_out}
 
 
+def task_row(task: Task, run: dict, report: dict) -> dict:
+    """The row of one finished task: its status ("ok", "failed", "time limit"), why where it is
+    not ok, what it measured, and the command with its exit status and seconds."""
+    out = run["output"]
+    row = {"part": task.part, "name": task.name, **task.info, "command": " ".join(["python", *task.cmd[1:]]),
+           "returncode": run["returncode"], "seconds": run["seconds"], "limit_seconds": task.limit,
+           "timed_out": run["timed_out"]}
+    ok = run["returncode"] == 0 and not run["timed_out"]
+    if task.kind == "suite":
+        row["suite"] = suite_summary(out, run["timed_out"])
+        ok = bool(row["suite"]["counts"])          # a suite with failures still reports its counts
+    elif task.kind == "counts":
+        row["rows"] = _json_rows(out)
+        ok = ok and any(r.get("name") == "counts_train_step" for r in row["rows"])
+    elif task.kind == "bench":
+        found = [r for r in _json_rows(out) if r.get("name") == task.info["measurement"] and "seconds_per_step" in r]
+        row["result"] = found[0] if found else None
+        ok = ok and bool(found)
+    elif task.kind == "memory":
+        rows = _json_rows(out)
+        row["result"] = rows[-1].get(task.info["measurement"]) if rows else None
+        ok = ok and row["result"] is not None
+    elif task.kind == "train":
+        metrics = Path(task.cmd[task.cmd.index("--out") + 1]) / "metrics.json" if "--out" in task.cmd else None
+        row["result"] = json.loads(metrics.read_text()) if metrics is not None and metrics.is_file() else None
+        ok = ok and row["result"] is not None
+    row["status"] = "ok" if ok else ("time limit" if run["timed_out"] else "failed")
+    if not ok:
+        row["why"] = (f"ran past its limit of {task.limit:g} s" if run["timed_out"]
+                      else f"exit {run['returncode']}: {_why(out)}")
+    return row
+
+
+def _skipped(task: Task, why: str) -> dict:
+    return {"part": task.part, "name": task.name, **task.info, "command": " ".join(["python", *task.cmd[1:]]),
+            "status": "skipped", "why": why, "returncode": None, "seconds": 0.0, "limit_seconds": task.limit,
+            "timed_out": False}
+
+
 def _device_info(env: dict) -> dict:
     """The GPU and the versions, from a child process on the report's backend."""
     code = ("import json, platform, numpy, attn.backend as B; B.set_backend('cupy'); cp = B.xp(); "
@@ -135,7 +302,10 @@ def _device_info(env: dict) -> dict:
             "try:\n import torch; info.update(torch=torch.__version__, torch_cuda=torch.version.cuda)\n"
             "except Exception: pass\n"
             "print(json.dumps(info))")
-    r = subprocess.run(_python("-c", code), env=env, capture_output=True, text=True, timeout=120)
+    try:
+        r = subprocess.run(_python("-c", code), env=env, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
     rows = _json_rows(r.stdout)
     return rows[-1] if rows else {"error": r.stderr[-500:]}
 
@@ -149,173 +319,84 @@ def _commit() -> str | None:
         return None
 
 
-def gpu_report(out: Path, dry_run: bool = False, quiet: bool = False) -> dict:
-    """Run the report into ``out``; returns it (also written as ``report.json`` and ``REPORT.md``).
-
-    Raises :class:`GpuReportError` at once where no GPU is usable (unless ``dry_run``)."""
+def _environment(dry_run: bool) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if dry_run:
         from .counts import stand_in
-        env = stand_in().child_env(env)            # every child process runs on the CuPy stand-in
-    else:
-        if B.cupy_modules is not None:
-            raise GpuReportError("--gpu-report measures a GPU, and the CuPy stand-in is selected in this process; "
-                                 "--gpu-report DIR --dry-run runs the pipeline on the stand-in")
-        try:
-            B.set_backend("cupy")
-        except B.BackendError as e:
-            raise GpuReportError(f"--gpu-report measures a GPU, and none is usable here: {e.reason}. "
-                                 "Run it where `python -c \"import cupy; cupy.zeros(1)\"` works, or check the "
-                                 "pipeline on the CuPy stand-in with --gpu-report DIR --dry-run.") from None
-        env["ATTN_BACKEND"] = "cupy"
+        return stand_in().child_env(env)            # every child process runs on the CuPy stand-in
+    if B.cupy_modules is not None:
+        raise GpuReportError("--gpu-report measures a GPU, and the CuPy stand-in is selected in this process; "
+                             "--gpu-report DIR --dry-run runs the pipeline on the stand-in")
+    try:
+        B.set_backend("cupy")
+    except B.BackendError as e:
+        raise GpuReportError(f"--gpu-report measures a GPU, and none is usable here: {e.reason}. "
+                             "Run it where `python -c \"import cupy; cupy.zeros(1)\"` works, or check the "
+                             "pipeline on the CuPy stand-in with --gpu-report DIR --dry-run.") from None
+    env["ATTN_BACKEND"] = "cupy"
+    return env
+
+
+def gpu_report(out: Path, dry_run: bool = False, quiet: bool = False, parts=None, inject_failure: str | None = None,
+               tasks: dict | None = None) -> dict:
+    """Run the report's ``parts`` (all of :data:`PARTS` by default) into ``out``; returns it, also
+    written as ``report.json`` and ``REPORT.md`` after the preflight and after every task.
+
+    ``inject_failure``: a task's name whose measurement raises (the benchmark's
+    :data:`attn.bench.work.INJECT_FAILURE`): the dry run's proof that one failure leaves every
+    other row. ``tasks``: the plan (:func:`plan`'s), for tests. Raises :class:`GpuReportError`
+    at once where no GPU is usable (unless ``dry_run``) or a part is unknown."""
+    from .gpu_report_md import render_markdown
+    from .work import INJECT_FAILURE
+    parts = list(PARTS if parts in (None, "all", ["all"]) else ([parts] if isinstance(parts, str) else parts))
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise GpuReportError(f"--part: unknown part(s) {', '.join(unknown)} (choose from {', '.join(PARTS)}, or all)")
+    env = _environment(dry_run)
     out = Path(out)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    report = {"name": "gpu_report", "dry_run": dry_run, "commit": _commit(),
+    pre = preflight(env)
+    torch_ok = "torch" in pre["have"] and (pre["torch_cuda"] or dry_run)
+    tasks = tasks if tasks is not None else plan(dry_run, torch_ok)
+    report = {"name": "gpu_report", "dry_run": dry_run, "commit": _commit(), "parts": parts,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "host": platform.node(), "device": _device_info(env), "steps": []}
+              "host": platform.node(), "device": _device_info(env), "preflight": pre,
+              "limits": part_limits({p: tasks[p] for p in parts}), "rows": [], "seconds": 0.0}
+
+    def write():
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        (out / "report.json").write_text(json.dumps(report, indent=2))
+        (out / "REPORT.md").write_text(render_markdown(report))
 
     def say(msg):
         _progress(f"gpu report ({time.perf_counter() - started:5.0f} s): {msg}", quiet)
 
-    # 1. the suite, with the counts on the CPU beside it
-    count_presets = ("quick",) if dry_run else COUNT_PRESETS
-    counting = [_Step(f"counts-{p}", _python("-m", "attn.bench", "--counts", "--json", "--quiet", "--preset", p),
-                      env, 120 if dry_run else COUNT_SECONDS, logs) for p in count_presets]
-    suite_cmd = _python("-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider")
-    try:
-        import xdist  # noqa: F401  (optional: the suite on 8 workers)
-        suite_cmd += ["-n", "8"]
-    except ImportError:
-        pass
-    suite_cmd += ["tests/test_text.py"] if dry_run else [*FIRST_TESTS, "tests"]
-    say("the test suite on " + ("the CuPy stand-in" if dry_run else "the GPU") + " (and the counts on the CPU)")
-    suite = _Step("suite", suite_cmd, env, 60 if dry_run else SUITE_SECONDS, logs).wait()
-    report["suite"] = suite_summary(suite["output"], suite["timed_out"])
-    report["steps"].append(suite)
-
-    # 2. the benchmark, preset by preset (a dry run: the quick preset, once)
-    report["bench"] = {}
-    plan = (("quick", "train_step,forward,greedy_cached", 120),) if dry_run else BENCH_PLAN
-    for preset, only, limit in plan:
-        cmd = _python("-m", "attn.bench", "--backend", "cupy", "--json", "--quiet", "--no-interleaved")
-        cmd += ["--preset", preset, "--only", only]
-        cmd += ["--no-torch", "--no-memory", "--repeats", "1", "--warmup", "1"] if dry_run else list(BENCH_RUNS)
-        say(f"the benchmark, {preset}")
-        step = _Step(f"bench-{preset}", cmd, env, limit, logs).wait()
-        report["steps"].append(step)
-        report["bench"][preset] = _json_rows(step["output"])
-
-    # 3. a 3-minute toy training
-    train_dir = out / "train"
-    cmd = _python("-m", "attn.train", "--backend", "cupy", "--out", str(train_dir), "--overwrite", "--quiet")
-    if dry_run:
-        cmd += ["--steps", "2", "--minutes", "0", "--d-model", "16", "--heads", "2", "--d-ff", "32", "--layers", "1",
-                "--bleu-sentences", "5", "--average", "0", "--eval-every", "2"]
-    else:
-        cmd += ["--minutes", str(TRAIN_MINUTES)]
-    say("training the toy translator" + (" for 2 steps" if dry_run else f" for {TRAIN_MINUTES} minutes"))
-    step = _Step("train", cmd, env, 180 if dry_run else TRAIN_SECONDS, logs).wait()
-    report["steps"].append(step)
-    metrics = train_dir / "metrics.json"
-    report["train"] = json.loads(metrics.read_text()) if metrics.is_file() else None
-
-    # the counts, taken meanwhile
-    report["counts"] = {}
-    for c in counting:
-        step = c.wait()
-        report["steps"].append(step)
-        report["counts"][step["name"].split("-", 1)[1]] = _json_rows(step["output"])
-    report["seconds"] = round(time.perf_counter() - started, 1)
-    for s in report["steps"]:
-        s.pop("output")
-    (out / "report.json").write_text(json.dumps(report, indent=2))
-    (out / "REPORT.md").write_text(render_markdown(report))
+    if pre["missing"]:
+        say("missing: " + ", ".join(f"{m} ({why})" for m, why in pre["missing"].items()))
+    write()
+    for part in parts:
+        beside = []
+        for task in tasks[part]:
+            lacking = [m for m in task.needs if m in pre["missing"] or (m == "torch" and not torch_ok)]
+            if lacking:
+                report["rows"].append(_skipped(task, "missing: " + ", ".join(lacking)))
+                write()
+                continue
+            if task.kind in ("train",) and "--out" not in task.cmd:
+                task.cmd += ["--out", str(out / task.name)]
+            if inject_failure == task.name:
+                task.env[INJECT_FAILURE] = task.info.get("measurement", "")
+            say(f"{part}: {task.name} (at most {task.limit:g} s)")
+            child = _Child(task, env, logs)
+            if task.beside:
+                beside.append(child)
+                continue
+            report["rows"].append(task_row(task, child.wait(), report))
+            write()
+        for child in beside:
+            report["rows"].append(task_row(child.task, child.wait(), report))
+            write()
     say(f"written {out / 'REPORT.md'} and {out / 'report.json'}")
     return report
-
-
-def _f(x, fmt="{:.4f}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
-def render_markdown(report: dict) -> str:
-    """The report as one Markdown page."""
-    d = report["device"]
-    lines = ["# attn on a GPU: the report", ""]
-    if report["dry_run"]:
-        lines += ["**Dry run on the CuPy stand-in** (`--dry-run`): the pipeline, not a GPU's figures.", ""]
-    lines += [f"{report['date']}, commit {report.get('commit') or '-'}, {report['seconds']:.0f} s in all. "
-              f"Device: {d.get('gpu', '-')}; CuPy {d.get('cupy', '-')}, CUDA runtime {d.get('cuda_runtime', '-')} "
-              f"(driver {d.get('cuda_driver', '-')}), NumPy {d.get('numpy', '-')}, PyTorch {d.get('torch', '-')} "
-              f"(CUDA {d.get('torch_cuda', '-')}), Python {d.get('python', '-')}.", ""]
-    s = report["suite"]
-    c = s["counts"]
-    lines += ["## The test suite on the GPU", "",
-              f"`ATTN_BACKEND=cupy {report['steps'][0]['command']}`: " + (", ".join(f"{n} {k}" for k, n in c.items()) or "no result")
-              + (" (stopped at its time limit)" if s["stopped_at_time_limit"] else "") + ".", ""]
-    lines += [f"* failed: `{f}`" for f in s["failures"][:30]] + ([""] if s["failures"] else [])
-    counted = {}
-    for preset, rows in report.get("counts", {}).items():
-        for r in rows:
-            counted[(preset, r["name"].replace("counts_", ""))] = r
-    lines += ["## attn against PyTorch on the same GPU", "",
-              "Seconds per run (median, each framework in a worker process of its own); beside each, what "
-              "the stand-in counts for attn's side (launches, host syncs and pool allocations per training "
-              "step, or per generated position).", ""]
-    for preset, rows in report.get("bench", {}).items():
-        meas = [r for r in rows if "seconds_per_step" in r and r.get("name") not in ("machine", "matmul")]
-        lines += [f"### {preset}", ""]
-        if not meas:
-            lines += ["No measurement (see the step's log).", ""]
-            continue
-        lines += ["| measurement | attn s | PyTorch s | attn / PyTorch | launches | syncs | pool allocations |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        for r in meas:
-            k = counted.get((preset, r["name"]))
-            lines.append(f"| {r['name']} | {_f(r['seconds_per_step'])} | {_f(r.get('torch_seconds_per_step'))} | "
-                         f"{_f(r.get('ratio'), '{:.2f}')} | {_f(k and k['launches'], '{:g}')} | "
-                         f"{_f(k and k['syncs'], '{:g}')} | {_f(k and k['pool_allocations'], '{:g}')} |")
-        lines.append("")
-        for r in meas:
-            if r.get("matmul_seconds_per_step"):
-                lines.append(f"{r['name']}: its matrix products alone take {r['matmul_seconds_per_step']:.4f} s "
-                             f"({r.get('fraction_of_matmul_rate', 0):.0%} of the step).")
-            if r.get("phases"):
-                lines += ["", f"{r['name']} by phase (CUDA events, ms):", "",
-                          "| phase | attn | PyTorch |", "|---|---:|---:|"]
-                lines += [f"| {p['phase']} | {_f(p['seconds'] and p['seconds'] * 1e3, '{:.2f}')} | "
-                          f"{_f(p['torch_seconds'] and p['torch_seconds'] * 1e3, '{:.2f}')} |" for p in r["phases"]]
-                lines.append("")
-        lines.append("")
-    t = report.get("train")
-    lines += ["## Training the toy translator", ""]
-    train_cmd = next((st["command"] for st in report["steps"] if st["name"] == "train"), "")
-    if t:
-        lines += [f"`{train_cmd.replace('python -m attn.train', 'attn-train')}`: test BLEU {t.get('test_bleu', 0):.2f}, "
-                  f"{t.get('steps')} steps, {t.get('tokens_per_second', 0):,.0f} tokens/s, backend "
-                  f"{t.get('backend')}.", ""]
-    else:
-        lines += ["No metrics.json (see the step's log).", ""]
-    lines += ["## Counts against their targets", "",
-              "| preset | launches per step | Adam launches | host syncs | pool allocations | MB moved | "
-              "fixed-grid kernels | a capture refuses |", "|---|---:|---:|---:|---:|---:|---|---|"]
-    for preset, rows in report.get("counts", {}).items():
-        by = {r["name"]: r for r in rows}
-        r, lint, cap = by.get("counts_train_step"), by.get("counts_lint", {}), by.get("counts_capture", {})
-        if r is None:
-            continue
-        tg = r.get("targets", {})
-
-        def vs(key, fmt="{:g}"):
-            return fmt.format(r[key]) + (f" (target {tg[key]})" if key in tg else "")
-        lines.append(f"| {preset} | {vs('launches')} | {vs('optimizer_launches')} | {vs('syncs')} | "
-                     f"{vs('pool_allocations')} | {r['bytes_moved_mb']:.0f} | "
-                     f"{', '.join(k['kernel'] for k in lint.get('fixed_grid_kernels', [])) or 'none'} | "
-                     f"{', '.join(f'{k} {n}' for k, n in cap.get('refused', {}).items()) or 'nothing'} |")
-    lines += ["", "## Commands", "", "| step | command | exit | seconds |", "|---|---|---:|---:|"]
-    for st in report["steps"]:
-        lines.append(f"| {st['name']} | `{st['command']}` | {st['returncode']}"
-                     f"{' (time limit)' if st['timed_out'] else ''} | {st['seconds']:.0f} |")
-    return "\n".join(lines) + "\n"

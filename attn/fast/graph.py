@@ -17,6 +17,19 @@ one call. What a graph replays is exactly what was recorded, so a step can be ca
 * nothing in it waits for the device or copies to or from the host, and it makes no call that
   CuPy refuses during a capture (its own ``matmul``, which calls cuBLAS; ``cupy.random``).
 
+**The guard.** CUDA does not refuse everything that breaks a graph. CuPy's default capture mode
+is relaxed, and in any mode the memory pool serves an allocation from blocks it holds without a
+CUDA call a mode could refuse: the capture succeeds, the graph keeps an address the pool hands
+out again, and every replay writes over whatever lives there then. So every capture here runs
+in :data:`CAPTURE_MODE` (thread-local: a ``cudaMalloc`` from this thread is an error, another
+thread's work is not disturbed) inside :class:`CaptureGuard`, which refuses the capture, with
+the reason, when during it the pool handed out memory (a memory hook sees each allocation and
+where attn asked for it) or grew, the step memory overflowed (served a request from the pool),
+or anything waited for the device (``cupyx.allow_synchronize(False)``; CUDA raises too). A
+refused capture's graph is dropped and the step runs eagerly: :class:`CapturedStep` notes the
+reason (:attr:`CapturedStep.refusals`) and runs that shape eagerly from then on (or raises
+:class:`CaptureError` with ``strict=True``).
+
 :class:`CapturedStep` runs a function eagerly for its first ``warmup`` calls at an input shape
 (real calls: a training step is taken), captures it on the next call at that shape and replays
 the graph from then on, one graph per input shape. :func:`survey` lists what in a function a
@@ -33,9 +46,94 @@ from typing import Callable, NamedTuple
 
 from .. import backend as B
 
+#: The stream capture mode of every capture: ``cudaStreamCaptureModeThreadLocal`` (1). Relaxed,
+#: CuPy's default, lets even a ``cudaMalloc`` through; global refuses other threads' calls too.
+CAPTURE_MODE_NAME = "streamCaptureModeThreadLocal"
+
 
 class CaptureError(RuntimeError):
     """A step could not be captured: the message names the operation and where it was asked for."""
+
+
+_NOT_THE_ASKER = ("/cupy/", "/cupyx/", "/cupy_backends/", "/fakecupy/")
+
+
+def _where() -> str:
+    """``file:line function`` of the innermost frame outside CuPy and this module: who asked."""
+    import sys
+    f = sys._getframe(1)
+    while f is not None and (any(k in f.f_code.co_filename for k in _NOT_THE_ASKER)
+                             or f.f_code.co_filename.endswith(("/fast/graph.py", "/fast/stepmem.py", "/contextlib.py"))):
+        f = f.f_back
+    if f is None:
+        return "?"
+    path = f.f_code.co_filename
+    for root in ("/attn/", "/tests/", "/lessons/"):
+        if root in path:
+            path = path[path.rindex(root) + 1:]
+            break
+    return f"{path}:{f.f_lineno} {f.f_code.co_name}"
+
+
+class CaptureGuard:
+    """``with CaptureGuard(xp, memory) as guard: <capture>``; then :attr:`reasons` lists why the
+    graph must not be kept (empty: it may). Watches the memory pool (a memory hook counting what
+    it hands out, and its byte counts before and after), the step memory's overflows, and host
+    syncs (``cupyx.allow_synchronize(False)`` for the ``with``)."""
+
+    def __init__(self, xp, memory=None):
+        self.xp, self.memory = xp, memory
+        #: why the capture is refused (empty: it is not)
+        self.reasons: list = []
+        self.allocations: list = []           # (bytes, where) of each pool allocation seen
+
+    def __enter__(self):
+        xp = self.xp
+        pool = xp.get_default_memory_pool()
+        self._pool = pool
+        self._before = (pool.used_bytes(), pool.total_bytes())
+        self._overflows = self.memory.overflows if self.memory is not None else 0
+        guard = self
+
+        class _Watch(xp.cuda.MemoryHook):
+            name = "attn-capture-guard"
+
+            def malloc_postprocess(self, **kw):
+                guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
+
+            def alloc_postprocess(self, **kw):
+                guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
+        self._hook = _Watch()
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(self._hook)
+        cupyx = _cupyx_of(xp)
+        if cupyx is not None and hasattr(cupyx, "allow_synchronize"):
+            self._stack.enter_context(cupyx.allow_synchronize(False))
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        if self.allocations:
+            n = sum(b for b, _ in self.allocations)
+            first = self.allocations[0][1]
+            self.reasons.append(f"{len(self.allocations)} allocation(s) of {n} bytes from the memory pool during "
+                                f"the capture (first at {first}): the graph would keep addresses the pool hands "
+                                "out again")
+        used, total = self._pool.used_bytes(), self._pool.total_bytes()
+        if total > self._before[1] and not self.allocations:
+            self.reasons.append(f"the memory pool grew by {total - self._before[1]} bytes during the capture")
+        if self.memory is not None and self.memory.overflows > self._overflows:
+            self.reasons.append(f"the step memory overflowed: {self.memory.overflows - self._overflows} request(s) "
+                                "served by the memory pool during the capture")
+        return False
+
+
+def _cupyx_of(xp):
+    """The ``cupyx`` beside ``xp`` (CuPy or the stand-in), or None where there is none."""
+    try:
+        return B._cupyx()
+    except ImportError:
+        return None
 
 
 class _Entry:
@@ -55,9 +153,14 @@ class CapturedStep:
     captures it on the next and replays it from then on. Returns what ``fn`` returned: after a
     capture, the same arrays every time, refreshed by every replay (read them before the next
     call). ``capture=False`` (or NumPy inputs) calls ``fn`` every time.
+
+    A capture that fails, or that :class:`CaptureGuard` refuses, is dropped: the call runs
+    ``fn`` eagerly, the reason is kept in :attr:`refusals` (by input shape) and that shape runs
+    eagerly from then on; ``strict=True`` raises :class:`CaptureError` instead.
     """
 
-    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None, xp=None):
+    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None, xp=None,
+                 strict: bool = False):
         if warmup < 1:
             raise ValueError(f"CapturedStep: warmup must be at least 1 (the eager call that allocates what the "
                              f"step keeps), got {warmup}")
@@ -65,9 +168,12 @@ class CapturedStep:
         #: the :class:`attn.fast.stepmem.StepMemory` every eager and captured call runs in (its
         #: slab grows after an eager call that needed more, so the capture finds it large enough)
         self.memory = memory
+        self.strict = bool(strict)
         self._entries: dict = {}
         #: graphs captured so far (one per input shape)
         self.graphs = 0
+        #: {input shape key: why its capture was refused} (those shapes run eagerly)
+        self.refusals: dict = {}
 
     def __call__(self, *inputs):
         xp = self.xp or B.get_array_module(*inputs)
@@ -82,39 +188,58 @@ class CapturedStep:
                 buffer[...] = a                               # one device copy
             else:
                 buffer.set(B.host.ascontiguousarray(a))       # one host-to-device transfer
-        if entry.graph is None and entry.calls < self.warmup:
+        if entry.graph is None and (entry.calls < self.warmup or key in self.refusals):
             entry.calls += 1
-            with self._in_step():
+            with self._in_step(key):
                 return self.fn(*entry.static)
         if entry.graph is None:
-            with self._in_step():
-                entry.graph, entry.out = _capture(xp, self.fn, entry.static)
+            try:
+                with self._in_step(key):
+                    entry.graph, entry.out = _capture(xp, self.fn, entry.static, self.memory)
+            except CaptureError as e:
+                if self.strict:
+                    raise
+                self.refusals[key] = str(e)
+                with self._in_step(key):                 # the capture ran nothing: the step, eagerly
+                    return self.fn(*entry.static)
             if self.memory is not None:
                 self.memory.pin()                     # the graph's addresses are in this slab
             self.graphs += 1
         entry.graph.launch(stream=xp.cuda.get_current_stream())
         return entry.out
 
-    def _in_step(self):
-        return self.memory.step() if self.memory is not None else contextlib.nullcontext()
+    def _in_step(self, key):
+        return self.memory.step(key) if self.memory is not None else contextlib.nullcontext()
 
 
-def _capture(xp, fn, args):
-    """(graph, what fn returned) of ``fn(*args)`` captured on a stream of its own."""
+def capture_mode(xp) -> int:
+    """:data:`CAPTURE_MODE_NAME`'s value in ``xp``'s CUDA runtime."""
+    return int(getattr(xp.cuda.runtime, CAPTURE_MODE_NAME, 1))
+
+
+def _capture(xp, fn, args, memory=None):
+    """(graph, what fn returned) of ``fn(*args)`` captured on a stream of its own, in
+    :func:`capture_mode`, inside a :class:`CaptureGuard`; :class:`CaptureError` with the reason
+    where it fails or the guard refuses it."""
     main = xp.cuda.get_current_stream()
     stream = xp.cuda.Stream(non_blocking=True)
     stream.wait_event(main.record())            # the capture follows the work already queued
+    guard = CaptureGuard(xp, memory)
     with stream:
-        stream.begin_capture()
-        try:
-            out = fn(*args)
-        except BaseException as e:
-            try:                                # a GPU invalidates the capture: ending it raises too
-                stream.end_capture()
-            except Exception:                   # noqa: BLE001 (the cause is e, raised below)
-                pass
-            raise CaptureError(f"CapturedStep: the step cannot be captured as a CUDA graph: {e}") from e
-        graph = stream.end_capture()
+        with guard:
+            stream.begin_capture(mode=capture_mode(xp))
+            try:
+                out = fn(*args)
+            except BaseException as e:
+                try:                            # a GPU invalidates the capture: ending it raises too
+                    stream.end_capture()
+                except Exception:               # noqa: BLE001 (the cause is e, raised below)
+                    pass
+                raise CaptureError(f"CapturedStep: the step cannot be captured as a CUDA graph: {e}") from e
+            graph = stream.end_capture()
+    if guard.reasons:
+        del graph, out
+        raise CaptureError("CapturedStep: the capture is refused (the step runs eagerly): " + "; ".join(guard.reasons))
     return graph, out
 
 
@@ -221,3 +346,8 @@ class GraphedTrainStep:
     def graphs(self) -> int:
         """Graphs captured so far (one per batch shape)."""
         return self.captured.graphs
+
+    @property
+    def refusals(self) -> dict:
+        """{batch shape: why its capture was refused} (those shapes run eagerly)."""
+        return self.captured.refusals

@@ -5,23 +5,34 @@ A training step on the GPU makes some hundreds of arrays (activations, their gra
 product's result), each freed within the step. CuPy's memory pool serves them quickly, but a
 step captured as a CUDA graph (:mod:`attn.fast.graph`) cannot take memory from the pool while
 the stream captures: the graph would keep addresses the pool hands out again. So inside a step
-the allocator is this one (``cupy.cuda.using_allocator``): a bump allocator over one slab,
-set back to the slab's start when each step begins. The same step at the same shapes asks for
-the same sizes in the same order, so it gets the same addresses every time: what a graph
-replays. Whoever allocates inside the step (attn's layers, CuPy's products and their
-temporaries, a cuBLAS call's output) is served by it.
+the allocator is this one (``cupy.cuda.using_allocator``), over one slab. Whoever allocates
+inside the step (attn's layers, CuPy's products and their temporaries, a cuBLAS call's output)
+is served by it.
 
+* **Planned by lifetimes.** The first step at a shape is *traced*: each request is served by a
+  bump allocator (the slab's next free byte, or the pool's memory once the slab is full), its
+  memory wrapped in a ``cupy.cuda.UnownedMemory`` that every view of the array keeps alive, and
+  a weak reference to it notes when the array is freed. From the sizes and lifetimes,
+  :func:`attn.fast.stepplan.plan` gives each request an offset where two arrays share bytes
+  only when their lifetimes do not overlap, so the slab is close to the step's peak of live
+  bytes, not their sum (``python -m attn.bench --counts`` prints both: ``slab_mb``,
+  ``peak_live_mb``). The same step at the same shapes asks for the same sizes in the same order
+  and frees them at the same points, so the plan is replayed, request by request, every step
+  after: the same addresses every time, what a graph replays. A request whose size is not the
+  plan's ends the plan for that step (the rest is served by the bump allocator past the plan's
+  bytes) and the next step is traced again. Plans are kept per step key (``step(key)``: a
+  captured step's input shapes) and first request's size, :data:`MAX_PLANS` of them.
+  ``planned=False`` keeps the bump allocator for every step (the slab the sum of the step's
+  arrays); ``check=True`` watches every planned array too and notes any two alive at once that
+  share a byte (:attr:`StepMemory.overlapping`; the tests hold it empty).
 * **Growth, outside the step.** The slab starts empty. A request that does not fit is served by
-  the allocator in place before the step (the pool: counted, and refused during a capture),
-  and the step's total demand is noted; when the step ends, a slab that holds it replaces the
-  old one (PyTorch's graph pools grow so). So the first step at a new, larger shape takes its
-  memory from the pool and every later one none. A slab replaced is kept if a graph was
+  the allocator in place before the step (the pool: counted, and refused during a capture by
+  :class:`attn.fast.graph.CaptureGuard`); when the step ends, a slab that holds its plan
+  replaces the old one (PyTorch's graph pools grow so). A slab replaced is kept if a graph was
   captured on it (:meth:`StepMemory.pin`): the graph still writes there when replayed; else it
-  goes back to the pool once the last array in it has gone.
-* **The cost**: nothing is reused within a step, so the slab is the sum of what a step
-  allocates, not its peak (``python -m attn.bench --counts`` prints its size). A step that
-  needs more than :data:`LIMIT_FRACTION` of the device's memory keeps a smaller slab and takes
-  the rest from the pool, as before (such a step cannot be captured).
+  goes back to the pool once the last array in it has gone. A step whose plan needs more than
+  :data:`LIMIT_FRACTION` of the device's memory keeps a smaller slab and takes the rest from
+  the pool (such a step cannot be captured).
 * **What outlives the step must not come from the slab**: the next step hands the same bytes
   out again. Parameters, the arena, Adam's state are made before any step; what the engine
   makes on first use and keeps (the kernels' scratch buffers, device seeds, Adam's device step
@@ -38,10 +49,14 @@ On NumPy there is no slab (the CPU path is unchanged): :meth:`StepMemory.of` giv
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
+import weakref
 
 from .. import backend as B
+from .stepplan import Trace
+from .stepplan import plan as make_plan
 
 #: Fill the slab with 0xFF bytes at the start of every step (a debug mode: one launch a step).
 POISON = os.environ.get("ATTN_POISON_STEP_MEMORY", "") not in ("", "0")
@@ -50,13 +65,25 @@ POISON = os.environ.get("ATTN_POISON_STEP_MEMORY", "") not in ("", "0")
 #: alignment; CUDA's own allocations have it).
 ALIGN = 256
 
-#: The largest slab, as a fraction of the device's memory: a step that needs more (the slab holds
-#: every array the step makes, freed or not, so it is the sum of the step's allocations, not
-#: their peak) keeps its slab and takes the rest from the pool (it cannot be captured then).
+#: The largest slab, as a fraction of the device's memory: a step that needs more keeps its slab
+#: and takes the rest from the pool (it cannot be captured then).
 LIMIT_FRACTION = 0.5
+
+#: Plans kept per step memory (one per step key and first request's size; the least recently
+#: used goes first).
+MAX_PLANS = 32
 
 #: The step memory whose allocator is in place, or None.
 _active = None
+
+#: Every step memory alive (what :func:`held_bytes` adds up).
+_all = weakref.WeakSet()
+
+
+def held_bytes() -> int:
+    """Bytes of device memory every live step memory holds (its slab and the slabs graphs keep):
+    what a memory hook on the pool does not see once the slabs are made."""
+    return sum(m.capacity + sum(int(s.nbytes) for s in m._retired) for m in list(_all))
 
 
 class StepMemory:
@@ -71,7 +98,7 @@ class StepMemory:
     size in bytes.
     """
 
-    def __init__(self, xp):
+    def __init__(self, xp, planned: bool = True, check: bool = False):
         if xp is B.host:
             raise TypeError("StepMemory: a slab of device memory needs CuPy; NumPy has no step memory")
         self.xp = xp
@@ -89,6 +116,23 @@ class StepMemory:
         self.limit = int(LIMIT_FRACTION * xp.cuda.Device().mem_info[1])
         #: whether a step needed more than :attr:`limit` (and so took some memory from the pool)
         self.over_limit = False
+        #: whether offsets come from a plan by lifetimes (:mod:`attn.fast.stepplan`); False: the
+        #: bump allocator, every array at the next free byte, the slab the sum of the step's arrays
+        self.planned = bool(planned)
+        #: whether every planned step checks that no two live arrays overlap (:attr:`overlapping`)
+        self.check = bool(check)
+        #: (earlier request, later request) of every two live arrays found overlapping (check mode)
+        self.overlapping: list = []
+        #: plans made (a step at a new shape, or whose sizes changed)
+        self.plans_made = 0
+        #: the plan of the last planned step (its ``peak`` of live bytes, its ``size``), or None
+        self.last_plan = None
+        self._plans: collections.OrderedDict = collections.OrderedDict()
+        self._key = self._mode = self._plan = self._trace = self._live = None
+        self._i = 0
+        self._step_key = None
+        self._piece = type("StepPiece", (xp.cuda.UnownedMemory,), {})   # weak references work on it
+        _all.add(self)
 
     @classmethod
     def of(cls, owner) -> "StepMemory | None":
@@ -104,10 +148,13 @@ class StepMemory:
         return mem
 
     def malloc(self, size: int):
-        """The allocator of a step (``cupy.cuda.using_allocator``): ``size`` bytes at the slab's
-        next free address, or from the allocator in place before the step where the slab is full."""
+        """The allocator of a step (``cupy.cuda.using_allocator``): ``size`` bytes at the plan's
+        offset for this request (or, unplanned, the slab's next free address), or from the
+        allocator in place before the step where the slab cannot serve it."""
         n = -(-int(size) // ALIGN) * ALIGN
         self.demand += n
+        if self.planned:
+            return self._planned(size, n)
         if self._offset + n <= self.capacity:
             p = self._base + self._offset
             self._offset += n
@@ -116,14 +163,87 @@ class StepMemory:
         self.overflows += 1
         return self._outer(size)
 
+    def _planned(self, size: int, n: int):
+        """Request ``self._i`` of the step: its plan's offset while the sizes match the plan's;
+        else the bump allocator (the slab's next free byte, or the pool's memory once the slab
+        is full). A step without a plan is traced (each request's memory watched for when it
+        is freed), and its plan made at its end; after a size its plan did not expect, the step
+        goes on past the plan's bytes and is traced again the next time."""
+        i = self._i
+        self._i = i + 1
+        if i == 0:
+            self._choose(n)
+        if self._mode == "plan":
+            plan = self._plan
+            if i < len(plan) and plan.sizes[i] == n:
+                self.allocations += 1
+                p = self._base + plan.offsets[i]
+                return p if self._live is None else self._checked(p, i, plan.offsets[i], n)
+            self._plans.pop(self._key, None)         # the sizes changed: trace the next step
+            self._mode, self._offset = "bump", plan.size
+        if self._offset + n <= self.capacity:
+            p = self._base + self._offset
+            self._offset += n
+            self.allocations += 1
+            owner = self.slab
+        else:
+            self.overflows += 1
+            p = owner = self._outer(size)
+        if self._mode != "trace":
+            return p
+        mem = self._piece(p.ptr, n if owner is self.slab else int(size), owner)   # kept by the array's views
+        self._trace.track(mem, self._trace.request(n))
+        return self.xp.cuda.MemoryPointer(mem, 0)
+
+    def _choose(self, first: int) -> None:
+        """At a step's first request: the plan made for this key and first size, if the slab holds it."""
+        self._key = (self._step_key, first)
+        plan = self._plans.get(self._key)
+        if plan is None:
+            self._mode, self._trace = "trace", Trace()
+        elif plan.size <= self.capacity:
+            self._mode, self._plan = "plan", plan
+            self._plans.move_to_end(self._key)
+        else:
+            self._mode = "bump"                        # over the limit: what fits, then the pool
+
+    def _checked(self, p, i: int, offset: int, n: int):
+        """Check mode: the planned memory of request ``i``, watched; an overlap with a live one is noted."""
+        live = self._live
+        self.overlapping += [(j, i) for j, (o, m) in live.items() if o < offset + n and offset < o + m]
+        mem = self._piece(p.ptr, n, self.slab)
+        live[i] = (offset, n)
+        weakref.finalize(mem, live.pop, i, None)
+        return self.xp.cuda.MemoryPointer(mem, 0)
+
+    def _after(self, outer) -> None:
+        """At a step's end: a complete trace becomes the plan for its key, and the slab grows to hold it."""
+        trace, self._trace = self._trace, None
+        if not self.planned:
+            if self.demand > self.capacity:
+                self._grow(outer, self.demand)
+            return
+        if trace is None or self._mode != "trace" or not trace.sizes:
+            return
+        trace.close()
+        plan = make_plan(trace.sizes, trace.died)
+        self._plans[self._key] = self.last_plan = plan
+        self.plans_made += 1
+        while len(self._plans) > MAX_PLANS:
+            self._plans.popitem(last=False)
+        if plan.size > self.capacity:
+            self._grow(outer, plan.size)
+
     @contextlib.contextmanager
-    def step(self):
-        """The ``with`` of one step: every allocation inside it from the slab."""
+    def step(self, key=None):
+        """The ``with`` of one step: every allocation inside it from the slab. ``key`` (any
+        hashable: the input shapes, say) picks the plan with the step's first request's size."""
         global _active
         if _active is not None:
             raise RuntimeError("StepMemory.step: a step is already in progress (steps do not nest)")
         outer = self.xp.cuda.get_allocator()
         self._begin()
+        self._step_key = key
         self._outer = outer
         _active = self
         try:
@@ -131,8 +251,7 @@ class StepMemory:
                 yield self
         finally:
             _active = None
-            if self.demand > self.capacity:
-                self._grow(outer)
+            self._after(outer)
 
     def pin(self) -> None:
         """A graph was captured on the slab: keep it when a larger one replaces it (the graph's
@@ -145,35 +264,39 @@ class StepMemory:
         if _active is not None:
             raise RuntimeError("StepMemory.reserve: not inside a step (the slab would move under it)")
         if nbytes > self.capacity:
-            self.demand = -(-int(nbytes) // ALIGN) * ALIGN
-            self._grow(self.xp.cuda.get_allocator())
-            self.demand = 0
+            self._grow(self.xp.cuda.get_allocator(), -(-int(nbytes) // ALIGN) * ALIGN)
 
-    def _grow(self, outer) -> None:
-        """A slab that holds the last step's demand, from ``outer``, after the step (so the next
-        step at that shape is served entirely by the slab), unless that is over :attr:`limit`.
-        The slab replaced is kept if it is pinned."""
-        if self.demand > self.limit:
+    def _grow(self, outer, nbytes: int) -> None:
+        """A slab of ``nbytes`` (what the last step needs: its plan's size, or unplanned its
+        demand), from ``outer``, after the step (so the next step at that shape is served
+        entirely by the slab), unless that is over :attr:`limit`. The slab replaced is kept if
+        it is pinned."""
+        if nbytes > self.limit:
             self.over_limit = True
             return
         if self.slab is not None and self._pinned:
             self._retired.append(self.slab)
         self._pinned = False
+        self.slab = None                               # the old one goes back before the new one is made
         with self.xp.cuda.using_allocator(outer):
-            self.slab = self.xp.empty((self.demand,), dtype=B.host.uint8)
-        self._base, self.capacity = self.slab.data, self.demand
+            self.slab = self.xp.empty((nbytes,), dtype=B.host.uint8)
+        self._base, self.capacity = self.slab.data, nbytes
 
     def _begin(self) -> None:
         """Set the slab back to its start (poisoned with :data:`POISON`)."""
         if POISON and self.slab is not None:
             self.slab.fill(255)
-        self._offset = self.demand = self.allocations = self.overflows = 0
+        self._offset = self.demand = self.allocations = self.overflows = self._i = 0
+        self._mode = self._plan = self._trace = None
+        self._live = {} if self.check else None
         self.steps += 1
 
     def stats(self) -> dict:
         """The last step's counts and the slab's size (bytes)."""
         return {"allocations": self.allocations, "overflows": self.overflows, "demand_bytes": self.demand,
-                "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "over_limit": self.over_limit}
+                "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "over_limit": self.over_limit,
+                "peak_live_bytes": self.last_plan.peak if self.last_plan is not None else self.demand,
+                "plans_made": self.plans_made}
 
 
 def outside_step():

@@ -31,9 +31,13 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
 * Streams capture CUDA graphs (``Stream.begin_capture``/``end_capture``, ``Graph.launch``) as a
   GPU does: the capture has no effect on memory, the graph replays the recorded operations with
   the host scalars they were given then, and what CUDA or CuPy refuse while a stream captures
-  (a host transfer or sync, an allocation from the pool, CuPy's ``matmul``, cuRAND) raises
-  ``StreamCaptureError`` naming the line that asked; ``begin_capture(survey=True)`` notes every
-  refusal instead (:func:`attn.fast.graph.survey`).
+  (a host transfer or sync, CuPy's ``matmul``, cuRAND) raises ``StreamCaptureError`` naming the
+  line that asked. An allocation from the pool is not refused, in any capture mode, as on a GPU
+  (the pool serves it from blocks it holds; CuPy's default mode is relaxed): it is recorded
+  (``Graph.pool_allocations``), the pool's byte counts grow and memory hooks are told, so only
+  the capturer's own guard (:class:`attn.fast.graph.CaptureGuard`) can refuse it.
+  ``begin_capture(survey=True)`` notes every refusal instead, pool allocations included
+  (:func:`attn.fast.graph.survey`).
 * CuPy's allocator API (``cupy.cuda.using_allocator``, ``set_allocator``, ``get_allocator``;
   ``MemoryPointer + offset``): while an allocator other than the pool's is in place, every new
   array asks it for its bytes and becomes a view of the memory it returns, so memory handed out

@@ -114,10 +114,18 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: :meth:`Graph.launch` can run it again, and ``end_capture`` puts every device array back as it
 #: was before the capture (those made during it are filled with NaN), so a capture has no
 #: effect on memory, as on a GPU. What CUDA or CuPy refuse during a capture raises
-#: :class:`StreamCaptureError`: a host transfer or synchronisation, a cuRAND draw, CuPy's own
-#: ``matmul`` (CuPy refuses cuBLAS calls it makes while the stream captures), and an allocation
-#: from the memory pool (the graph would keep addresses the pool hands out again).
+#: :class:`StreamCaptureError`: a host transfer or synchronisation, a cuRAND draw, and CuPy's
+#: own ``matmul`` (CuPy refuses cuBLAS calls it makes while the stream captures). An allocation
+#: from the memory pool is *not* refused, in any capture mode, as on a GPU: the pool serves it
+#: from blocks it holds, with no CUDA call for the mode to refuse (CuPy's default mode, relaxed,
+#: would not refuse even a ``cudaMalloc``). It is recorded (:attr:`_Capture.pool_allocations`),
+#: the pool's byte counts grow by it (the graph keeps the block) and memory hooks see it; the
+#: graph keeps an address the pool will hand out again, and nothing but the capturer's own
+#: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
 _capturing = None
+
+#: The ``cupy.cuda.MemoryHook`` s in their ``with``: told of every pool allocation a capture records.
+_HOOKS: list = []
 
 
 class StreamCaptureError(RuntimeError):
@@ -171,8 +179,13 @@ def _record_result(name: str, r, inputs, compute):
     fresh = _fresh_results(r, inputs)
     pooled = [a for a in fresh if not in_step_memory(a)]     # an allocator's memory is the graph's to keep
     if pooled:
-        _capturing.refuse(f"{name} allocates {sum(a.nbytes for a in pooled)} bytes from the memory pool (give it "
-                          "out=, or allocate before the capture)", "pool allocation")
+        nbytes = sum(a.nbytes for a in pooled)
+        what = (f"{name} allocates {nbytes} bytes from the memory pool (give it out=, or allocate before the "
+                "capture)")
+        if _capturing.survey:
+            _capturing.refuse(what, "pool allocation")
+        else:
+            _capturing.pool_allocated(what, pooled)
     if not fresh:
         if r is None or not _arrays(r, []):
             _record(compute)
@@ -218,9 +231,16 @@ def _update_allocator() -> None:
 
 
 def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
+    """The NumPy array owning ``a``'s memory (through the :class:`UnownedMemory` an array placed in
+    allocator-wrapped memory keeps alive)."""
+    while True:
+        b = a.base
+        if isinstance(b, np.ndarray):
+            a = b
+        elif isinstance(b, UnownedMemory) and b._root is not None:
+            a = b._root
+        else:
+            return a
 
 
 def in_step_memory(a: np.ndarray) -> bool:
@@ -253,6 +273,21 @@ def _place(r, inputs):
         if not isinstance(a, np.ndarray) or id(a) not in fresh:
             return a
         mp = alloc(a.nbytes)
+        mem = getattr(mp, "mem", None)
+        if isinstance(mem, UnownedMemory):            # memory the allocator wrapped: arrays keep it alive
+            if mem._root is None:
+                mem._attach(a)                        # the pool's: the new array's own memory
+                return mem._view(0, a.shape, a.dtype)
+            if mp._offset + a.nbytes > mem._offset + mem.size:
+                raise ValueError(f"fakecupy: the allocator returned {mem._offset + mem.size - mp._offset} bytes "
+                                 f"for a request of {a.nbytes}")
+            root = mem._root
+            ref = _allocator_roots.get(id(root))
+            if ref is None or ref() is not root:
+                _allocator_roots[id(root)] = weakref.ref(root)
+            v = mem._view(mp._offset - mem._offset, a.shape, a.dtype)
+            v[...] = a
+            return v
         root = getattr(mp, "_root", None)
         if root is None:
             return a                                  # the allocator gave memory from the pool
@@ -315,18 +350,18 @@ def _live_roots() -> dict:
     roots = {}
     for obj in gc.get_objects():
         if type(obj) is ndarray:
-            a = obj._a
-            while isinstance(a.base, np.ndarray):
-                a = a.base
+            a = _root(obj._a)
             roots[id(a)] = a
     return roots
 
 
 class _Capture:
-    def __init__(self, stream, survey: bool):
-        self.stream, self.ops, self.survey = stream, [], survey
+    def __init__(self, stream, survey: bool, mode: int):
+        self.stream, self.ops, self.survey, self.mode = stream, [], survey, mode
         #: (kind, what, caller) of every refused operation of a survey
         self.refused: list = []
+        #: (what, caller) of every allocation from the memory pool (recorded, not refused)
+        self.pool_allocations: list = []
         self.before = {i: (a, a.copy()) for i, a in _live_roots().items() if a.flags.writeable}
 
     def refuse(self, what: str, kind: str) -> None:
@@ -338,6 +373,15 @@ class _Capture:
     @staticmethod
     def allocations_ok() -> bool:
         return False
+
+    def pool_allocated(self, what: str, arrays: list) -> None:
+        """A pool allocation during the capture: recorded, the pool's counts grown, the hooks told."""
+        self.pool_allocations.append((what, _caller()))
+        for a in arrays:
+            _POOL._grow(a.nbytes)
+            for hook in list(_HOOKS):
+                hook.malloc_preprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes)
+                hook.malloc_postprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes, mem_ptr=id(a), pmem_id=0)
 
     def undo(self) -> None:
         for a, saved in self.before.values():
@@ -698,8 +742,12 @@ class MemoryPointer:
     ``pointer + n`` is ``n`` bytes further in the same memory, as in CuPy. Taking it makes the
     array's memory reachable by address (:func:`_exposed_memory`), as device memory is to cuBLAS."""
 
-    def __init__(self, a: np.ndarray | None, offset: int = 0):
-        self.device_id = 0
+    def __init__(self, a: "np.ndarray | UnownedMemory | None", offset: int = 0):
+        self.device_id, self.mem = 0, None
+        if isinstance(a, UnownedMemory):                  # cupy.cuda.MemoryPointer(mem, offset)
+            self.mem, self._root = a, a._root
+            self._offset, self.ptr = a._offset + int(offset), a.ptr + int(offset)
+            return
         if a is None:
             self._root, self._offset, self.ptr = None, 0, 0
             return
@@ -715,7 +763,43 @@ class MemoryPointer:
             raise TypeError("fakecupy: offsets into untracked memory are not modelled")
         p = MemoryPointer.__new__(MemoryPointer)
         p.device_id, p._root, p._offset, p.ptr = 0, self._root, self._offset + int(n), self.ptr + int(n)
+        p.mem = self.mem
         return p
+
+
+class UnownedMemory:
+    """``cupy.cuda.UnownedMemory(ptr, size, owner)``: ``size`` bytes at ``ptr`` that ``owner`` (a
+    device array, or a ``MemoryPointer``, the pool's included) keeps. Every array placed in it
+    (through ``MemoryPointer(mem, offset)``), and every view of those, keeps it alive, as CuPy's
+    arrays keep their memory object: so a weak reference to it says when the last is gone (what
+    attn's step memory watches to learn an array's lifetime). Memory the stand-in does not track
+    (the pool's) becomes the first array placed in it."""
+
+    def __init__(self, ptr: int, size: int, owner, device_id: int = 0):
+        self.ptr, self.size, self.owner, self.device_id = int(ptr), int(size), owner, device_id
+        root = None
+        if isinstance(owner, ndarray):
+            root = _root(owner._a)
+        elif isinstance(owner, MemoryPointer):
+            root = owner._root
+        self._root = root
+        self._offset = 0 if root is None else self.ptr - root.__array_interface__["data"][0]
+        if root is not None and not 0 <= self._offset <= root.nbytes - self.size:
+            raise ValueError(f"fakecupy: UnownedMemory of {self.size} bytes at {self.ptr:#x} lies outside its owner")
+
+    def _attach(self, a: np.ndarray) -> None:
+        """Untracked memory (the pool's): ``a``, the first array placed in it, is that memory."""
+        self._root, self._offset, self.ptr = a, 0, a.__array_interface__["data"][0]
+
+    @property
+    def __array_interface__(self):
+        return {"shape": (self.size,), "typestr": "|u1", "version": 3,
+                "data": (self._root.__array_interface__["data"][0] + self._offset, False)}
+
+    def _view(self, offset: int, shape, dtype) -> np.ndarray:
+        """An array of ``shape`` at ``offset`` in this memory, keeping it alive (its base)."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        return np.asarray(self)[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
 #: The memory whose address was taken (``a.data``): id of the NumPy array owning it -> a weak
@@ -726,8 +810,7 @@ _EXPOSED: dict = {}
 
 def _expose(a: np.ndarray) -> None:
     import weakref
-    while isinstance(a.base, np.ndarray):
-        a = a.base
+    a = _root(a)
     if a.size and id(a) not in _EXPOSED:
         key = id(a)
         _EXPOSED[key] = weakref.ref(a, lambda _r, key=key: _EXPOSED.pop(key, None))
@@ -1309,7 +1392,8 @@ class Stream:
         self.ptr = 0 if null else id(self)
 
     def begin_capture(self, mode=None, *, survey: bool = False):
-        """Record what follows into a graph (see :data:`_capturing`). ``survey`` (the stand-in
+        """Record what follows into a graph (see :data:`_capturing`) in ``mode`` (a
+        ``runtime.streamCaptureMode*``; None: relaxed, CuPy's default). ``survey`` (the stand-in
         only): note every operation a capture would refuse (:attr:`Graph.refused`) instead of
         raising at the first."""
         global _capturing
@@ -1317,7 +1401,11 @@ class Stream:
             raise RuntimeError("cannot capture on the default (legacy) stream")
         if _capturing is not None:
             raise RuntimeError("fakecupy: a stream is already capturing")
-        _capturing = _Capture(self, survey)
+        mode = _Runtime.streamCaptureModeRelaxed if mode is None else int(mode)
+        if mode not in (_Runtime.streamCaptureModeGlobal, _Runtime.streamCaptureModeThreadLocal,
+                        _Runtime.streamCaptureModeRelaxed):
+            raise ValueError(f"fakecupy: unknown stream capture mode {mode}")
+        _capturing = _Capture(self, survey, mode)
 
     def end_capture(self) -> Graph:
         global _capturing
@@ -1325,7 +1413,9 @@ class Stream:
             raise RuntimeError("fakecupy: end_capture on a stream that is not capturing")
         capture, _capturing = _capturing, None
         capture.undo()
-        return Graph(capture.ops, capture.refused)
+        graph = Graph(capture.ops, capture.refused)
+        graph.pool_allocations = capture.pool_allocations
+        return graph
 
     def is_capturing(self) -> bool:
         return _capturing is not None and _capturing.stream is self
@@ -1377,26 +1467,43 @@ def get_elapsed_time(start: Event, end: Event) -> float:
 
 
 class MemoryHook:
-    """``cupy.cuda.MemoryHook``: no device allocations happen here, so no hook is called."""
+    """``cupy.cuda.MemoryHook``: the pool's memory is not tracked here, so a hook is told only of
+    the pool allocations a capture records (what a guard around a capture listens for)."""
     name = "MemoryHook"
 
     def __enter__(self):
+        _HOOKS.append(self)
         return self
 
     def __exit__(self, *exc):
+        _HOOKS.remove(self)
         return False
+
+    def malloc_preprocess(self, **kwargs):
+        pass
+
+    def malloc_postprocess(self, **kwargs):
+        pass
 
 
 class MemoryPool:
+    def __init__(self):
+        self._bytes = 0
+
     def malloc(self, size):
         """Memory from the pool: untracked here (an array given it stays NumPy's own)."""
         return MemoryPointer(None)
 
+    def _grow(self, nbytes: int) -> None:
+        """A capture kept ``nbytes`` of the pool (its graph holds the block for good)."""
+        self._bytes += int(nbytes)
+
     def used_bytes(self):
-        return 0
+        """Bytes in use: here only what captures kept (the pool's other memory is untracked)."""
+        return self._bytes
 
     def total_bytes(self):
-        return 0
+        return self._bytes
 
     def free_bytes(self):
         return 0
@@ -1428,6 +1535,7 @@ def get_default_pinned_memory_pool():
 class _Runtime:
     CUDARuntimeError = RuntimeError
     CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14      # cudaDataType (as _Cublas's)
+    streamCaptureModeGlobal, streamCaptureModeThreadLocal, streamCaptureModeRelaxed = 0, 1, 2
 
     @staticmethod
     def getDeviceCount():
@@ -1496,6 +1604,20 @@ class _Nccl:
                 return
             MPI, comm = self._mpi
             comm.Allreduce(MPI.IN_PLACE if sendbuf == recvbuf else send, recv, op=MPI.SUM)
+
+
+def _device_time(f):
+    """``f``, its time added to :data:`device_seconds` (the device's work, not the host's)."""
+    import functools
+
+    @functools.wraps(f)
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            device_seconds[0] += time.perf_counter() - t0
+    return timed
 
 
 class _Cublas:
@@ -1677,6 +1799,7 @@ class _Cublas:
     # ---- what they compute
 
     @classmethod
+    @_device_time
     def _gemm(cls, name, dtype, handle, transa, transb, m, n, k, alpha, beta, A, B, C, count, arrays, dtypes=None):
         """One GEMM call, checked and run. ``dtype`` is the compute type (alpha's and beta's, and
         the sums'); ``dtypes`` the storage dtypes of A, B and C (all ``dtype`` when not given):
@@ -1896,6 +2019,7 @@ class _Cuda:
     get_elapsed_time = staticmethod(get_elapsed_time)
     runtime = _Runtime()
     MemoryPointer = MemoryPointer
+    UnownedMemory = UnownedMemory
     using_allocator = staticmethod(_using_allocator)
     set_allocator = staticmethod(_set_allocator)
     get_allocator = staticmethod(_get_allocator)
@@ -1924,11 +2048,25 @@ _Cuda.cublas, _Cuda.device = _Cublas, _DeviceModule
 # --------------------------------------------------------------------------- kernels
 
 
+#: Seconds spent doing what the device would (the kernels' twins, cuBLAS's products), summed:
+#: a step's wall time less this is the host's time to issue its work.
+device_seconds = [0.0]
+
+#: Set to a ``numpy.random.Generator`` to run every kernel's blocks in an order drawn from it
+#: (:attr:`KernelLaunch.order`), as a GPU may: the race check of the kernels whose blocks
+#: depend on one another (the two-stage reductions' last block, the ticket counters).
+race = None
+
+
 class KernelLaunch:
     """How a kernel was launched: what its NumPy twin receives first."""
 
     def __init__(self, name, grid, block, shared_mem):
         self.name, self.grid, self.block, self.shared_mem = name, grid, block, shared_mem
+        #: the order the launch's blocks run in (flat indices, x fastest), where :data:`race`
+        #: is set; None: the twin may run them as it likes. A twin whose kernel's blocks talk to
+        #: each other (a two-stage reduction, a ticket counter) runs them one by one in it.
+        self.order = None
 
     @property
     def threads(self) -> int:
@@ -2024,7 +2162,11 @@ class RawKernel:
                                     f"scalar, got {type(a).__name__} {a!r}")
                 host_args.append(a)
         launch = KernelLaunch(self.name, tuple(int(v) for v in grid), tuple(int(v) for v in block), int(shared_mem))
+        if race is not None:
+            launch.order = tuple(race.permutation(launch.blocks).tolist())
+        t0 = time.perf_counter()
         self._twin(launch, *host_args)
+        device_seconds[0] += time.perf_counter() - t0
         if _capturing is not None:
             twin = self._twin
             _record(lambda: twin(launch, *host_args))

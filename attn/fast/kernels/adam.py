@@ -113,6 +113,7 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, count, ticket
     np = B.host
     n = int(n)
     dt = p.dtype.type
+    given = (lr_factor, fixed_lr, use_fixed, d_model, warmup, b1, b2, eps, dt)
     count_v = _view(count, (1,), (1,))
     t = float(count_v[0]) + 1.0
     lr = float(fixed_lr) if use_fixed else float(lr_factor) / math.sqrt(float(d_model)) * min(
@@ -127,9 +128,43 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, count, ticket
         if norm > max_norm:
             scale = dt(max_norm / (norm + 1e-6))
     pv, mv, vv, gv = (_view(a, (n,), (1,)) for a in (p, m, v, g))
+    if getattr(launch, "order", None) is not None:
+        return _adam_in_order(launch, (pv, mv, vv, gv), scale, count, ticket, lambda t: _coefficients(t, *given))
     gv = gv * scale
     mv += one_m_b1 * (gv - mv)
     vv[...] = b2 * vv + one_m_b2 * gv * gv
     pv -= step * mv / (np.sqrt(vv) + eps_c)
     count_v[0] += 1
     _view(ticket, (1,), (1,))[0] = 0
+
+
+def _coefficients(t, lr_factor, fixed_lr, use_fixed, d_model, warmup, b1, b2, eps, dt):
+    """(1 - b1, b2, 1 - b2, eps', step) of step ``t``, in the parameters' type, as the kernel makes them."""
+    lr = float(fixed_lr) if use_fixed else float(lr_factor) / math.sqrt(float(d_model)) * min(
+        1.0 / math.sqrt(t), t * float(warmup) ** -1.5)
+    c1, c2 = 1.0 - float(b1) ** t, 1.0 - float(b2) ** t
+    return dt(1.0 - b1), dt(b2), dt(1.0 - b2), dt(float(eps) * math.sqrt(c2)), dt(lr * math.sqrt(c2) / c1)
+
+
+def _adam_in_order(launch, arrays, scale, count, ticket, coefficients):
+    """:func:`adam_flat_np` as the kernel does it, block by block in ``launch.order``: each block
+    reads the step count, updates its elements (``i = block * blockDim + thread``, striding by
+    the grid), then takes a ticket; the last block advances the count and sets the ticket back."""
+    np = B.host
+    pv, mv, vv, gv = arrays
+    count_v, ticket_v = _view(count, (1,), (1,)), _view(ticket, (1,), (1,))
+    blocks, threads = launch.blocks, launch.threads
+    index = np.arange(pv.size)
+    owner = (index // threads) % blocks
+    for b in launch.order:
+        one_m_b1, b2, one_m_b2, eps_c, step = coefficients(float(count_v[0]) + 1.0)
+        i = index[owner == b]
+        gi = gv[i] * scale
+        mi = mv[i] + one_m_b1 * (gi - mv[i])
+        vi = b2 * vv[i] + one_m_b2 * gi * gi
+        mv[i], vv[i] = mi, vi
+        pv[i] -= step * mi / (np.sqrt(vi) + eps_c)
+        ticket_v[0] += 1
+        if ticket_v[0] == blocks:                     # the last block
+            count_v[0] += 1
+            ticket_v[0] = 0

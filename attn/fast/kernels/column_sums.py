@@ -112,6 +112,34 @@ def column_sums_np(launch, a, b, partial, counter, out, N, D, K, chunk, a1, out1
             t = np.concatenate([t, np.zeros((pad, DD), dtype=a.dtype)]) if pad else t
             part[:, k] = t.reshape(-1, R, chunk, DD).sum(axis=(0, 2))      # block y: chunks y, y + R, ...
         _view(partial.reshape(-1)[start:], (R, KK, DD), (KK * DD, DD, 1))[...] = part
+    if getattr(launch, "order", None) is not None:
+        return _column_sums_in_order(launch, jobs, partial, cnt, tiles, tiles0, R)
     for _, _, o, DD, KK, start in jobs:               # stage two: from the partials as they lie
         part = _view(partial.reshape(-1)[start:], (R, KK, DD), (KK * DD, DD, 1))
         _view(o, (KK * DD,), (1,))[...] = part.sum(axis=0).reshape(-1)
+
+
+def _column_sums_in_order(launch, jobs, partial, cnt, tiles, tiles0, R):
+    """Stage two of :func:`column_sums_np` as the kernel does it, block by block in
+    ``launch.order``: each block (tile x, row block y) publishes its partials and takes a ticket
+    from ``counter[x]``; the tile's last block sums the tile's partials as they lie and sets the
+    counter back to 0. The partials are first spoiled (NaN: what a block would read of a partial
+    not yet written), so an order in which a tile's sum came before one of its partials reads NaN."""
+    np = B.host
+    done = []
+    for _, _, _, DD, KK, start in jobs:
+        view = _view(partial.reshape(-1)[start:], (R, KK, DD), (KK * DD, DD, 1))
+        done.append(view.copy())                      # stage one's results, per block
+        view[...] = np.nan
+    for b in launch.order:
+        x, y = b % tiles, b // tiles
+        k = 0 if x < tiles0 else 1
+        _, _, o, DD, KK, start = jobs[k] if k < len(jobs) else jobs[-1]
+        cols = slice(32 * (x - (tiles0 if k else 0)), min(DD, 32 * (x - (tiles0 if k else 0)) + 32))
+        view = _view(partial.reshape(-1)[start:], (R, KK, DD), (KK * DD, DD, 1))
+        view[y, :, cols] = done[k][y, :, cols]
+        cnt[x] += 1
+        if cnt[x] == R:                               # the tile's last block
+            out = _view(o, (KK, DD), (DD, 1))
+            out[:, cols] = view.sum(axis=0)[:, cols]      # (the in-order twin's sums: other tiles' columns unread)
+            cnt[x] = 0

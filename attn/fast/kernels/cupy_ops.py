@@ -357,19 +357,48 @@ class CupyOps(_Ops):
             return out, None
         return out, (M, N, K)
 
+    #: Product arguments kept per operand signature (shapes, strides, dtype, out's, accumulate):
+    #: the checks, the layout and the GEMM's arguments are worked out once per signature, and a
+    #: product met again only reads its operands' addresses. At most this many are kept.
+    PRODUCT_PLANS = 4096
+
+    @staticmethod
+    def _signature(a, b, out, accumulate):
+        return (a.shape, a.strides, b.shape, b.strides, a.dtype.char, b.dtype.char, accumulate,
+                None if out is None else (out.shape, out.strides, out.dtype.char))
+
+    def _product_plans(self) -> dict:
+        plans = self._scratch.get("product_plans")
+        if plans is None or len(plans) >= self.PRODUCT_PLANS:
+            plans = self._scratch["product_plans"] = {}
+        return plans
+
     def mm(self, a, b, out=None, accumulate: bool = False):
         """``a @ b`` (M, K) x (K, N) by one cuBLAS GEMM (``sgemm``/``dgemm``) on the operands as
         they are (each needs its rows or its columns contiguous: a transposed matrix, a block
         of columns); ``out`` too may be such a view. With ``accumulate``, ``out += a @ b`` in the
-        same GEMM (beta = 1). Returns out."""
-        out, dims = self._mm_operands(a, b, out, accumulate)
-        if dims is None:
-            return out
+        same GEMM (beta = 1). Returns out. The checks and the GEMM's arguments are worked out
+        once per operand signature (:attr:`PRODUCT_PLANS`); a product met again reads only its
+        operands' addresses."""
+        plans = self._product_plans()
+        key = ("mm",) + self._signature(a, b, out, accumulate)
+        plan = plans.get(key)
+        if plan is None:
+            out, dims = self._mm_operands(a, b, out, accumulate)
+            if dims is None:                              # nothing for cuBLAS (not kept: it is rare)
+                return out
+            cublas, _ = self._cublas()
+            ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, *dims)
+            alpha, beta = self._alpha_beta(a.dtype, accumulate)
+            gemm = "sgemm" if a.dtype == B.host.float32 else "dgemm"
+            plan = plans[key] = (tuple(out.shape), gemm, ta, tb, m, n, k, first is a, lda, ldb, ldc, alpha, beta)
+        elif out is None:
+            out = self.xp.empty(plan[0], dtype=a.dtype)
+        _, gemm, ta, tb, m, n, k, a_first, lda, ldb, ldc, alpha, beta = plan
+        first, second = (a, b) if a_first else (b, a)
         cublas, handle = self._cublas()
-        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, *dims)
-        alpha, beta = self._alpha_beta(a.dtype, accumulate)
-        gemm = cublas.sgemm if a.dtype == B.host.float32 else cublas.dgemm
-        gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta, out.data.ptr, ldc)
+        getattr(cublas, gemm)(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta,
+                              out.data.ptr, ldc)
         return out
 
     @staticmethod
@@ -399,22 +428,31 @@ class CupyOps(_Ops):
         two strides) the three pointer arrays of ``gemmBatched`` made on the device by one
         ``gemm_pointers`` launch (into a scratch buffer kept between products), then one
         ``gemmBatched``: two launches, no operand copied. Returns out."""
-        if a.ndim not in (3, 4):
-            raise ValueError(f"CupyOps.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
-        out, M, N, K = self._operands("bmm", a, b, out, a.ndim - 2)
-        count = math.prod(out.shape[:-2])
-        if self._nothing_to_multiply(out, M, N, K, count):
-            return out
+        plans = self._product_plans()
+        key = ("bmm",) + self._signature(a, b, out, False)
+        plan = plans.get(key)
+        if plan is None:
+            if a.ndim not in (3, 4):
+                raise ValueError(f"CupyOps.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
+            out, M, N, K = self._operands("bmm", a, b, out, a.ndim - 2)
+            count = math.prod(out.shape[:-2])
+            if self._nothing_to_multiply(out, M, N, K, count):
+                return out
+            cublas, _ = self._cublas()
+            ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "bmm", a, b, out, M, N, K)
+            batches = tuple(self._batch_strides(x) for x in (first, second, out))
+            merged = tuple(so if inner == 1 else si for outer, inner, so, si in batches
+                           if outer == 1 or inner == 1 or so == si * inner)
+            alpha, beta = self._alpha_beta(a.dtype)
+            single = B.host.float32 == a.dtype
+            plan = plans[key] = (tuple(out.shape), count, ta, tb, m, n, k, first is a, lda, ldb, ldc, batches,
+                                 merged if len(merged) == 3 else None, alpha, beta, single)
+        elif out is None:
+            out = self.xp.empty(plan[0], dtype=a.dtype)
+        _, count, ta, tb, m, n, k, a_first, lda, ldb, ldc, batches, merged, alpha, beta, single = plan
+        first, second = (a, b) if a_first else (b, a)
         cublas, handle = self._cublas()
-        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "bmm", a, b, out, M, N, K)
-        batches = [self._batch_strides(x) for x in (first, second, out)]
-        alpha, beta = self._alpha_beta(a.dtype)
-        single = B.host.float32 == a.dtype
-        merged = []
-        for outer, inner, so, si in batches:
-            if outer == 1 or inner == 1 or so == si * inner:
-                merged.append(so if inner == 1 else si)
-        if len(merged) == 3:
+        if merged is not None:
             gemm = cublas.sgemmStridedBatched if single else cublas.dgemmStridedBatched
             gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, merged[0], second.data.ptr, ldb, merged[1],
                  beta, out.data.ptr, ldc, merged[2], count)
