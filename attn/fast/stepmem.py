@@ -131,7 +131,7 @@ class StepMemory:
         self._key = self._mode = self._plan = self._trace = self._live = None
         self._i = 0
         self._step_key = None
-        self._piece = type("StepPiece", (xp.cuda.UnownedMemory,), {})   # weak references work on it
+        self._piece = _piece_class(xp)
         _all.add(self)
 
     @classmethod
@@ -326,3 +326,18 @@ def step_token():
 def in_step() -> bool:
     """Whether a step's allocator is in place."""
     return _active is not None
+
+
+_PIECES: dict = {}
+
+
+def _piece_class(xp):
+    """The memory a step's request is wrapped in: ``xp.cuda.UnownedMemory`` (CuPy's, or the
+    stand-in's), as a Python class, so that a weak reference can tell when the request's last
+    array is gone. One per array module."""
+    piece = _PIECES.get(xp.__name__)
+    if piece is None:
+        class StepPiece(xp.cuda.UnownedMemory):
+            """A step's request: the slab's bytes at an offset, kept alive by every view of them."""
+        piece = _PIECES[xp.__name__] = StepPiece
+    return piece
