@@ -1,6 +1,6 @@
 """``python -m attn.bench --gpu-report DIR``: what a GPU run must show, part by part.
 
-For whoever is lent a GPU for ten minutes a command. The report is made of parts
+For a GPU machine that runs a command for at most ten minutes. The report is made of parts
 (``--part``, :data:`PARTS`; all of them, in order, by default), each a list of tasks, and each
 task one child process with a time limit, its output kept in ``DIR/logs``:
 

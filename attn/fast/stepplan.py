@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
+from .. import backend as B
+
+np = B.host
 
 #: A lifetime that has not ended when the step did (what the step returns): to the end.
 FOREVER = np.iinfo(np.int64).max
