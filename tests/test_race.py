@@ -53,27 +53,11 @@ def test_column_sums_in_any_block_order_equal_them_in_order(fc):
 def test_the_training_step_in_any_block_order_equals_it_in_order(fc):
     """Two models, one trained with every launch's blocks in a random order: the same losses
     and parameters bit for bit, and Adam's count advanced once a step."""
-    import attn.backend as B
-    from attn import train as T
-    from attn.data import _pad_batch, pad_to_bucket
-    from attn.fast import FastAdam, FastTransformer
     from attn.model import TransformerConfig
-    from attn.training.prepare import step_loss_fn
+    from test_stepmem import twin_steps_agree
     cfg = TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1, n_decoder_layers=1,
                             dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8)
-    models = [FastTransformer(cfg, seed=5) for _ in range(2)]
-    opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
-    loss_fn = step_loss_fn("fast")
-    rng = np.random.default_rng(3)
-    for step in range(3):
-        pairs = [(rng.integers(4, 23, rng.integers(1, 7)).tolist(), rng.integers(4, 23, rng.integers(1, 7)).tolist())
-                 for _ in range(6)]
-        batch = pad_to_bucket(_pad_batch(pairs))
-        a = T.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
-        with _racing(100 + step):
-            b = T.train_step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
-        assert float(a[0]) == float(b[0]) and a[1] == b[1], step
-        assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
+    opts = twin_steps_agree(cfg, 3, seed=3, second=lambda step: _racing(100 + step))
     assert opts[0].t == opts[1].t == 3
 
 

@@ -247,29 +247,48 @@ def test_the_training_step_planned_equals_it_unplanned_and_no_live_arrays_overla
     """The toy model's training step in a planned step memory that checks every step (each
     array's memory watched: no two alive at once share a byte) computes, bit for bit, what the
     bump allocator's step computes, with a slab near the peak of live bytes, well under the sum."""
+    cfg = _toy()
+    planned, bump = StepMemory(fc, planned=True, check=True), StepMemory(fc, planned=False)
+
+    def watch(step):
+        if step:
+            assert planned.overflows == 0 and planned.allocations == bump.allocations, planned.stats()
+    twin_steps_agree(cfg, 5, seed=1, memories=(planned, bump), after=watch)
+    assert not planned.overlapping and planned.plans_made == 1
+    peak = planned.last_plan.peak
+    assert peak <= planned.capacity <= 1.1 * peak and planned.capacity < 0.8 * bump.capacity, \
+        (planned.capacity, peak, bump.capacity)
+
+
+def twin_steps_agree(cfg, steps: int, seed: int, memories=(None, None), second=None, after=None):
+    """Train two fast models of ``cfg`` with the same weights on the same random padded batches
+    (``memories``: the step memory each runs in, None for its own; ``second(step)``: a context
+    around the second model's step; ``after(step)``: a check after both): every step's loss,
+    learning rate and parameters agree bit for bit. Returns the two optimizers."""
+    import contextlib
+
     import attn.backend as B
     from attn import train as T
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
     from attn.training.prepare import step_loss_fn
-    cfg = _toy()
     models = [FastTransformer(cfg, seed=5) for _ in range(2)]
     opts = [FastAdam(m.params, cfg.d_model, cfg.warmup_steps) for m in models]
-    planned, bump = StepMemory(fc, planned=True, check=True), StepMemory(fc, planned=False)
-    models[0]._step_memory, models[1]._step_memory = planned, bump
+    for m, memory in zip(models, memories):
+        if memory is not None:
+            m._step_memory = memory
     loss_fn = step_loss_fn("fast")
-    rng = np.random.default_rng(1)
-    for step in range(5):
-        pairs = [(rng.integers(4, 23, rng.integers(1, 7)).tolist(), rng.integers(4, 23, rng.integers(1, 7)).tolist())
+    rng = np.random.default_rng(seed)
+    V = cfg.vocab_size
+    for step in range(steps):
+        pairs = [(rng.integers(4, V, rng.integers(1, 7)).tolist(), rng.integers(4, V, rng.integers(1, 7)).tolist())
                  for _ in range(6)]
         batch = pad_to_bucket(_pad_batch(pairs))
         a = T.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
-        b = T.train_step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
+        with (second(step) if second is not None else contextlib.nullcontext()):
+            b = T.train_step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
         assert float(a[0]) == float(b[0]) and a[1] == b[1], step
         assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
-        if step:
-            assert planned.overflows == 0 and planned.allocations == bump.allocations, planned.stats()
-    assert not planned.overlapping and planned.plans_made == 1
-    peak = planned.last_plan.peak
-    assert peak <= planned.capacity <= 1.1 * peak and planned.capacity < 0.8 * bump.capacity, \
-        (planned.capacity, peak, bump.capacity)
+        if after is not None:
+            after(step)
+    return opts

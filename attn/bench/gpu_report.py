@@ -175,12 +175,9 @@ def preflight(env: dict) -> dict:
             "if 'torch' in have:\n"
             " import torch\n cuda = bool(torch.cuda.is_available())\n"
             "print(json.dumps({'have': have, 'missing': missing, 'torch_cuda': cuda}))")
-    try:
-        r = subprocess.run(_python("-c", code), env=env, capture_output=True, text=True, timeout=120)
-        rows = _json_rows(r.stdout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"have": {}, "missing": {"python": str(e)}, "torch_cuda": False}
-    out = rows[-1] if rows else {"have": {}, "missing": {"python": r.stderr[-300:]}, "torch_cuda": False}
+    out, why = _child_json(code, env)
+    if out is None:
+        out = {"have": {}, "missing": {"python": why[-300:]}, "torch_cuda": False}
     out["missing"].pop("xdist", None)        # optional: the suite on 8 workers where it is there
     return out
 
@@ -302,12 +299,19 @@ def _device_info(env: dict) -> dict:
             "try:\n import torch; info.update(torch=torch.__version__, torch_cuda=torch.version.cuda)\n"
             "except Exception: pass\n"
             "print(json.dumps(info))")
+    out, why = _child_json(code, env)
+    return out if out is not None else {"error": why[-500:]}
+
+
+def _child_json(code: str, env: dict) -> tuple:
+    """Run ``python -c code`` in a child with ``env``: (the last JSON line it printed, None), or
+    (None, why not: the error, or the end of its standard error)."""
     try:
         r = subprocess.run(_python("-c", code), env=env, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return {"error": str(e)}
+        return None, str(e)
     rows = _json_rows(r.stdout)
-    return rows[-1] if rows else {"error": r.stderr[-500:]}
+    return (rows[-1], None) if rows else (None, r.stderr)
 
 
 def _commit() -> str | None:
