@@ -34,7 +34,8 @@ A model made by an engine has the reference model's attributes and methods (``co
     data-parallel run knows the sentence axis of its dropout draws.
 ``step_memory()``
     A context manager around one training step: where the step's arrays come from (the
-    reference: CuPy's pool as usual; an engine may give every step the same addresses).
+    reference: CuPy's pool as usual, and its value None; an engine that gives every step the
+    same addresses has a true value, and a loss kept past the step is then copied).
 ``start_decoding(memory, src_mask, reserve=None)``
     ``reserve`` = (rows, positions), the most a search will step: an engine may size its
     buffers once; the state's ``select(index, index_host=None)`` keeps rows ``index``.

@@ -478,7 +478,8 @@ class Transformer:
 
     def step_memory(self):
         """Where a training step's arrays come from: here, the array library's own memory, as
-        anywhere else (a faster engine may give each step the same addresses)."""
+        anywhere else, and the context's value is None (a faster engine may give each step the
+        same addresses, and says so with a true value)."""
         return contextlib.nullcontext()
 
     def start_decoding(self, memory, src_mask, reserve=None) -> "DecodeState":

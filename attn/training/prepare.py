@@ -255,10 +255,12 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
            else f"the preset's; {why} allow it")
     rule.update(steps_allowed=round(allowed), fraction=WARMUP_FRACTION, preset_warmup=model_config.warmup_steps,
                 warmup_steps=warmup, why=why)
-    if warmup != model_config.warmup_steps:
+    if warmup == model_config.warmup_steps:            # the model stands; only the schedule's factor is made
+        opt = engine.optimizer(model, schedule_factor(config, model_config))
+    else:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
-        model = Transformer(model_config, dtype=model.dtype, params=model.params)
-    model, opt = make_engine(model, engine, schedule_factor(config, model_config), config.precision)
+        model, opt = make_engine(Transformer(model_config, dtype=model.dtype, params=model.params), engine,
+                                 schedule_factor(config, model_config), config.precision)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
 
