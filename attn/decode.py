@@ -166,6 +166,39 @@ def _start(model, src, max_len, use_cache, with_attention, beam=1):
 #: Never generated: padding and the start symbol.
 BANNED = (PAD, BOS)
 
+
+def repeated_ngrams(history, n: int):
+    """The tokens that would repeat an ``n``-gram: for each row of ``history`` ((rows, t) host
+    ids, the tokens generated so far), every token that follows an earlier occurrence of the
+    row's last ``n - 1`` tokens. Blocking them (Paulus et al. 2018, "trigram avoidance") keeps
+    a search from looping ("snow snow snow snow"). Returns (rows, tokens), host int64 arrays.
+    """
+    np = B.host
+    rows, t = history.shape
+    if n < 1 or t < n or rows == 0:              # a repeat needs a whole n-gram before it
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    if n == 1:                                          # every token already generated
+        r = np.repeat(np.arange(rows), t)
+        return r, history.reshape(-1).astype(np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(history, n, axis=1)        # (rows, t-n+1, n)
+    last = history[:, t - n + 1:]                                                # (rows, n-1)
+    hit = (windows[:, :, :n - 1] == last[:, None, :]).all(axis=2)                 # (rows, t-n+1)
+    r, j = np.nonzero(hit)
+    return r.astype(np.int64), windows[r, j, n - 1].astype(np.int64)
+
+
+def _check_no_repeat(n) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"decode: no_repeat_ngram must be a non-negative integer (0: off), got {n!r}")
+
+
+def _ban(xp, logp, history, n: int) -> None:
+    """Set ``logp`` (rows, V) to -inf, in place, at the tokens :func:`repeated_ngrams` names."""
+    r, tok = repeated_ngrams(history, n)
+    if len(r):
+        both = xp.asarray(B.host.stack([r, tok]))                  # one transfer
+        logp[both[0], both[1]] = -xp.inf
+
 #: Greedy decoding on a GPU generates this many positions between two looks at which sentences
 #: have ended (one transfer to the host each), instead of one look (a synchronisation) at every
 #: position. The tokens are the same: the host replays the positions in order and keeps each
@@ -212,7 +245,8 @@ def _attention_rows(att_steps, src_h, sentence_rows):
 
 # --------------------------------------------------------------------------- greedy
 
-def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False) -> DecodeResult:
+def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False,
+                  no_repeat_ngram: int = 0) -> DecodeResult:
     """Pick the most probable token at every step.
 
     Inputs
@@ -227,11 +261,15 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
         prefix every step (False). Same result either way.
     with_attention : bool
         Also return the last layer's cross-attention per sentence.
+    no_repeat_ngram : int
+        n > 0: never generate a token that repeats an n-gram of the sentence's own output
+        (:func:`repeated_ngrams`); the host then looks at every position. 0: off.
 
     Returns
     -------
     DecodeResult with ``scores`` the summed log-probabilities (EOS included).
     """
+    _check_no_repeat(no_repeat_ngram)
     np = B.host
     xp = model.xp
     if src.shape[0] == 0:
@@ -244,7 +282,7 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
     rows = np.arange(n)                                # sentence of each row
     alive = np.ones(n, dtype=bool)                     # rows still decoding, as of the last check
     att_steps = []                                     # per step: (sentence of each row, (n_rows, S))
-    every = 1 if xp is B.host else EOS_CHECK_EVERY     # positions between two looks at the device
+    every = 1 if xp is B.host or no_repeat_ngram else EOS_CHECK_EVERY   # positions between two looks
     info = xp.empty((every, 2, n), dtype=xp.float64)   # per position: (ids, log-probs) of every row
     tokens = xp.full((n,), BOS, dtype=xp.int64)
     t = 0
@@ -252,6 +290,8 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
         steps = min(every, T_max - t)
         for j in range(steps):
             logp, att = stepper.step(tokens)
+            if no_repeat_ngram:                        # every = 1 here: all rows are live
+                _ban(xp, logp, out[rows, :t], no_repeat_ngram)
             model.greedy_pick(logp, BANNED, info[j], tokens)   # tokens <- the picks: the next step's input
             if with_attention:
                 att_steps.append((rows, att))
@@ -292,13 +332,14 @@ def length_penalty(length, alpha: float = 0.6):
 
 
 def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None, use_cache=True,
-                with_attention=False) -> DecodeResult:
+                with_attention=False, no_repeat_ngram: int = 0) -> DecodeResult:
     """Beam search with the length penalty of section 6.1, batched over sentences.
 
     Inputs are those of :func:`greedy_decode`, plus ``beam_size`` (K, the paper's
     4) and ``alpha`` (the paper's 0.6, at least 0). The B sentences' beams are one flat batch
     of rows (``B*K`` at most); after each step the cache is reordered to the
-    surviving beams' parents with :meth:`DecodeState.select`.
+    surviving beams' parents with :meth:`DecodeState.select`. ``no_repeat_ngram`` n > 0 keeps
+    every beam from repeating one of its own n-grams (:func:`repeated_ngrams`).
 
     Returns
     -------
@@ -309,6 +350,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         raise ValueError(f"beam_search: beam_size must be a positive integer, got {beam_size!r}")
     if not alpha >= 0:
         raise ValueError(f"beam_search: alpha must be >= 0 (the stopping rule relies on it), got {alpha!r}")
+    _check_no_repeat(no_repeat_ngram)
     np = B.host
     xp = model.xp
     K = beam_size
@@ -334,6 +376,8 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
 
     for t in range(T_max):
         logp, att = stepper.step(tokens)                                          # (n_live*W, V)
+        if no_repeat_ngram:
+            _ban(xp, logp, hist, no_repeat_ngram)
         nl, V = len(live), logp.shape[1]
         if with_attention:
             att_steps.append(att)

@@ -79,9 +79,10 @@ class ReferenceEngine:
         self.check_precision(precision, dtype)
         return Transformer(config, seed=seed, dtype=dtype, params=params)
 
-    def optimizer(self, model, lr_factor: float = 1.0) -> Adam:
-        """Adam over ``model.params`` with the model's warm-up schedule (section 5.3)."""
-        return Adam(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
+    def optimizer(self, model, lr_factor: float = 1.0, cooldown: float = 0.0) -> Adam:
+        """Adam over ``model.params`` with the model's warm-up schedule (section 5.3), and the
+        ``cooldown`` of :func:`attn.optim.cooldown_scale`."""
+        return Adam(model.params, model.config.d_model, model.config.warmup_steps, lr_factor, cooldown=cooldown)
 
     def loss(self, trusted: bool = False):
         """``loss(logits, targets, eps) -> (loss, dlogits)``. ``trusted``: the targets were checked

@@ -156,7 +156,7 @@ def _pieces(vocab, sentence, limit: int | None, number: int) -> list[list]:
 
 def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
               max_len=None, use_cache: bool = True, with_attention: bool = False,
-              max_source_tokens: int | None = MAX_SOURCE_TOKENS) -> list[Translation]:
+              max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
 
     A sentence longer than ``max_source_tokens`` tokens (its end-of-sentence mark included;
@@ -166,6 +166,8 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
     table's model then sees the first ``max_len`` tokens of each sentence). The
     limit bounds each piece's memory and time, which grow with the square of its length. Such a
     joined translation has no ``attention``. An empty sentence translates to an empty one.
+    ``no_repeat_ngram`` n > 0: no translation repeats one of its own n-grams of pieces
+    (:func:`attn.decode.repeated_ngrams`).
 
     Returns one :class:`Translation` per sentence, in the input order.
     """
@@ -181,7 +183,7 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
     pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=1)]
     flat = [(i, toks) for i, ps in enumerate(pieces) for toks in ps if toks]
     done = _translate_pieces(model, vocab, [t for _, t in flat], beam_size, alpha, batch_size, max_len, use_cache,
-                             with_attention)
+                             with_attention, no_repeat_ngram)
     by_sentence: list = [[] for _ in pieces]
     for (i, _), t in zip(flat, done):
         by_sentence[i].append(t)
@@ -193,7 +195,8 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
             for parts in by_sentence]
 
 
-def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len, use_cache, with_attention):
+def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len, use_cache, with_attention,
+                      no_repeat_ngram):
     np, xp = B.host, model.xp
     ids = [source_ids(vocab, t) for t in toks]
     if model.config.positional == "learned":
@@ -209,10 +212,11 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
             src[r, :len(ids[i])] = ids[i]
         src = xp.asarray(src)
         if beam_size == 1:
-            res = greedy_decode(model, src, max_len=max_len, use_cache=use_cache, with_attention=with_attention)
+            res = greedy_decode(model, src, max_len=max_len, use_cache=use_cache, with_attention=with_attention,
+                                no_repeat_ngram=no_repeat_ngram)
         else:
             res = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=max_len,
-                              use_cache=use_cache, with_attention=with_attention)
+                              use_cache=use_cache, with_attention=with_attention, no_repeat_ngram=no_repeat_ngram)
         for r, i in enumerate(batch):
             tgt = list(vocab.decode(res.tokens[r]))
             src_labels = (toks[i] + [eos])[:len(ids[i])]
@@ -223,17 +227,18 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
 
 def translate_sentences(model, vocab, sentences: list[str], beam_size: int = 1, batch_size: int = 64,
                         alpha: float = 0.6, max_len=None, use_cache: bool = True,
-                        max_source_tokens: int | None = MAX_SOURCE_TOKENS) -> list[str]:
+                        max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[str]:
     """Translate text: tokenise (``vocab.tokenize``), map to ids (UNK for unknown words),
     decode in batches of sentences of similar length (greedy for ``beam_size`` 1, beam
     search otherwise), detokenise. Returns the translations in the input order. A sentence
     over ``max_source_tokens`` tokens is cut at its sentence ends (see :func:`translate`)."""
     return [t.text for t in translate(model, vocab, sentences, beam_size, alpha, batch_size,
-                                      max_len, use_cache, max_source_tokens=max_source_tokens)]
+                                      max_len, use_cache, max_source_tokens=max_source_tokens,
+                                      no_repeat_ngram=no_repeat_ngram)]
 
 
 def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float = 0.6,
-                          batch_size: int = 64) -> tuple[Scores, list[str]]:
+                          batch_size: int = 64, no_repeat_ngram: int = 0) -> tuple[Scores, list[str]]:
     """Translate the source side of ``pairs`` and score it against the target side.
 
     pairs : list of (source, reference); each side a str (the raw line: it is scored
@@ -243,12 +248,13 @@ def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float 
     srcs = [p[0] for p in pairs]
     refs = [p[1] if isinstance(p[1], str) else detokenize(list(p[1])) for p in pairs]
     hyps = translate_sentences(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha,
-                               max_source_tokens=None)      # a test set is scored line by line, as it is
+                               max_source_tokens=None,      # a test set is scored line by line, as it is
+                               no_repeat_ngram=no_repeat_ngram)
     return corpus_scores(hyps, refs), hyps
 
 
 def evaluate_bleu(model, vocab, pairs, beam_size: int = 1, alpha: float = 0.6,
-                  batch_size: int = 64) -> tuple[float, list[str]]:
+                  batch_size: int = 64, no_repeat_ngram: int = 0) -> tuple[float, list[str]]:
     """:func:`evaluate_translations`, BLEU only: (corpus BLEU, the hypotheses as text)."""
-    scores, hyps = evaluate_translations(model, vocab, pairs, beam_size, alpha, batch_size)
+    scores, hyps = evaluate_translations(model, vocab, pairs, beam_size, alpha, batch_size, no_repeat_ngram)
     return scores.bleu, hyps

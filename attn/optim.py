@@ -4,6 +4,14 @@
 
 rises linearly for ``warmup_steps`` steps, then decays with the inverse square
 root of the step number. Adam uses beta1 = 0.9, beta2 = 0.98, epsilon = 1e-9.
+
+A run with a budget may end with a *cooldown* (not in the paper): over the last
+``cooldown`` fraction of the budget the rate falls linearly to zero,
+
+    lrate * min(1, (1 - progress) / cooldown),    progress = budget used, 0 to 1
+
+so that the run ends on weights the noise of large steps no longer moves
+(:func:`cooldown_scale`; the trainer tells the optimizer its progress before each step).
 """
 from __future__ import annotations
 
@@ -16,6 +24,16 @@ def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> 
     if step < 1:
         raise ValueError(f"noam_lr: step is 1-based, got {step}")
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+
+
+def cooldown_scale(progress: float, cooldown: float) -> float:
+    """The factor the cooldown puts on the rate: 1 until the last ``cooldown`` fraction of the
+    budget, then falling linearly to 0 at its end (``progress`` 1); 1 always for ``cooldown`` 0."""
+    if not 0.0 <= cooldown <= 1.0:
+        raise ValueError(f"cooldown_scale: cooldown must be in [0, 1], got {cooldown!r}")
+    if cooldown == 0.0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / cooldown))
 
 
 def clip_grad_norm(grads: dict, max_norm: float, sync: bool = True):
@@ -43,13 +61,16 @@ class Adam:
     """Adam (Kingma & Ba) with bias correction, updating ``params`` in place.
 
     The learning rate comes from the schedule at every step; ``step`` counts
-    optimizer steps and advances exactly once per :meth:`step` call.
+    optimizer steps and advances exactly once per :meth:`step` call. With ``cooldown`` > 0
+    the rate is also scaled by :func:`cooldown_scale` of the progress last given to
+    :meth:`set_progress` (none given: 1).
     """
 
     def __init__(self, params: dict, d_model: int, warmup_steps: int = 4000, lr_factor: float = 1.0,
-                 betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None):
+                 betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None, cooldown: float = 0.0):
         self.params = params
         self.d_model, self.warmup_steps, self.lr_factor = d_model, warmup_steps, lr_factor
+        self.cooldown, self.scale = cooldown, cooldown_scale(0.0, cooldown)
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.fixed_lr = lr                     # a constant rate instead of the schedule, if given
@@ -57,11 +78,16 @@ class Adam:
         self.m = {k: B.get_array_module(v).zeros_like(v) for k, v in params.items()}
         self.v = {k: B.get_array_module(v).zeros_like(v) for k, v in params.items()}
 
+    def set_progress(self, progress: float) -> None:
+        """The fraction of the run's budget used (0 to 1), before a step: it sets the cooldown's factor."""
+        self.scale = cooldown_scale(progress, self.cooldown)
+
     def lr(self, step: int | None = None) -> float:
+        """The rate of step ``step`` (default: the coming one), at the cooldown's present factor."""
         step = self.t + 1 if step is None else step
         if self.fixed_lr is not None:
-            return self.fixed_lr
-        return noam_lr(step, self.d_model, self.warmup_steps, self.lr_factor)
+            return self.fixed_lr * self.scale
+        return noam_lr(step, self.d_model, self.warmup_steps, self.lr_factor) * self.scale
 
     def step(self, grads: dict, clip: float = 0.0) -> float:
         """One update with the learning rate of the coming step. Returns that rate.

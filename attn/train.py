@@ -221,7 +221,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                            save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
                            snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
                            on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp,
-                           stop=stop)
+                           stop=stop, set_progress=opt.set_progress)
     if stop_reason == "interrupted":
         dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
                f"checkpoint {ckpt_path} (step {state.step}); resume with: attn-train --resume --out {out}")
@@ -236,8 +236,22 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     return dp.broadcast(metrics)
 
 
+def budget_used(config: TrainConfig, state: TrainState, batches_in_epoch: int) -> float:
+    """The fraction of the run's budget used, 0 to 1: the largest of the fractions of ``minutes``
+    (wall time, the whole run's), ``steps`` and ``epochs`` used; 0 for a run with no budget."""
+    used = [0.0]
+    if config.minutes:
+        used.append(state.wall_seconds / (config.minutes * 60.0))
+    if config.steps:
+        used.append(state.step / config.steps)
+    if config.epochs:
+        used.append((state.epoch + state.batch_index / max(batches_in_epoch, 1)) / config.epochs)
+    return min(1.0, max(used))
+
+
 def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluate, save, snapshot=None,
-             on_step=None, dp=None, desc: str = "train", stop: StopSignals | None = None) -> str:
+             on_step=None, dp=None, desc: str = "train", stop: StopSignals | None = None,
+             set_progress=None) -> str:
     """The training loop (section 5): epochs of batches of about ``config.max_tokens`` tokens from
     ``train_enc`` (the order of epoch ``e`` from ``config.seed + e``), one optimizer step each,
     until ``config``'s budget (``steps``, ``minutes`` of wall time over the whole run, ``epochs``)
@@ -259,6 +273,9 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluat
     ``on_step(state, wall_seconds)``
         After every step (after its snapshot, before any evaluation); every step's loss is then
         in ``state.losses`` (else they come to the host every :data:`LOG_EVERY` steps).
+    ``set_progress(fraction)``
+        Before every step: the fraction of the budget used (:func:`budget_used`), for the
+        schedule's cooldown (:meth:`attn.optim.Adam.set_progress`).
 
     With a data-parallel group ``dp`` (:mod:`attn.training.distributed`; default: one process)
     process 0's clock decides when all stop, and it alone evaluates, saves and snapshots.
@@ -277,6 +294,9 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluat
             batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=state.epoch)
             while state.batch_index < len(batches):
                 batch = batches[state.batch_index]
+                if set_progress is not None:
+                    used = budget_used(config, state, len(batches))
+                    set_progress(dp.broadcast(used) if dp.size > 1 else used)    # process 0's clock
                 t0 = time.perf_counter()
                 loss, lr = step(batch, config.seed * 1_000_003 + state.step)
                 pending.append(loss)                    # copied before the next step reuses its memory
@@ -337,7 +357,9 @@ def _check_cuda_graph(config: TrainConfig, dp) -> None:
     why = ("it needs --backend cupy (a GPU)" if B.get_backend() != "cupy" else
            f"the {config.engine} engine cannot capture a step"
            + (" (drop --reference)" if config.reference else "") if not engines.get(config.engine).captures else
-           "it runs one process (a data-parallel step all-reduces between its launches)" if dp.size > 1 else None)
+           "it runs one process (a data-parallel step all-reduces between its launches)" if dp.size > 1 else
+           f"a captured step keeps the learning rate's factor it was captured with, and --cooldown "
+           f"{config.cooldown:g} changes it every step: give --cooldown 0" if config.cooldown else None)
     if why:
         raise TrainConfigError(f"cuda_graph (--cuda-graph) cannot be used here: {why}")
 

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.6, metavar="A",
                    help="length penalty of beam search, ((5+|Y|)/6)**A (default 0.6, the paper's), "
                         "e.g. --alpha 0 for none; ignored by greedy decoding")
+    p.add_argument("--no-repeat-ngram", type=int, default=0, metavar="N",
+                   help="never repeat an N-gram of subword pieces within one translation, e.g. "
+                        "--no-repeat-ngram 3 against loops such as 'snow snow snow' (default 0: off)")
     p.add_argument("--attention", type=Path, metavar="PNG",
                    help="draw the last decoder layer's cross-attention (averaged over heads) of the first "
                         "sentence to this image, e.g. --attention att.png; with several sentences, one "
@@ -140,6 +143,8 @@ def _check_args(args) -> str | None:
         return f"--beam must be between 1 and {MAX_BEAM}, got {args.beam}"
     if not math.isfinite(args.alpha):
         return f"--alpha must be a finite number, got {args.alpha}"
+    if args.no_repeat_ngram < 0:
+        return f"--no-repeat-ngram must be 0 (off) or a positive n-gram length, got {args.no_repeat_ngram}"
     if args.batch_size < 1:
         return f"--batch-size must be at least 1, got {args.batch_size}"
     if args.max_length < 2:
@@ -185,7 +190,7 @@ def main(argv=None) -> int:
         sentences = args.sentences if args.sentences else read_stdin_lines(sys.stdin.buffer)
         results = translate(model, vocab, sentences, beam_size=args.beam, alpha=args.alpha,
                             batch_size=args.batch_size, with_attention=args.attention is not None,
-                            max_source_tokens=args.max_length)
+                            max_source_tokens=args.max_length, no_repeat_ngram=args.no_repeat_ngram)
     except InputTooLong as e:
         return _fail(str(e).replace("(max_source_tokens, attn-translate --max-length)", "(--max-length)"))
     except ValueError as e:

@@ -149,7 +149,8 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
         val = T.evaluate_loss(model, val_batches, model_config.label_smoothing)
     final, choice = T.choose_final_model(model, p.folder, config.average, vocab, val_batches,
                                          model_config.label_smoothing, val)
-    scores, hyps = evaluate_translations(final, vocab, test_pairs, beam_size=config.beam)     # as train() does
+    scores, hyps = evaluate_translations(final, vocab, test_pairs, beam_size=config.beam,     # as train() does
+                                         alpha=config.alpha, no_repeat_ngram=config.no_repeat_ngram)
     p.folder.mkdir(parents=True, exist_ok=True)
     (p.folder / "test_translations.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
     p.results = {"test_bleu": scores.bleu, "test_bleu_lc": scores.bleu_lc, "test_chrf": scores.chrf,
@@ -205,7 +206,8 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     del init
     topt, adam_kind = torch_adam(tmodel)
     # attn's schedule: its warm-up (fitted to the budget, where it was) and its factor
-    schedule = Adam({}, model_config.d_model, model_config.warmup_steps, T.schedule_factor(config, model_config))
+    schedule = Adam({}, model_config.d_model, model_config.warmup_steps, T.schedule_factor(config, model_config),
+                    cooldown=config.cooldown)           # the cooldown follows PyTorch's own budget used
     _check_schedule(Path(config.out) / "metrics.jsonl", schedule)      # before any work: fail fast
     engine = engines.get(config.engine)
 
@@ -237,7 +239,8 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
         model = attn_view()
         record = {"step": state.step, "epoch": state.epoch,
                   "train_loss": float(B.host.mean(losses[-config.eval_every:])) if losses else None,
-                  "lr": topt.param_groups[0]["lr"] if state.step else None}     # the rate the last step used
+                  "lr": topt.param_groups[0]["lr"] if state.step else None,     # the rate the last step used
+                  "lr_scale": schedule.scale}
         record.update(T.evaluate_loss(model, val_batches, ls))
         if config.bleu_sentences:
             record["val_bleu"], _ = T.bleu_on(model, vocab, corpus.val, 1, config.bleu_sentences)
@@ -276,7 +279,7 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
               f"Adam {adam_kind})", quiet)
     stop = T.run_loop(dataclasses.replace(config, quiet=quiet), state, train_enc, step, evaluate=evaluate, save=save,
                       snapshot=lambda at: T.snapshot(out, attn_view(), vocab, at, config.average),
-                      on_step=check_and_watch, desc="pytorch")
+                      on_step=check_and_watch, desc="pytorch", set_progress=schedule.set_progress)
     if stop == "interrupted":
         raise KeyboardInterrupt
     _progress(f"pytorch: stopped ({stop}) after {state.step} steps, {state.train_seconds:.0f} s of training", quiet)
@@ -512,12 +515,15 @@ def _shorter(watch: Watch, end: Point, at: float, longest: float) -> Point:
 
 
 def _check_schedule(attn_log: Path, schedule: Adam) -> None:
-    """The rates ``schedule`` gives equal those attn logged (``metrics.jsonl``) at every step it logged."""
+    """The rates ``schedule`` gives equal those attn logged (``metrics.jsonl``) at every step it logged,
+    at the cooldown's factor attn logged (``lr_scale``: it follows each run's own clock)."""
     for line in attn_log.read_text().splitlines():
         rec = json.loads(line) if line.strip() else {}
+        schedule.scale = rec.get("lr_scale", 1.0)
         if rec.get("lr") is not None and not math.isclose(schedule.lr(rec["step"]), rec["lr"], rel_tol=1e-12):
             raise QualityError(f"step {rec['step']}: PyTorch's learning rate would be {schedule.lr(rec['step'])}, "
                                f"attn's was {rec['lr']}: the schedules differ")
+    schedule.set_progress(0.0)
 
 
 # --------------------------------------------------------------------------- output

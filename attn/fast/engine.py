@@ -28,8 +28,8 @@ class FastEngine(ReferenceEngine):
         return FastTransformer(config, seed=seed, dtype=dtype, params=params, precision=precision,
                                check_ids=check_ids)
 
-    def optimizer(self, model, lr_factor: float = 1.0) -> FastAdam:
-        return FastAdam(model.params, model.config.d_model, model.config.warmup_steps, lr_factor)
+    def optimizer(self, model, lr_factor: float = 1.0, cooldown: float = 0.0) -> FastAdam:
+        return FastAdam(model.params, model.config.d_model, model.config.warmup_steps, lr_factor, cooldown=cooldown)
 
     def loss(self, trusted: bool = False):
         """The fused cross-entropy, in place on the logits; ``trusted``: it checks neither the ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import backend as B
-from ..optim import Adam
+from ..optim import Adam, cooldown_scale
 from .arena import Arena
 from .dispatch import ops_for
 from .stepmem import outside_step
@@ -36,13 +36,14 @@ class FastAdam(Adam):
     threads: int | None = None
 
     def __init__(self, params: dict, d_model: int, warmup_steps: int = 4000, lr_factor: float = 1.0,
-                 betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None):
+                 betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None, cooldown: float = 0.0):
         self.arena = Arena.find(params)
         if self.arena is None:
-            super().__init__(params, d_model, warmup_steps, lr_factor, betas, eps, lr)
+            super().__init__(params, d_model, warmup_steps, lr_factor, betas, eps, lr, cooldown)
             return
         self.params = params
         self.d_model, self.warmup_steps, self.lr_factor = d_model, warmup_steps, lr_factor
+        self.cooldown, self.scale = cooldown, cooldown_scale(0.0, cooldown)
         self.beta1, self.beta2 = betas
         self.eps = eps
         self.fixed_lr = lr
@@ -81,7 +82,9 @@ class FastAdam(Adam):
         if count is None:      # the steps taken before this one: t was counted by count_step
             with outside_step():               # kept between steps: never from a step's memory
                 count = self._device_count = a.xp.asarray(B.host.array([self.t - 1], dtype=B.host.int64))
-        schedule = (self.lr_factor, self.fixed_lr, self.d_model, self.warmup_steps, self.beta1, self.beta2, self.eps)
+        fixed = None if self.fixed_lr is None else self.fixed_lr * self.scale       # the cooldown's factor rides
+        schedule = (self.lr_factor * self.scale, fixed, self.d_model, self.warmup_steps,  # in the launch's scalars
+                    self.beta1, self.beta2, self.eps)
         ops_for(a.xp).adam_flat_(a.params, a.grads, a.m, a.v, count, schedule, max_norm=clip)
 
     def _consts(self):

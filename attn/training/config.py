@@ -28,9 +28,12 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
 #: Each preset's training recipe, for ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq`` left at None:
 #: words for the toy corpus, BPE and 4,096-token batches for real corpora (why: benchmarks/RESULTS.md).
 RECIPES = {
-    "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1),
-    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
-    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2),
+    "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1, cooldown=0.0,
+                beam=1, alpha=0.6, no_repeat_ngram=0),
+    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2, cooldown=0.3,
+                  beam=4, alpha=0.6, no_repeat_ngram=0),
+    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2, cooldown=0.3,
+                 beam=4, alpha=0.6, no_repeat_ngram=0),
 }
 
 #: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
@@ -88,13 +91,17 @@ class TrainConfig:
     max_tokens: int | None = None      # tokens per batch, padding included (None: the recipe's)
     warmup: int | None = None          # warm-up steps (None: the preset's, shortened to fit the budget)
     lr_factor: float | None = None     # multiplies the section-5.3 learning rate (None: the recipe's)
+    cooldown: float | None = None      # the rate falls linearly to 0 over this last fraction of the budget
+                                       # (attn.optim.cooldown_scale; 0: off; None: the recipe's)
     clip: float = 0.0                  # clip the global gradient norm to this (0: off)
     seed: int = 0                      # weights, batch order, dropout, the tsv split
     eval_every: int = 250              # validate and checkpoint every N steps
     bleu_sentences: int = 200          # validation sentences translated at each evaluation (0: none)
     average: int = 5                   # average the last K snapshots for the final model (0 or 1: off)
     snapshot_every: int = 50           # steps between the snapshots that `average` uses
-    beam: int = 1                      # beam size for the final test translation (1: greedy)
+    beam: int | None = None            # the final test translation: beam size (1: greedy; None: the recipe's),
+    alpha: float | None = None         # its length penalty (attn.decode.length_penalty; None: the recipe's)
+    no_repeat_ngram: int | None = None  # and the n-grams it may not repeat (0: off; None: the recipe's)
     out: Path = Path("runs/toy")       # output folder
     resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
     overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
@@ -146,7 +153,7 @@ class TrainConfig:
                                     ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
                                     ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
                                     ("bleu_sentences", 0, False), ("average", 0, False),
-                                    ("snapshot_every", 1, False), ("beam", 1, False)):
+                                    ("snapshot_every", 1, False), ("beam", 1, True), ("no_repeat_ngram", 0, True)):
             v = getattr(self, name)
             if v is None and optional:
                 continue
@@ -158,10 +165,12 @@ class TrainConfig:
                                   ("lr_factor", lambda v: 0 < v <= MAX_LR_FACTOR,
                                    f"must be > 0 and at most {MAX_LR_FACTOR:g} (1 is the paper's rate)"),
                                   ("clip", lambda v: v >= 0, "must be >= 0 (0: off)"),
+                                  ("cooldown", lambda v: 0 <= v <= 1, "must be in [0, 1] (0: off)"),
+                                  ("alpha", lambda v: v >= 0, "must be >= 0 (0: no length penalty)"),
                                   ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
                                   ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
             v = getattr(self, name)
-            if v is None and name in ("dropout", "label_smoothing", "lr_factor"):
+            if v is None and name in ("dropout", "label_smoothing", "lr_factor", "cooldown", "alpha"):
                 continue
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
                 self._bad(name, "must be a finite number")
@@ -229,7 +238,8 @@ class TrainConfig:
 
 #: Settings a resumed run may take from the new command line: they change how the run is watched,
 #: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
-RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "cuda_graph", "beam",
+RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "cuda_graph", "beam", "alpha",
+                     "no_repeat_ngram",
                      "bleu_sentences", "eval_every", "out", "resume", "overwrite")
 
 
@@ -361,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-factor", type=float,
                    help=f"multiplies the section-5.3 learning rate (default: the preset's, {_recipe('lr_factor')}; "
                         "the toy model's d_model of 128 would peak at 4.4e-3 with 1, where it learns markedly slower)")
+    g.add_argument("--cooldown", type=float, metavar="F",
+                   help="the learning rate falls linearly to 0 over the last F of the budget (--minutes, --steps "
+                        f"or --epochs, whichever runs out first), e.g. 0.3 (0: off; default: the preset's, "
+                        f"{_recipe('cooldown')}; not with --cuda-graph)")
     g.add_argument("--clip", type=float, help="clip the global gradient norm to this (0: off, the default)")
     g.add_argument("--seed", type=int, help=f"seed for weights, batch order and dropout (default {_D.seed})")
     g.add_argument("--eval-every", type=int,
@@ -373,7 +387,13 @@ def build_parser() -> argparse.ArgumentParser:
                         f"default {_D.average})")
     g.add_argument("--snapshot-every", type=int,
                    help=f"steps between the snapshots that --average uses (default {_D.snapshot_every})")
-    g.add_argument("--beam", type=int, help="beam size for the final test translation (1: greedy, the default)")
+    g.add_argument("--beam", type=int,
+                   help=f"beam size for the final test translation (1: greedy; default: the preset's, {_recipe('beam')})")
+    g.add_argument("--alpha", type=float,
+                   help=f"the length penalty of that beam search, ((5+|Y|)/6)**A (default: the preset's, {_recipe('alpha')})")
+    g.add_argument("--no-repeat-ngram", type=int, metavar="N",
+                   help="no test translation repeats one of its own N-grams of tokens (0: off; default: the "
+                        f"preset's, {_recipe('no_repeat_ngram')})")
     g.add_argument("--out", type=Path, help=f"output folder (default {_D.out})")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its checkpoint, with its saved settings and seed; "

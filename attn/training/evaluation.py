@@ -71,11 +71,12 @@ def evaluate_and_save(model, opt, state, vocab, config, corpus, val_batches, mod
     t0 = time.perf_counter()
     record = {"step": state.step, "epoch": state.epoch,
               "train_loss": float(B.host.mean(state.losses[-config.eval_every:])) if state.losses else None,
-              "lr": opt.lr(state.step) if state.step else None}
+              "lr": opt.lr(state.step) if state.step else None, "lr_scale": opt.scale}
     record.update(evaluate_loss(model, val_batches, model_config.label_smoothing))
     if config.bleu_sentences:
         record["val_bleu"], _ = bleu_on(model, vocab, corpus.val, 1, config.bleu_sentences)
     record["train_seconds"] = round(state.train_seconds, 2)
+    record["wall_seconds"] = round(state.wall_seconds, 2)          # of the budget, before this evaluation
     record["eval_seconds"] = round(time.perf_counter() - t0, 2)
     state.evals.append(record)
     save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, config)
@@ -101,7 +102,8 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
     last_eval = state.evals[-1] if state.evals and state.evals[-1]["step"] == state.step else None
     final_model, choice = choose_final_model(model, out, config.average, vocab, run.val_batches,
                                              model_config.label_smoothing, last_eval)
-    scores, test_hyps = evaluate_translations(final_model, vocab, run.corpus.test, beam_size=config.beam)
+    scores, test_hyps = evaluate_translations(final_model, vocab, run.corpus.test, beam_size=config.beam,
+                                              alpha=config.alpha, no_repeat_ngram=config.no_repeat_ngram)
     test_bleu = scores.bleu
     write_text_atomic(out / "test_translations.txt", "\n".join(test_hyps) + "\n")
     last = state.evals[-1] if state.evals else {}
@@ -112,7 +114,8 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
                "train_seconds": round(state.train_seconds, 2),
                "tokens_per_second": round(state.tokens_seen / max(state.train_seconds, 1e-9), 1),
                "backend": B.get_backend(), "preset": config.preset, "parameters": model.num_parameters(),
-               "beam": config.beam, "averaged_checkpoints": config.average if final_model is not model else 1,
+               "beam": config.beam, "alpha": config.alpha, "no_repeat_ngram": config.no_repeat_ngram,
+               "averaged_checkpoints": config.average if final_model is not model else 1,
                **choice,
                "max_tokens": config.max_tokens, "lr_factor": config.lr_factor, "min_freq": config.min_freq,
                "warmup_steps": model_config.warmup_steps,
@@ -124,7 +127,8 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
     final_path = out / "averaged.npz" if final_model is not model else out / "checkpoint.npz"
     print(f"test BLEU {test_bleu:.2f}, chrF {scores.chrf:.2f}, lower-cased BLEU {scores.bleu_lc:.2f} "
           f"(sacrebleu {scores.signatures.get('bleu', '-')}; chrF {scores.signatures.get('chrf', '-')})")
-    print(f"test BLEU {test_bleu:.2f} ({'beam ' + str(config.beam) if config.beam > 1 else 'greedy'}"
+    print(f"test BLEU {test_bleu:.2f} ({'beam %d, alpha %g' % (config.beam, config.alpha) if config.beam > 1 else 'greedy'}"
+          f"{', no repeated %d-gram' % config.no_repeat_ngram if config.no_repeat_ngram else ''}"
           f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
           f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
     return metrics

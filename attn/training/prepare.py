@@ -59,7 +59,8 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
         arrays, meta = saved
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz"))
-        model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision)
+        model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision,
+                                 config.cooldown)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
         check_something_left(config, state)
@@ -72,7 +73,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
                 f"{time.perf_counter() - t_vocab:.1f} s")
         model, opt = make_engine(Transformer(config.model_config(len(vocab)), seed=config.seed, dtype=config.dtype),
-                                 engine, config.lr_factor, config.precision)
+                                 engine, config.lr_factor, config.precision, config.cooldown)
         state = TrainState()
 
     # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
@@ -175,17 +176,18 @@ def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> flo
     return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
 
 
-def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32):
+def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, cooldown: float = 0.0):
     """The model and optimizer that train: ``engine``'s (an :mod:`attn.engine` engine or its name,
     ``"fast"`` or ``"reference"``), over ``model``'s config and parameters (shared, not copied),
-    its products at ``precision`` (:class:`attn.precision.Precision` or its name). The fast
+    its products at ``precision`` (:class:`attn.precision.Precision` or its name), the optimizer's
+    rate ending with ``cooldown`` (:func:`attn.optim.cooldown_scale`). The fast
     engine computes the reference's numbers (tests/test_fast.py checks that) with fewer passes
     over memory. The model does not check token ids: :func:`attn.train.train_step` checks each
     batch on the host (on a GPU the model's check would wait for the device)."""
     engine = engines.get(engine) if isinstance(engine, str) else engine
     model = engine.model(model.config, dtype=model.dtype, params=model.params, precision=Precision.of(precision),
                          check_ids=False)
-    return model, engine.optimizer(model, lr_factor)
+    return model, engine.optimizer(model, lr_factor, cooldown)
 
 
 def step_loss_fn(engine):
@@ -256,11 +258,11 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     rule.update(steps_allowed=round(allowed), fraction=WARMUP_FRACTION, preset_warmup=model_config.warmup_steps,
                 warmup_steps=warmup, why=why)
     if warmup == model_config.warmup_steps:            # the model stands; only the schedule's factor is made
-        opt = engine.optimizer(model, schedule_factor(config, model_config))
+        opt = engine.optimizer(model, schedule_factor(config, model_config), config.cooldown)
     else:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
         model, opt = make_engine(Transformer(model_config, dtype=model.dtype, params=model.params), engine,
-                                 schedule_factor(config, model_config), config.precision)
+                                 schedule_factor(config, model_config), config.precision, config.cooldown)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
 
