@@ -25,15 +25,17 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
 
 # --------------------------------------------------------------------------- settings
 
-#: Each preset's training recipe, for ``vocab``, ``max_tokens``, ``lr_factor`` and ``min_freq`` left at None:
-#: words for the toy corpus, BPE and 4,096-token batches for real corpora (why: benchmarks/RESULTS.md).
+#: Each preset's training recipe, for the fields left at None: words for the toy corpus; for a small
+#: real corpus (``small``) a vocabulary of 4,000 BPE pieces, 2,048-token batches, a cooldown, and test
+#: translations by beam search that repeats no 4-gram; for ``base`` the earlier real-corpus recipe
+#: (why: benchmarks/RESULTS.md, "A recipe for a small corpus").
 RECIPES = {
     "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1, cooldown=0.0,
                 beam=1, alpha=0.6, no_repeat_ngram=0),
-    "small": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2, cooldown=0.3,
-                  beam=4, alpha=0.6, no_repeat_ngram=0),
-    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2, cooldown=0.3,
-                 beam=4, alpha=0.6, no_repeat_ngram=0),
+    "small": dict(vocab="bpe", vocab_size=4000, max_tokens=2048, lr_factor=1.0, min_freq=2, cooldown=0.3,
+                  beam=4, alpha=1.4, no_repeat_ngram=4),
+    "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2, cooldown=0.0,
+                 beam=1, alpha=0.6, no_repeat_ngram=0),
 }
 
 #: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
@@ -72,7 +74,8 @@ class TrainConfig:
     min_freq: int | None = None        # words seen fewer times in training become <unk> (None: the recipe's)
     vocab: str | None = None           # "word" (tokens of attn.text) or "bpe" (subword pieces, attn.bpe);
                                        # None: the recipe's
-    vocab_size: int | None = None      # bpe: the vocabulary's size (None: 8000); word: at most this many
+    vocab_size: int | None = None      # bpe: the vocabulary's size (None: the recipe's, else 8000);
+                                       # word: at most this many (None: every word seen min_freq times)
     max_len: int | None = None         # skip training pairs longer than this many tokens (None: the preset's)
     # model (None: the preset's value)
     preset: str = "toy"
@@ -185,9 +188,13 @@ class TrainConfig:
 
     def with_recipe(self) -> "TrainConfig":
         """This config with the fields left at ``None`` that :data:`RECIPES` covers filled
-        in from the preset's recipe."""
+        in from the preset's recipe (its ``vocab_size`` only for a BPE vocabulary: a word
+        vocabulary keeps every word unless ``vocab_size`` is given)."""
         recipe = RECIPES.get(self.preset, RECIPES["base"])     # a preset added elsewhere: the real-corpus recipe
-        return dataclasses.replace(self, **{k: v for k, v in recipe.items() if getattr(self, k) is None})
+        fill = {k: v for k, v in recipe.items() if getattr(self, k) is None}
+        if (self.vocab or recipe["vocab"]) != "bpe":
+            fill.pop("vocab_size", None)
+        return dataclasses.replace(self, **fill)
 
     def to_dict(self) -> dict:
         """JSON-ready: paths as strings. :meth:`from_dict` inverts it."""
@@ -308,7 +315,7 @@ _D = TrainConfig()      # the defaults, quoted in the help
 
 def _recipe(name: str) -> str:
     return ", ".join(f"{preset} {r[name]:g}" if not isinstance(r[name], str) else f"{preset} {r[name]}"
-                     for preset, r in RECIPES.items())
+                     for preset, r in RECIPES.items() if r.get(name) is not None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -343,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"word: words and punctuation as written; bpe: subword pieces learned on both languages "
                         f"(byte-pair encoding; no <unk>) (default: the preset's, {_recipe('vocab')})")
     g.add_argument("--vocab-size", type=int, metavar="N",
-                   help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default {DEFAULT_BPE_SIZE}); "
+                   help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default: the preset's, "
+                        f"{_recipe('vocab_size')}; else {DEFAULT_BPE_SIZE}); "
                         "with --vocab word: keep the N most frequent (default: all)")
     g = p.add_argument_group("model")
     g.add_argument("--preset", choices=sorted(PRESETS), help=f"model size (default: {_D.preset})")
