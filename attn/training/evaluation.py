@@ -130,5 +130,7 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
     print(f"test BLEU {test_bleu:.2f} ({'beam %d, alpha %g' % (config.beam, config.alpha) if config.beam > 1 else 'greedy'}"
           f"{', no repeated %d-gram' % config.no_repeat_ngram if config.no_repeat_ngram else ''}"
           f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
-          f"translate with: attn-translate --checkpoint {final_path} \"a sentence\"")
+          f"translate with: attn-translate --checkpoint {final_path}"
+          + (f" --beam {config.beam} --alpha {config.alpha:g}" if config.beam > 1 else "")
+          + (f" --no-repeat-ngram {config.no_repeat_ngram}" if config.no_repeat_ngram else "") + ' "a sentence"')
     return metrics
