@@ -221,7 +221,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                            save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
                            snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
                            on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp,
-                           stop=stop, set_progress=opt.set_progress)
+                           stop=stop, set_progress=opt.set_progress if opt.cooldown else None)
     if stop_reason == "interrupted":
         dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
                f"checkpoint {ckpt_path} (step {state.step}); resume with: attn-train --resume --out {out}")
@@ -275,7 +275,8 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluat
         in ``state.losses`` (else they come to the host every :data:`LOG_EVERY` steps).
     ``set_progress(fraction)``
         Before every step: the fraction of the budget used (:func:`budget_used`), for the
-        schedule's cooldown (:meth:`attn.optim.Adam.set_progress`).
+        schedule's cooldown (:meth:`attn.optim.Adam.set_progress`). Under ``dp`` it is process 0's,
+        one broadcast a step: a run without a cooldown passes None and skips it.
 
     With a data-parallel group ``dp`` (:mod:`attn.training.distributed`; default: one process)
     process 0's clock decides when all stop, and it alone evaluates, saves and snapshots.

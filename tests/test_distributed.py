@@ -164,6 +164,31 @@ def test_the_trainer_under_mpiexec_equals_one_process_and_resumes_with_any_numbe
     assert first["processes"] == 1                                          # rewritten by the resumed run
 
 
+@needs_mpi
+def test_under_mpiexec_the_cooldown_follows_process_0_and_equals_one_process(tmp_path):
+    """With a cooldown the rate depends on the budget used, which process 0 sends each step:
+    two processes take the rates, losses and parameters of one."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test"):
+        (data / f"{split}.xx").write_text("\n".join(s for s, _ in PAIRS) + "\n", encoding="utf-8")
+        (data / f"{split}.yy").write_text("\n".join(t for _, t in PAIRS) + "\n", encoding="utf-8")
+    common = [*TRAIN, "--data", str(data), "--steps", "4", "--cooldown", "0.5"]
+    runs = {n: mpiexec(n, [*common, "--out", str(tmp_path / f"n{n}")]) for n in (1, 2)}
+    for n, r in runs.items():
+        assert r.returncode == 0, r.stderr[-3000:]
+    from attn.checkpoint import load_npz
+    a, _ = load_npz(tmp_path / "n1" / "checkpoint.npz")
+    b, _ = load_npz(tmp_path / "n2" / "checkpoint.npz")
+    np.testing.assert_allclose(b["history/train_loss"], a["history/train_loss"], rtol=1e-13)
+    logged = [[json.loads(x) for x in (tmp_path / f"n{n}" / "metrics.jsonl").read_text().splitlines()] for n in (1, 2)]
+    assert [r["lr"] for r in logged[0]] == [r["lr"] for r in logged[1]]
+    assert logged[1][-1]["lr_scale"] < 1.0                                  # the cooldown was on
+    for k in a:
+        if k.startswith("param/") and not k.endswith(".b_k"):
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-9, atol=1e-12, err_msg=k)
+
+
 # --------------------------------------------------------------------------- the pieces, in this process
 
 def _batch(rows: list[int], T: int = 6) -> Batch:
