@@ -17,13 +17,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attn.data import encode_pairs, make_batches  # noqa: E402
 from attn.train import build_vocab, config_from_argv, load_corpus  # noqa: E402
+from attn.training.prepare import longest_pair  # noqa: E402
 
 
 def main(argv=None) -> int:
     config = config_from_argv(argv).with_recipe()
     corpus = load_corpus(config)
     vocab = build_vocab(corpus.train, config.min_freq, config.vocab, config.vocab_size)
-    max_len = min(config.max_len or config.model_config(len(vocab)).max_len, config.model_config(len(vocab)).max_len - 1)
+    max_len = longest_pair(config, config.model_config(len(vocab)))
     batches = make_batches(encode_pairs(corpus.train, vocab, max_len=max_len), config.max_tokens,
                            shuffle=True, seed=config.seed)
     for side, real, padded in (("source", sum(b.n_src_tokens for b in batches), sum(b.src.size for b in batches)),

@@ -76,9 +76,8 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
                                  engine, config.lr_factor, config.precision, config.cooldown)
         state = TrainState()
 
-    # A sentence of n tokens takes n + 1 positions (EOS on the source, BOS on the target input).
     model_config = model.config
-    max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
+    max_len = longest_pair(config, model_config)
     train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
     if not train_enc:
         raise DataError(f"{corpus.source}: no training pair is left of {len(corpus.train)}: every one is empty on "
@@ -91,6 +90,12 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
         state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
         say(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})")
     return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
+
+
+def longest_pair(config: TrainConfig, model_config: TransformerConfig) -> int:
+    """The most tokens a training sentence may have (``max_len``, at most the model's): a sentence
+    of n tokens takes n + 1 positions (EOS on the source, BOS on the target input)."""
+    return min(config.max_len or model_config.max_len, model_config.max_len - 1)
 
 
 # --------------------------------------------------------------------------- corpus and vocabulary
