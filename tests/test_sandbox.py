@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from attn.grader.sandbox import namespaces
+from attn.grader import bubblewrap
 
 ROOT = Path(__file__).resolve().parents[1]
-#: Where new mount, PID and network namespaces cannot be had (a container that forbids them), the
-#: tests of what only they give skip and say why; the others hold in either sandbox.
-UNSHARE, NO_NAMESPACES_WHY = namespaces()
-needs_namespaces = pytest.mark.skipif(not UNSHARE, reason=f"no namespaces here: {NO_NAMESPACES_WHY}")
+#: Where bubblewrap cannot run (a container that forbids namespaces), the tests of what only it
+#: gives skip and say why; the others hold with or without it.
+BWRAP, _, NO_BWRAP_WHY = bubblewrap.available()
+needs_namespaces = pytest.mark.skipif(not BWRAP, reason=f"no sandbox here: {NO_BWRAP_WHY}")
 GOOD = "def relu_forward(x):\n    return x * (x > 0), x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout * cache\n"
 WRONG_RELU = "    return x, x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout\n"
 KILLS = ("import os, signal\n\n\ndef relu_forward(x):\n    for target in (os.getppid(), 1, -1, 0):\n        try:\n"
@@ -151,14 +151,13 @@ def relu_backward(dout, cache):
 
 
 def test_the_sandbox_here_and_required():
-    """This machine (CI's too) can have namespaces; the report says which sandbox it got."""
-    unshare, why = namespaces()
+    """This machine (CI's too) has bubblewrap; the report names it."""
     proc = _run(ROOT / "tests" / "mutants" / "relu_backward_mask_from_dout.py", "--sandbox", "required",
                 "--allow-library", "--examples", "1")
-    if not unshare:
+    if not BWRAP:
         assert proc.returncode == 2 and "no sandbox can be had here" in proc.stdout
-        pytest.skip(f"no sandbox here: {why}")
-    assert "sandbox: namespaces: mount, pid, net" in proc.stdout, proc.stdout
+        pytest.skip(f"no sandbox here: {NO_BWRAP_WHY}")
+    assert f"sandbox: bubblewrap {bubblewrap.available()[1]}; user nobody" in proc.stdout, proc.stdout
 
 
 def test_a_class_is_graded_in_parallel_into_one_table(tmp_path):

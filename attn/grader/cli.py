@@ -11,7 +11,8 @@ from .. import backend as B
 from ..testing import LAYERS
 from .grading import FINAL_SCALE, _layer_table, grade_file
 from .library import EXERCISES
-from .sandbox import LIMITS, namespaces
+from . import bubblewrap
+from .sandbox import LIMITS
 from .reports import LABELS, write_gradescope, write_html, write_json, write_junit
 from .results import DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, FileReport
 
@@ -63,17 +64,19 @@ def _options(args) -> dict:
 
 
 def check_sandbox(args, out) -> bool:
-    """Say in one line when no sandbox can be had here; False when one is required."""
+    """Say in one line when no sandbox can be had here, and what a learner's file can then
+    reach; False when one is required."""
     if args.sandbox == "off":
         return True
-    unshare, why = namespaces()
-    if unshare:
+    exe, _, why = bubblewrap.available()
+    if exe:
         return True
     if args.sandbox == "required":
         out.write(f"attn-check: no sandbox can be had here ({why}), and --sandbox required asks for one\n")
         return False
-    runs_as = "as nobody" if os.geteuid() == 0 else "as you"
-    out.write(f"attn-check: no sandbox here ({why}): the file runs {runs_as}, under resource limits only\n")
+    runs_as = "as nobody: every file nobody may read" if os.geteuid() == 0 else "as you: every file you may read"
+    out.write(f"attn-check: no sandbox here ({why}): the file runs {runs_as}, the network, under resource limits "
+              "only\n")
     return True
 
 

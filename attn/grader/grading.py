@@ -18,7 +18,7 @@ from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, 
                       NotImplementedYet, Result, _Todo)
 from .reports import report, summary
 from .library import manifest_for
-from .sandbox import Remote, Sandbox, describe
+from .sandbox import Remote, Sandbox, describe, read_source
 
 np = B.host
 
@@ -100,6 +100,7 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
     library's if the forward passed, against central differences of the learner's own
     forward if not), then its dropout."""
     t0 = time.perf_counter()
+    sandbox.begin_layer()
     check = CHECKS[layer.kind]
     names = [n for n in layer.functions if n in impl and not (given_forward and n == layer.functions[0])]
 
@@ -256,16 +257,24 @@ def _plan(found: dict, sandbox: Sandbox, manifest, layers, allow_library: bool) 
 def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeout: float = DEFAULT_TIMEOUT,
                forward_only: bool = False, allow_library: bool = False, out=None, hint_level: int = 1,
                exercise: str | None = None, sandbox_mode: str = "auto", memory_mb: int | None = None,
-               seed: int | None = None) -> FileReport:
+               seed: int | None = None, source: tuple[str, str] | None = None) -> FileReport:
     """Grade every layer ``path``'s exercise asks for (every layer it defines, for a file that
     is no exercise's), or those named in ``layers``, printing the text report to ``out`` as it
-    goes."""
+    goes. ``source``: (the file's text, its SHA-256), read already (by :func:`read_source`
+    if not given: the file is read once, nowhere else)."""
     rep = FileReport(path)
     rep.examples, rep.hint, rep.seed = examples, hint_level, seed
     manifest = manifest_for(path, exercise)
     rep.exercise = manifest.name if manifest else ""
     w = (out.write if out is not None else (lambda s: None))
-    sandbox = Sandbox(path, timeout, allow_library, exercise=exercise, mode=sandbox_mode, memory_mb=memory_mb)
+    try:
+        text, rep.sha256 = source or read_source(path)
+    except LoadError as e:
+        rep.error = str(e)
+        _zero(rep, manifest)
+        return rep
+    sandbox = Sandbox(path, timeout, allow_library, exercise=exercise, mode=sandbox_mode, memory_mb=memory_mb,
+                      source=text)
     try:
         try:
             found = sandbox.start()

@@ -94,7 +94,7 @@ class FileReport:
     def __init__(self, path: Path):
         self.path, self.results, self.status, self.error, self.header = path, [], 2, "", ""
         self.backend, self.examples, self.hint = B.get_backend(), DEFAULT_EXAMPLES, 1
-        self.exercise, self.sandbox, self.seed = "", "", None
+        self.exercise, self.sandbox, self.seed, self.sha256 = "", "", None, ""
 
 
 def grader_version() -> str:
