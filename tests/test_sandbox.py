@@ -23,7 +23,7 @@ BWRAP, _, NO_BWRAP_WHY = bubblewrap.available()
 needs_namespaces = pytest.mark.skipif(not BWRAP, reason=f"no sandbox here: {NO_BWRAP_WHY}")
 GOOD = "def relu_forward(x):\n    return x * (x > 0), x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout * cache\n"
 WRONG_RELU = "    return x, x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout\n"
-KILLS = ("import os, signal\n\n\ndef relu_forward(x):\n    for target in (os.getppid(), 1, -1, 0):\n        try:\n"
+KILLS = ("import os, signal\n\n\ndef relu_forward(x):\n    for target in (os.getppid(), 1, -1):\n        try:\n"
          "            os.kill(target, signal.SIGKILL)\n        except OSError:\n            pass\n" + WRONG_RELU)
 STOPS = KILLS.replace("SIGKILL", "SIGSTOP")
 FORGES = '''import json, os, signal, time
@@ -85,7 +85,9 @@ def test_a_batch_survives_a_file_that_kills_one_that_stops_and_one_that_forges(t
     assert status == {"a_good.py": ["pass"], "b_kills.py": ["fail"], "c_stops.py": ["fail"], "d_forges.py": ["fail"],
                       "e_good.py": ["pass"]}, status
     for name in ("b_kills.py", "c_stops.py", "d_forges.py"):
-        assert data[name]["layers"][0]["failure"]["message"] == "the output differs from the library's", data[name]
+        message = data[name]["layers"][0]["failure"]["message"]        # wrong, or refused the signal: not the grader's
+        assert message in ("the output differs from the library's",                  # death, nor a hang
+                           "relu_forward raised PermissionError: [Errno 1] Operation not permitted"), data[name]
     grades = json.loads((out / "results.json").read_text())
     assert grades["score"] == 2 and grades["max_score"] == 5 and grades["output"] != "forged"
     digests = {p: _digest(p) for p in out.iterdir()}

@@ -156,7 +156,9 @@ def command(library: list, file_folder: Path) -> list[str]:
     exe, _, why = available()
     if not exe:
         raise RuntimeError(why)
-    return (_isolation(exe) + python_binds() + site_binds()
+    folders = ["/etc", "/attn-check", INSIDE["site"], INSIDE["lib"]]     # bubblewrap makes them 0700 otherwise
+    return (_isolation(exe) + [a for f in folders for a in ("--perms", "0755", "--dir", f)]
+            + python_binds() + site_binds()
             + library + ["--ro-bind", str(file_folder), INSIDE["file"],
                "--dev", "/dev", "--perms", "01777", "--tmpfs", "/dev/shm", "--proc", "/proc",
                "--perms", "01777", "--tmpfs", "/tmp", "--chdir", "/tmp", "--"])

@@ -6,7 +6,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, seed, settings
 from hypothesis.errors import Flaky
 
 from .. import backend as B
@@ -15,7 +15,7 @@ from ..testing import DROPOUT_PROBES, LAYERS, Layer, reference
 from ..testing.strategies import scaled
 from .checks import CHECKS, DROPOUT_DRAWS, EXAMPLE_SHARE, _Args, _entries, check_dropout, check_pair
 from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, Fatal, FileReport, LoadError,
-                      NotImplementedYet, Result, _Todo)
+                      NotImplementedYet, Result, _Todo, plain)
 from .reports import report, summary
 from .library import manifest_for
 from .sandbox import Remote, Sandbox, describe, read_source
@@ -54,6 +54,9 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
             e.failure.example = ex
             raise
 
+    if seed_ is not None:                       # the final profile: the default profile's hard examples too
+        for ex in _hard_examples(layer, examples):
+            run = example(ex)(run)
     try:
         run()
         return count[0], None
@@ -71,6 +74,25 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
     except Exception as e:      # a bug of attn-check's own: say so, without a traceback for the learner
         return count[0], Failure("attn-check", f"attn-check itself failed: {type(e).__name__}: {e}",
                                  look="not your code's fault: please report it with this file")
+
+
+def _hard_examples(layer: Layer, examples: int) -> list:
+    """The hard examples (those too hard for a gradient check: logits of 1e4, fully masked or
+    constant rows) among what the default profile draws for ``layer``, at its sizes: the final
+    profile runs them whatever its seed."""
+    got = []
+
+    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              verbosity=Verbosity.quiet, phases=(Phase.explicit, Phase.generate))
+    @seed(EXAMPLE_SEED)
+    @given(layer.examples)
+    def collect(ex):
+        if not ex.gradcheck:
+            got.append(ex)
+
+    with scaled(1):
+        collect()
+    return got
 
 
 def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
@@ -279,15 +301,19 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
         try:
             found = sandbox.start()
         except LoadError as e:
-            rep.error = f"could not import {path}: {e}" + (f"\n    where: {e.where}" if e.where else "")
+            rep.error = f"could not import {path}: {plain(str(e))}" + (f"\n    where: {plain(e.where)}" if e.where
+                                                                      else "")
             _zero(rep, manifest)
             return rep
         except Fatal as e:
-            rep.error = f"could not import {path}: {e.failure.message}" + (
-                f"\n    where: {e.failure.where}" if e.failure.where else "")
+            rep.error = f"could not import {path}: {plain(e.failure.message)}" + (
+                f"\n    where: {plain(e.failure.where)}" if e.failure.where else "")
             _zero(rep, manifest)
             return rep
         rep.sandbox = describe(sandbox.got)
+        if manifest is None and not allow_library:   # bound under a name the file never spells: not withheld
+            found = {n: (o if n in sandbox.withheld else dict(o, library=True, defined=o["defined"] + ", bound under "
+                                                               "a name the file never spells")) for n, o in found.items()}
         plan, imported = _plan(found, sandbox, manifest, layers, allow_library)
         if layers:
             missing = [n for n in layers if n not in {layer.name for layer, *_ in plan}]

@@ -5,8 +5,8 @@ The child never imports this module: it is told, at its start, which of the libr
 modules it may load and which names it must withhold (:mod:`attn.grader.child`)."""
 from __future__ import annotations
 
-import ast
 import importlib
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -89,14 +89,11 @@ def manifest_for(path: Path, exercise: str | None = None) -> Manifest | None:
     return EXERCISES.get(Path(path).stem)
 
 
-def defined_names(source: str) -> set:
-    """The gradable names a file binds at its top level with ``def`` (read from its syntax,
-    never run here)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return set()
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in LIBRARY}
+def named_names(source: str) -> set:
+    """The gradable names a file mentions anywhere (a ``def``, an assignment, an import, a
+    string, a block under ``if``): every one is withheld from the library in its child, so
+    that no name the file binds, however, can reach the library's function."""
+    return {n for n in LIBRARY if re.search(rf"\b{n}\b", source)}
 
 
 def child_policy(manifest: Manifest | None, source: str, allow_library: bool) -> dict:
@@ -105,7 +102,7 @@ def child_policy(manifest: Manifest | None, source: str, allow_library: bool) ->
     (the given forwards the grader may ask it to run)."""
     if allow_library:
         return {"gives": ["*"], "withhold": [], "block": [], "forwards": ["*"]}
-    asks = set(manifest.asks) if manifest else defined_names(source)
+    asks = set(manifest.asks) if manifest else named_names(source)
     gives = list(manifest.gives) if manifest else list(DEFAULT_GIVES)
     block = sorted({m for n in asks for m in ANSWERED_IN.get(n, ())})
     forwards = list(manifest.given_forwards) if manifest else []

@@ -118,6 +118,7 @@ class Sandbox:
         self._out.close()
         self._work = None
         self.boxed = False
+        self.withheld: set = set()
         self.file_t0 = self.layer_t0 = None
 
     # -- lifetime
@@ -153,6 +154,7 @@ class Sandbox:
             self.source = read_source(self.path)[0]
         self.file_t0 = self.file_t0 or time.monotonic()
         policy = child_policy(manifest_for(self.path, self.exercise), self.source, self.reference)
+        self.withheld = set(policy["withhold"])
         self.boxed = self.mode != "off" and bool(bubblewrap.available()[0])
         self._work = tempfile.mkdtemp(prefix="attn-check-work-")
         os.chmod(self._work, 0o755)
