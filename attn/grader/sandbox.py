@@ -83,6 +83,14 @@ def _signal_name(rc: int) -> str:
     return f"{name}, {meaning[name]}" if name in meaning else name
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _pdeathsig() -> None:
     try:
         import ctypes
@@ -197,11 +205,7 @@ class Sandbox:
 
     def _inner(self) -> list[int]:
         """The pids of bubblewrap's children (the first process of the child's PID namespace)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-                return [int(p) for p in f.read().split()]
-        except (OSError, ValueError):
-            return []
+        return _children(self.proc.pid)
 
     def close(self) -> None:
         """End the child and everything it started: its PID namespace (all of it) or its
@@ -300,7 +304,7 @@ class Sandbox:
 
     def _wait(self, what: str, limit: float, start_size: int | None = None, spent: str = ""):
         start_size = self._out_size() if start_size is None else start_size
-        t0 = watched = time.monotonic()
+        t0, watched = time.monotonic(), 0.0
         while True:
             try:
                 if self.answers.poll(0.02):
@@ -359,7 +363,8 @@ class Sandbox:
     def _stop_and_dump(self):
         """Ask the child's faulthandler for a traceback (where it was), then kill it."""
         size = self._out_size()
-        for pid in self._inner() or [self.proc.pid]:
+        python = [c for p in self._inner() for c in _children(p)] if self.boxed else [self.proc.pid]
+        for pid in python:                      # bubblewrap's first process runs Python as its child
             try:
                 os.kill(pid, signal.SIGUSR1)
             except OSError:
