@@ -97,6 +97,15 @@ CAUGHT_AS = {
     "positional_backward_no_batch_sum": ("positional", "positional_backward", r"gradient dtable differs", LIB),
     "positional_sin_cos_swapped": ("sinusoidal_table", "sinusoidal_table", r"sin and cos swapped", ("--hint", "2")),
     "relu_backward_mask_from_dout": ("relu", "relu_backward", r"gradient dx differs", LIB),
+    # Issue 39's attempts (tests/test_sandbox_attempts.py runs them as an unprivileged user too).
+    "layer_norm_bound_in_an_if": ("layer_norm", "layer_norm_forward", r"layer_norm_forward raised RuntimeError: "
+                                  r"attn.layers.layer_norm_forward is withheld", ()),
+    "softmax_global_max": ("softmax", "softmax_forward", FORWARD_FIRST, ("--seed", "2")),
+    "relu_forks_300": ("relu", "relu_forward", r"raised BlockingIOError", ()),
+    "relu_fills_dev_shm": ("relu", "relu_forward", r"wrote more than 64 MB into /tmp and /dev/shm", ()),
+    "relu_sleeps_near_the_limit": ("relu", "relu_forward", r"the layer's 3 s are spent",
+                                   ("--timeout", "1", "--layer-time", "3")),
+    "relu_looks_for_the_answer": ("relu", "relu_forward", r"raised ValueError: found \[\]", ()),
     "residual_drops_skip_path": ("residual_ffn", "residual_ffn_backward", r"gradient dx differs", LIB),
     "rnn_backward_no_carry": ("rnn", "rnn_backward", r"gradient dx differs", LIB),
     "softmax_backward_y_times_dy": ("softmax", "softmax_backward", r"gradient dx differs", EX8),

@@ -161,7 +161,7 @@ def command(library: list, file_folder: Path) -> list[str]:
             + python_binds() + site_binds()
             + library + ["--ro-bind", str(file_folder), INSIDE["file"],
                "--dev", "/dev", "--perms", "01777", "--tmpfs", "/dev/shm", "--proc", "/proc",
-               "--perms", "01777", "--tmpfs", "/tmp", "--chdir", "/tmp", "--"])
+               "--perms", "01777", "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp", "--"])
 
 # ----------------------------------------------------------------------------- the library's modules, staged
 

@@ -113,7 +113,7 @@ def grade_class(args, out) -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     options = {"examples": args.examples, "timeout": args.timeout, "forward_only": args.forward_only,
                "hint_level": args.hint, "sandbox_mode": "off" if args.sandbox == "off" else "auto",
-               "memory_mb": args.memory, "seed": args.seed}
+               "memory_mb": args.memory, "seed": args.seed, "layer_seconds": args.layer_time}
     t0 = time.perf_counter()
     results = [_refused(sub) for sub in subs if sub["source"] is None]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -209,7 +209,8 @@ def _write_html(results, path: Path, version: str) -> None:
             + "".join(f"<th>{q(f)}</th>" for f in FIELDS) + "</tr>"]
     for row in _table_rows(results, version):
         href = quote(row["learner"], safe="") + "/" + quote(row["exercise"], safe="") + ".txt"
-        link = f"<a href='./{q(href)}'>{q(row['exercise'])}</a>" if row["exercise"] else ""
+        report = row["exercise"] and (path.parent / row["learner"] / f"{row['exercise']}.txt").is_file()
+        link = f"<a href='./{q(href)}'>{q(row['exercise'])}</a>" if report else q(row["exercise"])
         cells = [q(str(row[f])) if f != "exercise" else link for f in FIELDS]
         cells[FIELDS.index("sha256")] = q(row["sha256"][:16])
         body.append("<tr>" + "".join(f"<td class='{q(row['status'])}'>{c}</td>" if f == "status" else f"<td>{c}</td>"

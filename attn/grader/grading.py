@@ -279,7 +279,8 @@ def _plan(found: dict, sandbox: Sandbox, manifest, layers, allow_library: bool) 
 def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeout: float = DEFAULT_TIMEOUT,
                forward_only: bool = False, allow_library: bool = False, out=None, hint_level: int = 1,
                exercise: str | None = None, sandbox_mode: str = "auto", memory_mb: int | None = None,
-               seed: int | None = None, source: tuple[str, str] | None = None) -> FileReport:
+               seed: int | None = None, source: tuple[str, str] | None = None,
+               layer_seconds: float | None = None) -> FileReport:
     """Grade every layer ``path``'s exercise asks for (every layer it defines, for a file that
     is no exercise's), or those named in ``layers``, printing the text report to ``out`` as it
     goes. ``source``: (the file's text, its SHA-256), read already (by :func:`read_source`
@@ -296,7 +297,7 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
         _zero(rep, manifest)
         return rep
     sandbox = Sandbox(path, timeout, allow_library, exercise=exercise, mode=sandbox_mode, memory_mb=memory_mb,
-                      source=text)
+                      source=text, layer_s=layer_seconds)
     try:
         try:
             found = sandbox.start()

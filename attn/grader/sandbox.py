@@ -112,11 +112,13 @@ class Sandbox:
 
     def __init__(self, path: Path, timeout: float = DEFAULT_TIMEOUT, reference: bool = False,
                  max_output: int = MAX_OUTPUT, exercise: str | None = None, mode: str = "auto",
-                 memory_mb: int | None = None, source: str | None = None):
+                 memory_mb: int | None = None, source: str | None = None, layer_s: float | None = None):
         self.path, self.timeout, self.reference, self.max_output = Path(path), timeout, reference, max_output
         self.exercise, self.mode = exercise, mode
         self.source = source
         self.limits = dict(LIMITS, **({"memory_mb": memory_mb} if memory_mb else {}))
+        if layer_s:
+            self.limits.update(layer_s=layer_s, file_s=layer_s * LIMITS["file_s"] / LIMITS["layer_s"])
         self.proc = None
         self.found: dict = {}
         self.got: dict = {}
