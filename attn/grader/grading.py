@@ -312,9 +312,9 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
             _zero(rep, manifest)
             return rep
         rep.sandbox = describe(sandbox.got)
-        if manifest is None and not allow_library:   # bound under a name the file never spells: not withheld
-            found = {n: (o if n in sandbox.withheld else dict(o, library=True, defined=o["defined"] + ", bound under "
-                                                               "a name the file never spells")) for n, o in found.items()}
+        if manifest is None and not allow_library:   # bound where the syntax does not say (globals(), setattr)
+            found = {n: (o if n in sandbox.withheld else dict(o, library=True, defined=o["defined"] + ", bound in a "
+                                                               "way attn-check does not read")) for n, o in found.items()}
         plan, imported = _plan(found, sandbox, manifest, layers, allow_library)
         if layers:
             missing = [n for n in layers if n not in {layer.name for layer, *_ in plan}]

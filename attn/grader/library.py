@@ -5,8 +5,8 @@ The child never imports this module: it is told, at its start, which of the libr
 modules it may load and which names it must withhold (:mod:`attn.grader.child`)."""
 from __future__ import annotations
 
+import ast
 import importlib
-import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -89,11 +89,30 @@ def manifest_for(path: Path, exercise: str | None = None) -> Manifest | None:
     return EXERCISES.get(Path(path).stem)
 
 
-def named_names(source: str) -> set:
-    """The gradable names a file mentions anywhere (a ``def``, an assignment, an import, a
-    string, a block under ``if``): every one is withheld from the library in its child, so
-    that no name the file binds, however, can reach the library's function."""
-    return {n for n in LIBRARY if re.search(rf"\b{n}\b", source)}
+def bound_names(source: str) -> set:
+    """The gradable names a file binds at its top level in any way (``def``, ``class``, an
+    assignment, an import, a loop or ``with`` target, ``:=``, a ``global`` in a function; in
+    an ``if``, ``try`` or loop block too), read from its syntax, never run here: every one is
+    withheld from the library in its child."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    names, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            names |= {n for g in ast.walk(node) if isinstance(g, (ast.Global, ast.Nonlocal)) for n in g.names}
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.MatchAs) and node.name or isinstance(node, ast.MatchStar) and node.name:
+            names.add(node.name)
+        todo.extend(ast.iter_child_nodes(node))
+    return names & set(LIBRARY)
 
 
 def child_policy(manifest: Manifest | None, source: str, allow_library: bool) -> dict:
@@ -102,7 +121,7 @@ def child_policy(manifest: Manifest | None, source: str, allow_library: bool) ->
     (the given forwards the grader may ask it to run)."""
     if allow_library:
         return {"gives": ["*"], "withhold": [], "block": [], "forwards": ["*"]}
-    asks = set(manifest.asks) if manifest else named_names(source)
+    asks = set(manifest.asks) if manifest else bound_names(source)
     gives = list(manifest.gives) if manifest else list(DEFAULT_GIVES)
     block = sorted({m for n in asks for m in ANSWERED_IN.get(n, ())})
     forwards = list(manifest.given_forwards) if manifest else []

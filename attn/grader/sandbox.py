@@ -323,6 +323,8 @@ class Sandbox:
                                          "dicts of them; nothing else crosses to the grader"))
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
+                if self.boxed and rc > 128:             # bubblewrap exits 128 + the signal that ended the child
+                    rc = 128 - rc
                 time.sleep(0.05)
                 loc = self._learner_line(start_size)
                 did = (f"crashed the interpreter ({_signal_name(rc)})" if rc < 0
