@@ -401,7 +401,7 @@ def test_the_grader_gets_its_arrays_from_the_backend():
     this names the two, so that moving them out of attn/ cannot drop them from that rule)."""
     from test_backend import _forbidden_imports
     for package, modules in (("testing", ("strategies", "gradients", "invariants", "layers", "probes", "exercises")),
-                             ("grader", ("cli", "grading", "checks", "sandbox", "child", "wire", "library", "built", "reports", "results",
+                             ("grader", ("cli", "grading", "checks", "sandbox", "bubblewrap", "child", "wire", "library", "built", "reports", "results",
                                          "solutions"))):
         for module in ("__init__",) + modules:
             path = ROOT / "attn" / package / f"{module}.py"
