@@ -16,7 +16,6 @@ shared embedding) are accumulated, never overwritten.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -187,6 +186,21 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype="float32") -> dict:
     return params
 
 
+def embedding_name(cfg: TransformerConfig, which: str) -> str:
+    """The parameter that embeds ``which`` ("src", "tgt") or projects the output ("out")."""
+    if cfg.share_embeddings:
+        return "embedding.weight"
+    return {"src": "src_embedding.weight", "tgt": "tgt_embedding.weight", "out": "generator.weight"}[which]
+
+
+def sinusoids(cfg: TransformerConfig, T: int, dtype, xp, table=None):
+    """``table`` if it is a sinusoidal table (L, D) of at least T rows in ``dtype`` on ``xp``,
+    else a new one of ``max(2 T, max_len)`` rows."""
+    if table is None or table.shape[0] < T or table.dtype != dtype or B.get_array_module(table) is not xp:
+        table = xp.asarray(sinusoidal_table(max(2 * T, cfg.max_len), cfg.d_model, dtype))
+    return table
+
+
 # --------------------------------------------------------------------------- caches
 
 class ResidualCache(NamedTuple):
@@ -221,12 +235,6 @@ class Transformer:
     padded with ``PAD_ID`` (0). Outputs: logits (B, T, V_tgt).
     """
 
-    #: What :mod:`attn.engine` asks of every engine's model, answered for the readable one: its
-    #: gradients are separate arrays (no flat buffer to all-reduce in place), and its attention
-    #: weights are (B, H, Tq, Tk), sentences first.
-    gradient_arena = None
-    keys_first = False
-
     def __init__(self, config: TransformerConfig, seed: int = 0, dtype="float32", params: dict | None = None):
         self.config = config
         self.dtype = B.host.dtype(dtype)
@@ -240,19 +248,14 @@ class Transformer:
         return B.get_array_module(next(iter(self.params.values())))
 
     def _emb(self, which: str) -> str:
-        if self.config.share_embeddings:
-            return "embedding.weight"
-        return {"src": "src_embedding.weight", "tgt": "tgt_embedding.weight", "out": "generator.weight"}[which]
+        return embedding_name(self.config, which)
 
     def _pos_table(self, which: str, T: int):
         """The positional table (L, D) with L >= T: a parameter, or the sinusoids,
         extended on demand so that no length is ever silently wrong."""
         if self.config.positional == "learned":
             return self.params[f"{which}_pos.weight"]
-        xp = self.xp
-        if self._pe is None or self._pe.shape[0] < T or self._pe.dtype != self.dtype or \
-                B.get_array_module(self._pe) is not xp:
-            self._pe = xp.asarray(sinusoidal_table(max(2 * T, self.config.max_len), self.config.d_model, self.dtype))
+        self._pe = sinusoids(self.config, T, self.dtype, self.xp, self._pe)
         return self._pe
 
     def num_parameters(self) -> int:
@@ -349,14 +352,9 @@ class Transformer:
             x, cn = self._norm_fwd("encoder.norm", x)
         return x, StackCache(ce, cp, cd, layers, cn)
 
-    def decode(self, tgt_in, memory, src_mask, rng=None, cross_kv=None, keep_weights=True):
+    def decode(self, tgt_in, memory, src_mask, rng=None):
         """Decoder stack. Inputs: tgt_in (B, T) ids; memory (B, S, D); src_mask (B, 1, 1, S).
-        Returns: decoder output (B, T, D), cache, tgt_mask.
-
-        (For a search that runs the decoder on the whole prefix, ``cross_kv`` are the memory's
-        keys and values precomputed by :meth:`cross_attention_kv`, and ``keep_weights=False``
-        says no attention weight will be read: a faster engine uses both; this model recomputes
-        the keys and values from ``memory`` and keeps every weight, as training needs.)"""
+        Returns: decoder output (B, T, D), cache, tgt_mask."""
         tgt_mask = decoder_mask(tgt_in)                                        # (B, 1, T, T)
         x, ce, cp, cd = self._embed_fwd("tgt", tgt_in, rng)
         layers = []
@@ -471,22 +469,9 @@ class Transformer:
             cross.append((k, v))
         return cross
 
-    def _decoding_params(self) -> dict:
-        """The parameters :meth:`decode_step` reads (a faster model may hand it copies laid out
-        for its products)."""
-        return self.params
-
-    def step_memory(self):
-        """Where a training step's arrays come from: here, the array library's own memory, as
-        anywhere else, and the context's value is None (a faster engine may give each step the
-        same addresses, and says so with a true value)."""
-        return contextlib.nullcontext()
-
-    def start_decoding(self, memory, src_mask, reserve=None) -> "DecodeState":
+    def start_decoding(self, memory, src_mask) -> "DecodeState":
         """Precompute each decoder layer's cross-attention keys and values from the
-        encoder output once. Returns the state for :meth:`decode_step`. (``reserve``, the most
-        rows and positions a search will step, lets a faster engine size its buffers once; the
-        state here grows as it goes.)"""
+        encoder output once. Returns the state for :meth:`decode_step`, which grows as it goes."""
         empty = [(None, None)] * self.config.n_decoder_layers
         return DecodeState(self.cross_attention_kv(memory), list(empty), src_mask, 0)
 
@@ -499,7 +484,7 @@ class Transformer:
         log-probabilities (B, V_tgt) for the next token, the new state, and the
         cross-attention weights of every layer (list of (B, H, 1, S)).
         """
-        cfg, p, H = self.config, self._decoding_params(), self.config.n_heads
+        cfg, p, H = self.config, self.params, self.config.n_heads
         pos = state.length
         if cfg.positional == "learned" and pos >= cfg.max_len:     # as forward() says it, not an IndexError
             raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "
@@ -543,41 +528,6 @@ class Transformer:
         if self.config.norm == "pre":
             return x + sublayer(self._norm_fwd(norm, x)[0])
         return self._norm_fwd(norm, x + sublayer(x))[0]
-
-    # ------------------------------------------------------------------ choosing tokens
-
-    def greedy_pick(self, logp, banned, info, tokens) -> None:
-        """Greedy decoding's choice at one position, written in place: ``info`` (2, n) float64 <-
-        the most probable token of each row of ``logp`` (n, V), the ids ``banned`` excluded, and
-        its log-probability; ``tokens`` (n,) <- the same ids."""
-        xp = B.get_array_module(logp)
-        logp[:, list(banned)] = -float("inf")
-        nxt = logp.argmax(axis=-1)                                                     # (n,)
-        info[0] = nxt
-        info[1] = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
-        tokens[...] = nxt
-
-    def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, banned):
-        """Beam search's best ``C`` continuations of each sentence, on the host: (2, n, C) float64,
-        their scores (log P so far plus the token's) and ids ``w * V + v`` (beam, token), in no
-        order. ``logp`` (n*W, V) the step's log-probabilities (changed in place), ``beam_scores``
-        (n, W) float64, ``c`` <= V the tokens kept per beam, ``banned`` ids never chosen.
-
-        A sentence's best C candidates are among each of its beams' best c tokens (a beam's
-        score is the same for all its tokens): pick those first, over V in float32, then rank
-        the W * c survivors in float64, instead of all W * V of them."""
-        xp = B.get_array_module(logp)
-        nl, V = beam_scores.shape[0], logp.shape[1]
-        logp[:, list(banned)] = -float("inf")
-        neg = xp.negative(logp, out=logp)               # the best are the least
-        top_v = least_columns(neg, c)                                                 # (n*W, c)
-        top_lp = -xp.take_along_axis(neg, top_v, axis=1)
-        cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
-        flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
-        top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                            # (n, C), unordered
-        top_s = xp.take_along_axis(cand, top, axis=1)
-        top_f = xp.take_along_axis(flat, top, axis=1)
-        return B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))
 
     # ------------------------------------------------------------------ save / load
 
@@ -637,43 +587,11 @@ class DecodeState(NamedTuple):
     src_mask: object
     length: int
 
-    def select(self, index, index_host=None) -> "DecodeState":
-        """Keep (and repeat) batch rows ``index``: beam search reorders hypotheses with it.
-        (``index_host``, the same on the host, is for states that plan on the host.)"""
+    def select(self, index) -> "DecodeState":
+        """Keep (and repeat) batch rows ``index``: beam search reorders hypotheses with it."""
         cross = [(k[index], v[index]) for k, v in self.cross_kv]
         self_kv = [(None, None) if k is None else (k[index], v[index]) for k, v in self.self_kv]
         return DecodeState(cross, self_kv, self.src_mask[index], self.length)
-
-
-#: Columns per block in :func:`least_columns`'s first round.
-PRESELECT_BLOCK = 256
-
-
-def least_columns(a, c: int):
-    """The column ids (R, c) of c least entries of each row of ``a`` (R, V): beam search's
-    preselection of each beam's best tokens. Among entries tied with the c-th least value,
-    the ones kept are those ``argpartition`` keeps (not the lowest ids: breaking exact ties
-    by id would cost a sort at every step).
-
-    With many columns, in two rounds: the c blocks of :data:`PRESELECT_BLOCK` columns with
-    the least minima hold c least entries, so only those blocks (and the last, shorter one)
-    are searched, not all V columns."""
-    xp = B.get_array_module(a)
-    R, V = a.shape
-    b = PRESELECT_BLOCK
-    nb = V // b
-    if nb <= 2 * c:                                           # few blocks: search every column
-        ids = xp.broadcast_to(xp.arange(V), (R, V))
-        vals = a
-    else:
-        minima = a[:, :nb * b].reshape(R, nb, b).min(axis=2)                      # (R, nb)
-        blocks = xp.argpartition(minima, c - 1, axis=1)[:, :c]
-        ids = (blocks[:, :, None] * b + xp.arange(b)).reshape(R, c * b)
-        if nb * b < V:
-            ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(nb * b, V), (R, V - nb * b))], axis=1)
-        vals = xp.take_along_axis(a, ids, axis=1)
-    least = xp.argpartition(vals, c - 1, axis=1)[:, :c]
-    return xp.take_along_axis(ids, least, axis=1)
 
 
 def log_softmax(x):
