@@ -223,6 +223,37 @@ def test_opening_the_hostile_class_pages_runs_nothing(graded):
     assert not dialogs
 
 
+def test_a_file_named_on_the_command_line_is_read_through_its_link(tmp_path):
+    """The one file a command names may be a link (whatever its target is called); in a
+    class folder a link is refused (above)."""
+    (tmp_path / "answer-without-suffix").write_text(GOOD)
+    (tmp_path / "relu.py").symlink_to(tmp_path / "answer-without-suffix")
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2"],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_similarity_counts_the_librarys_share_and_flags_executed_blobs():
+    """A paste of four library files is mostly the library's (each alone is a small part of
+    it); a compressed copy that is executed is flagged."""
+    pytest.importorskip("copydetect")
+    import base64
+    import io
+    import zlib
+    from attn.grader.similarity import _library_sources, similarity_report
+    pasted = "\n".join(p.read_text() for p in _library_sources()[:4])
+    blob = base64.b64encode(zlib.compress(pasted.encode())).decode()
+    packed = f"import base64, zlib\nexec(zlib.decompress(base64.b64decode('{blob}')))\n"
+    subs = [{"learner": who, "exercise": "07_feed_forward_layer_norm", "file": f"{who}/{EX7}",
+             "source": (text, "")} for who, text in (("paster", pasted), ("packer", packed), ("ann", GOOD))]
+    out = io.StringIO()
+    page = Path(tempfile.mkdtemp()) / "similarity.html"
+    rows = similarity_report(subs, page, out)
+    assert any(b == "the library's own source" and a == f"paster/{EX7}" and sim > 0.9 for sim, a, b in rows), rows
+    assert f"runs a blob: packer/{EX7} line 2: calls exec()" in out.getvalue(), out.getvalue()
+    shutil.rmtree(page.parent)
+
+
 def test_the_attempts_among_the_mutants_fail_as_nobody_too(tmp_path):
     """tests/test_check.py grades issue 39's mutants as root; here, as nobody."""
     from test_check import CAUGHT_AS
