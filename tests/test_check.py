@@ -100,7 +100,7 @@ CAUGHT_AS = {
     # Issue 39's attempts (tests/test_sandbox_attempts.py runs them as an unprivileged user too).
     "layer_norm_bound_in_an_if": ("layer_norm", "layer_norm_forward", r"layer_norm_forward raised RuntimeError: "
                                   r"attn.layers.layer_norm_forward is withheld", ()),
-    "softmax_global_max": ("softmax", "softmax_forward", FORWARD_FIRST, ("--seed", "2")),
+    "softmax_global_max": ("softmax", "softmax_forward", r"sums to 0.0 over its unmasked keys", ("--seed", "4242")),
     "relu_forks_300": ("relu", "relu_forward", r"raised BlockingIOError", ()),
     "relu_fills_dev_shm": ("relu", "relu_forward", r"wrote more than 64 MB into /tmp and /dev/shm", ()),
     "relu_sleeps_near_the_limit": ("relu", "relu_forward", r"the layer's 3 s are spent",
