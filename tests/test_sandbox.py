@@ -206,3 +206,15 @@ def test_without_namespaces_a_batch_still_survives(tmp_path):
     data = {Path(f["file"]).name: [r["status"] for r in f["layers"]] for f in json.loads((tmp_path / "r.json")
                                                                                             .read_text())}
     assert data == {"a_good.py": ["pass"], "b_kills.py": ["fail"], "c_good.py": ["pass"]}, data
+
+
+def test_without_bubblewrap_required_refuses_and_auto_says_what_the_file_reaches(tmp_path):
+    (tmp_path / "relu.py").write_text(GOOD)
+    bare = {"PATH": str(tmp_path / "no-such-folder")}          # no bwrap on the PATH
+    proc = _run(tmp_path / "relu.py", "--sandbox", "required", "--examples", "1", env=bare)
+    assert proc.returncode == 2 and "no sandbox can be had here (no bwrap command" in proc.stdout, proc.stdout
+    proc = _run(tmp_path / "relu.py", "--examples", "1", env=bare)
+    who = "as nobody: every file nobody may read" if os.geteuid() == 0 else "as you: every file you may read"
+    assert proc.returncode == 0 and f"no sandbox here (no bwrap command" in proc.stdout, proc.stdout
+    assert f"the file runs {who}, the network, under resource limits only" in proc.stdout, proc.stdout
+    assert "sandbox: no sandbox; user " in proc.stdout, proc.stdout
