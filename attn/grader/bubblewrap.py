@@ -24,7 +24,6 @@ the kernel counts its processes against its own limit (root's processes are neve
 from __future__ import annotations
 
 import ast
-import atexit
 import functools
 import json
 import os
@@ -34,6 +33,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from multiprocessing.util import Finalize
 from pathlib import Path
 
 from .. import backend as B
@@ -222,7 +222,8 @@ def _staged(policy: dict, root: Path) -> Path:
     if key in _STAGED and _STAGED[key].is_dir():
         return _STAGED[key]
     folder = Path(tempfile.mkdtemp(prefix="attn-check-lib-"))
-    atexit.register(shutil.rmtree, folder, True)
+    # At the process's end, a worker of --class's pool included (where atexit does not run):
+    Finalize(None, shutil.rmtree, args=(str(folder), True), exitpriority=0)
     for module, file in sorted(_loaded_modules(modules).items()):
         src = Path(file).resolve()
         if module in policy["block"] or not _under(str(src), [str(root)]):
