@@ -9,9 +9,12 @@ command's own table and time.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +59,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     generate(args.folder, args.learners)
     cmd = [sys.executable, "-m", "attn.grader", "--class", str(args.folder), "--jobs", str(args.jobs)]
-    return subprocess.call(cmd + (["--seed", str(args.seed)] if args.seed is not None else []))
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd + (["--seed", str(args.seed)] if args.seed is not None else []))
+    wall, used = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = used.ru_utime + used.ru_stime
+    load = os.getloadavg()[0]
+    print(f"{args.learners} learners, the whole exercise set: {wall:.0f} s wall with {args.jobs} jobs (load average "
+          f"{load:.1f} at the end), {cpu:.0f} s of CPU in all ({cpu / args.learners:.1f} s a learner): on "
+          f"{args.jobs} cores of their own, about {cpu / args.jobs / 60:.1f} minutes; 200 learners, about "
+          f"{cpu / args.learners * 200 / args.jobs / 60:.0f} minutes")
+    return rc
 
 
 if __name__ == "__main__":
