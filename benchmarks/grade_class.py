@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: attn/layers' modules in an order where each comes after what it imports.
 LAYERS = ("_checks", "activation", "softmax", "linear", "dropout", "embedding", "positional", "layernorm",
-          "feedforward", "residual", "attention", "recurrent")
+          "feedforward", "residual", "rope", "attention", "recurrent")
 PASTED = ("01_seq2seq", "03_positional_encoding", "04_attention", "06_multi_head_attention",
           "07_feed_forward_layer_norm", "08_backprop_by_hand", "12_dropout")
 
