@@ -218,3 +218,14 @@ def test_without_bubblewrap_required_refuses_and_auto_says_what_the_file_reaches
     assert proc.returncode == 0 and f"no sandbox here (no bwrap command" in proc.stdout, proc.stdout
     assert f"the file runs {who}, the network, under resource limits only" in proc.stdout, proc.stdout
     assert "sandbox: no sandbox; user " in proc.stdout, proc.stdout
+
+
+def test_without_a_sandbox_as_root_the_standard_library_still_imports(tmp_path):
+    """As root with no sandbox the child becomes nobody, who may not read a Python under
+    /root: what an honest file imports late (secrets, for its dropout's seed) is loaded first."""
+    if os.geteuid() != 0:
+        pytest.skip("the grader is not root here: the child keeps the grader's user")
+    (tmp_path / "relu.py").write_text(GOOD.replace("    return x * (x > 0), x > 0",
+                                                   "    import secrets  # noqa: F401\n    return x * (x > 0), x > 0"))
+    proc = _run(tmp_path / "relu.py", "--sandbox", "off", "--examples", "2")
+    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
