@@ -233,6 +233,19 @@ def test_a_file_named_on_the_command_line_is_read_through_its_link(tmp_path):
     assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_a_forged_pass_line_is_quoted_in_gradescopes_output_too(tmp_path):
+    (tmp_path / "relu.py").write_text(FORGES + "\n\ndef relu_backward(dout, cache):\n    return dout * cache\n")
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
+                           "--gradescope", str(tmp_path / "results.json")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    results = json.loads((tmp_path / "results.json").read_text())
+    lines = results["tests"][0]["output"].splitlines()
+    assert proc.returncode == 1 and results["score"] == 0, proc.stdout
+    assert not any(ln.startswith("relu") and "PASS" in ln for ln in lines[1:]), lines
+    assert any(ln.startswith("          | relu                   PASS") for ln in lines), lines
+    assert "\x1b" not in results["tests"][0]["output"]
+
+
 def test_similarity_counts_the_librarys_share_and_flags_executed_blobs():
     """A paste of four library files is mostly the library's (each alone is a small part of
     it); a compressed copy that is executed is flagged."""
