@@ -211,12 +211,19 @@ class Sandbox:
         """The pids of bubblewrap's children (the first process of the child's PID namespace)."""
         return _children(self.proc.pid)
 
-    def close(self) -> None:
+    def close(self, patient: bool = False) -> None:
         """End the child and everything it started: its PID namespace (all of it) or its
-        session, and wait until they are gone."""
+        session, and wait until they are gone. ``patient``: the grading is over, the child
+        may end of itself first (closing its pipes ends it; its CPU time is then counted as
+        the grader's children's)."""
         if self.proc is not None:
             for conn in (self.requests, self.answers):
                 conn.close()
+            if patient:
+                try:
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
             self._kill()
             try:
                 self.proc.wait(timeout=30)
@@ -228,7 +235,7 @@ class Sandbox:
             self._work = None
 
     def cleanup(self) -> None:
-        self.close()
+        self.close(patient=True)
         try:
             os.unlink(self._out.name)
         except OSError:
@@ -281,8 +288,8 @@ class Sandbox:
     # -- one call
 
     def _kill(self):
-        for pid in self._inner():                 # the namespace's first process: the kernel ends the rest
-            try:
+        for pid in self._inner() if self.proc.poll() is None else []:     # the namespace's first process:
+            try:                                                          # the kernel ends the rest
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
