@@ -121,6 +121,60 @@ _LAYOUT = """() => ({
 })"""
 MIN_TEXT_PX = 9.0                             # the smallest text a figure may show on the page, CSS pixels
 
+#: What a reader cannot reach or read: the page scrolling sideways; a display equation whose
+#: content starts left of its box (no scrolling reaches it) or ends right of it where the box
+#: does not scroll; a wrapped line of code whose continuation starts left of the line's code.
+_CUT = r"""() => {
+    const W = document.documentElement.clientWidth, out = {page: document.documentElement.scrollWidth - W,
+                                                           maths: [], indents: []};
+    for (const box of document.querySelectorAll('div.math')) {
+        const m = box.querySelector('mjx-container > mjx-math');
+        if (!m) continue;
+        const b = box.getBoundingClientRect(), r = m.getBoundingClientRect();
+        const scrolls = ['auto', 'scroll'].includes(getComputedStyle(box).overflowX);
+        const reach = b.left + (scrolls ? box.scrollWidth : box.clientWidth);
+        if (r.left < b.left - 1 || r.right > reach + 1 || b.right > W + 1)
+            out.maths.push(`${box.textContent.trim().slice(0, 60)}: maths ${Math.round(r.left)}..${Math.round(r.right)} px,`
+                           + ` its box ${Math.round(b.left)}..${Math.round(b.right)} px, reaching ${Math.round(reach)}`);
+    }
+    const blockOf = (n, pre) => { for (let e = n.parentElement; e && e !== pre; e = e.parentElement)
+        if (getComputedStyle(e).display === 'block') return e; return pre; };
+    for (const pre of document.querySelectorAll('div.highlight pre')) {
+        if (pre.closest('.cell_output')) continue;
+        const lines = [];                    // each source line: [text node, start, end] pieces
+        let line = null, block = null;
+        const walk = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+        for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+            if (blockOf(n, pre) !== block) { block = blockOf(n, pre); lines.push(line = []); }
+            let start = 0;
+            n.textContent.split('\n').forEach((part, i) => {
+                if (i > 0) lines.push(line = []);
+                line.push([n, start, start + part.length]);
+                start += part.length + 1;
+            });
+        }
+        for (const pieces of lines) {
+            const text = pieces.map(([n, a, b]) => n.textContent.slice(a, b)).join('');
+            const first = text.search(/\S/);
+            if (first < 0) continue;
+            let at = first, firstRect = null;
+            for (const [n, a, b] of pieces) {
+                if (at < b - a) { const r = document.createRange(); r.setStart(n, a + at); r.setEnd(n, a + at + 1);
+                                  firstRect = r.getBoundingClientRect(); break; }
+                at -= b - a;
+            }
+            for (const [n, a, b] of pieces) {
+                const r = document.createRange(); r.setStart(n, a); r.setEnd(n, b);
+                const bad = Array.from(r.getClientRects()).find(q => q.width > 0 && q.top > firstRect.top + firstRect.height / 2
+                                                                 && q.left < firstRect.left - 1);
+                if (bad) { out.indents.push(`${text.slice(0, 70)}: a continuation at ${Math.round(bad.left)} px, `
+                                            + `the line's code at ${Math.round(firstRect.left)} px`); break; }
+            }
+        }
+    }
+    return out;
+}"""
+
 
 def visit(browser, url: str, screenshot: Path | None, act=None, width: int = 1280, full_page: bool = True):
     """Open ``url`` in a fresh context that lets no request leave 127.0.0.1; wait for the
@@ -162,7 +216,7 @@ def visit(browser, url: str, screenshot: Path | None, act=None, width: int = 128
                  "math": page.evaluate(_MATH),
                  "outputs": page.evaluate("() => Array.from(document.querySelectorAll('.cell_output'))"
                                           ".map(e => e.innerText).join('\\n')"),
-                 "layout": page.evaluate(_LAYOUT)}
+                 "layout": page.evaluate(_LAYOUT), "cut": page.evaluate(_CUT), "width": width}
         if act is not None:
             facts["act"] = act(page)
         if screenshot is not None:
@@ -200,9 +254,19 @@ def test_lesson_page(lesson, site, browser):
     assert_nothing_cut_off(facts, lesson.name)
 
 
+def assert_readable(facts: dict, name: str) -> None:
+    """At any width: the page does not scroll sideways, every display equation can be read
+    whole (inside its box, or by scrolling the box), and wrapped code keeps its indentation."""
+    cut, width = facts["cut"], facts["width"]
+    assert cut["page"] <= 1, f"{name}: the page scrolls sideways by {cut['page']} px at {width} px"
+    assert not cut["maths"], f"{name}: display maths cut off at {width} px: {cut['maths'][:4]}"
+    assert not cut["indents"], f"{name}: wrapped code lines that lose their indent at {width} px: {cut['indents'][:4]}"
+
+
 def assert_nothing_cut_off(facts: dict, name: str) -> None:
     """At 1280 px no code or output block scrolls sideways, and every figure's smallest text
     shows at MIN_TEXT_PX or more, has alt text that is not a file name, and opens full size."""
+    assert_readable(facts, name)
     layout = facts["layout"]
     assert not layout["overflowing"], f"{name}: blocks that scroll sideways at 1280 px: {layout['overflowing']}"
     for f in layout["figures"]:
@@ -212,6 +276,19 @@ def assert_nothing_cut_off(facts: dict, name: str) -> None:
         shown = f["textPx"] * min(1.0, f["shown"] / f["natural"])
         assert shown >= MIN_TEXT_PX, (f"{name}: {f['src']} ({f['alt'][:60]}) shows its smallest text at "
                                       f"{shown:.1f} px, under {MIN_TEXT_PX}")
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_page_on_a_phone(lesson, site, browser):
+    """At 390 px (a phone) every lesson reads: no sideways scrolling of the page, every display
+    equation whole or scrolling in its own box, wrapped code under its own indentation, every
+    figure a link to its full size. A screenshot goes to build/book/screenshots/<lesson>-390.png."""
+    facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html",
+                          book.SCREENSHOTS / f"{lesson.stem}-390.png", width=390)
+    assert_page_works(facts, report, lesson.name + " at 390 px")
+    assert_readable(facts, lesson.name)
+    for f in facts["layout"]["figures"]:
+        assert f["link"] and f["link"].endswith(f["src"]), f"{lesson.name}: {f['src']} does not open full size"
 
 
 #: What a page must never show: where the book was built (a path of the build machine), a
