@@ -97,19 +97,64 @@ def fit_text(fig, dpi: float = 110, column_px: float = COLUMN_PX, min_px: float 
     return total
 
 
+def _constrain(fig) -> None:
+    """Lay out a figure of subplots with constrained layout, which keeps titles, labels and
+    colour bars of neighbouring panels apart (tight layout, the lessons' habit, does not see
+    a suptitle or a colour bar's label). A figure that places its own axes keeps them."""
+    if fig.get_layout_engine() is None and fig.axes and all(ax.get_subplotspec() is not None for ax in fig.axes):
+        fig.set_layout_engine("constrained")
+
+
+def _drawn_texts(fig) -> list:
+    """The texts a drawing of ``fig`` shows: every visible, non-empty text but the tick labels
+    of ticks outside their axis' view (matplotlib keeps those, undrawn)."""
+    ticks, drawn = set(), []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            pad = 1e-9 * max(1.0, abs(hi - lo))
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks.update((id(tick.label1), id(tick.label2)))
+                if lo - pad <= tick.get_loc() <= hi + pad:
+                    drawn += [t for t in (tick.label1, tick.label2) if t.get_visible() and t.get_text().strip()]
+    return [t for t in _texts(fig) if id(t) not in ticks] + drawn
+
+
+def text_overlaps(fig, min_px: float = 1.0) -> list[tuple[str, str]]:
+    """The pairs of texts of ``fig`` that overlap once it is drawn (their extents, as
+    matplotlib's renderer measures them, share more than ``min_px`` pixels each way)."""
+    from matplotlib.transforms import Bbox
+    if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text().replace("\n", " "), t.get_window_extent(renderer)) for t in _drawn_texts(fig)]
+    pairs = []
+    for i, (a, ba) in enumerate(boxes):
+        for b, bb in boxes[i + 1:]:
+            both = Bbox.intersection(ba, bb)
+            if both is not None and both.width > min_px and both.height > min_px:
+                pairs.append((a, b))
+    return pairs
+
+
 def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefig_kwargs) -> SavedFigure:
-    """Fit the text to the page, then save with the alt text and the smallest text's size (in
-    pixels of the image) in the PNG, where the book reads them."""
+    """Fit the text to the page, then save with the alt text, the smallest text's size (in
+    pixels of the image) and the texts that overlap (none, tests/test_book.py checks) in the
+    PNG, where the book reads them."""
     path = SavedFigure(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
+    _constrain(fig)
     fit_text(fig, dpi)
     texts = _texts(fig)
     metadata = {}
     if path.suffix.lower() == ".png":
+        fig.set_dpi(dpi)
         metadata = {"Description": alt or describe(fig),
-                    "attn:text-px": f"{min((t.get_fontsize() for t in texts), default=72.0) * dpi / 72.0:.2f}"}
+                    "attn:text-px": f"{min((t.get_fontsize() for t in texts), default=72.0) * dpi / 72.0:.2f}",
+                    "attn:overlaps": " | ".join(f"{a!r} on {b!r}" for a, b in text_overlaps(fig))}
     savefig_kwargs.setdefault("bbox_inches", "tight")
     fig.savefig(path, dpi=dpi, metadata=metadata, **savefig_kwargs)
     return path
