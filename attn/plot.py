@@ -220,9 +220,10 @@ def show_figure(fig, name: str = "", dpi: int = 110, alt: str | None = None, **s
     Text too small to read at the book's column width is enlarged first (:func:`fit_text`);
     ``alt`` (default: the figure's titles, :func:`describe`) is stored in the PNG, where the
     book reads the image's alt text. In a notebook or interactive window the saved image
-    appears inline below the cell; run as a script, the file is the output. A pyplot figure
-    is closed afterwards, so a long lesson does not pile up open figures. Prints the path
-    (relative to the repository) and returns it."""
+    appears inline below the cell; run as a script, the file is the output, and its path
+    (relative to the repository) is printed (not in a notebook: the book would show its
+    build folder). A pyplot figure is closed afterwards, so a long lesson does not pile up
+    open figures. Returns the path."""
     if isinstance(fig, (str, Path)):
         path = SavedFigure(fig)
     else:
@@ -233,7 +234,8 @@ def show_figure(fig, name: str = "", dpi: int = 110, alt: str | None = None, **s
     if _in_notebook():
         from IPython.display import Image, display
         display(Image(filename=str(path)))
-    print("saved", shown_path(path))
+    else:
+        print("saved", shown_path(path))
     return path
 
 
