@@ -291,6 +291,47 @@ def test_lesson_page_on_a_phone(lesson, site, browser):
         assert f["link"] and f["link"].endswith(f["src"]), f"{lesson.name}: {f['src']} does not open full size"
 
 
+def test_no_figure_of_a_lesson_overlaps_its_own_text(built_book):
+    """Every figure a lesson page shows was saved by attn.plot, which measured the extents of
+    its texts with matplotlib's renderer (attn.plot.text_overlaps) and stored the pairs that
+    overlap in the PNG: there are none."""
+    from PIL import Image
+    seen, overlapping = 0, []
+    for page in sorted((built_book / "lessons").glob("*.html")):
+        for src in sorted(set(re.findall(r'<img alt="[^"]*" src="(\.\./_images/[0-9a-f]+\.png)"',
+                                         page.read_text(encoding="utf-8")))):
+            with Image.open((page.parent / src).resolve()) as im:
+                text = dict(getattr(im, "text", {}) or {})
+            assert "attn:overlaps" in text, f"{page.name}: {src} was not saved by attn.plot.show_figure"
+            seen += 1
+            if text["attn:overlaps"]:
+                overlapping.append(f"{page.stem}: {text.get('Description', src)[:70]}: {text['attn:overlaps'][:300]}")
+    assert seen >= len(LESSONS), f"only {seen} figures on {len(LESSONS)} lesson pages"
+    assert not overlapping, "figures whose texts overlap:\n" + "\n".join(overlapping)
+
+
+def test_the_overlap_check_sees_overlapping_texts():
+    """attn.plot.text_overlaps finds two titles that run into each other and a label on a
+    tick label, and nothing in a figure laid out with room to spare."""
+    from matplotlib.figure import Figure
+    from attn.plot import text_overlaps
+    fig = Figure(figsize=(5, 2))
+    for ax in fig.subplots(1, 3):
+        ax.set_title("a title far wider than its panel")
+    assert len(text_overlaps(fig)) == 2
+    fig = Figure(figsize=(3, 3))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1])
+    ax.text(0.0, 0.0, "on the tick labels", transform=ax.transAxes, ha="center", va="top", fontsize=14)
+    assert any("on the tick labels" in pair for pair in text_overlaps(fig)), text_overlaps(fig)
+    fig = Figure(figsize=(8, 3), layout="constrained")
+    for ax in fig.subplots(1, 2):
+        ax.plot([0, 1], [0, 1])
+        ax.set_title("short")
+        ax.set_xlabel("x")
+    assert text_overlaps(fig) == []
+
+
 #: What a page must never show: where the book was built (a path of the build machine), a
 #: Path's repr. (Machines' homes and temporary folders, and this checkout wherever it is.)
 _MACHINE = re.compile(r"PosixPath\(|WindowsPath\(|(?<![\w.])/(?:home|root|tmp|Users|work|private|var/folders)/")
