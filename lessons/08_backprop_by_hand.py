@@ -271,7 +271,7 @@ slope = {m: np.polyfit(np.log10(hs[big]), np.log10(np.array(sweep["float64", m])
 print(f"float64, h >= 1e-3: error ~ h^{slope['central']:.2f} (central), h^{slope['forward']:.2f} (forward)")
 
 # %%
-fig, ax = plt.subplots(1, 2, figsize=(14, 4.8))
+fig, ax = plt.subplots(2, 1, figsize=(8, 9.5))          # one above the other: each readable on a phone
 short = {"multi_head_attention": "mha", "softmax (masked)": "softmax+mask"}
 order = sorted(results, key=lambda k: k[2] == "broken")          # correct ones first, then the broken
 vals = [max(results[k], 1e-18) for k in order]                   # floor: an exact 0 still shows on a log axis

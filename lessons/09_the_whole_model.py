@@ -355,7 +355,7 @@ print(f"base model: shared {n_base:,}, untied {n_untied:,}: sharing saves {n_unt
       f"parameters ({(n_untied - n_base) / n_untied:.0%} of the untied model)")
 
 # %%
-fig, ax = plt.subplots(1, 2, figsize=(14, 4.6), gridspec_kw={"width_ratios": [1.25, 1]})
+fig, ax = plt.subplots(2, 1, figsize=(8, 10))            # one above the other: each readable on a phone
 names = list(groups)
 vals = [groups[k] / 1e6 for k in names]
 colors = ["tab:purple" if "embedding" in k else ("tab:blue" if k.startswith("encoder") else "tab:orange")
