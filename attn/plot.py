@@ -105,8 +105,11 @@ def _constrain(fig) -> None:
             and all(ax.get_subplotspec() is not None for ax in fig.axes):
         try:
             fig.set_layout_engine("constrained")
+            fig.canvas.draw()
         except RuntimeError:        # a colour bar made under tight layout: it stays, laid out again
             pass
+        except ZeroDivisionError:   # constrained layout found no room (a colour bar of make_axes)
+            fig.set_layout_engine("none")
 
 
 def _relayout(fig) -> None:
