@@ -12,17 +12,15 @@ import pytest
 import attn.backend as B
 from attn.grader import cli
 
-LN = '''
-from attn.layers import layer_norm_forward
-
-
-def layer_norm_backward(dout, cache):
+NORM = '''
+def {name}(dout, cache):
     xhat, rstd, gamma = cache
     D = xhat.shape[-1]
     g = dout * gamma
     dx = {dx}
     return dx, (dout * xhat).reshape(-1, D).sum(axis=0), dout.reshape(-1, D).sum(axis=0)
 '''
+LN = "from attn.layers import layer_norm_forward\n\n" + NORM.replace("{name}", "layer_norm_backward")
 SOFTMAX = '''
 from attn.layers import softmax_forward
 
@@ -44,17 +42,8 @@ def attention_backward(dout, cache):
     ds = {ds}
     return ds @ k, ds.swapaxes(-1, -2) @ q, dv
 '''
-RESIDUAL = '''
-from attn.layers import feed_forward_backward, residual_ffn_forward
-
-
-def _norm_backward(dout, cache):
-    xhat, rstd, gamma = cache
-    D = xhat.shape[-1]
-    g = dout * gamma
-    dx = {dx}
-    return dx, (dout * xhat).reshape(-1, D).sum(axis=0), dout.reshape(-1, D).sum(axis=0)
-
+RESIDUAL = "from attn.layers import feed_forward_backward, residual_ffn_forward\n\n" + NORM.replace(
+    "{name}", "_norm_backward") + '''
 
 def residual_ffn_backward(dout, cache):
     dz, dgamma, dbeta = _norm_backward(dout, cache.norm)
@@ -137,17 +126,9 @@ def test_a_composite_whose_part_failed_points_at_the_part(tmp_path):
     """The file's own layer norm drops the variance term, and residual_ffn uses it: hint 2 of
     residual_ffn points at the norm, not at the skip path it got right."""
     path = tmp_path / "07_feed_forward_layer_norm.py"
-    path.write_text(textwrap.dedent(f'''
-        from attn.layers import feed_forward_backward, feed_forward_forward, layer_norm_forward
-
-
-        def layer_norm_backward(dout, cache):
-            xhat, rstd, gamma = cache
-            D = xhat.shape[-1]
-            g = dout * gamma
-            dx = {NO_VAR}
-            return dx, (dout * xhat).reshape(-1, D).sum(axis=0), dout.reshape(-1, D).sum(axis=0)
-
+    own_norm = NORM.replace("{name}", "layer_norm_backward").format(dx=NO_VAR)
+    path.write_text("from attn.layers import feed_forward_backward, feed_forward_forward, layer_norm_forward\n"
+                    + own_norm + textwrap.dedent('''
 
         def residual_ffn_forward(x, w1, b1, w2, b2, gamma, beta, eps=1e-5):
             f, cf = feed_forward_forward(x, w1, b1, w2, b2)
