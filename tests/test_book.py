@@ -134,8 +134,9 @@ _CUT = r"""() => {
         const scrolls = ['auto', 'scroll'].includes(getComputedStyle(box).overflowX);
         const reach = b.left + (scrolls ? box.scrollWidth : box.clientWidth);
         if (r.left < b.left - 1 || r.right > reach + 1 || b.right > W + 1)
-            out.maths.push(`${box.textContent.trim().slice(0, 60)}: maths ${Math.round(r.left)}..${Math.round(r.right)} px,`
-                           + ` its box ${Math.round(b.left)}..${Math.round(b.right)} px, reaching ${Math.round(reach)}`);
+            out.maths.push(`${box.textContent.trim().slice(0, 60)}: maths ${Math.round(r.left)}..`
+                           + `${Math.round(r.right)} px, its box ${Math.round(b.left)}..${Math.round(b.right)} px,`
+                           + ` reaching ${Math.round(reach)}`);
     }
     const blockOf = (n, pre) => { for (let e = n.parentElement; e && e !== pre; e = e.parentElement)
         if (getComputedStyle(e).display === 'block') return e; return pre; };
