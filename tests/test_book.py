@@ -166,7 +166,8 @@ _CUT = r"""() => {
             }
             for (const [n, a, b] of pieces) {
                 const r = document.createRange(); r.setStart(n, a); r.setEnd(n, b);
-                const bad = Array.from(r.getClientRects()).find(q => q.width > 0 && q.top > firstRect.top + firstRect.height / 2
+                const below = firstRect.top + firstRect.height / 2;
+                const bad = Array.from(r.getClientRects()).find(q => q.width > 0 && q.top > below
                                                                  && q.left < firstRect.left - 1);
                 if (bad) { out.indents.push(`${text.slice(0, 70)}: a continuation at ${Math.round(bad.left)} px, `
                                             + `the line's code at ${Math.round(firstRect.left)} px`); break; }
