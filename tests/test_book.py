@@ -121,19 +121,24 @@ _LAYOUT = """() => ({
 })"""
 MIN_TEXT_PX = 9.0                             # the smallest text a figure may show on the page, CSS pixels
 
-#: What a reader cannot reach or read: the page scrolling sideways; a display equation whose
+#: What a reader cannot reach or read: the page scrolling sideways; an equation whose
 #: content starts left of its box (no scrolling reaches it) or ends right of it where the box
 #: does not scroll; a wrapped line of code whose continuation starts left of the line's code.
 _CUT = r"""() => {
     const W = document.documentElement.clientWidth, out = {page: document.documentElement.scrollWidth - W,
                                                            maths: [], indents: []};
-    for (const box of document.querySelectorAll('div.math')) {
+    const scrolled = (e) => {             // inside a box that scrolls sideways (a wide table's)
+        for (let a = e.parentElement; a && a !== document.body; a = a.parentElement)
+            if (['auto', 'scroll'].includes(getComputedStyle(a).overflowX)) return true;
+        return false;
+    };
+    for (const box of document.querySelectorAll('div.math, span.math')) {
         const m = box.querySelector('mjx-container > mjx-math');
         if (!m) continue;
         const b = box.getBoundingClientRect(), r = m.getBoundingClientRect();
         const scrolls = ['auto', 'scroll'].includes(getComputedStyle(box).overflowX);
         const reach = b.left + (scrolls ? box.scrollWidth : box.clientWidth);
-        if (r.left < b.left - 1 || r.right > reach + 1 || b.right > W + 1)
+        if (r.left < b.left - 1 || r.right > reach + 1 || (b.right > W + 1 && !scrolled(box)))
             out.maths.push(`${box.textContent.trim().slice(0, 60)}: maths ${Math.round(r.left)}..`
                            + `${Math.round(r.right)} px, its box ${Math.round(b.left)}..${Math.round(b.right)} px,`
                            + ` reaching ${Math.round(reach)}`);

@@ -64,9 +64,27 @@
       });
     });
   }
+  // Inline maths wider than the column (a phone) scrolls in its own box; the theme's box
+  // hides what overflows. Only those boxes scroll: a scrolling box would move the baseline of
+  // every other inline formula.
+  function scrollWideMath() {
+    document.querySelectorAll("span.math").forEach(function (span) {
+      span.classList.remove("attn-wide");
+      var shown = span.querySelector("mjx-container > mjx-math");    // not the wider hidden MathML
+      if (shown && shown.getBoundingClientRect().width > span.clientWidth + 1) span.classList.add("attn-wide");
+    });
+  }
+  function afterMath() {
+    var ready = window.MathJax && MathJax.startup && MathJax.startup.promise;
+    (ready || Promise.resolve()).then(scrollWideMath);
+  }
   function start() { hangIndent(); fit(); }
+  window.addEventListener("load", afterMath);
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
   var timer;
-  window.addEventListener("resize", function () { clearTimeout(timer); timer = setTimeout(fit, 100); });
+  window.addEventListener("resize", function () {
+    clearTimeout(timer);
+    timer = setTimeout(function () { fit(); scrollWideMath(); }, 100);
+  });
 })();
