@@ -26,17 +26,21 @@ from .text import split_glue
 #: The most tokens one source sentence may have (the end-of-sentence mark included) by default.
 #: Attention's memory and time grow with the square of the length: on the CPU the toy model
 #: translates a sentence of this length in about a second and a few hundred MB (benchmarks/RESULTS.md,
-#: "Bounded input"), where 10,000 words need over 9 GB. Longer input is cut at its sentence
-#: boundaries (:func:`split_sentences`); a single sentence over the limit is an :class:`InputTooLong`.
+#: "Bounded input"), where 10,000 words need over 9 GB. A model is never asked for more positions
+#: than it was trained on either (its ``max_len``): input is cut at its sentence ends
+#: (:func:`split_sentences`), and a single sentence over the limit is an :class:`InputTooLong`.
 MAX_SOURCE_TOKENS = 512
-#: What ends a sentence, for cutting long input into pieces the limit allows.
+#: The largest limit a user may set (``--max-length``): attention over this many positions already
+#: takes gigabytes.
+MAX_SOURCE_TOKENS_LIMIT = 4096
+#: What ends a sentence, for cutting input into the sentences the model was trained on.
 SENTENCE_ENDS = frozenset(".!?…。！？")
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")
 
 
 class InputTooLong(ValueError):
-    """A source sentence is longer than the translation's limit and has no sentence boundary to
-    cut it at; the message names the sentence, its length and the limit."""
+    """A source sentence is longer than the translation's limit; the message names the line, the
+    sentence within it, its length and the limit."""
 
 
 class Translation(NamedTuple):
@@ -132,26 +136,20 @@ def _cut_tokens(tokens: list) -> list[list]:
     return pieces + ([tokens[start:]] if start < len(tokens) else [])
 
 
-def _pieces(vocab, sentence, limit: int | None, number: int) -> list[list]:
-    """The token lists one input sentence is translated as: the whole, or, if it is longer than
-    ``limit`` tokens (its end mark included), consecutive sentences packed into pieces that fit."""
-    toks = vocab.tokenize(sentence) if isinstance(sentence, str) else list(sentence)
-    if limit is None or len(toks) + 1 <= limit:
-        return [toks]
-    parts = ([vocab.tokenize(p) for p in split_sentences(sentence)] if isinstance(sentence, str)
-             else _cut_tokens(toks))
-    pieces: list = []
-    for part in parts:
+def _pieces(vocab, line, limit: int | None, number: int) -> list[list]:
+    """The token lists one input line is translated as: its sentences (cut after each sentence end,
+    whatever the line's length), each at most ``limit`` tokens with its end mark; None: the whole line."""
+    if limit is None:
+        return [vocab.tokenize(line) if isinstance(line, str) else list(line)]
+    parts = ([vocab.tokenize(p) for p in split_sentences(line)] if isinstance(line, str)
+             else _cut_tokens(list(line)))
+    for k, part in enumerate(parts, start=1):
         if len(part) + 1 > limit:
-            raise InputTooLong(f"sentence {number} has a part of {len(part) + 1:,} tokens (its end mark included) "
-                               f"with no sentence end to cut it at, more than the limit of {limit:,} tokens: "
-                               f"raise it (max_source_tokens, attn-translate --max-length), knowing that "
-                               f"memory and time grow with the square of the length, or split the input")
-        if pieces and len(pieces[-1]) + len(part) + 1 <= limit:
-            pieces[-1] = pieces[-1] + part
-        else:
-            pieces.append(list(part))
-    return pieces
+            where = f"line {number}" + (f", sentence {k} of {len(parts)}," if len(parts) > 1 else "")
+            raise InputTooLong(f"{where} has {len(part) + 1:,} tokens (its end mark included), more than the "
+                               f"limit of {limit:,} (the model's max_len, or max_source_tokens, attn-translate "
+                               f"--max-length): split it into shorter sentences")
+    return parts
 
 
 def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
@@ -159,13 +157,15 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
               max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
 
-    A sentence longer than ``max_source_tokens`` tokens (its end-of-sentence mark included;
-    for a model with a learned positional table, at most its ``max_len``) is cut at its sentence
-    ends into pieces that fit, translated piece by piece and joined; one with no sentence end to
-    cut it at raises :class:`InputTooLong` before anything is decoded. None: no limit (a learned
-    table's model then sees the first ``max_len`` tokens of each sentence). The
-    limit bounds each piece's memory and time, which grow with the square of its length. Such a
-    joined translation has no ``attention``. An empty sentence translates to an empty one.
+    Each input is cut after its sentence ends (:func:`split_sentences`, whatever its length); its
+    sentences are translated one by one and their translations joined with a space, so a line
+    of three sentences gives one line of three translations (without ``attention``). A sentence
+    of more than ``max_source_tokens`` tokens (its end-of-sentence mark included), or than the
+    model's ``max_len``, the longest it was trained on, raises :class:`InputTooLong` before
+    anything is decoded: the limit bounds each sentence's memory and time, which grow with the
+    square of its length. None: each input is translated whole, as it is, without a limit (a
+    learned table's model then sees the first ``max_len`` tokens). An empty input translates
+    to an empty one.
     ``no_repeat_ngram`` n > 0: no translation repeats one of its own n-grams of pieces
     (:func:`attn.decode.repeated_ngrams`).
 
@@ -177,9 +177,7 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
                                           not isinstance(max_source_tokens, int) or max_source_tokens < 2):
         raise ValueError(f"translate: max_source_tokens must be an integer of at least 2 or None, "
                          f"got {max_source_tokens!r}")
-    limit = max_source_tokens
-    if model.config.positional == "learned" and limit is not None:    # a learned table has no row past max_len
-        limit = min(limit, model.config.max_len)
+    limit = None if max_source_tokens is None else min(max_source_tokens, model.config.max_len)
     pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=1)]
     flat = [(i, toks) for i, ps in enumerate(pieces) for toks in ps if toks]
     done = _translate_pieces(model, vocab, [t for _, t in flat], beam_size, alpha, batch_size, max_len, use_cache,
@@ -230,8 +228,8 @@ def translate_sentences(model, vocab, sentences: list[str], beam_size: int = 1, 
                         max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[str]:
     """Translate text: tokenise (``vocab.tokenize``), map to ids (UNK for unknown words),
     decode in batches of sentences of similar length (greedy for ``beam_size`` 1, beam
-    search otherwise), detokenise. Returns the translations in the input order. A sentence
-    over ``max_source_tokens`` tokens is cut at its sentence ends (see :func:`translate`)."""
+    search otherwise), detokenise. Returns the translations in the input order, one per input,
+    each input cut at its sentence ends (see :func:`translate`)."""
     return [t.text for t in translate(model, vocab, sentences, beam_size, alpha, batch_size,
                                       max_len, use_cache, max_source_tokens=max_source_tokens,
                                       no_repeat_ngram=no_repeat_ngram)]
