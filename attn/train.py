@@ -47,8 +47,8 @@ from .layers._checks import check_ids
 from .loss import cross_entropy
 from .training import distributed
 from .training.interrupts import Interrupted, StopSignals, abort_on_signals, exit_status
-from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, open_run,  # noqa: F401 (re-exported)
-                                   save_checkpoint, snapshot, start_writing)
+from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, hold_out,  # noqa: F401 (re-exported)
+                                   open_run, save_checkpoint, snapshot, start_writing)
 from .training.config import (DEFAULT_BPE_SIZE, DEFAULT_DATA, EVAL_SHARE, RECIPES,  # noqa: F401 (re-exported)
                               RESUME_MAY_CHANGE, WARMUP_FRACTION, TrainConfig, TrainConfigError, build_parser,
                               config_from_argv, resumed_config)
@@ -182,6 +182,11 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
     dp = distributed.group()                     # one process: Single, whose calls change nothing
+    with hold_out(config.out, dp.master):        # one run at a time in out, for the run's life
+        return _train(config, given, on_step, dp)
+
+
+def _train(config: TrainConfig, given, on_step, dp) -> dict:
     parallel = dp if dp.size > 1 else None       # what train_step is given: None for one process
     config, saved = open_run(config, given)      # --resume: the saved run's settings and checkpoint
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
@@ -199,7 +204,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                       {"model": model.config.to_dict(), "train": config.to_dict(), "vocab_size": len(vocab),
                        "corpus": run.corpus.source, "train_pairs": len(run.train_enc),
                        "warmup_rule": run.warmup_rule, "processes": dp.size}, dp.say,
-                      evals=state.evals if config.resume else None)
+                      evals=state.evals if config.resume else None, step=state.step if config.resume else None)
     dp.say(f"attn-train: {len(run.train_enc)} training pairs from {run.corpus.source}, vocabulary {len(vocab)} "
            f"({'BPE' if vocab.bpe is not None else 'words'}), "
            f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}"

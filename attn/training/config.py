@@ -118,6 +118,8 @@ class TrainConfig:
         for name in ("data", "tsv", "out"):
             v = getattr(self, name)
             if isinstance(v, str):
+                if not v.strip():
+                    self._bad(name, "must be a path, not empty (for the current folder give .)")
                 object.__setattr__(self, name, Path(v))
             elif v is not None and not isinstance(v, Path):
                 self._bad(name, "must be a path")
@@ -402,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-repeat-ngram", type=int, metavar="N",
                    help="no test translation repeats one of its own N-grams of tokens (0: off; default: the "
                         f"preset's, {_recipe('no_repeat_ngram')})")
-    g.add_argument("--out", type=Path, help=f"output folder (default {_D.out})")
+    g.add_argument("--out", help=f"output folder (default {_D.out})")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
                         f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")
