@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import NamedTuple
 
 from . import backend as B
@@ -100,6 +101,12 @@ class TransformerConfig:
                 f"and tgt_vocab_size {self.tgt_vocab_size}")
         if self.warmup_steps < 1:
             bad(f"warmup_steps must be positive, got {self.warmup_steps!r}")
+        count = parameter_count(self)
+        if count > MAX_PARAMETERS:        # before anything is allocated, or parameter_shapes listed
+            fields = dataclasses.asdict(self)     # named: the field whose shrinking to 1 saves the most
+            field = max(SIZE_FIELDS, key=lambda f: count - parameter_count(SimpleNamespace(**{**fields, f: 1})))
+            bad(f"{field} = {getattr(self, field):,} gives {count:,} parameters ({4 * count / 2**30:,.0f} GiB in "
+                f"float32), more than the {MAX_PARAMETERS:,} a model may have")
 
     @property
     def target_vocab_size(self) -> int:
@@ -125,6 +132,25 @@ class TransformerConfig:
 
 
 # --------------------------------------------------------------------------- parameters
+
+#: The most parameters a config may give (16 GiB in float32, 75 times the paper's big model): a
+#: config read from a file that asks for more is refused naming its field, before anything is allocated.
+MAX_PARAMETERS = 2**32
+#: The fields a model's size grows with.
+SIZE_FIELDS = ("vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_len")
+
+
+def parameter_count(cfg) -> int:
+    """How many numbers :func:`parameter_shapes` holds, counted without listing them (a config of
+    10⁸ layers is counted at once); ``cfg`` has the fields of a :class:`TransformerConfig`."""
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    T = cfg.tgt_vocab_size or V
+    embeddings = V * D if cfg.share_embeddings else V * D + 2 * T * D
+    positions = 2 * cfg.max_len * D if cfg.positional == "learned" else 0
+    attention, ffn, norm = 4 * D * D + 4 * D, 2 * D * F + F + D, 2 * D
+    final = 2 * norm if cfg.norm == "pre" else 0
+    return (embeddings + positions + cfg.n_encoder_layers * (attention + ffn + 2 * norm)
+            + cfg.n_decoder_layers * (2 * attention + ffn + 3 * norm) + final)
 
 def _attention_shapes(D):
     return {f"{p}_{n}": ((D, D) if p == "w" else (D,)) for n in "qkvo" for p in "wb"}
@@ -596,7 +622,7 @@ class Transformer:
         ``config``, if given, must equal the file's; any difference, or parameters
         missing, unexpected or of the wrong shape, is a CheckpointError listing them.
         """
-        arrays, meta = load_npz(path)
+        arrays, meta = load_npz(path, expect=model_members)
         return cls.from_arrays(arrays, meta, config, dtype, source=str(path))
 
     @classmethod
@@ -626,6 +652,31 @@ class Transformer:
             dtype = "float32"
         params = {k: B.to_device(found[k], dtype) for k in expected}
         return cls(file_cfg, dtype=dtype, params=params)
+
+
+def model_members(meta: dict, sizes: dict, optimizer: bool = False) -> dict:
+    """What :func:`attn.checkpoint.load_npz` reads of a model file (its ``expect``): the parameters,
+    and a run's optimizer moments and loss history if ``optimizer`` (else they are left unread),
+    nothing else; and, before any is decompressed, no more bytes than the config in ``meta``
+    implies in float64 (its parameters, their two moments, a loss a step)."""
+    if "config" not in meta:
+        raise CheckpointError("it holds no model config")
+    try:
+        cfg = TransformerConfig.from_dict(meta["config"])
+    except (TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"it has an invalid config: {e}") from None
+    wanted = {k: None if optimizer or k.startswith("param/") else False for k in sizes
+              if k.startswith(("param/", "adam.m/", "adam.v/")) or k == "history/train_loss"}
+    others = sorted(set(sizes) - set(wanted))
+    if others:
+        raise CheckpointError(f"member {others[0]!r} is not part of a model"
+                              + (f" (nor are {len(others) - 1} more)" if len(others) > 1 else ""))
+    steps = meta.get("step") if isinstance(meta.get("step"), int) and optimizer else 0
+    implied = 8 * parameter_count(cfg) * (3 if optimizer else 1) + 8 * steps + 2**20
+    claimed = sum(sizes[k] for k in wanted if wanted[k] is None)
+    if claimed > implied:
+        raise CheckpointError(f"its arrays claim {claimed:,} bytes, more than the {implied:,} its config implies")
+    return wanted
 
 
 class DecodeState(NamedTuple):

@@ -87,12 +87,12 @@ def attention_paths(path: Path, n: int) -> list[Path]:
 def load_translator(checkpoint):
     """Load (model, vocab) from a checkpoint written by ``attn-train`` onto the selected backend.
 
-    Raises CheckpointError if the file is missing or corrupt, does not fit its
-    config, or holds no vocabulary.
+    Raises CheckpointError if the file is missing or corrupt, holds more than its config implies,
+    does not fit its config, holds NaN or infinite weights, or holds no vocabulary.
     """
     from .data import Vocab
-    from .model import Transformer
-    arrays, meta = load_npz(checkpoint)
+    from .model import Transformer, model_members
+    arrays, meta = load_npz(checkpoint, expect=model_members)
     if not meta.get("vocab"):
         raise CheckpointError(f"checkpoint {checkpoint} holds no vocabulary (meta 'vocab'): "
                               "was it written by attn-train?")
@@ -101,6 +101,10 @@ def load_translator(checkpoint):
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint {checkpoint} has an unreadable vocabulary ({e})") from None
     model = Transformer.from_arrays(arrays, meta, source=str(checkpoint))
+    not_finite = next((k for k, a in model.params.items() if not bool(B.host.isfinite(B.to_host(a)).all())), None)
+    if not_finite is not None:
+        raise CheckpointError(f"checkpoint {checkpoint}: parameter {not_finite} holds NaN or infinite numbers "
+                              "(a run that diverged, or a damaged file): translate with an earlier checkpoint")
     if len(vocab) != model.config.target_vocab_size:
         raise CheckpointError(f"checkpoint {checkpoint}: the vocabulary has {len(vocab)} tokens, "
                               f"the model {model.config.target_vocab_size}")

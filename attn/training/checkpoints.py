@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import socket
@@ -22,7 +23,7 @@ from pathlib import Path
 from .. import backend as B
 from ..checkpoint import CheckpointError, load_npz, remove_stale_temporaries, save_npz, write_text_atomic
 from ..data import Vocab
-from ..model import Transformer
+from ..model import Transformer, model_members
 from ..optim import Adam
 from .config import TrainConfig, TrainConfigError, resumed_config, say_resumed_backend
 
@@ -162,7 +163,7 @@ def open_run(config: TrainConfig, given=None):
     if config.resume:
         if not ckpt_path.is_file():
             raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
-        saved = load_npz(ckpt_path)
+        saved = load_npz(ckpt_path, expect=functools.partial(model_members, optimizer=True))
         check_resumable(ckpt_path, *saved)
         asked_backend = config.backend
         config = resumed_config(config, saved[1].get("args", {}), given)

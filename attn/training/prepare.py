@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import backend as B
 from .. import engine as engines
+from ..checkpoint import CheckpointError
 from ..data import DataError, Vocab, encode_pairs, make_batches, read_parallel, read_tsv, tokenize
 from ..loss import cross_entropy
 from ..model import PRESETS, Transformer, TransformerConfig
@@ -59,6 +60,9 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
         arrays, meta = saved
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz"))
+        if len(vocab) != model.config.target_vocab_size:
+            raise CheckpointError(f"--resume: {Path(config.out) / 'checkpoint.npz'}: the vocabulary has {len(vocab)} "
+                                  f"tokens, the model {model.config.target_vocab_size}")
         model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision,
                                  config.cooldown)
         opt.load_state(arrays, meta["step"])
