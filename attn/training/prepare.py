@@ -14,12 +14,14 @@ from pathlib import Path
 
 from .. import backend as B
 from .. import engine as engines
+from ..bpe import MAX_WORD_CHARS
 from ..checkpoint import CheckpointError
 from ..data import DataError, Vocab, encode_pairs, make_batches, read_parallel, read_tsv, tokenize
 from ..loss import cross_entropy
 from ..model import PRESETS, Transformer, TransformerConfig
 from ..optim import Adam
 from ..precision import FP32, Precision
+from ..text import split_glue
 from .checkpoints import TrainState, check_something_left, state_from_checkpoint
 from .config import DEFAULT_BPE_SIZE, EVAL_SHARE, WARMUP_FRACTION, TrainConfig, TrainConfigError
 
@@ -56,6 +58,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     engine = engines.get(config.engine)
     loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
+    train_pairs = within_reach(corpus.train, longest_pair(config, config.model_config(2)), config.vocab == "bpe", say)
     if saved is not None:
         arrays, meta = saved
         vocab = Vocab.from_json(meta["vocab"])
@@ -72,7 +75,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             f"(epoch {state.epoch}, batch {state.batch_index})")
     else:
         t_vocab = time.perf_counter()
-        vocab = build_vocab(corpus.train, config.min_freq, config.vocab, config.vocab_size)
+        vocab = build_vocab(train_pairs, config.min_freq, config.vocab, config.vocab_size)
         if vocab.bpe is not None:
             say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
                 f"{time.perf_counter() - t_vocab:.1f} s")
@@ -82,7 +85,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
 
     model_config = model.config
     max_len = longest_pair(config, model_config)
-    train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
+    train_enc = encode_pairs(train_pairs, vocab, max_len=max_len)
     if not train_enc:
         raise DataError(f"{corpus.source}: no training pair is left of {len(corpus.train)}: every one is empty on "
                         f"a side or longer than {max_len} tokens (--max-len; the preset's max_len is "
@@ -94,6 +97,21 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
         state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
         say(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})")
     return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
+
+
+def within_reach(pairs: list, limit: int, bpe: bool, say) -> list:
+    """The pairs whose sides could be at most ``limit`` tokens, decided on their words before any
+    vocabulary is learned: a word is at least one token, and at least one BPE piece per
+    :data:`attn.bpe.MAX_WORD_CHARS` characters. The others would be skipped anyway once encoded;
+    leaving them out first spares learning and encoding them (a 1 MB line: minutes)."""
+    def least(text: str) -> int:
+        words = tokenize(text)
+        return sum(-(-len(split_glue(w)[0]) // MAX_WORD_CHARS) for w in words) if bpe else len(words)
+    kept = [p for p in pairs if least(p[0]) <= limit and least(p[1]) <= limit]
+    if len(kept) < len(pairs):
+        say(f"attn-train: left out {len(pairs) - len(kept)} training pair(s) longer than {limit} tokens "
+            f"(--max-len) before learning the vocabulary")
+    return kept
 
 
 def longest_pair(config: TrainConfig, model_config: TransformerConfig) -> int:
