@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from typing import NamedTuple
 
 from . import backend as B
@@ -109,6 +110,30 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
     return corpus_scores(hypotheses, references).bleu
 
 
+class _Lines:
+    """A stream that writes each of a progress bar's redraws as a line of its own (tqdm redraws in
+    place with a carriage return, which a file or a CI log would keep as one ever longer line)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").rstrip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar_options() -> dict:
+    """tqdm's options for a bar on standard error: redrawn in place on a terminal; else (a file, a
+    pipe, a CI log) a line of its own at most every 30 seconds."""
+    if sys.stderr.isatty():
+        return {"file": sys.stderr, "dynamic_ncols": True}
+    return {"file": _Lines(sys.stderr), "mininterval": 30.0, "ncols": 100}
+
+
 def _eos_token(vocab) -> str:
     itos = vocab.itos
     return str(itos[EOS]) if len(itos) > EOS else "</s>"
@@ -154,7 +179,8 @@ def _pieces(vocab, line, limit: int | None, number: int) -> list[list]:
 
 def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
               max_len=None, use_cache: bool = True, with_attention: bool = False,
-              max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[Translation]:
+              max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0,
+              progress: bool = False) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
 
     Each input is cut after its sentence ends (:func:`split_sentences`, whatever its length); its
@@ -167,7 +193,7 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
     learned table's model then sees the first ``max_len`` tokens). An empty input translates
     to an empty one.
     ``no_repeat_ngram`` n > 0: no translation repeats one of its own n-grams of pieces
-    (:func:`attn.decode.repeated_ngrams`).
+    (:func:`attn.decode.repeated_ngrams`). ``progress``: a progress bar on standard error.
 
     Returns one :class:`Translation` per sentence, in the input order.
     """
@@ -181,7 +207,7 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
     pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=1)]
     flat = [(i, toks) for i, ps in enumerate(pieces) for toks in ps if toks]
     done = _translate_pieces(model, vocab, [t for _, t in flat], beam_size, alpha, batch_size, max_len, use_cache,
-                             with_attention, no_repeat_ngram)
+                             with_attention, no_repeat_ngram, progress)
     by_sentence: list = [[] for _ in pieces]
     for (i, _), t in zip(flat, done):
         by_sentence[i].append(t)
@@ -194,7 +220,8 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
 
 
 def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len, use_cache, with_attention,
-                      no_repeat_ngram):
+                      no_repeat_ngram, progress=False):
+    from tqdm import tqdm
     np, xp = B.host, model.xp
     ids = [source_ids(vocab, t) for t in toks]
     if model.config.positional == "learned":
@@ -202,6 +229,7 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
     eos = _eos_token(vocab)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))     # similar lengths share a batch
     out: list = [None] * len(ids)
+    bar = tqdm(total=len(ids), desc="test", unit="sentence", disable=not progress, **progress_bar_options())
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
         S = max(1, max(len(ids[i]) for i in batch))
@@ -220,6 +248,8 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
             src_labels = (toks[i] + [eos])[:len(ids[i])]
             att = res.cross_attention[r] if with_attention else None
             out[i] = Translation(detokenize(tgt), src_labels, tgt, res.scores[r], att)
+        bar.update(len(batch))
+    bar.close()
     return out
 
 
@@ -236,8 +266,10 @@ def translate_sentences(model, vocab, sentences: list[str], beam_size: int = 1, 
 
 
 def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float = 0.6,
-                          batch_size: int = 64, no_repeat_ngram: int = 0) -> tuple[Scores, list[str]]:
-    """Translate the source side of ``pairs`` and score it against the target side.
+                          batch_size: int = 64, no_repeat_ngram: int = 0,
+                          progress: bool = False) -> tuple[Scores, list[str]]:
+    """Translate the source side of ``pairs`` and score it against the target side (``progress``:
+    a progress bar on standard error while it translates).
 
     pairs : list of (source, reference); each side a str (the raw line: it is scored
         as it is) or a list of tokens (a token list is detokenised to give the reference text).
@@ -245,9 +277,9 @@ def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float 
     """
     srcs = [p[0] for p in pairs]
     refs = [p[1] if isinstance(p[1], str) else detokenize(list(p[1])) for p in pairs]
-    hyps = translate_sentences(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha,
-                               max_source_tokens=None,      # a test set is scored line by line, as it is
-                               no_repeat_ngram=no_repeat_ngram)
+    hyps = [t.text for t in translate(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha,
+                                      max_source_tokens=None,      # a test set is scored line by line, as it is
+                                      no_repeat_ngram=no_repeat_ngram, progress=progress)]
     return corpus_scores(hyps, refs), hyps
 
 

@@ -43,6 +43,7 @@ from . import backend as B
 from . import engine as engines
 from .checkpoint import CheckpointError
 from .data import DataError, make_batches
+from .evaluate import progress_bar_options
 from .layers._checks import check_ids
 from .loss import cross_entropy
 from .training import distributed
@@ -209,6 +210,8 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
            f"({'BPE' if vocab.bpe is not None else 'words'}), "
            f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}"
            + (f", {dp.size} processes (gradients over {dp.transport})" if dp.size > 1 else ""))
+    if run.warmup_rule is not None:
+        dp.say(f"warm-up: {run.warmup_rule['warmup_steps']} steps ({run.warmup_rule['why']})")
 
     captured = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn) if config.cuda_graph else None
 
@@ -292,8 +295,8 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluat
     budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
     started, wall_before = time.perf_counter(), state.wall_seconds
     last_eval_step = state.step
-    bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=config.quiet or not dp.master, file=sys.stderr, desc=desc)
+    bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step",
+               disable=config.quiet or not dp.master, desc=desc, **progress_bar_options())
     stop_reason = None
     with (stop or StopSignals(dp.say)) as interrupt:
         while stop_reason is None:

@@ -95,7 +95,6 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     if saved is None and config.warmup is None and (config.minutes or config.steps or config.epochs):
         model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, engine, dp)
         state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
-        say(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})")
     return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
 
 
@@ -277,7 +276,8 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
         by_time = config.minutes * 60.0 * (1.0 - EVAL_SHARE) / per_step
         if by_time < allowed:
             allowed = by_time
-            why = f"about {by_time:.0f} steps in --minutes {config.minutes:g} at {per_step:.2f} s/step"
+            why = (f"an estimated {by_time:.0f} steps in --minutes {config.minutes:g}, from {per_step:.2f} s a step "
+                   f"timed on {len(batches)} steps before training")
         rule.update(seconds_per_step=round(per_step, 4), probe_seconds=round(time.perf_counter() - t0, 2))
     warmup = max(1, min(model_config.warmup_steps, round(WARMUP_FRACTION * allowed)))
     why = (f"{WARMUP_FRACTION:.0%} of {why}" if warmup < model_config.warmup_steps
