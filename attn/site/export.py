@@ -205,6 +205,9 @@ def load_export(out_dir):
     if isinstance(limit, bool) or not isinstance(limit, int) or not 2 <= limit <= MAX_SOURCE_TOKENS_LIMIT:
         raise ExportError(f"{meta_path}: max_source_tokens must be an integer from 2 to {MAX_SOURCE_TOKENS_LIMIT:,}, "
                           f"got {limit!r:.40}")
+    examples = doc.get("sentences", [])
+    if not isinstance(examples, list) or not all(isinstance(x, str) for x in examples):
+        raise ExportError(f"{meta_path}: sentences must be a list of strings")
     on_disk = bin_path.stat().st_size
     if on_disk != size:
         raise ExportError(f"{bin_path} has {on_disk} bytes, {meta_path} says {size!r:.40}")
@@ -223,6 +226,8 @@ def load_export(out_dir):
             raise ExportError(f"{meta_path}: {name} at offset {offset!r:.40} runs past the end of {bin_path}")
         a = np.frombuffer(raw, dtype="<f4" if dtype == "float32" else "<f2", count=n // DTYPES[dtype],
                           offset=offset)
+        if not np.isfinite(a).all():
+            raise ExportError(f"{bin_path}: {name} holds NaN or infinite numbers")
         params[name] = B.to_device(a.astype(np.float32).reshape(shape))
     if len(vocab) != cfg.target_vocab_size:
         raise ExportError(f"{meta_path}: the vocabulary has {len(vocab)} tokens, the model {cfg.target_vocab_size}")
