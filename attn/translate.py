@@ -91,7 +91,8 @@ def load_translator(checkpoint):
     does not fit its config, holds NaN or infinite weights, or holds no vocabulary.
     """
     from .data import Vocab
-    from .model import Transformer, model_members
+    from .model import Transformer
+    from .model_files import model_members
     arrays, meta = load_npz(checkpoint, expect=model_members)
     if not meta.get("vocab"):
         raise CheckpointError(f"checkpoint {checkpoint} holds no vocabulary (meta 'vocab'): "

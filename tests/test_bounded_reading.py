@@ -19,7 +19,8 @@ import pytest
 
 from attn.checkpoint import CheckpointError, load_npz
 from attn.data import Vocab
-from attn.model import Transformer, TransformerConfig, model_members
+from attn.model import Transformer, TransformerConfig
+from attn.model_files import model_members
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_GB = 2**30
@@ -133,3 +134,14 @@ def test_an_npy_header_over_10kb_is_one_line_without_pickling_advice(checkpoint)
     line = refused(translate_in_2gb(rewrite(checkpoint, {"param/encoder.0.ffn.b2.npy": (
         zipfile.ZIP_STORED, data, zlib.crc32(data), len(data))})), "header over 10,000 bytes")
     assert "pickle" not in line
+
+
+@pytest.mark.parametrize("fields", [{}, {"norm": "pre", "positional": "learned", "share_embeddings": False,
+                                         "tgt_vocab_size": 70}, {"ffn": "swiglu", "positional": "rope", "kv_heads": 2},
+                                    {"n_encoder_layers": 3, "n_decoder_layers": 1, "d_ff": 48}])
+def test_the_parameter_count_is_what_the_shapes_hold(fields):
+    import math
+    from attn.model import parameter_count, parameter_shapes
+    cfg = TransformerConfig(**{"vocab_size": 50, "d_model": 32, "n_heads": 4, "d_ff": 64, "n_encoder_layers": 2,
+                               "n_decoder_layers": 2, **fields})
+    assert parameter_count(cfg) == sum(math.prod(shape) for shape in parameter_shapes(cfg).values())

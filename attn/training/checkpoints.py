@@ -23,7 +23,8 @@ from pathlib import Path
 from .. import backend as B
 from ..checkpoint import CheckpointError, load_npz, remove_stale_temporaries, save_npz, write_text_atomic
 from ..data import Vocab
-from ..model import Transformer, model_members
+from ..model import Transformer
+from ..model_files import model_members
 from ..optim import Adam
 from .config import TrainConfig, TrainConfigError, resumed_config, say_resumed_backend
 
