@@ -225,11 +225,12 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
         evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
 
     stop = StopSignals(dp.say)
-    stop_reason = run_loop(config, state, run.train_enc, step, evaluate=evaluate,
-                           save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
-                           snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
-                           on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp,
-                           stop=stop, set_progress=opt.set_progress if opt.cooldown else None)
+    stop_reason = run.untested or run_loop(         # untested: a resumed run owes only its test
+        config, state, run.train_enc, step, evaluate=evaluate,
+        save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
+        snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
+        on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp,
+        stop=stop, set_progress=opt.set_progress if opt.cooldown else None)
     if stop_reason == "interrupted":
         dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
                f"checkpoint {ckpt_path} (step {state.step}); resume with: attn-train --resume --out {out}")

@@ -87,3 +87,24 @@ def test_a_resumed_run_averages_no_snapshot_from_after_its_checkpoint(tmp_path):
 def test_an_empty_out_is_refused():
     with pytest.raises(TrainConfigError, match="out .--out. must be a path, not empty"):
         config_from_argv(["--out", ""])
+
+
+def test_a_run_stopped_during_its_test_takes_the_test_on_resume(tmp_path, monkeypatch):
+    """Ctrl-C while the test set is translated used to lose the metrics for good: the checkpoint
+    had met its budget, and --resume refused to go on."""
+    import attn.training.evaluation as evaluation
+    out = tmp_path / "run"
+    scored = evaluation.evaluate_translations
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(evaluation, "evaluate_translations", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_train(tmp_path, "--steps", "4", "--eval-every", "4", "--out", str(out))
+    assert not (out / "metrics.json").exists()
+    monkeypatch.setattr(evaluation, "evaluate_translations", scored)
+    metrics = run_train(tmp_path, "--steps", "4", "--resume", "--out", str(out))
+    assert metrics["steps"] == 4 and metrics["stop"] == "reached --steps 4" and (out / "metrics.json").exists()
+    assert len(load_npz(out / "checkpoint.npz")[0]["history/train_loss"]) == 4          # no step more
+    with pytest.raises(TrainConfigError, match="already reached --steps 4"):
+        run_train(tmp_path, "--steps", "4", "--resume", "--out", str(out))              # tested: nothing owed

@@ -235,13 +235,18 @@ def _saved_record(path: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def check_something_left(config: TrainConfig, state: TrainState) -> None:
-    """A resumed run that has already met its stopping rule is an error, not a run of one more step."""
+def check_something_left(config: TrainConfig, state: TrainState) -> str | None:
+    """A resumed run that has already met its stopping rule is an error, not a run of one more step;
+    unless its test was never scored (stopped during it: no metrics.json), and then what stopped
+    it comes back, for the run to take its test alone. None: there are steps left."""
     for name, done, limit in (("steps", state.step, config.steps), ("epochs", state.epoch, config.epochs),
                               ("minutes", state.wall_seconds / 60.0, config.minutes)):
         if limit and done >= limit:
+            if not (Path(config.out) / "metrics.json").exists():
+                return f"reached --{name} {limit:g}"
             raise TrainConfigError(f"--resume: the run in {config.out} has already reached --{name} {limit:g} "
                                    f"({done:.4g} done); give a larger --{name} to train on")
+    return None
 
 
 def snapshot(out: Path, model: Transformer, vocab: Vocab, step: int, keep: int) -> None:

@@ -44,6 +44,7 @@ class Prepared:
     val_batches: list
     loss_fn: object            # loss_fn(logits, targets, eps) -> (loss, dlogits), see step_loss_fn
     warmup_rule: dict | None   # how the warm-up was fitted to the budget (None: not fitted)
+    untested: str | None = None    # a resumed run that met its budget but whose test was cut short: why it stopped
 
 
 def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
@@ -72,7 +73,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
                                  config.cooldown)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
-        check_something_left(config, state)
+        untested = check_something_left(config, state)
         say(f"resumed from {Path(config.out) / 'checkpoint.npz'} at step {state.step} "
             f"(epoch {state.epoch}, batch {state.batch_index})")
     else:
@@ -97,7 +98,8 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     if saved is None and config.warmup is None and (config.minutes or config.steps or config.epochs):
         model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, engine, dp)
         state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
-    return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
+    return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule,
+                    untested if saved is not None else None)
 
 
 def within_reach(pairs: list, limit: int, bpe: bool, say) -> list:
