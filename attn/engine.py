@@ -32,8 +32,8 @@ A model made by an engine has the reference model's attributes and methods (``co
 ``keys_first``
     True where the model keeps attention weights keys-first, (Tk, B, H, Tq), so a
     data-parallel run knows the sentence axis of its dropout draws.
-``step_memory()``
-    A context manager around one training step: where the step's arrays come from (the
+``step_memory(key=None)``
+    A context manager around one training step (``key``: the batch's shapes): where the step's arrays come from (the
     reference: CuPy's pool as usual, and its value None; an engine that gives every step the
     same addresses has a true value, and a loss kept past the step is then copied).
 ``start_decoding(memory, src_mask, reserve=None)``

@@ -476,10 +476,11 @@ class Transformer:
         for its products)."""
         return self.params
 
-    def step_memory(self):
+    def step_memory(self, key=None):
         """Where a training step's arrays come from: here, the array library's own memory, as
         anywhere else, and the context's value is None (a faster engine may give each step the
-        same addresses, and says so with a true value)."""
+        same addresses, and says so with a true value; ``key``, the batch's shapes, tells it
+        which steps ask for the same arrays)."""
         return contextlib.nullcontext()
 
     def start_decoding(self, memory, src_mask, reserve=None) -> "DecodeState":

@@ -161,10 +161,12 @@ def _record(redo) -> None:
     _capturing.ops.append(redo)
 
 
-def _fresh_results(r, inputs) -> list:
-    """The NumPy arrays of result ``r`` that share no memory with ``inputs``: new memory."""
+def _fresh_results(r, inputs, empty: bool = False) -> list:
+    """The NumPy arrays of result ``r`` that share no memory with ``inputs``: new memory (and,
+    with ``empty``, the new arrays of no elements, whose memory CuPy asks its allocator for too)."""
     ins = _arrays(inputs, [])
-    return [a for a in _arrays(r, []) if a.size and not any(np.may_share_memory(a, i) for i in ins)]
+    return [a for a in _arrays(r, []) if (a.size or (empty and a.base is None and not any(a is i for i in ins)))
+            and not any(np.may_share_memory(a, i) for i in ins)]
 
 
 def _record_result(name: str, r, inputs, compute):
@@ -261,7 +263,7 @@ def _place(r, inputs):
         r = np.asarray(r)
     elif isinstance(r, tuple):
         r = tuple(np.asarray(v) if isinstance(v, np.generic) else v for v in r)
-    fresh = {id(a) for a in _fresh_results(r, inputs)}
+    fresh = {id(a) for a in _fresh_results(r, inputs, empty=True)}      # zero-size ones too, as CuPy asks
     if not fresh:
         return r
 
@@ -306,7 +308,7 @@ def _place(r, inputs):
 def _placed(a: np.ndarray) -> np.ndarray:
     """A new array made without a result to compare (``ndarray(shape)``, a random draw, a copy
     from the host): placed as :func:`_place` places results."""
-    return a if _step_allocator is None or not a.size else _place(a, ())
+    return a if _step_allocator is None else _place(a, ())
 
 
 def _using_allocator(allocator=None):
