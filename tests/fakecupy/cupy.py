@@ -1320,7 +1320,17 @@ class _Random:
     """``cupy.random``: a seeded RandomState whose draws are device arrays."""
 
     class RandomState:
+        """``cupy.random.RandomState``: each one a cuRAND generator (counted in :attr:`made`: CuPy
+        makes one with ``curand.createGenerator`` and destroys it when it goes); ``seed`` starts
+        its numbers again as a new one's."""
+        #: generators made so far
+        made = 0
+
         def __init__(self, seed=None):
+            type(self).made += 1
+            self.seed(seed)
+
+        def seed(self, seed=None):
             self._g = np.random.Generator(np.random.PCG64(seed))
 
         def random_sample(self, size=None, dtype=float):
