@@ -1710,10 +1710,17 @@ class _Cublas:
     def getPointerMode(cls, handle):
         return cls._handle(handle)[1]
 
+    @staticmethod
+    def tf32_taken(m: int, n: int, k: int) -> bool:
+        """Whether a GEMM allowed TF32 takes it: TF32 math mode is a permission, not a promise
+        (cuBLAS's heuristics run small products on float32 SIMT kernels); here products of fewer
+        than 2^16 multiply-adds stay float32."""
+        return m * n * k >= 1 << 16
+
     @classmethod
     def setMathMode(cls, handle, mode):
         """The handle's math mode: with ``CUBLAS_TF32_TENSOR_OP_MATH`` the single-precision GEMMs
-        read their operands as TF32 (here rounded to 10 stored significand bits, to nearest even,
+        large enough (:meth:`tf32_taken`) read their operands as TF32 (here rounded to 10 stored significand bits, to nearest even,
         by :func:`attn.precision.round_tf32`) and sum in float32; the others as they are."""
         cls._cupy_refuses("setMathMode")
         if int(mode) & ~0x10 not in (0, 1, 2, 3):
@@ -1824,6 +1831,7 @@ class _Cublas:
             _refuse_in_capture(f"cuBLAS {name} in its default workspace during a capture (cublasSetStream puts a "
                                "handle back on it: set the workspace again after it)", "cuBLAS default workspace")
         tf32 = dtype == np.float32 and math & ~0x10 == cls.CUBLAS_TF32_TENSOR_OP_MATH    # read at the call
+        tf32 = tf32 and cls.tf32_taken(_int(m, "m", 32), _int(n, "n", 32), _int(k, "k", 32))
         ta, tb = (_int(t, f"trans{w}", 32) for t, w in ((transa, "a"), (transb, "b")))
         m, n, k, count = (_int(v, w, 32) for v, w in ((m, "m"), (n, "n"), (k, "k"), (count, "batchCount")))
         if ta not in (0, 1, 2) or tb not in (0, 1, 2):
