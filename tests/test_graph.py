@@ -153,7 +153,7 @@ def test_the_stand_in_records_a_pool_allocation_in_a_capture_as_cuda_does(fc):
             x + 1
             graph = stream.end_capture()
         assert len(graph.pool_allocations) == 1 and "test_graph.py" in graph.pool_allocations[0][1]
-    assert seen == [16, 16, 16] and pool.total_bytes() == before + 48
+    assert seen == [512, 512, 512] and pool.total_bytes() == before + 48      # a block: 512 bytes
 
 
 def test_a_capture_with_an_allocation_in_it_is_refused_by_the_guard_and_runs_eagerly(fc):

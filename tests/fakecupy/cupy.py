@@ -226,10 +226,36 @@ _step_allocator = None
 _allocator_roots: dict = {}
 
 
+#: Whether new arrays go through :func:`_place`: an allocator other than the pool's is in place,
+#: or a memory hook listens (it hears every allocation from the pool, and every free).
+_placing = False
+
+
 def _update_allocator() -> None:
-    global _step_allocator
+    global _step_allocator, _placing
     a = _thread_allocator if _thread_allocator is not None else _global_allocator
     _step_allocator = None if a is None or a == _POOL.malloc else a
+    _placing = _step_allocator is not None or len(_HOOKS) > 0
+
+
+def _pool_block(a: np.ndarray) -> np.ndarray:
+    """``a``, new memory from the pool: every memory hook told of its allocation now and of its
+    free when the last array on it goes (CuPy's pool rounds a block up to 512 bytes)."""
+    hooks = list(_HOOKS)
+    if not hooks or not a.nbytes:
+        return a
+    ptr, size = a.__array_interface__["data"][0], -(-max(a.nbytes, 1) // 512) * 512
+    for hook in hooks:
+        hook.malloc_preprocess(device_id=0, size=a.nbytes, mem_size=size)
+        hook.malloc_postprocess(device_id=0, size=a.nbytes, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
+
+    def freed():
+        for hook in hooks:
+            if hook in _HOOKS:
+                hook.free_preprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
+                hook.free_postprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
+    weakref.finalize(a, freed)
+    return a
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -258,7 +284,7 @@ def _place(r, inputs):
     one asks the allocator for its bytes and, given allocator memory, becomes a view of it
     holding the same values; given pool memory, stays as it is. NumPy scalars come back as
     0-d arrays (CuPy's 0-d device arrays are allocations too)."""
-    alloc = _step_allocator
+    alloc = _step_allocator or _POOL.malloc
     if isinstance(r, np.generic):
         r = np.asarray(r)
     elif isinstance(r, tuple):
@@ -278,7 +304,7 @@ def _place(r, inputs):
         mem = getattr(mp, "mem", None)
         if isinstance(mem, UnownedMemory):            # memory the allocator wrapped: arrays keep it alive
             if mem._root is None:
-                mem._attach(a)                        # the pool's: the new array's own memory
+                mem._attach(_pool_block(a) if mem.size else a)     # the pool's: the new array's own memory
                 return mem._view(0, a.shape, a.dtype)
             if mp._offset + a.nbytes > mem._offset + mem.size:
                 raise ValueError(f"fakecupy: the allocator returned {mem._offset + mem.size - mp._offset} bytes "
@@ -292,7 +318,7 @@ def _place(r, inputs):
             return v
         root = getattr(mp, "_root", None)
         if root is None:
-            return a                                  # the allocator gave memory from the pool
+            return _pool_block(a)                     # the allocator gave memory from the pool
         if mp._offset + a.nbytes > root.nbytes:
             raise ValueError(f"fakecupy: the allocator returned {root.nbytes - mp._offset} bytes for a request "
                              f"of {a.nbytes}")
@@ -308,7 +334,7 @@ def _place(r, inputs):
 def _placed(a: np.ndarray) -> np.ndarray:
     """A new array made without a result to compare (``ndarray(shape)``, a random draw, a copy
     from the host): placed as :func:`_place` places results."""
-    return a if _step_allocator is None else _place(a, ())
+    return a if not _placing else _place(a, ())
 
 
 def _using_allocator(allocator=None):
@@ -379,11 +405,8 @@ class _Capture:
     def pool_allocated(self, what: str, arrays: list) -> None:
         """A pool allocation during the capture: recorded, the pool's counts grown, the hooks told."""
         self.pool_allocations.append((what, _caller()))
-        for a in arrays:
+        for a in arrays:                      # (the hooks were told as the array was made)
             _POOL._grow(a.nbytes)
-            for hook in list(_HOOKS):
-                hook.malloc_preprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes)
-                hook.malloc_postprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes, mem_ptr=id(a), pmem_id=0)
 
     def undo(self) -> None:
         for a, saved in self.before.values():
@@ -593,7 +616,7 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
                           "CuPy matmul")
     if not kwargs:
         r = uf(*args) if method == "__call__" else getattr(uf, method)(*args)
-        if _step_allocator is not None:
+        if _placing:
             r = _place(r, args)
         if _capturing is not None:
             f = uf if method == "__call__" else getattr(uf, method)
@@ -603,7 +626,7 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         return _wrap(r)
     kw = _unwrap(kwargs, where)
     r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
-    if _step_allocator is not None and kw.get("out") is None:
+    if _placing and kw.get("out") is None:
         r = _place(r, args)
     if _capturing is not None:
         f = uf if method == "__call__" else getattr(uf, method)
@@ -664,7 +687,7 @@ def _function(name: str, f):
             _refuse_in_capture(f"cupy.{name} calls cuBLAS through CuPy, which refuses while the stream captures",
                               "CuPy matmul")
         r = f(*a, **k)
-        if _step_allocator is not None and k.get("out") is None:
+        if _placing and k.get("out") is None:
             r = _place(r, (a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
@@ -838,7 +861,7 @@ def _binary(uf, reflected=False):
         if t is ndarray:
             x, y = (other._a, self._a) if reflected else (self._a, other._a)
             r = uf(x, y)
-            if _step_allocator is not None:
+            if _placing:
                 r = _place(r, (x, y))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (x, y), lambda: uf(x, y))
@@ -848,7 +871,7 @@ def _binary(uf, reflected=False):
         if t in _PLAIN:
             x, y = (other, self._a) if reflected else (self._a, other)
             r = uf(x, y)
-            if _step_allocator is not None:
+            if _placing:
                 r = _place(r, (self._a,))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (self._a,), lambda: uf(x, y))
@@ -883,7 +906,7 @@ def _unary(uf):
     def op(self):
         a = self._a
         r = uf(a)
-        if _step_allocator is not None:
+        if _placing:
             r = _place(r, (a,))
         if _capturing is not None:
             r = _record_result(f"cupy.{uf.__name__}", r, (a,), lambda: uf(a))
@@ -1032,7 +1055,7 @@ class ndarray:
                 a = _args(args, where)
                 k = _unwrap(kwargs, where) if kwargs else {}
                 r = attr(*a, **k)
-                if _step_allocator is not None and k.get("out") is None:
+                if _placing and k.get("out") is None:
                     r = _place(r, (self._a, a, list(k.values())))
                 if _capturing is not None:
                     if k.get("out") is not None:
@@ -1048,7 +1071,7 @@ class ndarray:
     def copy(self, order="C"):
         src = self._a
         r = src.copy(order=order)
-        if _step_allocator is not None:
+        if _placing:
             r = _place(r, ())
         if _capturing is not None:
             r = _record_result("cupy.ndarray.copy", r, (), lambda: src)
@@ -1070,7 +1093,7 @@ class ndarray:
             _sync("boolean-mask indexing (result size depends on the data)")
         src = self._a
         r = src[idx]
-        if _step_allocator is not None and isinstance(r, np.ndarray):
+        if _placing and isinstance(r, np.ndarray):
             r = _place(r, (src,))
         if _capturing is not None and isinstance(r, np.ndarray):
             shape = src.shape
@@ -1141,7 +1164,7 @@ def _fast_method(name):
                               "CuPy matmul")
         if not kwargs:
             r = f(*a)
-            if _step_allocator is not None and name != "fill":
+            if _placing and name != "fill":
                 r = _place(r, (self._a, a))
             if _capturing is not None:
                 if name == "fill":
@@ -1154,7 +1177,7 @@ def _fast_method(name):
             return _wrap(r)
         k = _unwrap(kwargs, where)
         r = f(*a, **k)
-        if _step_allocator is not None and k.get("out") is None:
+        if _placing and k.get("out") is None:
             r = _place(r, (self._a, a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
@@ -1191,7 +1214,7 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=
     if isinstance(obj, ndarray):
         src = obj._a
         r = np.array(src, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
-        if _step_allocator is not None:
+        if _placing:
             r = _place(r, (src,))
         if _capturing is not None:
             r = _record_result("cupy.array", r, (src,), lambda: src)
@@ -1228,7 +1251,7 @@ def take(a, indices, axis=None, out=None):
     n = a_.size if axis is None else a_.shape[axis]
     widx, o = _wrap_index(idx, n), _unwrap(out, "cupy.take")
     r = np.take(a_, widx, axis=axis, out=o)
-    if _step_allocator is not None and o is None:
+    if _placing and o is None:
         r = _place(r, (a_,))
     if _capturing is not None:
         def compute(out=None):       # the indices read when the kernel runs
@@ -1247,7 +1270,7 @@ def take_along_axis(a, indices, axis):
     idx = _unwrap(indices, "cupy.take_along_axis")
     n = a_.size if axis is None else a_.shape[axis]
     r = np.take_along_axis(a_, _wrap_index(idx, n), axis=axis)
-    if _step_allocator is not None:
+    if _placing:
         r = _place(r, (a_, idx))
     if _capturing is not None:
         r = _record_result("cupy.take_along_axis", r, (a_, idx),
@@ -1479,22 +1502,33 @@ def get_elapsed_time(start: Event, end: Event) -> float:
 
 
 class MemoryHook:
-    """``cupy.cuda.MemoryHook``: the pool's memory is not tracked here, so a hook is told only of
-    the pool allocations a capture records (what a guard around a capture listens for)."""
+    """``cupy.cuda.MemoryHook``: while one is registered (its ``with``), every device array made
+    from the pool is an allocation it hears of (``malloc_pre/postprocess``, the block rounded to
+    512 bytes as CuPy's pool rounds it), and its free when the last array on that memory goes
+    (``free_pre/postprocess``), as CuPy tells its hooks; memory from another allocator is not the
+    pool's, and a hook does not hear of it."""
     name = "MemoryHook"
 
     def __enter__(self):
         _HOOKS.append(self)
+        _update_allocator()
         return self
 
     def __exit__(self, *exc):
         _HOOKS.remove(self)
+        _update_allocator()
         return False
 
     def malloc_preprocess(self, **kwargs):
         pass
 
     def malloc_postprocess(self, **kwargs):
+        pass
+
+    def free_preprocess(self, **kwargs):
+        pass
+
+    def free_postprocess(self, **kwargs):
         pass
 
 
