@@ -384,3 +384,34 @@ def test_an_eager_attn_train_runs_its_steps_on_a_plan_after_the_first_few(fc, tm
 def fakecupy_install():
     import fakecupy
     fakecupy.install()
+
+
+def test_a_request_is_watched_until_its_last_view_and_costs_no_runtime_call(fc):
+    """The stand-in honours ``ndarray(memptr=)`` as CuPy does (the array over that memory, keeping
+    it alive), so the weak reference on a request's ``UnownedMemory`` fires only once its last view
+    is gone; and the step memory gives each one its device id, so wrapping a request asks the
+    runtime nothing (without it CuPy calls ``cudaPointerGetAttributes`` per request)."""
+    import weakref
+    from attn.fast.stepmem import _piece_class
+    base = fc.zeros(1024, dtype=np.uint8)
+    piece = _piece_class(fc)(base.data.ptr + 256, 512, base, 0)
+    fired = []
+    weakref.finalize(piece, fired.append, 1)
+    a = fc.ndarray((128,), dtype=np.float32, memptr=fc.cuda.MemoryPointer(piece, 0))
+    del piece
+    view = a[10:20]
+    a[...] = 1
+    del a
+    assert not fired and float(base[256:260].view(np.float32)[0]) == 1.0         # written where it points
+    del view
+    assert fired == [1]
+    with pytest.raises(ValueError, match="does not fit"):
+        fc.ndarray((200,), dtype=np.float32, memptr=fc.cuda.MemoryPointer(_piece_class(fc)(base.data.ptr, 512,
+                                                                                               base, 0), 0))
+    calls = fc.runtime_calls["pointerGetAttributes"]
+    fc.cuda.UnownedMemory(base.data.ptr, 16, base)
+    assert fc.runtime_calls["pointerGetAttributes"] == calls + 1
+    memory = StepMemory(fc, check=True)
+    for _ in range(3):
+        _addresses(fc, memory, [(3, 5), (7,)])
+    assert fc.runtime_calls["pointerGetAttributes"] == calls + 1

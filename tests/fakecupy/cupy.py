@@ -792,15 +792,24 @@ class MemoryPointer:
         return p
 
 
+#: CUDA runtime calls made on the host's behalf that cost a round trip to the driver, by name
+#: (``UnownedMemory`` without a device id: ``cudaPointerGetAttributes``).
+runtime_calls: dict = {"pointerGetAttributes": 0}
+
+
 class UnownedMemory:
-    """``cupy.cuda.UnownedMemory(ptr, size, owner)``: ``size`` bytes at ``ptr`` that ``owner`` (a
+    """``cupy.cuda.UnownedMemory(ptr, size, owner, device_id=-1)``: ``size`` bytes at ``ptr`` that ``owner`` (a
     device array, or a ``MemoryPointer``, the pool's included) keeps. Every array placed in it
     (through ``MemoryPointer(mem, offset)``), and every view of those, keeps it alive, as CuPy's
     arrays keep their memory object: so a weak reference to it says when the last is gone (what
     attn's step memory watches to learn an array's lifetime). Memory the stand-in does not track
-    (the pool's) becomes the first array placed in it."""
+    (the pool's) becomes the first array placed in it. Without ``device_id`` CuPy asks the runtime
+    for the pointer's device (``cudaPointerGetAttributes``): counted in :data:`runtime_calls`."""
 
-    def __init__(self, ptr: int, size: int, owner, device_id: int = 0):
+    def __init__(self, ptr: int, size: int, owner, device_id: int = -1):
+        if device_id < 0:            # CuPy asks the runtime which device the pointer is on
+            runtime_calls["pointerGetAttributes"] += 1
+            device_id = 0
         self.ptr, self.size, self.owner, self.device_id = int(ptr), int(size), owner, device_id
         root = None
         if isinstance(owner, ndarray):
@@ -916,6 +925,32 @@ def _unary(uf):
     return op
 
 
+def _on_memory(memptr: "MemoryPointer", shape, dtype, strides=None) -> np.ndarray:
+    """A NumPy array of ``shape`` over the memory ``memptr`` points at (``ndarray(memptr=)``),
+    keeping its memory object alive; an error where it does not fit in that memory."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    strides = tuple(strides) if strides is not None else None
+    extent = (max((n - 1) * abs(st) for n, st in zip(shape, strides)) + dtype.itemsize if strides
+              else int(np.prod(shape, dtype=np.int64)) * dtype.itemsize) if all(shape) else 0
+    mem = memptr.mem
+    if isinstance(mem, UnownedMemory):
+        start = memptr._offset - mem._offset
+        if start < 0 or start + extent > mem.size:
+            raise ValueError(f"fakecupy: an array of {extent} bytes at offset {start} does not fit in the "
+                             f"{mem.size} bytes of its memory")
+        flat = np.asarray(mem)[start:start + max(extent, 0)]          # a view whose base keeps mem alive
+    else:
+        root = memptr._root
+        if memptr._offset + extent > root.nbytes:
+            raise ValueError(f"fakecupy: an array of {extent} bytes at offset {memptr._offset} does not fit in "
+                             f"the {root.nbytes} bytes of its memory")
+        flat = root.reshape(-1).view(np.uint8)[memptr._offset:memptr._offset + extent]
+    if strides is None:
+        return flat.view(dtype).reshape(shape) if extent else np.empty(shape, dtype)
+    return np.lib.stride_tricks.as_strided(flat.view(dtype), shape, strides)
+
+
 class ndarray:
     """A device array of the stand-in: a NumPy array that refuses to be one implicitly."""
 
@@ -923,6 +958,11 @@ class ndarray:
     __array_priority__ = 1000
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
+        """A new array, or with ``memptr`` one over the memory it points at, as CuPy's: the array
+        keeps that memory (its ``UnownedMemory``, or the array owning it) alive, and writes there."""
+        if memptr is not None and memptr._root is not None:
+            self._a = _on_memory(memptr, shape, dtype, strides)
+            return
         self._a = _placed(np.empty(shape, dtype=dtype, order=order))
         if tracer is not None:
             _report("alloc", "ndarray", (), self._a)
