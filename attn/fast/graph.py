@@ -53,6 +53,14 @@ from .. import backend as B
 CAPTURE_MODE_NAME = "streamCaptureModeThreadLocal"
 
 
+#: How far a replayed step may be from the eager one on a GPU: the embeddings' gradient is a
+#: scatter-add (``cupyx.scatter_add``), whose float atomics sum a token's rows in whatever order
+#: the threads arrive, so two runs of one step may differ in the last bits of those sums (a few
+#: units of 2^-24, relative), and Adam carries that into the parameters at the learning rate's
+#: scale. Every other sum (the two-stage reductions, the products) runs in a fixed order.
+REPLAY_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
 class CaptureError(RuntimeError):
     """A step could not be captured: the message names the operation and where it was asked for."""
 
