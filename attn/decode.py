@@ -50,6 +50,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from . import backend as B
+from . import engine as engines
 from .data import BOS, EOS, PAD
 from .masks import padding_mask
 from .model import log_softmax
@@ -79,24 +80,124 @@ class DecodeResult(NamedTuple):
     n_best: list | None = None
 
 
+# --------------------------------------------------------------------------- the readable search
+
+class ReadableSearch:
+    """What the searches ask of a model (:class:`attn.engine.Search`), for the readable
+    :class:`attn.model.Transformer`: its :meth:`~attn.model.Transformer.start_decoding` and
+    :meth:`~attn.model.Transformer.decode_step`, and the token picks below. An engine's model
+    may bring its own (:func:`search_of`)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def start(self, memory, src_mask, reserve=None):
+        """The decoding state (``reserve``, the most rows and positions the search will step, is
+        for engines that size buffers once: this state grows as it goes)."""
+        return self.model.start_decoding(memory, src_mask)
+
+    def step(self, tokens, state):
+        return self.model.decode_step(tokens, state)
+
+    def select(self, state, index, index_host):
+        return state.select(index)
+
+    def prefix(self, tgt_in, memory, src_mask, cross_kv, keep_weights):
+        """The decoder on the whole prefix (``cross_kv`` and ``keep_weights`` are for engines that
+        reuse the memory's projections and drop unread weights: this model recomputes both)."""
+        return self.model.decode(tgt_in, memory, src_mask)
+
+    @staticmethod
+    def greedy_pick(logp, banned, info, tokens) -> None:
+        """Greedy decoding's choice at one position, written in place: ``info`` (2, n) float64 <-
+        the most probable token of each row of ``logp`` (n, V), the ids ``banned`` excluded, and
+        its log-probability; ``tokens`` (n,) <- the same ids."""
+        xp = B.get_array_module(logp)
+        logp[:, list(banned)] = -float("inf")
+        nxt = logp.argmax(axis=-1)                                                     # (n,)
+        info[0] = nxt
+        info[1] = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
+        tokens[...] = nxt
+
+    @staticmethod
+    def beam_candidates(logp, beam_scores, W: int, c: int, C: int, banned):
+        """Beam search's best ``C`` continuations of each sentence, on the host: (2, n, C) float64,
+        their scores (log P so far plus the token's) and ids ``w * V + v`` (beam, token), in no
+        order. ``logp`` (n*W, V) the step's log-probabilities (changed in place), ``beam_scores``
+        (n, W) float64, ``c`` <= V the tokens kept per beam, ``banned`` ids never chosen.
+
+        A sentence's best C candidates are among each of its beams' best c tokens (a beam's
+        score is the same for all its tokens): pick those first, over V in float32, then rank
+        the W * c survivors in float64, instead of all W * V of them."""
+        xp = B.get_array_module(logp)
+        nl, V = beam_scores.shape[0], logp.shape[1]
+        logp[:, list(banned)] = -float("inf")
+        neg = xp.negative(logp, out=logp)               # the best are the least
+        top_v = least_columns(neg, c)                                                 # (n*W, c)
+        top_lp = -xp.take_along_axis(neg, top_v, axis=1)
+        cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
+        flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
+        top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                            # (n, C), unordered
+        top_s = xp.take_along_axis(cand, top, axis=1)
+        top_f = xp.take_along_axis(flat, top, axis=1)
+        return B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))
+
+
+def search_of(model) -> "engines.Search":
+    """The model's own search where its engine has one (:class:`attn.engine.Tuned`), else the
+    readable one."""
+    return model.search() if isinstance(model, engines.Tuned) else ReadableSearch(model)
+
+
+#: Columns per block in :func:`least_columns`'s first round.
+PRESELECT_BLOCK = 256
+
+
+def least_columns(a, c: int):
+    """The column ids (R, c) of c least entries of each row of ``a`` (R, V): beam search's
+    preselection of each beam's best tokens. Among entries tied with the c-th least value,
+    the ones kept are those ``argpartition`` keeps (not the lowest ids: breaking exact ties
+    by id would cost a sort at every step).
+
+    With many columns, in two rounds: the c blocks of :data:`PRESELECT_BLOCK` columns with
+    the least minima hold c least entries, so only those blocks (and the last, shorter one)
+    are searched, not all V columns."""
+    xp = B.get_array_module(a)
+    R, V = a.shape
+    b = PRESELECT_BLOCK
+    nb = V // b
+    if nb <= 2 * c:                                           # few blocks: search every column
+        ids = xp.broadcast_to(xp.arange(V), (R, V))
+        vals = a
+    else:
+        minima = a[:, :nb * b].reshape(R, nb, b).min(axis=2)                      # (R, nb)
+        blocks = xp.argpartition(minima, c - 1, axis=1)[:, :c]
+        ids = (blocks[:, :, None] * b + xp.arange(b)).reshape(R, c * b)
+        if nb * b < V:
+            ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(nb * b, V), (R, V - nb * b))], axis=1)
+        vals = xp.take_along_axis(a, ids, axis=1)
+    least = xp.argpartition(vals, c - 1, axis=1)[:, :c]
+    return xp.take_along_axis(ids, least, axis=1)
+
+
 # --------------------------------------------------------------------------- steppers
 
 class _CachedStepper:
     """One decoder position per call, with the keys/values of the prefix cached."""
 
-    def __init__(self, model, memory, src_mask, with_attention, reserve=None):
-        self.model, self.with_attention = model, with_attention
-        self.state = model.start_decoding(memory, src_mask, reserve=reserve)
+    def __init__(self, search, memory, src_mask, with_attention, reserve=None):
+        self.search, self.with_attention = search, with_attention
+        self.state = search.start(memory, src_mask, reserve)
 
     def step(self, tokens):
         """tokens (n,) ids at the next position. Returns log-probs (n, V), attention (n, S) or None."""
-        logp, self.state, cross = self.model.decode_step(tokens, self.state)
+        logp, self.state, cross = self.search.step(tokens, self.state)
         att = cross[-1][:, :, 0, :].mean(axis=1) if self.with_attention else None    # (n, S)
         return logp, att
 
     def select(self, index, index_h):
         """Keep (and repeat) rows ``index`` (device int array; ``index_h`` the same on the host)."""
-        self.state = self.state.select(index, index_h)
+        self.state = self.search.select(self.state, index, index_h)
 
 
 class _FullStepper:
@@ -105,21 +206,21 @@ class _FullStepper:
 
     The cross-attention keys and values depend on the source alone: they are projected once
     (:meth:`Transformer.cross_attention_kv`), as PyTorch's ``nn.Transformer`` users do with the
-    memory, and handed to ``decode``, which may use them (the readable model recomputes them
-    from the memory, the fast one does not)."""
+    memory, and handed to the search's ``prefix``, which may use them (the readable model
+    recomputes them from the memory, the fast one does not)."""
 
-    def __init__(self, model, memory, src_mask, with_attention, reserve=None):
-        self.model, self.with_attention = model, with_attention
+    def __init__(self, search, memory, src_mask, with_attention, reserve=None):
+        self.search, self.model, self.with_attention = search, search.model, with_attention
         self.memory, self.src_mask, self.prefix = memory, src_mask, None
-        self.cross_kv = model.cross_attention_kv(memory)
+        self.cross_kv = self.model.cross_attention_kv(memory)
         self.sentence = B.host.arange(memory.shape[0])       # which source row each row decodes
 
     def step(self, tokens):
         xp = B.get_array_module(tokens)
         col = tokens[:, None]
         self.prefix = col.copy() if self.prefix is None else xp.concatenate([self.prefix, col], axis=1)  # (n, t+1)
-        h, cache, _ = self.model.decode(self.prefix, self.memory, self.src_mask, cross_kv=self.cross_kv,
-                                        keep_weights=self.with_attention)                        # (n, t+1, D)
+        h, cache, _ = self.search.prefix(self.prefix, self.memory, self.src_mask, self.cross_kv,
+                                         self.with_attention)                                    # (n, t+1, D)
         logp = log_softmax(self.model.project(h[:, -1, :]))                                      # (n, V)
         att = None
         if self.with_attention:
@@ -141,7 +242,8 @@ def _start(model, src, max_len, use_cache, with_attention, beam=1):
     """Check ``src``, encode it, and work out each sentence's step limit (``beam``: the most rows
     per sentence, which a model's decoding buffers may be sized for).
 
-    Returns: stepper, src on the host, step limits (B,) host ints.
+    Returns: stepper, src on the host, step limits (B,) host ints. The stepper's ``search`` is
+    :func:`search_of` the model.
     """
     if src.ndim != 2 or src.dtype.kind not in "iu":
         raise ValueError(f"decode: src must be a (B, S) integer array of token ids, "
@@ -159,7 +261,8 @@ def _start(model, src, max_len, use_cache, with_attention, beam=1):
     src_mask = padding_mask(src)                                                  # (B, 1, 1, S)
     memory, _ = model.encode(src, None, src_mask)                                 # (B, S, D)
     reserve = (src_h.shape[0] * beam, int(limits.max()))
-    stepper = (_CachedStepper if use_cache else _FullStepper)(model, memory, src_mask, with_attention, reserve)
+    stepper = (_CachedStepper if use_cache else _FullStepper)(search_of(model), memory, src_mask, with_attention,
+                                                              reserve)
     return stepper, src_h, limits
 
 
@@ -292,7 +395,7 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
             logp, att = stepper.step(tokens)
             if no_repeat_ngram:                        # every = 1 here: all rows are live
                 _ban(xp, logp, out[rows, :t], no_repeat_ngram)
-            model.greedy_pick(logp, BANNED, info[j], tokens)   # tokens <- the picks: the next step's input
+            stepper.search.greedy_pick(logp, BANNED, info[j], tokens)   # tokens <- the picks: the next step's input
             if with_attention:
                 att_steps.append((rows, att))
         got = B.to_host(info[:steps])                  # the check's one sync
@@ -382,7 +485,7 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         if with_attention:
             att_steps.append(att)
         C = min(2 * K, W * V)
-        info = model.beam_candidates(logp, beam_scores, W, min(C, V), C, BANNED)  # the step's one sync
+        info = stepper.search.beam_candidates(logp, beam_scores, W, min(C, V), C, BANNED)  # the step's one sync
         s, f = info[0], info[1].astype(np.int64)
         srt = np.lexsort((f, -s), axis=-1)          # best first; ties: lower id first, as argmax does
         s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)

@@ -15,34 +15,23 @@ the benchmarks talk to this interface only. An engine is found by name (:func:`g
 reference is always there; others are registered as entry points of the group
 ``attn.engines`` (``setup.cfg``), so this package never imports them.
 
-A model made by an engine has the reference model's attributes and methods (``config``,
-``params``, ``dtype``, ``xp``, ``num_parameters``, ``save``, ``forward``, ``backward``,
-``encode``, ``decode``, ``project``, ``cross_attention_kv``, ``start_decoding``,
-``decode_step``, ``greedy_pick``, ``beam_candidates``), and these, in which engines differ:
+The contract is written as :class:`typing.Protocol` classes, which a test holds both engines
+to, method by method and signature by signature: :class:`Engine` (what makes a run's parts),
+:class:`Model` (what every engine's model answers: the readable model's public methods) and
+:class:`Search` (what the searches step). Neither engine's model is a subclass of the other's;
+what they share are functions: the config, :func:`attn.model.parameter_shapes`,
+:func:`attn.model.init_params` and the checkpoint format.
 
-``backward(dlogits, cache, grads=None, ready=None)``
-    The gradients by parameter name. A data-parallel run passes either ``grads`` (a dict-like
-    object that sends a bucket once its last entry is set: the reference) or ``ready`` (a
-    callback told each finished stage of :attr:`gradient_arena`: an engine with one).
-``gradient_arena``
-    None, or the one flat buffer the backward writes every gradient into (``grad_buffer``,
-    its ``size`` gradients followed by :data:`SLOT` elements for a data-parallel
-    run's loss and tokens; ``layout.stages``, the stages in the order the backward finishes
-    them), which a data-parallel run all-reduces in place.
-``keys_first``
-    True where the model keeps attention weights keys-first, (Tk, B, H, Tq), so a
-    data-parallel run knows the sentence axis of its dropout draws.
-``step_memory(key=None)``
-    A context manager around one training step (``key``: the batch's shapes): where the step's arrays come from (the
-    reference: CuPy's pool as usual, and its value None; an engine that gives every step the
-    same addresses has a true value, and a loss kept past the step is then copied).
-``start_decoding(memory, src_mask, reserve=None)``
-    ``reserve`` = (rows, positions), the most a search will step: an engine may size its
-    buffers once; the state's ``select(index, index_host=None)`` keeps rows ``index``.
+A model may also be :class:`Tuned` by its engine: it then has a flat gradient buffer, keeps
+attention weights keys-first, gives every step the same memory or brings its own search.
+:func:`gradient_arena`, :func:`keys_first`, :func:`step_memory` and :func:`attn.decode.search_of`
+ask it, and answer for the readable model, which is none of these.
 """
 from __future__ import annotations
 
+import contextlib
 from importlib import metadata
+from typing import Protocol, runtime_checkable
 
 from .loss import cross_entropy
 from .model import Transformer, TransformerConfig
@@ -55,6 +44,127 @@ SLOT, LOSS, TOKENS = 2, 0, 1
 
 #: The entry-point group in which engines are registered.
 ENTRY_POINTS = "attn.engines"
+
+
+class Model(Protocol):
+    """What every engine's model answers (the readable :class:`attn.model.Transformer`'s public
+    methods): the trainer, the searches, the checkpoints and the lessons use these alone."""
+
+    config: TransformerConfig
+    params: dict
+
+    @property
+    def xp(self): ...
+
+    def num_parameters(self) -> int: ...
+
+    def forward(self, src, tgt_in, rng=None): ...
+
+    def backward(self, dlogits, cache) -> dict:
+        """The gradients by parameter name. A data-parallel run also passes the readable model
+        ``grads`` (a dict that sends each bucket once its last entry is set) and a
+        :class:`Tuned` model with a :attr:`~Tuned.gradient_arena` ``ready``."""
+
+    def encode(self, src, rng=None, src_mask=None): ...
+
+    def decode(self, tgt_in, memory, src_mask, rng=None): ...
+
+    def project(self, h): ...
+
+    def cross_attention_kv(self, memory) -> list: ...
+
+    def state_arrays(self) -> dict: ...
+
+    def save(self, path, extra_arrays=None, extra_meta=None): ...
+
+
+class Search(Protocol):
+    """What :mod:`attn.decode`'s searches ask of a model (:class:`attn.decode.ReadableSearch` for
+    the readable one): a decoding state, a step, rows kept, the decoder on a whole prefix, and
+    the token picks."""
+
+    model: Model
+
+    def start(self, memory, src_mask, reserve=None):
+        """The state for :meth:`step`. ``reserve`` = (rows, positions), the most the search will
+        step: an engine may size its buffers once."""
+
+    def step(self, tokens, state):
+        """``(log-probabilities (n, V), the new state, the cross-attention weights per layer)``."""
+
+    def select(self, state, index, index_host):
+        """The state with rows ``index`` kept (and repeated); ``index_host`` is the same on the host."""
+
+    def prefix(self, tgt_in, memory, src_mask, cross_kv, keep_weights):
+        """The decoder on a whole prefix, as :meth:`Model.decode`; ``cross_kv`` the memory's keys and
+        values (:meth:`Model.cross_attention_kv`), ``keep_weights`` whether weights are read."""
+
+    def greedy_pick(self, logp, banned, info, tokens) -> None:
+        """Each row's most probable token into ``tokens`` and ``info`` (ids, log-probabilities)."""
+
+    def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, banned):
+        """Each sentence's best ``C`` continuations, on the host: (2, n, C) scores and ids."""
+
+
+@runtime_checkable
+class Tuned(Protocol):
+    """A model whose engine gives it what the readable model has no need of."""
+
+    #: None, or the one flat buffer the backward writes every gradient into (``grad_buffer``, its
+    #: ``size`` gradients followed by :data:`SLOT` elements for a data-parallel run's loss and
+    #: tokens; ``layout.stages``, the stages in the order the backward finishes them), which a
+    #: data-parallel run all-reduces in place. Its ``backward`` then takes ``ready``, a callback
+    #: told each finished stage.
+    gradient_arena: object
+    #: True where attention weights are kept keys-first, (Tk, B, H, Tq), so a data-parallel run
+    #: knows the sentence axis of its dropout draws.
+    keys_first: bool
+
+    def step_memory(self, key=None):
+        """A context manager around one training step (``key``: the batch's shapes, which tell
+        the steps that ask for the same arrays): a true value when it gives every step the same
+        addresses (a loss kept past the step is then copied)."""
+
+    def search(self) -> Search:
+        """Its own :class:`Search`."""
+
+
+def gradient_arena(model):
+    """The model's flat gradient buffer (:class:`Tuned`), or None: the readable model's gradients
+    are separate arrays."""
+    return model.gradient_arena if isinstance(model, Tuned) else None
+
+
+def keys_first(model) -> bool:
+    """Whether the model keeps attention weights keys-first; the readable model keeps them
+    (B, H, Tq, Tk), sentences first."""
+    return isinstance(model, Tuned) and model.keys_first
+
+
+def step_memory(model, key=None):
+    """The context one training step runs in (``key``: the batch's shapes): the model's own
+    (:class:`Tuned`), else the array library's memory as anywhere else (the value None)."""
+    return model.step_memory(key) if isinstance(model, Tuned) else contextlib.nullcontext()
+
+
+class Engine(Protocol):
+    """What makes a run's parts: a model, its optimizer, its loss (and, for an engine that can,
+    a captured step). :class:`ReferenceEngine` here, ``attn.fast.engine.FastEngine``."""
+
+    name: str
+    precisions: tuple
+    captures: bool
+
+    def model(self, config: TransformerConfig, *, seed: int = 0, dtype="float32", params: dict | None = None,
+              precision: Precision = FP32, check_ids: bool = True) -> Model: ...
+
+    def optimizer(self, model, lr_factor: float = 1.0, cooldown: float = 0.0): ...
+
+    def loss(self, trusted: bool = False): ...
+
+    def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn): ...
+
+    def check_precision(self, precision: Precision, dtype="float32") -> None: ...
 
 
 class EngineError(ValueError):
@@ -93,10 +203,14 @@ class ReferenceEngine:
         raise EngineError(f"the {self.name} engine cannot capture a training step (the fast engine on a GPU can)")
 
     def check_precision(self, precision: Precision, dtype="float32") -> None:
-        """:class:`EngineError` unless this engine multiplies at ``precision``."""
-        if Precision.of(precision).name not in self.precisions:
-            raise EngineError(f"precision {Precision.of(precision).name} is not one of the {self.name} engine's "
-                              f"({', '.join(self.precisions)})")
+        check_precision(self, precision)
+
+
+def check_precision(engine: Engine, precision: Precision) -> None:
+    """:class:`EngineError` unless ``engine`` multiplies at ``precision``."""
+    if Precision.of(precision).name not in engine.precisions:
+        raise EngineError(f"precision {Precision.of(precision).name} is not one of the {engine.name} engine's "
+                          f"({', '.join(engine.precisions)})")
 
 
 def names() -> list:

@@ -16,7 +16,6 @@ shared embedding) are accumulated, never overwritten.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -187,17 +186,168 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype="float32") -> dict:
     return params
 
 
-# --------------------------------------------------------------------------- caches
+def embedding_name(cfg: TransformerConfig, which: str) -> str:
+    """The parameter that embeds ``which`` ("src", "tgt") or projects the output ("out")."""
+    if cfg.share_embeddings:
+        return "embedding.weight"
+    return {"src": "src_embedding.weight", "tgt": "tgt_embedding.weight", "out": "generator.weight"}[which]
 
-class ResidualCache(NamedTuple):
-    """One sub-layer in its residual connection: the norm's, the sub-layer's and the dropout's caches."""
+
+def sinusoids(cfg: TransformerConfig, T: int, dtype, xp, table=None):
+    """``table`` if it is a sinusoidal table (L, D) of at least T rows in ``dtype`` on ``xp``,
+    else a new one of ``max(2 T, max_len)`` rows."""
+    if table is None or table.shape[0] < T or table.dtype != dtype or B.get_array_module(table) is not xp:
+        table = xp.asarray(sinusoidal_table(max(2 * T, cfg.max_len), cfg.d_model, dtype))
+    return table
+
+
+# --------------------------------------------------------------------------- the layers
+
+#: The parameters of an attention sub-layer and of the feed-forward network, in the order their
+#: forward functions take them (:mod:`attn.layers`).
+ATTENTION = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+FFN = ("w1", "b1", "w2", "b2")
+
+
+class SublayerCache(NamedTuple):
+    """One sub-layer in its residual connection: the norm's, the sub-layer's and the dropout's
+    caches, and whether the norm comes before the sub-layer (pre-norm) or after the sum."""
     norm: object
     sub: object
     drop: object
+    pre: bool
 
+
+def layer_params(params: dict, prefix: str) -> dict:
+    """One layer's parameters by their names in it: ``encoder.0.ffn.w1`` -> ``ffn.w1``."""
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + ".")}
+
+
+def encoder_layer_forward(x, mask, p: dict, cfg: TransformerConfig, rng=None):
+    """One encoder layer (section 3.1): self-attention, then the position-wise feed-forward
+    network, each a sub-layer in its residual connection with dropout and a layer norm.
+
+    Inputs: x (B, S, D); mask (B, 1, 1, S) bool or None; p the layer's parameters by their names
+    in it (``self_attn.w_q`` ... ``norm2.beta``, :func:`layer_params`); cfg the model's
+    :class:`TransformerConfig` (heads, dropout, where the norms are, eps); rng a DeviceRNG for
+    dropout (None: none). Returns: out (B, S, D), cache (a :class:`SublayerCache` per sub-layer).
+    """
+    h, cn = _sublayer_input(x, p, "norm1", cfg)
+    s, cs = _attention(h, h, mask, p, "self_attn", cfg, rng)
+    x, c1 = _residual_output(x, s, cn, cs, p, "norm1", cfg, rng)
+    h, cn = _sublayer_input(x, p, "norm2", cfg)
+    s, cs = _feed_forward(h, p, cfg, rng)
+    x, c2 = _residual_output(x, s, cn, cs, p, "norm2", cfg, rng)
+    return x, (c1, c2)
+
+
+def encoder_layer_backward(dout, cache):
+    """Backward of :func:`encoder_layer_forward`. Returns: dx (B, S, D), grads keyed like p."""
+    c1, c2 = cache
+    grads = {}
+    dx, ds = _residual_output_backward(dout, c2, "norm2", grads)
+    dx = _sublayer_input_backward(dx, _feed_forward_backward(ds, c2.sub, grads), c2, "norm2", grads)
+    dx, ds = _residual_output_backward(dx, c1, "norm1", grads)
+    dq, dkv = _attention_backward(ds, c1.sub, "self_attn", grads)   # x was the queries, keys and values
+    dx = _sublayer_input_backward(dx, dq + dkv, c1, "norm1", grads)
+    return dx, grads
+
+
+def decoder_layer_forward(x, memory, src_mask, tgt_mask, p: dict, cfg: TransformerConfig, rng=None):
+    """One decoder layer (section 3.1): masked self-attention, attention over the encoder's
+    output ``memory``, then the feed-forward network, each in its residual connection.
+
+    Inputs: x (B, T, D); memory (B, S, D); src_mask (B, 1, 1, S); tgt_mask (B, 1, T, T); p keyed
+    ``self_attn.*``, ``norm1.*``, ``cross_attn.*``, ``norm2.*``, ``ffn.*``, ``norm3.*``; cfg and
+    rng as :func:`encoder_layer_forward`'s. Returns: out (B, T, D), cache."""
+    h, cn = _sublayer_input(x, p, "norm1", cfg)
+    s, cs = _attention(h, h, tgt_mask, p, "self_attn", cfg, rng)
+    x, c1 = _residual_output(x, s, cn, cs, p, "norm1", cfg, rng)
+    h, cn = _sublayer_input(x, p, "norm2", cfg)
+    s, cs = _attention(h, memory, src_mask, p, "cross_attn", cfg, rng)
+    x, c2 = _residual_output(x, s, cn, cs, p, "norm2", cfg, rng)
+    h, cn = _sublayer_input(x, p, "norm3", cfg)
+    s, cs = _feed_forward(h, p, cfg, rng)
+    x, c3 = _residual_output(x, s, cn, cs, p, "norm3", cfg, rng)
+    return x, (c1, c2, c3)
+
+
+def decoder_layer_backward(dout, cache):
+    """Backward of :func:`decoder_layer_forward`. Returns: dx (B, T, D), dmemory (B, S, D),
+    grads keyed like p."""
+    c1, c2, c3 = cache
+    grads = {}
+    dx, ds = _residual_output_backward(dout, c3, "norm3", grads)
+    dx = _sublayer_input_backward(dx, _feed_forward_backward(ds, c3.sub, grads), c3, "norm3", grads)
+    dx, ds = _residual_output_backward(dx, c2, "norm2", grads)
+    dq, dmemory = _attention_backward(ds, c2.sub, "cross_attn", grads)   # keys and values: the memory
+    dx = _sublayer_input_backward(dx, dq, c2, "norm2", grads)
+    dx, ds = _residual_output_backward(dx, c1, "norm1", grads)
+    dq, dkv = _attention_backward(ds, c1.sub, "self_attn", grads)
+    dx = _sublayer_input_backward(dx, dq + dkv, c1, "norm1", grads)
+    return dx, dmemory, grads
+
+
+def _sublayer_input(x, p, norm, cfg):
+    """What a sub-layer reads: ``LN(x)`` where the norm comes first (pre-norm), else x itself."""
+    if cfg.norm == "pre":
+        return layer_norm_forward(x, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
+    return x, None
+
+
+def _residual_output(x, s, cn, cs, p, norm, cfg, rng):
+    """The sub-layer's output ``s`` added to its input: ``x + drop(s)``, then, post-norm (the
+    paper), ``LN(x + drop(s))``. Returns: out, SublayerCache."""
+    s, cd = dropout_forward(s, cfg.dropout, rng)
+    if cfg.norm == "pre":
+        return x + s, SublayerCache(cn, cs, cd, True)
+    out, cn = layer_norm_forward(x + s, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
+    return out, SublayerCache(cn, cs, cd, False)
+
+
+def _residual_output_backward(dout, cache: SublayerCache, norm, grads):
+    """Backward of :func:`_residual_output`: the gradient of x by the skip path, and of s."""
+    dy = dout if cache.pre else _norm_backward(dout, cache.norm, norm, grads)
+    return dy, dropout_backward(dy, cache.drop)
+
+
+def _sublayer_input_backward(dskip, dh, cache: SublayerCache, norm, grads):
+    """x's whole gradient: the skip path's plus the sub-layer's, through the norm before it."""
+    return dskip + (_norm_backward(dh, cache.norm, norm, grads) if cache.pre else dh)
+
+
+def _norm_backward(dout, cache, norm, grads):
+    dx, grads[norm + ".gamma"], grads[norm + ".beta"] = layer_norm_backward(dout, cache)
+    return dx
+
+
+def _attention(xq, xkv, mask, p, sub, cfg, rng):
+    return multi_head_attention_forward(xq, xkv, *(p[f"{sub}.{n}"] for n in ATTENTION), cfg.n_heads, mask,
+                                        cfg.attention_dropout, rng)
+
+
+def _attention_backward(ds, cache, sub, grads):
+    dxq, dxkv, *dparams = multi_head_attention_backward(ds, cache)
+    grads.update(zip((f"{sub}.{n}" for n in ATTENTION), dparams))
+    return dxq, dxkv
+
+
+def _feed_forward(x, p, cfg, rng):
+    return feed_forward_forward(x, *(p[f"ffn.{n}"] for n in FFN), cfg.relu_dropout, rng)
+
+
+def _feed_forward_backward(ds, cache, grads):
+    dx, *dparams = feed_forward_backward(ds, cache)
+    grads.update(zip((f"ffn.{n}" for n in FFN), dparams))
+    return dx
+
+
+# --------------------------------------------------------------------------- the model
 
 class StackCache(NamedTuple):
-    """Embedding, positional and dropout caches, then one list of ResidualCaches per layer."""
+    """Embedding, positional and dropout caches, then each layer's cache (a tuple of
+    :class:`SublayerCache`), then the final norm's (pre-norm) or None."""
     embed: object
     pos: object
     drop: object
@@ -221,12 +371,6 @@ class Transformer:
     padded with ``PAD_ID`` (0). Outputs: logits (B, T, V_tgt).
     """
 
-    #: What :mod:`attn.engine` asks of every engine's model, answered for the readable one: its
-    #: gradients are separate arrays (no flat buffer to all-reduce in place), and its attention
-    #: weights are (B, H, Tq, Tk), sentences first.
-    gradient_arena = None
-    keys_first = False
-
     def __init__(self, config: TransformerConfig, seed: int = 0, dtype="float32", params: dict | None = None):
         self.config = config
         self.dtype = B.host.dtype(dtype)
@@ -240,49 +384,18 @@ class Transformer:
         return B.get_array_module(next(iter(self.params.values())))
 
     def _emb(self, which: str) -> str:
-        if self.config.share_embeddings:
-            return "embedding.weight"
-        return {"src": "src_embedding.weight", "tgt": "tgt_embedding.weight", "out": "generator.weight"}[which]
+        return embedding_name(self.config, which)
 
     def _pos_table(self, which: str, T: int):
         """The positional table (L, D) with L >= T: a parameter, or the sinusoids,
         extended on demand so that no length is ever silently wrong."""
         if self.config.positional == "learned":
             return self.params[f"{which}_pos.weight"]
-        xp = self.xp
-        if self._pe is None or self._pe.shape[0] < T or self._pe.dtype != self.dtype or \
-                B.get_array_module(self._pe) is not xp:
-            self._pe = xp.asarray(sinusoidal_table(max(2 * T, self.config.max_len), self.config.d_model, self.dtype))
+        self._pe = sinusoids(self.config, T, self.dtype, self.xp, self._pe)
         return self._pe
 
     def num_parameters(self) -> int:
         return int(sum(int(p.size) for p in self.params.values()))
-
-    # ------------------------------------------------------------------ sub-layers
-
-    def _attn_fwd(self, pre, xq, xkv, mask, rng):
-        p = self.params
-        return multi_head_attention_forward(
-            xq, xkv, p[pre + ".w_q"], p[pre + ".b_q"], p[pre + ".w_k"], p[pre + ".b_k"],
-            p[pre + ".w_v"], p[pre + ".b_v"], p[pre + ".w_o"], p[pre + ".b_o"],
-            self.config.n_heads, mask, self.config.attention_dropout, rng)
-
-    def _attn_bwd(self, pre, dout, cache, grads):
-        dxq, dxkv, *dparams = multi_head_attention_backward(dout, cache)
-        for name, g in zip(("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o"), dparams):
-            _acc(grads, f"{pre}.{name}", g)
-        return dxq, dxkv
-
-    def _ffn_fwd(self, pre, x, rng):
-        p = self.params
-        return feed_forward_forward(x, p[pre + ".w1"], p[pre + ".b1"], p[pre + ".w2"], p[pre + ".b2"],
-                                    self.config.relu_dropout, rng)
-
-    def _ffn_bwd(self, pre, dout, cache, grads):
-        dx, *dparams = feed_forward_backward(dout, cache)
-        for name, g in zip(("w1", "b1", "w2", "b2"), dparams):
-            _acc(grads, f"{pre}.{name}", g)
-        return dx
 
     def _norm_fwd(self, pre, x):
         return layer_norm_forward(x, self.params[pre + ".gamma"], self.params[pre + ".beta"], self.config.ln_eps)
@@ -292,30 +405,6 @@ class Transformer:
         _acc(grads, pre + ".gamma", dg)
         _acc(grads, pre + ".beta", db)
         return dx
-
-    def _residual_fwd(self, norm, x, sublayer, rng):
-        """post: ``LN(x + drop(sublayer(x)))``; pre: ``x + drop(sublayer(LN(x)))``."""
-        if self.config.norm == "pre":
-            h, cn = self._norm_fwd(norm, x)
-            s, cs = sublayer(h)
-            s, cd = dropout_forward(s, self.config.dropout, rng)
-            return x + s, ResidualCache(cn, cs, cd)
-        s, cs = sublayer(x)
-        s, cd = dropout_forward(s, self.config.dropout, rng)
-        out, cn = self._norm_fwd(norm, x + s)
-        return out, ResidualCache(cn, cs, cd)
-
-    def _residual_bwd(self, norm, dout, cache, sublayer_bwd, grads):
-        """Backward of :meth:`_residual_fwd`: the residual path carries the gradient
-        straight through, the sub-layer path adds its own. ``sublayer_bwd(ds, cache)``
-        returns the gradient of the sub-layer's input."""
-        if self.config.norm == "pre":
-            ds = dropout_backward(dout, cache.drop)
-            dh = sublayer_bwd(ds, cache.sub)
-            return dout + self._norm_bwd(norm, dh, cache.norm, grads)
-        dy = self._norm_bwd(norm, dout, cache.norm, grads)       # y = x + drop(s)
-        ds = dropout_backward(dy, cache.drop)
-        return dy + sublayer_bwd(ds, cache.sub)
 
     # ------------------------------------------------------------------ stacks
 
@@ -339,35 +428,23 @@ class Transformer:
         x, ce, cp, cd = self._embed_fwd("src", src, rng)
         layers = []
         for i in range(self.config.n_encoder_layers):
-            pre = f"encoder.{i}"
-            x, c1 = self._residual_fwd(pre + ".norm1", x,
-                                       lambda h: self._attn_fwd(pre + ".self_attn", h, h, src_mask, rng), rng)
-            x, c2 = self._residual_fwd(pre + ".norm2", x, lambda h: self._ffn_fwd(pre + ".ffn", h, rng), rng)
-            layers.append((c1, c2))
+            x, c = encoder_layer_forward(x, src_mask, layer_params(self.params, f"encoder.{i}"), self.config, rng)
+            layers.append(c)
         cn = None
         if self.config.norm == "pre":
             x, cn = self._norm_fwd("encoder.norm", x)
         return x, StackCache(ce, cp, cd, layers, cn)
 
-    def decode(self, tgt_in, memory, src_mask, rng=None, cross_kv=None, keep_weights=True):
+    def decode(self, tgt_in, memory, src_mask, rng=None):
         """Decoder stack. Inputs: tgt_in (B, T) ids; memory (B, S, D); src_mask (B, 1, 1, S).
-        Returns: decoder output (B, T, D), cache, tgt_mask.
-
-        (For a search that runs the decoder on the whole prefix, ``cross_kv`` are the memory's
-        keys and values precomputed by :meth:`cross_attention_kv`, and ``keep_weights=False``
-        says no attention weight will be read: a faster engine uses both; this model recomputes
-        the keys and values from ``memory`` and keeps every weight, as training needs.)"""
+        Returns: decoder output (B, T, D), cache, tgt_mask."""
         tgt_mask = decoder_mask(tgt_in)                                        # (B, 1, T, T)
         x, ce, cp, cd = self._embed_fwd("tgt", tgt_in, rng)
         layers = []
         for i in range(self.config.n_decoder_layers):
-            pre = f"decoder.{i}"
-            x, c1 = self._residual_fwd(pre + ".norm1", x,
-                                       lambda h: self._attn_fwd(pre + ".self_attn", h, h, tgt_mask, rng), rng)
-            x, c2 = self._residual_fwd(pre + ".norm2", x,
-                                       lambda h: self._attn_fwd(pre + ".cross_attn", h, memory, src_mask, rng), rng)
-            x, c3 = self._residual_fwd(pre + ".norm3", x, lambda h: self._ffn_fwd(pre + ".ffn", h, rng), rng)
-            layers.append((c1, c2, c3))
+            x, c = decoder_layer_forward(x, memory, src_mask, tgt_mask, layer_params(self.params, f"decoder.{i}"),
+                                         self.config, rng)
+            layers.append(c)
         cn = None
         if self.config.norm == "pre":
             x, cn = self._norm_fwd("decoder.norm", x)
@@ -412,22 +489,11 @@ class Transformer:
         dec = cache.dec
         if dec.final_norm is not None:
             dx = self._norm_bwd("decoder.norm", dx, dec.final_norm, grads)
-        dmemory = None
+        dmemory = 0
         for i in reversed(range(self.config.n_decoder_layers)):
-            pre = f"decoder.{i}"
-            c1, c2, c3 = dec.layers[i]
-            dx = self._residual_bwd(pre + ".norm3", dx, c3,
-                                    lambda d, c: self._ffn_bwd(pre + ".ffn", d, c, grads), grads)
-            dmem_i = []
-
-            def cross_bwd(d, c):
-                dq, dkv = self._attn_bwd(pre + ".cross_attn", d, c, grads)
-                dmem_i.append(dkv)
-                return dq
-            dx = self._residual_bwd(pre + ".norm2", dx, c2, cross_bwd, grads)
-            dmemory = dmem_i[0] if dmemory is None else dmemory + dmem_i[0]
-            dx = self._residual_bwd(pre + ".norm1", dx, c1,
-                                    lambda d, c: _sum2(self._attn_bwd(pre + ".self_attn", d, c, grads)), grads)
+            dx, dmem, g = decoder_layer_backward(dx, dec.layers[i])
+            _add(grads, f"decoder.{i}", g)
+            dmemory = dmemory + dmem                          # every layer attends to the memory
         self._embed_bwd("tgt", dx, dec, grads)
 
         enc = cache.enc
@@ -435,12 +501,8 @@ class Transformer:
         if enc.final_norm is not None:
             dx = self._norm_bwd("encoder.norm", dx, enc.final_norm, grads)
         for i in reversed(range(self.config.n_encoder_layers)):
-            pre = f"encoder.{i}"
-            c1, c2 = enc.layers[i]
-            dx = self._residual_bwd(pre + ".norm2", dx, c2,
-                                    lambda d, c: self._ffn_bwd(pre + ".ffn", d, c, grads), grads)
-            dx = self._residual_bwd(pre + ".norm1", dx, c1,
-                                    lambda d, c: _sum2(self._attn_bwd(pre + ".self_attn", d, c, grads)), grads)
+            dx, g = encoder_layer_backward(dx, enc.layers[i])
+            _add(grads, f"encoder.{i}", g)
         self._embed_bwd("src", dx, enc, grads)
         return grads
 
@@ -471,23 +533,9 @@ class Transformer:
             cross.append((k, v))
         return cross
 
-    def _decoding_params(self) -> dict:
-        """The parameters :meth:`decode_step` reads (a faster model may hand it copies laid out
-        for its products)."""
-        return self.params
-
-    def step_memory(self, key=None):
-        """Where a training step's arrays come from: here, the array library's own memory, as
-        anywhere else, and the context's value is None (a faster engine may give each step the
-        same addresses, and says so with a true value; ``key``, the batch's shapes, tells it
-        which steps ask for the same arrays)."""
-        return contextlib.nullcontext()
-
-    def start_decoding(self, memory, src_mask, reserve=None) -> "DecodeState":
+    def start_decoding(self, memory, src_mask) -> "DecodeState":
         """Precompute each decoder layer's cross-attention keys and values from the
-        encoder output once. Returns the state for :meth:`decode_step`. (``reserve``, the most
-        rows and positions a search will step, lets a faster engine size its buffers once; the
-        state here grows as it goes.)"""
+        encoder output once. Returns the state for :meth:`decode_step`, which grows as it goes."""
         empty = [(None, None)] * self.config.n_decoder_layers
         return DecodeState(self.cross_attention_kv(memory), list(empty), src_mask, 0)
 
@@ -500,7 +548,7 @@ class Transformer:
         log-probabilities (B, V_tgt) for the next token, the new state, and the
         cross-attention weights of every layer (list of (B, H, 1, S)).
         """
-        cfg, p, H = self.config, self._decoding_params(), self.config.n_heads
+        cfg, p, H = self.config, self.params, self.config.n_heads
         pos = state.length
         if cfg.positional == "learned" and pos >= cfg.max_len:     # as forward() says it, not an IndexError
             raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "
@@ -530,7 +578,7 @@ class Transformer:
                 return _affine(merge_heads(o), p[pre + ".cross_attn.w_o"], p[pre + ".cross_attn.b_o"])
 
             def ffn(h):
-                return self._ffn_fwd(pre + ".ffn", h, None)[0]
+                return _feed_forward(h, layer_params(p, pre), cfg, None)[0]
 
             x = self._residual_infer(pre + ".norm1", x, self_attn)
             x = self._residual_infer(pre + ".norm2", x, cross_attn)
@@ -544,41 +592,6 @@ class Transformer:
         if self.config.norm == "pre":
             return x + sublayer(self._norm_fwd(norm, x)[0])
         return self._norm_fwd(norm, x + sublayer(x))[0]
-
-    # ------------------------------------------------------------------ choosing tokens
-
-    def greedy_pick(self, logp, banned, info, tokens) -> None:
-        """Greedy decoding's choice at one position, written in place: ``info`` (2, n) float64 <-
-        the most probable token of each row of ``logp`` (n, V), the ids ``banned`` excluded, and
-        its log-probability; ``tokens`` (n,) <- the same ids."""
-        xp = B.get_array_module(logp)
-        logp[:, list(banned)] = -float("inf")
-        nxt = logp.argmax(axis=-1)                                                     # (n,)
-        info[0] = nxt
-        info[1] = xp.take_along_axis(logp, nxt[:, None], axis=1)[:, 0]
-        tokens[...] = nxt
-
-    def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, banned):
-        """Beam search's best ``C`` continuations of each sentence, on the host: (2, n, C) float64,
-        their scores (log P so far plus the token's) and ids ``w * V + v`` (beam, token), in no
-        order. ``logp`` (n*W, V) the step's log-probabilities (changed in place), ``beam_scores``
-        (n, W) float64, ``c`` <= V the tokens kept per beam, ``banned`` ids never chosen.
-
-        A sentence's best C candidates are among each of its beams' best c tokens (a beam's
-        score is the same for all its tokens): pick those first, over V in float32, then rank
-        the W * c survivors in float64, instead of all W * V of them."""
-        xp = B.get_array_module(logp)
-        nl, V = beam_scores.shape[0], logp.shape[1]
-        logp[:, list(banned)] = -float("inf")
-        neg = xp.negative(logp, out=logp)               # the best are the least
-        top_v = least_columns(neg, c)                                                 # (n*W, c)
-        top_lp = -xp.take_along_axis(neg, top_v, axis=1)
-        cand = (beam_scores[:, :, None] + top_lp.reshape(nl, W, c).astype(xp.float64)).reshape(nl, W * c)
-        flat = (xp.arange(W)[None, :, None] * V + top_v.reshape(nl, W, c)).reshape(nl, W * c)  # id w*V + v
-        top = xp.argpartition(-cand, C - 1, axis=1)[:, :C]                            # (n, C), unordered
-        top_s = xp.take_along_axis(cand, top, axis=1)
-        top_f = xp.take_along_axis(flat, top, axis=1)
-        return B.to_host(xp.stack([top_s, top_f.astype(xp.float64)]))
 
     # ------------------------------------------------------------------ save / load
 
@@ -638,43 +651,11 @@ class DecodeState(NamedTuple):
     src_mask: object
     length: int
 
-    def select(self, index, index_host=None) -> "DecodeState":
-        """Keep (and repeat) batch rows ``index``: beam search reorders hypotheses with it.
-        (``index_host``, the same on the host, is for states that plan on the host.)"""
+    def select(self, index) -> "DecodeState":
+        """Keep (and repeat) batch rows ``index``: beam search reorders hypotheses with it."""
         cross = [(k[index], v[index]) for k, v in self.cross_kv]
         self_kv = [(None, None) if k is None else (k[index], v[index]) for k, v in self.self_kv]
         return DecodeState(cross, self_kv, self.src_mask[index], self.length)
-
-
-#: Columns per block in :func:`least_columns`'s first round.
-PRESELECT_BLOCK = 256
-
-
-def least_columns(a, c: int):
-    """The column ids (R, c) of c least entries of each row of ``a`` (R, V): beam search's
-    preselection of each beam's best tokens. Among entries tied with the c-th least value,
-    the ones kept are those ``argpartition`` keeps (not the lowest ids: breaking exact ties
-    by id would cost a sort at every step).
-
-    With many columns, in two rounds: the c blocks of :data:`PRESELECT_BLOCK` columns with
-    the least minima hold c least entries, so only those blocks (and the last, shorter one)
-    are searched, not all V columns."""
-    xp = B.get_array_module(a)
-    R, V = a.shape
-    b = PRESELECT_BLOCK
-    nb = V // b
-    if nb <= 2 * c:                                           # few blocks: search every column
-        ids = xp.broadcast_to(xp.arange(V), (R, V))
-        vals = a
-    else:
-        minima = a[:, :nb * b].reshape(R, nb, b).min(axis=2)                      # (R, nb)
-        blocks = xp.argpartition(minima, c - 1, axis=1)[:, :c]
-        ids = (blocks[:, :, None] * b + xp.arange(b)).reshape(R, c * b)
-        if nb * b < V:
-            ids = xp.concatenate([ids, xp.broadcast_to(xp.arange(nb * b, V), (R, V - nb * b))], axis=1)
-        vals = xp.take_along_axis(a, ids, axis=1)
-    least = xp.argpartition(vals, c - 1, axis=1)[:, :c]
-    return xp.take_along_axis(ids, least, axis=1)
 
 
 def log_softmax(x):
@@ -688,13 +669,15 @@ def _affine(x, w, b):
     return (x.reshape(-1, w.shape[0]) @ w).reshape(*x.shape[:-1], w.shape[1]) + b
 
 
-def _sum2(pair):
-    return pair[0] + pair[1]
-
-
 def _acc(grads: dict, name: str, g) -> None:
     """Accumulate: a parameter used twice (the shared embedding) gets both contributions."""
     if name in grads:
         grads[name] = grads[name] + g
     else:
         grads[name] = g
+
+
+def _add(grads: dict, prefix: str, layer_grads: dict) -> None:
+    """One layer's gradients into the model's, by the parameters' full names."""
+    for name, g in layer_grads.items():
+        _acc(grads, f"{prefix}.{name}", g)

@@ -76,9 +76,9 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     takes its share of the batch's sentences, and the gradients and the loss are the
     sums over all processes: those of the whole batch, as one process computes them.
 
-    The step runs inside ``model.step_memory(shapes)`` (:mod:`attn.engine`): an engine may make a
-    step's arrays at the same addresses every step of those shapes, and then the loss returned is a
-    copy of its own.
+    The step runs inside ``engines.step_memory(model, shapes)`` (:mod:`attn.engine`): an engine may
+    make a step's arrays at the same addresses every step of those shapes, and then the loss returned
+    is a copy of its own.
 
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used. With ``copy_loss=False`` the loss may lie in the step
@@ -93,7 +93,7 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
         check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
     if dp is not None:                       # a data-parallel step all-reduces between its launches
         return _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    with model.step_memory((batch.src.shape, batch.tgt_in.shape)) as reused:
+    with engines.step_memory(model, (batch.src.shape, batch.tgt_in.shape)) as reused:
         loss, lr = _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
     return (loss.copy() if copy_loss and reused else loss), lr
 

@@ -42,7 +42,8 @@ from attn.layers import (attention_weights, embedding_forward, feed_forward_forw
                          multi_head_attention_forward, positional_forward, sinusoidal_table)
 from attn.loss import cross_entropy
 from attn.masks import decoder_mask, padding_mask
-from attn.model import Transformer, TransformerConfig, parameter_shapes
+from attn.model import (Transformer, TransformerConfig, decoder_layer_forward, encoder_layer_forward, layer_params,
+                        parameter_shapes)
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 
@@ -142,6 +143,26 @@ memory_lib = model.encode(src)[0]
 diff_memory = np.abs(memory - memory_lib).max()
 diff_logits = np.abs(logits_hand - logits_lib).max()
 print(f"\nmax |ours - library|: memory {diff_memory:.1e}, logits {diff_logits:.1e}")
+
+# %% [markdown]
+# The library writes each layer once, as a pair of functions like every layer of
+# `attn.layers`: `encoder_layer_forward(x, mask, p, cfg)` and
+# `decoder_layer_forward(y, memory, src_mask, tgt_mask, p, cfg)` in `attn.model`, each with
+# its `_backward`, where `p` holds the layer's parameters by their names in it
+# (`layer_params(params, "encoder.0")` gives `self_attn.w_q`, ..., `norm2.beta`) and `cfg`
+# says the heads, the dropout and where the norms go. `Transformer.encode` and
+# `Transformer.decode` are the loops below; its backward runs the same layers' backward
+# from the last to the first.
+
+# %%
+x = positional_forward(embedding_forward(src, E, math.sqrt(D))[0], pe)[0]
+for i in range(cfg.n_encoder_layers):
+    x, _ = encoder_layer_forward(x, src_mask, layer_params(p, f"encoder.{i}"), cfg)
+y = positional_forward(embedding_forward(tgt_in, E, math.sqrt(D))[0], pe)[0]
+for i in range(cfg.n_decoder_layers):
+    y, _ = decoder_layer_forward(y, x, src_mask, tgt_mask, layer_params(p, f"decoder.{i}"), cfg)
+print(f"the named layers: max |ours - library|: memory {np.abs(x - memory_lib).max():.1e}, "
+      f"logits {np.abs(y @ E.T - logits_lib).max():.1e}")
 
 # %% [markdown]
 # Things to notice in the table:

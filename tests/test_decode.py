@@ -123,8 +123,8 @@ def test_least_columns_keeps_the_least_values(backend, seed):
     """Beam search's preselection (two rounds over blocks of the vocabulary when it is large)
     keeps, in each row, c entries whose values are the c least of the row, also with many
     exact ties and banned (+inf) entries."""
-    from attn.model import PRESELECT_BLOCK
-    from attn.model import least_columns as _least_columns
+    from attn.decode import PRESELECT_BLOCK
+    from attn.decode import least_columns as _least_columns
     rng = np.random.default_rng(seed)
     for V in (5, PRESELECT_BLOCK * 9 + 37, PRESELECT_BLOCK * 40):
         for c in (1, 3, 8):
@@ -263,18 +263,15 @@ def test_bad_input_and_empty_batch():
 
 class MarkovModel:
     """A stand-in model whose next-token distribution is a table keyed by the prefix, so a
-    test can lay out exactly which hypotheses beam search meets (the decoder's interface only,
-    :mod:`attn.engine`: ``encode``, ``start_decoding``, ``decode_step``, and the readable model's
-    choice of tokens)."""
-
-    greedy_pick = Transformer.greedy_pick
-    beam_candidates = Transformer.beam_candidates
+    test can lay out exactly which hypotheses beam search meets (what
+    :class:`attn.decode.ReadableSearch` asks of a model: ``encode``, ``start_decoding``,
+    ``decode_step``; the choice of tokens is the readable search's)."""
 
     class State:
         def __init__(self, prefixes):
             self.prefixes = prefixes
 
-        def select(self, index, index_host=None):
+        def select(self, index):
             return MarkovModel.State([self.prefixes[int(i)] for i in B.to_host(index)])
 
     def __init__(self, table, vocab_size=6):
@@ -286,7 +283,7 @@ class MarkovModel:
     def encode(self, src, rng, src_mask):
         return np.zeros(src.shape + (1,)), None
 
-    def start_decoding(self, memory, src_mask, reserve=None):
+    def start_decoding(self, memory, src_mask):
         return self.State([() for _ in range(memory.shape[0])])
 
     def decode_step(self, tokens, state):

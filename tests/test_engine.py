@@ -3,6 +3,7 @@ course reading alone (the readable engine trains, decodes and checkpoints withou
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -39,26 +40,78 @@ def test_both_engines_are_found_by_name_and_an_unknown_one_is_named():
 @pytest.mark.parametrize("name", ["reference", "fast"])
 def test_an_engine_makes_what_the_interface_promises(name):
     """Model, optimizer and loss from one engine; the model answers every question the trainer,
-    the data-parallel code and the searches ask (attn/engine.py's list)."""
+    the data-parallel code and the searches ask (attn/engine.py's protocols)."""
+    from attn.decode import BANNED, search_of
     engine = engines.get(name)
     model = engine.model(CFG, seed=3)
     opt = engine.optimizer(model, lr_factor=0.5)
     rng = np.random.default_rng(0)
     src, tgt = rng.integers(3, 19, (2, 5)), rng.integers(3, 19, (2, 6))
-    with model.step_memory():
+    with engines.step_memory(model):
         logits, cache = model.forward(src, tgt[:, :-1])
         loss, d = engine.loss(trusted=True)(logits, tgt[:, 1:], 0.1)
         grads = model.backward(d, cache)
         opt.step(grads)
     assert set(grads) == set(model.params) and np.isfinite(float(loss))
-    assert (model.gradient_arena is None) == (name == "reference") and model.keys_first == (name == "fast")
-    state = model.start_decoding(model.encode(src, None, src[:, None, None, :] != 0)[0],
-                                 src[:, None, None, :] != 0, reserve=(2, 4))
-    logp, state, _ = model.decode_step(np.full(2, 2), state)
+    assert (engines.gradient_arena(model) is None) == (name == "reference")
+    assert engines.keys_first(model) == (name == "fast") == isinstance(model, engines.Tuned)
+    search, mask = search_of(model), src[:, None, None, :] != 0
+    state = search.start(model.encode(src, None, mask)[0], mask, reserve=(2, 4))
+    logp, state, _ = search.step(np.full(2, 2), state)
     info, tokens = np.empty((2, 2)), np.empty(2, dtype=np.int64)
-    model.greedy_pick(logp.copy(), (0, 2), info, tokens)
-    assert (tokens == info[0]).all() and not set(tokens.tolist()) & {0, 2}
-    state.select(np.array([1, 0]), np.array([1, 0]))
+    search.greedy_pick(logp.copy(), BANNED, info, tokens)
+    assert (tokens == info[0]).all() and not set(tokens.tolist()) & set(BANNED)
+    search.select(state, np.array([1, 0]), np.array([1, 0]))
+
+
+def _fits(method, declared) -> list:
+    """What keeps ``method`` from standing where the protocol declares ``declared``: the declared
+    parameters first, by name, kind and default, then only parameters with defaults."""
+    have = list(inspect.signature(method).parameters.values())
+    want = list(inspect.signature(declared).parameters.values())
+    problems = [f"parameter {i} is {h} where the protocol has {w}" for i, (h, w) in enumerate(zip(have, want))
+                if (h.name, h.kind, h.default) != (w.name, w.kind, w.default)]
+    problems += [f"lacks {w}" for w in want[len(have):]]
+    problems += [f"{h} has no default" for h in have[len(want):] if h.default is h.empty and h.kind < h.VAR_POSITIONAL]
+    return problems
+
+
+def _protocol_methods(protocol) -> list:
+    return [n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")] + \
+        [n for n, v in vars(protocol).items() if isinstance(v, property)]
+
+
+@pytest.mark.parametrize("name", ["reference", "fast"])
+def test_both_engines_satisfy_the_protocols_method_by_method(name):
+    """Every method of :class:`attn.engine.Engine`, :class:`Model` and :class:`Search`, with a
+    signature that takes what the protocol gives; the fast model stands beside the readable one,
+    not on it (no subclass either way), and is :class:`Tuned`."""
+    from attn.decode import search_of
+    from attn.fast import FastTransformer
+    engine = engines.get(name)
+    model = engine.model(CFG)
+    for protocol, obj in ((engines.Engine, engine), (engines.Model, model), (engines.Search, search_of(model))):
+        for method in _protocol_methods(protocol):
+            assert hasattr(obj, method), f"{type(obj).__name__} has no {method} ({protocol.__name__})"
+            declared = vars(protocol)[method]
+            if callable(declared):
+                assert not _fits(getattr(obj, method), declared.__get__(obj)), \
+                    (type(obj).__name__, method, _fits(getattr(obj, method), declared.__get__(obj)))
+        for attribute in protocol.__annotations__:
+            assert hasattr(obj, attribute), f"{type(obj).__name__} has no {attribute} ({protocol.__name__})"
+    assert not issubclass(FastTransformer, Transformer) and not issubclass(Transformer, FastTransformer)
+    assert not issubclass(type(engine), type(engines.get("fast" if name == "reference" else "reference")))
+    assert isinstance(model, engines.Tuned) == (name == "fast")
+
+
+def test_the_readable_model_carries_nothing_only_an_engine_asks():
+    import attn.model as M
+    engine_only = {"gradient_arena", "keys_first", "_decoding_params", "step_memory", "greedy_pick",
+                   "beam_candidates", "search", "least_columns"}
+    assert not engine_only & (set(vars(Transformer)) | set(vars(M)))
+    assert list(inspect.signature(Transformer.decode).parameters) == ["self", "tgt_in", "memory", "src_mask", "rng"]
+    assert list(inspect.signature(Transformer.start_decoding).parameters) == ["self", "memory", "src_mask"]
+    assert list(inspect.signature(M.DecodeState.select).parameters) == ["self", "index"]
 
 
 def test_precision_is_checked_once_and_kept_by_the_model():

@@ -30,6 +30,7 @@ import json
 import sys
 
 from .. import backend as B
+from .. import engine as engines
 from ..data import Batch
 from ..gradcheck import rel_error
 from ..masks import PAD_ID
@@ -154,7 +155,7 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
     tokens = [[mine.n_tgt_tokens if weight else 0 for r in range(dp.size)
                for mine, _, _, weight in [distributed.share_of(b, dp.size, r)]] for b in batches]
     result = None
-    flat = dp.flat_grads(model.params, model.gradient_arena)
+    flat = dp.flat_grads(model.params, engines.gradient_arena(model))
     if dp.master:
         model1, opt1, loss_fn1 = check_model(dtype, reference)
         losses1, grads1, params1 = take_steps(model1, opt1, loss_fn1, batches)

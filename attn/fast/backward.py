@@ -79,7 +79,6 @@ class FastBackward:
         buffers of the arena's layout, kept between steps, which are added in stage by stage.
         """
         a = self.arena
-        self._decode_params = None                      # the parameters are about to change
         if not isinstance(cache, SplitCache):
             done = _nothing if ready is None else _Stages(a, [], ready).one
             G = _Grads(a.grads, a.grad_views, a, done)

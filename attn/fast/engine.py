@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from .. import backend as B
-from ..engine import EngineError, ReferenceEngine
+from ..engine import EngineError, check_precision
 from ..precision import FP32, PRECISIONS, Precision
 from .graph import GraphedTrainStep
 from .loss import cross_entropy
@@ -13,7 +13,7 @@ from .model import FastTransformer
 from .optim import FastAdam
 
 
-class FastEngine(ReferenceEngine):
+class FastEngine:
     """:class:`FastTransformer`, :class:`FastAdam` and the fused cross-entropy: the reference's
     numbers with fewer passes over memory; products at any of :data:`attn.precision.PRECISIONS`;
     on CuPy a step captured as a CUDA graph (:class:`attn.fast.graph.GraphedTrainStep`)."""
@@ -37,6 +37,9 @@ class FastEngine(ReferenceEngine):
         if trusted:
             return partial(cross_entropy, inplace=True, validate=False, check_finite=False)
         return partial(cross_entropy, inplace=True)
+
+    def check_precision(self, precision: Precision, dtype="float32") -> None:
+        check_precision(self, precision)
 
     def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn):
         """The training step captured as a CUDA graph per input shape and replayed (CuPy only)."""

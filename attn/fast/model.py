@@ -4,13 +4,15 @@ with fewer passes over memory); its caches are in :mod:`attn.fast.caches`, its b
 :mod:`attn.fast` for what it does differently."""
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 
 from .. import backend as B
 from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
-from ..model import DecodeState, Transformer
+from ..decode import ReadableSearch
+from ..model import Transformer, embedding_name, sinusoids
 from ..precision import FP32, Precision, PrecisionError
 from . import decoding
 from .arena import Arena
@@ -23,19 +25,20 @@ from .ops import _Ops
 from .stepmem import StepMemory, in_step, outside_step
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
-assert DecodeState._fields == ("cross_kv", "self_kv", "src_mask", "length")
-
 
 # --------------------------------------------------------------------------- the model
 
 
-class FastTransformer(FastBackward, Transformer):
-    """:class:`attn.model.Transformer` with a faster ``forward``/``backward`` for training.
+class FastTransformer(FastBackward):
+    """:class:`attn.model.Transformer`'s numbers with a faster ``forward``/``backward`` for
+    training, and its own decoding (:class:`FastSearch`).
 
     Same config, parameters (names, shapes, initial values), inputs, logits and
-    gradients; the cache is a :class:`FastCache`. Decoding, save and load are the
-    reference's. ``forward`` must be followed by ``backward`` with its cache (the
-    cache holds views into buffers the step reuses in place).
+    gradients; the cache is a :class:`FastCache`. It is not a subclass of the readable
+    model: it holds one, :attr:`readable`, over the same parameter arrays, and hands it what it
+    does not do faster (a forward with dropout outside a step, the checkpoint). ``forward`` must
+    be followed by ``backward`` with its cache (the cache holds views into buffers the step
+    reuses in place).
 
     The parameters live in one :class:`attn.fast.arena.Arena` (``self.arena``):
     ``self.params`` holds its views, under the reference's names. ``backward`` writes the
@@ -55,25 +58,56 @@ class FastTransformer(FastBackward, Transformer):
 
     def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None,
                  precision: Precision | str = FP32, check_ids: bool = True):
-        super().__init__(config, seed, dtype, params)
+        #: The readable model over the same parameters (the same dict).
+        self.readable = Transformer(config, seed, dtype, params)
+        self.config, self.dtype = config, self.readable.dtype
+        self._pe = None
         self.arena = Arena.adopt(self.params, config, self.dtype)
         self.precision = self._usable(Precision.of(precision))
         self.validate_ids = check_ids
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
-        self._decode_params = None
-        self._decode_copies: dict = {}
         self._bf16_weights = None               # at bf16 on CuPy: the weights' bf16 copy (see _fuse)
         self._candidates = None                 # beam search's ranked candidates on CuPy, kept between steps
 
+    @property
+    def params(self) -> dict:
+        """The parameters by the reference's names: views of the arena."""
+        return self.readable.params
+
+    @params.setter
+    def params(self, params: dict) -> None:
+        self.readable.params = params
+
+    @property
+    def xp(self):
+        return self.readable.xp
+
+    def num_parameters(self) -> int:
+        return self.readable.num_parameters()
+
+    def state_arrays(self) -> dict:
+        return self.readable.state_arrays()
+
+    def save(self, path, extra_arrays: dict | None = None, extra_meta: dict | None = None):
+        """:meth:`Transformer.save`: one checkpoint format for both engines."""
+        return self.readable.save(path, extra_arrays, extra_meta)
+
+    def cross_attention_kv(self, memory) -> list:
+        return self.readable.cross_attention_kv(memory)
+
+    def _emb(self, which: str) -> str:
+        return embedding_name(self.config, which)
+
     def _pos_table(self, which: str, T: int):
-        """The reference's table, made (on first use, or longer) outside a step's memory: it is
-        kept between steps (:mod:`attn.fast.stepmem`)."""
-        if not in_step():
-            return super()._pos_table(which, T)
-        with outside_step():
-            return super()._pos_table(which, T)
+        """The positional table, as the reference's, made (on first use, or longer) outside a
+        step's memory: it is kept between steps (:mod:`attn.fast.stepmem`)."""
+        if self.config.positional == "learned":
+            return self.params[f"{which}_pos.weight"]
+        with outside_step() if in_step() else contextlib.nullcontext():
+            self._pe = sinusoids(self.config, T, self.dtype, self.xp, self._pe)
+        return self._pe
 
     def _own_params(self) -> None:
         """Keep ``params`` the arena's views: a dict replaced, or entries replaced in it, are
@@ -86,6 +120,11 @@ class FastTransformer(FastBackward, Transformer):
     def from_model(cls, model: Transformer, precision: Precision | str = FP32) -> "FastTransformer":
         """A fast view of an existing model: the same config and the same parameter arrays."""
         return cls(model.config, dtype=model.dtype, params=model.params, precision=precision)
+
+    @classmethod
+    def load(cls, path, config=None, dtype=None, precision: Precision | str = FP32) -> "FastTransformer":
+        """A model saved by either engine (:meth:`Transformer.load`: the one checkpoint format)."""
+        return cls.from_model(Transformer.load(path, config, dtype), precision)
 
     def _usable(self, precision: Precision) -> Precision:
         """``precision`` (what the step's matrix products read, :mod:`attn.precision`; the
@@ -108,7 +147,11 @@ class FastTransformer(FastBackward, Transformer):
         comes from one slab, at the same addresses every step (those of the plan of ``key``'s
         bucket: the batch's shapes); on NumPy nothing."""
         memory = StepMemory.of(self)
-        return super().step_memory(key) if memory is None else memory.step(key)
+        return contextlib.nullcontext() if memory is None else memory.step(key)
+
+    def search(self) -> "FastSearch":
+        """What :mod:`attn.decode`'s searches step (:class:`attn.engine.Search`)."""
+        return FastSearch(self)
 
     @property
     def ops(self) -> _Ops:
@@ -340,14 +383,14 @@ class FastTransformer(FastBackward, Transformer):
         if out is not None and self.xp is not B.host:
             return self.xp.matmul(h, self.params[self._emb("out")].T, out=out)
         if self.xp is not B.host or self.workers is not None and int(self.workers) <= 1:
-            return super().project(h)
+            return self.readable.project(h)
         E = self.params[self._emb("out")]                                       # (V, D)
         lead = h.shape[:-1]
         rows = math.prod(lead)
         k = self._n_parts(rows)
         if k == 1:
             with single_threaded_blas():
-                return super().project(h)
+                return self.readable.project(h)
         h2 = h.reshape(rows, h.shape[-1])
         out = self.xp.empty((rows, E.shape[0]), dtype=self.dtype)
         _THREADS.parallel([lambda sl=sl: self.xp.matmul(h2[sl], E.T, out=out[sl])
@@ -500,7 +543,7 @@ class FastTransformer(FastBackward, Transformer):
         calls) the fast encoder, its batch split over threads like :meth:`forward`, and no
         cache (None); with ``rng`` the reference's, whose cache its backward needs."""
         if rng is not None:
-            return super().encode(src, rng, src_mask)
+            return self.readable.encode(src, rng, src_mask)
         xp, D = self.xp, self.config.d_model
         Bsz, S = src.shape
         src_mask = padding_mask(src) if src_mask is None else src_mask
@@ -528,7 +571,7 @@ class FastTransformer(FastBackward, Transformer):
         if rng is not None:
             if cross_kv is not None or not keep_weights:
                 raise ValueError("FastTransformer.decode: cross_kv and keep_weights are for inference (rng=None)")
-            return super().decode(tgt_in, memory, src_mask, rng)
+            return self.readable.decode(tgt_in, memory, src_mask, rng)
         xp, cfg = self.xp, self.config
         D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
         Bsz, T = tgt_in.shape
@@ -587,29 +630,8 @@ class FastTransformer(FastBackward, Transformer):
         buffers sized by ``reserve`` = (rows, positions) when given."""
         if self.xp is not B.host:
             self._own_params()
-            self._decode_params = None        # the reference step's copies (for its own states): made afresh
             return decoding.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
         return decoding.start(self, self.cross_attention_kv(memory), src_mask)
-
-    def _decoding_params(self) -> dict:
-        """What the reference's :meth:`decode_step` reads on CuPy: ``params`` with contiguous
-        copies of the decoder's self-attention ``w_q``, ``w_k``, ``w_v`` (column blocks of the
-        arena; buffers kept between decodings), refreshed once per decoding (cuBLAS cannot take a column block, so CuPy's matmul would copy each at
-        every position). Made again after :meth:`start_decoding` and after a backward (an
-        optimizer step follows). On NumPy ``params`` (BLAS takes the strided views)."""
-        if self.xp is B.host:
-            return self.params
-        if self._decode_params is None:
-            self._own_params()
-            copies = self._decode_copies                  # kept between decodings: refreshed, not allocated
-            for i in range(self.config.n_decoder_layers):
-                for n in "qkv":
-                    k = f"decoder.{i}.self_attn.w_{n}"
-                    if k not in copies:
-                        copies[k] = self.xp.empty(self.params[k].shape, dtype=self.dtype)
-                    copies[k][...] = self.params[k]
-            self._decode_params = {**self.params, **copies}
-        return self._decode_params
 
     def decode_step(self, tokens, state):
         """:meth:`Transformer.decode_step`. On NumPy with a :class:`FastDecodeState`, the fast
@@ -617,12 +639,10 @@ class FastTransformer(FastBackward, Transformer):
         :func:`default_workers`); small steps otherwise run with single-threaded BLAS."""
         if isinstance(state, DeviceDecodeState):
             return decoding.device_step(self, tokens, state)
-        small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
         if not isinstance(state, FastDecodeState):
-            if small:
-                with single_threaded_blas():
-                    return super().decode_step(tokens, state)
-            return super().decode_step(tokens, state)
+            raise TypeError(f"FastTransformer.decode_step: the state must come from its start_decoding, "
+                            f"got a {type(state).__name__}")
+        small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
         parts = default_workers() if self.workers is None else max(1, int(self.workers))
         return decoding.run_step(self, tokens, state, parts, small)
 
@@ -632,17 +652,17 @@ class FastTransformer(FastBackward, Transformer):
     BEAM_FUSED_MAX = 1024
 
     def greedy_pick(self, logp, banned, info, tokens) -> None:
-        """:meth:`Transformer.greedy_pick`; on CuPy one kernel (``greedy_pick``)."""
+        """:meth:`attn.decode.ReadableSearch.greedy_pick`; on CuPy one kernel (``greedy_pick``)."""
         if self.xp is B.host:
-            return super().greedy_pick(logp, banned, info, tokens)
+            return ReadableSearch.greedy_pick(logp, banned, info, tokens)
         decoding.greedy_pick(logp, tuple(banned), info, tokens)
 
     def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, banned):
-        """:meth:`Transformer.beam_candidates`; on CuPy one kernel (``beam_candidates``: each beam's
+        """:meth:`attn.decode.ReadableSearch.beam_candidates`; on CuPy one kernel (``beam_candidates``: each beam's
         best tokens, then each sentence's best C of those) up to :attr:`BEAM_FUSED_MAX`."""
         V = logp.shape[1]
         if self.xp is B.host or c > V - 2 or W * c > self.BEAM_FUSED_MAX:
-            return super().beam_candidates(logp, beam_scores, W, c, C, banned)
+            return ReadableSearch.beam_candidates(logp, beam_scores, W, c, C, banned)
         shape = (2, beam_scores.shape[0], C)
         if self._candidates is None or self._candidates.shape != shape:
             self._candidates = self.xp.empty(shape, dtype=self.xp.float64)
@@ -667,3 +687,30 @@ class FastTransformer(FastBackward, Transformer):
             out[f"decoder.{i}.self_attn"] = c1.sub.att.w.transpose(1, 2, 3, 0)
             out[f"decoder.{i}.cross_attn"] = c2.sub.att.w.transpose(1, 2, 3, 0)
         return out
+
+
+class FastSearch:
+    """What :mod:`attn.decode`'s searches step (:class:`attn.engine.Search`), for a
+    :class:`FastTransformer`: its decoding states (:mod:`attn.fast.decoding`), its decoder on a
+    prefix with the memory's keys and values projected once, its token picks."""
+
+    def __init__(self, model: FastTransformer):
+        self.model = model
+
+    def start(self, memory, src_mask, reserve=None):
+        return self.model.start_decoding(memory, src_mask, reserve)
+
+    def step(self, tokens, state):
+        return self.model.decode_step(tokens, state)
+
+    def select(self, state, index, index_host):
+        return state.select(index, index_host)
+
+    def prefix(self, tgt_in, memory, src_mask, cross_kv, keep_weights):
+        return self.model.decode(tgt_in, memory, src_mask, cross_kv=cross_kv, keep_weights=keep_weights)
+
+    def greedy_pick(self, logp, banned, info, tokens) -> None:
+        self.model.greedy_pick(logp, banned, info, tokens)
+
+    def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, banned):
+        return self.model.beam_candidates(logp, beam_scores, W, c, C, banned)

@@ -3,9 +3,10 @@ exercises use.
 
 The layers are :mod:`attn.layers`, the masks :mod:`attn.masks` and the loss
 :mod:`attn.loss`, re-exported. What the library has only as part of something larger
-(an encoder layer inside :class:`attn.model.Transformer`, an Adam step inside
-:class:`attn.optim.Adam`) is written here as a plain function *by calling that larger
-thing*, so that an exercise is graded against the code the library runs.
+(a whole Transformer, an Adam step inside :class:`attn.optim.Adam`) is written here as a
+plain function *by calling that larger thing*, so that an exercise is graded against the
+code the library runs; the encoder and decoder layers are :mod:`attn.model`'s own, given the
+exercise's config.
 ``attn-check --timings`` grades this module (as a file, in a child process: hence the
 absolute imports).
 """
@@ -21,6 +22,7 @@ from attn.bpe import learn_merges as _learn_merges
 from attn.decode import beam_search as _beam_search, greedy_decode as _greedy_decode
 from attn.layers import linear_backward, linear_forward, softmax_backward, softmax_forward
 from attn.grader.built import decoding_model  # noqa: F401
+from attn import model
 from attn.model import Transformer, TransformerConfig
 from attn.optim import Adam, noam_lr  # noqa: F401
 
@@ -70,64 +72,33 @@ def _model(params: dict, n_heads: int, eps: float, vocab: int = 2) -> Transforme
 
 
 def encoder_layer_forward(x, mask, params, n_heads, eps=1e-6):
-    """One encoder layer of :class:`attn.model.Transformer` (post-norm, no dropout):
-    ``h = LayerNorm1(x + SelfAttention(x))``, ``out = LayerNorm2(h + FFN(h))``.
+    """:func:`attn.model.encoder_layer_forward` (post-norm, no dropout): ``h = LayerNorm1(x +
+    SelfAttention(x))``, ``out = LayerNorm2(h + FFN(h))``.
 
     Inputs: x (B, S, D); mask (B, 1, 1, S) bool or None; params keyed ``self_attn.w_q`` ...
     ``self_attn.b_o``, ``norm1.gamma``, ``norm1.beta``, ``ffn.w1`` ... ``ffn.b2``,
     ``norm2.gamma``, ``norm2.beta``. Returns: out (B, S, D), cache.
     """
-    m = _model({f"encoder.0.{k}": v for k, v in params.items()}, n_heads, eps)
-    pre = "encoder.0"
-    h, c1 = m._residual_fwd(pre + ".norm1", x, lambda a: m._attn_fwd(pre + ".self_attn", a, a, mask, None), None)
-    out, c2 = m._residual_fwd(pre + ".norm2", h, lambda a: m._ffn_fwd(pre + ".ffn", a, None), None)
-    return out, (m, c1, c2)
+    return model.encoder_layer_forward(x, mask, params, _config(params, n_heads, eps))
 
 
 def encoder_layer_backward(dout, cache):
     """Returns: dx (B, S, D), grads (a dict keyed like params)."""
-    m, c1, c2 = cache
-    pre, grads = "encoder.0", {}
-    dx = m._residual_bwd(pre + ".norm2", dout, c2, lambda d, c: m._ffn_bwd(pre + ".ffn", d, c, grads), grads)
-    dx = m._residual_bwd(pre + ".norm1", dx, c1,
-                         lambda d, c: _sum2(m._attn_bwd(pre + ".self_attn", d, c, grads)), grads)
-    return dx, {k[len(pre) + 1:]: g for k, g in grads.items()}
-
-
-def _sum2(pair):
-    return pair[0] + pair[1]
+    return model.encoder_layer_backward(dout, cache)
 
 
 def decoder_layer_forward(x, memory, src_mask, tgt_mask, params, n_heads, eps=1e-6):
-    """One decoder layer of :class:`attn.model.Transformer` (post-norm, no dropout):
-    masked self-attention, cross-attention over ``memory``, feed-forward, each in its
-    Add & Norm. params keyed ``self_attn.*``, ``norm1.*``, ``cross_attn.*``, ``norm2.*``,
-    ``ffn.*``, ``norm3.*``. Returns: out (B, T, D), cache.
+    """:func:`attn.model.decoder_layer_forward` (post-norm, no dropout): masked self-attention,
+    cross-attention over ``memory``, feed-forward, each in its Add & Norm. params keyed
+    ``self_attn.*``, ``norm1.*``, ``cross_attn.*``, ``norm2.*``, ``ffn.*``, ``norm3.*``.
+    Returns: out (B, T, D), cache.
     """
-    m = _model({f"decoder.0.{k}": v for k, v in params.items()}, n_heads, eps)
-    pre = "decoder.0"
-    h, c1 = m._residual_fwd(pre + ".norm1", x, lambda a: m._attn_fwd(pre + ".self_attn", a, a, tgt_mask, None),
-                            None)
-    h, c2 = m._residual_fwd(pre + ".norm2", h,
-                            lambda a: m._attn_fwd(pre + ".cross_attn", a, memory, src_mask, None), None)
-    out, c3 = m._residual_fwd(pre + ".norm3", h, lambda a: m._ffn_fwd(pre + ".ffn", a, None), None)
-    return out, (m, c1, c2, c3)
+    return model.decoder_layer_forward(x, memory, src_mask, tgt_mask, params, _config(params, n_heads, eps))
 
 
 def decoder_layer_backward(dout, cache):
     """Returns: dx (B, T, D), dmemory (B, S, D), grads (a dict keyed like params)."""
-    m, c1, c2, c3 = cache
-    pre, grads, dmem = "decoder.0", {}, []
-    dx = m._residual_bwd(pre + ".norm3", dout, c3, lambda d, c: m._ffn_bwd(pre + ".ffn", d, c, grads), grads)
-
-    def cross(d, c):
-        dq, dkv = m._attn_bwd(pre + ".cross_attn", d, c, grads)
-        dmem.append(dkv)
-        return dq
-    dx = m._residual_bwd(pre + ".norm2", dx, c2, cross, grads)
-    dx = m._residual_bwd(pre + ".norm1", dx, c1,
-                         lambda d, c: _sum2(m._attn_bwd(pre + ".self_attn", d, c, grads)), grads)
-    return dx, dmem[0], {k[len(pre) + 1:]: g for k, g in grads.items()}
+    return model.decoder_layer_backward(dout, cache)
 
 
 def transformer_forward(src, tgt_in, params, n_heads, eps=1e-6):
@@ -145,22 +116,6 @@ def transformer_backward(dlogits, cache):
     m, c = cache
     return m.backward(dlogits, c)
 
-
-def tied_embedding_paths(params, n_heads, eps, src, tgt_in, dlogits) -> dict:
-    """The three contributions to ``embedding.weight``'s gradient, by path: the source
-    embedding, the target embedding and the output projection (the model untied, the
-    one matrix copied to each)."""
-    V = int(params["embedding.weight"].shape[0])
-    E = params["embedding.weight"]
-    untied = {k: v for k, v in params.items() if k != "embedding.weight"}
-    untied.update({"src_embedding.weight": E, "tgt_embedding.weight": E, "generator.weight": E})
-    cfg = _config(params, n_heads, eps, V)
-    import dataclasses
-    m = Transformer(dataclasses.replace(cfg, share_embeddings=False), dtype=E.dtype, params=untied)
-    _, cache = m.forward(src, tgt_in)
-    g = m.backward(dlogits, cache)
-    return {"the source embedding": g["src_embedding.weight"], "the target embedding": g["tgt_embedding.weight"],
-            "the output projection": g["generator.weight"]}
 
 # --------------------------------------------------------------------------- lesson 11: Adam
 

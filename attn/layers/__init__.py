@@ -9,9 +9,11 @@ from .feedforward import feed_forward_backward, feed_forward_forward
 from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import linear_backward, linear_forward
 from .positional import positional_backward, positional_forward, sinusoidal_table
+from .rope import rope_angles, rope_backward, rope_forward
 from .residual import residual_ffn_backward, residual_ffn_forward
 from .softmax import softmax_backward, softmax_forward
+from .swiglu import silu, swiglu_backward, swiglu_forward, swiglu_width
 from .recurrent import rnn_backward, rnn_forward, rnn_step_backward, rnn_step_forward
 
 __all__ = [n for n in dir() if n.endswith(("_forward", "_backward"))] + [
-    "attention_weights", "merge_heads", "split_heads", "sinusoidal_table"]
+    "attention_weights", "merge_heads", "split_heads", "sinusoidal_table", "rope_angles", "silu", "swiglu_width"]

@@ -5,12 +5,19 @@
 
 The heads are not a Python loop: the projections are single (D, D) matrices
 whose output is reshaped to (B, H, T, Dh), so every head runs in one batched matmul.
+
+Grouped-query attention (Ainslie et al., 2023, "GQA") gives the keys and values fewer heads
+than the queries: ``kv_heads`` divides ``n_heads``, and each group of ``n_heads / kv_heads``
+query heads reads one key/value head. ``kv_heads = n_heads`` is the paper's multi-head
+attention; ``kv_heads = 1`` is multi-query attention (Shazeer, 2019). A decoder's key/value
+cache then holds ``kv_heads`` heads instead of ``n_heads``.
 """
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
+from .. import backend as B
 from .dropout import dropout_backward, dropout_forward
 from .linear import linear_backward, linear_forward
 from .softmax import SoftmaxCache, softmax_backward, softmax_forward
@@ -75,34 +82,61 @@ def merge_heads(x):
     return x.transpose(0, 2, 1, 3).reshape(Bsz, T, H * Dh)
 
 
+def repeat_kv(x, group: int):
+    """(B, KV, T, Dh) -> (B, KV * group, T, Dh): query head j reads key/value head j // group."""
+    if group == 1:
+        return x
+    return B.get_array_module(x).repeat(x, group, axis=1)
+
+
+def sum_kv_groups(dx, group: int):
+    """The backward of :func:`repeat_kv`: a key/value head was read by ``group`` query heads,
+    so its gradient is the sum of theirs. (B, H, T, Dh) -> (B, H / group, T, Dh)."""
+    if group == 1:
+        return dx
+    Bsz, H, T, Dh = dx.shape
+    return dx.reshape(Bsz, H // group, group, T, Dh).sum(axis=2)
+
+
 class MultiHeadCache(NamedTuple):
-    """The caches of the four projections and of the attention, and the number of heads."""
+    """The caches of the four projections and of the attention, the number of query heads,
+    and how many query heads share one key/value head (1 in the paper's attention)."""
     lin_q: object
     lin_k: object
     lin_v: object
     attn: AttentionCache
     lin_o: object
     H: int
+    group: int = 1
 
 
 def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o,
-                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None):
+                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None,
+                                 kv_heads: int | None = None):
     """Inputs: x_q (B, Tq, D) queries' source; x_kv (B, Tk, D) keys' and values' source
     (the same array for self-attention, the encoder output for encoder-decoder
-    attention); w_* (D, D); b_* (D,); mask broadcastable to (B, H, Tq, Tk).
+    attention); w_q, w_o (D, D); w_k, w_v (D, KV * Dh) with KV = ``kv_heads`` (None: n_heads,
+    so (D, D)) and Dh = D / n_heads; b_* their widths; mask broadcastable to (B, H, Tq, Tk).
 
     Returns: out (B, Tq, D), cache. ``cache.attn.weights`` is (B, H, Tq, Tk).
     """
     D = x_q.shape[-1]
+    kv_heads = n_heads if kv_heads is None else kv_heads
     if D % n_heads:
         raise ValueError(f"multi_head_attention: d_model {D} is not divisible by n_heads {n_heads}")
+    if kv_heads < 1 or n_heads % kv_heads:
+        raise ValueError(f"multi_head_attention: kv_heads {kv_heads} must divide n_heads {n_heads}")
+    if w_k.shape[-1] != kv_heads * (D // n_heads):
+        raise ValueError(f"multi_head_attention: w_k has shape {tuple(w_k.shape)}, expected (D, {kv_heads * (D // n_heads)}) "
+                         f"for {kv_heads} key/value heads of size {D // n_heads}")
+    group = n_heads // kv_heads
     q, cq = linear_forward(x_q, w_q, b_q)
     k, ck = linear_forward(x_kv, w_k, b_k)
     v, cv = linear_forward(x_kv, w_v, b_v)
-    o, ca = attention_forward(split_heads(q, n_heads), split_heads(k, n_heads),
-                              split_heads(v, n_heads), mask, dropout, rng)   # (B, H, Tq, Dh)
+    o, ca = attention_forward(split_heads(q, n_heads), repeat_kv(split_heads(k, kv_heads), group),
+                              repeat_kv(split_heads(v, kv_heads), group), mask, dropout, rng)   # (B, H, Tq, Dh)
     out, co = linear_forward(merge_heads(o), w_o, b_o)
-    return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads)
+    return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads, group)
 
 
 def attention_weights(cache):
@@ -119,15 +153,16 @@ def attention_weights(cache):
 
 
 def multi_head_attention_backward(dout, cache: MultiHeadCache):
-    """Backward through the output projection, the heads, and the three input projections.
+    """Backward through the output projection, the heads, and the three input projections;
+    with grouped-query attention, each key/value head's gradient is summed over its group.
 
     Returns: dx_q, dx_kv, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o.
     For self-attention the caller adds dx_q and dx_kv.
     """
-    H = cache.H
+    H, group = cache.H, cache.group
     dmerged, dw_o, db_o = linear_backward(dout, cache.lin_o)
     dq, dk, dv = attention_backward(split_heads(dmerged, H), cache.attn)
     dx_q, dw_q, db_q = linear_backward(merge_heads(dq), cache.lin_q)
-    dx_k, dw_k, db_k = linear_backward(merge_heads(dk), cache.lin_k)
-    dx_v, dw_v, db_v = linear_backward(merge_heads(dv), cache.lin_v)
+    dx_k, dw_k, db_k = linear_backward(merge_heads(sum_kv_groups(dk, group)), cache.lin_k)
+    dx_v, dw_v, db_v = linear_backward(merge_heads(sum_kv_groups(dv, group)), cache.lin_v)
     return dx_q, dx_k + dx_v, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o

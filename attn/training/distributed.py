@@ -62,6 +62,7 @@ import time
 
 from .. import backend as B
 from ..data import Batch
+from .. import engine as engines
 from ..engine import LOSS, SLOT, TOKENS
 from ..masks import PAD_ID
 
@@ -431,7 +432,7 @@ class MPIGroup(Single):
         mine, lo, rows, weight = share_of(batch, self.size, self.rank)
         self.tokens = mine.n_tgt_tokens if weight else 0
         if rng is not None:
-            rng = RowsOf(rng, lo, lo + mine.src.shape[0], rows, keys_first=model.keys_first)
+            rng = RowsOf(rng, lo, lo + mine.src.shape[0], rows, keys_first=engines.keys_first(model))
         return mine, rng, weight
 
     def flat_grads(self, params: dict, arena=None) -> FlatGrads:
@@ -460,7 +461,7 @@ class MPIGroup(Single):
         (``ready``), and the arena is all-reduced in place; the reference
         :class:`attn.model.Transformer` fills a ``grads`` dict it is given. Returns (loss, grads)
         as :meth:`all_reduce` does (with an arena, the arena's own views)."""
-        arena = model.gradient_arena
+        arena = engines.gradient_arena(model)
         fg = self.flat_grads(model.params, arena)
         feed = BucketFeed(self, fg, weight)
         if arena is not None:

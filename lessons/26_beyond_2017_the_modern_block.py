@@ -1,0 +1,228 @@
+# %% [markdown]
+# # Lesson 26: beyond 2017, the block of today's models, every backward by hand
+#
+# Open the code of any language model trained since 2023 (Llama, Qwen, Gemma, OLMo) and
+# its block is the paper's block with four parts exchanged:
+#
+# | the paper (2017) | today | lesson |
+# |---|---|---|
+# | sinusoids added to the embeddings (section 3.5) | **rotary positions**: queries and keys turned by an angle that grows with their position | this one, part 1 |
+# | the ReLU network $\max(0, xW_1 + b_1)W_2 + b_2$ (equation 2) | **SwiGLU**: one path gates the other | part 2 |
+# | every head with its own keys and values | **grouped-query attention**: a few key/value heads, each shared by a group of query heads | part 3 |
+# | layer norm after each sub-layer (post-norm) | a norm *before* each sub-layer (pre-norm), often RMSNorm | lesson 7 measured pre-norm; RMSNorm is its own layer |
+#
+# Each is a forward/backward pair in `attn.layers`, derived here, checked against central
+# differences in float64, and poked at until the property it is used for shows.
+
+# %%
+import os, sys
+import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
+
+import numpy as np
+
+from attn.gradcheck import check_layer
+from attn.layers import (multi_head_attention_backward, multi_head_attention_forward, relu_forward,
+                         rope_angles, rope_backward, rope_forward, silu, swiglu_backward, swiglu_forward,
+                         swiglu_width)
+
+np.set_printoptions(precision=4, suppress=True, linewidth=130)
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## 1. Rotary positions (Su et al., 2021)
+#
+# The paper *adds* a position's vector to its token's embedding, and every layer then has
+# to untangle the two. Rotary positions instead act where positions matter, on the
+# queries and keys of every attention layer. Split a head of size $d_h$ into $d_h/2$ pairs of
+# features and read pair $i$ as one complex number $z_i = x_{i} + \mathrm{i}\, x_{i + d_h/2}$.
+# At position $m$ it is turned by the angle $m\,\theta_i$, with the paper's geometric
+# progression of frequencies:
+#
+# $$\mathrm{rope}(z)_{m,i} = z_{m,i}\, e^{\mathrm{i} m \theta_i}, \qquad \theta_i = \mathrm{base}^{-2i/d_h}, \qquad \mathrm{base} = 10000. \tag{26.1}$$
+#
+# A product with a unit complex number is a rotation, so it keeps every pair's length.
+# And the score of a query at $m$ with a key at $n$ is the real part of a product in which
+# the absolute positions cancel:
+#
+# $$\langle \mathrm{rope}(q)_m, \mathrm{rope}(k)_n \rangle = \mathrm{Re} \sum_i q_i\, \overline{k_i}\, e^{\mathrm{i}(m - n)\theta_i}. \tag{26.2}$$
+#
+# A query sees how far away a key is, not where the two are. In real arithmetic each pair
+# $(a, b)$ becomes $(a \cos - b \sin,\; a \sin + b \cos)$: that is `rope_forward`. The pairing
+# is Llama's code's "half split" (feature $i$ with feature $i + d_h/2$); RoFormer's paper pairs
+# neighbours $(2i, 2i+1)$, which is the same rotation after one fixed permutation of a head's
+# features.
+#
+# **The backward.** The forward is $y = R x$ with $R$ a rotation, a matrix whose transpose is
+# its inverse. So $dx = R^\top dy$: the gradient is turned *back* by the same angles. No input
+# needs to be kept for the backward, only the angles.
+
+# %%
+Dh, T = 16, 64
+q, k = rng.standard_normal(Dh), rng.standard_normal(Dh)
+positions = np.arange(T)
+rq = rope_forward(np.tile(q, (T, 1)), positions)[0]            # (T, Dh): q placed at every position
+rk = rope_forward(np.tile(k, (T, 1)), positions)[0]
+scores = rq @ rk.T                                             # scores[m, n] = <rope(q)_m, rope(k)_n>
+offsets = np.arange(-T + 1, T)
+spread = max(np.ptp(np.diagonal(scores, off)) for off in offsets)
+print(f"score of one query and one key placed at every pair of positions ({T} x {T}):")
+print(f"  along each diagonal (one offset m - n) the scores differ by at most {spread:.1e}")
+norm_change = np.abs(np.linalg.norm(rq, axis=1) - np.linalg.norm(q)).max()
+print(f"  the query's length changes by at most {norm_change:.1e} over all positions")
+
+x = rng.standard_normal((2, 3, T, Dh))
+y, cache = rope_forward(x)
+back = rope_backward(y, cache)
+print(f"  rope_backward of the forward's output gives back the input to {np.abs(back - x).max():.1e}")
+rope_err = check_layer("rope", lambda x: rope_forward(x, positions), rope_backward, {"x": x}, ("x",))["x"]
+print(f"  gradient check (float64, central differences): relative error {rope_err:.1e}")
+
+# %% [markdown]
+# The figure shows the map of scores and, beside it, one row of it against the offset for
+# three absolute positions of the query: the curves lie on top of each other. The slow
+# frequencies (large $i$) turn little over a sentence, the fast ones (small $i$) many times:
+# the third panel draws the angle of each pair over the positions.
+
+# %%
+fig, ax = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
+im = ax[0].imshow(scores, cmap="RdBu_r")
+ax[0].set_xlabel("key position n"); ax[0].set_ylabel("query position m")
+ax[0].set_title("score(m, n): constant\nalong each diagonal")
+fig.colorbar(im, ax=ax[0], shrink=0.8)
+for m, style in zip((10, 30, 50), (dict(lw=4, alpha=0.35), dict(lw=1.5), dict(lw=1, ls=":", color="k"))):
+    ax[1].plot(np.arange(T) - m, scores[m], **style, label=f"query at m = {m}")
+ax[1].set_xlabel("offset n - m"); ax[1].set_ylabel("score"); ax[1].legend(fontsize=8)
+ax[1].set_title("one query, three places:\nthe same curve")
+cos, sin = rope_angles(positions, Dh)
+ax[2].imshow(np.arctan2(sin, cos).T, aspect="auto", cmap="twilight")
+ax[2].set_xlabel("position"); ax[2].set_ylabel("pair i"); ax[2].set_title("angle of each pair\n(fast at the top)")
+show_figure(fig, "26_rope.png")
+
+# %% [markdown]
+# ## 2. SwiGLU (Shazeer, 2020)
+#
+# The paper's feed-forward network passes $xW_1$ through a ReLU. SwiGLU computes two
+# products of the same input and lets one *gate* the other, element by element:
+#
+# $$\mathrm{FFN}_{\mathrm{SwiGLU}}(x) = \big(\mathrm{SiLU}(xW) \odot xV\big)\, W_2, \qquad \mathrm{SiLU}(a) = a\, \sigma(a). \tag{26.3}$$
+#
+# **The backward.** With $a = xW$, $b = xV$, $h = \mathrm{SiLU}(a) \odot b$ and
+# $dh = dy\, W_2^\top$, the product rule gives each path the other as its factor:
+# $db = dh \odot \mathrm{SiLU}(a)$ and $da = dh \odot b \odot \mathrm{SiLU}'(a)$, where
+# $\mathrm{SiLU}'(a) = \sigma(a)\,(1 + a(1 - \sigma(a)))$. The input reaches the output through
+# both products, so its gradient is the sum: $dx = da\, W^\top + db\, V^\top$.
+#
+# Three matrices instead of two: at the paper's parameter count the hidden width is $2/3$ of
+# $d_{ff}$ (`swiglu_width`).
+
+# %%
+D_base, F_base = 512, 2048                         # the paper's base model
+F_glu = swiglu_width(F_base)
+print(f"paper's network: 2 x {D_base} x {F_base} = {2 * D_base * F_base:,} weights; "
+      f"SwiGLU at width {F_glu}: 3 x {D_base} x {F_glu} = {3 * D_base * F_glu:,}")
+
+D, F = 6, 4
+xs, w, v, w2 = (rng.standard_normal(s) for s in [(3, 5, D), (D, F), (D, F), (F, D)])
+glu_err = check_layer("swiglu", swiglu_forward, swiglu_backward, {"x": xs, "w": w, "v": v, "w2": w2},
+                      ("x", "w", "v", "w2"))
+print("gradient check (float64):", ", ".join(f"d{n} {e:.1e}" for n, e in glu_err.items()))
+
+a = np.linspace(-6, 6, 241)
+s_a, sig = silu(a)
+dsilu = sig * (1 + a * (1 - sig))
+h = 1e-6
+num_dsilu = (silu(a + h)[0] - silu(a - h)[0]) / (2 * h)
+print(f"SiLU' against central differences over [-6, 6]: largest difference {np.abs(dsilu - num_dsilu).max():.1e}")
+print(f"SiLU's smallest value: {s_a.min():.4f} at a = {a[s_a.argmin()]:.2f} (a ReLU never goes below 0)")
+
+fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+ax[0].plot(a, relu_forward(a)[0], label="ReLU"); ax[0].plot(a, s_a, label="SiLU = a sigmoid(a)")
+ax[0].set_xlabel("a"); ax[0].set_title("the activations"); ax[0].legend(fontsize=8)
+ax[1].plot(a, (a > 0).astype(float), label="ReLU'"); ax[1].plot(a, dsilu, label="SiLU'")
+ax[1].set_xlabel("a"); ax[1].set_title("their derivatives"); ax[1].legend(fontsize=8)
+show_figure(fig, "26_swiglu.png")
+
+# %% [markdown]
+# SiLU's derivative is smooth and briefly above one; left of SiLU's minimum (printed above)
+# it is negative, so there a gradient step moves the pre-activation the other way round
+# than to the right of it; a ReLU's gradient is simply zero for every negative input.
+#
+# ## 3. Grouped-query attention (Ainslie et al., 2023)
+#
+# When a decoder generates, every layer keeps the keys and values of every earlier
+# position: the cache grows with the length and the number of heads. Grouped-query attention
+# keeps the $h$ query heads but gives the keys and values only $h_{kv}$ heads; each key/value
+# head is read by a group of $h / h_{kv}$ query heads. $h_{kv} = h$ is the paper's attention,
+# $h_{kv} = 1$ is multi-query attention (Shazeer, 2019).
+#
+# **The backward.** The forward copies key/value head $j$ to the query heads $jg, \dots, jg + g - 1$
+# of its group ($g = h / h_{kv}$). A value used $g$ times receives $g$ gradients, which add up
+# (the micrograd rule): the backward of the copy is a sum over the group,
+# `sum_kv_groups`. Everything else is the paper's backward.
+
+# %%
+H, Dh_g, Bsz, Tg = 8, 4, 2, 5
+Dg = H * Dh_g
+xq = rng.standard_normal((Bsz, Tg, Dg))
+rows = []
+for kv in (8, 4, 2, 1):
+    shapes = {"w_q": (Dg, Dg), "b_q": (Dg,), "w_k": (Dg, kv * Dh_g), "b_k": (kv * Dh_g,),
+              "w_v": (Dg, kv * Dh_g), "b_v": (kv * Dh_g,), "w_o": (Dg, Dg), "b_o": (Dg,)}
+    prm = {n: rng.standard_normal(s) / np.sqrt(Dg) for n, s in shapes.items()}   # unit-scale products
+
+    def fwd(x_q, x_kv, **p):
+        return multi_head_attention_forward(x_q, x_kv, **p, n_heads=H, kv_heads=kv)
+    errs = check_layer(f"gqa(kv_heads={kv})", fwd, multi_head_attention_backward,
+                       {"x_q": xq, "x_kv": xq.copy(), **prm}, ("x_q", "x_kv", *prm))
+    rows.append((kv, H // kv, 2 * kv * Dh_g, max(errs.values())))
+print(f"{'kv_heads':>8} {'group':>6} {'cache floats per position and layer':>37} {'worst gradient error':>21}")
+for kv, g, per_pos, err in rows:
+    print(f"{kv:>8} {g:>6} {per_pos:>37} {err:>21.1e}")
+
+# %% [markdown]
+# The cache shrinks by the group size. For the paper's base model (six decoder layers,
+# $d_{model} = 512$) decoding a 100-token sentence in float32:
+
+# %%
+layers, d_model, heads, length = 6, 512, 8, 100
+for kv in (8, 2, 1):
+    kib = 2 * layers * length * kv * (d_model // heads) * 4 / 1024
+    print(f"  kv_heads = {kv}: {kib:,.0f} KiB of keys and values per sentence")
+
+# %% [markdown]
+# ## Check
+
+# %%
+assert spread < 1e-10, "rotary scores must depend only on the offset"
+assert norm_change < 1e-12 and np.abs(back - x).max() < 1e-12
+assert rope_err < 1e-6 and max(glu_err.values()) < 1e-6 and all(r[3] < 1e-6 for r in rows)
+assert abs(3 * F_glu - 2 * F_base) <= 3, "SwiGLU's width must keep the parameter count"
+assert np.abs(dsilu - num_dsilu).max() < 1e-6 and s_a.min() < 0
+
+# %% [markdown]
+# ## Questions
+#
+# 1. Rotary positions are applied to the queries and keys but not to the values. Why?
+#
+#    <details><summary>Answer</summary>
+#
+#    The positions' job is to shape *which* keys a query attends to, and that is decided by
+#    the scores alone, where equation 26.2 makes them relative. The values carry *what* is
+#    read; turning them would mix each value's features by an angle that depends on where
+#    the key was, which nothing in the output undoes.
+#
+#    </details>
+#
+# 2. With $h_{kv} = 1$, how many times is each key/value head's gradient added up, and where
+#    does the saving of grouped-query attention show: in the training step or in decoding?
+#
+#    <details><summary>Answer</summary>
+#
+#    $h$ times, once per query head. Training still computes $h$ score matrices, so its cost
+#    barely changes (the key/value projections shrink); the saving is the decoder's cache,
+#    read in full at every generated token, which is $h / h_{kv}$ times smaller.
+#
+#    </details>
