@@ -166,6 +166,10 @@ class Engine(Protocol):
 
     def check_precision(self, precision: Precision, dtype="float32") -> None: ...
 
+    def settle(self, config, say):
+        """The run's config as this device can run it (an engine probes what it needs), saying
+        through ``say`` what it switched off."""
+
 
 class EngineError(ValueError):
     """An engine that is not registered, or asked for what it cannot do."""
@@ -204,6 +208,10 @@ class ReferenceEngine:
 
     def check_precision(self, precision: Precision, dtype="float32") -> None:
         check_precision(self, precision)
+
+    def settle(self, config, say):
+        """``config`` as it is: the readable model needs nothing a device could lack."""
+        return config
 
 
 def check_precision(engine: Engine, precision: Precision) -> None:

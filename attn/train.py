@@ -192,6 +192,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         _check_cuda_graph(config, dp)            # before any work
     _check_precision(config)
     run = prepare(config, saved, parallel, dp.say)
+    config = run.config                          # as the device can run it (a feature failing its probe, off)
     model, opt, state, vocab = run.model, run.opt, run.state, run.vocab
     out, ckpt_path, smoothing = Path(config.out), Path(config.out) / "checkpoint.npz", model.config.label_smoothing
     dp.check_same_parameters(model.params)       # several processes: the same weights, or an error

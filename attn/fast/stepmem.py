@@ -82,6 +82,10 @@ LIMIT_FRACTION = 0.5
 #: without a key; the least recently used goes first).
 MAX_PLANS = 64
 
+#: Whether models get a step memory (:meth:`StepMemory.of`); :mod:`attn.fast.fallback` switches it
+#: off where its probe fails, and a model whose ``_step_memory`` is False has none.
+ENABLED = True
+
 #: The step memory whose allocator is in place, or None.
 _active = None
 
@@ -152,8 +156,10 @@ class StepMemory:
     @classmethod
     def of(cls, owner) -> "StepMemory | None":
         """``owner``'s step memory (made on first use and kept on it), or None where its
-        arrays are NumPy's (``owner.xp``)."""
+        arrays are NumPy's (``owner.xp``) or the step memory is switched off."""
         mem = getattr(owner, "_step_memory", None)
+        if mem is False or not ENABLED:                # switched off (attn.fast.fallback, or for the owner)
+            return None
         if mem is None:
             xp = getattr(owner, "xp", B.host)
             if xp is B.host or not hasattr(getattr(xp, "cuda", None), "using_allocator"):

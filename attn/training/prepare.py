@@ -51,8 +51,11 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     built on the training split, the weights drawn from ``config.seed``, the warm-up fitted to
     the budget). ``dp`` is the data-parallel group (:mod:`attn.training.distributed`) or None;
     it only changes how the step time is measured for the warm-up. ``say`` prints progress.
+    The run's ``config`` is the engine's to settle first (:meth:`attn.engine.Engine.settle`: on a
+    GPU a feature that fails its probe is switched off); :attr:`Prepared.config` is what runs.
     """
     engine = engines.get(config.engine)
+    config = engine.settle(config, say)          # on a GPU: a feature that fails its probe is switched off
     loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
     if saved is not None:
