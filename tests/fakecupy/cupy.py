@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import math
 import operator
 import re
 import time
@@ -1944,6 +1945,10 @@ class _Cublas:
                         else ptr + np.arange(count, dtype=np.int64) * (stride * dt.itemsize))
                 ops.append(_Matrices(ptrs, rows, cols, ld, dt, f"{name} {what}"))
             a, b, c = ops
+            for x, which in ((a, "A"), (b, "B")):
+                if c.overlaps(x):               # cuBLAS reads and writes as it goes: the result is undefined
+                    raise cls.CUBLASError(f"fakecupy cublas {name}: C shares memory with {which} (cuBLAS does "
+                                          "not allow aliasing: the result would be undefined)")
             sa, sb = a.read(), b.read()         # as stored (bf16: 16-bit patterns)
             ra, rb = (_bf16_values(x) if x.dtype == np.uint16 else x for x in (sa, sb))
             if tf32:
@@ -1999,6 +2004,24 @@ class _Matrices:
         rr, cc = np.arange(rows), np.arange(cols)
         self._cell = rr[:, None] + cc[None, :] * ld                     # (rows, cols) element offsets
         self._n = len(ptrs)
+
+    def addresses(self) -> np.ndarray:
+        """The device address of every element these matrices touch (sorted)."""
+        item = self.dtype.itemsize
+        found = [mem.__array_interface__["data"][0] + (off[:, None, None] + self._cell).ravel() * item
+                 for _, mem, off, _ in self._parts]
+        return np.sort(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+
+    def overlaps(self, other: "_Matrices") -> bool:
+        """Whether a byte of these matrices is a byte of ``other``'s (their spans first: the usual
+        answer, no; then element by element)."""
+        mine, theirs = self.addresses(), other.addresses()
+        a, b = self.dtype.itemsize, other.dtype.itemsize
+        if not mine.size or not theirs.size or mine[-1] + a <= theirs[0] or theirs[-1] + b <= mine[0]:
+            return False
+        g = math.gcd(a, b)                       # compare in units of g bytes
+        units = [(x[:, None] + np.arange(0, w, g)).ravel() for x, w in ((mine, a), (theirs, b))]
+        return np.intersect1d(*units).size > 0
 
     def read(self):
         out = np.empty((self._n,) + self.shape, dtype=self.dtype)
