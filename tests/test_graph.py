@@ -209,17 +209,17 @@ def test_the_guard_leaves_no_hook_registered_when_warnings_are_errors(fc):
     with pytest.warns(UserWarning, match="allow_synchronize will be removed"):
         with cupyx.allow_synchronize(False):
             pass
-    hooks = list(fc._HOOKS)
+    hooks = fc._tls.hooks                                    # (this thread's: CuPy's hooks are per thread)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with CaptureGuard(fc) as guard:
-            assert len(fc._HOOKS) == len(hooks) + 1
-        assert fc._HOOKS == hooks and not guard.reasons
+            assert len(fc._tls.hooks) == len(hooks) + 1
+        assert fc._tls.hooks == hooks and not guard.reasons
         graphed = CapturedStep(lambda x: x.__iadd__(1), warmup=1)
         x = fc.zeros(4, dtype=np.float32)
         for _ in range(3):
             graphed(x)
-    assert graphed.graphs == 1 and fc._HOOKS == hooks
+    assert graphed.graphs == 1 and fc._tls.hooks == hooks
 
 
 def test_the_guard_refuses_a_host_sync_and_a_step_memory_overflow(fc):

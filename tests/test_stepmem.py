@@ -415,3 +415,26 @@ def test_a_request_is_watched_until_its_last_view_and_costs_no_runtime_call(fc):
     for _ in range(3):
         _addresses(fc, memory, [(3, 5), (7,)])
     assert fc.runtime_calls["pointerGetAttributes"] == calls + 1
+
+
+def test_a_step_memorys_allocator_and_a_hook_are_the_threads_that_set_them(fc):
+    """CuPy's ``using_allocator`` and memory hooks are per thread (so is the stand-in's): a
+    worker thread inside a step's ``with`` allocates from the pool, and a hook registered in the
+    main thread does not hear it. (The fast engine on CuPy runs its steps in one thread:
+    ``_n_parts`` is 1 there.)"""
+    import threading
+    memory = StepMemory(fc)
+    seen = []
+
+    class Hook(fc.cuda.MemoryHook):
+        def malloc_postprocess(self, **kw):
+            seen.append(kw["mem_size"])
+    made = {}
+    for _ in range(2):                       # the first sizes the slab
+        with memory.step(), Hook():
+            here = fc.ones(64, dtype=np.float32)
+            worker = threading.Thread(target=lambda: made.__setitem__("a", fc.ones(64, dtype=np.float32)))
+            worker.start()
+            worker.join()
+    assert fc.in_step_memory(here._a) and not fc.in_step_memory(made["a"]._a) and memory.overflows == 0
+    assert seen == [512]                     # the first step's overflow (a 512-byte block), the main thread's

@@ -12,6 +12,7 @@ import contextlib
 import math
 import operator
 import re
+import threading
 import time
 import weakref
 from collections import Counter
@@ -125,8 +126,20 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
 _capturing = None
 
-#: The ``cupy.cuda.MemoryHook`` s in their ``with``: told of every pool allocation a capture records.
-_HOOKS: list = []
+class _PerThread(threading.local):
+    """What CuPy keeps per thread: the allocator of ``using_allocator`` (``allocator``), the
+    memory hooks in their ``with`` (``hooks``), and from them and the global allocator the
+    allocator new arrays are placed by (``step_allocator``: None for the pool's) and whether they
+    go through :func:`_place` at all (``placing``). Another thread starts with none of them (so
+    a worker thread inside a step memory's ``with`` allocates from the pool, as on a GPU)."""
+    allocator = None
+    hooks: tuple = ()
+    step_allocator = None
+    placing = False
+    generation = -1
+
+
+_tls = _PerThread()
 
 
 class StreamCaptureError(RuntimeError):
@@ -210,39 +223,45 @@ def capture_allocations_allowed() -> bool:
     allocator set with ``cupy.cuda.using_allocator`` (or ``set_allocator``) that is not the
     memory pool's, such as attn's step memory. (Its own fallback to the pool is still refused:
     :func:`_record_result` refuses every new array that is not in allocator-given memory.)"""
-    return _capturing is not None and _step_allocator is not None
+    return _capturing is not None and _state().step_allocator is not None
 
 
 # --------------------------------------------------------------------------- allocators
 
-#: The allocator of ``cupy.cuda.set_allocator`` (None: the memory pool's ``malloc``) and the
-#: thread's, of ``cupy.cuda.using_allocator`` (None: the global one).
+#: The allocator of ``cupy.cuda.set_allocator`` (None: the memory pool's ``malloc``), for every
+#: thread (a thread's ``cupy.cuda.using_allocator`` comes first: :class:`_PerThread`), and how
+#: many times it was set (each thread's state is worked out again after).
 _global_allocator = None
-_thread_allocator = None
-#: The current allocator when it is not the memory pool's: every new device array is then
-#: placed in the memory it returns (a view of the array that memory belongs to), so that memory
-#: handed out twice is shared for real, as on a GPU. None: arrays are NumPy's own (the pool).
-_step_allocator = None
+_generation = 0
 #: id -> weak reference of every array whose memory an allocator has handed out pieces of.
 _allocator_roots: dict = {}
 
 
-#: Whether new arrays go through :func:`_place`: an allocator other than the pool's is in place,
-#: or a memory hook listens (it hears every allocation from the pool, and every free).
-_placing = False
-
-
 def _update_allocator() -> None:
-    global _step_allocator, _placing
-    a = _thread_allocator if _thread_allocator is not None else _global_allocator
-    _step_allocator = None if a is None or a == _POOL.malloc else a
-    _placing = _step_allocator is not None or len(_HOOKS) > 0
+    """This thread's placing allocator: the current allocator when it is not the memory pool's
+    (every new device array is then placed in the memory it returns, a view of the array that
+    memory belongs to, so memory handed out twice is shared for real, as on a GPU); and whether
+    new arrays are placed at all (such an allocator, or a memory hook listening: it hears every
+    allocation from the pool, and every free)."""
+    t = _tls
+    a = t.allocator if t.allocator is not None else _global_allocator
+    t.step_allocator = None if a is None or a == _POOL.malloc else a
+    t.placing = t.step_allocator is not None or len(t.hooks) > 0
+    t.generation = _generation
+
+
+def _state() -> _PerThread:
+    """This thread's allocator state, up to date."""
+    t = _tls
+    if t.generation != _generation:
+        _update_allocator()
+    return t
 
 
 def _pool_block(a: np.ndarray) -> np.ndarray:
     """``a``, new memory from the pool: every memory hook told of its allocation now and of its
     free when the last array on it goes (CuPy's pool rounds a block up to 512 bytes)."""
-    hooks = list(_HOOKS)
+    hooks = list(_tls.hooks)
     if not hooks or not a.nbytes:
         return a
     ptr, size = a.__array_interface__["data"][0], -(-max(a.nbytes, 1) // 512) * 512
@@ -252,7 +271,7 @@ def _pool_block(a: np.ndarray) -> np.ndarray:
 
     def freed():
         for hook in hooks:
-            if hook in _HOOKS:
+            if hook in _tls.hooks:                # (the freeing thread's hooks, as CuPy's)
                 hook.free_preprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
                 hook.free_postprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
     weakref.finalize(a, freed)
@@ -285,7 +304,7 @@ def _place(r, inputs):
     one asks the allocator for its bytes and, given allocator memory, becomes a view of it
     holding the same values; given pool memory, stays as it is. NumPy scalars come back as
     0-d arrays (CuPy's 0-d device arrays are allocations too)."""
-    alloc = _step_allocator or _POOL.malloc
+    alloc = _state().step_allocator or _POOL.malloc
     if isinstance(r, np.generic):
         r = np.asarray(r)
     elif isinstance(r, tuple):
@@ -335,35 +354,34 @@ def _place(r, inputs):
 def _placed(a: np.ndarray) -> np.ndarray:
     """A new array made without a result to compare (``ndarray(shape)``, a random draw, a copy
     from the host): placed as :func:`_place` places results."""
-    return a if not _placing else _place(a, ())
+    return a if not _state().placing else _place(a, ())
 
 
 def _using_allocator(allocator=None):
     """``cupy.cuda.using_allocator``: the thread's allocator inside the ``with``."""
     @contextlib.contextmanager
     def scope():
-        global _thread_allocator
-        previous = _thread_allocator
-        _thread_allocator = _raw_malloc if allocator is None else allocator
+        previous = _tls.allocator
+        _tls.allocator = _raw_malloc if allocator is None else allocator
         _update_allocator()
         try:
             yield
         finally:
-            _thread_allocator = previous
+            _tls.allocator = previous
             _update_allocator()
     return scope()
 
 
 def _set_allocator(allocator=None) -> None:
-    global _global_allocator
-    if _thread_allocator is not None:
+    global _global_allocator, _generation
+    if _tls.allocator is not None:
         raise ValueError("Can't change the global allocator inside `using_allocator` context manager")
     _global_allocator = _raw_malloc if allocator is None else allocator
-    _update_allocator()
+    _generation += 1
 
 
 def _get_allocator():
-    a = _thread_allocator if _thread_allocator is not None else _global_allocator
+    a = _tls.allocator if _tls.allocator is not None else _global_allocator
     return _POOL.malloc if a is None else a
 
 
@@ -487,10 +505,11 @@ def _allocated(fresh: list, temporary: bool = False) -> dict:
     in memory an allocator other than the pool handed out) of an operation's new arrays.
     ``temporary``: CuPy's own scratch (a product's operand copies), which the current
     allocator serves (the stand-in only counts it)."""
-    if not _allocator_roots and _step_allocator is None:
+    step_allocator = _state().step_allocator
+    if not _allocator_roots and step_allocator is None:
         return {"fresh": fresh}
     if temporary:
-        return {"fresh": fresh, "step_memory": []} if _step_allocator is None else {"fresh": [], "step_memory": fresh}
+        return {"fresh": fresh, "step_memory": []} if step_allocator is None else {"fresh": [], "step_memory": fresh}
     mine = [a for a in fresh if in_step_memory(a)]
     return {"fresh": [a for a in fresh if not in_step_memory(a)], "step_memory": mine}
 
@@ -617,7 +636,7 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
                           "CuPy matmul")
     if not kwargs:
         r = uf(*args) if method == "__call__" else getattr(uf, method)(*args)
-        if _placing:
+        if _state().placing:
             r = _place(r, args)
         if _capturing is not None:
             f = uf if method == "__call__" else getattr(uf, method)
@@ -627,7 +646,7 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         return _wrap(r)
     kw = _unwrap(kwargs, where)
     r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
-    if _placing and kw.get("out") is None:
+    if _state().placing and kw.get("out") is None:
         r = _place(r, args)
     if _capturing is not None:
         f = uf if method == "__call__" else getattr(uf, method)
@@ -688,7 +707,7 @@ def _function(name: str, f):
             _refuse_in_capture(f"cupy.{name} calls cuBLAS through CuPy, which refuses while the stream captures",
                               "CuPy matmul")
         r = f(*a, **k)
-        if _placing and k.get("out") is None:
+        if _state().placing and k.get("out") is None:
             r = _place(r, (a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
@@ -871,7 +890,7 @@ def _binary(uf, reflected=False):
         if t is ndarray:
             x, y = (other._a, self._a) if reflected else (self._a, other._a)
             r = uf(x, y)
-            if _placing:
+            if _state().placing:
                 r = _place(r, (x, y))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (x, y), lambda: uf(x, y))
@@ -881,7 +900,7 @@ def _binary(uf, reflected=False):
         if t in _PLAIN:
             x, y = (other, self._a) if reflected else (self._a, other)
             r = uf(x, y)
-            if _placing:
+            if _state().placing:
                 r = _place(r, (self._a,))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (self._a,), lambda: uf(x, y))
@@ -916,7 +935,7 @@ def _unary(uf):
     def op(self):
         a = self._a
         r = uf(a)
-        if _placing:
+        if _state().placing:
             r = _place(r, (a,))
         if _capturing is not None:
             r = _record_result(f"cupy.{uf.__name__}", r, (a,), lambda: uf(a))
@@ -1096,7 +1115,7 @@ class ndarray:
                 a = _args(args, where)
                 k = _unwrap(kwargs, where) if kwargs else {}
                 r = attr(*a, **k)
-                if _placing and k.get("out") is None:
+                if _state().placing and k.get("out") is None:
                     r = _place(r, (self._a, a, list(k.values())))
                 if _capturing is not None:
                     if k.get("out") is not None:
@@ -1112,7 +1131,7 @@ class ndarray:
     def copy(self, order="C"):
         src = self._a
         r = src.copy(order=order)
-        if _placing:
+        if _state().placing:
             r = _place(r, ())
         if _capturing is not None:
             r = _record_result("cupy.ndarray.copy", r, (), lambda: src)
@@ -1134,7 +1153,7 @@ class ndarray:
             _sync("boolean-mask indexing (result size depends on the data)")
         src = self._a
         r = src[idx]
-        if _placing and isinstance(r, np.ndarray):
+        if _state().placing and isinstance(r, np.ndarray):
             r = _place(r, (src,))
         if _capturing is not None and isinstance(r, np.ndarray):
             shape = src.shape
@@ -1205,7 +1224,7 @@ def _fast_method(name):
                               "CuPy matmul")
         if not kwargs:
             r = f(*a)
-            if _placing and name != "fill":
+            if _state().placing and name != "fill":
                 r = _place(r, (self._a, a))
             if _capturing is not None:
                 if name == "fill":
@@ -1218,7 +1237,7 @@ def _fast_method(name):
             return _wrap(r)
         k = _unwrap(kwargs, where)
         r = f(*a, **k)
-        if _placing and k.get("out") is None:
+        if _state().placing and k.get("out") is None:
             r = _place(r, (self._a, a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
@@ -1255,7 +1274,7 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=
     if isinstance(obj, ndarray):
         src = obj._a
         r = np.array(src, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
-        if _placing:
+        if _state().placing:
             r = _place(r, (src,))
         if _capturing is not None:
             r = _record_result("cupy.array", r, (src,), lambda: src)
@@ -1292,7 +1311,7 @@ def take(a, indices, axis=None, out=None):
     n = a_.size if axis is None else a_.shape[axis]
     widx, o = _wrap_index(idx, n), _unwrap(out, "cupy.take")
     r = np.take(a_, widx, axis=axis, out=o)
-    if _placing and o is None:
+    if _state().placing and o is None:
         r = _place(r, (a_,))
     if _capturing is not None:
         def compute(out=None):       # the indices read when the kernel runs
@@ -1311,7 +1330,7 @@ def take_along_axis(a, indices, axis):
     idx = _unwrap(indices, "cupy.take_along_axis")
     n = a_.size if axis is None else a_.shape[axis]
     r = np.take_along_axis(a_, _wrap_index(idx, n), axis=axis)
-    if _placing:
+    if _state().placing:
         r = _place(r, (a_, idx))
     if _capturing is not None:
         r = _record_result("cupy.take_along_axis", r, (a_, idx),
@@ -1543,7 +1562,8 @@ def get_elapsed_time(start: Event, end: Event) -> float:
 
 
 class MemoryHook:
-    """``cupy.cuda.MemoryHook``: while one is registered (its ``with``), every device array made
+    """``cupy.cuda.MemoryHook``: while one is registered (its ``with``, in this thread: CuPy's
+    hooks are per thread, as its ``using_allocator``), every device array made
     from the pool is an allocation it hears of (``malloc_pre/postprocess``, the block rounded to
     512 bytes as CuPy's pool rounds it), and its free when the last array on that memory goes
     (``free_pre/postprocess``), as CuPy tells its hooks; memory from another allocator is not the
@@ -1551,12 +1571,12 @@ class MemoryHook:
     name = "MemoryHook"
 
     def __enter__(self):
-        _HOOKS.append(self)
+        _tls.hooks = _tls.hooks + (self,)
         _update_allocator()
         return self
 
     def __exit__(self, *exc):
-        _HOOKS.remove(self)
+        _tls.hooks = tuple(h for h in _tls.hooks if h is not self)
         _update_allocator()
         return False
 
