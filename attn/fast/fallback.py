@@ -39,7 +39,8 @@ PRECISION_RTOL = 0.02
 STEPS = 3
 
 
-def _tiny_config():
+def tiny_config():
+    """The tiny model every probe trains (and the GPU report's preflight)."""
     from ..model import TransformerConfig
     return TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1, n_decoder_layers=1,
                              dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8)
@@ -71,7 +72,7 @@ def _losses(precision: str = "fp32", direct=None, memory=None, graph: bool = Fal
     from . import cublas, stepmem
     from .graph import GraphedTrainStep
     from ..precision import Precision
-    eng, cfg = engine.get("fast"), _tiny_config()
+    eng, cfg = engine.get("fast"), tiny_config()
     direct = cublas.DIRECT if direct is None else direct
     memory = stepmem.ENABLED if memory is None else memory
     with _set(cublas, "DIRECT", direct), _set(stepmem, "ENABLED", memory):
