@@ -151,7 +151,8 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: tuple | N
         except ValueError as e:         # NumPy's words would suggest allow_pickle=True
             if "max_header_size" not in str(e):
                 raise
-            raise ValueError(f"member {name} has an .npy header over 10,000 bytes, more than an array's needs") from None
+            raise ValueError(f"member {name} has an .npy header over 10,000 bytes, "
+                             "more than an array's needs") from None
         if dtype.hasobject:
             raise ValueError(f"member {name} holds pickled Python objects, which attn never loads "
                            "(unpickling an untrusted file can run any code)")
