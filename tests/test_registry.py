@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import attn.backend as B
-from attn.testing import EXERCISES, LAYERS, XP, Fresh, check_gradients
+from attn.testing import EXERCISES, LAYERS, XP, Example, Fresh, InvariantError, check_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [name for name, layer in LAYERS.items() if layer.kind == "pair" and layer.library.startswith("attn.layers")]
@@ -39,6 +39,7 @@ def test_a_registered_layer_passes_its_registration(backend, name):
     layer = LAYERS[name]
     forward, backward = _library(layer)
     functions = dict(zip(layer.functions, (forward, backward)))
+    checked = []
 
     @settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(ex=layer.examples)
@@ -53,7 +54,9 @@ def test_a_registered_layer_passes_its_registration(backend, name):
         device = {k: v if k in fresh else _resolved(v) for k, v in args.items()}
         check_gradients(name, lambda **a: forward(**{k: _resolved(v) if k in fresh else v for k, v in a.items()}),
                         backward, device, ex.wrt, tol=1e-5, seed=ex.seed)
+        checked.append(ex)
     check()
+    assert checked, f"no example of {name} checked its gradients"
 
 
 def test_every_registered_name_is_where_its_registration_says():
@@ -75,3 +78,16 @@ def test_every_manifest_asks_for_registered_names_and_every_starter_has_one():
         assert set(manifest.asks) <= registered, manifest.name
     starters = {p.stem for p in (ROOT / "lessons" / "exercises").glob("*.py")}
     assert starters == set(EXERCISES)
+
+
+def test_rmsnorms_invariants_catch_a_layer_norm_in_its_place():
+    """RMSNorm's registration fails what is not RMSNorm: a row's mean subtracted first."""
+    layer = LAYERS["rmsnorm"]
+    forward, backward = _library(layer)
+
+    def centred(x, gamma, eps=1e-6):
+        return forward(x - x.mean(axis=-1, keepdims=True), gamma, eps)
+    ex = Example((("x", np.array([[1.0, 2.0, 4.0], [0.5, -1.0, 3.0]])), ("gamma", np.ones(3)), ("eps", 1e-6)),
+                 ("x", "gamma"))
+    with pytest.raises(InvariantError, match="scaling a row|mean square"):
+        layer.invariants({"rmsnorm_forward": centred, "rmsnorm_backward": backward}, ex)

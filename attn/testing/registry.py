@@ -4,29 +4,103 @@ invariants a reader states aloud, the hints at each level (the symptom a check r
 ``where`` to look, then the formula: ``attn-check --hint 2``, ``--hint 3``), and each
 exercise's manifest (what its starter asks for, what it gives).
 
-The tests (``tests/test_layers.py``), the grader (:mod:`attn.grader`) and the book's API page
-(``book/api/layers.md``) read :data:`LAYERS` and :data:`EXERCISES`; nothing adds to them later.
-Adding a layer: its module in :mod:`attn.layers`, its :class:`Layer` here (with its examples and
-invariants, where no other layer shares them), a :class:`Manifest` if it has a starter of its
-own, the starter in ``lessons/exercises/``, its answer in ``tests/answers/`` and a lesson that
-names it.
+The tests (``tests/test_registry.py``), the grader (:mod:`attn.grader`) and the book's API
+page (``book/api/layers.md``) read :data:`LAYERS` and :data:`EXERCISES`; nothing adds to them
+later. Adding a layer: its module in :mod:`attn.layers` (and its names in the package's
+``__init__``), its :class:`Layer` here (with its examples and invariants, where no other layer
+shares them, as RMSNorm's below), a :class:`Manifest` if it has a starter of its own, the
+starter in ``lessons/exercises/``, its answer in ``tests/answers/`` and a lesson that names it.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
+from hypothesis import strategies as st
+
+from .. import backend as B
 from .exercises import (adam_examples, average_examples, bpe_examples, compare_arrays_by_name, compare_decoded,
                         compare_merges, decoder_layer_examples, decoder_mask_examples, decoding_examples,
                         encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
                         noam_examples, transformer_examples)
-from .layers import (HINT_RESHAPE, Layer, attention_examples, attention_invariants, causal_invariants,
+from .invariants import InvariantError, _dev, _first, _host, _out
+from .layers import (HINT_RESHAPE, Example, Layer, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
                      dropout_invariants, embedding_examples, embedding_invariants, feed_forward_examples,
                      heads_invariants, layer_norm_examples, layer_norm_invariants, linear_examples,
                      merge_heads_examples, mha_invariants, multi_head_attention_examples, padding_mask_examples,
                      positional_examples, positional_invariants, relu_examples, residual_ffn_examples, rnn_examples,
-                     rnn_invariants, rnn_step_examples, sinusoidal_examples, sinusoidal_invariants,
+                     rnn_invariants, rnn_step_examples, seeds, sinusoidal_examples, sinusoidal_invariants,
                      softmax_examples, softmax_invariants, split_heads_examples)
+from .strategies import SCALE, floats, leading_shapes, normals
+
+np = B.host
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+
+
+@st.composite
+def rmsnorm_examples(draw):
+    lead, D = draw(leading_shapes(1, 3)), draw(st.integers(1, 6 * SCALE[0]))
+    if not draw(st.booleans()):      # (hypothesis starts from False: gradient checks first)
+        eps = draw(st.sampled_from([1e-6, 1e-3, 0.1]))
+        x = draw(normals(lead + (D,), draw(st.sampled_from([1.0, 0.1, 10.0]))))
+        gradcheck = True
+    else:                            # hard: hypothesis' values, rows of zeros included
+        eps = draw(st.sampled_from([1e-6, 1e-2]))
+        x = draw(floats(lead + (D,), bound=100.0))
+        gradcheck = False
+    return Example((("x", x), ("gamma", draw(normals((D,)))), ("eps", eps)), ("x", "gamma"), gradcheck=gradcheck,
+                   seed=draw(seeds))
+
+
+def assert_rmsnorm_properties(forward, backward, x, eps: float, gamma, dout) -> None:
+    """Scaling a row leaves the output unchanged (with ``eps = 0``, rows not near zero); with
+    gamma = 1 each row's mean square is ``ms / (ms + eps)``; and, with ``backward``,
+    ``sum(dx * x) = sum(g * xhat) * eps / (ms + eps)`` with ``g = dout * gamma`` (zero without
+    eps: the scale has no gradient)."""
+    D = x.shape[-1]
+    ones = np.ones(D)
+    live = (x * x).mean(axis=-1) > 1e-100                  # rows whose mean square is a normal number
+    if live.any():
+        a, b = (_host(_out(forward(_dev(c * x[live]), _dev(ones), 0.0))) for c in (1.0, 3.0))
+        if not np.allclose(a, b, rtol=1e-10, atol=1e-12):
+            raise InvariantError("with eps = 0, scaling a row by 3 changed the output: the row's scale leaks through",
+                                 "divide each row by its own root mean square over the last axis")
+    ms = (x * x).mean(axis=-1)
+    got, want = (_host(_out(forward(_dev(x), _dev(ones), eps))) ** 2).mean(axis=-1), ms / (ms + eps)
+    if not (np.abs(got - want) <= 1e-8 + 1e-8 * want).all():
+        i = _first(~(np.abs(got - want) <= 1e-8 + 1e-8 * want))
+        raise InvariantError(f"with gamma = 1, row {i} of the output has mean square {got[i]:.10g}, expected "
+                             f"ms / (ms + eps) = {want[i]:.10g}", "the mean of x**2 over D, eps inside the square root")
+    if backward is None:                                   # the forward's checks: the backward comes later
+        return
+    _, cache = forward(_dev(x), _dev(gamma), eps)
+    dx = _host(backward(_dev(dout), cache)[0])
+    xhat = x / np.sqrt(ms + eps)[..., None]
+    lhs, rhs = (dx * x).sum(axis=-1), (dout * gamma * xhat).sum(axis=-1) * eps / (ms + eps)
+    scale = np.abs(dx * x).sum(axis=-1) + np.abs(dout * gamma * xhat).sum(axis=-1)
+    if not (np.abs(lhs - rhs) <= 1e-9 * scale + 1e-12).all():
+        i = _first(~(np.abs(lhs - rhs) <= 1e-9 * scale + 1e-12))
+        raise InvariantError(f"row {i}: sum(dx * x) is {lhs[i]:.6g}, expected sum(g * xhat) * eps / (ms + eps) = "
+                             f"{rhs[i]:.6g}: the gradient of the row's scale is wrong",
+                             "the root mean square depends on every x of the row: dx = rrms * (g - xhat * "
+                             "mean(g * xhat))")
+
+
+def rmsnorm_invariants(f, ex):
+    x = ex.get("x")
+    assert_rmsnorm_properties(f["rmsnorm_forward"], f.get("rmsnorm_backward"), x, ex.get("eps"), ex.get("gamma"),
+                              B.host_rng(ex.seed).standard_normal(x.shape))
+
+
+RMSNORM = Layer("rmsnorm", "pair", ("rmsnorm_forward", "rmsnorm_backward"), rmsnorm_examples(), rmsnorm_invariants,
+                {"forward": "out = gamma * x / sqrt(mean(x**2) + eps) over the last axis: no mean subtracted, no beta",
+                 "dx": "dx = rrms * (g - xhat * mean(g * xhat)), g = dout * gamma, rrms = 1/sqrt(mean(x**2) + eps)",
+                 "dgamma": "dgamma = sum(dout * xhat) over every row (every axis but the last)"},
+                where={"forward": "the mean square (over which axis?) and where eps goes",
+                       "dx": "the root mean square depends on every x of the row: one term besides the direct one",
+                       "dgamma": "which axes dgamma is summed over, and what multiplies dout"})
 
 
 LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
@@ -211,7 +285,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         "learn_merges": "count adjacent pairs over all words, times each word's count; merge the most frequent "
                         "(ties: the alphabetically first pair) everywhere; repeat"},
         {"learn_merges": "the tie-break, the counts weighted by word frequency, and when to stop"},
-        compare=compare_merges, library="attn.grader.solutions")
+        compare=compare_merges, library="attn.grader.solutions"),
+    RMSNORM,
 ]}
 
 
@@ -242,6 +317,7 @@ EXERCISES = {m.name: m for m in (
     Manifest("12_dropout", ("dropout_forward", "dropout_backward")),
     Manifest("bpe", ("learn_merges",), ("attn.bpe",)),
     Manifest("decoding", ("greedy_decode", "beam_search", "average_checkpoints"), ("attn.masks", "attn.model")),
+    Manifest("rmsnorm", ("rmsnorm_forward", "rmsnorm_backward")),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
                                  "decoder_layer_backward", "transformer_forward", "transformer_backward"),
