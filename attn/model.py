@@ -8,6 +8,11 @@ Every sub-layer sits in a residual connection with dropout, followed by layer
 norm (post-norm, as in the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``.
 ``norm="pre"`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final norm.
 
+The block of later models is three options away, each off by default (lesson 26):
+``positional="rope"`` (rotary positions on every self-attention's queries and keys instead
+of a table added to the embeddings), ``ffn="swiglu"`` (the gated network, at the width that
+keeps the parameter count) and ``kv_heads`` (grouped-query attention).
+
 The model owns a ``params`` dict with stable dotted names and assembles the
 forward/backward pairs of :mod:`attn.layers`. ``forward`` returns
 ``(logits, cache)`` and ``backward(dlogits, cache)`` returns a ``grads`` dict
@@ -28,7 +33,9 @@ from .layers import (dropout_backward, dropout_forward, embedding_backward, embe
                      layer_norm_forward, multi_head_attention_backward,
                      multi_head_attention_forward, positional_backward, positional_forward,
                      sinusoidal_table)
-from .layers.attention import attention_forward, merge_heads, split_heads
+from .layers import rope_forward, swiglu_backward, swiglu_forward, swiglu_width
+from .layers.attention import attention_forward, merge_heads, repeat_kv, split_heads
+from .layers.swiglu import SwigluCache
 from .masks import decoder_mask, padding_mask
 
 # --------------------------------------------------------------------------- config
@@ -67,8 +74,12 @@ class TransformerConfig:
     relu_dropout: float = 0.0        # on the FFN's hidden layer (not in the paper's text)
     label_smoothing: float = 0.1     # epsilon_ls (section 5.4)
     max_len: int = 256               # rows of the positional table (sinusoids extend on demand)
-    positional: str = "sinusoidal"   # or "learned" (Table 3, row E)
+    positional: str = "sinusoidal"   # or "learned" (Table 3, row E), or "rope" (rotary, lesson 26)
     norm: str = "post"               # "post" (the paper) or "pre"
+    norm_kind: str = "layer"         # "layer": the paper's layer norm
+    ffn: str = "relu"                # "relu" (equation 2) or "swiglu" (width 2/3 d_ff, no biases)
+    kv_heads: int | None = None      # key/value heads of every attention (None: n_heads; 1: multi-query)
+    rope_base: float = 10000.0       # the base of rotary positions' angles
     share_embeddings: bool = True
     ln_eps: float = 1e-6
     warmup_steps: int = 4000         # of the learning-rate schedule (section 5.3)
@@ -90,10 +101,19 @@ class TransformerConfig:
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 bad(f"{name} must be in [0, 1), got {v!r}")
-        if self.positional not in ("sinusoidal", "learned"):
-            bad(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
-        if self.norm not in ("post", "pre"):
-            bad(f"norm must be 'post' or 'pre', got {self.norm!r}")
+        for name, kinds in (("positional", ("sinusoidal", "learned", "rope")), ("norm", ("post", "pre")),
+                            ("norm_kind", ("layer",)), ("ffn", ("relu", "swiglu"))):
+            if getattr(self, name) not in kinds:
+                bad(f"{name} must be one of {', '.join(map(repr, kinds))}, got {getattr(self, name)!r}")
+        if self.kv_heads is not None and (not isinstance(self.kv_heads, int) or self.kv_heads < 1
+                                          or self.n_heads % self.kv_heads):
+            bad(f"kv_heads must be None or a positive integer that divides n_heads ({self.n_heads}), "
+                f"got {self.kv_heads!r}")
+        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+            bad(f"rotary positions turn pairs of features: the head size d_model / n_heads "
+                f"({self.d_model // self.n_heads}) must be even")
+        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
+            bad(f"rope_base must be a number greater than 1, got {self.rope_base!r}")
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             bad(f"share_embeddings needs one vocabulary, got vocab_size {self.vocab_size} "
                 f"and tgt_vocab_size {self.tgt_vocab_size}")
@@ -103,6 +123,16 @@ class TransformerConfig:
     @property
     def target_vocab_size(self) -> int:
         return self.tgt_vocab_size or self.vocab_size
+
+    @property
+    def key_value_heads(self) -> int:
+        """How many key/value heads every attention has (``n_heads`` unless ``kv_heads`` says fewer)."""
+        return self.kv_heads or self.n_heads
+
+    @property
+    def ffn_width(self) -> int:
+        """The feed-forward network's hidden width: d_ff, or SwiGLU's 2/3 of it (the same parameters)."""
+        return swiglu_width(self.d_ff) if self.ffn == "swiglu" else self.d_ff
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TransformerConfig":
@@ -123,15 +153,26 @@ class TransformerConfig:
         return cls(**d)
 
 
+def later_block(cfg: TransformerConfig) -> list[str]:
+    """The parts of a later model's block that ``cfg`` asks for (lesson 26), as ``field=value``:
+    empty for the paper's block, post- or pre-norm."""
+    parts = (("positional", cfg.positional == "rope"), ("ffn", cfg.ffn != "relu"),
+             ("kv_heads", cfg.key_value_heads != cfg.n_heads))
+    return [f"{name}={getattr(cfg, name)!r}" for name, on in parts if on]
+
+
 # --------------------------------------------------------------------------- parameters
 
-def _attention_shapes(D):
-    return {f"{p}_{n}": ((D, D) if p == "w" else (D,)) for n in "qkvo" for p in "wb"}
+def _attention_shapes(D, KV):
+    """w_q, w_o (D, D); w_k, w_v (D, KV) with KV the key/value heads' width; a bias of each width."""
+    width = {"q": D, "k": KV, "v": KV, "o": D}
+    return {f"{p}_{n}": ((D, width[n]) if p == "w" else (width[n],)) for n in "qkvo" for p in "wb"}
 
 
 def parameter_shapes(cfg: TransformerConfig) -> dict:
     """Every parameter's dotted name and shape, in a stable order."""
-    D, F = cfg.d_model, cfg.d_ff
+    D, F = cfg.d_model, cfg.ffn_width
+    KV = cfg.key_value_heads * (D // cfg.n_heads)
     shapes = {}
     if cfg.share_embeddings:
         shapes["embedding.weight"] = (cfg.vocab_size, D)
@@ -142,19 +183,20 @@ def parameter_shapes(cfg: TransformerConfig) -> dict:
     if cfg.positional == "learned":
         shapes["src_pos.weight"] = (cfg.max_len, D)
         shapes["tgt_pos.weight"] = (cfg.max_len, D)
-    ffn = {"w1": (D, F), "b1": (F,), "w2": (F, D), "b2": (D,)}
-    norm = {"gamma": (D,), "beta": (D,)}
-    blocks = {"encoder": [("self_attn", _attention_shapes(D)), ("norm1", norm), ("ffn", ffn), ("norm2", norm)],
-              "decoder": [("self_attn", _attention_shapes(D)), ("norm1", norm),
-                          ("cross_attn", _attention_shapes(D)), ("norm2", norm), ("ffn", ffn), ("norm3", norm)]}
+    ffn = ({"w1": (D, F), "w3": (D, F), "w2": (F, D)} if cfg.ffn == "swiglu"
+           else {"w1": (D, F), "b1": (F,), "w2": (F, D), "b2": (D,)})
+    norm = {n: (D,) for n in NORM[cfg.norm_kind]}
+    attn = _attention_shapes(D, KV)
+    blocks = {"encoder": [("self_attn", attn), ("norm1", norm), ("ffn", ffn), ("norm2", norm)],
+              "decoder": [("self_attn", attn), ("norm1", norm),
+                          ("cross_attn", attn), ("norm2", norm), ("ffn", ffn), ("norm3", norm)]}
     for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
         for i in range(n):
             for sub, fields in blocks[stack]:
                 for f, shape in fields.items():
                     shapes[f"{stack}.{i}.{sub}.{f}"] = shape
         if cfg.norm == "pre":
-            shapes[f"{stack}.norm.gamma"] = (D,)
-            shapes[f"{stack}.norm.beta"] = (D,)
+            shapes.update({f"{stack}.norm.{n}": (D,) for n in NORM[cfg.norm_kind]})
     return shapes
 
 
@@ -206,7 +248,8 @@ def sinusoids(cfg: TransformerConfig, T: int, dtype, xp, table=None):
 #: The parameters of an attention sub-layer and of the feed-forward network, in the order their
 #: forward functions take them (:mod:`attn.layers`).
 ATTENTION = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
-FFN = ("w1", "b1", "w2", "b2")
+FFN = {"relu": ("w1", "b1", "w2", "b2"), "swiglu": ("w1", "w3", "w2")}     # SwiGLU: Llama's names, no biases
+NORM = {"layer": ("gamma", "beta")}
 
 
 class SublayerCache(NamedTuple):
@@ -292,7 +335,7 @@ def decoder_layer_backward(dout, cache):
 def _sublayer_input(x, p, norm, cfg):
     """What a sub-layer reads: ``LN(x)`` where the norm comes first (pre-norm), else x itself."""
     if cfg.norm == "pre":
-        return layer_norm_forward(x, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
+        return norm_forward(x, p, norm, cfg)
     return x, None
 
 
@@ -302,29 +345,36 @@ def _residual_output(x, s, cn, cs, p, norm, cfg, rng):
     s, cd = dropout_forward(s, cfg.dropout, rng)
     if cfg.norm == "pre":
         return x + s, SublayerCache(cn, cs, cd, True)
-    out, cn = layer_norm_forward(x + s, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
+    out, cn = norm_forward(x + s, p, norm, cfg)
     return out, SublayerCache(cn, cs, cd, False)
 
 
 def _residual_output_backward(dout, cache: SublayerCache, norm, grads):
     """Backward of :func:`_residual_output`: the gradient of x by the skip path, and of s."""
-    dy = dout if cache.pre else _norm_backward(dout, cache.norm, norm, grads)
+    dy = dout if cache.pre else norm_backward(dout, cache.norm, norm, grads)
     return dy, dropout_backward(dy, cache.drop)
 
 
 def _sublayer_input_backward(dskip, dh, cache: SublayerCache, norm, grads):
     """x's whole gradient: the skip path's plus the sub-layer's, through the norm before it."""
-    return dskip + (_norm_backward(dh, cache.norm, norm, grads) if cache.pre else dh)
+    return dskip + (norm_backward(dh, cache.norm, norm, grads) if cache.pre else dh)
 
 
-def _norm_backward(dout, cache, norm, grads):
+def norm_forward(x, p, norm, cfg):
+    """The norm called ``norm`` in ``p`` (``norm1``, ``encoder.norm``, ...)."""
+    return layer_norm_forward(x, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
+
+
+def norm_backward(dout, cache, norm, grads):
+    """Backward of :func:`norm_forward`: its parameters' gradients into ``grads``. Returns dx."""
     dx, grads[norm + ".gamma"], grads[norm + ".beta"] = layer_norm_backward(dout, cache)
     return dx
 
 
 def _attention(xq, xkv, mask, p, sub, cfg, rng):
+    rope = cfg.rope_base if cfg.positional == "rope" and sub == "self_attn" else None   # positions: within one sequence
     return multi_head_attention_forward(xq, xkv, *(p[f"{sub}.{n}"] for n in ATTENTION), cfg.n_heads, mask,
-                                        cfg.attention_dropout, rng)
+                                        cfg.attention_dropout, rng, kv_heads=cfg.key_value_heads, rope=rope)
 
 
 def _attention_backward(ds, cache, sub, grads):
@@ -334,12 +384,14 @@ def _attention_backward(ds, cache, sub, grads):
 
 
 def _feed_forward(x, p, cfg, rng):
-    return feed_forward_forward(x, *(p[f"ffn.{n}"] for n in FFN), cfg.relu_dropout, rng)
+    forward = swiglu_forward if cfg.ffn == "swiglu" else feed_forward_forward
+    return forward(x, *(p[f"ffn.{n}"] for n in FFN[cfg.ffn]), cfg.relu_dropout, rng)
 
 
 def _feed_forward_backward(ds, cache, grads):
-    dx, *dparams = feed_forward_backward(ds, cache)
-    grads.update(zip((f"ffn.{n}" for n in FFN), dparams))
+    kind = "swiglu" if isinstance(cache, SwigluCache) else "relu"
+    dx, *dparams = (swiglu_backward if kind == "swiglu" else feed_forward_backward)(ds, cache)
+    grads.update(zip((f"ffn.{n}" for n in FFN[kind]), dparams))
     return dx
 
 
@@ -398,28 +450,28 @@ class Transformer:
         return int(sum(int(p.size) for p in self.params.values()))
 
     def _norm_fwd(self, pre, x):
-        return layer_norm_forward(x, self.params[pre + ".gamma"], self.params[pre + ".beta"], self.config.ln_eps)
+        return norm_forward(x, self.params, pre, self.config)
 
     def _norm_bwd(self, pre, dout, cache, grads):
-        dx, dg, db = layer_norm_backward(dout, cache)
-        _acc(grads, pre + ".gamma", dg)
-        _acc(grads, pre + ".beta", db)
-        return dx
+        return norm_backward(dout, cache, pre, grads)
 
     # ------------------------------------------------------------------ stacks
 
     def _embed_fwd(self, which, ids, rng):
         D = self.config.d_model
         x, ce = embedding_forward(ids, self.params[self._emb(which)], math.sqrt(D))    # (B, T, D)
-        x, cp = positional_forward(x, self._pos_table(which, ids.shape[1]))
+        cp = None                                          # rotary positions act inside the attention
+        if self.config.positional != "rope":
+            x, cp = positional_forward(x, self._pos_table(which, ids.shape[1]))
         x, cd = dropout_forward(x, self.config.dropout, rng)
         return x, ce, cp, cd
 
     def _embed_bwd(self, which, dx, cache: StackCache, grads):
         dx = dropout_backward(dx, cache.drop)
-        dx, dtable = positional_backward(dx, cache.pos)
-        if self.config.positional == "learned":
-            _acc(grads, f"{which}_pos.weight", dtable)
+        if cache.pos is not None:
+            dx, dtable = positional_backward(dx, cache.pos)
+            if self.config.positional == "learned":
+                _acc(grads, f"{which}_pos.weight", dtable)
         _acc(grads, self._emb(which), embedding_backward(dx, cache.embed))
 
     def encode(self, src, rng=None, src_mask=None):
@@ -522,9 +574,9 @@ class Transformer:
     # ------------------------------------------------------------------ incremental decoding
 
     def cross_attention_kv(self, memory) -> list:
-        """Each decoder layer's cross-attention keys and values, (B, H, S, Dh) each, from the
-        encoder output (B, S, D): they depend on the source alone."""
-        p, H = self.params, self.config.n_heads
+        """Each decoder layer's cross-attention keys and values, (B, KV, S, Dh) each (KV: the
+        key/value heads), from the encoder output (B, S, D): they depend on the source alone."""
+        p, H = self.params, self.config.key_value_heads
         cross = []
         for i in range(self.config.n_decoder_layers):
             pre = f"decoder.{i}.cross_attn"
@@ -547,33 +599,41 @@ class Transformer:
         Inputs: tokens (B,) the ids at position ``state.length``. Returns:
         log-probabilities (B, V_tgt) for the next token, the new state, and the
         cross-attention weights of every layer (list of (B, H, 1, S)).
+
+        The cache holds the key/value heads (``kv_heads`` of them), each read by its group of
+        query heads; with rotary positions a key is turned once, when it is computed.
         """
-        cfg, p, H = self.config, self.params, self.config.n_heads
+        cfg, p, H, KV = self.config, self.params, self.config.n_heads, self.config.key_value_heads
+        group = H // KV
         pos = state.length
+        rope = (lambda a: rope_forward(a, B.host.array([pos]), cfg.rope_base)[0]) if cfg.positional == "rope" \
+            else (lambda a: a)
         if cfg.positional == "learned" and pos >= cfg.max_len:     # as forward() says it, not an IndexError
             raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "
                              f"table's {cfg.max_len} positions (raise max_len)")
         x = self.params[self._emb("tgt")][tokens] * self.dtype.type(math.sqrt(cfg.d_model))  # (B, D)
-        x = (x + self._pos_table("tgt", pos + 1)[pos])[:, None, :]                           # (B, 1, D)
+        if cfg.positional != "rope":
+            x = x + self._pos_table("tgt", pos + 1)[pos]
+        x = x[:, None, :]                                                                    # (B, 1, D)
         new_self, cross_w = [], []
         for i in range(cfg.n_decoder_layers):
             pre = f"decoder.{i}"
             kc, vc = state.self_kv[i]
 
             def self_attn(h):
-                q = split_heads(_affine(h, p[pre + ".self_attn.w_q"], p[pre + ".self_attn.b_q"]), H)
-                k = split_heads(_affine(h, p[pre + ".self_attn.w_k"], p[pre + ".self_attn.b_k"]), H)
-                v = split_heads(_affine(h, p[pre + ".self_attn.w_v"], p[pre + ".self_attn.b_v"]), H)
-                k_all = k if kc is None else self.xp.concatenate([kc, k], axis=2)        # (B, H, t+1, Dh)
+                q = rope(split_heads(_affine(h, p[pre + ".self_attn.w_q"], p[pre + ".self_attn.b_q"]), H))
+                k = rope(split_heads(_affine(h, p[pre + ".self_attn.w_k"], p[pre + ".self_attn.b_k"]), KV))
+                v = split_heads(_affine(h, p[pre + ".self_attn.w_v"], p[pre + ".self_attn.b_v"]), KV)
+                k_all = k if kc is None else self.xp.concatenate([kc, k], axis=2)        # (B, KV, t+1, Dh)
                 v_all = v if vc is None else self.xp.concatenate([vc, v], axis=2)
                 new_self.append((k_all, v_all))
-                o, _ = attention_forward(q, k_all, v_all)                                 # no mask: all past
+                o, _ = attention_forward(q, repeat_kv(k_all, group), repeat_kv(v_all, group))   # all past
                 return _affine(merge_heads(o), p[pre + ".self_attn.w_o"], p[pre + ".self_attn.b_o"])
 
             def cross_attn(h):
                 q = split_heads(_affine(h, p[pre + ".cross_attn.w_q"], p[pre + ".cross_attn.b_q"]), H)
                 k, v = state.cross_kv[i]
-                o, c = attention_forward(q, k, v, state.src_mask)
+                o, c = attention_forward(q, repeat_kv(k, group), repeat_kv(v, group), state.src_mask)
                 cross_w.append(c.weights)
                 return _affine(merge_heads(o), p[pre + ".cross_attn.w_o"], p[pre + ".cross_attn.b_o"])
 
@@ -644,8 +704,9 @@ class Transformer:
 
 class DecodeState(NamedTuple):
     """Incremental decoding: per decoder layer the cross-attention (k, v) of the
-    encoder output (B, H, S, Dh) and the self-attention (k, v) of the positions
-    decoded so far (B, H, t, Dh); the source mask; how many positions are done."""
+    encoder output (B, KV, S, Dh) and the self-attention (k, v) of the positions
+    decoded so far (B, KV, t, Dh), KV the key/value heads; the source mask; how many
+    positions are done."""
     cross_kv: list
     self_kv: list
     src_mask: object

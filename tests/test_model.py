@@ -29,7 +29,8 @@ from attn.gradcheck import numerical_gradient, rel_error
 from attn.layers import sinusoidal_table
 from attn.loss import cross_entropy
 from attn.masks import PAD_ID, decoder_mask, padding_mask
-from attn.model import PRESETS, DecodeState, Transformer, TransformerConfig, log_softmax, parameter_shapes
+from attn.model import (PRESETS, DecodeState, Transformer, TransformerConfig, later_block, log_softmax,
+                        parameter_shapes)
 from strategies import padded_ids, token_ids
 
 #: Numerical gradients cost two forward passes per scalar parameter (a few ms each), so the
@@ -70,6 +71,7 @@ class Case(NamedTuple):
         c = self.cfg
         return (f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, D {c.d_model}, H {c.n_heads}, F {c.d_ff}, "
                 f"V {c.vocab_size}/{c.target_vocab_size}, {c.norm}-norm, {c.positional} positions, "
+                f"{c.ffn} network, {c.key_value_heads} key/value heads, "
                 f"{'shared' if c.share_embeddings else 'separate'} embeddings, "
                 f"dropout {c.dropout}/{c.attention_dropout}/{c.relu_dropout}, smoothing {c.label_smoothing}, "
                 f"src {self.src.tolist()}, tgt_in {self.tgt_in.tolist()}, tgt_out {self.tgt_out.tolist()}, "
@@ -87,11 +89,14 @@ def check_cost(cfg: TransformerConfig) -> int:
 def cases(draw, dropout: bool = False, max_len: int = 5, max_batch: int = 2, max_layers: int = 2,
           max_width: int = 8, max_cost: int | None = None) -> Case:
     """Layers 1-2 each, heads 1-2, d_model 4-8, d_ff 2-8, lengths 1-max_len with trailing
-    padding, shared or separate embeddings, post- or pre-norm, sinusoidal or learned positions.
-    With ``dropout`` every dropout (residual, attention, ReLU) is on. ``max_cost`` rejects
+    padding, shared or separate embeddings, post- or pre-norm, sinusoidal, learned or rotary
+    positions, the ReLU or the SwiGLU network, every head its keys or one key/value head for two.
+    With ``dropout`` every dropout (residual, attention, feed-forward) is on. ``max_cost`` rejects
     models whose :func:`check_cost` exceeds it."""
     H = draw(st.sampled_from([1, 2]))
-    D = draw(st.sampled_from([d for d in range(4, max_width + 1) if d % H == 0]))
+    positional = draw(st.sampled_from(["sinusoidal", "learned", "rope"]))
+    even = 2 if positional == "rope" else 1                   # rotary positions turn pairs of a head's features
+    D = draw(st.sampled_from([d for d in range(4, max_width + 1) if d % (H * even) == 0]))
     share = draw(st.booleans())
     V = draw(st.integers(3, 6))
     Vt = V if share else draw(st.integers(3, 6))
@@ -102,7 +107,8 @@ def cases(draw, dropout: bool = False, max_len: int = 5, max_batch: int = 2, max
         n_encoder_layers=draw(st.integers(1, max_layers)), n_decoder_layers=draw(st.integers(1, max_layers)),
         dropout=draw(rate), attention_dropout=draw(rate), relu_dropout=draw(rate),
         label_smoothing=draw(st.sampled_from([0.0, 0.1, 0.3])), max_len=max_len,
-        positional=draw(st.sampled_from(["sinusoidal", "learned"])), norm=draw(st.sampled_from(["post", "pre"])),
+        positional=positional, norm=draw(st.sampled_from(["post", "pre"])),
+        ffn=draw(st.sampled_from(["relu", "swiglu"])), kv_heads=draw(st.sampled_from([None, 1])),
         share_embeddings=share)
     if max_cost is not None:
         assume(check_cost(cfg) <= max_cost)
@@ -188,6 +194,10 @@ PRE_SEPARATE = dict(vocab_size=6, tgt_vocab_size=5, share_embeddings=False, d_mo
                     n_encoder_layers=2, n_decoder_layers=1, norm="pre", positional="learned", label_smoothing=0.0)
 
 
+MODERN = dict(vocab_size=6, d_model=8, n_heads=2, kv_heads=1, d_ff=3, n_encoder_layers=1, n_decoder_layers=2,
+              norm="pre", positional="rope", ffn="swiglu", label_smoothing=0.1)
+
+
 #: Found by hypothesis: tgt_in [1, 1] gives the decoder's self-attention query gradients of norm ~1e-6.
 NEAR_ZERO = Case(TransformerConfig(vocab_size=5, tgt_vocab_size=3, d_model=4, n_heads=1, d_ff=5, n_encoder_layers=1,
                                    n_decoder_layers=1, dropout=0.0, label_smoothing=0.0, max_len=5,
@@ -200,6 +210,7 @@ NEAR_ZERO = Case(TransformerConfig(vocab_size=5, tgt_vocab_size=3, d_model=4, n_
 @example(case=NEAR_ZERO)
 @example(case=_explicit(0.0, **POST_SHARED))
 @example(case=_explicit(0.0, **PRE_SEPARATE))
+@example(case=_explicit(0.0, **MODERN))
 def test_every_parameter_gradient_matches_central_differences(backend, case):
     check_model_gradients(case, dropout_seed=None)
 
@@ -208,6 +219,7 @@ def test_every_parameter_gradient_matches_central_differences(backend, case):
 @given(case=cases(dropout=True, max_cost=GRAD_COST_CAP), dropout_seed=st.integers(0, 2**16))
 @example(case=_explicit(0.3, **POST_SHARED), dropout_seed=1)
 @example(case=_explicit(0.3, **PRE_SEPARATE), dropout_seed=2)
+@example(case=_explicit(0.3, **MODERN), dropout_seed=3)
 def test_every_parameter_gradient_matches_with_dropout_under_fixed_masks(backend, case, dropout_seed):
     model, src, tgt_in, _ = build(case)
     with_rng = host(model.forward(src, tgt_in, B.DeviceRNG(dropout_seed))[0])
@@ -405,6 +417,44 @@ def test_decode_state_select_reorders_and_repeats_rows(backend, case, data):
 # ----------------------------------------------------------------------------- positions past max_len
 
 
+def _cache_bytes(state) -> int:
+    return sum(int(a.nbytes) for pair in state.cross_kv + state.self_kv for a in pair if a is not None)
+
+
+@pytest.mark.parametrize("H", [2, 4, 8])
+def test_the_cache_of_a_multi_query_model_is_one_over_n_heads_of_the_papers(backend, H):
+    """Measured, not assumed: the bytes of every cached key and value after a few decoding steps."""
+    rng = np.random.default_rng(H)
+    src, tokens = B.to_device(rng.integers(1, 20, (3, 7))), B.to_device(rng.integers(1, 20, (3, 5)))
+    measured = {}
+    for kv in (None, 1):
+        model = Transformer(TransformerConfig.preset("toy", vocab_size=20, n_heads=H, kv_heads=kv))
+        memory, _ = model.encode(src)
+        state = model.start_decoding(memory, padding_mask(src))
+        for t in range(tokens.shape[1]):
+            _, state, _ = model.decode_step(tokens[:, t], state)
+        measured[kv] = _cache_bytes(state)
+    assert measured[1] * H == measured[None], measured
+
+
+def test_later_block_names_what_differs_from_the_papers():
+    assert later_block(TransformerConfig(norm="pre")) == []
+    assert later_block(TransformerConfig(kv_heads=8)) == []                 # as many key/value heads as heads
+    assert later_block(TransformerConfig(positional="rope", ffn="swiglu", kv_heads=2)) == [
+        "positional='rope'", "ffn='swiglu'", "kv_heads=2"]
+
+
+def test_swiglu_keeps_the_papers_parameter_count_and_rope_drops_the_tables():
+    paper = TransformerConfig.preset("small", vocab_size=4000, positional="learned")
+    counts = {kw: sum(math.prod(s) for s in parameter_shapes(
+        TransformerConfig.preset("small", vocab_size=4000, **dict(kw))).values())
+        for kw in [(), (("ffn", "swiglu"),), (("positional", "rope"),)]}
+    biases = (paper.d_ff + paper.d_model) * (paper.n_encoder_layers + paper.n_decoder_layers)   # b1 and b2
+    assert abs(counts[(("ffn", "swiglu"),)] - (counts[()] - biases)) <= 3 * paper.d_model * 6   # a column a matrix
+    assert counts[(("positional", "rope"),)] == counts[()]                  # sinusoids have no parameters either
+    assert sum(math.prod(s) for s in parameter_shapes(paper).values()) - counts[()] == 2 * paper.max_len * paper.d_model
+
+
 def test_sinusoidal_positions_extend_past_max_len(backend):
     cfg = TransformerConfig(vocab_size=7, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
                             dropout=0.0, max_len=3)
@@ -483,6 +533,9 @@ def test_presets():
     (dict(share_embeddings=True, tgt_vocab_size=500), "share_embeddings"),
     (dict(share_embeddings=False, tgt_vocab_size=0), "tgt_vocab_size"),
     (dict(positional="rotary"), "positional"), (dict(norm="sandwich"), "norm"),
+    (dict(ffn="geglu"), "ffn"), (dict(norm_kind="batch"), "norm_kind"),
+    (dict(kv_heads=3), "kv_heads"), (dict(kv_heads=0), "kv_heads"), (dict(kv_heads=2.0), "kv_heads"),
+    (dict(d_model=12, n_heads=4, positional="rope"), "even"), (dict(rope_base=1.0), "rope_base"),
     (dict(warmup_steps=0), "warmup_steps"),
 ])
 def test_invalid_configs_name_the_field(overrides, field):

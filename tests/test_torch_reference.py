@@ -5,7 +5,10 @@ The reference below is written from the paper with PyTorch's own pieces and auto
 ``F.multi_head_attention_forward`` (PyTorch's multi-head attention, with *its* mask convention:
 ``True`` = may *not* attend, so ours is inverted), ``F.layer_norm``, ``F.relu``, and
 ``F.cross_entropy(label_smoothing=eps, ignore_index=PAD_ID)``; only the positional sinusoids are
-spelled out, from section 3.5. It reads the attn model's ``params`` under the same dotted names.
+spelled out, from section 3.5. The block of later models is written with PyTorch's
+``F.scaled_dot_product_attention(enable_gqa=True)`` (its own grouping of query heads over key/value
+heads), rotary positions as the complex product of RoFormer's equation, and ``F.silu``. It reads
+the attn model's ``params`` under the same dotted names.
 attn's linear weights are (Din, Dout) with ``y = x @ w + b``; PyTorch's are (Dout, Din), so the
 reference passes ``w.T``. Everything in float64 with dropout off, so the two must agree to
 rounding: ~1e-8 relative is asserted, the largest disagreement is printed at the end.
@@ -50,6 +53,9 @@ VARIANTS = {
     "post-separate-learned": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned"),
     "pre-separate-learned": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned", norm="pre"),
     "post-shared-learned-no-smoothing": dict(positional="learned", label_smoothing=0.0),
+    "pre-rope-swiglu-gqa": dict(norm="pre", positional="rope", ffn="swiglu", kv_heads=2),
+    "post-rope-multi-query": dict(positional="rope", kv_heads=1, rope_base=100.0),
+    "pre-separate-swiglu": dict(norm="pre", ffn="swiglu", share_embeddings=False, tgt_vocab_size=11),
 }
 
 # ----------------------------------------------------------------------------- the largest disagreement
@@ -116,9 +122,42 @@ def reference_forward(P: dict, cfg: TransformerConfig, src, tgt_in):
     weights = {}
 
     def positions(which, L):
+        if cfg.positional == "rope":
+            return 0.0                                                  # rotary: inside the self-attention
         return P[f"{which}_pos.weight"][:L] if cfg.positional == "learned" else sinusoids(L, D)
 
     def attention(name, xq, xkv, key_padding, causal=None):
+        if cfg.positional == "rope" or cfg.key_value_heads != H:
+            return later_attention(name, xq, xkv, key_padding, causal)
+        return paper_attention(name, xq, xkv, key_padding, causal)
+
+    def later_attention(name, xq, xkv, key_padding, causal=None):
+        """Grouped-query attention by PyTorch's SDPA, rotary positions on self-attention (the
+        weights are recomputed from the scores for the comparison)."""
+        KV, Dh = cfg.key_value_heads, D // H
+        heads = lambda x, n: x.reshape(*x.shape[:2], n, Dh).transpose(1, 2)  # noqa: E731  (B, n, T, Dh)
+        q = heads(xq @ P[f"{name}.w_q"] + P[f"{name}.b_q"], H)
+        k = heads(xkv @ P[f"{name}.w_k"] + P[f"{name}.b_k"], KV)
+        v = heads(xkv @ P[f"{name}.w_v"] + P[f"{name}.b_v"], KV)
+        if cfg.positional == "rope" and name.endswith("self_attn"):
+            q, k = rotary(q), rotary(k)
+        allowed = ~key_padding[:, None, None, :]                        # (B, 1, 1, Tk), True = may attend
+        if causal is not None:
+            allowed = allowed & ~causal
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)   # (B, H, Tq, Dh)
+        scores = q @ k.repeat_interleave(H // KV, dim=1).transpose(-1, -2) / math.sqrt(Dh)
+        weights[name] = torch.softmax(scores.masked_fill(~allowed, -math.inf), dim=-1)
+        return o.transpose(1, 2).reshape(*xq.shape[:2], D) @ P[f"{name}.w_o"] + P[f"{name}.b_o"]
+
+    def rotary(x):
+        """RoFormer's rotation of pairs (x_i, x_(i + Dh/2)) as z * exp(i m theta)."""
+        T, Dh = x.shape[-2:]
+        theta = cfg.rope_base ** (-torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)
+        angle = torch.arange(T, dtype=torch.float64)[:, None] * theta          # (T, Dh/2)
+        z = torch.complex(x[..., :Dh // 2], x[..., Dh // 2:]) * torch.polar(torch.ones_like(angle), angle)
+        return torch.cat([z.real, z.imag], dim=-1)
+
+    def paper_attention(name, xq, xkv, key_padding, causal=None):
         # PyTorch's masks say where *not* to attend: key_padding_mask (B, Tk) True on padding,
         # attn_mask (Tq, Tk) True above the diagonal.
         q, kv = xq.transpose(0, 1), xkv.transpose(0, 1)                # (T, B, D): PyTorch's layout
@@ -135,6 +174,8 @@ def reference_forward(P: dict, cfg: TransformerConfig, src, tgt_in):
         return F.layer_norm(x, (D,), P[f"{name}.gamma"], P[f"{name}.beta"], eps=cfg.ln_eps)
 
     def ffn(name, x):
+        if cfg.ffn == "swiglu":
+            return (F.silu(x @ P[f"{name}.w1"]) * (x @ P[f"{name}.w3"])) @ P[f"{name}.w2"]
         return F.relu(x @ P[f"{name}.w1"] + P[f"{name}.b1"]) @ P[f"{name}.w2"] + P[f"{name}.b2"]
 
     def residual(name, x, sublayer):

@@ -12,7 +12,7 @@ from .. import backend as B
 from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
-from ..model import Transformer, embedding_name, sinusoids
+from ..model import Transformer, embedding_name, later_block, sinusoids
 from ..precision import FP32, Precision, PrecisionError
 from . import decoding
 from .arena import Arena
@@ -58,6 +58,9 @@ class FastTransformer(FastBackward):
 
     def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None,
                  precision: Precision | str = FP32, check_ids: bool = True):
+        if later_block(config):
+            raise ValueError(f"FastTransformer: the fast engine runs the paper's block, not {', '.join(later_block(config))}; "
+                             f"the readable engine (attn.model.Transformer, attn-train --reference) trains it")
         #: The readable model over the same parameters (the same dict).
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from .. import backend as B
 from .dropout import dropout_backward, dropout_forward
 from .linear import linear_backward, linear_forward
+from .rope import rope_backward, rope_forward
 from .softmax import SoftmaxCache, softmax_backward, softmax_forward
 
 
@@ -108,15 +109,19 @@ class MultiHeadCache(NamedTuple):
     lin_o: object
     H: int
     group: int = 1
+    rope_q: object = None
+    rope_k: object = None
 
 
 def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o,
                                  n_heads: int, mask=None, dropout: float = 0.0, rng=None,
-                                 kv_heads: int | None = None):
+                                 kv_heads: int | None = None, rope: float | None = None):
     """Inputs: x_q (B, Tq, D) queries' source; x_kv (B, Tk, D) keys' and values' source
     (the same array for self-attention, the encoder output for encoder-decoder
     attention); w_q, w_o (D, D); w_k, w_v (D, KV * Dh) with KV = ``kv_heads`` (None: n_heads,
-    so (D, D)) and Dh = D / n_heads; b_* their widths; mask broadcastable to (B, H, Tq, Tk).
+    so (D, D)) and Dh = D / n_heads; b_* their widths; mask broadcastable to (B, H, Tq, Tk);
+    rope None, or the base of rotary positions (:mod:`attn.layers.rope`) applied to every
+    head's queries and keys at positions 0, 1, ... (self-attention).
 
     Returns: out (B, Tq, D), cache. ``cache.attn.weights`` is (B, H, Tq, Tk).
     """
@@ -133,10 +138,15 @@ def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
     q, cq = linear_forward(x_q, w_q, b_q)
     k, ck = linear_forward(x_kv, w_k, b_k)
     v, cv = linear_forward(x_kv, w_v, b_v)
-    o, ca = attention_forward(split_heads(q, n_heads), repeat_kv(split_heads(k, kv_heads), group),
-                              repeat_kv(split_heads(v, kv_heads), group), mask, dropout, rng)   # (B, H, Tq, Dh)
+    q, k = split_heads(q, n_heads), split_heads(k, kv_heads)     # (B, H, Tq, Dh), (B, KV, Tk, Dh)
+    rq = rk = None
+    if rope is not None:
+        q, rq = rope_forward(q, base=rope)
+        k, rk = rope_forward(k, base=rope)
+    o, ca = attention_forward(q, repeat_kv(k, group), repeat_kv(split_heads(v, kv_heads), group),
+                              mask, dropout, rng)                # (B, H, Tq, Dh)
     out, co = linear_forward(merge_heads(o), w_o, b_o)
-    return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads, group)
+    return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads, group, rq, rk)
 
 
 def attention_weights(cache):
@@ -162,7 +172,10 @@ def multi_head_attention_backward(dout, cache: MultiHeadCache):
     H, group = cache.H, cache.group
     dmerged, dw_o, db_o = linear_backward(dout, cache.lin_o)
     dq, dk, dv = attention_backward(split_heads(dmerged, H), cache.attn)
+    dk = sum_kv_groups(dk, group)
+    if cache.rope_q is not None:                  # rotated queries and keys: turn their gradients back
+        dq, dk = rope_backward(dq, cache.rope_q), rope_backward(dk, cache.rope_k)
     dx_q, dw_q, db_q = linear_backward(merge_heads(dq), cache.lin_q)
-    dx_k, dw_k, db_k = linear_backward(merge_heads(sum_kv_groups(dk, group)), cache.lin_k)
+    dx_k, dw_k, db_k = linear_backward(merge_heads(dk), cache.lin_k)
     dx_v, dw_v, db_v = linear_backward(merge_heads(sum_kv_groups(dv, group)), cache.lin_v)
     return dx_q, dx_k + dx_v, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o

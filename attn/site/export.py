@@ -79,6 +79,9 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     if len(vocab) != model.config.target_vocab_size:
         raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
                          f"the model {model.config.target_vocab_size}")
+    from ..model import later_block
+    if later_block(model.config):
+        raise ValueError(f"export_model: the page computes the paper's block, not {', '.join(later_block(model.config))}")
     out_dir = Path(out_dir)
     _check_destination(out_dir, overwrite)
     np = B.host

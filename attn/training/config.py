@@ -85,6 +85,11 @@ class TrainConfig:
     layers: int | None = None          # encoder layers and decoder layers
     dropout: float | None = None
     label_smoothing: float | None = None
+    # the block (None: the preset's, the paper's): lesson 26
+    norm: str | None = None            # "post" (the paper) or "pre"
+    positional: str | None = None      # "sinusoidal", "learned" or "rope"
+    ffn: str | None = None             # "relu" or "swiglu"
+    kv_heads: int | None = None        # key/value heads of every attention (grouped-query attention)
     dtype: str = "float32"
     # training
     backend: str | None = None         # numpy, cupy, auto; None: $ATTN_BACKEND or numpy
@@ -149,10 +154,18 @@ class TrainConfig:
         if self.precision != "fp32" and self.reference is True:
             self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
                                    "multiply in float32); drop one of the two flags")
+        for name, kinds in (("norm", ("post", "pre")), ("positional", ("sinusoidal", "learned", "rope")),
+                            ("ffn", ("relu", "swiglu"))):
+            if getattr(self, name) not in (None, *kinds):
+                self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
+        if self.later_block() and (self.precision != "fp32" or self.cuda_graph):
+            self._bad("precision" if self.precision != "fp32" else "cuda_graph",
+                      f"applies to the attn.fast engine, which does not run {' '.join(self.later_block())} yet "
+                      f"(the readable engine trains it, in float32)")
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
-                                    ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True),
+                                    ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True), ("kv_heads", 1, True),
                                     ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
                                     ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
                                     ("bleu_sentences", 0, False), ("average", 0, False),
@@ -209,15 +222,25 @@ class TrainConfig:
 
     @property
     def engine(self) -> str:
-        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference``, else ``fast``."""
-        return "reference" if self.reference else "fast"
+        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference`` or with a block
+        the fast engine does not run (:meth:`later_block`), else ``fast``."""
+        return "reference" if self.reference or self.later_block() else "fast"
+
+    def later_block(self) -> list[str]:
+        """The flags that ask for a part of a later model's block (rotary positions, SwiGLU,
+        grouped-query attention), which the readable engine trains and the fast one does not yet."""
+        asked = [("--positional rope", self.positional == "rope"), ("--ffn swiglu", self.ffn == "swiglu"),
+                 (f"--kv-heads {self.kv_heads}", self.kv_heads is not None)]
+        return [flag for flag, on in asked if on]
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         """The preset with this config's overrides, for a vocabulary of ``vocab_size``."""
         overrides = {k: v for k, v in (("d_model", self.d_model), ("n_heads", self.heads), ("d_ff", self.d_ff),
                                         ("n_encoder_layers", self.layers), ("n_decoder_layers", self.layers),
                                         ("dropout", self.dropout), ("label_smoothing", self.label_smoothing),
-                                        ("warmup_steps", self.warmup)) if v is not None}
+                                        ("warmup_steps", self.warmup), ("norm", self.norm),
+                                        ("positional", self.positional), ("ffn", self.ffn),
+                                        ("kv_heads", self.kv_heads)) if v is not None}
         try:
             return TransformerConfig.preset(self.preset, vocab_size=vocab_size, **overrides)
         except ValueError as e:
@@ -362,6 +385,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, help="override the residual dropout")
     g.add_argument("--label-smoothing", type=float, help="override label smoothing epsilon")
     g.add_argument("--dtype", choices=["float32", "float64"], help=f"default {_D.dtype}")
+    g = p.add_argument_group("the block (default: the paper's; lesson 26 derives the others)")
+    g.add_argument("--norm", choices=["post", "pre"], help="layer norm after each sub-layer's residual sum "
+                   "(post, the paper) or before the sub-layer (pre, every later model)")
+    g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],
+                   help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys")
+    g.add_argument("--ffn", choices=["relu", "swiglu"],
+                   help="the feed-forward network: ReLU (equation 2) or SwiGLU (at 2/3 of --d-ff, the same parameters)")
+    g.add_argument("--kv-heads", type=int, metavar="N",
+                   help="key/value heads of every attention, dividing --heads (grouped-query attention; 1: multi-query)")
     g = p.add_argument_group("training")
     g.add_argument("--backend", choices=["numpy", "cupy", "auto"],
                    help="array backend (default: $ATTN_BACKEND or numpy; a resumed run keeps its saved backend "

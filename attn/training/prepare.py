@@ -53,6 +53,8 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     it only changes how the step time is measured for the warm-up. ``say`` prints progress.
     """
     engine = engines.get(config.engine)
+    if config.later_block() and not config.reference:
+        say(f"{' '.join(config.later_block())}: the readable engine trains this block (the fast one runs the paper's)")
     loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
     if saved is not None:

@@ -1,0 +1,69 @@
+"""The block of later models (rotary positions, SwiGLU, grouped-query attention, pre-norm) as
+options of the whole model: trained by attn-train, checkpointed, averaged, resumed and decoded
+with greedy and beam search; refused in one line where it is not run yet (the fast engine, the
+page). Its gradients, invariants and cached decoding are drawn with every other option in
+tests/test_model.py."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from attn import engine as engines
+from attn.checkpoint import load_npz
+from attn.data import SPECIALS, Vocab
+from attn.evaluate import translate
+from attn.model import Transformer, TransformerConfig
+from attn.train import TrainConfigError, config_from_argv, train
+from test_train import TINY, write_corpus
+
+LATER = ["--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1", "--norm", "pre"]
+
+
+def test_attn_train_trains_averages_resumes_and_decodes_the_later_block(tmp_path, capsys):
+    data, out = write_corpus(tmp_path), tmp_path / "run"
+    common = ["--data", str(data), *TINY, "--backend", "numpy", "--out", str(out), "--eval-every", "4",
+              *LATER, "--average", "2", "--snapshot-every", "2"]
+    metrics = train(config_from_argv([*common, "--steps", "4"]))
+    assert "--positional rope --ffn swiglu --kv-heads 1: the readable engine trains this block" in capsys.readouterr().err
+    arrays, meta = load_npz(out / "checkpoint.npz")
+    cfg = TransformerConfig.from_dict(meta["config"])
+    assert (cfg.positional, cfg.ffn, cfg.kv_heads, cfg.norm) == ("rope", "swiglu", 1, "pre")
+    assert arrays["param/encoder.0.self_attn.w_k"].shape == (32, 16)         # one key/value head of two
+    assert "param/encoder.0.ffn.w3" in arrays and "param/src_pos.weight" not in arrays
+    assert (out / "averaged.npz").is_file() and metrics["steps"] == 4
+
+    config = dataclasses.replace(config_from_argv([*common, "--steps", "6", "--resume"]))
+    assert train(config, given={"steps", "resume", "out"})["steps"] == 6
+
+    model = Transformer.load(out / "checkpoint.npz")
+    vocab = Vocab.from_json(load_npz(out / "checkpoint.npz")[1]["vocab"])
+    for beam in (1, 3):
+        outputs = translate(model, vocab, ["a b c", "c b"], beam_size=beam)
+        assert len(outputs) == 2 and all(isinstance(o.text, str) for o in outputs)
+
+
+def test_the_fast_engine_refuses_the_later_block_in_one_line_naming_it():
+    cfg = TransformerConfig.preset("toy", vocab_size=20, ffn="swiglu", kv_heads=2)
+    with pytest.raises(ValueError, match=r"fast engine runs the paper's block, not ffn='swiglu', kv_heads=2"):
+        engines.get("fast").model(cfg)
+    engines.get("fast").model(TransformerConfig.preset("toy", vocab_size=20, norm="pre", kv_heads=4))  # = heads
+
+
+def test_flags_that_only_the_fast_engine_applies_are_refused_with_the_later_block(tmp_path):
+    with pytest.raises(TrainConfigError, match="precision.*does not run --ffn swiglu"):
+        config_from_argv(["--ffn", "swiglu", "--precision", "bf16"])
+    assert config_from_argv(["--positional", "rope"]).engine == "reference"
+    assert config_from_argv(["--norm", "pre"]).engine == "fast"
+    with pytest.raises(TrainConfigError, match="kv_heads"):
+        config_from_argv(["--kv-heads", "0"])
+
+
+def test_attn_export_refuses_a_block_the_page_does_not_compute(tmp_path):
+    from attn.site.export import export_model
+    model = Transformer(TransformerConfig.preset("toy", vocab_size=8, positional="rope"))
+    vocab = Vocab(list(SPECIALS) + [f"w{i}" for i in range(4)])
+    with pytest.raises(ValueError, match="the page computes the paper's block, not positional='rope'"):
+        export_model(model, vocab, tmp_path / "page")
+    assert not (tmp_path / "page").exists()
