@@ -123,9 +123,10 @@ def set_backend(name: str) -> ModuleType:
 def auto_fallback_notice() -> str | None:
     """Why ``auto`` chose NumPy, where a user would want to know: CuPy is installed but cannot be
     used (no GPU, a broken CUDA install). None where ``auto`` chose CuPy, was not asked for, or
-    found no CuPy installed. A command prints it as one line in its own words."""
+    found no CuPy installed. A command prints it as one quiet line in its own words, without the
+    CUDA error itself (:func:`describe` keeps it, for the trainer's header)."""
     if get_backend() == "numpy" and auto_fallback_reason and _auto_fallback_notable:
-        return f"using NumPy: {auto_fallback_reason}"
+        return f"using NumPy: {auto_fallback_reason.split(' (')[0]} on this machine (--backend numpy: no notice)"
     return None
 
 
