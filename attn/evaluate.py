@@ -22,7 +22,6 @@ from typing import NamedTuple
 from . import backend as B
 from .data import EOS, PAD, detokenize
 from .decode import beam_search, greedy_decode
-from .text import split_glue
 
 #: The most tokens one source sentence may have (the end-of-sentence mark included) by default.
 #: Attention's memory and time grow with the square of the length: on the CPU the toy model
@@ -34,8 +33,7 @@ MAX_SOURCE_TOKENS = 512
 #: The largest limit a user may set (``--max-length``): attention over this many positions already
 #: takes gigabytes.
 MAX_SOURCE_TOKENS_LIMIT = 4096
-#: What ends a sentence, for cutting input into the sentences the model was trained on.
-SENTENCE_ENDS = frozenset(".!?…。！？")
+#: What ends a sentence (when a space follows), for cutting text into the sentences the model was trained on.
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")
 
 
@@ -150,24 +148,13 @@ def split_sentences(text: str) -> list[str]:
     return [part for part in _SENTENCE_END.split(text.strip()) if part]
 
 
-def _cut_tokens(tokens: list) -> list[list]:
-    """A token list cut after each sentence-end token that the next token is not glued to."""
-    pieces, start = [], 0
-    for i, tok in enumerate(tokens):
-        text, _ = split_glue(tok)
-        if text in SENTENCE_ENDS and (i + 1 == len(tokens) or not split_glue(tokens[i + 1])[1]):
-            pieces.append(tokens[start:i + 1])
-            start = i + 1
-    return pieces + ([tokens[start:]] if start < len(tokens) else [])
-
-
 def _pieces(vocab, line, limit: int | None, number: int) -> list[list]:
-    """The token lists one input line is translated as: its sentences (cut after each sentence end,
-    whatever the line's length), each at most ``limit`` tokens with its end mark; None: the whole line."""
+    """The token lists one input is translated as: a text's sentences (cut after each sentence end,
+    whatever its length), or a list of tokens whole, each at most ``limit`` tokens with its end
+    mark; None: the whole input, without a limit."""
     if limit is None:
         return [vocab.tokenize(line) if isinstance(line, str) else list(line)]
-    parts = ([vocab.tokenize(p) for p in split_sentences(line)] if isinstance(line, str)
-             else _cut_tokens(list(line)))
+    parts = [vocab.tokenize(p) for p in split_sentences(line)] if isinstance(line, str) else [list(line)]
     for k, part in enumerate(parts, start=1):
         if len(part) + 1 > limit:
             where = f"line {number}" + (f", sentence {k} of {len(parts)}," if len(parts) > 1 else "")
@@ -183,9 +170,10 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
               progress: bool = False) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
 
-    Each input is cut after its sentence ends (:func:`split_sentences`, whatever its length); its
-    sentences are translated one by one and their translations joined with a space, so a line
-    of three sentences gives one line of three translations (without ``attention``). A sentence
+    Each input text is cut after its sentence ends (:func:`split_sentences`, whatever its length);
+    its sentences are translated one by one and their translations joined with a space, so a line
+    of three sentences gives one line of three translations (without ``attention``); a list of
+    tokens is one sentence, as the caller cut it. A sentence
     of more than ``max_source_tokens`` tokens (its end-of-sentence mark included), or than the
     model's ``max_len``, the longest it was trained on, raises :class:`InputTooLong` before
     anything is decoded: the limit bounds each sentence's memory and time, which grow with the

@@ -239,8 +239,8 @@ def test_three_sentences_on_a_line_are_three_translations_on_one_line(checkpoint
     (joined,) = translate(model, vocab, [" ".join(sentences)])
     assert joined.text == _alone(model, vocab, sentences)
     assert joined.attention is None and joined.src_tokens.count(vocab.itos[EOS]) == 3
-    as_tokens = translate(model, vocab, [tokenize(" ".join(sentences))])
-    assert as_tokens[0].text == joined.text
+    (as_tokens,) = translate(model, vocab, [tokenize(" ".join(sentences))])       # tokens: one sentence, as cut
+    assert as_tokens.src_tokens.count(vocab.itos[EOS]) == 1 and as_tokens.attention is None
     r = run_cli("--checkpoint", checkpoint, stdin=" ".join(sentences) + "\nd e .\n")
     assert r.returncode == 0 and r.stdout.split("\n") == [joined.text, _alone(model, vocab, ["d e ."]), ""]
 

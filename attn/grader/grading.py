@@ -375,6 +375,8 @@ def _blame_parts(results: list) -> None:
             part = failed[parts[0]]
             r.part = f"{parts[0]} failed first (fix {part.blame or parts[0]}): {r.layer} may pass once it does"
             r.blame = part.blame or r.blame
+            r.detail.look = f"{parts[0]} first, which failed above" + (f": {part.detail.look}" if isinstance(
+                part.detail, Failure) and part.detail.look else "")
 
 
 def _deferred(layer: Layer, origin: dict | None, given_fwd: bool) -> tuple:

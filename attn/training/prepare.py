@@ -281,7 +281,7 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
         if by_time < allowed:
             allowed = by_time
             why = (f"an estimated {by_time:.0f} steps in --minutes {config.minutes:g}, from {per_step:.2f} s a step "
-                   f"timed on {len(batches)} steps before training")
+                   f"timed on {len(batches)} step{'s' if len(batches) > 1 else ''} before training")
         rule.update(seconds_per_step=round(per_step, 4), probe_seconds=round(time.perf_counter() - t0, 2))
     warmup = max(1, min(model_config.warmup_steps, round(WARMUP_FRACTION * allowed)))
     why = (f"{WARMUP_FRACTION:.0%} of {why}" if warmup < model_config.warmup_steps
