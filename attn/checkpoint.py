@@ -9,7 +9,7 @@ by :func:`remove_stale_temporaries` when the next run starts.
 
 Reading trusts nothing in the file: the members' names and the sizes the archive
 declares are checked before anything is decompressed (against a total budget,
-and, where the reader says what it expects, against the names and shapes its
+and, where the reader says what it expects, against the names and bytes its
 config implies), and every array's header against the bytes the member really
 holds before anything is allocated, so a damaged or hostile file is a one-line
 :class:`CheckpointError`, never a traceback or a request for terabytes.
@@ -135,9 +135,8 @@ def _check_members(infos: list, max_bytes: int) -> None:
         raise _Refused(f"its arrays claim {total:,} bytes, more than the {max_bytes:,} this reader allows")
 
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: tuple | None = None):
-    """One array of the archive, its header checked against the bytes the member holds (and against
-    the ``expected`` shape, if given) before its data is read."""
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo):
+    """One array of the archive, its header checked against the bytes the member holds."""
     np = B.host
     fmt = np.lib.format
     name = info.filename
@@ -151,12 +150,11 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, expected: tuple | N
         except ValueError as e:         # NumPy's words would suggest allow_pickle=True
             if "max_header_size" not in str(e):
                 raise
-            raise ValueError(f"member {name} has an .npy header over 10,000 bytes, more than an array's needs") from None
+            raise ValueError(f"member {name} has an .npy header over 10,000 bytes, "
+                             "more than an array's needs") from None
         if dtype.hasobject:
             raise ValueError(f"member {name} holds pickled Python objects, which attn never loads "
-                           "(unpickling an untrusted file can run any code)")
-        if expected is not None and tuple(shape) != tuple(expected):
-            raise _Refused(f"member {name} has shape {tuple(shape)}, its config implies {tuple(expected)}")
+                             "(unpickling an untrusted file can run any code)")
         claimed = math.prod(shape) * dtype.itemsize
         held = info.file_size - f.tell()
         if claimed != held:
@@ -189,8 +187,8 @@ def load_npz(path, expect=None, max_bytes: int = MAX_NPZ_BYTES) -> tuple[dict, d
     expand to all together, checked before anything is decompressed. ``expect(meta, sizes)``, if
     given, says what the reader takes once the ``__meta__`` record (read first) and the sizes the
     other members declare (``{name: bytes}``, names without ``.npy``) are known: a dict from those
-    names to a shape that the member's header must have, None (any shape) or False (left unread);
-    it raises CheckpointError for what it refuses, and a member it leaves out is refused too.
+    names to True (read) or False (left unread); it raises CheckpointError for what it refuses,
+    and a member it leaves out is refused too.
     """
     path = Path(path)
     if path.is_dir():
@@ -215,7 +213,7 @@ def load_npz(path, expect=None, max_bytes: int = MAX_NPZ_BYTES) -> tuple[dict, d
                 raise CheckpointError(f"checkpoint {path} has no __meta__ record: not written by attn")
             meta = _parse_meta(path, _read_member(zf, members.pop("__meta__")))
             try:
-                wanted = ({name: None for name in members} if expect is None else
+                wanted = ({name: True for name in members} if expect is None else
                           expect(meta, {name: info.file_size for name, info in members.items()}))
             except CheckpointError as e:
                 raise CheckpointError(f"checkpoint {path}: {e}") from None
@@ -223,8 +221,7 @@ def load_npz(path, expect=None, max_bytes: int = MAX_NPZ_BYTES) -> tuple[dict, d
             if unknown:
                 raise _Refused(f"member {unknown[0]!r} is not one this reader takes"
                                + (f" (nor are {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
-            arrays = {name: _read_member(zf, info, wanted[name]) for name, info in members.items()
-                      if wanted[name] is not False}
+            arrays = {name: _read_member(zf, info) for name, info in members.items() if wanted[name]}
     except (MemoryError, CheckpointError):
         raise
     except _Refused as e:

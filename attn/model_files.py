@@ -18,7 +18,7 @@ def model_members(meta: dict, sizes: dict, optimizer: bool = False) -> dict:
         cfg = TransformerConfig.from_dict(meta["config"])
     except (TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"it has an invalid config: {e}") from None
-    wanted = {k: None if optimizer or k.startswith("param/") else False for k in sizes
+    wanted = {k: optimizer or k.startswith("param/") for k in sizes
               if k.startswith(("param/", "adam.m/", "adam.v/")) or k == "history/train_loss"}
     others = sorted(set(sizes) - set(wanted))
     if others:
@@ -26,7 +26,7 @@ def model_members(meta: dict, sizes: dict, optimizer: bool = False) -> dict:
                               + (f" (nor are {len(others) - 1} more)" if len(others) > 1 else ""))
     steps = meta.get("step") if isinstance(meta.get("step"), int) and optimizer else 0
     implied = 8 * parameter_count(cfg) * (3 if optimizer else 1) + 8 * steps + 2**20
-    claimed = sum(sizes[k] for k in wanted if wanted[k] is None)
+    claimed = sum(sizes[k] for k in wanted if wanted[k])
     if claimed > implied:
         raise CheckpointError(f"its arrays claim {claimed:,} bytes, more than the {implied:,} its config implies")
     return wanted

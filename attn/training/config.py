@@ -445,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-repeat-ngram", type=int, metavar="N",
                    help="no test translation repeats one of its own N-grams of tokens (0: off; default: the "
                         f"preset's, {_recipe('no_repeat_ngram')})")
-    g.add_argument("--out", help=f"output folder (default {_D.out})")
+    g.add_argument("--out", help=f"output folder (default {_D.out}); one run at a time: a second run on a "
+                                 "folder in use is refused")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
                         f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")
