@@ -37,7 +37,9 @@ from __future__ import annotations
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import backend as B
 from . import engine as engines
@@ -217,11 +219,11 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
 
     stop = StopSignals(dp.say)
-    stop_reason = run_loop(config, state, run.train_enc, step, evaluate=evaluate,
-                           save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
-                           snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
-                           on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)), dp=dp,
-                           stop=stop, set_progress=opt.set_progress if opt.cooldown else None)
+    hooks = Hooks(step, evaluate, save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
+                  snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
+                  on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)),
+                  set_progress=opt.set_progress if opt.cooldown else None)
+    stop_reason = run_loop(config, state, run.train_enc, hooks, dp, stop)
     if stop_reason == "interrupted":
         dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
                f"checkpoint {ckpt_path} (step {state.step}); resume with: attn-train --resume --out {out}")
@@ -249,17 +251,10 @@ def budget_used(config: TrainConfig, state: TrainState, batches_in_epoch: int) -
     return min(1.0, max(used))
 
 
-def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluate, save, snapshot=None,
-             on_step=None, dp=None, desc: str = "train", stop: StopSignals | None = None,
-             set_progress=None) -> str:
-    """The training loop (section 5): epochs of batches of about ``config.max_tokens`` tokens from
-    ``train_enc`` (the order of epoch ``e`` from ``config.seed + e``), one optimizer step each,
-    until ``config``'s budget (``steps``, ``minutes`` of wall time over the whole run, ``epochs``)
-    is reached or Ctrl-C or SIGTERM asks it to stop (``stop``, a :class:`StopSignals`, says which
-    and when; default: a new one); ``state`` (:class:`TrainState`) is where it starts and
-    is kept up to date. Returns why it stopped.
-
-    What it does at each step is handed in, so that any model trains by the same rules:
+@dataclass
+class Hooks:
+    """What :func:`run_loop` does at each step, handed in so that any model trains by the same
+    rules (attn's engines, and the PyTorch twin of :mod:`attn.bench.quality`).
 
     ``step(batch, seed) -> (loss, lr)``
         One optimizer step on ``batch``, its dropout seeded by ``seed``; the loss a 0-d array
@@ -277,65 +272,51 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluat
         Before every step: the fraction of the budget used (:func:`budget_used`), for the
         schedule's cooldown (:meth:`attn.optim.Adam.set_progress`). Under ``dp`` it is process 0's,
         one broadcast a step: a run without a cooldown passes None and skips it.
+    ``desc``
+        The progress bar's label.
+    """
+    step: Callable
+    evaluate: Callable
+    save: Callable
+    snapshot: Callable | None = None
+    on_step: Callable | None = None
+    set_progress: Callable | None = None
+    desc: str = "train"
+
+
+def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp=None,
+             stop: StopSignals | None = None) -> str:
+    """The training loop (section 5): epochs of batches of about ``config.max_tokens`` tokens from
+    ``train_enc`` (the order of epoch ``e`` from ``config.seed + e``), one optimizer step each
+    (``hooks``, :class:`Hooks`), until ``config``'s budget (``steps``, ``minutes`` of wall time over
+    the whole run, ``epochs``) is reached or Ctrl-C or SIGTERM asks it to stop (``stop``, a
+    :class:`StopSignals`, says which and when; default: a new one); ``state``
+    (:class:`TrainState`) is where it starts and is kept up to date. Returns why it stopped.
 
     With a data-parallel group ``dp`` (:mod:`attn.training.distributed`; default: one process)
     process 0's clock decides when all stop, and it alone evaluates, saves and snapshots.
     """
     from tqdm import tqdm
     dp = distributed.group() if dp is None else dp
-    pending = _PendingLosses()      # the device losses of the steps since the last log
-    budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
-    started, wall_before = time.perf_counter(), state.wall_seconds
-    last_eval_step = state.step
+    clock = _Clock(config, state)
     bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=config.quiet or not dp.master, file=sys.stderr, desc=desc)
+               disable=config.quiet or not dp.master, file=sys.stderr, desc=hooks.desc)
     stop_reason = None
     with (stop or StopSignals(dp.say)) as interrupt:
         while stop_reason is None:
             batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=state.epoch)
             while state.batch_index < len(batches):
                 batch = batches[state.batch_index]
-                if set_progress is not None:
+                if hooks.set_progress is not None:
                     used = budget_used(config, state, len(batches))
-                    set_progress(dp.broadcast(used) if dp.size > 1 else used)    # process 0's clock
+                    hooks.set_progress(dp.broadcast(used) if dp.size > 1 else used)    # process 0's clock
                 t0 = time.perf_counter()
-                loss, lr = step(batch, config.seed * 1_000_003 + state.step)
-                pending.append(loss)                    # copied before the next step reuses its memory
-                dt = time.perf_counter() - t0
-                state.step += 1
-                state.batch_index += 1
-                state.train_seconds += dt
-                state.wall_seconds = wall_before + (time.perf_counter() - started)
-                state.tokens_seen += batch.n_src_tokens + batch.n_tgt_tokens
+                loss, lr = hooks.step(batch, config.seed * 1_000_003 + state.step)
+                clock.pending.append(loss)              # copied before the next step reuses its memory
+                clock.stepped(batch, time.perf_counter() - t0)
                 bar.update(1)
-
-                if config.steps and state.step >= config.steps:
-                    stop_reason = f"reached --steps {config.steps}"
-                elif state.wall_seconds >= budget:
-                    stop_reason = f"reached --minutes {config.minutes}"
-                elif interrupt.requested:
-                    stop_reason = "interrupted"
-                stop_reason = dp.agree(stop_reason, interrupt.requested)    # process 0's clock decides for all
-                if (state.step % LOG_EVERY == 0 or stop_reason or state.step - last_eval_step >= config.eval_every
-                        or on_step is not None):                # a watcher reads each step's loss
-                    loss_value = _log_losses(pending, state)    # the one host sync, on the steps that log
-                    tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
-                    left = budget - state.wall_seconds
-                    bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
-                                        + (f" left {_fmt_secs(left)}" if budget < math.inf else "")
-                                        + f" ep {state.epoch}", refresh=False)
-                if dp.master and snapshot is not None and config.average > 1 \
-                        and state.step % config.snapshot_every == 0:
-                    snapshot(state.step)
-                if on_step is not None and dp.master:
-                    on_step(state, state.wall_seconds)
-                if stop_reason == "interrupted":
-                    if dp.master:
-                        save()
-                elif stop_reason or state.step - last_eval_step >= config.eval_every:
-                    if dp.master:
-                        evaluate(bar)
-                    last_eval_step = state.step
+                stop_reason = dp.agree(clock.stop_reason(interrupt), interrupt.requested)   # process 0's decides
+                clock.after_step(hooks, stop_reason, bar, lr, dp)
                 if stop_reason:
                     break
             else:
@@ -343,13 +324,71 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, step, *, evaluat
                 state.batch_index = 0
                 if config.epochs and state.epoch >= config.epochs:
                     stop_reason = f"reached --epochs {config.epochs}"
-                    if state.step != last_eval_step:
-                        _log_losses(pending, state)
-                        if dp.master:
-                            evaluate(bar)
+                    clock.evaluate_if_new(hooks, bar, dp)
     bar.close()
-    state.wall_seconds = wall_before + (time.perf_counter() - started)     # the last evaluation included
+    clock.tick()                                        # the last evaluation included
     return stop_reason
+
+
+class _Clock:
+    """The loop's account of a run: its budget and wall time, the losses not yet on the host, the
+    step of the last evaluation; what happens after a step (the log, the snapshot, the watcher,
+    an evaluation or the checkpoint of an interrupted run)."""
+
+    def __init__(self, config: TrainConfig, state: TrainState):
+        self.config, self.state = config, state
+        self.pending = _PendingLosses()                 # the device losses of the steps since the last log
+        self.budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
+        self.started, self.wall_before = time.perf_counter(), state.wall_seconds
+        self.last_eval_step = state.step
+
+    def tick(self) -> None:
+        self.state.wall_seconds = self.wall_before + (time.perf_counter() - self.started)
+
+    def stepped(self, batch, seconds: float) -> None:
+        state = self.state
+        state.step += 1
+        state.batch_index += 1
+        state.train_seconds += seconds
+        state.tokens_seen += batch.n_src_tokens + batch.n_tgt_tokens
+        self.tick()
+
+    def stop_reason(self, interrupt) -> str | None:
+        config, state = self.config, self.state
+        if config.steps and state.step >= config.steps:
+            return f"reached --steps {config.steps}"
+        if state.wall_seconds >= self.budget:
+            return f"reached --minutes {config.minutes}"
+        return "interrupted" if interrupt.requested else None
+
+    def after_step(self, hooks: Hooks, stop_reason, bar, lr: float, dp) -> None:
+        config, state = self.config, self.state
+        due = stop_reason or state.step - self.last_eval_step >= config.eval_every
+        if state.step % LOG_EVERY == 0 or due or hooks.on_step is not None:    # a watcher reads each step's loss
+            loss_value = _log_losses(self.pending, state)       # the one host sync, on the steps that log
+            tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
+            left = self.budget - state.wall_seconds
+            bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
+                                + (f" left {_fmt_secs(left)}" if self.budget < math.inf else "")
+                                + f" ep {state.epoch}", refresh=False)
+        if dp.master and hooks.snapshot is not None and config.average > 1 and state.step % config.snapshot_every == 0:
+            hooks.snapshot(state.step)
+        if hooks.on_step is not None and dp.master:
+            hooks.on_step(state, state.wall_seconds)
+        if stop_reason == "interrupted":
+            if dp.master:
+                hooks.save()
+        elif due:
+            if dp.master:
+                hooks.evaluate(bar)
+            self.last_eval_step = state.step
+
+    def evaluate_if_new(self, hooks: Hooks, bar, dp) -> None:
+        """At the end of the last epoch: log and evaluate, unless this step was just evaluated."""
+        if self.state.step != self.last_eval_step:
+            _log_losses(self.pending, self.state)
+            if dp.master:
+                hooks.evaluate(bar)
 
 
 def _check_cuda_graph(config: TrainConfig, dp) -> None:

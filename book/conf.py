@@ -50,6 +50,17 @@ def _link_lessons() -> list[str]:
 LESSON_STEMS = _link_lessons()
 
 
+def _write_api_page() -> None:
+    """``api/layers.md``'s sections from the layer registry, where they are not already so."""
+    page = BOOK / "api" / "layers.md"
+    text = page.read_text(encoding="utf-8")
+    if attn_book.api_layers_page(text) != text:
+        page.write_text(attn_book.api_layers_page(text), encoding="utf-8")
+
+
+_write_api_page()
+
+
 def _drop_stale_caches() -> None:
     """Delete the caches of executed lessons made with another library than this one."""
     current = attn_book.cache_path(ROOT)

@@ -226,3 +226,17 @@ assert np.abs(dsilu - num_dsilu).max() < 1e-6 and s_a.min() < 0
 #    read in full at every generated token, which is $h / h_{kv}$ times smaller.
 #
 #    </details>
+
+# %% [markdown]
+# ## Exercise
+#
+# The fourth layer of the table, the norm, is RMSNorm (Zhang and Sennrich, 2019): layer norm
+# without the mean and without $\beta$, each row divided by its root mean square,
+# $\mathrm{RMSNorm}(x) = \gamma \odot x / \sqrt{\operatorname{mean}(x^2) + \epsilon}$. Scaling a row
+# leaves it unchanged, and its backward is layer norm's with the mean's term gone. The
+# library's is `rmsnorm_forward`/`rmsnorm_backward` in `attn.layers.rmsnorm`; write yours in
+# `lessons/exercises/rmsnorm.py` and grade it:
+#
+# ```
+# attn-check lessons/exercises/rmsnorm.py
+# ```

@@ -45,7 +45,7 @@ def _forbidden_imports(path: Path) -> list[str]:
 
 
 def test_only_backend_imports_numpy_or_cupy():
-    """DESIGN.md: only attn/backend.py may import NumPy or CuPy; every other module asks it."""
+    """attn/backend.py is the one module that may import NumPy or CuPy (its docstring); every other asks it."""
     files = sorted(ATTN_DIR.rglob("*.py"))
     assert ATTN_DIR / "backend.py" in files
     offenders = [hit for f in files if f != ATTN_DIR / "backend.py" for hit in _forbidden_imports(f)]

@@ -391,7 +391,7 @@ def test_the_grader_gets_its_arrays_from_the_backend():
     """attn.testing and attn.grader import no NumPy (tests/test_backend.py checks every module of attn/;
     this names the two, so that moving them out of attn/ cannot drop them from that rule)."""
     from test_backend import _forbidden_imports
-    for package, modules in (("testing", ("strategies", "gradients", "invariants", "layers", "probes", "exercises")),
+    for package, modules in (("testing", ("strategies", "gradients", "invariants", "layers", "probes", "exercises", "registry")),
                              ("grader", ("cli", "grading", "checks", "sandbox", "child", "wire", "library", "built", "reports", "results",
                                          "solutions"))):
         for module in ("__init__",) + modules:

@@ -277,9 +277,9 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
 
     _progress(f"pytorch: training for {config.minutes:g} min into {out} (threads {torch.get_num_threads()}, "
               f"Adam {adam_kind})", quiet)
-    stop = T.run_loop(dataclasses.replace(config, quiet=quiet), state, train_enc, step, evaluate=evaluate, save=save,
-                      snapshot=lambda at: T.snapshot(out, attn_view(), vocab, at, config.average),
-                      on_step=check_and_watch, desc="pytorch", set_progress=schedule.set_progress)
+    hooks = T.Hooks(step, evaluate, save, snapshot=lambda at: T.snapshot(out, attn_view(), vocab, at, config.average),
+                    on_step=check_and_watch, set_progress=schedule.set_progress, desc="pytorch")
+    stop = T.run_loop(dataclasses.replace(config, quiet=quiet), state, train_enc, hooks)
     if stop == "interrupted":
         raise KeyboardInterrupt
     _progress(f"pytorch: stopped ({stop}) after {state.step} steps, {state.train_seconds:.0f} s of training", quiet)

@@ -9,8 +9,8 @@ from hypothesis import reject
 
 from .. import backend as B
 from ..gradcheck import numerical_gradient, rel_error
-from ..testing import DROPOUT_PROBES, XP, Built, Example, Fresh, InvariantError, Layer, reference
-from .library import Handle, is_array, library_function
+from ..testing import DROPOUT_PROBES, XP, Built, Example, Fresh, InvariantError, Layer
+from .library import Handle, is_array, library_function, reference
 from .results import FLOAT32_TOL, FORWARD_TOL, GRADIENT_TOL, NOISE_FLOOR, SPOT_CHECK, Failure, Fatal, NotImplementedYet
 from .sandbox import Sandbox, _Raised
 

@@ -11,13 +11,13 @@ from hypothesis.errors import Flaky
 
 from .. import backend as B
 from ..gradcheck import rel_error
-from ..testing import DROPOUT_PROBES, LAYERS, Layer, reference
+from ..testing import DROPOUT_PROBES, LAYERS, Layer
 from ..testing.strategies import scaled
 from .checks import CHECKS, DROPOUT_DRAWS, EXAMPLE_SHARE, _Args, _entries, check_dropout, check_pair
 from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, Fatal, FileReport, LoadError,
                       NotImplementedYet, Result, _Todo)
 from .reports import report, summary
-from .library import manifest_for
+from .library import manifest_for, reference
 from .sandbox import Remote, Sandbox, describe
 
 np = B.host

@@ -11,6 +11,7 @@ from .linear import linear_backward, linear_forward
 from .positional import positional_backward, positional_forward, sinusoidal_table
 from .rope import rope_angles, rope_backward, rope_forward
 from .residual import residual_ffn_backward, residual_ffn_forward
+from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .softmax import softmax_backward, softmax_forward
 from .swiglu import silu, swiglu_backward, swiglu_forward, swiglu_width
 from .recurrent import rnn_backward, rnn_forward, rnn_step_backward, rnn_step_forward

@@ -91,6 +91,31 @@ def executed_lesson(lesson: Path):
     return cache.get_cache_bundle(record.pk).nb
 
 
+#: The line of ``book/api/layers.md`` after which :func:`api_layers_page` writes the sections.
+API_MARKER = "<!-- The sections below are written from attn.testing.registry by book/conf.py. -->"
+
+
+def api_layers_page(text: str) -> str:
+    """``book/api/layers.md`` with its sections after :data:`API_MARKER` written from the layer
+    registry: one per module of :mod:`attn.layers` that holds a registered layer, in the order
+    of the registrations (the order the lessons meet them), then the package's other modules."""
+    import importlib
+    import pkgutil
+
+    import attn.layers
+    from attn.testing import LAYERS
+    modules = []
+    for layer in LAYERS.values():
+        if layer.library.startswith("attn.layers"):
+            library = importlib.import_module(layer.library)
+            modules += [getattr(library, f).__module__ for f in layer.functions]
+    modules += sorted(f"attn.layers.{m.name}" for m in pkgutil.iter_modules(attn.layers.__path__)
+                      if not m.name.startswith("_"))
+    sections = [f"## `{m}`\n\n```{{eval-rst}}\n.. automodule:: {m}\n   :members:\n   :member-order: bysource\n```\n"
+                for m in dict.fromkeys(modules)]
+    return text[:text.index(API_MARKER) + len(API_MARKER)] + "\n\n" + "\n".join(sections)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn.site.book",

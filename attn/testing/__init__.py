@@ -48,13 +48,14 @@ invariants
     zero, the future never changes the past, padding never changes real
     positions, layer norm's output has zero mean, repeated ids accumulate...
 layers
-    :data:`LAYERS`: for every layer of :mod:`attn.layers`, its helpers and the
-    loss, and for every exercise beyond them (Luong attention, the decoder's mask,
-    an encoder layer, a decoder layer, the whole Transformer, the schedule, Adam,
-    greedy and beam search, checkpoint averaging, BPE merges): the names of its
-    functions, a strategy of examples (hard inputs included), which invariants
-    apply, and hints at two levels (where to look, the formula). :mod:`attn.grader`
-    grades with it, against :mod:`attn.grader.solutions`.
+    :data:`LAYERS` (:mod:`attn.testing.registry`): every layer of :mod:`attn.layers`,
+    its helpers and the loss, and every exercise beyond them (Luong attention, the
+    decoder's mask, an encoder layer, a decoder layer, the whole Transformer, the
+    schedule, Adam, greedy and beam search, checkpoint averaging, BPE merges),
+    registered once: the names of its functions and where the library's live, a
+    strategy of examples (hard inputs included), which invariants apply, and hints at
+    two levels (where to look, the formula); :data:`EXERCISES`, each exercise's
+    manifest. The tests, :mod:`attn.grader` and the book's API page read them.
 dropout
     :data:`DROPOUT_PROBES`: for each layer that takes dropout, inputs on which the
     output is the tensor dropout applies to, so that the mask can be read off it.
@@ -69,31 +70,7 @@ from .invariants import (InvariantError, assert_attention_ignores_unseen_keys, a
                          assert_heads_round_trip, assert_layer_norm_properties, assert_no_look_ahead,
                          assert_padding_ignored, assert_positional_properties, assert_rnn_skips_masked_steps,
                          assert_sinusoidal_table_properties, assert_softmax_properties)
-from .layers import (LAYERS, MHA_PARAMS, XP, Example, Fresh, Layer, Namespace, attention_examples, causal_mask_examples,
-                     cross_entropy_examples, dropout_examples, embedding_examples, feed_forward_examples,
-                     layer_norm_examples, linear_examples, merge_heads_examples, multi_head_attention_examples,
-                     padding_mask_examples, positional_examples, reference, relu_examples, residual_ffn_examples,
-                     rnn_examples, rnn_step_examples, seeds, sinusoidal_examples, small_shapes, softmax_examples,
-                     split_heads_examples)
+from .layers import MHA_PARAMS, XP, Example, Fresh, Layer, Namespace, seeds, small_shapes
 from .probes import DROPOUT_PROBES
-from .exercises import (BLOCK_EPS, WORDS, Built, adam_examples, average_examples, bpe_examples, compare_arrays_by_name,
-                        compare_decoded, compare_merges, decoder_layer_examples, decoder_mask_examples,
-                        decoding_examples, encoder_layer_examples, explain_tied_embedding, luong_examples,
-                        noam_examples, transformer_examples)
-
-__all__ = ["Dims", "divisors", "dims", "leading_shapes", "floats", "normals", "away_from", "magnitudes", "logits",
-           "masks", "padding_masks", "causal", "token_ids", "padded_ids", "GRADIENT_ERRORS", "GRADIENT_CHECKS",
-           "check_gradients", "gradient_summary", "InvariantError", "assert_softmax_properties",
-           "assert_layer_norm_properties", "assert_embedding_properties", "assert_dropout_properties",
-           "assert_positional_properties", "assert_sinusoidal_table_properties",
-           "assert_attention_ignores_unseen_keys", "assert_no_look_ahead", "assert_padding_ignored",
-           "assert_heads_round_trip", "assert_cross_entropy_properties", "assert_causal_mask_properties",
-           "assert_rnn_skips_masked_steps", "seeds", "small_shapes", "Fresh", "Namespace", "XP", "Example", "Layer",
-           "linear_examples", "relu_examples", "dropout_examples", "embedding_examples", "positional_examples",
-           "sinusoidal_examples", "softmax_examples", "layer_norm_examples", "feed_forward_examples",
-           "residual_ffn_examples", "attention_examples", "split_heads_examples", "merge_heads_examples", "MHA_PARAMS",
-           "multi_head_attention_examples", "rnn_step_examples", "rnn_examples", "cross_entropy_examples",
-           "causal_mask_examples", "padding_mask_examples", "LAYERS", "reference", "DROPOUT_PROBES", "Built",
-           "luong_examples", "decoder_mask_examples", "BLOCK_EPS", "encoder_layer_examples", "decoder_layer_examples",
-           "transformer_examples", "explain_tied_embedding", "noam_examples", "adam_examples", "decoding_examples",
-           "compare_decoded", "average_examples", "compare_arrays_by_name", "WORDS", "bpe_examples", "compare_merges"]
+from .exercises import BLOCK_EPS, WORDS, Built
+from .registry import EXERCISES, LAYERS, Manifest

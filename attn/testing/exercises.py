@@ -1,6 +1,7 @@
 """The exercises beyond single layers (lessons 2-15): Luong attention, the decoder's mask,
 an encoder and a decoder layer, the whole Transformer, the schedule, Adam, greedy and beam
-search, checkpoint averaging and BPE merges, added to :data:`attn.testing.LAYERS`."""
+search, checkpoint averaging and BPE merges: their examples and invariants, which their
+registrations in :mod:`attn.testing.registry` name."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from .. import backend as B
 from ..masks import PAD_ID
 from ..model import Transformer, TransformerConfig
 from .invariants import InvariantError, _dev, _host, _out
-from .layers import LAYERS, Example, Layer, seeds, small_shapes
+from .layers import Example, seeds, small_shapes
 from .strategies import dims, divisors, normals, padded_ids, padding_masks
 
 np = B.host
@@ -41,7 +42,7 @@ def luong_examples(draw):
                     ("src_mask", mask)), ("s", "e", "w_c", "b_c"), seed=draw(seeds))
 
 
-def _luong_invariants(f, ex):
+def luong_invariants(f, ex):
     """Whatever sits at padded source positions, the output does not change."""
     s, e, w_c, b_c, mask = (ex.get(k) for k in ("s", "e", "w_c", "b_c", "src_mask"))
     if mask.all():
@@ -275,62 +276,3 @@ def compare_merges(got, want, ex) -> None:
             f"{want[n] if n < len(want) else '(none)'} ({len(got)} merges, expected {len(want)})",
             "the most frequent pair, counted with each word's count; ties to the alphabetically first pair; "
             "stop at num_merges or when no pair occurs twice")
-
-
-LAYERS.update({layer.name: layer for layer in [
-    Layer("luong_attention", "pair", ("luong_attention_forward", "luong_attention_backward"), luong_examples(),
-          _luong_invariants, {
-              "forward": "out = tanh([a @ e ; s] @ w_c + b_c), a = softmax(s @ e^T) with the source mask",
-              "ds": "s is used twice (the query of the scores, and half of the concatenation): ds is the sum of both",
-              "de": "e is used twice (the keys of the scores, and the values of the context): de is the sum"},
-          {"forward": "the scores (which product), the mask, and the order of [context ; state]",
-           "ds": "every place s is used", "de": "every place e is used", "dw_c": "the concatenation it multiplied"}),
-    Layer("decoder_mask", "function", ("decoder_mask",), decoder_mask_examples(), None, {
-        "decoder_mask": "causal_mask(T) & padding_mask(tgt_ids): (B, 1, T, T)"},
-        {"decoder_mask": "both masks at once: the future and the padded keys"}),
-    Layer("encoder_layer", "pair", ("encoder_layer_forward", "encoder_layer_backward"), encoder_layer_examples(),
-          None, {"forward": "h = LayerNorm1(x + SelfAttn(x, x, mask)); out = LayerNorm2(h + FFN(h))",
-                 "dx": "each Add & Norm: dz from the norm, then dz + (sub-layer backward of dz)"},
-          {"forward": "the residual additions and the order of the two sub-layers",
-           "dx": "each sub-layer's input reaches its output by two paths: the residual and the sub-layer"}),
-    Layer("decoder_layer", "pair", ("decoder_layer_forward", "decoder_layer_backward"), decoder_layer_examples(),
-          None, {"forward": "masked self-attention, cross-attention (queries from x, keys and values from memory, "
-                            "src_mask), FFN, each as LayerNorm(x + sublayer(x))",
-                 "dmemory": "memory gives the cross-attention its keys and its values: dmemory = dx_kv"},
-          {"forward": "which mask each attention uses, and where the queries, keys and values come from",
-           "dx": "the three residual paths", "dmemory": "the cross-attention's keys and values"}),
-    Layer("transformer", "pair", ("transformer_forward", "transformer_backward"), transformer_examples(), None, {
-        "forward": "logits = decoder(embed(tgt_in), encoder(embed(src))) @ E^T with E = embedding.weight, the "
-                   "embeddings scaled by sqrt(d_model) plus the sinusoids",
-        "dembedding.weight": "dE = (source embedding's dW) + (target embedding's dW) + dlogits^T @ h"},
-        {"forward": "the scale of the embeddings, the positions, the masks (padding, look-ahead), the shared "
-                    "output projection",
-         "dembedding.weight": "embedding.weight is used three times: every use sends back a gradient"},
-        explain=explain_tied_embedding),
-    Layer("noam_lr", "function", ("noam_lr",), noam_examples(), None, {
-        "noam_lr": "factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)"},
-        {"noam_lr": "the two branches of the min, and the 1-based step"}),
-    Layer("adam", "steps", ("adam_step",), adam_examples(), None, {
-        "adam_step": "m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) "
-                     "+ eps)"},
-        {"adam_step": "the bias correction of both moments, and where eps goes"}),
-    Layer("greedy_decode", "function", ("greedy_decode",), decoding_examples(False), None, {
-        "greedy_decode": "encode, then from BOS: the most probable token at every step (PAD and BOS never), until "
-                         "EOS or max_len; the score sums the chosen tokens' log-probabilities, EOS included"},
-        {"greedy_decode": "the stopping rule, and the tokens banned from generation"}, compare=compare_decoded),
-    Layer("beam_search", "function", ("beam_search",), decoding_examples(True), None, {
-        "beam_search": "keep the K best unfinished beams by summed log-probability; a beam that ends in EOS is "
-                       "finished with score logP / ((5 + len) / 6)^alpha; stop when no live beam can beat the "
-                       "best finished one (or at max_len)"},
-        {"beam_search": "when a sentence's search may stop: a finished hypothesis is not the end while a live "
-                        "beam could still beat it"}, compare=compare_decoded),
-    Layer("average_checkpoints", "function", ("average_checkpoints",), average_examples(), None, {
-        "average_checkpoints": "mean over the checkpoints of each parameter, summed in float64, cast back"},
-        {"average_checkpoints": "the precision of the sum and the dtype of the result"},
-        compare=compare_arrays_by_name),
-    Layer("bpe", "function", ("learn_merges",), bpe_examples(), None, {
-        "learn_merges": "count adjacent pairs over all words, times each word's count; merge the most frequent "
-                        "(ties: the alphabetically first pair) everywhere; repeat"},
-        {"learn_merges": "the tie-break, the counts weighted by word frequency, and when to stop"},
-        compare=compare_merges),
-]})

@@ -1,6 +1,5 @@
-"""The grader's table of layers: for every layer of :mod:`attn.layers`, its helpers, the
-masks and the loss, the names of its functions, a strategy of examples, the invariants
-that apply and the hints at two levels."""
+"""What a layer's registration (:mod:`attn.testing.registry`) is made of, and the examples and
+invariants of every layer of :mod:`attn.layers`, its helpers, the masks and the loss."""
 from __future__ import annotations
 
 import math
@@ -11,6 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from .. import backend as B
+from ..layers import merge_heads, split_heads
 from ..masks import PAD_ID
 from .invariants import (assert_attention_ignores_unseen_keys, assert_causal_mask_properties,
                          assert_cross_entropy_properties, assert_dropout_properties, assert_embedding_properties,
@@ -22,13 +22,12 @@ from .strategies import (SCALE, away_from, causal, dims, floats, leading_shapes,
 
 np = B.host
 
-# ----------------------------------------------------------------------------- layers, for the grader
+# ----------------------------------------------------------------------------- examples and invariants
 #
-# One entry per layer of attn.layers (and its helpers, the masks and the loss): the names
-# of its functions, a strategy of examples (hypothesis shrinks them to the smallest that
-# fails), and the invariants that apply. attn.grader grades a learner's functions
-# with these; the hard inputs (large logits, fully masked rows, repeated ids, padding)
-# come from the same strategies the tests use.
+# A strategy of examples per layer (hypothesis shrinks them to the smallest that fails),
+# and the invariants that apply. attn.grader grades a learner's functions with these; the
+# hard inputs (large logits, fully masked rows, repeated ids, padding) come from the same
+# strategies the tests use.
 
 seeds = st.integers(0, 2**31 - 1)
 small_shapes = hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4)
@@ -105,6 +104,8 @@ class Layer(NamedTuple):
     explain
         ``(label, yours, expected, example, dout) -> str``: what a wrong gradient looks
         like, beyond what any layer's could (which path of a shared weight is missing).
+    library
+        the module that holds the library's own functions under these names.
     """
     name: str
     kind: str
@@ -115,6 +116,7 @@ class Layer(NamedTuple):
     where: dict = {}
     compare: Callable | None = None
     explain: Callable | None = None
+    library: str = "attn.layers"
 
 
 def _dout(ex: Example, shape):
@@ -146,7 +148,7 @@ def dropout_examples(draw):
     return Example((("x", x), ("p", p), ("rng", rng)), ("x",), compare=rng is None or p == 0.0, seed=draw(seeds))
 
 
-def _dropout_invariants(f, ex):
+def dropout_invariants(f, ex):
     x, p, rng = ex.get("x"), ex.get("p"), ex.get("rng")
     assert_dropout_properties(f["dropout_forward"], f.get("dropout_backward"), x, p,
                               rng.seed if rng is not None else 0, _dout(ex, x.shape))
@@ -161,7 +163,7 @@ def embedding_examples(draw):
                     ("scale", draw(st.sampled_from([1.0, 2.0, math.sqrt(8)])))), ("W",), seed=draw(seeds))
 
 
-def _embedding_invariants(f, ex):
+def embedding_invariants(f, ex):
     ids, W = ex.get("ids"), ex.get("W")
     assert_embedding_properties(f["embedding_forward"], f.get("embedding_backward"), ids, W, ex.get("scale"),
                                 _dout(ex, ids.shape + (W.shape[1],)))
@@ -174,7 +176,7 @@ def positional_examples(draw):
     return Example((("x", x), ("table", table)), ("x", "table"), seed=draw(seeds))
 
 
-def _positional_invariants(f, ex):
+def positional_invariants(f, ex):
     x = ex.get("x")
     assert_positional_properties(f["positional_forward"], f.get("positional_backward"), x, ex.get("table"),
                                  _dout(ex, x.shape))
@@ -186,7 +188,7 @@ def sinusoidal_examples(draw):
                     ("dtype", "float64")))
 
 
-def _sinusoidal_invariants(f, ex):
+def sinusoidal_invariants(f, ex):
     assert_sinusoidal_table_properties(f["sinusoidal_table"], ex.get("max_len"), ex.get("d_model"))
 
 # -- softmax, layer norm, feed-forward, residual
@@ -206,7 +208,7 @@ def softmax_examples(draw):
     return Example((("x", x), ("mask", mask)), ("x",), gradcheck=False, seed=draw(seeds))
 
 
-def _softmax_invariants(f, ex):
+def softmax_invariants(f, ex):
     x = ex.get("x")
     assert_softmax_properties(f["softmax_forward"], f.get("softmax_backward"), x, ex.get("mask"), _dout(ex, x.shape))
 
@@ -228,7 +230,7 @@ def layer_norm_examples(draw):
                    ("x", "gamma", "beta"), gradcheck=gradcheck, seed=draw(seeds))
 
 
-def _layer_norm_invariants(f, ex):
+def layer_norm_invariants(f, ex):
     x = ex.get("x")
     assert_layer_norm_properties(f["layer_norm_forward"], f.get("layer_norm_backward"), x, ex.get("eps"),
                                  ex.get("gamma"), _dout(ex, x.shape))
@@ -283,7 +285,7 @@ def attention_examples(draw):
                    ("q", "k", "v"), gradcheck=False, seed=draw(seeds))
 
 
-def _attention_invariants(f, ex):
+def attention_invariants(f, ex):
     mask = ex.get("mask")
     if mask is not None and not ex.get("dropout"):
         assert_attention_ignores_unseen_keys(f["attention_forward"], ex.get("q"), ex.get("k"), ex.get("v"), mask)
@@ -301,13 +303,13 @@ def merge_heads_examples(draw):
     return Example((("x", draw(floats((d.B, d.H, d.T, d.D // d.H)))),))
 
 
-def _heads_invariants(f, ex):
+def heads_invariants(f, ex):
     x = ex.get("x")
     if x.ndim == 3:
-        assert_heads_round_trip(f["split_heads"], f.get("merge_heads", _library("merge_heads")), x, ex.get("H"))
+        assert_heads_round_trip(f["split_heads"], f.get("merge_heads", merge_heads), x, ex.get("H"))
     else:
         Bsz, H, T, Dh = x.shape
-        assert_heads_round_trip(f.get("split_heads", _library("split_heads")), f["merge_heads"],
+        assert_heads_round_trip(f.get("split_heads", split_heads), f["merge_heads"],
                                 x.transpose(0, 2, 1, 3).reshape(Bsz, T, H * Dh), H)
 
 
@@ -342,7 +344,7 @@ def multi_head_attention_examples(draw):
                                        ("_src", draw(padded_ids(d.B, S, max(d.V, 2))))))
 
 
-def _mha_invariants(f, ex):
+def mha_invariants(f, ex):
     fwd = f["multi_head_attention_forward"]
     params = {k: ex.get(k) for k in MHA_PARAMS}
     H = ex.get("n_heads")
@@ -373,7 +375,7 @@ def rnn_examples(draw):
                    ("x", "h0", "w_x", "w_h", "b"), seed=draw(seeds))
 
 
-def _rnn_invariants(f, ex):
+def rnn_invariants(f, ex):
     if ex.get("mask") is not None:
         assert_rnn_skips_masked_steps(f["rnn_forward"], *(ex.get(k) for k in ("x", "h0", "w_x", "w_h", "b", "mask")))
 
@@ -391,7 +393,7 @@ def cross_entropy_examples(draw):
                    seed=draw(seeds))
 
 
-def _cross_entropy_invariants(f, ex):
+def cross_entropy_invariants(f, ex):
     assert_cross_entropy_properties(f["cross_entropy"], *(ex.get(k) for k in ("logits", "targets", "smoothing",
                                                                              "pad_id")))
 
@@ -407,159 +409,9 @@ def padding_mask_examples(draw):
     return Example((("ids", draw(padded_ids(d.B, d.S, d.V))), ("pad_id", PAD_ID)))
 
 
-def _causal_invariants(f, ex):
+def causal_invariants(f, ex):
     assert_causal_mask_properties(f["causal_mask"], ex.get("T"))
 
 
-_HINT_RESHAPE = ("reshape (B, T, D) to (B, T, H, Dh), then transpose to (B, H, T, Dh); reshaping straight "
+HINT_RESHAPE = ("reshape (B, T, D) to (B, T, H, Dh), then transpose to (B, H, T, Dh); reshaping straight "
                  "to (B, H, T, Dh) mixes positions into heads")
-
-LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
-    Layer("linear", "pair", ("linear_forward", "linear_backward"), linear_examples(), None, {
-        "forward": "out = x @ w + b over the last axis (flatten the leading axes to (N, Din) first)",
-        "dx": "dx = dout @ w.T",
-        "dw": "dw = x.T @ dout with x and dout flattened to (N, Din) and (N, Dout): summed over every leading axis",
-        "db": "db = dout summed over every axis but the last"}),
-    Layer("relu", "pair", ("relu_forward", "relu_backward"), relu_examples(), None, {
-        "forward": "out = max(x, 0)",
-        "dx": "dx = dout * (x > 0): the mask comes from the forward's input, not from dout"}),
-    Layer("dropout", "pair", ("dropout_forward", "dropout_backward"), dropout_examples(), _dropout_invariants, {
-        "forward": "keep a unit where rng.random(x.shape) >= p and scale kept units by 1/(1-p); identity when "
-                   "p == 0 or rng is None",
-        "dx": "dx = dout * mask with the forward's scaled mask, kept in the cache (never a new draw)"}),
-    Layer("embedding", "pair", ("embedding_forward", "embedding_backward"), embedding_examples(),
-          _embedding_invariants, {
-        "forward": "out = W[ids] * scale",
-        "dW": "repeated ids must accumulate (np.add.at / attn.backend.scatter_add), and the scale applies to dW too"}),
-    Layer("positional", "pair", ("positional_forward", "positional_backward"), positional_examples(),
-          _positional_invariants, {
-        "forward": "out = x + table[:T]",
-        "dx": "out = x + table[:T], so dx = dout",
-        "dtable": "dtable[:T] = dout summed over the batch axis; rows T.. are zero"}),
-    Layer("sinusoidal_table", "function", ("sinusoidal_table",), sinusoidal_examples(), _sinusoidal_invariants, {
-        "sinusoidal_table": "column 2i is sin(pos / 10000^(2i/d_model)), column 2i+1 the cos of the same angle"}),
-    Layer("softmax", "pair", ("softmax_forward", "softmax_backward"), softmax_examples(), _softmax_invariants, {
-        "forward": "subtract the row max before exp; masked logits -> the dtype's most negative finite value before "
-                   "exp, masked outputs -> 0 after",
-        "dx": "dx = y * (dy - sum(dy * y, axis=-1, keepdims=True))"}),
-    Layer("layer_norm", "pair", ("layer_norm_forward", "layer_norm_backward"), layer_norm_examples(),
-          _layer_norm_invariants, {
-        "forward": "gamma * (x - mean) / sqrt(var + eps) + beta over the last axis, biased variance",
-        "dx": "dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * gamma: the mean and the variance "
-              "both depend on every x of the row",
-        "dgamma": "dgamma = sum(dout * xhat) over every row (every axis but the last)",
-        "dbeta": "dbeta = sum(dout) over every row (every axis but the last)"}),
-    Layer("feed_forward", "pair", ("feed_forward_forward", "feed_forward_backward"), feed_forward_examples(), None, {
-        "forward": "out = relu(x @ w1 + b1) @ w2 + b2: one ReLU, between the two linear maps",
-        "dx": "backward runs the steps in reverse: linear 2, dropout, ReLU (mask from its input), linear 1",
-        "dw1": "dw1 = x.T @ dh with dh the gradient after the ReLU's mask (flatten leading axes)",
-        "dw2": "dw2 = a.T @ dout with a the ReLU's (dropped-out) output (flatten leading axes)"}),
-    Layer("residual_ffn", "pair", ("residual_ffn_forward", "residual_ffn_backward"), residual_ffn_examples(), None, {
-        "forward": "out = layer_norm(x + FFN(x)): the sub-layer's input added to its output, then the norm",
-        "dx": "z = x + FFN(x) reaches x by two paths: dx = dz + (FFN's dx of dz); without dz the skip path is gone"}),
-    Layer("attention", "pair", ("attention_forward", "attention_backward"), attention_examples(),
-          _attention_invariants, {
-        "forward": "out = softmax(q @ k.T / sqrt(d_k), mask) @ v: the mask goes into the softmax, before it "
-                   "normalises",
-        "dq": "ds = softmax_backward(dout @ v.T) * (1/sqrt(d_k)); dq = ds @ k: the scale of the scores applies "
-              "to their gradient",
-        "dk": "dk = ds.T @ q with ds already scaled by 1/sqrt(d_k)",
-        "dv": "dv = weights.T @ dout (the dropped-out weights when dropout is on)"}),
-    Layer("split_heads", "function", ("split_heads",), split_heads_examples(), _heads_invariants,
-          {"split_heads": _HINT_RESHAPE}),
-    Layer("merge_heads", "function", ("merge_heads",), merge_heads_examples(), _heads_invariants,
-          {"merge_heads": "transpose (B, H, T, Dh) to (B, T, H, Dh), then reshape to (B, T, H*Dh)"}),
-    Layer("multi_head_attention", "pair", ("multi_head_attention_forward", "multi_head_attention_backward"),
-          multi_head_attention_examples(), _mha_invariants, {
-        "forward": "project q, k, v; split_heads; attention with the mask; merge_heads; output projection. "
-                   + _HINT_RESHAPE,
-        "dx_kv": "x_kv feeds both the keys and the values: dx_kv = dx_k + dx_v",
-        "dx_q": "split the gradient into heads the same way as the forward, attention backward, merge, then "
-                "the query projection's backward"}),
-    Layer("rnn_step", "pair", ("rnn_step_forward", "rnn_step_backward"), rnn_step_examples(), None, {
-        "forward": "h = tanh(x @ w_x + h_prev @ w_h + b)",
-        "dx": "da = dh * (1 - h**2) (tanh' from its output), then dx = da @ w_x.T",
-        "dw_x": "dw_x = x.T @ da, not da.T @ x"}),
-    Layer("rnn", "pair", ("rnn_forward", "rnn_backward"), rnn_examples(), _rnn_invariants, {
-        "forward": "h_t = tanh(x_t @ w_x + h_{t-1} @ w_h + b), and h_t = h_{t-1} where the mask is False",
-        "dx": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
-              "(da_{t+1} @ w_h.T); then da_t = g_t * (1 - h_t**2) and dx_t = da_t @ w_x.T",
-        "dh0": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
-               "(da_{t+1} @ w_h.T)",
-        "dw_h": "the weights are shared by every step: dw_h = sum over t of h_{t-1}.T @ da_t"}),
-    Layer("cross_entropy", "loss", ("cross_entropy",), cross_entropy_examples(), _cross_entropy_invariants, {
-        "cross_entropy": "loss = mean over real targets of -(1-eps) log p_y - eps mean_v log p_v (log-softmax with "
-                         "the row max subtracted)",
-        "dlogits": "dlogits = (softmax(logits) - q) / n_real, q = (1-eps) onehot + eps/V, zero rows at padding"}),
-    Layer("causal_mask", "function", ("causal_mask",), causal_mask_examples(), _causal_invariants, {
-        "causal_mask": "query i sees keys 0..i, itself included: tril with the diagonal, shape (1, 1, T, T)"}),
-    Layer("padding_mask", "function", ("padding_mask",), padding_mask_examples(), None, {
-        "padding_mask": "(ids != pad_id)[:, None, None, :], shape (B, 1, 1, S)"}),
-]}
-
-
-def _library(name: str):
-    """The library's function called ``name`` (the solution)."""
-    from ..grader.library import library_function
-    return library_function(name)
-
-
-def reference(layer: str) -> tuple:
-    """The library's functions of a layer, in the order of ``LAYERS[layer].functions``."""
-    return tuple(_library(n) for n in LAYERS[layer].functions)
-
-# ----------------------------------------------------------------------------- where to look (--hint 2)
-#
-# The second level of a hint: which step or term of the layer to look at, without the
-# formula (``--hint 3`` gives that). The first level is the symptom the report shows.
-
-_WHERE = {
-    "linear": {"forward": "the affine map over the last axis, with any number of leading axes",
-               "dx": "which matrix multiplies dout, and whether it is transposed",
-               "dw": "which two arrays are multiplied, in which order, and the leading axes: every position "
-                     "contributes to dw",
-               "db": "which axes the bias gradient is summed over"},
-    "relu": {"forward": "where the output is zero", "dx": "which array decides where the gradient passes"},
-    "dropout": {"forward": "what happens to a kept unit, and when dropout is off",
-                "dx": "which mask the backward applies, and where it comes from"},
-    "embedding": {"forward": "the row lookup and the scale",
-                  "dW": "what happens when an id occurs twice, and whether the scale reaches dW"},
-    "positional": {"forward": "which rows of the table are added", "dx": "what the addition passes back to x",
-                   "dtable": "every sentence of the batch adds the same rows: what does each row receive?"},
-    "sinusoidal_table": {"sinusoidal_table": "which columns hold sines and which cosines, and the exponent of "
-                                             "10000"},
-    "softmax": {"forward": "large logits (overflow), masked logits, and a row whose keys are all masked",
-                "dx": "each output depends on every logit of its row through the normaliser"},
-    "layer_norm": {"forward": "the mean, the variance (which divisor?) and where eps goes",
-                   "dx": "the mean and the variance both depend on every x of the row: two terms besides the "
-                         "direct one",
-                   "dgamma": "which axes dgamma is summed over, and what multiplies dout",
-                   "dbeta": "which axes dbeta is summed over"},
-    "feed_forward": {"forward": "the order of the steps: linear, ReLU, (dropout), linear",
-                     "dx": "the steps in reverse order, the ReLU's mask from its own input",
-                     "dw1": "the gradient reaching the first linear map: after the ReLU's mask",
-                     "dw2": "the activation that entered the second linear map"},
-    "residual_ffn": {"forward": "what is added before the norm",
-                     "dx": "x reaches the output by two paths: the skip path and the network"},
-    "attention": {"forward": "where the mask is applied (before or after the normalisation) and the scale of "
-                             "the scores",
-                  "dq": "the scale of the scores applies to their gradient too",
-                  "dk": "the scale of the scores, and which side of the product k is on",
-                  "dv": "which weights multiplied v in the forward (after dropout)"},
-    "split_heads": {"split_heads": "the order of reshape and transpose: which columns go to which head"},
-    "merge_heads": {"merge_heads": "the inverse of split_heads: transpose back before reshaping"},
-    "multi_head_attention": {"forward": "split_heads: which columns of every position go to each head",
-                             "dx_kv": "x_kv feeds two projections", "dx_q": "the query path, through the heads"},
-    "rnn_step": {"forward": "the two products and the nonlinearity", "dx": "tanh's derivative, from its output",
-                 "dw_x": "the order of the product"},
-    "rnn": {"forward": "what a masked step does to the state",
-            "dx": "the gradient reaching h_t comes from two places: its own output and the next step",
-            "dh0": "what the first step sends back to the initial state",
-            "dw_h": "the weights are shared by every step"},
-    "cross_entropy": {"cross_entropy": "the smoothing term, padded targets, and what the mean is over",
-                      "dlogits": "the gradient of the smoothed loss, and what it is divided by"},
-    "causal_mask": {"causal_mask": "the diagonal: may a position see itself?"},
-    "padding_mask": {"padding_mask": "the shape that broadcasts over heads and queries"},
-}
-for _name, _where in _WHERE.items():
-    LAYERS[_name] = LAYERS[_name]._replace(where=_where)

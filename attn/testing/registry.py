@@ -1,0 +1,325 @@
+"""Every layer the tests and the grader know, each registered once: the names of its functions,
+where the library's own live, a hypothesis strategy of examples (hard inputs included), the
+invariants a reader states aloud, the hints at each level (the symptom a check reports, then
+``where`` to look, then the formula: ``attn-check --hint 2``, ``--hint 3``), and each
+exercise's manifest (what its starter asks for, what it gives).
+
+The tests (``tests/test_registry.py``), the grader (:mod:`attn.grader`) and the book's API
+page (``book/api/layers.md``) read :data:`LAYERS` and :data:`EXERCISES`; nothing adds to them
+later. Adding a layer: its module in :mod:`attn.layers` (and its names in the package's
+``__init__``), its :class:`Layer` here (with its examples and invariants, where no other layer
+shares them, as RMSNorm's below), a :class:`Manifest` if it has a starter of its own, the
+starter in ``lessons/exercises/``, its answer in ``tests/answers/`` and a lesson that names it.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from hypothesis import strategies as st
+
+from .. import backend as B
+from .exercises import (adam_examples, average_examples, bpe_examples, compare_arrays_by_name, compare_decoded,
+                        compare_merges, decoder_layer_examples, decoder_mask_examples, decoding_examples,
+                        encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
+                        noam_examples, transformer_examples)
+from .invariants import InvariantError, _dev, _first, _host, _out
+from .layers import (HINT_RESHAPE, Example, Layer, attention_examples, attention_invariants, causal_invariants,
+                     causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
+                     dropout_invariants, embedding_examples, embedding_invariants, feed_forward_examples,
+                     heads_invariants, layer_norm_examples, layer_norm_invariants, linear_examples,
+                     merge_heads_examples, mha_invariants, multi_head_attention_examples, padding_mask_examples,
+                     positional_examples, positional_invariants, relu_examples, residual_ffn_examples, rnn_examples,
+                     rnn_invariants, rnn_step_examples, seeds, sinusoidal_examples, sinusoidal_invariants,
+                     softmax_examples, softmax_invariants, split_heads_examples)
+from .strategies import SCALE, floats, leading_shapes, normals
+
+np = B.host
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+
+
+@st.composite
+def rmsnorm_examples(draw):
+    lead, D = draw(leading_shapes(1, 3)), draw(st.integers(1, 6 * SCALE[0]))
+    if not draw(st.booleans()):      # (hypothesis starts from False: gradient checks first)
+        eps = draw(st.sampled_from([1e-6, 1e-3, 0.1]))
+        x = draw(normals(lead + (D,), draw(st.sampled_from([1.0, 0.1, 10.0]))))
+        gradcheck = True
+    else:                            # hard: hypothesis' values, rows of zeros included
+        eps = draw(st.sampled_from([1e-6, 1e-2]))
+        x = draw(floats(lead + (D,), bound=100.0))
+        gradcheck = False
+    return Example((("x", x), ("gamma", draw(normals((D,)))), ("eps", eps)), ("x", "gamma"), gradcheck=gradcheck,
+                   seed=draw(seeds))
+
+
+def assert_rmsnorm_properties(forward, backward, x, eps: float, gamma, dout) -> None:
+    """Scaling a row leaves the output unchanged (with ``eps = 0``, rows not near zero); with
+    gamma = 1 each row's mean square is ``ms / (ms + eps)``; and, with ``backward``,
+    ``sum(dx * x) = sum(g * xhat) * eps / (ms + eps)`` with ``g = dout * gamma`` (zero without
+    eps: the scale has no gradient)."""
+    D = x.shape[-1]
+    ones = np.ones(D)
+    live = (x * x).mean(axis=-1) > 1e-100                  # rows whose mean square is a normal number
+    if live.any():
+        a, b = (_host(_out(forward(_dev(c * x[live]), _dev(ones), 0.0))) for c in (1.0, 3.0))
+        if not np.allclose(a, b, rtol=1e-10, atol=1e-12):
+            raise InvariantError("with eps = 0, scaling a row by 3 changed the output: the row's scale leaks through",
+                                 "divide each row by its own root mean square over the last axis")
+    ms = (x * x).mean(axis=-1)
+    got, want = (_host(_out(forward(_dev(x), _dev(ones), eps))) ** 2).mean(axis=-1), ms / (ms + eps)
+    if not (np.abs(got - want) <= 1e-8 + 1e-8 * want).all():
+        i = _first(~(np.abs(got - want) <= 1e-8 + 1e-8 * want))
+        raise InvariantError(f"with gamma = 1, row {i} of the output has mean square {got[i]:.10g}, expected "
+                             f"ms / (ms + eps) = {want[i]:.10g}", "the mean of x**2 over D, eps inside the square root")
+    if backward is None:                                   # the forward's checks: the backward comes later
+        return
+    _, cache = forward(_dev(x), _dev(gamma), eps)
+    dx = _host(backward(_dev(dout), cache)[0])
+    xhat = x / np.sqrt(ms + eps)[..., None]
+    lhs, rhs = (dx * x).sum(axis=-1), (dout * gamma * xhat).sum(axis=-1) * eps / (ms + eps)
+    scale = np.abs(dx * x).sum(axis=-1) + np.abs(dout * gamma * xhat).sum(axis=-1)
+    if not (np.abs(lhs - rhs) <= 1e-9 * scale + 1e-12).all():
+        i = _first(~(np.abs(lhs - rhs) <= 1e-9 * scale + 1e-12))
+        raise InvariantError(f"row {i}: sum(dx * x) is {lhs[i]:.6g}, expected sum(g * xhat) * eps / (ms + eps) = "
+                             f"{rhs[i]:.6g}: the gradient of the row's scale is wrong",
+                             "the root mean square depends on every x of the row: dx = rrms * (g - xhat * "
+                             "mean(g * xhat))")
+
+
+def rmsnorm_invariants(f, ex):
+    x = ex.get("x")
+    assert_rmsnorm_properties(f["rmsnorm_forward"], f.get("rmsnorm_backward"), x, ex.get("eps"), ex.get("gamma"),
+                              B.host_rng(ex.seed).standard_normal(x.shape))
+
+
+RMSNORM = Layer("rmsnorm", "pair", ("rmsnorm_forward", "rmsnorm_backward"), rmsnorm_examples(), rmsnorm_invariants,
+                {"forward": "out = gamma * x / sqrt(mean(x**2) + eps) over the last axis: no mean subtracted, no beta",
+                 "dx": "dx = rrms * (g - xhat * mean(g * xhat)), g = dout * gamma, rrms = 1/sqrt(mean(x**2) + eps)",
+                 "dgamma": "dgamma = sum(dout * xhat) over every row (every axis but the last)"},
+                where={"forward": "the mean square (over which axis?) and where eps goes",
+                       "dx": "the root mean square depends on every x of the row: one term besides the direct one",
+                       "dgamma": "which axes dgamma is summed over, and what multiplies dout"})
+
+
+LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
+    Layer("linear", "pair", ("linear_forward", "linear_backward"), linear_examples(), None, {
+        "forward": "out = x @ w + b over the last axis (flatten the leading axes to (N, Din) first)",
+        "dx": "dx = dout @ w.T",
+        "dw": "dw = x.T @ dout with x and dout flattened to (N, Din) and (N, Dout): summed over every leading axis",
+        "db": "db = dout summed over every axis but the last"},
+          where={"forward": "the affine map over the last axis, with any number of leading axes",
+                 "dx": "which matrix multiplies dout, and whether it is transposed",
+                 "dw": "which two arrays are multiplied, in which order, and the leading axes: every position "
+                      "contributes to dw",
+                 "db": "which axes the bias gradient is summed over"}),
+    Layer("relu", "pair", ("relu_forward", "relu_backward"), relu_examples(), None, {
+        "forward": "out = max(x, 0)",
+        "dx": "dx = dout * (x > 0): the mask comes from the forward's input, not from dout"},
+          where={"forward": "where the output is zero",
+                 "dx": "which array decides where the gradient passes"}),
+    Layer("dropout", "pair", ("dropout_forward", "dropout_backward"), dropout_examples(), dropout_invariants, {
+        "forward": "keep a unit where rng.random(x.shape) >= p and scale kept units by 1/(1-p); identity when "
+                   "p == 0 or rng is None",
+        "dx": "dx = dout * mask with the forward's scaled mask, kept in the cache (never a new draw)"},
+          where={"forward": "what happens to a kept unit, and when dropout is off",
+                 "dx": "which mask the backward applies, and where it comes from"}),
+    Layer("embedding", "pair", ("embedding_forward", "embedding_backward"), embedding_examples(),
+          embedding_invariants, {
+        "forward": "out = W[ids] * scale",
+        "dW": "repeated ids must accumulate (np.add.at / attn.backend.scatter_add), and the scale applies to dW too"},
+          where={"forward": "the row lookup and the scale",
+                 "dW": "what happens when an id occurs twice, and whether the scale reaches dW"}),
+    Layer("positional", "pair", ("positional_forward", "positional_backward"), positional_examples(),
+          positional_invariants, {
+        "forward": "out = x + table[:T]",
+        "dx": "out = x + table[:T], so dx = dout",
+        "dtable": "dtable[:T] = dout summed over the batch axis; rows T.. are zero"},
+          where={"forward": "which rows of the table are added",
+                 "dx": "what the addition passes back to x",
+                 "dtable": "every sentence of the batch adds the same rows: what does each row receive?"}),
+    Layer("sinusoidal_table", "function", ("sinusoidal_table",), sinusoidal_examples(), sinusoidal_invariants, {
+        "sinusoidal_table": "column 2i is sin(pos / 10000^(2i/d_model)), column 2i+1 the cos of the same angle"},
+          where={"sinusoidal_table": "which columns hold sines and which cosines, and the exponent of 10000"}),
+    Layer("softmax", "pair", ("softmax_forward", "softmax_backward"), softmax_examples(), softmax_invariants, {
+        "forward": "subtract the row max before exp; masked logits -> the dtype's most negative finite value before "
+                   "exp, masked outputs -> 0 after",
+        "dx": "dx = y * (dy - sum(dy * y, axis=-1, keepdims=True))"},
+          where={"forward": "large logits (overflow), masked logits, and a row whose keys are all masked",
+                 "dx": "each output depends on every logit of its row through the normaliser"}),
+    Layer("layer_norm", "pair", ("layer_norm_forward", "layer_norm_backward"), layer_norm_examples(),
+          layer_norm_invariants, {
+        "forward": "gamma * (x - mean) / sqrt(var + eps) + beta over the last axis, biased variance",
+        "dx": "dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * gamma: the mean and the variance "
+              "both depend on every x of the row",
+        "dgamma": "dgamma = sum(dout * xhat) over every row (every axis but the last)",
+        "dbeta": "dbeta = sum(dout) over every row (every axis but the last)"},
+          where={"forward": "the mean, the variance (which divisor?) and where eps goes",
+                 "dx": "the mean and the variance both depend on every x of the row: two terms besides the direct one",
+                 "dgamma": "which axes dgamma is summed over, and what multiplies dout",
+                 "dbeta": "which axes dbeta is summed over"}),
+    Layer("feed_forward", "pair", ("feed_forward_forward", "feed_forward_backward"), feed_forward_examples(), None, {
+        "forward": "out = relu(x @ w1 + b1) @ w2 + b2: one ReLU, between the two linear maps",
+        "dx": "backward runs the steps in reverse: linear 2, dropout, ReLU (mask from its input), linear 1",
+        "dw1": "dw1 = x.T @ dh with dh the gradient after the ReLU's mask (flatten leading axes)",
+        "dw2": "dw2 = a.T @ dout with a the ReLU's (dropped-out) output (flatten leading axes)"},
+          where={"forward": "the order of the steps: linear, ReLU, (dropout), linear",
+                 "dx": "the steps in reverse order, the ReLU's mask from its own input",
+                 "dw1": "the gradient reaching the first linear map: after the ReLU's mask",
+                 "dw2": "the activation that entered the second linear map"}),
+    Layer("residual_ffn", "pair", ("residual_ffn_forward", "residual_ffn_backward"), residual_ffn_examples(), None, {
+        "forward": "out = layer_norm(x + FFN(x)): the sub-layer's input added to its output, then the norm",
+        "dx": "z = x + FFN(x) reaches x by two paths: dx = dz + (FFN's dx of dz); without dz the skip path is gone"},
+          where={"forward": "what is added before the norm",
+                 "dx": "x reaches the output by two paths: the skip path and the network"}),
+    Layer("attention", "pair", ("attention_forward", "attention_backward"), attention_examples(),
+          attention_invariants, {
+        "forward": "out = softmax(q @ k.T / sqrt(d_k), mask) @ v: the mask goes into the softmax, before it "
+                   "normalises",
+        "dq": "ds = softmax_backward(dout @ v.T) * (1/sqrt(d_k)); dq = ds @ k: the scale of the scores applies "
+              "to their gradient",
+        "dk": "dk = ds.T @ q with ds already scaled by 1/sqrt(d_k)",
+        "dv": "dv = weights.T @ dout (the dropped-out weights when dropout is on)"},
+          where={"forward": "where the mask is applied (before or after the normalisation) and the scale of the scores",
+                 "dq": "the scale of the scores applies to their gradient too",
+                 "dk": "the scale of the scores, and which side of the product k is on",
+                 "dv": "which weights multiplied v in the forward (after dropout)"}),
+    Layer("split_heads", "function", ("split_heads",), split_heads_examples(), heads_invariants,
+          {"split_heads": HINT_RESHAPE},
+          where={"split_heads": "the order of reshape and transpose: which columns go to which head"}),
+    Layer("merge_heads", "function", ("merge_heads",), merge_heads_examples(), heads_invariants,
+          {"merge_heads": "transpose (B, H, T, Dh) to (B, T, H, Dh), then reshape to (B, T, H*Dh)"},
+          where={"merge_heads": "the inverse of split_heads: transpose back before reshaping"}),
+    Layer("multi_head_attention", "pair", ("multi_head_attention_forward", "multi_head_attention_backward"),
+          multi_head_attention_examples(), mha_invariants, {
+        "forward": "project q, k, v; split_heads; attention with the mask; merge_heads; output projection. "
+                   + HINT_RESHAPE,
+        "dx_kv": "x_kv feeds both the keys and the values: dx_kv = dx_k + dx_v",
+        "dx_q": "split the gradient into heads the same way as the forward, attention backward, merge, then "
+                "the query projection's backward"},
+          where={"forward": "split_heads: which columns of every position go to each head",
+                 "dx_kv": "x_kv feeds two projections",
+                 "dx_q": "the query path, through the heads"}),
+    Layer("rnn_step", "pair", ("rnn_step_forward", "rnn_step_backward"), rnn_step_examples(), None, {
+        "forward": "h = tanh(x @ w_x + h_prev @ w_h + b)",
+        "dx": "da = dh * (1 - h**2) (tanh' from its output), then dx = da @ w_x.T",
+        "dw_x": "dw_x = x.T @ da, not da.T @ x"},
+          where={"forward": "the two products and the nonlinearity",
+                 "dx": "tanh's derivative, from its output",
+                 "dw_x": "the order of the product"}),
+    Layer("rnn", "pair", ("rnn_forward", "rnn_backward"), rnn_examples(), rnn_invariants, {
+        "forward": "h_t = tanh(x_t @ w_x + h_{t-1} @ w_h + b), and h_t = h_{t-1} where the mask is False",
+        "dx": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
+              "(da_{t+1} @ w_h.T); then da_t = g_t * (1 - h_t**2) and dx_t = da_t @ w_x.T",
+        "dh0": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
+               "(da_{t+1} @ w_h.T)",
+        "dw_h": "the weights are shared by every step: dw_h = sum over t of h_{t-1}.T @ da_t"},
+          where={"forward": "what a masked step does to the state",
+                 "dx": "the gradient reaching h_t comes from two places: its own output and the next step",
+                 "dh0": "what the first step sends back to the initial state",
+                 "dw_h": "the weights are shared by every step"}),
+    Layer("cross_entropy", "loss", ("cross_entropy",), cross_entropy_examples(), cross_entropy_invariants, {
+        "cross_entropy": "loss = mean over real targets of -(1-eps) log p_y - eps mean_v log p_v (log-softmax with "
+                         "the row max subtracted)",
+        "dlogits": "dlogits = (softmax(logits) - q) / n_real, q = (1-eps) onehot + eps/V, zero rows at padding"},
+          where={"cross_entropy": "the smoothing term, padded targets, and what the mean is over",
+                 "dlogits": "the gradient of the smoothed loss, and what it is divided by"}, library="attn.loss"),
+    Layer("causal_mask", "function", ("causal_mask",), causal_mask_examples(), causal_invariants, {
+        "causal_mask": "query i sees keys 0..i, itself included: tril with the diagonal, shape (1, 1, T, T)"},
+          where={"causal_mask": "the diagonal: may a position see itself?"}, library="attn.masks"),
+    Layer("padding_mask", "function", ("padding_mask",), padding_mask_examples(), None, {
+        "padding_mask": "(ids != pad_id)[:, None, None, :], shape (B, 1, 1, S)"},
+          where={"padding_mask": "the shape that broadcasts over heads and queries"}, library="attn.masks"),
+    Layer("luong_attention", "pair", ("luong_attention_forward", "luong_attention_backward"), luong_examples(),
+          luong_invariants, {
+              "forward": "out = tanh([a @ e ; s] @ w_c + b_c), a = softmax(s @ e^T) with the source mask",
+              "ds": "s is used twice (the query of the scores, and half of the concatenation): ds is the sum of both",
+              "de": "e is used twice (the keys of the scores, and the values of the context): de is the sum"},
+          {"forward": "the scores (which product), the mask, and the order of [context ; state]",
+           "ds": "every place s is used", "de": "every place e is used", "dw_c": "the concatenation it multiplied"}, library="attn.grader.solutions"),
+    Layer("decoder_mask", "function", ("decoder_mask",), decoder_mask_examples(), None, {
+        "decoder_mask": "causal_mask(T) & padding_mask(tgt_ids): (B, 1, T, T)"},
+        {"decoder_mask": "both masks at once: the future and the padded keys"}, library="attn.masks"),
+    Layer("encoder_layer", "pair", ("encoder_layer_forward", "encoder_layer_backward"), encoder_layer_examples(),
+          None, {"forward": "h = LayerNorm1(x + SelfAttn(x, x, mask)); out = LayerNorm2(h + FFN(h))",
+                 "dx": "each Add & Norm: dz from the norm, then dz + (sub-layer backward of dz)"},
+          {"forward": "the residual additions and the order of the two sub-layers",
+           "dx": "each sub-layer's input reaches its output by two paths: the residual and the sub-layer"}, library="attn.grader.solutions"),
+    Layer("decoder_layer", "pair", ("decoder_layer_forward", "decoder_layer_backward"), decoder_layer_examples(),
+          None, {"forward": "masked self-attention, cross-attention (queries from x, keys and values from memory, "
+                            "src_mask), FFN, each as LayerNorm(x + sublayer(x))",
+                 "dmemory": "memory gives the cross-attention its keys and its values: dmemory = dx_kv"},
+          {"forward": "which mask each attention uses, and where the queries, keys and values come from",
+           "dx": "the three residual paths", "dmemory": "the cross-attention's keys and values"}, library="attn.grader.solutions"),
+    Layer("transformer", "pair", ("transformer_forward", "transformer_backward"), transformer_examples(), None, {
+        "forward": "logits = decoder(embed(tgt_in), encoder(embed(src))) @ E^T with E = embedding.weight, the "
+                   "embeddings scaled by sqrt(d_model) plus the sinusoids",
+        "dembedding.weight": "dE = (source embedding's dW) + (target embedding's dW) + dlogits^T @ h"},
+        {"forward": "the scale of the embeddings, the positions, the masks (padding, look-ahead), the shared "
+                    "output projection",
+         "dembedding.weight": "embedding.weight is used three times: every use sends back a gradient"},
+        explain=explain_tied_embedding, library="attn.grader.solutions"),
+    Layer("noam_lr", "function", ("noam_lr",), noam_examples(), None, {
+        "noam_lr": "factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)"},
+        {"noam_lr": "the two branches of the min, and the 1-based step"}, library="attn.optim"),
+    Layer("adam", "steps", ("adam_step",), adam_examples(), None, {
+        "adam_step": "m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) "
+                     "+ eps)"},
+        {"adam_step": "the bias correction of both moments, and where eps goes"}, library="attn.grader.solutions"),
+    Layer("greedy_decode", "function", ("greedy_decode",), decoding_examples(False), None, {
+        "greedy_decode": "encode, then from BOS: the most probable token at every step (PAD and BOS never), until "
+                         "EOS or max_len; the score sums the chosen tokens' log-probabilities, EOS included"},
+        {"greedy_decode": "the stopping rule, and the tokens banned from generation"}, compare=compare_decoded, library="attn.grader.solutions"),
+    Layer("beam_search", "function", ("beam_search",), decoding_examples(True), None, {
+        "beam_search": "keep the K best unfinished beams by summed log-probability; a beam that ends in EOS is "
+                       "finished with score logP / ((5 + len) / 6)^alpha; stop when no live beam can beat the "
+                       "best finished one (or at max_len)"},
+        {"beam_search": "when a sentence's search may stop: a finished hypothesis is not the end while a live "
+                        "beam could still beat it"}, compare=compare_decoded, library="attn.grader.solutions"),
+    Layer("average_checkpoints", "function", ("average_checkpoints",), average_examples(), None, {
+        "average_checkpoints": "mean over the checkpoints of each parameter, summed in float64, cast back"},
+        {"average_checkpoints": "the precision of the sum and the dtype of the result"},
+        compare=compare_arrays_by_name, library="attn.grader.solutions"),
+    Layer("bpe", "function", ("learn_merges",), bpe_examples(), None, {
+        "learn_merges": "count adjacent pairs over all words, times each word's count; merge the most frequent "
+                        "(ties: the alphabetically first pair) everywhere; repeat"},
+        {"learn_merges": "the tie-break, the counts weighted by word frequency, and when to stop"},
+        compare=compare_merges, library="attn.grader.solutions"),
+    RMSNORM,
+]}
+
+
+class Manifest(NamedTuple):
+    """One exercise: the functions its starter asks for, in its order, the library modules
+    its file may import (what it gives; the names it asks for withheld from them), and the
+    forwards it gives (used, not graded, with the learner's backward)."""
+    name: str
+    asks: tuple
+    gives: tuple = ()
+    given_forwards: tuple = ()
+
+
+EXERCISES = {m.name: m for m in (
+    Manifest("01_seq2seq", ("linear_forward", "linear_backward", "embedding_forward", "embedding_backward",
+                            "rnn_step_forward", "rnn_step_backward", "rnn_forward", "rnn_backward")),
+    Manifest("03_positional_encoding", ("sinusoidal_table", "positional_forward", "positional_backward")),
+    Manifest("04_attention", ("softmax_forward", "softmax_backward", "attention_forward", "attention_backward")),
+    Manifest("05_masks", ("padding_mask", "causal_mask", "decoder_mask")),
+    Manifest("06_multi_head_attention", ("split_heads", "merge_heads", "multi_head_attention_forward",
+                                         "multi_head_attention_backward"), ("attn.layers",)),
+    Manifest("07_feed_forward_layer_norm", ("relu_forward", "relu_backward", "feed_forward_forward",
+                                            "feed_forward_backward", "layer_norm_forward", "layer_norm_backward",
+                                            "residual_ffn_forward", "residual_ffn_backward"), ("attn.layers",)),
+    Manifest("08_backprop_by_hand", ("softmax_backward", "layer_norm_backward", "attention_backward"),
+             ("attn.layers",), ("softmax_forward", "layer_norm_forward", "attention_forward")),
+    Manifest("11_training_recipe", ("cross_entropy", "noam_lr", "adam_step")),
+    Manifest("12_dropout", ("dropout_forward", "dropout_backward")),
+    Manifest("bpe", ("learn_merges",), ("attn.bpe",)),
+    Manifest("decoding", ("greedy_decode", "beam_search", "average_checkpoints"), ("attn.masks", "attn.model")),
+    Manifest("rmsnorm", ("rmsnorm_forward", "rmsnorm_backward")),
+    Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
+    Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
+                                 "decoder_layer_backward", "transformer_forward", "transformer_backward"),
+             ("attn.layers", "attn.masks")),
+)}
