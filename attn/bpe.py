@@ -49,6 +49,12 @@ from each pair to the words containing it says which. Their old pairs are
 subtracted, their new pairs added, and a heap (with stale entries skipped when
 popped) finds the next most frequent pair. ``python -m attn.bench.vocab --tsv FILE``
 times it.
+
+**Long words.** A merge revisits every word that holds its pair, so one word of n characters
+costs time in n² (a 1 MB word: minutes). No sentence a model trains on holds such a word whole,
+so learning sees every word cut to its first :data:`MAX_WORD_CHARS` characters, and a longer
+word is segmented in pieces of that many characters (no learned symbol is longer): time
+linear in the input.
 """
 from __future__ import annotations
 
@@ -59,6 +65,9 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 
 from .text import GLUE, detokenize, normalize, split_glue, tokenize
 
+#: The longest word learning sees (longer ones are cut to this many characters) and the longest stretch
+#: of a word segmented at once: no learned symbol is longer.
+MAX_WORD_CHARS = 100
 #: The byte tokens, after a space and glued: a character the merges have no symbol for is spelled with these.
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256)) + tuple(f"{GLUE}<0x{b:02X}>" for b in range(256))
 
@@ -75,6 +84,16 @@ def symbols_of(token: str) -> list[str]:
     if not body:
         raise ValueError(f"a word token has at least one character, got {token!r}")
     return [(GLUE if glued else "") + body[0]] + [GLUE + ch for ch in body[1:]]
+
+
+def cut_word(token: str, n: int = MAX_WORD_CHARS) -> str:
+    """A word token cut to its first ``n`` characters (its glue mark kept), as learning sees it.
+
+    >>> cut_word("##" + "a" * 300)[:5], len(split_glue(cut_word("##" + "a" * 300))[0])
+    ('##aaa', 100)
+    """
+    body, glued = split_glue(token)
+    return token if len(body) <= n else (GLUE if glued else "") + body[:n]
 
 
 def merge_symbols(a: str, b: str) -> str:
@@ -116,7 +135,8 @@ def learn_merges(token_counts: Mapping[str, int], num_merges: int | None = None,
 
     Notes
     -----
-    Each merge visits only the words that contain the merged pair (``where``):
+    A token longer than :data:`MAX_WORD_CHARS` characters is counted as its first that many
+    (:func:`cut_word`). Each merge visits only the words that contain the merged pair (``where``):
     their old pair counts are subtracted and their new ones added. The most frequent
     pair comes off a heap of ``(-count, pair)`` entries; an entry whose count is no
     longer current is skipped (the current count was pushed when it changed). Ties
@@ -126,12 +146,12 @@ def learn_merges(token_counts: Mapping[str, int], num_merges: int | None = None,
         raise ValueError("learn_merges: give num_merges or max_symbols")
     if num_merges is not None and num_merges < 0:
         raise ValueError(f"learn_merges: num_merges must be at least 0, got {num_merges}")
-    words: list[list[str]] = []
-    freqs: list[int] = []
+    cut: Counter = Counter()
     for token, count in token_counts.items():
         if count > 0:
-            words.append(symbols_of(token))
-            freqs.append(int(count))
+            cut[cut_word(token)] += int(count)
+    words = [symbols_of(token) for token in cut]
+    freqs = list(cut.values())
     alphabet = sorted({s for w in words for s in w})
     known = set(alphabet)
 
@@ -238,11 +258,16 @@ class BPE:
 
         Each time, the pair with the earliest merge is merged everywhere in the word;
         a merge's new symbol only takes part in later merges, so this gives what
-        learning gave. A character outside the alphabet becomes byte tokens.
+        learning gave. A character outside the alphabet becomes byte tokens. A word of more
+        than :data:`MAX_WORD_CHARS` characters is segmented that many characters at a time.
         """
         cached = self._cache.get(token)
         if cached is not None:
             return cached
+        body, glued = split_glue(token)
+        if len(body) > MAX_WORD_CHARS:
+            return [piece for i in range(0, len(body), MAX_WORD_CHARS)
+                    for piece in self.segment((GLUE if glued or i else "") + body[i:i + MAX_WORD_CHARS])]
         symbols = symbols_of(token)
         while len(symbols) > 1:
             rank, pair = min(((self.ranks.get(p, len(self.ranks)), p) for p in zip(symbols, symbols[1:])))

@@ -7,10 +7,12 @@ over the old one: a crash or Ctrl-C mid-write leaves the previous file intact,
 and a temporary file that a hard kill leaves behind (``.NAME.*.tmp``) is removed
 by :func:`remove_stale_temporaries` when the next run starts.
 
-Reading trusts nothing in the file: every array's header is checked against the
-bytes the archive really holds before anything is allocated, so a damaged or
-hostile file is a one-line :class:`CheckpointError`, never a traceback or a
-request for terabytes.
+Reading trusts nothing in the file: the members' names and the sizes the archive
+declares are checked before anything is decompressed (against a total budget,
+and, where the reader says what it expects, against the names and bytes its
+config implies), and every array's header against the bytes the member really
+holds before anything is allocated, so a damaged or hostile file is a one-line
+:class:`CheckpointError`, never a traceback or a request for terabytes.
 """
 from __future__ import annotations
 
@@ -32,6 +34,16 @@ class CheckpointError(ValueError):
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 #: A deflated member expands to at most about this many times its size (deflate's limit is 1032).
 MAX_DEFLATE_RATIO = 1100
+#: The most bytes the arrays of one archive may expand to, all members together, unless the reader
+#: says otherwise (:func:`load_npz`'s ``max_bytes``): the paper's big model with Adam's moments in
+#: float64 is under 6 GiB.
+MAX_NPZ_BYTES = 16 * 2**30
+#: The most bytes the ``__meta__`` record (config, vocabulary, evaluations) may have.
+MAX_META_BYTES = 256 * 2**20
+
+
+class _Refused(Exception):
+    """What a member of an archive may not be, in words (reported as the file's problem)."""
 
 
 def file_mode() -> int:
@@ -100,22 +112,46 @@ def _what_it_is(head: bytes) -> str:
     return f"it looks like text (it starts with {text[:16]!r})"
 
 
+def _check_members(infos: list, max_bytes: int) -> None:
+    """The archive's members as the central directory declares them, before any is decompressed:
+    one ``.npy`` array each under a name of its own, a method attn reads, a size its compressed
+    bytes can hold, ``__meta__`` at most :data:`MAX_META_BYTES`, all together at most ``max_bytes``."""
+    names = [i.filename for i in infos]
+    bad = [n for n in names if not n.endswith(".npy")] or sorted({n for n in names if names.count(n) > 1})
+    if bad:
+        raise ValueError(f"member {bad[0]!r} is not one array")
+    for info in infos:
+        name = info.filename
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ValueError(f"member {name} is compressed with method {info.compress_type}, which attn does not read")
+        if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size \
+                or info.file_size > MAX_DEFLATE_RATIO * info.compress_size + 1024:
+            raise ValueError(f"member {name} claims {info.file_size:,} bytes but stores {info.compress_size:,}")
+        if name == "__meta__.npy" and info.file_size > MAX_META_BYTES:
+            raise _Refused(f"member {name} claims {info.file_size:,} bytes, more than the "
+                           f"{MAX_META_BYTES:,} a record of settings may have")
+    total = sum(i.file_size for i in infos)
+    if total > max_bytes:
+        raise _Refused(f"its arrays claim {total:,} bytes, more than the {max_bytes:,} this reader allows")
+
+
 def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo):
     """One array of the archive, its header checked against the bytes the member holds."""
     np = B.host
     fmt = np.lib.format
     name = info.filename
-    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise ValueError(f"member {name} is compressed with method {info.compress_type}, which attn does not read")
-    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size \
-            or info.file_size > MAX_DEFLATE_RATIO * info.compress_size + 1024:
-        raise ValueError(f"member {name} claims {info.file_size} bytes but stores {info.compress_size}")
     with zf.open(info) as f:
         version = fmt.read_magic(f)
         if version not in ((1, 0), (2, 0)):
             raise ValueError(f"member {name} is an .npy file of version {version}, which attn does not read")
         read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-        shape, fortran_order, dtype = read_header(f)
+        try:
+            shape, fortran_order, dtype = read_header(f)
+        except ValueError as e:         # NumPy's words would suggest allow_pickle=True
+            if "max_header_size" not in str(e):
+                raise
+            raise ValueError(f"member {name} has an .npy header over 10,000 bytes, "
+                             "more than an array's needs") from None
         if dtype.hasobject:
             raise ValueError(f"member {name} holds pickled Python objects, which attn never loads "
                              "(unpickling an untrusted file can run any code)")
@@ -131,11 +167,28 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo):
     return a.reshape(shape[::-1]).T if fortran_order else a.reshape(shape)
 
 
-def load_npz(path) -> tuple[dict, dict]:
+def _parse_meta(path: Path, meta) -> dict:
+    try:
+        if meta.shape != () or meta.dtype.kind != "U":
+            raise ValueError(f"it is a {meta.dtype} array of shape {meta.shape}, not one string")
+        meta = json.loads(str(meta))
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path} has an unreadable __meta__ record ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"checkpoint {path} has a __meta__ record that is not a JSON object: {meta!r:.80}")
+    return meta
+
+
+def load_npz(path, expect=None, max_bytes: int = MAX_NPZ_BYTES) -> tuple[dict, dict]:
     """Read a file written by :func:`save_npz`. Returns (arrays on the host, meta).
 
-    Raises CheckpointError naming the file if it is missing, truncated or corrupt. Memory is
-    bounded by the file's size: no header can ask for more than the file holds.
+    Raises CheckpointError naming the file if it is missing, truncated, corrupt or larger than
+    allowed. Memory is bounded by the file's size and by ``max_bytes``, the most its arrays may
+    expand to all together, checked before anything is decompressed. ``expect(meta, sizes)``, if
+    given, says what the reader takes once the ``__meta__`` record (read first) and the sizes the
+    other members declare (``{name: bytes}``, names without ``.npy``) are known: a dict from those
+    names to True (read) or False (left unread); it raises CheckpointError for what it refuses,
+    and a member it leaves out is refused too.
     """
     path = Path(path)
     if path.is_dir():
@@ -154,26 +207,27 @@ def load_npz(path) -> tuple[dict, dict]:
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-            names = [i.filename for i in infos]
-            bad = [n for n in names if not n.endswith(".npy")] or sorted({n for n in names if names.count(n) > 1})
-            if bad:
-                raise ValueError(f"member {bad[0]!r} is not one array")
-            arrays = {i.filename[:-len(".npy")]: _read_member(zf, i) for i in infos}
-    except MemoryError:
+            _check_members(infos, max_bytes)
+            members = {i.filename[:-len(".npy")]: i for i in infos}
+            if "__meta__" not in members:
+                raise CheckpointError(f"checkpoint {path} has no __meta__ record: not written by attn")
+            meta = _parse_meta(path, _read_member(zf, members.pop("__meta__")))
+            try:
+                wanted = ({name: True for name in members} if expect is None else
+                          expect(meta, {name: info.file_size for name, info in members.items()}))
+            except CheckpointError as e:
+                raise CheckpointError(f"checkpoint {path}: {e}") from None
+            unknown = sorted(set(members) - set(wanted))
+            if unknown:
+                raise _Refused(f"member {unknown[0]!r} is not one this reader takes"
+                               + (f" (nor are {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+            arrays = {name: _read_member(zf, info) for name, info in members.items() if wanted[name]}
+    except (MemoryError, CheckpointError):
         raise
+    except _Refused as e:
+        raise CheckpointError(f"checkpoint {path}: {e}") from None
     except Exception as e:
         # A damaged zip raises BadZipFile, EOFError or ValueError, but also NotImplementedError
         # (a flipped compression field), RuntimeError (a flipped "encrypted" flag) or zlib.error.
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({type(e).__name__}: {e})") from None
-    if "__meta__" not in arrays:
-        raise CheckpointError(f"checkpoint {path} has no __meta__ record: not written by attn")
-    meta = arrays.pop("__meta__")
-    try:
-        if meta.shape != () or meta.dtype.kind != "U":
-            raise ValueError(f"it is a {meta.dtype} array of shape {meta.shape}, not one string")
-        meta = json.loads(str(meta))
-    except ValueError as e:
-        raise CheckpointError(f"checkpoint {path} has an unreadable __meta__ record ({e})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"checkpoint {path} has a __meta__ record that is not a JSON object: {meta!r:.80}")
     return arrays, meta

@@ -14,7 +14,7 @@ that the text stays legible at the book's column width (attn.plot.COLUMN_PX).
 from __future__ import annotations
 
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
 
 COLORS = {"attention": "#fbe3c4", "ffn": "#d4ecf7", "norm": "#f6f3b7", "embed": "#f3d3dc",
           "linear": "#e2e2f4", "softmax": "#d9f0d3", "plain": "#f2f2f2", "mask": "#e8e8e8"}
@@ -74,13 +74,17 @@ def architecture(parameter_names, n_encoder_layers: int, n_decoder_layers: int, 
         side = "inputs (source ids)" if stack == "encoder" else "outputs, shifted right\n(<s> + target ids)"
         ax.text(x, 0.0, side, ha="center", va="center", fontsize=10)
         _box(ax, x, 0.9, 2.6, h, f"Embedding x √{d_model}", "embed")
-        ax.text(x + 1.55 if stack == "decoder" else x - 1.55, 1.75, "+ positional\nencoding",
-                ha="left" if stack == "decoder" else "right", va="center", fontsize=9)
-        ax.add_patch(FancyBboxPatch((x - 0.07, 1.68), 0.14, 0.14, boxstyle="circle,pad=0.02", fc="white",
-                                    ec="#333333"))
+        # the positional encoding enters the sum below the stack, from the outside, as in the paper
+        out = 1 if stack == "decoder" else -1
+        ax.add_patch(Circle((x, 1.65), 0.13, fc="white", ec="#333333", lw=1.1))
+        ax.plot([x - 0.08, x + 0.08], [1.65, 1.65], color="#333333", lw=1.1)
+        ax.plot([x, x], [1.57, 1.73], color="#333333", lw=1.1)
+        _arrow(ax, (x + out * 0.95, 1.65), (x + out * 0.14, 1.65))
+        ax.text(x + out * 1.02, 1.65, "Positional\nencoding", ha="left" if out > 0 else "right", va="center",
+                fontsize=9)
         _arrow(ax, (x, 0.3), (x, 0.9 - h / 2))
-        _arrow(ax, (x, 0.9 + h / 2), (x, 1.66))
-        y, y_in, ys = 2.45, 1.84, {}
+        _arrow(ax, (x, 0.9 + h / 2), (x, 1.52))
+        y, y_in, ys = 2.45, 1.78, {}
         frame_lo = y - 0.35
         for name in sub:
             if name.startswith("norm"):
@@ -92,15 +96,18 @@ def architecture(parameter_names, n_encoder_layers: int, n_decoder_layers: int, 
             _arrow(ax, (x, y + 0.3 + (h + 0.08) / 2), (x, y + 0.95 - 0.18))
             # the residual path: around the sub-layer, into Add & Norm
             rx = x - 1.55 if stack == "encoder" else x + 1.55
-            ax.plot([x, rx, rx], [y_in + 0.12, y_in + 0.12, y + 0.95], color="#555555", lw=1.0)
+            branch = max(y_in + 0.12, frame_lo + 0.12)          # inside the stack's frame
+            ax.plot([x, rx, rx], [branch, branch, y + 0.95], color="#555555", lw=1.0)
             _arrow(ax, (rx, y + 0.95), (x - 1.3 if stack == "encoder" else x + 1.3, y + 0.95), color="#555555")
             ys[name] = y + 0.3
             y_in = y + 0.95 + 0.18
             y += 1.3
         ax.add_patch(FancyBboxPatch((x - 1.85, frame_lo), 3.7, y - frame_lo - 0.2,
                                     boxstyle="round,pad=0.05,rounding_size=0.2", fc="none", ec="#777777", lw=1.2))
-        ax.text(x + 2.0 if stack == "decoder" else x - 2.0, (frame_lo + y) / 2, f"x {n}", fontsize=13,
-                ha="left" if stack == "decoder" else "right", va="center", weight="bold")
+        ax.text(x + out * 2.0, (frame_lo + y) / 2 + 0.25, f"x {n}", fontsize=13,
+                ha="left" if out > 0 else "right", va="center", weight="bold")
+        ax.text(x + out * 2.0, (frame_lo + y) / 2 - 0.3, stack.capitalize(), fontsize=11,
+                ha="left" if out > 0 else "right", va="center", weight="bold")
         stacks[stack] = (x, y_in, ys)
     ex, ey, _ = stacks["encoder"]
     dx, dy, dys = stacks["decoder"]
@@ -116,13 +123,13 @@ def architecture(parameter_names, n_encoder_layers: int, n_decoder_layers: int, 
     _arrow(ax, (dx, dy + 1.0), (dx, dy + 1.25))
     _arrow(ax, (dx, dy + 1.75), (dx, dy + 2.15))
     ax.text(dx, dy + 2.35, "output probabilities", ha="center", va="center", fontsize=10)
-    ax.text(ex, ey + 1.4, f"Encoder\nd_model {d_model}, {n_heads} heads", ha="center", va="center", fontsize=10)
+    ax.text(ex, ey + 1.4, f"d_model {d_model}, {n_heads} heads,\nd_ff {d_ff}", ha="center", va="center", fontsize=10)
     fig.attn_alt = (f"The Transformer (the paper's Figure 1) as this model builds it: an encoder of {n_encoder_layers} "
                     f"layers ({', '.join(s for s in enc if not s.startswith('norm'))}, each followed by Add & Norm "
                     f"around a residual path) and a decoder of {n_decoder_layers} layers "
                     f"({', '.join(s for s in dec if not s.startswith('norm'))}, likewise); the encoder's output, "
-                    "the memory, feeds every cross-attention; embeddings plus positional encoding below, the "
-                    "output projection and softmax above.")
+                    "the memory, feeds every cross-attention; below each stack the positional encoding is added "
+                    "to the embeddings, the output projection and softmax above.")
     return fig
 
 

@@ -16,27 +16,30 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from typing import NamedTuple
 
 from . import backend as B
 from .data import EOS, PAD, detokenize
 from .decode import beam_search, greedy_decode
-from .text import split_glue
 
 #: The most tokens one source sentence may have (the end-of-sentence mark included) by default.
 #: Attention's memory and time grow with the square of the length: on the CPU the toy model
 #: translates a sentence of this length in about a second and a few hundred MB (benchmarks/RESULTS.md,
-#: "Bounded input"), where 10,000 words need over 9 GB. Longer input is cut at its sentence
-#: boundaries (:func:`split_sentences`); a single sentence over the limit is an :class:`InputTooLong`.
+#: "Bounded input"), where 10,000 words need over 9 GB. A model is never asked for more positions
+#: than it was trained on either (its ``max_len``): input is cut at its sentence ends
+#: (:func:`split_sentences`), and a single sentence over the limit is an :class:`InputTooLong`.
 MAX_SOURCE_TOKENS = 512
-#: What ends a sentence, for cutting long input into pieces the limit allows.
-SENTENCE_ENDS = frozenset(".!?…。！？")
+#: The largest limit a user may set (``--max-length``): attention over this many positions already
+#: takes gigabytes.
+MAX_SOURCE_TOKENS_LIMIT = 4096
+#: What ends a sentence (when a space follows), for cutting text into the sentences the model was trained on.
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")
 
 
 class InputTooLong(ValueError):
-    """A source sentence is longer than the translation's limit and has no sentence boundary to
-    cut it at; the message names the sentence, its length and the limit."""
+    """A source sentence is longer than the translation's limit; the message names the line, the
+    sentence within it, its length and the limit."""
 
 
 class Translation(NamedTuple):
@@ -105,6 +108,30 @@ def corpus_bleu(hypotheses: list[str], references: list[str]) -> float:
     return corpus_scores(hypotheses, references).bleu
 
 
+class _Lines:
+    """A stream that writes each of a progress bar's redraws as a line of its own (tqdm redraws in
+    place with a carriage return, which a file or a CI log would keep as one ever longer line)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").rstrip()
+        if text:
+            self.stream.write(text + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar_options() -> dict:
+    """tqdm's options for a bar on standard error: redrawn in place on a terminal; else (a file, a
+    pipe, a CI log) a line of its own at most every 30 seconds."""
+    if sys.stderr.isatty():
+        return {"file": sys.stderr, "dynamic_ncols": True}
+    return {"file": _Lines(sys.stderr), "mininterval": 30.0, "ncols": 100}
+
+
 def _eos_token(vocab) -> str:
     itos = vocab.itos
     return str(itos[EOS]) if len(itos) > EOS else "</s>"
@@ -121,53 +148,40 @@ def split_sentences(text: str) -> list[str]:
     return [part for part in _SENTENCE_END.split(text.strip()) if part]
 
 
-def _cut_tokens(tokens: list) -> list[list]:
-    """A token list cut after each sentence-end token that the next token is not glued to."""
-    pieces, start = [], 0
-    for i, tok in enumerate(tokens):
-        text, _ = split_glue(tok)
-        if text in SENTENCE_ENDS and (i + 1 == len(tokens) or not split_glue(tokens[i + 1])[1]):
-            pieces.append(tokens[start:i + 1])
-            start = i + 1
-    return pieces + ([tokens[start:]] if start < len(tokens) else [])
-
-
-def _pieces(vocab, sentence, limit: int | None, number: int) -> list[list]:
-    """The token lists one input sentence is translated as: the whole, or, if it is longer than
-    ``limit`` tokens (its end mark included), consecutive sentences packed into pieces that fit."""
-    toks = vocab.tokenize(sentence) if isinstance(sentence, str) else list(sentence)
-    if limit is None or len(toks) + 1 <= limit:
-        return [toks]
-    parts = ([vocab.tokenize(p) for p in split_sentences(sentence)] if isinstance(sentence, str)
-             else _cut_tokens(toks))
-    pieces: list = []
-    for part in parts:
+def _pieces(vocab, line, limit: int | None, number: int) -> list[list]:
+    """The token lists one input is translated as: a text's sentences (cut after each sentence end,
+    whatever its length), or a list of tokens whole, each at most ``limit`` tokens with its end
+    mark; None: the whole input, without a limit."""
+    if limit is None:
+        return [vocab.tokenize(line) if isinstance(line, str) else list(line)]
+    parts = [vocab.tokenize(p) for p in split_sentences(line)] if isinstance(line, str) else [list(line)]
+    for k, part in enumerate(parts, start=1):
         if len(part) + 1 > limit:
-            raise InputTooLong(f"sentence {number} has a part of {len(part) + 1:,} tokens (its end mark included) "
-                               f"with no sentence end to cut it at, more than the limit of {limit:,} tokens: "
-                               f"raise it (max_source_tokens, attn-translate --max-length), knowing that "
-                               f"memory and time grow with the square of the length, or split the input")
-        if pieces and len(pieces[-1]) + len(part) + 1 <= limit:
-            pieces[-1] = pieces[-1] + part
-        else:
-            pieces.append(list(part))
-    return pieces
+            where = f"line {number}" + (f", sentence {k} of {len(parts)}," if len(parts) > 1 else "")
+            raise InputTooLong(f"{where} has {len(part) + 1:,} tokens (its end mark included), more than the "
+                               f"limit of {limit:,} (the model's max_len, or max_source_tokens, attn-translate "
+                               f"--max-length): split it into shorter sentences")
+    return parts
 
 
 def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
               max_len=None, use_cache: bool = True, with_attention: bool = False,
-              max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[Translation]:
+              max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0,
+              progress: bool = False) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
 
-    A sentence longer than ``max_source_tokens`` tokens (its end-of-sentence mark included;
-    for a model with a learned positional table, at most its ``max_len``) is cut at its sentence
-    ends into pieces that fit, translated piece by piece and joined; one with no sentence end to
-    cut it at raises :class:`InputTooLong` before anything is decoded. None: no limit (a learned
-    table's model then sees the first ``max_len`` tokens of each sentence). The
-    limit bounds each piece's memory and time, which grow with the square of its length. Such a
-    joined translation has no ``attention``. An empty sentence translates to an empty one.
+    Each input text is cut after its sentence ends (:func:`split_sentences`, whatever its length);
+    its sentences are translated one by one and their translations joined with a space, so a line
+    of three sentences gives one line of three translations (without ``attention``); a list of
+    tokens is one sentence, as the caller cut it. A sentence
+    of more than ``max_source_tokens`` tokens (its end-of-sentence mark included), or than the
+    model's ``max_len``, the longest it was trained on, raises :class:`InputTooLong` before
+    anything is decoded: the limit bounds each sentence's memory and time, which grow with the
+    square of its length. None: each input is translated whole, as it is, without a limit (a
+    learned table's model then sees the first ``max_len`` tokens). An empty input translates
+    to an empty one.
     ``no_repeat_ngram`` n > 0: no translation repeats one of its own n-grams of pieces
-    (:func:`attn.decode.repeated_ngrams`).
+    (:func:`attn.decode.repeated_ngrams`). ``progress``: a progress bar on standard error.
 
     Returns one :class:`Translation` per sentence, in the input order.
     """
@@ -177,13 +191,11 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
                                           not isinstance(max_source_tokens, int) or max_source_tokens < 2):
         raise ValueError(f"translate: max_source_tokens must be an integer of at least 2 or None, "
                          f"got {max_source_tokens!r}")
-    limit = max_source_tokens
-    if model.config.positional == "learned" and limit is not None:    # a learned table has no row past max_len
-        limit = min(limit, model.config.max_len)
+    limit = None if max_source_tokens is None else min(max_source_tokens, model.config.max_len)
     pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=1)]
     flat = [(i, toks) for i, ps in enumerate(pieces) for toks in ps if toks]
     done = _translate_pieces(model, vocab, [t for _, t in flat], beam_size, alpha, batch_size, max_len, use_cache,
-                             with_attention, no_repeat_ngram)
+                             with_attention, no_repeat_ngram, progress)
     by_sentence: list = [[] for _ in pieces]
     for (i, _), t in zip(flat, done):
         by_sentence[i].append(t)
@@ -196,7 +208,8 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
 
 
 def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len, use_cache, with_attention,
-                      no_repeat_ngram):
+                      no_repeat_ngram, progress=False):
+    from tqdm import tqdm
     np, xp = B.host, model.xp
     ids = [source_ids(vocab, t) for t in toks]
     if model.config.positional == "learned":
@@ -204,6 +217,7 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
     eos = _eos_token(vocab)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))     # similar lengths share a batch
     out: list = [None] * len(ids)
+    bar = tqdm(total=len(ids), desc="test", unit="sentence", disable=not progress, **progress_bar_options())
     for start in range(0, len(order), batch_size):
         batch = order[start:start + batch_size]
         S = max(1, max(len(ids[i]) for i in batch))
@@ -222,6 +236,8 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
             src_labels = (toks[i] + [eos])[:len(ids[i])]
             att = res.cross_attention[r] if with_attention else None
             out[i] = Translation(detokenize(tgt), src_labels, tgt, res.scores[r], att)
+        bar.update(len(batch))
+    bar.close()
     return out
 
 
@@ -230,16 +246,18 @@ def translate_sentences(model, vocab, sentences: list[str], beam_size: int = 1, 
                         max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[str]:
     """Translate text: tokenise (``vocab.tokenize``), map to ids (UNK for unknown words),
     decode in batches of sentences of similar length (greedy for ``beam_size`` 1, beam
-    search otherwise), detokenise. Returns the translations in the input order. A sentence
-    over ``max_source_tokens`` tokens is cut at its sentence ends (see :func:`translate`)."""
+    search otherwise), detokenise. Returns the translations in the input order, one per input,
+    each input cut at its sentence ends (see :func:`translate`)."""
     return [t.text for t in translate(model, vocab, sentences, beam_size, alpha, batch_size,
                                       max_len, use_cache, max_source_tokens=max_source_tokens,
                                       no_repeat_ngram=no_repeat_ngram)]
 
 
 def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float = 0.6,
-                          batch_size: int = 64, no_repeat_ngram: int = 0) -> tuple[Scores, list[str]]:
-    """Translate the source side of ``pairs`` and score it against the target side.
+                          batch_size: int = 64, no_repeat_ngram: int = 0,
+                          progress: bool = False) -> tuple[Scores, list[str]]:
+    """Translate the source side of ``pairs`` and score it against the target side (``progress``:
+    a progress bar on standard error while it translates).
 
     pairs : list of (source, reference); each side a str (the raw line: it is scored
         as it is) or a list of tokens (a token list is detokenised to give the reference text).
@@ -247,9 +265,9 @@ def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float 
     """
     srcs = [p[0] for p in pairs]
     refs = [p[1] if isinstance(p[1], str) else detokenize(list(p[1])) for p in pairs]
-    hyps = translate_sentences(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha,
-                               max_source_tokens=None,      # a test set is scored line by line, as it is
-                               no_repeat_ngram=no_repeat_ngram)
+    hyps = [t.text for t in translate(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha,
+                                      max_source_tokens=None,      # a test set is scored line by line, as it is
+                                      no_repeat_ngram=no_repeat_ngram, progress=progress)]
     return corpus_scores(hyps, refs), hyps
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import NamedTuple
 
 from . import backend as B
@@ -120,6 +121,12 @@ class TransformerConfig:
                 f"and tgt_vocab_size {self.tgt_vocab_size}")
         if self.warmup_steps < 1:
             bad(f"warmup_steps must be positive, got {self.warmup_steps!r}")
+        count = parameter_count(self)
+        if count > MAX_PARAMETERS:        # before anything is allocated, or parameter_shapes listed
+            fields = dataclasses.asdict(self)     # named: the field whose shrinking to 1 saves the most
+            field = max(SIZE_FIELDS, key=lambda f: count - parameter_count(SimpleNamespace(**{**fields, f: 1})))
+            bad(f"{field} = {getattr(self, field):,} gives {count:,} parameters ({4 * count / 2**30:,.0f} GiB in "
+                f"float32), more than the {MAX_PARAMETERS:,} a model may have")
 
     @property
     def target_vocab_size(self) -> int:
@@ -163,6 +170,30 @@ def later_block(cfg: TransformerConfig) -> list[str]:
 
 
 # --------------------------------------------------------------------------- parameters
+
+#: The most parameters a config may give (16 GiB in float32, 75 times the paper's big model): a
+#: config read from a file that asks for more is refused naming its field, before anything is allocated.
+MAX_PARAMETERS = 2**32
+#: The fields a model's size grows with.
+SIZE_FIELDS = ("vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_len")
+
+
+def parameter_count(cfg) -> int:
+    """How many numbers :func:`parameter_shapes` holds, counted without listing them (a config of
+    10⁸ layers is counted at once); ``cfg`` has the fields of a :class:`TransformerConfig`."""
+    D, V = cfg.d_model, cfg.vocab_size
+    T = cfg.tgt_vocab_size or V
+    F = swiglu_width(cfg.d_ff) if cfg.ffn == "swiglu" else cfg.d_ff
+    KV = (cfg.kv_heads or cfg.n_heads) * (D // cfg.n_heads)
+    embeddings = V * D if cfg.share_embeddings else V * D + 2 * T * D
+    positions = 2 * cfg.max_len * D if cfg.positional == "learned" else 0
+    attention = 2 * D * D + 2 * D * KV + 2 * D + 2 * KV
+    ffn = 3 * D * F if cfg.ffn == "swiglu" else 2 * D * F + F + D
+    norm = len(NORM[cfg.norm_kind]) * D
+    final = 2 * norm if cfg.norm == "pre" else 0
+    return (embeddings + positions + cfg.n_encoder_layers * (attention + ffn + 2 * norm)
+            + cfg.n_decoder_layers * (2 * attention + ffn + 3 * norm) + final)
+
 
 def _attention_shapes(D, KV):
     """w_q, w_o (D, D); w_k, w_v (D, KV) with KV the key/value heads' width; a bias of each width."""

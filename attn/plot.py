@@ -90,26 +90,145 @@ def fit_text(fig, dpi: float = 110, column_px: float = COLUMN_PX, min_px: float 
         for ax, name, which, size in ticks:                 # ticks made later get the new size too
             ax.tick_params(axis=name, which=which, labelsize=size * factor)
         total *= factor
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if fig.get_layout_engine() is None:
-                fig.tight_layout()
+        _relayout(fig)
     return total
 
 
+def _constrain(fig) -> None:
+    """Lay out a figure of subplots with constrained layout, which keeps titles, labels and
+    colour bars of neighbouring panels apart (tight layout, the lessons' habit, is done once,
+    before the text is enlarged, and does not see a suptitle). A figure that places its own
+    axes keeps them."""
+    from matplotlib.layout_engine import PlaceHolderLayoutEngine, TightLayoutEngine
+    engine = fig.get_layout_engine()
+    if (engine is None or isinstance(engine, (PlaceHolderLayoutEngine, TightLayoutEngine))) and fig.axes \
+            and all(ax.get_subplotspec() is not None for ax in fig.axes):
+        try:
+            fig.set_layout_engine("constrained")
+            fig.canvas.draw()
+        except RuntimeError:        # a colour bar made under tight layout: it stays, laid out again
+            pass
+        except ZeroDivisionError:   # constrained layout found no room (a colour bar of make_axes)
+            fig.set_layout_engine("none")
+
+
+def _relayout(fig) -> None:
+    """Lay out again after the text changed size (constrained layout does it when drawing)."""
+    import warnings
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    if not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig.tight_layout()
+
+
+def _wrap_long_labels(fig) -> None:
+    """Break a title or an axis label longer than its axes (it would run into the next
+    panel) into lines that fit, at spaces."""
+    import textwrap
+    if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
+        FigureCanvasAgg(fig)
+    for _ in range(2):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        changed = False
+        for ax in fig.axes:
+            box = ax.get_window_extent(renderer)
+            labels = [(ax.title, box.width), (ax._left_title, box.width), (ax._right_title, box.width),
+                      (ax.xaxis.label, box.width), (ax.yaxis.label, box.height)]
+            for t, room in labels:
+                text = t.get_text()
+                if not text.strip() or not t.get_visible() or "$" in text:
+                    continue
+                long_side = max(t.get_window_extent(renderer).width, t.get_window_extent(renderer).height)
+                if long_side > room * 1.02 and room > 0:
+                    width = max(12, int(max(len(line) for line in text.split("\n")) * room / long_side))
+                    wrapped = textwrap.fill(" ".join(text.split()), width, break_on_hyphens=False)
+                    if wrapped != text:
+                        t.set_text(wrapped)
+                        changed = True
+        if not changed:
+            break
+        _relayout(fig)
+
+
+def _drawn_texts(fig) -> list:
+    """The texts a drawing of ``fig`` shows: every visible, non-empty text but the tick labels
+    of ticks outside their axis' view (matplotlib keeps those, undrawn)."""
+    ticks, drawn = set(), []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            pad = 1e-9 * max(1.0, abs(hi - lo))
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                ticks.update((id(tick.label1), id(tick.label2)))
+                if lo - pad <= tick.get_loc() <= hi + pad:
+                    drawn += [t for t in (tick.label1, tick.label2) if t.get_visible() and t.get_text().strip()]
+    return [t for t in _texts(fig) if id(t) not in ticks] + drawn
+
+
+def _corners(t, renderer):
+    """The four corners, in pixels, of a drawn text's box, turned with the text: the
+    renderer's extent of a turned text is the upright box around it, and neighbouring
+    turned tick labels would seem to overlap."""
+    import math
+    box = t.get_window_extent(renderer)
+    angle = math.radians(t.get_rotation())
+    if abs(math.sin(angle)) < 1e-9 or abs(math.cos(angle)) < 1e-9:
+        return [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
+    rotation = t.get_rotation()
+    t.set_rotation(0)
+    upright = t.get_window_extent(renderer)
+    t.set_rotation(rotation)
+    cx, cy, w, h = (box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2, upright.width / 2, upright.height / 2
+    c, s = math.cos(angle), math.sin(angle)
+    return [(cx + c * dx - s * dy, cy + s * dx + c * dy) for dx, dy in ((-w, -h), (w, -h), (w, h), (-w, h))]
+
+
+def _depth(a, b) -> float:
+    """How far two convex quadrilaterals overlap: the least overlap of their projections on
+    the normals of their edges (separating axes); 0 or less where they do not touch."""
+    depth = float("inf")
+    for poly in (a, b):
+        for (x0, y0), (x1, y1) in zip(poly, poly[1:] + poly[:1]):
+            nx, ny = y0 - y1, x1 - x0
+            norm = (nx * nx + ny * ny) ** 0.5 or 1.0
+            pa = [(x * nx + y * ny) / norm for x, y in a]
+            pb = [(x * nx + y * ny) / norm for x, y in b]
+            depth = min(depth, min(max(pa), max(pb)) - max(min(pa), min(pb)))
+    return depth
+
+
+def text_overlaps(fig, min_px: float = 1.0) -> list[tuple[str, str]]:
+    """The pairs of texts of ``fig`` that overlap once it is drawn: their boxes, as
+    matplotlib's renderer measures them (turned with the text), share more than ``min_px``
+    pixels each way."""
+    if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text().replace("\n", " "), _corners(t, renderer)) for t in _drawn_texts(fig)]
+    return [(a, b) for i, (a, pa) in enumerate(boxes) for b, pb in boxes[i + 1:] if _depth(pa, pb) > min_px]
+
+
 def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefig_kwargs) -> SavedFigure:
-    """Fit the text to the page, then save with the alt text and the smallest text's size (in
-    pixels of the image) in the PNG, where the book reads them."""
+    """Fit the text to the page, then save with the alt text, the smallest text's size (in
+    pixels of the image) and the texts that overlap (none, tests/test_book.py checks) in the
+    PNG, where the book reads them."""
     path = SavedFigure(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
+    _constrain(fig)
     fit_text(fig, dpi)
+    _wrap_long_labels(fig)
     texts = _texts(fig)
     metadata = {}
     if path.suffix.lower() == ".png":
+        fig.set_dpi(dpi)
         metadata = {"Description": alt or describe(fig),
-                    "attn:text-px": f"{min((t.get_fontsize() for t in texts), default=72.0) * dpi / 72.0:.2f}"}
+                    "attn:text-px": f"{min((t.get_fontsize() for t in texts), default=72.0) * dpi / 72.0:.2f}",
+                    "attn:overlaps": " | ".join(f"{a!r} on {b!r}" for a, b in text_overlaps(fig))}
     savefig_kwargs.setdefault("bbox_inches", "tight")
     fig.savefig(path, dpi=dpi, metadata=metadata, **savefig_kwargs)
     return path
@@ -175,9 +294,10 @@ def show_figure(fig, name: str = "", dpi: int = 110, alt: str | None = None, **s
     Text too small to read at the book's column width is enlarged first (:func:`fit_text`);
     ``alt`` (default: the figure's titles, :func:`describe`) is stored in the PNG, where the
     book reads the image's alt text. In a notebook or interactive window the saved image
-    appears inline below the cell; run as a script, the file is the output. A pyplot figure
-    is closed afterwards, so a long lesson does not pile up open figures. Prints the path
-    (relative to the repository) and returns it."""
+    appears inline below the cell; run as a script, the file is the output, and its path
+    (relative to the repository) is printed (not in a notebook: the book would show its
+    build folder). A pyplot figure is closed afterwards, so a long lesson does not pile up
+    open figures. Returns the path."""
     if isinstance(fig, (str, Path)):
         path = SavedFigure(fig)
     else:
@@ -188,7 +308,8 @@ def show_figure(fig, name: str = "", dpi: int = 110, alt: str | None = None, **s
     if _in_notebook():
         from IPython.display import Image, display
         display(Image(filename=str(path)))
-    print("saved", shown_path(path))
+    else:
+        print("saved", shown_path(path))
     return path
 
 

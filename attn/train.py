@@ -45,12 +45,13 @@ from . import backend as B
 from . import engine as engines
 from .checkpoint import CheckpointError
 from .data import DataError, make_batches
+from .evaluate import progress_bar_options
 from .layers._checks import check_ids
 from .loss import cross_entropy
 from .training import distributed
 from .training.interrupts import Interrupted, StopSignals, abort_on_signals, exit_status
-from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, open_run,  # noqa: F401 (re-exported)
-                                   save_checkpoint, snapshot, start_writing)
+from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, hold_out,  # noqa: F401 (re-exported)
+                                   open_run, save_checkpoint, snapshot, start_writing)
 from .training.config import (DEFAULT_BPE_SIZE, DEFAULT_DATA, EVAL_SHARE, RECIPES,  # noqa: F401 (re-exported)
                               RESUME_MAY_CHANGE, WARMUP_FRACTION, TrainConfig, TrainConfigError, build_parser,
                               config_from_argv, resumed_config)
@@ -78,8 +79,9 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     takes its share of the batch's sentences, and the gradients and the loss are the
     sums over all processes: those of the whole batch, as one process computes them.
 
-    The step runs inside ``engines.step_memory(model)`` (:mod:`attn.engine`): an engine may make a step's
-    arrays at the same addresses every step, and then the loss returned is a copy of its own.
+    The step runs inside ``engines.step_memory(model, shapes)`` (:mod:`attn.engine`): an engine may
+    make a step's arrays at the same addresses every step of those shapes, and then the loss returned
+    is a copy of its own.
 
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used. With ``copy_loss=False`` the loss may lie in the step
@@ -94,7 +96,7 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
         check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
     if dp is not None:                       # a data-parallel step all-reduces between its launches
         return _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    with engines.step_memory(model) as reused:
+    with engines.step_memory(model, (batch.src.shape, batch.tgt_in.shape)) as reused:
         loss, lr = _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
     return (loss.copy() if copy_loss and reused else loss), lr
 
@@ -184,6 +186,11 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     if not isinstance(config, TrainConfig):
         raise TypeError(f"train() takes a TrainConfig, got {type(config).__name__}")
     dp = distributed.group()                     # one process: Single, whose calls change nothing
+    with hold_out(config.out, dp.master):        # one run at a time in out, for the run's life
+        return _train(config, given, on_step, dp)
+
+
+def _train(config: TrainConfig, given, on_step, dp) -> dict:
     parallel = dp if dp.size > 1 else None       # what train_step is given: None for one process
     config, saved = open_run(config, given)      # --resume: the saved run's settings and checkpoint
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
@@ -193,6 +200,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
         _check_cuda_graph(config, dp)            # before any work
     _check_precision(config)
     run = prepare(config, saved, parallel, dp.say)
+    config = run.config                          # as the device can run it (a feature failing its probe, off)
     model, opt, state, vocab = run.model, run.opt, run.state, run.vocab
     out, ckpt_path, smoothing = Path(config.out), Path(config.out) / "checkpoint.npz", model.config.label_smoothing
     dp.check_same_parameters(model.params)       # several processes: the same weights, or an error
@@ -201,11 +209,13 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                       {"model": model.config.to_dict(), "train": config.to_dict(), "vocab_size": len(vocab),
                        "corpus": run.corpus.source, "train_pairs": len(run.train_enc),
                        "warmup_rule": run.warmup_rule, "processes": dp.size}, dp.say,
-                      evals=state.evals if config.resume else None)
+                      evals=state.evals if config.resume else None, step=state.step if config.resume else None)
     dp.say(f"attn-train: {len(run.train_enc)} training pairs from {run.corpus.source}, vocabulary {len(vocab)} "
            f"({'BPE' if vocab.bpe is not None else 'words'}), "
            f"model {model.num_parameters():,} parameters ({config.preset}), backend {B.describe()}"
            + (f", {dp.size} processes (gradients over {dp.transport})" if dp.size > 1 else ""))
+    if run.warmup_rule is not None:
+        dp.say(f"warm-up: {run.warmup_rule['warmup_steps']} steps ({run.warmup_rule['why']})")
 
     captured = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn) if config.cuda_graph else None
 
@@ -223,7 +233,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
                   snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
                   on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)),
                   set_progress=opt.set_progress if opt.cooldown else None)
-    stop_reason = run_loop(config, state, run.train_enc, hooks, dp, stop)
+    stop_reason = run.untested or run_loop(config, state, run.train_enc, hooks, dp, stop)   # untested: owes its test
     if stop_reason == "interrupted":
         dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
                f"checkpoint {ckpt_path} (step {state.step}); resume with: attn-train --resume --out {out}")
@@ -299,8 +309,8 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp
     from tqdm import tqdm
     dp = distributed.group() if dp is None else dp
     clock = _Clock(config, state)
-    bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step", dynamic_ncols=True,
-               disable=config.quiet or not dp.master, file=sys.stderr, desc=hooks.desc)
+    bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step",
+               disable=config.quiet or not dp.master, desc=hooks.desc, **progress_bar_options())
     stop_reason = None
     with (stop or StopSignals(dp.say)) as interrupt:
         while stop_reason is None:

@@ -3,11 +3,12 @@
     attn-translate --checkpoint runs/toy/checkpoint.npz "the old friend laughed ."
     echo "he carries red girls ." | attn-translate --checkpoint runs/toy/checkpoint.npz --beam 4
 
-One translation per line on standard output (an empty line for an empty one);
-everything else (where a figure was written) goes to standard error. A sentence
-may have at most ``--max-length`` tokens (default 512): longer input is cut at its
-sentence ends, and one sentence over the limit is refused, since attention's
-memory and time grow with the square of the length. Problems the user can fix (no
+One line out per line in (an empty line for an empty one): each line is cut at its
+sentence ends and its sentences translated one by one; everything else (where a figure
+was written) goes to standard error. A sentence may have at most ``--max-length``
+tokens (default 512, at most 4,096) and at most the model's ``max_len``, the longest it
+was trained on: one over the limit is refused, since attention's memory and time grow
+with the square of the length. Problems the user can fix (no
 checkpoint, a damaged one, an unusable backend, a bad flag, input that is not
 UTF-8 or too long) end with exit code 2 and a one-line message, before any
 translating.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from . import backend as B
 from .checkpoint import CheckpointError, load_npz
-from .evaluate import MAX_SOURCE_TOKENS
+from .evaluate import MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
 
 #: The largest --beam: a beam search keeps K hypotheses of every sentence, each a row of every step.
 MAX_BEAM = 256
@@ -67,10 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="sentences decoded together (default 64)")
     p.add_argument("--max-length", type=int, default=MAX_SOURCE_TOKENS, metavar="N",
-                   help=f"the most tokens a sentence may have, its end mark included (default {MAX_SOURCE_TOKENS}); "
-                        "longer input is cut at its sentence ends (. ! ?) and a single sentence over the limit "
-                        "is refused. Memory and time grow with the square of the length: on a CPU the toy "
-                        "model takes about a second and a few hundred MB at 512 tokens, 9 GB at 10,000")
+                   help=f"the most tokens a sentence may have, its end mark included (default {MAX_SOURCE_TOKENS}, "
+                        f"at most {MAX_SOURCE_TOKENS_LIMIT:,}, and never more than the model's max_len, the "
+                        "longest it was trained on). Every line is cut at its sentence ends (. ! ?) and its "
+                        "sentences translated one by one; a sentence over the limit is refused. Memory and "
+                        "time grow with the square of the length: on a CPU the toy model takes about a "
+                        "second and a few hundred MB at 512 tokens, 9 GB at 10,000")
     return p
 
 
@@ -84,12 +87,13 @@ def attention_paths(path: Path, n: int) -> list[Path]:
 def load_translator(checkpoint):
     """Load (model, vocab) from a checkpoint written by ``attn-train`` onto the selected backend.
 
-    Raises CheckpointError if the file is missing or corrupt, does not fit its
-    config, or holds no vocabulary.
+    Raises CheckpointError if the file is missing or corrupt, holds more than its config implies,
+    does not fit its config, holds NaN or infinite weights, or holds no vocabulary.
     """
     from .data import Vocab
     from .model import Transformer
-    arrays, meta = load_npz(checkpoint)
+    from .model_files import model_members
+    arrays, meta = load_npz(checkpoint, expect=model_members)
     if not meta.get("vocab"):
         raise CheckpointError(f"checkpoint {checkpoint} holds no vocabulary (meta 'vocab'): "
                               "was it written by attn-train?")
@@ -98,6 +102,10 @@ def load_translator(checkpoint):
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint {checkpoint} has an unreadable vocabulary ({e})") from None
     model = Transformer.from_arrays(arrays, meta, source=str(checkpoint))
+    not_finite = next((k for k, a in model.params.items() if not bool(B.host.isfinite(B.to_host(a)).all())), None)
+    if not_finite is not None:
+        raise CheckpointError(f"checkpoint {checkpoint}: parameter {not_finite} holds NaN or infinite numbers "
+                              "(a run that diverged, or a damaged file): translate with an earlier checkpoint")
     if len(vocab) != model.config.target_vocab_size:
         raise CheckpointError(f"checkpoint {checkpoint}: the vocabulary has {len(vocab)} tokens, "
                               f"the model {model.config.target_vocab_size}")
@@ -147,8 +155,9 @@ def _check_args(args) -> str | None:
         return f"--no-repeat-ngram must be 0 (off) or a positive n-gram length, got {args.no_repeat_ngram}"
     if args.batch_size < 1:
         return f"--batch-size must be at least 1, got {args.batch_size}"
-    if args.max_length < 2:
-        return f"--max-length must be at least 2 (a token and the end mark), got {args.max_length}"
+    if not 2 <= args.max_length <= MAX_SOURCE_TOKENS_LIMIT:
+        return (f"--max-length must be between 2 (a token and the end mark) and {MAX_SOURCE_TOKENS_LIMIT:,}, "
+                f"got {args.max_length}")
     for i, s in enumerate(args.sentences, start=1):
         try:
             s.encode("utf-8")
@@ -192,7 +201,7 @@ def main(argv=None) -> int:
                             batch_size=args.batch_size, with_attention=args.attention is not None,
                             max_source_tokens=args.max_length, no_repeat_ngram=args.no_repeat_ngram)
     except InputTooLong as e:
-        return _fail(str(e).replace("(max_source_tokens, attn-translate --max-length)", "(--max-length)"))
+        return _fail(str(e).replace("max_source_tokens, attn-translate --max-length", "--max-length"))
     except ValueError as e:
         return _fail(str(e))
     except MemoryError:

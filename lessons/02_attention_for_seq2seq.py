@@ -368,7 +368,7 @@ anti_mean, band_mean = anti_diagonal_weight(models["attention"]["params"])
 print(f"length {L_MAX}: mean weight on the anti-diagonal {anti_mean:.2f}, on it or its right neighbour "
       f"{band_mean:.2f} (uniform attention would give {1 / L_MAX:.2f} and {2 / L_MAX:.2f})")
 
-fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+fig, ax = plt.subplots(2, 1, figsize=(8, 10))            # one above the other: each readable on a phone
 for name, m in models.items():
     ax[0].plot(LENGTHS, m["acc"], "o-", label={"bottleneck": "one context vector (lesson 1)",
                                                   "attention": "with Luong attention"}[name])

@@ -22,7 +22,7 @@
 #    printed numbers are wrong;
 # 2. look at the whole table for 64 positions and `d_model = 128`;
 # 3. check the paper's reason for choosing sinusoids: "for any fixed offset k,
-#    PE_{pos+k} can be represented as a linear function of PE_{pos}". We *find*
+#    $PE_{pos+k}$ can be represented as a linear function of $PE_{pos}$". We *find*
 #    that linear map by least squares and see that it is a rotation that does not
 #    depend on `pos`.
 

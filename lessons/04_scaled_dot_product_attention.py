@@ -287,7 +287,7 @@ for row in zip(dks, grad_unscaled, grad_scaled, top_unscaled, top_scaled):
     print("{:>6} {:>14.2e} {:>12.3f} {:>20.4f} {:>8.3f}".format(*row))
 
 # %%
-fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+fig, ax = plt.subplots(3, 1, figsize=(7.5, 12))         # one above the other: each readable on a phone
 ax[0].loglog(dks, var_dot, "o-", label="var(q . k)")
 ax[0].loglog(dks, var_scaled, "s-", label="var(q . k / sqrt(d_k))")
 ax[0].loglog(dks, dks, "k:", lw=1, label="d_k")
@@ -301,7 +301,7 @@ ax[2].set_xticks(range(6), keys, rotation=45, ha="right"); ax[2].set_yticks(rang
 for i in range(5):
     for j in range(6):
         ax[2].text(j, i, f"{weights[i, j]:.3f}", ha="center", va="center", fontsize=7)
-ax[2].set_title("the slides' example: weights (pad column = 0)")
+ax[2].set_title("the toy sentence's weights (pad: 0)")
 fig.colorbar(im, ax=ax[2], fraction=0.04)
 fig.tight_layout(); show_figure(fig, "04_attention_scale.png")
 print("scaled / unscaled median gradient: " + ", ".join(
@@ -366,13 +366,13 @@ print(f"Check passed: pad weights exactly 0, rows sum to 1, var(q.k)/d_k in "
 #
 #    </details>
 #
-# 2. Using softmax's backward, explain why a nearly one-hot softmax passes almost no
-#    gradient back to the queries and keys.
+# 2. Using softmax's backward as this lesson wrote it above,
+#    $dx = y \odot (dy - \sum_j dy_j\, y_j)$, explain why a nearly one-hot softmax passes
+#    almost no gradient back to the queries and keys.
 #
 #    <details><summary>Answer</summary>
 #
-#    Softmax's backward is $dx = y \odot (dy - \sum_j dy_j\, y_j)$ (lesson 8,
-#    equation 8.2). When $y$ is nearly one-hot, every $y_j$ off the peak is near zero,
+#    When $y$ is nearly one-hot, every $y_j$ off the peak is near zero,
 #    and at the peak $y_j \approx 1$ makes $dy_j - \sum dy\, y \approx dy_j - dy_j = 0$.
 #    So $dx$ is near zero everywhere, and the scores, hence the queries and keys, receive
 #    almost no gradient.

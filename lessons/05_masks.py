@@ -158,7 +158,8 @@ w_d = attention_weights(cache_d)[0, 0]
 show("decoder self-attention over the Korean sequence, decoder_mask(tgt_ids)", w_d, kor, kor)
 
 # %%
-fig, ax = plt.subplots(1, 4, figsize=(17, 4.2))
+fig, ax = plt.subplots(2, 2, figsize=(8.5, 9))
+ax = ax.ravel()
 panels = [
     (np.broadcast_to(pad_m[0, 0], (5, 6)), kor, keys, "padding_mask(src_ids)\n(broadcast over the queries)"),
     (causal[0, 0], kor, kor, "causal_mask(5)"),
@@ -174,7 +175,7 @@ for a, (img, rows, cols, title) in zip(ax, panels):
         for j in range(img.shape[1]):
             a.text(j, i, ("T" if img[i, j] else "F") if is_mask else f"{img[i, j]:.2f}",
                    ha="center", va="center", fontsize=8, color="black")
-ax[0].set_ylabel("query")
+ax[0].set_ylabel("query"); ax[2].set_ylabel("query")
 fig.tight_layout(); show_figure(fig, "05_masks.png")
 
 # %% [markdown]

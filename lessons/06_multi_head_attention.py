@@ -264,13 +264,14 @@ for i, k in enumerate(offsets):
           f"mean weight there {np.mean([wp[i, t, t + k] for t in ts]):.3f}")
 
 # %%
-fig = plt.figure(figsize=(16, 7.5))
+fig = plt.figure(figsize=(12, 9))
+grid = fig.add_gridspec(2, 4)                                   # one grid: the layout keeps the panels apart
 for i, k in enumerate(offsets):
-    a = fig.add_subplot(2, 4, i + 1)
+    a = fig.add_subplot(grid[0, i])
     a.imshow(wp[i], cmap="Blues", vmin=0, vmax=1)
     a.set_title(f"head {i}: W_Q = c*M_({k:+d})", fontsize=10)
     a.set_xlabel("key position"); a.set_ylabel("query position") if i == 0 else None
-a = fig.add_subplot(2, 2, 3)
+a = fig.add_subplot(grid[1, :2])
 hh = [r[0] for r in rows]
 a.plot(hh, [r[2] for r in rows], "o-", label="weights (parameters)")
 a.plot(hh, [r[3] + r[4] + r[5] for r in rows], "s-", label="multiply-adds (total)")
@@ -278,7 +279,7 @@ a.plot(hh, [r[4] + r[5] for r in rows], "^-", label="multiply-adds in QK^T and W
 a.plot(hh, [r[6] for r in rows], "x--", label="softmax entries (B*h*n*n)")
 a.set_xscale("log", base=2); a.set_yscale("log"); a.set_xlabel("number of heads h")
 a.set_title(f"cost vs h at d_model = {D_cost}, n = {n_tok}"); a.legend(fontsize=8)
-a = fig.add_subplot(2, 2, 4)
+a = fig.add_subplot(grid[1, 2:])
 single = wp.mean(0)                                             # what averaging the four patterns looks like
 a.imshow(single, cmap="Blues", vmin=0, vmax=1)
 a.set_title("the four heads' weights averaged: what one head\nmixing these positions would have to do", fontsize=10)

@@ -360,9 +360,10 @@ print(f"Check passed: first-block gradient plain {grad['plain'][0]:.1e} vs resid
 #    <details><summary>Answer</summary>
 #
 #    The residual stream adds the sub-layer's output to $x$; with a ReLU last, the FFN
-#    could only *add* non-negative numbers, never lower a feature. Each layer could then
-#    push the stream one way only, and the features would drift upwards through the
-#    stack.
+#    could only *add* non-negative numbers, never lower a feature. Post-norm's layer norm
+#    recentres each token after the sum, so the values do not simply drift upwards; but
+#    the sub-layer could lower a feature only by raising all the others, and it loses
+#    half of what a linear map can write into the stream.
 #
 #    </details>
 #

@@ -47,8 +47,8 @@ results = {}                                  # (layer, argument, "correct"/"bro
 
 
 def check_and_report(name, fwd, bwd, args, wrt, broken=False):
-    """Run check_layer, print the errors, record them. For a broken backward, show the
-    AssertionError that check_layer raises, then rerun with tol=inf to get the numbers."""
+    """Run check_layer, print the errors, record them in ``results``. For a broken backward,
+    show the AssertionError that check_layer raises, then rerun with tol=inf to get the numbers."""
     tag = "broken" if broken else "correct"
     try:
         errs = check_layer(name, fwd, bwd, args, wrt)
@@ -58,7 +58,6 @@ def check_and_report(name, fwd, bwd, args, wrt, broken=False):
         errs = check_layer(name, fwd, bwd, args, wrt, tol=float("inf"))
     for k, v in errs.items():
         results[name.replace(" (broken backward)", ""), k, tag] = v
-    return errs
 
 
 # %% [markdown]
@@ -66,7 +65,7 @@ def check_and_report(name, fwd, bwd, args, wrt, broken=False):
 #
 # Forward, along the last axis: $y_i = \exp(x_i) / \sum_j \exp(x_j)$.
 #
-# Differentiate the quotient: `dy_i/dx_j = y_i (delta_ij - y_j)`; as a matrix, the
+# Differentiate the quotient: $\partial y_i / \partial x_j = y_i (\delta_{ij} - y_j)$; as a matrix, the
 # Jacobian $\mathrm{diag}(y) - y y^\top$. Backward multiplies the upstream gradient by its
 # transpose (it is symmetric):
 #
@@ -272,7 +271,7 @@ slope = {m: np.polyfit(np.log10(hs[big]), np.log10(np.array(sweep["float64", m])
 print(f"float64, h >= 1e-3: error ~ h^{slope['central']:.2f} (central), h^{slope['forward']:.2f} (forward)")
 
 # %%
-fig, ax = plt.subplots(1, 2, figsize=(14, 4.8))
+fig, ax = plt.subplots(2, 1, figsize=(8, 9.5))          # one above the other: each readable on a phone
 short = {"multi_head_attention": "mha", "softmax (masked)": "softmax+mask"}
 order = sorted(results, key=lambda k: k[2] == "broken")          # correct ones first, then the broken
 vals = [max(results[k], 1e-18) for k in order]                   # floor: an exact 0 still shows on a log axis

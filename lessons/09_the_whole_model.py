@@ -294,6 +294,7 @@ for name, D_, F_, N_, H_, paper in table3:
     print(f"{name:<18} {ours / 1e6:>13.1f}M {paper:>5}M {layers_only / 1e6:>11.1f}M {implied_V:>10,.0f}")
 family = [r for r in rows if r[0] != "big"]
 lo_V, hi_V = min(r[3] for r in family), max(r[3] for r in family)
+assert rows[-1][3] < base.vocab_size < lo_V, "the prose below: big implies fewer rows than 37000, the base family more"
 round_V = 0.5e6 / 512                                             # the paper rounds to whole millions
 big_ours, big_paper = next((r[1], r[2]) for r in rows if r[0] == "big")
 layers_base = n_base - base.vocab_size * 512
@@ -308,7 +309,8 @@ print(f"base family: the paper's counts imply {lo_V / 1e3:.1f}k to {hi_V / 1e3:.
 # table gives the range): the paper's counts fit our layer formula plus a shared
 # embedding a few thousand rows larger than the "about 37000 tokens" of
 # section 5.1, and the paper's rounding to whole millions cannot explain the difference.
-# The big model is the odd one out: its count fits 37000 rows. The paper does not
+# The big model is the odd one out: its count implies somewhat *fewer* rows than 37000
+# (the table's last line), where the base family's imply more. The paper does not
 # say more, so we leave it there: the gap is parameters of the embedding matrix,
 # and the layers are not in question.
 #
@@ -374,7 +376,7 @@ print(f"base model: shared {n_base:,}, untied {n_untied:,}: sharing saves {n_unt
       f"parameters ({(n_untied - n_base) / n_untied:.0%} of the untied model)")
 
 # %%
-fig, ax = plt.subplots(1, 2, figsize=(14, 4.6), gridspec_kw={"width_ratios": [1.25, 1]})
+fig, ax = plt.subplots(2, 1, figsize=(8, 10))            # one above the other: each readable on a phone
 names = list(groups)
 vals = [groups[k] / 1e6 for k in names]
 colors = ["tab:purple" if "embedding" in k else ("tab:blue" if k.startswith("encoder") else "tab:orange")
@@ -455,15 +457,18 @@ print(f"Check passed: parameter counts equal the formula (base {n_base:,}; untie
 # Answer these from the lesson and what it printed:
 #
 # 1. What are the decoder's three sub-layers, and which one reads the encoder's
-#    output? What is the shape of its weights?
+#    output? What is the shape of its attention weights for one sentence and one head,
+#    and of its parameter matrices?
 #
 #    <details><summary>Answer</summary>
 #
 #    Masked self-attention over the target, encoder-decoder (cross-) attention, and the
 #    feed-forward network. Cross-attention reads the encoder's output (the memory) as its
-#    keys and values; its weights are the same shapes as self-attention's: four
-#    $d_{\text{model}} \times d_{\text{model}}$ matrices $W^Q, W^K, W^V, W^O$ with their
-#    biases.
+#    keys and values. Its attention weights are $T \times S$ per sentence and head: each
+#    of the $T$ target positions spreads one unit of weight over the $S$ source
+#    positions (over the batch and the heads, $(B, H, T, S)$). Its parameters are the
+#    same shapes as self-attention's: four $d_{\text{model}} \times d_{\text{model}}$
+#    matrices $W^Q, W^K, W^V, W^O$ with their biases, whatever $T$ and $S$ are.
 #
 #    </details>
 #
@@ -474,9 +479,11 @@ print(f"Check passed: parameter counts equal the formula (base {n_base:,}; untie
 #    <details><summary>Answer</summary>
 #
 #    The shared embedding matrix, $V \times d_{\text{model}}$. The layer formula predicts
-#    how every row of Table 3 changes, and fitting each row's count leaves an embedding
-#    of a vocabulary somewhat larger than section 5.1's, so the difference is embedding
-#    rows; the layers' count agrees with every variant.
+#    how every row of Table 3 changes, and fitting each row of the base family leaves an
+#    embedding of a vocabulary somewhat larger than section 5.1's, so the difference is
+#    embedding rows; the layers' count agrees with every variant. (The big model's count
+#    implies somewhat *fewer* rows than 37000, the table's last line: the paper does not
+#    say why.)
 #
 #    </details>
 #

@@ -438,6 +438,8 @@ a.semilogy(dist, g_rnn + 1e-300, color="C1", label="recurrent")
 a.set(xlabel="distance from the last position", ylabel="|d out_last / d x_i|",
       title=f"gradient from the last output, n = {n_grad}", ylim=(max(1e-30, g_rnn.min() + 1e-300), None))
 a.legend(fontsize=8)
+for a in ax.flat:                                               # the decades only: 3x10^1 would run into 4x10^1
+    a.xaxis.set_minor_formatter(plt.NullFormatter())
 fig.tight_layout(); show_figure(fig, "10_why_self_attention.png")
 
 # %% [markdown]

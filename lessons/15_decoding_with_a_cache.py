@@ -398,7 +398,8 @@ fig.tight_layout(); show_figure(fig, "15_cache_cost.png")
 # `K` survive. A candidate ending in `EOS` is a finished hypothesis; finished ones
 # are ranked by GNMT's length-penalised score (Wu et al. 2016),
 #
-# `score(Y) = log P(Y | X) / lp(Y)`, $\mathit{lp}(Y) = ((5 + |Y|) / 6)^{\alpha}$,
+# $$\mathrm{score}(Y) = \frac{\log P(Y \mid X)}{\mathit{lp}(Y)}, \qquad
+#   \mathit{lp}(Y) = \left(\frac{5 + |Y|}{6}\right)^{\alpha},$$
 #
 # because `log P` only falls as a sentence grows, and without the penalty search
 # would prefer short outputs. With the cache, the beams of a sentence are rows of

@@ -77,10 +77,12 @@ for hyp in ("the the the the the the the", "the cat the cat on the mat", "the ca
 # large its numbers. Precision alone rewards saying little: a hypothesis of only the
 # words it is sure of scores high. Recall is not usable with several references, so
 # BLEU instead multiplies by a **brevity penalty** when the hypothesis is shorter than
-# the reference: with `c` the hypothesis length and `r` the reference length,
+# the reference: with $c$ the hypothesis length and $r$ the reference length,
 #
-# `BP = 1` if `c > r`, else $\exp(1 - r / c)$, and $\mathrm{BLEU} = \mathrm{BP} \cdot \exp(\sum_n \log p_n / 4)$
-# (times `100`, by convention).
+# $$\mathrm{BP} = \begin{cases} 1 & \text{if } c > r \\ e^{1 - r / c} & \text{otherwise} \end{cases}
+#   \qquad \mathrm{BLEU} = \mathrm{BP} \cdot \exp\Big(\frac{1}{4} \sum_{n=1}^{4} \log p_n\Big)$$
+#
+# (times 100, by convention).
 #
 # ## 2. Corpus BLEU, not an average of sentences
 #
@@ -404,9 +406,10 @@ print(f"Check passed in {time.time() - T0:.1f} s: BLEU and chrF by hand equal sa
 #    Corpus BLEU adds up the clipped $n$-gram counts of all sentences before taking the
 #    precisions and their geometric mean, and applies one brevity penalty to the total
 #    lengths; the mean of sentence scores does not. A sentence with no matching 4-gram
-#    has $p_4 = 0$ and its sentence BLEU is 0 (the geometric mean of precisions with a
-#    zero is zero), so the mean of sentence BLEU punishes it much harder; in corpus BLEU
-#    it only lowers the totals.
+#    has $p_4 = 0$; unsmoothed, its sentence BLEU would be 0 (a geometric mean with a
+#    zero factor is zero). The `sentence_score` used above smooths a zero count, so such
+#    a sentence scores low but not 0. Either way the mean of sentence BLEU punishes it
+#    much harder: in corpus BLEU its missing 4-grams only lower the totals a little.
 #
 #    </details>
 #

@@ -129,7 +129,7 @@ for layer in range(axes.shape[0]):
                 if t in gold:
                     ax.add_patch(plt.Rectangle((src_tokens.index(gold[t]) - 0.5, j - 0.5), 1, 1, fill=False,
                                                ec="red", lw=2))
-fig.suptitle(f"'{en}' -> '{tk}'  (mean over {cfg.n_heads} heads; red boxes: the gold links)", y=1.0)
+fig.suptitle(f"'{en}' -> '{tk}'  (mean over {cfg.n_heads} heads; red boxes: the gold links)")
 fig.tight_layout(); show_figure(fig, "17_attention_maps.png", dpi=100, bbox_inches="tight")
 
 cross_last = weights[f"decoder.{last}.cross_attn"][0]                          # (H, T, S)

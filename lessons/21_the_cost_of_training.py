@@ -218,7 +218,7 @@ print(f"the toy model in attn-train's default {toy_minutes:g} minutes, at the re
       f"the paper's base run")
 
 fig, ax = plt.subplots(1, 2, figsize=(12, 4))
-names = [f"toy, {toy_minutes:g} min here", "base (paper): 12 h x 8 P100", "big (paper): 3.5 d x 8 P100"]
+names = [f"toy, {toy_minutes:g} min\nhere", "base (paper):\n12 h x 8 P100", "big (paper):\n3.5 d x 8 P100"]
 vals = [toy_minutes * 60 * measured["toy"]["rate"], paper_runs["base"]["flops"], paper_runs["big"]["flops"]]
 ax[0].bar(names, vals, color=["tab:green", "tab:blue", "tab:purple"])
 ax[0].bar([names[1]], [shapes_total], color="none", edgecolor="k", hatch="//", label="base: counted from shapes")

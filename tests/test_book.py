@@ -121,6 +121,67 @@ _LAYOUT = """() => ({
 })"""
 MIN_TEXT_PX = 9.0                             # the smallest text a figure may show on the page, CSS pixels
 
+#: What a reader cannot reach or read: the page scrolling sideways; an equation whose
+#: content starts left of its box (no scrolling reaches it) or ends right of it where the box
+#: does not scroll; a wrapped line of code whose continuation starts left of the line's code.
+_CUT = r"""() => {
+    const W = document.documentElement.clientWidth, out = {page: document.documentElement.scrollWidth - W,
+                                                           maths: [], indents: []};
+    const scrolled = (e) => {             // inside a box that scrolls sideways (a wide table's)
+        for (let a = e.parentElement; a && a !== document.body; a = a.parentElement)
+            if (['auto', 'scroll'].includes(getComputedStyle(a).overflowX)) return true;
+        return false;
+    };
+    for (const box of document.querySelectorAll('div.math, span.math')) {
+        const m = box.querySelector('mjx-container > mjx-math');
+        if (!m) continue;
+        const b = box.getBoundingClientRect(), r = m.getBoundingClientRect();
+        const scrolls = ['auto', 'scroll'].includes(getComputedStyle(box).overflowX);
+        const reach = b.left + (scrolls ? box.scrollWidth : box.clientWidth);
+        if (r.left < b.left - 1 || r.right > reach + 1 || (b.right > W + 1 && !scrolled(box)))
+            out.maths.push(`${box.textContent.trim().slice(0, 60)}: maths ${Math.round(r.left)}..`
+                           + `${Math.round(r.right)} px, its box ${Math.round(b.left)}..${Math.round(b.right)} px,`
+                           + ` reaching ${Math.round(reach)}`);
+    }
+    const blockOf = (n, pre) => { for (let e = n.parentElement; e && e !== pre; e = e.parentElement)
+        if (getComputedStyle(e).display === 'block') return e; return pre; };
+    for (const pre of document.querySelectorAll('div.highlight pre')) {
+        if (pre.closest('.cell_output')) continue;
+        const lines = [];                    // each source line: [text node, start, end] pieces
+        let line = null, block = null;
+        const walk = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+        for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+            if (blockOf(n, pre) !== block) { block = blockOf(n, pre); lines.push(line = []); }
+            let start = 0;
+            n.textContent.split('\n').forEach((part, i) => {
+                if (i > 0) lines.push(line = []);
+                line.push([n, start, start + part.length]);
+                start += part.length + 1;
+            });
+        }
+        for (const pieces of lines) {
+            const text = pieces.map(([n, a, b]) => n.textContent.slice(a, b)).join('');
+            const first = text.search(/\S/);
+            if (first < 0) continue;
+            let at = first, firstRect = null;
+            for (const [n, a, b] of pieces) {
+                if (at < b - a) { const r = document.createRange(); r.setStart(n, a + at); r.setEnd(n, a + at + 1);
+                                  firstRect = r.getBoundingClientRect(); break; }
+                at -= b - a;
+            }
+            for (const [n, a, b] of pieces) {
+                const r = document.createRange(); r.setStart(n, a); r.setEnd(n, b);
+                const below = firstRect.top + firstRect.height / 2;
+                const bad = Array.from(r.getClientRects()).find(q => q.width > 0 && q.top > below
+                                                                 && q.left < firstRect.left - 1);
+                if (bad) { out.indents.push(`${text.slice(0, 70)}: a continuation at ${Math.round(bad.left)} px, `
+                                            + `the line's code at ${Math.round(firstRect.left)} px`); break; }
+            }
+        }
+    }
+    return out;
+}"""
+
 
 def visit(browser, url: str, screenshot: Path | None, act=None, width: int = 1280, full_page: bool = True):
     """Open ``url`` in a fresh context that lets no request leave 127.0.0.1; wait for the
@@ -162,7 +223,7 @@ def visit(browser, url: str, screenshot: Path | None, act=None, width: int = 128
                  "math": page.evaluate(_MATH),
                  "outputs": page.evaluate("() => Array.from(document.querySelectorAll('.cell_output'))"
                                           ".map(e => e.innerText).join('\\n')"),
-                 "layout": page.evaluate(_LAYOUT)}
+                 "layout": page.evaluate(_LAYOUT), "cut": page.evaluate(_CUT), "width": width}
         if act is not None:
             facts["act"] = act(page)
         if screenshot is not None:
@@ -200,9 +261,19 @@ def test_lesson_page(lesson, site, browser):
     assert_nothing_cut_off(facts, lesson.name)
 
 
+def assert_readable(facts: dict, name: str) -> None:
+    """At any width: the page does not scroll sideways, every display equation can be read
+    whole (inside its box, or by scrolling the box), and wrapped code keeps its indentation."""
+    cut, width = facts["cut"], facts["width"]
+    assert cut["page"] <= 1, f"{name}: the page scrolls sideways by {cut['page']} px at {width} px"
+    assert not cut["maths"], f"{name}: display maths cut off at {width} px: {cut['maths'][:4]}"
+    assert not cut["indents"], f"{name}: wrapped code lines that lose their indent at {width} px: {cut['indents'][:4]}"
+
+
 def assert_nothing_cut_off(facts: dict, name: str) -> None:
     """At 1280 px no code or output block scrolls sideways, and every figure's smallest text
     shows at MIN_TEXT_PX or more, has alt text that is not a file name, and opens full size."""
+    assert_readable(facts, name)
     layout = facts["layout"]
     assert not layout["overflowing"], f"{name}: blocks that scroll sideways at 1280 px: {layout['overflowing']}"
     for f in layout["figures"]:
@@ -212,6 +283,60 @@ def assert_nothing_cut_off(facts: dict, name: str) -> None:
         shown = f["textPx"] * min(1.0, f["shown"] / f["natural"])
         assert shown >= MIN_TEXT_PX, (f"{name}: {f['src']} ({f['alt'][:60]}) shows its smallest text at "
                                       f"{shown:.1f} px, under {MIN_TEXT_PX}")
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_page_on_a_phone(lesson, site, browser):
+    """At 390 px (a phone) every lesson reads: no sideways scrolling of the page, every display
+    equation whole or scrolling in its own box, wrapped code under its own indentation, every
+    figure a link to its full size. A screenshot goes to build/book/screenshots/<lesson>-390.png."""
+    facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html",
+                          book.SCREENSHOTS / f"{lesson.stem}-390.png", width=390)
+    assert_page_works(facts, report, lesson.name + " at 390 px")
+    assert_readable(facts, lesson.name)
+    for f in facts["layout"]["figures"]:
+        assert f["link"] and f["link"].endswith(f["src"]), f"{lesson.name}: {f['src']} does not open full size"
+
+
+def test_no_figure_of_a_lesson_overlaps_its_own_text(built_book):
+    """Every figure a lesson page shows was saved by attn.plot, which measured the extents of
+    its texts with matplotlib's renderer (attn.plot.text_overlaps) and stored the pairs that
+    overlap in the PNG: there are none."""
+    from PIL import Image
+    seen, overlapping = 0, []
+    for page in sorted((built_book / "lessons").glob("*.html")):
+        for src in sorted(set(re.findall(r'<img alt="[^"]*" src="(\.\./_images/[0-9a-f]+\.png)"',
+                                         page.read_text(encoding="utf-8")))):
+            with Image.open((page.parent / src).resolve()) as im:
+                text = dict(getattr(im, "text", {}) or {})
+            assert "attn:overlaps" in text, f"{page.name}: {src} was not saved by attn.plot.show_figure"
+            seen += 1
+            if text["attn:overlaps"]:
+                overlapping.append(f"{page.stem}: {text.get('Description', src)[:70]}: {text['attn:overlaps'][:300]}")
+    assert seen >= len(LESSONS), f"only {seen} figures on {len(LESSONS)} lesson pages"
+    assert not overlapping, "figures whose texts overlap:\n" + "\n".join(overlapping)
+
+
+def test_the_overlap_check_sees_overlapping_texts():
+    """attn.plot.text_overlaps finds two titles that run into each other and a label on a
+    tick label, and nothing in a figure laid out with room to spare."""
+    from matplotlib.figure import Figure
+    from attn.plot import text_overlaps
+    fig = Figure(figsize=(5, 2))
+    for ax in fig.subplots(1, 3):
+        ax.set_title("a title far wider than its panel")
+    assert len(text_overlaps(fig)) == 2
+    fig = Figure(figsize=(3, 3))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([0, 1], [0, 1])
+    ax.text(0.0, 0.0, "on the tick labels", transform=ax.transAxes, ha="center", va="top", fontsize=14)
+    assert any("on the tick labels" in pair for pair in text_overlaps(fig)), text_overlaps(fig)
+    fig = Figure(figsize=(8, 3), layout="constrained")
+    for ax in fig.subplots(1, 2):
+        ax.plot([0, 1], [0, 1])
+        ax.set_title("short")
+        ax.set_xlabel("x")
+    assert text_overlaps(fig) == []
 
 
 #: What a page must never show: where the book was built (a path of the build machine), a

@@ -212,3 +212,26 @@ def test_runs_as_a_module():
     r = subprocess.run([sys.executable, "-m", "attn.bench.vocab", "--help"], capture_output=True, text=True, cwd=root,
                        env={"PYTHONPATH": str(root), "PATH": ""}, timeout=60)
     assert r.returncode == 0 and "--tsv" in r.stdout
+
+
+def _long_word(n: int, seed: int = 0) -> str:
+    import random
+    return "".join(random.Random(seed).choices("abcdefghij", k=n))
+
+
+def test_a_1mb_word_is_learned_as_its_first_max_word_chars_characters():
+    """Learning revisits every word that holds the merged pair: a 1 MB word took over 400 s whole."""
+    word, line = _long_word(10**6), "the low lower lowest"
+    assert BPE.learn([line, word], num_merges=200) == BPE.learn([line, word[:bpe_module.MAX_WORD_CHARS]],
+                                                                num_merges=200)
+    glued = learn_merges({GLUE + word: 3}, num_merges=5)
+    assert glued == learn_merges({GLUE + word[:bpe_module.MAX_WORD_CHARS]: 3}, num_merges=5)
+
+
+def test_a_long_word_is_segmented_max_word_chars_at_a_time():
+    bpe = BPE.learn(["the low lower lowest", _long_word(300, seed=1)], num_merges=50)
+    word, n = _long_word(2_050, seed=2), bpe_module.MAX_WORD_CHARS
+    pieces = bpe.encode("a " + word)
+    assert bpe.decode(pieces) == "a " + word
+    chunks = [word[i:i + n] for i in range(0, len(word), n)]
+    assert pieces[1:] == [p for i, c in enumerate(chunks) for p in bpe.segment((GLUE if i else "") + c)]

@@ -455,3 +455,40 @@ def test_a_bucket_goes_out_once_the_backward_is_past_it():
         feed[name] = np.full(params[name].shape, float(len(feed) + 1))
         assert launched == expect, (name, launched)
     assert feed.launched == feed.launched_during_backward == 1
+
+
+@needs_mpi
+def test_two_processes_equal_one_that_splits_its_batch_with_dropout_on(tmp_path):
+    """The default engine in float32 with dropout: one process on two BLAS threads splits each batch
+    into two parts on two threads; two processes (one thread each) take a half each, and one
+    process on two threads resumes their run. Every part draws its rows of what the whole batch
+    draws, so all give one run (float32: the sums' order differs, within 1e-5; the parts' own
+    streams of before differed by 1e-2 at step 2)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    pairs = PAIRS * 40
+    for split in ("train", "val", "test"):
+        (data / f"{split}.xx").write_text("\n".join(s for s, _ in pairs) + "\n", encoding="utf-8")
+        (data / f"{split}.yy").write_text("\n".join(t for _, t in pairs) + "\n", encoding="utf-8")
+    flags = ["-m", "attn.train", "--data", str(data), "--src", "xx", "--tgt", "yy", "--average", "0", "--d-model",
+             "128", "--heads", "2", "--d-ff", "64", "--layers", "1", "--max-tokens", "2048", "--warmup", "4",
+             "--minutes", "0", "--bleu-sentences", "0", "--quiet", "--dropout", "0.3", "--eval-every", "3",
+             "--steps", "3", "--backend", "numpy"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "2", "MPLBACKEND": "Agg"}
+    env.pop("ATTN_BACKEND", None)
+    one = subprocess.run([sys.executable, *flags, "--out", str(tmp_path / "one")], capture_output=True, text=True,
+                         env=env, timeout=300, cwd=ROOT)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = mpiexec(2, [*flags[:-4], "--steps", "2", "--backend", "numpy", "--out", str(tmp_path / "two")])
+    assert two.returncode == 0, two.stderr[-3000:]
+    resumed = subprocess.run([sys.executable, "-m", "attn.train", "--resume", "--out", str(tmp_path / "two"),
+                              "--steps", "3", "--quiet"], capture_output=True, text=True, env=env, timeout=300,
+                             cwd=ROOT)                      # one process on two threads continues it
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    from attn.checkpoint import load_npz
+    a, _ = load_npz(tmp_path / "one" / "checkpoint.npz")
+    b, _ = load_npz(tmp_path / "two" / "checkpoint.npz")
+    np.testing.assert_allclose(b["history/train_loss"], a["history/train_loss"], rtol=1e-5)
+    for k in a:
+        if k.startswith("param/") and not k.endswith(".b_k"):              # key biases: see parallel_check
+            np.testing.assert_allclose(b[k], a[k], rtol=1e-3, atol=2e-4, err_msg=k)   # Adam: m / sqrt(v)

@@ -67,14 +67,18 @@ def test_files_and_folder_get_the_modes_a_plain_write_would(tmp_path):
 
 
 def test_the_sentence_limit_is_in_model_json(tmp_path):
-    doc = export_model(tiny(), VOCAB, tmp_path / "a", max_source_tokens=300)
-    assert doc["max_source_tokens"] == 300 == json.loads((tmp_path / "a" / "model.json").read_text())["max_source_tokens"]
+    doc = export_model(tiny(), VOCAB, tmp_path / "a", max_source_tokens=200)
+    assert doc["max_source_tokens"] == 200 == json.loads((tmp_path / "a" / "model.json").read_text())["max_source_tokens"]
     assert export_model(tiny(positional="learned", max_len=40), VOCAB, tmp_path / "b")["max_source_tokens"] == 40
-    assert load_export(tmp_path / "a")[2]["max_source_tokens"] == 300
+    assert export_model(tiny(max_len=60), VOCAB, tmp_path / "c")["max_source_tokens"] == 60    # trained on no more
+    assert load_export(tmp_path / "a")[2]["max_source_tokens"] == 200
+    with pytest.raises(ValueError, match="max_source_tokens must be an integer from 2 to 4,096"):
+        export_model(tiny(), VOCAB, tmp_path / "d", max_source_tokens=10**9)
     path = tmp_path / "a" / "model.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "max_source_tokens": "lots"}))
-    with pytest.raises(ExportError, match="max_source_tokens must be an integer"):
-        load_export(tmp_path / "a")
+    for bad in ("lots", 10**9):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "max_source_tokens": bad}))
+        with pytest.raises(ExportError, match="max_source_tokens must be an integer from 2 to 4,096"):
+            load_export(tmp_path / "a")
 
 
 @pytest.mark.parametrize("case", ["file", "exists", "length", "not_utf8"])

@@ -69,6 +69,7 @@ def test_parallel_files_of_any_bytes(tmp_path_factory, src, tgt):
         assert all(isinstance(s, str) and isinstance(t, str) for s, t in pairs)
 
 
+@pytest.mark.filterwarnings("ignore::attn.data.DataWarning")     # blank lines skipped: said, and expected here
 @given(rows=st.lists(st.tuples(st.text(max_size=12), st.text(max_size=12)), max_size=6),
        junk=st.binary(max_size=40), gz=st.booleans())
 def test_tsv_files_of_any_text_and_bytes(tmp_path_factory, rows, junk, gz):

@@ -121,3 +121,20 @@ def test_vocab_flags(tmp_path):
         train(TrainConfig(data=write_corpus(tmp_path / "data"), out=tmp_path / "run", vocab="bpe",
                           vocab_size=520, steps=1, **TINY))
     assert TrainConfig(vocab="word", vocab_size=100).vocab_size == 100
+
+
+def test_a_pair_too_long_for_max_len_is_left_out_before_bpe_is_learned(tmp_path, capsys):
+    """A 1 MB word could never fit a training sentence: it is left out before the vocabulary is
+    learned (it took minutes to learn and encode), and said so in one line."""
+    import random
+    word = "".join(random.Random(0).choices("abcdefghij", k=10**6))
+    data = write_corpus(tmp_path / "data")
+    with open(data / "train.en", "a", encoding="utf-8") as en, open(data / "train.de", "a", encoding="utf-8") as de:
+        en.write(word + "\n")
+        de.write("ein Wort .\n")
+    out = tmp_path / "run"
+    train(TrainConfig(data=data, out=out, vocab="bpe", vocab_size=700, steps=1, **TINY))
+    assert "left out 1 training pair(s) longer than 127 tokens (--max-len) before learning the vocabulary" \
+        in capsys.readouterr().err
+    vocab = Vocab.from_json(load_npz(out / "checkpoint.npz")[1]["vocab"])
+    assert not any(set(s.lstrip("#")) <= set("abcdefghij") and len(s.lstrip("#")) > 8 for s in vocab.itos)

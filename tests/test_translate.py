@@ -206,6 +206,7 @@ def test_auto_with_cupy_but_no_gpu_says_so_in_one_line(checkpoint):
     assert len(lines) == 1 and lines[0].startswith("attn-translate: using NumPy: CuPy imports, but no GPU is usable"), \
         r.stderr
     assert "Warning" not in r.stderr and ".py" not in r.stderr
+    assert "Error" not in r.stderr and "cuda" not in r.stderr.lower(), r.stderr     # a notice, not the driver's error
 
 
 # --------------------------------------------------------------------------- bounded input, one line per mistake
@@ -220,22 +221,39 @@ def _one_line_error(r, *words):
 
 
 def test_a_sentence_over_the_limit_is_refused_in_one_line_before_any_work(checkpoint):
-    r = run_cli("--checkpoint", checkpoint, stdin="a b c " * 200 + "\n")
-    _one_line_error(r, "sentence 1", "601 tokens", "512", "--max-length")
-    assert run_cli("--checkpoint", checkpoint, "--max-length", "601", "a b c " * 200).returncode == 0
+    r = run_cli("--checkpoint", checkpoint, stdin="a .\n" + "a b c " * 100 + "\n")
+    _one_line_error(r, "line 2", "301 tokens", "256", "--max-length")      # the tiny model's max_len: 256
+    r = run_cli("--checkpoint", checkpoint, "--max-length", "20", "a b . " + "a b c " * 10 + ". c .")
+    _one_line_error(r, "line 1, sentence 2 of 3,", "32 tokens", "limit of 20")
+    assert run_cli("--checkpoint", checkpoint, "--max-length", "40", "a b c " * 10).returncode == 0
 
 
-def test_long_input_is_cut_at_its_sentence_ends():
+def _alone(model, vocab, sentences):
+    """The translations of sentences one by one, joined as a line of them comes out."""
+    return " ".join(t.text for t in translate(model, vocab, sentences))
+
+
+def test_three_sentences_on_a_line_are_three_translations_on_one_line(checkpoint):
     model, vocab = tiny()
-    sentences = ["a b c .", "d e .", "a a a a ."]
-    (joined,) = translate(model, vocab, [" ".join(sentences)], max_source_tokens=8)
-    alone = translate(model, vocab, ["a b c . d e .", "a a a a ."], max_source_tokens=8)
-    assert joined.text == " ".join(t.text for t in alone)         # packed: as many whole sentences as fit
-    assert joined.attention is None
-    as_tokens = translate(model, vocab, [tokenize(" ".join(sentences))], max_source_tokens=8)
-    assert as_tokens[0].text == joined.text
-    with pytest.raises(ValueError, match="sentence 2 has a part of 9 tokens"):
-        translate(model, vocab, ["a", "a b c d e a b c"], max_source_tokens=8)
+    sentences = ["a b c .", "d e !", "a a a a ?"]
+    (joined,) = translate(model, vocab, [" ".join(sentences)])
+    assert joined.text == _alone(model, vocab, sentences)
+    assert joined.attention is None and joined.src_tokens.count(vocab.itos[EOS]) == 3
+    (as_tokens,) = translate(model, vocab, [tokenize(" ".join(sentences))])       # tokens: one sentence, as cut
+    assert as_tokens.src_tokens.count(vocab.itos[EOS]) == 1 and as_tokens.attention is None
+    r = run_cli("--checkpoint", checkpoint, stdin=" ".join(sentences) + "\nd e .\n")
+    assert r.returncode == 0 and r.stdout.split("\n") == [joined.text, _alone(model, vocab, ["d e ."]), ""]
+
+
+def test_a_text_of_900_sentences_on_one_line_is_translated_sentence_by_sentence():
+    """908 sentences, 5,000 tokens, in a single line: each translated, none packed with another."""
+    import random
+    model, vocab = tiny()
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choices(WORDS[:5], k=rng.randint(1, 9))) + " ." for _ in range(908)]
+    (joined,) = translate(model, vocab, [" ".join(sentences)], batch_size=256)
+    assert joined.src_tokens.count(vocab.itos[EOS]) == 908                # every sentence in, with its end mark
+    assert joined.text == _alone(model, vocab, sentences)
 
 
 def test_a_learned_table_bounds_the_limit_too():
@@ -243,7 +261,7 @@ def test_a_learned_table_bounds_the_limit_too():
     cfg = TransformerConfig(vocab_size=len(vocab), d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
                             n_decoder_layers=1, positional="learned", max_len=6)
     model = Transformer(cfg, seed=1)
-    with pytest.raises(ValueError, match="limit of 6 tokens"):
+    with pytest.raises(ValueError, match="limit of 6"):
         translate(model, vocab, ["a b c d e a b"])
     assert len(translate(model, vocab, ["a b c d e a b"], max_source_tokens=None)[0].src_tokens) == 6
 
@@ -273,7 +291,8 @@ def test_input_that_is_not_utf8_is_one_line_naming_the_line(checkpoint):
     (["--beam", "0"], ["--beam must be between 1 and"]),
     (["--beam", "1000000000"], ["--beam must be between 1 and"]),
     (["--batch-size", "0"], ["--batch-size must be at least 1"]),
-    (["--max-length", "1"], ["--max-length must be at least 2"]),
+    (["--max-length", "1"], ["--max-length must be between 2", "4,096"]),
+    (["--max-length", "100000000"], ["--max-length must be between 2", "got 100000000"]),
     (["--attention", "x.txt"], ["--attention x.txt", ".txt is not an image format"]),
     (["--attention", "/proc/att.png"], ["cannot write into /proc"]),
 ])

@@ -191,13 +191,21 @@ def _broken(doc: dict, case: str) -> tuple[dict, int | None]:
         doc["config"]["n_head"] = 4
     elif case == "short-weights":
         return doc, doc["weights"]["bytes"] - 2
+    elif case == "layers-1e8":
+        doc["config"]["n_encoder_layers"] = 10**8
+    elif case == "source-limit-1e9":
+        doc["max_source_tokens"] = 10**9
+    elif case == "no-sentences":
+        del doc["sentences"]
     return doc, None
 
 
 #: Each broken model, and what load_export's error and the page's both say.
 BROKEN = {"missing-tensor": "does not fit the config: missing", "n-heads-3": "must be divisible by n_heads",
           "wrong-shape": "the config says", "extra-tensor": "unexpected", "vocabulary-size": "the vocabulary has",
-          "unknown-field": "unknown fields", "short-weights": "bytes"}
+          "unknown-field": "unknown fields", "short-weights": "bytes",
+          "layers-1e8": "n_encoder_layers = 100,000,000 gives", "nan-weights": "holds NaN or infinite numbers",
+          "source-limit-1e9": "max_source_tokens must be an integer from 2 to 4,096"}
 
 
 @pytest.fixture(scope="module")
@@ -206,11 +214,14 @@ def broken_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("broken")
     doc = json.loads((TOY_MODEL / "model.json").read_text(encoding="utf-8"))
     raw = (TOY_MODEL / "weights.bin").read_bytes()
-    for case in BROKEN:
+    for case in [*BROKEN, "no-sentences"]:
         spoilt, size = _broken(doc, case)
         (root / case).mkdir()
         (root / case / "model.json").write_text(json.dumps(spoilt), encoding="utf-8")
-        (root / case / "weights.bin").write_bytes(raw if size is None else raw[:size])
+        weights = raw if size is None else raw[:size]
+        if case == "nan-weights":                     # the toy model's weights are float16: a NaN is 0x7e00
+            weights = weights[:100] + b"\x00\x7e" + weights[102:]
+        (root / case / "weights.bin").write_bytes(weights)
     return root
 
 
@@ -402,6 +413,21 @@ def test_a_broken_model_is_refused_with_a_message_on_the_page(site, broken_dir, 
         assert message.is_visible() and BROKEN[case] in message.inner_text(), message.inner_text()
         assert "could not load the model" in message.inner_text() and page.locator("#source").is_disabled()
         assert not errors, errors
+    finally:
+        context.close()
+
+
+@needs_browser
+def test_a_model_without_example_sentences_loads_and_translates(site, broken_dir):
+    """``sentences`` is optional in model.json: without it the page offers no examples, and
+    translates what is typed (it waited for ever before)."""
+    assert load_export(broken_dir / "no-sentences")[0] is not None
+    context, page, errors = _open(site, "?model=_test/broken/no-sentences/")
+    try:
+        assert page.evaluate("document.body.dataset.state") == "ready"
+        page.evaluate("window.attnPage.run('the old dog .')")
+        page.wait_for_function("() => document.body.dataset.state === 'done'", timeout=60_000)
+        assert page.locator("#output .tok").count() > 0 and not errors, errors
     finally:
         context.close()
 

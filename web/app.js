@@ -349,7 +349,8 @@ async function main() {
   $("#model-info").textContent = `model ${url}: d_model ${c.d_model}, ${c.n_encoder_layers}+${c.n_decoder_layers} layers, ` +
     `${c.n_heads} heads, d_ff ${c.d_ff}, ${c.norm}-norm, ${c.positional} positions, vocabulary ${vocab.length} ` +
     `(${vocab.bpe ? "BPE" : "words"}), weights ${meta.weights.dtype} (${meta.weights.bytes.toLocaleString("en")} bytes)`;
-  for (const s of meta.sentences) examples.append(new Option(s, s));
+  const sentences = meta.sentences ?? [];             // optional: a model without examples has none to offer
+  for (const s of sentences) examples.append(new Option(s, s));
   source.disabled = examples.disabled = false;
   source.addEventListener("input", (e) => run(source.value, e.timeStamp));
   examples.addEventListener("change", (e) => {
@@ -362,7 +363,7 @@ async function main() {
   stepInput.addEventListener("input", () => { clearInterval(replayTimer); render(+stepInput.value); });
   replay.addEventListener("click", startReplay);
   window.attnPage = { model, vocab, meta, run: (text) => run(text, performance.now()) };
-  const first = meta.sentences[0];
+  const first = sentences[0];
   if (first && !source.value) {
     source.value = first;
     await run(first, performance.now());

@@ -4,7 +4,8 @@ exactly as one does.
 Every rank takes the same few steps of a small model, on its share of batches that split
 unevenly (long sentences in the first rows, short ones after: the halves hold very different
 numbers of tokens, and the short half is mostly padding), with dropout on. Rank 0 then takes
-the same steps alone, on the whole batches, and compares:
+the same steps alone, on the whole batches, each split into two parts on two threads as
+attn-train's default engine splits it on two cores, and compares:
 
     the gradients of the first step       (relative error per parameter, attn.gradcheck.rel_error)
     the loss of every step                (relative difference)
@@ -40,6 +41,9 @@ from ..training.prepare import make_engine, step_loss_fn
 
 #: The largest differences allowed in float64 (gradients of step 1, losses, parameters after the last step).
 BOUNDS = {"grad": 1e-12, "loss": 1e-13, "param": 1e-10}
+#: Parts the process alone splits each batch into, on threads, as attn-train does on two cores (each
+#: rank takes its share in one part): the dropout masks must not depend on how the batch is cut.
+ALONE_WORKERS = 2
 #: Sentences per batch: the third has fewer sentences than... one rank, when there are two or more.
 BATCH_SIZES = (5, 4, 1)
 
@@ -68,15 +72,17 @@ def check_batches(vocab_size: int, seed: int = 0) -> list[Batch]:
     return batches
 
 
-def check_model(dtype: str, reference: bool):
-    """A small model with every dropout on, its optimizer and its loss (one worker thread)."""
+def check_model(dtype: str, reference: bool, workers: int = 1):
+    """A small model with every dropout on, its optimizer and its loss; the fast engine's NumPy
+    forward split into ``workers`` parts on threads (each part draws its rows of the whole
+    batch's dropout), as attn-train splits it on as many cores."""
     cfg = TransformerConfig.preset("toy", vocab_size=23, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
                                    n_decoder_layers=2, dropout=0.1, attention_dropout=0.1, relu_dropout=0.1,
                                    label_smoothing=0.1, warmup_steps=4)
     engine = "reference" if reference else "fast"
     model, opt = make_engine(Transformer(cfg, seed=0, dtype=dtype), engine, 1.0)
     if not reference:
-        model.workers = 1                   # one process's draws come from one stream (see distributed)
+        model.workers = workers
         opt.threads = 1
     return model, opt, step_loss_fn(engine)
 
@@ -157,12 +163,13 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
     result = None
     flat = dp.flat_grads(model.params, engines.gradient_arena(model))
     if dp.master:
-        model1, opt1, loss_fn1 = check_model(dtype, reference)
+        model1, opt1, loss_fn1 = check_model(dtype, reference, workers=ALONE_WORKERS)
         losses1, grads1, params1 = take_steps(model1, opt1, loss_fn1, batches)
         zero = zero_in_truth(grads1)
         result = {
             "backend": B.describe() if backend == "numpy" else backend, "transport": dp.transport,
             "engine": "reference" if reference else "fast", "dtype": dtype, "processes": dp.size,
+            "alone_parts": 1 if reference else ALONE_WORKERS,
             "normalisation": "local (wrong)" if wrong else "global",
             "dropout": ("drawn from the step's stream" if not counter else
                         "counter-based, keyed by the index in the share (wrong)" if wrong_dropout else

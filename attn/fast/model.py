@@ -5,6 +5,7 @@ with fewer passes over memory); its caches are in :mod:`attn.fast.caches`, its b
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import threading
 
@@ -145,11 +146,12 @@ class FastTransformer(FastBackward):
         """The flat buffer every gradient is written into (:mod:`attn.engine`)."""
         return self.arena
 
-    def step_memory(self):
+    def step_memory(self, key=None):
         """On CuPy, the model's :class:`attn.fast.stepmem.StepMemory`: every array a step makes
-        comes from one slab, at the same addresses every step; on NumPy nothing."""
+        comes from one slab, at the same addresses every step (those of the plan of ``key``'s
+        bucket: the batch's shapes); on NumPy nothing."""
         memory = StepMemory.of(self)
-        return contextlib.nullcontext() if memory is None else memory.step()
+        return contextlib.nullcontext() if memory is None else memory.step(key)
 
     def search(self) -> "FastSearch":
         """What :mod:`attn.decode`'s searches step (:class:`attn.engine.Search`)."""
@@ -348,8 +350,10 @@ class FastTransformer(FastBackward):
 
         On NumPy the batch is split by sentences into :attr:`workers` parts that run at the
         same time on separate threads (BLAS single-threaded meanwhile); :meth:`backward`
-        sums their gradients. The result is the same as one pass over the whole batch
-        (with dropout, each part draws its masks from its own stream, seeded from ``rng``).
+        sums their gradients. The result is the same as one pass over the whole batch, dropout
+        included: each part draws, from its own copy of ``rng``, what the whole batch would, and
+        keeps its rows (:class:`attn.training.distributed.RowsOf`), so the masks depend neither
+        on the number of parts nor on how many processes share the batch.
         """
         if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer.forward: src and tgt_in must be (B, S) and (B, T) with one B, "
@@ -360,13 +364,13 @@ class FastTransformer(FastBackward):
             return self._forward_part(src, tgt_in, rng)
         self._pos_table("src", src.shape[1])            # build the shared tables before the threads
         self._pos_table("tgt", T)
-        rngs = [None] * k
+        parts = _row_slices(Bsz, k)
+        rngs = [None] * k           # each part: its rows of what one pass over the batch draws
         if rng is not None:
-            seeds = B.to_host(rng.random_uint16((k, 4))).astype("int64")
-            rngs = [B.DeviceRNG(int(a) | int(b) << 16 | int(c) << 32 | int(d) << 48) for a, b, c, d in seeds]
+            from ..training.distributed import RowsOf
+            rngs = [RowsOf(copy.deepcopy(rng), sl.start, sl.stop, Bsz, keys_first=self.keys_first) for sl in parts]
         V = self.params[self._emb("out")].shape[0]
         logits = self.xp.empty((Bsz, T, V), dtype=self.dtype)
-        parts = _row_slices(Bsz, k)
         fused = self._fuse()                            # once, shared by the parts
         caches = _THREADS.parallel([
             lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused)[1]

@@ -4,6 +4,7 @@ report explains."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from hypothesis import reject
 
@@ -285,6 +286,7 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
                 except Failure as f:
                     if layer.explain is not None:
                         f.symptom = layer.explain(label, g, rg, ex, dout_host) or f.symptom
+                    diagnose(f, layer.name, label, B.to_host(g), B.to_host(rg), ex, dout_host)
                     raise
         _run_invariants(layer, {fname: _Wrapped(fwd, fname), bname: _Wrapped(bwd, bname)}, ex)
     if ex.gradcheck:
@@ -303,6 +305,122 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
                 raise Failure("backward", f"gradient {label} disagrees with central differences of your forward"
                               + where, formula, error=err, entries=_entries(gh, nh), symptom=_symptom(gh, nh),
                               tol=GRADIENT_TOL, look=look, arrays=(gh, nh))
+
+
+# ----------------------------------------------------------------------------- naming the missing term
+#
+# A wrong gradient is often the right one with a term left out, counted twice or given the
+# wrong sign. For the layers whose backward the lessons derive by hand, the terms of the
+# right gradient are computed here from the example; if yours minus the expected is exactly
+# a combination of them, the report names which (hint 1) and where that term comes from
+# (hint 2), instead of a scale factor or nothing.
+
+
+class Term(NamedTuple):
+    """One term of a correct gradient, computed on the example: ``expected`` contains it."""
+    name: str
+    value: object
+    look: str
+
+
+def _layer_norm_terms(x, gamma, eps, dout, where: str = "") -> list:
+    """The two terms of layer norm's dx besides the direct ``rstd * g``."""
+    mean = x.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    xhat, g = (x - mean) * rstd, dout * gamma
+    return [Term(f"{where}the mean term -rstd * mean(g)", -rstd * g.mean(axis=-1, keepdims=True) + 0 * x,
+                 f"{where}the mean of the row depends on every x of the row: its gradient takes mean(g) from "
+                 "every entry"),
+            Term(f"{where}the variance term -rstd * xhat * mean(g * xhat)", -rstd * xhat * (g * xhat).mean(
+                axis=-1, keepdims=True), f"{where}rstd = 1/sqrt(var + eps) depends on every x of the row too: it "
+                "is not a constant of the backward")]
+
+
+def _softmax_term(y, dy) -> Term:
+    return Term("the normaliser's term -y * sum(dy * y)", -y * (dy * y).sum(axis=-1, keepdims=True),
+                "each output depends on every logit of its row through the normaliser (the sum in the "
+                "denominator), not only on its own logit")
+
+
+def _terms(layer: str, label: str, ex: Example, dout) -> list:
+    """The terms of the library's gradient ``label`` on ``ex`` that a learner may leave out."""
+    lib = library_function
+    if layer == "layer_norm" and label == "dx":
+        return _layer_norm_terms(ex.get("x"), ex.get("gamma"), ex.get("eps"), dout)
+    if layer == "softmax" and label == "dx":
+        return [_softmax_term(B.to_host(lib("softmax_forward")(ex.get("x"), ex.get("mask"))[0]), dout)]
+    if layer == "residual_ffn" and label == "dx":
+        x, eps, gamma = ex.get("x"), ex.get("eps"), ex.get("gamma")
+        f, cf = lib("feed_forward_forward")(*(ex.get(n) for n in ("x", "w1", "b1", "w2", "b2")))
+        _, cn = lib("layer_norm_forward")(x + f, gamma, ex.get("beta"), eps)
+        dz = lib("layer_norm_backward")(dout, cn)[0]
+        through = lambda t: t + lib("feed_forward_backward")(t, cf)[0]          # noqa: E731  z's gradient to x
+        norm = [t._replace(value=through(t.value)) for t in _layer_norm_terms(x + f, gamma, eps, dout,
+                                                                               "the layer norm's ")]
+        return [Term("the skip path's dz", dz, "x reaches z = x + FFN(x) by two paths: the skip path passes dz "
+                                              "to x unchanged")] + norm
+    if layer == "attention" and label in ("dq", "dk") and not ex.get("dropout"):
+        q, k, v = ex.get("q"), ex.get("k"), ex.get("v")
+        w = B.to_host(lib("attention_forward")(q, k, v, ex.get("mask"))[1].weights)
+        t = _softmax_term(w, dout @ v.swapaxes(-1, -2))
+        ds = t.value / np.sqrt(q.shape[-1])
+        value = ds @ k if label == "dq" else ds.swapaxes(-1, -2) @ q
+        return [Term("the softmax's " + t.name[4:], value, "the softmax inside: " + t.look)]
+    return []
+
+
+def _scales(layer: str, label: str, ex: Example) -> dict:
+    """Named factors of a gradient: yours, the expected divided by one or times it, lacks it
+    or has it twice."""
+    if layer == "attention" and label in ("dq", "dk"):
+        return {"1/sqrt(d_k) of the scores": 1.0 / math.sqrt(ex.get("q").shape[-1])}
+    return {}
+
+
+def _fit(d, terms):
+    """Coefficients c with ``d == sum(c_k * terms_k)`` to rounding, or None."""
+    A = np.stack([np.broadcast_to(t, d.shape).reshape(-1) for t in terms], axis=1)
+    if np.linalg.matrix_rank(A) < A.shape[1]:
+        return None
+    c = np.linalg.lstsq(A, d.reshape(-1), rcond=None)[0]
+    return c if rel_error(A @ c, d.reshape(-1)) < 1e-7 else None
+
+
+def _how(c: float) -> str:
+    if abs(c + 1) < 1e-6:
+        return "is missing"
+    if abs(c - 1) < 1e-6:
+        return "is counted twice"
+    if abs(c + 2) < 1e-6:
+        return "has the wrong sign"
+    return f"has {1 + c:.4g} times its weight"
+
+
+def diagnose(f: Failure, layer: str, label: str, g, w, ex: Example, dout) -> None:
+    """Name the term or the factor that makes ``g`` (yours) differ from ``w`` (expected) in
+    ``f``'s symptom (hint 1) and where it comes from in ``f.look`` (hint 2), where the
+    comparison says which."""
+    if g.shape != w.shape or not np.isfinite(g).all() or w.dtype.kind != "f":
+        return
+    try:
+        terms = [t for t in _terms(layer, label, ex, dout) if np.abs(t.value).max() > 0]
+    except Exception:                   # an example the terms cannot be computed on: no diagnosis
+        terms = []
+    c = _fit(g - w, [t.value for t in terms]) if terms else None
+    if c is not None:
+        wrong = [(t, ck) for t, ck in zip(terms, c) if abs(ck) > 1e-6]
+        if wrong:
+            f.symptom = "yours is the expected where " + " and ".join(f"{t.name} {_how(ck)}" for t, ck in wrong)
+            f.look = "; ".join(t.look for t, _ in wrong)
+            return
+    ww = float((w * w).sum())
+    ratio = float((g * w).sum()) / ww if ww > 0 else 0.0
+    if ww > 0 and rel_error(g, ratio * w) < 1e-7:
+        for name, s in _scales(layer, label, ex).items():
+            if abs(ratio * s - 1) < 1e-6:
+                f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is missing"
+            elif abs(ratio - s) < 1e-6:
+                f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is applied twice"
 
 
 def _interleave(fwd, fname: str, ex: Example, drop) -> None:

@@ -28,6 +28,29 @@ FINAL_SCALE = 3
 # ----------------------------------------------------------------------------- grading a layer
 
 
+@contextlib.contextmanager
+def _the_seeds_examples_alone():
+    """Hypothesis (from 6.131) now and then draws a constant found in the source of the local
+    modules loaded so far, and caches what it found: a layer's examples would depend on what the
+    process imported before and on every literal of the library (a layer added, another layer's
+    examples changed). The grader draws without them, so that its examples are its seed's."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        empty = type(providers._local_constants)(**{f: type(v)(key=getattr(v, "key", None))
+                                                    for f, v in vars(providers._local_constants).items()})
+        real, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
+    except (ImportError, AttributeError, TypeError):     # another Hypothesis: nothing to take out
+        yield
+        return
+    providers._get_local_constants = lambda: empty
+    cache.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = real
+        cache.cache.clear()
+
+
 def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = None):
     """Hypothesis over the layer's examples with ``fn(ex)``; returns (runs, the failure or None)."""
     count = [0]
@@ -55,7 +78,8 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
             raise
 
     try:
-        run()
+        with _the_seeds_examples_alone():
+            run()
         return count[0], None
     except _Todo as e:
         return count[0], e.todo
@@ -351,6 +375,8 @@ def _blame_parts(results: list) -> None:
             part = failed[parts[0]]
             r.part = f"{parts[0]} failed first (fix {part.blame or parts[0]}): {r.layer} may pass once it does"
             r.blame = part.blame or r.blame
+            r.detail.look = f"{parts[0]} first, which failed above" + (f": {part.detail.look}" if isinstance(
+                part.detail, Failure) and part.detail.look else "")
 
 
 def _deferred(layer: Layer, origin: dict | None, given_fwd: bool) -> tuple:

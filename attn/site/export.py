@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .. import backend as B
 from ..checkpoint import CheckpointError, write_atomic
-from ..evaluate import MAX_SOURCE_TOKENS
+from ..evaluate import MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
 
 #: The format's name and version, the first thing a reader checks.
 FORMAT = "attn-web-1"
@@ -65,8 +65,9 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     ``dtype`` is the storage type of the weights, ``"float32"`` or ``"float16"`` (values
     outside float16's range are an error, not silently infinite). ``sentences`` are
     example source sentences the page offers in a list. ``max_source_tokens`` is the most
-    tokens the page lets a sentence have (its end mark included; a learned positional table's
-    ``max_len`` bounds it too), written as ``model.json``'s ``max_source_tokens``.
+    tokens the page lets a sentence have (its end mark included; at most
+    :data:`attn.evaluate.MAX_SOURCE_TOKENS_LIMIT`, and the model's ``max_len`` bounds it too),
+    written as ``model.json``'s ``max_source_tokens``.
 
     The two files are written into a new folder beside ``out_dir`` that then takes its place
     (:func:`_swap_in`). An ``out_dir`` that holds an export is an :class:`ExportError` unless
@@ -74,8 +75,10 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     """
     if dtype not in DTYPES:
         raise ValueError(f"export_model: dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if isinstance(max_source_tokens, bool) or not isinstance(max_source_tokens, int) or max_source_tokens < 2:
-        raise ValueError(f"export_model: max_source_tokens must be an integer of at least 2, got {max_source_tokens!r}")
+    if isinstance(max_source_tokens, bool) or not isinstance(max_source_tokens, int) \
+            or not 2 <= max_source_tokens <= MAX_SOURCE_TOKENS_LIMIT:
+        raise ValueError(f"export_model: max_source_tokens must be an integer from 2 to {MAX_SOURCE_TOKENS_LIMIT:,}, "
+                         f"got {max_source_tokens!r}")
     if len(vocab) != model.config.target_vocab_size:
         raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
                          f"the model {model.config.target_vocab_size}")
@@ -100,8 +103,7 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
         tensors.append({"name": name, "offset": offset, "shape": list(shape)})
         chunks.append(raw)
         offset += len(raw)
-    if model.config.positional == "learned":
-        max_source_tokens = min(max_source_tokens, model.config.max_len)
+    max_source_tokens = min(max_source_tokens, model.config.max_len)     # no longer than it was trained on
     doc = {
         "format": FORMAT,
         "config": model.config.to_dict(),
@@ -203,8 +205,12 @@ def load_export(out_dir):
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ExportError(f"{meta_path}: weights dtype {dtype!r:.40} is not one of {sorted(DTYPES)}")
     limit = doc.get("max_source_tokens", MAX_SOURCE_TOKENS)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
-        raise ExportError(f"{meta_path}: max_source_tokens must be an integer of at least 2, got {limit!r:.40}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 2 <= limit <= MAX_SOURCE_TOKENS_LIMIT:
+        raise ExportError(f"{meta_path}: max_source_tokens must be an integer from 2 to {MAX_SOURCE_TOKENS_LIMIT:,}, "
+                          f"got {limit!r:.40}")
+    examples = doc.get("sentences", [])
+    if not isinstance(examples, list) or not all(isinstance(x, str) for x in examples):
+        raise ExportError(f"{meta_path}: sentences must be a list of strings")
     on_disk = bin_path.stat().st_size
     if on_disk != size:
         raise ExportError(f"{bin_path} has {on_disk} bytes, {meta_path} says {size!r:.40}")
@@ -223,6 +229,8 @@ def load_export(out_dir):
             raise ExportError(f"{meta_path}: {name} at offset {offset!r:.40} runs past the end of {bin_path}")
         a = np.frombuffer(raw, dtype="<f4" if dtype == "float32" else "<f2", count=n // DTYPES[dtype],
                           offset=offset)
+        if not np.isfinite(a).all():
+            raise ExportError(f"{bin_path}: {name} holds NaN or infinite numbers")
         params[name] = B.to_device(a.astype(np.float32).reshape(shape))
     if len(vocab) != cfg.target_vocab_size:
         raise ExportError(f"{meta_path}: the vocabulary has {len(vocab)} tokens, the model {cfg.target_vocab_size}")
@@ -255,8 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the first N of --sentences (default 100; 0: all)")
     p.add_argument("--max-length", type=int, default=MAX_SOURCE_TOKENS, metavar="N",
                    help=f"the most tokens the page lets a sentence have, its end mark included (default "
-                        f"{MAX_SOURCE_TOKENS}; model.json's max_source_tokens): attention's memory and time grow "
-                        "with the square of the length")
+                        f"{MAX_SOURCE_TOKENS}, at most {MAX_SOURCE_TOKENS_LIMIT:,} and the model's max_len; "
+                        "model.json's max_source_tokens): attention's memory and time grow with the square of "
+                        "the length")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the export that DIR already holds (without it, that is an error)")
     return p
@@ -268,8 +277,9 @@ def main(argv=None) -> int:
     if args.max_sentences < 0:
         print(f"attn-export: error: --max-sentences must be at least 0, got {args.max_sentences}", file=sys.stderr)
         return 2
-    if args.max_length < 2:
-        print(f"attn-export: error: --max-length must be at least 2, got {args.max_length}", file=sys.stderr)
+    if not 2 <= args.max_length <= MAX_SOURCE_TOKENS_LIMIT:
+        print(f"attn-export: error: --max-length must be from 2 to {MAX_SOURCE_TOKENS_LIMIT:,}, got {args.max_length}",
+              file=sys.stderr)
         return 2
     try:
         _check_destination(args.out, args.overwrite)          # before reading anything

@@ -1,6 +1,7 @@
 """What a training run keeps on disk: its state and checkpoint, the snapshots that
 checkpoint averaging uses, and the files of ``out`` (a fresh run refuses an ``out`` that holds
-another run; ``--resume`` continues the one there).
+another run; ``--resume`` continues the one there; one run at a time holds an ``out``:
+:func:`hold_out`).
 
 A checkpoint holds the model, the Adam moments, the schedule step, the position in the data
 (epoch and batch), the vocabulary and the run's settings, so a resumed run repeats the
@@ -8,10 +9,14 @@ uninterrupted run's steps exactly, with any number of processes (:mod:`attn.trai
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import os
+import socket
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +24,7 @@ from .. import backend as B
 from ..checkpoint import CheckpointError, load_npz, remove_stale_temporaries, save_npz, write_text_atomic
 from ..data import Vocab
 from ..model import Transformer
+from ..model_files import model_members
 from ..optim import Adam
 from .config import TrainConfig, TrainConfigError, resumed_config, say_resumed_backend
 
@@ -100,6 +106,50 @@ def remove_previous_run(out: Path) -> list[str]:
     return removed
 
 
+#: The file in ``out`` that the run writing there holds locked, and which says who it is.
+LOCK_FILE = ".attn-train.lock"
+
+
+@contextlib.contextmanager
+def hold_out(out, master: bool = True):
+    """Hold ``out`` for one run, from before it looks at what ``out`` holds until it ends: a
+    TrainConfigError naming the run that holds it already (its process, machine and start). The
+    lock is the operating system's (``fcntl.flock`` on ``out/.attn-train.lock``, the standard
+    library's: the file also says who holds it, which a second run reads), so a killed run lets
+    go of it. Only process 0 of a data-parallel run (``master``) takes it; the others yield at once."""
+    if not master:
+        yield
+        return
+    import fcntl
+    out = Path(out)
+    check_out(out)
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "a process that has not said"
+            os.close(fd)
+            raise TrainConfigError(f"--out {out} is in use by another attn-train run ({holder}); wait for it "
+                                   f"to end or choose another --out") from None
+        if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+            break
+        os.close(fd)                # the run before removed the file as this one opened it: again
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()}, started "
+                     f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}".encode())
+        yield
+    finally:
+        os.unlink(path)             # before letting go, so that no one locks a file no longer there
+        os.close(fd)
+        if made and not any(out.iterdir()):         # a run that wrote nothing leaves no folder behind
+            out.rmdir()
+
+
 def open_run(config: TrainConfig, given=None):
     """The settings of the run about to start in ``config.out``, and its checkpoint if it resumes.
 
@@ -114,7 +164,7 @@ def open_run(config: TrainConfig, given=None):
     if config.resume:
         if not ckpt_path.is_file():
             raise CheckpointError(f"--resume: there is no checkpoint at {ckpt_path}")
-        saved = load_npz(ckpt_path)
+        saved = load_npz(ckpt_path, expect=functools.partial(model_members, optimizer=True))
         check_resumable(ckpt_path, *saved)
         asked_backend = config.backend
         config = resumed_config(config, saved[1].get("args", {}), given)
@@ -145,12 +195,14 @@ def check_out(out: Path) -> None:
         raise TrainConfigError(f"--out {out}: cannot write into {folder} ({e.strerror})") from None
 
 
-def start_writing(out: Path, fresh_overwrite: bool, record: dict, say, evals: list | None = None) -> None:
+def start_writing(out: Path, fresh_overwrite: bool, record: dict, say, evals: list | None = None,
+                  step: int | None = None) -> None:
     """Make ``out``, remove the temporary files a killed run left there, clear a previous run if
     this fresh run was told to ``--overwrite`` it, and write ``config.json`` (``record``: the model
-    config, the settings, the corpus...). A resumed run passes the checkpoint's ``evals``:
-    ``metrics.jsonl`` is rewritten to hold exactly those (none written after the checkpoint), and
-    the ``warmup_rule`` that the first session recorded is kept."""
+    config, the settings, the corpus...). A resumed run passes the checkpoint's ``evals`` and
+    ``step``: ``metrics.jsonl`` is rewritten to hold exactly those evaluations and the snapshots
+    taken after ``step`` are removed (none written after the checkpoint is kept, so that none is
+    averaged), and the ``warmup_rule`` that the first session recorded is kept."""
     out.mkdir(parents=True, exist_ok=True)
     stale = remove_stale_temporaries(out, RUN_FILES) + remove_stale_temporaries(out / "snapshots", ["step-*.npz"])
     if stale:
@@ -161,7 +213,18 @@ def start_writing(out: Path, fresh_overwrite: bool, record: dict, say, evals: li
         if record.get("warmup_rule") is None:
             record = {**record, "warmup_rule": _saved_record(out / "config.json").get("warmup_rule")}
         write_text_atomic(out / "metrics.jsonl", "".join(json.dumps(e) + "\n" for e in evals))
+    if step is not None:
+        later = [f for f in (out / "snapshots").glob("step-*.npz") if _snapshot_step(f) > step]
+        for f in later:
+            f.unlink()
+        if later:
+            say(f"removed {len(later)} snapshot(s) taken after the checkpoint's step {step}")
     write_text_atomic(out / "config.json", json.dumps(record, indent=2))
+
+
+def _snapshot_step(path: Path) -> int:
+    """The step of a snapshot named ``step-00000120.npz``."""
+    return int(path.stem.split("-", 1)[1])
 
 
 def _saved_record(path: Path) -> dict:
@@ -172,13 +235,18 @@ def _saved_record(path: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def check_something_left(config: TrainConfig, state: TrainState) -> None:
-    """A resumed run that has already met its stopping rule is an error, not a run of one more step."""
+def check_something_left(config: TrainConfig, state: TrainState) -> str | None:
+    """A resumed run that has already met its stopping rule is an error, not a run of one more step;
+    unless its test was never scored (stopped during it: no metrics.json), and then what stopped
+    it comes back, for the run to take its test alone. None: there are steps left."""
     for name, done, limit in (("steps", state.step, config.steps), ("epochs", state.epoch, config.epochs),
                               ("minutes", state.wall_seconds / 60.0, config.minutes)):
         if limit and done >= limit:
+            if not (Path(config.out) / "metrics.json").exists():
+                return f"reached --{name} {limit:g}"
             raise TrainConfigError(f"--resume: the run in {config.out} has already reached --{name} {limit:g} "
                                    f"({done:.4g} done); give a larger --{name} to train on")
+    return None
 
 
 def snapshot(out: Path, model: Transformer, vocab: Vocab, step: int, keep: int) -> None:

@@ -58,6 +58,11 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+#: The largest batch (``--max-tokens``) in tokens: forty times the paper's, whose activations alone
+#: would fill a large GPU's memory many times over.
+MAX_BATCH_TOKENS = 1_000_000
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a training run, with its default.
@@ -124,6 +129,8 @@ class TrainConfig:
         for name in ("data", "tsv", "out"):
             v = getattr(self, name)
             if isinstance(v, str):
+                if not v.strip():
+                    self._bad(name, "must be a path, not empty (for the current folder give .)")
                 object.__setattr__(self, name, Path(v))
             elif v is not None and not isinstance(v, Path):
                 self._bad(name, "must be a path")
@@ -179,6 +186,9 @@ class TrainConfig:
                 self._bad(name, "must be an integer")
             if v < low:
                 self._bad(name, f"must be at least {low}")
+        if self.max_tokens is not None and self.max_tokens > MAX_BATCH_TOKENS:
+            self._bad("max_tokens", f"must be at most {MAX_BATCH_TOKENS:,} (the paper's batches hold 25,000 "
+                                    f"source and 25,000 target tokens)")
         for name, check, rule in (("minutes", lambda v: v >= 0, "must be >= 0 (0: no limit)"),
                                   ("lr_factor", lambda v: 0 < v <= MAX_LR_FACTOR,
                                    f"must be > 0 and at most {MAX_LR_FACTOR:g} (1 is the paper's rate)"),
@@ -407,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", type=int, help="stop after this many optimizer steps (0: no limit)")
     g.add_argument("--epochs", type=int, help="stop after this many epochs (0: no limit)")
     g.add_argument("--max-tokens", type=int,
-                   help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')})")
+                   help=f"tokens per batch, padding included (default: the preset's, {_recipe('max_tokens')}; "
+                        f"at most {MAX_BATCH_TOKENS:,}, the global batch under mpiexec)")
     g.add_argument("--warmup", type=int,
                    help=f"warm-up steps of the schedule (default: the preset's, or {round(WARMUP_FRACTION * 100)}%% of the "
                         "steps that --minutes/--steps/--epochs allow when that is shorter, with the peak learning "
@@ -438,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-repeat-ngram", type=int, metavar="N",
                    help="no test translation repeats one of its own N-grams of tokens (0: off; default: the "
                         f"preset's, {_recipe('no_repeat_ngram')})")
-    g.add_argument("--out", type=Path, help=f"output folder (default {_D.out})")
+    g.add_argument("--out", help=f"output folder (default {_D.out}); one run at a time: a second run on a "
+                                 "folder in use is refused")
     g.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
                         f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")

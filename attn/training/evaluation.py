@@ -103,7 +103,8 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
     final_model, choice = choose_final_model(model, out, config.average, vocab, run.val_batches,
                                              model_config.label_smoothing, last_eval)
     scores, test_hyps = evaluate_translations(final_model, vocab, run.corpus.test, beam_size=config.beam,
-                                              alpha=config.alpha, no_repeat_ngram=config.no_repeat_ngram)
+                                              alpha=config.alpha, no_repeat_ngram=config.no_repeat_ngram,
+                                              progress=not config.quiet)
     test_bleu = scores.bleu
     write_text_atomic(out / "test_translations.txt", "\n".join(test_hyps) + "\n")
     last = state.evals[-1] if state.evals else {}
@@ -122,15 +123,12 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
                "wall_seconds": round(wall_seconds, 2), "stop": stop_reason, **extra}
     write_text_atomic(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     plot_losses(out, state)
-    if not config.quiet:                  # quiet: the metrics are in metrics.json and returned, not dumped
-        print(json.dumps(metrics), file=sys.stderr)
     final_path = out / "averaged.npz" if final_model is not model else out / "checkpoint.npz"
-    print(f"test BLEU {test_bleu:.2f}, chrF {scores.chrf:.2f}, lower-cased BLEU {scores.bleu_lc:.2f} "
-          f"(sacrebleu {scores.signatures.get('bleu', '-')}; chrF {scores.signatures.get('chrf', '-')})")
-    print(f"test BLEU {test_bleu:.2f} ({'beam %d, alpha %g' % (config.beam, config.alpha) if config.beam > 1 else 'greedy'}"
-          f"{', no repeated %d-gram' % config.no_repeat_ngram if config.no_repeat_ngram else ''}"
-          f"{', average of the last %d snapshots' % config.average if final_model is not model else ''}); "
-          f"translate with: attn-translate --checkpoint {final_path}"
+    how = ", ".join([f"beam {config.beam}, alpha {config.alpha:g}" if config.beam > 1 else "greedy"]
+                    + ([f"no repeated {config.no_repeat_ngram}-gram"] if config.no_repeat_ngram else [])
+                    + ([f"average of the last {config.average} snapshots"] if final_model is not model else []))
+    print(f"test BLEU {test_bleu:.2f}, chrF {scores.chrf:.2f} ({how}; every figure in {out / 'metrics.json'})")
+    print(f"translate with: attn-translate --checkpoint {final_path}"
           + (f" --beam {config.beam} --alpha {config.alpha:g}" if config.beam > 1 else "")
           + (f" --no-repeat-ngram {config.no_repeat_ngram}" if config.no_repeat_ngram else "") + ' "a sentence"')
     return metrics

@@ -14,11 +14,14 @@ from pathlib import Path
 
 from .. import backend as B
 from .. import engine as engines
+from ..bpe import MAX_WORD_CHARS
+from ..checkpoint import CheckpointError
 from ..data import DataError, Vocab, encode_pairs, make_batches, read_parallel, read_tsv, tokenize
 from ..loss import cross_entropy
 from ..model import PRESETS, Transformer, TransformerConfig
 from ..optim import Adam
 from ..precision import FP32, Precision
+from ..text import split_glue
 from .checkpoints import TrainState, check_something_left, state_from_checkpoint
 from .config import DEFAULT_BPE_SIZE, EVAL_SHARE, WARMUP_FRACTION, TrainConfig, TrainConfigError
 
@@ -41,6 +44,7 @@ class Prepared:
     val_batches: list
     loss_fn: object            # loss_fn(logits, targets, eps) -> (loss, dlogits), see step_loss_fn
     warmup_rule: dict | None   # how the warm-up was fitted to the budget (None: not fitted)
+    untested: str | None = None    # a resumed run that met its budget but whose test was cut short: why it stopped
 
 
 def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
@@ -51,26 +55,33 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     built on the training split, the weights drawn from ``config.seed``, the warm-up fitted to
     the budget). ``dp`` is the data-parallel group (:mod:`attn.training.distributed`) or None;
     it only changes how the step time is measured for the warm-up. ``say`` prints progress.
+    The run's ``config`` is the engine's to settle first (:meth:`attn.engine.Engine.settle`: on a
+    GPU a feature that fails its probe is switched off); :attr:`Prepared.config` is what runs.
     """
     engine = engines.get(config.engine)
     if config.later_block() and not config.reference:
         say(f"{' '.join(config.later_block())}: the readable engine trains this block (the fast one runs the paper's)")
+    config = engine.settle(config, say)          # on a GPU: a feature that fails its probe is switched off
     loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
+    train_pairs = within_reach(corpus.train, longest_pair(config, config.model_config(2)), config.vocab == "bpe", say)
     if saved is not None:
         arrays, meta = saved
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz"))
+        if len(vocab) != model.config.target_vocab_size:
+            raise CheckpointError(f"--resume: {Path(config.out) / 'checkpoint.npz'}: the vocabulary has {len(vocab)} "
+                                  f"tokens, the model {model.config.target_vocab_size}")
         model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision,
                                  config.cooldown)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
-        check_something_left(config, state)
+        untested = check_something_left(config, state)
         say(f"resumed from {Path(config.out) / 'checkpoint.npz'} at step {state.step} "
             f"(epoch {state.epoch}, batch {state.batch_index})")
     else:
         t_vocab = time.perf_counter()
-        vocab = build_vocab(corpus.train, config.min_freq, config.vocab, config.vocab_size)
+        vocab = build_vocab(train_pairs, config.min_freq, config.vocab, config.vocab_size)
         if vocab.bpe is not None:
             say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
                 f"{time.perf_counter() - t_vocab:.1f} s")
@@ -80,7 +91,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
 
     model_config = model.config
     max_len = longest_pair(config, model_config)
-    train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
+    train_enc = encode_pairs(train_pairs, vocab, max_len=max_len)
     if not train_enc:
         raise DataError(f"{corpus.source}: no training pair is left of {len(corpus.train)}: every one is empty on "
                         f"a side or longer than {max_len} tokens (--max-len; the preset's max_len is "
@@ -90,8 +101,23 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     if saved is None and config.warmup is None and (config.minutes or config.steps or config.epochs):
         model, opt, model_config, warmup_rule = fit_warmup(model, model_config, config, train_enc, engine, dp)
         state.wall_seconds += warmup_rule.get("probe_seconds", 0.0)
-        say(f"warm-up: {model_config.warmup_steps} steps ({warmup_rule['why']})")
-    return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule)
+    return Prepared(config, corpus, vocab, engine, model, opt, state, train_enc, val_batches, loss_fn, warmup_rule,
+                    untested if saved is not None else None)
+
+
+def within_reach(pairs: list, limit: int, bpe: bool, say) -> list:
+    """The pairs whose sides could be at most ``limit`` tokens, decided on their words before any
+    vocabulary is learned: a word is at least one token, and at least one BPE piece per
+    :data:`attn.bpe.MAX_WORD_CHARS` characters. The others would be skipped anyway once encoded;
+    leaving them out first spares learning and encoding them (a 1 MB line: minutes)."""
+    def least(text: str) -> int:
+        words = tokenize(text)
+        return sum(-(-len(split_glue(w)[0]) // MAX_WORD_CHARS) for w in words) if bpe else len(words)
+    kept = [p for p in pairs if least(p[0]) <= limit and least(p[1]) <= limit]
+    if len(kept) < len(pairs):
+        say(f"attn-train: left out {len(pairs) - len(kept)} training pair(s) longer than {limit} tokens "
+            f"(--max-len) before learning the vocabulary")
+    return kept
 
 
 def longest_pair(config: TrainConfig, model_config: TransformerConfig) -> int:
@@ -257,7 +283,8 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
         by_time = config.minutes * 60.0 * (1.0 - EVAL_SHARE) / per_step
         if by_time < allowed:
             allowed = by_time
-            why = f"about {by_time:.0f} steps in --minutes {config.minutes:g} at {per_step:.2f} s/step"
+            why = (f"an estimated {by_time:.0f} steps in --minutes {config.minutes:g}, from {per_step:.2f} s a step "
+                   f"timed on {len(batches)} step{'s' if len(batches) > 1 else ''} before training")
         rule.update(seconds_per_step=round(per_step, 4), probe_seconds=round(time.perf_counter() - t0, 2))
     warmup = max(1, min(model_config.warmup_steps, round(WARMUP_FRACTION * allowed)))
     why = (f"{WARMUP_FRACTION:.0%} of {why}" if warmup < model_config.warmup_steps

@@ -1,3 +1,7 @@
+// Code keeps its indentation when a line wraps (a phone): each line of a code block becomes
+// a block of its own whose continuation rows hang under the line's code, four columns in
+// (attn.css, .attn-line), instead of restarting at column 0.
+//
 // The lessons' output tables keep their columns on a narrow page: where a block's widest
 // table line (a line with columns: two spaces or more between words) is wider than the page,
 // the block's font shrinks until it fits, down to 60 %. Prose lines longer than the page wrap
@@ -16,7 +20,7 @@
     document.querySelectorAll("div.cell_output pre").forEach(function (pre) {
       pre.style.fontSize = "";
       var widest = 0;
-      pre.textContent.split("\n").forEach(function (line) {
+      pre.innerText.split("\n").forEach(function (line) {
         if (/\S {2,}\S/.test(line)) widest = Math.max(widest, line.length);
       });
       if (!widest) return;
@@ -30,8 +34,57 @@
       }
     });
   }
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fit);
-  else fit();
+  function splitLines(pre) {
+    var lines = [[]];
+    Array.from(pre.childNodes).forEach(function (node) {
+      var parts = node.textContent.split("\n");
+      parts.forEach(function (part, i) {
+        if (i > 0) lines.push([]);
+        if (!part) return;
+        if (parts.length === 1) { lines[lines.length - 1].push(node); return; }
+        var copy = node.nodeType === Node.TEXT_NODE ? document.createTextNode(part) : node.cloneNode(false);
+        if (copy.nodeType !== Node.TEXT_NODE) copy.textContent = part;
+        lines[lines.length - 1].push(copy);
+      });
+    });
+    if (lines.length > 1 && !lines[lines.length - 1].length) lines.pop();
+    return lines;
+  }
+  function hangIndent() {
+    document.querySelectorAll("div.highlight pre").forEach(function (pre) {
+      if (pre.closest(".cell_output") || pre.querySelector(".attn-line")) return;
+      var lines = splitLines(pre);
+      pre.textContent = "";
+      lines.forEach(function (nodes) {
+        var line = document.createElement("span");
+        line.className = "attn-line";
+        nodes.forEach(function (n) { line.appendChild(n); });
+        line.style.setProperty("--attn-indent", line.textContent.match(/^ */)[0].length);
+        pre.appendChild(line);
+      });
+    });
+  }
+  // Inline maths wider than the column (a phone) scrolls in its own box; the theme's box
+  // hides what overflows. Only those boxes scroll: a scrolling box would move the baseline of
+  // every other inline formula.
+  function scrollWideMath() {
+    document.querySelectorAll("span.math").forEach(function (span) {
+      span.classList.remove("attn-wide");
+      var shown = span.querySelector("mjx-container > mjx-math");    // not the wider hidden MathML
+      if (shown && shown.getBoundingClientRect().width > span.clientWidth + 1) span.classList.add("attn-wide");
+    });
+  }
+  function afterMath() {
+    var ready = window.MathJax && MathJax.startup && MathJax.startup.promise;
+    (ready || Promise.resolve()).then(scrollWideMath);
+  }
+  function start() { hangIndent(); fit(); }
+  window.addEventListener("load", afterMath);
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
   var timer;
-  window.addEventListener("resize", function () { clearTimeout(timer); timer = setTimeout(fit, 100); });
+  window.addEventListener("resize", function () {
+    clearTimeout(timer);
+    timer = setTimeout(function () { fit(); scrollWideMath(); }, 100);
+  });
 })();

@@ -7,8 +7,9 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
 to look, ``--hint 3`` the formula.
 
-Only the layers whose functions you define are checked, so you can write one at a time
-(``--layer rnn_step`` checks one). Each forward returns ``(out, cache)``: the cache is
+Every layer this file asks for is graded; one whose body still raises
+NotImplementedError is "not implemented yet", so you can write one at a time
+(``--layer rnn_step`` grades one). Each forward returns ``(out, cache)``: the cache is
 yours, whatever your backward needs. Each backward returns the gradients in the order
 the forward took its inputs. ``xp = B.get_array_module(x)`` is NumPy (or CuPy on a GPU);
 use it instead of importing NumPy, and keep the input's dtype.

@@ -7,7 +7,8 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
 to look, ``--hint 3`` the formula.
 
-Only the functions you define are checked. ``B.host`` is NumPy (the table is built on the
+Every function this file asks for is graded; one whose body still raises NotImplementedError
+is "not implemented yet". ``B.host`` is NumPy (the table is built on the
 host); ``xp = B.get_array_module(x)`` is the array library of x (NumPy or CuPy).
 """
 from __future__ import annotations

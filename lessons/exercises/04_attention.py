@@ -7,7 +7,8 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
 to look, ``--hint 3`` the formula.
 
-Only the layers whose functions you define are checked (``--layer softmax`` checks one).
+Every layer this file asks for is graded; one whose body still raises NotImplementedError
+is "not implemented yet" (``--layer softmax`` grades one).
 Each forward returns ``(out, cache)`` (the cache is yours); each backward returns the
 gradients in the order the forward took its inputs. ``xp = B.get_array_module(x)``.
 """

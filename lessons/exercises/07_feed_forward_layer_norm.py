@@ -7,7 +7,8 @@ Write the bodies below (replace each ``raise NotImplementedError``), then grade 
 When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` adds where
 to look, ``--hint 3`` the formula.
 
-Only the layers whose functions you define are checked (``--layer layer_norm`` checks one).
+Every layer this file asks for is graded; one whose body still raises NotImplementedError
+is "not implemented yet" (``--layer layer_norm`` grades one).
 Each forward returns ``(out, cache)`` (the cache is yours); each backward returns the
 gradients in the order the forward took its inputs. ``xp = B.get_array_module(x)``.
 The library's layers are at hand as ``L.linear_forward``, ``L.dropout_forward``, ... (imported

@@ -61,7 +61,28 @@ export function checkConfig(obj) {
   }
   if (!(typeof c.ln_eps === "number" && Number.isFinite(c.ln_eps) && c.ln_eps >= 0)) bad(`ln_eps must be a number >= 0, got ${show(c.ln_eps)}`);
   if (!(typeof c.warmup_steps === "number" && c.warmup_steps >= 1)) bad(`warmup_steps must be positive, got ${show(c.warmup_steps)}`);
+  const count = parameterCount(c);
+  if (count > MAX_PARAMETERS) {             // before a shape is listed or a byte allocated
+    const field = SIZE_FIELDS.reduce((best, f) => (parameterCount({ ...c, [f]: 1 }) < parameterCount({ ...c, [best]: 1 }) ? f : best));
+    bad(`${field} = ${c[field].toLocaleString("en")} gives ${count.toLocaleString("en")} parameters, ` +
+        `more than the ${MAX_PARAMETERS.toLocaleString("en")} a model may have`);
+  }
   return c;
+}
+
+// The most parameters a config may give, and the fields its size grows with (attn.model.MAX_PARAMETERS,
+// SIZE_FIELDS): a config that asks for more is refused naming the field that makes it so.
+export const MAX_PARAMETERS = 2 ** 32;
+const SIZE_FIELDS = ["vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_len"];
+
+// How many numbers parameterShapes(c) holds, counted without listing them (attn.model.parameter_count).
+export function parameterCount(c) {
+  const D = c.d_model, F = c.d_ff, V = c.vocab_size, T = c.tgt_vocab_size ?? V;
+  const embeddings = c.share_embeddings ? V * D : V * D + 2 * T * D;
+  const positions = c.positional === "learned" ? 2 * c.max_len * D : 0;
+  const attention = 4 * D * D + 4 * D, ffn = 2 * D * F + F + D, norm = 2 * D;
+  return embeddings + positions + c.n_encoder_layers * (attention + ffn + 2 * norm) +
+    c.n_decoder_layers * (2 * attention + ffn + 3 * norm) + (c.norm === "pre" ? 2 * norm : 0);
 }
 
 export const targetVocabSize = (c) => c.tgt_vocab_size ?? c.vocab_size;
@@ -102,6 +123,10 @@ export function parameterShapes(c) {
   return shapes;
 }
 
+// The largest max_source_tokens (attn.evaluate.MAX_SOURCE_TOKENS_LIMIT): attention over more positions
+// would block the page for minutes.
+export const MAX_SOURCE_TOKENS_LIMIT = 4096;
+
 // Bytes per number of each storage type; both little-endian IEEE 754.
 const DTYPES = { float32: 4, float16: 2 };
 
@@ -114,8 +139,13 @@ export function checkExport(meta) {
   const config = checkConfig(meta.config);
   const vocab = Vocab.fromJson(meta.vocab);
   const limit = meta.max_source_tokens;
-  if (limit !== undefined && !(Number.isInteger(limit) && limit >= 2)) {
-    throw new Error(`max_source_tokens must be an integer of at least 2, got ${JSON.stringify(limit)}`);
+  if (limit !== undefined && !(Number.isInteger(limit) && limit >= 2 && limit <= MAX_SOURCE_TOKENS_LIMIT)) {
+    throw new Error(`max_source_tokens must be an integer from 2 to ${MAX_SOURCE_TOKENS_LIMIT.toLocaleString("en")}, ` +
+                    `got ${JSON.stringify(limit)}`);
+  }
+  const examples = meta.sentences;
+  if (examples !== undefined && !(Array.isArray(examples) && examples.every((x) => typeof x === "string"))) {
+    throw new Error("sentences must be a list of strings");
   }
   const w = meta.weights;
   if (w === null || typeof w !== "object" || !Array.isArray(w.tensors)) throw new Error("weights: no index of tensors");
@@ -178,6 +208,7 @@ export async function loadModel(url) {
     const data = new Float32Array(n);
     if (w.dtype === "float32") for (let i = 0; i < n; i++) data[i] = view.getFloat32(offset + 4 * i, true);
     else for (let i = 0; i < n; i++) data[i] = halfToFloat(view.getUint16(offset + 2 * i, true));
+    if (!data.every(Number.isFinite)) throw new Error(`${base}${w.file}: ${name} holds NaN or infinite numbers`);
     params[name] = tensor(shape, data);
   }
   return { model: new Transformer(config, params), vocab, meta };

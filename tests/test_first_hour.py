@@ -1,0 +1,41 @@
+"""What a newcomer meets first: the end of a training run is a short summary with the figures in
+metrics.json, the progress bars write lines of their own when not on a terminal, and packaging
+says nothing about the licence."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from attn import backend as B
+from attn.train import config_from_argv, train
+from test_train import TINY, write_corpus
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_end_of_a_run_is_a_short_summary_and_bars_write_lines(tmp_path, capsys):
+    B.set_backend("numpy")
+    data, out = write_corpus(tmp_path), tmp_path / "run"
+    loud = [flag for flag in TINY if flag != "--quiet"]
+    metrics = train(config_from_argv(["--data", str(data), *loud, "--backend", "numpy", "--steps", "12",
+                                      "--eval-every", "6", "--out", str(out)]))
+    captured = capsys.readouterr()
+    assert metrics == json.loads((out / "metrics.json").read_text())
+    summary = [line for line in captured.out.splitlines() if not line.startswith("step ")]
+    assert len(summary) == 2, captured.out
+    assert summary[0].startswith(f"test BLEU {metrics['test_bleu']:.2f}, chrF") and "metrics.json" in summary[0]
+    assert summary[1].startswith(f"translate with: attn-translate --checkpoint {out}")
+    lines = captured.err.splitlines()
+    assert not any(line.startswith("{") for line in captured.out.splitlines() + lines)      # no JSON dump
+    assert "\r" not in captured.err and max(map(len, lines)) < 300, captured.err            # capsys: no terminal
+    assert any(line.startswith("train: 100%") for line in lines), captured.err
+    assert any(line.startswith("test: 100%") for line in lines), captured.err
+
+
+def test_packaging_says_nothing_about_the_licence(tmp_path):
+    r = subprocess.run([sys.executable, "-c", "import setuptools; setuptools.setup()", "egg_info", "--egg-base",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Warning" not in r.stderr and "icense" not in r.stderr, r.stderr
