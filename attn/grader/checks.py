@@ -370,11 +370,28 @@ def _terms(layer: str, label: str, ex: Example, dout) -> list:
 
 
 def _scales(layer: str, label: str, ex: Example) -> dict:
-    """Named factors of a gradient: yours, the expected divided by one or times it, lacks it
-    or has it twice."""
+    """Named factors: ``name -> (factor, whether the right gradient has it)``. Yours, the
+    expected divided by a factor it has, lacks it; times it, has it twice; times one it has
+    not, has it in excess."""
     if layer == "attention" and label in ("dq", "dk"):
-        return {"1/sqrt(d_k) of the scores": 1.0 / math.sqrt(ex.get("q").shape[-1])}
+        return {"1/sqrt(d_k) of the scores": (1.0 / math.sqrt(ex.get("q").shape[-1]), True)}
+    if layer == "linear" and label in ("dw", "db"):
+        n = ex.get("x").size // ex.get("x").shape[-1]
+        return {f"1/{n}, one over the number of rows: a mean over the rows instead of their sum": (1.0 / n, False)}
     return {}
+
+
+def _alternatives(layer: str, label: str, ex: Example, dout) -> list:
+    """Whole wrong gradients a learner often writes, computed on the example: (what yours
+    equals, where to look)."""
+    if layer == "relu" and label == "dx":
+        x = ex.get("x")
+        return [(dout, "dout itself: the ReLU's mask (x > 0) is missing", "which array decides where the gradient "
+                 "passes: the forward's input x"),
+                (dout * (dout > 0), "dout * (dout > 0): the mask comes from dout instead of x",
+                 "the mask is the forward's: where x > 0, whatever the sign of dout"),
+                (dout * (x <= 0), "dout * (x <= 0): the mask is inverted", "which side of 0 passes the gradient")]
+    return []
 
 
 def _fit(d, terms):
@@ -402,6 +419,13 @@ def diagnose(f: Failure, layer: str, label: str, g, w, ex: Example, dout) -> Non
     comparison says which."""
     if g.shape != w.shape or not np.isfinite(g).all() or w.dtype.kind != "f":
         return
+    same = [(what, look) for value, what, look in _alternatives(layer, label, ex, dout)
+            if rel_error(g, np.broadcast_to(value, g.shape)) < 1e-7]
+    if same:
+        f.symptom = "yours is " + " or ".join(what for what, _ in same) + (
+            " (this example cannot tell them apart)" if len(same) > 1 else "")
+        f.look = same[0][1] if len(same) == 1 else f.look
+        return
     try:
         terms = [t for t in _terms(layer, label, ex, dout) if np.abs(t.value).max() > 0]
     except Exception:                   # an example the terms cannot be computed on: no diagnosis
@@ -416,11 +440,12 @@ def diagnose(f: Failure, layer: str, label: str, g, w, ex: Example, dout) -> Non
     ww = float((w * w).sum())
     ratio = float((g * w).sum()) / ww if ww > 0 else 0.0
     if ww > 0 and rel_error(g, ratio * w) < 1e-7:
-        for name, s in _scales(layer, label, ex).items():
-            if abs(ratio * s - 1) < 1e-6:
+        for name, (s, has) in _scales(layer, label, ex).items():
+            if has and abs(ratio * s - 1) < 1e-6:
                 f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is missing"
             elif abs(ratio - s) < 1e-6:
-                f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is applied twice"
+                f.symptom = f"yours is {ratio:.6g} times the expected: " + (
+                    f"the factor {name} is applied twice" if has else f"the factor {name}")
 
 
 def _interleave(fwd, fname: str, ex: Example, drop) -> None:
