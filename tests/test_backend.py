@@ -3,7 +3,6 @@ libraries spell differently (scatter-add, host transfer, seeded random numbers).
 from __future__ import annotations
 
 import ast
-import re
 import sys
 from pathlib import Path
 
