@@ -32,6 +32,11 @@ EX8 = ("--exercise", "08_backprop_by_hand")
 FORWARD_FIRST = r"blame:\s+fix {f} first: the forward is wrong"
 EX7 = ("--exercise", "07_feed_forward_layer_norm")
 CAUGHT_AS = {
+    # The later block's layers (lesson 26).
+    "rope_backward_turns_the_same_way": ("rope", "rope_backward", r"gradient dx differs", ()),
+    "swiglu_gate_derivative_is_the_sigmoid": ("swiglu", "swiglu_backward", r"gradient dx differs", ()),
+    "grouped_query_attention_heads_tiled": ("grouped_query_attention", "grouped_query_attention_forward",
+                                            r"check:\s+invariant: with \d key/value heads for \d query heads", ()),
     # The rows of issue 28's table: what a file written to get full marks without being right gets.
     "softmax_pickle_on_the_pipe": ("softmax", "softmax_forward", r"softmax_forward sent the grader something that "
                                    r"is not plain data", ()),
