@@ -13,6 +13,7 @@ a program. ``auto`` picks CuPy only where it imports *and* a GPU is usable.
 from __future__ import annotations
 
 import os
+import threading
 from types import ModuleType
 
 import numpy as np
@@ -227,27 +228,50 @@ def host_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+#: The thread's cuRAND generator per CuPy module (``by_module``: name -> (generator, a weak
+#: reference to the DeviceRNG using it)).
+_CURAND = threading.local()
+
+
 class DeviceRNG:
     """Seeded random numbers drawn on the selected backend's device (dropout masks).
 
     On NumPy this is a ``numpy.random.Generator``; on CuPy a
     ``cupy.random.RandomState``. The stream differs between backends, which is
     fine for dropout; reproducibility within a backend comes from the seed.
+
+    The trainer makes one a step. On CuPy, cuRAND's generator is made at the first draw, not
+    before (the fast engine's dropout reads only :attr:`seed`, so its steps make none), and one
+    generator serves every DeviceRNG of a thread in turn, seeded again for each (the numbers of
+    a new ``cupy.random.RandomState(seed)``): making and destroying a cuRAND generator may wait
+    for the device, and a destructor may run while a stream captures a graph. A DeviceRNG
+    drawing while an earlier one that drew is still alive gets a generator of its own.
     """
 
     def __init__(self, seed: int):
         self.seed = int(seed)
-        if get_backend() == "cupy":
-            self._gen = xp().random.RandomState(self.seed)
-            self._cupy = True
-        else:
-            self._gen = np.random.default_rng(self.seed)
-            self._cupy = False
+        self._cupy = get_backend() == "cupy"
+        self._gen = None if self._cupy else np.random.default_rng(self.seed)
+
+    def _curand(self):
+        """This DeviceRNG's CuPy generator (see the class docstring)."""
+        if self._gen is None:
+            import weakref
+            cp = xp()
+            shared, owner = getattr(_CURAND, "by_module", {}).get(cp.__name__, (None, None))
+            if shared is not None and owner() is None:
+                shared.seed(self.seed)                     # what RandomState(seed) does after making one
+                self._gen = shared
+            else:
+                self._gen = cp.random.RandomState(self.seed)
+            if shared is None or self._gen is shared:
+                _CURAND.by_module = {**getattr(_CURAND, "by_module", {}), cp.__name__: (self._gen, weakref.ref(self))}
+        return self._gen
 
     def random(self, shape, dtype="float32"):
         """Uniform numbers in ``[0, 1)`` of the given shape and dtype."""
         if self._cupy:
-            return self._gen.random_sample(shape, dtype=dtype)
+            return self._curand().random_sample(shape, dtype=dtype)
         dt = np.dtype(dtype)
         if dt in (np.float32, np.float64):
             return self._gen.random(shape, dtype=dt)
@@ -262,7 +286,7 @@ class DeviceRNG:
         for s in (shape if isinstance(shape, tuple) else (shape,)):
             n *= int(s)
         if self._cupy:
-            return self._gen.randint(0, 1 << 16, size=n, dtype="uint16").reshape(shape)
+            return self._curand().randint(0, 1 << 16, size=n, dtype="uint16").reshape(shape)
         if getattr(self, "_bits", None) is None:
             self._bits = np.random.SFC64(np.random.SeedSequence([self.seed, 0x5eed]))
         return self._bits.random_raw((n + 3) // 4).view(np.uint16)[:n].reshape(shape)

@@ -120,9 +120,10 @@ class Tuned(Protocol):
     #: knows the sentence axis of its dropout draws.
     keys_first: bool
 
-    def step_memory(self):
-        """A context manager around one training step: a true value when it gives every step the
-        same addresses (a loss kept past the step is then copied)."""
+    def step_memory(self, key=None):
+        """A context manager around one training step (``key``: the batch's shapes, which tell
+        the steps that ask for the same arrays): a true value when it gives every step the same
+        addresses (a loss kept past the step is then copied)."""
 
     def search(self) -> Search:
         """Its own :class:`Search`."""
@@ -140,10 +141,10 @@ def keys_first(model) -> bool:
     return isinstance(model, Tuned) and model.keys_first
 
 
-def step_memory(model):
-    """The context one training step runs in: the model's own (:class:`Tuned`), else the array
-    library's memory as anywhere else (the value None)."""
-    return model.step_memory() if isinstance(model, Tuned) else contextlib.nullcontext()
+def step_memory(model, key=None):
+    """The context one training step runs in (``key``: the batch's shapes): the model's own
+    (:class:`Tuned`), else the array library's memory as anywhere else (the value None)."""
+    return model.step_memory(key) if isinstance(model, Tuned) else contextlib.nullcontext()
 
 
 class Engine(Protocol):
@@ -164,6 +165,10 @@ class Engine(Protocol):
     def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn): ...
 
     def check_precision(self, precision: Precision, dtype="float32") -> None: ...
+
+    def settle(self, config, say):
+        """The run's config as this device can run it (an engine probes what it needs), saying
+        through ``say`` what it switched off."""
 
 
 class EngineError(ValueError):
@@ -203,6 +208,10 @@ class ReferenceEngine:
 
     def check_precision(self, precision: Precision, dtype="float32") -> None:
         check_precision(self, precision)
+
+    def settle(self, config, say):
+        """``config`` as it is: the readable model needs nothing a device could lack."""
+        return config
 
 
 def check_precision(engine: Engine, precision: Precision) -> None:

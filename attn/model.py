@@ -8,10 +8,10 @@ Every sub-layer sits in a residual connection with dropout, followed by layer
 norm (post-norm, as in the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``.
 ``norm="pre"`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final norm.
 
-The block of later models is three options away, each off by default (lesson 26):
+The block of later models is four options away, each off by default (lesson 26):
 ``positional="rope"`` (rotary positions on every self-attention's queries and keys instead
 of a table added to the embeddings), ``ffn="swiglu"`` (the gated network, at the width that
-keeps the parameter count) and ``kv_heads`` (grouped-query attention).
+keeps the parameter count), ``kv_heads`` (grouped-query attention) and ``norm_kind="rms"``.
 
 The model owns a ``params`` dict with stable dotted names and assembles the
 forward/backward pairs of :mod:`attn.layers`. ``forward`` returns
@@ -34,7 +34,8 @@ from .layers import (dropout_backward, dropout_forward, embedding_backward, embe
                      layer_norm_forward, multi_head_attention_backward,
                      multi_head_attention_forward, positional_backward, positional_forward,
                      sinusoidal_table)
-from .layers import rope_forward, swiglu_backward, swiglu_forward, swiglu_width
+from .layers import rmsnorm_backward, rmsnorm_forward, rope_forward, swiglu_backward, swiglu_forward, swiglu_width
+from .layers.rmsnorm import RMSNormCache
 from .layers.attention import attention_forward, merge_heads, repeat_kv, split_heads
 from .layers.swiglu import SwigluCache
 from .masks import decoder_mask, padding_mask
@@ -77,7 +78,7 @@ class TransformerConfig:
     max_len: int = 256               # rows of the positional table (sinusoids extend on demand)
     positional: str = "sinusoidal"   # or "learned" (Table 3, row E), or "rope" (rotary, lesson 26)
     norm: str = "post"               # "post" (the paper) or "pre"
-    norm_kind: str = "layer"         # "layer": the paper's layer norm
+    norm_kind: str = "layer"         # "layer" (the paper's layer norm) or "rms" (RMSNorm: no mean, no beta)
     ffn: str = "relu"                # "relu" (equation 2) or "swiglu" (width 2/3 d_ff, no biases)
     kv_heads: int | None = None      # key/value heads of every attention (None: n_heads; 1: multi-query)
     rope_base: float = 10000.0       # the base of rotary positions' angles
@@ -103,7 +104,7 @@ class TransformerConfig:
             if not 0.0 <= v < 1.0:
                 bad(f"{name} must be in [0, 1), got {v!r}")
         for name, kinds in (("positional", ("sinusoidal", "learned", "rope")), ("norm", ("post", "pre")),
-                            ("norm_kind", ("layer",)), ("ffn", ("relu", "swiglu"))):
+                            ("norm_kind", ("layer", "rms")), ("ffn", ("relu", "swiglu"))):
             if getattr(self, name) not in kinds:
                 bad(f"{name} must be one of {', '.join(map(repr, kinds))}, got {getattr(self, name)!r}")
         if self.kv_heads is not None and (not isinstance(self.kv_heads, int) or self.kv_heads < 1
@@ -164,7 +165,7 @@ def later_block(cfg: TransformerConfig) -> list[str]:
     """The parts of a later model's block that ``cfg`` asks for (lesson 26), as ``field=value``:
     empty for the paper's block, post- or pre-norm."""
     parts = (("positional", cfg.positional == "rope"), ("ffn", cfg.ffn != "relu"),
-             ("kv_heads", cfg.key_value_heads != cfg.n_heads))
+             ("kv_heads", cfg.key_value_heads != cfg.n_heads), ("norm_kind", cfg.norm_kind != "layer"))
     return [f"{name}={getattr(cfg, name)!r}" for name, on in parts if on]
 
 
@@ -280,7 +281,7 @@ def sinusoids(cfg: TransformerConfig, T: int, dtype, xp, table=None):
 #: forward functions take them (:mod:`attn.layers`).
 ATTENTION = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
 FFN = {"relu": ("w1", "b1", "w2", "b2"), "swiglu": ("w1", "w3", "w2")}     # SwiGLU: Llama's names, no biases
-NORM = {"layer": ("gamma", "beta")}
+NORM = {"layer": ("gamma", "beta"), "rms": ("gamma",)}
 
 
 class SublayerCache(NamedTuple):
@@ -392,13 +393,18 @@ def _sublayer_input_backward(dskip, dh, cache: SublayerCache, norm, grads):
 
 
 def norm_forward(x, p, norm, cfg):
-    """The norm called ``norm`` in ``p`` (``norm1``, ``encoder.norm``, ...)."""
+    """The norm called ``norm`` in ``p`` (``norm1``, ``encoder.norm``, ...): layer norm, or RMSNorm."""
+    if cfg.norm_kind == "rms":
+        return rmsnorm_forward(x, p[norm + ".gamma"], cfg.ln_eps)
     return layer_norm_forward(x, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
 
 
 def norm_backward(dout, cache, norm, grads):
     """Backward of :func:`norm_forward`: its parameters' gradients into ``grads``. Returns dx."""
-    dx, grads[norm + ".gamma"], grads[norm + ".beta"] = layer_norm_backward(dout, cache)
+    if isinstance(cache, RMSNormCache):
+        dx, grads[norm + ".gamma"] = rmsnorm_backward(dout, cache)
+    else:
+        dx, grads[norm + ".gamma"], grads[norm + ".beta"] = layer_norm_backward(dout, cache)
     return dx
 
 

@@ -79,8 +79,9 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     takes its share of the batch's sentences, and the gradients and the loss are the
     sums over all processes: those of the whole batch, as one process computes them.
 
-    The step runs inside ``engines.step_memory(model)`` (:mod:`attn.engine`): an engine may make a step's
-    arrays at the same addresses every step, and then the loss returned is a copy of its own.
+    The step runs inside ``engines.step_memory(model, shapes)`` (:mod:`attn.engine`): an engine may
+    make a step's arrays at the same addresses every step of those shapes, and then the loss returned
+    is a copy of its own.
 
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
     and the learning rate the step used. With ``copy_loss=False`` the loss may lie in the step
@@ -95,7 +96,7 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
         check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
     if dp is not None:                       # a data-parallel step all-reduces between its launches
         return _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    with engines.step_memory(model) as reused:
+    with engines.step_memory(model, (batch.src.shape, batch.tgt_in.shape)) as reused:
         loss, lr = _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
     return (loss.copy() if copy_loss and reused else loss), lr
 
@@ -199,6 +200,7 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
         _check_cuda_graph(config, dp)            # before any work
     _check_precision(config)
     run = prepare(config, saved, parallel, dp.say)
+    config = run.config                          # as the device can run it (a feature failing its probe, off)
     model, opt, state, vocab = run.model, run.opt, run.state, run.vocab
     out, ckpt_path, smoothing = Path(config.out), Path(config.out) / "checkpoint.npz", model.config.label_smoothing
     dp.check_same_parameters(model.params)       # several processes: the same weights, or an error

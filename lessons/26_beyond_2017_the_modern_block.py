@@ -240,3 +240,16 @@ assert np.abs(dsilu - num_dsilu).max() < 1e-6 and s_a.min() < 0
 # ```
 # attn-check lessons/exercises/rmsnorm.py
 # ```
+#
+# Then the three layers of this lesson, each a starter with its signature and the shapes:
+#
+# ```
+# attn-check lessons/exercises/rope.py
+# attn-check lessons/exercises/swiglu.py
+# attn-check lessons/exercises/grouped_query_attention.py
+# ```
+#
+# Each is graded on the examples that prove the library's layer, hard ones included, and on
+# the invariants above: a rotation keeps lengths and sees only offsets, a zero value path
+# gates nothing, and grouped-query attention is the paper's attention with each group's
+# key/value head repeated. `attn-check --hint 2` says where to look, `--hint 3` gives the formula.

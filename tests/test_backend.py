@@ -3,7 +3,6 @@ libraries spell differently (scatter-add, host transfer, seeded random numbers).
 from __future__ import annotations
 
 import ast
-import re
 import sys
 from pathlib import Path
 
@@ -269,7 +268,8 @@ def test_real_cupy_without_a_gpu_auto_falls_back_to_numpy_and_says_why(real_cupy
     with warnings.catch_warnings():
         warnings.simplefilter("error")                   # said by the command, in its own words
         assert B.set_backend("auto") is np
-    assert re.fullmatch(r"using NumPy: CuPy imports, but no GPU is usable \(\w+.*", B.auto_fallback_notice())
+    assert B.auto_fallback_notice() == ("using NumPy: CuPy imports, but no GPU is usable on this machine "
+                                        "(--backend numpy: no notice)")        # one quiet line, no CUDA error
     assert B.get_backend() == "numpy" and B.xp() is np
     assert B.describe().startswith("numpy (auto: CuPy imports, but no GPU is usable (")
     B.set_backend("numpy")
@@ -327,3 +327,29 @@ def test_attn_train_auto_without_a_gpu_trains_on_numpy_and_says_why(real_cupy_no
     assert "backend numpy (auto: CuPy imports, but no GPU is usable (" in r.stderr
     metrics = __import__("json").loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["backend"] == "numpy" and metrics["steps"] == 2
+
+
+def test_device_rngs_share_one_curand_generator_made_at_the_first_draw():
+    """The trainer makes a DeviceRNG a step: on CuPy (here the stand-in) one cuRAND generator
+    serves them in turn, made at the first draw (none where nothing is drawn, as in the fast
+    engine's steps), each DeviceRNG's numbers those of a new RandomState of its seed; one drawing
+    while an earlier one is still alive gets its own."""
+    from conftest import selected_backend
+    with selected_backend("fakecupy") as cp:
+        made = cp.random.RandomState.made
+        unused = [B.DeviceRNG(s) for s in range(3)]
+        assert cp.random.RandomState.made == made and unused[0].seed == 0
+        for s in range(4):
+            rng = B.DeviceRNG(s)
+            got = rng.random((5,)).get()
+            np.testing.assert_array_equal(got, cp.random.RandomState(s).random_sample((5,), dtype="float32").get())
+            np.testing.assert_array_equal(rng.random_uint16((3,)).get().dtype, np.uint16)
+            del rng
+        made_here = cp.random.RandomState.made - made - 4           # less the four made to compare
+        a, b = B.DeviceRNG(7), B.DeviceRNG(8)
+        first = a.random((4,)).get(), b.random((4,)).get(), a.random((4,)).get()
+        fresh = cp.random.RandomState(7), cp.random.RandomState(8)
+        assert made_here <= 1
+        np.testing.assert_array_equal(first[0], fresh[0].random_sample((4,), dtype="float32").get())
+        np.testing.assert_array_equal(first[1], fresh[1].random_sample((4,), dtype="float32").get())
+        np.testing.assert_array_equal(first[2], fresh[0].random_sample((4,), dtype="float32").get())

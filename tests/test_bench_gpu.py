@@ -13,6 +13,7 @@ import io
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import attn.backend as B
@@ -136,3 +137,30 @@ def test_bench_precision_runs_both_frameworks_at_it():
     finally:
         torch.set_float32_matmul_precision(before)
         torch.backends.cuda.matmul.allow_tf32 = before_tf32
+
+
+def test_the_memory_meter_counts_what_it_saw_on_a_step_whose_plan_holds():
+    """The peak of a training step on CuPy (here the stand-in, whose pool tells memory hooks of
+    every allocation and free, as CuPy's does): a block handed out before the meter and freed
+    during it is not subtracted; and the step is measured once its step memory runs it on a plan
+    (the third call, which the benchmark measured, was traced again into the pool), where it
+    takes nothing from the pool."""
+    from conftest import selected_backend
+    from attn.bench.memory import _cupy_peak_hook, _settle
+    with selected_backend("fakecupy") as cp:
+        old = cp.ones(1000, dtype=np.float32)
+        hook = _cupy_peak_hook(cp)
+        with hook:
+            del old                                            # 4,000 bytes the hook never saw handed out
+            kept = cp.ones(256, dtype=np.float32) + 1          # two blocks of 1,024 bytes, one freed
+        assert (hook.peak, hook.used) == (2048, 1024) and kept.size == 256
+        f = _quick_work("cupy")["train_step"].ours
+        f(), f()
+        memory = f.step_memory
+        f()
+        assert memory.last_outcome != "planned" and memory.overflows > 0      # what was measured
+        _settle(f)
+        assert memory.last_outcome == "planned" and memory.overflows == 0
+        with _cupy_peak_hook(cp) as hook:
+            f()
+        assert hook.peak == 0 and memory.last_outcome == "planned"

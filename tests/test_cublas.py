@@ -327,6 +327,14 @@ def test_stand_in_cublas_refuses_what_would_leave_an_array():
     b[...] = 2
     CB.sgemm(h, 0, 0, 4, 4, 4, al, a.data.ptr, 4, b.data.ptr, 4, be, c.data.ptr, 4)
     assert (c.get() == 8).all()
+    # aliasing: cuBLAS reads A and B while it writes C, so a C sharing memory with either is
+    # undefined on a GPU; the stand-in refuses it (it would read everything first and pass)
+    with pytest.raises(CB.CUBLASError, match="C shares memory with A"):
+        CB.sgemm(h, 0, 0, 4, 4, 4, al, a.data.ptr, 4, b.data.ptr, 4, be, a.data.ptr, 4)
+    wide = fcp.zeros((8, 4), dtype=np.float32)                 # B and C two halves of one array: fine
+    CB.sgemm(h, 0, 0, 4, 4, 4, al, a.data.ptr, 4, wide.data.ptr, 4, be, wide[4:].data.ptr, 4)
+    with pytest.raises(CB.CUBLASError, match="C shares memory with B"):           # one row in common
+        CB.sgemm(h, 0, 0, 4, 4, 4, al, a.data.ptr, 4, wide.data.ptr, 4, be, wide[3:].data.ptr, 4)
 
 
 def test_a_captured_cublas_call_replays_on_what_memory_holds_then():

@@ -949,6 +949,8 @@ def test_cupy_decoding_kernels_match_numpy(cupy, dtype):
     ids = banned.argmax(1)
     assert ids[0] == 3 and ids[1] == 2 and cp.asnumpy(toks).tolist() == ids.tolist()
     assert np.array_equal(cp.asnumpy(info), np.stack([ids, cp.asnumpy(lp)[np.arange(4), ids]]))
+    with pytest.raises(ValueError, match="every one of the 2 tokens is banned"):     # nothing to choose
+        K.greedy_pick(cp.zeros((4, 2), dtype=dtype), (0, 1), info, toks)
     # beam: 2 sentences x W = 2 beams, each beam's c = 3 best, the sentence's C = 4 best
     W, c, C = 2, 3, 4
     scores = np.array([0.0, -0.5, -1.0, -np.inf])                          # the last beam is dead

@@ -54,12 +54,15 @@ def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
     assert json.loads((tmp_path / "r" / "report.json").read_text()) == report
     assert report["dry_run"] and report["device"]["gpu"].startswith("fakecupy") and not report["preflight"]["missing"]
     rows = {r["name"]: r for r in report["rows"]}
-    assert list(rows) == ["suite", "counts-quick", "bench-quick-train_step", "bench-quick-forward",
+    assert list(rows) == ["preflight", "suite", "counts-quick", "bench-quick-train_step", "bench-quick-forward",
                           "precision-quick-bf16", "graph-quick-fp32", "train", "train-cuda-graph", "memory-quick-attn"]
     bad = rows.pop("bench-quick-forward")
     assert bad["status"] == "failed" and "injected failure in forward" in bad["why"], bad
     assert all(r["status"] == "ok" for r in rows.values()), [(r["name"], r.get("why")) for r in rows.values()]
     assert rows["suite"]["suite"]["counts"]["passed"] >= 10 and not rows["suite"]["suite"]["failures"]
+    checks = {c["check"]: c for c in rows["preflight"]["checks"]}
+    assert len(checks) == 13 and all(c["ok"] for c in checks.values()), checks
+    assert "1 graph, equal to eager" in checks["captured step"]["figure"]
     assert rows["bench-quick-train_step"]["result"]["seconds_per_step"] > 0
     assert {p["phase"] for p in rows["bench-quick-train_step"]["result"]["phases"]} >= {"loss", "optimizer"}
     assert rows["precision-quick-bf16"]["result"]["seconds_per_step"] > 0
@@ -68,7 +71,8 @@ def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
     mem = rows["memory-quick-attn"]["result"]
     assert mem["step_memory_mb"] > 0 and mem["peak_memory_mb"] >= mem["step_memory_mb"]
     md = (tmp_path / "r" / "REPORT.md").read_text()
-    for heading in ("# attn on a GPU: the report", "Dry run on the CuPy stand-in", "## Preflight",
+    for heading in ("# attn on a GPU: the report", "Dry run on the CuPy stand-in", "## What is installed",
+                    "## Preflight: the riskiest paths first", "PASS  captured step",
                     "## The test suite on the GPU", "## attn against PyTorch", "## At bf16 and tf32",
                     "## The captured step", "## Training the toy translator", "## Peak GPU memory", "## Commands"):
         assert heading in md, heading
@@ -77,7 +81,7 @@ def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
     assert f"| quick | train_step | fp32 | {rows['bench-quick-train_step']['result']['seconds_per_step']:.4f} | - | - | " \
            f"{launches:g} | 0 | 0 | ok |" in md
     assert "| quick | forward | fp32 | - | - | - | - | - | - | **failed**: exit 1: RuntimeError: injected failure" in md
-    assert "9 rows, 8 ok: bench-quick-forward failed." in md
+    assert "10 rows, 9 ok: bench-quick-forward failed." in md
 
 
 def _tiny(tmp_path):
@@ -127,16 +131,20 @@ def test_the_suite_result_is_read_from_pytest_output():
 
 
 def test_each_part_fits_in_ten_minutes():
-    """The limits of each part's tasks add up to under 600 s (a lent machine's limit per
-    command), on the GPU's plan and the dry run's; every measurement is a task of its own."""
-    assert G.PART_SECONDS < 600
+    """The limits of each part's tasks, with the report's own children before them and a kill's
+    grace per task, add up to under 600 s (a lent machine's limit per command), on the GPU's plan
+    and the dry run's; every measurement is a task of its own; the preflight comes first."""
+    assert G.PART_SECONDS < 600 and G.PARTS[0] == "preflight" and G.PREFLIGHT_SECONDS <= 8 * 60
+    tasks = [G.Task("bench", "a", [], 100, "bench"), G.Task("suite", "b", [], 50, "counts", beside=True),
+             G.Task("suite", "c", [], 70, "counts", beside=True)]
+    assert G.part_limits({"x": tasks}) == {"x": 2 * G.CHILD_SECONDS + 100 + 70 + 3 * G.KILL_GRACE}
     for dry in (False, True):
         limits = G.part_limits(G.plan(dry_run=dry))
         assert set(limits) == set(G.PARTS) and all(0 < v <= G.PART_SECONDS for v in limits.values()), limits
     parts = G.plan()
     assert {t.info["measurement"] for t in parts["bench"]} >= {"train_step", "forward", "greedy_cached"}
-    assert {(t.info["preset"], t.info["precision"]) for t in parts["precision"]} >= {("toy-bench", "bf16"),
-                                                                                       ("base", "tf32")}
+    assert {(t.info["preset"], t.info["precision"]) for t in parts["precision"] + parts["base"]} >= {
+        ("toy-bench", "bf16"), ("base", "tf32")}
     assert all(t.info["measurement"] == "train_step_graph" and "--warmup" in t.cmd for t in parts["graph"])
     assert any("--cuda-graph" in t.cmd for t in parts["train"])
     assert G.TRAIN_SECONDS >= G.TRAIN_MINUTES * 60 + 30
@@ -147,9 +155,15 @@ def test_the_page_says_what_is_missing():
     """A stopped suite, a failed measurement and a training without metrics are said so on the
     page, not left out."""
     report = {"dry_run": False, "date": "d", "commit": None, "seconds": 600.0, "device": {"gpu": "G"},
-              "parts": ["suite", "bench", "train"], "limits": {"suite": 340, "bench": 550, "train": 420},
+              "parts": ["preflight", "suite", "bench", "train"],
+              "limits": {"preflight": 485, "suite": 340, "bench": 550, "train": 420},
               "preflight": {"have": {"pytest": "9"}, "missing": {}},
-              "rows": [{"part": "suite", "name": "suite", "command": "python -m pytest -q", "returncode": -15,
+              "rows": [{"part": "preflight", "name": "preflight", "command": "python -m attn.bench.preflight",
+                        "returncode": 1, "timed_out": False, "seconds": 30.0, "limit_seconds": 420,
+                        "status": "failed", "why": "exit 1: tf32: AssertionError: neither",
+                        "checks": [{"check": "kernels", "ok": True, "figure": "52 kernels in 61.0 s", "seconds": 61},
+                                   {"check": "tf32", "ok": False, "figure": "AssertionError: neither", "seconds": 1}]},
+                       {"part": "suite", "name": "suite", "command": "python -m pytest -q", "returncode": -15,
                         "timed_out": True, "seconds": 90.0, "limit_seconds": 240, "status": "ok",
                         "suite": {"counts": {"passed": 3, "failed": 1}, "failures": ["tests/test_a.py::test_b"],
                                   "stopped_at_time_limit": True}},
@@ -161,6 +175,7 @@ def test_the_page_says_what_is_missing():
                         "timed_out": False, "seconds": 9.0, "limit_seconds": 240, "status": "failed",
                         "why": "exit 1: boom", "result": None}]}
     md = render_markdown(report)
+    assert "PASS  kernels          52 kernels in 61.0 s\nFAIL  tf32             AssertionError: neither" in md
     assert "3 passed, 1 failed (stopped at its time limit)" in md and "* failed: `tests/test_a.py::test_b`" in md
     assert "| base | forward | fp32 | - | - | - | - | - | - | **failed**: exit 1: CUDARuntimeError |" in md
     assert "no metrics.json (**failed**: exit 1: boom" in md

@@ -50,12 +50,29 @@ def residual_ffn_backward(dout, cache):
     dx_ffn, dw1, db1, dw2, db2 = feed_forward_backward(dz, cache.ffn)
     return {ret}, dw1, db1, dw2, db2, dgamma, dbeta
 '''
+LINEAR = '''
+from attn.layers import linear_forward
+
+
+def linear_backward(dout, cache):
+    x, w = cache
+    x2, d2 = x.reshape(-1, w.shape[0]), dout.reshape(-1, w.shape[1])
+    return (d2 @ w.T).reshape(x.shape), {dw}, {db}
+'''
 RIGHT_LN = "rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))"
 NO_MEAN = "rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))"
 NO_VAR = "rstd * (g - g.mean(axis=-1, keepdims=True))"
 
 #: layer -> (mistake, the file, what "looks like" must say, what "look at" must say)
 MISTAKES = {
+    "linear": [
+        ("dw transposed", LINEAR.format(dw="d2.T @ x2", db="d2.sum(axis=0)"), r"transposed product",
+         r"which two arrays are multiplied, in which order"),
+        ("db a mean", LINEAR.format(dw="x2.T @ d2", db="d2.mean(axis=0)"),
+         r"a mean over the rows instead of their sum", r"which axes the bias gradient is summed over"),
+        ("dw a mean", LINEAR.format(dw="x2.T @ d2 / len(d2)", db="d2.sum(axis=0)"),
+         r"a mean over the rows instead of their sum", r"every position contributes to dw"),
+    ],
     "layer_norm": [
         ("no mean term", LN.format(dx=NO_MEAN), r"the mean term .* is missing", r"mean of the row"),
         ("no variance term", LN.format(dx=NO_VAR), r"the variance term .* is missing$", r"rstd = 1/sqrt"),

@@ -71,7 +71,7 @@ class Case(NamedTuple):
         c = self.cfg
         return (f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, D {c.d_model}, H {c.n_heads}, F {c.d_ff}, "
                 f"V {c.vocab_size}/{c.target_vocab_size}, {c.norm}-norm, {c.positional} positions, "
-                f"{c.ffn} network, {c.key_value_heads} key/value heads, "
+                f"{c.ffn} network, {c.key_value_heads} key/value heads, {c.norm_kind} norm, "
                 f"{'shared' if c.share_embeddings else 'separate'} embeddings, "
                 f"dropout {c.dropout}/{c.attention_dropout}/{c.relu_dropout}, smoothing {c.label_smoothing}, "
                 f"src {self.src.tolist()}, tgt_in {self.tgt_in.tolist()}, tgt_out {self.tgt_out.tolist()}, "
@@ -90,7 +90,8 @@ def cases(draw, dropout: bool = False, max_len: int = 5, max_batch: int = 2, max
           max_width: int = 8, max_cost: int | None = None) -> Case:
     """Layers 1-2 each, heads 1-2, d_model 4-8, d_ff 2-8, lengths 1-max_len with trailing
     padding, shared or separate embeddings, post- or pre-norm, sinusoidal, learned or rotary
-    positions, the ReLU or the SwiGLU network, every head its keys or one key/value head for two.
+    positions, the ReLU or the SwiGLU network, every head its keys or one key/value head for two,
+    layer norm or RMSNorm.
     With ``dropout`` every dropout (residual, attention, feed-forward) is on. ``max_cost`` rejects
     models whose :func:`check_cost` exceeds it."""
     H = draw(st.sampled_from([1, 2]))
@@ -109,6 +110,7 @@ def cases(draw, dropout: bool = False, max_len: int = 5, max_batch: int = 2, max
         label_smoothing=draw(st.sampled_from([0.0, 0.1, 0.3])), max_len=max_len,
         positional=positional, norm=draw(st.sampled_from(["post", "pre"])),
         ffn=draw(st.sampled_from(["relu", "swiglu"])), kv_heads=draw(st.sampled_from([None, 1])),
+        norm_kind=draw(st.sampled_from(["layer", "rms"])),
         share_embeddings=share)
     if max_cost is not None:
         assume(check_cost(cfg) <= max_cost)
@@ -195,7 +197,7 @@ PRE_SEPARATE = dict(vocab_size=6, tgt_vocab_size=5, share_embeddings=False, d_mo
 
 
 MODERN = dict(vocab_size=6, d_model=8, n_heads=2, kv_heads=1, d_ff=3, n_encoder_layers=1, n_decoder_layers=2,
-              norm="pre", positional="rope", ffn="swiglu", label_smoothing=0.1)
+              norm="pre", norm_kind="rms", positional="rope", ffn="swiglu", label_smoothing=0.1)
 
 
 #: Found by hypothesis: tgt_in [1, 1] gives the decoder's self-attention query gradients of norm ~1e-6.
@@ -440,8 +442,8 @@ def test_the_cache_of_a_multi_query_model_is_one_over_n_heads_of_the_papers(back
 def test_later_block_names_what_differs_from_the_papers():
     assert later_block(TransformerConfig(norm="pre")) == []
     assert later_block(TransformerConfig(kv_heads=8)) == []                 # as many key/value heads as heads
-    assert later_block(TransformerConfig(positional="rope", ffn="swiglu", kv_heads=2)) == [
-        "positional='rope'", "ffn='swiglu'", "kv_heads=2"]
+    assert later_block(TransformerConfig(positional="rope", ffn="swiglu", kv_heads=2, norm_kind="rms")) == [
+        "positional='rope'", "ffn='swiglu'", "kv_heads=2", "norm_kind='rms'"]
 
 
 def test_swiglu_keeps_the_papers_parameter_count_and_rope_drops_the_tables():
@@ -533,7 +535,7 @@ def test_presets():
     (dict(share_embeddings=True, tgt_vocab_size=500), "share_embeddings"),
     (dict(share_embeddings=False, tgt_vocab_size=0), "tgt_vocab_size"),
     (dict(positional="rotary"), "positional"), (dict(norm="sandwich"), "norm"),
-    (dict(ffn="geglu"), "ffn"), (dict(norm_kind="batch"), "norm_kind"),
+    (dict(ffn="geglu"), "ffn"), (dict(norm_kind="batch"), "norm_kind"), (dict(norm_kind="RMS"), "norm_kind"),
     (dict(kv_heads=3), "kv_heads"), (dict(kv_heads=0), "kv_heads"), (dict(kv_heads=2.0), "kv_heads"),
     (dict(d_model=12, n_heads=4, positional="rope"), "even"), (dict(rope_base=1.0), "rope_base"),
     (dict(warmup_steps=0), "warmup_steps"),

@@ -18,7 +18,7 @@ from attn.model import Transformer, TransformerConfig
 from attn.train import TrainConfigError, config_from_argv, train
 from test_train import TINY, write_corpus
 
-LATER = ["--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1", "--norm", "pre"]
+LATER = ["--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1", "--norm", "pre", "--norm-kind", "rms"]
 
 
 def test_attn_train_trains_averages_resumes_and_decodes_the_later_block(tmp_path, capsys):
@@ -26,12 +26,14 @@ def test_attn_train_trains_averages_resumes_and_decodes_the_later_block(tmp_path
     common = ["--data", str(data), *TINY, "--backend", "numpy", "--out", str(out), "--eval-every", "4",
               *LATER, "--average", "2", "--snapshot-every", "2"]
     metrics = train(config_from_argv([*common, "--steps", "4"]))
-    assert "--positional rope --ffn swiglu --kv-heads 1: the readable engine trains this block" in capsys.readouterr().err
+    assert ("--positional rope --ffn swiglu --kv-heads 1 --norm-kind rms: the readable engine trains this block"
+            in capsys.readouterr().err)
     arrays, meta = load_npz(out / "checkpoint.npz")
     cfg = TransformerConfig.from_dict(meta["config"])
-    assert (cfg.positional, cfg.ffn, cfg.kv_heads, cfg.norm) == ("rope", "swiglu", 1, "pre")
+    assert (cfg.positional, cfg.ffn, cfg.kv_heads, cfg.norm, cfg.norm_kind) == ("rope", "swiglu", 1, "pre", "rms")
     assert arrays["param/encoder.0.self_attn.w_k"].shape == (32, 16)         # one key/value head of two
     assert "param/encoder.0.ffn.w3" in arrays and "param/src_pos.weight" not in arrays
+    assert "param/encoder.0.norm1.gamma" in arrays and "param/encoder.0.norm1.beta" not in arrays
     assert (out / "averaged.npz").is_file() and metrics["steps"] == 4
 
     config = dataclasses.replace(config_from_argv([*common, "--steps", "6", "--resume"]))

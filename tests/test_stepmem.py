@@ -152,7 +152,7 @@ def test_a_capture_inside_a_step_takes_the_slab_and_refuses_the_pool(fc):
     graphed = CapturedStep(step, warmup=1, memory=memory)
     assert float(graphed(x)) == 48                       # eager: the pool, then the slab grows
     out = graphed(x)                                     # captured: the slab only
-    assert graphed.graphs == 1 and memory.overflows == 0 and memory._pinned
+    assert graphed.graphs == 1 and memory.overflows == 0 and memory._pinned, graphed.refusals
     x[...] = 2
     graphed(x)
     assert float(out) == 80
@@ -292,3 +292,149 @@ def twin_steps_agree(cfg, steps: int, seed: int, memories=(None, None), second=N
         if after is not None:
             after(step)
     return opts
+
+
+# ----------------------------------------------------------------------------- plans keyed by shape
+
+
+def test_a_zero_size_array_takes_no_bytes_and_is_not_one_of_the_plans_requests(fc):
+    """CuPy asks the allocator for a zero-size array's memory too (so does the stand-in): in a
+    first step, with no slab yet, that request takes nothing; the plan counts only the others."""
+    memory = StepMemory(fc)
+    for _ in range(3):
+        with memory.step(((3, 4),)):
+            fc.ones(0, dtype=np.float32)
+            kept = fc.ones((3, 4), dtype=np.float32) * 2
+            fc.empty((0, 5), dtype=np.float32)
+    assert len(memory.last_plan) == 2 and memory.stats()["steps_planned"] == 2 and memory.overflows == 0
+    np.testing.assert_array_equal(kept.get(), np.full((3, 4), 2, np.float32))
+
+
+def test_steps_of_shapes_in_one_bucket_share_a_plan_as_large_as_the_largest(fc):
+    """A step key's integers are rounded up to powers of two (:func:`stepmem.bucket`): steps of
+    5 and 7 rows share the plan of 8: a step asking for more than it holds goes past it (spilled),
+    and the plan is made again with each request as large as either asked (the same requests in
+    the same order: the same lifetimes, no trace); then planned whichever comes."""
+    memory = StepMemory(fc)
+    assert stepmem.bucket(((5, 3), "<f4", 0)) == ((8, 4), "<f4", 0)
+    outcomes = []
+    for rows in (5, 5, 7, 7, 5, 7, 6, 12):
+        with memory.step(((rows, 3),)):
+            a = fc.ones((rows, 64), dtype=np.float32)
+            b = a * 2
+            del a
+            c = b + 1
+            np.testing.assert_array_equal(c.get(), np.full((rows, 64), 3, np.float32))
+        outcomes.append(memory.last_outcome)
+    assert outcomes == ["traced", "planned", "spilled", "planned", "planned", "planned", "planned", "traced"], outcomes
+    assert len(memory._plans) == 2 and not memory.overlapping
+
+
+def test_a_plan_met_in_another_order_is_checked_not_overlapped(fc):
+    """The first step at each exact key on a plan watches every array: a request the plan places
+    over an array still alive (the requests came in another order, with the same sizes) is served
+    past the plan's bytes instead, noted, and the key traced again; so two live arrays never share
+    a byte. Once checked, a key's steps run on the plan unwatched."""
+    memory = StepMemory(fc)
+
+    def step(key, keep_first):
+        with memory.step(key):
+            a = fc.full(64, 1, dtype=np.float32)
+            b = fc.full(64, 2, dtype=np.float32)
+            if not keep_first:
+                del a
+                a = None
+            c = fc.full(64, 3, dtype=np.float32)              # where the plan put it: over the first's bytes
+            values = [x.get().tolist() for x in (a, b, c) if x is not None]
+        return values, memory.last_outcome
+    assert step((5,), False)[1] == "traced"
+    assert step((5,), False)[1] == "planned" and not memory.overlapping
+    values, outcome = step((6,), True)                        # the same bucket and sizes; the first kept
+    assert values == [[1] * 64, [2] * 64, [3] * 64] and outcome == "spilled" and memory.overlapping == [(0, 2)]
+    assert step((6,), True)[1] == "traced"
+    assert step((6,), True)[1] == "planned" and step((6,), True)[1] == "planned"
+    assert (6,) in memory.last_plan.verified
+
+
+def test_an_eager_attn_train_runs_its_steps_on_a_plan_after_the_first_few(fc, tmp_path):
+    """``attn-train`` on the stand-in, eagerly, over batches of about N tokens in many shapes:
+    each bucket of batch shapes is traced once, and after the first steps nearly every step runs on
+    its bucket's plan (a step spills past it only when it asks for more than every earlier step of
+    its bucket, so spills end too)."""
+    from attn.train import train
+    from attn.training.config import config_from_argv
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    lines = ["\t".join(" ".join(rng.choice(words, rng.integers(11, 15))) for _ in range(2)) for _ in range(100)]
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    seen = []
+    fakecupy_install()
+    train(config_from_argv(["--tsv", str(tmp_path / "pairs.tsv"), "--d-model", "8", "--heads", "2", "--d-ff", "16",
+                            "--layers", "1", "--max-tokens", "96", "--minutes", "0", "--bleu-sentences", "0",
+                            "--average", "0", "--backend", "cupy", "--steps", "16", "--eval-every", "1000",
+                            "--out", str(tmp_path / "run"), "--quiet"]),
+          on_step=lambda state, model, wall: seen.append((StepMemory.of(model).last_outcome,
+                                                          stepmem.bucket(StepMemory.of(model)._step_key))))
+    outcomes = "".join(o[0] for o, _ in seen)
+    traced = [b for o, b in seen if o == "traced"]
+    late = outcomes[6:]           # batches of 6 to 8 sentences of 12 to 15 tokens: mostly one bucket, (8, 16)
+    assert len(seen) == 16 and len(traced) == len(set(traced)) and late.count("p") >= 0.75 * len(late), outcomes
+
+
+def fakecupy_install():
+    import fakecupy
+    fakecupy.install()
+
+
+def test_a_request_is_watched_until_its_last_view_and_costs_no_runtime_call(fc):
+    """The stand-in honours ``ndarray(memptr=)`` as CuPy does (the array over that memory, keeping
+    it alive), so the weak reference on a request's ``UnownedMemory`` fires only once its last view
+    is gone; and the step memory gives each one its device id, so wrapping a request asks the
+    runtime nothing (without it CuPy calls ``cudaPointerGetAttributes`` per request)."""
+    import weakref
+    from attn.fast.stepmem import _piece_class
+    base = fc.zeros(1024, dtype=np.uint8)
+    piece = _piece_class(fc)(base.data.ptr + 256, 512, base, 0)
+    fired = []
+    weakref.finalize(piece, fired.append, 1)
+    a = fc.ndarray((128,), dtype=np.float32, memptr=fc.cuda.MemoryPointer(piece, 0))
+    del piece
+    view = a[10:20]
+    a[...] = 1
+    del a
+    assert not fired and float(base[256:260].view(np.float32)[0]) == 1.0         # written where it points
+    del view
+    assert fired == [1]
+    with pytest.raises(ValueError, match="does not fit"):
+        fc.ndarray((200,), dtype=np.float32, memptr=fc.cuda.MemoryPointer(_piece_class(fc)(base.data.ptr, 512,
+                                                                                               base, 0), 0))
+    calls = fc.runtime_calls["pointerGetAttributes"]
+    fc.cuda.UnownedMemory(base.data.ptr, 16, base)
+    assert fc.runtime_calls["pointerGetAttributes"] == calls + 1
+    memory = StepMemory(fc, check=True)
+    for _ in range(3):
+        _addresses(fc, memory, [(3, 5), (7,)])
+    assert fc.runtime_calls["pointerGetAttributes"] == calls + 1
+
+
+def test_a_step_memorys_allocator_and_a_hook_are_the_threads_that_set_them(fc):
+    """CuPy's ``using_allocator`` and memory hooks are per thread (so is the stand-in's): a
+    worker thread inside a step's ``with`` allocates from the pool, and a hook registered in the
+    main thread does not hear it. (The fast engine on CuPy runs its steps in one thread:
+    ``_n_parts`` is 1 there.)"""
+    import threading
+    memory = StepMemory(fc)
+    seen = []
+
+    class Hook(fc.cuda.MemoryHook):
+        def malloc_postprocess(self, **kw):
+            seen.append(kw["mem_size"])
+    made = {}
+    for _ in range(2):                       # the first sizes the slab
+        with memory.step(), Hook():
+            here = fc.ones(64, dtype=np.float32)
+            worker = threading.Thread(target=lambda: made.__setitem__("a", fc.ones(64, dtype=np.float32)))
+            worker.start()
+            worker.join()
+    assert fc.in_step_memory(here._a) and not fc.in_step_memory(made["a"]._a) and memory.overflows == 0
+    assert seen == [512]                     # the first step's overflow (a 512-byte block), the main thread's

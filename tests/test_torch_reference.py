@@ -7,7 +7,8 @@ The reference below is written from the paper with PyTorch's own pieces and auto
 ``F.cross_entropy(label_smoothing=eps, ignore_index=PAD_ID)``; only the positional sinusoids are
 spelled out, from section 3.5. The block of later models is written with PyTorch's
 ``F.scaled_dot_product_attention(enable_gqa=True)`` (its own grouping of query heads over key/value
-heads), rotary positions as the complex product of RoFormer's equation, and ``F.silu``. It reads
+heads), rotary positions as the complex product of RoFormer's equation, ``F.silu`` and
+``F.rms_norm``. It reads
 the attn model's ``params`` under the same dotted names.
 attn's linear weights are (Din, Dout) with ``y = x @ w + b``; PyTorch's are (Dout, Din), so the
 reference passes ``w.T``. Everything in float64 with dropout off, so the two must agree to
@@ -53,7 +54,8 @@ VARIANTS = {
     "post-separate-learned": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned"),
     "pre-separate-learned": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned", norm="pre"),
     "post-shared-learned-no-smoothing": dict(positional="learned", label_smoothing=0.0),
-    "pre-rope-swiglu-gqa": dict(norm="pre", positional="rope", ffn="swiglu", kv_heads=2),
+    "pre-rope-swiglu-gqa-rms": dict(norm="pre", positional="rope", ffn="swiglu", kv_heads=2, norm_kind="rms"),
+    "post-rms": dict(norm_kind="rms"),
     "post-rope-multi-query": dict(positional="rope", kv_heads=1, rope_base=100.0),
     "pre-separate-swiglu": dict(norm="pre", ffn="swiglu", share_embeddings=False, tgt_vocab_size=11),
 }
@@ -171,6 +173,8 @@ def reference_forward(P: dict, cfg: TransformerConfig, src, tgt_in):
         return out.transpose(0, 1)
 
     def norm(name, x):
+        if cfg.norm_kind == "rms":
+            return F.rms_norm(x, (D,), P[f"{name}.gamma"], eps=cfg.ln_eps)
         return F.layer_norm(x, (D,), P[f"{name}.gamma"], P[f"{name}.beta"], eps=cfg.ln_eps)
 
     def ffn(name, x):

@@ -45,13 +45,14 @@ def parse_args(argv=None):
                         "allocations), on the CuPy stand-in, so on any machine; with the issue's targets "
                         "and the lint of kernels whose grid does not grow with the batch (attn.bench.counts)")
     p.add_argument("--gpu-report", metavar="DIR",
-                   help="on a GPU, part by part (--part), each under 10 minutes: the test suite on real CuPy with "
+                   help="on a GPU, part by part (--part), each under 10 minutes: a preflight of the riskiest paths "
+                        "(PASS/FAIL each), the test suite on real CuPy with "
                         "the counts, this benchmark against PyTorch, bf16 and tf32, the captured step, a toy "
                         "training, peak memory; every measurement isolated, DIR/REPORT.md and DIR/report.json "
                         "written as each finishes (attn.bench.gpu_report); stops at once without a GPU")
     p.add_argument("--part", default="all",
-                   help="with --gpu-report: the parts to run, comma-separated (suite, bench, precision, graph, "
-                        "train, memory; default all)")
+                   help="with --gpu-report: the parts to run, comma-separated (preflight, suite, bench, base, "
+                        "precision, graph, train, memory; default all, in that order; run preflight first)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --gpu-report: the same pipeline on the CuPy stand-in, cheaply (proves the report "
                         "is assembled, not its figures)")

@@ -4,11 +4,15 @@ For a GPU machine that runs a command for at most ten minutes. The report is mad
 (``--part``, :data:`PARTS`; all of them, in order, by default), each a list of tasks, and each
 task one child process with a time limit, its output kept in ``DIR/logs``:
 
+* ``preflight``: the riskiest paths first, in minutes (:mod:`attn.bench.preflight`: the kernels'
+  compile, a tiny step, the step memory's weak references and plans, the capture mode and guard,
+  cuBLAS on views, bf16 and tf32, the captured step against eager), one PASS/FAIL line each;
 * ``suite``: the test suite on real CuPy (the files only a GPU can fail first:
   :data:`FIRST_TESTS`), and beside it, on the CPU, the counts of :mod:`attn.bench.counts` for
   ``toy-bench`` and ``base`` (the suite is not timed, so sharing the CPU costs nothing that matters);
 * ``bench``: every measurement of :data:`BENCH_PLAN` against PyTorch, one child process each;
 * ``precision``: the training step at ``--precision bf16`` and ``tf32``, PyTorch at the same;
+* ``base``: the ``base`` preset's measurements and precisions (a part of its own, to fit);
 * ``graph``: the captured step (``train_step_graph``, what ``attn-train --cuda-graph`` runs) at
   fp32 and bf16, its two eager calls and its capture among the warm-up runs, never timed;
 * ``train``: ``attn-train`` for 3 minutes, and with ``--cuda-graph`` for 2;
@@ -18,9 +22,9 @@ task one child process with a time limit, its output kept in ``DIR/logs``:
 **Every measurement is isolated**: a task that fails, raises or runs past its limit is one row
 that says what failed and why (the last lines of its output), and every other row is still
 there. ``DIR/report.json`` and ``DIR/REPORT.md`` are rewritten as each task finishes, so a report
-cut short keeps what was done. The limits of a part's tasks add up to less than
-:data:`PART_SECONDS` (checked by the tests), so each part ends well inside 10 minutes whatever
-runs over; only the suite part runs two things at once (the counts, on the CPU, beside the
+cut short keeps what was done. A part's limits, with the report's own children before it and a
+kill's grace per task (:func:`part_limits`), add up to less than :data:`PART_SECONDS` (checked by
+the tests), so each part ends well inside 10 minutes whatever runs over; only the suite part runs two things at once (the counts, on the CPU, beside the
 untimed suite): nothing runs beside a timing. Before anything, a **preflight** lists what is
 missing (:data:`NEEDED`); a task that needs it is a row saying so, not a failure.
 
@@ -45,16 +49,24 @@ from .. import backend as B
 from .timing import _progress
 
 #: The parts, in the order ``--part all`` runs them.
-PARTS = ("suite", "bench", "precision", "graph", "train", "memory")
-#: The most the limits of one part's tasks may add up to (seconds): under the 600 s a command
-#: may run on a lent machine, with room for the report's own start and the device query.
+PARTS = ("preflight", "suite", "bench", "base", "precision", "graph", "train", "memory")
+#: The most one part may take (seconds, :func:`part_limits`): under the 600 s a command may run on
+#: a lent machine, with room for the report's own start.
 PART_SECONDS = 560
-#: (preset, measurement, seconds allowed) of the ``bench`` part, each a child process.
+#: Seconds allowed to each of the report's own children before any part (what is installed, the
+#: device and versions), and to a task's process group between SIGTERM and SIGKILL.
+CHILD_SECONDS, KILL_GRACE = 30, 5
+#: Seconds for the ``preflight`` part (:mod:`attn.bench.preflight`: the kernels' cold compile, then
+#: a dozen small checks).
+PREFLIGHT_SECONDS = 420
+#: (preset, measurement, seconds allowed) of the ``bench`` part (the ``base`` preset's: of the
+#: ``base`` part), each a child process.
 BENCH_PLAN = (("toy-bench", "train_step", 60), ("toy-bench", "train_step_reference", 50),
               ("toy-bench", "forward", 40), ("toy-bench", "greedy_cached", 50), ("toy-bench", "beam_cached", 50),
               ("small", "train_step", 60), ("small", "forward", 40), ("small", "greedy_cached", 50),
               ("base", "train_step", 90), ("base", "forward", 60))
-#: (preset, precision, seconds allowed) of the ``precision`` part: the training step.
+#: (preset, precision, seconds allowed) of the ``precision`` part (the ``base`` preset's: of the
+#: ``base`` part): the training step.
 PRECISION_PLAN = (("toy-bench", "bf16", 60), ("toy-bench", "tf32", 60), ("small", "bf16", 75),
                   ("small", "tf32", 75), ("base", "bf16", 110), ("base", "tf32", 110))
 #: (preset, precision, seconds allowed) of the ``graph`` part: ``train_step_graph``.
@@ -118,6 +130,8 @@ def plan(dry_run: bool = False, torch: bool = True) -> dict:
     run each, no PyTorch). ``torch``: whether PyTorch is there to compare with."""
     torch = torch and not dry_run
     parts = {p: [] for p in PARTS}
+    parts["preflight"].append(Task("preflight", "preflight", _python("-m", "attn.bench.preflight"),
+                                   120 if dry_run else PREFLIGHT_SECONDS, "preflight"))
     suite = _python("-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider")
     suite += ["tests/test_text.py"] if dry_run else [*FIRST_TESTS, "tests"]
     for preset, limit in ((("quick", 120),) if dry_run else COUNT_PLAN):
@@ -127,12 +141,14 @@ def plan(dry_run: bool = False, torch: bool = True) -> dict:
                                needs=("pytest", "hypothesis")))
     bench = (("quick", "train_step", 60), ("quick", "forward", 60)) if dry_run else BENCH_PLAN
     for preset, m, limit in bench:
-        parts["bench"].append(Task("bench", f"bench-{preset}-{m}", _bench_cmd(preset, m, dry_run, torch), limit,
-                                   "bench", {"preset": preset, "measurement": m, "precision": "fp32"}))
+        part = "base" if preset == "base" else "bench"
+        parts[part].append(Task(part, f"bench-{preset}-{m}", _bench_cmd(preset, m, dry_run, torch), limit,
+                                "bench", {"preset": preset, "measurement": m, "precision": "fp32"}))
     for preset, prec, limit in ((("quick", "bf16", 60),) if dry_run else PRECISION_PLAN):
-        parts["precision"].append(Task("precision", f"precision-{preset}-{prec}",
-                                       _bench_cmd(preset, "train_step", dry_run, torch, prec), limit, "bench",
-                                       {"preset": preset, "measurement": "train_step", "precision": prec}))
+        part = "base" if preset == "base" else "precision"
+        parts[part].append(Task(part, f"precision-{preset}-{prec}", _bench_cmd(preset, "train_step", dry_run, torch,
+                                                                                prec), limit, "bench",
+                                {"preset": preset, "measurement": "train_step", "precision": prec}))
     for preset, prec, limit in ((("quick", "fp32", 90),) if dry_run else GRAPH_PLAN):
         parts["graph"].append(Task("graph", f"graph-{preset}-{prec}",
                                    _bench_cmd(preset, "train_step_graph", dry_run, torch, prec), limit, "bench",
@@ -160,8 +176,14 @@ def plan(dry_run: bool = False, torch: bool = True) -> dict:
 
 
 def part_limits(parts: dict) -> dict:
-    """{part: the seconds its tasks' limits add up to}."""
-    return {p: sum(t.limit for t in tasks) for p, tasks in parts.items()}
+    """{part: the most seconds it may take}: the report's own children before it, the limits of
+    its tasks one after another (those started beside the next ones: the longest of them) and
+    each task's grace between SIGTERM and SIGKILL."""
+    def most(tasks):
+        beside = [t.limit for t in tasks if t.beside]
+        return (2 * CHILD_SECONDS + sum(t.limit for t in tasks if not t.beside) + max(beside, default=0)
+                + KILL_GRACE * len(tasks))
+    return {p: most(tasks) for p, tasks in parts.items()}
 
 
 def preflight(env: dict) -> dict:
@@ -202,7 +224,7 @@ class _Child:
             timed_out = True
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                out, _ = self.proc.communicate(timeout=20)
+                out, _ = self.proc.communicate(timeout=KILL_GRACE)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 out, _ = self.proc.communicate()
@@ -258,7 +280,12 @@ def task_row(task: Task, run: dict, report: dict) -> dict:
            "returncode": run["returncode"], "seconds": run["seconds"], "limit_seconds": task.limit,
            "timed_out": run["timed_out"]}
     ok = run["returncode"] == 0 and not run["timed_out"]
-    if task.kind == "suite":
+    if task.kind == "preflight":
+        row["checks"] = [r for r in _json_rows(out) if "check" in r]
+        ok = ok and bool(row["checks"]) and all(r["ok"] for r in row["checks"])
+        if row["checks"] and not ok and not run["timed_out"]:
+            out = "; ".join(f"{r['check']}: {r['figure']}" for r in row["checks"] if not r["ok"]) or out
+    elif task.kind == "suite":
         row["suite"] = suite_summary(out, run["timed_out"])
         ok = bool(row["suite"]["counts"])          # a suite with failures still reports its counts
     elif task.kind == "counts":
@@ -307,7 +334,7 @@ def _child_json(code: str, env: dict) -> tuple:
     """Run ``python -c code`` in a child with ``env``: (the last JSON line it printed, None), or
     (None, why not: the error, or the end of its standard error)."""
     try:
-        r = subprocess.run(_python("-c", code), env=env, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(_python("-c", code), env=env, capture_output=True, text=True, timeout=CHILD_SECONDS)
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, str(e)
     rows = _json_rows(r.stdout)

@@ -104,7 +104,17 @@ def _memory(rows: list) -> list:
     return lines + [""]
 
 
-_TITLES = {"suite": "The test suite on the GPU, and the counts", "bench": "attn against PyTorch on the same GPU",
+def _preflight(rows: list) -> list:
+    lines = []
+    for r in rows:
+        checks = r.get("checks") or []
+        lines += ["```"] + [f"{'PASS' if c['ok'] else 'FAIL'}  {c['check']:<16} {c['figure']}" for c in checks] \
+            + ["```", ""] if checks else [f"No check ran: {_status(r)}", ""]
+    return lines
+
+
+_TITLES = {"preflight": "Preflight: the riskiest paths first", "suite": "The test suite on the GPU, and the counts",
+           "bench": "attn against PyTorch on the same GPU", "base": "The base preset, against PyTorch and at bf16 and tf32",
            "precision": "At bf16 and tf32, PyTorch at the same precision",
            "graph": "The captured step (train_step_graph), capture untimed",
            "train": "Training the toy translator", "memory": "Peak GPU memory of the training step"}
@@ -121,7 +131,7 @@ def render_markdown(report: dict) -> str:
               f"{d.get('cuda_runtime', '-')} (driver {d.get('cuda_driver', '-')}), NumPy {d.get('numpy', '-')}, "
               f"PyTorch {d.get('torch', '-')} (CUDA {d.get('torch_cuda', '-')}), Python {d.get('python', '-')}.", ""]
     pre = report.get("preflight", {})
-    lines += ["## Preflight", ""]
+    lines += ["## What is installed", ""]
     if pre.get("missing"):
         lines += [f"* missing: `{m}` ({why})" for m, why in pre["missing"].items()] + [""]
     else:
@@ -137,9 +147,11 @@ def render_markdown(report: dict) -> str:
         lines += [f"## {_TITLES[part]}", "", f"Limits add up to {report['limits'].get(part, 0):g} s.", ""]
         if not mine:
             lines += ["Not run yet.", ""]
+        elif part == "preflight":
+            lines += _preflight(mine)
         elif part == "suite":
             lines += _suite(mine) + _counts(mine)
-        elif part in ("bench", "precision", "graph"):
+        elif part in ("bench", "base", "precision", "graph"):
             lines += _timings(mine, counted)
         elif part == "train":
             lines += _train(mine)

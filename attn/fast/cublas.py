@@ -131,6 +131,11 @@ def _load(xp):
 
 _DIRECT: dict = {}
 
+#: Whether attn's products call cuBLAS directly (through ctypes, on attn's own handle); False:
+#: through CuPy's ``matmul`` (what :mod:`attn.fast.fallback` switches to where the probe fails;
+#: such a step cannot be captured, and runs at fp32).
+DIRECT = True
+
 #: Bytes of the workspace attn's handle works in (PyTorch gives cuBLAS 32 MiB on recent GPUs):
 #: set once, so that cuBLAS allocates nothing while a step is captured.
 WORKSPACE_BYTES = 32 << 20

@@ -41,6 +41,12 @@ class FastEngine:
     def check_precision(self, precision: Precision, dtype="float32") -> None:
         check_precision(self, precision)
 
+    def settle(self, config, say):
+        """On a GPU, each advanced feature probed on a tiny step and one that fails switched off
+        (:func:`attn.fast.fallback.settle`): the config as it can run."""
+        from .fallback import settle
+        return settle(config, say)
+
     def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn):
         """The training step captured as a CUDA graph per input shape and replayed (CuPy only)."""
         if B.get_backend() != "cupy":

@@ -27,8 +27,9 @@ the reason, when during it the pool handed out memory (a memory hook sees each a
 where attn asked for it) or grew, the step memory overflowed (served a request from the pool),
 or anything waited for the device (``cupyx.allow_synchronize(False)``; CUDA raises too). A
 refused capture's graph is dropped and the step runs eagerly: :class:`CapturedStep` notes the
-reason (:attr:`CapturedStep.refusals`) and runs that shape eagerly from then on (or raises
-:class:`CaptureError` with ``strict=True``).
+reason (:attr:`CapturedStep.refusals`), runs that shape eagerly for a few calls and tries again,
+eagerly for good after :data:`CAPTURE_TRIES` refusals (or raises :class:`CaptureError` with
+``strict=True``).
 
 :class:`CapturedStep` runs a function eagerly for its first ``warmup`` calls at an input shape
 (real calls: a training step is taken), captures it on the next call at that shape and replays
@@ -41,6 +42,7 @@ On NumPy there is nothing to capture: :class:`CapturedStep` calls the function.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import Counter
 from typing import Callable, NamedTuple
 
@@ -49,6 +51,14 @@ from .. import backend as B
 #: The stream capture mode of every capture: ``cudaStreamCaptureModeThreadLocal`` (1). Relaxed,
 #: CuPy's default, lets even a ``cudaMalloc`` through; global refuses other threads' calls too.
 CAPTURE_MODE_NAME = "streamCaptureModeThreadLocal"
+
+
+#: How far a replayed step may be from the eager one on a GPU: the embeddings' gradient is a
+#: scatter-add (``cupyx.scatter_add``), whose float atomics sum a token's rows in whatever order
+#: the threads arrive, so two runs of one step may differ in the last bits of those sums (a few
+#: units of 2^-24, relative), and Adam carries that into the parameters at the learning rate's
+#: scale. Every other sum (the two-stage reductions, the products) runs in a fixed order.
+REPLAY_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
 class CaptureError(RuntimeError):
@@ -105,10 +115,16 @@ class CaptureGuard:
                 guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
         self._hook = _Watch()
         self._stack = contextlib.ExitStack()
-        self._stack.enter_context(self._hook)
-        cupyx = _cupyx_of(xp)
-        if cupyx is not None and hasattr(cupyx, "allow_synchronize"):
-            self._stack.enter_context(cupyx.allow_synchronize(False))
+        try:
+            self._stack.enter_context(self._hook)
+            cupyx = _cupyx_of(xp)
+            if cupyx is not None and hasattr(cupyx, "allow_synchronize"):
+                with warnings.catch_warnings():      # CuPy warns that it is deprecated, at every capture
+                    warnings.filterwarnings("ignore", message="cupyx.allow_synchronize", category=UserWarning)
+                    self._stack.enter_context(cupyx.allow_synchronize(False))
+        except BaseException:
+            self._stack.close()                      # the hook is never left registered
+            raise
         return self
 
     def __exit__(self, *exc):
@@ -136,11 +152,17 @@ def _cupyx_of(xp):
         return None
 
 
-class _Entry:
-    """What :class:`CapturedStep` keeps for one input shape."""
+#: Captures tried per input shape before it runs eagerly for good: a refusal may be transient
+#: (the first call at the plan's addresses still making what the kernels keep per address, say).
+CAPTURE_TRIES = 3
 
-    def __init__(self, static: list):
-        self.static, self.calls, self.graph, self.out = static, 0, None, None
+
+class _Entry:
+    """What :class:`CapturedStep` keeps for one input shape: its buffers, eager calls until the
+    next capture is tried, captures refused."""
+
+    def __init__(self, static: list, warmup: int):
+        self.static, self.wait, self.refused, self.graph, self.out = static, warmup, 0, None, None
 
 
 class CapturedStep:
@@ -155,8 +177,10 @@ class CapturedStep:
     call). ``capture=False`` (or NumPy inputs) calls ``fn`` every time.
 
     A capture that fails, or that :class:`CaptureGuard` refuses, is dropped: the call runs
-    ``fn`` eagerly, the reason is kept in :attr:`refusals` (by input shape) and that shape runs
-    eagerly from then on; ``strict=True`` raises :class:`CaptureError` instead.
+    ``fn`` eagerly, the reason is kept in :attr:`refusals` (by input shape) and the capture is
+    tried again after ``warmup`` more eager calls at that shape (a refusal may be transient),
+    until :data:`CAPTURE_TRIES` have been refused: then that shape runs eagerly from then on;
+    ``strict=True`` raises :class:`CaptureError` instead.
     """
 
     def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None, xp=None,
@@ -172,7 +196,7 @@ class CapturedStep:
         self._entries: dict = {}
         #: graphs captured so far (one per input shape)
         self.graphs = 0
-        #: {input shape key: why its capture was refused} (those shapes run eagerly)
+        #: {input shape key: why its last capture was refused} (until one is captured)
         self.refusals: dict = {}
 
     def __call__(self, *inputs):
@@ -182,14 +206,14 @@ class CapturedStep:
         key = tuple((a.shape, a.dtype.str) for a in inputs)
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = _Entry([xp.empty(a.shape, dtype=a.dtype) for a in inputs])
+            entry = self._entries[key] = _Entry([xp.empty(a.shape, dtype=a.dtype) for a in inputs], self.warmup)
         for buffer, a in zip(entry.static, inputs):           # outside the graph
             if B.is_device_array(a):
                 buffer[...] = a                               # one device copy
             else:
                 buffer.set(B.host.ascontiguousarray(a))       # one host-to-device transfer
-        if entry.graph is None and (entry.calls < self.warmup or key in self.refusals):
-            entry.calls += 1
+        if entry.graph is None and (entry.wait > 0 or entry.refused >= CAPTURE_TRIES):
+            entry.wait -= 1
             with self._in_step(key):
                 return self.fn(*entry.static)
         if entry.graph is None:
@@ -200,8 +224,11 @@ class CapturedStep:
                 if self.strict:
                     raise
                 self.refusals[key] = str(e)
+                entry.refused += 1
+                entry.wait = self.warmup                 # eager calls, then the capture is tried again
                 with self._in_step(key):                 # the capture ran nothing: the step, eagerly
                     return self.fn(*entry.static)
+            self.refusals.pop(key, None)
             if self.memory is not None:
                 self.memory.pin()                     # the graph's addresses are in this slab
             self.graphs += 1

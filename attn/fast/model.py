@@ -146,11 +146,12 @@ class FastTransformer(FastBackward):
         """The flat buffer every gradient is written into (:mod:`attn.engine`)."""
         return self.arena
 
-    def step_memory(self):
+    def step_memory(self, key=None):
         """On CuPy, the model's :class:`attn.fast.stepmem.StepMemory`: every array a step makes
-        comes from one slab, at the same addresses every step; on NumPy nothing."""
+        comes from one slab, at the same addresses every step (those of the plan of ``key``'s
+        bucket: the batch's shapes); on NumPy nothing."""
         memory = StepMemory.of(self)
-        return contextlib.nullcontext() if memory is None else memory.step()
+        return contextlib.nullcontext() if memory is None else memory.step(key)
 
     def search(self) -> "FastSearch":
         """What :mod:`attn.decode`'s searches step (:class:`attn.engine.Search`)."""

@@ -18,13 +18,22 @@ is served by it.
   bytes, not their sum (``python -m attn.bench --counts`` prints both: ``slab_mb``,
   ``peak_live_mb``). The same step at the same shapes asks for the same sizes in the same order
   and frees them at the same points, so the plan is replayed, request by request, every step
-  after: the same addresses every time, what a graph replays. A request whose size is not the
-  plan's ends the plan for that step (the rest is served by the bump allocator past the plan's
-  bytes) and the next step is traced again. Plans are kept per step key (``step(key)``: a
-  captured step's input shapes) and first request's size, :data:`MAX_PLANS` of them.
+  after: the same addresses every time, what a graph replays. Plans are kept per step key
+  (``step(key)``: the trainer's batch shapes, a captured step's input shapes), rounded up to a
+  bucket (:func:`bucket`: every dimension to a power of two), so the dozens of shapes of a run's
+  token-count batches share a handful of plans, :data:`MAX_PLANS` of them (a step without a key:
+  per first request's size). A request no larger than the plan's for it takes the plan's
+  offset; a larger one, or one more than the plan has, ends the plan for that step (the rest is
+  served by the bump allocator past the plan's bytes: the step *spilled*) and the plan is made
+  again, each request as large as any step of the bucket asked for (same requests, same
+  lifetimes: no trace), or traced again where the requests differ. The first step at each exact
+  key on a plan is *checked*: each array watched, and a request that the plan would place over
+  an array still alive (requests in another order) is served past the plan instead, noted in
+  :attr:`StepMemory.overlapping`, and the key traced again; so a plan never makes two live
+  arrays share bytes. :attr:`StepMemory.outcomes` counts the steps planned, traced and spilled.
   ``planned=False`` keeps the bump allocator for every step (the slab the sum of the step's
   arrays); ``check=True`` watches every planned array too and notes any two alive at once that
-  share a byte (:attr:`StepMemory.overlapping`; the tests hold it empty).
+  share a byte (:attr:`StepMemory.overlapping`; the tests hold it empty) and serves it elsewhere.
 * **Growth, outside the step.** The slab starts empty. A request that does not fit is served by
   the allocator in place before the step (the pool: counted, and refused during a capture by
   :class:`attn.fast.graph.CaptureGuard`); when the step ends, a slab that holds its plan
@@ -69,9 +78,13 @@ ALIGN = 256
 #: and takes the rest from the pool (it cannot be captured then).
 LIMIT_FRACTION = 0.5
 
-#: Plans kept per step memory (one per step key and first request's size; the least recently
-#: used goes first).
-MAX_PLANS = 32
+#: Plans kept per step memory (one per bucket of step keys, or per first request's size for steps
+#: without a key; the least recently used goes first).
+MAX_PLANS = 64
+
+#: Whether models get a step memory (:meth:`StepMemory.of`); :mod:`attn.fast.fallback` switches it
+#: off where its probe fails, and a model whose ``_step_memory`` is False has none.
+ENABLED = True
 
 #: The step memory whose allocator is in place, or None.
 _active = None
@@ -128,7 +141,13 @@ class StepMemory:
         #: the plan of the last planned step (its ``peak`` of live bytes, its ``size``), or None
         self.last_plan = None
         self._plans: collections.OrderedDict = collections.OrderedDict()
-        self._key = self._mode = self._plan = self._trace = self._live = None
+        #: how many steps ran on a plan ("planned"), were traced for one ("traced"), or went past
+        #: their plan's bytes ("spilled": a request the plan did not expect, or a plan over the limit)
+        self.outcomes: collections.Counter = collections.Counter()
+        #: the last step's outcome (one of :attr:`outcomes`' keys), or None
+        self.last_outcome = None
+        self._key = self._mode = self._plan = self._trace = self._live = self._stale = None
+        self._device = xp.cuda.Device().id        # given to UnownedMemory: no CUDA call to look it up
         self._i = 0
         self._step_key = None
         self._piece = _piece_class(xp)
@@ -137,8 +156,10 @@ class StepMemory:
     @classmethod
     def of(cls, owner) -> "StepMemory | None":
         """``owner``'s step memory (made on first use and kept on it), or None where its
-        arrays are NumPy's (``owner.xp``)."""
+        arrays are NumPy's (``owner.xp``) or the step memory is switched off."""
         mem = getattr(owner, "_step_memory", None)
+        if mem is False or not ENABLED:                # switched off (attn.fast.fallback, or for the owner)
+            return None
         if mem is None:
             xp = getattr(owner, "xp", B.host)
             if xp is B.host or not hasattr(getattr(xp, "cuda", None), "using_allocator"):
@@ -150,7 +171,10 @@ class StepMemory:
     def malloc(self, size: int):
         """The allocator of a step (``cupy.cuda.using_allocator``): ``size`` bytes at the plan's
         offset for this request (or, unplanned, the slab's next free address), or from the
-        allocator in place before the step where the slab cannot serve it."""
+        allocator in place before the step where the slab cannot serve it. A request of no bytes
+        (CuPy asks for a zero-size array's memory too) takes nothing and is not one of the plan's."""
+        if int(size) == 0:
+            return self.xp.cuda.MemoryPointer(self._piece(0, 0, None, self._device), 0)
         n = -(-int(size) // ALIGN) * ALIGN
         self.demand += n
         if self.planned:
@@ -164,23 +188,29 @@ class StepMemory:
         return self._outer(size)
 
     def _planned(self, size: int, n: int):
-        """Request ``self._i`` of the step: its plan's offset while the sizes match the plan's;
-        else the bump allocator (the slab's next free byte, or the pool's memory once the slab
-        is full). A step without a plan is traced (each request's memory watched for when it
-        is freed), and its plan made at its end; after a size its plan did not expect, the step
-        goes on past the plan's bytes and is traced again the next time."""
+        """Request ``self._i`` of the step: its plan's offset while each request fits the plan's
+        size for it; else the bump allocator (the slab's next free byte, or the pool's memory once
+        the slab is full). A step without a plan is traced (each request's memory watched for when
+        it is freed), and its plan made at its end; after a request its plan did not expect, the
+        step goes on past the plan's bytes and the next step at its key is traced again."""
         i = self._i
         self._i = i + 1
+        self._sizes.append(n)
         if i == 0:
             self._choose(n)
         if self._mode == "plan":
             plan = self._plan
-            if i < len(plan) and plan.sizes[i] == n:
-                self.allocations += 1
+            if i < len(plan) and n <= plan.sizes[i]:
                 p = self._base + plan.offsets[i]
-                return p if self._live is None else self._checked(p, i, plan.offsets[i], n)
-            self._plans.pop(self._key, None)         # the sizes changed: trace the next step
-            self._mode, self._offset = "bump", plan.size
+                if self._live is None:
+                    self.allocations += 1
+                    return p
+                p = self._checked(p, i, plan.offsets[i], plan.sizes[i])
+                if p is not None:
+                    self.allocations += 1
+                    return p
+                self._diverted = True
+            self._mode, self._offset = "bump", plan.size      # a request it did not expect
         if self._offset + n <= self.capacity:
             p = self._base + self._offset
             self._offset += n
@@ -191,43 +221,75 @@ class StepMemory:
             p = owner = self._outer(size)
         if self._mode != "trace":
             return p
-        mem = self._piece(p.ptr, n if owner is self.slab else int(size), owner)   # kept by the array's views
+        mem = self._piece(p.ptr, n if owner is self.slab else int(size), owner, self._device)  # kept by its views
         self._trace.track(mem, self._trace.request(n))
         return self.xp.cuda.MemoryPointer(mem, 0)
 
     def _choose(self, first: int) -> None:
-        """At a step's first request: the plan made for this key and first size, if the slab holds it."""
-        self._key = (self._step_key, first)
+        """At a step's first request: the plan made for this step's key (its bucket: see
+        :func:`bucket`; or, without a key, for its first request's size), if the slab holds it; a
+        plan met at an exact key for the first time is checked (:meth:`_checked`)."""
+        self._key = ("key", bucket(self._step_key)) if self._step_key is not None else (None, first)
         plan = self._plans.get(self._key)
-        if plan is None:
-            self._mode, self._trace = "trace", Trace()
+        if plan is None or plan.stale:
+            self._mode, self._trace, self._stale = "trace", Trace(), plan
         elif plan.size <= self.capacity:
             self._mode, self._plan = "plan", plan
             self._plans.move_to_end(self._key)
+            if self._live is None and self._step_key not in plan.verified \
+                    and not self.xp.cuda.get_current_stream().is_capturing():   # (a capture replays it as it is)
+                self._live = {}
         else:
             self._mode = "bump"                        # over the limit: what fits, then the pool
 
     def _checked(self, p, i: int, offset: int, n: int):
-        """Check mode: the planned memory of request ``i``, watched; an overlap with a live one is noted."""
+        """A checked step: the planned memory of request ``i``, watched (a weak reference to it
+        notes when its last array is gone); None where it would overlap an array still alive
+        (noted in :attr:`overlapping`): the requests came in another order than the plan's, and
+        this one is served past the plan's bytes instead."""
         live = self._live
-        self.overlapping += [(j, i) for j, (o, m) in live.items() if o < offset + n and offset < o + m]
-        mem = self._piece(p.ptr, n, self.slab)
+        clash = [(j, i) for j, (o, m) in live.items() if o < offset + n and offset < o + m]
+        if clash:
+            self.overlapping += clash
+            return None
+        mem = self._piece(p.ptr, n, self.slab, self._device)
         live[i] = (offset, n)
         weakref.finalize(mem, live.pop, i, None)
         return self.xp.cuda.MemoryPointer(mem, 0)
 
     def _after(self, outer) -> None:
-        """At a step's end: a complete trace becomes the plan for its key, and the slab grows to hold it."""
+        """At a step's end: its outcome counted; a checked step's key noted as safe for its plan;
+        a complete trace becomes the plan for its key (each request as large as the largest the
+        key's steps asked for, where the plan it replaces had as many), and the slab grows to hold
+        it."""
         trace, self._trace = self._trace, None
         if not self.planned:
             if self.demand > self.capacity:
                 self._grow(outer, self.demand)
             return
-        if trace is None or self._mode != "trace" or not trace.sizes:
+        if not self._i:
+            return
+        outcome = {"plan": "planned", "trace": "traced"}.get(self._mode, "spilled")
+        self.outcomes[outcome] += 1
+        self.last_outcome = outcome
+        if self._mode == "plan" and self._live is not None:
+            self._plan.verified.add(self._step_key)
+        plan = self._plan
+        if outcome == "spilled" and plan is not None:
+            if self._diverted or len(self._sizes) != len(plan):
+                plan.stale = True                      # other lifetimes, or other requests: traced again
+                return
+            trace = Trace()                            # the same requests, some larger: the same lifetimes
+            trace.sizes, trace.died, self._mode, self._stale = self._sizes, list(plan.died), "trace", plan
+        if self._mode != "trace" or not trace.sizes:
             return
         trace.close()
-        plan = make_plan(trace.sizes, trace.died)
+        sizes, old = trace.sizes, self._stale
+        if old is not None and len(old) == len(sizes):
+            sizes = [max(a, b) for a, b in zip(old.sizes, sizes)]
+        plan = make_plan(sizes, trace.died)
         self._plans[self._key] = self.last_plan = plan
+        self._plans.move_to_end(self._key)
         self.plans_made += 1
         while len(self._plans) > MAX_PLANS:
             self._plans.popitem(last=False)
@@ -287,7 +349,8 @@ class StepMemory:
         if POISON and self.slab is not None:
             self.slab.fill(255)
         self._offset = self.demand = self.allocations = self.overflows = self._i = 0
-        self._mode = self._plan = self._trace = None
+        self._mode = self._plan = self._trace = self._stale = None
+        self._sizes, self._diverted = [], False
         self._live = {} if self.check else None
         self.steps += 1
 
@@ -296,7 +359,19 @@ class StepMemory:
         return {"allocations": self.allocations, "overflows": self.overflows, "demand_bytes": self.demand,
                 "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "over_limit": self.over_limit,
                 "peak_live_bytes": self.last_plan.peak if self.last_plan is not None else self.demand,
-                "plans_made": self.plans_made}
+                "plans_made": self.plans_made, "steps_planned": self.outcomes["planned"],
+                "steps_traced": self.outcomes["traced"], "steps_spilled": self.outcomes["spilled"]}
+
+
+def bucket(key):
+    """The plan key of a step key: every integer in it (a shape's dimensions) rounded up to a power
+    of two, so that the dozens of batch shapes of a run of token-count batches share a handful of
+    plans (each request as large as the largest its bucket's steps asked for)."""
+    if isinstance(key, tuple):
+        return tuple(bucket(k) for k in key)
+    if isinstance(key, int) and not isinstance(key, bool) and key > 0:
+        return 1 << (key - 1).bit_length()
+    return key
 
 
 def outside_step():

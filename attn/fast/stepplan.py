@@ -72,11 +72,16 @@ def peak_live(sizes, died) -> int:
 
 
 class Plan:
-    """``offsets[i]`` of request ``i`` (of ``sizes[i]`` bytes) in a slab of ``size`` bytes; the
-    step's ``peak`` of live bytes beside it."""
+    """``offsets[i]`` of request ``i`` (of ``sizes[i]`` bytes, freed at ``died[i]``) in a slab of
+    ``size`` bytes; the step's ``peak`` of live bytes beside it. The step memory notes on it the step keys whose
+    requests it was checked against (``verified``), and whether a step asked for what it did not
+    expect (``stale``: the next step at its key is traced again)."""
 
-    def __init__(self, sizes, offsets, size: int, peak: int):
+    def __init__(self, sizes, offsets, size: int, peak: int, died=()):
         self.sizes, self.offsets, self.size, self.peak = tuple(sizes), tuple(offsets), int(size), int(peak)
+        self.died = tuple(died)
+        self.verified: set = set()
+        self.stale = False
 
     def __len__(self):
         return len(self.sizes)
@@ -107,7 +112,7 @@ def plan(sizes, died) -> Plan:
         offsets[i] = top if best is None else best
         placed[i] = True
     total = int((offsets + size).max()) if n else 0
-    return Plan(sizes, offsets.tolist(), total, peak_live(sizes, died))
+    return Plan(sizes, offsets.tolist(), total, peak_live(sizes, died), died)
 
 
 def overlaps(p: Plan, died) -> list:

@@ -12,8 +12,10 @@ floods its output is a failure that names the function and what it did. Everythi
 that decides a grade (hypothesis' examples, the library's results, every comparison)
 stays in this process.
 
-The child is sealed before the file is imported (namespaces, the nobody user, hidden
-files, limits: :mod:`attn.grader.child`); only plain data comes back
+The child runs under bubblewrap (:mod:`attn.grader.bubblewrap`: only Python, NumPy, the
+modules the exercise gives and the file's copy to read, the nobody user, its own /tmp and
+/dev/shm) and seals itself before the file is imported (:mod:`attn.grader.child`); only
+plain data comes back
 (:mod:`attn.grader.wire`). Each starter's manifest (:mod:`attn.grader.library`) says what
 the exercise asks for and gives: the asked-for names are withheld from the library
 modules the child loads, and every other module of the library is refused, so a file

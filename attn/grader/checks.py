@@ -293,8 +293,7 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
         spot = SPOT_CHECK if len(items) <= 12 else 3
         for label, key, g, _, x in items:
             idx = _spot(x.size, ex.seed, spot)
-            num = numerical_gradient(lambda: float(B.to_host((_call(fwd, fname, "forward", *args.call())[0]
-                                                              * dout).sum())), x, indices=idx)
+            num = _central_differences(fwd, fname, args, x, dout, idx)
             gh, nh = B.to_host(g).reshape(-1)[idx], B.to_host(num).reshape(-1)[idx]
             err = rel_error(gh, nh)
             # Entries of a tiny gradient carry the central difference's rounding noise (about
@@ -370,11 +369,28 @@ def _terms(layer: str, label: str, ex: Example, dout) -> list:
 
 
 def _scales(layer: str, label: str, ex: Example) -> dict:
-    """Named factors of a gradient: yours, the expected divided by one or times it, lacks it
-    or has it twice."""
+    """Named factors: ``name -> (factor, whether the right gradient has it)``. Yours, the
+    expected divided by a factor it has, lacks it; times it, has it twice; times one it has
+    not, has it in excess."""
     if layer == "attention" and label in ("dq", "dk"):
-        return {"1/sqrt(d_k) of the scores": 1.0 / math.sqrt(ex.get("q").shape[-1])}
+        return {"1/sqrt(d_k) of the scores": (1.0 / math.sqrt(ex.get("q").shape[-1]), True)}
+    if layer == "linear" and label in ("dw", "db"):
+        n = ex.get("x").size // ex.get("x").shape[-1]
+        return {f"1/{n}, one over the number of rows: a mean over the rows instead of their sum": (1.0 / n, False)}
     return {}
+
+
+def _alternatives(layer: str, label: str, ex: Example, dout) -> list:
+    """Whole wrong gradients a learner often writes, computed on the example: (what yours
+    equals, where to look)."""
+    if layer == "relu" and label == "dx":
+        x = ex.get("x")
+        return [(dout, "dout itself: the ReLU's mask (x > 0) is missing", "which array decides where the gradient "
+                 "passes: the forward's input x"),
+                (dout * (dout > 0), "dout * (dout > 0): the mask comes from dout instead of x",
+                 "the mask is the forward's: where x > 0, whatever the sign of dout"),
+                (dout * (x <= 0), "dout * (x <= 0): the mask is inverted", "which side of 0 passes the gradient")]
+    return []
 
 
 def _fit(d, terms):
@@ -402,6 +418,13 @@ def diagnose(f: Failure, layer: str, label: str, g, w, ex: Example, dout) -> Non
     comparison says which."""
     if g.shape != w.shape or not np.isfinite(g).all() or w.dtype.kind != "f":
         return
+    same = [(what, look) for value, what, look in _alternatives(layer, label, ex, dout)
+            if rel_error(g, np.broadcast_to(value, g.shape)) < 1e-7]
+    if same:
+        f.symptom = "yours is " + " or ".join(what for what, _ in same) + (
+            " (this example cannot tell them apart)" if len(same) > 1 else "")
+        f.look = same[0][1] if len(same) == 1 else f.look
+        return
     try:
         terms = [t for t in _terms(layer, label, ex, dout) if np.abs(t.value).max() > 0]
     except Exception:                   # an example the terms cannot be computed on: no diagnosis
@@ -416,11 +439,12 @@ def diagnose(f: Failure, layer: str, label: str, g, w, ex: Example, dout) -> Non
     ww = float((w * w).sum())
     ratio = float((g * w).sum()) / ww if ww > 0 else 0.0
     if ww > 0 and rel_error(g, ratio * w) < 1e-7:
-        for name, s in _scales(layer, label, ex).items():
-            if abs(ratio * s - 1) < 1e-6:
+        for name, (s, has) in _scales(layer, label, ex).items():
+            if has and abs(ratio * s - 1) < 1e-6:
                 f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is missing"
             elif abs(ratio - s) < 1e-6:
-                f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is applied twice"
+                f.symptom = f"yours is {ratio:.6g} times the expected: " + (
+                    f"the factor {name} is applied twice" if has else f"the factor {name}")
 
 
 def _interleave(fwd, fname: str, ex: Example, drop) -> None:
@@ -495,6 +519,38 @@ def check_loss(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
             raise Failure("loss", "dlogits disagrees with central differences of your loss" + spot, formula,
                           error=err, entries=_entries(gh, nh), symptom=_symptom(gh, nh), tol=GRADIENT_TOL,
                           look=look, arrays=(gh, nh))
+
+
+def _central_differences(fwd, fname: str, args: _Args, x, dout, idx, h: float = 1e-6):
+    """:func:`~attn.gradcheck.numerical_gradient` of sum(forward(...)[0] * dout) with respect
+    to ``x`` at the flat indices ``idx``; a learner's forward in the child gets every
+    perturbed call in one request (one round trip, not two per entry)."""
+    loss = lambda out: float(B.to_host((out * dout).sum()))             # noqa: E731
+    if not hasattr(fwd, "many") or not x.flags.c_contiguous or any(isinstance(v, Built) for v in args.arrays):
+        return numerical_gradient(lambda: loss(_call(fwd, fname, "forward", *args.call())[0]), x, indices=idx)
+    flat, calls = x.reshape(-1), []
+    for i in idx:
+        old = flat[int(i)].item()
+        for step in (h, -h):
+            flat[int(i)] = old + step
+            calls.append([_snapshot(a) for a in args.call()])
+        flat[int(i)] = old
+    outs = _call(fwd.many, fname, "forward", calls)
+    grad = B.get_array_module(x).zeros(x.shape, dtype=x.dtype)
+    for k, i in enumerate(idx):
+        grad.reshape(-1)[int(i)] = (loss(outs[2 * k]) - loss(outs[2 * k + 1])) / (2 * h)
+    return grad
+
+
+def _snapshot(v):
+    """``v`` as it is now: its arrays copied (the next perturbation must not reach this call)."""
+    if is_array(v):
+        return v.copy()
+    if type(v) is dict:
+        return {k: _snapshot(x) for k, x in v.items()}
+    if type(v) in (list, tuple):
+        return type(v)(_snapshot(x) for x in v)
+    return v
 
 
 def _spot(size: int, seed: int, k: int = SPOT_CHECK):

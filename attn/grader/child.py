@@ -9,9 +9,9 @@ array bytes, validated on arrival; never pickle).
 Before the learner's file is imported, the child seals itself (:func:`confine`): the
 library modules its exercise gives are loaded with the names it asks for withheld (a
 stand-in that raises in their place), every other module of ``attn`` is unloaded and
-refused by an import hook, and where the grader started it in namespaces it hides the
-file system but for Python itself, works in an empty folder of its own, drops to the
-``nobody`` user when it is root, and sets its resource limits. It reports what it got.
+refused by an import hook, it becomes ``nobody`` when it is root, works in an empty folder
+of its own and sets its resource limits. It reports what it got. The files it can read at
+all are what bubblewrap binds (:mod:`attn.grader.bubblewrap`).
 
 The protocol: requests ``("call", name, args, given)`` (call the learner's ``name``, or
 with ``given`` a forward the exercise gives, on ``args``) and ``("reset",)``; answers
@@ -47,9 +47,8 @@ NOBODY = 65534
 #: The standard library a learner's file may import, loaded before the child becomes nobody.
 PRELOAD = ("math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "dataclasses", "typing",
            "copy", "operator", "random", "statistics", "time", "queue", "threading", "types", "glob", "json",
-           "string", "textwrap", "warnings", "contextlib", "abc", "enum", "numbers", "fractions", "decimal")
-#: Top-level folders kept visible in a mount namespace (the rest are hidden under an empty tmpfs).
-SYSTEM = {"usr", "lib", "lib32", "lib64", "libx32", "bin", "sbin", "dev", "proc"}
+           "string", "textwrap", "warnings", "contextlib", "abc", "enum", "numbers", "fractions", "decimal",
+           "secrets", "hashlib", "re", "struct", "array", "unicodedata", "pprint")
 
 
 def is_array(a) -> bool:
@@ -156,49 +155,6 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _mount(libc, src, target, fstype, flags, data=None) -> None:
-    import ctypes
-    enc = lambda s: s.encode() if s is not None else None       # noqa: E731
-    if libc.mount(enc(src), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"mount {target}: {os.strerror(e)}")
-
-
-def _hide_files(libc, work_size_mb: int, extra=()) -> None:
-    """In a mount namespace: an empty tmpfs over every top-level folder but the system's,
-    Python's own folders bound back read-only, /tmp a small tmpfs of its own."""
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 32, 4096, 16384
-    keep = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)
-                   if os.path.isdir(p)} | {os.path.realpath(os.path.dirname(np.__file__) + "/..")}
-                  | {os.path.realpath(p) for p in extra if os.path.isdir(p)})
-    keep_files = [p for p in ("/etc/ld.so.cache",) if os.path.exists(p)]
-    fds = {p: os.open(p, os.O_PATH) for p in keep + keep_files}
-    tops = [e for e in os.listdir("/") if e not in SYSTEM and os.path.isdir("/" + e) and not os.path.islink("/" + e)]
-    for top in tops:
-        size = f"size={work_size_mb}m,mode=1777" if top == "tmp" else "size=1m,mode=755"
-        _mount(libc, "tmpfs", "/" + top, "tmpfs", MS_NOSUID | MS_NODEV, size)
-    for p in keep + keep_files:
-        if p.split("/")[1] not in tops or any(p != k and p.startswith(k + "/") for k in keep):
-            continue
-        if p in keep:
-            os.makedirs(p, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            open(p, "w").close()
-        _mount(libc, f"/proc/self/fd/{fds[p]}", p, None, MS_BIND | MS_REC)
-        _mount(libc, None, p, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_REC)
-    for fd in fds.values():
-        os.close(fd)
-
-
-def _in_user_namespace() -> bool:
-    try:
-        with open("/proc/self/uid_map") as f:
-            return f.read().split() != ["0", "0", "4294967295"]
-    except OSError:
-        return False
-
-
 def _limits(cfg: dict) -> list:
     got = []
     for name, value in (("RLIMIT_AS", cfg["memory_mb"] << 20), ("RLIMIT_CPU", cfg["cpu_s"]),
@@ -217,53 +173,46 @@ def _limits(cfg: dict) -> list:
     return got
 
 
+def _become_nobody() -> None:
+    """Root (bubblewrap's child as root, or no sandbox) becomes nobody, every capability gone;
+    the standard library it may need is loaded first (Python's folders may not be nobody's to
+    read where no sandbox binds them: a Python under /root)."""
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
 def confine(cfg: dict, source: str, name: str) -> tuple[str, dict]:
-    """Seal this process before the learner's file runs: hide the files, an empty working
-    folder with the file's copy in it, the nobody user, the limits. Returns the copy's path
-    and what was got."""
-    got = {"namespaces": cfg.get("namespaces", []), "user": "", "files": "", "limits": []}
-    libc = None
+    """Seal this process before the learner's file runs: the nobody user, an empty working
+    folder with the file's copy in it, the limits. Returns the copy's path and what was got."""
+    got = {"user": "", "files": cfg["files"], "limits": []}
     try:
-        libc = _libc()
-        libc.prctl(38, 1, 0, 0, 0)                         # PR_SET_NO_NEW_PRIVS
+        _libc().prctl(38, 1, 0, 0, 0)                      # PR_SET_NO_NEW_PRIVS
     except (OSError, AttributeError):
         pass
-    hidden = False
-    if "mount" in got["namespaces"] and os.geteuid() == 0 and libc is not None:
-        try:
-            _hide_files(libc, cfg["work_mb"], cfg.get("keep", ()))
-            hidden = True
-        except OSError as e:
-            got["files"] = f"not hidden ({e})"
-    work = Path("/tmp/attn-check-work") if hidden else Path(cfg["work"])
+    work = Path(cfg["work"])
+    root = os.geteuid() == 0
+    if root and not cfg["sandbox"]:
+        work.mkdir(mode=0o700, exist_ok=True)
+        os.chown(work, NOBODY, NOBODY)
+    if root:
+        _become_nobody()
+        got["user"] = "nobody"
+    else:
+        got["user"] = "nobody" if os.geteuid() == NOBODY else f"uid {os.geteuid()} (the grader's own user)"
     work.mkdir(mode=0o700, exist_ok=True)
     copy = work / name
     copy.write_text(source, encoding="utf-8")
-    drop = os.geteuid() == 0 and not _in_user_namespace()
-    if drop:
-        os.chown(work, NOBODY, NOBODY)
-        os.chown(copy, NOBODY, NOBODY)
     os.chdir(work)
     os.environ.clear()
     os.environ.update(cfg["env"])
     os.environ["HOME"] = str(work)
-    if drop:
-        for name in PRELOAD:                 # Python's folders may not be nobody's to read (a Python in /root)
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                pass
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-        got["user"] = "nobody"
-    elif os.geteuid() == 0:
-        got["user"] = "root of a user namespace"
-    else:
-        got["user"] = f"uid {os.geteuid()}"
-    got["files"] = got["files"] or ("only Python's own folders and the copy of the file" if hidden
-                                    else "not hidden (no mount namespace)")
-    got["limits"] = _limits(dict(cfg, nproc=drop))
+    got["limits"] = _limits(dict(cfg, nproc=cfg["sandbox"] or root))
     return str(copy), got
 
 # ----------------------------------------------------------------------------- the calls
@@ -395,6 +344,19 @@ class _Child:
                     modified.append([i, Arr(now, False)])
         return ("ok", self.pack(res), modified)
 
+    def many(self, name: str, calls, given: bool):
+        """``name`` on each argument list of ``calls`` in turn: ("ok", [each result's first
+        element], []) (the outputs central differences need, in one answer), or the first
+        call's answer that is not "ok"."""
+        outs = []
+        for args in calls:
+            answer = self.call(name, args, given)
+            if answer[0] != "ok":
+                return answer
+            res = answer[1]
+            outs.append(res[0] if type(res) in (tuple, list) and res else res)
+        return ("ok", outs, [])
+
 
 def _install_cupy_modules():
     """The CuPy the grader's process uses (real, or a stand-in it installed), found the same way here."""
@@ -461,7 +423,7 @@ def main() -> None:
             continue
         _, name, args, given = msg
         try:
-            answers.send(child.call(name, args, given))
+            answers.send(child.call(name, args, given) if msg[0] == "call" else child.many(name, args, given))
         except Exception as e:          # a result that cannot travel: say so rather than hang
             answers.send(("raised", "attn-check", f"its result could not be sent back: {type(e).__name__}: {e}",
                           "", name))

@@ -4,47 +4,74 @@ hash, the grader's version) and each learner's own report beside it."""
 from __future__ import annotations
 
 import csv
-import hashlib
 import html
 import io
+import os
+import stat
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from urllib.parse import quote
 
 from .library import EXERCISES
-from .results import grader_version
+from .results import LoadError, grader_version
+from .sandbox import read_source
 
 
-def file_hash(path: Path) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return ""
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words."""
+    for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return what
+    return "not a regular file"
 
 
-def submissions(folder: Path) -> list[tuple[str, Path]]:
-    """(learner, file) for every exercise file (named as a starter) in every learner's folder."""
+def submissions(folder: Path) -> list[dict]:
+    """Every exercise file (named as a starter) in every learner's folder, read once, before
+    anything is graded: {"learner", "exercise", "file", "source": (text, sha256) or None,
+    "error"}. Only regular files in real folders are read; a link, a FIFO or a device is
+    refused with an error, and nothing outside ``folder`` is ever opened."""
     out = []
-    for learner in sorted(p for p in Path(folder).iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-        if learner.name == "attn-check":
+    for learner in sorted(os.scandir(folder), key=lambda e: e.name):
+        if learner.name.startswith((".", "_")) or learner.name == "attn-check":
             continue
-        for f in sorted(learner.glob("*.py")):
-            if f.stem in EXERCISES:
-                out.append((learner.name, f))
+        kind = stat.S_IFMT(learner.stat(follow_symlinks=False).st_mode)
+        if kind != stat.S_IFDIR:
+            if kind != stat.S_IFREG:          # a learner's folder that is a link, a FIFO, a device
+                out.append({"learner": learner.name, "exercise": "", "file": learner.path, "source": None,
+                            "error": f"not graded: {_kind(kind)}, not a learner's folder"})
+            continue
+        for entry in sorted(os.scandir(learner.path), key=lambda e: e.name):
+            stem, ext = os.path.splitext(entry.name)
+            if ext != ".py" or stem not in EXERCISES:
+                continue
+            row = {"learner": learner.name, "exercise": stem, "file": entry.path, "source": None, "error": ""}
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if not stat.S_ISREG(mode):
+                row["error"] = f"not graded: {_kind(mode)} (attn-check reads regular files only)"
+            else:
+                try:
+                    row["source"] = read_source(Path(entry.path))
+                except LoadError as e:
+                    row["error"] = f"not graded: {e}"
+            out.append(row)
     return out
 
 
-def _grade_one(learner: str, path: str, options: dict, report_dir: str) -> dict:
+def _grade_one(sub: dict, options: dict, report_dir: str) -> dict:
     """One file, in a worker process: its rows for the table, its report written beside it."""
     from .grading import grade_file
     from .reports import write_json
     t0 = time.perf_counter()
     text = io.StringIO()
+    learner, path = sub["learner"], sub["file"]
     try:
-        rep = grade_file(Path(path), None, out=text, **options)
+        rep = grade_file(Path(path), None, out=text, source=sub["source"], **options)
         error = rep.error
         rows = [{"layer": r.layer, "functions": " ".join(r.functions), "status": r.status,
-                 "score": int(r.status == "pass"), "seconds": round(r.seconds, 3)} for r in rep.results]
+                 "score": int(r.status == "pass"), "seconds": round(r.seconds, 3), "error": _why(r)}
+                for r in rep.results]
         rep.student = learner
         target = Path(report_dir) / learner
         target.mkdir(parents=True, exist_ok=True)
@@ -53,8 +80,21 @@ def _grade_one(learner: str, path: str, options: dict, report_dir: str) -> dict:
         write_json([rep], target / f"{Path(path).stem}.json")
     except Exception as e:                  # a bug of the grader's own: this file, not the class
         error, rows = f"attn-check failed on this file: {type(e).__name__}: {e}", []
-    return {"learner": learner, "exercise": Path(path).stem, "file": path, "sha256": file_hash(Path(path)),
+    return {"learner": learner, "exercise": Path(path).stem, "file": path, "sha256": sub["source"][1],
             "rows": rows, "error": error.splitlines()[0] if error else "", "seconds": time.perf_counter() - t0}
+
+
+def _why(r) -> str:
+    """A layer's row's error column: why it did not pass, in one line."""
+    from .results import Failure
+    if r.status == "pass":
+        return ""
+    if r.status == "todo":
+        return "not implemented yet"
+    if r.status == "incomplete":
+        return r.note.split(";")[0]
+    f = r.detail
+    return (f"{f.check}: {f.message}" if isinstance(f, Failure) else r.status).splitlines()[0][:300]
 
 
 def grade_class(args, out) -> int:
@@ -62,28 +102,29 @@ def grade_class(args, out) -> int:
     if not folder.is_dir():
         out.write(f"attn-check: {folder}: no such folder\n")
         return 2
+    report_dir = Path(args.out or folder / "attn-check")
+    if report_dir.is_symlink():
+        out.write(f"attn-check: {report_dir} is a symbolic link: the reports go into a real folder only\n")
+        return 2
     subs = submissions(folder)
     if not subs:
         out.write(f"attn-check: {folder} holds no learner's folder with an exercise file (named as a starter)\n")
         return 2
-    report_dir = Path(args.out or folder / "attn-check")
     report_dir.mkdir(parents=True, exist_ok=True)
     options = {"examples": args.examples, "timeout": args.timeout, "forward_only": args.forward_only,
                "hint_level": args.hint, "sandbox_mode": "off" if args.sandbox == "off" else "auto",
-               "memory_mb": args.memory, "seed": args.seed}
+               "memory_mb": args.memory, "seed": args.seed, "layer_seconds": args.layer_time}
     t0 = time.perf_counter()
-    results = []
+    results = [_refused(sub) for sub in subs if sub["source"] is None]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(_grade_one, learner, str(path), options, str(report_dir)): (learner, path)
-                   for learner, path in subs}
+        futures = {pool.submit(_grade_one, sub, options, str(report_dir)): sub for sub in subs if sub["source"]}
         for fut in as_completed(futures):
-            learner, path = futures[fut]
+            sub = futures[fut]
             try:
                 results.append(fut.result())
             except Exception as e:
-                results.append({"learner": learner, "exercise": path.stem, "file": str(path),
-                                "sha256": file_hash(path), "rows": [], "seconds": 0.0,
-                                "error": f"attn-check failed on this file: {type(e).__name__}: {e}"})
+                results.append(dict(_refused(sub), error=f"attn-check failed on this file: {type(e).__name__}: {e}",
+                                    sha256=sub["source"][1]))
     wall = time.perf_counter() - t0
     version = grader_version()
     results.sort(key=lambda r: (r["learner"], r["exercise"]))
@@ -91,11 +132,11 @@ def grade_class(args, out) -> int:
     _write_html(results, report_dir / "grades.html", version)
     if getattr(args, "similarity", False):
         from .similarity import similarity_report
-        similarity_report(subs, report_dir / "similarity.html", out)
-    exercises = sorted({r["exercise"] for r in results})
+        similarity_report([s for s in subs if s["source"]], report_dir / "similarity.html", out)
+    exercises = sorted({r["exercise"] for r in results if r["exercise"] in EXERCISES})
     learners = sorted({r["learner"] for r in results})
     cell = {(r["learner"], r["exercise"]): r for r in results}
-    width = max(8, *(len(x) for x in learners))
+    width = max(8, *(len(_printable(x)) for x in learners))
     out.write(f"attn-check --class {folder}: {len(learners)} learners, {len(results)} files, {wall:.1f} s with "
               f"{args.jobs} job{'s' * (args.jobs != 1)}, grader {version}\n")
     out.write(f"{'learner':<{width}} " + " ".join(f"{e[:14]:>14}" for e in exercises) + f" {'total':>9}\n")
@@ -110,13 +151,27 @@ def grade_class(args, out) -> int:
             s, t = sum(x["score"] for x in r["rows"]), len(r["rows"]) or len(EXERCISES[e].asks)
             got, tot = got + s, tot + t
             cells.append(f"{f'{s}/{t}':>14}")
-        out.write(f"{learner:<{width}} " + " ".join(cells) + f" {f'{got}/{tot}':>9}\n")
+        out.write(f"{_printable(learner):<{width}} " + " ".join(cells) + f" {f'{got}/{tot}':>9}\n")
+    for r in results:
+        if r["error"] and not r["rows"]:
+            out.write(f"{_printable(r['learner'])}/{_printable(r['exercise'] or '')}: {_printable(r['error'])}\n")
     out.write(f"table: {report_dir / 'grades.csv'}, {report_dir / 'grades.html'}; each learner's report in "
               f"{report_dir}/LEARNER/\n")
     return 0
 
 
 FIELDS = ("learner", "exercise", "layer", "functions", "status", "score", "seconds", "sha256", "grader", "error")
+
+
+def _printable(text: str) -> str:
+    """A learner's name or error for the terminal: no control characters (no escape sequences)."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def _refused(sub: dict) -> dict:
+    """A file (or a learner's folder) that was not graded: one row, its error saying why."""
+    return {"learner": sub["learner"], "exercise": sub["exercise"], "file": sub["file"], "sha256": "", "rows": [],
+            "seconds": 0.0, "error": sub["error"]}
 
 
 def _table_rows(results, version):
@@ -127,7 +182,14 @@ def _table_rows(results, version):
                    "error": r["error"]}
         for row in r["rows"]:
             yield dict(row, learner=r["learner"], exercise=r["exercise"], sha256=r["sha256"], grader=version,
-                       error=r["error"])
+                       error=row.get("error") or r["error"])
+
+
+def _cell(v):
+    """A CSV cell a spreadsheet shows as text: one that would start a formula gets a quote first."""
+    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r", "\n", "|", "%"):
+        return "'" + v
+    return v
 
 
 def _write_csv(results, path: Path, version: str) -> None:
@@ -135,7 +197,7 @@ def _write_csv(results, path: Path, version: str) -> None:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         for row in _table_rows(results, version):
-            w.writerow(row)
+            w.writerow({k: _cell(v) for k, v in row.items()})
 
 
 def _write_html(results, path: Path, version: str) -> None:
@@ -146,7 +208,9 @@ def _write_html(results, path: Path, version: str) -> None:
             f"<h1>attn-check: the class</h1><p>grader {q(version)}</p><table><tr>"
             + "".join(f"<th>{q(f)}</th>" for f in FIELDS) + "</tr>"]
     for row in _table_rows(results, version):
-        link = f"<a href='{q(row['learner'])}/{q(row['exercise'])}.txt'>{q(row['exercise'])}</a>"
+        href = quote(row["learner"], safe="") + "/" + quote(row["exercise"], safe="") + ".txt"
+        report = row["exercise"] and (path.parent / row["learner"] / f"{row['exercise']}.txt").is_file()
+        link = f"<a href='./{q(href)}'>{q(row['exercise'])}</a>" if report else q(row["exercise"])
         cells = [q(str(row[f])) if f != "exercise" else link for f in FIELDS]
         cells[FIELDS.index("sha256")] = q(row["sha256"][:16])
         body.append("<tr>" + "".join(f"<td class='{q(row['status'])}'>{c}</td>" if f == "status" else f"<td>{c}</td>"

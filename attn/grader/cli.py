@@ -11,7 +11,8 @@ from .. import backend as B
 from ..testing import LAYERS
 from .grading import FINAL_SCALE, _layer_table, grade_file
 from .library import EXERCISES
-from .sandbox import LIMITS, namespaces
+from . import bubblewrap
+from .sandbox import LIMITS
 from .reports import LABELS, write_gradescope, write_html, write_json, write_junit
 from .results import DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, FileReport
 
@@ -59,21 +60,23 @@ def _all(folder: Path, args, out) -> tuple[int, list[FileReport]]:
 
 def _options(args) -> dict:
     return {"exercise": args.exercise, "sandbox_mode": "off" if args.sandbox == "off" else "auto",
-            "memory_mb": args.memory, "seed": args.seed}
+            "memory_mb": args.memory, "seed": args.seed, "layer_seconds": args.layer_time}
 
 
 def check_sandbox(args, out) -> bool:
-    """Say in one line when no sandbox can be had here; False when one is required."""
+    """Say in one line when no sandbox can be had here, and what a learner's file can then
+    reach; False when one is required."""
     if args.sandbox == "off":
         return True
-    unshare, why = namespaces()
-    if unshare:
+    exe, _, why = bubblewrap.available()
+    if exe:
         return True
     if args.sandbox == "required":
         out.write(f"attn-check: no sandbox can be had here ({why}), and --sandbox required asks for one\n")
         return False
-    runs_as = "as nobody" if os.geteuid() == 0 else "as you"
-    out.write(f"attn-check: no sandbox here ({why}): the file runs {runs_as}, under resource limits only\n")
+    runs_as = "as nobody: every file nobody may read" if os.geteuid() == 0 else "as you: every file you may read"
+    out.write(f"attn-check: no sandbox here ({why}): the file runs {runs_as}, the network, under resource limits "
+              "only\n")
     return True
 
 
@@ -102,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Write the functions of a layer in PATH.py under the library's names (start from a file in\n"
             "lessons/exercises/), then run `attn-check PATH.py`. Only the layers the file defines are checked.\n"
-            "Your file runs in a sealed child process (its own namespaces, another user, no network, no\n"
-            "files but Python's, resource limits; the library's answers are not importable there), each\n"
-            "call under a time limit: a call that hangs, exits,\n"
+            "Your file runs in a sandbox (bubblewrap: the nobody user, no network, no files but Python's,\n"
+            "NumPy's and the library modules the exercise gives, its own /tmp; resource limits; the\n"
+            "library's answers are not there), each call under a time limit, each layer and file under a\n"
+            "budget (--layer-time): a call that hangs, exits,\n"
             "crashes or floods its output fails, naming the function. For each layer, hypothesis draws\n"
             "examples (hard ones included: logits of 1e4, fully masked rows, repeated ids, padding); the\n"
             "forward is graded first on all of them (exceptions, NaN, shapes, dtypes, inputs modified in\n"
@@ -158,8 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, metavar="N", help="final grading: examples from this seed (one the learners "
                    f"do not know) and lengths and widths up to {FINAL_SCALE} times the defaults")
     p.add_argument("--sandbox", choices=("auto", "required", "off"), default="auto",
-                   help="auto (default): namespaces and a separate user where they can be had, limits always; "
-                        "required: refuse to grade where no sandbox can be had; off: no namespaces")
+                   help="auto (default): bubblewrap where it can be had (else a line says what the file can then "
+                        "reach), limits always; required: refuse to grade where bubblewrap cannot run; off: no "
+                        "sandbox (the nobody user still, as root)")
+    p.add_argument("--layer-time", type=float, default=LIMITS["layer_s"], metavar="S",
+                   help=f"wall-time seconds the grading of one layer may take in all, every call together (default "
+                        f"{LIMITS['layer_s']:g}); a file may take {LIMITS['file_s'] // LIMITS['layer_s']:g} times that")
     p.add_argument("--memory", type=int, metavar="MB", help=f"the child's address-space limit "
                    f"(default {LIMITS['memory_mb']} MB)")
     p.add_argument("--class", dest="class_dir", type=Path, metavar="DIR",
@@ -180,8 +188,8 @@ def main(argv=None, out=None) -> int:
     if args.examples < 1:
         out.write("attn-check: --examples must be at least 1\n")
         return 2
-    if not args.timeout > 0:
-        out.write("attn-check: --timeout must be positive\n")
+    if not args.timeout > 0 or not args.layer_time > 0:
+        out.write(f"attn-check: --{'timeout' if not args.timeout > 0 else 'layer-time'} must be positive\n")
         return 2
     try:
         B.set_backend(args.backend)
@@ -208,7 +216,7 @@ def main(argv=None, out=None) -> int:
             out.write(f"attn-check: {args.path}: no such file\n")
             return 2
         rep = grade_file(args.path, args.layer, args.examples, args.timeout, args.forward_only, args.allow_library,
-                         out, args.hint, **_options(args))
+                         out, args.hint, follow_link=True, **_options(args))
         if rep.error:
             out.write(f"attn-check: {rep.error}\n")
         status, reports = rep.status, [rep]

@@ -6,7 +6,7 @@ import contextlib
 import time
 from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, seed, settings
 from hypothesis.errors import Flaky
 
 from .. import backend as B
@@ -15,10 +15,10 @@ from ..testing import DROPOUT_PROBES, LAYERS, Layer
 from ..testing.strategies import scaled
 from .checks import CHECKS, DROPOUT_DRAWS, EXAMPLE_SHARE, _Args, _entries, check_dropout, check_pair
 from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, Fatal, FileReport, LoadError,
-                      NotImplementedYet, Result, _Todo)
+                      NotImplementedYet, Result, _Todo, plain)
 from .reports import report, summary
 from .library import manifest_for, reference
-from .sandbox import Remote, Sandbox, describe
+from .sandbox import Remote, Sandbox, describe, read_source
 
 np = B.host
 
@@ -77,6 +77,9 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
             e.failure.example = ex
             raise
 
+    if seed_ is not None:                       # the final profile: the default profile's hard examples too
+        for ex in _hard_examples(layer, examples):
+            run = example(ex)(run)
     try:
         with _the_seeds_examples_alone():
             run()
@@ -95,6 +98,25 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
     except Exception as e:      # a bug of attn-check's own: say so, without a traceback for the learner
         return count[0], Failure("attn-check", f"attn-check itself failed: {type(e).__name__}: {e}",
                                  look="not your code's fault: please report it with this file")
+
+
+def _hard_examples(layer: Layer, examples: int) -> list:
+    """The hard examples (those too hard for a gradient check: logits of 1e4, fully masked or
+    constant rows) among what the default profile draws for ``layer``, at its sizes: the final
+    profile runs them whatever its seed."""
+    got = []
+
+    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              verbosity=Verbosity.quiet, phases=(Phase.explicit, Phase.generate))
+    @seed(EXAMPLE_SEED)
+    @given(layer.examples)
+    def collect(ex):
+        if not ex.gradcheck:
+            got.append(ex)
+
+    with scaled(1), _the_seeds_examples_alone():
+        collect()
+    return got
 
 
 def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
@@ -124,6 +146,7 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
     library's if the forward passed, against central differences of the learner's own
     forward if not), then its dropout."""
     t0 = time.perf_counter()
+    sandbox.begin_layer()
     check = CHECKS[layer.kind]
     names = [n for n in layer.functions if n in impl and not (given_forward and n == layer.functions[0])]
 
@@ -280,29 +303,42 @@ def _plan(found: dict, sandbox: Sandbox, manifest, layers, allow_library: bool) 
 def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeout: float = DEFAULT_TIMEOUT,
                forward_only: bool = False, allow_library: bool = False, out=None, hint_level: int = 1,
                exercise: str | None = None, sandbox_mode: str = "auto", memory_mb: int | None = None,
-               seed: int | None = None) -> FileReport:
+               seed: int | None = None, source: tuple[str, str] | None = None,
+               layer_seconds: float | None = None, follow_link: bool = False) -> FileReport:
     """Grade every layer ``path``'s exercise asks for (every layer it defines, for a file that
     is no exercise's), or those named in ``layers``, printing the text report to ``out`` as it
-    goes."""
+    goes. ``source``: (the file's text, its SHA-256), read already (by :func:`read_source`
+    if not given, a link followed with ``follow_link``: the file is read once, nowhere else)."""
     rep = FileReport(path)
     rep.examples, rep.hint, rep.seed = examples, hint_level, seed
     manifest = manifest_for(path, exercise)
     rep.exercise = manifest.name if manifest else ""
     w = (out.write if out is not None else (lambda s: None))
-    sandbox = Sandbox(path, timeout, allow_library, exercise=exercise, mode=sandbox_mode, memory_mb=memory_mb)
+    try:
+        text, rep.sha256 = source or read_source(path, follow_link)
+    except LoadError as e:
+        rep.error = str(e)
+        _zero(rep, manifest)
+        return rep
+    sandbox = Sandbox(path, timeout, allow_library, exercise=exercise, mode=sandbox_mode, memory_mb=memory_mb,
+                      source=text, layer_s=layer_seconds)
     try:
         try:
             found = sandbox.start()
         except LoadError as e:
-            rep.error = f"could not import {path}: {e}" + (f"\n    where: {e.where}" if e.where else "")
+            rep.error = f"could not import {path}: {plain(str(e))}" + (f"\n    where: {plain(e.where)}" if e.where
+                                                                      else "")
             _zero(rep, manifest)
             return rep
         except Fatal as e:
-            rep.error = f"could not import {path}: {e.failure.message}" + (
-                f"\n    where: {e.failure.where}" if e.failure.where else "")
+            rep.error = f"could not import {path}: {plain(e.failure.message)}" + (
+                f"\n    where: {plain(e.failure.where)}" if e.failure.where else "")
             _zero(rep, manifest)
             return rep
         rep.sandbox = describe(sandbox.got)
+        if manifest is None and not allow_library:   # bound where the syntax does not say (globals(), setattr)
+            found = {n: (o if n in sandbox.withheld else dict(o, library=True, defined=o["defined"] + ", bound in a "
+                                                               "way attn-check does not read")) for n, o in found.items()}
         plan, imported = _plan(found, sandbox, manifest, layers, allow_library)
         if layers:
             missing = [n for n in layers if n not in {layer.name for layer, *_ in plan}]

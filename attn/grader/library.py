@@ -43,14 +43,30 @@ def manifest_for(path: Path, exercise: str | None = None) -> Manifest | None:
     return EXERCISES.get(Path(path).stem)
 
 
-def defined_names(source: str) -> set:
-    """The gradable names a file binds at its top level with ``def`` (read from its syntax,
-    never run here)."""
+def bound_names(source: str) -> set:
+    """The gradable names a file binds at its top level in any way (``def``, ``class``, an
+    assignment, an import, a loop or ``with`` target, ``:=``, a ``global`` in a function; in
+    an ``if``, ``try`` or loop block too), read from its syntax, never run here: every one is
+    withheld from the library in its child."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()
-    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in LIBRARY}
+    names, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            names |= {n for g in ast.walk(node) if isinstance(g, (ast.Global, ast.Nonlocal)) for n in g.names}
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.MatchAs) and node.name or isinstance(node, ast.MatchStar) and node.name:
+            names.add(node.name)
+        todo.extend(ast.iter_child_nodes(node))
+    return names & set(LIBRARY)
 
 
 def child_policy(manifest: Manifest | None, source: str, allow_library: bool) -> dict:
@@ -59,7 +75,7 @@ def child_policy(manifest: Manifest | None, source: str, allow_library: bool) ->
     (the given forwards the grader may ask it to run)."""
     if allow_library:
         return {"gives": ["*"], "withhold": [], "block": [], "forwards": ["*"]}
-    asks = set(manifest.asks) if manifest else defined_names(source)
+    asks = set(manifest.asks) if manifest else bound_names(source)
     gives = list(manifest.gives) if manifest else list(DEFAULT_GIVES)
     block = sorted({m for n in asks for m in ANSWERED_IN.get(n, ())})
     forwards = list(manifest.given_forwards) if manifest else []

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import sys
+from urllib.parse import quote
 from pathlib import Path
 
 from .. import backend as B
 from ..testing import Built, Fresh
-from .results import Failure, FileReport, Result, grader_version
+from .results import Failure, FileReport, Result, grader_version, plain
 
 np = B.host
 
@@ -48,7 +50,7 @@ def failure_lines(r: Result, hint_level: int = 1) -> list[str]:
         lines.append(f"note: {r.note}")
     if r.status == "todo":
         lines.append(f"{r.detail.function} raises NotImplementedError: write its body, then run this again")
-        return lines
+        return [plain(line, " " * 10 + "| ") for line in lines]
     if r.status != "fail":
         return lines
     f: Failure = r.detail
@@ -98,7 +100,7 @@ def failure_lines(r: Result, hint_level: int = 1) -> list[str]:
         lines.append(f"backward: {r.also}")
     if r.part:
         lines.append(f"part:     {r.part}")
-    return lines
+    return [plain(line, " " * 10 + "| ") for line in lines]
 
 
 def report(r: Result, out=sys.stdout, hint_level: int = 1) -> None:
@@ -152,21 +154,28 @@ def result_dict(r: Result, hint_level: int = 3) -> dict:
 def _stamp(rep: FileReport) -> dict:
     """Who, what and when: the learner, the exercise, the file's hash, the grader's version."""
     import datetime
-    import hashlib
-    try:
-        digest = hashlib.sha256(Path(rep.path).read_bytes()).hexdigest()
-    except OSError:
-        digest = ""
-    return {"student": getattr(rep, "student", "") or Path(rep.path).resolve().parent.name,
-            "exercise": rep.exercise, "sha256": digest, "grader": grader_version(), "sandbox": rep.sandbox,
+    return {"student": getattr(rep, "student", "") or Path(rep.path).absolute().parent.name,
+            "exercise": rep.exercise, "sha256": rep.sha256, "grader": grader_version(), "sandbox": rep.sandbox,
             "seed": rep.seed, "graded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def strict(v):
+    """``v`` for strict JSON: NaN and infinities (which JSON has not) become null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: strict(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [strict(x) for x in v]
+    return v
 
 
 def write_json(reports: list[FileReport], path: Path) -> None:
     files = [{"file": str(rep.path), **_stamp(rep), "exit_status": rep.status, "error": rep.error,
               "backend": rep.backend, "examples": rep.examples, "hint": rep.hint,
               "layers": [result_dict(r, rep.hint) for r in rep.results]} for rep in reports]
-    Path(path).write_text(json.dumps(files[0] if len(files) == 1 else files, indent=2) + "\n", encoding="utf-8")
+    Path(path).write_text(json.dumps(strict(files[0] if len(files) == 1 else files), indent=2, allow_nan=False) + "\n",
+                          encoding="utf-8")
 
 
 def write_junit(reports: list[FileReport], path: Path) -> None:
@@ -202,16 +211,16 @@ def write_gradescope(reports: list[FileReport], path: Path) -> None:
     for rep in reports:
         if rep.error:
             tests.append({"name": rep.path.name, "score": 0, "max_score": 1, "status": "failed",
-                          "output": rep.error})
+                          "output": plain(rep.error)})
         for r in rep.results:
             text = "\n".join([f"{r.layer}: {LABELS[r.status]}"] + failure_lines(r, rep.hint))
             tests.append({"name": f"{rep.path.stem}: {r.layer}", "score": 1 if r.status == "pass" else 0,
                           "max_score": 1, "status": "passed" if r.status == "pass" else "failed", "output": text})
-        output.append(rep.header or rep.error.splitlines()[0])
-    Path(path).write_text(json.dumps({"score": sum(t["score"] for t in tests),
-                                      "max_score": sum(t["max_score"] for t in tests),
-                                      "output": "\n".join(output), "tests": tests}, indent=2) + "\n",
-                          encoding="utf-8")
+        output.append(plain(rep.header or rep.error.splitlines()[0]))
+    Path(path).write_text(json.dumps(strict({"score": sum(t["score"] for t in tests),
+                                             "max_score": sum(t["max_score"] for t in tests),
+                                             "output": "\n".join(output), "tests": tests}), indent=2, allow_nan=False)
+                          + "\n", encoding="utf-8")
 
 
 def _heatmaps(f: Failure, png: Path) -> bool:
@@ -276,7 +285,7 @@ def write_html(reports: list[FileReport], folder: Path) -> Path:
             if isinstance(r.detail, Failure):
                 png = folder / f"{k:02d}-{rep.path.stem}-{r.layer}.png"
                 if _heatmaps(r.detail, png):
-                    img = f"<img src='{q(png.name)}' alt='yours, expected, difference'>"
+                    img = f"<img src='./{q(quote(png.name))}' alt='yours, expected, difference'>"
             body.append(f"<div class='case'><pre>{q(text)}</pre>{img}</div>")
     index = folder / "index.html"
     index.write_text("\n".join(body) + "\n", encoding="utf-8")

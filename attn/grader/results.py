@@ -94,7 +94,17 @@ class FileReport:
     def __init__(self, path: Path):
         self.path, self.results, self.status, self.error, self.header = path, [], 2, "", ""
         self.backend, self.examples, self.hint = B.get_backend(), DEFAULT_EXAMPLES, 1
-        self.exercise, self.sandbox, self.seed = "", "", None
+        self.exercise, self.sandbox, self.seed, self.sha256 = "", "", None, ""
+
+
+def plain(text: str, indent: str = "    | ") -> str:
+    """Text that may hold a learner's (an exception's message, a line of their file) made safe
+    to print among the grader's lines: control characters shown as escapes (no terminal
+    sequences, no carriage return), every line after the first indented under ``indent``, so
+    that nothing a learner writes can stand as a line of the grader's own."""
+    lines = str(text).replace("\r\n", "\n").split("\n")
+    clean = ["".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in ln) for ln in lines]
+    return ("\n" + indent).join(clean)
 
 
 def grader_version() -> str:

@@ -4,12 +4,14 @@ what a call that hangs, exits, crashes or floods its output becomes, and ending 
 everything it started before the grader writes a report."""
 from __future__ import annotations
 
-import functools
+import errno
+import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -17,51 +19,59 @@ import time
 from pathlib import Path
 
 from .. import backend as B
+from . import bubblewrap
 from .library import GIVEN_ONLY, LIBRARY, child_policy, is_array, manifest_for
 from .results import DEFAULT_TIMEOUT, MAX_OUTPUT, Failure, Fatal, LoadError, NotImplementedYet
 from .wire import Arr, Channel, Handle, Rng, WireError, XpRef
 
 np = B.host
 
-#: The child's resource limits (``--memory`` changes the first).
-LIMITS = {"memory_mb": 4096, "cpu_s": 900, "file_mb": 16, "processes": 64, "work_mb": 32}
+#: The child's resource limits (``--memory`` changes the first), and the wall time a layer and
+#: a file may take in all (every call of the layer's examples; every layer of the file).
+LIMITS = {"memory_mb": 4096, "cpu_s": 900, "file_mb": 16, "processes": 64, "work_mb": 64, "layer_s": 60,
+          "file_s": 600}
 #: The child's whole environment.
 CLEAN_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
              "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
-NAMESPACES = ("mount", "pid", "net")
+#: The largest learner's file attn-check reads.
+MAX_SOURCE = 1 << 20
 
 
-@functools.lru_cache(maxsize=None)
-def namespaces() -> tuple[tuple, str]:
-    """(the unshare command's arguments, "") where new mount, PID and network namespaces can be
-    had here (user ones too when not root), or ((), why not)."""
-    exe = shutil.which("unshare")
-    if sys.platform != "linux" or exe is None:
-        return (), "no unshare command" if sys.platform == "linux" else f"not Linux ({sys.platform})"
-    args = [exe, "--mount", "--pid", "--fork", "--net", "--mount-proc", "--kill-child"]
-    if os.geteuid() != 0:
-        args[1:1] = ["--user", "--map-root-user"]
+def read_source(path: Path, follow: bool = False) -> tuple[str, str]:
+    """The learner's file, read once: a regular file (a link is followed only with
+    ``follow``: the one file named on the command line), at most MAX_SOURCE bytes. Returns
+    (its text, its bytes' SHA-256); raises LoadError."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
     try:
-        r = subprocess.run(args + ["true"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return (), f"unshare failed: {e}"
-    if r.returncode != 0:
-        return (), "unshare failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
-    return tuple(args), ""
+        fd = os.open(path, flags)
+    except OSError as e:
+        why = "a symbolic link (attn-check reads regular files only)" if e.errno == errno.ELOOP else e.strerror
+        raise LoadError(f"cannot read {path}: {why}", "") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise LoadError(f"cannot read {path}: not a regular file (attn-check reads regular files only)", "")
+        data = f.read(MAX_SOURCE + 1)
+    if len(data) > MAX_SOURCE:
+        raise LoadError(f"cannot read {path}: larger than {MAX_SOURCE:,} bytes", "")
+    return data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest()
 
 
 def describe(got: dict) -> str:
     """One line: the sandbox a child got."""
-    ns = got.get("namespaces") or []
-    parts = [("namespaces: " + ", ".join(ns)) if ns else "no namespaces", f"user {got.get('user') or '?'}",
-             f"files: {got.get('files') or '?'}", "limits: " + (", ".join(got.get("limits") or []) or "none")]
-    return "; ".join(parts)
+    limits = got.get("limits") or []
+    return "; ".join([got.get("sandbox") or "no sandbox", f"user {got.get('user') or '?'}",
+                      f"files: {got.get('files') or '?'}", "limits: " + (", ".join(limits) or "none")])
 
 
-def sealed(got: dict) -> bool:
-    """Whether the child can neither see nor signal the grader: its own PID namespace, or
-    another user than the grader's."""
-    return "pid" in (got.get("namespaces") or []) or got.get("user") == "nobody"
+def limits_line(limits: dict, got: list, timeout: float, boxed: bool) -> list[str]:
+    """The limits in words: the kernel's the child set (``got``), and the grader's own."""
+    words = {"as": f"memory {limits['memory_mb']} MB", "cpu": f"CPU {limits['cpu_s']} s",
+             "fsize": f"file size {limits['file_mb']} MB", "nproc": f"{limits['processes']} processes",
+             "core": "no core dumps"}
+    out = [words[g] for g in got if g in words]
+    if boxed:
+        out.append(f"/tmp and /dev/shm {limits['work_mb']} MB")
+    return out + [f"wall time {timeout:g} s a call, {limits['layer_s']:g} s a layer, {limits['file_s']:g} s a file"]
 
 
 def _signal_name(rc: int) -> str:
@@ -75,6 +85,14 @@ def _signal_name(rc: int) -> str:
     return f"{name}, {meaning[name]}" if name in meaning else name
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def _pdeathsig() -> None:
     try:
         import ctypes
@@ -86,17 +104,23 @@ def _pdeathsig() -> None:
 class Sandbox:
     """The child process that runs the learner's file (see :mod:`attn.grader.child`).
 
-    :meth:`call` sends one call and waits for its answer, at most ``timeout`` seconds,
-    watching the child's output; if the child dies, hangs or floods, it is killed, the
-    call raises :class:`Fatal`, and the next call starts a fresh child. ``mode``: "auto"
-    (namespaces where they can be had), "off" (none; a separate user still, as root)."""
+    :meth:`call` sends one call and waits for its answer, at most ``timeout`` seconds (less
+    where the layer's or the file's time is nearly spent), watching the child's output and
+    what it writes into its /tmp and /dev/shm; if the child dies, hangs, floods or fills
+    them, it is killed, the call raises :class:`Fatal`, and the next call starts a fresh
+    child. ``mode``: "auto" (bubblewrap where it can be had), "off" (none; the nobody user
+    still, as root). ``source``: the file's text, read once (by :func:`read_source` if not
+    given)."""
 
     def __init__(self, path: Path, timeout: float = DEFAULT_TIMEOUT, reference: bool = False,
                  max_output: int = MAX_OUTPUT, exercise: str | None = None, mode: str = "auto",
-                 memory_mb: int | None = None):
+                 memory_mb: int | None = None, source: str | None = None, layer_s: float | None = None):
         self.path, self.timeout, self.reference, self.max_output = Path(path), timeout, reference, max_output
         self.exercise, self.mode = exercise, mode
+        self.source = source
         self.limits = dict(LIMITS, **({"memory_mb": memory_mb} if memory_mb else {}))
+        if layer_s:
+            self.limits.update(layer_s=layer_s, file_s=layer_s * LIMITS["file_s"] / LIMITS["layer_s"])
         self.proc = None
         self.found: dict = {}
         self.got: dict = {}
@@ -105,41 +129,63 @@ class Sandbox:
         self._out = tempfile.NamedTemporaryFile(prefix="attn-check-", suffix=".out", delete=False)
         self._out.close()
         self._work = None
-        self._copy = ""
+        self.boxed = False
+        self.withheld: set = set()
+        self.file_t0 = self.layer_t0 = None
 
     # -- lifetime
+
+    def _command(self, policy: dict, copy: Path) -> tuple[list, dict, str]:
+        """(the command before the child's ``-c``, its environment's PYTHONPATH and
+        ATTN_CHECK_CONFIG's part that says where things are)."""
+        modules = ""
+        if B.get_backend() == "cupy" and B.cupy_modules is not None:
+            modules = ",".join(m.__name__ for m in B.cupy_modules)
+        if self.boxed:
+            prefix = bubblewrap.command(bubblewrap.stage(policy), copy.parent) + [bubblewrap.executable()]
+            where = {"file": f"{bubblewrap.INSIDE['file']}/{copy.name}", "work": "/tmp/attn-check-work",
+                     "sandbox": bubblewrap.name(),
+                     "files": "read-only, Python's standard library, NumPy, the library's modules the exercise "
+                              "gives (what it asks for withheld) and the copy of the file; writable, its own /tmp "
+                              "and /dev/shm, gone with it"}
+            return prefix, dict(where, pythonpath=f"{bubblewrap.INSIDE['lib']}:{bubblewrap.INSIDE['site']}"), modules
+        paths = [str(Path(B.__file__).resolve().parents[1])]
+        if modules:
+            paths += [str(Path(sys.modules[m.__name__.split(".")[0]].__file__).resolve().parents[1])
+                      for m in B.cupy_modules]
+        paths += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        who = "nobody" if os.geteuid() == 0 else "the grader's own user"
+        where = {"file": str(copy), "work": f"{self._work}/run", "sandbox": "",
+                 "files": f"every file {who} can read (no sandbox)"}
+        return [sys.executable], dict(where, pythonpath=os.pathsep.join(paths)), modules
 
     def start(self) -> dict:
         """Start the child and import the file there. Returns {name: origin} of the
         library's names the file defines; raises LoadError or Fatal."""
+        if self.source is None:
+            self.source = read_source(self.path)[0]
+        self.file_t0 = self.file_t0 or time.monotonic()
+        policy = child_policy(manifest_for(self.path, self.exercise), self.source, self.reference)
+        self.withheld = set(policy["withhold"])
+        self.boxed = self.mode != "off" and bool(bubblewrap.available()[0])
+        self._work = tempfile.mkdtemp(prefix="attn-check-work-")
+        os.chmod(self._work, 0o755)
+        copy = Path(self._work) / "file" / self.path.name
+        copy.parent.mkdir(mode=0o755)
+        copy.write_text(self.source, encoding="utf-8")
+        copy.chmod(0o644)
+        prefix, where, modules = self._command(policy, copy)
         req_r, req_w = os.pipe()
         ans_r, ans_w = os.pipe()
-        package_root = str(Path(B.__file__).resolve().parents[1])
-        paths = [package_root]
-        modules = ""
-        if B.get_backend() == "cupy" and B.cupy_modules is not None:
-            modules = ",".join(m.__name__ for m in B.cupy_modules)
-            paths += [str(Path(sys.modules[m.__name__.split(".")[0]].__file__).resolve().parents[1])
-                      for m in B.cupy_modules]
-        try:
-            source = self.path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            source = ""
-        unshare, _ = namespaces() if self.mode != "off" else ((), "")
-        self._work = tempfile.mkdtemp(prefix="attn-check-work-")
-        cfg = {"fds": [req_r, ans_w], "file": str(self.path.resolve()), "shown": str(self.path),
-               "backend": B.get_backend(), "reference": self.reference,
-               "policy": child_policy(manifest_for(self.path, self.exercise), source, self.reference),
-               "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), "env": CLEAN_ENV,
-               "namespaces": list(NAMESPACES) if unshare else [], "work": self._work,
-               "keep": paths if self.reference else paths[1:], **self.limits}
+        cfg = {"fds": [req_r, ans_w], "file": where["file"], "shown": str(self.path), "work": where["work"],
+               "sandbox": where["sandbox"], "files": where["files"], "backend": B.get_backend(),
+               "reference": self.reference, "policy": policy, "env": CLEAN_ENV,
+               "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), **self.limits}
         env = dict(CLEAN_ENV, ATTN_CHECK_CONFIG=json.dumps(cfg), ATTN_CHECK_CUPY_MODULES=modules,
-                   PYTHONPATH=os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(
-                       os.pathsep) if p]), PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
+                   PYTHONPATH=where["pythonpath"], PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
         out = open(self._out.name, "ab")
         try:
-            self.proc = subprocess.Popen(list(unshare) + [sys.executable, "-s", "-c",
-                                                          "from attn.grader.child import main; main()"],
+            self.proc = subprocess.Popen(prefix + ["-s", "-c", "from attn.grader.child import main; main()"],
                                          env=env, pass_fds=(req_r, ans_w), stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=out, cwd=self._work, start_new_session=True,
                                          preexec_fn=_pdeathsig)
@@ -157,22 +203,27 @@ class Sandbox:
             self.close()
             raise LoadError("the child's first answer was not what attn-check asked for")
         self.found, self.got = answer[1], answer[2]
+        self.got["sandbox"] = where["sandbox"]
+        self.got["limits"] = limits_line(self.limits, self.got.get("limits") or [], self.timeout, self.boxed)
         return self.found
 
     def _inner(self) -> list[int]:
-        """The pids of the unshare command's children (the sealed child, seen from here)."""
-        try:
-            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
-                return [int(p) for p in f.read().split()]
-        except (OSError, ValueError):
-            return []
+        """The pids of bubblewrap's children (the first process of the child's PID namespace)."""
+        return _children(self.proc.pid)
 
-    def close(self) -> None:
+    def close(self, patient: bool = False) -> None:
         """End the child and everything it started: its PID namespace (all of it) or its
-        session, and wait until they are gone."""
+        session, and wait until they are gone. ``patient``: the grading is over, the child
+        may end of itself first (closing its pipes ends it; its CPU time is then counted as
+        the grader's children's)."""
         if self.proc is not None:
             for conn in (self.requests, self.answers):
                 conn.close()
+            if patient:
+                try:
+                    self.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
             self._kill()
             try:
                 self.proc.wait(timeout=30)
@@ -184,7 +235,7 @@ class Sandbox:
             self._work = None
 
     def cleanup(self) -> None:
-        self.close()
+        self.close(patient=True)
         try:
             os.unlink(self._out.name)
         except OSError:
@@ -210,35 +261,35 @@ class Sandbox:
             return text
         for copy in self._copies():
             text = text.replace(copy, str(self.path))
-        return text.replace(str(self.path.resolve()), str(self.path))
+        return text
 
     def _copies(self) -> list[str]:
         """Where the child sees its copy of the file."""
-        return [f"/tmp/attn-check-work/{self.path.name}"] + ([f"{self._work}/{self.path.name}"] if self._work else [])
+        return [f"/tmp/attn-check-work/{self.path.name}", f"{bubblewrap.INSIDE['file']}/{self.path.name}"] + (
+            [f"{self._work}/run/{self.path.name}", f"{self._work}/file/{self.path.name}"] if self._work else [])
 
     def _learner_line(self, start: int) -> str:
         """The learner's innermost line in the traceback the child's faulthandler wrote."""
-        target = str(self.path.resolve())
         with open(self._out.name, "rb") as f:
             f.seek(start)
             text = f.read().decode("utf-8", "replace")
         block = text.split("Current thread")[-1] if "Current thread" in text else text
         hits = re.findall(r'File "([^"]+)", line (\d+) in (\w+)', block)
-        mine = [h for h in hits if h[0] in self._copies() or str(Path(h[0]).resolve()) == target]
+        mine = [h for h in hits if h[0] in self._copies()]
         if not mine:
             return ""
         file, line, fn = mine[0]                       # faulthandler lists the innermost frame first
         try:
-            src = self.path.read_text(encoding="utf-8", errors="replace").splitlines()[int(line) - 1].strip()
-        except (OSError, IndexError):
+            src = (self.source or "").splitlines()[int(line) - 1].strip()
+        except IndexError:
             src = ""
         return self.show(f"{file}:{line} in {fn}: {src}")
 
     # -- one call
 
     def _kill(self):
-        for pid in self._inner():                 # the namespace's first process: the kernel ends the rest
-            try:
+        for pid in self._inner() if self.proc.poll() is None else []:     # the namespace's first process:
+            try:                                                          # the kernel ends the rest
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
@@ -248,9 +299,23 @@ class Sandbox:
             except OSError:
                 pass
 
-    def _wait(self, what: str, limit: float, start_size: int | None = None):
+    def _work_used(self) -> int:
+        """Bytes the child holds in its /tmp and /dev/shm (memory: they are tmpfs)."""
+        used = 0
+        for pid in self._inner():
+            for folder in ("tmp", "dev/shm"):
+                try:
+                    if os.stat(f"/proc/{pid}/root/{folder}").st_dev == os.stat(f"/{folder}").st_dev:
+                        continue                    # bubblewrap has not mounted the child's own yet
+                    st = os.statvfs(f"/proc/{pid}/root/{folder}")
+                    used += (st.f_blocks - st.f_bfree) * st.f_frsize
+                except OSError:
+                    pass
+        return used
+
+    def _wait(self, what: str, limit: float, start_size: int | None = None, spent: str = ""):
         start_size = self._out_size() if start_size is None else start_size
-        t0 = time.monotonic()
+        t0, watched = time.monotonic(), 0.0
         while True:
             try:
                 if self.answers.poll(0.02):
@@ -267,6 +332,8 @@ class Sandbox:
                                          "dicts of them; nothing else crosses to the grader"))
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
+                if self.boxed and rc > 128:             # bubblewrap exits 128 + the signal that ended the child
+                    rc = 128 - rc
                 time.sleep(0.05)
                 loc = self._learner_line(start_size)
                 did = (f"crashed the interpreter ({_signal_name(rc)})" if rc < 0
@@ -285,10 +352,23 @@ class Sandbox:
                 raise Fatal(Failure("integrity", f"{what} printed more than {self.max_output:,} bytes: output "
                                     "flooding", where=loc,
                                     look="a print inside a loop? remove debugging output before grading"))
+            if self.boxed and time.monotonic() - watched > 0.2:
+                watched = time.monotonic()
+                if self._work_used() > self.limits["work_mb"] << 20:
+                    self._stop_and_dump()
+                    loc = self._learner_line(start_size)
+                    self.close()
+                    raise Fatal(Failure("integrity", f"{what} wrote more than {self.limits['work_mb']} MB into "
+                                        "/tmp and /dev/shm", where=loc,
+                                        look="nothing needs files: keep arrays in memory, and return them"))
             if time.monotonic() - t0 > limit:
                 self._stop_and_dump()
                 loc = self._learner_line(start_size)
                 self.close()
+                if spent:
+                    raise Fatal(Failure("integrity", f"{what}: {spent}", where=loc,
+                                        look="a call that sleeps or loops until just before the time limit, many "
+                                             "times over"))
                 raise Fatal(Failure("integrity", f"{what} did not return within {limit:g} s: an endless loop?",
                                     where=loc, look="a loop whose condition never changes (while True), or a "
                                     "recursion without a base case; --timeout changes the limit"))
@@ -296,7 +376,8 @@ class Sandbox:
     def _stop_and_dump(self):
         """Ask the child's faulthandler for a traceback (where it was), then kill it."""
         size = self._out_size()
-        for pid in self._inner() or [self.proc.pid]:
+        python = [c for p in self._inner() for c in _children(p)] if self.boxed else [self.proc.pid]
+        for pid in python:                      # bubblewrap's first process runs Python as its child
             try:
                 os.kill(pid, signal.SIGUSR1)
             except OSError:
@@ -345,28 +426,67 @@ class Sandbox:
             return {k: self.unpack(x) for k, x in v.items()}
         return v
 
+    def begin_layer(self) -> None:
+        """A layer's grading starts: its time is counted from here."""
+        self.layer_t0 = time.monotonic()
+
+    def _time_left(self, most: float | None = None) -> tuple[float, str]:
+        """(the seconds the next request may take, at ``most`` (a call's limit by default),
+        what is spent when the layer's or the file's time is less than that); raises Fatal when
+        that time is spent."""
+        now, left, spent = time.monotonic(), most or self.timeout, ""
+        for t0, budget, what in ((self.layer_t0, self.limits["layer_s"], "layer"),
+                                 (self.file_t0, self.limits["file_s"], "file")):
+            if t0 is not None and budget - (now - t0) < left:
+                left, spent = budget - (now - t0), f"the {what}'s {budget:g} s are spent"
+        if left <= 0:
+            raise Fatal(Failure("integrity", spent, look="a call that sleeps or loops until just before the time "
+                                                         "limit, many times over"))
+        return left, spent
+
     def reset(self) -> None:
         self._rng_ids.clear()
         if self.proc is not None:
             self.requests.send(("reset",))
+
+    def many(self, name: str, calls: list, given: bool = False) -> list:
+        """Run ``name(*args)`` in the child for every argument list of ``calls``, in one
+        request (central differences: two calls per entry, one round trip in all). Returns
+        each result's first element (the output); raises as :meth:`call` does."""
+        if self.proc is None:
+            self.start()
+        limit, spent = self._time_left(self.timeout * max(1, len(calls)))
+        self.calls += len(calls)
+        packed = [[self.pack(a) for a in args] for args in calls]
+        start = self._out_size()
+        self.requests.send(("many", name, packed, given))
+        answer = self._wait(f"{name}", limit, start, spent)
+        if answer[0] == "ok" and len(answer) == 3 and isinstance(answer[1], list) and len(answer[1]) == len(calls):
+            return [self.unpack(r) for r in answer[1]]
+        self._raise(name, answer)
+
+    def _raise(self, name: str, answer):
+        """What an answer that is not a result becomes."""
+        if answer[0] == "todo":
+            raise NotImplementedYet(answer[1])
+        if answer[0] == "raised":
+            kind, message, where, raiser = answer[1:]
+            raise _Raised(kind, message, self.show(where), raiser)
+        raise Fatal(Failure("integrity", f"{name}'s answer was not what attn-check asked for"))
 
     def call(self, name: str, args, given: bool = False):
         """Run ``name(*args)`` in the child. Returns its result; raises _Raised,
         NotImplementedYet, or Fatal."""
         if self.proc is None:
             self.start()
+        limit, spent = self._time_left()
         self.calls += 1
         packed = [self.pack(a) for a in args]
         start = self._out_size()
         self.requests.send(("call", name, packed, given))
-        answer = self._wait(f"{name}", self.timeout, start)
-        if answer[0] == "todo":
-            raise NotImplementedYet(answer[1])
-        if answer[0] == "raised":
-            kind, message, where, raiser = answer[1:]
-            raise _Raised(kind, message, self.show(where), raiser)
+        answer = self._wait(f"{name}", limit, start, spent)
         if answer[0] != "ok" or len(answer) != 3 or not isinstance(answer[2], list):
-            raise Fatal(Failure("integrity", f"{name}'s answer was not what attn-check asked for"))
+            self._raise(name, answer)
         _, result, modified = answer
         for item in modified:                   # what the call did to its inputs, for check_unchanged
             if not (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
@@ -392,3 +512,7 @@ class Remote:
 
     def __call__(self, *args):
         return self.sandbox.call(self.name, args, self.given)
+
+    def many(self, calls: list) -> list:
+        """The outputs of one call per argument list, in one request."""
+        return self.sandbox.many(self.name, calls, self.given)

@@ -1,8 +1,9 @@
 """Layers as pairs of plain functions: ``*_forward(...) -> (out, cache)`` and
 ``*_backward(dout, cache) -> gradients`` in the order the forward took its inputs."""
 from .activation import relu_backward, relu_forward
-from .attention import (attention_backward, attention_forward, attention_weights, merge_heads,
-                        multi_head_attention_backward, multi_head_attention_forward, split_heads)
+from .attention import (attention_backward, attention_forward, attention_weights, grouped_query_attention_backward,
+                        grouped_query_attention_forward, merge_heads, multi_head_attention_backward,
+                        multi_head_attention_forward, split_heads)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
 from .feedforward import feed_forward_backward, feed_forward_forward

@@ -149,6 +149,23 @@ def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
     return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads, group, rq, rk)
 
 
+def grouped_query_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads: int,
+                                     kv_heads: int, mask=None, dropout: float = 0.0, rng=None):
+    """Grouped-query attention: :func:`multi_head_attention_forward` whose keys and values have
+    ``kv_heads`` heads (dividing ``n_heads``), key/value head j read by query heads
+    ``j * g .. j * g + g - 1``, ``g = n_heads / kv_heads``. w_k, w_v are (D, kv_heads * Dh).
+
+    Returns: out (B, Tq, D), cache."""
+    return multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads, mask, dropout,
+                                        rng, kv_heads=kv_heads)
+
+
+def grouped_query_attention_backward(dout, cache: MultiHeadCache):
+    """Backward of :func:`grouped_query_attention_forward`: each key/value head's gradient is the
+    sum of its group's. Returns: dx_q, dx_kv, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o."""
+    return multi_head_attention_backward(dout, cache)
+
+
 def attention_weights(cache):
     """The attention weights an attention forward kept, from its cache: (..., Tq, Tk) from
     :func:`attention_forward`, (B, H, Tq, Tk) from :func:`multi_head_attention_forward`.

@@ -26,7 +26,7 @@ def swiglu_width(d_ff: int, multiple_of: int = 1) -> int:
 
 
 def silu(a):
-    """``a * sigmoid(a)``, and the sigmoid, without overflow for large |a|."""
+    """``a * sigmoid(a)``, and the sigmoid, without overflow for large ``|a|``."""
     xp = B.get_array_module(a)
     s = 0.5 * (1 + xp.tanh(0.5 * a))      # sigmoid(a) = (1 + tanh(a/2)) / 2, never exp of a large number
     return a * s, s

@@ -23,6 +23,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
                         encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
                         noam_examples, transformer_examples)
 from .invariants import InvariantError, _dev, _first, _host, _out
+from .later_block import LATER_BLOCK
 from .layers import (HINT_RESHAPE, Example, Layer, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
                      dropout_invariants, embedding_examples, embedding_invariants, feed_forward_examples,
@@ -287,6 +288,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         {"learn_merges": "the tie-break, the counts weighted by word frequency, and when to stop"},
         compare=compare_merges, library="attn.grader.solutions"),
     RMSNORM,
+    *LATER_BLOCK,
 ]}
 
 
@@ -318,6 +320,10 @@ EXERCISES = {m.name: m for m in (
     Manifest("bpe", ("learn_merges",), ("attn.bpe",)),
     Manifest("decoding", ("greedy_decode", "beam_search", "average_checkpoints"), ("attn.masks", "attn.model")),
     Manifest("rmsnorm", ("rmsnorm_forward", "rmsnorm_backward")),
+    Manifest("rope", ("rope_forward", "rope_backward")),
+    Manifest("swiglu", ("swiglu_forward", "swiglu_backward")),
+    Manifest("grouped_query_attention", ("grouped_query_attention_forward", "grouped_query_attention_backward"),
+             ("attn.layers",)),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
                                  "decoder_layer_backward", "transformer_forward", "transformer_backward"),

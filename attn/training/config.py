@@ -92,6 +92,7 @@ class TrainConfig:
     label_smoothing: float | None = None
     # the block (None: the preset's, the paper's): lesson 26
     norm: str | None = None            # "post" (the paper) or "pre"
+    norm_kind: str | None = None       # "layer" (the paper) or "rms"
     positional: str | None = None      # "sinusoidal", "learned" or "rope"
     ffn: str | None = None             # "relu" or "swiglu"
     kv_heads: int | None = None        # key/value heads of every attention (grouped-query attention)
@@ -161,7 +162,8 @@ class TrainConfig:
         if self.precision != "fp32" and self.reference is True:
             self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
                                    "multiply in float32); drop one of the two flags")
-        for name, kinds in (("norm", ("post", "pre")), ("positional", ("sinusoidal", "learned", "rope")),
+        for name, kinds in (("norm", ("post", "pre")), ("norm_kind", ("layer", "rms")),
+                            ("positional", ("sinusoidal", "learned", "rope")),
                             ("ffn", ("relu", "swiglu"))):
             if getattr(self, name) not in (None, *kinds):
                 self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
@@ -238,9 +240,9 @@ class TrainConfig:
 
     def later_block(self) -> list[str]:
         """The flags that ask for a part of a later model's block (rotary positions, SwiGLU,
-        grouped-query attention), which the readable engine trains and the fast one does not yet."""
+        grouped-query attention, RMSNorm), which the readable engine trains and the fast one does not yet."""
         asked = [("--positional rope", self.positional == "rope"), ("--ffn swiglu", self.ffn == "swiglu"),
-                 (f"--kv-heads {self.kv_heads}", self.kv_heads is not None)]
+                 (f"--kv-heads {self.kv_heads}", self.kv_heads is not None), ("--norm-kind rms", self.norm_kind == "rms")]
         return [flag for flag, on in asked if on]
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
@@ -248,7 +250,7 @@ class TrainConfig:
         overrides = {k: v for k, v in (("d_model", self.d_model), ("n_heads", self.heads), ("d_ff", self.d_ff),
                                         ("n_encoder_layers", self.layers), ("n_decoder_layers", self.layers),
                                         ("dropout", self.dropout), ("label_smoothing", self.label_smoothing),
-                                        ("warmup_steps", self.warmup), ("norm", self.norm),
+                                        ("warmup_steps", self.warmup), ("norm", self.norm), ("norm_kind", self.norm_kind),
                                         ("positional", self.positional), ("ffn", self.ffn),
                                         ("kv_heads", self.kv_heads)) if v is not None}
         try:
@@ -398,6 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("the block (default: the paper's; lesson 26 derives the others)")
     g.add_argument("--norm", choices=["post", "pre"], help="layer norm after each sub-layer's residual sum "
                    "(post, the paper) or before the sub-layer (pre, every later model)")
+    g.add_argument("--norm-kind", choices=["layer", "rms"],
+                   help="the norm: layer norm (the paper) or RMSNorm (no mean subtracted, no shift)")
     g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],
                    help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys")
     g.add_argument("--ffn", choices=["relu", "swiglu"],

@@ -55,10 +55,13 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     built on the training split, the weights drawn from ``config.seed``, the warm-up fitted to
     the budget). ``dp`` is the data-parallel group (:mod:`attn.training.distributed`) or None;
     it only changes how the step time is measured for the warm-up. ``say`` prints progress.
+    The run's ``config`` is the engine's to settle first (:meth:`attn.engine.Engine.settle`: on a
+    GPU a feature that fails its probe is switched off); :attr:`Prepared.config` is what runs.
     """
     engine = engines.get(config.engine)
     if config.later_block() and not config.reference:
         say(f"{' '.join(config.later_block())}: the readable engine trains this block (the fast one runs the paper's)")
+    config = engine.settle(config, say)          # on a GPU: a feature that fails its probe is switched off
     loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
     train_pairs = within_reach(corpus.train, longest_pair(config, config.model_config(2)), config.vocab == "bpe", say)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import math
 import operator
 import re
+import threading
 import time
 import weakref
 from collections import Counter
@@ -124,8 +126,20 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
 _capturing = None
 
-#: The ``cupy.cuda.MemoryHook`` s in their ``with``: told of every pool allocation a capture records.
-_HOOKS: list = []
+class _PerThread(threading.local):
+    """What CuPy keeps per thread: the allocator of ``using_allocator`` (``allocator``), the
+    memory hooks in their ``with`` (``hooks``), and from them and the global allocator the
+    allocator new arrays are placed by (``step_allocator``: None for the pool's) and whether they
+    go through :func:`_place` at all (``placing``). Another thread starts with none of them (so
+    a worker thread inside a step memory's ``with`` allocates from the pool, as on a GPU)."""
+    allocator = None
+    hooks: tuple = ()
+    step_allocator = None
+    placing = False
+    generation = -1
+
+
+_tls = _PerThread()
 
 
 class StreamCaptureError(RuntimeError):
@@ -161,10 +175,12 @@ def _record(redo) -> None:
     _capturing.ops.append(redo)
 
 
-def _fresh_results(r, inputs) -> list:
-    """The NumPy arrays of result ``r`` that share no memory with ``inputs``: new memory."""
+def _fresh_results(r, inputs, empty: bool = False) -> list:
+    """The NumPy arrays of result ``r`` that share no memory with ``inputs``: new memory (and,
+    with ``empty``, the new arrays of no elements, whose memory CuPy asks its allocator for too)."""
     ins = _arrays(inputs, [])
-    return [a for a in _arrays(r, []) if a.size and not any(np.may_share_memory(a, i) for i in ins)]
+    return [a for a in _arrays(r, []) if (a.size or (empty and a.base is None and not any(a is i for i in ins)))
+            and not any(np.may_share_memory(a, i) for i in ins)]
 
 
 def _record_result(name: str, r, inputs, compute):
@@ -207,27 +223,59 @@ def capture_allocations_allowed() -> bool:
     allocator set with ``cupy.cuda.using_allocator`` (or ``set_allocator``) that is not the
     memory pool's, such as attn's step memory. (Its own fallback to the pool is still refused:
     :func:`_record_result` refuses every new array that is not in allocator-given memory.)"""
-    return _capturing is not None and _step_allocator is not None
+    return _capturing is not None and _state().step_allocator is not None
 
 
 # --------------------------------------------------------------------------- allocators
 
-#: The allocator of ``cupy.cuda.set_allocator`` (None: the memory pool's ``malloc``) and the
-#: thread's, of ``cupy.cuda.using_allocator`` (None: the global one).
+#: The allocator of ``cupy.cuda.set_allocator`` (None: the memory pool's ``malloc``), for every
+#: thread (a thread's ``cupy.cuda.using_allocator`` comes first: :class:`_PerThread`), and how
+#: many times it was set (each thread's state is worked out again after).
 _global_allocator = None
-_thread_allocator = None
-#: The current allocator when it is not the memory pool's: every new device array is then
-#: placed in the memory it returns (a view of the array that memory belongs to), so that memory
-#: handed out twice is shared for real, as on a GPU. None: arrays are NumPy's own (the pool).
-_step_allocator = None
+_generation = 0
 #: id -> weak reference of every array whose memory an allocator has handed out pieces of.
 _allocator_roots: dict = {}
 
 
 def _update_allocator() -> None:
-    global _step_allocator
-    a = _thread_allocator if _thread_allocator is not None else _global_allocator
-    _step_allocator = None if a is None or a == _POOL.malloc else a
+    """This thread's placing allocator: the current allocator when it is not the memory pool's
+    (every new device array is then placed in the memory it returns, a view of the array that
+    memory belongs to, so memory handed out twice is shared for real, as on a GPU); and whether
+    new arrays are placed at all (such an allocator, or a memory hook listening: it hears every
+    allocation from the pool, and every free)."""
+    t = _tls
+    a = t.allocator if t.allocator is not None else _global_allocator
+    t.step_allocator = None if a is None or a == _POOL.malloc else a
+    t.placing = t.step_allocator is not None or len(t.hooks) > 0
+    t.generation = _generation
+
+
+def _state() -> _PerThread:
+    """This thread's allocator state, up to date."""
+    t = _tls
+    if t.generation != _generation:
+        _update_allocator()
+    return t
+
+
+def _pool_block(a: np.ndarray) -> np.ndarray:
+    """``a``, new memory from the pool: every memory hook told of its allocation now and of its
+    free when the last array on it goes (CuPy's pool rounds a block up to 512 bytes)."""
+    hooks = list(_tls.hooks)
+    if not hooks or not a.nbytes:
+        return a
+    ptr, size = a.__array_interface__["data"][0], -(-max(a.nbytes, 1) // 512) * 512
+    for hook in hooks:
+        hook.malloc_preprocess(device_id=0, size=a.nbytes, mem_size=size)
+        hook.malloc_postprocess(device_id=0, size=a.nbytes, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
+
+    def freed():
+        for hook in hooks:
+            if hook in _tls.hooks:                # (the freeing thread's hooks, as CuPy's)
+                hook.free_preprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
+                hook.free_postprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
+    weakref.finalize(a, freed)
+    return a
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -256,12 +304,12 @@ def _place(r, inputs):
     one asks the allocator for its bytes and, given allocator memory, becomes a view of it
     holding the same values; given pool memory, stays as it is. NumPy scalars come back as
     0-d arrays (CuPy's 0-d device arrays are allocations too)."""
-    alloc = _step_allocator
+    alloc = _state().step_allocator or _POOL.malloc
     if isinstance(r, np.generic):
         r = np.asarray(r)
     elif isinstance(r, tuple):
         r = tuple(np.asarray(v) if isinstance(v, np.generic) else v for v in r)
-    fresh = {id(a) for a in _fresh_results(r, inputs)}
+    fresh = {id(a) for a in _fresh_results(r, inputs, empty=True)}      # zero-size ones too, as CuPy asks
     if not fresh:
         return r
 
@@ -276,7 +324,7 @@ def _place(r, inputs):
         mem = getattr(mp, "mem", None)
         if isinstance(mem, UnownedMemory):            # memory the allocator wrapped: arrays keep it alive
             if mem._root is None:
-                mem._attach(a)                        # the pool's: the new array's own memory
+                mem._attach(_pool_block(a) if mem.size else a)     # the pool's: the new array's own memory
                 return mem._view(0, a.shape, a.dtype)
             if mp._offset + a.nbytes > mem._offset + mem.size:
                 raise ValueError(f"fakecupy: the allocator returned {mem._offset + mem.size - mp._offset} bytes "
@@ -290,7 +338,7 @@ def _place(r, inputs):
             return v
         root = getattr(mp, "_root", None)
         if root is None:
-            return a                                  # the allocator gave memory from the pool
+            return _pool_block(a)                     # the allocator gave memory from the pool
         if mp._offset + a.nbytes > root.nbytes:
             raise ValueError(f"fakecupy: the allocator returned {root.nbytes - mp._offset} bytes for a request "
                              f"of {a.nbytes}")
@@ -306,35 +354,34 @@ def _place(r, inputs):
 def _placed(a: np.ndarray) -> np.ndarray:
     """A new array made without a result to compare (``ndarray(shape)``, a random draw, a copy
     from the host): placed as :func:`_place` places results."""
-    return a if _step_allocator is None or not a.size else _place(a, ())
+    return a if not _state().placing else _place(a, ())
 
 
 def _using_allocator(allocator=None):
     """``cupy.cuda.using_allocator``: the thread's allocator inside the ``with``."""
     @contextlib.contextmanager
     def scope():
-        global _thread_allocator
-        previous = _thread_allocator
-        _thread_allocator = _raw_malloc if allocator is None else allocator
+        previous = _tls.allocator
+        _tls.allocator = _raw_malloc if allocator is None else allocator
         _update_allocator()
         try:
             yield
         finally:
-            _thread_allocator = previous
+            _tls.allocator = previous
             _update_allocator()
     return scope()
 
 
 def _set_allocator(allocator=None) -> None:
-    global _global_allocator
-    if _thread_allocator is not None:
+    global _global_allocator, _generation
+    if _tls.allocator is not None:
         raise ValueError("Can't change the global allocator inside `using_allocator` context manager")
     _global_allocator = _raw_malloc if allocator is None else allocator
-    _update_allocator()
+    _generation += 1
 
 
 def _get_allocator():
-    a = _thread_allocator if _thread_allocator is not None else _global_allocator
+    a = _tls.allocator if _tls.allocator is not None else _global_allocator
     return _POOL.malloc if a is None else a
 
 
@@ -377,11 +424,8 @@ class _Capture:
     def pool_allocated(self, what: str, arrays: list) -> None:
         """A pool allocation during the capture: recorded, the pool's counts grown, the hooks told."""
         self.pool_allocations.append((what, _caller()))
-        for a in arrays:
+        for a in arrays:                      # (the hooks were told as the array was made)
             _POOL._grow(a.nbytes)
-            for hook in list(_HOOKS):
-                hook.malloc_preprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes)
-                hook.malloc_postprocess(device_id=0, size=a.nbytes, mem_size=a.nbytes, mem_ptr=id(a), pmem_id=0)
 
     def undo(self) -> None:
         for a, saved in self.before.values():
@@ -461,10 +505,11 @@ def _allocated(fresh: list, temporary: bool = False) -> dict:
     in memory an allocator other than the pool handed out) of an operation's new arrays.
     ``temporary``: CuPy's own scratch (a product's operand copies), which the current
     allocator serves (the stand-in only counts it)."""
-    if not _allocator_roots and _step_allocator is None:
+    step_allocator = _state().step_allocator
+    if not _allocator_roots and step_allocator is None:
         return {"fresh": fresh}
     if temporary:
-        return {"fresh": fresh, "step_memory": []} if _step_allocator is None else {"fresh": [], "step_memory": fresh}
+        return {"fresh": fresh, "step_memory": []} if step_allocator is None else {"fresh": [], "step_memory": fresh}
     mine = [a for a in fresh if in_step_memory(a)]
     return {"fresh": [a for a in fresh if not in_step_memory(a)], "step_memory": mine}
 
@@ -591,7 +636,7 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
                           "CuPy matmul")
     if not kwargs:
         r = uf(*args) if method == "__call__" else getattr(uf, method)(*args)
-        if _step_allocator is not None:
+        if _state().placing:
             r = _place(r, args)
         if _capturing is not None:
             f = uf if method == "__call__" else getattr(uf, method)
@@ -601,7 +646,7 @@ def _ufunc(uf: np.ufunc, method: str, inputs, kwargs):
         return _wrap(r)
     kw = _unwrap(kwargs, where)
     r = getattr(uf, method)(*args, **kw) if method != "__call__" else uf(*args, **kw)
-    if _step_allocator is not None and kw.get("out") is None:
+    if _state().placing and kw.get("out") is None:
         r = _place(r, args)
     if _capturing is not None:
         f = uf if method == "__call__" else getattr(uf, method)
@@ -662,7 +707,7 @@ def _function(name: str, f):
             _refuse_in_capture(f"cupy.{name} calls cuBLAS through CuPy, which refuses while the stream captures",
                               "CuPy matmul")
         r = f(*a, **k)
-        if _step_allocator is not None and k.get("out") is None:
+        if _state().placing and k.get("out") is None:
             r = _place(r, (a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
@@ -767,15 +812,24 @@ class MemoryPointer:
         return p
 
 
+#: CUDA runtime calls made on the host's behalf that cost a round trip to the driver, by name
+#: (``UnownedMemory`` without a device id: ``cudaPointerGetAttributes``).
+runtime_calls: dict = {"pointerGetAttributes": 0}
+
+
 class UnownedMemory:
-    """``cupy.cuda.UnownedMemory(ptr, size, owner)``: ``size`` bytes at ``ptr`` that ``owner`` (a
+    """``cupy.cuda.UnownedMemory(ptr, size, owner, device_id=-1)``: ``size`` bytes at ``ptr`` that ``owner`` (a
     device array, or a ``MemoryPointer``, the pool's included) keeps. Every array placed in it
     (through ``MemoryPointer(mem, offset)``), and every view of those, keeps it alive, as CuPy's
     arrays keep their memory object: so a weak reference to it says when the last is gone (what
     attn's step memory watches to learn an array's lifetime). Memory the stand-in does not track
-    (the pool's) becomes the first array placed in it."""
+    (the pool's) becomes the first array placed in it. Without ``device_id`` CuPy asks the runtime
+    for the pointer's device (``cudaPointerGetAttributes``): counted in :data:`runtime_calls`."""
 
-    def __init__(self, ptr: int, size: int, owner, device_id: int = 0):
+    def __init__(self, ptr: int, size: int, owner, device_id: int = -1):
+        if device_id < 0:            # CuPy asks the runtime which device the pointer is on
+            runtime_calls["pointerGetAttributes"] += 1
+            device_id = 0
         self.ptr, self.size, self.owner, self.device_id = int(ptr), int(size), owner, device_id
         root = None
         if isinstance(owner, ndarray):
@@ -836,7 +890,7 @@ def _binary(uf, reflected=False):
         if t is ndarray:
             x, y = (other._a, self._a) if reflected else (self._a, other._a)
             r = uf(x, y)
-            if _step_allocator is not None:
+            if _state().placing:
                 r = _place(r, (x, y))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (x, y), lambda: uf(x, y))
@@ -846,7 +900,7 @@ def _binary(uf, reflected=False):
         if t in _PLAIN:
             x, y = (other, self._a) if reflected else (self._a, other)
             r = uf(x, y)
-            if _step_allocator is not None:
+            if _state().placing:
                 r = _place(r, (self._a,))
             if _capturing is not None:
                 r = _record_result(f"cupy.{uf.__name__}", r, (self._a,), lambda: uf(x, y))
@@ -881,7 +935,7 @@ def _unary(uf):
     def op(self):
         a = self._a
         r = uf(a)
-        if _step_allocator is not None:
+        if _state().placing:
             r = _place(r, (a,))
         if _capturing is not None:
             r = _record_result(f"cupy.{uf.__name__}", r, (a,), lambda: uf(a))
@@ -891,6 +945,32 @@ def _unary(uf):
     return op
 
 
+def _on_memory(memptr: "MemoryPointer", shape, dtype, strides=None) -> np.ndarray:
+    """A NumPy array of ``shape`` over the memory ``memptr`` points at (``ndarray(memptr=)``),
+    keeping its memory object alive; an error where it does not fit in that memory."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    strides = tuple(strides) if strides is not None else None
+    extent = (max((n - 1) * abs(st) for n, st in zip(shape, strides)) + dtype.itemsize if strides
+              else int(np.prod(shape, dtype=np.int64)) * dtype.itemsize) if all(shape) else 0
+    mem = memptr.mem
+    if isinstance(mem, UnownedMemory):
+        start = memptr._offset - mem._offset
+        if start < 0 or start + extent > mem.size:
+            raise ValueError(f"fakecupy: an array of {extent} bytes at offset {start} does not fit in the "
+                             f"{mem.size} bytes of its memory")
+        flat = np.asarray(mem)[start:start + max(extent, 0)]          # a view whose base keeps mem alive
+    else:
+        root = memptr._root
+        if memptr._offset + extent > root.nbytes:
+            raise ValueError(f"fakecupy: an array of {extent} bytes at offset {memptr._offset} does not fit in "
+                             f"the {root.nbytes} bytes of its memory")
+        flat = root.reshape(-1).view(np.uint8)[memptr._offset:memptr._offset + extent]
+    if strides is None:
+        return flat.view(dtype).reshape(shape) if extent else np.empty(shape, dtype)
+    return np.lib.stride_tricks.as_strided(flat.view(dtype), shape, strides)
+
+
 class ndarray:
     """A device array of the stand-in: a NumPy array that refuses to be one implicitly."""
 
@@ -898,6 +978,11 @@ class ndarray:
     __array_priority__ = 1000
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
+        """A new array, or with ``memptr`` one over the memory it points at, as CuPy's: the array
+        keeps that memory (its ``UnownedMemory``, or the array owning it) alive, and writes there."""
+        if memptr is not None and memptr._root is not None:
+            self._a = _on_memory(memptr, shape, dtype, strides)
+            return
         self._a = _placed(np.empty(shape, dtype=dtype, order=order))
         if tracer is not None:
             _report("alloc", "ndarray", (), self._a)
@@ -1030,7 +1115,7 @@ class ndarray:
                 a = _args(args, where)
                 k = _unwrap(kwargs, where) if kwargs else {}
                 r = attr(*a, **k)
-                if _step_allocator is not None and k.get("out") is None:
+                if _state().placing and k.get("out") is None:
                     r = _place(r, (self._a, a, list(k.values())))
                 if _capturing is not None:
                     if k.get("out") is not None:
@@ -1046,7 +1131,7 @@ class ndarray:
     def copy(self, order="C"):
         src = self._a
         r = src.copy(order=order)
-        if _step_allocator is not None:
+        if _state().placing:
             r = _place(r, ())
         if _capturing is not None:
             r = _record_result("cupy.ndarray.copy", r, (), lambda: src)
@@ -1068,7 +1153,7 @@ class ndarray:
             _sync("boolean-mask indexing (result size depends on the data)")
         src = self._a
         r = src[idx]
-        if _step_allocator is not None and isinstance(r, np.ndarray):
+        if _state().placing and isinstance(r, np.ndarray):
             r = _place(r, (src,))
         if _capturing is not None and isinstance(r, np.ndarray):
             shape = src.shape
@@ -1139,7 +1224,7 @@ def _fast_method(name):
                               "CuPy matmul")
         if not kwargs:
             r = f(*a)
-            if _step_allocator is not None and name != "fill":
+            if _state().placing and name != "fill":
                 r = _place(r, (self._a, a))
             if _capturing is not None:
                 if name == "fill":
@@ -1152,7 +1237,7 @@ def _fast_method(name):
             return _wrap(r)
         k = _unwrap(kwargs, where)
         r = f(*a, **k)
-        if _step_allocator is not None and k.get("out") is None:
+        if _state().placing and k.get("out") is None:
             r = _place(r, (self._a, a, list(k.values())))
         if _capturing is not None:
             if k.get("out") is not None:
@@ -1189,7 +1274,7 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, blocking=
     if isinstance(obj, ndarray):
         src = obj._a
         r = np.array(src, dtype=dtype, copy=copy, order=order, ndmin=ndmin)
-        if _step_allocator is not None:
+        if _state().placing:
             r = _place(r, (src,))
         if _capturing is not None:
             r = _record_result("cupy.array", r, (src,), lambda: src)
@@ -1226,7 +1311,7 @@ def take(a, indices, axis=None, out=None):
     n = a_.size if axis is None else a_.shape[axis]
     widx, o = _wrap_index(idx, n), _unwrap(out, "cupy.take")
     r = np.take(a_, widx, axis=axis, out=o)
-    if _step_allocator is not None and o is None:
+    if _state().placing and o is None:
         r = _place(r, (a_,))
     if _capturing is not None:
         def compute(out=None):       # the indices read when the kernel runs
@@ -1245,7 +1330,7 @@ def take_along_axis(a, indices, axis):
     idx = _unwrap(indices, "cupy.take_along_axis")
     n = a_.size if axis is None else a_.shape[axis]
     r = np.take_along_axis(a_, _wrap_index(idx, n), axis=axis)
-    if _step_allocator is not None:
+    if _state().placing:
         r = _place(r, (a_, idx))
     if _capturing is not None:
         r = _record_result("cupy.take_along_axis", r, (a_, idx),
@@ -1318,7 +1403,17 @@ class _Random:
     """``cupy.random``: a seeded RandomState whose draws are device arrays."""
 
     class RandomState:
+        """``cupy.random.RandomState``: each one a cuRAND generator (counted in :attr:`made`: CuPy
+        makes one with ``curand.createGenerator`` and destroys it when it goes); ``seed`` starts
+        its numbers again as a new one's."""
+        #: generators made so far
+        made = 0
+
         def __init__(self, seed=None):
+            type(self).made += 1
+            self.seed(seed)
+
+        def seed(self, seed=None):
             self._g = np.random.Generator(np.random.PCG64(seed))
 
         def random_sample(self, size=None, dtype=float):
@@ -1467,22 +1562,34 @@ def get_elapsed_time(start: Event, end: Event) -> float:
 
 
 class MemoryHook:
-    """``cupy.cuda.MemoryHook``: the pool's memory is not tracked here, so a hook is told only of
-    the pool allocations a capture records (what a guard around a capture listens for)."""
+    """``cupy.cuda.MemoryHook``: while one is registered (its ``with``, in this thread: CuPy's
+    hooks are per thread, as its ``using_allocator``), every device array made
+    from the pool is an allocation it hears of (``malloc_pre/postprocess``, the block rounded to
+    512 bytes as CuPy's pool rounds it), and its free when the last array on that memory goes
+    (``free_pre/postprocess``), as CuPy tells its hooks; memory from another allocator is not the
+    pool's, and a hook does not hear of it."""
     name = "MemoryHook"
 
     def __enter__(self):
-        _HOOKS.append(self)
+        _tls.hooks = _tls.hooks + (self,)
+        _update_allocator()
         return self
 
     def __exit__(self, *exc):
-        _HOOKS.remove(self)
+        _tls.hooks = tuple(h for h in _tls.hooks if h is not self)
+        _update_allocator()
         return False
 
     def malloc_preprocess(self, **kwargs):
         pass
 
     def malloc_postprocess(self, **kwargs):
+        pass
+
+    def free_preprocess(self, **kwargs):
+        pass
+
+    def free_postprocess(self, **kwargs):
         pass
 
 
@@ -1698,10 +1805,17 @@ class _Cublas:
     def getPointerMode(cls, handle):
         return cls._handle(handle)[1]
 
+    @staticmethod
+    def tf32_taken(m: int, n: int, k: int) -> bool:
+        """Whether a GEMM allowed TF32 takes it: TF32 math mode is a permission, not a promise
+        (cuBLAS's heuristics run small products on float32 SIMT kernels); here products of fewer
+        than 2^16 multiply-adds stay float32."""
+        return m * n * k >= 1 << 16
+
     @classmethod
     def setMathMode(cls, handle, mode):
         """The handle's math mode: with ``CUBLAS_TF32_TENSOR_OP_MATH`` the single-precision GEMMs
-        read their operands as TF32 (here rounded to 10 stored significand bits, to nearest even,
+        large enough (:meth:`tf32_taken`) read their operands as TF32 (here rounded to 10 stored significand bits, to nearest even,
         by :func:`attn.precision.round_tf32`) and sum in float32; the others as they are."""
         cls._cupy_refuses("setMathMode")
         if int(mode) & ~0x10 not in (0, 1, 2, 3):
@@ -1812,6 +1926,7 @@ class _Cublas:
             _refuse_in_capture(f"cuBLAS {name} in its default workspace during a capture (cublasSetStream puts a "
                                "handle back on it: set the workspace again after it)", "cuBLAS default workspace")
         tf32 = dtype == np.float32 and math & ~0x10 == cls.CUBLAS_TF32_TENSOR_OP_MATH    # read at the call
+        tf32 = tf32 and cls.tf32_taken(_int(m, "m", 32), _int(n, "n", 32), _int(k, "k", 32))
         ta, tb = (_int(t, f"trans{w}", 32) for t, w in ((transa, "a"), (transb, "b")))
         m, n, k, count = (_int(v, w, 32) for v, w in ((m, "m"), (n, "n"), (k, "k"), (count, "batchCount")))
         if ta not in (0, 1, 2) or tb not in (0, 1, 2):
@@ -1850,6 +1965,10 @@ class _Cublas:
                         else ptr + np.arange(count, dtype=np.int64) * (stride * dt.itemsize))
                 ops.append(_Matrices(ptrs, rows, cols, ld, dt, f"{name} {what}"))
             a, b, c = ops
+            for x, which in ((a, "A"), (b, "B")):
+                if c.overlaps(x):               # cuBLAS reads and writes as it goes: the result is undefined
+                    raise cls.CUBLASError(f"fakecupy cublas {name}: C shares memory with {which} (cuBLAS does "
+                                          "not allow aliasing: the result would be undefined)")
             sa, sb = a.read(), b.read()         # as stored (bf16: 16-bit patterns)
             ra, rb = (_bf16_values(x) if x.dtype == np.uint16 else x for x in (sa, sb))
             if tf32:
@@ -1905,6 +2024,24 @@ class _Matrices:
         rr, cc = np.arange(rows), np.arange(cols)
         self._cell = rr[:, None] + cc[None, :] * ld                     # (rows, cols) element offsets
         self._n = len(ptrs)
+
+    def addresses(self) -> np.ndarray:
+        """The device address of every element these matrices touch (sorted)."""
+        item = self.dtype.itemsize
+        found = [mem.__array_interface__["data"][0] + (off[:, None, None] + self._cell).ravel() * item
+                 for _, mem, off, _ in self._parts]
+        return np.sort(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+
+    def overlaps(self, other: "_Matrices") -> bool:
+        """Whether a byte of these matrices is a byte of ``other``'s (their spans first: the usual
+        answer, no; then element by element)."""
+        mine, theirs = self.addresses(), other.addresses()
+        a, b = self.dtype.itemsize, other.dtype.itemsize
+        if not mine.size or not theirs.size or mine[-1] + a <= theirs[0] or theirs[-1] + b <= mine[0]:
+            return False
+        g = math.gcd(a, b)                       # compare in units of g bytes
+        units = [(x[:, None] + np.arange(0, w, g)).ravel() for x, w in ((mine, a), (theirs, b))]
+        return np.intersect1d(*units).size > 0
 
     def read(self):
         out = np.empty((self._n,) + self.shape, dtype=self.dtype)

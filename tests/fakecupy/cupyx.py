@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import numpy as np
 
@@ -34,7 +35,10 @@ def scatter_add(a, slices, value):
 @contextlib.contextmanager
 def allow_synchronize(allow: bool):
     """Inside ``with allow_synchronize(False)``, any device->host transfer raises
-    :class:`DeviceSynchronized` (as CuPy does for implicit synchronisation)."""
+    :class:`DeviceSynchronized` (as CuPy does for implicit synchronisation). Entering it warns,
+    as CuPy's does since v10 (deprecated), with CuPy's words (so warnings made errors raise)."""
+    warnings.warn("cupyx.allow_synchronize will be removed in future releases as it is not possible to "
+                  "reliably detect synchronizations.")
     before = transfers.allowed
     transfers.allowed = bool(allow)
     try:

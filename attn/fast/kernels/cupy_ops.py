@@ -7,6 +7,7 @@ import math
 import weakref
 
 from ... import backend as B
+from .. import cublas as cublas_module
 from ..ops import Mask, _Ops
 from ..stepmem import in_slab, outside_step, step_token
 from .column_sums import COLUMN_CHUNK, COLUMN_MAX_ROW_BLOCKS
@@ -380,6 +381,8 @@ class CupyOps(_Ops):
         same GEMM (beta = 1). Returns out. The checks and the GEMM's arguments are worked out
         once per operand signature (:attr:`PRODUCT_PLANS`); a product met again reads only its
         operands' addresses."""
+        if not cublas_module.DIRECT:
+            return self._matmul(a, b, out, accumulate)
         plans = self._product_plans()
         key = ("mm",) + self._signature(a, b, out, accumulate)
         plan = plans.get(key)
@@ -399,6 +402,18 @@ class CupyOps(_Ops):
         cublas, handle = self._cublas()
         getattr(cublas, gemm)(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta,
                               out.data.ptr, ldc)
+        return out
+
+    def _matmul(self, a, b, out=None, accumulate: bool = False):
+        """``a @ b`` by CuPy's ``matmul``, where cuBLAS through ctypes is switched off
+        (:data:`attn.fast.cublas.DIRECT`); into ``out`` (added to it with ``accumulate``)."""
+        r = self.xp.matmul(a, b)
+        if out is None:
+            return r
+        if accumulate:
+            out += r
+        else:
+            out[...] = r
         return out
 
     @staticmethod
@@ -428,6 +443,8 @@ class CupyOps(_Ops):
         two strides) the three pointer arrays of ``gemmBatched`` made on the device by one
         ``gemm_pointers`` launch (into a scratch buffer kept between products), then one
         ``gemmBatched``: two launches, no operand copied. Returns out."""
+        if not cublas_module.DIRECT:
+            return self._matmul(a, b, out)
         plans = self._product_plans()
         key = ("bmm",) + self._signature(a, b, out, False)
         plan = plans.get(key)

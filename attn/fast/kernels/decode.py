@@ -262,10 +262,10 @@ __global__ void greedy_pick(const T* logp, int V, int ban0, int ban1, double* in
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {  // every id banned (V <= 2): id -1 and -inf, never a read before the row
         int id = si[0];
         info[r] = (double)id;
-        info[n + r] = (double)row[id];
+        info[n + r] = id < 0 ? (double)(-__int_as_float(0x7f800000)) : (double)row[id];
         tokens[r] = id;
     }
 }
@@ -283,11 +283,12 @@ def greedy_pick_np(launch, logp, V, ban0, ban1, info, n, tokens):
     if launch.blocks != n:
         raise ValueError(f"{launch.name}: {launch.blocks} blocks for {n} rows")
     x = _view(logp, (n, V), (V, 1)).copy()
-    x[:, [int(ban0), int(ban1)]] = -np.inf
-    ids = x.argmax(axis=1)
+    banned = [j for j in (int(ban0), int(ban1)) if 0 <= j < V]
+    x[:, banned] = -np.inf
+    ids = x.argmax(axis=1) if len(set(banned)) < V else np.full(n, -1)
     iv = _view(info, (2, n), (n, 1))
     iv[0] = ids
-    iv[1] = np.take_along_axis(x, ids[:, None], axis=1)[:, 0]
+    iv[1] = np.take_along_axis(x, ids[:, None], axis=1)[:, 0] if len(set(banned)) < V else -np.inf
     _view(tokens, (n,), (1,))[...] = ids
 
 
@@ -516,6 +517,9 @@ class DecodeKernels:
             raise ValueError(f"DecodeKernels.greedy_pick: contiguous logp (n, V), info (2, n) float64 and tokens "
                              f"(n,) int64 are needed, got {tuple(logp.shape)}, {tuple(info.shape)} {info.dtype}, "
                              f"{tuple(tokens.shape)} {tokens.dtype}")
+        if not set(range(V)) - set(int(b) for b in ban):
+            raise ValueError(f"DecodeKernels.greedy_pick: every one of the {V} tokens is banned ({tuple(ban)}): "
+                             "there is nothing to choose")
         t = _block(V, 512)
         i32 = B.host.int32
         self._launch("greedy_pick", logp.dtype, n, t, (logp, i32(V), i32(ban[0]), i32(ban[1]), info, B.host.int64(n),
