@@ -379,9 +379,7 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
         return DecodeResult([], [], [] if with_attention else None)
     stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention)
     n, T_max = src_h.shape[0], int(limits.max())
-    out = np.full((n, T_max), PAD, dtype=np.int64)     # generated ids, by sentence and step
-    n_out = np.zeros(n, dtype=np.int64)                # tokens kept (EOS excluded)
-    scores = np.zeros(n, dtype=np.float64)
+    kept = _Picked(n, T_max)
     rows = np.arange(n)                                # sentence of each row
     alive = np.ones(n, dtype=bool)                     # rows still decoding, as of the last check
     att_steps = []                                     # per step: (sentence of each row, (n_rows, S))
@@ -394,19 +392,11 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
         for j in range(steps):
             logp, att = stepper.step(tokens)
             if no_repeat_ngram:                        # every = 1 here: all rows are live
-                _ban(xp, logp, out[rows, :t], no_repeat_ngram)
+                _ban(xp, logp, kept.out[rows, :t], no_repeat_ngram)
             stepper.search.greedy_pick(logp, BANNED, info[j], tokens)   # tokens <- the picks: the next step's input
             if with_attention:
                 att_steps.append((rows, att))
-        got = B.to_host(info[:steps])                  # the check's one sync
-        for j in range(steps):                         # as if the host had looked at every position
-            live = np.nonzero(alive)[0]
-            tok, lp_h = got[j, 0, live].astype(np.int64), got[j, 1, live]
-            scores[rows[live]] += lp_h
-            is_eos = tok == EOS
-            out[rows[live[~is_eos]], t + j] = tok[~is_eos]
-            n_out[rows[live[~is_eos]]] += 1
-            alive[live] = ~(is_eos | (t + j + 1 >= limits[rows[live]]))
+        kept.replay(B.to_host(info[:steps]), t, rows, alive, limits)    # the check's one sync
         t += steps
         if not alive.any():
             break
@@ -417,14 +407,43 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
             stepper.select(idx_d, idx)
             tokens = tokens[idx_d]
             info = xp.empty((every, 2, len(idx)), dtype=xp.float64)
-    tokens_out = [out[i, :n_out[i]].tolist() for i in range(n)]   # tokens are contiguous from step 0
-    cross = None
-    if with_attention:
+    tokens_out = [kept.out[i, :kept.n_out[i]].tolist() for i in range(n)]   # contiguous from step 0
+    cross = kept.attention(att_steps, src_h) if with_attention else None
+    return DecodeResult(tokens_out, kept.scores.tolist(), cross)
+
+
+class _Picked:
+    """What greedy decoding keeps on the host: each sentence's tokens by step, how many it kept
+    (EOS excluded) and its score."""
+
+    def __init__(self, n: int, T_max: int):
+        np = B.host
+        self.out = np.full((n, T_max), PAD, dtype=np.int64)
+        self.n_out = np.zeros(n, dtype=np.int64)
+        self.scores = np.zeros(n, dtype=np.float64)
+
+    def replay(self, got, t: int, rows, alive, limits) -> None:
+        """The picks of positions t, t+1, ... (``got``: (steps, 2, n_rows) ids and log-probabilities),
+        in order, as if the host had looked at every position: a row stops at its EOS or its limit
+        (``alive`` is updated in place; ``rows`` says each row's sentence)."""
+        np = B.host
+        for j in range(got.shape[0]):
+            live = np.nonzero(alive)[0]
+            tok, lp_h = got[j, 0, live].astype(np.int64), got[j, 1, live]
+            self.scores[rows[live]] += lp_h
+            is_eos = tok == EOS
+            self.out[rows[live[~is_eos]], t + j] = tok[~is_eos]
+            self.n_out[rows[live[~is_eos]]] += 1
+            alive[live] = ~(is_eos | (t + j + 1 >= limits[rows[live]]))
+
+    def attention(self, att_steps, src_h) -> list:
+        """Per sentence the cross-attention of its kept tokens over its real source positions."""
+        np = B.host
+        n = len(self.n_out)
         full = np.zeros((n, len(att_steps), src_h.shape[1]))                     # (B, steps, S)
         for t, ((r, _), a) in enumerate(zip(att_steps, _to_host_steps([a for _, a in att_steps]))):
             full[r, t] = a
-        cross = [full[i, :n_out[i]][:, src_h[i] != PAD] for i in range(n)]
-    return DecodeResult(tokens_out, scores.tolist(), cross)
+        return [full[i, :self.n_out[i]][:, src_h[i] != PAD] for i in range(n)]
 
 
 # --------------------------------------------------------------------------- beam search
