@@ -195,6 +195,8 @@ def _broken(doc: dict, case: str) -> tuple[dict, int | None]:
         doc["config"]["n_encoder_layers"] = 10**8
     elif case == "source-limit-1e9":
         doc["max_source_tokens"] = 10**9
+    elif case == "later-block":
+        doc["config"]["ffn"] = "swiglu"
     elif case == "no-sentences":
         del doc["sentences"]
     return doc, None
@@ -205,7 +207,8 @@ BROKEN = {"missing-tensor": "does not fit the config: missing", "n-heads-3": "mu
           "wrong-shape": "the config says", "extra-tensor": "unexpected", "vocabulary-size": "the vocabulary has",
           "unknown-field": "unknown fields", "short-weights": "bytes",
           "layers-1e8": "n_encoder_layers = 100,000,000 gives", "nan-weights": "holds NaN or infinite numbers",
-          "source-limit-1e9": "max_source_tokens must be an integer from 2 to 4,096"}
+          "source-limit-1e9": "max_source_tokens must be an integer from 2 to 4,096",
+          "later-block": "the page computes the paper's block, not ffn"}
 
 
 @pytest.fixture(scope="module")

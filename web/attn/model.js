@@ -32,6 +32,7 @@ export const CONFIG_DEFAULTS = {
   vocab_size: 37000, tgt_vocab_size: null, d_model: 512, n_heads: 8, d_ff: 2048, n_encoder_layers: 6,
   n_decoder_layers: 6, dropout: 0.1, attention_dropout: 0.0, relu_dropout: 0.0, label_smoothing: 0.1,
   max_len: 256, positional: "sinusoidal", norm: "post", share_embeddings: true, ln_eps: 1e-6, warmup_steps: 4000,
+  norm_kind: "layer", ffn: "relu", kv_heads: null, rope_base: 10000.0,
 };
 // The configuration of model.json with the defaults filled in, checked as TransformerConfig
 // checks it (plus the types the page relies on); throws an Error saying what does not fit.
@@ -55,6 +56,11 @@ export function checkConfig(obj) {
   }
   if (!["sinusoidal", "learned"].includes(c.positional)) bad(`positional must be "sinusoidal" or "learned", got ${show(c.positional)}`);
   if (!["post", "pre"].includes(c.norm)) bad(`norm must be "post" or "pre", got ${show(c.norm)}`);
+  // The block of later models (lesson 26) is computed by attn's Python only: one line names what the page lacks.
+  const later = [["norm_kind", c.norm_kind !== "layer"], ["ffn", c.ffn !== "relu"],
+                 ["kv_heads", c.kv_heads !== null && c.kv_heads !== c.n_heads]].filter(([, on]) => on);
+  if (later.length) bad(`the page computes the paper's block, not ${later.map(([f]) => `${f} = ${show(c[f])}`).join(", ")}`);
+  if (!(typeof c.rope_base === "number" && c.rope_base > 1)) bad(`rope_base must be a number greater than 1, got ${show(c.rope_base)}`);
   if (typeof c.share_embeddings !== "boolean") bad(`share_embeddings must be true or false, got ${show(c.share_embeddings)}`);
   if (c.share_embeddings && ![null, c.vocab_size].includes(c.tgt_vocab_size)) {
     bad(`share_embeddings needs one vocabulary, got vocab_size ${c.vocab_size} and tgt_vocab_size ${c.tgt_vocab_size}`);
