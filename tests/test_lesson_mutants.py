@@ -189,6 +189,11 @@ def encode(self, src, rng=None, src_mask=None):
 old = attn.model.Transformer.encode
 attn.model.Transformer.encode = encode
 '''),
+    "26": ("rotary positions' backward turns the gradient the same way as the forward, not back", '''
+def rope_backward(dout, cache):
+    return old(dout, cache._replace(sin=-cache.sin))
+old = patch("attn.layers.rope", "rope_backward", rope_backward)
+'''),
 })
 MUTANTS["23"] = ("each rank's share weighs 1/ranks (the mean of the ranks' means) instead of its tokens' share", '''
 def share_of(batch, size, rank):
