@@ -1,13 +1,10 @@
-"""The block of later models (rotary positions, SwiGLU, grouped-query attention, pre-norm) as
+"""The block of later models (RMSNorm, rotary positions, SwiGLU, grouped-query attention, pre-norm) as
 options of the whole model: trained by attn-train, checkpointed, averaged, resumed and decoded
 with greedy and beam search; refused in one line where it is not run yet (the fast engine, the
 page). Its gradients, invariants and cached decoding are drawn with every other option in
 tests/test_model.py."""
 from __future__ import annotations
 
-import dataclasses
-
-import numpy as np
 import pytest
 
 from attn import engine as engines
@@ -36,7 +33,7 @@ def test_attn_train_trains_averages_resumes_and_decodes_the_later_block(tmp_path
     assert "param/encoder.0.norm1.gamma" in arrays and "param/encoder.0.norm1.beta" not in arrays
     assert (out / "averaged.npz").is_file() and metrics["steps"] == 4
 
-    config = dataclasses.replace(config_from_argv([*common, "--steps", "6", "--resume"]))
+    config = config_from_argv([*common, "--steps", "6", "--resume"])
     assert train(config, given={"steps", "resume", "out"})["steps"] == 6
 
     model = Transformer.load(out / "checkpoint.npz")
