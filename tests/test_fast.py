@@ -518,6 +518,7 @@ def test_cupy_dropout_relu_adam_kernels(cupy, monkeypatch):
         assert rel_error(cp.asnumpy(p2[k]), p1[k]) < 1e-12
 
 
+@pytest.mark.filterwarnings("ignore:cupyx.allow_synchronize:UserWarning")   # CuPy's own, entered here on purpose
 def test_cupy_fast_step_never_waits_for_the_device(cupy):
     """With id validation and the finiteness check off, a whole fast step (forward, loss,
     backward, Adam) never synchronises with the host: CuPy raises if it would."""

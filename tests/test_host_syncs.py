@@ -53,6 +53,7 @@ def stand_in():
         yield cp
 
 
+@pytest.mark.filterwarnings("ignore:cupyx.allow_synchronize:UserWarning")   # CuPy's own, entered here on purpose
 @pytest.mark.parametrize("clip", [0.0, 1e-3, 1e3])                  # off, clipping, not clipping
 def test_a_fast_training_step_never_waits_for_the_device(stand_in, clip):
     model, opt = T.make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
