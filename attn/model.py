@@ -103,6 +103,22 @@ class TransformerConfig:
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 bad(f"{name} must be in [0, 1), got {v!r}")
+        self._check_block(bad)
+        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
+            bad(f"share_embeddings needs one vocabulary, got vocab_size {self.vocab_size} "
+                f"and tgt_vocab_size {self.tgt_vocab_size}")
+        if self.warmup_steps < 1:
+            bad(f"warmup_steps must be positive, got {self.warmup_steps!r}")
+        count = parameter_count(self)
+        if count > MAX_PARAMETERS:        # before anything is allocated, or parameter_shapes listed
+            fields = dataclasses.asdict(self)     # named: the field whose shrinking to 1 saves the most
+            field = max(SIZE_FIELDS, key=lambda f: count - parameter_count(SimpleNamespace(**{**fields, f: 1})))
+            bad(f"{field} = {getattr(self, field):,} gives {count:,} parameters ({4 * count / 2**30:,.0f} GiB in "
+                f"float32), more than the {MAX_PARAMETERS:,} a model may have")
+
+    def _check_block(self, bad) -> None:
+        """The block's kinds (norm, positions, feed-forward network) and grouped-query attention's
+        ``kv_heads``; ``bad(msg)`` raises."""
         for name, kinds in (("positional", ("sinusoidal", "learned", "rope")), ("norm", ("post", "pre")),
                             ("norm_kind", ("layer", "rms")), ("ffn", ("relu", "swiglu"))):
             if getattr(self, name) not in kinds:
@@ -116,17 +132,6 @@ class TransformerConfig:
                 f"({self.d_model // self.n_heads}) must be even")
         if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
             bad(f"rope_base must be a number greater than 1, got {self.rope_base!r}")
-        if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
-            bad(f"share_embeddings needs one vocabulary, got vocab_size {self.vocab_size} "
-                f"and tgt_vocab_size {self.tgt_vocab_size}")
-        if self.warmup_steps < 1:
-            bad(f"warmup_steps must be positive, got {self.warmup_steps!r}")
-        count = parameter_count(self)
-        if count > MAX_PARAMETERS:        # before anything is allocated, or parameter_shapes listed
-            fields = dataclasses.asdict(self)     # named: the field whose shrinking to 1 saves the most
-            field = max(SIZE_FIELDS, key=lambda f: count - parameter_count(SimpleNamespace(**{**fields, f: 1})))
-            bad(f"{field} = {getattr(self, field):,} gives {count:,} parameters ({4 * count / 2**30:,.0f} GiB in "
-                f"float32), more than the {MAX_PARAMETERS:,} a model may have")
 
     @property
     def target_vocab_size(self) -> int:

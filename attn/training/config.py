@@ -162,15 +162,7 @@ class TrainConfig:
         if self.precision != "fp32" and self.reference is True:
             self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
                                    "multiply in float32); drop one of the two flags")
-        for name, kinds in (("norm", ("post", "pre")), ("norm_kind", ("layer", "rms")),
-                            ("positional", ("sinusoidal", "learned", "rope")),
-                            ("ffn", ("relu", "swiglu"))):
-            if getattr(self, name) not in (None, *kinds):
-                self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
-        if self.later_block() and (self.precision != "fp32" or self.cuda_graph):
-            self._bad("precision" if self.precision != "fp32" else "cuda_graph",
-                      f"applies to the attn.fast engine, which does not run {' '.join(self.later_block())} yet "
-                      f"(the readable engine trains it, in float32)")
+        self._check_block()
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
@@ -207,6 +199,18 @@ class TrainConfig:
         for name in ("resume", "overwrite", "reference", "cuda_graph", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "must be True or False")
+
+    def _check_block(self) -> None:
+        """The block's kinds, and the fast engine's flags refused with a block it does not run."""
+        for name, kinds in (("norm", ("post", "pre")), ("norm_kind", ("layer", "rms")),
+                            ("positional", ("sinusoidal", "learned", "rope")),
+                            ("ffn", ("relu", "swiglu"))):
+            if getattr(self, name) not in (None, *kinds):
+                self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
+        if self.later_block() and (self.precision != "fp32" or self.cuda_graph):
+            self._bad("precision" if self.precision != "fp32" else "cuda_graph",
+                      f"applies to the attn.fast engine, which does not run {' '.join(self.later_block())} yet "
+                      f"(the readable engine trains it, in float32)")
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
@@ -397,17 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, help="override the residual dropout")
     g.add_argument("--label-smoothing", type=float, help="override label smoothing epsilon")
     g.add_argument("--dtype", choices=["float32", "float64"], help=f"default {_D.dtype}")
-    g = p.add_argument_group("the block (default: the paper's; lesson 26 derives the others)")
-    g.add_argument("--norm", choices=["post", "pre"], help="layer norm after each sub-layer's residual sum "
-                   "(post, the paper) or before the sub-layer (pre, every later model)")
-    g.add_argument("--norm-kind", choices=["layer", "rms"],
-                   help="the norm: layer norm (the paper) or RMSNorm (no mean subtracted, no shift)")
-    g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],
-                   help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys")
-    g.add_argument("--ffn", choices=["relu", "swiglu"],
-                   help="the feed-forward network: ReLU (equation 2) or SwiGLU (at 2/3 of --d-ff, the same parameters)")
-    g.add_argument("--kv-heads", type=int, metavar="N",
-                   help="key/value heads of every attention, dividing --heads (grouped-query attention; 1: multi-query)")
+    _add_block_flags(p)
     g = p.add_argument_group("training")
     g.add_argument("--backend", choices=["numpy", "cupy", "auto"],
                    help="array backend (default: $ATTN_BACKEND or numpy; a resumed run keeps its saved backend "
@@ -474,6 +468,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "its saved precision")
     g.add_argument("--quiet", action="store_true", help="no progress bar, and no metrics dumped as JSON on stderr at the end (metrics.json has them)")
     return p
+
+
+def _add_block_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the block's parts: the norm and its place, positions, the feed-forward network,
+    grouped-query attention (each None by default: the preset's, the paper's)."""
+    g = parser.add_argument_group("the block (default: the paper's; lesson 26 derives the others)")
+    g.add_argument("--norm", choices=["post", "pre"], help="layer norm after each sub-layer's residual sum "
+                   "(post, the paper) or before the sub-layer (pre, every later model)")
+    g.add_argument("--norm-kind", choices=["layer", "rms"],
+                   help="the norm: layer norm (the paper) or RMSNorm (no mean subtracted, no shift)")
+    g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],
+                   help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys")
+    g.add_argument("--ffn", choices=["relu", "swiglu"],
+                   help="the feed-forward network: ReLU (equation 2) or SwiGLU (at 2/3 of --d-ff, the same parameters)")
+    g.add_argument("--kv-heads", type=int, metavar="N",
+                   help="key/value heads of every attention, dividing --heads (grouped-query attention; 1: multi-query)")
 
 
 def config_from_argv(argv=None) -> TrainConfig:
