@@ -18,7 +18,7 @@ from .checks import CHECKS, DROPOUT_DRAWS, EXAMPLE_SHARE, _Args, _entries, check
 from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, Fatal, FileReport, LoadError,
                       NotImplementedYet, Result, _Todo, plain)
 from .reports import report, summary
-from .library import manifest_for, reference
+from .library import EXERCISES, manifest_for, reference
 from .sandbox import Remote, Sandbox, describe, read_source
 
 np = B.host
@@ -78,6 +78,22 @@ def _hypothesis(layer: Layer, examples: int, seed_: int | None, body):
     return run
 
 
+def share(layer: Layer, examples: int) -> int:
+    """The examples ``layer``'s check meets at ``--examples`` (:data:`EXAMPLE_SHARE`)."""
+    return max(1, round(examples * EXAMPLE_SHARE.get(layer.name, 1.0)))
+
+
+def draw_for(exercises, examples: int = DEFAULT_EXAMPLES, seed_: int | None = None) -> dict:
+    """Draw, into :data:`DRAWN`, the examples of every layer ``exercises`` ask for in a profile
+    (what ``attn-check --class`` does once, before its workers start); returns :data:`DRAWN`."""
+    asks = {f for e in exercises for f in EXERCISES[e].asks}
+    with scaled(FINAL_SCALE) if seed_ is not None else contextlib.nullcontext():
+        for layer in LAYERS.values():
+            if asks & set(layer.functions):
+                drawn(layer, share(layer, examples), seed_)
+    return DRAWN
+
+
 def drawn(layer: Layer, examples: int, seed_: int | None = None) -> list:
     """The examples :func:`_run` meets for ``layer`` at the current scale (:data:`DRAWN`);
     ``examples`` already the layer's share of ``--examples``."""
@@ -100,7 +116,7 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
     (a check that rejects no example), the examples of :func:`drawn` in turn; only when one
     fails does hypothesis run them again, to shrink the failure to its smallest example."""
     count = [0]
-    examples = max(1, round(examples * EXAMPLE_SHARE.get(layer.name, 1.0)))
+    examples = share(layer, examples)
 
     def body(ex):
         count[0] += 1
