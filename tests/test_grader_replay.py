@@ -116,3 +116,27 @@ def test_central_differences_in_one_request_are_those_of_one_call_per_perturbati
         assert compared == 12
     finally:
         sandbox.cleanup()
+
+
+def test_frames_sent_back_to_back_come_out_of_the_buffer_whole_and_in_order():
+    """Each frame goes out in one write and comes in through a buffer: a second frame read
+    with the first is kept for the next recv (and poll says one is waiting); a frame that
+    stops half-way still times out."""
+    import os
+
+    from attn.grader.wire import Arr, Channel
+    r, w = os.pipe()
+    try:
+        out, inp = Channel(w), Channel(r, patience=0.5)
+        arrays = [np.arange(k, dtype=np.float64).reshape(-1, 1) for k in range(1, 40)]
+        out.send(("ok", [Arr(a, False) for a in arrays], []))
+        out.send(("todo", "second"))
+        first = inp.recv()
+        assert [x.host.tolist() for x in first[1]] == [a.tolist() for a in arrays]
+        assert inp.poll(0) and inp.recv() == ("todo", "second") and not inp.poll(0)
+        os.write(w, (1 << 20).to_bytes(8, "little") + (0).to_bytes(8, "little") + b"{")
+        with pytest.raises(TimeoutError):
+            inp.recv()
+    finally:
+        os.close(r)
+        os.close(w)
