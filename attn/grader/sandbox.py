@@ -142,7 +142,8 @@ class Sandbox:
         if B.get_backend() == "cupy" and B.cupy_modules is not None:
             modules = ",".join(m.__name__ for m in B.cupy_modules)
         if self.boxed:
-            prefix = bubblewrap.command(bubblewrap.stage(policy), copy.parent) + [bubblewrap.executable()]
+            prefix = (bubblewrap.command(bubblewrap.stage(policy), copy.parent, self.limits["work_mb"])
+                      + [bubblewrap.executable()])
             where = {"file": f"{bubblewrap.INSIDE['file']}/{copy.name}", "work": "/tmp/attn-check-work",
                      "sandbox": bubblewrap.name(),
                      "files": "read-only, Python's standard library, NumPy, the library's modules the exercise "
