@@ -8,13 +8,16 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attn.backend as B
-from attn.fast import flash
+from attn.fast import FastTransformer, cross_entropy as fast_ce, flash
 from attn.fast.dispatch import ops_for
+from attn.gradcheck import rel_error
 from attn.layers.attention import attention_backward, attention_forward, repeat_kv, sum_kv_groups
+from attn.model import Transformer, TransformerConfig
+from test_fast import batches, configs
 
 
 @st.composite
@@ -94,7 +97,6 @@ def test_causal_tiles_past_the_queries_are_skipped():
 
 
 def test_the_rule_chooses_by_mode_memory_and_dropout():
-    from attn.model import TransformerConfig
     cfg = TransformerConfig(vocab_size=10, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1,
                             n_decoder_layers=1)
     need = flash.plain_weight_bytes(cfg, 2, 100, 100, 4)
@@ -120,3 +122,48 @@ def test_the_kernels_tiles_fit_a_blocks_shared_memory():
     assert K.flash_tiles("flash_fwd", 64, 4) == 32 and K.flash_tiles("flash_bwd_kv", 64, 4) == 16
     with pytest.raises(ValueError, match="does not fit"):
         K.flash_tiles("flash_bwd_kv", 4096, 8)
+
+
+def _step(model, batch, rng_seed):
+    src, tgt_in, tgt_out = (B.to_device(a) for a in batch)
+    rng = None if rng_seed is None else B.DeviceRNG(rng_seed)
+    logits, cache = model.forward(src, tgt_in, rng)
+    out = B.to_host(logits)
+    kinds = {type(c.enc[0][0].sub.att) for c in getattr(cache, "caches", [cache])}   # before backward frees them
+    loss, d = fast_ce(logits, tgt_out, model.config.label_smoothing, inplace=True)
+    return out, float(loss), {k: B.to_host(g).copy() for k, g in model.backward(d, cache).items()}, kinds
+
+
+@settings(max_examples=10)
+@given(data=st.data(), workers=st.sampled_from([1, 2]), dropout=st.booleans())
+def test_the_engines_step_with_the_tiled_attention_equals_the_plain_one(backend, data, workers, dropout):
+    """float64: logits, loss and every gradient, the batch whole or split over threads, with the
+    residual and ReLU dropout on (the same masks: the attention's is 0, as the tiled one needs)."""
+    cfg = data.draw(configs(dropout=dropout))
+    cfg = TransformerConfig(**{**cfg.to_dict(), "attention_dropout": 0.0})
+    batch = data.draw(batches(cfg, max_len=7))
+    ref = Transformer(cfg, seed=0, dtype="float64")
+    steps = []
+    for mode in ("plain", "flash"):
+        fast = FastTransformer(cfg, dtype="float64", params=ref.params, attention=mode)
+        fast.workers = workers
+        steps.append(_step(fast, batch, 3 if dropout else None))
+    (l0, loss0, g0, kinds0), (l1, loss1, g1, kinds1) = steps
+    assert kinds1 == {flash.FlashCache} and flash.FlashCache not in kinds0           # the tiled one ran, once
+    assert rel_error(l0, l1) < 1e-12 and abs(loss0 - loss1) < 1e-12 * max(1.0, abs(loss0))
+    for k in g0:
+        assert rel_error(g0[k], g1[k]) < 1e-10, k
+
+
+def test_the_tiled_attention_refuses_attention_dropout_and_inspection():
+    cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
+                            attention_dropout=0.1)
+    model = FastTransformer(cfg, dtype="float64", attention="flash")
+    ids = np.array([[3, 4, 5]])
+    with pytest.raises(ValueError, match="attention_dropout is 0.1"):
+        model.forward(ids, ids, B.DeviceRNG(0))
+    _, cache = model.forward(ids, ids)                  # no dropout without an rng: the tiled one runs
+    with pytest.raises(ValueError, match="keeps no attention weights"):
+        FastTransformer.attention_weights(cache)
+    with pytest.raises(ValueError, match="auto, plain, flash"):
+        FastTransformer(cfg, attention="tiled")
