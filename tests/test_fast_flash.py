@@ -167,3 +167,28 @@ def test_the_tiled_attention_refuses_attention_dropout_and_inspection():
         FastTransformer.attention_weights(cache)
     with pytest.raises(ValueError, match="auto, plain, flash"):
         FastTransformer(cfg, attention="tiled")
+
+
+#: Ceilings of a steady-state training step of the ``quick`` preset with the tiled attention, on the
+#: stand-in (tests/test_counts.py holds the plain step's): 103 launches when first counted (the
+#: plain step: 126), no sync, nothing from the memory pool, nothing a CUDA graph capture refuses.
+TILED_STEP_BUDGET = {"launches": 103, "syncs": 0, "pool_allocations": 0}
+
+
+def test_a_tiled_step_is_counted_and_capturable(monkeypatch):
+    """``--counts`` of a step that takes the tiled attention (the rule's length threshold lowered
+    to 1 on CuPy): one ``flash_fwd`` per attention in the forward, the three backward kernels
+    once each per attention, no plain softmax."""
+    from attn.bench import counts as C
+    monkeypatch.setitem(flash.MIN_LENGTH, "cupy", 1)
+    rows = {r["name"]: r for r in C.measure_counts("quick", which=("train_step",))}
+    step = rows["counts_train_step"]
+    over = {k: (step[k], most) for k, most in TILED_STEP_BUDGET.items() if step[k] > most}
+    assert not over, f"the tiled step went over its budget (count, ceiling): {over}; {step['launches_by_kind']}"
+    assert rows["counts_capture"]["total"] == 0, rows["counts_capture"]["refused"]
+    tally = C.count_at(C.BENCH_PRESETS["quick"], ("train_step",))["train_step"][0]
+    raw = {name: n for (kind, name), n in tally.ops.items() if kind == "raw"}
+    cfg = C.BENCH_PRESETS["quick"].model
+    attentions = cfg["n_encoder_layers"] + 2 * cfg["n_decoder_layers"]
+    assert [raw.get(k, 0) for k in ("flash_fwd", "flash_bwd_prep", "flash_bwd_kv", "flash_bwd_q")] == [attentions] * 4
+    assert "softmax0_fwd" not in raw
