@@ -192,3 +192,15 @@ def test_a_tiled_step_is_counted_and_capturable(monkeypatch):
     attentions = cfg["n_encoder_layers"] + 2 * cfg["n_decoder_layers"]
     assert [raw.get(k, 0) for k in ("flash_fwd", "flash_bwd_prep", "flash_bwd_kv", "flash_bwd_q")] == [attentions] * 4
     assert "softmax0_fwd" not in raw
+
+
+def test_attn_train_takes_the_attention_and_hands_it_to_the_fast_engine():
+    from attn.training.config import TrainConfigError, config_from_argv
+    from attn.training.prepare import make_engine
+    assert config_from_argv([]).attention == "auto"
+    assert config_from_argv(["--attention", "flash"]).attention == "flash"
+    with pytest.raises(TrainConfigError, match="--attention"):
+        config_from_argv(["--attention", "plain", "--reference"])
+    cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)
+    model, _ = make_engine(Transformer(cfg), "fast", 1.0, attention="flash")
+    assert model.attention == "flash"
