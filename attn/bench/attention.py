@@ -19,7 +19,7 @@ import time
 
 from .. import backend as B
 from ..model import TransformerConfig
-from .memory import _PeakMeter, _cupy_peak_hook
+from .memory import _PeakMeter
 from .timing import _progress
 
 #: The lengths of the default run.
@@ -83,14 +83,8 @@ def _time(f, sync, repeats: int) -> float:
 
 
 def _peak_mb(f, backend: str, framework: str):
-    if backend == "cupy" and framework == "attn":
-        cp = B.xp()
-        hook = _cupy_peak_hook(cp)
-        cp.cuda.Device().synchronize()
-        with hook:
-            f()
-            cp.cuda.Device().synchronize()
-        return hook.peak / 2 ** 20
+    """Peak memory growth of one call: attn's on the CPU by the resident set (not tracemalloc, which
+    PyTorch's allocations escape alike), on a GPU by the pool's peak; PyTorch's by its own."""
     return _PeakMeter(backend, "torch" if framework == "torch" else "rss")(f).get("peak_memory_mb")
 
 

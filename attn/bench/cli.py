@@ -273,6 +273,9 @@ def _attention(args) -> int:
         print(f"attn.bench: error: --lengths must be comma-separated integers, got {args.lengths!r}", file=sys.stderr)
         return 2
     with_torch = not args.no_torch and torch_available()
+    if with_torch:
+        import torch
+        torch.set_num_threads(args.threads or blas_threads() or os.cpu_count() or 1)
     rows = measure_attention(lengths, args.repeats or 3, with_torch, quiet=args.quiet)
     print_attention(rows, markdown=args.markdown, as_json=args.json)
     return 0

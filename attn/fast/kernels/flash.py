@@ -36,6 +36,16 @@ __device__ __forceinline__ bool flash_allowed(const bool* key_ok, long long okb,
                                               int causal) {
     return j < Tk && key_ok[b * okb + j] && (!causal || j <= i);
 }
+
+// A tile into shared memory, the block's threads sharing the copy: rows r0 .. r0 + n of src (rows of Dh
+// at a stride of `stride` elements, `last` of them) into sh (n x Dh), zeros past the last row.
+template <typename T>
+__device__ void flash_load(T* sh, const T* src, int r0, int n, int last, long long stride, int Dh) {
+    for (int e = threadIdx.x; e < n * Dh; e += blockDim.x) {
+        int r = e / Dh, d = e % Dh;
+        sh[e] = r0 + r < last ? src[(long long)(r0 + r) * stride + d] : T(0);
+    }
+}
 """
 
 FLASH_FWD = r"""
@@ -59,21 +69,14 @@ __global__ void flash_fwd(const T* q, const T* k, const T* v, const bool* key_ok
     const T* qg = q + b * qb + h * qh;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
-    for (int e = r; e < Br * Dh; e += Br) {
-        int rr = e / Dh, d = e % Dh;
-        qs[e] = i0 + rr < Tq ? qg[(i0 + rr) * qt + d] : T(0);
-        acc[e] = 0;
-    }
+    flash_load(qs, qg, i0, Br, Tq, qt, Dh);
+    for (int e = r; e < Br * Dh; e += Br) acc[e] = 0;
     T m = lowest, l = 0;
     int kend = causal ? min(Tk, i0 + Br) : Tk;          // causal: the tiles past the last query skipped
     for (int j0 = 0; j0 < kend; j0 += Bc) {
         __syncthreads();
-        for (int e = r; e < Bc * Dh; e += Br) {
-            int c = e / Dh, d = e % Dh;
-            bool in = j0 + c < Tk;
-            ks[e] = in ? kg[(j0 + c) * kt + d] : T(0);
-            vs[e] = in ? vg[(j0 + c) * kt + d] : T(0);
-        }
+        flash_load(ks, kg, j0, Bc, Tk, kt, Dh);
+        flash_load(vs, vg, j0, Bc, Tk, kt, Dh);
         __syncthreads();
         if (i >= Tq) continue;
         T mt = lowest;
@@ -148,25 +151,16 @@ __global__ void flash_bwd_kv(const T* q, const T* k, const T* v, const bool* key
     int j0 = blockIdx.x * Bc, j = j0 + c;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
-    for (int e = c; e < Bc * Dh; e += Bc) {
-        int cc = e / Dh, d = e % Dh;
-        bool in = j0 + cc < Tk;
-        ks[e] = in ? kg[(j0 + cc) * kt + d] : T(0);
-        vs[e] = in ? vg[(j0 + cc) * kt + d] : T(0);
-        dks[e] = 0;
-        dvs[e] = 0;
-    }
+    flash_load(ks, kg, j0, Bc, Tk, kt, Dh);
+    flash_load(vs, vg, j0, Bc, Tk, kt, Dh);
+    for (int e = c; e < Bc * Dh; e += Bc) dks[e] = dvs[e] = 0;
     int istart = causal ? (j0 / Br) * Br : 0;           // causal: the query tiles before the key tile skipped
     for (int h = hk * G; h < hk * G + G; ++h) {
         const T* qg = q + b * qb + h * qh;
         for (int i0 = istart; i0 < Tq; i0 += Br) {
             __syncthreads();
-            for (int e = c; e < Br * Dh; e += Bc) {
-                int rr = e / Dh, d = e % Dh;
-                bool in = i0 + rr < Tq;
-                qs[e] = in ? qg[(i0 + rr) * qt + d] : T(0);
-                dos[e] = in ? dout[(((long long)b * Tq + i0 + rr) * H + h) * Dh + d] : T(0);
-            }
+            flash_load(qs, qg, i0, Br, Tq, qt, Dh);
+            flash_load(dos, dout + ((long long)b * Tq * H + h) * Dh, i0, Br, Tq, (long long)H * Dh, Dh);
             for (int rr = c; rr < Br; rr += Bc) {
                 bool in = i0 + rr < Tq;
                 ls[rr] = in ? lse[((long long)b * H + h) * Tq + i0 + rr] : T(0);
@@ -222,24 +216,16 @@ __global__ void flash_bwd_q(const T* q, const T* k, const T* v, const bool* key_
     const T* qg = q + b * qb + h * qh;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
-    for (int e = r; e < Br * Dh; e += Br) {
-        int rr = e / Dh, d = e % Dh;
-        bool in = i0 + rr < Tq;
-        qs[e] = in ? qg[(i0 + rr) * qt + d] : T(0);
-        dos[e] = in ? dout[(((long long)b * Tq + i0 + rr) * H + h) * Dh + d] : T(0);
-        dqs[e] = 0;
-    }
+    flash_load(qs, qg, i0, Br, Tq, qt, Dh);
+    flash_load(dos, dout + ((long long)b * Tq * H + h) * Dh, i0, Br, Tq, (long long)H * Dh, Dh);
+    for (int e = r; e < Br * Dh; e += Br) dqs[e] = 0;
     T li = i < Tq ? lse[(long long)blockIdx.y * Tq + i] : T(0);
     T di = i < Tq ? dsum[(long long)blockIdx.y * Tq + i] : T(0);
     int kend = causal ? min(Tk, i0 + Br) : Tk;
     for (int j0 = 0; j0 < kend; j0 += Bc) {
         __syncthreads();
-        for (int e = r; e < Bc * Dh; e += Br) {
-            int c = e / Dh, d = e % Dh;
-            bool in = j0 + c < Tk;
-            ks[e] = in ? kg[(j0 + c) * kt + d] : T(0);
-            vs[e] = in ? vg[(j0 + c) * kt + d] : T(0);
-        }
+        flash_load(ks, kg, j0, Bc, Tk, kt, Dh);
+        flash_load(vs, vg, j0, Bc, Tk, kt, Dh);
         __syncthreads();
         if (i >= Tq) continue;
         for (int c = 0; c < Bc; ++c) {
