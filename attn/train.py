@@ -29,8 +29,7 @@ fitted to the budget), ``checkpoints`` (state, checkpoints, snapshots, averaging
 the files of ``out``), ``evaluation`` (validation during training, the test at the
 end) and ``distributed`` (``mpiexec -n N attn-train``: N processes training one
 model as one process would; a run of one process never uses it beyond asking how
-many processes there are). The names the package has always offered here
-(``TrainConfig``, ``build_vocab``, ``evaluate_loss``, ...) are imported from there.
+many processes there are). Import what they define from them.
 """
 from __future__ import annotations
 
@@ -49,14 +48,10 @@ from .evaluate import progress_bar_options
 from .loss import cross_entropy
 from .training import distributed
 from .training.interrupts import Interrupted, StopSignals, abort_on_signals, exit_status
-from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, hold_out,  # noqa: F401 (re-exported)
-                                   open_run, save_checkpoint, snapshot, start_writing)
-from .training.config import (DEFAULT_BPE_SIZE, DEFAULT_DATA, EVAL_SHARE, RECIPES,  # noqa: F401 (re-exported)
-                              RESUME_MAY_CHANGE, WARMUP_FRACTION, TrainConfig, TrainConfigError, build_parser,
-                              config_from_argv, resumed_config)
-from .training.evaluation import bleu_on, choose_final_model, evaluate_and_save, evaluate_loss, test_and_report  # noqa: F401
-from .training.prepare import (Corpus, build_vocab, fit_warmup, load_corpus, make_engine,  # noqa: F401 (re-exported)
-                               measure_step_seconds, prepare, schedule_factor, split_by_source, step_loss_fn)
+from .training.checkpoints import TrainState, hold_out, open_run, save_checkpoint, snapshot, start_writing
+from .training.config import TrainConfig, TrainConfigError, build_parser
+from .training.evaluation import evaluate_and_save, test_and_report
+from .training.prepare import prepare
 
 def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0, loss_fn=cross_entropy, dp=None):
     """One optimizer step on one batch (sections 5.3, 5.4).

@@ -31,6 +31,7 @@ from attn import decode
 from attn.engine import LossLog
 from attn.fast import FastTransformer
 from attn.model import Transformer, TransformerConfig
+from attn.training.prepare import make_engine, step_loss_fn
 from conftest import selected_backend
 
 CFG = TransformerConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=2,
@@ -58,8 +59,8 @@ def stand_in():
 @pytest.mark.filterwarnings("ignore:cupyx.allow_synchronize:UserWarning")   # CuPy's own, entered here on purpose
 @pytest.mark.parametrize("clip", [0.0, 1e-3, 1e3])                  # off, clipping, not clipping
 def test_a_fast_training_step_never_waits_for_the_device(stand_in, clip):
-    model, opt = T.make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
-    loss_fn = T.step_loss_fn("fast")
+    model, opt = make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
+    loss_fn = step_loss_fn("fast")
     FL.train_step(model, opt, BATCH, B.DeviceRNG(0), 0.1, clip, loss_fn)    # positional table, buffers
     with fakecupy.counting() as c, fakecupy.cupyx.allow_synchronize(False):
         loss, lr = FL.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, clip, loss_fn)
@@ -85,8 +86,8 @@ def test_clipping_on_the_device_gives_the_host_decision_s_numbers(stand_in, max_
 def test_the_reference_step_checks_on_the_device(stand_in):
     """The readable path validates ids in its layers and the loss's finiteness, each a sync:
     counted here so that a change shows (the trainer's default is the fast path)."""
-    model, opt = T.make_engine(Transformer(CFG, seed=0), "reference", lr_factor=1.0)
-    loss_fn = T.step_loss_fn("reference")
+    model, opt = make_engine(Transformer(CFG, seed=0), "reference", lr_factor=1.0)
+    loss_fn = step_loss_fn("reference")
     T.train_step(model, opt, BATCH, B.DeviceRNG(0), 0.1, 0.0, loss_fn)
     with fakecupy.counting() as c:
         T.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, 0.0, loss_fn)
@@ -95,11 +96,11 @@ def test_the_reference_step_checks_on_the_device(stand_in):
 
 
 def test_a_bad_batch_is_refused_on_the_host(stand_in):
-    model, opt = T.make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
+    model, opt = make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
     bad = _Batch(BATCH.src, BATCH.tgt_in, BATCH.tgt_out.copy())
     bad.tgt_out[0, 0] = CFG.vocab_size                       # CuPy would wrap it to 0 silently
     with fakecupy.counting() as c, pytest.raises(IndexError, match=r"train_step: batch.tgt_out .*\[0, 30\)"):
-        FL.train_step(model, opt, bad, B.DeviceRNG(0), 0.1, 0.0, T.step_loss_fn("fast"))
+        FL.train_step(model, opt, bad, B.DeviceRNG(0), 0.1, 0.0, step_loss_fn("fast"))
     assert c.n == 0
 
 
