@@ -222,9 +222,9 @@ def timed(fn, *args):
 rows = []
 for T_t, tile in [(512, 128), (2048, 128)] + ([] if QUICK else [(4096, 128)]) + [(1024, 32), (1024, 512)]:
     q_t, k_t, v_t, do_t = (rng.standard_normal((T_t, Dh_m)).astype(np.float32) for _ in range(4))
-    (o_p, c_p), f_p = timed(attention_forward, q_t, k_t, v_t)
+    (_, c_p), f_p = timed(attention_forward, q_t, k_t, v_t)
     _, b_p = timed(attention_backward, do_t, c_p)
-    (o_t, c_t), f_t = timed(flash_attention_forward, q_t, k_t, v_t, None, tile, tile)
+    (_, c_t), f_t = timed(flash_attention_forward, q_t, k_t, v_t, None, tile, tile)
     _, b_t = timed(flash_attention_backward, do_t, c_t)
     rows.append((T_t, tile, f_p, b_p, f_t, b_t))
 print(f"{'T':>5} {'tile':>5} {'paper fwd s':>12} {'paper bwd s':>12} {'tiled fwd s':>12} {'tiled bwd s':>12}")
