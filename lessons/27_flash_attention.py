@@ -275,10 +275,11 @@ print(f"Check passed: the tiled attention equals the paper's to {max(forward_err
 #
 #    <details><summary>Answer</summary>
 #
-#    In exact arithmetic yes; in floating point no. A score of a few hundred overflows $e^{s}$ in
-#    float32 and a little beyond in float64; the maximum keeps every exponent at most zero. It is the
-#    same reason lesson 4's softmax subtracts the row's maximum, and the rescaling of
-#    equation 27.2 is what lets the maximum change as the tiles arrive.
+#    In exact arithmetic yes; in floating point no. $e^{s}$ overflows float32 once a score passes
+#    about ninety, and float64 once it passes about seven hundred; subtracting the maximum keeps
+#    every exponent at most zero. It is the same reason lesson 4's softmax subtracts the row's
+#    maximum, and the rescaling of equation 27.2 is what lets the maximum change as the tiles
+#    arrive.
 #
 #    </details>
 #
@@ -288,9 +289,9 @@ print(f"Check passed: the tiled attention equals the paper's to {max(forward_err
 #    <details><summary>Answer</summary>
 #
 #    Storing the weights would write a $T \times T$ matrix to the GPU's main memory in the forward
-#    and read it back in the backward. Attention does few multiply-adds per byte of that matrix, so
-#    moving it costs more than recomputing it from $Q$ and $K$, which are only $T \times d_k$ and are
-#    read anyway.
+#    and read it back in the backward. Each of its entries takes part in only $d_k$ multiply-adds,
+#    far fewer than a GPU can do in the time it moves those bytes, so moving the matrix costs more
+#    than recomputing it from $Q$ and $K$, which are only $T \times d_k$ and are read anyway.
 #
 #    </details>
 
