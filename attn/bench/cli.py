@@ -294,6 +294,9 @@ def main(argv=None) -> int:
         if any(str(r.get("name", "")).startswith("quality_") for r in rows):
             from .quality import print_markdown as quality_markdown
             quality_markdown(rows)
+        elif rows and all(r.get("name") == "attention" for r in rows):
+            from .attention import print_attention
+            print_attention(rows, markdown=True)
         else:
             print_markdown(rows)
         return 0
