@@ -73,6 +73,7 @@ class FastTransformer(FastBackward):
         self.precision = self._usable(Precision.of(precision))
         self.validate_ids = check_ids
         self.attention = flash.check_mode(attention)
+        self._memory = flash.memory_bytes(self.xp)      # once, here: never a driver call inside a captured step
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
@@ -321,7 +322,8 @@ class FastTransformer(FastBackward):
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
         :attr:`attention` by the rule of :func:`attn.fast.flash.use_flash`."""
         dropping = rng is not None and self.config.attention_dropout > 0
-        return flash.use_flash(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping)
+        return flash.use_flash(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping,
+                               self._memory)
 
     @staticmethod
     def _bias(mask, dtype, xp):
