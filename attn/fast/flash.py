@@ -5,7 +5,8 @@ chooses it over the plain attention (the (Tk, B, H, Tq) weights kept for the bac
 
 The tiled attention keeps, per attention, its output and one log-sum-exp per query: memory
 linear in the length where the plain one keeps B·H·Tq·Tk weights. It has no dropout on the
-weights (there are none to drop), and keeps no weights to inspect.
+weights (there are none to drop), and keeps no weights to inspect. Its kernels multiply in
+the model's dtype whatever the products' precision (:mod:`attn.precision`).
 """
 from __future__ import annotations
 
