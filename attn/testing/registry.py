@@ -24,7 +24,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
                         noam_examples, transformer_examples)
 from .invariants import InvariantError, _dev, _first, _host, _out
 from .later_block import LATER_BLOCK
-from .layers import (HINT_RESHAPE, Example, Layer, attention_examples, attention_invariants, causal_invariants,
+from .layers import (HINT_RESHAPE, Example, Layer, Mistake, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
                      dropout_invariants, embedding_examples, embedding_invariants, feed_forward_examples,
                      heads_invariants, layer_norm_examples, layer_norm_invariants, linear_examples,
@@ -119,7 +119,13 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         "forward": "out = max(x, 0)",
         "dx": "dx = dout * (x > 0): the mask comes from the forward's input, not from dout"},
           where={"forward": "where the output is zero",
-                 "dx": "which array decides where the gradient passes"}),
+                 "dx": "which array decides where the gradient passes"}, mistakes=(
+        Mistake("dx", lambda ex, dout: dout, "dout itself: the ReLU's mask (x > 0) is missing",
+                "which array decides where the gradient passes: the forward's input x"),
+        Mistake("dx", lambda ex, dout: dout * (dout > 0), "dout * (dout > 0): the mask comes from dout instead of x",
+                "the mask is the forward's: where x > 0, whatever the sign of dout"),
+        Mistake("dx", lambda ex, dout: dout * (ex.get("x") <= 0), "dout * (x <= 0): the mask is inverted",
+                "which side of 0 passes the gradient"))),
     Layer("dropout", "pair", ("dropout_forward", "dropout_backward"), dropout_examples(), dropout_invariants, {
         "forward": "keep a unit where rng.random(x.shape) >= p and scale kept units by 1/(1-p); identity when "
                    "p == 0 or rng is None",
