@@ -23,6 +23,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
                         encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
                         noam_examples, transformer_examples)
 from .invariants import InvariantError, _dev, _first, _host, _out
+from . import mistakes as M
 from .later_block import LATER_BLOCK
 from .layers import (HINT_RESHAPE, Example, Layer, Mistake, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
@@ -137,7 +138,12 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         "forward": "out = W[ids] * scale",
         "dW": "repeated ids must accumulate (np.add.at / attn.backend.scatter_add), and the scale applies to dW too"},
           where={"forward": "the row lookup and the scale",
-                 "dW": "what happens when an id occurs twice, and whether the scale reaches dW"}),
+                 "dW": "what happens when an id occurs twice, and whether the scale reaches dW"}, mistakes=(
+        Mistake("dW", M.embedding_ids_overwrite, "dW[ids] += g: a repeated id keeps one position's gradient",
+                "what happens when an id occurs twice: dW[ids] += g writes each row once; accumulate with "
+                "np.add.at (attn.backend.scatter_add)"),
+        Mistake("dW", M.embedding_unscaled_grad, "the expected without the factor scale",
+                "the forward multiplied the rows by the scale: dW gets the scale too"))),
     Layer("positional", "pair", ("positional_forward", "positional_backward"), positional_examples(),
           positional_invariants, {
         "forward": "out = x + table[:T]",
@@ -145,10 +151,20 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         "dtable": "dtable[:T] = dout summed over the batch axis; rows T.. are zero"},
           where={"forward": "which rows of the table are added",
                  "dx": "what the addition passes back to x",
-                 "dtable": "every sentence of the batch adds the same rows: what does each row receive?"}),
+                 "dtable": "every sentence of the batch adds the same rows: what does each row receive?"}, mistakes=(
+        Mistake("dtable", M.positional_first_sentence, "the first sentence's dout alone",
+                "every sentence of the batch adds the same rows: each row receives the sum over the batch"),
+        Mistake("dtable", M.positional_batch_mean, "a mean over the batch instead of its sum",
+                "every sentence of the batch adds the same rows: their gradients add up, none is divided"))),
     Layer("sinusoidal_table", "function", ("sinusoidal_table",), sinusoidal_examples(), sinusoidal_invariants, {
         "sinusoidal_table": "column 2i is sin(pos / 10000^(2i/d_model)), column 2i+1 the cos of the same angle"},
-          where={"sinusoidal_table": "which columns hold sines and which cosines, and the exponent of 10000"}),
+          where={"sinusoidal_table": "which columns hold sines and which cosines, and the exponent of 10000"},
+          mistakes=(
+        Mistake("sinusoidal_table", M.sinusoidal_halves, "sines in the first half of the columns, cosines in the "
+                "second", "the columns interleave: 2i the sine, 2i+1 the cosine of the same angle"),
+        Mistake("sinusoidal_table", M.sinusoidal_column_exponent, "each column's angle from its own index j, "
+                "pos / 10000^(j/d_model)", "columns 2i and 2i+1 share one angle: the exponent of 10000 is 2i/d_model "
+                "for both"))),
     Layer("softmax", "pair", ("softmax_forward", "softmax_backward"), softmax_examples(), softmax_invariants, {
         "forward": "subtract the row max before exp; masked logits -> the dtype's most negative finite value before "
                    "exp, masked outputs -> 0 after",

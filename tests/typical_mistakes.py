@@ -1,0 +1,190 @@
+"""Typical mistakes, written as a learner would, for every layer an exercise asks for: layer ->
+[(the mistake, the learner's file, what hint 1 ("looks like") must say, what hint 2 ("look at")
+must say)]. ``tests/test_hints.py`` grades each and requires at least three per exercised layer."""
+from __future__ import annotations
+
+NORM = '''
+def {name}(dout, cache):
+    xhat, rstd, gamma = cache
+    D = xhat.shape[-1]
+    g = dout * gamma
+    dx = {dx}
+    return dx, (dout * xhat).reshape(-1, D).sum(axis=0), dout.reshape(-1, D).sum(axis=0)
+'''
+LN = "from attn.layers import layer_norm_forward\n\n" + NORM.replace("{name}", "layer_norm_backward")
+SOFTMAX = '''
+from attn.layers import softmax_forward
+
+
+def softmax_backward(dy, cache):
+    y = cache.y
+    return {dx}
+'''
+ATTENTION = '''
+from attn.layers import attention_forward, dropout_backward, softmax_backward
+from attn.layers.softmax import SoftmaxCache
+
+
+def attention_backward(dout, cache):
+    q, k, v, w, cd, scale = cache
+    wd = w if cd.mask is None else w * cd.mask
+    dv = wd.swapaxes(-1, -2) @ dout
+    dw = dropout_backward(dout @ v.swapaxes(-1, -2), cd)
+    ds = {ds}
+    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
+'''
+RESIDUAL = "from attn.layers import feed_forward_backward, residual_ffn_forward\n\n" + NORM.replace(
+    "{name}", "_norm_backward") + '''
+
+def residual_ffn_backward(dout, cache):
+    dz, dgamma, dbeta = _norm_backward(dout, cache.norm)
+    dx_ffn, dw1, db1, dw2, db2 = feed_forward_backward(dz, cache.ffn)
+    return {ret}, dw1, db1, dw2, db2, dgamma, dbeta
+'''
+LINEAR = '''
+from attn.layers import linear_forward
+
+
+def linear_backward(dout, cache):
+    x, w = cache
+    x2, d2 = x.reshape(-1, w.shape[0]), dout.reshape(-1, w.shape[1])
+    return (d2 @ w.T).reshape(x.shape), {dw}, {db}
+'''
+RIGHT_LN = "rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))"
+NO_MEAN = "rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))"
+NO_VAR = "rstd * (g - g.mean(axis=-1, keepdims=True))"
+
+MISTAKES = {
+    "linear": [
+        ("dw transposed", LINEAR.format(dw="d2.T @ x2", db="d2.sum(axis=0)"), r"transposed product",
+         r"which two arrays are multiplied, in which order"),
+        ("db a mean", LINEAR.format(dw="x2.T @ d2", db="d2.mean(axis=0)"),
+         r"a mean over the rows instead of their sum", r"which axes the bias gradient is summed over"),
+        ("dw a mean", LINEAR.format(dw="x2.T @ d2 / len(d2)", db="d2.sum(axis=0)"),
+         r"a mean over the rows instead of their sum", r"every position contributes to dw"),
+    ],
+    "layer_norm": [
+        ("no mean term", LN.format(dx=NO_MEAN), r"the mean term .* is missing", r"mean of the row"),
+        ("no variance term", LN.format(dx=NO_VAR), r"the variance term .* is missing$", r"rstd = 1/sqrt"),
+        ("neither term", LN.format(dx="rstd * g"), r"the mean term .* is missing and the variance term .* is "
+                                                   r"missing", r"mean of the row.*rstd = 1/sqrt"),
+        ("variance term's sign", LN.format(dx="rstd * (g - g.mean(axis=-1, keepdims=True) + xhat * (g * xhat)"
+                                              ".mean(axis=-1, keepdims=True))"),
+         r"the variance term .* has the wrong sign", r"rstd = 1/sqrt"),
+    ],
+    "softmax": [
+        ("no normaliser term", SOFTMAX.format(dx="y * dy"), r"the normaliser's term .* is missing", r"normaliser"),
+        ("normaliser's sign", SOFTMAX.format(dx="y * (dy + (dy * y).sum(axis=-1, keepdims=True))"),
+         r"the normaliser's term .* has the wrong sign", r"normaliser"),
+        ("whole sign", SOFTMAX.format(dx="-y * (dy - (dy * y).sum(axis=-1, keepdims=True))"),
+         r"the opposite sign", r"every logit of its row"),
+    ],
+    "attention": [
+        ("no scale", ATTENTION.format(ds="softmax_backward(dw, SoftmaxCache(w))"),
+         r"the factor 1/sqrt\(d_k\) of the scores is missing", r"scale of the scores"),
+        ("scale twice", ATTENTION.format(ds="softmax_backward(dw, SoftmaxCache(w)) * scale * scale"),
+         r"the factor 1/sqrt\(d_k\) of the scores is applied twice", r"scale of the scores"),
+        ("softmax without its normaliser", ATTENTION.format(ds="w * dw * scale"),
+         r"the softmax's normaliser's term .* is missing", r"the softmax inside"),
+    ],
+    "residual_ffn": [
+        ("no skip path", RESIDUAL.format(dx=RIGHT_LN, ret="dx_ffn"), r"the skip path's dz is missing$",
+         r"two paths"),
+        ("the norm without its variance term", RESIDUAL.format(dx=NO_VAR, ret="dz + dx_ffn"),
+         r"the layer norm's the variance term .* is missing$", r"^the layer norm's rstd"),
+        ("the norm without its mean term", RESIDUAL.format(dx=NO_MEAN, ret="dz + dx_ffn"),
+         r"the layer norm's the mean term .* is missing$", r"^the layer norm's the mean of the row"),
+    ],
+}
+
+MISTAKES["relu"] = [
+    ("no mask", "from attn.layers import relu_forward\n\ndef relu_backward(dout, cache):\n    return dout\n",
+     r"dout itself: the ReLU's mask .* is missing", r"the forward's input x"),
+    ("the mask from dout", "from attn.layers import relu_forward\n\ndef relu_backward(dout, cache):\n"
+                           "    return dout * (dout > 0)\n", r"the mask comes from dout", r"whatever the sign of dout"),
+    ("the mask inverted", '''
+def relu_forward(x):
+    return x * (x > 0), x
+
+
+def relu_backward(dout, x):
+    return dout * (x <= 0)
+''', r"the mask is inverted", r"which side of 0"),
+]
+EMBEDDING = '''
+import numpy as np
+
+
+def embedding_forward(ids, W, scale=1.0):
+    return {out}, (ids, W, scale)
+
+
+def embedding_backward(dout, cache):
+    ids, W, scale = cache
+    dW = np.zeros_like(W)
+    {dW}
+    return dW
+'''
+MISTAKES["embedding"] = [
+    ("repeated ids overwrite", EMBEDDING.format(out="W[ids] * scale", dW="dW[ids] += dout * scale"),
+     r"a repeated id keeps one position's gradient", r"an id occurs twice.*np.add.at"),
+    ("the scale forgotten in dW", EMBEDDING.format(out="W[ids] * scale", dW="np.add.at(dW, ids, dout)"),
+     r"without the factor scale", r"dW gets the scale too"),
+    ("no scale in the forward", EMBEDDING.format(out="W[ids]", dW="np.add.at(dW, ids, dout * scale)"),
+     r"out is not W\[ids\] \* scale", r"then multiply by scale"),
+]
+POSITIONAL = '''
+def positional_forward(x, table):
+    T = x.shape[1]
+    return x + {rows}, (table.shape, T)
+
+
+def positional_backward(dout, cache):
+    import numpy as np
+    shape, T = cache
+    dtable = np.zeros(shape)
+    dtable[:T] = {dtable}
+    return {dx}, dtable
+'''
+MISTAKES["positional"] = [
+    ("dtable not summed over the batch", POSITIONAL.format(rows="table[:T]", dtable="dout[0]", dx="dout"),
+     r"the first sentence's", r"the sum over the batch"),
+    ("dtable a mean over the batch", POSITIONAL.format(rows="table[:T]", dtable="dout.mean(axis=0)", dx="dout"),
+     r"a mean over the batch", r"none is divided"),
+    ("dx zero", POSITIONAL.format(rows="table[:T]", dtable="dout.sum(axis=0)", dx="0 * dout"),
+     r"all zeros", r"what the addition passes back to x"),
+    ("the last rows of the table", POSITIONAL.format(rows="table[-T:]", dtable="dout.sum(axis=0)", dx="dout"),
+     r"out - x is not table\[:T\]", r"x \+ table\[:T\]"),
+]
+SINUSOIDAL = '''
+import numpy as np
+
+
+def sinusoidal_table(max_len, d_model, dtype="float32"):
+    pos = np.arange(max_len)[:, None]
+    two_i = np.arange(0, d_model, 2)[None, :]
+    angle = pos / 10000.0 ** ({exponent})
+    pe = np.zeros((max_len, d_model))
+    pe[:, 0::2] = {even}(angle)
+    pe[:, 1::2] = {odd}(angle[:, :d_model // 2])
+    return pe.astype(dtype)
+'''
+MISTAKES["sinusoidal_table"] = [
+    ("sine and cosine swapped", SINUSOIDAL.format(exponent="two_i / d_model", even="np.cos", odd="np.sin"),
+     r"sin 0 = 0 in even columns", r"sin and cos swapped"),
+    ("halves, not interleaved", SINUSOIDAL.replace("pe[:, 0::2]", "pe[:, :(d_model + 1) // 2]").replace(
+        "pe[:, 1::2]", "pe[:, (d_model + 1) // 2:]").format(exponent="two_i / d_model", even="np.sin", odd="np.cos"),
+     r"sines in the first half", r"the columns interleave"),
+    ("each column its own exponent", '''
+import numpy as np
+
+
+def sinusoidal_table(max_len, d_model, dtype="float32"):
+    pe = np.zeros((max_len, d_model))
+    for pos in range(max_len):
+        for j in range(d_model):
+            angle = pos / 10000 ** (j / d_model)
+            pe[pos, j] = np.sin(angle) if j % 2 == 0 else np.cos(angle)
+    return pe.astype(dtype)
+''', r"its own index j", r"columns 2i and 2i\+1 share one angle"),
+]
