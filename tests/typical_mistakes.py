@@ -188,3 +188,109 @@ def sinusoidal_table(max_len, d_model, dtype="float32"):
     return pe.astype(dtype)
 ''', r"its own index j", r"columns 2i and 2i\+1 share one angle"),
 ]
+DROPOUT = '''
+def dropout_forward(x, p, rng=None):
+    if {off}:
+        return x, None
+    mask = {mask}
+    return x * mask, mask
+
+
+def dropout_backward(dout, mask):
+    return {dx}
+'''
+KEEP = "(rng.random(x.shape) >= p) / (1 - p)"
+MISTAKES["dropout"] = [
+    ("kept units not rescaled", DROPOUT.format(off="p == 0 or rng is None", mask="(rng.random(x.shape) >= p) * 1.0",
+                                              dx="dout if mask is None else dout * mask"),
+     r"kept units are scaled by 1, expected 1/\(1-p\)", r"scales the kept units by 1/\(1-p\)"),
+    ("dropping at inference", '''
+import numpy as np
+
+
+def dropout_forward(x, p, rng=None):
+    if p == 0:
+        return x, None
+    mask = (np.random.default_rng(0).random(x.shape) >= p) / (1 - p)
+    return x * mask, mask
+
+
+def dropout_backward(dout, mask):
+    return dout if mask is None else dout * mask
+''', r"rng = None must return x unchanged", r"rng None \(evaluation\) dropout is the identity"),
+    ("a new mask in the backward", '''
+import numpy as np
+
+
+def dropout_forward(x, p, rng=None):
+    if p == 0 or rng is None:
+        return x, None
+    return x * (rng.random(x.shape) >= p) / (1 - p), (p, x.shape)
+
+
+def dropout_backward(dout, cache):
+    if cache is None:
+        return dout
+    p, shape = cache
+    return dout * (np.random.random(shape) >= p) / (1 - p)
+''', r"dx is not dout times the forward's mask", r"must not draw a new one"),
+    ("p taken as the probability of keeping", DROPOUT.format(off="p == 0 or rng is None",
+                                                             mask="(rng.random(x.shape) < p) / (1 - p)",
+                                                             dx="dout if mask is None else dout * mask"),
+     r"kept", r"the probability of dropping"),
+]
+FFN = '''
+import numpy as np
+
+
+def feed_forward_forward(x, w1, b1, w2, b2, dropout=0.0, rng=None):
+    h = x @ w1 + b1
+    a = np.maximum(h, 0)
+    return {out}, (x, w1, w2, h, a)
+
+
+def feed_forward_backward(dout, cache):
+    x, w1, w2, h, a = cache
+    D, F = w1.shape
+    x2, a2, h2, d2 = x.reshape(-1, D), a.reshape(-1, F), h.reshape(-1, F), dout.reshape(-1, D)
+    dw2, db2 = {dw2}, d2.sum(axis=0)
+    dh = {dh}
+    dw1, db1 = x2.T @ dh, dh.sum(axis=0)
+    return (dh @ w1.T).reshape(x.shape), dw1, db1, dw2, db2
+'''
+RIGHT_FFN = dict(out="a @ w2 + b2", dw2="a2.T @ d2", dh="(d2 @ w2.T) * (h2 > 0)")
+MISTAKES["feed_forward"] = [
+    ("no ReLU", FFN.format(**dict(RIGHT_FFN, out="h @ w2 + b2")), r"the ReLU is missing", r"the ReLU between"),
+    ("the ReLU after the second map", FFN.format(**dict(RIGHT_FFN, out="np.maximum(h @ w2 + b2, 0)")),
+     r"the ReLU after the second linear map", r"before the second linear map"),
+    ("no mask in the backward", FFN.format(**dict(RIGHT_FFN, dh="d2 @ w2.T")), r"the ReLU's mask is missing",
+     r"passes the ReLU's mask"),
+    ("dw2 from the ReLU's input", FFN.format(**dict(RIGHT_FFN, dw2="h2.T @ d2")), r"before the ReLU",
+     r"the ReLU's output, not its input"),
+]
+SPLIT = '''
+def split_heads(x, H):
+    B, T, D = x.shape
+    return {body}
+'''
+MERGE = '''
+def merge_heads(x):
+    B, H, T, Dh = x.shape
+    return {body}
+'''
+MISTAKES["split_heads"] = [
+    ("heads interleaved", SPLIT.format(body="x.reshape(B, T, D // H, H).transpose(0, 3, 1, 2)"),
+     r"the heads interleaved", r"head h takes the columns"),
+    ("no transpose", SPLIT.format(body="x.reshape(B, H, T, D // H)"), r"the positions mixed into the heads",
+     r"reshape to \(B, T, H, Dh\) first"),
+    ("transpose forgotten", SPLIT.format(body="x.reshape(B, T, H, D // H)"),
+     r"shape \(.*\), expected|without the transpose", r"transpose"),
+]
+MISTAKES["merge_heads"] = [
+    ("no transpose", MERGE.format(body="x.reshape(B, T, H * Dh)"), r"with no transpose",
+     r"before the reshape"),
+    ("heads interleaved", MERGE.format(body="x.transpose(0, 2, 3, 1).reshape(B, T, H * Dh)"),
+     r"the heads interleaved", r"heads before features"),
+    ("features before positions", MERGE.format(body="x.reshape(B, H * Dh, T).swapaxes(1, 2)"),
+     r"features and positions mixed", r"only after the transpose"),
+]

@@ -64,3 +64,72 @@ def sinusoidal_column_exponent(ex, dout):
     pe = np.cos(angle)
     pe[:, 0::2] = np.sin(angle[:, 0::2])
     return pe
+
+
+# -- feed-forward
+
+
+def _ffn(ex):
+    x, w1, b1, w2, b2 = (ex.get(n) for n in ("x", "w1", "b1", "w2", "b2"))
+    return x, w1, b1, w2, b2, x @ w1 + b1
+
+
+def ffn_no_relu(ex, dout):
+    x, w1, b1, w2, b2, h = _ffn(ex)
+    return h @ w2 + b2
+
+
+def ffn_relu_last(ex, dout):
+    x, w1, b1, w2, b2, h = _ffn(ex)
+    return np.maximum(h @ w2 + b2, 0)
+
+
+def ffn_dx_no_mask(ex, dout):
+    x, w1, b1, w2, b2, h = _ffn(ex)
+    return dout @ w2.T @ w1.T
+
+
+def ffn_dw2_before_relu(ex, dout):
+    x, w1, b1, w2, b2, h = _ffn(ex)
+    return h.reshape(-1, h.shape[-1]).T @ dout.reshape(-1, dout.shape[-1])
+
+
+# -- heads
+
+
+def _split(ex, order):
+    x, H = ex.get("x"), ex.get("H")
+    Bsz, T, D = x.shape
+    return {"interleaved": lambda: x.reshape(Bsz, T, D // H, H).transpose(0, 3, 1, 2),
+            "reshaped": lambda: x.reshape(Bsz, H, T, D // H),
+            "untransposed": lambda: x.reshape(Bsz, T, H, D // H)}[order]()
+
+
+def split_interleaved(ex, dout):
+    return _split(ex, "interleaved")
+
+
+def split_reshaped_only(ex, dout):
+    return _split(ex, "reshaped")
+
+
+def split_untransposed(ex, dout):
+    return _split(ex, "untransposed")
+
+
+def merge_reshaped_only(ex, dout):
+    x = ex.get("x")
+    Bsz, H, T, Dh = x.shape
+    return x.reshape(Bsz, T, H * Dh)
+
+
+def merge_interleaved(ex, dout):
+    x = ex.get("x")
+    Bsz, H, T, Dh = x.shape
+    return x.transpose(0, 2, 3, 1).reshape(Bsz, T, H * Dh)
+
+
+def merge_features_first(ex, dout):
+    x = ex.get("x")
+    Bsz, H, T, Dh = x.shape
+    return x.reshape(Bsz, H * Dh, T).swapaxes(1, 2)

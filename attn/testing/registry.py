@@ -190,7 +190,15 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
           where={"forward": "the order of the steps: linear, ReLU, (dropout), linear",
                  "dx": "the steps in reverse order, the ReLU's mask from its own input",
                  "dw1": "the gradient reaching the first linear map: after the ReLU's mask",
-                 "dw2": "the activation that entered the second linear map"}),
+                 "dw2": "the activation that entered the second linear map"}, mistakes=(
+        Mistake("forward", M.ffn_no_relu, "x @ w1 + b1) @ w2 + b2: the ReLU is missing",
+                "the ReLU between the two linear maps: without it the two are one linear map"),
+        Mistake("forward", M.ffn_relu_last, "relu((x @ w1 + b1) @ w2 + b2): the ReLU after the second linear map",
+                "the order of the steps: the ReLU acts on the hidden layer, before the second linear map"),
+        Mistake("dx", M.ffn_dx_no_mask, "dout @ w2.T @ w1.T: the ReLU's mask is missing in the backward",
+                "the gradient reaching the first linear map passes the ReLU's mask (h > 0) on its way back"),
+        Mistake("dw2", M.ffn_dw2_before_relu, "h.T @ dout with h = x @ w1 + b1 before the ReLU",
+                "the activation that entered the second linear map: the ReLU's output, not its input"))),
     Layer("residual_ffn", "pair", ("residual_ffn_forward", "residual_ffn_backward"), residual_ffn_examples(), None, {
         "forward": "out = layer_norm(x + FFN(x)): the sub-layer's input added to its output, then the norm",
         "dx": "z = x + FFN(x) reaches x by two paths: dx = dz + (FFN's dx of dz); without dz the skip path is gone"},
@@ -210,10 +218,25 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                  "dv": "which weights multiplied v in the forward (after dropout)"}),
     Layer("split_heads", "function", ("split_heads",), split_heads_examples(), heads_invariants,
           {"split_heads": HINT_RESHAPE},
-          where={"split_heads": "the order of reshape and transpose: which columns go to which head"}),
+          where={"split_heads": "the order of reshape and transpose: which columns go to which head"}, mistakes=(
+        Mistake("split_heads", M.split_interleaved, "x.reshape(B, T, D/H, H): the heads interleaved, head h "
+                "taking every H-th column", "head h takes the columns h*Dh .. (h+1)*Dh - 1: reshape to (B, T, H, Dh)"),
+        Mistake("split_heads", M.split_reshaped_only, "x.reshape(B, H, T, Dh) with no transpose: the positions "
+                "mixed into the heads", "reshape to (B, T, H, Dh) first, so that each position keeps its own "
+                "features, then swap the T and H axes"),
+        Mistake("split_heads", M.split_untransposed, "x.reshape(B, T, H, Dh) without the transpose to (B, H, T, Dh)",
+                "the heads' axis comes before the positions': transpose(0, 2, 1, 3) after the reshape"))),
     Layer("merge_heads", "function", ("merge_heads",), merge_heads_examples(), heads_invariants,
           {"merge_heads": "transpose (B, H, T, Dh) to (B, T, H, Dh), then reshape to (B, T, H*Dh)"},
-          where={"merge_heads": "the inverse of split_heads: transpose back before reshaping"}),
+          where={"merge_heads": "the inverse of split_heads: transpose back before reshaping"}, mistakes=(
+        Mistake("merge_heads", M.merge_reshaped_only, "x.reshape(B, T, H*Dh) with no transpose: the heads' "
+                "positions mixed", "transpose (B, H, T, Dh) to (B, T, H, Dh) before the reshape"),
+        Mistake("merge_heads", M.merge_interleaved, "the heads interleaved: each head's features spread H "
+                "columns apart", "transpose to (B, T, H, Dh), heads before features, so that head h's features "
+                "are the columns h*Dh .. (h+1)*Dh - 1"),
+        Mistake("merge_heads", M.merge_features_first, "x.reshape(B, H*Dh, T) then swapped: features and "
+                "positions mixed", "the reshape keeps each position's features together only after the "
+                "transpose to (B, T, H, Dh)"))),
     Layer("multi_head_attention", "pair", ("multi_head_attention_forward", "multi_head_attention_backward"),
           multi_head_attention_examples(), mha_invariants, {
         "forward": "project q, k, v; split_heads; attention with the mask; merge_heads; output projection. "
