@@ -294,3 +294,64 @@ MISTAKES["merge_heads"] = [
     ("features before positions", MERGE.format(body="x.reshape(B, H * Dh, T).swapaxes(1, 2)"),
      r"features and positions mixed", r"only after the transpose"),
 ]
+HEADS = '''
+from attn import backend as B
+from attn import layers as L
+
+
+def {name}_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads, {kv}mask=None):
+    xp = B.get_array_module(x_q)
+    g = n_heads // kv_heads
+    q, cq = L.linear_forward(x_q, {w_q}, {b_q})
+    k, ck = L.linear_forward(x_kv, w_k, b_k)
+    v, cv = L.linear_forward(x_kv, w_v, b_v)
+    k = {repeat}(L.split_heads(k, kv_heads), g, axis=1)
+    v = {repeat}(L.split_heads(v, kv_heads), g, axis=1)
+    o, ca = L.attention_forward(L.split_heads(q, n_heads), k, v, mask)
+    out, co = {project}
+    return out, (cq, ck, cv, ca, co, n_heads, g)
+
+
+def {name}_backward(dout, cache):
+    cq, ck, cv, ca, co, H, g = cache
+    dm, dw_o, db_o = L.linear_backward(dout, co)
+    dq, dk, dv = L.attention_backward(L.split_heads(dm, H), ca)
+    Bsz, _, Tk, Dh = dk.shape
+    dk = dk.reshape(Bsz, H // g, g, Tk, Dh).{fold}
+    dv = dv.reshape(Bsz, H // g, g, Tk, Dh).{fold}
+    dx_q, dw_q, db_q = L.linear_backward(L.merge_heads(dq), cq)
+    dx_k, dw_k, db_k = L.linear_backward(L.merge_heads(dk), ck)
+    dx_v, dw_v, db_v = L.linear_backward(L.merge_heads(dv), cv)
+    return dx_q, {dx_kv}, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o
+'''
+RIGHT_HEADS = dict(w_q="w_q", b_q="b_q", repeat="xp.repeat", project="L.linear_forward(L.merge_heads(o), w_o, b_o)",
+                   fold="sum(axis=2)", dx_kv="dx_k + dx_v")
+def mha(**changes) -> str:
+    """The grouped template as plain multi-head attention (one key/value head per query head,
+    dropout passed on), with ``changes`` made."""
+    return (HEADS.format(**dict(RIGHT_HEADS, name="multi_head_attention", kv="", **changes))
+            .replace("mask=None):", "mask=None, dropout=0.0, rng=None):").replace("v, mask)", "v, mask, dropout, rng)")
+            .replace("g = n_heads // kv_heads", "kv_heads, g = n_heads, 1"))
+
+
+SCALED = "w_q * (x_q.shape[-1] // n_heads / x_q.shape[-1]) ** 0.5"
+MISTAKES["multi_head_attention"] = [
+    ("scaled by sqrt(d_model)", mha(w_q=SCALED, b_q=SCALED.replace("w_q *", "b_q *")),
+     r"divided by sqrt\(d_model\)", r"scaled by its own width"),
+    ("no output projection", mha(project="L.merge_heads(o), o.shape").replace(
+        "dm, dw_o, db_o = L.linear_backward(dout, co)",
+        "dm, dw_o, db_o = dout, xp.zeros((dout.shape[-1],) * 2), xp.zeros(dout.shape[-1])").replace(
+        "cq, ck, cv, ca, co, H, g = cache", "cq, ck, cv, ca, co, H, g = cache\n    xp = B.get_array_module(dout)"),
+     r"without the output projection", r"then the output projection"),
+    ("dx_kv without the values", mha(dx_kv="dx_k"), r"the values' gradient is missing", r"dx_kv = dx_k \+ dx_v"),
+    ("dx_kv without the keys", mha(dx_kv="dx_v"), r"the keys' gradient is missing", r"dx_kv = dx_k \+ dx_v"),
+]
+GQA = dict(RIGHT_HEADS, name="grouped_query_attention", kv="kv_heads, ")
+MISTAKES["grouped_query_attention"] = [
+    ("heads tiled", HEADS.format(**dict(GQA, repeat="(lambda a, g, axis: xp.concatenate([a] * g, axis=axis))")),
+     r"repeated", r"do not tile the heads"),
+    ("a mean over the group", HEADS.format(**dict(GQA, fold="mean(axis=2)")), r"a mean over its group",
+     r"the sum of their gradients, not their mean"),
+    ("the group's first head alone", HEADS.format(**dict(GQA, fold="__getitem__((slice(None), slice(None), 0))")),
+     r"the first query head of its group alone", r"sum over the group"),
+]

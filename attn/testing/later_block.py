@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from .. import backend as B
 from .invariants import InvariantError, _dev, _first, _host, _out
-from .layers import MHA_PARAMS, Example, Layer, seeds
+from . import mistakes as M
+from .layers import MHA_PARAMS, Example, Layer, Mistake, seeds
 from .strategies import causal, floats, leading_shapes, normals, padding_masks
 
 np = B.host
@@ -169,6 +170,11 @@ GQA = Layer("grouped_query_attention", "pair",
             where={"forward": "which query heads read which key/value head",
                    "dw_k": "a key/value head used by several query heads gets all of their gradients",
                    "dw_v": "a key/value head used by several query heads gets all of their gradients",
-                   "dx_kv": "the gradient of a repeated head is a sum"})
+                   "dx_kv": "the gradient of a repeated head is a sum"}, mistakes=(
+        Mistake("dx_kv", M.gqa_group_mean, "each key/value head's gradient a mean over its group of query heads",
+                "a key/value head read by g query heads gets the sum of their gradients, not their mean"),
+        Mistake("dx_kv", M.gqa_group_first, "each key/value head's gradient from the first query head of its "
+                "group alone", "a key/value head read by g query heads gets the gradients of all g: sum over "
+                "the group")))
 
 LATER_BLOCK = (ROPE, SWIGLU, GQA)

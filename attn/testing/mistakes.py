@@ -133,3 +133,64 @@ def merge_features_first(ex, dout):
     x = ex.get("x")
     Bsz, H, T, Dh = x.shape
     return x.reshape(Bsz, H * Dh, T).swapaxes(1, 2)
+
+
+# -- multi-head and grouped-query attention
+
+
+def _attention_grads(ex, dout, reduce=None, **scaled):
+    """The library's forward (the query or output weights replaced by ``scaled``), and the
+    gradients of q, k, v per query head; ``reduce`` folds a group of query heads' key/value
+    gradients into their head (the sum, when right)."""
+    from .. import layers as L
+    args = {n: ex.get(n) for n in ("x_q", "x_kv") + MHA_WEIGHTS}
+    args.update(scaled)
+    H, kv = ex.get("n_heads"), dict(ex.args).get("kv_heads") or ex.get("n_heads")
+    out, c = L.multi_head_attention_forward(*args.values(), H, ex.get("mask"), kv_heads=kv)
+    if dout is None:
+        return out
+    dq, dk, dv = L.attention_backward(L.split_heads(L.linear_backward(dout, c.lin_o)[0], H), c.attn)
+    Bsz, _, S, Dh = dk.shape
+    fold = reduce or (lambda a: a.reshape(Bsz, kv, H // kv, S, Dh).sum(axis=2))
+    dx_k = L.linear_backward(L.merge_heads(fold(dk)), c.lin_k)[0]
+    dx_v = L.linear_backward(L.merge_heads(fold(dv)), c.lin_v)[0]
+    return dx_k, dx_v
+
+
+MHA_WEIGHTS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+
+
+def heads_scaled_by_d_model(ex, dout):
+    """The scores divided by sqrt(d_model), not by sqrt(Dh) of a head."""
+    c = (ex.get("x_q").shape[-1] // ex.get("n_heads") / ex.get("x_q").shape[-1]) ** 0.5
+    return _attention_grads(ex, None, w_q=ex.get("w_q") * c, b_q=ex.get("b_q") * c)
+
+
+def heads_no_output_projection(ex, dout):
+    D = ex.get("x_q").shape[-1]
+    return _attention_grads(ex, None, w_o=np.eye(D), b_o=np.zeros(D))
+
+
+def dx_kv_keys_only(ex, dout):
+    return _attention_grads(ex, dout)[0]
+
+
+def dx_kv_values_only(ex, dout):
+    return _attention_grads(ex, dout)[1]
+
+
+def _group_fold(ex, how):
+    H, kv = ex.get("n_heads"), ex.get("kv_heads")
+
+    def fold(a):
+        g = a.reshape(a.shape[0], kv, H // kv, *a.shape[2:])
+        return g.mean(axis=2) if how == "mean" else g[:, :, 0]
+    return fold
+
+
+def gqa_group_mean(ex, dout):
+    return sum(_attention_grads(ex, dout, _group_fold(ex, "mean")))
+
+
+def gqa_group_first(ex, dout):
+    return sum(_attention_grads(ex, dout, _group_fold(ex, "first")))

@@ -246,7 +246,15 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "the query projection's backward"},
           where={"forward": "split_heads: which columns of every position go to each head",
                  "dx_kv": "x_kv feeds two projections",
-                 "dx_q": "the query path, through the heads"}),
+                 "dx_q": "the query path, through the heads"}, mistakes=(
+        Mistake("forward", M.heads_scaled_by_d_model, "the scores divided by sqrt(d_model) instead of sqrt(Dh)",
+                "each head's scores are scaled by its own width: 1/sqrt(d_k) with d_k = d_model / n_heads"),
+        Mistake("forward", M.heads_no_output_projection, "the merged heads without the output projection w_o, b_o",
+                "the last step: merge_heads, then the output projection"),
+        Mistake("dx_kv", M.dx_kv_keys_only, "the keys' path alone: the values' gradient is missing",
+                "x_kv feeds both the keys and the values: dx_kv = dx_k + dx_v"),
+        Mistake("dx_kv", M.dx_kv_values_only, "the values' path alone: the keys' gradient is missing",
+                "x_kv feeds both the keys and the values: dx_kv = dx_k + dx_v"))),
     Layer("rnn_step", "pair", ("rnn_step_forward", "rnn_step_backward"), rnn_step_examples(), None, {
         "forward": "h = tanh(x @ w_x + h_prev @ w_h + b)",
         "dx": "da = dh * (1 - h**2) (tanh' from its output), then dx = da @ w_x.T",
