@@ -355,3 +355,70 @@ MISTAKES["grouped_query_attention"] = [
     ("the group's first head alone", HEADS.format(**dict(GQA, fold="__getitem__((slice(None), slice(None), 0))")),
      r"the first query head of its group alone", r"sum over the group"),
 ]
+STEP = '''
+import numpy as np
+
+
+def rnn_step_forward(x, h_prev, w_x, w_h, b):
+    a = x @ w_x + h_prev @ w_h + b
+    h = np.tanh(a)
+    return h, (x, h_prev, w_x, w_h, a, h)
+
+
+def rnn_step_backward(dh, cache):
+    x, h_prev, w_x, w_h, a, h = cache
+    da = {da}
+    return da @ w_x.T, da @ w_h.T, {dw_x}, h_prev.T @ da, da.sum(axis=0)
+'''
+MISTAKES["rnn_step"] = [
+    ("no tanh derivative", STEP.format(da="dh", dw_x="x.T @ da"), r"tanh's derivative is missing",
+     r"passes tanh on its way back"),
+    ("tanh' without the square", STEP.format(da="dh * (1 - h)", dw_x="x.T @ da"), r"without the square",
+     r"the square of the output"),
+    ("tanh' of the pre-activation", STEP.format(da="dh * (1 - a ** 2)", dw_x="x.T @ da"), r"a the pre-activation",
+     r"with the output h = tanh\(a\), not with a"),
+    ("dw_x transposed", STEP.format(da="dh * (1 - h ** 2)", dw_x="da.T @ x"), r"transposed product",
+     r"the order of the product"),
+]
+RNN = '''
+import numpy as np
+
+
+def rnn_forward(x, h0, w_x, w_h, b, mask=None):
+    B, T, _ = x.shape
+    h = np.zeros((B, w_h.shape[0])) if h0 is None else h0
+    hs = []
+    for t in range(T):
+        h_new = np.tanh(x[:, t] @ w_x + h @ w_h + b)
+        h = {step}
+        hs.append(h)
+    return np.stack(hs, axis=1), (x, h0 if h0 is not None else 0 * h, w_x, w_h, np.stack(hs, axis=1), mask)
+
+
+def rnn_backward(dhs, cache):
+    x, h0, w_x, w_h, hs, mask = cache
+    B, T, H = hs.shape
+    live = np.ones((B, T), bool) if mask is None else mask
+    dx, dw_x, dw_h, db = np.zeros_like(x), np.zeros_like(w_x), np.zeros_like(w_h), np.zeros(H)
+    g = np.zeros_like(h0)
+    for t in reversed(range(T)):
+        g = {g}
+        da = np.where(live[:, t, None], g * (1 - hs[:, t] ** 2), 0.0)
+        h_prev = h0 if t == 0 else hs[:, t - 1]
+        dx[:, t] = da @ w_x.T
+        dw_x += x[:, t].T @ da
+        dw_h += {dw_h}.T @ da
+        db += da.sum(axis=0)
+        g = np.where(live[:, t, None], da @ w_h.T, g)
+    return dx, g, dw_x, dw_h, db
+'''
+RIGHT_RNN = dict(step="h_new if mask is None else np.where(mask[:, t, None], h_new, h)", g="g + dhs[:, t]",
+                 dw_h="h_prev")
+MISTAKES["rnn"] = [
+    ("the mask ignored", RNN.format(**dict(RIGHT_RNN, step="h_new")), r"the mask is ignored|masked",
+     r"the step is skipped and the state carried"),
+    ("nothing carried back", RNN.format(**dict(RIGHT_RNN, g="dhs[:, t]")), r"nothing is carried back",
+     r"what step t\+1 sent back"),
+    ("dw_h from h_t", RNN.format(**dict(RIGHT_RNN, dw_h="hs[:, t]")), r"each step's own state",
+     r"h_\{t-1\}\.T @ da_t"),
+]

@@ -194,3 +194,58 @@ def gqa_group_mean(ex, dout):
 
 def gqa_group_first(ex, dout):
     return sum(_attention_grads(ex, dout, _group_fold(ex, "first")))
+
+
+# -- recurrent cells
+
+
+def _step(ex):
+    x, h_prev, w_x, w_h, b = (ex.get(n) for n in ("x", "h_prev", "w_x", "w_h", "b"))
+    a = x @ w_x + h_prev @ w_h + b
+    return a, np.tanh(a), w_x
+
+
+def step_no_tanh_derivative(ex, dout):
+    return dout @ _step(ex)[2].T
+
+
+def step_tanh_derivative_unsquared(ex, dout):
+    a, h, w_x = _step(ex)
+    return dout * (1 - h) @ w_x.T
+
+
+def step_tanh_derivative_of_preactivation(ex, dout):
+    a, h, w_x = _step(ex)
+    return dout * (1 - a * a) @ w_x.T
+
+
+def _sequence(ex):
+    from ..layers import rnn_forward
+    x, h0, w_x, w_h, b, mask = (ex.get(n) for n in ("x", "h0", "w_x", "w_h", "b", "mask"))
+    hs = rnn_forward(x, h0, w_x, w_h, b, mask)[0]
+    live = np.ones(hs.shape[:2], bool) if mask is None else mask
+    return x, h0, w_x, w_h, hs, live
+
+
+def rnn_no_carry(ex, dout):
+    """Each step's gradient from its own output alone: nothing carried back from step t+1."""
+    x, h0, w_x, w_h, hs, live = _sequence(ex)
+    return (dout * (1 - hs * hs) * live[..., None]) @ w_x.T
+
+
+def rnn_dw_h_of_h_t(ex, dout):
+    """dw_h from each step's own state h_t instead of the state h_{t-1} that multiplied w_h."""
+    x, h0, w_x, w_h, hs, live = _sequence(ex)
+    das = np.zeros_like(hs)
+    g = np.zeros_like(h0)
+    for t in reversed(range(hs.shape[1])):         # rnn_backward's walk, to read every da_t
+        g = g + dout[:, t]
+        da = np.where(live[:, t, None], g * (1 - hs[:, t] ** 2), 0.0)
+        das[:, t] = da
+        g = np.where(live[:, t, None], da @ w_h.T, g)
+    return hs.reshape(-1, hs.shape[-1]).T @ das.reshape(-1, hs.shape[-1])
+
+
+def rnn_mask_ignored(ex, dout):
+    from ..layers import rnn_forward
+    return rnn_forward(*(ex.get(n) for n in ("x", "h0", "w_x", "w_h", "b")), None)[0]

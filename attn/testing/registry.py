@@ -261,7 +261,13 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         "dw_x": "dw_x = x.T @ da, not da.T @ x"},
           where={"forward": "the two products and the nonlinearity",
                  "dx": "tanh's derivative, from its output",
-                 "dw_x": "the order of the product"}),
+                 "dw_x": "the order of the product"}, mistakes=(
+        Mistake("dx", M.step_no_tanh_derivative, "dh @ w_x.T: tanh's derivative is missing",
+                "the gradient passes tanh on its way back: da = dh * (1 - h**2)"),
+        Mistake("dx", M.step_tanh_derivative_unsquared, "(dh * (1 - h)) @ w_x.T: tanh's derivative without "
+                "the square", "tanh' = 1 - tanh**2 = 1 - h**2: the square of the output"),
+        Mistake("dx", M.step_tanh_derivative_of_preactivation, "(dh * (1 - a**2)) @ w_x.T with a the "
+                "pre-activation", "tanh' = 1 - tanh(a)**2 is written with the output h = tanh(a), not with a"))),
     Layer("rnn", "pair", ("rnn_forward", "rnn_backward"), rnn_examples(), rnn_invariants, {
         "forward": "h_t = tanh(x_t @ w_x + h_{t-1} @ w_h + b), and h_t = h_{t-1} where the mask is False",
         "dx": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
@@ -272,7 +278,14 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
           where={"forward": "what a masked step does to the state",
                  "dx": "the gradient reaching h_t comes from two places: its own output and the next step",
                  "dh0": "what the first step sends back to the initial state",
-                 "dw_h": "the weights are shared by every step"}),
+                 "dw_h": "the weights are shared by every step"}, mistakes=(
+        Mistake("forward", M.rnn_mask_ignored, "every step taken: the mask is ignored",
+                "where the mask is False the step is skipped and the state carried: h_t = h_{t-1}"),
+        Mistake("dx", M.rnn_no_carry, "each step's gradient from its own output alone: nothing is carried back "
+                "from step t+1", "the gradient reaching h_t comes from two places: dhs[:, t] and what step t+1 "
+                "sent back, da_{t+1} @ w_h.T"),
+        Mistake("dw_h", M.rnn_dw_h_of_h_t, "sum of h_t.T @ da_t: each step's own state instead of the one "
+                "before it", "w_h multiplied the state before the step: dw_h = sum over t of h_{t-1}.T @ da_t"))),
     Layer("cross_entropy", "loss", ("cross_entropy",), cross_entropy_examples(), cross_entropy_invariants, {
         "cross_entropy": "loss = mean over real targets of -(1-eps) log p_y - eps mean_v log p_v (log-softmax with "
                          "the row max subtracted)",
