@@ -422,3 +422,111 @@ MISTAKES["rnn"] = [
     ("dw_h from h_t", RNN.format(**dict(RIGHT_RNN, dw_h="hs[:, t]")), r"each step's own state",
      r"h_\{t-1\}\.T @ da_t"),
 ]
+CAUSAL = '''
+import numpy as np
+
+
+def causal_mask(T, xp=np):
+    return {body}
+'''
+MISTAKES["causal_mask"] = [
+    ("the diagonal excluded", CAUSAL.format(body="xp.tril(xp.ones((T, T), dtype=bool), -1)[None, None]"),
+     r"the diagonal excluded", r"a position may see itself"),
+    ("one position ahead", CAUSAL.format(body="xp.tril(xp.ones((T, T), dtype=bool), 1)[None, None]"),
+     r"sees the next one", r"not k=1"),
+    ("the upper triangle", CAUSAL.format(body="xp.triu(xp.ones((T, T), dtype=bool))[None, None]"),
+     r"sees the future", r"the lower triangle \(tril\) is the past"),
+    ("no broadcasting axes", CAUSAL.format(body="xp.tril(xp.ones((T, T), dtype=bool))"),
+     r"without the batch and head axes", r"\[None, None\] makes it \(1, 1, T, T\)"),
+]
+PADDING = '''
+def padding_mask(ids, pad_id=0):
+    return {body}
+'''
+MISTAKES["padding_mask"] = [
+    ("inverted", PADDING.format(body="(ids == pad_id)[:, None, None, :]"), r"the mask inverted", r"ids != pad_id"),
+    ("on the queries' axis", PADDING.format(body="(ids != pad_id)[:, None, :, None]"),
+     r"the padding on the queries' axis", r"the keys are the last axis"),
+    ("no broadcasting axes", PADDING.format(body="ids != pad_id"), r"has shape \(\d+, \d+\), expected \(\d+, 1, 1, \d+\)",
+     r"broadcasts over heads and queries"),
+]
+DECODER = '''
+import numpy as np
+
+
+def decoder_mask(tgt_ids, pad_id=0):
+    T = tgt_ids.shape[1]
+    future = np.tril(np.ones((T, T), dtype=bool))[None, None]
+    return {body}
+'''
+MISTAKES["decoder_mask"] = [
+    ("the padding forgotten", DECODER.format(body="future & np.ones((len(tgt_ids), 1, T, T), dtype=bool)"),
+     r"the look-ahead mask alone", r"the padding mask of tgt_ids too"),
+    ("the future forgotten", DECODER.format(body="(tgt_ids != pad_id)[:, None, None, :] & (future | True)"),
+     r"the padding mask alone", r"the look-ahead \(causal\) mask too"),
+    ("or, not and", DECODER.format(body="future | (tgt_ids != pad_id)[:, None, None, :]"),
+     r"either mask allows it", r"not \| \(or\)"),
+    ("padding on the queries", DECODER.format(body="future & (tgt_ids != pad_id)[:, None, :, None]"),
+     r"the padding applied to the queries' axis", r"the padding mask on the last axis"),
+]
+CE = '''
+import numpy as np
+
+
+def cross_entropy(logits, targets, smoothing=0.0, pad_id=0):
+    V = logits.shape[-1]
+    z = logits - logits.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    real = np.ones(targets.shape) if pad_id is None else (targets != pad_id) * 1.0
+    q = np.eye(V)[targets]
+    q = {q}
+    n = {n}
+    loss = -((q * logp).sum(axis=-1) * real).sum() / max(n, 1)
+    return np.array(loss), (np.exp(logp) - q) * real[..., None] / {dn}
+'''
+RIGHT_CE = dict(q="(1 - smoothing) * q + smoothing / V", n="real.sum()", dn="max(n, 1)")
+MISTAKES["cross_entropy"] = [
+    ("a mean over every position", CE.format(**dict(RIGHT_CE, n="targets.size")),
+     r"a mean over every position, padding included", r"divide by their number, not by every position"),
+    ("no smoothing", CE.format(**dict(RIGHT_CE, q="q")), r"without label smoothing", r"q = \(1-eps\) onehot"),
+    ("the gradient of the sum", CE.format(**dict(RIGHT_CE, dn="1")), r"the gradient of the sum",
+     r"divided by the number of real targets"),
+    ("smoothing on the padding", CE.format(**dict(RIGHT_CE)).replace(
+        "loss = -((q * logp).sum(axis=-1) * real).sum()",
+        "loss = -((1 - smoothing) * (np.eye(V)[targets] * logp).sum(axis=-1) * real + "
+        "smoothing * logp.mean(axis=-1)).sum()"),
+     r"padded targets changed the loss", r"the smoothing term as well"),
+]
+NOAM = '''
+def noam_lr(step, d_model, warmup_steps, factor=1.0):
+    return {body}
+'''
+MISTAKES["noam_lr"] = [
+    ("no d_model factor", NOAM.format(body="factor * min(step ** -0.5, step * warmup_steps ** -1.5)"),
+     r"without its factor d_model\^-0.5", r"scaled by d_model\^-0.5"),
+    ("max, not min", NOAM.format(body="factor * d_model ** -0.5 * max(step ** -0.5, step * warmup_steps ** -1.5)"),
+     r"max instead of min", r"the smaller of the two branches"),
+    ("warmup's square root", NOAM.format(body="factor * d_model ** -0.5 * min(step ** -0.5, "
+                                              "step * warmup_steps ** -0.5)"),
+     r"step \* warmup_steps\^-0.5", r"step \* warmup_steps\^-1.5"),
+]
+ADAM = '''
+def adam_step(params, grads, m, v, t, lr, beta1=0.9, beta2=0.98, eps=1e-9):
+    new_p, new_m, new_v = {{}}, {{}}, {{}}
+    for k, p in params.items():
+        g = grads[k]
+        new_m[k] = beta1 * m[k] + (1 - beta1) * g
+        new_v[k] = beta2 * v[k] + (1 - beta2) * g * g
+        m_hat = new_m[k] / ({c1})
+        v_hat = new_v[k] / ({c2})
+        new_p[k] = p - lr * m_hat / ({denominator})
+    return new_p, new_m, new_v
+'''
+RIGHT_ADAM = dict(c1="1 - beta1 ** t", c2="1 - beta2 ** t", denominator="v_hat ** 0.5 + eps")
+MISTAKES["adam"] = [
+    ("no bias correction", ADAM.format(**dict(RIGHT_ADAM, c1="1", c2="1")), r"without the bias correction",
+     r"divide m by 1 - beta1\^t and v by 1 - beta2\^t"),
+    ("v not corrected", ADAM.format(**dict(RIGHT_ADAM, c2="1")), r"m corrected and v not", r"v too"),
+    ("eps inside the root", ADAM.format(**dict(RIGHT_ADAM, denominator="(v_hat + eps) ** 0.5")),
+     r"eps inside the square root", r"after the square root"),
+]

@@ -112,7 +112,8 @@ def _same(yours, value) -> bool:
     if type(value) is dict:
         return type(yours) is dict and yours.keys() == value.keys() and all(_same(yours[k], value[k]) for k in value)
     if isinstance(value, np.ndarray):
-        if not isinstance(yours, np.ndarray) or (yours.shape != value.shape and value.size != 1):
+        if not isinstance(yours, np.ndarray) or (yours.shape != value.shape and (value.size != 1 or
+                                                                                  value.ndim > yours.ndim)):
             return False
         value = np.broadcast_to(value, yours.shape)
         if value.dtype.kind != "f" or yours.dtype.kind != "f":

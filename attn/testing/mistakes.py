@@ -249,3 +249,137 @@ def rnn_dw_h_of_h_t(ex, dout):
 def rnn_mask_ignored(ex, dout):
     from ..layers import rnn_forward
     return rnn_forward(*(ex.get(n) for n in ("x", "h0", "w_x", "w_h", "b")), None)[0]
+
+
+# -- masks
+
+
+def _tril(ex, k):
+    T = ex.get("T")
+    return np.tril(np.ones((T, T), dtype=bool), k)[None, None]
+
+
+def causal_without_diagonal(ex, dout):
+    return _tril(ex, -1)
+
+
+def causal_one_ahead(ex, dout):
+    return _tril(ex, 1)
+
+
+def causal_without_axes(ex, dout):
+    return _tril(ex, 0)[0, 0]
+
+
+def causal_upper(ex, dout):
+    T = ex.get("T")
+    return np.triu(np.ones((T, T), dtype=bool))[None, None]
+
+
+def padding_inverted(ex, dout):
+    return (ex.get("ids") == ex.get("pad_id"))[:, None, None, :]
+
+
+def padding_on_queries(ex, dout):
+    return (ex.get("ids") != ex.get("pad_id"))[:, None, :, None]
+
+
+def _decoder(ex):
+    ids = ex.get("tgt_ids")
+    T = ids.shape[1]
+    return np.tril(np.ones((T, T), dtype=bool))[None, None], ids != ex.get("pad_id")
+
+
+def decoder_causal_only(ex, dout):
+    return np.broadcast_to(_decoder(ex)[0], (ex.get("tgt_ids").shape[0], 1) + _decoder(ex)[0].shape[2:])
+
+
+def decoder_padding_only(ex, dout):
+    future, real = _decoder(ex)
+    return np.broadcast_to(real[:, None, None, :], (real.shape[0], 1) + future.shape[2:])
+
+
+def decoder_either(ex, dout):
+    future, real = _decoder(ex)
+    return future | real[:, None, None, :]
+
+
+def decoder_padding_on_queries(ex, dout):
+    future, real = _decoder(ex)
+    return future & real[:, None, :, None]
+
+
+# -- the loss, the schedule, the optimizer
+
+
+def _loss(ex, **changes):
+    from ..loss import cross_entropy
+    args = {n: ex.get(n) for n in ("logits", "targets", "smoothing", "pad_id")}
+    args.update(changes)
+    return cross_entropy(*args.values())
+
+
+def _real(ex):
+    t, pad = ex.get("targets"), ex.get("pad_id")
+    return t.size if pad is None else int((t != pad).sum())
+
+
+def loss_over_every_token(ex, dout):
+    """The mean over every position, padding included, instead of over the real targets."""
+    return _loss(ex)[1] * _real(ex) / ex.get("targets").size
+
+
+def loss_value_over_every_token(ex, dout):
+    return float(_loss(ex)[0]) * _real(ex) / ex.get("targets").size
+
+
+def loss_without_smoothing(ex, dout):
+    return _loss(ex, smoothing=0.0)[1]
+
+
+def loss_value_without_smoothing(ex, dout):
+    return float(_loss(ex, smoothing=0.0)[0])
+
+
+def loss_gradient_of_the_sum(ex, dout):
+    return _loss(ex)[1] * _real(ex)
+
+
+def _noam(ex, step_exponent=-0.5, warmup_exponent=-1.5, d_model=True, pick=min):
+    step, warm = ex.get("step"), ex.get("warmup_steps")
+    return (ex.get("factor") * (ex.get("d_model") ** -0.5 if d_model else 1.0)
+            * pick(step ** step_exponent, step * warm ** warmup_exponent))
+
+
+def noam_without_d_model(ex, dout):
+    return _noam(ex, d_model=False)
+
+
+def noam_max(ex, dout):
+    return _noam(ex, pick=max)
+
+
+def noam_warmup_square_root(ex, dout):
+    return _noam(ex, warmup_exponent=-0.5)
+
+
+def _adam_first_step(ex, correct1, correct2, eps_inside=False):
+    b1, b2, eps, lr = ex.get("beta1"), ex.get("beta2"), ex.get("eps"), ex.get("lrs")[0]
+    out = {}
+    for k, p in ex.get("params").items():
+        g = ex.get("grads")[0][k]
+        m, v = (1 - b1) * g / correct1(b1), (1 - b2) * g * g / correct2(b2)
+        out[k] = p - lr * m / (np.sqrt(v + eps) if eps_inside else np.sqrt(v) + eps)
+    return out
+
+
+def adam_no_bias_correction(ex, dout):
+    return _adam_first_step(ex, lambda b: 1.0, lambda b: 1.0)
+
+
+def adam_eps_inside(ex, dout):
+    return _adam_first_step(ex, lambda b: 1 - b, lambda b: 1 - b, eps_inside=True)
+
+
+def adam_v_uncorrected(ex, dout):
+    return _adam_first_step(ex, lambda b: 1 - b, lambda b: 1.0)

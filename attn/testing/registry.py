@@ -291,13 +291,38 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                          "the row max subtracted)",
         "dlogits": "dlogits = (softmax(logits) - q) / n_real, q = (1-eps) onehot + eps/V, zero rows at padding"},
           where={"cross_entropy": "the smoothing term, padded targets, and what the mean is over",
-                 "dlogits": "the gradient of the smoothed loss, and what it is divided by"}, library="attn.loss"),
+                 "dlogits": "the gradient of the smoothed loss, and what it is divided by"}, library="attn.loss",
+          mistakes=(
+        Mistake("dlogits", M.loss_over_every_token, "the gradient of a mean over every position, padding "
+                "included", "the mean is over the real targets: divide by their number, not by every position"),
+        Mistake("cross_entropy", M.loss_value_over_every_token, "a mean over every position, padding included",
+                "the mean is over the real targets: divide by their number, not by every position"),
+        Mistake("dlogits", M.loss_without_smoothing, "the gradient without label smoothing",
+                "the target distribution q = (1-eps) onehot + eps/V: the smoothing moves eps of the target's "
+                "probability to every word"),
+        Mistake("cross_entropy", M.loss_value_without_smoothing, "the loss without label smoothing",
+                "the smoothed loss: -(1-eps) log p_y - eps mean_v log p_v"),
+        Mistake("dlogits", M.loss_gradient_of_the_sum, "the gradient of the sum over the targets, not of their "
+                "mean", "the loss is a mean: its gradient is divided by the number of real targets"))),
     Layer("causal_mask", "function", ("causal_mask",), causal_mask_examples(), causal_invariants, {
         "causal_mask": "query i sees keys 0..i, itself included: tril with the diagonal, shape (1, 1, T, T)"},
-          where={"causal_mask": "the diagonal: may a position see itself?"}, library="attn.masks"),
+          where={"causal_mask": "the diagonal: may a position see itself?"}, library="attn.masks", mistakes=(
+        Mistake("causal_mask", M.causal_without_diagonal, "tril(ones, -1): the diagonal excluded",
+                "a position may see itself: tril with the diagonal (k=0)"),
+        Mistake("causal_mask", M.causal_one_ahead, "tril(ones, 1): each position sees the next one too",
+                "query i sees keys 0..i and no later one: tril with k=0, not k=1"),
+        Mistake("causal_mask", M.causal_upper, "triu: each position sees the future and not the past",
+                "the lower triangle (tril) is the past: query i, row i, sees the keys up to column i"),
+        Mistake("causal_mask", M.causal_without_axes, "(T, T), without the batch and head axes",
+                "the mask broadcasts over the batch and the heads: [None, None] makes it (1, 1, T, T)"))),
     Layer("padding_mask", "function", ("padding_mask",), padding_mask_examples(), None, {
         "padding_mask": "(ids != pad_id)[:, None, None, :], shape (B, 1, 1, S)"},
-          where={"padding_mask": "the shape that broadcasts over heads and queries"}, library="attn.masks"),
+          where={"padding_mask": "the shape that broadcasts over heads and queries"}, library="attn.masks",
+          mistakes=(
+        Mistake("padding_mask", M.padding_inverted, "(ids == pad_id): True at the padding, the mask inverted",
+                "True marks what may be attended to: the real tokens, ids != pad_id"),
+        Mistake("padding_mask", M.padding_on_queries, "(B, 1, S, 1): the padding on the queries' axis",
+                "a padded key must be hidden from every query: the keys are the last axis, [:, None, None, :]"))),
     Layer("luong_attention", "pair", ("luong_attention_forward", "luong_attention_backward"), luong_examples(),
           luong_invariants, {
               "forward": "out = tanh([a @ e ; s] @ w_c + b_c), a = softmax(s @ e^T) with the source mask",
@@ -307,7 +332,15 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
            "ds": "every place s is used", "de": "every place e is used", "dw_c": "the concatenation it multiplied"}, library="attn.grader.solutions"),
     Layer("decoder_mask", "function", ("decoder_mask",), decoder_mask_examples(), None, {
         "decoder_mask": "causal_mask(T) & padding_mask(tgt_ids): (B, 1, T, T)"},
-        {"decoder_mask": "both masks at once: the future and the padded keys"}, library="attn.masks"),
+        {"decoder_mask": "both masks at once: the future and the padded keys"}, library="attn.masks", mistakes=(
+        Mistake("decoder_mask", M.decoder_causal_only, "the look-ahead mask alone: padded keys visible",
+                "both masks at once: the padding mask of tgt_ids too"),
+        Mistake("decoder_mask", M.decoder_padding_only, "the padding mask alone: the future visible",
+                "both masks at once: the look-ahead (causal) mask too"),
+        Mistake("decoder_mask", M.decoder_either, "causal | padding: a key visible if either mask allows it",
+                "a key is visible where both masks allow it: & (and), not | (or)"),
+        Mistake("decoder_mask", M.decoder_padding_on_queries, "the padding applied to the queries' axis",
+                "the padded keys are hidden: the padding mask on the last axis, [:, None, None, :]"))),
     Layer("encoder_layer", "pair", ("encoder_layer_forward", "encoder_layer_backward"), encoder_layer_examples(),
           None, {"forward": "h = LayerNorm1(x + SelfAttn(x, x, mask)); out = LayerNorm2(h + FFN(h))",
                  "dx": "each Add & Norm: dz from the norm, then dz + (sub-layer backward of dz)"},
@@ -329,11 +362,24 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         explain=explain_tied_embedding, library="attn.grader.solutions"),
     Layer("noam_lr", "function", ("noam_lr",), noam_examples(), None, {
         "noam_lr": "factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)"},
-        {"noam_lr": "the two branches of the min, and the 1-based step"}, library="attn.optim"),
+        {"noam_lr": "the two branches of the min, and the 1-based step"}, library="attn.optim", mistakes=(
+        Mistake("noam_lr", M.noam_without_d_model, "the schedule without its factor d_model^-0.5",
+                "the rate is scaled by d_model^-0.5 as well as by factor"),
+        Mistake("noam_lr", M.noam_max, "the larger of the two branches: max instead of min",
+                "the rate rises linearly during warmup, then decays: the smaller of the two branches, min"),
+        Mistake("noam_lr", M.noam_warmup_square_root, "step * warmup_steps^-0.5 during warmup",
+                "the warmup branch is step * warmup_steps^-1.5: it meets step^-0.5 at step = warmup_steps"))),
     Layer("adam", "steps", ("adam_step",), adam_examples(), None, {
         "adam_step": "m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) "
                      "+ eps)"},
-        {"adam_step": "the bias correction of both moments, and where eps goes"}, library="attn.grader.solutions"),
+        {"adam_step": "the bias correction of both moments, and where eps goes"}, library="attn.grader.solutions",
+        mistakes=(
+        Mistake("adam_step", M.adam_no_bias_correction, "a step without the bias correction of either moment",
+                "the moments start at zero: divide m by 1 - beta1^t and v by 1 - beta2^t"),
+        Mistake("adam_step", M.adam_v_uncorrected, "a step with m corrected and v not",
+                "the bias correction of both moments: v too, by 1 - beta2^t"),
+        Mistake("adam_step", M.adam_eps_inside, "a step with eps inside the square root",
+                "eps is added after the square root: sqrt(v_hat) + eps"))),
     Layer("greedy_decode", "function", ("greedy_decode",), decoding_examples(False), None, {
         "greedy_decode": "encode, then from BOS: the most probable token at every step (PAD and BOS never), until "
                          "EOS or max_len; the score sums the chosen tokens' log-probabilities, EOS included"},
