@@ -530,3 +530,96 @@ MISTAKES["adam"] = [
     ("eps inside the root", ADAM.format(**dict(RIGHT_ADAM, denominator="(v_hat + eps) ** 0.5")),
      r"eps inside the square root", r"after the square root"),
 ]
+RMS = '''
+def rmsnorm_forward(x, gamma, eps=1e-6):
+    {forward}
+    return gamma * xhat, (xhat, rrms, gamma)
+
+
+def rmsnorm_backward(dout, cache):
+    xhat, rrms, gamma = cache
+    g = dout * gamma
+    dx = {dx}
+    D = xhat.shape[-1]
+    return dx, (dout * xhat).reshape(-1, D).sum(axis=0)
+'''
+RIGHT_RMS = dict(forward="rrms = 1.0 / ((x * x).mean(axis=-1, keepdims=True) + eps) ** 0.5\n    xhat = x * rrms",
+                 dx="rrms * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))")
+MISTAKES["rmsnorm"] = [
+    ("the mean subtracted", RMS.format(**dict(RIGHT_RMS, forward="c = x - x.mean(axis=-1, keepdims=True)\n    rrms = "
+                                                          "1.0 / ((c * c).mean(axis=-1, keepdims=True) + eps) ** 0.5\n"
+                                                          "    xhat = c * rrms")),
+     r"the mean subtracted", r"no mean subtracted"),
+    ("eps outside the root", RMS.format(**dict(RIGHT_RMS, forward="rrms = 1.0 / (((x * x).mean(axis=-1, keepdims="
+                                                           "True)) ** 0.5 + eps)\n    xhat = x * rrms")),
+     r"eps outside the square root", r"eps goes inside the square root"),
+    ("the rms term forgotten", RMS.format(**dict(RIGHT_RMS, dx="rrms * g")),
+     r"the root mean square's own term is missing", r"depends on every x of the row"),
+]
+ROPE = '''
+from attn import backend as B
+
+
+def rope_forward(x, positions=None, base=10000.0):
+    np, xp = B.host, B.get_array_module(x)
+    T, Dh = x.shape[-2:]
+    pos = np.arange(T) if positions is None else B.to_host(positions)
+    angle = pos[:, None] * base ** (-np.arange(0, {stop}, {step}) / Dh)
+    cos, sin = xp.asarray(np.cos(angle).astype(x.dtype)), xp.asarray(np.sin(angle).astype(x.dtype))
+    {turn}
+    return out, (cos, sin)
+
+
+def rope_backward(dout, cache):
+    cos, sin = cache
+    xp = B.get_array_module(dout)
+    h = dout.shape[-1] // 2
+    a, b = dout[..., :h], dout[..., h:]
+    return xp.concatenate([{back}], axis=-1)
+'''
+HALVES = ("a, b = x[..., :Dh // 2], x[..., Dh // 2:]\n"
+          "    out = xp.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)")
+RIGHT_ROPE = dict(stop="Dh", step="2", turn=HALVES, back="a * cos + b * sin, -a * sin + b * cos")
+MISTAKES["rope"] = [
+    ("neighbours paired", ROPE.format(**dict(RIGHT_ROPE, turn="a, b = x[..., 0::2], x[..., 1::2]\n"
+                                                             "    out = xp.empty_like(x)\n"
+                                                             "    out[..., 0::2] = a * cos - b * sin\n"
+                                                             "    out[..., 1::2] = a * sin + b * cos")),
+     r"neighbours \(2i, 2i\+1\)", r"feature i with feature i \+ Dh/2"),
+    ("the exponent without its 2", ROPE.format(**dict(RIGHT_ROPE, stop="Dh // 2", step="1")),
+     r"the exponent without its 2", r"theta_i = base\^\(-2i/Dh\)"),
+    ("turned the same way back", ROPE.format(**dict(RIGHT_ROPE, back="a * cos - b * sin, a * sin + b * cos")),
+     r"turned the same way as the forward", r"sin negated"),
+]
+SWIGLU = '''
+from attn import backend as B
+
+
+def swiglu_forward(x, w, v, w2):
+    xp = B.get_array_module(x)
+    a, b = x @ w, x @ v
+    s = 1 / (1 + xp.exp(-a))
+    h = {h}
+    return h @ w2, (x, w, v, w2, a, b, s, h)
+
+
+def swiglu_backward(dout, cache):
+    x, w, v, w2, a, b, s, h = cache
+    D, F = w.shape
+    dh = dout @ w2.T
+    da = dh * b * {dsilu}
+    db = dh * a * s
+    x2, da2, db2 = x.reshape(-1, D), da.reshape(-1, F), db.reshape(-1, F)
+    dw2 = h.reshape(-1, F).T @ dout.reshape(-1, D)
+    return {dx}, x2.T @ da2, x2.T @ db2, dw2
+'''
+RIGHT_SWIGLU = dict(h="a * s * b", dsilu="s * (1 + a * (1 - s))", dx="da @ w.T + db @ v.T")
+MISTAKES["swiglu"] = [
+    ("SiLU on the values", SWIGLU.format(**dict(RIGHT_SWIGLU, h="a * b / (1 + xp.exp(-b))")),
+     r"SiLU on the value path", r"the gate goes through SiLU"),
+    ("a sigmoid gate", SWIGLU.format(**dict(RIGHT_SWIGLU, h="s * b")), r"a sigmoid gate", r"not sigmoid\(a\)"),
+    ("SiLU's derivative the sigmoid", SWIGLU.format(**dict(RIGHT_SWIGLU, dsilu="s")),
+     r"SiLU's derivative taken as sigmoid", r"the product rule"),
+    ("dx without the value path", SWIGLU.format(**dict(RIGHT_SWIGLU, dx="da @ w.T")),
+     r"the value path's gradient is missing", r"dx = da @ w.T \+ db @ v.T"),
+]

@@ -383,3 +383,86 @@ def adam_eps_inside(ex, dout):
 
 def adam_v_uncorrected(ex, dout):
     return _adam_first_step(ex, lambda b: 1 - b, lambda b: 1.0)
+
+
+# -- the later block: RMSNorm, rotary positions, SwiGLU
+
+
+def _rms(ex):
+    x = ex.get("x")
+    rrms = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + ex.get("eps"))
+    return x, rrms, ex.get("gamma")
+
+
+def rmsnorm_dx_direct_only(ex, dout):
+    x, rrms, gamma = _rms(ex)
+    return rrms * dout * gamma
+
+
+def rmsnorm_mean_subtracted(ex, dout):
+    from ..layers import layer_norm_forward
+    return layer_norm_forward(ex.get("x"), ex.get("gamma"), np.zeros_like(ex.get("gamma")), ex.get("eps"))[0]
+
+
+def rmsnorm_eps_outside(ex, dout):
+    x, _, gamma = _rms(ex)
+    return gamma * x / (np.sqrt((x * x).mean(axis=-1, keepdims=True)) + ex.get("eps"))
+
+
+def _turn(x, cos, sin):
+    h = x.shape[-1] // 2
+    return np.concatenate([x[..., :h] * cos - x[..., h:] * sin, x[..., :h] * sin + x[..., h:] * cos], axis=-1)
+
+
+def _rope_angles(ex, exponent_step=2):
+    x, positions = ex.get("x"), ex.get("positions")
+    T, Dh = x.shape[-2:]
+    pos = np.arange(T) if positions is None else positions
+    angle = pos[:, None] * ex.get("base") ** (-np.arange(0, exponent_step * (Dh // 2), exponent_step) / Dh)
+    return np.cos(angle), np.sin(angle)
+
+
+def rope_backward_same_way(ex, dout):
+    return _turn(dout, *_rope_angles(ex))
+
+
+def rope_neighbours(ex, dout):
+    """Pairs of neighbours (2i, 2i+1) turned, with the half split's angles."""
+    x = ex.get("x")
+    cos, sin = _rope_angles(ex)
+    out = np.empty_like(x)
+    out[..., 0::2] = x[..., 0::2] * cos - x[..., 1::2] * sin
+    out[..., 1::2] = x[..., 0::2] * sin + x[..., 1::2] * cos
+    return out
+
+
+def rope_exponent_without_two(ex, dout):
+    return _turn(ex.get("x"), *_rope_angles(ex, exponent_step=1))
+
+
+def _swiglu(ex):
+    x, w, v, w2 = (ex.get(n) for n in ("x", "w", "v", "w2"))
+    a, b = x @ w, x @ v
+    return x, w, v, w2, a, b, 1 / (1 + np.exp(-a))
+
+
+def swiglu_gate_derivative_sigmoid(ex, dout):
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    dh = dout @ w2.T
+    return (dh * b * s) @ w.T + (dh * a * s) @ v.T
+
+
+def swiglu_dx_gate_only(ex, dout):
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    dh = dout @ w2.T
+    return (dh * b * s * (1 + a * (1 - s))) @ w.T
+
+
+def swiglu_silu_on_values(ex, dout):
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    return (a * b / (1 + np.exp(-b))) @ w2
+
+
+def swiglu_sigmoid_gate(ex, dout):
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    return (s * b) @ w2

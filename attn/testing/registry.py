@@ -102,7 +102,13 @@ RMSNORM = Layer("rmsnorm", "pair", ("rmsnorm_forward", "rmsnorm_backward"), rmsn
                  "dgamma": "dgamma = sum(dout * xhat) over every row (every axis but the last)"},
                 where={"forward": "the mean square (over which axis?) and where eps goes",
                        "dx": "the root mean square depends on every x of the row: one term besides the direct one",
-                       "dgamma": "which axes dgamma is summed over, and what multiplies dout"})
+                       "dgamma": "which axes dgamma is summed over, and what multiplies dout"}, mistakes=(
+        Mistake("forward", M.rmsnorm_mean_subtracted, "layer norm: the mean subtracted",
+                "RMSNorm divides by the root mean square of x itself: no mean subtracted, no beta"),
+        Mistake("forward", M.rmsnorm_eps_outside, "x / (sqrt(mean(x**2)) + eps): eps outside the square root",
+                "eps goes inside the square root: x / sqrt(mean(x**2) + eps)"),
+        Mistake("dx", M.rmsnorm_dx_direct_only, "rrms * g alone: the root mean square's own term is missing",
+                "the root mean square depends on every x of the row: dx = rrms * (g - xhat * mean(g * xhat))")))
 
 
 LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
