@@ -10,10 +10,10 @@ import re
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
 
 import attn.backend as B
-import numpy as np
 from attn.grader import cli
 from attn.grader.grading import grade
 from attn.grader.reports import report

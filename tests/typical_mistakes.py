@@ -3,6 +3,10 @@
 must say)]. ``tests/test_hints.py`` grades each and requires at least three per exercised layer."""
 from __future__ import annotations
 
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
 NORM = '''
 def {name}(dout, cache):
     xhat, rstd, gamma = cache
@@ -622,4 +626,69 @@ MISTAKES["swiglu"] = [
      r"SiLU's derivative taken as sigmoid", r"the product rule"),
     ("dx without the value path", SWIGLU.format(**dict(RIGHT_SWIGLU, dx="da @ w.T")),
      r"the value path's gradient is missing", r"dx = da @ w.T \+ db @ v.T"),
+]
+LUONG = '''
+from attn import backend as B
+from attn import layers as L
+
+
+def luong_attention_forward(s, e, w_c, b_c, src_mask):
+    xp = B.get_array_module(s)
+    a, c_soft = L.softmax_forward(s @ e.transpose(0, 2, 1), src_mask[:, None, :])
+    ctx = a @ e
+    z, c_lin = L.linear_forward(xp.concatenate([{cat}], axis=-1), w_c, b_c)
+    out = xp.tanh(z)
+    return out, (s, e, a, c_soft, c_lin, out)
+
+
+def luong_attention_backward(dout, cache):
+    s, e, a, c_soft, c_lin, out = cache
+    H = s.shape[-1]
+    dcat, dw_c, db_c = L.linear_backward(dout * (1 - out * out), c_lin)
+    dctx, ds = dcat[..., :H], dcat[..., H:]
+    de = a.transpose(0, 2, 1) @ dctx
+    dscores = L.softmax_backward(dctx @ e.transpose(0, 2, 1), c_soft)
+    return {ds}, {de}, dw_c, db_c
+'''
+RIGHT_LUONG = dict(cat="ctx, s", ds="ds + dscores @ e", de="de + dscores.transpose(0, 2, 1) @ s")
+MISTAKES["luong_attention"] = [
+    ("the state first", LUONG.format(**dict(RIGHT_LUONG, cat="s, ctx")), r"the state first",
+     r"\[context ; state\], the context first"),
+    ("ds without the scores", LUONG.format(**dict(RIGHT_LUONG, ds="ds")), r"the scores' path is missing",
+     r"s is used twice"),
+    ("de without the scores", LUONG.format(**dict(RIGHT_LUONG, de="de")), r"the scores' path is missing",
+     r"e is used twice"),
+]
+WHOLE = (ROOT / "tests" / "answers" / "the_whole_model.py").read_text(encoding="utf-8")
+
+
+def whole(old: str, new: str) -> str:
+    """The whole model's answer with one line changed."""
+    assert WHOLE.count(old) == 1, old
+    return WHOLE.replace(old, new)
+
+
+MISTAKES["encoder_layer"] = [
+    ("no residual", whole('n_heads, mask)\n    h, c1 = _add_norm(x, a,', 'n_heads, mask)\n    h, c1 = _add_norm(0 * x, a,'),
+     r"the residual x is not added", r"the input is added to the attention's output"),
+    ("pre-norm", whole('''    a, ca = L.multi_head_attention_forward(x, x, *(p["self_attn." + k] for k in ATT), n_heads, mask)
+    h, c1 = _add_norm(x, a, p, "norm1", eps)
+    f, cf = L.feed_forward_forward(h, *(p["ffn." + k] for k in FFN))
+    out, c2 = _add_norm(h, f, p, "norm2", eps)''', '''    n, c1 = L.layer_norm_forward(x, p["norm1.gamma"], p["norm1.beta"], eps)
+    a, ca = L.multi_head_attention_forward(n, n, *(p["self_attn." + k] for k in ATT), n_heads, mask)
+    h = x + a
+    n, c2 = L.layer_norm_forward(h, p["norm2.gamma"], p["norm2.beta"], eps)
+    f, cf = L.feed_forward_forward(n, *(p["ffn." + k] for k in FFN))
+    out = h + f'''), r"pre-norm", r"normalises after the addition"),
+    ("dx without the skip path", whole("    return dz + dq + dkv, g\n\n\ndef decoder_layer_forward",
+                                       "    return dq + dkv, g\n\n\ndef decoder_layer_forward"),
+     r"the first residual's path is missing", r"dz passes straight back too"),
+]
+MISTAKES["decoder_layer"] = [
+    ("cross-attention on itself", whole("L.multi_head_attention_forward(h, memory,", "L.multi_head_attention_forward(h, h,"),
+     r"not from memory", r"from the encoder's output, memory"),
+    ("no source mask", whole("n_heads, src_mask)\n    h2, c2", "n_heads, None)\n    h2, c2"),
+     r"without src_mask", r"src_mask hides the padded source words"),
+    ("no look-ahead mask", whole("n_heads, tgt_mask)", "n_heads, None)"), r"without tgt_mask",
+     r"takes tgt_mask, the look-ahead mask"),
 ]

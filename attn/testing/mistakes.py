@@ -466,3 +466,101 @@ def swiglu_silu_on_values(ex, dout):
 def swiglu_sigmoid_gate(ex, dout):
     x, w, v, w2, a, b, s = _swiglu(ex)
     return (s * b) @ w2
+
+
+# -- Luong's attention, the encoder and decoder layers
+
+
+def _luong(ex, dout):
+    from .. import layers as L
+    s, e, w_c, b_c, mask = (ex.get(n) for n in ("s", "e", "w_c", "b_c", "src_mask"))
+    a, c_soft = L.softmax_forward(s @ e.transpose(0, 2, 1), None if mask is None else mask[:, None, :])
+    H = s.shape[-1]
+    out = np.tanh(np.concatenate([a @ e, s], axis=-1) @ w_c + b_c)
+    dcat = (dout * (1 - out * out)) @ w_c.T
+    dctx = dcat[..., :H]
+    dscores = L.softmax_backward(dctx @ e.transpose(0, 2, 1), c_soft)
+    return a, dcat, dctx, dscores
+
+
+def luong_state_first(ex, dout):
+    s, e, w_c, b_c, mask = (ex.get(n) for n in ("s", "e", "w_c", "b_c", "src_mask"))
+    a = _luong(ex, np.zeros(s.shape))[0]
+    return np.tanh(np.concatenate([s, a @ e], axis=-1) @ w_c + b_c)
+
+
+def luong_ds_concatenation_only(ex, dout):
+    return _luong(ex, dout)[1][..., ex.get("s").shape[-1]:]
+
+
+def luong_de_context_only(ex, dout):
+    a, dcat, dctx, dscores = _luong(ex, dout)
+    return a.transpose(0, 2, 1) @ dctx
+
+
+ATT = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+FFN = ("w1", "b1", "w2", "b2")
+
+
+class _Block:
+    """A layer's sub-layers on an example's parameters, each returning (out, cache)."""
+
+    def __init__(self, ex):
+        from .. import layers as L
+        self.L, self.p, self.H, self.eps = L, ex.get("params"), ex.get("n_heads"), ex.get("eps")
+
+    def attend(self, name, q, kv, mask):
+        return self.L.multi_head_attention_forward(q, kv, *(self.p[f"{name}.{k}"] for k in ATT), self.H, mask)
+
+    def ffn(self, h):
+        return self.L.feed_forward_forward(h, *(self.p["ffn." + k] for k in FFN))
+
+    def norm(self, z, name):
+        return self.L.layer_norm_forward(z, self.p[name + ".gamma"], self.p[name + ".beta"], self.eps)
+
+
+def encoder_no_residual(ex, dout):
+    b, x, mask = _Block(ex), ex.get("x"), ex.get("mask")
+    h = b.norm(b.attend("self_attn", x, x, mask)[0], "norm1")[0]
+    return b.norm(h + b.ffn(h)[0], "norm2")[0]
+
+
+def encoder_pre_norm(ex, dout):
+    b, x, mask = _Block(ex), ex.get("x"), ex.get("mask")
+    n = b.norm(x, "norm1")[0]
+    h = x + b.attend("self_attn", n, n, mask)[0]
+    return h + b.ffn(b.norm(h, "norm2")[0])[0]
+
+
+def encoder_dx_without_skip(ex, dout):
+    """dx of the first Add & Norm without its skip path: the attention's dx_q + dx_kv alone."""
+    b, x, mask = _Block(ex), ex.get("x"), ex.get("mask")
+    a, ca = b.attend("self_attn", x, x, mask)
+    h, c1 = b.norm(x + a, "norm1")
+    f, cf = b.ffn(h)
+    _, c2 = b.norm(h + f, "norm2")
+    dz = b.L.layer_norm_backward(dout, c2)[0]
+    dz = b.L.layer_norm_backward(dz + b.L.feed_forward_backward(dz, cf)[0], c1)[0]
+    dq, dkv = b.L.multi_head_attention_backward(dz, ca)[:2]
+    return dq + dkv
+
+
+def _decoder_layer(ex, cross_from_x=False, cross_mask=True):
+    b, x, memory = _Block(ex), ex.get("x"), ex.get("memory")
+    h = b.norm(x + b.attend("self_attn", x, x, ex.get("tgt_mask"))[0], "norm1")[0]
+    kv = h if cross_from_x else memory
+    h2 = b.norm(h + b.attend("cross_attn", h, kv, ex.get("src_mask") if cross_mask else None)[0], "norm2")[0]
+    return b.norm(h2 + b.ffn(h2)[0], "norm3")[0]
+
+
+def decoder_cross_from_itself(ex, dout):
+    return _decoder_layer(ex, cross_from_x=True)
+
+
+def decoder_cross_unmasked(ex, dout):
+    return _decoder_layer(ex, cross_mask=False)
+
+
+def decoder_self_unmasked(ex, dout):
+    args = tuple((n, None if n == "tgt_mask" else v) for n, v in ex.args)
+    return _decoder_layer(ex._replace(args=args))

@@ -335,7 +335,14 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
               "ds": "s is used twice (the query of the scores, and half of the concatenation): ds is the sum of both",
               "de": "e is used twice (the keys of the scores, and the values of the context): de is the sum"},
           {"forward": "the scores (which product), the mask, and the order of [context ; state]",
-           "ds": "every place s is used", "de": "every place e is used", "dw_c": "the concatenation it multiplied"}, library="attn.grader.solutions"),
+           "ds": "every place s is used", "de": "every place e is used", "dw_c": "the concatenation it multiplied"},
+          library="attn.grader.solutions", mistakes=(
+        Mistake("forward", M.luong_state_first, "tanh([s ; context] @ w_c + b_c): the state first",
+                "the order of the concatenation: [context ; state], the context first"),
+        Mistake("ds", M.luong_ds_concatenation_only, "the concatenation's half alone: the scores' path is missing",
+                "s is used twice, as the query of the scores and as half of the concatenation: ds is the sum"),
+        Mistake("de", M.luong_de_context_only, "the context's path alone: the scores' path is missing",
+                "e is used twice, as the keys of the scores and as the values of the context: de is the sum"))),
     Layer("decoder_mask", "function", ("decoder_mask",), decoder_mask_examples(), None, {
         "decoder_mask": "causal_mask(T) & padding_mask(tgt_ids): (B, 1, T, T)"},
         {"decoder_mask": "both masks at once: the future and the padded keys"}, library="attn.masks", mistakes=(
@@ -351,13 +358,30 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
           None, {"forward": "h = LayerNorm1(x + SelfAttn(x, x, mask)); out = LayerNorm2(h + FFN(h))",
                  "dx": "each Add & Norm: dz from the norm, then dz + (sub-layer backward of dz)"},
           {"forward": "the residual additions and the order of the two sub-layers",
-           "dx": "each sub-layer's input reaches its output by two paths: the residual and the sub-layer"}, library="attn.grader.solutions"),
+           "dx": "each sub-layer's input reaches its output by two paths: the residual and the sub-layer"},
+          library="attn.grader.solutions", mistakes=(
+        Mistake("forward", M.encoder_no_residual, "LayerNorm1(SelfAttn(x)): the residual x is not added",
+                "each sub-layer is LayerNorm(x + sublayer(x)): the input is added to the attention's output"),
+        Mistake("forward", M.encoder_pre_norm, "x + SelfAttn(LayerNorm(x)): the norm before the sub-layer "
+                "(pre-norm)", "the paper's layer normalises after the addition: LayerNorm(x + sublayer(x))"),
+        Mistake("dx", M.encoder_dx_without_skip, "the attention's dx_q + dx_kv alone: the first residual's path "
+                "is missing", "x reaches the first Add & Norm by two paths: dz passes straight back too, "
+                "dx = dz + dx_q + dx_kv"))),
     Layer("decoder_layer", "pair", ("decoder_layer_forward", "decoder_layer_backward"), decoder_layer_examples(),
           None, {"forward": "masked self-attention, cross-attention (queries from x, keys and values from memory, "
                             "src_mask), FFN, each as LayerNorm(x + sublayer(x))",
                  "dmemory": "memory gives the cross-attention its keys and its values: dmemory = dx_kv"},
           {"forward": "which mask each attention uses, and where the queries, keys and values come from",
-           "dx": "the three residual paths", "dmemory": "the cross-attention's keys and values"}, library="attn.grader.solutions"),
+           "dx": "the three residual paths", "dmemory": "the cross-attention's keys and values"},
+          library="attn.grader.solutions", mistakes=(
+        Mistake("forward", M.decoder_cross_from_itself, "cross-attention whose keys and values come from the "
+                "decoder, not from memory", "the cross-attention's queries come from the decoder, its keys and "
+                "values from the encoder's output, memory"),
+        Mistake("forward", M.decoder_cross_unmasked, "cross-attention without src_mask: padded source words "
+                "attended to", "which mask each attention uses: src_mask hides the padded source words from "
+                "the cross-attention"),
+        Mistake("forward", M.decoder_self_unmasked, "self-attention without tgt_mask: each word sees the future",
+                "the decoder's self-attention takes tgt_mask, the look-ahead mask"))),
     Layer("transformer", "pair", ("transformer_forward", "transformer_backward"), transformer_examples(), None, {
         "forward": "logits = decoder(embed(tgt_in), encoder(embed(src))) @ E^T with E = embedding.weight, the "
                    "embeddings scaled by sqrt(d_model) plus the sinusoids",
