@@ -692,3 +692,14 @@ MISTAKES["decoder_layer"] = [
     ("no look-ahead mask", whole("n_heads, tgt_mask)", "n_heads, None)"), r"without tgt_mask",
      r"takes tgt_mask, the look-ahead mask"),
 ]
+MISTAKES["transformer"] = [
+    ("no output projection path", whole('g = {"embedding.weight": dlogits.reshape(-1, E.shape[0]).T @ y.reshape(-1, D)}',
+                                        'g = {"embedding.weight": 0 * E}'),
+     r"without the path through the output projection", r"sends dlogits\^T @ h to dE"),
+    ("no target embedding path", whole("g[\"embedding.weight\"] = g[\"embedding.weight\"] + L.embedding_backward(dy, ct[0])",
+                                       "pass"),
+     r"without the path through the target embedding", r"the decoder's input is tgt_in embedded"),
+    ("no source embedding path", whole("g[\"embedding.weight\"] = g[\"embedding.weight\"] + L.embedding_backward(dx, cs[0])",
+                                       "pass"),
+     r"without the path through the source embedding", r"the encoder's input is src embedded"),
+]

@@ -295,8 +295,9 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
                 try:
                     _compare("backward", f"gradient {label}", g, rg, GRADIENT_TOL, *_hints(layer, key)[::-1])
                 except Failure as f:
-                    if layer.explain is not None:
-                        f.symptom = layer.explain(label, g, rg, ex, dout_host) or f.symptom
+                    said = layer.explain(label, g, rg, ex, dout_host) if layer.explain is not None else None
+                    if said:
+                        f.symptom, f.look = said
                     diagnose(f, layer, key, B.to_host(g), B.to_host(rg), ex, dout_host)
                     raise
         _run_invariants(layer, {fname: _Wrapped(fwd, fname), bname: _Wrapped(bwd, bname)}, ex)

@@ -102,8 +102,9 @@ class Layer(NamedTuple):
         for a ``"function"`` whose result is not one array (a list of merges, decoded
         tokens): ``(yours, the library's, example) -> None``, raising InvariantError.
     explain
-        ``(label, yours, expected, example, dout) -> str``: what a wrong gradient looks
-        like, beyond what any layer's could (which path of a shared weight is missing).
+        ``(label, yours, expected, example, dout) -> (symptom, look) or None``: what a
+        wrong gradient looks like and where to look, beyond what any layer's could (which
+        path of a shared weight is missing).
     library
         the module that holds the library's own functions under these names.
     mistakes
