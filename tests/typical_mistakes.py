@@ -703,3 +703,28 @@ MISTAKES["transformer"] = [
                                        "pass"),
      r"without the path through the source embedding", r"the encoder's input is src embedded"),
 ]
+AVERAGE = '''
+def average_checkpoints(checkpoints):
+    return {{k: ({body}).astype(v.dtype) for k, v in checkpoints[0].items()}}
+'''
+MISTAKES["average_checkpoints"] = [
+    ("the sum", AVERAGE.format(body="sum(c[k].astype('float64') for c in checkpoints)"),
+     r"the sum of the checkpoints, not their mean", r"divide the sum by the number of checkpoints"),
+    ("the last one", AVERAGE.format(body="checkpoints[-1][k]"), r"the last checkpoint alone",
+     r"every checkpoint enters the mean"),
+    ("over the parameters", AVERAGE.format(body="sum(c[k].astype('float64') for c in checkpoints) / "
+                                                "len(checkpoints[0])"),
+     r"the sum divided by the number of parameters", r"not by the number of keys"),
+    ("float64 kept", AVERAGE.format(body="sum(c[k].astype('float64') for c in checkpoints) / len(checkpoints)")
+     .replace(").astype(v.dtype)", ")"), r"dtype float64, expected .*float32", r"shape and dtype"),
+]
+BPE = (ROOT / "tests" / "answers" / "bpe.py").read_text(encoding="utf-8")
+MISTAKES["bpe"] = [
+    ("pairs counted once per word", BPE.replace("counts.get(pair, 0) + n", "counts.get(pair, 0) + 1"),
+     r"counted once per word", r"add the word's count, not 1"),
+    ("ties to the first found", BPE.replace("min(counts, key=lambda pair: (-counts[pair], pair))",
+                                            "max(counts, key=counts.get)"),
+     r"ties going to the pair counted first", r"the alphabetically first pair"),
+    ("merging pairs seen once", BPE.replace("        if counts[best] < 2:\n            break\n", ""),
+     r"pairs that occur once", r"fewer than twice"),
+]

@@ -564,3 +564,65 @@ def decoder_cross_unmasked(ex, dout):
 def decoder_self_unmasked(ex, dout):
     args = tuple((n, None if n == "tgt_mask" else v) for n, v in ex.args)
     return _decoder_layer(ex._replace(args=args))
+
+
+# -- averaging, byte-pair merges
+
+
+def average_sum(ex, dout):
+    cks = ex.get("checkpoints")
+    return {k: sum(c[k].astype(np.float64) for c in cks).astype(v.dtype) for k, v in cks[0].items()}
+
+
+def average_last(ex, dout):
+    return dict(ex.get("checkpoints")[-1])
+
+
+def average_over_parameters(ex, dout):
+    """Each checkpoint's sum divided by the number of parameters, not of checkpoints."""
+    cks = ex.get("checkpoints")
+    return {k: (sum(c[k].astype(np.float64) for c in cks) / len(cks[0])).astype(v.dtype) for k, v in cks[0].items()}
+
+
+def _learn_merges(ex, weighted=True, first_found=False, least=2):
+    """lessons/exercises/bpe.py's algorithm, with one of its rules changed."""
+    from ..bpe import merge_symbols, symbols_of
+    words = [(symbols_of(w), n if weighted else 1) for w, n in ex.get("token_counts").items()]
+    merges = []
+    while len(merges) < ex.get("num_merges"):
+        counts: dict = {}
+        for symbols, n in words:
+            for pair in zip(symbols, symbols[1:]):
+                counts[pair] = counts.get(pair, 0) + n
+        if not counts:
+            break
+        best = (max(counts, key=counts.get) if first_found else min(counts, key=lambda p: (-counts[p], p)))
+        if counts[best] < least:
+            break
+        merges.append(best)
+        words = [(_merged(symbols, best, merge_symbols), n) for symbols, n in words]
+    return merges
+
+
+def _merged(symbols, pair, merge_symbols):
+    out, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
+            out.append(merge_symbols(*pair))
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
+def bpe_unweighted(ex, dout):
+    return _learn_merges(ex, weighted=False)
+
+
+def bpe_first_found(ex, dout):
+    return _learn_merges(ex, first_found=True)
+
+
+def bpe_merges_singletons(ex, dout):
+    return _learn_merges(ex, least=1)

@@ -423,12 +423,24 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
     Layer("average_checkpoints", "function", ("average_checkpoints",), average_examples(), None, {
         "average_checkpoints": "mean over the checkpoints of each parameter, summed in float64, cast back"},
         {"average_checkpoints": "the precision of the sum and the dtype of the result"},
-        compare=compare_arrays_by_name, library="attn.grader.solutions"),
+        compare=compare_arrays_by_name, library="attn.grader.solutions", mistakes=(
+        Mistake("average_checkpoints", M.average_sum, "the sum of the checkpoints, not their mean",
+                "divide the sum by the number of checkpoints"),
+        Mistake("average_checkpoints", M.average_last, "the last checkpoint alone", "every checkpoint enters the "
+                "mean: sum them all, then divide by their number"),
+        Mistake("average_checkpoints", M.average_over_parameters, "the sum divided by the number of parameters",
+                "the mean is over the checkpoints: divide by len(checkpoints), not by the number of keys"))),
     Layer("bpe", "function", ("learn_merges",), bpe_examples(), None, {
         "learn_merges": "count adjacent pairs over all words, times each word's count; merge the most frequent "
                         "(ties: the alphabetically first pair) everywhere; repeat"},
         {"learn_merges": "the tie-break, the counts weighted by word frequency, and when to stop"},
-        compare=compare_merges, library="attn.grader.solutions"),
+        compare=compare_merges, library="attn.grader.solutions", mistakes=(
+        Mistake("learn_merges", M.bpe_unweighted, "the merges of pairs counted once per word",
+                "a pair in a word seen n times occurs n times: add the word's count, not 1"),
+        Mistake("learn_merges", M.bpe_first_found, "the merges with ties going to the pair counted first",
+                "ties go to the alphabetically first pair: min over (-count, pair), not the first found"),
+        Mistake("learn_merges", M.bpe_merges_singletons, "the merges going on with pairs that occur once",
+                "stop when the most frequent pair occurs fewer than twice: a merge must save something"))),
     RMSNORM,
     *LATER_BLOCK,
 ]}
