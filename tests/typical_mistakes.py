@@ -728,3 +728,24 @@ MISTAKES["bpe"] = [
     ("merging pairs seen once", BPE.replace("        if counts[best] < 2:\n            break\n", ""),
      r"pairs that occur once", r"fewer than twice"),
 ]
+GREEDY = (ROOT / "tests" / "answers" / "decoding.py").read_text(encoding="utf-8")
+MISTAKES["greedy_decode"] = [
+    ("PAD and BOS allowed", GREEDY.replace("            logp[PAD] = logp[BOS] = -float(\"inf\")\n", ""),
+     r"PAD and BOS allowed", r"PAD and BOS are never generated"),
+    ("EOS left out of the score", GREEDY.replace('''            score += float(logp[tok])
+            if tok == EOS:
+                break''', '''            if tok == EOS:
+                break
+            score += float(logp[tok])'''), r"leaves out EOS's log-probability", r"EOS included"),
+    ("no stop at EOS", GREEDY.replace("            if tok == EOS:\n                break\n", ""),
+     r"goes on after EOS", r"a sentence ends at EOS"),
+]
+BEAM = (ROOT / "tests" / "mutants" / "beam_search_stops_at_first_finished.py").read_text(encoding="utf-8")
+RIGHT_BEAM = BEAM.replace("STOP_AT_FIRST_FINISHED = True", "STOP_AT_FIRST_FINISHED = False")
+MISTAKES["beam_search"] = [
+    ("stops at the first finished", BEAM, r"stops at the first finished", r"could still beat it"),
+    ("no length penalty", RIGHT_BEAM.replace("return ((5.0 + length) / 6.0) ** alpha", "return 1.0"),
+     r"without the length penalty", r"logP / \(\(5 \+ len\) / 6\)\^alpha"),
+    ("PAD and BOS allowed", RIGHT_BEAM.replace("        logp[:, PAD] = logp[:, BOS] = -np.inf\n", ""),
+     r"PAD and BOS allowed", r"PAD and BOS are never generated"),
+]

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from .. import backend as B
 from ..gradcheck import rel_error
-from ..testing import Example, Layer
+from ..testing import Built, Example, Layer
 from .library import library_function
 from .results import Failure
 
@@ -111,6 +111,9 @@ def _same(yours, value) -> bool:
         yours, value = B.to_host(yours), B.to_host(value)
     if type(value) is dict:
         return type(yours) is dict and yours.keys() == value.keys() and all(_same(yours[k], value[k]) for k in value)
+    if type(value) in (list, tuple):
+        return (type(yours) in (list, tuple) and len(yours) == len(value)
+                and all(_same(a, b) for a, b in zip(yours, value)))
     if isinstance(value, np.ndarray):
         if not isinstance(yours, np.ndarray) or (yours.shape != value.shape and (value.size != 1 or
                                                                                   value.ndim > yours.ndim)):
@@ -122,7 +125,7 @@ def _same(yours, value) -> bool:
             return bool(np.array_equal(yours, value))
         return rel_error(yours, value) < 1e-7
     if isinstance(value, float):
-        return isinstance(yours, (int, float, np.number)) and abs(yours - value) <= 1e-9 * abs(value)
+        return isinstance(yours, (int, float, np.number)) and abs(yours - value) <= 1e-9 * (1 + abs(value))
     try:
         return bool(yours == value)
     except Exception:                   # a comparison the types do not support: not this mistake
@@ -133,6 +136,9 @@ def mistakes_made(layer: Layer, result: str, yours, ex: Example, dout=None) -> l
     """The typical mistakes of ``layer``'s registration whose ``result`` (``"forward"``, a
     gradient's key, a function's name) equals ``yours`` on ``ex``."""
     made = []
+    if any(isinstance(v, Built) for _, v in ex.args):           # the example's model, made here
+        ex = ex._replace(args=tuple((n, library_function(v.function)(*v.args) if isinstance(v, Built) else v)
+                                    for n, v in ex.args))
     for m in layer.mistakes:
         if m.result != result:
             continue

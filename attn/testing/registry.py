@@ -23,6 +23,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
                         encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
                         noam_examples, transformer_examples)
 from .invariants import InvariantError, _dev, _first, _host, _out
+from . import decoding_mistakes as D
 from . import mistakes as M
 from .later_block import LATER_BLOCK
 from .layers import (HINT_RESHAPE, Example, Layer, Mistake, attention_examples, attention_invariants, causal_invariants,
@@ -413,13 +414,28 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
     Layer("greedy_decode", "function", ("greedy_decode",), decoding_examples(False), None, {
         "greedy_decode": "encode, then from BOS: the most probable token at every step (PAD and BOS never), until "
                          "EOS or max_len; the score sums the chosen tokens' log-probabilities, EOS included"},
-        {"greedy_decode": "the stopping rule, and the tokens banned from generation"}, compare=compare_decoded, library="attn.grader.solutions"),
+        {"greedy_decode": "the stopping rule, and the tokens banned from generation"}, compare=compare_decoded,
+        library="attn.grader.solutions", mistakes=(
+        Mistake("greedy_decode", D.greedy_pad_bos_allowed, "the decoding with PAD and BOS allowed as outputs",
+                "PAD and BOS are never generated: set their log-probabilities to -inf before the argmax"),
+        Mistake("greedy_decode", D.greedy_eos_unscored, "the decoding whose score leaves out EOS's log-probability",
+                "the score sums the chosen tokens' log-probabilities, EOS included"),
+        Mistake("greedy_decode", D.greedy_no_stop, "the decoding that goes on after EOS",
+                "a sentence ends at EOS: stop there, EOS itself not in the tokens"))),
     Layer("beam_search", "function", ("beam_search",), decoding_examples(True), None, {
         "beam_search": "keep the K best unfinished beams by summed log-probability; a beam that ends in EOS is "
                        "finished with score logP / ((5 + len) / 6)^alpha; stop when no live beam can beat the "
                        "best finished one (or at max_len)"},
         {"beam_search": "when a sentence's search may stop: a finished hypothesis is not the end while a live "
-                        "beam could still beat it"}, compare=compare_decoded, library="attn.grader.solutions"),
+                        "beam could still beat it"}, compare=compare_decoded, library="attn.grader.solutions",
+        mistakes=(
+        Mistake("beam_search", D.beam_stops_at_first_finished, "the search that stops at the first finished "
+                "hypothesis", "a finished hypothesis is not the end while a live beam could still beat it: stop "
+                "when the best live score, penalised at max_len, cannot"),
+        Mistake("beam_search", D.beam_without_length_penalty, "the search without the length penalty",
+                "a finished hypothesis scores logP / ((5 + len) / 6)^alpha"),
+        Mistake("beam_search", D.beam_pad_bos_allowed, "the search with PAD and BOS allowed as outputs",
+                "PAD and BOS are never generated: their log-probabilities -inf before choosing"))),
     Layer("average_checkpoints", "function", ("average_checkpoints",), average_examples(), None, {
         "average_checkpoints": "mean over the checkpoints of each parameter, summed in float64, cast back"},
         {"average_checkpoints": "the precision of the sum and the dtype of the result"},
