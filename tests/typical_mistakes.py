@@ -332,9 +332,8 @@ RIGHT_HEADS = dict(w_q="w_q", b_q="b_q", repeat="xp.repeat", project="L.linear_f
                    fold="sum(axis=2)", dx_kv="dx_k + dx_v")
 def mha(**changes) -> str:
     """The grouped template as plain multi-head attention (one key/value head per query head,
-    dropout passed on), with ``changes`` made."""
+    no dropout yet, as lesson 06's starter), with ``changes`` made."""
     return (HEADS.format(**dict(RIGHT_HEADS, name="multi_head_attention", kv="", **changes))
-            .replace("mask=None):", "mask=None, dropout=0.0, rng=None):").replace("v, mask)", "v, mask, dropout, rng)")
             .replace("g = n_heads // kv_heads", "kv_heads, g = n_heads, 1"))
 
 
@@ -375,7 +374,7 @@ def rnn_step_backward(dh, cache):
     return da @ w_x.T, da @ w_h.T, {dw_x}, h_prev.T @ da, da.sum(axis=0)
 '''
 MISTAKES["rnn_step"] = [
-    ("no tanh derivative", STEP.format(da="dh", dw_x="x.T @ da"), r"tanh's derivative is missing",
+    ("no tanh derivative", STEP.format(da="dh", dw_x="x.T @ da"), r"without tanh's derivative",
      r"passes tanh on its way back"),
     ("tanh' without the square", STEP.format(da="dh * (1 - h)", dw_x="x.T @ da"), r"without the square",
      r"the square of the output"),
@@ -492,7 +491,8 @@ RIGHT_CE = dict(q="(1 - smoothing) * q + smoothing / V", n="real.sum()", dn="max
 MISTAKES["cross_entropy"] = [
     ("a mean over every position", CE.format(**dict(RIGHT_CE, n="targets.size")),
      r"a mean over every position, padding included", r"divide by their number, not by every position"),
-    ("no smoothing", CE.format(**dict(RIGHT_CE, q="q")), r"without label smoothing", r"q = \(1-eps\) onehot"),
+    ("no smoothing", CE.format(**dict(RIGHT_CE, q="q")), r"without label smoothing",
+     r"the smoothed loss|the smoothing moves eps"),
     ("the gradient of the sum", CE.format(**dict(RIGHT_CE, dn="1")), r"the gradient of the sum",
      r"divided by the number of real targets"),
     ("smoothing on the padding", CE.format(**dict(RIGHT_CE)).replace(

@@ -140,10 +140,11 @@ def mistakes_made(layer: Layer, result: str, yours, ex: Example, dout=None) -> l
         ex = ex._replace(args=tuple((n, library_function(v.function)(*v.args) if isinstance(v, Built) else v)
                                     for n, v in ex.args))
     for m in layer.mistakes:
-        if m.result != result:
+        several = isinstance(m.result, tuple)
+        if result not in (m.result if several else (m.result,)):
             continue
         try:
-            value = m.wrong(ex, dout)
+            value = m.wrong(ex, dout)[result] if several else m.wrong(ex, dout)
         except Exception:               # a mistake this example cannot show (a shape it does not fit)
             continue
         if _same(yours, value):

@@ -25,6 +25,10 @@ np = B.host
 #: The final profile (``--seed``): lengths and widths up to this many times the defaults.
 FINAL_SCALE = 3
 
+#: The phases of a layer's search: the last shrinks a failing example to the smallest that fails
+#: (tests/test_hints.py leaves it out where the example's size is not what it checks).
+PHASES = (Phase.explicit, Phase.generate, Phase.shrink)
+
 # ----------------------------------------------------------------------------- grading a layer
 
 
@@ -63,7 +67,7 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
     # examples for every file and every version of the grader.
     @settings(max_examples=examples, database=None, deadline=None,
               suppress_health_check=list(HealthCheck), report_multiple_bugs=False, verbosity=Verbosity.quiet,
-              phases=(Phase.explicit, Phase.generate, Phase.shrink))
+              phases=PHASES)
     @seed(EXAMPLE_SEED if seed_ is None else seed_)
     @given(layer.examples)
     def run(ex):

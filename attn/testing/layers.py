@@ -129,10 +129,11 @@ class Mistake(NamedTuple):
 
     result
         which result it is in: ``"forward"``, a gradient's key (``"dx"``, ``"dw"``) or a
-        function's name.
+        function's name; or a tuple of them, for a mistake that every one of them shows.
     wrong
         ``(example, dout) -> that result with the mistake made``, computed on the example's
-        host arrays (``dout``: the upstream gradient of a backward, None otherwise).
+        host arrays (``dout``: the upstream gradient of a backward, None otherwise); for a
+        tuple of results, a dict of them.
     looks
         what yours then is (hint 1, after "yours is").
     look

@@ -199,24 +199,27 @@ def gqa_group_first(ex, dout):
 # -- recurrent cells
 
 
-def _step(ex):
+STEP_GRADIENTS = ("dx", "dh_prev", "dw_x", "dw_h", "db")
+
+
+def _step(ex, dout, derivative):
+    """Every gradient of an RNN step whose tanh derivative is ``derivative(a, h)``."""
     x, h_prev, w_x, w_h, b = (ex.get(n) for n in ("x", "h_prev", "w_x", "w_h", "b"))
     a = x @ w_x + h_prev @ w_h + b
-    return a, np.tanh(a), w_x
+    da = dout * derivative(a, np.tanh(a))
+    return dict(zip(STEP_GRADIENTS, (da @ w_x.T, da @ w_h.T, x.T @ da, h_prev.T @ da, da.sum(axis=0))))
 
 
 def step_no_tanh_derivative(ex, dout):
-    return dout @ _step(ex)[2].T
+    return _step(ex, dout, lambda a, h: 1.0)
 
 
 def step_tanh_derivative_unsquared(ex, dout):
-    a, h, w_x = _step(ex)
-    return dout * (1 - h) @ w_x.T
+    return _step(ex, dout, lambda a, h: 1 - h)
 
 
 def step_tanh_derivative_of_preactivation(ex, dout):
-    a, h, w_x = _step(ex)
-    return dout * (1 - a * a) @ w_x.T
+    return _step(ex, dout, lambda a, h: 1 - a * a)
 
 
 def _sequence(ex):
