@@ -22,6 +22,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
                         compare_merges, decoder_layer_examples, decoder_mask_examples, decoding_examples,
                         encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
                         noam_examples, transformer_examples)
+from .flash_attention import FLASH_ATTENTION
 from .invariants import InvariantError, _dev, _first, _host, _out
 from . import decoding_mistakes as D
 from . import mistakes as M
@@ -459,6 +460,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "stop when the most frequent pair occurs fewer than twice: a merge must save something"))),
     RMSNORM,
     *LATER_BLOCK,
+    FLASH_ATTENTION,
 ]}
 
 
@@ -494,6 +496,7 @@ EXERCISES = {m.name: m for m in (
     Manifest("swiglu", ("swiglu_forward", "swiglu_backward")),
     Manifest("grouped_query_attention", ("grouped_query_attention_forward", "grouped_query_attention_backward"),
              ("attn.layers",)),
+    Manifest("flash_attention", ("flash_attention_forward", "flash_attention_backward")),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
                                  "decoder_layer_backward", "transformer_forward", "transformer_backward"),
