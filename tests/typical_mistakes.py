@@ -749,3 +749,27 @@ MISTAKES["beam_search"] = [
     ("PAD and BOS allowed", RIGHT_BEAM.replace("        logp[:, PAD] = logp[:, BOS] = -np.inf\n", ""),
      r"PAD and BOS allowed", r"PAD and BOS are never generated"),
 ]
+FLASH = (ROOT / "tests" / "answers" / "flash_attention.py").read_text(encoding="utf-8")
+
+
+def flash(old: str, new: str) -> str:
+    """The FlashAttention answer with one line changed."""
+    assert FLASH.count(old) == 1, old
+    return FLASH.replace(old, new)
+
+
+MISTAKES["flash_attention"] = [
+    ("no rescale", flash("            l = l * xp.exp(m - ref) + p.sum(axis=-1, keepdims=True)\n"
+                         "            acc = acc * xp.exp(m - ref) + p @ v[..., j0:j1, :]",
+                         "            l = l + p.sum(axis=-1, keepdims=True)\n"
+                         "            acc = acc + p @ v[..., j0:j1, :]"),
+     r"tiles of \d+ queries and \d+ keys give an output that differs", r"exp\(m_old - m_new\)"),
+    ("causal skip by the first query", flash("if not causal or j0 <= i1 - 1 + Tk - Tq]", "if not causal or j0 <= i0 + Tk - Tq]"),
+     r"a tile a query may see was skipped", r"j0 > i1 - 1 \+ Tk - Tq"),
+    ("no scale in the backward", flash("            ds = ds * q.dtype.type(1 / math.sqrt(q.shape[-1]))\n", ""),
+     r"the factor 1/sqrt\(d_k\) of the scores is missing", r"1/sqrt\(d_k\), applies to their gradient"),
+    ("D of each tile", flash("            ds = p * (dout[..., i0:i1, :] @ v[..., j0:j1, :].swapaxes(-1, -2) - D[..., i0:i1, :])",
+                             "            dp = dout[..., i0:i1, :] @ v[..., j0:j1, :].swapaxes(-1, -2)\n"
+                             "            ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))"),
+     r"D = rowsum\(p \* dp\) of each key tile", r"D = rowsum\(dout \* out\) of the whole row"),
+]

@@ -74,14 +74,17 @@ def _terms(layer: str, label: str, ex: Example, dout) -> list:
 
 
 def _scales(layer: str, label: str, ex: Example) -> dict:
-    """Named factors: ``name -> (factor, whether the right gradient has it)``. Yours, the
-    expected divided by a factor it has, lacks it; times it, has it twice; times one it has
-    not, has it in excess."""
-    if layer == "attention" and label in ("dq", "dk"):
-        return {"1/sqrt(d_k) of the scores": (1.0 / math.sqrt(ex.get("q").shape[-1]), True)}
+    """Named factors: ``name -> (factor, whether the right gradient has it, where to look)``.
+    Yours, the expected divided by a factor it has, lacks it; times it, has it twice; times
+    one it has not, has it in excess."""
+    if layer in ("attention", "flash_attention") and label in ("dq", "dk"):
+        return {"1/sqrt(d_k) of the scores": (1.0 / math.sqrt(ex.get("q").shape[-1]), True,
+                                              "the scale of the scores, 1/sqrt(d_k), applies to their gradient: "
+                                              "ds is multiplied by it too")}
     if layer == "linear" and label in ("dw", "db"):
         n = ex.get("x").size // ex.get("x").shape[-1]
-        return {f"1/{n}, one over the number of rows: a mean over the rows instead of their sum": (1.0 / n, False)}
+        return {f"1/{n}, one over the number of rows: a mean over the rows instead of their sum": (1.0 / n, False,
+                                                                                                  "")}
     return {}
 
 
@@ -188,9 +191,12 @@ def diagnose(f: Failure, layer: Layer, key: str, g, w, ex: Example, dout) -> Non
     ww = float((w * w).sum())
     ratio = float((g * w).sum()) / ww if ww > 0 else 0.0
     if ww > 0 and rel_error(g, ratio * w) < 1e-7:
-        for name, (s, has) in _scales(layer.name, label, ex).items():
+        for name, (s, has, look) in _scales(layer.name, label, ex).items():
             if has and abs(ratio * s - 1) < 1e-6:
                 f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is missing"
             elif abs(ratio - s) < 1e-6:
                 f.symptom = f"yours is {ratio:.6g} times the expected: " + (
                     f"the factor {name} is applied twice" if has else f"the factor {name}")
+            else:
+                continue
+            f.look = look or f.look

@@ -629,3 +629,26 @@ def bpe_first_found(ex, dout):
 
 def bpe_merges_singletons(ex, dout):
     return _learn_merges(ex, least=1)
+
+
+# -- FlashAttention
+
+
+def flash_tile_d(ex, dout):
+    """The backward with D = rowsum(p * dp) of each key tile instead of rowsum(dout * out) of the
+    whole row: dq and dk."""
+    from ..layers import flash_attention_forward
+    from ..layers.flash_attention import _keep, _scores, _tiles, key_tiles
+    q, k, v, mask, q_tile, k_tile, causal = (ex.get(n) for n in ("q", "k", "v", "mask", "q_tile", "k_tile", "causal"))
+    _, cache = flash_attention_forward(q, k, v, mask, q_tile, k_tile, causal)
+    Tq, Tk, scale, lse = q.shape[-2], k.shape[-2], cache.scale, cache.lse
+    dq, dk = np.zeros_like(q), np.zeros_like(k)
+    for i0, i1 in _tiles(Tq, q_tile):
+        for j0, j1 in key_tiles(i0, i1, Tk, k_tile, causal, Tk - Tq):
+            s = _scores(q[..., i0:i1, :], k[..., j0:j1, :], scale, _keep(np, mask, causal, Tk - Tq, i0, i1, j0, j1))
+            p = np.exp(s - lse[..., i0:i1, None])
+            dp = dout[..., i0:i1, :] @ v[..., j0:j1, :].swapaxes(-1, -2)
+            ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * scale
+            dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]
+            dk[..., j0:j1, :] += ds.swapaxes(-1, -2) @ q[..., i0:i1, :]
+    return {"dq": dq, "dk": dk}

@@ -272,10 +272,11 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                  "dw_x": "the order of the product"}, mistakes=(
         Mistake(M.STEP_GRADIENTS, M.step_no_tanh_derivative, "the gradient without tanh's derivative: da = dh",
                 "the gradient passes tanh on its way back: da = dh * (1 - h**2)"),
-        Mistake(M.STEP_GRADIENTS, M.step_tanh_derivative_unsquared, "the gradient of da = dh * (1 - h): tanh's derivative "
-                "without the square", "tanh' = 1 - tanh**2 = 1 - h**2: the square of the output"),
-        Mistake(M.STEP_GRADIENTS, M.step_tanh_derivative_of_preactivation, "the gradient of da = dh * (1 - a**2), with a the "
-                "pre-activation", "tanh' = 1 - tanh(a)**2 is written with the output h = tanh(a), not with a"))),
+        Mistake(M.STEP_GRADIENTS, M.step_tanh_derivative_unsquared, "the gradient of da = dh * (1 - h): tanh's "
+                "derivative without the square", "tanh' = 1 - tanh**2 = 1 - h**2: the square of the output"),
+        Mistake(M.STEP_GRADIENTS, M.step_tanh_derivative_of_preactivation, "the gradient of da = dh * (1 - a**2), "
+                "with a the pre-activation", "tanh' = 1 - tanh(a)**2 is written with the output h = tanh(a), not "
+                "with a"))),
     Layer("rnn", "pair", ("rnn_forward", "rnn_backward"), rnn_examples(), rnn_invariants, {
         "forward": "h_t = tanh(x_t @ w_x + h_{t-1} @ w_h + b), and h_t = h_{t-1} where the mask is False",
         "dx": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
