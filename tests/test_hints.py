@@ -1,8 +1,9 @@
 """Hints that find the mistake: for every layer an exercise asks for, a set of typical mistakes
 (``tests/typical_mistakes.py``), each written as a learner would, and each must get a report
 whose "looks like" (hint 1) and "look at" (hint 2) point at its own mistake, not at a
-neighbour's. The mistakes are graded in this process (the sandbox has tests of its own): a
-fraction of a second each."""
+neighbour's. The mistakes are graded in this process (the sandbox has tests of its own), most
+without shrinking the failing example (``SHRUNK``): a fraction of a second each, a few seconds
+for attention's."""
 from __future__ import annotations
 
 import contextlib

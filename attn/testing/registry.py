@@ -8,8 +8,11 @@ The tests (``tests/test_registry.py``), the grader (:mod:`attn.grader`) and the 
 page (``book/api/layers.md``) read :data:`LAYERS` and :data:`EXERCISES`; nothing adds to them
 later. Adding a layer: its module in :mod:`attn.layers` (and its names in the package's
 ``__init__``), its :class:`Layer` here (with its examples and invariants, where no other layer
-shares them, as RMSNorm's below), a :class:`Manifest` if it has a starter of its own, the
-starter in ``lessons/exercises/``, its answer in ``tests/answers/`` and a lesson that names it.
+shares them, as RMSNorm's below, and the typical mistakes the grader should name, each a
+:class:`Mistake` whose wrong result :mod:`attn.testing.mistakes` computes), a :class:`Manifest`
+if it has a starter of its own, the starter in ``lessons/exercises/``, its answer in
+``tests/answers/``, three or more typical mistakes written as a learner would in
+``tests/typical_mistakes.py`` (``tests/test_hints.py`` grades them) and a lesson that names it.
 """
 from __future__ import annotations
 
