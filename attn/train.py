@@ -53,6 +53,7 @@ from .training.config import TrainConfig, TrainConfigError, build_parser
 from .training.evaluation import evaluate_and_save, test_and_report
 from .training.prepare import prepare
 
+
 def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0, loss_fn=cross_entropy, dp=None):
     """One optimizer step on one batch (sections 5.3, 5.4).
 

@@ -173,7 +173,6 @@ def split_by_source(pairs, seed: int, name: str = "corpus"):
     return train, [pairs[i] for i in held[0]], [pairs[i] for i in held[1]]
 
 
-
 def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | None = None) -> Vocab:
     """One vocabulary for both languages, so the three embedding matrices can be shared (section 3.4).
 
@@ -190,7 +189,6 @@ def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | 
             raise TrainConfigError(f"vocab_size (--vocab-size): {e}") from None
     return Vocab.build([tokenize(s) for s, _ in train_pairs] + [tokenize(t) for _, t in train_pairs],
                        min_freq=min_freq, max_size=size)
-
 
 
 # --------------------------------------------------------------------------- model and optimizer
@@ -300,4 +298,3 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
                                  schedule_factor(config, model_config), config.precision, config.cooldown)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
-
