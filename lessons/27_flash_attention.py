@@ -307,5 +307,6 @@ print(f"Check passed: the tiled attention equals the paper's to {max(forward_err
 # It is graded on the examples that prove the library's: tile sizes that do not divide the
 # lengths, padding, the causal flag, queries that may see no key, and scores large enough to
 # overflow without the running maximum. Its invariants are this lesson's: the tiles change
-# nothing, and `causal=True` is the look-ahead mask given as a mask. `attn-check --hint 2` says
-# where to look, `--hint 3` gives the formula.
+# nothing, `causal=True` is the look-ahead mask given as a mask, and a cache made of tuples,
+# lists or dicts holds no array with a number for every query and key. `attn-check --hint 2`
+# says where to look, `--hint 3` gives the formula.

@@ -40,6 +40,9 @@ CAUGHT_AS = {
     # FlashAttention (lesson 27).
     "flash_attention_no_rescale": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: tiles of \d+ "
                                    r"queries and \d+ keys give an output that differs from one tile", LIB),
+    "flash_attention_keeps_the_weights": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: the "
+                                          r"forward's cache holds an array of shape \(.*\), one number for every "
+                                          r"query and key", ()),
     "flash_attention_wrong_d": ("flash_attention", "flash_attention_backward", r"gradient d[qk] differs", LIB),
     "flash_attention_causal_off_by_one": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: with "
                                           r"causal=True and tiles of \d+ queries and \d+ keys the output differs",

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from .. import backend as B
 from .invariants import InvariantError, _dev, _host, _out
-from .layers import Example, Layer, seeds
+from . import mistakes as M
+from .layers import Example, Layer, Mistake, seeds
 from .strategies import leading_shapes, normals, padding_masks
 
 np = B.host
@@ -35,10 +36,23 @@ def _differs(a, b) -> float:
     return float(np.abs(a - b).max(initial=0.0)) if a.shape == b.shape else float("inf")
 
 
+def _weights_kept(cache, shape: tuple, depth: int = 0) -> bool:
+    """Whether a cache made of tuples, lists and dicts holds a float array of ``shape``: the
+    weights or the scores of every query and key. (A cache that stayed in the grader's child
+    process, an object of the learner's own class, cannot be looked into.)"""
+    if depth > 4:
+        return False
+    if isinstance(cache, (tuple, list, dict)):
+        return any(_weights_kept(x, shape, depth + 1) for x in (cache.values() if isinstance(cache, dict) else cache))
+    return tuple(getattr(cache, "shape", ())) == shape and getattr(cache, "dtype", None) is not None \
+        and cache.dtype.kind == "f"
+
+
 def flash_attention_invariants(f, ex):
     """``causal=True`` is the same attention as the look-ahead mask given as a mask (query i sees
-    keys up to i + Tk - Tq), with the example's tiles and with one tile; and the tiles change
-    nothing: one tile of every query and key gives the same output and gradients."""
+    keys up to i + Tk - Tq), with the example's tiles and with one tile; the cache keeps no array
+    of Tq x Tk; and the tiles change nothing: one tile of every query and key gives the same
+    output and gradients."""
     fwd, bwd = f["flash_attention_forward"], f.get("flash_attention_backward")
     q, k, v, mask, causal = (ex.get(n) for n in ("q", "k", "v", "mask", "causal"))
     Tq, Tk = q.shape[-2], k.shape[-2]
@@ -57,6 +71,12 @@ def flash_attention_invariants(f, ex):
                                  "skip a key tile only when its first key j0 lies after every key the query tile's "
                                  "last query may see (j0 > i1 - 1 + Tk - Tq); mask the keys after each query's own "
                                  "in the tiles that cross the diagonal")
+    Dk, Dv = q.shape[-1], v.shape[-1]
+    if Tk not in (1, Dk, Dv) and _weights_kept(tiled[1], q.shape[:-1] + (Tk,)):   # else q, v, out or lse look alike
+        raise InvariantError(f"the forward's cache holds an array of shape {q.shape[:-1] + (Tk,)}, one number for "
+                             "every query and key: the weights or the scores, which are what the tiles avoid keeping",
+                             "keep the inputs, the output and one log-sum-exp per query; the backward recomputes "
+                             "each tile's weights as exp(s - lse)")
     if _differs(_out(tiled), _out(whole)) > scale:
         raise InvariantError(f"tiles of {tiles[0]} queries and {tiles[1]} keys give an output that differs from one "
                              f"tile of all {Tq} queries and {Tk} keys by {_differs(_out(tiled), _out(whole)):.3g}",
@@ -88,4 +108,6 @@ FLASH_ATTENTION = Layer(
                       "which key tiles a causal query tile may skip",
            "dq": "D replaces rowsum(p * dp): which two arrays give it, and is it the whole row's",
            "dk": "the scale 1/sqrt(d_k) of the scores applies to their gradient",
-           "dv": "the weights recomputed from the log-sum-exp, not from a tile's own maximum"})
+           "dv": "the weights recomputed from the log-sum-exp, not from a tile's own maximum"},
+    mistakes=(Mistake(("dq", "dk"), M.flash_tile_d, "the gradient with D = rowsum(p * dp) of each key tile",
+                      "D = rowsum(dout * out) of the whole row: a tile's p does not sum to one over the row"),))
