@@ -62,7 +62,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     if config.later_block() and not config.reference:
         say(f"{' '.join(config.later_block())}: the readable engine trains this block (the fast one runs the paper's)")
     config = engine.settle(config, say)          # on a GPU: a feature that fails its probe is switched off
-    loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
+    loss_fn = engine.loss(trusted=True)          # the engine's step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
     train_pairs = within_reach(corpus.train, longest_pair(config, config.model_config(2)), config.vocab == "bpe", say)
     if saved is not None:
@@ -73,7 +73,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             raise CheckpointError(f"--resume: {Path(config.out) / 'checkpoint.npz'}: the vocabulary has {len(vocab)} "
                                   f"tokens, the model {model.config.target_vocab_size}")
         model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision,
-                                 config.cooldown)
+                                 config.cooldown, config.attention)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
         untested = check_something_left(config, state)
@@ -86,7 +86,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
                 f"{time.perf_counter() - t_vocab:.1f} s")
         model, opt = make_engine(Transformer(config.model_config(len(vocab)), seed=config.seed, dtype=config.dtype),
-                                 engine, config.lr_factor, config.precision, config.cooldown)
+                                 engine, config.lr_factor, config.precision, config.cooldown, config.attention)
         state = TrainState()
 
     model_config = model.config
@@ -173,7 +173,6 @@ def split_by_source(pairs, seed: int, name: str = "corpus"):
     return train, [pairs[i] for i in held[0]], [pairs[i] for i in held[1]]
 
 
-
 def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | None = None) -> Vocab:
     """One vocabulary for both languages, so the three embedding matrices can be shared (section 3.4).
 
@@ -192,7 +191,6 @@ def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | 
                        min_freq=min_freq, max_size=size)
 
 
-
 # --------------------------------------------------------------------------- model and optimizer
 
 def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> float:
@@ -209,23 +207,28 @@ def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> flo
     return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
 
 
-def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, cooldown: float = 0.0):
+def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, cooldown: float = 0.0,
+                attention: str = "auto"):
     """The model and optimizer that train: ``engine``'s (an :mod:`attn.engine` engine or its name,
     ``"fast"`` or ``"reference"``), over ``model``'s config and parameters (shared, not copied),
     its products at ``precision`` (:class:`attn.precision.Precision` or its name), the optimizer's
     rate ending with ``cooldown`` (:func:`attn.optim.cooldown_scale`). The fast
     engine computes the reference's numbers (tests/test_fast.py checks that) with fewer passes
-    over memory. The model does not check token ids: :func:`attn.train.train_step` checks each
-    batch on the host (on a GPU the model's check would wait for the device)."""
+    over memory. The fast model does not check token ids: its engine's step
+    (:func:`attn.fast.loop.loop_step`) checks each batch on the host (on a GPU the model's check
+    would wait for the device); the readable model checks them in its layers. ``attention``: the
+    fast engine's (:mod:`attn.fast.flash`; the reference engine has the plain one alone)."""
     engine = engines.get(engine) if isinstance(engine, str) else engine
     model = engine.model(model.config, dtype=model.dtype, params=model.params, precision=Precision.of(precision),
                          check_ids=False)
+    if attention != "auto":
+        model.attention = attention
     return model, engine.optimizer(model, lr_factor, cooldown)
 
 
 def step_loss_fn(engine):
     """The loss the trainer's steps use: ``engine``'s (or the engine's name), which need not
-    re-check the ids (:func:`attn.train.train_step` did, on the host) nor the loss's finiteness
+    re-check the ids (the engine's step did: :meth:`attn.engine.Engine.loop_step`) nor the loss's finiteness
     (the loop checks it when the losses come to the host), so a step never waits for the device."""
     return (engines.get(engine) if isinstance(engine, str) else engine).loss(trusted=True)
 
@@ -296,7 +299,7 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     else:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
         model, opt = make_engine(Transformer(model_config, dtype=model.dtype, params=model.params), engine,
-                                 schedule_factor(config, model_config), config.precision, config.cooldown)
+                                 schedule_factor(config, model_config), config.precision, config.cooldown,
+                                 config.attention)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
-
