@@ -125,9 +125,10 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: effect on memory, as on a GPU. What CUDA or CuPy refuse during a capture raises
 #: :class:`StreamCaptureError`: a host transfer or synchronisation, a cuRAND draw, and CuPy's
 #: own ``matmul`` (CuPy refuses cuBLAS calls it makes while the stream captures). An allocation
-#: from the memory pool is *not* refused, in any capture mode, as on a GPU: the pool serves it
-#: from blocks it holds, with no CUDA call for the mode to refuse (CuPy's default mode, relaxed,
-#: would not refuse even a ``cudaMalloc``). It is recorded (:attr:`_Capture.pool_allocations`),
+#: from the memory pool is *not* refused, in any capture mode, as on a GPU, where the pool serves
+#: it from the free blocks of the capturing stream, with no CUDA call for the mode to refuse (CuPy's
+#: default mode, relaxed, would not refuse even a ``cudaMalloc``; the global and thread-local modes
+#: do: :func:`_malloc_refused`). It is recorded (:attr:`_Capture.pool_allocations`),
 #: the pool's byte counts grow by it (the graph keeps the block) and memory hooks see it; the
 #: graph keeps an address the pool will hand out again, and nothing but the capturer's own
 #: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
