@@ -1769,12 +1769,21 @@ class _Nccl:
             def at(ptr):
                 return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(ptr), dtype=dtype)
             send, recv = at(sendbuf), at(recvbuf)
+            if _order is not None:               # (not a kernel the tracer counts: the asynchronous mode's order)
+                n = count * dtype.itemsize
+                _order.launch(int(stream), "NCCL all-reduce", _spans(sendbuf, n), _spans(recvbuf, n))
             if self._mpi is None:
                 if sendbuf != recvbuf:
                     recv[...] = send
                 return
             MPI, comm = self._mpi
             comm.Allreduce(MPI.IN_PLACE if sendbuf == recvbuf else send, recv, op=MPI.SUM)
+
+
+def _spans(ptr: int, n: int) -> list:
+    """[(owner, first byte, one past the last)] of the ``n`` bytes at device address ``ptr``, in
+    the memory whose address was taken (none where it is not such memory)."""
+    return [(owner, ptr - lo, ptr - lo + n) for lo, hi, owner in _exposed_memory() if lo <= ptr < hi]
 
 
 def _device_time(f):
@@ -2422,4 +2431,5 @@ class RawModule:
 
 
 if __import__("os").environ.get("FAKECUPY_ASYNC") == "1":       # a whole run in the asynchronous mode
-    asynchronous().__enter__()
+    _WHOLE_RUN = asynchronous()                                   # (kept: a generator closed would end it)
+    _WHOLE_RUN.__enter__()

@@ -16,9 +16,9 @@ keeps the GPU's order beside them, with a vector clock per stream (how many laun
 stream its next launch is known to run after) and the host's (how many of each it has waited
 for), and raises :class:`ReadBeforeRunError` where a launch, or a copy to the host, reads an
 array whose last writer is not known to have run before it. A graph launch reads and writes
-what its capture did (the operations run while a stream captures are not launches). Not
-modelled: NCCL's all-reduce (it reads and writes raw addresses), and a write over what
-another stream still reads.
+what its capture did (the operations run while a stream captures are not launches); NCCL's
+all-reduce reads and writes its buffers on the stream it is given. Not modelled: a write over
+what another stream still reads.
 
 :func:`fakecupy.cupy.asynchronous` switches it on (a ``with``); ``FAKECUPY_ASYNC=1`` in the
 environment switches it on at import, for a whole test run.
