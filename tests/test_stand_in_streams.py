@@ -1,7 +1,9 @@
 """The CuPy stand-in's streams are no kinder than CUDA's: its memory pool keeps free blocks per
 stream (:mod:`fakecupy.pool`, as CuPy's ``memory.pyx``), so a block freed on one stream is
 never handed to a request on another, and a capture that needs memory its stream does not hold
-asks for a ``cudaMalloc`` that CUDA refuses in attn's capture mode."""
+asks for a ``cudaMalloc`` that CUDA refuses in attn's capture mode; and in its asynchronous mode
+(:mod:`fakecupy.streams`) a read of what a launch wrote before that launch is known to have run
+is an error, where the engine's steps and decoding read nothing early."""
 from __future__ import annotations
 
 import numpy as np
