@@ -8,6 +8,7 @@ import math
 import threading
 from typing import NamedTuple
 
+from . import flash
 from .arena import Arena
 from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FFNCache, ResCache, SelfAttnCache,
                      SplitCache)
@@ -213,8 +214,11 @@ class FastBackward:
         """Forward was ``ctx = drop(softmax(q k^T s + bias)) v`` with ``s = 1/sqrt(d_k)``; writes
         dq, dk, dv (views) in place: ``dv = wd^T dctx``, ``dw = dctx v^T``,
         ``ds = s * softmax_back(dropback(dw))``,
-        ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first."""
+        ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first. The tiled
+        attention's cache (:class:`attn.fast.flash.FlashCache`) goes to its own backward."""
         xp, ops = self.xp, self.ops
+        if isinstance(ac, flash.FlashCache):
+            return flash.attend_backward(ops, dctx, ac, dq, dk, dv, self._attn_scale)
         Bsz, H, Tq, Dh = ac.q.shape
         Tk = ac.k.shape[2]
         dO = dctx.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3)               # (B, H, Tq, Dh)
