@@ -178,7 +178,7 @@ TILED_STEP_BUDGET = {"launches": 103, "syncs": 0, "pool_allocations": 0}
 def test_a_tiled_step_is_counted_and_capturable(monkeypatch):
     """``--counts`` of a step that takes the tiled attention (the rule's length threshold lowered
     to 1 on CuPy): one ``flash_fwd`` per attention in the forward, the three backward kernels
-    once each per attention, no plain softmax."""
+    once each per attention, no plain softmax, and no kernel whose grid stays while the batch grows."""
     from attn.bench import counts as C
     monkeypatch.setitem(flash.MIN_LENGTH, "cupy", 1)
     rows = {r["name"]: r for r in C.measure_counts("quick", which=("train_step",))}
@@ -186,6 +186,7 @@ def test_a_tiled_step_is_counted_and_capturable(monkeypatch):
     over = {k: (step[k], most) for k, most in TILED_STEP_BUDGET.items() if step[k] > most}
     assert not over, f"the tiled step went over its budget (count, ceiling): {over}; {step['launches_by_kind']}"
     assert rows["counts_capture"]["total"] == 0, rows["counts_capture"]["refused"]
+    assert rows["counts_lint"]["fixed_grid_kernels"] == []          # the grids grow with the batch
     tally = C.count_at(C.BENCH_PRESETS["quick"], ("train_step",))["train_step"][0]
     raw = {name: n for (kind, name), n in tally.ops.items() if kind == "raw"}
     cfg = C.BENCH_PRESETS["quick"].model
