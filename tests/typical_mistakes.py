@@ -1,6 +1,8 @@
 """Typical mistakes, written as a learner would, for every layer an exercise asks for: layer ->
-[(the mistake, the learner's file, what hint 1 ("looks like") must say, what hint 2 ("look at")
-must say)]. ``tests/test_hints.py`` grades each and requires at least three per exercised layer."""
+[(the mistake, the learner's file, what hint 1 must say (the check's line or "looks like"),
+what hint 2 ("look at") must say)]. Most are the answer in ``tests/answers/`` or a template
+with one line changed. ``tests/test_hints.py`` grades each and requires at least three per
+exercised layer."""
 from __future__ import annotations
 
 from pathlib import Path
