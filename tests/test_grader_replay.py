@@ -50,6 +50,17 @@ def test_the_replayed_examples_are_those_hypothesis_feeds_a_passing_check(name, 
         assert hard and set(hard) <= set(fed[:len(hard)])
 
 
+def test_once_the_class_has_drawn_a_passing_file_never_waits_on_hypothesis(monkeypatch):
+    """What attn-check --class does before its workers start: draw every layer its exercises
+    ask for; then a file that passes calls hypothesis not once."""
+    layers = ("causal_mask", "padding_mask", "decoder_mask")
+    assert {k[0] for k in grading.draw_for({"05_masks"}, 4)} >= set(layers)
+    monkeypatch.setattr(grading, "_hypothesis", lambda *a: pytest.fail("hypothesis ran for a passing file"))
+    for name in layers:
+        runs, failure = grading._run(LAYERS[name], _NoChild(), lambda ex: None, 4)
+        assert failure is None and runs == len(grading.DRAWN[(name, grading.share(LAYERS[name], 4), None, 1)])
+
+
 def test_a_check_that_writes_into_its_example_leaves_the_next_files_alone():
     layer = LAYERS["relu"]
     before = [_print(ex) for ex in grading.drawn(layer, 5)]
