@@ -122,3 +122,47 @@ def test_the_engine_s_steps_and_decoding_run_in_the_asynchronous_mode(fc):
         result = decode.greedy_decode(models[0], B.to_device(batch.src), max_len=4)
         assert len(result.tokens) == batch.src.shape[0]
         assert sum(order.launched.values()) > 100                # the launches were seen
+
+
+def _in_a_thread(fn):
+    """What ``fn()`` returned in a new thread (its exception raised here)."""
+    import threading
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as e:   # noqa: BLE001 (re-raised in the caller's thread)
+            out["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_the_current_stream_is_per_thread(fc, monkeypatch):
+    """As CuPy keeps it (thread-local state in ``cupy/cuda/stream.pyx``): ``with s:`` and ``use()``
+    change the calling thread's current stream only; a thread that made none current launches on
+    ``Stream.null``, or on ``Stream.ptds`` (``cudaStreamPerThread``) where
+    ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``, whatever its starter made current."""
+    s, t = fc.cuda.Stream(non_blocking=True), fc.cuda.Stream()
+    with s:
+        assert _in_a_thread(fc.cuda.get_current_stream) is fc.cuda.Stream.null
+        assert _in_a_thread(lambda: (t.use(), fc.cuda.get_current_stream())[1]) is t
+        assert fc.cuda.get_current_stream() is s                 # the other thread's use() left it
+        monkeypatch.setattr(fc, "_PTDS", True)
+        assert _in_a_thread(fc.cuda.get_current_stream).ptr == fc.cuda.runtime.streamPerThread
+    assert fc.cuda.get_current_stream() is fc.cuda.Stream.null
+    with fc.asynchronous():
+        with s:
+            x = fc.ones(8, dtype=np.float32) * 3                 # queued on s (non-blocking)
+            with pytest.raises(fc.ReadBeforeRunError, match="on the per-thread default stream of thread"):
+                _in_a_thread(lambda: x + 1)                      # the worker's stream does not wait for s
+            s.synchronize()
+            y = _in_a_thread(lambda: x + 1)                      # on the worker's own default stream
+        with pytest.raises(fc.ReadBeforeRunError, match="wrote on the per-thread default stream"):
+            _in_a_thread(lambda: y * 2)                          # another thread's: another stream
+        monkeypatch.setattr(fc, "_PTDS", False)
+        assert float(y[0]) == 4                                  # the legacy null stream waits for it

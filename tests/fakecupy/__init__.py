@@ -43,6 +43,11 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   freed on one stream is never handed to a request on another, and ``used_bytes``,
   ``total_bytes``, ``free_bytes``, ``n_free_blocks`` and ``free_all_blocks(stream)`` count them
   (the null stream's arrays are not counted). Each stream has a handle of its own.
+* The current stream is per thread, as CuPy keeps it (``cupy/cuda/stream.pyx``'s thread-local
+  state): ``use()`` and ``with stream:`` change the calling thread's only, and a thread that made
+  none current launches on ``Stream.null`` (``Stream.ptds``, each thread's own default stream,
+  where ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), whatever stream the thread that started it
+  made current. A worker that should launch on its caller's stream must be handed it.
 * An asynchronous mode (``with fakecupy.cupy.asynchronous():``, or ``FAKECUPY_ASYNC=1``): each
   launch is queued on its stream and has run only once an event or the host waited for it, and
   reading a result before its producer ran (on another stream, or on the host through a copy on

@@ -11,6 +11,7 @@ import builtins
 import contextlib
 import math
 import operator
+import os
 import re
 import sys
 import threading
@@ -136,15 +137,22 @@ _capturing = None
 
 class _PerThread(threading.local):
     """What CuPy keeps per thread: the allocator of ``using_allocator`` (``allocator``), the
-    memory hooks in their ``with`` (``hooks``), and from them and the global allocator the
+    memory hooks in their ``with`` (``hooks``), the current stream (``stream``: None until the
+    thread makes one current, :func:`_current_stream`) and those its ``with stream:`` blocks will
+    restore (``entered``), and from the allocator, hooks and stream, and the global allocator, the
     allocator new arrays are placed by (``step_allocator``: None for the pool's) and whether they
     go through :func:`_place` at all (``placing``). Another thread starts with none of them (so
-    a worker thread inside a step memory's ``with`` allocates from the pool, as on a GPU)."""
+    a worker thread inside a step memory's ``with`` allocates from the pool, and launches on the
+    default stream whatever stream the thread that started it has made current, as on a GPU)."""
     allocator = None
     hooks: tuple = ()
+    stream = None
     step_allocator = None
     placing = False
     generation = -1
+
+    def __init__(self):
+        self.entered = []
 
 
 _tls = _PerThread()
@@ -254,7 +262,7 @@ def _update_allocator() -> None:
     t = _tls
     a = t.allocator if t.allocator is not None else _global_allocator
     t.step_allocator = None if a is None or a == _POOL.malloc else a
-    t.placing = t.step_allocator is not None or len(t.hooks) > 0 or _CURRENT_STREAM[-1].ptr != 0
+    t.placing = t.step_allocator is not None or len(t.hooks) > 0 or _current_stream().ptr != 0
     t.generation = _generation
 
 
@@ -481,7 +489,7 @@ class Graph:
         for op in self._ops:
             op()
         if _order is not None:
-            _order.graph_launched(self, (_CURRENT_STREAM[-1] if stream is None else stream).ptr)
+            _order.graph_launched(self, (_current_stream() if stream is None else stream).ptr)
         if tracer is not None:
             tracer("graph", "graph launch", [], [], {"fresh": [], "operations": len(self._ops)})
 
@@ -1504,8 +1512,12 @@ class Device:
         return False
 
 
+#: ``runtime.streamPerThread`` (``cudaStreamPerThread``): the handle of every thread's own default stream
+PER_THREAD_STREAM = 2
+
+
 class Stream:
-    null = None
+    null = ptds = None
     #: the next stream's handle: each stream has one of its own, never used again (an ``id`` may
     #: be, and the memory pool keeps a free-block arena per handle: :mod:`fakecupy.pool`)
     _handles = iter(range(0x5000_0000, 1 << 62, 0x100))
@@ -1513,8 +1525,8 @@ class Stream:
     #: handle -> stream, of the streams alive (the asynchronous mode asks which are blocking)
     _made: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
-    def __init__(self, null=False, non_blocking=False, ptr=None):
-        self.ptr = 0 if null else next(Stream._handles)
+    def __init__(self, null=False, non_blocking=False, ptds=False):
+        self.ptr = 0 if null else PER_THREAD_STREAM if ptds else next(Stream._handles)
         self.non_blocking = bool(non_blocking)
         Stream._made[self.ptr] = self
 
@@ -1566,24 +1578,37 @@ class Stream:
             _order.waited(self.ptr, event)
 
     def use(self):
-        _CURRENT_STREAM[0] = self
-        _stream_changed()
+        """This thread's current stream is this one (until another ``use`` or ``with``)."""
+        _tls.stream = self
+        _update_allocator()
         return self
 
     def __enter__(self):
-        _CURRENT_STREAM.append(self)
-        _stream_changed()
-        return self
+        _tls.entered.append(_current_stream())
+        return self.use()
 
     def __exit__(self, *exc):
-        _CURRENT_STREAM.pop()
-        _stream_changed()
+        _tls.entered.pop().use()
         return False
 
 
 Stream.null = Stream(null=True)
-#: The current stream (``get_current_stream``): the last one entered with ``with stream:``.
-_CURRENT_STREAM = [Stream.null]
+#: ``cudaStreamPerThread``: each thread's own default stream, blocking as the streams it makes
+#: (the asynchronous mode keeps one per thread: :meth:`fakecupy.streams.Order.key`).
+Stream.ptds = Stream(ptds=True)
+#: Whether a thread that made no stream current launches on ``Stream.ptds`` (CuPy reads
+#: ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM`` at import, as here).
+_PTDS = os.environ.get("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+
+
+def _current_stream() -> Stream:
+    """``cupy.cuda.get_current_stream()``: the stream this thread made current last (``use``,
+    or the innermost ``with stream:`` it is in), as CuPy keeps it per thread; in a thread that
+    has made none current, the null stream (``Stream.ptds`` with :data:`_PTDS`)."""
+    s = _tls.stream
+    if s is not None:
+        return s
+    return Stream.ptds if _PTDS else Stream.null
 
 
 #: The asynchronous mode's order of launches (a :class:`fakecupy.streams.Order`), or None.
@@ -1609,13 +1634,6 @@ def asynchronous():
         _order, tracer = None, previous
 
 
-def _stream_changed() -> None:
-    """Another stream is current: on one other than the null stream every new array goes
-    through :func:`_place` (its block is taken from that stream's arena: :mod:`fakecupy.pool`)."""
-    global _generation
-    _generation += 1
-
-
 class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self._t = None
@@ -1623,7 +1641,7 @@ class Event:
     def record(self, stream=None):
         self._t = time.perf_counter()
         if _order is not None:
-            _order.recorded(self, (_CURRENT_STREAM[-1] if stream is None else stream).ptr)
+            _order.recorded(self, (_current_stream() if stream is None else stream).ptr)
 
     def synchronize(self):
         _sync("synchronize")
@@ -1669,7 +1687,7 @@ class MemoryHook:
 
 
 def _current_stream_ptr() -> int:
-    return _CURRENT_STREAM[-1].ptr
+    return _current_stream().ptr
 
 
 def _malloc_refused(size: int) -> None:
@@ -1705,6 +1723,7 @@ class _Runtime:
     CUDARuntimeError = RuntimeError
     CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14      # cudaDataType (as _Cublas's)
     streamCaptureModeGlobal, streamCaptureModeThreadLocal, streamCaptureModeRelaxed = 0, 1, 2
+    streamPerThread = PER_THREAD_STREAM
 
     @staticmethod
     def getDeviceCount():
@@ -2250,7 +2269,7 @@ class _Cuda:
 
     @staticmethod
     def get_current_stream():
-        return _CURRENT_STREAM[-1]
+        return _current_stream()
 
     @staticmethod
     def get_cublas_handle():

@@ -11,6 +11,10 @@ its (streams made ``non_blocking=True`` do neither). Nothing else orders them: a
 B that reads what a kernel on stream A wrote may run before it, and a copy to the host on the null
 stream of what a non-blocking stream wrote may copy it before it is written.
 
+The current stream is the calling thread's (CuPy keeps it per thread): a thread that made none
+current launches on the null stream, or on its own per-thread default stream (``Stream.ptds``,
+one stream per thread behind one handle, blocking as the streams a thread makes).
+
 The stand-in runs each operation at once (NumPy), so its values are always ready; this mode
 keeps the GPU's order beside them, with a vector clock per stream (how many launches of each
 stream its next launch is known to run after) and the host's (how many of each it has waited
@@ -25,6 +29,7 @@ environment switches it on at import, for a whole test run.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import Counter
 
@@ -56,13 +61,31 @@ class Order:
         #: id(memory) -> (its weak ref, [(first byte, past the last, stream, launch number, what) of its writes])
         self.writer: dict = {}
         self.captured: dict = {}              # id(capture) -> (reads, writes) of its operations
+        self._thread = threading.local()      # .key: this thread's per-thread default stream
+        self.thread_names: dict = {}          # its key -> the name of the thread it belongs to
 
     # ---- what a stream's next launch runs after
 
+    def key(self, s: int) -> int:
+        """The stream behind handle ``s`` in the calling thread: ``Stream.ptds``'s handle is a
+        stream of each thread's own, kept as a negative number (a thread's id may be reused by a
+        later thread, whose stream is another)."""
+        if s != self.cp.PER_THREAD_STREAM:
+            return s
+        k = getattr(self._thread, "key", None)
+        if k is None:
+            k = self._thread.key = -1 - len(self.thread_names)
+            self.thread_names[k] = threading.current_thread().name
+        return k
+
     def _label(self, s: int) -> str:
+        if s < 0:
+            return f"the per-thread default stream of thread {self.thread_names[s]!r}"
         return "the null stream" if s == 0 else f"stream {s:#x}"
 
     def _blocking(self, s: int) -> bool:
+        if s < 0:
+            return True
         stream = self.cp.Stream._made.get(s)
         return stream is not None and not stream.non_blocking
 
@@ -80,6 +103,7 @@ class Order:
     # ---- launches and reads
 
     def launch(self, s: int, what: str, reads, writes) -> None:
+        s = self.key(s)
         c = self._clock_of(s)
         for a in reads:
             self._check(s, c, what, a)
@@ -128,7 +152,7 @@ class Order:
     def host_read(self, kind: str, a=None, stream=None) -> None:
         """A copy to the host (``kind``) of ``a`` on ``stream`` (the current one), then the host
         waits for that stream, as CuPy's ``get()`` does."""
-        s = self.cp._CURRENT_STREAM[-1].ptr if stream is None else stream
+        s = self.key(self.cp._current_stream().ptr if stream is None else stream)
         if a is not None:
             self.launch(s, f"a device->host copy ({kind})", [a], [])
         self.synchronized(s)
@@ -141,13 +165,13 @@ class Order:
             for t in list(self.clock):
                 _merge(self.host, self._clock_of(t))
         else:
-            _merge(self.host, self._clock_of(s))
+            _merge(self.host, self._clock_of(self.key(s)))
 
     def recorded(self, event, s: int) -> None:
-        event._clock = dict(self._clock_of(s))
+        event._clock = dict(self._clock_of(self.key(s)))
 
     def waited(self, s: int, event) -> None:
-        _merge(self._clock_of(s), getattr(event, "_clock", {}))
+        _merge(self._clock_of(self.key(s)), getattr(event, "_clock", {}))
 
     def event_done(self, event) -> None:
         _merge(self.host, getattr(event, "_clock", {}))
@@ -173,7 +197,7 @@ class Order:
             w += writes
             return
         s = info.get("stream")
-        self.launch(self.cp._CURRENT_STREAM[-1].ptr if s is None else int(s), f"{kind} {name}", reads, writes)
+        self.launch(self.cp._current_stream().ptr if s is None else int(s), f"{kind} {name}", reads, writes)
 
     def end_capture(self, capture, graph) -> None:
         graph._touched = self.captured.pop(id(capture), ([], []))
