@@ -166,3 +166,31 @@ def test_the_current_stream_is_per_thread(fc, monkeypatch):
             _in_a_thread(lambda: y * 2)                          # another thread's: another stream
         monkeypatch.setattr(fc, "_PTDS", False)
         assert float(y[0]) == 4                                  # the legacy null stream waits for it
+
+
+def test_the_engine_launches_on_cupy_from_the_calling_thread_only(fc, monkeypatch):
+    """The fast engine splits a batch over helper threads on NumPy; on CuPy a helper would launch
+    on its own default stream (the current stream is per thread), not on the caller's: its
+    kernels would escape a capture and race the step. A training step with four workers asked
+    for, its optimiser on four threads, and greedy decoding: every launch from this thread."""
+    import threading
+
+    import attn.backend as B
+    from attn import decode
+    from attn.data import _pad_batch
+    from attn.fast import FastAdam, FastTransformer
+    from attn.model import TransformerConfig
+    from attn.train import train_step
+    from attn.training.prepare import step_loss_fn
+    cfg = TransformerConfig(**CFG)
+    rng = np.random.default_rng(1)
+    batch = _pad_batch([(rng.integers(4, 23, 6).tolist(), rng.integers(4, 23, 7).tolist()) for _ in range(8)])
+    threads = set()
+    monkeypatch.setattr(fc, "tracer", lambda *a: threads.add(threading.current_thread()))
+    model = FastTransformer(cfg, seed=5, check_ids=False)
+    model.workers = 4
+    opt = FastAdam(model.params, cfg.d_model, cfg.warmup_steps)
+    opt.threads = 4
+    loss, _ = train_step(model, opt, batch, B.DeviceRNG(0), cfg.label_smoothing, 1.0, step_loss_fn("fast"))
+    decode.greedy_decode(model, B.to_device(batch.src), max_len=4)
+    assert threads == {threading.current_thread()}
