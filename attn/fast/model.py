@@ -14,7 +14,7 @@ from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
 from ..layers.attention import repeat_kv
-from ..model import Transformer, embedding_name
+from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
 from . import decoding
 from .arena import Arena
@@ -574,8 +574,10 @@ class FastTransformer(FastForward, FastBackward):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
         key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`); on
         CuPy a :class:`DeviceDecodeState` (preallocated buffers, one kernel per sub-layer), its
-        buffers sized by ``reserve`` = (rows, positions) when given."""
-        if self.xp is not B.host:
+        buffers sized by ``reserve`` = (rows, positions) when given. The later block
+        (:func:`attn.model.later_block`) decodes with a :class:`FastDecodeState` on CuPy too: the
+        device state's kernels are the paper's sub-layers."""
+        if self.xp is not B.host and not later_block(self.config):
             self._own_params()
             return decoding.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
         return decoding.start(self, self.cross_attention_kv(memory), src_mask)
@@ -591,6 +593,7 @@ class FastTransformer(FastForward, FastBackward):
                             f"got a {type(state).__name__}")
         small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
         parts = default_workers() if self.workers is None else max(1, int(self.workers))
+        parts = parts if self.xp is B.host else 1
         return decoding.run_step(self, tokens, state, parts, small)
 
     #: On CuPy, beam search's candidates are ranked by one kernel where a sentence's beams have at
