@@ -210,7 +210,7 @@ class _Ops:
         """``x`` (N, D) becomes ``xhat = x * rstd`` with ``rstd = 1/sqrt(mean(x^2) + eps)``.
         Returns out = gamma * xhat (N, D) new, rstd (N,)."""
         xp = self.xp
-        var = xp.einsum("ij,ij->i", x, x)
+        var = xp.square(x).sum(axis=1)        # not einsum: on CuPy that is cuBLAS, which a graph capture refuses
         var *= 1.0 / x.shape[1]
         var += eps
         rstd = xp.sqrt(var, out=var)
@@ -237,7 +237,8 @@ class _Ops:
         out = xp.empty((1, D), dtype=dout.dtype) if out is None else out
         t = dout * xhat
         self.colsum(t, out=out[0])
-        b = t @ gamma                       # (N,) D * mean(g * xhat)
+        t *= gamma
+        b = t.sum(axis=1)                   # (N,) D * mean(g * xhat); not a product: a graph capture takes it
         b *= 1.0 / D
         xp.multiply(xhat, b[:, None], out=t)
         dout *= gamma
