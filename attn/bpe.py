@@ -151,60 +151,79 @@ def learn_merges(token_counts: Mapping[str, int], num_merges: int | None = None,
         if count > 0:
             cut[cut_word(token)] += int(count)
     words = [symbols_of(token) for token in cut]
-    freqs = list(cut.values())
     alphabet = sorted({s for w in words for s in w})
     known = set(alphabet)
-
-    pair_count: dict[tuple[str, str], int] = defaultdict(int)
-    where: dict[tuple[str, str], set[int]] = defaultdict(set)   # pair -> indices of the words holding it
-    for i, w in enumerate(words):
-        for pair in zip(w, w[1:]):
-            pair_count[pair] += freqs[i]
-            where[pair].add(i)
-    heap = [(-n, pair) for pair, n in pair_count.items()]
-    heapq.heapify(heap)
-
+    pairs = _PairCounts(words, list(cut.values()))
     merges: list[tuple[str, str]] = []
-    while heap:
-        if num_merges is not None and len(merges) >= num_merges:
-            break
+    while num_merges is None or len(merges) < num_merges:
         if max_symbols is not None and len(known) >= max_symbols:
             break
-        neg, pair = heapq.heappop(heap)
-        if pair_count.get(pair, 0) != -neg:
-            continue                               # stale: the count changed since this entry was pushed
-        if -neg < min_count:
+        best = pairs.most_frequent()
+        if best is None or best[1] < min_count:
             break
+        pair = best[0]
+        merges.append(pair)
+        known.add(pairs.merge(pair))
+    return alphabet, merges
+
+
+class _PairCounts:
+    """The adjacent pairs of symbols in the words (each word standing for ``freqs[i]`` tokens):
+    each pair's count, the words that hold it (``where``), and a heap of ``(-count, pair)``
+    entries, some of them stale, from which the most frequent pair comes."""
+
+    def __init__(self, words: list[list[str]], freqs: list[int]):
+        self.words, self.freqs = words, freqs
+        self.count: dict[tuple[str, str], int] = defaultdict(int)
+        self.where: dict[tuple[str, str], set[int]] = defaultdict(set)   # pair -> indices of the words holding it
+        for i, w in enumerate(words):
+            for pair in zip(w, w[1:]):
+                self.count[pair] += freqs[i]
+                self.where[pair].add(i)
+        self.heap = [(-n, pair) for pair, n in self.count.items()]
+        heapq.heapify(self.heap)
+
+    def most_frequent(self) -> tuple[tuple[str, str], int] | None:
+        """The most frequent pair and its count (ties: the alphabetically first pair); None
+        when no pair is left."""
+        while self.heap:
+            neg, pair = heapq.heappop(self.heap)
+            if self.count.get(pair, 0) == -neg:
+                return pair, -neg
+            # stale: the count changed since this entry was pushed
+        return None
+
+    def merge(self, pair: tuple[str, str]) -> str:
+        """Merge ``pair`` in every word that holds it, update the counts of the pairs that
+        change (pushing their new counts) and return the new symbol."""
         a, b = pair
         new = merge_symbols(a, b)
-        merges.append(pair)
-        known.add(new)
         delta: Counter = Counter()
-        for i in where.pop(pair):
-            old = words[i]
+        for i in self.where.pop(pair):
+            old = self.words[i]
             merged = _merge_word(old, a, b, new)
-            words[i] = merged
+            self.words[i] = merged
             old_pairs, new_pairs = list(zip(old, old[1:])), list(zip(merged, merged[1:]))
             for p in old_pairs:
-                delta[p] -= freqs[i]
+                delta[p] -= self.freqs[i]
             for p in new_pairs:
-                delta[p] += freqs[i]
+                delta[p] += self.freqs[i]
             for p in set(old_pairs) - set(new_pairs) - {pair}:
-                where[p].discard(i)
+                self.where[p].discard(i)
             for p in new_pairs:
-                where[p].add(i)
-        del pair_count[pair]
+                self.where[p].add(i)
+        del self.count[pair]
         delta.pop(pair, None)
         for p, d in delta.items():
             if d:
-                n = pair_count[p] + d
+                n = self.count[p] + d
                 if n > 0:
-                    pair_count[p] = n
-                    heapq.heappush(heap, (-n, p))
+                    self.count[p] = n
+                    heapq.heappush(self.heap, (-n, p))
                 else:
-                    del pair_count[p]
-                    where.pop(p, None)
-    return alphabet, merges
+                    del self.count[p]
+                    self.where.pop(p, None)
+        return new
 
 
 def count_tokens(texts: Iterable[str]) -> Counter:

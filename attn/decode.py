@@ -400,16 +400,21 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
         t += steps
         if not alive.any():
             break
-        if not alive.all():                            # finished rows leave the batch
-            idx = np.nonzero(alive)[0]
-            rows, alive = rows[idx], alive[idx]
-            idx_d = xp.asarray(idx)
-            stepper.select(idx_d, idx)
-            tokens = tokens[idx_d]
-            info = xp.empty((every, 2, len(idx)), dtype=xp.float64)
+        if not alive.all():
+            rows, alive, tokens, info = _without_finished(stepper, alive, rows, tokens, every)
     tokens_out = [kept.out[i, :kept.n_out[i]].tolist() for i in range(n)]   # contiguous from step 0
     cross = kept.attention(att_steps, src_h) if with_attention else None
     return DecodeResult(tokens_out, kept.scores.tolist(), cross)
+
+
+def _without_finished(stepper, alive, rows, tokens, every: int):
+    """Finished rows leave the batch: the decoder's cache keeps the live rows, and so do the
+    rows' sentences, their flags and next tokens; a fresh (every, 2, n_live) buffer for the picks."""
+    xp = B.get_array_module(tokens)
+    idx = B.host.nonzero(alive)[0]
+    idx_d = xp.asarray(idx)
+    stepper.select(idx_d, idx)
+    return rows[idx], alive[idx], tokens[idx_d], xp.empty((every, 2, len(idx)), dtype=xp.float64)
 
 
 class _Picked:
@@ -480,86 +485,125 @@ def beam_search(model, src, beam_size: int = 4, alpha: float = 0.6, max_len=None
         return DecodeResult([], [], [] if with_attention else None, [])
     stepper, src_h, limits = _start(model, src, max_len, use_cache, with_attention, beam=K)
     n, T_max = src_h.shape[0], int(limits.max())
-    finished = [[] for _ in range(n)]           # per sentence: (score, -order, tokens, (step, row))
-    best_fin = np.full(n, -np.inf)               # per sentence: the best finished score so far
-    live = np.arange(n)                          # sentence of each live beam group
-    W = 1                                        # beams per live sentence: 1 at the start, then K
-                                                 # (fewer while K exceeds the candidates)
-    hist = np.zeros((n, 0), dtype=np.int64)      # (n_live*W, t) tokens of each beam
-    beam_scores = xp.zeros((n, 1), dtype=xp.float64)                   # (n_live, W) log P so far
-    tokens = xp.full((n,), BOS, dtype=xp.int64)
-    att_steps, parents = [], []                  # for the attention: per step, rows' parents
-    order = 0
-
-    def finish(i, toks, score, step, row):
-        nonlocal order
-        finished[i].append((score, -order, toks, (step, int(row))))
-        order += 1
-
+    finished, beams = _Finished(n, alpha), _Beams(xp, n)
+    att_steps = []                               # for the attention: per step, (n_live*W, S)
     for t in range(T_max):
-        logp, att = stepper.step(tokens)                                          # (n_live*W, V)
+        live, W = beams.live, beams.W
+        logp, att = stepper.step(beams.tokens)                                    # (n_live*W, V)
         if no_repeat_ngram:
-            _ban(xp, logp, hist, no_repeat_ngram)
-        nl, V = len(live), logp.shape[1]
+            _ban(xp, logp, beams.hist, no_repeat_ngram)
         if with_attention:
             att_steps.append(att)
+        V = logp.shape[1]
         C = min(2 * K, W * V)
-        info = stepper.search.beam_candidates(logp, beam_scores, W, min(C, V), C, BANNED)  # the step's one sync
-        s, f = info[0], info[1].astype(np.int64)
-        srt = np.lexsort((f, -s), axis=-1)          # best first; ties: lower id first, as argmax does
-        s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)
-        parent = np.arange(nl)[:, None] * W + f // V                              # row in this step's layout
-        tok = f % V
+        info = stepper.search.beam_candidates(logp, beams.scores, W, min(C, V), C, BANNED)  # the step's one sync
+        s, parent, tok = _ranked(info, W, V)
         is_eos = tok == EOS
         length = t + 1
         # An EOS among the first K candidates finishes a hypothesis.
         for i, c in zip(*np.nonzero(is_eos[:, :K] & np.isfinite(s[:, :K]))):
-            score = s[i, c] / length_penalty(length, alpha)
-            finish(live[i], hist[parent[i, c]].tolist(), score, t, parent[i, c])
-            best_fin[live[i]] = max(best_fin[live[i]], score)
-        # The first K other candidates are the next beams (an EOS that must fill in is dead).
-        pick = np.argsort(is_eos, axis=1, kind="stable")[:, :K]                  # (n_live, Wn), Wn = min(K, C)
-        Wn = pick.shape[1]
-        new_parent = np.take_along_axis(parent, pick, 1)
-        new_tok = np.take_along_axis(tok, pick, 1)
-        new_s = np.where(np.take_along_axis(is_eos, pick, 1), -np.inf, np.take_along_axis(s, pick, 1))
-        hist = np.concatenate([hist[new_parent.ravel()], new_tok.reshape(-1, 1)], axis=1)
+            finished.add(live[i], beams.hist[parent[i, c]].tolist(), s[i, c], length, t, parent[i, c])
+        new_parent, new_tok, new_s = _next_beams(s, parent, tok, is_eos, K)      # (n_live, Wn), Wn = min(K, C)
+        Wn = new_parent.shape[1]
+        beams.hist = np.concatenate([beams.hist[new_parent.ravel()], new_tok.reshape(-1, 1)], axis=1)
         # At the length limit the live beams count as finished, without EOS.
         at_limit = length >= limits[live]
-        for i in np.nonzero(at_limit)[0]:
-            for k in range(Wn):
-                if np.isfinite(new_s[i, k]):
-                    finish(live[i], hist[i * Wn + k].tolist(), new_s[i, k] / length_penalty(length, alpha),
-                           t, new_parent[i, k])
+        for i, k in zip(*np.nonzero(at_limit[:, None] & np.isfinite(new_s))):
+            finished.add(live[i], beams.hist[i * Wn + k].tolist(), new_s[i, k], length, t, new_parent[i, k])
         # The best any live beam can still reach: its log P (which only falls) over the largest lp.
         bound = new_s.max(axis=1) / length_penalty(limits[live], alpha)
-        done = np.isfinite(best_fin[live]) & (bound <= best_fin[live])  # a tie cannot win: earlier ranks first
-        keep = ~(at_limit | done)
+        best = finished.best[live]
+        keep = ~(at_limit | (np.isfinite(best) & (bound <= best)))   # a tie cannot win: earlier ranks first
         if not keep.any():
             break
-        live = live[keep]
-        idx = new_parent[keep].ravel()
-        hist = hist.reshape(nl, Wn, -1)[keep].reshape(len(idx), -1)
-        parents.append(idx)
-        idx_d, tokens, s_d = _to_device_rows(xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
-        stepper.select(idx_d, idx)
-        beam_scores = s_d.reshape(len(live), Wn)
-        W = Wn
+        beams.keep(keep, new_parent, new_tok, new_s, stepper)
+    return finished.result(beams.parents, att_steps, src_h, with_attention)
 
-    tokens_out, scores_out, n_best, att_rows = [], [], [], []
-    for i in range(n):
-        hyps = sorted(finished[i], key=lambda h: (h[0], h[1]), reverse=True)
-        n_best.append([(h[2], float(h[0])) for h in hyps])
-        best = hyps[0] if hyps else (-float("inf"), 0, [], (0, 0))   # cannot happen while UNK is allowed
-        tokens_out.append(best[2])
-        scores_out.append(float(best[0]))
-        if with_attention:
-            step, row = best[3]
-            rows = []
-            for tau in range(step, -1, -1):          # follow the parents back to step 0
-                rows.append((tau, row))
-                if tau > 0:
-                    row = int(parents[tau - 1][row])
-            att_rows.append(rows[::-1][:len(best[2])])
-    cross = _attention_rows(att_steps, src_h, att_rows) if with_attention else None
-    return DecodeResult(tokens_out, scores_out, cross, n_best)
+
+class _Beams:
+    """The live beams: W per live sentence, one row each in the decoder's batch."""
+
+    def __init__(self, xp, n: int):
+        np = B.host
+        self.xp = xp
+        self.live = np.arange(n)                  # sentence of each live beam group
+        self.W = 1                                # beams per live sentence: 1 at the start, then K
+                                                  # (fewer while K exceeds the candidates)
+        self.hist = np.zeros((n, 0), dtype=np.int64)              # (n_live*W, t) tokens of each beam
+        self.scores = xp.zeros((n, 1), dtype=xp.float64)          # (n_live, W) log P so far
+        self.tokens = xp.full((n,), BOS, dtype=xp.int64)          # (n_live*W,) the next step's input
+        self.parents = []                         # for the attention: per step, the rows' parents
+
+    def keep(self, keep, new_parent, new_tok, new_s, stepper) -> None:
+        """Go on with the sentences that ``keep`` marks, each with its next beams (``new_*``:
+        (n_live, Wn) parent rows, tokens and scores); the decoder's cache follows the parents."""
+        nl, Wn = new_parent.shape
+        self.live = self.live[keep]
+        idx = new_parent[keep].ravel()
+        self.hist = self.hist.reshape(nl, Wn, -1)[keep].reshape(len(idx), -1)
+        self.parents.append(idx)
+        idx_d, self.tokens, s_d = _to_device_rows(self.xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
+        stepper.select(idx_d, idx)
+        self.scores = s_d.reshape(len(self.live), Wn)
+        self.W = Wn
+
+
+def _ranked(info, W: int, V: int):
+    """A step's candidates from ``beam_candidates`` (``info``: (2, n_live, C) scores and flat
+    indices over a group's W*V), best first (ties: lower id first, as argmax does), as their
+    scores, parent rows in this step's layout and tokens, each (n_live, C)."""
+    np = B.host
+    s, f = info[0], info[1].astype(np.int64)
+    srt = np.lexsort((f, -s), axis=-1)
+    s, f = np.take_along_axis(s, srt, 1), np.take_along_axis(f, srt, 1)
+    parent = np.arange(s.shape[0])[:, None] * W + f // V
+    return s, parent, f % V
+
+
+def _next_beams(s, parent, tok, is_eos, K: int):
+    """The first K candidates that are not EOS are the next beams (an EOS that must fill in
+    is dead: its score is -inf). Returns their parents, tokens and scores, (n_live, min(K, C))."""
+    np = B.host
+    pick = np.argsort(is_eos, axis=1, kind="stable")[:, :K]
+    new_s = np.where(np.take_along_axis(is_eos, pick, 1), -np.inf, np.take_along_axis(s, pick, 1))
+    return np.take_along_axis(parent, pick, 1), np.take_along_axis(tok, pick, 1), new_s
+
+
+class _Finished:
+    """What beam search keeps on the host: per sentence its finished hypotheses and the best
+    length-penalised score among them."""
+
+    def __init__(self, n: int, alpha: float):
+        np = B.host
+        self.hyps = [[] for _ in range(n)]       # per sentence: (score, -order, tokens, (step, row))
+        self.best = np.full(n, -np.inf)           # per sentence: the best finished score so far
+        self.alpha = alpha
+        self.order = 0                            # ties rank the earlier hypothesis first
+
+    def add(self, i: int, tokens: list, logp: float, length: int, step: int, row) -> None:
+        """Sentence i's hypothesis ``tokens`` of log P ``logp``, ended at ``step`` in ``row``."""
+        score = logp / length_penalty(length, self.alpha)
+        self.hyps[i].append((score, -self.order, tokens, (step, int(row))))
+        self.order += 1
+        self.best[i] = max(self.best[i], score)
+
+    def result(self, parents, att_steps, src_h, with_attention: bool) -> DecodeResult:
+        """Each sentence's best hypothesis, its n-best list and (following ``parents``, each
+        step's rows' parent rows, back to step 0) its cross-attention."""
+        tokens_out, scores_out, n_best, att_rows = [], [], [], []
+        for hyps in self.hyps:
+            hyps = sorted(hyps, key=lambda h: (h[0], h[1]), reverse=True)
+            n_best.append([(h[2], float(h[0])) for h in hyps])
+            best = hyps[0] if hyps else (-float("inf"), 0, [], (0, 0))   # cannot happen while UNK is allowed
+            tokens_out.append(best[2])
+            scores_out.append(float(best[0]))
+            if with_attention:
+                step, row = best[3]
+                rows = []
+                for tau in range(step, -1, -1):          # follow the parents back to step 0
+                    rows.append((tau, row))
+                    if tau > 0:
+                        row = int(parents[tau - 1][row])
+                att_rows.append(rows[::-1][:len(best[2])])
+        cross = _attention_rows(att_steps, src_h, att_rows) if with_attention else None
+        return DecodeResult(tokens_out, scores_out, cross, n_best)

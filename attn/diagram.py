@@ -71,58 +71,11 @@ def architecture(parameter_names, n_encoder_layers: int, n_decoder_layers: int, 
     fig, ax = _canvas(8.6, 0.62 * top, (-0.4, 10.4), (-0.3, top))
     stacks = {}
     for stack, x, sub, n in (("encoder", 2.6, enc, n_encoder_layers), ("decoder", 7.2, dec, n_decoder_layers)):
-        side = "inputs (source ids)" if stack == "encoder" else "outputs, shifted right\n(<s> + target ids)"
-        ax.text(x, 0.0, side, ha="center", va="center", fontsize=10)
-        _box(ax, x, 0.9, 2.6, h, f"Embedding x √{d_model}", "embed")
-        # the positional encoding enters the sum below the stack, from the outside, as in the paper
-        out = 1 if stack == "decoder" else -1
-        ax.add_patch(Circle((x, 1.65), 0.13, fc="white", ec="#333333", lw=1.1))
-        ax.plot([x - 0.08, x + 0.08], [1.65, 1.65], color="#333333", lw=1.1)
-        ax.plot([x, x], [1.57, 1.73], color="#333333", lw=1.1)
-        _arrow(ax, (x + out * 0.95, 1.65), (x + out * 0.14, 1.65))
-        ax.text(x + out * 1.02, 1.65, "Positional\nencoding", ha="left" if out > 0 else "right", va="center",
-                fontsize=9)
-        _arrow(ax, (x, 0.3), (x, 0.9 - h / 2))
-        _arrow(ax, (x, 0.9 + h / 2), (x, 1.52))
-        y, y_in, ys = 2.45, 1.78, {}
-        frame_lo = y - 0.35
-        for name in sub:
-            if name.startswith("norm"):
-                continue
-            label, kind = _LABELS.get((stack, name), (f"Feed forward\n{d_model} -> {d_ff} -> {d_model}", "ffn"))
-            _box(ax, x, y + 0.3, 2.6, h + 0.08, label, kind)
-            _box(ax, x, y + 0.95, 2.6, 0.36, "Add & Norm", "norm", size=9)
-            _arrow(ax, (x, y_in), (x, y + 0.3 - (h + 0.08) / 2))
-            _arrow(ax, (x, y + 0.3 + (h + 0.08) / 2), (x, y + 0.95 - 0.18))
-            # the residual path: around the sub-layer, into Add & Norm
-            rx = x - 1.55 if stack == "encoder" else x + 1.55
-            branch = max(y_in + 0.12, frame_lo + 0.12)          # inside the stack's frame
-            ax.plot([x, rx, rx], [branch, branch, y + 0.95], color="#555555", lw=1.0)
-            _arrow(ax, (rx, y + 0.95), (x - 1.3 if stack == "encoder" else x + 1.3, y + 0.95), color="#555555")
-            ys[name] = y + 0.3
-            y_in = y + 0.95 + 0.18
-            y += 1.3
-        ax.add_patch(FancyBboxPatch((x - 1.85, frame_lo), 3.7, y - frame_lo - 0.2,
-                                    boxstyle="round,pad=0.05,rounding_size=0.2", fc="none", ec="#777777", lw=1.2))
-        ax.text(x + out * 2.0, (frame_lo + y) / 2 + 0.25, f"x {n}", fontsize=13,
-                ha="left" if out > 0 else "right", va="center", weight="bold")
-        ax.text(x + out * 2.0, (frame_lo + y) / 2 - 0.3, stack.capitalize(), fontsize=11,
-                ha="left" if out > 0 else "right", va="center", weight="bold")
-        stacks[stack] = (x, y_in, ys)
+        _inputs(ax, stack, x, h, d_model)
+        stacks[stack] = _stack(ax, stack, x, h, sub, n, d_model, d_ff)
     ex, ey, _ = stacks["encoder"]
     dx, dy, dys = stacks["decoder"]
-    # the memory: the encoder's output goes to every decoder layer's cross-attention
-    if "cross_attn" in dys:
-        my = dys["cross_attn"]
-        ax.plot([ex, ex, (ex + dx) / 2, (ex + dx) / 2], [ey, ey + 0.25, ey + 0.25, my], color="#b05a00", lw=1.3)
-        _arrow(ax, ((ex + dx) / 2, my), (dx - 1.3, my), color="#b05a00")
-        ax.text((ex + dx) / 2 + 0.08, ey + 0.33, "memory (K, V)", color="#b05a00", fontsize=9)
-    _box(ax, dx, dy + 0.75, 2.6, 0.5, "Linear (x Embeddingᵀ)", "linear", size=9)
-    _box(ax, dx, dy + 1.5, 2.6, 0.5, "Softmax", "softmax", size=9)
-    _arrow(ax, (dx, dy), (dx, dy + 0.5))
-    _arrow(ax, (dx, dy + 1.0), (dx, dy + 1.25))
-    _arrow(ax, (dx, dy + 1.75), (dx, dy + 2.15))
-    ax.text(dx, dy + 2.35, "output probabilities", ha="center", va="center", fontsize=10)
+    _memory_and_outputs(ax, (ex, ey), (dx, dy), dys.get("cross_attn"))
     ax.text(ex, ey + 1.4, f"d_model {d_model}, {n_heads} heads,\nd_ff {d_ff}", ha="center", va="center", fontsize=10)
     fig.attn_alt = (f"The Transformer (the paper's Figure 1) as this model builds it: an encoder of {n_encoder_layers} "
                     f"layers ({', '.join(s for s in enc if not s.startswith('norm'))}, each followed by Add & Norm "
@@ -131,6 +84,70 @@ def architecture(parameter_names, n_encoder_layers: int, n_decoder_layers: int, 
                     "the memory, feeds every cross-attention; below each stack the positional encoding is added "
                     "to the embeddings, the output projection and softmax above.")
     return fig
+
+
+def _inputs(ax, stack: str, x: float, h: float, d_model: int) -> None:
+    """Below a stack: its input ids, the embedding and the positional encoding's sum."""
+    side = "inputs (source ids)" if stack == "encoder" else "outputs, shifted right\n(<s> + target ids)"
+    ax.text(x, 0.0, side, ha="center", va="center", fontsize=10)
+    _box(ax, x, 0.9, 2.6, h, f"Embedding x √{d_model}", "embed")
+    # the positional encoding enters the sum below the stack, from the outside, as in the paper
+    out = 1 if stack == "decoder" else -1
+    ax.add_patch(Circle((x, 1.65), 0.13, fc="white", ec="#333333", lw=1.1))
+    ax.plot([x - 0.08, x + 0.08], [1.65, 1.65], color="#333333", lw=1.1)
+    ax.plot([x, x], [1.57, 1.73], color="#333333", lw=1.1)
+    _arrow(ax, (x + out * 0.95, 1.65), (x + out * 0.14, 1.65))
+    ax.text(x + out * 1.02, 1.65, "Positional\nencoding", ha="left" if out > 0 else "right", va="center",
+            fontsize=9)
+    _arrow(ax, (x, 0.3), (x, 0.9 - h / 2))
+    _arrow(ax, (x, 0.9 + h / 2), (x, 1.52))
+
+
+def _stack(ax, stack: str, x: float, h: float, sub: list, n: int, d_model: int, d_ff: int):
+    """A stack's sub-layers bottom-up, each with its Add & Norm and residual path, framed
+    with "x n". Returns (x, the stack's output y, {sub-layer: its box's y})."""
+    out = 1 if stack == "decoder" else -1
+    y, y_in, ys = 2.45, 1.78, {}
+    frame_lo = y - 0.35
+    for name in sub:
+        if name.startswith("norm"):
+            continue
+        label, kind = _LABELS.get((stack, name), (f"Feed forward\n{d_model} -> {d_ff} -> {d_model}", "ffn"))
+        _box(ax, x, y + 0.3, 2.6, h + 0.08, label, kind)
+        _box(ax, x, y + 0.95, 2.6, 0.36, "Add & Norm", "norm", size=9)
+        _arrow(ax, (x, y_in), (x, y + 0.3 - (h + 0.08) / 2))
+        _arrow(ax, (x, y + 0.3 + (h + 0.08) / 2), (x, y + 0.95 - 0.18))
+        # the residual path: around the sub-layer, into Add & Norm
+        rx = x - 1.55 if stack == "encoder" else x + 1.55
+        branch = max(y_in + 0.12, frame_lo + 0.12)          # inside the stack's frame
+        ax.plot([x, rx, rx], [branch, branch, y + 0.95], color="#555555", lw=1.0)
+        _arrow(ax, (rx, y + 0.95), (x - 1.3 if stack == "encoder" else x + 1.3, y + 0.95), color="#555555")
+        ys[name] = y + 0.3
+        y_in = y + 0.95 + 0.18
+        y += 1.3
+    ax.add_patch(FancyBboxPatch((x - 1.85, frame_lo), 3.7, y - frame_lo - 0.2,
+                                boxstyle="round,pad=0.05,rounding_size=0.2", fc="none", ec="#777777", lw=1.2))
+    ax.text(x + out * 2.0, (frame_lo + y) / 2 + 0.25, f"x {n}", fontsize=13,
+            ha="left" if out > 0 else "right", va="center", weight="bold")
+    ax.text(x + out * 2.0, (frame_lo + y) / 2 - 0.3, stack.capitalize(), fontsize=11,
+            ha="left" if out > 0 else "right", va="center", weight="bold")
+    return x, y_in, ys
+
+
+def _memory_and_outputs(ax, encoder_top, decoder_top, cross_y) -> None:
+    """The encoder's output, the memory, into the decoder's cross-attention (at ``cross_y``,
+    when there is one), and the output projection and softmax above the decoder."""
+    (ex, ey), (dx, dy) = encoder_top, decoder_top
+    if cross_y is not None:
+        ax.plot([ex, ex, (ex + dx) / 2, (ex + dx) / 2], [ey, ey + 0.25, ey + 0.25, cross_y], color="#b05a00", lw=1.3)
+        _arrow(ax, ((ex + dx) / 2, cross_y), (dx - 1.3, cross_y), color="#b05a00")
+        ax.text((ex + dx) / 2 + 0.08, ey + 0.33, "memory (K, V)", color="#b05a00", fontsize=9)
+    _box(ax, dx, dy + 0.75, 2.6, 0.5, "Linear (x Embeddingᵀ)", "linear", size=9)
+    _box(ax, dx, dy + 1.5, 2.6, 0.5, "Softmax", "softmax", size=9)
+    _arrow(ax, (dx, dy), (dx, dy + 0.5))
+    _arrow(ax, (dx, dy + 1.0), (dx, dy + 1.25))
+    _arrow(ax, (dx, dy + 1.75), (dx, dy + 2.15))
+    ax.text(dx, dy + 2.35, "output probabilities", ha="center", va="center", fontsize=10)
 
 
 def attention_figure(n_heads: int | None = None, d_k: int | None = None) -> Figure:

@@ -1,8 +1,10 @@
 """The architecture, enforced: the import-linter contracts in setup.cfg hold, every part of the
 package is in one of the three layers they name, docs/ARCHITECTURE.md draws those layers as
-they are, and no module is longer than one person reads in a sitting."""
+they are, no module is longer than one person reads in a sitting, and no function of the
+course longer than a screen."""
 from __future__ import annotations
 
+import ast
 import configparser
 import re
 from pathlib import Path
@@ -14,6 +16,8 @@ PACKAGE = ROOT / "attn"
 
 #: The most lines a module of attn/ may have.
 MAX_LINES = 800
+#: The most lines a function of the course may have, its signature and docstring included.
+MAX_FUNCTION_LINES = 60
 
 
 def _lines(value: str) -> list[str]:
@@ -85,3 +89,25 @@ def test_the_map_draws_the_layers_as_the_contracts_name_them():
 def test_no_module_is_longer_than_a_sitting(path):
     n = len(path.read_text(encoding="utf-8").splitlines())
     assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (at most {MAX_LINES}): split it by its seams"
+
+
+def course_files() -> list[Path]:
+    """The files of the course's parts, as setup.cfg's contracts name them."""
+    files = []
+    for name in sorted(layers()["course"]):
+        path = PACKAGE.joinpath(*name.split(".")[1:])
+        files += sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+    return files
+
+
+def test_no_function_of_the_course_is_longer_than_a_screen():
+    """A learner reads each function of the course whole: a longer one is split into named steps."""
+    long = []
+    for path in course_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert len(course_files()) > 20
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines, to split into named steps: {long}"

@@ -126,6 +126,20 @@ class TrainConfig:
     quiet: bool = False                # no progress bar
 
     def __post_init__(self):
+        self._check_paths()
+        self._check_choices()
+        self._check_precision()
+        self._check_block()
+        if self.backend not in (None, "numpy", "cupy", "auto"):
+            self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
+        self._check_integers()
+        self._check_reals()
+        for name in ("resume", "overwrite", "reference", "cuda_graph", "quiet"):
+            if not isinstance(getattr(self, name), bool):
+                self._bad(name, "must be True or False")
+
+    def _check_paths(self) -> None:
+        """``data``, ``tsv`` and ``out`` as paths; a corpus given; ``resume`` or ``overwrite``, not both."""
         for name in ("data", "tsv", "out"):
             v = getattr(self, name)
             if isinstance(v, str):
@@ -138,6 +152,9 @@ class TrainConfig:
             self._bad("overwrite", "cannot be combined with resume (one continues the run in out, the other deletes it)")
         if self.tsv is None and self.data is None:
             self._bad("data", "must be a folder (or give tsv)")
+
+    def _check_choices(self) -> None:
+        """The languages, the preset, the dtype and the vocabulary's kind and size."""
         for name in ("src", "tgt"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 self._bad(name, "must be a non-empty language suffix such as 'en'")
@@ -152,6 +169,9 @@ class TrainConfig:
                                             or self.vocab_size < _smallest_vocab(kind)):
             self._bad("vocab_size", f"must be an integer of at least {_smallest_vocab(kind)} "
                                     f"for vocab={kind!r}")
+
+    def _check_precision(self) -> None:
+        """A known precision, and one other than fp32 only in float32 on the fast engine."""
         try:
             Precision(self.precision)
         except PrecisionError:
@@ -162,9 +182,9 @@ class TrainConfig:
         if self.precision != "fp32" and self.reference is True:
             self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
                                    "multiply in float32); drop one of the two flags")
-        self._check_block()
-        if self.backend not in (None, "numpy", "cupy", "auto"):
-            self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
+
+    def _check_integers(self) -> None:
+        """The counts: integers, not bools, at least their smallest value; ``max_tokens`` capped."""
         for name, low, optional in (("min_freq", 1, True), ("max_len", 1, True), ("d_model", 1, True),
                                     ("heads", 1, True), ("d_ff", 1, True), ("layers", 1, True), ("kv_heads", 1, True),
                                     ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
@@ -181,6 +201,9 @@ class TrainConfig:
         if self.max_tokens is not None and self.max_tokens > MAX_BATCH_TOKENS:
             self._bad("max_tokens", f"must be at most {MAX_BATCH_TOKENS:,} (the paper's batches hold 25,000 "
                                     f"source and 25,000 target tokens)")
+
+    def _check_reals(self) -> None:
+        """The rates and fractions: finite numbers within their ranges."""
         for name, check, rule in (("minutes", lambda v: v >= 0, "must be >= 0 (0: no limit)"),
                                   ("lr_factor", lambda v: 0 < v <= MAX_LR_FACTOR,
                                    f"must be > 0 and at most {MAX_LR_FACTOR:g} (1 is the paper's rate)"),
@@ -196,9 +219,6 @@ class TrainConfig:
                 self._bad(name, "must be a finite number")
             if not check(v):
                 self._bad(name, rule)
-        for name in ("resume", "overwrite", "reference", "cuda_graph", "quiet"):
-            if not isinstance(getattr(self, name), bool):
-                self._bad(name, "must be True or False")
 
     def _check_block(self) -> None:
         """The block's kinds."""
@@ -364,7 +384,18 @@ def build_parser() -> argparse.ArgumentParser:
                "  attn-train --tsv deu.txt --preset small      # Tatoeba/Anki pairs: src<TAB>tgt\n"
                "  attn-train --resume --out runs/toy           # continue an interrupted run",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("data")
+    _add_data_flags(p.add_argument_group("data"))
+    _add_model_flags(p.add_argument_group("model"))
+    _add_block_flags(p)
+    g = p.add_argument_group("training")
+    _add_budget_flags(g)
+    _add_evaluation_flags(g)
+    _add_run_flags(g)
+    return p
+
+
+def _add_data_flags(g) -> None:
+    """The corpus, its languages and its vocabulary."""
     g.add_argument("--data", type=Path,
                    help="folder with {train,val,test}.{SRC,TGT} line-aligned files (default: the toy corpus)")
     g.add_argument("--src", help=f"source language suffix (default: {_D.src})")
@@ -380,7 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"with --vocab bpe: the vocabulary's size, e.g. 8000 (default: the preset's, "
                         f"{_recipe('vocab_size')}; else {DEFAULT_BPE_SIZE}); "
                         "with --vocab word: keep the N most frequent (default: all)")
-    g = p.add_argument_group("model")
+
+
+def _add_model_flags(g) -> None:
+    """The model's size, over the preset's."""
     g.add_argument("--preset", choices=sorted(PRESETS), help=f"model size (default: {_D.preset})")
     g.add_argument("--d-model", type=int, help="override the preset's d_model")
     g.add_argument("--heads", type=int, help="override the number of attention heads")
@@ -389,8 +423,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, help="override the residual dropout")
     g.add_argument("--label-smoothing", type=float, help="override label smoothing epsilon")
     g.add_argument("--dtype", choices=["float32", "float64"], help=f"default {_D.dtype}")
-    _add_block_flags(p)
-    g = p.add_argument_group("training")
+
+
+def _add_budget_flags(g) -> None:
+    """The backend, how long to train, and the schedule of the updates."""
     g.add_argument("--backend", choices=["numpy", "cupy", "auto"],
                    help="array backend (default: $ATTN_BACKEND or numpy; a resumed run keeps its saved backend "
                         "unless this flag is given)")
@@ -413,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"or --epochs, whichever runs out first), e.g. 0.3 (0: off; default: the preset's, "
                         f"{_recipe('cooldown')}; not with --cuda-graph)")
     g.add_argument("--clip", type=float, help="clip the global gradient norm to this (0: off, the default)")
+
+
+def _add_evaluation_flags(g) -> None:
+    """The seed, validation, averaging and the final test translation."""
     g.add_argument("--seed", type=int, help=f"seed for weights, batch order and dropout (default {_D.seed})")
     g.add_argument("--eval-every", type=int,
                    help=f"validate and checkpoint every N steps (default {_D.eval_every})")
@@ -431,6 +471,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-repeat-ngram", type=int, metavar="N",
                    help="no test translation repeats one of its own N-grams of tokens (0: off; default: the "
                         f"preset's, {_recipe('no_repeat_ngram')})")
+
+
+def _add_run_flags(g) -> None:
+    """The run's folder, the engine and its precision, and what is printed."""
     g.add_argument("--out", help=f"output folder (default {_D.out}); one run at a time: a second run on a "
                                  "folder in use is refused")
     g.add_argument("--resume", action="store_true",
@@ -455,7 +499,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "attn.fast engine only (not --reference); a resumed run keeps "
                         "its saved precision")
     g.add_argument("--quiet", action="store_true", help="no progress bar, and no metrics dumped as JSON on stderr at the end (metrics.json has them)")
-    return p
 
 
 def _add_block_flags(parser: argparse.ArgumentParser) -> None:
