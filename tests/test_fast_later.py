@@ -144,3 +144,33 @@ def test_rotary_tables_are_made_once(backend):
     tables = fast._rope
     fast.forward(src, src[:, :3])
     assert fast._rope is tables and B.get_array_module(tables[0]) is backend
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_fast_gradient_with_dropout_matches_numerical(backend, norm):
+    """Every dropout on, the later block (on the stand-in: the kernels' dropout regenerated from
+    its counter in RMSNorm's epilogue and backward and in SwiGLU's gate): the fast gradient of
+    every parameter against central differences, float64."""
+    from attn.gradcheck import numerical_gradient
+    cfg = TransformerConfig(vocab_size=7, d_model=8, n_heads=2, d_ff=6, n_encoder_layers=1, n_decoder_layers=1,
+                            dropout=0.3, attention_dropout=0.3, relu_dropout=0.3, max_len=8, norm=norm,
+                            **{**ALL, "kv_heads": 1})
+    model = FastTransformer(cfg, seed=2, dtype="float64")
+    src, tgt_in, tgt_out = (B.to_device(np.array(a)) for a in ([[4, 5, 6], [5, 3, 0]], [[1, 4, 5], [1, 6, 0]],
+                                                                  [[4, 5, 2], [6, 2, 0]]))
+
+    def loss():
+        return cross_entropy(model.forward(src, tgt_in, B.DeviceRNG(7))[0], tgt_out, 0.0)[0]
+
+    logits, cache = model.forward(src, tgt_in, B.DeviceRNG(7))
+    _, d = fast_ce(logits, tgt_out, 0.0)
+    grads = model.backward(d, cache)
+    # a few entries of the parameters the new operations touch (the stand-in's kernels are slow)
+    for name in ("encoder.0.norm1.gamma", "decoder.0.norm3.gamma", "decoder.0.ffn.w1", "decoder.0.ffn.w3",
+                 "encoder.0.ffn.w2", "encoder.0.self_attn.w_k", "decoder.0.self_attn.w_q", "embedding.weight"):
+        p = model.params[name]
+        picked = np.random.default_rng(len(name)).choice(p.size, 3, replace=False)
+        num = _host(numerical_gradient(loss, p, indices=picked)).reshape(-1)[picked]
+        got = _host(grads[name]).reshape(-1)[picked]
+        err, off = rel_error(got, num), float(np.abs(got - num).max())
+        assert err < 1e-6 or off < 1e-9, f"{name}: relative error {err:.1e}, at most {off:.1e}"
