@@ -213,3 +213,20 @@ def test_torch_decoding_is_the_same_work_as_the_gpu_engines(torch, beam):
         else:
             got = decode.beam_search(ours, cp.asarray(src), beam_size=beam, alpha=0.0, max_len=steps).tokens
     assert got == t[::beam].tolist()
+
+
+def test_the_block_option_times_each_block_named():
+    """``--block paper,later``: each block in turn in one run; the later one is the preset with the
+    later models' block (the workers are told it too); an unknown block is refused naming it."""
+    from attn.bench.cli import parse_args
+    from attn.bench.isolated import _worker_args
+    from attn.bench.presets import _bench_config
+    args = parse_args(["--block", "paper,later", "--preset", "toy-bench"])
+    assert args.blocks == ["paper", "later"] and args.block == "paper"
+    assert model_config(_bench_config(args)) == model_config(BENCH_PRESETS["toy-bench"])
+    args.block = "later"
+    cfg = model_config(_bench_config(args))
+    assert (cfg.norm, cfg.norm_kind, cfg.positional, cfg.ffn, cfg.kv_heads) == ("pre", "rms", "rope", "swiglu", 2)
+    assert _worker_args(args, "attn")[-2:] == ["--block", "later"]
+    with pytest.raises(SystemExit):
+        parse_args(["--block", "llama"])
