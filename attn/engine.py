@@ -33,6 +33,7 @@ import contextlib
 from importlib import metadata
 from typing import Protocol, runtime_checkable
 
+from . import backend as B
 from .loss import cross_entropy
 from .model import Transformer, TransformerConfig
 from .optim import Adam
@@ -162,13 +163,51 @@ class Engine(Protocol):
 
     def loss(self, trusted: bool = False): ...
 
-    def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn): ...
+    def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn):
+        """The training step captured whole, ``step(batch, seed) -> (loss, lr)``, the loss valid
+        until the next step begins (an engine that :attr:`captures`)."""
+
+    def loop_step(self, model, step, dp=None):
+        """``step(batch, seed) -> (loss, lr)``, the readable step the training loop runs
+        (:func:`attn.train.train_step`), as this engine runs it (``dp``: a data-parallel group,
+        or None); the loss valid until the next step begins."""
+
+    def loss_log(self) -> "LossLog":
+        """Where the training loop keeps the losses of the steps since it last logged."""
 
     def check_precision(self, precision: Precision, dtype="float32") -> None: ...
 
     def settle(self, config, say):
         """The run's config as this device can run it (an engine probes what it needs), saying
         through ``say`` what it switched off."""
+
+
+class LossLog:
+    """The losses of the steps since the training loop last logged: the loop appends each step's
+    and logs every :attr:`every` steps (and before every evaluation, checkpoint and stop), when
+    :meth:`take` brings them all to the host at once: on a GPU, the loop's one wait for the
+    device. The readable engine's keeps the loss arrays themselves (each step's is its own)."""
+
+    #: Steps between two logs of the training loss (the progress bar; ``state.losses`` gets every step's).
+    every = 10
+
+    def __init__(self):
+        self.losses = []
+
+    def append(self, loss) -> None:
+        self.losses.append(loss)
+
+    def __len__(self) -> int:
+        return len(self.losses)
+
+    def take(self) -> list:
+        """The losses as host floats (one transfer); none kept afterwards."""
+        if not self.losses:
+            return []
+        xp = B.get_array_module(*self.losses)
+        values = B.to_host(xp.stack(self.losses)).astype("float64").tolist()
+        self.losses = []
+        return values
 
 
 class EngineError(ValueError):
@@ -205,6 +244,13 @@ class ReferenceEngine:
 
     def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn):
         raise EngineError(f"the {self.name} engine cannot capture a training step (the fast engine on a GPU can)")
+
+    def loop_step(self, model, step, dp=None):
+        """``step`` as it is: the readable step is what the loop runs."""
+        return step
+
+    def loss_log(self) -> LossLog:
+        return LossLog()
 
     def check_precision(self, precision: Precision, dtype="float32") -> None:
         check_precision(self, precision)

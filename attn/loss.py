@@ -70,4 +70,3 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
         raise FloatingPointError(f"cross_entropy: the loss is {float(loss)}: the logits "
                                  f"(shape {tuple(logits.shape)}) contain NaN or inf")
     return loss, d.reshape(logits.shape)
-

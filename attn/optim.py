@@ -132,5 +132,3 @@ class Adam:
 def schedule_curve(steps, d_model: int, warmup_steps: int, factor: float = 1.0):
     """The schedule over a range of steps, as a list (for plots)."""
     return [noam_lr(s, d_model, warmup_steps, factor) for s in steps]
-
-

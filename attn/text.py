@@ -90,7 +90,6 @@ def _normalize_unicode(text: str) -> str:
     return " ".join(part for part in spaced.split(" ") if part)
 
 
-
 def _spans_ascii(text: str) -> list[tuple[str, bool]]:
     tokens, end = [], -1
     for m in _ASCII_TOKEN.finditer(text):

@@ -29,15 +29,14 @@ fitted to the budget), ``checkpoints`` (state, checkpoints, snapshots, averaging
 the files of ``out``), ``evaluation`` (validation during training, the test at the
 end) and ``distributed`` (``mpiexec -n N attn-train``: N processes training one
 model as one process would; a run of one process never uses it beyond asking how
-many processes there are). The names the package has always offered here
-(``TrainConfig``, ``build_vocab``, ``evaluate_loss``, ...) are imported from there.
+many processes there are). Import what they define from them.
 """
 from __future__ import annotations
 
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -46,28 +45,16 @@ from . import engine as engines
 from .checkpoint import CheckpointError
 from .data import DataError, make_batches
 from .evaluate import progress_bar_options
-from .layers._checks import check_ids
 from .loss import cross_entropy
 from .training import distributed
 from .training.interrupts import Interrupted, StopSignals, abort_on_signals, exit_status
-from .training.checkpoints import (RUN_FILES, TrainState, average_snapshots, hold_out,  # noqa: F401 (re-exported)
-                                   open_run, save_checkpoint, snapshot, start_writing)
-from .training.config import (DEFAULT_BPE_SIZE, DEFAULT_DATA, EVAL_SHARE, RECIPES,  # noqa: F401 (re-exported)
-                              RESUME_MAY_CHANGE, WARMUP_FRACTION, TrainConfig, TrainConfigError, build_parser,
-                              config_from_argv, resumed_config)
-from .training.evaluation import bleu_on, choose_final_model, evaluate_and_save, evaluate_loss, test_and_report  # noqa: F401
-from .training.prepare import (Corpus, build_vocab, fit_warmup, load_corpus, make_engine,  # noqa: F401 (re-exported)
-                               measure_step_seconds, prepare, schedule_factor, split_by_source, step_loss_fn)
-
-#: Steps between two logs of the training loss (the progress bar; ``state.losses`` gets every
-#: step's). Fetching the losses is the loop's one host sync, so on a GPU it happens on these
-#: steps only, for all the steps since the last log at once (and before every evaluation,
-#: checkpoint and stop).
-LOG_EVERY = 10
+from .training.checkpoints import TrainState, hold_out, open_run, save_checkpoint, snapshot, start_writing
+from .training.config import TrainConfig, TrainConfigError, build_parser
+from .training.evaluation import evaluate_and_save, test_and_report
+from .training.prepare import prepare
 
 
-def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0, loss_fn=cross_entropy,
-               dp=None, copy_loss: bool = True):
+def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0, loss_fn=cross_entropy, dp=None):
     """One optimizer step on one batch (sections 5.3, 5.4).
 
     Forward with dropout (masks from ``rng``), label-smoothed cross-entropy,
@@ -79,29 +66,12 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
     takes its share of the batch's sentences, and the gradients and the loss are the
     sums over all processes: those of the whole batch, as one process computes them.
 
-    The step runs inside ``engines.step_memory(model, shapes)`` (:mod:`attn.engine`): an engine may
-    make a step's arrays at the same addresses every step of those shapes, and then the loss returned
-    is a copy of its own.
-
     Returns (loss, lr): the loss as a 0-d array on the device (no host sync here)
-    and the learning rate the step used. With ``copy_loss=False`` the loss may lie in the step
-    memory, valid until the next step begins (the training loop copies it into its own buffer
-    at once: :class:`_PendingLosses`); else it is a copy of its own.
+    and the learning rate the step used.
     """
     weight = None
     if dp is not None:
         batch, rng, weight = dp.share(batch, rng, model)     # this process's sentences and their random numbers
-    cfg = model.config
-    for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
-        check_ids("train_step", f"batch.{name}", B.to_host(getattr(batch, name)), V)   # on the host: no sync
-    if dp is not None:                       # a data-parallel step all-reduces between its launches
-        return _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    with engines.step_memory(model, (batch.src.shape, batch.tgt_in.shape)) as reused:
-        loss, lr = _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight)
-    return (loss.copy() if copy_loss and reused else loss), lr
-
-
-def _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight):
     src, tgt_in, tgt_out = (B.to_device(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))
     logits, cache = model.forward(src, tgt_in, rng)
     loss, dlogits = loss_fn(logits, tgt_out, label_smoothing)
@@ -115,37 +85,8 @@ def _step(model, opt, batch, rng, label_smoothing, clip, loss_fn, dp, weight):
     return loss, lr
 
 
-class _PendingLosses:
-    """The losses of the steps since the last log, in one buffer on the losses' device: each
-    step's is copied into the next slot (one launch, nothing allocated once the buffer holds a
-    log's worth), so that a step may hand back a loss in its step memory; :func:`_log_losses`
-    brings them to the host in one transfer."""
-
-    def __init__(self):
-        self.buf, self.n = None, 0
-
-    def append(self, loss) -> None:
-        if self.buf is None or self.n == self.buf.size:
-            xp = B.get_array_module(loss)              # (the loop calls this between steps)
-            grown = xp.empty((max(2 * LOG_EVERY, 0 if self.buf is None else 2 * self.buf.size),), dtype=loss.dtype)
-            if self.n:
-                grown[:self.n] = self.buf[:self.n]
-            self.buf = grown
-        self.buf[self.n] = loss
-        self.n += 1
-
-    def __len__(self) -> int:
-        return self.n
-
-    def take(self) -> list:
-        """The pending losses as host floats (one transfer); none pending afterwards."""
-        values = B.to_host(self.buf[:self.n]).astype("float64").tolist() if self.n else []
-        self.n = 0
-        return values
-
-
-def _log_losses(pending: _PendingLosses, state: "TrainState") -> float:
-    """Bring the pending device losses to the host in one transfer, append them to
+def _log_losses(pending: engines.LossLog, state: "TrainState") -> float:
+    """Bring the pending losses to the host in one transfer, append them to
     ``state.losses`` and empty ``pending``. Returns the last one. Raises FloatingPointError
     naming the step if one is NaN or infinite."""
     if not len(pending):
@@ -180,7 +121,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
     step (after its averaging snapshot, before any evaluation) with the :class:`TrainState`,
     the model and the seconds of the ``minutes`` budget used so far; it must change
     neither. ``state.losses`` then holds every step's loss so far (so each step brings its
-    loss to the host, where an unwatched run does so every :data:`LOG_EVERY` steps). The
+    loss to the host, where an unwatched run does so every ``log.every`` steps). The
     side-by-side benchmark (:mod:`attn.bench.quality`) watches the run with it.
     """
     if not isinstance(config, TrainConfig):
@@ -217,13 +158,12 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
     if run.warmup_rule is not None:
         dp.say(f"warm-up: {run.warmup_rule['warmup_steps']} steps ({run.warmup_rule['why']})")
 
-    captured = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn) if config.cuda_graph else None
-
     def step(batch, seed):
-        if captured is not None:                        # --cuda-graph: one launch a step
-            return captured(batch, seed, copy_loss=False)
-        return train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn, parallel,
-                          copy_loss=False)
+        return train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn, parallel)
+    if config.cuda_graph:                               # one launch a step
+        step = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn)
+    else:                                               # the fast engine's: in its step memory
+        step = run.engine.loop_step(model, step, parallel)
 
     def evaluate(bar):
         evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
@@ -232,7 +172,7 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
     hooks = Hooks(step, evaluate, save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
                   snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
                   on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)),
-                  set_progress=opt.set_progress if opt.cooldown else None)
+                  set_progress=opt.set_progress if opt.cooldown else None, log=run.engine.loss_log())
     stop_reason = run.untested or run_loop(config, state, run.train_enc, hooks, dp, stop)   # untested: owes its test
     if stop_reason == "interrupted":
         dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
@@ -277,13 +217,16 @@ class Hooks:
         An averaging snapshot, every ``config.snapshot_every`` steps when ``config.average > 1``.
     ``on_step(state, wall_seconds)``
         After every step (after its snapshot, before any evaluation); every step's loss is then
-        in ``state.losses`` (else they come to the host every :data:`LOG_EVERY` steps).
+        in ``state.losses`` (else they come to the host every ``log.every`` steps).
     ``set_progress(fraction)``
         Before every step: the fraction of the budget used (:func:`budget_used`), for the
         schedule's cooldown (:meth:`attn.optim.Adam.set_progress`). Under ``dp`` it is process 0's,
         one broadcast a step: a run without a cooldown passes None and skips it.
     ``desc``
         The progress bar's label.
+    ``log``
+        Where the losses of the steps since the last log wait (:class:`attn.engine.LossLog`,
+        or the engine's own: :meth:`attn.engine.Engine.loss_log`).
     """
     step: Callable
     evaluate: Callable
@@ -292,6 +235,7 @@ class Hooks:
     on_step: Callable | None = None
     set_progress: Callable | None = None
     desc: str = "train"
+    log: engines.LossLog = field(default_factory=engines.LossLog)
 
 
 def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp=None,
@@ -308,7 +252,7 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp
     """
     from tqdm import tqdm
     dp = distributed.group() if dp is None else dp
-    clock = _Clock(config, state)
+    clock = _Clock(config, state, hooks.log)
     bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step",
                disable=config.quiet or not dp.master, desc=hooks.desc, **progress_bar_options())
     stop_reason = None
@@ -322,7 +266,7 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp
                     hooks.set_progress(dp.broadcast(used) if dp.size > 1 else used)    # process 0's clock
                 t0 = time.perf_counter()
                 loss, lr = hooks.step(batch, config.seed * 1_000_003 + state.step)
-                clock.pending.append(loss)              # copied before the next step reuses its memory
+                hooks.log.append(loss)
                 clock.stepped(batch, time.perf_counter() - t0)
                 bar.update(1)
                 stop_reason = dp.agree(clock.stop_reason(interrupt), interrupt.requested)   # process 0's decides
@@ -345,9 +289,9 @@ class _Clock:
     step of the last evaluation; what happens after a step (the log, the snapshot, the watcher,
     an evaluation or the checkpoint of an interrupted run)."""
 
-    def __init__(self, config: TrainConfig, state: TrainState):
+    def __init__(self, config: TrainConfig, state: TrainState, log: engines.LossLog):
         self.config, self.state = config, state
-        self.pending = _PendingLosses()                 # the device losses of the steps since the last log
+        self.pending = log                              # the losses of the steps since the last log
         self.budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
         self.started, self.wall_before = time.perf_counter(), state.wall_seconds
         self.last_eval_step = state.step
@@ -374,7 +318,7 @@ class _Clock:
     def after_step(self, hooks: Hooks, stop_reason, bar, lr: float, dp) -> None:
         config, state = self.config, self.state
         due = stop_reason or state.step - self.last_eval_step >= config.eval_every
-        if state.step % LOG_EVERY == 0 or due or hooks.on_step is not None:    # a watcher reads each step's loss
+        if state.step % self.pending.every == 0 or due or hooks.on_step is not None:    # a watcher reads each step's loss
             loss_value = _log_losses(self.pending, state)       # the one host sync, on the steps that log
             tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
             left = self.budget - state.wall_seconds

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attn import backend as B  # noqa: E402
 from attn.decode import EXTRA_LENGTH, length_penalty  # noqa: E402
 from attn.evaluate import translate  # noqa: E402
-from attn.train import TrainConfig, load_corpus  # noqa: E402
+from attn.train import TrainConfig  # noqa: E402
+from attn.training.prepare import load_corpus  # noqa: E402
 from attn.translate import load_translator  # noqa: E402
 
 

@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attn import backend as B  # noqa: E402
 from attn.evaluate import corpus_scores, translate_sentences  # noqa: E402
-from attn.train import TrainConfig, load_corpus  # noqa: E402
+from attn.train import TrainConfig  # noqa: E402
+from attn.training.prepare import load_corpus  # noqa: E402
 from attn.translate import load_translator  # noqa: E402
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attn.data import encode_pairs, make_batches  # noqa: E402
-from attn.train import build_vocab, config_from_argv, load_corpus  # noqa: E402
-from attn.training.prepare import longest_pair  # noqa: E402
+from attn.training.config import config_from_argv  # noqa: E402
+from attn.training.prepare import build_vocab, load_corpus, longest_pair  # noqa: E402
 
 
 def main(argv=None) -> int:

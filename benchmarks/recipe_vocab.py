@@ -6,7 +6,7 @@ For each ``word:MIN_FREQ`` or ``bpe:SIZE``: the vocabulary's size and CPU second
 tokens per training pair, the share of test-target tokens that are <unk>, batches per epoch at
 4,096 tokens, and CPU seconds per training step (attn.fast, median of 3 after 1 untimed; CPU
 time rather than wall time, so that other work on a shared machine distorts it less). One JSON
-object per vocabulary. This is how attn.train.RECIPES chose BPE for ``small``/``base``.
+object per vocabulary. This is how attn.training.config.RECIPES chose BPE for ``small``/``base``.
 """
 import argparse, json, os, statistics, sys, time, warnings
 from functools import partial
@@ -17,7 +17,9 @@ from attn import backend as B
 from attn.data import UNK, encode_pairs, make_batches
 from attn.fast import cross_entropy as fce
 from attn.model import Transformer
-from attn.train import TrainConfig, build_vocab, load_corpus, make_engine, train_step
+from attn.fast.loop import train_step
+from attn.train import TrainConfig
+from attn.training.prepare import build_vocab, load_corpus, make_engine
 p = argparse.ArgumentParser(description="vocabulary cost for the small preset")
 p.add_argument("--tsv", type=Path, default=Path(__file__).resolve().parents[2] / "shared/corpora/tatoeba-en-de/deu.txt")
 p.add_argument("vocabs", nargs="+", help="word:MIN_FREQ or bpe:SIZE")

@@ -43,7 +43,8 @@ from attn.loss import cross_entropy
 from attn.model import Transformer, TransformerConfig, log_softmax
 from attn.optim import Adam
 from attn.plot import plot_loss_curve, shown_path
-from attn.train import TrainConfig, config_from_argv, train
+from attn.train import TrainConfig, train
+from attn.training.config import config_from_argv
 from attn.translate import load_translator
 
 B.set_backend("numpy")                                       # lessons run on the CPU

@@ -40,7 +40,8 @@ from attn.layers import (attention_forward, feed_forward_forward, layer_norm_for
                          sinusoidal_table, split_heads)
 from attn.masks import padding_mask
 from attn.model import Transformer, log_softmax
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from attn.translate import load_translator
 
 B.set_backend("numpy")                                       # lessons run on the CPU

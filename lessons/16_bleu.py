@@ -33,7 +33,8 @@ from sacrebleu.metrics import BLEU, CHRF
 from attn import backend as B
 from attn.data import TOY_DIR, read_parallel, tokenize
 from attn.evaluate import corpus_scores, translate_sentences
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from attn.translate import load_translator
 
 B.set_backend("numpy")                                       # lessons run on the CPU

@@ -38,7 +38,8 @@ from attn.data import BOS, EOS, PAD, TOY_DIR, read_parallel
 from attn.evaluate import source_ids, translate
 from attn.model import Transformer
 from attn.plot import plot_attention, shown_path
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from attn.translate import load_translator
 
 B.set_backend("numpy")

@@ -44,7 +44,8 @@ from attn.layers import (attention_weights, embedding_forward, feed_forward_forw
                          multi_head_attention_forward, positional_forward, sinusoidal_table)
 from attn.masks import padding_mask
 from attn.model import Transformer
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from attn.translate import load_translator
 
 B.set_backend("numpy")

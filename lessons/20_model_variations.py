@@ -42,7 +42,7 @@ from attn.evaluate import evaluate_bleu
 from attn.loss import cross_entropy
 from attn.model import Transformer, TransformerConfig
 from attn.optim import Adam
-from attn.train import evaluate_loss
+from attn.training.evaluation import evaluate_loss
 
 B.set_backend("numpy")
 logging.getLogger("sacrebleu").setLevel(logging.ERROR)

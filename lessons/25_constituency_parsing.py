@@ -34,7 +34,8 @@ import numpy as np
 from attn import backend as B
 from attn.decode import EXTRA_LENGTH
 from attn.evaluate import translate
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from attn.translate import load_translator
 
 B.set_backend("numpy")                                       # lessons run on the CPU

@@ -1,12 +1,13 @@
 """The architecture, enforced: the import-linter contracts in setup.cfg hold, every part of the
 package is in one of the three layers they name, docs/ARCHITECTURE.md draws those layers as
-they are, no module is longer than one person reads in a sitting, and no function of the
-course longer than a screen."""
+they are, no module is longer than one person reads in a sitting, no function of the course
+longer than a screen, and the readable training step is read in few files."""
 from __future__ import annotations
 
 import ast
 import configparser
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ PACKAGE = ROOT / "attn"
 MAX_LINES = 800
 #: The most lines a function of the course may have, its signature and docstring included.
 MAX_FUNCTION_LINES = 60
+#: The most files of attn/ that the readable training step runs in, outside attn/layers/ and in all.
+MAX_STEP_FILES, MAX_STEP_FILES_WITH_LAYERS = 6, 16
 
 
 def _lines(value: str) -> list[str]:
@@ -111,3 +114,60 @@ def test_no_function_of_the_course_is_longer_than_a_screen():
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert len(course_files()) > 20
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines, to split into named steps: {long}"
+
+
+class _Updated(Exception):
+    """Raised after the first return of Adam's update: the step traced is over."""
+
+
+def test_the_readable_step_is_followed_in_few_files(tmp_path, monkeypatch):
+    """``attn-train --reference`` on a toy corpus, traced from ``main`` to the return of the first
+    :meth:`attn.optim.Adam.step`: the files of attn/ that a reader follows are those of the
+    functions that call :func:`attn.train.train_step` (``main`` down to the loop) and of every
+    function that runs from ``train_step``'s call to Adam's return (forward, loss, backward,
+    clipping, Adam). Preparing the run (corpus, vocabulary, model) comes before and is not counted.
+
+    Outside attn/layers/ that is train, model, loss, optim, backend and masks; inside, the module
+    of each layer the model composes (one module per layer: docs/ARCHITECTURE.md) and their
+    shared checks."""
+    import attn
+    import attn.optim
+    from attn.train import main
+    package = Path(attn.__file__).parent
+    for split in ("train", "val", "test"):
+        (tmp_path / f"{split}.xx").write_text("the red cat\na big dog\n", encoding="utf-8")
+        (tmp_path / f"{split}.yy").write_text("le chat rouge\nun grand chien\n", encoding="utf-8")
+    followed, stepping = set(), []
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        if not stepping and frame.f_code.co_name == "train_step" and frame.f_code.co_filename.endswith("train.py"):
+            stepping.append(True)
+            caller = frame.f_back
+            while caller is not None:                   # main ... run_loop: the way to the step
+                followed.add(caller.f_code.co_filename)
+                caller = caller.f_back
+        if stepping:
+            followed.add(frame.f_code.co_filename)
+
+    update = attn.optim.Adam.step
+
+    def step_then_stop(self, *args, **kwargs):
+        out = update(self, *args, **kwargs)
+        sys.setprofile(None)
+        raise _Updated(out)
+    monkeypatch.setattr(attn.optim.Adam, "step", step_then_stop)
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(_Updated):
+            main(["--reference", "--data", str(tmp_path), "--src", "xx", "--tgt", "yy", "--d-model", "16",
+                  "--heads", "2", "--d-ff", "32", "--layers", "1", "--steps", "1", "--warmup", "5", "--minutes", "0",
+                  "--bleu-sentences", "0", "--average", "0", "--quiet", "--out", str(tmp_path / "run")])
+    finally:
+        sys.setprofile(None)
+    files = sorted(str(Path(f).relative_to(package)) for f in followed if Path(f).is_relative_to(package))
+    outside = [f for f in files if not f.startswith("layers")]
+    assert "train.py" in files and "optim.py" in files and "model.py" in files, files
+    assert len(outside) <= MAX_STEP_FILES, f"the readable step runs in {outside} outside attn/layers/"
+    assert len(files) <= MAX_STEP_FILES_WITH_LAYERS, f"the readable step runs in {len(files)} files: {files}"

@@ -37,6 +37,16 @@ CAUGHT_AS = {
     "swiglu_gate_derivative_is_the_sigmoid": ("swiglu", "swiglu_backward", r"gradient dx differs", ()),
     "grouped_query_attention_heads_tiled": ("grouped_query_attention", "grouped_query_attention_forward",
                                             r"check:\s+invariant: with \d key/value heads for \d query heads", ()),
+    # FlashAttention (lesson 27).
+    "flash_attention_no_rescale": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: tiles of \d+ "
+                                   r"queries and \d+ keys give an output that differs from one tile", LIB),
+    "flash_attention_keeps_the_weights": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: the "
+                                          r"forward's cache holds an array of shape \(.*\), one number for every "
+                                          r"query and key", ()),
+    "flash_attention_wrong_d": ("flash_attention", "flash_attention_backward", r"gradient d[qk] differs", LIB),
+    "flash_attention_causal_off_by_one": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: with "
+                                          r"causal=True and tiles of \d+ queries and \d+ keys the output differs",
+                                          LIB),
     # The rows of issue 28's table: what a file written to get full marks without being right gets.
     "softmax_pickle_on_the_pipe": ("softmax", "softmax_forward", r"softmax_forward sent the grader something that "
                                    r"is not plain data", ()),

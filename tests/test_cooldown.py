@@ -17,7 +17,8 @@ from attn.fast import FastTransformer
 from attn.fast.optim import FastAdam
 from attn.model import TransformerConfig
 from attn.optim import Adam, cooldown_scale, noam_lr
-from attn.train import TrainConfig, TrainConfigError, TrainState, budget_used, config_from_argv, train
+from attn.train import TrainConfig, TrainConfigError, TrainState, budget_used, train
+from attn.training.config import config_from_argv
 from test_train import TINY, run_train
 
 

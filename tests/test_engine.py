@@ -16,7 +16,8 @@ from attn import engine as engines
 from attn.checkpoint import load_npz
 from attn.model import Transformer, TransformerConfig
 from attn.precision import Precision, PrecisionError
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from test_train import TINY, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +158,8 @@ def test_the_course_trains_decodes_and_checkpoints_without_the_engine(tmp_path):
     data = write_corpus(Path(tmp_path))
     code = f"""
 import sys
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from attn.translate import main as translate
 m = train(config_from_argv({["--data", str(data), *TINY, "--backend", "numpy", "--reference", "--steps", "4",
                               "--out", str(tmp_path / "run")]!r}))

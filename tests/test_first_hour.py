@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from attn import backend as B
-from attn.train import config_from_argv, train
+from attn.train import train
+from attn.training.config import config_from_argv
 from test_train import TINY, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

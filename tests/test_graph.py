@@ -363,8 +363,8 @@ def _captured_against_eager(buckets, warmup, precision, options):
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
     from attn.fast.graph import GraphedTrainStep
+    from attn.fast.loop import train_step
     from attn.model import TransformerConfig
-    from attn.train import train_step
     from attn.training.prepare import step_loss_fn
     cfg = TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layers=2,
                             dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8, **options)

@@ -5,9 +5,9 @@ far, so a training step or a decoding step that reads a device value back mid-wa
 the GPU. The stand-in counts every transfer (``.get()``, ``asnumpy``, ``float()``, ``int()``,
 ``bool()``, ``.item()``, ``.tolist()``...), so the budgets are asserted here, on every machine:
 
-* a training step (:func:`attn.train.train_step` on the trainer's fast path, with or without
-  gradient clipping): none;
-* the training loop: one per step that logs (every :data:`attn.train.LOG_EVERY` steps, and
+* a training step (:func:`attn.train.train_step` as the fast engine runs it,
+  :func:`attn.fast.loop.train_step`, with or without gradient clipping): none;
+* the training loop: one per step that logs (every :attr:`attn.engine.LossLog.every` steps, and
   before each evaluation or checkpoint), bringing every pending loss at once; none otherwise;
 * decoding with the key/value cache: beam search one per generated position, greedy decoding
   one per :data:`attn.decode.EOS_CHECK_EVERY` positions (the host learns which sentences have
@@ -24,11 +24,14 @@ import numpy as np
 import pytest
 
 import attn.backend as B
+import attn.fast.loop as FL
 import attn.train as T
 import fakecupy
 from attn import decode
+from attn.engine import LossLog
 from attn.fast import FastTransformer
 from attn.model import Transformer, TransformerConfig
+from attn.training.prepare import make_engine, step_loss_fn
 from conftest import selected_backend
 
 CFG = TransformerConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=2,
@@ -56,11 +59,11 @@ def stand_in():
 @pytest.mark.filterwarnings("ignore:cupyx.allow_synchronize:UserWarning")   # CuPy's own, entered here on purpose
 @pytest.mark.parametrize("clip", [0.0, 1e-3, 1e3])                  # off, clipping, not clipping
 def test_a_fast_training_step_never_waits_for_the_device(stand_in, clip):
-    model, opt = T.make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
-    loss_fn = T.step_loss_fn("fast")
-    T.train_step(model, opt, BATCH, B.DeviceRNG(0), 0.1, clip, loss_fn)     # positional table, buffers
+    model, opt = make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
+    loss_fn = step_loss_fn("fast")
+    FL.train_step(model, opt, BATCH, B.DeviceRNG(0), 0.1, clip, loss_fn)    # positional table, buffers
     with fakecupy.counting() as c, fakecupy.cupyx.allow_synchronize(False):
-        loss, lr = T.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, clip, loss_fn)
+        loss, lr = FL.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, clip, loss_fn)
     assert c.n == 0, c.kinds
     assert B.is_device_array(loss) and loss.ndim == 0 and isinstance(lr, float)
 
@@ -83,8 +86,8 @@ def test_clipping_on_the_device_gives_the_host_decision_s_numbers(stand_in, max_
 def test_the_reference_step_checks_on_the_device(stand_in):
     """The readable path validates ids in its layers and the loss's finiteness, each a sync:
     counted here so that a change shows (the trainer's default is the fast path)."""
-    model, opt = T.make_engine(Transformer(CFG, seed=0), "reference", lr_factor=1.0)
-    loss_fn = T.step_loss_fn("reference")
+    model, opt = make_engine(Transformer(CFG, seed=0), "reference", lr_factor=1.0)
+    loss_fn = step_loss_fn("reference")
     T.train_step(model, opt, BATCH, B.DeviceRNG(0), 0.1, 0.0, loss_fn)
     with fakecupy.counting() as c:
         T.train_step(model, opt, BATCH, B.DeviceRNG(1), 0.1, 0.0, loss_fn)
@@ -93,11 +96,11 @@ def test_the_reference_step_checks_on_the_device(stand_in):
 
 
 def test_a_bad_batch_is_refused_on_the_host(stand_in):
-    model, opt = T.make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
+    model, opt = make_engine(Transformer(CFG, seed=0), "fast", lr_factor=1.0)
     bad = _Batch(BATCH.src, BATCH.tgt_in, BATCH.tgt_out.copy())
     bad.tgt_out[0, 0] = CFG.vocab_size                       # CuPy would wrap it to 0 silently
     with fakecupy.counting() as c, pytest.raises(IndexError, match=r"train_step: batch.tgt_out .*\[0, 30\)"):
-        T.train_step(model, opt, bad, B.DeviceRNG(0), 0.1, 0.0, T.step_loss_fn("fast"))
+        FL.train_step(model, opt, bad, B.DeviceRNG(0), 0.1, 0.0, step_loss_fn("fast"))
     assert c.n == 0
 
 
@@ -122,7 +125,7 @@ def test_the_training_loop_syncs_only_on_the_steps_that_log(stand_in, tmp_path, 
         step_syncs.append(c.n)
         return out
     monkeypatch.setattr(T, "train_step", counted_step)
-    n_steps = 2 * T.LOG_EVERY + 3
+    n_steps = 2 * LossLog.every + 3
     cfg = T.TrainConfig(data=tmp_path, src="xx", tgt="yy", d_model=16, heads=2, d_ff=32, layers=1, max_tokens=16,
                         steps=n_steps, eval_every=1000, bleu_sentences=0, average=0, minutes=0, quiet=True,
                         backend="cupy", reference=reference, out=tmp_path / "run")
@@ -130,7 +133,7 @@ def test_the_training_loop_syncs_only_on_the_steps_that_log(stand_in, tmp_path, 
     assert metrics["steps"] == n_steps and metrics["backend"] == "cupy"
     per_iteration = np.diff(at_start).tolist()                 # the last iteration ends in the final evaluation
     step_budget = 0 if not reference else 4
-    expected = [step_budget + (1 if (i + 1) % T.LOG_EVERY == 0 else 0) for i in range(n_steps - 1)]
+    expected = [step_budget + (1 if (i + 1) % LossLog.every == 0 else 0) for i in range(n_steps - 1)]
     assert per_iteration == expected
     assert set(step_syncs) == {step_budget}
     from attn.checkpoint import load_npz
@@ -156,7 +159,7 @@ def test_a_watched_run_has_every_loss_at_every_step(stand_in, tmp_path):
 def test_a_diverged_loss_is_reported_with_its_step(stand_in):
     state = T.TrainState(step=12)
     cp = stand_in
-    pending = T._PendingLosses()
+    pending = FL.PendingLosses()
     for v in (2.0, float("nan"), 1.0):
         pending.append(cp.asarray(np.float32(v)))
     with fakecupy.counting() as c, pytest.raises(FloatingPointError, match="nan at step 11"):
@@ -208,8 +211,8 @@ def test_pending_losses_are_one_buffer_that_allocates_only_to_grow(stand_in):
     grows (to twice a log's worth first, then doubling); a log is one transfer of them all."""
     from attn.bench.counts import Tally
     cp = stand_in
-    losses = [cp.asarray(np.float32(v)) for v in np.arange(2 * T.LOG_EVERY + 3) / 7]
-    pending = T._PendingLosses()
+    losses = [cp.asarray(np.float32(v)) for v in np.arange(2 * LossLog.every + 3) / 7]
+    pending = FL.PendingLosses()
     tally = fakecupy.cupy.tracer = Tally()
     try:
         grows = []
@@ -219,8 +222,8 @@ def test_pending_losses_are_one_buffer_that_allocates_only_to_grow(stand_in):
             grows.append(tally.allocations - before)
     finally:
         fakecupy.cupy.tracer = None
-    assert [i for i, g in enumerate(grows) if g] == [0, 2 * T.LOG_EVERY] and max(grows) == 1, grows
+    assert [i for i, g in enumerate(grows) if g] == [0, 2 * LossLog.every] and max(grows) == 1, grows
     with fakecupy.counting() as c:
         values = pending.take()
     assert c.n == 1 and len(pending) == 0 and pending.take() == []
-    assert values == [float(np.float32(v)) for v in np.arange(2 * T.LOG_EVERY + 3) / 7]
+    assert values == [float(np.float32(v)) for v in np.arange(2 * LossLog.every + 3) / 7]

@@ -194,6 +194,11 @@ def rope_backward(dout, cache):
     return old(dout, cache._replace(sin=-cache.sin))
 old = patch("attn.layers.rope", "rope_backward", rope_backward)
 '''),
+    "27": ("FlashAttention's backward recomputes the weights from a log-sum-exp one too large", '''
+def flash_attention_backward(dout, cache):
+    return old(dout, cache._replace(lse=cache.lse + 1))
+old = patch("attn.layers.flash_attention", "flash_attention_backward", flash_attention_backward)
+'''),
 })
 MUTANTS["23"] = ("each rank's share weighs 1/ranks (the mean of the ranks' means) instead of its tokens' share", '''
 def share_of(batch, size, rank):

@@ -12,7 +12,8 @@ from attn.checkpoint import load_npz
 from attn.data import SPECIALS, Vocab
 from attn.evaluate import translate
 from attn.model import Transformer, TransformerConfig
-from attn.train import TrainConfigError, config_from_argv, train
+from attn.train import TrainConfigError, train
+from attn.training.config import config_from_argv
 from test_train import TINY, write_corpus
 
 LATER = ["--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1", "--norm", "pre", "--norm-kind", "rms"]

@@ -171,12 +171,13 @@ def _toy():
 
 
 def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
-    """``train_step`` on the fast engine runs in the model's step memory, poisoned at every
+    """The fast engine's ``train_step`` (:mod:`attn.fast.loop`) runs in the model's step memory, poisoned at every
     step: over batches of two shapes (the slab grows once more) it computes what the same
     step computes without step memory, bit for bit (a buffer kept between steps taken from
     the slab, or a kept array of a previous step, would read NaN), and a steady-state step
     takes nothing from the pool."""
     import attn.backend as B
+    import attn.fast.loop as FL
     from attn import train as T
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
@@ -202,13 +203,12 @@ def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
         batch = pad_to_bucket(_pad_batch(pairs))
         tally = fc.tracer = Tally()
         try:                                           # (the seed: a new DeviceRNG a step, as attn-train makes)
-            with_memory = T.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0,
-                                       loss_fn)
+            with_memory = FL.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0,
+                                        loss_fn)
         finally:
             fc.tracer = None
         pool.append(tally.allocations)
-        without = T._step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn, None,
-                          None)
+        without = T.train_step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
         losses.append(with_memory[0])
         assert float(with_memory[0]) == float(without[0]) and with_memory[1] == without[1], step
         assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
@@ -268,7 +268,7 @@ def twin_steps_agree(cfg, steps: int, seed: int, memories=(None, None), second=N
     import contextlib
 
     import attn.backend as B
-    from attn import train as T
+    import attn.fast.loop as FL
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
     from attn.training.prepare import step_loss_fn
@@ -284,9 +284,9 @@ def twin_steps_agree(cfg, steps: int, seed: int, memories=(None, None), second=N
         pairs = [(rng.integers(4, V, rng.integers(1, 7)).tolist(), rng.integers(4, V, rng.integers(1, 7)).tolist())
                  for _ in range(6)]
         batch = pad_to_bucket(_pad_batch(pairs))
-        a = T.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
+        a = FL.train_step(models[0], opts[0], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
         with (second(step) if second is not None else contextlib.nullcontext()):
-            b = T.train_step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
+            b = FL.train_step(models[1], opts[1], batch, B.DeviceRNG(step), cfg.label_smoothing, 1.0, loss_fn)
         assert float(a[0]) == float(b[0]) and a[1] == b[1], step
         assert np.array_equal(B.to_host(models[0].arena.params), B.to_host(models[1].arena.params)), step
         if after is not None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from attn.data import read_tsv
-from attn.train import TrainConfig, load_corpus
+from attn.train import TrainConfig
+from attn.training.prepare import load_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 TATOEBA = Path(os.environ.get("ATTN_TATOEBA", ROOT.parent / "shared" / "corpora" / "tatoeba-en-de" / "deu.txt"))

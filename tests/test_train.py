@@ -20,7 +20,9 @@ from attn.evaluate import translate_sentences
 from attn.loss import cross_entropy
 from attn.model import Transformer
 from attn.data import DataError, Vocab
-from attn.train import TrainConfig, TrainConfigError, config_from_argv, evaluate_loss, main, train
+from attn.train import TrainConfig, TrainConfigError, main, train
+from attn.training.config import config_from_argv
+from attn.training.evaluation import evaluate_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,7 +222,7 @@ def test_out_of_range_flag_fails_before_any_work(tmp_path, capsys):
 
 def test_tsv_holds_out_whole_source_sentences(tmp_path):
     """Tatoeba has several translations per source: val and test sources never appear in training."""
-    from attn.train import load_corpus
+    from attn.training.prepare import load_corpus
     lines = [f"source number {i} .\ttranslation {j} of {i}" for i in range(60) for j in range(1 + i % 3)]
     (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     corpus = load_corpus(TrainConfig(tsv=tmp_path / "pairs.tsv", seed=0))
@@ -350,7 +352,7 @@ def test_a_corpus_with_no_training_pair_left_is_a_clear_error(tmp_path):
 # --------------------------------------------------------------------------- the recipe
 
 def test_recipe_fills_what_is_left_open_and_explicit_values_win():
-    from attn.train import RECIPES
+    from attn.training.config import RECIPES
     toy = TrainConfig().with_recipe()
     assert (toy.max_tokens, toy.lr_factor, toy.min_freq) == (2048, 0.5, 1)       # the toy as measured (benchmarks/RESULTS.md)
     small = TrainConfig(preset="small").with_recipe()
@@ -362,13 +364,14 @@ def test_recipe_fills_what_is_left_open_and_explicit_values_win():
 def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
     """No --warmup and a budget: 30% of the steps it allows, if shorter than the preset's; --minutes
     measures the step time first. The choice is recorded and a resumed run keeps it."""
-    import attn.train as T
-    from attn.data import encode_pairs
+    import attn.training.config as C
+    import attn.training.prepare as P                              # where fit_warmup looks it up
+    from attn.data import encode_pairs, make_batches
     data = write_corpus(tmp_path)
     base = dict(data=data, src="xx", tgt="yy", backend="numpy", average=0, d_model=32, heads=2, d_ff=64,
                 layers=1, max_tokens=64, bleu_sentences=0, quiet=True, minutes=0)
     m = train(TrainConfig(**base, steps=20, eval_every=20, out=tmp_path / "steps"))
-    assert m["warmup_steps"] == round(T.WARMUP_FRACTION * 20) < 400
+    assert m["warmup_steps"] == round(C.WARMUP_FRACTION * 20) < 400
     rule = json.loads((tmp_path / "steps" / "config.json").read_text())["warmup_rule"]
     assert rule["warmup_steps"] == m["warmup_steps"] and rule["steps_allowed"] == 20
     _, meta = load_npz(tmp_path / "steps" / "checkpoint.npz")
@@ -383,14 +386,13 @@ def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
     assert train(TrainConfig(**base, steps=2, warmup=7, out=tmp_path / "given"))["warmup_steps"] == 7
 
     config = TrainConfig(**{**base, "minutes": 1.0}).with_recipe()
-    vocab = T.build_vocab(PAIRS, 1)
-    model, _ = T.make_engine(Transformer(config.model_config(len(vocab)), seed=0), "fast", 0.5)
-    import attn.training.prepare as P                              # where fit_warmup looks it up
+    vocab = P.build_vocab(PAIRS, 1)
+    model, _ = P.make_engine(Transformer(config.model_config(len(vocab)), seed=0), "fast", 0.5)
     monkeypatch.setattr(P, "measure_step_seconds", lambda *a, **k: 0.5)
-    model2, opt, model_config, rule = T.fit_warmup(model, model.config, config, encode_pairs(PAIRS, vocab),
+    model2, opt, model_config, rule = P.fit_warmup(model, model.config, config, encode_pairs(PAIRS, vocab),
                                                    "fast")
-    allowed = 60 * (1 - T.EVAL_SHARE) / (1.05 * 0.5)
-    assert model_config.warmup_steps == rule["warmup_steps"] == round(T.WARMUP_FRACTION * allowed)
+    allowed = 60 * (1 - C.EVAL_SHARE) / (1.05 * 0.5)
+    assert model_config.warmup_steps == rule["warmup_steps"] == round(C.WARMUP_FRACTION * allowed)
     assert opt.warmup_steps == model_config.warmup_steps and model2.params is model.params
     assert rule["seconds_per_step"] == 0.525 and "--minutes 1" in rule["why"]
     # A shorter warm-up alone would raise the schedule's peak; the factor keeps the preset's peak.
@@ -398,21 +400,21 @@ def test_warmup_fits_the_steps_the_budget_allows(tmp_path, monkeypatch):
     w, w0, d = model_config.warmup_steps, 400, model_config.d_model
     assert opt.lr(w) == pytest.approx(noam_lr(w0, d, w0, config.lr_factor), rel=1e-12)
     assert opt.lr(w) == pytest.approx(rule["peak_lr"]) and opt.lr(w // 2) < opt.lr(w) > opt.lr(2 * w)
-    fit = lambda **kw: T.fit_warmup(model, model.config, dataclasses.replace(config, **kw),
+    fit = lambda **kw: P.fit_warmup(model, model.config, dataclasses.replace(config, **kw),
                                     encode_pairs(PAIRS * 100, vocab), "fast")[2].warmup_steps
     assert fit(minutes=0, steps=5000) == 400                       # a long budget keeps the preset's
-    n_batches = len(T.make_batches(encode_pairs(PAIRS * 100, vocab), 64, shuffle=False))
-    assert fit(minutes=0, epochs=2) == round(T.WARMUP_FRACTION * 2 * n_batches)
+    n_batches = len(make_batches(encode_pairs(PAIRS * 100, vocab), 64, shuffle=False))
+    assert fit(minutes=0, epochs=2) == round(C.WARMUP_FRACTION * 2 * n_batches)
 
 
 def test_measured_step_time_leaves_the_parameters_alone():
-    import attn.train as T
+    import attn.training.prepare as P
     from attn.data import encode_pairs, make_batches
     cfg = TrainConfig(d_model=16, heads=2, d_ff=32, layers=1)
-    vocab = T.build_vocab(PAIRS, 1)
-    model, _ = T.make_engine(Transformer(cfg.model_config(len(vocab)), seed=0), "fast", 0.5)
+    vocab = P.build_vocab(PAIRS, 1)
+    model, _ = P.make_engine(Transformer(cfg.model_config(len(vocab)), seed=0), "fast", 0.5)
     before = {k: v.copy() for k, v in model.params.items()}
     batches = make_batches(encode_pairs(PAIRS, vocab), 64, shuffle=False)
-    assert T.measure_step_seconds(model, batches[:2], 0.1) > 0
+    assert P.measure_step_seconds(model, batches[:2], 0.1) > 0
     for k, v in model.params.items():
         np.testing.assert_array_equal(v, before[k], err_msg=k)

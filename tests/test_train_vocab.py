@@ -13,7 +13,9 @@ from attn.checkpoint import load_npz
 from attn.data import Vocab
 from attn.evaluate import translate_sentences
 from attn.model import Transformer, TransformerConfig
-from attn.train import DEFAULT_BPE_SIZE, TrainConfig, TrainConfigError, build_vocab, config_from_argv, train
+from attn.train import TrainConfig, TrainConfigError, train
+from attn.training.config import DEFAULT_BPE_SIZE, config_from_argv
+from attn.training.prepare import build_vocab
 from attn.translate import load_translator, main as translate_main
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "real_text.tsv"

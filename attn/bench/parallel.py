@@ -94,7 +94,7 @@ def time_rank(preset: str, repeats: int, warmup: int, backend: str) -> dict | No
     from ..data import Batch
     from ..masks import PAD_ID
     from ..model import Transformer
-    from ..train import train_step
+    from ..fast.loop import train_step
     from ..training import distributed
     from ..training.prepare import make_engine, step_loss_fn
     B.set_backend(backend)

@@ -93,7 +93,7 @@ def _kernels(ctx):
 
 @check("tiny step")
 def _tiny_step(ctx):
-    from ..train import train_step
+    from ..fast.loop import train_step
     model, opt, loss_fn = _fast(ctx)
     t0 = time.perf_counter()
     loss, _ = train_step(model, opt, _batch(B.host.random.default_rng(0), 6, 1, 7), B.DeviceRNG(0),
@@ -228,7 +228,7 @@ def _tf32(ctx):
 @check("checked plan")
 def _checked_plan(ctx):
     from ..fast.stepmem import StepMemory
-    from ..train import train_step
+    from ..fast.loop import train_step
     cp, rng = ctx["cp"], B.host.random.default_rng(6)
     memories = StepMemory(cp, planned=True, check=True), StepMemory(cp, planned=False)
     runs = [_fast(ctx, memory=m) for m in memories]
@@ -248,7 +248,7 @@ def _checked_plan(ctx):
 @check("captured step")
 def _captured(ctx):
     from ..fast.graph import GraphedTrainStep
-    from ..train import train_step
+    from ..fast.loop import train_step
     rng = B.host.random.default_rng(7)
     (m1, o1, f1), (m2, o2, f2) = _fast(ctx), _fast(ctx)
     graphed = GraphedTrainStep(m2, o2, ctx["cfg"].label_smoothing, 1.0, f2)
@@ -266,7 +266,7 @@ def _captured(ctx):
 @check("plan split")
 def _plan_split(ctx):
     from ..fast.stepmem import StepMemory
-    from ..train import train_step
+    from ..fast.loop import train_step
     rng = B.host.random.default_rng(8)
     model, opt, loss_fn = _fast(ctx)
     seen, shapes = [], set()

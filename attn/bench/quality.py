@@ -137,7 +137,7 @@ class Watch:
 def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, config, val=None) -> dict:
     """Evaluate a run's state as :func:`attn.train.train` evaluates its end: validation loss
     of the last model (``val``, where the run measured it already), the final model chosen by
-    :func:`attn.train.choose_final_model` (the average of the last ``config.average`` snapshots
+    :func:`attn.training.evaluation.choose_final_model` (the average of the last ``config.average`` snapshots
     in ``p.folder`` where its validation loss is no worse), the test set translated with
     ``config.beam`` and scored. Writes ``test_translations.txt`` and ``metrics.json``
     into ``p.folder``; returns the results (also kept in ``p.results``)."""
@@ -165,7 +165,8 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
 
 
 def _averaged(folder: Path, k: int) -> int:
-    """How many snapshots :func:`attn.train.average_snapshots` averages in ``folder`` (1: none, the last model)."""
+    """How many snapshots :func:`attn.training.checkpoints.average_snapshots` averages in ``folder``
+    (1: none, the last model)."""
     n = min(len(list((folder / "snapshots").glob("step-*.npz"))), k)
     return n if k > 1 and n >= 2 else 1
 

@@ -51,4 +51,16 @@ class FastEngine:
         """The training step captured as a CUDA graph per input shape and replayed (CuPy only)."""
         if B.get_backend() != "cupy":
             raise EngineError("a captured step needs the CuPy backend (a GPU)")
-        return GraphedTrainStep(model, opt, label_smoothing, clip, loss_fn)
+        return partial(GraphedTrainStep(model, opt, label_smoothing, clip, loss_fn), copy_loss=False)
+
+    def loop_step(self, model, step, dp=None):
+        """``step`` with the batch checked on the host, in the model's step memory
+        (:func:`attn.fast.loop.loop_step`)."""
+        from .loop import loop_step
+        return loop_step(model, step, dp)
+
+    def loss_log(self):
+        """The losses copied out of the step memory into one device buffer
+        (:class:`attn.fast.loop.PendingLosses`)."""
+        from .loop import PendingLosses
+        return PendingLosses()

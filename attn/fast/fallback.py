@@ -68,7 +68,7 @@ def _losses(precision: str = "fp32", direct=None, memory=None, graph: bool = Fal
     """The tiny model's losses over :data:`STEPS` steps with the features given (``direct``,
     ``memory``: None for the switches as they are)."""
     from .. import engine
-    from ..train import train_step
+    from .loop import train_step
     from . import cublas, stepmem
     from .graph import GraphedTrainStep
     from ..precision import Precision

@@ -149,7 +149,7 @@ def beam_search(model, src, beam_size, alpha, max_len):
 
 def average_checkpoints(checkpoints):
     """The parameter-wise mean of a list of parameter dicts, summed in float64 and cast back
-    (what :func:`attn.train.average_snapshots` does with the snapshots' files)."""
+    (what :func:`attn.training.checkpoints.average_snapshots` does with the snapshots' files)."""
     total = {k: v.astype("float64") for k, v in checkpoints[0].items()}
     for c in checkpoints[1:]:
         for k, v in c.items():

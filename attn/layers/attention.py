@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .. import backend as B
+from ..backend import get_array_module
 from .dropout import dropout_backward, dropout_forward
 from .linear import linear_backward, linear_forward
 from .rope import rope_backward, rope_forward
@@ -73,21 +73,21 @@ def attention_backward(dout, cache: AttentionCache):
 
 def split_heads(x, H: int):
     """(B, T, D) -> (B, H, T, D/H)."""
-    Bsz, T, D = x.shape
-    return x.reshape(Bsz, T, H, D // H).transpose(0, 2, 1, 3)
+    B, T, D = x.shape
+    return x.reshape(B, T, H, D // H).transpose(0, 2, 1, 3)
 
 
 def merge_heads(x):
     """(B, H, T, Dh) -> (B, T, H*Dh), the inverse of :func:`split_heads`."""
-    Bsz, H, T, Dh = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(Bsz, T, H * Dh)
+    B, H, T, Dh = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(B, T, H * Dh)
 
 
 def repeat_kv(x, group: int):
     """(B, KV, T, Dh) -> (B, KV * group, T, Dh): query head j reads key/value head j // group."""
     if group == 1:
         return x
-    return B.get_array_module(x).repeat(x, group, axis=1)
+    return get_array_module(x).repeat(x, group, axis=1)
 
 
 def sum_kv_groups(dx, group: int):
@@ -95,8 +95,8 @@ def sum_kv_groups(dx, group: int):
     so its gradient is the sum of theirs. (B, H, T, Dh) -> (B, H / group, T, Dh)."""
     if group == 1:
         return dx
-    Bsz, H, T, Dh = dx.shape
-    return dx.reshape(Bsz, H // group, group, T, Dh).sum(axis=2)
+    B, H, T, Dh = dx.shape
+    return dx.reshape(B, H // group, group, T, Dh).sum(axis=2)
 
 
 class MultiHeadCache(NamedTuple):

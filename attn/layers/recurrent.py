@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .. import backend as B
+from ..backend import get_array_module
 from ._checks import check_float
 
 
@@ -69,7 +69,7 @@ def rnn_step_forward(x, h_prev, w_x, w_h, b):
     if x.ndim != 2:
         raise ValueError(f"rnn_step: x must be 2-D (B, Din), got shape {tuple(x.shape)}")
     _check_cell("rnn_step", x, h_prev, w_x, w_h, b, "x", "h_prev")
-    xp = B.get_array_module(x)
+    xp = get_array_module(x)
     h = xp.tanh(x @ w_x + h_prev @ w_h + b)                   # (B, H)
     return h, RNNStepCache(x, h_prev, w_x, w_h, h)
 
@@ -114,18 +114,18 @@ def rnn_forward(x, h0, w_x, w_h, b, mask=None):
     """
     if x.ndim != 3:
         raise ValueError(f"rnn: x must be 3-D (B, T, Din), got shape {tuple(x.shape)}")
-    xp = B.get_array_module(x)
-    Bsz, T, _ = x.shape
+    xp = get_array_module(x)
+    B, T, _ = x.shape
     if h0 is None:
-        h0 = xp.zeros((Bsz, w_h.shape[-1]), dtype=x.dtype)
+        h0 = xp.zeros((B, w_h.shape[-1]), dtype=x.dtype)
     _check_cell("rnn", x, h0, w_x, w_h, b, "x", "h0")
     if mask is not None:
-        if mask.shape != (Bsz, T) or mask.dtype != bool:
-            raise ValueError(f"rnn: mask must be a ({Bsz}, {T}) bool array (one flag per step of x "
+        if mask.shape != (B, T) or mask.dtype != bool:
+            raise ValueError(f"rnn: mask must be a ({B}, {T}) bool array (one flag per step of x "
                              f"{tuple(x.shape)}), got {mask.dtype} of shape {tuple(mask.shape)}")
     H = w_h.shape[0]
-    xw = (x.reshape(Bsz * T, x.shape[-1]) @ w_x + b).reshape(Bsz, T, H)   # every step's input term at once
-    hs = xp.empty((Bsz, T, H), dtype=x.dtype)
+    xw = (x.reshape(B * T, x.shape[-1]) @ w_x + b).reshape(B, T, H)   # every step's input term at once
+    hs = xp.empty((B, T, H), dtype=x.dtype)
     h = h0
     for t in range(T):                                       # the only sequential part
         h_new = xp.tanh(xw[:, t] + h @ w_h)                  # (B, H)
@@ -146,8 +146,8 @@ def rnn_backward(dhs, cache: RNNCache):
     Inputs: dhs (B, T, H). Returns: dx (B, T, Din), dh0 (B, H), dw_x (Din, H), dw_h (H, H), db (H,).
     """
     x, h0, w_x, w_h, hs, mask = cache
-    xp = B.get_array_module(dhs)
-    Bsz, T, H = hs.shape
+    xp = get_array_module(dhs)
+    B, T, H = hs.shape
     das = xp.zeros_like(hs)                                  # (B, T, H): da_t, 0 on skipped steps
     g = xp.zeros_like(h0)                                    # gradient arriving from step t+1
     for t in reversed(range(T)):
@@ -159,8 +159,8 @@ def rnn_backward(dhs, cache: RNNCache):
         back = da @ w_h.T
         g = back if mask is None else xp.where(mask[:, t, None], back, g)
     h_prev = xp.concatenate([h0[:, None], hs[:, :-1]], axis=1)[:, :T]   # (B, T, H): h_{t-1} for each t
-    da2 = das.reshape(Bsz * T, H)
+    da2 = das.reshape(B * T, H)
     dx = (da2 @ w_x.T).reshape(x.shape)
-    dw_x = x.reshape(Bsz * T, x.shape[-1]).T @ da2
-    dw_h = h_prev.reshape(Bsz * T, H).T @ da2
+    dw_x = x.reshape(B * T, x.shape[-1]).T @ da2
+    dw_h = h_prev.reshape(B * T, H).T @ da2
     return dx, g, dw_x, dw_h, da2.sum(axis=0)

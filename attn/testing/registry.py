@@ -22,6 +22,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
                         compare_merges, decoder_layer_examples, decoder_mask_examples, decoding_examples,
                         encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
                         noam_examples, transformer_examples)
+from .flash_attention import FLASH_ATTENTION
 from .invariants import InvariantError, _dev, _first, _host, _out
 from .later_block import LATER_BLOCK
 from .layers import (HINT_RESHAPE, Example, Layer, attention_examples, attention_invariants, causal_invariants,
@@ -289,6 +290,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         compare=compare_merges, library="attn.grader.solutions"),
     RMSNORM,
     *LATER_BLOCK,
+    FLASH_ATTENTION,
 ]}
 
 
@@ -324,6 +326,7 @@ EXERCISES = {m.name: m for m in (
     Manifest("swiglu", ("swiglu_forward", "swiglu_backward")),
     Manifest("grouped_query_attention", ("grouped_query_attention_forward", "grouped_query_attention_backward"),
              ("attn.layers",)),
+    Manifest("flash_attention", ("flash_attention_forward", "flash_attention_backward")),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
                                  "decoder_layer_backward", "transformer_forward", "transformer_backward"),

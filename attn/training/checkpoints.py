@@ -275,4 +275,3 @@ def average_snapshots(out: Path, k: int, model: Transformer, vocab: Vocab):
     avg = Transformer(model.config, dtype=model.dtype, params=params)
     avg.save(out / "averaged.npz", extra_meta={"averaged": [f.name for f in files], "vocab": vocab.to_json()})
     return avg
-

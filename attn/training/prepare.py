@@ -60,7 +60,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     """
     engine = engines.get(config.engine)
     config = engine.settle(config, say)          # on a GPU: a feature that fails its probe is switched off
-    loss_fn = engine.loss(trusted=True)          # train_step checks the ids; the loop, the loss's finiteness
+    loss_fn = engine.loss(trusted=True)          # the engine's step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
     train_pairs = within_reach(corpus.train, longest_pair(config, config.model_config(2)), config.vocab == "bpe", say)
     if saved is not None:
@@ -171,7 +171,6 @@ def split_by_source(pairs, seed: int, name: str = "corpus"):
     return train, [pairs[i] for i in held[0]], [pairs[i] for i in held[1]]
 
 
-
 def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | None = None) -> Vocab:
     """One vocabulary for both languages, so the three embedding matrices can be shared (section 3.4).
 
@@ -188,7 +187,6 @@ def build_vocab(train_pairs, min_freq: int = 1, kind: str = "word", size: int | 
             raise TrainConfigError(f"vocab_size (--vocab-size): {e}") from None
     return Vocab.build([tokenize(s) for s, _ in train_pairs] + [tokenize(t) for _, t in train_pairs],
                        min_freq=min_freq, max_size=size)
-
 
 
 # --------------------------------------------------------------------------- model and optimizer
@@ -213,8 +211,9 @@ def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, co
     its products at ``precision`` (:class:`attn.precision.Precision` or its name), the optimizer's
     rate ending with ``cooldown`` (:func:`attn.optim.cooldown_scale`). The fast
     engine computes the reference's numbers (tests/test_fast.py checks that) with fewer passes
-    over memory. The model does not check token ids: :func:`attn.train.train_step` checks each
-    batch on the host (on a GPU the model's check would wait for the device)."""
+    over memory. The fast model does not check token ids: its engine's step
+    (:func:`attn.fast.loop.loop_step`) checks each batch on the host (on a GPU the model's check
+    would wait for the device); the readable model checks them in its layers."""
     engine = engines.get(engine) if isinstance(engine, str) else engine
     model = engine.model(model.config, dtype=model.dtype, params=model.params, precision=Precision.of(precision),
                          check_ids=False)
@@ -223,7 +222,7 @@ def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, co
 
 def step_loss_fn(engine):
     """The loss the trainer's steps use: ``engine``'s (or the engine's name), which need not
-    re-check the ids (:func:`attn.train.train_step` did, on the host) nor the loss's finiteness
+    re-check the ids (the engine's step did: :meth:`attn.engine.Engine.loop_step`) nor the loss's finiteness
     (the loop checks it when the losses come to the host), so a step never waits for the device."""
     return (engines.get(engine) if isinstance(engine, str) else engine).loss(trusted=True)
 
@@ -297,4 +296,3 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
                                  schedule_factor(config, model_config), config.precision, config.cooldown)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule
-

@@ -1,0 +1,312 @@
+# %% [markdown]
+# # Lesson 27: FlashAttention, the paper's attention a tile at a time
+#
+# Equation 1 of the paper, $\mathrm{Attention}(Q, K, V) = \mathrm{softmax}(QK^\top / \sqrt{d_k})\,V$,
+# written as lessons 4 and 8 wrote it, builds the $T_q \times T_k$ matrix of scores, turns it into
+# weights and keeps the weights for the backward. Its memory grows with the square of the length:
+# for one head of a sequence of 8,192 tokens, one such matrix in float32 is a quarter of a
+# gigabyte, and the forward and backward hold several.
+#
+# FlashAttention (Dao et al., 2022) computes the same numbers a tile of queries and a tile of keys
+# at a time. It never holds more than one tile of scores, keeps only the output and *one number
+# per query* for the backward, and recomputes the tile's weights there. Every fast attention since
+# works this way. This lesson derives it, checks it against the paper's attention in float64,
+# and measures what it saves.
+
+# %%
+import os, sys
+import time
+import tracemalloc
+import matplotlib.pyplot as plt
+from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
+OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
+
+import numpy as np
+
+from attn.gradcheck import check_layer
+from attn.layers import attention_backward, attention_forward, flash_attention_backward, flash_attention_forward
+
+np.set_printoptions(precision=4, suppress=True, linewidth=130)
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## 1. The online softmax
+#
+# Take one query and its scores $s_1, \dots, s_T$. The softmax of lesson 4 subtracts the largest
+# score before the exponential, so that nothing overflows:
+#
+# $$p_j = \frac{e^{s_j - m}}{\ell}, \qquad m = \max_j s_j, \qquad \ell = \sum_j e^{s_j - m}. \tag{27.1}$$
+#
+# Both $m$ and $\ell$ look at every score before the first weight is known. Read the scores a
+# block at a time instead and keep, after each block, the maximum $m$ of the scores seen so far and
+# the sum $\ell$ of their exponentials *relative to that maximum*. A new block with scores
+# $s_j$, $j \in b$, raises the maximum to $m' = \max(m, \max_{j \in b} s_j)$, and
+#
+# $$\ell' = e^{m - m'}\, \ell + \sum_{j \in b} e^{s_j - m'}. \tag{27.2}$$
+#
+# **Why the rescaling is exact.** Every term already in $\ell$ is $e^{s_i - m}$, and
+# $e^{s_i - m'} = e^{s_i - m}\, e^{m - m'}$: an identity of the exponential, not an approximation.
+# All the old terms are multiplied by the same factor, so their sum is too. After the last block
+# $m$ is the row's maximum and $\ell$ is equation 27.1's sum, whatever the blocks were. The factor
+# $e^{m - m'}$ is at most one, so nothing overflows on the way.
+#
+# The output is a weighted sum of values, $o = \sum_j p_j v_j = \frac{1}{\ell}\sum_j e^{s_j - m} v_j$:
+# its numerator is a sum of the same kind, rescaled by the same factor,
+# $a' = e^{m - m'}\, a + \sum_{j \in b} e^{s_j - m'}\, v_j$, and $o = a / \ell$ at the end. The
+# backward will need one more number per query, the log of the softmax's denominator,
+#
+# $$\mathrm{lse} = m + \log \ell = \log \sum_j e^{s_j}. \tag{27.3}$$
+
+# %%
+s = rng.standard_normal(11) * 4                  # one query's scores
+block = 3
+m, ell = -np.inf, 0.0
+print(f"{'block':>5} {'scores':>34} {'running max m':>14} {'running sum l':>14}")
+for b0 in range(0, len(s), block):
+    sb = s[b0:b0 + block]
+    m_new = max(m, sb.max())
+    ell = np.exp(m - m_new) * ell + np.exp(sb - m_new).sum()      # equation 27.2
+    m = m_new
+    print(f"{b0 // block:>5} {np.array2string(sb, precision=2):>34} {m:>14.4f} {ell:>14.6f}")
+online_err = abs(m + np.log(ell) - np.log(np.exp(s).sum()))
+print(f"lse from the blocks {m + np.log(ell):.15f}, from all scores at once {np.log(np.exp(s).sum()):.15f}: "
+      f"difference {online_err:.1e}")
+
+# %% [markdown]
+# ## 2. The forward by tiles
+#
+# Each query's row is independent of the others, so a *tile* of queries goes through the key tiles
+# together: per key tile, one product of the query tile with the key tile's transpose,
+# equation 27.2 for every row at once, and the output tile accumulated. Masked scores are $-\infty$, so a
+# masked key adds $e^{-\infty} = 0$; a query that may see no key at all ends with $\ell = 0$, and its
+# output is zero, as the paper's attention gives (lesson 5). Nothing requires the tiles to divide
+# the lengths: the last tile of each is shorter.
+#
+# `flash_attention_forward(q, k, v, mask, q_tile, k_tile, causal)` in `attn.layers` takes the
+# paper's attention's arguments and returns its output to round-off. Here it is against
+# `attention_forward` in float64, on a padded batch and with the look-ahead mask, with tile sizes
+# that divide the length and tile sizes that do not:
+
+# %%
+Bsz, H, T, Dh = 2, 2, 23, 8
+q, k, v = (rng.standard_normal((Bsz, H, T, Dh)) for _ in range(3))
+pad = np.arange(T)[None, :] < np.array([T, T - 7])[:, None]          # the second sentence: 7 padded keys
+pad = pad[:, None, None, :]                                          # (B, 1, 1, T)
+look_ahead = np.tril(np.ones((T, T), dtype=bool))
+print(f"{'q_tile':>6} {'k_tile':>6} {'mask':>20} {'largest |flash - paper|':>24}")
+forward_err = 0.0
+for q_tile, k_tile in ((1, 1), (4, 4), (5, 7), (8, 3), (T, T)):
+    for name, mask, causal in (("padding", pad, False), ("padding + causal", pad, True)):
+        want = attention_forward(q, k, v, pad & look_ahead if causal else pad)[0]
+        got = flash_attention_forward(q, k, v, mask, q_tile, k_tile, causal)[0]
+        forward_err = max(forward_err, np.abs(got - want).max())
+        print(f"{q_tile:>6} {k_tile:>6} {name:>20} {np.abs(got - want).max():>24.1e}")
+
+# %% [markdown]
+# ## 3. The backward from D
+#
+# Write $P$ for the weights, $S$ for the scaled scores and $O = PV$. Lesson 8's backward is
+#
+# $$dV = P^\top dO, \qquad dP = dO\, V^\top, \qquad dS_{ij} = P_{ij}\Big(dP_{ij} - \sum_k P_{ik}\, dP_{ik}\Big). \tag{27.4}$$
+#
+# The tiled forward kept neither $P$ nor $S$. Two facts bring them back a tile at a time.
+# First, equation 27.3 gives every weight from its own score and its row's log-sum-exp:
+# $P_{ij} = e^{S_{ij} - \mathrm{lse}_i}$, so a tile of $P$ is one product $Q_i K_j^\top$ away.
+# Second, the sum in equation 27.4 runs over the whole row, which no tile sees, but it is a
+# number that does not need $P$ at all:
+#
+# $$\sum_k P_{ik}\, dP_{ik} = \sum_k P_{ik}\, dO_i \cdot v_k = dO_i \cdot \sum_k P_{ik}\, v_k = dO_i \cdot O_i =: D_i. \tag{27.5}$$
+#
+# $D = \mathrm{rowsum}(dO \circ O)$ costs one pass over the output. Then, per tile:
+# $P = e^{S - \mathrm{lse}}$, $dV_j \mathrel{+}= P^\top dO_i$, $dS = P \circ (dO_i V_j^\top - D_i) / \sqrt{d_k}$,
+# $dQ_i \mathrel{+}= dS\, K_j$ and $dK_j \mathrel{+}= dS^\top Q_i$. The price is one product more than
+# the paper's backward: the scores are computed again.
+
+# %%
+out, cache = flash_attention_forward(q, k, v, pad, 5, 7, True)
+dout = rng.standard_normal(out.shape)
+paper = attention_forward(q, k, v, pad & look_ahead)[1]
+w = paper.weights                                                    # the weights the tiles never hold
+dP = dout @ v.swapaxes(-1, -2)
+D_err = np.abs((w * dP).sum(axis=-1) - (dout * out).sum(axis=-1)).max()
+print(f"rowsum(P * dP) from the whole weights against rowsum(dO * O): largest difference {D_err:.1e}")
+print(f"the cache holds {cache.out.size + cache.lse.size:,} floats beyond the inputs; the paper's attention "
+      f"keeps {w.size:,} weights")
+
+grads_err = max(np.abs(a - b).max() for a, b in zip(flash_attention_backward(dout, cache),
+                                                     attention_backward(dout, paper)))
+print(f"dq, dk, dv of the tiles against the paper's backward: largest difference {grads_err:.1e}")
+flash_errs = check_layer("flash_attention", lambda q, k, v: flash_attention_forward(q, k, v, pad, 5, 7, True),
+                         flash_attention_backward, {"q": q, "k": k, "v": v}, ("q", "k", "v"))
+print("gradient check (float64, central differences):", ", ".join(f"d{n} {e:.1e}" for n, e in flash_errs.items()))
+
+# %% [markdown]
+# ## 4. The tiles the look-ahead mask hides
+#
+# With the look-ahead mask, query $i$ sees keys $0, \dots, i$. A key tile whose first key comes
+# after the *last* query of a query tile holds nothing that tile may see: its scores are never
+# computed, in the forward or the backward. (Comparing with the tile's *first* query instead skips
+# keys the later queries see: one of the exercise's broken variants.) Almost half the tiles go:
+
+# %%
+for T_c, tile in ((64, 16), (1024, 128), (8192, 128)):
+    x = np.zeros((T_c, 1))
+    n_tiles = (-(-T_c // tile)) ** 2
+    skipped = flash_attention_forward(x, x, x, None, tile, tile, causal=True)[1].skipped
+    print(f"T = {T_c:>5}, tiles of {tile:>3}: {skipped:>5,} of {n_tiles:>5,} tiles skipped "
+          f"({skipped / n_tiles:.1%})")
+
+# %% [markdown]
+# ## 5. The cost: memory, measured
+#
+# NumPy reports every array it allocates to Python's `tracemalloc`, so the peak of the memory
+# traced while one forward and one backward run is what the attention itself needed: its
+# temporaries, its cache, its output and its gradients (the inputs were made before tracing
+# started). One head of 64 features, float32, lengths from 128 to 8,192; the tiles are of
+# 128 queries and 128 keys. The last column is one $T \times T$ float32 matrix, computed, for
+# scale.
+
+# %%
+Dh_m, tile_m = 64, 128
+lengths = [128 * 2 ** i for i in range(7)]                         # 128 .. 8192
+
+
+def plain(q, k, v, dout):
+    out, cache = attention_forward(q, k, v)
+    return attention_backward(dout, cache)
+
+
+def tiled(q, k, v, dout):
+    out, cache = flash_attention_forward(q, k, v, None, tile_m, tile_m)
+    return flash_attention_backward(dout, cache)
+
+
+def peak_mib(step, T):
+    """The peak of the memory traced while ``step`` runs forward and backward at length T."""
+    q, k, v, dout = (rng.standard_normal((T, Dh_m)).astype(np.float32) for _ in range(4))
+    tracemalloc.start()
+    step(q, k, v, dout)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+memory = {T: (peak_mib(plain, T), peak_mib(tiled, T)) for T in lengths}
+print(f"{'T':>6} {'paper (MiB)':>12} {'tiled (MiB)':>12} {'ratio':>7} {'one T x T matrix (MiB)':>23}")
+for T_m, (mp, mt) in memory.items():
+    print(f"{T_m:>6} {mp:>12.2f} {mt:>12.2f} {mp / mt:>7.1f} {T_m * T_m * 4 / 2**20:>23.2f}")
+ratio_4096 = memory[4096][0] / memory[4096][1]
+print(f"at T = 4096 the tiled attention needs {ratio_4096:.0f} times less memory than the paper's")
+
+# %% [markdown]
+# ## 6. Where the time goes
+#
+# The same operations, timed (the machine that built this page may have been shared: compare the
+# rows with each other, not with another machine). The paper's attention runs a few large
+# products and writes and reads its large matrices between them; the tiled one runs the same
+# products in pieces, one Python step per tile, and its backward computes the scores once more.
+# On a CPU with NumPy neither effect dominates the other at these lengths; small tiles lose, as
+# the rows of a tile of 32 show, because they pay the Python step many times. The tiled
+# attention's win in time is on a GPU, where memory traffic rather than arithmetic bounds
+# attention: the $T \times T$ matrix never goes to the GPU's main memory and back, and each tile
+# stays in the fast memory beside the arithmetic units.
+
+# %%
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - t0
+
+
+rows = []
+for T_t, tile in [(512, 128), (2048, 128)] + ([] if QUICK else [(4096, 128)]) + [(1024, 32), (1024, 512)]:
+    q_t, k_t, v_t, do_t = (rng.standard_normal((T_t, Dh_m)).astype(np.float32) for _ in range(4))
+    (_, c_p), f_p = timed(attention_forward, q_t, k_t, v_t)
+    _, b_p = timed(attention_backward, do_t, c_p)
+    (_, c_t), f_t = timed(flash_attention_forward, q_t, k_t, v_t, None, tile, tile)
+    _, b_t = timed(flash_attention_backward, do_t, c_t)
+    rows.append((T_t, tile, f_p, b_p, f_t, b_t))
+print(f"{'T':>5} {'tile':>5} {'paper fwd s':>12} {'paper bwd s':>12} {'tiled fwd s':>12} {'tiled bwd s':>12}")
+for T_t, tile, f_p, b_p, f_t, b_t in rows:
+    print(f"{T_t:>5} {tile:>5} {f_p:>12.4f} {b_p:>12.4f} {f_t:>12.4f} {b_t:>12.4f}")
+products = {"paper": (2, 4), "tiled": (2, 5)}            # T x T x Dh products in forward, backward
+print("products of T x T x Dh multiply-adds: " + ", ".join(f"{n} {f} forward + {b} backward"
+                                                          for n, (f, b) in products.items()))
+
+# %% [markdown]
+# The figure draws the measured peaks against the length on logarithmic axes, where a power law
+# is a straight line: the paper's attention climbs with the slope of $T^2$, the tiled one with the
+# slope of $T$.
+
+# %%
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+ax[0].loglog(lengths, [memory[t][0] for t in lengths], "o-", label="paper's attention")
+ax[0].loglog(lengths, [memory[t][1] for t in lengths], "s-", label=f"tiled, tiles of {tile_m}")
+ax[0].loglog(lengths, [t * t * 4 / 2**20 for t in lengths], "k:", lw=1, label="one T x T float32 matrix")
+ax[0].set_xlabel("length T"); ax[0].set_ylabel("peak memory, MiB (measured)")
+ax[0].set_title("forward + backward, one head of 64, float32"); ax[0].legend(fontsize=8)
+labels = [f"T={r[0]}\ntile {r[1]}" for r in rows]
+xs = np.arange(len(rows))
+ax[1].bar(xs - 0.2, [r[2] + r[3] for r in rows], 0.4, label="paper's attention")
+ax[1].bar(xs + 0.2, [r[4] + r[5] for r in rows], 0.4, label="tiled")
+ax[1].set_xticks(xs, labels, fontsize=8); ax[1].set_yscale("log")
+ax[1].set_ylabel("forward + backward, s"); ax[1].set_title("time on this CPU (NumPy)"); ax[1].legend(fontsize=8)
+show_figure(fig, "27_flash_memory.png")
+
+# %% [markdown]
+# ## Check
+
+# %%
+assert online_err < 1e-12, "the online softmax must give the row's log-sum-exp"
+assert forward_err < 1e-12 and grads_err < 1e-12 and D_err < 1e-12
+assert max(flash_errs.values()) < 1e-6
+assert ratio_4096 >= 10, f"at T = 4096 the tiled attention must need ten times less memory, not {ratio_4096:.1f}"
+slope = np.polyfit(np.log(lengths[-3:]), np.log([memory[t][0] for t in lengths[-3:]]), 1)[0]
+assert slope > 1.8, f"the paper's attention's memory must grow as T^2, slope {slope:.2f}"
+print(f"Check passed: the tiled attention equals the paper's to {max(forward_err, grads_err):.1e} in float64, "
+      f"gradient check within {max(flash_errs.values()):.1e}, {ratio_4096:.0f} times less memory at T = 4096")
+
+# %% [markdown]
+# ## Questions
+#
+# 1. Could the online softmax skip the running maximum, summing $e^{s_j}$ directly and dividing at
+#    the end?
+#
+#    <details><summary>Answer</summary>
+#
+#    In exact arithmetic yes; in floating point no. $e^{s}$ overflows float32 once a score passes
+#    about ninety, and float64 once it passes about seven hundred; subtracting the maximum keeps
+#    every exponent at most zero. It is the same reason lesson 4's softmax subtracts the row's
+#    maximum, and the rescaling of equation 27.2 is what lets the maximum change as the tiles
+#    arrive.
+#
+#    </details>
+#
+# 2. The backward recomputes the scores, one product more than the paper's. Why is that still the
+#    faster choice on a GPU?
+#
+#    <details><summary>Answer</summary>
+#
+#    Storing the weights would write a $T \times T$ matrix to the GPU's main memory in the forward
+#    and read it back in the backward. Each of its entries takes part in only $d_k$ multiply-adds,
+#    far fewer than a GPU can do in the time it moves those bytes, so moving the matrix costs more
+#    than recomputing it from $Q$ and $K$, which are only $T \times d_k$ and are read anyway.
+#
+#    </details>
+
+# %% [markdown]
+# ## Exercise
+#
+# Write the tiled forward and backward yourself, from the starter's signatures and shapes:
+#
+# ```
+# attn-check lessons/exercises/flash_attention.py
+# ```
+#
+# It is graded on the examples that prove the library's: tile sizes that do not divide the
+# lengths, padding, the causal flag, queries that may see no key, and scores large enough to
+# overflow without the running maximum. Its invariants are this lesson's: the tiles change
+# nothing, `causal=True` is the look-ahead mask given as a mask, and a cache made of tuples,
+# lists or dicts holds no array with a number for every query and key. `attn-check --hint 2`
+# says where to look, `--hint 3` gives the formula.
