@@ -75,19 +75,20 @@ def test_fast_steps_match_readable_float64(backend, options):
         assert np.allclose(_host(ref.params[k]), _host(fast.params[k]), rtol=1e-10, atol=1e-8), k
 
 
-@pytest.mark.parametrize("beam", [1, 3])
+@pytest.mark.parametrize("beam,use_cache", [(1, True), (3, True), (3, False)])
 @pytest.mark.parametrize("options", [ALL, {**ALL, "norm": "pre", "kv_heads": 1}], ids=["post", "pre-mqa"])
-def test_fast_decoding_matches_readable(backend, options, beam):
-    """Greedy and beam search with the cache, the later block: the readable decoder's tokens and
-    scores; the cache holds kv_heads heads per layer."""
+def test_fast_decoding_matches_readable(backend, options, beam, use_cache):
+    """Greedy and beam search, with the cache and without (the prefix recomputed), the later
+    block: the readable decoder's tokens and scores; the cache holds kv_heads heads per layer."""
     cfg = _config(**options)
     ref = Transformer(cfg, seed=1, dtype="float64")
     fast = FastTransformer.from_model(ref)
     src = B.to_device(np.array([[4, 5, 6, 7, 0], [8, 5, 4, 6, 7], [6, 0, 0, 0, 0], [7, 7, 5, 12, 0]]))
     if beam == 1:
-        want, got = (decode.greedy_decode(m, src, max_len=9) for m in (ref, fast))
+        want, got = (decode.greedy_decode(m, src, max_len=9, use_cache=use_cache) for m in (ref, fast))
     else:
-        want, got = (decode.beam_search(m, src, beam_size=beam, max_len=9) for m in (ref, fast))
+        want, got = (decode.beam_search(m, src, beam_size=beam, max_len=9, use_cache=use_cache)
+                     for m in (ref, fast))
     assert got.tokens == want.tokens
     assert np.allclose(got.scores, want.scores, rtol=1e-12, atol=1e-12)
     memory, _ = fast.encode(src)

@@ -20,6 +20,11 @@ beam search against the reference decoder):
   they attend to their sentence's one copy together (see :class:`FastDecodeState`), and a
   reorder within the sentences copies none of them.
 
+* The later block (lesson 26) decodes here too, on NumPy and on CuPy (the device state below
+  runs the paper's sub-layers only): the cache holds ``kv_heads`` heads, which each group of
+  query heads reads without a copy; a step turns its query and its new key by its position
+  once (rotary positions), before the key is written into the cache.
+
 A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
 next position into buffers its successor shares. Stepping an older state again is still
 correct: it sees that its buffers have moved on and copies them first. :meth:`FastDecodeState.select`
