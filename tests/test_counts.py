@@ -259,12 +259,10 @@ def test_the_later_blocks_step_is_counted_and_capturable():
     from attn.bench.presets import BenchConfig, later_block
     bc = BENCH_PRESETS["quick"]
     bc = BenchConfig(**{**bc.__dict__, "model": later_block(bc.model)})
-    rows = {r["name"]: r for r in C.measure_counts("quick", which=("train_step",), bc=bc, block="later")}
-    row = rows["counts_train_step"]
-    assert row["preset"] == "quick, later block" and "launches" not in row["targets"]
-    assert (row["syncs"], row["pool_allocations"], row["optimizer_launches"]) == (0, 0, 1), row
-    assert rows["counts_capture"]["total"] == 0, rows["counts_capture"]
-    ops = {name: n for (_, name), n in C.count_at(bc, ("train_step",))["train_step"][0].ops.items()}
+    tally, syncs, _ = C.count_at(bc, ("train_step",))["train_step"]
+    assert (syncs, tally.allocations, tally.phases.get("optimizer")) == (0, 0, 1), tally.ops
+    assert C.capture_survey(bc, "quick, later block")["total"] == 0
+    ops = {name: n for (_, name), n in tally.ops.items()}
     L = bc.model["n_encoder_layers"] + bc.model["n_decoder_layers"]          # self-attentions
     assert ops["rope_rotate"] == 4 * L, ops                                  # q and k, forward and backward
     assert ops["swiglu_fwd"] == ops["swiglu_bwd"] == L and ops["rms_norm_bwd"] > 0, ops
