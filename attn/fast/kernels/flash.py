@@ -365,7 +365,7 @@ def flash_fwd_np(launch, q, k, v, key_ok, o, lse, scale, lowest, H, Hkv, Tq, Tk,
             any_ = ok.any(axis=-1)
             mn = np.where(any_, np.maximum(m, np.where(ok, s, dt(lowest)).max(axis=-1)), m)
             alpha = np.exp(m - mn)
-            p = np.where(ok, np.exp(s - mn[..., None]), dt(0))
+            p = np.where(ok, np.exp(np.where(ok, s, mn[..., None]) - mn[..., None]), dt(0))
             l = l * alpha + p.sum(axis=-1)
             acc *= alpha[..., None]
             acc += p @ hd.v[:, :, :, j0:j1]
@@ -400,7 +400,7 @@ def _tile_grads(hd, d_o, ls, ds, i0, i1, j0, j1, causal, scale):
     ok = _allowed(hd.ok, i0, i1, j0, j1, causal)
     s = hd.q[:, :, :, i0:i1] @ hd.k[:, :, :, j0:j1].swapaxes(-1, -2)
     s *= dt(scale)
-    p = np.where(ok, np.exp(s - ls[..., i0:i1, None]), dt(0))
+    p = np.where(ok, np.exp(np.where(ok, s, ls[..., i0:i1, None]) - ls[..., i0:i1, None]), dt(0))
     dp = d_o[:, :, :, i0:i1] @ hd.v[:, :, :, j0:j1].swapaxes(-1, -2)
     dp -= ds[..., i0:i1, None]
     dp *= p
