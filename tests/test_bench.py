@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -230,3 +231,32 @@ def test_the_block_option_times_each_block_named():
     assert _worker_args(args, "attn")[-2:] == ["--block", "later"]
     with pytest.raises(SystemExit):
         parse_args(["--block", "llama"])
+
+
+def _attention_rows(out: str) -> list:
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["T"] for r in rows] == [16, 40]
+    for r in rows:
+        assert r["plain_seconds"] > 0 and r["tiled_seconds"] > 0
+        assert r["plain_peak_mb"] is not None and r["tiled_peak_mb"] is not None
+    return rows
+
+
+def test_the_attention_rows_time_and_measure_each_way():
+    """``--attention``: per length the plain and the tiled attention's forward and backward, and
+    PyTorch's where installed, seconds and peak memory growth (a process of its own: the command
+    hands freed memory back to the system for the whole process)."""
+    r = _bench("--attention", "--lengths", "16,40", "--repeats", "1", "--json", "--quiet")
+    assert r.returncode == 0, r.stderr
+    rows = _attention_rows(r.stdout)
+    if importlib.util.find_spec("torch"):
+        assert all(row["torch_seconds"] > 0 and row["torch_peak_mb"] is not None for row in rows)
+
+
+def test_the_attention_rows_run_the_kernels_on_the_stand_in(capsys):
+    from conftest import selected_backend
+    from attn.bench.cli import main
+    with selected_backend("cupy"):
+        assert main(["--attention", "--lengths", "16,40", "--repeats", "1", "--json", "--quiet", "--backend", "cupy",
+                     "--no-torch"]) == 0
+    _attention_rows(capsys.readouterr().out)

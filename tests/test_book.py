@@ -114,6 +114,7 @@ _LAYOUT = """() => ({
     overflowing: Array.from(document.querySelectorAll('div.cell_input pre, div.cell_output pre, div.highlight pre'))
         .filter(e => e.scrollWidth > e.clientWidth + 1)
         .map(e => `${e.scrollWidth} > ${e.clientWidth} px: ${e.innerText.split('\\n').sort((a, b) => b.length - a.length)[0].slice(0, 90)}`),
+    body: parseFloat(getComputedStyle(document.querySelector('article p') || document.body).fontSize),
     figures: Array.from(document.querySelectorAll('img')).filter(i => i.src.includes('/_images/')).map(i => ({
         src: i.src.split('/').pop(), alt: i.alt, textPx: parseFloat(i.dataset.textPx || 'NaN'),
         shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
@@ -289,13 +290,19 @@ def assert_nothing_cut_off(facts: dict, name: str) -> None:
 def test_lesson_page_on_a_phone(lesson, site, browser):
     """At 390 px (a phone) every lesson reads: no sideways scrolling of the page, every display
     equation whole or scrolling in its own box, wrapped code under its own indentation, every
-    figure a link to its full size. A screenshot goes to build/book/screenshots/<lesson>-390.png."""
+    figure's smallest text at least the body text's size (the figure scrolling in its own box
+    where it must) and a link to its full size. A screenshot goes to
+    build/book/screenshots/<lesson>-390.png."""
     facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html",
                           book.SCREENSHOTS / f"{lesson.stem}-390.png", width=390)
     assert_page_works(facts, report, lesson.name + " at 390 px")
     assert_readable(facts, lesson.name)
+    body = facts["layout"]["body"]
     for f in facts["layout"]["figures"]:
         assert f["link"] and f["link"].endswith(f["src"]), f"{lesson.name}: {f['src']} does not open full size"
+        shown = f["textPx"] * f["shown"] / f["natural"]
+        assert shown >= body - 0.5, (f"{lesson.name}: {f['src']} ({f['alt'][:60]}) shows its smallest text at "
+                                     f"{shown:.1f} px on a phone, under the body text's {body:.1f} px")
 
 
 def test_no_figure_of_a_lesson_overlaps_its_own_text(built_book):

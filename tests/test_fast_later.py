@@ -40,13 +40,16 @@ def _host(a):
     return B.to_host(a)
 
 
-@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
-def test_fast_steps_match_readable_float64(backend, options):
+@pytest.mark.parametrize("options,attention", [*((o, "plain") for o in OPTIONS), (ALL, "flash"),
+                                               ({**ALL, "norm": "pre", "kv_heads": 1}, "flash")],
+                         ids=lambda o: o if isinstance(o, str) else "-".join(f"{k}={v}" for k, v in o.items()))
+def test_fast_steps_match_readable_float64(backend, options, attention):
     """Three steps of each engine from the same parameters: loss, every gradient, and the
-    parameters Adam leaves, to float64 rounding; the batch is split over two threads on NumPy."""
+    parameters Adam leaves, to float64 rounding; the batch is split over two threads on NumPy;
+    the plain attention and the tiled one (which reads each key/value head for its group)."""
     cfg = _config(**options)
     ref = Transformer(cfg, seed=3, dtype="float64")
-    fast = FastTransformer(cfg, seed=3, dtype="float64")
+    fast = FastTransformer(cfg, seed=3, dtype="float64", attention=attention)
     fast.workers = 2
     rng = np.random.default_rng(5)
     src = rng.integers(4, 13, (4, 7))

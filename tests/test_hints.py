@@ -1,112 +1,70 @@
-"""Hints that find the mistake: for each layer whose backward the lessons derive by hand, a
-set of typical mistakes, each written as a learner would, and each must get a report whose
-"looks like" (hint 1) and "look at" (hint 2) point at its own mistake, not at a neighbour's."""
+"""Hints that find the mistake: for every layer an exercise asks for, a set of typical mistakes
+(``tests/typical_mistakes.py``), each written as a learner would, and each must get a report
+whose "looks like" (hint 1) and "look at" (hint 2) point at its own mistake, not at a
+neighbour's. The mistakes are graded in this process (the sandbox has tests of its own), most
+without shrinking the failing example (``SHRUNK``): a fraction of a second each, a few seconds
+for attention's."""
 from __future__ import annotations
 
+import contextlib
+import inspect
 import io
 import re
 import textwrap
+import warnings
 
+import numpy as np
 import pytest
 
 import attn.backend as B
-from attn.grader import cli
+from attn.grader import cli, grading
+from attn.grader.reports import report
+from attn.testing import DROPOUT_PROBES, EXERCISES, LAYERS
+from typical_mistakes import MISTAKES, NO_VAR, NORM
 
-NORM = '''
-def {name}(dout, cache):
-    xhat, rstd, gamma = cache
-    D = xhat.shape[-1]
-    g = dout * gamma
-    dx = {dx}
-    return dx, (dout * xhat).reshape(-1, D).sum(axis=0), dout.reshape(-1, D).sum(axis=0)
-'''
-LN = "from attn.layers import layer_norm_forward\n\n" + NORM.replace("{name}", "layer_norm_backward")
-SOFTMAX = '''
-from attn.layers import softmax_forward
-
-
-def softmax_backward(dy, cache):
-    y = cache.y
-    return {dx}
-'''
-ATTENTION = '''
-from attn.layers import attention_forward, dropout_backward, softmax_backward
-from attn.layers.softmax import SoftmaxCache
-
-
-def attention_backward(dout, cache):
-    q, k, v, w, cd, scale = cache
-    wd = w if cd.mask is None else w * cd.mask
-    dv = wd.swapaxes(-1, -2) @ dout
-    dw = dropout_backward(dout @ v.swapaxes(-1, -2), cd)
-    ds = {ds}
-    return ds @ k, ds.swapaxes(-1, -2) @ q, dv
-'''
-RESIDUAL = "from attn.layers import feed_forward_backward, residual_ffn_forward\n\n" + NORM.replace(
-    "{name}", "_norm_backward") + '''
-
-def residual_ffn_backward(dout, cache):
-    dz, dgamma, dbeta = _norm_backward(dout, cache.norm)
-    dx_ffn, dw1, db1, dw2, db2 = feed_forward_backward(dz, cache.ffn)
-    return {ret}, dw1, db1, dw2, db2, dgamma, dbeta
-'''
-LINEAR = '''
-from attn.layers import linear_forward
-
-
-def linear_backward(dout, cache):
-    x, w = cache
-    x2, d2 = x.reshape(-1, w.shape[0]), dout.reshape(-1, w.shape[1])
-    return (d2 @ w.T).reshape(x.shape), {dw}, {db}
-'''
-RIGHT_LN = "rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))"
-NO_MEAN = "rstd * (g - xhat * (g * xhat).mean(axis=-1, keepdims=True))"
-NO_VAR = "rstd * (g - g.mean(axis=-1, keepdims=True))"
-
-#: layer -> (mistake, the file, what "looks like" must say, what "look at" must say)
-MISTAKES = {
-    "linear": [
-        ("dw transposed", LINEAR.format(dw="d2.T @ x2", db="d2.sum(axis=0)"), r"transposed product",
-         r"which two arrays are multiplied, in which order"),
-        ("db a mean", LINEAR.format(dw="x2.T @ d2", db="d2.mean(axis=0)"),
-         r"a mean over the rows instead of their sum", r"which axes the bias gradient is summed over"),
-        ("dw a mean", LINEAR.format(dw="x2.T @ d2 / len(d2)", db="d2.sum(axis=0)"),
-         r"a mean over the rows instead of their sum", r"every position contributes to dw"),
-    ],
-    "layer_norm": [
-        ("no mean term", LN.format(dx=NO_MEAN), r"the mean term .* is missing", r"mean of the row"),
-        ("no variance term", LN.format(dx=NO_VAR), r"the variance term .* is missing$", r"rstd = 1/sqrt"),
-        ("neither term", LN.format(dx="rstd * g"), r"the mean term .* is missing and the variance term .* is "
-                                                   r"missing", r"mean of the row.*rstd = 1/sqrt"),
-        ("variance term's sign", LN.format(dx="rstd * (g - g.mean(axis=-1, keepdims=True) + xhat * (g * xhat)"
-                                              ".mean(axis=-1, keepdims=True))"),
-         r"the variance term .* has the wrong sign", r"rstd = 1/sqrt"),
-    ],
-    "softmax": [
-        ("no normaliser term", SOFTMAX.format(dx="y * dy"), r"the normaliser's term .* is missing", r"normaliser"),
-        ("normaliser's sign", SOFTMAX.format(dx="y * (dy + (dy * y).sum(axis=-1, keepdims=True))"),
-         r"the normaliser's term .* has the wrong sign", r"normaliser"),
-        ("whole sign", SOFTMAX.format(dx="-y * (dy - (dy * y).sum(axis=-1, keepdims=True))"),
-         r"the opposite sign", r"every logit of its row"),
-    ],
-    "attention": [
-        ("no scale", ATTENTION.format(ds="softmax_backward(dw, SoftmaxCache(w))"),
-         r"the factor 1/sqrt\(d_k\) of the scores is missing", r"scale of the scores"),
-        ("scale twice", ATTENTION.format(ds="softmax_backward(dw, SoftmaxCache(w)) * scale * scale"),
-         r"the factor 1/sqrt\(d_k\) of the scores is applied twice", r"scale of the scores"),
-        ("softmax without its normaliser", ATTENTION.format(ds="w * dw * scale"),
-         r"the softmax's normaliser's term .* is missing", r"the softmax inside"),
-    ],
-    "residual_ffn": [
-        ("no skip path", RESIDUAL.format(dx=RIGHT_LN, ret="dx_ffn"), r"the skip path's dz is missing$",
-         r"two paths"),
-        ("the norm without its variance term", RESIDUAL.format(dx=NO_VAR, ret="dz + dx_ffn"),
-         r"the layer norm's the variance term .* is missing$", r"^the layer norm's rstd"),
-        ("the norm without its mean term", RESIDUAL.format(dx=NO_MEAN, ret="dz + dx_ffn"),
-         r"the layer norm's the mean term .* is missing$", r"^the layer norm's the mean of the row"),
-    ],
-}
 CASES = [(layer, *m) for layer, ms in MISTAKES.items() for m in ms]
+
+#: The layers whose mistakes are graded as a learner's are, the failing example shrunk: what
+#: hypothesis shrinks to must still tell their mistakes apart (layer norm's rows of 3 or more,
+#: a ReLU's input of both signs). The others skip the shrinking, most of the cost of a failure.
+SHRUNK = {"linear", "relu", "layer_norm", "softmax", "attention", "residual_ffn"}
+
+
+class _InProcess:
+    """What :func:`attn.grader.grading.grade` asks of a sandbox, for functions of this process."""
+
+    def begin_layer(self):
+        pass
+
+    def reset(self):
+        pass
+
+
+@contextlib.contextmanager
+def _phases(phases):
+    saved, grading.PHASES = grading.PHASES, phases
+    try:
+        yield
+    finally:
+        grading.PHASES = saved
+
+
+def _grade_here(layer: str, source: str) -> tuple[str, str]:
+    """Grade ``source``'s functions of ``layer`` in this process: (the status, the report at hint 2)."""
+    names: dict = {}
+    exec(compile(textwrap.dedent(source), "mine.py", "exec"), names)
+    impl = {n: names[n] for n in LAYERS[layer].functions if n in names}
+    forward = impl.get(LAYERS[layer].functions[0])
+    drop = ()                           # a forward without dropout (the starters before lesson 12'), as the grader
+    if layer in DROPOUT_PROBES and layer != "dropout" and "dropout" not in inspect.signature(forward).parameters:
+        drop = ("dropout", "rng")
+    phases = grading.PHASES if layer in SHRUNK else grading.PHASES[:-1]
+    with warnings.catch_warnings(), np.errstate(all="ignore"), _phases(phases):
+        warnings.simplefilter("ignore")                             # a wrong layer's overflow is no news
+        r = grading.grade(LAYERS[layer], impl, _InProcess(), drop=drop)
+    out = io.StringIO()
+    report(r, out, 2)
+    return r.status, out.getvalue()
 
 
 def _grade(path, *argv) -> tuple[int, str]:
@@ -124,19 +82,25 @@ def _line(report: str, key: str) -> str:
     return m.group(1) if m else ""
 
 
-def test_every_layer_has_three_mistakes_or_more():
-    assert all(len(ms) >= 3 for ms in MISTAKES.values()), {k: len(v) for k, v in MISTAKES.items()}
+def exercised() -> set:
+    """The layers whose functions some exercise asks for."""
+    asked = {name for m in EXERCISES.values() for name in m.asks}
+    return {layer.name for layer in LAYERS.values() if asked & set(layer.functions)}
+
+
+def test_every_exercised_layer_has_three_mistakes_or_more():
+    few = {name: len(MISTAKES.get(name, ())) for name in sorted(exercised()) if len(MISTAKES.get(name, ())) < 3}
+    assert not few, f"exercised layers with fewer than three typical mistakes in tests/typical_mistakes.py: {few}"
 
 
 @pytest.mark.parametrize("layer, mistake, source, looks_like, look_at", CASES,
                          ids=[f"{c[0]}: {c[1]}" for c in CASES])
-def test_each_mistake_gets_its_own_hint(tmp_path, layer, mistake, source, looks_like, look_at):
-    path = tmp_path / "mine.py"
-    path.write_text(textwrap.dedent(source), encoding="utf-8")
-    rc, report = _grade(path, "--layer", layer, "--hint", "2", "--allow-library")
-    assert rc == 1 and re.search(r"blame:\s+fix \w+_backward", report), report
-    assert re.search(looks_like, _line(report, "looks like:")), f"{mistake}: hint 1 misses it:\n{report}"
-    assert re.search(look_at, _line(report, "look at:")), f"{mistake}: hint 2 misses it:\n{report}"
+def test_each_mistake_gets_its_own_hint(layer, mistake, source, looks_like, look_at):
+    status, text = _grade_here(layer, source)
+    assert status == "fail", f"{mistake}: not caught:\n{text}"
+    said = _line(text, "check:") + " | " + _line(text, "looks like:")         # what hint 1 shows
+    assert re.search(looks_like, said), f"{mistake}: hint 1 misses it:\n{text}"
+    assert re.search(look_at, _line(text, "look at:")), f"{mistake}: hint 2 misses it:\n{text}"
 
 
 def test_a_composite_whose_part_failed_points_at_the_part(tmp_path):

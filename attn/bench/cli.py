@@ -44,6 +44,12 @@ def parse_args(argv=None):
                         "(kernel launches by kind, bytes moved, host synchronisations, memory-pool "
                         "allocations), on the CuPy stand-in, so on any machine; with the issue's targets "
                         "and the lint of kernels whose grid does not grow with the batch (attn.bench.counts)")
+    p.add_argument("--attention", action="store_true",
+                   help="instead of timing steps: one attention's forward and backward alone, the fast engine's "
+                        "plain and tiled (FlashAttention) and PyTorch's scaled_dot_product_attention, seconds and "
+                        "peak memory at each of --lengths (attn.bench.attention)")
+    p.add_argument("--lengths", default=None,
+                   help="with --attention: comma-separated lengths (default 128,256,...,8192)")
     p.add_argument("--gpu-report", metavar="DIR",
                    help="on a GPU, part by part (--part), each under 10 minutes: a preflight of the riskiest paths "
                         "(PASS/FAIL each), the test suite on real CuPy with "
@@ -52,7 +58,7 @@ def parse_args(argv=None):
                         "written as each finishes (attn.bench.gpu_report); stops at once without a GPU")
     p.add_argument("--part", default="all",
                    help="with --gpu-report: the parts to run, comma-separated (preflight, suite, bench, base, "
-                        "precision, graph, train, memory; default all, in that order; run preflight first)")
+                        "precision, graph, train, memory, attention; default all, in that order; run preflight first)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --gpu-report: the same pipeline on the CuPy stand-in, cheaply (proves the report "
                         "is assembled, not its figures)")
@@ -264,6 +270,28 @@ def _row(w, settings: dict, rate: float, peak: float, backend: str) -> dict:
     return r
 
 
+def _attention(args) -> int:
+    """``--attention``: the attention-only rows (:mod:`attn.bench.attention`)."""
+    from .attention import LENGTHS, measure_attention, print_attention, return_freed_memory
+    B.set_backend(args.backend)
+    if B.get_backend() == "numpy":
+        return_freed_memory()
+        if args.threads:
+            blas_threads(args.threads)
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else list(LENGTHS)
+    except ValueError:
+        print(f"attn.bench: error: --lengths must be comma-separated integers, got {args.lengths!r}", file=sys.stderr)
+        return 2
+    with_torch = not args.no_torch and torch_available()
+    if with_torch:
+        import torch
+        torch.set_num_threads(args.threads or blas_threads() or os.cpu_count() or 1)
+    rows = measure_attention(lengths, args.repeats or 3, with_torch, quiet=args.quiet)
+    print_attention(rows, markdown=args.markdown, as_json=args.json)
+    return 0
+
+
 def main(argv=None) -> int:
     if "--quality" in (sys.argv[1:] if argv is None else argv):     # the side-by-side training run
         from .quality import main as quality_main
@@ -277,6 +305,9 @@ def main(argv=None) -> int:
         if any(str(r.get("name", "")).startswith("quality_") for r in rows):
             from .quality import print_markdown as quality_markdown
             quality_markdown(rows)
+        elif rows and all(r.get("name") == "attention" for r in rows):
+            from .attention import print_attention
+            print_attention(rows, markdown=True)
         else:
             print_markdown(rows)
         return 0
@@ -304,6 +335,8 @@ def main(argv=None) -> int:
     if args.dry_run:
         print("attn.bench: error: --dry-run goes with --gpu-report DIR", file=sys.stderr)
         return 2
+    if args.attention:
+        return _attention(args)
     if args.counts:
         from .counts import CountsError, measure_counts, print_counts, print_counts_markdown
         at = f" at {args.precision}" if args.precision not in (None, "fp32") else ""

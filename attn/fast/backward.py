@@ -8,6 +8,7 @@ import math
 import threading
 from typing import NamedTuple
 
+from . import flash
 from .arena import Arena
 from ..layers.attention import sum_kv_groups
 from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, ResCache, SelfAttnCache, SplitCache,
@@ -223,8 +224,12 @@ class FastBackward:
         ``ds = s * softmax_back(dropback(dw))``,
         ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first. With
         grouped-query attention (dk, dv have fewer heads than q) a key/value head's gradient
-        is the sum of its group's (:func:`attn.layers.attention.sum_kv_groups`)."""
+        is the sum of its group's (:func:`attn.layers.attention.sum_kv_groups`). The tiled
+        attention's cache (:class:`attn.fast.flash.FlashCache`) goes to its own backward, which
+        sums the groups itself."""
         xp, ops = self.xp, self.ops
+        if isinstance(ac, flash.FlashCache):
+            return flash.attend_backward(ops, dctx, ac, dq, dk, dv, self._attn_scale)
         Bsz, H, Tq, Dh = ac.q.shape
         Tk = ac.k.shape[2]
         group = H // dk.shape[1]

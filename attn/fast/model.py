@@ -10,13 +10,12 @@ import math
 import threading
 
 from .. import backend as B
-from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
 from ..layers.attention import repeat_kv
 from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
-from . import decoding
+from . import decoding, flash
 from .arena import Arena
 from .backward import FastBackward
 from .forward import FastForward
@@ -25,7 +24,7 @@ from .caches import (AttendCache, CrossAttnCache, CrossWeights, EmbedCache, Fast
 from .decoding import DeviceDecodeState, FastDecodeState
 from .dispatch import ops_for
 from .ops import _Ops
-from .stepmem import StepMemory, in_step, outside_step
+from .stepmem import StepMemory
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
 
@@ -53,14 +52,17 @@ class FastTransformer(FastForward, FastBackward):
     ``precision`` (:class:`attn.precision.Precision` or its name) is what the step's products
     read, fixed when the model is made. ``check_ids=False`` skips the check that token ids lie
     in the vocabulary (CuPy would wrap them silently; on CuPy the check is a host
-    synchronisation): for a caller that checked its batches on the host.
+    synchronisation): for a caller that checked its batches on the host. ``attention`` (an
+    attribute too) is ``"plain"`` (the weights kept for the backward), ``"flash"`` (the tiled
+    attention of :mod:`attn.fast.flash`: memory linear in the length) or ``"auto"`` (the rule
+    :func:`attn.fast.flash.use_flash` chooses for each step).
     """
 
     #: Attention weights are kept keys-first, (Tk, B, H, Tq) (:mod:`attn.engine`).
     keys_first = True
 
     def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None,
-                 precision: Precision | str = FP32, check_ids: bool = True):
+                 precision: Precision | str = FP32, check_ids: bool = True, attention: str = "auto"):
         #: The readable model over the same parameters (the same dict).
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype
@@ -68,6 +70,8 @@ class FastTransformer(FastForward, FastBackward):
         self.arena = Arena.adopt(self.params, config, self.dtype)
         self.precision = self._usable(Precision.of(precision))
         self.validate_ids = check_ids
+        self.attention = flash.check_mode(attention)
+        self._memory = flash.memory_bytes(self.xp)      # once, here: never a driver call inside a captured step
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
@@ -217,10 +221,14 @@ class FastTransformer(FastForward, FastBackward):
         """softmax(q k^T / sqrt(d_k) + bias) v, the scores kept keys-first.
 
         Inputs: q (B, H, Tq, Dh), k and v (B, KV, Tk, Dh) views (KV < H: grouped-query
-        attention, each key/value head repeated for its group, :func:`repeat_kv`); bias_t and
-        rows_t the mask in the keys-first layout (see :meth:`_bias`). Returns ctx (B*Tq, D),
-        AttendCache whose ``w`` is the (Tk, B, H, Tq) array of weights."""
+        attention); bias_t and rows_t the mask in the keys-first layout (see :meth:`_bias`), or a
+        :class:`attn.fast.flash.KeyMask` and None for the tiled attention (which reads each
+        key/value head for its group); the plain one repeats each key/value head for its group
+        (:func:`repeat_kv`). Returns ctx (B*Tq, D), AttendCache whose ``w`` is the (Tk, B, H, Tq)
+        array of weights (or the tiled attention's :class:`attn.fast.flash.FlashCache`)."""
         xp, ops = self.xp, self.ops
+        if isinstance(bias_t, flash.KeyMask):
+            return flash.attend(ops, q, k, v, bias_t, self._attn_scale)
         group = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, group), repeat_kv(v, group)
         Bsz, H, Tq, Dh = q.shape
@@ -259,6 +267,13 @@ class FastTransformer(FastForward, FastBackward):
         k, v = kv
         ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
         return self._out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, i)
+
+    def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
+        """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
+        :attr:`attention` by the rule of :func:`attn.fast.flash.use_flash`."""
+        dropping = rng is not None and self.config.attention_dropout > 0
+        return flash.use_flash(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping,
+                               self._memory)
 
     @staticmethod
     def _bias(mask, dtype, xp):
@@ -310,8 +325,9 @@ class FastTransformer(FastForward, FastBackward):
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
         Bsz, T = tgt_in.shape
         k = self._n_parts(Bsz, max(T, src.shape[1]))
+        tiled = self._tiled(Bsz, src.shape[1], T, rng)
         if k == 1:
-            return self._forward_part(src, tgt_in, rng)
+            return self._forward_part(src, tgt_in, rng, tiled=tiled)
         self._shared_tables(src.shape[1], T)            # build the shared tables before the threads
         parts = _row_slices(Bsz, k)
         rngs = [None] * k           # each part: its rows of what one pass over the batch draws
@@ -322,7 +338,7 @@ class FastTransformer(FastForward, FastBackward):
         logits = self.xp.empty((Bsz, T, V), dtype=self.dtype)
         fused = self._fuse()                            # once, shared by the parts
         caches = _THREADS.parallel([
-            lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused)[1]
+            lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused, tiled=tiled)[1]
             for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts)
 
@@ -360,14 +376,15 @@ class FastTransformer(FastForward, FastBackward):
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
         Bsz, T = tgt_in.shape
         k = self._n_parts(Bsz, max(T, src.shape[1]))
+        tiled = self._tiled(Bsz, src.shape[1], T, None)
         if k == 1:
-            return self._forward_part(src, tgt_in, None, keep_cache=False)[0]
+            return self._forward_part(src, tgt_in, None, keep_cache=False, tiled=tiled)[0]
         self._shared_tables(src.shape[1], T)
         V = self.params[self._emb("out")].shape[0]
         out = self.xp.empty((Bsz, T, V), dtype=self.dtype)
         fused = self._fuse()
         _THREADS.parallel([lambda sl=sl: self._forward_part(src[sl], tgt_in[sl], None, out[sl], keep_cache=False,
-                                                            fused=fused)
+                                                            fused=fused, tiled=tiled)
                            for sl in _row_slices(Bsz, k)])
         return out
 
@@ -380,22 +397,23 @@ class FastTransformer(FastForward, FastBackward):
         if self.phase_clock is not None and threading.current_thread() is threading.main_thread():
             self.phase_clock(name)
 
-    def _forward_part(self, src, tgt_in, rng=None, logits_out=None, keep_cache=True, fused=None):
+    def _forward_part(self, src, tgt_in, rng=None, logits_out=None, keep_cache=True, fused=None, tiled=False):
         """The forward of one part (or the whole batch). Writes the logits into
-        ``logits_out`` (B, T, V) when given. Returns logits, FastCache (None without
-        ``keep_cache``)."""
+        ``logits_out`` (B, T, V) when given; ``tiled``: every attention the tiled one
+        (:meth:`_tiled`). Returns logits, FastCache (None without ``keep_cache``)."""
         cfg, xp = self.config, self.xp
         Bsz, S = src.shape
         T = tgt_in.shape[1]
         F = self._fuse() if fused is None else fused
-        src_bias, src_rows = self._bias(padding_mask(src), self.dtype, xp)    # (B, 1, 1, S)
+        src_bias, src_rows = (flash.KeyMask.of(src, False), None) if tiled else \
+            self._bias(padding_mask(src), self.dtype, xp)                     # (B, 1, 1, S)
         memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
         self._phase("forward: decoder")
         kv = kv_heads = None                # inference: the decoder projects them layer by layer
         if keep_cache:
             kv, kv_heads = self._cross_kv(memory, F, Bsz, S)
         y, tgt_emb, dec, dec_norm, _ = self._decoder(tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache,
-                                                     memory=memory)
+                                                     memory=memory, tiled=tiled)
         self._phase("forward: output projection")
         E = self.params[self._emb("out")]
         if logits_out is None:
@@ -451,15 +469,17 @@ class FastTransformer(FastForward, FastBackward):
         return self._heads(kv, Bsz, S, 2, KV)
 
     def _decoder(self, tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache, keep_cross=False,
-                 memory=None):
+                 memory=None, tiled=False):
         """Embeddings and decoder layers of one part. Returns y (N_t, D), the embedding's cache,
         the layers' caches (empty without ``keep_cache``), the final norm's (pre-norm), and with
         ``keep_cross`` each layer's cross-attention weights (S, B, H, T), else None.
         ``kv_heads``: the cross-attention keys and values of every layer (2L views), or None
-        to project them from ``memory`` (N_s, D) layer by layer."""
+        to project them from ``memory`` (N_s, D) layer by layer; ``tiled``: the self-attention
+        the tiled one (``src_bias`` then a :class:`attn.fast.flash.KeyMask` too)."""
         cfg, xp, p = self.config, self.xp, self.params
         Bsz, T = tgt_in.shape
-        tgt_bias, tgt_rows = self._bias(decoder_mask(tgt_in), self.dtype, xp)  # (B, 1, T, T)
+        tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True), None) if tiled else \
+            self._bias(decoder_mask(tgt_in), self.dtype, xp)                  # (B, 1, T, T)
         y, tgt_emb = self._embed("tgt", tgt_in, rng)
         dec, cross = [], [] if keep_cross else None
         for i in range(cfg.n_decoder_layers):

@@ -46,9 +46,9 @@ is served by it.
   out again. Parameters, the arena, Adam's state are made before any step; what the engine
   makes on first use and keeps (the kernels' scratch buffers, device seeds, Adam's device step
   count) is made inside :func:`outside_step`, which restores the allocator in place before
-  the step. What a step returns is valid until the next step begins: the trainer copies the
-  loss out after the step (:func:`attn.train.train_step`), as
-  :class:`attn.fast.graph.GraphedTrainStep` does.
+  the step. What a step returns is valid until the next step begins: the training loop's loss
+  log copies the loss out after the step (:class:`attn.fast.loop.PendingLosses`), and
+  :func:`attn.fast.loop.train_step` and :class:`attn.fast.graph.GraphedTrainStep` return a copy.
 * **A stale read is detectable**: with :data:`POISON` (or ``ATTN_POISON_STEP_MEMORY=1``) every
   step begins by filling the slab with ``0xFF`` bytes (NaN in float32 and float64, -1 in
   integers), so an array of a previous step read after it, or a kept buffer wrongly taken from

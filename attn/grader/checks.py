@@ -3,14 +3,15 @@ optimizer's steps, and dropout over many draws; each raises a :class:`Failure` t
 report explains."""
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import NamedTuple
 
 from hypothesis import reject
 
 from .. import backend as B
 from ..gradcheck import numerical_gradient, rel_error
 from ..testing import DROPOUT_PROBES, XP, Built, Example, Fresh, InvariantError, Layer
+from .diagnosis import diagnose, name_mistake
 from .library import Handle, is_array, library_function, reference
 from .results import FLOAT32_TOL, FORWARD_TOL, GRADIENT_TOL, NOISE_FLOOR, SPOT_CHECK, Failure, Fatal, NotImplementedYet
 from .sandbox import Sandbox, _Raised
@@ -160,6 +161,15 @@ def _check_output(check: str, what: str, out, want) -> None:
                       look="use xp = attn.backend.get_array_module(x) instead of numpy, so the layer runs on CuPy too")
 
 
+@contextlib.contextmanager
+def _naming(layer: Layer, result: str, yours, ex: Example, dout=None):
+    """A Failure raised inside names the typical mistake ``yours`` shows, where one fits."""
+    try:
+        yield
+    except Failure as f:
+        name_mistake(f, layer, result, yours, ex, dout)
+        raise
+
 # ----------------------------------------------------------------------------- one example of each kind
 
 
@@ -243,9 +253,10 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
     look, formula = _hints(layer, "forward")
     _compare("forward", "the output", out, ref_out, np.inf, formula, look)          # shape, dtype, NaN
     if phase == "forward":
-        _run_invariants(layer, {fname: _Wrapped(fwd, fname)}, ex)
-        if ex.compare:
-            _compare("forward", "the output", out, ref_out, FORWARD_TOL, formula, look)
+        with _naming(layer, "forward", out, ex):
+            _run_invariants(layer, {fname: _Wrapped(fwd, fname)}, ex)
+            if ex.compare:
+                _compare("forward", "the output", out, ref_out, FORWARD_TOL, formula, look)
         a32 = _Args(ex, "float32", drop=drop)
         r32 = ref_f(*_Args(ex, "float32").call())[0]
         o32 = _call(fwd, fname, "float32", *a32.call())
@@ -284,9 +295,10 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
                 try:
                     _compare("backward", f"gradient {label}", g, rg, GRADIENT_TOL, *_hints(layer, key)[::-1])
                 except Failure as f:
-                    if layer.explain is not None:
-                        f.symptom = layer.explain(label, g, rg, ex, dout_host) or f.symptom
-                    diagnose(f, layer.name, label, B.to_host(g), B.to_host(rg), ex, dout_host)
+                    said = layer.explain(label, g, rg, ex, dout_host) if layer.explain is not None else None
+                    if said:
+                        f.symptom, f.look = said
+                    diagnose(f, layer, key, B.to_host(g), B.to_host(rg), ex, dout_host)
                     raise
         _run_invariants(layer, {fname: _Wrapped(fwd, fname), bname: _Wrapped(bwd, bname)}, ex)
     if ex.gradcheck:
@@ -304,147 +316,6 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
                 raise Failure("backward", f"gradient {label} disagrees with central differences of your forward"
                               + where, formula, error=err, entries=_entries(gh, nh), symptom=_symptom(gh, nh),
                               tol=GRADIENT_TOL, look=look, arrays=(gh, nh))
-
-
-# ----------------------------------------------------------------------------- naming the missing term
-#
-# A wrong gradient is often the right one with a term left out, counted twice or given the
-# wrong sign. For the layers whose backward the lessons derive by hand, the terms of the
-# right gradient are computed here from the example; if yours minus the expected is exactly
-# a combination of them, the report names which (hint 1) and where that term comes from
-# (hint 2), instead of a scale factor or nothing.
-
-
-class Term(NamedTuple):
-    """One term of a correct gradient, computed on the example: ``expected`` contains it."""
-    name: str
-    value: object
-    look: str
-
-
-def _layer_norm_terms(x, gamma, eps, dout, where: str = "") -> list:
-    """The two terms of layer norm's dx besides the direct ``rstd * g``."""
-    mean = x.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
-    xhat, g = (x - mean) * rstd, dout * gamma
-    return [Term(f"{where}the mean term -rstd * mean(g)", -rstd * g.mean(axis=-1, keepdims=True) + 0 * x,
-                 f"{where}the mean of the row depends on every x of the row: its gradient takes mean(g) from "
-                 "every entry"),
-            Term(f"{where}the variance term -rstd * xhat * mean(g * xhat)", -rstd * xhat * (g * xhat).mean(
-                axis=-1, keepdims=True), f"{where}rstd = 1/sqrt(var + eps) depends on every x of the row too: it "
-                "is not a constant of the backward")]
-
-
-def _softmax_term(y, dy) -> Term:
-    return Term("the normaliser's term -y * sum(dy * y)", -y * (dy * y).sum(axis=-1, keepdims=True),
-                "each output depends on every logit of its row through the normaliser (the sum in the "
-                "denominator), not only on its own logit")
-
-
-def _terms(layer: str, label: str, ex: Example, dout) -> list:
-    """The terms of the library's gradient ``label`` on ``ex`` that a learner may leave out."""
-    lib = library_function
-    if layer == "layer_norm" and label == "dx":
-        return _layer_norm_terms(ex.get("x"), ex.get("gamma"), ex.get("eps"), dout)
-    if layer == "softmax" and label == "dx":
-        return [_softmax_term(B.to_host(lib("softmax_forward")(ex.get("x"), ex.get("mask"))[0]), dout)]
-    if layer == "residual_ffn" and label == "dx":
-        x, eps, gamma = ex.get("x"), ex.get("eps"), ex.get("gamma")
-        f, cf = lib("feed_forward_forward")(*(ex.get(n) for n in ("x", "w1", "b1", "w2", "b2")))
-        _, cn = lib("layer_norm_forward")(x + f, gamma, ex.get("beta"), eps)
-        dz = lib("layer_norm_backward")(dout, cn)[0]
-        through = lambda t: t + lib("feed_forward_backward")(t, cf)[0]          # noqa: E731  z's gradient to x
-        norm = [t._replace(value=through(t.value)) for t in _layer_norm_terms(x + f, gamma, eps, dout,
-                                                                               "the layer norm's ")]
-        return [Term("the skip path's dz", dz, "x reaches z = x + FFN(x) by two paths: the skip path passes dz "
-                                              "to x unchanged")] + norm
-    if layer == "attention" and label in ("dq", "dk") and not ex.get("dropout"):
-        q, k, v = ex.get("q"), ex.get("k"), ex.get("v")
-        w = B.to_host(lib("attention_forward")(q, k, v, ex.get("mask"))[1].weights)
-        t = _softmax_term(w, dout @ v.swapaxes(-1, -2))
-        ds = t.value / np.sqrt(q.shape[-1])
-        value = ds @ k if label == "dq" else ds.swapaxes(-1, -2) @ q
-        return [Term("the softmax's " + t.name[4:], value, "the softmax inside: " + t.look)]
-    return []
-
-
-def _scales(layer: str, label: str, ex: Example) -> dict:
-    """Named factors: ``name -> (factor, whether the right gradient has it)``. Yours, the
-    expected divided by a factor it has, lacks it; times it, has it twice; times one it has
-    not, has it in excess."""
-    if layer == "attention" and label in ("dq", "dk"):
-        return {"1/sqrt(d_k) of the scores": (1.0 / math.sqrt(ex.get("q").shape[-1]), True)}
-    if layer == "linear" and label in ("dw", "db"):
-        n = ex.get("x").size // ex.get("x").shape[-1]
-        return {f"1/{n}, one over the number of rows: a mean over the rows instead of their sum": (1.0 / n, False)}
-    return {}
-
-
-def _alternatives(layer: str, label: str, ex: Example, dout) -> list:
-    """Whole wrong gradients a learner often writes, computed on the example: (what yours
-    equals, where to look)."""
-    if layer == "relu" and label == "dx":
-        x = ex.get("x")
-        return [(dout, "dout itself: the ReLU's mask (x > 0) is missing", "which array decides where the gradient "
-                 "passes: the forward's input x"),
-                (dout * (dout > 0), "dout * (dout > 0): the mask comes from dout instead of x",
-                 "the mask is the forward's: where x > 0, whatever the sign of dout"),
-                (dout * (x <= 0), "dout * (x <= 0): the mask is inverted", "which side of 0 passes the gradient")]
-    return []
-
-
-def _fit(d, terms):
-    """Coefficients c with ``d == sum(c_k * terms_k)`` to rounding, or None."""
-    A = np.stack([np.broadcast_to(t, d.shape).reshape(-1) for t in terms], axis=1)
-    if np.linalg.matrix_rank(A) < A.shape[1]:
-        return None
-    c = np.linalg.lstsq(A, d.reshape(-1), rcond=None)[0]
-    return c if rel_error(A @ c, d.reshape(-1)) < 1e-7 else None
-
-
-def _how(c: float) -> str:
-    if abs(c + 1) < 1e-6:
-        return "is missing"
-    if abs(c - 1) < 1e-6:
-        return "is counted twice"
-    if abs(c + 2) < 1e-6:
-        return "has the wrong sign"
-    return f"has {1 + c:.4g} times its weight"
-
-
-def diagnose(f: Failure, layer: str, label: str, g, w, ex: Example, dout) -> None:
-    """Name the term or the factor that makes ``g`` (yours) differ from ``w`` (expected) in
-    ``f``'s symptom (hint 1) and where it comes from in ``f.look`` (hint 2), where the
-    comparison says which."""
-    if g.shape != w.shape or not np.isfinite(g).all() or w.dtype.kind != "f":
-        return
-    same = [(what, look) for value, what, look in _alternatives(layer, label, ex, dout)
-            if rel_error(g, np.broadcast_to(value, g.shape)) < 1e-7]
-    if same:
-        f.symptom = "yours is " + " or ".join(what for what, _ in same) + (
-            " (this example cannot tell them apart)" if len(same) > 1 else "")
-        f.look = same[0][1] if len(same) == 1 else f.look
-        return
-    try:
-        terms = [t for t in _terms(layer, label, ex, dout) if np.abs(t.value).max() > 0]
-    except Exception:                   # an example the terms cannot be computed on: no diagnosis
-        terms = []
-    c = _fit(g - w, [t.value for t in terms]) if terms else None
-    if c is not None:
-        wrong = [(t, ck) for t, ck in zip(terms, c) if abs(ck) > 1e-6]
-        if wrong:
-            f.symptom = "yours is the expected where " + " and ".join(f"{t.name} {_how(ck)}" for t, ck in wrong)
-            f.look = "; ".join(t.look for t, _ in wrong)
-            return
-    ww = float((w * w).sum())
-    ratio = float((g * w).sum()) / ww if ww > 0 else 0.0
-    if ww > 0 and rel_error(g, ratio * w) < 1e-7:
-        for name, (s, has) in _scales(layer, label, ex).items():
-            if has and abs(ratio * s - 1) < 1e-6:
-                f.symptom = f"yours is {ratio:.6g} times the expected: the factor {name} is missing"
-            elif abs(ratio - s) < 1e-6:
-                f.symptom = f"yours is {ratio:.6g} times the expected: " + (
-                    f"the factor {name} is applied twice" if has else f"the factor {name}")
 
 
 def _interleave(fwd, fname: str, ex: Example, drop) -> None:
@@ -469,16 +340,17 @@ def check_function(layer: Layer, impl: dict, ex: Example, phase: str = "all", dr
         _check_output("output", "the result", got, want)
     args.check_unchanged(name, "output")
     look, formula = _hints(layer, name)
-    if layer.compare is not None:
-        try:
-            layer.compare(got, want, ex)
-        except InvariantError as e:
-            raise Failure("output", str(e), formula, look=e.hint or look) from None
+    with _naming(layer, name, got, ex):
+        if layer.compare is not None:
+            try:
+                layer.compare(got, want, ex)
+            except InvariantError as e:
+                raise Failure("output", str(e), formula, look=e.hint or look) from None
+            _run_invariants(layer, {name: _Wrapped(impl[name], name)}, ex)
+            return
+        _compare("output", "the result", got, want, np.inf, formula, look)
         _run_invariants(layer, {name: _Wrapped(impl[name], name)}, ex)
-        return
-    _compare("output", "the result", got, want, np.inf, formula, look)
-    _run_invariants(layer, {name: _Wrapped(impl[name], name)}, ex)
-    _compare("output", "the result", got, want, FORWARD_TOL, formula, look)
+        _compare("output", "the result", got, want, FORWARD_TOL, formula, look)
 
 
 def check_loss(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=()) -> None:
@@ -504,10 +376,12 @@ def check_loss(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
     _run_invariants(layer, {name: _Wrapped(fn, name)}, ex)
     rv = float(B.to_host(ref_loss))
     if not abs(lv - rv) <= FORWARD_TOL * (abs(rv) + 1e-12):
-        raise Failure("loss", f"the loss is {lv!r}, the library's {rv!r}", layer.hints.get(name, ""),
-                      error=abs(lv - rv) / (abs(rv) + abs(lv) + 1e-300), tol=FORWARD_TOL,
-                      look=layer.where.get(name, ""))
-    _compare("loss", "dlogits", d, ref_d, GRADIENT_TOL, formula, look)
+        with _naming(layer, name, lv, ex):
+            raise Failure("loss", f"the loss is {lv!r}, the library's {rv!r}", layer.hints.get(name, ""),
+                          error=abs(lv - rv) / (abs(rv) + abs(lv) + 1e-300), tol=FORWARD_TOL,
+                          look=layer.where.get(name, ""))
+    with _naming(layer, "dlogits", d, ex):
+        _compare("loss", "dlogits", d, ref_d, GRADIENT_TOL, formula, look)
     if ex.gradcheck:
         x = args.arrays[0]
         idx = _spot(x.size, ex.seed)
@@ -523,34 +397,32 @@ def check_loss(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
 
 def _central_differences(fwd, fname: str, args: _Args, x, dout, idx, h: float = 1e-6):
     """:func:`~attn.gradcheck.numerical_gradient` of sum(forward(...)[0] * dout) with respect
-    to ``x`` at the flat indices ``idx``; a learner's forward in the child gets every
-    perturbed call in one request (one round trip, not two per entry)."""
+    to ``x`` at the flat indices ``idx``; a learner's forward in the child gets the arguments
+    once and makes every perturbed call there (one round trip, one copy of the arguments)."""
     loss = lambda out: float(B.to_host((out * dout).sum()))             # noqa: E731
-    if not hasattr(fwd, "many") or not x.flags.c_contiguous or any(isinstance(v, Built) for v in args.arrays):
+    where = _where(args.arrays, x)
+    if not hasattr(fwd, "perturbed") or where is None or any(isinstance(v, Built) for v in args.arrays):
         return numerical_gradient(lambda: loss(_call(fwd, fname, "forward", *args.call())[0]), x, indices=idx)
-    flat, calls = x.reshape(-1), []
-    for i in idx:
-        old = flat[int(i)].item()
-        for step in (h, -h):
-            flat[int(i)] = old + step
-            calls.append([_snapshot(a) for a in args.call()])
-        flat[int(i)] = old
-    outs = _call(fwd.many, fname, "forward", calls)
+    outs = _call(fwd.perturbed, fname, "forward", args.call(), where, idx, h)
     grad = B.get_array_module(x).zeros(x.shape, dtype=x.dtype)
     for k, i in enumerate(idx):
         grad.reshape(-1)[int(i)] = (loss(outs[2 * k]) - loss(outs[2 * k + 1])) / (2 * h)
     return grad
 
 
-def _snapshot(v):
-    """``v`` as it is now: its arrays copied (the next perturbation must not reach this call)."""
-    if is_array(v):
-        return v.copy()
-    if type(v) is dict:
-        return {k: _snapshot(x) for k, x in v.items()}
-    if type(v) in (list, tuple):
-        return type(v)(_snapshot(x) for x in v)
-    return v
+def _where(arrays: list, x):
+    """(the argument's index,) or (its index, the key) of the contiguous array ``x`` among
+    ``arrays`` (a dict argument holds a block's parameters); None where it is neither."""
+    if not x.flags.c_contiguous:
+        return None
+    for j, a in enumerate(arrays):
+        if a is x:
+            return (j,)
+        if type(a) is dict:
+            key = next((k for k, v in a.items() if v is x), None)
+            if key is not None:
+                return (j, key)
+    return None
 
 
 def _spot(size: int, seed: int, k: int = SPOT_CHECK):
@@ -592,6 +464,7 @@ def check_steps(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=
                     if what == "the parameters" and t == 1:
                         f.symptom = f.symptom or ("already wrong at the first step, where the bias correction "
                                                   "matters most")
+                        name_mistake(f, layer, name, got, ex)
                     raise
         mine = res
 

@@ -45,6 +45,7 @@ class Failure(Exception):
         self.example: Example | None = None
         self.blame = ""
         self.fatal = False
+        self.ambiguous = False          # the example fits more than one typical mistake
 
 
 class Fatal(BaseException):

@@ -149,10 +149,20 @@ def tied_embedding_paths(params, n_heads, eps, src, tgt_in, dlogits) -> dict:
             "the output projection": g["generator.weight"]}
 
 
-def explain_tied_embedding(label, yours, expected, ex, dout) -> str:
-    """For ``embedding.weight``: which of its three gradient paths yours lacks (or counts twice)."""
+#: Where each use of the shared embedding sends its gradient from (hint 2).
+TIED_PATHS = {
+    "the source embedding": "the encoder's input is src embedded with E: embedding_backward of the gradient that "
+                            "reaches the encoder's input adds to dE",
+    "the target embedding": "the decoder's input is tgt_in embedded with E: embedding_backward of the gradient "
+                            "that reaches the decoder's input adds to dE",
+    "the output projection": "the logits are h @ E^T: that product sends dlogits^T @ h to dE"}
+
+
+def explain_tied_embedding(label, yours, expected, ex, dout):
+    """For ``embedding.weight``: which of its three gradient paths yours lacks (or counts
+    twice), and where that path's gradient comes from; None for any other gradient."""
     if "embedding.weight" not in label:
-        return ""
+        return None
     args = {k: B.to_device(v) if isinstance(v, np.ndarray) else
             ({n: B.to_device(a) for n, a in v.items()} if isinstance(v, dict) else v) for k, v in ex.args}
     paths = tied_embedding_paths(args["params"], args["n_heads"], args["eps"], args["src"], args["tgt_in"],
@@ -164,10 +174,10 @@ def explain_tied_embedding(label, yours, expected, ex, dout) -> str:
         if np.abs(g).max() > 1e-9 * scale:
             if np.abs(y - (e - g)).max() <= 1e-7 * scale:
                 return (f"yours is the expected without the path through {name}: embedding.weight is used three "
-                        "times, and its gradient is the sum of all three")
+                        "times, and its gradient is the sum of all three", TIED_PATHS[name])
             if np.abs(y - (e + g)).max() <= 1e-7 * scale:
-                return f"yours counts the path through {name} twice"
-    return ""
+                return f"yours counts the path through {name} twice", TIED_PATHS[name]
+    return None
 
 
 @st.composite

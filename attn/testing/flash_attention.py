@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from .. import backend as B
 from .invariants import InvariantError, _dev, _host, _out
-from .layers import Example, Layer, seeds
+from . import mistakes as M
+from .layers import Example, Layer, Mistake, seeds
 from .strategies import leading_shapes, normals, padding_masks
 
 np = B.host
@@ -107,4 +108,6 @@ FLASH_ATTENTION = Layer(
                       "which key tiles a causal query tile may skip",
            "dq": "D replaces rowsum(p * dp): which two arrays give it, and is it the whole row's",
            "dk": "the scale 1/sqrt(d_k) of the scores applies to their gradient",
-           "dv": "the weights recomputed from the log-sum-exp, not from a tile's own maximum"})
+           "dv": "the weights recomputed from the log-sum-exp, not from a tile's own maximum"},
+    mistakes=(Mistake(("dq", "dk"), M.flash_tile_d, "the gradient with D = rowsum(p * dp) of each key tile",
+                      "D = rowsum(dout * out) of the whole row: a tile's p does not sum to one over the row"),))

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from .. import backend as B
 from .invariants import InvariantError, _dev, _first, _host, _out
-from .layers import MHA_PARAMS, Example, Layer, seeds
+from . import mistakes as M
+from .layers import MHA_PARAMS, Example, Layer, Mistake, seeds
 from .strategies import causal, floats, leading_shapes, normals, padding_masks
 
 np = B.host
@@ -70,7 +71,14 @@ ROPE = Layer("rope", "pair", ("rope_forward", "rope_backward"), rope_examples(),
               "dx": "dx = the rotation back: dx_a = d_a cos + d_b sin, dx_b = -d_a sin + d_b cos"},
              where={"forward": "which features are paired (i with i + Dh/2, not neighbours) and the angle of "
                                "each pair",
-                    "dx": "the transpose of a rotation is the rotation by minus the angle"})
+                    "dx": "the transpose of a rotation is the rotation by minus the angle"}, mistakes=(
+                 Mistake("forward", M.rope_neighbours, "neighbours (2i, 2i+1) turned together",
+                         "the pairs are the half split's: feature i with feature i + Dh/2"),
+                 Mistake("forward", M.rope_exponent_without_two, "each pair's angle base^(-i/Dh): the exponent "
+                         "without its 2", "theta_i = base^(-2i/Dh), i = 0 .. Dh/2 - 1: the exponent runs over the "
+                         "even numbers up to Dh"),
+                 Mistake("dx", M.rope_backward_same_way, "dout turned the same way as the forward",
+                         "the backward turns the gradient back: the rotation by minus the angle, sin negated")))
 
 # ----------------------------------------------------------------------------- SwiGLU
 
@@ -111,7 +119,15 @@ SWIGLU = Layer("swiglu", "pair", ("swiglu_forward", "swiglu_backward"), swiglu_e
                       "dx": "x feeds two products",
                       "dw": "the derivative of a * sigmoid(a): the product rule, sigmoid' = s (1 - s)",
                       "dv": "the value path's gradient is the gate times dh",
-                      "dw2": "what the last product's input was"})
+                      "dw2": "what the last product's input was"}, mistakes=(
+                   Mistake("forward", M.swiglu_silu_on_values, "(x @ w) * silu(x @ v): SiLU on the value path",
+                           "the gate goes through SiLU, silu(x @ w), and multiplies the values x @ v"),
+                   Mistake("forward", M.swiglu_sigmoid_gate, "sigmoid(x @ w) * (x @ v): a sigmoid gate (GLU), not "
+                           "SiLU", "the gate is silu(a) = a * sigmoid(a), not sigmoid(a)"),
+                   Mistake("dx", M.swiglu_gate_derivative_sigmoid, "the gradient with SiLU's derivative taken as "
+                           "sigmoid(a)", "the derivative of a * sigmoid(a) by the product rule: s * (1 + a * (1 - s))"),
+                   Mistake("dx", M.swiglu_dx_gate_only, "da @ w.T alone: the value path's gradient is missing",
+                           "x feeds two products: dx = da @ w.T + db @ v.T")))
 
 # ----------------------------------------------------------------------------- grouped-query attention
 
@@ -169,6 +185,11 @@ GQA = Layer("grouped_query_attention", "pair",
             where={"forward": "which query heads read which key/value head",
                    "dw_k": "a key/value head used by several query heads gets all of their gradients",
                    "dw_v": "a key/value head used by several query heads gets all of their gradients",
-                   "dx_kv": "the gradient of a repeated head is a sum"})
+                   "dx_kv": "the gradient of a repeated head is a sum"}, mistakes=(
+        Mistake("dx_kv", M.gqa_group_mean, "each key/value head's gradient a mean over its group of query heads",
+                "a key/value head read by g query heads gets the sum of their gradients, not their mean"),
+        Mistake("dx_kv", M.gqa_group_first, "each key/value head's gradient from the first query head of its "
+                "group alone", "a key/value head read by g query heads gets the gradients of all g: sum over "
+                "the group")))
 
 LATER_BLOCK = (ROPE, SWIGLU, GQA)

@@ -102,10 +102,14 @@ class Layer(NamedTuple):
         for a ``"function"`` whose result is not one array (a list of merges, decoded
         tokens): ``(yours, the library's, example) -> None``, raising InvariantError.
     explain
-        ``(label, yours, expected, example, dout) -> str``: what a wrong gradient looks
-        like, beyond what any layer's could (which path of a shared weight is missing).
+        ``(label, yours, expected, example, dout) -> (symptom, look) or None``: what a
+        wrong gradient looks like and where to look, beyond what any layer's could (which
+        path of a shared weight is missing).
     library
         the module that holds the library's own functions under these names.
+    mistakes
+        the typical mistakes a learner makes in this layer (:class:`Mistake`), each with the
+        hints that name it: a result that equals one of them is reported as that mistake.
     """
     name: str
     kind: str
@@ -117,6 +121,28 @@ class Layer(NamedTuple):
     compare: Callable | None = None
     explain: Callable | None = None
     library: str = "attn.layers"
+    mistakes: tuple = ()
+
+
+class Mistake(NamedTuple):
+    """A typical mistake in one result of a layer, and what the report says of it.
+
+    result
+        which result it is in: ``"forward"``, a gradient's key (``"dx"``, ``"dw"``) or a
+        function's name; or a tuple of them, for a mistake that every one of them shows.
+    wrong
+        ``(example, dout) -> that result with the mistake made``, computed on the example's
+        host arrays (``dout``: the upstream gradient of a backward, None otherwise); for a
+        tuple of results, a dict of them.
+    looks
+        what yours then is (hint 1, after "yours is").
+    look
+        where to look (hint 2).
+    """
+    result: str
+    wrong: Callable
+    looks: str
+    look: str
 
 
 def _dout(ex: Example, shape):

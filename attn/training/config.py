@@ -123,12 +123,14 @@ class TrainConfig:
     cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, the fast engine, one process)
     precision: str = "fp32"            # the matrix products' inputs: fp32, tf32 or bf16 (attn.precision); the
                                        # weights stay float32 (fp32 master weights in the arena)
+    attention: str = "auto"            # the fast engine's attention: plain, flash (tiled) or auto (attn.fast.flash)
     quiet: bool = False                # no progress bar
 
     def __post_init__(self):
         self._check_paths()
         self._check_choices()
         self._check_precision()
+        self._check_attention()
         self._check_block()
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
@@ -182,6 +184,13 @@ class TrainConfig:
         if self.precision != "fp32" and self.reference is True:
             self._bad("precision", "applies to the attn.fast engine, not to --reference (the readable layers "
                                    "multiply in float32); drop one of the two flags")
+
+    def _check_attention(self) -> None:
+        """The fast engine's attention: plain, flash or auto, forced only on the fast engine."""
+        if self.attention not in ("auto", "plain", "flash"):
+            self._bad("attention", "must be one of auto, plain, flash")
+        if self.attention != "auto" and self.reference is True:
+            self._bad("attention", "applies to the attn.fast engine, not to --reference; drop one of the two flags")
 
     def _check_integers(self) -> None:
         """The counts: integers, not bools, at least their smallest value; ``max_tokens`` capped."""
@@ -293,7 +302,7 @@ class TrainConfig:
 #: Settings a resumed run may take from the new command line: they change how the run is watched,
 #: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
 RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "cuda_graph", "beam", "alpha",
-                     "no_repeat_ngram",
+                     "no_repeat_ngram", "attention",
                      "bleu_sentences", "eval_every", "out", "resume", "overwrite")
 
 
@@ -498,6 +507,10 @@ def _add_run_flags(g) -> None:
                         "float32. On NumPy the operands are rounded the same way and multiplied in float32. The "
                         "attn.fast engine only (not --reference); a resumed run keeps "
                         "its saved precision")
+    g.add_argument("--attention", choices=["auto", "plain", "flash"],
+                   help="the attn.fast engine's attention: plain (the weights kept for the backward), flash (tiled, "
+                        "FlashAttention: memory linear in the length, no attention dropout) or auto (default: the "
+                        "rule of docs/GPU.md, tiled where the plain one's weights would not fit); same numbers")
     g.add_argument("--quiet", action="store_true", help="no progress bar, and no metrics dumped as JSON on stderr at the end (metrics.json has them)")
 
 

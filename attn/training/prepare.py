@@ -71,7 +71,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             raise CheckpointError(f"--resume: {Path(config.out) / 'checkpoint.npz'}: the vocabulary has {len(vocab)} "
                                   f"tokens, the model {model.config.target_vocab_size}")
         model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision,
-                                 config.cooldown)
+                                 config.cooldown, config.attention)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
         untested = check_something_left(config, state)
@@ -84,7 +84,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
             say(f"attn-train: learned {len(vocab.bpe.merges)} BPE merges on the training text in "
                 f"{time.perf_counter() - t_vocab:.1f} s")
         model, opt = make_engine(Transformer(config.model_config(len(vocab)), seed=config.seed, dtype=config.dtype),
-                                 engine, config.lr_factor, config.precision, config.cooldown)
+                                 engine, config.lr_factor, config.precision, config.cooldown, config.attention)
         state = TrainState()
 
     model_config = model.config
@@ -205,7 +205,8 @@ def schedule_factor(config: TrainConfig, model_config: TransformerConfig) -> flo
     return config.lr_factor * math.sqrt(model_config.warmup_steps / w0)
 
 
-def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, cooldown: float = 0.0):
+def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, cooldown: float = 0.0,
+                attention: str = "auto"):
     """The model and optimizer that train: ``engine``'s (an :mod:`attn.engine` engine or its name,
     ``"fast"`` or ``"reference"``), over ``model``'s config and parameters (shared, not copied),
     its products at ``precision`` (:class:`attn.precision.Precision` or its name), the optimizer's
@@ -213,10 +214,13 @@ def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, co
     engine computes the reference's numbers (tests/test_fast.py checks that) with fewer passes
     over memory. The fast model does not check token ids: its engine's step
     (:func:`attn.fast.loop.loop_step`) checks each batch on the host (on a GPU the model's check
-    would wait for the device); the readable model checks them in its layers."""
+    would wait for the device); the readable model checks them in its layers. ``attention``: the
+    fast engine's (:mod:`attn.fast.flash`; the reference engine has the plain one alone)."""
     engine = engines.get(engine) if isinstance(engine, str) else engine
     model = engine.model(model.config, dtype=model.dtype, params=model.params, precision=Precision.of(precision),
                          check_ids=False)
+    if attention != "auto":
+        model.attention = attention
     return model, engine.optimizer(model, lr_factor, cooldown)
 
 
@@ -293,6 +297,7 @@ def fit_warmup(model: Transformer, model_config: TransformerConfig, config: Trai
     else:
         model_config = dataclasses.replace(model_config, warmup_steps=warmup)
         model, opt = make_engine(Transformer(model_config, dtype=model.dtype, params=model.params), engine,
-                                 schedule_factor(config, model_config), config.precision, config.cooldown)
+                                 schedule_factor(config, model_config), config.precision, config.cooldown,
+                                 config.attention)
     rule.update(peak_lr=opt.lr(warmup), schedule_factor=opt.lr_factor)
     return model, opt, model_config, rule

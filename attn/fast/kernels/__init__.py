@@ -79,11 +79,25 @@ gather_prefix          beam search's reorder of the key/value cache: the positio
                        head)
 =====================  =====================================================================
 
+and, launched by :mod:`attn.fast.flash` for the tiled attention (FlashAttention; the fast
+engine's choice by :func:`attn.fast.flash.use_flash`), one thread per row of a tile, the tiles of
+the other operand read once per tile into shared memory (:mod:`.flash`):
+
+=====================  =====================================================================
+flash_fwd              one block per (sentence and head, query tile): the online softmax over
+                       the key tiles (causal tiles past the queries skipped), the output and
+                       one log-sum-exp per query written
+flash_bwd_prep         ``D = rowsum(dO * O)``, one thread per query
+flash_bwd_kv           one block per (sentence and key head, key tile): P recomputed from the
+                       log-sum-exp, dK and dV summed over every query of the group's heads
+flash_bwd_q            one block per (sentence and head, query tile): dQ
+=====================  =====================================================================
+
 Nothing here synchronises with the host; the loss stays a 0-d device array.
 
 Every kernel is CUDA source in this package, one module per family (:mod:`.softmax`,
 :mod:`.layer_norm`, :mod:`.column_sums`, :mod:`.loss`, :mod:`.dropout`, :mod:`.relu`,
-:mod:`.later` (RMSNorm, RoPE, SwiGLU), :mod:`.adam`, :mod:`.decode`, :mod:`.gemm`, :mod:`.bf16`; the device functions they share
+:mod:`.later` (RMSNorm, RoPE, SwiGLU), :mod:`.adam`, :mod:`.decode`, :mod:`.gemm`, :mod:`.bf16`, :mod:`.flash`; the device functions they share
 and the launch sizes in :mod:`.common`), listed once in :mod:`.registry`, which joins them
 into one ``RawModule`` (so that the whole of it can be compiled by NVRTC without a GPU:
 ``tests/test_kernels.py`` does, for compute capabilities 7.0, 8.0 and 9.0). Beside each

@@ -5,16 +5,17 @@ A kernel's source defines that kernel alone (and the device functions only it ca
 device functions several kernels call are :data:`PRELUDE`, first in the module. The order of
 :data:`KERNELS` is the order of :data:`SOURCE`: the training step's kernels family by family
 (softmax, layer norm, column sums, the loss, dropout and the epilogues that drop, the later
-block's RMSNorm, RoPE and SwiGLU, Adam), then
-the decoding step's, then the products' pointer arrays and the bf16 copies. The order is the
+block's RMSNorm, RoPE and SwiGLU, Adam), then the decoding step's, then the products' pointer
+arrays and the bf16 copies, then FlashAttention's. The order is the
 source text itself, so it is kept as it is: CuPy keys its cache of compiled modules on the
 source and the name expressions, and a line of the source is what NVRTC's errors name."""
 from __future__ import annotations
 
-from . import adam, bf16, column_sums, common, decode, dropout, gemm, later, layer_norm, loss, relu, softmax
+from . import adam, bf16, column_sums, common, decode, dropout, flash, gemm, later, layer_norm, loss, relu, softmax
 
-#: The device functions that several kernels call (``block_sum``, ``block_max``, ``normalise_row``).
-PRELUDE = common.HELPERS
+#: The device functions that several kernels call (``block_sum``, ``block_max``, ``normalise_row``,
+#: ``flash_allowed``).
+PRELUDE = common.HELPERS + flash.ALLOWED
 
 #: Every kernel of the module: name -> (its CUDA source, its NumPy twin), in the source's order.
 KERNELS = {
@@ -49,6 +50,10 @@ KERNELS = {
     "gemm_pointers": (gemm.GEMM_POINTERS, gemm.gemm_pointers_np),
     "round_bf16": (bf16.ROUND_BF16, bf16.round_bf16_np),
     "round_bf16_gather": (bf16.ROUND_BF16_GATHER, bf16.round_bf16_gather_np),
+    "flash_fwd": (flash.FLASH_FWD, flash.flash_fwd_np),
+    "flash_bwd_prep": (flash.FLASH_BWD_PREP, flash.flash_bwd_prep_np),
+    "flash_bwd_kv": (flash.FLASH_BWD_KV, flash.flash_bwd_kv_np),
+    "flash_bwd_q": (flash.FLASH_BWD_Q, flash.flash_bwd_q_np),
 }
 
 #: The CUDA source of the one ``RawModule``: the prelude, then every kernel's source.
