@@ -1,8 +1,9 @@
 """A generated class for timing ``attn-check --class``: N learners, each with the whole
-exercise set (the 13 starters' names), every file a correct answer: the six of
-``tests/answers/``, and for the seven single-layer exercises the library's layers pasted in
-as the learner's own code (its relative imports made absolute). Then grades it and prints the
-command's own table and time.
+exercise set (a file named as each starter): the files of ``tests/answers/`` (correct, some
+answering part of what their exercise asks), and for the seven single-layer exercises the
+library's layers pasted in as the learner's own code (its relative imports made absolute).
+Then grades it and prints the command's own table, its wall time, what 200 learners take at
+that pace, and the machine's load (a shared machine is slower).
 
     python benchmarks/grade_class.py DIR --learners 50 --jobs 2 [--seed N]
 """
@@ -59,15 +60,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     generate(args.folder, args.learners)
     cmd = [sys.executable, "-m", "attn.grader", "--class", str(args.folder), "--jobs", str(args.jobs)]
+    load0 = os.getloadavg()
     t0 = time.perf_counter()
     rc = subprocess.call(cmd + (["--seed", str(args.seed)] if args.seed is not None else []))
     wall, used = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = used.ru_utime + used.ru_stime
-    load = os.getloadavg()[0]
-    print(f"{args.learners} learners, the whole exercise set: {wall:.0f} s wall with {args.jobs} jobs (load average "
-          f"{load:.1f} at the end), {cpu:.0f} s of CPU in all ({cpu / args.learners:.1f} s a learner): on "
-          f"{args.jobs} cores of their own, about {cpu / args.jobs / 60:.1f} minutes; 200 learners, about "
-          f"{cpu / args.learners * 200 / args.jobs / 60:.0f} minutes")
+    load = os.getloadavg()
+    print(f"{args.learners} learners, the whole exercise set: {wall:.0f} s wall with {args.jobs} jobs, "
+          f"{wall / args.learners:.1f} s a learner; 200 learners at this pace: {wall / args.learners * 200 / 60:.0f} "
+          f"minutes (load average {load0[0]:.1f} at the start, {load[0]:.1f} at the end, {load[2]:.1f} over 15 "
+          f"minutes, on {os.cpu_count()} cores; {cpu:.0f} s of CPU counted in all)")
     return rc
 
 

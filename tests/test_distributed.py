@@ -359,11 +359,13 @@ class _OneRank:
 
 
 def test_one_rank_nccl_on_the_stand_in_sums_what_one_process_has(monkeypatch):
+    """In the stand-in's asynchronous mode: the all-reduce on its own stream reads the packed
+    gradients and the step reads its sums only after the events that order them."""
     import fakecupy
     from conftest import selected_backend
     monkeypatch.setattr(D, "_mpi", lambda: type("MPI", (), {"COMM_TYPE_SHARED": 0}))
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
-    with selected_backend("fakecupy"):
+    with selected_backend("fakecupy"), fakecupy.cupy.asynchronous():
         dp = D.MPIGroup(_OneRank())
         dp.use_backend("nccl")
         assert dp.transport == "nccl"

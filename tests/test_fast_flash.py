@@ -143,11 +143,13 @@ def test_the_engines_step_with_the_tiled_attention_equals_the_plain_one(backend,
     cfg = TransformerConfig(**{**cfg.to_dict(), "attention_dropout": 0.0})
     batch = data.draw(batches(cfg, max_len=7))
     ref = Transformer(cfg, seed=0, dtype="float64")
-    steps = []
+    steps, evaluated = [], []
     for mode in ("plain", "flash"):
         fast = FastTransformer(cfg, dtype="float64", params=ref.params, attention=mode)
         fast.workers = workers
         steps.append(_step(fast, batch, 3 if dropout else None))
+        evaluated.append(B.to_host(fast.logits(*(B.to_device(a) for a in batch[:2]))))   # no cache kept
+    assert rel_error(evaluated[0], evaluated[1]) < 1e-12
     (l0, loss0, g0, kinds0), (l1, loss1, g1, kinds1) = steps
     assert kinds1 == {flash.FlashCache} and flash.FlashCache not in kinds0           # the tiled one ran, once
     assert rel_error(l0, l1) < 1e-12 and abs(loss0 - loss1) < 1e-12 * max(1.0, abs(loss0))
@@ -178,7 +180,7 @@ TILED_STEP_BUDGET = {"launches": 103, "syncs": 0, "pool_allocations": 0}
 def test_a_tiled_step_is_counted_and_capturable(monkeypatch):
     """``--counts`` of a step that takes the tiled attention (the rule's length threshold lowered
     to 1 on CuPy): one ``flash_fwd`` per attention in the forward, the three backward kernels
-    once each per attention, no plain softmax."""
+    once each per attention, no plain softmax, and no kernel whose grid stays while the batch grows."""
     from attn.bench import counts as C
     monkeypatch.setitem(flash.MIN_LENGTH, "cupy", 1)
     rows = {r["name"]: r for r in C.measure_counts("quick", which=("train_step",))}
@@ -186,6 +188,7 @@ def test_a_tiled_step_is_counted_and_capturable(monkeypatch):
     over = {k: (step[k], most) for k, most in TILED_STEP_BUDGET.items() if step[k] > most}
     assert not over, f"the tiled step went over its budget (count, ceiling): {over}; {step['launches_by_kind']}"
     assert rows["counts_capture"]["total"] == 0, rows["counts_capture"]["refused"]
+    assert rows["counts_lint"]["fixed_grid_kernels"] == []          # the grids grow with the batch
     tally = C.count_at(C.BENCH_PRESETS["quick"], ("train_step",))["train_step"][0]
     raw = {name: n for (kind, name), n in tally.ops.items() if kind == "raw"}
     cfg = C.BENCH_PRESETS["quick"].model

@@ -55,7 +55,8 @@ def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
     assert report["dry_run"] and report["device"]["gpu"].startswith("fakecupy") and not report["preflight"]["missing"]
     rows = {r["name"]: r for r in report["rows"]}
     assert list(rows) == ["preflight", "suite", "counts-quick", "bench-quick-train_step", "bench-quick-forward",
-                          "precision-quick-bf16", "graph-quick-fp32", "train", "train-cuda-graph", "memory-quick-attn"]
+                          "precision-quick-bf16", "graph-quick-fp32", "train", "train-cuda-graph", "memory-quick-attn",
+                          "attention"]
     bad = rows.pop("bench-quick-forward")
     assert bad["status"] == "failed" and "injected failure in forward" in bad["why"], bad
     assert all(r["status"] == "ok" for r in rows.values()), [(r["name"], r.get("why")) for r in rows.values()]
@@ -81,7 +82,9 @@ def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
     assert f"| quick | train_step | fp32 | {rows['bench-quick-train_step']['result']['seconds_per_step']:.4f} | - | - | " \
            f"{launches:g} | 0 | 0 | ok |" in md
     assert "| quick | forward | fp32 | - | - | - | - | - | - | **failed**: exit 1: RuntimeError: injected failure" in md
-    assert "10 rows, 9 ok: bench-quick-forward failed." in md
+    assert [r["T"] for r in rows["attention"]["rows"]] == [16, 40]
+    assert "## One attention alone" in md and "| 40 | " in md
+    assert "11 rows, 10 ok: bench-quick-forward failed." in md
 
 
 def _tiny(tmp_path):

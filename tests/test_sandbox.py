@@ -229,3 +229,14 @@ def test_without_a_sandbox_as_root_the_standard_library_still_imports(tmp_path):
                                                    "    import secrets  # noqa: F401\n    return x * (x > 0), x > 0"))
     proc = _run(tmp_path / "relu.py", "--sandbox", "off", "--examples", "2")
     assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_namespaces
+def test_the_kernel_holds_the_childs_tmp_and_dev_shm_to_their_size(tmp_path):
+    """bubblewrap mounts them with a size: a write past it fails at once, between two of the
+    grader's looks at what they hold."""
+    script = ("for d in /tmp /dev/shm; do head -c 3000000 /dev/zero > $d/fill 2>/dev/null && echo $d whole || "
+              "echo $d full; done")
+    cmd = bubblewrap.command([], tmp_path, work_mb=2) + ["/bin/sh", "-c", script]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split("\n")[:2] == ["/tmp full", "/dev/shm full"], (proc.stdout, proc.stderr)

@@ -126,12 +126,8 @@ def measure_attention(lengths=LENGTHS, repeats: int = 3, with_torch: bool = True
     return rows
 
 
-def print_attention(rows, markdown: bool = False, as_json: bool = False) -> None:
-    """The rows as a table (or Markdown, or one JSON object a line)."""
-    if as_json:
-        for r in rows:
-            print(json.dumps(r))
-        return
+def _table(rows) -> tuple:
+    """The table's head and lines (strings) of ``rows``."""
     ways = [w for w in ("plain", "tiled", "torch") if f"{w}_seconds" in rows[0]] if rows else []
     head = ["T"] + [f"{w} s" for w in ways] + [f"{w} MB" for w in ways] + ["plain/tiled MB"]
     lines = []
@@ -139,12 +135,26 @@ def print_attention(rows, markdown: bool = False, as_json: bool = False) -> None
         ratio = r["plain_peak_mb"] / r["tiled_peak_mb"] if r.get("tiled_peak_mb") else math.nan
         lines.append([f"{r['T']:,}"] + [f"{r[f'{w}_seconds']:.4f}" for w in ways]
                      + [f"{r[f'{w}_peak_mb']:.1f}" for w in ways] + [f"{ratio:.1f}"])
-    if markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "---:|" * len(head))
-        for ln in lines:
-            print("| " + " | ".join(ln) + " |")
+    return head, lines
+
+
+def attention_markdown(rows) -> list:
+    """The rows as a Markdown table, one string a line (benchmarks/RESULTS.md, the GPU report)."""
+    head, lines = _table(rows)
+    return (["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+            + ["| " + " | ".join(ln) + " |" for ln in lines])
+
+
+def print_attention(rows, markdown: bool = False, as_json: bool = False) -> None:
+    """The rows as a table (or Markdown, or one JSON object a line)."""
+    if as_json:
+        for r in rows:
+            print(json.dumps(r))
         return
+    if markdown:
+        print("\n".join(attention_markdown(rows)))
+        return
+    head, lines = _table(rows)
     widths = [max(len(h), *(len(ln[i]) for ln in lines)) for i, h in enumerate(head)]
     print("  ".join(h.rjust(w) for h, w in zip(head, widths)))
     for ln in lines:

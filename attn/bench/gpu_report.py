@@ -49,7 +49,7 @@ from .. import backend as B
 from .timing import _progress
 
 #: The parts, in the order ``--part all`` runs them.
-PARTS = ("preflight", "suite", "bench", "base", "precision", "graph", "train", "memory")
+PARTS = ("preflight", "suite", "bench", "base", "precision", "graph", "train", "memory", "attention")
 #: The most one part may take (seconds, :func:`part_limits`): under the 600 s a command may run on
 #: a lent machine, with room for the report's own start.
 PART_SECONDS = 560
@@ -74,6 +74,9 @@ GRAPH_PLAN = (("toy-bench", "fp32", 75), ("toy-bench", "bf16", 75), ("small", "f
 #: (preset, framework, seconds allowed) of the ``memory`` part: the training step's peak.
 MEMORY_PLAN = (("toy-bench", "attn", 50), ("toy-bench", "torch", 50), ("small", "attn", 60), ("small", "torch", 60),
                ("base", "attn", 90), ("base", "torch", 90))
+#: Seconds allowed to the ``attention`` part's one task: ``--attention`` (one attention alone, plain,
+#: tiled and PyTorch's, T = 128 to 8,192).
+ATTENTION_SECONDS = 240
 #: Timed runs and warm-up runs per measurement (three warm-ups: the captured step's two eager
 #: calls and its capture are all untimed).
 BENCH_RUNS = ("--repeats", "5", "--warmup", "3")
@@ -172,6 +175,10 @@ def plan(dry_run: bool = False, torch: bool = True) -> dict:
         parts["memory"].append(Task("memory", f"memory-{preset}-{fw}", cmd, limit, "memory",
                                     {"preset": preset, "measurement": "train_step", "framework": fw},
                                     needs=("torch",) if fw == "torch" else ()))
+    cmd = _python("-m", "attn.bench", "--backend", "cupy", "--attention", "--json", "--quiet")
+    cmd += ["--lengths", "16,40", "--repeats", "1"] if dry_run else ["--repeats", "5"]
+    parts["attention"].append(Task("attention", "attention", cmd + ([] if torch else ["--no-torch"]),
+                                   60 if dry_run else ATTENTION_SECONDS, "attention"))
     return parts
 
 
@@ -295,6 +302,9 @@ def task_row(task: Task, run: dict, report: dict) -> dict:
         found = [r for r in _json_rows(out) if r.get("name") == task.info["measurement"] and "seconds_per_step" in r]
         row["result"] = found[0] if found else None
         ok = ok and bool(found)
+    elif task.kind == "attention":
+        row["rows"] = [r for r in _json_rows(out) if r.get("name") == "attention"]
+        ok = ok and bool(row["rows"])
     elif task.kind == "memory":
         rows = _json_rows(out)
         row["result"] = rows[-1].get(task.info["measurement"]) if rows else None

@@ -104,6 +104,14 @@ def _memory(rows: list) -> list:
     return lines + [""]
 
 
+def _attention(rows: list) -> list:
+    from .attention import attention_markdown
+    lines = []
+    for r in rows:
+        lines += attention_markdown(r["rows"]) + [""] if r.get("rows") else [f"No row: {_status(r)}", ""]
+    return lines
+
+
 def _preflight(rows: list) -> list:
     lines = []
     for r in rows:
@@ -117,7 +125,8 @@ _TITLES = {"preflight": "Preflight: the riskiest paths first", "suite": "The tes
            "bench": "attn against PyTorch on the same GPU", "base": "The base preset, against PyTorch and at bf16 and tf32",
            "precision": "At bf16 and tf32, PyTorch at the same precision",
            "graph": "The captured step (train_step_graph), capture untimed",
-           "train": "Training the toy translator", "memory": "Peak GPU memory of the training step"}
+           "train": "Training the toy translator", "memory": "Peak GPU memory of the training step",
+           "attention": "One attention alone: plain, tiled (FlashAttention) and PyTorch's"}
 
 
 def render_markdown(report: dict) -> str:
@@ -157,6 +166,8 @@ def render_markdown(report: dict) -> str:
             lines += _train(mine)
         elif part == "memory":
             lines += _memory(mine)
+        elif part == "attention":
+            lines += _attention(mine)
     lines += ["## Commands", "", "| task | command | exit | seconds | limit | status |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | `{r['command']}` | {_f(r['returncode'], '{}')}"

@@ -159,7 +159,7 @@ def attend(ops, q, k, v, mask: KeyMask, scale: float, tile: int | None = None):
     ok = xp.ascontiguousarray(mask.ok)
     t, shared = _tile(ops, "flash_fwd", Dh, it, tile)
     if Bsz * H and Tq:
-        _run(ops, "flash_fwd", dt, (math.ceil(Tq / t), Bsz * H), (t,), shared,
+        _run(ops, "flash_fwd", dt, (Bsz * H, math.ceil(Tq / t)), (t,), shared,
              (q, k, v, ok, o, lse, dt.type(scale), dt.type(B.host.finfo(dt).min), i32(H), i32(Hkv), i32(Tq),
               i32(Tk), i32(Dh), i32(mask.causal), i32(t), *_strides(q, "q"), *_strides(k, "k"), B.host.int64(Tk)))
     ctx = o.reshape(Bsz * Tq, H * Dh)
@@ -191,8 +191,8 @@ def attend_backward(ops, dctx, c: FlashCache, dq, dk, dv, scale: float, tile: in
     inputs = (c.q, c.k, c.v, c.mask.ok, dout, c.lse, dsum)
     qs, ks = _strides(c.q, "q"), _strides(c.k, "k")
     t, shared = _tile(ops, "flash_bwd_kv", Dh, it, tile)
-    _run(ops, "flash_bwd_kv", dt, (math.ceil(Tk / t), Bsz * Hkv), (t,), shared,
+    _run(ops, "flash_bwd_kv", dt, (Bsz * Hkv, math.ceil(Tk / t)), (t,), shared,
          (*inputs, dk, dv, *shape, i32(t), *qs, *ks, *_strides(dk, "dk"), i64(Tk)))
     t, shared = _tile(ops, "flash_bwd_q", Dh, it, tile)
-    _run(ops, "flash_bwd_q", dt, (math.ceil(Tq / t), Bsz * H), (t,), shared,
+    _run(ops, "flash_bwd_q", dt, (Bsz * H, math.ceil(Tq / t)), (t,), shared,
          (*inputs, dq, *shape, i32(t), *qs, *ks, *_strides(dq, "dq"), i64(Tk)))

@@ -150,9 +150,10 @@ def site_binds() -> list[str]:
     return args
 
 
-def command(library: list, file_folder: Path) -> list[str]:
+def command(library: list, file_folder: Path, work_mb: int = 64) -> list[str]:
     """The command that runs the child (its Python's command line follows it): ``library`` is
-    :func:`stage`'s binds."""
+    :func:`stage`'s binds; its /tmp and /dev/shm hold at most ``work_mb`` MB each (memory:
+    tmpfs), which the kernel enforces."""
     exe, _, why = available()
     if not exe:
         raise RuntimeError(why)
@@ -160,8 +161,9 @@ def command(library: list, file_folder: Path) -> list[str]:
     return (_isolation(exe) + [a for f in folders for a in ("--perms", "0755", "--dir", f)]
             + python_binds() + site_binds()
             + library + ["--ro-bind", str(file_folder), INSIDE["file"],
-               "--dev", "/dev", "--perms", "01777", "--tmpfs", "/dev/shm", "--proc", "/proc",
-               "--perms", "01777", "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp", "--"])
+               "--dev", "/dev", "--perms", "01777", "--size", str(work_mb << 20), "--tmpfs", "/dev/shm",
+               "--proc", "/proc", "--perms", "01777", "--size", str(work_mb << 20), "--tmpfs", "/tmp",
+               "--remount-ro", "/", "--chdir", "/tmp", "--"])
 
 # ----------------------------------------------------------------------------- the library's modules, staged
 

@@ -397,34 +397,32 @@ def check_loss(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
 
 def _central_differences(fwd, fname: str, args: _Args, x, dout, idx, h: float = 1e-6):
     """:func:`~attn.gradcheck.numerical_gradient` of sum(forward(...)[0] * dout) with respect
-    to ``x`` at the flat indices ``idx``; a learner's forward in the child gets every
-    perturbed call in one request (one round trip, not two per entry)."""
+    to ``x`` at the flat indices ``idx``; a learner's forward in the child gets the arguments
+    once and makes every perturbed call there (one round trip, one copy of the arguments)."""
     loss = lambda out: float(B.to_host((out * dout).sum()))             # noqa: E731
-    if not hasattr(fwd, "many") or not x.flags.c_contiguous or any(isinstance(v, Built) for v in args.arrays):
+    where = _where(args.arrays, x)
+    if not hasattr(fwd, "perturbed") or where is None or any(isinstance(v, Built) for v in args.arrays):
         return numerical_gradient(lambda: loss(_call(fwd, fname, "forward", *args.call())[0]), x, indices=idx)
-    flat, calls = x.reshape(-1), []
-    for i in idx:
-        old = flat[int(i)].item()
-        for step in (h, -h):
-            flat[int(i)] = old + step
-            calls.append([_snapshot(a) for a in args.call()])
-        flat[int(i)] = old
-    outs = _call(fwd.many, fname, "forward", calls)
+    outs = _call(fwd.perturbed, fname, "forward", args.call(), where, idx, h)
     grad = B.get_array_module(x).zeros(x.shape, dtype=x.dtype)
     for k, i in enumerate(idx):
         grad.reshape(-1)[int(i)] = (loss(outs[2 * k]) - loss(outs[2 * k + 1])) / (2 * h)
     return grad
 
 
-def _snapshot(v):
-    """``v`` as it is now: its arrays copied (the next perturbation must not reach this call)."""
-    if is_array(v):
-        return v.copy()
-    if type(v) is dict:
-        return {k: _snapshot(x) for k, x in v.items()}
-    if type(v) in (list, tuple):
-        return type(v)(_snapshot(x) for x in v)
-    return v
+def _where(arrays: list, x):
+    """(the argument's index,) or (its index, the key) of the contiguous array ``x`` among
+    ``arrays`` (a dict argument holds a block's parameters); None where it is neither."""
+    if not x.flags.c_contiguous:
+        return None
+    for j, a in enumerate(arrays):
+        if a is x:
+            return (j,)
+        if type(a) is dict:
+            key = next((k for k, v in a.items() if v is x), None)
+            if key is not None:
+                return (j, key)
+    return None
 
 
 def _spot(size: int, seed: int, k: int = SPOT_CHECK):

@@ -14,7 +14,8 @@ of its own and sets its resource limits. It reports what it got. The files it ca
 all are what bubblewrap binds (:mod:`attn.grader.bubblewrap`).
 
 The protocol: requests ``("call", name, args, given)`` (call the learner's ``name``, or
-with ``given`` a forward the exercise gives, on ``args``) and ``("reset",)``; answers
+with ``given`` a forward the exercise gives, on ``args``), ``("perturb", name, args, given,
+where, indices, h)`` (central differences' calls, :meth:`_Child.perturbed`) and ``("reset",)``; answers
 ``("loaded", found, sandbox)``, ``("import_failed", message, where)``, ``("ok", result,
 modified)``, ``("raised", kind, message, where, raiser)``, ``("todo", raiser)``.
 Arrays travel as :class:`~attn.grader.wire.Arr`; anything the learner returns that is
@@ -308,7 +309,7 @@ class _Child:
             defined += f", {self.show(file)}:{getattr(code, 'co_firstlineno', '?')}"
         return {"library": not mine, "defined": str(defined), "params": [str(p) for p in params]}
 
-    def call(self, name: str, args, given: bool):
+    def call(self, name: str, args, given: bool, nudge=None):
         if given:
             fn = self.forwards.get(name)
             if fn is None and "*" in self.forwards:
@@ -319,8 +320,8 @@ class _Child:
                 return ("raised", "attn-check", f"{name} is not given by this exercise", "", name)
         else:
             fn = getattr(self.module, name)
-        real = [self.unpack(a) for a in args]
-        before = {i: np.array(B.to_host(a)) for i, a in enumerate(real) if is_array(a)}
+        real = [self.unpack(a) for a in args] if nudge is None else self._nudged(args, *nudge)
+        before = {i: np.array(B.to_host(a)) for i, a in enumerate(real) if is_array(a) and nudge is None}
         try:
             res = fn(*real)
         except NotImplementedError as e:
@@ -336,6 +337,8 @@ class _Child:
                 kind, message = type(e).__name__, f"raised {type(e).__name__}: {e}"
             return ("raised", str(kind), self.show(str(message)), self.show(where(e.__traceback__, self.path)),
                     str(frames[-1].name if frames else name))
+        if nudge is not None:                   # central differences need the output alone
+            return ("ok", self.pack(res[0] if type(res) in (tuple, list) and res else res), [])
         modified = []
         for i, h in before.items():
             now = np.array(B.to_host(real[i]))
@@ -344,17 +347,33 @@ class _Child:
                     modified.append([i, Arr(now, False)])
         return ("ok", self.pack(res), modified)
 
-    def many(self, name: str, calls, given: bool):
-        """``name`` on each argument list of ``calls`` in turn: ("ok", [each result's first
-        element], []) (the outputs central differences need, in one answer), or the first
-        call's answer that is not "ok"."""
+    def _nudged(self, args, where, i: int, step: float) -> list:
+        """``args`` unpacked afresh (new arrays, a new generator for each Rng, as a call's own
+        arguments have), the flat entry ``i`` of the array at ``where`` moved by ``step``."""
+        saved, self.rngs = self.rngs, {}
+        try:
+            real = [self.unpack(a) for a in args]
+        finally:
+            self.rngs = saved
+        x = real[where[0]]
+        for key in where[1:]:
+            x = x[key]
+        flat = x.reshape(-1)
+        old = flat[i].item()
+        flat[i] = old + step
+        return real
+
+    def perturbed(self, name: str, args, given: bool, where, idx, h: float):
+        """``name`` on ``args`` with the entry ``i`` of the array at ``where`` moved by ``+h``,
+        then ``-h``, for each ``i`` of ``idx`` (central differences): ("ok", [each result's
+        first element], []), or the first call's answer that is not "ok"."""
         outs = []
-        for args in calls:
-            answer = self.call(name, args, given)
-            if answer[0] != "ok":
-                return answer
-            res = answer[1]
-            outs.append(res[0] if type(res) in (tuple, list) and res else res)
+        for i in idx:
+            for step in (h, -h):
+                answer = self.call(name, args, given, (where, i, step))
+                if answer[0] != "ok":
+                    return answer
+                outs.append(answer[1])
         return ("ok", outs, [])
 
 
@@ -415,15 +434,16 @@ def main() -> None:
     while True:
         try:
             msg = requests.recv()
-        except (EOFError, OSError):
-            return
+        except (EOFError, OSError):     # the grading is over: end here, with no interpreter teardown
+            os._exit(0)                 # (the learner's atexit handlers and finalizers do not run)
         if msg[0] == "reset":
             child.handles.clear()
             child.rngs.clear()
             continue
-        _, name, args, given = msg
+        _, name, args, given, *rest = msg
         try:
-            answers.send(child.call(name, args, given) if msg[0] == "call" else child.many(name, args, given))
+            answers.send(child.call(name, args, given) if msg[0] == "call" else child.perturbed(name, args, given,
+                                                                                               *rest))
         except Exception as e:          # a result that cannot travel: say so rather than hang
             answers.send(("raised", "attn-check", f"its result could not be sent back: {type(e).__name__}: {e}",
                           "", name))

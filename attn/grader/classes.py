@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+import multiprocessing
 import os
 import stat
 import time
@@ -116,7 +117,10 @@ def grade_class(args, out) -> int:
                "memory_mb": args.memory, "seed": args.seed, "layer_seconds": args.layer_time}
     t0 = time.perf_counter()
     results = [_refused(sub) for sub in subs if sub["source"] is None]
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    # Every file meets the same examples: drawn here once, the workers inherit them (forked).
+    from .grading import draw_for
+    draw_for({sub["exercise"] for sub in subs if sub["source"]}, args.examples, args.seed)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {pool.submit(_grade_one, sub, options, str(report_dir)): sub for sub in subs if sub["source"]}
         for fut in as_completed(futures):
             sub = futures[fut]

@@ -3,6 +3,7 @@ dropout) and one file (every layer it defines, in the child process)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from pathlib import Path
 
@@ -11,13 +12,13 @@ from hypothesis.errors import Flaky, Unsatisfiable
 
 from .. import backend as B
 from ..gradcheck import rel_error
-from ..testing import DROPOUT_PROBES, LAYERS, Layer
-from ..testing.strategies import scaled
+from ..testing import DROPOUT_PROBES, LAYERS, XP, Layer
+from ..testing.strategies import SCALE, scaled
 from .checks import CHECKS, DROPOUT_DRAWS, EXAMPLE_SHARE, _Args, _entries, check_dropout, check_pair
 from .results import (DEFAULT_EXAMPLES, DEFAULT_TIMEOUT, EXAMPLE_SEED, Failure, Fatal, FileReport, LoadError,
                       NotImplementedYet, Result, _Todo, plain)
 from .reports import report, summary
-from .library import manifest_for, reference
+from .library import EXERCISES, manifest_for, reference
 from .sandbox import Remote, Sandbox, describe, read_source
 
 np = B.host
@@ -55,14 +56,16 @@ def _the_seeds_examples_alone():
         cache.cache.clear()
 
 
-def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = None):
-    """Hypothesis over the layer's examples with ``fn(ex)``; returns (runs, the failure or None).
-    A failure that fits several typical mistakes at once is set aside while hypothesis looks
-    for (and shrinks) one that tells them apart; it is the answer only if none does."""
-    count = [0]
-    ambiguous = []
-    examples = max(1, round(examples * EXAMPLE_SHARE.get(layer.name, 1.0)))
+#: Each layer's examples as hypothesis draws them for a profile, in the order a check meets
+#: them: ``(layer, examples, seed, scale) -> [Example]``, drawn once per process (and once per
+#: class: ``attn-check --class`` draws them before its workers start, and hands them in). Every
+#: file meets these same examples; a file that passes them all never waits on hypothesis.
+DRAWN: dict = {}
 
+
+def _hypothesis(layer: Layer, examples: int, seed_: int | None, body):
+    """``body(ex)`` as a hypothesis test over the layer's examples: the final profile's
+    (``seed_``) runs the default profile's hard examples first."""
     # A fixed seed, not derandomize (which seeds from this function's source): the same
     # examples for every file and every version of the grader.
     @settings(max_examples=examples, database=None, deadline=None,
@@ -71,6 +74,58 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
     @seed(EXAMPLE_SEED if seed_ is None else seed_)
     @given(layer.examples)
     def run(ex):
+        body(ex)
+
+    if seed_ is not None:
+        for ex in _hard_examples(layer, examples):
+            run = example(_copy(ex))(run)
+    return run
+
+
+def share(layer: Layer, examples: int) -> int:
+    """The examples ``layer``'s check meets at ``--examples`` (:data:`EXAMPLE_SHARE`)."""
+    return max(1, round(examples * EXAMPLE_SHARE.get(layer.name, 1.0)))
+
+
+def draw_for(exercises, examples: int = DEFAULT_EXAMPLES, seed_: int | None = None) -> dict:
+    """Draw, into :data:`DRAWN`, the examples of every layer ``exercises`` ask for in a profile
+    (what ``attn-check --class`` does once, before its workers start); returns :data:`DRAWN`."""
+    asks = {f for e in exercises for f in EXERCISES[e].asks}
+    with scaled(FINAL_SCALE) if seed_ is not None else contextlib.nullcontext():
+        for layer in LAYERS.values():
+            if asks & set(layer.functions):
+                drawn(layer, share(layer, examples), seed_)
+    return DRAWN
+
+
+def drawn(layer: Layer, examples: int, seed_: int | None = None) -> list:
+    """The examples :func:`_run` meets for ``layer`` at the current scale (:data:`DRAWN`);
+    ``examples`` already the layer's share of ``--examples``."""
+    key = (layer.name, examples, seed_, SCALE[0])
+    if key not in DRAWN:
+        got = []
+        with _the_seeds_examples_alone():
+            _hypothesis(layer, examples, seed_, got.append)()
+        DRAWN[key] = got
+    return DRAWN[key]
+
+
+def _copy(ex):
+    """An example of :data:`DRAWN` for one check: its own arrays (a call may write into them)."""
+    return copy.deepcopy(ex, {id(XP): XP})
+
+
+def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = None, replay: bool = True):
+    """``fn(ex)`` over the layer's examples; returns (runs, the failure or None). With ``replay``
+    (a check that rejects no example), the examples of :func:`drawn` in turn; only when one
+    fails does hypothesis run them again, to shrink the failure to its smallest example.
+    A failure that fits several typical mistakes at once is set aside while hypothesis looks
+    for (and shrinks) one that tells them apart; it is the answer only if none does."""
+    count = [0]
+    ambiguous = []
+    examples = share(layer, examples)
+
+    def body(ex):
         count[0] += 1
         sandbox.reset()
         try:
@@ -87,12 +142,23 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
             e.failure.example = ex
             raise
 
-    if seed_ is not None:                       # the final profile: the default profile's hard examples too
-        for ex in _hard_examples(layer, examples):
-            run = example(ex)(run)
+    if replay:
+        try:
+            for ex in drawn(layer, examples, seed_):
+                body(_copy(ex))
+            return count[0], None
+        except _Todo as e:                      # hypothesis too stops at once on these
+            return count[0], e.todo
+        except Fatal as e:
+            return count[0], e.failure
+        except Exception:
+            count[0] = 0
+            ambiguous.clear()
     try:
         with _the_seeds_examples_alone():
-            run()
+            _hypothesis(layer, examples, seed_, body)()
+        if replay and not ambiguous:            # failed a moment ago, passes now
+            raise Flaky("passed when hypothesis ran the examples again")
         return count[0], _smallest(ambiguous)
     except Unsatisfiable:
         return count[0], _smallest(ambiguous)
@@ -122,19 +188,8 @@ def _hard_examples(layer: Layer, examples: int) -> list:
     """The hard examples (those too hard for a gradient check: logits of 1e4, fully masked or
     constant rows) among what the default profile draws for ``layer``, at its sizes: the final
     profile runs them whatever its seed."""
-    got = []
-
-    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),
-              verbosity=Verbosity.quiet, phases=(Phase.explicit, Phase.generate))
-    @seed(EXAMPLE_SEED)
-    @given(layer.examples)
-    def collect(ex):
-        if not ex.gradcheck:
-            got.append(ex)
-
-    with scaled(1), _the_seeds_examples_alone():
-        collect()
-    return got
+    with scaled(1):
+        return [ex for ex in drawn(layer, examples) if not ex.gradcheck]
 
 
 def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
@@ -187,7 +242,8 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
     runs = 0
     forward_failure = None
     if not given_forward:
-        n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "forward", drop), examples, seed)
+        n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "forward", drop), examples, seed,
+                      replay=not drop)
         runs += n
         if isinstance(err, NotImplementedYet):
             return result("todo", runs, err, note)
@@ -200,7 +256,8 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
         _attach_outputs(layer, impl, forward_failure, drop)
         also = ""
         if has_bwd and forward_failure.check != "integrity" and not forward_failure.message.startswith(fname + " "):
-            n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "self", drop), examples, seed)
+            n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "self", drop), examples, seed,
+                          replay=not drop)
             runs += n
             if isinstance(err, NotImplementedYet):
                 also = f"{bname}: not implemented yet"
@@ -219,7 +276,8 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
             return result("pass", runs, note="; ".join(x for x in (n, note) if x))
         return result("incomplete", runs, note="; ".join(x for x in (n + " (--forward-only accepts that)", note)
                                                           if x))
-    n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "backward", drop), examples, seed)
+    n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "backward", drop), examples, seed,
+                  replay=not drop)
     runs += n
     if isinstance(err, NotImplementedYet):
         return result("todo", runs, err, note)

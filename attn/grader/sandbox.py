@@ -142,7 +142,8 @@ class Sandbox:
         if B.get_backend() == "cupy" and B.cupy_modules is not None:
             modules = ",".join(m.__name__ for m in B.cupy_modules)
         if self.boxed:
-            prefix = bubblewrap.command(bubblewrap.stage(policy), copy.parent) + [bubblewrap.executable()]
+            prefix = (bubblewrap.command(bubblewrap.stage(policy), copy.parent, self.limits["work_mb"])
+                      + [bubblewrap.executable()])
             where = {"file": f"{bubblewrap.INSIDE['file']}/{copy.name}", "work": "/tmp/attn-check-work",
                      "sandbox": bubblewrap.name(),
                      "files": "read-only, Python's standard library, NumPy, the library's modules the exercise "
@@ -449,19 +450,22 @@ class Sandbox:
         if self.proc is not None:
             self.requests.send(("reset",))
 
-    def many(self, name: str, calls: list, given: bool = False) -> list:
-        """Run ``name(*args)`` in the child for every argument list of ``calls``, in one
-        request (central differences: two calls per entry, one round trip in all). Returns
-        each result's first element (the output); raises as :meth:`call` does."""
+    def perturbed(self, name: str, args, where: tuple, idx, h: float, given: bool = False) -> list:
+        """Central differences' calls, in one request: ``name(*args)`` with the entry ``i`` of the
+        array at ``where`` (an argument's index, then a key where that argument is a dict) moved
+        by ``+h``, then by ``-h``, for each ``i`` of ``idx``. The arguments cross once; the child
+        perturbs its own copy for each call, as the grader would have. Returns each call's
+        first element (the output); raises as :meth:`call` does."""
         if self.proc is None:
             self.start()
-        limit, spent = self._time_left(self.timeout * max(1, len(calls)))
-        self.calls += len(calls)
-        packed = [[self.pack(a) for a in args] for args in calls]
+        n = 2 * len(idx)
+        limit, spent = self._time_left(self.timeout * max(1, n))
+        self.calls += n
         start = self._out_size()
-        self.requests.send(("many", name, packed, given))
+        self.requests.send(("perturb", name, [self.pack(a) for a in args], given, list(where),
+                            [int(i) for i in idx], float(h)))
         answer = self._wait(f"{name}", limit, start, spent)
-        if answer[0] == "ok" and len(answer) == 3 and isinstance(answer[1], list) and len(answer[1]) == len(calls):
+        if answer[0] == "ok" and len(answer) == 3 and isinstance(answer[1], list) and len(answer[1]) == n:
             return [self.unpack(r) for r in answer[1]]
         self._raise(name, answer)
 
@@ -513,6 +517,6 @@ class Remote:
     def __call__(self, *args):
         return self.sandbox.call(self.name, args, self.given)
 
-    def many(self, calls: list) -> list:
-        """The outputs of one call per argument list, in one request."""
-        return self.sandbox.many(self.name, calls, self.given)
+    def perturbed(self, args, where: tuple, idx, h: float) -> list:
+        """The outputs central differences need, in one request (:meth:`Sandbox.perturbed`)."""
+        return self.sandbox.perturbed(self.name, args, where, idx, h, self.given)

@@ -32,12 +32,21 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   GPU does: the capture has no effect on memory, the graph replays the recorded operations with
   the host scalars they were given then, and what CUDA or CuPy refuse while a stream captures
   (a host transfer or sync, CuPy's ``matmul``, cuRAND) raises ``StreamCaptureError`` naming the
-  line that asked. An allocation from the pool is not refused, in any capture mode, as on a GPU
-  (the pool serves it from blocks it holds; CuPy's default mode is relaxed): it is recorded
-  (``Graph.pool_allocations``), the pool's byte counts grow and memory hooks are told, so only
-  the capturer's own guard (:class:`attn.fast.graph.CaptureGuard`) can refuse it.
+  line that asked. An allocation from the pool that the capturing stream's free blocks serve is
+  not refused, in any capture mode, as on a GPU, nor a ``cudaMalloc`` in relaxed mode (CuPy's
+  default): it is recorded (``Graph.pool_allocations``), the pool's byte counts grow and memory
+  hooks are told, so only the capturer's own guard (:class:`attn.fast.graph.CaptureGuard`) can
+  refuse it. A ``cudaMalloc`` in global or thread-local mode is refused, as CUDA refuses it.
   ``begin_capture(survey=True)`` notes every refusal instead, pool allocations included
   (:func:`attn.fast.graph.survey`).
+* The memory pool keeps its free blocks per stream, as CuPy's (:mod:`fakecupy.pool`): a block
+  freed on one stream is never handed to a request on another, and ``used_bytes``,
+  ``total_bytes``, ``free_bytes``, ``n_free_blocks`` and ``free_all_blocks(stream)`` count them
+  (the null stream's arrays are not counted). Each stream has a handle of its own.
+* An asynchronous mode (``with fakecupy.cupy.asynchronous():``, or ``FAKECUPY_ASYNC=1``): each
+  launch is queued on its stream and has run only once an event or the host waited for it, and
+  reading a result before its producer ran (on another stream, or on the host through a copy on
+  a stream that does not wait for it) raises ``ReadBeforeRunError`` (:mod:`fakecupy.streams`).
 * CuPy's allocator API (``cupy.cuda.using_allocator``, ``set_allocator``, ``get_allocator``;
   ``MemoryPointer + offset``): while an allocator other than the pool's is in place, every new
   array asks it for its bytes and becomes a view of the memory it returns, so memory handed out

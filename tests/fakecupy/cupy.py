@@ -12,12 +12,16 @@ import contextlib
 import math
 import operator
 import re
+import sys
 import threading
 import time
 import weakref
 from collections import Counter
 
 import numpy as np
+
+from . import pool as _pool
+from .streams import ReadBeforeRunError  # noqa: F401 (cupy.ReadBeforeRunError, the stand-in's)
 
 __version__ = "0.0.0+fakecupy (NumPy " + np.__version__ + ")"
 
@@ -74,11 +78,14 @@ def counting():
     yield TransferCounter()
 
 
-def _sync(kind: str, a: np.ndarray | None = None) -> None:
+def _sync(kind: str, a: np.ndarray | None = None, read: np.ndarray | None = None, stream=None) -> None:
     """Count a transfer (or synchronisation); to the tracer, a transfer is a device -> host copy
-    (of ``a``, where the whole array is copied)."""
+    (of ``a``, where the whole array is copied). In the asynchronous mode the copy (of ``a``, or
+    of part of ``read``) is a launch on the current stream, which the host then waits for."""
     _refuse_in_capture(f"a device->host transfer or synchronisation ({kind})", "host sync")
     transfers.record(kind)
+    if _order is not None and kind != "synchronize":
+        _order.host_read(kind, a if a is not None else read, None if stream is None else stream.ptr)
     if tracer is not None and kind != "synchronize":
         tracer("copy", "device->host", [] if a is None else [a], [], {"fresh": [], "direction": "d2h"})
 
@@ -118,9 +125,10 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: effect on memory, as on a GPU. What CUDA or CuPy refuse during a capture raises
 #: :class:`StreamCaptureError`: a host transfer or synchronisation, a cuRAND draw, and CuPy's
 #: own ``matmul`` (CuPy refuses cuBLAS calls it makes while the stream captures). An allocation
-#: from the memory pool is *not* refused, in any capture mode, as on a GPU: the pool serves it
-#: from blocks it holds, with no CUDA call for the mode to refuse (CuPy's default mode, relaxed,
-#: would not refuse even a ``cudaMalloc``). It is recorded (:attr:`_Capture.pool_allocations`),
+#: from the memory pool is *not* refused, in any capture mode, as on a GPU, where the pool serves
+#: it from the free blocks of the capturing stream, with no CUDA call for the mode to refuse (CuPy's
+#: default mode, relaxed, would not refuse even a ``cudaMalloc``; the global and thread-local modes
+#: do: :func:`_malloc_refused`). It is recorded (:attr:`_Capture.pool_allocations`),
 #: the pool's byte counts grow by it (the graph keeps the block) and memory hooks see it; the
 #: graph keeps an address the pool will hand out again, and nothing but the capturer's own
 #: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
@@ -246,7 +254,7 @@ def _update_allocator() -> None:
     t = _tls
     a = t.allocator if t.allocator is not None else _global_allocator
     t.step_allocator = None if a is None or a == _POOL.malloc else a
-    t.placing = t.step_allocator is not None or len(t.hooks) > 0
+    t.placing = t.step_allocator is not None or len(t.hooks) > 0 or _CURRENT_STREAM[-1].ptr != 0
     t.generation = _generation
 
 
@@ -259,12 +267,20 @@ def _state() -> _PerThread:
 
 
 def _pool_block(a: np.ndarray) -> np.ndarray:
-    """``a``, new memory from the pool: every memory hook told of its allocation now and of its
-    free when the last array on it goes (CuPy's pool rounds a block up to 512 bytes)."""
+    """``a``, new memory from the pool: its block taken from the current stream's arena (or a
+    ``cudaMalloc``: :mod:`fakecupy.pool`) and given back when the last array on it goes; every
+    memory hook told of its allocation now and of its free then (the block rounded up to 512
+    bytes, as CuPy's pool rounds it)."""
     hooks = list(_tls.hooks)
-    if not hooks or not a.nbytes:
+    if not a.nbytes:
         return a
-    ptr, size = a.__array_interface__["data"][0], -(-max(a.nbytes, 1) // 512) * 512
+    block = _POOL.hand_out(a.nbytes)
+    if not hooks and block is None:
+        return a
+    if block is None:
+        ptr, size = a.__array_interface__["data"][0], _pool.rounded(a.nbytes)
+    else:
+        ptr, size = block.ptr, block.size
     for hook in hooks:
         hook.malloc_preprocess(device_id=0, size=a.nbytes, mem_size=size)
         hook.malloc_postprocess(device_id=0, size=a.nbytes, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
@@ -274,7 +290,9 @@ def _pool_block(a: np.ndarray) -> np.ndarray:
             if hook in _tls.hooks:                # (the freeing thread's hooks, as CuPy's)
                 hook.free_preprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
                 hook.free_postprocess(device_id=0, mem_size=size, mem_ptr=ptr, pmem_id=ptr)
-    weakref.finalize(a, freed)
+        if block is not None:
+            _POOL.give_back(block)
+    weakref.finalize(_root(a), freed)
     return a
 
 
@@ -405,6 +423,7 @@ def _live_roots() -> dict:
 class _Capture:
     def __init__(self, stream, survey: bool, mode: int):
         self.stream, self.ops, self.survey, self.mode = stream, [], survey, mode
+        self.thread = threading.get_ident()
         #: (kind, what, caller) of every refused operation of a survey
         self.refused: list = []
         #: (what, caller) of every allocation from the memory pool (recorded, not refused)
@@ -422,10 +441,9 @@ class _Capture:
         return False
 
     def pool_allocated(self, what: str, arrays: list) -> None:
-        """A pool allocation during the capture: recorded, the pool's counts grown, the hooks told."""
+        """A pool allocation during the capture: recorded (the pool counted its block and told
+        the hooks as the array was made; the graph's operations keep the array, so the block)."""
         self.pool_allocations.append((what, _caller()))
-        for a in arrays:                      # (the hooks were told as the array was made)
-            _POOL._grow(a.nbytes)
 
     def undo(self) -> None:
         for a, saved in self.before.values():
@@ -462,6 +480,8 @@ class Graph:
             raise StreamCaptureError("fakecupy: launching a graph while a stream captures is not modelled")
         for op in self._ops:
             op()
+        if _order is not None:
+            _order.graph_launched(self, (_CURRENT_STREAM[-1] if stream is None else stream).ptr)
         if tracer is not None:
             tracer("graph", "graph launch", [], [], {"fresh": [], "operations": len(self._ops)})
 
@@ -996,7 +1016,7 @@ class ndarray:
     # ---- the ways to the host (each one counted)
 
     def get(self, stream=None, order="C", out=None, blocking=True):
-        _sync("get", self._a)
+        _sync("get", self._a, stream=stream)
         if out is not None:
             out[...] = self._a
             return out
@@ -1010,47 +1030,47 @@ class ndarray:
             tracer("copy", "host->device", [], [self._a], {"fresh": [], "direction": "h2d"})
 
     def item(self, *args):
-        _sync("item")
+        _sync("item", read=self._a)
         return self._a.item(*args)
 
     def tolist(self):
-        _sync("tolist")
+        _sync("tolist", read=self._a)
         return self._a.tolist()
 
     def __float__(self):
-        _sync("float")
+        _sync("float", read=self._a)
         return float(self._a)
 
     def __int__(self):
-        _sync("int")
+        _sync("int", read=self._a)
         return int(self._a)
 
     def __complex__(self):
-        _sync("complex")
+        _sync("complex", read=self._a)
         return complex(self._a)
 
     def __bool__(self):
-        _sync("bool")
+        _sync("bool", read=self._a)
         return builtins.bool(self._a)
 
     def __index__(self):
-        _sync("index")
+        _sync("index", read=self._a)
         return operator.index(self._a)
 
     def __repr__(self):
-        _sync("repr")
+        _sync("repr", read=self._a)
         return repr(self._a).replace("array(", "fakecupy.array(", 1)
 
     def __str__(self):
-        _sync("str")
+        _sync("str", read=self._a)
         return str(self._a)
 
     def __format__(self, spec):
-        _sync("format")
+        _sync("format", read=self._a)
         return format(self._a.item() if self._a.ndim == 0 else self._a, spec)
 
     def __contains__(self, value):
-        _sync("contains")
+        _sync("contains", read=self._a)
         return value in self._a
 
     # ---- what CuPy refuses
@@ -1153,6 +1173,8 @@ class ndarray:
             _sync("boolean-mask indexing (result size depends on the data)")
         src = self._a
         r = src[idx]
+        if isinstance(r, np.generic):            # an element: a 0-d view of it, as CuPy's
+            r = src[(idx if isinstance(idx, tuple) else (idx,)) + (Ellipsis,)]
         if _state().placing and isinstance(r, np.ndarray):
             r = _place(r, (src,))
         if _capturing is not None and isinstance(r, np.ndarray):
@@ -1461,6 +1483,8 @@ class Device:
 
     def synchronize(self):
         _sync("synchronize")
+        if _order is not None:
+            _order.synchronized()
 
     def use(self):
         return self
@@ -1482,9 +1506,17 @@ class Device:
 
 class Stream:
     null = None
+    #: the next stream's handle: each stream has one of its own, never used again (an ``id`` may
+    #: be, and the memory pool keeps a free-block arena per handle: :mod:`fakecupy.pool`)
+    _handles = iter(range(0x5000_0000, 1 << 62, 0x100))
+
+    #: handle -> stream, of the streams alive (the asynchronous mode asks which are blocking)
+    _made: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
     def __init__(self, null=False, non_blocking=False, ptr=None):
-        self.ptr = 0 if null else id(self)
+        self.ptr = 0 if null else next(Stream._handles)
+        self.non_blocking = bool(non_blocking)
+        Stream._made[self.ptr] = self
 
     def begin_capture(self, mode=None, *, survey: bool = False):
         """Record what follows into a graph (see :data:`_capturing`) in ``mode`` (a
@@ -1510,6 +1542,8 @@ class Stream:
         capture.undo()
         graph = Graph(capture.ops, capture.refused)
         graph.pool_allocations = capture.pool_allocations
+        if _order is not None:
+            _order.end_capture(capture, graph)
         return graph
 
     def is_capturing(self) -> bool:
@@ -1523,20 +1557,27 @@ class Stream:
 
     def synchronize(self):
         _sync("synchronize")
+        if _order is not None:
+            _order.synchronized(self.ptr)
 
     def wait_event(self, event):
-        """Work queued later waits for ``event``: here every operation has finished when it returns."""
+        """Work queued later waits for ``event`` (the asynchronous mode keeps the order: :data:`_order`)."""
+        if _order is not None:
+            _order.waited(self.ptr, event)
 
     def use(self):
         _CURRENT_STREAM[0] = self
+        _stream_changed()
         return self
 
     def __enter__(self):
         _CURRENT_STREAM.append(self)
+        _stream_changed()
         return self
 
     def __exit__(self, *exc):
         _CURRENT_STREAM.pop()
+        _stream_changed()
         return False
 
 
@@ -1545,15 +1586,49 @@ Stream.null = Stream(null=True)
 _CURRENT_STREAM = [Stream.null]
 
 
+#: The asynchronous mode's order of launches (a :class:`fakecupy.streams.Order`), or None.
+_order = None
+
+
+@contextlib.contextmanager
+def asynchronous():
+    """``with asynchronous():`` each launch is queued on its stream and has run only once the host
+    or its stream waited for it: a read of a result before that raises
+    :class:`fakecupy.streams.ReadBeforeRunError` (see :mod:`fakecupy.streams`). It is the tracer
+    while on (a tracer set before it is still told everything)."""
+    global _order, tracer
+    from .streams import Order
+    if _order is not None:
+        yield _order
+        return
+    previous = tracer
+    _order = tracer = Order(sys.modules[__name__], previous)
+    try:
+        yield _order
+    finally:
+        _order, tracer = None, previous
+
+
+def _stream_changed() -> None:
+    """Another stream is current: on one other than the null stream every new array goes
+    through :func:`_place` (its block is taken from that stream's arena: :mod:`fakecupy.pool`)."""
+    global _generation
+    _generation += 1
+
+
 class Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
         self._t = None
 
     def record(self, stream=None):
         self._t = time.perf_counter()
+        if _order is not None:
+            _order.recorded(self, (_CURRENT_STREAM[-1] if stream is None else stream).ptr)
 
     def synchronize(self):
         _sync("synchronize")
+        if _order is not None:
+            _order.event_done(self)
 
 
 def get_elapsed_time(start: Event, end: Event) -> float:
@@ -1593,39 +1668,26 @@ class MemoryHook:
         pass
 
 
-class MemoryPool:
-    def __init__(self):
-        self._bytes = 0
+def _current_stream_ptr() -> int:
+    return _CURRENT_STREAM[-1].ptr
 
-    def malloc(self, size):
-        """Memory from the pool: untracked here (an array given it stays NumPy's own)."""
-        return MemoryPointer(None)
 
-    def _grow(self, nbytes: int) -> None:
-        """A capture kept ``nbytes`` of the pool (its graph holds the block for good)."""
-        self._bytes += int(nbytes)
+def _malloc_refused(size: int) -> None:
+    """A ``cudaMalloc`` of the pool now: refused from the capturing thread in the global and
+    thread-local capture modes (from any thread in global mode), as CUDA refuses it."""
+    c = _capturing
+    if c is None or c.mode == _Runtime.streamCaptureModeRelaxed:
+        return
+    if c.mode == _Runtime.streamCaptureModeGlobal or c.thread == threading.get_ident():
+        c.refuse(f"cudaMalloc of {size} bytes by the memory pool, whose arena for the current stream holds no free "
+                 "block of that size (a block freed on another stream is not handed to this one)", "pool allocation")
 
-    def used_bytes(self):
-        """Bytes in use: here only what captures kept (the pool's other memory is untracked)."""
-        return self._bytes
 
-    def total_bytes(self):
-        return self._bytes
+class MemoryPool(_pool.MemoryPool):
+    """``cupy.cuda.MemoryPool``: free blocks per stream (:mod:`fakecupy.pool`)."""
 
-    def free_bytes(self):
-        return 0
-
-    def free_all_blocks(self, stream=None):
-        pass
-
-    def n_free_blocks(self):
-        return 0
-
-    def set_limit(self, size=None, fraction=None):
-        pass
-
-    def get_limit(self):
-        return 0
+    def __init__(self, allocator=None):
+        super().__init__(_current_stream_ptr, _malloc_refused)
 
 
 _POOL, _PINNED_POOL = MemoryPool(), MemoryPool()
@@ -1664,6 +1726,8 @@ class _Runtime:
     @staticmethod
     def deviceSynchronize():
         _sync("synchronize")
+        if _order is not None:
+            _order.synchronized()
 
 
 class _Nccl:
@@ -1705,12 +1769,21 @@ class _Nccl:
             def at(ptr):
                 return np.frombuffer((ctypes.c_char * (count * dtype.itemsize)).from_address(ptr), dtype=dtype)
             send, recv = at(sendbuf), at(recvbuf)
+            if _order is not None:               # (not a kernel the tracer counts: the asynchronous mode's order)
+                n = count * dtype.itemsize
+                _order.launch(int(stream), "NCCL all-reduce", _spans(sendbuf, n), _spans(recvbuf, n))
             if self._mpi is None:
                 if sendbuf != recvbuf:
                     recv[...] = send
                 return
             MPI, comm = self._mpi
             comm.Allreduce(MPI.IN_PLACE if sendbuf == recvbuf else send, recv, op=MPI.SUM)
+
+
+def _spans(ptr: int, n: int) -> list:
+    """[(owner, first byte, one past the last)] of the ``n`` bytes at device address ``ptr``, in
+    the memory whose address was taken (none where it is not such memory)."""
+    return [(owner, ptr - lo, ptr - lo + n) for lo, hi, owner in _exposed_memory() if lo <= ptr < hi]
 
 
 def _device_time(f):
@@ -1965,6 +2038,7 @@ class _Cublas:
                         else ptr + np.arange(count, dtype=np.int64) * (stride * dt.itemsize))
                 ops.append(_Matrices(ptrs, rows, cols, ld, dt, f"{name} {what}"))
             a, b, c = ops
+            spans[:] = [a.spans() + b.spans(), c.spans()]
             for x, which in ((a, "A"), (b, "B")):
                 if c.overlaps(x):               # cuBLAS reads and writes as it goes: the result is undefined
                     raise cls.CUBLASError(f"fakecupy cublas {name}: C shares memory with {which} (cuBLAS does "
@@ -1984,11 +2058,13 @@ class _Cublas:
             c.write(r)
             return [sa, sb, r]                  # what was read and written (the tracer's bytes)
 
+        spans = [[], []]                        # (owner, first byte, past the last) read, written
         touched = run()
         if _capturing is not None:
             _record(run)
         if tracer is not None:
-            tracer("matmul", f"cublas {name}", touched[:2], touched[2:], {"fresh": []})
+            tracer("matmul", f"cublas {name}", touched[:2], touched[2:], {"fresh": [], "stream": stream,
+                                                                          "read_at": spans[0], "written_at": spans[1]})
 
 
 class _Matrices:
@@ -2000,6 +2076,7 @@ class _Matrices:
         ptrs = np.asarray(ptrs, dtype=np.int64)
         extent = ((cols - 1) * ld + rows) * item if rows and cols else 0
         self.shape, self.dtype, self.arrays = (rows, cols), np.dtype(dtype), []
+        self._extent = extent
         self._parts = []                    # (indices into the batch, element view of the owner, offsets)
         left = np.ones(len(ptrs), dtype=bool)
         if extent == 0:
@@ -2042,6 +2119,12 @@ class _Matrices:
         g = math.gcd(a, b)                       # compare in units of g bytes
         units = [(x[:, None] + np.arange(0, w, g)).ravel() for x, w in ((mine, a), (theirs, b))]
         return np.intersect1d(*units).size > 0
+
+    def spans(self) -> list:
+        """(owner, first byte, one past the last) in each array these matrices lie in."""
+        item = self.dtype.itemsize
+        return [(owner, int(off.min()) * item, int(off.max()) * item + self._extent)
+                for _, _, off, owner in self._parts]
 
     def read(self):
         out = np.empty((self._n,) + self.shape, dtype=self.dtype)
@@ -2220,19 +2303,20 @@ _CTYPE_DTYPES = {"float": np.float32, "double": np.float64, "int": np.int32, "lo
 
 
 def _kernel_signatures(code: str) -> dict:
-    """name -> (template parameter or None, [(C type, is pointer, parameter name)]) of every
-    ``__global__`` function in ``code``."""
+    """name -> (template parameter or None, [(C type, is pointer, parameter name, is const)]) of
+    every ``__global__`` function in ``code``."""
     sigs = {}
     pattern = r"(?:template\s*<\s*typename\s+(\w+)\s*>\s*)?__global__\s+void\s+(\w+)\s*\(([^)]*)\)"
     for m in re.finditer(pattern, code):
         tparam, name, params = m.group(1), m.group(2), m.group(3)
         plist = []
         for p in (s.strip() for s in params.split(",") if s.strip()):
+            const = re.search(r"\bconst\b", p) is not None
             p = re.sub(r"\b(const|__restrict__)\b", " ", p)
             ptr = "*" in p
             p = p.replace("*", " ")
             words = p.split()
-            plist.append((" ".join(words[:-1]), ptr, words[-1]))
+            plist.append((" ".join(words[:-1]), ptr, words[-1], const))
         sigs[name] = (tparam, plist)
     return sigs
 
@@ -2276,7 +2360,7 @@ class RawKernel:
             raise TypeError(f"{self.name}: the kernel takes {len(params)} arguments "
                             f"({', '.join(p[2] for p in params)}), got {len(args) if isinstance(args, tuple) else args!r}")
         host_args = []
-        for a, (ctype, ptr, pname) in zip(args, params):
+        for a, (ctype, ptr, pname, _) in zip(args, params):
             ctype = self._targ if ctype == tparam else ctype
             want = _CTYPE_DTYPES.get(ctype)
             if want is None:
@@ -2309,9 +2393,11 @@ class RawKernel:
             _record(lambda: twin(launch, *host_args))
         if tracer is not None:
             arrays = [a for a in host_args if isinstance(a, np.ndarray)]
+            written = [a for a, p in zip(host_args, params) if p[1] and not p[3]]     # its non-const pointers
             tracer("raw", self.name.split("<")[0], arrays, [],
-                   {"fresh": [], "grid": launch.grid, "block": launch.block, "work": max((a.size for a in arrays),
-                                                                                         default=0)})
+                   {"fresh": [], "grid": launch.grid, "block": launch.block, "written": written,
+                    "stream": None if stream is None else stream.ptr,
+                    "work": max((a.size for a in arrays), default=0)})
 
 
 class RawModule:
@@ -2342,3 +2428,8 @@ class RawModule:
         if base not in twins:
             raise KeyError(f"kernel {base!r} has no NumPy twin in attn's kernels module")
         return RawKernel(name, self._sigs[base], targ, twins[base])
+
+
+if __import__("os").environ.get("FAKECUPY_ASYNC") == "1":       # a whole run in the asynchronous mode
+    _WHOLE_RUN = asynchronous()                                   # (kept: a generator closed would end it)
+    _WHOLE_RUN.__enter__()

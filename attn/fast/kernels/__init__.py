@@ -76,13 +76,13 @@ engine's choice by :func:`attn.fast.flash.use_flash`), one thread per row of a t
 the other operand read once per tile into shared memory (:mod:`.flash`):
 
 =====================  =====================================================================
-flash_fwd              one block per (query tile, sentence and head): the online softmax over
+flash_fwd              one block per (sentence and head, query tile): the online softmax over
                        the key tiles (causal tiles past the queries skipped), the output and
                        one log-sum-exp per query written
 flash_bwd_prep         ``D = rowsum(dO * O)``, one thread per query
-flash_bwd_kv           one block per (key tile, sentence and key head): P recomputed from the
+flash_bwd_kv           one block per (sentence and key head, key tile): P recomputed from the
                        log-sum-exp, dK and dV summed over every query of the group's heads
-flash_bwd_q            one block per (query tile, sentence and head): dQ
+flash_bwd_q            one block per (sentence and head, query tile): dQ
 =====================  =====================================================================
 
 Nothing here synchronises with the host; the loss stays a 0-d device array.

@@ -12,11 +12,12 @@ is the paper's). ``key_ok[b * okb + j]`` says whether key j of sentence b may be
 last query are skipped. A query with no key gets an output of 0 (the fast engine's plain
 softmax does the same) and a log-sum-exp of 0 that nothing reads.
 
-Four kernels: ``flash_fwd`` (one block per (query tile, sentence and head)), ``flash_bwd_prep``
-(D, one thread per query), ``flash_bwd_kv`` (one block per (key tile, sentence and key head):
+Four kernels: ``flash_fwd`` (one block per (sentence and head, query tile)), ``flash_bwd_prep``
+(D, one thread per query), ``flash_bwd_kv`` (one block per (sentence and key head, key tile):
 the tile's dK and dV summed over the queries of every head of its group, no atomics) and
-``flash_bwd_q`` (one block per query tile: dQ). Each thread owns one row of its tile, the
-tiles of the other operand pass through shared memory once per tile.
+``flash_bwd_q`` (one block per (sentence and head, query tile): dQ). Each thread owns one row of
+its tile, the tiles of the other operand pass through shared memory once per tile. The heads
+are the grid's x (up to 2^31 - 1 blocks), the tiles its y.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ __device__ void flash_load(T* sh, const T* src, int r0, int n, int last, long lo
 """
 
 FLASH_FWD = r"""
-// FlashAttention's forward, one block per (query tile, sentence * head), one thread per query of the
+// FlashAttention's forward, one block per (sentence * head, query tile), one thread per query of the
 // tile (blockDim.x = Br). Shared memory: Q tile and the output's running sum (Br x Dh each), K and V tiles
 // (Bc x Dh each), the tile's scores (Br x Bc). m, l: the query's running maximum and sum of exp(s - m).
 template <typename T>
@@ -64,8 +65,8 @@ __global__ void flash_fwd(const T* q, const T* k, const T* v, const bool* key_ok
     T* ks = acc + Br * Dh;
     T* vs = ks + Bc * Dh;
     T* s = vs + Bc * Dh;
-    int b = blockIdx.y / H, h = blockIdx.y % H, hk = h / (H / Hkv);
-    int i0 = blockIdx.x * Br, i = i0 + r;
+    int b = blockIdx.x / H, h = blockIdx.x % H, hk = h / (H / Hkv);
+    int i0 = blockIdx.y * Br, i = i0 + r;
     const T* qg = q + b * qb + h * qh;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
@@ -108,7 +109,7 @@ __global__ void flash_fwd(const T* q, const T* k, const T* v, const bool* key_ok
     T inv = l > T(0) ? T(1) / l : T(0);
     T* orow = o + (((long long)b * Tq + i) * H + h) * Dh;
     for (int d = 0; d < Dh; ++d) orow[d] = acc[r * Dh + d] * inv;
-    lse[(long long)blockIdx.y * Tq + i] = l > T(0) ? m + log(l) : T(0);
+    lse[(long long)blockIdx.x * Tq + i] = l > T(0) ? m + log(l) : T(0);
 }
 """
 
@@ -127,7 +128,7 @@ __global__ void flash_bwd_prep(const T* dout, const T* o, T* dsum, int H, int Tq
 """
 
 FLASH_BWD_KV = r"""
-// dK and dV of one key tile, one block per (key tile, sentence * key head), one thread per key
+// dK and dV of one key tile, one block per (sentence * key head, key tile), one thread per key
 // (blockDim.x = Bc): every query tile of every head of the group passes through shared memory (Q, dO:
 // Br x Dh each; the log-sum-exp and D: Br each) while the key's K, V, dK and dV rows stay (Bc x Dh each).
 // P = exp(s - lse) is recomputed; dV += P dO, dP = dO . v, dS = P (dP - D), dK += scale dS q.
@@ -147,8 +148,8 @@ __global__ void flash_bwd_kv(const T* q, const T* k, const T* v, const bool* key
     T* dos = qs + Br * Dh;
     T* ls = dos + Br * Dh;
     T* ds = ls + Br;
-    int b = blockIdx.y / Hkv, hk = blockIdx.y % Hkv, G = H / Hkv;
-    int j0 = blockIdx.x * Bc, j = j0 + c;
+    int b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv, G = H / Hkv;
+    int j0 = blockIdx.y * Bc, j = j0 + c;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
     flash_load(ks, kg, j0, Bc, Tk, kt, Dh);
@@ -195,7 +196,7 @@ __global__ void flash_bwd_kv(const T* q, const T* k, const T* v, const bool* key
 """
 
 FLASH_BWD_Q = r"""
-// dQ of one query tile, one block per (query tile, sentence * head), one thread per query (blockDim.x = Br):
+// dQ of one query tile, one block per (sentence * head, query tile), one thread per query (blockDim.x = Br):
 // the query's q, dO and dQ rows stay in shared memory (Br x Dh each), every key tile of its head passes
 // through (K, V: Bc x Dh each). dQ += scale dS k with dS = P (dO . v - D), P recomputed from the lse.
 template <typename T>
@@ -211,16 +212,16 @@ __global__ void flash_bwd_q(const T* q, const T* k, const T* v, const bool* key_
     T* dqs = dos + Br * Dh;
     T* ks = dqs + Br * Dh;
     T* vs = ks + Bc * Dh;
-    int b = blockIdx.y / H, h = blockIdx.y % H, hk = h / (H / Hkv);
-    int i0 = blockIdx.x * Br, i = i0 + r;
+    int b = blockIdx.x / H, h = blockIdx.x % H, hk = h / (H / Hkv);
+    int i0 = blockIdx.y * Br, i = i0 + r;
     const T* qg = q + b * qb + h * qh;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
     flash_load(qs, qg, i0, Br, Tq, qt, Dh);
     flash_load(dos, dout + ((long long)b * Tq * H + h) * Dh, i0, Br, Tq, (long long)H * Dh, Dh);
     for (int e = r; e < Br * Dh; e += Br) dqs[e] = 0;
-    T li = i < Tq ? lse[(long long)blockIdx.y * Tq + i] : T(0);
-    T di = i < Tq ? dsum[(long long)blockIdx.y * Tq + i] : T(0);
+    T li = i < Tq ? lse[(long long)blockIdx.x * Tq + i] : T(0);
+    T di = i < Tq ? dsum[(long long)blockIdx.x * Tq + i] : T(0);
     int kend = causal ? min(Tk, i0 + Br) : Tk;
     for (int j0 = 0; j0 < kend; j0 += Bc) {
         __syncthreads();
@@ -297,8 +298,9 @@ class HostLaunch(NamedTuple):
 
 def _check_tiled(launch, kernel: str, rows: int, n_rows: int, groups: int, cols: int, Dh: int, itemsize: int):
     """A tiled kernel's launch: ``rows`` threads per block along x, one block per tile of
-    ``n_rows`` along the grid's x and per head along y, shared memory for the tiles."""
-    want = ((n_rows + rows - 1) // rows, groups)
+    ``n_rows`` along the grid's y and per head along x (x may exceed y's 65,535 blocks), shared
+    memory for the tiles."""
+    want = (groups, (n_rows + rows - 1) // rows)
     if tuple(launch.grid[:2]) != want or launch.threads != rows:
         raise ValueError(f"{launch.name}: grid {launch.grid} and block {launch.block}, the tiles of {rows} "
                          f"need grid {want} and {rows} threads")
@@ -343,8 +345,8 @@ def flash_fwd_np(launch, q, k, v, key_ok, o, lse, scale, lowest, H, Hkv, Tq, Tk,
     np = B.host
     H, Hkv, Tq, Tk, Dh, Bc = (int(n) for n in (H, Hkv, Tq, Tk, Dh, Bc))
     Br = launch.threads
-    _check_tiled(launch, "flash_fwd", Br, Tq, launch.grid[1], Bc, Dh, q.itemsize)
-    Bsz = launch.grid[1] // H
+    _check_tiled(launch, "flash_fwd", Br, Tq, launch.grid[0], Bc, Dh, q.itemsize)
+    Bsz = launch.grid[0] // H
     hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
     G, dt = H // Hkv, q.dtype.type
     out = _view(o, (Bsz, Tq, Hkv, G, Dh), (Tq * H * Dh, H * Dh, G * Dh, Dh, 1)).transpose(0, 2, 3, 1, 4)
@@ -363,7 +365,7 @@ def flash_fwd_np(launch, q, k, v, key_ok, o, lse, scale, lowest, H, Hkv, Tq, Tk,
             any_ = ok.any(axis=-1)
             mn = np.where(any_, np.maximum(m, np.where(ok, s, dt(lowest)).max(axis=-1)), m)
             alpha = np.exp(m - mn)
-            p = np.where(ok, np.exp(s - mn[..., None]), dt(0))
+            p = np.where(ok, np.exp(np.where(ok, s, mn[..., None]) - mn[..., None]), dt(0))
             l = l * alpha + p.sum(axis=-1)
             acc *= alpha[..., None]
             acc += p @ hd.v[:, :, :, j0:j1]
@@ -398,7 +400,7 @@ def _tile_grads(hd, d_o, ls, ds, i0, i1, j0, j1, causal, scale):
     ok = _allowed(hd.ok, i0, i1, j0, j1, causal)
     s = hd.q[:, :, :, i0:i1] @ hd.k[:, :, :, j0:j1].swapaxes(-1, -2)
     s *= dt(scale)
-    p = np.where(ok, np.exp(s - ls[..., i0:i1, None]), dt(0))
+    p = np.where(ok, np.exp(np.where(ok, s, ls[..., i0:i1, None]) - ls[..., i0:i1, None]), dt(0))
     dp = d_o[:, :, :, i0:i1] @ hd.v[:, :, :, j0:j1].swapaxes(-1, -2)
     dp -= ds[..., i0:i1, None]
     dp *= p
@@ -412,8 +414,8 @@ def flash_bwd_kv_np(launch, q, k, v, key_ok, dout, lse, dsum, dk, dv, scale, H, 
     at once, the query tiles one by one, each head of a group summed in."""
     H, Hkv, Tq, Tk, Dh, Br = (int(n) for n in (H, Hkv, Tq, Tk, Dh, Br))
     Bc = launch.threads
-    _check_tiled(launch, "flash_bwd_kv", Bc, Tk, launch.grid[1], Br, Dh, q.itemsize)
-    Bsz = launch.grid[1] // Hkv
+    _check_tiled(launch, "flash_bwd_kv", Bc, Tk, launch.grid[0], Br, Dh, q.itemsize)
+    Bsz = launch.grid[0] // Hkv
     hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
     d_o, ls, ds = _query_side(dout, lse, dsum, Bsz, H, Hkv, Tq, Dh)
     dk_v = _view(dk, (Bsz, Hkv, Tk, Dh), (int(dkb), int(dkh), int(dkt), 1))
@@ -436,8 +438,8 @@ def flash_bwd_q_np(launch, q, k, v, key_ok, dout, lse, dsum, dq, scale, H, Hkv, 
     once, the key tiles one by one."""
     H, Hkv, Tq, Tk, Dh, Bc = (int(n) for n in (H, Hkv, Tq, Tk, Dh, Bc))
     Br = launch.threads
-    _check_tiled(launch, "flash_bwd_q", Br, Tq, launch.grid[1], Bc, Dh, q.itemsize)
-    Bsz = launch.grid[1] // H
+    _check_tiled(launch, "flash_bwd_q", Br, Tq, launch.grid[0], Bc, Dh, q.itemsize)
+    Bsz = launch.grid[0] // H
     hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
     d_o, ls, ds = _query_side(dout, lse, dsum, Bsz, H, Hkv, Tq, Dh)
     G = H // Hkv
