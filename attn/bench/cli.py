@@ -342,9 +342,11 @@ def main(argv=None) -> int:
         at = f" at {args.precision}" if args.precision not in (None, "fp32") else ""
         _progress(f"counting launches, syncs and allocations of {args.preset}{at} on the CuPy stand-in", args.quiet)
         try:
-            rows = [r for args.block in args.blocks
-                    for r in measure_counts(args.preset, precision=args.precision or "fp32", bc=_bench_config(args),
-                                            block=args.block)]
+            rows = []
+            for block in args.blocks:
+                args.block = block                # what _bench_config reads
+                rows += measure_counts(args.preset, precision=args.precision or "fp32", bc=_bench_config(args),
+                                       block=block)
         except CountsError as e:
             print(f"attn.bench: error: {e}", file=sys.stderr)
             return 2
@@ -356,7 +358,8 @@ def main(argv=None) -> int:
         else:
             print_counts(rows)
         return 0
-    for args.block in args.blocks:               # each block in turn, in this one run
+    for block in args.blocks:                     # each block in turn, in this one run
+        args.block = block                        # what run() and its workers read
         results = run(args)
         if len(args.blocks) > 1 and not args.json:
             print(f"\n{'### ' if args.markdown else ''}{args.preset}, the {args.block} block\n")
