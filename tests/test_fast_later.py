@@ -178,3 +178,21 @@ def test_fast_gradient_with_dropout_matches_numerical(backend, norm):
         got = _host(grads[name]).reshape(-1)[picked]
         err, off = rel_error(got, num), float(np.abs(got - num).max())
         assert err < 1e-6 or off < 1e-9, f"{name}: relative error {err:.1e}, at most {off:.1e}"
+
+
+@pytest.mark.parametrize("H", [2, 4])
+def test_the_fast_cache_of_a_multi_query_model_is_one_over_n_heads_of_the_papers(backend, H):
+    """Measured, not assumed: the bytes of the buffers the fast decoding state holds (its
+    self-attention keys and values with their room to grow, and the cross-attention's) after a
+    few steps, for kv_heads = 1 against as many key/value heads as heads."""
+    rng = np.random.default_rng(H)
+    src, tokens = B.to_device(rng.integers(1, 13, (3, 7))), B.to_device(rng.integers(1, 13, (3, 5)))
+    held = {}
+    for kv in (None, 1):
+        fast = FastTransformer(_config(n_heads=H, kv_heads=kv, positional="rope"), seed=0)
+        memory, _ = fast.encode(src)
+        state = fast.start_decoding(memory, padding_mask(src))
+        for t in range(tokens.shape[1]):
+            _, state, _ = fast.decode_step(tokens[:, t], state)
+        held[kv] = sum(int(a.nbytes) for a in [*state.kv.keys, *state.kv.values, *(x for p in state.cross for x in p)])
+    assert held[1] * H == held[None], held
