@@ -434,8 +434,8 @@ def main() -> None:
     while True:
         try:
             msg = requests.recv()
-        except (EOFError, OSError):
-            return
+        except (EOFError, OSError):     # the grading is over: end here, with no interpreter teardown
+            os._exit(0)                 # (the learner's atexit handlers and finalizers do not run)
         if msg[0] == "reset":
             child.handles.clear()
             child.rngs.clear()
