@@ -168,11 +168,16 @@ def test_the_current_stream_is_per_thread(fc, monkeypatch):
         assert float(y[0]) == 4                                  # the legacy null stream waits for it
 
 
-def test_the_engine_launches_on_cupy_from_the_calling_thread_only(fc, monkeypatch):
+LATER = {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1, "dropout": 0.0}
+
+
+@pytest.mark.parametrize("options", [{}, LATER], ids=["paper", "later"])
+def test_the_engine_launches_on_cupy_from_the_calling_thread_only(fc, monkeypatch, options):
     """The fast engine splits a batch over helper threads on NumPy; on CuPy a helper would launch
     on its own default stream (the current stream is per thread), not on the caller's: its
     kernels would escape a capture and race the step. A training step with four workers asked
-    for, its optimiser on four threads, and greedy decoding: every launch from this thread."""
+    for, its optimiser on four threads, and greedy decoding, of the paper's block and of the
+    later one: every launch from this thread."""
     import threading
 
     import attn.backend as B
@@ -182,7 +187,7 @@ def test_the_engine_launches_on_cupy_from_the_calling_thread_only(fc, monkeypatc
     from attn.model import TransformerConfig
     from attn.train import train_step
     from attn.training.prepare import step_loss_fn
-    cfg = TransformerConfig(**CFG)
+    cfg = TransformerConfig(**{**CFG, **options})
     rng = np.random.default_rng(1)
     batch = _pad_batch([(rng.integers(4, 23, 6).tolist(), rng.integers(4, 23, 7).tolist()) for _ in range(8)])
     threads = set()
