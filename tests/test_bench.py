@@ -132,11 +132,20 @@ def test_vocabulary_presets(name, V):
     assert parse_args(["--preset", "toy-bench"]).only == list(MEASUREMENTS)
 
 
-@pytest.mark.parametrize("norm", ["post", "pre"])
-def test_torch_model_is_the_same_model(torch, norm):
+LATER = {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1}
+
+
+@pytest.mark.parametrize("options", [{"norm": "post"}, {"norm": "pre"}, {**LATER, "norm": "pre"}, LATER,
+                                     {"kv_heads": 2, "n_heads": 4}],
+                         ids=["post", "pre", "later-pre", "later-post", "gqa"])
+def test_torch_model_is_the_same_model(torch, options):
+    """attn's parameters loaded into the PyTorch twin: the same logits, loss and every gradient
+    (read back in attn's layout), float64; the paper's block and the later one (RMSNorm, rotary
+    positions, SwiGLU, grouped-query attention)."""
     B.set_backend("numpy")
-    cfg = TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2,
-                            n_decoder_layers=2, dropout=0.0, label_smoothing=0.1, norm=norm, max_len=16)
+    cfg = TransformerConfig(**{"vocab_size": 13, "d_model": 8, "n_heads": 2, "d_ff": 12, "n_encoder_layers": 2,
+                               "n_decoder_layers": 2, "dropout": 0.0, "label_smoothing": 0.1, "max_len": 16,
+                               **options})
     ours = Transformer(cfg, seed=3, dtype="float64")
     theirs = torch_transformer(cfg, dtype="float64")
     theirs.load_attn_params(ours.params)
@@ -151,56 +160,24 @@ def test_torch_model_is_the_same_model(torch, norm):
     t_loss.backward()
     assert rel_error(logits, t_logits.detach().numpy()) < 1e-12
     assert abs(float(loss) - float(t_loss.detach())) < 1e-12
-    tp = dict(theirs.named_parameters())
-    D = cfg.d_model
-
-    def theirs_grad(name):
-        """attn's parameter name -> the same gradient from the torch model, in attn's layout."""
-        if name == "embedding.weight":
-            return tp["embedding.weight"].grad.numpy()
-        parts = name.split(".")
-        stack, i, sub, leaf = parts[0], int(parts[1]), parts[2], parts[3]
-        layer = (theirs.encoder if stack == "encoder" else theirs.decoder)[i]
-        if sub.startswith("norm"):
-            order = ["self_attn", "ffn"] if stack == "encoder" else ["self_attn", "cross_attn", "ffn"]
-            mod = getattr(layer, order[int(sub[-1]) - 1]).norm
-            return (mod.weight if leaf == "gamma" else mod.bias).grad.numpy()
-        if sub == "ffn":
-            lin = getattr(layer.ffn.f, "w1" if leaf[1] == "1" else "w2")
-            g = lin.weight.grad if leaf[0] == "w" else lin.bias.grad
-            return g.numpy().T if leaf[0] == "w" else g.numpy()
-        kind, n = leaf.split("_")                     # w_q -> ("w", "q")
-        f = getattr(layer, sub).f
-        if n == "o":
-            lin, cols = f.out, slice(0, D)
-        elif sub == "self_attn":
-            lin, cols = f.qkv, slice("qkv".index(n) * D, ("qkv".index(n) + 1) * D)
-        elif n == "q":
-            lin, cols = f.q, slice(0, D)
-        else:
-            lin, cols = f.kv, slice("kv".index(n) * D, ("kv".index(n) + 1) * D)
-        if kind == "w":
-            return lin.weight.grad.numpy()[cols].T
-        return lin.bias.grad.numpy()[cols]
-
+    t_grads = theirs.attn_params(grads=True)
+    assert set(t_grads) == set(grads) and len(list(theirs.parameters())) <= len(grads)
     for name in ours.params:
-        if name.startswith(("encoder.norm", "decoder.norm")):
-            mod = theirs.enc_norm if name.startswith("encoder") else theirs.dec_norm
-            g = (mod.weight if name.endswith("gamma") else mod.bias).grad.numpy()
-        else:
-            g = theirs_grad(name)
-        err = rel_error(grads[name], g)
+        err = rel_error(grads[name], t_grads[name])
         assert err < 1e-10, f"{name}: attn and the torch model differ (relative error {err:.1e})"
+    assert all(np.array_equal(theirs.attn_params()[k], ours.params[k]) for k in ours.params)
 
 
+@pytest.mark.parametrize("options", [{}, LATER], ids=["paper", "later"])
 @pytest.mark.parametrize("use_cache", [True, False])
 @pytest.mark.parametrize("beam", [1, 3])
-def test_torch_decoding_is_the_same_work(torch, use_cache, beam):
-    """The PyTorch decoding the benchmark times picks the tokens attn picks (EOS banned)."""
+def test_torch_decoding_is_the_same_work(torch, use_cache, beam, options):
+    """The PyTorch decoding the benchmark times picks the tokens attn picks (EOS banned); with
+    the later block, its cache turns each key once."""
     B.set_backend("numpy")
     from attn import decode
     cfg = TransformerConfig(vocab_size=17, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1,
-                            n_decoder_layers=2, dropout=0.0, max_len=32)
+                            n_decoder_layers=2, dropout=0.0, max_len=32, **options)
     ours = _no_eos(Transformer(cfg, seed=5, dtype="float64"))
     theirs = torch_transformer(cfg, dtype="float64")
     theirs.load_attn_params(ours.params)
@@ -237,6 +214,23 @@ def test_torch_decoding_is_the_same_work_as_the_gpu_engines(torch, beam):
         else:
             got = decode.beam_search(ours, cp.asarray(src), beam_size=beam, alpha=0.0, max_len=steps).tokens
     assert got == t[::beam].tolist()
+
+
+def test_the_block_option_times_each_block_named():
+    """``--block paper,later``: each block in turn in one run; the later one is the preset with the
+    later models' block (the workers are told it too); an unknown block is refused naming it."""
+    from attn.bench.cli import parse_args
+    from attn.bench.isolated import _worker_args
+    from attn.bench.presets import _bench_config
+    args = parse_args(["--block", "paper,later", "--preset", "toy-bench"])
+    assert args.blocks == ["paper", "later"] and args.block == "paper"
+    assert model_config(_bench_config(args)) == model_config(BENCH_PRESETS["toy-bench"])
+    args.block = "later"
+    cfg = model_config(_bench_config(args))
+    assert (cfg.norm, cfg.norm_kind, cfg.positional, cfg.ffn, cfg.kv_heads) == ("pre", "rms", "rope", "swiglu", 2)
+    assert _worker_args(args, "attn")[-2:] == ["--block", "later"]
+    with pytest.raises(SystemExit):
+        parse_args(["--block", "llama"])
 
 
 def _attention_rows(out: str) -> list:

@@ -249,3 +249,21 @@ def test_a_bf16_step_is_counted_and_capturable():
     ops = {name: n for (_, name), n in tally.ops.items()}
     assert ops["round_bf16"] == 1 and ops["round_bf16_gather"] > 0 and ops["cublas gemmEx"] > 0, ops
     assert not any(name.startswith("cublas s") for name in ops), ops
+
+
+def test_the_later_blocks_step_is_counted_and_capturable():
+    """``--counts --block later``: the later block's training step (RMSNorm, rotary positions,
+    SwiGLU, grouped-query attention) keeps the step's targets (no host sync, nothing from the
+    memory pool, nothing a capture refuses, one Adam launch), and runs its kernels, not the
+    NumPy-style operations: one ``rope_rotate`` per rotated head block and no ``tanh``."""
+    from attn.bench.presets import BenchConfig, later_block
+    bc = BENCH_PRESETS["quick"]
+    bc = BenchConfig(**{**bc.__dict__, "model": later_block(bc.model)})
+    tally, syncs, _ = C.count_at(bc, ("train_step",))["train_step"]
+    assert (syncs, tally.allocations, tally.phases.get("optimizer")) == (0, 0, 1), tally.ops
+    assert C.capture_survey(bc, "quick, later block")["total"] == 0
+    ops = {name: n for (_, name), n in tally.ops.items()}
+    L = bc.model["n_encoder_layers"] + bc.model["n_decoder_layers"]          # self-attentions
+    assert ops["rope_rotate"] == 4 * L, ops                                  # q and k, forward and backward
+    assert ops["swiglu_fwd"] == ops["swiglu_bwd"] == L and ops["rms_norm_bwd"] > 0, ops
+    assert "tanh" not in ops and "einsum" not in ops, ops

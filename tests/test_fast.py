@@ -36,9 +36,12 @@ from strategies import padded_ids
 
 @st.composite
 def configs(draw, dropout: bool = False, max_width: int = 8):
-    H = draw(st.sampled_from([1, 2]))
+    """Tiny configs drawing every option: the paper's block and the later one's (RMSNorm, rotary
+    positions where the head size is even, SwiGLU, grouped-query attention)."""
+    H = draw(st.sampled_from([1, 2, 4] if max_width >= 8 else [1, 2]))
     D = H * draw(st.integers(max(1, 4 // H), max_width // H))     # d_model >= 4: at 2, layer norm
                                                                     # maps every row to +-1
+    positionals = ["sinusoidal", "learned"] + (["rope"] if (D // H) % 2 == 0 else [])
     share = draw(st.booleans())
     V = draw(st.integers(3, 9))
     Vt = V if share else draw(st.integers(3, 9))
@@ -49,8 +52,9 @@ def configs(draw, dropout: bool = False, max_width: int = 8):
         n_encoder_layers=draw(st.integers(1, 2)), n_decoder_layers=draw(st.integers(1, 2)),
         dropout=p, attention_dropout=p, relu_dropout=p,
         label_smoothing=draw(st.sampled_from([0.0, 0.1])), max_len=16,
-        positional=draw(st.sampled_from(["sinusoidal", "learned"])),
-        norm=draw(st.sampled_from(["post", "pre"])))
+        positional=draw(st.sampled_from(positionals)), norm=draw(st.sampled_from(["post", "pre"])),
+        norm_kind=draw(st.sampled_from(["layer", "rms"])), ffn=draw(st.sampled_from(["relu", "swiglu"])),
+        kv_heads=draw(st.sampled_from([None] + [k for k in (1, 2) if H % k == 0 and k < H])))
 
 
 @st.composite
@@ -167,7 +171,10 @@ def test_fast_gradient_with_dropout_matches_numerical(data, workers):
     for name, p in model.params.items():
         num = numerical_gradient(loss, p)
         err = rel_error(grads[name], num)
-        assert err < 1e-6, f"{name}: relative error {err:.2e} with dropout on"
+        # central differences at h = 1e-6 round to about 1e-16 |loss| / h = 1e-10 per entry: a
+        # gradient whose entries are all near 1e-4 (RMSNorm over d_model 4) is judged at that
+        off = float(np.abs(grads[name] - num).max())
+        assert err < 1e-6 or off < 1e-9, f"{name}: relative error {err:.2e}, at most {off:.1e}, with dropout on"
 
 
 @pytest.mark.parametrize("workers", [1, 2])

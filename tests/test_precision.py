@@ -209,14 +209,16 @@ def test_bf16_and_tf32_training_stay_within_the_tolerance_of_fp32():
         assert 0 < result[p]["max_diff"] <= tol, (p, result[p])         # rounded (not fp32), and close
 
 
-def test_the_cupy_path_rounds_as_the_numpy_twin():
+@pytest.mark.parametrize("options", [{}, {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1}])
+def test_the_cupy_path_rounds_as_the_numpy_twin(options):
     """On CuPy (or the stand-in) a bf16 step's products read the same rounded operands as on
-    NumPy: the loss and a gradient agree to float32 rounding, and both differ from fp32's."""
+    NumPy: the loss and a gradient agree to float32 rounding, and both differ from fp32's; the
+    paper's block and the later one."""
     from attn.fast import FastTransformer, cross_entropy
     from attn.model import Transformer, TransformerConfig
     from conftest import selected_backend
     cfg = TransformerConfig.preset("toy", vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                                   n_decoder_layers=1, dropout=0.0)
+                                   n_decoder_layers=1, dropout=0.0, **options)
     rng = np.random.default_rng(0)
     src, tgt = rng.integers(3, 20, (3, 5)), rng.integers(3, 20, (3, 6))
 
@@ -226,7 +228,7 @@ def test_the_cupy_path_rounds_as_the_numpy_twin():
             m = FastTransformer(cfg, params={k: xp.asarray(v) for k, v in m.params.items()}, precision=precision)
         logits, cache = m.forward(xp.asarray(src), xp.asarray(tgt[:, :-1]), None)
         loss, d = cross_entropy(logits, xp.asarray(tgt[:, 1:]), 0.1)
-        g = m.backward(d, cache)["encoder.0.ffn.w1"]
+        g = m.backward(d, cache)["encoder.0.ffn.w2"]
         return float(loss), (g.get() if hasattr(g, "get") else g).copy()
 
     with selected_backend("cupy") as cp:

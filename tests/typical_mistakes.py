@@ -97,9 +97,9 @@ MISTAKES = {
         ("no skip path", RESIDUAL.format(dx=RIGHT_LN, ret="dx_ffn"), r"the skip path's dz is missing$",
          r"two paths"),
         ("the norm without its variance term", RESIDUAL.format(dx=NO_VAR, ret="dz + dx_ffn"),
-         r"the layer norm's the variance term .* is missing$", r"^the layer norm's rstd"),
+         r"the layer norm's variance term .* is missing$", r"^the layer norm's rstd"),
         ("the norm without its mean term", RESIDUAL.format(dx=NO_MEAN, ret="dz + dx_ffn"),
-         r"the layer norm's the mean term .* is missing$", r"^the layer norm's the mean of the row"),
+         r"the layer norm's mean term .* is missing$", r"^the layer norm's mean of the row"),
     ],
 }
 

@@ -13,7 +13,7 @@ from ..precision import PRECISIONS
 from .flops import measure_matmul_rate
 from .machine import blas_threads, machine_info
 from .memory import _memory_child, measure_memory
-from .presets import BENCH_PRESETS, MEASUREMENTS, _bench_config, model_config
+from .presets import BENCH_PRESETS, BLOCKS, MEASUREMENTS, _bench_config, model_config
 from .report import _derived, print_markdown, print_table
 from .isolated import Worker, time_isolated, time_phases, torch_info, worker_main
 from .timing import _progress, _syncs, time_work
@@ -70,6 +70,11 @@ def parse_args(argv=None):
                    help="what attn's training step and forward multiply in (attn-train --precision; on NumPy "
                         "the rounding emulated), and PyTorch at the same: allow_tf32 for tf32, autocast to "
                         "bfloat16 for bf16 (default: fp32, PyTorch at CuPy's own precision)")
+    p.add_argument("--block", default="paper",
+                   help="the model's block, comma-separated to time each in turn in one run: paper (the "
+                        "preset's), later (the preset with the later models' block, lesson 26: pre-norm, "
+                        "RMSNorm, rotary positions, SwiGLU, grouped-query attention with half the key/value "
+                        "heads; PyTorch's twin the same); also with --counts (default paper)")
     p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
     p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--quick", action="store_true",
@@ -115,6 +120,10 @@ def parse_args(argv=None):
         p.error(f"unknown measurement(s) {unknown}; choose from {', '.join(MEASUREMENTS)}")
     if args.no_isolated and args.no_interleaved:
         p.error("--no-isolated and --no-interleaved leave nothing to time")
+    args.blocks = [s.strip() for s in args.block.split(",") if s.strip()]
+    if not args.blocks or any(b not in BLOCKS for b in args.blocks):
+        p.error(f"--block {args.block!r}: choose from {', '.join(BLOCKS)} (comma-separated)")
+    args.block = args.blocks[0]
     return args
 
 
@@ -139,7 +148,8 @@ def run(args) -> list[dict]:
 
     info = machine_info()
     info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    info.update(backend=args.backend, preset=args.preset, precision=args.precision or "fp32", blas_threads=threads,
+    info.update(backend=args.backend, preset=args.preset, block=args.block, precision=args.precision or "fp32",
+                blas_threads=threads,
                 malloc_keeps_freed_memory=kept,
                 config=cfg.to_dict(), batch=bc.batch, src_len=bc.src_len, tgt_len=bc.tgt_len,
                 command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(os.path.join("bench", "__main__.py"))
@@ -151,7 +161,8 @@ def run(args) -> list[dict]:
         info.update(cupy=cp.__version__, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
     results = [info]
 
-    _progress(f"preset {args.preset} on {args.backend} (threads {threads}); measuring the matmul rate", quiet)
+    _progress(f"preset {args.preset} ({args.block} block) on {args.backend} (threads {threads}); measuring the "
+              "matmul rate", quiet)
     rate, peak = measure_matmul_rate(cfg, bc.batch, bc.src_len, bc.tgt_len, B.xp(), sync)
     results.append({"name": "matmul", "gflops_per_second": rate, "square_2048_gflops_per_second": peak,
                     "shapes": "the training step's (forward and backward), float32",
@@ -331,7 +342,11 @@ def main(argv=None) -> int:
         at = f" at {args.precision}" if args.precision not in (None, "fp32") else ""
         _progress(f"counting launches, syncs and allocations of {args.preset}{at} on the CuPy stand-in", args.quiet)
         try:
-            rows = measure_counts(args.preset, precision=args.precision or "fp32")
+            rows = []
+            for block in args.blocks:
+                args.block = block                # what _bench_config reads
+                rows += measure_counts(args.preset, precision=args.precision or "fp32", bc=_bench_config(args),
+                                       block=block)
         except CountsError as e:
             print(f"attn.bench: error: {e}", file=sys.stderr)
             return 2
@@ -343,13 +358,17 @@ def main(argv=None) -> int:
         else:
             print_counts(rows)
         return 0
-    results = run(args)
-    if args.json:
-        for r in results:
-            print(json.dumps(r))
-    elif args.markdown:
-        print_markdown(results)
-    else:
-        print_table(results)
+    for block in args.blocks:                     # each block in turn, in this one run
+        args.block = block                        # what run() and its workers read
+        results = run(args)
+        if len(args.blocks) > 1 and not args.json:
+            print(f"\n{'### ' if args.markdown else ''}{args.preset}, the {args.block} block\n")
+        if args.json:
+            for r in results:
+                print(json.dumps(r))
+        elif args.markdown:
+            print_markdown(results)
+        else:
+            print_table(results)
     return 0
 

@@ -230,12 +230,14 @@ def _scale(v_small: float, v_large: float, b_small: int, b_large: int, b: int) -
 
 
 def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc: BenchConfig | None = None,
-                   precision: str = "fp32") -> list:
+                   precision: str = "fp32", block: str = "paper") -> list:
     """The counts of ``preset``'s training step and decoding steps, as one result row each
     (``name`` ``counts_<measurement>``) plus one ``counts_lint`` row. Decoding rows are per
     generated position. ``precision``: the fast engine's products (``--precision``; the launch
-    target is fp32's)."""
+    target is fp32's, of the paper's block). ``block``: the name of ``bc``'s block (``--block``),
+    written beside the preset's name in the rows."""
     bc = bc or BENCH_PRESETS[preset]
+    label = preset if block == "paper" else f"{preset}, {block} block"
     b1, b2 = batches
     at = {b: count_at(replace(bc, batch=b, decode_batch=b), which, precision=precision) for b in (b1, b2)}
     rows = []
@@ -248,7 +250,7 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
         train = name.startswith("train")
         per = 1 if train else bc.decode_steps
         batch = bc.batch if train else bc.decode_batch
-        row = {"name": f"counts_{name}", "preset": preset, "precision": precision,
+        row = {"name": f"counts_{name}", "preset": label, "precision": precision,
                "per": "training step" if train else "generated position",
                "launches": t2.launches / per, "launches_by_kind": {k: v / per for k, v in sorted(t2.kinds.items())},
                "syncs": s2 / per, "sync_kinds": k2, "pool_allocations": t2.allocations / per,
@@ -265,15 +267,16 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
             row["launches_by_phase"] = dict(t2.phases)
             row["optimizer_launches"] = t2.phases.get("optimizer", 0)
             row["targets"] = dict(TARGETS, **({"launches": LAUNCH_TARGETS[preset]}
-                                              if preset in LAUNCH_TARGETS and precision == "fp32" else {}))
+                                              if preset in LAUNCH_TARGETS and precision == "fp32"
+                                              and block == "paper" else {}))
         rows.append(row)
     if "train_step" in which:
-        rows.append(capture_survey(replace(bc, batch=b2), preset, precision))
+        rows.append(capture_survey(replace(bc, batch=b2), label, precision))
     flagged = {}
     for name in which:
         for f in fixed_grid_kernels(at[b1][name][0].raw, at[b2][name][0].raw):
             flagged.setdefault(f["kernel"], f)
-    rows.append({"name": "counts_lint", "preset": preset, "fixed_grid_kernels": list(flagged.values()),
+    rows.append({"name": "counts_lint", "preset": label, "fixed_grid_kernels": list(flagged.values()),
                  "what": "RawKernels whose grid stays the same while their work grows with the batch"})
     return rows
 

@@ -42,6 +42,8 @@ def _worker_args(args, framework: str) -> list:
         cmd += ["--return-freed-memory"]
     if getattr(args, "precision", None):
         cmd += ["--precision", args.precision]
+    if getattr(args, "block", "paper") != "paper":
+        cmd += ["--block", args.block]
     return cmd
 
 

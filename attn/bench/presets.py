@@ -92,8 +92,22 @@ def decode_batch(bc: BenchConfig, seed: int = 1):
     return src
 
 
+#: The benchmark's blocks (``--block``): the paper's, and the later models' (lesson 26: pre-norm,
+#: RMSNorm, rotary positions, SwiGLU, and grouped-query attention with half as many key/value heads).
+BLOCKS = ("paper", "later")
+
+
+def later_block(model: dict) -> dict:
+    """A preset's model options with the later block in place of the paper's."""
+    H = model["n_heads"]
+    return {**model, "norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu",
+            "kv_heads": H // 2 if H % 2 == 0 else H}
+
+
 def _bench_config(args) -> BenchConfig:
     bc = BENCH_PRESETS[args.preset]
+    if getattr(args, "block", "paper") == "later":
+        bc = BenchConfig(**{**bc.__dict__, "model": later_block(bc.model)})
     changes = {}
     for k in ("batch", "src_len", "tgt_len", "decode_batch", "decode_steps", "beam"):
         v = getattr(args, k, None)

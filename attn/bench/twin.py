@@ -57,26 +57,49 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     Written as a PyTorch user would write it efficiently: QKV as one linear layer (as
     ``nn.MultiheadAttention`` does), ``F.scaled_dot_product_attention``, ``nn.LayerNorm``,
     weight tying by sharing the embedding matrix with the output projection. Supports what
-    the benchmark presets use: shared embeddings, sinusoidal positions, post- or pre-norm.
-    Only called where ``torch`` imports.
+    the benchmark presets use: shared embeddings, sinusoidal or rotary positions, post- or
+    pre-norm, and the later block's options as Llama's code writes them: ``nn.RMSNorm``
+    (``F.rms_norm``), rotary positions with the half-split pairing and ``cfg.rope_base``, SwiGLU
+    (``w2(silu(x W) * x V)``, W | V one linear layer, no biases), grouped-query attention
+    (``scaled_dot_product_attention(enable_gqa=True)``). Only called where ``torch`` imports.
     """
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
-    if not cfg.share_embeddings or cfg.positional != "sinusoidal":
-        raise ValueError("torch_transformer: only shared embeddings and sinusoidal positions")
-    D, H, Fd, V = cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.vocab_size
+    if not cfg.share_embeddings or cfg.positional not in ("sinusoidal", "rope"):
+        raise ValueError("torch_transformer: only shared embeddings and sinusoidal or rotary positions")
+    D, H, Fd, V, KV = cfg.d_model, cfg.n_heads, cfg.ffn_width, cfg.vocab_size, cfg.key_value_heads
     Dh = D // H
     tdtype = getattr(torch, dtype)
+    rope = cfg.positional == "rope"
 
     def attend(q, k, v, mask, p, training):
-        """q (B, H, Tq, Dh), k/v (B, H, Tk, Dh), mask bool broadcastable, True = may attend."""
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0)
+        """q (B, H, Tq, Dh), k/v (B, KV, Tk, Dh), mask bool broadcastable, True = may attend."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0,
+                                              enable_gqa=KV != H)
 
-    def heads(x, n):
+    def heads(x, n, h=H):
         Bsz, T, _ = x.shape
-        return x.view(Bsz, T, n, H, Dh).permute(2, 0, 3, 1, 4)          # (n, B, H, T, Dh)
+        return x.view(Bsz, T, n, h, Dh).permute(2, 0, 3, 1, 4)          # (n, B, h, T, Dh)
+
+    def qkv_heads(x):
+        """(B, T, D + 2 KV Dh) -> q (B, H, T, Dh), k and v (B, KV, T, Dh)."""
+        q, k, v = x.split([D, KV * Dh, KV * Dh], dim=-1)
+        return heads(q, 1)[0], heads(k, 1, KV)[0], heads(v, 1, KV)[0]
+
+    def norm():
+        return nn.RMSNorm(D, eps=cfg.ln_eps) if cfg.norm_kind == "rms" else nn.LayerNorm(D, eps=cfg.ln_eps)
+
+    angle = torch.arange(cfg.max_len, dtype=torch.float64)[:, None] * cfg.rope_base ** (
+        -torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)                      # (L, Dh/2)
+
+    def rotate(x, cos, sin, offset):
+        """Rotary positions offset.. on x (B, h, T, Dh), the pairs (i, i + Dh/2)."""
+        T = x.shape[2]
+        c, s = cos[offset:offset + T], sin[offset:offset + T]
+        a, b = x[..., :Dh // 2], x[..., Dh // 2:]
+        return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
 
     def merge(o):
         Bsz, _, T, _ = o.shape
@@ -85,10 +108,16 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     class SelfAttention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.qkv, self.out = nn.Linear(D, 3 * D), nn.Linear(D, D)
+            self.qkv, self.out = nn.Linear(D, D + 2 * KV * Dh), nn.Linear(D, D)
+            if rope:                              # the rotary tables (the sinusoids' place), on the model's device
+                self.register_buffer("cos", torch.cos(angle).to(tdtype), persistent=False)
+                self.register_buffer("sin", torch.sin(angle).to(tdtype), persistent=False)
 
         def forward(self, x, mask, cache=None):
-            q, k, v = heads(self.qkv(x), 3)
+            q, k, v = qkv_heads(self.qkv(x))
+            if rope:                              # the new key turned once, before it is cached
+                offset = 0 if cache is None or cache[0] is None else cache[0].shape[2]
+                q, k = (rotate(a, self.cos, self.sin, offset) for a in (q, k))
             if cache is not None:                 # incremental decoding: append this position
                 if cache[0] is not None:
                     k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
@@ -98,10 +127,10 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     class CrossAttention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q, self.kv, self.out = nn.Linear(D, D), nn.Linear(D, 2 * D), nn.Linear(D, D)
+            self.q, self.kv, self.out = nn.Linear(D, D), nn.Linear(D, 2 * KV * Dh), nn.Linear(D, D)
 
         def keys_values(self, memory):
-            k, v = heads(self.kv(memory), 2)
+            k, v = heads(self.kv(memory), 2, KV)
             return k, v
 
         def forward(self, x, kv, mask):
@@ -117,12 +146,25 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
         def forward(self, x):
             return self.w2(self.drop(F.relu(self.w1(x))))
 
+    class SwiGLU(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w13, self.w2 = nn.Linear(D, 2 * Fd, bias=False), nn.Linear(Fd, D, bias=False)
+            self.drop = nn.Dropout(cfg.relu_dropout)
+
+        def forward(self, x):
+            a, b = self.w13(x).chunk(2, dim=-1)
+            return self.w2(self.drop(F.silu(a) * b))
+
+    def ffn():
+        return SwiGLU() if cfg.ffn == "swiglu" else FFN()
+
     class Sub(nn.Module):
         """A sub-layer in its residual connection (post-norm: LN(x + drop(f(x))))."""
 
         def __init__(self, f):
             super().__init__()
-            self.f, self.norm, self.drop = f, nn.LayerNorm(D, eps=cfg.ln_eps), nn.Dropout(cfg.dropout)
+            self.f, self.norm, self.drop = f, norm(), nn.Dropout(cfg.dropout)
 
         def forward(self, x, *args, **kw):
             if cfg.norm == "pre":
@@ -132,7 +174,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     class EncoderLayer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.self_attn, self.ffn = Sub(SelfAttention()), Sub(FFN())
+            self.self_attn, self.ffn = Sub(SelfAttention()), Sub(ffn())
 
         def forward(self, x, mask):
             return self.ffn(self.self_attn(x, mask))
@@ -140,7 +182,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     class DecoderLayer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.self_attn, self.cross_attn, self.ffn = Sub(SelfAttention()), Sub(CrossAttention()), Sub(FFN())
+            self.self_attn, self.cross_attn, self.ffn = Sub(SelfAttention()), Sub(CrossAttention()), Sub(ffn())
 
         def forward(self, x, kv, self_mask, src_mask, cache=None):
             x = self.self_attn(x, self_mask, cache)
@@ -154,8 +196,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             self.encoder = nn.ModuleList(EncoderLayer() for _ in range(cfg.n_encoder_layers))
             self.decoder = nn.ModuleList(DecoderLayer() for _ in range(cfg.n_decoder_layers))
             if cfg.norm == "pre":
-                self.enc_norm = nn.LayerNorm(D, eps=cfg.ln_eps)
-                self.dec_norm = nn.LayerNorm(D, eps=cfg.ln_eps)
+                self.enc_norm, self.dec_norm = norm(), norm()
             self.drop = nn.Dropout(cfg.dropout)
             pos = torch.arange(cfg.max_len, dtype=torch.float64)[:, None]
             div = torch.pow(10000.0, torch.arange(0, D, 2, dtype=torch.float64) / D)
@@ -166,7 +207,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
 
         def embed(self, ids, offset=0):
             x = self.embedding(ids) * math.sqrt(D)
-            return self.drop(x + self.pe[offset:offset + ids.shape[1]])
+            return self.drop(x if rope else x + self.pe[offset:offset + ids.shape[1]])
 
         def encode(self, src):
             src_mask = (src != PAD_ID)[:, None, None, :]                    # (B, 1, 1, S)
@@ -211,93 +252,83 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             state["pos"] = pos + 1
             return torch.log_softmax(self.project(y[:, 0]), dim=-1)
 
-        def load_attn_params(self, params):
-            """Copy attn's parameters (host arrays, attn's names) into this model."""
-            def t(a):
-                return torch.as_tensor(B.host.ascontiguousarray(B.to_host(a)), dtype=tdtype)
-            with torch.no_grad():
-                self.embedding.weight.copy_(t(params["embedding.weight"]))
-                for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
-                    for i, layer in enumerate(layers):
-                        pre = f"{stack}.{i}"
-                        sa = layer.self_attn.f
-                        sa.qkv.weight.copy_(t(B.host.concatenate(
-                            [B.to_host(params[f"{pre}.self_attn.w_{n}"]) for n in "qkv"], axis=1)).T)
-                        sa.qkv.bias.copy_(t(B.host.concatenate(
-                            [B.to_host(params[f"{pre}.self_attn.b_{n}"]) for n in "qkv"])))
-                        sa.out.weight.copy_(t(params[f"{pre}.self_attn.w_o"]).T)
-                        sa.out.bias.copy_(t(params[f"{pre}.self_attn.b_o"]))
-                        subs = [("norm1", layer.self_attn)]
-                        if stack == "decoder":
-                            ca = layer.cross_attn.f
-                            ca.q.weight.copy_(t(params[f"{pre}.cross_attn.w_q"]).T)
-                            ca.q.bias.copy_(t(params[f"{pre}.cross_attn.b_q"]))
-                            ca.kv.weight.copy_(t(B.host.concatenate(
-                                [B.to_host(params[f"{pre}.cross_attn.w_{n}"]) for n in "kv"], axis=1)).T)
-                            ca.kv.bias.copy_(t(B.host.concatenate(
-                                [B.to_host(params[f"{pre}.cross_attn.b_{n}"]) for n in "kv"])))
-                            ca.out.weight.copy_(t(params[f"{pre}.cross_attn.w_o"]).T)
-                            ca.out.bias.copy_(t(params[f"{pre}.cross_attn.b_o"]))
-                            subs += [("norm2", layer.cross_attn), ("norm3", layer.ffn)]
-                        else:
-                            subs += [("norm2", layer.ffn)]
-                        ff = layer.ffn.f
-                        ff.w1.weight.copy_(t(params[f"{pre}.ffn.w1"]).T)
-                        ff.w1.bias.copy_(t(params[f"{pre}.ffn.b1"]))
-                        ff.w2.weight.copy_(t(params[f"{pre}.ffn.w2"]).T)
-                        ff.w2.bias.copy_(t(params[f"{pre}.ffn.b2"]))
-                        for norm, sub in subs:
-                            sub.norm.weight.copy_(t(params[f"{pre}.{norm}.gamma"]))
-                            sub.norm.bias.copy_(t(params[f"{pre}.{norm}.beta"]))
-                if cfg.norm == "pre":
-                    for stack, norm in (("encoder", self.enc_norm), ("decoder", self.dec_norm)):
-                        norm.weight.copy_(t(params[f"{stack}.norm.gamma"]))
-                        norm.bias.copy_(t(params[f"{stack}.norm.beta"]))
+        def pairs(self):
+            """(attn's name, torch parameter, how attn lays it out) for every parameter: ``("T",)``
+            a weight transposed (attn's ``x @ W``), ``("cols", lo, hi)`` columns lo..hi of a fused
+            linear layer's weight transposed, ``("part", lo, hi)`` a slice of a fused bias, ``()`` as
+            it is."""
+            out = [("embedding.weight", self.embedding.weight, ())]
+            widths = {"q": D, "k": KV * Dh, "v": KV * Dh}
 
-        def attn_params(self) -> dict:
-            """This model's parameters under attn's names and layouts, as host (NumPy) arrays:
-            the inverse of :meth:`load_attn_params` (fused QKV/KV split back, weights transposed
-            to attn's ``x @ W``), so attn's decoder and scorer can run a model PyTorch trained."""
-            np = B.host
+            def fused(pre, lin, names):
+                lo = 0
+                for n in names:
+                    hi = lo + widths[n]
+                    out.extend([(f"{pre}.w_{n}", lin.weight, ("cols", lo, hi)),
+                                (f"{pre}.b_{n}", lin.bias, ("part", lo, hi))])
+                    lo = hi
 
-            def h(p):
-                return p.detach().to("cpu").numpy().copy()
+            def norm_of(name, mod):
+                out.append((f"{name}.gamma", mod.weight, ()))
+                if cfg.norm_kind == "layer":
+                    out.append((f"{name}.beta", mod.bias, ()))
 
-            def split(lin, names, pre, out):
-                w, b = h(lin.weight).T, h(lin.bias)                  # (D, n*D), (n*D,)
-                for j, n in enumerate(names):
-                    out[f"{pre}.w_{n}"] = np.ascontiguousarray(w[:, j * D:(j + 1) * D])
-                    out[f"{pre}.b_{n}"] = b[j * D:(j + 1) * D].copy()
-
-            out = {"embedding.weight": h(self.embedding.weight)}
             for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
                 for i, layer in enumerate(layers):
                     pre = f"{stack}.{i}"
-                    sa = layer.self_attn.f
-                    split(sa.qkv, "qkv", f"{pre}.self_attn", out)
-                    out[f"{pre}.self_attn.w_o"] = np.ascontiguousarray(h(sa.out.weight).T)
-                    out[f"{pre}.self_attn.b_o"] = h(sa.out.bias)
-                    subs = [("norm1", layer.self_attn)]
-                    if stack == "decoder":
-                        ca = layer.cross_attn.f
-                        split(ca.q, "q", f"{pre}.cross_attn", out)
-                        split(ca.kv, "kv", f"{pre}.cross_attn", out)
-                        out[f"{pre}.cross_attn.w_o"] = np.ascontiguousarray(h(ca.out.weight).T)
-                        out[f"{pre}.cross_attn.b_o"] = h(ca.out.bias)
-                        subs += [("norm2", layer.cross_attn), ("norm3", layer.ffn)]
-                    else:
-                        subs += [("norm2", layer.ffn)]
+                    subs = [("self_attn", layer.self_attn)] + (
+                        [("cross_attn", layer.cross_attn)] if stack == "decoder" else [])
+                    for sub, mod in subs:
+                        f = mod.f
+                        if sub == "self_attn":
+                            fused(f"{pre}.self_attn", f.qkv, "qkv")
+                        else:
+                            fused(f"{pre}.cross_attn", f.q, "q")
+                            fused(f"{pre}.cross_attn", f.kv, "kv")
+                        out.extend([(f"{pre}.{sub}.w_o", f.out.weight, ("T",)), (f"{pre}.{sub}.b_o", f.out.bias, ())])
                     ff = layer.ffn.f
-                    for n, lin in (("1", ff.w1), ("2", ff.w2)):
-                        out[f"{pre}.ffn.w{n}"] = np.ascontiguousarray(h(lin.weight).T)
-                        out[f"{pre}.ffn.b{n}"] = h(lin.bias)
-                    for norm, sub in subs:
-                        out[f"{pre}.{norm}.gamma"] = h(sub.norm.weight)
-                        out[f"{pre}.{norm}.beta"] = h(sub.norm.bias)
+                    if cfg.ffn == "swiglu":
+                        out.extend([(f"{pre}.ffn.w1", ff.w13.weight, ("cols", 0, Fd)),
+                                    (f"{pre}.ffn.w3", ff.w13.weight, ("cols", Fd, 2 * Fd)),
+                                    (f"{pre}.ffn.w2", ff.w2.weight, ("T",))])
+                    else:
+                        out.extend([(f"{pre}.ffn.w1", ff.w1.weight, ("T",)), (f"{pre}.ffn.b1", ff.w1.bias, ()),
+                                    (f"{pre}.ffn.w2", ff.w2.weight, ("T",)), (f"{pre}.ffn.b2", ff.w2.bias, ())])
+                    for k, (_, mod) in enumerate(subs + [("ffn", layer.ffn)]):
+                        norm_of(f"{pre}.norm{k + 1}", mod.norm)
             if cfg.norm == "pre":
-                for stack, norm in (("encoder", self.enc_norm), ("decoder", self.dec_norm)):
-                    out[f"{stack}.norm.gamma"] = h(norm.weight)
-                    out[f"{stack}.norm.beta"] = h(norm.bias)
+                for stack, mod in (("encoder", self.enc_norm), ("decoder", self.dec_norm)):
+                    norm_of(f"{stack}.norm", mod)
+            return out
+
+        def load_attn_params(self, params):
+            """Copy attn's parameters (host arrays, attn's names) into this model."""
+            with torch.no_grad():
+                for name, p, how in self.pairs():
+                    a = torch.as_tensor(B.host.ascontiguousarray(B.to_host(params[name])), dtype=tdtype)
+                    if not how:
+                        p.copy_(a)
+                    elif how[0] == "T":
+                        p.copy_(a.T)
+                    elif how[0] == "cols":
+                        p[how[1]:how[2]].copy_(a.T)
+                    else:
+                        p[how[1]:how[2]].copy_(a)
+
+        def attn_params(self, grads: bool = False) -> dict:
+            """This model's parameters (or with ``grads`` their gradients) under attn's names and
+            layouts, as host (NumPy) arrays: the inverse of :meth:`load_attn_params` (fused
+            layers split back, weights transposed to attn's ``x @ W``), so attn's decoder and
+            scorer can run a model PyTorch trained."""
+            np = B.host
+            out = {}
+            for name, p, how in self.pairs():
+                a = (p.grad if grads else p).detach().to("cpu").numpy()
+                if how and how[0] in ("cols", "part"):
+                    a = a[how[1]:how[2]]
+                if how and how[0] in ("T", "cols"):
+                    a = a.T
+                out[name] = np.ascontiguousarray(a)
             return out
 
     return TorchTransformer().to(device=device, dtype=tdtype)

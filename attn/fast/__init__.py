@@ -55,6 +55,8 @@ The package's rooms:
 ``loss``           the fused label-smoothed cross-entropy
 ``arena``          the flat parameter/gradient/moment buffers and their layout
 ``caches``         what the forward keeps (:class:`FastCache`...), the fused weights
+``forward``        ``FastForward``: positions (sinusoids, learned, rotary), the norms (layer
+                   norm, RMSNorm) in their residuals, the feed-forward (ReLU, SwiGLU)
 ``backward``       ``FastBackward``, the backward half of :class:`FastTransformer`
 ``model``          :class:`FastTransformer`: weights, forward, decoding entry points
 ``decoding``       the incremental decoding step and its states (NumPy; CuPy: preallocated)

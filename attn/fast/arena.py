@@ -45,15 +45,17 @@ that the step multiplies by one block and writes one block's gradient, with noth
 concatenated or sliced per step:
 
 =====================================  ==============  =========================================
-block                                  shape           parameters (column blocks of D)
+block                                  shape           parameters (column blocks)
 =====================================  ==============  =========================================
-``{stack}.{i}.self_attn.w_qkv``        (D, 3D)         ``w_q | w_k | w_v``
-``{stack}.{i}.self_attn.b_qkv``        (3D,)           ``b_q | b_k | b_v``
-``decoder.cross_attn.w_kv``            (D, 2D L)       ``w_k0 | w_v0 | w_k1 | w_v1 | ...``
-``decoder.cross_attn.b_kv``            (2D L,)         ``b_k0 | b_v0 | ...``
-``{norm}.gamma_beta``                  (2, D)          ``gamma``, ``beta`` (rows)
+``{stack}.{i}.self_attn.w_qkv``        (D, D + 2KV)    ``w_q | w_k | w_v``
+``{stack}.{i}.self_attn.b_qkv``        (D + 2KV,)      ``b_q | b_k | b_v``
+``decoder.cross_attn.w_kv``            (D, 2KV L)      ``w_k0 | w_v0 | w_k1 | w_v1 | ...``
+``decoder.cross_attn.b_kv``            (2KV L,)        ``b_k0 | b_v0 | ...``
+``{stack}.{i}.ffn.w13`` (SwiGLU)       (D, 2F)         ``w1 | w3`` (the gate's and the value's)
+``{norm}.gamma_beta``                  (2, D) or (1,D) ``gamma``, ``beta`` (rows; RMSNorm: gamma)
 =====================================  ==============  =========================================
 
+KV is the keys' width, ``kv_heads * d_model / n_heads`` (D unless grouped-query attention).
 Every other parameter is a block of its own. The views of ``w_q``, ``w_k``, ``w_v``,
 ``w_k{i}`` and ``w_v{i}`` are column slices of their block, so they are not contiguous
 (their rows are 3D or 2DL apart); the other views are.
@@ -66,7 +68,7 @@ from typing import NamedTuple
 
 from .. import backend as B
 from ..engine import LOSS, SLOT, TOKENS  # noqa: F401 (the slot's layout, declared by the interface)
-from ..model import TransformerConfig, parameter_shapes
+from ..model import NORM, TransformerConfig, parameter_shapes
 from .stepmem import outside_step
 
 #: Every block starts at a multiple of this many elements (256 bytes in float32).
@@ -90,23 +92,30 @@ class Member(NamedTuple):
 
 def _member(name: str, shape: tuple, cfg: TransformerConfig) -> tuple:
     """(block name, block shape, index in the block) of a parameter."""
-    D, L = cfg.d_model, cfg.n_decoder_layers
+    D, L, F = cfg.d_model, cfg.n_decoder_layers, cfg.ffn_width
+    KV = cfg.key_value_heads * (D // cfg.n_heads)              # the keys' and the values' width
     m = re.fullmatch(r"((?:encoder|decoder)\.\d+\.self_attn)\.([wb])_([qkv])", name)
     if m:
         pre, kind, j = m.group(1), m.group(2), "qkv".index(m.group(3))
+        lo = (0, D, D + KV)[j]
+        cols = slice(lo, lo + (D if j == 0 else KV))
         if kind == "w":
-            return f"{pre}.w_qkv", (D, 3 * D), (slice(None), slice(j * D, (j + 1) * D))
-        return f"{pre}.b_qkv", (3 * D,), (slice(j * D, (j + 1) * D),)
+            return f"{pre}.w_qkv", (D, D + 2 * KV), (slice(None), cols)
+        return f"{pre}.b_qkv", (D + 2 * KV,), (cols,)
     m = re.fullmatch(r"decoder\.(\d+)\.cross_attn\.([wb])_([kv])", name)
     if m:
         i, kind, j = int(m.group(1)), m.group(2), "kv".index(m.group(3))
-        cols = slice(2 * D * i + j * D, 2 * D * i + (j + 1) * D)
+        cols = slice(2 * KV * i + j * KV, 2 * KV * i + (j + 1) * KV)
         if kind == "w":
-            return "decoder.cross_attn.w_kv", (D, 2 * D * L), (slice(None), cols)
-        return "decoder.cross_attn.b_kv", (2 * D * L,), (cols,)
+            return "decoder.cross_attn.w_kv", (D, 2 * KV * L), (slice(None), cols)
+        return "decoder.cross_attn.b_kv", (2 * KV * L,), (cols,)
+    m = re.fullmatch(r"((?:encoder|decoder)\.\d+\.ffn)\.(w1|w3)", name)
+    if m and cfg.ffn == "swiglu":
+        j = ("w1", "w3").index(m.group(2))
+        return f"{m.group(1)}.w13", (D, 2 * F), (slice(None), slice(j * F, (j + 1) * F))
     m = re.fullmatch(r"(.*)\.(gamma|beta)", name)
     if m:
-        return f"{m.group(1)}.gamma_beta", (2, D), (0 if m.group(2) == "gamma" else 1,)
+        return f"{m.group(1)}.gamma_beta", (len(NORM[cfg.norm_kind]), D), (0 if m.group(2) == "gamma" else 1,)
     return name, tuple(shape), ()
 
 

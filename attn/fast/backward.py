@@ -10,8 +10,9 @@ from typing import NamedTuple
 
 from . import flash
 from .arena import Arena
-from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FFNCache, ResCache, SelfAttnCache,
-                     SplitCache)
+from ..layers.attention import sum_kv_groups
+from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, ResCache, SelfAttnCache, SplitCache,
+                     SwiGLUCache)
 from .threads import _THREADS
 
 
@@ -110,7 +111,7 @@ class FastBackward:
         arena's layout, nothing concatenated or sliced). Frees the cache as it goes."""
         cfg, xp, ops, p = self.config, self.xp, self.ops, self.params
         Bsz, S, T = cache.shapes
-        D, L = cfg.d_model, cfg.n_decoder_layers
+        L, KV = cfg.n_decoder_layers, cfg.key_value_heads * (cfg.d_model // cfg.n_heads)
         gv = G.views
         # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
         self._phase("backward: output projection")
@@ -127,9 +128,9 @@ class FastBackward:
         self._phase("backward: decoder")
         # decoder; the cross-attention keys/values of every layer were one product of the encoder
         # output, kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are
-        # collected in one (N_s, 2D*L) buffer and go back through one product at the end
-        dkv = xp.empty((Bsz * S, 2 * D * L), dtype=self.dtype)
-        dkv_heads = self._heads(dkv, Bsz, S, 2 * L)
+        # collected in one (N_s, 2KV*L) buffer and go back through one product at the end
+        dkv = xp.empty((Bsz * S, 2 * KV * L), dtype=self.dtype)
+        dkv_heads = self._heads(dkv, Bsz, S, 2 * L, cfg.key_value_heads)
         for i in reversed(range(L)):
             c1, c2, c3 = cache.dec[i]
             cache.dec[i] = None
@@ -187,22 +188,29 @@ class FastBackward:
         there: post-norm's residual sum costs no launch of its own) or, with ``into`` None,
         returns it in an array of its own."""
         ops = self.ops
-        gamma = self.params[c.norm + ".gamma"]
-        dgb = G.block(c.norm + ".gamma_beta")
         if self.config.norm == "pre":
             ds = dout if c.drop is None else ops.dropout_backward(dout, c.drop)
             dh = sub_bwd(ds, c.sub, G, None)
-            dx, _, _ = ops.layer_norm_backward_(dh, c.xhat, c.rstd, gamma, out=dgb)
+            dx = self._norm_bwd(c.norm, dh, c.xhat, c.rstd, G)
             dx += dout
             return dx
-        dy, ds = ops.layer_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)  # y = x + drop(s)
+        gamma, dgb = self.params[c.norm + ".gamma"], G.block(c.norm + ".gamma_beta")
+        if self.config.norm_kind == "rms":
+            dy, ds = ops.rms_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)
+        else:
+            dy, ds = ops.layer_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)  # y = x + drop(s)
         return sub_bwd(ds, c.sub, G, dy)                                      # dy + d(sub)/dx
 
+    def _norm_bwd(self, norm, dout, xhat, rstd, G: _Grads):
+        """Backward of :meth:`FastForward._norm_` in place on ``dout``; its parameters' gradients
+        into their block of ``G``. Returns dx."""
+        gamma, out = self.params[norm + ".gamma"], G.block(norm + ".gamma_beta")
+        if self.config.norm_kind == "rms":
+            return self.ops.rms_norm_backward_(dout, xhat, rstd, gamma, out=out)[0]
+        return self.ops.layer_norm_backward_(dout, xhat, rstd, gamma, out=out)[0]
+
     def _final_norm_bwd(self, norm, dout, nc, G: _Grads):
-        xhat, rstd = nc
-        dx, _, _ = self.ops.layer_norm_backward_(dout, xhat, rstd, self.params[norm + ".gamma"],
-                                                 out=G.block(norm + ".gamma_beta"))
-        return dx
+        return self._norm_bwd(norm, dout, *nc, G)
 
     def _out_proj_bwd(self, pre, dout, ctx, G: _Grads):
         """Forward was ``out = ctx @ w_o + b_o``. Returns dctx; b_o's gradient is left to the
@@ -214,13 +222,20 @@ class FastBackward:
         """Forward was ``ctx = drop(softmax(q k^T s + bias)) v`` with ``s = 1/sqrt(d_k)``; writes
         dq, dk, dv (views) in place: ``dv = wd^T dctx``, ``dw = dctx v^T``,
         ``ds = s * softmax_back(dropback(dw))``,
-        ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first. The tiled
-        attention's cache (:class:`attn.fast.flash.FlashCache`) goes to its own backward."""
+        ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first. With
+        grouped-query attention (dk, dv have fewer heads than q) a key/value head's gradient
+        is the sum of its group's (:func:`attn.layers.attention.sum_kv_groups`). The tiled
+        attention's cache (:class:`attn.fast.flash.FlashCache`) goes to its own backward, which
+        sums the groups itself."""
         xp, ops = self.xp, self.ops
         if isinstance(ac, flash.FlashCache):
             return flash.attend_backward(ops, dctx, ac, dq, dk, dv, self._attn_scale)
         Bsz, H, Tq, Dh = ac.q.shape
         Tk = ac.k.shape[2]
+        group = H // dk.shape[1]
+        if group > 1:
+            dk_out, dv_out = dk, dv
+            dk, dv = (xp.empty((Bsz, H, Tk, Dh), dtype=dctx.dtype) for _ in range(2))
         dO = dctx.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3)               # (B, H, Tq, Dh)
         wd = ac.w if ac.drop is None else ops.dropout_(ac.w.copy(), ac.drop)
         ops.bmm(wd.transpose(1, 2, 0, 3), dO, out=dv)                         # (B, H, Tk, Dh)
@@ -231,15 +246,20 @@ class FastBackward:
         ds = ops.softmax0_backward_(dw, ac.w, self._attn_scale)                # (Tk, B, H, Tq), times 1/sqrt(d_k)
         ops.bmm(ds.transpose(1, 2, 3, 0), ac.k, out=dq)
         ops.bmm(ds.transpose(1, 2, 0, 3), ac.q, out=dk)
+        if group > 1:
+            dk_out[...] = sum_kv_groups(dk, group)
+            dv_out[...] = sum_kv_groups(dv, group)
 
     def _self_attn_bwd(self, dout, c: SelfAttnCache, G: _Grads, into=None):
         xp = self.xp
-        D = dout.shape[1]
         dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
         Bsz, H, T, Dh = c.att.q.shape
-        dqkv = xp.empty((Bsz * T, 3 * D), dtype=dout.dtype)
-        dq, dk, dv = self._heads(dqkv, Bsz, T, 3)
+        dqkv = xp.empty((Bsz * T, c.W.shape[1]), dtype=dout.dtype)          # (N, D + 2KV)
+        dq, dk, dv = self._qkv_heads(dqkv, Bsz, T)
         self._attend_bwd(dctx, c.att, dq, dk, dv)
+        if self.config.positional == "rope":      # forward turned q and k: turn their gradients back
+            self._rope_(dq, T, inverse=True)
+            self._rope_(dk, T, inverse=True)
         # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
         self.ops.mm(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))               # (D, 3D)
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dqkv, G.block(c.pre + ".b_qkv")))
@@ -256,9 +276,11 @@ class FastBackward:
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
         return self.ops.mm(dq, c.Wq.T, out=into, accumulate=into is not None)
 
-    def _ffn_bwd(self, dout, c: FFNCache, G: _Grads, into=None):
+    def _ffn_bwd(self, dout, c, G: _Grads, into=None):
         """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
-        p, ops, xp, gv = self.params, self.ops, self.xp, G.views
+        if isinstance(c, SwiGLUCache):
+            return self._swiglu_bwd(dout, c, G, into)
+        p, ops, gv = self.params, self.ops, G.views
         ops.mm(c.a.T, dout, out=gv[c.pre + ".w2"])
         da = ops.mm(dout, p[c.pre + ".w2"].T)                                 # (N, F)
         ops.relu_backward_(da, c.a)
@@ -267,6 +289,18 @@ class FastBackward:
         ops.mm(c.x.T, da, out=gv[c.pre + ".w1"])
         ops.colsums((dout, gv[c.pre + ".b2"]), (da, gv[c.pre + ".b1"]))
         return ops.mm(da, p[c.pre + ".w1"].T, out=into, accumulate=into is not None)
+
+    def _swiglu_bwd(self, dout, c: SwiGLUCache, G: _Grads, into=None):
+        """Forward was ``out = h @ w2`` with ``h = drop(silu(a) * b)``, ``[a | b] = x @ [W | V]``:
+        ``dw2 = h^T dout``, ``dh = dout w2^T``, ``[da | db]`` by the gate's backward, then one
+        product each for ``d[W | V] = x^T [da | db]`` and ``dx = [da | db] [W | V]^T``."""
+        p, ops = self.params, self.ops
+        ops.mm(c.h.T, dout, out=G.views[c.pre + ".w2"])
+        dh = ops.mm(dout, p[c.pre + ".w2"].T)                                 # (N, F)
+        dab = ops.swiglu_gate_backward(dh, c.ab, c.drop)                      # (N, 2F)
+        ops.mm(c.x.T, dab, out=G.block(c.pre + ".w13"))
+        W13 = self.arena.block(self.arena.params, c.pre + ".w13")
+        return ops.mm(dab, W13.T, out=into, accumulate=into is not None)
 
     def _embed_bwd(self, which, dx, ec: EmbedCache, G: _Grads):
         """Dropout and positional backward; returns the rows to scatter into the

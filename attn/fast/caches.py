@@ -47,6 +47,16 @@ class FFNCache(NamedTuple):
     pre: str
 
 
+class SwiGLUCache(NamedTuple):
+    """SwiGLU's feed-forward: input x (N, D), the two products ``ab = [x W | x V]`` (N, 2F), the
+    gated hidden activation h (N, F) (after dropout), its dropout mask, the parameter prefix."""
+    x: object
+    ab: object
+    h: object
+    drop: object
+    pre: str
+
+
 class ResCache(NamedTuple):
     """A sub-layer in its residual connection: layer norm's xhat (N, D) and rstd (N,), the
     residual dropout mask, the sub-layer's cache, the norm's prefix."""

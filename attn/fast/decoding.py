@@ -20,6 +20,11 @@ beam search against the reference decoder):
   they attend to their sentence's one copy together (see :class:`FastDecodeState`), and a
   reorder within the sentences copies none of them.
 
+* The later block (lesson 26) decodes here too, on NumPy and on CuPy (the device state below
+  runs the paper's sub-layers only): the cache holds ``kv_heads`` heads, which each group of
+  query heads reads without a copy; a step turns its query and its new key by its position
+  once (rotary positions), before the key is written into the cache.
+
 A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
 next position into buffers its successor shares. Stepping an older state again is still
 correct: it sees that its buffers have moved on and copies them first. :meth:`FastDecodeState.select`
@@ -188,11 +193,11 @@ def start(model, cross_kv, src_mask) -> FastDecodeState:
     (the reference's), the fused weights, the mask (B, 1, 1, S) as a bias (B, 1, 1, S)."""
     xp, cfg = model.xp, model.config
     n = src_mask.shape[0]
-    D, H = cfg.d_model, cfg.n_heads
+    D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
     bias = xp.where(src_mask, model.dtype.type(0), xp.finfo(model.dtype).min).astype(model.dtype)
     rows = src_mask.any(axis=-1, keepdims=True)                               # (B, 1, 1, 1)
     rows = None if bool(rows.all()) else rows.astype(model.dtype)
-    kv = _KV.empty(xp, n, H, D // H, cfg.n_decoder_layers, 16, model.dtype)
+    kv = _KV.empty(xp, n, KV, D // H, cfg.n_decoder_layers, 16, model.dtype)      # the key/value heads
     return FastDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), kv, model._decoding_weights(), bias, rows)
 
 
@@ -222,7 +227,7 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     g = state.group
     logp = xp.empty((n, V), dtype=model.dtype)
     cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
-    pe = model._pos_table("tgt", t + 1)[t]                                     # (D,)
+    pe = None if cfg.positional == "rope" else model._pos_table("tgt", t + 1)[t]     # (D,)
     # Parts hold whole groups: one sentence with a wide beam (one group) runs on one thread.
     k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
     if k == 1:
@@ -258,15 +263,17 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     into ``logp[sl]`` and cross-attention weights into ``cross_w[i][sl]``."""
     cfg, xp, p = model.config, model.xp, model.params
     ops = ops_for(xp)
-    D, H = cfg.d_model, cfg.n_heads
-    Dh = D // H
-    eps, post = cfg.ln_eps, cfg.norm == "post"
+    D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
+    Dh, G = D // H, H // KV                     # G query heads read each key/value head
+    post = cfg.norm == "post"
     F = state.fused
     ids = tokens[sl]
     n = ids.shape[0]
     x = xp.take(p[model._emb("tgt")], ids, axis=0)                           # (n, D)
     x *= model.dtype.type(math.sqrt(D))
-    x += pe
+    if pe is not None:
+        x += pe
+    rope = model._rope_table(t + 1) if cfg.positional == "rope" else None
     g = state.group
     gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
 
@@ -276,13 +283,17 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     bias_g = by_group(state.src_bias[sl])                                    # (m, 1, g, S)
     rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])
 
+    def norm_(name, x):
+        if cfg.norm_kind == "rms":
+            return ops.rms_norm_(x, p[name + ".gamma"], cfg.ln_eps)[0]
+        return ops.layer_norm_(x, p[name + ".gamma"], p[name + ".beta"], cfg.ln_eps)[0]
+
     def residual(norm, x, sub):
-        gamma, beta = p[norm + ".gamma"], p[norm + ".beta"]
-        if post:                                                  # LN(x + sub(x))
+        if post:                                                  # N(x + sub(x))
             y = sub(x)
             y += x
-            return ops.layer_norm_(y, gamma, beta, eps)[0]
-        h, _ = ops.layer_norm_(x.copy(), gamma, beta, eps)         # x + sub(LN(x))
+            return norm_(norm, y)
+        h = norm_(norm, x.copy())                                 # x + sub(N(x))
         y = sub(h)
         y += x
         return y
@@ -291,18 +302,23 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
         pre = f"decoder.{i}"
         W, b = F.dec_qkv[i]
         Wq, bq = F.cross_q[i]
-        kb, vb = kv.keys[i][sl], kv.values[i][sl]                            # (n, H, cap, Dh) views
-        kc, vc = state.cross[i]                                              # (n / g, H, S, Dh)
+        kb, vb = kv.keys[i][sl], kv.values[i][sl]                            # (n, KV, cap, Dh) views
+        kc, vc = state.cross[i]                                              # (n / g, KV, S, Dh)
 
         def self_attn(h):
             qkv = h @ W
-            qkv += b                                                          # (n, 3D), q pre-scaled
-            q3 = qkv.reshape(n, 3, H, Dh)
-            kb[:, :, t] = q3[:, 1]
-            vb[:, :, t] = q3[:, 2]
-            s = q3[:, 0, :, None, :] @ kb[:, :, :t + 1].swapaxes(-1, -2)     # (n, H, 1, t+1)
+            qkv += b                                                          # (n, D + 2KV), q pre-scaled
+            q3 = qkv.reshape(n, H + 2 * KV, 1, Dh)                           # heads: H queries, KV keys, KV values
+            q, k = q3[:, :H], q3[:, H:H + KV]
+            if rope is not None:                                              # position t, the key turned once
+                for a in (q, k):
+                    ops.rope_(a, rope[0][t:t + 1], rope[1][t:t + 1])
+            kb[:, :, t] = k[:, :, 0]
+            vb[:, :, t] = q3[:, H + KV:, 0]
+            # a group's G query heads against their one key/value head: (n, KV, G, t+1)
+            s = q.reshape(n, KV, G, Dh) @ kb[:, :, :t + 1].swapaxes(-1, -2)
             _softmax_last_(s)                                                 # no mask: every past position
-            ctx = s @ vb[:, :, :t + 1]                                        # (n, H, 1, Dh)
+            ctx = s @ vb[:, :, :t + 1]                                        # (n, KV, G, Dh)
             out = ctx.reshape(n, D) @ p[pre + ".self_attn.w_o"]
             out += p[pre + ".self_attn.b_o"]
             return out
@@ -311,14 +327,20 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
             q = h @ Wq
             q += bq                                                           # (n, D), pre-scaled
             s = by_group(cross_w[i][sl])                                      # (m, H, g, S) of (n, H, 1, S)
-            xp.matmul(by_group(q.reshape(n, H, 1, Dh)), kc[gsl].swapaxes(-1, -2), out=s)
-            _softmax_last_(s, bias_g, rows_g)
-            ctx = s @ vc[gsl]                                                 # (m, H, g, Dh)
+            m = s.shape[0]
+            s5 = s.reshape(m, KV, G, g, s.shape[-1])                         # H split into (KV, G): a view
+            xp.matmul(by_group(q.reshape(n, H, 1, Dh)).reshape(m, KV, G, g, Dh),
+                      kc[gsl][:, :, None].swapaxes(-1, -2), out=s5)
+            _softmax_last_(s5, bias_g[:, :, None], None if rows_g is None else rows_g[:, :, None])
+            ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh)             # (m, H, g, Dh)
             out = ctx.transpose(0, 2, 1, 3).reshape(n, D) @ p[pre + ".cross_attn.w_o"]
             out += p[pre + ".cross_attn.b_o"]
             return out
 
         def ffn(h):
+            if cfg.ffn == "swiglu":
+                a = ops.swiglu_gate(h @ model.arena.block(model.arena.params, pre + ".ffn.w13"))
+                return a @ p[pre + ".ffn.w2"]                                 # (n, D): no bias
             a = h @ p[pre + ".ffn.w1"]
             a += p[pre + ".ffn.b1"]
             ops.relu_(a)                                                      # (n, F)
@@ -330,7 +352,7 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
         x = residual(pre + ".norm2", x, cross_attn)
         x = residual(pre + ".norm3", x, ffn)
     if not post:
-        x, _ = ops.layer_norm_(x, p["decoder.norm.gamma"], p["decoder.norm.beta"], eps)
+        x = norm_("decoder.norm", x)
     out = model.project(x)                     # (n, V); a subclass may change the projection
     # log_softmax: out - max - log(sum(exp(out - max))), with no (n, V) buffer beyond these two
     out -= out.max(axis=1, keepdims=True)

@@ -10,27 +10,28 @@ import math
 import threading
 
 from .. import backend as B
-from ..layers._checks import check_ids
 from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
-from ..model import Transformer, embedding_name, later_block, sinusoids
+from ..layers.attention import repeat_kv
+from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
 from . import decoding, flash
 from .arena import Arena
 from .backward import FastBackward
+from .forward import FastForward
 from .caches import (AttendCache, CrossAttnCache, CrossWeights, EmbedCache, FastCache, FFNCache, Fused,
                      ResCache, SelfAttnCache, SplitCache, _Residual, _Sub, _Weights)
 from .decoding import DeviceDecodeState, FastDecodeState
 from .dispatch import ops_for
 from .ops import _Ops
-from .stepmem import StepMemory, in_step, outside_step
+from .stepmem import StepMemory
 from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
 
 
 # --------------------------------------------------------------------------- the model
 
 
-class FastTransformer(FastBackward):
+class FastTransformer(FastForward, FastBackward):
     """:class:`attn.model.Transformer`'s numbers with a faster ``forward``/``backward`` for
     training, and its own decoding (:class:`FastSearch`).
 
@@ -62,9 +63,6 @@ class FastTransformer(FastBackward):
 
     def __init__(self, config, seed: int = 0, dtype="float32", params: dict | None = None,
                  precision: Precision | str = FP32, check_ids: bool = True, attention: str = "auto"):
-        if later_block(config):
-            raise ValueError(f"FastTransformer: the fast engine runs the paper's block, not {', '.join(later_block(config))}; "
-                             f"the readable engine (attn.model.Transformer, attn-train --reference) trains it")
         #: The readable model over the same parameters (the same dict).
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype
@@ -108,15 +106,6 @@ class FastTransformer(FastBackward):
 
     def _emb(self, which: str) -> str:
         return embedding_name(self.config, which)
-
-    def _pos_table(self, which: str, T: int):
-        """The positional table, as the reference's, made (on first use, or longer) outside a
-        step's memory: it is kept between steps (:mod:`attn.fast.stepmem`)."""
-        if self.config.positional == "learned":
-            return self.params[f"{which}_pos.weight"]
-        with outside_step() if in_step() else contextlib.nullcontext():
-            self._pe = sinusoids(self.config, T, self.dtype, self.xp, self._pe)
-        return self._pe
 
     def _own_params(self) -> None:
         """Keep ``params`` the arena's views: a dict replaced, or entries replaced in it, are
@@ -214,23 +203,34 @@ class FastTransformer(FastBackward):
 
     # ------------------------------------------------------------------ pieces: forward
 
-    def _heads(self, a, Bsz, T, n):
-        """(B*T, n*D) -> n views (B, H, T, Dh) of the n column blocks."""
-        H = self.config.n_heads
-        Dh = a.shape[1] // (n * H)
+    def _heads(self, a, Bsz, T, n, heads=None):
+        """(B*T, n*heads*Dh) -> n views (B, heads, T, Dh) of the n column blocks (``heads``:
+        n_heads unless given)."""
+        H = heads or self.config.n_heads
+        Dh = self.config.d_model // self.config.n_heads
         a5 = a.reshape(Bsz, T, n, H, Dh)
         return [a5[:, :, j].transpose(0, 2, 1, 3) for j in range(n)]
+
+    def _qkv_heads(self, a, Bsz, T):
+        """(B*T, D + 2KV) -> q (B, H, T, Dh), k and v (B, KV, T, Dh): views of the column blocks."""
+        H, KV = self.config.n_heads, self.config.key_value_heads
+        a4 = a.reshape(Bsz, T, H + 2 * KV, self.config.d_model // H)
+        return [a4[:, :, lo:hi].transpose(0, 2, 1, 3) for lo, hi in ((0, H), (H, H + KV), (H + KV, H + 2 * KV))]
 
     def _attend(self, q, k, v, bias_t, rows_t, rng):
         """softmax(q k^T / sqrt(d_k) + bias) v, the scores kept keys-first.
 
-        Inputs: q (B, H, Tq, Dh), k and v (B, H, Tk, Dh) views; bias_t and rows_t the mask
-        in the keys-first layout (see :meth:`_bias`), or a :class:`attn.fast.flash.KeyMask` and
-        None for the tiled attention. Returns ctx (B*Tq, D), AttendCache whose ``w`` is the
-        (Tk, B, H, Tq) array of weights (or the tiled attention's :class:`attn.fast.flash.FlashCache`)."""
+        Inputs: q (B, H, Tq, Dh), k and v (B, KV, Tk, Dh) views (KV < H: grouped-query
+        attention); bias_t and rows_t the mask in the keys-first layout (see :meth:`_bias`), or a
+        :class:`attn.fast.flash.KeyMask` and None for the tiled attention (which reads each
+        key/value head for its group); the plain one repeats each key/value head for its group
+        (:func:`repeat_kv`). Returns ctx (B*Tq, D), AttendCache whose ``w`` is the (Tk, B, H, Tq)
+        array of weights (or the tiled attention's :class:`attn.fast.flash.FlashCache`)."""
         xp, ops = self.xp, self.ops
         if isinstance(bias_t, flash.KeyMask):
             return flash.attend(ops, q, k, v, bias_t, self._attn_scale)
+        group = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, group), repeat_kv(v, group)
         Bsz, H, Tq, Dh = q.shape
         Tk = k.shape[2]
         w = xp.empty((Tk, Bsz, H, Tq), dtype=q.dtype)
@@ -253,7 +253,10 @@ class FastTransformer(FastBackward):
     def _self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
         qkv = self.ops.mm(x, W)
         qkv += b                                                              # (N, 3D)
-        q, k, v = self._heads(qkv, Bsz, T, 3)
+        q, k, v = self._qkv_heads(qkv, Bsz, T)
+        if self.config.positional == "rope":
+            self._rope_(q, T)
+            self._rope_(k, T)
         ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
         return self._out_proj(pre, ctx), SelfAttnCache(x, W, ac, pre)
 
@@ -264,59 +267,6 @@ class FastTransformer(FastBackward):
         k, v = kv
         ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
         return self._out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, i)
-
-    def _ffn(self, pre, x, rng):
-        p, ops = self.params, self.ops
-        a = ops.mm(x, p[pre + ".w1"])                                         # (N, F)
-        m = scale = None
-        if rng is not None and self.config.relu_dropout > 0:
-            m = ops.dropout_mask(rng, a.shape, self.config.relu_dropout)
-            scale = m.scale
-        ops.bias_relu_dropout_(a, p[pre + ".b1"], m)                          # drop(relu(x @ w1 + b1))
-        out = ops.mm(a, p[pre + ".w2"])                                       # + b2 in _residual
-        return out, FFNCache(x, a, scale, pre)
-
-    def _residual(self, norm, x, sublayer, bias, rng):
-        """post: ``LN(x + drop(sub(x) + bias))``; pre: ``x + drop(sub(LN(x)) + bias)``, with
-        ``bias`` the sub-layer's output bias (the sub-layers leave it out, so that post-norm's
-        epilogue is one fused operation). x is not modified."""
-        ops, p, cfg = self.ops, self.params, self.config
-        gamma, beta = p[norm + ".gamma"], p[norm + ".beta"]
-        if cfg.norm == "pre":
-            xhat = x.copy()
-            h, rstd = ops.layer_norm_(xhat, gamma, beta, cfg.ln_eps)
-            s, cs = sublayer(h)
-            s += bias
-            m = self._drop(s, rng)
-            s += x
-            return s, ResCache(xhat, rstd, m, cs, norm)
-        s, cs = sublayer(x)
-        m = None
-        if rng is not None and cfg.dropout > 0:
-            m = ops.dropout_mask(rng, s.shape, cfg.dropout)
-        out, rstd = ops.residual_layer_norm_(s, bias, m, x, gamma, beta, cfg.ln_eps)   # s becomes xhat
-        return out, ResCache(s, rstd, m, cs, norm)
-
-    def _drop(self, x, rng):
-        if rng is None or self.config.dropout == 0:
-            return None
-        m = self.ops.dropout_mask(rng, x.shape, self.config.dropout)
-        self.ops.dropout_(x, m)
-        return m
-
-    def _embed(self, which, ids, rng):
-        """``drop(E[ids] * sqrt(D) + PE)`` as (B*T, D)."""
-        xp, D = self.xp, self.config.d_model
-        E = self.params[self._emb(which)]
-        if self.validate_ids:
-            check_ids("embedding", "ids", ids, E.shape[0])
-        Bsz, T = ids.shape
-        x = xp.take(E, ids.reshape(-1), axis=0)                               # (N, D)
-        x *= self.dtype.type(math.sqrt(D))
-        x3 = x.reshape(Bsz, T, D)
-        x3 += self._pos_table(which, T)[:T]
-        m = self._drop(x, rng)
-        return x, EmbedCache(ids, m, T)
 
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
@@ -378,8 +328,7 @@ class FastTransformer(FastBackward):
         tiled = self._tiled(Bsz, src.shape[1], T, rng)
         if k == 1:
             return self._forward_part(src, tgt_in, rng, tiled=tiled)
-        self._pos_table("src", src.shape[1])            # build the shared tables before the threads
-        self._pos_table("tgt", T)
+        self._shared_tables(src.shape[1], T)            # build the shared tables before the threads
         parts = _row_slices(Bsz, k)
         rngs = [None] * k           # each part: its rows of what one pass over the batch draws
         if rng is not None:
@@ -430,8 +379,7 @@ class FastTransformer(FastBackward):
         tiled = self._tiled(Bsz, src.shape[1], T, None)
         if k == 1:
             return self._forward_part(src, tgt_in, None, keep_cache=False, tiled=tiled)[0]
-        self._pos_table("src", src.shape[1])
-        self._pos_table("tgt", T)
+        self._shared_tables(src.shape[1], T)
         V = self.params[self._emb("out")].shape[0]
         out = self.xp.empty((Bsz, T, V), dtype=self.dtype)
         fused = self._fuse()
@@ -493,7 +441,7 @@ class FastTransformer(FastBackward):
             if not keep_cache:
                 c1 = None                   # inference: the attention's buffers go before the FFN runs
             x, c2 = self._residual(pre + ".norm2", x, lambda h: self._ffn(pre + ".ffn", h, rng),
-                                   p[pre + ".ffn.b2"], rng)
+                                   self._ffn_bias(pre), rng)
             if keep_cache:
                 enc.append((c1, c2))
             del c1, c2
@@ -508,16 +456,17 @@ class FastTransformer(FastBackward):
         Wkv, bkv = F.kv
         kv = self.ops.mm(memory, Wkv)
         kv += bkv                                                             # (N_s, 2D*L)
-        return kv, self._heads(kv, Bsz, S, 2 * self.config.n_decoder_layers)
+        return kv, self._heads(kv, Bsz, S, 2 * self.config.n_decoder_layers, self.config.key_value_heads)
 
     def _cross_kv_layer(self, memory, F, i, Bsz, S):
-        """Layer i's cross-attention keys and values alone: two views (B, H, S, Dh) of one
-        (N_s, 2D) product (inference projects them layer by layer, holding one layer's)."""
-        D = self.config.d_model
+        """Layer i's cross-attention keys and values alone: two views (B, KV, S, Dh) of one
+        (N_s, 2KV) product (inference projects them layer by layer, holding one layer's)."""
+        KV = self.config.key_value_heads
+        W = 2 * KV * (self.config.d_model // self.config.n_heads)
         Wkv, bkv = F.kv
-        kv = self.ops.mm(memory, Wkv[:, 2 * D * i:2 * D * (i + 1)])
-        kv += bkv[2 * D * i:2 * D * (i + 1)]
-        return self._heads(kv, Bsz, S, 2)
+        kv = self.ops.mm(memory, Wkv[:, W * i:W * (i + 1)])
+        kv += bkv[W * i:W * (i + 1)]
+        return self._heads(kv, Bsz, S, 2, KV)
 
     def _decoder(self, tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache, keep_cross=False,
                  memory=None, tiled=False):
@@ -553,7 +502,7 @@ class FastTransformer(FastBackward):
             if not keep_cache:
                 c2 = kv_i = None
             y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng),
-                                   p[pre + ".ffn.b2"], rng)
+                                   self._ffn_bias(pre), rng)
             if keep_cache:
                 dec.append((c1, c2, c3))
             del c1, c2, c3, kv_i
@@ -599,12 +548,12 @@ class FastTransformer(FastBackward):
                 raise ValueError("FastTransformer.decode: cross_kv and keep_weights are for inference (rng=None)")
             return self.readable.decode(tgt_in, memory, src_mask, rng)
         xp, cfg = self.xp, self.config
-        D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
+        D, H, L, KV = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers, cfg.key_value_heads
         Bsz, T = tgt_in.shape
         S = memory.shape[1]
-        if cross_kv is not None and (len(cross_kv) != L or cross_kv[0][0].shape[:3] != (Bsz, H, S)):
+        if cross_kv is not None and (len(cross_kv) != L or cross_kv[0][0].shape[:3] != (Bsz, KV, S)):
             raise ValueError(f"FastTransformer.decode: cross_kv must hold {L} (keys, values) pairs of shape "
-                             f"({Bsz}, {H}, {S}, {D // H}), got {len(cross_kv)} pairs, the first keys "
+                             f"({Bsz}, {KV}, {S}, {D // H}), got {len(cross_kv)} pairs, the first keys "
                              f"{tuple(cross_kv[0][0].shape) if cross_kv else None}")
         out = xp.empty((Bsz, T, D), dtype=self.dtype)
         weights = [xp.empty((Bsz, H, T, S), dtype=self.dtype) for _ in range(L)] if keep_weights else None
@@ -631,16 +580,8 @@ class FastTransformer(FastBackward):
         if k == 1:
             part(slice(0, Bsz))
             return
-        self._pos_table("src", T)                       # build the shared tables before the threads
-        self._pos_table("tgt", T)
+        self._shared_tables(T, T)                       # build the shared tables before the threads
         _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
-
-    def _final_norm(self, norm, x):
-        """Pre-norm's last layer norm. Returns out, (xhat, rstd)."""
-        xhat = x.copy()
-        out, rstd = self.ops.layer_norm_(xhat, self.params[norm + ".gamma"], self.params[norm + ".beta"],
-                                         self.config.ln_eps)
-        return out, (xhat, rstd)
 
     # ------------------------------------------------------------------ decoding
 
@@ -653,8 +594,10 @@ class FastTransformer(FastBackward):
         """:meth:`Transformer.start_decoding`; on NumPy a :class:`FastDecodeState` (growing
         key/value buffers, fused weights, each row's sentence: see :mod:`attn.fast.decoding`); on
         CuPy a :class:`DeviceDecodeState` (preallocated buffers, one kernel per sub-layer), its
-        buffers sized by ``reserve`` = (rows, positions) when given."""
-        if self.xp is not B.host:
+        buffers sized by ``reserve`` = (rows, positions) when given. The later block
+        (:func:`attn.model.later_block`) decodes with a :class:`FastDecodeState` on CuPy too: the
+        device state's kernels are the paper's sub-layers."""
+        if self.xp is not B.host and not later_block(self.config):
             self._own_params()
             return decoding.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
         return decoding.start(self, self.cross_attention_kv(memory), src_mask)
@@ -670,6 +613,7 @@ class FastTransformer(FastBackward):
                             f"got a {type(state).__name__}")
         small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
         parts = default_workers() if self.workers is None else max(1, int(self.workers))
+        parts = parts if self.xp is B.host else 1
         return decoding.run_step(self, tokens, state, parts, small)
 
     #: On CuPy, beam search's candidates are ranked by one kernel where a sentence's beams have at

@@ -41,6 +41,15 @@ class _Ops:
                 self._ones[key] = self.xp.ones(n, dtype=dtype)
         return self._ones[key]
 
+    def zeros(self, n: int, dtype):
+        """A kept vector of n zeros (the output bias of a sub-layer that has none, for a fused
+        epilogue that adds one)."""
+        key = ("zeros", n, dtype)
+        if key not in self._ones:
+            with outside_step():
+                self._ones[key] = self.xp.zeros(n, dtype=dtype)
+        return self._ones[key]
+
     # ---- the matrix products of a step
 
     def mm(self, a, b, out=None, accumulate: bool = False):
@@ -194,6 +203,109 @@ class _Ops:
         dout -= a[:, None]
         dout *= rstd[:, None]
         return dout, dgamma, dbeta
+
+    # ---- RMSNorm over the last axis of (N, D), in place (lesson 26)
+
+    def rms_norm_(self, x, gamma, eps: float):
+        """``x`` (N, D) becomes ``xhat = x * rstd`` with ``rstd = 1/sqrt(mean(x^2) + eps)``.
+        Returns out = gamma * xhat (N, D) new, rstd (N,)."""
+        xp = self.xp
+        var = xp.square(x).sum(axis=1)        # not einsum: on CuPy that is cuBLAS, which a graph capture refuses
+        var *= 1.0 / x.shape[1]
+        var += eps
+        rstd = xp.sqrt(var, out=var)
+        xp.reciprocal(rstd, out=rstd)
+        x *= rstd[:, None]
+        return x * gamma, rstd
+
+    def residual_rms_norm_(self, s, bias, m, x, gamma, eps: float):
+        """:meth:`residual_layer_norm_` with RMSNorm: ``RMS(drop(s + bias) + x)``, ``bias`` None
+        for a sub-layer without one (SwiGLU). ``s`` becomes xhat; returns out, rstd."""
+        if bias is not None:
+            s += bias
+        if m is not None:
+            self.dropout_(s, m)
+        s += x
+        return self.rms_norm_(s, gamma, eps)
+
+    def rms_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
+        """Forward was ``out = gamma * xhat``, so with ``g = dout * gamma``:
+        ``dx = rstd * (g - xhat * mean(g * xhat))`` (layer norm's without its ``mean(g)``); in
+        place on ``dout``. Returns dx (= dout), dgamma: the row of ``out`` (1, D) when given."""
+        xp = self.xp
+        D = dout.shape[1]
+        out = xp.empty((1, D), dtype=dout.dtype) if out is None else out
+        t = dout * xhat
+        self.colsum(t, out=out[0])
+        t *= gamma
+        b = t.sum(axis=1)                   # (N,) D * mean(g * xhat); not a product: a graph capture takes it
+        b *= 1.0 / D
+        xp.multiply(xhat, b[:, None], out=t)
+        dout *= gamma
+        dout -= t
+        dout *= rstd[:, None]
+        return dout, out[0]
+
+    def rms_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
+        """:meth:`layer_norm_backward_dropout_` with RMSNorm. Returns dy, ds."""
+        dy, _ = self.rms_norm_backward_(dout, xhat, rstd, gamma, out=out)
+        return dy, (dy if m is None else self.dropout_backward(dy, m))
+
+    # ---- rotary positions, in place on the heads of a projection (lesson 26)
+
+    def rope_(self, x, cos, sin, inverse: bool = False):
+        """Turn each pair ``(x_i, x_{i+Dh/2})`` of x (B, H, T, Dh) (a strided view: the heads of
+        a projection's output) by its position's angle, in place: cos, sin (T, Dh/2) as
+        :func:`attn.layers.rope.rope_angles` gives them. ``inverse``: turned back (the
+        backward). Returns x."""
+        h = x.shape[-1] // 2
+        xa, xb = x[..., :h], x[..., h:]
+        s = -sin if inverse else sin
+        a = xa * cos
+        a -= xb * s
+        xb *= cos
+        xb += xa * s
+        xa[...] = a
+        return x
+
+    # ---- SwiGLU's gate (lesson 26)
+
+    def swiglu_gate(self, ab, m=None):
+        """``ab`` (N, 2F) = ``[x W | x V]`` -> a new (N, F): ``drop(silu(x W) * x V)`` with the
+        dropout :class:`Mask` ``m`` (None: none)."""
+        F = ab.shape[1] // 2
+        a, b = ab[:, :F], ab[:, F:]
+        h = self.xp.tanh(a * a.dtype.type(0.5))
+        h += 1
+        h *= a.dtype.type(0.5)                  # sigmoid(a), as attn.layers.swiglu.silu computes it
+        h *= a
+        h *= b
+        if m is not None:
+            self.dropout_(h, m)
+        return h
+
+    def swiglu_gate_backward(self, dh, ab, m=None):
+        """Backward of :meth:`swiglu_gate`: a new (N, 2F) ``[da | db]`` with ``db = dh' silu(a)``,
+        ``da = dh' b s (1 + a (1 - s))``, ``s = sigmoid(a)``, ``dh'`` = dh through the dropout."""
+        xp = self.xp
+        F = ab.shape[1] // 2
+        a, b = ab[:, :F], ab[:, F:]
+        if m is not None:
+            dh = self.dropout_backward(dh, m)
+        dab = xp.empty(ab.shape, dtype=ab.dtype)
+        da, db = dab[:, :F], dab[:, F:]
+        s = xp.tanh(a * a.dtype.type(0.5))
+        s += 1
+        s *= a.dtype.type(0.5)
+        xp.multiply(a, s, out=db)
+        db *= dh                                # dh * silu(a)
+        xp.subtract(1, s, out=da)
+        da *= a
+        da += 1
+        da *= s
+        da *= b
+        da *= dh
+        return dab
 
     # ---- dropout, ReLU
 

@@ -70,7 +70,7 @@ from .invariants import (InvariantError, assert_attention_ignores_unseen_keys, a
                          assert_heads_round_trip, assert_layer_norm_properties, assert_no_look_ahead,
                          assert_padding_ignored, assert_positional_properties, assert_rnn_skips_masked_steps,
                          assert_sinusoidal_table_properties, assert_softmax_properties)
-from .layers import MHA_PARAMS, XP, Example, Fresh, Layer, Mistake, Namespace, seeds, small_shapes
+from .layers import MHA_PARAMS, XP, Example, Factor, Fresh, Layer, Mistake, Namespace, Term, seeds, small_shapes
 from .probes import DROPOUT_PROBES
 from .exercises import BLOCK_EPS, WORDS, Built
 from .registry import EXERCISES, LAYERS, Manifest

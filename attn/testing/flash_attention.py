@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from .. import backend as B
 from .invariants import InvariantError, _dev, _host, _out
 from . import mistakes as M
-from .layers import Example, Layer, Mistake, seeds
+from .layers import Example, Factor, Layer, Mistake, seeds
 from .strategies import leading_shapes, normals, padding_masks
 
 np = B.host
@@ -110,4 +110,7 @@ FLASH_ATTENTION = Layer(
            "dk": "the scale 1/sqrt(d_k) of the scores applies to their gradient",
            "dv": "the weights recomputed from the log-sum-exp, not from a tile's own maximum"},
     mistakes=(Mistake(("dq", "dk"), M.flash_tile_d, "the gradient with D = rowsum(p * dp) of each key tile",
-                      "D = rowsum(dout * out) of the whole row: a tile's p does not sum to one over the row"),))
+                      "D = rowsum(dout * out) of the whole row: a tile's p does not sum to one over the row"),
+              Factor(("dq", "dk"), M.scores_scale, "1/sqrt(d_k) of the scores", True,
+                     "the scale of the scores, 1/sqrt(d_k), applies to their gradient: ds is multiplied by it "
+                     "too")))

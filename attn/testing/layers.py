@@ -108,8 +108,9 @@ class Layer(NamedTuple):
     library
         the module that holds the library's own functions under these names.
     mistakes
-        the typical mistakes a learner makes in this layer (:class:`Mistake`), each with the
-        hints that name it: a result that equals one of them is reported as that mistake.
+        the typical mistakes a learner makes in this layer, each with the hints that name it:
+        a :class:`Mistake` (a whole wrong result: a result that equals it is reported as that
+        mistake), a :class:`Term` of a right gradient or a :class:`Factor`.
     """
     name: str
     kind: str
@@ -139,9 +140,44 @@ class Mistake(NamedTuple):
     look
         where to look (hint 2).
     """
-    result: str
+    result: object
     wrong: Callable
     looks: str
+    look: str
+
+
+class Term(NamedTuple):
+    """A term of a right gradient that a learner may leave out, count twice or give the wrong
+    sign: where yours minus the expected is a combination of a layer's terms, the report says
+    which, and how (``result``, ``look`` as :class:`Mistake`'s).
+
+    value
+        ``(example, dout) -> the term`` on the example (for a tuple of results, a dict).
+    name
+        what it is, for hint 1 ("yours is the expected where <name> is missing").
+    """
+    result: object
+    value: Callable
+    name: str
+    look: str
+
+
+class Factor(NamedTuple):
+    """A factor a right gradient has (``has``), which a learner may leave out or apply twice, or
+    one it has not, which a learner may add (a mean for a sum): where yours is the expected
+    times a number, the report names the factor that number is.
+
+    value
+        ``example -> the factor``.
+    name
+        what it is, for hint 1; ``{inverse}`` stands for one over the factor.
+    look
+        where to look (hint 2), or "" to keep the gradient's own.
+    """
+    result: object
+    value: Callable
+    name: str
+    has: bool
     look: str
 
 

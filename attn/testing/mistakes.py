@@ -11,6 +11,75 @@ from .. import backend as B
 np = B.host
 
 
+# -- the terms of the gradients the lessons derive by hand, and their factors
+
+
+def _layer_norm_terms(x, gamma, eps, dout):
+    """The two terms of layer norm's dx besides the direct ``rstd * g``: the mean's, the variance's."""
+    mean = x.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+    xhat, g = (x - mean) * rstd, dout * gamma
+    return -rstd * g.mean(axis=-1, keepdims=True) + 0 * x, -rstd * xhat * (g * xhat).mean(axis=-1, keepdims=True)
+
+
+def layer_norm_mean_term(ex, dout):
+    return _layer_norm_terms(ex.get("x"), ex.get("gamma"), ex.get("eps"), dout)[0]
+
+
+def layer_norm_variance_term(ex, dout):
+    return _layer_norm_terms(ex.get("x"), ex.get("gamma"), ex.get("eps"), dout)[1]
+
+
+def _normaliser_term(y, dy):
+    return -y * (dy * y).sum(axis=-1, keepdims=True)
+
+
+def softmax_normaliser_term(ex, dout):
+    from ..layers import softmax_forward
+    return _normaliser_term(softmax_forward(ex.get("x"), ex.get("mask"))[0], dout)
+
+
+def attention_normaliser_term(ex, dout):
+    """The softmax's normaliser's term, carried to dq and dk (examples without dropout)."""
+    from ..layers import attention_forward
+    q, k, v = ex.get("q"), ex.get("k"), ex.get("v")
+    if ex.get("dropout"):
+        raise ValueError("dropout: the weights that multiplied v are not the softmax's")
+    w = attention_forward(q, k, v, ex.get("mask"))[1].weights
+    ds = _normaliser_term(w, dout @ v.swapaxes(-1, -2)) / np.sqrt(q.shape[-1])
+    return {"dq": ds @ k, "dk": ds.swapaxes(-1, -2) @ q}
+
+
+def _residual(ex, dout):
+    """residual_ffn's norm's terms and its skip path, each carried to x (z = x + FFN(x))."""
+    from .. import layers as L
+    x, eps, gamma = ex.get("x"), ex.get("eps"), ex.get("gamma")
+    f, cf = L.feed_forward_forward(*(ex.get(n) for n in ("x", "w1", "b1", "w2", "b2")))
+    _, cn = L.layer_norm_forward(x + f, gamma, ex.get("beta"), eps)
+    mean, variance = (t + L.feed_forward_backward(t, cf)[0] for t in _layer_norm_terms(x + f, gamma, eps, dout))
+    return L.layer_norm_backward(dout, cn)[0], mean, variance
+
+
+def residual_skip_term(ex, dout):
+    return _residual(ex, dout)[0]
+
+
+def residual_norm_mean_term(ex, dout):
+    return _residual(ex, dout)[1]
+
+
+def residual_norm_variance_term(ex, dout):
+    return _residual(ex, dout)[2]
+
+
+def scores_scale(ex):
+    return 1.0 / np.sqrt(ex.get("q").shape[-1])
+
+
+def one_over_rows(ex):
+    return 1.0 / (ex.get("x").size // ex.get("x").shape[-1])
+
+
 # -- embedding, positions
 
 

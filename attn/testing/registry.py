@@ -21,16 +21,16 @@ from typing import NamedTuple
 from hypothesis import strategies as st
 
 from .. import backend as B
+from . import decoding_mistakes as D
+from . import mistakes as M
 from .exercises import (adam_examples, average_examples, bpe_examples, compare_arrays_by_name, compare_decoded,
                         compare_merges, decoder_layer_examples, decoder_mask_examples, decoding_examples,
                         encoder_layer_examples, explain_tied_embedding, luong_examples, luong_invariants,
                         noam_examples, transformer_examples)
 from .flash_attention import FLASH_ATTENTION
 from .invariants import InvariantError, _dev, _first, _host, _out
-from . import decoding_mistakes as D
-from . import mistakes as M
 from .later_block import LATER_BLOCK
-from .layers import (HINT_RESHAPE, Example, Layer, Mistake, attention_examples, attention_invariants, causal_invariants,
+from .layers import (HINT_RESHAPE, Example, Factor, Layer, Mistake, Term, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
                      dropout_invariants, embedding_examples, embedding_invariants, feed_forward_examples,
                      heads_invariants, layer_norm_examples, layer_norm_invariants, linear_examples,
@@ -116,6 +116,14 @@ RMSNORM = Layer("rmsnorm", "pair", ("rmsnorm_forward", "rmsnorm_backward"), rmsn
                 "the root mean square depends on every x of the row: dx = rrms * (g - xhat * mean(g * xhat))")))
 
 
+#: Where the terms of layer norm's dx and softmax's come from, and the scale of attention's
+#: scores (hint 2), for each layer that has them.
+LN_MEAN = "mean of the row depends on every x of the row: its gradient takes mean(g) from every entry"
+LN_VARIANCE = "rstd = 1/sqrt(var + eps) depends on every x of the row too: it is not a constant of the backward"
+NORMALISER = ("each output depends on every logit of its row through the normaliser (the sum in the denominator), "
+              "not only on its own logit")
+SCORES_SCALE = "the scale of the scores, 1/sqrt(d_k), applies to their gradient: ds is multiplied by it too"
+
 LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
     Layer("linear", "pair", ("linear_forward", "linear_backward"), linear_examples(), None, {
         "forward": "out = x @ w + b over the last axis (flatten the leading axes to (N, Din) first)",
@@ -126,7 +134,9 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                  "dx": "which matrix multiplies dout, and whether it is transposed",
                  "dw": "which two arrays are multiplied, in which order, and the leading axes: every position "
                       "contributes to dw",
-                 "db": "which axes the bias gradient is summed over"}),
+                 "db": "which axes the bias gradient is summed over"}, mistakes=(
+        Factor(("dw", "db"), M.one_over_rows, "1/{inverse}, one over the number of rows: a mean over the rows "
+               "instead of their sum", False, ""),)),
     Layer("relu", "pair", ("relu_forward", "relu_backward"), relu_examples(), None, {
         "forward": "out = max(x, 0)",
         "dx": "dx = dout * (x > 0): the mask comes from the forward's input, not from dout"},
@@ -181,7 +191,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                    "exp, masked outputs -> 0 after",
         "dx": "dx = y * (dy - sum(dy * y, axis=-1, keepdims=True))"},
           where={"forward": "large logits (overflow), masked logits, and a row whose keys are all masked",
-                 "dx": "each output depends on every logit of its row through the normaliser"}),
+                 "dx": "each output depends on every logit of its row through the normaliser"}, mistakes=(
+        Term("dx", M.softmax_normaliser_term, "the normaliser's term -y * sum(dy * y)", NORMALISER),)),
     Layer("layer_norm", "pair", ("layer_norm_forward", "layer_norm_backward"), layer_norm_examples(),
           layer_norm_invariants, {
         "forward": "gamma * (x - mean) / sqrt(var + eps) + beta over the last axis, biased variance",
@@ -192,7 +203,9 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
           where={"forward": "the mean, the variance (which divisor?) and where eps goes",
                  "dx": "the mean and the variance both depend on every x of the row: two terms besides the direct one",
                  "dgamma": "which axes dgamma is summed over, and what multiplies dout",
-                 "dbeta": "which axes dbeta is summed over"}),
+                 "dbeta": "which axes dbeta is summed over"}, mistakes=(
+        Term("dx", M.layer_norm_mean_term, "the mean term -rstd * mean(g)", "the " + LN_MEAN),
+        Term("dx", M.layer_norm_variance_term, "the variance term -rstd * xhat * mean(g * xhat)", LN_VARIANCE))),
     Layer("feed_forward", "pair", ("feed_forward_forward", "feed_forward_backward"), feed_forward_examples(), None, {
         "forward": "out = relu(x @ w1 + b1) @ w2 + b2: one ReLU, between the two linear maps",
         "dx": "backward runs the steps in reverse: linear 2, dropout, ReLU (mask from its input), linear 1",
@@ -214,7 +227,13 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         "forward": "out = layer_norm(x + FFN(x)): the sub-layer's input added to its output, then the norm",
         "dx": "z = x + FFN(x) reaches x by two paths: dx = dz + (FFN's dx of dz); without dz the skip path is gone"},
           where={"forward": "what is added before the norm",
-                 "dx": "x reaches the output by two paths: the skip path and the network"}),
+                 "dx": "x reaches the output by two paths: the skip path and the network"}, mistakes=(
+        Term("dx", M.residual_skip_term, "the skip path's dz", "x reaches z = x + FFN(x) by two paths: the skip "
+             "path passes dz to x unchanged"),
+        Term("dx", M.residual_norm_mean_term, "the layer norm's mean term -rstd * mean(g)", "the layer norm's "
+             + LN_MEAN),
+        Term("dx", M.residual_norm_variance_term, "the layer norm's variance term -rstd * xhat * mean(g * xhat)",
+             "the layer norm's " + LN_VARIANCE))),
     Layer("attention", "pair", ("attention_forward", "attention_backward"), attention_examples(),
           attention_invariants, {
         "forward": "out = softmax(q @ k.T / sqrt(d_k), mask) @ v: the mask goes into the softmax, before it "
@@ -226,7 +245,10 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
           where={"forward": "where the mask is applied (before or after the normalisation) and the scale of the scores",
                  "dq": "the scale of the scores applies to their gradient too",
                  "dk": "the scale of the scores, and which side of the product k is on",
-                 "dv": "which weights multiplied v in the forward (after dropout)"}),
+                 "dv": "which weights multiplied v in the forward (after dropout)"}, mistakes=(
+        Term(("dq", "dk"), M.attention_normaliser_term, "the softmax's normaliser's term -y * sum(dy * y)",
+             "the softmax inside: " + NORMALISER),
+        Factor(("dq", "dk"), M.scores_scale, "1/sqrt(d_k) of the scores", True, SCORES_SCALE))),
     Layer("split_heads", "function", ("split_heads",), split_heads_examples(), heads_invariants,
           {"split_heads": HINT_RESHAPE},
           where={"split_heads": "the order of reshape and transpose: which columns go to which head"}, mistakes=(

@@ -230,16 +230,12 @@ class TrainConfig:
                 self._bad(name, rule)
 
     def _check_block(self) -> None:
-        """The block's kinds, and the fast engine's flags refused with a block it does not run."""
+        """The block's kinds."""
         for name, kinds in (("norm", ("post", "pre")), ("norm_kind", ("layer", "rms")),
                             ("positional", ("sinusoidal", "learned", "rope")),
                             ("ffn", ("relu", "swiglu"))):
             if getattr(self, name) not in (None, *kinds):
                 self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
-        if self.later_block() and (self.precision != "fp32" or self.cuda_graph):
-            self._bad("precision" if self.precision != "fp32" else "cuda_graph",
-                      f"applies to the attn.fast engine, which does not run {' '.join(self.later_block())} yet "
-                      f"(the readable engine trains it, in float32)")
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
@@ -267,16 +263,8 @@ class TrainConfig:
 
     @property
     def engine(self) -> str:
-        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference`` or with a block
-        the fast engine does not run (:meth:`later_block`), else ``fast``."""
-        return "reference" if self.reference or self.later_block() else "fast"
-
-    def later_block(self) -> list[str]:
-        """The flags that ask for a part of a later model's block (rotary positions, SwiGLU,
-        grouped-query attention, RMSNorm), which the readable engine trains and the fast one does not yet."""
-        asked = [("--positional rope", self.positional == "rope"), ("--ffn swiglu", self.ffn == "swiglu"),
-                 (f"--kv-heads {self.kv_heads}", self.kv_heads is not None), ("--norm-kind rms", self.norm_kind == "rms")]
-        return [flag for flag, on in asked if on]
+        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference``, else ``fast``."""
+        return "reference" if self.reference else "fast"
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         """The preset with this config's overrides, for a vocabulary of ``vocab_size``."""

@@ -59,8 +59,6 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     GPU a feature that fails its probe is switched off); :attr:`Prepared.config` is what runs.
     """
     engine = engines.get(config.engine)
-    if config.later_block() and not config.reference:
-        say(f"{' '.join(config.later_block())}: the readable engine trains this block (the fast one runs the paper's)")
     config = engine.settle(config, say)          # on a GPU: a feature that fails its probe is switched off
     loss_fn = engine.loss(trusted=True)          # the engine's step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)

@@ -34,6 +34,14 @@ residual_layer_norm_   post-norm's epilogue in one launch: ``s + bias``, dropout
                        counter), ``+ x``, then layer norm of the row (one block per row)
 bias_relu_dropout_     the feed-forward's hidden epilogue, ``drop(max(a + b1, 0))``, one launch
 relu_backward_         ``da * (a > 0)``
+rms_norm_,             RMSNorm (lesson 26), one block per row (``rms_norm_fwd``): alone, or as
+  residual_rms_norm_   post-norm's epilogue (``s + bias``, dropout from its counter, ``+ x``)
+rms_norm_backward_     dgamma by one ``column_sums`` launch (and its row copied into the arena),
+  (_dropout_)          then ``rms_norm_bwd``: dx, and drop(dx) where post-norm dropped
+rope_                  rotary positions in place on the heads of a projection's output, as the
+                       view lies (``rope_rotate``, one thread per pair; turned back for the backward)
+swiglu_gate            SwiGLU's ``drop(silu(a) * b)`` from the ``[x W | x V]`` product
+  (_backward)          (``swiglu_fwd``), and ``[da | db]`` (``swiglu_bwd``), one launch each
 adam_                  the whole Adam update of one parameter in one kernel
 adam_flat_             the whole arena's Adam update in one kernel, after one
                        ``sumsq_partial`` launch when clipping: the norm and the decision
@@ -89,7 +97,7 @@ Nothing here synchronises with the host; the loss stays a 0-d device array.
 
 Every kernel is CUDA source in this package, one module per family (:mod:`.softmax`,
 :mod:`.layer_norm`, :mod:`.column_sums`, :mod:`.loss`, :mod:`.dropout`, :mod:`.relu`,
-:mod:`.adam`, :mod:`.decode`, :mod:`.gemm`, :mod:`.bf16`, :mod:`.flash`; the device functions they share
+:mod:`.later` (RMSNorm, RoPE, SwiGLU), :mod:`.adam`, :mod:`.decode`, :mod:`.gemm`, :mod:`.bf16`, :mod:`.flash`; the device functions they share
 and the launch sizes in :mod:`.common`), listed once in :mod:`.registry`, which joins them
 into one ``RawModule`` (so that the whole of it can be compiled by NVRTC without a GPU:
 ``tests/test_kernels.py`` does, for compute capabilities 7.0, 8.0 and 9.0). Beside each

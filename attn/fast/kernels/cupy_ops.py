@@ -13,10 +13,11 @@ from ..stepmem import in_slab, outside_step, step_token
 from .column_sums import COLUMN_CHUNK, COLUMN_MAX_ROW_BLOCKS
 from .common import _block, _grid
 from .dropout import _M64, GOLDEN, HashedKeep
+from .later_ops import LaterCupyOps
 from .registry import CTYPES, NAME_EXPRESSIONS, OPTIONS, SOURCE
 
 
-class CupyOps(_Ops):
+class CupyOps(LaterCupyOps, _Ops):
     """The fast path's memory-bound operations as fused CuPy kernels (see :mod:`attn.fast.kernels`)."""
 
     def __init__(self, xp, sharing: CupyOps | None = None):

@@ -4,13 +4,14 @@ module NVRTC compiles, built from them (:data:`SOURCE`, :data:`NAME_EXPRESSIONS`
 A kernel's source defines that kernel alone (and the device functions only it calls); the
 device functions several kernels call are :data:`PRELUDE`, first in the module. The order of
 :data:`KERNELS` is the order of :data:`SOURCE`: the training step's kernels family by family
-(softmax, layer norm, column sums, the loss, dropout and the epilogues that drop, Adam), then
-the decoding step's, then the products' pointer arrays and the bf16 copies, then FlashAttention's. The order is the
+(softmax, layer norm, column sums, the loss, dropout and the epilogues that drop, the later
+block's RMSNorm, RoPE and SwiGLU, Adam), then the decoding step's, then the products' pointer
+arrays and the bf16 copies, then FlashAttention's. The order is the
 source text itself, so it is kept as it is: CuPy keys its cache of compiled modules on the
 source and the name expressions, and a line of the source is what NVRTC's errors name."""
 from __future__ import annotations
 
-from . import adam, bf16, column_sums, common, decode, dropout, flash, gemm, layer_norm, loss, relu, softmax
+from . import adam, bf16, column_sums, common, decode, dropout, flash, gemm, later, layer_norm, loss, relu, softmax
 
 #: The device functions that several kernels call (``block_sum``, ``block_max``, ``normalise_row``,
 #: ``flash_allowed``).
@@ -31,6 +32,11 @@ KERNELS = {
     "layer_norm_bwd_drop": (layer_norm.LAYER_NORM_BWD_DROP, layer_norm.layer_norm_bwd_drop_np),
     "bias_relu_drop": (relu.BIAS_RELU_DROP, relu.bias_relu_drop_np),
     "relu_bwd": (relu.RELU_BWD, relu.relu_bwd_np),
+    "rms_norm_fwd": (later.RMS_NORM_FWD, later.rms_norm_fwd_np),
+    "rms_norm_bwd": (later.RMS_NORM_BWD, later.rms_norm_bwd_np),
+    "rope_rotate": (later.ROPE_ROTATE, later.rope_rotate_np),
+    "swiglu_fwd": (later.SWIGLU_FWD, later.swiglu_fwd_np),
+    "swiglu_bwd": (later.SWIGLU_BWD, later.swiglu_bwd_np),
     "adam": (adam.ADAM, adam.adam_np),
     "sumsq_partial": (adam.SUMSQ_PARTIAL, adam.sumsq_partial_np),
     "adam_flat": (adam.ADAM_FLAT, adam.adam_flat_np),
