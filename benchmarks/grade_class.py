@@ -27,11 +27,13 @@ PASTED = ("01_seq2seq", "03_positional_encoding", "04_attention", "06_multi_head
 
 
 def pasted_layers() -> str:
-    """attn/layers as one file of a learner's: its imports within the package dropped."""
+    """attn/layers as one file of a learner's: its imports within attn.layers dropped, those of the
+    rest of attn made absolute."""
     parts = ["from __future__ import annotations\n\nimport math\nfrom typing import NamedTuple\n\n"
              "from attn import backend as B\n"]
     for name in LAYERS:
         text = (ROOT / "attn" / "layers" / f"{name}.py").read_text(encoding="utf-8")
+        text = re.sub(r"^from \.\.(\w+) import ", r"from attn.\1 import ", text, flags=re.M)
         text = re.sub(r"^from \.+\S* import \([^)]*\)\n", "", text, flags=re.M)
         text = re.sub(r"^(from \.+\S* import .*|from __future__ import .*|import math|from typing import .*)\n",
                       "", text, flags=re.M)
