@@ -58,9 +58,10 @@ def test_a_capture_changes_nothing_and_a_launch_replays_it(fc):
     x = fc.asarray(_batches(1)[0])
     s["lr"][...] = fc.asarray(np.float32([0.5]))
     _sgd(fc, _state(fc))(x)                  # an eager call first: the kernels' scratch memory is made
-    stream.begin_capture()
-    _sgd(fc, s)(x)
-    graph = stream.end_capture()
+    with stream:                             # only the current stream's work is captured
+        stream.begin_capture()
+        _sgd(fc, s)(x)
+        graph = stream.end_capture()
     np.testing.assert_array_equal(s["w"].get(), before)       # recorded, not run
     graph.launch()
     eager = _state(fc)
@@ -246,7 +247,7 @@ def test_the_guard_refuses_a_host_sync_and_a_step_memory_overflow(fc):
             float(x[0])                          # outside a capture too: the guard forbids waiting
     memory = StepMemory(fc)
     with memory.step():
-        with CaptureGuard(fc, memory) as guard:
+        with CaptureGuard(fc, memory) as guard, stream:
             stream.begin_capture()
             y = x * 2                            # the slab is empty: the step memory overflows to the pool
             stream.end_capture()

@@ -168,6 +168,29 @@ def test_the_current_stream_is_per_thread(fc, monkeypatch):
         assert float(y[0]) == 4                                  # the legacy null stream waits for it
 
 
+def test_an_operation_on_another_stream_during_a_capture_is_not_captured(fc):
+    """On a GPU only the capturing stream's work enters the graph: a worker thread's (on its own
+    default stream), or this thread's inside ``with`` another stream, runs at once. The stand-in
+    cannot run it beside a capture (the capture is undone at its end) and refuses it, naming it;
+    the capturing stream's own operations are recorded and replayed."""
+    s = fc.cuda.Stream(non_blocking=True)
+    x = fc.ones(4, dtype=np.float32)
+    y = x + 0
+    with s:
+        s.begin_capture()
+        try:
+            with pytest.raises(fc.StreamCaptureError, match="on the null stream .* while stream 0x.* captures"):
+                _in_a_thread(lambda: x + 1)
+            with fc.cuda.Stream():
+                with pytest.raises(fc.StreamCaptureError, match="on stream 0x.* while stream 0x.* captures"):
+                    x + 1
+            y += 1
+        finally:
+            graph = s.end_capture()
+        graph.launch()
+    assert float(y[0]) == 2
+
+
 LATER = {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1, "dropout": 0.0}
 
 

@@ -47,7 +47,9 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   state): ``use()`` and ``with stream:`` change the calling thread's only, and a thread that made
   none current launches on ``Stream.null`` (``Stream.ptds``, each thread's own default stream,
   where ``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1``), whatever stream the thread that started it
-  made current. A worker that should launch on its caller's stream must be handed it.
+  made current. A worker that should launch on its caller's stream must be handed it. While a
+  stream captures, an operation on another stream (another thread's, or inside a ``with`` of
+  another) is refused (``StreamCaptureError``): a GPU runs it at once, outside the graph.
 * An asynchronous mode (``with fakecupy.cupy.asynchronous():``, or ``FAKECUPY_ASYNC=1``): each
   launch is queued on its stream and has run only once an event or the host waited for it, and
   reading a result before its producer ran (on another stream, or on the host through a copy on

@@ -185,9 +185,20 @@ def _caller() -> str:
     return f"{path}:{f.f_lineno} {f.f_code.co_name}"
 
 
-def _record(redo) -> None:
+def _record(redo, stream: int | None = None) -> None:
     """During a capture: keep ``redo`` (a function that runs the operation just run again, into
-    the same memory) for the graph."""
+    the same memory) for the graph. An operation on another stream (another thread's, whose
+    current stream is its own, or this thread's inside a ``with`` of another) is refused: on a GPU
+    it runs at once, outside the graph, which the stand-in, undoing everything at the end of the
+    capture, cannot do beside it. ``stream``: the handle it was launched on (None: the current
+    stream's)."""
+    ptr = _current_stream().ptr if stream is None else int(stream)
+    if ptr != _capturing.stream.ptr:
+        raise StreamCaptureError(
+            f"fakecupy: an operation on {'the null stream' if ptr == 0 else f'stream {ptr:#x}'} "
+            f"(thread {threading.current_thread().name!r}) while stream {_capturing.stream.ptr:#x} captures: on a "
+            "GPU it runs at once, outside the graph (the current stream is per thread); the stand-in cannot run "
+            f"it beside a capture ({_caller()})")
     _capturing.ops.append(redo)
 
 
@@ -2080,7 +2091,7 @@ class _Cublas:
         spans = [[], []]                        # (owner, first byte, past the last) read, written
         touched = run()
         if _capturing is not None:
-            _record(run)
+            _record(run, stream)
         if tracer is not None:
             tracer("matmul", f"cublas {name}", touched[:2], touched[2:], {"fresh": [], "stream": stream,
                                                                           "read_at": spans[0], "written_at": spans[1]})
@@ -2409,7 +2420,7 @@ class RawKernel:
         device_seconds[0] += time.perf_counter() - t0
         if _capturing is not None:
             twin = self._twin
-            _record(lambda: twin(launch, *host_args))
+            _record(lambda: twin(launch, *host_args), None if stream is None else stream.ptr)
         if tracer is not None:
             arrays = [a for a in host_args if isinstance(a, np.ndarray)]
             written = [a for a, p in zip(host_args, params) if p[1] and not p[3]]     # its non-const pointers
