@@ -66,6 +66,7 @@ from ..data import Vocab, encode_pairs, make_batches
 from ..evaluate import evaluate_translations
 from ..model import Transformer
 from ..optim import Adam
+from ..training import evaluation, prepare
 from .machine import blas_threads, machine_info
 from .twin import torch_adam, torch_available, torch_loss, torch_transformer
 
@@ -146,8 +147,8 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
     params = {k: B.to_device(v, config.dtype) for k, v in p.params.items()}
     model = engines.get(config.engine).model(model_config, dtype=config.dtype, params=params)
     if val is None:
-        val = T.evaluate_loss(model, val_batches, model_config.label_smoothing)
-    final, choice = T.choose_final_model(model, p.folder, config.average, vocab, val_batches,
+        val = evaluation.evaluate_loss(model, val_batches, model_config.label_smoothing)
+    final, choice = evaluation.choose_final_model(model, p.folder, config.average, vocab, val_batches,
                                          model_config.label_smoothing, val)
     scores, hyps = evaluate_translations(final, vocab, test_pairs, beam_size=config.beam,     # as train() does
                                          alpha=config.alpha, no_repeat_ngram=config.no_repeat_ngram)
@@ -207,7 +208,7 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     del init
     topt, adam_kind = torch_adam(tmodel)
     # attn's schedule: its warm-up (fitted to the budget, where it was) and its factor
-    schedule = Adam({}, model_config.d_model, model_config.warmup_steps, T.schedule_factor(config, model_config),
+    schedule = Adam({}, model_config.d_model, model_config.warmup_steps, prepare.schedule_factor(config, model_config),
                     cooldown=config.cooldown)           # the cooldown follows PyTorch's own budget used
     _check_schedule(Path(config.out) / "metrics.jsonl", schedule)      # before any work: fail fast
     engine = engines.get(config.engine)
@@ -242,9 +243,9 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
                   "train_loss": float(B.host.mean(losses[-config.eval_every:])) if losses else None,
                   "lr": topt.param_groups[0]["lr"] if state.step else None,     # the rate the last step used
                   "lr_scale": schedule.scale}
-        record.update(T.evaluate_loss(model, val_batches, ls))
+        record.update(evaluation.evaluate_loss(model, val_batches, ls))
         if config.bleu_sentences:
-            record["val_bleu"], _ = T.bleu_on(model, vocab, corpus.val, 1, config.bleu_sentences)
+            record["val_bleu"], _ = evaluation.bleu_on(model, vocab, corpus.val, 1, config.bleu_sentences)
         record["train_seconds"] = round(state.train_seconds, 2)
         record["eval_seconds"] = round(time.perf_counter() - t0, 2)
         evals.append(record)
@@ -413,7 +414,7 @@ def run(args, config) -> list[dict]:
     del arrays
     saved = json.loads((Path(config.out) / "config.json").read_text())
     config = T.TrainConfig.from_dict(saved["train"])     # as train() resolved it (the preset's recipe filled in)
-    corpus = T.load_corpus(config)
+    corpus = prepare.load_corpus(config)
     info.update(model_config=model_config.to_dict(), vocab_size=len(vocab), corpus=saved.get("corpus"),
                 train_pairs=saved.get("train_pairs"), test_pairs=len(corpus.test), train_config=config.to_dict(),
                 warmup_rule=saved.get("warmup_rule"))
