@@ -84,6 +84,21 @@ def test_the_tiled_attention_equals_the_papers_in_float64(backend, case):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
+def test_queries_with_no_key_get_zeros_and_launch_no_tile_loop(backend, monkeypatch):
+    """Tk = 0: the forward's tile loop would end before any barrier and leave its sums unset, so
+    no ``flash_fwd`` runs; the output and every gradient are the plain attention's zeros."""
+    launched = []
+    real = flash._run
+    monkeypatch.setattr(flash, "_run", lambda ops, name, *a: (launched.append(name), real(ops, name, *a)))
+    xp, ops = B.xp(), ops_for(B.xp())
+    q = B.to_device(np.random.default_rng(0).normal(size=(2, 2, 3, 4)))
+    k, v = xp.zeros((2, 1, 0, 4)), xp.zeros((2, 1, 0, 4))
+    ctx, cache = flash.attend(ops, q, k, v, flash.KeyMask(xp.ones((2, 0), dtype=bool), False), 0.5, 2)
+    dq, dk, dv = xp.full(q.shape, 7.0), xp.zeros(k.shape), xp.zeros(v.shape)
+    flash.attend_backward(ops, xp.ones((6, 8)), cache, dq, dk, dv, 0.5, 2)
+    assert launched == [] and ctx.shape == (6, 8) and not B.to_host(ctx).any() and not B.to_host(dq).any()
+
+
 def test_causal_tiles_past_the_queries_are_skipped():
     """A causal attention's forward reads no key tile that lies wholly after its query tile: a
     NaN key there changes nothing (the plain attention would multiply it by a weight of 0)."""

@@ -158,7 +158,10 @@ def attend(ops, q, k, v, mask: KeyMask, scale: float, tile: int | None = None):
     lse = xp.empty((Bsz, H, Tq), dtype=dt)
     ok = xp.ascontiguousarray(mask.ok)
     t, shared = _tile(ops, "flash_fwd", Dh, it, tile)
-    if Bsz * H and Tq:
+    if Bsz * H and Tq and not Tk:                      # no key: the plain attention's zeros, and no launch
+        o[...] = 0                                       # whose tile loop would never reach a barrier
+        lse[...] = 0
+    elif Bsz * H and Tq:
         _run(ops, "flash_fwd", dt, (Bsz * H, math.ceil(Tq / t)), (t,), shared,
              (q, k, v, ok, o, lse, dt.type(scale), dt.type(B.host.finfo(dt).min), i32(H), i32(Hkv), i32(Tq),
               i32(Tk), i32(Dh), i32(mask.causal), i32(t), *_strides(q, "q"), *_strides(k, "k"), B.host.int64(Tk)))
@@ -174,7 +177,7 @@ def attend_backward(ops, dctx, c: FlashCache, dq, dk, dv, scale: float, tile: in
     xp, i32, i64 = ops.xp, B.host.int32, B.host.int64
     Bsz, H, Hkv, Tq, Tk, Dh = _shapes(c.q, c.k, c.v, c.mask)
     dt, it = c.q.dtype, c.q.dtype.itemsize
-    if dk.strides != dv.strides or dq.shape != c.q.shape or dk.shape != c.k.shape:
+    if dk.strides != dv.strides or dq.shape != c.q.shape or dk.shape != c.k.shape or dv.shape != c.v.shape:
         raise ValueError(f"flash attention backward: dq {tuple(dq.shape)}, dk {tuple(dk.shape)}, dv "
                          f"{tuple(dv.shape)} must match q and k, dk and dv of one layout")
     dout = xp.ascontiguousarray(dctx)

@@ -298,12 +298,12 @@ class HostLaunch(NamedTuple):
 
 def _check_tiled(launch, kernel: str, rows: int, n_rows: int, groups: int, cols: int, Dh: int, itemsize: int):
     """A tiled kernel's launch: ``rows`` threads per block along x, one block per tile of
-    ``n_rows`` along the grid's y and per head along x (x may exceed y's 65,535 blocks), shared
-    memory for the tiles."""
+    ``n_rows`` along the grid's y and one per head of each sentence (``groups``, counted from the
+    arrays) along x (x may exceed y's 65,535 blocks), shared memory for the tiles."""
     want = (groups, (n_rows + rows - 1) // rows)
-    if tuple(launch.grid[:2]) != want or launch.threads != rows:
+    if tuple(launch.grid[:2]) != want:
         raise ValueError(f"{launch.name}: grid {launch.grid} and block {launch.block}, the tiles of {rows} "
-                         f"need grid {want} and {rows} threads")
+                         f"need grid {want}")
     if launch.shared_mem < flash_shared(kernel, rows, cols, Dh, itemsize):
         raise ValueError(f"{launch.name}: {launch.shared_mem} bytes of shared memory, tiles of {rows} x {cols} "
                          f"with Dh {Dh} need {flash_shared(kernel, rows, cols, Dh, itemsize)}")
@@ -345,7 +345,7 @@ def flash_fwd_np(launch, q, k, v, key_ok, o, lse, scale, lowest, H, Hkv, Tq, Tk,
     np = B.host
     H, Hkv, Tq, Tk, Dh, Bc = (int(n) for n in (H, Hkv, Tq, Tk, Dh, Bc))
     Br = launch.threads
-    _check_tiled(launch, "flash_fwd", Br, Tq, launch.grid[0], Bc, Dh, q.itemsize)
+    _check_tiled(launch, "flash_fwd", Br, Tq, lse.size // Tq, Bc, Dh, q.itemsize)
     Bsz = launch.grid[0] // H
     hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
     G, dt = H // Hkv, q.dtype.type
@@ -414,7 +414,7 @@ def flash_bwd_kv_np(launch, q, k, v, key_ok, dout, lse, dsum, dk, dv, scale, H, 
     at once, the query tiles one by one, each head of a group summed in."""
     H, Hkv, Tq, Tk, Dh, Br = (int(n) for n in (H, Hkv, Tq, Tk, Dh, Br))
     Bc = launch.threads
-    _check_tiled(launch, "flash_bwd_kv", Bc, Tk, launch.grid[0], Br, Dh, q.itemsize)
+    _check_tiled(launch, "flash_bwd_kv", Bc, Tk, lse.size // Tq // (H // Hkv), Br, Dh, q.itemsize)
     Bsz = launch.grid[0] // Hkv
     hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
     d_o, ls, ds = _query_side(dout, lse, dsum, Bsz, H, Hkv, Tq, Dh)
@@ -438,7 +438,7 @@ def flash_bwd_q_np(launch, q, k, v, key_ok, dout, lse, dsum, dq, scale, H, Hkv, 
     once, the key tiles one by one."""
     H, Hkv, Tq, Tk, Dh, Bc = (int(n) for n in (H, Hkv, Tq, Tk, Dh, Bc))
     Br = launch.threads
-    _check_tiled(launch, "flash_bwd_q", Br, Tq, launch.grid[0], Bc, Dh, q.itemsize)
+    _check_tiled(launch, "flash_bwd_q", Br, Tq, lse.size // Tq, Bc, Dh, q.itemsize)
     Bsz = launch.grid[0] // H
     hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
     d_o, ls, ds = _query_side(dout, lse, dsum, Bsz, H, Hkv, Tq, Dh)
