@@ -162,7 +162,7 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
         return train_step(model, opt, batch, B.DeviceRNG(seed), smoothing, config.clip, run.loss_fn, parallel)
     if config.cuda_graph:                               # one launch a step
         step = run.engine.captured_step(model, opt, smoothing, config.clip, run.loss_fn)
-    else:                                               # the fast engine's: in its step memory
+    else:                                               # as its engine runs it (the fast one: in step memory)
         step = run.engine.loop_step(model, step, parallel)
 
     def evaluate(bar):

@@ -56,12 +56,14 @@ def available() -> tuple[str, str, str]:
         return "", "", "no bwrap command (install Debian's bubblewrap package)"
     try:
         version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout.split()
-        r = subprocess.run(_isolation(exe) + ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "true"],
+        r = subprocess.run(_isolation(exe) + ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+                                              "--size", str(1 << 20), "--tmpfs", "/tmp", "true"],
                            capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as e:
         return "", "", f"bwrap failed: {e}"
     if r.returncode != 0:
-        return "", "", "bwrap failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+        return "", "", ("bwrap failed: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+                        + " (the sandbox sizes its tmpfs with --size: bubblewrap 0.8 or later)")
     return exe, " ".join(version[-1:]), ""
 
 

@@ -130,7 +130,7 @@ def flash_attention_forward(q, k, v, mask=None, q_tile: int = 64, k_tile: int = 
     causal adds the look-ahead mask and skips the tiles above the diagonal; dropout is refused.
 
     Returns: out (..., Tq, Dv), the paper's attention to round-off, and a :class:`FlashCache`
-    holding O(Tq + Tk) floats per head beyond the inputs, never (Tq, Tk).
+    holding the output and one log-sum-exp per query beyond the inputs, never (Tq, Tk).
     """
     _check(q, k, v, mask, q_tile, k_tile, dropout)
     xp = B.get_array_module(q)

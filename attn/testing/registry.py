@@ -215,7 +215,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                  "dx": "the steps in reverse order, the ReLU's mask from its own input",
                  "dw1": "the gradient reaching the first linear map: after the ReLU's mask",
                  "dw2": "the activation that entered the second linear map"}, mistakes=(
-        Mistake("forward", M.ffn_no_relu, "x @ w1 + b1) @ w2 + b2: the ReLU is missing",
+        Mistake("forward", M.ffn_no_relu, "(x @ w1 + b1) @ w2 + b2: the ReLU is missing",
                 "the ReLU between the two linear maps: without it the two are one linear map"),
         Mistake("forward", M.ffn_relu_last, "relu((x @ w1 + b1) @ w2 + b2): the ReLU after the second linear map",
                 "the order of the steps: the ReLU acts on the hidden layer, before the second linear map"),
