@@ -157,3 +157,14 @@ def test_resume_keeps_the_warmup_rule_and_files_get_one_mode(tmp_path):
     for name in ("checkpoint.npz", "config.json", "metrics.json", "metrics.jsonl"):
         assert stat.S_IMODE((out / name).stat().st_mode) == file_mode(), name
     load_npz(out / "checkpoint.npz")
+
+
+
+def test_a_run_of_the_tiled_attention_resumes_on_the_readable_engine():
+    """``--resume --reference`` on a run saved with ``--attention flash``: the readable engine has
+    no attention to choose, so the saved choice is dropped instead of refused as a clash of two
+    flags the user did not give together."""
+    from attn.training.config import TrainConfig, resumed_config
+    saved = TrainConfig(attention="flash", out="runs/x").to_dict()
+    resumed = resumed_config(TrainConfig(resume=True, reference=True, out="runs/x"), saved, {"resume", "reference"})
+    assert resumed.reference and resumed.attention == "auto"

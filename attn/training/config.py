@@ -353,6 +353,8 @@ def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
     if config.backend is not None:
         take["backend"] = config.backend
     take.setdefault("backend", base.backend)
+    if take.get("reference") and "attention" not in given:
+        take["attention"] = "auto"              # the readable engine has no choice of attention to keep
     return dataclasses.replace(base, **take)
 
 
