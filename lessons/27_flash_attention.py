@@ -206,8 +206,9 @@ print(f"at T = 4096 the tiled attention needs {ratio_4096:.0f} times less memory
 # rows with each other, not with another machine). The paper's attention runs a few large
 # products and writes and reads its large matrices between them; the tiled one runs the same
 # products in pieces, one Python step per tile, and its backward computes the scores once more.
-# On a CPU with NumPy neither effect dominates the other at these lengths; small tiles lose, as
-# the rows of a tile of 32 show, because they pay the Python step many times. The tiled
+# Which of the two weighs more on a CPU with NumPy, the table below says for the machine that
+# built this page; small tiles lose, as the rows of a tile of 32 show, because they pay the
+# Python step many times. The tiled
 # attention's win in time is on a GPU, where memory traffic rather than arithmetic bounds
 # attention: the $T \times T$ matrix never goes to the GPU's main memory and back, and each tile
 # stays in the fast memory beside the arithmetic units.
