@@ -89,13 +89,17 @@ class _KV:
         (:attr:`moved`), and the states that shared it can no longer be stepped. The whole
         rows are copied (contiguous blocks: faster than copying the filled positions alone
         through a strided view, and the room beyond them is at most a quarter, or 8 positions,
-        when the buffers grew in place)."""
+        when the buffers grew in place); buffers made with more room (a search's reserve, see
+        :func:`start`) are first cut to the room they would have grown to, so that a reorder at
+        every step copies no more than it did with growing buffers."""
         xp = B.get_array_module(self.keys[0])
         keys, values = self.keys, self.values
+        keep = min(self.capacity, max(16, length + max(8, length // 4)))
         self.keys, self.values, self.filled = [], [], -1
         for arrays in (keys, values):
-            for i in range(len(arrays)):
-                arrays[i] = xp.take(arrays[i], index, axis=0)      # the old array is freed here
+            for i in range(len(arrays)):                         # the old array is freed here
+                a = arrays[i]
+                arrays[i] = xp.take(a, index, axis=0) if keep == a.shape[2] else a[index, :, :keep]
         return _KV(keys, values, length)
 
     @property
@@ -188,16 +192,25 @@ def _group_size(sentence) -> int:
     return int(np.gcd.reduce(np.diff(bounds)))
 
 
-def start(model, cross_kv, src_mask) -> FastDecodeState:
+#: Most positions the key/value buffers are made with at the start (a search's reserve): beyond,
+#: they grow as the decoding goes.
+MAX_START_POSITIONS = 256
+
+
+def start(model, cross_kv, src_mask, positions=None) -> FastDecodeState:
     """The state before the first step: cross-attention keys/values (B, H, S, Dh) per layer
-    (the reference's), the fused weights, the mask (B, 1, 1, S) as a bias (B, 1, 1, S)."""
+    (the reference's), the fused weights, the mask (B, 1, 1, S) as a bias (B, 1, 1, S), and
+    key/value buffers with room for ``positions`` (the most the search will step, at most
+    :data:`MAX_START_POSITIONS`; None: 16), so that a decoding of that length never grows
+    them (each growth copies every layer's buffers: a few percent of a greedy decoding)."""
     xp, cfg = model.xp, model.config
+    capacity = 16 if positions is None else max(16, min(int(positions), MAX_START_POSITIONS))
     n = src_mask.shape[0]
     D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
     bias = xp.where(src_mask, model.dtype.type(0), xp.finfo(model.dtype).min).astype(model.dtype)
     rows = src_mask.any(axis=-1, keepdims=True)                               # (B, 1, 1, 1)
     rows = None if bool(rows.all()) else rows.astype(model.dtype)
-    kv = _KV.empty(xp, n, KV, D // H, cfg.n_decoder_layers, 16, model.dtype)      # the key/value heads
+    kv = _KV.empty(xp, n, KV, D // H, cfg.n_decoder_layers, capacity, model.dtype)   # the key/value heads
     return FastDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), kv, model._decoding_weights(), bias, rows)
 
 

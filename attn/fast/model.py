@@ -12,7 +12,7 @@ import threading
 from .. import backend as B
 from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
-from ..layers.attention import repeat_kv
+from ..layers.attention import repeat_kv, split_heads
 from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
 from . import decoding, flash
@@ -102,7 +102,36 @@ class FastTransformer(FastForward, FastBackward):
         return self.readable.save(path, extra_arrays, extra_meta)
 
     def cross_attention_kv(self, memory) -> list:
-        return self.readable.cross_attention_kv(memory)
+        """:meth:`Transformer.cross_attention_kv`, the same arrays. On NumPy its products never run
+        on BLAS's own threads (unless ``workers`` is 1), for the reason :meth:`project` gives: the
+        decoding steps that follow split their rows over the helper threads, and BLAS threads left
+        spinning by a product here took a core from the first steps (a tenth of a greedy decoding
+        of toy-bench on two cores). The sentences are split over the helper threads instead, each
+        part's products on one thread, into the arrays the reference's products make."""
+        ref = self.readable
+        if self.xp is not B.host or self.workers is not None and int(self.workers) <= 1:
+            return ref.cross_attention_kv(memory)
+        xp, p, cfg = self.xp, ref.params, self.config
+        Bsz, S, D = memory.shape
+        names = [(f"decoder.{i}.cross_attn.w_{kv}", f"decoder.{i}.cross_attn.b_{kv}")
+                 for i in range(cfg.n_decoder_layers) for kv in "kv"]
+        outs = [xp.empty((Bsz, S, p[w].shape[1]), dtype=xp.result_type(memory, p[w], p[b])) for w, b in names]
+
+        def part(sl):
+            """The rows ``sl`` of every layer's keys and values: ``memory @ w + b``."""
+            m = memory[sl].reshape(-1, D)
+            for (w, b), out in zip(names, outs):
+                y = out[sl].reshape(-1, out.shape[-1])                 # a view: whole sentences
+                xp.matmul(m, p[w], out=y)
+                y += p[b]
+        k = self._n_parts(Bsz, S)
+        if k == 1:
+            with single_threaded_blas():
+                part(slice(0, Bsz))
+        else:
+            _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
+        H = cfg.key_value_heads
+        return [(split_heads(outs[2 * i], H), split_heads(outs[2 * i + 1], H)) for i in range(cfg.n_decoder_layers)]
 
     def _emb(self, which: str) -> str:
         return embedding_name(self.config, which)
@@ -600,7 +629,8 @@ class FastTransformer(FastForward, FastBackward):
         if self.xp is not B.host and not later_block(self.config):
             self._own_params()
             return decoding.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
-        return decoding.start(self, self.cross_attention_kv(memory), src_mask)
+        return decoding.start(self, self.cross_attention_kv(memory), src_mask,
+                              None if reserve is None else reserve[1])
 
     def decode_step(self, tokens, state):
         """:meth:`Transformer.decode_step`. On NumPy with a :class:`FastDecodeState`, the fast
