@@ -232,6 +232,8 @@ print(f"{'T':>5} {'tile':>5} {'paper fwd s':>12} {'paper bwd s':>12} {'tiled fwd
 for T_t, tile, f_p, b_p, f_t, b_t in rows:
     print(f"{T_t:>5} {tile:>5} {f_p:>12.4f} {b_p:>12.4f} {f_t:>12.4f} {b_t:>12.4f}")
 products = {"paper": (2, 4), "tiled": (2, 5)}            # T x T x Dh products in forward, backward
+print(f"exp(s) overflows float32 past s = {np.log(np.finfo(np.float32).max):.1f}, "
+      f"float64 past s = {np.log(np.finfo(np.float64).max):.1f}")
 print("products of T x T x Dh multiply-adds: " + ", ".join(f"{n} {f} forward + {b} backward"
                                                           for n, (f, b) in products.items()))
 
@@ -277,7 +279,7 @@ print(f"Check passed: the tiled attention equals the paper's to {max(forward_err
 #    <details><summary>Answer</summary>
 #
 #    In exact arithmetic yes; in floating point no. $e^{s}$ overflows float32 once a score passes
-#    about ninety, and float64 once it passes about seven hundred; subtracting the maximum keeps
+#    the first value printed above, and float64 past the second; subtracting the maximum keeps
 #    every exponent at most zero. It is the same reason lesson 4's softmax subtracts the row's
 #    maximum, and the rescaling of equation 27.2 is what lets the maximum change as the tiles
 #    arrive.
