@@ -101,3 +101,20 @@ def test_every_mistake_is_one_line(tmp_path, capsys, case):
     assert {"file": "is a file, not a folder", "exists": "--overwrite", "length": "--max-length",
             "not_utf8": "not valid UTF-8"}[case] in err[0]
     assert main([str(ckpt), str(out), "--overwrite"]) == (0 if case in ("exists", "length", "not_utf8") else 2)
+
+
+def test_the_later_block_is_exported_and_an_older_export_still_loads(tmp_path):
+    later = tiny(3, norm="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=1)
+    doc = export_model(later, VOCAB, tmp_path / "later")
+    back, _, _ = load_export(tmp_path / "later")
+    assert back.config == later.config and doc["config"]["kv_heads"] == 1
+    assert {t["name"]: t["shape"] for t in doc["weights"]["tensors"]}["decoder.0.self_attn.w_k"] == [8, 4]
+    for name, p in later.params.items():
+        assert np.array_equal(back.params[name], p), name
+    export_model(tiny(4), VOCAB, tmp_path / "old")     # written before the later block's fields existed:
+    path = tmp_path / "old" / "model.json"           # the defaults, the paper's block, fill them in
+    old = json.loads(path.read_text())
+    for field in ("norm_kind", "ffn", "kv_heads", "rope_base"):
+        del old["config"][field]
+    path.write_text(json.dumps(old))
+    assert load_export(tmp_path / "old")[0].config == tiny(4).config

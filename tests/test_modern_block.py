@@ -1,7 +1,7 @@
 """The block of later models (RMSNorm, rotary positions, SwiGLU, grouped-query attention, pre-norm) as
 options of the whole model: trained by attn-train, checkpointed, averaged, resumed and decoded
-with greedy and beam search by either engine; refused in one line where it is not run yet (the
-page). Its gradients, invariants and cached decoding are drawn with every other option in
+with greedy and beam search by either engine, exported to the page (tests/test_web_later_block.py).
+Its gradients, invariants and cached decoding are drawn with every other option in
 tests/test_model.py."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from attn import engine as engines
 from attn.checkpoint import load_npz
-from attn.data import SPECIALS, Vocab
+from attn.data import Vocab
 from attn.evaluate import translate
 from attn.model import Transformer, TransformerConfig
 from attn.train import TrainConfigError, train
@@ -56,12 +56,3 @@ def test_the_fast_engines_flags_apply_to_the_later_block(tmp_path):
     assert config_from_argv(["--positional", "rope", "--reference"]).engine == "reference"
     with pytest.raises(TrainConfigError, match="kv_heads"):
         config_from_argv(["--kv-heads", "0"])
-
-
-def test_attn_export_refuses_a_block_the_page_does_not_compute(tmp_path):
-    from attn.site.export import export_model
-    model = Transformer(TransformerConfig.preset("toy", vocab_size=8, positional="rope"))
-    vocab = Vocab(list(SPECIALS) + [f"w{i}" for i in range(4)])
-    with pytest.raises(ValueError, match="the page computes the paper's block, not positional='rope'"):
-        export_model(model, vocab, tmp_path / "page")
-    assert not (tmp_path / "page").exists()

@@ -195,8 +195,8 @@ def _broken(doc: dict, case: str) -> tuple[dict, int | None]:
         doc["config"]["n_encoder_layers"] = 10**8
     elif case == "source-limit-1e9":
         doc["max_source_tokens"] = 10**9
-    elif case == "later-block":
-        doc["config"]["ffn"] = "swiglu"
+    elif case == "unknown-ffn":
+        doc["config"]["ffn"] = "geglu"
     elif case == "no-sentences":
         del doc["sentences"]
     return doc, None
@@ -208,7 +208,7 @@ BROKEN = {"missing-tensor": "does not fit the config: missing", "n-heads-3": "mu
           "unknown-field": "unknown fields", "short-weights": "bytes",
           "layers-1e8": "n_encoder_layers = 100,000,000 gives", "nan-weights": "holds NaN or infinite numbers",
           "source-limit-1e9": "max_source_tokens must be an integer from 2 to 4,096",
-          "later-block": "the page computes the paper's block, not ffn"}
+          "unknown-ffn": "ffn must be one of"}
 
 
 @pytest.fixture(scope="module")
@@ -631,20 +631,26 @@ CONFIGS = [{}, {"d_model": 12, "n_heads": 3, "d_ff": 7, "n_encoder_layers": 1, "
             "max_len": 9}, {"d_model": 128, "n_heads": 3}, {"n_heads": 0}, {"d_model": -8}, {"d_ff": 1.5},
            {"n_encoder_layers": 0}, {"positional": "rotary"}, {"norm": "sandwich"}, {"dropout": 1.0},
            {"label_smoothing": -0.1}, {"share_embeddings": True, "vocab_size": 10, "tgt_vocab_size": 11},
-           {"tgt_vocab_size": 0}, {"warmup_steps": 0}, {"heads": 4}, {"d_model": "512"}]
+           {"tgt_vocab_size": 0}, {"warmup_steps": 0}, {"heads": 4}, {"d_model": "512"},
+           {"norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 2, "d_ff": 100},
+           {"kv_heads": 8, "ffn": "swiglu", "d_ff": 7}, {"kv_heads": 1, "norm_kind": "rms"}, {"kv_heads": 3},
+           {"kv_heads": 0}, {"d_model": 12, "n_heads": 4, "positional": "rope"}, {"norm_kind": "group"},
+           {"ffn": "geglu"}, {"rope_base": 1}, {"vocab_size": 10**6, "d_model": 4096, "ffn": "swiglu", "kv_heads": 1}]
 
 
 @needs_browser
 def test_the_page_checks_a_config_as_transformer_config_does(site):
     """Every config TransformerConfig refuses the page refuses; for the others the page expects
-    exactly the tensors of attn.model.parameter_shapes, in its order."""
-    from attn.model import parameter_shapes
+    exactly the tensors of attn.model.parameter_shapes, in its order, and counts parameter_count's numbers."""
+    from attn.model import parameter_count, parameter_shapes
     url, chromium = site
     page = chromium.new_page()
     page.goto(url + "index.html")
     js = page.evaluate("""async (configs) => {
-      const { checkConfig, parameterShapes } = await import("/attn/model.js");
-      return configs.map((c) => { try { return [...parameterShapes(checkConfig(c))]; } catch (e) { return e.message; } });
+      const { checkConfig, parameterCount, parameterShapes } = await import("/attn/model.js");
+      return configs.map((c) => {
+        try { const k = checkConfig(c); return [[...parameterShapes(k)], parameterCount(k)]; } catch (e) { return e.message; }
+      });
     }""", CONFIGS)
     page.close()
     for config, got in zip(CONFIGS, js):
@@ -653,7 +659,7 @@ def test_the_page_checks_a_config_as_transformer_config_does(site):
         except (ValueError, TypeError):
             assert isinstance(got, str) and got.startswith("config: "), (config, got)
             continue
-        assert [[n, list(s)] for n, s in parameter_shapes(cfg).items()] == got, config
+        assert [[[n, list(s)] for n, s in parameter_shapes(cfg).items()], parameter_count(cfg)] == got, config
 
 
 TEXT_JS = """async ({texts, pieces, detok}) => {

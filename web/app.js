@@ -347,7 +347,8 @@ async function main() {
   }
   const c = model.config, meta = window.attnMeta;
   $("#model-info").textContent = `model ${url}: d_model ${c.d_model}, ${c.n_encoder_layers}+${c.n_decoder_layers} layers, ` +
-    `${c.n_heads} heads, d_ff ${c.d_ff}, ${c.norm}-norm, ${c.positional} positions, vocabulary ${vocab.length} ` +
+    `${c.n_heads} heads (${model.kvHeads} key/value), d_ff ${c.d_ff} (${c.ffn}), ${c.norm}-norm (${c.norm_kind}), ` +
+    `${c.positional} positions, vocabulary ${vocab.length} ` +
     `(${vocab.bpe ? "BPE" : "words"}), weights ${meta.weights.dtype} (${meta.weights.bytes.toLocaleString("en")} bytes)`;
   const sentences = meta.sentences ?? [];             // optional: a model without examples has none to offer
   for (const s of sentences) examples.append(new Option(s, s));

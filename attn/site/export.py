@@ -82,9 +82,6 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     if len(vocab) != model.config.target_vocab_size:
         raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
                          f"the model {model.config.target_vocab_size}")
-    from ..model import later_block
-    if later_block(model.config):
-        raise ValueError(f"export_model: the page computes the paper's block, not {', '.join(later_block(model.config))}")
     out_dir = Path(out_dir)
     _check_destination(out_dir, overwrite)
     np = B.host
@@ -179,7 +176,7 @@ def load_export(out_dir):
     to float32, which is exact). Raises :class:`ExportError` naming the file and the problem.
     """
     from ..data import DataError, Vocab
-    from ..model import Transformer, TransformerConfig, later_block, parameter_shapes
+    from ..model import Transformer, TransformerConfig, parameter_shapes
     np = B.host
     out_dir = Path(out_dir)
     meta_path, bin_path = out_dir / MODEL_FILE, out_dir / WEIGHTS_FILE
@@ -202,8 +199,6 @@ def load_export(out_dir):
     except (KeyError, TypeError, ValueError, AttributeError, DataError) as e:
         raise ExportError(f"{meta_path}: unreadable config, vocabulary or weights index "
                           f"({type(e).__name__}: {str(e)[:80]})") from None
-    if later_block(cfg):
-        raise ExportError(f"{meta_path}: the page computes the paper's block, not {', '.join(later_block(cfg))}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ExportError(f"{meta_path}: weights dtype {dtype!r:.40} is not one of {sorted(DTYPES)}")
     limit = doc.get("max_source_tokens", MAX_SOURCE_TOKENS)

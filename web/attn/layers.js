@@ -16,14 +16,16 @@ function expect(cond, message) {
   if (!cond) throw new Error(message);
 }
 
-// attn/layers/linear.py: out = x @ w + b.   x (T, Din); w (Din, Dout); b (Dout) -> (T, Dout)
-export function linearForward(x, w, b) {
+// attn/layers/linear.py: out = x @ w + b.   x (T, Din); w (Din, Dout); b (Dout) or null (no bias) -> (T, Dout)
+export function linearForward(x, w, b = null) {
   const [T, Din] = x.shape, [Din2, Dout] = w.shape;
-  expect(Din === Din2 && b.shape[0] === Dout, `linear: x [${x.shape}], w [${w.shape}], b [${b.shape}] do not fit`);
+  expect(Din === Din2 && (b === null || b.shape[0] === Dout),
+         `linear: x [${x.shape}], w [${w.shape}], b [${b?.shape}] do not fit`);
   const out = tensor([T, Dout]);
   const acc = new Float64Array(Dout);
   for (let t = 0; t < T; t++) {
-    acc.set(b.data);
+    if (b === null) acc.fill(0);
+    else acc.set(b.data);
     for (let i = 0; i < Din; i++) {
       const xi = x.data[t * Din + i];
       if (xi === 0) continue;
@@ -158,16 +160,66 @@ export function mergeHeads(x) {
   return out;
 }
 
+// Grouped-query attention's sharing, attn.layers.attention.repeat_kv: (KV, T, Dh) -> (KV * group, T, Dh),
+// query head j reading key/value head floor(j / group).
+export function repeatKv(x, group) {
+  if (group === 1) return x;
+  const [KV, T, Dh] = x.shape, n = T * Dh;
+  const out = tensor([KV * group, T, Dh]);
+  for (let j = 0; j < KV * group; j++) {
+    const h = Math.floor(j / group);
+    out.data.set(x.data.subarray(h * n, (h + 1) * n), j * n);
+  }
+  return out;
+}
+
+// attn/layers/rope.py, rotary positions: each pair (x_i, x_{i+Dh/2}) of a head (the half split) at
+// position offset + t turned by the angle (offset + t) * base^(-2i/Dh), computed in float64 and its
+// cosine and sine stored in float32, as NumPy does.   x (H, T, Dh), Dh even -> (H, T, Dh)
+export function ropeForward(x, offset = 0, base = 10000) {
+  const [H, T, Dh] = x.shape, half = Dh / 2;
+  expect(Dh % 2 === 0, `rope: the head size must be even (pairs of features), got x [${x.shape}]`);
+  const cos = new Float32Array(T * half), sin = new Float32Array(T * half);
+  for (let t = 0; t < T; t++) {
+    for (let i = 0; i < half; i++) {
+      const angle = (offset + t) * Math.pow(base, -(2 * i) / Dh);
+      cos[t * half + i] = Math.cos(angle);
+      sin[t * half + i] = Math.sin(angle);
+    }
+  }
+  const out = tensor(x.shape);
+  for (let h = 0; h < H; h++) {
+    for (let t = 0; t < T; t++) {
+      const o = (h * T + t) * Dh;
+      for (let i = 0; i < half; i++) {
+        const a = x.data[o + i], b = x.data[o + half + i], c = cos[t * half + i], s = sin[t * half + i];
+        out.data[o + i] = Math.fround(a * c) - Math.fround(b * s);
+        out.data[o + half + i] = Math.fround(a * s) + Math.fround(b * c);
+      }
+    }
+  }
+  return out;
+}
+
 // Multi-head attention (section 3.2.2).   xQ (Tq, D) the queries' source; xKv (Tk, D) the keys'
-// and values' source; w* (D, D); b* (D); mask null or (Tq, Tk).
-// Returns {out (Tq, D), weights (H, Tq, Tk)}.
-export function multiHeadAttentionForward(xQ, xKv, wQ, bQ, wK, bK, wV, bV, wO, bO, nHeads, mask = null) {
+// and values' source; wQ, wO (D, D); wK, wV (D, KV * Dh) with KV = kvHeads key/value heads
+// (grouped-query attention; nHeads by default) and Dh = D / nHeads; b* their widths (or null);
+// mask null or (Tq, Tk); rope null, or the base of rotary positions turning every head's queries
+// and keys at positions 0, 1, ... (self-attention).   Returns {out (Tq, D), weights (H, Tq, Tk)}.
+export function multiHeadAttentionForward(xQ, xKv, wQ, bQ, wK, bK, wV, bV, wO, bO, nHeads, mask = null,
+                                          { kvHeads = nHeads, rope = null } = {}) {
   const D = xQ.shape[1];
   expect(D % nHeads === 0, `multi_head_attention: d_model ${D} is not divisible by n_heads ${nHeads}`);
-  const q = splitHeads(linearForward(xQ, wQ, bQ), nHeads);     // (H, Tq, Dh)
-  const k = splitHeads(linearForward(xKv, wK, bK), nHeads);    // (H, Tk, Dh)
-  const v = splitHeads(linearForward(xKv, wV, bV), nHeads);    // (H, Tk, Dh)
-  const { out, weights } = attentionForward(q, k, v, mask);    // (H, Tq, Dh)
+  expect(kvHeads >= 1 && nHeads % kvHeads === 0, `multi_head_attention: kv_heads ${kvHeads} must divide n_heads ${nHeads}`);
+  let q = splitHeads(linearForward(xQ, wQ, bQ), nHeads);       // (H, Tq, Dh)
+  let k = splitHeads(linearForward(xKv, wK, bK), kvHeads);     // (KV, Tk, Dh)
+  const v = splitHeads(linearForward(xKv, wV, bV), kvHeads);   // (KV, Tk, Dh)
+  if (rope !== null) {
+    q = ropeForward(q, 0, rope);
+    k = ropeForward(k, 0, rope);
+  }
+  const group = nHeads / kvHeads;
+  const { out, weights } = attentionForward(q, repeatKv(k, group), repeatKv(v, group), mask);   // (H, Tq, Dh)
   return { out: linearForward(mergeHeads(out), wO, bO), weights };
 }
 
@@ -190,6 +242,21 @@ export function layerNormForward(x, gamma, beta, eps = 1e-5) {
   return out;
 }
 
+// attn/layers/rmsnorm.py: gamma * x / sqrt(mean(x^2) + eps) over each row: no mean taken, no shift.
+// x (T, D); gamma (D) -> (T, D)
+export function rmsNormForward(x, gamma, eps = 1e-6) {
+  const D = x.shape[x.shape.length - 1], R = x.data.length / D;
+  const out = tensor(x.shape);
+  for (let r = 0; r < R; r++) {
+    const o = r * D;
+    let squares = 0;
+    for (let j = 0; j < D; j++) squares += x.data[o + j] ** 2;
+    const rrms = 1 / Math.sqrt(squares / D + Math.fround(eps));
+    for (let j = 0; j < D; j++) out.data[o + j] = x.data[o + j] * rrms * gamma.data[j];
+  }
+  return out;
+}
+
 // attn/layers/activation.py: max(x, 0)
 export function reluForward(x) {
   const out = tensor(x.shape);
@@ -201,6 +268,18 @@ export function reluForward(x) {
 // x (T, D); w1 (D, F); b1 (F); w2 (F, D); b2 (D) -> (T, D)
 export function feedForwardForward(x, w1, b1, w2, b2) {
   return linearForward(reluForward(linearForward(x, w1, b1)), w2, b2);
+}
+
+// attn/layers/swiglu.py: FFN(x) = (SiLU(x W) * (x V)) W2, SiLU(a) = a * sigmoid(a), no biases.
+// x (T, D); w, v (D, F); w2 (F, D) -> (T, D)
+export function swigluForward(x, w, v, w2) {
+  const a = linearForward(x, w), b = linearForward(x, v);
+  const h = tensor(a.shape);
+  for (let i = 0; i < a.data.length; i++) {
+    const sigmoid = 0.5 * (1 + Math.tanh(0.5 * a.data[i]));     // as attn.layers.swiglu.silu: no exp to overflow
+    h.data[i] = a.data[i] * sigmoid * b.data[i];
+  }
+  return linearForward(h, w2);
 }
 
 // x + y, elementwise (the residual connection)

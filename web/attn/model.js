@@ -7,12 +7,16 @@
 //
 // Every sub-layer sits in a residual connection followed by layer norm (norm "post", the
 // paper's) or preceded by it (norm "pre", with a final norm after each stack). Dropout is
-// off: this is inference.
+// off: this is inference. The later models' block (lesson 26) is four options away, as in
+// attn/model.py: norm_kind "rms" (RMSNorm), positional "rope" (rotary positions on the
+// self-attentions' queries and keys, nothing added to the embeddings), ffn "swiglu" and
+// kv_heads (grouped-query attention: the decoder's cache holds kv_heads heads).
 
 import { Vocab } from "./data.js";
 import {
-  add, attentionForward, embeddingForward, feedForwardForward, layerNormForward, linearForward,
-  mergeHeads, multiHeadAttentionForward, positionalForward, sinusoidalTable, splitHeads, tensor,
+  add, attentionForward, embeddingForward, feedForwardForward, layerNormForward, linearForward, mergeHeads,
+  multiHeadAttentionForward, positionalForward, repeatKv, rmsNormForward, ropeForward, sinusoidalTable, splitHeads,
+  swigluForward, tensor,
 } from "./layers.js";
 import { causalMask } from "./masks.js";
 
@@ -54,12 +58,16 @@ export function checkConfig(obj) {
   for (const name of ["dropout", "attention_dropout", "relu_dropout", "label_smoothing"]) {
     if (!(typeof c[name] === "number" && c[name] >= 0 && c[name] < 1)) bad(`${name} must be in [0, 1), got ${show(c[name])}`);
   }
-  if (!["sinusoidal", "learned"].includes(c.positional)) bad(`positional must be "sinusoidal" or "learned", got ${show(c.positional)}`);
-  if (!["post", "pre"].includes(c.norm)) bad(`norm must be "post" or "pre", got ${show(c.norm)}`);
-  // The block of later models (lesson 26) is computed by attn's Python only: one line names what the page lacks.
-  const later = [["norm_kind", c.norm_kind !== "layer"], ["ffn", c.ffn !== "relu"],
-                 ["kv_heads", c.kv_heads !== null && c.kv_heads !== c.n_heads]].filter(([, on]) => on);
-  if (later.length) bad(`the page computes the paper's block, not ${later.map(([f]) => `${f} = ${show(c[f])}`).join(", ")}`);
+  // The block's kinds: a kind the page does not compute is refused in one line naming the field.
+  for (const [name, kinds] of Object.entries(KINDS)) {
+    if (!kinds.includes(c[name])) bad(`${name} must be one of ${kinds.map(show).join(", ")}, got ${show(c[name])}`);
+  }
+  if (c.kv_heads !== null && !(positive(c.kv_heads) && c.n_heads % c.kv_heads === 0)) {
+    bad(`kv_heads must be null or a positive integer that divides n_heads (${c.n_heads}), got ${show(c.kv_heads)}`);
+  }
+  if (c.positional === "rope" && (c.d_model / c.n_heads) % 2) {
+    bad(`rotary positions turn pairs of features: the head size d_model / n_heads (${c.d_model / c.n_heads}) must be even`);
+  }
   if (!(typeof c.rope_base === "number" && c.rope_base > 1)) bad(`rope_base must be a number greater than 1, got ${show(c.rope_base)}`);
   if (typeof c.share_embeddings !== "boolean") bad(`share_embeddings must be true or false, got ${show(c.share_embeddings)}`);
   if (c.share_embeddings && ![null, c.vocab_size].includes(c.tgt_vocab_size)) {
@@ -76,6 +84,24 @@ export function checkConfig(obj) {
   return c;
 }
 
+// The kinds of block the page computes, those of attn.model.TransformerConfig.
+const KINDS = { positional: ["sinusoidal", "learned", "rope"], norm: ["post", "pre"], norm_kind: ["layer", "rms"],
+                ffn: ["relu", "swiglu"] };
+// Each norm's parameters (attn.model.NORM), and the feed-forward network's (attn.model.FFN: SwiGLU has Llama's
+// names, w1 the gate, w3 the value path, w2 out, and no biases).
+const NORM = { layer: ["gamma", "beta"], rms: ["gamma"] };
+const FFN = { relu: ["w1", "b1", "w2", "b2"], swiglu: ["w1", "w3", "w2"] };
+
+// SwiGLU's hidden width, attn.layers.swiglu.swiglu_width: 2/3 of d_ff, the paper's parameters in three matrices.
+export function ffnWidth(c) {
+  return c.ffn === "swiglu" ? Math.max(1, Math.round((2 * c.d_ff) / 3)) : c.d_ff;
+}
+
+// The width of the keys' and values' projections: kv_heads heads of d_model / n_heads.
+function kvWidth(c) {
+  return (c.kv_heads ?? c.n_heads) * Math.floor(c.d_model / c.n_heads);
+}
+
 // The most parameters a config may give, and the fields its size grows with (attn.model.MAX_PARAMETERS,
 // SIZE_FIELDS): a config that asks for more is refused naming the field that makes it so.
 export const MAX_PARAMETERS = 2 ** 32;
@@ -83,10 +109,11 @@ const SIZE_FIELDS = ["vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encod
 
 // How many numbers parameterShapes(c) holds, counted without listing them (attn.model.parameter_count).
 export function parameterCount(c) {
-  const D = c.d_model, F = c.d_ff, V = c.vocab_size, T = c.tgt_vocab_size ?? V;
+  const D = c.d_model, F = ffnWidth(c), V = c.vocab_size, T = c.tgt_vocab_size ?? V, KV = kvWidth(c);
   const embeddings = c.share_embeddings ? V * D : V * D + 2 * T * D;
   const positions = c.positional === "learned" ? 2 * c.max_len * D : 0;
-  const attention = 4 * D * D + 4 * D, ffn = 2 * D * F + F + D, norm = 2 * D;
+  const attention = 2 * D * D + 2 * D * KV + 2 * D + 2 * KV;
+  const ffn = c.ffn === "swiglu" ? 3 * D * F : 2 * D * F + F + D, norm = NORM[c.norm_kind].length * D;
   return embeddings + positions + c.n_encoder_layers * (attention + ffn + 2 * norm) +
     c.n_decoder_layers * (2 * attention + ffn + 3 * norm) + (c.norm === "pre" ? 2 * norm : 0);
 }
@@ -95,7 +122,7 @@ export const targetVocabSize = (c) => c.tgt_vocab_size ?? c.vocab_size;
 
 // Every parameter's dotted name and shape, in the order of attn.model.parameter_shapes.
 export function parameterShapes(c) {
-  const D = c.d_model, F = c.d_ff, shapes = new Map();
+  const D = c.d_model, F = ffnWidth(c), KV = kvWidth(c), shapes = new Map();
   if (c.share_embeddings) {
     shapes.set("embedding.weight", [c.vocab_size, D]);
   } else {
@@ -107,9 +134,10 @@ export function parameterShapes(c) {
     shapes.set("src_pos.weight", [c.max_len, D]);
     shapes.set("tgt_pos.weight", [c.max_len, D]);
   }
-  const attention = {};
-  for (const n of "qkvo") { attention[`w_${n}`] = [D, D]; attention[`b_${n}`] = [D]; }
-  const ffn = { w1: [D, F], b1: [F], w2: [F, D], b2: [D] }, norm = { gamma: [D], beta: [D] };
+  const attention = {}, width = { q: D, k: KV, v: KV, o: D };
+  for (const n of "qkvo") { attention[`w_${n}`] = [D, width[n]]; attention[`b_${n}`] = [width[n]]; }
+  const ffn = c.ffn === "swiglu" ? { w1: [D, F], w3: [D, F], w2: [F, D] } : { w1: [D, F], b1: [F], w2: [F, D], b2: [D] };
+  const norm = Object.fromEntries(NORM[c.norm_kind].map((n) => [n, [D]]));
   const blocks = {
     encoder: [["self_attn", attention], ["norm1", norm], ["ffn", ffn], ["norm2", norm]],
     decoder: [["self_attn", attention], ["norm1", norm], ["cross_attn", attention], ["norm2", norm],
@@ -121,10 +149,7 @@ export function parameterShapes(c) {
         for (const [f, shape] of Object.entries(fields)) shapes.set(`${stack}.${i}.${sub}.${f}`, shape);
       }
     }
-    if (c.norm === "pre") {
-      shapes.set(`${stack}.norm.gamma`, [D]);
-      shapes.set(`${stack}.norm.beta`, [D]);
-    }
+    if (c.norm === "pre") for (const n of NORM[c.norm_kind]) shapes.set(`${stack}.norm.${n}`, [D]);
   }
   return shapes;
 }
@@ -220,7 +245,7 @@ export async function loadModel(url) {
   return { model: new Transformer(config, params), vocab, meta };
 }
 
-// (H, T, Dh) and (H, 1, Dh) -> (H, T+1, Dh): the key/value cache grows by one position.
+// (KV, T, Dh) and (KV, 1, Dh) -> (KV, T+1, Dh): the key/value cache grows by one position.
 function appendPosition(cache, x) {
   if (cache === null) return x;
   const [H, T, Dh] = cache.shape;
@@ -255,14 +280,31 @@ export class Transformer {
     return this.pe;
   }
 
-  // Token embeddings × √D plus positions offset.. : ids (T) -> (T, D)
+  // Token embeddings × √D plus positions offset.. (rotary positions: none added here): ids (T) -> (T, D)
   embed(which, ids, offset = 0) {
     const x = embeddingForward(ids, this.params[this.emb(which)], Math.sqrt(this.config.d_model));
+    if (this.config.positional === "rope") return x;
     return positionalForward(x, this.posTable(which, offset + ids.length), offset);
   }
 
+  // Layer norm, or RMSNorm (norm_kind "rms": its gain only)
   norm(name, x) {
+    if (this.config.norm_kind === "rms") return rmsNormForward(x, this.params[name + ".gamma"], this.config.ln_eps);
     return layerNormForward(x, this.params[name + ".gamma"], this.params[name + ".beta"], this.config.ln_eps);
+  }
+
+  // The key/value heads, and how many query heads read each
+  get kvHeads() {
+    return this.config.kv_heads ?? this.config.n_heads;
+  }
+
+  get group() {
+    return this.config.n_heads / this.kvHeads;
+  }
+
+  // q (H, T, Dh) or k (KV, T, Dh) turned to positions offset.. when the model has rotary positions
+  rope(x, offset) {
+    return this.config.positional === "rope" ? ropeForward(x, offset, this.config.rope_base) : x;
   }
 
   // post: LN(x + sublayer(x)); pre: x + sublayer(LN(x))
@@ -271,14 +313,17 @@ export class Transformer {
     return this.norm(norm, add(x, sublayer(x)));
   }
 
+  // Rotary positions act in self-attention only: a position is one within a sequence.
   attention(name, xQ, xKv, mask) {
-    const p = (leaf) => this.params[`${name}.${leaf}`];
+    const p = (leaf) => this.params[`${name}.${leaf}`], cfg = this.config;
+    const rope = cfg.positional === "rope" && name.endsWith(".self_attn") ? cfg.rope_base : null;
     return multiHeadAttentionForward(xQ, xKv, p("w_q"), p("b_q"), p("w_k"), p("b_k"), p("w_v"), p("b_v"),
-      p("w_o"), p("b_o"), this.config.n_heads, mask);
+      p("w_o"), p("b_o"), cfg.n_heads, mask, { kvHeads: this.kvHeads, rope });
   }
 
   ffn(name, x) {
     const p = (leaf) => this.params[`${name}.${leaf}`];
+    if (this.config.ffn === "swiglu") return swigluForward(x, p("w1"), p("w3"), p("w2"));
     return feedForwardForward(x, p("w1"), p("b1"), p("w2"), p("b2"));
   }
 
@@ -310,9 +355,9 @@ export class Transformer {
     return { memory: x, weights };
   }
 
-  // Each decoder layer's cross-attention keys and values, (H, S, Dh) each: they depend on the source alone.
+  // Each decoder layer's cross-attention keys and values, (KV, S, Dh) each: they depend on the source alone.
   crossAttentionKv(memory) {
-    const H = this.config.n_heads, out = [];
+    const H = this.kvHeads, out = [];
     for (let i = 0; i < this.config.n_decoder_layers; i++) {
       const p = (leaf) => this.params[`decoder.${i}.cross_attn.${leaf}`];
       out.push({ k: splitHeads(linearForward(memory, p("w_k"), p("b_k")), H),
@@ -330,8 +375,10 @@ export class Transformer {
   // One decoder position, attending to the cached keys/values of the earlier ones.
   // token: the id at position state.length. Returns {logits (V), state (a new one; the old is
   // unchanged, so beams can share it), selfWeights and crossWeights: per layer (H, 1, t+1) and (H, 1, S)}.
+  // The cache holds the kv_heads key/value heads, each read by its group of query heads; with rotary
+  // positions a key is turned once, at its position, when it is computed.
   decodeStep(token, state) {
-    const cfg = this.config, H = cfg.n_heads, t = state.length;
+    const cfg = this.config, H = cfg.n_heads, KV = this.kvHeads, group = this.group, t = state.length;
     if (cfg.positional === "learned" && t >= cfg.max_len) {
       throw new RangeError(`decodeStep: sequence length ${t + 1} exceeds the learned positional table's ${cfg.max_len} positions`);
     }
@@ -341,18 +388,19 @@ export class Transformer {
       const pre = `decoder.${i}`;
       const p = (leaf) => this.params[`${pre}.${leaf}`];
       x = this.residual(`${pre}.norm1`, x, (h) => {
-        const q = splitHeads(linearForward(h, p("self_attn.w_q"), p("self_attn.b_q")), H);          // (H, 1, Dh)
-        const k = appendPosition(state.selfKv[i].k, splitHeads(linearForward(h, p("self_attn.w_k"), p("self_attn.b_k")), H));
-        const v = appendPosition(state.selfKv[i].v, splitHeads(linearForward(h, p("self_attn.w_v"), p("self_attn.b_v")), H));
-        selfKv.push({ k, v });                                                   // (H, t+1, Dh)
-        const { out, weights } = attentionForward(q, k, v, causalMask(1, t + 1, t));
+        const q = this.rope(splitHeads(linearForward(h, p("self_attn.w_q"), p("self_attn.b_q")), H), t);   // (H, 1, Dh)
+        const kNew = this.rope(splitHeads(linearForward(h, p("self_attn.w_k"), p("self_attn.b_k")), KV), t);
+        const k = appendPosition(state.selfKv[i].k, kNew);
+        const v = appendPosition(state.selfKv[i].v, splitHeads(linearForward(h, p("self_attn.w_v"), p("self_attn.b_v")), KV));
+        selfKv.push({ k, v });                                                   // (KV, t+1, Dh)
+        const { out, weights } = attentionForward(q, repeatKv(k, group), repeatKv(v, group), causalMask(1, t + 1, t));
         selfWeights.push(weights);
         return linearForward(mergeHeads(out), p("self_attn.w_o"), p("self_attn.b_o"));
       });
       x = this.residual(`${pre}.norm2`, x, (h) => {
         const q = splitHeads(linearForward(h, p("cross_attn.w_q"), p("cross_attn.b_q")), H);        // (H, 1, Dh)
         const { k, v } = state.crossKv[i];
-        const { out, weights } = attentionForward(q, k, v, null);
+        const { out, weights } = attentionForward(q, repeatKv(k, group), repeatKv(v, group), null);
         crossWeights.push(weights);
         return linearForward(mergeHeads(out), p("cross_attn.w_o"), p("cross_attn.b_o"));
       });
