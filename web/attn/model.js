@@ -313,10 +313,11 @@ export class Transformer {
     return this.norm(norm, add(x, sublayer(x)));
   }
 
-  // Rotary positions act in self-attention only: a position is one within a sequence.
+  // The encoder's self-attention (the decoder attends a position at a time, in decodeStep), with
+  // rotary positions turning its queries and keys when the model has them.
   attention(name, xQ, xKv, mask) {
     const p = (leaf) => this.params[`${name}.${leaf}`], cfg = this.config;
-    const rope = cfg.positional === "rope" && name.endsWith(".self_attn") ? cfg.rope_base : null;
+    const rope = cfg.positional === "rope" ? cfg.rope_base : null;
     return multiHeadAttentionForward(xQ, xKv, p("w_q"), p("b_q"), p("w_k"), p("b_k"), p("w_v"), p("b_v"),
       p("w_o"), p("b_o"), cfg.n_heads, mask, { kvHeads: this.kvHeads, rope });
   }
