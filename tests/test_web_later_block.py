@@ -116,3 +116,36 @@ def test_a_mutant_part_fails_the_comparison(later_site, later_dir, part):
     glob, replace = MUTANTS[part]
     results = _translate(later_site, [part.split("-")[0]], routes={glob: replace}, sentences=1)
     assert _problems(later_dir, results), f"the mutant of {part} passed the comparison with NumPy"
+
+
+CACHE_JS = """async (urls) => {
+  const { loadModel } = await import("/attn/model.js");
+  const shapes = [];
+  for (const url of urls) {
+    const { model } = await loadModel(url);
+    let state = model.startDecoding(model.encode([4, 5, 6, 2]).memory);
+    for (const token of [1, 7, 8]) state = model.decodeStep(token, state).state;
+    shapes.push([state.selfKv[0].k.shape, state.selfKv[0].v.shape, state.crossKv[0].k.shape]);
+  }
+  return shapes;
+}"""
+
+
+@needs_browser
+def test_the_pages_decoding_cache_holds_the_key_value_heads(later_site, later_dir):
+    """Three steps on a source of four ids: the page's cache has NumPy's shapes, kv_heads heads."""
+    url, chromium = later_site
+    page = chromium.new_page()
+    try:
+        page.goto(url + "index.html?model=_test/later/gqa/")
+        got = page.evaluate(CACHE_JS, [f"{url}_test/later/{case}/" for case in ("gqa", "all")])
+    finally:
+        page.close()
+    for case, shapes in zip(("gqa", "all"), got):
+        model = load_export(later_dir / case)[0]
+        state = model.start_decoding(model.encode(np.array([[4, 5, 6, 2]]))[0], None)
+        for token in (1, 7, 8):
+            state = model.decode_step(np.array([token]), state)[1]
+        (k, v), (ck, _) = state.self_kv[0], state.cross_kv[0]
+        assert shapes == [list(k.shape[1:]), list(v.shape[1:]), list(ck.shape[1:])], case
+        assert shapes[0][0] == CASES[case]["kv_heads"] < model.config.n_heads
