@@ -271,9 +271,11 @@ def _serve_mutant(old: str, new: str):
     return handler
 
 
-def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
-    """Translate ``sentences`` in a fresh page; ``routes`` {url glob: (old, new)} serve a module with
-    one piece of text replaced (a mutant). Returns the per-sentence results of RUN_JS."""
+@contextlib.contextmanager
+def fresh_page(site, model_url, routes=None):
+    """A page of a fresh browser context at index.html?model=MODEL_URL, once it has loaded; ``routes``
+    {url glob: (old, new)} serve a module with one piece of text replaced (a mutant). What the page
+    throws fails the test."""
     url, chromium = site
     context = chromium.new_context()
     errors = []
@@ -284,11 +286,17 @@ def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(url + "index.html?model=" + model_url)
         page.wait_for_function("() => ['ready', 'done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
-        results = page.evaluate(RUN_JS, {"modelUrl": url + model_url, "sentences": sentences, "beamSize": beam_size})
+        yield page
     finally:
         context.close()
     assert not errors, errors
-    return results
+
+
+def run_in_browser(site, model_url, sentences, beam_size=1, routes=None):
+    """Translate ``sentences`` in a fresh page (``routes``: as fresh_page's). Returns the
+    per-sentence results of RUN_JS."""
+    with fresh_page(site, model_url, routes) as page:
+        return page.evaluate(RUN_JS, {"modelUrl": site[0] + model_url, "sentences": sentences, "beamSize": beam_size})
 
 
 def _floats(b64):

@@ -17,7 +17,7 @@ import pytest
 from attn.site import browser
 from attn.site.export import export_model, load_export
 from attn.model import Transformer, TransformerConfig
-from test_web import MISSING, RUN_JS, TOY_MODEL, _serve_mutant, compare, needs_browser
+from test_web import MISSING, RUN_JS, TOY_MODEL, compare, fresh_page, needs_browser
 
 #: Each model's options beside the common ones of _config.
 CASES = {
@@ -27,7 +27,7 @@ CASES = {
     "gqa": {"kv_heads": 2, "share_embeddings": False},
     "all": {"norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1},
 }
-SENTENCES = 4
+SENTENCES = 3
 
 
 def _config(vocab_size, **options) -> TransformerConfig:
@@ -60,24 +60,12 @@ def later_site(later_dir):
 def _translate(site, cases, beam_size=1, routes=None, sentences=SENTENCES) -> dict:
     """The page's results (RUN_JS's) for the first ``sentences`` of every case's, in one page:
     {case: [result, ...]}."""
-    url, chromium = site
-    context = chromium.new_context()
-    errors = []
-    try:
-        for glob, (old, new) in (routes or {}).items():
-            context.route(glob, _serve_mutant(old, new))
-        page = context.new_page()
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{url}index.html?model=_test/later/{cases[0]}/")
-        page.wait_for_function("() => ['ready', 'done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+    texts = load_export(TOY_MODEL)[2]["sentences"][:sentences]
+    with fresh_page(site, f"_test/later/{cases[0]}/", routes) as page:
         assert page.evaluate("document.body.dataset.state") != "error", page.inner_text("#message")
-        results = {case: page.evaluate(RUN_JS, {"modelUrl": f"{url}_test/later/{case}/", "beamSize": beam_size,
-                                                "sentences": load_export(TOY_MODEL)[2]["sentences"][:sentences]})
-                   for case in cases}
-    finally:
-        context.close()
-    assert not errors, errors
-    return results
+        return {case: page.evaluate(RUN_JS, {"modelUrl": f"{site[0]}_test/later/{case}/", "sentences": texts,
+                                             "beamSize": beam_size})
+                for case in cases}
 
 
 def _problems(later_dir, results, beam_size=1) -> dict:
