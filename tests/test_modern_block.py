@@ -5,6 +5,7 @@ Its gradients, invariants and cached decoding are drawn with every other option 
 tests/test_model.py."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from attn import engine as engines
@@ -12,6 +13,7 @@ from attn.checkpoint import load_npz
 from attn.data import Vocab
 from attn.evaluate import translate
 from attn.model import Transformer, TransformerConfig
+from attn.site.export import load_export, main as export_main
 from attn.train import TrainConfigError, train
 from attn.training.config import config_from_argv
 from test_train import TINY, write_corpus
@@ -43,6 +45,13 @@ def test_attn_train_trains_averages_resumes_and_decodes_the_later_block(tmp_path
     for beam in (1, 3):
         outputs = translate(model, vocab, ["a b c", "c b"], beam_size=beam)
         assert len(outputs) == 2 and all(isinstance(o.text, str) for o in outputs)
+
+    assert export_main([str(out / "averaged.npz"), str(tmp_path / "page"), "--float16"]) == 0     # for the page
+    page, _, _ = load_export(tmp_path / "page")
+    averaged = Transformer.load(out / "averaged.npz")
+    assert page.config == averaged.config
+    for name, p in averaged.params.items():
+        assert np.array_equal(page.params[name], p.astype(np.float16).astype(np.float32)), name
 
 
 def test_the_fast_engine_makes_the_later_block():
