@@ -87,10 +87,8 @@ export function checkConfig(obj) {
 // The kinds of block the page computes, those of attn.model.TransformerConfig.
 const KINDS = { positional: ["sinusoidal", "learned", "rope"], norm: ["post", "pre"], norm_kind: ["layer", "rms"],
                 ffn: ["relu", "swiglu"] };
-// Each norm's parameters (attn.model.NORM), and the feed-forward network's (attn.model.FFN: SwiGLU has Llama's
-// names, w1 the gate, w3 the value path, w2 out, and no biases).
+// Each norm's parameters (attn.model.NORM): RMSNorm has no shift.
 const NORM = { layer: ["gamma", "beta"], rms: ["gamma"] };
-const FFN = { relu: ["w1", "b1", "w2", "b2"], swiglu: ["w1", "w3", "w2"] };
 
 // SwiGLU's hidden width, attn.layers.swiglu.swiglu_width: 2/3 of d_ff, the paper's parameters in three matrices.
 export function ffnWidth(c) {
@@ -136,6 +134,7 @@ export function parameterShapes(c) {
   }
   const attention = {}, width = { q: D, k: KV, v: KV, o: D };
   for (const n of "qkvo") { attention[`w_${n}`] = [D, width[n]]; attention[`b_${n}`] = [width[n]]; }
+  // SwiGLU's, attn.model.FFN: Llama's names, w1 the gate, w3 the value path, w2 out, and no biases
   const ffn = c.ffn === "swiglu" ? { w1: [D, F], w3: [D, F], w2: [F, D] } : { w1: [D, F], b1: [F], w2: [F, D], b2: [D] };
   const norm = Object.fromEntries(NORM[c.norm_kind].map((n) => [n, [D]]));
   const blocks = {
