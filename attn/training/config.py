@@ -26,14 +26,15 @@ DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
 # --------------------------------------------------------------------------- settings
 
 #: Each preset's training recipe, for the fields left at None: words for the toy corpus; for a small
-#: real corpus (``small``) a vocabulary of 4,000 BPE pieces, 2,048-token batches, a cooldown, and test
-#: translations by beam search that repeats no 4-gram; for ``base`` the earlier real-corpus recipe
-#: (why: benchmarks/RESULTS.md, "A recipe for a small corpus").
+#: real corpus (``small``) a vocabulary of 4,000 BPE pieces, 2,048-token batches, a cooldown, rotary
+#: positions, and test translations by beam search that repeats no 4-gram; for ``base`` the earlier
+#: real-corpus recipe (why: benchmarks/RESULTS.md, "A recipe for a small corpus" and "The block of
+#: today on Multi30k").
 RECIPES = {
     "toy": dict(vocab="word", max_tokens=2048, lr_factor=0.5, min_freq=1, cooldown=0.0,
                 beam=1, alpha=0.6, no_repeat_ngram=0),
     "small": dict(vocab="bpe", vocab_size=4000, max_tokens=2048, lr_factor=1.0, min_freq=2, cooldown=0.3,
-                  beam=4, alpha=1.4, no_repeat_ngram=4),
+                  beam=4, alpha=1.4, no_repeat_ngram=4, positional="rope"),
     "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2, cooldown=0.0,
                  beam=1, alpha=0.6, no_repeat_ngram=0),
 }
@@ -519,13 +520,15 @@ def _add_run_flags(g) -> None:
 def _add_block_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the block's parts: the norm and its place, positions, the feed-forward network,
     grouped-query attention (each None by default: the preset's, the paper's)."""
-    g = parser.add_argument_group("the block (default: the paper's; lesson 26 derives the others)")
+    g = parser.add_argument_group("the block (default: the paper's, but small's rotary positions, chosen on "
+                                  "Multi30k in lesson 28; lesson 26 derives the others)")
     g.add_argument("--norm", choices=["post", "pre"], help="layer norm after each sub-layer's residual sum "
                    "(post, the paper) or before the sub-layer (pre, every later model)")
     g.add_argument("--norm-kind", choices=["layer", "rms"],
                    help="the norm: layer norm (the paper) or RMSNorm (no mean subtracted, no shift)")
     g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],
-                   help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys")
+                   help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys "
+                        f"(default: the preset's, {_recipe('positional')}; else sinusoidal)")
     g.add_argument("--ffn", choices=["relu", "swiglu"],
                    help="the feed-forward network: ReLU (equation 2) or SwiGLU (at 2/3 of --d-ff, the same parameters)")
     g.add_argument("--kv-heads", type=int, metavar="N",
