@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "multi30k"
-ORDER = ["paper-schedule", "cooldown-20min", "vocab-8000-10min", "vocab-4000-10min", "batch-2048-10min", "recipe"]
+ORDER = ["paper-schedule", "cooldown-20min", "vocab-8000-10min", "vocab-4000-10min", "batch-2048-10min", "recipe", "rope-recipe-20min"]
 
 
 def row(name: str) -> str:

@@ -200,6 +200,9 @@ def flash_attention_backward(dout, cache):
 old = patch("attn.layers.flash_attention", "flash_attention_backward", flash_attention_backward)
 '''),
 })
+MUTANTS["28"] = ("every attention keeps a key/value head per query head, whatever kv_heads says", '''
+attn.model.TransformerConfig.key_value_heads = property(lambda self: self.n_heads)
+''')
 MUTANTS["23"] = ("each rank's share weighs 1/ranks (the mean of the ranks' means) instead of its tokens' share", '''
 def share_of(batch, size, rank):
     mine, lo, rows, weight = old(batch, size, rank)
