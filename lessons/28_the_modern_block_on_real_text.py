@@ -26,7 +26,7 @@
 #
 # Equal minutes, not equal steps: a change that makes the step slower has to pay for itself in
 # what each step learns. The choice between blocks is made on the validation split (the
-# trainer's greedy BLEU on its first 200 sentences, logged every 250 steps and at the end).
+# trainer's greedy BLEU on the first validation sentences, logged as it trains and at the end).
 # The trainer also translates the test split once at the end of each run; this lesson reads
 # the test score of the block that validation chose, and no other.
 
@@ -115,7 +115,7 @@ print(f"(the cache after a {SRC_LEN}-piece source and {TGT_LEN} decoded pieces, 
 # %% [markdown]
 # ## 2. Validation BLEU against the minutes
 #
-# Each curve is one run's validation BLEU, logged every 250 steps and at the end, against the
+# Each curve is one run's validation BLEU, logged as it trained and at the end, against the
 # minutes it had trained by then (evaluation time not counted). The paper's block is black, all
 # the changes together red, all but grouped-query attention dashed red.
 
@@ -186,7 +186,7 @@ print(f"its test BLEU {f['test_bleu']:.2f} (lower-cased {f['test_bleu_lc']:.2f};
 # differences of that size mean nothing.
 #
 # One run per block, with one seed: differences of a BLEU point or so are within what a second
-# seed could change (the 200 sentences of the periodic BLEU are few), and the validation loss,
+# seed could change (the periodic BLEU reads few sentences), and the validation loss,
 # over all the validation sentences, is printed beside it as a steadier second opinion.
 
 # %% [markdown]
