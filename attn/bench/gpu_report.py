@@ -361,6 +361,11 @@ def _commit() -> str | None:
 
 
 def _environment(dry_run: bool) -> dict:
+    from ..engine import names
+    if "fast" not in names():
+        raise GpuReportError(f"attn is not installed in this Python ({sys.executable}): the 'fast' engine's entry "
+                             "point is missing, so every check of it would fail. Install it with this Python's pip: "
+                             "`python -m pip install --no-deps --no-build-isolation -e .` from the checkout.")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if dry_run:
         from .counts import stand_in
