@@ -17,6 +17,7 @@ import ast
 import pathlib
 from collections import Counter
 
+import fakecupy
 import numpy as np
 import pytest
 
@@ -130,7 +131,11 @@ def test_the_backward_announces_each_stage_once_it_is_final(backend, workers, no
         g = fast.backward(d, cache, ready=ready)
         grads.append({k: B.to_host(v).copy() for k, v in g.items()})
     for k in grads[0]:
-        assert np.array_equal(grads[0][k], grads[1][k]), k
+        if k == "embedding.weight" and backend is not np and not fakecupy.installed():
+            # a scatter-add: a GPU's float atomics sum a token's rows in whatever order they arrive
+            np.testing.assert_allclose(grads[0][k], grads[1][k], rtol=1e-12, atol=1e-15, err_msg=k)
+        else:
+            assert np.array_equal(grads[0][k], grads[1][k]), k
     ends = [hi for _, hi in fast.arena.layout.stages.values()]
     stops = [stop for stop, _ in seen]
     assert stops == ends and stops[-1] == fast.arena.size

@@ -102,13 +102,15 @@ def test_queries_with_no_key_get_zeros_and_launch_no_tile_loop(backend, monkeypa
 def test_causal_tiles_past_the_queries_are_skipped():
     """A causal attention's forward reads no key tile that lies wholly after its query tile: a
     NaN key there changes nothing (the plain attention would multiply it by a weight of 0)."""
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 1, 8, 2)) for _ in range(3))
-    ok = np.ones((1, 8), dtype=bool)
-    clean = _run_flash(np, q, k, v, ok, True, q, 4)[0]
-    k[:, :, 4:], v[:, :, 4:] = np.nan, np.nan
-    poisoned = _run_flash(np, q, k, v, ok, True, q, 4)[0]
-    np.testing.assert_array_equal(poisoned[:, :, :4], clean[:, :, :4])
+    from conftest import selected_backend
+    with selected_backend("numpy"):
+        rng = np.random.default_rng(0)
+        q, k, v = (rng.standard_normal((1, 1, 8, 2)) for _ in range(3))
+        ok = np.ones((1, 8), dtype=bool)
+        clean = _run_flash(np, q, k, v, ok, True, q, 4)[0]
+        k[:, :, 4:], v[:, :, 4:] = np.nan, np.nan
+        poisoned = _run_flash(np, q, k, v, ok, True, q, 4)[0]
+        np.testing.assert_array_equal(poisoned[:, :, :4], clean[:, :, :4])
 
 
 def test_the_rule_chooses_by_mode_memory_and_dropout():
@@ -173,17 +175,19 @@ def test_the_engines_step_with_the_tiled_attention_equals_the_plain_one(backend,
 
 
 def test_the_tiled_attention_refuses_attention_dropout_and_inspection():
-    cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
-                            attention_dropout=0.1)
-    model = FastTransformer(cfg, dtype="float64", attention="flash")
-    ids = np.array([[3, 4, 5]])
-    with pytest.raises(ValueError, match="attention_dropout is 0.1"):
-        model.forward(ids, ids, B.DeviceRNG(0))
-    _, cache = model.forward(ids, ids)                  # no dropout without an rng: the tiled one runs
-    with pytest.raises(ValueError, match="keeps no attention weights"):
-        FastTransformer.attention_weights(cache)
-    with pytest.raises(ValueError, match="auto, plain, flash"):
-        FastTransformer(cfg, attention="tiled")
+    from conftest import selected_backend
+    with selected_backend("numpy"):
+        cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
+                                attention_dropout=0.1)
+        model = FastTransformer(cfg, dtype="float64", attention="flash")
+        ids = np.array([[3, 4, 5]])
+        with pytest.raises(ValueError, match="attention_dropout is 0.1"):
+            model.forward(ids, ids, B.DeviceRNG(0))
+        _, cache = model.forward(ids, ids)                  # no dropout without an rng: the tiled one runs
+        with pytest.raises(ValueError, match="keeps no attention weights"):
+            FastTransformer.attention_weights(cache)
+        with pytest.raises(ValueError, match="auto, plain, flash"):
+            FastTransformer(cfg, attention="tiled")
 
 
 #: Ceilings of a steady-state training step of the ``quick`` preset with the tiled attention, on the
