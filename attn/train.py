@@ -307,6 +307,14 @@ class _Clock:
         state.tokens_seen += batch.n_src_tokens + batch.n_tgt_tokens
         self.tick()
 
+    def log_losses(self) -> float:
+        """:func:`_log_losses`: the one host sync, on the steps that log. On a GPU it waits for the
+        steps queued since the last one, whose launches alone were timed, so its time is training's."""
+        t0 = time.perf_counter()
+        loss = _log_losses(self.pending, self.state)
+        self.state.train_seconds += time.perf_counter() - t0
+        return loss
+
     def stop_reason(self, interrupt) -> str | None:
         config, state = self.config, self.state
         if config.steps and state.step >= config.steps:
@@ -319,7 +327,7 @@ class _Clock:
         config, state = self.config, self.state
         due = stop_reason or state.step - self.last_eval_step >= config.eval_every
         if state.step % self.pending.every == 0 or due or hooks.on_step is not None:    # a watcher reads each step's loss
-            loss_value = _log_losses(self.pending, state)       # the one host sync, on the steps that log
+            loss_value = self.log_losses()
             tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
             left = self.budget - state.wall_seconds
             bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
@@ -340,7 +348,7 @@ class _Clock:
     def evaluate_if_new(self, hooks: Hooks, bar, dp) -> None:
         """At the end of the last epoch: log and evaluate, unless this step was just evaluated."""
         if self.state.step != self.last_eval_step:
-            _log_losses(self.pending, self.state)
+            self.log_losses()
             if dp.master:
                 hooks.evaluate(bar)
 

@@ -142,6 +142,29 @@ def test_the_training_loop_syncs_only_on_the_steps_that_log(stand_in, tmp_path, 
     assert losses.shape == (n_steps,) and np.isfinite(losses).all()
 
 
+def test_the_wait_for_queued_steps_is_training_time(tmp_path, monkeypatch):
+    """On a GPU a step's call only queues its work, and the loss log's sync waits for it: that
+    wait is counted in ``train_seconds`` (and so in tokens per second). Here the sync is made to
+    take 0.2 s, as a GPU's queue would."""
+    import time
+    for split in ("train", "val", "test"):
+        (tmp_path / f"{split}.xx").write_text("\n".join(s for s, _ in PAIRS) + "\n", encoding="utf-8")
+        (tmp_path / f"{split}.yy").write_text("\n".join(t for _, t in PAIRS) + "\n", encoding="utf-8")
+    real, waits = T._log_losses, []
+
+    def queued(pending, state):
+        if len(pending):
+            waits.append(0.2)
+            time.sleep(0.2)
+        return real(pending, state)
+    monkeypatch.setattr(T, "_log_losses", queued)
+    cfg = T.TrainConfig(data=tmp_path, src="xx", tgt="yy", d_model=16, heads=2, d_ff=32, layers=1, max_tokens=16,
+                        steps=LossLog.every + 2, eval_every=1000, bleu_sentences=0, average=0, minutes=0, quiet=True,
+                        backend="numpy", out=tmp_path / "run")
+    metrics = T.train(cfg)
+    assert len(waits) == 2 and metrics["train_seconds"] >= sum(waits), (waits, metrics["train_seconds"])
+
+
 def test_a_watched_run_has_every_loss_at_every_step(stand_in, tmp_path):
     """``train(on_step=...)`` (the side-by-side benchmark's watcher) reads ``state.losses[-1]``
     after every step: then every step brings its loss to the host."""
