@@ -24,10 +24,11 @@ Conventions
   :meth:`DecodeState.select`), so a long tail of one sentence costs one row.
 * Per step the host receives one small array (the chosen ids and their scores)
   and, when rows change, sends one back (the row index, the tokens, the scores).
-  On a GPU, where each transfer waits for the device, greedy decoding receives the
-  ids and scores of :data:`EOS_CHECK_EVERY` positions at once and replays them in
-  order (finished rows run on until then, and leave the batch at that look): the
-  same tokens and scores. Beam search still looks at every position.
+  An engine's search may look less often (``check_every``: on a GPU, where each
+  look waits for the device, the fast engine's greedy decoding receives several
+  positions' ids and scores at once); the host replays them in order (finished
+  rows run on until then, and leave the batch at that look): the same tokens and
+  scores. Beam search looks at every position.
 
 Beam search scores a hypothesis Y of |Y| tokens (EOS included) as in GNMT
 (Wu et al. 2016), which the paper uses with alpha = 0.6::
@@ -88,8 +89,16 @@ class ReadableSearch:
     :meth:`~attn.model.Transformer.decode_step`, and the token picks below. An engine's model
     may bring its own (:func:`search_of`)."""
 
+    check_every = 1                     # greedy decoding looks for ended sentences at every position
+
     def __init__(self, model):
         self.model = model
+
+    def rows_to_device(self, index, tokens, scores):
+        """Beam search's next rows: the (n,) row index and tokens (int64) and scores (float64),
+        from the host to the model's backend."""
+        xp = self.model.xp
+        return xp.asarray(index), xp.asarray(tokens), xp.asarray(scores)
 
     def start(self, memory, src_mask, reserve=None):
         """The decoding state (``reserve``, the most rows and positions the search will step, is
@@ -302,23 +311,6 @@ def _ban(xp, logp, history, n: int) -> None:
         both = xp.asarray(B.host.stack([r, tok]))                  # one transfer
         logp[both[0], both[1]] = -xp.inf
 
-#: Greedy decoding on a GPU generates this many positions between two looks at which sentences
-#: have ended (one transfer to the host each), instead of one look (a synchronisation) at every
-#: position. The tokens are the same: the host replays the positions in order and keeps each
-#: sentence's tokens up to its EOS; a finished sentence's row runs on for at most this many
-#: positions less one. On the host (NumPy) there is nothing to wait for: every position.
-EOS_CHECK_EVERY = 8
-
-
-def _to_device_rows(xp, index, tokens, scores):
-    """Send the (n,) row index and tokens (int64) and scores (float64) to the device in one
-    transfer (the scores' bits ride in an int64 row); return them as device views of it, so
-    nothing is converted there."""
-    np = B.host
-    packed = xp.asarray(np.stack([np.asarray(index, dtype=np.int64), np.asarray(tokens, dtype=np.int64),
-                                  np.ascontiguousarray(scores, dtype=np.float64).view(np.int64)]))
-    return packed[0], packed[1], packed[2].view(xp.float64)
-
 
 def _to_host_steps(att_steps):
     """The per-step (n_t, S) device arrays as float64 host arrays, in one transfer."""
@@ -383,7 +375,7 @@ def greedy_decode(model, src, max_len=None, use_cache=True, with_attention=False
     rows = np.arange(n)                                # sentence of each row
     alive = np.ones(n, dtype=bool)                     # rows still decoding, as of the last check
     att_steps = []                                     # per step: (sentence of each row, (n_rows, S))
-    every = 1 if xp is B.host or no_repeat_ngram else EOS_CHECK_EVERY   # positions between two looks
+    every = 1 if no_repeat_ngram else stepper.search.check_every       # positions between two looks
     info = xp.empty((every, 2, n), dtype=xp.float64)   # per position: (ids, log-probs) of every row
     tokens = xp.full((n,), BOS, dtype=xp.int64)
     t = 0
@@ -542,7 +534,7 @@ class _Beams:
         idx = new_parent[keep].ravel()
         self.hist = self.hist.reshape(nl, Wn, -1)[keep].reshape(len(idx), -1)
         self.parents.append(idx)
-        idx_d, self.tokens, s_d = _to_device_rows(self.xp, idx, new_tok[keep].ravel(), new_s[keep].ravel())
+        idx_d, self.tokens, s_d = stepper.search.rows_to_device(idx, new_tok[keep].ravel(), new_s[keep].ravel())
         stepper.select(idx_d, idx)
         self.scores = s_d.reshape(len(self.live), Wn)
         self.W = Wn

@@ -85,6 +85,13 @@ class Search(Protocol):
     the token picks."""
 
     model: Model
+    #: Positions greedy decoding generates between two looks at which sentences have ended (one
+    #: transfer to the host each); 1: every position.
+    check_every: int
+
+    def rows_to_device(self, index, tokens, scores):
+        """Beam search's next rows on the model's backend: the (n,) host row index and tokens
+        (int64) and scores (float64), as device arrays."""
 
     def start(self, memory, src_mask, reserve=None):
         """The state for :meth:`step`. ``reserve`` = (rows, positions), the most the search will

@@ -333,16 +333,19 @@ def test_beam_search_stops_once_no_live_beam_can_win():
 @pytest.mark.parametrize("every", [1, 2, 5, 8])
 @pytest.mark.parametrize("fast", [False, True])
 def test_greedy_on_a_gpu_looks_for_eos_every_few_positions(monkeypatch, every, fast):
-    """On a GPU greedy decoding learns which sentences have ended only every ``EOS_CHECK_EVERY``
-    positions (one transfer each): finished rows run on until the next look, and the host replays
+    """On a GPU the fast engine's greedy decoding learns which sentences have ended only every
+    ``EOS_CHECK_EVERY`` positions (one transfer each; the readable search, made to look as
+    seldom, runs the same loop): finished rows run on until the next look, and the host replays
     the positions in order. Tokens, scores and attention are those of looking at every position
     (NumPy's), with sentences ending at several lengths (rows leave the batch at the looks)."""
     import attn.decode as D
+    import attn.fast.decoding as fast_decoding
     from conftest import selected_backend
     with selected_backend("numpy"):
         want = greedy_decode(eos_model(), sources(), with_attention=True)
     assert len({len(t) for t in want.tokens}) >= 3
-    monkeypatch.setattr(D, "EOS_CHECK_EVERY", every)
+    monkeypatch.setattr(D.ReadableSearch, "check_every", every)      # the readable search looks every position
+    monkeypatch.setattr(fast_decoding, "EOS_CHECK_EVERY", every)
     with selected_backend("fakecupy") as cp:
         m = eos_model()
         if fast:

@@ -10,7 +10,8 @@ the GPU. The stand-in counts every transfer (``.get()``, ``asnumpy``, ``float()`
 * the training loop: one per step that logs (every :attr:`attn.engine.LossLog.every` steps, and
   before each evaluation or checkpoint), bringing every pending loss at once; none otherwise;
 * decoding with the key/value cache: beam search one per generated position, greedy decoding
-  one per :data:`attn.decode.EOS_CHECK_EVERY` positions (the host learns which sentences have
+  one per :attr:`attn.engine.Search.check_every` positions (the fast engine's
+  :data:`attn.fast.decoding.EOS_CHECK_EVERY` on a GPU: the host learns which sentences have
   ended only then), plus two to start (the source's lengths, the source ids' range check) and
   one at the end for the attention weights when they are asked for. Without the cache (the
   O(t^2) baseline), one more per position: the re-run prefix's ids are range-checked on the
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 import attn.backend as B
+import attn.fast.decoding as fast_decoding
 import attn.fast.loop as FL
 import attn.train as T
 import fakecupy
@@ -199,7 +201,8 @@ def test_decoding_syncs_once_per_generated_position(stand_in, monkeypatch, cls, 
                                                     every):
     """Beam search: one sync per position. Greedy: one per ``every`` positions (rows that ended
     meanwhile leave the batch then, without another)."""
-    monkeypatch.setattr(decode, "EOS_CHECK_EVERY", every)
+    monkeypatch.setattr(decode.ReadableSearch, "check_every", every)
+    monkeypatch.setattr(fast_decoding, "EOS_CHECK_EVERY", every)
     model = cls(TransformerConfig(**{**CFG.__dict__, "dropout": 0.0}), seed=1, dtype="float64")
     src = B.to_device(np.array([[4, 5, 6, 7, 0], [8, 5, 4, 6, 7], [6, 0, 0, 0, 0]]))
     positions = []

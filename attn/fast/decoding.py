@@ -39,6 +39,23 @@ from .. import backend as B
 from .dispatch import ops_for
 from .threads import _THREADS, _row_slices, single_threaded_blas
 
+#: Greedy decoding on a GPU generates this many positions between two looks at which sentences
+#: have ended (one transfer to the host each, :attr:`attn.engine.Search.check_every`), instead of
+#: one look (a synchronisation) at every position. The tokens are the same: the host replays the
+#: positions in order and keeps each sentence's tokens up to its EOS; a finished sentence's row
+#: runs on for at most this many positions less one. On the host there is nothing to wait for.
+EOS_CHECK_EVERY = 8
+
+
+def rows_to_device(xp, index, tokens, scores):
+    """:meth:`attn.engine.Search.rows_to_device` in one transfer: the (n,) row index and tokens
+    (int64) and scores (float64) as one int64 array (the scores' bits ride in a row), returned as
+    device views of it, so nothing is converted there."""
+    np = B.host
+    packed = xp.asarray(np.stack([np.asarray(index, dtype=np.int64), np.asarray(tokens, dtype=np.int64),
+                                  np.ascontiguousarray(scores, dtype=np.float64).view(np.int64)]))
+    return packed[0], packed[1], packed[2].view(xp.float64)
+
 
 class _KV:
     """The self-attention keys and values of every decoder layer, ``(n, H, capacity, Dh)``

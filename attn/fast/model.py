@@ -696,6 +696,10 @@ class FastSearch:
 
     def __init__(self, model: FastTransformer):
         self.model = model
+        self.check_every = 1 if model.xp is B.host else decoding.EOS_CHECK_EVERY
+
+    def rows_to_device(self, index, tokens, scores):
+        return decoding.rows_to_device(self.model.xp, index, tokens, scores)
 
     def start(self, memory, src_mask, reserve=None):
         return self.model.start_decoding(memory, src_mask, reserve)
