@@ -226,3 +226,20 @@ def test_attn_train_takes_the_attention_and_hands_it_to_the_fast_engine():
     cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)
     model, _ = make_engine(Transformer(cfg), "fast", 1.0, attention="flash")
     assert model.attention == "flash"
+
+
+def test_make_engine_refuses_a_choice_of_attention_the_engine_lacks():
+    """``make_engine(..., attention=)`` sets the fast engine's attention; the reference engine has
+    the plain one alone, and is refused the choice in words rather than given an attribute it
+    never reads."""
+    from attn.model import Transformer
+    from attn.training.prepare import make_engine
+    from conftest import selected_backend
+    cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)
+    with selected_backend("numpy"):
+        model = Transformer(cfg, seed=0)
+        fast, _ = make_engine(model, "fast", 1.0, attention="flash")
+        assert fast.attention == "flash"
+        assert make_engine(model, "reference", 1.0)[0] is not None
+        with pytest.raises(ValueError, match="attention='flash'.*reference engine"):
+            make_engine(model, "reference", 1.0, attention="flash")

@@ -220,6 +220,9 @@ def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, co
     model = engine.model(model.config, dtype=model.dtype, params=model.params, precision=Precision.of(precision),
                          check_ids=False)
     if attention != "auto":
+        if not hasattr(model, "attention"):
+            raise ValueError(f"make_engine: attention={attention!r} chooses the fast engine's attention "
+                             f"(attn.fast.flash); the {engine.name} engine has the plain one alone")
         model.attention = attention
     return model, engine.optimizer(model, lr_factor, cooldown)
 
