@@ -64,16 +64,16 @@ REPLAY_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 def held_parameters(model):
     """The parameters of a fast ``model`` that a replayed step is held to equal an eager step's
     (:data:`REPLAY_TOLERANCE`), on the host as one flat array: all but the key projections' biases
-    where there are no rotary positions. Such a bias adds the same q·b_k to every score of a query,
-    which the softmax ignores, so it changes no loss and its gradient is zero in exact arithmetic;
-    computed, it is rounding noise, and Adam, dividing by the gradient's own size, moves it by
-    about the learning rate each step, in a direction that differs between two runs whose sums
-    differ in their last bits. (With rotary positions the bias is rotated by each key's position
-    and is a real parameter.)"""
+    that change no loss. Such a bias adds the same q·b_k to every score of a query, which the
+    softmax ignores, so its gradient is zero in exact arithmetic; computed, it is rounding noise,
+    and Adam, dividing by the gradient's own size, moves it by about the learning rate each step,
+    in a direction that differs between two runs whose sums differ in their last bits. That holds
+    for every cross-attention, and for the self-attentions unless rotary positions turn each key's
+    bias by its position (then the bias is a real parameter, and held)."""
     views = model.arena.views(model.arena.params)
-    free = model.config.positional != "rope"
+    rope = model.config.positional == "rope"
     return B.host.concatenate([B.to_host(v).ravel() for name, v in views.items()
-                               if not (free and name.endswith(".b_k"))])
+                               if not (name.endswith(".b_k") and (not rope or ".cross_attn." in name))])
 
 
 class CaptureError(RuntimeError):
