@@ -39,6 +39,33 @@ def test_without_a_gpu_it_stops_at_once_and_says_why(tmp_path, monkeypatch, caps
     assert not (tmp_path / "r").exists()
 
 
+def test_without_attns_engines_registered_it_stops_at_once_and_says_how_to_install(tmp_path, monkeypatch):
+    """attn installed by another Python's pip (or not at all) has no entry points: every check of
+    the fast engine would fail, so the report refuses before any part, naming the fix."""
+    import attn.engine
+    monkeypatch.setattr(attn.engine, "names", lambda: ["reference"])
+    with pytest.raises(G.GpuReportError, match=r"not installed in this Python .*python -m pip install"):
+        G.gpu_report(tmp_path / "r", dry_run=True, quiet=True)
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_preflights_bound_refuses_a_product_off_by_more_than_float32_allows():
+    """The preflight's ``cublas views`` holds each product to float32 accumulation's bound of the
+    exact product: the exact product passes, NumPy's float32 product passes within it, and one
+    wrong in a single entry by a thousandth of the largest is refused."""
+    import numpy as np
+    from attn.bench.preflight import _within_bound
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((64, 5)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert _within_bound(exact, a, b, "exact") == 0.0
+    assert _within_bound(a @ b, a, b, "float32") <= 1.0
+    wrong = exact.copy()
+    wrong[3, 2] += 1e-3 * np.abs(exact).max()
+    with pytest.raises(AssertionError, match="times float32 accumulation's bound"):
+        _within_bound(wrong, a, b, "wrong")
+
+
 def test_the_stand_in_is_no_gpu(tmp_path):
     from conftest import selected_backend
     with selected_backend("fakecupy"):
