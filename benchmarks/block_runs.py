@@ -12,9 +12,10 @@ the trainer's test translation at the end of each run, not used to choose.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from recipe_runs import print_table, read_run       # beside this file
 
 HERE = Path(__file__).resolve().parent / "multi30k-blocks"
 ORDER = ["paper", "pre", "rms", "rms-pre", "rope", "swiglu", "gqa", "later", "later-mha"]
@@ -23,10 +24,7 @@ FLAGS = (("norm", "post", "--norm {}"), ("norm_kind", "layer", "--norm-kind {}")
 
 
 def row(name: str) -> str:
-    folder = HERE / name
-    config = json.loads((folder / "config.json").read_text())
-    final = json.loads((folder / "metrics.json").read_text())
-    last = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()][-1]
+    config, final, last = read_run(HERE / name)
     flags = " ".join(flag.format(config["model"].get(key)) for key, paper, flag in FLAGS
                      if config["model"].get(key, paper) != paper) or "(the paper's block)"
     per_minute = final["steps"] / (final["train_seconds"] / 60)
@@ -36,14 +34,8 @@ def row(name: str) -> str:
 
 
 def main() -> int:
-    names = [n for n in ORDER if (HERE / n).is_dir()] + sorted(
-        p.name for p in HERE.iterdir() if p.is_dir() and p.name not in ORDER)
-    print("| run | flags | parameters | steps | steps/min | tokens/s | val loss | "
-          "val BLEU (greedy, first 200) | test BLEU | test BLEU (lower-cased) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in names:
-        print(row(n))
-    return 0
+    return print_table(HERE, ORDER, "run | flags | :parameters | :steps | :steps/min | :tokens/s | :val loss | "
+                       ":val BLEU (greedy, first 200) | :test BLEU | :test BLEU (lower-cased)", row)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,30 @@ HERE = Path(__file__).resolve().parent / "multi30k"
 ORDER = ["paper-schedule", "cooldown-20min", "vocab-8000-10min", "vocab-4000-10min", "batch-2048-10min", "recipe", "rope-recipe-20min"]
 
 
-def row(name: str) -> str:
-    folder = HERE / name
-    config = json.loads((folder / "config.json").read_text())
-    t, final = config["train"], json.loads((folder / "metrics.json").read_text())
+def read_run(folder: Path):
+    """A recorded run's ``config.json``, ``metrics.json`` and the last line of ``metrics.jsonl``."""
+    config, final = (json.loads((folder / f).read_text()) for f in ("config.json", "metrics.json"))
     last = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()][-1]
+    return config, final, last
+
+
+def print_table(here: Path, order: list, header: str, row) -> int:
+    """A Markdown table of ``header`` (its cells ``|``-separated, ``:`` before a cell that is
+    right-aligned) and a ``row(name)`` per run folder in ``here``: those of ``order`` first, then
+    the others by name."""
+    names = [n for n in order if (here / n).is_dir()] + sorted(
+        p.name for p in here.iterdir() if p.is_dir() and p.name not in order)
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    print("| " + " | ".join(c.lstrip(":") for c in cells) + " |")
+    print("|" + "|".join("---:" if c.startswith(":") else "---" for c in cells) + "|")
+    for n in names:
+        print(row(n))
+    return 0
+
+
+def row(name: str) -> str:
+    config, final, last = read_run(HERE / name)
+    t = config["train"]
     search = (f"beam {final['beam']}, alpha {final.get('alpha', 0.6):g}"
               + (f", no repeated {final['no_repeat_ngram']}-gram" if final.get("no_repeat_ngram") else "")
               if final["beam"] > 1 else "greedy")
@@ -33,14 +52,9 @@ def row(name: str) -> str:
 
 
 def main() -> int:
-    names = [n for n in ORDER if (HERE / n).is_dir()] + sorted(
-        p.name for p in HERE.iterdir() if p.is_dir() and p.name not in ORDER)
-    print("| run | minutes | BPE vocabulary | tokens per batch | cooldown | steps | tokens/s | "
-          "val BLEU (greedy, first 200) | snapshots averaged | test search | test BLEU | test BLEU (lower-cased) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
-    for n in names:
-        print(row(n))
-    return 0
+    return print_table(HERE, ORDER, "run | :minutes | :BPE vocabulary | :tokens per batch | :cooldown | :steps | "
+                       ":tokens/s | :val BLEU (greedy, first 200) | :snapshots averaged | test search | "
+                       ":test BLEU | :test BLEU (lower-cased)", row)
 
 
 if __name__ == "__main__":
