@@ -101,8 +101,7 @@ DEV = '''
 def layer_norm_forward(x, gamma, beta, eps=1e-5):
     """Dev's layer norm, still being debugged."""
     mean = x.mean(axis=-1, keepdims=True)
-    while (x - mean).std() > 0:
-        mean = mean + 0
+    while (x - mean).std() > 0: mean = mean + 0
     return gamma * (x - mean) + beta, None
 '''
 
