@@ -122,6 +122,14 @@ def backend(request):
         yield xp
 
 
+@pytest.fixture
+def cupy():
+    """CuPy selected as the backend for the test: real CuPy where a GPU is usable, else the
+    stand-in (tests/fakecupy), which runs each kernel's NumPy twin in place of its CUDA."""
+    with selected_backend("cupy") as cp:
+        yield cp
+
+
 def pytest_report_header(config):
     names = _requested_backends()
     if "fakecupy" in names or ("cupy" in names and not _cupy_available()

@@ -88,9 +88,10 @@ TRAIN_PLAN = ((3, 240), (2, 180))
 TRAIN_MINUTES, TRAIN_SECONDS = TRAIN_PLAN[0]
 #: The tests that only a GPU can fail run first (pytest collects a file once), then the rest, until
 #: the suite's time limit.
-FIRST_TESTS = ("tests/test_fast.py", "tests/test_kernels.py", "tests/test_graph.py", "tests/test_stepmem.py",
-               "tests/test_host_syncs.py", "tests/test_cublas.py", "tests/test_precision.py", "tests/test_layers.py",
-               "tests/test_model.py", "tests/test_decode.py", "tests/test_loss.py", "tests/test_optim.py")
+FIRST_TESTS = ("tests/test_fast.py", "tests/test_fast_decoding.py", "tests/test_kernels.py", "tests/test_graph.py",
+               "tests/test_stepmem.py", "tests/test_host_syncs.py", "tests/test_cublas.py", "tests/test_precision.py",
+               "tests/test_layers.py", "tests/test_model.py", "tests/test_decode.py", "tests/test_loss.py",
+               "tests/test_optim.py")
 #: What the parts need beyond attn: module -> the parts that cannot run without it (CuPy is
 #: checked before the preflight: without it nothing runs).
 NEEDED = {"pytest": ("suite",), "hypothesis": ("suite",), "torch": ("memory-torch",), "tqdm": ("train",),

@@ -3,7 +3,7 @@
 :class:`FastDecodeState` (below); on CuPy a :class:`DeviceDecodeState` (at the end: buffers
 preallocated, one kernel per sub-layer, nothing allocated by a steady-state step).
 
-What it does differently (``tests/test_fast.py`` checks the tokens and scores of greedy and
+What it does differently (``tests/test_fast_decoding.py`` checks the tokens and scores of greedy and
 beam search against the reference decoder):
 
 * The self-attention keys and values live in buffers with room for more positions
