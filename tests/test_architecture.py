@@ -1,7 +1,8 @@
 """The architecture, enforced: the import-linter contracts in setup.cfg hold, every part of the
 package is in one of the three layers they name, docs/ARCHITECTURE.md draws those layers as
-they are, no module is longer than one person reads in a sitting, no function of the course
-longer than a screen, and the readable training step is read in few files."""
+they are, no module of the project (attn/, its tests, lessons and scripts) is longer than one
+person reads in a sitting, no function of the course longer than a screen, and the readable
+training step is read in few files."""
 from __future__ import annotations
 
 import ast
@@ -15,8 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "attn"
 
-#: The most lines a module of attn/ may have.
+#: The most lines a module of the project may have: attn/'s, and the lessons', tests' and scripts'.
 MAX_LINES = 800
+#: The folders that hold the project's Python (outputs such as tests/out/ aside).
+SOURCES = ("attn", "tests", "lessons", "benchmarks", "docs", "data", "book", "web")
 #: The most lines a function of the course may have, its signature and docstring included.
 MAX_FUNCTION_LINES = 60
 #: The most files of attn/ that the readable training step runs in, outside attn/layers/ and in all.
@@ -88,7 +91,19 @@ def test_the_map_draws_the_layers_as_the_contracts_name_them():
     assert drawn == layers()
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def modules() -> list[Path]:
+    """Every Python file of the project, in attn/ and beside it."""
+    return sorted(p for folder in SOURCES for p in (ROOT / folder).rglob("*.py")
+                  if (ROOT / "tests" / "out") not in p.parents)
+
+
+def test_the_modules_are_found():
+    found = modules()
+    assert PACKAGE / "model.py" in found and ROOT / "tests" / "fakecupy" / "cupy.py" in found
+    assert {p.relative_to(ROOT).parts[0] for p in found} >= {"attn", "tests", "lessons", "benchmarks", "docs"}
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_is_longer_than_a_sitting(path):
     n = len(path.read_text(encoding="utf-8").splitlines())
     assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (at most {MAX_LINES}): split it by its seams"
