@@ -18,8 +18,10 @@ PACKAGE = ROOT / "attn"
 
 #: The most lines a module of the project may have: attn/'s, and the lessons', tests' and scripts'.
 MAX_LINES = 800
-#: The folders that hold the project's Python (outputs such as tests/out/ aside).
+#: The folders that hold the project's Python.
 SOURCES = ("attn", "tests", "lessons", "benchmarks", "docs", "data", "book", "web")
+#: What runs write beside it (.gitignore's): copies and outputs, not the project's modules.
+OUTPUTS = ("tests/out", "book/lessons", "lessons/out", "benchmarks/out")
 #: The most lines a function of the course may have, its signature and docstring included.
 MAX_FUNCTION_LINES = 60
 #: The most files of attn/ that the readable training step runs in, outside attn/layers/ and in all.
@@ -93,8 +95,9 @@ def test_the_map_draws_the_layers_as_the_contracts_name_them():
 
 def modules() -> list[Path]:
     """Every Python file of the project, in attn/ and beside it."""
+    outputs = [ROOT / o for o in OUTPUTS]
     return sorted(p for folder in SOURCES for p in (ROOT / folder).rglob("*.py")
-                  if (ROOT / "tests" / "out") not in p.parents)
+                  if not any(o in p.parents for o in outputs))
 
 
 def test_the_modules_are_found():
