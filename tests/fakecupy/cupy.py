@@ -14,6 +14,7 @@ every name of theirs is re-exported, so ``cupy.X`` reaches it as it would in CuP
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 from collections import Counter
@@ -282,10 +283,17 @@ globals()["bool"] = np.bool_     # cupy.bool, as numpy.bool (so the code here sp
 _NOT_FUNCTIONS = {"asarray", "array"}
 
 
+#: The wrappers of NumPy's names that are also Python's builtins (any, sum, max...), kept apart:
+#: in the module's globals they would hide the builtins from the stand-in's own code.
+_SHADOWING: dict = {}
+
+
 def __getattr__(name):
     """Any other NumPy function or ufunc, taking and giving device arrays."""
     if name.startswith("_"):
         raise AttributeError(name)
+    if name in _SHADOWING:
+        return _SHADOWING[name]
     obj = getattr(np, name, None)
     if isinstance(obj, np.ufunc):
         w = _Ufunc(obj)
@@ -293,7 +301,7 @@ def __getattr__(name):
         w = _function(name, obj)
     else:
         raise AttributeError(f"module 'fakecupy.cupy' has no attribute {name!r}")
-    globals()[name] = w
+    (_SHADOWING if hasattr(builtins, name) else globals())[name] = w
     return w
 
 
