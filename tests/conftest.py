@@ -130,14 +130,39 @@ def cupy():
         yield cp
 
 
+def _machine_line() -> str:
+    """The CPU, OpenBLAS's kernel for it and the versions that decide numbers and examples: what
+    a report of a run on another machine must say."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+    from attn.backend import blas_info
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    info = blas_info()
+    kernel = f"OpenBLAS kernel {info['corename']}" if "corename" in info else info.get("build", "BLAS unknown")
+    forced = f" (OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']})" if os.environ.get("OPENBLAS_CORETYPE") else ""
+
+    def v(name):
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            return f"{name} absent"
+    return f"machine: {cpu}, {kernel}{forced}; " + ", ".join(v(n) for n in ("numpy", "hypothesis", "matplotlib"))
+
+
 def pytest_report_header(config):
+    lines = [_machine_line()]
     names = _requested_backends()
     if "fakecupy" in names or ("cupy" in names and not _cupy_available()
                                and _ENV != "cupy"):
         why = _why_no_cupy()
-        return [f"attn backends: {', '.join(names)}; CuPy tests run on the stand-in tests/fakecupy"
-                + (f" (real CuPy: {why})" if why else "")]
-    return [f"attn backends: {', '.join(names)}" + ("; CuPy on a GPU" if "cupy" in names else "")]
+        return lines + [f"attn backends: {', '.join(names)}; CuPy tests run on the stand-in tests/fakecupy"
+                        + (f" (real CuPy: {why})" if why else "")]
+    return lines + [f"attn backends: {', '.join(names)}" + ("; CuPy on a GPU" if "cupy" in names else "")]
 
 
 @pytest.fixture
@@ -152,3 +177,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if line:
         terminalreporter.write_sep("-", "gradient checks")
         terminalreporter.write_line(line)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The machine line again at the end, where ``-q`` (which drops the header) still shows it."""
+    terminalreporter.write_line(_machine_line())
