@@ -172,13 +172,70 @@ def torch():
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Close with the worst gradient-check error of the session, if any checks ran."""
+    """Close with the worst gradient-check error of the session, if any checks ran, whether the
+    sentinels outlived the suite, and the machine line (which ``-q`` drops from the header)."""
     line = testing.gradient_summary()
     if line:
         terminalreporter.write_sep("-", "gradient checks")
         terminalreporter.write_line(line)
-
-
-def pytest_terminal_summary(terminalreporter):
-    """The machine line again at the end, where ``-q`` (which drops the header) still shows it."""
+    for text in _SENTINELS_KILLED:
+        terminalreporter.write_line(text, red=True)
     terminalreporter.write_line(_machine_line())
+
+
+# --------------------------------------------------------------------------- sentinels
+
+#: Processes the suite starts before its first test and that no test may end: one of this user's
+#: and, as root, one of user nobody (whom the grader's children run as) in a PID namespace of its
+#: own, as another grader's sandboxed child would be. A test that signals what it did not start
+#: (``kill(-1)`` from a child without a namespace) ends them; the run then fails.
+SENTINELS: dict = {}
+_SENTINELS_KILLED: list = []
+
+
+def _start_sentinels() -> dict:
+    import shutil
+    import subprocess
+    sleeper = ["sleep", "864213"]                  # a program every user may run
+    started = {"this user's": subprocess.Popen(sleeper, start_new_session=True, stdin=subprocess.DEVNULL)}
+    if os.geteuid() == 0:
+        nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+        unshare = ["unshare", "--pid", "--fork"] if shutil.which("unshare") else []
+        if shutil.which("setpriv"):
+            for cmd in ([*unshare, *nobody, *sleeper], [*nobody, *sleeper]):
+                proc = subprocess.Popen(cmd, start_new_session=True, stdin=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+                try:
+                    proc.wait(timeout=0.5)            # a namespace refused here: try without it
+                except subprocess.TimeoutExpired:
+                    started["nobody's"] = proc
+                    break
+    return started
+
+
+def sentinels_ended() -> list[str]:
+    """The sentinels that have ended, by whose they are (empty while all live)."""
+    return [who for who, proc in SENTINELS.items() if proc.poll() is not None]
+
+
+def pytest_sessionstart(session):
+    SENTINELS.update(_start_sentinels())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    dead = sentinels_ended()
+    for who, proc in SENTINELS.items():
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)                 # ours: started by pytest_sessionstart
+            proc.wait()
+    if dead:
+        _SENTINELS_KILLED.append(f"a test signalled processes it did not start: the sentinel(s) {', '.join(dead)} "
+                                 "ended during the run")
+        session.exitstatus = 1
+
+
+@pytest.fixture
+def sentinels_ended_by():
+    """``check()``: the sentinels that have ended so far (see :data:`SENTINELS`), for a test that
+    must not signal what it did not start; the run fails at its end too."""
+    return sentinels_ended

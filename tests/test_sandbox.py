@@ -23,8 +23,14 @@ BWRAP, _, NO_BWRAP_WHY = bubblewrap.available()
 needs_namespaces = pytest.mark.skipif(not BWRAP, reason=f"no sandbox here: {NO_BWRAP_WHY}")
 GOOD = "def relu_forward(x):\n    return x * (x > 0), x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout * cache\n"
 WRONG_RELU = "    return x, x > 0\n\n\ndef relu_backward(dout, cache):\n    return dout\n"
-KILLS = ("import os, signal\n\n\ndef relu_forward(x):\n    for target in (os.getppid(), 1, -1):\n        try:\n"
-         "            os.kill(target, signal.SIGKILL)\n        except OSError:\n            pass\n" + WRONG_RELU)
+#: A file that signals its grader and pid 1; ``kill(-1)`` (every process its user may signal) only
+#: where the child has a PID namespace of its own (bubblewrap): without one it would reach the
+#: machine's other processes of that user, which the tests did not start.
+KILLS_IN_NAMESPACE = ("import os, signal\n\n\ndef relu_forward(x):\n    for target in (os.getppid(), 1, -1):\n"
+                      "        try:\n            os.kill(target, signal.SIGKILL)\n        except OSError:\n"
+                      "            pass\n" + WRONG_RELU)
+KILLS_OUTSIDE = KILLS_IN_NAMESPACE.replace("(os.getppid(), 1, -1)", "(os.getppid(), 1)")
+KILLS = KILLS_IN_NAMESPACE if BWRAP else KILLS_OUTSIDE          # what --sandbox auto gets here
 STOPS = KILLS.replace("SIGKILL", "SIGSTOP")
 FORGES = '''import json, os, signal, time
 
@@ -67,7 +73,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_batch_survives_a_file_that_kills_one_that_stops_and_one_that_forges(tmp_path):
+def test_a_batch_survives_a_file_that_kills_one_that_stops_and_one_that_forges(tmp_path, sentinels_ended_by):
     folder = tmp_path / "class"
     folder.mkdir()
     for name, text in (("a_good.py", GOOD), ("b_kills.py", KILLS), ("c_stops.py", STOPS), ("d_forges.py", FORGES),
@@ -95,6 +101,7 @@ def test_a_batch_survives_a_file_that_kills_one_that_stops_and_one_that_forges(t
     assert {p: _digest(p) for p in out.iterdir()} == digests
     assert sorted(p.name for p in folder.iterdir()) == ["a_good.py", "b_kills.py", "c_stops.py", "d_forges.py",
                                                         "e_good.py"]
+    assert not sentinels_ended_by(), f"the files signalled processes the test did not start: {sentinels_ended_by()}"
 
 
 @needs_namespaces
@@ -192,16 +199,18 @@ def test_a_class_is_graded_in_parallel_into_one_table(tmp_path):
     assert "100%" in proc.stdout and (out / "similarity.html").is_file()       # ann's relu is eve's
 
 
-def test_without_namespaces_a_batch_still_survives(tmp_path):
-    """--sandbox off: no namespaces; as root the child is nobody, who may not signal the grader."""
+def test_without_namespaces_a_batch_still_survives(tmp_path, sentinels_ended_by):
+    """--sandbox off: no namespaces; as root the child is nobody, who may not signal the grader
+    (nor, as the file does not try ``kill(-1)`` here, any other process of nobody's)."""
     if os.geteuid() != 0:
         pytest.skip("the grader is not root here: without namespaces the child is the grader's own user")
     folder = tmp_path / "class"
     folder.mkdir()
-    for name, text in (("a_good.py", GOOD), ("b_kills.py", KILLS), ("c_good.py", GOOD)):
+    for name, text in (("a_good.py", GOOD), ("b_kills.py", KILLS_OUTSIDE), ("c_good.py", GOOD)):
         (folder / name).write_text(text)
     proc = _run("--all", folder, "--examples", "3", "--timeout", "3", "--sandbox", "off", "--json",
                 tmp_path / "r.json")
+    assert not sentinels_ended_by(), f"the file signalled processes the test did not start: {sentinels_ended_by()}"
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = {Path(f["file"]).name: [r["status"] for r in f["layers"]] for f in json.loads((tmp_path / "r.json")
                                                                                             .read_text())}
