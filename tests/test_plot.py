@@ -81,3 +81,11 @@ def test_a_long_suptitle_is_wrapped_to_the_figure(tmp_path, monkeypatch):
     _saved(fig, tmp_path, monkeypatch)
     renderer = fig.canvas.get_renderer()
     assert fig._suptitle.get_window_extent(renderer).width <= fig.bbox.width * 1.02
+
+
+def test_quick_steps_cuts_training_only_when_asked(monkeypatch):
+    from attn.plot import quick_steps
+    monkeypatch.delenv("ATTN_QUICK_WEAK", raising=False)
+    assert quick_steps(500) == 500
+    monkeypatch.setenv("ATTN_QUICK_WEAK", "1")
+    assert quick_steps(500) == 50 and quick_steps(5) == 2
