@@ -292,7 +292,8 @@ def lesson_output_dir() -> Path:
 
 #: Set to 1, the lessons' quick mode trains a tenth of its steps: a deliberately weak model, so
 #: that their checks and the book's build meet the models other machines (another BLAS, another
-#: number of threads) train, without those machines (docs/ARCHITECTURE.md, "Testing").
+#: number of threads) train, without those machines (docs/ARCHITECTURE.md, "Testing as
+#: another machine would").
 WEAK_ENV = "ATTN_QUICK_WEAK"
 
 
