@@ -174,7 +174,7 @@ argv = ["--data", os.path.relpath(data_dir), "--out", os.path.relpath(run_dir), 
         "--d-model", str(D_MODEL), "--heads", str(HEADS), "--d-ff", str(D_FF), "--layers", str(LAYERS),
         "--dropout", str(DROPOUT), "--label-smoothing", str(SMOOTHING), "--warmup", str(WARMUP),
         "--lr-factor", str(LR_FACTOR), "--steps", str(STEPS), "--max-tokens", str(MAX_TOKENS),
-        "--eval-every", str(EVAL_EVERY), "--average", "5", "--snapshot-every", "50",
+        "--eval-every", str(EVAL_EVERY), "--average", "5", "--snapshot-every", str(min(50, STEPS // 10)),
         "--minutes", "0", "--bleu-sentences", "0", "--quiet", "--reference"]
 print(" \\\n    ".join(textwrap.wrap("attn-train " + " ".join(argv), 78, break_on_hyphens=False)))
 print(f"(the toy preset's default --lr-factor: {TrainConfig().with_recipe().lr_factor:g})")
