@@ -230,8 +230,9 @@ assert QUICK or np.all(per_seed_gain > 2 * noise), \
 assert np.array_equal(sinusoidal_table(200, D, "float64")[:64], sinusoidal_table(64, D, "float64")), \
     "a longer sinusoidal table must extend the shorter one"
 assert np.array_equal(dx, dout)
-print(f"Check passed in {time.time() - T0:.1f} s: learned rows past position {L_TRAIN} never moved; both models copy "
-      f"within the training length; past it, sinusoidal {summary['sinusoidal']['beyond'].mean():.2f} vs learned "
+print(f"Check passed in {time.time() - T0:.1f} s: learned rows past position {L_TRAIN} never moved; "
+      f"copy accuracy within the training length at least {min(summary[k]['inside'].min() for k in summary):.2f}"
+      f"{' (not asserted in quick mode)' if QUICK else ''}; past it, sinusoidal {summary['sinusoidal']['beyond'].mean():.2f} vs learned "
       f"{summary['learned']['beyond'].mean():.2f} accuracy.")
 
 
