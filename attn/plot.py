@@ -4,10 +4,11 @@ Each function draws on its own ``Figure`` with an Agg canvas instead of going
 through ``pyplot``: nothing global changes, so importing this module never
 switches the backend of a program that has its own plots open.
 
-The lessons share two helpers from here: :func:`lesson_output_dir` (one folder,
+The lessons share three helpers from here: :func:`lesson_output_dir` (one folder,
 anchored at the repository root whatever the working directory, that git
-ignores) and :func:`show_figure` (save the figure there, and show it inline
-when the lesson runs as a notebook or in an interactive window).
+ignores), :func:`show_figure` (save the figure there, and show it inline
+when the lesson runs as a notebook or in an interactive window) and
+:func:`quick_steps` (how long quick mode trains; ``ATTN_QUICK_WEAK=1`` cuts it).
 """
 from __future__ import annotations
 
@@ -94,60 +95,82 @@ def fit_text(fig, dpi: float = 110, column_px: float = COLUMN_PX, min_px: float 
     return total
 
 
+def _colour_bars(fig) -> list:
+    """The axes of ``fig`` that hold a colour bar (``fig.colorbar`` labels them so)."""
+    return [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+
+
 def _constrain(fig) -> None:
     """Lay out a figure of subplots with constrained layout, which keeps titles, labels and
     colour bars of neighbouring panels apart (tight layout, the lessons' habit, is done once,
     before the text is enlarged, and does not see a suptitle). A figure that places its own
-    axes keeps them."""
+    axes keeps them, and so does one with a colour bar made for another engine: constrained
+    layout cannot move it (and matplotlib refuses to switch back), so tight layout stays."""
     from matplotlib.layout_engine import PlaceHolderLayoutEngine, TightLayoutEngine
     engine = fig.get_layout_engine()
     if (engine is None or isinstance(engine, (PlaceHolderLayoutEngine, TightLayoutEngine))) and fig.axes \
-            and all(ax.get_subplotspec() is not None for ax in fig.axes):
+            and all(ax.get_subplotspec() is not None for ax in fig.axes) and not _colour_bars(fig):
         try:
             fig.set_layout_engine("constrained")
             fig.canvas.draw()
-        except RuntimeError:        # a colour bar made under tight layout: it stays, laid out again
+        except RuntimeError:        # a colour bar matplotlib knows of and we did not: nothing changed
             pass
-        except ZeroDivisionError:   # constrained layout found no room (a colour bar of make_axes)
-            fig.set_layout_engine("none")
+        except ZeroDivisionError:   # constrained layout found no room: the engine it had before
+            fig.set_layout_engine(engine)
+            _relayout(fig)
 
 
 def _relayout(fig) -> None:
-    """Lay out again after the text changed size (constrained layout does it when drawing)."""
+    """Lay out again after the text changed size (constrained layout does it when drawing).
+    A figure with no engine, or with tight layout's, is laid out tight; one that placed its
+    axes by hand (no subplot grid) keeps them."""
     import warnings
     from matplotlib.layout_engine import ConstrainedLayoutEngine
-    if not isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fig.tight_layout()
+    engine = fig.get_layout_engine()
+    if isinstance(engine, ConstrainedLayoutEngine) or (engine is not None and not engine.adjust_compatible):
+        return
+    if not any(ax.get_subplotspec() is not None for ax in fig.axes):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.tight_layout()
+
+
+def _wrap_to(t, room: float, renderer) -> bool:
+    """Break text ``t`` into lines at spaces (each line of it apart) so that it is at most
+    ``room`` pixels long; True if it changed. Mathematics (``$``) is left whole."""
+    import textwrap
+    text = t.get_text()
+    if not text.strip() or not t.get_visible() or "$" in text or room <= 0:
+        return False
+    extent = t.get_window_extent(renderer)
+    long_side = max(extent.width, extent.height)
+    if long_side <= room * 1.02:
+        return False
+    width = max(12, int(max(len(line) for line in text.split("\n")) * room / long_side))
+    wrapped = "\n".join(textwrap.fill(" ".join(line.split()), width, break_on_hyphens=False)
+                        for line in text.split("\n"))
+    if wrapped == text:
+        return False
+    t.set_text(wrapped)
+    return True
 
 
 def _wrap_long_labels(fig) -> None:
     """Break a title or an axis label longer than its axes (it would run into the next
-    panel) into lines that fit, at spaces."""
-    import textwrap
+    panel), or a suptitle wider than the figure, into lines that fit, at spaces."""
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
-    for _ in range(2):
+    for _ in range(3):
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
-        changed = False
+        labels = [(fig._suptitle, fig.bbox.width)] if getattr(fig, "_suptitle", None) is not None else []
         for ax in fig.axes:
             box = ax.get_window_extent(renderer)
-            labels = [(ax.title, box.width), (ax._left_title, box.width), (ax._right_title, box.width),
-                      (ax.xaxis.label, box.width), (ax.yaxis.label, box.height)]
-            for t, room in labels:
-                text = t.get_text()
-                if not text.strip() or not t.get_visible() or "$" in text:
-                    continue
-                long_side = max(t.get_window_extent(renderer).width, t.get_window_extent(renderer).height)
-                if long_side > room * 1.02 and room > 0:
-                    width = max(12, int(max(len(line) for line in text.split("\n")) * room / long_side))
-                    wrapped = textwrap.fill(" ".join(text.split()), width, break_on_hyphens=False)
-                    if wrapped != text:
-                        t.set_text(wrapped)
-                        changed = True
-        if not changed:
+            labels += [(ax.title, box.width), (ax._left_title, box.width), (ax._right_title, box.width),
+                       (ax.xaxis.label, box.width), (ax.yaxis.label, box.height)]
+        changed = [_wrap_to(t, room, renderer) for t, room in labels]
+        if not any(changed):
             break
         _relayout(fig)
 
@@ -220,6 +243,7 @@ def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefi
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
     _constrain(fig)
+    _wrap_long_labels(fig)          # first, or an unwrapped title's width would make all text look small
     fit_text(fig, dpi)
     _wrap_long_labels(fig)
     texts = _texts(fig)
@@ -264,6 +288,20 @@ def lesson_output_dir() -> Path:
         out = root / "lessons" / "out" if root is not None else Path.cwd() / "attn-lessons-out"
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+#: Set to 1, the lessons' quick mode trains a tenth of its steps: a deliberately weak model, so
+#: that their checks and the book's build meet the models other machines (another BLAS, another
+#: number of threads) train, without those machines (docs/ARCHITECTURE.md, "Testing as
+#: another machine would").
+WEAK_ENV = "ATTN_QUICK_WEAK"
+
+
+def quick_steps(steps: int) -> int:
+    """The optimizer steps a lesson's quick mode trains for: ``steps``, or a tenth of them (at
+    least 2) when ``ATTN_QUICK_WEAK=1``. Lessons train by steps, never by a time budget, so
+    a run's model depends on the machine's arithmetic only."""
+    return max(2, steps // 10) if os.environ.get(WEAK_ENV) == "1" else steps
 
 
 def _in_notebook() -> bool:

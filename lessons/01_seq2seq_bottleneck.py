@@ -53,7 +53,7 @@ import os, sys
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # tiny matrices: BLAS threads only add overhead
 import time
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, quick_steps   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -197,7 +197,7 @@ for k, e in grad_errors.items():
 # no overfitting to worry about: the data is endless.
 
 # %%
-STEPS = 300 if QUICK else 600
+STEPS = quick_steps(300) if QUICK else 600
 BATCH, LR, CLIP = 64, 3e-3, 5.0
 
 
@@ -314,18 +314,24 @@ fig.tight_layout(); show_figure(fig, "01_accuracy_vs_length.png")
 #
 # These fail if the recurrent layer's backward were wrong (the gradient check and
 # the training both depend on it), if the mask let padding leak into the context
-# (short sequences would then fail), or if the model did not learn at all.
+# (short sequences would then fail), or if the model did not learn at all. How far a
+# model gets depends on its training: the claims about the trained model are asserted in
+# full mode; quick mode (fewer steps) prints them.
 
 # %%
 short, long_ = acc_bn[LENGTHS <= 4].mean(), acc_bn[LENGTHS >= L_MAX - 3].mean()
 print(f"accuracy, lengths 2-4: {short:.2f};  lengths {L_MAX - 3}-{L_MAX}: {long_:.2f};  chance {1 / N_SYM:.2f}")
 assert max(grad_errors.values()) < 1e-6, f"model backward disagrees with central differences: {grad_errors}"
-assert np.mean(losses[-50:]) < np.mean(losses[:20]) - 0.5, "training did not reduce the loss"
-assert short > 0.75, f"short sequences should be (almost) solved, got {short:.2f}"
-assert short - long_ > 0.3, f"accuracy should fall with length: {short:.2f} vs {long_:.2f}"
-assert long_ > 1.5 / N_SYM, f"long sequences should still beat chance: {long_:.2f}"
 first, last = pos_acc[:3].mean(), pos_acc[-3:].mean()
-assert first > last + 0.3, f"the oldest source tokens should be the ones lost: {first:.2f} vs {last:.2f}"
+if not QUICK:                                         # what a trained model does: full mode's claims
+    assert np.mean(losses[-50:]) < np.mean(losses[:20]) - 0.5, "training did not reduce the loss"
+    assert short > 0.75, f"short sequences should be (almost) solved, got {short:.2f}"
+    assert short - long_ > 0.3, f"accuracy should fall with length: {short:.2f} vs {long_:.2f}"
+    assert long_ > 1.5 / N_SYM, f"long sequences should still beat chance: {long_:.2f}"
+    assert first > last + 0.3, f"the oldest source tokens should be the ones lost: {first:.2f} vs {last:.2f}"
+assert np.all(np.isfinite(losses)) and 0 <= short <= 1 and 0 <= long_ <= 1
+print(f"oldest source tokens {first:.2f} vs newest {last:.2f}; loss {np.mean(losses[:20]):.2f} -> "
+      f"{np.mean(losses[-50:]):.2f}" + (" (asserted in full mode only)" if QUICK else ""))
 print(f"Check passed in {time.time() - T0:.1f} s.")
 
 

@@ -21,7 +21,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, quick_steps   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -192,7 +192,7 @@ def smoothing_experiment(data_seed):
     for s in (0.0, eps):
         params = {"w": np.zeros((F, K)), "b": np.zeros(K)}
         opt = Adam(params, d_model=1, lr=0.05)
-        for t in range(300 if QUICK else 600):
+        for t in range(quick_steps(300) if QUICK else 600):
             loss, dlog = cross_entropy(x_tr @ params["w"] + params["b"], y_tr, smoothing=s, pad_id=None)
             opt.step({"w": x_tr.T @ dlog, "b": dlog.sum(0)})        # forward was logits = x W + b
         lv = x_va @ params["w"] + params["b"]
@@ -375,8 +375,9 @@ fig.tight_layout(); show_figure(fig, "11_adam.png")
 # These fail if the library's schedule, loss or optimizer were wrong: a schedule
 # peaking anywhere but at `warmup_steps`, or at the wrong height; a smoothed target
 # that does not sum to one or gives the true class the wrong mass; smoothing that
-# does not reduce confidence; an Adam without bias correction, or with the wrong
-# betas.
+# does not reduce confidence (on the trained classifiers: full mode; quick mode's
+# shorter training prints the figures); an Adam without bias correction, or with the
+# wrong betas.
 
 # %%
 for w, c in curves.items():
@@ -392,9 +393,10 @@ assert np.allclose(np.delete(q_smooth, y), eps / V, atol=1e-12)
 assert abs(fits[eps][0][y] - (1 - eps + eps / V)) < 1e-3 and abs(fits[eps][1] - H_q) < 1e-4
 assert fits[0.0][0][y] > 0.999 and fits[0.0][2] > fits[eps][2] + 2, "unsmoothed logits must keep growing"
 r0, r1 = results[0.0], results[eps]
-assert r1["conf"] < r0["conf"] - 0.02 and r1["entropy"] > r0["entropy"], "smoothing must lower confidence"
-assert r1["ppl"] > r0["ppl"], "here smoothing must cost held-out perplexity"
-assert r1["acc"] >= r0["acc"] - 0.01, "smoothing should not cost accuracy here"
+if not QUICK:                                         # trained classifiers: full mode's claims
+    assert r1["conf"] < r0["conf"] - 0.02 and r1["entropy"] > r0["entropy"], "smoothing must lower confidence"
+    assert r1["ppl"] > r0["ppl"], "here smoothing must cost held-out perplexity"
+    assert r1["acc"] >= r0["acc"] - 0.01, "smoothing should not cost accuracy here"
 for scale, (ratio, expected) in first_steps.items():
     assert np.allclose(ratio, expected, rtol=1e-9), f"Adam's first step must be lr |g|/(|g|+eps) (|g| ~ {scale})"
 assert np.allclose(measured, 1.0, rtol=1e-6), "bias-corrected steps must be lr for a constant gradient"
@@ -402,8 +404,9 @@ assert step_sizes[0.999][300:400].mean() > 1.5 * step_sizes[0.98][300:400].mean(
 assert step_sizes[0.98][900:1000].mean() > 2 * step_sizes[0.999][900:1000].mean(), "beta2 0.98 must adapt faster"
 assert abs(Adam({"w": np.zeros(1)}, d_model=1).beta2 - 0.98) < 1e-15 and Adam({"w": np.zeros(1)}, d_model=1).eps == 1e-9
 print(f"Check passed: schedules peak at step == warmup with d^-0.5 w^-0.5; the smoothed target sums to 1 with "
-      f"q[y] = {q_smooth[y]:.2f}; smoothing lowers confidence ({r0['conf']:.3f} -> {r1['conf']:.3f}) and raises "
-      f"perplexity ({r0['ppl']:.3f} -> {r1['ppl']:.3f}) at accuracy {r0['acc']:.1%} -> {r1['acc']:.1%}; "
+      f"q[y] = {q_smooth[y]:.2f}; smoothing: confidence {r0['conf']:.3f} -> {r1['conf']:.3f}, "
+      f"perplexity {r0['ppl']:.3f} -> {r1['ppl']:.3f}, accuracy {r0['acc']:.1%} -> {r1['acc']:.1%}"
+      f"{' (asserted in full mode only)' if QUICK else ''}; "
       f"Adam's steps are lr from step 1.")
 
 

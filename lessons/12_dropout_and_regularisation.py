@@ -34,7 +34,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, quick_steps   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -197,7 +197,7 @@ for pl, label in (("paper", "dropout on sub-layer output"), ("misread", "dropout
 # spread.
 
 # %%
-N_TRAIN, STEPS = (100, 100) if QUICK else (300, 1200)
+N_TRAIN, STEPS = (100, quick_steps(100)) if QUICK else (300, 1200)
 SEEDS = [0] if QUICK else [0, 1, 2]
 P_DROP = 0.3                                       # a small corpus needs more than the paper's 0.1
 pairs = [p_ for p_ in read_parallel(TOY_DIR, "en", "tk", "train") if len(p_[0].split()) <= 8][:N_TRAIN]
@@ -295,7 +295,8 @@ print(f"dropout raised the training loss in {int((summary['dropout']['train'] > 
 # These fail if the library's dropout were wrong: a missing `1/(1 - p)` (the mean
 # would shrink), a backward with a fresh mask (gradient check), dropout left on at
 # evaluation, dropout in a different place than section 5.4 says (the hand-written
-# encoder would differ), or a dropout that does not perturb training at all.
+# encoder would differ), or (in full mode, whose models train long enough for it) a
+# dropout that does not perturb training at all.
 
 # %%
 assert np.allclose(out[out != 0] / x[out != 0], 1 / (1 - p), rtol=1e-5), "kept units must scale by 1/(1-p)"
@@ -304,11 +305,13 @@ assert np.array_equal(eval_out, x), "evaluation must be the identity"
 assert max(grad_err.values()) < 1e-6
 assert same_placement < 1e-12, "the library's residual dropout is not where section 5.4 puts it"
 assert surv["paper"][-1] > surv["misread"][-1] + 0.1, "dropout on the residual path should destroy more signal"
-assert all(summary["dropout"]["train"] > summary["none"]["train"]), "dropout must keep the training loss up"
-assert all(summary["none"]["gap"] > 0), "without regularisation the model must fit train better than validation"
+if not QUICK:                                         # trained models: full mode's claims
+    assert all(summary["dropout"]["train"] > summary["none"]["train"]), "dropout must keep the training loss up"
+    assert all(summary["none"]["gap"] > 0), "without regularisation the model must fit train better than validation"
 print(f"Check passed in {time.time() - T0:.1f} s: dropout keeps E[x], its backward uses the forward's mask, the "
-      f"library's encoder equals the paper's placement to {same_placement:.0e}, and dropout raised the training "
-      f"loss ({summary['none']['train'].mean():.2f} -> {summary['dropout']['train'].mean():.2f}).")
+      f"library's encoder equals the paper's placement to {same_placement:.0e}; mean training loss without "
+      f"dropout {summary['none']['train'].mean():.2f}, with it {summary['dropout']['train'].mean():.2f}"
+      f"{' (dropout raising it is asserted in full mode only)' if QUICK else ' (raised on every seed)'}.")
 
 
 # %% [markdown]

@@ -23,7 +23,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, quick_steps   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -108,7 +108,7 @@ for s, t in splits["train"][:3]:
 
 # %%
 if QUICK:
-    D_MODEL, D_FF, LAYERS, DROPOUT, WARMUP, STEPS, MAX_TOKENS, EVAL_EVERY = 32, 64, 1, 0.0, 200, 500, 400, 100
+    D_MODEL, D_FF, LAYERS, DROPOUT, WARMUP, STEPS, MAX_TOKENS, EVAL_EVERY = 32, 64, 1, 0.0, 200, quick_steps(500), 400, quick_steps(100)
 else:
     D_MODEL, D_FF, LAYERS, DROPOUT, WARMUP, STEPS, MAX_TOKENS, EVAL_EVERY = 64, 256, 2, 0.1, 400, 2000, 1500, 250
 SEED, LR_FACTOR, SMOOTHING, HEADS = 0, 2.0, 0.1, 4
@@ -174,7 +174,7 @@ argv = ["--data", os.path.relpath(data_dir), "--out", os.path.relpath(run_dir), 
         "--d-model", str(D_MODEL), "--heads", str(HEADS), "--d-ff", str(D_FF), "--layers", str(LAYERS),
         "--dropout", str(DROPOUT), "--label-smoothing", str(SMOOTHING), "--warmup", str(WARMUP),
         "--lr-factor", str(LR_FACTOR), "--steps", str(STEPS), "--max-tokens", str(MAX_TOKENS),
-        "--eval-every", str(EVAL_EVERY), "--average", "5", "--snapshot-every", "50",
+        "--eval-every", str(EVAL_EVERY), "--average", "5", "--snapshot-every", str(min(50, STEPS // 10)),
         "--minutes", "0", "--bleu-sentences", "0", "--quiet", "--reference"]
 print(" \\\n    ".join(textwrap.wrap("attn-train " + " ".join(argv), 78, break_on_hyphens=False)))
 print(f"(the toy preset's default --lr-factor: {TrainConfig().with_recipe().lr_factor:g})")
@@ -370,7 +370,9 @@ print(f"label smoothing changes BLEU by {smooth_gain['beam']:+.1f} with beam sea
 # the BLEU difference between the two models is within that noise: section 6.2's
 # gain is a claim about large models trained to convergence, and it needs more
 # than one small run to see. The check below asserts only what held on every seed
-# and machine.
+# and machine, and in quick mode nothing about the models' quality at all: a model
+# trained for a few hundred steps (or a tenth of them, `ATTN_QUICK_WEAK=1`) may not
+# have got far enough for any of it, and the table then shows so.
 #
 # Full mode trains larger models for longer, and both come close to translating this
 # easy test set perfectly: then beam search and greedy decoding agree on almost
@@ -610,29 +612,29 @@ fig.tight_layout(); show_figure(fig, "14_small_corpus_recipe.png")
 # ## Check
 #
 # These fail if training, decoding or scoring were broken: a trainer whose step is
-# not our six lines, a model that did not learn (BLEU near the copy baseline),
+# not our six lines, a model that did not learn (BLEU near the copy baseline; full
+# mode: quick mode's few hundred steps make no promise of how far a model gets, and
+# its figures are only printed),
 # decoder scores that disagree with the model's own forward pass (a bad cache), a
 # beam search whose objective is not what it claims, or a one-beam search (without
 # length penalty) that is not greedy; and if label smoothing stopped making the model
-# less sure, or beam search stopped raising BLEU, as the table of "Label smoothing and
-# search" shows.
+# less sure (full mode), as the table of "Label smoothing and search" shows.
 
 # %%
 assert probe_diff and max(probe_diff.values()) < 1e-6, f"attn.train's first {PROBE} steps are not our loop's"
-assert np.mean(train_losses[-50:]) < 0.5 * train_losses[0], "the training loss must fall"
 smooth, plain = search["smoothing 0.1"], search["no smoothing"]
-assert plain["sure"] > smooth["sure"] + 0.05, f"smoothing should make the model less sure: {smooth['sure']:.3f} " \
-                                              f"vs {plain['sure']:.3f} without"
-if QUICK:                                             # where the models are still unsure (see above)
-    assert min(beam_gain.values()) > 0 and max(beam_gain.values()) > 5, f"beam search should beat greedy: {beam_gain}"
-assert plain["differ"] > 0 and smooth["differ"] > 0, "beam search should change some translations"
-assert bleu_greedy > bleu_copy + 20 and bleu_greedy > 25, f"greedy BLEU {bleu_greedy:.1f} should beat copying"
-assert bleu_beam > bleu_copy + 20, f"beam BLEU {bleu_beam:.1f} should beat copying"
+if not QUICK:                                         # how good the trained models are: full mode's claims
+    assert np.mean(train_losses[-50:]) < 0.5 * train_losses[0], "the training loss must fall"
+    assert plain["sure"] > smooth["sure"] + 0.05, f"smoothing should make the model less sure: {smooth['sure']:.3f} " \
+                                                  f"vs {plain['sure']:.3f} without"
+    assert plain["differ"] > 0 and smooth["differ"] > 0, "beam search should change some translations"
+    assert bleu_greedy > bleu_copy + 20 and bleu_greedy > 25, f"greedy BLEU {bleu_greedy:.1f} should beat copying"
+    assert bleu_beam > bleu_copy + 20, f"beam BLEU {bleu_beam:.1f} should beat copying"
+    # beam search is a heuristic (see above): not worse than greedy on its own objective
+    # for the great majority of sentences (one bad miss can outweigh many small gains,
+    # so we do not assert the average)
+    assert len(worse) <= 0.05 * len(test), f"beam 4 lost to greedy on {len(worse)} of {len(test)} sentences"
 assert err_g < 1e-3 and err_b < 1e-3, "decoder scores must match a teacher-forced forward pass"
-# beam search is a heuristic (see above): not worse than greedy on its own objective
-# for the great majority of sentences (one bad miss can outweigh many small gains,
-# so we do not assert the average)
-assert len(worse) <= 0.05 * len(test), f"beam 4 lost to greedy on {len(worse)} of {len(test)} sentences"
 assert same == len(test), "beam search with one beam must be greedy decoding"
 assert banned.tolist() == [9] and rows.tolist() == [0], "repeated_ngrams must ban the token that repeats a 3-gram"
 assert after["loops"] == 0 and before["loops"] > 0, "blocked 4-grams of pieces must leave no repeated 4-gram of words"

@@ -17,7 +17,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, quick_steps   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -127,7 +127,7 @@ def corpus_bleu_by_hand(hyps, refs):
 # %%
 MAX_WORDS = 8 if QUICK else 14
 N_TRAIN, N_TEST = (1500, 150) if QUICK else (8000, 500)
-STEPS = 700 if QUICK else 1500
+STEPS = quick_steps(700) if QUICK else 1500
 
 
 def short(split, n):
@@ -364,6 +364,10 @@ print(f"EN-FR has {paper['EN-FR']['sentences'] / paper['EN-DE']['sentences']:.0f
 # average of sentence scores, if the brevity penalty did not catch the truncated
 # hypotheses, if clipping did not stop the repeated word, or if the library's
 # `attn.evaluate` scored differently from the computation written out here.
+#
+# How far a model gets depends on its training: the trained model's BLEU against
+# copying and the width of its bootstrap interval is asserted in full mode; quick mode
+# trains too few steps to promise it, and its figures above are printed only.
 
 # %%
 for name in systems:
@@ -372,13 +376,15 @@ for name in systems:
 assert abs(library.bleu - hand["greedy"]) < 1e-9, "on the stored text 13a finds our tokens: the same BLEU"
 assert abs(ways["plain text, 13a tokeniser, lower-cased"] - hand["greedy"]) < 1e-9, \
     "13a on lower-cased plain text recovers our tokens"
-assert ways["plain text, no tokeniser, cased"] < ways["plain text, 13a tokeniser, cased"] < hand["greedy"], ways
 assert any(abs(sent_mean[n] - hand[n]) > 0.5 for n in systems), "corpus BLEU is not the mean of sentence BLEU"
 s_half = sum(stats(tokenize(h), r) for h, r in zip(systems["half of the reference"], refs))
 assert (s_half[:4] == s_half[4:8]).all() and hand["half of the reference"] < 50, "only the brevity penalty holds it"
 assert stats("the the the the the the the".split(), ref)[0] == 2, "clipping: 'the' occurs twice in the reference"
-assert hand["greedy"] > hand["copy source"] + 10 and lo < hand["greedy"] < hi and one_word > 0
-assert hi - lo > 1, f"one BLEU point is inside the noise of {len(test)} sentences: the interval is {hi - lo:.2f} wide"
+if not QUICK:                                         # what the trained model scores: full mode's claims
+    assert ways["plain text, no tokeniser, cased"] < ways["plain text, 13a tokeniser, cased"] < hand["greedy"], ways
+    assert hand["greedy"] > hand["copy source"] + 10 and lo < hand["greedy"] < hi and one_word > 0
+    assert hi - lo > 1, f"one BLEU point is inside the noise of {len(test)} sentences: the interval is {hi - lo:.2f} wide"
+assert lo <= hand["greedy"] <= hi, (lo, hand["greedy"], hi)
 print(f"Check passed in {time.time() - T0:.1f} s: BLEU and chrF by hand equal sacreBLEU's on all "
       f"{len(systems)} systems; corpus BLEU {hand['greedy']:.2f} vs sentence mean {sent_mean['greedy']:.2f}; "
       f"the same output scores {min(ways.values()):.2f}-{max(ways.values()):.2f} depending on tokenisation and "

@@ -25,7 +25,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, quick_steps   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -64,7 +64,8 @@ if not checkpoint:
     shutil.copy(data_dir / "val.tk", data_dir / "test.tk")
     if QUICK:
         size = ["--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--dropout", "0.0",
-                "--warmup", "200", "--steps", "500", "--max-tokens", "400", "--eval-every", "500"]
+                "--warmup", "200", "--steps", str(quick_steps(500)), "--max-tokens", "400",
+                "--eval-every", str(quick_steps(500))]
     else:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
                 "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
@@ -258,7 +259,8 @@ chance_all = chance["all linked words"][0] / chance["all linked words"][1]
 # The last decoder layer's head-averaged cross-attention (what `greedy_decode` and
 # `beam_search` return with `with_attention=True`) points at the right source word
 # for the linked words, including the ones that moved, far above chance (the
-# table above has this run's figures). Nobody told the model about alignment: it
+# table above has this run's figures; quick mode's small model, trained for a few hundred
+# steps, may be far from this). Nobody told the model about alignment: it
 # is a by-product of learning to translate,
 # which is why attention maps became the standard way to look inside these models.
 # (With more than one decoder layer, compare the layers' columns in the table: the
@@ -285,7 +287,7 @@ for j, t in enumerate(tgt_tokens):
 #
 # These fail if the library's attention were wrong: future positions leaking into
 # the decoder's self-attention, weights that do not sum to 1 ($\sum_j w_{ij} \ne 1$), padding that receives
-# weight, or a "trained" model whose cross-attention carries no alignment at all.
+# weight, or (in full mode) a trained model whose cross-attention carries no alignment at all.
 
 # %%
 for name, w in weights.items():                       # the example sentence
@@ -310,16 +312,20 @@ for name, w in Transformer.attention_weights(cb).items():
     assert np.all(np.where(np.broadcast_to(keys_pad, w.shape), w, 0.0) == 0.0), f"{name}: padding got weight"
     if name.startswith("decoder") and name.endswith("self_attn"):
         assert np.all(np.triu(np.ones((Tx, Tx), bool), 1)[None, None] <= (w == 0)), f"{name}: looked ahead"
-assert acc_all > max(3 * chance_all, 0.4), \
-    f"cross-attention alignment {acc_all:.0%} should be far above chance ({chance_all:.0%})"
-# Full mode's model (trained above), and any model that translates the example
-# correctly, must also look at the right source words for the reordered words.
-# Quick mode's small model often does not yet; for it this is only printed.
+# How well the model aligns depends on how far its training got: full mode's model
+# (trained above) must align far above chance, and it, or any model that translates the
+# example correctly, must look at the right source words for the reordered words. Quick
+# mode's small model (a few hundred steps; fewer still under ATTN_QUICK_WEAK=1) may not
+# yet; for it these are only printed.
+if not QUICK:
+    assert acc_all > max(3 * chance_all, 0.4), \
+        f"cross-attention alignment {acc_all:.0%} should be far above chance ({chance_all:.0%})"
 trained_enough = result.tgt_tokens == tgt_tokens or not (QUICK or os.environ.get("ATTN_CHECKPOINT"))
 if trained_enough:
     assert all(s == gold[t] for t, s in peaks.items()), f"reordered words should attend to their source: {peaks}"
 print(f"Check passed: decoder self-attention is exactly zero above the diagonal, every row sums to 1, padding "
       f"gets no weight; cross-attention alignment {acc_all:.0%} vs chance {chance_all:.0%}"
+      + (" (asserted far above chance in full mode only)" if QUICK else "")
       + (f"; the reordered words of the example peak on their source words." if trained_enough else
          f"; the example's reordered words peak on their source {sum(s == gold[t] for t, s in peaks.items())}"
          f" of {len(peaks)} times (not asserted for a quick-mode model that mistranslates the example)."))

@@ -27,7 +27,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure, shown_path  # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, shown_path, quick_steps  # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -69,7 +69,8 @@ else:
             (data_dir / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in pairs), encoding="utf-8")
     if QUICK:
         size = ["--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--dropout", "0.0",
-                "--warmup", "200", "--steps", "500", "--max-tokens", "400", "--eval-every", "500"]
+                "--warmup", "200", "--steps", str(quick_steps(500)), "--max-tokens", "400",
+                "--eval-every", str(quick_steps(500))]
     else:
         size = ["--d-model", "64", "--heads", "4", "--d-ff", "256", "--layers", "2", "--dropout", "0.1",
                 "--warmup", "400", "--steps", "2000", "--max-tokens", "1500", "--eval-every", "2000"]
@@ -252,6 +253,10 @@ show_figure(fig, "18_figure_5.png")
 # much again, the other a quarter as much again. (How sharp the second head is varies
 # with the run: trained from the same seed on two machines whose BLAS libraries sum in
 # different orders, it reached half as much again on one and not on the other.)
+#
+# How far a model gets depends on its training: that two heads specialise is asserted
+# in full mode; quick mode trains too few steps to promise it, and its figures above
+# are printed only.
 
 # %%
 assert recompute_err < 1e-5, "attention_weights must return the weights the layers computed"
@@ -260,8 +265,9 @@ assert np.allclose(weights.sum(-1), 1.0, atol=1e-5)
 for k in ("self", "previous", "next", "</s>"):
     assert np.all((profile[k] >= 0) & (profile[k] <= 1)), k
 assert np.allclose(sum(profile[k] for k in ("self", "previous", "next")) <= 1 + 1e-6, True)
-assert len(specialists) == 2, f"every head has the same job ({job}): no figure 5 to draw"
-for h, factor in zip(specialists, (1.5, 1.25)):
+if not QUICK:                                         # what training made of the heads: full mode's claims
+    assert len(specialists) == 2, f"every head has the same job ({job}): no figure 5 to draw"
+for h, factor in zip(specialists if not QUICK else [], (1.5, 1.25)):
     assert profile[job[h]][h] > factor * np.mean(uniform), \
         f"head {h} is no specialist: {profile[job[h]][h]:.2f} on '{job[h]}' against uniform {np.mean(uniform):.2f}"
 print(f"Check passed in {time.time() - T0:.1f} s: the drawn weights are the model's (to {recompute_err:.0e}); "

@@ -20,7 +20,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, quick_steps   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -187,7 +187,7 @@ print("F1 of the tree against itself:", bracket_f1([gold_example], [gold_example
 # %%
 N_TRAIN, N_TEST = (3000, 150) if QUICK else (20000, 500)
 MAX_WORDS = 14 if QUICK else 20
-STEPS = 900 if QUICK else 4000
+STEPS = quick_steps(900) if QUICK else 4000
 r = random.Random(1)
 seen, data = set(), []
 while len(data) < N_TRAIN + 50 + N_TEST:
@@ -318,14 +318,16 @@ fig.tight_layout(); show_figure(fig, "25_parsing.png")
 # task-specific tuning.
 #
 # Our toy version shows the same mechanism: nothing in the model knows about
-# brackets, yet its outputs are almost always well-formed trees with the right
-# number of leaves, learned from examples alone, and its F1 is far above what a
-# parse that ignores the sentence achieves.
+# brackets, yet after full mode's training its outputs are almost always well-formed
+# trees with the right number of leaves, learned from examples alone, and its F1 is far
+# above what a parse that ignores the sentence achieves. Quick mode trains for a few
+# hundred steps only: how far its model gets (the table above) depends on the machine's
+# arithmetic, and it may still write malformed trees.
 #
 # ## Check
 #
 # These fail if the F1 computation were wrong (a tree against itself, a flat parse),
-# if the model did not learn to parse (F1 near the baselines, malformed trees), or
+# if full mode's model did not learn to parse (F1 near the baselines, malformed trees), or
 # if the linearisation lost information (each tree's leaves are its sentence's tags,
 # one per word).
 
@@ -336,11 +338,14 @@ assert all(well_formed(g, len(w)) for w, g in data)
 flat_p, flat_r, _ = scores["flat"]
 assert flat_p == 100.0 and flat_r < 50, "a flat parse's one bracket (S over everything) is always right"
 f_greedy = scores["greedy"][2]
-assert f_greedy > scores["most common shape"][2] + 20 and f_greedy > 70, scores
-assert valid["greedy"] > 0.8, f"only {valid['greedy']:.0%} of greedy outputs are well-formed trees"
+if not QUICK:                                         # how good a model is: full mode's only
+    assert f_greedy > scores["most common shape"][2] + 20 and f_greedy > 70, scores
+    assert valid["greedy"] > 0.8, f"only {valid['greedy']:.0%} of greedy outputs are well-formed trees"
+assert 0 <= f_greedy <= 100 and 0 <= valid["greedy"] <= 1, (f_greedy, valid)
 print(f"Check passed in {time.time() - T0:.1f} s: bracket F1 greedy {f_greedy:.1f}, beam "
       f"{scores[f'beam {BEAM}'][2]:.1f}, against {scores['most common shape'][2]:.1f} for the most common shape and "
-      f"{scores['flat'][2]:.1f} for a flat parse; {valid['greedy']:.0%} of outputs are well-formed trees.")
+      f"{scores['flat'][2]:.1f} for a flat parse; {valid['greedy']:.0%} of outputs are well-formed trees"
+      + (" (the model's quality is asserted in full mode only)." if QUICK else "."))
 
 # %% [markdown]
 # ## Questions

@@ -559,3 +559,16 @@ def test_a_change_in_attn_site_re_executes_no_lesson(tmp_path):
     assert book.library_hash(tmp_path) == before
     (tmp_path / "attn" / "model.py").write_text("x = 2\n", encoding="utf-8")
     assert book.library_hash(tmp_path) != before
+
+
+def test_a_weak_model_or_another_blas_is_cached_apart(tmp_path, monkeypatch):
+    """A build with ATTN_QUICK_WEAK=1, or another number of BLAS threads or another BLAS
+    kernel, executes the lessons again instead of reusing the outputs of another setting."""
+    for name in ("ATTN_QUICK_WEAK", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE"):
+        monkeypatch.delenv(name, raising=False)
+    before = book.library_hash(tmp_path)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")               # the build's default
+    assert book.library_hash(tmp_path) == before
+    for name, value in (("ATTN_QUICK_WEAK", "1"), ("OPENBLAS_NUM_THREADS", "2"), ("OPENBLAS_CORETYPE", "Haswell")):
+        monkeypatch.setenv(name, value)
+        assert book.library_hash(tmp_path) != before, name

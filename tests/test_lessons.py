@@ -60,6 +60,26 @@ def test_lesson_runs(lesson, tmp_path):
     _run_lesson(lesson, _env(tmp_path), tmp_path, "")           # on ATTN_BACKEND's choice (numpy by default)
 
 
+#: The lessons that train a model in quick mode: they ask attn.plot.quick_steps for how long.
+TRAINING = [p for p in LESSONS if "quick_steps(" in p.read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize("lesson", TRAINING, ids=[p.stem for p in TRAINING])
+def test_lesson_passes_with_a_weak_model(lesson, tmp_path):
+    """ATTN_QUICK_WEAK=1 trains a tenth of quick mode's steps: a bad model, as a machine whose
+    BLAS sums in another order may train one where this one trains a good one. The lesson's
+    figures and checks must hold for it too (they assert nothing about a quick model's
+    quality). Skipped when the suite already runs weakened (the other tests do this)."""
+    if os.environ.get("ATTN_QUICK_WEAK") == "1":
+        pytest.skip("the whole suite runs with ATTN_QUICK_WEAK=1")
+    _run_lesson(lesson, dict(_env(tmp_path), ATTN_QUICK_WEAK="1"), tmp_path, " with ATTN_QUICK_WEAK=1")
+
+
+def test_the_lessons_that_train_are_found():
+    names = {p.name[:2] for p in TRAINING}
+    assert {"01", "14", "17", "25"} <= names, sorted(names)
+
+
 @pytest.mark.parametrize("lesson", ON_THE_STAND_IN, ids=[p.stem for p in ON_THE_STAND_IN])
 def test_lesson_runs_on_the_cupy_stand_in(lesson, tmp_path):
     import fakecupy

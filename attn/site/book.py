@@ -41,10 +41,17 @@ def lesson_files(root: Path = ROOT) -> list[Path]:
 NOT_RUN_BY_LESSONS = ("attn/site",)
 
 
+#: The environment variables a lesson's output depends on, with the value the build uses
+#: when one is unset: the weak quick model and the BLAS's threads and kernel.
+OUTPUT_ENV = (("ATTN_QUICK_WEAK", ""), ("OPENBLAS_NUM_THREADS", "1"), ("OPENBLAS_CORETYPE", ""))
+
+
 def library_hash(root: Path = ROOT) -> str:
     """A short hash of everything a lesson's output depends on besides its own code:
-    the library's sources (``attn/**``, but for NOT_RUN_BY_LESSONS) and the data (``data/**``)."""
+    the library's sources (``attn/**``, but for NOT_RUN_BY_LESSONS), the data (``data/**``)
+    and the environment variables of OUTPUT_ENV."""
     h = hashlib.sha256()
+    h.update("".join(f"{k}={os.environ.get(k, unset)}\0" for k, unset in OUTPUT_ENV).encode())
     skip = [root / name for name in NOT_RUN_BY_LESSONS]
     files = sorted(p for d in ("attn", "data") for p in (root / d).rglob("*")
                    if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"

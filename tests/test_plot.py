@@ -1,0 +1,91 @@
+"""attn.plot lays out and saves any figure a lesson makes: with a colour bar made any way
+(``fig.colorbar`` on a subplot, ``colorbar.make_axes``, an axes placed by hand), under
+constrained layout, tight layout or none, and with titles, labels and token lists far longer
+than the figure is wide. Each one saves, its titles and labels are wrapped to fit their
+axes, and none of its texts overlap (what tests/test_book.py checks in the built book)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matplotlib.colorbar import make_axes
+from matplotlib.figure import Figure
+from PIL import Image
+
+from attn.plot import plot_attention, show_figure
+
+LONG = "dikant , ke mitsas rudan " + " ".join(["rudo"] * 20)
+TOKENS = LONG.split()
+
+
+def _heatmap(layout, colour_bar, title):
+    fig = Figure(figsize=(5, 2 + 0.3 * len(TOKENS)), layout=layout)     # room for every token
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(np.random.default_rng(0).random((len(TOKENS), 4)), aspect="auto")
+    ax.set_yticks(range(len(TOKENS)), TOKENS)
+    ax.set_xticks(range(4), ["a-rather-long-source-token"] * 4, rotation=90)
+    ax.set_title(title)
+    ax.set_xlabel("source words, " + LONG)
+    if colour_bar == "subplot":
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    elif colour_bar == "make_axes":
+        cax, kw = make_axes(ax, fraction=0.046, pad=0.04)
+        fig.colorbar(im, cax=cax, label="attention weight", **kw)
+    elif colour_bar == "placed":
+        fig.colorbar(im, cax=fig.add_axes((0.92, 0.1, 0.02, 0.8)), label="attention weight")
+    return fig, ax
+
+
+def _saved(fig, tmp_path, monkeypatch, name="f.png"):
+    monkeypatch.setenv("ATTN_LESSONS_OUT", str(tmp_path))
+    path = show_figure(fig, name)
+    with Image.open(path) as im:
+        return dict(im.text)
+
+
+def _assert_fits(fig, ax):
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_window_extent(renderer)
+    for t in (ax.title, ax.xaxis.label):
+        assert t.get_window_extent(renderer).width <= box.width * 1.05, f"{t.get_text()[:40]!r} is wider than its axes"
+
+
+@pytest.mark.parametrize("layout", [None, "tight", "constrained", "lesson's tight_layout"])
+@pytest.mark.parametrize("colour_bar", ["subplot", "make_axes", "placed", None])
+def test_any_figure_saves_with_its_texts_fitted(layout, colour_bar, tmp_path, monkeypatch):
+    title = "we know that you like red cats .\n-> " + LONG
+    fig, ax = _heatmap(None if layout == "lesson's tight_layout" else layout, colour_bar, title)
+    if layout == "lesson's tight_layout":
+        fig.tight_layout()
+    text = _saved(fig, tmp_path, monkeypatch)
+    assert text["attn:overlaps"] == "", text["attn:overlaps"][:600]
+    if colour_bar != "placed":                          # a hand-placed colour bar is where it was put
+        _assert_fits(fig, ax)
+
+
+@pytest.mark.parametrize("n", [1, 25])
+def test_plot_attention_lays_out_any_title_and_token_list(n, tmp_path):
+    """The beam output of a weak model repeats a word to the length limit; the title quotes it."""
+    tgt = TOKENS[:n]
+    src = ["we", "know", "that", "you", "like", "red", "cats", ".", "</s>"]
+    path = plot_attention(np.full((n, len(src)), 1 / len(src)), src, tgt, tmp_path / "a.png",
+                          title=f"{' '.join(src)}\n-> {' '.join(tgt)}")
+    with Image.open(path) as im:
+        assert im.text["attn:overlaps"] == "", im.text["attn:overlaps"][:600]
+
+
+def test_a_long_suptitle_is_wrapped_to_the_figure(tmp_path, monkeypatch):
+    fig = Figure(figsize=(4, 3))
+    for ax in fig.subplots(1, 2):
+        ax.plot([0, 1], [0, 1])
+    fig.suptitle(LONG)
+    _saved(fig, tmp_path, monkeypatch)
+    renderer = fig.canvas.get_renderer()
+    assert fig._suptitle.get_window_extent(renderer).width <= fig.bbox.width * 1.02
+
+
+def test_quick_steps_cuts_training_only_when_asked(monkeypatch):
+    from attn.plot import quick_steps
+    monkeypatch.delenv("ATTN_QUICK_WEAK", raising=False)
+    assert quick_steps(500) == 500
+    monkeypatch.setenv("ATTN_QUICK_WEAK", "1")
+    assert quick_steps(500) == 50 and quick_steps(5) == 2
