@@ -44,10 +44,12 @@ def test_the_replayed_examples_are_those_hypothesis_feeds_a_passing_check(name, 
         replayed = [_print(ex) for ex in grading.drawn(layer, 6, seed)]
     assert failure is None and runs == len(fed) == len(replayed)
     assert fed == replayed
-    if seed is not None:                        # the final profile meets the default profile's hard examples
+    n = len(layer.explicit)
+    assert n and fed[:n] == [_print(ex) for ex in layer.explicit]      # every profile meets them first
+    if seed is not None:                        # then the final profile meets the default profile's hard examples
         with scaled(1):
-            hard = [_print(ex) for ex in grading.drawn(layer, 6) if not ex.gradcheck]
-        assert hard and set(hard) <= set(fed[:len(hard)])
+            hard = [_print(ex) for ex in grading.drawn(layer, 6)[n:] if not ex.gradcheck]
+        assert hard and set(hard) <= set(fed[n:n + len(hard)])
 
 
 def test_once_the_class_has_drawn_a_passing_file_never_waits_on_hypothesis(monkeypatch):
@@ -74,8 +76,9 @@ def test_a_check_that_writes_into_its_example_leaves_the_next_files_alone():
     assert [_print(ex) for ex in grading.drawn(layer, 5)] == before
 
 
-def test_a_failure_is_still_shrunk_by_hypothesis_and_one_that_does_not_return_is_flagged():
-    layer = LAYERS["relu"]
+def test_a_failure_is_still_shrunk_by_hypothesis_and_one_that_does_not_return_is_flagged(monkeypatch):
+    layer = LAYERS["relu"]._replace(explicit=())       # a failing explicit example is reported as it is
+    monkeypatch.setattr(grading, "DRAWN", {})
 
     def wide(ex):
         if ex.get("x").size > 3:
@@ -111,7 +114,8 @@ def test_central_differences_in_one_request_are_those_of_one_call_per_perturbati
             return fwd(*args)
 
         compared = 0
-        for ex in grading.drawn(LAYERS["feed_forward"], 4):
+        examples = grading.drawn(LAYERS["feed_forward"], 4)
+        for ex in examples:
             args = checks._Args(ex)
             out = fwd(*args.call())[0]
             dout = B.host_rng(ex.seed).standard_normal(out.shape)
@@ -124,7 +128,7 @@ def test_central_differences_in_one_request_are_those_of_one_call_per_perturbati
                 slow = checks._central_differences(one_at_a_time, "f", args, x, dout, idx)
                 assert np.array_equal(fast, slow) and np.abs(fast).max() > 0, name
                 compared += 1
-        assert compared == 12
+        assert compared == 3 * len(examples) == 3 * (4 + len(LAYERS["feed_forward"].explicit))
     finally:
         sandbox.cleanup()
 

@@ -56,16 +56,18 @@ def _the_seeds_examples_alone():
         cache.cache.clear()
 
 
-#: Each layer's examples as hypothesis draws them for a profile, in the order a check meets
-#: them: ``(layer, examples, seed, scale) -> [Example]``, drawn once per process (and once per
-#: class: ``attn-check --class`` draws them before its workers start, and hands them in). Every
-#: file meets these same examples; a file that passes them all never waits on hypothesis.
+#: Each layer's examples for a profile, in the order a check meets them (its explicit examples
+#: first, then what hypothesis draws): ``(layer, examples, seed, scale) -> [Example]``, drawn
+#: once per process (and once per class: ``attn-check --class`` draws them before its workers
+#: start, and hands them in). Every file meets these same examples; a file that passes them all
+#: never waits on hypothesis.
 DRAWN: dict = {}
 
 
 def _hypothesis(layer: Layer, examples: int, seed_: int | None, body):
-    """``body(ex)`` as a hypothesis test over the layer's examples: the final profile's
-    (``seed_``) runs the default profile's hard examples first."""
+    """``body(ex)`` as a hypothesis test over the layer's examples: the layer's explicit examples
+    first, in every profile, then (the final profile's, ``seed_``) the default profile's hard
+    examples, then what hypothesis draws."""
     # A fixed seed, not derandomize (which seeds from this function's source): the same
     # examples for every file and every version of the grader.
     @settings(max_examples=examples, database=None, deadline=None,
@@ -76,9 +78,11 @@ def _hypothesis(layer: Layer, examples: int, seed_: int | None, body):
     def run(ex):
         body(ex)
 
+    extra = list(layer.explicit)
     if seed_ is not None:
-        for ex in _hard_examples(layer, examples):
-            run = example(_copy(ex))(run)
+        extra += _hard_examples(layer, examples)
+    for ex in reversed(extra):                  # the last applied runs first: in the order declared
+        run = example(_copy(ex))(run)
     return run
 
 
@@ -124,6 +128,7 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
     count = [0]
     ambiguous = []
     examples = share(layer, examples)
+    explicit = len(layer.explicit) if Phase.explicit in PHASES else 0      # every run meets them first
 
     def body(ex):
         count[0] += 1
@@ -131,7 +136,7 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
         try:
             fn(ex)
         except Failure as e:
-            e.example = ex
+            e.example, e.explicit = ex, count[0] <= explicit
             if e.ambiguous:
                 ambiguous.append(e)
                 reject()
@@ -139,7 +144,7 @@ def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = 
         except NotImplementedYet as e:          # nothing to shrink: stop at once
             raise _Todo(e) from None
         except Fatal as e:
-            e.failure.example = ex
+            e.failure.example, e.failure.explicit = ex, count[0] <= explicit
             raise
 
     if replay:
@@ -186,10 +191,11 @@ def _smallest(failures: list):
 
 def _hard_examples(layer: Layer, examples: int) -> list:
     """The hard examples (those too hard for a gradient check: logits of 1e4, fully masked or
-    constant rows) among what the default profile draws for ``layer``, at its sizes: the final
-    profile runs them whatever its seed."""
+    constant rows) among what the default profile draws for ``layer``, at its sizes (its explicit
+    examples left out: every profile runs those): the final profile runs them whatever its seed."""
     with scaled(1):
-        return [ex for ex in drawn(layer, examples) if not ex.gradcheck]
+        got = drawn(layer, examples)
+        return [ex for ex in got[len(layer.explicit) if Phase.explicit in PHASES else 0:] if not ex.gradcheck]
 
 
 def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:

@@ -68,8 +68,9 @@ def failure_lines(r: Result, hint_level: int = 1) -> list[str]:
         lines.append("example:  " + setup[0])
         lines += [" " * 10 + s for s in setup[1:]]
     elif f.example is not None:
-        lines.append("example:  the smallest hypothesis found" + (" (the call that ended the process)"
-                                                                 if f.fatal else ""))
+        lines.append("example:  " + ("one of the layer's explicit examples" if getattr(f, "explicit", False) else
+                                     "the smallest hypothesis found")
+                     + (" (the call that ended the process)" if f.fatal else ""))
         for name, v in f.example.args:
             if not name.startswith("_"):
                 lines.append(f"              {name} = {_describe(v)}")

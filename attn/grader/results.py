@@ -46,6 +46,7 @@ class Failure(Exception):
         self.blame = ""
         self.fatal = False
         self.ambiguous = False          # the example fits more than one typical mistake
+        self.explicit = False           # the example is one of the layer's explicit examples, not shrunk
 
 
 class Fatal(BaseException):

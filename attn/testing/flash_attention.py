@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from .. import backend as B
 from .invariants import InvariantError, _dev, _host, _out
 from . import mistakes as M
+from . import explicit as X
 from .layers import Example, Factor, Layer, Mistake, seeds
 from .strategies import leading_shapes, normals, padding_masks
 
@@ -113,4 +114,4 @@ FLASH_ATTENTION = Layer(
                       "D = rowsum(dout * out) of the whole row: a tile's p does not sum to one over the row"),
               Factor(("dq", "dk"), M.scores_scale, "1/sqrt(d_k) of the scores", True,
                      "the scale of the scores, 1/sqrt(d_k), applies to their gradient: ds is multiplied by it "
-                     "too")))
+                     "too")), explicit=X.flash_attention())

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from .. import backend as B
 from .invariants import InvariantError, _dev, _first, _host, _out
 from . import mistakes as M
+from . import explicit as X
 from .layers import MHA_PARAMS, Example, Layer, Mistake, seeds
 from .strategies import causal, floats, leading_shapes, normals, padding_masks
 
@@ -78,7 +79,8 @@ ROPE = Layer("rope", "pair", ("rope_forward", "rope_backward"), rope_examples(),
                          "without its 2", "theta_i = base^(-2i/Dh), i = 0 .. Dh/2 - 1: the exponent runs over the "
                          "even numbers up to Dh"),
                  Mistake("dx", M.rope_backward_same_way, "dout turned the same way as the forward",
-                         "the backward turns the gradient back: the rotation by minus the angle, sin negated")))
+                         "the backward turns the gradient back: the rotation by minus the angle, sin negated")),
+             explicit=X.rope())
 
 # ----------------------------------------------------------------------------- SwiGLU
 
@@ -127,7 +129,7 @@ SWIGLU = Layer("swiglu", "pair", ("swiglu_forward", "swiglu_backward"), swiglu_e
                    Mistake("dx", M.swiglu_gate_derivative_sigmoid, "the gradient with SiLU's derivative taken as "
                            "sigmoid(a)", "the derivative of a * sigmoid(a) by the product rule: s * (1 + a * (1 - s))"),
                    Mistake("dx", M.swiglu_dx_gate_only, "da @ w.T alone: the value path's gradient is missing",
-                           "x feeds two products: dx = da @ w.T + db @ v.T")))
+                           "x feeds two products: dx = da @ w.T + db @ v.T")), explicit=X.swiglu())
 
 # ----------------------------------------------------------------------------- grouped-query attention
 
@@ -190,6 +192,6 @@ GQA = Layer("grouped_query_attention", "pair",
                 "a key/value head read by g query heads gets the sum of their gradients, not their mean"),
         Mistake("dx_kv", M.gqa_group_first, "each key/value head's gradient from the first query head of its "
                 "group alone", "a key/value head read by g query heads gets the gradients of all g: sum over "
-                "the group")))
+                "the group")), explicit=X.grouped_query_attention())
 
 LATER_BLOCK = (ROPE, SWIGLU, GQA)

@@ -111,6 +111,10 @@ class Layer(NamedTuple):
         the typical mistakes a learner makes in this layer, each with the hints that name it:
         a :class:`Mistake` (a whole wrong result: a result that equals it is reported as that
         mistake), a :class:`Term` of a right gradient or a :class:`Factor`.
+    explicit
+        a few :class:`Example` built by plain code (:mod:`attn.testing.explicit`), each chosen to
+        show typical mistakes: the grader runs them first in every profile, before hypothesis
+        draws ``examples``, so that what a grade catches does not rest on hypothesis's search.
     """
     name: str
     kind: str
@@ -123,6 +127,7 @@ class Layer(NamedTuple):
     explain: Callable | None = None
     library: str = "attn.layers"
     mistakes: tuple = ()
+    explicit: tuple = ()
 
 
 class Mistake(NamedTuple):

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from .. import backend as B
 from . import decoding_mistakes as D
+from . import explicit as X
 from . import mistakes as M
 from .exercises import (adam_examples, average_examples, bpe_examples, compare_arrays_by_name, compare_decoded,
                         compare_merges, decoder_layer_examples, decoder_mask_examples, decoding_examples,
@@ -113,7 +114,8 @@ RMSNORM = Layer("rmsnorm", "pair", ("rmsnorm_forward", "rmsnorm_backward"), rmsn
         Mistake("forward", M.rmsnorm_eps_outside, "x / (sqrt(mean(x**2)) + eps): eps outside the square root",
                 "eps goes inside the square root: x / sqrt(mean(x**2) + eps)"),
         Mistake("dx", M.rmsnorm_dx_direct_only, "rrms * g alone: the root mean square's own term is missing",
-                "the root mean square depends on every x of the row: dx = rrms * (g - xhat * mean(g * xhat))")))
+                "the root mean square depends on every x of the row: dx = rrms * (g - xhat * mean(g * xhat))")),
+                explicit=X.rmsnorm())
 
 
 #: Where the terms of layer norm's dx and softmax's come from, and the scale of attention's
@@ -136,7 +138,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                       "contributes to dw",
                  "db": "which axes the bias gradient is summed over"}, mistakes=(
         Factor(("dw", "db"), M.one_over_rows, "1/{inverse}, one over the number of rows: a mean over the rows "
-               "instead of their sum", False, ""),)),
+               "instead of their sum", False, ""),), explicit=X.linear()),
     Layer("relu", "pair", ("relu_forward", "relu_backward"), relu_examples(), None, {
         "forward": "out = max(x, 0)",
         "dx": "dx = dout * (x > 0): the mask comes from the forward's input, not from dout"},
@@ -147,13 +149,13 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("dx", lambda ex, dout: dout * (dout > 0), "dout * (dout > 0): the mask comes from dout instead of x",
                 "the mask is the forward's: where x > 0, whatever the sign of dout"),
         Mistake("dx", lambda ex, dout: dout * (ex.get("x") <= 0), "dout * (x <= 0): the mask is inverted",
-                "which side of 0 passes the gradient"))),
+                "which side of 0 passes the gradient")), explicit=X.relu()),
     Layer("dropout", "pair", ("dropout_forward", "dropout_backward"), dropout_examples(), dropout_invariants, {
         "forward": "keep a unit where rng.random(x.shape) >= p and scale kept units by 1/(1-p); identity when "
                    "p == 0 or rng is None",
         "dx": "dx = dout * mask with the forward's scaled mask, kept in the cache (never a new draw)"},
           where={"forward": "what happens to a kept unit, and when dropout is off",
-                 "dx": "which mask the backward applies, and where it comes from"}),
+                 "dx": "which mask the backward applies, and where it comes from"}, explicit=X.dropout()),
     Layer("embedding", "pair", ("embedding_forward", "embedding_backward"), embedding_examples(),
           embedding_invariants, {
         "forward": "out = W[ids] * scale",
@@ -164,7 +166,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "what happens when an id occurs twice: dW[ids] += g writes each row once; accumulate with "
                 "np.add.at (attn.backend.scatter_add)"),
         Mistake("dW", M.embedding_unscaled_grad, "the expected without the factor scale",
-                "the forward multiplied the rows by the scale: dW gets the scale too"))),
+                "the forward multiplied the rows by the scale: dW gets the scale too")), explicit=X.embedding()),
     Layer("positional", "pair", ("positional_forward", "positional_backward"), positional_examples(),
           positional_invariants, {
         "forward": "out = x + table[:T]",
@@ -176,7 +178,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("dtable", M.positional_first_sentence, "the first sentence's dout alone",
                 "every sentence of the batch adds the same rows: each row receives the sum over the batch"),
         Mistake("dtable", M.positional_batch_mean, "a mean over the batch instead of its sum",
-                "every sentence of the batch adds the same rows: their gradients add up, none is divided"))),
+                "every sentence of the batch adds the same rows: their gradients add up, none is divided")),
+          explicit=X.positional()),
     Layer("sinusoidal_table", "function", ("sinusoidal_table",), sinusoidal_examples(), sinusoidal_invariants, {
         "sinusoidal_table": "column 2i is sin(pos / 10000^(2i/d_model)), column 2i+1 the cos of the same angle"},
           where={"sinusoidal_table": "which columns hold sines and which cosines, and the exponent of 10000"},
@@ -185,14 +188,15 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "second", "the columns interleave: 2i the sine, 2i+1 the cosine of the same angle"),
         Mistake("sinusoidal_table", M.sinusoidal_column_exponent, "each column's angle from its own index j, "
                 "pos / 10000^(j/d_model)", "columns 2i and 2i+1 share one angle: the exponent of 10000 is 2i/d_model "
-                "for both"))),
+                "for both")), explicit=X.sinusoidal_table()),
     Layer("softmax", "pair", ("softmax_forward", "softmax_backward"), softmax_examples(), softmax_invariants, {
         "forward": "subtract the row max before exp; masked logits -> the dtype's most negative finite value before "
                    "exp, masked outputs -> 0 after",
         "dx": "dx = y * (dy - sum(dy * y, axis=-1, keepdims=True))"},
           where={"forward": "large logits (overflow), masked logits, and a row whose keys are all masked",
                  "dx": "each output depends on every logit of its row through the normaliser"}, mistakes=(
-        Term("dx", M.softmax_normaliser_term, "the normaliser's term -y * sum(dy * y)", NORMALISER),)),
+        Term("dx", M.softmax_normaliser_term, "the normaliser's term -y * sum(dy * y)", NORMALISER),),
+          explicit=X.softmax()),
     Layer("layer_norm", "pair", ("layer_norm_forward", "layer_norm_backward"), layer_norm_examples(),
           layer_norm_invariants, {
         "forward": "gamma * (x - mean) / sqrt(var + eps) + beta over the last axis, biased variance",
@@ -205,7 +209,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                  "dgamma": "which axes dgamma is summed over, and what multiplies dout",
                  "dbeta": "which axes dbeta is summed over"}, mistakes=(
         Term("dx", M.layer_norm_mean_term, "the mean term -rstd * mean(g)", "the " + LN_MEAN),
-        Term("dx", M.layer_norm_variance_term, "the variance term -rstd * xhat * mean(g * xhat)", LN_VARIANCE))),
+        Term("dx", M.layer_norm_variance_term, "the variance term -rstd * xhat * mean(g * xhat)", LN_VARIANCE)),
+          explicit=X.layer_norm()),
     Layer("feed_forward", "pair", ("feed_forward_forward", "feed_forward_backward"), feed_forward_examples(), None, {
         "forward": "out = relu(x @ w1 + b1) @ w2 + b2: one ReLU, between the two linear maps",
         "dx": "backward runs the steps in reverse: linear 2, dropout, ReLU (mask from its input), linear 1",
@@ -222,7 +227,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("dx", M.ffn_dx_no_mask, "dout @ w2.T @ w1.T: the ReLU's mask is missing in the backward",
                 "the gradient reaching the first linear map passes the ReLU's mask (h > 0) on its way back"),
         Mistake("dw2", M.ffn_dw2_before_relu, "h.T @ dout with h = x @ w1 + b1 before the ReLU",
-                "the activation that entered the second linear map: the ReLU's output, not its input"))),
+                "the activation that entered the second linear map: the ReLU's output, not its input")),
+          explicit=X.feed_forward()),
     Layer("residual_ffn", "pair", ("residual_ffn_forward", "residual_ffn_backward"), residual_ffn_examples(), None, {
         "forward": "out = layer_norm(x + FFN(x)): the sub-layer's input added to its output, then the norm",
         "dx": "z = x + FFN(x) reaches x by two paths: dx = dz + (FFN's dx of dz); without dz the skip path is gone"},
@@ -233,7 +239,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Term("dx", M.residual_norm_mean_term, "the layer norm's mean term -rstd * mean(g)", "the layer norm's "
              + LN_MEAN),
         Term("dx", M.residual_norm_variance_term, "the layer norm's variance term -rstd * xhat * mean(g * xhat)",
-             "the layer norm's " + LN_VARIANCE))),
+             "the layer norm's " + LN_VARIANCE)), explicit=X.residual_ffn()),
     Layer("attention", "pair", ("attention_forward", "attention_backward"), attention_examples(),
           attention_invariants, {
         "forward": "out = softmax(q @ k.T / sqrt(d_k), mask) @ v: the mask goes into the softmax, before it "
@@ -248,7 +254,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                  "dv": "which weights multiplied v in the forward (after dropout)"}, mistakes=(
         Term(("dq", "dk"), M.attention_normaliser_term, "the softmax's normaliser's term -y * sum(dy * y)",
              "the softmax inside: " + NORMALISER),
-        Factor(("dq", "dk"), M.scores_scale, "1/sqrt(d_k) of the scores", True, SCORES_SCALE))),
+        Factor(("dq", "dk"), M.scores_scale, "1/sqrt(d_k) of the scores", True, SCORES_SCALE)), explicit=X.attention()),
     Layer("split_heads", "function", ("split_heads",), split_heads_examples(), heads_invariants,
           {"split_heads": HINT_RESHAPE},
           where={"split_heads": "the order of reshape and transpose: which columns go to which head"}, mistakes=(
@@ -258,7 +264,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "mixed into the heads", "reshape to (B, T, H, Dh) first, so that each position keeps its own "
                 "features, then swap the T and H axes"),
         Mistake("split_heads", M.split_untransposed, "x.reshape(B, T, H, Dh) without the transpose to (B, H, T, Dh)",
-                "the heads' axis comes before the positions': transpose(0, 2, 1, 3) after the reshape"))),
+                "the heads' axis comes before the positions': transpose(0, 2, 1, 3) after the reshape")),
+          explicit=X.split_heads()),
     Layer("merge_heads", "function", ("merge_heads",), merge_heads_examples(), heads_invariants,
           {"merge_heads": "transpose (B, H, T, Dh) to (B, T, H, Dh), then reshape to (B, T, H*Dh)"},
           where={"merge_heads": "the inverse of split_heads: transpose back before reshaping"}, mistakes=(
@@ -269,7 +276,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "are the columns h*Dh .. (h+1)*Dh - 1"),
         Mistake("merge_heads", M.merge_features_first, "x.reshape(B, H*Dh, T) then swapped: features and "
                 "positions mixed", "the reshape keeps each position's features together only after the "
-                "transpose to (B, T, H, Dh)"))),
+                "transpose to (B, T, H, Dh)")), explicit=X.merge_heads()),
     Layer("multi_head_attention", "pair", ("multi_head_attention_forward", "multi_head_attention_backward"),
           multi_head_attention_examples(), mha_invariants, {
         "forward": "project q, k, v; split_heads; attention with the mask; merge_heads; output projection. "
@@ -287,7 +294,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("dx_kv", M.dx_kv_keys_only, "the keys' path alone: the values' gradient is missing",
                 "x_kv feeds both the keys and the values: dx_kv = dx_k + dx_v"),
         Mistake("dx_kv", M.dx_kv_values_only, "the values' path alone: the keys' gradient is missing",
-                "x_kv feeds both the keys and the values: dx_kv = dx_k + dx_v"))),
+                "x_kv feeds both the keys and the values: dx_kv = dx_k + dx_v")), explicit=X.multi_head_attention()),
     Layer("rnn_step", "pair", ("rnn_step_forward", "rnn_step_backward"), rnn_step_examples(), None, {
         "forward": "h = tanh(x @ w_x + h_prev @ w_h + b)",
         "dx": "da = dh * (1 - h**2) (tanh' from its output), then dx = da @ w_x.T",
@@ -301,7 +308,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "derivative without the square", "tanh' = 1 - tanh**2 = 1 - h**2: the square of the output"),
         Mistake(M.STEP_GRADIENTS, M.step_tanh_derivative_of_preactivation, "the gradient of da = dh * (1 - a**2), "
                 "with a the pre-activation", "tanh' = 1 - tanh(a)**2 is written with the output h = tanh(a), not "
-                "with a"))),
+                "with a")), explicit=X.rnn_step()),
     Layer("rnn", "pair", ("rnn_forward", "rnn_backward"), rnn_examples(), rnn_invariants, {
         "forward": "h_t = tanh(x_t @ w_x + h_{t-1} @ w_h + b), and h_t = h_{t-1} where the mask is False",
         "dx": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
@@ -319,7 +326,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "from step t+1", "the gradient reaching h_t comes from two places: dhs[:, t] and what step t+1 "
                 "sent back, da_{t+1} @ w_h.T"),
         Mistake("dw_h", M.rnn_dw_h_of_h_t, "sum of h_t.T @ da_t: each step's own state instead of the one "
-                "before it", "w_h multiplied the state before the step: dw_h = sum over t of h_{t-1}.T @ da_t"))),
+                "before it", "w_h multiplied the state before the step: dw_h = sum over t of h_{t-1}.T @ da_t")),
+          explicit=X.rnn()),
     Layer("cross_entropy", "loss", ("cross_entropy",), cross_entropy_examples(), cross_entropy_invariants, {
         "cross_entropy": "loss = mean over real targets of -(1-eps) log p_y - eps mean_v log p_v (log-softmax with "
                          "the row max subtracted)",
@@ -337,7 +345,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("cross_entropy", M.loss_value_without_smoothing, "the loss without label smoothing",
                 "the smoothed loss: -(1-eps) log p_y - eps mean_v log p_v"),
         Mistake("dlogits", M.loss_gradient_of_the_sum, "the gradient of the sum over the targets, not of their "
-                "mean", "the loss is a mean: its gradient is divided by the number of real targets"))),
+                "mean", "the loss is a mean: its gradient is divided by the number of real targets")),
+          explicit=X.cross_entropy()),
     Layer("causal_mask", "function", ("causal_mask",), causal_mask_examples(), causal_invariants, {
         "causal_mask": "query i sees keys 0..i, itself included: tril with the diagonal, shape (1, 1, T, T)"},
           where={"causal_mask": "the diagonal: may a position see itself?"}, library="attn.masks", mistakes=(
@@ -348,7 +357,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("causal_mask", M.causal_upper, "triu: each position sees the future and not the past",
                 "the lower triangle (tril) is the past: query i, row i, sees the keys up to column i"),
         Mistake("causal_mask", M.causal_without_axes, "(T, T), without the batch and head axes",
-                "the mask broadcasts over the batch and the heads: [None, None] makes it (1, 1, T, T)"))),
+                "the mask broadcasts over the batch and the heads: [None, None] makes it (1, 1, T, T)")),
+          explicit=X.causal_mask()),
     Layer("padding_mask", "function", ("padding_mask",), padding_mask_examples(), None, {
         "padding_mask": "(ids != pad_id)[:, None, None, :], shape (B, 1, 1, S)"},
           where={"padding_mask": "the shape that broadcasts over heads and queries"}, library="attn.masks",
@@ -356,7 +366,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("padding_mask", M.padding_inverted, "(ids == pad_id): True at the padding, the mask inverted",
                 "True marks what may be attended to: the real tokens, ids != pad_id"),
         Mistake("padding_mask", M.padding_on_queries, "(B, 1, S, 1): the padding on the queries' axis",
-                "a padded key must be hidden from every query: the keys are the last axis, [:, None, None, :]"))),
+                "a padded key must be hidden from every query: the keys are the last axis, [:, None, None, :]")),
+          explicit=X.padding_mask()),
     Layer("luong_attention", "pair", ("luong_attention_forward", "luong_attention_backward"), luong_examples(),
           luong_invariants, {
               "forward": "out = tanh([a @ e ; s] @ w_c + b_c), a = softmax(s @ e^T) with the source mask",
@@ -370,7 +381,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("ds", M.luong_ds_concatenation_only, "the concatenation's half alone: the scores' path is missing",
                 "s is used twice, as the query of the scores and as half of the concatenation: ds is the sum"),
         Mistake("de", M.luong_de_context_only, "the context's path alone: the scores' path is missing",
-                "e is used twice, as the keys of the scores and as the values of the context: de is the sum"))),
+                "e is used twice, as the keys of the scores and as the values of the context: de is the sum")),
+          explicit=X.luong_attention()),
     Layer("decoder_mask", "function", ("decoder_mask",), decoder_mask_examples(), None, {
         "decoder_mask": "causal_mask(T) & padding_mask(tgt_ids): (B, 1, T, T)"},
         {"decoder_mask": "both masks at once: the future and the padded keys"}, library="attn.masks", mistakes=(
@@ -381,7 +393,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("decoder_mask", M.decoder_either, "causal | padding: a key visible if either mask allows it",
                 "a key is visible where both masks allow it: & (and), not | (or)"),
         Mistake("decoder_mask", M.decoder_padding_on_queries, "the padding applied to the queries' axis",
-                "the padded keys are hidden: the padding mask on the last axis, [:, None, None, :]"))),
+                "the padded keys are hidden: the padding mask on the last axis, [:, None, None, :]")),
+          explicit=X.decoder_mask()),
     Layer("encoder_layer", "pair", ("encoder_layer_forward", "encoder_layer_backward"), encoder_layer_examples(),
           None, {"forward": "h = LayerNorm1(x + SelfAttn(x, x, mask)); out = LayerNorm2(h + FFN(h))",
                  "dx": "each Add & Norm: dz from the norm, then dz + (sub-layer backward of dz)"},
@@ -394,7 +407,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "(pre-norm)", "the paper's layer normalises after the addition: LayerNorm(x + sublayer(x))"),
         Mistake("dx", M.encoder_dx_without_skip, "the attention's dx_q + dx_kv alone: the first residual's path "
                 "is missing", "x reaches the first Add & Norm by two paths: dz passes straight back too, "
-                "dx = dz + dx_q + dx_kv"))),
+                "dx = dz + dx_q + dx_kv")), explicit=X.encoder_layer()),
     Layer("decoder_layer", "pair", ("decoder_layer_forward", "decoder_layer_backward"), decoder_layer_examples(),
           None, {"forward": "masked self-attention, cross-attention (queries from x, keys and values from memory, "
                             "src_mask), FFN, each as LayerNorm(x + sublayer(x))",
@@ -409,7 +422,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "attended to", "which mask each attention uses: src_mask hides the padded source words from "
                 "the cross-attention"),
         Mistake("forward", M.decoder_self_unmasked, "self-attention without tgt_mask: each word sees the future",
-                "the decoder's self-attention takes tgt_mask, the look-ahead mask"))),
+                "the decoder's self-attention takes tgt_mask, the look-ahead mask")), explicit=X.decoder_layer()),
     Layer("transformer", "pair", ("transformer_forward", "transformer_backward"), transformer_examples(), None, {
         "forward": "logits = decoder(embed(tgt_in), encoder(embed(src))) @ E^T with E = embedding.weight, the "
                    "embeddings scaled by sqrt(d_model) plus the sinusoids",
@@ -417,7 +430,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         {"forward": "the scale of the embeddings, the positions, the masks (padding, look-ahead), the shared "
                     "output projection",
          "dembedding.weight": "embedding.weight is used three times: every use sends back a gradient"},
-        explain=explain_tied_embedding, library="attn.grader.solutions"),
+        explain=explain_tied_embedding, library="attn.grader.solutions", explicit=X.transformer()),
     Layer("noam_lr", "function", ("noam_lr",), noam_examples(), None, {
         "noam_lr": "factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)"},
         {"noam_lr": "the two branches of the min, and the 1-based step"}, library="attn.optim", mistakes=(
@@ -426,7 +439,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("noam_lr", M.noam_max, "the larger of the two branches: max instead of min",
                 "the rate rises linearly during warmup, then decays: the smaller of the two branches, min"),
         Mistake("noam_lr", M.noam_warmup_square_root, "step * warmup_steps^-0.5 during warmup",
-                "the warmup branch is step * warmup_steps^-1.5: it meets step^-0.5 at step = warmup_steps"))),
+                "the warmup branch is step * warmup_steps^-1.5: it meets step^-0.5 at step = warmup_steps")),
+          explicit=X.noam_lr()),
     Layer("adam", "steps", ("adam_step",), adam_examples(), None, {
         "adam_step": "m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) "
                      "+ eps)"},
@@ -437,7 +451,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("adam_step", M.adam_v_uncorrected, "a step with m corrected and v not",
                 "the bias correction of both moments: v too, by 1 - beta2^t"),
         Mistake("adam_step", M.adam_eps_inside, "a step with eps inside the square root",
-                "eps is added after the square root: sqrt(v_hat) + eps"))),
+                "eps is added after the square root: sqrt(v_hat) + eps")), explicit=X.adam()),
     Layer("greedy_decode", "function", ("greedy_decode",), decoding_examples(False), None, {
         "greedy_decode": "encode, then from BOS: the most probable token at every step (PAD and BOS never), until "
                          "EOS or max_len; the score sums the chosen tokens' log-probabilities, EOS included"},
@@ -448,7 +462,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("greedy_decode", D.greedy_eos_unscored, "the decoding whose score leaves out EOS's log-probability",
                 "the score sums the chosen tokens' log-probabilities, EOS included"),
         Mistake("greedy_decode", D.greedy_no_stop, "the decoding that goes on after EOS",
-                "a sentence ends at EOS: stop there, EOS itself not in the tokens"))),
+                "a sentence ends at EOS: stop there, EOS itself not in the tokens")), explicit=X.decoding(False)),
     Layer("beam_search", "function", ("beam_search",), decoding_examples(True), None, {
         "beam_search": "keep the K best unfinished beams by summed log-probability; a beam that ends in EOS is "
                        "finished with score logP / ((5 + len) / 6)^alpha; stop when no live beam can beat the "
@@ -462,7 +476,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("beam_search", D.beam_without_length_penalty, "the search without the length penalty",
                 "a finished hypothesis scores logP / ((5 + len) / 6)^alpha"),
         Mistake("beam_search", D.beam_pad_bos_allowed, "the search with PAD and BOS allowed as outputs",
-                "PAD and BOS are never generated: their log-probabilities -inf before choosing"))),
+                "PAD and BOS are never generated: their log-probabilities -inf before choosing")),
+          explicit=X.decoding(True)),
     Layer("average_checkpoints", "function", ("average_checkpoints",), average_examples(), None, {
         "average_checkpoints": "mean over the checkpoints of each parameter, summed in float64, cast back"},
         {"average_checkpoints": "the precision of the sum and the dtype of the result"},
@@ -472,7 +487,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("average_checkpoints", M.average_last, "the last checkpoint alone", "every checkpoint enters the "
                 "mean: sum them all, then divide by their number"),
         Mistake("average_checkpoints", M.average_over_parameters, "the sum divided by the number of parameters",
-                "the mean is over the checkpoints: divide by len(checkpoints), not by the number of keys"))),
+                "the mean is over the checkpoints: divide by len(checkpoints), not by the number of keys")),
+          explicit=X.average_checkpoints()),
     Layer("bpe", "function", ("learn_merges",), bpe_examples(), None, {
         "learn_merges": "count adjacent pairs over all words, times each word's count; merge the most frequent "
                         "(ties: the alphabetically first pair) everywhere; repeat"},
@@ -483,7 +499,8 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
         Mistake("learn_merges", M.bpe_first_found, "the merges with ties going to the pair counted first",
                 "ties go to the alphabetically first pair: min over (-count, pair), not the first found"),
         Mistake("learn_merges", M.bpe_merges_singletons, "the merges going on with pairs that occur once",
-                "stop when the most frequent pair occurs fewer than twice: a merge must save something"))),
+                "stop when the most frequent pair occurs fewer than twice: a merge must save something")),
+          explicit=X.bpe()),
     RMSNORM,
     *LATER_BLOCK,
     FLASH_ATTENTION,
