@@ -52,6 +52,7 @@ from typing import NamedTuple
 
 from . import backend as B
 from . import engine as engines
+from .block import parts
 from .data import BOS, EOS, PAD
 from .masks import padding_mask
 from .model import log_softmax
@@ -264,7 +265,7 @@ def _start(model, src, max_len, use_cache, with_attention, beam=1):
     src_h = B.to_host(src)
     limits = (src_h != PAD).sum(axis=1) + EXTRA_LENGTH if max_len is None else \
         np.full(src_h.shape[0], int(max_len))
-    if model.config.positional == "learned":       # decode_step indexes the table at each position
+    if parts(model.config).positions.learned:       # decode_step indexes the table at each position
         limits = np.minimum(limits, model.config.max_len)
     limits = np.maximum(limits, 1).astype(np.int64)
     src_mask = padding_mask(src)                                                  # (B, 1, 1, S)

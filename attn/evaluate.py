@@ -20,6 +20,7 @@ import sys
 from typing import NamedTuple
 
 from . import backend as B
+from . import block
 from .data import EOS, PAD, detokenize
 from .decode import beam_search, greedy_decode
 
@@ -212,7 +213,7 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
     from tqdm import tqdm
     np, xp = B.host, model.xp
     ids = [source_ids(vocab, t) for t in toks]
-    if model.config.positional == "learned":
+    if block.parts(model.config).positions.learned:
         ids = [x[:model.config.max_len] for x in ids]
     eos = _eos_token(vocab)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))     # similar lengths share a batch

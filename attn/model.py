@@ -12,6 +12,7 @@ The block of later models is four options away, each off by default (lesson 26):
 ``positional="rope"`` (rotary positions on every self-attention's queries and keys instead
 of a table added to the embeddings), ``ffn="swiglu"`` (the gated network, at the width that
 keeps the parameter count), ``kv_heads`` (grouped-query attention) and ``norm_kind="rms"``.
+:mod:`attn.block` turns a config into the block's named parts, which the layers here ask.
 
 The model owns a ``params`` dict with stable dotted names and assembles the
 forward/backward pairs of :mod:`attn.layers`. ``forward`` returns
@@ -28,17 +29,13 @@ from types import SimpleNamespace
 from typing import NamedTuple
 
 from . import backend as B
+from .block import Block, check, parts, size
+from .block import later_block  # noqa: F401  (the engine and the tests ask the model for it)
 from .checkpoint import CheckpointError, load_npz, save_npz
 from .layers import (dropout_backward, dropout_forward, embedding_backward, embedding_forward,
-                     feed_forward_backward, feed_forward_forward, layer_norm_backward,
-                     layer_norm_forward, multi_head_attention_backward,
-                     multi_head_attention_forward, positional_backward, positional_forward,
-                     sinusoidal_table)
-from .layers import rmsnorm_backward, rmsnorm_forward, rope_forward, swiglu_backward, swiglu_forward, swiglu_width
-from .layers.rmsnorm import RMSNormCache
-from .layers.attention import attention_forward, merge_heads, repeat_kv, split_heads
-from .layers.swiglu import SwigluCache
+                     positional_backward, positional_forward, sinusoidal_table)
 from .masks import decoder_mask, padding_mask
+
 
 # --------------------------------------------------------------------------- config
 
@@ -103,7 +100,7 @@ class TransformerConfig:
             v = getattr(self, name)
             if not 0.0 <= v < 1.0:
                 bad(f"{name} must be in [0, 1), got {v!r}")
-        self._check_block(bad)
+        check(self)                       # the block's kinds and numbers (attn.block: the one place)
         if self.share_embeddings and self.tgt_vocab_size not in (None, self.vocab_size):
             bad(f"share_embeddings needs one vocabulary, got vocab_size {self.vocab_size} "
                 f"and tgt_vocab_size {self.tgt_vocab_size}")
@@ -115,23 +112,6 @@ class TransformerConfig:
             field = max(SIZE_FIELDS, key=lambda f: count - parameter_count(SimpleNamespace(**{**fields, f: 1})))
             bad(f"{field} = {getattr(self, field):,} gives {count:,} parameters ({4 * count / 2**30:,.0f} GiB in "
                 f"float32), more than the {MAX_PARAMETERS:,} a model may have")
-
-    def _check_block(self, bad) -> None:
-        """The block's kinds (norm, positions, feed-forward network) and grouped-query attention's
-        ``kv_heads``; ``bad(msg)`` raises."""
-        for name, kinds in (("positional", ("sinusoidal", "learned", "rope")), ("norm", ("post", "pre")),
-                            ("norm_kind", ("layer", "rms")), ("ffn", ("relu", "swiglu"))):
-            if getattr(self, name) not in kinds:
-                bad(f"{name} must be one of {', '.join(map(repr, kinds))}, got {getattr(self, name)!r}")
-        if self.kv_heads is not None and (not isinstance(self.kv_heads, int) or self.kv_heads < 1
-                                          or self.n_heads % self.kv_heads):
-            bad(f"kv_heads must be None or a positive integer that divides n_heads ({self.n_heads}), "
-                f"got {self.kv_heads!r}")
-        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
-            bad(f"rotary positions turn pairs of features: the head size d_model / n_heads "
-                f"({self.d_model // self.n_heads}) must be even")
-        if not (isinstance(self.rope_base, (int, float)) and self.rope_base > 1):
-            bad(f"rope_base must be a number greater than 1, got {self.rope_base!r}")
 
     @property
     def target_vocab_size(self) -> int:
@@ -145,7 +125,7 @@ class TransformerConfig:
     @property
     def ffn_width(self) -> int:
         """The feed-forward network's hidden width: d_ff, or SwiGLU's 2/3 of it (the same parameters)."""
-        return swiglu_width(self.d_ff) if self.ffn == "swiglu" else self.d_ff
+        return parts(self).ffn.width
 
     @classmethod
     def preset(cls, name: str, **overrides) -> "TransformerConfig":
@@ -166,14 +146,6 @@ class TransformerConfig:
         return cls(**d)
 
 
-def later_block(cfg: TransformerConfig) -> list[str]:
-    """The parts of a later model's block that ``cfg`` asks for (lesson 26), as ``field=value``:
-    empty for the paper's block, post- or pre-norm."""
-    parts = (("positional", cfg.positional == "rope"), ("ffn", cfg.ffn != "relu"),
-             ("kv_heads", cfg.key_value_heads != cfg.n_heads), ("norm_kind", cfg.norm_kind != "layer"))
-    return [f"{name}={getattr(cfg, name)!r}" for name, on in parts if on]
-
-
 # --------------------------------------------------------------------------- parameters
 
 #: The most parameters a config may give (16 GiB in float32, 75 times the paper's big model): a
@@ -188,28 +160,17 @@ def parameter_count(cfg) -> int:
     10⁸ layers is counted at once); ``cfg`` has the fields of a :class:`TransformerConfig`."""
     D, V = cfg.d_model, cfg.vocab_size
     T = cfg.tgt_vocab_size or V
-    F = swiglu_width(cfg.d_ff) if cfg.ffn == "swiglu" else cfg.d_ff
-    KV = (cfg.kv_heads or cfg.n_heads) * (D // cfg.n_heads)
+    block = parts(cfg)
     embeddings = V * D if cfg.share_embeddings else V * D + 2 * T * D
-    positions = 2 * cfg.max_len * D if cfg.positional == "learned" else 0
-    attention = 2 * D * D + 2 * D * KV + 2 * D + 2 * KV
-    ffn = 3 * D * F if cfg.ffn == "swiglu" else 2 * D * F + F + D
-    norm = len(NORM[cfg.norm_kind]) * D
-    final = 2 * norm if cfg.norm == "pre" else 0
-    return (embeddings + positions + cfg.n_encoder_layers * (attention + ffn + 2 * norm)
+    attention, ffn, norm = size(block.self_attention.shapes(D)), size(block.ffn.shapes(D)), size(block.norm.shapes(D))
+    final = 2 * norm if block.placement.final_norm else 0
+    return (embeddings + size(block.positions.shapes(D)) + cfg.n_encoder_layers * (attention + ffn + 2 * norm)
             + cfg.n_decoder_layers * (2 * attention + ffn + 3 * norm) + final)
-
-
-def _attention_shapes(D, KV):
-    """w_q, w_o (D, D); w_k, w_v (D, KV) with KV the key/value heads' width; a bias of each width."""
-    width = {"q": D, "k": KV, "v": KV, "o": D}
-    return {f"{p}_{n}": ((D, width[n]) if p == "w" else (width[n],)) for n in "qkvo" for p in "wb"}
 
 
 def parameter_shapes(cfg: TransformerConfig) -> dict:
     """Every parameter's dotted name and shape, in a stable order."""
-    D, F = cfg.d_model, cfg.ffn_width
-    KV = cfg.key_value_heads * (D // cfg.n_heads)
+    D, block = cfg.d_model, parts(cfg)
     shapes = {}
     if cfg.share_embeddings:
         shapes["embedding.weight"] = (cfg.vocab_size, D)
@@ -217,13 +178,8 @@ def parameter_shapes(cfg: TransformerConfig) -> dict:
         shapes["src_embedding.weight"] = (cfg.vocab_size, D)
         shapes["tgt_embedding.weight"] = (cfg.target_vocab_size, D)
         shapes["generator.weight"] = (cfg.target_vocab_size, D)
-    if cfg.positional == "learned":
-        shapes["src_pos.weight"] = (cfg.max_len, D)
-        shapes["tgt_pos.weight"] = (cfg.max_len, D)
-    ffn = ({"w1": (D, F), "w3": (D, F), "w2": (F, D)} if cfg.ffn == "swiglu"
-           else {"w1": (D, F), "b1": (F,), "w2": (F, D), "b2": (D,)})
-    norm = {n: (D,) for n in NORM[cfg.norm_kind]}
-    attn = _attention_shapes(D, KV)
+    shapes.update(block.positions.shapes(D))
+    ffn, norm, attn = block.ffn.shapes(D), block.norm.shapes(D), block.self_attention.shapes(D)
     blocks = {"encoder": [("self_attn", attn), ("norm1", norm), ("ffn", ffn), ("norm2", norm)],
               "decoder": [("self_attn", attn), ("norm1", norm),
                           ("cross_attn", attn), ("norm2", norm), ("ffn", ffn), ("norm3", norm)]}
@@ -232,8 +188,8 @@ def parameter_shapes(cfg: TransformerConfig) -> dict:
             for sub, fields in blocks[stack]:
                 for f, shape in fields.items():
                     shapes[f"{stack}.{i}.{sub}.{f}"] = shape
-        if cfg.norm == "pre":
-            shapes.update({f"{stack}.norm.{n}": (D,) for n in NORM[cfg.norm_kind]})
+        if block.placement.final_norm:
+            shapes.update({f"{stack}.norm.{n}": shape for n, shape in norm.items()})
     return shapes
 
 
@@ -282,20 +238,13 @@ def sinusoids(cfg: TransformerConfig, T: int, dtype, xp, table=None):
 
 # --------------------------------------------------------------------------- the layers
 
-#: The parameters of an attention sub-layer and of the feed-forward network, in the order their
-#: forward functions take them (:mod:`attn.layers`).
-ATTENTION = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
-FFN = {"relu": ("w1", "b1", "w2", "b2"), "swiglu": ("w1", "w3", "w2")}     # SwiGLU: Llama's names, no biases
-NORM = {"layer": ("gamma", "beta"), "rms": ("gamma",)}
-
-
 class SublayerCache(NamedTuple):
     """One sub-layer in its residual connection: the norm's, the sub-layer's and the dropout's
-    caches, and whether the norm comes before the sub-layer (pre-norm) or after the sum."""
+    caches, and the block whose parts ran them (where its norm is, which norm, which network)."""
     norm: object
     sub: object
     drop: object
-    pre: bool
+    block: Block
 
 
 def layer_params(params: dict, prefix: str) -> dict:
@@ -310,131 +259,97 @@ def encoder_layer_forward(x, mask, p: dict, cfg: TransformerConfig, rng=None):
 
     Inputs: x (B, S, D); mask (B, 1, 1, S) bool or None; p the layer's parameters by their names
     in it (``self_attn.w_q`` ... ``norm2.beta``, :func:`layer_params`); cfg the model's
-    :class:`TransformerConfig` (heads, dropout, where the norms are, eps); rng a DeviceRNG for
+    :class:`TransformerConfig` (its block's parts: :func:`attn.block.parts`); rng a DeviceRNG for
     dropout (None: none). Returns: out (B, S, D), cache (a :class:`SublayerCache` per sub-layer).
     """
-    h, cn = _sublayer_input(x, p, "norm1", cfg)
-    s, cs = _attention(h, h, mask, p, "self_attn", cfg, rng)
-    x, c1 = _residual_output(x, s, cn, cs, p, "norm1", cfg, rng)
-    h, cn = _sublayer_input(x, p, "norm2", cfg)
-    s, cs = _feed_forward(h, p, cfg, rng)
-    x, c2 = _residual_output(x, s, cn, cs, p, "norm2", cfg, rng)
+    block = parts(cfg)
+    h, cn = _sublayer_input(x, p, "norm1", block)
+    s, cs = block.self_attention.forward(h, h, mask, p, "self_attn", rng)
+    x, c1 = _residual_output(x, s, cn, cs, p, "norm1", block, rng)
+    h, cn = _sublayer_input(x, p, "norm2", block)
+    s, cs = block.ffn.forward(h, p, rng)
+    x, c2 = _residual_output(x, s, cn, cs, p, "norm2", block, rng)
     return x, (c1, c2)
 
 
 def encoder_layer_backward(dout, cache):
     """Backward of :func:`encoder_layer_forward`. Returns: dx (B, S, D), grads keyed like p."""
     c1, c2 = cache
-    grads = {}
+    block, grads = c1.block, {}
     dx, ds = _residual_output_backward(dout, c2, "norm2", grads)
-    dx = _sublayer_input_backward(dx, _feed_forward_backward(ds, c2.sub, grads), c2, "norm2", grads)
+    dx = _sublayer_input_backward(dx, block.ffn.backward(ds, c2.sub, grads), c2, "norm2", grads)
     dx, ds = _residual_output_backward(dx, c1, "norm1", grads)
-    dq, dkv = _attention_backward(ds, c1.sub, "self_attn", grads)   # x was the queries, keys and values
+    dq, dkv = block.self_attention.backward(ds, c1.sub, "self_attn", grads)   # x: queries, keys, values
     dx = _sublayer_input_backward(dx, dq + dkv, c1, "norm1", grads)
     return dx, grads
 
 
-def decoder_layer_forward(x, memory, src_mask, tgt_mask, p: dict, cfg: TransformerConfig, rng=None):
+def decoder_layer_forward(x, memory, src_mask, tgt_mask, p: dict, cfg: TransformerConfig, rng=None, kv=None):
     """One decoder layer (section 3.1): masked self-attention, attention over the encoder's
-    output ``memory``, then the feed-forward network, each in its residual connection.
+    output ``memory``, then the feed-forward network, each in its residual connection. The same
+    function trains and decodes (nanochat's ``Block.forward(x, kv_cache)``).
 
     Inputs: x (B, T, D); memory (B, S, D); src_mask (B, 1, 1, S); tgt_mask (B, 1, T, T); p keyed
     ``self_attn.*``, ``norm1.*``, ``cross_attn.*``, ``norm2.*``, ``ffn.*``, ``norm3.*``; cfg and
-    rng as :func:`encoder_layer_forward`'s. Returns: out (B, T, D), cache."""
-    h, cn = _sublayer_input(x, p, "norm1", cfg)
-    s, cs = _attention(h, h, tgt_mask, p, "self_attn", cfg, rng)
-    x, c1 = _residual_output(x, s, cn, cs, p, "norm1", cfg, rng)
-    h, cn = _sublayer_input(x, p, "norm2", cfg)
-    s, cs = _attention(h, memory, src_mask, p, "cross_attn", cfg, rng)
-    x, c2 = _residual_output(x, s, cn, cs, p, "norm2", cfg, rng)
-    h, cn = _sublayer_input(x, p, "norm3", cfg)
-    s, cs = _feed_forward(h, p, cfg, rng)
-    x, c3 = _residual_output(x, s, cn, cs, p, "norm3", cfg, rng)
+    rng as :func:`encoder_layer_forward`'s; kv None (training), or, decoding, the layer's key/value
+    cache: ``((k, v), (k_src, v_src))``, the self-attention's of the earlier positions ((B, KV, t,
+    Dh) each, or None before the first: x's positions follow them) and the cross-attention's,
+    computed from the memory once (then ``memory`` may be None).
+
+    Returns: out (B, T, D), cache (a :class:`SublayerCache` per sub-layer). Decoding, the
+    attentions' caches are :class:`attn.block.Attended`: the grown keys and values, the weights."""
+    block = parts(cfg)
+    self_kv, cross_kv = (None, None) if kv is None else kv
+    h, cn = _sublayer_input(x, p, "norm1", block)
+    s, cs = block.self_attention.forward(h, h, tgt_mask, p, "self_attn", rng, self_kv)
+    x, c1 = _residual_output(x, s, cn, cs, p, "norm1", block, rng)
+    h, cn = _sublayer_input(x, p, "norm2", block)
+    s, cs = block.cross_attention.forward(h, memory, src_mask, p, "cross_attn", rng, cross_kv)
+    x, c2 = _residual_output(x, s, cn, cs, p, "norm2", block, rng)
+    h, cn = _sublayer_input(x, p, "norm3", block)
+    s, cs = block.ffn.forward(h, p, rng)
+    x, c3 = _residual_output(x, s, cn, cs, p, "norm3", block, rng)
     return x, (c1, c2, c3)
 
 
 def decoder_layer_backward(dout, cache):
-    """Backward of :func:`decoder_layer_forward`. Returns: dx (B, T, D), dmemory (B, S, D),
-    grads keyed like p."""
+    """Backward of :func:`decoder_layer_forward` (training). Returns: dx (B, T, D), dmemory
+    (B, S, D), grads keyed like p."""
     c1, c2, c3 = cache
-    grads = {}
+    block, grads = c1.block, {}
     dx, ds = _residual_output_backward(dout, c3, "norm3", grads)
-    dx = _sublayer_input_backward(dx, _feed_forward_backward(ds, c3.sub, grads), c3, "norm3", grads)
+    dx = _sublayer_input_backward(dx, block.ffn.backward(ds, c3.sub, grads), c3, "norm3", grads)
     dx, ds = _residual_output_backward(dx, c2, "norm2", grads)
-    dq, dmemory = _attention_backward(ds, c2.sub, "cross_attn", grads)   # keys and values: the memory
+    dq, dmemory = block.cross_attention.backward(ds, c2.sub, "cross_attn", grads)   # keys, values: the memory
     dx = _sublayer_input_backward(dx, dq, c2, "norm2", grads)
     dx, ds = _residual_output_backward(dx, c1, "norm1", grads)
-    dq, dkv = _attention_backward(ds, c1.sub, "self_attn", grads)
+    dq, dkv = block.self_attention.backward(ds, c1.sub, "self_attn", grads)
     dx = _sublayer_input_backward(dx, dq + dkv, c1, "norm1", grads)
     return dx, dmemory, grads
 
 
-def _sublayer_input(x, p, norm, cfg):
+def _sublayer_input(x, p, norm, block: Block):
     """What a sub-layer reads: ``LN(x)`` where the norm comes first (pre-norm), else x itself."""
-    if cfg.norm == "pre":
-        return norm_forward(x, p, norm, cfg)
-    return x, None
+    return block.placement.before(x, block.norm, p, norm)
 
 
-def _residual_output(x, s, cn, cs, p, norm, cfg, rng):
+def _residual_output(x, s, cn, cs, p, norm, block: Block, rng):
     """The sub-layer's output ``s`` added to its input: ``x + drop(s)``, then, post-norm (the
     paper), ``LN(x + drop(s))``. Returns: out, SublayerCache."""
-    s, cd = dropout_forward(s, cfg.dropout, rng)
-    if cfg.norm == "pre":
-        return x + s, SublayerCache(cn, cs, cd, True)
-    out, cn = norm_forward(x + s, p, norm, cfg)
-    return out, SublayerCache(cn, cs, cd, False)
+    s, cd = dropout_forward(s, block.placement.dropout, rng)
+    out, cn = block.placement.after(x, s, cn, block.norm, p, norm)
+    return out, SublayerCache(cn, cs, cd, block)
 
 
 def _residual_output_backward(dout, cache: SublayerCache, norm, grads):
     """Backward of :func:`_residual_output`: the gradient of x by the skip path, and of s."""
-    dy = dout if cache.pre else norm_backward(dout, cache.norm, norm, grads)
+    dy = cache.block.placement.after_backward(dout, cache.norm, cache.block.norm, norm, grads)
     return dy, dropout_backward(dy, cache.drop)
 
 
 def _sublayer_input_backward(dskip, dh, cache: SublayerCache, norm, grads):
     """x's whole gradient: the skip path's plus the sub-layer's, through the norm before it."""
-    return dskip + (norm_backward(dh, cache.norm, norm, grads) if cache.pre else dh)
-
-
-def norm_forward(x, p, norm, cfg):
-    """The norm called ``norm`` in ``p`` (``norm1``, ``encoder.norm``, ...): layer norm, or RMSNorm."""
-    if cfg.norm_kind == "rms":
-        return rmsnorm_forward(x, p[norm + ".gamma"], cfg.ln_eps)
-    return layer_norm_forward(x, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
-
-
-def norm_backward(dout, cache, norm, grads):
-    """Backward of :func:`norm_forward`: its parameters' gradients into ``grads``. Returns dx."""
-    if isinstance(cache, RMSNormCache):
-        dx, grads[norm + ".gamma"] = rmsnorm_backward(dout, cache)
-    else:
-        dx, grads[norm + ".gamma"], grads[norm + ".beta"] = layer_norm_backward(dout, cache)
-    return dx
-
-
-def _attention(xq, xkv, mask, p, sub, cfg, rng):
-    rope = cfg.rope_base if cfg.positional == "rope" and sub == "self_attn" else None   # positions: within one sequence
-    return multi_head_attention_forward(xq, xkv, *(p[f"{sub}.{n}"] for n in ATTENTION), cfg.n_heads, mask,
-                                        cfg.attention_dropout, rng, kv_heads=cfg.key_value_heads, rope=rope)
-
-
-def _attention_backward(ds, cache, sub, grads):
-    dxq, dxkv, *dparams = multi_head_attention_backward(ds, cache)
-    grads.update(zip((f"{sub}.{n}" for n in ATTENTION), dparams))
-    return dxq, dxkv
-
-
-def _feed_forward(x, p, cfg, rng):
-    forward = swiglu_forward if cfg.ffn == "swiglu" else feed_forward_forward
-    return forward(x, *(p[f"ffn.{n}"] for n in FFN[cfg.ffn]), cfg.relu_dropout, rng)
-
-
-def _feed_forward_backward(ds, cache, grads):
-    kind = "swiglu" if isinstance(cache, SwigluCache) else "relu"
-    dx, *dparams = (swiglu_backward if kind == "swiglu" else feed_forward_backward)(ds, cache)
-    grads.update(zip((f"ffn.{n}" for n in FFN[kind]), dparams))
-    return dx
+    return dskip + cache.block.placement.before_backward(dh, cache.norm, cache.block.norm, norm, grads)
 
 
 # --------------------------------------------------------------------------- the model
@@ -469,6 +384,7 @@ class Transformer:
         self.config = config
         self.dtype = B.host.dtype(dtype)
         self.params = params if params is not None else init_params(config, seed, dtype)
+        self.block = parts(config)
         self._pe = None
 
     # ------------------------------------------------------------------ helpers
@@ -483,7 +399,7 @@ class Transformer:
     def _pos_table(self, which: str, T: int):
         """The positional table (L, D) with L >= T: a parameter, or the sinusoids,
         extended on demand so that no length is ever silently wrong."""
-        if self.config.positional == "learned":
+        if self.block.positions.learned:
             return self.params[f"{which}_pos.weight"]
         self._pe = sinusoids(self.config, T, self.dtype, self.xp, self._pe)
         return self._pe
@@ -491,20 +407,21 @@ class Transformer:
     def num_parameters(self) -> int:
         return int(sum(int(p.size) for p in self.params.values()))
 
-    def _norm_fwd(self, pre, x):
-        return norm_forward(x, self.params, pre, self.config)
+    def _norm_fwd(self, name, x):
+        return self.block.norm.forward(x, self.params, name)
 
-    def _norm_bwd(self, pre, dout, cache, grads):
-        return norm_backward(dout, cache, pre, grads)
+    def _norm_bwd(self, name, dout, cache, grads):
+        return self.block.norm.backward(dout, cache, name, grads)
 
     # ------------------------------------------------------------------ stacks
 
-    def _embed_fwd(self, which, ids, rng):
+    def _embed_fwd(self, which, ids, rng, start=0):
+        """ids (B, T) at positions start.. -> (B, T, D), the caches."""
         D = self.config.d_model
         x, ce = embedding_forward(ids, self.params[self._emb(which)], math.sqrt(D))    # (B, T, D)
         cp = None                                          # rotary positions act inside the attention
-        if self.config.positional != "rope":
-            x, cp = positional_forward(x, self._pos_table(which, ids.shape[1]))
+        if self.block.positions.added:
+            x, cp = positional_forward(x, self._pos_table(which, start + ids.shape[1])[start:])
         x, cd = dropout_forward(x, self.config.dropout, rng)
         return x, ce, cp, cd
 
@@ -512,7 +429,7 @@ class Transformer:
         dx = dropout_backward(dx, cache.drop)
         if cache.pos is not None:
             dx, dtable = positional_backward(dx, cache.pos)
-            if self.config.positional == "learned":
+            if self.block.positions.learned:
                 _acc(grads, f"{which}_pos.weight", dtable)
         _acc(grads, self._emb(which), embedding_backward(dx, cache.embed))
 
@@ -525,7 +442,7 @@ class Transformer:
             x, c = encoder_layer_forward(x, src_mask, layer_params(self.params, f"encoder.{i}"), self.config, rng)
             layers.append(c)
         cn = None
-        if self.config.norm == "pre":
+        if self.block.placement.final_norm:
             x, cn = self._norm_fwd("encoder.norm", x)
         return x, StackCache(ce, cp, cd, layers, cn)
 
@@ -540,7 +457,7 @@ class Transformer:
                                          self.config, rng)
             layers.append(c)
         cn = None
-        if self.config.norm == "pre":
+        if self.block.placement.final_norm:
             x, cn = self._norm_fwd("decoder.norm", x)
         return x, StackCache(ce, cp, cd, layers, cn), tgt_mask
 
@@ -618,13 +535,10 @@ class Transformer:
     def cross_attention_kv(self, memory) -> list:
         """Each decoder layer's cross-attention keys and values, (B, KV, S, Dh) each (KV: the
         key/value heads), from the encoder output (B, S, D): they depend on the source alone."""
-        p, H = self.params, self.config.key_value_heads
-        cross = []
+        attention, cross = self.block.cross_attention, []
         for i in range(self.config.n_decoder_layers):
-            pre = f"decoder.{i}.cross_attn"
-            k = split_heads(_affine(memory, p[pre + ".w_k"], p[pre + ".b_k"]), H)   # (B, H, S, Dh)
-            v = split_heads(_affine(memory, p[pre + ".w_v"], p[pre + ".b_v"]), H)
-            cross.append((k, v))
+            name = f"decoder.{i}.cross_attn"
+            cross.append((attention.heads(memory, self.params, name, "k"), attention.heads(memory, self.params, name, "v")))
         return cross
 
     def start_decoding(self, memory, src_mask) -> "DecodeState":
@@ -636,7 +550,8 @@ class Transformer:
     def decode_step(self, tokens, state: "DecodeState"):
         """One decoder position for every sequence in the batch, attending to the
         cached keys/values of the earlier positions: the cost of a step does not
-        grow with a recomputed prefix.
+        grow with a recomputed prefix. Each layer is :func:`decoder_layer_forward`, the
+        training's, given the layer's key/value cache.
 
         Inputs: tokens (B,) the ids at position ``state.length``. Returns:
         log-probabilities (B, V_tgt) for the next token, the new state, and the
@@ -645,55 +560,22 @@ class Transformer:
         The cache holds the key/value heads (``kv_heads`` of them), each read by its group of
         query heads; with rotary positions a key is turned once, when it is computed.
         """
-        cfg, p, H, KV = self.config, self.params, self.config.n_heads, self.config.key_value_heads
-        group = H // KV
-        pos = state.length
-        rope = (lambda a: rope_forward(a, B.host.array([pos]), cfg.rope_base)[0]) if cfg.positional == "rope" \
-            else (lambda a: a)
-        if cfg.positional == "learned" and pos >= cfg.max_len:     # as forward() says it, not an IndexError
+        cfg, pos = self.config, state.length
+        if self.block.positions.learned and pos >= cfg.max_len:     # as forward() says it, not an IndexError
             raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "
                              f"table's {cfg.max_len} positions (raise max_len)")
-        x = self.params[self._emb("tgt")][tokens] * self.dtype.type(math.sqrt(cfg.d_model))  # (B, D)
-        if cfg.positional != "rope":
-            x = x + self._pos_table("tgt", pos + 1)[pos]
-        x = x[:, None, :]                                                                    # (B, 1, D)
+        x = self._embed_fwd("tgt", tokens[:, None], None, start=pos)[0]                  # (B, 1, D)
         new_self, cross_w = [], []
         for i in range(cfg.n_decoder_layers):
-            pre = f"decoder.{i}"
-            kc, vc = state.self_kv[i]
-
-            def self_attn(h):
-                q = rope(split_heads(_affine(h, p[pre + ".self_attn.w_q"], p[pre + ".self_attn.b_q"]), H))
-                k = rope(split_heads(_affine(h, p[pre + ".self_attn.w_k"], p[pre + ".self_attn.b_k"]), KV))
-                v = split_heads(_affine(h, p[pre + ".self_attn.w_v"], p[pre + ".self_attn.b_v"]), KV)
-                k_all = k if kc is None else self.xp.concatenate([kc, k], axis=2)        # (B, KV, t+1, Dh)
-                v_all = v if vc is None else self.xp.concatenate([vc, v], axis=2)
-                new_self.append((k_all, v_all))
-                o, _ = attention_forward(q, repeat_kv(k_all, group), repeat_kv(v_all, group))   # all past
-                return _affine(merge_heads(o), p[pre + ".self_attn.w_o"], p[pre + ".self_attn.b_o"])
-
-            def cross_attn(h):
-                q = split_heads(_affine(h, p[pre + ".cross_attn.w_q"], p[pre + ".cross_attn.b_q"]), H)
-                k, v = state.cross_kv[i]
-                o, c = attention_forward(q, repeat_kv(k, group), repeat_kv(v, group), state.src_mask)
-                cross_w.append(c.weights)
-                return _affine(merge_heads(o), p[pre + ".cross_attn.w_o"], p[pre + ".cross_attn.b_o"])
-
-            def ffn(h):
-                return _feed_forward(h, layer_params(p, pre), cfg, None)[0]
-
-            x = self._residual_infer(pre + ".norm1", x, self_attn)
-            x = self._residual_infer(pre + ".norm2", x, cross_attn)
-            x = self._residual_infer(pre + ".norm3", x, ffn)
-        if cfg.norm == "pre":
+            kv = (state.self_kv[i], state.cross_kv[i])
+            x, (c1, c2, _) = decoder_layer_forward(x, None, state.src_mask, None,
+                                                   layer_params(self.params, f"decoder.{i}"), cfg, kv=kv)
+            new_self.append((c1.sub.k, c1.sub.v))                                        # (B, KV, t+1, Dh)
+            cross_w.append(c2.sub.weights)                                               # (B, H, 1, S)
+        if self.block.placement.final_norm:
             x = self._norm_fwd("decoder.norm", x)[0]
         logits = self.project(x[:, 0, :])                                                # (B, V)
         return log_softmax(logits), DecodeState(state.cross_kv, new_self, state.src_mask, pos + 1), cross_w
-
-    def _residual_infer(self, norm, x, sublayer):
-        if self.config.norm == "pre":
-            return x + sublayer(self._norm_fwd(norm, x)[0])
-        return self._norm_fwd(norm, x + sublayer(x))[0]
 
     # ------------------------------------------------------------------ save / load
 
@@ -766,10 +648,6 @@ def log_softmax(x):
     xp = B.get_array_module(x)
     s = x - x.max(axis=-1, keepdims=True)
     return s - xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
-
-
-def _affine(x, w, b):
-    return (x.reshape(-1, w.shape[0]) @ w).reshape(*x.shape[:-1], w.shape[1]) + b
 
 
 def _acc(grads: dict, name: str, g) -> None:

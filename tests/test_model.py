@@ -234,14 +234,14 @@ def test_every_parameter_gradient_matches_with_dropout_under_fixed_masks(backend
 def test_gradient_check_would_catch_a_wrong_backward(backend, monkeypatch):
     """The check above is not vacuous: scale one sub-layer's weight gradient by 1.01 and it
     fails, naming that parameter."""
-    import attn.model as M
-    real = M.feed_forward_backward
+    import attn.block as M                  # where the block's parts take their pairs
+    names, forward, real, later, width = M.FFNS["relu"]
 
     def off_by_one_percent(dout, cache):
         dx, dw1, db1, dw2, db2 = real(dout, cache)
         return dx, dw1, db1, dw2 * 1.01, db2
 
-    monkeypatch.setattr(M, "feed_forward_backward", off_by_one_percent)
+    monkeypatch.setitem(M.FFNS, "relu", (names, forward, off_by_one_percent, later, width))
     cfg = TransformerConfig(vocab_size=4, d_model=4, n_heads=1, d_ff=4, n_encoder_layers=1, n_decoder_layers=1,
                             dropout=0.0, max_len=4)
     case = Case(cfg, 0, np.array([[1, 2, 3]]), np.array([[1, 3]]), np.array([[3, 2]]))

@@ -68,7 +68,8 @@ from typing import NamedTuple
 
 from .. import backend as B
 from ..engine import LOSS, SLOT, TOKENS  # noqa: F401 (the slot's layout, declared by the interface)
-from ..model import NORM, TransformerConfig, parameter_shapes
+from ..block import parts
+from ..model import TransformerConfig, parameter_shapes
 from .stepmem import outside_step
 
 #: Every block starts at a multiple of this many elements (256 bytes in float32).
@@ -115,7 +116,7 @@ def _member(name: str, shape: tuple, cfg: TransformerConfig) -> tuple:
         return f"{m.group(1)}.w13", (D, 2 * F), (slice(None), slice(j * F, (j + 1) * F))
     m = re.fullmatch(r"(.*)\.(gamma|beta)", name)
     if m:
-        return f"{m.group(1)}.gamma_beta", (len(NORM[cfg.norm_kind]), D), (0 if m.group(2) == "gamma" else 1,)
+        return f"{m.group(1)}.gamma_beta", (len(parts(cfg).norm.names), D), (0 if m.group(2) == "gamma" else 1,)
     return name, tuple(shape), ()
 
 
