@@ -286,3 +286,28 @@ def test_the_attempts_among_the_mutants_fail_as_nobody_too(tmp_path):
             assert proc.returncode == 1 and re.search(pattern, proc.stdout), proc.stdout + proc.stderr
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_final_seed_is_in_nothing_a_learner_sees(tmp_path):
+    """A table recorded at home for the final seed would pass final grading: the seed is in no
+    report of a file (results.json, JSON, JUnit, HTML, the text) nor of a class's learner."""
+    seed = "424273157"                          # long enough to turn up in no hash, time or duration
+    (tmp_path / "relu.py").write_text(GOOD)
+    (tmp_path / "class" / "ann").mkdir(parents=True)
+    (tmp_path / "class" / "ann" / EX7).write_text(GOOD)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    one = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
+                          "--seed", seed, "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
+                          "--gradescope", str(tmp_path / "results.json"), "--html", str(tmp_path / "html")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["final"] is True
+    cls = subprocess.run([sys.executable, "-m", "attn.grader", "--class", str(tmp_path / "class"), "--examples", "2",
+                          "--jobs", "1", "--seed", seed], capture_output=True, text=True, env=env, timeout=300)
+    assert cls.returncode == 0, cls.stdout + cls.stderr
+    shown = [tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "results.json", *(tmp_path / "html").iterdir(),
+             *(tmp_path / "class" / "attn-check" / "ann").iterdir()]
+    assert len(shown) >= 6
+    for path in shown:
+        assert seed.encode() not in path.read_bytes(), path
+    assert seed not in one.stdout

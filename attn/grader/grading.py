@@ -438,7 +438,7 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
         rep.header = (f"attn-check {path}: {len(plan)} layer{'s' * (len(plan) != 1)}"
                       + (f" of exercise {manifest.name}" if manifest else "")
                       + f", {examples} examples each, backend {B.get_backend()}"
-                      + (f", seed {seed}" if seed is not None else "")
+                      + (", the final profile" if seed is not None else "")
                       + (", the library's own functions allowed" if allow_library else ""))
         w(rep.header + "\n")
         w(f"sandbox: {rep.sandbox}\n")

@@ -157,7 +157,7 @@ def _stamp(rep: FileReport) -> dict:
     import datetime
     return {"student": getattr(rep, "student", "") or Path(rep.path).absolute().parent.name,
             "exercise": rep.exercise, "sha256": rep.sha256, "grader": grader_version(), "sandbox": rep.sandbox,
-            "seed": rep.seed, "graded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "final": rep.seed is not None, "graded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def strict(v):
