@@ -311,3 +311,25 @@ def test_the_final_seed_is_in_nothing_a_learner_sees(tmp_path):
     for path in shown:
         assert seed.encode() not in path.read_bytes(), path
     assert seed not in one.stdout
+
+
+RAISES = ("def relu_forward(x):\n    raise ValueError('\\x1b[31mred\\x00nul \\udce9 \\x07 \\ufffe')\n\n\n"
+          "def relu_backward(dout, cache):\n    return dout * cache\n")
+
+
+def test_reports_hold_control_characters_and_text_that_is_not_utf8(tmp_path):
+    (tmp_path / "relu.py").write_text(RAISES)
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
+                           "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
+                           "--gradescope", str(tmp_path / "results.json"), "--html", str(tmp_path / "html")],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    from xml.etree import ElementTree
+    case = ElementTree.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase")
+    assert case.get("name") == "relu" and "raised ValueError" in case.find("failure").get("message")
+    assert "\\x1b[31mred\\x00nul" in case.find("failure").text
+    assert json.loads((tmp_path / "r.json").read_text())["layers"][0]["status"] == "fail"
+    assert json.loads((tmp_path / "results.json").read_text())["score"] == 0
+    page = (tmp_path / "html" / "index.html").read_text(encoding="utf-8")
+    assert "\\x1b[31mred" in page and "\x1b" not in page and "\x00" not in page
+
