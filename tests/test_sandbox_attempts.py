@@ -333,3 +333,35 @@ def test_reports_hold_control_characters_and_text_that_is_not_utf8(tmp_path):
     page = (tmp_path / "html" / "index.html").read_text(encoding="utf-8")
     assert "\\x1b[31mred" in page and "\x1b" not in page and "\x00" not in page
 
+
+def _unquote(cell: str) -> str:
+    """A grades.csv cell as the learner wrote it: the one quote before it taken off (TEACHING.md)."""
+    return cell[1:] if cell.startswith("'") else cell
+
+
+def test_a_class_of_odd_names_finishes_with_its_table(tmp_path):
+    folder = tmp_path / "class"
+    names = ["grades.csv", "grades.html", "'+cmd", "+cmd", "000123", "1e5", "ann"]
+    for name in names + [os.fsdecode(b"l\xe9a")]:
+        (folder / name).mkdir(parents=True)
+        (folder / name / EX7).write_text(GOOD)
+    (folder / "raiser").mkdir()
+    (folder / "raiser" / EX7).write_text(RAISES)
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", "--class", str(folder), "--examples", "2",
+                           "--jobs", "2"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+    out = folder / "attn-check"
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert (out / "grades.csv").is_file() and (out / "grades.html").is_file()
+    rows = list(csv.DictReader(open(out / "grades.csv", encoding="utf-8", newline="")))
+    relu = {_unquote(r["learner"]): r for r in rows if r["layer"] == "relu"}
+    assert set(relu) == set(names) | {"l\\xe9a", "raiser"}, sorted(relu)
+    assert all(relu[n]["status"] == "pass" for n in names + ["l\\xe9a"]), relu
+    assert relu["raiser"]["status"] == "fail" and "\x1b" not in relu["raiser"]["error"]
+    for cell in (r[k] for r in rows for k in ("learner", "error")):
+        assert not cell or cell[0] not in "=+-@\t\r0123456789", cell
+    assert (out / "_grades.csv" / "07_feed_forward_layer_norm.txt").is_file()
+    assert os.path.isfile(os.path.join(os.fsencode(out), b"l\xe9a", b"07_feed_forward_layer_norm.txt"))
+    page = (out / "grades.html").read_text(encoding="utf-8")
+    assert "href='./l%E9a/07_feed_forward_layer_norm.txt'" in page and "href='./_grades.csv/07" in page
+
