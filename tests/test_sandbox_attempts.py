@@ -223,16 +223,6 @@ def test_opening_the_hostile_class_pages_runs_nothing(graded):
     assert not dialogs
 
 
-def test_a_file_named_on_the_command_line_is_read_through_its_link(tmp_path):
-    """The one file a command names may be a link (whatever its target is called); in a
-    class folder a link is refused (above)."""
-    (tmp_path / "answer-without-suffix").write_text(GOOD)
-    (tmp_path / "relu.py").symlink_to(tmp_path / "answer-without-suffix")
-    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2"],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
-    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
-
-
 def test_a_forged_pass_line_is_quoted_in_gradescopes_output_too(tmp_path):
     (tmp_path / "relu.py").write_text(FORGES + "\n\ndef relu_backward(dout, cache):\n    return dout * cache\n")
     proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
@@ -365,3 +355,13 @@ def test_a_class_of_odd_names_finishes_with_its_table(tmp_path):
     page = (out / "grades.html").read_text(encoding="utf-8")
     assert "href='./l%E9a/07_feed_forward_layer_norm.txt'" in page and "href='./_grades.csv/07" in page
 
+
+def test_a_file_named_on_the_command_line_that_is_a_link_is_refused(tmp_path):
+    """A single-file submission that links to an answer elsewhere is not graded as the learner's."""
+    (tmp_path / "answer-without-suffix").write_text(GOOD)
+    (tmp_path / "relu.py").symlink_to(tmp_path / "answer-without-suffix")
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
+                           "--gradescope", str(tmp_path / "results.json")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert proc.returncode == 2 and "a symbolic link" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "results.json").read_text())["score"] == 0

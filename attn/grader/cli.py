@@ -216,7 +216,7 @@ def main(argv=None, out=None) -> int:
             out.write(f"attn-check: {args.path}: no such file\n")
             return 2
         rep = grade_file(args.path, args.layer, args.examples, args.timeout, args.forward_only, args.allow_library,
-                         out, args.hint, follow_link=True, **_options(args))
+                         out, args.hint, **_options(args))
         if rep.error:
             out.write(f"attn-check: {rep.error}\n")
         status, reports = rep.status, [rep]

@@ -37,11 +37,11 @@ CLEAN_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS":
 MAX_SOURCE = 1 << 20
 
 
-def read_source(path: Path, follow: bool = False) -> tuple[str, str]:
-    """The learner's file, read once: a regular file (a link is followed only with
-    ``follow``: the one file named on the command line), at most MAX_SOURCE bytes. Returns
-    (its text, its bytes' SHA-256); raises LoadError."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+def read_source(path: Path) -> tuple[str, str]:
+    """The learner's file, read once: a regular file (never through a link, to an answer key
+    or a classmate's file), at most MAX_SOURCE bytes. Returns (its text, its bytes' SHA-256);
+    raises LoadError."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
     except OSError as e:
