@@ -249,3 +249,36 @@ def test_the_kernel_holds_the_childs_tmp_and_dev_shm_to_their_size(tmp_path):
     cmd = bubblewrap.command([], tmp_path, work_mb=2) + ["/bin/sh", "-c", script]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.stdout.split("\n")[:2] == ["/tmp full", "/dev/shm full"], (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("what, signum", [("file", 15), ("file", 2), ("class", 15)])   # 15: SIGTERM (`timeout`)
+def test_a_grader_ended_by_a_signal_leaves_nothing_in_tmp(tmp_path, what, signum):
+    """What the grader stages (the library's modules the child sees, the copy of the file, the
+    child's output) goes when a signal ends it. Its TMPDIR is the test's own: other graders
+    running beside it leave theirs in /tmp."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o755)
+    tmp.chmod(0o755)
+    slow = "import time\n\n\ndef relu_forward(x):\n    time.sleep(120)\n" + WRONG_RELU
+    (tmp_path / "relu.py").write_text(slow)
+    for learner in ("ann", "ben"):
+        (tmp_path / "class" / learner).mkdir(parents=True)
+        (tmp_path / "class" / learner / "07_feed_forward_layer_norm.py").write_text(slow)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
+    graded = [tmp_path / "relu.py"] if what == "file" else ["--class", tmp_path / "class", "--jobs", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "attn.grader", *map(str, graded), "--timeout", "200"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("attn-check-work-*")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert list(tmp.glob("attn-check-work-*")), "the grader never started its child"
+        time.sleep(3)                                   # the child is in relu_forward's sleep by now
+        proc.send_signal(signum)
+        proc.wait(timeout=30)                           # a class's workers too: not when their calls time out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert sorted(p.name for p in tmp.iterdir()) == []

@@ -98,6 +98,16 @@ def _why(r) -> str:
     return plain(f"{f.check}: {f.message}" if isinstance(f, Failure) else r.status).splitlines()[0][:300]
 
 
+def _end_workers(pool) -> None:
+    """Send this process's workers SIGTERM (which they meet as SystemExit: their children ended,
+    their folders removed) and wait for them."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in multiprocessing.active_children():
+        worker.terminate()
+    for worker in multiprocessing.active_children():
+        worker.join(timeout=60)
+
+
 def grade_class(args, out) -> int:
     folder = Path(args.class_dir)
     if not folder.is_dir():
@@ -122,13 +132,17 @@ def grade_class(args, out) -> int:
     draw_for({sub["exercise"] for sub in subs if sub["source"]}, args.examples, args.seed)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {pool.submit(_grade_one, sub, options, str(report_dir)): sub for sub in subs if sub["source"]}
-        for fut in as_completed(futures):
-            sub = futures[fut]
-            try:
-                results.append(fut.result())
-            except Exception as e:
-                results.append(dict(_refused(sub), error=f"attn-check failed on this file: {type(e).__name__}: {e}",
-                                    sha256=sub["source"][1]))
+        try:
+            for fut in as_completed(futures):
+                sub = futures[fut]
+                try:
+                    results.append(fut.result())
+                except Exception as e:
+                    results.append(dict(_refused(sub), error=f"attn-check failed on this file: {type(e).__name__}: "
+                                        f"{e}", sha256=sub["source"][1]))
+        except BaseException:               # a signal ended the grader: its workers end too, cleaning up
+            _end_workers(pool)
+            raise
     wall = time.perf_counter() - t0
     version = grader_version()
     results.sort(key=lambda r: (r["learner"], r["exercise"]))
