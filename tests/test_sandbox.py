@@ -282,3 +282,22 @@ def test_a_grader_ended_by_a_signal_leaves_nothing_in_tmp(tmp_path, what, signum
             proc.wait()
     assert proc.returncode != 0
     assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+def test_without_a_sandbox_the_working_folder_is_the_graders_alone(tmp_path):
+    """--sandbox off: the copy of the learner's file is in a folder no other user may enter
+    (the child, nobody under root, goes in before it becomes nobody)."""
+    from attn.grader.sandbox import Sandbox
+    (tmp_path / "relu.py").write_text(GOOD + "\n\ndef where():\n    raise ValueError('here')\n")
+    box = Sandbox(tmp_path / "relu.py", mode="off")
+    try:
+        assert "relu_forward" in box.start()
+        st = os.stat(box._work)
+        assert (st.st_mode & 0o777, st.st_uid) == (0o700, os.geteuid())
+    finally:
+        box.cleanup()
+    proc = _run(tmp_path / "relu.py", "--sandbox", "off", "--examples", "2")
+    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
+    (tmp_path / "relu.py").write_text("def relu_forward(x):\n    raise ValueError('mine')\n" + WRONG_RELU[21:])
+    proc = _run(tmp_path / "relu.py", "--sandbox", "off", "--examples", "2")
+    assert f"where:    {tmp_path / 'relu.py'}:2 in relu_forward" in proc.stdout, proc.stdout + proc.stderr

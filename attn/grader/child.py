@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 
 from .. import backend as B
-from .wire import Arr, Channel, Handle, Rng, XpRef
+from .wire import ENTERED, Arr, Channel, Handle, Rng, XpRef
 
 np = B.host
 
@@ -198,18 +198,22 @@ def confine(cfg: dict, source: str, name: str) -> tuple[str, dict]:
         pass
     work = Path(cfg["work"])
     root = os.geteuid() == 0
-    if root and not cfg["sandbox"]:
+    entered = root and not cfg["sandbox"]
+    if entered:        # in the grader's own folder (0700): entered before nobody could not, then by its cwd
         work.mkdir(mode=0o700, exist_ok=True)
         os.chown(work, NOBODY, NOBODY)
+        os.chdir(work)
+        work = Path(ENTERED)
     if root:
         _become_nobody()
         got["user"] = "nobody"
     else:
         got["user"] = "nobody" if os.geteuid() == NOBODY else f"uid {os.geteuid()} (the grader's own user)"
-    work.mkdir(mode=0o700, exist_ok=True)
+    if not entered:
+        work.mkdir(mode=0o700, exist_ok=True)
+        os.chdir(work)
     copy = work / name
     copy.write_text(source, encoding="utf-8")
-    os.chdir(work)
     os.environ.clear()
     os.environ.update(cfg["env"])
     os.environ["HOME"] = str(work)
