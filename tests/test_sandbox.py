@@ -301,3 +301,33 @@ def test_without_a_sandbox_the_working_folder_is_the_graders_alone(tmp_path):
     (tmp_path / "relu.py").write_text("def relu_forward(x):\n    raise ValueError('mine')\n" + WRONG_RELU[21:])
     proc = _run(tmp_path / "relu.py", "--sandbox", "off", "--examples", "2")
     assert f"where:    {tmp_path / 'relu.py'}:2 in relu_forward" in proc.stdout, proc.stdout + proc.stderr
+
+
+KEYCTL = '''import ctypes, platform
+
+NUMBERS = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+
+
+def relu_forward(x):
+    libc = ctypes.CDLL(None, use_errno=True)
+    add_key, keyctl = NUMBERS
+    got = [libc.syscall(add_key, b"user", b"left-by-a-learner", b"x", 1, -3),   # into the session keyring
+           libc.syscall(keyctl, 0, -3, 0)]                                      # KEYCTL_GET_KEYRING_ID of @s
+    if got != [-1, -1] or ctypes.get_errno() != 1:
+        return x, x > 0                                                         # a wrong answer: it got through
+    return x * (x > 0), x > 0
+
+
+def relu_backward(dout, cache):
+    return dout * cache
+'''
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="the keyring filter knows x86_64 and "
+                    "aarch64")
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_the_kernels_keyrings_are_refused(tmp_path, sandbox):
+    """Keyrings are no namespace: add_key and keyctl get EPERM, and the file still passes."""
+    (tmp_path / "relu.py").write_text(KEYCTL)
+    proc = _run(tmp_path / "relu.py", "--sandbox", sandbox, "--examples", "2")
+    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
