@@ -227,12 +227,15 @@ def shown(v):
 def _number_like(v: str) -> bool:
     """Whether a spreadsheet's default import would read ``v`` as a number, a date or a truth
     value (``000123``, ``1e5``, ``1/2``, ``TRUE``) rather than as the text it is."""
+    if v.strip().upper() in ("TRUE", "FALSE"):
+        return True
+    if not any(c.isdigit() for c in v):             # "nan" and "inf" are Python's floats, not a spreadsheet's
+        return False
     try:
         float(v)
         return True
     except ValueError:
-        return v.strip().upper() in ("TRUE", "FALSE") or (
-            any(c.isdigit() for c in v) and all(c.isdigit() or c in " .,:/%$()+-" for c in v))
+        return all(c.isdigit() or c in " .,:/%$()+-" for c in v)
 
 
 def _cell(v):
