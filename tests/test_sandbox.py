@@ -249,3 +249,85 @@ def test_the_kernel_holds_the_childs_tmp_and_dev_shm_to_their_size(tmp_path):
     cmd = bubblewrap.command([], tmp_path, work_mb=2) + ["/bin/sh", "-c", script]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.stdout.split("\n")[:2] == ["/tmp full", "/dev/shm full"], (proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("what, signum", [("file", 15), ("file", 2), ("class", 15)])   # 15: SIGTERM (`timeout`)
+def test_a_grader_ended_by_a_signal_leaves_nothing_in_tmp(tmp_path, what, signum):
+    """What the grader stages (the library's modules the child sees, the copy of the file, the
+    child's output) goes when a signal ends it. Its TMPDIR is the test's own: other graders
+    running beside it leave theirs in /tmp."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(mode=0o755)
+    tmp.chmod(0o755)
+    slow = "import time\n\n\ndef relu_forward(x):\n    time.sleep(120)\n" + WRONG_RELU
+    (tmp_path / "relu.py").write_text(slow)
+    for learner in ("ann", "ben"):
+        (tmp_path / "class" / learner).mkdir(parents=True)
+        (tmp_path / "class" / learner / "07_feed_forward_layer_norm.py").write_text(slow)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
+    graded = [tmp_path / "relu.py"] if what == "file" else ["--class", tmp_path / "class", "--jobs", "2"]
+    proc = subprocess.Popen([sys.executable, "-m", "attn.grader", *map(str, graded), "--timeout", "200"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("attn-check-work-*")) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert list(tmp.glob("attn-check-work-*")), "the grader never started its child"
+        time.sleep(3)                                   # the child is in relu_forward's sleep by now
+        proc.send_signal(signum)
+        proc.wait(timeout=30)                           # a class's workers too: not when their calls time out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert sorted(p.name for p in tmp.iterdir()) == []
+
+
+def test_without_a_sandbox_the_working_folder_is_the_graders_alone(tmp_path):
+    """--sandbox off: the copy of the learner's file is in a folder no other user may enter
+    (the child, nobody under root, goes in before it becomes nobody)."""
+    from attn.grader.sandbox import Sandbox
+    (tmp_path / "relu.py").write_text(GOOD + "\n\ndef where():\n    raise ValueError('here')\n")
+    box = Sandbox(tmp_path / "relu.py", mode="off")
+    try:
+        assert "relu_forward" in box.start()
+        st = os.stat(box._work)
+        assert (st.st_mode & 0o777, st.st_uid) == (0o700, os.geteuid())
+    finally:
+        box.cleanup()
+    proc = _run(tmp_path / "relu.py", "--sandbox", "off", "--examples", "2")
+    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
+    (tmp_path / "relu.py").write_text("def relu_forward(x):\n    raise ValueError('mine')\n" + WRONG_RELU[21:])
+    proc = _run(tmp_path / "relu.py", "--sandbox", "off", "--examples", "2")
+    assert f"where:    {tmp_path / 'relu.py'}:2 in relu_forward" in proc.stdout, proc.stdout + proc.stderr
+
+
+KEYCTL = '''import ctypes, platform
+
+NUMBERS = {"x86_64": (248, 250), "aarch64": (217, 219)}[platform.machine()]
+
+
+def relu_forward(x):
+    libc = ctypes.CDLL(None, use_errno=True)
+    add_key, keyctl = NUMBERS
+    got = [libc.syscall(add_key, b"user", b"left-by-a-learner", b"x", 1, -3),   # into the session keyring
+           libc.syscall(keyctl, 0, -3, 0)]                                      # KEYCTL_GET_KEYRING_ID of @s
+    if got != [-1, -1] or ctypes.get_errno() != 1:
+        return x, x > 0                                                         # a wrong answer: it got through
+    return x * (x > 0), x > 0
+
+
+def relu_backward(dout, cache):
+    return dout * cache
+'''
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="the keyring filter knows x86_64 and "
+                    "aarch64")
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_the_kernels_keyrings_are_refused(tmp_path, sandbox):
+    """Keyrings are no namespace: add_key and keyctl get EPERM, and the file still passes."""
+    (tmp_path / "relu.py").write_text(KEYCTL)
+    proc = _run(tmp_path / "relu.py", "--sandbox", sandbox, "--examples", "2")
+    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr

@@ -223,16 +223,6 @@ def test_opening_the_hostile_class_pages_runs_nothing(graded):
     assert not dialogs
 
 
-def test_a_file_named_on_the_command_line_is_read_through_its_link(tmp_path):
-    """The one file a command names may be a link (whatever its target is called); in a
-    class folder a link is refused (above)."""
-    (tmp_path / "answer-without-suffix").write_text(GOOD)
-    (tmp_path / "relu.py").symlink_to(tmp_path / "answer-without-suffix")
-    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2"],
-                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
-    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
-
-
 def test_a_forged_pass_line_is_quoted_in_gradescopes_output_too(tmp_path):
     (tmp_path / "relu.py").write_text(FORGES + "\n\ndef relu_backward(dout, cache):\n    return dout * cache\n")
     proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
@@ -286,3 +276,92 @@ def test_the_attempts_among_the_mutants_fail_as_nobody_too(tmp_path):
             assert proc.returncode == 1 and re.search(pattern, proc.stdout), proc.stdout + proc.stderr
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_final_seed_is_in_nothing_a_learner_sees(tmp_path):
+    """A table recorded at home for the final seed would pass final grading: the seed is in no
+    report of a file (results.json, JSON, JUnit, HTML, the text) nor of a class's learner."""
+    seed = "424273157"                          # long enough to turn up in no hash, time or duration
+    (tmp_path / "relu.py").write_text(GOOD)
+    (tmp_path / "class" / "ann").mkdir(parents=True)
+    (tmp_path / "class" / "ann" / EX7).write_text(GOOD)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    one = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
+                          "--seed", seed, "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
+                          "--gradescope", str(tmp_path / "results.json"), "--html", str(tmp_path / "html")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["final"] is True
+    cls = subprocess.run([sys.executable, "-m", "attn.grader", "--class", str(tmp_path / "class"), "--examples", "2",
+                          "--jobs", "1", "--seed", seed], capture_output=True, text=True, env=env, timeout=300)
+    assert cls.returncode == 0, cls.stdout + cls.stderr
+    shown = [tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "results.json", *(tmp_path / "html").iterdir(),
+             *(tmp_path / "class" / "attn-check" / "ann").iterdir()]
+    assert len(shown) >= 6
+    for path in shown:
+        assert seed.encode() not in path.read_bytes(), path
+    assert seed not in one.stdout
+
+
+RAISES = ("def relu_forward(x):\n    raise ValueError('\\x1b[31mred\\x00nul \\udce9 \\x07 \\ufffe')\n\n\n"
+          "def relu_backward(dout, cache):\n    return dout * cache\n")
+
+
+def test_reports_hold_control_characters_and_text_that_is_not_utf8(tmp_path):
+    (tmp_path / "relu.py").write_text(RAISES)
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
+                           "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
+                           "--gradescope", str(tmp_path / "results.json"), "--html", str(tmp_path / "html")],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    from xml.etree import ElementTree
+    case = ElementTree.parse(tmp_path / "r.xml").getroot().find("testsuite/testcase")
+    assert case.get("name") == "relu" and "raised ValueError" in case.find("failure").get("message")
+    assert "\\x1b[31mred\\x00nul" in case.find("failure").text
+    assert json.loads((tmp_path / "r.json").read_text())["layers"][0]["status"] == "fail"
+    assert json.loads((tmp_path / "results.json").read_text())["score"] == 0
+    page = (tmp_path / "html" / "index.html").read_text(encoding="utf-8")
+    assert "\\x1b[31mred" in page and "\x1b" not in page and "\x00" not in page
+
+
+def _unquote(cell: str) -> str:
+    """A grades.csv cell as the learner wrote it: the one quote before it taken off (TEACHING.md)."""
+    return cell[1:] if cell.startswith("'") else cell
+
+
+def test_a_class_of_odd_names_finishes_with_its_table(tmp_path):
+    folder = tmp_path / "class"
+    names = ["grades.csv", "grades.html", "'+cmd", "+cmd", "000123", "1e5", "ann"]
+    for name in names + [os.fsdecode(b"l\xe9a")]:
+        (folder / name).mkdir(parents=True)
+        (folder / name / EX7).write_text(GOOD)
+    (folder / "raiser").mkdir()
+    (folder / "raiser" / EX7).write_text(RAISES)
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", "--class", str(folder), "--examples", "2",
+                           "--jobs", "2"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+    out = folder / "attn-check"
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert (out / "grades.csv").is_file() and (out / "grades.html").is_file()
+    rows = list(csv.DictReader(open(out / "grades.csv", encoding="utf-8", newline="")))
+    relu = {_unquote(r["learner"]): r for r in rows if r["layer"] == "relu"}
+    assert set(relu) == set(names) | {"l\\xe9a", "raiser"}, sorted(relu)
+    assert all(relu[n]["status"] == "pass" for n in names + ["l\\xe9a"]), relu
+    assert relu["raiser"]["status"] == "fail" and "\x1b" not in relu["raiser"]["error"]
+    for cell in (r[k] for r in rows for k in ("learner", "error")):
+        assert not cell or cell[0] not in "=+-@\t\r0123456789", cell
+    assert (out / "_grades.csv" / "07_feed_forward_layer_norm.txt").is_file()
+    assert os.path.isfile(os.path.join(os.fsencode(out), b"l\xe9a", b"07_feed_forward_layer_norm.txt"))
+    page = (out / "grades.html").read_text(encoding="utf-8")
+    assert "href='./l%E9a/07_feed_forward_layer_norm.txt'" in page and "href='./_grades.csv/07" in page
+
+
+def test_a_file_named_on_the_command_line_that_is_a_link_is_refused(tmp_path):
+    """A single-file submission that links to an answer elsewhere is not graded as the learner's."""
+    (tmp_path / "answer-without-suffix").write_text(GOOD)
+    (tmp_path / "relu.py").symlink_to(tmp_path / "answer-without-suffix")
+    proc = subprocess.run([sys.executable, "-m", "attn.grader", str(tmp_path / "relu.py"), "--examples", "2",
+                           "--gradescope", str(tmp_path / "results.json")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+    assert proc.returncode == 2 and "a symbolic link" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "results.json").read_text())["score"] == 0

@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 
 from .. import backend as B
-from .wire import Arr, Channel, Handle, Rng, XpRef
+from .wire import ENTERED, Arr, Channel, Handle, Rng, XpRef
 
 np = B.host
 
@@ -174,6 +174,41 @@ def _limits(cfg: dict) -> list:
     return got
 
 
+#: The kernel's keyrings are no namespace bubblewrap unshares: add_key, request_key and keyctl,
+#: per architecture (its AUDIT_ARCH and their numbers), are refused with EPERM.
+KEY_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}
+
+
+def _refuse_keyrings() -> bool:
+    """Install a seccomp filter (after PR_SET_NO_NEW_PRIVS) that answers the keyring system
+    calls EPERM and lets every other through; on x86_64 x32's calls are refused too. False
+    where it cannot be had (another architecture, no seccomp)."""
+    import ctypes
+    import platform
+    arch, calls = KEY_SYSCALLS.get(platform.machine(), (None, ()))
+    if arch is None:
+        return False
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06              # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    refuse, allow = 0x00050000 | 1, 0x7FFF0000              # SECCOMP_RET_ERRNO | EPERM, SECCOMP_RET_ALLOW
+    tests = ([(jge, 0x40000000)] if arch == 0xC000003E else []) + [(jeq, nr) for nr in calls]
+    n = len(tests)
+    prog = [(ld, 0, 0, 4), (jeq, 0, n + 1, arch), (ld, 0, 0, 0)]       # seccomp_data: nr at 0, arch at 4
+    prog += [(op, n - i, 0, k) for i, (op, k) in enumerate(tests)]   # a match jumps to the refusal
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, refuse)]
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(prog))(*prog)
+    fprog = Prog(len(prog), filters)
+    libc = _libc()
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+    return libc.prctl(22, 2, ctypes.addressof(fprog), 0, 0) == 0            # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
 def _become_nobody() -> None:
     """Root (bubblewrap's child as root, or no sandbox) becomes nobody, every capability gone;
     the standard library it may need is loaded first (Python's folders may not be nobody's to
@@ -198,22 +233,27 @@ def confine(cfg: dict, source: str, name: str) -> tuple[str, dict]:
         pass
     work = Path(cfg["work"])
     root = os.geteuid() == 0
-    if root and not cfg["sandbox"]:
+    entered = root and not cfg["sandbox"]
+    if entered:        # in the grader's own folder (0700): entered before nobody could not, then by its cwd
         work.mkdir(mode=0o700, exist_ok=True)
         os.chown(work, NOBODY, NOBODY)
+        os.chdir(work)
+        work = Path(ENTERED)
     if root:
         _become_nobody()
         got["user"] = "nobody"
     else:
         got["user"] = "nobody" if os.geteuid() == NOBODY else f"uid {os.geteuid()} (the grader's own user)"
-    work.mkdir(mode=0o700, exist_ok=True)
+    if not entered:
+        work.mkdir(mode=0o700, exist_ok=True)
+        os.chdir(work)
     copy = work / name
     copy.write_text(source, encoding="utf-8")
-    os.chdir(work)
     os.environ.clear()
     os.environ.update(cfg["env"])
     os.environ["HOME"] = str(work)
     got["limits"] = _limits(dict(cfg, nproc=cfg["sandbox"] or root))
+    _refuse_keyrings()
     return str(copy), got
 
 # ----------------------------------------------------------------------------- the calls

@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .library import EXERCISES
-from .results import LoadError, grader_version
+from .results import LoadError, grader_version, plain
 from .sandbox import read_source
 
 
@@ -74,10 +74,10 @@ def _grade_one(sub: dict, options: dict, report_dir: str) -> dict:
                  "score": int(r.status == "pass"), "seconds": round(r.seconds, 3), "error": _why(r)}
                 for r in rep.results]
         rep.student = learner
-        target = Path(report_dir) / learner
+        target = learner_folder(Path(report_dir), learner)
         target.mkdir(parents=True, exist_ok=True)
         (target / f"{Path(path).stem}.txt").write_text(text.getvalue() + (f"attn-check: {error}\n" if error else ""),
-                                                      encoding="utf-8")
+                                                      encoding="utf-8", errors="backslashreplace")
         write_json([rep], target / f"{Path(path).stem}.json")
     except Exception as e:                  # a bug of the grader's own: this file, not the class
         error, rows = f"attn-check failed on this file: {type(e).__name__}: {e}", []
@@ -95,7 +95,17 @@ def _why(r) -> str:
     if r.status == "incomplete":
         return r.note.split(";")[0]
     f = r.detail
-    return (f"{f.check}: {f.message}" if isinstance(f, Failure) else r.status).splitlines()[0][:300]
+    return plain(f"{f.check}: {f.message}" if isinstance(f, Failure) else r.status).splitlines()[0][:300]
+
+
+def _end_workers(pool) -> None:
+    """Send this process's workers SIGTERM (which they meet as SystemExit: their children ended,
+    their folders removed) and wait for them."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in multiprocessing.active_children():
+        worker.terminate()
+    for worker in multiprocessing.active_children():
+        worker.join(timeout=60)
 
 
 def grade_class(args, out) -> int:
@@ -122,13 +132,17 @@ def grade_class(args, out) -> int:
     draw_for({sub["exercise"] for sub in subs if sub["source"]}, args.examples, args.seed)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {pool.submit(_grade_one, sub, options, str(report_dir)): sub for sub in subs if sub["source"]}
-        for fut in as_completed(futures):
-            sub = futures[fut]
-            try:
-                results.append(fut.result())
-            except Exception as e:
-                results.append(dict(_refused(sub), error=f"attn-check failed on this file: {type(e).__name__}: {e}",
-                                    sha256=sub["source"][1]))
+        try:
+            for fut in as_completed(futures):
+                sub = futures[fut]
+                try:
+                    results.append(fut.result())
+                except Exception as e:
+                    results.append(dict(_refused(sub), error=f"attn-check failed on this file: {type(e).__name__}: "
+                                        f"{e}", sha256=sub["source"][1]))
+        except BaseException:               # a signal ended the grader: its workers end too, cleaning up
+            _end_workers(pool)
+            raise
     wall = time.perf_counter() - t0
     version = grader_version()
     results.sort(key=lambda r: (r["learner"], r["exercise"]))
@@ -164,6 +178,16 @@ def grade_class(args, out) -> int:
     return 0
 
 
+#: The table's own files in the report folder: a learner's folder of that name is written as
+#: ``_NAME`` (a learner's folder whose name starts with ``_`` is never graded, so none clashes).
+TABLES = ("grades.csv", "grades.html", "similarity.html")
+
+
+def learner_folder(report_dir: Path, learner: str) -> Path:
+    """Where a learner's own reports go in ``report_dir``."""
+    return report_dir / (("_" + learner) if learner in TABLES else learner)
+
+
 FIELDS = ("learner", "exercise", "layer", "functions", "status", "score", "seconds", "sha256", "grader", "error")
 
 
@@ -189,19 +213,46 @@ def _table_rows(results, version):
                        error=row.get("error") or r["error"])
 
 
+def shown(v):
+    """``v``, a name read from the file system that is not UTF-8, with its bytes shown as
+    escapes (``l\\xe9a``); other values as they are."""
+    if not isinstance(v, str):
+        return v
+    try:
+        return v.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return v.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _number_like(v: str) -> bool:
+    """Whether a spreadsheet's default import would read ``v`` as a number, a date or a truth
+    value (``000123``, ``1e5``, ``1/2``, ``TRUE``) rather than as the text it is."""
+    if v.strip().upper() in ("TRUE", "FALSE"):
+        return True
+    if not any(c.isdigit() for c in v):             # "nan" and "inf" are Python's floats, not a spreadsheet's
+        return False
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return all(c.isdigit() or c in " .,:/%$()+-" for c in v)
+
+
 def _cell(v):
-    """A CSV cell a spreadsheet shows as text: one that would start a formula gets a quote first."""
-    if isinstance(v, str) and v[:1] in ("=", "+", "-", "@", "\t", "\r", "\n", "|", "%"):
+    """A CSV cell a spreadsheet shows as text: one that would start a formula or be read as a
+    number, or that starts with a quote itself, gets a quote first (so that taking one leading
+    quote off any cell gives the text back)."""
+    if isinstance(v, str) and (v[:1] in ("=", "+", "-", "@", "\t", "\r", "\n", "|", "%", "'") or _number_like(v)):
         return "'" + v
     return v
 
 
 def _write_csv(results, path: Path, version: str) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    with open(path, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         for row in _table_rows(results, version):
-            w.writerow({k: _cell(v) for k, v in row.items()})
+            w.writerow({k: _cell(shown(v)) for k, v in row.items()})
 
 
 def _write_html(results, path: Path, version: str) -> None:
@@ -212,12 +263,13 @@ def _write_html(results, path: Path, version: str) -> None:
             f"<h1>attn-check: the class</h1><p>grader {q(version)}</p><table><tr>"
             + "".join(f"<th>{q(f)}</th>" for f in FIELDS) + "</tr>"]
     for row in _table_rows(results, version):
-        href = quote(row["learner"], safe="") + "/" + quote(row["exercise"], safe="") + ".txt"
-        report = row["exercise"] and (path.parent / row["learner"] / f"{row['exercise']}.txt").is_file()
+        folder = learner_folder(path.parent, row["learner"])
+        href = quote(os.fsencode(folder.name), safe="") + "/" + quote(row["exercise"], safe="") + ".txt"
+        report = row["exercise"] and (folder / f"{row['exercise']}.txt").is_file()
         link = f"<a href='./{q(href)}'>{q(row['exercise'])}</a>" if report else q(row["exercise"])
-        cells = [q(str(row[f])) if f != "exercise" else link for f in FIELDS]
+        cells = [q(str(shown(row[f]))) if f != "exercise" else link for f in FIELDS]
         cells[FIELDS.index("sha256")] = q(row["sha256"][:16])
         body.append("<tr>" + "".join(f"<td class='{q(row['status'])}'>{c}</td>" if f == "status" else f"<td>{c}</td>"
                                      for f, c in zip(FIELDS, cells)) + "</tr>")
     body.append("</table>")
-    path.write_text("\n".join(body) + "\n", encoding="utf-8")
+    path.write_text("\n".join(body) + "\n", encoding="utf-8", errors="backslashreplace")

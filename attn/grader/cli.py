@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -216,7 +217,7 @@ def main(argv=None, out=None) -> int:
             out.write(f"attn-check: {args.path}: no such file\n")
             return 2
         rep = grade_file(args.path, args.layer, args.examples, args.timeout, args.forward_only, args.allow_library,
-                         out, args.hint, follow_link=True, **_options(args))
+                         out, args.hint, **_options(args))
         if rep.error:
             out.write(f"attn-check: {rep.error}\n")
         status, reports = rep.status, [rep]
@@ -231,11 +232,22 @@ def main(argv=None, out=None) -> int:
     return status
 
 
+def _ended(signum, frame):
+    """SIGTERM or SIGHUP (a course's ``timeout``, a closed terminal) ends the grader as an
+    exception, so that its ``finally`` blocks and exit handlers run: its child ended, its
+    staged library and working folders removed."""
+    raise SystemExit(128 + signum)
+
+
 def console() -> int:
     """The command: :func:`main`, quiet when its output is piped into a command that stops
-    reading (``attn-check FILE | head``)."""
+    reading (``attn-check FILE | head``) and when a signal ends it."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _ended)
     try:
         return main()
     except BrokenPipeError:
         sys.stderr.close()
         return 1
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT

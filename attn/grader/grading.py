@@ -386,18 +386,18 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
                forward_only: bool = False, allow_library: bool = False, out=None, hint_level: int = 1,
                exercise: str | None = None, sandbox_mode: str = "auto", memory_mb: int | None = None,
                seed: int | None = None, source: tuple[str, str] | None = None,
-               layer_seconds: float | None = None, follow_link: bool = False) -> FileReport:
+               layer_seconds: float | None = None) -> FileReport:
     """Grade every layer ``path``'s exercise asks for (every layer it defines, for a file that
     is no exercise's), or those named in ``layers``, printing the text report to ``out`` as it
     goes. ``source``: (the file's text, its SHA-256), read already (by :func:`read_source`
-    if not given, a link followed with ``follow_link``: the file is read once, nowhere else)."""
+    if not given, a link refused: the file is read once, nowhere else)."""
     rep = FileReport(path)
     rep.examples, rep.hint, rep.seed = examples, hint_level, seed
     manifest = manifest_for(path, exercise)
     rep.exercise = manifest.name if manifest else ""
     w = (out.write if out is not None else (lambda s: None))
     try:
-        text, rep.sha256 = source or read_source(path, follow_link)
+        text, rep.sha256 = source or read_source(path)
     except LoadError as e:
         rep.error = str(e)
         _zero(rep, manifest)
@@ -438,7 +438,7 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
         rep.header = (f"attn-check {path}: {len(plan)} layer{'s' * (len(plan) != 1)}"
                       + (f" of exercise {manifest.name}" if manifest else "")
                       + f", {examples} examples each, backend {B.get_backend()}"
-                      + (f", seed {seed}" if seed is not None else "")
+                      + (", the final profile" if seed is not None else "")
                       + (", the library's own functions allowed" if allow_library else ""))
         w(rep.header + "\n")
         w(f"sandbox: {rep.sandbox}\n")

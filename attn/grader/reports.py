@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import sys
 from urllib.parse import quote
 from pathlib import Path
@@ -157,7 +158,7 @@ def _stamp(rep: FileReport) -> dict:
     import datetime
     return {"student": getattr(rep, "student", "") or Path(rep.path).absolute().parent.name,
             "exercise": rep.exercise, "sha256": rep.sha256, "grader": grader_version(), "sandbox": rep.sandbox,
-            "seed": rep.seed, "graded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "final": rep.seed is not None, "graded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
 def strict(v):
@@ -179,8 +180,14 @@ def write_json(reports: list[FileReport], path: Path) -> None:
                           encoding="utf-8")
 
 
+def _q(text) -> str:
+    """Text for XML and HTML: a learner's control characters and text that is not UTF-8 shown
+    as escapes (XML 1.0 has no way to hold them), then markup escaped."""
+    return html.escape(plain(text, ""))
+
+
 def write_junit(reports: list[FileReport], path: Path) -> None:
-    q = html.escape
+    q = _q
     parts = ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>"]
     for rep in reports:
         cases = rep.results or []
@@ -261,7 +268,7 @@ def write_html(reports: list[FileReport], folder: Path) -> Path:
     beside heatmaps of the learner's output, the expected output and their difference."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    q = html.escape
+    q = _q
     body = ["<!doctype html><meta charset='utf-8'><title>attn-check report</title>",
             "<style>body{font-family:sans-serif;margin:2em}td,th{padding:2px 10px;text-align:left}"
             ".pass{color:#070}.fail,.incomplete{color:#b00}.todo{color:#777}pre{background:#f6f6f6;padding:8px}"
@@ -286,7 +293,7 @@ def write_html(reports: list[FileReport], folder: Path) -> Path:
             if isinstance(r.detail, Failure):
                 png = folder / f"{k:02d}-{rep.path.stem}-{r.layer}.png"
                 if _heatmaps(r.detail, png):
-                    img = f"<img src='./{q(quote(png.name))}' alt='yours, expected, difference'>"
+                    img = f"<img src='./{q(quote(os.fsencode(png.name)))}' alt='yours, expected, difference'>"
             body.append(f"<div class='case'><pre>{q(text)}</pre>{img}</div>")
     index = folder / "index.html"
     index.write_text("\n".join(body) + "\n", encoding="utf-8")

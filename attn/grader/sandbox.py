@@ -22,7 +22,7 @@ from .. import backend as B
 from . import bubblewrap
 from .library import GIVEN_ONLY, LIBRARY, child_policy, is_array, manifest_for
 from .results import DEFAULT_TIMEOUT, MAX_OUTPUT, Failure, Fatal, LoadError, NotImplementedYet
-from .wire import Arr, Channel, Handle, Rng, WireError, XpRef
+from .wire import ENTERED, Arr, Channel, Handle, Rng, WireError, XpRef
 
 np = B.host
 
@@ -37,11 +37,11 @@ CLEAN_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OPENBLAS_NUM_THREADS":
 MAX_SOURCE = 1 << 20
 
 
-def read_source(path: Path, follow: bool = False) -> tuple[str, str]:
-    """The learner's file, read once: a regular file (a link is followed only with
-    ``follow``: the one file named on the command line), at most MAX_SOURCE bytes. Returns
-    (its text, its bytes' SHA-256); raises LoadError."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+def read_source(path: Path) -> tuple[str, str]:
+    """The learner's file, read once: a regular file (never through a link, to an answer key
+    or a classmate's file), at most MAX_SOURCE bytes. Returns (its text, its bytes' SHA-256);
+    raises LoadError."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
     except OSError as e:
@@ -169,8 +169,7 @@ class Sandbox:
         policy = child_policy(manifest_for(self.path, self.exercise), self.source, self.reference)
         self.withheld = set(policy["withhold"])
         self.boxed = self.mode != "off" and bool(bubblewrap.available()[0])
-        self._work = tempfile.mkdtemp(prefix="attn-check-work-")
-        os.chmod(self._work, 0o755)
+        self._work = tempfile.mkdtemp(prefix="attn-check-work-")      # 0700: the grader's alone
         copy = Path(self._work) / "file" / self.path.name
         copy.parent.mkdir(mode=0o755)
         copy.write_text(self.source, encoding="utf-8")
@@ -266,7 +265,8 @@ class Sandbox:
 
     def _copies(self) -> list[str]:
         """Where the child sees its copy of the file."""
-        return [f"/tmp/attn-check-work/{self.path.name}", f"{bubblewrap.INSIDE['file']}/{self.path.name}"] + (
+        return [f"/tmp/attn-check-work/{self.path.name}", f"{bubblewrap.INSIDE['file']}/{self.path.name}",
+                f"{ENTERED}/{self.path.name}"] + (
             [f"{self._work}/run/{self.path.name}", f"{self._work}/file/{self.path.name}"] if self._work else [])
 
     def _learner_line(self, start: int) -> str:
