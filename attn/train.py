@@ -134,6 +134,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
 def _train(config: TrainConfig, given, on_step, dp) -> dict:
     parallel = dp if dp.size > 1 else None       # what train_step is given: None for one process
     config, saved = open_run(config, given)      # --resume: the saved run's settings and checkpoint
+    dp.check_same_settings(config.to_dict())     # several processes: the same settings, or an error
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
     B.set_backend(config.backend)
     dp.use_backend()
