@@ -33,6 +33,11 @@ MAX_SOURCE_TOKENS = 512
 #: The largest limit a user may set (``--max-length``): attention over this many positions already
 #: takes gigabytes.
 MAX_SOURCE_TOKENS_LIMIT = 4096
+#: The largest beam (``--beam``): a beam search keeps K hypotheses of every sentence, each a row of every step.
+MAX_BEAM = 256
+#: The largest length penalty exponent (``--alpha``; the paper's is 0.6, GNMT's best at most 1.4): far
+#: above it ((5+|Y|)/6)**alpha overflows a float for long translations.
+MAX_ALPHA = 10.0
 #: What ends a sentence (when a space follows), for cutting text into the sentences the model was trained on.
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")
 

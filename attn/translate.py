@@ -30,10 +30,7 @@ from typing import Iterator
 
 from . import backend as B
 from .checkpoint import CheckpointError, load_npz
-from .evaluate import MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
-
-#: The largest --beam: a beam search keeps K hypotheses of every sentence, each a row of every step.
-MAX_BEAM = 256
+from .evaluate import MAX_ALPHA, MAX_BEAM, MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
 
 EXAMPLES = """\
 examples:
@@ -159,8 +156,8 @@ def _check_args(args) -> str | None:
     """The first flag that is out of range, in words, or None."""
     if not 1 <= args.beam <= MAX_BEAM:
         return f"--beam must be between 1 and {MAX_BEAM}, got {args.beam}"
-    if not math.isfinite(args.alpha):
-        return f"--alpha must be a finite number, got {args.alpha}"
+    if not (math.isfinite(args.alpha) and 0 <= args.alpha <= MAX_ALPHA):
+        return f"--alpha must be a number between 0 and {MAX_ALPHA:g}, got {args.alpha}"
     if args.no_repeat_ngram < 0:
         return f"--no-repeat-ngram must be 0 (off) or a positive n-gram length, got {args.no_repeat_ngram}"
     if args.batch_size < 1:

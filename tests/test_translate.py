@@ -286,8 +286,9 @@ def test_input_that_is_not_utf8_is_one_line_naming_the_line(checkpoint):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--alpha", "nan"], ["--alpha must be a finite number"]),
-    (["--alpha", "inf"], ["--alpha must be a finite number"]),
+    (["--alpha", "nan"], ["--alpha must be a number between 0 and 10"]),
+    (["--alpha", "inf"], ["--alpha must be a number between 0 and 10"]),
+    (["--beam", "2", "--alpha", "1000"], ["--alpha must be a number between 0 and 10", "got 1000"]),
     (["--beam", "0"], ["--beam must be between 1 and"]),
     (["--beam", "1000000000"], ["--beam must be between 1 and"]),
     (["--batch-size", "0"], ["--batch-size must be at least 1"]),

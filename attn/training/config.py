@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
+from ..evaluate import MAX_ALPHA, MAX_BEAM
 from ..model import PRESETS, TransformerConfig
 from ..precision import PRECISIONS, Precision, PrecisionError
 
@@ -208,6 +209,8 @@ class TrainConfig:
                 self._bad(name, "must be an integer")
             if v < low:
                 self._bad(name, f"must be at least {low}")
+        if self.beam is not None and self.beam > MAX_BEAM:
+            self._bad("beam", f"must be at most {MAX_BEAM} (the hypotheses kept of every test sentence)")
         if self.max_tokens is not None and self.max_tokens > MAX_BATCH_TOKENS:
             self._bad("max_tokens", f"must be at most {MAX_BATCH_TOKENS:,} (the paper's batches hold 25,000 "
                                     f"source and 25,000 target tokens)")
@@ -219,7 +222,8 @@ class TrainConfig:
                                    f"must be > 0 and at most {MAX_LR_FACTOR:g} (1 is the paper's rate)"),
                                   ("clip", lambda v: v >= 0, "must be >= 0 (0: off)"),
                                   ("cooldown", lambda v: 0 <= v <= 1, "must be in [0, 1] (0: off)"),
-                                  ("alpha", lambda v: v >= 0, "must be >= 0 (0: no length penalty)"),
+                                  ("alpha", lambda v: 0 <= v <= MAX_ALPHA,
+                                   f"must be in [0, {MAX_ALPHA:g}] (0: no length penalty; the paper's is 0.6)"),
                                   ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
                                   ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
             v = getattr(self, name)
