@@ -170,7 +170,7 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
         evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
 
     stop = StopSignals(dp.say)
-    hooks = Hooks(step, evaluate, save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
+    hooks = Hooks(step, evaluate, save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config, run.corpus),
                   snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
                   on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)),
                   set_progress=opt.set_progress if opt.cooldown else None, log=run.engine.loss_log())

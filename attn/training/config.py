@@ -120,6 +120,7 @@ class TrainConfig:
     no_repeat_ngram: int | None = None  # and the n-grams it may not repeat (0: off; None: the recipe's)
     out: Path = Path("runs/toy")       # output folder
     resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
+    allow_new_corpus: bool = False     # resume even though the corpus is not the one the run trained on
     overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
     reference: bool = False            # train with the readable engine (attn.engine), not the fast one
     cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, the fast engine, one process)
@@ -138,7 +139,7 @@ class TrainConfig:
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         self._check_integers()
         self._check_reals()
-        for name in ("resume", "overwrite", "reference", "cuda_graph", "quiet"):
+        for name in ("resume", "allow_new_corpus", "overwrite", "reference", "cuda_graph", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "must be True or False")
 
@@ -307,7 +308,7 @@ class TrainConfig:
 #: Settings a resumed run may take from the new command line: they change how the run is watched,
 #: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
 RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "cuda_graph", "beam", "alpha",
-                     "no_repeat_ngram", "attention",
+                     "no_repeat_ngram", "attention", "allow_new_corpus",
                      "bleu_sentences", "eval_every", "out", "resume", "overwrite")
 
 
@@ -496,6 +497,9 @@ def _add_run_flags(g) -> None:
     g.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
                         f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")
+    g.add_argument("--allow-new-corpus", action="store_true",
+                   help="with --resume: continue even though the corpus's training files changed since the run "
+                        "was saved (by default a resumed run refuses another corpus)")
     g.add_argument("--overwrite", action="store_true",
                    help="a fresh run into an OUT that holds a run deletes that run's files first "
                         "(without it, such an OUT is an error)")
