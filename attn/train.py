@@ -396,8 +396,7 @@ def main(argv=None) -> int:
             distributed.DistributedError, engines.EngineError) as e:
         return _error(str(e))
     except MemoryError:
-        return _error(f"out of memory (preset {config.preset}, --max-tokens {config.max_tokens}): "
-                      "lower --max-tokens or choose a smaller model")
+        return _error(_out_of_memory_advice(config))
     except OSError as e:
         return _error(f"{e.filename or config.out}: {e.strerror or e}")
     except KeyboardInterrupt as e:
@@ -406,6 +405,14 @@ def main(argv=None) -> int:
         _end_other_processes(exit_status(signum))
         return exit_status(signum)
     return metrics.get("exit_status", 0) if metrics else 0
+
+
+def _out_of_memory_advice(config: TrainConfig) -> str:
+    """What to lower after running out of memory, in flags the user can set, with their values."""
+    tokens = config.max_tokens if config.max_tokens is not None else config.with_recipe().max_tokens
+    given = "--max-tokens" if config.max_tokens is not None else "the recipe's batch"
+    return (f"out of memory (preset {config.preset}, batches of {tokens:,} tokens: {given}): pass a smaller "
+            f"--max-tokens, e.g. --max-tokens {max(tokens // 2, 1)}, or choose a smaller model (--preset)")
 
 
 def _error(message: str) -> int:
