@@ -154,6 +154,8 @@ def _check_attention_path(path: Path) -> str | None:
 
 def _check_args(args) -> str | None:
     """The first flag that is out of range, in words, or None."""
+    if args.backend not in ("numpy", "cupy", "auto"):          # argparse checks no default: $ATTN_BACKEND's
+        return f"ATTN_BACKEND must be numpy, cupy or auto (or pass --backend), got {args.backend!r}"
     if not 1 <= args.beam <= MAX_BEAM:
         return f"--beam must be between 1 and {MAX_BEAM}, got {args.beam}"
     if not (math.isfinite(args.alpha) and 0 <= args.alpha <= MAX_ALPHA):

@@ -301,6 +301,13 @@ def test_every_flag_out_of_range_is_one_line(checkpoint, flags, words):
     _one_line_error(run_cli("--checkpoint", checkpoint, *flags, "a b"), *words)
 
 
+def test_an_unknown_backend_in_the_environment_is_one_line(checkpoint):
+    env = {**os.environ, "ATTN_BACKEND": "gpu", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "attn.translate", "--checkpoint", str(checkpoint), "a b"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    _one_line_error(r, "ATTN_BACKEND must be numpy, cupy or auto", "'gpu'")
+
+
 def test_a_text_file_as_checkpoint_is_said_to_be_text(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("the old friend laughed .\n")
