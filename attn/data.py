@@ -195,6 +195,24 @@ class Vocab:
 # --------------------------------------------------------------------------
 
 
+#: The most bytes a compressed corpus file may expand to: its lines then take a few times this in
+#: memory, and a small file that expands without end (a gzip bomb) must end in a clear error.
+MAX_GUNZIP_BYTES = 2 * 2**30
+
+
+def _gunzip(path: Path) -> bytes:
+    """The decompressed bytes of ``path``, at most :data:`MAX_GUNZIP_BYTES` of them, or a DataError."""
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read(MAX_GUNZIP_BYTES + 1)
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: not a readable gzip file ({e})") from None
+    if len(raw) > MAX_GUNZIP_BYTES:
+        raise DataError(f"{path}: decompresses to more than {MAX_GUNZIP_BYTES:,} bytes, the most a corpus file "
+                        "may hold: split the corpus into smaller files (or is it not a corpus?)")
+    return raw
+
+
 def _read_lines(path) -> list[str]:
     """Lines of a UTF-8 text file (``.gz`` read transparently), without their line ends.
 
@@ -208,12 +226,7 @@ def _read_lines(path) -> list[str]:
         path = Path(str(path) + ".gz")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise DataError(f"{path}: not a readable gzip file ({e})") from None
+    raw = _gunzip(path) if path.suffix == ".gz" else path.read_bytes()
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]
     for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),

@@ -34,6 +34,11 @@ MAX_SOURCE_TOKENS = 512
 #: The largest limit a user may set (``--max-length``): attention over this many positions already
 #: takes gigabytes.
 MAX_SOURCE_TOKENS_LIMIT = 4096
+#: The largest beam (``--beam``): a beam search keeps K hypotheses of every sentence, each a row of every step.
+MAX_BEAM = 256
+#: The largest length penalty exponent (``--alpha``; the paper's is 0.6, GNMT's best at most 1.4): far
+#: above it ((5+|Y|)/6)**alpha overflows a float for long translations.
+MAX_ALPHA = 10.0
 #: What ends a sentence (when a space follows), for cutting text into the sentences the model was trained on.
 _SENTENCE_END = re.compile(r"(?<=[.!?…。！？])\s+")
 
@@ -168,7 +173,7 @@ def _pieces(vocab, line, limit: int | None, number: int) -> list[list]:
 def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
               max_len=None, use_cache: bool = True, with_attention: bool = False,
               max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0,
-              progress: bool = False) -> list[Translation]:
+              progress: bool = False, first_line: int = 1) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
 
     Each input text is cut after its sentence ends (:func:`split_sentences`, whatever its length);
@@ -183,6 +188,8 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
     to an empty one.
     ``no_repeat_ngram`` n > 0: no translation repeats one of its own n-grams of pieces
     (:func:`attn.decode.repeated_ngrams`). ``progress``: a progress bar on standard error.
+    ``first_line``: the line number an :class:`InputTooLong` gives the first input (a caller
+    translating a stream a batch of lines at a time passes where the batch starts).
 
     Returns one :class:`Translation` per sentence, in the input order.
     """
@@ -193,7 +200,7 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
         raise ValueError(f"translate: max_source_tokens must be an integer of at least 2 or None, "
                          f"got {max_source_tokens!r}")
     limit = None if max_source_tokens is None else min(max_source_tokens, model.config.max_len)
-    pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=1)]
+    pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=first_line)]
     flat = [(i, toks) for i, ps in enumerate(pieces) for toks in ps if toks]
     done = _translate_pieces(model, vocab, [t for _, t in flat], beam_size, alpha, batch_size, max_len, use_cache,
                              with_attention, no_repeat_ngram, progress)

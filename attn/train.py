@@ -134,6 +134,7 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
 def _train(config: TrainConfig, given, on_step, dp) -> dict:
     parallel = dp if dp.size > 1 else None       # what train_step is given: None for one process
     config, saved = open_run(config, given)      # --resume: the saved run's settings and checkpoint
+    dp.check_same_settings(config.to_dict())     # several processes: the same settings, or an error
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
     B.set_backend(config.backend)
     dp.use_backend()
@@ -169,7 +170,7 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
         evaluate_and_save(model, opt, state, vocab, config, run.corpus, run.val_batches, model.config, out, bar)
 
     stop = StopSignals(dp.say)
-    hooks = Hooks(step, evaluate, save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config),
+    hooks = Hooks(step, evaluate, save=lambda: save_checkpoint(ckpt_path, model, opt, state, vocab, config, run.corpus),
                   snapshot=lambda at: snapshot(out, model, vocab, at, config.average),
                   on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)),
                   set_progress=opt.set_progress if opt.cooldown else None, log=run.engine.loss_log())
@@ -395,8 +396,7 @@ def main(argv=None) -> int:
             distributed.DistributedError, engines.EngineError) as e:
         return _error(str(e))
     except MemoryError:
-        return _error(f"out of memory (preset {config.preset}, --max-tokens {config.max_tokens}): "
-                      "lower --max-tokens or choose a smaller model")
+        return _error(_out_of_memory_advice(config))
     except OSError as e:
         return _error(f"{e.filename or config.out}: {e.strerror or e}")
     except KeyboardInterrupt as e:
@@ -405,6 +405,14 @@ def main(argv=None) -> int:
         _end_other_processes(exit_status(signum))
         return exit_status(signum)
     return metrics.get("exit_status", 0) if metrics else 0
+
+
+def _out_of_memory_advice(config: TrainConfig) -> str:
+    """What to lower after running out of memory, in flags the user can set, with their values."""
+    tokens = config.max_tokens if config.max_tokens is not None else config.with_recipe().max_tokens
+    given = "--max-tokens" if config.max_tokens is not None else "the recipe's batch"
+    return (f"out of memory (preset {config.preset}, batches of {tokens:,} tokens: {given}): pass a smaller "
+            f"--max-tokens, e.g. --max-tokens {max(tokens // 2, 1)}, or choose a smaller model (--preset)")
 
 
 def _error(message: str) -> int:

@@ -5,29 +5,32 @@
 
 One line out per line in (an empty line for an empty one): each line is cut at its
 sentence ends and its sentences translated one by one; everything else (where a figure
-was written) goes to standard error. A sentence may have at most ``--max-length``
+was written) goes to standard error. Standard input is read as it comes, at most
+``--batch-size`` lines at a time, and each batch's translations are written and flushed
+before more is read: memory does not grow with the input, a line piped in is translated
+without waiting for the end of the input, and an interrupt (exit code 130) keeps every
+translation written so far. A sentence may have at most ``--max-length``
 tokens (default 512, at most 4,096) and at most the model's ``max_len``, the longest it
 was trained on: one over the limit is refused, since attention's memory and time grow
 with the square of the length. Problems the user can fix (no
 checkpoint, a damaged one, an unusable backend, a bad flag, input that is not
 UTF-8 or too long) end with exit code 2 and a one-line message, before any
-translating.
+translating of the batch of lines that holds them (the batches before it are written).
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import select
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from . import backend as B
 from .checkpoint import CheckpointError, load_npz
-from .evaluate import MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
-
-#: The largest --beam: a beam search keeps K hypotheses of every sentence, each a row of every step.
-MAX_BEAM = 256
+from .evaluate import MAX_ALPHA, MAX_BEAM, MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
 
 EXAMPLES = """\
 examples:
@@ -81,7 +84,11 @@ def attention_paths(path: Path, n: int) -> list[Path]:
     """``att.png`` for one sentence; ``att-1.png``, ``att-2.png``, ... for several."""
     if n <= 1:
         return [path]
-    return [path.with_name(f"{path.stem}-{i}{path.suffix or '.png'}") for i in range(1, n + 1)]
+    return [_numbered(path, i) for i in range(1, n + 1)]
+
+
+def _numbered(path: Path, i: int) -> Path:
+    return path.with_name(f"{path.stem}-{i}{path.suffix or '.png'}")
 
 
 def load_translator(checkpoint):
@@ -147,10 +154,12 @@ def _check_attention_path(path: Path) -> str | None:
 
 def _check_args(args) -> str | None:
     """The first flag that is out of range, in words, or None."""
+    if args.backend not in ("numpy", "cupy", "auto"):          # argparse checks no default: $ATTN_BACKEND's
+        return f"ATTN_BACKEND must be numpy, cupy or auto (or pass --backend), got {args.backend!r}"
     if not 1 <= args.beam <= MAX_BEAM:
         return f"--beam must be between 1 and {MAX_BEAM}, got {args.beam}"
-    if not math.isfinite(args.alpha):
-        return f"--alpha must be a finite number, got {args.alpha}"
+    if not (math.isfinite(args.alpha) and 0 <= args.alpha <= MAX_ALPHA):
+        return f"--alpha must be a number between 0 and {MAX_ALPHA:g}, got {args.alpha}"
     if args.no_repeat_ngram < 0:
         return f"--no-repeat-ngram must be 0 (off) or a positive n-gram length, got {args.no_repeat_ngram}"
     if args.batch_size < 1:
@@ -166,18 +175,140 @@ def _check_args(args) -> str | None:
     return _check_attention_path(args.attention) if args.attention is not None else None
 
 
-def read_stdin_lines(stream) -> list[str]:
-    """The lines of a binary stream as text, each decoded as UTF-8 (a byte-order mark at the start
-    is dropped); raises ValueError naming the first line that is not UTF-8."""
-    lines = []
+def _decode_line(raw: bytes, number: int) -> str:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"standard input line {number} is not valid UTF-8 (byte {raw[e.start]:#04x} "
+                         f"at position {e.start + 1}); convert it, e.g. with iconv -t UTF-8") from None
+    return (line.lstrip("\ufeff") if number == 1 else line).rstrip("\r\n")
+
+
+def read_stdin_lines(stream) -> Iterator[str]:
+    """The lines of a binary stream as text, one at a time as they are read, each decoded as UTF-8
+    (a byte-order mark at the start is dropped); raises ValueError naming the first line that is
+    not UTF-8."""
     for number, raw in enumerate(stream, start=1):
+        yield _decode_line(raw, number)
+
+
+def _waiting(fd: int) -> bool:
+    """Whether input is waiting on ``fd`` now (True where that cannot be told)."""
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def _fd_lines(fd: int, block: int = 1 << 16) -> Iterator[tuple[bytes, bool]]:
+    """The lines of file descriptor ``fd`` as they are read, each with whether more input is
+    already waiting (False: the next read would wait for the writer)."""
+    partial: list[bytes] = []
+    while True:
+        data = os.read(fd, block)
+        if not data:
+            if partial:
+                yield b"".join(partial), False
+            return
+        lines = data.split(b"\n")
+        partial.append(lines.pop())
+        if not lines:
+            continue
+        lines[0] = b"".join(partial[:-1]) + lines[0]
+        partial = partial[-1:] if partial[-1] else []
+        for k, line in enumerate(lines, start=1):
+            yield line, k < len(lines) or _waiting(fd)
+
+
+def stdin_batches(stream, size: int) -> Iterator[tuple[int, list[str]]]:
+    """The lines of a binary stream as text (see :func:`read_stdin_lines`), read lazily and handed
+    out ``size`` at a time as (number of the first line, lines). A batch ends early when no more
+    input is waiting, so that a line piped in is translated at once, not when ``size`` more come."""
+    try:
+        raw = _fd_lines(stream.fileno())
+    except (AttributeError, OSError, ValueError):         # not a file (io.UnsupportedOperation is both)
+        raw = ((line, True) for line in stream)
+    batch: list[str] = []
+    number = 0
+    for number, (line, more) in enumerate(raw, start=1):
+        batch.append(_decode_line(line, number))
+        if len(batch) >= size or not more:
+            yield number - len(batch) + 1, batch
+            batch = []
+    if batch:
+        yield number - len(batch) + 1, batch
+
+
+class _Figures:
+    """Draws each translation's cross-attention as it comes: to ``att.png`` when there is one
+    sentence in all, to ``att-1.png``, ``att-2.png``, ... when there are several (the first is kept
+    until the second comes or the input ends)."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.count, self.first = path, 0, None
+
+    def add(self, results) -> None:
+        if self.path is None:
+            return
+        for r in results:
+            self.count += 1
+            if self.count == 1:
+                self.first = r
+                continue
+            if self.first is not None:
+                self._draw(self.first, _numbered(self.path, 1))
+                self.first = None
+            self._draw(r, _numbered(self.path, self.count))
+
+    def close(self) -> None:
+        if self.first is not None:
+            self._draw(self.first, self.path)
+            self.first = None
+
+    @staticmethod
+    def _draw(r, path: Path) -> None:
+        """Raises ValueError when the figure cannot be written."""
+        from .plot import plot_attention
+        if r.attention is None or not r.attention.size:
+            why = "it is empty" if not r.src_tokens else "it was cut into sentences translated one by one"
+            print(f"attn-translate: no attention figure {path}: {why}", file=sys.stderr)
+            return
         try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"standard input line {number} is not valid UTF-8 (byte {raw[e.start]:#04x} "
-                             f"at position {e.start + 1}); convert it, e.g. with iconv -t UTF-8") from None
-        lines.append((line.lstrip("\ufeff") if number == 1 else line).rstrip("\r\n"))
-    return lines
+            plot_attention(r.attention, r.src_tokens, r.tgt_tokens, path,
+                           title=_short(" ".join(r.src_tokens)) + "\n→ " + _short(r.text))
+        except OSError as e:
+            raise ValueError(f"cannot write the attention figure {path}: {e}") from None
+        print(f"attn-translate: attention written to {path}", file=sys.stderr)
+
+
+def _translate_stream(args, model, vocab, batches, figures) -> int:
+    """Translate each batch of lines, write and flush its translations, draw its figures; 0, or
+    the exit code of the problem that stopped it (said in one line)."""
+    from .evaluate import InputTooLong, translate
+    written, lines = 0, []
+    try:
+        for first, lines in batches:
+            results = translate(model, vocab, lines, beam_size=args.beam, alpha=args.alpha,
+                                batch_size=args.batch_size, with_attention=args.attention is not None,
+                                max_source_tokens=args.max_length, no_repeat_ngram=args.no_repeat_ngram,
+                                first_line=first)
+            sys.stdout.write("".join(r.text + "\n" for r in results))
+            sys.stdout.flush()
+            written += len(results)
+            figures.add(results)
+        figures.close()
+    except InputTooLong as e:
+        return _fail(str(e).replace("max_source_tokens, attn-translate --max-length", "--max-length"))
+    except ValueError as e:
+        return _fail(str(e))
+    except MemoryError:
+        return _fail(f"out of memory translating {len(lines)} lines: lower --batch-size "
+                     f"({args.batch_size}), --max-length ({args.max_length}) or --beam ({args.beam})")
+    except KeyboardInterrupt:
+        print(f"attn-translate: interrupted; the translations of the first {written:,} lines were written",
+              file=sys.stderr)
+        return 130
+    return 0
 
 
 def main(argv=None) -> int:
@@ -193,38 +324,8 @@ def main(argv=None) -> int:
         model, vocab = load_translator(args.checkpoint)
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))
-
-    from .evaluate import InputTooLong, translate
-    try:
-        sentences = args.sentences if args.sentences else read_stdin_lines(sys.stdin.buffer)
-        results = translate(model, vocab, sentences, beam_size=args.beam, alpha=args.alpha,
-                            batch_size=args.batch_size, with_attention=args.attention is not None,
-                            max_source_tokens=args.max_length, no_repeat_ngram=args.no_repeat_ngram)
-    except InputTooLong as e:
-        return _fail(str(e).replace("max_source_tokens, attn-translate --max-length", "--max-length"))
-    except ValueError as e:
-        return _fail(str(e))
-    except MemoryError:
-        return _fail(f"out of memory translating {len(sentences)} sentences: lower --batch-size "
-                     f"({args.batch_size}), --max-length ({args.max_length}) or --beam ({args.beam})")
-    for r in results:
-        print(r.text)
-    sys.stdout.flush()
-
-    if args.attention is not None and results:
-        from .plot import plot_attention
-        for path, r in zip(attention_paths(args.attention, len(results)), results):
-            if r.attention is None or not r.attention.size:
-                why = "it is empty" if not r.src_tokens else "it was cut into sentences translated one by one"
-                print(f"attn-translate: no attention figure {path}: {why}", file=sys.stderr)
-                continue
-            try:
-                plot_attention(r.attention, r.src_tokens, r.tgt_tokens, path,
-                               title=_short(" ".join(r.src_tokens)) + "\n→ " + _short(r.text))
-            except OSError as e:
-                return _fail(f"cannot write the attention figure {path}: {e}")
-            print(f"attn-translate: attention written to {path}", file=sys.stderr)
-    return 0
+    batches = iter([(1, args.sentences)]) if args.sentences else stdin_batches(sys.stdin.buffer, args.batch_size)
+    return _translate_stream(args, model, vocab, batches, _Figures(args.attention))
 
 
 if __name__ == "__main__":

@@ -240,6 +240,21 @@ def test_read_parallel_reads_gzip(tmp_path):
     assert D.read_parallel(tmp_path, "de", "en", "val") == [("Hallo", "Hello")]
 
 
+def test_a_gzip_corpus_that_expands_past_the_bound_is_refused_naming_file_and_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(D, "MAX_GUNZIP_BYTES", 1_000_000, raising=False)
+    _write(tmp_path / "train.de.gz", gzip.compress(b"a " * 1_000_000))      # 2 MB from 2 kB
+    _write(tmp_path / "train.en.gz", gzip.compress(b"a\n" * 10))
+    with pytest.raises(DataError, match=r"train\.de\.gz: decompresses to more than 1,000,000 bytes"):
+        D.read_parallel(tmp_path, "de", "en", "train")
+
+
+def test_out_of_memory_advice_names_only_flags_with_their_values():
+    from attn.train import TrainConfig, _out_of_memory_advice
+    advice = _out_of_memory_advice(TrainConfig())
+    assert "None" not in advice and "2,048 tokens" in advice and "--max-tokens 1024" in advice
+    assert "--max-tokens 256" in _out_of_memory_advice(TrainConfig(max_tokens=512))
+
+
 def test_read_parallel_missing_file(tmp_path):
     _write(tmp_path / "test.de", "x\n")
     with pytest.raises(DataError, match=r"test\.en: no such file"):

@@ -165,6 +165,37 @@ def test_the_trainer_under_mpiexec_equals_one_process_and_resumes_with_any_numbe
     assert first["processes"] == 1                                          # rewritten by the resumed run
 
 
+def test_settings_apart_name_every_differing_field_but_the_per_process_ones():
+    from attn.training.config import TrainConfig
+    base = TrainConfig().to_dict()
+    assert D.settings_apart([base, dict(base), {**base, "out": "elsewhere", "quiet": True}]) is None
+    problem = D.settings_apart([base, {**base, "max_tokens": 512},
+                                {**base, "dropout": 0.5, "label_smoothing": 0.0}])
+    assert "rank 1 has max_tokens 512 (rank 0: None)" in problem
+    assert "rank 2 has dropout 0.5 (rank 0: None), label_smoothing 0.0 (rank 0: None)" in problem
+
+
+@needs_mpi
+@pytest.mark.parametrize("odd, words", [(["--max-tokens", "512"], ["max_tokens 512 (rank 0: 48)"]),
+                                        (["--dropout", "0.5", "--label-smoothing", "0"],
+                                         ["dropout 0.5 (rank 0: 0.1)", "label_smoothing 0.0 (rank 0: None)"])])
+def test_processes_started_with_different_flags_refuse_to_train(tmp_path, odd, words):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test"):
+        (data / f"{split}.xx").write_text("\n".join(s for s, _ in PAIRS) + "\n", encoding="utf-8")
+        (data / f"{split}.yy").write_text("\n".join(t for _, t in PAIRS) + "\n", encoding="utf-8")
+    common = [*TRAIN, "--data", str(data), "--steps", "2", "--out", str(tmp_path / "run")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    r = subprocess.run(["mpiexec", "-n", "1", sys.executable, *common, ":", "-n", "1", sys.executable, *common, *odd],
+                       capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "different settings" in r.stderr and "rank 1 has" in r.stderr, r.stderr[-3000:]
+    for w in words:
+        assert w in r.stderr, r.stderr[-3000:]
+    assert not (tmp_path / "run" / "checkpoint.npz").exists()
+
+
 @needs_mpi
 def test_under_mpiexec_the_cooldown_follows_process_0_and_equals_one_process(tmp_path):
     """With a cooldown the rate depends on the budget used, which process 0 sends each step:

@@ -93,10 +93,12 @@ def test_a_text_file_as_the_checkpoint_to_resume_is_said_to_be_text(tmp_path):
 @pytest.mark.parametrize("flags, words", [
     (["--lr-factor", "1e308"], ["lr_factor (--lr-factor) must be > 0 and at most 1000"]),
     (["--max-tokens", "100000000"], ["max_tokens (--max-tokens) must be at most 1,000,000"]),
+    (["--beam", "100000"], ["beam (--beam) must be at most 256"]),
+    (["--beam", "2", "--alpha", "1000"], ["alpha (--alpha) must be in [0, 10]"]),
     (["--d-model", "1000000", "--heads", "2"], ["d_model = 1,000,000 gives", "parameters", "GiB"]),
 ])
 def test_numbers_out_of_reach_are_refused_before_any_work(tmp_path, flags, words, capsys):
-    with pytest.raises(SystemExit) if flags[0] in ("--lr-factor", "--max-tokens") else _returns(2) as got:
+    with pytest.raises(SystemExit) if flags[0] in ("--lr-factor", "--max-tokens", "--beam") else _returns(2) as got:
         got.value = main(["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), *flags])
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
@@ -168,3 +170,26 @@ def test_a_run_of_the_tiled_attention_resumes_on_the_readable_engine():
     saved = TrainConfig(attention="flash", out="runs/x").to_dict()
     resumed = resumed_config(TrainConfig(resume=True, reference=True, out="runs/x"), saved, {"resume", "reference"})
     assert resumed.reference and resumed.attention == "auto"
+
+
+def test_a_resumed_run_refuses_a_changed_corpus_unless_allowed(tmp_path, capsys):
+    from attn.checkpoint import save_npz
+    from test_train import PAIRS
+    out = tmp_path / "run"
+    run_train(tmp_path, "--steps", "2", "--eval-every", "2", "--out", str(out))
+    arrays, meta = load_npz(out / "checkpoint.npz")
+    assert meta["corpus"]["train_pairs"] == len(PAIRS) and len(meta["corpus"]["sha256"]) == 64
+    write_corpus(tmp_path / "data", [*PAIRS, *PAIRS])                  # the files doubled since
+    capsys.readouterr()
+    assert main(["--resume", "--out", str(out), "--steps", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not the one the run" in err[0] and "--allow-new-corpus" in err[0], err
+    assert f"{len(PAIRS)} training pairs" in err[0] and f"now {2 * len(PAIRS)}" in err[0], err
+    assert load_npz(out / "checkpoint.npz")[1]["step"] == 2                 # nothing trained
+    assert main(["--resume", "--out", str(out), "--steps", "4", "--allow-new-corpus"]) == 0
+    arrays, meta = load_npz(out / "checkpoint.npz")
+    assert meta["step"] == 4 and meta["corpus"]["train_pairs"] == 2 * len(PAIRS)   # the new corpus, recorded
+    del meta["corpus"]                                                  # a checkpoint from before fingerprints
+    save_npz(out / "checkpoint.npz", arrays, meta)
+    write_corpus(tmp_path / "data")
+    assert main(["--resume", "--out", str(out), "--steps", "6"]) == 0

@@ -286,8 +286,9 @@ def test_input_that_is_not_utf8_is_one_line_naming_the_line(checkpoint):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--alpha", "nan"], ["--alpha must be a finite number"]),
-    (["--alpha", "inf"], ["--alpha must be a finite number"]),
+    (["--alpha", "nan"], ["--alpha must be a number between 0 and 10"]),
+    (["--alpha", "inf"], ["--alpha must be a number between 0 and 10"]),
+    (["--beam", "2", "--alpha", "1000"], ["--alpha must be a number between 0 and 10", "got 1000"]),
     (["--beam", "0"], ["--beam must be between 1 and"]),
     (["--beam", "1000000000"], ["--beam must be between 1 and"]),
     (["--batch-size", "0"], ["--batch-size must be at least 1"]),
@@ -300,9 +301,84 @@ def test_every_flag_out_of_range_is_one_line(checkpoint, flags, words):
     _one_line_error(run_cli("--checkpoint", checkpoint, *flags, "a b"), *words)
 
 
+def test_an_unknown_backend_in_the_environment_is_one_line(checkpoint):
+    env = {**os.environ, "ATTN_BACKEND": "gpu", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "attn.translate", "--checkpoint", str(checkpoint), "a b"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    _one_line_error(r, "ATTN_BACKEND must be numpy, cupy or auto", "'gpu'")
+
+
 def test_a_text_file_as_checkpoint_is_said_to_be_text(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("the old friend laughed .\n")
     r = run_cli("--checkpoint", text, "a b")
     _one_line_error(r, str(text), "not an .npz archive", "looks like text")
     assert "pickle" not in r.stderr
+
+
+# --------------------------------------------------------------------------- streaming standard input
+
+def _next_within(it, seconds=30):
+    """``next(it)``, or a test failure when it waits longer than ``seconds`` (it read too far ahead)."""
+    import threading
+    box = []
+
+    def step():
+        try:
+            box.append(next(it))
+        except Exception as e:          # handed to the test's thread
+            box.append(e)
+    thread = threading.Thread(target=step, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert box, f"no batch within {seconds} s: the reader waits for more input than it needs"
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
+
+
+def test_standard_input_is_read_lazily_a_bounded_batch_at_a_time():
+    from attn.translate import stdin_batches
+
+    class Endless:                                  # a stream without end and without a file descriptor
+        def __iter__(self):
+            n = 0
+            while True:
+                n += 1
+                yield f"a b {n} .\n".encode()
+
+    batches = stdin_batches(Endless(), 4)
+    assert _next_within(batches) == (1, ["a b 1 .", "a b 2 .", "a b 3 .", "a b 4 ."])
+    assert _next_within(batches)[0] == 5
+    r, w = os.pipe()                                # a pipe whose writer is still writing
+    with os.fdopen(r, "rb", buffering=0) as reader, os.fdopen(w, "wb", buffering=0) as writer:
+        writer.write("\ufeffa b .\nc d .\ne".encode())
+        batches = stdin_batches(reader, 64)
+        assert _next_within(batches) == (1, ["a b .", "c d ."])   # now, not when 64 lines or the end come
+        writer.write(b" .\nd .\n")
+        assert _next_within(batches) == (3, ["e .", "d ."])
+        writer.write(b"a .\n\xff\n")
+        with pytest.raises(ValueError, match="line 6 is not valid UTF-8"):   # before its batch is translated
+            _next_within(batches)
+
+
+def test_translations_come_out_before_the_input_ends_and_stay_on_interrupt(checkpoint):
+    import select
+    import signal
+    env = {**os.environ, "ATTN_BACKEND": "numpy", "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "attn.translate", "--checkpoint", str(checkpoint)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    try:
+        model, vocab = tiny()
+        for line in ["a b .", "c d e ."]:
+            p.stdin.write(line.encode() + b"\n")
+            p.stdin.flush()
+            assert select.select([p.stdout], [], [], 120)[0], "no translation while standard input is open"
+            assert p.stdout.readline().decode().rstrip("\n") == _alone(model, vocab, [line])
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert out == b"" and err.decode().splitlines() == [
+        "attn-translate: interrupted; the translations of the first 2 lines were written"]

@@ -43,7 +43,9 @@ class TrainState:
 
 
 def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, vocab: Vocab,
-                    config: TrainConfig) -> None:
+                    config: TrainConfig, corpus=None) -> None:
+    """The run's checkpoint; ``corpus`` (an :class:`attn.training.prepare.Corpus`): its fingerprint
+    is recorded, which a resumed run checks."""
     arrays = {**model.state_arrays(), **opt.state_arrays(),
               "history/train_loss": B.host.asarray(state.losses, dtype="float64")}
     meta = {"format": "attn-checkpoint-1", "config": model.config.to_dict(), "vocab": vocab.to_json(),
@@ -51,6 +53,8 @@ def save_checkpoint(path, model: Transformer, opt: Adam, state: TrainState, voca
             "train_seconds": state.train_seconds, "tokens_seen": state.tokens_seen, "evals": state.evals,
             "wall_seconds": state.wall_seconds,
             "seed": config.seed, "args": config.to_dict(), "dtype": str(model.dtype)}
+    if corpus is not None:
+        meta["corpus"] = corpus.fingerprint
     save_npz(path, arrays, meta)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
+from ..evaluate import MAX_ALPHA, MAX_BEAM
 from ..model import PRESETS, TransformerConfig
 from ..precision import PRECISIONS, Precision, PrecisionError
 
@@ -119,6 +120,7 @@ class TrainConfig:
     no_repeat_ngram: int | None = None  # and the n-grams it may not repeat (0: off; None: the recipe's)
     out: Path = Path("runs/toy")       # output folder
     resume: bool = False               # continue from out/checkpoint.npz, with the saved run's settings
+    allow_new_corpus: bool = False     # resume even though the corpus is not the one the run trained on
     overwrite: bool = False            # a fresh run into an `out` that holds a run deletes that run first
     reference: bool = False            # train with the readable engine (attn.engine), not the fast one
     cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, the fast engine, one process)
@@ -137,7 +139,7 @@ class TrainConfig:
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         self._check_integers()
         self._check_reals()
-        for name in ("resume", "overwrite", "reference", "cuda_graph", "quiet"):
+        for name in ("resume", "allow_new_corpus", "overwrite", "reference", "cuda_graph", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 self._bad(name, "must be True or False")
 
@@ -208,6 +210,8 @@ class TrainConfig:
                 self._bad(name, "must be an integer")
             if v < low:
                 self._bad(name, f"must be at least {low}")
+        if self.beam is not None and self.beam > MAX_BEAM:
+            self._bad("beam", f"must be at most {MAX_BEAM} (the hypotheses kept of every test sentence)")
         if self.max_tokens is not None and self.max_tokens > MAX_BATCH_TOKENS:
             self._bad("max_tokens", f"must be at most {MAX_BATCH_TOKENS:,} (the paper's batches hold 25,000 "
                                     f"source and 25,000 target tokens)")
@@ -219,7 +223,8 @@ class TrainConfig:
                                    f"must be > 0 and at most {MAX_LR_FACTOR:g} (1 is the paper's rate)"),
                                   ("clip", lambda v: v >= 0, "must be >= 0 (0: off)"),
                                   ("cooldown", lambda v: 0 <= v <= 1, "must be in [0, 1] (0: off)"),
-                                  ("alpha", lambda v: v >= 0, "must be >= 0 (0: no length penalty)"),
+                                  ("alpha", lambda v: 0 <= v <= MAX_ALPHA,
+                                   f"must be in [0, {MAX_ALPHA:g}] (0: no length penalty; the paper's is 0.6)"),
                                   ("dropout", lambda v: 0 <= v < 1, "must be in [0, 1)"),
                                   ("label_smoothing", lambda v: 0 <= v < 1, "must be in [0, 1)")):
             v = getattr(self, name)
@@ -303,7 +308,7 @@ class TrainConfig:
 #: Settings a resumed run may take from the new command line: they change how the run is watched,
 #: evaluated or where it stops, not what it computes. Every other setting comes from the saved run.
 RESUME_MAY_CHANGE = ("minutes", "steps", "epochs", "backend", "quiet", "reference", "cuda_graph", "beam", "alpha",
-                     "no_repeat_ngram", "attention",
+                     "no_repeat_ngram", "attention", "allow_new_corpus",
                      "bleu_sentences", "eval_every", "out", "resume", "overwrite")
 
 
@@ -492,6 +497,9 @@ def _add_run_flags(g) -> None:
     g.add_argument("--resume", action="store_true",
                    help="continue the run in OUT from its checkpoint, with its saved settings and seed; "
                         f"only {', '.join(_flag(n) for n in RESUME_MAY_CHANGE[:-3])} may be given anew")
+    g.add_argument("--allow-new-corpus", action="store_true",
+                   help="with --resume: continue even though the corpus's training files changed since the run "
+                        "was saved (by default a resumed run refuses another corpus)")
     g.add_argument("--overwrite", action="store_true",
                    help="a fresh run into an OUT that holds a run deletes that run's files first "
                         "(without it, such an OUT is an error)")

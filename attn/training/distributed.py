@@ -28,7 +28,9 @@ where the masks are drawn by no one: a counter-based dropout (the fast engine's 
 element by its index in the global batch, which :meth:`RowsOf.place` gives it, so a rank computes its
 own rows alone.
 
-Before the first step every rank hashes its parameters and the hashes must agree
+Before any work every rank's settings (the :class:`attn.training.config.TrainConfig`, but for
+:data:`PER_PROCESS_FIELDS`) must equal rank 0's (:meth:`MPIGroup.check_same_settings`), and
+before the first step every rank hashes its parameters and the hashes must agree
 (:meth:`MPIGroup.check_same_parameters`). Rank 0 alone logs, evaluates and writes; every other
 rank follows its decisions (:meth:`MPIGroup.agree`), so all stop at the same step, and an
 interrupted run's checkpoint is the one a single process would have written: ``--resume``
@@ -72,6 +74,9 @@ LAUNCHER_SIZE = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MV2_COMM_WORL
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 #: Bytes per all-reduce bucket (PyTorch's DDP uses 25 MB).
 BUCKET_BYTES = 25 * 2 ** 20
+#: The settings the processes of one run may hold apart: they change no number (only rank 0 writes
+#: into its ``out`` and draws a progress bar). Every other setting must be the same on every rank.
+PER_PROCESS_FIELDS = ("out", "quiet")
 
 
 class DistributedError(RuntimeError):
@@ -127,6 +132,9 @@ class Single:
         pass
 
     def check_same_parameters(self, params: dict) -> None:
+        pass
+
+    def check_same_settings(self, settings: dict) -> None:
         pass
 
     def say(self, message: str) -> None:
@@ -367,6 +375,22 @@ class BucketFeed(dict):
         self.launched += 1
 
 
+def settings_apart(settings: list[dict], ignore=PER_PROCESS_FIELDS) -> str | None:
+    """Where the ranks' settings (``TrainConfig.to_dict()``, rank 0's first) differ from rank 0's,
+    in words naming each field and both values, or None when they agree (``ignore`` aside)."""
+    apart = []
+    for rank, mine in enumerate(settings[1:], start=1):
+        fields = sorted(k for k in set(mine) | set(settings[0])
+                        if k not in ignore and mine.get(k) != settings[0].get(k))
+        if fields:
+            apart.append(f"rank {rank} has " + ", ".join(
+                f"{k} {mine.get(k)!r} (rank 0: {settings[0].get(k)!r})" for k in fields))
+    if not apart:
+        return None
+    return ("the processes were started with different settings, which would train together in silence: "
+            + "; ".join(apart) + ": start every process with the same flags")
+
+
 def parameter_digest(params: dict) -> str:
     """SHA-256 of every parameter's name, shape, dtype and bytes, in name order."""
     h = hashlib.sha256()
@@ -543,6 +567,13 @@ class MPIGroup(Single):
             raise DistributedError(f"the parameters of rank(s) {odd} differ from rank 0's before the first step "
                                    "(same seed, same code and same checkpoint on every rank?)")
         return digest
+
+    def check_same_settings(self, settings: dict) -> None:
+        """Every rank's settings equal rank 0's (:func:`settings_apart`), or a :class:`DistributedError`
+        naming the ranks, the fields and their values."""
+        problem = settings_apart(self.comm.allgather(settings))
+        if problem:
+            raise DistributedError(problem)
 
     def say(self, message: str) -> None:
         if self.master:

@@ -79,7 +79,7 @@ def evaluate_and_save(model, opt, state, vocab, config, corpus, val_batches, mod
     record["wall_seconds"] = round(state.wall_seconds, 2)          # of the budget, before this evaluation
     record["eval_seconds"] = round(time.perf_counter() - t0, 2)
     state.evals.append(record)
-    save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, config)
+    save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, config, corpus)
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:     # after the checkpoint: never ahead of it
         f.write(json.dumps(record) + "\n")
     msg = (f"step {state.step}: val loss {record['val_loss']:.3f}, ppl {record['val_ppl']:.2f}"

@@ -6,6 +6,9 @@ resumed one; the loop in :mod:`attn.train` starts from what it returns.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 import math
 import sys
 import time
@@ -65,6 +68,7 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     train_pairs = within_reach(corpus.train, longest_pair(config, config.model_config(2)), config.vocab == "bpe", say)
     if saved is not None:
         arrays, meta = saved
+        check_same_corpus(corpus, meta, Path(config.out) / "checkpoint.npz", config.allow_new_corpus)
         vocab = Vocab.from_json(meta["vocab"])
         model = Transformer.from_arrays(arrays, meta, source=str(Path(config.out) / "checkpoint.npz"))
         if len(vocab) != model.config.target_vocab_size:
@@ -133,6 +137,29 @@ class Corpus:
     val: list
     test: list
     source: str
+
+    @functools.cached_property
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of the training split: its pairs' count and their SHA-256, so
+        that a resumed run notices that its corpus changed (:func:`check_same_corpus`)."""
+        h = hashlib.sha256()
+        for pair in self.train:
+            h.update(json.dumps(pair, ensure_ascii=False).encode("utf-8") + b"\n")
+        return {"train_pairs": len(self.train), "sha256": h.hexdigest()}
+
+
+def check_same_corpus(corpus: Corpus, meta: dict, checkpoint: Path, allow_new: bool) -> None:
+    """A :class:`CheckpointError` when the checkpoint's run trained on another corpus than ``corpus``
+    (its recorded fingerprint differs) and ``allow_new`` is off; a checkpoint without one (written
+    before runs recorded it) resumes."""
+    saved = meta.get("corpus")
+    if allow_new or not isinstance(saved, dict) or saved.get("sha256") in (None, corpus.fingerprint["sha256"]):
+        return
+    now = corpus.fingerprint
+    raise CheckpointError(f"--resume: the corpus {corpus.source} is not the one the run in {checkpoint.parent} "
+                          f"trained on ({saved.get('train_pairs')} training pairs, sha256 {saved['sha256'][:12]}; "
+                          f"now {now['train_pairs']}, sha256 {now['sha256'][:12]}): words it never saw become "
+                          "<unk>. Resume on the same files, or pass --allow-new-corpus to continue on these")
 
 
 def load_corpus(config: TrainConfig) -> Corpus:
