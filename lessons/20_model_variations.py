@@ -337,7 +337,8 @@ fig.tight_layout(); show_figure(fig, "20_variations.png", dpi=100, bbox_inches="
 #
 # How far a model gets depends on its training: that every run's training and
 # validation loss fell is asserted in full mode; quick mode trains too few steps to
-# promise it, and its figures above are printed only.
+# promise it, and asserts only that training changed every model (its validation loss
+# moved).
 
 # %%
 expected = [n for n, _ in VARIANTS if not QUICK or n in QUICK_SET]
@@ -346,6 +347,7 @@ for r in base_seeds + results:
     assert QUICK or np.mean(r["losses"][-10:]) < 0.8 * r["losses"][0], f"{r['name']}: training loss did not fall"
     assert QUICK or r["val_nll"] < r["val_before"] - 0.5, f"{r['name']}: validation loss did not fall"
     assert np.isfinite(r["val_ppl"]) and 0 <= r["bleu"] <= 100
+    assert r["val_nll"] != r["val_before"], f"{r['name']}: training left the model as it was"
 learned = next(r for r in results if r["name"] == "(E) learned positions")
 assert QUICK or learned["val_nll"] < learned["val_before"] - 0.5 and base["val_nll"] < base["val_before"] - 0.5
 bk = next(r for r in results if r["name"].startswith("(B)"))

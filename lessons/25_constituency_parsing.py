@@ -33,7 +33,7 @@ import numpy as np
 
 from attn import backend as B
 from attn.decode import EXTRA_LENGTH
-from attn.evaluate import translate
+from attn.evaluate import source_ids, translate
 from attn.train import train
 from attn.training.config import config_from_argv
 from attn.translate import load_translator
@@ -327,6 +327,7 @@ fig.tight_layout(); show_figure(fig, "25_parsing.png")
 # ## Check
 #
 # These fail if the F1 computation were wrong (a tree against itself, a flat parse),
+# if the decoder did not read the encoder's output (two sentences, one first distribution),
 # if full mode's model did not learn to parse (F1 near the baselines, malformed trees), or
 # if the linearisation lost information (each tree's leaves are its sentence's tags,
 # one per word).
@@ -338,13 +339,20 @@ assert all(well_formed(g, len(w)) for w, g in data)
 flat_p, flat_r, _ = scores["flat"]
 assert flat_p == 100.0 and flat_r < 50, "a flat parse's one bracket (S over everything) is always right"
 f_greedy = scores["greedy"][2]
+# Whatever its training made of it, the decoder reads the sentence: two test sentences give
+# two distributions over the first output symbol (an untrained model's too).
+first = [B.to_host(model.forward(B.to_device(np.array([source_ids(vocab, w)])), B.to_device(np.array([[1]])))[0])
+         for w, _ in test[:2]]
+reads = float(np.abs(first[0] - first[1]).max())
+assert reads > 1e-6, "two sentences, the same first output distribution: the decoder never sees the encoder's output"
 if not QUICK:                                         # how good a model is: full mode's only
     assert f_greedy > scores["most common shape"][2] + 20 and f_greedy > 70, scores
     assert valid["greedy"] > 0.8, f"only {valid['greedy']:.0%} of greedy outputs are well-formed trees"
 assert 0 <= f_greedy <= 100 and 0 <= valid["greedy"] <= 1, (f_greedy, valid)
 print(f"Check passed in {time.time() - T0:.1f} s: bracket F1 greedy {f_greedy:.1f}, beam "
       f"{scores[f'beam {BEAM}'][2]:.1f}, against {scores['most common shape'][2]:.1f} for the most common shape and "
-      f"{scores['flat'][2]:.1f} for a flat parse; {valid['greedy']:.0%} of outputs are well-formed trees"
+      f"{scores['flat'][2]:.1f} for a flat parse; {valid['greedy']:.0%} of outputs are well-formed trees; two "
+      f"sentences' first logits differ by up to {reads:.2g}"
       + (" (the model's quality is asserted in full mode only)." if QUICK else "."))
 
 # %% [markdown]

@@ -201,7 +201,14 @@ old = patch("attn.layers.flash_attention", "flash_attention_backward", flash_att
 '''),
 })
 MUTANTS["28"] = ("every attention keeps a key/value head per query head, whatever kv_heads says", '''
-attn.model.TransformerConfig.key_value_heads = property(lambda self: self.n_heads)
+import dataclasses
+import attn.block
+def parts(cfg):
+    block = old(cfg)
+    every = {k: dataclasses.replace(a, kv_heads=a.n_heads) for k, a in
+             (("self_attention", block.self_attention), ("cross_attention", block.cross_attention))}
+    return block._replace(**every)
+old = patch("attn.block", "parts", parts)
 ''')
 MUTANTS["23"] = ("each rank's share weighs 1/ranks (the mean of the ranks' means) instead of its tokens' share", '''
 def share_of(batch, size, rank):
