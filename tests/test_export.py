@@ -118,3 +118,24 @@ def test_the_later_block_is_exported_and_an_older_export_still_loads(tmp_path):
         del old["config"][field]
     path.write_text(json.dumps(old))
     assert load_export(tmp_path / "old")[0].config == tiny(4).config
+
+
+@pytest.mark.parametrize("env", ["cupy", "gpu"])
+def test_an_unusable_backend_is_one_line(tmp_path, capsys, monkeypatch, env):
+    """CuPy imports but no GPU is usable (or $ATTN_BACKEND names no backend): one line, no traceback."""
+    import attn.backend as B
+
+    def no_gpu():
+        raise B.BackendError("ATTN_BACKEND=cupy was asked for and CuPy imports, but no GPU is usable "
+                             "(CUDARuntimeError: CUDA driver version is insufficient)")
+
+    ckpt = tiny().save(tmp_path / "c.npz", extra_meta={"vocab": VOCAB.to_json()})
+    monkeypatch.setattr(B, "_import_cupy", no_gpu)
+    monkeypatch.setattr(B, "_current", None)
+    monkeypatch.setattr(B, "_xp", None)
+    monkeypatch.setenv("ATTN_BACKEND", env)
+    assert main([str(ckpt), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attn-export: error: ATTN_BACKEND"), err
+    assert {"cupy": "no GPU is usable", "gpu": "must be numpy, cupy or auto, got 'gpu'"}[env] in err[0]
+    assert not (tmp_path / "out").exists()

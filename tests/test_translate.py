@@ -308,6 +308,18 @@ def test_an_unknown_backend_in_the_environment_is_one_line(checkpoint):
     _one_line_error(r, "ATTN_BACKEND must be numpy, cupy or auto", "'gpu'")
 
 
+def test_cupy_asked_for_without_a_usable_gpu_is_one_line(checkpoint, capsys, monkeypatch, restore_backend):
+    def no_gpu():
+        raise B.BackendError("ATTN_BACKEND=cupy was asked for and CuPy imports, but no GPU is usable "
+                             "(CUDARuntimeError: CUDA driver version is insufficient)")
+
+    monkeypatch.setattr(B, "_import_cupy", no_gpu)
+    monkeypatch.setenv("ATTN_BACKEND", "cupy")
+    assert main(["--checkpoint", str(checkpoint), "a b"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attn-translate: error: ATTN_BACKEND=cupy was asked for"), err
+
+
 def test_a_text_file_as_checkpoint_is_said_to_be_text(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("the old friend laughed .\n")

@@ -268,9 +268,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _backend_problem() -> str | None:
+    """Why the backend that $ATTN_BACKEND names cannot be used, in one line, or None."""
+    try:
+        B.get_backend()
+    except B.BackendError as e:
+        return str(e)
+    except ValueError:
+        return f"ATTN_BACKEND must be numpy, cupy or auto, got {os.environ.get('ATTN_BACKEND')!r}"
+    return None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from ..data import DataError
+    problem = _backend_problem()
+    if problem:
+        print(f"attn-export: error: {problem}", file=sys.stderr)
+        return 2
     if args.max_sentences < 0:
         print(f"attn-export: error: --max-sentences must be at least 0, got {args.max_sentences}", file=sys.stderr)
         return 2
