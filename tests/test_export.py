@@ -139,3 +139,21 @@ def test_an_unusable_backend_is_one_line(tmp_path, capsys, monkeypatch, env):
     assert len(err) == 1 and err[0].startswith("attn-export: error: ATTN_BACKEND"), err
     assert {"cupy": "no GPU is usable", "gpu": "must be numpy, cupy or auto, got 'gpu'"}[env] in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_max_len_the_page_cannot_build_a_table_for_is_refused(tmp_path, capsys):
+    """The page builds a table of max_len positions as it loads: at 10**6 it took 16 s, at 10**8 it
+    failed. attn-export refuses such a model naming the field and the bound, and so does load_export."""
+    assert export_model(tiny(max_len=E.MAX_LEN_LIMIT), VOCAB, tmp_path / "ok")["config"]["max_len"] == 8192
+    with pytest.raises(ValueError, match="config max_len must be at most 8,192 .*got 1,000,000"):
+        export_model(tiny(max_len=10**6), VOCAB, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    ckpt = tiny(max_len=10**8).save(tmp_path / "c.npz", extra_meta={"vocab": VOCAB.to_json()})
+    assert main([str(ckpt), str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_len must be at most 8,192" in err[0] and "100,000,000" in err[0], err
+    path = tmp_path / "ok" / "model.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "config": {**doc["config"], "max_len": 10**6}}))
+    with pytest.raises(ExportError, match="max_len must be at most 8,192"):
+        load_export(tmp_path / "ok")

@@ -53,9 +53,11 @@ export function embeddingForward(ids, W, scale = 1.0) {
 // PE(pos, 2i+1) = cos(the same), computed in float64 then stored in float32.   -> (maxLen, D)
 export function sinusoidalTable(maxLen, D) {
   const pe = tensor([maxLen, D]);
+  const scale = new Float64Array(D);                 // 10000^(2i/D), once per column, not once per position
+  for (let twoI = 0; twoI < D; twoI += 2) scale[twoI] = Math.pow(10000, twoI / D);
   for (let pos = 0; pos < maxLen; pos++) {
     for (let twoI = 0; twoI < D; twoI += 2) {
-      const angle = pos / Math.pow(10000, twoI / D);
+      const angle = pos / scale[twoI];
       pe.data[pos * D + twoI] = Math.sin(angle);
       if (twoI + 1 < D) pe.data[pos * D + twoI + 1] = Math.cos(angle);
     }

@@ -156,6 +156,9 @@ export function parameterShapes(c) {
 // The largest max_source_tokens (attn.evaluate.MAX_SOURCE_TOKENS_LIMIT): attention over more positions
 // would block the page for minutes.
 export const MAX_SOURCE_TOKENS_LIMIT = 4096;
+// The largest config max_len (attn.site.export.MAX_LEN_LIMIT): the page builds a table of max_len
+// positions as it loads, which at 10**6 took 16 s and at 10**8 failed.
+export const MAX_LEN_LIMIT = 8192;
 
 // Bytes per number of each storage type; both little-endian IEEE 754.
 const DTYPES = { float32: 4, float16: 2 };
@@ -167,6 +170,10 @@ export function checkExport(meta) {
   if (meta === null || typeof meta !== "object" || Array.isArray(meta)) throw new Error("not a JSON object");
   if (meta.format !== FORMAT) throw new Error(`format ${JSON.stringify(meta.format)}, expected ${FORMAT}`);
   const config = checkConfig(meta.config);
+  if (config.max_len > MAX_LEN_LIMIT) {
+    throw new Error(`config max_len must be at most ${MAX_LEN_LIMIT.toLocaleString("en")} (the page builds a table ` +
+                    `of max_len positions), got ${config.max_len.toLocaleString("en")}`);
+  }
   const vocab = Vocab.fromJson(meta.vocab);
   const limit = meta.max_source_tokens;
   if (limit !== undefined && !(Number.isInteger(limit) && limit >= 2 && limit <= MAX_SOURCE_TOKENS_LIMIT)) {
