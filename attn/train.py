@@ -34,6 +34,7 @@ many processes there are). Import what they define from them.
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -177,7 +178,7 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
     stop_reason = run.untested or run_loop(config, state, run.train_enc, hooks, dp, stop)   # untested: owes its test
     if stop_reason == "interrupted":
         dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
-               f"checkpoint {ckpt_path} (step {state.step}); resume with: attn-train --resume --out {out}")
+               f"checkpoint {ckpt_path} (step {state.step}); resume with: {_resume_command(out)}")
         return {"interrupted": True, "steps": state.step, "signal": stop.name,
                 "exit_status": exit_status(stop.signum or 2)}
     dp.say(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
@@ -187,6 +188,11 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
         metrics = test_and_report(run, model, state, stop_reason, state.wall_seconds,
                                   {"processes": dp.size} if dp.size > 1 else {})
     return dp.broadcast(metrics)
+
+
+def _resume_command(out: Path) -> str:
+    """The command that resumes the run in ``out``, quoted for a shell (a path may hold a space)."""
+    return f"attn-train --resume --out {shlex.quote(str(out))}"
 
 
 def budget_used(config: TrainConfig, state: TrainState, batches_in_epoch: int) -> float:

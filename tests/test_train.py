@@ -113,6 +113,32 @@ def test_a_signal_saves_the_last_step_and_exits_with_the_shells_status(tmp_path,
     assert metrics["steps"] == meta["step"] + 2
 
 
+def test_the_printed_commands_are_quoted_for_a_shell(tmp_path, capsys):
+    """An --out with a space: "translate with:" and "resume with:" give the path back when split
+    as a shell splits them, so a pasted command works."""
+    import shlex
+    out = tmp_path / "my run"
+    run_train(tmp_path, "--steps", "2", "--out", str(out))
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("translate with: "))
+    words = shlex.split(line.removeprefix("translate with: "))
+    assert words[words.index("--checkpoint") + 1] == str(out / "checkpoint.npz"), line
+
+    sent = []
+
+    def interrupt(state, model, wall):
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))        # Ctrl-C: the loop saves this step and stops
+
+    (tmp_path / "data").mkdir(exist_ok=True)
+    data = write_corpus(tmp_path / "data")
+    metrics = train(config_from_argv(["--data", str(data), *TINY, "--backend", "numpy", "--steps", "50",
+                                      "--out", str(out), "--resume"]), on_step=interrupt)
+    assert metrics["interrupted"]
+    line = next(x for x in capsys.readouterr().err.splitlines() if "resume with: " in x)
+    words = shlex.split(line.split("resume with: ", 1)[1])
+    assert words[:2] == ["attn-train", "--resume"] and words[words.index("--out") + 1] == str(out), line
+
+
 def test_a_signal_before_the_first_step_exits_with_the_shells_status(tmp_path):
     data = write_corpus(tmp_path)
     code = ("import os, signal, sys; import attn.training.prepare as P; real = P.prepare\n"

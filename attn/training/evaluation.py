@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -128,7 +129,7 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
                     + ([f"no repeated {config.no_repeat_ngram}-gram"] if config.no_repeat_ngram else [])
                     + ([f"average of the last {config.average} snapshots"] if final_model is not model else []))
     print(f"test BLEU {test_bleu:.2f}, chrF {scores.chrf:.2f} ({how}; every figure in {out / 'metrics.json'})")
-    print(f"translate with: attn-translate --checkpoint {final_path}"
+    print(f"translate with: attn-translate --checkpoint {shlex.quote(str(final_path))}"
           + (f" --beam {config.beam} --alpha {config.alpha:g}" if config.beam > 1 else "")
           + (f" --no-repeat-ngram {config.no_repeat_ngram}" if config.no_repeat_ngram else "") + ' "a sentence"')
     return metrics
