@@ -157,3 +157,21 @@ def test_a_max_len_the_page_cannot_build_a_table_for_is_refused(tmp_path, capsys
     path.write_text(json.dumps({**doc, "config": {**doc["config"], "max_len": 10**6}}))
     with pytest.raises(ExportError, match="max_len must be at most 8,192"):
         load_export(tmp_path / "ok")
+
+
+def test_the_folders_a_killed_export_left_are_removed_by_the_next(tmp_path):
+    """A killed attn-export leaves its hidden .m.xxxxxxxx.new (or .old) folder beside m: the next
+    export removes those older than itself, never one that is newer (being written now) or another name."""
+    import time
+    stale = [tmp_path / ".m.abcd_123.new", tmp_path / ".m.zz9yx8wv.old"]
+    kept = [tmp_path / ".m.fresh123.new", tmp_path / ".mine.abcd1234.new", tmp_path / ".m.notes"]
+    for d in stale + kept:
+        d.mkdir()
+        (d / "model.json").write_text("{}")
+    (stale[1] / "export").mkdir()
+    hour_ago, soon = time.time() - 3600, time.time() + 3600
+    for d in stale + kept[1:]:
+        os.utime(d, (hour_ago, hour_ago))
+    os.utime(kept[0], (soon, soon))                      # newer than the export: one being written now
+    export_model(tiny(), VOCAB, tmp_path / "m")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["m"] + [d.name for d in kept])

@@ -17,7 +17,8 @@ writes a folder of two files that the page in ``web/`` (plain JavaScript, no bui
 
 The folder is written beside ``DIR`` and renamed into place, so a reader never sees the
 model of one export with the weights of another; a folder that already holds an export is
-replaced only when asked (``--overwrite``).
+replaced only when asked (``--overwrite``). What an export that was killed left beside ``DIR``
+(a hidden ``.DIR.xxxxxxxx.new`` or ``.old`` folder) the next export removes.
 
 Nothing in either file is executable or pickled: JSON and raw numbers. The format
 is described in ``docs/WEB_FORMAT.md``; :func:`load_export` reads it back into a
@@ -28,9 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from .. import backend as B
@@ -87,7 +90,7 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
                          f"the model {model.config.target_vocab_size}")
     if model.config.max_len > MAX_LEN_LIMIT:
         raise ValueError(f"export_model: {_max_len_problem(model.config.max_len)}")
-    out_dir = Path(out_dir)
+    out_dir, started = Path(out_dir), time.time()
     _check_destination(out_dir, overwrite)
     np = B.host
     from ..model import parameter_shapes
@@ -118,6 +121,7 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
                     "tensors": tensors},
     }
     text = (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
+    _remove_stale(out_dir, started)
     _swap_in(out_dir, {WEIGHTS_FILE: b"".join(chunks), MODEL_FILE: text})
     return doc
 
@@ -140,6 +144,21 @@ def _check_destination(out_dir: Path, overwrite: bool) -> None:
     if held and not overwrite:
         raise ExportError(f"{out_dir} already holds an export ({', '.join(held)}): pass --overwrite to replace "
                           f"it, or choose another folder")
+
+
+def _remove_stale(out_dir: Path, started: float) -> None:
+    """Remove the folders that an export killed while it wrote (``.DIR.xxxxxxxx.new``) or swapped
+    (``.DIR.xxxxxxxx.old``) left beside ``out_dir``: those last changed before ``started``, this
+    export's start (one being written now is newer)."""
+    pattern = re.compile(rf"\.{re.escape(out_dir.name)}\.[a-z0-9_]{{8}}\.(new|old)")
+    if not out_dir.parent.is_dir():
+        return
+    for p in out_dir.parent.iterdir():
+        try:
+            if pattern.fullmatch(p.name) and not p.is_symlink() and p.is_dir() and p.stat().st_mtime < started:
+                shutil.rmtree(p)
+        except OSError:
+            pass                                        # gone already, or not ours to remove: leave it
 
 
 def _swap_in(out_dir: Path, files: dict) -> None:
