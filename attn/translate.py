@@ -270,7 +270,8 @@ class _Figures:
         """Raises ValueError when the figure cannot be written."""
         from .plot import plot_attention
         if r.attention is None or not r.attention.size:
-            why = "it is empty" if not r.src_tokens else "it was cut into sentences translated one by one"
+            why = ("it is empty" if not r.src_tokens else "its translation is empty" if r.attention is not None
+                   else "it was cut into sentences translated one by one")
             print(f"attn-translate: no attention figure {path}: {why}", file=sys.stderr)
             return
         try:

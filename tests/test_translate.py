@@ -320,6 +320,20 @@ def test_cupy_asked_for_without_a_usable_gpu_is_one_line(checkpoint, capsys, mon
     assert len(err) == 1 and err[0].startswith("attn-translate: error: ATTN_BACKEND=cupy was asked for"), err
 
 
+def test_why_no_attention_figure_is_drawn_is_said_truly(tmp_path, capsys, restore_backend):
+    """An empty input, an empty translation, a line cut into sentences: each says its own reason."""
+    model, vocab = tiny(seed=0)
+    model.params["embedding.weight"][EOS] *= 40          # its first word is the end mark: an empty translation
+    ckpt = model.save(tmp_path / "c.npz", extra_meta={"vocab": vocab.to_json()})
+    cases = {"a b c": "its translation is empty", "": "it is empty",
+             "a b . c d .": "it was cut into sentences translated one by one"}
+    for sentence, why in cases.items():
+        assert main(["--checkpoint", str(ckpt), "--backend", "numpy", "--attention", str(tmp_path / "att.png"),
+                     sentence]) == 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"attn-translate: no attention figure {tmp_path / 'att.png'}: {why}"], (sentence, err)
+
+
 def test_a_text_file_as_checkpoint_is_said_to_be_text(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("the old friend laughed .\n")
