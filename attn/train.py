@@ -183,11 +183,23 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
                 "exit_status": exit_status(stop.signum or 2)}
     dp.say(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
            f"checkpoint {ckpt_path}")
-    metrics = None
-    if dp.master:
-        metrics = test_and_report(run, model, state, stop_reason, state.wall_seconds,
-                                  {"processes": dp.size} if dp.size > 1 else {})
+    metrics = _test(run, model, state, stop_reason, dp, ckpt_path) if dp.master else None
     return dp.broadcast(metrics)
+
+
+def _test(run, model, state: TrainState, stop_reason: str, dp, ckpt_path: Path) -> dict:
+    """:func:`test_and_report`; where Ctrl-C or SIGTERM cuts the test short, a line saying that the
+    checkpoint holds every step and how to test it (``--resume`` runs the test a run owes), and
+    the interrupted run's dict with the exit status that signal asks for."""
+    try:
+        return test_and_report(run, model, state, stop_reason, state.wall_seconds,
+                               {"processes": dp.size} if dp.size > 1 else {})
+    except KeyboardInterrupt as e:
+        signum = e.signum if isinstance(e, Interrupted) else 2
+        dp.say(f"stopped by {Interrupted(signum)} while testing; checkpoint {ckpt_path} holds all {state.step} "
+               f"steps; test it with: {_resume_command(ckpt_path.parent)}")
+        return {"interrupted": True, "steps": state.step, "signal": str(Interrupted(signum)),
+                "exit_status": exit_status(signum)}
 
 
 def _resume_command(out: Path) -> str:

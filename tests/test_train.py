@@ -151,6 +151,27 @@ def test_a_signal_before_the_first_step_exits_with_the_shells_status(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == "attn-train: aborted by SIGTERM without saving"
 
 
+def test_a_signal_during_the_test_says_every_step_was_saved(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the finished run translates its test set: the checkpoint holds every step, which
+    is what it says (not "without saving"), with the shell's status; --resume then runs the test."""
+    import attn.train as T
+    real = T.test_and_report
+
+    def interrupted_test(*a, **k):
+        raise T.Interrupted(signal.SIGINT)               # what Ctrl-C raises outside the loop
+
+    monkeypatch.setattr(T, "test_and_report", interrupted_test)
+    out = tmp_path / "run"
+    metrics = run_train(tmp_path, "--steps", "3", "--out", str(out))
+    assert metrics["interrupted"] and metrics["exit_status"] == 130 and metrics["steps"] == 3
+    err = capsys.readouterr().err
+    assert f"stopped by SIGINT while testing; checkpoint {out / 'checkpoint.npz'} holds all 3 steps; " \
+           f"test it with: attn-train --resume --out {out}" in err and "without saving" not in err, err
+    assert load_npz(out / "checkpoint.npz")[1]["step"] == 3
+    monkeypatch.setattr(T, "test_and_report", real)
+    assert "test_bleu" in run_train(tmp_path, "--steps", "3", "--out", str(out), "--resume")
+
+
 def test_checkpoint_averaging(tmp_path):
     out = tmp_path / "run"
     metrics = run_train(tmp_path, "--steps", "9", "--eval-every", "5", "--average", "3",
