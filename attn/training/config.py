@@ -273,17 +273,16 @@ class TrainConfig:
         return "reference" if self.reference else "fast"
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
-        """The preset with this config's overrides, for a vocabulary of ``vocab_size``."""
-        overrides = {k: v for k, v in (("d_model", self.d_model), ("n_heads", self.heads), ("d_ff", self.d_ff),
-                                        ("n_encoder_layers", self.layers), ("n_decoder_layers", self.layers),
-                                        ("dropout", self.dropout), ("label_smoothing", self.label_smoothing),
-                                        ("warmup_steps", self.warmup), ("norm", self.norm), ("norm_kind", self.norm_kind),
-                                        ("positional", self.positional), ("ffn", self.ffn),
-                                        ("kv_heads", self.kv_heads)) if v is not None}
+        """The preset with this config's overrides, for a vocabulary of ``vocab_size``; a
+        TrainConfigError naming the flag without which the model would fit, where there is one."""
+        given = {name: getattr(self, name) for _, name in MODEL_FLAGS if getattr(self, name) is not None}
         try:
-            return TransformerConfig.preset(self.preset, vocab_size=vocab_size, **overrides)
+            return _model_config(self.preset, vocab_size, given)
         except ValueError as e:
-            raise TrainConfigError(f"the model settings do not fit together: {e}") from None
+            culprit = next((n for n in given if _fits(self.preset, vocab_size, {k: v for k, v in given.items()
+                                                                                 if k != n})), None)
+            which = f" ({_flag(culprit)} {given[culprit]!r})" if culprit else ""
+            raise TrainConfigError(f"the model settings do not fit together{which}: {e}") from None
 
     def check_model_fits(self, memory_bytes: int | None = None) -> None:
         """A TrainConfigError if the model's parameters, gradients and Adam's two moments alone, its
@@ -303,6 +302,27 @@ class TrainConfig:
                                    f"--layers {cfg.n_encoder_layers}) has {count:,} parameters before its "
                                    f"embeddings: {need / 2**30:,.1f} GiB with gradients and Adam's moments, "
                                    f"more than this machine's {memory_bytes / 2**30:,.1f} GiB")
+
+
+#: The model's fields that a flag of attn-train overrides: (TransformerConfig's name, TrainConfig's).
+MODEL_FLAGS = (("d_model", "d_model"), ("n_heads", "heads"), ("d_ff", "d_ff"), ("n_encoder_layers", "layers"),
+               ("n_decoder_layers", "layers"), ("dropout", "dropout"), ("label_smoothing", "label_smoothing"),
+               ("warmup_steps", "warmup"), ("norm", "norm"), ("norm_kind", "norm_kind"),
+               ("positional", "positional"), ("ffn", "ffn"), ("kv_heads", "kv_heads"))
+
+
+def _model_config(preset: str, vocab_size: int, given: dict) -> TransformerConfig:
+    """The preset with ``given`` (TrainConfig's names) in place of its fields."""
+    return TransformerConfig.preset(preset, vocab_size=vocab_size,
+                                    **{field: given[name] for field, name in MODEL_FLAGS if name in given})
+
+
+def _fits(preset: str, vocab_size: int, given: dict) -> bool:
+    try:
+        _model_config(preset, vocab_size, given)
+        return True
+    except ValueError:
+        return False
 
 
 #: Settings a resumed run may take from the new command line: they change how the run is watched,
