@@ -37,6 +37,7 @@ import math
 
 from .. import backend as B
 from .dispatch import ops_for
+from .forward import FUSED_NORMS
 from .threads import _THREADS, _row_slices, single_threaded_blas
 
 #: Greedy decoding on a GPU generates this many positions between two looks at which sentences
@@ -242,7 +243,7 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     (n, H, 1, S). ``parts``: how many row parts run at the same time (1: this thread)."""
     cfg, xp = model.config, model.xp
     t = state.length
-    if cfg.positional == "learned" and t >= cfg.max_len:     # as forward() says it, not an IndexError
+    if model.block.positions.learned and t >= cfg.max_len:   # as forward() says it, not an IndexError
         raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
                          f"table's {cfg.max_len} positions (raise max_len)")
     _check_not_moved(state, "decode_step")
@@ -257,7 +258,7 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     g = state.group
     logp = xp.empty((n, V), dtype=model.dtype)
     cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
-    pe = None if cfg.positional == "rope" else model._pos_table("tgt", t + 1)[t]     # (D,)
+    pe = model._pos_table("tgt", t + 1)[t] if model.block.positions.added else None      # (D,)
     # Parts hold whole groups: one sentence with a wide beam (one group) runs on one thread.
     k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
     if k == 1:
@@ -295,7 +296,8 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     ops = ops_for(xp)
     D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
     Dh, G = D // H, H // KV                     # G query heads read each key/value head
-    post = cfg.norm == "post"
+    block = model.block
+    post = not block.placement.pre
     F = state.fused
     ids = tokens[sl]
     n = ids.shape[0]
@@ -303,7 +305,7 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     x *= model.dtype.type(math.sqrt(D))
     if pe is not None:
         x += pe
-    rope = model._rope_table(t + 1) if cfg.positional == "rope" else None
+    rope = model._rope_table(t + 1) if block.positions.rotary else None
     g = state.group
     gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
 
@@ -314,9 +316,7 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])
 
     def norm_(name, x):
-        if cfg.norm_kind == "rms":
-            return ops.rms_norm_(x, p[name + ".gamma"], cfg.ln_eps)[0]
-        return ops.layer_norm_(x, p[name + ".gamma"], p[name + ".beta"], cfg.ln_eps)[0]
+        return getattr(ops, FUSED_NORMS[block.norm.kind].alone)(x, *model._norm_params(name), block.norm.eps)[0]
 
     def residual(norm, x, sub):
         if post:                                                  # N(x + sub(x))
@@ -368,7 +368,7 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
             return out
 
         def ffn(h):
-            if cfg.ffn == "swiglu":
+            if block.ffn.gated:
                 a = ops.swiglu_gate(h @ model.arena.block(model.arena.params, pre + ".ffn.w13"))
                 return a @ p[pre + ".ffn.w2"]                                 # (n, D): no bias
             a = h @ p[pre + ".ffn.w1"]
@@ -590,7 +590,7 @@ def device_step(model, tokens, state: DeviceDecodeState):
     ``decode_embed``, after them the projection and ``log_softmax_rows``."""
     cfg, xp, p = model.config, model.xp, model.params
     t = state.length
-    if cfg.positional == "learned" and t >= cfg.max_len:     # as forward() says it, not an IndexError
+    if model.block.positions.learned and t >= cfg.max_len:   # as forward() says it, not an IndexError
         raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
                          f"table's {cfg.max_len} positions (raise max_len)")
     state._check_latest("decode_step")
@@ -604,7 +604,7 @@ def device_step(model, tokens, state: DeviceDecodeState):
     buf = state.buf
     buf.fit(n, t + 1, n, t)
     D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
-    eps, pre = cfg.ln_eps, cfg.norm == "pre"
+    eps, pre = cfg.ln_eps, model.block.placement.pre
     F = state.fused
     x, h, ctx, s, qc = (a[:n] for a in (buf.x, buf.h, buf.ctx, buf.s, buf.qc))
     qkv, a, logits, w_self = buf.qkv[:n], buf.a[:n], buf.logits[:n], buf.w_self[:n]
