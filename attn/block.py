@@ -72,6 +72,8 @@ class PostNorm:
     """The paper's placement: ``LN(x + Dropout(Sublayer(x)))``; the stacks end without a norm.
     ``dropout`` is the residual's, P_drop (section 5.4)."""
     dropout: float
+    kind = "post"
+    pre = False                             # the sub-layer reads x, not its norm
     final_norm = False
 
     def before(self, x, norm: Norm, p, name):
@@ -93,6 +95,8 @@ class PostNorm:
 class PreNorm:
     """Later models' placement: ``x + Dropout(Sublayer(LN(x)))``, and a final norm on each stack."""
     dropout: float
+    kind = "pre"
+    pre = True
     final_norm = True
 
     def before(self, x, norm: Norm, p, name):
@@ -125,6 +129,10 @@ class Positions:
     rope_base: float | None
     later: bool
     max_len: int
+
+    @property
+    def rotary(self) -> bool:
+        return self.rope_base is not None
 
     def shapes(self, D: int) -> dict:
         return {f"{w}_pos.weight": (self.max_len, D) for w in ("src", "tgt")} if self.learned else {}
@@ -233,6 +241,16 @@ class FeedForward:
     later: bool
     width: int
     dropout: float
+
+    @property
+    def gated(self) -> bool:
+        """Whether a gate multiplies the hidden layer (SwiGLU's ``x V``: the parameters ``w3``)."""
+        return "w3" in self.names
+
+    @property
+    def out_bias(self) -> bool:
+        """Whether the output has a bias (``b2``; SwiGLU has none)."""
+        return "b2" in self.names
 
     def shapes(self, D: int) -> dict:
         F = self.width

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import backend as B
+from ..block import parts
 from ..masks import PAD_ID
 from ..model import TransformerConfig
 from .presets import BOS_ID, EOS_ID
@@ -67,12 +68,13 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     import torch.nn as nn
     import torch.nn.functional as F
 
-    if not cfg.share_embeddings or cfg.positional not in ("sinusoidal", "rope"):
+    block = parts(cfg)                    # the twin asks the block's parts, as attn's engines do
+    if not cfg.share_embeddings or block.positions.learned:
         raise ValueError("torch_transformer: only shared embeddings and sinusoidal or rotary positions")
     D, H, Fd, V, KV = cfg.d_model, cfg.n_heads, cfg.ffn_width, cfg.vocab_size, cfg.key_value_heads
     Dh = D // H
     tdtype = getattr(torch, dtype)
-    rope = cfg.positional == "rope"
+    rope = block.positions.rotary
 
     def attend(q, k, v, mask, p, training):
         """q (B, H, Tq, Dh), k/v (B, KV, Tk, Dh), mask bool broadcastable, True = may attend."""
@@ -89,7 +91,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
         return heads(q, 1)[0], heads(k, 1, KV)[0], heads(v, 1, KV)[0]
 
     def norm():
-        return nn.RMSNorm(D, eps=cfg.ln_eps) if cfg.norm_kind == "rms" else nn.LayerNorm(D, eps=cfg.ln_eps)
+        return {"layer": nn.LayerNorm, "rms": nn.RMSNorm}[block.norm.kind](D, eps=block.norm.eps)
 
     angle = torch.arange(cfg.max_len, dtype=torch.float64)[:, None] * cfg.rope_base ** (
         -torch.arange(0, Dh, 2, dtype=torch.float64) / Dh)                      # (L, Dh/2)
@@ -157,7 +159,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             return self.w2(self.drop(F.silu(a) * b))
 
     def ffn():
-        return SwiGLU() if cfg.ffn == "swiglu" else FFN()
+        return {"relu": FFN, "swiglu": SwiGLU}[block.ffn.kind]()
 
     class Sub(nn.Module):
         """A sub-layer in its residual connection (post-norm: LN(x + drop(f(x))))."""
@@ -167,7 +169,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             self.f, self.norm, self.drop = f, norm(), nn.Dropout(cfg.dropout)
 
         def forward(self, x, *args, **kw):
-            if cfg.norm == "pre":
+            if block.placement.pre:
                 return x + self.drop(self.f(self.norm(x), *args, **kw))
             return self.norm(x + self.drop(self.f(x, *args, **kw)))
 
@@ -195,7 +197,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             nn.init.normal_(self.embedding.weight, std=D ** -0.5)
             self.encoder = nn.ModuleList(EncoderLayer() for _ in range(cfg.n_encoder_layers))
             self.decoder = nn.ModuleList(DecoderLayer() for _ in range(cfg.n_decoder_layers))
-            if cfg.norm == "pre":
+            if block.placement.final_norm:
                 self.enc_norm, self.dec_norm = norm(), norm()
             self.drop = nn.Dropout(cfg.dropout)
             pos = torch.arange(cfg.max_len, dtype=torch.float64)[:, None]
@@ -214,7 +216,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             x = self.embed(src)
             for layer in self.encoder:
                 x = layer(x, src_mask)
-            if cfg.norm == "pre":
+            if block.placement.final_norm:
                 x = self.enc_norm(x)
             return x, src_mask
 
@@ -229,7 +231,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             y = self.embed(tgt_in)
             for layer, kv_i in zip(self.decoder, kv):
                 y = layer(y, kv_i, tgt_mask, src_mask)
-            if cfg.norm == "pre":
+            if block.placement.final_norm:
                 y = self.dec_norm(y)
             return y
 
@@ -247,7 +249,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
             y = self.embed(tokens[:, None], offset=pos)
             for layer, kv_i, c in zip(self.decoder, state["kv"], state["self"]):
                 y = layer(y, kv_i, None, state["src_mask"], cache=c)
-            if cfg.norm == "pre":
+            if block.placement.final_norm:
                 y = self.dec_norm(y)
             state["pos"] = pos + 1
             return torch.log_softmax(self.project(y[:, 0]), dim=-1)
@@ -269,9 +271,8 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
                     lo = hi
 
             def norm_of(name, mod):
-                out.append((f"{name}.gamma", mod.weight, ()))
-                if cfg.norm_kind == "layer":
-                    out.append((f"{name}.beta", mod.bias, ()))
+                out.extend((f"{name}.{n}", getattr(mod, {"gamma": "weight", "beta": "bias"}[n]), ())
+                           for n in block.norm.names)
 
             for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
                 for i, layer in enumerate(layers):
@@ -287,7 +288,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
                             fused(f"{pre}.cross_attn", f.kv, "kv")
                         out.extend([(f"{pre}.{sub}.w_o", f.out.weight, ("T",)), (f"{pre}.{sub}.b_o", f.out.bias, ())])
                     ff = layer.ffn.f
-                    if cfg.ffn == "swiglu":
+                    if block.ffn.gated:
                         out.extend([(f"{pre}.ffn.w1", ff.w13.weight, ("cols", 0, Fd)),
                                     (f"{pre}.ffn.w3", ff.w13.weight, ("cols", Fd, 2 * Fd)),
                                     (f"{pre}.ffn.w2", ff.w2.weight, ("T",))])
@@ -296,7 +297,7 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
                                     (f"{pre}.ffn.w2", ff.w2.weight, ("T",)), (f"{pre}.ffn.b2", ff.w2.bias, ())])
                     for k, (_, mod) in enumerate(subs + [("ffn", layer.ffn)]):
                         norm_of(f"{pre}.norm{k + 1}", mod.norm)
-            if cfg.norm == "pre":
+            if block.placement.final_norm:
                 for stack, mod in (("encoder", self.enc_norm), ("decoder", self.dec_norm)):
                     norm_of(f"{stack}.norm", mod)
             return out

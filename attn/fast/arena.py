@@ -111,7 +111,7 @@ def _member(name: str, shape: tuple, cfg: TransformerConfig) -> tuple:
             return "decoder.cross_attn.w_kv", (D, 2 * KV * L), (slice(None), cols)
         return "decoder.cross_attn.b_kv", (2 * KV * L,), (cols,)
     m = re.fullmatch(r"((?:encoder|decoder)\.\d+\.ffn)\.(w1|w3)", name)
-    if m and cfg.ffn == "swiglu":
+    if m and parts(cfg).ffn.gated:                        # SwiGLU: W | V one block
         j = ("w1", "w3").index(m.group(2))
         return f"{m.group(1)}.w13", (D, 2 * F), (slice(None), slice(j * F, (j + 1) * F))
     m = re.fullmatch(r"(.*)\.(gamma|beta)", name)

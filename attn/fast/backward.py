@@ -13,6 +13,7 @@ from .arena import Arena
 from ..layers.attention import sum_kv_groups
 from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, ResCache, SelfAttnCache, SplitCache,
                      SwiGLUCache)
+from .forward import FUSED_NORMS
 from .threads import _THREADS
 
 
@@ -188,26 +189,22 @@ class FastBackward:
         there: post-norm's residual sum costs no launch of its own) or, with ``into`` None,
         returns it in an array of its own."""
         ops = self.ops
-        if self.config.norm == "pre":
+        if self.block.placement.pre:
             ds = dout if c.drop is None else ops.dropout_backward(dout, c.drop)
             dh = sub_bwd(ds, c.sub, G, None)
             dx = self._norm_bwd(c.norm, dh, c.xhat, c.rstd, G)
             dx += dout
             return dx
         gamma, dgb = self.params[c.norm + ".gamma"], G.block(c.norm + ".gamma_beta")
-        if self.config.norm_kind == "rms":
-            dy, ds = ops.rms_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)
-        else:
-            dy, ds = ops.layer_norm_backward_dropout_(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)  # y = x + drop(s)
+        fused = getattr(ops, FUSED_NORMS[self.block.norm.kind].backward_dropout)
+        dy, ds = fused(dout, c.xhat, c.rstd, gamma, c.drop, out=dgb)                    # y = x + drop(s)
         return sub_bwd(ds, c.sub, G, dy)                                      # dy + d(sub)/dx
 
     def _norm_bwd(self, norm, dout, xhat, rstd, G: _Grads):
         """Backward of :meth:`FastForward._norm_` in place on ``dout``; its parameters' gradients
         into their block of ``G``. Returns dx."""
         gamma, out = self.params[norm + ".gamma"], G.block(norm + ".gamma_beta")
-        if self.config.norm_kind == "rms":
-            return self.ops.rms_norm_backward_(dout, xhat, rstd, gamma, out=out)[0]
-        return self.ops.layer_norm_backward_(dout, xhat, rstd, gamma, out=out)[0]
+        return getattr(self.ops, FUSED_NORMS[self.block.norm.kind].backward)(dout, xhat, rstd, gamma, out=out)[0]
 
     def _final_norm_bwd(self, norm, dout, nc, G: _Grads):
         return self._norm_bwd(norm, dout, *nc, G)
@@ -257,7 +254,7 @@ class FastBackward:
         dqkv = xp.empty((Bsz * T, c.W.shape[1]), dtype=dout.dtype)          # (N, D + 2KV)
         dq, dk, dv = self._qkv_heads(dqkv, Bsz, T)
         self._attend_bwd(dctx, c.att, dq, dk, dv)
-        if self.config.positional == "rope":      # forward turned q and k: turn their gradients back
+        if self.block.positions.rotary:           # forward turned q and k: turn their gradients back
             self._rope_(dq, T, inverse=True)
             self._rope_(dk, T, inverse=True)
         # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
@@ -307,7 +304,7 @@ class FastBackward:
         embedding's gradient, scaled by sqrt(D) (in ``dx``'s buffer or a new one)."""
         ops, D = self.ops, self.config.d_model
         d = dx if ec.drop is None else ops.dropout_backward(dx, ec.drop)
-        if self.config.positional == "learned":
+        if self.block.positions.learned:
             g = G.views[f"{which}_pos.weight"]
             g[...] = 0
             g[:ec.T] = d.reshape(-1, ec.T, D).sum(axis=0)

@@ -37,6 +37,7 @@ import math
 
 from .. import backend as B
 from .dispatch import ops_for
+from .forward import FUSED_NORMS
 from .threads import _THREADS, _row_slices, single_threaded_blas
 
 #: Greedy decoding on a GPU generates this many positions between two looks at which sentences
@@ -236,15 +237,20 @@ def start(model, cross_kv, src_mask, positions=None) -> FastDecodeState:
 MIN_ROWS_PER_PART = 8
 
 
+def _check_length(model, t: int) -> None:
+    """Position t needs a row of a learned positional table: as forward() says it, not an IndexError."""
+    if model.block.positions.learned and t >= model.config.max_len:
+        raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
+                         f"table's {model.config.max_len} positions (raise max_len)")
+
+
 def decode_step(model, tokens, state: FastDecodeState, parts: int):
     """One position for every row (see :meth:`attn.model.Transformer.decode_step`):
     log-probabilities (n, V), the new state, the cross-attention weights per layer
     (n, H, 1, S). ``parts``: how many row parts run at the same time (1: this thread)."""
     cfg, xp = model.config, model.xp
     t = state.length
-    if cfg.positional == "learned" and t >= cfg.max_len:     # as forward() says it, not an IndexError
-        raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
-                         f"table's {cfg.max_len} positions (raise max_len)")
+    _check_length(model, t)
     _check_not_moved(state, "decode_step")
     kv = state.kv
     if kv.filled != t:                           # an older state stepped again: copy first
@@ -257,7 +263,7 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     g = state.group
     logp = xp.empty((n, V), dtype=model.dtype)
     cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
-    pe = None if cfg.positional == "rope" else model._pos_table("tgt", t + 1)[t]     # (D,)
+    pe = model._pos_table("tgt", t + 1)[t] if model.block.positions.added else None      # (D,)
     # Parts hold whole groups: one sentence with a wide beam (one group) runs on one thread.
     k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
     if k == 1:
@@ -291,104 +297,109 @@ def _softmax_last_(s, bias=None, row_scale=None):
 def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, cross_w):
     """The step for rows ``sl``: writes their keys/values at position t, their log-probabilities
     into ``logp[sl]`` and cross-attention weights into ``cross_w[i][sl]``."""
-    cfg, xp, p = model.config, model.xp, model.params
-    ops = ops_for(xp)
-    D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
-    Dh, G = D // H, H // KV                     # G query heads read each key/value head
-    post = cfg.norm == "post"
-    F = state.fused
-    ids = tokens[sl]
-    n = ids.shape[0]
-    x = xp.take(p[model._emb("tgt")], ids, axis=0)                           # (n, D)
-    x *= model.dtype.type(math.sqrt(D))
+    xp, ops, block = model.xp, ops_for(model.xp), model.block
+    x = xp.take(model.params[model._emb("tgt")], tokens[sl], axis=0)         # (n, D)
+    x *= model.dtype.type(math.sqrt(model.config.d_model))
     if pe is not None:
         x += pe
-    rope = model._rope_table(t + 1) if cfg.positional == "rope" else None
-    g = state.group
-    gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
-
-    def by_group(a):
-        """(n, A, 1, C) -> the (n / g, A, g, C) view whose row j holds group j's g rows."""
-        return a.reshape(n // g, g, a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)
-    bias_g = by_group(state.src_bias[sl])                                    # (m, 1, g, S)
-    rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])
-
-    def norm_(name, x):
-        if cfg.norm_kind == "rms":
-            return ops.rms_norm_(x, p[name + ".gamma"], cfg.ln_eps)[0]
-        return ops.layer_norm_(x, p[name + ".gamma"], p[name + ".beta"], cfg.ln_eps)[0]
-
-    def residual(norm, x, sub):
-        if post:                                                  # N(x + sub(x))
-            y = sub(x)
-            y += x
-            return norm_(norm, y)
-        h = norm_(norm, x.copy())                                 # x + sub(N(x))
-        y = sub(h)
-        y += x
-        return y
-
-    for i in range(cfg.n_decoder_layers):
-        pre = f"decoder.{i}"
-        W, b = F.dec_qkv[i]
-        Wq, bq = F.cross_q[i]
-        kb, vb = kv.keys[i][sl], kv.values[i][sl]                            # (n, KV, cap, Dh) views
-        kc, vc = state.cross[i]                                              # (n / g, KV, S, Dh)
-
-        def self_attn(h):
-            qkv = h @ W
-            qkv += b                                                          # (n, D + 2KV), q pre-scaled
-            q3 = qkv.reshape(n, H + 2 * KV, 1, Dh)                           # heads: H queries, KV keys, KV values
-            q, k = q3[:, :H], q3[:, H:H + KV]
-            if rope is not None:                                              # position t, the key turned once
-                for a in (q, k):
-                    ops.rope_(a, rope[0][t:t + 1], rope[1][t:t + 1])
-            kb[:, :, t] = k[:, :, 0]
-            vb[:, :, t] = q3[:, H + KV:, 0]
-            # a group's G query heads against their one key/value head: (n, KV, G, t+1)
-            s = q.reshape(n, KV, G, Dh) @ kb[:, :, :t + 1].swapaxes(-1, -2)
-            _softmax_last_(s)                                                 # no mask: every past position
-            ctx = s @ vb[:, :, :t + 1]                                        # (n, KV, G, Dh)
-            out = ctx.reshape(n, D) @ p[pre + ".self_attn.w_o"]
-            out += p[pre + ".self_attn.b_o"]
-            return out
-
-        def cross_attn(h):                  # the g rows of a group attend to their one copy together
-            q = h @ Wq
-            q += bq                                                           # (n, D), pre-scaled
-            s = by_group(cross_w[i][sl])                                      # (m, H, g, S) of (n, H, 1, S)
-            m = s.shape[0]
-            s5 = s.reshape(m, KV, G, g, s.shape[-1])                         # H split into (KV, G): a view
-            xp.matmul(by_group(q.reshape(n, H, 1, Dh)).reshape(m, KV, G, g, Dh),
-                      kc[gsl][:, :, None].swapaxes(-1, -2), out=s5)
-            _softmax_last_(s5, bias_g[:, :, None], None if rows_g is None else rows_g[:, :, None])
-            ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh)             # (m, H, g, Dh)
-            out = ctx.transpose(0, 2, 1, 3).reshape(n, D) @ p[pre + ".cross_attn.w_o"]
-            out += p[pre + ".cross_attn.b_o"]
-            return out
-
-        def ffn(h):
-            if cfg.ffn == "swiglu":
-                a = ops.swiglu_gate(h @ model.arena.block(model.arena.params, pre + ".ffn.w13"))
-                return a @ p[pre + ".ffn.w2"]                                 # (n, D): no bias
-            a = h @ p[pre + ".ffn.w1"]
-            a += p[pre + ".ffn.b1"]
-            ops.relu_(a)                                                      # (n, F)
-            out = a @ p[pre + ".ffn.w2"]
-            out += p[pre + ".ffn.b2"]
-            return out
-
-        x = residual(pre + ".norm1", x, self_attn)
-        x = residual(pre + ".norm2", x, cross_attn)
-        x = residual(pre + ".norm3", x, ffn)
-    if not post:
-        x = norm_("decoder.norm", x)
+    rope = model._rope_table(t + 1) if block.positions.rotary else None
+    for i in range(model.config.n_decoder_layers):
+        x = _layer(model, ops, state, kv, i, t, rope, sl, x, cross_w[i][sl])
+    if block.placement.final_norm:
+        x = _norm(model, ops, "decoder.norm", x)
     out = model.project(x)                     # (n, V); a subclass may change the projection
     # log_softmax: out - max - log(sum(exp(out - max))), with no (n, V) buffer beyond these two
     out -= out.max(axis=1, keepdims=True)
     logp[sl] = out
     xp.exp(out, out=out)
     logp[sl] -= xp.log(ops.rowsum(out))[:, None]
+
+
+def _norm(model, ops, name, x):
+    """The norm called ``name`` on x (n, D), which it overwrites. Returns out (n, D)."""
+    norm = model.block.norm
+    return getattr(ops, FUSED_NORMS[norm.kind].alone)(x, *model._norm_params(name), norm.eps)[0]
+
+
+def _residual(model, ops, norm, x, sub):
+    """post-norm ``N(x + sub(x))``, pre-norm ``x + sub(N(x))`` (no dropout: decoding)."""
+    if model.block.placement.pre:
+        y = sub(_norm(model, ops, norm, x.copy()))
+        y += x
+        return y
+    y = sub(x)
+    y += x
+    return _norm(model, ops, norm, y)
+
+
+def _ffn(model, ops, pre, h):
+    """The feed-forward network of layer ``pre`` on h (n, D), its output bias included."""
+    p = model.params
+    if model.block.ffn.gated:
+        a = ops.swiglu_gate(h @ model.arena.block(model.arena.params, pre + ".ffn.w13"))
+        return a @ p[pre + ".ffn.w2"]                                         # (n, D): no bias
+    a = h @ p[pre + ".ffn.w1"]
+    a += p[pre + ".ffn.b1"]
+    ops.relu_(a)                                                              # (n, F)
+    out = a @ p[pre + ".ffn.w2"]
+    out += p[pre + ".ffn.b2"]
+    return out
+
+
+def _layer(model, ops, state: FastDecodeState, kv: _KV, i: int, t: int, rope, sl, x, cross_w):
+    """Decoder layer i at position t for the rows ``sl`` of x (n, D): writes their key and value
+    at t and their cross-attention weights into ``cross_w`` (n, H, 1, S). Returns x (n, D)."""
+    cfg, xp, p, pre = model.config, model.xp, model.params, f"decoder.{i}"
+    D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
+    Dh, G, n, g = D // H, H // KV, x.shape[0], state.group    # G query heads read each key/value head
+    gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
+    kb, vb = kv.keys[i][sl], kv.values[i][sl]                                # (n, KV, cap, Dh) views
+    kc, vc = state.cross[i]                                                  # (n / g, KV, S, Dh)
+
+    def by_group(a):
+        """(n, A, 1, C) -> the (n / g, A, g, C) view whose row j holds group j's g rows."""
+        return a.reshape(n // g, g, a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)
+
+    def self_attn(h):
+        W, b = state.fused.dec_qkv[i]
+        qkv = h @ W
+        qkv += b                                                              # (n, D + 2KV), q pre-scaled
+        q3 = qkv.reshape(n, H + 2 * KV, 1, Dh)                               # heads: H queries, KV keys, KV values
+        q, k = q3[:, :H], q3[:, H:H + KV]
+        if rope is not None:                                                  # position t, the key turned once
+            for a in (q, k):
+                ops.rope_(a, rope[0][t:t + 1], rope[1][t:t + 1])
+        kb[:, :, t] = k[:, :, 0]
+        vb[:, :, t] = q3[:, H + KV:, 0]
+        # a group's G query heads against their one key/value head: (n, KV, G, t+1)
+        s = q.reshape(n, KV, G, Dh) @ kb[:, :, :t + 1].swapaxes(-1, -2)
+        _softmax_last_(s)                                                     # no mask: every past position
+        return _out(s @ vb[:, :, :t + 1], p, pre + ".self_attn", n, D)       # ctx (n, KV, G, Dh)
+
+    def cross_attn(h):                      # the g rows of a group attend to their one copy together
+        Wq, bq = state.fused.cross_q[i]
+        q = h @ Wq
+        q += bq                                                               # (n, D), pre-scaled
+        s = by_group(cross_w)                                                 # (m, H, g, S) of (n, H, 1, S)
+        m = s.shape[0]
+        s5 = s.reshape(m, KV, G, g, s.shape[-1])                             # H split into (KV, G): a view
+        xp.matmul(by_group(q.reshape(n, H, 1, Dh)).reshape(m, KV, G, g, Dh),
+                  kc[gsl][:, :, None].swapaxes(-1, -2), out=s5)
+        rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])[:, :, None]
+        _softmax_last_(s5, by_group(state.src_bias[sl])[:, :, None], rows_g)
+        ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh)                 # (m, H, g, Dh)
+        return _out(ctx.transpose(0, 2, 1, 3), p, pre + ".cross_attn", n, D)
+
+    x = _residual(model, ops, pre + ".norm1", x, self_attn)
+    x = _residual(model, ops, pre + ".norm2", x, cross_attn)
+    return _residual(model, ops, pre + ".norm3", x, lambda h: _ffn(model, ops, pre, h))
+
+
+def _out(ctx, p, name, n, D):
+    """The output projection of the attention ``name`` on its heads' ``ctx``, as (n, D)."""
+    out = ctx.reshape(n, D) @ p[name + ".w_o"]
+    out += p[name + ".b_o"]
+    return out
 
 
 def run_step(model, tokens, state, parts: int, one_thread: bool):
@@ -590,9 +601,7 @@ def device_step(model, tokens, state: DeviceDecodeState):
     ``decode_embed``, after them the projection and ``log_softmax_rows``."""
     cfg, xp, p = model.config, model.xp, model.params
     t = state.length
-    if cfg.positional == "learned" and t >= cfg.max_len:     # as forward() says it, not an IndexError
-        raise ValueError(f"decode_step: sequence length {t + 1} exceeds the learned positional "
-                         f"table's {cfg.max_len} positions (raise max_len)")
+    _check_length(model, t)
     state._check_latest("decode_step")
     n = state.n
     if tokens.shape != (n,):
@@ -604,7 +613,7 @@ def device_step(model, tokens, state: DeviceDecodeState):
     buf = state.buf
     buf.fit(n, t + 1, n, t)
     D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
-    eps, pre = cfg.ln_eps, cfg.norm == "pre"
+    eps, pre = cfg.ln_eps, model.block.placement.pre
     F = state.fused
     x, h, ctx, s, qc = (a[:n] for a in (buf.x, buf.h, buf.ctx, buf.s, buf.qc))
     qkv, a, logits, w_self = buf.qkv[:n], buf.a[:n], buf.logits[:n], buf.w_self[:n]

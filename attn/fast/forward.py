@@ -1,12 +1,15 @@
 """The fast model's forward pieces around the attention: :class:`FastForward`, a base class of
 :class:`attn.fast.FastTransformer` holding the embeddings and positions (sinusoids, learned,
 or the rotary tables), the norms (layer norm or RMSNorm) in their residual connections, and
-the feed-forward network (ReLU or SwiGLU). Each piece reads the model's ``config``,
-``params``, ``ops`` and ``xp``; its backward is in :mod:`attn.fast.backward`."""
+the feed-forward network (ReLU or SwiGLU). Each piece asks the model's ``block`` (the parts of
+:mod:`attn.block`) which it runs, and reads its ``config``, ``params``, ``ops`` and ``xp``; a
+part's kind names its fused ops in :data:`FUSED_NORMS` and :data:`FUSED_FFNS`. The backward is
+in :mod:`attn.fast.backward`."""
 from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple
 
 from .. import backend as B
 from ..layers._checks import check_ids
@@ -16,19 +19,40 @@ from .caches import EmbedCache, FFNCache, ResCache, SwiGLUCache
 from .stepmem import in_step, outside_step
 
 
+class FusedNorm(NamedTuple):
+    """A norm kind's fused ops (:class:`attn.fast.ops._Ops` methods, by name): alone, as post-norm's
+    epilogue after the residual sum, and their backwards; ``bias``: whether the epilogue needs a
+    bias (a sub-layer without one, SwiGLU, gives it zeros)."""
+    alone: str
+    residual: str
+    backward: str
+    backward_dropout: str
+    bias: bool
+
+
+#: Each norm's fused ops, by :attr:`attn.block.Norm.kind`.
+FUSED_NORMS = {"layer": FusedNorm("layer_norm_", "residual_layer_norm_", "layer_norm_backward_",
+                                  "layer_norm_backward_dropout_", True),
+               "rms": FusedNorm("rms_norm_", "residual_rms_norm_", "rms_norm_backward_", "rms_norm_backward_dropout_",
+                                False)}
+#: Each feed-forward's forward (a :class:`FastForward` method), by :attr:`attn.block.FeedForward.kind`.
+FUSED_FFNS = {"relu": "_relu_ffn", "swiglu": "_swiglu"}
+
+
 class FastForward:
     """The forward of the embeddings, the norms and the feed-forward network (see the module
     docstring)."""
 
     _pe = None                      # the sinusoids, kept between steps
     _rope = None                    # the rotary positions' (cos, sin), kept between steps
+    block = None                    # the block's parts (attn.block.parts of the config)
 
     # ------------------------------------------------------------------ positions
 
     def _pos_table(self, which: str, T: int):
         """The positional table, as the reference's, made (on first use, or longer) outside a
         step's memory: it is kept between steps (:mod:`attn.fast.stepmem`)."""
-        if self.config.positional == "learned":
+        if self.block.positions.learned:
             return self.params[f"{which}_pos.weight"]
         with outside_step() if in_step() else contextlib.nullcontext():
             self._pe = sinusoids(self.config, T, self.dtype, self.xp, self._pe)
@@ -48,7 +72,7 @@ class FastForward:
 
     def _shared_tables(self, S: int, T: int) -> None:
         """Make the tables the parts of a split batch share, before the threads start."""
-        if self.config.positional == "rope":
+        if self.block.positions.rotary:
             self._rope_table(max(S, T))
         else:
             self._pos_table("src", S)
@@ -69,7 +93,7 @@ class FastForward:
         Bsz, T = ids.shape
         x = xp.take(E, ids.reshape(-1), axis=0)                               # (N, D)
         x *= self.dtype.type(math.sqrt(D))
-        if self.config.positional != "rope":
+        if self.block.positions.added:
             x3 = x.reshape(Bsz, T, D)
             x3 += self._pos_table(which, T)[:T]
         m = self._drop(x, rng)
@@ -77,21 +101,23 @@ class FastForward:
 
     # ------------------------------------------------------------------ norms, residuals
 
+    def _norm_params(self, norm) -> list:
+        """The parameters of the norm called ``norm`` (gamma, and beta for layer norm)."""
+        return [self.params[f"{norm}.{n}"] for n in self.block.norm.names]
+
     def _norm_(self, norm, x):
         """The norm called ``norm`` on x (N, D), which becomes xhat: layer norm or RMSNorm.
         Returns out (N, D) new, rstd (N,)."""
-        p, cfg = self.params, self.config
-        if cfg.norm_kind == "rms":
-            return self.ops.rms_norm_(x, p[norm + ".gamma"], cfg.ln_eps)
-        return self.ops.layer_norm_(x, p[norm + ".gamma"], p[norm + ".beta"], cfg.ln_eps)
+        fused = getattr(self.ops, FUSED_NORMS[self.block.norm.kind].alone)
+        return fused(x, *self._norm_params(norm), self.block.norm.eps)
 
     def _residual(self, norm, x, sublayer, bias, rng):
         """post: ``N(x + drop(sub(x) + bias))``; pre: ``x + drop(sub(N(x)) + bias)``, with
         ``bias`` the sub-layer's output bias (the sub-layers leave it out, so that post-norm's
         epilogue is one fused operation; None for SwiGLU, which has none) and N the norm.
         x is not modified."""
-        ops, p, cfg = self.ops, self.params, self.config
-        if cfg.norm == "pre":
+        ops, cfg = self.ops, self.config
+        if self.block.placement.pre:
             xhat = x.copy()
             h, rstd = self._norm_(norm, xhat)
             s, cs = sublayer(h)
@@ -104,12 +130,11 @@ class FastForward:
         m = None
         if rng is not None and cfg.dropout > 0:
             m = ops.dropout_mask(rng, s.shape, cfg.dropout)
-        if cfg.norm_kind == "rms":
-            out, rstd = ops.residual_rms_norm_(s, bias, m, x, p[norm + ".gamma"], cfg.ln_eps)
-        else:
-            bias = ops.zeros(s.shape[1], s.dtype) if bias is None else bias
-            out, rstd = ops.residual_layer_norm_(s, bias, m, x, p[norm + ".gamma"], p[norm + ".beta"],
-                                                 cfg.ln_eps)    # s becomes xhat
+        fused = FUSED_NORMS[self.block.norm.kind]
+        if bias is None and fused.bias:
+            bias = ops.zeros(s.shape[1], s.dtype)
+        out, rstd = getattr(ops, fused.residual)(s, bias, m, x, *self._norm_params(norm),
+                                                 self.block.norm.eps)     # s becomes xhat
         return out, ResCache(s, rstd, m, cs, norm)
 
     def _final_norm(self, norm, x):
@@ -129,8 +154,10 @@ class FastForward:
 
     def _ffn(self, pre, x, rng):
         """The feed-forward network without its output bias (added by :meth:`_residual`)."""
-        if self.config.ffn == "swiglu":
-            return self._swiglu(pre, x, rng)
+        return getattr(self, FUSED_FFNS[self.block.ffn.kind])(pre, x, rng)
+
+    def _relu_ffn(self, pre, x, rng):
+        """``drop(relu(x w1 + b1)) w2`` (equation 2; + b2 in :meth:`_residual`)."""
         p, ops = self.params, self.ops
         a = ops.mm(x, p[pre + ".w1"])                                         # (N, F)
         m = scale = None
@@ -154,4 +181,4 @@ class FastForward:
 
     def _ffn_bias(self, pre):
         """The feed-forward's output bias (None for SwiGLU)."""
-        return None if self.config.ffn == "swiglu" else self.params[pre + ".ffn.b2"]
+        return self.params[pre + ".ffn.b2"] if self.block.ffn.out_bias else None

@@ -71,7 +71,7 @@ def held_parameters(model):
     for every cross-attention, and for the self-attentions unless rotary positions turn each key's
     bias by its position (then the bias is a real parameter, and held)."""
     views = model.arena.views(model.arena.params)
-    rope = model.config.positional == "rope"
+    rope = model.block.positions.rotary
     return B.host.concatenate([B.to_host(v).ravel() for name, v in views.items()
                                if not (name.endswith(".b_k") and (not rope or ".cross_attn." in name))])
 

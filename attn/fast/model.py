@@ -13,6 +13,7 @@ from .. import backend as B
 from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
 from ..layers.attention import repeat_kv, split_heads
+from ..block import parts
 from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
 from . import decoding, flash
@@ -66,6 +67,7 @@ class FastTransformer(FastForward, FastBackward):
         #: The readable model over the same parameters (the same dict).
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype
+        self.block = parts(config)              # what the engine asks, instead of the config's strings
         self._pe = None
         self.arena = Arena.adopt(self.params, config, self.dtype)
         self.precision = self._usable(Precision.of(precision))
@@ -283,7 +285,7 @@ class FastTransformer(FastForward, FastBackward):
         qkv = self.ops.mm(x, W)
         qkv += b                                                              # (N, 3D)
         q, k, v = self._qkv_heads(qkv, Bsz, T)
-        if self.config.positional == "rope":
+        if self.block.positions.rotary:
             self._rope_(q, T)
             self._rope_(k, T)
         ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
@@ -475,7 +477,7 @@ class FastTransformer(FastForward, FastBackward):
                 enc.append((c1, c2))
             del c1, c2
         enc_norm = None
-        if cfg.norm == "pre":
+        if self.block.placement.final_norm:
             x, enc_norm = self._final_norm("encoder.norm", x)
         return x, src_emb, enc, enc_norm
 
@@ -536,7 +538,7 @@ class FastTransformer(FastForward, FastBackward):
                 dec.append((c1, c2, c3))
             del c1, c2, c3, kv_i
         dec_norm = None
-        if cfg.norm == "pre":
+        if self.block.placement.final_norm:
             y, dec_norm = self._final_norm("decoder.norm", y)
         return y, tgt_emb, dec, dec_norm, cross
 

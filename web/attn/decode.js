@@ -8,14 +8,14 @@
 // generated. Every step keeps its logits and the attention weights of every layer and head.
 
 import { BOS, EOS, PAD, sourceIds } from "./data.js";
-import { logSoftmax } from "./model.js";
+import { logSoftmax, parts } from "./model.js";
 import { detokenize } from "./text.js";
 
 export const EXTRA_LENGTH = 50;
 
 function lengthLimit(model, srcIds, maxLen) {
   let limit = maxLen ?? srcIds.length + EXTRA_LENGTH;
-  if (model.config.positional === "learned") limit = Math.min(limit, model.config.max_len);
+  if (parts(model.config).positions.learned) limit = Math.min(limit, model.config.max_len);
   return Math.max(limit, 1);
 }
 
@@ -159,7 +159,7 @@ export function source(model, vocab, text, limit = MAX_SOURCE_TOKENS) {
   const tokens = vocab.tokenize(text);
   if (tokens.length + 1 > limit) return { srcTokens: [], srcIds: [EOS], tooLong: { tokens: tokens.length + 1, limit } };
   let srcIds = sourceIds(vocab, tokens);
-  if (model.config.positional === "learned") srcIds = srcIds.slice(0, model.config.max_len);
+  if (parts(model.config).positions.learned) srcIds = srcIds.slice(0, model.config.max_len);
   return { srcTokens: [...tokens, vocab.itos[EOS]].slice(0, srcIds.length), srcIds };
 }
 

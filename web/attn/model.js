@@ -65,7 +65,7 @@ export function checkConfig(obj) {
   if (c.kv_heads !== null && !(positive(c.kv_heads) && c.n_heads % c.kv_heads === 0)) {
     bad(`kv_heads must be null or a positive integer that divides n_heads (${c.n_heads}), got ${show(c.kv_heads)}`);
   }
-  if (c.positional === "rope" && (c.d_model / c.n_heads) % 2) {
+  if (parts(c).positions.rotary && (c.d_model / c.n_heads) % 2) {
     bad(`rotary positions turn pairs of features: the head size d_model / n_heads (${c.d_model / c.n_heads}) must be even`);
   }
   if (!(typeof c.rope_base === "number" && c.rope_base > 1)) bad(`rope_base must be a number greater than 1, got ${show(c.rope_base)}`);
@@ -84,15 +84,43 @@ export function checkConfig(obj) {
   return c;
 }
 
+// The block's parts as attn/block.py declares them, each kind's by the config field that names it:
+// the model asks the part (its parameters, its forward, a flag) and never compares the kind's name.
+// Each norm's parameters, in the order its forward takes them: RMSNorm has no shift.
+const NORMS = {
+  layer: { names: ["gamma", "beta"], forward: (x, [gamma, beta], eps) => layerNormForward(x, gamma, beta, eps) },
+  rms: { names: ["gamma"], forward: (x, [gamma], eps) => rmsNormForward(x, gamma, eps) },
+};
+// post: LN(x + sublayer(x)); pre: x + sublayer(LN(x)), and a final norm on each stack.
+const PLACEMENTS = { post: { pre: false }, pre: { pre: true } };
+// Added to the scaled embeddings (a table: learned, else the sinusoids), or rotary, in the self-attention.
+const POSITIONS = { sinusoidal: { added: true, learned: false, rotary: false },
+                    learned: { added: true, learned: true, rotary: false },
+                    rope: { added: false, learned: false, rotary: true } };
+// SwiGLU (Llama's names, w1 the gate, w3 the value path, w2 out, no biases; attn.layers.swiglu.swiglu_width:
+// 2/3 of d_ff, the paper's parameters in three matrices) or the paper's ReLU network.
+const FFNS = {
+  relu: { names: ["w1", "b1", "w2", "b2"], width: (d_ff) => d_ff, forward: feedForwardForward },
+  swiglu: { names: ["w1", "w3", "w2"], width: (d_ff) => Math.max(1, Math.round((2 * d_ff) / 3)), forward: swigluForward },
+};
 // The kinds of block the page computes, those of attn.model.TransformerConfig.
-const KINDS = { positional: ["sinusoidal", "learned", "rope"], norm: ["post", "pre"], norm_kind: ["layer", "rms"],
-                ffn: ["relu", "swiglu"] };
-// Each norm's parameters (attn.model.NORM): RMSNorm has no shift.
-const NORM = { layer: ["gamma", "beta"], rms: ["gamma"] };
+const KINDS = Object.fromEntries(Object.entries({ positional: POSITIONS, norm: PLACEMENTS, norm_kind: NORMS, ffn: FFNS })
+  .map(([field, table]) => [field, Object.keys(table)]));
 
-// SwiGLU's hidden width, attn.layers.swiglu.swiglu_width: 2/3 of d_ff, the paper's parameters in three matrices.
+// The parts of a (checked) config's block: {norm, placement, positions, ffn}.
+export function parts(c) {
+  return { norm: NORMS[c.norm_kind], placement: PLACEMENTS[c.norm], positions: POSITIONS[c.positional], ffn: FFNS[c.ffn] };
+}
+
+// The feed-forward's hidden width.
 export function ffnWidth(c) {
-  return c.ffn === "swiglu" ? Math.max(1, Math.round((2 * c.d_ff) / 3)) : c.d_ff;
+  return FFNS[c.ffn].width(c.d_ff);
+}
+
+// The feed-forward's parameters' shapes, in its forward's order.
+function ffnShapes(c) {
+  const D = c.d_model, F = ffnWidth(c), every = { w1: [D, F], b1: [F], w3: [D, F], w2: [F, D], b2: [D] };
+  return Object.fromEntries(FFNS[c.ffn].names.map((n) => [n, every[n]]));
 }
 
 // The width of the keys' and values' projections: kv_heads heads of d_model / n_heads.
@@ -107,20 +135,21 @@ const SIZE_FIELDS = ["vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encod
 
 // How many numbers parameterShapes(c) holds, counted without listing them (attn.model.parameter_count).
 export function parameterCount(c) {
-  const D = c.d_model, F = ffnWidth(c), V = c.vocab_size, T = c.tgt_vocab_size ?? V, KV = kvWidth(c);
+  const D = c.d_model, V = c.vocab_size, T = c.tgt_vocab_size ?? V, KV = kvWidth(c);
   const embeddings = c.share_embeddings ? V * D : V * D + 2 * T * D;
-  const positions = c.positional === "learned" ? 2 * c.max_len * D : 0;
+  const block = parts(c), positions = block.positions.learned ? 2 * c.max_len * D : 0;
   const attention = 2 * D * D + 2 * D * KV + 2 * D + 2 * KV;
-  const ffn = c.ffn === "swiglu" ? 3 * D * F : 2 * D * F + F + D, norm = NORM[c.norm_kind].length * D;
+  const ffn = Object.values(ffnShapes(c)).reduce((n, shape) => n + shape.reduce((a, b) => a * b), 0);
+  const norm = block.norm.names.length * D;
   return embeddings + positions + c.n_encoder_layers * (attention + ffn + 2 * norm) +
-    c.n_decoder_layers * (2 * attention + ffn + 3 * norm) + (c.norm === "pre" ? 2 * norm : 0);
+    c.n_decoder_layers * (2 * attention + ffn + 3 * norm) + (block.placement.pre ? 2 * norm : 0);
 }
 
 export const targetVocabSize = (c) => c.tgt_vocab_size ?? c.vocab_size;
 
 // Every parameter's dotted name and shape, in the order of attn.model.parameter_shapes.
 export function parameterShapes(c) {
-  const D = c.d_model, F = ffnWidth(c), KV = kvWidth(c), shapes = new Map();
+  const D = c.d_model, KV = kvWidth(c), block = parts(c), shapes = new Map();
   if (c.share_embeddings) {
     shapes.set("embedding.weight", [c.vocab_size, D]);
   } else {
@@ -128,15 +157,13 @@ export function parameterShapes(c) {
     shapes.set("tgt_embedding.weight", [targetVocabSize(c), D]);
     shapes.set("generator.weight", [targetVocabSize(c), D]);
   }
-  if (c.positional === "learned") {
+  if (block.positions.learned) {
     shapes.set("src_pos.weight", [c.max_len, D]);
     shapes.set("tgt_pos.weight", [c.max_len, D]);
   }
   const attention = {}, width = { q: D, k: KV, v: KV, o: D };
   for (const n of "qkvo") { attention[`w_${n}`] = [D, width[n]]; attention[`b_${n}`] = [width[n]]; }
-  // SwiGLU's, attn.model.FFN: Llama's names, w1 the gate, w3 the value path, w2 out, and no biases
-  const ffn = c.ffn === "swiglu" ? { w1: [D, F], w3: [D, F], w2: [F, D] } : { w1: [D, F], b1: [F], w2: [F, D], b2: [D] };
-  const norm = Object.fromEntries(NORM[c.norm_kind].map((n) => [n, [D]]));
+  const ffn = ffnShapes(c), norm = Object.fromEntries(block.norm.names.map((n) => [n, [D]]));
   const blocks = {
     encoder: [["self_attn", attention], ["norm1", norm], ["ffn", ffn], ["norm2", norm]],
     decoder: [["self_attn", attention], ["norm1", norm], ["cross_attn", attention], ["norm2", norm],
@@ -148,7 +175,7 @@ export function parameterShapes(c) {
         for (const [f, shape] of Object.entries(fields)) shapes.set(`${stack}.${i}.${sub}.${f}`, shape);
       }
     }
-    if (c.norm === "pre") for (const n of NORM[c.norm_kind]) shapes.set(`${stack}.norm.${n}`, [D]);
+    if (block.placement.pre) for (const n of block.norm.names) shapes.set(`${stack}.norm.${n}`, [D]);
   }
   return shapes;
 }
@@ -268,6 +295,7 @@ export class Transformer {
   // params: {dotted name: tensor}, the names of attn.model.parameter_shapes.
   constructor(config, params) {
     this.config = config;
+    this.parts = parts(config);
     this.params = params;
     this.pe = null;
   }
@@ -279,7 +307,7 @@ export class Transformer {
 
   // The positional table (L, D) with L >= T: a parameter, or the sinusoids, grown on demand.
   posTable(which, T) {
-    if (this.config.positional === "learned") return this.params[`${which}_pos.weight`];
+    if (this.parts.positions.learned) return this.params[`${which}_pos.weight`];
     if (this.pe === null || this.pe.shape[0] < T) {
       this.pe = sinusoidalTable(Math.max(2 * T, this.config.max_len), this.config.d_model);
     }
@@ -289,14 +317,14 @@ export class Transformer {
   // Token embeddings × √D plus positions offset.. (rotary positions: none added here): ids (T) -> (T, D)
   embed(which, ids, offset = 0) {
     const x = embeddingForward(ids, this.params[this.emb(which)], Math.sqrt(this.config.d_model));
-    if (this.config.positional === "rope") return x;
+    if (!this.parts.positions.added) return x;
     return positionalForward(x, this.posTable(which, offset + ids.length), offset);
   }
 
-  // Layer norm, or RMSNorm (norm_kind "rms": its gain only)
+  // Layer norm, or RMSNorm (its gain only)
   norm(name, x) {
-    if (this.config.norm_kind === "rms") return rmsNormForward(x, this.params[name + ".gamma"], this.config.ln_eps);
-    return layerNormForward(x, this.params[name + ".gamma"], this.params[name + ".beta"], this.config.ln_eps);
+    const norm = this.parts.norm;
+    return norm.forward(x, norm.names.map((n) => this.params[`${name}.${n}`]), this.config.ln_eps);
   }
 
   // The key/value heads, and how many query heads read each
@@ -310,12 +338,12 @@ export class Transformer {
 
   // q (H, T, Dh) or k (KV, T, Dh) turned to positions offset.. when the model has rotary positions
   rope(x, offset) {
-    return this.config.positional === "rope" ? ropeForward(x, offset, this.config.rope_base) : x;
+    return this.parts.positions.rotary ? ropeForward(x, offset, this.config.rope_base) : x;
   }
 
   // post: LN(x + sublayer(x)); pre: x + sublayer(LN(x))
   residual(norm, x, sublayer) {
-    if (this.config.norm === "pre") return add(x, sublayer(this.norm(norm, x)));
+    if (this.parts.placement.pre) return add(x, sublayer(this.norm(norm, x)));
     return this.norm(norm, add(x, sublayer(x)));
   }
 
@@ -323,15 +351,14 @@ export class Transformer {
   // rotary positions turning its queries and keys when the model has them.
   attention(name, xQ, xKv, mask) {
     const p = (leaf) => this.params[`${name}.${leaf}`], cfg = this.config;
-    const rope = cfg.positional === "rope" ? cfg.rope_base : null;
+    const rope = this.parts.positions.rotary ? cfg.rope_base : null;
     return multiHeadAttentionForward(xQ, xKv, p("w_q"), p("b_q"), p("w_k"), p("b_k"), p("w_v"), p("b_v"),
       p("w_o"), p("b_o"), cfg.n_heads, mask, { kvHeads: this.kvHeads, rope });
   }
 
   ffn(name, x) {
-    const p = (leaf) => this.params[`${name}.${leaf}`];
-    if (this.config.ffn === "swiglu") return swigluForward(x, p("w1"), p("w3"), p("w2"));
-    return feedForwardForward(x, p("w1"), p("b1"), p("w2"), p("b2"));
+    const ffn = this.parts.ffn;
+    return ffn.forward(x, ...ffn.names.map((n) => this.params[`${name}.${n}`]));
   }
 
   // The encoder stack. srcIds (S) -> {memory (S, D), weights: per layer (H, S, S)}
@@ -358,7 +385,7 @@ export class Transformer {
       x = this.residual(`${pre}.norm2`, x, (h) => this.ffn(`${pre}.ffn`, h));
       yield;
     }
-    if (this.config.norm === "pre") x = this.norm("encoder.norm", x);
+    if (this.parts.placement.pre) x = this.norm("encoder.norm", x);
     return { memory: x, weights };
   }
 
@@ -386,7 +413,7 @@ export class Transformer {
   // positions a key is turned once, at its position, when it is computed.
   decodeStep(token, state) {
     const cfg = this.config, H = cfg.n_heads, KV = this.kvHeads, group = this.group, t = state.length;
-    if (cfg.positional === "learned" && t >= cfg.max_len) {
+    if (this.parts.positions.learned && t >= cfg.max_len) {
       throw new RangeError(`decodeStep: sequence length ${t + 1} exceeds the learned positional table's ${cfg.max_len} positions`);
     }
     let x = this.embed("tgt", [token], t);                                        // (1, D)
@@ -413,7 +440,7 @@ export class Transformer {
       });
       x = this.residual(`${pre}.norm3`, x, (h) => this.ffn(`${pre}.ffn`, h));
     }
-    if (cfg.norm === "pre") x = this.norm("decoder.norm", x);
+    if (this.parts.placement.pre) x = this.norm("decoder.norm", x);
     const logits = this.project(x).data;                                          // (V)
     return { logits, state: { crossKv: state.crossKv, selfKv, length: t + 1 }, selfWeights, crossWeights };
   }
