@@ -200,17 +200,21 @@ class Vocab:
 MAX_GUNZIP_BYTES = 2 * 2**30
 
 
-def _gunzip(path: Path) -> bytes:
-    """The decompressed bytes of ``path``, at most :data:`MAX_GUNZIP_BYTES` of them, or a DataError."""
+def _gunzip(path: Path, chunk: int = 2**20) -> bytes:
+    """The decompressed bytes of ``path``, at most :data:`MAX_GUNZIP_BYTES` of them, or a DataError.
+    Read a MiB at a time: ``read(n)`` sets aside ``n`` bytes before it knows how many there are."""
+    parts, total = [], 0
     try:
         with gzip.open(path, "rb") as f:
-            raw = f.read(MAX_GUNZIP_BYTES + 1)
+            while total <= MAX_GUNZIP_BYTES and (part := f.read(chunk)):
+                parts.append(part)
+                total += len(part)
     except (OSError, EOFError) as e:
         raise DataError(f"{path}: not a readable gzip file ({e})") from None
-    if len(raw) > MAX_GUNZIP_BYTES:
+    if total > MAX_GUNZIP_BYTES:
         raise DataError(f"{path}: decompresses to more than {MAX_GUNZIP_BYTES:,} bytes, the most a corpus file "
                         "may hold: split the corpus into smaller files (or is it not a corpus?)")
-    return raw
+    return b"".join(parts)
 
 
 def _read_lines(path) -> list[str]:
