@@ -415,10 +415,15 @@ class Transformer:
 
     # ------------------------------------------------------------------ stacks
 
-    def _embed_fwd(self, which, ids, rng, start=0):
-        """ids (B, T) at positions start.. -> (B, T, D), the caches."""
-        D = self.config.d_model
-        x, ce = embedding_forward(ids, self.params[self._emb(which)], math.sqrt(D))    # (B, T, D)
+    def _embed_fwd(self, which, ids, rng, start=0, own_tokens=False):
+        """ids (B, T) at positions start.. -> (B, T, D), the caches. ``own_tokens``: ids the model
+        chose itself while decoding, in range by construction, so not checked (the check reads
+        them back to the host: a transfer per position)."""
+        D, W = self.config.d_model, self.params[self._emb(which)]
+        if own_tokens:
+            x, ce = W[ids] * W.dtype.type(math.sqrt(D)), None                          # (B, T, D)
+        else:
+            x, ce = embedding_forward(ids, W, math.sqrt(D))                              # (B, T, D)
         cp = None                                          # rotary positions act inside the attention
         if self.block.positions.added:
             x, cp = positional_forward(x, self._pos_table(which, start + ids.shape[1])[start:])
@@ -564,7 +569,7 @@ class Transformer:
         if self.block.positions.learned and pos >= cfg.max_len:     # as forward() says it, not an IndexError
             raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "
                              f"table's {cfg.max_len} positions (raise max_len)")
-        x = self._embed_fwd("tgt", tokens[:, None], None, start=pos)[0]                  # (B, 1, D)
+        x = self._embed_fwd("tgt", tokens[:, None], None, start=pos, own_tokens=True)[0]  # (B, 1, D)
         new_self, cross_w = [], []
         for i in range(cfg.n_decoder_layers):
             kv = (state.self_kv[i], state.cross_kv[i])
