@@ -100,8 +100,8 @@ def test_a_run_stopped_during_its_test_takes_the_test_on_resume(tmp_path, monkey
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(evaluation, "evaluate_translations", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_train(tmp_path, "--steps", "4", "--eval-every", "4", "--out", str(out))
+    stopped = run_train(tmp_path, "--steps", "4", "--eval-every", "4", "--out", str(out))
+    assert stopped["interrupted"] and stopped["exit_status"] == 130 and stopped["steps"] == 4
     assert not (out / "metrics.json").exists()
     monkeypatch.setattr(evaluation, "evaluate_translations", scored)
     metrics = run_train(tmp_path, "--steps", "4", "--resume", "--out", str(out))
