@@ -262,13 +262,16 @@ for (name, rs), color in zip(runs.items(), ("tab:red", "tab:blue", "tab:green", 
         st, tr, va = zip(*r["curve"])
         ax[0].plot(st, tr, "--", color=color, alpha=0.7, label=f"{name}: train" if k == 0 else None)
         ax[0].plot(st, va, "-", color=color, label=f"{name}: validation" if k == 0 else None)
-ax[0].set_xlabel("step"); ax[0].set_ylabel("cross-entropy (no smoothing, no dropout)"); ax[0].set_yscale("log")
+ax[0].set_xlabel("step"); ax[0].set_ylabel("cross-entropy (no smoothing, no dropout)")
+lo, hi = ax[0].get_ylim()
+if hi > 3 * max(lo, 1e-9):                   # a log axis where the losses span a factor of 3 or more
+    ax[0].set_yscale("log")
 ax[0].set_title(f"{len(pairs)} training pairs: train (dashed) and validation (solid)"); ax[0].legend(fontsize=7)
 ax[1].plot(depths, surv["paper"], "o-", label="dropout on the sub-layer output (paper)")
 ax[1].plot(depths, surv["misread"], "s-", label="dropout on the sub-layer input (a common misreading)")
 ax[1].set_xlabel("layers"); ax[1].set_ylabel("corr(stack input, stack output)"); ax[1].set_ylim(0, 1.05)
 ax[1].set_title("what survives a stack of residual blocks"); ax[1].legend()
-fig.tight_layout()
+fig.tight_layout(w_pad=4)                     # room between a wide legend and the next panel's label
 show_figure(fig, "12_dropout.png")
 
 # %% [markdown]
