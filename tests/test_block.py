@@ -61,11 +61,15 @@ def _result(res) -> dict:
             "n_best": None if res.n_best is None else [[[t, float(s).hex()] for t, s in nb] for nb in res.n_best]}
 
 
-def decodings(name, dtype) -> dict:
-    m, src = block_model(name, dtype), block_sources()
-    src = m.xp.asarray(src)
+def searches(m, src) -> dict:
+    """Greedy and beam search of model ``m`` on ``src``, as the fixtures record them."""
     return {"greedy": _result(greedy_decode(m, src, max_len=9, with_attention=True)),
             "beam": _result(beam_search(m, src, beam_size=3, max_len=9, with_attention=True))}
+
+
+def decodings(name, dtype) -> dict:
+    m = block_model(name, dtype)
+    return searches(m, m.xp.asarray(block_sources()))
 
 
 def record() -> dict:

@@ -5,51 +5,31 @@ on hypothesis's search, which changes from one version of hypothesis to the next
 from __future__ import annotations
 
 import contextlib
-import inspect
-import textwrap
-import warnings
 
-import numpy as np
 import pytest
 from hypothesis import Phase
 
 from attn.grader import grading
-from attn.testing import DROPOUT_PROBES, LAYERS, Example
+from attn.testing import LAYERS, Example
+from test_hints import grade_in_process
 from typical_mistakes import MISTAKES
 
 CASES = [(layer, *m) for layer, ms in MISTAKES.items() for m in ms]
 
 
-class _InProcess:
-    def begin_layer(self):
-        pass
-
-    def reset(self):
-        pass
-
-
 @contextlib.contextmanager
-def explicit_only():
-    """Grading with the explicit examples alone: no draw, no shrinking, nothing drawn before."""
-    saved = grading.PHASES, grading.DRAWN
-    grading.PHASES, grading.DRAWN = (Phase.explicit,), {}
+def nothing_drawn_before():
+    saved, grading.DRAWN = grading.DRAWN, {}
     try:
         yield
     finally:
-        grading.PHASES, grading.DRAWN = saved
+        grading.DRAWN = saved
 
 
 def grade_explicit(layer: str, source: str):
-    names: dict = {}
-    exec(compile(textwrap.dedent(source), "mine.py", "exec"), names)
-    impl = {n: names[n] for n in LAYERS[layer].functions if n in names}
-    forward = impl.get(LAYERS[layer].functions[0])
-    drop = ()
-    if layer in DROPOUT_PROBES and layer != "dropout" and "dropout" not in inspect.signature(forward).parameters:
-        drop = ("dropout", "rng")
-    with warnings.catch_warnings(), np.errstate(all="ignore"), explicit_only():
-        warnings.simplefilter("ignore")
-        return grading.grade(LAYERS[layer], impl, _InProcess(), drop=drop)
+    """Grading with the explicit examples alone: no draw, no shrinking, nothing drawn before."""
+    with nothing_drawn_before():
+        return grade_in_process(layer, source, (Phase.explicit,))
 
 
 def test_every_layer_has_explicit_examples():

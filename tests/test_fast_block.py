@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from attn.data import BOS
-from attn.decode import beam_search, greedy_decode
 from attn.fast import FastTransformer
-from test_block import BLOCKS, DTYPES, _digest, _result, block_model, block_sources
+from test_block import BLOCKS, DTYPES, _digest, block_model, block_sources, searches
 
 FIXTURE = Path(__file__).parent / "fixtures" / "fast_decoding.json"
 
@@ -35,9 +34,7 @@ def fast_numbers(name, dtype) -> dict:
     logits, cache = m.forward(src, tgt)
     dlogits = np.random.default_rng(1).standard_normal(logits.shape).astype(logits.dtype)
     grads = m.backward(dlogits, cache)
-    return {"greedy": _result(greedy_decode(m, src, max_len=9, with_attention=True)),
-            "beam": _result(beam_search(m, src, beam_size=3, max_len=9, with_attention=True)),
-            "logits": _digest(logits), "grads": {k: _digest(g) for k, g in sorted(grads.items())}}
+    return {**searches(m, src), "logits": _digest(logits), "grads": {k: _digest(g) for k, g in sorted(grads.items())}}
 
 
 def record() -> dict:

@@ -49,8 +49,8 @@ def _phases(phases):
         grading.PHASES = saved
 
 
-def _grade_here(layer: str, source: str) -> tuple[str, str]:
-    """Grade ``source``'s functions of ``layer`` in this process: (the status, the report at hint 2)."""
+def grade_in_process(layer: str, source: str, phases):
+    """Grade ``source``'s functions of ``layer`` in this process, hypothesis in ``phases``: the Result."""
     names: dict = {}
     exec(compile(textwrap.dedent(source), "mine.py", "exec"), names)
     impl = {n: names[n] for n in LAYERS[layer].functions if n in names}
@@ -58,10 +58,14 @@ def _grade_here(layer: str, source: str) -> tuple[str, str]:
     drop = ()                           # a forward without dropout (the starters before lesson 12'), as the grader
     if layer in DROPOUT_PROBES and layer != "dropout" and "dropout" not in inspect.signature(forward).parameters:
         drop = ("dropout", "rng")
-    phases = grading.PHASES if layer in SHRUNK else grading.PHASES[:-1]
     with warnings.catch_warnings(), np.errstate(all="ignore"), _phases(phases):
         warnings.simplefilter("ignore")                             # a wrong layer's overflow is no news
-        r = grading.grade(LAYERS[layer], impl, _InProcess(), drop=drop)
+        return grading.grade(LAYERS[layer], impl, _InProcess(), drop=drop)
+
+
+def _grade_here(layer: str, source: str) -> tuple[str, str]:
+    """Grade ``source``'s functions of ``layer`` in this process: (the status, the report at hint 2)."""
+    r = grade_in_process(layer, source, grading.PHASES if layer in SHRUNK else grading.PHASES[:-1])
     out = io.StringIO()
     report(r, out, 2)
     return r.status, out.getvalue()
