@@ -180,7 +180,10 @@ def to_host(a):
 
 
 def to_device(a, dtype=None):
-    """``a`` as an array of the selected backend (optionally cast to ``dtype``)."""
+    """``a`` as an array of the selected backend (optionally cast to ``dtype``); None stays None
+    (a decoder-only model's batch has no source)."""
+    if a is None:
+        return None
     arr = xp().asarray(a)
     if dtype is not None and arr.dtype != dtype:
         arr = arr.astype(dtype)

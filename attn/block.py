@@ -7,12 +7,15 @@
                   table, Table 3 row E)          self-attention                max_len
     attention     multi-head                     grouped-query (kv_heads)      n_heads, kv_heads
     ffn           ReLU network (equation 2)      SwiGLU                        ffn, d_ff, relu_dropout
+    cross-attn    over the encoder's output      none: a decoder-only stack    n_encoder_layers (0)
+                                                 (a language model, lesson 24)
 
 Each part carries its parameters' names and shapes and its readable forward and backward from
 :mod:`attn.layers`. The model (:mod:`attn.model`) composes the parts and asks them; it never
 compares an option's string. :func:`parts` is the one place that reads the block's options, and
 refuses one it does not know, naming the field; :func:`check` adds what the parts need of the
-numbers (kv_heads dividing n_heads, rotary's even head size).
+numbers (kv_heads dividing n_heads, rotary's even head size, a decoder-only stack's one tied
+vocabulary).
 """
 from __future__ import annotations
 
@@ -122,27 +125,30 @@ class Positions:
     """Where the positions come in: ``added``, a table (L, D) added to the scaled embeddings,
     ``learned`` if the table is the parameters ``src_pos.weight`` and ``tgt_pos.weight`` (else the
     sinusoids of section 3.5); or ``rope_base``, rotary positions turning every self-attention's
-    queries and keys (:mod:`attn.layers.rope`)."""
+    queries and keys (:mod:`attn.layers.rope`). ``stacks``: the stacks that embed tokens
+    (``src``, ``tgt``; a decoder-only model's ``tgt`` alone), each with its learned table."""
     kind: str
     added: bool
     learned: bool
     rope_base: float | None
     later: bool
     max_len: int
+    stacks: tuple = ("src", "tgt")
 
     @property
     def rotary(self) -> bool:
         return self.rope_base is not None
 
     def shapes(self, D: int) -> dict:
-        return {f"{w}_pos.weight": (self.max_len, D) for w in ("src", "tgt")} if self.learned else {}
+        return {f"{w}_pos.weight": (self.max_len, D) for w in self.stacks} if self.learned else {}
 
 
 def _positions(cfg) -> Positions:
     kinds = {"sinusoidal": dict(added=True, learned=False, rope_base=None, later=False),
              "learned": dict(added=True, learned=True, rope_base=None, later=False),
              "rope": dict(added=False, learned=False, rope_base=cfg.rope_base, later=True)}
-    return Positions(cfg.positional, **_kind(cfg, "positional", kinds), max_len=cfg.max_len)
+    stacks = ("src", "tgt") if cfg.n_encoder_layers else ("tgt",)
+    return Positions(cfg.positional, **_kind(cfg, "positional", kinds), max_len=cfg.max_len, stacks=stacks)
 
 
 # --------------------------------------------------------------------------- attention
@@ -285,12 +291,13 @@ def _feed_forward(cfg) -> FeedForward:
 
 class Block(NamedTuple):
     """The parts of one config's block; the encoder's and decoder's self-attention turn positions
-    where the positions are rotary, the cross-attention never does."""
+    where the positions are rotary, the cross-attention never does. A decoder-only model
+    (``n_encoder_layers=0``, a language model) has no cross-attention: None."""
     norm: Norm
     placement: PostNorm | PreNorm
     positions: Positions
     self_attention: Attention
-    cross_attention: Attention
+    cross_attention: Attention | None
     ffn: FeedForward
 
 
@@ -308,14 +315,16 @@ def parts(cfg) -> Block:
     positions = _positions(cfg)
     norm = Norm(cfg.norm_kind, *_kind(cfg, "norm_kind", NORMS), cfg.ln_eps)
     kv_heads = cfg.kv_heads or cfg.n_heads
+    cross = Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, None) if cfg.n_encoder_layers else None
     return Block(norm, _kind(cfg, "norm", PLACEMENTS)(cfg.dropout), positions,
                  Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, positions.rope_base),
-                 Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, None), _feed_forward(cfg))
+                 cross, _feed_forward(cfg))
 
 
 def check(cfg) -> Block:
     """:func:`parts`, and what they need of the numbers: ``kv_heads`` dividing ``n_heads``, an
-    even head size for rotary positions, their base. Raises ValueError naming the field."""
+    even head size for rotary positions, their base; a decoder-only stack (no cross-attention)
+    embeds and predicts one vocabulary with one tied matrix. Raises ValueError naming the field."""
     def bad(msg):
         raise ValueError(f"TransformerConfig: {msg}")
     block = parts(cfg)
@@ -327,6 +336,10 @@ def check(cfg) -> Block:
             f"({cfg.d_model // cfg.n_heads}) must be even")
     if not (isinstance(cfg.rope_base, (int, float)) and cfg.rope_base > 1):
         bad(f"rope_base must be a number greater than 1, got {cfg.rope_base!r}")
+    if block.cross_attention is None and (not cfg.share_embeddings or cfg.tgt_vocab_size not in (None, cfg.vocab_size)):
+        bad(f"a decoder-only model (n_encoder_layers=0) reads and predicts one vocabulary through one tied "
+            f"embedding: share_embeddings must be True (got {cfg.share_embeddings!r}) and tgt_vocab_size None "
+            f"or vocab_size (got {cfg.tgt_vocab_size!r})")
     return block
 
 

@@ -8,6 +8,9 @@ Every sub-layer sits in a residual connection with dropout, followed by layer
 norm (post-norm, as in the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``.
 ``norm="pre"`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final norm.
 
+``n_encoder_layers=0`` is a decoder-only language model (GPT; lesson 24) of the same block: no
+encoder, no cross-attention, ``forward(None, ids)``, the same decoder layers and decoding.
+
 The block of later models is four options away, each off by default (lesson 26):
 ``positional="rope"`` (rotary positions on every self-attention's queries and keys instead
 of a table added to the embeddings), ``ffn="swiglu"`` (the gated network, at the width that
@@ -49,6 +52,11 @@ PRESETS = {
     # The paper's base model (Table 3).
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6,
                  dropout=0.1, label_smoothing=0.1, warmup_steps=4000, max_len=256),
+    # nanoGPT's shakespeare_char for a CPU: a decoder-only language model of 4 pre-norm layers, 4
+    # heads, width 128, learned positions for a context of 64, no dropout (attn-train --task lm).
+    "shakespeare_char": dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=0, n_decoder_layers=4,
+                             dropout=0.0, label_smoothing=0.0, warmup_steps=100, max_len=64, norm="pre",
+                             positional="learned"),
 }
 
 
@@ -89,9 +97,11 @@ class TransformerConfig:
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 bad(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("n_encoder_layers", "n_decoder_layers"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                bad(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.n_encoder_layers, int) or self.n_encoder_layers < 0:
+            bad(f"n_encoder_layers must be a non-negative integer (0: a decoder-only language model), "
+                f"got {self.n_encoder_layers!r}")
+        if not isinstance(self.n_decoder_layers, int) or self.n_decoder_layers < 1:
+            bad(f"n_decoder_layers must be a positive integer, got {self.n_decoder_layers!r}")
         if self.tgt_vocab_size is not None and (not isinstance(self.tgt_vocab_size, int) or self.tgt_vocab_size <= 0):
             bad(f"tgt_vocab_size must be a positive integer or None, got {self.tgt_vocab_size!r}")
         if self.d_model % self.n_heads:
@@ -163,9 +173,10 @@ def parameter_count(cfg) -> int:
     block = parts(cfg)
     embeddings = V * D if cfg.share_embeddings else V * D + 2 * T * D
     attention, ffn, norm = size(block.self_attention.shapes(D)), size(block.ffn.shapes(D)), size(block.norm.shapes(D))
-    final = 2 * norm if block.placement.final_norm else 0
+    sublayers = 3 if block.cross_attention is not None else 2          # decoder-only: no cross-attention
+    final = norm * (bool(cfg.n_encoder_layers) + 1) if block.placement.final_norm else 0
     return (embeddings + size(block.positions.shapes(D)) + cfg.n_encoder_layers * (attention + ffn + 2 * norm)
-            + cfg.n_decoder_layers * (2 * attention + ffn + 3 * norm) + final)
+            + cfg.n_decoder_layers * ((sublayers - 1) * attention + ffn + sublayers * norm) + final)
 
 
 def parameter_shapes(cfg: TransformerConfig) -> dict:
@@ -181,9 +192,13 @@ def parameter_shapes(cfg: TransformerConfig) -> dict:
     shapes.update(block.positions.shapes(D))
     ffn, norm, attn = block.ffn.shapes(D), block.norm.shapes(D), block.self_attention.shapes(D)
     blocks = {"encoder": [("self_attn", attn), ("norm1", norm), ("ffn", ffn), ("norm2", norm)],
-              "decoder": [("self_attn", attn), ("norm1", norm),
-                          ("cross_attn", attn), ("norm2", norm), ("ffn", ffn), ("norm3", norm)]}
+              "decoder": [("self_attn", attn), ("norm1", norm), ("cross_attn", attn), ("norm2", norm),
+                          ("ffn", ffn), ("norm3", norm)]}
+    if block.cross_attention is None:                # decoder-only: the feed-forward keeps its norm3
+        blocks["decoder"] = [blocks["decoder"][i] for i in (0, 1, 4, 5)]
     for stack, n in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
+        if n == 0:
+            continue                                          # a decoder-only model: no encoder stack
         for i in range(n):
             for sub, fields in blocks[stack]:
                 for f, shape in fields.items():
@@ -296,16 +311,23 @@ def decoder_layer_forward(x, memory, src_mask, tgt_mask, p: dict, cfg: Transform
     Dh) each, or None before the first: x's positions follow them) and the cross-attention's,
     computed from the memory once (then ``memory`` may be None).
 
-    Returns: out (B, T, D), cache (a :class:`SublayerCache` per sub-layer). Decoding, the
-    attentions' caches are :class:`attn.block.Attended`: the grown keys and values, the weights."""
+    A decoder-only block (``n_encoder_layers=0``: no cross-attention part) has no memory: its
+    layer is the masked self-attention and the feed-forward network alone (GPT's block), called
+    with ``memory``, ``src_mask`` and the cross-attention's cache None.
+
+    Returns: out (B, T, D), cache (a :class:`SublayerCache` per sub-layer, None for the missing
+    cross-attention). Decoding, the attentions' caches are :class:`attn.block.Attended`: the
+    grown keys and values, the weights."""
     block = parts(cfg)
     self_kv, cross_kv = (None, None) if kv is None else kv
     h, cn = _sublayer_input(x, p, "norm1", block)
     s, cs = block.self_attention.forward(h, h, tgt_mask, p, "self_attn", rng, self_kv)
     x, c1 = _residual_output(x, s, cn, cs, p, "norm1", block, rng)
-    h, cn = _sublayer_input(x, p, "norm2", block)
-    s, cs = block.cross_attention.forward(h, memory, src_mask, p, "cross_attn", rng, cross_kv)
-    x, c2 = _residual_output(x, s, cn, cs, p, "norm2", block, rng)
+    c2 = None
+    if block.cross_attention is not None:
+        h, cn = _sublayer_input(x, p, "norm2", block)
+        s, cs = block.cross_attention.forward(h, memory, src_mask, p, "cross_attn", rng, cross_kv)
+        x, c2 = _residual_output(x, s, cn, cs, p, "norm2", block, rng)
     h, cn = _sublayer_input(x, p, "norm3", block)
     s, cs = block.ffn.forward(h, p, rng)
     x, c3 = _residual_output(x, s, cn, cs, p, "norm3", block, rng)
@@ -314,14 +336,15 @@ def decoder_layer_forward(x, memory, src_mask, tgt_mask, p: dict, cfg: Transform
 
 def decoder_layer_backward(dout, cache):
     """Backward of :func:`decoder_layer_forward` (training). Returns: dx (B, T, D), dmemory
-    (B, S, D), grads keyed like p."""
+    (B, S, D; None for a decoder-only block, which reads no memory), grads keyed like p."""
     c1, c2, c3 = cache
-    block, grads = c1.block, {}
+    block, grads, dmemory = c1.block, {}, None
     dx, ds = _residual_output_backward(dout, c3, "norm3", grads)
     dx = _sublayer_input_backward(dx, block.ffn.backward(ds, c3.sub, grads), c3, "norm3", grads)
-    dx, ds = _residual_output_backward(dx, c2, "norm2", grads)
-    dq, dmemory = block.cross_attention.backward(ds, c2.sub, "cross_attn", grads)   # keys, values: the memory
-    dx = _sublayer_input_backward(dx, dq, c2, "norm2", grads)
+    if c2 is not None:
+        dx, ds = _residual_output_backward(dx, c2, "norm2", grads)
+        dq, dmemory = block.cross_attention.backward(ds, c2.sub, "cross_attn", grads)   # keys, values: the memory
+        dx = _sublayer_input_backward(dx, dq, c2, "norm2", grads)
     dx, ds = _residual_output_backward(dx, c1, "norm1", grads)
     dq, dkv = block.self_attention.backward(ds, c1.sub, "self_attn", grads)
     dx = _sublayer_input_backward(dx, dq + dkv, c1, "norm1", grads)
@@ -365,7 +388,8 @@ class StackCache(NamedTuple):
 
 
 class ForwardCache(NamedTuple):
-    """Everything :meth:`Transformer.backward` needs: both stacks, the decoder output and the masks."""
+    """Everything :meth:`Transformer.backward` needs: both stacks (a decoder-only model's ``enc``
+    and ``src_mask`` None), the decoder output and the masks."""
     enc: StackCache
     dec: StackCache
     dec_out: object
@@ -377,7 +401,9 @@ class Transformer:
     """The encoder-decoder Transformer of section 3 with hand-written backward.
 
     Inputs to :meth:`forward`: ``src`` (B, S) and ``tgt_in`` (B, T) integer ids,
-    padded with ``PAD_ID`` (0). Outputs: logits (B, T, V_tgt).
+    padded with ``PAD_ID`` (0). Outputs: logits (B, T, V_tgt). A decoder-only config
+    (``n_encoder_layers=0``) is a language model: ``src`` is None, ``tgt_in`` the text's ids, and
+    the logits at position t predict the token at t + 1 from those at <= t.
     """
 
     def __init__(self, config: TransformerConfig, seed: int = 0, dtype="float32", params: dict | None = None):
@@ -472,16 +498,23 @@ class Transformer:
         return (h.reshape(-1, h.shape[-1]) @ E.T).reshape(*h.shape[:-1], E.shape[0])
 
     def forward(self, src, tgt_in, rng=None):
-        """Inputs: src (B, S), tgt_in (B, T) integer ids; rng a DeviceRNG for dropout
-        (None: no dropout, as in evaluation).
+        """Inputs: src (B, S), tgt_in (B, T) integer ids (a decoder-only model: src None);
+        rng a DeviceRNG for dropout (None: no dropout, as in evaluation).
 
         Returns: logits (B, T, V_tgt), cache for :meth:`backward`.
         """
-        if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
+        decoder_only = self.block.cross_attention is None
+        if decoder_only != (src is None):
+            raise ValueError("Transformer.forward: " + ("a decoder-only model (n_encoder_layers=0) reads no source: "
+                                                        "src must be None" if decoder_only else
+                                                        "src is None, but the model has an encoder"))
+        if tgt_in.ndim != 2 or (src is not None and (src.ndim != 2 or src.shape[0] != tgt_in.shape[0])):
             raise ValueError(f"Transformer.forward: src and tgt_in must be (B, S) and (B, T) with one B, "
-                             f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
-        src_mask = padding_mask(src)
-        memory, enc = self.encode(src, rng, src_mask)
+                             f"got {None if src is None else tuple(src.shape)} and {tuple(tgt_in.shape)}")
+        src_mask = memory = enc = None
+        if not decoder_only:
+            src_mask = padding_mask(src)
+            memory, enc = self.encode(src, rng, src_mask)
         h, dec, tgt_mask = self.decode(tgt_in, memory, src_mask, rng)
         return self.project(h), ForwardCache(enc, dec, h, src_mask, tgt_mask)
 
@@ -509,10 +542,13 @@ class Transformer:
         for i in reversed(range(self.config.n_decoder_layers)):
             dx, dmem, g = decoder_layer_backward(dx, dec.layers[i])
             _add(grads, f"decoder.{i}", g)
-            dmemory = dmemory + dmem                          # every layer attends to the memory
+            if dmem is not None:
+                dmemory = dmemory + dmem                      # every layer attends to the memory
         self._embed_bwd("tgt", dx, dec, grads)
 
         enc = cache.enc
+        if enc is None:                                       # a decoder-only model: no encoder
+            return grads
         dx = dmemory
         if enc.final_norm is not None:
             dx = self._norm_bwd("encoder.norm", dx, enc.final_norm, grads)
@@ -528,11 +564,12 @@ class Transformer:
         ``encoder.i.self_attn`` (B, H, S, S), ``decoder.i.self_attn`` (B, H, T, T),
         ``decoder.i.cross_attn`` (B, H, T, S)."""
         out = {}
-        for i, (c1, _) in enumerate(cache.enc.layers):
+        for i, (c1, _) in enumerate(cache.enc.layers if cache.enc is not None else []):
             out[f"encoder.{i}.self_attn"] = c1.sub.attn.weights
         for i, (c1, c2, _) in enumerate(cache.dec.layers):
             out[f"decoder.{i}.self_attn"] = c1.sub.attn.weights
-            out[f"decoder.{i}.cross_attn"] = c2.sub.attn.weights
+            if c2 is not None:
+                out[f"decoder.{i}.cross_attn"] = c2.sub.attn.weights
         return out
 
     # ------------------------------------------------------------------ incremental decoding
@@ -548,8 +585,11 @@ class Transformer:
 
     def start_decoding(self, memory, src_mask) -> "DecodeState":
         """Precompute each decoder layer's cross-attention keys and values from the
-        encoder output once. Returns the state for :meth:`decode_step`, which grows as it goes."""
+        encoder output once. Returns the state for :meth:`decode_step`, which grows as it goes.
+        A decoder-only model has no memory: ``start_decoding(None, None)``."""
         empty = [(None, None)] * self.config.n_decoder_layers
+        if self.block.cross_attention is None:
+            return DecodeState([None] * self.config.n_decoder_layers, list(empty), None, 0)
         return DecodeState(self.cross_attention_kv(memory), list(empty), src_mask, 0)
 
     def decode_step(self, tokens, state: "DecodeState"):
@@ -560,7 +600,7 @@ class Transformer:
 
         Inputs: tokens (B,) the ids at position ``state.length``. Returns:
         log-probabilities (B, V_tgt) for the next token, the new state, and the
-        cross-attention weights of every layer (list of (B, H, 1, S)).
+        cross-attention weights of every layer (list of (B, H, 1, S); empty for a decoder-only model).
 
         The cache holds the key/value heads (``kv_heads`` of them), each read by its group of
         query heads; with rotary positions a key is turned once, when it is computed.
@@ -576,7 +616,8 @@ class Transformer:
             x, (c1, c2, _) = decoder_layer_forward(x, None, state.src_mask, None,
                                                    layer_params(self.params, f"decoder.{i}"), cfg, kv=kv)
             new_self.append((c1.sub.k, c1.sub.v))                                        # (B, KV, t+1, Dh)
-            cross_w.append(c2.sub.weights)                                               # (B, H, 1, S)
+            if c2 is not None:
+                cross_w.append(c2.sub.weights)                                           # (B, H, 1, S)
         if self.block.placement.final_norm:
             x = self._norm_fwd("decoder.norm", x)[0]
         logits = self.project(x[:, 0, :])                                                # (B, V)
@@ -643,9 +684,10 @@ class DecodeState(NamedTuple):
 
     def select(self, index) -> "DecodeState":
         """Keep (and repeat) batch rows ``index``: beam search reorders hypotheses with it."""
-        cross = [(k[index], v[index]) for k, v in self.cross_kv]
+        cross = [None if kv is None else (kv[0][index], kv[1][index]) for kv in self.cross_kv]
         self_kv = [(None, None) if k is None else (k[index], v[index]) for k, v in self.self_kv]
-        return DecodeState(cross, self_kv, self.src_mask[index], self.length)
+        src_mask = None if self.src_mask is None else self.src_mask[index]
+        return DecodeState(cross, self_kv, src_mask, self.length)
 
 
 def log_softmax(x):

@@ -68,6 +68,10 @@ class FastTransformer(FastForward, FastBackward):
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype
         self.block = parts(config)              # what the engine asks, instead of the config's strings
+        if self.block.cross_attention is None:
+            raise ValueError("FastTransformer: a decoder-only config (n_encoder_layers=0) trains and decodes on the "
+                             "readable engine (attn.engine 'reference'); this engine's stacks are the "
+                             "encoder-decoder's")
         self._pe = None
         self.arena = Arena.adopt(self.params, config, self.dtype)
         self.precision = self._usable(Precision.of(precision))
