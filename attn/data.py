@@ -443,3 +443,52 @@ def pad_to_bucket(batch: Batch, length_multiple: int = 8, row_multiple: int = 16
         return out
     return batch._replace(src=padded(batch.src, S2), tgt_in=padded(batch.tgt_in, T2),
                           tgt_out=padded(batch.tgt_out, T2))
+
+
+# --------------------------------------------------------------------------
+# A text for a language model
+# --------------------------------------------------------------------------
+
+
+def read_text(path) -> str:
+    """A whole UTF-8 text (``.gz`` read transparently; PATH.gz where PATH is missing), its lines
+    ended by ``\\n``: what a language model learns to continue. A DataError names the file."""
+    lines = _read_lines(path)
+    if not lines:
+        raise DataError(f"{path}: the text is empty")
+    return "\n".join(lines) + "\n"
+
+
+def char_vocab(text: str) -> Vocab:
+    """A character vocabulary: the specials, then every character of ``text``, sorted (nanoGPT's
+    ``shakespeare_char``)."""
+    return Vocab(SPECIALS + tuple(sorted(set(text))))
+
+
+def encode_text(text: str, vocab: Vocab, char: bool) -> list[int]:
+    """The ids of ``text``: one a character (``char``), or the vocabulary's pieces of each line
+    (words or BPE), each line ended by ``EOS``, which stands for the line end."""
+    if char:
+        return [vocab.stoi.get(c, UNK) for c in text]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [i for line in lines for i in (*vocab.encode(vocab.tokenize(line)), EOS)]
+
+
+def decode_text(ids: Iterable[int], vocab: Vocab, char: bool) -> str:
+    """The text of ``ids``, inverting :func:`encode_text`; ``PAD``, ``BOS`` and ``UNK`` are left
+    out (and ``EOS`` of a character vocabulary, which never reads it)."""
+    specials = (PAD, BOS, UNK) if not char else (PAD, BOS, EOS, UNK)
+    ids = [int(i) for i in ids]
+    if char:
+        return "".join(vocab.itos[i] for i in ids if i not in specials)
+    lines, line = [], []
+    for i in ids:
+        if i == EOS:
+            lines.append(line)
+            line = []
+        elif i not in specials:
+            line.append(vocab.itos[i])
+    done = "".join(detokenize(t) + "\n" for t in lines)
+    return done + detokenize(line) if line else done

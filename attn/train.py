@@ -47,7 +47,7 @@ from .checkpoint import CheckpointError
 from .data import DataError, make_batches
 from .evaluate import progress_bar_options
 from .loss import cross_entropy
-from .training import distributed
+from .training import distributed, lm
 from .training.interrupts import Interrupted, StopSignals, abort_on_signals, exit_status
 from .training.checkpoints import TrainState, hold_out, open_run, save_checkpoint, snapshot, start_writing
 from .training.config import TrainConfig, TrainConfigError, build_parser
@@ -135,6 +135,8 @@ def train(config: TrainConfig, *, given=None, on_step=None) -> dict:
 def _train(config: TrainConfig, given, on_step, dp) -> dict:
     parallel = dp if dp.size > 1 else None       # what train_step is given: None for one process
     config, saved = open_run(config, given)      # --resume: the saved run's settings and checkpoint
+    if config.task == "lm":
+        return _train_lm(config, saved, on_step, dp)
     dp.check_same_settings(config.to_dict())     # several processes: the same settings, or an error
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
     B.set_backend(config.backend)
@@ -177,14 +179,56 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
                   set_progress=opt.set_progress if opt.cooldown else None, log=run.engine.loss_log())
     stop_reason = run.untested or run_loop(config, state, run.train_enc, hooks, dp, stop)   # untested: owes its test
     if stop_reason == "interrupted":
-        dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
-               f"checkpoint {ckpt_path} (step {state.step}); resume with: {_resume_command(out)}")
-        return {"interrupted": True, "steps": state.step, "signal": stop.name,
-                "exit_status": exit_status(stop.signum or 2)}
+        return _interrupted(stop, state, ckpt_path, dp)
     dp.say(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
            f"checkpoint {ckpt_path}")
     metrics = _test(run, model, state, stop_reason, dp, ckpt_path) if dp.master else None
     return dp.broadcast(metrics)
+
+
+def _interrupted(stop: StopSignals, state: TrainState, ckpt_path: Path, dp) -> dict:
+    """The line and the dict of a run stopped by Ctrl-C or SIGTERM (its checkpoint saved)."""
+    dp.say(f"stopped by {stop.name} after {state.step} steps, {state.train_seconds:.0f} s of training; "
+           f"checkpoint {ckpt_path} (step {state.step}); resume with: {_resume_command(ckpt_path.parent)}")
+    return {"interrupted": True, "steps": state.step, "signal": stop.name, "exit_status": exit_status(stop.signum or 2)}
+
+
+def _train_lm(config: TrainConfig, saved, on_step, dp) -> dict:
+    """A language model's run (``--task lm``, :mod:`attn.training.lm`): the translator's loop,
+    step, checkpoints and ``--resume`` (``saved``: the checkpoint :func:`open_run` read), over
+    windows of a text; validated by its loss alone."""
+    if dp.size > 1:
+        raise TrainConfigError("task (--task) lm trains in one process: run it without mpiexec")
+    B.set_backend(config.backend)
+    run = lm.prepare_lm(config, saved, dp.say)
+    model, opt, state = run.model, run.opt, run.state
+    out = Path(config.out)
+    ckpt_path = out / "checkpoint.npz"
+    start_writing(out, not config.resume and config.overwrite,
+                  {"model": model.config.to_dict(), "train": config.to_dict(), "vocab_size": len(run.vocab),
+                   "corpus": run.corpus.source, "train_tokens": int(run.corpus.train.size)}, dp.say,
+                  evals=state.evals if config.resume else None, step=state.step if config.resume else None)
+    dp.say(f"attn-train: a language model of {run.corpus.source}: {run.corpus.train.size:,} training and "
+           f"{run.corpus.val.size:,} validation tokens ({'characters' if config.char else 'BPE pieces'}, vocabulary "
+           f"{len(run.vocab)}), model {model.num_parameters():,} parameters ({config.preset}, decoder-only), "
+           f"backend {B.describe()}")
+
+    def step(batch, seed):
+        return train_step(model, opt, batch, B.DeviceRNG(seed), model.config.label_smoothing, config.clip,
+                          run.loss_fn)
+    stop = StopSignals(dp.say)
+    hooks = Hooks(run.engine.loop_step(model, step), lambda bar: lm.evaluate_and_save(run, state, out, bar),
+                  save=lambda: save_checkpoint(ckpt_path, model, opt, state, run.vocab, config, run.corpus),
+                  on_step=None if on_step is None else (lambda st, wall: on_step(st, model, wall)),
+                  set_progress=opt.set_progress if opt.cooldown else None, log=run.engine.loss_log(),
+                  batches=lambda epoch: lm.Windows(run.corpus.train, config.context, config.batch, config.seed,
+                                                   epoch))
+    stop_reason = run.untested or run_loop(config, state, None, hooks, dp, stop)
+    if stop_reason == "interrupted":
+        return _interrupted(stop, state, ckpt_path, dp)
+    dp.say(f"stopped: {stop_reason} after {state.step} steps, {state.train_seconds:.0f} s of training; "
+           f"checkpoint {ckpt_path}")
+    return lm.report(run, state, stop_reason)
 
 
 def _test(run, model, state: TrainState, stop_reason: str, dp, ckpt_path: Path) -> dict:
@@ -246,6 +290,9 @@ class Hooks:
     ``log``
         Where the losses of the steps since the last log wait (:class:`attn.engine.LossLog`,
         or the engine's own: :meth:`attn.engine.Engine.loss_log`).
+    ``batches(epoch)``
+        The batches of an epoch, in order (None: the translator's, :func:`attn.data.make_batches`
+        of the training pairs; a language model's windows: :class:`attn.training.lm.Windows`).
     """
     step: Callable
     evaluate: Callable
@@ -255,6 +302,7 @@ class Hooks:
     set_progress: Callable | None = None
     desc: str = "train"
     log: engines.LossLog = field(default_factory=engines.LossLog)
+    batches: Callable | None = None
 
 
 def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp=None,
@@ -277,7 +325,8 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp
     stop_reason = None
     with (stop or StopSignals(dp.say)) as interrupt:
         while stop_reason is None:
-            batches = make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=state.epoch)
+            batches = (hooks.batches(state.epoch) if hooks.batches is not None else
+                       make_batches(train_enc, config.max_tokens, shuffle=True, seed=config.seed, epoch=state.epoch))
             while state.batch_index < len(batches):
                 batch = batches[state.batch_index]
                 if hooks.set_progress is not None:

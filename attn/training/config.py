@@ -38,7 +38,18 @@ RECIPES = {
                   beam=4, alpha=1.4, no_repeat_ngram=4, positional="rope"),
     "base": dict(vocab="bpe", max_tokens=4096, lr_factor=1.0, min_freq=2, cooldown=0.0,
                  beam=1, alpha=0.6, no_repeat_ngram=0),
+    # nanoGPT's shakespeare_char on a CPU (context 64, batch 12), characters; a peak rate of 1e-3
+    # (lr_factor 0.113: the section-5.3 schedule at d_model 128 and 100 warm-up steps)
+    "shakespeare_char": dict(vocab="bpe", max_tokens=2048, lr_factor=0.113, min_freq=1, cooldown=0.0,
+                             beam=1, alpha=0.6, no_repeat_ngram=0, char=True, context=64, batch=12),
 }
+
+#: A language model's settings where neither the flags nor the preset's recipe give them.
+LM_DEFAULTS = dict(char=False, context=64, batch=12)
+#: The tasks of attn-train: a translator (an encoder-decoder) or a language model (decoder-only).
+TASKS = ("translate", "lm")
+#: The text a language model trains on when --text is not given: tiny Shakespeare (data/README.md).
+DEFAULT_TEXT = DEFAULT_DATA.parent / "tinyshakespeare" / "input.txt.gz"
 
 #: With no ``warmup`` given and a budget (``minutes`` or ``steps``), the warm-up is this fraction
 #: of the steps the budget allows, if that is shorter than the preset's, so that a short run
@@ -74,6 +85,11 @@ class TrainConfig:
     :class:`TrainConfigError` naming the field, before any work starts.
     """
     # data
+    task: str = "translate"            # "translate" (an encoder-decoder) or "lm" (a decoder-only language model)
+    text: Path | None = None           # lm: the text (.gz read as such; None: tiny Shakespeare); last 10% for val
+    char: bool | None = None           # lm: one token a character (None: the recipe's, else BPE pieces)
+    context: int | None = None         # lm: tokens per sequence (None: the recipe's, else 64)
+    batch: int | None = None           # lm: sequences per step (None: the recipe's, else 12)
     data: Path = DEFAULT_DATA          # folder with {train,val,test}.{src,tgt} line-aligned files
     src: str = "en"                    # source language suffix
     tgt: str = "tk"                    # target language suffix
@@ -135,6 +151,7 @@ class TrainConfig:
         self._check_precision()
         self._check_attention()
         self._check_block()
+        self._check_task()
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         self._check_integers()
@@ -145,7 +162,7 @@ class TrainConfig:
 
     def _check_paths(self) -> None:
         """``data``, ``tsv`` and ``out`` as paths; a corpus given; ``resume`` or ``overwrite``, not both."""
-        for name in ("data", "tsv", "out"):
+        for name in ("data", "tsv", "out", "text"):
             v = getattr(self, name)
             if isinstance(v, str):
                 if not v.strip():
@@ -202,7 +219,8 @@ class TrainConfig:
                                     ("steps", 0, False), ("epochs", 0, False), ("max_tokens", 1, True),
                                     ("warmup", 1, True), ("seed", 0, False), ("eval_every", 1, False),
                                     ("bleu_sentences", 0, False), ("average", 0, False),
-                                    ("snapshot_every", 1, False), ("beam", 1, True), ("no_repeat_ngram", 0, True)):
+                                    ("snapshot_every", 1, False), ("beam", 1, True), ("no_repeat_ngram", 0, True),
+                                    ("context", 2, True), ("batch", 1, True)):
             v = getattr(self, name)
             if v is None and optional:
                 continue
@@ -243,6 +261,25 @@ class TrainConfig:
             if getattr(self, name) not in (None, *kinds):
                 self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
 
+    def _check_task(self) -> None:
+        """The task; a language model's flags given to it alone; a language model's preset trains
+        one; the fast engine's options refused for a language model (the readable engine trains it)."""
+        if self.task not in TASKS:
+            self._bad("task", f"must be one of {', '.join(TASKS)}")
+        lm = self.task == "lm"
+        for name in ("text", "char", "context", "batch"):
+            if not lm and getattr(self, name) is not None:
+                self._bad(name, "is a language model's setting: give --task lm")
+        if self.char not in (None, True, False):
+            self._bad("char", "must be True, False or None")
+        if not lm and self.preset in PRESETS and PRESETS[self.preset]["n_encoder_layers"] == 0:
+            self._bad("preset", "is a language model's (no encoder): give --task lm")
+        for name, default in (("precision", "fp32"), ("attention", "auto"), ("cuda_graph", False)):
+            if lm and getattr(self, name) != default:
+                self._bad(name, "applies to the attn.fast engine; a language model trains on the readable one")
+        if lm and (self.context or 0) * (self.batch or 0) > MAX_BATCH_TOKENS:
+            self._bad("batch", f"times --context must be at most {MAX_BATCH_TOKENS:,} tokens a step")
+
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
 
@@ -254,6 +291,10 @@ class TrainConfig:
         fill = {k: v for k, v in recipe.items() if getattr(self, k) is None}
         if (self.vocab or recipe["vocab"]) != "bpe":
             fill.pop("vocab_size", None)
+        if self.task == "lm":
+            fill.update({k: v for k, v in LM_DEFAULTS.items() if getattr(self, k) is None and k not in fill})
+        else:
+            fill = {k: v for k, v in fill.items() if k not in LM_DEFAULTS}
         return dataclasses.replace(self, **fill)
 
     def to_dict(self) -> dict:
@@ -269,18 +310,22 @@ class TrainConfig:
 
     @property
     def engine(self) -> str:
-        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference``, else ``fast``."""
-        return "reference" if self.reference else "fast"
+        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference`` or for a
+        language model (the fast engine runs the encoder-decoder alone), else ``fast``."""
+        return "reference" if self.reference or self.task == "lm" else "fast"
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         """The preset with this config's overrides, for a vocabulary of ``vocab_size``; a
         TrainConfigError naming the flag without which the model would fit, where there is one."""
         given = {name: getattr(self, name) for _, name in MODEL_FLAGS if getattr(self, name) is not None}
+        lm = {}
+        if self.task == "lm":                     # decoder-only; positions for the whole context
+            lm = dict(n_encoder_layers=0, max_len=max(PRESETS[self.preset]["max_len"], self.context or 0))
         try:
-            return _model_config(self.preset, vocab_size, given)
+            return _model_config(self.preset, vocab_size, given, lm)
         except ValueError as e:
             culprit = next((n for n in given if _fits(self.preset, vocab_size, {k: v for k, v in given.items()
-                                                                                 if k != n})), None)
+                                                                                 if k != n}, lm)), None)
             which = f" ({_flag(culprit)} {given[culprit]!r})" if culprit else ""
             raise TrainConfigError(f"the model settings do not fit together{which}: {e}") from None
 
@@ -311,15 +356,15 @@ MODEL_FLAGS = (("d_model", "d_model"), ("n_heads", "heads"), ("d_ff", "d_ff"), (
                ("positional", "positional"), ("ffn", "ffn"), ("kv_heads", "kv_heads"))
 
 
-def _model_config(preset: str, vocab_size: int, given: dict) -> TransformerConfig:
-    """The preset with ``given`` (TrainConfig's names) in place of its fields."""
-    return TransformerConfig.preset(preset, vocab_size=vocab_size,
-                                    **{field: given[name] for field, name in MODEL_FLAGS if name in given})
+def _model_config(preset: str, vocab_size: int, given: dict, fields: dict | None = None) -> TransformerConfig:
+    """The preset with ``given`` (TrainConfig's names), then ``fields`` (the model's), in place of its fields."""
+    return TransformerConfig.preset(preset, vocab_size=vocab_size, **{
+        **{field: given[name] for field, name in MODEL_FLAGS if name in given}, **(fields or {})})
 
 
-def _fits(preset: str, vocab_size: int, given: dict) -> bool:
+def _fits(preset: str, vocab_size: int, given: dict, fields: dict | None = None) -> bool:
     try:
-        _model_config(preset, vocab_size, given)
+        _model_config(preset, vocab_size, given, fields)
         return True
     except ValueError:
         return False
@@ -433,6 +478,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_data_flags(g) -> None:
     """The corpus, its languages and its vocabulary."""
+    g.add_argument("--task", choices=list(TASKS), help="translate (default): a translator; lm: a language model "
+                                                        "of --text (a decoder-only stack of the same block)")
+    g.add_argument("--text", type=Path, metavar="FILE", help="lm: the text to learn (.gz too; default: tiny "
+                   "Shakespeare, data/tinyshakespeare); its last 10%% is the validation text")
+    g.add_argument("--char", action="store_true", default=argparse.SUPPRESS,
+                   help="lm: one token a character (default: the preset's recipe, else BPE pieces)")
+    g.add_argument("--context", type=int, metavar="N", help="lm: tokens per sequence (default: the recipe's, else 64)")
+    g.add_argument("--batch", type=int, metavar="N", help="lm: sequences per step (default: the recipe's, else 12)")
     g.add_argument("--data", type=Path,
                    help="folder with {train,val,test}.{SRC,TGT} line-aligned files (default: the toy corpus)")
     g.add_argument("--src", help=f"source language suffix (default: {_D.src})")
