@@ -385,6 +385,37 @@ for _ in range(4):
     print("   ", " ".join(vocab.decode(s)))
 
 # %% [markdown]
+# ### The library's language model
+#
+# The model of section 1 is the library's too: the paper's block with no encoder,
+# `TransformerConfig(n_encoder_layers=0)`. Its block has no cross-attention part, and the
+# decoder layer of `attn.model` (the translator's, `decoder_layer_forward`) runs it;
+# `attn-train --task lm` trains it on a text and `attn-generate` samples it through each
+# layer's key/value cache. Given the tiny model's weights of section 2 (renamed: the library's
+# decoder layer calls the feed-forward's norm `norm3`), it computes the same logits and gradients:
+
+# %%
+library = Transformer(TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=0,
+                                        n_decoder_layers=2, dropout=0.0), dtype="float64")
+
+
+def library_name(name):
+    """This lesson's parameter name -> the library's: ``0.attn.w_q`` -> ``decoder.0.self_attn.w_q``."""
+    if name == "embedding.weight":
+        return name
+    i, sub, leaf = name.split(".")
+    return f"decoder.{i}.{dict(attn='self_attn', norm2='norm3').get(sub, sub)}.{leaf}"
+
+
+library.params = {library_name(k): v for k, v in tiny.params.items()}
+library_logits, library_cache = library.forward(None, ids)
+library_grads = library.backward(dlogits, library_cache)
+library_gap = max([float(np.abs(library_logits - logits).max())]
+                  + [float(np.abs(library_grads[library_name(k)] - g).max()) for k, g in grads.items()])
+print(f"the library's decoder-only model and this lesson's differ by at most {library_gap:.1e} "
+      f"in logits and gradients")
+
+# %% [markdown]
 # GPT is this model. What changed on the way to it, and on to its successors, is
 # scale and a few details: learned positions, a smoother activation than ReLU (GELU),
 # sub-word vocabularies of tens of thousands of pieces (lesson 13), from GPT-2 on the
@@ -397,7 +428,8 @@ for _ in range(4):
 #
 # ## Check
 #
-# These fail if the assembled backward pass were wrong, if the model did not learn
+# These fail if the assembled backward pass were wrong, if the library's decoder-only model
+# were not this one, if the model did not learn
 # more than word-pair statistics, if the tied embedding did not save parameters, or if
 # the sampling strategies did not behave as described.
 #
@@ -409,6 +441,7 @@ for _ in range(4):
 # %%
 assert errors[worst] < 1e-6, f"gradient check: {worst} has relative error {errors[worst]:.1e}"
 assert future_leak == 0.0, "the look-ahead mask must keep later tokens out of earlier positions"
+assert library_gap < 1e-12, f"the library's decoder-only model must be this one: {library_gap:.1e}"
 assert ppl_bi < ppl_uni < ppl_start, (ppl_start, ppl_uni, ppl_bi)
 assert QUICK or ppl_end < ppl_bi, f"the trained model must beat the bigram model: {ppl_end:.2f} vs {ppl_bi:.2f}"
 assert lm.num_parameters() < same_size.num_parameters()

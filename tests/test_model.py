@@ -527,7 +527,7 @@ def test_presets():
     (dict(d_model=10, n_heads=4), "n_heads"),
     (dict(d_model=0), "d_model"), (dict(d_model=-8), "d_model"), (dict(d_model=8.0), "d_model"),
     (dict(n_heads=0), "n_heads"), (dict(d_ff=0), "d_ff"), (dict(vocab_size=0), "vocab_size"),
-    (dict(max_len=0), "max_len"), (dict(n_encoder_layers=0), "n_encoder_layers"),
+    (dict(max_len=0), "max_len"), (dict(n_encoder_layers=-1), "n_encoder_layers"),
     (dict(n_decoder_layers=-1), "n_decoder_layers"),
     (dict(dropout=1.0), "dropout"), (dict(dropout=-0.1), "dropout"), (dict(dropout=float("nan")), "dropout"),
     (dict(attention_dropout=1.5), "attention_dropout"), (dict(relu_dropout=-1e-9), "relu_dropout"),
