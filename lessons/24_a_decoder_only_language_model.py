@@ -169,6 +169,37 @@ future_leak = float(np.abs(tiny.forward(changed)[0][:, :4] - logits[:, :4]).max(
 print(f"changing the token at position 4 changes the logits at positions 0-3 by {future_leak:.1e}")
 
 # %% [markdown]
+# ### The library's language model
+#
+# The model of section 1 is the library's too: the paper's block with no encoder,
+# `TransformerConfig(n_encoder_layers=0)`. Its block has no cross-attention part, and the
+# decoder layer of `attn.model` (the translator's, `decoder_layer_forward`) runs it;
+# `attn-train --task lm` trains it on a text and `attn-generate` samples it through each
+# layer's key/value cache. Given the tiny model's weights of section 2 (renamed: the library's
+# decoder layer calls the feed-forward's norm `norm3`), it computes the same logits and gradients:
+
+# %%
+library = Transformer(TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=0,
+                                        n_decoder_layers=2, dropout=0.0), dtype="float64")
+
+
+def library_name(name):
+    """This lesson's parameter name -> the library's: ``0.attn.w_q`` -> ``decoder.0.self_attn.w_q``."""
+    if name == "embedding.weight":
+        return name
+    i, sub, leaf = name.split(".")
+    return f"decoder.{i}.{dict(attn='self_attn', norm2='norm3').get(sub, sub)}.{leaf}"
+
+
+library.params = {library_name(k): v for k, v in tiny.params.items()}
+library_logits, library_cache = library.forward(None, ids)
+library_grads = library.backward(dlogits, library_cache)
+library_gap = max([float(np.abs(library_logits - logits).max())]
+                  + [float(np.abs(library_grads[library_name(k)] - g).max()) for k, g in grads.items()])
+print(f"the library's decoder-only model and this lesson's differ by at most {library_gap:.1e} "
+      f"in logits and gradients")
+
+# %% [markdown]
 # ## 3. Training on the toy language
 #
 # The corpus is the target side of the toy translation data (the made-up language of
@@ -383,37 +414,6 @@ prompt = vocab.encode(["ba"])
 for _ in range(4):
     s, _ = generate("sample", rng, prompt=prompt, tau=0.7)
     print("   ", " ".join(vocab.decode(s)))
-
-# %% [markdown]
-# ### The library's language model
-#
-# The model of section 1 is the library's too: the paper's block with no encoder,
-# `TransformerConfig(n_encoder_layers=0)`. Its block has no cross-attention part, and the
-# decoder layer of `attn.model` (the translator's, `decoder_layer_forward`) runs it;
-# `attn-train --task lm` trains it on a text and `attn-generate` samples it through each
-# layer's key/value cache. Given the tiny model's weights of section 2 (renamed: the library's
-# decoder layer calls the feed-forward's norm `norm3`), it computes the same logits and gradients:
-
-# %%
-library = Transformer(TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=0,
-                                        n_decoder_layers=2, dropout=0.0), dtype="float64")
-
-
-def library_name(name):
-    """This lesson's parameter name -> the library's: ``0.attn.w_q`` -> ``decoder.0.self_attn.w_q``."""
-    if name == "embedding.weight":
-        return name
-    i, sub, leaf = name.split(".")
-    return f"decoder.{i}.{dict(attn='self_attn', norm2='norm3').get(sub, sub)}.{leaf}"
-
-
-library.params = {library_name(k): v for k, v in tiny.params.items()}
-library_logits, library_cache = library.forward(None, ids)
-library_grads = library.backward(dlogits, library_cache)
-library_gap = max([float(np.abs(library_logits - logits).max())]
-                  + [float(np.abs(library_grads[library_name(k)] - g).max()) for k, g in grads.items()])
-print(f"the library's decoder-only model and this lesson's differ by at most {library_gap:.1e} "
-      f"in logits and gradients")
 
 # %% [markdown]
 # GPT is this model. What changed on the way to it, and on to its successors, is
