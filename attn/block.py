@@ -2,7 +2,7 @@
 
     part          the paper's                    a later model's (lesson 26)   the config's field
     norm          layer norm                     RMSNorm                       norm_kind, ln_eps
-    placement     post-norm                      pre-norm (and a final norm)   norm, dropout
+    placement     post-norm                      pre-norm (and a final norm)   norm_position, dropout
     positions     sinusoids (or a learned        rotary, inside the            positional, rope_base,
                   table, Table 3 row E)          self-attention                max_len
     attention     multi-head                     grouped-query (kv_heads)      n_heads, kv_heads
@@ -308,7 +308,7 @@ def parts(cfg) -> Block:
     positions = _positions(cfg)
     norm = Norm(cfg.norm_kind, *_kind(cfg, "norm_kind", NORMS), cfg.ln_eps)
     kv_heads = cfg.kv_heads or cfg.n_heads
-    return Block(norm, _kind(cfg, "norm", PLACEMENTS)(cfg.dropout), positions,
+    return Block(norm, _kind(cfg, "norm_position", PLACEMENTS)(cfg.dropout), positions,
                  Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, positions.rope_base),
                  Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, None), _feed_forward(cfg))
 

@@ -42,7 +42,7 @@ def tiny_corpus(tmp_path_factory):
 def test_twin_weights_go_back_to_attn_exactly(torch, norm):
     B.set_backend("numpy")
     cfg = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2,
-                            n_decoder_layers=2, norm=norm, max_len=16)
+                            n_decoder_layers=2, norm_position=norm, max_len=16)
     ours = Transformer(cfg, seed=4, dtype="float64")
     twin = Q.torch_transformer(cfg, dtype="float64")
     twin.load_attn_params(ours.params)

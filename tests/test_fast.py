@@ -52,7 +52,7 @@ def configs(draw, dropout: bool = False, max_width: int = 8):
         n_encoder_layers=draw(st.integers(1, 2)), n_decoder_layers=draw(st.integers(1, 2)),
         dropout=p, attention_dropout=p, relu_dropout=p,
         label_smoothing=draw(st.sampled_from([0.0, 0.1])), max_len=16,
-        positional=draw(st.sampled_from(positionals)), norm=draw(st.sampled_from(["post", "pre"])),
+        positional=draw(st.sampled_from(positionals)), norm_position=draw(st.sampled_from(["post", "pre"])),
         norm_kind=draw(st.sampled_from(["layer", "rms"])), ffn=draw(st.sampled_from(["relu", "swiglu"])),
         kv_heads=draw(st.sampled_from([None] + [k for k in (1, 2) if H % k == 0 and k < H])))
 

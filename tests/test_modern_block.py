@@ -31,7 +31,7 @@ def test_attn_train_trains_averages_resumes_and_decodes_the_later_block(tmp_path
     assert "readable engine" not in capsys.readouterr().err
     arrays, meta = load_npz(out / "checkpoint.npz")
     cfg = TransformerConfig.from_dict(meta["config"])
-    assert (cfg.positional, cfg.ffn, cfg.kv_heads, cfg.norm, cfg.norm_kind) == ("rope", "swiglu", 1, "pre", "rms")
+    assert (cfg.positional, cfg.ffn, cfg.kv_heads, cfg.norm_position, cfg.norm_kind) == ("rope", "swiglu", 1, "pre", "rms")
     assert arrays["param/encoder.0.self_attn.w_k"].shape == (32, 16)         # one key/value head of two
     assert "param/encoder.0.ffn.w3" in arrays and "param/src_pos.weight" not in arrays
     assert "param/encoder.0.norm1.gamma" in arrays and "param/encoder.0.norm1.beta" not in arrays

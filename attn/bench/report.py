@@ -86,7 +86,7 @@ def print_markdown(results, out=sys.stdout):
     print(f"- command: `{info.get('command') or 'python -m attn.bench'}`", file=out)
     print(f"- machine: {_machine_line(info)}", file=out)
     print(f"- software: {_software_line(info)}", file=out)
-    block = ('norm', 'norm_kind', 'positional', 'ffn', 'kv_heads') if info.get('block', 'paper') != 'paper' else ()
+    block = ('norm_position', 'norm_kind', 'positional', 'ffn', 'kv_heads') if info.get('block', 'paper') != 'paper' else ()
     print(f"- preset `{info['preset']}`: batch {info['batch']}, source {info['src_len']}, target {info['tgt_len']}, "
           f"config {json.dumps({k: info['config'][k] for k in ('vocab_size', 'd_model', 'n_heads', 'd_ff', 'n_encoder_layers', 'n_decoder_layers', 'dropout', 'label_smoothing', *block)})}",
           file=out)
