@@ -181,7 +181,7 @@ def test_train_calls_on_step_after_every_step(tiny_corpus, tmp_path):
 def test_the_watch_takes_the_state_at_the_shorter_budget(tmp_path):
     """The shorter budget's row: the first step at or past its seconds, with copies of the
     weights then and links to the snapshots then (the run deletes old snapshots later)."""
-    from attn.train import TrainState
+    from attn.training.checkpoints import TrainState
     snaps = tmp_path / "run" / "snapshots"
     snaps.mkdir(parents=True)
     watch = Q.Watch("attn", 1.0, tmp_path / "attn-at-1min", snaps)

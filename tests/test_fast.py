@@ -402,7 +402,7 @@ def test_dropout_mask_rate_and_scale(backend):
 
 
 def test_blas_threads_restored_and_errors_propagate():
-    from attn.fast import _THREADS
+    from attn.fast.threads import _THREADS
     before = B.blas_threads()
 
     def boom():
@@ -547,7 +547,7 @@ def test_idle_helper_threads_hold_no_task():
     keeps nothing alive: decoding's last step (its keys and values) and a training step's
     cache were held that way until the next task."""
     import weakref
-    from attn.fast import _THREADS
+    from attn.fast.threads import _THREADS
 
     class Buffers:
         pass
@@ -566,7 +566,7 @@ def test_threads_survive_a_fork():
     """A child forked after the helper threads exist gets fresh ones (it inherits the queues,
     not the threads) instead of waiting forever."""
     import multiprocessing as mp
-    from attn.fast import _THREADS
+    from attn.fast.threads import _THREADS
     _THREADS.run([lambda: 1, lambda: 2])
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("no fork on this platform")

@@ -14,8 +14,8 @@ from attn.data import Vocab
 from attn.evaluate import translate
 from attn.model import Transformer, TransformerConfig
 from attn.site.export import load_export, main as export_main
-from attn.train import TrainConfigError, train
-from attn.training.config import config_from_argv
+from attn.train import train
+from attn.training.config import TrainConfigError, config_from_argv
 from test_train import TINY, write_corpus
 
 LATER = ["--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1", "--norm", "pre", "--norm-kind", "rms"]
