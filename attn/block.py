@@ -185,8 +185,9 @@ class Attention:
         :meth:`step`, returning (out, :class:`Attended`)."""
         if past is not None:
             return self.step(xq, xkv, past, mask, p, name)
-        return multi_head_attention_forward(xq, xkv, *(p[f"{name}.{n}"] for n in ATTENTION), self.n_heads, mask,
-                                            self.dropout, rng, kv_heads=self.kv_heads, rope=self.rope_base)
+        return multi_head_attention_forward(xq, xkv, *(p[f"{name}.{n}"] for n in ATTENTION), n_heads=self.n_heads,
+                                            mask=mask, dropout=self.dropout, rng=rng, kv_heads=self.kv_heads,
+                                            rope_base=self.rope_base)
 
     def backward(self, ds, cache, name: str, grads: dict):
         """Backward of :meth:`forward` (training): the parameters' gradients into ``grads``.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
+from ..decode import Decoding
 from ..evaluate import MAX_ALPHA, MAX_BEAM
 from ..model import PRESETS, TransformerConfig, renamed_fields
 from ..precision import PRECISIONS, Precision, PrecisionError
@@ -266,6 +267,12 @@ class TrainConfig:
         """A config from :meth:`to_dict` output (or a checkpoint's saved settings); unknown keys are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in renamed_fields(d, "TrainConfig").items() if k in names})
+
+    @property
+    def decoding(self) -> Decoding:
+        """How the final test translation decodes (``--beam``, ``--alpha``, ``--no-repeat-ngram``;
+        on a config whose recipe is filled in, :meth:`with_recipe`)."""
+        return Decoding(beam_size=self.beam, alpha=self.alpha, no_repeat_ngram=self.no_repeat_ngram)
 
     @property
     def engine(self) -> str:
