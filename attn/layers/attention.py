@@ -114,7 +114,7 @@ class MultiHeadCache(NamedTuple):
 
 
 def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o,
-                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None,
+                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None, *,
                                  kv_heads: int | None = None, rope_base: float | None = None):
     """Inputs: x_q (B, Tq, D) queries' source; x_kv (B, Tk, D) keys' and values' source
     (the same array for self-attention, the encoder output for encoder-decoder
@@ -122,6 +122,8 @@ def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
     so (D, D)) and Dh = D / n_heads; b_* their widths; mask broadcastable to (B, H, Tq, Tk);
     rope_base None, or the base of rotary positions (:mod:`attn.layers.rope`) applied to every
     head's queries and keys at positions 0, 1, ... (self-attention).
+    ``kv_heads`` and ``rope_base`` are given by name; ``n_heads``, ``mask``, ``dropout`` and ``rng``
+    may come by position too, as the grader passes them to a learner's function and to this one.
 
     Returns: out (B, Tq, D), cache. ``cache.attn.weights`` is (B, H, Tq, Tk).
     """
@@ -156,8 +158,8 @@ def grouped_query_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o
     ``j * g .. j * g + g - 1``, ``g = n_heads / kv_heads``. w_k, w_v are (D, kv_heads * Dh).
 
     Returns: out (B, Tq, D), cache."""
-    return multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads, mask, dropout,
-                                        rng, kv_heads=kv_heads)
+    return multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads=n_heads,
+                                        mask=mask, dropout=dropout, rng=rng, kv_heads=kv_heads)
 
 
 def grouped_query_attention_backward(dout, cache: MultiHeadCache):
