@@ -6,7 +6,7 @@
 
 Every sub-layer sits in a residual connection with dropout, followed by layer
 norm (post-norm, as in the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``.
-``norm="pre"`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final norm.
+``norm_position="pre"`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final norm.
 
 ``n_encoder_layers=0`` is a decoder-only language model (GPT; lesson 24) of the same block: no
 encoder, no cross-attention, ``forward(None, ids)``, the same decoder layers and decoding.
@@ -55,8 +55,8 @@ PRESETS = {
     # nanoGPT's shakespeare_char for a CPU: a decoder-only language model of 4 pre-norm layers, 4
     # heads, width 128, learned positions for a context of 64, no dropout (attn-train --task lm).
     "shakespeare_char": dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=0, n_decoder_layers=4,
-                             dropout=0.0, label_smoothing=0.0, warmup_steps=100, max_len=64, norm="pre",
-                             positional="learned"),
+                             dropout=0.0, label_smoothing=0.0, warmup_steps=100, max_len=64,
+                             norm_position="pre", positional="learned"),
 }
 
 
@@ -82,7 +82,7 @@ class TransformerConfig:
     label_smoothing: float = 0.1     # epsilon_ls (section 5.4)
     max_len: int = 256               # rows of the positional table (sinusoids extend on demand)
     positional: str = "sinusoidal"   # or "learned" (Table 3, row E), or "rope" (rotary, lesson 26)
-    norm: str = "post"               # "post" (the paper) or "pre"
+    norm_position: str = "post"      # where the norm sits: "post" (the paper) or "pre"
     norm_kind: str = "layer"         # "layer" (the paper's layer norm) or "rms" (RMSNorm: no mean, no beta)
     ffn: str = "relu"                # "relu" (equation 2) or "swiglu" (width 2/3 d_ff, no biases)
     kv_heads: int | None = None      # key/value heads of every attention (None: n_heads; 1: multi-query)
@@ -149,11 +149,30 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TransformerConfig":
+        """A config from :meth:`to_dict` output, today's or an older file's (:func:`renamed_fields`)."""
+        d = renamed_fields(d, "TransformerConfig")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"TransformerConfig: unknown fields {unknown}")
         return cls(**d)
+
+
+#: Config fields renamed since files were first written, old name -> new: a config read from a
+#: file (a checkpoint, a page export, a run's config.json) passes through :func:`renamed_fields`.
+RENAMED_FIELDS = {"norm": "norm_position"}
+
+
+def renamed_fields(d: dict, owner: str) -> dict:
+    """``d`` with each old field name of :data:`RENAMED_FIELDS` replaced by its new one (a new dict);
+    ValueError naming ``owner`` and both names if ``d`` gives both."""
+    if not isinstance(d, dict):
+        return d
+    both = [f"{old!r} (the old name of {new!r}) and {new!r}" for old, new in RENAMED_FIELDS.items()
+            if old in d and new in d]
+    if both:
+        raise ValueError(f"{owner}: both {both[0]} given")
+    return {RENAMED_FIELDS.get(k, k): v for k, v in d.items()}
 
 
 # --------------------------------------------------------------------------- parameters

@@ -17,9 +17,9 @@ from attn.model import Transformer, TransformerConfig, log_softmax, parameter_co
 from test_model import GRAD_EXAMPLES, GRAD_H, GRAD_TOL, floored_rel_error
 
 PAPER = dict(vocab_size=7, d_model=4, n_heads=2, d_ff=3, n_decoder_layers=2, label_smoothing=0.1)   # post-norm, sinusoids
-GPT = dict(vocab_size=7, d_model=4, n_heads=1, d_ff=3, n_decoder_layers=2, norm="pre", positional="learned",
-           label_smoothing=0.0)
-LATER = dict(vocab_size=7, d_model=8, n_heads=2, kv_heads=1, d_ff=3, n_decoder_layers=2, norm="pre",
+GPT = dict(vocab_size=7, d_model=4, n_heads=1, d_ff=3, n_decoder_layers=2, norm_position="pre",
+           positional="learned", label_smoothing=0.0)
+LATER = dict(vocab_size=7, d_model=8, n_heads=2, kv_heads=1, d_ff=3, n_decoder_layers=2, norm_position="pre",
              norm_kind="rms", positional="rope", ffn="swiglu", label_smoothing=0.1)
 
 
@@ -33,7 +33,8 @@ def lm_cases(draw, max_len: int = 5):
     of real tokens (4..V-1) with the targets: the ids shifted by one."""
     H = draw(st.sampled_from([1, 2]))
     cfg = lm_config(vocab_size=draw(st.integers(5, 7)), d_model=4 * H, n_heads=H, d_ff=draw(st.integers(2, 5)),
-                    n_decoder_layers=draw(st.integers(1, 2)), norm=draw(st.sampled_from(["post", "pre"])),
+                    n_decoder_layers=draw(st.integers(1, 2)),
+                    norm_position=draw(st.sampled_from(["post", "pre"])),
                     positional=draw(st.sampled_from(["sinusoidal", "learned", "rope"])),
                     ffn=draw(st.sampled_from(["relu", "swiglu"])), norm_kind=draw(st.sampled_from(["layer", "rms"])),
                     kv_heads=draw(st.sampled_from([None, 1])), label_smoothing=draw(st.sampled_from([0.0, 0.1])),

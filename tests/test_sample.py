@@ -52,7 +52,7 @@ def test_choose_inverts_the_cumulative_distribution():
 
 def _lm(**kw):
     cfg = TransformerConfig(**{**dict(vocab_size=9, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=0,
-                                      n_decoder_layers=2, dropout=0.0, max_len=8, norm="pre"), **kw})
+                                      n_decoder_layers=2, dropout=0.0, max_len=8, norm_position="pre"), **kw})
     return Transformer(cfg, seed=3, dtype="float64")
 
 
