@@ -477,11 +477,7 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
         rep.error = _nothing_to_grade(path, plan, imported, layers)
         if rep.error:
             return rep
-        rep.header = (f"attn-check {path}: {len(plan)} layer{'s' * (len(plan) != 1)}"
-                      + (f" of exercise {manifest.name}" if manifest else "")
-                      + f", {examples} examples each, backend {B.get_backend()}"
-                      + (", the final profile" if seed is not None else "")
-                      + (", the library's own functions allowed" if allow_library else ""))
+        rep.header = _header(path, len(plan), manifest, examples, seed, allow_library)
         w(rep.header + "\n")
         w(f"sandbox: {rep.sandbox}\n")
         with scaled(FINAL_SCALE) if seed is not None else contextlib.nullcontext():
@@ -501,6 +497,15 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
         return rep
     finally:
         sandbox.cleanup()
+
+
+def _header(path: Path, layers: int, manifest, examples: int, seed: int | None, allow_library: bool) -> str:
+    """The report's first line: the file, its layers and exercise, the profile."""
+    return (f"attn-check {path}: {layers} layer{'s' * (layers != 1)}"
+            + (f" of exercise {manifest.name}" if manifest else "")
+            + f", {examples} examples each, backend {B.get_backend()}"
+            + (", the final profile" if seed is not None else "")
+            + (", the library's own functions allowed" if allow_library else ""))
 
 
 def _start(sandbox: Sandbox, path: Path, rep: FileReport, manifest) -> dict | None:
