@@ -204,7 +204,7 @@ def _build_ours(s: _Setup, wants_ref: bool) -> None:
     # On a GPU the batch is checked once here; inside the timed step nothing waits for the device.
     s.fast = FAST.model(s.cfg, seed=0, precision=Precision.of(s.precision or "fp32"), check_ids=not s.on_gpu)
     if s.on_gpu:
-        from ..layers._checks import check_ids
+        from ..layers import check_ids
         for a in s.batch:
             check_ids("bench", "batch", a, s.cfg.vocab_size)
 
