@@ -40,7 +40,7 @@ def _config(tmp_path, *extra):
                              "--out", str(tmp_path / "run"), "--quiet", *extra])
 
 
-LATER = ("--norm", "pre", "--norm-kind", "rms", "--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1")
+LATER = ("--norm-position", "pre", "--norm-kind", "rms", "--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1")
 
 #: Python run in the probe's child before its probes, breaking one feature there (the training
 #: process is left whole: what breaks in the child is what the probes must find).
@@ -122,7 +122,7 @@ def test_every_feature_passes_its_probe_on_the_stand_in(probed, tmp_path, monkey
     config = _config(tmp_path, "--cuda-graph", "--precision", "bf16", "--attention", "flash", *LATER)
     assert fallback.settle(config, said.append) == config and not said
     assert len(children) == 1 and children[0]["block"] == {
-        "positional": "rope", "norm": "pre", "norm_kind": "rms", "ffn": "swiglu", "rope_base": 10000.0,
+        "positional": "rope", "norm_position": "pre", "norm_kind": "rms", "ffn": "swiglu", "rope_base": 10000.0,
         "share_embeddings": True, "attention_dropout": 0.0, "grouped": True, "multi_query": True}
     assert fallback.asked(children[0]) == list(probe.ORDER)
 
@@ -142,7 +142,7 @@ def test_the_probes_weights_look_trained_and_the_tolerance_follows_the_precision
     assert probe.tolerance("bf16", "grads") == 32 * 2.0 ** -8 and probe.tolerance("fp32") == 1e-5
 
 
-@pytest.mark.parametrize("block", [None, {"positional": "rope", "norm": "pre", "norm_kind": "rms", "ffn": "swiglu",
+@pytest.mark.parametrize("block", [None, {"positional": "rope", "norm_position": "pre", "norm_kind": "rms", "ffn": "swiglu",
                                           "grouped": True}])
 def test_a_right_narrowed_step_is_within_the_tolerance_and_a_wrong_one_outside(probed, block, monkeypatch):
     """bf16 and tf32 against fp32 on the probe model: the loss and the gradients within their

@@ -40,7 +40,7 @@ STEPS = 3
 EMBED_SCALE = 4.0
 
 #: What the block of the run's model is, of its config's fields, for the probe's model.
-BLOCK_FIELDS = ("positional", "norm", "norm_kind", "ffn", "rope_base", "share_embeddings", "attention_dropout")
+BLOCK_FIELDS = ("positional", "norm_position", "norm_kind", "ffn", "rope_base", "share_embeddings", "attention_dropout")
 
 
 def probe_config(block: dict | None = None, dropout: float = 0.1):
