@@ -479,8 +479,8 @@ for k, (how, color) in enumerate((("greedy", "tab:blue"), ("beam", "tab:orange")
     vals = [search[name][how] for name in search]
     ax[2].bar(xs + (k - 0.5) * 0.38, vals, 0.38, color=color, label="greedy" if how == "greedy" else "beam 4")
     for x, v in zip(xs + (k - 0.5) * 0.38, vals):
-        ax[2].text(x, v + 1, f"{v:.1f}", ha="center", va="bottom", rotation=90, fontsize=8)
-ax[2].set_xticks(xs, list(search)); ax[2].set_ylim(0, 150); ax[2].legend(loc="upper center", ncol=2)   # above any bar
+        ax[2].text(x, v - 2, f"{v:.1f}", ha="center", va="top", rotation=90, fontsize=8, color="white")
+ax[2].set_xticks(xs, list(search)); ax[2].set_ylim(0, 125); ax[2].legend(loc="upper center", ncol=2)   # above any bar
 ax[2].set_ylabel("test BLEU (last model)"); ax[2].set_title("label smoothing and beam search")
 fig.tight_layout(); show_figure(fig, "14_greedy_vs_beam.png")
 
