@@ -15,8 +15,7 @@
 #
 # * **Llama 2** (Touvron et al., 2023): pre-norm RMSNorm, RoPE, SwiGLU; grouped-query attention
 #   only in its 34B and 70B models, full multi-head attention in the 7B and 13B.
-# * **Mistral 7B** (Jiang et al., 2023): RMSNorm, RoPE, SwiGLU, grouped-query attention with 8
-#   key/value heads for 32 query heads.
+# * **Mistral 7B** (Jiang et al., 2023): RMSNorm, RoPE, SwiGLU and grouped-query attention.
 # * **Gemma** (Gemma Team, 2024): RMSNorm and RoPE, but **GeGLU**, the same gate with GELU in place
 #   of SiLU; multi-head attention in the 7B model, multi-query attention (one key/value head) in
 #   the 2B.
