@@ -139,6 +139,7 @@ class FastBackward:
             del c3
             dk, dv = dkv_heads[2 * i], dkv_heads[2 * i + 1]
             dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into), G)
+            self._norm_heads_bwd_(f"decoder.{i}.cross_attn", dk, cache.keys[i], "k", G)
             del c2
             dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
             del c1
@@ -257,6 +258,8 @@ class FastBackward:
         if self.block.positions.rotary:           # forward turned q and k: turn their gradients back
             self._rope_(dq, T, inverse=True)
             self._rope_(dk, T, inverse=True)
+        self._norm_heads_bwd_(c.pre, dq, c.qk[0], "q", G)
+        self._norm_heads_bwd_(c.pre, dk, c.qk[1], "k", G)
         # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
         self.ops.mm(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))               # (D, 3D)
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dqkv, G.block(c.pre + ".b_qkv")))
@@ -269,9 +272,16 @@ class FastBackward:
         Bsz, H, T, Dh = c.att.q.shape
         (dqh,) = self._heads(dq, Bsz, T, 1)
         self._attend_bwd(dctx, c.att, dqh, dk, dv)
+        self._norm_heads_bwd_(c.pre, dqh, c.qk, "q", G)
         self.ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
         return self.ops.mm(dq, c.Wq.T, out=into, accumulate=into is not None)
+
+    def _norm_heads_bwd_(self, pre, da, cache, which, G: _Grads) -> None:
+        """Backward of :meth:`attn.fast.FastTransformer._norm_heads_` in place on the heads' gradient
+        ``da`` (a view); the gain's gradient into ``G``. Nothing without QK-norm (``cache`` None)."""
+        if cache is not None:
+            da[...], G.views[f"{pre}.{which}_gamma"][...] = self.block.self_attention.norm_heads_backward(da, cache)
 
     def _ffn_bwd(self, dout, c, G: _Grads, into=None):
         """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
