@@ -2,7 +2,7 @@
 # # Lesson 26: beyond 2017, the block of today's models, every backward by hand
 #
 # Open the code of any language model trained since 2023 (Llama, Qwen, Gemma, OLMo) and
-# its block is the paper's block with four parts exchanged:
+# its block is the paper's block with four parts exchanged (and, in some, a fifth added):
 #
 # | the paper (2017) | today | lesson |
 # |---|---|---|
@@ -10,6 +10,7 @@
 # | the ReLU network $\max(0, xW_1 + b_1)W_2 + b_2$ (equation 2) | **SwiGLU**: one path gates the other | part 2 |
 # | every head with its own keys and values | **grouped-query attention**: a few key/value heads, each shared by a group of query heads | part 3 |
 # | layer norm after each sub-layer (post-norm) | a norm *before* each sub-layer (pre-norm), often RMSNorm | lesson 7 measured pre-norm; RMSNorm is its own layer |
+# | scores $q \cdot k / \sqrt{d_k}$ as large as the queries and keys make them | **QK-norm** (OLMo 2, Gemma 3): each head's query and key RMS-normed first | part 4 |
 #
 # Each is a forward/backward pair in `attn.layers`, derived here, checked against central
 # differences in float64, and poked at until the property it is used for shows.
@@ -193,6 +194,55 @@ for kv in (8, 2, 1):
     print(f"  kv_heads = {kv}: {kib:,.0f} KiB of keys and values per sentence")
 
 # %% [markdown]
+# ## 4. QK-norm (OLMo 2, Gemma 3)
+#
+# Nothing in the paper's attention bounds a score: $q \cdot k / \sqrt{d_h}$ grows with the
+# queries and keys, and a few large logits saturate a softmax, which is where large models'
+# training runs have diverged. QK-norm puts an RMSNorm with a learned gain (one per feature of a
+# head, shared by the heads) over each head's query and key, after the projections and before
+# rotary positions: $\hat q = g_q \odot q / \mathrm{rms}(q)$, and $\hat k$ likewise. A normed
+# head is $\sqrt{d_h}$ long before its gain, so by Cauchy-Schwarz, whatever the inputs,
+#
+# $$\frac{|\hat q \cdot \hat k|}{\sqrt{d_h}} \le \sqrt{d_h}\, \max|g_q|\, \max|g_k|, \tag{26.4}$$
+#
+# and rotary positions, which keep lengths, keep the bound. The backward is RMSNorm's over the
+# last axis of the heads, each gain's gradient summed over sentences, positions and heads. The
+# model has it in every attention with `qk_norm=True` (`attn-train --qk-norm`). Below, the
+# same attention on ever larger inputs, without it and with it:
+
+# %%
+Hn, Dh_n = 4, 8
+Dn = Hn * Dh_n
+prm_n = {n: rng.standard_normal(s) / np.sqrt(Dn) for n, s in
+         {f"{p}_{w}": ((Dn, Dn) if p == "w" else (Dn,)) for w in "qkvo" for p in "wb"}.items()}
+g_q, g_k = rng.uniform(0.5, 1.5, Dh_n), rng.uniform(0.5, 1.5, Dh_n)
+bound = np.sqrt(Dh_n) * np.abs(g_q).max() * np.abs(g_k).max()          # equation 26.4
+
+
+def largest_score(x, gains):
+    _, c = multi_head_attention_forward(x, x, **prm_n, n_heads=Hn, qk_gains=gains)
+    return np.abs(c.attn.q @ c.attn.k.swapaxes(-1, -2)).max() * c.attn.scale
+
+
+rows_n = [(size, *(largest_score(size * rng.standard_normal((2, 6, Dn)), g) for g in (None, (g_q, g_k))))
+          for size in (1, 10, 100)]
+print(f"{'input size':>10} {'largest |score|, paper':>23} {'with QK-norm':>13}   (bound 26.4: {bound:.2f})")
+for size, plain, normed in rows_n:
+    print(f"{size:>10} {plain:>23.2f} {normed:>13.2f}")
+
+
+def qk_fwd(x_q, x_kv, g_q, g_k, **p):
+    return multi_head_attention_forward(x_q, x_kv, **p, n_heads=2, qk_gains=(g_q, g_k))
+
+
+small = {n: rng.standard_normal((8, 8) if n[0] == "w" else (8,)) for n in prm_n}
+qk_err = max(check_layer("qk_norm attention", qk_fwd, multi_head_attention_backward,
+                         {"x_q": rng.standard_normal((2, 3, 8)), "x_kv": rng.standard_normal((2, 4, 8)), **small,
+                          "g_q": rng.uniform(0.5, 1.5, 4), "g_k": rng.uniform(0.5, 1.5, 4)},
+                         ("x_q", "x_kv", *small, "g_q", "g_k")).values())
+print(f"gradient check of attention with QK-norm (float64, every input and gain): relative error {qk_err:.1e}")
+
+# %% [markdown]
 # ## Check
 
 # %%
@@ -201,8 +251,12 @@ assert norm_change < 1e-12 and np.abs(back - x).max() < 1e-12
 assert rope_err < 1e-6 and max(glu_err.values()) < 1e-6 and all(r[3] < 1e-6 for r in rows)
 assert abs(3 * F_glu - 2 * F_base) <= 3, "SwiGLU's width must keep the parameter count"
 assert np.abs(dsilu - num_dsilu).max() < 1e-6 and s_a.min() < 0
+assert all(normed <= bound * (1 + 1e-9) for _, _, normed in rows_n) and rows_n[-1][1] > bound
+assert qk_err < 1e-6
 print(f"Check passed: rotary scores depend on the offset alone (spread {spread:.1e}); gradient checks of "
       f"RoPE, SwiGLU and grouped-query attention within {max(rope_err, *glu_err.values(), *(r[3] for r in rows)):.1e}")
+print(f"QK-norm: the largest score {max(r[2] for r in rows_n):.2f} stays within its bound {bound:.2f} at every "
+      f"input size; without it {rows_n[-1][1]:.0f}")
 
 # %% [markdown]
 # ## Questions

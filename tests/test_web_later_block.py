@@ -1,13 +1,14 @@
 """The page computes the later models' block (lesson 26) as attn computes it in NumPy.
 
 A small untrained model with each part alone (RMSNorm, rotary positions, SwiGLU, grouped-query
-attention) and with all of them on a pre-norm block (one key/value head: multi-query) is
+attention; QK-norm with rotary positions and two key/value heads) and with the first four on a
+pre-norm block (one key/value head: multi-query) is
 exported, and the page's greedy translations, and beam search on the last, are compared with
 NumPy's as tests/test_web.py compares the paper's block: every output token, every logit within
 1e-4, every attention weight within 1e-5. A mutant of each part (RoPE pairing neighbours instead
 of the half split, a query head reading the wrong key/value head, SwiGLU's gate and value paths
 exchanged, RMSNorm's mean over D - 1 features, a decoded key turned to position 0 instead of its
-own) must fail the same comparison.
+own, QK-norm leaving the keys unnormed) must fail the same comparison.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ CASES = {
     "swiglu": {"ffn": "swiglu"},
     "gqa": {"kv_heads": 2, "share_embeddings": False},
     "all": {"norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1},
+    "qknorm": {"qk_norm": True, "positional": "rope", "kv_heads": 2},
 }
 SENTENCES = 3
 
@@ -43,7 +45,7 @@ def later_dir(tmp_path_factory):
     for i, (case, options) in enumerate(CASES.items()):
         model = Transformer(_config(len(vocab), **options), seed=i)
         for name, p in model.params.items():   # untrained gains and biases would hide mistakes: perturb them
-            if name.endswith((".gamma", ".beta")) or name.rsplit(".", 1)[1].startswith("b"):
+            if name.endswith(("gamma", ".beta")) or name.rsplit(".", 1)[1].startswith("b"):
                 p += np.random.default_rng(len(name)).normal(0, 0.1, p.shape).astype(p.dtype)
         export_model(model, vocab, root / case, "float32", doc["sentences"][:SENTENCES])
     return root
@@ -94,7 +96,10 @@ MUTANTS = {
     "swiglu": ("**/attn/layers.js", ("const a = linearForward(x, w), b = linearForward(x, v);",
                                      "const a = linearForward(x, v), b = linearForward(x, w);")),
     "rms": ("**/attn/layers.js", ("squares / D + Math.fround(eps)", "squares / (D - 1) + Math.fround(eps)")),
-    "rope-cache": ("**/attn/model.js", ('p("self_attn.b_k")), KV), t);', 'p("self_attn.b_k")), KV), 0);')),
+    "rope-cache": ("**/attn/model.js", ('this.heads(`${pre}.self_attn`, h, "k", t);',
+                                        'this.heads(`${pre}.self_attn`, h, "k", 0);')),
+    "qknorm": ("**/attn/model.js", ("const normed = this.parts.attention.qkNorm ?",
+                                    'const normed = this.parts.attention.qkNorm && which === "q" ?')),
 }
 
 
