@@ -12,6 +12,8 @@ own, QK-norm leaving the keys unnormed) must fail the same comparison.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -142,3 +144,33 @@ def test_the_pages_decoding_cache_holds_the_key_value_heads(later_site, later_di
         (k, v), (ck, _) = state.self_kv[0], state.cross_kv[0]
         assert shapes == [list(k.shape[1:]), list(v.shape[1:]), list(ck.shape[1:])], case
         assert shapes[0][0] == CASES[case]["kv_heads"] < model.config.n_heads
+
+
+QK_CONFIGS = [{"qk_norm": True}, {"qk_norm": True, "d_model": 12, "n_heads": 4, "kv_heads": 2, "norm": "pre"},
+              {"qk_norm": False, "kv_heads": 1}, {"qk_norm": "yes"}, {"qk_norm": 1}]
+
+
+@needs_browser
+def test_the_page_declares_qk_norms_gains_as_the_block_does(later_site):
+    """The page's parameter shapes and count with QK-norm are attn.model's (its two gains of the
+    head size per attention); a qk_norm that is not a boolean is refused naming the field."""
+    from attn.model import parameter_count, parameter_shapes
+    url, chromium = later_site
+    page = chromium.new_page()
+    try:
+        page.goto(url + "index.html")
+        got = page.evaluate("""async (configs) => {
+          const { checkConfig, parameterCount, parameterShapes } = await import("/attn/model.js");
+          return configs.map((c) => {
+            try { const k = checkConfig(c); return [[...parameterShapes(k)], parameterCount(k)]; } catch (e) { return e.message; }
+          });
+        }""", QK_CONFIGS)
+    finally:
+        page.close()
+    for config, js in zip(QK_CONFIGS, got):
+        try:
+            cfg = TransformerConfig.from_dict(config)
+        except ValueError:
+            assert js == f"config: qk_norm must be true or false, got {json.dumps(config['qk_norm'])}", (config, js)
+            continue
+        assert [[[n, list(s)] for n, s in parameter_shapes(cfg).items()], parameter_count(cfg)] == js, config

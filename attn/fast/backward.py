@@ -137,9 +137,8 @@ class FastBackward:
             cache.dec[i] = None
             dy = self._residual_bwd(dy, c3, self._ffn_bwd, G)
             del c3
-            dk, dv = dkv_heads[2 * i], dkv_heads[2 * i + 1]
-            dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into), G)
-            self._norm_heads_bwd_(f"decoder.{i}.cross_attn", dk, cache.keys[i], "k", G)
+            dk, dv, keys = dkv_heads[2 * i], dkv_heads[2 * i + 1], cache.keys[i]      # keys: QK-norm's cache
+            dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into, keys), G)
             del c2
             dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
             del c1
@@ -265,7 +264,9 @@ class FastBackward:
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dqkv, G.block(c.pre + ".b_qkv")))
         return self.ops.mm(dqkv, c.W.T, out=into, accumulate=into is not None)
 
-    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads, into=None):
+    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads, into=None, keys=None):
+        """``dk``, ``dv``: this layer's views of the keys' and values' gradients, which it writes
+        (``keys``: QK-norm's cache of the keys, normed where they were projected; None without)."""
         xp = self.xp
         dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
         dq = xp.empty(dout.shape, dtype=dout.dtype)                           # (N_t, D)
@@ -273,6 +274,7 @@ class FastBackward:
         (dqh,) = self._heads(dq, Bsz, T, 1)
         self._attend_bwd(dctx, c.att, dqh, dk, dv)
         self._norm_heads_bwd_(c.pre, dqh, c.qk, "q", G)
+        self._norm_heads_bwd_(c.pre, dk, keys, "k", G)
         self.ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
         return self.ops.mm(dq, c.Wq.T, out=into, accumulate=into is not None)
