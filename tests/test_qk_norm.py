@@ -239,3 +239,16 @@ def test_attn_train_takes_qk_norm_and_old_checkpoints_load_without_it(tmp_path):
     save_npz(old, model.state_arrays(), {"format": "attn-checkpoint-1", "config": meta})
     loaded = Transformer.load(old)
     assert loaded.config == cfg and not loaded.block.self_attention.qk_norm
+
+
+def test_the_fast_step_with_qk_norm_keeps_the_steps_targets_on_the_stand_in():
+    """The later block with QK-norm, its training step counted on the CuPy stand-in as
+    tests/test_counts.py counts the others': no host sync, nothing from the memory pool, one Adam
+    launch, nothing a CUDA graph's capture refuses."""
+    from attn.bench import counts as C
+    from attn.bench.presets import BENCH_PRESETS, BenchConfig, later_block as later_model
+    bc = BENCH_PRESETS["quick"]
+    bc = BenchConfig(**{**bc.__dict__, "model": {**later_model(bc.model), "qk_norm": True}})
+    tally, syncs, _ = C.count_at(bc, ("train_step",))["train_step"]
+    assert (syncs, tally.allocations, tally.phases.get("optimizer")) == (0, 0, 1), tally.ops
+    assert C.capture_survey(bc, "quick, later block, QK-norm")["total"] == 0
