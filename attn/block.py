@@ -226,9 +226,9 @@ class Attention:
         """QK-norm of the heads ``a`` (..., Dh) of the queries (``which`` "q") or keys ("k") of the
         attention ``name``: ``rmsnorm(a) * gain * scale`` (``scale``: a factor folded into the gain,
         the fast decoding's 1/sqrt(Dh)). Returns: out, its RMSNorm cache; without QK-norm, a
-        itself (times ``scale``) and None."""
+        itself and None."""
         if not self.qk_norm:
-            return (a if scale == 1.0 else a * a.dtype.type(scale)), None
+            return a, None
         gain = p[f"{name}.{which}_gamma"]
         return rmsnorm_forward(a, gain if scale == 1.0 else gain * gain.dtype.type(scale), self.eps)
 
