@@ -25,9 +25,9 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 import numpy as np
 
 from attn.gradcheck import check_layer
-from attn.layers import (multi_head_attention_backward, multi_head_attention_forward, relu_forward,
-                         rope_angles, rope_backward, rope_forward, silu, swiglu_backward, swiglu_forward,
-                         swiglu_width)
+from attn.layers import (attention_forward, merge_heads, multi_head_attention_backward,
+                         multi_head_attention_forward, relu_forward, rmsnorm_forward, rope_angles, rope_backward,
+                         rope_forward, silu, split_heads, swiglu_backward, swiglu_forward, swiglu_width)
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 rng = np.random.default_rng(0)
@@ -219,9 +219,18 @@ g_q, g_k = rng.uniform(0.5, 1.5, Dh_n), rng.uniform(0.5, 1.5, Dh_n)
 bound = np.sqrt(Dh_n) * np.abs(g_q).max() * np.abs(g_k).max()          # equation 26.4
 
 
+layer_gap = []                             # the heads below, attended, against the library's layer
+
+
 def largest_score(x, gains):
-    _, c = multi_head_attention_forward(x, x, **prm_n, n_heads=Hn, qk_gains=gains)
-    return np.abs(c.attn.q @ c.attn.k.swapaxes(-1, -2)).max() * c.attn.scale
+    """The largest |q . k| / sqrt(Dh) over the heads of x (B, T, D), QK-normed with ``gains`` or not."""
+    q, k, v = (split_heads(x @ prm_n[f"w_{w}"] + prm_n[f"b_{w}"], Hn) for w in "qkv")
+    if gains is not None:
+        q, k = rmsnorm_forward(q, gains[0])[0], rmsnorm_forward(k, gains[1])[0]
+    out = merge_heads(attention_forward(q, k, v)[0]) @ prm_n["w_o"] + prm_n["b_o"]
+    layer = multi_head_attention_forward(x, x, **prm_n, n_heads=Hn, qk_gains=gains)[0]
+    layer_gap.append(np.abs(out - layer).max() / np.abs(layer).max())
+    return np.abs(q @ k.swapaxes(-1, -2)).max() / np.sqrt(Dh_n)
 
 
 rows_n = [(size, *(largest_score(size * rng.standard_normal((2, 6, Dn)), g) for g in (None, (g_q, g_k))))
@@ -240,7 +249,8 @@ qk_err = max(check_layer("qk_norm attention", qk_fwd, multi_head_attention_backw
                          {"x_q": rng.standard_normal((2, 3, 8)), "x_kv": rng.standard_normal((2, 4, 8)), **small,
                           "g_q": rng.uniform(0.5, 1.5, 4), "g_k": rng.uniform(0.5, 1.5, 4)},
                          ("x_q", "x_kv", *small, "g_q", "g_k")).values())
-print(f"gradient check of attention with QK-norm (float64, every input and gain): relative error {qk_err:.1e}")
+print(f"gradient check of attention with QK-norm (float64, every input and gain): relative error {qk_err:.1e}; "
+      f"the heads above attended equal the layer's output to {max(layer_gap):.1e}")
 
 # %% [markdown]
 # ## Check
@@ -252,7 +262,7 @@ assert rope_err < 1e-6 and max(glu_err.values()) < 1e-6 and all(r[3] < 1e-6 for 
 assert abs(3 * F_glu - 2 * F_base) <= 3, "SwiGLU's width must keep the parameter count"
 assert np.abs(dsilu - num_dsilu).max() < 1e-6 and s_a.min() < 0
 assert all(normed <= bound * (1 + 1e-9) for _, _, normed in rows_n) and rows_n[-1][1] > bound
-assert qk_err < 1e-6
+assert qk_err < 1e-6 and max(layer_gap) < 1e-12
 print(f"Check passed: rotary scores depend on the offset alone (spread {spread:.1e}); gradient checks of "
       f"RoPE, SwiGLU and grouped-query attention within {max(rope_err, *glu_err.values(), *(r[3] for r in rows)):.1e}")
 print(f"QK-norm: the largest score {max(r[2] for r in rows_n):.2f} stays within its bound {bound:.2f} at every "
