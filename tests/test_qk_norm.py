@@ -124,7 +124,7 @@ def _config(**options):
                                 "qk_norm": True, **options})
 
 
-LATER = {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 2, "norm": "pre"}
+LATER = {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 2, "norm_position": "pre"}
 
 
 def _batch():

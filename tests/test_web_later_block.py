@@ -28,7 +28,7 @@ CASES = {
     "rope": {"positional": "rope"},
     "swiglu": {"ffn": "swiglu"},
     "gqa": {"kv_heads": 2, "share_embeddings": False},
-    "all": {"norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1},
+    "all": {"norm_position": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1},
     "qknorm": {"qk_norm": True, "positional": "rope", "kv_heads": 2},
 }
 SENTENCES = 3
@@ -146,7 +146,7 @@ def test_the_pages_decoding_cache_holds_the_key_value_heads(later_site, later_di
         assert shapes[0][0] == CASES[case]["kv_heads"] < model.config.n_heads
 
 
-QK_CONFIGS = [{"qk_norm": True}, {"qk_norm": True, "d_model": 12, "n_heads": 4, "kv_heads": 2, "norm": "pre"},
+QK_CONFIGS = [{"qk_norm": True}, {"qk_norm": True, "d_model": 12, "n_heads": 4, "kv_heads": 2, "norm_position": "pre"},
               {"qk_norm": False, "kv_heads": 1}, {"qk_norm": "yes"}, {"qk_norm": 1}]
 
 

@@ -117,17 +117,20 @@ class MultiHeadCache(NamedTuple):
 
 
 def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o,
-                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None,
-                                 kv_heads: int | None = None, rope: float | None = None, qk_gains=None,
+                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None, *,
+                                 kv_heads: int | None = None, rope_base: float | None = None, qk_gains=None,
                                  qk_eps: float = 1e-6):
     """Inputs: x_q (B, Tq, D) queries' source; x_kv (B, Tk, D) keys' and values' source
     (the same array for self-attention, the encoder output for encoder-decoder
     attention); w_q, w_o (D, D); w_k, w_v (D, KV * Dh) with KV = ``kv_heads`` (None: n_heads,
     so (D, D)) and Dh = D / n_heads; b_* their widths; mask broadcastable to (B, H, Tq, Tk);
-    rope None, or the base of rotary positions (:mod:`attn.layers.rope`) applied to every
+    rope_base None, or the base of rotary positions (:mod:`attn.layers.rope`) applied to every
     head's queries and keys at positions 0, 1, ... (self-attention); qk_gains None, or QK-norm's
     gains (g_q, g_k), (Dh,) each: every head's queries and keys RMS-normed over Dh (``qk_eps``
     inside the root) and scaled by them, before rotary positions (OLMo 2, Gemma 3).
+    ``kv_heads``, ``rope_base``, ``qk_gains`` and ``qk_eps`` are given by name; ``n_heads``, ``mask``,
+    ``dropout`` and ``rng`` may come by position too, as the grader passes them to a learner's
+    function and to this one.
 
     Returns: out (B, Tq, D), cache. ``cache.attn.weights`` is (B, H, Tq, Tk).
     """
@@ -149,9 +152,9 @@ def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
     if qk_gains is not None:                                     # QK-norm: one gain per feature of a head
         q, nq = rmsnorm_forward(q, qk_gains[0], qk_eps)
         k, nk = rmsnorm_forward(k, qk_gains[1], qk_eps)
-    if rope is not None:
-        q, rq = rope_forward(q, base=rope)
-        k, rk = rope_forward(k, base=rope)
+    if rope_base is not None:
+        q, rq = rope_forward(q, base=rope_base)
+        k, rk = rope_forward(k, base=rope_base)
     o, ca = attention_forward(q, repeat_kv(k, group), repeat_kv(split_heads(v, kv_heads), group),
                               mask, dropout, rng)                # (B, H, Tq, Dh)
     out, co = linear_forward(merge_heads(o), w_o, b_o)
@@ -165,8 +168,8 @@ def grouped_query_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o
     ``j * g .. j * g + g - 1``, ``g = n_heads / kv_heads``. w_k, w_v are (D, kv_heads * Dh).
 
     Returns: out (B, Tq, D), cache."""
-    return multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads, mask, dropout,
-                                        rng, kv_heads=kv_heads)
+    return multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads=n_heads,
+                                        mask=mask, dropout=dropout, rng=rng, kv_heads=kv_heads)
 
 
 def grouped_query_attention_backward(dout, cache: MultiHeadCache):
