@@ -5,7 +5,8 @@
     placement     post-norm                      pre-norm (and a final norm)   norm_position, dropout
     positions     sinusoids (or a learned        rotary, inside the            positional, rope_base,
                   table, Table 3 row E)          self-attention                max_len
-    attention     multi-head                     grouped-query (kv_heads)      n_heads, kv_heads
+    attention     multi-head                     grouped-query (kv_heads),     n_heads, kv_heads,
+                                                 QK-norm                       qk_norm
     ffn           ReLU network (equation 2)      SwiGLU                        ffn, d_ff, relu_dropout
     cross-attn    over the encoder's output      none: a decoder-only stack    n_encoder_layers (0)
                                                  (a language model, lesson 24)
@@ -16,6 +17,14 @@ compares an option's string. :func:`parts` is the one place that reads the block
 refuses one it does not know, naming the field; :func:`check` adds what the parts need of the
 numbers (kv_heads dividing n_heads, rotary's even head size, a decoder-only stack's one tied
 vocabulary).
+
+QK-norm (``qk_norm``; OLMo 2, Gemma 3) is RMSNorm over each head's queries and keys, after the
+projections and before rotary positions: a gain (Dh,) for the queries and one for the keys
+(``q_gamma``, ``k_gamma``), shared by the heads of one attention, starting at one. It is on in
+every attention of the block, the cross-attention's too: a score is then at most
+``sqrt(Dh) max|g_q| max|g_k|`` in every attention (lesson 26), which is what QK-norm is for,
+and the cross-attention's keys are normed once, when they are projected from the memory, so
+decoding pays for it only on its one query a position.
 """
 from __future__ import annotations
 
@@ -29,6 +38,9 @@ from .layers import (feed_forward_backward, feed_forward_forward, layer_norm_bac
                      rmsnorm_backward, rmsnorm_forward, rope_forward, swiglu_backward, swiglu_forward,
                      swiglu_width)
 from .layers.attention import attention_forward, merge_heads, repeat_kv, split_heads
+
+#: QK-norm's gains: the queries', the keys' (each (Dh,)), in the order the attention takes them.
+QK_GAINS = ("q_gamma", "k_gamma")
 
 
 def size(shapes: dict) -> int:
@@ -169,21 +181,34 @@ class Attended(NamedTuple):
 class Attention:
     """Multi-head attention whose keys and values have ``kv_heads`` heads (grouped-query when
     fewer than ``n_heads``; 1: multi-query); ``rope_base``, rotary positions on its queries and
-    keys (self-attention only: positions are within one sequence)."""
+    keys (self-attention only: positions are within one sequence); ``qk_norm``, RMSNorm (``eps``)
+    over each head's queries and keys before them (the module docstring)."""
     n_heads: int
     kv_heads: int
     dropout: float
     rope_base: float | None
+    qk_norm: bool = False
+    eps: float = 1e-6
 
     @property
-    def later(self) -> bool:
+    def grouped(self) -> bool:
+        """Whether fewer key/value heads than query heads (grouped-query attention)."""
         return self.kv_heads != self.n_heads
 
+    @property
+    def names(self) -> tuple:
+        """The parameters, in the order the layer's forward takes them (and its backward returns
+        their gradients): :data:`ATTENTION`, then QK-norm's gains."""
+        return ATTENTION + (QK_GAINS if self.qk_norm else ())
+
     def shapes(self, D: int) -> dict:
-        """w_q, w_o (D, D); w_k, w_v (D, KV) with KV the key/value heads' width; a bias of each width."""
-        KV = self.kv_heads * (D // self.n_heads)
+        """w_q, w_o (D, D); w_k, w_v (D, KV) with KV the key/value heads' width; a bias of each
+        width; with QK-norm, q_gamma and k_gamma (Dh,)."""
+        Dh = D // self.n_heads
+        KV = self.kv_heads * Dh
         width = {"q": D, "k": KV, "v": KV, "o": D}
-        return {f"{p}_{n}": ((D, width[n]) if p == "w" else (width[n],)) for n in "qkvo" for p in "wb"}
+        shapes = {f"{p}_{n}": ((D, width[n]) if p == "w" else (width[n],)) for n in "qkvo" for p in "wb"}
+        return {**shapes, **{g: (Dh,) for g in self.names[len(ATTENTION):]}}
 
     def forward(self, xq, xkv, mask, p: dict, name: str, rng=None, past=None):
         """Training: :func:`attn.layers.multi_head_attention_forward` of the parameters ``name.*``
@@ -191,22 +216,41 @@ class Attention:
         :meth:`step`, returning (out, :class:`Attended`)."""
         if past is not None:
             return self.step(xq, xkv, past, mask, p, name)
+        gains = tuple(p[f"{name}.{g}"] for g in self.names[len(ATTENTION):]) or None
         return multi_head_attention_forward(xq, xkv, *(p[f"{name}.{n}"] for n in ATTENTION), n_heads=self.n_heads,
                                             mask=mask, dropout=self.dropout, rng=rng, kv_heads=self.kv_heads,
-                                            rope_base=self.rope_base)
+                                            rope_base=self.rope_base, qk_gains=gains, qk_eps=self.eps)
 
     def backward(self, ds, cache, name: str, grads: dict):
         """Backward of :meth:`forward` (training): the parameters' gradients into ``grads``.
         Returns: dxq, dxkv (for self-attention the caller adds them)."""
         dxq, dxkv, *dparams = multi_head_attention_backward(ds, cache)
-        grads.update(zip((f"{name}.{n}" for n in ATTENTION), dparams))
+        grads.update(zip((f"{name}.{n}" for n in self.names), dparams))
         return dxq, dxkv
 
+    def norm_heads(self, a, p: dict, name: str, which: str, scale: float = 1.0):
+        """QK-norm of the heads ``a`` (..., Dh) of the queries (``which`` "q") or keys ("k") of the
+        attention ``name``: ``rmsnorm(a) * gain * scale`` (``scale``: a factor folded into the gain,
+        the fast decoding's 1/sqrt(Dh)). Returns: out, its RMSNorm cache; without QK-norm, a
+        itself and None."""
+        if not self.qk_norm:
+            return a, None
+        gain = p[f"{name}.{which}_gamma"]
+        return rmsnorm_forward(a, gain if scale == 1.0 else gain * gain.dtype.type(scale), self.eps)
+
+    def norm_heads_backward(self, da, cache):
+        """Backward of :meth:`norm_heads` (``scale`` 1): ``rmsnorm_backward``, the gain's gradient
+        summed over every head, position and row. Returns: da (the heads'), dgain (Dh,)."""
+        return rmsnorm_backward(da, cache)
+
     def heads(self, x, p: dict, name: str, which: str, start: int = 0):
-        """x (B, T, D) projected by ``w_which``, split into heads (B, heads, T, Dh), and turned
-        to positions start.. where rotary positions turn it (queries and keys)."""
+        """x (B, T, D) projected by ``w_which``, split into heads (B, heads, T, Dh), QK-normed
+        (queries and keys, when the part has QK-norm), and turned to positions start.. where rotary
+        positions turn it (queries and keys)."""
         n = self.n_heads if which == "q" else self.kv_heads
         a = split_heads(linear_forward(x, p[f"{name}.w_{which}"], p[f"{name}.b_{which}"])[0], n)
+        if which != "v":
+            a = self.norm_heads(a, p, name, which)[0]
         if self.rope_base is not None and which != "v":
             a = rope_forward(a, host.arange(start, start + a.shape[2]), self.rope_base)[0]
         return a
@@ -315,10 +359,10 @@ def parts(cfg) -> Block:
     its fields). Raises ValueError naming the field of a kind no part knows."""
     positions = _positions(cfg)
     norm = Norm(cfg.norm_kind, *_kind(cfg, "norm_kind", NORMS), cfg.ln_eps)
-    kv_heads = cfg.kv_heads or cfg.n_heads
-    cross = Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, None) if cfg.n_encoder_layers else None
+    kv_heads, qk = cfg.kv_heads or cfg.n_heads, dict(qk_norm=getattr(cfg, "qk_norm", False), eps=cfg.ln_eps)
+    cross = Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, None, **qk) if cfg.n_encoder_layers else None
     return Block(norm, _kind(cfg, "norm_position", PLACEMENTS)(cfg.dropout), positions,
-                 Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, positions.rope_base),
+                 Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, positions.rope_base, **qk),
                  cross, _feed_forward(cfg))
 
 
@@ -341,6 +385,8 @@ def check(cfg) -> Block:
         bad(f"a decoder-only model (n_encoder_layers=0) reads and predicts one vocabulary through one tied "
             f"embedding: share_embeddings must be True (got {cfg.share_embeddings!r}) and tgt_vocab_size None "
             f"or vocab_size (got {cfg.tgt_vocab_size!r})")
+    if not isinstance(block.self_attention.qk_norm, bool):
+        bad(f"qk_norm must be True or False, got {block.self_attention.qk_norm!r}")
     return block
 
 
@@ -348,6 +394,6 @@ def later_block(cfg) -> list[str]:
     """The parts of a later model's block that ``cfg`` asks for (lesson 26), as ``field=value``:
     empty for the paper's block, post- or pre-norm."""
     block = parts(cfg)
-    named = (("positional", block.positions), ("ffn", block.ffn), ("kv_heads", block.self_attention),
-             ("norm_kind", block.norm))
-    return [f"{field}={getattr(cfg, field)!r}" for field, part in named if part.later]
+    named = (("positional", block.positions.later), ("ffn", block.ffn.later), ("kv_heads", block.self_attention.grouped),
+             ("norm_kind", block.norm.later), ("qk_norm", block.self_attention.qk_norm))
+    return [f"{field}={getattr(cfg, field)!r}" for field, later in named if later]

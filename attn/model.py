@@ -11,10 +11,11 @@ norm (post-norm, as in the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``.
 ``n_encoder_layers=0`` is a decoder-only language model (GPT; lesson 24) of the same block: no
 encoder, no cross-attention, ``forward(None, ids)``, the same decoder layers and decoding.
 
-The block of later models is four options away, each off by default (lesson 26):
+The block of later models is five options away, each off by default (lesson 26):
 ``positional="rope"`` (rotary positions on every self-attention's queries and keys instead
 of a table added to the embeddings), ``ffn="swiglu"`` (the gated network, at the width that
-keeps the parameter count), ``kv_heads`` (grouped-query attention) and ``norm_kind="rms"``.
+keeps the parameter count), ``kv_heads`` (grouped-query attention), ``norm_kind="rms"`` and
+``qk_norm`` (RMSNorm over each head's queries and keys, before the scores).
 :mod:`attn.block` turns a config into the block's named parts, which the layers here ask.
 
 The model owns a ``params`` dict with stable dotted names and assembles the
@@ -87,6 +88,7 @@ class TransformerConfig:
     ffn: str = "relu"                # "relu" (equation 2) or "swiglu" (width 2/3 d_ff, no biases)
     kv_heads: int | None = None      # key/value heads of every attention (None: n_heads; 1: multi-query)
     rope_base: float = 10000.0       # the base of rotary positions' angles
+    qk_norm: bool = False            # RMSNorm over each head's queries and keys (QK-norm, lesson 26)
     share_embeddings: bool = True
     ln_eps: float = 1e-6
     warmup_steps: int = 4000         # of the learning-rate schedule (section 5.3)
@@ -233,7 +235,7 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype="float32") -> dict:
 
     Matrices: Xavier/Glorot uniform. Embeddings: normal with std ``d_model**-0.5``,
     so that the embedding scaled by ``sqrt(d_model)`` has unit variance. Biases 0,
-    layer-norm gains 1. Learned positions: normal with std 0.02.
+    the norms' gains 1 (QK-norm's too). Learned positions: normal with std 0.02.
     """
     rng = B.host_rng(seed)
     np = B.host
@@ -244,7 +246,7 @@ def init_params(cfg: TransformerConfig, seed: int = 0, dtype="float32") -> dict:
             a = rng.normal(0.0, 0.02, shape)
         elif name.endswith(".weight"):
             a = rng.normal(0.0, cfg.d_model ** -0.5, shape)
-        elif leaf == "gamma":
+        elif leaf.endswith("gamma"):                 # gamma, q_gamma, k_gamma: gains
             a = np.ones(shape)
         elif len(shape) == 1:
             a = np.zeros(shape)

@@ -2,7 +2,7 @@
 # # Lesson 26: beyond 2017, the block of today's models, every backward by hand
 #
 # Open the code of a language model trained since 2023 and its block is the paper's block with
-# some of four parts exchanged:
+# some of four parts exchanged (and, in a few, a fifth added):
 #
 # | the paper (2017) | today |
 # |---|---|
@@ -10,6 +10,7 @@
 # | the ReLU network $\max(0, xW_1 + b_1)W_2 + b_2$ (equation 2) | **SwiGLU** (part 2): one path gates the other |
 # | every head with its own keys and values | **grouped-query attention** (GQA, part 3): a few key/value heads, each shared by a group of query heads |
 # | layer norm after each sub-layer (post-norm) | a norm *before* each sub-layer (pre-norm, lesson 7), often **RMSNorm** (part 4) |
+# | scores $q \cdot k / \sqrt{d_k}$ as large as the queries and keys make them | **QK-norm** (part 5; OLMo 2, Gemma 3): each head's query and key RMS-normed first |
 #
 # Which model took which, as their papers describe them:
 #
@@ -38,9 +39,10 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 import numpy as np
 
 from attn.gradcheck import check_layer
-from attn.layers import (multi_head_attention_backward, multi_head_attention_forward, relu_forward,
-                         rmsnorm_backward, rmsnorm_forward, rope_angles, rope_backward, rope_forward, silu,
-                         swiglu_backward, swiglu_forward, swiglu_width)
+from attn.layers import (attention_forward, merge_heads, multi_head_attention_backward,
+                         multi_head_attention_forward, relu_forward, rmsnorm_backward, rmsnorm_forward,
+                         rope_angles, rope_backward, rope_forward, silu, split_heads, swiglu_backward,
+                         swiglu_forward, swiglu_width)
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 rng = np.random.default_rng(0)
@@ -271,6 +273,65 @@ scaled = np.abs(rmsnorm_forward(7.0 * x_r, gamma_r)[0] - y_r).max()
 print(f"RMSNorm of 7 x: largest difference from RMSNorm of x {scaled:.1e} (scaling a row changes nothing but for epsilon)")
 
 # %% [markdown]
+# ## 5. QK-norm (OLMo 2, Gemma 3)
+#
+# Nothing in the paper's attention bounds a score: $q \cdot k / \sqrt{d_h}$ grows with the
+# queries and keys, and a few large logits saturate a softmax, which is where large models'
+# training runs have diverged. QK-norm puts an RMSNorm with a learned gain (one per feature of a
+# head, shared by the heads) over each head's query and key, after the projections and before
+# rotary positions: $\hat q = g_q \odot q / \mathrm{rms}(q)$, and $\hat k$ likewise. A normed
+# head is $\sqrt{d_h}$ long before its gain, so by Cauchy-Schwarz, whatever the inputs,
+#
+# $$\frac{|\hat q \cdot \hat k|}{\sqrt{d_h}} \le \sqrt{d_h}\, \max|g_q|\, \max|g_k|, \tag{26.5}$$
+#
+# and rotary positions, which keep lengths, keep the bound. The backward is RMSNorm's over the
+# last axis of the heads, each gain's gradient summed over sentences, positions and heads. The
+# model has it in every attention with `qk_norm=True` (`attn-train --qk-norm`). Below, the
+# same attention on ever larger inputs, without it and with it:
+
+# %%
+Hn, Dh_n = 4, 8
+Dn = Hn * Dh_n
+prm_n = {n: rng.standard_normal(s) / np.sqrt(Dn) for n, s in
+         {f"{p}_{w}": ((Dn, Dn) if p == "w" else (Dn,)) for w in "qkvo" for p in "wb"}.items()}
+g_q, g_k = rng.uniform(0.5, 1.5, Dh_n), rng.uniform(0.5, 1.5, Dh_n)
+bound = np.sqrt(Dh_n) * np.abs(g_q).max() * np.abs(g_k).max()          # equation 26.5
+
+
+layer_gap = []                             # the heads below, attended, against the library's layer
+
+
+def largest_score(x, gains):
+    """The largest |q . k| / sqrt(Dh) over the heads of x (B, T, D), QK-normed with ``gains`` or not."""
+    q, k, v = (split_heads(x @ prm_n[f"w_{w}"] + prm_n[f"b_{w}"], Hn) for w in "qkv")
+    if gains is not None:
+        q, k = rmsnorm_forward(q, gains[0])[0], rmsnorm_forward(k, gains[1])[0]
+    out = merge_heads(attention_forward(q, k, v)[0]) @ prm_n["w_o"] + prm_n["b_o"]
+    layer = multi_head_attention_forward(x, x, **prm_n, n_heads=Hn, qk_gains=gains)[0]
+    layer_gap.append(np.abs(out - layer).max() / np.abs(layer).max())
+    return np.abs(q @ k.swapaxes(-1, -2)).max() / np.sqrt(Dh_n)
+
+
+rows_n = [(size, *(largest_score(size * rng.standard_normal((2, 6, Dn)), g) for g in (None, (g_q, g_k))))
+          for size in (1, 10, 100)]
+print(f"{'input size':>10} {'largest |score|, paper':>23} {'with QK-norm':>13}   (bound 26.5: {bound:.2f})")
+for size, plain, normed in rows_n:
+    print(f"{size:>10} {plain:>23.2f} {normed:>13.2f}")
+
+
+def qk_fwd(x_q, x_kv, g_q, g_k, **p):
+    return multi_head_attention_forward(x_q, x_kv, **p, n_heads=2, qk_gains=(g_q, g_k))
+
+
+small = {n: rng.standard_normal((8, 8) if n[0] == "w" else (8,)) for n in prm_n}
+qk_err = max(check_layer("qk_norm attention", qk_fwd, multi_head_attention_backward,
+                         {"x_q": rng.standard_normal((2, 3, 8)), "x_kv": rng.standard_normal((2, 4, 8)), **small,
+                          "g_q": rng.uniform(0.5, 1.5, 4), "g_k": rng.uniform(0.5, 1.5, 4)},
+                         ("x_q", "x_kv", *small, "g_q", "g_k")).values())
+print(f"gradient check of attention with QK-norm (float64, every input and gain): relative error {qk_err:.1e}; "
+      f"the heads above attended equal the layer's output to {max(layer_gap):.1e}")
+
+# %% [markdown]
 # ## Check
 
 # %%
@@ -280,9 +341,13 @@ assert norm_change < 1e-12 and np.abs(back - x).max() < 1e-12
 assert rope_err < 1e-6 and max(glu_err.values()) < 1e-6 and all(r[3] < 1e-6 for r in rows)
 assert abs(3 * F_glu - 2 * F_base) <= 3, "SwiGLU's width must keep the parameter count"
 assert np.abs(dsilu - num_dsilu).max() < 1e-6 and s_a.min() < 0
+assert all(normed <= bound * (1 + 1e-9) for _, _, normed in rows_n) and rows_n[-1][1] > bound
+assert qk_err < 1e-6 and max(layer_gap) < 1e-12
 print(f"Check passed: rotary scores depend on the offset alone (spread {spread:.1e}); gradient checks of "
       f"RoPE, SwiGLU, grouped-query attention and RMSNorm within "
       f"{max(rope_err, *glu_err.values(), *(r[3] for r in rows), *rms_err.values()):.1e}")
+print(f"QK-norm: the largest score {max(r[2] for r in rows_n):.2f} stays within its bound {bound:.2f} at every "
+      f"input size; without it {rows_n[-1][1]:.0f}")
 
 # %% [markdown]
 # ## Questions

@@ -1,15 +1,18 @@
 """The page computes the later models' block (lesson 26) as attn computes it in NumPy.
 
 A small untrained model with each part alone (RMSNorm, rotary positions, SwiGLU, grouped-query
-attention) and with all of them on a pre-norm block (one key/value head: multi-query) is
+attention; QK-norm with rotary positions and two key/value heads) and with the first four on a
+pre-norm block (one key/value head: multi-query) is
 exported, and the page's greedy translations, and beam search on the last, are compared with
 NumPy's as tests/test_web.py compares the paper's block: every output token, every logit within
 1e-4, every attention weight within 1e-5. A mutant of each part (RoPE pairing neighbours instead
 of the half split, a query head reading the wrong key/value head, SwiGLU's gate and value paths
 exchanged, RMSNorm's mean over D - 1 features, a decoded key turned to position 0 instead of its
-own) must fail the same comparison.
+own, QK-norm leaving the keys unnormed) must fail the same comparison.
 """
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -26,6 +29,7 @@ CASES = {
     "swiglu": {"ffn": "swiglu"},
     "gqa": {"kv_heads": 2, "share_embeddings": False},
     "all": {"norm_position": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1},
+    "qknorm": {"qk_norm": True, "positional": "rope", "kv_heads": 2},
 }
 SENTENCES = 3
 
@@ -43,7 +47,7 @@ def later_dir(tmp_path_factory):
     for i, (case, options) in enumerate(CASES.items()):
         model = Transformer(_config(len(vocab), **options), seed=i)
         for name, p in model.params.items():   # untrained gains and biases would hide mistakes: perturb them
-            if name.endswith((".gamma", ".beta")) or name.rsplit(".", 1)[1].startswith("b"):
+            if name.endswith(("gamma", ".beta")) or name.rsplit(".", 1)[1].startswith("b"):
                 p += np.random.default_rng(len(name)).normal(0, 0.1, p.shape).astype(p.dtype)
         export_model(model, vocab, root / case, "float32", doc["sentences"][:SENTENCES])
     return root
@@ -94,7 +98,10 @@ MUTANTS = {
     "swiglu": ("**/attn/layers.js", ("const a = linearForward(x, w), b = linearForward(x, v);",
                                      "const a = linearForward(x, v), b = linearForward(x, w);")),
     "rms": ("**/attn/layers.js", ("squares / D + Math.fround(eps)", "squares / (D - 1) + Math.fround(eps)")),
-    "rope-cache": ("**/attn/model.js", ('p("self_attn.b_k")), KV), t);', 'p("self_attn.b_k")), KV), 0);')),
+    "rope-cache": ("**/attn/model.js", ('this.heads(`${pre}.self_attn`, h, "k", t);',
+                                        'this.heads(`${pre}.self_attn`, h, "k", 0);')),
+    "qknorm": ("**/attn/model.js", ("const normed = this.parts.attention.qkNorm ?",
+                                    'const normed = this.parts.attention.qkNorm && which === "q" ?')),
 }
 
 
@@ -137,3 +144,33 @@ def test_the_pages_decoding_cache_holds_the_key_value_heads(later_site, later_di
         (k, v), (ck, _) = state.self_kv[0], state.cross_kv[0]
         assert shapes == [list(k.shape[1:]), list(v.shape[1:]), list(ck.shape[1:])], case
         assert shapes[0][0] == CASES[case]["kv_heads"] < model.config.n_heads
+
+
+QK_CONFIGS = [{"qk_norm": True}, {"qk_norm": True, "d_model": 12, "n_heads": 4, "kv_heads": 2, "norm_position": "pre"},
+              {"qk_norm": False, "kv_heads": 1}, {"qk_norm": "yes"}, {"qk_norm": 1}]
+
+
+@needs_browser
+def test_the_page_declares_qk_norms_gains_as_the_block_does(later_site):
+    """The page's parameter shapes and count with QK-norm are attn.model's (its two gains of the
+    head size per attention); a qk_norm that is not a boolean is refused naming the field."""
+    from attn.model import parameter_count, parameter_shapes
+    url, chromium = later_site
+    page = chromium.new_page()
+    try:
+        page.goto(url + "index.html")
+        got = page.evaluate("""async (configs) => {
+          const { checkConfig, parameterCount, parameterShapes } = await import("/attn/model.js");
+          return configs.map((c) => {
+            try { const k = checkConfig(c); return [[...parameterShapes(k)], parameterCount(k)]; } catch (e) { return e.message; }
+          });
+        }""", QK_CONFIGS)
+    finally:
+        page.close()
+    for config, js in zip(QK_CONFIGS, got):
+        try:
+            cfg = TransformerConfig.from_dict(config)
+        except ValueError:
+            assert js == f"config: qk_norm must be true or false, got {json.dumps(config['qk_norm'])}", (config, js)
+            continue
+        assert [[[n, list(s)] for n, s in parameter_shapes(cfg).items()], parameter_count(cfg)] == js, config

@@ -62,7 +62,9 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     pre-norm, and the later block's options as Llama's code writes them: ``nn.RMSNorm``
     (``F.rms_norm``), rotary positions with the half-split pairing and ``cfg.rope_base``, SwiGLU
     (``w2(silu(x W) * x V)``, W | V one linear layer, no biases), grouped-query attention
-    (``scaled_dot_product_attention(enable_gqa=True)``). Only called where ``torch`` imports.
+    (``scaled_dot_product_attention(enable_gqa=True)``), QK-norm as OLMo 2's code writes it (an
+    ``nn.RMSNorm`` over each head's queries and one over its keys, before rotary positions).
+    Only called where ``torch`` imports.
     """
     import torch
     import torch.nn as nn
@@ -74,7 +76,18 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     D, H, Fd, V, KV = cfg.d_model, cfg.n_heads, cfg.ffn_width, cfg.vocab_size, cfg.key_value_heads
     Dh = D // H
     tdtype = getattr(torch, dtype)
-    rope = block.positions.rotary
+    rope, qk = block.positions.rotary, block.self_attention
+
+    class QKNorm(nn.Module):
+        """QK-norm's RMSNorm (Dh) of the query heads and of the key heads (nothing without it)."""
+
+        def __init__(self):
+            super().__init__()
+            if qk.qk_norm:
+                self.q_norm, self.k_norm = nn.RMSNorm(Dh, eps=qk.eps), nn.RMSNorm(Dh, eps=qk.eps)
+
+        def forward(self, a, which):
+            return getattr(self, f"{which}_norm")(a) if qk.qk_norm else a
 
     def attend(q, k, v, mask, p, training):
         """q (B, H, Tq, Dh), k/v (B, KV, Tk, Dh), mask bool broadcastable, True = may attend."""
@@ -110,13 +123,14 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     class SelfAttention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.qkv, self.out = nn.Linear(D, D + 2 * KV * Dh), nn.Linear(D, D)
+            self.qkv, self.out, self.qk = nn.Linear(D, D + 2 * KV * Dh), nn.Linear(D, D), QKNorm()
             if rope:                              # the rotary tables (the sinusoids' place), on the model's device
                 self.register_buffer("cos", torch.cos(angle).to(tdtype), persistent=False)
                 self.register_buffer("sin", torch.sin(angle).to(tdtype), persistent=False)
 
         def forward(self, x, mask, cache=None):
             q, k, v = qkv_heads(self.qkv(x))
+            q, k = self.qk(q, "q"), self.qk(k, "k")
             if rope:                              # the new key turned once, before it is cached
                 offset = 0 if cache is None or cache[0] is None else cache[0].shape[2]
                 q, k = (rotate(a, self.cos, self.sin, offset) for a in (q, k))
@@ -130,13 +144,14 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
         def __init__(self):
             super().__init__()
             self.q, self.kv, self.out = nn.Linear(D, D), nn.Linear(D, 2 * KV * Dh), nn.Linear(D, D)
+            self.qk = QKNorm()
 
         def keys_values(self, memory):
             k, v = heads(self.kv(memory), 2, KV)
-            return k, v
+            return self.qk(k, "k"), v
 
         def forward(self, x, kv, mask):
-            (q,) = heads(self.q(x), 1)
+            q = self.qk(heads(self.q(x), 1)[0], "q")
             return self.out(merge(attend(q, kv[0], kv[1], mask, cfg.attention_dropout, self.training)))
 
     class FFN(nn.Module):
@@ -287,6 +302,8 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
                             fused(f"{pre}.cross_attn", f.q, "q")
                             fused(f"{pre}.cross_attn", f.kv, "kv")
                         out.extend([(f"{pre}.{sub}.w_o", f.out.weight, ("T",)), (f"{pre}.{sub}.b_o", f.out.bias, ())])
+                        if qk.qk_norm:
+                            out.extend((f"{pre}.{sub}.{w}_gamma", getattr(f.qk, f"{w}_norm").weight, ()) for w in "qk")
                     ff = layer.ffn.f
                     if block.ffn.gated:
                         out.extend([(f"{pre}.ffn.w1", ff.w13.weight, ("cols", 0, Fd)),

@@ -137,8 +137,8 @@ class FastBackward:
             cache.dec[i] = None
             dy = self._residual_bwd(dy, c3, self._ffn_bwd, G)
             del c3
-            dk, dv = dkv_heads[2 * i], dkv_heads[2 * i + 1]
-            dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into), G)
+            dk, dv, keys = dkv_heads[2 * i], dkv_heads[2 * i + 1], cache.keys[i]      # keys: QK-norm's cache
+            dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into, keys), G)
             del c2
             dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
             del c1
@@ -257,21 +257,33 @@ class FastBackward:
         if self.block.positions.rotary:           # forward turned q and k: turn their gradients back
             self._rope_(dq, T, inverse=True)
             self._rope_(dk, T, inverse=True)
+        self._norm_heads_bwd_(c.pre, dq, c.qk[0], "q", G)
+        self._norm_heads_bwd_(c.pre, dk, c.qk[1], "k", G)
         # Forward was qkv = x @ [w_q | w_k | w_v] + [b_q | b_k | b_v]: the arena's two blocks.
         self.ops.mm(c.x.T, dqkv, out=G.block(c.pre + ".w_qkv"))               # (D, 3D)
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dqkv, G.block(c.pre + ".b_qkv")))
         return self.ops.mm(dqkv, c.W.T, out=into, accumulate=into is not None)
 
-    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads, into=None):
+    def _cross_attn_bwd(self, dout, c: CrossAttnCache, dk, dv, G: _Grads, into=None, keys=None):
+        """``dk``, ``dv``: this layer's views of the keys' and values' gradients, which it writes
+        (``keys``: QK-norm's cache of the keys, normed where they were projected; None without)."""
         xp = self.xp
         dctx = self._out_proj_bwd(c.pre, dout, c.att.ctx, G)
         dq = xp.empty(dout.shape, dtype=dout.dtype)                           # (N_t, D)
         Bsz, H, T, Dh = c.att.q.shape
         (dqh,) = self._heads(dq, Bsz, T, 1)
         self._attend_bwd(dctx, c.att, dqh, dk, dv)
+        self._norm_heads_bwd_(c.pre, dqh, c.qk, "q", G)
+        self._norm_heads_bwd_(c.pre, dk, keys, "k", G)
         self.ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
         self.ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
         return self.ops.mm(dq, c.Wq.T, out=into, accumulate=into is not None)
+
+    def _norm_heads_bwd_(self, pre, da, cache, which, G: _Grads) -> None:
+        """Backward of :meth:`attn.fast.FastTransformer._norm_heads_` in place on the heads' gradient
+        ``da`` (a view); the gain's gradient into ``G``. Nothing without QK-norm (``cache`` None)."""
+        if cache is not None:
+            da[...], G.views[f"{pre}.{which}_gamma"][...] = self.block.self_attention.norm_heads_backward(da, cache)
 
     def _ffn_bwd(self, dout, c, G: _Grads, into=None):
         """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""

@@ -22,20 +22,23 @@ class AttendCache(NamedTuple):
 
 class SelfAttnCache(NamedTuple):
     """Self-attention: its input x (N, D), the fused weight (D, 3D) (the arena's block), the
-    output weight's name."""
+    output weight's name, QK-norm's caches of the queries and keys (None, None without)."""
     x: object
     W: object
     att: AttendCache
     pre: str
+    qk: tuple = (None, None)
 
 
 class CrossAttnCache(NamedTuple):
-    """Encoder-decoder attention: its query input x (N, D), the query weight, the layer."""
+    """Encoder-decoder attention: its query input x (N, D), the query weight, the layer, QK-norm's
+    cache of the queries (None without; the keys' is the :class:`FastCache`'s)."""
     x: object
     Wq: object
     att: AttendCache
     pre: str
     layer: int
+    qk: object = None
 
 
 class FFNCache(NamedTuple):
@@ -76,20 +79,20 @@ class EmbedCache(NamedTuple):
 class FastCache:
     """Everything :meth:`FastTransformer.backward` needs: the step's fused weights, the
     embeddings' caches, one tuple of ResCaches per layer, the final norms (pre-norm), the
-    encoder output, the cross-attention keys/values of all layers, the decoder output, and
-    (B, S, T).
+    encoder output, the cross-attention keys/values of all layers, the decoder output,
+    (B, S, T), and QK-norm's caches of each layer's cross-attention keys (None each without).
 
     Not a NamedTuple, unlike the layers' caches: backward drops each layer's buffers as
     soon as it is done with them (as autograd frees saved tensors), so that the step's peak
     memory is not the whole forward's activations plus the gradients. After backward the
     cache is spent; read :meth:`FastTransformer.attention_weights` before."""
     __slots__ = ("fused", "src_emb", "tgt_emb", "enc", "enc_norm", "dec", "dec_norm", "memory", "kv", "h",
-                 "shapes")
+                 "shapes", "keys")
 
-    def __init__(self, fused, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, h, shapes):
+    def __init__(self, fused, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, h, shapes, keys):
         self.fused, self.src_emb, self.tgt_emb = fused, src_emb, tgt_emb
         self.enc, self.enc_norm, self.dec, self.dec_norm = enc, enc_norm, dec, dec_norm
-        self.memory, self.kv, self.h, self.shapes = memory, kv, h, shapes
+        self.memory, self.kv, self.h, self.shapes, self.keys = memory, kv, h, shapes, keys
 
 
 class _Weights(NamedTuple):

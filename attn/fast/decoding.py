@@ -23,7 +23,8 @@ beam search against the reference decoder):
 * The later block (lesson 26) decodes here too, on NumPy and on CuPy (the device state below
   runs the paper's sub-layers only): the cache holds ``kv_heads`` heads, which each group of
   query heads reads without a copy; a step turns its query and its new key by its position
-  once (rotary positions), before the key is written into the cache.
+  once (rotary positions), before the key is written into the cache; QK-norm norms them before
+  that (:func:`norm_heads_`).
 
 A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
 next position into buffers its successor shares. Stepping an older state again is still
@@ -366,6 +367,7 @@ def _layer(model, ops, state: FastDecodeState, kv: _KV, i: int, t: int, rope, sl
         qkv += b                                                              # (n, D + 2KV), q pre-scaled
         q3 = qkv.reshape(n, H + 2 * KV, 1, Dh)                               # heads: H queries, KV keys, KV values
         q, k = q3[:, :H], q3[:, H:H + KV]
+        norm_heads_(model, pre + ".self_attn", q, k)
         if rope is not None:                                                  # position t, the key turned once
             for a in (q, k):
                 ops.rope_(a, rope[0][t:t + 1], rope[1][t:t + 1])
@@ -380,6 +382,7 @@ def _layer(model, ops, state: FastDecodeState, kv: _KV, i: int, t: int, rope, sl
         Wq, bq = state.fused.cross_q[i]
         q = h @ Wq
         q += bq                                                               # (n, D), pre-scaled
+        norm_heads_(model, pre + ".cross_attn", q.reshape(n, H, 1, Dh), None)
         s = by_group(cross_w)                                                 # (m, H, g, S) of (n, H, 1, S)
         m = s.shape[0]
         s5 = s.reshape(m, KV, G, g, s.shape[-1])                             # H split into (KV, G): a view
@@ -393,6 +396,18 @@ def _layer(model, ops, state: FastDecodeState, kv: _KV, i: int, t: int, rope, sl
     x = _residual(model, ops, pre + ".norm1", x, self_attn)
     x = _residual(model, ops, pre + ".norm2", x, cross_attn)
     return _residual(model, ops, pre + ".norm3", x, lambda h: _ffn(model, ops, pre, h))
+
+
+def norm_heads_(model, name, q, k) -> None:
+    """QK-norm of a step's query heads q (n, H, 1, Dh) and new key heads k (n, KV, 1, Dh) (None: a
+    cross-attention's, normed once when projected) of the attention ``name``, in place; the
+    queries' gain times 1/sqrt(d_k), which the query weights then do not hold
+    (:meth:`attn.fast.FastTransformer._decoding_weights`). Nothing without QK-norm."""
+    attention = model.block.self_attention
+    if attention.qk_norm:
+        q[...] = attention.norm_heads(q, model.params, name, "q", model._attn_scale)[0]
+        if k is not None:
+            k[...] = attention.norm_heads(k, model.params, name, "k")[0]
 
 
 def _out(ctx, p, name, n, D):

@@ -139,7 +139,9 @@ class FastTransformer(FastForward, FastBackward):
         else:
             _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
         H = cfg.key_value_heads
-        return [(split_heads(outs[2 * i], H), split_heads(outs[2 * i + 1], H)) for i in range(cfg.n_decoder_layers)]
+        pairs = [(split_heads(outs[2 * i], H), split_heads(outs[2 * i + 1], H)) for i in range(cfg.n_decoder_layers)]
+        self._norm_cross_keys_([a for pair in pairs for a in pair])
+        return pairs
 
     def _emb(self, which: str) -> str:
         return embedding_name(self.config, which)
@@ -223,10 +225,11 @@ class FastTransformer(FastForward, FastBackward):
         """What the fast decoding state (:mod:`attn.fast.decoding`) reads, made once per
         decoding: the decoder's self-attention ``[w_q * s | w_k | w_v]`` and cross-attention
         queries ``w_q * s`` with ``s = 1/sqrt(d_k)`` folded in (copies; ``enc_qkv`` empty,
-        ``kv`` None)."""
+        ``kv`` None). With QK-norm the norm would undo it: s rides on the queries' gain instead
+        (:func:`attn.fast.decoding.norm_heads_`), and the weights are the arena's."""
         cfg, p, xp = self.config, self.params, self.xp
         D = cfg.d_model
-        s = self._attn_scale
+        s = 1.0 if self.block.self_attention.qk_norm else self._attn_scale
         dt = self.dtype.type
         dec, F = [], self._fuse()
         for i in range(cfg.n_decoder_layers):
@@ -287,23 +290,40 @@ class FastTransformer(FastForward, FastBackward):
         the residual sum and the norm)."""
         return self.ops.mm(ctx, self.params[pre + ".w_o"])
 
+    def _norm_heads_(self, pre, a, which):
+        """QK-norm (:meth:`attn.block.Attention.norm_heads`) of the query or key heads ``a`` (a view
+        (B, heads, T, Dh), left where it lies) of the attention ``pre``, in place. Returns its
+        cache, or None where the block has no QK-norm."""
+        attention = self.block.self_attention
+        if not attention.qk_norm:
+            return None
+        a[...], cache = attention.norm_heads(a, self.params, pre, which)
+        return cache
+
+    def _norm_cross_keys_(self, kv_heads) -> list:
+        """QK-norm of every decoder layer's cross-attention keys, in place (``kv_heads``: the 2L
+        views keys, values, keys, ...), once, where they are projected. Returns their caches."""
+        return [self._norm_heads_(f"decoder.{i}.cross_attn", kv_heads[2 * i], "k") for i in range(len(kv_heads) // 2)]
+
     def _self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
         qkv = self.ops.mm(x, W)
         qkv += b                                                              # (N, 3D)
         q, k, v = self._qkv_heads(qkv, Bsz, T)
+        qk = (self._norm_heads_(pre, q, "q"), self._norm_heads_(pre, k, "k"))
         if self.block.positions.rotary:
             self._rope_(q, T)
             self._rope_(k, T)
         ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
-        return self._out_proj(pre, ctx), SelfAttnCache(x, W, ac, pre)
+        return self._out_proj(pre, ctx), SelfAttnCache(x, W, ac, pre, qk)
 
     def _cross_attn(self, i, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
         q = self.ops.mm(x, Wq)
         q += bq                                                               # (N_t, D)
         (q,) = self._heads(q, Bsz, T, 1)
+        nq = self._norm_heads_(pre, q, "q")                                   # the keys were, when projected
         k, v = kv
         ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
-        return self._out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, i)
+        return self._out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, i, nq)
 
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
@@ -450,9 +470,10 @@ class FastTransformer(FastForward, FastBackward):
             self._bias(padding_mask(src), self.dtype, xp)                     # (B, 1, 1, S)
         memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
         self._phase("forward: decoder")
-        kv = kv_heads = None                # inference: the decoder projects them layer by layer
+        kv = kv_heads = keys = None         # inference: the decoder projects them layer by layer
         if keep_cache:
             kv, kv_heads = self._cross_kv(memory, F, Bsz, S)
+            keys = self._norm_cross_keys_(kv_heads)
         y, tgt_emb, dec, dec_norm, _ = self._decoder(tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache,
                                                      memory=memory, tiled=tiled)
         self._phase("forward: output projection")
@@ -463,7 +484,7 @@ class FastTransformer(FastForward, FastBackward):
         if not keep_cache:
             return logits_out, None
         cache = FastCache(F, src_emb, tgt_emb, enc, enc_norm, dec, dec_norm, memory, kv, y,
-                          (Bsz, S, T))
+                          (Bsz, S, T), keys)
         return logits_out, cache
 
     def _encoder(self, src, src_bias, src_rows, F, rng, keep_cache):
@@ -507,7 +528,9 @@ class FastTransformer(FastForward, FastBackward):
         Wkv, bkv = F.kv
         kv = self.ops.mm(memory, Wkv[:, W * i:W * (i + 1)])
         kv += bkv[W * i:W * (i + 1)]
-        return self._heads(kv, Bsz, S, 2, KV)
+        heads = self._heads(kv, Bsz, S, 2, KV)
+        self._norm_heads_(f"decoder.{i}.cross_attn", heads[0], "k")
+        return heads
 
     def _decoder(self, tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache, keep_cross=False,
                  memory=None, tiled=False):

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from ..backend import get_array_module
 from .dropout import dropout_backward, dropout_forward
 from .linear import linear_backward, linear_forward
+from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 from .rope import rope_backward, rope_forward
 from .softmax import SoftmaxCache, softmax_backward, softmax_forward
 
@@ -111,19 +112,25 @@ class MultiHeadCache(NamedTuple):
     group: int = 1
     rope_q: object = None
     rope_k: object = None
+    norm_q: object = None
+    norm_k: object = None
 
 
 def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o,
                                  n_heads: int, mask=None, dropout: float = 0.0, rng=None, *,
-                                 kv_heads: int | None = None, rope_base: float | None = None):
+                                 kv_heads: int | None = None, rope_base: float | None = None, qk_gains=None,
+                                 qk_eps: float = 1e-6):
     """Inputs: x_q (B, Tq, D) queries' source; x_kv (B, Tk, D) keys' and values' source
     (the same array for self-attention, the encoder output for encoder-decoder
     attention); w_q, w_o (D, D); w_k, w_v (D, KV * Dh) with KV = ``kv_heads`` (None: n_heads,
     so (D, D)) and Dh = D / n_heads; b_* their widths; mask broadcastable to (B, H, Tq, Tk);
     rope_base None, or the base of rotary positions (:mod:`attn.layers.rope`) applied to every
-    head's queries and keys at positions 0, 1, ... (self-attention).
-    ``kv_heads`` and ``rope_base`` are given by name; ``n_heads``, ``mask``, ``dropout`` and ``rng``
-    may come by position too, as the grader passes them to a learner's function and to this one.
+    head's queries and keys at positions 0, 1, ... (self-attention); qk_gains None, or QK-norm's
+    gains (g_q, g_k), (Dh,) each: every head's queries and keys RMS-normed over Dh (``qk_eps``
+    inside the root) and scaled by them, before rotary positions (OLMo 2, Gemma 3).
+    ``kv_heads``, ``rope_base``, ``qk_gains`` and ``qk_eps`` are given by name; ``n_heads``, ``mask``,
+    ``dropout`` and ``rng`` may come by position too, as the grader passes them to a learner's
+    function and to this one.
 
     Returns: out (B, Tq, D), cache. ``cache.attn.weights`` is (B, H, Tq, Tk).
     """
@@ -141,14 +148,17 @@ def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
     k, ck = linear_forward(x_kv, w_k, b_k)
     v, cv = linear_forward(x_kv, w_v, b_v)
     q, k = split_heads(q, n_heads), split_heads(k, kv_heads)     # (B, H, Tq, Dh), (B, KV, Tk, Dh)
-    rq = rk = None
+    nq = nk = rq = rk = None
+    if qk_gains is not None:                                     # QK-norm: one gain per feature of a head
+        q, nq = rmsnorm_forward(q, qk_gains[0], qk_eps)
+        k, nk = rmsnorm_forward(k, qk_gains[1], qk_eps)
     if rope_base is not None:
         q, rq = rope_forward(q, base=rope_base)
         k, rk = rope_forward(k, base=rope_base)
     o, ca = attention_forward(q, repeat_kv(k, group), repeat_kv(split_heads(v, kv_heads), group),
                               mask, dropout, rng)                # (B, H, Tq, Dh)
     out, co = linear_forward(merge_heads(o), w_o, b_o)
-    return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads, group, rq, rk)
+    return out, MultiHeadCache(cq, ck, cv, ca, co, n_heads, group, rq, rk, nq, nk)
 
 
 def grouped_query_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads: int,
@@ -185,8 +195,9 @@ def multi_head_attention_backward(dout, cache: MultiHeadCache):
     """Backward through the output projection, the heads, and the three input projections;
     with grouped-query attention, each key/value head's gradient is summed over its group.
 
-    Returns: dx_q, dx_kv, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o.
-    For self-attention the caller adds dx_q and dx_kv.
+    Returns: dx_q, dx_kv, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o, and, where the
+    forward had QK-norm, dg_q, dg_k (each summed over the batch, the positions and the heads
+    that share it). For self-attention the caller adds dx_q and dx_kv.
     """
     H, group = cache.H, cache.group
     dmerged, dw_o, db_o = linear_backward(dout, cache.lin_o)
@@ -194,7 +205,11 @@ def multi_head_attention_backward(dout, cache: MultiHeadCache):
     dk = sum_kv_groups(dk, group)
     if cache.rope_q is not None:                  # rotated queries and keys: turn their gradients back
         dq, dk = rope_backward(dq, cache.rope_q), rope_backward(dk, cache.rope_k)
+    dgains = ()
+    if cache.norm_q is not None:                  # QK-norm: through RMSNorm over each head
+        (dq, dg_q), (dk, dg_k) = rmsnorm_backward(dq, cache.norm_q), rmsnorm_backward(dk, cache.norm_k)
+        dgains = (dg_q, dg_k)
     dx_q, dw_q, db_q = linear_backward(merge_heads(dq), cache.lin_q)
     dx_k, dw_k, db_k = linear_backward(merge_heads(dk), cache.lin_k)
     dx_v, dw_v, db_v = linear_backward(merge_heads(sum_kv_groups(dv, group)), cache.lin_v)
-    return dx_q, dx_k + dx_v, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o
+    return (dx_q, dx_k + dx_v, dw_q, db_q, dw_k, db_k, dw_v, db_v, dw_o, db_o, *dgains)

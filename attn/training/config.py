@@ -115,6 +115,7 @@ class TrainConfig:
     positional: str | None = None      # "sinusoidal", "learned" or "rope"
     ffn: str | None = None             # "relu" or "swiglu"
     kv_heads: int | None = None        # key/value heads of every attention (grouped-query attention)
+    qk_norm: bool | None = None        # RMSNorm over each head's queries and keys (QK-norm)
     dtype: str = "float32"
     # training
     backend: str | None = None         # numpy, cupy, auto; None: $ATTN_BACKEND or numpy
@@ -360,7 +361,7 @@ class TrainConfig:
 MODEL_FLAGS = (("d_model", "d_model"), ("n_heads", "heads"), ("d_ff", "d_ff"), ("n_encoder_layers", "layers"),
                ("n_decoder_layers", "layers"), ("dropout", "dropout"), ("label_smoothing", "label_smoothing"),
                ("warmup_steps", "warmup"), ("norm_position", "norm_position"), ("norm_kind", "norm_kind"),
-               ("positional", "positional"), ("ffn", "ffn"), ("kv_heads", "kv_heads"))
+               ("positional", "positional"), ("ffn", "ffn"), ("kv_heads", "kv_heads"), ("qk_norm", "qk_norm"))
 
 
 def _model_config(preset: str, vocab_size: int, given: dict, fields: dict | None = None) -> TransformerConfig:
@@ -622,6 +623,9 @@ def _add_block_flags(parser: argparse.ArgumentParser) -> None:
                    help="the feed-forward network: ReLU (equation 2) or SwiGLU (at 2/3 of --d-ff, the same parameters)")
     g.add_argument("--kv-heads", type=int, metavar="N",
                    help="key/value heads of every attention, dividing --heads (grouped-query attention; 1: multi-query)")
+    g.add_argument("--qk-norm", action="store_true", default=None,
+                   help="QK-norm (OLMo 2, Gemma 3): RMSNorm over each head's queries and keys before the scores, "
+                        "in every attention")
 
 
 def config_from_argv(argv=None) -> TrainConfig:

@@ -7,16 +7,16 @@
 //
 // Every sub-layer sits in a residual connection followed by layer norm (norm "post", the
 // paper's) or preceded by it (norm "pre", with a final norm after each stack). Dropout is
-// off: this is inference. The later models' block (lesson 26) is four options away, as in
+// off: this is inference. The later models' block (lesson 26) is five options away, as in
 // attn/model.py: norm_kind "rms" (RMSNorm), positional "rope" (rotary positions on the
-// self-attentions' queries and keys, nothing added to the embeddings), ffn "swiglu" and
-// kv_heads (grouped-query attention: the decoder's cache holds kv_heads heads).
+// self-attentions' queries and keys, nothing added to the embeddings), ffn "swiglu",
+// kv_heads (grouped-query attention: the decoder's cache holds kv_heads heads) and qk_norm
+// (RMSNorm over each head's queries and keys, before rotary positions, in every attention).
 
 import { Vocab } from "./data.js";
 import {
   add, attentionForward, embeddingForward, feedForwardForward, layerNormForward, linearForward, mergeHeads,
-  multiHeadAttentionForward, positionalForward, repeatKv, rmsNormForward, ropeForward, sinusoidalTable, splitHeads,
-  swigluForward, tensor,
+  positionalForward, repeatKv, rmsNormForward, ropeForward, sinusoidalTable, splitHeads, swigluForward, tensor,
 } from "./layers.js";
 import { causalMask } from "./masks.js";
 
@@ -36,7 +36,7 @@ export const CONFIG_DEFAULTS = {
   vocab_size: 37000, tgt_vocab_size: null, d_model: 512, n_heads: 8, d_ff: 2048, n_encoder_layers: 6,
   n_decoder_layers: 6, dropout: 0.1, attention_dropout: 0.0, relu_dropout: 0.0, label_smoothing: 0.1,
   max_len: 256, positional: "sinusoidal", norm_position: "post", share_embeddings: true, ln_eps: 1e-6, warmup_steps: 4000,
-  norm_kind: "layer", ffn: "relu", kv_heads: null, rope_base: 10000.0,
+  norm_kind: "layer", ffn: "relu", kv_heads: null, rope_base: 10000.0, qk_norm: false,
 };
 // Fields renamed since exports were first written, old name -> new (attn.model.RENAMED_FIELDS): an
 // export that gives the old name loads as one that gives the new.
@@ -78,6 +78,7 @@ export function checkConfig(obj) {
     bad(`rotary positions turn pairs of features: the head size d_model / n_heads (${c.d_model / c.n_heads}) must be even`);
   }
   if (!(typeof c.rope_base === "number" && c.rope_base > 1)) bad(`rope_base must be a number greater than 1, got ${show(c.rope_base)}`);
+  if (typeof c.qk_norm !== "boolean") bad(`qk_norm must be true or false, got ${show(c.qk_norm)}`);
   if (typeof c.share_embeddings !== "boolean") bad(`share_embeddings must be true or false, got ${show(c.share_embeddings)}`);
   if (c.share_embeddings && ![null, c.vocab_size].includes(c.tgt_vocab_size)) {
     bad(`share_embeddings needs one vocabulary, got vocab_size ${c.vocab_size} and tgt_vocab_size ${c.tgt_vocab_size}`);
@@ -116,9 +117,13 @@ const FFNS = {
 const KINDS = Object.fromEntries(Object.entries({ positional: POSITIONS, norm_position: PLACEMENTS, norm_kind: NORMS, ffn: FFNS })
   .map(([field, table]) => [field, Object.keys(table)]));
 
-// The parts of a (checked) config's block: {norm, placement, positions, ffn}.
+// The attention's own parameters beside its projections: QK-norm's gains (of the head size), or none.
+const attentionPart = (c) => ({ qkNorm: c.qk_norm, gains: c.qk_norm ? ["q_gamma", "k_gamma"] : [] });
+
+// The parts of a (checked) config's block: {norm, placement, positions, attention, ffn}.
 export function parts(c) {
-  return { norm: NORMS[c.norm_kind], placement: PLACEMENTS[c.norm_position], positions: POSITIONS[c.positional], ffn: FFNS[c.ffn] };
+  return { norm: NORMS[c.norm_kind], placement: PLACEMENTS[c.norm_position], positions: POSITIONS[c.positional],
+           attention: attentionPart(c), ffn: FFNS[c.ffn] };
 }
 
 // The feed-forward's hidden width.
@@ -147,7 +152,7 @@ export function parameterCount(c) {
   const D = c.d_model, V = c.vocab_size, T = c.tgt_vocab_size ?? V, KV = kvWidth(c);
   const embeddings = c.share_embeddings ? V * D : V * D + 2 * T * D;
   const block = parts(c), positions = block.positions.learned ? 2 * c.max_len * D : 0;
-  const attention = 2 * D * D + 2 * D * KV + 2 * D + 2 * KV;
+  const attention = 2 * D * D + 2 * D * KV + 2 * D + 2 * KV + block.attention.gains.length * Math.floor(D / c.n_heads);
   const ffn = Object.values(ffnShapes(c)).reduce((n, shape) => n + shape.reduce((a, b) => a * b), 0);
   const norm = block.norm.names.length * D;
   return embeddings + positions + c.n_encoder_layers * (attention + ffn + 2 * norm) +
@@ -172,6 +177,7 @@ export function parameterShapes(c) {
   }
   const attention = {}, width = { q: D, k: KV, v: KV, o: D };
   for (const n of "qkvo") { attention[`w_${n}`] = [D, width[n]]; attention[`b_${n}`] = [width[n]]; }
+  for (const g of block.attention.gains) attention[g] = [Math.floor(D / c.n_heads)];
   const ffn = ffnShapes(c), norm = Object.fromEntries(block.norm.names.map((n) => [n, [D]]));
   const blocks = {
     encoder: [["self_attn", attention], ["norm1", norm], ["ffn", ffn], ["norm2", norm]],
@@ -356,13 +362,23 @@ export class Transformer {
     return this.norm(norm, add(x, sublayer(x)));
   }
 
+  // x (T, D) projected by the attention name's w_which (which: "q", "k" or "v"), split into heads
+  // (H or KV, T, Dh); queries and keys QK-normed where the block has QK-norm (RMSNorm over each head),
+  // then turned to positions offset.. (a self-attention's; null: a cross-attention's, never turned).
+  heads(name, x, which, offset = null) {
+    const p = (leaf) => this.params[`${name}.${leaf}`];
+    const a = splitHeads(linearForward(x, p(`w_${which}`), p(`b_${which}`)), which === "q" ? this.config.n_heads : this.kvHeads);
+    if (which === "v") return a;
+    const normed = this.parts.attention.qkNorm ? rmsNormForward(a, p(`${which}_gamma`), this.config.ln_eps) : a;
+    return offset === null ? normed : this.rope(normed, offset);
+  }
+
   // The encoder's self-attention (the decoder attends a position at a time, in decodeStep), with
   // rotary positions turning its queries and keys when the model has them.
   attention(name, xQ, xKv, mask) {
-    const p = (leaf) => this.params[`${name}.${leaf}`], cfg = this.config;
-    const rope = this.parts.positions.rotary ? cfg.rope_base : null;
-    return multiHeadAttentionForward(xQ, xKv, p("w_q"), p("b_q"), p("w_k"), p("b_k"), p("w_v"), p("b_v"),
-      p("w_o"), p("b_o"), cfg.n_heads, mask, { kvHeads: this.kvHeads, rope });
+    const q = this.heads(name, xQ, "q", 0), k = this.heads(name, xKv, "k", 0), v = this.heads(name, xKv, "v");
+    const { out, weights } = attentionForward(q, repeatKv(k, this.group), repeatKv(v, this.group), mask);   // (H, T, Dh)
+    return { out: linearForward(mergeHeads(out), this.params[`${name}.w_o`], this.params[`${name}.b_o`]), weights };
   }
 
   ffn(name, x) {
@@ -400,11 +416,10 @@ export class Transformer {
 
   // Each decoder layer's cross-attention keys and values, (KV, S, Dh) each: they depend on the source alone.
   crossAttentionKv(memory) {
-    const H = this.kvHeads, out = [];
+    const out = [];
     for (let i = 0; i < this.config.n_decoder_layers; i++) {
-      const p = (leaf) => this.params[`decoder.${i}.cross_attn.${leaf}`];
-      out.push({ k: splitHeads(linearForward(memory, p("w_k"), p("b_k")), H),
-                 v: splitHeads(linearForward(memory, p("w_v"), p("b_v")), H) });
+      const name = `decoder.${i}.cross_attn`;
+      out.push({ k: this.heads(name, memory, "k"), v: this.heads(name, memory, "v") });          // keys normed once
     }
     return out;
   }
@@ -421,7 +436,7 @@ export class Transformer {
   // The cache holds the kv_heads key/value heads, each read by its group of query heads; with rotary
   // positions a key is turned once, at its position, when it is computed.
   decodeStep(token, state) {
-    const cfg = this.config, H = cfg.n_heads, KV = this.kvHeads, group = this.group, t = state.length;
+    const cfg = this.config, group = this.group, t = state.length;
     if (this.parts.positions.learned && t >= cfg.max_len) {
       throw new RangeError(`decodeStep: sequence length ${t + 1} exceeds the learned positional table's ${cfg.max_len} positions`);
     }
@@ -431,17 +446,17 @@ export class Transformer {
       const pre = `decoder.${i}`;
       const p = (leaf) => this.params[`${pre}.${leaf}`];
       x = this.residual(`${pre}.norm1`, x, (h) => {
-        const q = this.rope(splitHeads(linearForward(h, p("self_attn.w_q"), p("self_attn.b_q")), H), t);   // (H, 1, Dh)
-        const kNew = this.rope(splitHeads(linearForward(h, p("self_attn.w_k"), p("self_attn.b_k")), KV), t);
+        const q = this.heads(`${pre}.self_attn`, h, "q", t);                   // (H, 1, Dh)
+        const kNew = this.heads(`${pre}.self_attn`, h, "k", t);                // (KV, 1, Dh)
         const k = appendPosition(state.selfKv[i].k, kNew);
-        const v = appendPosition(state.selfKv[i].v, splitHeads(linearForward(h, p("self_attn.w_v"), p("self_attn.b_v")), KV));
+        const v = appendPosition(state.selfKv[i].v, this.heads(`${pre}.self_attn`, h, "v"));
         selfKv.push({ k, v });                                                   // (KV, t+1, Dh)
         const { out, weights } = attentionForward(q, repeatKv(k, group), repeatKv(v, group), causalMask(1, t + 1, t));
         selfWeights.push(weights);
         return linearForward(mergeHeads(out), p("self_attn.w_o"), p("self_attn.b_o"));
       });
       x = this.residual(`${pre}.norm2`, x, (h) => {
-        const q = splitHeads(linearForward(h, p("cross_attn.w_q"), p("cross_attn.b_q")), H);        // (H, 1, Dh)
+        const q = this.heads(`${pre}.cross_attn`, h, "q");                     // (H, 1, Dh)
         const { k, v } = state.crossKv[i];
         const { out, weights } = attentionForward(q, repeatKv(k, group), repeatKv(v, group), null);
         crossWeights.push(weights);
