@@ -45,6 +45,21 @@ def decoder_layer(run: Sublayers, i: int, x):
     return x, (c1, c2, c3)
 
 
+
+def decoder_layer_backward(model, dy, dec: list, i: int, dk, dv, G):
+    """Backward of :func:`decoder_layer` in training (``model``'s :class:`Sequences`): the
+    sub-layers in reverse, each through its residual connection; layer i's caches are taken
+    from ``dec`` (and let go there) and each is freed as its backward is done. dk, dv (B, KV,
+    S, Dh) receive the cross-attention keys' and values' gradients, ``G`` the parameters'.
+    Returns dx (N_t, D)."""
+    c1, c2, c3 = dec[i]
+    dec[i] = None
+    dy = model._residual_bwd(dy, c3, model._ffn_bwd, G)
+    del c3
+    dy = model._residual_bwd(dy, c2, lambda d, c, g, into: model._cross_attn_bwd(d, c, dk, dv, g, into), G)
+    del c2
+    return model._residual_bwd(dy, c1, model._self_attn_bwd, G)
+
 class Sequences:
     """Training's sub-layers (:meth:`attn.fast.FastTransformer._decoder`): whole sequences of
     ``T`` positions for ``Bsz`` rows, the masks' biases and row scales ``tgt`` and ``src``
