@@ -159,9 +159,7 @@ class FastDecodeState:
     def cross_kv(self) -> list:
         """Per layer the reference's (k, v), one row per decoded row, (n, H, S, Dh) (a copy when
         rows share them)."""
-        if self.group == 1:
-            return self.cross
-        return [(k.repeat(self.group, axis=0), v.repeat(self.group, axis=0)) for k, v in self.cross]
+        return _per_row(self.cross, self.group)
 
     @property
     def self_kv(self) -> list:
@@ -185,20 +183,35 @@ class FastDecodeState:
         index_h = B.to_host(index)
         if index_h.size and (index_h.min() < 0 or index_h.max() >= self.sentence.shape[0]):
             raise IndexError(f"FastDecodeState.select: index out of range for {self.sentence.shape[0]} rows")
-        sentence = self.sentence[index_h]
-        group = _group_size(sentence)
-        source = index_h[::group] // self.group          # each new group's row of the old ``cross``
-        if source.shape[0] == self.cross[0][0].shape[0] and bool((source == np.arange(source.shape[0])).all()):
-            cross = self.cross
-        else:
-            cross = [(k[source], v[source]) for k, v in self.cross]
-        if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
+        sentence, group, cross, same = _regroup(self, index_h, np)
+        if same:
             mask, bias, rows = self.src_mask, self.src_bias, self.src_rows
         else:
             mask, bias = self.src_mask[index], self.src_bias[index]
             rows = None if self.src_rows is None else self.src_rows[index]
         return FastDecodeState(cross, group, mask, self.length, sentence, self.kv.take(index, self.length),
                                self.fused, bias, rows)
+
+
+def _per_row(cross, group: int) -> list:
+    """The per-group cross-attention keys and values ``cross``, repeated for each row of a group."""
+    return list(cross) if group == 1 else [(k.repeat(group, axis=0), v.repeat(group, axis=0)) for k, v in cross]
+
+
+def _regroup(state, index_h, xp):
+    """What the rows ``index_h`` (host ints) of a decoding ``state`` share: their sentences,
+    :func:`_group_size`, the keys and values per group (a gather, on ``xp``, only where the groups'
+    rows change: not when beam search reorders beams within each sentence), and whether they
+    decode the same sentences as before (then the source mask stays)."""
+    sentence = state.sentence[index_h]
+    group = _group_size(sentence)
+    source = index_h[::group] // state.group            # each new group's row of the old ``cross``
+    cross = state.cross
+    if not (source.shape[0] == cross[0][0].shape[0] and bool((source == B.host.arange(source.shape[0])).all())):
+        source = xp.asarray(source)
+        cross = [(k[source], v[source]) for k, v in cross]
+    same = sentence.shape == state.sentence.shape and bool((sentence == state.sentence).all())
+    return sentence, group, cross, same
 
 
 def _group_size(sentence) -> int:
@@ -373,7 +386,8 @@ class HostRows:
         # a group's G query heads against their one key/value head: (n, KV, G, t+1)
         s = q.reshape(n, KV, H // KV, Dh) @ kb[:, :, :t + 1].swapaxes(-1, -2)
         _softmax_last_(s)                                                     # no mask: every past position
-        return self._out(s @ vb[:, :, :t + 1], i, "self_attn", n)            # ctx (n, KV, G, Dh)
+        ctx = (s @ vb[:, :, :t + 1]).reshape(n, -1)                           # of (n, KV, G, Dh)
+        return ctx @ self.model.params[f"decoder.{i}.self_attn.w_o"]          # + b_o in residual()
 
     def cross_attn(self, i, h):
         """Layer i's cross-attention of the rows h (n, D): the g rows of a group (one sentence's,
@@ -396,13 +410,8 @@ class HostRows:
                   kc[gsl][:, :, None].swapaxes(-1, -2), out=s5)
         rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])[:, :, None]
         _softmax_last_(s5, by_group(state.src_bias[sl])[:, :, None], rows_g)
-        ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh)                 # (m, H, g, Dh)
-        return self._out(ctx.transpose(0, 2, 1, 3), i, "cross_attn", n)
-
-    def _out(self, ctx, i, name, n):
-        """The output projection of layer i's attention ``name`` on its heads' ``ctx``, as (n, D)
-        (its bias added by :meth:`residual`)."""
-        return ctx.reshape(n, -1) @ self.model.params[f"decoder.{i}.{name}.w_o"]
+        ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh).transpose(0, 2, 1, 3).reshape(n, -1)
+        return ctx @ self.model.params[f"decoder.{i}.cross_attn.w_o"]         # + b_o in residual()
 
 
 def run_step(model, tokens, state, parts: int, one_thread: bool):
@@ -495,10 +504,9 @@ class DeviceDecodeState:
 
     @property
     def cross_kv(self) -> list:
-        """Per layer the reference's (k, v), (n, H, S, Dh) (a copy when rows share them)."""
-        if self.group == 1:
-            return list(self.cross)
-        return [(k.repeat(self.group, axis=0), v.repeat(self.group, axis=0)) for k, v in self.cross]
+        """Per layer the reference's (k, v), one row per decoded row, (n, H, S, Dh) (a copy when
+        rows share them)."""
+        return _per_row(self.cross, self.group)
 
     @property
     def self_kv(self) -> list:
@@ -532,15 +540,9 @@ class DeviceDecodeState:
             index = xp.asarray(index_h.astype(np.int64))
         _kernels(xp).gather_prefix(buf.kv, buf.spare, index, t)      # the t positions written, not the room
         buf.kv, buf.spare = buf.spare, buf.kv
-        sentence = self.sentence[index_h]
-        group = _group_size(sentence)
-        source = index_h[::group] // self.group            # each new group's row of the old ``cross``
-        cross = self.cross
-        if not (source.shape[0] == cross[0][0].shape[0] and bool((source == np.arange(source.shape[0])).all())):
-            source_d = xp.asarray(source)
-            cross = [(k[source_d], v[source_d]) for k, v in cross]
+        sentence, group, cross, same = _regroup(self, index_h, xp)
         mask, bias = self.src_mask, self.src_bias
-        if not (sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all())):
+        if not same:
             mask, bias = mask[index], bias[index]
         return self._successor(cross=cross, group=group, src_mask=mask, sentence=sentence, src_bias=bias)
 

@@ -1,7 +1,9 @@
 """The fast engine's one decoder layer: :func:`decoder_layer`, which training's forward, the
 NumPy step and the CuPy step all run (nanochat's ``Block.forward(x, kv_cache)``; the readable
 model's :func:`attn.model.decoder_layer_forward`). What differs between them is the object that
-computes the sub-layers (:class:`Sublayers`), handed in as ``run``:
+computes the sub-layers, handed in as ``run``: its ``model``, and ``self_attn(i, h)``,
+``cross_attn(i, h)``, ``ffn(pre, h)`` (each what its own ``residual`` reads) and ``residual(norm,
+x, sub, bias)``, which runs ``sub`` in the residual connection and returns (out, cache or None):
 
 * :class:`Sequences` (training, and inference over a whole prefix): every position at once
   under the causal mask, dropout when given a generator, the caches the backward reads;
@@ -15,24 +17,8 @@ Each keeps its own arithmetic (the recorded searches and the training step stay 
 the layer's order, its norms' and biases' names, are written here once."""
 from __future__ import annotations
 
-from typing import Protocol
 
-
-class Sublayers(Protocol):
-    """How one caller computes a decoder layer's sub-layers. ``sub(h)`` returns what the
-    caller's own ``residual`` reads; a ``residual`` returns (out, cache or None)."""
-    model: object
-
-    def residual(self, norm: str, x, sub, bias): ...
-
-    def self_attn(self, i: int, h): ...
-
-    def cross_attn(self, i: int, h): ...
-
-    def ffn(self, pre: str, h): ...
-
-
-def decoder_layer(run: Sublayers, i: int, x):
+def decoder_layer(run, i: int, x):
     """Decoder layer i on x (section 3.1): masked self-attention (a step's: its new row against
     the key/value cache ``run`` holds), attention over the encoder's output, then the
     feed-forward network, each in its residual connection with its output bias. Returns x,
@@ -43,7 +29,6 @@ def decoder_layer(run: Sublayers, i: int, x):
     x, c2 = run.residual(pre + ".norm2", x, lambda h: run.cross_attn(i, h), p[pre + ".cross_attn.b_o"])
     x, c3 = run.residual(pre + ".norm3", x, lambda h: run.ffn(pre + ".ffn", h), model._ffn_bias(pre))
     return x, (c1, c2, c3)
-
 
 
 def decoder_layer_backward(model, dy, dec: list, i: int, dk, dv, G):
