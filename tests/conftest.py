@@ -173,7 +173,8 @@ def torch():
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Close with the worst gradient-check error of the session, if any checks ran, whether the
-    sentinels outlived the suite, and the machine line (which ``-q`` drops from the header)."""
+    sentinels outlived the suite, and the machine line (which ``-q`` drops from the header).
+    Under pytest-xdist the workers' records arrive through :func:`pytest_testnodedown`."""
     line = testing.gradient_summary()
     if line:
         terminalreporter.write_sep("-", "gradient checks")
@@ -231,7 +232,24 @@ def pytest_sessionfinish(session, exitstatus):
     if dead:
         _SENTINELS_KILLED.append(f"a test signalled processes it did not start: the sentinel(s) {', '.join(dead)} "
                                  "ended during the run")
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:                   # a pytest-xdist worker: the controller reports
+        workeroutput["attn_sentinels_killed"] = list(_SENTINELS_KILLED)
+        workeroutput["attn_gradient_errors"] = [list(e) for e in testing.GRADIENT_ERRORS]
+        workeroutput["attn_gradient_checks"] = testing.GRADIENT_CHECKS[0]
+    if _SENTINELS_KILLED:
         session.exitstatus = 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller, as a worker ends: its gradient checks join the session's summary
+    and a sentinel it saw end fails the run (the controller's :func:`pytest_sessionfinish` runs
+    after every worker is down)."""
+    out = getattr(node, "workeroutput", {}) or {}
+    _SENTINELS_KILLED.extend(f"[{node.gateway.id}] {text}" for text in out.get("attn_sentinels_killed", ()))
+    testing.GRADIENT_ERRORS.extend(tuple(e) for e in out.get("attn_gradient_errors", ()))
+    testing.GRADIENT_CHECKS[0] += out.get("attn_gradient_checks", 0)
 
 
 @pytest.fixture
