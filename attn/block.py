@@ -2,7 +2,7 @@
 
     part          the paper's                    a later model's (lesson 26)   the config's field
     norm          layer norm                     RMSNorm                       norm_kind, ln_eps
-    placement     post-norm                      pre-norm (and a final norm)   norm, dropout
+    placement     post-norm                      pre-norm (and a final norm)   norm_position, dropout
     positions     sinusoids (or a learned        rotary, inside the            positional, rope_base,
                   table, Table 3 row E)          self-attention                max_len
     attention     multi-head                     grouped-query (kv_heads)      n_heads, kv_heads
@@ -185,8 +185,9 @@ class Attention:
         :meth:`step`, returning (out, :class:`Attended`)."""
         if past is not None:
             return self.step(xq, xkv, past, mask, p, name)
-        return multi_head_attention_forward(xq, xkv, *(p[f"{name}.{n}"] for n in ATTENTION), self.n_heads, mask,
-                                            self.dropout, rng, kv_heads=self.kv_heads, rope=self.rope_base)
+        return multi_head_attention_forward(xq, xkv, *(p[f"{name}.{n}"] for n in ATTENTION), n_heads=self.n_heads,
+                                            mask=mask, dropout=self.dropout, rng=rng, kv_heads=self.kv_heads,
+                                            rope_base=self.rope_base)
 
     def backward(self, ds, cache, name: str, grads: dict):
         """Backward of :meth:`forward` (training): the parameters' gradients into ``grads``.
@@ -308,7 +309,7 @@ def parts(cfg) -> Block:
     positions = _positions(cfg)
     norm = Norm(cfg.norm_kind, *_kind(cfg, "norm_kind", NORMS), cfg.ln_eps)
     kv_heads = cfg.kv_heads or cfg.n_heads
-    return Block(norm, _kind(cfg, "norm", PLACEMENTS)(cfg.dropout), positions,
+    return Block(norm, _kind(cfg, "norm_position", PLACEMENTS)(cfg.dropout), positions,
                  Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, positions.rope_base),
                  Attention(cfg.n_heads, kv_heads, cfg.attention_dropout, None), _feed_forward(cfg))
 

@@ -48,6 +48,7 @@ unlikely ones end the search before the best longer one finishes.) With
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from . import backend as B
@@ -337,6 +338,42 @@ def _attention_rows(att_steps, src_h, sentence_rows):
         a = np.stack([host_steps[t][r] for t, r in rows]) if rows else np.zeros((0, src_h.shape[1]))
         out.append(a[:, src_h[i] != PAD])
     return out
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """How to decode, settled once by whoever asks (``attn-translate``'s flags, the trainer's
+    final test translation) and handed down whole to :func:`attn.evaluate.translate`.
+
+    ``beam_size`` 1 decodes greedily (:func:`greedy_decode`), more runs :func:`beam_search`
+    with the length penalty ``alpha`` (ignored by greedy decoding); ``max_len`` is the most tokens
+    a translation may have (None: its source's length + :data:`EXTRA_LENGTH`); ``no_repeat_ngram``
+    n > 0 forbids a translation to repeat one of its own n-grams; ``use_cache`` keeps each layer's
+    keys and values; ``with_attention`` returns the last layer's cross-attention.
+    """
+    beam_size: int = 1
+    alpha: float = 0.6
+    max_len: int | None = None
+    no_repeat_ngram: int = 0
+    use_cache: bool = True
+    with_attention: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int) or self.beam_size < 1:
+            raise ValueError(f"Decoding: beam_size must be a positive integer, got {self.beam_size!r}")
+        if isinstance(self.no_repeat_ngram, bool) or not isinstance(self.no_repeat_ngram, int) \
+                or self.no_repeat_ngram < 0:
+            raise ValueError(f"Decoding: no_repeat_ngram must be 0 (off) or a positive n-gram length, "
+                             f"got {self.no_repeat_ngram!r}")
+
+    def search(self, model, src) -> DecodeResult:
+        """The translations of the batch ``src`` (B, S): greedy decoding or beam search, as set."""
+        if self.beam_size == 1:
+            return greedy_decode(model, src, max_len=self.max_len, use_cache=self.use_cache,
+                                 with_attention=self.with_attention, no_repeat_ngram=self.no_repeat_ngram)
+        return beam_search(model, src, beam_size=self.beam_size, alpha=self.alpha, max_len=self.max_len,
+                           use_cache=self.use_cache, with_attention=self.with_attention,
+                           no_repeat_ngram=self.no_repeat_ngram)
 
 
 # --------------------------------------------------------------------------- greedy

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from . import backend as B
 from . import block
 from .data import EOS, PAD, detokenize
-from .decode import beam_search, greedy_decode
+from .decode import Decoding
 
 #: The most tokens one source sentence may have (the end-of-sentence mark included) by default.
 #: Attention's memory and time grow with the square of the length: on the CPU the toy model
@@ -170,11 +170,24 @@ def _pieces(vocab, line, limit: int | None, number: int) -> list[list]:
     return parts
 
 
-def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 64,
-              max_len=None, use_cache: bool = True, with_attention: bool = False,
-              max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0,
-              progress: bool = False, first_line: int = 1) -> list[Translation]:
+def decoding_of(decoding: Decoding | None, settings: dict, caller: str) -> Decoding:
+    """``decoding``, or a :class:`~attn.decode.Decoding` of the ``settings`` given by name
+    (``beam_size=4``): one or the other, a TypeError naming ``caller`` if both."""
+    if decoding is None:
+        return Decoding(**settings)
+    if settings:
+        raise TypeError(f"{caller}: give a Decoding or its settings ({', '.join(sorted(settings))}), not both")
+    return decoding
+
+
+def translate(model, vocab, sentences, decoding: Decoding | None = None, *, batch_size: int = 64,
+              max_source_tokens: int | None = MAX_SOURCE_TOKENS, progress: bool = False, first_line: int = 1,
+              **settings) -> list[Translation]:
     """Translate sentences (str, or lists of tokens) in batches; see :func:`translate_sentences`.
+
+    ``decoding`` says how (:class:`attn.decode.Decoding`: greedy or beam search, its length
+    penalty, length limit, n-grams it may not repeat, cross-attention kept); or its fields are
+    given by name instead (``translate(model, vocab, lines, beam_size=4)``).
 
     Each input text is cut after its sentence ends (:func:`split_sentences`, whatever its length);
     its sentences are translated one by one and their translations joined with a space, so a line
@@ -186,13 +199,13 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
     square of its length. None: each input is translated whole, as it is, without a limit (a
     learned table's model then sees the first ``max_len`` tokens). An empty input translates
     to an empty one.
-    ``no_repeat_ngram`` n > 0: no translation repeats one of its own n-grams of pieces
-    (:func:`attn.decode.repeated_ngrams`). ``progress``: a progress bar on standard error.
+    ``progress``: a progress bar on standard error.
     ``first_line``: the line number an :class:`InputTooLong` gives the first input (a caller
     translating a stream a batch of lines at a time passes where the batch starts).
 
     Returns one :class:`Translation` per sentence, in the input order.
     """
+    decoding = decoding_of(decoding, settings, "translate")
     if batch_size < 1:
         raise ValueError(f"translate: batch_size must be positive, got {batch_size}")
     if max_source_tokens is not None and (isinstance(max_source_tokens, bool) or
@@ -202,12 +215,11 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
     limit = None if max_source_tokens is None else min(max_source_tokens, model.config.max_len)
     pieces = [_pieces(vocab, s, limit, n) for n, s in enumerate(sentences, start=first_line)]
     flat = [(i, toks) for i, ps in enumerate(pieces) for toks in ps if toks]
-    done = _translate_pieces(model, vocab, [t for _, t in flat], beam_size, alpha, batch_size, max_len, use_cache,
-                             with_attention, no_repeat_ngram, progress)
+    done = _translate_pieces(model, vocab, [t for _, t in flat], decoding, batch_size, progress)
     by_sentence: list = [[] for _ in pieces]
     for (i, _), t in zip(flat, done):
         by_sentence[i].append(t)
-    empty = B.host.zeros((0, 0), dtype="float32") if with_attention else None
+    empty = B.host.zeros((0, 0), dtype="float32") if decoding.with_attention else None
     return [parts[0] if len(parts) == 1 else
             Translation("", [], [], 0.0, empty) if not parts else
             Translation(" ".join(p.text for p in parts), sum((p.src_tokens for p in parts), []),
@@ -215,8 +227,7 @@ def translate(model, vocab, sentences, beam_size: int = 1, alpha: float = 0.6, b
             for parts in by_sentence]
 
 
-def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len, use_cache, with_attention,
-                      no_repeat_ngram, progress=False):
+def _translate_pieces(model, vocab, toks, decoding: Decoding, batch_size: int, progress: bool = False):
     from tqdm import tqdm
     np, xp = B.host, model.xp
     ids = [source_ids(vocab, t) for t in toks]
@@ -233,39 +244,33 @@ def _translate_pieces(model, vocab, toks, beam_size, alpha, batch_size, max_len,
         for r, i in enumerate(batch):
             src[r, :len(ids[i])] = ids[i]
         src = xp.asarray(src)
-        if beam_size == 1:
-            res = greedy_decode(model, src, max_len=max_len, use_cache=use_cache, with_attention=with_attention,
-                                no_repeat_ngram=no_repeat_ngram)
-        else:
-            res = beam_search(model, src, beam_size=beam_size, alpha=alpha, max_len=max_len,
-                              use_cache=use_cache, with_attention=with_attention, no_repeat_ngram=no_repeat_ngram)
+        res = decoding.search(model, src)
         for r, i in enumerate(batch):
             tgt = list(vocab.decode(res.tokens[r]))
             src_labels = (toks[i] + [eos])[:len(ids[i])]
-            att = res.cross_attention[r] if with_attention else None
+            att = res.cross_attention[r] if decoding.with_attention else None
             out[i] = Translation(detokenize(tgt), src_labels, tgt, res.scores[r], att)
         bar.update(len(batch))
     bar.close()
     return out
 
 
-def translate_sentences(model, vocab, sentences: list[str], beam_size: int = 1, batch_size: int = 64,
-                        alpha: float = 0.6, max_len=None, use_cache: bool = True,
-                        max_source_tokens: int | None = MAX_SOURCE_TOKENS, no_repeat_ngram: int = 0) -> list[str]:
+def translate_sentences(model, vocab, sentences: list[str], decoding: Decoding | None = None, *,
+                        batch_size: int = 64, max_source_tokens: int | None = MAX_SOURCE_TOKENS,
+                        **settings) -> list[str]:
     """Translate text: tokenise (``vocab.tokenize``), map to ids (UNK for unknown words),
     decode in batches of sentences of similar length (greedy for ``beam_size`` 1, beam
     search otherwise), detokenise. Returns the translations in the input order, one per input,
-    each input cut at its sentence ends (see :func:`translate`)."""
-    return [t.text for t in translate(model, vocab, sentences, beam_size, alpha, batch_size,
-                                      max_len, use_cache, max_source_tokens=max_source_tokens,
-                                      no_repeat_ngram=no_repeat_ngram)]
+    each input cut at its sentence ends (see :func:`translate`; ``decoding`` or its settings by name)."""
+    decoding = decoding_of(decoding, settings, "translate_sentences")
+    return [t.text for t in translate(model, vocab, sentences, decoding, batch_size=batch_size,
+                                      max_source_tokens=max_source_tokens)]
 
 
-def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float = 0.6,
-                          batch_size: int = 64, no_repeat_ngram: int = 0,
-                          progress: bool = False) -> tuple[Scores, list[str]]:
-    """Translate the source side of ``pairs`` and score it against the target side (``progress``:
-    a progress bar on standard error while it translates).
+def evaluate_translations(model, vocab, pairs, decoding: Decoding | None = None, *, batch_size: int = 64,
+                          progress: bool = False, **settings) -> tuple[Scores, list[str]]:
+    """Translate the source side of ``pairs`` as ``decoding`` (or its settings by name) says and
+    score it against the target side (``progress``: a progress bar on standard error while it translates).
 
     pairs : list of (source, reference); each side a str (the raw line: it is scored
         as it is) or a list of tokens (a token list is detokenised to give the reference text).
@@ -273,14 +278,16 @@ def evaluate_translations(model, vocab, pairs, beam_size: int = 1, alpha: float 
     """
     srcs = [p[0] for p in pairs]
     refs = [p[1] if isinstance(p[1], str) else detokenize(list(p[1])) for p in pairs]
-    hyps = [t.text for t in translate(model, vocab, srcs, beam_size=beam_size, batch_size=batch_size, alpha=alpha,
+    decoding = decoding_of(decoding, settings, "evaluate_translations")
+    hyps = [t.text for t in translate(model, vocab, srcs, decoding, batch_size=batch_size,
                                       max_source_tokens=None,      # a test set is scored line by line, as it is
-                                      no_repeat_ngram=no_repeat_ngram, progress=progress)]
+                                      progress=progress)]
     return corpus_scores(hyps, refs), hyps
 
 
-def evaluate_bleu(model, vocab, pairs, beam_size: int = 1, alpha: float = 0.6,
-                  batch_size: int = 64, no_repeat_ngram: int = 0) -> tuple[float, list[str]]:
+def evaluate_bleu(model, vocab, pairs, decoding: Decoding | None = None, *, batch_size: int = 64,
+                  **settings) -> tuple[float, list[str]]:
     """:func:`evaluate_translations`, BLEU only: (corpus BLEU, the hypotheses as text)."""
-    scores, hyps = evaluate_translations(model, vocab, pairs, beam_size, alpha, batch_size, no_repeat_ngram)
+    scores, hyps = evaluate_translations(model, vocab, pairs, decoding_of(decoding, settings, "evaluate_bleu"),
+                                         batch_size=batch_size)
     return scores.bleu, hyps

@@ -11,7 +11,7 @@ fuse: ``dlogits = (softmax(logits) - q) / n_tokens`` on real tokens, 0 on paddin
 from __future__ import annotations
 
 from . import backend as B
-from .layers._checks import check_ids
+from .layers import check_ids
 from .masks import PAD_ID
 
 

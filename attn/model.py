@@ -6,7 +6,7 @@
 
 Every sub-layer sits in a residual connection with dropout, followed by layer
 norm (post-norm, as in the paper): ``LayerNorm(x + Dropout(Sublayer(x)))``.
-``norm="pre"`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final norm.
+``norm_position="pre"`` gives ``x + Dropout(Sublayer(LayerNorm(x)))`` with a final norm.
 
 The block of later models is four options away, each off by default (lesson 26):
 ``positional="rope"`` (rotary positions on every self-attention's queries and keys instead
@@ -74,7 +74,7 @@ class TransformerConfig:
     label_smoothing: float = 0.1     # epsilon_ls (section 5.4)
     max_len: int = 256               # rows of the positional table (sinusoids extend on demand)
     positional: str = "sinusoidal"   # or "learned" (Table 3, row E), or "rope" (rotary, lesson 26)
-    norm: str = "post"               # "post" (the paper) or "pre"
+    norm_position: str = "post"      # where the norm sits: "post" (the paper) or "pre"
     norm_kind: str = "layer"         # "layer" (the paper's layer norm) or "rms" (RMSNorm: no mean, no beta)
     ffn: str = "relu"                # "relu" (equation 2) or "swiglu" (width 2/3 d_ff, no biases)
     kv_heads: int | None = None      # key/value heads of every attention (None: n_heads; 1: multi-query)
@@ -139,11 +139,30 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TransformerConfig":
+        """A config from :meth:`to_dict` output, today's or an older file's (:func:`renamed_fields`)."""
+        d = renamed_fields(d, "TransformerConfig")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"TransformerConfig: unknown fields {unknown}")
         return cls(**d)
+
+
+#: Config fields renamed since files were first written, old name -> new: a config read from a
+#: file (a checkpoint, a page export, a run's config.json) passes through :func:`renamed_fields`.
+RENAMED_FIELDS = {"norm": "norm_position"}
+
+
+def renamed_fields(d: dict, owner: str) -> dict:
+    """``d`` with each old field name of :data:`RENAMED_FIELDS` replaced by its new one (a new dict);
+    ValueError naming ``owner`` and both names if ``d`` gives both."""
+    if not isinstance(d, dict):
+        return d
+    both = [f"{old!r} (the old name of {new!r}) and {new!r}" for old, new in RENAMED_FIELDS.items()
+            if old in d and new in d]
+    if both:
+        raise ValueError(f"{owner}: both {both[0]} given")
+    return {RENAMED_FIELDS.get(k, k): v for k, v in d.items()}
 
 
 # --------------------------------------------------------------------------- parameters

@@ -271,7 +271,8 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp
     """
     from tqdm import tqdm
     dp = distributed.group() if dp is None else dp
-    clock = _Clock(config, state, hooks.log)
+    budget = _RunBudget(config, state)
+    after_step = _AfterStep(config, state, hooks, dp, budget)
     bar = tqdm(total=config.steps if config.steps else None, initial=state.step, unit="step",
                disable=config.quiet or not dp.master, desc=hooks.desc, **progress_bar_options())
     stop_reason = None
@@ -286,10 +287,10 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp
                 t0 = time.perf_counter()
                 loss, lr = hooks.step(batch, config.seed * 1_000_003 + state.step)
                 hooks.log.append(loss)
-                clock.stepped(batch, time.perf_counter() - t0)
+                budget.stepped(batch, time.perf_counter() - t0)
                 bar.update(1)
-                stop_reason = dp.agree(clock.stop_reason(interrupt), interrupt.requested)   # process 0's decides
-                clock.after_step(hooks, stop_reason, bar, lr, dp)
+                stop_reason = dp.agree(budget.stop_reason(interrupt), interrupt.requested)  # process 0's decides
+                after_step(stop_reason, bar, lr)
                 if stop_reason:
                     break
             else:
@@ -297,23 +298,20 @@ def run_loop(config: TrainConfig, state: TrainState, train_enc, hooks: Hooks, dp
                 state.batch_index = 0
                 if config.epochs and state.epoch >= config.epochs:
                     stop_reason = f"reached --epochs {config.epochs}"
-                    clock.evaluate_if_new(hooks, bar, dp)
+                    after_step.evaluate_if_new(bar)
     bar.close()
-    clock.tick()                                        # the last evaluation included
+    budget.tick()                                       # the last evaluation included
     return stop_reason
 
 
-class _Clock:
-    """The loop's account of a run: its budget and wall time, the losses not yet on the host, the
-    step of the last evaluation; what happens after a step (the log, the snapshot, the watcher,
-    an evaluation or the checkpoint of an interrupted run)."""
+class _RunBudget:
+    """The run against its budget: the step, the batch and the tokens counted, the wall time over
+    the whole run (resumed or not) kept in ``state``, and the reason to stop once it is spent."""
 
-    def __init__(self, config: TrainConfig, state: TrainState, log: engines.LossLog):
+    def __init__(self, config: TrainConfig, state: TrainState):
         self.config, self.state = config, state
-        self.pending = log                              # the losses of the steps since the last log
-        self.budget = config.minutes * 60.0 if config.minutes else math.inf     # over the whole run, resumed or not
+        self.seconds = config.minutes * 60.0 if config.minutes else math.inf
         self.started, self.wall_before = time.perf_counter(), state.wall_seconds
-        self.last_eval_step = state.step
 
     def tick(self) -> None:
         self.state.wall_seconds = self.wall_before + (time.perf_counter() - self.started)
@@ -326,6 +324,25 @@ class _Clock:
         state.tokens_seen += batch.n_src_tokens + batch.n_tgt_tokens
         self.tick()
 
+    def stop_reason(self, interrupt) -> str | None:
+        config, state = self.config, self.state
+        if config.steps and state.step >= config.steps:
+            return f"reached --steps {config.steps}"
+        if state.wall_seconds >= self.seconds:
+            return f"reached --minutes {config.minutes}"
+        return "interrupted" if interrupt.requested else None
+
+
+class _AfterStep:
+    """What follows a step, in this order: the losses logged (on the steps that log, and before an
+    evaluation), the averaging snapshot, the watcher (``on_step``), then an evaluation when one is
+    due or the checkpoint of an interrupted run; process 0 alone snapshots, evaluates and saves."""
+
+    def __init__(self, config: TrainConfig, state: TrainState, hooks: Hooks, dp, budget: _RunBudget):
+        self.config, self.state, self.hooks, self.dp, self.budget = config, state, hooks, dp, budget
+        self.pending = hooks.log                        # the losses of the steps since the last log
+        self.last_eval_step = state.step
+
     def log_losses(self) -> float:
         """:func:`_log_losses`: the one host sync, on the steps that log. On a GPU it waits for the
         steps queued since the last one, whose launches alone were timed, so its time is training's."""
@@ -334,42 +351,36 @@ class _Clock:
         self.state.train_seconds += time.perf_counter() - t0
         return loss
 
-    def stop_reason(self, interrupt) -> str | None:
-        config, state = self.config, self.state
-        if config.steps and state.step >= config.steps:
-            return f"reached --steps {config.steps}"
-        if state.wall_seconds >= self.budget:
-            return f"reached --minutes {config.minutes}"
-        return "interrupted" if interrupt.requested else None
-
-    def after_step(self, hooks: Hooks, stop_reason, bar, lr: float, dp) -> None:
-        config, state = self.config, self.state
+    def __call__(self, stop_reason, bar, lr: float) -> None:
+        config, state, hooks, master = self.config, self.state, self.hooks, self.dp.master
         due = stop_reason or state.step - self.last_eval_step >= config.eval_every
         if state.step % self.pending.every == 0 or due or hooks.on_step is not None:    # a watcher reads each step's loss
-            loss_value = self.log_losses()
-            tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
-            left = self.budget - state.wall_seconds
-            bar.set_postfix_str(f"loss {loss_value:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
-                                + (f" left {_fmt_secs(left)}" if self.budget < math.inf else "")
-                                + f" ep {state.epoch}", refresh=False)
-        if dp.master and hooks.snapshot is not None and config.average > 1 and state.step % config.snapshot_every == 0:
+            self._show(bar, self.log_losses(), lr)
+        if master and hooks.snapshot is not None and config.average > 1 and state.step % config.snapshot_every == 0:
             hooks.snapshot(state.step)
-        if hooks.on_step is not None and dp.master:
+        if hooks.on_step is not None and master:
             hooks.on_step(state, state.wall_seconds)
         if stop_reason == "interrupted":
-            if dp.master:
+            if master:
                 hooks.save()
         elif due:
-            if dp.master:
+            if master:
                 hooks.evaluate(bar)
             self.last_eval_step = state.step
 
-    def evaluate_if_new(self, hooks: Hooks, bar, dp) -> None:
+    def _show(self, bar, loss: float, lr: float) -> None:
+        state, budget = self.state, self.budget.seconds
+        tok_s = state.tokens_seen / max(state.train_seconds, 1e-9)
+        bar.set_postfix_str(f"loss {loss:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
+                            + (f" left {_fmt_secs(budget - state.wall_seconds)}" if budget < math.inf else "")
+                            + f" ep {state.epoch}", refresh=False)
+
+    def evaluate_if_new(self, bar) -> None:
         """At the end of the last epoch: log and evaluate, unless this step was just evaluated."""
         if self.state.step != self.last_eval_step:
             self.log_losses()
-            if dp.master:
-                hooks.evaluate(bar)
+            if self.dp.master:
+                self.hooks.evaluate(bar)
 
 
 def _check_cuda_graph(config: TrainConfig, dp) -> None:

@@ -285,14 +285,15 @@ class _Figures:
 def _translate_stream(args, model, vocab, batches, figures) -> int:
     """Translate each batch of lines, write and flush its translations, draw its figures; 0, or
     the exit code of the problem that stopped it (said in one line)."""
+    from .decode import Decoding
     from .evaluate import InputTooLong, translate
+    decoding = Decoding(beam_size=args.beam, alpha=args.alpha, no_repeat_ngram=args.no_repeat_ngram,
+                        with_attention=args.attention is not None)       # once, for every batch
     written, lines = 0, []
     try:
         for first, lines in batches:
-            results = translate(model, vocab, lines, beam_size=args.beam, alpha=args.alpha,
-                                batch_size=args.batch_size, with_attention=args.attention is not None,
-                                max_source_tokens=args.max_length, no_repeat_ngram=args.no_repeat_ngram,
-                                first_line=first)
+            results = translate(model, vocab, lines, decoding, batch_size=args.batch_size,
+                                max_source_tokens=args.max_length, first_line=first)
             sys.stdout.write("".join(r.text + "\n" for r in results))
             sys.stdout.flush()
             written += len(results)

@@ -15,18 +15,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from attn.model import renamed_fields
 from recipe_runs import print_table, read_run       # beside this file
 
 HERE = Path(__file__).resolve().parent / "multi30k-blocks"
 ORDER = ["paper", "pre", "rms", "rms-pre", "rope", "swiglu", "gqa", "later", "later-mha"]
-FLAGS = (("norm", "post", "--norm {}"), ("norm_kind", "layer", "--norm-kind {}"),
+FLAGS = (("norm_position", "post", "--norm {}"), ("norm_kind", "layer", "--norm-kind {}"),
          ("positional", "sinusoidal", "--positional {}"), ("ffn", "relu", "--ffn {}"), ("kv_heads", None, "--kv-heads {}"))
 
 
 def row(name: str) -> str:
     config, final, last = read_run(HERE / name)
-    flags = " ".join(flag.format(config["model"].get(key)) for key, paper, flag in FLAGS
-                     if config["model"].get(key, paper) != paper) or "(the paper's block)"
+    model = renamed_fields(config["model"], f"{name}/config.json")     # the runs wrote "norm"
+    flags = " ".join(flag.format(model.get(key)) for key, paper, flag in FLAGS
+                     if model.get(key, paper) != paper) or "(the paper's block)"
     per_minute = final["steps"] / (final["train_seconds"] / 60)
     return (f"| `{name}` | `{flags}` | {final['parameters']:,} | {final['steps']:,} | {per_minute:.1f} | "
             f"{final['tokens_per_second']:,.0f} | {last['val_loss']:.3f} | {last['val_bleu']:.2f} | "

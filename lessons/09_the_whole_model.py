@@ -418,7 +418,7 @@ print(f"the feed-forward networks hold {ffn_total / layer_total:.0%} of the laye
 #
 # The count is also checked for three other settings of `TransformerConfig`:
 # learned positions (`positional="learned"`, one `max_len x D` table per stack,
-# Table 3 row E), unequal depths, and `norm="pre"`, lesson 7's pre-norm wiring
+# Table 3 row E), unequal depths, and `norm_position="pre"`, lesson 7's pre-norm wiring
 # `x + Sublayer(LN(x))`, which needs one more layer norm at the top of each stack
 # (nothing else normalises the last sub-layer's sum).
 #
@@ -432,10 +432,10 @@ assert n_base == formula(37000, 512, 2048, 6, 6) == 63_082_496, n_base
 assert n_untied == formula(37000, 512, 2048, 6, 6, shared=False)
 assert model.num_parameters() == formula(len(vocab), 32, 64, 2, 2)
 assert untied.num_parameters() == formula(len(vocab), 32, 64, 2, 2, shared=False)
-for extra in (dict(positional="learned", max_len=50), dict(norm="pre"), dict(n_encoder_layers=3, n_decoder_layers=1)):
+for extra in (dict(positional="learned", max_len=50), dict(norm_position="pre"), dict(n_encoder_layers=3, n_decoder_layers=1)):
     c = TransformerConfig(vocab_size=101, d_model=24, n_heads=3, d_ff=40, **extra)
     expected = formula(101, 24, 40, c.n_encoder_layers, c.n_decoder_layers,
-                       learned_positions=c.max_len if c.positional == "learned" else 0, pre_norm=c.norm == "pre")
+                       learned_positions=c.max_len if c.positional == "learned" else 0, pre_norm=c.norm_position == "pre")
     assert count(c) == expected == Transformer(c).num_parameters(), (extra, count(c), expected)
 assert diff_memory < 1e-12 and diff_logits < 1e-12, "Transformer.forward is not the model written out above"
 assert logits_lib.shape == (src.shape[0], tgt_in.shape[1], len(vocab))

@@ -388,7 +388,7 @@ for _ in range(4):
 # GPT is this model. What changed on the way to it, and on to its successors, is
 # scale and a few details: learned positions, a smoother activation than ReLU (GELU),
 # sub-word vocabularies of tens of thousands of pieces (lesson 13), from GPT-2 on the
-# layer norm moved to the sub-layer's input (pre-norm, `norm="pre"` in `attn.model`,
+# layer norm moved to the sub-layer's input (pre-norm, `norm_position="pre"` in `attn.model`,
 # which trains deep stacks more stably), and above all far more parameters and text. Nothing else is needed to
 # translate with it: a model trained on text that contains translations, prompted
 # with a sentence and "in French:", continues with the translation. The

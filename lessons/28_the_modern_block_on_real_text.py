@@ -14,14 +14,14 @@
 #
 # ```
 # attn-train --data multi30k --src de --tgt en --preset small --minutes 10 --out runs/block-paper
-# attn-train ... --norm pre                      # the norm before each sub-layer
+# attn-train ... --norm-position pre             # the norm before each sub-layer
 # attn-train ... --norm-kind rms                 # RMSNorm after each residual sum
-# attn-train ... --norm pre --norm-kind rms      # both, as every model since 2023 has them
+# attn-train ... --norm-position pre --norm-kind rms   # both, as every model since 2023 has them
 # attn-train ... --positional rope               # rotary positions
 # attn-train ... --ffn swiglu                    # SwiGLU at 2/3 of d_ff: the same parameters
 # attn-train ... --kv-heads 2                    # grouped-query attention: 2 key/value heads for 8
-# attn-train ... --norm pre --norm-kind rms --positional rope --ffn swiglu --kv-heads 2
-# attn-train ... --norm pre --norm-kind rms --positional rope --ffn swiglu     # all but GQA
+# attn-train ... --norm-position pre --norm-kind rms --positional rope --ffn swiglu --kv-heads 2
+# attn-train ... --norm-position pre --norm-kind rms --positional rope --ffn swiglu   # all but GQA
 # ```
 #
 # Equal minutes, not equal steps: a change that makes the step slower has to pay for itself in
@@ -46,13 +46,13 @@ from attn.masks import padding_mask
 from attn.model import Transformer, TransformerConfig
 
 RECORDED = Path(attn.__file__).resolve().parents[1] / "benchmarks" / "multi30k-blocks"
-PAPER = dict(norm="post", norm_kind="layer", positional="sinusoidal", ffn="relu", kv_heads=None)
-LATER = dict(norm="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=2)
+PAPER = dict(norm_position="post", norm_kind="layer", positional="sinusoidal", ffn="relu", kv_heads=None)
+LATER = dict(norm_position="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=2)
 BLOCKS = {  # folder: (label, what differs from the paper's block)
     "paper": ("the paper's block", {}),
-    "pre": ("pre-norm", dict(norm="pre")),
+    "pre": ("pre-norm", dict(norm_position="pre")),
     "rms": ("RMSNorm", dict(norm_kind="rms")),
-    "rms-pre": ("pre-norm RMSNorm", dict(norm="pre", norm_kind="rms")),
+    "rms-pre": ("pre-norm RMSNorm", dict(norm_position="pre", norm_kind="rms")),
     "rope": ("rotary positions", dict(positional="rope")),
     "swiglu": ("SwiGLU", dict(ffn="swiglu")),
     "gqa": ("2 key/value heads", dict(kv_heads=2)),
@@ -63,7 +63,8 @@ runs = {}
 for name, (label, change) in BLOCKS.items():
     folder = RECORDED / name
     config = json.loads((folder / "config.json").read_text())
-    recorded = {k: config["model"].get(k, PAPER[k]) for k in PAPER}
+    model_config = TransformerConfig.from_dict(config["model"])   # older files' names too
+    recorded = {k: getattr(model_config, k) for k in PAPER}
     assert recorded == {**PAPER, **change}, f"{name}: the recorded run's block is {recorded}"
     assert config["train"]["preset"] == "small" and config["train"]["minutes"] == 10, name
     runs[name] = dict(label=label, config=config, final=json.loads((folder / "metrics.json").read_text()),
@@ -191,7 +192,7 @@ print(f"its test BLEU {f['test_bleu']:.2f} (lower-cased {f['test_bleu_lc']:.2f};
 
 # %% [markdown]
 # `attn-train --preset small` trains the block that validation chose here (its recipe,
-# `attn.training.config.RECIPES["small"]`, names it; `--norm`, `--norm-kind`, `--positional`,
+# `attn.training.config.RECIPES["small"]`, names it; `--norm-position`, `--norm-kind`, `--positional`,
 # `--ffn` and `--kv-heads` still choose any other). What it reaches in twenty minutes, the
 # README's Multi30k line, is in `benchmarks/RESULTS.md`, "The block of today on Multi30k".
 #

@@ -47,7 +47,7 @@ def _batch(seed=0, Bsz=3, S=5, T=4, V=23):
 
 @pytest.mark.parametrize("cfg", [CFG, TransformerConfig(vocab_size=9, tgt_vocab_size=7, share_embeddings=False,
                                                         d_model=4, n_heads=1, d_ff=6, n_encoder_layers=1,
-                                                        n_decoder_layers=3, norm="pre", positional="learned")])
+                                                        n_decoder_layers=3, norm_position="pre", positional="learned")])
 def test_every_parameter_is_a_view_of_the_arena_with_its_shape(backend, cfg):
     xp = backend
     lay = layout(cfg)
@@ -79,7 +79,7 @@ def test_every_parameter_is_a_view_of_the_arena_with_its_shape(backend, cfg):
 
 @pytest.mark.parametrize("cfg", [CFG, TransformerConfig(vocab_size=9, tgt_vocab_size=7, share_embeddings=False,
                                                         d_model=4, n_heads=1, d_ff=6, n_encoder_layers=2,
-                                                        n_decoder_layers=3, norm="pre", positional="learned")])
+                                                        n_decoder_layers=3, norm_position="pre", positional="learned")])
 def test_the_arena_lies_in_the_order_the_backward_finishes_its_gradients(cfg):
     """Stage by stage, last layer first (a data-parallel run sends the front while the backward
     computes the rest): the stages tile the buffer in :func:`stages` order, each block lies in
@@ -116,7 +116,7 @@ def test_the_backward_announces_each_stage_once_it_is_final(backend, workers, no
     those of a backward told nothing, bit for bit. With the batch split over threads (NumPy,
     ``workers`` 3) a stage is final only when every part has written it."""
     from dataclasses import replace
-    cfg = replace(CFG, norm=norm, dropout=0.1)
+    cfg = replace(CFG, norm_position=norm, dropout=0.1)
     fast = FastTransformer(cfg, seed=2, dtype="float64")
     fast.workers = workers
     src, tgt_in, tgt_out = _batch(3, Bsz=5)

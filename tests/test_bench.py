@@ -112,7 +112,7 @@ def test_presets_are_the_issue_s():
     cfg = model_config(bc)
     assert (bc.batch, bc.src_len, bc.tgt_len) == (64, 32, 32)
     assert (cfg.vocab_size, cfg.d_model, cfg.n_heads, cfg.d_ff) == (1000, 256, 4, 1024)
-    assert (cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.norm, cfg.share_embeddings) == (3, 3, "post", True)
+    assert (cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.norm_position, cfg.share_embeddings) == (3, 3, "post", True)
     src, tgt_in, tgt_out = make_batch(bc)
     assert src.shape == (64, 32) and tgt_in.shape == tgt_out.shape == (64, 32)
     assert np.all((tgt_out != 0) <= (tgt_in != 0)) and (tgt_out == 2).sum() == 64     # one EOS each
@@ -135,7 +135,7 @@ def test_vocabulary_presets(name, V):
 LATER = {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1}
 
 
-@pytest.mark.parametrize("options", [{"norm": "post"}, {"norm": "pre"}, {**LATER, "norm": "pre"}, LATER,
+@pytest.mark.parametrize("options", [{"norm_position": "post"}, {"norm_position": "pre"}, {**LATER, "norm_position": "pre"}, LATER,
                                      {"kv_heads": 2, "n_heads": 4}],
                          ids=["post", "pre", "later-pre", "later-post", "gqa"])
 def test_torch_model_is_the_same_model(torch, options):
@@ -227,7 +227,7 @@ def test_the_block_option_times_each_block_named():
     assert model_config(_bench_config(args)) == model_config(BENCH_PRESETS["toy-bench"])
     args.block = "later"
     cfg = model_config(_bench_config(args))
-    assert (cfg.norm, cfg.norm_kind, cfg.positional, cfg.ffn, cfg.kv_heads) == ("pre", "rms", "rope", "swiglu", 2)
+    assert (cfg.norm_position, cfg.norm_kind, cfg.positional, cfg.ffn, cfg.kv_heads) == ("pre", "rms", "rope", "swiglu", 2)
     assert _worker_args(args, "attn")[-2:] == ["--block", "later"]
     with pytest.raises(SystemExit):
         parse_args(["--block", "llama"])

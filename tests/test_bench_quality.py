@@ -42,7 +42,7 @@ def tiny_corpus(tmp_path_factory):
 def test_twin_weights_go_back_to_attn_exactly(torch, norm):
     B.set_backend("numpy")
     cfg = TransformerConfig(vocab_size=11, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=2,
-                            n_decoder_layers=2, norm=norm, max_len=16)
+                            n_decoder_layers=2, norm_position=norm, max_len=16)
     ours = Transformer(cfg, seed=4, dtype="float64")
     twin = Q.torch_transformer(cfg, dtype="float64")
     twin.load_attn_params(ours.params)
@@ -181,7 +181,7 @@ def test_train_calls_on_step_after_every_step(tiny_corpus, tmp_path):
 def test_the_watch_takes_the_state_at_the_shorter_budget(tmp_path):
     """The shorter budget's row: the first step at or past its seconds, with copies of the
     weights then and links to the snapshots then (the run deletes old snapshots later)."""
-    from attn.train import TrainState
+    from attn.training.checkpoints import TrainState
     snaps = tmp_path / "run" / "snapshots"
     snaps.mkdir(parents=True)
     watch = Q.Watch("attn", 1.0, tmp_path / "attn-at-1min", snaps)

@@ -29,8 +29,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "decoding.json"
 #: The paper's block, the later one with every part, and two in between; float32 and float64.
 BLOCKS = {
     "paper": dict(),
-    "later": dict(norm="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=2),
-    "learned-pre-mqa": dict(norm="pre", positional="learned", kv_heads=1),
+    "later": dict(norm_position="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=2),
+    "learned-pre-mqa": dict(norm_position="pre", positional="learned", kv_heads=1),
     "rope-post-rms": dict(positional="rope", norm_kind="rms"),
 }
 DTYPES = ("float64", "float32")
@@ -88,7 +88,7 @@ def test_decoding_is_bit_identical_to_the_recorded_searches():
 # ----------------------------------------------------------------------------- the parts
 
 
-@pytest.mark.parametrize("field, value", [("norm_kind", "batch"), ("norm", "sandwich"), ("positional", "alibi"),
+@pytest.mark.parametrize("field, value", [("norm_kind", "batch"), ("norm_position", "sandwich"), ("positional", "alibi"),
                                           ("ffn", "geglu"), ("ffn", ["relu"])])
 def test_a_kind_no_part_knows_is_refused_naming_its_field(field, value):
     with pytest.raises(ValueError, match=rf"TransformerConfig: {field} must be one of .*got {re.escape(repr(value))}"):

@@ -136,7 +136,7 @@ def test_an_npy_header_over_10kb_is_one_line_without_pickling_advice(checkpoint)
     assert "pickle" not in line
 
 
-@pytest.mark.parametrize("fields", [{}, {"norm": "pre", "positional": "learned", "share_embeddings": False,
+@pytest.mark.parametrize("fields", [{}, {"norm_position": "pre", "positional": "learned", "share_embeddings": False,
                                          "tgt_vocab_size": 70}, {"ffn": "swiglu", "positional": "rope", "kv_heads": 2},
                                     {"n_encoder_layers": 3, "n_decoder_layers": 1, "d_ff": 48}])
 def test_the_parameter_count_is_what_the_shapes_hold(fields):

@@ -28,7 +28,7 @@ TGT = np.array([[1, 7, 8, 0], [1, 2, 3, 4]])
 
 VARIANTS = {
     "shared": {},
-    "separate-learned-pre": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned", norm="pre"),
+    "separate-learned-pre": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned", norm_position="pre"),
 }
 
 

@@ -17,8 +17,9 @@ from attn.fast import FastTransformer
 from attn.fast.optim import FastAdam
 from attn.model import TransformerConfig
 from attn.optim import Adam, cooldown_scale, noam_lr
-from attn.train import TrainConfig, TrainConfigError, TrainState, budget_used, train
-from attn.training.config import config_from_argv
+from attn.train import TrainConfig, budget_used, train
+from attn.training.checkpoints import TrainState
+from attn.training.config import TrainConfigError, config_from_argv
 from test_train import TINY, run_train
 
 

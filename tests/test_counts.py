@@ -217,7 +217,7 @@ def test_a_decoding_position_on_the_gpu_allocates_nothing(norm):
     with C._on_the_stand_in() as fc:
         cp = fc.cupy
         cfg = TransformerConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                                n_decoder_layers=L, dropout=0.0, norm=norm)
+                                n_decoder_layers=L, dropout=0.0, norm_position=norm)
         model = FastTransformer(cfg, seed=0)
         src = cp.asarray(np.array([[4, 5, 6, 0], [7, 8, 9, 10], [11, 4, 0, 0]]))
         mask = (src != 0)[:, None, None, :]

@@ -104,7 +104,7 @@ def test_every_mistake_is_one_line(tmp_path, capsys, case):
 
 
 def test_the_later_block_is_exported_and_an_older_export_still_loads(tmp_path):
-    later = tiny(3, norm="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=1)
+    later = tiny(3, norm_position="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=1)
     doc = export_model(later, VOCAB, tmp_path / "later")
     back, _, _ = load_export(tmp_path / "later")
     assert back.config == later.config and doc["config"]["kv_heads"] == 1

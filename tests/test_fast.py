@@ -52,7 +52,7 @@ def configs(draw, dropout: bool = False, max_width: int = 8):
         n_encoder_layers=draw(st.integers(1, 2)), n_decoder_layers=draw(st.integers(1, 2)),
         dropout=p, attention_dropout=p, relu_dropout=p,
         label_smoothing=draw(st.sampled_from([0.0, 0.1])), max_len=16,
-        positional=draw(st.sampled_from(positionals)), norm=draw(st.sampled_from(["post", "pre"])),
+        positional=draw(st.sampled_from(positionals)), norm_position=draw(st.sampled_from(["post", "pre"])),
         norm_kind=draw(st.sampled_from(["layer", "rms"])), ffn=draw(st.sampled_from(["relu", "swiglu"])),
         kv_heads=draw(st.sampled_from([None] + [k for k in (1, 2) if H % k == 0 and k < H])))
 
@@ -402,7 +402,7 @@ def test_dropout_mask_rate_and_scale(backend):
 
 
 def test_blas_threads_restored_and_errors_propagate():
-    from attn.fast import _THREADS
+    from attn.fast.threads import _THREADS
     before = B.blas_threads()
 
     def boom():
@@ -547,7 +547,7 @@ def test_idle_helper_threads_hold_no_task():
     keeps nothing alive: decoding's last step (its keys and values) and a training step's
     cache were held that way until the next task."""
     import weakref
-    from attn.fast import _THREADS
+    from attn.fast.threads import _THREADS
 
     class Buffers:
         pass
@@ -566,7 +566,7 @@ def test_threads_survive_a_fork():
     """A child forked after the helper threads exist gets fresh ones (it inherits the queues,
     not the threads) instead of waiting forever."""
     import multiprocessing as mp
-    from attn.fast import _THREADS
+    from attn.fast.threads import _THREADS
     _THREADS.run([lambda: 1, lambda: 2])
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("no fork on this platform")

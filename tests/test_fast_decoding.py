@@ -62,7 +62,7 @@ def test_fast_decoding_split_and_grown_matches_reference(monkeypatch, norm, posi
     monkeypatch.setattr(decoding, "MIN_ROWS_PER_PART", 2)
     B.set_backend("numpy")
     cfg, ref, fast = _ref_and_fast(seed=4, vocab_size=11, d_model=8, d_ff=12,
-                                   n_encoder_layers=1, n_decoder_layers=2, max_len=64, norm=norm,
+                                   n_encoder_layers=1, n_decoder_layers=2, max_len=64, norm_position=norm,
                                    positional=positional)
     fast.workers = 3
     src = np.array([[4, 5, 6, 7, 0], [8, 5, 4, 6, 7], [0, 0, 0, 0, 0], [7, 7, 5, 0, 0], [9, 10, 4, 0, 0],
@@ -261,7 +261,7 @@ def test_device_decode_state_matches_reference(norm, positional):
     from conftest import selected_backend
     with selected_backend("fakecupy") as cp:
         cfg, ref, fast = _ref_and_fast(seed=4, vocab_size=11, d_model=8, d_ff=12, n_encoder_layers=1,
-                                       n_decoder_layers=2, norm=norm, positional=positional)
+                                       n_decoder_layers=2, norm_position=norm, positional=positional)
         src = cp.asarray(np.array([[4, 5, 6, 0], [7, 8, 4, 5], [0, 0, 0, 0], [5, 5, 6, 7], [8, 4, 0, 0],
                                    [6, 9, 10, 4]]))
         mask = (src != 0)[:, None, None, :]

@@ -27,7 +27,7 @@ from attn.optim import Adam
 ALL = {"norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 2}
 #: Each option alone, all together, and all together after the sub-layer (post-norm).
 OPTIONS = [{"norm_kind": "rms"}, {"positional": "rope"}, {"ffn": "swiglu"}, {"kv_heads": 1}, {"kv_heads": 2},
-           {**ALL, "norm": "pre"}, ALL]
+           {**ALL, "norm_position": "pre"}, ALL]
 
 
 def _config(**options):
@@ -41,7 +41,7 @@ def _host(a):
 
 
 @pytest.mark.parametrize("options,attention", [*((o, "plain") for o in OPTIONS), (ALL, "flash"),
-                                               ({**ALL, "norm": "pre", "kv_heads": 1}, "flash")],
+                                               ({**ALL, "norm_position": "pre", "kv_heads": 1}, "flash")],
                          ids=lambda o: o if isinstance(o, str) else "-".join(f"{k}={v}" for k, v in o.items()))
 def test_fast_steps_match_readable_float64(backend, options, attention):
     """Three steps of each engine from the same parameters: loss, every gradient, and the
@@ -79,7 +79,7 @@ def test_fast_steps_match_readable_float64(backend, options, attention):
 
 
 @pytest.mark.parametrize("beam,use_cache", [(1, True), (3, True), (3, False)])
-@pytest.mark.parametrize("options", [ALL, {**ALL, "norm": "pre", "kv_heads": 1}], ids=["post", "pre-mqa"])
+@pytest.mark.parametrize("options", [ALL, {**ALL, "norm_position": "pre", "kv_heads": 1}], ids=["post", "pre-mqa"])
 def test_fast_decoding_matches_readable(backend, options, beam, use_cache):
     """Greedy and beam search, with the cache and without (the prefix recomputed), the later
     block: the readable decoder's tokens and scores; the cache holds kv_heads heads per layer."""
@@ -157,7 +157,7 @@ def test_fast_gradient_with_dropout_matches_numerical(backend, norm):
     every parameter against central differences, float64."""
     from attn.gradcheck import numerical_gradient
     cfg = TransformerConfig(vocab_size=7, d_model=8, n_heads=2, d_ff=6, n_encoder_layers=1, n_decoder_layers=1,
-                            dropout=0.3, attention_dropout=0.3, relu_dropout=0.3, max_len=8, norm=norm,
+                            dropout=0.3, attention_dropout=0.3, relu_dropout=0.3, max_len=8, norm_position=norm,
                             **{**ALL, "kv_heads": 1})
     model = FastTransformer(cfg, seed=2, dtype="float64")
     src, tgt_in, tgt_out = (B.to_device(np.array(a)) for a in ([[4, 5, 6], [5, 3, 0]], [[1, 4, 5], [1, 6, 0]],

@@ -70,7 +70,7 @@ class Case(NamedTuple):
     def describe(self) -> str:
         c = self.cfg
         return (f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, D {c.d_model}, H {c.n_heads}, F {c.d_ff}, "
-                f"V {c.vocab_size}/{c.target_vocab_size}, {c.norm}-norm, {c.positional} positions, "
+                f"V {c.vocab_size}/{c.target_vocab_size}, {c.norm_position}-norm, {c.positional} positions, "
                 f"{c.ffn} network, {c.key_value_heads} key/value heads, {c.norm_kind} norm, "
                 f"{'shared' if c.share_embeddings else 'separate'} embeddings, "
                 f"dropout {c.dropout}/{c.attention_dropout}/{c.relu_dropout}, smoothing {c.label_smoothing}, "
@@ -108,7 +108,7 @@ def cases(draw, dropout: bool = False, max_len: int = 5, max_batch: int = 2, max
         n_encoder_layers=draw(st.integers(1, max_layers)), n_decoder_layers=draw(st.integers(1, max_layers)),
         dropout=draw(rate), attention_dropout=draw(rate), relu_dropout=draw(rate),
         label_smoothing=draw(st.sampled_from([0.0, 0.1, 0.3])), max_len=max_len,
-        positional=positional, norm=draw(st.sampled_from(["post", "pre"])),
+        positional=positional, norm_position=draw(st.sampled_from(["post", "pre"])),
         ffn=draw(st.sampled_from(["relu", "swiglu"])), kv_heads=draw(st.sampled_from([None, 1])),
         norm_kind=draw(st.sampled_from(["layer", "rms"])),
         share_embeddings=share)
@@ -193,11 +193,11 @@ def _explicit(dropout: float, **kw) -> Case:
 POST_SHARED = dict(vocab_size=6, d_model=4, n_heads=2, d_ff=2, n_encoder_layers=1, n_decoder_layers=2,
                    label_smoothing=0.1)                                # sinusoids
 PRE_SEPARATE = dict(vocab_size=6, tgt_vocab_size=5, share_embeddings=False, d_model=4, n_heads=1, d_ff=2,
-                    n_encoder_layers=2, n_decoder_layers=1, norm="pre", positional="learned", label_smoothing=0.0)
+                    n_encoder_layers=2, n_decoder_layers=1, norm_position="pre", positional="learned", label_smoothing=0.0)
 
 
 MODERN = dict(vocab_size=6, d_model=8, n_heads=2, kv_heads=1, d_ff=3, n_encoder_layers=1, n_decoder_layers=2,
-              norm="pre", norm_kind="rms", positional="rope", ffn="swiglu", label_smoothing=0.1)
+              norm_position="pre", norm_kind="rms", positional="rope", ffn="swiglu", label_smoothing=0.1)
 
 
 #: Found by hypothesis: tgt_in [1, 1] gives the decoder's self-attention query gradients of norm ~1e-6.
@@ -440,7 +440,7 @@ def test_the_cache_of_a_multi_query_model_is_one_over_n_heads_of_the_papers(back
 
 
 def test_later_block_names_what_differs_from_the_papers():
-    assert later_block(TransformerConfig(norm="pre")) == []
+    assert later_block(TransformerConfig(norm_position="pre")) == []
     assert later_block(TransformerConfig(kv_heads=8)) == []                 # as many key/value heads as heads
     assert later_block(TransformerConfig(positional="rope", ffn="swiglu", kv_heads=2, norm_kind="rms")) == [
         "positional='rope'", "ffn='swiglu'", "kv_heads=2", "norm_kind='rms'"]
@@ -503,7 +503,7 @@ def test_defaults_are_the_papers_base_model():
     c = TransformerConfig()
     assert (c.n_encoder_layers, c.n_decoder_layers, c.d_model, c.n_heads, c.d_ff) == (6, 6, 512, 8, 2048)
     assert (c.dropout, c.label_smoothing, c.warmup_steps) == (0.1, 0.1, 4000)
-    assert (c.norm, c.positional, c.share_embeddings) == ("post", "sinusoidal", True)
+    assert (c.norm_position, c.positional, c.share_embeddings) == ("post", "sinusoidal", True)
     assert c.vocab_size == 37000 and c.target_vocab_size == 37000
 
 
@@ -534,7 +534,7 @@ def test_presets():
     (dict(label_smoothing=1.0), "label_smoothing"),
     (dict(share_embeddings=True, tgt_vocab_size=500), "share_embeddings"),
     (dict(share_embeddings=False, tgt_vocab_size=0), "tgt_vocab_size"),
-    (dict(positional="rotary"), "positional"), (dict(norm="sandwich"), "norm"),
+    (dict(positional="rotary"), "positional"), (dict(norm_position="sandwich"), "norm_position"),
     (dict(ffn="geglu"), "ffn"), (dict(norm_kind="batch"), "norm_kind"), (dict(norm_kind="RMS"), "norm_kind"),
     (dict(kv_heads=3), "kv_heads"), (dict(kv_heads=0), "kv_heads"), (dict(kv_heads=2.0), "kv_heads"),
     (dict(d_model=12, n_heads=4, positional="rope"), "even"), (dict(rope_base=1.0), "rope_base"),
@@ -575,7 +575,7 @@ def test_parameter_names_are_stable():
     assert parameter_shapes(_tiny())["encoder.0.self_attn.w_q"] == (4, 4)
     assert parameter_shapes(_tiny())["decoder.0.ffn.w1"] == (4, 6)
 
-    untied = parameter_shapes(_tiny(share_embeddings=False, tgt_vocab_size=9, positional="learned", norm="pre",
+    untied = parameter_shapes(_tiny(share_embeddings=False, tgt_vocab_size=9, positional="learned", norm_position="pre",
                                      n_encoder_layers=2))
     assert untied["src_embedding.weight"] == (6, 4)
     assert untied["tgt_embedding.weight"] == untied["generator.weight"] == (9, 4)
@@ -585,7 +585,7 @@ def test_parameter_names_are_stable():
 
 
 @pytest.mark.parametrize("kw", [{}, dict(share_embeddings=False, tgt_vocab_size=9),
-                                dict(norm="pre", positional="learned")])
+                                dict(norm_position="pre", positional="learned")])
 def test_params_and_grads_share_keys_shapes_and_dtypes(backend, kw):
     cfg = _tiny(**kw)
     model = Transformer(cfg, seed=3)

@@ -14,8 +14,8 @@ from attn.data import Vocab
 from attn.evaluate import translate
 from attn.model import Transformer, TransformerConfig
 from attn.site.export import load_export, main as export_main
-from attn.train import TrainConfigError, train
-from attn.training.config import config_from_argv
+from attn.train import train
+from attn.training.config import TrainConfigError, config_from_argv
 from test_train import TINY, write_corpus
 
 LATER = ["--positional", "rope", "--ffn", "swiglu", "--kv-heads", "1", "--norm", "pre", "--norm-kind", "rms"]
@@ -31,7 +31,7 @@ def test_attn_train_trains_averages_resumes_and_decodes_the_later_block(tmp_path
     assert "readable engine" not in capsys.readouterr().err
     arrays, meta = load_npz(out / "checkpoint.npz")
     cfg = TransformerConfig.from_dict(meta["config"])
-    assert (cfg.positional, cfg.ffn, cfg.kv_heads, cfg.norm, cfg.norm_kind) == ("rope", "swiglu", 1, "pre", "rms")
+    assert (cfg.positional, cfg.ffn, cfg.kv_heads, cfg.norm_position, cfg.norm_kind) == ("rope", "swiglu", 1, "pre", "rms")
     assert arrays["param/encoder.0.self_attn.w_k"].shape == (32, 16)         # one key/value head of two
     assert "param/encoder.0.ffn.w3" in arrays and "param/src_pos.weight" not in arrays
     assert "param/encoder.0.norm1.gamma" in arrays and "param/encoder.0.norm1.beta" not in arrays

@@ -15,9 +15,9 @@ import pytest
 
 from attn import backend as B
 from attn.checkpoint import load_npz
-from attn.train import TrainConfigError, main
+from attn.train import main
 from attn.training.checkpoints import LOCK_FILE
-from attn.training.config import config_from_argv
+from attn.training.config import TrainConfigError, config_from_argv
 from test_train import TINY, run_train, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -50,14 +50,14 @@ TGT_OUT = np.array([[4, 9, 2, 2, 7, 3],
 
 VARIANTS = {
     "post-shared-sinusoidal": dict(),
-    "pre-shared-sinusoidal": dict(norm="pre"),
+    "pre-shared-sinusoidal": dict(norm_position="pre"),
     "post-separate-learned": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned"),
-    "pre-separate-learned": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned", norm="pre"),
+    "pre-separate-learned": dict(share_embeddings=False, tgt_vocab_size=11, positional="learned", norm_position="pre"),
     "post-shared-learned-no-smoothing": dict(positional="learned", label_smoothing=0.0),
-    "pre-rope-swiglu-gqa-rms": dict(norm="pre", positional="rope", ffn="swiglu", kv_heads=2, norm_kind="rms"),
+    "pre-rope-swiglu-gqa-rms": dict(norm_position="pre", positional="rope", ffn="swiglu", kv_heads=2, norm_kind="rms"),
     "post-rms": dict(norm_kind="rms"),
     "post-rope-multi-query": dict(positional="rope", kv_heads=1, rope_base=100.0),
-    "pre-separate-swiglu": dict(norm="pre", ffn="swiglu", share_embeddings=False, tgt_vocab_size=11),
+    "pre-separate-swiglu": dict(norm_position="pre", ffn="swiglu", share_embeddings=False, tgt_vocab_size=11),
 }
 
 # ----------------------------------------------------------------------------- the largest disagreement
@@ -183,7 +183,7 @@ def reference_forward(P: dict, cfg: TransformerConfig, src, tgt_in):
         return F.relu(x @ P[f"{name}.w1"] + P[f"{name}.b1"]) @ P[f"{name}.w2"] + P[f"{name}.b2"]
 
     def residual(name, x, sublayer):
-        if cfg.norm == "pre":
+        if cfg.norm_position == "pre":
             return x + sublayer(norm(name, x))
         return norm(name, x + sublayer(x))
 
@@ -196,7 +196,7 @@ def reference_forward(P: dict, cfg: TransformerConfig, src, tgt_in):
         pre = f"encoder.{i}"
         x = residual(f"{pre}.norm1", x, lambda h: attention(f"{pre}.self_attn", h, h, src_pad))
         x = residual(f"{pre}.norm2", x, lambda h: ffn(f"{pre}.ffn", h))
-    memory = norm("encoder.norm", x) if cfg.norm == "pre" else x
+    memory = norm("encoder.norm", x) if cfg.norm_position == "pre" else x
 
     y = E_tgt[tgt_in] * math.sqrt(D) + positions("tgt", T)
     for i in range(cfg.n_decoder_layers):
@@ -204,7 +204,7 @@ def reference_forward(P: dict, cfg: TransformerConfig, src, tgt_in):
         y = residual(f"{pre}.norm1", y, lambda h: attention(f"{pre}.self_attn", h, h, tgt_pad, future))
         y = residual(f"{pre}.norm2", y, lambda h: attention(f"{pre}.cross_attn", h, memory, src_pad))
         y = residual(f"{pre}.norm3", y, lambda h: ffn(f"{pre}.ffn", h))
-    if cfg.norm == "pre":
+    if cfg.norm_position == "pre":
         y = norm("decoder.norm", y)
     return y @ E_out.T, weights
 

@@ -20,8 +20,8 @@ from attn.evaluate import translate_sentences
 from attn.loss import cross_entropy
 from attn.model import Transformer
 from attn.data import DataError, Vocab
-from attn.train import TrainConfig, TrainConfigError, main, train
-from attn.training.config import config_from_argv
+from attn.train import TrainConfig, main, train
+from attn.training.config import TrainConfigError, config_from_argv
 from attn.training.evaluation import evaluate_loss
 
 ROOT = Path(__file__).resolve().parents[1]

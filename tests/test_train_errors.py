@@ -15,8 +15,8 @@ import pytest
 
 from attn import backend as B
 from attn.checkpoint import file_mode, load_npz
-from attn.train import TrainConfig, TrainConfigError, main, train
-from attn.training.config import config_from_argv
+from attn.train import TrainConfig, main, train
+from attn.training.config import TrainConfigError, config_from_argv
 from test_train import TINY, run_train, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

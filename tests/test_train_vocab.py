@@ -13,8 +13,8 @@ from attn.checkpoint import load_npz
 from attn.data import Vocab
 from attn.evaluate import translate_sentences
 from attn.model import Transformer, TransformerConfig
-from attn.train import TrainConfig, TrainConfigError, train
-from attn.training.config import DEFAULT_BPE_SIZE, config_from_argv
+from attn.train import TrainConfig, train
+from attn.training.config import DEFAULT_BPE_SIZE, TrainConfigError, config_from_argv
 from attn.training.prepare import build_vocab
 from attn.translate import load_translator, main as translate_main
 

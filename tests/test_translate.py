@@ -7,6 +7,7 @@ depend on the translations being good.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -408,3 +409,24 @@ def test_translations_come_out_before_the_input_ends_and_stay_on_interrupt(check
     assert p.returncode == 130, err
     assert out == b"" and err.decode().splitlines() == [
         "attn-translate: interrupted; the translations of the first 2 lines were written"]
+
+
+def test_one_decoding_object_says_how_to_decode():
+    """translate, translate_sentences and evaluate_translations take a Decoding, or its fields by name."""
+    from attn.decode import Decoding
+    from attn.evaluate import evaluate_translations
+    model, vocab = tiny()
+    lines = ["a b c", "d e ."]
+    beam = Decoding(beam_size=3, alpha=0.0, no_repeat_ngram=2)
+    assert translate_sentences(model, vocab, lines, beam) == translate_sentences(model, vocab, lines, beam_size=3,
+                                                                                 alpha=0.0, no_repeat_ngram=2)
+    assert evaluate_translations(model, vocab, list(zip(lines, lines)), beam)[1] == translate_sentences(
+        model, vocab, lines, beam)
+    (t,) = translate(model, vocab, ["a b"], Decoding(with_attention=True))
+    assert t.attention.shape[0] == len(t.tgt_tokens) and t.attention.shape[1] >= 1
+    with pytest.raises(TypeError, match="translate: give a Decoding or its settings \\(beam_size\\), not both"):
+        translate(model, vocab, lines, beam, beam_size=2)
+    with pytest.raises(ValueError, match="Decoding: beam_size must be a positive integer, got 0"):
+        Decoding(beam_size=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        beam.beam_size = 4

@@ -61,7 +61,7 @@ def _bpe_model(tmp_path_factory):
     texts = [s for s, _ in pairs] + [t for _, t in pairs]
     vocab = Vocab.build_bpe(texts, vocab_size=700)
     cfg = TransformerConfig(vocab_size=len(vocab), d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
-                            n_decoder_layers=2, dropout=0.0, max_len=40, positional="learned", norm="pre",
+                            n_decoder_layers=2, dropout=0.0, max_len=40, positional="learned", norm_position="pre",
                             share_embeddings=False)
     model = Transformer(cfg, seed=3)
     for name, p in model.params.items():          # untrained gains and biases would hide mistakes: perturb them
@@ -598,15 +598,16 @@ def test_a_model_from_another_origin_needs_the_readers_consent(site):
 
 
 CONFIGS = [{}, {"d_model": 12, "n_heads": 3, "d_ff": 7, "n_encoder_layers": 1, "n_decoder_layers": 3},
-           {"share_embeddings": False, "vocab_size": 10, "tgt_vocab_size": 12, "positional": "learned", "norm": "pre",
+           {"share_embeddings": False, "vocab_size": 10, "tgt_vocab_size": 12, "positional": "learned", "norm_position": "pre",
             "max_len": 9}, {"d_model": 128, "n_heads": 3}, {"n_heads": 0}, {"d_model": -8}, {"d_ff": 1.5},
-           {"n_encoder_layers": 0}, {"positional": "rotary"}, {"norm": "sandwich"}, {"dropout": 1.0},
+           {"n_encoder_layers": 0}, {"positional": "rotary"}, {"norm_position": "sandwich"}, {"dropout": 1.0},
            {"label_smoothing": -0.1}, {"share_embeddings": True, "vocab_size": 10, "tgt_vocab_size": 11},
            {"tgt_vocab_size": 0}, {"warmup_steps": 0}, {"heads": 4}, {"d_model": "512"},
-           {"norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 2, "d_ff": 100},
+           {"norm_position": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 2, "d_ff": 100},
            {"kv_heads": 8, "ffn": "swiglu", "d_ff": 7}, {"kv_heads": 1, "norm_kind": "rms"}, {"kv_heads": 3},
            {"kv_heads": 0}, {"d_model": 12, "n_heads": 4, "positional": "rope"}, {"norm_kind": "group"},
-           {"ffn": "geglu"}, {"rope_base": 1}, {"vocab_size": 10**6, "d_model": 4096, "ffn": "swiglu", "kv_heads": 1}]
+           {"ffn": "geglu"}, {"rope_base": 1}, {"vocab_size": 10**6, "d_model": 4096, "ffn": "swiglu", "kv_heads": 1},
+           {"norm": "pre"}, {"norm": "sandwich"}, {"norm": "pre", "norm_position": "pre"}]     # the old name
 
 
 @needs_browser

@@ -25,7 +25,7 @@ CASES = {
     "rope": {"positional": "rope"},
     "swiglu": {"ffn": "swiglu"},
     "gqa": {"kv_heads": 2, "share_embeddings": False},
-    "all": {"norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1},
+    "all": {"norm_position": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu", "kv_heads": 1},
 }
 SENTENCES = 3
 

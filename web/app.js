@@ -347,7 +347,7 @@ async function main() {
   }
   const c = model.config, meta = window.attnMeta;
   $("#model-info").textContent = `model ${url}: d_model ${c.d_model}, ${c.n_encoder_layers}+${c.n_decoder_layers} layers, ` +
-    `${c.n_heads} heads (${model.kvHeads} key/value), d_ff ${c.d_ff} (${c.ffn}), ${c.norm}-norm (${c.norm_kind}), ` +
+    `${c.n_heads} heads (${model.kvHeads} key/value), d_ff ${c.d_ff} (${c.ffn}), ${c.norm_position}-norm (${c.norm_kind}), ` +
     `${c.positional} positions, vocabulary ${vocab.length} ` +
     `(${vocab.bpe ? "BPE" : "words"}), weights ${meta.weights.dtype} (${meta.weights.bytes.toLocaleString("en")} bytes)`;
   const sentences = meta.sentences ?? [];             // optional: a model without examples has none to offer

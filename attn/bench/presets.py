@@ -100,7 +100,7 @@ BLOCKS = ("paper", "later")
 def later_block(model: dict) -> dict:
     """A preset's model options with the later block in place of the paper's."""
     H = model["n_heads"]
-    return {**model, "norm": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu",
+    return {**model, "norm_position": "pre", "norm_kind": "rms", "positional": "rope", "ffn": "swiglu",
             "kv_heads": H // 2 if H % 2 == 0 else H}
 
 

@@ -150,8 +150,7 @@ def evaluate_point(p: Point, model_config, vocab, val_batches, test_pairs, confi
         val = evaluation.evaluate_loss(model, val_batches, model_config.label_smoothing)
     final, choice = evaluation.choose_final_model(model, p.folder, config.average, vocab, val_batches,
                                          model_config.label_smoothing, val)
-    scores, hyps = evaluate_translations(final, vocab, test_pairs, beam_size=config.beam,     # as train() does
-                                         alpha=config.alpha, no_repeat_ngram=config.no_repeat_ngram)
+    scores, hyps = evaluate_translations(final, vocab, test_pairs, config.decoding)     # as train() does
     p.folder.mkdir(parents=True, exist_ok=True)
     (p.folder / "test_translations.txt").write_text("\n".join(hyps) + "\n", encoding="utf-8")
     p.results = {"test_bleu": scores.bleu, "test_bleu_lc": scores.bleu_lc, "test_chrf": scores.chrf,

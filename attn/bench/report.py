@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..model import renamed_fields
+
 
 def _derived(results):
     """Cache speed-ups and beam/greedy cost, on the rows they concern."""
@@ -86,9 +88,10 @@ def print_markdown(results, out=sys.stdout):
     print(f"- command: `{info.get('command') or 'python -m attn.bench'}`", file=out)
     print(f"- machine: {_machine_line(info)}", file=out)
     print(f"- software: {_software_line(info)}", file=out)
-    block = ('norm', 'norm_kind', 'positional', 'ffn', 'kv_heads') if info.get('block', 'paper') != 'paper' else ()
+    block = ('norm_position', 'norm_kind', 'positional', 'ffn', 'kv_heads') if info.get('block', 'paper') != 'paper' else ()
+    config = renamed_fields(info['config'], "the run's config")          # a run saved before a rename too
     print(f"- preset `{info['preset']}`: batch {info['batch']}, source {info['src_len']}, target {info['tgt_len']}, "
-          f"config {json.dumps({k: info['config'][k] for k in ('vocab_size', 'd_model', 'n_heads', 'd_ff', 'n_encoder_layers', 'n_decoder_layers', 'dropout', 'label_smoothing', *block)})}",
+          f"config {json.dumps({k: config[k] for k in ('vocab_size', 'd_model', 'n_heads', 'd_ff', 'n_encoder_layers', 'n_decoder_layers', 'dropout', 'label_smoothing', *block)})}",
           file=out)
     print(f"- float32 matmul rate at the step's shapes, best of three per shape: {mm['gflops_per_second']:.1f} "
           f"GFLOP/s (square 2048: {mm['square_2048_gflops_per_second']:.1f} GFLOP/s); the table's "

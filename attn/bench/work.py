@@ -143,7 +143,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     fast = FAST.model(cfg, seed=0, precision=Precision.of(precision or "fp32"), check_ids=not on_gpu) \
         if with_ours else None
     if on_gpu and with_ours:
-        from ..layers._checks import check_ids
+        from ..layers import check_ids
         for a in (src, tgt_in, tgt_out):
             check_ids("bench", "batch", a, cfg.vocab_size)
     tmodel = topt = None

@@ -40,16 +40,18 @@ What it does differently, and why (every item is checked against the reference i
 * :class:`FastAdam`: over the arena, one update of the flat buffers (one kernel launch
   on CuPy, clipping decided on the device; slices over the helper threads on NumPy).
 
-Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of an
-``_Ops`` object chosen by array namespace; on CuPy :mod:`attn.fast.kernels` supplies
-fused kernels for them (see there). Decoding uses the reference methods, which
-:class:`FastTransformer` inherits.
+Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of the ops
+object that :func:`ops_for` picks by array namespace; on CuPy :mod:`attn.fast.kernels`
+supplies fused kernels for them (see there). Decoding is the engine's own: its states and
+incremental step in :mod:`attn.fast.decoding`, its search (``FastSearch``) driving the
+course's greedy and beam search (:mod:`attn.decode`); it inherits nothing from the
+readable model, which it holds over the same parameters.
 
 The package's rooms:
 
 =================  ===================================================================
 ``threads``        the helper-thread pool, single-threaded-BLAS blocks, malloc setting
-``ops``            the memory-bound operations (``_Ops``, NumPy and CuPy alike)
+``ops``            the memory-bound operations (NumPy and CuPy alike)
 ``kernels``        the fused CuPy kernels (``CupyOps``) and their NumPy twins
 ``dispatch``       :func:`ops_for`, which picks the CuPy kernels where they apply
 ``loss``           the fused label-smoothed cross-entropy
@@ -71,10 +73,9 @@ from .decoding import DeviceDecodeState, FastDecodeState
 from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastTransformer, FFNCache, Fused,
                     ResCache, SelfAttnCache, SplitCache)
 from .dispatch import ops_for
-from .ops import Mask, _Ops
+from .ops import Mask
 from .optim import FastAdam
-from .threads import (MAX_AUTO_WORKERS, _THREADS, _row_slices, default_workers, keep_freed_memory,
-                      single_threaded_blas)
+from .threads import MAX_AUTO_WORKERS, default_workers, keep_freed_memory, single_threaded_blas
 
 __all__ = ["FastTransformer", "FastAdam", "cross_entropy", "keep_freed_memory", "default_workers",
            "single_threaded_blas", "ops_for", "Mask", "FastCache", "FastDecodeState", "DeviceDecodeState", "SplitCache",

@@ -12,7 +12,7 @@ import math
 from typing import NamedTuple
 
 from .. import backend as B
-from ..layers._checks import check_ids
+from ..layers import check_ids
 from ..layers.rope import rope_angles
 from ..model import sinusoids
 from .caches import EmbedCache, FFNCache, ResCache, SwiGLUCache

@@ -364,7 +364,7 @@ class GraphedTrainStep:
 
     def __call__(self, batch, seed: int, copy_loss: bool = True):
         from ..data import pad_to_bucket
-        from ..layers._checks import check_ids
+        from ..layers import check_ids
         cfg = self.model.config
         batch = pad_to_bucket(batch, self.length_multiple, self.row_multiple)
         for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size),

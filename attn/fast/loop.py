@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import backend as B
 from .. import engine as engines
-from ..layers._checks import check_ids
+from ..layers import check_ids
 from ..loss import cross_entropy
 from ..train import train_step as readable_step
 

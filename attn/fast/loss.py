@@ -3,7 +3,7 @@ the logits, in place, split over threads on NumPy."""
 from __future__ import annotations
 
 from .. import backend as B
-from ..layers._checks import check_ids
+from ..layers import check_ids
 from ..masks import PAD_ID
 from ..loss import check_loss_args
 from .dispatch import ops_for

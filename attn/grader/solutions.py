@@ -63,7 +63,7 @@ def _config(params: dict, n_heads: int, eps: float, vocab: int = 2) -> Transform
     w1 = next(v for k, v in params.items() if k.endswith("ffn.w1"))
     return TransformerConfig(vocab_size=vocab, d_model=int(w1.shape[0]), n_heads=n_heads, d_ff=int(w1.shape[1]),
                              n_encoder_layers=n_enc, n_decoder_layers=n_dec, dropout=0.0, ln_eps=eps,
-                             share_embeddings=True, norm="post", positional="sinusoidal")
+                             share_embeddings=True, norm_position="post", positional="sinusoidal")
 
 
 def _model(params: dict, n_heads: int, eps: float, vocab: int = 2) -> Transformer:

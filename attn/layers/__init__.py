@@ -18,5 +18,8 @@ from .softmax import softmax_backward, softmax_forward
 from .swiglu import silu, swiglu_backward, swiglu_forward, swiglu_width
 from .recurrent import rnn_backward, rnn_forward, rnn_step_backward, rnn_step_forward
 
+from ._checks import check_ids  # noqa: F401  (the token-id check the loss and the fast engine share;
+                                #  not a layer, so not in __all__, the layers the book's API page lists)
+
 __all__ = [n for n in dir() if n.endswith(("_forward", "_backward"))] + [
     "attention_weights", "merge_heads", "split_heads", "sinusoidal_table", "rope_angles", "silu", "swiglu_width"]

@@ -114,14 +114,16 @@ class MultiHeadCache(NamedTuple):
 
 
 def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o,
-                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None,
-                                 kv_heads: int | None = None, rope: float | None = None):
+                                 n_heads: int, mask=None, dropout: float = 0.0, rng=None, *,
+                                 kv_heads: int | None = None, rope_base: float | None = None):
     """Inputs: x_q (B, Tq, D) queries' source; x_kv (B, Tk, D) keys' and values' source
     (the same array for self-attention, the encoder output for encoder-decoder
     attention); w_q, w_o (D, D); w_k, w_v (D, KV * Dh) with KV = ``kv_heads`` (None: n_heads,
     so (D, D)) and Dh = D / n_heads; b_* their widths; mask broadcastable to (B, H, Tq, Tk);
-    rope None, or the base of rotary positions (:mod:`attn.layers.rope`) applied to every
+    rope_base None, or the base of rotary positions (:mod:`attn.layers.rope`) applied to every
     head's queries and keys at positions 0, 1, ... (self-attention).
+    ``kv_heads`` and ``rope_base`` are given by name; ``n_heads``, ``mask``, ``dropout`` and ``rng``
+    may come by position too, as the grader passes them to a learner's function and to this one.
 
     Returns: out (B, Tq, D), cache. ``cache.attn.weights`` is (B, H, Tq, Tk).
     """
@@ -140,9 +142,9 @@ def multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
     v, cv = linear_forward(x_kv, w_v, b_v)
     q, k = split_heads(q, n_heads), split_heads(k, kv_heads)     # (B, H, Tq, Dh), (B, KV, Tk, Dh)
     rq = rk = None
-    if rope is not None:
-        q, rq = rope_forward(q, base=rope)
-        k, rk = rope_forward(k, base=rope)
+    if rope_base is not None:
+        q, rq = rope_forward(q, base=rope_base)
+        k, rk = rope_forward(k, base=rope_base)
     o, ca = attention_forward(q, repeat_kv(k, group), repeat_kv(split_heads(v, kv_heads), group),
                               mask, dropout, rng)                # (B, H, Tq, Dh)
     out, co = linear_forward(merge_heads(o), w_o, b_o)
@@ -156,8 +158,8 @@ def grouped_query_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o
     ``j * g .. j * g + g - 1``, ``g = n_heads / kv_heads``. w_k, w_v are (D, kv_heads * Dh).
 
     Returns: out (B, Tq, D), cache."""
-    return multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads, mask, dropout,
-                                        rng, kv_heads=kv_heads)
+    return multi_head_attention_forward(x_q, x_kv, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads=n_heads,
+                                        mask=mask, dropout=dropout, rng=rng, kv_heads=kv_heads)
 
 
 def grouped_query_attention_backward(dout, cache: MultiHeadCache):

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
+from ..decode import Decoding
 from ..evaluate import MAX_ALPHA, MAX_BEAM
-from ..model import PRESETS, TransformerConfig
+from ..model import PRESETS, TransformerConfig, renamed_fields
 from ..precision import PRECISIONS, Precision, PrecisionError
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
@@ -93,7 +94,7 @@ class TrainConfig:
     dropout: float | None = None
     label_smoothing: float | None = None
     # the block (None: the preset's, the paper's): lesson 26
-    norm: str | None = None            # "post" (the paper) or "pre"
+    norm_position: str | None = None   # where the norm sits: "post" (the paper) or "pre"
     norm_kind: str | None = None       # "layer" (the paper) or "rms"
     positional: str | None = None      # "sinusoidal", "learned" or "rope"
     ffn: str | None = None             # "relu" or "swiglu"
@@ -237,7 +238,7 @@ class TrainConfig:
 
     def _check_block(self) -> None:
         """The block's kinds."""
-        for name, kinds in (("norm", ("post", "pre")), ("norm_kind", ("layer", "rms")),
+        for name, kinds in (("norm_position", ("post", "pre")), ("norm_kind", ("layer", "rms")),
                             ("positional", ("sinusoidal", "learned", "rope")),
                             ("ffn", ("relu", "swiglu"))):
             if getattr(self, name) not in (None, *kinds):
@@ -265,7 +266,13 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> "TrainConfig":
         """A config from :meth:`to_dict` output (or a checkpoint's saved settings); unknown keys are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in renamed_fields(d, "TrainConfig").items() if k in names})
+
+    @property
+    def decoding(self) -> Decoding:
+        """How the final test translation decodes (``--beam``, ``--alpha``, ``--no-repeat-ngram``;
+        on a config whose recipe is filled in, :meth:`with_recipe`)."""
+        return Decoding(beam_size=self.beam, alpha=self.alpha, no_repeat_ngram=self.no_repeat_ngram)
 
     @property
     def engine(self) -> str:
@@ -307,7 +314,7 @@ class TrainConfig:
 #: The model's fields that a flag of attn-train overrides: (TransformerConfig's name, TrainConfig's).
 MODEL_FLAGS = (("d_model", "d_model"), ("n_heads", "heads"), ("d_ff", "d_ff"), ("n_encoder_layers", "layers"),
                ("n_decoder_layers", "layers"), ("dropout", "dropout"), ("label_smoothing", "label_smoothing"),
-               ("warmup_steps", "warmup"), ("norm", "norm"), ("norm_kind", "norm_kind"),
+               ("warmup_steps", "warmup"), ("norm_position", "norm_position"), ("norm_kind", "norm_kind"),
                ("positional", "positional"), ("ffn", "ffn"), ("kv_heads", "kv_heads"))
 
 
@@ -550,8 +557,9 @@ def _add_block_flags(parser: argparse.ArgumentParser) -> None:
     grouped-query attention (each None by default: the preset's, the paper's)."""
     g = parser.add_argument_group("the block (default: the paper's, but small's rotary positions, chosen on "
                                   "Multi30k in lesson 28; lesson 26 derives the others)")
-    g.add_argument("--norm", choices=["post", "pre"], help="layer norm after each sub-layer's residual sum "
-                   "(post, the paper) or before the sub-layer (pre, every later model)")
+    g.add_argument("--norm-position", "--norm", choices=["post", "pre"],
+                   help="where the norm sits: after each sub-layer's residual sum (post, the paper) or before "
+                        "the sub-layer (pre, every later model); --norm is its older name")
     g.add_argument("--norm-kind", choices=["layer", "rms"],
                    help="the norm: layer norm (the paper) or RMSNorm (no mean subtracted, no shift)")
     g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],

@@ -103,8 +103,7 @@ def test_and_report(run, model, state: TrainState, stop_reason: str, wall_second
     last_eval = state.evals[-1] if state.evals and state.evals[-1]["step"] == state.step else None
     final_model, choice = choose_final_model(model, out, config.average, vocab, run.val_batches,
                                              model_config.label_smoothing, last_eval)
-    scores, test_hyps = evaluate_translations(final_model, vocab, run.corpus.test, beam_size=config.beam,
-                                              alpha=config.alpha, no_repeat_ngram=config.no_repeat_ngram,
+    scores, test_hyps = evaluate_translations(final_model, vocab, run.corpus.test, config.decoding,
                                               progress=not config.quiet)
     test_bleu = scores.bleu
     write_text_atomic(out / "test_translations.txt", "\n".join(test_hyps) + "\n")

@@ -35,16 +35,25 @@ function halfToFloat(h) {
 export const CONFIG_DEFAULTS = {
   vocab_size: 37000, tgt_vocab_size: null, d_model: 512, n_heads: 8, d_ff: 2048, n_encoder_layers: 6,
   n_decoder_layers: 6, dropout: 0.1, attention_dropout: 0.0, relu_dropout: 0.0, label_smoothing: 0.1,
-  max_len: 256, positional: "sinusoidal", norm: "post", share_embeddings: true, ln_eps: 1e-6, warmup_steps: 4000,
+  max_len: 256, positional: "sinusoidal", norm_position: "post", share_embeddings: true, ln_eps: 1e-6, warmup_steps: 4000,
   norm_kind: "layer", ffn: "relu", kv_heads: null, rope_base: 10000.0,
 };
+// Fields renamed since exports were first written, old name -> new (attn.model.RENAMED_FIELDS): an
+// export that gives the old name loads as one that gives the new.
+export const RENAMED_FIELDS = { norm: "norm_position" };
 // The configuration of model.json with the defaults filled in, checked as TransformerConfig
 // checks it (plus the types the page relies on); throws an Error saying what does not fit.
 export function checkConfig(obj) {
   if (obj === null || typeof obj !== "object" || Array.isArray(obj)) throw new Error("config is not a JSON object");
-  const unknown = Object.keys(obj).filter((k) => !(k in CONFIG_DEFAULTS)).sort();
+  const given = { ...obj };
+  for (const [old, name] of Object.entries(RENAMED_FIELDS).filter(([old]) => old in given)) {
+    if (name in given) throw new Error(`config: both ${old} (the old name of ${name}) and ${name} given`);
+    given[name] = given[old];
+    delete given[old];
+  }
+  const unknown = Object.keys(given).filter((k) => !(k in CONFIG_DEFAULTS)).sort();
   if (unknown.length) throw new Error(`config: unknown fields ${unknown.join(", ")}`);
-  const c = { ...CONFIG_DEFAULTS, ...obj };
+  const c = { ...CONFIG_DEFAULTS, ...given };
   const bad = (msg) => { throw new Error(`config: ${msg}`); };
   const show = (v) => JSON.stringify(v);
   const positive = (v) => Number.isInteger(v) && v > 0;
@@ -104,12 +113,12 @@ const FFNS = {
   swiglu: { names: ["w1", "w3", "w2"], width: (d_ff) => Math.max(1, Math.round((2 * d_ff) / 3)), forward: swigluForward },
 };
 // The kinds of block the page computes, those of attn.model.TransformerConfig.
-const KINDS = Object.fromEntries(Object.entries({ positional: POSITIONS, norm: PLACEMENTS, norm_kind: NORMS, ffn: FFNS })
+const KINDS = Object.fromEntries(Object.entries({ positional: POSITIONS, norm_position: PLACEMENTS, norm_kind: NORMS, ffn: FFNS })
   .map(([field, table]) => [field, Object.keys(table)]));
 
 // The parts of a (checked) config's block: {norm, placement, positions, ffn}.
 export function parts(c) {
-  return { norm: NORMS[c.norm_kind], placement: PLACEMENTS[c.norm], positions: POSITIONS[c.positional], ffn: FFNS[c.ffn] };
+  return { norm: NORMS[c.norm_kind], placement: PLACEMENTS[c.norm_position], positions: POSITIONS[c.positional], ffn: FFNS[c.ffn] };
 }
 
 // The feed-forward's hidden width.
