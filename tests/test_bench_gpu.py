@@ -164,3 +164,24 @@ def test_the_memory_meter_counts_what_it_saw_on_a_step_whose_plan_holds():
         with _cupy_peak_hook(cp) as hook:
             f()
         assert hook.peak == 0 and memory.last_outcome == "planned"
+
+
+def test_the_memory_child_measures_the_precision_and_block_it_is_given(monkeypatch):
+    """The memory child runs the parent's ``--precision`` and ``--block`` (it once ran fp32 and the
+    paper's block whatever the parent timed): on the stand-in a bf16 step holds other bytes than
+    fp32's, and the later block's other bytes than the paper's."""
+    import fakecupy
+    from attn.bench.cli import parse_args
+    from attn.bench.memory import measure_memory, memory_command
+    for k, v in fakecupy.child_env().items():
+        if k in ("PYTHONPATH", "ATTN_BACKEND"):
+            monkeypatch.setenv(k, v)
+    got = {}
+    for extra in ((), ("--precision", "bf16"), ("--block", "later")):
+        args = parse_args(["--preset", "quick", "--backend", "cupy", "--only", "train_step", *extra])
+        cmd = memory_command(args, "attn")
+        assert all(a in cmd for a in extra) and cmd[cmd.index("--block") + 1] == args.block, cmd
+        got[extra] = measure_memory(args, "attn", quiet=True)["train_step"]
+    fp32, bf16, later = got.values()
+    assert fp32["step_memory_outcome"] == bf16["step_memory_outcome"] == later["step_memory_outcome"] == "planned"
+    assert bf16["step_memory_mb"] != fp32["step_memory_mb"] and later["step_memory_mb"] != fp32["step_memory_mb"], got

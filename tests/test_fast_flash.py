@@ -193,6 +193,41 @@ def test_the_tiled_attention_refuses_attention_dropout_and_inspection():
 #: Ceilings of a steady-state training step of the ``quick`` preset with the tiled attention, on the
 #: stand-in (tests/test_counts.py holds the plain step's): 103 launches when first counted (the
 #: plain step: 126), no sync, nothing from the memory pool, nothing a CUDA graph capture refuses.
+def test_auto_says_once_which_attention_it_took_and_by_which_rule(backend, capsys):
+    """``auto`` never takes the tiled attention in silence: the first step that takes it says so on
+    stderr with the rule's reason (the memory rule: every row of ``AUTO_RULES`` has no length, since
+    no GPU has timed the kernels), and no later step says it again; a step on the plain one says nothing."""
+    cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
+                            attention_dropout=0.0)
+    assert all(rule.min_length is None for rule in flash.AUTO_RULES.values())
+    src, tgt = (B.to_device(np.array([[5, 6, 7, 8]] * 2)) for _ in range(2))
+    model = FastTransformer(cfg, attention="auto")
+    assert model._device_kind == ("numpy" if backend is np else "cupy")
+    model.logits(src, tgt)
+    assert capsys.readouterr().err == ""                               # the plain attention: nothing said
+    model._memory = flash.plain_weight_bytes(cfg, 2, 4, 4, 4) * 3      # a quarter of it is less than the weights
+    for _ in range(3):
+        model.logits(src, tgt)
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "--attention auto" in ln]
+    assert len(said) == 1 and "takes the tiled attention" in said[0] and "the memory rule" in said[0], said
+    assert f"more than 0.25 of the" in said[0]
+
+
+def test_a_devices_measured_row_of_the_auto_table_is_used_before_its_backends(monkeypatch):
+    """A row for a GPU's name (what a GPU report that timed the kernels would add) is the rule on that
+    GPU; every other GPU keeps the backend's."""
+    from conftest import selected_backend
+    cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)
+    with selected_backend("fakecupy") as cp:
+        assert flash.device_kind(cp) == "cupy"
+        assert not flash.use_flash("auto", cfg, 2, 64, 64, 4, cp, False)
+        monkeypatch.setitem(flash.AUTO_RULES, "fakecupy (NumPy stand-in)", flash.AutoRule(0.25, 64, "measured"))
+        assert flash.device_kind(cp) == "fakecupy (NumPy stand-in)"
+        assert flash.use_flash("auto", cfg, 2, 64, 64, 4, cp, False) and not flash.use_flash("auto", cfg, 2, 63, 9, 4,
+                                                                                             cp, False)
+        assert "reaches 64" in flash.choose("auto", cfg, 2, 64, 9, 4, cp, False)
+
+
 TILED_STEP_BUDGET = {"launches": 103, "syncs": 0, "pool_allocations": 0}
 
 
@@ -201,7 +236,7 @@ def test_a_tiled_step_is_counted_and_capturable(monkeypatch):
     to 1 on CuPy): one ``flash_fwd`` per attention in the forward, the three backward kernels
     once each per attention, no plain softmax, and no kernel whose grid stays while the batch grows."""
     from attn.bench import counts as C
-    monkeypatch.setitem(flash.MIN_LENGTH, "cupy", 1)
+    monkeypatch.setitem(flash.AUTO_RULES, "cupy", flash.AUTO_RULES["cupy"]._replace(min_length=1))
     rows = {r["name"]: r for r in C.measure_counts("quick", which=("train_step",))}
     step = rows["counts_train_step"]
     over = {k: (step[k], most) for k, most in TILED_STEP_BUDGET.items() if step[k] > most}

@@ -210,3 +210,19 @@ def test_the_page_says_what_is_missing():
     assert "| base | forward | fp32 | - | - | - | - | - | - | **failed**: exit 1: CUDARuntimeError |" in md
     assert "no metrics.json (**failed**: exit 1: boom" in md
     assert "| suite | `python -m pytest -q` | -15 (time limit) | 90 | 240 | ok |" in md
+
+
+def test_every_json_the_report_writes_names_its_commit(tmp_path, monkeypatch):
+    """report.json (and the benchmark's machine row) carry ``git rev-parse HEAD`` of the checkout;
+    outside a checkout, "unknown"."""
+    import subprocess
+    from attn.bench import machine
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                          cwd=machine.CHECKOUT).stdout.strip()
+    monkeypatch.setattr(G, "preflight", lambda env: {"have": {}, "missing": {}, "torch_cuda": False})
+    plan = {p: [] for p in G.PARTS} | {"bench": _tiny(tmp_path)["bench"][1:]}
+    G.gpu_report(tmp_path / "r", dry_run=True, quiet=True, parts=["bench"], tasks=plan)
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["commit"] == head
+    assert machine.machine_info()["commit"] == head
+    monkeypatch.setattr(machine, "CHECKOUT", tmp_path)
+    assert machine.commit() == "unknown" and machine.machine_info()["commit"] == "unknown"

@@ -438,3 +438,54 @@ def test_a_step_memorys_allocator_and_a_hook_are_the_threads_that_set_them(fc):
             worker.join()
     assert fc.in_step_memory(here._a) and not fc.in_step_memory(made["a"]._a) and memory.overflows == 0
     assert seen == [512]                     # the first step's overflow (a 512-byte block), the main thread's
+
+
+def _many_shapes(fc, memory, shapes, calls=3):
+    """A captured step over ``shapes`` (each called ``calls`` times: eager, captured, replayed) whose
+    memory grows with its input; returns the step and the most bytes its step memory held."""
+    from attn.fast.graph import CapturedStep
+
+    def step(x):
+        y = x * 2 + 1
+        fc.zeros(x.size * 4, dtype=np.float32)          # more memory the larger the shape
+        return y.sum()
+    graphed, peak = CapturedStep(step, warmup=1, memory=memory), 0
+    for n in shapes:
+        for _ in range(calls):
+            graphed(fc.ones(n, dtype=np.float32))
+            peak = max(peak, memory.capacity + sum(int(s.nbytes) for s in memory._retired))
+    return graphed, peak
+
+
+def test_a_captured_run_over_many_shapes_holds_a_bounded_number_of_graphs_and_slabs(fc, monkeypatch):
+    """Twelve growing shapes, each captured: at most MAX_GRAPHS graphs are kept (the least recently
+    called dropped, its slab let go), so at most MAX_GRAPHS - 1 replaced slabs; without the cap
+    every slab a graph was captured on stays, and the memory held grows with the shapes."""
+    from attn.fast import graph
+    shapes = [16 * k for k in range(1, 13)]
+    monkeypatch.setattr(graph, "MAX_GRAPHS", 10 ** 6)                  # no cap: what the cap prevents
+    unbounded, unbounded_peak = _many_shapes(fc, StepMemory(fc), shapes)
+    assert unbounded.kept == 12 and unbounded.memory.stats()["retired_slabs"] == 11
+    monkeypatch.setattr(graph, "MAX_GRAPHS", 3)
+    memory = StepMemory(fc)
+    graphed, peak = _many_shapes(fc, memory, shapes)
+    assert (graphed.graphs, graphed.kept, graphed.dropped) == (12, 3, 9), graphed.refusals
+    assert memory.stats()["retired_slabs"] == 2 and len(memory._pins) == 3
+    assert memory.kept_bytes() == 10752 and peak == 10752 < unbounded_peak == 26112
+    graphed(fc.ones(16, dtype=np.float32))                              # a dropped shape: eager again, then captured
+    graphed(fc.ones(16, dtype=np.float32))
+    assert graphed.kept == 3 and graphed.graphs == 13
+
+
+def test_the_slabs_kept_for_graphs_count_in_the_limit(fc):
+    """A slab that would not fit beside the slabs kept for graphs has every graph dropped first
+    (they are captured again on the new slab): the slabs held stay within the limit."""
+    memory = StepMemory(fc)
+    graphed, _ = _many_shapes(fc, memory, [16, 32])
+    assert graphed.kept == 2 and memory.kept_bytes() > 0
+    need = _many_shapes(fc, StepMemory(fc), [512], calls=1)[0].memory.capacity      # the slab shape 512 needs
+    memory.limit = need + memory.kept_bytes() - 1          # room for it once the graphs' slabs are let go, not before
+    for _ in range(3):
+        graphed(fc.ones(512, dtype=np.float32))
+    assert not memory.over_limit and graphed.dropped == 2 and graphed.kept == 1, graphed.refusals
+    assert memory.capacity + sum(int(s.nbytes) for s in memory._retired) <= memory.limit

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import backend as B
+from .machine import commit
 from .timing import _progress
 
 #: The parts, in the order ``--part all`` runs them.
@@ -352,15 +353,6 @@ def _child_json(code: str, env: dict) -> tuple:
     return (rows[-1], None) if rows else (None, r.stderr)
 
 
-def _commit() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
-                           cwd=Path(__file__).resolve().parents[2])
-        return r.stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
 def _environment(dry_run: bool) -> dict:
     from ..engine import names
     if "fast" not in names():
@@ -407,7 +399,7 @@ def gpu_report(out: Path, dry_run: bool = False, quiet: bool = False, parts=None
     pre = preflight(env)
     torch_ok = "torch" in pre["have"] and (pre["torch_cuda"] or dry_run)
     tasks = tasks if tasks is not None else plan(dry_run, torch_ok)
-    report = {"name": "gpu_report", "dry_run": dry_run, "commit": _commit(), "parts": parts,
+    report = {"name": "gpu_report", "dry_run": dry_run, "commit": commit(), "parts": parts,
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "host": platform.node(), "device": _device_info(env), "preflight": pre,
               "limits": part_limits({p: tasks[p] for p in parts}), "rows": [], "seconds": 0.0}

@@ -116,7 +116,8 @@ def _memory_child(args) -> None:
     framework = args._memory_child
     with_torch = framework == "torch"
     sync, tsync, device = _syncs(args.backend, with_torch)
-    work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device, with_ours=not with_torch)
+    work = build_work(bc, args.only, args.backend, with_torch, sync, tsync, device, with_ours=not with_torch,
+                      precision=args.precision)
     meter = _PeakMeter(args.backend, framework)
     result = {}
     for w in work:
@@ -138,14 +139,23 @@ def _memory_child(args) -> None:
     print(json.dumps(result))
 
 
-def measure_memory(args, framework: str, quiet: bool) -> dict:
-    """Run a child process for one framework; {measurement: {peak_memory_mb, ...}} or {}."""
+def memory_command(args, framework: str) -> list:
+    """The command of the memory child for ``framework``: the parent's preset, block, precision,
+    backend, measurements and threads, so that it measures the step the parent times."""
     cmd = [sys.executable, "-m", "attn.bench", "--_memory-child", framework, "--preset", args.preset,
-           "--backend", args.backend, "--only", ",".join(args.only)]
+           "--block", args.block, "--backend", args.backend, "--only", ",".join(args.only)]
+    if args.precision:
+        cmd += ["--precision", args.precision]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
     if args.memory_all:
         cmd += ["--memory-all"]
+    return cmd
+
+
+def measure_memory(args, framework: str, quiet: bool) -> dict:
+    """Run a child process for one framework; {measurement: {peak_memory_mb, ...}} or {}."""
+    cmd = memory_command(args, framework)
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536")
     _progress(f"peak memory ({framework}) in a child process", quiet)
     try:

@@ -1,141 +1,144 @@
-"""A run on a GPU always trains: each of the fast engine's advanced features probed once at the
-start, on a tiny step, against the plain CuPy path; one that fails or disagrees is switched off,
-with one line naming it, and the run goes on without it.
+"""A run on a GPU always trains: each of the fast engine's features that the run will use probed
+once at the start, in a child process, on a tiny model of the run's own block; one that fails or
+disagrees is switched off, with one line naming it, and the run goes on without it.
 
-The plain path is the fast engine's eager step at fp32 with CuPy's own ``matmul`` and CuPy's
-memory pool: the kernels and nothing else. Against its losses over a few steps of a tiny model
-(the same weights, batches and dropout seeds), in this order:
+The probes (:mod:`attn.fast.probe`, ``python -m attn.fast.probe``) run in a child process because
+a CUDA error can be sticky: an illegal address leaves the context unusable, and a probe in the
+training process would kill the run it was to save. The child prints each probe's result as it
+ends and stops after the first failure; a child that dies (a signal, a non-zero exit, past
+:data:`CHILD_SECONDS`) fails the probe it was running, and a fresh child probes what is left, so
+one broken feature costs one process and the others are still probed. In order, each against
+its reference, within :func:`attn.fast.probe.tolerance` of its precision:
 
-* ``cuBLAS through ctypes`` (:data:`attn.fast.cublas.DIRECT`): the products on attn's own cuBLAS
-  handle. Off: CuPy's ``matmul`` (then no captured step, and fp32);
-* ``step memory`` (:data:`attn.fast.stepmem.ENABLED`): every array of a step from one planned
-  slab. Off: CuPy's pool (then no captured step);
-* ``captured step`` (``--cuda-graph``): the step captured as a CUDA graph and replayed, against
-  eager steps on the same padded batches. Off: eager steps;
-* the ``--precision`` asked (bf16 or tf32): within :data:`PRECISION_RTOL` of fp32's losses. Off:
-  fp32.
-
-A feature agrees where every loss is within :data:`attn.fast.graph.REPLAY_TOLERANCE` of the plain
-path's (what float atomics allow). ``attn-train --backend cupy --reference`` (the readable model)
-needs none of them: the last resort, which ran on an H100 before.
+* ``fast engine``: the plain path (fp32, CuPy's ``matmul`` and pool, the plain attention, the
+  block's kernels: norm, positions, feed-forward, grouped-query heads) against the readable
+  model on the device. Off: the run trains the readable model (``--reference``), the last resort;
+* ``cuBLAS through ctypes`` (:data:`attn.fast.cublas.DIRECT`). Off: CuPy's ``matmul`` (then no
+  captured step, and fp32);
+* ``step memory`` (:data:`attn.fast.stepmem.ENABLED`). Off: CuPy's pool (then no captured step);
+* ``tiled attention`` (where ``--attention`` is ``auto`` or ``flash`` and the weights are not
+  dropped out): the tiled kernels against the plain attention. Off: ``--attention plain``;
+* ``captured step`` (``--cuda-graph``). Off: eager steps;
+* ``precision`` (``--precision bf16`` or ``tf32``). Off: fp32.
 
 On the CuPy stand-in the probes run only where :data:`ON_STAND_IN` is set (the tests, which break
-a feature and watch it switched off); NumPy has nothing to probe.
+a feature in the child and watch it switched off); NumPy has nothing to probe.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
 
 from .. import backend as B
+from .probe import ORDER, block_of, probe_config
 
 #: Whether the probes run on the CuPy stand-in too (the tests set it); on a GPU they always run.
 ON_STAND_IN = False
 
-#: How far a tiny step's loss at bf16 or tf32 may be from fp32's (relative).
-PRECISION_RTOL = 0.02
+#: The command of a probe's child process; the request's JSON is its last argument.
+CHILD = [sys.executable, "-m", "attn.fast.probe"]
 
-#: Steps each probe takes.
-STEPS = 3
+#: Seconds a probe's child process may run before it counts as dead.
+CHILD_SECONDS = 300
 
 
 def tiny_config():
-    """The tiny model every probe trains (and the GPU report's preflight)."""
-    from ..model import TransformerConfig
-    return TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=1, n_decoder_layers=1,
-                             dropout=0.1, label_smoothing=0.1, max_len=32, warmup_steps=8)
+    """The tiny model of the paper's block (the GPU report's preflight trains it)."""
+    return probe_config()
 
 
-def _batches():
-    from ..data import _pad_batch, pad_to_bucket
-    rng = B.host.random.default_rng(0)
-    return [pad_to_bucket(_pad_batch([(rng.integers(4, 23, rng.integers(1, 7)).tolist(),
-                                       rng.integers(4, 23, rng.integers(1, 7)).tolist()) for _ in range(6)]))
-            for _ in range(STEPS)]
+def request_of(config) -> dict:
+    """What the child probes for the run of ``config``: its block, attention, precision and
+    ``--cuda-graph``."""
+    model = config.model_config(23)
+    return {"block": block_of(model), "attention": config.attention, "precision": config.precision,
+            "cuda_graph": bool(config.cuda_graph),
+            "tiled": config.attention != "plain" and model.attention_dropout == 0}
 
 
-@contextlib.contextmanager
-def _set(module, name: str, value):
-    before = getattr(module, name)
-    setattr(module, name, value)
+def asked(request: dict) -> list:
+    """The probes ``request`` asks for, in :data:`attn.fast.probe.ORDER`."""
+    wanted = {"fast engine", "cuBLAS through ctypes", "step memory"}
+    wanted |= {"tiled attention"} if request.get("tiled") else set()
+    wanted |= {"captured step"} if request.get("cuda_graph") else set()
+    wanted |= {"precision"} if request.get("precision", "fp32") != "fp32" else set()
+    return [p for p in ORDER if p in wanted]
+
+
+def _child_env() -> dict:
+    """The child's environment: this one on a GPU; on the stand-in, the one its package gives a
+    child (``child_env``), so that the child runs on it too."""
+    xp = B.xp()
+    if xp.__name__ == "cupy":
+        return dict(os.environ)
+    return importlib.import_module(xp.__name__.split(".")[0]).child_env()
+
+
+def _one_child(request: dict, decided: dict) -> tuple:
+    """One child's run: ({probe: why or None} it reported, why it died or None)."""
     try:
-        yield
-    finally:
-        setattr(module, name, before)
+        r = subprocess.run(CHILD + [json.dumps({**request, "decided": decided})], capture_output=True, text=True,
+                           env=_child_env(), timeout=CHILD_SECONDS)
+        out, err, code = r.stdout, r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out, err, code = e.stdout or "", f"past its limit of {CHILD_SECONDS} s", None
+        out = out.decode() if isinstance(out, bytes) else out
+    reported = {}
+    for line in out.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "probe" in row:
+            reported[row["probe"]] = row["why"]
+    if code == 0:
+        return reported, None
+    last = next((ln for ln in reversed((err or "").splitlines()) if ln.strip()), "no error output")
+    how = "ran past its limit" if code is None else (f"died of signal {-code}" if code < 0 else f"exited {code}")
+    return reported, f"the probe's process {how}: {last.strip()[:200]}"
 
 
-def _losses(precision: str = "fp32", direct=None, memory=None, graph: bool = False) -> list:
-    """The tiny model's losses over :data:`STEPS` steps with the features given (``direct``,
-    ``memory``: None for the switches as they are)."""
-    from .. import engine
-    from .loop import train_step
-    from . import cublas, stepmem
-    from .graph import GraphedTrainStep
-    from ..precision import Precision
-    eng, cfg = engine.get("fast"), tiny_config()
-    direct = cublas.DIRECT if direct is None else direct
-    memory = stepmem.ENABLED if memory is None else memory
-    with _set(cublas, "DIRECT", direct), _set(stepmem, "ENABLED", memory):
-        model = eng.model(cfg, seed=0, precision=Precision.of(precision), check_ids=False)
-        opt, loss_fn = eng.optimizer(model), eng.loss(trusted=True)
-        if graph:
-            step = GraphedTrainStep(model, opt, cfg.label_smoothing, 1.0, loss_fn)
-            losses = [float(step(b, i)[0]) for i, b in enumerate(_batches())]
-            if step.graphs != 1:
-                raise RuntimeError(f"the step was not captured: {step.refusals}")
-            return losses
-        return [float(train_step(model, opt, b, B.DeviceRNG(i), cfg.label_smoothing, 1.0, loss_fn)[0])
-                for i, b in enumerate(_batches())]
-
-
-def _disagreement(got: list, want: list, rtol=None) -> str | None:
-    """Why ``got`` (losses) is not ``want`` within the replay tolerance (or ``rtol``), or None."""
-    from .graph import REPLAY_TOLERANCE
-    rtol = REPLAY_TOLERANCE["rtol"] if rtol is None else rtol
-    for i, (g, w) in enumerate(zip(got, want)):
-        if not abs(g - w) <= REPLAY_TOLERANCE["atol"] + rtol * abs(w):
-            return f"step {i}'s loss {g!r}, the plain path's {w!r}"
-    return None
-
-
-def _probe(run, want, rtol=None) -> str | None:
-    """Why a feature is switched off (``run()`` or ``want()`` raised, or their losses disagree),
-    or None."""
-    try:
-        return _disagreement(run(), want(), rtol)
-    except Exception as e:                  # noqa: BLE001 (a feature that fails in any way is switched off)
-        return f"{type(e).__name__}: {e}"[:300]
+def probe(request: dict) -> dict:
+    """{probe: why it failed, or None} for every probe ``request`` asks for, from as many child
+    processes as it takes (one more after each failure)."""
+    decided: dict = {}
+    wanted = asked(request)
+    while any(p not in decided for p in wanted):
+        reported, died = _one_child(request, decided)
+        decided.update(reported)
+        if died is not None:
+            decided[next(p for p in wanted if p not in decided)] = died
+        elif all(why is None for why in reported.values()):
+            for p in wanted:                     # the child went through: nothing left undecided
+                decided.setdefault(p, "the probe's process ended without reporting it")
+    return decided
 
 
 def settle(config, say):
-    """On a GPU (or the stand-in with :data:`ON_STAND_IN`), the fast engine's features probed as
-    the module says: returns ``config`` with ``cuda_graph`` and ``precision`` as they can run, the
-    process-wide switches set, and one line through ``say`` for each feature switched off. A run
-    on NumPy is returned as it is."""
+    """On a GPU (or the stand-in with :data:`ON_STAND_IN`), the run's features probed as the module
+    says: returns ``config`` as it can run (``reference``, ``attention``, ``cuda_graph``,
+    ``precision``), the process-wide switches set, and one line through ``say`` for each feature
+    switched off. A run on NumPy is returned as it is."""
     from . import cublas, stepmem
     if B.get_backend() != "cupy" or (B.xp().__name__ != "cupy" and not ON_STAND_IN):
         return config
-    plain = _losses(direct=False, memory=False)
-    off = {}
-    why = _probe(lambda: _losses(memory=False), lambda: plain)
-    if why:
-        off["cuBLAS through ctypes"], cublas.DIRECT = why, False
-    why = _probe(lambda: _losses(), lambda: plain)
-    if why:
-        off["step memory"], stepmem.ENABLED = why, False
-    cuda_graph, precision = config.cuda_graph, config.precision
-    if cuda_graph and (not cublas.DIRECT or not stepmem.ENABLED):
-        off["captured step"], cuda_graph = "it needs cuBLAS through ctypes and the step memory", False
-    elif cuda_graph:
-        why = _probe(lambda: _losses(graph=True), _losses)
-        if why:
-            off["captured step"], cuda_graph = why, False
-    if precision != "fp32":
-        why = ("it needs cuBLAS through ctypes" if not cublas.DIRECT
-               else _probe(lambda: _losses(precision), _losses, PRECISION_RTOL))
-        if why:
-            off[f"--precision {precision}"], precision = why, "fp32"
+    decided = probe(request_of(config))
+    off = {p: why for p, why in decided.items() if why is not None}
+    if "fast engine" in off:
+        say(f"attn-train: the fast engine is switched off for this run: its probe on this device failed "
+            f"({off['fast engine']}); the run trains the readable model (--reference)")
+        return dataclasses.replace(config, reference=True, precision="fp32", attention="auto", cuda_graph=False)
+    cublas.DIRECT = cublas.DIRECT and "cuBLAS through ctypes" not in off
+    stepmem.ENABLED = stepmem.ENABLED and "step memory" not in off
+    names = {"tiled attention": "the tiled attention (--attention plain instead)",
+             "precision": f"--precision {config.precision}"}
     for feature, reason in off.items():
-        say(f"attn-train: {feature} is switched off for this run: its probe on this device failed ({reason}); "
-            "the run goes on without it")
-    return dataclasses.replace(config, cuda_graph=cuda_graph, precision=precision)
+        say(f"attn-train: {names.get(feature, feature)} is switched off for this run: its probe on this device "
+            f"failed ({reason}); the run goes on without it")
+    return dataclasses.replace(config, cuda_graph=config.cuda_graph and "captured step" not in off,
+                               precision="fp32" if "precision" in off else config.precision,
+                               attention="plain" if "tiled attention" in off else config.attention)

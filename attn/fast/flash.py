@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from typing import NamedTuple
 
 from .. import backend as B
@@ -22,14 +23,27 @@ from .kernels.registry import NUMPY_TWINS
 #: The choices of ``FastTransformer.attention`` and ``attn-train --attention``.
 MODES = ("auto", "plain", "flash")
 
-#: "auto" takes the tiled attention when the weights the plain one keeps for a step's backward
-#: (every layer's) would take more than this share of the memory (the GPU's, or the host's).
-MEMORY_SHARE = 0.25
+class AutoRule(NamedTuple):
+    """How ``auto`` chooses on one kind of device: the tiled attention where the weights the plain
+    one keeps for a step's backward (every layer's) would exceed ``memory_share`` of the memory (the
+    GPU's, or the host's), or where the length (the longer of source and target) reaches
+    ``min_length`` (None: by memory alone). ``basis`` says what the numbers rest on; it is said
+    with the choice."""
+    memory_share: float
+    min_length: int | None
+    basis: str
 
-#: "auto" takes the tiled attention from this length (the longer of source and target) on, by
-#: backend; None: by memory alone. On the CPU the plain attention was the faster at every length
-#: measured up to 8,192 (benchmarks/RESULTS.md, "Attention alone"); no GPU has timed the kernels.
-MIN_LENGTH = {"numpy": None, "cupy": None}
+
+#: ``auto``'s rule by device kind (:func:`device_kind`): a GPU's name as CUDA gives it (where a GPU
+#: report measured at which length the tiled attention starts to win there), else the backend's
+#: row. No GPU has timed the tiled kernels, so there is no GPU's row, and both rows are the
+#: memory rule: on a GPU ``auto`` tiles only to save memory, never for speed.
+AUTO_RULES = {
+    "numpy": AutoRule(0.25, None, "the memory rule: on the CPU the plain attention was the faster at every "
+                                  "length measured up to 8,192 (benchmarks/RESULTS.md, \"Attention alone\")"),
+    "cupy": AutoRule(0.25, None, "the memory rule: no GPU has timed the tiled attention's kernels, so no "
+                                 "length is known from which they are the faster"),
+}
 
 #: The tiles of the NumPy twins on the CPU (no shared memory to fit: larger tiles, fewer passes).
 HOST_TILE = 256
@@ -83,28 +97,70 @@ def memory_bytes(xp) -> int:
     return int(xp.cuda.Device().mem_info[1])
 
 
+def device_kind(xp) -> str:
+    """The row of :data:`AUTO_RULES` for ``xp``'s device: ``numpy``, the GPU's name where the table
+    has it, else ``cupy``."""
+    if xp is B.host:
+        return "numpy"
+    name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return name if name in AUTO_RULES else "cupy"
+
+
+def auto_choice(config, Bsz: int, S: int, T: int, itemsize: int, memory: int, kind: str) -> str | None:
+    """Why ``auto`` takes the tiled attention for a step of B sentences of S source and T target
+    tokens by :data:`AUTO_RULES`' row ``kind``, in words; None where it keeps the plain one."""
+    rule = AUTO_RULES[kind]
+    if rule.min_length is not None and max(S, T) >= rule.min_length:
+        return (f"the length {max(S, T)} reaches {rule.min_length}, from which the tiled attention is the faster "
+                f"on {kind} ({rule.basis})")
+    need = plain_weight_bytes(config, Bsz, S, T, itemsize)
+    if need > rule.memory_share * memory:
+        return (f"the plain attention's weights for {Bsz} sentences of {S} source and {T} target tokens would take "
+                f"{need / 2 ** 20:,.1f} MiB, more than {rule.memory_share:g} of the {memory / 2 ** 30:,.1f} GiB "
+                f"of {'this GPU' if kind != 'numpy' else 'the host'} ({rule.basis})")
+    return None
+
+
 def use_flash(mode: str, config, Bsz: int, S: int, T: int, itemsize: int, xp, dropping: bool,
-              memory: int | None = None) -> bool:
+              memory: int | None = None, kind: str | None = None) -> bool:
     """The rule: whether a step of B sentences of S source and T target tokens runs the tiled
     attention. ``plain``: never; ``flash``: always (an error where the weights are dropped
-    out); ``auto``: not where the weights are dropped out, else where the plain attention's
-    kept weights would exceed :data:`MEMORY_SHARE` of ``memory`` (default :func:`memory_bytes`)
-    or the length reaches the backend's :data:`MIN_LENGTH`."""
+    out); ``auto``: not where the weights are dropped out, else by :func:`auto_choice` (``memory``
+    default :func:`memory_bytes`, ``kind`` default :func:`device_kind`)."""
+    return choose(mode, config, Bsz, S, T, itemsize, xp, dropping, memory, kind) is not None
+
+
+def choose(mode: str, config, Bsz: int, S: int, T: int, itemsize: int, xp, dropping: bool,
+           memory: int | None = None, kind: str | None = None) -> str | None:
+    """:func:`use_flash`'s choice with its reason: None for the plain attention, else why the tiled
+    one (``auto``'s reason from :func:`auto_choice`, or that ``flash`` was asked for)."""
     check_mode(mode)
     if mode == "plain":
-        return False
+        return None
     if dropping:
         if mode == "flash":
             raise ValueError(f"attention='flash' has no weights to drop out: attention_dropout is "
                              f"{config.attention_dropout}; set it to 0 or use attention='plain'")
-        return False
+        return None
     if mode == "flash":
-        return True
-    least = MIN_LENGTH["numpy" if xp is B.host else "cupy"]
-    if least is not None and max(S, T) >= least:
-        return True
+        return "attention='flash' was asked for"
     memory = memory_bytes(xp) if memory is None else memory
-    return plain_weight_bytes(config, Bsz, S, T, itemsize) > MEMORY_SHARE * memory
+    return auto_choice(config, Bsz, S, T, itemsize, memory, device_kind(xp) if kind is None else kind)
+
+
+class AutoNotice:
+    """Says on stderr, once (per model, so once per run), that ``auto`` took the tiled attention and
+    why: a slower path is never taken in silence."""
+
+    def __init__(self):
+        self.said = False
+
+    def __call__(self, why: str) -> None:
+        if not self.said:
+            self.said = True
+            print(f"attn: --attention auto takes the tiled attention (FlashAttention) from this step on: {why}",
+                  file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- launches

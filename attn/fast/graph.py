@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Callable, NamedTuple
 
 from .. import backend as B
@@ -171,6 +171,11 @@ def _cupyx_of(xp):
 #: (the first call at the plan's addresses still making what the kernels keep per address, say).
 CAPTURE_TRIES = 3
 
+#: Input shapes a :class:`CapturedStep` keeps (each its buffers and at most one graph), the least
+#: recently called dropped first with its graph and its hold on the slab the graph writes to:
+#: a run over many batch shapes keeps at most this many graphs and the slabs under them.
+MAX_GRAPHS = 16
+
 
 class _Entry:
     """What :class:`CapturedStep` keeps for one input shape: its buffers, eager calls until the
@@ -178,6 +183,7 @@ class _Entry:
 
     def __init__(self, static: list, warmup: int):
         self.static, self.wait, self.refused, self.graph, self.out = static, warmup, 0, None, None
+        self.slab = None                       # the step memory's slab the graph writes to
 
 
 class CapturedStep:
@@ -208,9 +214,14 @@ class CapturedStep:
         #: slab grows after an eager call that needed more, so the capture finds it large enough)
         self.memory = memory
         self.strict = bool(strict)
-        self._entries: dict = {}
-        #: graphs captured so far (one per input shape)
+        self._entries: OrderedDict = OrderedDict()      # input shape key -> _Entry, least recently called first
+        #: graphs captured so far (one per input shape, again after a shape's was dropped)
         self.graphs = 0
+        #: graphs dropped (the least recently called past :data:`MAX_GRAPHS`, or all to make room
+        #: for a larger slab: :meth:`release`)
+        self.dropped = 0
+        if memory is not None:
+            memory.on_pressure(self.release)
         #: {input shape key: why its last capture was refused} (until one is captured)
         self.refusals: dict = {}
 
@@ -222,6 +233,9 @@ class CapturedStep:
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry([xp.empty(a.shape, dtype=a.dtype) for a in inputs], self.warmup)
+            while len(self._entries) > MAX_GRAPHS:
+                self._drop(self._entries.popitem(last=False)[1])
+        self._entries.move_to_end(key)
         for buffer, a in zip(entry.static, inputs):           # outside the graph
             if B.is_device_array(a):
                 buffer[...] = a                               # one device copy
@@ -245,10 +259,31 @@ class CapturedStep:
                     return self.fn(*entry.static)
             self.refusals.pop(key, None)
             if self.memory is not None:
-                self.memory.pin()                     # the graph's addresses are in this slab
+                entry.slab = self.memory.pin()        # the graph's addresses are in this slab
             self.graphs += 1
         entry.graph.launch(stream=xp.cuda.get_current_stream())
         return entry.out
+
+    @property
+    def kept(self) -> int:
+        """Graphs kept now (at most :data:`MAX_GRAPHS`)."""
+        return sum(e.graph is not None for e in self._entries.values())
+
+    def release(self) -> None:
+        """Drop every graph (each shape is captured again, after ``warmup`` eager calls): the step
+        memory needs the room their slabs take."""
+        for entry in self._entries.values():
+            self._drop(entry)
+
+    def _drop(self, entry: _Entry) -> None:
+        if entry.graph is None:
+            return
+        entry.graph = entry.out = None
+        entry.wait = self.warmup
+        if self.memory is not None and entry.slab is not None:
+            self.memory.unpin(entry.slab)
+        entry.slab = None
+        self.dropped += 1
 
     def _in_step(self, key):
         return self.memory.step(key) if self.memory is not None else contextlib.nullcontext()

@@ -75,6 +75,8 @@ class FastTransformer(FastForward, FastBackward):
         self.validate_ids = check_ids
         self.attention = flash.check_mode(attention)
         self._memory = flash.memory_bytes(self.xp)      # once, here: never a driver call inside a captured step
+        self._device_kind = flash.device_kind(self.xp)
+        self._auto_notice = flash.AutoNotice()         # auto's tiled choice, said once
         self._fused = None
         self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
         self._part_grads: list = []
@@ -302,10 +304,14 @@ class FastTransformer(FastForward, FastBackward):
 
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
-        :attr:`attention` by the rule of :func:`attn.fast.flash.use_flash`."""
+        :attr:`attention` by the rule of :func:`attn.fast.flash.use_flash`; ``auto``'s first tiled
+        choice said on stderr with its reason."""
         dropping = rng is not None and self.config.attention_dropout > 0
-        return flash.use_flash(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping,
-                               self._memory)
+        why = flash.choose(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping,
+                           self._memory, self._device_kind)
+        if why is not None and self.attention == "auto":
+            self._auto_notice(why)
+        return why is not None
 
     @staticmethod
     def _bias(mask, dtype, xp):

@@ -37,11 +37,15 @@ is served by it.
 * **Growth, outside the step.** The slab starts empty. A request that does not fit is served by
   the allocator in place before the step (the pool: counted, and refused during a capture by
   :class:`attn.fast.graph.CaptureGuard`); when the step ends, a slab that holds its plan
-  replaces the old one (PyTorch's graph pools grow so). A slab replaced is kept if a graph was
-  captured on it (:meth:`StepMemory.pin`): the graph still writes there when replayed; else it
-  goes back to the pool once the last array in it has gone. A step whose plan needs more than
-  :data:`LIMIT_FRACTION` of the device's memory keeps a smaller slab and takes the rest from
-  the pool (such a step cannot be captured).
+  replaces the old one (PyTorch's graph pools grow so). A slab replaced is kept while a graph
+  captured on it is (:meth:`StepMemory.pin`, :meth:`StepMemory.unpin`): the graph still writes
+  there when replayed; else it goes back to the pool once the last array in it has gone. The
+  slabs kept for graphs count in the limit: a slab that with them would exceed
+  :data:`LIMIT_FRACTION` of the device's memory first has every graph on this step memory
+  dropped (:meth:`StepMemory.on_pressure`; they are captured again on the new slab), and where it
+  still does not fit, the step keeps a smaller slab and takes the rest from the pool (such a step
+  cannot be captured). With :data:`attn.fast.graph.MAX_GRAPHS` graphs per captured step at most,
+  a run over many batch shapes holds a bounded number of slabs.
 * **What outlives the step must not come from the slab**: the next step hands the same bytes
   out again. Parameters, the arena, Adam's state are made before any step; what the engine
   makes on first use and keeps (the kernels' scratch buffers, device seeds, Adam's device step
@@ -74,8 +78,8 @@ POISON = os.environ.get("ATTN_POISON_STEP_MEMORY", "") not in ("", "0")
 #: alignment; CUDA's own allocations have it).
 ALIGN = 256
 
-#: The largest slab, as a fraction of the device's memory: a step that needs more keeps its slab
-#: and takes the rest from the pool (it cannot be captured then).
+#: The largest slab with the slabs kept for graphs, as a fraction of the device's memory: a step
+#: that needs more keeps its slab and takes the rest from the pool (it cannot be captured then).
 LIMIT_FRACTION = 0.5
 
 #: Plans kept per step memory (one per bucket of step keys, or per first request's size for steps
@@ -121,8 +125,9 @@ class StepMemory:
         self._offset = 0
         self.demand = self.allocations = self.overflows = 0
         self._outer = None                 # the allocator in place before the step
-        self._retired: list = []           # slabs replaced that graphs were captured on (they still write there)
-        self._pinned = False               # whether a graph was captured on the slab
+        self._retired: list = []           # slabs replaced that kept graphs were captured on (they still write there)
+        self._pins: dict = {}              # id(slab) -> kept graphs captured on it
+        self._pressure: list = []          # weak methods that drop graphs to make room (on_pressure)
         #: steps begun
         self.steps = 0
         #: the largest slab in bytes (:data:`LIMIT_FRACTION` of the device's memory)
@@ -315,10 +320,34 @@ class StepMemory:
             _active = None
             self._after(outer)
 
-    def pin(self) -> None:
+    def pin(self):
         """A graph was captured on the slab: keep it when a larger one replaces it (the graph's
-        replays write there)."""
-        self._pinned = True
+        replays write there) until :meth:`unpin`. Returns the slab, which ``unpin`` takes."""
+        self._pins[id(self.slab)] = self._pins.get(id(self.slab), 0) + 1
+        return self.slab
+
+    def unpin(self, slab) -> None:
+        """A graph captured on ``slab`` (what :meth:`pin` returned) was dropped: once no kept graph
+        is on it, a replaced slab goes back to the pool, and the slab in use is let go when replaced."""
+        n = self._pins.pop(id(slab), 0) - 1
+        if n > 0:
+            self._pins[id(slab)] = n
+        elif any(s is slab for s in self._retired):
+            self._retired = [s for s in self._retired if s is not slab]
+
+    @property
+    def _pinned(self) -> bool:
+        """Whether a kept graph was captured on the slab in use."""
+        return self.slab is not None and id(self.slab) in self._pins
+
+    def on_pressure(self, release) -> None:
+        """``release()`` (a bound method, held weakly) drops its graphs on this step memory when a
+        slab would not fit in :attr:`limit` beside the slabs kept for graphs."""
+        self._pressure.append(weakref.WeakMethod(release))
+
+    def kept_bytes(self) -> int:
+        """Bytes of the slabs kept for graphs: those replaced, and the one in use if a graph is on it."""
+        return sum(int(s.nbytes) for s in self._retired) + (self.capacity if self._pinned else 0)
 
     def reserve(self, nbytes: int) -> None:
         """Make the slab hold at least ``nbytes`` now (outside a step), so that even the first
@@ -332,13 +361,18 @@ class StepMemory:
         """A slab of ``nbytes`` (what the last step needs: its plan's size, or unplanned its
         demand), from ``outer``, after the step (so the next step at that shape is served
         entirely by the slab), unless that is over :attr:`limit`. The slab replaced is kept if
-        it is pinned."""
-        if nbytes > self.limit:
+        it is pinned. The slabs kept for graphs count in the limit: where they leave no room, every
+        graph is dropped first (:meth:`on_pressure`)."""
+        if nbytes + self.kept_bytes() > self.limit:
+            for release in [r() for r in self._pressure]:
+                if release is not None:
+                    release()
+            self._pressure = [r for r in self._pressure if r() is not None]
+        if nbytes + self.kept_bytes() > self.limit:
             self.over_limit = True
             return
         if self.slab is not None and self._pinned:
             self._retired.append(self.slab)
-        self._pinned = False
         self.slab = None                               # the old one goes back before the new one is made
         with self.xp.cuda.using_allocator(outer):
             self.slab = self.xp.empty((nbytes,), dtype=B.host.uint8)
@@ -357,7 +391,8 @@ class StepMemory:
     def stats(self) -> dict:
         """The last step's counts and the slab's size (bytes)."""
         return {"allocations": self.allocations, "overflows": self.overflows, "demand_bytes": self.demand,
-                "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "over_limit": self.over_limit,
+                "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "kept_bytes": self.kept_bytes(),
+                "over_limit": self.over_limit,
                 "peak_live_bytes": self.last_plan.peak if self.last_plan is not None else self.demand,
                 "plans_made": self.plans_made, "steps_planned": self.outcomes["planned"],
                 "steps_traced": self.outcomes["traced"], "steps_spilled": self.outcomes["spilled"]}
