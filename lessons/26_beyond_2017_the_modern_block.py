@@ -1,18 +1,32 @@
 # %% [markdown]
 # # Lesson 26: beyond 2017, the block of today's models, every backward by hand
 #
-# Open the code of any language model trained since 2023 (Llama, Qwen, Gemma, OLMo) and
-# its block is the paper's block with four parts exchanged:
+# Open the code of a language model trained since 2023 and its block is the paper's block with
+# some of four parts exchanged:
 #
-# | the paper (2017) | today | lesson |
-# |---|---|---|
-# | sinusoids added to the embeddings (section 3.5) | **rotary positions**: queries and keys turned by an angle that grows with their position | this one, part 1 |
-# | the ReLU network $\max(0, xW_1 + b_1)W_2 + b_2$ (equation 2) | **SwiGLU**: one path gates the other | part 2 |
-# | every head with its own keys and values | **grouped-query attention**: a few key/value heads, each shared by a group of query heads | part 3 |
-# | layer norm after each sub-layer (post-norm) | a norm *before* each sub-layer (pre-norm), often RMSNorm | lesson 7 measured pre-norm; RMSNorm is its own layer |
+# | the paper (2017) | today |
+# |---|---|
+# | sinusoids added to the embeddings (section 3.5) | **rotary positions** (RoPE, part 1): queries and keys turned by an angle that grows with their position |
+# | the ReLU network $\max(0, xW_1 + b_1)W_2 + b_2$ (equation 2) | **SwiGLU** (part 2): one path gates the other |
+# | every head with its own keys and values | **grouped-query attention** (GQA, part 3): a few key/value heads, each shared by a group of query heads |
+# | layer norm after each sub-layer (post-norm) | a norm *before* each sub-layer (pre-norm, lesson 7), often **RMSNorm** (part 4) |
 #
-# Each is a forward/backward pair in `attn.layers`, derived here, checked against central
-# differences in float64, and poked at until the property it is used for shows.
+# Which model took which, as their papers describe them:
+#
+# * **Llama 2** (Touvron et al., 2023): pre-norm RMSNorm, RoPE, SwiGLU; grouped-query attention
+#   only in its 34B and 70B models, full multi-head attention in the 7B and 13B.
+# * **Mistral 7B** (Jiang et al., 2023): RMSNorm, RoPE, SwiGLU and grouped-query attention.
+# * **Gemma** (Gemma Team, 2024): RMSNorm and RoPE, but **GeGLU**, the same gate with GELU in place
+#   of SiLU; multi-head attention in the 7B model, multi-query attention (one key/value head) in
+#   the 2B.
+# * **OLMo** (Groeneveld et al., 2024): RoPE and SwiGLU, full multi-head attention, and a layer
+#   norm with neither gain nor bias rather than RMSNorm.
+# * **Llama 3** (2024) and **Qwen2** (2024): all four, RMSNorm, RoPE, SwiGLU and grouped-query
+#   attention, in every size.
+#
+# Each part is a forward/backward pair in `attn.layers`, derived here; RoPE, SwiGLU, grouped-query
+# attention and RMSNorm are checked against central differences in float64 below, and poked at
+# until the property each is used for shows.
 
 # %%
 import os, sys
@@ -25,8 +39,8 @@ import numpy as np
 
 from attn.gradcheck import check_layer
 from attn.layers import (multi_head_attention_backward, multi_head_attention_forward, relu_forward,
-                         rope_angles, rope_backward, rope_forward, silu, swiglu_backward, swiglu_forward,
-                         swiglu_width)
+                         rmsnorm_backward, rmsnorm_forward, rope_angles, rope_backward, rope_forward, silu,
+                         swiglu_backward, swiglu_forward, swiglu_width)
 
 np.set_printoptions(precision=4, suppress=True, linewidth=130)
 rng = np.random.default_rng(0)
@@ -160,8 +174,37 @@ show_figure(fig, "26_swiglu.png")
 #
 # **The backward.** The forward copies key/value head $j$ to the query heads $jg, \dots, jg + g - 1$
 # of its group ($g = h / h_{kv}$). A value used $g$ times receives $g$ gradients, which add up
-# (the micrograd rule): the backward of the copy is a sum over the group,
-# `sum_kv_groups`. Everything else is the paper's backward.
+# (the micrograd rule): the backward of the copy sums the gradients of the $g$ query heads of each
+# group (inside `grouped_query_attention_backward` and `multi_head_attention_backward`).
+# Everything else is the paper's backward. The figure draws, for $h = 8$ query heads, which
+# key/value head each one reads:
+
+# %%
+H_fig = 8
+reads = {kv: [i // (H_fig // kv) for i in range(H_fig)] for kv in (8, 4, 2, 1)}   # head i reads i // g
+for kv, heads in reads.items():
+    print(f"kv_heads = {kv}: query heads 0..7 read key/value heads {heads}")
+fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+cmap = plt.get_cmap("tab10")
+for row, (kv, heads) in enumerate(reads.items()):
+    for i, j in enumerate(heads):
+        ax.add_patch(plt.Rectangle((i, -row - 0.9), 0.9, 0.8, color=cmap(j)))
+        ax.text(i + 0.45, -row - 0.5, f"{j}", ha="center", va="center", color="white", fontsize=11)
+ax.set_xlim(-0.1, H_fig); ax.set_ylim(-len(reads) - 0.1, 0)
+ax.set_xticks([i + 0.45 for i in range(H_fig)], [str(i) for i in range(H_fig)])
+ax.set_yticks([-r - 0.5 for r in range(len(reads))], [f"{kv} kv heads" for kv in reads])
+ax.set_aspect("equal")
+ax.set_xlabel("query head")
+ax.set_title("the key/value head each query head reads")
+for side in ("top", "right", "left", "bottom"):
+    ax.spines[side].set_visible(False)
+ax.tick_params(length=0)
+show_figure(fig, "26_gqa_groups.png", alt="Eight query heads in four rows, for 8, 4, 2 and 1 key/value "
+            "heads: with 8 each query head reads its own; with 4, heads 0-1 read 0, 2-3 read 1 and so on; "
+            "with 2, heads 0-3 read 0 and 4-7 read 1; with 1, all read key/value head 0")
+
+# %% [markdown]
+# The gradient check runs the layer with 8, 4, 2 and 1 key/value heads:
 
 # %%
 H, Dh_g, Bsz, Tg = 8, 4, 2, 5
@@ -193,16 +236,53 @@ for kv in (8, 2, 1):
     print(f"  kv_heads = {kv}: {kib:,.0f} KiB of keys and values per sentence")
 
 # %% [markdown]
+# ## 4. RMSNorm (Zhang and Sennrich, 2019)
+#
+# Layer norm without the mean and without $\beta$: each row is divided by its root mean square,
+#
+# $$\mathrm{RMSNorm}(x) = \gamma \odot \hat{x}, \qquad \hat{x} = x / r, \qquad r = \sqrt{\tfrac{1}{D}\textstyle\sum_j x_j^2 + \epsilon}. \tag{26.4}$$
+#
+# **The backward**, in three lines. With $g = \gamma \odot dy$ the gradient reaching $\hat{x}$
+# (and $d\gamma = \sum_{\text{rows}} dy \odot \hat{x}$):
+#
+# 1. $\hat{x}_i = x_i / r$ depends on $x_j$ directly when $i = j$ and through $r$ always:
+#    $dx_j = g_j / r - \sum_i g_i\, x_i / r^2 \cdot \partial r / \partial x_j$.
+# 2. $r^2 = \frac{1}{D}\sum_j x_j^2 + \epsilon$ gives $\partial r / \partial x_j = x_j / (D\, r)$.
+# 3. So $dx_j = \frac{1}{r}\big(g_j - \hat{x}_j \cdot \frac{1}{D}\sum_i g_i\, \hat{x}_i\big)$:
+#    layer norm's backward with the mean's term gone.
+#
+# The cell computes line 3 by hand, compares it with `rmsnorm_backward`, and checks both against
+# central differences in float64:
+
+# %%
+x_r, gamma_r = rng.standard_normal((3, 5, 8)) * 3, rng.standard_normal(8)
+dy_r = rng.standard_normal(x_r.shape)
+r = np.sqrt((x_r ** 2).mean(axis=-1, keepdims=True) + 1e-6)
+xhat = x_r / r
+g = gamma_r * dy_r
+dx_by_hand = (g - xhat * (g * xhat).mean(axis=-1, keepdims=True)) / r          # line 3
+y_r, cache_r = rmsnorm_forward(x_r, gamma_r)
+dx_lib, dgamma_lib = rmsnorm_backward(dy_r, cache_r)
+hand_err = max(np.abs(dx_by_hand - dx_lib).max(), np.abs((dy_r * xhat).sum(axis=(0, 1)) - dgamma_lib).max())
+print(f"line 3 by hand against rmsnorm_backward: largest difference {hand_err:.1e}")
+rms_err = check_layer("rmsnorm", rmsnorm_forward, rmsnorm_backward, {"x": x_r, "gamma": gamma_r}, ("x", "gamma"))
+print("gradient check (float64, central differences):", ", ".join(f"d{n} {e:.1e}" for n, e in rms_err.items()))
+scaled = np.abs(rmsnorm_forward(7.0 * x_r, gamma_r)[0] - y_r).max()
+print(f"RMSNorm of 7 x: largest difference from RMSNorm of x {scaled:.1e} (scaling a row changes nothing but for epsilon)")
+
+# %% [markdown]
 # ## Check
 
 # %%
+assert hand_err < 1e-12 and max(rms_err.values()) < 1e-6 and scaled < 1e-6, "RMSNorm's backward is line 3"
 assert spread < 1e-10, "rotary scores must depend only on the offset"
 assert norm_change < 1e-12 and np.abs(back - x).max() < 1e-12
 assert rope_err < 1e-6 and max(glu_err.values()) < 1e-6 and all(r[3] < 1e-6 for r in rows)
 assert abs(3 * F_glu - 2 * F_base) <= 3, "SwiGLU's width must keep the parameter count"
 assert np.abs(dsilu - num_dsilu).max() < 1e-6 and s_a.min() < 0
 print(f"Check passed: rotary scores depend on the offset alone (spread {spread:.1e}); gradient checks of "
-      f"RoPE, SwiGLU and grouped-query attention within {max(rope_err, *glu_err.values(), *(r[3] for r in rows)):.1e}")
+      f"RoPE, SwiGLU, grouped-query attention and RMSNorm within "
+      f"{max(rope_err, *glu_err.values(), *(r[3] for r in rows), *rms_err.values()):.1e}")
 
 # %% [markdown]
 # ## Questions
@@ -232,11 +312,7 @@ print(f"Check passed: rotary scores depend on the offset alone (spread {spread:.
 # %% [markdown]
 # ## Exercise
 #
-# The fourth layer of the table, the norm, is RMSNorm (Zhang and Sennrich, 2019): layer norm
-# without the mean and without $\beta$, each row divided by its root mean square,
-# $\mathrm{RMSNorm}(x) = \gamma \odot x / \sqrt{\operatorname{mean}(x^2) + \epsilon}$. Scaling a row
-# leaves it unchanged, and its backward is layer norm's with the mean's term gone. The
-# library's is `rmsnorm_forward`/`rmsnorm_backward` in `attn.layers.rmsnorm`; write yours in
+# Write RMSNorm (part 4: equation 26.4 and the three lines of its backward) yourself in
 # `lessons/exercises/rmsnorm.py` and grade it:
 #
 # ```

@@ -33,6 +33,16 @@ def parse_args(argv=None):
                     "measured in the same run. Progress goes to stderr.",
         epilog="presets: " + "; ".join(f"{k}: {v.note or 'model preset ' + k}" for k, v in BENCH_PRESETS.items())
                + ". Example: python -m attn.bench --preset toy-bench --threads 2")
+    _add_modes(p)
+    _add_model(p)
+    _add_output(p)
+    _add_runs(p)
+    return _checked(p, p.parse_args(argv))
+
+
+def _add_modes(p: argparse.ArgumentParser) -> None:
+    """The benchmark's other modes, instead of timing steps: data parallel, quality, counts,
+    attention alone, the GPU report."""
     p.add_argument("--data-parallel", type=int, metavar="N",
                    help="instead: a training step with 1 and N processes (mpiexec), the bytes all-reduced per "
                         "step against its FLOPs (python -m attn.bench --data-parallel 2 --help)")
@@ -62,6 +72,10 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true",
                    help="with --gpu-report: the same pipeline on the CuPy stand-in, cheaply (proves the report "
                         "is assembled, not its figures)")
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    """What is timed: the configuration, the backend, the precision, the block."""
     p.add_argument("--preset", default="toy-bench", choices=sorted(BENCH_PRESETS),
                    help="named configuration (default toy-bench)")
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy", "auto"],
@@ -75,6 +89,10 @@ def parse_args(argv=None):
                         "preset's), later (the preset with the later models' block, lesson 26: pre-norm, "
                         "RMSNorm, rotary positions, SwiGLU, grouped-query attention with half the key/value "
                         "heads; PyTorch's twin the same); also with --counts (default paper)")
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    """How the results are printed, and which measurements run how often."""
     p.add_argument("--json", action="store_true", help="one JSON object per measurement on stdout")
     p.add_argument("--markdown", action="store_true", help="the results as Markdown (for benchmarks/RESULTS.md)")
     p.add_argument("--quick", action="store_true",
@@ -85,6 +103,10 @@ def parse_args(argv=None):
                         "attn-train --cuda-graph; with --backend cupy only)")
     p.add_argument("--repeats", type=int, help="timed runs per measurement (default per preset)")
     p.add_argument("--warmup", type=int, help="untimed runs before timing (default per preset)")
+
+
+def _add_runs(p: argparse.ArgumentParser) -> None:
+    """How the process runs: threads, PyTorch, memory, settling, the shapes, the settings timed."""
     p.add_argument("--threads", type=int,
                    help="BLAS threads for NumPy (OpenBLAS) and torch.set_num_threads (default: NumPy's current)")
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
@@ -109,7 +131,11 @@ def parse_args(argv=None):
                    help="skip the per-phase profile of the training step (3 extra steps per framework)")
     p.add_argument("--_memory-child", dest="_memory_child", help=argparse.SUPPRESS)
     p.add_argument("--_worker", dest="_worker", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+
+
+def _checked(p: argparse.ArgumentParser, args):
+    """``args`` with ``--quick``, ``--only`` and ``--block`` resolved, and the combinations that
+    leave nothing to time refused (``p.error``)."""
     if args.quick:
         args.preset = "quick"
     if args.only is None:
@@ -145,20 +171,7 @@ def run(args) -> list[dict]:
     # memory children below run without it so that their resident set falls with frees.
     kept = keep_freed_memory() if not args.return_freed_memory else False
     settle = args.settle if args.settle is not None else (0.1 if with_torch else 0.0)
-
-    info = machine_info()
-    info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    info.update(backend=args.backend, preset=args.preset, block=args.block, precision=args.precision or "fp32",
-                blas_threads=threads,
-                malloc_keeps_freed_memory=kept,
-                config=cfg.to_dict(), batch=bc.batch, src_len=bc.src_len, tgt_len=bc.tgt_len,
-                command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(os.path.join("bench", "__main__.py"))
-                else None)
-    if with_torch:
-        info.update(torch_info())
-    if args.backend == "cupy":
-        cp = B.xp()
-        info.update(cupy=cp.__version__, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
+    info = _run_info(args, bc, cfg, threads, kept, with_torch)
     results = [info]
 
     _progress(f"preset {args.preset} ({args.block} block) on {args.backend} (threads {threads}); measuring the "
@@ -172,53 +185,86 @@ def run(args) -> list[dict]:
                       repeats=args.repeats, warmup=args.warmup, precision=args.precision)
     if with_torch:
         info.update(torch_info())             # with the precision build_work set (match_precision)
-    workers = {}
-    if not args.no_isolated:
-        _progress("starting the isolated worker processes (one per framework)", quiet)
-        if args.threads is None and threads:
-            args.threads = threads            # the workers get the thread count this process has
-        try:
-            workers["ours"] = Worker(args, "attn")
-            info["isolated_attn"] = workers["ours"].info
-            if with_torch:
-                workers["torch"] = Worker(args, "torch")
-                info["isolated_torch"] = workers["torch"].info
-        except BaseException:
-            for wk in workers.values():
-                wk.close()
-            raise
+    workers = _start_workers(args, threads, with_torch, info) if not args.no_isolated else {}
     try:
         for i, w in enumerate(work):
             _progress(f"[{i + 1}/{len(work)}] {w.name}", quiet)
-            settings = {}
-            if workers:
-                settings["isolated"] = time_isolated(workers, w, settle, quiet)
-            if not args.no_interleaved:
-                settings["interleaved"] = time_work(w, settle, quiet, replay=not workers)
-            row = _row(w, settings, rate, peak, args.backend)
-            if w.phases and not args.no_phases:
-                row["phases"] = time_phases(w, 3, settle, quiet, workers or None)
-                row["phases_setting"] = "isolated" if workers else "interleaved"
-            results.append(row)
+            results.append(_time_one(args, w, workers, settle, rate, peak))
     finally:
         for wk in workers.values():
             wk.close()
     _derived(results)
     info["load_average_end_of_timing"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-
     if not args.no_memory:
-        mem = {"attn": measure_memory(args, "attn", quiet)}
-        if with_torch:
-            mem["torch"] = measure_memory(args, "torch", quiet)
-        for r in results[2:]:
-            m = mem["attn"].get(r["name"], {})
-            r["peak_memory_mb"] = m.get("peak_memory_mb")
-            if "tracemalloc_peak_mb" in m:
-                r["tracemalloc_peak_mb"] = m["tracemalloc_peak_mb"]
-            if with_torch:
-                tm = mem.get("torch", {}).get(r["name"].replace("_reference", ""), {})
-                r["torch_peak_memory_mb"] = tm.get("peak_memory_mb")
+        _add_memory(args, results[2:], with_torch)
     return results
+
+
+def _run_info(args, bc, cfg, threads, kept, with_torch: bool) -> dict:
+    """The run's first row: the machine, the configuration and the command, the libraries."""
+    info = machine_info()
+    info["load_average"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    info.update(backend=args.backend, preset=args.preset, block=args.block, precision=args.precision or "fp32",
+                blas_threads=threads,
+                malloc_keeps_freed_memory=kept,
+                config=cfg.to_dict(), batch=bc.batch, src_len=bc.src_len, tgt_len=bc.tgt_len,
+                command="python -m attn.bench " + " ".join(sys.argv[1:]) if sys.argv[0].endswith(os.path.join("bench", "__main__.py"))
+                else None)
+    if with_torch:
+        info.update(torch_info())
+    if args.backend == "cupy":
+        cp = B.xp()
+        info.update(cupy=cp.__version__, gpu=cp.cuda.runtime.getDeviceProperties(0)["name"].decode())
+    return info
+
+
+def _start_workers(args, threads, with_torch: bool, info: dict) -> dict:
+    """The isolated worker processes, one per framework ({"ours": ..., "torch": ...}), their
+    details in ``info``; those started are closed again if one fails to start."""
+    _progress("starting the isolated worker processes (one per framework)", args.quiet)
+    if args.threads is None and threads:
+        args.threads = threads            # the workers get the thread count this process has
+    workers = {}
+    try:
+        workers["ours"] = Worker(args, "attn")
+        info["isolated_attn"] = workers["ours"].info
+        if with_torch:
+            workers["torch"] = Worker(args, "torch")
+            info["isolated_torch"] = workers["torch"].info
+    except BaseException:
+        for wk in workers.values():
+            wk.close()
+        raise
+    return workers
+
+
+def _time_one(args, w, workers: dict, settle: float, rate: float, peak: float) -> dict:
+    """One measurement's row: timed in the workers and interleaved here (as asked), and by phase."""
+    settings = {}
+    if workers:
+        settings["isolated"] = time_isolated(workers, w, settle, args.quiet)
+    if not args.no_interleaved:
+        settings["interleaved"] = time_work(w, settle, args.quiet, replay=not workers)
+    row = _row(w, settings, rate, peak, args.backend)
+    if w.phases and not args.no_phases:
+        row["phases"] = time_phases(w, 3, settle, args.quiet, workers or None)
+        row["phases_setting"] = "isolated" if workers else "interleaved"
+    return row
+
+
+def _add_memory(args, rows: list[dict], with_torch: bool) -> None:
+    """Each row's peak memory, measured in child processes (attn's, and PyTorch's)."""
+    mem = {"attn": measure_memory(args, "attn", args.quiet)}
+    if with_torch:
+        mem["torch"] = measure_memory(args, "torch", args.quiet)
+    for r in rows:
+        m = mem["attn"].get(r["name"], {})
+        r["peak_memory_mb"] = m.get("peak_memory_mb")
+        if "tracemalloc_peak_mb" in m:
+            r["tracemalloc_peak_mb"] = m["tracemalloc_peak_mb"]
+        if with_torch:
+            tm = mem.get("torch", {}).get(r["name"].replace("_reference", ""), {})
+            r["torch_peak_memory_mb"] = tm.get("peak_memory_mb")
 
 
 def _row(w, settings: dict, rate: float, peak: float, backend: str) -> dict:
@@ -300,27 +346,10 @@ def main(argv=None) -> int:
         from .parallel import main as parallel_main                 # 1 and N processes, the all-reduce's share
         return parallel_main(argv)
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--render-markdown":
-        with open(sys.argv[2]) as fh:             # re-render a saved --json run (either benchmark)
-            rows = [json.loads(line) for line in fh if line.strip()]
-        if any(str(r.get("name", "")).startswith("quality_") for r in rows):
-            from .quality import print_markdown as quality_markdown
-            quality_markdown(rows)
-        elif rows and all(r.get("name") == "attention" for r in rows):
-            from .attention import print_attention
-            print_attention(rows, markdown=True)
-        else:
-            print_markdown(rows)
-        return 0
+        return _render_saved(sys.argv[2])
     args = parse_args(argv)
     if args._memory_child:
-        B.set_backend(args.backend)
-        if args.backend == "numpy" and args.threads:
-            blas_threads(args.threads)
-        if args._memory_child == "torch":
-            import torch
-            torch.set_num_threads(args.threads or blas_threads() or os.cpu_count() or 1)
-        _memory_child(args)
-        return 0
+        return _memory_child_main(args)
     if args._worker:
         worker_main(args)
         return 0
@@ -338,26 +367,7 @@ def main(argv=None) -> int:
     if args.attention:
         return _attention(args)
     if args.counts:
-        from .counts import CountsError, measure_counts, print_counts, print_counts_markdown
-        at = f" at {args.precision}" if args.precision not in (None, "fp32") else ""
-        _progress(f"counting launches, syncs and allocations of {args.preset}{at} on the CuPy stand-in", args.quiet)
-        try:
-            rows = []
-            for block in args.blocks:
-                args.block = block                # what _bench_config reads
-                rows += measure_counts(args.preset, precision=args.precision or "fp32", bc=_bench_config(args),
-                                       block=block)
-        except CountsError as e:
-            print(f"attn.bench: error: {e}", file=sys.stderr)
-            return 2
-        if args.json:
-            for r in rows:
-                print(json.dumps(r))
-        elif args.markdown:
-            print_counts_markdown(rows)
-        else:
-            print_counts(rows)
-        return 0
+        return _counts(args)
     for block in args.blocks:                     # each block in turn, in this one run
         args.block = block                        # what run() and its workers read
         results = run(args)
@@ -372,3 +382,53 @@ def main(argv=None) -> int:
             print_table(results)
     return 0
 
+
+def _render_saved(path: str) -> int:
+    """``--render-markdown FILE``: re-render a saved ``--json`` run (either benchmark, or attention's)."""
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    if any(str(r.get("name", "")).startswith("quality_") for r in rows):
+        from .quality import print_markdown as quality_markdown
+        quality_markdown(rows)
+    elif rows and all(r.get("name") == "attention" for r in rows):
+        from .attention import print_attention
+        print_attention(rows, markdown=True)
+    else:
+        print_markdown(rows)
+    return 0
+
+
+def _memory_child_main(args) -> int:
+    """The child process that measures one framework's peak memory (:func:`measure_memory`)."""
+    B.set_backend(args.backend)
+    if args.backend == "numpy" and args.threads:
+        blas_threads(args.threads)
+    if args._memory_child == "torch":
+        import torch
+        torch.set_num_threads(args.threads or blas_threads() or os.cpu_count() or 1)
+    _memory_child(args)
+    return 0
+
+
+def _counts(args) -> int:
+    """``--counts``: launches, syncs and allocations of each block on the CuPy stand-in, printed."""
+    from .counts import CountsError, measure_counts, print_counts, print_counts_markdown
+    at = f" at {args.precision}" if args.precision not in (None, "fp32") else ""
+    _progress(f"counting launches, syncs and allocations of {args.preset}{at} on the CuPy stand-in", args.quiet)
+    try:
+        rows = []
+        for block in args.blocks:
+            args.block = block                # what _bench_config reads
+            rows += measure_counts(args.preset, precision=args.precision or "fp32", bc=_bench_config(args),
+                                   block=block)
+    except CountsError as e:
+        print(f"attn.bench: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+    elif args.markdown:
+        print_counts_markdown(rows)
+    else:
+        print_counts(rows)
+    return 0

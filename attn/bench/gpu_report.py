@@ -385,8 +385,6 @@ def gpu_report(out: Path, dry_run: bool = False, quiet: bool = False, parts=None
     :data:`attn.bench.work.INJECT_FAILURE`): the dry run's proof that one failure leaves every
     other row. ``tasks``: the plan (:func:`plan`'s), for tests. Raises :class:`GpuReportError`
     at once where no GPU is usable (unless ``dry_run``) or a part is unknown."""
-    from .gpu_report_md import render_markdown
-    from .work import INJECT_FAILURE
     parts = list(PARTS if parts in (None, "all", ["all"]) else ([parts] if isinstance(parts, str) else parts))
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
@@ -403,39 +401,59 @@ def gpu_report(out: Path, dry_run: bool = False, quiet: bool = False, parts=None
               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "host": platform.node(), "device": _device_info(env), "preflight": pre,
               "limits": part_limits({p: tasks[p] for p in parts}), "rows": [], "seconds": 0.0}
-
-    def write():
-        report["seconds"] = round(time.perf_counter() - started, 1)
-        (out / "report.json").write_text(json.dumps(report, indent=2))
-        (out / "REPORT.md").write_text(render_markdown(report))
-
-    def say(msg):
-        _progress(f"gpu report ({time.perf_counter() - started:5.0f} s): {msg}", quiet)
-
+    written = _Written(report, out, started, quiet)
     if pre["missing"]:
-        say("missing: " + ", ".join(f"{m} ({why})" for m, why in pre["missing"].items()))
-    write()
+        written.say("missing: " + ", ".join(f"{m} ({why})" for m, why in pre["missing"].items()))
+    written.write()
     for part in parts:
-        beside = []
-        for task in tasks[part]:
-            lacking = [m for m in task.needs if m in pre["missing"] or (m == "torch" and not torch_ok)]
-            if lacking:
-                report["rows"].append(_skipped(task, "missing: " + ", ".join(lacking)))
-                write()
-                continue
-            if task.kind in ("train",) and "--out" not in task.cmd:
-                task.cmd += ["--out", str(out / task.name)]
-            if inject_failure == task.name:
-                task.env[INJECT_FAILURE] = task.info.get("measurement", "")
-            say(f"{part}: {task.name} (at most {task.limit:g} s)")
-            child = _Child(task, env, logs)
-            if task.beside:
-                beside.append(child)
-                continue
-            report["rows"].append(task_row(task, child.wait(), report))
-            write()
-        for child in beside:
-            report["rows"].append(task_row(child.task, child.wait(), report))
-            write()
-    say(f"written {out / 'REPORT.md'} and {out / 'report.json'}")
+        _run_part(part, tasks[part], written, env, logs, torch_ok, inject_failure)
+    written.say(f"written {out / 'REPORT.md'} and {out / 'report.json'}")
     return report
+
+
+@dataclass
+class _Written:
+    """The report as it grows, written into ``out`` (``report.json``, ``REPORT.md``) after every row."""
+    report: dict
+    out: Path
+    started: float
+    quiet: bool
+
+    def write(self) -> None:
+        from .gpu_report_md import render_markdown
+        self.report["seconds"] = round(time.perf_counter() - self.started, 1)
+        (self.out / "report.json").write_text(json.dumps(self.report, indent=2))
+        (self.out / "REPORT.md").write_text(render_markdown(self.report))
+
+    def say(self, msg: str) -> None:
+        _progress(f"gpu report ({time.perf_counter() - self.started:5.0f} s): {msg}", self.quiet)
+
+    def add(self, row: dict) -> None:
+        self.report["rows"].append(row)
+        self.write()
+
+
+def _run_part(part: str, tasks: list, written: _Written, env: dict, logs: Path, torch_ok: bool,
+              inject_failure: str | None) -> None:
+    """One part's tasks in turn, each in its child process (those ``beside`` the others running
+    alongside, their rows last); a task whose modules are missing is a skipped row."""
+    from .work import INJECT_FAILURE
+    missing = written.report["preflight"]["missing"]
+    beside = []
+    for task in tasks:
+        lacking = [m for m in task.needs if m in missing or (m == "torch" and not torch_ok)]
+        if lacking:
+            written.add(_skipped(task, "missing: " + ", ".join(lacking)))
+            continue
+        if task.kind in ("train",) and "--out" not in task.cmd:
+            task.cmd += ["--out", str(written.out / task.name)]
+        if inject_failure == task.name:
+            task.env[INJECT_FAILURE] = task.info.get("measurement", "")
+        written.say(f"{part}: {task.name} (at most {task.limit:g} s)")
+        child = _Child(task, env, logs)
+        if task.beside:
+            beside.append(child)
+            continue
+        written.add(task_row(task, child.wait(), written.report))
+    for child in beside:
+        written.add(task_row(child.task, child.wait(), written.report))

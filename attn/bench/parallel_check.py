@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 
 from .. import backend as B
 from .. import engine as engines
@@ -129,6 +130,36 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
              bucket_bytes: int, wrong_dropout: bool = False) -> dict:
     """One case on every rank; rank 0's comparison, the same dict on every rank."""
     B.set_backend(backend)
+    dp = _group(comm, transport, bucket_bytes, wrong, wrong_dropout)
+    model, opt, loss_fn = check_model(dtype, reference)
+    dp.check_same_parameters(model.params)
+    counter = not reference and getattr(model.ops, "counter_dropout", False)
+    batches = check_batches(model.config.vocab_size)
+    seen = _watch_all_reduce(dp)
+    losses, grads, params = take_steps(model, opt, loss_fn, batches, dp)
+    seen.losses, seen.grads, seen.params = losses, grads, params
+    seen.same_on_ranks = len(set(comm.allgather(distributed.parameter_digest(params)))) == 1
+    seen.tokens = [[mine.n_tgt_tokens if weight else 0 for r in range(dp.size)
+                    for mine, _, _, weight in [distributed.share_of(b, dp.size, r)]] for b in batches]
+    flat = dp.flat_grads(model.params, engines.gradient_arena(model))
+    result = None
+    if dp.master:
+        result = {"backend": B.describe() if backend == "numpy" else backend, "transport": dp.transport,
+                  "engine": "reference" if reference else "fast", "dtype": dtype, "processes": dp.size,
+                  "alone_parts": 1 if reference else ALONE_WORKERS,
+                  "normalisation": "local (wrong)" if wrong else "global",
+                  "dropout": ("drawn from the step's stream" if not counter else
+                              "counter-based, keyed by the index in the share (wrong)" if wrong_dropout else
+                              "counter-based, keyed by the index in the global batch"),
+                  "target_tokens_per_rank": seen.tokens, "buckets": len(flat.buckets),
+                  "all_reduce_buffer": "the arena's own" if flat.arena is not None else "a copy",
+                  **_against_alone(seen, batches, dtype, reference)}
+    return comm.bcast(result, root=0)
+
+
+def _group(comm, transport: str, bucket_bytes: int, wrong: bool, wrong_dropout: bool):
+    """The ranks' :class:`attn.training.distributed.MPIGroup` on ``transport``, with the mistake
+    a ``--wrong-*`` flag demonstrates put in."""
     dp = distributed.MPIGroup(comm)
     dp.use_backend(transport)
     dp.bucket_bytes = bucket_bytes
@@ -140,58 +171,65 @@ def run_case(comm, backend: str, transport: str, reference: bool, dtype: str, wr
             rows_of.place = lambda shape: (0, 0, 0)         # the index in the share: as if alone
             return mine, rows_of, weight
         dp.share = share
-    model, opt, loss_fn = check_model(dtype, reference)
-    dp.check_same_parameters(model.params)
-    counter = not reference and getattr(model.ops, "counter_dropout", False)
-    batches = check_batches(model.config.vocab_size)
-    transfers, overlapped, summed_tokens = [0], [], []
+    return dp
+
+
+@dataclass
+class _Ranks:
+    """What the ranks did: the all-reduce's device -> host ``transfers`` over all steps (None
+    off the CuPy stand-in), whether each bucket went out during the backward, the target tokens
+    it summed; then the steps' losses, first gradients and last parameters, whether the ranks'
+    parameters agree bit for bit, and each batch's target tokens on each rank."""
+    transfers: int | None = 0
+    overlapped: list = field(default_factory=list)
+    summed_tokens: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    grads: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+    same_on_ranks: bool = False
+    tokens: list = field(default_factory=list)
+
+
+def _watch_all_reduce(dp) -> _Ranks:
+    """``dp``'s all-reduce (its ``_launch`` and ``_finish``) counted into a new :class:`_Ranks`."""
+    seen = _Ranks()
     for name in ("_launch", "_finish"):      # device -> host transfers inside the all-reduce (stand-in only)
         def counted(*args, _f=getattr(dp, name)):
             before = _transfers()
             out = _f(*args)
-            transfers[0] = None if before is None else transfers[0] + _transfers() - before
+            seen.transfers = None if before is None else seen.transfers + _transfers() - before
             if _f.__name__ == "_finish":
-                overlapped.append(dp.launched_during_backward)
-                summed_tokens.append(B.to_float(dp.summed_tokens))
+                seen.overlapped.append(dp.launched_during_backward)
+                seen.summed_tokens.append(B.to_float(dp.summed_tokens))
             return out
         setattr(dp, name, counted)
-    losses, grads, params = take_steps(model, opt, loss_fn, batches, dp)
-    transfers = transfers[0]
-    same_on_ranks = len(set(comm.allgather(distributed.parameter_digest(params)))) == 1
-    tokens = [[mine.n_tgt_tokens if weight else 0 for r in range(dp.size)
-               for mine, _, _, weight in [distributed.share_of(b, dp.size, r)]] for b in batches]
-    result = None
-    flat = dp.flat_grads(model.params, engines.gradient_arena(model))
-    if dp.master:
-        model1, opt1, loss_fn1 = check_model(dtype, reference, workers=ALONE_WORKERS)
-        losses1, grads1, params1 = take_steps(model1, opt1, loss_fn1, batches)
-        zero = zero_in_truth(grads1)
-        result = {
-            "backend": B.describe() if backend == "numpy" else backend, "transport": dp.transport,
-            "engine": "reference" if reference else "fast", "dtype": dtype, "processes": dp.size,
-            "alone_parts": 1 if reference else ALONE_WORKERS,
-            "normalisation": "local (wrong)" if wrong else "global",
-            "dropout": ("drawn from the step's stream" if not counter else
-                        "counter-based, keyed by the index in the share (wrong)" if wrong_dropout else
-                        "counter-based, keyed by the index in the global batch"),
-            "target_tokens_per_rank": tokens, "buckets": len(flat.buckets),
-            "all_reduce_buffer": "the arena's own" if flat.arena is not None else "a copy",
-            "summed_tokens": summed_tokens, "batch_tokens": [b.n_tgt_tokens for b in batches],
-            "max_grad_rel": max(rel_error(grads[k], grads1[k]) for k in grads1),
-            "max_loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, losses1)),
-            "max_param_rel": max(rel_error(params[k], params1[k]) for k in params1 if k not in zero),
-            "param_vector_rel": vector_rel(params, params1, skip=zero),
-            "zero_gradient_params": sorted(zero),
-            "zero_gradient_params_max_abs": max((float(abs(params[k] - params1[k]).max()) for k in zero), default=0.0),
-            "ranks_bitwise_equal": same_on_ranks, "losses": losses,
-            "all_reduce_host_transfers_per_step": transfers / len(batches) if transfers is not None else None,
-            "buckets_sent_during_backward": overlapped}
-        result["pass"] = bool(same_on_ranks and summed_tokens == [float(b.n_tgt_tokens) for b in batches]
-                              and result["max_grad_rel"] <= BOUNDS["grad"]
-                              and result["max_loss_rel"] <= BOUNDS["loss"]
-                              and result["max_param_rel"] <= BOUNDS["param"]
-                              and result["param_vector_rel"] <= BOUNDS["param"])
-    return comm.bcast(result, root=0)
+    return seen
+
+
+def _against_alone(seen: _Ranks, batches: list, dtype: str, reference: bool) -> dict:
+    """The same steps in this process alone (in :data:`ALONE_WORKERS` parts), compared with the
+    ranks': the differences, and whether they pass :data:`BOUNDS`."""
+    model1, opt1, loss_fn1 = check_model(dtype, reference, workers=ALONE_WORKERS)
+    losses1, grads1, params1 = take_steps(model1, opt1, loss_fn1, batches)
+    zero = zero_in_truth(grads1)
+    losses, grads, params, transfers = seen.losses, seen.grads, seen.params, seen.transfers
+    result = {
+        "summed_tokens": seen.summed_tokens, "batch_tokens": [b.n_tgt_tokens for b in batches],
+        "max_grad_rel": max(rel_error(grads[k], grads1[k]) for k in grads1),
+        "max_loss_rel": max(abs(a - b) / abs(b) for a, b in zip(losses, losses1)),
+        "max_param_rel": max(rel_error(params[k], params1[k]) for k in params1 if k not in zero),
+        "param_vector_rel": vector_rel(params, params1, skip=zero),
+        "zero_gradient_params": sorted(zero),
+        "zero_gradient_params_max_abs": max((float(abs(params[k] - params1[k]).max()) for k in zero), default=0.0),
+        "ranks_bitwise_equal": seen.same_on_ranks, "losses": losses,
+        "all_reduce_host_transfers_per_step": transfers / len(batches) if transfers is not None else None,
+        "buckets_sent_during_backward": seen.overlapped}
+    result["pass"] = bool(seen.same_on_ranks and seen.summed_tokens == [float(b.n_tgt_tokens) for b in batches]
+                          and result["max_grad_rel"] <= BOUNDS["grad"]
+                          and result["max_loss_rel"] <= BOUNDS["loss"]
+                          and result["max_param_rel"] <= BOUNDS["param"]
+                          and result["param_vector_rel"] <= BOUNDS["param"])
+    return result
 
 
 def _transfers():

@@ -198,8 +198,35 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     import torch
     from .. import train as T
 
-    device = "cuda" if B.get_backend() == "cupy" else "cpu"
     out.mkdir(parents=True, exist_ok=True)
+    twin = _twin(torch, config, model_config, vocab, corpus, out, attn_tokens)
+    max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
+    train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
+    twin.val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens,
+                                    shuffle=False)
+    twin.watch = Watch("pytorch", at_minutes, out.parent / f"torch-at-{at_minutes:g}min" if at_minutes else None,
+                       out / "snapshots")
+    twin.state = state = T.TrainState()
+    twin.metrics_log.write_text("")
+    _progress(f"pytorch: training for {config.minutes:g} min into {out} (threads {torch.get_num_threads()}, "
+              f"Adam {twin.adam_kind})", quiet)
+    hooks = T.Hooks(twin.step, twin.evaluate, twin.save,
+                    snapshot=lambda at: T.snapshot(out, twin.attn_view(), vocab, at, config.average),
+                    on_step=twin.check_and_watch, set_progress=twin.schedule.set_progress, desc="pytorch")
+    stop = T.run_loop(dataclasses.replace(config, quiet=quiet), state, train_enc, hooks)
+    if stop == "interrupted":
+        raise KeyboardInterrupt
+    _progress(f"pytorch: stopped ({stop}) after {state.step} steps, {state.train_seconds:.0f} s of training", quiet)
+    end = Point("pytorch", config.minutes, "end of the run", out, state.step, state.epoch, state.tokens_seen,
+                state.train_seconds, state.wall_seconds, params=twin.tmodel.attn_params())
+    end.results = {"torch_adam": twin.adam_kind}
+    return end, twin.watch, state.losses, twin.evals
+
+
+def _twin(torch, config, model_config, vocab, corpus, out: Path, attn_tokens: list) -> "_Twin":
+    """The twin on attn's initial weights, its optimizer, and attn's schedule (checked against
+    the rates attn logged, before any work: fail fast)."""
+    device = "cuda" if B.get_backend() == "cupy" else "cpu"
     torch.manual_seed(config.seed)                       # dropout masks: PyTorch's own generator
     init = Transformer(model_config, seed=config.seed, dtype=config.dtype)   # attn's initial weights
     tmodel = torch_transformer(model_config, device, config.dtype)
@@ -209,85 +236,92 @@ def run_torch(config, model_config, vocab, corpus, out: Path, at_minutes: float 
     # attn's schedule: its warm-up (fitted to the budget, where it was) and its factor
     schedule = Adam({}, model_config.d_model, model_config.warmup_steps, prepare.schedule_factor(config, model_config),
                     cooldown=config.cooldown)           # the cooldown follows PyTorch's own budget used
-    _check_schedule(Path(config.out) / "metrics.jsonl", schedule)      # before any work: fail fast
-    engine = engines.get(config.engine)
+    _check_schedule(Path(config.out) / "metrics.jsonl", schedule)
+    return _Twin(torch, config, model_config, vocab, corpus, out, attn_tokens, device, tmodel, topt, adam_kind,
+                 schedule, engines.get(config.engine))
 
-    def attn_view():
+
+@dataclass
+class _Twin:
+    """The PyTorch half as attn-train's loop drives it (:class:`attn.train.Hooks`): the twin, its
+    optimizer and attn's schedule, the run's data, and what it records (``evals``, the metrics log)."""
+    torch: object
+    config: object
+    model_config: object
+    vocab: object
+    corpus: object
+    out: Path
+    attn_tokens: list
+    device: str
+    tmodel: object
+    topt: object
+    adam_kind: str
+    schedule: Adam
+    engine: object
+    val_batches: list = field(default_factory=list)
+    watch: Watch | None = None
+    state: object = None
+    evals: list = field(default_factory=list)
+
+    @property
+    def metrics_log(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    def attn_view(self):
         """A copy of the twin's weights as an attn model (for attn's evaluation code)."""
-        params = {k: B.to_device(v, config.dtype) for k, v in tmodel.attn_params().items()}
-        return engine.model(model_config, dtype=config.dtype, params=params)
+        params = {k: B.to_device(v, self.config.dtype) for k, v in self.tmodel.attn_params().items()}
+        return self.engine.model(self.model_config, dtype=self.config.dtype, params=params)
 
-    max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
-    train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)
-    val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens, shuffle=False)
-    ls = model_config.label_smoothing
-    watch = Watch("pytorch", at_minutes, out.parent / f"torch-at-{at_minutes:g}min" if at_minutes else None,
-                  out / "snapshots")
-    evals = []
-    state = T.TrainState()
-    losses = state.losses
-    metrics_log = out / "metrics.jsonl"
-    metrics_log.write_text("")
+    def save(self):
+        state = self.state
+        self.torch.save({"model": self.tmodel.state_dict(), "optimizer": self.topt.state_dict(), "step": state.step,
+                         "epoch": state.epoch, "batch_index": state.batch_index, "train_loss": list(state.losses)},
+                        self.out / "checkpoint.pt")
 
-    def save():
-        torch.save({"model": tmodel.state_dict(), "optimizer": topt.state_dict(), "step": state.step,
-                    "epoch": state.epoch, "batch_index": state.batch_index, "train_loss": list(losses)},
-                   out / "checkpoint.pt")
-
-    def evaluate(bar):
+    def evaluate(self, bar):
         """What attn's ``evaluate_and_save`` does: validate, log a line, write a checkpoint."""
+        config, state, losses = self.config, self.state, self.state.losses
         t0 = time.perf_counter()
-        model = attn_view()
+        model = self.attn_view()
         record = {"step": state.step, "epoch": state.epoch,
                   "train_loss": float(B.host.mean(losses[-config.eval_every:])) if losses else None,
-                  "lr": topt.param_groups[0]["lr"] if state.step else None,     # the rate the last step used
-                  "lr_scale": schedule.scale}
-        record.update(evaluation.evaluate_loss(model, val_batches, ls))
+                  "lr": self.topt.param_groups[0]["lr"] if state.step else None,     # the rate the last step used
+                  "lr_scale": self.schedule.scale}
+        record.update(evaluation.evaluate_loss(model, self.val_batches, self.model_config.label_smoothing))
         if config.bleu_sentences:
-            record["val_bleu"], _ = evaluation.bleu_on(model, vocab, corpus.val, 1, config.bleu_sentences)
+            record["val_bleu"], _ = evaluation.bleu_on(model, self.vocab, self.corpus.val, 1, config.bleu_sentences)
         record["train_seconds"] = round(state.train_seconds, 2)
         record["eval_seconds"] = round(time.perf_counter() - t0, 2)
-        evals.append(record)
-        with open(metrics_log, "a", encoding="utf-8") as f:
+        self.evals.append(record)
+        with open(self.metrics_log, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        save()
+        self.save()
         bar.write(f"pytorch step {state.step}: val loss {record['val_loss']:.3f}"
                   + (f", BLEU {record['val_bleu']:.1f}" if "val_bleu" in record else ""), file=sys.stderr)
 
-    def step(b, seed):
+    def step(self, b, seed):
         """PyTorch's optimizer step (dropout from PyTorch's own generator, not ``seed``)."""
-        src, tgt_in, tgt_out = (torch.from_numpy(a).to(device) for a in (b.src, b.tgt_in, b.tgt_out))
+        torch, tmodel, topt = self.torch, self.tmodel, self.topt
+        src, tgt_in, tgt_out = (torch.from_numpy(a).to(self.device) for a in (b.src, b.tgt_in, b.tgt_out))
         tmodel.train()
-        loss = torch_loss(tmodel(src, tgt_in), tgt_out, ls)
+        loss = torch_loss(tmodel(src, tgt_in), tgt_out, self.model_config.label_smoothing)
         topt.zero_grad(set_to_none=True)
         loss.backward()
-        if config.clip:
-            torch.nn.utils.clip_grad_norm_(tmodel.parameters(), config.clip)
-        lr = schedule.lr(state.step + 1)
+        if self.config.clip:
+            torch.nn.utils.clip_grad_norm_(tmodel.parameters(), self.config.clip)
+        lr = self.schedule.lr(self.state.step + 1)
         for g in topt.param_groups:
             g["lr"] = lr
         topt.step()
         return B.host.asarray(loss.item()), lr            # the one sync of the step, as attn's
 
-    def check_and_watch(state, wall):
+    def check_and_watch(self, state, wall):
+        attn_tokens, watch = self.attn_tokens, self.watch
         if state.step <= len(attn_tokens) and attn_tokens[state.step - 1] != state.tokens_seen:
             raise QualityError(f"step {state.step}: PyTorch has seen {state.tokens_seen} tokens, attn "
                                f"{attn_tokens[state.step - 1]}: the batches differ")
         capture = watch.at_minutes is not None and watch.point is None and wall >= watch.at_minutes * 60
-        watch(state, tmodel.attn_params() if capture else None, wall)
-
-    _progress(f"pytorch: training for {config.minutes:g} min into {out} (threads {torch.get_num_threads()}, "
-              f"Adam {adam_kind})", quiet)
-    hooks = T.Hooks(step, evaluate, save, snapshot=lambda at: T.snapshot(out, attn_view(), vocab, at, config.average),
-                    on_step=check_and_watch, set_progress=schedule.set_progress, desc="pytorch")
-    stop = T.run_loop(dataclasses.replace(config, quiet=quiet), state, train_enc, hooks)
-    if stop == "interrupted":
-        raise KeyboardInterrupt
-    _progress(f"pytorch: stopped ({stop}) after {state.step} steps, {state.train_seconds:.0f} s of training", quiet)
-    end = Point("pytorch", config.minutes, "end of the run", out, state.step, state.epoch, state.tokens_seen,
-                state.train_seconds, state.wall_seconds, params=tmodel.attn_params())
-    end.results = {"torch_adam": adam_kind}
-    return end, watch, losses, evals
+        watch(state, self.tmodel.attn_params() if capture else None, wall)
 
 
 # --------------------------------------------------------------------------- the command
@@ -378,30 +412,14 @@ def run(args, config) -> list[dict]:
     """Both halves and their evaluation; returns the result rows (machine first)."""
     from .. import train as T
     out = Path(args.out)
-    previous = _previous_run(out)
-    if previous and not config.overwrite:
-        raise T.TrainConfigError(f"--out {out} already holds a quality run ({', '.join(previous)}); choose another "
-                                 "--out, or pass --overwrite to delete that run's files and start clean")
-    if previous:
-        _progress(f"--overwrite: removed the previous run's {', '.join(_remove_previous_run(out))}", args.quiet)
+    _clear_previous(out, config.overwrite, args.quiet)
     backend = config.backend or os.environ.get("ATTN_BACKEND", "numpy")
     B.set_backend(backend)
     threads = blas_threads(args.threads) if B.get_backend() == "numpy" else None
     with_torch = not args.no_torch
-    if with_torch:
-        import torch
-        if B.get_backend() == "numpy":
-            torch.set_num_threads(args.threads or threads or os.cpu_count() or 1)
     budgets = args.budgets
     at = budgets[0] if len(budgets) == 2 else None
-    info = machine_info()
-    info.update(load_average_before=_load_average(), backend=B.get_backend(), blas_threads=threads,
-                budgets_minutes=budgets, method=METHOD, train_config=config.to_dict(),
-                command="python -m attn.bench " + " ".join(getattr(args, "argv", None) or ["--quality"]))
-    info.pop("load_average", None)
-    if with_torch:
-        import torch
-        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    info = _run_info(args, config, threads, with_torch)
     quiet = args.quiet
 
     metrics, attn_watch = run_attn(config, at, out, quiet)
@@ -419,24 +437,12 @@ def run(args, config) -> list[dict]:
                 warmup_rule=saved.get("warmup_rule"))
     max_len = min(config.max_len or model_config.max_len, model_config.max_len - 1)
     val_batches = make_batches(encode_pairs(corpus.val, vocab, max_len=max_len), config.max_tokens, shuffle=False)
-
-    # attn at the end of its run: attn-train's own result (metrics.json).
-    attn_end = Point("attn", budgets[-1], "end of the run (attn-train's metrics.json)", Path(config.out),
-                     metrics["steps"], metrics["epochs"], attn_watch.tokens[-1], metrics["train_seconds"],
-                     attn_watch.walls[-1])      # the budget used at the last step, as the stop rule saw it
-    keep = ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl", "beam", "sacrebleu", "val_nll_last",
-            "val_nll_averaged")
-    attn_end.results = {k: metrics[k] for k in keep if k in metrics}
-    attn_end.results["averaged_checkpoints"] = \
-        _averaged(Path(config.out), config.average) if metrics["averaged_checkpoints"] > 1 else 1
+    points = _attn_points(metrics, attn_watch, config, budgets, at)
     watches = {"attn": (attn_watch.walls, attn_losses)}
-    points = {("attn", budgets[-1]): attn_end}
-    if at is not None:
-        points[("attn", at)] = _shorter(attn_watch, attn_end, at, budgets[-1])
 
     if with_torch:
         torch_end, torch_watch, torch_losses, evals = run_torch(config, model_config, vocab, corpus, out / "torch", at,
-                                                     attn_watch.tokens, quiet)
+                                                                attn_watch.tokens, quiet)
         info["load_average_after_torch"] = _load_average()
         _progress("pytorch: translating the test set", quiet)
         evaluate_point(torch_end, model_config, vocab, val_batches, corpus.test, config,
@@ -451,7 +457,57 @@ def run(args, config) -> list[dict]:
             evaluate_point(p, model_config, vocab, val_batches, corpus.test, config)
     info["load_average_after"] = info.get("load_average_after_torch", info["load_average_after_attn"])
     info["loss_figure"] = str(plot_losses(watches, budgets, out / "loss.png"))
+    return _write_rows(info, points, budgets, out)
 
+
+def _clear_previous(out: Path, overwrite: bool, quiet: bool) -> None:
+    """A previous quality run in ``out`` refused, or with ``--overwrite`` removed."""
+    from .. import train as T
+    previous = _previous_run(out)
+    if previous and not overwrite:
+        raise T.TrainConfigError(f"--out {out} already holds a quality run ({', '.join(previous)}); choose another "
+                                 "--out, or pass --overwrite to delete that run's files and start clean")
+    if previous:
+        _progress(f"--overwrite: removed the previous run's {', '.join(_remove_previous_run(out))}", quiet)
+
+
+def _run_info(args, config, threads, with_torch: bool) -> dict:
+    """The first row: the machine, the budgets and the method, the settings, PyTorch's threads
+    (set here to ``--threads``, else NumPy's BLAS threads)."""
+    if with_torch:
+        import torch
+        if B.get_backend() == "numpy":
+            torch.set_num_threads(args.threads or threads or os.cpu_count() or 1)
+    info = machine_info()
+    info.update(load_average_before=_load_average(), backend=B.get_backend(), blas_threads=threads,
+                budgets_minutes=args.budgets, method=METHOD, train_config=config.to_dict(),
+                command="python -m attn.bench " + " ".join(getattr(args, "argv", None) or ["--quality"]))
+    info.pop("load_average", None)
+    if with_torch:
+        info.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    return info
+
+
+def _attn_points(metrics: dict, attn_watch: Watch, config, budgets: list, at: float | None) -> dict:
+    """attn's rows: {("attn", minutes): Point}, at the end of its run (attn-train's own result,
+    metrics.json) and, with two budgets, its state at the shorter."""
+    attn_end = Point("attn", budgets[-1], "end of the run (attn-train's metrics.json)", Path(config.out),
+                     metrics["steps"], metrics["epochs"], attn_watch.tokens[-1], metrics["train_seconds"],
+                     attn_watch.walls[-1])      # the budget used at the last step, as the stop rule saw it
+    keep = ("test_bleu", "test_bleu_lc", "test_chrf", "val_loss", "val_ppl", "beam", "sacrebleu", "val_nll_last",
+            "val_nll_averaged")
+    attn_end.results = {k: metrics[k] for k in keep if k in metrics}
+    attn_end.results["averaged_checkpoints"] = \
+        _averaged(Path(config.out), config.average) if metrics["averaged_checkpoints"] > 1 else 1
+    points = {("attn", budgets[-1]): attn_end}
+    if at is not None:
+        points[("attn", at)] = _shorter(attn_watch, attn_end, at, budgets[-1])
+    return points
+
+
+def _write_rows(info: dict, points: dict, budgets: list, out: Path) -> list[dict]:
+    """The result rows (``info``, then one per budget, attn's and PyTorch's side by side), also
+    written to ``out/results.jsonl``."""
     results = [info]
     for m in budgets:
         a = points[("attn", m)].row()

@@ -126,44 +126,93 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
     matmul replay (drawn lazily in any case, see :func:`attn.bench.flops.gemm_replay`), are then
     never built, and each item's ``ours`` is None. attn's readable model is built only where
     ``train_step_reference`` or ``forward_reference`` is measured."""
-    cfg = model_config(bc)
-    xp = B.xp()
-    src_h, tgt_in_h, tgt_out_h = make_batch(bc)
-    src, tgt_in, tgt_out = (B.to_device(a) for a in (src_h, tgt_in_h, tgt_out_h))
-    n_tokens = int((src_h != PAD_ID).sum() + (tgt_out_h != PAD_ID).sum())
-    flops_train = model_flops(cfg, bc.batch, bc.src_len, bc.tgt_len, True)
-    flops_fwd = model_flops(cfg, bc.batch, bc.src_len, bc.tgt_len, False)
-    R = repeats or bc.repeats
-    W = bc.warmup if warmup is None else warmup
+    s = _setup(bc, which, backend, with_torch, sync, torch_sync, device, repeats, warmup, with_ours, precision)
+    decoders = [w for w in which if w.startswith(("greedy", "beam"))]
+    work = _training(s, which) + _forwards(s, which) + (_decoding(s, decoders, repeats) if decoders else [])
+    return _inject_failure(work)
 
-    on_gpu = backend == "cupy"
-    wants_ref = with_ours and any(w in which for w in ("train_step_reference", "forward_reference"))
-    ref = Transformer(cfg, seed=0) if wants_ref else None
-    # On a GPU the batch is checked once here; inside the timed step nothing waits for the device.
-    fast = FAST.model(cfg, seed=0, precision=Precision.of(precision or "fp32"), check_ids=not on_gpu) \
-        if with_ours else None
-    if on_gpu and with_ours:
-        from ..layers import check_ids
-        for a in (src, tgt_in, tgt_out):
-            check_ids("bench", "batch", a, cfg.vocab_size)
-    tmodel = topt = None
+
+@dataclass
+class _Setup:
+    """What the measurements of one run share, built once by :func:`_setup`: the benchmark's
+    config and the model's, the batch (on the host and the device) and its tokens, the runs and
+    warm-ups of each measurement (``R``, ``W``), how to wait for each side's device, attn's models
+    (``fast``; ``ref``, the readable one, where measured) with their optimizers and generators in
+    ``state``, and PyTorch's side (``torch``, the module; ``tmodel``, its optimizer ``topt``, the
+    batch as tensors ``tbatch``). ``precision`` is PyTorch's, as :func:`match_precision` set it."""
+    bc: BenchConfig
+    cfg: object
+    backend: str
+    device: str
+    sync: object
+    torch_sync: object
+    R: int
+    W: int
+    with_ours: bool
+    with_torch: bool
+    precision: str | None
+    host: tuple                     # (src, tgt_in, tgt_out) as NumPy arrays
+    batch: tuple                    # the same on the device
+    n_tokens: int
+    fast: object = None
+    ref: object = None
+    memory: object = None
+    state: dict = field(default_factory=dict)
+    torch: object = None
+    tmodel: object = None
+    topt: object = None
+    adam_kind: str = ""
+    autocast: object = None
+    tbatch: tuple = ()
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.backend == "cupy"
+
+
+def _setup(bc: BenchConfig, which, backend: str, with_torch: bool, sync, torch_sync, device, repeats, warmup,
+           with_ours: bool, precision: str | None) -> _Setup:
+    """The models, optimizers and batch every measurement of :func:`build_work` shares."""
+    host = make_batch(bc)
+    src_h, _, tgt_out_h = host
+    s = _Setup(bc, model_config(bc), backend, device, sync, torch_sync, repeats or bc.repeats,
+               bc.warmup if warmup is None else warmup, with_ours, with_torch, precision, host,
+               tuple(B.to_device(a) for a in host), int((src_h != PAD_ID).sum() + (tgt_out_h != PAD_ID).sum()))
+    if with_ours:
+        _build_ours(s, any(w in which for w in ("train_step_reference", "forward_reference")))
     if with_torch:
         import torch
-        precision = match_precision(torch, precision)       # PyTorch's products at attn's precision
-        autocast = torch_autocast(torch, precision, device)
-        tmodel = torch_transformer(cfg, device)
-        topt, adam_kind = torch_adam(tmodel)
-        t_src, t_in, t_out = (torch.as_tensor(a, device=device) for a in (src_h, tgt_in_h, tgt_out_h))
-    state = {"fast_opt": FAST.optimizer(fast) if with_ours else None,
-             "ref_opt": Adam(ref.params, cfg.d_model, cfg.warmup_steps) if ref is not None else None,
-             "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
-    eps = cfg.label_smoothing
-
+        s.torch = torch
+        s.precision = match_precision(torch, precision)       # PyTorch's products at attn's precision
+        s.autocast = torch_autocast(torch, s.precision, device)
+        s.tmodel = torch_transformer(s.cfg, device)
+        s.topt, s.adam_kind = torch_adam(s.tmodel)
+        s.tbatch = tuple(torch.as_tensor(a, device=device) for a in host)
+    s.state = {"fast_opt": FAST.optimizer(s.fast) if with_ours else None,
+               "ref_opt": Adam(s.ref.params, s.cfg.d_model, s.cfg.warmup_steps) if s.ref is not None else None,
+               "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
     # On CuPy every array the step makes comes from the model's step memory (one slab, the same
     # addresses every step: attn.fast.stepmem), as in attn-train; the loss returned lives there
     # until the next step begins.
-    memory = StepMemory.of(fast) if with_ours else None
-    in_step = memory.step if memory is not None else contextlib.nullcontext
+    s.memory = StepMemory.of(s.fast) if with_ours else None
+    return s
+
+
+def _build_ours(s: _Setup, wants_ref: bool) -> None:
+    """attn's fast model (at ``s.precision``) and, where ``wants_ref``, its readable one."""
+    s.ref = Transformer(s.cfg, seed=0) if wants_ref else None
+    # On a GPU the batch is checked once here; inside the timed step nothing waits for the device.
+    s.fast = FAST.model(s.cfg, seed=0, precision=Precision.of(s.precision or "fp32"), check_ids=not s.on_gpu)
+    if s.on_gpu:
+        from ..layers import check_ids
+        for a in s.batch:
+            check_ids("bench", "batch", a, s.cfg.vocab_size)
+
+
+def _fast_step(s: _Setup):
+    """attn's fast training step, timed by phase when given a clock (:func:`phase_timer`)."""
+    fast, (src, tgt_in, tgt_out), state = s.fast, s.batch, s.state
+    in_step = s.memory.step if s.memory is not None else contextlib.nullcontext
 
     def fast_step(clock=_no_clock):
         fast.phase_clock = None if clock is _no_clock else clock
@@ -171,28 +220,41 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
             with in_step():
                 logits, cache = fast.forward(src, tgt_in, state["fast_rng"])
                 clock("loss")
-                loss, d = fast_cross_entropy(logits, tgt_out, eps, check_finite=False, inplace=True,
-                                             validate=not on_gpu)
+                loss, d = fast_cross_entropy(logits, tgt_out, s.cfg.label_smoothing, check_finite=False,
+                                             inplace=True, validate=not s.on_gpu)
                 grads = fast.backward(d, cache)
                 clock("optimizer")
                 state["fast_opt"].step(grads)
                 del logits, cache, d, grads
-            sync()
+            s.sync()
         finally:
             fast.phase_clock = None
         return loss
-    fast_step.step_memory = memory
+    fast_step.step_memory = s.memory
+    return fast_step
+
+
+def _ref_step(s: _Setup):
+    """attn's readable training step."""
+    src, tgt_in, tgt_out = s.batch
 
     def ref_step():
-        logits, cache = ref.forward(src, tgt_in, state["ref_rng"])
-        loss, d = cross_entropy(logits, tgt_out, eps, check_finite=False)
-        state["ref_opt"].step(ref.backward(d, cache))
-        sync()
+        logits, cache = s.ref.forward(src, tgt_in, s.state["ref_rng"])
+        loss, d = cross_entropy(logits, tgt_out, s.cfg.label_smoothing, check_finite=False)
+        s.state["ref_opt"].step(s.ref.backward(d, cache))
+        s.sync()
         return loss
+    return ref_step
+
+
+def _torch_step(s: _Setup):
+    """PyTorch's training step, timed by phase when given a clock (:func:`phase_timer`)."""
+    tmodel, topt, cfg, state = s.tmodel, s.topt, s.cfg, s.state
+    t_src, t_in, t_out = s.tbatch
 
     def torch_step(clock=_no_clock):
         tmodel.train()
-        with autocast:
+        with s.autocast:
             if clock is _no_clock:
                 logits = tmodel(t_src, t_in)
             else:                                # the same calls as tmodel.forward, phase by phase
@@ -203,7 +265,7 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
                 clock("forward: output projection")
                 logits = tmodel.project(h)
             clock("loss")
-            loss = torch_loss(logits, t_out, eps)
+            loss = torch_loss(logits, t_out, cfg.label_smoothing)
         clock("backward (autograd, all layers)")
         topt.zero_grad(set_to_none=True)
         loss.backward()
@@ -212,103 +274,122 @@ def build_work(bc: BenchConfig, which, backend: str, with_torch: bool, sync, tor
             g["lr"] = noam_lr(state.setdefault("torch_t", 1), cfg.d_model, cfg.warmup_steps)
         state["torch_t"] += 1
         topt.step()
-        torch_sync()
+        s.torch_sync()
         return loss
+    return torch_step
 
-    def fwd(model):
+
+def _training(s: _Setup, which) -> list:
+    """The training steps measured: attn's fast step (by phase too), the same captured as a CUDA
+    graph (on a GPU), and the readable step; each against PyTorch's step."""
+    bc, cfg, R, W = s.bc, s.cfg, s.R, s.W
+    fast_step = _fast_step(s) if s.with_ours else None
+    torch_step = _torch_step(s) if s.with_torch else None
+    flops = model_flops(cfg, bc.batch, bc.src_len, bc.tgt_len, True)
+    extra = {"torch_adam": s.adam_kind, "torch_precision": s.precision} if s.with_torch else {}
+    work = []
+    if "train_step" in which:
+        replay = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, B.xp(), s.sync, True) if s.with_ours else None
+        phases = {"ours": phase_timer(fast_step, s.backend)} if s.with_ours else {}
+        if s.with_torch:
+            phases["torch"] = phase_timer(torch_step, "torch" if s.device != "cpu" else "numpy")
+        work.append(Work("train_step", fast_step, torch_step, s.n_tokens, flops, R, W, dict(extra), replay, phases))
+    if "train_step_graph" in which and s.on_gpu:
+        work.append(Work("train_step_graph", _graph_step(s) if s.with_ours else None, torch_step, s.n_tokens,
+                         flops, R, max(W, 3), dict(extra)))    # two eager calls and the capture: untimed
+    if "train_step_reference" in which:
+        work.append(Work("train_step_reference", _ref_step(s) if s.with_ours else None, torch_step, s.n_tokens,
+                         flops, max(2, R // 2), max(1, W // 2), dict(extra)))
+    return work
+
+
+def _graph_step(s: _Setup):
+    """The fast step captured as a CUDA graph and replayed (attn-train --cuda-graph), as the
+    trainer runs it: the batch sent from the host and its ids checked there every step."""
+    from ..data import Batch
+    src_h, tgt_in_h, tgt_out_h = s.host
+    gfast = FAST.model(s.cfg, seed=0, precision=Precision.of(s.precision or "fp32"), check_ids=False)
+    graphed = FAST.captured_step(gfast, FAST.optimizer(gfast), s.cfg.label_smoothing, 0.0, FAST.loss(trusted=True))
+    gbatch = Batch(src_h, tgt_in_h, tgt_out_h, int((src_h != PAD_ID).sum()), int((tgt_out_h != PAD_ID).sum()))
+
+    def graph_step():
+        loss = graphed(gbatch, 1)[0]
+        s.sync()
+        return loss
+    return graph_step
+
+
+def _forwards(s: _Setup, which) -> list:
+    """The forward passes measured (logits of the batch, no gradient): the fast model's and the
+    readable one's, each against PyTorch's."""
+    bc, cfg, R, W = s.bc, s.cfg, s.R, s.W
+    src, tgt_in, _ = s.batch
+    flops = model_flops(cfg, bc.batch, bc.src_len, bc.tgt_len, False)
+
+    def timed(forward):
         def f():
-            out = model.forward(src, tgt_in, None)[0]
-            sync()
+            out = forward(src, tgt_in)
+            s.sync()
             return out
         return f
 
     def torch_fwd():
-        import torch
-        tmodel.eval()
-        with torch.no_grad(), autocast:
-            out = tmodel(t_src, t_in)
-        torch_sync()
+        s.tmodel.eval()
+        with s.torch.no_grad(), s.autocast:
+            out = s.tmodel(*s.tbatch[:2])
+        s.torch_sync()
         return out
 
+    theirs = torch_fwd if s.with_torch else None
     work = []
-    extra_train = {"torch_adam": adam_kind, "torch_precision": precision} if with_torch else {}
-    replay_train = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, True) if with_ours else None
-    replay_fwd = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, xp, sync, False) if with_ours else None
-    if not with_ours:
-        fast_step = ref_step = None
-    if "train_step" in which:
-        phases = {"ours": phase_timer(fast_step, backend)} if with_ours else {}
-        if with_torch:
-            phases["torch"] = phase_timer(torch_step, "torch" if device != "cpu" else "numpy")
-        work.append(Work("train_step", fast_step, torch_step if with_torch else None, n_tokens, flops_train,
-                         R, W, dict(extra_train), replay_train, phases))
-    if "train_step_graph" in which and on_gpu:
-        # The same step captured as a CUDA graph and replayed (attn-train --cuda-graph), as the
-        # trainer runs it: the batch sent from the host and its ids checked there every step.
-        graph_step = None
-        if with_ours:
-            from ..data import Batch
-            gfast = FAST.model(cfg, seed=0, precision=Precision.of(precision or "fp32"), check_ids=False)
-            graphed = FAST.captured_step(gfast, FAST.optimizer(gfast), eps, 0.0, FAST.loss(trusted=True))
-            gbatch = Batch(src_h, tgt_in_h, tgt_out_h, int((src_h != PAD_ID).sum()), int((tgt_out_h != PAD_ID).sum()))
-
-            def graph_step():
-                loss = graphed(gbatch, 1)[0]
-                sync()
-                return loss
-        work.append(Work("train_step_graph", graph_step, torch_step if with_torch else None, n_tokens, flops_train,
-                         R, max(W, 3), dict(extra_train)))    # two eager calls and the capture: untimed
-    if "train_step_reference" in which:
-        work.append(Work("train_step_reference", ref_step, torch_step if with_torch else None, n_tokens,
-                         flops_train, max(2, R // 2), max(1, W // 2), dict(extra_train)))
-    def fast_logits():
-        out = fast.logits(src, tgt_in)
-        sync()
-        return out
-
     if "forward" in which:
-        work.append(Work("forward", fast_logits if with_ours else None, torch_fwd if with_torch else None, n_tokens, flops_fwd, R, W,
-                         replay=replay_fwd))
+        replay = gemm_replay(cfg, bc.batch, bc.src_len, bc.tgt_len, B.xp(), s.sync, False) if s.with_ours else None
+        work.append(Work("forward", timed(s.fast.logits) if s.with_ours else None, theirs, s.n_tokens, flops, R, W,
+                         replay=replay))
     if "forward_reference" in which:
-        work.append(Work("forward_reference", fwd(ref) if with_ours else None, torch_fwd if with_torch else None, n_tokens, flops_fwd,
-                         max(2, R // 2), max(1, W // 2)))
+        work.append(Work("forward_reference", timed(lambda a, b: s.ref.forward(a, b, None)[0]) if s.with_ours
+                         else None, theirs, s.n_tokens, flops, max(2, R // 2), max(1, W // 2)))
+    return work
 
-    dec_names = [w for w in which if w.startswith(("greedy", "beam"))]
-    if dec_names:
-        from .. import decode as D
-        from ..data import BOS, EOS, PAD
-        if (PAD, BOS, EOS) != (PAD_ID, BOS_ID, EOS_ID):
-            raise RuntimeError(f"attn.data's PAD/BOS/EOS {(PAD, BOS, EOS)} differ from the bench's")
-        dmodel = _no_eos(fast) if with_ours else None
-        dsrc_h = decode_batch(bc)
-        dsrc = B.to_device(dsrc_h)
-        steps = bc.decode_steps
-        gen_tokens = bc.decode_batch * steps
-        if with_torch:
-            td_src = torch.as_tensor(dsrc_h, device=device)
-        for name in dec_names:
-            cached = name.endswith("_cached")
-            K = bc.beam if name.startswith("beam") else 1
 
-            def ours(cached=cached, K=K):
-                if K == 1:
-                    r = D.greedy_decode(dmodel, dsrc, max_len=steps, use_cache=cached)
-                else:
-                    r = D.beam_search(dmodel, dsrc, beam_size=K, max_len=steps, use_cache=cached)
-                sync()
-                return r
+def _decoding(s: _Setup, names: list, repeats) -> list:
+    """The decoders measured (greedy and beam search, with and without the key/value cache), on a
+    model that never ends a sentence early, against PyTorch's."""
+    from .. import decode as D
+    from ..data import BOS, EOS, PAD
+    if (PAD, BOS, EOS) != (PAD_ID, BOS_ID, EOS_ID):
+        raise RuntimeError(f"attn.data's PAD/BOS/EOS {(PAD, BOS, EOS)} differ from the bench's")
+    bc = s.bc
+    dmodel = _no_eos(s.fast) if s.with_ours else None
+    dsrc_h = decode_batch(bc)
+    dsrc = B.to_device(dsrc_h)
+    steps = bc.decode_steps
+    td_src = s.torch.as_tensor(dsrc_h, device=s.device) if s.with_torch else None
+    work = []
+    for name in names:
+        cached = name.endswith("_cached")
+        K = bc.beam if name.startswith("beam") else 1
 
-            def theirs(cached=cached, K=K):
-                tmodel.eval()
-                r = _torch_decode(tmodel, td_src, steps, K, cached)
-                torch_sync()
-                return r
-            # Recomputing the prefix costs tens of seconds per run at toy-bench size: no warm-up
-            # (the cached runs before it did the first-call work), two runs for greedy, one for beam.
-            reps, warm = (R, 1) if cached else ((repeats or (2 if K == 1 else 1)), 0)
-            work.append(Work(name, ours if with_ours else None, theirs if with_torch else None, gen_tokens, 0, reps, warm,
-                             {"beam": K, "decode_steps": steps, "decode_batch": bc.decode_batch}))
-    return _inject_failure(work)
+        def ours(cached=cached, K=K):
+            if K == 1:
+                r = D.greedy_decode(dmodel, dsrc, max_len=steps, use_cache=cached)
+            else:
+                r = D.beam_search(dmodel, dsrc, beam_size=K, max_len=steps, use_cache=cached)
+            s.sync()
+            return r
+
+        def theirs(cached=cached, K=K):
+            s.tmodel.eval()
+            r = _torch_decode(s.tmodel, td_src, steps, K, cached)
+            s.torch_sync()
+            return r
+        # Recomputing the prefix costs tens of seconds per run at toy-bench size: no warm-up
+        # (the cached runs before it did the first-call work), two runs for greedy, one for beam.
+        reps, warm = (s.R, 1) if cached else ((repeats or (2 if K == 1 else 1)), 0)
+        work.append(Work(name, ours if s.with_ours else None, theirs if s.with_torch else None,
+                         bc.decode_batch * steps, 0, reps, warm,
+                         {"beam": K, "decode_steps": steps, "decode_batch": bc.decode_batch}))
+    return work
 
 
 #: The environment variable naming a measurement whose runs raise (attn's side): how the GPU

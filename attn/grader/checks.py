@@ -235,37 +235,19 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
     ``"self"`` (the forward is wrong: the backward against central differences of the
     learner's own forward only)."""
     fname, bname = layer.functions
-    ref_f, ref_b = reference(layer.name)
+    ref_f, _ = reference(layer.name)
     fwd, bwd = impl[fname], impl.get(bname)
     if drop and any(ex.get(n) for n in ("dropout",) if n in dict(ex.args)):
         reject()                                        # dropout deferred: examples without it only
     args = _Args(ex, drop=drop)
     ref_out, ref_cache = ref_f(*_Args(ex).call())
-    res = _call(fwd, fname, "forward", *args.call())
-    if not (isinstance(res, tuple) and len(res) == 2):
-        got = f"a tuple of {len(res)}" if isinstance(res, tuple) else f"a {_typename(res)}"
-        raise Failure("forward", f"{fname} returned {got}, expected (out, cache)",
-                      look="return the output and a cache, `return out, cache`: backward gets only dout and "
-                           "the cache")
-    out, cache = res
+    out, cache = _forward(fwd, fname, args)
     _check_output("forward", "the output", out, ref_out)
     args.check_unchanged(fname, "forward")
     look, formula = _hints(layer, "forward")
     _compare("forward", "the output", out, ref_out, np.inf, formula, look)          # shape, dtype, NaN
     if phase == "forward":
-        with _naming(layer, "forward", out, ex):
-            _run_invariants(layer, {fname: _Wrapped(fwd, fname)}, ex)
-            if ex.compare:
-                _compare("forward", "the output", out, ref_out, FORWARD_TOL, formula, look)
-        a32 = _Args(ex, "float32", drop=drop)
-        r32 = ref_f(*_Args(ex, "float32").call())[0]
-        o32 = _call(fwd, fname, "float32", *a32.call())
-        if isinstance(o32, tuple) and len(o32) == 2 and is_array(o32[0]) and o32[0].dtype != r32.dtype:
-            raise Failure("float32", f"with float32 inputs the output is {o32[0].dtype}, expected {r32.dtype}",
-                          look="keep the input's dtype: constants as x.dtype.type(c), new arrays with "
-                               "dtype=x.dtype")
-        if ex.compare and isinstance(o32, tuple) and len(o32) == 2 and is_array(o32[0]):
-            _compare("float32", "the float32 output", o32[0], r32, FLOAT32_TOL, formula, look)
+        _check_forward(layer, fwd, ex, drop, out, ref_out)
         return
     if bwd is None:
         return
@@ -273,6 +255,52 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
         _interleave(fwd, fname, ex, drop)
     dout_host = B.host_rng(ex.seed).standard_normal(tuple(ref_out.shape)).astype(B.to_host(ref_out).dtype)
     dout = B.to_device(dout_host.copy())
+    items = _backward_items(layer, bwd, ex, args, cache, ref_cache, dout_host, dout)
+    if phase == "backward":
+        if ex.compare:
+            _compare_gradients(layer, items, ex, dout_host)
+        _run_invariants(layer, {fname: _Wrapped(fwd, fname), bname: _Wrapped(bwd, bname)}, ex)
+    if ex.gradcheck:
+        _check_central_differences(layer, fwd, args, items, ex, dout)
+
+
+def _forward(fwd, fname: str, args: "_Args") -> tuple:
+    """The learner's forward on ``args``: its ``(out, cache)``, or a Failure naming what came back."""
+    res = _call(fwd, fname, "forward", *args.call())
+    if not (isinstance(res, tuple) and len(res) == 2):
+        got = f"a tuple of {len(res)}" if isinstance(res, tuple) else f"a {_typename(res)}"
+        raise Failure("forward", f"{fname} returned {got}, expected (out, cache)",
+                      look="return the output and a cache, `return out, cache`: backward gets only dout and "
+                           "the cache")
+    return res
+
+
+def _check_forward(layer: Layer, fwd, ex: Example, drop, out, ref_out) -> None:
+    """The forward phase past the structure: the invariants, the library's output, and the
+    same example in float32 (its dtype kept, its output close)."""
+    fname = layer.functions[0]
+    ref_f = reference(layer.name)[0]
+    look, formula = _hints(layer, "forward")
+    with _naming(layer, "forward", out, ex):
+        _run_invariants(layer, {fname: _Wrapped(fwd, fname)}, ex)
+        if ex.compare:
+            _compare("forward", "the output", out, ref_out, FORWARD_TOL, formula, look)
+    a32 = _Args(ex, "float32", drop=drop)
+    r32 = ref_f(*_Args(ex, "float32").call())[0]
+    o32 = _call(fwd, fname, "float32", *a32.call())
+    if isinstance(o32, tuple) and len(o32) == 2 and is_array(o32[0]) and o32[0].dtype != r32.dtype:
+        raise Failure("float32", f"with float32 inputs the output is {o32[0].dtype}, expected {r32.dtype}",
+                      look="keep the input's dtype: constants as x.dtype.type(c), new arrays with "
+                           "dtype=x.dtype")
+    if ex.compare and isinstance(o32, tuple) and len(o32) == 2 and is_array(o32[0]):
+        _compare("float32", "the float32 output", o32[0], r32, FLOAT32_TOL, formula, look)
+
+
+def _backward_items(layer: Layer, bwd, ex: Example, args: "_Args", cache, ref_cache, dout_host, dout) -> list:
+    """The learner's backward on ``dout`` and its cache, one gradient per input of ``ex.wrt``,
+    each checked for shape, dtype and NaN against the library's: :func:`_grad_items`'s list."""
+    bname = layer.functions[1]
+    ref_b = reference(layer.name)[1]
     ref_grads = ref_b(B.to_device(dout_host.copy()), ref_cache)
     ref_grads = ref_grads if isinstance(ref_grads, tuple) else (ref_grads,)
     grads = _call(bwd, bname, "backward", dout, cache)
@@ -289,33 +317,40 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
     for label, key, g, rg, _ in items:
         _check_output("backward", label, g, rg)
         _compare("backward", label, g, rg, np.inf, *_hints(layer, key)[::-1])
-    if phase == "backward":
-        if ex.compare:
-            for label, key, g, rg, _ in items:
-                try:
-                    _compare("backward", f"gradient {label}", g, rg, GRADIENT_TOL, *_hints(layer, key)[::-1])
-                except Failure as f:
-                    said = layer.explain(label, g, rg, ex, dout_host) if layer.explain is not None else None
-                    if said:
-                        f.symptom, f.look = said
-                    diagnose(f, layer, key, B.to_host(g), B.to_host(rg), ex, dout_host)
-                    raise
-        _run_invariants(layer, {fname: _Wrapped(fwd, fname), bname: _Wrapped(bwd, bname)}, ex)
-    if ex.gradcheck:
-        spot = SPOT_CHECK if len(items) <= 12 else 3
-        for label, key, g, _, x in items:
-            idx = _spot(x.size, ex.seed, spot)
-            num = _central_differences(fwd, fname, args, x, dout, idx)
-            gh, nh = B.to_host(g).reshape(-1)[idx], B.to_host(num).reshape(-1)[idx]
-            err = rel_error(gh, nh)
-            # Entries of a tiny gradient carry the central difference's rounding noise (about
-            # ulp(sum(out * dout)) / h) at full weight: an absolute floor far above it, far below a bug.
-            if not err <= GRADIENT_TOL and not np.abs(gh - nh).max() <= NOISE_FLOOR:
-                where = f" (at flat indices {idx.tolist()} of {x.size})" if len(idx) < x.size else ""
-                look, formula = _hints(layer, key)
-                raise Failure("backward", f"gradient {label} disagrees with central differences of your forward"
-                              + where, formula, error=err, entries=_entries(gh, nh), symptom=_symptom(gh, nh),
-                              tol=GRADIENT_TOL, look=look, arrays=(gh, nh))
+    return items
+
+
+def _compare_gradients(layer: Layer, items: list, ex: Example, dout_host) -> None:
+    """Every gradient against the library's; the first that disagrees is explained (the layer's
+    own explanation, else a diagnosis of the typical mistakes)."""
+    for label, key, g, rg, _ in items:
+        try:
+            _compare("backward", f"gradient {label}", g, rg, GRADIENT_TOL, *_hints(layer, key)[::-1])
+        except Failure as f:
+            said = layer.explain(label, g, rg, ex, dout_host) if layer.explain is not None else None
+            if said:
+                f.symptom, f.look = said
+            diagnose(f, layer, key, B.to_host(g), B.to_host(rg), ex, dout_host)
+            raise
+
+
+def _check_central_differences(layer: Layer, fwd, args: "_Args", items: list, ex: Example, dout) -> None:
+    """A few entries of every gradient against central differences of the learner's own forward."""
+    fname = layer.functions[0]
+    spot = SPOT_CHECK if len(items) <= 12 else 3
+    for label, key, g, _, x in items:
+        idx = _spot(x.size, ex.seed, spot)
+        num = _central_differences(fwd, fname, args, x, dout, idx)
+        gh, nh = B.to_host(g).reshape(-1)[idx], B.to_host(num).reshape(-1)[idx]
+        err = rel_error(gh, nh)
+        # Entries of a tiny gradient carry the central difference's rounding noise (about
+        # ulp(sum(out * dout)) / h) at full weight: an absolute floor far above it, far below a bug.
+        if not err <= GRADIENT_TOL and not np.abs(gh - nh).max() <= NOISE_FLOOR:
+            where = f" (at flat indices {idx.tolist()} of {x.size})" if len(idx) < x.size else ""
+            look, formula = _hints(layer, key)
+            raise Failure("backward", f"gradient {label} disagrees with central differences of your forward"
+                          + where, formula, error=err, entries=_entries(gh, nh), symptom=_symptom(gh, nh),
+                          tol=GRADIENT_TOL, look=look, arrays=(gh, nh))
 
 
 def _interleave(fwd, fname: str, ex: Example, drop) -> None:
@@ -499,16 +534,38 @@ def check_dropout(layer: Layer, impl: dict, seed: int = 0) -> None:
     standard deviations, a new mask at every call; the backward of the first call (after
     the others) equal to the library's backward with that call's mask."""
     fname, bname = layer.functions
-    ref_f, ref_b = reference(layer.name)
     fwd, bwd = impl[fname], impl.get(bname)
     probe = DROPOUT_PROBES[layer.name]
-    dev = lambda args: [B.to_device(a) if isinstance(a, np.ndarray) else a for a in args]      # noqa: E731
     base_args, shown = probe(0.0, None)
-    base = B.to_host(ref_f(*dev(base_args))[0])                     # the output without dropout
+    base = B.to_host(reference(layer.name)[0](*_on_device(base_args))[0])     # the output without dropout
+    _check_no_dropout(fwd, fname, probe, base, seed)
+    p = 0.5
+    rng = B.DeviceRNG(seed)
+    outs, caches = [], []
+    for _ in range(DROPOUT_DRAWS):
+        args, shown = probe(p, rng)
+        res = _call(fwd, fname, "dropout", *_on_device(args))
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise Failure("dropout", f"{fname} returned a {_typename(res)}, expected (out, cache)")
+        outs.append(B.to_host(res[0]))
+        caches.append(res[1])
+    setup = shown + [f"p = {p}, one rng = attn.backend.DeviceRNG({seed}) for {DROPOUT_DRAWS} calls"]
+    kept = _check_masks(layer, outs, base, p, setup)
+    if bwd is not None:
+        _check_dropout_backward(layer, bwd, probe(p, rng)[0], kept[0], caches[0], seed, setup)
+
+
+def _on_device(args) -> list:
+    return [B.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+
+
+def _check_no_dropout(fwd, fname: str, probe, base, seed: int) -> None:
+    """With ``p = 0`` and a generator, and at inference (``p = 0.5``, ``rng=None``), the forward's
+    output is ``base``, the output without dropout."""
     for p, rng, what in ((0.0, B.DeviceRNG(seed), "p = 0 with a generator"),
                          (0.5, None, "inference: p = 0.5 with rng=None")):
         args, shown = probe(p, rng)
-        got = _call(fwd, fname, "dropout", *dev(args))
+        got = _call(fwd, fname, "dropout", *_on_device(args))
         if not (isinstance(got, tuple) and len(got) == 2):
             raise Failure("dropout", f"{fname} returned a {_typename(got)}, expected (out, cache)")
         try:
@@ -517,54 +574,58 @@ def check_dropout(layer: Layer, impl: dict, seed: int = 0) -> None:
         except Failure as f:
             f.setup = shown + [f"dropout: {what}"]
             raise
-    p = 0.5
-    rng = B.DeviceRNG(seed)
-    outs, caches = [], []
-    for _ in range(DROPOUT_DRAWS):
-        args, shown = probe(p, rng)
-        res = _call(fwd, fname, "dropout", *dev(args))
-        if not (isinstance(res, tuple) and len(res) == 2):
-            raise Failure("dropout", f"{fname} returned a {_typename(res)}, expected (out, cache)")
-        outs.append(B.to_host(res[0]))
-        caches.append(res[1])
-    setup = shown + [f"p = {p}, one rng = attn.backend.DeviceRNG({seed}) for {DROPOUT_DRAWS} calls"]
 
-    def fail(message, look, formula=""):
-        f = Failure("dropout", message, formula, look=look)
-        f.setup = setup
-        return f
 
+def _dropout_failure(setup: list, message: str, look: str, formula: str = "") -> Failure:
+    f = Failure("dropout", message, formula, look=look)
+    f.setup = setup
+    return f
+
+
+def _check_masks(layer: Layer, outs: list, base, p: float, setup: list) -> list:
+    """The outputs of the calls with one generator against ``base``: the shape kept, some units
+    dropped, the kept ones scaled by ``1/(1-p)``, about ``1 - p`` of them kept, a new mask at
+    every call. Returns each call's mask of kept units."""
     if any(o.shape != base.shape for o in outs):
-        raise fail(f"the output has shape {outs[0].shape}, expected {base.shape}", "dropout keeps the shape")
+        raise _dropout_failure(setup, f"the output has shape {outs[0].shape}, expected {base.shape}",
+                               "dropout keeps the shape")
     kept = [o != 0 for o in outs]
     n = sum(k.size for k in kept)
     frac = sum(int(k.sum()) for k in kept) / n
     ratios = np.concatenate([o[k] / base[k] for o, k in zip(outs, kept)])
     if frac == 1.0:
-        raise fail(f"no unit was dropped in {DROPOUT_DRAWS} calls with p = {p}: the dropout argument is ignored",
-                   "with p > 0 and an rng, draw a mask from rng at every call (rng.random(shape) >= p) and "
-                   "apply it", layer.hints.get("dropout", ""))
+        raise _dropout_failure(
+            setup, f"no unit was dropped in {DROPOUT_DRAWS} calls with p = {p}: the dropout argument is ignored",
+            "with p > 0 and an rng, draw a mask from rng at every call (rng.random(shape) >= p) and apply it",
+            layer.hints.get("dropout", ""))
     if not np.allclose(ratios, 1 / (1 - p), rtol=1e-9, atol=0):
-        raise fail(f"kept units are {float(np.median(ratios)):.6g} times their value without dropout, expected "
+        raise _dropout_failure(
+            setup, f"kept units are {float(np.median(ratios)):.6g} times their value without dropout, expected "
                    f"1/(1-p) = {1 / (1 - p):.6g}", "inverted dropout scales the kept units by 1/(1-p), so that "
                    "inference needs no rescale")
     sigma = math.sqrt(p * (1 - p) / n)
     if abs(frac - (1 - p)) > 5 * sigma:
-        raise fail(f"a fraction {frac:.4f} of {n} units was kept over {DROPOUT_DRAWS} calls, expected "
+        raise _dropout_failure(
+            setup, f"a fraction {frac:.4f} of {n} units was kept over {DROPOUT_DRAWS} calls, expected "
                    f"{1 - p} (within {5 * sigma:.4f})", "p is the probability of dropping a unit: keep where "
                    "rng.random(shape) >= p")
     if all(np.array_equal(kept[0], k) for k in kept[1:]):
-        raise fail(f"all {DROPOUT_DRAWS} calls with one generator dropped the same units",
-                   "draw a new mask from rng at every call; never keep one between calls")
-    if bwd is None:
-        return
-    args, shown = probe(p, rng)
-    dout_host = B.host_rng(seed + 1).standard_normal(outs[0].shape)
-    d = [_MaskRNG(kept[0]) if isinstance(a, B.DeviceRNG) else a for a in dev(args)]
+        raise _dropout_failure(setup, f"all {DROPOUT_DRAWS} calls with one generator dropped the same units",
+                               "draw a new mask from rng at every call; never keep one between calls")
+    return kept
+
+
+def _check_dropout_backward(layer: Layer, bwd, args: list, kept, cache, seed: int, setup: list) -> None:
+    """The backward of the first call's ``cache``, after all the forwards, against the library's
+    backward with that call's mask ``kept``."""
+    ref_f, ref_b = reference(layer.name)
+    bname = layer.functions[1]
+    dout_host = B.host_rng(seed + 1).standard_normal(kept.shape)
+    d = [_MaskRNG(kept) if isinstance(a, B.DeviceRNG) else a for a in _on_device(args)]
     _, ref_cache = ref_f(*d)
     ref_grads = ref_b(B.to_device(dout_host), ref_cache)
     ref_grads = ref_grads if isinstance(ref_grads, tuple) else (ref_grads,)
-    grads = _call(bwd, bname, "dropout", B.to_device(dout_host.copy()), caches[0])
+    grads = _call(bwd, bname, "dropout", B.to_device(dout_host.copy()), cache)
     grads = grads if isinstance(grads, tuple) else (grads,)
     names = [n for n, _ in _probe_wrt(layer)]
     for name, g, rg in zip(names, grads, ref_grads):

@@ -130,7 +130,28 @@ def grade_class(args, out) -> int:
     # Every file meets the same examples: drawn here once, the workers inherit them (forked).
     from .grading import draw_for
     draw_for({sub["exercise"] for sub in subs if sub["source"]}, args.examples, args.seed)
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=multiprocessing.get_context("fork")) as pool:
+    results += _grade_all(subs, options, report_dir, args.jobs)
+    wall = time.perf_counter() - t0
+    version = grader_version()
+    results.sort(key=lambda r: (r["learner"], r["exercise"]))
+    _write_csv(results, report_dir / "grades.csv", version)
+    _write_html(results, report_dir / "grades.html", version)
+    if getattr(args, "similarity", False):
+        from .similarity import similarity_report
+        similarity_report([s for s in subs if s["source"]], report_dir / "similarity.html", out)
+    out.write(f"attn-check --class {folder}: {len({r['learner'] for r in results})} learners, {len(results)} files, "
+              f"{wall:.1f} s with {args.jobs} job{'s' * (args.jobs != 1)}, grader {version}\n")
+    _write_scores(results, out)
+    out.write(f"table: {report_dir / 'grades.csv'}, {report_dir / 'grades.html'}; each learner's report in "
+              f"{report_dir}/LEARNER/\n")
+    return 0
+
+
+def _grade_all(subs: list, options: dict, report_dir: Path, jobs: int) -> list:
+    """Every readable submission graded by :func:`_grade_one` in ``jobs`` forked workers: their
+    results, in the order they finish. A signal that ends the grader ends the workers too."""
+    results = []
+    with ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {pool.submit(_grade_one, sub, options, str(report_dir)): sub for sub in subs if sub["source"]}
         try:
             for fut in as_completed(futures):
@@ -143,20 +164,16 @@ def grade_class(args, out) -> int:
         except BaseException:               # a signal ended the grader: its workers end too, cleaning up
             _end_workers(pool)
             raise
-    wall = time.perf_counter() - t0
-    version = grader_version()
-    results.sort(key=lambda r: (r["learner"], r["exercise"]))
-    _write_csv(results, report_dir / "grades.csv", version)
-    _write_html(results, report_dir / "grades.html", version)
-    if getattr(args, "similarity", False):
-        from .similarity import similarity_report
-        similarity_report([s for s in subs if s["source"]], report_dir / "similarity.html", out)
+    return results
+
+
+def _write_scores(results: list, out) -> None:
+    """The terminal's table: a row per learner, a column per exercise (score/layers) and the
+    total; then each file that was not graded, and why."""
     exercises = sorted({r["exercise"] for r in results if r["exercise"] in EXERCISES})
     learners = sorted({r["learner"] for r in results})
     cell = {(r["learner"], r["exercise"]): r for r in results}
     width = max(8, *(len(_printable(x)) for x in learners))
-    out.write(f"attn-check --class {folder}: {len(learners)} learners, {len(results)} files, {wall:.1f} s with "
-              f"{args.jobs} job{'s' * (args.jobs != 1)}, grader {version}\n")
     out.write(f"{'learner':<{width}} " + " ".join(f"{e[:14]:>14}" for e in exercises) + f" {'total':>9}\n")
     for learner in learners:
         got = tot = 0
@@ -173,9 +190,6 @@ def grade_class(args, out) -> int:
     for r in results:
         if r["error"] and not r["rows"]:
             out.write(f"{_printable(r['learner'])}/{_printable(r['exercise'] or '')}: {_printable(r['error'])}\n")
-    out.write(f"table: {report_dir / 'grades.csv'}, {report_dir / 'grades.html'}; each learner's report in "
-              f"{report_dir}/LEARNER/\n")
-    return 0
 
 
 #: The table's own files in the report folder: a learner's folder of that name is written as

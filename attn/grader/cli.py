@@ -98,40 +98,53 @@ def timings(examples: int, out) -> int:
     return rep.status
 
 
+#: What ``attn-check --help`` says after the options, before the table of layers.
+EPILOG = (
+    "Write the functions of a layer in PATH.py under the library's names (start from a file in\n"
+    "lessons/exercises/), then run `attn-check PATH.py`. Only the layers the file defines are checked.\n"
+    "Your file runs in a sandbox (bubblewrap: the nobody user, no network, no files but Python's,\n"
+    "NumPy's and the library modules the exercise gives, its own /tmp; resource limits; the\n"
+    "library's answers are not there), each call under a time limit, each layer and file under a\n"
+    "budget (--layer-time): a call that hangs, exits,\n"
+    "crashes or floods its output fails, naming the function. For each layer, hypothesis draws\n"
+    "examples (hard ones included: logits of 1e4, fully masked rows, repeated ids, padding); the\n"
+    "forward is graded first on all of them (exceptions, NaN, shapes, dtypes, inputs modified in\n"
+    "place, invariants, the library's output); then the backward, against the library's and against\n"
+    "float64 central differences of your forward. If the forward is wrong, the report blames it, and\n"
+    "the backward is only checked against central differences of your own forward. Layers with\n"
+    "dropout are graded over many draws: the kept fraction, the 1/(1-p) scale, the backward's mask.\n"
+    "A failure shows the smallest failing example, the check, the relative error, the first entries\n"
+    "that differ and what the difference looks like; --hint 2 adds where to look, --hint 3 the\n"
+    "formula. A function that still raises NotImplementedError is 'not implemented yet'. A forward\n"
+    "without its backward is INCOMPLETE unless --forward-only. The library's own functions,\n"
+    "re-exported, fail; a forward an exercise gives (exercise 8 imports the library's) is used, not\n"
+    "graded.\n\n"
+    "A file named as a starter is graded on everything that starter asks for (--exercise NAME for\n"
+    "another name): a missing or re-exported function fails.\n\n"
+    "For teachers: --json, --junit, --gradescope (results.json, a point per layer) and --html DIR\n"
+    "write reports; --all DIR grades every file of a folder and prints which exercises are done;\n"
+    "--class DIR grades a folder of learners' folders in parallel into one table; --seed N is the\n"
+    "final profile; --sandbox required refuses to grade where no sandbox can be had.\n\n"
+    "Exit status: 0 when every graded layer passes, 1 when one fails, is incomplete or not\n"
+    "implemented yet, 2 when the file cannot be loaded or defines nothing gradable.\n\n"
+    "Layers and the names attn-check looks for:\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="attn-check", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Grade your own layers against attn's: the same hypothesis examples, gradient checks "
                     "and invariants that prove the library's layers.",
-        epilog=(
-            "Write the functions of a layer in PATH.py under the library's names (start from a file in\n"
-            "lessons/exercises/), then run `attn-check PATH.py`. Only the layers the file defines are checked.\n"
-            "Your file runs in a sandbox (bubblewrap: the nobody user, no network, no files but Python's,\n"
-            "NumPy's and the library modules the exercise gives, its own /tmp; resource limits; the\n"
-            "library's answers are not there), each call under a time limit, each layer and file under a\n"
-            "budget (--layer-time): a call that hangs, exits,\n"
-            "crashes or floods its output fails, naming the function. For each layer, hypothesis draws\n"
-            "examples (hard ones included: logits of 1e4, fully masked rows, repeated ids, padding); the\n"
-            "forward is graded first on all of them (exceptions, NaN, shapes, dtypes, inputs modified in\n"
-            "place, invariants, the library's output); then the backward, against the library's and against\n"
-            "float64 central differences of your forward. If the forward is wrong, the report blames it, and\n"
-            "the backward is only checked against central differences of your own forward. Layers with\n"
-            "dropout are graded over many draws: the kept fraction, the 1/(1-p) scale, the backward's mask.\n"
-            "A failure shows the smallest failing example, the check, the relative error, the first entries\n"
-            "that differ and what the difference looks like; --hint 2 adds where to look, --hint 3 the\n"
-            "formula. A function that still raises NotImplementedError is 'not implemented yet'. A forward\n"
-            "without its backward is INCOMPLETE unless --forward-only. The library's own functions,\n"
-            "re-exported, fail; a forward an exercise gives (exercise 8 imports the library's) is used, not\n"
-            "graded.\n\n"
-            "A file named as a starter is graded on everything that starter asks for (--exercise NAME for\n"
-            "another name): a missing or re-exported function fails.\n\n"
-            "For teachers: --json, --junit, --gradescope (results.json, a point per layer) and --html DIR\n"
-            "write reports; --all DIR grades every file of a folder and prints which exercises are done;\n"
-            "--class DIR grades a folder of learners' folders in parallel into one table; --seed N is the\n"
-            "final profile; --sandbox required refuses to grade where no sandbox can be had.\n\n"
-            "Exit status: 0 when every graded layer passes, 1 when one fails, is incomplete or not\n"
-            "implemented yet, 2 when the file cannot be loaded or defines nothing gradable.\n\n"
-            "Layers and the names attn-check looks for:\n" + _layer_table()))
+        epilog=EPILOG + _layer_table())
+    _add_grading(p)
+    _add_reports(p)
+    _add_running(p)
+    _add_class(p)
+    return p
+
+
+def _add_grading(p: argparse.ArgumentParser) -> None:
+    """What is graded: the file (or folder), its layers, how many examples, how strictly."""
     p.add_argument("path", type=Path, nargs="?", help="your Python file, e.g. lessons/exercises/05_masks.py")
     p.add_argument("--all", type=Path, metavar="DIR", help="grade every .py file in DIR and print a table of "
                    "which exercises are done")
@@ -147,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept a forward without its backward as complete")
     p.add_argument("--allow-library", action="store_true",
                    help="accept the library's own functions (checks attn-check itself on tests/solutions.py)")
+
+
+def _add_reports(p: argparse.ArgumentParser) -> None:
+    """The reports written beside the terminal's."""
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON")
     p.add_argument("--junit", type=Path, metavar="FILE", help="also write a JUnit XML report (one test per layer)")
     p.add_argument("--gradescope", type=Path, metavar="FILE",
@@ -155,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "failure (yours, expected, difference) into DIR")
     p.add_argument("--timings", action="store_true", help="print the seconds each check takes on the library's "
                    "own functions at --examples, and exit")
+
+
+def _add_running(p: argparse.ArgumentParser) -> None:
+    """Where and how the learner's code runs: the backend, the exercise, the profile, the sandbox."""
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
                    help="array backend to run on (default numpy; cupy needs a GPU)")
     p.add_argument("--exercise", choices=sorted(EXERCISES), metavar="NAME",
@@ -171,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{LIMITS['layer_s']:g}); a file may take {LIMITS['file_s'] // LIMITS['layer_s']:g} times that")
     p.add_argument("--memory", type=int, metavar="MB", help=f"the child's address-space limit "
                    f"(default {LIMITS['memory_mb']} MB)")
+
+
+def _add_class(p: argparse.ArgumentParser) -> None:
+    """``--class``: a folder of learners' folders."""
     p.add_argument("--class", dest="class_dir", type=Path, metavar="DIR",
                    help="grade a class: DIR holds one folder per learner, each with exercise files named as "
                         "the starters; writes DIR's table (grades.csv, grades.html) and each learner's report")
@@ -180,7 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --class: files graded at once")
     p.add_argument("--similarity", action="store_true", help="with --class: also a report of similar files "
                    "between learners and with the library's source (copydetect)")
-    return p
 
 
 def main(argv=None, out=None) -> int:

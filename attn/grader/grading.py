@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, reject, seed, settings
@@ -119,68 +120,92 @@ def _copy(ex):
     return copy.deepcopy(ex, {id(XP): XP})
 
 
+class _Examples:
+    """``fn(ex)`` as one example of a layer's run: counts the examples, resets the sandbox before
+    each, marks a failure with its example (and whether it was one of the ``explicit`` examples
+    every run meets first), and sets aside, rejecting its example, a failure that fits several
+    typical mistakes at once (in ``ambiguous``)."""
+
+    def __init__(self, sandbox: Sandbox, fn, explicit: int):
+        self.sandbox, self.fn, self.explicit = sandbox, fn, explicit
+        self.count, self.ambiguous = 0, []
+
+    def __call__(self, ex):
+        self.count += 1
+        self.sandbox.reset()
+        try:
+            self.fn(ex)
+        except Failure as e:
+            e.example, e.explicit = ex, self.count <= self.explicit
+            if e.ambiguous:
+                self.ambiguous.append(e)
+                reject()
+            raise
+        except NotImplementedYet as e:          # nothing to shrink: stop at once
+            raise _Todo(e) from None
+        except Fatal as e:
+            e.failure.example, e.failure.explicit = ex, self.count <= self.explicit
+            raise
+
+
 def _run(layer: Layer, sandbox: Sandbox, fn, examples: int, seed_: int | None = None, replay: bool = True):
     """``fn(ex)`` over the layer's examples; returns (runs, the failure or None). With ``replay``
     (a check that rejects no example), the examples of :func:`drawn` in turn; only when one
     fails does hypothesis run them again, to shrink the failure to its smallest example.
     A failure that fits several typical mistakes at once is set aside while hypothesis looks
     for (and shrinks) one that tells them apart; it is the answer only if none does."""
-    count = [0]
-    ambiguous = []
     examples = share(layer, examples)
     explicit = len(layer.explicit) if Phase.explicit in PHASES else 0      # every run meets them first
-
-    def body(ex):
-        count[0] += 1
-        sandbox.reset()
-        try:
-            fn(ex)
-        except Failure as e:
-            e.example, e.explicit = ex, count[0] <= explicit
-            if e.ambiguous:
-                ambiguous.append(e)
-                reject()
-            raise
-        except NotImplementedYet as e:          # nothing to shrink: stop at once
-            raise _Todo(e) from None
-        except Fatal as e:
-            e.failure.example, e.failure.explicit = ex, count[0] <= explicit
-            raise
-
     if replay:
-        try:
-            for ex in drawn(layer, examples, seed_):
-                body(_copy(ex))
-            return count[0], None
-        except _Todo as e:                      # hypothesis too stops at once on these
-            return count[0], e.todo
-        except Fatal as e:
-            return count[0], e.failure
-        except Exception:
-            count[0] = 0
-            ambiguous.clear()
+        body = _Examples(sandbox, fn, explicit)
+        done = _replay(layer, examples, seed_, body)
+        if done is not None:
+            return done
+    body = _Examples(sandbox, fn, explicit)
+    failure = _search(layer, examples, seed_, body, replay)
+    return body.count, failure
+
+
+def _replay(layer: Layer, examples: int, seed_: int | None, body: _Examples):
+    """``body`` over the examples of :func:`drawn` in turn: (runs, None) if all pass, (runs, the
+    answer) on what stops a run at once, None on a failure for hypothesis to shrink."""
+    try:
+        for ex in drawn(layer, examples, seed_):
+            body(_copy(ex))
+        return body.count, None
+    except _Todo as e:                          # hypothesis too stops at once on these
+        return body.count, e.todo
+    except Fatal as e:
+        return body.count, e.failure
+    except Exception:
+        return None
+
+
+def _search(layer: Layer, examples: int, seed_: int | None, body: _Examples, replay: bool):
+    """``body`` as hypothesis's test over the layer's examples: the failure it finds and shrinks
+    (the smallest ambiguous one if it finds no other), or None."""
     try:
         with _the_seeds_examples_alone():
             _hypothesis(layer, examples, seed_, body)()
-        if replay and not ambiguous:            # failed a moment ago, passes now
+        if replay and not body.ambiguous:       # failed a moment ago, passes now
             raise Flaky("passed when hypothesis ran the examples again")
-        return count[0], _smallest(ambiguous)
+        return _smallest(body.ambiguous)
     except Unsatisfiable:
-        return count[0], _smallest(ambiguous)
+        return _smallest(body.ambiguous)
     except _Todo as e:
-        return count[0], e.todo
+        return e.todo
     except (Failure, NotImplementedYet) as e:
-        return count[0], e
+        return e
     except Fatal as e:
-        return count[0], e.failure
+        return e.failure
     except Flaky as e:
         inner = next((x for x in getattr(e, "exceptions", ()) if isinstance(x, (Failure, NotImplementedYet))), None)
-        return count[0], inner or Failure("repeatability", "the same input gave different results on two calls",
-                                          look="an unseeded random number, or state kept between calls (globals, "
-                                               "attributes)")
+        return inner or Failure("repeatability", "the same input gave different results on two calls",
+                                look="an unseeded random number, or state kept between calls (globals, "
+                                     "attributes)")
     except Exception as e:      # a bug of attn-check's own: say so, without a traceback for the learner
-        return count[0], Failure("attn-check", f"attn-check itself failed: {type(e).__name__}: {e}",
-                                 look="not your code's fault: please report it with this file")
+        return Failure("attn-check", f"attn-check itself failed: {type(e).__name__}: {e}",
+                       look="not your code's fault: please report it with this file")
 
 
 def _smallest(failures: list):
@@ -219,6 +244,32 @@ def _attach_outputs(layer: Layer, impl: dict, f: Failure, drop=()) -> None:
         pass
 
 
+@dataclass
+class _Grading:
+    """What grading one layer carries from step to step: the layer, the learner's functions,
+    the sandbox and profile they run in, the functions graded (``names``), the report's note,
+    and when it began."""
+    layer: Layer
+    impl: dict
+    sandbox: Sandbox
+    examples: int
+    seed: int | None
+    drop: tuple
+    names: list
+    note: str
+    t0: float
+
+    def check(self, phase: str) -> tuple:
+        """:func:`check_pair` in ``phase`` over the layer's examples: (runs, the failure or None)."""
+        return _run(self.layer, self.sandbox, lambda ex: check_pair(self.layer, self.impl, ex, phase, self.drop),
+                    self.examples, self.seed, replay=not self.drop)
+
+    def result(self, status: str, runs: int, detail=None, blame: str = "", also: str = "",
+               note: str | None = None) -> Result:
+        return Result(self.layer.name, status, time.perf_counter() - self.t0, runs, detail,
+                      self.note if note is None else note, blame, also, self.names)
+
+
 def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EXAMPLES, given_forward: bool = False,
           forward_only: bool = False, drop=(), seed: int | None = None) -> Result:
     """Grade one layer: its forward first (every example), then its backward (against the
@@ -226,88 +277,98 @@ def grade(layer: Layer, impl: dict, sandbox: Sandbox, examples: int = DEFAULT_EX
     forward if not), then its dropout."""
     t0 = time.perf_counter()
     sandbox.begin_layer()
-    check = CHECKS[layer.kind]
     names = [n for n in layer.functions if n in impl and not (given_forward and n == layer.functions[0])]
-
-    def result(status, runs, detail=None, note="", blame="", also=""):
-        return Result(layer.name, status, time.perf_counter() - t0, runs, detail, note, blame, also, names)
-
     note = ""
     if drop:
         note = (f"dropout not graded: {layer.functions[0]} takes no dropout argument (lesson 12 teaches it; add "
                 "`dropout=0.0, rng=None` then)")
+    g = _Grading(layer, impl, sandbox, examples, seed, drop, names, note, t0)
     if layer.kind != "pair":
-        runs, err = _run(layer, sandbox, lambda ex: check(layer, impl, ex), examples, seed)
-        if err is None:
-            return result("pass", runs, note=note)
-        if isinstance(err, NotImplementedYet):
-            return result("todo", runs, err, note)
-        return result("fail", runs, err, note, blame=layer.functions[0])
+        return _grade_function(g)
     fname, bname = layer.functions
-    has_bwd = bname in impl
     runs = 0
-    forward_failure = None
     if not given_forward:
-        n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "forward", drop), examples, seed,
-                      replay=not drop)
-        runs += n
+        runs, err = g.check("forward")
         if isinstance(err, NotImplementedYet):
-            return result("todo", runs, err, note)
+            return g.result("todo", runs, err)
         if err is not None:
-            forward_failure = err
             err.blame = fname
-    if forward_failure is not None and forward_failure.check == "attn-check":
-        return result("fail", runs, forward_failure, note)
-    if forward_failure is not None:
-        _attach_outputs(layer, impl, forward_failure, drop)
-        also = ""
-        if has_bwd and forward_failure.check != "integrity" and not forward_failure.message.startswith(fname + " "):
-            n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "self", drop), examples, seed,
-                          replay=not drop)
-            runs += n
-            if isinstance(err, NotImplementedYet):
-                also = f"{bname}: not implemented yet"
-            elif err is None:
-                also = (f"{bname} agrees with central differences of your own forward (it was not compared with "
-                        "the library's, whose forward differs from yours): fix the forward, then run this again")
-            else:
-                also = (f"{bname} also disagrees with central differences of your own forward: {err.message}"
-                        + (f" (relative error {err.error:.3g})" if err.error is not None else ""))
-        r = result("fail", runs, forward_failure, note, blame=fname, also=also)
-        r.forward_first = has_bwd and forward_failure.check != "integrity"
-        return r
-    if not has_bwd:
+            return _forward_failed(g, err, runs)
+    if bname not in impl:
         n = f"forward only: {bname} is not defined, gradients not checked"
         if forward_only:
-            return result("pass", runs, note="; ".join(x for x in (n, note) if x))
-        return result("incomplete", runs, note="; ".join(x for x in (n + " (--forward-only accepts that)", note)
-                                                          if x))
-    n, err = _run(layer, sandbox, lambda ex: check_pair(layer, impl, ex, "backward", drop), examples, seed,
-                  replay=not drop)
+            return g.result("pass", runs, note="; ".join(x for x in (n, note) if x))
+        return g.result("incomplete", runs, note="; ".join(x for x in (n + " (--forward-only accepts that)", note)
+                                                           if x))
+    n, err = g.check("backward")
     runs += n
     if isinstance(err, NotImplementedYet):
-        return result("todo", runs, err, note)
+        return g.result("todo", runs, err)
     if err is not None:
         blame = fname if err.check in ("forward", "float32") else bname
         err.blame = blame
-        return result("fail", runs, err, note, blame=blame)
+        return g.result("fail", runs, err, blame=blame)
     if layer.name in DROPOUT_PROBES and not drop:
-        sandbox.reset()
-        try:
-            check_dropout(layer, impl)
-        except Fatal as e:
-            e.failure.blame = fname
-            return result("fail", runs, e.failure, note, blame=fname)
-        except NotImplementedYet as e:
-            return result("todo", runs, e, note)
-        except Failure as f:
-            blame = bname if "backward" in f.look or f.message.startswith("d") else fname
-            f.blame = blame
-            return result("fail", runs, f, note, blame=blame)
+        failed = _grade_dropout(g, runs)
+        if failed is not None:
+            return failed
         runs += DROPOUT_DRAWS + 3
     if given_forward:
         note = "; ".join(x for x in (f"{fname} is the library's, as the exercise gives it: {bname} graded", note) if x)
-    return result("pass", runs, note=note)
+    return g.result("pass", runs, note=note)
+
+
+def _grade_function(g: _Grading) -> Result:
+    """A layer that is one plain function (no forward/backward pair): its check on every example."""
+    runs, err = _run(g.layer, g.sandbox, lambda ex: CHECKS[g.layer.kind](g.layer, g.impl, ex), g.examples, g.seed)
+    if err is None:
+        return g.result("pass", runs)
+    if isinstance(err, NotImplementedYet):
+        return g.result("todo", runs, err)
+    return g.result("fail", runs, err, blame=g.layer.functions[0])
+
+
+def _forward_failed(g: _Grading, failure: Failure, runs: int) -> Result:
+    """A forward that failed: the outputs attached for the report and, where there is a backward,
+    what it does against central differences of the learner's own forward."""
+    if failure.check == "attn-check":
+        return g.result("fail", runs, failure)
+    fname, bname = g.layer.functions
+    has_bwd = bname in g.impl
+    _attach_outputs(g.layer, g.impl, failure, g.drop)
+    also = ""
+    if has_bwd and failure.check != "integrity" and not failure.message.startswith(fname + " "):
+        n, err = g.check("self")
+        runs += n
+        if isinstance(err, NotImplementedYet):
+            also = f"{bname}: not implemented yet"
+        elif err is None:
+            also = (f"{bname} agrees with central differences of your own forward (it was not compared with "
+                    "the library's, whose forward differs from yours): fix the forward, then run this again")
+        else:
+            also = (f"{bname} also disagrees with central differences of your own forward: {err.message}"
+                    + (f" (relative error {err.error:.3g})" if err.error is not None else ""))
+    r = g.result("fail", runs, failure, blame=fname, also=also)
+    r.forward_first = has_bwd and failure.check != "integrity"
+    return r
+
+
+def _grade_dropout(g: _Grading, runs: int) -> Result | None:
+    """:func:`check_dropout` on a pair that passed: its failure's Result, or None."""
+    fname, bname = g.layer.functions
+    g.sandbox.reset()
+    try:
+        check_dropout(g.layer, g.impl)
+    except Fatal as e:
+        e.failure.blame = fname
+        return g.result("fail", runs, e.failure, blame=fname)
+    except NotImplementedYet as e:
+        return g.result("todo", runs, e)
+    except Failure as f:
+        blame = bname if "backward" in f.look or f.message.startswith("d") else fname
+        f.blame = blame
+        return g.result("fail", runs, f, blame=blame)
+    return None
 
 # ----------------------------------------------------------------------------- grading a file
 
@@ -405,41 +466,18 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
     sandbox = Sandbox(path, timeout, allow_library, exercise=exercise, mode=sandbox_mode, memory_mb=memory_mb,
                       source=text, layer_s=layer_seconds)
     try:
-        try:
-            found = sandbox.start()
-        except LoadError as e:
-            rep.error = f"could not import {path}: {plain(str(e))}" + (f"\n    where: {plain(e.where)}" if e.where
-                                                                      else "")
-            _zero(rep, manifest)
-            return rep
-        except Fatal as e:
-            rep.error = f"could not import {path}: {plain(e.failure.message)}" + (
-                f"\n    where: {plain(e.failure.where)}" if e.failure.where else "")
-            _zero(rep, manifest)
+        found = _start(sandbox, path, rep, manifest)
+        if found is None:
             return rep
         rep.sandbox = describe(sandbox.got)
         if manifest is None and not allow_library:   # bound where the syntax does not say (globals(), setattr)
             found = {n: (o if n in sandbox.withheld else dict(o, library=True, defined=o["defined"] + ", bound in a "
                                                                "way attn-check does not read")) for n, o in found.items()}
         plan, imported = _plan(found, sandbox, manifest, layers, allow_library)
-        if layers:
-            missing = [n for n in layers if n not in {layer.name for layer, *_ in plan}]
-            if missing:
-                rep.error = (f"{path} defines no function of {', '.join(missing)} (looked for "
-                             + "; ".join(", ".join(LAYERS[n].functions) for n in missing) + ")")
-                return rep
-        if not plan:
-            rep.error = f"{path} defines no gradable function"
-            if imported:
-                rep.error += (f": {', '.join(imported)} {'is' if len(imported) == 1 else 'are'} the library's own, "
-                              "imported, not written here")
-            rep.error += f". Names it looks for:\n{_layer_table()}"
+        rep.error = _nothing_to_grade(path, plan, imported, layers)
+        if rep.error:
             return rep
-        rep.header = (f"attn-check {path}: {len(plan)} layer{'s' * (len(plan) != 1)}"
-                      + (f" of exercise {manifest.name}" if manifest else "")
-                      + f", {examples} examples each, backend {B.get_backend()}"
-                      + (", the final profile" if seed is not None else "")
-                      + (", the library's own functions allowed" if allow_library else ""))
+        rep.header = _header(path, len(plan), manifest, examples, seed, allow_library)
         w(rep.header + "\n")
         w(f"sandbox: {rep.sandbox}\n")
         with scaled(FINAL_SCALE) if seed is not None else contextlib.nullcontext():
@@ -459,6 +497,47 @@ def grade_file(path: Path, layers=None, examples: int = DEFAULT_EXAMPLES, timeou
         return rep
     finally:
         sandbox.cleanup()
+
+
+def _header(path: Path, layers: int, manifest, examples: int, seed: int | None, allow_library: bool) -> str:
+    """The report's first line: the file, its layers and exercise, the profile."""
+    return (f"attn-check {path}: {layers} layer{'s' * (layers != 1)}"
+            + (f" of exercise {manifest.name}" if manifest else "")
+            + f", {examples} examples each, backend {B.get_backend()}"
+            + (", the final profile" if seed is not None else "")
+            + (", the library's own functions allowed" if allow_library else ""))
+
+
+def _start(sandbox: Sandbox, path: Path, rep: FileReport, manifest) -> dict | None:
+    """The sandbox started on the learner's file: what it defines, or None with ``rep.error``
+    saying why it could not be imported (and nothing of its exercise scored)."""
+    try:
+        return sandbox.start()
+    except LoadError as e:
+        rep.error = f"could not import {path}: {plain(str(e))}" + (f"\n    where: {plain(e.where)}" if e.where
+                                                                  else "")
+    except Fatal as e:
+        rep.error = f"could not import {path}: {plain(e.failure.message)}" + (
+            f"\n    where: {plain(e.failure.where)}" if e.failure.where else "")
+    _zero(rep, manifest)
+    return None
+
+
+def _nothing_to_grade(path: Path, plan: list, imported: list, layers) -> str:
+    """Why the file has nothing to grade (a layer asked for that it does not define, or no
+    gradable function at all), or "" when it has."""
+    if layers:
+        missing = [n for n in layers if n not in {layer.name for layer, *_ in plan}]
+        if missing:
+            return (f"{path} defines no function of {', '.join(missing)} (looked for "
+                    + "; ".join(", ".join(LAYERS[n].functions) for n in missing) + ")")
+    if plan:
+        return ""
+    error = f"{path} defines no gradable function"
+    if imported:
+        error += (f": {', '.join(imported)} {'is' if len(imported) == 1 else 'are'} the library's own, "
+                  "imported, not written here")
+    return error + f". Names it looks for:\n{_layer_table()}"
 
 
 def _zero(rep: FileReport, manifest) -> None:

@@ -150,86 +150,112 @@ def decode(text: bytes, blobs: list):
         tree = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise WireError(f"not JSON: {e}") from None
-    count = [0]
-    used = set()
+    return _Decoder(blobs).value(tree)
 
-    def blob(i):
-        if type(i) is not int or not 0 <= i < len(blobs) or i in used:
+
+class _Decoder:
+    """One frame's decoding: counts the values it meets (at most :data:`MAX_ITEMS`, nested at most
+    :data:`MAX_DEPTH` deep), hands out each blob at most once, and reads a tagged object by its
+    tag's method in :data:`_TAGS`."""
+
+    def __init__(self, blobs: list):
+        self.blobs, self.count, self.used = blobs, 0, set()
+
+    def blob(self, i) -> bytes:
+        if type(i) is not int or not 0 <= i < len(self.blobs) or i in self.used:
             raise WireError("a blob reference out of range")
-        used.add(i)
-        return blobs[i]
+        self.used.add(i)
+        return self.blobs[i]
 
-    def dec(x, depth=0):
-        count[0] += 1
-        if depth > MAX_DEPTH or count[0] > MAX_ITEMS:
+    def value(self, x, depth: int = 0):
+        self.count += 1
+        if depth > MAX_DEPTH or self.count > MAX_ITEMS:
             raise WireError("a message nested too deeply or too large")
         if x is None or isinstance(x, (bool, str, int)):
             return x
         if isinstance(x, list):
-            return [dec(i, depth + 1) for i in x]
+            return [self.value(i, depth + 1) for i in x]
         if not isinstance(x, dict):
             raise WireError(f"a bare {type(x).__name__}")
         tag = x.get("$")
-        if tag == "float":
-            return _float(x.get("v"))
-        if tag == "complex":
-            return complex(_float(x.get("re")), _float(x.get("im")))
-        if tag == "bytes":
-            return bytes(blob(x.get("blob")))
-        if tag == "array":
-            dtype, shape = x.get("dtype"), x.get("shape")
-            if dtype not in DTYPES:
-                raise WireError(f"an array of dtype {dtype!r}")
-            if (not isinstance(shape, list) or len(shape) > 32
-                    or not all(type(n) is int and 0 <= n for n in shape)):
-                raise WireError("an array with a shape that is not a shape")
-            data = blob(x.get("blob"))
-            size = 1
-            for n in shape:
-                size *= n
-            if size * np.dtype(dtype).itemsize != len(data):
-                raise WireError(f"an array of shape {tuple(shape)} and dtype {np.dtype(dtype)} with "
-                                f"{len(data)} bytes")
-            a = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
-            return Arr(a, x.get("device") is True)
-        if tag == "scalar":
-            a = dec(x.get("v"), depth + 1)
-            if not isinstance(a, Arr) or a.host.ndim != 0:
-                raise WireError("a scalar that is not one")
-            return a.host[()]
-        if tag == "handle":
-            uid, name = x.get("uid"), x.get("type")
-            if type(uid) is not int or not isinstance(name, str) or len(name) > 200:
-                raise WireError("a handle that is not one")
-            return Handle(uid, name)
-        if tag == "rng":
-            seed, uid = x.get("seed"), x.get("uid")
-            if type(seed) is not int or type(uid) is not int:
-                raise WireError("a generator that is not one")
-            return Rng(seed, uid)
-        if tag == "xp":
-            return XpRef()
-        if tag == "tuple":
-            items = x.get("items")
-            if not isinstance(items, list):
-                raise WireError("a tuple that is not one")
-            return tuple(dec(i, depth + 1) for i in items)
-        if tag == "named":
-            name, fields, items = x.get("type"), x.get("fields"), x.get("items")
-            if (not isinstance(name, str) or not name.isidentifier() or not isinstance(fields, list)
-                    or not isinstance(items, list) or len(fields) != len(items)
-                    or not all(isinstance(f, str) and f.isidentifier() and not f.startswith("_") for f in fields)
-                    or len(set(fields)) != len(fields)):
-                raise WireError("a named tuple that is not one")
-            return _named(name, tuple(fields))(*(dec(i, depth + 1) for i in items))
-        if tag == "dict":
-            items = x.get("items")
-            if not isinstance(items, dict):
-                raise WireError("a dict that is not one")
-            return {k: dec(i, depth + 1) for k, i in items.items()}
-        raise WireError(f"an unknown tag {tag!r}")
+        read = _TAGS.get(tag) if isinstance(tag, str) else None
+        if read is None:
+            raise WireError(f"an unknown tag {tag!r}")
+        return read(self, x, depth)
 
-    return dec(tree)
+    def float_(self, x: dict, depth: int) -> float:
+        return _float(x.get("v"))
+
+    def complex_(self, x: dict, depth: int) -> complex:
+        return complex(_float(x.get("re")), _float(x.get("im")))
+
+    def bytes_(self, x: dict, depth: int) -> bytes:
+        return bytes(self.blob(x.get("blob")))
+
+    def array(self, x: dict, depth: int) -> Arr:
+        dtype, shape = x.get("dtype"), x.get("shape")
+        if dtype not in DTYPES:
+            raise WireError(f"an array of dtype {dtype!r}")
+        if (not isinstance(shape, list) or len(shape) > 32
+                or not all(type(n) is int and 0 <= n for n in shape)):
+            raise WireError("an array with a shape that is not a shape")
+        data = self.blob(x.get("blob"))
+        size = 1
+        for n in shape:
+            size *= n
+        if size * np.dtype(dtype).itemsize != len(data):
+            raise WireError(f"an array of shape {tuple(shape)} and dtype {np.dtype(dtype)} with "
+                            f"{len(data)} bytes")
+        a = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
+        return Arr(a, x.get("device") is True)
+
+    def scalar(self, x: dict, depth: int):
+        a = self.value(x.get("v"), depth + 1)
+        if not isinstance(a, Arr) or a.host.ndim != 0:
+            raise WireError("a scalar that is not one")
+        return a.host[()]
+
+    def handle(self, x: dict, depth: int) -> Handle:
+        uid, name = x.get("uid"), x.get("type")
+        if type(uid) is not int or not isinstance(name, str) or len(name) > 200:
+            raise WireError("a handle that is not one")
+        return Handle(uid, name)
+
+    def rng(self, x: dict, depth: int) -> Rng:
+        seed, uid = x.get("seed"), x.get("uid")
+        if type(seed) is not int or type(uid) is not int:
+            raise WireError("a generator that is not one")
+        return Rng(seed, uid)
+
+    def xp(self, x: dict, depth: int) -> XpRef:
+        return XpRef()
+
+    def tuple_(self, x: dict, depth: int) -> tuple:
+        items = x.get("items")
+        if not isinstance(items, list):
+            raise WireError("a tuple that is not one")
+        return tuple(self.value(i, depth + 1) for i in items)
+
+    def named(self, x: dict, depth: int):
+        name, fields, items = x.get("type"), x.get("fields"), x.get("items")
+        if (not isinstance(name, str) or not name.isidentifier() or not isinstance(fields, list)
+                or not isinstance(items, list) or len(fields) != len(items)
+                or not all(isinstance(f, str) and f.isidentifier() and not f.startswith("_") for f in fields)
+                or len(set(fields)) != len(fields)):
+            raise WireError("a named tuple that is not one")
+        return _named(name, tuple(fields))(*(self.value(i, depth + 1) for i in items))
+
+    def dict_(self, x: dict, depth: int) -> dict:
+        items = x.get("items")
+        if not isinstance(items, dict):
+            raise WireError("a dict that is not one")
+        return {k: self.value(i, depth + 1) for k, i in items.items()}
+
+
+#: How :class:`_Decoder` reads each tag ``"$"`` of the frame; any other tag is refused.
+_TAGS = {"float": _Decoder.float_, "complex": _Decoder.complex_, "bytes": _Decoder.bytes_,
+         "array": _Decoder.array, "scalar": _Decoder.scalar, "handle": _Decoder.handle, "rng": _Decoder.rng,
+         "xp": _Decoder.xp, "tuple": _Decoder.tuple_, "named": _Decoder.named, "dict": _Decoder.dict_}
 
 
 def _write_all(fd: int, data) -> None:

@@ -298,15 +298,14 @@ def _ms(x: float) -> str:
 def render_markdown(result: dict) -> str:
     """The measurement as Markdown: what ran where, the timings against the target, and the
     page's weight file by file."""
-    m, w = result["machine"], result["page_weight"]
+    return "\n".join(_what_ran(result) + _timings(result) + _page_weight(result["page_weight"]))
+
+
+def _what_ran(result: dict) -> list[str]:
+    """The heading, the machine, the model and the sentence typed."""
+    m, cfg = result["machine"], result["model"]["config"]
     loads = lambda key: ", ".join(f"{x:.2f}" for x in m[key]) if m.get(key) else "unknown"   # noqa: E731
-    cfg = result["model"]["config"]
-    key, compute, draw, rest, page = (result[k] for k in ("keystroke_to_last_token_ms", "compute_ms", "draw_ms",
-                                                          "rest_ms", "page_ms"))
-    frames = result["frames"]["median"]
-    median = key["median"]
-    verdict = "within" if result["within_target"] else "over"
-    lines = [
+    return [
         "### The page in the browser: keystroke to last token, and its weight",
         "",
         f"Headless Chromium {result['chromium']} ({result['chromium_path']}) on {m['cpu_model']}, "
@@ -322,6 +321,17 @@ def render_markdown(result: dict) -> str:
         "",
         f"Output ({len(result['output_tokens'])} tokens): `{' '.join(result['output_tokens'])}`",
         "",
+    ]
+
+
+def _timings(result: dict) -> list[str]:
+    """The table of times (keystroke to last token and its parts) and the verdict on the target."""
+    key, compute, draw, rest, page = (result[k] for k in ("keystroke_to_last_token_ms", "compute_ms", "draw_ms",
+                                                          "rest_ms", "page_ms"))
+    frames = result["frames"]["median"]
+    median = key["median"]
+    verdict = "within" if result["within_target"] else "over"
+    return [
         "| ms | median | min | max |",
         "|---|---:|---:|---:|",
         f"| keystroke to last token | {_ms(median)} | {_ms(key['min'])} | {_ms(key['max'])} |",
@@ -336,6 +346,12 @@ def render_markdown(result: dict) -> str:
         "",
         f"Target: under {TARGET_MS:g} ms on two cores. Median {_ms(median)} ms: {verdict} the target.",
         "",
+    ]
+
+
+def _page_weight(w: dict) -> list[str]:
+    """The table of every request until the page is ready, its total, and what the total counts."""
+    lines = [
         f"Page weight: every request the page makes until it is ready (model loaded, first sentence "
         f"translated), in a fresh browser context:",
         "",
@@ -355,7 +371,7 @@ def render_markdown(result: dict) -> str:
            "The server (Python's http.server, as `python -m http.server` serves it) does not compress: "
            "these are the files' sizes."),
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None) -> int:

@@ -92,22 +92,7 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
         raise ValueError(f"export_model: {_max_len_problem(model.config.max_len)}")
     out_dir, started = Path(out_dir), time.time()
     _check_destination(out_dir, overwrite)
-    np = B.host
-    from ..model import parameter_shapes
-    tensors, chunks, offset = [], [], 0
-    for name, shape in parameter_shapes(model.config).items():
-        a = B.to_host(model.params[name]).astype(np.float64)
-        if tuple(a.shape) != tuple(shape):
-            raise ValueError(f"export_model: parameter {name} has shape {a.shape}, the config says {shape}")
-        if not np.isfinite(a).all():
-            raise ValueError(f"export_model: parameter {name} holds NaN or infinite values")
-        if dtype == "float16" and np.abs(a).max(initial=0.0) > float(np.finfo(np.float16).max):
-            raise ValueError(f"export_model: parameter {name} has values beyond float16's range "
-                             f"(|x| up to {np.abs(a).max():.4g}); export it as float32")
-        raw = a.astype("<f4" if dtype == "float32" else "<f2").tobytes()
-        tensors.append({"name": name, "offset": offset, "shape": list(shape)})
-        chunks.append(raw)
-        offset += len(raw)
+    tensors, chunks, offset = _weights(model, dtype)
     max_source_tokens = min(max_source_tokens, model.config.max_len)     # no longer than it was trained on
     doc = {
         "format": FORMAT,
@@ -124,6 +109,29 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     _remove_stale(out_dir, started)
     _swap_in(out_dir, {WEIGHTS_FILE: b"".join(chunks), MODEL_FILE: text})
     return doc
+
+
+def _weights(model, dtype: str) -> tuple[list, list, int]:
+    """``model``'s parameters as ``dtype`` little-endian bytes, each checked (its shape the config's,
+    finite, within float16's range for float16): (the index of tensors, the chunks of bytes, their
+    length in all)."""
+    np = B.host
+    from ..model import parameter_shapes
+    tensors, chunks, offset = [], [], 0
+    for name, shape in parameter_shapes(model.config).items():
+        a = B.to_host(model.params[name]).astype(np.float64)
+        if tuple(a.shape) != tuple(shape):
+            raise ValueError(f"export_model: parameter {name} has shape {a.shape}, the config says {shape}")
+        if not np.isfinite(a).all():
+            raise ValueError(f"export_model: parameter {name} holds NaN or infinite values")
+        if dtype == "float16" and np.abs(a).max(initial=0.0) > float(np.finfo(np.float16).max):
+            raise ValueError(f"export_model: parameter {name} has values beyond float16's range "
+                             f"(|x| up to {np.abs(a).max():.4g}); export it as float32")
+        raw = a.astype("<f4" if dtype == "float32" else "<f2").tobytes()
+        tensors.append({"name": name, "offset": offset, "shape": list(shape)})
+        chunks.append(raw)
+        offset += len(raw)
+    return tensors, chunks, offset
 
 
 def _max_len_problem(max_len: int) -> str:
@@ -206,19 +214,9 @@ def load_export(out_dir):
     """
     from ..data import DataError, Vocab
     from ..model import Transformer, TransformerConfig, parameter_shapes
-    np = B.host
     out_dir = Path(out_dir)
     meta_path, bin_path = out_dir / MODEL_FILE, out_dir / WEIGHTS_FILE
-    for p in (meta_path, bin_path):
-        if not p.is_file():
-            raise ExportError(f"{p} does not exist: is {out_dir} a folder written by attn-export?")
-    try:
-        doc = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ExportError(f"{meta_path} is not readable JSON ({type(e).__name__}: {str(e)[:80]})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ExportError(f"{meta_path}: format {doc.get('format') if isinstance(doc, dict) else doc!r:.40}, "
-                          f"expected {FORMAT!r}")
+    doc = _read_model_json(out_dir, meta_path, bin_path)
     try:
         cfg = TransformerConfig.from_dict(doc["config"])
         vocab = Vocab.from_json(doc["vocab"])
@@ -246,6 +244,32 @@ def load_export(out_dir):
     if set(index) != set(expected):
         raise ExportError(f"{meta_path}: the weights index does not fit the config: missing "
                           f"{sorted(set(expected) - set(index))}, unexpected {sorted(set(index) - set(expected))}")
+    params = _read_weights(meta_path, bin_path, expected, index, dtype)
+    if len(vocab) != cfg.target_vocab_size:
+        raise ExportError(f"{meta_path}: the vocabulary has {len(vocab)} tokens, the model {cfg.target_vocab_size}")
+    return Transformer(cfg, dtype="float32", params=params), vocab, doc
+
+
+def _read_model_json(out_dir: Path, meta_path: Path, bin_path: Path) -> dict:
+    """``model.json``'s document, once both files are there and it is JSON of this format."""
+    for p in (meta_path, bin_path):
+        if not p.is_file():
+            raise ExportError(f"{p} does not exist: is {out_dir} a folder written by attn-export?")
+    try:
+        doc = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ExportError(f"{meta_path} is not readable JSON ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ExportError(f"{meta_path}: format {doc.get('format') if isinstance(doc, dict) else doc!r:.40}, "
+                          f"expected {FORMAT!r}")
+    return doc
+
+
+def _read_weights(meta_path: Path, bin_path: Path, expected: dict, index: dict, dtype: str) -> dict:
+    """Each parameter of ``expected`` (name -> shape) read from ``bin_path`` where ``index`` (name ->
+    (offset, shape)) says, checked (its shape, its bytes inside the file, finite) and widened to
+    float32 on the device."""
+    np = B.host
     raw = bin_path.read_bytes()
     params = {}
     for name, shape in expected.items():
@@ -260,9 +284,7 @@ def load_export(out_dir):
         if not np.isfinite(a).all():
             raise ExportError(f"{bin_path}: {name} holds NaN or infinite numbers")
         params[name] = B.to_device(a.astype(np.float32).reshape(shape))
-    if len(vocab) != cfg.target_vocab_size:
-        raise ExportError(f"{meta_path}: the vocabulary has {len(vocab)} tokens, the model {cfg.target_vocab_size}")
-    return Transformer(cfg, dtype="float32", params=params), vocab, doc
+    return params
 
 
 def _read_sentences(path, limit: int) -> list[str]:

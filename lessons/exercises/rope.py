@@ -9,6 +9,13 @@ to look, ``--hint 3`` the formula.
 
 ``xp = B.get_array_module(x)`` is NumPy (or CuPy on a GPU); ``B.to_host(positions)`` brings
 the positions to the host.
+
+Keep the input's dtype, as the grader checks it: your output and your gradients must have the
+dtype of the library's on the same inputs (float64 in the gradient checks), and your forward runs
+again on float32 inputs, where the output must stay float32 ("has dtype ..., expected ..." names
+the array that did not). So no ``float()`` or ``astype`` to another precision, constants as
+``x.dtype.type(c)``, new arrays with ``dtype=x.dtype``; the angles may be computed in
+float64 on the host, then cast to ``x.dtype``.
 """
 from __future__ import annotations
 

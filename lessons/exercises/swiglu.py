@@ -8,6 +8,12 @@ When a check fails, the report shows the symptom; ``attn-check --hint 2 ...`` ad
 to look, ``--hint 3`` the formula.
 
 ``xp = B.get_array_module(x)`` is NumPy (or CuPy on a GPU).
+
+Keep the input's dtype, as the grader checks it: your output and your gradients must have the
+dtype of the library's on the same inputs (float64 in the gradient checks), and your forward runs
+again on float32 inputs, where the output must stay float32 ("has dtype ..., expected ..." names
+the array that did not). So no ``float()`` or ``astype`` to another precision, constants as
+``x.dtype.type(c)``, new arrays with ``dtype=x.dtype``.
 """
 from __future__ import annotations
 
