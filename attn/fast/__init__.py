@@ -59,6 +59,7 @@ The package's rooms:
 ``caches``         what the forward keeps (:class:`FastCache`...), the fused weights
 ``forward``        ``FastForward``: positions (sinusoids, learned, rotary), the norms (layer
                    norm, RMSNorm) in their residuals, the feed-forward (ReLU, SwiGLU)
+``layer``          the one decoder layer (and its backward) that training and both steps run
 ``backward``       ``FastBackward``, the backward half of :class:`FastTransformer`
 ``model``          :class:`FastTransformer`: weights, forward, decoding entry points
 ``decoding``       the incremental decoding step and its states (NumPy; CuPy: preallocated)

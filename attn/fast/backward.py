@@ -14,6 +14,7 @@ from ..layers.attention import sum_kv_groups
 from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, ResCache, SelfAttnCache, SplitCache,
                      SwiGLUCache)
 from .forward import FUSED_NORMS
+from .layer import decoder_layer_backward
 from .threads import _THREADS
 
 
@@ -109,39 +110,49 @@ class FastBackward:
 
     def _backward_part(self, dlogits, cache: FastCache, G: _Grads) -> None:
         """The backward of one part: writes its gradients into ``G`` (every parameter's: the
-        arena's layout, nothing concatenated or sliced). Frees the cache as it goes."""
-        cfg, xp, ops, p = self.config, self.xp, self.ops, self.params
-        Bsz, S, T = cache.shapes
-        L, KV = cfg.n_decoder_layers, cfg.key_value_heads * (cfg.d_model // cfg.n_heads)
-        gv = G.views
-        # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
+        arena's layout, nothing concatenated or sliced), in the arena's stages' order (last
+        layer first, :mod:`attn.fast.arena`). Frees the cache as it goes."""
         self._phase("backward: output projection")
-        E = p[self._emb("out")]
+        dy = self._projection_bwd(dlogits, cache, G)
+        self._phase("backward: decoder")
+        d_tgt, dmem = self._decoder_bwd(dy, cache, G)
+        del dy
+        self._phase("backward: encoder")
+        d_src = self._encoder_bwd(dmem, cache, G)
+        del dmem
+        self._phase("backward: embeddings")
+        self._embeddings_bwd(d_src, d_tgt, cache, G)
+
+    def _projection_bwd(self, dlogits, cache: FastCache, G: _Grads):
+        """The output projection's backward, then the decoder's final norm's (pre-norm).
+        Returns dy (N_t, D), the gradient of the decoder's output."""
+        ops, E = self.ops, self.params[self._emb("out")]
+        # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
         d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
-        ops.mm(d2.T, cache.h, out=gv[self._emb("out")])                       # (V, D)
-        dy = ops.mm(d2, E)                                                            # (N_t, D)
+        ops.mm(d2.T, cache.h, out=G.views[self._emb("out")])                  # (V, D)
+        dy = ops.mm(d2, E)                                                    # (N_t, D)
         cache.h = None
         if cache.dec_norm is not None:
             dy = self._final_norm_bwd("decoder.norm", dy, cache.dec_norm, G)
             cache.dec_norm = None
-        G.done("decoder.norm")                  # the arena's stages, in this order (attn.fast.arena)
+        G.done("decoder.norm")
+        return dy
 
-        self._phase("backward: decoder")
-        # decoder; the cross-attention keys/values of every layer were one product of the encoder
-        # output, kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are
-        # collected in one (N_s, 2KV*L) buffer and go back through one product at the end
-        dkv = xp.empty((Bsz * S, 2 * KV * L), dtype=self.dtype)
+    def _decoder_bwd(self, dy, cache: FastCache, G: _Grads):
+        """The decoder layers' backward (:func:`attn.fast.layer.decoder_layer_backward`), last
+        first, then their cross-attention keys and values' and the target positions'. Returns
+        the rows for the target embedding's gradient, and dmemory (N_s, D)."""
+        cfg, ops = self.config, self.ops
+        Bsz, S, _ = cache.shapes
+        L, KV = cfg.n_decoder_layers, cfg.key_value_heads * (cfg.d_model // cfg.n_heads)
+        # The cross-attention keys/values of every layer were one product of the encoder output,
+        # kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are collected
+        # in one (N_s, 2KV*L) buffer and go back through one product at the end.
+        dkv = self.xp.empty((Bsz * S, 2 * KV * L), dtype=self.dtype)
         dkv_heads = self._heads(dkv, Bsz, S, 2 * L, cfg.key_value_heads)
         for i in reversed(range(L)):
-            c1, c2, c3 = cache.dec[i]
-            cache.dec[i] = None
-            dy = self._residual_bwd(dy, c3, self._ffn_bwd, G)
-            del c3
-            dk, dv, keys = dkv_heads[2 * i], dkv_heads[2 * i + 1], cache.keys[i]      # keys: QK-norm's cache
-            dy = self._residual_bwd(dy, c2, lambda d, c, g, into: self._cross_attn_bwd(d, c, dk, dv, g, into, keys), G)
-            del c2
-            dy = self._residual_bwd(dy, c1, self._self_attn_bwd, G)
-            del c1
+            dy = decoder_layer_backward(self, dy, cache.dec, i, dkv_heads[2 * i], dkv_heads[2 * i + 1], G,
+                                        cache.keys[i])                # keys: QK-norm's cache
             G.done(f"decoder.{i}")
         Wkv, _ = cache.fused.kv
         dmem = ops.mm(dkv, Wkv.T)                                             # (N_s, D)
@@ -152,15 +163,17 @@ class FastBackward:
         cache.kv = cache.memory = None
         d_tgt = self._embed_bwd("tgt", dy, cache.tgt_emb, G)
         G.done("tgt_pos")
-        del dy
+        return d_tgt, dmem
 
-        self._phase("backward: encoder")
-        dx = dmem
+    def _encoder_bwd(self, dx, cache: FastCache, G: _Grads):
+        """The encoder's backward from dmemory ``dx`` (N_s, D): its final norm (pre-norm), its
+        layers last first, the source positions. Returns the rows for the source embedding's
+        gradient."""
         if cache.enc_norm is not None:
             dx = self._final_norm_bwd("encoder.norm", dx, cache.enc_norm, G)
             cache.enc_norm = None
         G.done("encoder.norm")
-        for i in reversed(range(cfg.n_encoder_layers)):
+        for i in reversed(range(self.config.n_encoder_layers)):
             c1, c2 = cache.enc[i]
             cache.enc[i] = None
             dx = self._residual_bwd(dx, c2, self._ffn_bwd, G)
@@ -169,17 +182,17 @@ class FastBackward:
             G.done(f"encoder.{i}")
         d_src = self._embed_bwd("src", dx, cache.src_emb, G)
         G.done("src_pos")
-        del dx
+        return d_src
 
-        self._phase("backward: embeddings")
-        # Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled). A shared
-        # embedding already holds the output projection's gradient; a separate one starts at 0.
+    def _embeddings_bwd(self, d_src, d_tgt, cache: FastCache, G: _Grads) -> None:
+        """Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled). A shared
+        embedding already holds the output projection's gradient; a separate one starts at 0."""
         out_name = self._emb("out")
         for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
             name = self._emb(which)
             if name != out_name:
-                gv[name][...] = 0
-            ops.scatter_rows_(gv[name], ec.ids.reshape(-1), rows)
+                G.views[name][...] = 0
+            self.ops.scatter_rows_(G.views[name], ec.ids.reshape(-1), rows)
         G.done("embeddings")
 
     def _residual_bwd(self, dout, c: ResCache, sub_bwd, G: _Grads):

@@ -39,6 +39,7 @@ import math
 from .. import backend as B
 from .dispatch import ops_for
 from .forward import FUSED_NORMS
+from .layer import decoder_layer
 from .threads import _THREADS, _row_slices, single_threaded_blas
 
 #: Greedy decoding on a GPU generates this many positions between two looks at which sentences
@@ -159,9 +160,7 @@ class FastDecodeState:
     def cross_kv(self) -> list:
         """Per layer the reference's (k, v), one row per decoded row, (n, H, S, Dh) (a copy when
         rows share them)."""
-        if self.group == 1:
-            return self.cross
-        return [(k.repeat(self.group, axis=0), v.repeat(self.group, axis=0)) for k, v in self.cross]
+        return _per_row(self.cross, self.group)
 
     @property
     def self_kv(self) -> list:
@@ -185,20 +184,35 @@ class FastDecodeState:
         index_h = B.to_host(index)
         if index_h.size and (index_h.min() < 0 or index_h.max() >= self.sentence.shape[0]):
             raise IndexError(f"FastDecodeState.select: index out of range for {self.sentence.shape[0]} rows")
-        sentence = self.sentence[index_h]
-        group = _group_size(sentence)
-        source = index_h[::group] // self.group          # each new group's row of the old ``cross``
-        if source.shape[0] == self.cross[0][0].shape[0] and bool((source == np.arange(source.shape[0])).all()):
-            cross = self.cross
-        else:
-            cross = [(k[source], v[source]) for k, v in self.cross]
-        if sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all()):
+        sentence, group, cross, same = _regroup(self, index_h, np)
+        if same:
             mask, bias, rows = self.src_mask, self.src_bias, self.src_rows
         else:
             mask, bias = self.src_mask[index], self.src_bias[index]
             rows = None if self.src_rows is None else self.src_rows[index]
         return FastDecodeState(cross, group, mask, self.length, sentence, self.kv.take(index, self.length),
                                self.fused, bias, rows)
+
+
+def _per_row(cross, group: int) -> list:
+    """The per-group cross-attention keys and values ``cross``, repeated for each row of a group."""
+    return list(cross) if group == 1 else [(k.repeat(group, axis=0), v.repeat(group, axis=0)) for k, v in cross]
+
+
+def _regroup(state, index_h, xp):
+    """What the rows ``index_h`` (host ints) of a decoding ``state`` share: their sentences,
+    :func:`_group_size`, the keys and values per group (a gather, on ``xp``, only where the groups'
+    rows change: not when beam search reorders beams within each sentence), and whether they
+    decode the same sentences as before (then the source mask stays)."""
+    sentence = state.sentence[index_h]
+    group = _group_size(sentence)
+    source = index_h[::group] // state.group            # each new group's row of the old ``cross``
+    cross = state.cross
+    if not (source.shape[0] == cross[0][0].shape[0] and bool((source == B.host.arange(source.shape[0])).all())):
+        source = xp.asarray(source)
+        cross = [(k[source], v[source]) for k, v in cross]
+    same = sentence.shape == state.sentence.shape and bool((sentence == state.sentence).all())
+    return sentence, group, cross, same
 
 
 def _group_size(sentence) -> int:
@@ -298,22 +312,23 @@ def _softmax_last_(s, bias=None, row_scale=None):
 def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, cross_w):
     """The step for rows ``sl``: writes their keys/values at position t, their log-probabilities
     into ``logp[sl]`` and cross-attention weights into ``cross_w[i][sl]``."""
-    xp, ops, block = model.xp, ops_for(model.xp), model.block
+    xp, block = model.xp, model.block
     x = xp.take(model.params[model._emb("tgt")], tokens[sl], axis=0)         # (n, D)
     x *= model.dtype.type(math.sqrt(model.config.d_model))
     if pe is not None:
         x += pe
     rope = model._rope_table(t + 1) if block.positions.rotary else None
+    run = HostRows(model, state, kv, t, rope, sl, [w[sl] for w in cross_w])
     for i in range(model.config.n_decoder_layers):
-        x = _layer(model, ops, state, kv, i, t, rope, sl, x, cross_w[i][sl])
+        x, _ = decoder_layer(run, i, x)
     if block.placement.final_norm:
-        x = _norm(model, ops, "decoder.norm", x)
+        x = _norm(model, run.ops, "decoder.norm", x)
     out = model.project(x)                     # (n, V); a subclass may change the projection
     # log_softmax: out - max - log(sum(exp(out - max))), with no (n, V) buffer beyond these two
     out -= out.max(axis=1, keepdims=True)
     logp[sl] = out
     xp.exp(out, out=out)
-    logp[sl] -= xp.log(ops.rowsum(out))[:, None]
+    logp[sl] -= xp.log(run.ops.rowsum(out))[:, None]
 
 
 def _norm(model, ops, name, x):
@@ -322,80 +337,84 @@ def _norm(model, ops, name, x):
     return getattr(ops, FUSED_NORMS[norm.kind].alone)(x, *model._norm_params(name), norm.eps)[0]
 
 
-def _residual(model, ops, norm, x, sub):
-    """post-norm ``N(x + sub(x))``, pre-norm ``x + sub(N(x))`` (no dropout: decoding)."""
-    if model.block.placement.pre:
-        y = sub(_norm(model, ops, norm, x.copy()))
+class HostRows:
+    """The NumPy step's sub-layers (:func:`attn.fast.layer.decoder_layer`) for the rows ``sl``
+    of ``state`` at position t: one new row each, its key and value written at t into the cache
+    ``kv`` and attended with the t before it (``rope``: the rotary tables, or None), the
+    cross-attention weights into ``cross_w`` (per layer (n, H, 1, S), the rows' views), no
+    dropout, nothing kept. Products on NumPy's BLAS, the rest the fp32 ops of ``ops_for``."""
+
+    def __init__(self, model, state: FastDecodeState, kv: _KV, t: int, rope, sl, cross_w):
+        self.model, self.ops, self.state, self.kv, self.t = model, ops_for(model.xp), state, kv, t
+        self.rope, self.sl, self.cross_w = rope, sl, cross_w
+        cfg = model.config
+        self.H, self.KV, self.Dh = cfg.n_heads, cfg.key_value_heads, cfg.d_model // cfg.n_heads
+
+    def residual(self, norm, x, sub, bias):
+        """post-norm ``N(x + sub(x) + bias)``, pre-norm ``x + sub(N(x)) + bias`` (bias None: none)."""
+        pre = self.model.block.placement.pre
+        y = sub(_norm(self.model, self.ops, norm, x.copy()) if pre else x)
+        if bias is not None:
+            y += bias
         y += x
-        return y
-    y = sub(x)
-    y += x
-    return _norm(model, ops, norm, y)
+        return (y if pre else _norm(self.model, self.ops, norm, y)), None
 
+    def ffn(self, pre, h):
+        """The feed-forward network ``pre`` on h (n, D), without its output bias."""
+        model, ops = self.model, self.ops
+        if model.block.ffn.gated:
+            a = ops.swiglu_gate(h @ model.arena.block(model.arena.params, pre + ".w13"))
+        else:
+            a = h @ model.params[pre + ".w1"]
+            a += model.params[pre + ".b1"]
+            ops.relu_(a)                                                      # (n, F)
+        return a @ model.params[pre + ".w2"]
 
-def _ffn(model, ops, pre, h):
-    """The feed-forward network of layer ``pre`` on h (n, D), its output bias included."""
-    p = model.params
-    if model.block.ffn.gated:
-        a = ops.swiglu_gate(h @ model.arena.block(model.arena.params, pre + ".ffn.w13"))
-        return a @ p[pre + ".ffn.w2"]                                         # (n, D): no bias
-    a = h @ p[pre + ".ffn.w1"]
-    a += p[pre + ".ffn.b1"]
-    ops.relu_(a)                                                              # (n, F)
-    out = a @ p[pre + ".ffn.w2"]
-    out += p[pre + ".ffn.b2"]
-    return out
-
-
-def _layer(model, ops, state: FastDecodeState, kv: _KV, i: int, t: int, rope, sl, x, cross_w):
-    """Decoder layer i at position t for the rows ``sl`` of x (n, D): writes their key and value
-    at t and their cross-attention weights into ``cross_w`` (n, H, 1, S). Returns x (n, D)."""
-    cfg, xp, p, pre = model.config, model.xp, model.params, f"decoder.{i}"
-    D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
-    Dh, G, n, g = D // H, H // KV, x.shape[0], state.group    # G query heads read each key/value head
-    gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
-    kb, vb = kv.keys[i][sl], kv.values[i][sl]                                # (n, KV, cap, Dh) views
-    kc, vc = state.cross[i]                                                  # (n / g, KV, S, Dh)
-
-    def by_group(a):
-        """(n, A, 1, C) -> the (n / g, A, g, C) view whose row j holds group j's g rows."""
-        return a.reshape(n // g, g, a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)
-
-    def self_attn(h):
-        W, b = state.fused.dec_qkv[i]
+    def self_attn(self, i, h):
+        """Layer i's self-attention of the new rows h (n, D) over positions 0..t."""
+        H, KV, Dh, t, n = self.H, self.KV, self.Dh, self.t, h.shape[0]
+        W, b = self.state.fused.dec_qkv[i]
         qkv = h @ W
         qkv += b                                                              # (n, D + 2KV), q pre-scaled
         q3 = qkv.reshape(n, H + 2 * KV, 1, Dh)                               # heads: H queries, KV keys, KV values
         q, k = q3[:, :H], q3[:, H:H + KV]
-        norm_heads_(model, pre + ".self_attn", q, k)
-        if rope is not None:                                                  # position t, the key turned once
+        norm_heads_(self.model, f"decoder.{i}.self_attn", q, k)
+        if self.rope is not None:                                             # position t, the key turned once
             for a in (q, k):
-                ops.rope_(a, rope[0][t:t + 1], rope[1][t:t + 1])
+                self.ops.rope_(a, self.rope[0][t:t + 1], self.rope[1][t:t + 1])
+        kb, vb = self.kv.keys[i][self.sl], self.kv.values[i][self.sl]        # (n, KV, cap, Dh) views
         kb[:, :, t] = k[:, :, 0]
         vb[:, :, t] = q3[:, H + KV:, 0]
         # a group's G query heads against their one key/value head: (n, KV, G, t+1)
-        s = q.reshape(n, KV, G, Dh) @ kb[:, :, :t + 1].swapaxes(-1, -2)
+        s = q.reshape(n, KV, H // KV, Dh) @ kb[:, :, :t + 1].swapaxes(-1, -2)
         _softmax_last_(s)                                                     # no mask: every past position
-        return _out(s @ vb[:, :, :t + 1], p, pre + ".self_attn", n, D)       # ctx (n, KV, G, Dh)
+        ctx = (s @ vb[:, :, :t + 1]).reshape(n, -1)                           # of (n, KV, G, Dh)
+        return ctx @ self.model.params[f"decoder.{i}.self_attn.w_o"]          # + b_o in residual()
 
-    def cross_attn(h):                      # the g rows of a group attend to their one copy together
+    def cross_attn(self, i, h):
+        """Layer i's cross-attention of the rows h (n, D): the g rows of a group (one sentence's,
+        see :class:`FastDecodeState`) attend to their one copy of the keys and values together."""
+        xp, state, sl, H, KV, Dh, n = self.model.xp, self.state, self.sl, self.H, self.KV, self.Dh, h.shape[0]
+        g = state.group
+        gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
+        kc, vc = state.cross[i]                                                  # (n / g, KV, S, Dh)
+
+        def by_group(a):
+            """(n, A, 1, C) -> the (n / g, A, g, C) view whose row j holds group j's g rows."""
+            return a.reshape(n // g, g, a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)
         Wq, bq = state.fused.cross_q[i]
         q = h @ Wq
         q += bq                                                               # (n, D), pre-scaled
-        norm_heads_(model, pre + ".cross_attn", q.reshape(n, H, 1, Dh), None)
-        s = by_group(cross_w)                                                 # (m, H, g, S) of (n, H, 1, S)
+        norm_heads_(self.model, f"decoder.{i}.cross_attn", q.reshape(n, self.H, 1, self.Dh), None)
+        s = by_group(self.cross_w[i])                                         # (m, H, g, S) of (n, H, 1, S)
         m = s.shape[0]
-        s5 = s.reshape(m, KV, G, g, s.shape[-1])                             # H split into (KV, G): a view
-        xp.matmul(by_group(q.reshape(n, H, 1, Dh)).reshape(m, KV, G, g, Dh),
+        s5 = s.reshape(m, KV, H // KV, g, s.shape[-1])                       # H split into (KV, G): a view
+        xp.matmul(by_group(q.reshape(n, H, 1, Dh)).reshape(m, KV, H // KV, g, Dh),
                   kc[gsl][:, :, None].swapaxes(-1, -2), out=s5)
         rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])[:, :, None]
         _softmax_last_(s5, by_group(state.src_bias[sl])[:, :, None], rows_g)
-        ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh)                 # (m, H, g, Dh)
-        return _out(ctx.transpose(0, 2, 1, 3), p, pre + ".cross_attn", n, D)
-
-    x = _residual(model, ops, pre + ".norm1", x, self_attn)
-    x = _residual(model, ops, pre + ".norm2", x, cross_attn)
-    return _residual(model, ops, pre + ".norm3", x, lambda h: _ffn(model, ops, pre, h))
+        ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh).transpose(0, 2, 1, 3).reshape(n, -1)
+        return ctx @ self.model.params[f"decoder.{i}.cross_attn.w_o"]         # + b_o in residual()
 
 
 def norm_heads_(model, name, q, k) -> None:
@@ -408,13 +427,6 @@ def norm_heads_(model, name, q, k) -> None:
         q[...] = attention.norm_heads(q, model.params, name, "q", model._attn_scale)[0]
         if k is not None:
             k[...] = attention.norm_heads(k, model.params, name, "k")[0]
-
-
-def _out(ctx, p, name, n, D):
-    """The output projection of the attention ``name`` on its heads' ``ctx``, as (n, D)."""
-    out = ctx.reshape(n, D) @ p[name + ".w_o"]
-    out += p[name + ".b_o"]
-    return out
 
 
 def run_step(model, tokens, state, parts: int, one_thread: bool):
@@ -507,10 +519,9 @@ class DeviceDecodeState:
 
     @property
     def cross_kv(self) -> list:
-        """Per layer the reference's (k, v), (n, H, S, Dh) (a copy when rows share them)."""
-        if self.group == 1:
-            return list(self.cross)
-        return [(k.repeat(self.group, axis=0), v.repeat(self.group, axis=0)) for k, v in self.cross]
+        """Per layer the reference's (k, v), one row per decoded row, (n, H, S, Dh) (a copy when
+        rows share them)."""
+        return _per_row(self.cross, self.group)
 
     @property
     def self_kv(self) -> list:
@@ -544,15 +555,9 @@ class DeviceDecodeState:
             index = xp.asarray(index_h.astype(np.int64))
         _kernels(xp).gather_prefix(buf.kv, buf.spare, index, t)      # the t positions written, not the room
         buf.kv, buf.spare = buf.spare, buf.kv
-        sentence = self.sentence[index_h]
-        group = _group_size(sentence)
-        source = index_h[::group] // self.group            # each new group's row of the old ``cross``
-        cross = self.cross
-        if not (source.shape[0] == cross[0][0].shape[0] and bool((source == np.arange(source.shape[0])).all())):
-            source_d = xp.asarray(source)
-            cross = [(k[source_d], v[source_d]) for k, v in cross]
+        sentence, group, cross, same = _regroup(self, index_h, xp)
         mask, bias = self.src_mask, self.src_bias
-        if not (sentence.shape == self.sentence.shape and bool((sentence == self.sentence).all())):
+        if not same:
             mask, bias = mask[index], bias[index]
         return self._successor(cross=cross, group=group, src_mask=mask, sentence=sentence, src_bias=bias)
 
@@ -609,64 +614,80 @@ def device_step(model, tokens, state: DeviceDecodeState):
     log-probabilities (n, V), the new state, the cross-attention weights per layer (n, H, 1, S);
     the arrays returned are the buffers' views (overwritten by the next step).
 
-    Per decoder layer: the fused Q/K/V product, ``one_query_attention`` (the new key and value
-    written into the cache, then the attention), the output product and ``add_norm`` (bias,
-    residual and the next layer norm); the cross-attention the same with the query product; the
-    feed-forward's two products around ``bias_relu_drop`` and one ``add_norm``. Before them one
-    ``decode_embed``, after them the projection and ``log_softmax_rows``."""
-    cfg, xp, p = model.config, model.xp, model.params
-    t = state.length
+    One ``decode_embed`` (the embedding, and pre-norm's first norm), then each decoder layer,
+    :func:`attn.fast.layer.decoder_layer` on :class:`DeviceRows`, then the projection and
+    ``log_softmax_rows``."""
+    t, n, xp, p = state.length, state.n, model.xp, model.params
     _check_length(model, t)
     state._check_latest("decode_step")
-    n = state.n
     if tokens.shape != (n,):
         raise ValueError(f"decode_step: tokens must be ({n},), one per row of the state, got {tuple(tokens.shape)}")
     if tokens.dtype != B.host.int64 or not tokens.flags.c_contiguous:
         tokens = xp.ascontiguousarray(tokens, dtype=B.host.int64)
-    ops = ops_for(xp)
-    K = _kernels(xp)
-    buf = state.buf
-    buf.fit(n, t + 1, n, t)
-    D, H, L = cfg.d_model, cfg.n_heads, cfg.n_decoder_layers
-    eps, pre = cfg.ln_eps, model.block.placement.pre
-    F = state.fused
-    x, h, ctx, s, qc = (a[:n] for a in (buf.x, buf.h, buf.ctx, buf.s, buf.qc))
-    qkv, a, logits, w_self = buf.qkv[:n], buf.a[:n], buf.logits[:n], buf.w_self[:n]
-    inp = h if pre else x                          # what each sub-layer reads
-
-    def norm(name):
-        return p[name + ".gamma"], p[name + ".beta"]
-
-    def epilogue(sub_out_bias, this_norm, next_norm):
-        """x <- x + sub-layer; pre-norm: h <- the next norm of x; post-norm: x <- this norm of x."""
-        g, b = norm(next_norm if pre else this_norm)
-        K.add_norm(x, s, sub_out_bias, h if pre else x, g, b, eps)
-
-    g1, b1 = norm("decoder.0.norm1")
-    K.embed(tokens, p[model._emb("tgt")], model._pos_table("tgt", t + 1)[t], math.sqrt(D), x, h, g1, b1, eps, pre)
-    for i in range(L):
-        pre_i = f"decoder.{i}"
-        nxt = f"decoder.{i + 1}.norm1" if i + 1 < L else "decoder.norm"
-        W, b = F.dec_qkv[i]
-        xp.matmul(inp, W, out=qkv)
-        kv = buf.kv[:n, i]
-        K.attend(qkv, b, kv[:, 0], kv[:, 1], 1, None, w_self, ctx, H, t + 1, self_attn=True)
-        xp.matmul(ctx, p[pre_i + ".self_attn.w_o"], out=s)
-        epilogue(p[pre_i + ".self_attn.b_o"], pre_i + ".norm1", pre_i + ".norm2")
-        Wq, bq = F.cross_q[i]
-        xp.matmul(inp, Wq, out=qc)
-        kc, vc = state.cross[i]
-        K.attend(qc, bq, kc, vc, state.group, state.src_bias, buf.cross_w[i][:n, :, 0], ctx, H, kc.shape[2],
-                 self_attn=False)
-        xp.matmul(ctx, p[pre_i + ".cross_attn.w_o"], out=s)
-        epilogue(p[pre_i + ".cross_attn.b_o"], pre_i + ".norm2", pre_i + ".norm3")
-        xp.matmul(inp, p[pre_i + ".ffn.w1"], out=a)
-        ops.bias_relu_dropout_(a, p[pre_i + ".ffn.b1"], None)
-        xp.matmul(a, p[pre_i + ".ffn.w2"], out=s)
-        epilogue(p[pre_i + ".ffn.b2"], pre_i + ".norm3", nxt)
-    if buf.project_into:
-        out = model.project(inp, out=logits)
+    state.buf.fit(n, t + 1, n, t)
+    run = DeviceRows(model, state)
+    g1, b1 = run.norm("decoder.0.norm1")
+    run.K.embed(tokens, p[model._emb("tgt")], model._pos_table("tgt", t + 1)[t], math.sqrt(model.config.d_model),
+                run.x, run.h, g1, b1, run.eps, run.pre)
+    for i in range(model.config.n_decoder_layers):
+        decoder_layer(run, i, run.x)
+    logits = state.buf.logits[:n]
+    if state.buf.project_into:
+        out = model.project(run.inp, out=logits)
     else:                                          # a projection that cannot write into the buffer
-        out = model.project(inp)
-    K.log_softmax(out, logits)
-    return logits, state._successor(length=t + 1), [w[:n] for w in buf.cross_w]
+        out = model.project(run.inp)
+    run.K.log_softmax(out, logits)
+    return logits, state._successor(length=t + 1), [w[:n] for w in state.buf.cross_w]
+
+
+class DeviceRows:
+    """The CuPy step's sub-layers (:func:`attn.fast.layer.decoder_layer`) for the n rows of
+    ``state`` at position t, in its buffers (nothing allocated): each sub-layer reads ``inp``
+    (pre-norm: ``h``, the norm of x; post-norm: x itself), writes its output without the bias
+    into ``s`` by its products around one kernel (``one_query_attention``: the new key and value
+    written into the cache, then the attention; the feed-forward's ``bias_relu_drop``), and
+    :meth:`residual` is one ``add_norm``: x <- x + s + bias, then pre-norm h <- the next norm
+    of x, post-norm x <- this norm of x."""
+
+    def __init__(self, model, state: DeviceDecodeState):
+        self.model, self.state, self.buf = model, state, state.buf
+        self.K, self.ops = _kernels(model.xp), ops_for(model.xp)
+        self.n, self.t, self.eps, self.pre = state.n, state.length, model.config.ln_eps, model.block.placement.pre
+        self.x, self.h, self.ctx, self.s, self.qc, self.qkv, self.a, self.w_self = \
+            (b[:self.n] for b in (self.buf.x, self.buf.h, self.buf.ctx, self.buf.s, self.buf.qc, self.buf.qkv,
+                                  self.buf.a, self.buf.w_self))
+        self.inp = self.h if self.pre else self.x
+        L = model.config.n_decoder_layers
+        norms = [f"decoder.{i}.norm{j}" for i in range(L) for j in (1, 2, 3)] + ["decoder.norm"]
+        self.next_norm = dict(zip(norms, norms[1:]))
+
+    def norm(self, name):
+        return self.model.params[name + ".gamma"], self.model.params[name + ".beta"]
+
+    def residual(self, norm, x, sub, bias):
+        sub(self.inp)
+        g, b = self.norm(self.next_norm[norm] if self.pre else norm)
+        self.K.add_norm(x, self.s, bias, self.h if self.pre else x, g, b, self.eps)
+        return x, None
+
+    def self_attn(self, i, h):
+        W, b = self.state.fused.dec_qkv[i]
+        self.model.xp.matmul(h, W, out=self.qkv)
+        kv = self.buf.kv[:self.n, i]
+        self.K.attend(self.qkv, b, kv[:, 0], kv[:, 1], 1, None, self.w_self, self.ctx, self.model.config.n_heads,
+                      self.t + 1, self_attn=True)
+        self.model.xp.matmul(self.ctx, self.model.params[f"decoder.{i}.self_attn.w_o"], out=self.s)
+
+    def cross_attn(self, i, h):
+        Wq, bq = self.state.fused.cross_q[i]
+        self.model.xp.matmul(h, Wq, out=self.qc)
+        kc, vc = self.state.cross[i]
+        self.K.attend(self.qc, bq, kc, vc, self.state.group, self.state.src_bias, self.buf.cross_w[i][:self.n, :, 0],
+                      self.ctx, self.model.config.n_heads, kc.shape[2], self_attn=False)
+        self.model.xp.matmul(self.ctx, self.model.params[f"decoder.{i}.cross_attn.w_o"], out=self.s)
+
+    def ffn(self, pre, h):
+        p, xp = self.model.params, self.model.xp
+        xp.matmul(h, p[pre + ".w1"], out=self.a)
+        self.ops.bias_relu_dropout_(self.a, p[pre + ".b1"], None)
+        xp.matmul(self.a, p[pre + ".w2"], out=self.s)

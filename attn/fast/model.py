@@ -20,6 +20,7 @@ from . import decoding, flash
 from .arena import Arena
 from .backward import FastBackward
 from .forward import FastForward
+from .layer import Sequences, decoder_layer
 from .caches import (AttendCache, CrossAttnCache, CrossWeights, EmbedCache, FastCache, FFNCache, Fused,
                      ResCache, SelfAttnCache, SplitCache, _Residual, _Sub, _Weights)
 from .decoding import DeviceDecodeState, FastDecodeState
@@ -539,37 +540,21 @@ class FastTransformer(FastForward, FastBackward):
         ``keep_cross`` each layer's cross-attention weights (S, B, H, T), else None.
         ``kv_heads``: the cross-attention keys and values of every layer (2L views), or None
         to project them from ``memory`` (N_s, D) layer by layer; ``tiled``: the self-attention
-        the tiled one (``src_bias`` then a :class:`attn.fast.flash.KeyMask` too)."""
-        cfg, xp, p = self.config, self.xp, self.params
+        the tiled one (``src_bias`` then a :class:`attn.fast.flash.KeyMask` too). Each layer is
+        :func:`attn.fast.layer.decoder_layer` on whole sequences (:class:`attn.fast.layer.Sequences`)."""
+        cfg, xp = self.config, self.xp
         Bsz, T = tgt_in.shape
         tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True), None) if tiled else \
             self._bias(decoder_mask(tgt_in), self.dtype, xp)                  # (B, 1, T, T)
         y, tgt_emb = self._embed("tgt", tgt_in, rng)
-        dec, cross = [], [] if keep_cross else None
+        cross = [] if keep_cross else None
+        run = Sequences(self, F, Bsz, T, (tgt_bias, tgt_rows), (src_bias, src_rows), rng, kv_heads, memory,
+                        keep_cache, cross)
+        dec = []
         for i in range(cfg.n_decoder_layers):
-            pre = f"decoder.{i}"
-            W, b = F.dec_qkv[i]
-            Wq, bq = F.cross_q[i]
-            if kv_heads is None:
-                kv_i = self._cross_kv_layer(memory, F, i, Bsz, memory.shape[0] // max(Bsz, 1))
-            else:
-                kv_i = (kv_heads[2 * i], kv_heads[2 * i + 1])
-            y, c1 = self._residual(pre + ".norm1", y, lambda h: self._self_attn(
-                pre + ".self_attn", W, b, h, Bsz, T, tgt_bias, tgt_rows, rng), p[pre + ".self_attn.b_o"], rng)
-            if not keep_cache:
-                c1 = None                   # inference: each sublayer's buffers go before the next runs
-            y, c2 = self._residual(pre + ".norm2", y, lambda h: self._cross_attn(
-                i, pre + ".cross_attn", Wq, bq, h, kv_i, Bsz, T, src_bias, src_rows, rng),
-                p[pre + ".cross_attn.b_o"], rng)
-            if keep_cross:
-                cross.append(c2.sub.att.w)
-            if not keep_cache:
-                c2 = kv_i = None
-            y, c3 = self._residual(pre + ".norm3", y, lambda h: self._ffn(pre + ".ffn", h, rng),
-                                   self._ffn_bias(pre), rng)
+            y, caches = decoder_layer(run, i, y)
             if keep_cache:
-                dec.append((c1, c2, c3))
-            del c1, c2, c3, kv_i
+                dec.append(caches)
         dec_norm = None
         if self.block.placement.final_norm:
             y, dec_norm = self._final_norm("decoder.norm", y)
