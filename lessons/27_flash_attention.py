@@ -217,7 +217,7 @@ print("gradient check (float64, central differences, one head of 12 tokens, tile
 # crosses the diagonal, the scores above it are computed and then masked.
 
 # %%
-from attn.layers.flash_attention import key_tiles
+from attn.layers import key_tiles
 
 T_g, tile_g = 24, 4
 grid = np.zeros((T_g, T_g))                            # 0: tile skipped, never computed

@@ -612,7 +612,8 @@ CONFIGS = [{}, {"d_model": 12, "n_heads": 3, "d_ff": 7, "n_encoder_layers": 1, "
 
 @needs_browser
 def test_the_page_checks_a_config_as_transformer_config_does(site):
-    """Every config TransformerConfig refuses the page refuses; for the others the page expects
+    """Every config TransformerConfig refuses the page refuses, and a decoder-only one
+    (n_encoder_layers 0), which it does not run, saying so; for the others the page expects
     exactly the tensors of attn.model.parameter_shapes, in its order, and counts parameter_count's numbers."""
     from attn.model import parameter_count, parameter_shapes
     url, chromium = site
@@ -626,6 +627,9 @@ def test_the_page_checks_a_config_as_transformer_config_does(site):
     }""", CONFIGS)
     page.close()
     for config, got in zip(CONFIGS, js):
+        if config.get("n_encoder_layers") == 0:
+            assert got == "config: n_encoder_layers 0 is a decoder-only language model, which this page does not run"
+            continue
         try:
             cfg = TransformerConfig.from_dict(config)
         except (ValueError, TypeError):

@@ -6,7 +6,7 @@ from .attention import (attention_backward, attention_forward, attention_weights
                         multi_head_attention_forward, split_heads)
 from .dropout import dropout_backward, dropout_forward
 from .embedding import embedding_backward, embedding_forward
-from .flash_attention import flash_attention_backward, flash_attention_forward
+from .flash_attention import flash_attention_backward, flash_attention_forward, key_tiles
 from .feedforward import feed_forward_backward, feed_forward_forward
 from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import linear_backward, linear_forward

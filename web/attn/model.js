@@ -57,6 +57,7 @@ export function checkConfig(obj) {
   const bad = (msg) => { throw new Error(`config: ${msg}`); };
   const show = (v) => JSON.stringify(v);
   const positive = (v) => Number.isInteger(v) && v > 0;
+  if (c.n_encoder_layers === 0) bad("n_encoder_layers 0 is a decoder-only language model, which this page does not run");
   for (const name of ["vocab_size", "d_model", "n_heads", "d_ff", "max_len", "n_encoder_layers", "n_decoder_layers"]) {
     if (!positive(c[name])) bad(`${name} must be a positive integer, got ${show(c[name])}`);
   }
