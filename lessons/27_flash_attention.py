@@ -348,6 +348,8 @@ print("products of T x T x Dh multiply-adds: " + ", ".join(f"{n} {f} forward + {
 # slope of $T$.
 
 # %%
+from matplotlib.ticker import NullFormatter
+
 fig, ax = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
 ax[0].loglog(lengths, [memory[t][0] for t in lengths], "o-", label="paper's attention")
 ax[0].loglog(lengths, [memory[t][1] for t in lengths], "s-", label=f"tiled, tiles of {tile_m}")
@@ -360,6 +362,8 @@ ax[1].bar(xs - 0.2, [r[2] + r[3] for r in rows], 0.4, label="paper's attention")
 ax[1].bar(xs + 0.2, [r[4] + r[5] for r in rows], 0.4, label="tiled")
 ax[1].set_xticks(xs, labels, fontsize=8); ax[1].set_yscale("log")
 ax[1].set_ylabel("forward + backward, s"); ax[1].set_title("time on this CPU (NumPy)"); ax[1].legend(fontsize=8)
+for a in ax:                                # minor labels (3x10^2 beside 4x10^2) crowd within a decade
+    a.yaxis.set_minor_formatter(NullFormatter())
 show_figure(fig, "27_flash_memory.png")
 
 # %% [markdown]
