@@ -362,8 +362,9 @@ ax[1].bar(xs - 0.2, [r[2] + r[3] for r in rows], 0.4, label="paper's attention")
 ax[1].bar(xs + 0.2, [r[4] + r[5] for r in rows], 0.4, label="tiled")
 ax[1].set_xticks(xs, labels, fontsize=8); ax[1].set_yscale("log")
 ax[1].set_ylabel("forward + backward, s"); ax[1].set_title("time on this CPU (NumPy)"); ax[1].legend(fontsize=8)
-for a in ax:                                # minor labels (3x10^2 beside 4x10^2) crowd within a decade
-    a.yaxis.set_minor_formatter(NullFormatter())
+for a in (ax[0].xaxis, ax[0].yaxis, ax[1].yaxis):   # minor labels (3x10^2 beside 4x10^2) crowd a decade
+    a.set_minor_formatter(NullFormatter())
+ax[0].set_xticks(lengths, [str(t) for t in lengths])
 show_figure(fig, "27_flash_memory.png")
 
 # %% [markdown]
