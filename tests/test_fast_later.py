@@ -57,14 +57,21 @@ def test_fast_steps_match_readable_float64(backend, options, attention):
     src[1, 4:] = 0
     tgt[2, 3:] = 0
     src, tgt_in, tgt_out = (B.to_device(a) for a in (src, tgt[:, :-1].copy(), tgt[:, 1:].copy()))
+    assert_trains_alike(ref, fast, src, tgt_in, tgt_out, cfg.label_smoothing)
+
+
+def assert_trains_alike(ref, fast, src, tgt_in, tgt_out, smoothing, steps: int = 3):
+    """``steps`` Adam steps of the readable model ``ref`` and the engine ``fast`` (float64, equal
+    parameters) on one batch: logits, loss and every gradient agree at each step, and the
+    parameters after them."""
     opt_ref, opt_fast = Adam(ref.params, d_model=16, warmup_steps=2), FastAdam(fast.params, d_model=16, warmup_steps=2)
-    for step in range(3):
+    for step in range(steps):
         logits, cache = ref.forward(src, tgt_in)
-        loss_ref, d = cross_entropy(logits, tgt_out, cfg.label_smoothing)
+        loss_ref, d = cross_entropy(logits, tgt_out, smoothing)
         g_ref = ref.backward(d, cache)
         logits_f, cache_f = fast.forward(src, tgt_in)
         assert rel_error(_host(logits), _host(logits_f)) < 1e-12, step
-        loss_fast, d_f = fast_ce(logits_f, tgt_out, cfg.label_smoothing, inplace=True)
+        loss_fast, d_f = fast_ce(logits_f, tgt_out, smoothing, inplace=True)
         g_fast = fast.backward(d_f, cache_f)
         assert abs(float(loss_ref) - float(loss_fast)) < 1e-12, step
         assert set(g_ref) == set(g_fast)

@@ -17,14 +17,14 @@ import attn.backend as B
 from attn import decode
 from attn.bench.twin import torch_available, torch_loss, torch_transformer
 from attn.block import QK_GAINS, Attention, later_block, parts
-from attn.fast import FastAdam, FastTransformer, cross_entropy as fast_ce
+from attn.fast import FastTransformer
 from attn.gradcheck import rel_error
 from attn.loss import cross_entropy
 from attn.masks import padding_mask
 from attn.model import Transformer, TransformerConfig, parameter_shapes
-from attn.optim import Adam
 from attn.testing import causal, check_gradients, normals
 from attn.training.config import config_from_argv
+from test_fast_later import assert_trains_alike
 from test_model import GRAD_COST_CAP, cases, check_model_gradients
 
 dev, host = B.to_device, B.to_host
@@ -147,24 +147,7 @@ def test_fast_steps_match_readable_float64(backend, options, attention):
                            attention=attention)
     fast.workers = 2
     src, tgt_in, tgt_out = _batch()
-    opt_ref, opt_fast = Adam(ref.params, d_model=16, warmup_steps=2), FastAdam(fast.params, d_model=16, warmup_steps=2)
-    for step in range(3):
-        logits, cache = ref.forward(src, tgt_in)
-        loss_ref, d = cross_entropy(logits, tgt_out, cfg.label_smoothing)
-        g_ref = ref.backward(d, cache)
-        logits_f, cache_f = fast.forward(src, tgt_in)
-        assert rel_error(host(logits), host(logits_f)) < 1e-12, step
-        loss_fast, d_f = fast_ce(logits_f, tgt_out, cfg.label_smoothing, inplace=True)
-        g_fast = fast.backward(d_f, cache_f)
-        assert abs(float(loss_ref) - float(loss_fast)) < 1e-12, step
-        assert set(g_ref) == set(g_fast)
-        for k in g_ref:
-            err = rel_error(host(g_ref[k]), host(g_fast[k]))
-            assert err < 1e-10, f"step {step}: gradient of {k}, relative error {err:.1e}"
-        opt_ref.step(g_ref)
-        opt_fast.step(g_fast)
-    for k in ref.params:
-        assert np.allclose(host(ref.params[k]), host(fast.params[k]), rtol=1e-10, atol=1e-8), k
+    assert_trains_alike(ref, fast, src, tgt_in, tgt_out, cfg.label_smoothing)
 
 
 @pytest.mark.parametrize("beam,use_cache", [(1, True), (3, True), (3, False)])
