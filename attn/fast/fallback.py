@@ -31,6 +31,7 @@ import importlib
 import json
 import os
 import subprocess
+from pathlib import Path
 import sys
 
 from .. import backend as B
@@ -73,9 +74,10 @@ def _child_env() -> dict:
     """The child's environment: this one on a GPU; on the stand-in, the one its package gives a
     child (``child_env``), so that the child runs on it too."""
     xp = B.xp()
-    if xp.__name__ == "cupy":
-        return dict(os.environ)
-    return importlib.import_module(xp.__name__.split(".")[0]).child_env()
+    env = dict(os.environ) if xp.__name__ == "cupy" else importlib.import_module(xp.__name__.split(".")[0]).child_env()
+    home = str(Path(__file__).resolve().parents[2])       # the folder holding this attn: the child imports it too
+    env["PYTHONPATH"] = os.pathsep.join([home, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
+    return env
 
 
 def _one_child(request: dict, decided: dict) -> tuple:

@@ -61,8 +61,9 @@ def prepare(config: TrainConfig, saved=None, dp=None, say=_stderr) -> Prepared:
     The run's ``config`` is the engine's to settle first (:meth:`attn.engine.Engine.settle`: on a
     GPU a feature that fails its probe is switched off); :attr:`Prepared.config` is what runs.
     """
-    config = engines.get(config.engine).settle(config, say)   # on a GPU: a feature that fails its probe is off
-    engine = engines.get(config.engine)          # the readable one where the fast engine failed its probe
+    asked = engines.get(config.engine)
+    config = asked.settle(config, say)           # on a GPU: a feature that fails its probe is switched off
+    engine = engines.get(config.engine) if config.engine != asked.name else asked   # readable if the probe failed
     loss_fn = engine.loss(trusted=True)          # the engine's step checks the ids; the loop, the loss's finiteness
     corpus = load_corpus(config)
     train_pairs = within_reach(corpus.train, longest_pair(config, config.model_config(2)), config.vocab == "bpe", say)
