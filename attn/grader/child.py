@@ -75,12 +75,15 @@ class Withheld:
 
     __attn_withheld__ = True
 
-    def __init__(self, module: str, name: str):
-        self.module, self.name = module, name
+    def __init__(self, module: str, name: str, answering: bool = False):
+        self.module, self.name, self.answering = module, name, answering
         self.__name__ = self.__qualname__ = name
         self.__module__ = "attn-check"
 
     def __call__(self, *args, **kwargs):
+        if self.answering:
+            raise RuntimeError(f"{self.module}.{self.name} is withheld while attn-check grades this exercise: it "
+                               "would hand in the answer the exercise asks you to write from the smaller layers")
         raise RuntimeError(
             f"{self.module}.{self.name} is withheld while attn-check grades {self.name}: "
             "the exercise asks you to write it")
@@ -126,7 +129,7 @@ def _load_given(policy: dict) -> dict:
             continue
         for name in withhold:
             if name in vars(mod):
-                setattr(mod, name, Withheld(key, name))
+                setattr(mod, name, Withheld(key, name, name in policy.get("answering", ())))
     return forwards
 
 

@@ -509,12 +509,14 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
 
 class Manifest(NamedTuple):
     """One exercise: the functions its starter asks for, in its order, the library modules
-    its file may import (what it gives; the names it asks for withheld from them), and the
-    forwards it gives (used, not graded, with the learner's backward)."""
+    its file may import (what it gives; the names it asks for withheld from them), the
+    forwards it gives (used, not graded, with the learner's backward), and the functions of
+    the given modules that would hand in its answer, withheld too."""
     name: str
     asks: tuple
     gives: tuple = ()
     given_forwards: tuple = ()
+    withholds: tuple = ()
 
 
 EXERCISES = {m.name: m for m in (
@@ -538,7 +540,8 @@ EXERCISES = {m.name: m for m in (
     Manifest("rope", ("rope_forward", "rope_backward")),
     Manifest("swiglu", ("swiglu_forward", "swiglu_backward")),
     Manifest("grouped_query_attention", ("grouped_query_attention_forward", "grouped_query_attention_backward"),
-             ("attn.layers",)),
+             ("attn.layers",), (), ("multi_head_attention_forward", "multi_head_attention_backward", "repeat_kv",
+                                    "sum_kv_groups")),
     Manifest("flash_attention", ("flash_attention_forward", "flash_attention_backward")),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
