@@ -365,8 +365,10 @@ class _Child:
             fn = getattr(self.module, name)
         real = [self.unpack(a) for a in args] if nudge is None else self._nudged(args, *nudge)
         before = {i: np.array(B.to_host(a)) for i, a in enumerate(real) if is_array(a) and nudge is None}
+        watch = _ForwardWatch(self._forward_of(name)) if nudge is None and not given else None
         try:
-            res = fn(*real)
+            with watch or _NoWatch():
+                res = fn(*real)
         except NotImplementedError as e:
             frames = traceback.extract_tb(e.__traceback__)
             return ("todo", frames[-1].name if frames else name)
@@ -380,6 +382,8 @@ class _Child:
                 kind, message = type(e).__name__, f"raised {type(e).__name__}: {e}"
             return ("raised", str(kind), self.show(str(message)), self.show(where(e.__traceback__, self.path)),
                     str(frames[-1].name if frames else name))
+        if watch is not None and watch.refused():
+            return ("raised", "attn-check", watch.message(name), self.show(watch.where), name)
         if nudge is not None:                   # central differences need the output alone
             return ("ok", self.pack(res[0] if type(res) in (tuple, list) and res else res), [])
         modified = []
@@ -389,6 +393,14 @@ class _Child:
                 if now.dtype.kind in "biufc":
                     modified.append([i, Arr(now, False)])
         return ("ok", self.pack(res), modified)
+
+    def _forward_of(self, name: str):
+        """The forward a backward called ``name`` belongs to (the learner's, or the one the
+        exercise gives), or None."""
+        if not name.endswith("_backward"):
+            return None
+        forward = name[:-len("_backward")] + "_forward"
+        return getattr(self.module, forward, None) or self.forwards.get(forward)
 
     def _nudged(self, args, where, i: int, step: float) -> list:
         """``args`` unpacked afresh (new arrays, a new generator for each Rng, as a call's own
@@ -418,6 +430,66 @@ class _Child:
                     return answer
                 outs.append(answer[1])
         return ("ok", outs, [])
+
+
+class _NoWatch:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _ForwardWatch:
+    """Counts, while a backward runs, the calls of its forward (its code object, or a copy
+    of its bytecode) and whether one had a complex argument: a backward that evaluates the
+    forward again and again (finite differences) or on complex inputs (the complex step)
+    takes the derivative numerically instead of deriving it. One call, on the forward's own
+    inputs, is a recomputation and allowed."""
+
+    def __init__(self, forward):
+        code = getattr(forward, "__code__", None)
+        self.code, self.name = code, getattr(forward, "__name__", "the forward")
+        self.calls, self.complex, self.where, self.off = 0, False, "", False
+        self.hook = self._hook                  # one bound method: getprofile() is it while on
+
+    def __enter__(self):
+        if self.code is not None:
+            import threading
+            self.saved = sys.getprofile(), threading.getprofile()
+            sys.setprofile(self.hook)
+            threading.setprofile(self.hook)
+        return self
+
+    def __exit__(self, *exc):
+        if self.code is not None:
+            import threading
+            self.off = sys.getprofile() is not self.hook
+            sys.setprofile(self.saved[0])
+            threading.setprofile(self.saved[1])
+        return False
+
+    def _hook(self, frame, event, arg):
+        if event != "call" or not (frame.f_code is self.code or frame.f_code.co_code == self.code.co_code):
+            return
+        self.calls += 1
+        self.complex = self.complex or any(is_array(v) and getattr(v.dtype, "kind", "") == "c"
+                                           or isinstance(v, complex) for v in frame.f_locals.values())
+        caller = frame.f_back
+        if not self.where and caller is not None:
+            self.where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
+
+    def refused(self) -> bool:
+        return self.off or self.calls > 1 or self.complex
+
+    def message(self, name: str) -> str:
+        if self.off:
+            return ("turned off attn-check's watch on what a backward calls (sys.setprofile): a backward is "
+                    "graded with it on")
+        how = f"{self.calls} time{'s' * (self.calls != 1)}" + (", with complex arguments" if self.complex else "")
+        return (f"evaluated its forward {self.name} {how}: a backward is derived (the chain rule through the "
+                "forward's cache), not the derivative of the forward taken numerically (the complex step, finite "
+                "differences)")
 
 
 def _install_cupy_modules():
