@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -169,6 +170,8 @@ def test_the_sandbox_here_and_required():
         assert proc.returncode == 2 and "no sandbox can be had here" in proc.stdout
         pytest.skip(f"no sandbox here: {NO_BWRAP_WHY}")
     assert f"sandbox: bubblewrap {bubblewrap.available()[1]}; user nobody" in proc.stdout, proc.stdout
+    # setrlimit's limits are a process's: the line says so, with the processes' number beside them.
+    assert re.search(r"limits: memory \d+ MB a process, CPU \d+ s a process, .*, \d+ processes", proc.stdout)
 
 
 def test_a_class_is_graded_in_parallel_into_one_table(tmp_path):

@@ -64,8 +64,10 @@ def describe(got: dict) -> str:
 
 
 def limits_line(limits: dict, got: list, timeout: float, boxed: bool) -> list[str]:
-    """The limits in words: the kernel's the child set (``got``), and the grader's own."""
-    words = {"as": f"memory {limits['memory_mb']} MB", "cpu": f"CPU {limits['cpu_s']} s",
+    """The limits in words: the kernel's the child set (``got``), and the grader's own. Memory
+    and CPU time are each process's (setrlimit's; no cgroup holds the sandbox as a whole): a
+    child that starts others may hold the processes' number times as much."""
+    words = {"as": f"memory {limits['memory_mb']} MB a process", "cpu": f"CPU {limits['cpu_s']} s a process",
              "fsize": f"file size {limits['file_mb']} MB", "nproc": f"{limits['processes']} processes",
              "core": "no core dumps"}
     out = [words[g] for g in got if g in words]
