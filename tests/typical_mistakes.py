@@ -624,6 +624,8 @@ MISTAKES["swiglu"] = [
     ("SiLU on the values", SWIGLU.format(**dict(RIGHT_SWIGLU, h="a * b / (1 + xp.exp(-b))")),
      r"SiLU on the value path", r"the gate goes through SiLU"),
     ("a sigmoid gate", SWIGLU.format(**dict(RIGHT_SWIGLU, h="s * b")), r"a sigmoid gate", r"not sigmoid\(a\)"),
+    ("SiLU by exp(a) / (1 + exp(a))", SWIGLU.format(**dict(RIGHT_SWIGLU, h="a * xp.exp(a) / (1 + xp.exp(a)) * b")),
+     r"SiLU written a \* exp\(a\) / \(1 \+ exp\(a\)\)", r"without exp of a large number"),
     ("SiLU's derivative the sigmoid", SWIGLU.format(**dict(RIGHT_SWIGLU, dsilu="s")),
      r"SiLU's derivative taken as sigmoid", r"the product rule"),
     ("dx without the value path", SWIGLU.format(**dict(RIGHT_SWIGLU, dx="da @ w.T")),

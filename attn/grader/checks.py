@@ -245,7 +245,8 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
     _check_output("forward", "the output", out, ref_out)
     args.check_unchanged(fname, "forward")
     look, formula = _hints(layer, "forward")
-    _compare("forward", "the output", out, ref_out, np.inf, formula, look)          # shape, dtype, NaN
+    with _naming(layer, "forward", out, ex):                     # a typical mistake may be what makes NaN
+        _compare("forward", "the output", out, ref_out, np.inf, formula, look)      # shape, dtype, NaN
     if phase == "forward":
         _check_forward(layer, fwd, ex, drop, out, ref_out)
         return

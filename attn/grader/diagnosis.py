@@ -57,6 +57,9 @@ def _same(yours, value) -> bool:
             return False
         if value.dtype.kind != "f" or yours.dtype.kind != "f":
             return bool(np.array_equal(yours, value))
+        nan = np.isnan(value)
+        if nan.any():                   # a mistake that makes NaN: the same NaN, the rest to rounding
+            return bool(np.array_equal(nan, np.isnan(yours))) and rel_error(yours[~nan], value[~nan]) < 1e-7
         return rel_error(yours, value) < 1e-7
     if isinstance(value, float):
         return isinstance(yours, (int, float, np.number)) and abs(yours - value) <= 1e-9 * (1 + abs(value))

@@ -124,6 +124,10 @@ SWIGLU = Layer("swiglu", "pair", ("swiglu_forward", "swiglu_backward"), swiglu_e
                       "dw2": "what the last product's input was"}, mistakes=(
                    Mistake("forward", M.swiglu_silu_on_values, "(x @ w) * silu(x @ v): SiLU on the value path",
                            "the gate goes through SiLU, silu(x @ w), and multiplies the values x @ v"),
+                   Mistake("forward", M.swiglu_silu_overflows, "NaN where a = x @ w is large: SiLU written "
+                           "a * exp(a) / (1 + exp(a)), inf / inf once exp(a) overflows (a > 88.7 in float32)",
+                           "write sigmoid(a) without exp of a large number: 1 / (1 + exp(-a)), or "
+                           "(1 + tanh(a / 2)) / 2"),
                    Mistake("forward", M.swiglu_sigmoid_gate, "sigmoid(x @ w) * (x @ v): a sigmoid gate (GLU), not "
                            "SiLU", "the gate is silu(a) = a * sigmoid(a), not sigmoid(a)"),
                    Mistake("dx", M.swiglu_gate_derivative_sigmoid, "the gradient with SiLU's derivative taken as "

@@ -540,6 +540,13 @@ def swiglu_sigmoid_gate(ex, dout):
     return (s * b) @ w2
 
 
+def swiglu_silu_overflows(ex, dout):
+    """SiLU written a * exp(a) / (1 + exp(a)): inf / inf = NaN once exp(a) overflows."""
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    with np.errstate(all="ignore"):
+        return (a * np.exp(a) / (1 + np.exp(a)) * b) @ w2
+
+
 # -- Luong's attention, the encoder and decoder layers
 
 
