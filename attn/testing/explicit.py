@@ -191,7 +191,11 @@ def flash_attention():
             Example((("q", n((2, 5, 3))), ("k", n((2, 5, 3))), ("v", n((2, 5, 2))), ("mask", None),
                      ("q_tile", 2), ("k_tile", 3), ("causal", True)), ("q", "k", "v"), seed=29),
             Example((("q", n((2, 5, 3), 30.0)), ("k", n((2, 6, 3), 10.0)), ("v", n((2, 6, 2))), ("mask", None),
-                     ("q_tile", 3), ("k_tile", 2), ("causal", False)), ("q", "k", "v"), gradcheck=False, seed=30))
+                     ("q_tile", 3), ("k_tile", 2), ("causal", False)), ("q", "k", "v"), gradcheck=False, seed=30),
+            # keys padded on the left: the second row's first key tile has no key to see, its later ones do
+            Example((("q", n((2, 4, 3))), ("k", n((2, 6, 3))), ("v", n((2, 6, 2))),
+                     ("mask", _lengths_mask([6, 3], 6)[:, ::-1].reshape(2, 1, 6).copy()), ("q_tile", 2),
+                     ("k_tile", 3), ("causal", False)), ("q", "k", "v"), seed=43))
 
 # -- recurrent cells, Luong attention
 

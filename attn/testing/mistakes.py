@@ -710,6 +710,27 @@ def bpe_merges_singletons(ex, dout):
 # -- FlashAttention
 
 
+def flash_first_tile_unseen(ex, dout):
+    """The online softmax without its guard for a running maximum of -inf: a query whose first
+    key tile has no key it may see gets exp(-inf - -inf) = NaN in its sums, and the output's
+    zero for a row without visible keys (out = 0 where l > 0 fails)."""
+    from ..layers import flash_attention_forward
+    from ..layers.flash_attention import _keep, _tiles, key_tiles
+    q, k, v, mask, q_tile, k_tile, causal = (ex.get(n) for n in ("q", "k", "v", "mask", "q_tile", "k_tile", "causal"))
+    out = np.array(flash_attention_forward(q, k, v, mask, q_tile, k_tile, causal)[0])
+    Tq, Tk, shown = q.shape[-2], k.shape[-2], False
+    for i0, i1 in _tiles(Tq, q_tile):
+        j0, j1 = key_tiles(i0, i1, Tk, k_tile, causal, Tk - Tq)[0]
+        keep = _keep(np, mask, causal, Tk - Tq, i0, i1, j0, j1)
+        if keep is not None:
+            unseen = ~np.broadcast_to(keep, out.shape[:-2] + (i1 - i0, j1 - j0)).any(axis=-1)
+            shown = shown or bool(np.abs(out[..., i0:i1, :][unseen]).max(initial=0.0) > 0)
+            out[..., i0:i1, :][unseen] = 0.0
+    if not shown:
+        raise ValueError("no query whose first key tile hides every key sees a later one: not shown here")
+    return out
+
+
 def flash_tile_d(ex, dout):
     """The backward with D = rowsum(p * dp) of each key tile instead of rowsum(dout * out) of the
     whole row: dq and dk."""
