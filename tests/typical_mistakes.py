@@ -628,6 +628,9 @@ MISTAKES["swiglu"] = [
      r"SiLU written a \* exp\(a\) / \(1 \+ exp\(a\)\)", r"without exp of a large number"),
     ("SiLU's derivative the sigmoid", SWIGLU.format(**dict(RIGHT_SWIGLU, dsilu="s")),
      r"SiLU's derivative taken as sigmoid", r"the product rule"),
+    ("db without the sigmoid", SWIGLU.format(**RIGHT_SWIGLU).replace("db = dh * a * s", "db = dh * a"),
+     r"gradient dv differs from the library's \(dx too\).*\| yours is x.T @ \(dh \* a\)",
+     r"db = dh \* silu\(a\): the value path is multiplied by the gate after SiLU"),
     ("dx without the value path", SWIGLU.format(**dict(RIGHT_SWIGLU, dx="da @ w.T")),
      r"the value path's gradient is missing", r"dx = da @ w.T \+ db @ v.T"),
 ]

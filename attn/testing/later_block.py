@@ -133,7 +133,10 @@ SWIGLU = Layer("swiglu", "pair", ("swiglu_forward", "swiglu_backward"), swiglu_e
                    Mistake("dx", M.swiglu_gate_derivative_sigmoid, "the gradient with SiLU's derivative taken as "
                            "sigmoid(a)", "the derivative of a * sigmoid(a) by the product rule: s * (1 + a * (1 - s))"),
                    Mistake("dx", M.swiglu_dx_gate_only, "da @ w.T alone: the value path's gradient is missing",
-                           "x feeds two products: dx = da @ w.T + db @ v.T")), explicit=X.swiglu())
+                           "x feeds two products: dx = da @ w.T + db @ v.T"),
+                   Mistake("dv", M.swiglu_dv_without_sigmoid, "x.T @ (dh * a): the value path's gradient with the "
+                           "gate a, not silu(a) = a * sigmoid(a)", "db = dh * silu(a): the value path is multiplied "
+                           "by the gate after SiLU")), explicit=X.swiglu())
 
 # ----------------------------------------------------------------------------- grouped-query attention
 

@@ -524,6 +524,13 @@ def swiglu_gate_derivative_sigmoid(ex, dout):
     return (dh * b * s) @ w.T + (dh * a * s) @ v.T
 
 
+def swiglu_dv_without_sigmoid(ex, dout):
+    """dv with db = dh * a: the gate's sigmoid left out of the value path's gradient."""
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    dh = dout @ w2.T
+    return x.reshape(-1, w.shape[0]).T @ (dh * a).reshape(-1, w.shape[1])
+
+
 def swiglu_dx_gate_only(ex, dout):
     x, w, v, w2, a, b, s = _swiglu(ex)
     dh = dout @ w2.T
