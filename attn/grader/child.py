@@ -163,7 +163,8 @@ def _limits(cfg: dict) -> list:
     got = []
     for name, value in (("RLIMIT_AS", cfg["memory_mb"] << 20), ("RLIMIT_CPU", cfg["cpu_s"]),
                         ("RLIMIT_FSIZE", cfg["file_mb"] << 20), ("RLIMIT_CORE", 0),
-                        ("RLIMIT_NPROC", cfg["processes"] if cfg.get("nproc") else None)):
+                        ("RLIMIT_NPROC", cfg["processes"] + cfg.get("processes_before", 0) if cfg.get("nproc")
+                         else None)):
         if value is None or not hasattr(resource, name):
             continue
         limit = getattr(resource, name)

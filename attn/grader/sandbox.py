@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import backend as B
 from . import bubblewrap
+from .child import NOBODY
 from .library import GIVEN_ONLY, LIBRARY, child_policy, is_array, manifest_for
 from .results import DEFAULT_TIMEOUT, MAX_OUTPUT, Failure, Fatal, LoadError, NotImplementedYet
 from .wire import ENTERED, Arr, Channel, Handle, Rng, WireError, XpRef
@@ -54,6 +55,20 @@ def read_source(path: Path) -> tuple[str, str]:
     if len(data) > MAX_SOURCE:
         raise LoadError(f"cannot read {path}: larger than {MAX_SOURCE:,} bytes", "")
     return data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest()
+
+
+def processes_of(uid: int) -> int:
+    """How many processes the user ``uid`` runs now (their real user): the kernel's process
+    limit counts them all, so the child's 64 are counted on top of them."""
+    n = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            with open(status, encoding="ascii", errors="replace") as f:
+                uids = next((line.split()[1] for line in f if line.startswith("Uid:")), None)
+        except OSError:                 # gone meanwhile
+            continue
+        n += uids == str(uid)
+    return n
 
 
 def describe(got: dict) -> str:
@@ -182,7 +197,8 @@ class Sandbox:
         cfg = {"fds": [req_r, ans_w], "file": where["file"], "shown": str(self.path), "work": where["work"],
                "sandbox": where["sandbox"], "files": where["files"], "backend": B.get_backend(),
                "reference": self.reference, "policy": policy, "env": CLEAN_ENV,
-               "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), **self.limits}
+               "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), **self.limits,
+               "processes_before": processes_of(NOBODY if os.geteuid() == 0 else os.getuid())}
         env = dict(CLEAN_ENV, ATTN_CHECK_CONFIG=json.dumps(cfg), ATTN_CHECK_CUPY_MODULES=modules,
                    PYTHONPATH=where["pythonpath"], PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
         out = open(self._out.name, "ab")
