@@ -8,8 +8,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -330,11 +332,25 @@ def relu_backward(dout, cache):
 
 @pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="the keyring filter knows x86_64 and "
                     "aarch64")
-@pytest.mark.parametrize("sandbox", ["auto", "off"])
-def test_the_kernels_keyrings_are_refused(tmp_path, sandbox):
-    """Keyrings are no namespace: add_key and keyctl get EPERM, and the file still passes."""
-    (tmp_path / "relu.py").write_text(KEYCTL)
-    proc = _run(tmp_path / "relu.py", "--sandbox", sandbox, "--examples", "2")
+@pytest.mark.parametrize("sandbox, user", [("auto", "root"), ("off", "root"), ("auto", "nobody")])
+def test_the_kernels_keyrings_are_refused(tmp_path, sandbox, user):
+    """Keyrings are no namespace: add_key and keyctl get EPERM, and the file still passes,
+    graded by root and by an ordinary user (nobody, by setpriv; bubblewrap then makes a user
+    namespace)."""
+    from test_sandbox_attempts import _unprivileged
+    prefix = _unprivileged() if user == "nobody" and os.geteuid() == 0 else []
+    if prefix is None or user == "root" and os.geteuid() != 0:
+        pytest.skip(f"cannot grade as {user} here")
+    work = Path(tempfile.mkdtemp(prefix="attn-keyring-"))          # nobody's to read: not under pytest's 0700
+    work.chmod(0o777)
+    try:
+        (work / "relu.py").write_text(KEYCTL)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(work))
+        proc = subprocess.run(prefix + [sys.executable, "-m", "attn.grader", str(work / "relu.py"), "--sandbox",
+                                        sandbox, "--examples", "2"], capture_output=True, text=True, env=env,
+                              cwd=work, timeout=300)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
 
 
