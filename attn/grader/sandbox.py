@@ -147,6 +147,7 @@ class Sandbox:
         self._out.close()
         self._work = None
         self.boxed = False
+        self._sources: dict = {}
         self.withheld: set = set()
         self.file_t0 = self.layer_t0 = None
 
@@ -159,13 +160,13 @@ class Sandbox:
         if B.get_backend() == "cupy" and B.cupy_modules is not None:
             modules = ",".join(m.__name__ for m in B.cupy_modules)
         if self.boxed:
-            prefix = (bubblewrap.command(bubblewrap.stage(policy), copy.parent, self.limits["work_mb"])
-                      + [bubblewrap.executable()])
+            binds, self._sources = bubblewrap.stage(policy)
+            prefix = bubblewrap.command(binds, copy.parent, self.limits["work_mb"]) + [bubblewrap.executable()]
             where = {"file": f"{bubblewrap.INSIDE['file']}/{copy.name}", "work": "/tmp/attn-check-work",
                      "sandbox": bubblewrap.name(),
-                     "files": "read-only, Python's standard library, NumPy, the library's modules the exercise "
-                              "gives (what it asks for withheld) and the copy of the file; writable, its own /tmp "
-                              "and /dev/shm, gone with it"}
+                     "files": "read-only, Python's standard library, NumPy, the grader's child and the copy of the "
+                              "file (the library's modules the exercise gives come through the pipe, what it asks "
+                              "for withheld); writable, its own /tmp and /dev/shm, gone with it"}
             return prefix, dict(where, pythonpath=f"{bubblewrap.INSIDE['lib']}:{bubblewrap.INSIDE['site']}"), modules
         paths = [str(Path(B.__file__).resolve().parents[1])]
         if modules:
@@ -198,7 +199,8 @@ class Sandbox:
                "sandbox": where["sandbox"], "files": where["files"], "backend": B.get_backend(),
                "reference": self.reference, "policy": policy, "env": CLEAN_ENV,
                "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), **self.limits,
-               "processes_before": processes_of(NOBODY if os.geteuid() == 0 else os.getuid())}
+               "processes_before": processes_of(NOBODY if os.geteuid() == 0 else os.getuid()),
+               "piped": sorted(self._sources)}
         env = dict(CLEAN_ENV, ATTN_CHECK_CONFIG=json.dumps(cfg), ATTN_CHECK_CUPY_MODULES=modules,
                    PYTHONPATH=where["pythonpath"], PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
         out = open(self._out.name, "ab")
@@ -213,6 +215,8 @@ class Sandbox:
             os.close(ans_w)
         self.requests = Channel(req_w)
         self.answers = Channel(ans_r, patience=30.0)
+        if self._sources:
+            self.requests.send(("sources", {m: list(v) for m, v in self._sources.items()}))
         answer = self._wait("importing the file", self.timeout + 30.0)
         if answer[0] == "import_failed":
             self.close()
