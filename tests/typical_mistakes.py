@@ -376,6 +376,9 @@ def rnn_step_backward(dh, cache):
     return da @ w_x.T, da @ w_h.T, {dw_x}, h_prev.T @ da, da.sum(axis=0)
 '''
 MISTAKES["rnn_step"] = [
+    ("tanh by exp(2a)", STEP.format(da="dh * (1 - h ** 2)", dw_x="x.T @ da").replace(
+        "h = np.tanh(a)", "h = (np.exp(2 * a) - 1) / (np.exp(2 * a) + 1)"),
+     r"tanh written \(exp\(2a\) - 1\) / \(exp\(2a\) \+ 1\)", r"without exp of a large number"),
     ("no tanh derivative", STEP.format(da="dh", dw_x="x.T @ da"), r"without tanh's derivative",
      r"passes tanh on its way back"),
     ("tanh' without the square", STEP.format(da="dh * (1 - h)", dw_x="x.T @ da"), r"without the square",

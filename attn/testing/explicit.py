@@ -203,7 +203,11 @@ def flash_attention():
 def rnn_step():
     n = _normals(117)
     return (Example((("x", n((2, 3))), ("h_prev", n((2, 4), 0.5)), ("w_x", n((3, 4), 1 / math.sqrt(3))),
-                     ("w_h", n((4, 4), 0.5)), ("b", n((4,), 0.1))), ("x", "h_prev", "w_x", "w_h", "b"), seed=31),)
+                     ("w_h", n((4, 4), 0.5)), ("b", n((4,), 0.1))), ("x", "h_prev", "w_x", "w_h", "b"), seed=31),
+            # pre-activations in the thousands: tanh by exp(2a) overflows in float64 too
+            Example((("x", n((2, 3), 1000.0)), ("h_prev", n((2, 4), 0.5)), ("w_x", n((3, 4), 1 / math.sqrt(3))),
+                     ("w_h", n((4, 4), 0.5)), ("b", n((4,), 0.1))), ("x", "h_prev", "w_x", "w_h", "b"),
+                    gradcheck=False, seed=44))
 
 
 def rnn():

@@ -308,7 +308,10 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "derivative without the square", "tanh' = 1 - tanh**2 = 1 - h**2: the square of the output"),
         Mistake(M.STEP_GRADIENTS, M.step_tanh_derivative_of_preactivation, "the gradient of da = dh * (1 - a**2), "
                 "with a the pre-activation", "tanh' = 1 - tanh(a)**2 is written with the output h = tanh(a), not "
-                "with a")), explicit=X.rnn_step()),
+                "with a"),
+        Mistake("forward", M.step_tanh_by_exp, "NaN where a is large: tanh written (exp(2a) - 1) / (exp(2a) + 1), "
+                "inf / inf once exp(2a) overflows (a > 44 in float32)", "write tanh without exp of a large number: "
+                "xp.tanh(a), or 1 - 2 / (exp(2a) + 1)")), explicit=X.rnn_step()),
     Layer("rnn", "pair", ("rnn_forward", "rnn_backward"), rnn_examples(), rnn_invariants, {
         "forward": "h_t = tanh(x_t @ w_x + h_{t-1} @ w_h + b), and h_t = h_{t-1} where the mask is False",
         "dx": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
