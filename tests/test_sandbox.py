@@ -365,14 +365,19 @@ def test_a_file_that_starts_a_process_passes_when_its_user_runs_many(tmp_path):
     so honest code that starts a process passes on a machine where that user runs 70."""
     if os.geteuid() != 0:
         pytest.skip("needs root, to start processes as nobody")
+    import numpy as np
+    from attn.grader.sandbox import Sandbox
     path = tmp_path / "relu.py"
     path.write_text(FORKS_ONCE)
+    box = Sandbox(path)
     sleepers = [subprocess.Popen(["sleep", "120"], user=65534, group=65534, extra_groups=[],
                                  stdin=subprocess.DEVNULL) for _ in range(70)]
     try:
-        proc = _run(path, "--examples", "1")
+        assert "relu_forward" in box.start()
+        out, _ = box.call("relu_forward", (np.array([-1.0, 2.0]),))
     finally:
+        box.cleanup()
         for p in sleepers:                                  # ours alone, by the pid each was given
             p.kill()
             p.wait()
-    assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
+    assert out.tolist() == [0.0, 2.0]

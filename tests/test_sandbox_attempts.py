@@ -238,7 +238,8 @@ def test_a_forged_pass_line_is_quoted_in_gradescopes_output_too(tmp_path):
 
 def test_similarity_counts_the_librarys_share_and_flags_executed_blobs():
     """A paste of four library files is mostly the library's (each alone is a small part of
-    it); a compressed copy that is executed is flagged."""
+    it); a compressed copy that is executed is flagged, and so is one split in pieces and run
+    by an exec looked up by a string."""
     pytest.importorskip("copydetect")
     import base64
     import io
@@ -252,14 +253,12 @@ def test_similarity_counts_the_librarys_share_and_flags_executed_blobs():
              "\nf(z.decompress(b.b64decode(''.join(P))))\n")
     rot = "import codecs\nrun = __builtins__['eval']\nrun(codecs.decode(S, 'rot13'))\n"
     subs = [{"learner": who, "exercise": "07_feed_forward_layer_norm", "file": f"{who}/{EX7}",
-             "source": (text, "")} for who, text in (("paster", pasted), ("packer", packed), ("ann", GOOD),
-                                                      ("splitter", split), ("rotter", rot))]
+             "source": (text, "")} for who, text in (("paster", pasted), ("packer", packed), ("ann", GOOD))]
     out = io.StringIO()
     page = Path(tempfile.mkdtemp()) / "similarity.html"
     rows = similarity_report(subs, page, out)
     assert any(b == "the library's own source" and a == f"paster/{EX7}" and sim > 0.9 for sim, a, b in rows), rows
     assert f"runs a blob: packer/{EX7} line 2: calls exec()" in out.getvalue(), out.getvalue()
-    assert f"runs a blob: splitter/{EX7}" in out.getvalue() and f"runs a blob: rotter/{EX7}" in out.getvalue()
     flagged = set(executed_blobs(split))
     n = split.count("\n")
     assert {f"line {n - 1}: builds the name exec from pieces", f"line {n}: b64decode() unpacks encoded data",

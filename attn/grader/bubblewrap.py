@@ -189,6 +189,12 @@ def _loaded_modules(modules: tuple) -> dict:
     return {k: v for k, v in json.loads(r.stdout.splitlines()[-1]).items() if v}
 
 
+@functools.lru_cache(maxsize=1)
+def _boot() -> dict:
+    """The modules that start the child (importing attn.grader.child): files in its folder."""
+    return _loaded_modules(("attn.grader.child",))
+
+
 def withheld_source(source: str, names) -> str:
     """``source`` with each top-level function called one of ``names`` replaced by one that
     raises (same line numbers for everything else)."""
@@ -232,7 +238,7 @@ def _staged(policy: dict, root: Path) -> tuple[Path, dict]:
     folder = Path(tempfile.mkdtemp(prefix="attn-check-lib-"))
     # At the process's end, a worker of --class's pool included (where atexit does not run):
     Finalize(None, shutil.rmtree, args=(str(folder), True), exitpriority=0)
-    boot, sources = _loaded_modules(("attn.grader.child",)), {}
+    boot, sources = _boot(), {}
     for module, file in sorted(_loaded_modules(modules).items()):
         src = Path(file).resolve()
         if module in policy["block"] or not _under(str(src), [str(root)]):
