@@ -46,7 +46,7 @@ def test_negation_zero_rows_and_exact_multiples(w):
     assert np.array_equal(qn, -q) and np.array_equal(sn, scale)
     w0 = w.copy()
     w0[..., 0, :] = 0.0
-    with np.errstate(all="raise"):                                       # no 0 / 0 behind a zero row
+    with np.errstate(divide="raise", invalid="raise"):                                     # no 0 / 0 behind a zero row
         q0, s0 = quantize_int8(w0)
     assert not q0[..., 0, :].any() and not s0[..., 0, :].any() and not dequantize_int8(q0, s0)[..., 0, :].any()
     k = np.clip(np.round(w / np.maximum(np.abs(w).max(), 1)), -127, 127)
@@ -113,3 +113,19 @@ def test_an_int8_checkpoint_loads_as_a_translator_and_refuses_a_damaged_one(tiny
         save_npz(tmp_path / "bad.npz", {**arrays, key: bad}, meta)
         with pytest.raises(CheckpointError, match=name):
             load_translator(tmp_path / "bad.npz")
+
+
+def test_the_command_writes_an_int8_checkpoint_and_export_takes_it(tiny, tmp_path, capsys):
+    from attn.data import Vocab
+    from attn.quantize import main
+    from attn.site.export import main as export_main
+    vocab = Vocab(["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(8)])
+    tiny.save(tmp_path / "fp32.npz", extra_meta={"vocab": vocab.to_json()})
+    assert main([str(tmp_path / "fp32.npz"), str(tmp_path / "int8.npz")]) == 0
+    said = capsys.readouterr().out
+    assert "bytes in float32" in said and said.count("max error/own bound") == sum(v.ndim == 2 for v in tiny.params.values())
+    assert main([str(tmp_path / "int8.npz"), str(tmp_path / "again.npz")]) == 2              # int8 already
+    assert export_main([str(tmp_path / "int8.npz"), str(tmp_path / "web"), "--int8"]) == 0
+    assert "in float32 it would be" in capsys.readouterr().out
+    assert export_main([str(tmp_path / "fp32.npz"), str(tmp_path / "web2"), "--int8", "--float16"]) == 2
+    assert "give one" in capsys.readouterr().err
