@@ -95,9 +95,9 @@ def report(r: dict) -> None:
         print(f"translator {t['checkpoint']}: {t['parameters']:,} parameters; {t['val_pairs']} validation pairs, "
               f"{t['test_sentences']} test sentences (greedy)")
         for k in ("fp32", "int8"):
-            print(f"  {k}: val loss {t[k]['val_nll']:.4f}  BLEU {t[k]['bleu']:.2f}  "
+            print(f"  {k}: val loss {t[k]['val_nll']:.5f}  BLEU {t[k]['bleu']:.2f}  "
                   f"(val {t[k]['val_seconds']:.1f} s, BLEU {t[k]['bleu_seconds']:.1f} s)")
-        print(f"  change: val loss {t['int8']['val_nll'] - t['fp32']['val_nll']:+.4f}, "
+        print(f"  change: val loss {t['int8']['val_nll'] - t['fp32']['val_nll']:+.5f}, "
               f"BLEU {t['int8']['bleu'] - t['fp32']['bleu']:+.2f}")
         print("  checkpoint bytes: " + ", ".join(f"{k} {v:,}" for k, v in t["checkpoint_bytes"].items()))
         pb = t["page_bytes"]
@@ -112,8 +112,8 @@ def report(r: dict) -> None:
         lm = r["lm"]
         print(f"language model {lm['checkpoint']}: {lm['parameters']:,} parameters")
         for k in ("fp32", "int8"):
-            print(f"  {k}: val loss {lm[k]['val_loss']:.4f} nats/token ({lm[k]['seconds']:.1f} s)")
-        print(f"  change: {lm['int8']['val_loss'] - lm['fp32']['val_loss']:+.4f}; largest error over its own bound "
+            print(f"  {k}: val loss {lm[k]['val_loss']:.5f} nats/token ({lm[k]['seconds']:.1f} s)")
+        print(f"  change: {lm['int8']['val_loss'] - lm['fp32']['val_loss']:+.5f}; largest error over its own bound "
               f"{lm['max_error_over_own_bound']:.6f}")
 
 
