@@ -99,10 +99,12 @@ def report(r: dict) -> None:
                   f"(val {t[k]['val_seconds']:.1f} s, BLEU {t[k]['bleu_seconds']:.1f} s)")
         print(f"  change: val loss {t['int8']['val_nll'] - t['fp32']['val_nll']:+.5f}, "
               f"BLEU {t['int8']['bleu'] - t['fp32']['bleu']:+.2f}")
-        print("  checkpoint bytes: " + ", ".join(f"{k} {v:,}" for k, v in t["checkpoint_bytes"].items()))
+        cb = t["checkpoint_bytes"]
+        print("  checkpoint bytes: " + ", ".join(f"{k} {v:,}" for k, v in cb.items())
+              + (f" (int8 / fp32 {cb['int8'] / cb['fp32']:.3f})" if "fp32" in cb else ""))
         pb = t["page_bytes"]
         print("  page download bytes: " + ", ".join(f"{k} {v:,}" for k, v in pb.items())
-              + f" (int8 / float32 {pb['int8'] / pb['float32']:.3f})")
+              + f" (int8 / float32 {pb['int8'] / pb['float32']:.3f}, int8 / float16 {pb['int8'] / pb['float16']:.3f})")
         worst = max(m["max_error_over_own_bound"] for m in t["matrices"].values())
         print(f"  matrices: {len(t['matrices'])}; largest error over its own bound {worst:.6f}")
         for name, m in t["matrices"].items():
@@ -126,7 +128,11 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, default=1000, help="test sentences to translate (0: all)")
     p.add_argument("--lm", type=Path, help="a checkpoint of attn-train --task lm")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "out" / "int8.json")
+    p.add_argument("--show", type=Path, metavar="JSON", help="print the figures a run wrote to JSON, and stop")
     args = p.parse_args(argv)
+    if args.show:
+        report(json.loads(args.show.read_text()))
+        return 0
     result = {}
     if args.translator:
         result["translator"] = translator(args.translator, args.data, args.src, args.tgt, args.limit)
