@@ -112,7 +112,7 @@ class Int8Params(Mapping):
         if both:
             raise ValueError(f"Int8Params: {sorted(both)[0]} is both a matrix and a vector")
         self.quantized, self.vectors = dict(quantized), dict(vectors)
-        self._names = [*quantized, *vectors]
+        self._names = [*vectors, *quantized]      # a vector first: model.xp's look at it dequantises nothing
 
     def __getitem__(self, name):
         if name in self.quantized:
