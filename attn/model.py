@@ -286,7 +286,7 @@ class SublayerCache(NamedTuple):
 def layer_params(params: dict, prefix: str) -> dict:
     """One layer's parameters by their names in it: ``encoder.0.ffn.w1`` -> ``ffn.w1``."""
     n = len(prefix) + 1
-    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + ".")}
+    return {k[n:]: params[k] for k in params if k.startswith(prefix + ".")}     # looks up only its own
 
 
 def encoder_layer_forward(x, mask, p: dict, cfg: TransformerConfig, rng=None):

@@ -100,7 +100,8 @@ def load_translator(checkpoint):
     from .data import Vocab
     from .model import Transformer
     from .model_files import model_members
-    arrays, meta = load_npz(checkpoint, expect=model_members)
+    from .quantize import int8_members, is_int8, load_int8
+    arrays, meta = load_npz(checkpoint, expect=lambda m, s: (int8_members if is_int8(s) else model_members)(m, s))
     if not meta.get("vocab"):
         raise CheckpointError(f"checkpoint {checkpoint} holds no vocabulary (meta 'vocab'): "
                               "was it written by attn-train?")
@@ -108,7 +109,7 @@ def load_translator(checkpoint):
         vocab = Vocab.from_json(meta["vocab"])
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint {checkpoint} has an unreadable vocabulary ({e})") from None
-    model = Transformer.from_arrays(arrays, meta, source=str(checkpoint))
+    model = (load_int8 if is_int8(arrays) else Transformer.from_arrays)(arrays, meta, source=str(checkpoint))
     not_finite = next((k for k, a in model.params.items() if not bool(B.host.isfinite(B.to_host(a)).all())), None)
     if not_finite is not None:
         raise CheckpointError(f"checkpoint {checkpoint}: parameter {not_finite} holds NaN or infinite numbers "

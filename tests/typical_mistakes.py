@@ -788,3 +788,7 @@ MISTAKES["flash_attention"] = [
                              "            ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))"),
      r"D = rowsum\(p \* dp\) of each key tile", r"D = rowsum\(dout \* out\) of the whole row"),
 ]
+
+from typical_mistakes_int8 import INT8_MISTAKES  # noqa: E402  (int8's, kept beside: this file is full)
+
+MISTAKES["int8"] = INT8_MISTAKES

@@ -31,6 +31,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
 from .flash_attention import FLASH_ATTENTION
 from .invariants import InvariantError, _dev, _first, _host, _out
 from .later_block import LATER_BLOCK
+from .quantize import INT8
 from .layers import (HINT_RESHAPE, Example, Factor, Layer, Mistake, Term, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
                      dropout_invariants, embedding_examples, embedding_invariants, feed_forward_examples,
@@ -507,6 +508,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
     RMSNORM,
     *LATER_BLOCK,
     FLASH_ATTENTION,
+    INT8,
 ]}
 
 
