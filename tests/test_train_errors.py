@@ -96,9 +96,10 @@ def test_a_text_file_as_the_checkpoint_to_resume_is_said_to_be_text(tmp_path):
     (["--beam", "100000"], ["beam (--beam) must be at most 256"]),
     (["--beam", "2", "--alpha", "1000"], ["alpha (--alpha) must be in [0, 10]"]),
     (["--d-model", "1000000", "--heads", "2"], ["d_model = 1,000,000 gives", "parameters", "GiB"]),
+    (["--task", "lm", "--context", "9000"], ["context (--context) must be at most 8,192"]),
 ])
 def test_numbers_out_of_reach_are_refused_before_any_work(tmp_path, flags, words, capsys):
-    with pytest.raises(SystemExit) if flags[0] in ("--lr-factor", "--max-tokens", "--beam") else _returns(2) as got:
+    with pytest.raises(SystemExit) if flags[0] in ("--lr-factor", "--max-tokens", "--beam", "--task") else _returns(2) as got:
         got.value = main(["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), *flags])
     err = capsys.readouterr().err
     assert all(w in err for w in words), err

@@ -19,7 +19,7 @@ from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
 from ..decode import Decoding
 from ..evaluate import MAX_ALPHA, MAX_BEAM
-from ..model import PRESETS, TransformerConfig, renamed_fields
+from ..model import MAX_LEN_LIMIT, PRESETS, TransformerConfig, renamed_fields
 from ..precision import PRECISIONS, Precision, PrecisionError
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
@@ -279,8 +279,10 @@ class TrainConfig:
         for name, default in (("precision", "fp32"), ("attention", "auto"), ("cuda_graph", False)):
             if lm and getattr(self, name) != default:
                 self._bad(name, "applies to the attn.fast engine; a language model trains on the readable one")
+        if lm and (self.context or 0) > MAX_LEN_LIMIT:
+            self._bad("context", f"must be at most {MAX_LEN_LIMIT:,} (the model's max_len: its table of positions)")
         if lm and (self.context or 0) * (self.batch or 0) > MAX_BATCH_TOKENS:
-            self._bad("batch", f"times --context must be at most {MAX_BATCH_TOKENS:,} tokens a step")
+            self._bad("batch", f"times --context ({self.context:,}) must be at most {MAX_BATCH_TOKENS:,} tokens a step")
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")

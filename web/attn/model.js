@@ -199,7 +199,7 @@ export function parameterShapes(c) {
 // The largest max_source_tokens (attn.evaluate.MAX_SOURCE_TOKENS_LIMIT): attention over more positions
 // would block the page for minutes.
 export const MAX_SOURCE_TOKENS_LIMIT = 4096;
-// The largest config max_len (attn.site.export.MAX_LEN_LIMIT): the page builds a table of max_len
+// The largest config max_len (attn.model.MAX_LEN_LIMIT): the page builds a table of max_len
 // positions as it loads, which at 10**6 took 16 s and at 10**8 failed.
 export const MAX_LEN_LIMIT = 8192;
 
