@@ -389,6 +389,28 @@ def test_standard_input_is_read_lazily_a_bounded_batch_at_a_time():
             _next_within(batches)
 
 
+def test_a_line_over_1_mib_is_refused_as_it_is_read(checkpoint):
+    """A line is held and tokenised whole: one of 100 MB without a sentence end took a minute and
+    4 GB before its token count refused it. Now it is refused when it grows past 1 MiB, as read from
+    a pipe and from a stream without a file descriptor, naming the line."""
+    import io
+    import time
+    from attn.translate import MAX_LINE_BYTES, stdin_batches
+    long_line = "a b " * (MAX_LINE_BYTES // 4 + 1)
+    t = time.perf_counter()
+    r = run_cli("--checkpoint", checkpoint, stdin="a .\n" + long_line + long_line)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "attn-translate: error: standard input line 2 is longer than 1 MiB: put each sentence (or each "
+        "paragraph) on a line of its own; a sentence may have at most --max-length tokens"], r.stderr
+    assert time.perf_counter() - t < 60
+    batches = stdin_batches(io.BytesIO(f"a .\n{long_line}\n".encode()), 1)
+    assert next(batches) == (1, ["a ."])
+    with pytest.raises(ValueError, match="line 2 is longer than 1 MiB"):
+        next(batches)
+    assert list(stdin_batches(io.BytesIO(("a " * (MAX_LINE_BYTES // 2)).encode()), 1))[0][1][0].count("a") \
+        == MAX_LINE_BYTES // 2                                                  # at the bound: read
+
+
 def test_translations_come_out_before_the_input_ends_and_stay_on_interrupt(checkpoint):
     import select
     import signal
