@@ -17,7 +17,8 @@ import pytest
 
 import attn.backend as B
 from attn.data import EOS, Vocab, tokenize
-from attn.evaluate import corpus_bleu, evaluate_bleu, source_ids, translate, translate_sentences
+from attn.evaluate import (MAX_SOURCE_TOKENS_LIMIT, corpus_bleu, evaluate_bleu, source_ids, translate,
+                           translate_sentences)
 from attn.model import Transformer, TransformerConfig
 from attn.plot import plot_attention
 from attn.translate import attention_paths, main
@@ -94,6 +95,20 @@ def test_help_explains_the_flags(capsys):
     for flag in ("--checkpoint", "--beam", "--alpha", "--attention", "--backend"):
         assert flag in out
     assert "attn-translate --checkpoint" in out      # an example
+
+
+def test_the_help_quotes_lengths_within_the_limit_and_the_default_backend_is_attn_train_s(monkeypatch):
+    """--max-length's help said "at most 4,096" and then quoted the cost at 10,000; the default backend
+    was auto where attn-train's (and every other command's) is numpy."""
+    import re
+    from attn.training.config import build_parser as train_parser
+    from attn.translate import build_parser
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    lengths = [int(n.replace(",", "")) for n in re.findall(r"\bat ([\d,]+)", helps["max_length"])]
+    assert lengths and max(lengths) <= MAX_SOURCE_TOKENS_LIMIT, helps["max_length"]
+    monkeypatch.delenv("ATTN_BACKEND", raising=False)
+    assert build_parser().get_default("backend") == "numpy"
+    assert "$ATTN_BACKEND or numpy" in {a.dest: a.help for a in train_parser()._actions}["backend"]
 
 
 def test_attention_figure_one_and_several(checkpoint, tmp_path, capsys, restore_backend):
