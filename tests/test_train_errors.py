@@ -173,6 +173,28 @@ def test_a_run_of_the_tiled_attention_resumes_on_the_readable_engine():
     assert resumed.reference and resumed.attention == "auto"
 
 
+def test_resuming_on_the_readable_engine_says_that_the_numbers_change(tmp_path, capsys):
+    """The two engines draw other dropout masks: ``--resume --reference`` on a run of the fast engine
+    says so, as a switch of ``--backend`` does; resuming on the engine that trained it says nothing."""
+    from attn.data import Vocab
+    from attn.model import Transformer, TransformerConfig
+    from attn.optim import Adam
+    from attn.training.checkpoints import TrainState, open_run, save_checkpoint
+    out = tmp_path / "run"
+    model = Transformer(TransformerConfig(vocab_size=6, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                                          n_decoder_layers=1), seed=0)
+    save_checkpoint(out / "checkpoint.npz", model, Adam(model.params, 8), TrainState(step=1),
+                    Vocab.build([["a", "b"]]), TrainConfig(out=str(out), backend="numpy"))
+    capsys.readouterr()
+    config, _ = open_run(config_from_argv(["--resume", "--out", str(out)]), {"resume", "out"})
+    assert config.engine == "fast" and capsys.readouterr().err == ""
+    config, _ = open_run(config_from_argv(["--resume", "--out", str(out), "--reference"]),
+                         {"resume", "out", "reference"})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert config.engine == "reference" and len(err) == 1, err
+    assert "trained by the attn.fast engine and continues on the readable one" in err[0] and "not match" in err[0]
+
+
 def test_a_resumed_run_refuses_a_changed_corpus_unless_allowed(tmp_path, capsys):
     from attn.checkpoint import save_npz
     from test_train import PAIRS

@@ -407,6 +407,16 @@ def say_resumed_backend(saved: str | None, asked: str | None, chosen: str | None
               f"to new runs; pass --backend {env} to switch)", file=sys.stderr)
 
 
+def say_resumed_engine(saved: dict, config: TrainConfig) -> None:
+    """One line where a resumed run switches engine (``--reference`` on a run that the fast engine
+    trained): the two draw their dropout masks from other generators, so the numbers then differ
+    from an unbroken run's, as with a switch of ``--backend``."""
+    if config.engine == "reference" and TrainConfig.from_dict({**saved, "resume": False}).engine == "fast":
+        print("attn-train: --resume: the run was trained by the attn.fast engine and continues on the readable "
+              "one, as --reference asks; its dropout masks come from another generator, so its numbers will not "
+              "match an unbroken run's", file=sys.stderr)
+
+
 def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
     """The settings of a resumed run: the saved run's (``saved``, a :meth:`TrainConfig.to_dict`),
     with those in :data:`RESUME_MAY_CHANGE` taken from ``config``.
