@@ -123,10 +123,13 @@ class TransformerConfig:
             bad(f"warmup_steps must be positive, got {self.warmup_steps!r}")
         count = parameter_count(self)
         if count > MAX_PARAMETERS:        # before anything is allocated, or parameter_shapes listed
-            fields = dataclasses.asdict(self)     # named: the field whose shrinking to 1 saves the most
-            field = max(SIZE_FIELDS, key=lambda f: count - parameter_count(SimpleNamespace(**{**fields, f: 1})))
-            bad(f"{field} = {getattr(self, field):,} gives {count:,} parameters ({4 * count / 2**30:,.0f} GiB in "
-                f"float32), more than the {MAX_PARAMETERS:,} a model may have")
+            fields = dataclasses.asdict(self)     # named: the field (or both layer counts, as --layers sets
+            groups = [(f,) for f in SIZE_FIELDS] + [LAYER_FIELDS]      # them) whose shrinking to 1 saves the most
+            group = max(groups, key=lambda g: count - parameter_count(SimpleNamespace(**{**fields,
+                                                                                         **dict.fromkeys(g, 1)})))
+            big = [f"{f} = {getattr(self, f):,}" for f in group if getattr(self, f) != 1]
+            bad(f"{' and '.join(big)} give{'s' if len(big) == 1 else ''} {count:,} parameters "
+                f"({4 * count / 2**30:,.0f} GiB in float32), more than the {MAX_PARAMETERS:,} a model may have")
 
     @property
     def target_vocab_size(self) -> int:
@@ -191,6 +194,8 @@ MAX_LEN_LIMIT = 8192
 MAX_PARAMETERS = 2**32
 #: The fields a model's size grows with.
 SIZE_FIELDS = ("vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_len")
+#: The layer counts, which ``attn-train --layers`` sets together.
+LAYER_FIELDS = ("n_encoder_layers", "n_decoder_layers")
 
 
 def parameter_count(cfg) -> int:

@@ -97,6 +97,8 @@ def test_a_text_file_as_the_checkpoint_to_resume_is_said_to_be_text(tmp_path):
     (["--beam", "2", "--alpha", "1000"], ["alpha (--alpha) must be in [0, 10]"]),
     (["--d-model", "1000000", "--heads", "2"], ["d_model = 1,000,000 gives", "parameters", "GiB"]),
     (["--task", "lm", "--context", "9000"], ["context (--context) must be at most 8,192"]),
+    (["--layers", "100000000"], ["(--layers 100000000)", "n_encoder_layers = 100,000,000 and n_decoder_layers = "
+                                 "100,000,000 give", "parameters"]),
 ])
 def test_numbers_out_of_reach_are_refused_before_any_work(tmp_path, flags, words, capsys):
     with pytest.raises(SystemExit) if flags[0] in ("--lr-factor", "--max-tokens", "--beam", "--task") else _returns(2) as got:
