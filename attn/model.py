@@ -125,9 +125,11 @@ class TransformerConfig:
         if count > MAX_PARAMETERS:        # before anything is allocated, or parameter_shapes listed
             fields = dataclasses.asdict(self)     # named: the field (or both layer counts, as --layers sets
             groups = [(f,) for f in SIZE_FIELDS] + [LAYER_FIELDS]      # them) whose shrinking to 1 saves the most
-            group = max(groups, key=lambda g: count - parameter_count(SimpleNamespace(**{**fields,
-                                                                                         **dict.fromkeys(g, 1)})))
-            big = [f"{f} = {getattr(self, f):,}" for f in group if getattr(self, f) != 1]
+
+            def saves(group):
+                return count - parameter_count(SimpleNamespace(**{**fields, **dict.fromkeys(group, 1)}))
+            group = max(groups, key=saves)
+            big = [f"{f} = {getattr(self, f):,}" for f in group if len(group) == 1 or 10 * saves((f,)) >= saves(group)]
             bad(f"{' and '.join(big)} give{'s' if len(big) == 1 else ''} {count:,} parameters "
                 f"({4 * count / 2**30:,.0f} GiB in float32), more than the {MAX_PARAMETERS:,} a model may have")
 

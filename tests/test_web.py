@@ -170,7 +170,7 @@ BROKEN = {"missing-tensor": "does not fit the config: missing", "n-heads-3": "mu
           "unknown-field": "unknown fields", "short-weights": "bytes",
           "layers-1e8": "n_encoder_layers = 100,000,000 gives", "nan-weights": "holds NaN or infinite numbers",
           "source-limit-1e9": "max_source_tokens must be an integer from 2 to 4,096",
-          "max-len-1e6": "config max_len must be at most 8,192",
+          "max-len-1e6": "max_len must be at most 8,192",
           "unknown-ffn": "ffn must be one of"}
 
 
