@@ -1,6 +1,7 @@
 """What a newcomer meets first: the end of a training run is a short summary with the figures in
-metrics.json, the progress bars write lines of their own when not on a terminal, and packaging
-says nothing about the licence."""
+metrics.json, each validation loss says whether label smoothing is in it, the progress bars write
+lines of their own when not on a terminal, --quiet's help says what it stops, and packaging says
+nothing about the licence."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from attn import backend as B
 from attn.train import train
-from attn.training.config import config_from_argv
+from attn.training.config import build_parser, config_from_argv
 from test_train import TINY, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +34,10 @@ def test_the_end_of_a_run_is_a_short_summary_and_bars_write_lines(tmp_path, caps
     assert "\r" not in captured.err and max(map(len, lines)) < 300, captured.err            # capsys: no terminal
     assert any(line.startswith("train: 100%") for line in lines), captured.err
     assert any(line.startswith("test: 100%") for line in lines), captured.err
+    evals = [line for line in captured.out.splitlines() + lines if line.startswith("step 6: val loss")]
+    assert len(evals) == 1 and "(with label smoothing 0.1; without " in evals[0], evals    # which loss is which
+    quiet = {a.dest: a.help for a in build_parser()._actions}["quiet"]
+    assert "JSON" not in quiet and "progress bars" in quiet, quiet                   # what it stops, no more
 
 
 def test_packaging_says_nothing_about_the_licence(tmp_path):

@@ -615,7 +615,8 @@ def _add_run_flags(g) -> None:
                    help="the attn.fast engine's attention: plain (the weights kept for the backward), flash (tiled, "
                         "FlashAttention: memory linear in the length, no attention dropout) or auto (default: the "
                         "rule of docs/GPU.md, tiled where the plain one's weights would not fit); same numbers")
-    g.add_argument("--quiet", action="store_true", help="no progress bar, and no metrics dumped as JSON on stderr at the end (metrics.json has them)")
+    g.add_argument("--quiet", action="store_true", help="no progress bars (training's and the test's); each evaluation's line and the summary at the "
+                        "end still print")
 
 
 def _add_block_flags(parser: argparse.ArgumentParser) -> None:
