@@ -1,6 +1,7 @@
 """What a newcomer meets first: the end of a training run is a short summary with the figures in
 metrics.json, each validation loss says whether label smoothing is in it, the progress bars write
-lines of their own when not on a terminal, --quiet's help says what it stops, and packaging says
+lines of their own when not on a terminal, --quiet's help says what it stops, the README draws one
+sentence's attention where it names one figure, and packaging says
 nothing about the licence."""
 from __future__ import annotations
 
@@ -45,3 +46,16 @@ def test_packaging_says_nothing_about_the_licence(tmp_path):
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "Warning" not in r.stderr and "icense" not in r.stderr, r.stderr
+
+
+def test_the_readme_draws_attention_of_one_sentence_where_it_names_one_file():
+    """The README drew docs/attention.png of two sentences, which writes attention-1.png and -2.png."""
+    import shlex
+    text = (ROOT / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    commands = [shlex.split(line.lstrip("$ ")) for line in text.splitlines()
+                if line.lstrip("$ ").startswith("attn-translate ") and "--attention" in line]
+    assert commands
+    for argv in commands:
+        sentences = [a for i, a in enumerate(argv[1:], start=1) if not a.startswith("--")
+                     and not argv[i - 1].startswith("--")]
+        assert len(sentences) == 1, argv
