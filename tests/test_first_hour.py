@@ -6,6 +6,7 @@ nothing about the licence."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,14 @@ def test_the_readme_draws_attention_of_one_sentence_where_it_names_one_file():
         sentences = [a for i, a in enumerate(argv[1:], start=1) if not a.startswith("--")
                      and not argv[i - 1].startswith("--")]
         assert len(sentences) == 1, argv
+
+
+def test_the_readme_says_in_which_precision_several_processes_train_as_one():
+    """The README said that several processes train "exactly as one" and "bit for bit", which holds in
+    float64 only: in float32 the sums' order changes the last bits, which Adam enlarges."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    claims = [s for s in re.split(r"(?<=[.;|])\s", text) if "processes" in s and ("as one" in s or "bit for bit" in s)]
+    assert claims
+    for claim in claims:
+        assert "exactly" not in claim and ("float64" in claim or "float32" in claim), claim     # says which
+    assert "float32" in text[text.index("so several processes train as one"):][:600]
