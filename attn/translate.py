@@ -21,6 +21,7 @@ translating of the batch of lines that holds them (the batches before it are wri
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import select
@@ -58,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='a sentence to translate, e.g. "the old friend laughed ." '
                         "(quote each one; none: read standard input, one sentence per line)")
     p.add_argument("--checkpoint", required=True, type=Path, metavar="PATH",
-                   help="the checkpoint written by attn-train, e.g. --checkpoint runs/toy/checkpoint.npz")
+                   help="the checkpoint written by attn-train, e.g. --checkpoint runs/toy/checkpoint.npz, or "
+                        "a run's folder, e.g. --checkpoint runs/toy: the model its test used (averaged.npz "
+                        "where the average of the last snapshots was tested, else checkpoint.npz)")
     p.add_argument("--beam", type=int, default=1, metavar="K",
                    help="beam size: 1 (default) decodes greedily, the paper uses --beam 4")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A",
@@ -97,6 +100,21 @@ def attention_paths(path: Path, n: int) -> list[Path]:
 
 def _numbered(path: Path, i: int) -> Path:
     return path.with_name(f"{path.stem}-{i}{path.suffix or '.png'}")
+
+
+def run_model(path: Path) -> Path:
+    """``path``; or, for a run's folder (what ``attn-train --out`` writes), the model its test used:
+    ``averaged.npz`` where its ``metrics.json`` says the average of the last snapshots was tested,
+    else ``checkpoint.npz`` (the last model, and a run that has not been tested yet)."""
+    if not path.is_dir():
+        return path
+    try:
+        metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        metrics = {}
+    count = metrics.get("averaged_checkpoints") if isinstance(metrics, dict) else None
+    averaged = isinstance(count, int) and not isinstance(count, bool) and count > 1
+    return path / ("averaged.npz" if averaged else "checkpoint.npz")
 
 
 def load_translator(checkpoint):
@@ -349,7 +367,7 @@ def main(argv=None) -> int:
         notice = B.auto_fallback_notice()          # auto with CuPy installed but unusable: one line
         if notice:
             print(f"attn-translate: {notice}", file=sys.stderr)
-        model, vocab = load_translator(args.checkpoint)
+        model, vocab = load_translator(run_model(args.checkpoint))
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))
     batches = iter([(1, args.sentences)]) if args.sentences else stdin_batches(sys.stdin.buffer, args.batch_size)

@@ -1,8 +1,9 @@
 """What a newcomer meets first: the end of a training run is a short summary with the figures in
-metrics.json, each validation loss says whether label smoothing is in it, the progress bars write
-lines of their own when not on a terminal, --quiet's help says what it stops, the README draws one
-sentence's attention where it names one figure, and packaging says
-nothing about the licence."""
+metrics.json and the model to translate with, the one the README's run folder names; each
+validation loss says whether label smoothing is in it; the progress bars write lines of their
+own when not on a terminal; --quiet's help says what it stops; the README draws one sentence's
+attention where it names one figure and says in which precision several processes train as one;
+packaging says nothing about the licence."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from attn import backend as B
 from attn.train import train
+from attn.translate import run_model
 from attn.training.config import build_parser, config_from_argv
 from test_train import TINY, write_corpus
 
@@ -31,6 +33,11 @@ def test_the_end_of_a_run_is_a_short_summary_and_bars_write_lines(tmp_path, caps
     assert len(summary) == 2, captured.out
     assert summary[0].startswith(f"test BLEU {metrics['test_bleu']:.2f}, chrF") and "metrics.json" in summary[0]
     assert summary[1].startswith(f"translate with: attn-translate --checkpoint {out}")
+    printed = summary[1].split("--checkpoint ")[1].split()[0]
+    assert str(run_model(out)) == printed                  # the run's folder translates with the model it names
+    quick_start = next(line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+                       if line.startswith("pip install -e . && attn-train"))
+    assert quick_start.endswith("attn-translate --checkpoint runs/toy"), quick_start     # the folder, so the same
     lines = captured.err.splitlines()
     assert not any(line.startswith("{") for line in captured.out.splitlines() + lines)      # no JSON dump
     assert "\r" not in captured.err and max(map(len, lines)) < 300, captured.err            # capsys: no terminal

@@ -404,6 +404,24 @@ def test_standard_input_is_read_lazily_a_bounded_batch_at_a_time():
             _next_within(batches)
 
 
+def test_a_run_folder_translates_with_the_model_its_test_used(checkpoint, capsys, restore_backend):
+    """The README translated with averaged.npz where the run had tested its last model (the average's
+    validation loss was higher) and printed checkpoint.npz: the run's folder now names the one tested."""
+    import json
+    folder = checkpoint.parent
+    other, vocab = tiny(seed=5)
+    other.save(folder / "averaged.npz", extra_meta={"vocab": vocab.to_json()})
+    sentence = "a b c d ."
+    last, average = (_alone(m, vocab, [sentence]) for m in (tiny()[0], other))
+    assert last != average
+    for metrics, expected in ((None, last), ({"averaged_checkpoints": 5}, average),
+                              ({"averaged_checkpoints": 1}, last)):
+        if metrics is not None:
+            (folder / "metrics.json").write_text(json.dumps(metrics))
+        assert main(["--checkpoint", str(folder), "--backend", "numpy", sentence]) == 0
+        assert capsys.readouterr().out == expected + "\n", metrics
+
+
 def test_a_line_over_1_mib_is_refused_as_it_is_read(checkpoint):
     """A line is held and tokenised whole: one of 100 MB without a sentence end took a minute and
     4 GB before its token count refused it. Now it is refused when it grows past 1 MiB, as read from
