@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..block import KINDS
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
 from ..decode import Decoding
@@ -257,9 +258,7 @@ class TrainConfig:
 
     def _check_block(self) -> None:
         """The block's kinds."""
-        for name, kinds in (("norm_position", ("post", "pre")), ("norm_kind", ("layer", "rms")),
-                            ("positional", ("sinusoidal", "learned", "rope")),
-                            ("ffn", ("relu", "swiglu"))):
+        for name, kinds in KINDS.items():
             if getattr(self, name) not in (None, *kinds):
                 self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
 
@@ -624,15 +623,15 @@ def _add_block_flags(parser: argparse.ArgumentParser) -> None:
     grouped-query attention (each None by default: the preset's, the paper's)."""
     g = parser.add_argument_group("the block (default: the paper's, but small's rotary positions, chosen on "
                                   "Multi30k in lesson 28; lesson 26 derives the others)")
-    g.add_argument("--norm-position", "--norm", choices=["post", "pre"],
+    g.add_argument("--norm-position", "--norm", choices=list(KINDS["norm_position"]),
                    help="where the norm sits: after each sub-layer's residual sum (post, the paper) or before "
                         "the sub-layer (pre, every later model); --norm is its older name")
-    g.add_argument("--norm-kind", choices=["layer", "rms"],
+    g.add_argument("--norm-kind", choices=list(KINDS["norm_kind"]),
                    help="the norm: layer norm (the paper) or RMSNorm (no mean subtracted, no shift)")
-    g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],
+    g.add_argument("--positional", choices=list(KINDS["positional"]),
                    help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys "
                         f"(default: the preset's, {_recipe('positional')}; else sinusoidal)")
-    g.add_argument("--ffn", choices=["relu", "swiglu"],
+    g.add_argument("--ffn", choices=list(KINDS["ffn"]),
                    help="the feed-forward network: ReLU (equation 2) or SwiGLU (at 2/3 of --d-ff, the same parameters)")
     g.add_argument("--kv-heads", type=int, metavar="N",
                    help="key/value heads of every attention, dividing --heads (grouped-query attention; 1: multi-query)")
