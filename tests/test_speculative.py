@@ -154,14 +154,21 @@ def test_a_draft_equal_to_the_target_is_always_accepted(translators):
 @pytest.mark.parametrize("k", [1, 8])
 def test_greedy_texts_are_the_targets_across_restarted_windows(k):
     """A language model's greedy text, 30 tokens through windows of 10 (restarted as
-    :func:`attn.sample.generate` restarts them), for several prompts."""
+    :func:`attn.sample.generate` restarts them), for several prompts. The weights are doubled so
+    that the text depends on its context (a tiny random model's repeats one token); the draft is
+    the target's weights with noise, close enough that some rounds run past a window's end."""
     cfg = _config(n_encoder_layers=0, max_len=10)
-    target, draft = Transformer(cfg, seed=1, dtype="float64"), Transformer(cfg, seed=5, dtype="float64")
+    target = Transformer(cfg, seed=3, dtype="float64")
+    target.params.update({k: 2 * w for k, w in target.params.items() if k.endswith("weight") or ".w_" in k})
+    rng = np.random.default_rng(0)
+    draft = Transformer(cfg, dtype="float64", params={k: w * (1 + 0.2 * rng.standard_normal(w.shape))
+                                                      for k, w in target.params.items()})
     accepted = proposed = 0
     for prompt in ([4], [8, 9, 10, 11, 12, 4, 5]):
         want = generate(target, prompt, 30, Sampler(0), banned=[0, 1])
         got, acceptance = S.generate(target, draft, prompt, 30, k, Sampler(0), banned=[0, 1])
         assert got == want, prompt
+        assert len(set(zip(want, want[1:]))) > 5, want                 # a text that depends on its context
         accepted, proposed = accepted + acceptance.accepted, proposed + acceptance.proposed
     assert 0 < accepted < proposed
 
@@ -268,3 +275,65 @@ def test_a_draft_of_another_kind_or_vocabulary_and_the_fast_engine_are_refused(t
     fast = engines.get("fast").model(_config(), seed=1)
     with pytest.raises(ValueError, match="fast engine's caches .attn/fast/decoding.py. cannot roll back"):
         S.translate(fast, draft, src, 2)
+
+
+def test_a_language_models_draft_must_hold_the_window():
+    cfg = _config(n_encoder_layers=0, max_len=12)
+    target, short = Transformer(cfg, seed=1), Transformer(_config(n_encoder_layers=0, positional="learned", max_len=8))
+    with pytest.raises(ValueError, match="draft's learned positions hold 8, the target reads windows of 12"):
+        S.generate(target, short, [4], 3, 2)
+
+
+# --------------------------------------------------------------------------- the commands
+
+@pytest.fixture
+def restore_backend():
+    """``main`` selects a backend; put the previous choice back afterwards."""
+    saved = (B._current, B._xp)
+    yield
+    B._current, B._xp = saved
+
+
+def _saved(tmp_path, name, vocab, seed, meta=None, **kw):
+    cfg = _config(**{"vocab_size": len(vocab), "d_model": 8, "d_ff": 16, "n_encoder_layers": 1,
+                     "n_decoder_layers": 1, **kw})
+    model = Transformer(cfg, seed=seed, dtype="float64")
+    model.params["embedding.weight"][EOS] *= 2.0
+    return str(model.save(tmp_path / name, extra_meta={"vocab": vocab.to_json(), **(meta or {})}))
+
+
+def test_attn_translate_with_a_draft_prints_greedy_decodings_translations(tmp_path, capsys, restore_backend):
+    from attn.translate import main
+    vocab = Vocab.build([list("abcdefg.")])
+    target, draft = _saved(tmp_path, "t.npz", vocab, 1), _saved(tmp_path, "d.npz", vocab, 2)
+    sentences = ["a b c .", "g f e d .", "b ."]
+    assert main(["--checkpoint", target, "--backend", "numpy", *sentences]) == 0
+    plain = capsys.readouterr().out
+    assert main(["--checkpoint", target, "--draft", draft, "--speculate", "3", "--backend", "numpy", *sentences]) == 0
+    got = capsys.readouterr()
+    assert got.out == plain and "attn-translate: speculative decoding, k=3:" in got.err
+    other = _saved(tmp_path, "o.npz", Vocab.build([list("abcdefgh.")]), 2)
+    for flags, words in ((["--speculate", "2"], "--speculate needs a --draft"),
+                         (["--draft", draft, "--beam", "4"], "without --beam"),
+                         (["--draft", draft, "--speculate", "-1"], "--speculate must be between 0 and 64"),
+                         (["--draft", other], "its vocabulary differs from --checkpoint's")):
+        assert main(["--checkpoint", target, "--backend", "numpy", *flags, "a ."]) == 2
+        assert words in capsys.readouterr().err, flags
+
+
+def test_attn_generate_with_a_draft_prints_the_same_greedy_text(tmp_path, capsys, restore_backend):
+    from attn.generate import main
+    vocab, meta = Vocab(["<pad>", "<s>", "</s>", "<unk>", *"abcdef"]), {"args": {"char": True, "context": 12}}
+    target = _saved(tmp_path, "t.npz", vocab, 1, meta, n_encoder_layers=0, max_len=12)
+    draft = _saved(tmp_path, "d.npz", vocab, 2, meta, n_encoder_layers=0, max_len=12)
+    flags = ["--checkpoint", target, "--prompt", "abc", "--temperature", "0", "--max-tokens", "20"]
+    assert main(flags) == 0
+    plain = capsys.readouterr().out
+    assert main([*flags, "--draft", draft, "--speculate", "4"]) == 0
+    got = capsys.readouterr()
+    assert got.out == plain and "attn-generate: speculative decoding, k=4:" in got.err
+    translator = _saved(tmp_path, "mt.npz", vocab, 2, meta)
+    for extra, words in ((["--speculate", "2"], "--speculate needs a --draft"),
+                         (["--draft", translator], "--draft " + translator + " holds a translator")):
+        assert main([*flags, *extra]) == 2
+        assert words in capsys.readouterr().err, extra
