@@ -8,10 +8,11 @@
 A translator decodes the first ``--sentences`` lines of ``--sources`` greedily: plain greedy
 decoding one sentence at a time (what speculative decoding does: its rounds' lengths differ from
 row to row) and as one batch, then speculative decoding for each k, whose translations must be
-the plain ones (checked: a difference stops the run). A language model (``--lm``) continues
+the plain ones (counted: a float32 model may break a near tie another way when it reads k + 1
+positions in one pass). A language model (``--lm``) continues
 ``--prompts`` lines of its own text (the first 40 characters of lines spread over its validation
 text, as ``attn-train --task lm`` held it out: the last tenth) by ``--tokens`` characters at
-``--temperature`` (0: greedy, checked equal to plain sampling's). k = 0 is the target alone in
+``--temperature`` (0: greedy, its texts counted where equal to plain sampling's). k = 0 is the target alone in
 the same loop (the prompt read in one pass, then a token a pass): the speed that k > 0 is
 measured against. Each setting is timed
 ``--repeats`` times, the best kept; one JSON object a setting on stdout, and a figure of tokens
@@ -66,7 +67,8 @@ def translator(args) -> list[dict]:
     assert draft_vocab == vocab, "--draft: another vocabulary"
     lines = args.sources.read_text(encoding="utf-8").splitlines()[:args.sentences]
     src = padded([source_ids(vocab, vocab.tokenize(line)) for line in lines])
-    one = lambda: [greedy_decode(target, B.to_device(src[i:i + 1])).tokens[0] for i in range(len(src))]  # noqa: E731
+    alone = [B.to_device(row[row != PAD][None, :]) for row in src]         # each sentence without padding
+    one = lambda: [greedy_decode(target, row).tokens[0] for row in alone]  # noqa: E731
     plain, t_one = best_of(args.repeats, one)
     tokens = sum(len(t) + 1 for t in plain)              # EOS included (a sentence at its limit has none)
     batched, t_batch = best_of(args.repeats, lambda: greedy_decode(target, B.to_device(src)).tokens)
@@ -76,10 +78,10 @@ def translator(args) -> list[dict]:
              "tokens_per_second": tokens / t_batch, "same": batched == plain}]
     for k in args.k:
         (result, acc), t = best_of(args.repeats, lambda: S.translate(target, draft, src, k))
-        if result.tokens != plain:
-            raise SystemExit(f"k={k}: speculative translations differ from greedy decoding's")
-        rows.append({"name": _name(k), "k": k, "seconds": t, "tokens": tokens, "tokens_per_second": tokens / t,
-                     "acceptance": acc.rate, "tokens_per_pass": acc.tokens / acc.rounds})
+        n = sum(len(t) + 1 for t in result.tokens)
+        rows.append({"name": _name(k), "k": k, "seconds": t, "tokens": n, "tokens_per_second": n / t,
+                     "acceptance": acc.rate, "tokens_per_pass": acc.tokens / acc.rounds,
+                     "identical": sum(a == b for a, b in zip(result.tokens, plain))})
     return rows
 
 
@@ -110,25 +112,24 @@ def language_model(args) -> list[dict]:
                 acc.add(a)
             return texts, acc
         (texts, acc), t = best_of(args.repeats, run)
-        if args.temperature == 0 and texts != plain:
-            raise SystemExit(f"k={k}: speculative greedy texts differ from plain greedy decoding's")
         n = sum(map(len, texts))
         rows.append({"name": _name(k), "k": k, "seconds": t, "tokens": n, "tokens_per_second": n / t,
                      "acceptance": acc.rate, "tokens_per_pass": acc.tokens / acc.rounds,
-                     "temperature": args.temperature})
+                     "temperature": args.temperature, "identical": sum(a == b for a, b in zip(texts, plain))})
     return rows
 
 
 def table(rows: list[dict]) -> str:
     """The rows as a markdown table, each setting's speed over plain decoding's one at a time."""
     base = next(r for r in rows if r["k"] == 0 and "acceptance" in r)["tokens_per_second"]
-    lines = ["| decoding | k | tokens | seconds (best) | tokens/s | x the target alone | acceptance | tokens per pass |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| decoding | k | tokens | seconds (best) | tokens/s | x the target alone | acceptance | tokens per pass "
+             "| outputs identical to plain |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         acc = f"{100 * r['acceptance']:.1f} %" if "acceptance" in r else "-"
         per = f"{r['tokens_per_pass']:.2f}" if "tokens_per_pass" in r else "-"
         lines.append(f"| {r['name']} | {r['k'] if 'acceptance' in r else '-'} | {r['tokens']:,} | {r['seconds']:.2f} | "
-                     f"{r['tokens_per_second']:.1f} | {r['tokens_per_second'] / base:.2f} | {acc} | {per} |")
+                     f"{r['tokens_per_second']:.1f} | {r['tokens_per_second'] / base:.2f} | {acc} | {per} | "
+                     f"{r.get('identical', '-')} |")
     return "\n".join(lines)
 
 
