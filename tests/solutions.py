@@ -5,3 +5,4 @@ from attn.grader.solutions import *  # noqa: F401,F403
 from attn.grader.solutions import merge_heads, sinusoidal_table, split_heads  # noqa: F401
 from attn.loss import cross_entropy  # noqa: F401
 from attn.masks import causal_mask, padding_mask  # noqa: F401
+from attn.quantize import int8_round_trip  # noqa: F401

@@ -13,7 +13,9 @@ writes a folder of two files that the page in ``web/`` (plain JavaScript, no bui
     parameter its dotted name, its byte offset into the binary file and its shape.
 ``DIR/weights.bin``
     every parameter, one after the other in the index's order, row-major,
-    little-endian IEEE float32 (or float16 with ``--float16``: half the bytes).
+    little-endian IEEE float32 (or float16 with ``--float16``: half the bytes; or, with
+    ``--int8``, every matrix as signed bytes with a float32 scale per output channel
+    (:mod:`attn.quantize`) and every vector in float32: about a quarter of the bytes).
 
 The folder is written beside ``DIR`` and renamed into place, so a reader never sees the
 model of one export with the weights of another; a folder that already holds an export is
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -39,16 +42,15 @@ from pathlib import Path
 from .. import backend as B
 from ..checkpoint import CheckpointError, write_atomic
 from ..evaluate import MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
+from ..model import MAX_LEN_LIMIT  # noqa: F401  (the format's bound: a config over it is refused as it is read)
 
 #: The format's name and version, the first thing a reader checks.
 FORMAT = "attn-web-1"
 MODEL_FILE = "model.json"
 WEIGHTS_FILE = "weights.bin"
-#: Bytes per number of each storage type; both little-endian IEEE 754.
-DTYPES = {"float32": 4, "float16": 2}
-#: The largest config ``max_len`` the format allows: the page builds a table of ``max_len`` positions
-#: as it loads (8,192 rows of d_model 512 take a fraction of a second; 10**6 took 16 s, 10**8 failed).
-MAX_LEN_LIMIT = 8192
+#: Bytes per number of each storage type; both little-endian IEEE 754. An ``int8`` export holds
+#: its matrices as one byte a number (with float32 scales) and its vectors as float32.
+DTYPES = {"float32": 4, "float16": 2, "int8": 1}
 
 EXAMPLES = """\
 examples:
@@ -68,8 +70,10 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     """Write ``model`` (a :class:`attn.model.Transformer`) and ``vocab`` (a :class:`attn.data.Vocab`)
     to ``out_dir``. Returns the JSON document written to ``model.json``.
 
-    ``dtype`` is the storage type of the weights, ``"float32"`` or ``"float16"`` (values
-    outside float16's range are an error, not silently infinite). ``sentences`` are
+    ``dtype`` is the storage type of the weights, ``"float32"``, ``"float16"`` (values
+    outside float16's range are an error, not silently infinite) or ``"int8"`` (every matrix
+    quantised a channel at a time, :func:`attn.quantize.quantize_matrix`, or as the model holds it
+    if its params are already an :class:`attn.quantize.Int8Params`). ``sentences`` are
     example source sentences the page offers in a list. ``max_source_tokens`` is the most
     tokens the page lets a sentence have (its end mark included; at most
     :data:`attn.evaluate.MAX_SOURCE_TOKENS_LIMIT`, and the model's ``max_len`` bounds it too),
@@ -88,11 +92,9 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     if len(vocab) != model.config.target_vocab_size:
         raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
                          f"the model {model.config.target_vocab_size}")
-    if model.config.max_len > MAX_LEN_LIMIT:
-        raise ValueError(f"export_model: {_max_len_problem(model.config.max_len)}")
     out_dir, started = Path(out_dir), time.time()
     _check_destination(out_dir, overwrite)
-    tensors, chunks, offset = _weights(model, dtype)
+    tensors, chunks, offset = (_int8_weights if dtype == "int8" else _weights)(model, dtype)
     max_source_tokens = min(max_source_tokens, model.config.max_len)     # no longer than it was trained on
     doc = {
         "format": FORMAT,
@@ -134,9 +136,36 @@ def _weights(model, dtype: str) -> tuple[list, list, int]:
     return tensors, chunks, offset
 
 
-def _max_len_problem(max_len: int) -> str:
-    return (f"config max_len must be at most {MAX_LEN_LIMIT:,} (the page builds a table of max_len positions), "
-            f"got {max_len:,}")
+def _int8_weights(model, dtype: str = "int8") -> tuple[list, list, int]:
+    """``model``'s matrices as int8 bytes, each followed by its float32 scales (its index entry has
+    ``scales``, their byte offset, and ``axis``, 0 for one scale a row and 1 a column), and its vectors
+    as float32; every tensor starts on a multiple of 4 bytes: (the index, the chunks, their length)."""
+    np = B.host
+    from ..model import parameter_shapes
+    from ..quantize import Int8Params, quantize_matrix
+    tensors, chunks, offset = [], [], 0
+    for name, shape in parameter_shapes(model.config).items():
+        if isinstance(model.params, Int8Params) and name in model.params.quantized:
+            q, scale = (B.to_host(a) for a in model.params.quantized[name])
+        else:
+            a = B.to_host(model.params[name]).astype(np.float32)
+            if tuple(a.shape) != tuple(shape) or not np.isfinite(a).all():
+                raise ValueError(f"export_model: parameter {name} has shape {a.shape} (the config says {shape}) "
+                                 "or holds NaN or infinite values")
+            if a.ndim != 2:
+                raw = a.astype("<f4").tobytes()
+                tensors.append({"name": name, "offset": offset, "shape": list(shape)})
+                chunks.append(raw)
+                offset += len(raw)
+                continue
+            q, scale = quantize_matrix(name, a)
+        raw = q.astype(np.int8).tobytes() + bytes(-q.size % 4)              # pad: the scales start aligned
+        scales = scale.astype("<f4").tobytes()
+        tensors.append({"name": name, "offset": offset, "shape": list(shape), "scales": offset + len(raw),
+                        "axis": 0 if scale.shape[1] == 1 else 1})
+        chunks += [raw, scales]
+        offset += len(raw) + len(scales)
+    return tensors, chunks, offset
 
 
 def _check_destination(out_dir: Path, overwrite: bool) -> None:
@@ -222,12 +251,10 @@ def load_export(out_dir):
         vocab = Vocab.from_json(doc["vocab"])
         weights = doc["weights"]
         dtype, tensors, size = weights["dtype"], weights["tensors"], weights["bytes"]
-        index = {t["name"]: (t["offset"], tuple(t["shape"])) for t in tensors}
+        index = {t["name"]: (t["offset"], tuple(t["shape"]), t.get("scales"), t.get("axis")) for t in tensors}
     except (KeyError, TypeError, ValueError, AttributeError, DataError) as e:
         raise ExportError(f"{meta_path}: unreadable config, vocabulary or weights index "
                           f"({type(e).__name__}: {str(e)[:80]})") from None
-    if cfg.max_len > MAX_LEN_LIMIT:
-        raise ExportError(f"{meta_path}: {_max_len_problem(cfg.max_len)}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ExportError(f"{meta_path}: weights dtype {dtype!r:.40} is not one of {sorted(DTYPES)}")
     limit = doc.get("max_source_tokens", MAX_SOURCE_TOKENS)
@@ -267,24 +294,47 @@ def _read_model_json(out_dir: Path, meta_path: Path, bin_path: Path) -> dict:
 
 def _read_weights(meta_path: Path, bin_path: Path, expected: dict, index: dict, dtype: str) -> dict:
     """Each parameter of ``expected`` (name -> shape) read from ``bin_path`` where ``index`` (name ->
-    (offset, shape)) says, checked (its shape, its bytes inside the file, finite) and widened to
-    float32 on the device."""
+    (offset, shape, scales, axis)) says, checked (its shape, its bytes inside the file, finite) and
+    widened to float32 on the device (an int8 matrix dequantised, ``q * scale`` in float32)."""
     np = B.host
     raw = bin_path.read_bytes()
     params = {}
     for name, shape in expected.items():
-        offset, found = index[name]
+        offset, found, scales, axis = index[name]
         if found != tuple(shape):
             raise ExportError(f"{meta_path}: {name} has shape {list(found)}, the config says {list(shape)}")
-        n = int(np.prod(shape)) * DTYPES[dtype]
+        if dtype == "int8" and len(shape) == 2:
+            params[name] = B.to_device(_read_int8(meta_path, bin_path, raw, name, shape, offset, scales, axis))
+            continue
+        n = int(np.prod(shape)) * (4 if dtype == "int8" else DTYPES[dtype])         # int8 exports' vectors: float32
         if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= len(raw) - n:
             raise ExportError(f"{meta_path}: {name} at offset {offset!r:.40} runs past the end of {bin_path}")
-        a = np.frombuffer(raw, dtype="<f4" if dtype == "float32" else "<f2", count=n // DTYPES[dtype],
+        a = np.frombuffer(raw, dtype="<f2" if dtype == "float16" else "<f4", count=int(np.prod(shape)),
                           offset=offset)
         if not np.isfinite(a).all():
             raise ExportError(f"{bin_path}: {name} holds NaN or infinite numbers")
         params[name] = B.to_device(a.astype(np.float32).reshape(shape))
     return params
+
+
+def _read_int8(meta_path: Path, bin_path: Path, raw: bytes, name: str, shape, offset, scales, axis):
+    """An int8 matrix of ``shape`` at ``offset`` and its float32 scales at ``scales`` (one a row for
+    ``axis`` 0, a column for 1), checked (inside the file, 4-byte aligned, finite non-negative scales),
+    dequantised to float32 on the host."""
+    np = B.host
+    n = int(np.prod(shape))
+    if isinstance(axis, bool) or axis not in (0, 1):
+        raise ExportError(f"{meta_path}: {name} has axis {axis!r:.40}, expected 0 (a scale a row) or 1 (a column)")
+    channels = shape[axis]
+    for what, at, size in (("", offset, n), (" scales", scales, 4 * channels)):
+        if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= len(raw) - size or at % 4:
+            raise ExportError(f"{meta_path}: {name}{what} at offset {at!r:.40} runs past the end of {bin_path} "
+                              "or is not a multiple of 4")
+    q = np.frombuffer(raw, dtype=np.int8, count=n, offset=offset).reshape(shape)
+    s = np.frombuffer(raw, dtype="<f4", count=channels, offset=scales).astype(np.float32)
+    if not (np.isfinite(s).all() and (s >= 0).all()):
+        raise ExportError(f"{bin_path}: {name}'s scales hold NaN, infinite or negative numbers")
+    return q.astype(np.float32) * s.reshape((channels, 1) if axis == 0 else (1, channels))
 
 
 def _read_sentences(path, limit: int) -> list[str]:
@@ -306,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, metavar="DIR", help="the folder to write model.json and weights.bin to")
     p.add_argument("--float16", action="store_true",
                    help="store the weights as float16 (half the bytes; the page widens them to float32)")
+    p.add_argument("--int8", action="store_true",
+                   help="store every matrix as int8 with a float32 scale per output channel, the vectors as "
+                        "float32 (about a quarter of float32's bytes; the page dequantises them as it loads)")
     p.add_argument("--sentences", type=Path, metavar="FILE",
                    help="source sentences, one per line, that the page offers to pick from, "
                         "e.g. --sentences data/toy/test.en")
@@ -349,7 +402,10 @@ def main(argv=None) -> int:
     try:
         _check_destination(args.out, args.overwrite)          # before reading anything
         sentences = _read_sentences(args.sentences, args.max_sentences) if args.sentences else []
-        doc = export_checkpoint(args.checkpoint, args.out, "float16" if args.float16 else "float32", sentences,
+        if args.float16 and args.int8:
+            raise ValueError("--float16 and --int8 are two storage types: give one")
+        dtype = "int8" if args.int8 else "float16" if args.float16 else "float32"
+        doc = export_checkpoint(args.checkpoint, args.out, dtype, sentences,
                                 max_source_tokens=args.max_length, overwrite=args.overwrite)
     except (CheckpointError, DataError, ValueError) as e:
         print(f"attn-export: error: {e}", file=sys.stderr)
@@ -362,6 +418,9 @@ def main(argv=None) -> int:
           f"({doc['weights']['bytes']:,} bytes, {doc['weights']['dtype']}; {len(doc['weights']['tensors'])} "
           f"tensors; d_model {cfg['d_model']}, {cfg['n_encoder_layers']}+{cfg['n_decoder_layers']} layers, "
           f"{cfg['n_heads']} heads; {len(doc['sentences'])} example sentences)")
+    fp32 = 4 * sum(math.prod(t["shape"]) for t in doc["weights"]["tensors"])
+    print(f"attn-export: weights.bin {doc['weights']['bytes']:,} bytes; in float32 it would be {fp32:,} "
+          f"({doc['weights']['bytes'] / fp32:.3f} of it)")
     return 0
 
 

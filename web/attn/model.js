@@ -88,8 +88,13 @@ export function checkConfig(obj) {
   if (!(typeof c.warmup_steps === "number" && c.warmup_steps >= 1)) bad(`warmup_steps must be positive, got ${show(c.warmup_steps)}`);
   const count = parameterCount(c);
   if (count > MAX_PARAMETERS) {             // before a shape is listed or a byte allocated
-    const field = SIZE_FIELDS.reduce((best, f) => (parameterCount({ ...c, [f]: 1 }) < parameterCount({ ...c, [best]: 1 }) ? f : best));
-    bad(`${field} = ${c[field].toLocaleString("en")} gives ${count.toLocaleString("en")} parameters, ` +
+    // named: the field, or both layer counts together, whose shrinking to 1 saves the most (as Python)
+    const saves = (group) => count - parameterCount({ ...c, ...Object.fromEntries(group.map((f) => [f, 1])) });
+    const groups = [...SIZE_FIELDS.map((f) => [f]), ["n_encoder_layers", "n_decoder_layers"]];
+    const group = groups.reduce((best, g) => (saves(g) > saves(best) ? g : best));
+    const big = group.filter((f) => group.length === 1 || 10 * saves([f]) >= saves(group))
+      .map((f) => `${f} = ${c[f].toLocaleString("en")}`);
+    bad(`${big.join(" and ")} give${big.length === 1 ? "s" : ""} ${count.toLocaleString("en")} parameters, ` +
         `more than the ${MAX_PARAMETERS.toLocaleString("en")} a model may have`);
   }
   return c;
@@ -199,12 +204,23 @@ export function parameterShapes(c) {
 // The largest max_source_tokens (attn.evaluate.MAX_SOURCE_TOKENS_LIMIT): attention over more positions
 // would block the page for minutes.
 export const MAX_SOURCE_TOKENS_LIMIT = 4096;
-// The largest config max_len (attn.site.export.MAX_LEN_LIMIT): the page builds a table of max_len
+// The largest config max_len (attn.model.MAX_LEN_LIMIT): the page builds a table of max_len
 // positions as it loads, which at 10**6 took 16 s and at 10**8 failed.
 export const MAX_LEN_LIMIT = 8192;
 
-// Bytes per number of each storage type; both little-endian IEEE 754.
-const DTYPES = { float32: 4, float16: 2 };
+// Bytes per number of each storage type; both little-endian IEEE 754. An int8 export holds its
+// matrices as one signed byte a number, each with float32 scales (one an output channel: a row for
+// axis 0, a column for axis 1), and its vectors as float32 (attn/quantize.py).
+const DTYPES = { float32: 4, float16: 2, int8: 1 };
+
+// The bytes of one tensor's numbers, and (an int8 export's matrix) of its scales: [[offset, bytes], ...].
+function tensorSpans(t, shape, dtype) {
+  const n = shape.reduce((a, b) => a * b, 1);
+  if (dtype !== "int8") return [[t.offset, n * DTYPES[dtype]]];
+  if (shape.length !== 2) return [[t.offset, 4 * n]];
+  if (t.axis !== 0 && t.axis !== 1) throw new Error(`${t.name} has axis ${JSON.stringify(t.axis)}, expected 0 or 1`);
+  return [[t.offset, n], [t.scales, 4 * shape[t.axis]]];
+}
 
 // Check model.json as attn.site.export.load_export does, before a byte of weights.bin is read:
 // the format, the config, the vocabulary, and an index that holds every tensor the config
@@ -229,7 +245,7 @@ export function checkExport(meta) {
   }
   const w = meta.weights;
   if (w === null || typeof w !== "object" || !Array.isArray(w.tensors)) throw new Error("weights: no index of tensors");
-  if (!(w.dtype in DTYPES)) throw new Error(`weights dtype ${JSON.stringify(w.dtype)} is neither float32 nor float16`);
+  if (!(w.dtype in DTYPES)) throw new Error(`weights dtype ${JSON.stringify(w.dtype)} is not float32, float16 or int8`);
   if (typeof w.file !== "string" || !/^[\w.-]+$/.test(w.file) || w.file.startsWith(".")) {
     throw new Error(`weights file ${JSON.stringify(w.file)} is not a plain file name beside model.json`);
   }
@@ -251,9 +267,11 @@ export function checkExport(meta) {
     if (!Array.isArray(t.shape) || t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
       throw new Error(`${name} has shape ${JSON.stringify(t.shape)}, the config says ${JSON.stringify(shape)}`);
     }
-    const n = shape.reduce((a, b) => a * b, 1) * DTYPES[w.dtype];
-    if (!(Number.isInteger(t.offset) && t.offset >= 0 && t.offset <= w.bytes - n)) {
-      throw new Error(`${name} at offset ${JSON.stringify(t.offset)} runs past the end of ${w.file}`);
+    for (const [offset, n] of tensorSpans(t, shape, w.dtype)) {
+      if (!(Number.isInteger(offset) && offset >= 0 && offset <= w.bytes - n && (w.dtype !== "int8" || offset % 4 === 0))) {
+        throw new Error(`${name} at offset ${JSON.stringify(offset)} runs past the end of ${w.file}` +
+                        (w.dtype === "int8" ? " or is not a multiple of 4" : ""));
+      }
     }
   }
   if (vocab.length !== targetVocabSize(config)) {
@@ -283,15 +301,29 @@ export async function loadModel(url) {
   if (buffer.byteLength !== w.bytes) throw new Error(`${base}${w.file}: ${buffer.byteLength} bytes, model.json says ${w.bytes}`);
   const view = new DataView(buffer);
   const params = {};
-  for (const { name, offset, shape } of w.tensors) {
+  for (const t of w.tensors) {
+    const { name, offset, shape } = t;
     const n = shape.reduce((a, b) => a * b, 1);
     const data = new Float32Array(n);
-    if (w.dtype === "float32") for (let i = 0; i < n; i++) data[i] = view.getFloat32(offset + 4 * i, true);
+    if (w.dtype === "int8" && shape.length === 2) readInt8(view, t, data);
+    else if (w.dtype === "float32" || w.dtype === "int8") for (let i = 0; i < n; i++) data[i] = view.getFloat32(offset + 4 * i, true);
     else for (let i = 0; i < n; i++) data[i] = halfToFloat(view.getUint16(offset + 2 * i, true));
     if (!data.every(Number.isFinite)) throw new Error(`${base}${w.file}: ${name} holds NaN or infinite numbers`);
     params[name] = tensor(shape, data);
   }
   return { model: new Transformer(config, params), vocab, meta };
+}
+
+// An int8 matrix (R, C) dequantised into data: q * scale, the scale of its row (axis 0) or column
+// (axis 1), rounded to float32 as NumPy's float32 product is (the exact product, rounded once).
+function readInt8(view, { offset, shape, scales, axis, name }, data) {
+  const [R, C] = shape;
+  const s = new Float32Array(shape[axis]);
+  for (let j = 0; j < s.length; j++) s[j] = view.getFloat32(scales + 4 * j, true);
+  if (!s.every((x) => Number.isFinite(x) && x >= 0)) throw new Error(`${name}'s scales hold NaN, infinite or negative numbers`);
+  for (let r = 0; r < R; r++) {
+    for (let c = 0; c < C; c++) data[r * C + c] = view.getInt8(offset + r * C + c) * s[axis === 0 ? r : c];
+  }
 }
 
 // (KV, T, Dh) and (KV, 1, Dh) -> (KV, T+1, Dh): the key/value cache grows by one position.
