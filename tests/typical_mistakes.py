@@ -775,3 +775,6 @@ MISTAKES["flash_attention"] = [
                              "            ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))"),
      r"D = rowsum\(p \* dp\) of each key tile", r"D = rowsum\(dout \* out\) of the whole row"),
 ]
+from typical_mistakes_lora import MISTAKES as _LORA  # noqa: E402  (the module at its size limit)
+
+MISTAKES.update(_LORA)

@@ -31,6 +31,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
 from .flash_attention import FLASH_ATTENTION
 from .invariants import InvariantError, _dev, _first, _host, _out
 from .later_block import LATER_BLOCK
+from .lora import LORA_LAYERS
 from .layers import (HINT_RESHAPE, Example, Factor, Layer, Mistake, Term, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
                      dropout_invariants, embedding_examples, embedding_invariants, feed_forward_examples,
@@ -504,6 +505,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
     RMSNORM,
     *LATER_BLOCK,
     FLASH_ATTENTION,
+    *LORA_LAYERS,
 ]}
 
 
@@ -540,6 +542,7 @@ EXERCISES = {m.name: m for m in (
     Manifest("grouped_query_attention", ("grouped_query_attention_forward", "grouped_query_attention_backward"),
              ("attn.layers",)),
     Manifest("flash_attention", ("flash_attention_forward", "flash_attention_backward")),
+    Manifest("lora", ("lora_forward", "lora_backward", "lora_merge")),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
                                  "decoder_layer_backward", "transformer_forward", "transformer_backward"),
