@@ -5,6 +5,8 @@ attn-export --adapter agree with the merged model. (The layer itself, attn.layer
 checked through its registration: tests/test_registry.py.)"""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -112,9 +114,11 @@ def finetuned(tmp_path_factory):
         (root / f"{split}.en").write_text("\n".join(lines) + "\n")
         (root / f"{split}.tk").write_text("\n".join(line[::-1].strip() for line in lines) + "\n")
     out = root / "ft"
-    metrics = train(TrainConfig(data=root, resume_from=ckpt, lora=2, lora_targets="q,v,o", reference=True,
-                                steps=3, eval_every=2, bleu_sentences=2, out=out, quiet=True, max_tokens=64))
-    return ckpt, out, metrics
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        metrics = train(TrainConfig(data=root, resume_from=ckpt, lora=2, lora_targets="q,v,o", reference=True,
+                                    steps=3, eval_every=2, bleu_sentences=2, out=out, quiet=True, max_tokens=64))
+    return ckpt, out, {**metrics, "stderr": said.getvalue()}
 
 
 def test_attn_train_saves_the_adapter_alone_and_states_its_size(finetuned, capsys):
@@ -128,6 +132,9 @@ def test_attn_train_saves_the_adapter_alone_and_states_its_size(finetuned, capsy
         assert sorted(f.files) == sorted(["__meta__"] + [f"lora/{k}" for k in Adapter(2, ("q", "v", "o"))
                                                          .shapes(base.config)])
     assert json.loads((out / "metrics.json").read_text())["after"]["val_loss"] == metrics["after"]["val_loss"]
+    assert (f"adapter: {metrics['trained_parameters']:,} parameters" in metrics["stderr"]
+            and f"{metrics['adapter_bytes']:,} bytes of numbers, {(out / 'adapter.npz').stat().st_size:,} bytes in"
+            in metrics["stderr"]), metrics["stderr"]
 
 
 def test_translate_and_export_take_the_adapter_merged(finetuned, tmp_path, capsys):

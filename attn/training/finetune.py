@@ -4,8 +4,8 @@ frozen (:mod:`attn.lora`; lesson 29). The base checkpoint gives the weights and 
 (the new corpus is encoded with it: words it never had become ``<unk>``); the loop, its budget
 and its Ctrl-C are the trainer's (:func:`attn.train.run_loop`).
 
-Adam runs at a constant rate, ``--lr-factor`` times the peak of the base preset's schedule, and
-falls over the recipe's cooldown. ``out`` gets ``adapter.npz`` (LoRA: the adapters alone, their
+Adam runs at a constant rate, ``--lr-factor`` times the peak of the base run's schedule (its
+config's warm-up), and falls over the recipe's cooldown. ``out`` gets ``adapter.npz`` (LoRA: the adapters alone, their
 size stated) or ``checkpoint.npz`` (full fine-tuning: the whole model and its vocabulary), and
 ``metrics.json`` with the validation loss and BLEU of the new corpus before and after.
 """
