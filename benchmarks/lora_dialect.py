@@ -76,12 +76,16 @@ def main(argv=None) -> int:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--targets", default="q,v")
     p.add_argument("--sentences", type=int, default=300, help="validation pairs of each corpus scored")
+    p.add_argument("--full-lr-factor", type=float, default=None,
+                   help="--lr-factor of the full fine-tuning (default: the recipe's, as LoRA's); every weight "
+                        "moving at LoRA's rate undoes what the base learned")
     p.add_argument("--out", type=Path, default=Path("runs/lora-dialect"))
     args = p.parse_args(argv)
     dialect = make_dialect(ROOT / "data" / "toy", args.out / "dialect")
     corpora = {"dialect": dialect, "toy": ROOT / "data" / "toy"}
     rows = {"base": (0, 0, figures(args.base, None, corpora, args.sentences))}
-    runs = {"LoRA": ["--lora", str(args.rank), "--lora-targets", args.targets], "full": []}
+    runs = {"LoRA": ["--lora", str(args.rank), "--lora-targets", args.targets],
+            "full": [] if args.full_lr_factor is None else ["--lr-factor", str(args.full_lr_factor)]}
     for name, extra in runs.items():
         m = finetune(args.base, dialect, args.out / name, args.minutes, extra)
         saved = Path(m["saved"])
