@@ -50,7 +50,6 @@ CAUGHT_AS = {
     # LoRA.
     "lora_db_without_the_scale": ("lora", "lora_backward", r"looks like: yours is 0.125 times the expected: the factor "
                                   r"alpha/r, the adapter's scale is missing", ()),
-    "lora_adapter_not_zero_at_start": ("lora", "lora_forward", r"check:\s+invariant: with b = 0 the output changes", ()),
     # The rows of issue 28's table: what a file written to get full marks without being right gets.
     "softmax_pickle_on_the_pipe": ("softmax", "softmax_forward", r"softmax_forward sent the grader something that "
                                    r"is not plain data", ()),

@@ -61,8 +61,8 @@ def test_the_models_adapter_gradients_agree_with_central_differences(block):
 
     def f():
         return cross_entropy(adapted.forward(src, tgt_in)[0], tgt_out, 0.0)[0]
-    for name in [k for k in adapted.params if ".0." in k][:8]:
-        idx = r.choice(adapted.params[name].size, 5, replace=False)
+    for name in [k for k in adapted.params if ".0." in k][::3]:
+        idx = r.choice(adapted.params[name].size, 4, replace=False)
         num = numerical_gradient(f, adapted.params[name], indices=idx)
         err = rel_error(grads[name].reshape(-1)[idx], num.reshape(-1)[idx])
         assert err < 1e-6, f"{name}: relative error {err:.2e}"

@@ -22,6 +22,9 @@ MISTAKES["lora"] = [
      r"scaled by alpha, not alpha/r", r"scaled by alpha / r"),
     ("dx without the frozen path", lora("return dout @ w.T + dh @ a.T, da, db", "return dh @ a.T, da, db"),
      r"the frozen path's gradient is missing", r"w is frozen, not cut"),
+    ("not zero at the start", lora("return x @ w + s * (h @ b), (x, w, a, b, h, s)",
+                                   "return x @ w + s * (h @ b + x.dtype.type(1e-7) * s), (x, w, a, b, h, s)"),
+     r"with b = 0 the output changes .* when a and alpha change", r"with b = 0 the second term is exactly zero"),
     ("a's gradient through w", lora("dh = s * (dout @ b.T)\n", "dh = s * (dout @ b.T)\n    dw = s * ((dout @ w.T) @ a)\n")
      .replace("da = x.reshape(-1, D).T @ dh.reshape(-1, r)", "da = x.reshape(-1, D).T @ dw.reshape(-1, r)"),
      r"a's gradient taken through the frozen w", r"a sits beside w, not after it"),
