@@ -37,6 +37,13 @@ CAUGHT_AS = {
     "swiglu_gate_derivative_is_the_sigmoid": ("swiglu", "swiglu_backward", r"gradient dx differs", ()),
     "grouped_query_attention_heads_tiled": ("grouped_query_attention", "grouped_query_attention_forward",
                                             r"check:\s+invariant: with \d key/value heads for \d query heads", ()),
+    "grouped_query_attention_calls_mha": ("grouped_query_attention", "grouped_query_attention_forward",
+                                          r"raised RuntimeError: attn.layers.multi_head_attention_forward is "
+                                          r"withheld while attn-check grades this exercise: it would hand in the "
+                                          r"answer", ()),
+    "rmsnorm_backward_complex_step": ("rmsnorm", "rmsnorm_backward", r"check:\s+backward: rmsnorm_backward "
+                                      r"evaluated its forward rmsnorm_forward \d+ times, with complex arguments: a "
+                                      r"backward is derived", ()),
     # FlashAttention (lesson 27).
     "flash_attention_no_rescale": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: tiles of \d+ "
                                    r"queries and \d+ keys give an output that differs from one tile", LIB),

@@ -7,8 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -169,6 +172,8 @@ def test_the_sandbox_here_and_required():
         assert proc.returncode == 2 and "no sandbox can be had here" in proc.stdout
         pytest.skip(f"no sandbox here: {NO_BWRAP_WHY}")
     assert f"sandbox: bubblewrap {bubblewrap.available()[1]}; user nobody" in proc.stdout, proc.stdout
+    # setrlimit's limits are a process's: the line says so, with the processes' number beside them.
+    assert re.search(r"limits: memory \d+ MB a process, CPU \d+ s a process, .*, \d+ processes", proc.stdout)
 
 
 def test_a_class_is_graded_in_parallel_into_one_table(tmp_path):
@@ -327,9 +332,52 @@ def relu_backward(dout, cache):
 
 @pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="the keyring filter knows x86_64 and "
                     "aarch64")
-@pytest.mark.parametrize("sandbox", ["auto", "off"])
-def test_the_kernels_keyrings_are_refused(tmp_path, sandbox):
-    """Keyrings are no namespace: add_key and keyctl get EPERM, and the file still passes."""
-    (tmp_path / "relu.py").write_text(KEYCTL)
-    proc = _run(tmp_path / "relu.py", "--sandbox", sandbox, "--examples", "2")
+@pytest.mark.parametrize("sandbox, user", [("auto", "root"), ("off", "root"), ("auto", "nobody")])
+def test_the_kernels_keyrings_are_refused(tmp_path, sandbox, user):
+    """Keyrings are no namespace: add_key and keyctl get EPERM, and the file still passes,
+    graded by root and by an ordinary user (nobody, by setpriv; bubblewrap then makes a user
+    namespace)."""
+    from test_sandbox_attempts import _unprivileged
+    prefix = _unprivileged() if user == "nobody" and os.geteuid() == 0 else []
+    if prefix is None or user == "root" and os.geteuid() != 0:
+        pytest.skip(f"cannot grade as {user} here")
+    work = Path(tempfile.mkdtemp(prefix="attn-keyring-"))          # nobody's to read: not under pytest's 0700
+    work.chmod(0o777)
+    try:
+        (work / "relu.py").write_text(KEYCTL)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(work))
+        proc = subprocess.run(prefix + [sys.executable, "-m", "attn.grader", str(work / "relu.py"), "--sandbox",
+                                        sandbox, "--examples", "2"], capture_output=True, text=True, env=env,
+                              cwd=work, timeout=300)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     assert proc.returncode == 0 and "relu                   PASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+FORKS_ONCE = ("import os\n\n\ndef relu_forward(x):\n    pid = os.fork()\n    if pid == 0:\n        os._exit(0)\n"
+              "    os.waitpid(pid, 0)\n    return x * (x > 0), x > 0\n\n\ndef relu_backward(dout, cache):\n"
+              "    return dout * cache\n")
+
+
+def test_a_file_that_starts_a_process_passes_when_its_user_runs_many(tmp_path):
+    """The kernel's process limit counts every process of the child's user (nobody as root,
+    the teacher's user otherwise): the child's 64 are counted on top of those it runs already,
+    so honest code that starts a process passes on a machine where that user runs 70."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to start processes as nobody")
+    import numpy as np
+    from attn.grader.sandbox import Sandbox
+    path = tmp_path / "relu.py"
+    path.write_text(FORKS_ONCE)
+    box = Sandbox(path)
+    sleepers = [subprocess.Popen(["sleep", "120"], user=65534, group=65534, extra_groups=[],
+                                 stdin=subprocess.DEVNULL) for _ in range(70)]
+    try:
+        assert "relu_forward" in box.start()
+        out, _ = box.call("relu_forward", (np.array([-1.0, 2.0]),))
+    finally:
+        box.cleanup()
+        for p in sleepers:                                  # ours alone, by the pid each was given
+            p.kill()
+            p.wait()
+    assert out.tolist() == [0.0, 2.0]

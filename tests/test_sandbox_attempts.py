@@ -238,15 +238,20 @@ def test_a_forged_pass_line_is_quoted_in_gradescopes_output_too(tmp_path):
 
 def test_similarity_counts_the_librarys_share_and_flags_executed_blobs():
     """A paste of four library files is mostly the library's (each alone is a small part of
-    it); a compressed copy that is executed is flagged."""
+    it); a compressed copy that is executed is flagged, and so is one split in pieces and run
+    by an exec looked up by a string."""
     pytest.importorskip("copydetect")
     import base64
     import io
     import zlib
-    from attn.grader.similarity import _library_sources, similarity_report
+    from attn.grader.similarity import _library_sources, executed_blobs, similarity_report
     pasted = "\n".join(p.read_text() for p in _library_sources()[:4])
     blob = base64.b64encode(zlib.compress(pasted.encode())).decode()
     packed = f"import base64, zlib\nexec(zlib.decompress(base64.b64decode('{blob}')))\n"
+    pieces = "".join(f"    '{blob[i:i + 100]}',\n" for i in range(0, len(blob), 100))
+    split = ("import base64 as b, zlib as z\nP = [\n" + pieces + "]\nf = vars(__import__('bu' + 'iltins'))['ex' + 'ec']"
+             "\nf(z.decompress(b.b64decode(''.join(P))))\n")
+    rot = "import codecs\nrun = __builtins__['eval']\nrun(codecs.decode(S, 'rot13'))\n"
     subs = [{"learner": who, "exercise": "07_feed_forward_layer_norm", "file": f"{who}/{EX7}",
              "source": (text, "")} for who, text in (("paster", pasted), ("packer", packed), ("ann", GOOD))]
     out = io.StringIO()
@@ -254,6 +259,14 @@ def test_similarity_counts_the_librarys_share_and_flags_executed_blobs():
     rows = similarity_report(subs, page, out)
     assert any(b == "the library's own source" and a == f"paster/{EX7}" and sim > 0.9 for sim, a, b in rows), rows
     assert f"runs a blob: packer/{EX7} line 2: calls exec()" in out.getvalue(), out.getvalue()
+    flagged = set(executed_blobs(split))
+    n = split.count("\n")
+    assert {f"line {n - 1}: builds the name exec from pieces", f"line {n}: b64decode() unpacks encoded data",
+            f"line 3: literals of {len(blob):,} characters without a space in all (a blob, whole or in pieces?)"
+            } <= flagged, flagged
+    assert {"line 2: reaches __builtins__, where exec and eval are looked up by a string", "line 2: names eval in a "
+            "string", "line 3: decodes with the rot13 codec"} <= set(executed_blobs(rot)), executed_blobs(rot)
+    assert not executed_blobs(GOOD)
     shutil.rmtree(page.parent)
 
 

@@ -376,6 +376,9 @@ def rnn_step_backward(dh, cache):
     return da @ w_x.T, da @ w_h.T, {dw_x}, h_prev.T @ da, da.sum(axis=0)
 '''
 MISTAKES["rnn_step"] = [
+    ("tanh by exp(2a)", STEP.format(da="dh * (1 - h ** 2)", dw_x="x.T @ da").replace(
+        "h = np.tanh(a)", "h = (np.exp(2 * a) - 1) / (np.exp(2 * a) + 1)"),
+     r"tanh written \(exp\(2a\) - 1\) / \(exp\(2a\) \+ 1\)", r"without exp of a large number"),
     ("no tanh derivative", STEP.format(da="dh", dw_x="x.T @ da"), r"without tanh's derivative",
      r"passes tanh on its way back"),
     ("tanh' without the square", STEP.format(da="dh * (1 - h)", dw_x="x.T @ da"), r"without the square",
@@ -624,8 +627,13 @@ MISTAKES["swiglu"] = [
     ("SiLU on the values", SWIGLU.format(**dict(RIGHT_SWIGLU, h="a * b / (1 + xp.exp(-b))")),
      r"SiLU on the value path", r"the gate goes through SiLU"),
     ("a sigmoid gate", SWIGLU.format(**dict(RIGHT_SWIGLU, h="s * b")), r"a sigmoid gate", r"not sigmoid\(a\)"),
+    ("SiLU by exp(a) / (1 + exp(a))", SWIGLU.format(**dict(RIGHT_SWIGLU, h="a * xp.exp(a) / (1 + xp.exp(a)) * b")),
+     r"SiLU written a \* exp\(a\) / \(1 \+ exp\(a\)\)", r"without exp of a large number"),
     ("SiLU's derivative the sigmoid", SWIGLU.format(**dict(RIGHT_SWIGLU, dsilu="s")),
      r"SiLU's derivative taken as sigmoid", r"the product rule"),
+    ("db without the sigmoid", SWIGLU.format(**RIGHT_SWIGLU).replace("db = dh * a * s", "db = dh * a"),
+     r"gradient dv differs from the library's \(dx too\).*\| yours is x.T @ \(dh \* a\)",
+     r"db = dh \* silu\(a\): the value path is multiplied by the gate after SiLU"),
     ("dx without the value path", SWIGLU.format(**dict(RIGHT_SWIGLU, dx="da @ w.T")),
      r"the value path's gradient is missing", r"dx = da @ w.T \+ db @ v.T"),
 ]
@@ -768,6 +776,11 @@ MISTAKES["flash_attention"] = [
      r"tiles of \d+ queries and \d+ keys give an output that differs", r"exp\(m_old - m_new\)"),
     ("causal skip by the first query", flash("if not causal or j0 <= i1 - 1 + Tk - Tq]", "if not causal or j0 <= i0 + Tk - Tq]"),
      r"a tile a query may see was skipped", r"j0 > i1 - 1 \+ Tk - Tq"),
+    ("no guard for a first tile without keys", flash("            ref = xp.where(xp.isinf(new), q.dtype.type(0), new)\n",
+                                                     "            ref = new\n"),
+     r"zero for the queries whose first key tile has no key they may see", r"subtract 0 instead"),
+    ("causal tiles computed and masked", flash("if not causal or j0 <= i1 - 1 + Tk - Tq]", "if True]"),
+     r"computed and masked, not skipped", r"a masked tile costs as much as a visible one"),
     ("no scale in the backward", flash("            ds = ds * q.dtype.type(1 / math.sqrt(q.shape[-1]))\n", ""),
      r"the factor 1/sqrt\(d_k\) of the scores is missing", r"1/sqrt\(d_k\), applies to their gradient"),
     ("D of each tile", flash("            ds = p * (dout[..., i0:i1, :] @ v[..., j0:j1, :].swapaxes(-1, -2) - D[..., i0:i1, :])",

@@ -189,6 +189,12 @@ def _loaded_modules(modules: tuple) -> dict:
     return {k: v for k, v in json.loads(r.stdout.splitlines()[-1]).items() if v}
 
 
+@functools.lru_cache(maxsize=1)
+def _boot() -> dict:
+    """The modules that start the child (importing attn.grader.child): files in its folder."""
+    return _loaded_modules(("attn.grader.child",))
+
+
 def withheld_source(source: str, names) -> str:
     """``source`` with each top-level function called one of ``names`` replaced by one that
     raises (same line numbers for everything else)."""
@@ -207,35 +213,44 @@ def withheld_source(source: str, names) -> str:
     return "\n".join(lines) + "\n"
 
 
-def stage(policy: dict) -> list[str]:
-    """bwrap's arguments that bind the ``attn`` package as the child may see it: the modules
-    the exercise gives (and what they import), each name it asks for a stand-in that raises
-    (a copy, one per policy, kept for this process's life); the whole package for the
-    library's own functions (``--allow-library``)."""
+def stage(policy: dict) -> tuple[list[str], dict]:
+    """bwrap's arguments that bind the ``attn`` package as the child may see it, and the
+    sources the grader sends it through the pipe. On disk only what starts the child (the
+    package's ``__init__``, the backend, the child and the wire); the modules the exercise
+    gives (and what they import) travel as {module: (package?, source)}, each name it asks
+    for a stand-in that raises, and are compiled in memory: no file of theirs is there to
+    read. (A copy per policy, kept for this process's life.) The whole package for the
+    library's own functions (``--allow-library``), nothing sent."""
     root = Path(B.__file__).resolve().parents[1]
     if policy["gives"] == ["*"]:
-        return ["--ro-bind", str(root / "attn"), INSIDE["lib"] + "/attn"]
-    return ["--ro-bind", str(_staged(policy, root)), INSIDE["lib"]]
+        return ["--ro-bind", str(root / "attn"), INSIDE["lib"] + "/attn"], {}
+    folder, sources = _staged(policy, root)
+    return ["--ro-bind", str(folder), INSIDE["lib"]], sources
 
 
-def _staged(policy: dict, root: Path) -> Path:
+def _staged(policy: dict, root: Path) -> tuple[Path, dict]:
     modules = ("attn.grader.child",) + tuple(m for m in policy["gives"] if m != "*")
     if "decoding_model" in policy["forwards"]:
         modules += ("attn.grader.built",)
     key = (modules, tuple(policy["withhold"]), tuple(policy["block"]))
-    if key in _STAGED and _STAGED[key].is_dir():
+    if key in _STAGED and _STAGED[key][0].is_dir():
         return _STAGED[key]
     folder = Path(tempfile.mkdtemp(prefix="attn-check-lib-"))
     # At the process's end, a worker of --class's pool included (where atexit does not run):
     Finalize(None, shutil.rmtree, args=(str(folder), True), exitpriority=0)
+    boot, sources = _boot(), {}
     for module, file in sorted(_loaded_modules(modules).items()):
         src = Path(file).resolve()
         if module in policy["block"] or not _under(str(src), [str(root)]):
             continue
+        text = withheld_source(src.read_text(encoding="utf-8"), policy["withhold"])
+        if module not in boot:
+            sources[module] = (src.name == "__init__.py", text)
+            continue
         target = folder / src.relative_to(root)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(withheld_source(src.read_text(encoding="utf-8"), policy["withhold"]), encoding="utf-8")
+        target.write_text(text, encoding="utf-8")
     for p in [folder, *folder.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
-    _STAGED[key] = folder
-    return folder
+    _STAGED[key] = folder, sources
+    return folder, sources

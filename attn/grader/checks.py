@@ -245,7 +245,8 @@ def check_pair(layer: Layer, impl: dict, ex: Example, phase: str = "all", drop=(
     _check_output("forward", "the output", out, ref_out)
     args.check_unchanged(fname, "forward")
     look, formula = _hints(layer, "forward")
-    _compare("forward", "the output", out, ref_out, np.inf, formula, look)          # shape, dtype, NaN
+    with _naming(layer, "forward", out, ex):                     # a typical mistake may be what makes NaN
+        _compare("forward", "the output", out, ref_out, np.inf, formula, look)      # shape, dtype, NaN
     if phase == "forward":
         _check_forward(layer, fwd, ex, drop, out, ref_out)
         return
@@ -321,8 +322,11 @@ def _backward_items(layer: Layer, bwd, ex: Example, args: "_Args", cache, ref_ca
 
 
 def _compare_gradients(layer: Layer, items: list, ex: Example, dout_host) -> None:
-    """Every gradient against the library's; the first that disagrees is explained (the layer's
-    own explanation, else a diagnosis of the typical mistakes)."""
+    """Every gradient against the library's. The one reported is the first that the layer's
+    own explanation or a diagnosis of its typical mistakes explains (a mistake in dv shows in
+    dx too, which the mistake of dv does not explain), else the first that disagrees; its
+    message names the others that disagree."""
+    failed = []
     for label, key, g, rg, _ in items:
         try:
             _compare("backward", f"gradient {label}", g, rg, GRADIENT_TOL, *_hints(layer, key)[::-1])
@@ -330,8 +334,14 @@ def _compare_gradients(layer: Layer, items: list, ex: Example, dout_host) -> Non
             said = layer.explain(label, g, rg, ex, dout_host) if layer.explain is not None else None
             if said:
                 f.symptom, f.look = said
-            diagnose(f, layer, key, B.to_host(g), B.to_host(rg), ex, dout_host)
-            raise
+            failed.append((diagnose(f, layer, key, B.to_host(g), B.to_host(rg), ex, dout_host) or bool(said), f,
+                           label))
+    if failed:
+        _, f, label = next((x for x in failed if x[0]), failed[0])
+        others = [lb for _, _, lb in failed if lb != label]
+        if others:
+            f.message += f" ({' and '.join(others)} too)"
+        raise f
 
 
 def _check_central_differences(layer: Layer, fwd, args: "_Args", items: list, ex: Example, dout) -> None:

@@ -75,12 +75,15 @@ class Withheld:
 
     __attn_withheld__ = True
 
-    def __init__(self, module: str, name: str):
-        self.module, self.name = module, name
+    def __init__(self, module: str, name: str, answering: bool = False):
+        self.module, self.name, self.answering = module, name, answering
         self.__name__ = self.__qualname__ = name
         self.__module__ = "attn-check"
 
     def __call__(self, *args, **kwargs):
+        if self.answering:
+            raise RuntimeError(f"{self.module}.{self.name} is withheld while attn-check grades this exercise: it "
+                               "would hand in the answer the exercise asks you to write from the smaller layers")
         raise RuntimeError(
             f"{self.module}.{self.name} is withheld while attn-check grades {self.name}: "
             "the exercise asks you to write it")
@@ -105,6 +108,43 @@ class Refuse(importlib.abc.MetaPathFinder):
                           + " and nothing else of the library", name=fullname)
 
 
+class Piped(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """The library's modules the grader sent through the pipe ({module: (package?, source)}),
+    compiled in memory: under bubblewrap no file of theirs is in the child. Gone, with their
+    text, once the given modules are loaded (:func:`_load_piped`)."""
+
+    def __init__(self, sources: dict):
+        self.sources = sources
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.sources:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=bool(self.sources[fullname][0]))
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        code = compile(self.sources[module.__name__][1], f"<attn-check: {module.__name__}>", "exec")
+        exec(code, module.__dict__)
+
+
+def _load_piped(requests) -> None:
+    """Receive the given modules' sources, import every one of them, and forget the text."""
+    msg = requests.recv()
+    if not (isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "sources" and isinstance(msg[1], dict)):
+        raise RuntimeError("attn-check's child expected the library's sources first")
+    finder = Piped(msg[1])
+    sys.meta_path.insert(0, finder)
+    try:
+        for name in sorted(finder.sources):
+            importlib.import_module(name)
+    finally:
+        sys.meta_path.remove(finder)
+        finder.sources.clear()
+        del msg
+
+
 def _load_given(policy: dict) -> dict:
     """Import what the exercise gives, withhold what it asks for; returns the given
     forwards (name -> function) the grader may call."""
@@ -126,7 +166,7 @@ def _load_given(policy: dict) -> dict:
             continue
         for name in withhold:
             if name in vars(mod):
-                setattr(mod, name, Withheld(key, name))
+                setattr(mod, name, Withheld(key, name, name in policy.get("answering", ())))
     return forwards
 
 
@@ -160,7 +200,8 @@ def _limits(cfg: dict) -> list:
     got = []
     for name, value in (("RLIMIT_AS", cfg["memory_mb"] << 20), ("RLIMIT_CPU", cfg["cpu_s"]),
                         ("RLIMIT_FSIZE", cfg["file_mb"] << 20), ("RLIMIT_CORE", 0),
-                        ("RLIMIT_NPROC", cfg["processes"] if cfg.get("nproc") else None)):
+                        ("RLIMIT_NPROC", cfg["processes"] + cfg.get("processes_before", 0) if cfg.get("nproc")
+                         else None)):
         if value is None or not hasattr(resource, name):
             continue
         limit = getattr(resource, name)
@@ -362,8 +403,10 @@ class _Child:
             fn = getattr(self.module, name)
         real = [self.unpack(a) for a in args] if nudge is None else self._nudged(args, *nudge)
         before = {i: np.array(B.to_host(a)) for i, a in enumerate(real) if is_array(a) and nudge is None}
+        watch = _ForwardWatch(self._forward_of(name)) if nudge is None and not given else None
         try:
-            res = fn(*real)
+            with watch or _NoWatch():
+                res = fn(*real)
         except NotImplementedError as e:
             frames = traceback.extract_tb(e.__traceback__)
             return ("todo", frames[-1].name if frames else name)
@@ -377,6 +420,8 @@ class _Child:
                 kind, message = type(e).__name__, f"raised {type(e).__name__}: {e}"
             return ("raised", str(kind), self.show(str(message)), self.show(where(e.__traceback__, self.path)),
                     str(frames[-1].name if frames else name))
+        if watch is not None and watch.refused():
+            return ("raised", "attn-check", watch.message(name), self.show(watch.where), name)
         if nudge is not None:                   # central differences need the output alone
             return ("ok", self.pack(res[0] if type(res) in (tuple, list) and res else res), [])
         modified = []
@@ -386,6 +431,14 @@ class _Child:
                 if now.dtype.kind in "biufc":
                     modified.append([i, Arr(now, False)])
         return ("ok", self.pack(res), modified)
+
+    def _forward_of(self, name: str):
+        """The forward a backward called ``name`` belongs to (the learner's, or the one the
+        exercise gives), or None."""
+        if not name.endswith("_backward"):
+            return None
+        forward = name[:-len("_backward")] + "_forward"
+        return getattr(self.module, forward, None) or self.forwards.get(forward)
 
     def _nudged(self, args, where, i: int, step: float) -> list:
         """``args`` unpacked afresh (new arrays, a new generator for each Rng, as a call's own
@@ -415,6 +468,66 @@ class _Child:
                     return answer
                 outs.append(answer[1])
         return ("ok", outs, [])
+
+
+class _NoWatch:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _ForwardWatch:
+    """Counts, while a backward runs, the calls of its forward (its code object, or a copy
+    of its bytecode) and whether one had a complex argument: a backward that evaluates the
+    forward again and again (finite differences) or on complex inputs (the complex step)
+    takes the derivative numerically instead of deriving it. One call, on the forward's own
+    inputs, is a recomputation and allowed."""
+
+    def __init__(self, forward):
+        code = getattr(forward, "__code__", None)
+        self.code, self.name = code, getattr(forward, "__name__", "the forward")
+        self.calls, self.complex, self.where, self.off = 0, False, "", False
+        self.hook = self._hook                  # one bound method: getprofile() is it while on
+
+    def __enter__(self):
+        if self.code is not None:
+            import threading
+            self.saved = sys.getprofile(), threading.getprofile()
+            sys.setprofile(self.hook)
+            threading.setprofile(self.hook)
+        return self
+
+    def __exit__(self, *exc):
+        if self.code is not None:
+            import threading
+            self.off = sys.getprofile() is not self.hook
+            sys.setprofile(self.saved[0])
+            threading.setprofile(self.saved[1])
+        return False
+
+    def _hook(self, frame, event, arg):
+        if event != "call" or not (frame.f_code is self.code or frame.f_code.co_code == self.code.co_code):
+            return
+        self.calls += 1
+        self.complex = self.complex or any(is_array(v) and getattr(v.dtype, "kind", "") == "c"
+                                           or isinstance(v, complex) for v in frame.f_locals.values())
+        caller = frame.f_back
+        if not self.where and caller is not None:
+            self.where = f"{caller.f_code.co_filename}:{caller.f_lineno} in {caller.f_code.co_name}"
+
+    def refused(self) -> bool:
+        return self.off or self.calls > 1 or self.complex
+
+    def message(self, name: str) -> str:
+        if self.off:
+            return ("turned off attn-check's watch on what a backward calls (sys.setprofile): a backward is "
+                    "graded with it on")
+        how = f"{self.calls} time{'s' * (self.calls != 1)}" + (", with complex arguments" if self.complex else "")
+        return (f"evaluated its forward {self.name} {how}: a backward is derived (the chain rule through the "
+                "forward's cache), not the derivative of the forward taken numerically (the complex step, finite "
+                "differences)")
 
 
 def _install_cupy_modules():
@@ -451,6 +564,8 @@ def main() -> None:
     except OSError as e:
         answers.send(("import_failed", f"cannot read the file: {e.strerror}", ""))
         return
+    if cfg.get("piped"):
+        _load_piped(requests)
     forwards = _load_given(policy)
     _unload(policy)
     copy, got = confine(cfg, source, Path(cfg["file"]).name)

@@ -57,6 +57,9 @@ def _same(yours, value) -> bool:
             return False
         if value.dtype.kind != "f" or yours.dtype.kind != "f":
             return bool(np.array_equal(yours, value))
+        nan = np.isnan(value)
+        if nan.any():                   # a mistake that makes NaN: the same NaN, the rest to rounding
+            return bool(np.array_equal(nan, np.isnan(yours))) and rel_error(yours[~nan], value[~nan]) < 1e-7
         return rel_error(yours, value) < 1e-7
     if isinstance(value, float):
         return isinstance(yours, (int, float, np.number)) and abs(yours - value) <= 1e-9 * (1 + abs(value))
@@ -96,14 +99,14 @@ def name_mistake(f: Failure, layer: Layer, result: str, yours, ex: Example, dout
     return bool(made)
 
 
-def diagnose(f: Failure, layer: Layer, key: str, g, w, ex: Example, dout) -> None:
+def diagnose(f: Failure, layer: Layer, key: str, g, w, ex: Example, dout) -> bool:
     """Name the mistake, the term or the factor that makes the gradient ``g`` (yours) differ
     from ``w`` (expected) in ``f``'s symptom (hint 1) and where it comes from in ``f.look``
-    (hint 2), where the comparison says which."""
+    (hint 2), where the comparison says which. True if one was named."""
     if g.shape != w.shape or not np.isfinite(g).all() or w.dtype.kind != "f":
-        return
+        return False
     if name_mistake(f, layer, key, g, ex, dout):
-        return
+        return True
     terms = []
     for t in _of(layer, Term, key):
         try:
@@ -119,7 +122,7 @@ def diagnose(f: Failure, layer: Layer, key: str, g, w, ex: Example, dout) -> Non
         if wrong:
             f.symptom = "yours is the expected where " + " and ".join(f"{t.name} {_how(ck)}" for t, ck in wrong)
             f.look = "; ".join(t.look for t, _ in wrong)
-            return
+            return True
     ww = float((w * w).sum())
     ratio = float((g * w).sum()) / ww if ww > 0 else 0.0
     if ww > 0 and rel_error(g, ratio * w) < 1e-7:
@@ -134,6 +137,8 @@ def diagnose(f: Failure, layer: Layer, key: str, g, w, ex: Example, dout) -> Non
             else:
                 continue
             f.look = factor.look or f.look
+            return True
+    return False
 
 
 def _of(layer: Layer, kind, key: str) -> list:

@@ -71,17 +71,22 @@ def bound_names(source: str) -> set:
 
 def child_policy(manifest: Manifest | None, source: str, allow_library: bool) -> dict:
     """What the child may load: ``gives`` (modules importable besides attn.backend),
-    ``withhold`` (names removed from them), ``block`` (modules never loaded), ``forwards``
+    ``withhold`` (names removed from them: those it asks for, and those that would answer
+    them, the grouped-query exercise's multi-head attention with ``kv_heads``, for a file of
+    another name as for every exercise asking for what it defines), ``block`` (modules never loaded), ``forwards``
     (the given forwards the grader may ask it to run)."""
     if allow_library:
-        return {"gives": ["*"], "withhold": [], "block": [], "forwards": ["*"]}
+        return {"gives": ["*"], "withhold": [], "answering": [], "block": [], "forwards": ["*"]}
     asks = set(manifest.asks) if manifest else bound_names(source)
     gives = list(manifest.gives) if manifest else list(DEFAULT_GIVES)
     block = sorted({m for n in asks for m in ANSWERED_IN.get(n, ())})
     forwards = list(manifest.given_forwards) if manifest else []
     if manifest and manifest.name == "decoding":
         forwards.append("decoding_model")
-    return {"gives": gives, "withhold": sorted(asks), "block": block, "forwards": forwards}
+    answers = [manifest] if manifest else [m for m in EXERCISES.values() if asks & set(m.asks)]
+    withhold = asks | {n for m in answers for n in m.withholds}
+    return {"gives": gives, "withhold": sorted(withhold), "answering": sorted(withhold - asks), "block": block,
+            "forwards": forwards}
 
 
 def library_function(name: str):

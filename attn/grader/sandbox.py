@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import backend as B
 from . import bubblewrap
+from .child import NOBODY
 from .library import GIVEN_ONLY, LIBRARY, child_policy, is_array, manifest_for
 from .results import DEFAULT_TIMEOUT, MAX_OUTPUT, Failure, Fatal, LoadError, NotImplementedYet
 from .wire import ENTERED, Arr, Channel, Handle, Rng, WireError, XpRef
@@ -56,6 +57,20 @@ def read_source(path: Path) -> tuple[str, str]:
     return data.decode("utf-8", errors="replace"), hashlib.sha256(data).hexdigest()
 
 
+def processes_of(uid: int) -> int:
+    """How many processes the user ``uid`` runs now (their real user): the kernel's process
+    limit counts them all, so the child's 64 are counted on top of them."""
+    n = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            with open(status, encoding="ascii", errors="replace") as f:
+                uids = next((line.split()[1] for line in f if line.startswith("Uid:")), None)
+        except OSError:                 # gone meanwhile
+            continue
+        n += uids == str(uid)
+    return n
+
+
 def describe(got: dict) -> str:
     """One line: the sandbox a child got."""
     limits = got.get("limits") or []
@@ -64,8 +79,10 @@ def describe(got: dict) -> str:
 
 
 def limits_line(limits: dict, got: list, timeout: float, boxed: bool) -> list[str]:
-    """The limits in words: the kernel's the child set (``got``), and the grader's own."""
-    words = {"as": f"memory {limits['memory_mb']} MB", "cpu": f"CPU {limits['cpu_s']} s",
+    """The limits in words: the kernel's the child set (``got``), and the grader's own. Memory
+    and CPU time are each process's (setrlimit's; no cgroup holds the sandbox as a whole): a
+    child that starts others may hold the processes' number times as much."""
+    words = {"as": f"memory {limits['memory_mb']} MB a process", "cpu": f"CPU {limits['cpu_s']} s a process",
              "fsize": f"file size {limits['file_mb']} MB", "nproc": f"{limits['processes']} processes",
              "core": "no core dumps"}
     out = [words[g] for g in got if g in words]
@@ -130,6 +147,7 @@ class Sandbox:
         self._out.close()
         self._work = None
         self.boxed = False
+        self._sources: dict = {}
         self.withheld: set = set()
         self.file_t0 = self.layer_t0 = None
 
@@ -142,13 +160,13 @@ class Sandbox:
         if B.get_backend() == "cupy" and B.cupy_modules is not None:
             modules = ",".join(m.__name__ for m in B.cupy_modules)
         if self.boxed:
-            prefix = (bubblewrap.command(bubblewrap.stage(policy), copy.parent, self.limits["work_mb"])
-                      + [bubblewrap.executable()])
+            binds, self._sources = bubblewrap.stage(policy)
+            prefix = bubblewrap.command(binds, copy.parent, self.limits["work_mb"]) + [bubblewrap.executable()]
             where = {"file": f"{bubblewrap.INSIDE['file']}/{copy.name}", "work": "/tmp/attn-check-work",
                      "sandbox": bubblewrap.name(),
-                     "files": "read-only, Python's standard library, NumPy, the library's modules the exercise "
-                              "gives (what it asks for withheld) and the copy of the file; writable, its own /tmp "
-                              "and /dev/shm, gone with it"}
+                     "files": "read-only, Python's standard library, NumPy, the grader's child and the copy of the "
+                              "file (the library's modules the exercise gives come through the pipe, what it asks "
+                              "for withheld); writable, its own /tmp and /dev/shm, gone with it"}
             return prefix, dict(where, pythonpath=f"{bubblewrap.INSIDE['lib']}:{bubblewrap.INSIDE['site']}"), modules
         paths = [str(Path(B.__file__).resolve().parents[1])]
         if modules:
@@ -180,7 +198,9 @@ class Sandbox:
         cfg = {"fds": [req_r, ans_w], "file": where["file"], "shown": str(self.path), "work": where["work"],
                "sandbox": where["sandbox"], "files": where["files"], "backend": B.get_backend(),
                "reference": self.reference, "policy": policy, "env": CLEAN_ENV,
-               "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), **self.limits}
+               "names": sorted(n for n in LIBRARY if n not in GIVEN_ONLY), **self.limits,
+               "processes_before": processes_of(NOBODY if os.geteuid() == 0 else os.getuid()),
+               "piped": sorted(self._sources)}
         env = dict(CLEAN_ENV, ATTN_CHECK_CONFIG=json.dumps(cfg), ATTN_CHECK_CUPY_MODULES=modules,
                    PYTHONPATH=where["pythonpath"], PYTHONFAULTHANDLER="1", PYTHONUNBUFFERED="1")
         out = open(self._out.name, "ab")
@@ -195,6 +215,8 @@ class Sandbox:
             os.close(ans_w)
         self.requests = Channel(req_w)
         self.answers = Channel(ans_r, patience=30.0)
+        if self._sources:
+            self.requests.send(("sources", {m: list(v) for m, v in self._sources.items()}))
         answer = self._wait("importing the file", self.timeout + 30.0)
         if answer[0] == "import_failed":
             self.close()

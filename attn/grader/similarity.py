@@ -25,6 +25,15 @@ SHOWN = 0.5
 RUNS = {"exec", "eval", "compile", "__import__", "exec_module", "loads", "run_path", "run_module"}
 UNPACKS = {"decompress", "b64decode", "b85decode", "a85decode", "b32decode", "b16decode", "unhexlify", "decode",
            "fromhex", "loads"}
+#: Unpackers no layer needs: flagged whatever their argument (a blob split into pieces is one too).
+CODECS = UNPACKS - {"decode", "loads"}
+#: Names through which a file reaches exec and eval by a string (the builtins' dictionary).
+BUILTINS = {"__builtins__", "builtins", "__dict__", "__globals__"}
+#: Codecs that unpack a blob (``codecs.decode(text, "base64")``).
+CODEC_NAMES = {"base64", "base_64", "base64_codec", "zlib", "zip", "zlib_codec", "bz2", "hex", "hex_codec", "rot13",
+               "rot_13", "uu", "quopri"}
+#: Characters of literals without a space, all of a file's together, from which they are a blob.
+BLOB = 2000
 
 
 def _library_sources() -> list[Path]:
@@ -36,25 +45,63 @@ def _library_sources() -> list[Path]:
 
 def executed_blobs(source: str) -> list[str]:
     """Where ``source`` runs code it builds at run time (exec, eval, compile, marshal or pickle
-    loads, an import of a module made from a string), or unpacks a long encoded literal: one
-    line each, "line N: what"."""
+    loads, an import of a module made from a string), reaches them by a string (the builtins'
+    dictionary, a name in a literal or built from pieces), unpacks encoded data (base64, zlib,
+    hex), or carries literals without a space of more than ``BLOB`` characters in all (a blob,
+    whole or split): one line each, "line N: what"."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    found = []
+    found, pieces = [], []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             if name in RUNS and not (name == "__import__" and node.args and isinstance(node.args[0], ast.Constant)):
                 if name != "loads" or _module_of(node.func) in ("marshal", "pickle"):
                     found.append(f"line {node.lineno}: calls {name}(), which runs code made at run time")
-            elif name in UNPACKS and name != "loads" and _long_literal_in(node):
-                found.append(f"line {node.lineno}: {name}() of a long encoded literal")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and len(node.value) > 2000 \
-                and b" " not in (node.value if isinstance(node.value, bytes) else node.value.encode())[:2000]:
-            found.append(f"line {node.lineno}: a literal of {len(node.value):,} characters without a space (a blob?)")
+            elif name in CODECS or name in UNPACKS and name != "loads" and _long_literal_in(node):
+                found.append(f"line {node.lineno}: {name}() unpacks encoded data")
+        elif isinstance(node, (ast.Name, ast.Attribute, ast.alias)) and _named(node) in BUILTINS:
+            found.append(f"line {getattr(node, 'lineno', 1)}: reaches {_named(node)}, where exec and eval are looked "
+                         "up by a string")
+        elif isinstance(node, ast.Constant) and _folded(node.value) in CODEC_NAMES and _in_call(tree, node):
+            found.append(f"line {node.lineno}: decodes with the {_folded(node.value)} codec")
+        elif isinstance(node, ast.Constant) and _folded(node.value) in RUNS - {"loads"} | BUILTINS:
+            found.append(f"line {node.lineno}: names {_folded(node.value)} in a string")
+        elif isinstance(node, ast.BinOp) and _folded(_concatenated(node)) in RUNS - {"loads"}:
+            found.append(f"line {node.lineno}: builds the name {_folded(_concatenated(node))} from pieces")
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and len(node.value) >= 16 \
+                and not any(c.isspace() for c in _folded(node.value)):
+            pieces.append(node)
+    if sum(len(n.value) for n in pieces) > BLOB:
+        found.append(f"line {pieces[0].lineno}: literals of {sum(len(n.value) for n in pieces):,} characters "
+                     "without a space in all (a blob, whole or in pieces?)")
     return sorted(set(found), key=lambda s: int(s.split()[1].rstrip(":")))
+
+
+def _in_call(tree, const) -> bool:
+    return any(isinstance(n, ast.Call) and any(a is const for a in n.args + [k.value for k in n.keywords])
+               for n in ast.walk(tree))
+
+
+def _named(node) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else node.name
+
+
+def _folded(value) -> str:
+    return value.decode("latin-1") if isinstance(value, bytes) else value if isinstance(value, str) else ""
+
+
+def _concatenated(node):
+    """The string a ``+`` of literals makes ("ex" + "ec"), or None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _concatenated(node.left), _concatenated(node.right)
+        if type(left) is type(right) and left is not None:
+            return left + right
+    return None
 
 
 def _module_of(func) -> str:

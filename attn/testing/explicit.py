@@ -191,7 +191,11 @@ def flash_attention():
             Example((("q", n((2, 5, 3))), ("k", n((2, 5, 3))), ("v", n((2, 5, 2))), ("mask", None),
                      ("q_tile", 2), ("k_tile", 3), ("causal", True)), ("q", "k", "v"), seed=29),
             Example((("q", n((2, 5, 3), 30.0)), ("k", n((2, 6, 3), 10.0)), ("v", n((2, 6, 2))), ("mask", None),
-                     ("q_tile", 3), ("k_tile", 2), ("causal", False)), ("q", "k", "v"), gradcheck=False, seed=30))
+                     ("q_tile", 3), ("k_tile", 2), ("causal", False)), ("q", "k", "v"), gradcheck=False, seed=30),
+            # keys padded on the left: the second row's first key tile has no key to see, its later ones do
+            Example((("q", n((2, 4, 3))), ("k", n((2, 6, 3))), ("v", n((2, 6, 2))),
+                     ("mask", _lengths_mask([6, 3], 6)[:, ::-1].reshape(2, 1, 6).copy()), ("q_tile", 2),
+                     ("k_tile", 3), ("causal", False)), ("q", "k", "v"), seed=43))
 
 # -- recurrent cells, Luong attention
 
@@ -199,7 +203,11 @@ def flash_attention():
 def rnn_step():
     n = _normals(117)
     return (Example((("x", n((2, 3))), ("h_prev", n((2, 4), 0.5)), ("w_x", n((3, 4), 1 / math.sqrt(3))),
-                     ("w_h", n((4, 4), 0.5)), ("b", n((4,), 0.1))), ("x", "h_prev", "w_x", "w_h", "b"), seed=31),)
+                     ("w_h", n((4, 4), 0.5)), ("b", n((4,), 0.1))), ("x", "h_prev", "w_x", "w_h", "b"), seed=31),
+            # pre-activations in the thousands: tanh by exp(2a) overflows in float64 too
+            Example((("x", n((2, 3), 1000.0)), ("h_prev", n((2, 4), 0.5)), ("w_x", n((3, 4), 1 / math.sqrt(3))),
+                     ("w_h", n((4, 4), 0.5)), ("b", n((4,), 0.1))), ("x", "h_prev", "w_x", "w_h", "b"),
+                    gradcheck=False, seed=44))
 
 
 def rnn():
@@ -336,8 +344,11 @@ def rope():
 
 def swiglu():
     n = _normals(127)
+    big = n((2, 4), 1000.0)              # gate pre-activations in the thousands: exp(a) overflows in float64 too
     return (Example((("x", n((2, 3, 4))), ("w", n((4, 3))), ("v", n((4, 3))), ("w2", n((3, 4)))),
-                    ("x", "w", "v", "w2"), seed=41),)
+                    ("x", "w", "v", "w2"), seed=41),
+            Example((("x", big), ("w", n((4, 3))), ("v", n((4, 3))), ("w2", n((3, 4)))), ("x", "w", "v", "w2"),
+                    gradcheck=False, seed=42))
 
 
 def lora():

@@ -49,6 +49,32 @@ def _weights_kept(cache, shape: tuple, depth: int = 0) -> bool:
         and cache.dtype.kind == "f"
 
 
+def _skips_the_causal_tiles(fwd, q, k, v, mask, tiles) -> None:
+    """With causal=True the first query tile skips the key tiles after every key it may see.
+    Their values are made NaN and the mask hides them from every query: skipped, they leave
+    that tile's output as it is with zeros there; computed and masked, 0 * NaN reaches it."""
+    Tq, Tk = q.shape[-2], k.shape[-2]
+    i1 = min(tiles[0], Tq)
+    skipped = [j0 for j0 in range(0, Tk, tiles[1]) if j0 > i1 - 1 + Tk - Tq]
+    if not skipped:
+        return
+    J = skipped[0]
+    hide = (np.arange(Tk) < J)[None, :]
+    hide = hide if mask is None else np.asarray(mask) & hide
+    runs = []
+    for fill in (np.nan, 0.0):
+        v2 = v.copy()
+        v2[..., J:, :] = fill
+        runs.append(_host(_out(fwd(_dev(q), _dev(k), _dev(v2), _dev(hide), *tiles, True)))[..., :i1, :])
+    if not np.isfinite(runs[0]).all() or _differs(*runs) > 1e-9 * (np.abs(runs[1]).max(initial=0.0) + 1):
+        raise InvariantError(f"with causal=True and tiles of {tiles[0]} queries and {tiles[1]} keys, NaN in the values "
+                             f"of keys {J} to {Tk - 1}, after every key the first query tile may see and hidden from "
+                             "every query by the mask, reaches that tile's output: its key tiles were computed and "
+                             "masked, not skipped",
+                             "skip a key tile when its first key j0 lies after every key the query tile's last query "
+                             "may see (j0 > i1 - 1 + Tk - Tq): a masked tile costs as much as a visible one")
+
+
 def flash_attention_invariants(f, ex):
     """``causal=True`` is the same attention as the look-ahead mask given as a mask (query i sees
     keys up to i + Tk - Tq), with the example's tiles and with one tile; the cache keeps no array
@@ -72,6 +98,8 @@ def flash_attention_invariants(f, ex):
                                  "skip a key tile only when its first key j0 lies after every key the query tile's "
                                  "last query may see (j0 > i1 - 1 + Tk - Tq); mask the keys after each query's own "
                                  "in the tiles that cross the diagonal")
+    if causal:
+        _skips_the_causal_tiles(fwd, q, k, v, mask, tiles)
     Dk, Dv = q.shape[-1], v.shape[-1]
     if Tk not in (1, Dk, Dv) and _weights_kept(tiled[1], q.shape[:-1] + (Tk,)):   # else q, v, out or lse look alike
         raise InvariantError(f"the forward's cache holds an array of shape {q.shape[:-1] + (Tk,)}, one number for "
@@ -110,7 +138,11 @@ FLASH_ATTENTION = Layer(
            "dq": "D replaces rowsum(p * dp): which two arrays give it, and is it the whole row's",
            "dk": "the scale 1/sqrt(d_k) of the scores applies to their gradient",
            "dv": "the weights recomputed from the log-sum-exp, not from a tile's own maximum"},
-    mistakes=(Mistake(("dq", "dk"), M.flash_tile_d, "the gradient with D = rowsum(p * dp) of each key tile",
+    mistakes=(Mistake("forward", M.flash_first_tile_unseen, "zero for the queries whose first key tile has no key "
+                      "they may see (keys padded on the left): a running maximum of -inf made exp(s - m) NaN",
+                      "while a query's running maximum is still -inf (no visible key yet), subtract 0 instead: "
+                      "exp(-inf - 0) = 0 leaves its l and acc at zero until a tile shows it a key"),
+              Mistake(("dq", "dk"), M.flash_tile_d, "the gradient with D = rowsum(p * dp) of each key tile",
                       "D = rowsum(dout * out) of the whole row: a tile's p does not sum to one over the row"),
               Factor(("dq", "dk"), M.scores_scale, "1/sqrt(d_k) of the scores", True,
                      "the scale of the scores, 1/sqrt(d_k), applies to their gradient: ds is multiplied by it "

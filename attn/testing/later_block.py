@@ -124,12 +124,19 @@ SWIGLU = Layer("swiglu", "pair", ("swiglu_forward", "swiglu_backward"), swiglu_e
                       "dw2": "what the last product's input was"}, mistakes=(
                    Mistake("forward", M.swiglu_silu_on_values, "(x @ w) * silu(x @ v): SiLU on the value path",
                            "the gate goes through SiLU, silu(x @ w), and multiplies the values x @ v"),
+                   Mistake("forward", M.swiglu_silu_overflows, "NaN where a = x @ w is large: SiLU written "
+                           "a * exp(a) / (1 + exp(a)), inf / inf once exp(a) overflows (a > 88.7 in float32)",
+                           "write sigmoid(a) without exp of a large number: 1 / (1 + exp(-a)), or "
+                           "(1 + tanh(a / 2)) / 2"),
                    Mistake("forward", M.swiglu_sigmoid_gate, "sigmoid(x @ w) * (x @ v): a sigmoid gate (GLU), not "
                            "SiLU", "the gate is silu(a) = a * sigmoid(a), not sigmoid(a)"),
                    Mistake("dx", M.swiglu_gate_derivative_sigmoid, "the gradient with SiLU's derivative taken as "
                            "sigmoid(a)", "the derivative of a * sigmoid(a) by the product rule: s * (1 + a * (1 - s))"),
                    Mistake("dx", M.swiglu_dx_gate_only, "da @ w.T alone: the value path's gradient is missing",
-                           "x feeds two products: dx = da @ w.T + db @ v.T")), explicit=X.swiglu())
+                           "x feeds two products: dx = da @ w.T + db @ v.T"),
+                   Mistake("dv", M.swiglu_dv_without_sigmoid, "x.T @ (dh * a): the value path's gradient with the "
+                           "gate a, not silu(a) = a * sigmoid(a)", "db = dh * silu(a): the value path is multiplied "
+                           "by the gate after SiLU")), explicit=X.swiglu())
 
 # ----------------------------------------------------------------------------- grouped-query attention
 

@@ -279,6 +279,14 @@ def _step(ex, dout, derivative):
     return dict(zip(STEP_GRADIENTS, (da @ w_x.T, da @ w_h.T, x.T @ da, h_prev.T @ da, da.sum(axis=0))))
 
 
+def step_tanh_by_exp(ex, dout):
+    """tanh written (exp(2a) - 1) / (exp(2a) + 1): inf / inf = NaN once exp(2a) overflows."""
+    x, h_prev, w_x, w_h, b = (ex.get(n) for n in ("x", "h_prev", "w_x", "w_h", "b"))
+    a = x @ w_x + h_prev @ w_h + b
+    with np.errstate(all="ignore"):
+        return (np.exp(2 * a) - 1) / (np.exp(2 * a) + 1)
+
+
 def step_no_tanh_derivative(ex, dout):
     return _step(ex, dout, lambda a, h: 1.0)
 
@@ -524,6 +532,13 @@ def swiglu_gate_derivative_sigmoid(ex, dout):
     return (dh * b * s) @ w.T + (dh * a * s) @ v.T
 
 
+def swiglu_dv_without_sigmoid(ex, dout):
+    """dv with db = dh * a: the gate's sigmoid left out of the value path's gradient."""
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    dh = dout @ w2.T
+    return x.reshape(-1, w.shape[0]).T @ (dh * a).reshape(-1, w.shape[1])
+
+
 def swiglu_dx_gate_only(ex, dout):
     x, w, v, w2, a, b, s = _swiglu(ex)
     dh = dout @ w2.T
@@ -538,6 +553,13 @@ def swiglu_silu_on_values(ex, dout):
 def swiglu_sigmoid_gate(ex, dout):
     x, w, v, w2, a, b, s = _swiglu(ex)
     return (s * b) @ w2
+
+
+def swiglu_silu_overflows(ex, dout):
+    """SiLU written a * exp(a) / (1 + exp(a)): inf / inf = NaN once exp(a) overflows."""
+    x, w, v, w2, a, b, s = _swiglu(ex)
+    with np.errstate(all="ignore"):
+        return (a * np.exp(a) / (1 + np.exp(a)) * b) @ w2
 
 
 # -- Luong's attention, the encoder and decoder layers
@@ -701,6 +723,27 @@ def bpe_merges_singletons(ex, dout):
 
 
 # -- FlashAttention
+
+
+def flash_first_tile_unseen(ex, dout):
+    """The online softmax without its guard for a running maximum of -inf: a query whose first
+    key tile has no key it may see gets exp(-inf - -inf) = NaN in its sums, and the output's
+    zero for a row without visible keys (out = 0 where l > 0 fails)."""
+    from ..layers import flash_attention_forward
+    from ..layers.flash_attention import _keep, _tiles, key_tiles
+    q, k, v, mask, q_tile, k_tile, causal = (ex.get(n) for n in ("q", "k", "v", "mask", "q_tile", "k_tile", "causal"))
+    out = np.array(flash_attention_forward(q, k, v, mask, q_tile, k_tile, causal)[0])
+    Tq, Tk, shown = q.shape[-2], k.shape[-2], False
+    for i0, i1 in _tiles(Tq, q_tile):
+        j0, j1 = key_tiles(i0, i1, Tk, k_tile, causal, Tk - Tq)[0]
+        keep = _keep(np, mask, causal, Tk - Tq, i0, i1, j0, j1)
+        if keep is not None:
+            unseen = ~np.broadcast_to(keep, out.shape[:-2] + (i1 - i0, j1 - j0)).any(axis=-1)
+            shown = shown or bool(np.abs(out[..., i0:i1, :][unseen]).max(initial=0.0) > 0)
+            out[..., i0:i1, :][unseen] = 0.0
+    if not shown:
+        raise ValueError("no query whose first key tile hides every key sees a later one: not shown here")
+    return out
 
 
 def flash_tile_d(ex, dout):

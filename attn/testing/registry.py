@@ -309,7 +309,10 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                 "derivative without the square", "tanh' = 1 - tanh**2 = 1 - h**2: the square of the output"),
         Mistake(M.STEP_GRADIENTS, M.step_tanh_derivative_of_preactivation, "the gradient of da = dh * (1 - a**2), "
                 "with a the pre-activation", "tanh' = 1 - tanh(a)**2 is written with the output h = tanh(a), not "
-                "with a")), explicit=X.rnn_step()),
+                "with a"),
+        Mistake("forward", M.step_tanh_by_exp, "NaN where a is large: tanh written (exp(2a) - 1) / (exp(2a) + 1), "
+                "inf / inf once exp(2a) overflows (a > 44 in float32)", "write tanh without exp of a large number: "
+                "xp.tanh(a), or 1 - 2 / (exp(2a) + 1)")), explicit=X.rnn_step()),
     Layer("rnn", "pair", ("rnn_forward", "rnn_backward"), rnn_examples(), rnn_invariants, {
         "forward": "h_t = tanh(x_t @ w_x + h_{t-1} @ w_h + b), and h_t = h_{t-1} where the mask is False",
         "dx": "walking t backwards, the gradient reaching h_t is dhs[:, t] plus what step t+1 sent back "
@@ -511,12 +514,14 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
 
 class Manifest(NamedTuple):
     """One exercise: the functions its starter asks for, in its order, the library modules
-    its file may import (what it gives; the names it asks for withheld from them), and the
-    forwards it gives (used, not graded, with the learner's backward)."""
+    its file may import (what it gives; the names it asks for withheld from them), the
+    forwards it gives (used, not graded, with the learner's backward), and the functions of
+    the given modules that would hand in its answer, withheld too."""
     name: str
     asks: tuple
     gives: tuple = ()
     given_forwards: tuple = ()
+    withholds: tuple = ()
 
 
 EXERCISES = {m.name: m for m in (
@@ -540,7 +545,8 @@ EXERCISES = {m.name: m for m in (
     Manifest("rope", ("rope_forward", "rope_backward")),
     Manifest("swiglu", ("swiglu_forward", "swiglu_backward")),
     Manifest("grouped_query_attention", ("grouped_query_attention_forward", "grouped_query_attention_backward"),
-             ("attn.layers",)),
+             ("attn.layers",), (), ("multi_head_attention_forward", "multi_head_attention_backward", "repeat_kv",
+                                    "sum_kv_groups")),
     Manifest("flash_attention", ("flash_attention_forward", "flash_attention_backward")),
     Manifest("lora", ("lora_forward", "lora_backward", "lora_merge")),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),

@@ -311,16 +311,16 @@ def _expose(a: np.ndarray) -> None:
     a = _c._root(a)
     if a.size and id(a) not in _c._EXPOSED:
         key = id(a)
-        _c._EXPOSED[key] = weakref.ref(a, lambda _r, key=key: _c._EXPOSED.pop(key, None))
+        lo, hi = np.lib.array_utils.byte_bounds(a)          # a root's bytes stay where they are
+        _c._EXPOSED[key] = (weakref.ref(a, lambda _r, key=key: _c._EXPOSED.pop(key, None)), lo, hi)
 
 
 def _exposed_memory() -> list:
     """(first byte, one past the last, owner) of every live array whose address was taken."""
     out = []
-    for ref in list(_c._EXPOSED.values()):
+    for ref, lo, hi in list(_c._EXPOSED.values()):
         a = ref()
         if a is not None:
-            lo, hi = np.lib.array_utils.byte_bounds(a)
             out.append((lo, hi, a))
     return out
 

@@ -346,6 +346,8 @@ class _Matrices:
     def overlaps(self, other: "_Matrices") -> bool:
         """Whether a byte of these matrices is a byte of ``other``'s (their spans first: the usual
         answer, no; then element by element)."""
+        if not any(lo < other_hi and other_lo < hi for lo, hi in self._bounds() for other_lo, other_hi in other._bounds()):
+            return False
         mine, theirs = self.addresses(), other.addresses()
         a, b = self.dtype.itemsize, other.dtype.itemsize
         if not mine.size or not theirs.size or mine[-1] + a <= theirs[0] or theirs[-1] + b <= mine[0]:
@@ -353,6 +355,14 @@ class _Matrices:
         g = math.gcd(a, b)                       # compare in units of g bytes
         units = [(x[:, None] + np.arange(0, w, g)).ravel() for x, w in ((mine, a), (theirs, b))]
         return np.intersect1d(*units).size > 0
+
+    def _bounds(self) -> list:
+        """(first byte, one past the last) of each part, as device addresses: bytes outside them
+        are not touched."""
+        item = self.dtype.itemsize
+        return [(mem.__array_interface__["data"][0] + int(off.min()) * item,
+                 mem.__array_interface__["data"][0] + int(off.max()) * item + self._extent)
+                for _, mem, off, _ in self._parts]
 
     def spans(self) -> list:
         """(owner, first byte, one past the last) in each array these matrices lie in."""

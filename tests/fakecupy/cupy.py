@@ -170,8 +170,8 @@ _DATA_DEPENDENT = {"nonzero", "flatnonzero", "argwhere", "unique", "compress", "
 runtime_calls: dict = {"pointerGetAttributes": 0}
 
 
-#: The memory whose address was taken (``a.data``): id of the NumPy array owning it -> a weak
-#: reference to that array. cuBLAS calls resolve device pointers against it (the stand-in's
+#: The memory whose address was taken (``a.data``): id of the NumPy array owning it -> (a weak
+#: reference to that array, its first byte, one past its last). cuBLAS calls resolve device pointers against it (the stand-in's
 #: device memory is NumPy memory, so a pointer is a NumPy data address).
 _EXPOSED: dict = {}
 
