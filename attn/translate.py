@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the checkpoint written by attn-train, e.g. --checkpoint runs/toy/checkpoint.npz, or "
                         "a run's folder, e.g. --checkpoint runs/toy: the model its test used (averaged.npz "
                         "where the average of the last snapshots was tested, else checkpoint.npz)")
+    p.add_argument("--adapter", type=Path, metavar="PATH",
+                   help="LoRA adapters written by attn-train --resume-from CHECKPOINT --lora RANK (OUT/adapter.npz), "
+                        "merged into the checkpoint's weights; --checkpoint must be the one they were trained from")
     p.add_argument("--beam", type=int, default=1, metavar="K",
                    help="beam size: 1 (default) decodes greedily, the paper uses --beam 4")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A",
@@ -127,8 +130,10 @@ def run_model(path: Path) -> Path:
     return path / ("averaged.npz" if averaged else "checkpoint.npz")
 
 
-def load_translator(checkpoint):
-    """Load (model, vocab) from a checkpoint written by ``attn-train`` onto the selected backend.
+def load_translator(checkpoint, adapter=None):
+    """Load (model, vocab) from a checkpoint written by ``attn-train`` onto the selected backend;
+    with ``adapter`` (a file written by ``attn-train --lora``), its LoRA adapters merged into the
+    weights (:mod:`attn.lora`).
 
     Raises CheckpointError if the file is missing or corrupt, holds more than its config implies,
     does not fit its config, holds NaN or infinite weights, or holds no vocabulary.
@@ -153,6 +158,9 @@ def load_translator(checkpoint):
     if len(vocab) != model.config.target_vocab_size:
         raise CheckpointError(f"checkpoint {checkpoint}: the vocabulary has {len(vocab)} tokens, "
                               f"the model {model.config.target_vocab_size}")
+    if adapter is not None:
+        from .lora import load_adapter
+        model = load_adapter(adapter, model).merged()
     return model, vocab
 
 
@@ -417,7 +425,7 @@ def main(argv=None) -> int:
         notice = B.auto_fallback_notice()          # auto with CuPy installed but unusable: one line
         if notice:
             print(f"attn-translate: {notice}", file=sys.stderr)
-        model, vocab = load_translator(run_model(args.checkpoint))
+        model, vocab = load_translator(run_model(args.checkpoint), args.adapter)
         draft = _load_draft(args, model, vocab)
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))
