@@ -5,9 +5,9 @@ image loaded, the maths rendered, the console stayed clean, a lesson page shows 
 output, and no request left 127.0.0.1. A screenshot of each page goes to
 ``build/book/screenshots/``.
 
-The build runs once per session (a fixture). It executes every lesson, so
-tests/test_lessons.py takes each lesson's result from the build's cache instead of running
-it a second time (attn.site.book.executed_lesson)."""
+The build runs once per session (a fixture). It executes every lesson in quick mode, so each
+lesson's run is checked here, from the build's cache (attn.site.book.executed_lesson), and
+tests/test_lessons.py runs the lessons itself only where the book does not."""
 from __future__ import annotations
 
 import functools
@@ -246,6 +246,19 @@ def assert_page_works(facts: dict, report: PageReport, name: str) -> None:
     assert not math["unrendered"], f"{name}: maths left as TeX: {math['unrendered']}"
     if math["source"]:
         assert math["rendered"] >= math["source"], f"{name}: {math['source']} maths, {math['rendered']} rendered"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_ran_in_the_book(lesson, built_book):
+    """The build executed this very code with this library and data in quick mode, on NumPy:
+    nothing raised, the lesson's last check passed, and it showed a figure."""
+    nb = book.executed_lesson(lesson)
+    assert nb is not None, f"{lesson.name}: the book's build left no executed notebook of it in its cache"
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"], f"{lesson.name} raised in the book"
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    assert CHECK_OUTPUT in text, f"{lesson.name} did not pass its check in the book:\n{text[-3000:]}"
+    assert any("image/png" in o.get("data", {}) for o in outputs), f"{lesson.name} showed no figure in the book"
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])

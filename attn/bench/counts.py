@@ -156,9 +156,12 @@ STEADY_AFTER = 4
 DECODE_STEADY_AFTER = 2
 
 
-def count_at(bc: BenchConfig, which=COUNTED, warmup: int = STEADY_AFTER, precision: str = "fp32") -> dict:
+def count_at(bc: BenchConfig, which=COUNTED, warmup: int = STEADY_AFTER, precision: str = "fp32",
+             host_time: bool = False) -> dict:
     """{measurement: (Tally, syncs, sync kinds)} for one configuration, on the stand-in, after
-    ``warmup`` untimed runs of each; the fast engine's products at ``precision``."""
+    ``warmup`` untimed runs of each; the fast engine's products at ``precision``. ``host_time``:
+    the training step's host time measured too (:func:`_host_seconds`, :data:`HOST_RUNS` more
+    steps; the tally's ``host_seconds``, else 0)."""
     from .work import build_work
 
     def nothing():
@@ -174,7 +177,7 @@ def count_at(bc: BenchConfig, which=COUNTED, warmup: int = STEADY_AFTER, precisi
                 memory = getattr(w.ours, "step_memory", None)
                 out[w.name][0].slab_bytes = memory.capacity if memory is not None else 0
                 out[w.name][0].peak_live_bytes = memory.stats()["peak_live_bytes"] if memory is not None else 0
-                out[w.name][0].host_seconds = _host_seconds(w.ours)
+                out[w.name][0].host_seconds = _host_seconds(w.ours) if host_time else 0.0
             else:
                 out[w.name] = _count_once(fc, w.ours)
     return out
@@ -239,7 +242,8 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
     bc = bc or BENCH_PRESETS[preset]
     label = preset if block == "paper" else f"{preset}, {block} block"
     b1, b2 = batches
-    at = {b: count_at(replace(bc, batch=b, decode_batch=b), which, precision=precision) for b in (b1, b2)}
+    at = {b: count_at(replace(bc, batch=b, decode_batch=b), which, precision=precision, host_time=b == b1)
+          for b in (b1, b2)}                    # the host time is reported at the smaller batch
     rows = []
     for name in which:
         (t1, s1, k1), (t2, s2, k2) = at[b1][name], at[b2][name]
