@@ -162,3 +162,66 @@ def test_a_language_model_exports_its_reading_and_is_checked(lm_dir, tmp_path):
         (bad / "model.json").write_text(json.dumps(d))
         with pytest.raises(ExportError, match="a decoder-only model needs language_model"):
             load_export(bad)
+
+
+def _open(site, query: str):
+    """A fresh page at site's query once it has loaded (or refused); returns (context, page)."""
+    url, chromium = site
+    context = chromium.new_context()
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url + query)
+    page.wait_for_function("() => ['ready', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+    return context, page, errors
+
+
+@needs_browser
+def test_the_writing_page_generates_draws_the_heads_and_each_page_refuses_the_other_model(lm_site, lm_dir):
+    model, vocab, doc = load_export(lm_dir / "words")
+    context, page, errors = _open(lm_site, "lm.html?model=_test/lm/words/")
+    try:
+        assert page.evaluate("document.body.dataset.state") == "ready", page.inner_text("#message")
+        page.fill("#prompt", PROMPTS["words"])
+        page.fill("#temperature", "0")
+        page.fill("#max-tokens", "12")
+        page.click("#generate")
+        page.wait_for_function("() => ['done', 'error'].includes(document.body.dataset.state)", timeout=60_000)
+        last = page.evaluate("window.attnLm.last")
+        shown = page.inner_text("#output")
+        maps = page.eval_on_selector_all(".maps canvas", "cs => cs.map((c) => [+c.dataset.rows, +c.dataset.cols])")
+        refusals = page.evaluate("""async () => {
+          const { checkExport } = await import("/attn/model.js");
+          const doc = await (await fetch("/_test/lm/words/model.json")).json(), lm = doc.language_model;
+          return [undefined, { char: "no", context: 4 }, { char: true, context: 49 }].map((spoilt) => {
+            try { checkExport({ ...doc, language_model: spoilt }); return "loaded"; } catch (e) { return e.message; }
+          }).concat([checkExport({ ...doc, language_model: lm }).config.n_encoder_layers]);
+        }""")
+    finally:
+        context.close()
+    assert not errors, errors
+    assert all(r.startswith("a decoder-only model needs language_model") for r in refusals[:3]) and refusals[3] == 0
+    prompt = encode_text(PROMPTS["words"], vocab, False)[:-1]
+    assert last["tokens"] == generate(model, prompt, 12, Sampler(0.0), banned=[0, 1, 3])
+    assert shown == PROMPTS["words"] + decode_text(last["tokens"], vocab, False) == PROMPTS["words"] + last["text"]
+    assert maps == [[12, len(prompt) + 11]] * (model.config.n_decoder_layers * model.config.n_heads)
+    for query, says in (("index.html?model=_test/lm/char/", "holds a language model (n_encoder_layers 0), which writes"),
+                        ("lm.html?model=model", "holds a translator (an encoder-decoder), which this page does not run")):
+        context, page, errors = _open(lm_site, query)
+        try:
+            assert page.evaluate("document.body.dataset.state") == "error" and says in page.inner_text("#message")
+        finally:
+            context.close()
+        assert not errors, errors
+
+
+def test_the_export_command_reads_a_language_models_checkpoint(tmp_path, capsys):
+    from attn.site.export import main as export_main
+    vocab = char_vocab(TEXT)
+    ckpt = _model(vocab, 2).save(tmp_path / "lm.npz", extra_meta={"vocab": vocab.to_json(),
+                                                                  "args": {"char": True, "context": 10}})
+    assert export_main([str(ckpt), str(tmp_path / "out")]) == 0
+    assert "a language model (characters, context 10)" in capsys.readouterr().out
+    model, back, doc = load_export(tmp_path / "out")
+    assert doc["language_model"] == {"char": True, "context": 10} and back == vocab
+    assert model.config.n_encoder_layers == 0

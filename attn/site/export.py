@@ -472,6 +472,9 @@ def main(argv=None) -> int:
     fp32 = 4 * sum(math.prod(t["shape"]) for t in doc["weights"]["tensors"])
     print(f"attn-export: weights.bin {doc['weights']['bytes']:,} bytes; in float32 it would be {fp32:,} "
           f"({doc['weights']['bytes'] / fp32:.3f} of it)")
+    if lm := doc.get("language_model"):
+        print(f"attn-export: a language model ({'characters' if lm['char'] else 'words or BPE pieces'}, context "
+              f"{lm['context']}): open lm.html?model=... to generate with it")
     return 0
 
 
