@@ -106,6 +106,9 @@ class TransformerConfig:
             bad(f"n_decoder_layers must be a positive integer, got {self.n_decoder_layers!r}")
         if self.tgt_vocab_size is not None and (not isinstance(self.tgt_vocab_size, int) or self.tgt_vocab_size <= 0):
             bad(f"tgt_vocab_size must be a positive integer or None, got {self.tgt_vocab_size!r}")
+        if self.max_len > MAX_LEN_LIMIT:      # before a table of max_len rows is built (sinusoids: no parameters)
+            bad(f"max_len must be at most {MAX_LEN_LIMIT:,} (a table of max_len positions is built as the model "
+                f"loads, here and in the page), got {self.max_len:,}")
         if self.d_model % self.n_heads:
             bad(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         for name in ("dropout", "attention_dropout", "relu_dropout", "label_smoothing"):
@@ -120,10 +123,15 @@ class TransformerConfig:
             bad(f"warmup_steps must be positive, got {self.warmup_steps!r}")
         count = parameter_count(self)
         if count > MAX_PARAMETERS:        # before anything is allocated, or parameter_shapes listed
-            fields = dataclasses.asdict(self)     # named: the field whose shrinking to 1 saves the most
-            field = max(SIZE_FIELDS, key=lambda f: count - parameter_count(SimpleNamespace(**{**fields, f: 1})))
-            bad(f"{field} = {getattr(self, field):,} gives {count:,} parameters ({4 * count / 2**30:,.0f} GiB in "
-                f"float32), more than the {MAX_PARAMETERS:,} a model may have")
+            fields = dataclasses.asdict(self)     # named: the field (or both layer counts, as --layers sets
+            groups = [(f,) for f in SIZE_FIELDS] + [LAYER_FIELDS]      # them) whose shrinking to 1 saves the most
+
+            def saves(group):
+                return count - parameter_count(SimpleNamespace(**{**fields, **dict.fromkeys(group, 1)}))
+            group = max(groups, key=saves)
+            big = [f"{f} = {getattr(self, f):,}" for f in group if len(group) == 1 or 10 * saves((f,)) >= saves(group)]
+            bad(f"{' and '.join(big)} give{'s' if len(big) == 1 else ''} {count:,} parameters "
+                f"({4 * count / 2**30:,.0f} GiB in float32), more than the {MAX_PARAMETERS:,} a model may have")
 
     @property
     def target_vocab_size(self) -> int:
@@ -179,11 +187,17 @@ def renamed_fields(d: dict, owner: str) -> dict:
 
 # --------------------------------------------------------------------------- parameters
 
+#: The largest ``max_len`` a config may give: a table of ``max_len`` positions is built as a model
+#: loads (:func:`sinusoids`, and the page's, ``web/attn/model.js``): 8,192 rows of d_model 512 take a
+#: fraction of a second; the page took 16 s at 10**6 and failed at 10**8.
+MAX_LEN_LIMIT = 8192
 #: The most parameters a config may give (16 GiB in float32, 75 times the paper's big model): a
 #: config read from a file that asks for more is refused naming its field, before anything is allocated.
 MAX_PARAMETERS = 2**32
 #: The fields a model's size grows with.
 SIZE_FIELDS = ("vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encoder_layers", "n_decoder_layers", "max_len")
+#: The layer counts, which ``attn-train --layers`` sets together.
+LAYER_FIELDS = ("n_encoder_layers", "n_decoder_layers")
 
 
 def parameter_count(cfg) -> int:

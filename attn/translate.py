@@ -12,7 +12,8 @@ without waiting for the end of the input, and an interrupt (exit code 130) keeps
 translation written so far. A sentence may have at most ``--max-length``
 tokens (default 512, at most 4,096) and at most the model's ``max_len``, the longest it
 was trained on: one over the limit is refused, since attention's memory and time grow
-with the square of the length. Problems the user can fix (no
+with the square of the length. A line may have at most :data:`MAX_LINE_BYTES` (1 MiB):
+it is held whole while its sentences are translated. Problems the user can fix (no
 checkpoint, a damaged one, an unusable backend, a bad flag, input that is not
 UTF-8 or too long) end with exit code 2 and a one-line message, before any
 translating of the batch of lines that holds them (the batches before it are written).
@@ -20,6 +21,7 @@ translating of the batch of lines that holds them (the batches before it are wri
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import select
@@ -31,6 +33,12 @@ from typing import Iterator
 from . import backend as B
 from .checkpoint import CheckpointError, load_npz
 from .evaluate import MAX_ALPHA, MAX_BEAM, MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
+
+#: The longest line of standard input, in bytes (1 MiB: a novel's chapter, tens of thousands of
+#: sentences): a line is held whole, and tokenised whole, while its sentences are translated, so a
+#: longer one, or a file without line ends, is refused as soon as it grows past this, not after
+#: gigabytes; a line of 1 MiB without a sentence end is refused in seconds.
+MAX_LINE_BYTES = 2**20
 
 EXAMPLES = """\
 examples:
@@ -51,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='a sentence to translate, e.g. "the old friend laughed ." '
                         "(quote each one; none: read standard input, one sentence per line)")
     p.add_argument("--checkpoint", required=True, type=Path, metavar="PATH",
-                   help="the checkpoint written by attn-train, e.g. --checkpoint runs/toy/checkpoint.npz")
+                   help="the checkpoint written by attn-train, e.g. --checkpoint runs/toy/checkpoint.npz, or "
+                        "a run's folder, e.g. --checkpoint runs/toy: the model its test used (averaged.npz "
+                        "where the average of the last snapshots was tested, else checkpoint.npz)")
     p.add_argument("--beam", type=int, default=1, metavar="K",
                    help="beam size: 1 (default) decodes greedily, the paper uses --beam 4")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A",
@@ -65,18 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "sentence to this image, e.g. --attention att.png; with several sentences, one "
                         "file per sentence: att-1.png, att-2.png, ...")
     p.add_argument("--backend", choices=("numpy", "cupy", "auto"),
-                   default=os.environ.get("ATTN_BACKEND", "auto").strip().lower() or "auto",
+                   default=os.environ.get("ATTN_BACKEND", "numpy").strip().lower() or "numpy",
                    help="array backend: numpy (CPU), cupy (GPU), or auto (cupy where a GPU is usable); "
-                        "default $ATTN_BACKEND or auto, e.g. --backend numpy")
+                        "default $ATTN_BACKEND or numpy, as for attn-train, e.g. --backend auto")
     p.add_argument("--batch-size", type=int, default=64, metavar="N",
                    help="sentences decoded together (default 64)")
     p.add_argument("--max-length", type=int, default=MAX_SOURCE_TOKENS, metavar="N",
                    help=f"the most tokens a sentence may have, its end mark included (default {MAX_SOURCE_TOKENS}, "
                         f"at most {MAX_SOURCE_TOKENS_LIMIT:,}, and never more than the model's max_len, the "
                         "longest it was trained on). Every line is cut at its sentence ends (. ! ?) and its "
-                        "sentences translated one by one; a sentence over the limit is refused. Memory and "
-                        "time grow with the square of the length: on a CPU the toy model takes about a "
-                        "second and a few hundred MB at 512 tokens, 9 GB at 10,000")
+                        "sentences translated one by one; a sentence over the limit is refused, and so is "
+                        f"a line over {MAX_LINE_BYTES // 2**20} MiB. Memory and time grow with the square of "
+                        "the length: on a two-core CPU the toy model took 0.8 s and 66 MB at 512 tokens, "
+                        "3 s and 0.9 GB at 3,000 (benchmarks/RESULTS.md, Bounded input)")
     return p
 
 
@@ -89,6 +100,21 @@ def attention_paths(path: Path, n: int) -> list[Path]:
 
 def _numbered(path: Path, i: int) -> Path:
     return path.with_name(f"{path.stem}-{i}{path.suffix or '.png'}")
+
+
+def run_model(path: Path) -> Path:
+    """``path``; or, for a run's folder (what ``attn-train --out`` writes), the model its test used:
+    ``averaged.npz`` where its ``metrics.json`` says the average of the last snapshots was tested,
+    else ``checkpoint.npz`` (the last model, and a run that has not been tested yet)."""
+    if not path.is_dir():
+        return path
+    try:
+        metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        metrics = {}
+    count = metrics.get("averaged_checkpoints") if isinstance(metrics, dict) else None
+    averaged = isinstance(count, int) and not isinstance(count, bool) and count > 1
+    return path / ("averaged.npz" if averaged else "checkpoint.npz")
 
 
 def load_translator(checkpoint):
@@ -201,10 +227,22 @@ def _waiting(fd: int) -> bool:
         return True
 
 
+class LineTooLong(ValueError):
+    """A line of standard input is longer than :data:`MAX_LINE_BYTES`; the message names it."""
+
+
+def _too_long(number: int) -> LineTooLong:
+    return LineTooLong(f"standard input line {number:,} is longer than {MAX_LINE_BYTES // 2**20} MiB: put each "
+                       f"sentence (or each paragraph) on a line of its own; a sentence may have at most "
+                       f"--max-length tokens")
+
+
 def _fd_lines(fd: int, block: int = 1 << 16) -> Iterator[tuple[bytes, bool]]:
     """The lines of file descriptor ``fd`` as they are read, each with whether more input is
-    already waiting (False: the next read would wait for the writer)."""
+    already waiting (False: the next read would wait for the writer). A line that grows past
+    :data:`MAX_LINE_BYTES` is a :class:`LineTooLong` as soon as it does, before more is read."""
     partial: list[bytes] = []
+    held, number = 0, 1                       # bytes of the unfinished line; its number
     while True:
         data = os.read(fd, block)
         if not data:
@@ -213,8 +251,12 @@ def _fd_lines(fd: int, block: int = 1 << 16) -> Iterator[tuple[bytes, bool]]:
             return
         lines = data.split(b"\n")
         partial.append(lines.pop())
+        held += len(lines[0]) if lines else len(data)        # the unfinished line, as far as it is read
+        if held > MAX_LINE_BYTES:
+            raise _too_long(number)
         if not lines:
             continue
+        number, held = number + len(lines), len(partial[-1])
         lines[0] = b"".join(partial[:-1]) + lines[0]
         partial = partial[-1:] if partial[-1] else []
         for k, line in enumerate(lines, start=1):
@@ -232,6 +274,8 @@ def stdin_batches(stream, size: int) -> Iterator[tuple[int, list[str]]]:
     batch: list[str] = []
     number = 0
     for number, (line, more) in enumerate(raw, start=1):
+        if len(line) > MAX_LINE_BYTES:                   # a stream without a file descriptor, read whole
+            raise _too_long(number)
         batch.append(_decode_line(line, number))
         if len(batch) >= size or not more:
             yield number - len(batch) + 1, batch
@@ -324,7 +368,7 @@ def main(argv=None) -> int:
         notice = B.auto_fallback_notice()          # auto with CuPy installed but unusable: one line
         if notice:
             print(f"attn-translate: {notice}", file=sys.stderr)
-        model, vocab = load_translator(args.checkpoint)
+        model, vocab = load_translator(run_model(args.checkpoint))
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))
     batches = iter([(1, args.sentences)]) if args.sentences else stdin_batches(sys.stdin.buffer, args.batch_size)

@@ -547,6 +547,19 @@ def test_no_lesson_and_no_module_of_the_course_imports_the_site():
     assert not offenders, f"these import attn.site, which the course must not: {offenders}"
 
 
+def test_a_failed_build_shows_its_cause_not_only_a_temporary_log(monkeypatch):
+    """A failed parallel build said "Sphinx parallel build error" and left the cause in a temporary
+    log: the build asks Sphinx for the whole traceback (-T), which prints a parallel reader's too."""
+    pytest.importorskip("sphinx")
+    import sphinx.cmd.build
+    seen = []
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(sphinx.cmd.build, "build_main", lambda argv: seen.append(argv) or 1)
+    assert book.main(["-j", "2"]) == 1
+    args = sphinx.cmd.build.get_parser().parse_args(seen[0])
+    assert args.traceback and args.jobs == 2 and args.keep_going
+
+
 def test_a_change_in_attn_site_re_executes_no_lesson(tmp_path):
     """The cache of executed lessons is named by a hash of attn/ and data/ but for attn/site/."""
     for name, text in (("attn/model.py", "x = 1\n"), ("attn/site/book.py", "y = 1\n"),

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn.checkpoint import CheckpointError, load_npz
+from attn.checkpoint import CheckpointError, load_npz, save_npz
 from attn.data import Vocab
 from attn.model import Transformer, TransformerConfig
 from attn.model_files import model_members
@@ -117,6 +117,16 @@ def test_a_config_of_1e8_layers_is_refused_naming_the_field(checkpoint, tmp_path
     path = tmp_path / "deep.npz"
     np.savez(path, __meta__=np.array(json.dumps(meta)))
     refused(translate_in_2gb(path), "n_encoder_layers = 100,000,000", "parameters", "more than")
+
+
+def test_a_max_len_of_1e9_is_refused_before_its_table_is_built(checkpoint, tmp_path):
+    """A sinusoidal table has no parameters, so no count bounds it: at 10**9 positions the table alone
+    would take gigabytes, built as the model first runs. The config refuses it as it is read."""
+    arrays, meta = load_npz(checkpoint)
+    path = save_npz(tmp_path / "long.npz", arrays, {**meta, "config": {**meta["config"], "max_len": 10**9}})
+    refused(translate_in_2gb(path), "max_len must be at most 8,192", "1,000,000,000")
+    with pytest.raises(ValueError, match="max_len must be at most 8,192"):
+        TransformerConfig(vocab_size=5, d_model=8, n_heads=2, d_ff=16, max_len=8193)
 
 
 def test_nan_or_infinite_weights_are_refused(checkpoint, tmp_path):

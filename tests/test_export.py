@@ -9,7 +9,7 @@ import stat
 import numpy as np
 import pytest
 
-from attn.checkpoint import file_mode
+from attn.checkpoint import file_mode, load_npz, save_npz
 from attn.data import Vocab
 from attn.model import Transformer, TransformerConfig
 from attn.site import export as E
@@ -143,15 +143,16 @@ def test_an_unusable_backend_is_one_line(tmp_path, capsys, monkeypatch, env):
 
 def test_a_max_len_the_page_cannot_build_a_table_for_is_refused(tmp_path, capsys):
     """The page builds a table of max_len positions as it loads: at 10**6 it took 16 s, at 10**8 it
-    failed. attn-export refuses such a model naming the field and the bound, and so does load_export."""
+    failed. A config over the bound is refused as it is read: by attn-export from a checkpoint, and by
+    load_export from an exported model.json, naming the field and the bound."""
     assert export_model(tiny(max_len=E.MAX_LEN_LIMIT), VOCAB, tmp_path / "ok")["config"]["max_len"] == 8192
-    with pytest.raises(ValueError, match="config max_len must be at most 8,192 .*got 1,000,000"):
-        export_model(tiny(max_len=10**6), VOCAB, tmp_path / "a")
-    assert not (tmp_path / "a").exists()
-    ckpt = tiny(max_len=10**8).save(tmp_path / "c.npz", extra_meta={"vocab": VOCAB.to_json()})
+    ckpt = tiny().save(tmp_path / "c.npz", extra_meta={"vocab": VOCAB.to_json()})
+    arrays, meta = load_npz(ckpt)
+    save_npz(ckpt, arrays, {**meta, "config": {**meta["config"], "max_len": 10**8}})
     assert main([str(ckpt), str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_len must be at most 8,192" in err[0] and "100,000,000" in err[0], err
+    assert not (tmp_path / "b").exists()
     path = tmp_path / "ok" / "model.json"
     doc = json.loads(path.read_text())
     path.write_text(json.dumps({**doc, "config": {**doc["config"], "max_len": 10**6}}))

@@ -143,6 +143,24 @@ def test_lessons_exist():
     assert [int(p.name[:2]) for p in LESSONS] == list(range(1, len(LESSONS) + 1)), "lessons are numbered 01, 02, ..."
 
 
+def _number(words: str) -> int:
+    """ "Twenty-eight" -> 28 (the numbers a lesson count is written in)."""
+    units = "one two three four five six seven eight nine".split()
+    tens = {"twenty": 20, "thirty": 30, "forty": 40}
+    parts = words.lower().split("-")
+    return tens[parts[0]] + (units.index(parts[1]) + 1 if len(parts) > 1 else 0)
+
+
+def test_the_lessons_readme_counts_and_times_every_lesson():
+    """lessons/README.md said twenty-six lessons when there were 28, and its timing table stopped at 21."""
+    text = (ROOT / "lessons" / "README.md").read_text(encoding="utf-8")
+    assert _number(text.split()[2]) == len(LESSONS), text.split("\n")[2]
+    quick = text[text.index("| lesson | quick: wall s"):]
+    quick = quick[:quick.index("\n\n")]
+    timed = [line.split("|")[1].strip() for line in quick.splitlines()[2:] if not line.startswith("| all")]
+    assert timed == [p.stem for p in LESSONS], sorted(set(p.stem for p in LESSONS) - set(timed))
+
+
 def test_lesson_runs_as_a_notebook(tmp_path, monkeypatch):
     """jupytext turns the percent-format script into a notebook; nbclient executes it headless in a
     Jupyter kernel, started from lessons/ (not the root); its figure must come out inline."""

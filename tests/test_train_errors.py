@@ -96,9 +96,12 @@ def test_a_text_file_as_the_checkpoint_to_resume_is_said_to_be_text(tmp_path):
     (["--beam", "100000"], ["beam (--beam) must be at most 256"]),
     (["--beam", "2", "--alpha", "1000"], ["alpha (--alpha) must be in [0, 10]"]),
     (["--d-model", "1000000", "--heads", "2"], ["d_model = 1,000,000 gives", "parameters", "GiB"]),
+    (["--task", "lm", "--context", "9000"], ["context (--context) must be at most 8,192"]),
+    (["--layers", "100000000"], ["(--layers 100000000)", "n_encoder_layers = 100,000,000 and n_decoder_layers = "
+                                 "100,000,000 give", "parameters"]),
 ])
 def test_numbers_out_of_reach_are_refused_before_any_work(tmp_path, flags, words, capsys):
-    with pytest.raises(SystemExit) if flags[0] in ("--lr-factor", "--max-tokens", "--beam") else _returns(2) as got:
+    with pytest.raises(SystemExit) if flags[0] in ("--lr-factor", "--max-tokens", "--beam", "--task") else _returns(2) as got:
         got.value = main(["--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"), *flags])
     err = capsys.readouterr().err
     assert all(w in err for w in words), err
@@ -170,6 +173,28 @@ def test_a_run_of_the_tiled_attention_resumes_on_the_readable_engine():
     saved = TrainConfig(attention="flash", out="runs/x").to_dict()
     resumed = resumed_config(TrainConfig(resume=True, reference=True, out="runs/x"), saved, {"resume", "reference"})
     assert resumed.reference and resumed.attention == "auto"
+
+
+def test_resuming_on_the_readable_engine_says_that_the_numbers_change(tmp_path, capsys):
+    """The two engines draw other dropout masks: ``--resume --reference`` on a run of the fast engine
+    says so, as a switch of ``--backend`` does; resuming on the engine that trained it says nothing."""
+    from attn.data import Vocab
+    from attn.model import Transformer, TransformerConfig
+    from attn.optim import Adam
+    from attn.training.checkpoints import TrainState, open_run, save_checkpoint
+    out = tmp_path / "run"
+    model = Transformer(TransformerConfig(vocab_size=6, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                                          n_decoder_layers=1), seed=0)
+    save_checkpoint(out / "checkpoint.npz", model, Adam(model.params, 8), TrainState(step=1),
+                    Vocab.build([["a", "b"]]), TrainConfig(out=str(out), backend="numpy"))
+    capsys.readouterr()
+    config, _ = open_run(config_from_argv(["--resume", "--out", str(out)]), {"resume", "out"})
+    assert config.engine == "fast" and capsys.readouterr().err == ""
+    config, _ = open_run(config_from_argv(["--resume", "--out", str(out), "--reference"]),
+                         {"resume", "out", "reference"})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert config.engine == "reference" and len(err) == 1, err
+    assert "trained by the attn.fast engine and continues on the readable one" in err[0] and "not match" in err[0]
 
 
 def test_a_resumed_run_refuses_a_changed_corpus_unless_allowed(tmp_path, capsys):

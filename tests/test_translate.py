@@ -17,7 +17,8 @@ import pytest
 
 import attn.backend as B
 from attn.data import EOS, Vocab, tokenize
-from attn.evaluate import corpus_bleu, evaluate_bleu, source_ids, translate, translate_sentences
+from attn.evaluate import (MAX_SOURCE_TOKENS_LIMIT, corpus_bleu, evaluate_bleu, source_ids, translate,
+                           translate_sentences)
 from attn.model import Transformer, TransformerConfig
 from attn.plot import plot_attention
 from attn.translate import attention_paths, main
@@ -94,6 +95,20 @@ def test_help_explains_the_flags(capsys):
     for flag in ("--checkpoint", "--beam", "--alpha", "--attention", "--backend"):
         assert flag in out
     assert "attn-translate --checkpoint" in out      # an example
+
+
+def test_the_help_quotes_lengths_within_the_limit_and_the_default_backend_is_attn_train_s(monkeypatch):
+    """--max-length's help said "at most 4,096" and then quoted the cost at 10,000; the default backend
+    was auto where attn-train's (and every other command's) is numpy."""
+    import re
+    from attn.training.config import build_parser as train_parser
+    from attn.translate import build_parser
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    lengths = [int(n.replace(",", "")) for n in re.findall(r"\bat ([\d,]+)", helps["max_length"])]
+    assert lengths and max(lengths) <= MAX_SOURCE_TOKENS_LIMIT, helps["max_length"]
+    monkeypatch.delenv("ATTN_BACKEND", raising=False)
+    assert build_parser().get_default("backend") == "numpy"
+    assert "$ATTN_BACKEND or numpy" in {a.dest: a.help for a in train_parser()._actions}["backend"]
 
 
 def test_attention_figure_one_and_several(checkpoint, tmp_path, capsys, restore_backend):
@@ -387,6 +402,46 @@ def test_standard_input_is_read_lazily_a_bounded_batch_at_a_time():
         writer.write(b"a .\n\xff\n")
         with pytest.raises(ValueError, match="line 6 is not valid UTF-8"):   # before its batch is translated
             _next_within(batches)
+
+
+def test_a_run_folder_translates_with_the_model_its_test_used(checkpoint, capsys, restore_backend):
+    """The README translated with averaged.npz where the run had tested its last model (the average's
+    validation loss was higher) and printed checkpoint.npz: the run's folder now names the one tested."""
+    import json
+    folder = checkpoint.parent
+    other, vocab = tiny(seed=5)
+    other.save(folder / "averaged.npz", extra_meta={"vocab": vocab.to_json()})
+    sentence = "a b c d ."
+    last, average = (_alone(m, vocab, [sentence]) for m in (tiny()[0], other))
+    assert last != average
+    for metrics, expected in ((None, last), ({"averaged_checkpoints": 5}, average),
+                              ({"averaged_checkpoints": 1}, last)):
+        if metrics is not None:
+            (folder / "metrics.json").write_text(json.dumps(metrics))
+        assert main(["--checkpoint", str(folder), "--backend", "numpy", sentence]) == 0
+        assert capsys.readouterr().out == expected + "\n", metrics
+
+
+def test_a_line_over_1_mib_is_refused_as_it_is_read(checkpoint):
+    """A line is held and tokenised whole: one of 100 MB without a sentence end took a minute and
+    4 GB before its token count refused it. Now it is refused when it grows past 1 MiB, as read from
+    a pipe and from a stream without a file descriptor, naming the line."""
+    import io
+    import time
+    from attn.translate import MAX_LINE_BYTES, stdin_batches
+    long_line = "a b " * (MAX_LINE_BYTES // 4 + 1)
+    t = time.perf_counter()
+    r = run_cli("--checkpoint", checkpoint, stdin="a .\n" + long_line + long_line)
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "attn-translate: error: standard input line 2 is longer than 1 MiB: put each sentence (or each "
+        "paragraph) on a line of its own; a sentence may have at most --max-length tokens"], r.stderr
+    assert time.perf_counter() - t < 60
+    batches = stdin_batches(io.BytesIO(f"a .\n{long_line}\n".encode()), 1)
+    assert next(batches) == (1, ["a ."])
+    with pytest.raises(ValueError, match="line 2 is longer than 1 MiB"):
+        next(batches)
+    assert list(stdin_batches(io.BytesIO(("a " * (MAX_LINE_BYTES // 2)).encode()), 1))[0][1][0].count("a") \
+        == MAX_LINE_BYTES // 2                                                  # at the bound: read
 
 
 def test_translations_come_out_before_the_input_ends_and_stay_on_interrupt(checkpoint):

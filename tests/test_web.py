@@ -153,6 +153,8 @@ def _broken(doc: dict, case: str) -> tuple[dict, int | None]:
         return doc, doc["weights"]["bytes"] - 2
     elif case == "layers-1e8":
         doc["config"]["n_encoder_layers"] = 10**8
+    elif case == "both-layers-1e8":                       # as attn-train --layers 1e8 asks
+        doc["config"]["n_encoder_layers"] = doc["config"]["n_decoder_layers"] = 10**8
     elif case == "max-len-1e6":
         doc["config"]["max_len"] = 10**6
     elif case == "source-limit-1e9":
@@ -169,8 +171,9 @@ BROKEN = {"missing-tensor": "does not fit the config: missing", "n-heads-3": "mu
           "wrong-shape": "the config says", "extra-tensor": "unexpected", "vocabulary-size": "the vocabulary has",
           "unknown-field": "unknown fields", "short-weights": "bytes",
           "layers-1e8": "n_encoder_layers = 100,000,000 gives", "nan-weights": "holds NaN or infinite numbers",
+          "both-layers-1e8": "n_encoder_layers = 100,000,000 and n_decoder_layers",
           "source-limit-1e9": "max_source_tokens must be an integer from 2 to 4,096",
-          "max-len-1e6": "config max_len must be at most 8,192",
+          "max-len-1e6": "max_len must be at most 8,192",
           "unknown-ffn": "ffn must be one of"}
 
 

@@ -147,7 +147,8 @@ def main(argv=None) -> int:
     os.environ.update(build_environment())
     for name in ("MPLBACKEND", "ATTN_CHECKPOINT"):
         os.environ.pop(name, None)
-    code = build_main(["-b", "html", "-W", "--keep-going", "-j", str(args.jobs), "-d", str(DOCTREES),
+    # -T: an error's whole traceback on the screen, a parallel reader's too, not only in a temporary log
+    code = build_main(["-b", "html", "-W", "--keep-going", "-T", "-j", str(args.jobs), "-d", str(DOCTREES),
                        str(ROOT / "book"), str(HTML)])
     if code == 0:
         print(f"The book is in {HTML}: open {HTML / 'index.html'}")

@@ -42,6 +42,7 @@ from pathlib import Path
 from .. import backend as B
 from ..checkpoint import CheckpointError, write_atomic
 from ..evaluate import MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
+from ..model import MAX_LEN_LIMIT  # noqa: F401  (the format's bound: a config over it is refused as it is read)
 
 #: The format's name and version, the first thing a reader checks.
 FORMAT = "attn-web-1"
@@ -50,9 +51,6 @@ WEIGHTS_FILE = "weights.bin"
 #: Bytes per number of each storage type; both little-endian IEEE 754. An ``int8`` export holds
 #: its matrices as one byte a number (with float32 scales) and its vectors as float32.
 DTYPES = {"float32": 4, "float16": 2, "int8": 1}
-#: The largest config ``max_len`` the format allows: the page builds a table of ``max_len`` positions
-#: as it loads (8,192 rows of d_model 512 take a fraction of a second; 10**6 took 16 s, 10**8 failed).
-MAX_LEN_LIMIT = 8192
 
 EXAMPLES = """\
 examples:
@@ -100,8 +98,6 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     if len(vocab) != model.config.target_vocab_size:
         raise ValueError(f"export_model: the vocabulary has {len(vocab)} tokens, "
                          f"the model {model.config.target_vocab_size}")
-    if model.config.max_len > MAX_LEN_LIMIT:
-        raise ValueError(f"export_model: {_max_len_problem(model.config.max_len)}")
     out_dir, started = Path(out_dir), time.time()
     _check_destination(out_dir, overwrite)
     tensors, chunks, offset = (_int8_weights if dtype == "int8" else _weights)(model, dtype)
@@ -189,11 +185,6 @@ def _int8_weights(model, dtype: str = "int8") -> tuple[list, list, int]:
         chunks += [raw, scales]
         offset += len(raw) + len(scales)
     return tensors, chunks, offset
-
-
-def _max_len_problem(max_len: int) -> str:
-    return (f"config max_len must be at most {MAX_LEN_LIMIT:,} (the page builds a table of max_len positions), "
-            f"got {max_len:,}")
 
 
 def _check_destination(out_dir: Path, overwrite: bool) -> None:
@@ -288,8 +279,6 @@ def load_export(out_dir):
     except (KeyError, TypeError, ValueError, AttributeError, DataError) as e:
         raise ExportError(f"{meta_path}: unreadable config, vocabulary or weights index "
                           f"({type(e).__name__}: {str(e)[:80]})") from None
-    if cfg.max_len > MAX_LEN_LIMIT:
-        raise ExportError(f"{meta_path}: {_max_len_problem(cfg.max_len)}")
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ExportError(f"{meta_path}: weights dtype {dtype!r:.40} is not one of {sorted(DTYPES)}")
     limit = doc.get("max_source_tokens", MAX_SOURCE_TOKENS)

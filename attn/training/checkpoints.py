@@ -26,7 +26,7 @@ from ..data import Vocab
 from ..model import Transformer
 from ..model_files import model_members
 from ..optim import Adam
-from .config import TrainConfig, TrainConfigError, resumed_config, say_resumed_backend
+from .config import TrainConfig, TrainConfigError, resumed_config, say_resumed_backend, say_resumed_engine
 
 
 @dataclass
@@ -173,6 +173,7 @@ def open_run(config: TrainConfig, given=None):
         asked_backend = config.backend
         config = resumed_config(config, saved[1].get("args", {}), given)
         say_resumed_backend(saved[1].get("args", {}).get("backend"), asked_backend, config.backend)
+        say_resumed_engine(saved[1].get("args", {}), config)
     elif previous_run(out) and not config.overwrite:
         raise TrainConfigError(
             f"--out {out} already holds a run ({', '.join(previous_run(out))}); a fresh run would mix with it. "

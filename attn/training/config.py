@@ -19,7 +19,7 @@ from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
 from ..decode import Decoding
 from ..evaluate import MAX_ALPHA, MAX_BEAM
-from ..model import PRESETS, TransformerConfig, renamed_fields
+from ..model import MAX_LEN_LIMIT, PRESETS, TransformerConfig, renamed_fields
 from ..precision import PRECISIONS, Precision, PrecisionError
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "data" / "toy"
@@ -279,8 +279,10 @@ class TrainConfig:
         for name, default in (("precision", "fp32"), ("attention", "auto"), ("cuda_graph", False)):
             if lm and getattr(self, name) != default:
                 self._bad(name, "applies to the attn.fast engine; a language model trains on the readable one")
+        if lm and (self.context or 0) > MAX_LEN_LIMIT:
+            self._bad("context", f"must be at most {MAX_LEN_LIMIT:,} (the model's max_len: its table of positions)")
         if lm and (self.context or 0) * (self.batch or 0) > MAX_BATCH_TOKENS:
-            self._bad("batch", f"times --context must be at most {MAX_BATCH_TOKENS:,} tokens a step")
+            self._bad("batch", f"times --context ({self.context:,}) must be at most {MAX_BATCH_TOKENS:,} tokens a step")
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
@@ -403,6 +405,16 @@ def say_resumed_backend(saved: str | None, asked: str | None, chosen: str | None
     elif asked is None and saved is not None and env and env != saved:
         print(f"attn-train: --resume continues on the saved run's backend, {saved} (ATTN_BACKEND={env} applies "
               f"to new runs; pass --backend {env} to switch)", file=sys.stderr)
+
+
+def say_resumed_engine(saved: dict, config: TrainConfig) -> None:
+    """One line where a resumed run switches engine (``--reference`` on a run that the fast engine
+    trained): the two draw their dropout masks from other generators, so the numbers then differ
+    from an unbroken run's, as with a switch of ``--backend``."""
+    if config.engine == "reference" and TrainConfig.from_dict({**saved, "resume": False}).engine == "fast":
+        print("attn-train: --resume: the run was trained by the attn.fast engine and continues on the readable "
+              "one, as --reference asks; its dropout masks come from another generator, so its numbers will not "
+              "match an unbroken run's", file=sys.stderr)
 
 
 def resumed_config(config: TrainConfig, saved: dict, given=None) -> TrainConfig:
@@ -603,7 +615,8 @@ def _add_run_flags(g) -> None:
                    help="the attn.fast engine's attention: plain (the weights kept for the backward), flash (tiled, "
                         "FlashAttention: memory linear in the length, no attention dropout) or auto (default: the "
                         "rule of docs/GPU.md, tiled where the plain one's weights would not fit); same numbers")
-    g.add_argument("--quiet", action="store_true", help="no progress bar, and no metrics dumped as JSON on stderr at the end (metrics.json has them)")
+    g.add_argument("--quiet", action="store_true", help="no progress bars (training's and the test's); each evaluation's line and the summary at the "
+                        "end still print")
 
 
 def _add_block_flags(parser: argparse.ArgumentParser) -> None:

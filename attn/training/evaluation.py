@@ -61,7 +61,7 @@ def choose_final_model(model: Transformer, out: Path, average: int, vocab: Vocab
     choice = {"val_nll_last": last["val_nll"], "val_nll_averaged": avg["val_nll"]}
     if avg["val_nll"] <= last["val_nll"]:
         return averaged, choice
-    print(f"the average of the last {average} snapshots has a higher validation loss "
+    print(f"the average of the last {average} snapshots has a higher validation loss without label smoothing "
           f"({avg['val_nll']:.3f}) than the last model ({last['val_nll']:.3f}): testing the last model",
           file=sys.stderr)
     return model, choice
@@ -83,7 +83,9 @@ def evaluate_and_save(model, opt, state, vocab, config, corpus, val_batches, mod
     save_checkpoint(out / "checkpoint.npz", model, opt, state, vocab, config, corpus)
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:     # after the checkpoint: never ahead of it
         f.write(json.dumps(record) + "\n")
-    msg = (f"step {state.step}: val loss {record['val_loss']:.3f}, ppl {record['val_ppl']:.2f}"
+    smoothing = (f" (with label smoothing {model_config.label_smoothing:g}; without {record['val_nll']:.3f})"
+                 if model_config.label_smoothing else "")
+    msg = (f"step {state.step}: val loss {record['val_loss']:.3f}{smoothing}, ppl {record['val_ppl']:.2f}"
            + (f", BLEU {record['val_bleu']:.1f} (first {config.bleu_sentences} val)" if "val_bleu" in record else ""))
     (bar.write if not config.quiet else (lambda m: print(m, file=sys.stderr)))(msg)
 

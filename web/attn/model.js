@@ -96,8 +96,13 @@ export function checkConfig(obj) {
   if (!(typeof c.warmup_steps === "number" && c.warmup_steps >= 1)) bad(`warmup_steps must be positive, got ${show(c.warmup_steps)}`);
   const count = parameterCount(c);
   if (count > MAX_PARAMETERS) {             // before a shape is listed or a byte allocated
-    const field = SIZE_FIELDS.reduce((best, f) => (parameterCount({ ...c, [f]: 1 }) < parameterCount({ ...c, [best]: 1 }) ? f : best));
-    bad(`${field} = ${c[field].toLocaleString("en")} gives ${count.toLocaleString("en")} parameters, ` +
+    // named: the field, or both layer counts together, whose shrinking to 1 saves the most (as Python)
+    const saves = (group) => count - parameterCount({ ...c, ...Object.fromEntries(group.map((f) => [f, 1])) });
+    const groups = [...SIZE_FIELDS.map((f) => [f]), ["n_encoder_layers", "n_decoder_layers"]];
+    const group = groups.reduce((best, g) => (saves(g) > saves(best) ? g : best));
+    const big = group.filter((f) => group.length === 1 || 10 * saves([f]) >= saves(group))
+      .map((f) => `${f} = ${c[f].toLocaleString("en")}`);
+    bad(`${big.join(" and ")} give${big.length === 1 ? "s" : ""} ${count.toLocaleString("en")} parameters, ` +
         `more than the ${MAX_PARAMETERS.toLocaleString("en")} a model may have`);
   }
   return c;
@@ -210,7 +215,7 @@ export function parameterShapes(c) {
 // The largest max_source_tokens (attn.evaluate.MAX_SOURCE_TOKENS_LIMIT): attention over more positions
 // would block the page for minutes.
 export const MAX_SOURCE_TOKENS_LIMIT = 4096;
-// The largest config max_len (attn.site.export.MAX_LEN_LIMIT): the page builds a table of max_len
+// The largest config max_len (attn.model.MAX_LEN_LIMIT): the page builds a table of max_len
 // positions as it loads, which at 10**6 took 16 s and at 10**8 failed.
 export const MAX_LEN_LIMIT = 8192;
 
