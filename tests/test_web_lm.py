@@ -1,14 +1,16 @@
 """The page continues a text with a decoder-only language model as attn computes it in NumPy.
 
-Two small untrained language models are exported (perturbed gains and biases, as in
+Three small untrained language models are exported (perturbed gains and biases, as in
 tests/test_web.py): the paper's block with a character vocabulary and a context shorter than
-the text (so the page starts afresh from half the window, as attn.sample.generate does), and the
-later block (pre-norm, RMSNorm, rotary positions, SwiGLU, grouped-query attention, QK-norm) with a
-word vocabulary. The page feeds the prompt through the key/value cache and generates token by
-token: greedy, its tokens must be attn.sample.generate's and every step's logits within 1e-4 of
-NumPy's full forward over the text the model read; sampling (temperature, top-k, top-p), every
-token must be attn.sample.choose(attn.sample.distribution(NumPy's), u) for the page's u, a seed
-must reproduce the text, and a mutant (the cache's key at the wrong position) must fail.
+the text (so the page starts afresh from half the window, as attn.sample.generate does), the
+later block (pre-norm, RMSNorm, rotary positions, SwiGLU, grouped-query attention, QK-norm) with
+a word vocabulary, and learned positions stored as int8. The page feeds the prompt through the
+key/value cache and generates token by token: greedy, its tokens must be attn.sample.generate's
+and every step's logits within 1e-4 of NumPy's full forward over the text the model read;
+sampling (temperature, top-k, top-p), every token must be
+attn.sample.choose(attn.sample.distribution(NumPy's), u) for the page's u, a seed must reproduce
+the text, and a mutant (the cache's key at the wrong position) must fail. lm.html generates and
+draws every head; index.html refuses a language model in one line, lm.html a translator.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from attn.text import tokenize
 from test_web import LOGIT_TOL, MISSING, _floats, fresh_page, needs_browser
 
 TEXT = "the cat sat on the mat.\nthe dog ran to the cat.\na bird sang.\n"
-PROMPTS = {"char": "the ca", "words": "the dog"}
+PROMPTS = {"char": "the ca", "words": "the dog", "int8": "a bi"}
 STEPS = 24
 
 GEN_JS = """async ({url, prompt, steps, sampler, seed}) => {
@@ -57,12 +59,13 @@ def _model(vocab, seed, **options):
 
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
-    """lm_dir/char/ and lm_dir/words/: the two exports."""
+    """lm_dir/char/, lm_dir/words/ and lm_dir/int8/ (learned positions, int8 weights): the exports."""
     root = tmp_path_factory.mktemp("lm")
     export_model(_model(char_vocab(TEXT), 0), char_vocab(TEXT), root / "char", char=True, context=12)
     words = Vocab.build([tokenize(line) for line in TEXT.split("\n")])
     later = dict(norm_position="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=2, qk_norm=True)
     export_model(_model(words, 1, **later), words, root / "words", char=False)
+    export_model(_model(char_vocab(TEXT), 3, positional="learned"), char_vocab(TEXT), root / "int8", "int8", char=True)
     return root
 
 
@@ -120,7 +123,8 @@ def _js_sampler(sampler: dict) -> dict:
 
 RUNS = [("char", {"temperature": 0}, 0), ("words", {"temperature": 0}, 0),
         ("char", {"temperature": 0.8, "top_k": 5}, 7), ("words", {"temperature": 1.5, "top_p": 0.6}, 3),
-        ("char", {"temperature": 0.8, "top_k": 5}, 7), ("char", {"temperature": 0.8, "top_k": 5}, 8)]
+        ("char", {"temperature": 0.8, "top_k": 5}, 7), ("char", {"temperature": 0.8, "top_k": 5}, 8),
+        ("int8", {"temperature": 0}, 0)]
 
 
 @needs_browser
