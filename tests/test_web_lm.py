@@ -186,6 +186,10 @@ def test_the_writing_page_generates_draws_the_heads_and_each_page_refuses_the_ot
     context, page, errors = _open(lm_site, "lm.html?model=_test/lm/words/")
     try:
         assert page.evaluate("document.body.dataset.state") == "ready", page.inner_text("#message")
+        page.fill("#max-tokens", "0")
+        page.click("#generate")
+        page.wait_for_function("() => document.body.dataset.state === 'error'", timeout=10_000)
+        refused = page.inner_text("#message")
         page.fill("#prompt", PROMPTS["words"])
         page.fill("#temperature", "0")
         page.fill("#max-tokens", "12")
@@ -204,6 +208,7 @@ def test_the_writing_page_generates_draws_the_heads_and_each_page_refuses_the_ot
     finally:
         context.close()
     assert not errors, errors
+    assert refused == "cannot generate: tokens must be a whole number from 1 to 2000, got 0", refused
     assert all(r.startswith("a decoder-only model needs language_model") for r in refusals[:3]) and refusals[3] == 0
     prompt = encode_text(PROMPTS["words"], vocab, False)[:-1]
     assert last["tokens"] == generate(model, prompt, 12, Sampler(0.0), banned=[0, 1, 3])

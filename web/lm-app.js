@@ -9,6 +9,7 @@ import { loadModel } from "./attn/model.js";
 const $ = (sel) => document.querySelector(sel);
 const prompt = $("#prompt"), output = $("#output"), go = $("#generate"), stop = $("#stop");
 const ROWS = 16, COLS = 48;   // the maps show the last ROWS generated tokens over the last COLS positions read
+const MAX_TOKENS = 2000;      // the most tokens one press generates (the field's max)
 const SLICE_MS = 8;           // the longest stretch of computing before the browser gets a turn
 
 let model = null, vocab = null, reading = null;   // reading: model.json's language_model {char, context}
@@ -84,6 +85,10 @@ async function run() {
   say(null);
   let ids, steps;
   try {
+    if (!(Number.isInteger(maxTokens) && maxTokens >= 1 && maxTokens <= MAX_TOKENS)) {
+      throw new RangeError(`tokens must be a whole number from 1 to ${MAX_TOKENS}, got ${$("#max-tokens").value}`);
+    }
+    if (!(Number.isInteger(seed) && seed >= 0)) throw new RangeError(`seed must be a whole number >= 0, got ${$("#seed").value}`);
     ids = promptIds(prompt.value, vocab, reading.char);
     steps = generateSteps(model, ids, { maxTokens, sampler, seed, banned: bannedIds(reading.char), window: reading.context });
   } catch (e) {
