@@ -155,12 +155,14 @@ class Positions:
         return {f"{w}_pos.weight": (self.max_len, D) for w in self.stacks} if self.learned else {}
 
 
+#: Each position scheme: (added, learned, rotary); a later model's is rotary.
+POSITIONAL = {"sinusoidal": (True, False, False), "learned": (True, True, False), "rope": (False, False, True)}
+
+
 def _positions(cfg) -> Positions:
-    kinds = {"sinusoidal": dict(added=True, learned=False, rope_base=None, later=False),
-             "learned": dict(added=True, learned=True, rope_base=None, later=False),
-             "rope": dict(added=False, learned=False, rope_base=cfg.rope_base, later=True)}
+    added, learned, rotary = _kind(cfg, "positional", POSITIONAL)
     stacks = ("src", "tgt") if cfg.n_encoder_layers else ("tgt",)
-    return Positions(cfg.positional, **_kind(cfg, "positional", kinds), max_len=cfg.max_len, stacks=stacks)
+    return Positions(cfg.positional, added, learned, cfg.rope_base if rotary else None, rotary, cfg.max_len, stacks)
 
 
 # --------------------------------------------------------------------------- attention
@@ -333,6 +335,12 @@ def _feed_forward(cfg) -> FeedForward:
 
 
 # --------------------------------------------------------------------------- the block
+
+#: Each option of the block that names a kind, and the kinds its parts know (in the order the
+#: command line lists them: the paper's first).
+KINDS = {"norm_position": tuple(PLACEMENTS), "norm_kind": tuple(NORMS), "positional": tuple(POSITIONAL),
+         "ffn": tuple(FFNS)}
+
 
 class Block(NamedTuple):
     """The parts of one config's block; the encoder's and decoder's self-attention turn positions

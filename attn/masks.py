@@ -29,6 +29,16 @@ def causal_mask(T: int, xp=None):
     return xp.tril(xp.ones((T, T), dtype=bool))[None, None]
 
 
+def cached_causal_mask(T: int, past: int, xp=None):
+    """The look-ahead mask of T new positions that follow ``past`` cached ones: new position i
+    (the sequence's ``past + i``) sees keys 0..past+i. Decoding several positions in one pass
+    (speculative decoding's check) needs it; one new position sees every key.
+
+    Returns: (1, 1, T, past + T) bool."""
+    xp = xp or B.xp()
+    return xp.tril(xp.ones((T, past + T), dtype=bool), k=past)[None, None]
+
+
 def decoder_mask(tgt_ids, pad_id: int = PAD_ID):
     """Look-ahead mask combined with the padding mask of the target keys.
 

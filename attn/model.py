@@ -38,7 +38,7 @@ from .block import later_block  # noqa: F401  (the engine and the tests ask the 
 from .checkpoint import CheckpointError, load_npz, save_npz
 from .layers import (dropout_backward, dropout_forward, embedding_backward, embedding_forward,
                      positional_backward, positional_forward, sinusoidal_table)
-from .masks import decoder_mask, padding_mask
+from .masks import cached_causal_mask, decoder_mask, padding_mask
 
 
 # --------------------------------------------------------------------------- config
@@ -640,23 +640,33 @@ class Transformer:
         The cache holds the key/value heads (``kv_heads`` of them), each read by its group of
         query heads; with rotary positions a key is turned once, when it is computed.
         """
-        cfg, pos = self.config, state.length
-        if self.block.positions.learned and pos >= cfg.max_len:     # as forward() says it, not an IndexError
-            raise ValueError(f"decode_step: sequence length {pos + 1} exceeds the learned positional "
+        logp, state, cross_w = self.decode_positions(tokens[:, None], state)
+        return logp[:, 0], state, cross_w
+
+    def decode_positions(self, tokens, state: "DecodeState"):
+        """:meth:`decode_step` over T new positions at once: tokens (B, T) the ids at positions
+        ``state.length``.., each attending to the cache and to the new positions up to its own
+        (:func:`attn.masks.cached_causal_mask`). Speculative decoding checks a draft's T tokens
+        so, in one pass. Returns: log-probabilities (B, T, V_tgt) (row j: the token after
+        position ``state.length + j``), the new state, the cross-attention weights (B, H, T, S)."""
+        cfg, pos, T = self.config, state.length, tokens.shape[1]
+        if self.block.positions.learned and pos + T > cfg.max_len:   # as forward() says it, not an IndexError
+            raise ValueError(f"decode_step: sequence length {pos + T} exceeds the learned positional "
                              f"table's {cfg.max_len} positions (raise max_len)")
-        x = self._embed_fwd("tgt", tokens[:, None], None, start=pos, own_tokens=True)[0]  # (B, 1, D)
+        x = self._embed_fwd("tgt", tokens, None, start=pos, own_tokens=True)[0]          # (B, T, D)
+        mask = None if T == 1 else cached_causal_mask(T, pos, self.xp)                    # (1, 1, T, pos+T)
         new_self, cross_w = [], []
         for i in range(cfg.n_decoder_layers):
             kv = (state.self_kv[i], state.cross_kv[i])
-            x, (c1, c2, _) = decoder_layer_forward(x, None, state.src_mask, None,
+            x, (c1, c2, _) = decoder_layer_forward(x, None, state.src_mask, mask,
                                                    layer_params(self.params, f"decoder.{i}"), cfg, kv=kv)
-            new_self.append((c1.sub.k, c1.sub.v))                                        # (B, KV, t+1, Dh)
+            new_self.append((c1.sub.k, c1.sub.v))                                        # (B, KV, t+T, Dh)
             if c2 is not None:
-                cross_w.append(c2.sub.weights)                                           # (B, H, 1, S)
+                cross_w.append(c2.sub.weights)                                           # (B, H, T, S)
         if self.block.placement.final_norm:
             x = self._norm_fwd("decoder.norm", x)[0]
-        logits = self.project(x[:, 0, :])                                                # (B, V)
-        return log_softmax(logits), DecodeState(state.cross_kv, new_self, state.src_mask, pos + 1), cross_w
+        logits = self.project(x)                                                         # (B, T, V)
+        return log_softmax(logits), DecodeState(state.cross_kv, new_self, state.src_mask, pos + T), cross_w
 
     # ------------------------------------------------------------------ save / load
 
@@ -723,6 +733,15 @@ class DecodeState(NamedTuple):
         self_kv = [(None, None) if k is None else (k[index], v[index]) for k, v in self.self_kv]
         src_mask = None if self.src_mask is None else self.src_mask[index]
         return DecodeState(cross, self_kv, src_mask, self.length)
+
+    def truncate(self, length: int) -> "DecodeState":
+        """The state as it was after its first ``length`` positions: the later positions' keys
+        and values dropped (speculative decoding rolls back the tokens it rejected)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"DecodeState.truncate: length must be in 0..{self.length}, got {length}")
+        self_kv = [(None, None) if k is None or length == 0 else (k[:, :, :length], v[:, :, :length])
+                   for k, v in self.self_kv]
+        return DecodeState(self.cross_kv, self_kv, self.src_mask, length)
 
 
 def log_softmax(x):

@@ -47,7 +47,7 @@ from .checkpoint import CheckpointError
 from .data import DataError, make_batches
 from .evaluate import progress_bar_options
 from .loss import cross_entropy
-from .training import distributed, lm
+from .training import distributed, finetune, lm
 from .training.interrupts import Interrupted, StopSignals, abort_on_signals, exit_status
 from .training.checkpoints import TrainState, hold_out, open_run, save_checkpoint, snapshot, start_writing
 from .training.config import TrainConfig, TrainConfigError, build_parser
@@ -137,6 +137,8 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
     config, saved = open_run(config, given)      # --resume: the saved run's settings and checkpoint
     if config.task == "lm":
         return _train_lm(config, saved, on_step, dp)
+    if config.resume_from is not None:           # fine-tuning a trained translator, LoRA or every weight
+        return _finetune(config, dp)
     dp.check_same_settings(config.to_dict())     # several processes: the same settings, or an error
     dp.barrier()                                 # every process has looked at out before process 0 writes to it
     B.set_backend(config.backend)
@@ -184,6 +186,19 @@ def _train(config: TrainConfig, given, on_step, dp) -> dict:
            f"checkpoint {ckpt_path}")
     metrics = _test(run, model, state, stop_reason, dp, ckpt_path) if dp.master else None
     return dp.broadcast(metrics)
+
+
+def _finetune(config: TrainConfig, dp) -> dict:
+    """A fine-tuning run (``--resume-from``, :mod:`attn.training.finetune`): the translator's step
+    and loop over what trains (the adapters with ``--lora``, else every weight)."""
+    run = finetune.prepare_finetune(config, dp)
+    model, opt = run.model, run.opt
+
+    def step(batch, seed):
+        return train_step(model, opt, batch, B.DeviceRNG(seed), run.base.config.label_smoothing, config.clip)
+    hooks = Hooks(step, run.evaluate, save=run.save, set_progress=opt.set_progress if opt.cooldown else None,
+                  desc="fine-tune")
+    return run.finish(run_loop(config, run.state, run.train_enc, hooks, dp))
 
 
 def _interrupted(stop: StopSignals, state: TrainState, ckpt_path: Path, dp) -> dict:

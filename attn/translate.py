@@ -34,6 +34,8 @@ from . import backend as B
 from .checkpoint import CheckpointError, load_npz
 from .evaluate import MAX_ALPHA, MAX_BEAM, MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
 
+#: Tokens a --draft proposes a round unless --speculate says, and the most it may.
+DEFAULT_SPECULATE, MAX_SPECULATE = 4, 64
 #: The longest line of standard input, in bytes (1 MiB: a novel's chapter, tens of thousands of
 #: sentences): a line is held whole, and tokenised whole, while its sentences are translated, so a
 #: longer one, or a file without line ends, is refused as soon as it grows past this, not after
@@ -45,6 +47,7 @@ examples:
   attn-translate --checkpoint runs/toy/checkpoint.npz "the old friend laughed ."
   attn-translate --checkpoint runs/toy/checkpoint.npz --beam 4 < sentences.txt > translations.txt
   attn-translate --checkpoint runs/toy/checkpoint.npz --attention att.png "he carries red girls ."
+  attn-translate --checkpoint runs/toy/checkpoint.npz --draft runs/draft/checkpoint.npz --speculate 4 < in.txt
 """
 
 
@@ -62,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the checkpoint written by attn-train, e.g. --checkpoint runs/toy/checkpoint.npz, or "
                         "a run's folder, e.g. --checkpoint runs/toy: the model its test used (averaged.npz "
                         "where the average of the last snapshots was tested, else checkpoint.npz)")
+    p.add_argument("--adapter", type=Path, metavar="PATH",
+                   help="LoRA adapters written by attn-train --resume-from CHECKPOINT --lora RANK (OUT/adapter.npz), "
+                        "merged into the checkpoint's weights; --checkpoint must be the one they were trained from")
     p.add_argument("--beam", type=int, default=1, metavar="K",
                    help="beam size: 1 (default) decodes greedily, the paper uses --beam 4")
     p.add_argument("--alpha", type=float, default=0.6, metavar="A",
@@ -74,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw the last decoder layer's cross-attention (averaged over heads) of the first "
                         "sentence to this image, e.g. --attention att.png; with several sentences, one "
                         "file per sentence: att-1.png, att-2.png, ...")
+    p.add_argument("--draft", type=Path, metavar="PATH",
+                   help="a small translator trained on the same vocabulary, e.g. --draft runs/draft/checkpoint.npz: "
+                        "speculative decoding, the draft proposing tokens that the model checks in one pass; "
+                        "the translations are greedy decoding's, token for token; the acceptance rate goes to "
+                        "standard error")
+    p.add_argument("--speculate", type=int, default=None, metavar="K",
+                   help="tokens the --draft proposes a round (default 4; 0: the model alone)")
     p.add_argument("--backend", choices=("numpy", "cupy", "auto"),
                    default=os.environ.get("ATTN_BACKEND", "numpy").strip().lower() or "numpy",
                    help="array backend: numpy (CPU), cupy (GPU), or auto (cupy where a GPU is usable); "
@@ -117,8 +130,10 @@ def run_model(path: Path) -> Path:
     return path / ("averaged.npz" if averaged else "checkpoint.npz")
 
 
-def load_translator(checkpoint):
-    """Load (model, vocab) from a checkpoint written by ``attn-train`` onto the selected backend.
+def load_translator(checkpoint, adapter=None):
+    """Load (model, vocab) from a checkpoint written by ``attn-train`` onto the selected backend;
+    with ``adapter`` (a file written by ``attn-train --lora``), its LoRA adapters merged into the
+    weights (:mod:`attn.lora`).
 
     Raises CheckpointError if the file is missing or corrupt, holds more than its config implies,
     does not fit its config, holds NaN or infinite weights, or holds no vocabulary.
@@ -143,6 +158,9 @@ def load_translator(checkpoint):
     if len(vocab) != model.config.target_vocab_size:
         raise CheckpointError(f"checkpoint {checkpoint}: the vocabulary has {len(vocab)} tokens, "
                               f"the model {model.config.target_vocab_size}")
+    if adapter is not None:
+        from .lora import load_adapter
+        model = load_adapter(adapter, model).merged()
     return model, vocab
 
 
@@ -189,6 +207,9 @@ def _check_args(args) -> str | None:
         return f"--alpha must be a number between 0 and {MAX_ALPHA:g}, got {args.alpha}"
     if args.no_repeat_ngram < 0:
         return f"--no-repeat-ngram must be 0 (off) or a positive n-gram length, got {args.no_repeat_ngram}"
+    problem = _check_speculation(args)
+    if problem:
+        return problem
     if args.batch_size < 1:
         return f"--batch-size must be at least 1, got {args.batch_size}"
     if not 2 <= args.max_length <= MAX_SOURCE_TOKENS_LIMIT:
@@ -200,6 +221,35 @@ def _check_args(args) -> str | None:
         except UnicodeEncodeError as e:
             return f"sentence argument {i} is not valid UTF-8 (at character {e.start + 1})"
     return _check_attention_path(args.attention) if args.attention is not None else None
+
+
+def _check_speculation(args) -> str | None:
+    """What --draft and --speculate cannot go with, in words, or None."""
+    if args.draft is None:
+        return "--speculate needs a --draft checkpoint to propose tokens" if args.speculate is not None else None
+    if args.speculate is not None and not 0 <= args.speculate <= MAX_SPECULATE:
+        return f"--speculate must be between 0 and {MAX_SPECULATE}, got {args.speculate}"
+    for flag, off in (("--beam", args.beam != 1), ("--no-repeat-ngram", args.no_repeat_ngram != 0),
+                      ("--attention", args.attention is not None)):
+        if off:
+            return f"--draft decodes greedily, one sentence at a time, without {flag}: drop one of them"
+    return None
+
+
+def _load_draft(args, model, vocab):
+    """The --draft translator, or None; a CheckpointError if its vocabulary is not --checkpoint's."""
+    if args.draft is None:
+        return None
+    from .speculative import check_pair
+    draft, draft_vocab = load_translator(run_model(args.draft))
+    if draft_vocab != vocab:
+        raise CheckpointError(f"--draft {args.draft}: its vocabulary differs from --checkpoint's: a draft must "
+                              "be trained on the same vocabulary")
+    try:
+        check_pair(model, draft)
+    except ValueError as e:
+        raise CheckpointError(f"--draft {args.draft}: {e}") from None
+    return draft
 
 
 def _decode_line(raw: bytes, number: int) -> str:
@@ -327,13 +377,18 @@ class _Figures:
         print(f"attn-translate: attention written to {path}", file=sys.stderr)
 
 
-def _translate_stream(args, model, vocab, batches, figures) -> int:
+def _translate_stream(args, model, vocab, batches, figures, draft=None) -> int:
     """Translate each batch of lines, write and flush its translations, draw its figures; 0, or
-    the exit code of the problem that stopped it (said in one line)."""
+    the exit code of the problem that stopped it (said in one line). With a ``draft``,
+    speculative decoding, its acceptance rate said on standard error at the end."""
     from .decode import Decoding
     from .evaluate import InputTooLong, translate
-    decoding = Decoding(beam_size=args.beam, alpha=args.alpha, no_repeat_ngram=args.no_repeat_ngram,
-                        with_attention=args.attention is not None)       # once, for every batch
+    from .speculative import Speculative
+    if draft is not None:
+        decoding = Speculative(draft, DEFAULT_SPECULATE if args.speculate is None else args.speculate)
+    else:
+        decoding = Decoding(beam_size=args.beam, alpha=args.alpha, no_repeat_ngram=args.no_repeat_ngram,
+                            with_attention=args.attention is not None)       # once, for every batch
     written, lines = 0, []
     try:
         for first, lines in batches:
@@ -344,6 +399,8 @@ def _translate_stream(args, model, vocab, batches, figures) -> int:
             written += len(results)
             figures.add(results)
         figures.close()
+        if draft is not None:
+            print(f"attn-translate: {decoding.acceptance.line(decoding.k)}", file=sys.stderr)
     except InputTooLong as e:
         return _fail(str(e).replace("max_source_tokens, attn-translate --max-length", "--max-length"))
     except ValueError as e:
@@ -368,11 +425,12 @@ def main(argv=None) -> int:
         notice = B.auto_fallback_notice()          # auto with CuPy installed but unusable: one line
         if notice:
             print(f"attn-translate: {notice}", file=sys.stderr)
-        model, vocab = load_translator(run_model(args.checkpoint))
+        model, vocab = load_translator(run_model(args.checkpoint), args.adapter)
+        draft = _load_draft(args, model, vocab)
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))
     batches = iter([(1, args.sentences)]) if args.sentences else stdin_batches(sys.stdin.buffer, args.batch_size)
-    return _translate_stream(args, model, vocab, batches, _Figures(args.attention))
+    return _translate_stream(args, model, vocab, batches, _Figures(args.attention), draft)
 
 
 if __name__ == "__main__":

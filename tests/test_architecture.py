@@ -112,13 +112,6 @@ def test_no_module_is_longer_than_a_sitting(path):
     assert n <= MAX_LINES, f"{path.relative_to(ROOT)} has {n} lines (at most {MAX_LINES}): split it by its seams"
 
 
-#: The functions of attn/ still over MAX_FUNCTION_LINES, each with its length today as a ceiling
-#: it may not grow past: (path, name) -> lines. An entry leaves once its function is split.
-LONG_FUNCTIONS = {
-    ("attn/bench/twin.py", "torch_transformer"): 299,
-}
-
-
 def function_lengths(path: Path) -> list[tuple[int, str, int]]:
     """(line, name, lines) of every function and method in ``path``, nested ones included, its
     signature, decorators excluded, and docstring counted."""
@@ -129,52 +122,34 @@ def function_lengths(path: Path) -> list[tuple[int, str, int]]:
     return found
 
 
-def long_functions(root: Path, paths: list[Path], limit: int,
-                   allowed: dict[tuple[str, str], int]) -> tuple[list[str], set]:
-    """The functions of ``paths`` over ``limit`` lines and not allowed (or past their ceiling), as
-    ``path:line name N lines`` with the path relative to ``root``, and the allowed entries seen
-    over the limit."""
-    long, seen = [], set()
-    for path in paths:
-        rel = path.relative_to(root).as_posix()
-        for line, name, n in function_lengths(path):
-            if n <= limit:
-                continue
-            ceiling = allowed.get((rel, name))
-            if ceiling is not None:
-                seen.add((rel, name))
-                if n <= ceiling:
-                    continue
-                long.append(f"{rel}:{line} {name} {n} lines (allowed at most {ceiling})")
-            else:
-                long.append(f"{rel}:{line} {name} {n} lines")
-    return long, seen
+def long_functions(root: Path, paths: list[Path], limit: int) -> list[str]:
+    """The functions of ``paths`` over ``limit`` lines, as ``path:line name N lines`` with the path
+    relative to ``root``."""
+    return [f"{path.relative_to(root).as_posix()}:{line} {name} {n} lines"
+            for path in paths for line, name, n in function_lengths(path) if n > limit]
 
 
 def test_no_function_of_the_package_is_longer_than_a_screen():
-    """A reader takes each function of attn/ in whole: a longer one is split into named steps. Only
-    LONG_FUNCTIONS may be longer, and no longer than they are."""
+    """A reader takes each function of attn/ in whole, the engine, the grader and the benchmarks'
+    included: a longer one is split into named steps. No exceptions."""
     files = sorted(PACKAGE.rglob("*.py"))
-    long, seen = long_functions(ROOT, files, MAX_FUNCTION_LINES, LONG_FUNCTIONS)
+    long = long_functions(ROOT, files, MAX_FUNCTION_LINES)
     assert len(files) > 100
     assert not long, (f"functions over {MAX_FUNCTION_LINES} lines, to split into named steps:\n"
                       + "\n".join(long))
-    stale = sorted(set(LONG_FUNCTIONS) - seen)
-    assert not stale, f"LONG_FUNCTIONS names functions no longer over {MAX_FUNCTION_LINES} lines: remove {stale}"
 
 
 def test_the_function_check_names_each_offender(tmp_path):
-    """The check above, on a file with a short function, a long one, one allowed and one grown
-    past its ceiling."""
-    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    """The check above, on a file with a short function, one of exactly the limit, a long one and
+    a long method nested in a class."""
+    lines = [f"    x{i} = {i}" for i in range(61)]
+    body, at_limit, method = "\n".join(lines), "\n".join(lines[:59]), "\n".join("    " + x for x in lines)
     path = tmp_path / "attn" / "m.py"
     path.parent.mkdir()
-    path.write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n\n\ndef kept():\n{body}\n\n\n"
-                    f"def grown():\n{body}\n", encoding="utf-8")
-    allowed = {("attn/m.py", "kept"): 62, ("attn/m.py", "grown"): 61, ("attn/m.py", "short"): 70}
-    long, seen = long_functions(tmp_path, [path], MAX_FUNCTION_LINES, allowed)
-    assert long == ["attn/m.py:5 long 62 lines", "attn/m.py:133 grown 62 lines (allowed at most 61)"]
-    assert seen == {("attn/m.py", "kept"), ("attn/m.py", "grown")}
+    path.write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n\n\ndef limit():\n{at_limit}\n\n\n"
+                    f"class C:\n    def method(self):\n{method}\n", encoding="utf-8")
+    assert long_functions(tmp_path, [path], MAX_FUNCTION_LINES) == ["attn/m.py:5 long 62 lines",
+                                                                    "attn/m.py:132 method 62 lines"]
 
 
 class _Updated(Exception):

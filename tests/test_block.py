@@ -109,9 +109,11 @@ def test_the_parts_declare_every_parameter_of_a_layer(name):
     assert parameter_count(cfg) == size(shapes)
 
 
-#: A comparison of a block option's string (Python's ``==``, JavaScript's ``===`` and their negations).
+#: A comparison of a block option's string (Python's ``==``, JavaScript's ``===`` and their negations),
+#: or a table looked up by a part's kind (a part's own fields say what to run: ask them).
 OPTION = re.compile(r'(==|!=) *"(rms|layer|pre|post|rope|learned|sinusoidal|swiglu|relu)"|'
-                    r'\b(norm|norm_kind|positional|ffn) (not )?in \(')
+                    r'\b(norm|norm_kind|positional|ffn) (not )?in \(|'
+                    r'\b(norm|placement|positions|ffn)\.kind\]')
 ROOT = Path(attn.__file__).parent.parent
 #: The comparisons left outside attn/block.py, per file: none in the course, the engine, the
 #: benchmarks' twin, the site's export or the page (web/attn/model.js declares its parts as a table).

@@ -54,6 +54,9 @@ CAUGHT_AS = {
     "flash_attention_causal_off_by_one": ("flash_attention", "flash_attention_forward", r"check:\s+invariant: with "
                                           r"causal=True and tiles of \d+ queries and \d+ keys the output differs",
                                           LIB),
+    # LoRA.
+    "lora_db_without_the_scale": ("lora", "lora_backward", r"looks like: yours is 0.125 times the expected: the factor "
+                                  r"alpha/r, the adapter's scale is missing", ()),
     # The rows of issue 28's table: what a file written to get full marks without being right gets.
     "softmax_pickle_on_the_pipe": ("softmax", "softmax_forward", r"softmax_forward sent the grader something that "
                                    r"is not plain data", ()),

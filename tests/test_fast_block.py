@@ -55,22 +55,21 @@ def test_fast_engine_is_bit_identical_to_its_recorded_numbers():
 
 #: What runs on the way from a decoder layer to its cross-attention: the residual connections and
 #: the cross-attentions themselves (``attend`` is the CuPy step's kernel, for both attentions).
-_ON_THE_WAY = {"<lambda>", "_residual", "residual", "_cross_attn", "cross_attn"}
+_ON_THE_WAY = {"<lambda>", "residual", "cross_attn"}
 FAST = Path(FastTransformer.__module__.replace(".", "/")).parent.as_posix()
 
 
 def _runners_of_a_decoder_layer(run) -> set:
     """The engine's functions that run a decoder layer while ``run()`` runs: from each call of a
-    cross-attention (``_cross_attn``, ``cross_attn``, or the kernel ``attend`` with
-    ``self_attn=False``) in attn/fast, the first caller that is neither a residual connection nor
-    a cross-attention."""
+    cross-attention (``cross_attn``, or the kernel ``attend`` with ``self_attn=False``) in
+    attn/fast, the first caller that is neither a residual connection nor a cross-attention."""
     found = set()
 
     def profile(frame, event, arg):
         code = frame.f_code
         if event != "call" or FAST not in Path(code.co_filename).as_posix():
             return
-        if code.co_name in ("_cross_attn", "cross_attn") or \
+        if code.co_name == "cross_attn" or \
                 code.co_name == "attend" and frame.f_locals.get("self_attn") is False:
             f = frame.f_back
             while f is not None and f.f_code.co_name in _ON_THE_WAY:

@@ -25,7 +25,8 @@ TRANSLATE_FLAGS = numeric_flags(T.build_parser())
 
 def test_the_flags_are_found():
     assert {"--steps", "--lr-factor", "--d-model", "--max-tokens", "--alpha"} <= set(TRAIN_FLAGS)
-    assert set(TRANSLATE_FLAGS) == {"--beam", "--alpha", "--no-repeat-ngram", "--batch-size", "--max-length"}
+    assert set(TRANSLATE_FLAGS) == {"--beam", "--alpha", "--no-repeat-ngram", "--batch-size", "--max-length",
+                                    "--speculate"}
 
 
 def _parsed(parse, capsys):

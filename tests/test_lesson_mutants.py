@@ -217,6 +217,13 @@ def share_of(batch, size, rank):
 old = patch("attn.training.distributed", "share_of", share_of)
 ''')
 
+MUTANTS["29"] = ("LoRA's backward leaves alpha/r out of b's gradient", '''
+def lora_backward(dout, cache):
+    dx, da, db = old(dout, cache)
+    return dx, da, db / cache.scale
+old = patch("attn.layers.lora", "lora_backward", lora_backward)
+''')
+
 #: Quick-mode lessons that train translators or many models: ATTN_LESSON_MUTANTS=cheap skips them.
 EXPENSIVE = {"14", "17", "18", "20", "21"}
 

@@ -792,3 +792,7 @@ MISTAKES["flash_attention"] = [
 from typical_mistakes_int8 import INT8_MISTAKES  # noqa: E402  (int8's, kept beside: this file is full)
 
 MISTAKES["int8"] = INT8_MISTAKES
+
+from typical_mistakes_lora import MISTAKES as _LORA  # noqa: E402  (the module at its size limit)
+
+MISTAKES.update(_LORA)

@@ -32,6 +32,7 @@ BATCH, HEADS, HEAD_DIM = 1, 4, 64
 def _ours(T: int, tiled: bool, causal: bool, Bsz: int, H: int, Dh: int):
     """The fast engine's attention (plain or tiled) forward and backward, as a callable."""
     from ..fast import FastTransformer, flash
+    from ..fast.attention import mask_bias
     from ..masks import decoder_mask, padding_mask
     xp = B.xp()
     D = H * Dh
@@ -41,16 +42,17 @@ def _ours(T: int, tiled: bool, causal: bool, Bsz: int, H: int, Dh: int):
     qkv = B.to_device(rng.standard_normal((Bsz * T, 3 * D), dtype=B.host.float32))
     dctx = B.to_device(rng.standard_normal((Bsz * T, D), dtype=B.host.float32))
     ids = xp.ones((Bsz, T), dtype=xp.int64)
-    q, k, v = model._heads(qkv, Bsz, T, 3)
+    mha = model.mha
+    q, k, v = mha.heads(qkv, Bsz, T, 3)
     if tiled:
         mask, rows = flash.KeyMask.of(ids, causal), None
     else:
-        mask, rows = model._bias(decoder_mask(ids) if causal else padding_mask(ids), model.dtype, xp)
+        mask, rows = mask_bias(decoder_mask(ids) if causal else padding_mask(ids), model.dtype, xp)
 
     def step():
-        _, cache = model._attend(q, k, v, mask, rows, None)
+        _, cache = mha.attend(q, k, v, mask, rows, None)
         dqkv = xp.empty_like(qkv)
-        model._attend_bwd(dctx, cache, *model._heads(dqkv, Bsz, T, 3))
+        mha.attend_backward(dctx, cache, *mha.heads(dqkv, Bsz, T, 3))
         return dqkv
     return step
 

@@ -57,11 +57,15 @@ The package's rooms:
 ``loss``           the fused label-smoothed cross-entropy
 ``arena``          the flat parameter/gradient/moment buffers and their layout
 ``caches``         what the forward keeps (:class:`FastCache`...), the fused weights
-``forward``        ``FastForward``: positions (sinusoids, learned, rotary), the norms (layer
-                   norm, RMSNorm) in their residuals, the feed-forward (ReLU, SwiGLU)
+``pieces``         ``Embeddings`` (positions: sinusoids, learned, rotary), ``Residuals`` (the
+                   norms, layer norm or RMSNorm, in their residuals), the feed-forward
+                   networks (ReLU, SwiGLU): objects the model holds, forward beside backward
+``attention``      ``Attentions``: the heads, the attention (plain or tiled), QK-norm, the self-
+                   and cross-attention sub-layers, forward beside backward
 ``layer``          the one decoder layer (and its backward) that training and both steps run
-``backward``       ``FastBackward``, the backward half of :class:`FastTransformer`
-``model``          :class:`FastTransformer`: weights, forward, decoding entry points
+``backward``       ``Backward``: the pieces' backwards in the order the arena lies
+``model``          :class:`FastTransformer`: weights, forward, decoding entry points; it holds
+                   the pieces (composition: no base classes, nothing read that it does not define)
 ``decoding``       the incremental decoding step and its states (NumPy; CuPy: preallocated)
 ``optim``          :class:`FastAdam`
 =================  ===================================================================
@@ -70,8 +74,9 @@ from __future__ import annotations
 
 from .loss import cross_entropy
 from .decoding import DeviceDecodeState, FastDecodeState
-from .model import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FastTransformer, FFNCache, Fused,
-                    ResCache, SelfAttnCache, SplitCache)
+from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FFNCache, Fused, ResCache, SelfAttnCache,
+                     SplitCache)
+from .model import FastTransformer
 from .dispatch import ops_for
 from .ops import Mask
 from .optim import FastAdam

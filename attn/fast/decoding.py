@@ -38,7 +38,6 @@ import math
 
 from .. import backend as B
 from .dispatch import ops_for
-from .forward import FUSED_NORMS
 from .layer import decoder_layer
 from .threads import _THREADS, _row_slices, single_threaded_blas
 
@@ -278,7 +277,7 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     g = state.group
     logp = xp.empty((n, V), dtype=model.dtype)
     cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
-    pe = model._pos_table("tgt", t + 1)[t] if model.block.positions.added else None      # (D,)
+    pe = model.embeddings.table("tgt", t + 1)[t] if model.block.positions.added else None      # (D,)
     # Parts hold whole groups: one sentence with a wide beam (one group) runs on one thread.
     k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
     if k == 1:
@@ -317,7 +316,7 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     x *= model.dtype.type(math.sqrt(model.config.d_model))
     if pe is not None:
         x += pe
-    rope = model._rope_table(t + 1) if block.positions.rotary else None
+    rope = model.embeddings.rope_table(t + 1) if block.positions.rotary else None
     run = HostRows(model, state, kv, t, rope, sl, [w[sl] for w in cross_w])
     for i in range(model.config.n_decoder_layers):
         x, _ = decoder_layer(run, i, x)
@@ -333,8 +332,7 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
 
 def _norm(model, ops, name, x):
     """The norm called ``name`` on x (n, D), which it overwrites. Returns out (n, D)."""
-    norm = model.block.norm
-    return getattr(ops, FUSED_NORMS[norm.kind].alone)(x, *model._norm_params(name), norm.eps)[0]
+    return model.residuals.norm_(name, x, ops)[0]
 
 
 class HostRows:
@@ -424,7 +422,7 @@ def norm_heads_(model, name, q, k) -> None:
     (:meth:`attn.fast.FastTransformer._decoding_weights`). Nothing without QK-norm."""
     attention = model.block.self_attention
     if attention.qk_norm:
-        q[...] = attention.norm_heads(q, model.params, name, "q", model._attn_scale)[0]
+        q[...] = attention.norm_heads(q, model.params, name, "q", model.mha.scale)[0]
         if k is not None:
             k[...] = attention.norm_heads(k, model.params, name, "k")[0]
 
@@ -627,7 +625,7 @@ def device_step(model, tokens, state: DeviceDecodeState):
     state.buf.fit(n, t + 1, n, t)
     run = DeviceRows(model, state)
     g1, b1 = run.norm("decoder.0.norm1")
-    run.K.embed(tokens, p[model._emb("tgt")], model._pos_table("tgt", t + 1)[t], math.sqrt(model.config.d_model),
+    run.K.embed(tokens, p[model._emb("tgt")], model.embeddings.table("tgt", t + 1)[t], math.sqrt(model.config.d_model),
                 run.x, run.h, g1, b1, run.eps, run.pre)
     for i in range(model.config.n_decoder_layers):
         decoder_layer(run, i, run.x)

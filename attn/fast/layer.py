@@ -27,7 +27,7 @@ def decoder_layer(run, i: int, x):
     p = model.params
     x, c1 = run.residual(pre + ".norm1", x, lambda h: run.self_attn(i, h), p[pre + ".self_attn.b_o"])
     x, c2 = run.residual(pre + ".norm2", x, lambda h: run.cross_attn(i, h), p[pre + ".cross_attn.b_o"])
-    x, c3 = run.residual(pre + ".norm3", x, lambda h: run.ffn(pre + ".ffn", h), model._ffn_bias(pre))
+    x, c3 = run.residual(pre + ".norm3", x, lambda h: run.ffn(pre + ".ffn", h), model.ffn.bias(pre))
     return x, (c1, c2, c3)
 
 
@@ -39,16 +39,17 @@ def decoder_layer_backward(model, dy, dec: list, i: int, dk, dv, G, keys=None):
     ``keys``: the cross-attention keys' QK-norm cache (None without QK-norm). Returns dx (N_t, D)."""
     c1, c2, c3 = dec[i]
     dec[i] = None
-    dy = model._residual_bwd(dy, c3, model._ffn_bwd, G)
+    residuals, mha = model.residuals, model.mha
+    dy = residuals.backward(dy, c3, model.ffn.backward, G)
     del c3
-    dy = model._residual_bwd(dy, c2, lambda d, c, g, into: model._cross_attn_bwd(d, c, dk, dv, g, into, keys), G)
+    dy = residuals.backward(dy, c2, lambda d, c, g, into: mha.cross_attn_backward(d, c, dk, dv, g, into, keys), G)
     del c2
-    return model._residual_bwd(dy, c1, model._self_attn_bwd, G)
+    return residuals.backward(dy, c1, mha.self_attn_backward, G)
 
 class Sequences:
     """Training's sub-layers (:meth:`attn.fast.FastTransformer._decoder`): whole sequences of
     ``T`` positions for ``Bsz`` rows, the masks' biases and row scales ``tgt`` and ``src``
-    (pairs, see ``FastTransformer._bias``), the fused weights ``F``, dropout drawn from ``rng``
+    (pairs, see :func:`attn.fast.attention.mask_bias`), the fused weights ``F``, dropout drawn from ``rng``
     (None: none). ``kv_heads``: every layer's cross-attention keys and values (2L views), or None
     to project layer i's from ``memory`` when it runs. ``keep_cache``: the caches kept for the
     backward (else each sub-layer's buffers go as it returns); ``weights``: a list that receives
@@ -59,23 +60,23 @@ class Sequences:
         self.rng, self.kv_heads, self.memory, self.keep_cache, self.weights = rng, kv_heads, memory, keep_cache, weights
 
     def residual(self, norm, x, sub, bias):
-        out, cache = self.model._residual(norm, x, sub, bias, self.rng)
+        out, cache = self.model.residuals.residual(norm, x, sub, bias, self.rng)
         return out, cache if self.keep_cache else None
 
     def self_attn(self, i, h):
         W, b = self.F.dec_qkv[i]
-        return self.model._self_attn(f"decoder.{i}.self_attn", W, b, h, self.Bsz, self.T, *self.tgt, self.rng)
+        return self.model.mha.self_attn(f"decoder.{i}.self_attn", W, b, h, self.Bsz, self.T, *self.tgt, self.rng)
 
     def cross_attn(self, i, h):
-        m, Wq, bq = self.model, *self.F.cross_q[i]
+        mha, Wq, bq = self.model.mha, *self.F.cross_q[i]
         if self.kv_heads is None:
-            kv = m._cross_kv_layer(self.memory, self.F, i, self.Bsz, self.memory.shape[0] // max(self.Bsz, 1))
+            kv = mha.cross_kv_layer(self.memory, self.F, i, self.Bsz, self.memory.shape[0] // max(self.Bsz, 1))
         else:
             kv = (self.kv_heads[2 * i], self.kv_heads[2 * i + 1])
-        s, cache = m._cross_attn(i, f"decoder.{i}.cross_attn", Wq, bq, h, kv, self.Bsz, self.T, *self.src, self.rng)
+        s, cache = mha.cross_attn(i, f"decoder.{i}.cross_attn", Wq, bq, h, kv, self.Bsz, self.T, *self.src, self.rng)
         if self.weights is not None:
             self.weights.append(cache.att.w)
         return s, cache
 
     def ffn(self, pre, h):
-        return self.model._ffn(pre, h, self.rng)
+        return self.model.ffn.forward(pre, h, self.rng)

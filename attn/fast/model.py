@@ -12,17 +12,17 @@ import threading
 from .. import backend as B
 from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
-from ..layers.attention import repeat_kv, split_heads
+from ..layers.attention import split_heads
 from ..block import parts
 from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
 from . import decoding, flash
 from .arena import Arena
-from .backward import FastBackward
-from .forward import FastForward
+from .attention import Attentions, mask_bias
+from .backward import Backward
+from .pieces import Embeddings, Residuals, feed_forward
 from .layer import Sequences, decoder_layer
-from .caches import (AttendCache, CrossAttnCache, CrossWeights, EmbedCache, FastCache, FFNCache, Fused,
-                     ResCache, SelfAttnCache, SplitCache, _Residual, _Sub, _Weights)
+from .caches import CrossWeights, FastCache, Fused, SplitCache, _Residual, _Sub, _Weights
 from .decoding import DeviceDecodeState, FastDecodeState
 from .dispatch import ops_for
 from .ops import _Ops
@@ -33,7 +33,7 @@ from .threads import _THREADS, _row_slices, default_workers, single_threaded_bla
 # --------------------------------------------------------------------------- the model
 
 
-class FastTransformer(FastForward, FastBackward):
+class FastTransformer:
     """:class:`attn.model.Transformer`'s numbers with a faster ``forward``/``backward`` for
     training, and its own decoding (:class:`FastSearch`).
 
@@ -58,6 +58,12 @@ class FastTransformer(FastForward, FastBackward):
     attribute too) is ``"plain"`` (the weights kept for the backward), ``"flash"`` (the tiled
     attention of :mod:`attn.fast.flash`: memory linear in the length) or ``"auto"`` (the rule
     :func:`attn.fast.flash.use_flash` chooses for each step).
+
+    Its pieces are objects it holds, each made from it once, its forward beside its backward:
+    :attr:`embeddings` (the token embeddings and the positions' tables), :attr:`residuals` (the
+    block's norm in each residual connection), :attr:`ffn` (the block's feed-forward network),
+    :attr:`mha` (the attention sub-layers); ``backward`` runs theirs in the arena's order
+    (:class:`attn.fast.backward.Backward`).
     """
 
     #: Attention weights are kept keys-first, (Tk, B, H, Tq) (:mod:`attn.engine`).
@@ -73,7 +79,6 @@ class FastTransformer(FastForward, FastBackward):
             raise ValueError("FastTransformer: a decoder-only config (n_encoder_layers=0) trains and decodes on the "
                              "readable engine (attn.engine 'reference'); this engine's stacks are the "
                              "encoder-decoder's")
-        self._pe = None
         self.arena = Arena.adopt(self.params, config, self.dtype)
         self.precision = self._usable(Precision.of(precision))
         self.validate_ids = check_ids
@@ -82,10 +87,13 @@ class FastTransformer(FastForward, FastBackward):
         self._device_kind = flash.device_kind(self.xp)
         self._auto_notice = flash.AutoNotice()         # auto's tiled choice, said once
         self._fused = None
-        self._attn_scale = 1.0 / math.sqrt(config.d_model // config.n_heads)
-        self._part_grads: list = []
         self._bf16_weights = None               # at bf16 on CuPy: the weights' bf16 copy (see _fuse)
         self._candidates = None                 # beam search's ranked candidates on CuPy, kept between steps
+        self.embeddings = Embeddings(self)
+        self.residuals = Residuals(self)
+        self.ffn = feed_forward(self)
+        self.mha = Attentions(self, self.embeddings)
+        self._backward = Backward(self)
 
     @property
     def params(self) -> dict:
@@ -141,7 +149,7 @@ class FastTransformer(FastForward, FastBackward):
             _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
         H = cfg.key_value_heads
         pairs = [(split_heads(outs[2 * i], H), split_heads(outs[2 * i + 1], H)) for i in range(cfg.n_decoder_layers)]
-        self._norm_cross_keys_([a for pair in pairs for a in pair])
+        self.mha.norm_cross_keys_([a for pair in pairs for a in pair])
         return pairs
 
     def _emb(self, which: str) -> str:
@@ -219,7 +227,7 @@ class FastTransformer(FastForward, FastBackward):
                 [qkv(f"decoder.{i}.self_attn") for i in range(L)],
                 [(p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]) for i in range(L)],
                 (a.block(P, "decoder.cross_attn.w_kv"), a.block(P, "decoder.cross_attn.b_kv")),
-                self._attn_scale)
+                self.mha.scale)
         return self._fused
 
     def _decoding_weights(self) -> Fused:
@@ -230,7 +238,7 @@ class FastTransformer(FastForward, FastBackward):
         (:func:`attn.fast.decoding.norm_heads_`), and the weights are the arena's."""
         cfg, p, xp = self.config, self.params, self.xp
         D = cfg.d_model
-        s = 1.0 if self.block.self_attention.qk_norm else self._attn_scale
+        s = 1.0 if self.block.self_attention.qk_norm else self.mha.scale
         dt = self.dtype.type
         dec, F = [], self._fuse()
         for i in range(cfg.n_decoder_layers):
@@ -244,88 +252,6 @@ class FastTransformer(FastForward, FastBackward):
 
     # ------------------------------------------------------------------ pieces: forward
 
-    def _heads(self, a, Bsz, T, n, heads=None):
-        """(B*T, n*heads*Dh) -> n views (B, heads, T, Dh) of the n column blocks (``heads``:
-        n_heads unless given)."""
-        H = heads or self.config.n_heads
-        Dh = self.config.d_model // self.config.n_heads
-        a5 = a.reshape(Bsz, T, n, H, Dh)
-        return [a5[:, :, j].transpose(0, 2, 1, 3) for j in range(n)]
-
-    def _qkv_heads(self, a, Bsz, T):
-        """(B*T, D + 2KV) -> q (B, H, T, Dh), k and v (B, KV, T, Dh): views of the column blocks."""
-        H, KV = self.config.n_heads, self.config.key_value_heads
-        a4 = a.reshape(Bsz, T, H + 2 * KV, self.config.d_model // H)
-        return [a4[:, :, lo:hi].transpose(0, 2, 1, 3) for lo, hi in ((0, H), (H, H + KV), (H + KV, H + 2 * KV))]
-
-    def _attend(self, q, k, v, bias_t, rows_t, rng):
-        """softmax(q k^T / sqrt(d_k) + bias) v, the scores kept keys-first.
-
-        Inputs: q (B, H, Tq, Dh), k and v (B, KV, Tk, Dh) views (KV < H: grouped-query
-        attention); bias_t and rows_t the mask in the keys-first layout (see :meth:`_bias`), or a
-        :class:`attn.fast.flash.KeyMask` and None for the tiled attention (which reads each
-        key/value head for its group); the plain one repeats each key/value head for its group
-        (:func:`repeat_kv`). Returns ctx (B*Tq, D), AttendCache whose ``w`` is the (Tk, B, H, Tq)
-        array of weights (or the tiled attention's :class:`attn.fast.flash.FlashCache`)."""
-        xp, ops = self.xp, self.ops
-        if isinstance(bias_t, flash.KeyMask):
-            return flash.attend(ops, q, k, v, bias_t, self._attn_scale)
-        group = q.shape[1] // k.shape[1]
-        k, v = repeat_kv(k, group), repeat_kv(v, group)
-        Bsz, H, Tq, Dh = q.shape
-        Tk = k.shape[2]
-        w = xp.empty((Tk, Bsz, H, Tq), dtype=q.dtype)
-        ops.bmm(k, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3))           # scores^T, per (b, h)
-        ops.softmax0_(w, bias_t, rows_t, self._attn_scale)
-        m, wd = None, w
-        if rng is not None and self.config.attention_dropout > 0:
-            m = ops.dropout_mask(rng, w.shape, self.config.attention_dropout)
-            wd = ops.dropout_(w.copy(), m)
-        ctx = xp.empty((Bsz, Tq, H, Dh), dtype=q.dtype)
-        ops.bmm(wd.transpose(1, 2, 3, 0), v, out=ctx.transpose(0, 2, 1, 3))   # (B, H, Tq, Dh)
-        ctx = ctx.reshape(Bsz * Tq, H * Dh)
-        return ctx, AttendCache(q, k, v, w, m, ctx)
-
-    def _out_proj(self, pre, ctx):
-        """``ctx @ w_o``: the bias ``b_o`` is added by :meth:`_residual` (fused with the dropout,
-        the residual sum and the norm)."""
-        return self.ops.mm(ctx, self.params[pre + ".w_o"])
-
-    def _norm_heads_(self, pre, a, which):
-        """QK-norm (:meth:`attn.block.Attention.norm_heads`) of the query or key heads ``a`` (a view
-        (B, heads, T, Dh), left where it lies) of the attention ``pre``, in place. Returns its
-        cache, or None where the block has no QK-norm."""
-        attention = self.block.self_attention
-        if not attention.qk_norm:
-            return None
-        a[...], cache = attention.norm_heads(a, self.params, pre, which)
-        return cache
-
-    def _norm_cross_keys_(self, kv_heads) -> list:
-        """QK-norm of every decoder layer's cross-attention keys, in place (``kv_heads``: the 2L
-        views keys, values, keys, ...), once, where they are projected. Returns their caches."""
-        return [self._norm_heads_(f"decoder.{i}.cross_attn", kv_heads[2 * i], "k") for i in range(len(kv_heads) // 2)]
-
-    def _self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
-        qkv = self.ops.mm(x, W)
-        qkv += b                                                              # (N, 3D)
-        q, k, v = self._qkv_heads(qkv, Bsz, T)
-        qk = (self._norm_heads_(pre, q, "q"), self._norm_heads_(pre, k, "k"))
-        if self.block.positions.rotary:
-            self._rope_(q, T)
-            self._rope_(k, T)
-        ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
-        return self._out_proj(pre, ctx), SelfAttnCache(x, W, ac, pre, qk)
-
-    def _cross_attn(self, i, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
-        q = self.ops.mm(x, Wq)
-        q += bq                                                               # (N_t, D)
-        (q,) = self._heads(q, Bsz, T, 1)
-        nq = self._norm_heads_(pre, q, "q")                                   # the keys were, when projected
-        k, v = kv
-        ctx, ac = self._attend(q, k, v, bias, row_scale, rng)
-        return self._out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, i, nq)
-
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
         :attr:`attention` by the rule of :func:`attn.fast.flash.use_flash`; ``auto``'s first tiled
@@ -336,18 +262,6 @@ class FastTransformer(FastForward, FastBackward):
         if why is not None and self.attention == "auto":
             self._auto_notice(why)
         return why is not None
-
-    @staticmethod
-    def _bias(mask, dtype, xp):
-        """bool mask (B, 1, Tq or 1, Tk) -> the additive bias (0 / most negative finite) and
-        the queries' scale (0 where a query has no key at all; None when every query has
-        one), both keys-first: (Tk, B, 1, Tq or 1) and (1, B, 1, Tq or 1)."""
-        bias = xp.where(mask, dtype.type(0), xp.finfo(dtype).min).astype(dtype)
-        rows = mask.any(axis=-1, keepdims=True)
-        bias_t = bias.transpose(3, 0, 1, 2)
-        if xp is B.host and bool(rows.all()):
-            return bias_t, None
-        return bias_t, rows.astype(dtype).transpose(3, 0, 1, 2)
 
     # ------------------------------------------------------------------ forward
 
@@ -390,7 +304,7 @@ class FastTransformer(FastForward, FastBackward):
         tiled = self._tiled(Bsz, src.shape[1], T, rng)
         if k == 1:
             return self._forward_part(src, tgt_in, rng, tiled=tiled)
-        self._shared_tables(src.shape[1], T)            # build the shared tables before the threads
+        self.embeddings.shared_tables(src.shape[1], T)            # build the shared tables before the threads
         parts = _row_slices(Bsz, k)
         rngs = [None] * k           # each part: its rows of what one pass over the batch draws
         if rng is not None:
@@ -403,6 +317,13 @@ class FastTransformer(FastForward, FastBackward):
             lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused, tiled=tiled)[1]
             for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts)
+
+    def backward(self, dlogits, cache, ready=None) -> dict:
+        """The gradients of :meth:`forward`'s ``cache`` given dlogits (B, T, V_tgt) (it may be
+        overwritten): a dict keyed like ``params``, views of ``arena.grads`` (the next backward
+        overwrites them); ``ready(stop)``, when given, is told each time ``arena.grads[:stop]``
+        is final (:meth:`attn.fast.backward.Backward.__call__`)."""
+        return self._backward(dlogits, cache, ready)
 
     def project(self, h, out=None):
         """:meth:`Transformer.project`: (..., D) -> (..., V); into ``out`` when given on CuPy (the
@@ -441,7 +362,7 @@ class FastTransformer(FastForward, FastBackward):
         tiled = self._tiled(Bsz, src.shape[1], T, None)
         if k == 1:
             return self._forward_part(src, tgt_in, None, keep_cache=False, tiled=tiled)[0]
-        self._shared_tables(src.shape[1], T)
+        self.embeddings.shared_tables(src.shape[1], T)
         V = self.params[self._emb("out")].shape[0]
         out = self.xp.empty((Bsz, T, V), dtype=self.dtype)
         fused = self._fuse()
@@ -468,13 +389,13 @@ class FastTransformer(FastForward, FastBackward):
         T = tgt_in.shape[1]
         F = self._fuse() if fused is None else fused
         src_bias, src_rows = (flash.KeyMask.of(src, False), None) if tiled else \
-            self._bias(padding_mask(src), self.dtype, xp)                     # (B, 1, 1, S)
+            mask_bias(padding_mask(src), self.dtype, xp)                     # (B, 1, 1, S)
         memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
         self._phase("forward: decoder")
         kv = kv_heads = keys = None         # inference: the decoder projects them layer by layer
         if keep_cache:
-            kv, kv_heads = self._cross_kv(memory, F, Bsz, S)
-            keys = self._norm_cross_keys_(kv_heads)
+            kv, kv_heads = self.mha.cross_kv(memory, F, Bsz, S, cfg.n_decoder_layers)
+            keys = self.mha.norm_cross_keys_(kv_heads)
         y, tgt_emb, dec, dec_norm, _ = self._decoder(tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache,
                                                      memory=memory, tiled=tiled)
         self._phase("forward: output projection")
@@ -494,44 +415,24 @@ class FastTransformer(FastForward, FastBackward):
         cfg, p = self.config, self.params
         Bsz, S = src.shape
         self._phase("forward: embeddings, encoder")
-        x, src_emb = self._embed("src", src, rng)
+        x, src_emb = self.embeddings.forward("src", src, rng)
         enc = []
         for i in range(cfg.n_encoder_layers):
             pre = f"encoder.{i}"
             W, b = F.enc_qkv[i]
-            x, c1 = self._residual(pre + ".norm1", x, lambda h: self._self_attn(
+            x, c1 = self.residuals.residual(pre + ".norm1", x, lambda h: self.mha.self_attn(
                 pre + ".self_attn", W, b, h, Bsz, S, src_bias, src_rows, rng), p[pre + ".self_attn.b_o"], rng)
             if not keep_cache:
                 c1 = None                   # inference: the attention's buffers go before the FFN runs
-            x, c2 = self._residual(pre + ".norm2", x, lambda h: self._ffn(pre + ".ffn", h, rng),
-                                   self._ffn_bias(pre), rng)
+            x, c2 = self.residuals.residual(pre + ".norm2", x, lambda h: self.ffn.forward(pre + ".ffn", h, rng),
+                                            self.ffn.bias(pre), rng)
             if keep_cache:
                 enc.append((c1, c2))
             del c1, c2
         enc_norm = None
         if self.block.placement.final_norm:
-            x, enc_norm = self._final_norm("encoder.norm", x)
+            x, enc_norm = self.residuals.final_norm("encoder.norm", x)
         return x, src_emb, enc, enc_norm
-
-    def _cross_kv(self, memory, F, Bsz, S):
-        """Keys and values of every decoder layer's cross-attention, one matmul: kv (N_s, 2D*L)
-        and its 2L views (B, H, S, Dh)."""
-        Wkv, bkv = F.kv
-        kv = self.ops.mm(memory, Wkv)
-        kv += bkv                                                             # (N_s, 2D*L)
-        return kv, self._heads(kv, Bsz, S, 2 * self.config.n_decoder_layers, self.config.key_value_heads)
-
-    def _cross_kv_layer(self, memory, F, i, Bsz, S):
-        """Layer i's cross-attention keys and values alone: two views (B, KV, S, Dh) of one
-        (N_s, 2KV) product (inference projects them layer by layer, holding one layer's)."""
-        KV = self.config.key_value_heads
-        W = 2 * KV * (self.config.d_model // self.config.n_heads)
-        Wkv, bkv = F.kv
-        kv = self.ops.mm(memory, Wkv[:, W * i:W * (i + 1)])
-        kv += bkv[W * i:W * (i + 1)]
-        heads = self._heads(kv, Bsz, S, 2, KV)
-        self._norm_heads_(f"decoder.{i}.cross_attn", heads[0], "k")
-        return heads
 
     def _decoder(self, tgt_in, kv_heads, src_bias, src_rows, F, rng, keep_cache, keep_cross=False,
                  memory=None, tiled=False):
@@ -545,8 +446,8 @@ class FastTransformer(FastForward, FastBackward):
         cfg, xp = self.config, self.xp
         Bsz, T = tgt_in.shape
         tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True), None) if tiled else \
-            self._bias(decoder_mask(tgt_in), self.dtype, xp)                  # (B, 1, T, T)
-        y, tgt_emb = self._embed("tgt", tgt_in, rng)
+            mask_bias(decoder_mask(tgt_in), self.dtype, xp)                  # (B, 1, T, T)
+        y, tgt_emb = self.embeddings.forward("tgt", tgt_in, rng)
         cross = [] if keep_cross else None
         run = Sequences(self, F, Bsz, T, (tgt_bias, tgt_rows), (src_bias, src_rows), rng, kv_heads, memory,
                         keep_cache, cross)
@@ -557,7 +458,7 @@ class FastTransformer(FastForward, FastBackward):
                 dec.append(caches)
         dec_norm = None
         if self.block.placement.final_norm:
-            y, dec_norm = self._final_norm("decoder.norm", y)
+            y, dec_norm = self.residuals.final_norm("decoder.norm", y)
         return y, tgt_emb, dec, dec_norm, cross
 
     # ------------------------------------------------------------------ encode / decode for inference
@@ -575,7 +476,7 @@ class FastTransformer(FastForward, FastBackward):
         F = self._fuse()
 
         def part(sl):
-            bias, rows = self._bias(src_mask[sl], self.dtype, xp)
+            bias, rows = mask_bias(src_mask[sl], self.dtype, xp)
             out[sl] = self._encoder(src[sl], bias, rows, F, None, False)[0].reshape(-1, S, D)
         self._in_parts(Bsz, S, part)
         return out, None
@@ -610,7 +511,7 @@ class FastTransformer(FastForward, FastBackward):
 
         def part(sl):
             n = tgt_in[sl].shape[0]
-            bias, rows = self._bias(src_mask[sl], self.dtype, xp)
+            bias, rows = mask_bias(src_mask[sl], self.dtype, xp)
             kv_heads = None if cross_kv is None else [a[sl] for pair in cross_kv for a in pair]
             y, _, _, _, cross = self._decoder(tgt_in[sl], kv_heads, bias, rows, F, None, False,
                                               keep_cross=keep_weights, memory=memory[sl].reshape(n * S, D))
@@ -629,7 +530,7 @@ class FastTransformer(FastForward, FastBackward):
         if k == 1:
             part(slice(0, Bsz))
             return
-        self._shared_tables(T, T)                       # build the shared tables before the threads
+        self.embeddings.shared_tables(T, T)                       # build the shared tables before the threads
         _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
 
     # ------------------------------------------------------------------ decoding

@@ -10,6 +10,7 @@ from .flash_attention import flash_attention_backward, flash_attention_forward, 
 from .feedforward import feed_forward_backward, feed_forward_forward
 from .layernorm import layer_norm_backward, layer_norm_forward
 from .linear import linear_backward, linear_forward
+from .lora import lora_backward, lora_forward, lora_init, lora_merge
 from .positional import positional_backward, positional_forward, sinusoidal_table
 from .rope import rope_angles, rope_backward, rope_forward
 from .residual import residual_ffn_backward, residual_ffn_forward
@@ -22,4 +23,5 @@ from ._checks import check_ids  # noqa: F401  (the token-id check the loss and t
                                 #  not a layer, so not in __all__, the layers the book's API page lists)
 
 __all__ = [n for n in dir() if n.endswith(("_forward", "_backward"))] + [
-    "attention_weights", "merge_heads", "split_heads", "sinusoidal_table", "rope_angles", "silu", "swiglu_width"]
+    "attention_weights", "merge_heads", "split_heads", "sinusoidal_table", "rope_angles", "silu", "swiglu_width",
+    "lora_merge", "lora_init"]

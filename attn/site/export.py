@@ -246,10 +246,11 @@ def _swap_in(out_dir: Path, files: dict) -> None:
 
 
 def export_checkpoint(checkpoint, out_dir, dtype: str = "float32", sentences=(),
-                      max_source_tokens: int = MAX_SOURCE_TOKENS, overwrite: bool = False) -> dict:
-    """Export a checkpoint written by ``attn-train`` (its config, vocabulary and parameters)."""
+                      max_source_tokens: int = MAX_SOURCE_TOKENS, overwrite: bool = False, adapter=None) -> dict:
+    """Export a checkpoint written by ``attn-train`` (its config, vocabulary and parameters), with
+    ``adapter``'s LoRA adapters merged into its weights if given."""
     from ..translate import load_translator
-    model, vocab = load_translator(checkpoint)
+    model, vocab = load_translator(checkpoint, adapter)
     char, context = False, None
     if not model.config.n_encoder_layers:               # a language model: how attn-generate reads it
         from ..generate import load_language_model
@@ -394,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", type=Path, metavar="CHECKPOINT",
                    help="a checkpoint written by attn-train, e.g. runs/toy/averaged.npz")
     p.add_argument("out", type=Path, metavar="DIR", help="the folder to write model.json and weights.bin to")
+    p.add_argument("--adapter", type=Path, metavar="FILE",
+                   help="LoRA adapters written by attn-train --lora (OUT/adapter.npz), merged into CHECKPOINT's "
+                        "weights: the page runs the adapted model at the base model's cost")
     p.add_argument("--float16", action="store_true",
                    help="store the weights as float16 (half the bytes; the page widens them to float32)")
     p.add_argument("--int8", action="store_true",
@@ -446,7 +450,7 @@ def main(argv=None) -> int:
             raise ValueError("--float16 and --int8 are two storage types: give one")
         dtype = "int8" if args.int8 else "float16" if args.float16 else "float32"
         doc = export_checkpoint(args.checkpoint, args.out, dtype, sentences,
-                                max_source_tokens=args.max_length, overwrite=args.overwrite)
+                                max_source_tokens=args.max_length, overwrite=args.overwrite, adapter=args.adapter)
     except (CheckpointError, DataError, ValueError) as e:
         print(f"attn-export: error: {e}", file=sys.stderr)
         return 2

@@ -349,3 +349,16 @@ def swiglu():
                     ("x", "w", "v", "w2"), seed=41),
             Example((("x", big), ("w", n((4, 3))), ("v", n((4, 3))), ("w2", n((3, 4)))), ("x", "w", "v", "w2"),
                     gradcheck=False, seed=42))
+
+
+def lora():
+    n = _normals(141)
+    args = lambda lead, Din, Dout, r, alpha: (("x", n(lead + (Din,))), ("w", n((Din, Dout))),  # noqa: E731
+                                             ("a", n((Din, r))), ("b", n((r, Dout))), ("alpha", alpha))
+    return (Example(args((2, 3), 4, 5, 2, 16.0), ("x", "a", "b"), seed=61),
+            Example(args((3,), 6, 3, 3, 2.0), ("x", "a", "b"), seed=62))
+
+
+def lora_merge():
+    n = _normals(142)
+    return (Example((("w", n((4, 5))), ("a", n((4, 2))), ("b", n((2, 5))), ("alpha", 16.0)), seed=63),)

@@ -764,3 +764,34 @@ def flash_tile_d(ex, dout):
             dq[..., i0:i1, :] += ds @ k[..., j0:j1, :]
             dk[..., j0:j1, :] += ds.swapaxes(-1, -2) @ q[..., i0:i1, :]
     return {"dq": dq, "dk": dk}
+
+# -- LoRA
+
+
+def _lora(ex):
+    x, w, a, b, alpha = (ex.get(n) for n in ("x", "w", "a", "b", "alpha"))
+    return x, w, a, b, alpha / a.shape[1]
+
+
+def lora_scale_alpha(ex, dout):
+    x, w, a, b, s = _lora(ex)
+    return x @ w + ex.get("alpha") * ((x @ a) @ b)
+
+
+def lora_dx_adapter_only(ex, dout):
+    x, w, a, b, s = _lora(ex)
+    return (s * dout @ b.T) @ a.T
+
+
+def lora_da_through_w(ex, dout):
+    x, w, a, b, s = _lora(ex)
+    return s * x.reshape(-1, w.shape[0]).T @ ((dout @ w.T) @ a).reshape(-1, a.shape[1])
+
+
+def lora_merge_unscaled(ex, dout):
+    return ex.get("w") + ex.get("a") @ ex.get("b")
+
+
+def lora_merge_rank_wrong_axis(ex, dout):
+    a = ex.get("a")
+    return ex.get("w") + ex.get("alpha") / a.shape[0] * (a @ ex.get("b"))

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..block import KINDS
 from ..bpe import BYTE_TOKENS
 from ..data import SPECIALS
 from ..decode import Decoding
@@ -146,6 +147,11 @@ class TrainConfig:
                                        # weights stay float32 (fp32 master weights in the arena)
     attention: str = "auto"            # the fast engine's attention: plain, flash (tiled) or auto (attn.fast.flash)
     quiet: bool = False                # no progress bar
+    # fine-tuning a trained translator (attn.training.finetune; lesson 29)
+    resume_from: Path | None = None    # start from this checkpoint's weights and vocabulary, on this corpus
+    lora: int | None = None            # train LoRA adapters of this rank alone, the weights frozen (None: all)
+    lora_targets: str = "q,v"          # the projections of every attention that get an adapter
+    lora_alpha: float | None = None    # the adapters' update is scaled by lora_alpha / rank (None: 2 * rank)
 
     def __post_init__(self):
         self._check_paths()
@@ -154,6 +160,7 @@ class TrainConfig:
         self._check_attention()
         self._check_block()
         self._check_task()
+        self._check_finetune()
         if self.backend not in (None, "numpy", "cupy", "auto"):
             self._bad("backend", "must be 'numpy', 'cupy', 'auto' or None ($ATTN_BACKEND or numpy)")
         self._check_integers()
@@ -257,9 +264,7 @@ class TrainConfig:
 
     def _check_block(self) -> None:
         """The block's kinds."""
-        for name, kinds in (("norm_position", ("post", "pre")), ("norm_kind", ("layer", "rms")),
-                            ("positional", ("sinusoidal", "learned", "rope")),
-                            ("ffn", ("relu", "swiglu"))):
+        for name, kinds in KINDS.items():
             if getattr(self, name) not in (None, *kinds):
                 self._bad(name, f"must be one of {', '.join(kinds)} (or None: the preset's)")
 
@@ -283,6 +288,33 @@ class TrainConfig:
             self._bad("context", f"must be at most {MAX_LEN_LIMIT:,} (the model's max_len: its table of positions)")
         if lm and (self.context or 0) * (self.batch or 0) > MAX_BATCH_TOKENS:
             self._bad("batch", f"times --context ({self.context:,}) must be at most {MAX_BATCH_TOKENS:,} tokens a step")
+
+    def _check_finetune(self) -> None:
+        """``resume_from`` a checkpoint file, for a translator, on the readable engine, not with
+        ``resume``; ``lora`` a positive rank given with it; its targets and alpha well formed."""
+        from ..lora import parse_targets
+        if isinstance(self.resume_from, str):
+            object.__setattr__(self, "resume_from", Path(self.resume_from))
+        if self.lora is not None and (not isinstance(self.lora, int) or isinstance(self.lora, bool) or self.lora < 1):
+            self._bad("lora", "must be a positive integer, the adapters' rank")
+        if self.lora is not None and self.resume_from is None:
+            self._bad("lora", "adapts a trained model: give --resume-from CHECKPOINT too")
+        try:
+            parse_targets(self.lora_targets)
+        except ValueError as e:
+            raise TrainConfigError(f"{e}") from None
+        if self.lora_alpha is not None and not (isinstance(self.lora_alpha, (int, float)) and 0 < self.lora_alpha
+                                                < math.inf):
+            self._bad("lora_alpha", "must be a positive number")
+        if self.resume_from is None:
+            return
+        if not self.resume_from.is_file():
+            self._bad("resume_from", "must be a checkpoint file written by attn-train")
+        if self.resume or self.task != "translate":
+            self._bad("resume_from", "starts a new fine-tuning run of a translator: not with --resume or --task lm")
+        if not self.reference:
+            self._bad("resume_from", "fine-tunes on the readable engine: add --reference (the attn.fast engine "
+                                     "has no LoRA adapters)")
 
     def _bad(self, name: str, rule: str):
         raise TrainConfigError(f"{name} ({_flag(name)}) {rule}, got {getattr(self, name)!r}")
@@ -484,7 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
                "  attn-train --backend cupy                    # the same on a GPU\n"
                "  attn-train --data multi30k --src de --tgt en --preset small --minutes 60\n"
                "  attn-train --tsv deu.txt --preset small      # Tatoeba/Anki pairs: src<TAB>tgt\n"
-               "  attn-train --resume --out runs/toy           # continue an interrupted run",
+               "  attn-train --resume --out runs/toy           # continue an interrupted run\n"
+               "  attn-train --resume-from runs/toy/checkpoint.npz --lora 8 --reference --data other --out runs/ft",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_data_flags(p.add_argument_group("data"))
     _add_model_flags(p.add_argument_group("model"))
@@ -615,6 +648,16 @@ def _add_run_flags(g) -> None:
                    help="the attn.fast engine's attention: plain (the weights kept for the backward), flash (tiled, "
                         "FlashAttention: memory linear in the length, no attention dropout) or auto (default: the "
                         "rule of docs/GPU.md, tiled where the plain one's weights would not fit); same numbers")
+    g.add_argument("--resume-from", metavar="CHECKPOINT",
+                   help="fine-tune: start from CHECKPOINT's weights and vocabulary (written by attn-train) on this "
+                        "run's corpus, into a new --out; with --reference")
+    g.add_argument("--lora", type=int, metavar="RANK",
+                   help="with --resume-from: freeze the weights and train LoRA adapters of this rank alone; OUT/"
+                        "adapter.npz holds them (attn-translate --adapter and attn-export --adapter merge them)")
+    g.add_argument("--lora-targets", metavar="LIST",
+                   help="the projections of every attention that get an adapter, among q,k,v,o (default q,v)")
+    g.add_argument("--lora-alpha", type=float, metavar="A",
+                   help="the adapters' update is scaled by A / RANK (default 2 * RANK)")
     g.add_argument("--quiet", action="store_true", help="no progress bars (training's and the test's); each evaluation's line and the summary at the "
                         "end still print")
 
@@ -624,15 +667,15 @@ def _add_block_flags(parser: argparse.ArgumentParser) -> None:
     grouped-query attention (each None by default: the preset's, the paper's)."""
     g = parser.add_argument_group("the block (default: the paper's, but small's rotary positions, chosen on "
                                   "Multi30k in lesson 28; lesson 26 derives the others)")
-    g.add_argument("--norm-position", "--norm", choices=["post", "pre"],
+    g.add_argument("--norm-position", "--norm", choices=list(KINDS["norm_position"]),
                    help="where the norm sits: after each sub-layer's residual sum (post, the paper) or before "
                         "the sub-layer (pre, every later model); --norm is its older name")
-    g.add_argument("--norm-kind", choices=["layer", "rms"],
+    g.add_argument("--norm-kind", choices=list(KINDS["norm_kind"]),
                    help="the norm: layer norm (the paper) or RMSNorm (no mean subtracted, no shift)")
-    g.add_argument("--positional", choices=["sinusoidal", "learned", "rope"],
+    g.add_argument("--positional", choices=list(KINDS["positional"]),
                    help="positions: the paper's sinusoids, a learned table, or rotary positions on the queries and keys "
                         f"(default: the preset's, {_recipe('positional')}; else sinusoidal)")
-    g.add_argument("--ffn", choices=["relu", "swiglu"],
+    g.add_argument("--ffn", choices=list(KINDS["ffn"]),
                    help="the feed-forward network: ReLU (equation 2) or SwiGLU (at 2/3 of --d-ff, the same parameters)")
     g.add_argument("--kv-heads", type=int, metavar="N",
                    help="key/value heads of every attention, dividing --heads (grouped-query attention; 1: multi-query)")

@@ -13,12 +13,14 @@ from ..stepmem import in_slab, outside_step, step_token
 from .column_sums import COLUMN_CHUNK, COLUMN_MAX_ROW_BLOCKS
 from .common import _block, _grid
 from .dropout import _M64, GOLDEN, HashedKeep
-from .later_ops import LaterCupyOps
+from .later_ops import LaterKernels
 from .registry import CTYPES, NAME_EXPRESSIONS, OPTIONS, SOURCE
 
 
-class CupyOps(LaterCupyOps, _Ops):
-    """The fast path's memory-bound operations as fused CuPy kernels (see :mod:`attn.fast.kernels`)."""
+class CupyOps(_Ops):
+    """The fast path's memory-bound operations as fused CuPy kernels (see :mod:`attn.fast.kernels`);
+    the later block's (RMSNorm, rotary positions, SwiGLU's gate) by :attr:`later`, a
+    :class:`.later_ops.LaterKernels` launching them with this object's module and buffers."""
 
     def __init__(self, xp, sharing: CupyOps | None = None):
         """The kernels' module compiled for ``xp``, or, with ``sharing`` (the fp32 operations of
@@ -26,6 +28,7 @@ class CupyOps(LaterCupyOps, _Ops):
         the other precisions (:class:`.precision_ops.Tf32CupyOps`,
         :class:`.precision_ops.Bf16CupyOps`) differ from it in their products alone."""
         super().__init__(xp, self.precision, sharing)
+        self.later = LaterKernels(self)
         if sharing is not None:
             self._module, self._functions, self._scratch = sharing._module, sharing._functions, sharing._scratch
             self._draws, self._seeds = sharing._draws, sharing._seeds
@@ -178,6 +181,29 @@ class CupyOps(LaterCupyOps, _Ops):
                                self._scalar(scale, dout.dtype), B.host.int32(D)),
             shared_mem=threads * dout.dtype.itemsize)
         return dout, ds
+
+    # ---- the later block's: launched by self.later (.later_ops)
+
+    def rms_norm_(self, x, gamma, eps: float):
+        return self.later.rms_norm_(x, gamma, eps)
+
+    def residual_rms_norm_(self, s, bias, m, x, gamma, eps: float):
+        return self.later.residual_rms_norm_(s, bias, m, x, gamma, eps)
+
+    def rms_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
+        return self.later.rms_norm_backward_(dout, xhat, rstd, gamma, out)
+
+    def rms_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
+        return self.later.rms_norm_backward_dropout_(dout, xhat, rstd, gamma, m, out)
+
+    def rope_(self, x, cos, sin, inverse: bool = False):
+        return self.later.rope_(x, cos, sin, inverse)
+
+    def swiglu_gate(self, ab, m: Mask | None = None):
+        return self.later.swiglu_gate(ab, m)
+
+    def swiglu_gate_backward(self, dh, ab, m: Mask | None = None):
+        return self.later.swiglu_gate_backward(dh, ab, m)
 
     # ---- column sums (bias gradients, dgamma and dbeta)
 
