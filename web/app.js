@@ -346,6 +346,12 @@ async function main() {
     return;
   }
   const c = model.config, meta = window.attnMeta;
+  if (c.n_encoder_layers === 0) {                     // a decoder-only model writes: lm.html runs it
+    $("#model-info").textContent = `model ${url}: a language model`;
+    say(`${url}/ holds a language model (n_encoder_layers 0), which writes rather than translates: open lm.html?model=${url}`);
+    document.body.dataset.state = "error";
+    return;
+  }
   $("#model-info").textContent = `model ${url}: d_model ${c.d_model}, ${c.n_encoder_layers}+${c.n_decoder_layers} layers, ` +
     `${c.n_heads} heads (${model.kvHeads} key/value), d_ff ${c.d_ff} (${c.ffn}), ${c.norm_position}-norm (${c.norm_kind}), ` +
     `${c.positional} positions, vocabulary ${vocab.length} ` +

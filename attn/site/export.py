@@ -66,7 +66,8 @@ class ExportError(ValueError):
 
 
 def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), source: str = "",
-                 max_source_tokens: int = MAX_SOURCE_TOKENS, overwrite: bool = False) -> dict:
+                 max_source_tokens: int = MAX_SOURCE_TOKENS, overwrite: bool = False,
+                 char: bool = False, context: int | None = None) -> dict:
     """Write ``model`` (a :class:`attn.model.Transformer`) and ``vocab`` (a :class:`attn.data.Vocab`)
     to ``out_dir``. Returns the JSON document written to ``model.json``.
 
@@ -78,6 +79,11 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     tokens the page lets a sentence have (its end mark included; at most
     :data:`attn.evaluate.MAX_SOURCE_TOKENS_LIMIT`, and the model's ``max_len`` bounds it too),
     written as ``model.json``'s ``max_source_tokens``.
+
+    A decoder-only model (``n_encoder_layers=0``, a language model of ``attn-train --task lm``) is
+    written with ``model.json``'s ``language_model``: ``char`` (its vocabulary is characters, else
+    words or BPE pieces of lines ended by EOS, :func:`attn.data.encode_text`) and ``context``, the
+    most positions it reads (default its ``max_len``), as ``attn-generate`` reads them.
 
     The two files are written into a new folder beside ``out_dir`` that then takes its place
     (:func:`_swap_in`). An ``out_dir`` that holds an export is an :class:`ExportError` unless
@@ -96,6 +102,7 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
     _check_destination(out_dir, overwrite)
     tensors, chunks, offset = (_int8_weights if dtype == "int8" else _weights)(model, dtype)
     max_source_tokens = min(max_source_tokens, model.config.max_len)     # no longer than it was trained on
+    lm = _language_model(model.config, char, context)
     doc = {
         "format": FORMAT,
         "config": model.config.to_dict(),
@@ -106,11 +113,23 @@ def export_model(model, vocab, out_dir, dtype: str = "float32", sentences=(), so
         "source": source,
         "weights": {"file": WEIGHTS_FILE, "dtype": dtype, "byte_order": "little", "bytes": offset,
                     "tensors": tensors},
+        **({"language_model": lm} if lm else {}),
     }
     text = (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
     _remove_stale(out_dir, started)
     _swap_in(out_dir, {WEIGHTS_FILE: b"".join(chunks), MODEL_FILE: text})
     return doc
+
+
+def _language_model(cfg, char: bool, context: int | None) -> dict | None:
+    """model.json's ``language_model`` for a decoder-only ``cfg`` (None for a translator), checked."""
+    if cfg.n_encoder_layers:
+        return None
+    context = cfg.max_len if context is None else context
+    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= cfg.max_len:
+        raise ValueError(f"export_model: context must be an integer from 1 to the model's max_len "
+                         f"({cfg.max_len}), got {context!r}")
+    return {"char": bool(char), "context": context}
 
 
 def _weights(model, dtype: str) -> tuple[list, list, int]:
@@ -232,8 +251,13 @@ def export_checkpoint(checkpoint, out_dir, dtype: str = "float32", sentences=(),
     ``adapter``'s LoRA adapters merged into its weights if given."""
     from ..translate import load_translator
     model, vocab = load_translator(checkpoint, adapter)
+    char, context = False, None
+    if not model.config.n_encoder_layers:               # a language model: how attn-generate reads it
+        from ..generate import load_language_model
+        _, _, char, context = load_language_model(Path(checkpoint))
+        context = min(context, model.config.max_len)
     return export_model(model, vocab, out_dir, dtype, sentences, source=Path(checkpoint).name,
-                        max_source_tokens=max_source_tokens, overwrite=overwrite)
+                        max_source_tokens=max_source_tokens, overwrite=overwrite, char=char, context=context)
 
 
 def load_export(out_dir):
@@ -265,6 +289,7 @@ def load_export(out_dir):
     examples = doc.get("sentences", [])
     if not isinstance(examples, list) or not all(isinstance(x, str) for x in examples):
         raise ExportError(f"{meta_path}: sentences must be a list of strings")
+    _check_language_model(meta_path, cfg, doc.get("language_model"))
     on_disk = bin_path.stat().st_size
     if on_disk != size:
         raise ExportError(f"{bin_path} has {on_disk} bytes, {meta_path} says {size!r:.40}")
@@ -276,6 +301,21 @@ def load_export(out_dir):
     if len(vocab) != cfg.target_vocab_size:
         raise ExportError(f"{meta_path}: the vocabulary has {len(vocab)} tokens, the model {cfg.target_vocab_size}")
     return Transformer(cfg, dtype="float32", params=params), vocab, doc
+
+
+def _check_language_model(meta_path: Path, cfg, lm) -> None:
+    """An ExportError unless ``lm`` (model.json's ``language_model``) is what export_model writes
+    for ``cfg``: {"char": bool, "context": 1..max_len} for a decoder-only model, absent otherwise."""
+    if cfg.n_encoder_layers:
+        if lm is not None:
+            raise ExportError(f"{meta_path}: language_model is given, but the model is a translator "
+                              f"(n_encoder_layers {cfg.n_encoder_layers})")
+        return
+    ok = isinstance(lm, dict) and set(lm) == {"char", "context"} and isinstance(lm["char"], bool) \
+        and isinstance(lm["context"], int) and not isinstance(lm["context"], bool) and 1 <= lm["context"] <= cfg.max_len
+    if not ok:
+        raise ExportError(f"{meta_path}: a decoder-only model needs language_model {{\"char\": true or false, "
+                          f"\"context\": 1 to max_len ({cfg.max_len})}}, got {json.dumps(lm)[:60]}")
 
 
 def _read_model_json(out_dir: Path, meta_path: Path, bin_path: Path) -> dict:
@@ -425,6 +465,9 @@ def main(argv=None) -> int:
     fp32 = 4 * sum(math.prod(t["shape"]) for t in doc["weights"]["tensors"])
     print(f"attn-export: weights.bin {doc['weights']['bytes']:,} bytes; in float32 it would be {fp32:,} "
           f"({doc['weights']['bytes'] / fp32:.3f} of it)")
+    if lm := doc.get("language_model"):
+        print(f"attn-export: a language model ({'characters' if lm['char'] else 'words or BPE pieces'}, context "
+              f"{lm['context']}): open lm.html?model=... to generate with it")
     return 0
 
 

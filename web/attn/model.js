@@ -5,6 +5,8 @@
 //   src ids ─ embed·√D + PE ─ [self-attn, FFN] × N ─────────────────────────── memory
 //   tgt ids ─ embed·√D + PE ─ [masked self-attn, cross-attn(memory), FFN] × N ─ @ Eᵀ ─ logits
 //
+// n_encoder_layers 0 is a decoder-only language model: no encoder, no cross-attention (lm.js generates).
+//
 // Every sub-layer sits in a residual connection followed by layer norm (norm "post", the
 // paper's) or preceded by it (norm "pre", with a final norm after each stack). Dropout is
 // off: this is inference. The later models' block (lesson 26) is five options away, as in
@@ -57,9 +59,15 @@ export function checkConfig(obj) {
   const bad = (msg) => { throw new Error(`config: ${msg}`); };
   const show = (v) => JSON.stringify(v);
   const positive = (v) => Number.isInteger(v) && v > 0;
-  if (c.n_encoder_layers === 0) bad("n_encoder_layers 0 is a decoder-only language model, which this page does not run");
-  for (const name of ["vocab_size", "d_model", "n_heads", "d_ff", "max_len", "n_encoder_layers", "n_decoder_layers"]) {
+  for (const name of ["vocab_size", "d_model", "n_heads", "d_ff", "max_len", "n_decoder_layers"]) {
     if (!positive(c[name])) bad(`${name} must be a positive integer, got ${show(c[name])}`);
+  }
+  if (!(Number.isInteger(c.n_encoder_layers) && c.n_encoder_layers >= 0)) {
+    bad(`n_encoder_layers must be a non-negative integer (0: a decoder-only language model), got ${show(c.n_encoder_layers)}`);
+  }
+  if (c.n_encoder_layers === 0 && (!c.share_embeddings || ![null, c.vocab_size].includes(c.tgt_vocab_size))) {
+    bad("a decoder-only model (n_encoder_layers 0) reads and predicts one vocabulary through one tied embedding: " +
+        `share_embeddings must be true (got ${show(c.share_embeddings)}) and tgt_vocab_size null or vocab_size`);
   }
   if (c.tgt_vocab_size !== null && !positive(c.tgt_vocab_size)) {
     bad(`tgt_vocab_size must be a positive integer or null, got ${show(c.tgt_vocab_size)}`);
@@ -157,12 +165,13 @@ const SIZE_FIELDS = ["vocab_size", "tgt_vocab_size", "d_model", "d_ff", "n_encod
 export function parameterCount(c) {
   const D = c.d_model, V = c.vocab_size, T = c.tgt_vocab_size ?? V, KV = kvWidth(c);
   const embeddings = c.share_embeddings ? V * D : V * D + 2 * T * D;
-  const block = parts(c), positions = block.positions.learned ? 2 * c.max_len * D : 0;
+  const block = parts(c), stacks = c.n_encoder_layers ? 2 : 1, positions = block.positions.learned ? stacks * c.max_len * D : 0;
+  const sublayers = c.n_encoder_layers ? 3 : 2;                     // decoder-only: no cross-attention
   const attention = 2 * D * D + 2 * D * KV + 2 * D + 2 * KV + block.attention.gains.length * Math.floor(D / c.n_heads);
   const ffn = Object.values(ffnShapes(c)).reduce((n, shape) => n + shape.reduce((a, b) => a * b), 0);
   const norm = block.norm.names.length * D;
   return embeddings + positions + c.n_encoder_layers * (attention + ffn + 2 * norm) +
-    c.n_decoder_layers * (2 * attention + ffn + 3 * norm) + (block.placement.pre ? 2 * norm : 0);
+    c.n_decoder_layers * ((sublayers - 1) * attention + ffn + sublayers * norm) + (block.placement.pre ? stacks * norm : 0);
 }
 
 export const targetVocabSize = (c) => c.tgt_vocab_size ?? c.vocab_size;
@@ -178,7 +187,7 @@ export function parameterShapes(c) {
     shapes.set("generator.weight", [targetVocabSize(c), D]);
   }
   if (block.positions.learned) {
-    shapes.set("src_pos.weight", [c.max_len, D]);
+    if (c.n_encoder_layers) shapes.set("src_pos.weight", [c.max_len, D]);
     shapes.set("tgt_pos.weight", [c.max_len, D]);
   }
   const attention = {}, width = { q: D, k: KV, v: KV, o: D };
@@ -190,7 +199,9 @@ export function parameterShapes(c) {
     decoder: [["self_attn", attention], ["norm1", norm], ["cross_attn", attention], ["norm2", norm],
               ["ffn", ffn], ["norm3", norm]],
   };
+  if (!c.n_encoder_layers) blocks.decoder = [0, 1, 4, 5].map((i) => blocks.decoder[i]);   // decoder-only: keeps norm3
   for (const [stack, n] of [["encoder", c.n_encoder_layers], ["decoder", c.n_decoder_layers]]) {
+    if (n === 0) continue;
     for (let i = 0; i < n; i++) {
       for (const [sub, fields] of blocks[stack]) {
         for (const [f, shape] of Object.entries(fields)) shapes.set(`${stack}.${i}.${sub}.${f}`, shape);
@@ -242,6 +253,13 @@ export function checkExport(meta) {
   const examples = meta.sentences;
   if (examples !== undefined && !(Array.isArray(examples) && examples.every((x) => typeof x === "string"))) {
     throw new Error("sentences must be a list of strings");
+  }
+  const lm = meta.language_model;          // a decoder-only model's: {char, context} (attn.site.export)
+  if (config.n_encoder_layers && lm !== undefined) throw new Error("language_model is given, but the model is a translator");
+  if (!config.n_encoder_layers && !(lm !== null && typeof lm === "object" && typeof lm.char === "boolean" &&
+      Number.isInteger(lm.context) && lm.context >= 1 && lm.context <= config.max_len)) {
+    throw new Error(`a decoder-only model needs language_model {"char": true or false, "context": 1 to max_len ` +
+                    `(${config.max_len})}, got ${JSON.stringify(lm)}`);
   }
   const w = meta.weights;
   if (w === null || typeof w !== "object" || !Array.isArray(w.tensors)) throw new Error("weights: no index of tensors");
@@ -458,9 +476,10 @@ export class Transformer {
   }
 
   // The state of incremental decoding: cross-attention keys/values, an empty self-attention cache.
+  // A decoder-only model has no memory: startDecoding(null), and crossKv null.
   startDecoding(memory) {
     const selfKv = Array.from({ length: this.config.n_decoder_layers }, () => ({ k: null, v: null }));
-    return { crossKv: this.crossAttentionKv(memory), selfKv, length: 0 };
+    return { crossKv: this.config.n_encoder_layers ? this.crossAttentionKv(memory) : null, selfKv, length: 0 };
   }
 
   // One decoder position, attending to the cached keys/values of the earlier ones.
@@ -488,7 +507,7 @@ export class Transformer {
         selfWeights.push(weights);
         return linearForward(mergeHeads(out), p("self_attn.w_o"), p("self_attn.b_o"));
       });
-      x = this.residual(`${pre}.norm2`, x, (h) => {
+      if (state.crossKv) x = this.residual(`${pre}.norm2`, x, (h) => {
         const q = this.heads(`${pre}.cross_attn`, h, "q");                     // (H, 1, Dh)
         const { k, v } = state.crossKv[i];
         const { out, weights } = attentionForward(q, repeatKv(k, group), repeatKv(v, group), null);
