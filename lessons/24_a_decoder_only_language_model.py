@@ -10,10 +10,11 @@
 # paper's decoder layers without the middle sub-layer, trained to predict the next
 # token of a large amount of text.
 #
-# This lesson builds one from the layers of `attn.layers` (the forward/backward pairs
-# of lessons 4-8), checks its assembled backward pass against central differences,
-# trains it on the toy language's sentences, and then generates text with it:
-# greedy decoding, sampling with a temperature, and top-k sampling.
+# This lesson takes the library's own language model (the paper's block configured without
+# an encoder, `TransformerConfig(n_encoder_layers=0)`), looks at what it is made of, checks
+# its backward pass against central differences, trains it on the toy language's sentences,
+# and then generates text with it: greedy decoding, sampling with a temperature, and top-k
+# sampling. Its layer, written from `attn.layers` by hand, is this lesson's exercise.
 
 # %%
 import os, sys
@@ -31,13 +32,10 @@ import numpy as np
 from attn import backend as B
 from attn.data import BOS, EOS, PAD, TOY_DIR, Vocab, read_parallel, tokenize
 from attn.gradcheck import numerical_gradient, rel_error
-from attn.layers import (embedding_backward, embedding_forward, feed_forward_backward, feed_forward_forward,
-                         layer_norm_backward, layer_norm_forward, multi_head_attention_backward,
-                         multi_head_attention_forward, positional_backward, positional_forward, sinusoidal_table)
 from attn.loss import cross_entropy
-from attn.masks import decoder_mask
 from attn.model import Transformer, TransformerConfig
 from attn.optim import Adam
+from attn.sample import distribution
 
 B.set_backend("numpy")                                       # lessons run on the CPU
 T0 = time.time()
@@ -55,85 +53,42 @@ T0 = time.time()
 # projected onto the vocabulary with the embedding matrix itself (the tied embedding
 # of section 3.4), so the embedding gets gradients from both ends.
 #
-# The backward pass runs the same pieces in reverse: every residual connection adds
-# the gradient of its skip path to that of its sub-layer, and the embedding matrix
-# sums the gradient of the output projection and of the lookup.
+# In the library this is a configuration of the one block (`attn.block`): with no encoder
+# there is no memory to attend to, so the block has no cross-attention part, and the decoder
+# layer of `attn.model` (the translator's `decoder_layer_forward`) runs the two sub-layers
+# that are left. One layer, for $x$ of shape (B, T, D):
+#
+# $$h = \mathrm{LayerNorm}_1(x + \mathrm{SelfAttention}(x, x, \mathit{causal}(T))), \qquad
+#   \mathit{out} = \mathrm{LayerNorm}_2(h + \mathrm{FFN}(h))$$
+#
+# and its backward runs the same pieces in reverse: every residual connection adds the gradient
+# of its skip path to that of its sub-layer, and $x$, read by the self-attention as its queries
+# and as its keys and values, gets both gradients. The embedding matrix sums the gradient of the
+# output projection and of the lookup. Writing that layer from `attn.layers` is the exercise at
+# the end of the lesson. The parameters of a small model, and those of a translator of the same
+# width, which has cross-attention:
 
 # %%
-class DecoderOnlyLM:
-    """A stack of N (masked self-attention, feed-forward) layers with a tied embedding."""
+def language_model(V, d_model=64, n_heads=4, d_ff=128, n_layers=2, seed=0, dtype="float32"):
+    """The library's decoder-only model: the paper's block with no encoder (and so no cross-attention)."""
+    cfg = TransformerConfig(vocab_size=V, d_model=d_model, n_heads=n_heads, d_ff=d_ff, n_encoder_layers=0,
+                            n_decoder_layers=n_layers, dropout=0.0)
+    return Transformer(cfg, seed=seed, dtype=dtype)
 
-    def __init__(self, V, d_model=64, n_heads=4, d_ff=128, n_layers=2, seed=0, dtype="float32", eps=1e-6):
-        self.d, self.H, self.N, self.eps = d_model, n_heads, n_layers, eps
-        rng = np.random.default_rng(seed)
 
-        def xavier(a, b):
-            lim = math.sqrt(6.0 / (a + b))
-            return rng.uniform(-lim, lim, (a, b)).astype(dtype)
-        p = {"embedding.weight": (rng.standard_normal((V, d_model)) * d_model ** -0.5).astype(dtype)}
-        for i in range(n_layers):
-            for w in "qkvo":
-                p[f"{i}.attn.w_{w}"], p[f"{i}.attn.b_{w}"] = xavier(d_model, d_model), np.zeros(d_model, dtype)
-            p[f"{i}.ffn.w1"], p[f"{i}.ffn.b1"] = xavier(d_model, d_ff), np.zeros(d_ff, dtype)
-            p[f"{i}.ffn.w2"], p[f"{i}.ffn.b2"] = xavier(d_ff, d_model), np.zeros(d_model, dtype)
-            for n in ("norm1", "norm2"):
-                p[f"{i}.{n}.gamma"], p[f"{i}.{n}.beta"] = np.ones(d_model, dtype), np.zeros(d_model, dtype)
-        self.params = p
-        self.table = sinusoidal_table(256, d_model, dtype)
-
-    def attn_params(self, i):
-        return [self.params[f"{i}.attn.{k}_{w}"] for w in "qkvo" for k in "wb"]
-
-    def forward(self, ids):
-        """ids (B, T) -> logits (B, T, V), cache."""
-        p = self.params
-        E = p["embedding.weight"]
-        mask = decoder_mask(ids)                                          # look-ahead and padding
-        x, c_emb = embedding_forward(ids, E, math.sqrt(self.d))
-        x, c_pos = positional_forward(x, self.table)
-        layers = []
-        for i in range(self.N):
-            a, c_att = multi_head_attention_forward(x, x, *self.attn_params(i), self.H, mask)
-            x, c_n1 = layer_norm_forward(x + a, p[f"{i}.norm1.gamma"], p[f"{i}.norm1.beta"], self.eps)
-            f, c_ffn = feed_forward_forward(x, p[f"{i}.ffn.w1"], p[f"{i}.ffn.b1"], p[f"{i}.ffn.w2"], p[f"{i}.ffn.b2"])
-            x, c_n2 = layer_norm_forward(x + f, p[f"{i}.norm2.gamma"], p[f"{i}.norm2.beta"], self.eps)
-            layers.append((c_att, c_n1, c_ffn, c_n2))
-        return x @ E.T, (c_emb, c_pos, layers, x)
-
-    def backward(self, dlogits, cache):
-        """dlogits (B, T, V) -> grads, a dict keyed like params."""
-        # Forward was logits = h @ E.T, so dh = dlogits @ E and dE gets dlogits.T @ h. Each layer
-        # was x1 = LN(x + attn(x)), x2 = LN(x1 + ffn(x1)): through a norm, then the residual sum
-        # sends its gradient both ways (skip path and sub-layer); self-attention read x as query
-        # and as key/value, so x gets both gradients. Last, the lookup: rows of E get their share.
-        c_emb, c_pos, layers, h = cache
-        E = self.params["embedding.weight"]
-        g = {"embedding.weight": np.einsum("btv,btd->vd", dlogits, h)}    # the output projection's share
-        dx = dlogits @ E
-        for i in reversed(range(self.N)):
-            c_att, c_n1, c_ffn, c_n2 = layers[i]
-            dy, g[f"{i}.norm2.gamma"], g[f"{i}.norm2.beta"] = layer_norm_backward(dx, c_n2)
-            df, *d_ffn = feed_forward_backward(dy, c_ffn)
-            for name, d in zip(("w1", "b1", "w2", "b2"), d_ffn):
-                g[f"{i}.ffn.{name}"] = d
-            dx = dy + df                                                   # residual: skip path + sub-layer
-            dy, g[f"{i}.norm1.gamma"], g[f"{i}.norm1.beta"] = layer_norm_backward(dx, c_n1)
-            dq, dkv, *d_att = multi_head_attention_backward(dy, c_att)
-            for (w, k), d in zip([(w, k) for w in "qkvo" for k in "wb"], d_att):
-                g[f"{i}.attn.{k}_{w}"] = d
-            dx = dy + dq + dkv                                             # self-attention: x is query and key/value
-        dx, _ = positional_backward(dx, c_pos)                             # sinusoids: no parameter
-        g["embedding.weight"] = g["embedding.weight"] + embedding_backward(dx, c_emb)   # the lookup's share
-        return g
-
-    def num_parameters(self):
-        return sum(v.size for v in self.params.values())
-
+tiny = language_model(13, d_model=8, n_heads=2, d_ff=12, n_layers=2, seed=1, dtype="float64")
+layer0 = sorted({k.split(".")[2] for k in tiny.params if k.startswith("decoder.0.")})
+translator_layer = sorted({k.split(".")[2] for k in Transformer(TransformerConfig(
+    vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=1, n_decoder_layers=1)).params
+    if k.startswith("decoder.0.")})
+print("the language model's parameters outside its layers:", ", ".join(k for k in tiny.params if not k.startswith("decoder.")))
+print("a layer of the language model:", ", ".join(layer0))
+print("a decoder layer of the translator:", ", ".join(translator_layer))
 
 # %% [markdown]
 # ## 2. Gradient check
 #
-# A new assembly of known layers is a new backward pass, and it is checked like every
+# A new configuration of known layers is a new backward pass, and it is checked like every
 # other: in float64, central differences of the loss with respect to every entry of
 # every parameter of a tiny model, against what `backward` returns. The batch has
 # padding, so the check also covers the masked keys and the ignored targets. Beside
@@ -141,7 +96,6 @@ class DecoderOnlyLM:
 # earlier position's output.
 
 # %%
-tiny = DecoderOnlyLM(V=13, d_model=8, n_heads=2, d_ff=12, n_layers=2, seed=1, dtype="float64")
 r = np.random.default_rng(2)
 ids = r.integers(4, 13, (3, 7))
 ids[:, 0] = BOS
@@ -151,53 +105,22 @@ targets[1, 4:] = PAD
 
 
 def tiny_loss():
-    return cross_entropy(tiny.forward(ids)[0], targets, 0.1)[0]
+    return cross_entropy(tiny.forward(None, ids)[0], targets, 0.1)[0]
 
 
-logits, cache = tiny.forward(ids)
+logits, cache = tiny.forward(None, ids)
 _, dlogits = cross_entropy(logits, targets, 0.1)
 grads = tiny.backward(dlogits, cache)
 errors = {k: rel_error(grads[k], numerical_gradient(tiny_loss, v)) for k, v in tiny.params.items()}
 worst = max(errors, key=errors.get)
-print(f"{len(errors)} parameters, {sum(v.size for v in tiny.params.values())} entries checked; "
+print(f"{len(errors)} parameters, {tiny.num_parameters()} entries checked; "
       f"worst relative error {errors[worst]:.1e} ({worst})")
 
 # The invariant the mask promises: a later token never changes an earlier position's logits.
 changed = ids.copy()
 changed[:, 4] = 4 + (changed[:, 4] - 3) % 9                  # another token at position 4
-future_leak = float(np.abs(tiny.forward(changed)[0][:, :4] - logits[:, :4]).max())
+future_leak = float(np.abs(tiny.forward(None, changed)[0][:, :4] - logits[:, :4]).max())
 print(f"changing the token at position 4 changes the logits at positions 0-3 by {future_leak:.1e}")
-
-# %% [markdown]
-# ### The library's language model
-#
-# The model of section 1 is the library's too: the paper's block with no encoder,
-# `TransformerConfig(n_encoder_layers=0)`. Its block has no cross-attention part, and the
-# decoder layer of `attn.model` (the translator's, `decoder_layer_forward`) runs it;
-# `attn-train --task lm` trains it on a text and `attn-generate` samples it through each
-# layer's key/value cache. Given the tiny model's weights of section 2 (renamed: the library's
-# decoder layer calls the feed-forward's norm `norm3`), it computes the same logits and gradients:
-
-# %%
-library = Transformer(TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=0,
-                                        n_decoder_layers=2, dropout=0.0), dtype="float64")
-
-
-def library_name(name):
-    """This lesson's parameter name -> the library's: ``0.attn.w_q`` -> ``decoder.0.self_attn.w_q``."""
-    if name == "embedding.weight":
-        return name
-    i, sub, leaf = name.split(".")
-    return f"decoder.{i}.{dict(attn='self_attn', norm2='norm3').get(sub, sub)}.{leaf}"
-
-
-library.params = {library_name(k): v for k, v in tiny.params.items()}
-library_logits, library_cache = library.forward(None, ids)
-library_grads = library.backward(dlogits, library_cache)
-library_gap = max([float(np.abs(library_logits - logits).max())]
-                  + [float(np.abs(library_grads[library_name(k)] - g).max()) for k, g in grads.items()])
-print(f"the library's decoder-only model and this lesson's differ by at most {library_gap:.1e} "
-      f"in logits and gradients")
 
 # %% [markdown]
 # ## 3. Training on the toy language
@@ -256,13 +179,13 @@ def baseline_ppl(texts):
     return math.exp(-lp_uni / n), math.exp(-lp_bi / n)
 
 
-lm = DecoderOnlyLM(V, d_model=64, n_heads=4, d_ff=128, n_layers=2, seed=0)
+lm = language_model(V, d_model=64, n_heads=4, d_ff=128, n_layers=2, seed=0)
 opt = Adam(lm.params, d_model=64, warmup_steps=100, lr_factor=2.0)
 val_x, val_y = encode(val_text)
 
 
 def val_ppl():
-    return math.exp(float(cross_entropy(lm.forward(val_x)[0], val_y, 0.0)[0]))
+    return math.exp(float(cross_entropy(lm.forward(None, val_x)[0], val_y, 0.0)[0]))
 
 
 ppl_uni, ppl_bi = baseline_ppl(val_text)
@@ -271,7 +194,7 @@ rng = np.random.default_rng(0)
 losses, t_train = [], time.perf_counter()
 for step in range(1, STEPS + 1):
     x, y = encode([train_text[j] for j in rng.integers(0, len(train_text), BATCH)])
-    logits, cache = lm.forward(x)
+    logits, cache = lm.forward(None, x)
     loss, dlogits = cross_entropy(logits, y, 0.0)
     opt.step(lm.backward(dlogits, cache))
     losses.append(float(loss))
@@ -313,6 +236,9 @@ print(f"encoder-decoder of the same width and depth: {same_size.num_parameters()
 #   long tail of unlikely tokens, each rare but together likely to be hit somewhere
 #   in a long text.
 #
+# The library's `attn.sample.distribution` applies the temperature and top-k (and top-p,
+# lesson 30) to one position's logits; `attn-generate` draws from it, and so does this lesson.
+#
 # For each, we generate a set of sentences and measure how many are distinct, how
 # many are copies of a training sentence, and what fraction of their word pairs
 # never occur in the training text (a rough measure of ungrammatical output).
@@ -322,17 +248,12 @@ def generate(strategy, rng, prompt=(), tau=1.0, k=None, max_len=30):
     """One sentence: the generated ids (no BOS/EOS) and whether every draw lay within the top k."""
     seq, within_k = [BOS] + list(prompt), True
     while len(seq) < max_len:
-        logits = lm.forward(np.array([seq]))[0][0, -1].astype(np.float64)
+        logits = lm.forward(None, np.array([seq]))[0][0, -1].astype(np.float64)
         logits[[PAD, BOS]] = -np.inf
         if strategy == "greedy":
             nxt = int(logits.argmax())
         else:
-            z = logits / tau
-            if k is not None:
-                kth = np.sort(z)[-k]
-                z = np.where(z >= kth, z, -np.inf)
-            prob = np.exp(z - z.max())
-            prob /= prob.sum()
+            prob = distribution(logits, temperature=tau, top_k=k)        # what attn-generate draws from
             nxt = int(rng.choice(len(prob), p=prob))
             within_k &= k is None or logits[nxt] >= np.sort(logits)[-k]
         if nxt == EOS:
@@ -379,7 +300,7 @@ for name, ex in examples.items():
 # the model's first word after `BOS`:
 
 # %%
-first = lm.forward(np.array([[BOS]]))[0][0, -1].astype(np.float64)
+first = lm.forward(None, np.array([[BOS]]))[0][0, -1].astype(np.float64)
 first[[PAD, BOS]] = -np.inf
 taus = (0.25, 0.5, 1.0, 1.5, 3.0)
 entropy = {}
@@ -428,8 +349,8 @@ for _ in range(4):
 #
 # ## Check
 #
-# These fail if the assembled backward pass were wrong, if the library's decoder-only model
-# were not this one, if the model did not learn
+# These fail if the decoder-only model's backward pass were wrong, if its layers kept a
+# cross-attention, if the look-ahead mask let the future in, if the model did not learn
 # more than word-pair statistics, if the tied embedding did not save parameters, or if
 # the sampling strategies did not behave as described.
 #
@@ -441,7 +362,7 @@ for _ in range(4):
 # %%
 assert errors[worst] < 1e-6, f"gradient check: {worst} has relative error {errors[worst]:.1e}"
 assert future_leak == 0.0, "the look-ahead mask must keep later tokens out of earlier positions"
-assert library_gap < 1e-12, f"the library's decoder-only model must be this one: {library_gap:.1e}"
+assert "cross_attn" not in layer0 and "cross_attn" in translator_layer, (layer0, translator_layer)
 assert ppl_bi < ppl_uni < ppl_start, (ppl_start, ppl_uni, ppl_bi)
 assert QUICK or ppl_end < ppl_bi, f"the trained model must beat the bigram model: {ppl_end:.2f} vs {ppl_bi:.2f}"
 assert lm.num_parameters() < same_size.num_parameters()
@@ -493,3 +414,21 @@ print(f"Check passed in {time.time() - T0:.1f} s: gradient check {errors[worst]:
 #    $k$ brings back repetition, too large lets unlikely tokens in.
 #
 #    </details>
+
+# %% [markdown]
+# ## Exercise
+#
+# Write the language model's layer yourself, forward and backward, from the layers of
+# `attn.layers` (or your own from the earlier exercises): masked self-attention and the
+# feed-forward network, each in its Add & Norm, with no cross-attention:
+#
+# ```
+# attn-check lessons/exercises/decoder_only_layer.py
+# ```
+#
+# It is graded against the library's decoder layer of a decoder-only config, and on this
+# lesson's invariant: changing later positions leaves the earlier outputs as they were, and a
+# gradient at one position reaches no later input. `attn-check --hint 2` says where to look,
+# `--hint 3` gives the formula; the typical mistakes it names include a look-ahead mask that
+# hides each position from itself, the norm put before the sub-layer, and a gradient that
+# leaves out the self-attention's keys and values path or one of the residuals' skip paths.

@@ -27,6 +27,8 @@ ANSWERED_IN = {
     "encoder_layer_forward": ("attn.model", "attn.fast"), "encoder_layer_backward": ("attn.model", "attn.fast"),
     "decoder_layer_forward": ("attn.model", "attn.fast"), "decoder_layer_backward": ("attn.model", "attn.fast"),
     "transformer_forward": ("attn.model", "attn.fast"), "transformer_backward": ("attn.model", "attn.fast"),
+    "decoder_only_layer_forward": ("attn.model", "attn.fast"),
+    "decoder_only_layer_backward": ("attn.model", "attn.fast"),
     "adam_step": ("attn.optim",), "greedy_decode": ("attn.decode",), "beam_search": ("attn.decode",),
     "average_checkpoints": ("attn.train", "attn.training"),
 }

@@ -101,6 +101,31 @@ def decoder_layer_backward(dout, cache):
     return model.decoder_layer_backward(dout, cache)
 
 
+def _decoder_only_config(params: dict, n_heads: int, eps: float) -> TransformerConfig:
+    w1 = params["ffn.w1"]
+    return TransformerConfig(vocab_size=2, d_model=int(w1.shape[0]), n_heads=n_heads, d_ff=int(w1.shape[1]),
+                             n_encoder_layers=0, n_decoder_layers=1, dropout=0.0, ln_eps=eps,
+                             share_embeddings=True, norm_position="post", positional="sinusoidal")
+
+
+def decoder_only_layer_forward(x, params, n_heads, eps=1e-6):
+    """:func:`attn.model.decoder_layer_forward` of a decoder-only config (``n_encoder_layers=0``:
+    no cross-attention; post-norm, no dropout): ``h = LayerNorm1(x + SelfAttention(x, x,
+    causal_mask(T)))``, ``out = LayerNorm2(h + FFN(h))``. params keyed ``self_attn.*``,
+    ``norm1.*``, ``ffn.*``, ``norm2.*`` (the library's decoder layer calls the second norm
+    ``norm3``). Returns: out (B, T, D), cache.
+    """
+    p = {("norm3." + k[len("norm2."):] if k.startswith("norm2.") else k): v for k, v in params.items()}
+    mask = causal_mask(x.shape[1], B.get_array_module(x))
+    return model.decoder_layer_forward(x, None, None, mask, p, _decoder_only_config(params, n_heads, eps))
+
+
+def decoder_only_layer_backward(dout, cache):
+    """Returns: dx (B, T, D), grads (a dict keyed like params)."""
+    dx, _, grads = model.decoder_layer_backward(dout, cache)
+    return dx, {("norm2." + k[len("norm3."):] if k.startswith("norm3.") else k): g for k, g in grads.items()}
+
+
 def transformer_forward(src, tgt_in, params, n_heads, eps=1e-6):
     """The whole :class:`attn.model.Transformer` (post-norm, sinusoidal positions, one
     embedding matrix ``embedding.weight`` shared by the source, the target and the output

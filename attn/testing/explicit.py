@@ -362,3 +362,10 @@ def lora():
 def lora_merge():
     n = _normals(142)
     return (Example((("w", n((4, 5))), ("a", n((4, 2))), ("b", n((2, 5))), ("alpha", 16.0)), seed=63),)
+
+
+def decoder_only_layer():
+    n = _normals(151)
+    params = _block(n, 4, 3, ENCODER)              # a decoder-only layer's parts are named as the encoder's
+    return (Example((("x", n((2, 4, 4))), ("params", params), ("n_heads", 2), ("eps", 1e-3)), ("x", "params"),
+                    seed=39),)

@@ -30,6 +30,7 @@ from .exercises import (adam_examples, average_examples, bpe_examples, compare_a
                         noam_examples, transformer_examples)
 from .flash_attention import FLASH_ATTENTION
 from .invariants import InvariantError, _dev, _first, _host, _out
+from .decoder_only import DECODER_ONLY_LAYER
 from .later_block import LATER_BLOCK
 from .quantize import INT8
 from .lora import LORA_LAYERS
@@ -436,6 +437,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
                     "output projection",
          "dembedding.weight": "embedding.weight is used three times: every use sends back a gradient"},
         explain=explain_tied_embedding, library="attn.grader.solutions", explicit=X.transformer()),
+    DECODER_ONLY_LAYER,
     Layer("noam_lr", "function", ("noam_lr",), noam_examples(), None, {
         "noam_lr": "factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)"},
         {"noam_lr": "the two branches of the min, and the 1-based step"}, library="attn.optim", mistakes=(
@@ -554,5 +556,7 @@ EXERCISES = {m.name: m for m in (
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
                                  "decoder_layer_backward", "transformer_forward", "transformer_backward"),
+             ("attn.layers", "attn.masks")),
+    Manifest("decoder_only_layer", ("decoder_only_layer_forward", "decoder_only_layer_backward"),
              ("attn.layers", "attn.masks")),
 )}
