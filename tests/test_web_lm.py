@@ -224,6 +224,41 @@ def test_the_writing_page_generates_draws_the_heads_and_each_page_refuses_the_ot
         assert not errors, errors
 
 
+@needs_browser
+def test_the_writing_page_stops_where_attn_generate_stops(lm_site, lm_dir):
+    """A stop string ends the page's text after the token that completes it, as attn-generate's
+    --stop does: the same tokens as attn.sample.generate's with that stop, the text cut at its end;
+    a line end in it is written "\\n" in the field."""
+    model, vocab, doc = load_export(lm_dir / "char")
+    prompt, context, banned = encode_text(PROMPTS["char"], vocab, True), doc["language_model"]["context"], [0, 1, 2, 3]
+    free = decode_text(generate(model, prompt, STEPS, Sampler(0.0), banned=banned, window=context), vocab, True)
+    stop = free[5:8]
+    ids = generate(model, prompt, STEPS, Sampler(0.0), stop=lambda new: stop in decode_text(new, vocab, True),
+                   banned=banned, window=context)
+    text = decode_text(ids, vocab, True)
+    want = text[:text.index(stop) + len(stop)]
+    assert len(ids) < STEPS and want != free, (stop, free)
+    context_, page, errors = _open(lm_site, "lm.html?model=_test/lm/char/")
+    try:
+        page.fill("#prompt", PROMPTS["char"])
+        page.fill("#temperature", "0")
+        page.fill("#max-tokens", str(STEPS))
+        page.fill("#stop-at", stop.replace("\n", "\\n"))
+        page.click("#generate")
+        page.wait_for_function("() => ['done', 'error'].includes(document.body.dataset.state)", timeout=30_000)
+        last, shown = page.evaluate("window.attnLm.last"), page.inner_text("#output")
+        parsed = page.evaluate("""async () => {
+          const { parseStop, cutAtStop } = await import("/attn/lm.js");
+          return [parseStop(""), parseStop("a\\\\nb"), cutAtStop("to be or", "be"), cutAtStop("to be", "or")];
+        }""")
+    finally:
+        context_.close()
+    assert not errors, errors
+    assert last["tokens"] == ids, (last["tokens"], ids, stop)
+    assert last["text"] == want and shown == PROMPTS["char"] + want, (shown, want)
+    assert parsed == [None, "a\nb", "to be", "to be"], parsed
+
+
 def test_the_export_command_reads_a_language_models_checkpoint(tmp_path, capsys):
     from attn.site.export import main as export_main
     vocab = char_vocab(TEXT)

@@ -3,7 +3,7 @@
 // attn/*.js (attn/lm.js generates); this file only draws. window.attnLm and
 // document.body.dataset.state are there for tests.
 
-import { bannedIds, decodeText, generateSteps, promptIds } from "./attn/lm.js";
+import { bannedIds, cutAtStop, decodeText, generateSteps, parseStop, promptIds, stopWhen } from "./attn/lm.js";
 import { loadModel } from "./attn/model.js";
 
 const $ = (sel) => document.querySelector(sel);
@@ -20,11 +20,11 @@ function say(text) {
   $("#message").textContent = text ?? "";
 }
 
-// The settings of the controls: {sampler, seed, maxTokens}; an empty top-k or top-p is off.
+// The settings of the controls: {sampler, seed, maxTokens, stopAt}; an empty top-k, top-p or stop is off.
 function settings() {
   const num = (id) => ($(id).value === "" ? null : Number($(id).value));
   return { sampler: { temperature: num("#temperature") ?? 1, topK: num("#top-k"), topP: num("#top-p") },
-           seed: num("#seed") ?? 0, maxTokens: num("#max-tokens") ?? 200 };
+           seed: num("#seed") ?? 0, maxTokens: num("#max-tokens") ?? 200, stopAt: parseStop($("#stop-at").value) };
 }
 
 function rgb(v) {             // white (0) to dark blue (1), as index.html's maps
@@ -81,7 +81,7 @@ function drawAttention(steps, seq) {
 
 // Generate from the prompt, drawing each token as it comes; a newer run ends this one.
 async function run() {
-  const mine = ++generation, { sampler, seed, maxTokens } = settings();
+  const mine = ++generation, { sampler, seed, maxTokens, stopAt } = settings();
   say(null);
   let ids, steps;
   try {
@@ -90,7 +90,8 @@ async function run() {
     }
     if (!(Number.isInteger(seed) && seed >= 0)) throw new RangeError(`seed must be a whole number >= 0, got ${$("#seed").value}`);
     ids = promptIds(prompt.value, vocab, reading.char);
-    steps = generateSteps(model, ids, { maxTokens, sampler, seed, banned: bannedIds(reading.char), window: reading.context });
+    steps = generateSteps(model, ids, { maxTokens, sampler, seed, banned: bannedIds(reading.char), window: reading.context,
+                                        stop: stopWhen(stopAt, vocab, reading.char) });
   } catch (e) {
     say(`cannot generate: ${e.message}`);
     document.body.dataset.state = "error";
@@ -107,7 +108,7 @@ async function run() {
     for (const step of steps) {
       seq.push(step.token);
       done.push(step);
-      gen.textContent = decodeText(seq.slice(ids.length), vocab, reading.char);
+      gen.textContent = cutAtStop(decodeText(seq.slice(ids.length), vocab, reading.char), stopAt);
       if (performance.now() - sliceStart > SLICE_MS) {
         drawAttention(done, seq);
         await new Promise((resolve) => requestAnimationFrame(() => resolve()));

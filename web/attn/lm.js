@@ -115,18 +115,37 @@ export function uniforms(seed) {
   };
 }
 
+// The stop string as the page's field holds it: "\n" in the field stands for a line end, which a
+// one-line field cannot hold; an empty field is no stop string (null).
+export function parseStop(field) {
+  return field ? field.replace(/\\n/g, "\n") : null;
+}
+
+// attn-generate's --stop: a test of the new ids, true once their text holds stop (null: none).
+export function stopWhen(stop, vocab, char) {
+  return stop ? (ids) => decodeText(ids, vocab, char).includes(stop) : null;
+}
+
+// The text up to the end of the first stop in it, as attn-generate prints it (all of it without one).
+export function cutAtStop(text, stop) {
+  const at = stop ? text.indexOf(stop) : -1;
+  return at < 0 ? text : text.slice(0, at + stop.length);
+}
+
 // Up to maxTokens new tokens after prompt (ids, at least one), one step at a time: a generator,
 // so that the page can draw each token as it comes. Yields {token, u, start, logits (V), selfWeights}
 // per step: u the uniform that chose it, start the first position of the text the model read
 // (the key/value cache holds those from start on), logits the model's (before the ban and the sampler).
 // banned ids are never drawn. The model reads at most window positions (its max_len by default): a
 // text that reaches it starts afresh from the last half of the window, as attn.sample.generate does.
-export function* generateSteps(model, prompt, { maxTokens = 200, sampler = {}, seed = 0, banned = [], window = null } = {}) {
+// stop(new ids) true ends the text after that token (stopWhen makes one from a stop string).
+export function* generateSteps(model, prompt, { maxTokens = 200, sampler = {}, seed = 0, banned = [], window = null,
+                                                stop = null } = {}) {
   if (!prompt.length) throw new Error("generateSteps: the prompt must hold at least one token");
   if (model.config.n_encoder_layers) throw new Error("generateSteps: the model is a translator, not a language model");
   const settings = checkSampler(sampler), next = uniforms(seed);
   window = window ?? model.config.max_len;
-  const seq = [...prompt];
+  const seq = [...prompt], out = [];
   let start = Math.max(0, prompt.length - window + 1), state = null, fed = 0, step = null;
   for (let n = 0; n < maxTokens; n++) {
     if (seq.length - start >= window) { start = seq.length - Math.floor(window / 2); state = null; }
@@ -137,7 +156,9 @@ export function* generateSteps(model, prompt, { maxTokens = 200, sampler = {}, s
     for (const b of banned) logp[b] = -Infinity;
     const u = next(), token = choose(distribution(logp, settings), u);
     seq.push(token);
+    out.push(token);
     yield { token, u, start, logits: step.logits, selfWeights: step.selfWeights };
+    if (stop && stop(out)) return;
   }
 }
 
