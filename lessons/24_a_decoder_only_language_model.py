@@ -66,7 +66,8 @@ T0 = time.time()
 # and as its keys and values, gets both gradients. The embedding matrix sums the gradient of the
 # output projection and of the lookup. Writing that layer from `attn.layers` is the exercise at
 # the end of the lesson. The parameters of a small model, and those of a translator of the same
-# width, which has cross-attention:
+# width, which has cross-attention (the library keeps the translator's names in both, so the
+# feed-forward's norm, $\mathrm{LayerNorm}_2$ above, is `norm3`):
 
 # %%
 def language_model(V, d_model=64, n_heads=4, d_ff=128, n_layers=2, seed=0, dtype="float32"):
@@ -311,7 +312,7 @@ for i, tau in enumerate(taus):
     p /= p.sum()
     entropy[tau] = float(-(p[p > 0] * np.log(p[p > 0])).sum())
     ax[0].bar(np.arange(15) + i * 0.16 - 0.32, p[order], 0.16, label=f"tau {tau}")
-ax[0].set_xticks(range(15)); ax[0].set_xticklabels(vocab.decode(order), rotation=60, fontsize=8)
+ax[0].set_xticks(range(15)); ax[0].set_xticklabels([vocab.itos[i] for i in order], rotation=60, fontsize=8)
 ax[0].set_ylabel("probability"); ax[0].set_title("the first word, at several temperatures"); ax[0].legend(fontsize=8)
 names = list(stats)
 ax[1].bar(names, [np.mean([r["unseen"] for r in stats[n]]) * 100 for n in names], color="tab:red", alpha=0.7,

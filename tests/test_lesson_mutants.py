@@ -224,6 +224,17 @@ def lora_backward(dout, cache):
 old = patch("attn.layers.lora", "lora_backward", lora_backward)
 ''')
 
+MUTANTS["30"] = ("top-p keeps one token fewer than the smallest set whose mass reaches p", '''
+import attn.sample
+def distribution(logits, temperature=1.0, top_k=None, top_p=None):
+    p = old(logits, temperature, top_k, top_p)
+    if top_p is not None and (p > 0).sum() > 1:
+        p[p == p[p > 0].min()] = 0.0
+        p /= p.sum()
+    return p
+old = patch("attn.sample", "distribution", distribution)
+''')
+
 #: Quick-mode lessons that train translators or many models: ATTN_LESSON_MUTANTS=cheap skips them.
 EXPENSIVE = {"14", "17", "18", "20", "21"}
 
