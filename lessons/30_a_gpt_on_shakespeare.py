@@ -164,15 +164,20 @@ order = np.argsort(-full, kind="stable")
 TOP_PS = (0.5, 0.9, 0.99)
 kept = {p: distribution(after, top_p=p) for p in TOP_PS}
 sizes = {p: int((q > 0).sum()) for p, q in kept.items()}
-SHOW = min(30, int((full > 0).sum()))
-fig, ax = plt.subplots(figsize=(9, 4))
-ax.bar(range(SHOW), full[order[:SHOW]], color="lightgray", label="the model's distribution")
+SHOW = min(sizes[TOP_PS[-1]] + 3, int((full > 0).sum()))
+label = [repr(vocab.itos[i])[1:-1] for i in order]
+fig, ax = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+ax[0].bar(range(SHOW), full[order[:SHOW]], color="lightgray", label="the model's distribution")
 for p, color in zip(TOP_PS, ("tab:red", "tab:orange", "tab:blue")):
-    ax.axvline(sizes[p] - 0.5, color=color, ls="--", label=f"top-p {p}: keeps {sizes[p]}")
-ax.set_xticks(range(SHOW))
-ax.set_xticklabels([repr(vocab.itos[i])[1:-1] for i in order[:SHOW]], fontsize=8)
-ax.set_ylabel("probability"); ax.set_title(f"the character after {PROMPT.strip()!r} and a line end")
-ax.legend(fontsize=8)
+    ax[0].axvline(sizes[p] - 0.5, color=color, ls="--", label=f"top-p {p}: keeps {sizes[p]}")
+ax[0].set_xticks(range(SHOW)); ax[0].set_xticklabels(label[:SHOW], fontsize=7)
+ax[0].set_ylabel("probability"); ax[0].set_title(f"the character after {PROMPT.strip()!r} and a line end")
+ax[0].legend(fontsize=8)
+near = min(sizes[0.9] + 4, SHOW)
+ax[1].bar(np.arange(near) - 0.2, full[order[:near]], 0.4, color="lightgray", label="the model's")
+ax[1].bar(np.arange(near) + 0.2, kept[0.9][order[:near]], 0.4, color="tab:orange", label="top-p 0.9, renormalised")
+ax[1].set_xticks(range(near)); ax[1].set_xticklabels(label[:near], fontsize=7)
+ax[1].set_title("what top-p 0.9 draws from"); ax[1].legend(fontsize=8)
 fig.tight_layout(); show_figure(fig, "30_top_p.png")
 for p in TOP_PS:
     print(f"top-p {p}: keeps the {sizes[p]} most probable characters, which hold {full[kept[p] > 0].sum():.3f} "
