@@ -168,6 +168,40 @@ def test_torch_model_is_the_same_model(torch, options):
     assert all(np.array_equal(theirs.attn_params()[k], ours.params[k]) for k in ours.params)
 
 
+@pytest.mark.parametrize("options", [{"positional": "learned"}, {**LATER, "norm_position": "pre"}],
+                         ids=["gpt", "later"])
+def test_torch_language_model_is_the_same_model(torch, options):
+    """A decoder-only config (nanoGPT's block: pre-norm, learned positions; and the later block):
+    attn's weights copied into the twin bit for bit, the same logits, loss and every gradient in
+    float64, and the cross-attention's parameters absent from both."""
+    B.set_backend("numpy")
+    cfg = TransformerConfig(vocab_size=13, d_model=8, n_heads=2, d_ff=12, n_encoder_layers=0, n_decoder_layers=2,
+                            dropout=0.0, label_smoothing=0.0, max_len=8, norm_position="pre",
+                            **{k: v for k, v in options.items() if k != "norm_position"})
+    ours = Transformer(cfg, seed=3, dtype="float64")
+    theirs = torch_transformer(cfg, dtype="float64")
+    theirs.load_attn_params(ours.params)
+    assert all(np.array_equal(theirs.attn_params()[k], ours.params[k]) for k in ours.params)
+    ids = np.array([[4, 5, 6, 7, 8, 9], [10, 11, 12, 4, 4, 5]])
+    nxt = np.array([[5, 6, 7, 8, 9, 10], [11, 12, 4, 4, 5, 6]])
+    logits, cache = ours.forward(None, ids)
+    loss, d = cross_entropy(logits, nxt, 0.0)
+    grads = ours.backward(d, cache)
+    t_logits = theirs(None, torch.as_tensor(ids))
+    t_loss = torch_loss(t_logits, torch.as_tensor(nxt), 0.0)
+    t_loss.backward()
+    assert rel_error(logits, t_logits.detach().numpy()) < 1e-12
+    assert abs(float(loss) - float(t_loss.detach())) < 1e-12
+    t_grads = theirs.attn_params(grads=True)
+    assert set(t_grads) == set(grads) == set(ours.params) and not any("cross" in k for k in grads)
+    assert ("tgt_pos.weight" in grads) == (options.get("positional") == "learned")
+    for name in ours.params:
+        err = rel_error(grads[name], t_grads[name])
+        assert err < 1e-10, f"{name}: attn and the torch language model differ (relative error {err:.1e})"
+    with pytest.raises(ValueError, match="src must be None"):
+        theirs(torch.as_tensor(ids), torch.as_tensor(ids))
+
+
 @pytest.mark.parametrize("options", [{}, LATER], ids=["paper", "later"])
 @pytest.mark.parametrize("use_cache", [True, False])
 @pytest.mark.parametrize("beam", [1, 3])

@@ -38,8 +38,8 @@ class Twin(NamedTuple):
     @classmethod
     def of(cls, cfg, dtype: str) -> "Twin":
         block = parts(cfg)                # the twin asks the block's parts, as attn's engines do
-        if not cfg.share_embeddings or block.positions.learned:
-            raise ValueError("torch_transformer: only shared embeddings and sinusoidal or rotary positions")
+        if not cfg.share_embeddings:
+            raise ValueError("torch_transformer: only shared embeddings (share_embeddings=True)")
         return cls(cfg, block, cfg.d_model, cfg.n_heads, cfg.key_value_heads, cfg.d_model // cfg.n_heads,
                    cfg.ffn_width, cfg.vocab_size, getattr(torch, dtype))
 
@@ -241,41 +241,55 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """The decoder's layer; a decoder-only block's (no cross-attention part: GPT's) is the masked
+    self-attention and the feed-forward network alone, their norms ``norm1`` and ``norm3`` as attn
+    names them."""
+
     def __init__(self, t: Twin):
         super().__init__()
-        self.self_attn, self.cross_attn = Sub(t, SelfAttention(t)), Sub(t, CrossAttention(t))
-        self.ffn = Sub(t, FFNS[t.block.ffn.forward_pair](t))
+        self.self_attn, self.ffn = Sub(t, SelfAttention(t)), Sub(t, FFNS[t.block.ffn.forward_pair](t))
+        self.cross_attn = Sub(t, CrossAttention(t)) if t.block.cross_attention is not None else None
         self.subs = (("self_attn", self.self_attn), ("cross_attn", self.cross_attn), ("ffn", self.ffn))
 
     def forward(self, x, kv, self_mask, src_mask, cache=None):
         x = self.self_attn(x, self_mask, cache)
-        return self.ffn(self.cross_attn(x, kv, src_mask))
+        if self.cross_attn is not None:
+            x = self.cross_attn(x, kv, src_mask)
+        return self.ffn(x)
 
 
 def layer_pairs(t: Twin, pre: str, layer) -> list:
     """The pairs of an encoder or decoder layer called ``pre``: its sub-layers', then their norms
-    (``norm1``...)."""
-    out = [p for sub, mod in layer.subs for p in mod.f.pairs(f"{pre}.{sub}")]
-    for k, (_, mod) in enumerate(layer.subs):
-        out.extend(norm_pairs(t, f"{pre}.norm{k + 1}", mod.norm))
+    (``norm1``...: the k-th sub-layer's ``norm<k>``, a missing cross-attention's number skipped)."""
+    subs = [(k + 1, sub, mod) for k, (sub, mod) in enumerate(layer.subs) if mod is not None]
+    out = [p for _, sub, mod in subs for p in mod.f.pairs(f"{pre}.{sub}")]
+    for k, _, mod in subs:
+        out.extend(norm_pairs(t, f"{pre}.norm{k}", mod.norm))
     return out
 
 
 # --------------------------------------------------------------------------- the model
 
 class TorchTransformer(nn.Module):
-    """The encoder-decoder of :class:`Twin` ``t``, its embedding tied to the output projection."""
+    """The encoder-decoder of :class:`Twin` ``t``, its embedding tied to the output projection; or,
+    where the config has no encoder (``n_encoder_layers=0``), the decoder-only language model of the
+    same block (GPT's: ``forward(None, ids)``)."""
 
     def __init__(self, t: Twin):
         super().__init__()
         cfg, D = t.cfg, t.D
         self.t, self.rotary, self.final_norm = t, t.block.positions.rotary, t.block.placement.final_norm
+        self.has_encoder = cfg.n_encoder_layers > 0
         self.embedding = nn.Embedding(t.V, D)
         nn.init.normal_(self.embedding.weight, std=D ** -0.5)
         self.encoder = nn.ModuleList(EncoderLayer(t) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(t) for _ in range(cfg.n_decoder_layers))
         if self.final_norm:
-            self.enc_norm, self.dec_norm = norm(t), norm(t)
+            self.enc_norm = norm(t) if self.has_encoder else None
+            self.dec_norm = norm(t)
+        # learned positions (nanoGPT's wpe): a table per stack that embeds tokens, attn's {stack}_pos.weight
+        self.positions = nn.ParameterDict({w: nn.Parameter(torch.randn(cfg.max_len, D) * 0.02)
+                                           for w in (t.block.positions.stacks if t.block.positions.learned else ())})
         self.drop = nn.Dropout(cfg.dropout)
         pos = torch.arange(cfg.max_len, dtype=torch.float64)[:, None]
         div = torch.pow(10000.0, torch.arange(0, D, 2, dtype=torch.float64) / D)
@@ -284,13 +298,16 @@ class TorchTransformer(nn.Module):
         pe[:, 1::2] = torch.cos(pos / div)[:, : D // 2]
         self.register_buffer("pe", pe.to(t.dtype), persistent=False)
 
-    def embed(self, ids, offset=0):
+    def embed(self, ids, offset=0, which="tgt"):
         x = self.embedding(ids) * math.sqrt(self.t.D)
-        return self.drop(x if self.rotary else x + self.pe[offset:offset + ids.shape[1]])
+        if self.rotary:
+            return self.drop(x)
+        table = self.positions[which] if self.positions else self.pe
+        return self.drop(x + table[offset:offset + ids.shape[1]])
 
     def encode(self, src):
         src_mask = (src != PAD_ID)[:, None, None, :]                        # (B, 1, 1, S)
-        x = self.embed(src)
+        x = self.embed(src, which="src")
         for layer in self.encoder:
             x = layer(x, src_mask)
         if self.final_norm:
@@ -298,6 +315,8 @@ class TorchTransformer(nn.Module):
         return x, src_mask
 
     def cross_kv(self, memory):
+        if not self.has_encoder:                                            # a language model: no memory
+            return [None] * len(self.decoder)
         return [layer.cross_attn.f.keys_values(memory) for layer in self.decoder]
 
     def decode(self, tgt_in, memory, src_mask, kv=None):
@@ -316,7 +335,12 @@ class TorchTransformer(nn.Module):
         return F.linear(h, self.embedding.weight)
 
     def forward(self, src, tgt_in):
-        memory, src_mask = self.encode(src)
+        """Logits (B, T, V) of ``tgt_in`` (B, T) given ``src`` (B, S); a language model's src is None."""
+        if (src is None) == self.has_encoder:
+            raise ValueError("TorchTransformer.forward: " + ("src is None, but the model has an encoder"
+                                                             if self.has_encoder else
+                                                             "a decoder-only model reads no source: src must be None"))
+        memory, src_mask = self.encode(src) if self.has_encoder else (None, None)
         return self.project(self.decode(tgt_in, memory, src_mask))
 
     def decode_step(self, tokens, state):
@@ -337,12 +361,14 @@ class TorchTransformer(nn.Module):
         linear layer's weight transposed, ``("part", lo, hi)`` a slice of a fused bias, ``()`` as
         it is."""
         out = [("embedding.weight", self.embedding.weight, ())]
+        out.extend((f"{w}_pos.weight", p, ()) for w, p in self.positions.items())
         for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
             for i, layer in enumerate(layers):
                 out.extend(layer_pairs(self.t, f"{stack}.{i}", layer))
         if self.final_norm:
             for stack, mod in (("encoder", self.enc_norm), ("decoder", self.dec_norm)):
-                out.extend(norm_pairs(self.t, f"{stack}.norm", mod))
+                if mod is not None:
+                    out.extend(norm_pairs(self.t, f"{stack}.norm", mod))
         return out
 
     def load_attn_params(self, params):

@@ -56,8 +56,9 @@ def torch_transformer(cfg: TransformerConfig, device: str = "cpu", dtype: str = 
     Written as a PyTorch user would write it efficiently: QKV as one linear layer (as
     ``nn.MultiheadAttention`` does), ``F.scaled_dot_product_attention``, ``nn.LayerNorm``,
     weight tying by sharing the embedding matrix with the output projection. Supports what
-    the benchmark presets use: shared embeddings, sinusoidal or rotary positions, post- or
-    pre-norm, and the later block's options as Llama's code writes them: ``nn.RMSNorm``
+    the benchmark presets use: shared embeddings, sinusoidal, learned or rotary positions, post- or
+    pre-norm, an encoder-decoder or a decoder-only language model (``n_encoder_layers=0``,
+    ``model(None, ids)``: the decoder's layers without their cross-attention, as nanoGPT's ``GPT``), and the later block's options as Llama's code writes them: ``nn.RMSNorm``
     (``F.rms_norm``), rotary positions with the half-split pairing and ``cfg.rope_base``, SwiGLU
     (``w2(silu(x W) * x V)``, W | V one linear layer, no biases), grouped-query attention
     (``scaled_dot_product_attention(enable_gqa=True)``), QK-norm as OLMo 2's code writes it (an
