@@ -72,7 +72,7 @@ print(f"a model that knows only each character's frequency: {unigram_loss:.3f} n
 # %%
 if QUICK:
     D, LAYERS, HEADS, CONTEXT, BATCH = 64, 2, 4, 32, 8
-    STEPS, MINUTES, N_EVALS, SAMPLE_CHARS = quick_steps(240), None, 4, 60
+    STEPS, MINUTES, N_EVALS, SAMPLE_CHARS = quick_steps(200), None, 4, 60
 else:                                              # nanoGPT's shakespeare_char on a CPU
     D, LAYERS, HEADS, CONTEXT, BATCH = 128, 4, 4, 64, 12
     STEPS, MINUTES, N_EVALS, SAMPLE_CHARS = None, 6.0, 6, 200
@@ -80,59 +80,115 @@ WARMUP, PEAK_LR = 100, 1e-3
 cfg = TransformerConfig(vocab_size=V, d_model=D, n_heads=HEADS, d_ff=4 * D, n_encoder_layers=0,
                         n_decoder_layers=LAYERS, dropout=0.0, max_len=CONTEXT)
 model = Transformer(cfg, seed=0)
-opt = Adam(model.params, d_model=D, warmup_steps=WARMUP, lr_factor=PEAK_LR * math.sqrt(D * WARMUP))
+initial = {k: v.copy() for k, v in model.params.items()}
+LR_FACTOR = PEAK_LR * math.sqrt(D * WARMUP)                 # section 5.3's schedule, peaking at PEAK_LR
+opt = Adam(model.params, d_model=D, warmup_steps=WARMUP, lr_factor=LR_FACTOR)
 val = val_batches(val_ids, CONTEXT)[: 2 if QUICK else 16]
 PROMPT = "ROMEO:\n"
 prompt_ids = encode_text(PROMPT, vocab, True)
 BANNED = [PAD, BOS, EOS, UNK]
 
 
-def sample(n, sampler=Sampler(temperature=0.8), seed=0):
-    return decode_text(generate(model, prompt_ids, n, sampler, seed, banned=BANNED), vocab, True)
+def sample(n, sampler=Sampler(temperature=0.8), seed=0, lm=None):
+    return decode_text(generate(lm or model, prompt_ids, n, sampler, seed, banned=BANNED), vocab, True)
 
 
-def evaluate(step, seconds):
-    return dict(step=step, minutes=seconds / 60, val_loss=validate(model, val)["val_loss"], text=sample(SAMPLE_CHARS))
-
-
-rng = np.random.default_rng(0)
-history = [evaluate(0, 0.0)]
-every = max(1, STEPS // N_EVALS) if STEPS else None
-step, trained, next_eval = 0, 0.0, (MINUTES or 0) * 60 / N_EVALS
-while (STEPS and step < STEPS) or (MINUTES and trained < MINUTES * 60):
-    t = time.process_time()
-    batch = window_batch(train_ids, rng.integers(0, train_ids.size - CONTEXT, BATCH), CONTEXT)
+def attn_step(batch):
     logits, cache = model.forward(None, batch.tgt_in)
     loss, dlogits = cross_entropy(logits, batch.tgt_out, 0.0)
     opt.step(model.backward(dlogits, cache))
-    trained += time.process_time() - t
-    step += 1
-    due = step % every == 0 if STEPS else trained >= next_eval
-    if due or (STEPS and step == STEPS):
+
+
+def attn_evaluate(step, seconds):
+    return dict(step=step, minutes=seconds / 60, val_loss=validate(model, val)["val_loss"], text=sample(SAMPLE_CHARS))
+
+
+def train(take_step, evaluate):
+    """Steps on the same batches (the same seed) until STEPS steps or MINUTES of CPU time, evaluating
+    N_EVALS times; returns the evaluations and the steps and CPU seconds trained."""
+    rng = np.random.default_rng(0)
+    history, step, trained, next_eval = [evaluate(0, 0.0)], 0, 0.0, (MINUTES or 0) * 60 / N_EVALS
+    every = max(1, STEPS // N_EVALS) if STEPS else None
+    while (STEPS and step < STEPS) or (MINUTES and trained < MINUTES * 60):
+        batch = window_batch(train_ids, rng.integers(0, train_ids.size - CONTEXT, BATCH), CONTEXT)
+        t = time.process_time()
+        take_step(batch)
+        trained += time.process_time() - t
+        step += 1
+        if (step % every == 0 or step == STEPS) if STEPS else trained >= next_eval:
+            history.append(evaluate(step, trained))
+            next_eval += (MINUTES or 0) * 60 / N_EVALS
+    if history[-1]["step"] != step:
         history.append(evaluate(step, trained))
-        next_eval += (MINUTES or 0) * 60 / N_EVALS
-if history[-1]["step"] != step:
-    history.append(evaluate(step, trained))
-print(f"{model.num_parameters():,} parameters; {step} steps of {BATCH} windows of {CONTEXT} characters "
+    return history, step, trained
+
+
+history, step, trained = train(attn_step, attn_evaluate)
+print(f"attn: {model.num_parameters():,} parameters; {step} steps of {BATCH} windows of {CONTEXT} characters "
       f"in {trained / 60:.2f} CPU minutes of training ({1000 * trained / step:.0f} ms a step)")
 for h in history:
     print(f"step {h['step']:>5}  {h['minutes']:6.2f} CPU min  validation loss {h['val_loss']:.3f} "
           f"({h['val_loss'] / math.log(2):.2f} bits a character)")
 
+# %% [markdown]
+# ### Beside PyTorch
+#
+# Where PyTorch is installed, the same model in PyTorch (`attn.bench.twin`, the benchmark's twin:
+# fused attention, autograd) trains from attn's initial weights on the same batches in the same
+# order, with Adam and the same schedule, for the same budget; its validation loss is measured by
+# attn's code on a copy of its weights. Without PyTorch the lesson trains attn's model alone; the
+# recorded comparison, at equal steps and equal minutes, is `python -m attn.bench --quality
+# --task lm`'s in `benchmarks/RESULTS.md`.
+
+# %%
+from attn.bench.twin import torch_available
+
+torch_history = None
+if torch_available():
+    import torch
+    from attn.bench.twin import torch_adam, torch_loss, torch_transformer
+    if os.environ.get("OPENBLAS_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["OPENBLAS_NUM_THREADS"]))        # as many threads as NumPy's BLAS
+    torch.manual_seed(0)
+    twin = torch_transformer(cfg)
+    twin.load_attn_params(initial)
+    torch_opt, _ = torch_adam(twin, fused=False)
+    schedule = Adam({}, d_model=D, warmup_steps=WARMUP, lr_factor=LR_FACTOR)
+
+    def torch_step(batch):
+        for group in torch_opt.param_groups:
+            group["lr"] = schedule.lr()
+        schedule.t += 1
+        torch_opt.zero_grad()
+        torch_loss(twin(None, torch.as_tensor(batch.tgt_in)), torch.as_tensor(batch.tgt_out), 0.0).backward()
+        torch_opt.step()
+
+    def torch_evaluate(step, seconds):
+        copy = Transformer(cfg, params=twin.attn_params())
+        return dict(step=step, minutes=seconds / 60, val_loss=validate(copy, val)["val_loss"],
+                    text=sample(SAMPLE_CHARS, lm=copy))
+
+    torch_history, torch_steps, torch_trained = train(torch_step, torch_evaluate)
+    print(f"PyTorch {torch.__version__}: {torch_steps} steps in {torch_trained / 60:.2f} CPU minutes "
+          f"({1000 * torch_trained / torch_steps:.0f} ms a step); validation loss at the same steps:")
+    for a, t in zip(history, torch_history):
+        if a["step"] == t["step"]:
+            print(f"step {a['step']:>5}  attn {a['val_loss']:.3f}  PyTorch {t['val_loss']:.3f}")
+else:
+    print("PyTorch is not installed here: attn's curve alone (benchmarks/RESULTS.md has both)")
+
 # %%
 fig, ax = plt.subplots(figsize=(7, 4))
 ax.plot([h["minutes"] for h in history], [h["val_loss"] for h in history], "o-", label="attn (NumPy, by hand)")
+if torch_history:
+    ax.plot([h["minutes"] for h in torch_history], [h["val_loss"] for h in torch_history], "s-",
+            label="PyTorch (autograd), the same model and batches")
 ax.axhline(unigram_loss, color="gray", ls="--", label="character frequencies alone")
 ax.set_xlabel("CPU minutes of training"); ax.set_ylabel("validation loss (nats a character)")
 ax.set_title("a GPT on tiny Shakespeare"); ax.legend()
 fig.tight_layout(); show_figure(fig, "30_loss_minutes.png")
 
 # %% [markdown]
-# The same run beside PyTorch's (nanoGPT's recipe, the same text, the same two cores, one after
-# the other) is `python -m attn.bench --quality`'s language model, recorded with its steps and
-# minutes in `benchmarks/RESULTS.md`: this lesson trains attn's model alone, so that it runs
-# wherever attn does.
-#
 # ## 3. What the model writes at each stage
 #
 # The samples below continue the same prompt with the same seed and temperature after each
@@ -144,6 +200,9 @@ fig.tight_layout(); show_figure(fig, "30_loss_minutes.png")
 for h in history:
     print(f"--- step {h['step']}, validation loss {h['val_loss']:.3f}")
     print(PROMPT + h["text"])
+if torch_history:
+    print(f"--- PyTorch's model at step {torch_history[-1]['step']}, validation loss {torch_history[-1]['val_loss']:.3f}")
+    print(PROMPT + torch_history[-1]["text"])
 
 # %% [markdown]
 # ## 4. What top-p does to a distribution
@@ -231,7 +290,8 @@ print(f"a full window of {CONTEXT} characters: {per_token * CONTEXT / 1024:.1f} 
 #
 # These fail if the cache held another amount than the config says for each token, if top-p
 # kept a set that is not the smallest whose probability reaches p, if a sample were not
-# reproduced by its seed, or if the cached and the uncached sampling drew different text. How
+# reproduced by its seed, if the cached and the uncached sampling drew different text, or if
+# PyTorch's twin did not start from attn's weights. How
 # good the model got is printed above and asserted only in full mode (quick mode trains too
 # few steps to promise anything about it).
 
@@ -247,6 +307,8 @@ uncached = decode_text(generate(model, prompt_ids, 40, Sampler(0.8, None, 0.9), 
                        vocab, True)
 assert uncached == sample(40, Sampler(0.8, None, 0.9), seed=3), "cached and uncached sampling must agree"
 assert all(np.isfinite(h["val_loss"]) for h in history)
+assert torch_history is None or abs(torch_history[0]["val_loss"] - history[0]["val_loss"]) < 1e-4, \
+    "PyTorch's twin must start from attn's weights: the same validation loss before training"
 assert QUICK or history[-1]["val_loss"] < unigram_loss, "the trained model must beat the characters' frequencies"
 print(f"Check passed in {time.time() - T0:.1f} s: {per_token:,} bytes of cache a token; top-p kept "
       f"{', '.join(str(sizes[p]) for p in TOP_PS)} characters; validation loss {history[0]['val_loss']:.3f} -> "
