@@ -4,7 +4,8 @@
 # Lesson 24 built the decoder-only language model and trained it on the toy language's short
 # sentences. This lesson trains the same model, the library's (`n_encoder_layers=0`), on real
 # text: tiny Shakespeare, one token a character, as nanoGPT's `shakespeare_char` does. It
-# follows the validation loss against the minutes of training, reads what the model writes at
+# follows the validation loss against the minutes of training (beside the same model in
+# PyTorch, where PyTorch is installed), reads what the model writes at
 # each stage, shows what top-p (nucleus) sampling does to one distribution, and counts what the
 # key/value cache holds for every token the model writes.
 #
