@@ -14,9 +14,9 @@ from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
 from ..layers.attention import split_heads
 from ..block import parts
-from ..model import Transformer, embedding_name, later_block
+from ..model import DecodeState as ReadableDecodeState, Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
-from . import decoding, flash
+from . import decoding, flash, lm
 from .arena import Arena
 from .attention import Attentions, mask_bias
 from .backward import Backward
@@ -75,10 +75,6 @@ class FastTransformer:
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype
         self.block = parts(config)              # what the engine asks, instead of the config's strings
-        if self.block.cross_attention is None:
-            raise ValueError("FastTransformer: a decoder-only config (n_encoder_layers=0) trains and decodes on the "
-                             "readable engine (attn.engine 'reference'); this engine's stacks are the "
-                             "encoder-decoder's")
         self.arena = Arena.adopt(self.params, config, self.dtype)
         self.precision = self._usable(Precision.of(precision))
         self.validate_ids = check_ids
@@ -221,12 +217,12 @@ class FastTransformer:
 
             def qkv(pre):
                 return a.block(P, pre + ".w_qkv"), a.block(P, pre + ".b_qkv")
-            L = cfg.n_decoder_layers
+            L, cross = cfg.n_decoder_layers, self.block.cross_attention is not None   # a language model: no cross
             self._fused = Fused(
                 [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)],
                 [qkv(f"decoder.{i}.self_attn") for i in range(L)],
-                [(p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]) for i in range(L)],
-                (a.block(P, "decoder.cross_attn.w_kv"), a.block(P, "decoder.cross_attn.b_kv")),
+                [(p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]) for i in range(L)] if cross else [],
+                (a.block(P, "decoder.cross_attn.w_kv"), a.block(P, "decoder.cross_attn.b_kv")) if cross else None,
                 self.mha.scale)
         return self._fused
 
@@ -296,6 +292,8 @@ class FastTransformer:
         keeps its rows (:class:`attn.training.distributed.RowsOf`), so the masks depend neither
         on the number of parts nor on how many processes share the batch.
         """
+        if self._language_model(src, "forward"):
+            return lm.forward(self, tgt_in, rng)
         if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer.forward: src and tgt_in must be (B, S) and (B, T) with one B, "
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
@@ -317,6 +315,16 @@ class FastTransformer:
             lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused, tiled=tiled)[1]
             for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts)
+
+    def _language_model(self, src, what: str) -> bool:
+        """Whether this is a decoder-only model's call (``src`` None); a ValueError where ``src``
+        and the model disagree, as the readable model's."""
+        decoder_only = self.block.cross_attention is None
+        if decoder_only != (src is None):
+            raise ValueError(f"Transformer.{what}: " + ("a decoder-only model (n_encoder_layers=0) reads no "
+                                                        "source: src must be None" if decoder_only else
+                                                        "src is None, but the model has an encoder"))
+        return decoder_only
 
     def backward(self, dlogits, cache, ready=None) -> dict:
         """The gradients of :meth:`forward`'s ``cache`` given dlogits (B, T, V_tgt) (it may be
@@ -354,6 +362,8 @@ class FastTransformer:
     def logits(self, src, tgt_in):
         """Logits (B, T, V_tgt) for evaluation: no dropout, and no cache kept, so each
         layer's buffers are freed as soon as the next layer has run."""
+        if self._language_model(src, "logits"):
+            return lm.forward(self, tgt_in, None, keep_cache=False)[0]
         if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer.logits: src and tgt_in must be (B, S) and (B, T) with one B, "
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
@@ -547,6 +557,9 @@ class FastTransformer:
         buffers sized by ``reserve`` = (rows, positions) when given. The later block
         (:func:`attn.model.later_block`) decodes with a :class:`FastDecodeState` on CuPy too: the
         device state's kernels are the paper's sub-layers."""
+        if self.block.cross_attention is None:          # a language model: the readable model's cache
+            self._own_params()
+            return self.readable.start_decoding(None, None)
         if self.xp is not B.host and not later_block(self.config):
             self._own_params()
             return decoding.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
@@ -559,6 +572,8 @@ class FastTransformer:
         :func:`default_workers`); small steps otherwise run with single-threaded BLAS."""
         if isinstance(state, DeviceDecodeState):
             return decoding.device_step(self, tokens, state)
+        if isinstance(state, ReadableDecodeState):
+            return self.readable.decode_step(tokens, state)
         if not isinstance(state, FastDecodeState):
             raise TypeError(f"FastTransformer.decode_step: the state must come from its start_decoding, "
                             f"got a {type(state).__name__}")
