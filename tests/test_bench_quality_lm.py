@@ -19,11 +19,13 @@ TEXT = "".join(f"{w} said the {v} to the {n}.\n" for w in ("ann", "bob") for v i
                for n in ("king", "sea", "moon")) * 10
 TINY = ["--task", "lm", "--context", "8", "--batch", "4", "--d-model", "16", "--heads", "2", "--d-ff", "32",
         "--layers", "2", "--steps", "6", "--eval-every", "3", "--dtype", "float64", "--dropout", "0",
-        "--sample-chars", "40", "--threads", "1", "--quiet"]
+        "--sample-chars", "40", "--threads", "1", "--step-times", "1", "--quiet"]
 
 
-def test_both_language_models_agree_step_by_step(torch, tmp_path, capsys):
+def test_both_language_models_agree_step_by_step(torch, tmp_path, capsys, monkeypatch):
+    from attn.training import evaluation
     B.set_backend("numpy")
+    monkeypatch.setattr(evaluation, "plot_losses", lambda out, state: None)    # attn-train's figure: not tested here
     text = tmp_path / "t.txt"
     text.write_text(TEXT)
     out = tmp_path / "q"
@@ -46,6 +48,9 @@ def test_both_language_models_agree_step_by_step(torch, tmp_path, capsys):
     assert final["steps"] == final["torch_steps"] == 6
     assert final["ratio"] == pytest.approx(final["seconds_per_step"] / final["torch_seconds_per_step"])
     assert len(final["sample"]) == 40 and final["sample"] == final["torch_sample"]
+    timed = next(r for r in rows if r["name"] == "quality_lm_step_times")
+    assert timed["rounds"] == 1 and all(timed[f"{n}_seconds_per_step"] > 0 for n in ("fast", "reference", "pytorch"))
+    assert timed["fast_ratio"] == pytest.approx(timed["fast_seconds_per_step"] / timed["pytorch_seconds_per_step"])
     md = tmp_path / "md.txt"
     with open(md, "w") as f:
         QL.print_markdown(rows, f)
@@ -53,7 +58,8 @@ def test_both_language_models_agree_step_by_step(torch, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags, says", [(["--steps", "0"], "--steps"), (["--steps", "4", "--resume"], "--resume"),
-                                         (["--steps", "4", "--sample-chars", "0"], "--sample-chars")])
+                                         (["--steps", "4", "--sample-chars", "0"], "--sample-chars"),
+                                         (["--steps", "4", "--step-times", "-1"], "--step-times")])
 def test_bad_flags_are_refused_before_any_work(flags, says, capsys):
     with pytest.raises(SystemExit) as e:
         QL.parse_args(["--task", "lm", *flags])

@@ -168,6 +168,48 @@ def run_torch(config, model_config, corpus, out: Path, attn_tokens: list, quiet:
     return half
 
 
+# --------------------------------------------------------------------------- the steps interleaved
+
+def step_times(config, model_config, corpus, rounds: int, steps: int = 5, with_torch: bool = True) -> dict:
+    """Seconds per training step of attn's two engines and of PyTorch, timed interleaved: ``rounds``
+    rounds, each ``steps`` steps of every framework in turn on the same windows (the run's first),
+    from the same initial weights; the median of each framework's rounds. On a machine other jobs
+    share, the load changes over minutes: the sequential runs' seconds per step then compare times
+    under different loads, the interleaved rounds under the same."""
+    from .. import engine as engines
+    from .. import train as T
+    from ..training.prepare import make_engine
+    windows = lm.Windows(corpus.train, config.context, config.batch, config.seed, 0)
+    batches = [windows[i % len(windows)] for i in range(steps)]
+    runners = {}
+    for name in ("fast", "reference"):
+        engine = engines.get(name)
+        model, opt = make_engine(Transformer(model_config, seed=config.seed, dtype=config.dtype), engine,
+                                 config.lr_factor, cooldown=config.cooldown)
+        loss_fn = engine.loss(trusted=True)
+        runners[name] = engine.loop_step(model, lambda b, seed, m=model, o=opt, f=loss_fn: T.train_step(
+            m, o, b, None, 0.0, config.clip, f))
+    if with_torch:
+        import torch
+        half = TorchLM(torch, config, model_config, corpus, Path(config.out), [])
+        half.state = T.TrainState()
+        runners["pytorch"] = half.step
+    times = {name: [] for name in runners}
+    for r in range(rounds + 1):                          # round 0 warms each up, untimed
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            for b in batches:
+                B.to_float(run(b, 0)[0])                 # the loss on the host: the step is done
+            if r:
+                times[name].append((time.perf_counter() - t0) / steps)
+    med = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    row = {"name": "quality_lm_step_times", "rounds": rounds, "steps_per_round": steps,
+           **{f"{n}_seconds_per_step": v for n, v in med.items()}, "load_average_after": _load_average()}
+    if with_torch:
+        row.update(fast_ratio=med["fast"] / med["pytorch"], reference_ratio=med["reference"] / med["pytorch"])
+    return row
+
+
 # --------------------------------------------------------------------------- the comparison
 
 def sample(model, vocab, chars: int, context: int) -> str:
@@ -249,6 +291,9 @@ def run(args, config) -> list[dict]:
     _per_step(final, config)
     steps, minutes = compare(attn_evals, torch_evals)
     rows = [info, *steps, *minutes, final]
+    if args.step_times:
+        _progress(f"timing each framework's step interleaved ({args.step_times} rounds)", args.quiet)
+        rows.insert(-1, step_times(config, ours.config, corpus, args.step_times, with_torch=not args.no_torch))
     with open(out / "results.jsonl", "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
@@ -294,6 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="threads for both: NumPy's BLAS and torch.set_num_threads")
     p.add_argument("--sample-chars", type=int, default=300, metavar="N",
                    help="characters each final model writes (default 300)")
+    p.add_argument("--step-times", type=int, default=5, metavar="R",
+                   help="after the runs, time the step of attn's engines (fast, reference) and PyTorch's "
+                        "interleaved, R rounds of 5 steps each, the median (default 5; 0: not)")
     p.add_argument("--json", action="store_true", help="one JSON object per line on stdout")
     p.add_argument("--markdown", action="store_true",
                    help="the results as Markdown (for benchmarks/RESULTS.md): the default without --json")
@@ -308,6 +356,8 @@ def parse_args(argv):
     args, rest = p.parse_known_args(argv)
     if args.threads is not None and args.threads < 1:
         p.error(f"--threads must be at least 1, got {args.threads}")
+    if args.step_times < 0:
+        p.error(f"--step-times must be at least 0, got {args.step_times}")
     if args.sample_chars < 1:
         p.error(f"--sample-chars must be at least 1, got {args.sample_chars}")
     for bad in ("--resume", "--out"):
@@ -374,6 +424,13 @@ def print_markdown(rows, out=sys.stdout) -> None:
     print(f"\nseconds per step: attn {_f(final.get('seconds_per_step'), '.4f')}, PyTorch "
           f"{_f(final.get('torch_seconds_per_step'), '.4f')}; attn / PyTorch {_f(final.get('ratio'), '.2f')}",
           file=out)
+    for r in rows:
+        if r.get("name") == "quality_lm_step_times":
+            print(f"\ninterleaved ({r['rounds']} rounds of {r['steps_per_round']} steps, medians): seconds per step "
+                  f"attn fast {r['fast_seconds_per_step']:.4f}, attn reference {r['reference_seconds_per_step']:.4f}"
+                  + (f", PyTorch {r['pytorch_seconds_per_step']:.4f}; attn / PyTorch: fast {r['fast_ratio']:.2f}, "
+                     f"reference {r['reference_ratio']:.2f}" if "fast_ratio" in r else "")
+                  + f"; load average after {r['load_average_after']}", file=out)
     for who, key in (("attn", "sample"), ("PyTorch", "torch_sample")):
         if key in final:
             print(f"\n{who}'s sample ({len(final[key])} characters, temperature {SAMPLE['temperature']}, top-k "
