@@ -1,7 +1,7 @@
 """The fast engine's decoder-only language model (:mod:`attn.fast.lm`) against the readable one, in
 float64: logits, loss and every parameter's gradient, one pass or the batch split over the helper
 threads, every block option drawn by hypothesis (few examples: ``tests/conftest.py``'s profiles);
-with dropout, a step's gradient against central differences; sampling through its cache equals the
+with dropout, a step's gradient against central differences; the same on the CuPy stand-in; sampling through its cache equals the
 full forward; ``attn-train --task lm`` trains on it by default and takes the readable engine's
 steps (``--reference`` keeps that one)."""
 from __future__ import annotations
@@ -137,3 +137,29 @@ def test_attn_train_trains_a_language_model_on_the_fast_engine_with_the_readable
     np.testing.assert_allclose(runs["fast"][1], runs["reference"][1], rtol=1e-10)
     assert runs["fast"][0]["val_loss"] == pytest.approx(runs["reference"][0]["val_loss"], rel=1e-10)
     assert runs["fast"][0]["steps"] == runs["reference"][0]["steps"] == 5
+
+
+@pytest.mark.parametrize("options", [{"positional": "learned", "norm_position": "pre"},
+                                     {"positional": "rope", "norm_kind": "rms", "ffn": "swiglu", "kv_heads": 1}],
+                         ids=["gpt", "later"])
+def test_the_fast_language_model_on_the_cupy_stand_in(options):
+    """The same numbers where the arrays are CuPy's (the stand-in where no GPU is: the fused kernels'
+    NumPy twins, the step memory): logits and every gradient equal the readable model's, float64."""
+    from conftest import selected_backend
+    cfg = TransformerConfig(vocab_size=9, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=0, n_decoder_layers=2,
+                            dropout=0.0, label_smoothing=0.0, max_len=8, **options)
+    ids = _ids(cfg, 3, 6, 4)
+    with selected_backend("numpy"):
+        ref = Transformer(cfg, seed=4, dtype="float64")
+        logits, cache = ref.forward(None, ids[:, :-1])
+        _, d = cross_entropy(logits, ids[:, 1:], 0.0)
+        grads = ref.backward(d, cache)
+    with selected_backend("fakecupy") as cp:
+        fast = FastTransformer(cfg, seed=4, dtype="float64")
+        x = cp.asarray(ids)
+        f_logits, f_cache = fast.forward(None, x[:, :-1])
+        assert rel_error(B.to_host(f_logits), logits) < 1e-12
+        _, f_d = fast_ce(f_logits, x[:, 1:], 0.0, inplace=True)             # in place: the logits' buffer
+        got = {k: B.to_host(v) for k, v in fast.backward(f_d, f_cache).items()}
+    for name in grads:
+        assert rel_error(got[name], grads[name]) < 1e-10, name
