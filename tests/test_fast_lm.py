@@ -1,9 +1,9 @@
 """The fast engine's decoder-only language model (:mod:`attn.fast.lm`) against the readable one, in
 float64: logits, loss and every parameter's gradient, one pass or the batch split over the helper
-threads, every block option drawn by hypothesis (few examples: ``tests/conftest.py``'s profiles);
-with dropout, a step's gradient against central differences; the same on the CuPy stand-in; sampling through its cache equals the
-full forward; ``attn-train --task lm`` trains on it by default and takes the readable engine's
-steps (``--reference`` keeps that one)."""
+threads, every block option drawn by hypothesis (few examples: ``tests/conftest.py``'s profiles),
+and on the CuPy stand-in; with dropout, a step's gradient against central differences; sampling
+through its cache equals the full forward; ``attn-train --task lm`` trains on it by default and
+takes the readable engine's steps (``--reference`` keeps that one)."""
 from __future__ import annotations
 
 import numpy as np
