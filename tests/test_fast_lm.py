@@ -163,3 +163,19 @@ def test_the_fast_language_model_on_the_cupy_stand_in(options):
         got = {k: B.to_host(v) for k, v in fast.backward(f_d, f_cache).items()}
     for name in grads:
         assert rel_error(got[name], grads[name]) < 1e-10, name
+
+
+def test_a_language_models_training_forward_splits_from_its_own_size(monkeypatch):
+    """Training, the rows split over the helper threads from :data:`attn.fast.lm.LM_SPLIT_MIN_SIZE`
+    activations (nanoGPT's recipe, 12 x 64 x 128, does); evaluation keeps the model's rule, and a
+    ``workers`` the user set is kept."""
+    from attn.fast import lm
+    B.set_backend("numpy")
+    monkeypatch.setattr(lm, "default_workers", lambda: 2)
+    cfg = TransformerConfig(vocab_size=9, d_model=128, n_heads=4, d_ff=16, n_encoder_layers=0, n_decoder_layers=1)
+    fast = FastTransformer(cfg)
+    assert lm.n_parts(fast, 12, 64, training=True) == 2
+    assert lm.n_parts(fast, 12, 32, training=True) == 1                  # 49,152 activations: one part
+    assert lm.n_parts(fast, 12, 64, training=False) == fast._n_parts(12, 64)
+    fast.workers = 1
+    assert lm.n_parts(fast, 12, 64, training=True) == 1

@@ -10,8 +10,27 @@ from __future__ import annotations
 
 import copy
 
+from .. import backend as B
 from .caches import FastCache, SplitCache
-from .threads import _THREADS, _row_slices
+from .threads import _THREADS, _row_slices, default_workers
+
+#: From this many activations (rows x positions x d_model) up, a language model's training forward
+#: splits its rows over the helper threads (NumPy, ``workers`` None). Lower than the translator's
+#: rule (:attr:`attn.fast.FastTransformer.SPLIT_MIN_SIZE`), which counts a forward alone: a step's
+#: forward and backward hand each part a dozen products per layer. nanoGPT's CPU recipe (12 x 64 x
+#: 128 = 98,304) took 0.87 s a step split in two against 2.58 s on OpenBLAS's two threads, timed
+#: interleaved on the two loaded cores of benchmarks/RESULTS.md's run.
+LM_SPLIT_MIN_SIZE = 1 << 16
+
+
+def n_parts(model, Bsz: int, T: int, training: bool) -> int:
+    """How many parts a forward of ``Bsz`` rows of ``T`` splits into: the model's rule, or in training
+    on NumPy with ``workers`` None, :data:`LM_SPLIT_MIN_SIZE`'s."""
+    if not training or model.workers is not None or model.xp is not B.host:
+        return model._n_parts(Bsz, T)
+    if Bsz * T * model.config.d_model < LM_SPLIT_MIN_SIZE:
+        return 1
+    return max(1, min(default_workers(), Bsz))
 
 
 def check_ids_shape(tgt_in, what: str = "Transformer.forward") -> None:
@@ -26,7 +45,7 @@ def forward(model, tgt_in, rng=None, keep_cache: bool = True):
     draws its rows of what one pass over the batch would (:class:`attn.training.distributed.RowsOf`)."""
     check_ids_shape(tgt_in)
     Bsz, T = tgt_in.shape
-    k = model._n_parts(Bsz, T)
+    k = n_parts(model, Bsz, T, keep_cache)
     tiled = model._tiled(Bsz, 0, T, rng)
     if k == 1:
         return forward_part(model, tgt_in, rng, keep_cache=keep_cache, tiled=tiled)
