@@ -397,15 +397,16 @@ def print_markdown(rows, out=sys.stdout) -> None:
     """The run as Markdown: the settings, the table at equal steps, at equal minutes, the samples."""
     info, final = rows[0], rows[-1]
     cfg, tc = info.get("model_config", {}), info.get("train_config", {})
-    print(f"- command: `{info.get('command')}`", file=out)
+    print(f"- command: `{info.get('command')}` (at commit {str(info.get('commit'))[:7]})", file=out)
     print(f"- text {info.get('text')}: {info.get('train_tokens'):,} training tokens, vocabulary "
           f"{info.get('vocab_size')}; model {cfg.get('n_decoder_layers')} layers, {cfg.get('n_heads')} heads, "
           f"width {cfg.get('d_model')}, d_ff {cfg.get('d_ff')}, {cfg.get('norm_position')}-norm, "
           f"{cfg.get('positional')} positions, dropout {cfg.get('dropout')}; context {tc.get('context')}, batch "
           f"{tc.get('batch')}, warm-up {cfg.get('warmup_steps')}, lr factor {tc.get('lr_factor')}, clip "
           f"{tc.get('clip')}; attn's engine: {info.get('engine')}", file=out)
-    print(f"- machine: {info.get('cpu_model')}, {info.get('usable_cpus', info.get('cpu_count'))} usable CPUs, "
-          f"BLAS {info.get('blas', '?')} (threads {info.get('blas_threads')}), PyTorch {info.get('torch', '-')} "
+    print(f"- machine: {info.get('cpu_model')} ({', '.join(info.get('cpu_features') or [])}), "
+          f"{info.get('usable_cpus', info.get('cpu_count'))} usable CPUs, BLAS {info.get('blas', '?')} kernel "
+          f"{info.get('blas_kernel', '?')} (threads {info.get('blas_threads')}), PyTorch {info.get('torch', '-')} "
           f"(threads {info.get('torch_threads', '-')}); load average (1/5/15 min) before "
           f"{info.get('load_average_before')}, after attn {info.get('load_average_after_attn')}, after PyTorch "
           f"{info.get('load_average_after_torch', '-')}", file=out)
