@@ -211,3 +211,14 @@ def test_a_wrong_inline_instruction_fails_the_machine_code():
     broken = M.SOURCE.replace("mma.sync.aligned.m16n8k16.row.col.f32.bf16", "mma.sync.aligned.m16n8k32.row.col.f32.bf16")
     with pytest.raises(AssertionError, match="rejects"):
         compile_source(broken, "sm_80", (M.instance("flash_mma_fwd", "bf16", 64),), M.OPTIONS, binary=True)
+
+
+def test_the_fallbacks_probe_takes_the_runs_head_size_where_the_tensor_cores_would_run():
+    """A run with heads of 64 (the paper's) is probed on heads of 64, so a bf16 ``flash`` run's probe
+    takes the tensor-core kernels it will train with; heads of 8 keep the probe's tiny ones."""
+    from attn.fast import probe
+    paper = TransformerConfig(vocab_size=16, d_model=512, n_heads=8, d_ff=32)
+    small = TransformerConfig(vocab_size=16, d_model=32, n_heads=4, d_ff=32)
+    assert probe.block_of(paper)["head_dim"] == 64 and "head_dim" not in probe.block_of(small)
+    cfg = probe.probe_config(probe.block_of(paper))
+    assert cfg.d_model // cfg.n_heads == 64 and probe.probe_config(probe.block_of(small)).d_model == 16
