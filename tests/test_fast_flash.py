@@ -307,7 +307,8 @@ def test_the_float32_kernels_at_their_production_tiles_and_head_size(monkeypatch
         got = [B.to_host(ctx).reshape(Bsz, T, H, Dh).transpose(0, 2, 1, 3), *(B.to_host(a) for a in (dq, dk, dv))]
         assert [n for n in names if n[0] != "flash_bwd_prep"] == [("flash_fwd", 64), ("flash_bwd_kv", 64),
                                                                   ("flash_bwd_q", 64)]
-        assert {f.name for f in flash._HEADED[ops].values()} == {f"flash_{k}<float, 64>" for k in ("fwd", "bwd_kv", "bwd_q")}
+        opted = {name: n for name, (_, n) in flash._HEADED[ops].items()}
+        assert all(opted[f"flash_{k}<float, 64>"] > K.SHARED_LIMIT for k in ("fwd", "bwd_kv", "bwd_q")), opted
     want = _readable(*(a.astype(np.float64) for a in (q, k, v)), ok, True, dout.astype(np.float64), H // Hkv)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         np.testing.assert_allclose(g, w, atol=1e-5 * np.abs(w).max(), rtol=0, err_msg=name)

@@ -184,12 +184,20 @@ def _run(ops, name: str, dtype, grid, block, shared: int, args, Dh: int | None =
         ops._fn(name, dtype)(grid, block, args, shared_mem=shared)
     else:
         fns = _HEADED.setdefault(ops, {})
-        f = fns.get(full)
-        if f is None:
-            f = fns[full] = ops._module.get_function(full)
-        if shared > SHARED_LIMIT and f.max_dynamic_shared_size_bytes < shared:
-            f.max_dynamic_shared_size_bytes = shared
+        f, opted = fns.get(full) or (ops._module.get_function(full), 0)
+        if shared > max(SHARED_LIMIT, opted):
+            opt_in(ops.xp, f, shared)
+            opted = shared
+        fns[full] = f, opted
         f(grid, block, args, shared_mem=shared)
+
+
+def opt_in(xp, f, shared: int) -> None:
+    """Let ``f`` (a function of a ``RawModule``) launch with ``shared`` bytes of dynamic shared memory,
+    above the 48 KiB any kernel may take: CUDA's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``,
+    through CuPy's driver module (a module's functions have no ``max_dynamic_shared_size_bytes``)."""
+    d = xp.cuda.driver
+    d.funcSetAttribute(f.ptr, d.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
 
 
 def shared_limit(xp) -> int:

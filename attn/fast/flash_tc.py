@@ -73,11 +73,11 @@ def _fn(ops, name: str, shared: int):
     if fns is None:
         module = ops.xp.RawModule(code=SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
         fns = _FUNCTIONS[ops] = {None: module}
-    f = fns.get(name)
-    if f is None:
-        f = fns[name] = fns[None].get_function(name)
-    if shared > SHARED_LIMIT and f.max_dynamic_shared_size_bytes < shared:
-        f.max_dynamic_shared_size_bytes = shared
+    f, opted = fns.get(name) or (fns[None].get_function(name), 0)
+    if shared > max(SHARED_LIMIT, opted):
+        flash.opt_in(ops.xp, f, shared)
+        opted = shared
+    fns[name] = f, opted
     return f
 
 

@@ -7,8 +7,10 @@ Part of :mod:`fakecupy.cupy`, which re-exports every name; its state lives there
 from __future__ import annotations
 
 import builtins
+import itertools
 import re
 import time
+import weakref
 
 import numpy as np
 
@@ -84,6 +86,8 @@ class RawKernel:
     def __init__(self, name, signature, targ, twin):
         self.name, self._sig, self._targ, self._twin = name, signature, targ, twin
         self._opted = 0
+        self.ptr = next(_PTRS)                  # what cupy.cuda.driver.funcSetAttribute names it by
+        _BY_PTR[self.ptr] = self
 
     @property
     def max_dynamic_shared_size_bytes(self) -> int:
@@ -151,6 +155,24 @@ class RawKernel:
                    {"fresh": [], "grid": launch.grid, "block": launch.block, "written": written,
                     "stream": None if stream is None else stream.ptr,
                     "work": max((a.size for a in arrays), default=0)})
+
+
+_PTRS = itertools.count(0x7F0000000000, 0x100)
+_BY_PTR: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class Driver:
+    """``cupy.cuda.driver``: the one function attribute attn sets (a block's dynamic shared memory above
+    48 KiB), on a kernel of a module (CuPy's module functions have no attribute for it)."""
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+    @staticmethod
+    def funcSetAttribute(ptr, attribute, value):
+        if attribute != Driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+            raise NotImplementedError(f"fakecupy: funcSetAttribute of attribute {attribute}")
+        if ptr not in _BY_PTR:
+            raise ValueError(f"fakecupy: funcSetAttribute: no kernel at {ptr:#x}")
+        _BY_PTR[ptr].max_dynamic_shared_size_bytes = value
 
 
 class RawModule:
