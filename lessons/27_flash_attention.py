@@ -430,7 +430,7 @@ print(f"Check passed: the tiled attention equals the paper's to {max(forward_err
 # %% [markdown]
 # ## 8. On the tensor cores: FlashAttention-2 in bf16
 #
-# The tiles above are NumPy's. On a GPU, `attn/fast/kernels/flash_mma.py` runs the same algorithm
+# The tiles above are NumPy's. On a GPU, `attn/fast/gpu/kernels/flash_mma.py` runs the same algorithm
 # on the tensor cores, which multiply small matrices of 16-bit numbers and add the products in
 # float32: bf16 (or fp16) $Q$, $K$, $V$, float32 running maxima, sums and outputs. The unit of
 # work is one instruction, `mma.sync.m16n8k16`: a warp of 32 threads multiplies a $16 \times 16$
@@ -500,13 +500,13 @@ show_figure(fig, "27_tensor_core_tile.png",
 # rounding costs.
 
 # %%
-from attn.fast import flash, flash_tc
-from attn.fast.kernels.flash_mma import round16
-from attn.fast.ops import _Ops
+from attn.fast.core import flash, flash_tc
+from attn.fast.gpu.kernels.flash_mma import round16
+from attn.fast.core.ops import Ops
 
 T_tc = 128
 q_tc, k_tc, v_tc = (rng.standard_normal((1, 2, T_tc, d_k)).astype(np.float32) for _ in range(3))
-ctx_tc, _ = flash_tc.attend(_Ops(np), q_tc, k_tc, v_tc, flash.KeyMask(np.ones((1, T_tc), bool), True, "bf16"),
+ctx_tc, _ = flash_tc.attend(Ops(np), q_tc, k_tc, v_tc, flash.KeyMask(np.ones((1, T_tc), bool), True, "bf16"),
                             1 / np.sqrt(d_k))
 out_tc = ctx_tc.reshape(1, T_tc, 2, d_k).transpose(0, 2, 1, 3)
 causal_mask = np.tril(np.ones((T_tc, T_tc), dtype=bool))

@@ -1,5 +1,5 @@
-"""The tiled attention on the tensor cores (attn.fast.flash_tc; its kernels and their NumPy twins in
-attn.fast.kernels.flash_mma): each twin against the paper's attention in float64 on the inputs
+"""The tiled attention on the tensor cores (attn.fast.core.flash_tc; its kernels and their NumPy twins in
+attn.fast.gpu.kernels.flash_mma): each twin against the paper's attention in float64 on the inputs
 rounded to 16 bits, at the tiles the kernels are launched with and at small ones (many tiles at
 short lengths), with every mask (padding, causal, a query that sees no key), grouped-query
 attention and cross-attention; the launch checks; the engine on the stand-in (which runs the twins)
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 import attn.backend as B
-from attn.fast import FastTransformer, flash, flash_tc
-from attn.fast.dispatch import ops_for
-from attn.fast.kernels import flash_mma as M
-from attn.fast.ops import _Ops
+from attn.fast import FastTransformer
+from attn.fast.core import flash, flash_tc
+from attn.fast.core.dispatch import ops_for
+from attn.fast.gpu.kernels import flash_mma as M
+from attn.fast.core.ops import Ops
 from attn.model import Transformer, TransformerConfig
 from test_fast_flash import _readable, _step
 from test_kernels import _nvrtc, compile_source
@@ -74,7 +75,7 @@ def test_the_twins_equal_the_papers_attention(case, tiles, monkeypatch):
         monkeypatch.setattr(flash_tc, "TILES", {"flash_mma_fwd": (16, 32), "flash_mma_bwd_kv": (16, 32),
                                                 "flash_mma_bwd_q": (32, 16)})
     q, k, v, dout, ok = _case(case)
-    _check(_attend(_Ops(np), q, k, v, ok, case[6], case[7], dout), case, q, k, v, dout, ok)
+    _check(_attend(Ops(np), q, k, v, ok, case[6], case[7], dout), case, q, k, v, dout, ok)
 
 
 def test_the_stand_in_runs_the_twins_through_the_launch_code():
@@ -97,7 +98,7 @@ def test_the_stand_in_runs_the_twins_through_the_launch_code():
 def test_a_twin_refuses_a_launch_its_kernel_would_get_wrong():
     """A block of the wrong size, too little shared memory, an instance that is not one."""
     q, k, v, dout, ok = _case(CASES[0])
-    ops = _Ops(np)
+    ops = Ops(np)
     real = flash_tc._run
     for broken, match in ((lambda n, g, b, s: (n, g, (b[0] // 2,), s), "block"),
                           (lambda n, g, b, s: (n, g, b, s - 16), "shared memory"),
@@ -216,7 +217,7 @@ def test_a_wrong_inline_instruction_fails_the_machine_code():
 def test_the_fallbacks_probe_takes_the_runs_head_size_where_the_tensor_cores_would_run():
     """A run with heads of 64 (the paper's) is probed on heads of 64, so a bf16 ``flash`` run's probe
     takes the tensor-core kernels it will train with; heads of 8 keep the probe's tiny ones."""
-    from attn.fast import probe
+    from attn.fast.gpu import probe
     paper = TransformerConfig(vocab_size=16, d_model=512, n_heads=8, d_ff=32)
     small = TransformerConfig(vocab_size=16, d_model=32, n_heads=4, d_ff=32)
     assert probe.block_of(paper)["head_dim"] == 64 and "head_dim" not in probe.block_of(small)

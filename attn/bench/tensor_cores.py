@@ -1,5 +1,5 @@
 """The tensor-core attention on a GPU: ``python -m attn.bench.tensor_cores`` (the GPU report's
-``tensor-cores`` part). The kernels of :mod:`attn.fast.kernels.flash_mma` compile by NVRTC but have
+``tensor-cores`` part). The kernels of :mod:`attn.fast.gpu.kernels.flash_mma` compile by NVRTC but have
 never run on a GPU; this is the one check that runs them, in order of risk:
 
 1. ``tensor_cores_twin`` rows: the kernels (forward and backward) against their NumPy twins on the
@@ -9,7 +9,7 @@ never run on a GPU; this is the one check that runs them, in order of risk:
 2. ``tensor_cores_time`` rows: at T = 1,024, 4,096 and 8,192 (8,192 tokens a batch, the base
    model's 8 heads of 64), causal and not, the forward and the forward+backward of the
    tensor-core attention (the float32 views packed to bf16 included), of the float32 tiled
-   attention (:mod:`attn.fast.flash`) and of PyTorch's ``scaled_dot_product_attention`` on bf16
+   attention (:mod:`attn.fast.core.flash`) and of PyTorch's ``scaled_dot_product_attention`` on bf16
    tensors: the median of the repeats, timed by CUDA events, and each one's time over SDPA's.
 
 Every row carries the commit. One JSON object a line with ``--json``; ``--dry-run`` runs it on the
@@ -51,7 +51,7 @@ def _inputs(case, seed=0):
 
 def _run(ops, case, q, k, v, dout, ok):
     """Forward and backward of the tensor-core attention on ``ops``: host out, dq, dk, dv."""
-    from ..fast import flash, flash_tc
+    from ..fast.core import flash, flash_tc
     Bsz, H, Hkv, Tq, Tk, Dh, causal, fmt, _ = case
     xp, scale = ops.xp, 1 / math.sqrt(Dh)
     dev = (lambda a: xp.asarray(a)) if xp is not B.host else (lambda a: a)
@@ -65,12 +65,12 @@ def _run(ops, case, q, k, v, dout, ok):
 def check_twins(xp, cases=TWIN_CASES) -> list:
     """One ``tensor_cores_twin`` row per case (default :data:`TWIN_CASES`): the kernels on ``xp``
     against the twins on NumPy."""
-    from ..fast.dispatch import ops_for
-    from ..fast.ops import _Ops
+    from ..fast.core.dispatch import ops_for
+    from ..fast.core.ops import Ops
     rows = []
     for case in cases:
         inputs = _inputs(case)
-        got, want = _run(ops_for(xp), case, *inputs), _run(_Ops(B.host), case, *inputs)
+        got, want = _run(ops_for(xp), case, *inputs), _run(Ops(B.host), case, *inputs)
         err = {n: float(B.host.abs(g - w).max() / max(float(B.host.abs(w).max()), 1e-30))
                for n, g, w in zip(("out", "dq", "dk", "dv"), got, want)}
         Bsz, H, Hkv, Tq, Tk, Dh, causal, fmt, _ = case
@@ -83,8 +83,8 @@ def check_twins(xp, cases=TWIN_CASES) -> list:
 def _ours(xp, T, causal, cores, tokens):
     """(forward, forward + backward) callables of the fast engine's tiled attention at T: on the
     tensor cores in ``cores`` (bf16), or the float32 kernels (None)."""
-    from ..fast import flash, flash_tc
-    from ..fast.dispatch import ops_for
+    from ..fast.core import flash, flash_tc
+    from ..fast.core.dispatch import ops_for
     Bsz, scale = max(1, tokens // T), 1 / math.sqrt(HEAD_DIM)
     q, k, v, dout, ok = _inputs((Bsz, HEADS, HEADS, T, T, HEAD_DIM, causal, cores, (T,) * Bsz))
     ok[...] = True
