@@ -1,4 +1,4 @@
-"""The fast engine's decoder-only language model (:mod:`attn.fast.lm`) against the readable one, in
+"""The fast engine's decoder-only language model (:mod:`attn.fast.core.lm`) against the readable one, in
 float64: logits, loss and every parameter's gradient, one pass or the batch split over the helper
 threads, every block option drawn by hypothesis (few examples: ``tests/conftest.py``'s profiles),
 and on the CuPy stand-in; with dropout, a step's gradient against central differences; sampling
@@ -166,10 +166,10 @@ def test_the_fast_language_model_on_the_cupy_stand_in(options):
 
 
 def test_a_language_models_training_forward_splits_from_its_own_size(monkeypatch):
-    """Training, the rows split over the helper threads from :data:`attn.fast.lm.LM_SPLIT_MIN_SIZE`
+    """Training, the rows split over the helper threads from :data:`attn.fast.core.lm.LM_SPLIT_MIN_SIZE`
     activations (nanoGPT's recipe, 12 x 64 x 128, does); evaluation keeps the model's rule, and a
     ``workers`` the user set is kept."""
-    from attn.fast import lm
+    from attn.fast.core import lm
     B.set_backend("numpy")
     monkeypatch.setattr(lm, "default_workers", lambda: 2)
     cfg = TransformerConfig(vocab_size=9, d_model=128, n_heads=4, d_ff=16, n_encoder_layers=0, n_decoder_layers=1)
