@@ -234,10 +234,213 @@ def text_overlaps(fig, min_px: float = 1.0) -> list[tuple[str, str]]:
     return [(a, b) for i, (a, pa) in enumerate(boxes) for b, pb in boxes[i + 1:] if _depth(pa, pb) > min_px]
 
 
+#: The phone rendering of a figure (tests/test_book.py measures it at 390 px): drawn
+#: PHONE_WIDTH_IN inches wide at PHONE_DPI, shown at half its pixels (a phone's two device pixels
+#: per CSS pixel, ``srcset ... 2x``): 330 CSS pixels plus the saved margins, inside the 358-pixel
+#: column; no text under PHONE_MIN_PT points, 12 pt * 200 / 72 / 2 = 16.7 CSS pixels, the body's 16.
+PHONE_WIDTH_IN, PHONE_DPI, PHONE_MIN_PT = 3.3, 200, 12.0
+
+
+def _metadata(fig, dpi: float, prefix: str = "attn:") -> dict:
+    """The smallest text's size, in pixels of an image saved at ``dpi``, and the texts that overlap."""
+    smallest = min((t.get_fontsize() for t in _texts(fig)), default=72.0)
+    return {f"{prefix}text-px": f"{smallest * dpi / 72.0:.2f}",
+            f"{prefix}overlaps": " | ".join(f"{a!r} on {b!r}" for a, b in text_overlaps(fig))}
+
+
+def _panels(fig) -> list:
+    """The panels of ``fig`` in reading order (row by row), colour bars left out."""
+    bars = _colour_bars(fig)
+    return sorted((ax for ax in fig.axes if ax not in bars),
+                  key=lambda ax: (round(-ax.get_position().y1, 2), ax.get_position().x0))
+
+
+def _restack_for_a_phone(fig) -> None:
+    """Lay ``fig`` out for a phone's column: its panels one under the other, each as tall as it
+    was for its width (within limits), PHONE_WIDTH_IN wide, with constrained layout; colour bars
+    drawn again beside their panel. A figure that placed its own axes (no subplot grid) only
+    changes size."""
+    import warnings
+    panels, bars = _panels(fig), _colour_bars(fig)
+    heights = []
+    for ax in panels:
+        box = ax.get_position()
+        aspect = (box.height * fig.get_figheight()) / max(box.width * fig.get_figwidth(), 1e-6)
+        heights.append(PHONE_WIDTH_IN * min(1.0, max(0.55, aspect)) + 0.9)
+    stack = all(ax.get_subplotspec() is not None for ax in panels)
+    again = []
+    for bar in bars if stack else []:
+        cb = getattr(bar, "_colorbar", None)
+        label = bar.get_ylabel() or bar.get_xlabel()
+        if cb is not None and getattr(cb.mappable, "axes", None) in panels:
+            again.append((cb.mappable, label))
+        bar.remove()
+    if stack:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig.set_layout_engine("constrained")
+    fig.set_size_inches(PHONE_WIDTH_IN, sum(heights) + (0.4 if getattr(fig, "_suptitle", None) else 0.0)
+                        if stack else PHONE_WIDTH_IN * fig.get_figheight() / fig.get_figwidth())
+    if stack:
+        grid = fig.add_gridspec(len(panels), 1, height_ratios=heights)
+        for i, ax in enumerate(panels):
+            ax.set_subplotspec(grid[i])
+        for mappable, label in again:
+            fig.colorbar(mappable, ax=mappable.axes, label=label)
+    _phone_text(fig, panels)
+    _relayout(fig)
+    _wrap_long_labels(fig)
+    fig.attn_phone_legends = _legends_below(fig, panels)
+    if stack:
+        _room_for_tick_labels(fig, panels, grid, heights)
+    _fill_the_width(fig, panels)
+    _drop_crowded_minor_labels(fig)
+
+
+def _phone_text(fig, panels) -> None:
+    """Every text scaled so that the smallest is PHONE_MIN_PT (none larger than 1.25 times that:
+    the wide rendering may have enlarged a title for a wide column); tick labels at PHONE_MIN_PT;
+    titles and axis labels unwrapped, to be wrapped again to the phone's panels.
+    Panels that shared an axis, and hid its tick labels for their neighbour's, show their own now
+    that each stands in its own row."""
+    labels = [fig._suptitle] if getattr(fig, "_suptitle", None) is not None else []
+    for ax in panels:
+        labels += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+    for t in labels:                                   # wrapped again for the phone's panel
+        if "$" not in t.get_text():
+            t.set_text(" ".join(t.get_text().split()))
+    texts = _texts(fig)
+    factor = PHONE_MIN_PT / min((t.get_fontsize() for t in texts), default=PHONE_MIN_PT)
+    for t in texts:
+        t.set_fontsize(min(1.25 * PHONE_MIN_PT, t.get_fontsize() * factor))
+    for ax in fig.axes:
+        ax.tick_params(which="both", labelsize=PHONE_MIN_PT)
+    for ax in panels:
+        if len(ax.get_shared_y_axes().get_siblings(ax)) > 1:
+            ax.tick_params(axis="y", labelleft=True)
+        if len(ax.get_shared_x_axes().get_siblings(ax)) > 1:
+            ax.tick_params(axis="x", labelbottom=True)
+
+
+def _legends_below(fig, panels) -> list:
+    """A panel's legend, which at a phone's size would cover its data and labels or stick out of
+    a narrow panel (and narrow every panel with it), moves below the panel's x axis, one entry a
+    line; the figure grows by its height (constrained layout makes the room). Returns the legends
+    moved, for :func:`_anchor_below`."""
+    moved = []
+    for ax in panels:
+        legend = ax.get_legend()
+        if legend is not None and legend.get_texts():
+            handles, labels = legend.legend_handles, [t.get_text() for t in legend.get_texts()]
+            legend.remove()
+            moved.append(ax.legend(handles, labels, loc="upper center", frameon=False, fontsize=PHONE_MIN_PT,
+                                   labelspacing=0.8))
+    if moved:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        extra = sum(legend.get_window_extent(renderer).height for legend in moved) / fig.dpi
+        fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + extra)
+        _anchor_below(fig, moved)
+    return moved
+
+
+def _anchor_below(fig, legends) -> None:
+    """Anchor each legend just under its panel's x axis (its tick labels and label), again
+    until the layout stops moving them."""
+    for _ in range(4 if legends else 0):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        for legend in legends:
+            ax = legend.axes
+            below = ax.xaxis.get_tightbbox(renderer)
+            bottom = ax.transAxes.inverted().transform((0, below.y0))[1] if below is not None else 0.0
+            legend.set_bbox_to_anchor((0.5, bottom - 0.03), transform=ax.transAxes)
+
+
+def _room_for_tick_labels(fig, panels, grid, heights) -> None:
+    """A panel squeezed flat by its titles and labels (under 0.6 times its width), or whose y tick
+    labels (a bar chart's categories) need more height than it has at a phone's text size, grows,
+    and the figure with it, until it has the height and they fit a line apart."""
+    for _ in range(3):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        grow = [1.0] * len(panels)
+        for i, ax in enumerate(panels):
+            lo, hi = sorted(ax.yaxis.get_view_interval())
+            labels = [t.label1 for t in ax.yaxis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            box = ax.get_window_extent(renderer)
+            need = 0.6 * box.width if ax.get_aspect() == "auto" else 0.0
+            if len(labels) > 1:
+                need = max(need, 1.4 * len(labels) * max(t.get_window_extent(renderer).height for t in labels))
+            grow[i] = min(3.0, max(1.0, need / max(box.height, 1.0)))
+        if max(grow) <= 1.02:
+            return
+        heights[:] = [h * g for h, g in zip(heights, grow)]
+        grid.set_height_ratios(heights)
+        fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() * sum(heights) / (sum(heights) - sum(
+            h - h / g for h, g in zip(heights, grow))))
+
+
+def _fill_the_width(fig, panels) -> None:
+    """A panel of fixed aspect (an image) is as wide as the figure's height lets it be: where
+    titles, labels and legends took so much height that it fills under 70 % of the phone's width,
+    the figure grows taller (at most three times)."""
+    for _ in range(3):
+        fig.canvas.draw()
+        fixed = [ax for ax in panels if ax.get_aspect() != "auto"]
+        narrowest = min((ax.get_position().width for ax in fixed), default=1.0)
+        if narrowest >= 0.7:
+            return
+        fig.set_size_inches(fig.get_figwidth(), min(3.0, 0.8 / narrowest) * fig.get_figheight())
+        _relayout(fig)
+
+
+def _drop_crowded_minor_labels(fig) -> None:
+    """An axis whose tick labels run into each other once they are a phone's size: a logarithmic
+    axis (2x10^2, 3x10^2, ... between its decades) keeps the labels of its major ticks, or within
+    one decade those of 2 and 5 times a power of ten; an x axis of names turns them upright."""
+    import math
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            minor = [t.label1 for t in axis.get_minor_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            major = [t.label1 for t in axis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            boxes = [_corners(t, renderer) for t in minor + major]
+            if not any(_depth(a, b) > 1 for i, a in enumerate(boxes) for b in boxes[i + 1:]):
+                continue
+            if minor and major:
+                axis.set_minor_formatter(NullFormatter())
+            elif minor:                     # within one decade: label 2 and 5 times a power of ten only
+                axis.set_minor_formatter(FuncFormatter(
+                    lambda v, pos: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
+            elif axis is ax.xaxis:          # a bar chart's category names: upright
+                ax.tick_params(axis="x", labelrotation=90)
+
+
+def _phone_rendering(fig) -> tuple[bytes, dict]:
+    """``fig`` drawn for a phone (:func:`_restack_for_a_phone`, long labels wrapped): the PNG's
+    bytes and its text size and overlaps. Changes ``fig``."""
+    import io
+    _restack_for_a_phone(fig)
+    _anchor_below(fig, fig.attn_phone_legends)
+    fig.set_dpi(PHONE_DPI)
+    meta = _metadata(fig, PHONE_DPI, "attn:phone-")
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=PHONE_DPI, bbox_inches="tight")
+    return out.getvalue(), meta
+
+
 def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefig_kwargs) -> SavedFigure:
     """Fit the text to the page, then save with the alt text, the smallest text's size (in
     pixels of the image) and the texts that overlap (none, tests/test_book.py checks) in the
-    PNG, where the book reads them."""
+    PNG, where the book reads them; beside them, in the same PNG, the figure drawn again for a
+    phone's column (``attn:phone``, a PNG in base64, with its own text size and overlaps), which
+    the book serves at phone widths (book/conf.py)."""
+    import base64
+    import io
     path = SavedFigure(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
@@ -246,15 +449,23 @@ def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefi
     _wrap_long_labels(fig)          # first, or an unwrapped title's width would make all text look small
     fit_text(fig, dpi)
     _wrap_long_labels(fig)
-    texts = _texts(fig)
-    metadata = {}
-    if path.suffix.lower() == ".png":
-        fig.set_dpi(dpi)
-        metadata = {"Description": alt or describe(fig),
-                    "attn:text-px": f"{min((t.get_fontsize() for t in texts), default=72.0) * dpi / 72.0:.2f}",
-                    "attn:overlaps": " | ".join(f"{a!r} on {b!r}" for a, b in text_overlaps(fig))}
+    _drop_crowded_minor_labels(fig)
     savefig_kwargs.setdefault("bbox_inches", "tight")
-    fig.savefig(path, dpi=dpi, metadata=metadata, **savefig_kwargs)
+    if path.suffix.lower() != ".png":
+        fig.savefig(path, dpi=dpi, **savefig_kwargs)
+        return path
+    from PIL import Image, PngImagePlugin
+    fig.set_dpi(dpi)
+    metadata = {"Description": alt or describe(fig), **_metadata(fig, dpi)}
+    wide = io.BytesIO()
+    fig.savefig(wide, format="png", dpi=dpi, **savefig_kwargs)
+    phone, phone_meta = _phone_rendering(fig)
+    metadata.update(phone_meta, **{"attn:phone": base64.b64encode(phone).decode("ascii")})
+    info = PngImagePlugin.PngInfo()
+    for key, value in metadata.items():
+        info.add_text(key, value, zip=len(value) > 200)
+    with Image.open(wide) as im:
+        im.save(path, pnginfo=info)
     return path
 
 

@@ -89,3 +89,31 @@ def test_quick_steps_cuts_training_only_when_asked(monkeypatch):
     assert quick_steps(500) == 500
     monkeypatch.setenv("ATTN_QUICK_WEAK", "1")
     assert quick_steps(500) == 50 and quick_steps(5) == 2
+
+
+def test_a_figure_of_three_panels_is_drawn_again_for_a_phone(tmp_path, monkeypatch):
+    """Beside the wide figure, its PNG carries a phone rendering (book/conf.py serves it at phone
+    widths, two image pixels a CSS pixel): its panels one under the other, no wider than the
+    column of a 390-pixel phone (358 CSS pixels), its smallest text at least the body's 16 px, no
+    texts overlapping, a nine-entry legend and a bar chart's nine categories included."""
+    import base64
+    import io
+    names = [f"a block of kind {i}" for i in range(9)]
+    fig = Figure(figsize=(18, 5))
+    ax = fig.subplots(1, 3)
+    for i, name in enumerate(names):
+        ax[0].plot(range(6), np.arange(6) * (i + 1), "o-", label=name)
+    ax[0].legend(fontsize=8)
+    ax[0].set_xlabel("minutes of training")
+    ax[1].barh(names, range(1, 10))
+    im = ax[2].imshow(np.random.default_rng(0).random((6, 6)))
+    fig.colorbar(im, ax=ax[2], label="weight")
+    fig.tight_layout()
+    text = _saved(fig, tmp_path, monkeypatch)
+    assert text["attn:overlaps"] == "" and text["attn:phone-overlaps"] == "", text["attn:phone-overlaps"][:600]
+    with Image.open(io.BytesIO(base64.b64decode(text["attn:phone"]))) as phone:
+        width, height = phone.size
+    assert width / 2 <= 358 and height > 2.5 * width, (width, height)       # three panels, one a row
+    assert float(text["attn:phone-text-px"]) / 2 >= 16, text["attn:phone-text-px"]
+    with Image.open(tmp_path / "f.png") as wide:
+        assert wide.size[0] > wide.size[1], wide.size                         # the wide one is unchanged

@@ -30,9 +30,18 @@ LESSONS_OUT = BUILD / "lessons-out"           # where the lessons write figures 
 SCREENSHOTS = BUILD / "screenshots"           # tests/test_book.py saves one per page here
 
 
+#: Set to lesson numbers (``ATTN_BOOK_ONLY="14 27"``), the book is built with those lessons
+#: only, and tests/test_book.py tests their pages only: a page's tests without executing every
+#: lesson. Unset, every lesson.
+ONLY_ENV = "ATTN_BOOK_ONLY"
+
+
 def lesson_files(root: Path = ROOT) -> list[Path]:
-    """The lessons in reading order: ``lessons/NN_*.py``, sorted by their number."""
-    return sorted((root / "lessons").glob("[0-9][0-9]_*.py"), key=lambda p: (int(p.name[:2]), p.name))
+    """The lessons in reading order: ``lessons/NN_*.py``, sorted by their number (those
+    ``$ATTN_BOOK_ONLY`` names, when it is set)."""
+    lessons = sorted((root / "lessons").glob("[0-9][0-9]_*.py"), key=lambda p: (int(p.name[:2]), p.name))
+    only = {int(n) for n in os.environ.get(ONLY_ENV, "").replace(",", " ").split()}
+    return [p for p in lessons if not only or int(p.name[:2]) in only]
 
 
 #: Parts of the library that no lesson runs: changing them re-executes no lesson. ``attn/site/``
