@@ -257,9 +257,9 @@ def _panels(fig) -> list:
 
 def _restack_for_a_phone(fig) -> None:
     """Lay ``fig`` out for a phone's column: its panels one under the other, each as tall as it
-    was for its width (within limits), PHONE_WIDTH_IN wide, with constrained layout; colour bars
-    drawn again beside their panel. A figure that placed its own axes (no subplot grid) only
-    changes size."""
+    was for its width (within limits), PHONE_WIDTH_IN wide, with constrained layout; a panel's
+    legend in a row of its own under it, colour bars drawn again beside their panel. A figure
+    that placed its own axes (no subplot grid) only changes size."""
     import warnings
     panels, bars = _panels(fig), _colour_bars(fig)
     heights = []
@@ -275,26 +275,63 @@ def _restack_for_a_phone(fig) -> None:
         if cb is not None and getattr(cb.mappable, "axes", None) in panels:
             again.append((cb.mappable, label))
         bar.remove()
-    if stack:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fig.set_layout_engine("constrained")
-    fig.set_size_inches(PHONE_WIDTH_IN, sum(heights) + (0.4 if getattr(fig, "_suptitle", None) else 0.0)
-                        if stack else PHONE_WIDTH_IN * fig.get_figheight() / fig.get_figwidth())
-    if stack:
-        grid = fig.add_gridspec(len(panels), 1, height_ratios=heights)
-        for i, ax in enumerate(panels):
+    if not stack:
+        fig.set_size_inches(PHONE_WIDTH_IN, PHONE_WIDTH_IN * fig.get_figheight() / fig.get_figwidth())
+        _phone_text(fig, panels)
+        _relayout(fig)
+        _wrap_long_labels(fig)
+        _drop_crowded_minor_labels(fig)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.set_layout_engine("constrained")
+    rows = _legend_rows(panels, heights)
+    fig.set_size_inches(PHONE_WIDTH_IN, sum(h for _, _, h in rows) + (0.4 if getattr(fig, "_suptitle", None) else 0.0))
+    grid = fig.add_gridspec(len(rows), 1, height_ratios=[h for _, _, h in rows])
+    row_axes = []
+    for i, (ax, legend, _) in enumerate(rows):
+        if ax is not None:
             ax.set_subplotspec(grid[i])
-        for mappable, label in again:
-            fig.colorbar(mappable, ax=mappable.axes, label=label)
+        row_axes.append(ax if ax is not None else _legend_holder(fig, grid[i], *legend))
+    for mappable, label in again:
+        fig.colorbar(mappable, ax=mappable.axes, label=label)
     _phone_text(fig, panels)
     _relayout(fig)
     _wrap_long_labels(fig)
-    fig.attn_phone_legends = _legends_below(fig, panels)
-    if stack:
-        _room_for_tick_labels(fig, panels, grid, heights)
+    _room_for_tick_labels(fig, row_axes, grid, [h for _, _, h in rows])
     _fill_the_width(fig, panels)
     _drop_crowded_minor_labels(fig)
+
+
+def _legend_rows(panels, heights) -> list:
+    """[(panel, None, height) or (None, (handles, labels), height)]: each panel, and under a panel
+    that had a legend, a row for it (taken off the panel, its labels wrapped for the phone)."""
+    import textwrap
+    rows = []
+    for ax, height in zip(panels, heights):
+        rows.append((ax, None, height))
+        legend = ax.get_legend()
+        if legend is None or not legend.get_texts():
+            continue
+        handles = legend.legend_handles
+        labels = [textwrap.fill(t.get_text(), 26) for t in legend.get_texts()]
+        legend.remove()
+        lines = sum(label.count("\n") + 1 for label in labels)
+        rows.append((None, (handles, labels), (1.4 * lines + 0.8 * len(labels)) * PHONE_MIN_PT / 72 + 0.25))
+    return rows
+
+
+def _legend_holder(fig, spec, handles, labels):
+    """An empty axes in its own row of the grid, holding a legend at the figure's left edge (the
+    legend kept out of the layout: the row's height is the room made for it)."""
+    from matplotlib.transforms import blended_transform_factory
+    holder = fig.add_subplot(spec)
+    holder.axis("off")
+    legend = holder.legend(handles, labels, loc="upper left", frameon=False, fontsize=PHONE_MIN_PT, borderaxespad=0,
+                           bbox_to_anchor=(0.02, 1.0),
+                           bbox_transform=blended_transform_factory(fig.transFigure, holder.transAxes))
+    legend.set_in_layout(False)
+    return holder
 
 
 def _phone_text(fig, panels) -> None:
@@ -322,41 +359,6 @@ def _phone_text(fig, panels) -> None:
             ax.tick_params(axis="x", labelbottom=True)
 
 
-def _legends_below(fig, panels) -> list:
-    """A panel's legend, which at a phone's size would cover its data and labels or stick out of
-    a narrow panel (and narrow every panel with it), moves below the panel's x axis, one entry a
-    line; the figure grows by its height (constrained layout makes the room). Returns the legends
-    moved, for :func:`_anchor_below`."""
-    moved = []
-    for ax in panels:
-        legend = ax.get_legend()
-        if legend is not None and legend.get_texts():
-            handles, labels = legend.legend_handles, [t.get_text() for t in legend.get_texts()]
-            legend.remove()
-            moved.append(ax.legend(handles, labels, loc="upper center", frameon=False, fontsize=PHONE_MIN_PT,
-                                   labelspacing=0.8))
-    if moved:
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        extra = sum(legend.get_window_extent(renderer).height for legend in moved) / fig.dpi
-        fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + extra)
-        _anchor_below(fig, moved)
-    return moved
-
-
-def _anchor_below(fig, legends) -> None:
-    """Anchor each legend just under its panel's x axis (its tick labels and label), again
-    until the layout stops moving them."""
-    for _ in range(4 if legends else 0):
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        for legend in legends:
-            ax = legend.axes
-            below = ax.xaxis.get_tightbbox(renderer)
-            bottom = ax.transAxes.inverted().transform((0, below.y0))[1] if below is not None else 0.0
-            legend.set_bbox_to_anchor((0.5, bottom - 0.03), transform=ax.transAxes)
-
-
 def _room_for_tick_labels(fig, panels, grid, heights) -> None:
     """A panel squeezed flat by its titles and labels (under 0.6 times its width), or whose y tick
     labels (a bar chart's categories) need more height than it has at a phone's text size, grows,
@@ -366,6 +368,8 @@ def _room_for_tick_labels(fig, panels, grid, heights) -> None:
         renderer = fig.canvas.get_renderer()
         grow = [1.0] * len(panels)
         for i, ax in enumerate(panels):
+            if not ax.axison:               # a legend's row
+                continue
             lo, hi = sorted(ax.yaxis.get_view_interval())
             labels = [t.label1 for t in ax.yaxis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
             box = ax.get_window_extent(renderer)
@@ -403,7 +407,7 @@ def _drop_crowded_minor_labels(fig) -> None:
     from matplotlib.ticker import FuncFormatter, NullFormatter
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    for ax in fig.axes:
+    for ax in (ax for ax in fig.axes if ax.axison):
         for axis in (ax.xaxis, ax.yaxis):
             lo, hi = sorted(axis.get_view_interval())
             minor = [t.label1 for t in axis.get_minor_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
@@ -425,7 +429,6 @@ def _phone_rendering(fig) -> tuple[bytes, dict]:
     bytes and its text size and overlaps. Changes ``fig``."""
     import io
     _restack_for_a_phone(fig)
-    _anchor_below(fig, fig.attn_phone_legends)
     fig.set_dpi(PHONE_DPI)
     meta = _metadata(fig, PHONE_DPI, "attn:phone-")
     out = io.BytesIO()

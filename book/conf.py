@@ -153,7 +153,9 @@ _IMG = re.compile(r'<img alt="[^"]*" src="(\.\./_images/[0-9a-f]+\.png)" />')
 
 def _png_text(path: Path) -> dict:
     """The text chunks of a PNG (where attn.plot stores a figure's alt text and text size)."""
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
+    PngImagePlugin.MAX_TEXT_CHUNK = max(PngImagePlugin.MAX_TEXT_CHUNK, 64 * 2**20)    # the phone rendering
+    PngImagePlugin.MAX_TEXT_MEMORY = max(PngImagePlugin.MAX_TEXT_MEMORY, 128 * 2**20)
     with Image.open(path) as im:
         return dict(getattr(im, "text", {}) or {})
 

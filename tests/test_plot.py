@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from matplotlib.colorbar import make_axes
 from matplotlib.figure import Figure
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
+PngImagePlugin.MAX_TEXT_CHUNK = max(PngImagePlugin.MAX_TEXT_CHUNK, 64 * 2**20)    # a PNG carries its phone rendering
+PngImagePlugin.MAX_TEXT_MEMORY = max(PngImagePlugin.MAX_TEXT_MEMORY, 128 * 2**20)
 from attn.plot import plot_attention, show_figure
 
 LONG = "dikant , ke mitsas rudan " + " ".join(["rudo"] * 20)
