@@ -95,6 +95,14 @@ def fit_text(fig, dpi: float = 110, column_px: float = COLUMN_PX, min_px: float 
     return total
 
 
+def _lay_out(fig) -> None:
+    """Lay ``fig`` out as a drawing would (layout engine, ticks, texts' sizes) without painting
+    its pixels: what the measurements here need, at a fraction of a draw's time. Nothing to do
+    when nothing changed since the last (matplotlib marks a changed figure stale)."""
+    if fig.stale:
+        fig.draw_without_rendering()
+
+
 def _colour_bars(fig) -> list:
     """The axes of ``fig`` that hold a colour bar (``fig.colorbar`` labels them so)."""
     return [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
@@ -112,7 +120,7 @@ def _constrain(fig) -> None:
             and all(ax.get_subplotspec() is not None for ax in fig.axes) and not _colour_bars(fig):
         try:
             fig.set_layout_engine("constrained")
-            fig.canvas.draw()
+            _lay_out(fig)
         except RuntimeError:        # a colour bar matplotlib knows of and we did not: nothing changed
             pass
         except ZeroDivisionError:   # constrained layout found no room: the engine it had before
@@ -162,7 +170,7 @@ def _wrap_long_labels(fig) -> None:
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
     for _ in range(3):
-        fig.canvas.draw()
+        _lay_out(fig)
         renderer = fig.canvas.get_renderer()
         labels = [(fig._suptitle, fig.bbox.width)] if getattr(fig, "_suptitle", None) is not None else []
         for ax in fig.axes:
@@ -199,10 +207,11 @@ def _corners(t, renderer):
     angle = math.radians(t.get_rotation())
     if abs(math.sin(angle)) < 1e-9 or abs(math.cos(angle)) < 1e-9:
         return [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
-    rotation = t.get_rotation()
+    rotation, figure, stale = t.get_rotation(), t.get_figure(root=True), t.get_figure(root=True).stale
     t.set_rotation(0)
     upright = t.get_window_extent(renderer)
     t.set_rotation(rotation)
+    figure.stale = stale            # turned back: the layout still holds
     cx, cy, w, h = (box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2, upright.width / 2, upright.height / 2
     c, s = math.cos(angle), math.sin(angle)
     return [(cx + c * dx - s * dy, cy + s * dx + c * dy) for dx, dy in ((-w, -h), (w, -h), (w, h), (-w, h))]
@@ -228,10 +237,15 @@ def text_overlaps(fig, min_px: float = 1.0) -> list[tuple[str, str]]:
     pixels each way."""
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
-    fig.canvas.draw()
+    _lay_out(fig)
     renderer = fig.canvas.get_renderer()
     boxes = [(t.get_text().replace("\n", " "), _corners(t, renderer)) for t in _drawn_texts(fig)]
-    return [(a, b) for i, (a, pa) in enumerate(boxes) for b, pb in boxes[i + 1:] if _depth(pa, pb) > min_px]
+    spans = [(min(x for x, _ in p), max(x for x, _ in p), min(y for _, y in p), max(y for _, y in p))
+             for _, p in boxes]
+    near = lambda i, j: (min(spans[i][1], spans[j][1]) - max(spans[i][0], spans[j][0]) > min_px and   # noqa: E731
+                         min(spans[i][3], spans[j][3]) - max(spans[i][2], spans[j][2]) > min_px)
+    return [(boxes[i][0], boxes[j][0]) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+            if near(i, j) and _depth(boxes[i][1], boxes[j][1]) > min_px]
 
 
 #: The phone rendering of a figure (tests/test_book.py measures it at 390 px): drawn
@@ -239,6 +253,11 @@ def text_overlaps(fig, min_px: float = 1.0) -> list[tuple[str, str]]:
 #: per CSS pixel, ``srcset ... 2x``): 330 CSS pixels plus the saved margins, inside the 358-pixel
 #: column; no text under PHONE_MIN_PT points, 12 pt * 200 / 72 / 2 = 16.7 CSS pixels, the body's 16.
 PHONE_WIDTH_IN, PHONE_DPI, PHONE_MIN_PT = 3.3, 200, 12.0
+#: What a phone rendering must keep to be served (tests/test_book.py measures the same at 390 px):
+#: the article's column, in CSS pixels, and the body text's size.
+PHONE_COLUMN_PX, PHONE_BODY_PX = 358, 16.0
+#: Set to 1 (the book's build does), :func:`show_figure` draws each figure's phone rendering too.
+PHONE_ENV = "ATTN_PHONE_FIGURES"
 
 
 def _metadata(fig, dpi: float, prefix: str = "attn:") -> dict:
@@ -281,6 +300,7 @@ def _restack_for_a_phone(fig) -> None:
         _relayout(fig)
         _wrap_long_labels(fig)
         _drop_crowded_minor_labels(fig)
+        _within_the_column(fig)
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -301,6 +321,7 @@ def _restack_for_a_phone(fig) -> None:
     _room_for_tick_labels(fig, row_axes, grid, [h for _, _, h in rows])
     _fill_the_width(fig, panels)
     _drop_crowded_minor_labels(fig)
+    _within_the_column(fig)
 
 
 def _legend_rows(panels, heights) -> list:
@@ -364,7 +385,7 @@ def _room_for_tick_labels(fig, panels, grid, heights) -> None:
     labels (a bar chart's categories) need more height than it has at a phone's text size, grows,
     and the figure with it, until it has the height and they fit a line apart."""
     for _ in range(3):
-        fig.canvas.draw()
+        _lay_out(fig)
         renderer = fig.canvas.get_renderer()
         grow = [1.0] * len(panels)
         for i, ax in enumerate(panels):
@@ -387,16 +408,39 @@ def _room_for_tick_labels(fig, panels, grid, heights) -> None:
 
 def _fill_the_width(fig, panels) -> None:
     """A panel of fixed aspect (an image) is as wide as the figure's height lets it be: where
-    titles, labels and legends took so much height that it fills under 70 % of the phone's width,
-    the figure grows taller (at most three times)."""
+    titles, labels and legends took so much height that it is narrower than the room its row
+    gives it (under 90 %), the figure grows taller until it is not (at most three times)."""
+    height = fig.get_figheight()
     for _ in range(3):
-        fig.canvas.draw()
-        fixed = [ax for ax in panels if ax.get_aspect() != "auto"]
-        narrowest = min((ax.get_position().width for ax in fixed), default=1.0)
-        if narrowest >= 0.7:
+        _lay_out(fig)
+        narrowest = min((ax.get_position().width / max(ax.get_position(original=True).width, 1e-6)
+                         for ax in panels if ax.get_aspect() != "auto"), default=1.0)
+        if narrowest >= 0.9 or fig.get_figheight() >= 3 * height:
             return
-        fig.set_size_inches(fig.get_figwidth(), min(3.0, 0.8 / narrowest) * fig.get_figheight())
+        fig.set_size_inches(fig.get_figwidth(), min(3 * height, fig.get_figheight() / narrowest))
         _relayout(fig)
+
+
+def _within_the_column(fig) -> None:
+    """Texts that stick out of the figure (a label beside a bar, a note at an axis' end) would
+    widen the saved image past the column: each is broken into lines that end at the figure's
+    edge, and where that is not enough the figure narrows until its tight box fits
+    PHONE_WIDTH_IN (at most to half of it)."""
+    for _ in range(3):
+        _lay_out(fig)
+        renderer = fig.canvas.get_renderer()
+        box = fig.get_tightbbox(renderer)
+        if box.width <= PHONE_WIDTH_IN + 0.02:
+            return
+        right, changed = fig.bbox.width, False
+        for t in _texts(fig):
+            extent = t.get_window_extent(renderer)
+            if extent.x1 > right + 1 and extent.x0 < right - 24:
+                changed |= _wrap_to(t, right - extent.x0, renderer)
+        if not changed:
+            width = max(PHONE_WIDTH_IN / 2, fig.get_figwidth() * PHONE_WIDTH_IN / box.width)
+            fig.set_size_inches(width, fig.get_figheight())
+            _relayout(fig)
 
 
 def _drop_crowded_minor_labels(fig) -> None:
@@ -405,7 +449,7 @@ def _drop_crowded_minor_labels(fig) -> None:
     one decade those of 2 and 5 times a power of ten; an x axis of names turns them upright."""
     import math
     from matplotlib.ticker import FuncFormatter, NullFormatter
-    fig.canvas.draw()
+    _lay_out(fig)
     renderer = fig.canvas.get_renderer()
     for ax in (ax for ax in fig.axes if ax.axison):
         for axis in (ax.xaxis, ax.yaxis):
@@ -424,25 +468,45 @@ def _drop_crowded_minor_labels(fig) -> None:
                 ax.tick_params(axis="x", labelrotation=90)
 
 
-def _phone_rendering(fig) -> tuple[bytes, dict]:
-    """``fig`` drawn for a phone (:func:`_restack_for_a_phone`, long labels wrapped): the PNG's
-    bytes and its text size and overlaps. Changes ``fig``."""
+def _phone_rendering(fig) -> dict:
+    """``fig`` drawn for a phone (:func:`_restack_for_a_phone`): the PNG's text chunks, its text
+    size and overlaps, and the PNG itself (``attn:phone``, base64) when it reads on a phone:
+    at most PHONE_COLUMN_PX CSS pixels wide, no text under PHONE_BODY_PX, none overlapping;
+    otherwise ``attn:phone-refused`` says why, and the book shows the wide figure (book/conf.py).
+    Changes ``fig``."""
+    import base64
     import io
-    _restack_for_a_phone(fig)
     fig.set_dpi(PHONE_DPI)
-    meta = _metadata(fig, PHONE_DPI, "attn:phone-")
+    _restack_for_a_phone(fig)
     out = io.BytesIO()
     fig.savefig(out, format="png", dpi=PHONE_DPI, bbox_inches="tight")
-    return out.getvalue(), meta
+    meta = _metadata(fig, PHONE_DPI, "attn:phone-")
+    from PIL import Image
+    with Image.open(out) as im:
+        width = im.size[0] / 2                              # CSS pixels, at two image pixels each
+    refused = [why for bad, why in (
+        (width > PHONE_COLUMN_PX, f"{width:.0f} px wide, the column {PHONE_COLUMN_PX}"),
+        (float(meta["attn:phone-text-px"]) / 2 < PHONE_BODY_PX, "text under the body's size"),
+        (bool(meta["attn:phone-overlaps"]), "texts overlap")) if bad]
+    if refused:
+        meta["attn:phone-refused"] = "; ".join(refused)
+    else:
+        meta["attn:phone"] = base64.b64encode(out.getvalue()).decode("ascii")
+    return meta
+
+
+def phone_figures_wanted() -> bool:
+    """Whether :func:`show_figure` draws the phone rendering too: in the book's build, which sets
+    ``$ATTN_PHONE_FIGURES`` (attn/site/book.py), the only reader of it."""
+    return os.environ.get(PHONE_ENV, "") == "1"
 
 
 def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefig_kwargs) -> SavedFigure:
     """Fit the text to the page, then save with the alt text, the smallest text's size (in
     pixels of the image) and the texts that overlap (none, tests/test_book.py checks) in the
-    PNG, where the book reads them; beside them, in the same PNG, the figure drawn again for a
-    phone's column (``attn:phone``, a PNG in base64, with its own text size and overlaps), which
-    the book serves at phone widths (book/conf.py)."""
-    import base64
+    PNG, where the book reads them; in the book's build (:func:`phone_figures_wanted`), beside
+    them, the figure drawn again for a phone's column (:func:`_phone_rendering`), which the
+    book serves at phone widths (book/conf.py)."""
     import io
     path = SavedFigure(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -452,7 +516,6 @@ def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefi
     _wrap_long_labels(fig)          # first, or an unwrapped title's width would make all text look small
     fit_text(fig, dpi)
     _wrap_long_labels(fig)
-    _drop_crowded_minor_labels(fig)
     savefig_kwargs.setdefault("bbox_inches", "tight")
     if path.suffix.lower() != ".png":
         fig.savefig(path, dpi=dpi, **savefig_kwargs)
@@ -462,8 +525,8 @@ def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefi
     metadata = {"Description": alt or describe(fig), **_metadata(fig, dpi)}
     wide = io.BytesIO()
     fig.savefig(wide, format="png", dpi=dpi, **savefig_kwargs)
-    phone, phone_meta = _phone_rendering(fig)
-    metadata.update(phone_meta, **{"attn:phone": base64.b64encode(phone).decode("ascii")})
+    if phone_figures_wanted():
+        metadata.update(_phone_rendering(fig))
     info = PngImagePlugin.PngInfo()
     for key, value in metadata.items():
         info.add_text(key, value, zip=len(value) > 200)

@@ -167,8 +167,8 @@ def _phone_copy(png: Path, meta: dict) -> str:
     import base64
     from PIL import Image, PngImagePlugin
     phone = png.with_name(png.stem + "-phone.png")
-    if "attn:phone" not in meta:                 # none, or a page before this one took it out
-        return phone.name if phone.is_file() and "attn:phone-text-px" in meta else ""
+    if "attn:phone" not in meta:                 # none, refused, or a page before this one took it out
+        return phone.name if phone.is_file() and "attn:phone-refused" not in meta else ""
     phone.write_bytes(base64.b64decode(meta["attn:phone"]))
     info = PngImagePlugin.PngInfo()
     for key, value in meta.items():

@@ -124,7 +124,8 @@ _LAYOUT = """() => ({
     figures: Array.from(document.querySelectorAll('img')).filter(i => i.src.includes('/_images/')).map(i => {
         const phone = !!i.dataset.phoneSrc && (i.currentSrc || i.src).endsWith(i.dataset.phoneSrc);
         const link = i.closest('a');
-        return {src: i.src.split('/').pop(), shownSrc: (i.currentSrc || i.src).split('/').pop(), alt: i.alt,
+        return {src: i.src.split('/').pop(), shownSrc: (i.currentSrc || i.src).split('/').pop(), alt: i.alt, phone,
+                scrolls: !!link && link.classList.contains('attn-wide'),
                 textPx: parseFloat((phone ? i.dataset.phoneTextPx : i.dataset.textPx) || 'NaN'),
                 shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
                 link: link ? link.getAttribute('href') : null};
@@ -310,18 +311,24 @@ def assert_nothing_cut_off(facts: dict, name: str) -> None:
 
 
 def figures_on_a_phone(layout: dict) -> dict:
-    """Each figure of a page at a phone's width, sorted by what is wrong with it: wider than
-    the article's column (it scrolls sideways or runs off the page), shown wider than the image's
-    own pixels (stretched, blurred), or with its smallest text (the size the figure was drawn
-    with, attn.plot records it, times the scale it is shown at) under the body text's size."""
+    """Each figure of a page at a phone's width, sorted: served its phone rendering (attn.plot
+    drew it for the column) or not; wider than the article's column (it scrolls sideways in its
+    own box, or runs off the page), a phone rendering shown wider than its own pixels (stretched),
+    or with its smallest text (the size the figure was drawn with, attn.plot records it, times
+    the scale it is shown at) under the body text's size. A figure wider than the column either
+    scrolls in its own box (one whose phone rendering attn.plot refused) or runs off."""
     body, column = layout["body"], layout["column"]
-    found = {"figures": [], "wider than the column": [], "stretched": [], "text under the body's": []}
+    found = {"figures": [], "phone rendering": [], "wider than the column": [], "scrolling in its box": [],
+             "running off": [], "stretched": [], "text under the body's": []}
     for f in layout["figures"]:
         found["figures"].append(f["src"])
         what = f"{f['shownSrc']} ({f['alt'][:50]})"
+        if f["phone"]:
+            found["phone rendering"].append(what)
         if f["shown"] > column + 1:
             found["wider than the column"].append(f"{what}: {f['shown']:.0f} px in a {column:.0f} px column")
-        if f["shown"] > f["natural"] + 0.5:
+            found["scrolling in its box" if f["scrolls"] and not f["phone"] else "running off"].append(what)
+        if f["phone"] and f["shown"] > f["natural"] + 0.5:         # a refused one may be, to keep its text readable
             found["stretched"].append(f"{what}: {f['natural']} px image shown {f['shown']:.0f} px wide")
         text = f["textPx"] * f["shown"] / f["natural"]
         if not text >= body - 0.5:
@@ -348,7 +355,7 @@ def test_lesson_page_on_a_phone(lesson, site, browser):
     found = figures_on_a_phone(layout)
     print(f"{lesson.stem} at 390 px (column {layout['column']:.0f} px, body text {layout['body']:.1f} px): "
           + ", ".join(f"{len(v)} {k}" for k, v in found.items()))
-    wrong = [f"{k}: {v}" for k, v in found.items() if k != "figures" and v]
+    wrong = [f"{k}: {v}" for k, v in found.items() if k in ("running off", "stretched", "text under the body's") and v]
     assert not wrong, f"{lesson.name}: figures that do not read on a phone:\n" + "\n".join(wrong)
 
 
@@ -365,10 +372,10 @@ def test_no_figure_of_a_lesson_overlaps_its_own_text(built_book):
                 text = dict(getattr(im, "text", {}) or {})
             assert "attn:overlaps" in text, f"{page.name}: {src} was not saved by attn.plot.show_figure"
             assert "attn:phone-overlaps" in text, f"{page.name}: {src} has no phone rendering (attn.plot)"
+            assert "attn:phone-refused" in text or not text["attn:phone-overlaps"], f"{src}: served overlapping on a phone"
             seen += 1
-            for key, where in (("attn:overlaps", ""), ("attn:phone-overlaps", " (on a phone)")):
-                if text[key]:
-                    overlapping.append(f"{page.stem}: {text.get('Description', src)[:70]}{where}: {text[key][:300]}")
+            if text["attn:overlaps"]:
+                overlapping.append(f"{page.stem}: {text.get('Description', src)[:70]}: {text['attn:overlaps'][:300]}")
     assert seen >= len(LESSONS), f"only {seen} figures on {len(LESSONS)} lesson pages"
     assert not overlapping, "figures whose texts overlap:\n" + "\n".join(overlapping)
 

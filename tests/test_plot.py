@@ -60,6 +60,7 @@ def test_any_figure_saves_with_its_texts_fitted(layout, colour_bar, tmp_path, mo
         fig.tight_layout()
     text = _saved(fig, tmp_path, monkeypatch)
     assert text["attn:overlaps"] == "", text["attn:overlaps"][:600]
+    assert "attn:phone-text-px" not in text             # outside the book's build, no phone rendering
     if colour_bar != "placed":                          # a hand-placed colour bar is where it was put
         _assert_fits(fig, ax)
 
@@ -94,8 +95,8 @@ def test_quick_steps_cuts_training_only_when_asked(monkeypatch):
 
 
 def test_a_figure_of_three_panels_is_drawn_again_for_a_phone(tmp_path, monkeypatch):
-    """Beside the wide figure, its PNG carries a phone rendering (book/conf.py serves it at phone
-    widths, two image pixels a CSS pixel): its panels one under the other, no wider than the
+    """In the book's build, beside the wide figure, its PNG carries a phone rendering (book/conf.py
+    serves it at phone widths, two image pixels a CSS pixel): its panels one under the other, no wider than the
     column of a 390-pixel phone (358 CSS pixels), its smallest text at least the body's 16 px, no
     texts overlapping, a nine-entry legend and a bar chart's nine categories included."""
     import base64
@@ -111,7 +112,9 @@ def test_a_figure_of_three_panels_is_drawn_again_for_a_phone(tmp_path, monkeypat
     im = ax[2].imshow(np.random.default_rng(0).random((6, 6)))
     fig.colorbar(im, ax=ax[2], label="weight")
     fig.tight_layout()
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
     text = _saved(fig, tmp_path, monkeypatch)
+    assert "attn:phone-refused" not in text, text["attn:phone-refused"]
     assert text["attn:overlaps"] == "" and text["attn:phone-overlaps"] == "", text["attn:phone-overlaps"][:600]
     with Image.open(io.BytesIO(base64.b64decode(text["attn:phone"]))) as phone:
         width, height = phone.size
@@ -119,3 +122,16 @@ def test_a_figure_of_three_panels_is_drawn_again_for_a_phone(tmp_path, monkeypat
     assert float(text["attn:phone-text-px"]) / 2 >= 16, text["attn:phone-text-px"]
     with Image.open(tmp_path / "f.png") as wide:
         assert wide.size[0] > wide.size[1], wide.size                         # the wide one is unchanged
+
+
+def test_a_phone_rendering_that_would_not_read_is_refused(tmp_path, monkeypatch):
+    """A hand-placed drawing whose labels run into each other once they are the body's size on
+    a phone is not served there: the PNG says why, and carries no phone image."""
+    fig = Figure(figsize=(6, 1))
+    fig.add_axes([0, 0, 1, 1]).axis("off")
+    fig.text(0.05, 0.5, "the encoder's stack of layers", fontsize=6)
+    fig.text(0.4, 0.5, "the decoder's stack", fontsize=6)
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    text = _saved(fig, tmp_path, monkeypatch)
+    assert text["attn:overlaps"] == "" and "encoder" in text["attn:phone-overlaps"], text
+    assert "overlap" in text["attn:phone-refused"] and "attn:phone" not in text, text["attn:phone-refused"]

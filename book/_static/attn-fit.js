@@ -74,17 +74,36 @@
       if (shown && shown.getBoundingClientRect().width > span.clientWidth + 1) span.classList.add("attn-wide");
     });
   }
+  // On a phone, a figure shrunk to the column shows its text smaller than the body's: such a
+  // figure is shown at the width where its smallest text (data-text-px, in pixels of the
+  // image, book/conf.py) is the body text's size, and scrolls sideways in its own box. A wide
+  // screen shows every figure whole (tests/test_book.py holds its text to MIN_TEXT_PX there).
+  var PHONE = window.matchMedia("(max-width: 600px)");
+  function readableFigures() {
+    var body = parseFloat(getComputedStyle(document.querySelector("article p") || document.body).fontSize);
+    document.querySelectorAll("a.attn-figure > img[data-text-px]").forEach(function (img) {
+      var px = parseFloat(img.dataset.textPx);
+      img.style.width = img.style.maxWidth = "";
+      img.parentNode.classList.remove("attn-wide");
+      if (!PHONE.matches || !(px > 0) || !img.naturalWidth) return;
+      if (px * img.getBoundingClientRect().width / img.naturalWidth >= body) return;
+      img.style.maxWidth = "none";
+      img.style.width = Math.ceil(img.naturalWidth * body / px) + "px";
+      img.parentNode.classList.add("attn-wide");
+    });
+  }
   function afterMath() {
     var ready = window.MathJax && MathJax.startup && MathJax.startup.promise;
     (ready || Promise.resolve()).then(scrollWideMath);
   }
   function start() { hangIndent(); fit(); }
   window.addEventListener("load", afterMath);
+  window.addEventListener("load", readableFigures);
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
   var timer;
   window.addEventListener("resize", function () {
     clearTimeout(timer);
-    timer = setTimeout(function () { fit(); scrollWideMath(); }, 100);
+    timer = setTimeout(function () { fit(); scrollWideMath(); readableFigures(); }, 100);
   });
 })();
