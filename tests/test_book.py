@@ -423,7 +423,9 @@ def test_a_phone_sees_the_point_of_lesson_4s_tables(site, browser):
     """At 390 px (a phone) lesson 4's tables keep their columns on screen: the [pad] column,
     their point, is visible without scrolling. Screenshots of the page at 1280 and 390 px go to
     build/book/screenshots/book-1280.png and book-390.png (docs/ keeps a copy of each)."""
-    lesson = next(p for p in LESSONS if p.name.startswith("04_"))
+    lesson = next((p for p in LESSONS if p.name.startswith("04_")), None)
+    if lesson is None:
+        pytest.skip(f"lesson 4 is not in this build (${book.ONLY_ENV})")
     url = f"{site}lessons/{lesson.stem}.html"
     visit(browser, url, book.SCREENSHOTS / "book-1280.png", full_page=False)
 
