@@ -473,14 +473,17 @@ def _phone_rendering(fig) -> dict:
     size and overlaps, and the PNG itself (``attn:phone``, base64) when it reads on a phone:
     at most PHONE_COLUMN_PX CSS pixels wide, no text under PHONE_BODY_PX, none overlapping;
     otherwise ``attn:phone-refused`` says why, and the book shows the wide figure (book/conf.py).
-    Changes ``fig``."""
+    Its warnings (a layout that collapsed) are not shown: the checks judge the result. Changes ``fig``."""
     import base64
     import io
-    fig.set_dpi(PHONE_DPI)
-    _restack_for_a_phone(fig)
-    out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=PHONE_DPI, bbox_inches="tight")
-    meta = _metadata(fig, PHONE_DPI, "attn:phone-")
+    import warnings
+    with warnings.catch_warnings():     # a layout tried and refused is no news for the lesson's output
+        warnings.simplefilter("ignore")
+        fig.set_dpi(PHONE_DPI)
+        _restack_for_a_phone(fig)
+        out = io.BytesIO()
+        fig.savefig(out, format="png", dpi=PHONE_DPI, bbox_inches="tight")
+        meta = _metadata(fig, PHONE_DPI, "attn:phone-")
     from PIL import Image
     with Image.open(out) as im:
         width = im.size[0] / 2                              # CSS pixels, at two image pixels each
