@@ -1,5 +1,5 @@
-"""The fast engine's tiled attention (attn.fast.flash, the kernels' twins in
-attn.fast.kernels.flash) against the readable attention, in float64, on NumPy and the stand-in:
+"""The fast engine's tiled attention (attn.fast.core.flash, the kernels' twins in
+attn.fast.gpu.kernels.flash) against the readable attention, in float64, on NumPy and the stand-in:
 every mask (padding, causal, a sentence of padding alone), cross-attention (Tq != Tk),
 grouped-query attention, tiles that do not divide the lengths."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attn.backend as B
-from attn.fast import FastTransformer, cross_entropy as fast_ce, flash
-from attn.fast.dispatch import ops_for
+from attn.fast import FastTransformer, cross_entropy as fast_ce
+from attn.fast.core import flash
+from attn.fast.core.dispatch import ops_for
 from attn.gradcheck import rel_error
 from attn.layers.attention import attention_backward, attention_forward, repeat_kv, sum_kv_groups
 from attn.model import Transformer, TransformerConfig
@@ -130,7 +131,7 @@ def test_the_rule_chooses_by_mode_memory_and_dropout():
 
 
 def test_the_kernels_tiles_fit_a_blocks_shared_memory():
-    from attn.fast.kernels import flash as K
+    from attn.fast.gpu.kernels import flash as K
     for kernel in ("flash_fwd", "flash_bwd_kv", "flash_bwd_q"):
         for Dh, it in ((64, 4), (128, 4), (64, 8), (256, 8)):
             t = K.flash_tiles(kernel, Dh, it)

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from attn.fast import kernels as K
+from attn.fast.gpu import kernels as K
 
 #: The GPU generations the kernels are written for (Volta to Blackwell). Each is compiled where the
 #: installed NVRTC still supports it: CUDA 13's dropped compute_70, CUDA 12's compiles them all.

@@ -130,7 +130,7 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: do: :func:`_malloc_refused`). It is recorded (:attr:`_Capture.pool_allocations`),
 #: the pool's byte counts grow by it (the graph keeps the block) and memory hooks see it; the
 #: graph keeps an address the pool will hand out again, and nothing but the capturer's own
-#: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
+#: check (attn's guard, :mod:`attn.fast.gpu.graph`) stops it. A survey notes it as a refusal.
 _capturing = None
 
 

@@ -1,5 +1,5 @@
 """``cupy.RawModule`` and ``cupy.RawKernel``: each kernel function run by its NumPy twin,
-the function ``attn.fast.kernels`` keeps beside every kernel as its specification, given the
+the function ``attn.fast.gpu.kernels`` keeps beside every kernel as its specification, given the
 launch (grid, block, shared memory; its blocks in a drawn order where ``cupy.race`` is set)
 and the arguments read as the kernel's signature says.
 Part of :mod:`fakecupy.cupy`, which re-exports every name; its state lives there.
@@ -54,9 +54,9 @@ def _kernel_signatures(code: str) -> dict:
 
 
 def _twins() -> dict:
-    """The NumPy twins of attn's kernels, by kernel name: ``attn.fast.kernels.NUMPY_TWINS``."""
+    """The NumPy twins of attn's kernels, by kernel name: ``attn.fast.gpu.kernels.NUMPY_TWINS``."""
     import importlib
-    for mod in ("attn.fast.kernels", "attn.kernels"):
+    for mod in ("attn.fast.gpu.kernels", "attn.kernels"):
         try:
             m = importlib.import_module(mod)
         except ImportError:
