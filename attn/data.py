@@ -420,7 +420,7 @@ def make_batches(encoded_pairs: Sequence[tuple[Sequence[int], Sequence[int]]], m
 def pad_to_bucket(batch: Batch, length_multiple: int = 8, row_multiple: int = 16) -> Batch:
     """``batch`` padded with PAD to a shape from a short list: source and target lengths
     rounded up to multiples of ``length_multiple``, the rows to a multiple of ``row_multiple``
-    (rows of PAD alone). A CUDA graph replays one shape (:class:`attn.fast.graph.CapturedStep`
+    (rows of PAD alone). A CUDA graph replays one shape (:class:`attn.fast.gpu.graph.CapturedStep`
     captures one per shape), and batches of about N tokens come in dozens of shapes an epoch;
     rounded, in a handful. The loss and the gradients are those of ``batch``: every padded
     position is masked out of the attention and the loss (up to the order floating-point

@@ -26,7 +26,7 @@ The rejected positions are rolled back from both caches (:meth:`attn.model.Decod
 Each call decodes one sequence (a translator's sentences one at a time): the accepted lengths of
 a batch's rows differ. Both models read the same tokens and must share the vocabulary; a
 translator's draft reads the same source through its own encoder. The readable model runs it;
-the fast engine's caches (``attn/fast/decoding.py``) cannot roll back, and it is refused.
+the fast engine's caches (``attn/fast/decoding/``) cannot roll back, and it is refused.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class Reader:
     def __init__(self, model, memory=None, src_mask=None):
         if isinstance(model, engines.Tuned):
             raise ValueError(f"speculative decoding runs on the readable engine (attn.model.Transformer): the fast "
-                             f"engine's caches (attn/fast/decoding.py) cannot roll back rejected positions; "
+                             f"engine's caches (attn/fast/decoding/) cannot roll back rejected positions; "
                              f"got a {type(model).__name__}")
         self.model = model
         self.state = model.start_decoding(memory, src_mask)

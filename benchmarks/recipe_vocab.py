@@ -17,7 +17,7 @@ from attn import backend as B
 from attn.data import UNK, encode_pairs, make_batches
 from attn.fast import cross_entropy as fce
 from attn.model import Transformer
-from attn.fast.loop import train_step
+from attn.fast.training.loop import train_step
 from attn.train import TrainConfig
 from attn.training.prepare import build_vocab, load_corpus, make_engine
 p = argparse.ArgumentParser(description="vocabulary cost for the small preset")

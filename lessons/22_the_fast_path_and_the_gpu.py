@@ -5,7 +5,7 @@
 # forward/backward pair per layer, each a few lines of array code that allocate new
 # arrays everywhere. `attn-train` by default trains its twin, `attn.fast.FastTransformer`,
 # which computes the same numbers faster; on a GPU (CuPy) the memory-bound parts of
-# the step run as hand-written CUDA kernels in `attn/fast/kernels/`. This lesson
+# the step run as hand-written CUDA kernels in `attn/fast/gpu/kernels/`. This lesson
 # opens both and asks where the time of a training step goes.
 #
 # The tool is counting. We wrap arrays in a small NumPy subclass that records every
@@ -31,7 +31,7 @@ import numpy as np
 from attn import backend as B
 from attn.fast import FastTransformer, ops_for
 from attn.fast import cross_entropy as fast_cross_entropy
-from attn.fast import kernels
+from attn.fast.gpu import kernels
 from attn.layers import layer_norm_forward
 from attn.loss import cross_entropy
 from attn.model import Transformer, TransformerConfig
@@ -230,7 +230,7 @@ print(f"one float32 step of the toy model, this machine: readable {1e3 * times['
 # ## 4. A CUDA kernel and its NumPy twin
 #
 # No GPU is needed to read, compile or test the kernels. Each CUDA kernel in
-# `attn/fast/kernels/` (a module per family of kernels, all listed once in its
+# `attn/fast/gpu/kernels/` (a module per family of kernels, all listed once in its
 # `registry.py`) has beside it a **NumPy twin**: a function that takes what the kernel
 # takes (the launch's grid, block and shared memory, then the arguments, arrays
 # standing for the memory the kernel's pointers point at) and computes what the kernel
@@ -281,7 +281,7 @@ for bad in (Launch("layer_norm_fwd", (N,), (threads - 1,), threads * 8),      # 
 print("wrong launches the twin refuses (on a GPU they would compute garbage silently):")
 for e in refused:
     print("  ", e)
-print(f"kernels with twins in attn/fast/kernels/: {', '.join(kernels.NUMPY_TWINS)}")
+print(f"kernels with twins in attn/fast/gpu/kernels/: {', '.join(kernels.NUMPY_TWINS)}")
 
 # %% [markdown]
 # ## 5. What a GPU step costs

@@ -207,3 +207,86 @@ def test_the_readable_step_is_followed_in_few_files(tmp_path, monkeypatch):
     assert "train.py" in files and "optim.py" in files and "model.py" in files, files
     assert len(outside) <= MAX_STEP_FILES, f"the readable step runs in {outside} outside attn/layers/"
     assert len(files) <= MAX_STEP_FILES_WITH_LAYERS, f"the readable step runs in {len(files)} files: {files}"
+
+
+# ----------------------------------------------------------------------------- the fast engine's rooms
+
+FAST = PACKAGE / "fast"
+
+
+def fast_packages() -> list[Path]:
+    """attn/fast and every sub-package below it."""
+    return sorted(p.parent for p in FAST.rglob("__init__.py"))
+
+
+def unmapped(package: Path) -> list[str]:
+    """The modules and sub-packages of ``package`` that its map (the first paragraph of its
+    ``__init__``'s docstring) does not name as ``name``; the map itself when it is too short to
+    say what the room holds and serves."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    first = doc.split("\n\n")[0]
+    if len(first.split()) < 40:
+        return [f"its map (the docstring's first paragraph) is {len(first.split())} words: {first!r}"]
+    rooms = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    rooms |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    return sorted(r for r in rooms if f"``{r}``" not in first)
+
+
+def private_exports(root: Path, paths: list[Path]) -> list[str]:
+    """``path:line name`` of every module-level private name (one leading underscore) that ``paths``
+    take from a module of attn.fast (``from .ops import _Ops``, ``from attn.fast.x import _y``), or
+    list in an ``__all__``; the paths relative to ``root``, which holds attn/."""
+    found = []
+    for path in paths:
+        package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                if module == "attn.fast" or module.startswith("attn.fast."):
+                    found += [f"{path.relative_to(root).as_posix()}:{node.lineno} {a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+            elif (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+                  and isinstance(node.value, (ast.List, ast.Tuple))):
+                found += [f"{path.relative_to(root).as_posix()}:{node.lineno} {e.value}" for e in node.value.elts
+                          if isinstance(e, ast.Constant) and str(e.value).startswith("_")]
+    return found
+
+
+def test_each_room_of_the_fast_engine_has_a_map_naming_its_modules():
+    """attn/fast and each of its sub-packages open with a paragraph that names every module and
+    sub-package it holds, and say what they serve."""
+    packages = fast_packages()
+    assert {"core", "training", "decoding", "gpu"} <= {p.name for p in packages}
+    missing = {str(p.relative_to(ROOT)): unmapped(p) for p in packages}
+    assert not any(missing.values()), f"rooms of attn/fast whose map leaves out: {missing}"
+
+
+def test_the_fast_engine_exports_no_private_name():
+    """No module of attn/ takes a private name from attn.fast, and no ``__all__`` of attn.fast lists
+    one: what another module needs is public."""
+    found = private_exports(ROOT, sorted(PACKAGE.rglob("*.py")))
+    assert not found, f"private names taken from attn.fast or listed in an __all__: {found}"
+    import attn.fast
+    assert not [n for n in attn.fast.__all__ if n.startswith("_") or not hasattr(attn.fast, n)]
+
+
+def test_the_room_checks_name_what_they_find(tmp_path):
+    """The two checks above, on a planted room: a map that leaves a module out, and an import of
+    a private name from attn.fast."""
+    room = tmp_path / "room"
+    room.mkdir()
+    words = " ".join(["word"] * 40)
+    (room / "__init__.py").write_text(f'"""``kept`` and {words}.\n\nThe ``dropped`` module."""\n')
+    (room / "kept.py").write_text("")
+    (room / "dropped.py").write_text("from attn.fast.core.ops import _Ops\nfrom .x import _fine\n")
+    assert unmapped(room) == ["dropped"]
+    planted = tmp_path / "attn" / "fast" / "core" / "planted.py"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("from .ops import _Ops, Ops\nfrom ...model import _private\n__all__ = ['_Ops']\n")
+    user = tmp_path / "attn" / "bench" / "user.py"
+    user.parent.mkdir()
+    user.write_text("from ..fast.gpu.graph import _capture\nfrom attn.fast import _THREADS\n")
+    assert private_exports(tmp_path, [planted, user]) == [
+        "attn/fast/core/planted.py:1 _Ops", "attn/fast/core/planted.py:3 _Ops",
+        "attn/bench/user.py:1 _capture", "attn/bench/user.py:2 _THREADS"]

@@ -1,4 +1,4 @@
-"""The fast engine's arena and the kernels built on it (:mod:`attn.fast.arena`, ``adam_flat``,
+"""The fast engine's arena and the kernels built on it (:mod:`attn.fast.core.arena`, ``adam_flat``,
 ``column_sums``), on every backend this machine has (NumPy, and CuPy or its stand-in).
 
 * The layout: every parameter's view has its name's shape and writes through to the flat
@@ -23,7 +23,7 @@ import pytest
 
 import attn.backend as B
 from attn.fast import FastAdam, FastTransformer, cross_entropy as fast_ce, ops_for
-from attn.fast.arena import ALIGN, Arena, layout
+from attn.fast.core.arena import ALIGN, Arena, layout
 from attn.gradcheck import rel_error
 from attn.loss import cross_entropy
 from attn.model import Transformer, TransformerConfig, parameter_shapes
@@ -84,7 +84,7 @@ def test_the_arena_lies_in_the_order_the_backward_finishes_its_gradients(cfg):
     """Stage by stage, last layer first (a data-parallel run sends the front while the backward
     computes the rest): the stages tile the buffer in :func:`stages` order, each block lies in
     its stage, and the gradient buffer has the slot for the loss and the tokens past the end."""
-    from attn.fast.arena import SLOT, stages
+    from attn.fast.core.arena import SLOT, stages
     lay = layout(cfg)
     assert list(lay.stages) == stages(cfg)
     assert stages(cfg)[:2] == ["decoder.norm", f"decoder.{cfg.n_decoder_layers - 1}"]
@@ -323,7 +323,7 @@ def stand_in(monkeypatch):
     """The stand-in selected, its CupyOps with :attr:`counter_dropout` on."""
     import fakecupy
     from conftest import selected_backend
-    from attn.fast.kernels import CupyOps
+    from attn.fast.gpu.kernels import CupyOps
     monkeypatch.setattr(CupyOps, "counter_dropout", True)
     with selected_backend("fakecupy") as cp:
         yield fakecupy, cp
@@ -401,7 +401,7 @@ def test_column_sums_match_numpy(stand_in, N, D, dtype):
 
 
 def test_column_sums_refuses_a_launch_with_a_busy_counter(stand_in):
-    from attn.fast import kernels as K
+    from attn.fast.gpu import kernels as K
     fc, cp = stand_in
     ops = ops_for(cp)
     ops._counters(4)[1] = 3
@@ -414,7 +414,7 @@ def test_column_sums_refuses_a_launch_with_a_busy_counter(stand_in):
 
 
 def test_colsum_prod_and_its_one_thread_per_column_grid_are_gone():
-    from attn.fast import kernels as K
+    from attn.fast.gpu import kernels as K
     assert "colsum_prod" not in K.NUMPY_TWINS and "column_sums" in K.NUMPY_TWINS
 
 # ----------------------------------------------------------------------------- imports
@@ -425,16 +425,16 @@ def test_ops_and_kernels_do_not_import_each_other_in_a_circle():
     root = pathlib.Path(__file__).resolve().parents[1] / "attn" / "fast"
 
     def imports(*paths):
-        """The modules of attn.fast that ``paths`` import (those of the kernels package one level up)."""
+        """The last names of the modules of attn.fast that ``paths`` import (``from ..core.ops
+        import Ops`` -> ``ops``, ``from .common import x`` -> ``common``)."""
         found = set()
         for path in paths:
-            level = 1 if path.parent == root else 2
             tree = ast.parse(path.read_text(encoding="utf-8"))
-            found |= {n.module.split(".")[0] for n in ast.walk(tree)
-                      if isinstance(n, ast.ImportFrom) and n.level == level and n.module}
+            found |= {n.module.split(".")[-1] for n in ast.walk(tree)
+                      if isinstance(n, ast.ImportFrom) and n.level and n.module}
         return found
-    assert not imports(root / "ops.py") & {"kernels", "dispatch"}
-    kernels = imports(*(root / "kernels").glob("*.py"))
+    assert not imports(root / "core" / "ops.py") & {"kernels", "dispatch"}
+    kernels = imports(*(root / "gpu" / "kernels").glob("*.py"))
     assert "dispatch" not in kernels and "ops" in kernels
 
 
@@ -452,7 +452,7 @@ def _splitmix64_reference(key: int, i: int) -> int:
 
 
 def test_dropout_bits_are_splitmix64_bit_for_bit():
-    from attn.fast.kernels import dropout_bits_np
+    from attn.fast.gpu.kernels import dropout_bits_np
     for key in (0, 1, 0xDEADBEEFCAFEF00D, (1 << 64) - 1):
         bits = dropout_bits_np(key, 1000)
         assert [int(b) for b in bits[[0, 1, 2, 517, 999]]] == [_splitmix64_reference(key, i)
@@ -490,7 +490,7 @@ def test_dropout_reads_the_steps_seed_from_the_device(stand_in):
     """What makes dropout capturable as a CUDA graph: the kernels read the step's seed from
     device memory, so the same launches (the same arguments) draw the masks of whatever seed
     the buffer holds when they run; each is the mask of that seed, bit for bit."""
-    from attn.fast.kernels.dropout import _splitmix64, dropout_bits_np, dropout_key_np
+    from attn.fast.gpu.kernels.dropout import _splitmix64, dropout_bits_np, dropout_key_np
     fc, cp = stand_in
     ops = ops_for(cp)
     seed = cp.asarray(np.array([11], dtype=np.uint64))
@@ -510,9 +510,9 @@ def test_dropout_reads_the_steps_seed_from_the_device(stand_in):
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_post_norm_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
     """``residual_layer_norm_``: bias, dropout (from its counter), residual sum and layer
-    norm in one ``residual_ln_fwd`` launch, equal to ``_Ops``'s steps one by one with the same
+    norm in one ``residual_ln_fwd`` launch, equal to ``Ops``'s steps one by one with the same
     mask (the one ``dropout_hash`` regenerates in the backward)."""
-    from attn.fast.ops import _Ops
+    from attn.fast.core.ops import Ops
     fc, cp = stand_in
     ops = ops_for(cp)
     rng = np.random.default_rng(1)
@@ -526,7 +526,7 @@ def test_post_norm_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_
                                          cp.asarray(beta), 1e-6)
     assert count.kernels == Counter({"residual_ln_fwd": 1}) and not count.ops, (count.kernels, count.ops)
     s2 = cp.asarray(s)                          # the unfused steps, on the same arrays
-    want_out, want_rstd = _Ops.residual_layer_norm_(ops, s2, cp.asarray(bias), m, cp.asarray(x), cp.asarray(gamma),
+    want_out, want_rstd = Ops.residual_layer_norm_(ops, s2, cp.asarray(bias), m, cp.asarray(x), cp.asarray(gamma),
                                                     cp.asarray(beta), 1e-6)
     for a, b in ((out, want_out), (rstd, want_rstd), (s_d, s2)):
         assert rel_error(cp.asnumpy(a), cp.asnumpy(b)) < 1e-12
@@ -536,7 +536,7 @@ def test_post_norm_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_
 
 
 def test_post_norm_backward_through_norm_and_dropout_is_two_launches(stand_in, monkeypatch):
-    from attn.fast.ops import _Ops
+    from attn.fast.core.ops import Ops
     fc, cp = stand_in
     ops = ops_for(cp)
     rng = np.random.default_rng(2)
@@ -550,7 +550,7 @@ def test_post_norm_backward_through_norm_and_dropout_is_two_launches(stand_in, m
                                               cp.asarray(gamma), m, out=out)
     assert count.kernels == Counter({"column_sums": 1, "layer_norm_bwd_drop": 1}) and not count.ops
     out2 = cp.empty((2, D))
-    dy2, ds2 = _Ops.layer_norm_backward_dropout_(ops, cp.asarray(dout), cp.asarray(xhat), cp.asarray(rstd),
+    dy2, ds2 = Ops.layer_norm_backward_dropout_(ops, cp.asarray(dout), cp.asarray(xhat), cp.asarray(rstd),
                                                  cp.asarray(gamma), m, out=out2)
     for a, b in ((dy, dy2), (ds, ds2), (out, out2)):
         assert rel_error(cp.asnumpy(a), cp.asnumpy(b)) < 1e-12
@@ -559,7 +559,7 @@ def test_post_norm_backward_through_norm_and_dropout_is_two_launches(stand_in, m
 
 @pytest.mark.parametrize("p", [0.0, 0.2])
 def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(stand_in, monkeypatch, p):
-    from attn.fast.ops import _Ops
+    from attn.fast.core.ops import Ops
     fc, cp = stand_in
     ops = ops_for(cp)
     rng = np.random.default_rng(5)
@@ -568,7 +568,7 @@ def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(sta
     count = _Launches(monkeypatch, fc)
     got = ops.bias_relu_dropout_(cp.asarray(a), cp.asarray(bias), m)
     assert count.kernels == Counter({"bias_relu_drop": 1}) and not count.ops, (count.kernels, count.ops)
-    want = _Ops.bias_relu_dropout_(ops, cp.asarray(a), cp.asarray(bias), m)
+    want = Ops.bias_relu_dropout_(ops, cp.asarray(a), cp.asarray(bias), m)
     assert np.array_equal(cp.asnumpy(got), cp.asnumpy(want))
     assert (cp.asnumpy(got) >= 0).all()
 
@@ -576,7 +576,7 @@ def test_feed_forward_epilogue_is_one_launch_and_equals_the_steps_one_by_one(sta
 def test_counter_dropout_is_on_by_default_and_off_draws_from_the_stream(cupy_only, monkeypatch):
     """On by default (keyed by the index in the global batch: a data-parallel rank's masks are
     its rows of one process's, tests/test_distributed.py); off, ``uniform >= p`` drawn."""
-    from attn.fast.kernels import CupyOps, HashedKeep
+    from attn.fast.gpu.kernels import CupyOps, HashedKeep
     cp = cupy_only
     m = ops_for(cp).dropout_mask(B.DeviceRNG(0), (4, 6), 0.5)
     assert CupyOps.counter_dropout and isinstance(m.keep, HashedKeep) and (m.keep.run, m.keep.skip) == (0, 0)
@@ -590,8 +590,8 @@ def test_counters_in_runs_are_the_global_index_bit_for_bit(stand_in):
     apart in the whole batch, the first at ``base`` (folded into the key): splitmix64 of the whole
     batch's index ``base + i + (i // run) * skip``, bit for bit; the fused kernels, which index
     by row, refuse a mask that lies in runs."""
-    from attn.fast.kernels import GOLDEN, HashedKeep, dropout_bits_np
-    from attn.fast.ops import Mask
+    from attn.fast.gpu.kernels import GOLDEN, HashedKeep, dropout_bits_np
+    from attn.fast.core.ops import Mask
     key, base, run, skip = 0xDEADBEEFCAFEF00D, 40, 12, 30
     bits = dropout_bits_np((key + base * GOLDEN) % (1 << 64), 50, run, skip)
     for i in (0, 11, 12, 13, 49):

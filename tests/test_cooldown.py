@@ -14,7 +14,7 @@ from hypothesis import given, strategies as st
 import attn.backend as B
 from attn.checkpoint import load_npz
 from attn.fast import FastTransformer
-from attn.fast.optim import FastAdam
+from attn.fast.training.optim import FastAdam
 from attn.model import TransformerConfig
 from attn.optim import Adam, cooldown_scale, noam_lr
 from attn.train import TrainConfig, budget_used, train

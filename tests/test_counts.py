@@ -43,7 +43,7 @@ BUDGETS = {
 # test_a_decoding_position_on_the_gpu_allocates_nothing.)
 
 #: Ceilings on what a CUDA graph capture of a steady-state toy-bench training step refuses, by
-#: kind (:func:`attn.fast.graph.survey`): the step can be captured when none is left. Every kind
+#: kind (:func:`attn.fast.gpu.graph.survey`): the step can be captured when none is left. Every kind
 #: not named here must stay at 0 (no host transfer or sync inside the step).
 CAPTURE_BUDGET: dict = {}
 
@@ -154,7 +154,7 @@ def test_cupys_matmul_copies_what_cublas_is_not_given_as_it_is():
 
 
 def test_a_kernel_launch_reports_its_grid_and_work():
-    from attn.fast import kernels as K
+    from attn.fast.gpu import kernels as K
 
     def ops(cp):
         f = cp.RawModule(code=K.SOURCE, options=K.OPTIONS, name_expressions=K.NAME_EXPRESSIONS) \

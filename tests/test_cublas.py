@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 import attn.backend as B
-from attn.fast.dispatch import ops_for
+from attn.fast.core.dispatch import ops_for
 import gemm_cases
 from fakecupy import cupy as fcp
 
@@ -183,7 +183,7 @@ def test_a_steady_step_keeps_its_batched_products_pointer_arrays():
     same addresses: no ``gemm_pointers`` launch, the same result. Outside a step (addresses from
     the pool) every product fills a scratch buffer with one launch."""
     from attn.bench.counts import Tally
-    from attn.fast.stepmem import StepMemory
+    from attn.fast.gpu.stepmem import StepMemory
     from conftest import selected_backend
     rng = np.random.default_rng(6)
     h = rng.standard_normal((2 * 3, 3 * 8)).astype(np.float32)
@@ -193,7 +193,7 @@ def test_a_steady_step_keeps_its_batched_products_pointer_arrays():
     class Owner:
         pass
     with selected_backend("fakecupy") as xp:
-        from attn.fast.kernels import CupyOps
+        from attn.fast.gpu.kernels import CupyOps
         ops, owner = CupyOps(xp), Owner()                # pointer arrays kept by no other test
         owner.xp = xp
         memory = StepMemory.of(owner)
@@ -223,8 +223,8 @@ def test_the_kept_pointer_arrays_make_room_but_keep_what_a_graph_reads():
     room (an eager run whose batches take many shapes keeps its latest products'), except those
     a stream captured, which a graph reads at every replay; a product that finds no room gets a
     scratch buffer. Every product's result stays right."""
-    from attn.fast.kernels import CupyOps
-    from attn.fast.stepmem import StepMemory
+    from attn.fast.gpu.kernels import CupyOps
+    from attn.fast.gpu.stepmem import StepMemory
     from conftest import selected_backend
     rng = np.random.default_rng(8)
     h = rng.standard_normal((2 * 3, 4 * 3 * 8)).astype(np.float32)     # four (2, 2, 3, 4) head views a step
@@ -342,7 +342,7 @@ def test_stand_in_cublas_refuses_what_would_leave_an_array():
 
 
 def test_a_captured_cublas_call_replays_on_what_memory_holds_then():
-    """The library called directly (as attn.fast.cublas does, with a handle of its own): a
+    """The library called directly (as attn.fast.gpu.cublas does, with a handle of its own): a
     captured call replays on what memory holds then, with alpha as it was at the call."""
     D = fcp.cuda.direct_cublas()
     h = D.create()
@@ -442,8 +442,8 @@ def test_a_product_met_again_reuses_its_arguments(monkeypatch):
     met again (the same shapes, strides and dtype, new data) only reads its operands' addresses,
     and computes what a first product does."""
     from conftest import selected_backend
-    from attn.fast.dispatch import ops_for
-    from attn.fast.kernels.cupy_ops import CupyOps
+    from attn.fast.core.dispatch import ops_for
+    from attn.fast.gpu.kernels.cupy_ops import CupyOps
     rng = np.random.default_rng(0)
     with selected_backend("fakecupy") as cp:
         ops = ops_for(cp)

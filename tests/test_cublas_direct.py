@@ -1,4 +1,4 @@
-"""cuBLAS called directly (:mod:`attn.fast.cublas`): the binding's argument lists and its
+"""cuBLAS called directly (:mod:`attn.fast.gpu.cublas`): the binding's argument lists and its
 status checks, without a GPU (a library object of Python functions stands for libcublas)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ctypes
 
 import pytest
 
-from attn.fast import cublas as C
+from attn.fast.gpu import cublas as C
 
 #: Arguments of each bound function in cublas_api.h (CUDA 12 and 13), counted by hand from the
 #: prototypes: handle, transa, transb, m, n, k, alpha, A, lda, ... as the C API has them.
@@ -32,7 +32,7 @@ def test_the_bound_prototypes_have_the_c_apis_arguments():
 
 
 def test_the_stand_in_models_every_bound_call_with_its_arguments_and_constants():
-    """What attn.fast.cublas binds, the stand-in's direct library (what direct_cublas gives on
+    """What attn.fast.gpu.cublas binds, the stand-in's direct library (what direct_cublas gives on
     it) has under the same name, taking as many arguments; and the constants agree."""
     import inspect
     from fakecupy import cupy as fcp

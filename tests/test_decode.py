@@ -339,7 +339,7 @@ def test_greedy_on_a_gpu_looks_for_eos_every_few_positions(monkeypatch, every, f
     the positions in order. Tokens, scores and attention are those of looking at every position
     (NumPy's), with sentences ending at several lengths (rows leave the batch at the looks)."""
     import attn.decode as D
-    import attn.fast.decoding as fast_decoding
+    import attn.fast.decoding.host as fast_decoding
     from conftest import selected_backend
     with selected_backend("numpy"):
         want = greedy_decode(eos_model(), sources(), with_attention=True)

@@ -1,4 +1,4 @@
-"""The fallback (:mod:`attn.fast.fallback`), proven on the CuPy stand-in: each advanced feature of
+"""The fallback (:mod:`attn.fast.gpu.fallback`), proven on the CuPy stand-in: each advanced feature of
 the fast engine is probed at the start of a run against the plain CuPy path, and one that is
 broken here on purpose is switched off with one line naming it, while the run trains on."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import attn.backend as B
-from attn.fast import fallback, probe
+from attn.fast.gpu import fallback, probe
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def probed(monkeypatch):
     put back after."""
     import fakecupy
     from conftest import selected_backend
-    from attn.fast import cublas, stepmem
+    from attn.fast.gpu import cublas, stepmem
     monkeypatch.setattr(fallback, "ON_STAND_IN", True)
     monkeypatch.setattr(cublas, "DIRECT", True)
     monkeypatch.setattr(stepmem, "ENABLED", True)
@@ -46,25 +46,25 @@ LATER = ("--norm-position", "pre", "--norm-kind", "rms", "--positional", "rope",
 #: process is left whole: what breaks in the child is what the probes must find).
 BREAKS = {
     "step memory": """
-from attn.fast import stepmem
+from attn.fast.gpu import stepmem
 real = stepmem.StepMemory._planned
 stepmem.StepMemory._planned = lambda self, size, n: (
     real(self, size, n) if self._mode is None or self._mode == "trace" else self._base)   # one address for all
 """,
     "cuBLAS through ctypes": """
-from attn.fast import cublas
+from attn.fast.gpu import cublas
 def unloadable(xp):
-    raise cublas.CublasError("attn.fast.cublas: cannot load libcublas (broken here)")
+    raise cublas.CublasError("attn.fast.gpu.cublas: cannot load libcublas (broken here)")
 cublas.direct_cublas = unloadable
 """,
     "captured step": """
-from attn.fast import graph
+from attn.fast.gpu import graph
 def refused(*args, **kw):
     raise graph.CaptureError("CapturedStep: the capture is refused (broken here)")
-graph._capture = refused
+graph.capture_step = refused
 """,
     "bf16": """
-from attn.fast.kernels import Bf16CupyOps
+from attn.fast.gpu.kernels import Bf16CupyOps
 real_mm = Bf16CupyOps.mm
 def off(self, a, b, out=None, accumulate=False):
     got = real_mm(self, a, b, out, accumulate)
@@ -72,7 +72,7 @@ def off(self, a, b, out=None, accumulate=False):
 Bf16CupyOps.mm = off
 """,
     "fast engine": """
-from attn.fast.kernels.registry import NUMPY_TWINS
+from attn.fast.gpu.kernels.registry import NUMPY_TWINS
 real = NUMPY_TWINS["rms_norm_fwd"]
 def off(launch, *args):
     real(launch, *args)
@@ -81,14 +81,14 @@ NUMPY_TWINS["rms_norm_fwd"] = off
 """,
     "tiled attention, dead": """
 import os, signal
-from attn.fast import flash
+from attn.fast.core import flash
 def dies(*args, **kw):
     os.kill(os.getpid(), signal.SIGSEGV)                         # the process dies in the kernel
 flash.attend = dies
 """,
     "tiled attention, sticky": """
 import fakecupy.kernels as K
-from attn.fast import flash
+from attn.fast.core import flash
 sticky = []
 real_call = K.RawKernel.__call__
 def launch(self, *args, **kw):
@@ -107,7 +107,7 @@ flash.attend = poisons
 
 def _break_in_child(tmp_path, monkeypatch, broken: str) -> None:
     script = tmp_path / "probe_child.py"
-    script.write_text("import sys\n" + BREAKS[broken] + "\nfrom attn.fast.probe import main\nsys.exit(main())\n")
+    script.write_text("import sys\n" + BREAKS[broken] + "\nfrom attn.fast.gpu.probe import main\nsys.exit(main())\n")
     monkeypatch.setattr(fallback, "CHILD", [sys.executable, str(script)])
 
 
@@ -147,7 +147,7 @@ def test_the_probes_weights_look_trained_and_the_tolerance_follows_the_precision
 def test_a_right_narrowed_step_is_within_the_tolerance_and_a_wrong_one_outside(probed, block, monkeypatch):
     """bf16 and tf32 against fp32 on the probe model: the loss and the gradients within their
     tolerance (the ratios printed); every bf16 product off by half, far outside."""
-    from attn.fast.kernels import Bf16CupyOps
+    from attn.fast.gpu.kernels import Bf16CupyOps
     from attn.precision import Precision
     cfg = probe.probe_config(block, dropout=0.0)
     weights = probe.trained_looking(cfg)

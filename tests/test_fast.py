@@ -264,9 +264,9 @@ def test_cross_entropy_in_blocks_matches_reference(monkeypatch, smoothing, rows_
     """The NumPy loss works on a few rows of a large vocabulary at a time: with blocks of 1 row,
     of 3 (37 rows leave a short last block) and of more rows than there are, it gives the
     readable loss and gradient to float64 rounding."""
-    from attn.fast.ops import _Ops
+    from attn.fast.core.ops import Ops
     V = 5003
-    monkeypatch.setattr(_Ops, "CE_BLOCK_BYTES", rows_per_block * V * 8)
+    monkeypatch.setattr(Ops, "CE_BLOCK_BYTES", rows_per_block * V * 8)
     rng = np.random.default_rng(7)
     logits = rng.standard_normal((37, V)) * 6 + 40.0      # large logits: the row max shift matters
     targets = rng.integers(0, V, 37)
@@ -281,9 +281,9 @@ def test_cross_entropy_in_blocks_matches_reference(monkeypatch, smoothing, rows_
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])
 def test_cross_entropy_gradient_is_numerical(monkeypatch, smoothing):
     """The fused, blocked loss's dlogits against central differences of its own loss (float64)."""
-    from attn.fast.ops import _Ops
+    from attn.fast.core.ops import Ops
     V = 11
-    monkeypatch.setattr(_Ops, "CE_BLOCK_BYTES", 2 * V * 8)                 # blocks of two rows
+    monkeypatch.setattr(Ops, "CE_BLOCK_BYTES", 2 * V * 8)                 # blocks of two rows
     rng = np.random.default_rng(3)
     logits = rng.standard_normal((2, 3, V)) * 3
     targets = np.array([[4, 0, 7], [10, 2, 0]])
@@ -402,15 +402,15 @@ def test_dropout_mask_rate_and_scale(backend):
 
 
 def test_blas_threads_restored_and_errors_propagate():
-    from attn.fast.threads import _THREADS
+    from attn.fast.core.threads import THREADS
     before = B.blas_threads()
 
     def boom():
         raise KeyError("part failed")
     with pytest.raises(KeyError, match="part failed"):
-        _THREADS.parallel([lambda: 1, boom])
+        THREADS.parallel([lambda: 1, boom])
     assert B.blas_threads() == before
-    assert _THREADS.parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
+    assert THREADS.parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]
     assert B.blas_threads() == before
 
 # ----------------------------------------------------------------------------- CuPy kernels
@@ -423,7 +423,7 @@ def _np_cp(cp, a):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("mask_shape", [(3, 1, 1, 5), (3, 1, 4, 5)])
 def test_cupy_softmax_kernels_match_numpy(cupy, dtype, mask_shape):
-    from attn.fast.kernels import CupyOps
+    from attn.fast.gpu.kernels import CupyOps
     cp = cupy
     ops_np, ops_cp = ops_for(np), ops_for(cp)
     assert isinstance(ops_cp, CupyOps)
@@ -488,7 +488,7 @@ def test_cupy_cross_entropy_kernel_matches_numpy(cupy, dtype, V, smoothing):
 def test_cupy_dropout_relu_adam_kernels(cupy, monkeypatch):
     """The dropout kernels of masks drawn from the stream (``counter_dropout`` off; the
     counter-based ones are tested in tests/test_arena.py), ReLU's backward, Adam."""
-    from attn.fast.kernels import CupyOps
+    from attn.fast.gpu.kernels import CupyOps
     monkeypatch.setattr(CupyOps, "counter_dropout", False)
     cp = cupy
     ops_cp = ops_for(cp)
@@ -547,15 +547,15 @@ def test_idle_helper_threads_hold_no_task():
     keeps nothing alive: decoding's last step (its keys and values) and a training step's
     cache were held that way until the next task."""
     import weakref
-    from attn.fast.threads import _THREADS
+    from attn.fast.core.threads import THREADS
 
     class Buffers:
         pass
     held = [Buffers() for _ in range(3)]
     refs = [weakref.ref(b) for b in held]
-    _THREADS.run([lambda b=b: None for b in held])
+    THREADS.run([lambda b=b: None for b in held])
     try:
-        _THREADS.run([lambda: None, lambda b=held[1]: 1 / 0])
+        THREADS.run([lambda: None, lambda b=held[1]: 1 / 0])
     except ZeroDivisionError:
         pass
     del held
@@ -566,13 +566,13 @@ def test_threads_survive_a_fork():
     """A child forked after the helper threads exist gets fresh ones (it inherits the queues,
     not the threads) instead of waiting forever."""
     import multiprocessing as mp
-    from attn.fast.threads import _THREADS
-    _THREADS.run([lambda: 1, lambda: 2])
+    from attn.fast.core.threads import THREADS
+    THREADS.run([lambda: 1, lambda: 2])
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("no fork on this platform")
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    p = ctx.Process(target=lambda: q.put(_THREADS.run([lambda: 3, lambda: 4])))
+    p = ctx.Process(target=lambda: q.put(THREADS.run([lambda: 3, lambda: 4])))
     p.start()
     p.join(60)
     assert p.exitcode == 0 and q.get(timeout=5) == [3, 4]

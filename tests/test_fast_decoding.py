@@ -58,7 +58,7 @@ def test_fast_decoding_split_and_grown_matches_reference(monkeypatch, norm, posi
     their first capacity (40 positions), a source that is all padding, pre- and post-norm:
     the reference decoder's tokens and scores."""
     from attn import decode
-    from attn.fast import decoding
+    from attn.fast.decoding import host as decoding
     monkeypatch.setattr(decoding, "MIN_ROWS_PER_PART", 2)
     B.set_backend("numpy")
     cfg, ref, fast = _ref_and_fast(seed=4, vocab_size=11, d_model=8, d_ff=12,
@@ -325,7 +325,7 @@ def test_cupy_decoding_kernels_match_numpy(cupy, dtype):
     padding alone (zero weights), the self-attention's new key and value written into the cache;
     the residual-and-norm epilogue (out may be x); the log-softmax; and the two picks, whose
     equal scores go to the lower id (as argmax and a stable sort by score do); the cache's reorder."""
-    from attn.fast.decoding import _kernels
+    from attn.fast.decoding.device import _kernels
     cp = cupy
     K = _kernels(cp)
     rng = np.random.default_rng(1)

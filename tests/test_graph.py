@@ -1,4 +1,4 @@
-"""A step captured as a CUDA graph (:mod:`attn.fast.graph`), proven on the CuPy stand-in.
+"""A step captured as a CUDA graph (:mod:`attn.fast.gpu.graph`), proven on the CuPy stand-in.
 
 The stand-in models capture as a GPU does it: while a stream captures, nothing it records has
 any effect on memory (the stand-in runs each operation, records it, and puts every array back
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attn.fast.graph import CapturedStep, CaptureError, summarise, survey
+from attn.fast.gpu.graph import CapturedStep, CaptureError, summarise, survey
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def _state(cp, seed=0, n=64):
 
 def _sgd(cp, s):
     """A capture-safe step: its learning rate is read from device memory."""
-    from attn.fast.dispatch import ops_for
+    from attn.fast.core.dispatch import ops_for
     ops = ops_for(cp)
 
     def step(x):
@@ -175,7 +175,7 @@ def test_a_capture_with_an_allocation_in_it_is_refused_and_runs_eagerly(fc):
     or attn's guard where the pool served it from one: the graph is dropped, the reason kept, and
     the step runs eagerly with its right results; the capture is tried again after ``warmup`` eager calls,
     :data:`CAPTURE_TRIES` times, and then that shape runs eagerly for good."""
-    from attn.fast.graph import CAPTURE_TRIES
+    from attn.fast.gpu.graph import CAPTURE_TRIES
     calls = []
 
     def step(x):
@@ -219,7 +219,7 @@ def test_the_guard_leaves_no_hook_registered_when_warnings_are_errors(fc):
     warnings made errors a capture still runs, unwarned, and the guard's memory hook is gone after
     it whatever happened inside."""
     import warnings
-    from attn.fast.graph import CaptureGuard
+    from attn.fast.gpu.graph import CaptureGuard
     cupyx = __import__("attn.backend", fromlist=["_cupyx"])._cupyx()
     with pytest.warns(UserWarning, match="allow_synchronize will be removed"):
         with cupyx.allow_synchronize(False):
@@ -238,8 +238,8 @@ def test_the_guard_leaves_no_hook_registered_when_warnings_are_errors(fc):
 
 
 def test_the_guard_refuses_a_host_sync_and_a_step_memory_overflow(fc):
-    from attn.fast.graph import CaptureGuard
-    from attn.fast.stepmem import StepMemory
+    from attn.fast.gpu.graph import CaptureGuard
+    from attn.fast.gpu.stepmem import StepMemory
     x = fc.ones(4, dtype=np.float32)
     stream = fc.cuda.Stream(non_blocking=True)
     with pytest.raises(Exception, match="synchronis|device->host"):
@@ -334,12 +334,12 @@ def test_bucketing_leaves_few_shapes_and_a_bucketed_batch_as_it_is():
 
 
 #: How far a replayed step may be from the eager one on a GPU (what float atomics allow: see
-#: attn.fast.graph). The stand-in sums in one order: there the replay must equal the eager step
+#: attn.fast.gpu.graph). The stand-in sums in one order: there the replay must equal the eager step
 #: bit for bit.
 import fakecupy.cupy as fcp  # noqa: E402
 
 import attn.backend as B  # noqa: E402
-from attn.fast.graph import REPLAY_TOLERANCE, held_parameters  # noqa: E402
+from attn.fast.gpu.graph import REPLAY_TOLERANCE, held_parameters  # noqa: E402
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "rope"])
@@ -394,7 +394,7 @@ def test_the_captured_training_step_replays_equal_to_eager_steps(buckets, warmup
     pointer arrays are not kept yet, and the graph makes them in a scratch buffer (a capture
     allocates nothing). At bf16 the graph also replays the weights' bf16 copy (made at every
     forward) and the operands' copies (step memory), and reads the new weights every step. With
-    ``attention="flash"`` every attention is the tiled one (:mod:`attn.fast.flash`)."""
+    ``attention="flash"`` every attention is the tiled one (:mod:`attn.fast.core.flash`)."""
     from conftest import selected_backend
     with selected_backend("cupy"):
         _captured_against_eager(buckets, warmup, precision, attention)
@@ -404,8 +404,8 @@ def _captured_against_eager(buckets, warmup, precision, attention="auto"):
     import attn.backend as B
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
-    from attn.fast.graph import GraphedTrainStep
-    from attn.fast.loop import train_step
+    from attn.fast.gpu.graph import GraphedTrainStep
+    from attn.fast.training.loop import train_step
     from attn.model import TransformerConfig
     from attn.training.prepare import step_loss_fn
     cfg = TransformerConfig(vocab_size=23, d_model=16, n_heads=2, d_ff=24, n_encoder_layers=2, n_decoder_layers=2,

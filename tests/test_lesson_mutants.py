@@ -31,7 +31,7 @@ LESSONS = {p.name[:2]: p for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py")}
 PATCH = '''
 import sys
 import attn, attn.layers, attn.masks, attn.loss, attn.model, attn.optim, attn.bpe, attn.bench, attn.train
-import attn.evaluate, attn.fast, attn.fast.ops
+import attn.evaluate, attn.fast, attn.fast.core.ops
 
 
 def patch(module, name, new):
@@ -172,8 +172,8 @@ old = patch("attn.evaluate", "corpus_scores", corpus_scores)
     "22": ("the fast path's layer norm adds a much larger epsilon than the readable one", '''
 def layer_norm_(self, x, gamma, beta, eps):
     return old(self, x, gamma, beta, eps * 1e4)
-old = attn.fast.ops._Ops.layer_norm_
-attn.fast.ops._Ops.layer_norm_ = layer_norm_
+old = attn.fast.core.ops.Ops.layer_norm_
+attn.fast.core.ops.Ops.layer_norm_ = layer_norm_
 '''),
     "24": ("the look-ahead mask lets each position see the next one", '''
 def causal_mask(T, xp=None):

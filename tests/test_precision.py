@@ -158,16 +158,16 @@ def test_products_read_rounded_operands_and_sum_in_float32():
     assert np.array_equal(ops_for(np, "bf16").mm(d, d.T), d @ d.T)      # float64 (gradient checks): exact
 
     from types import SimpleNamespace
-    from attn.fast.ops import _Ops
+    from attn.fast.core.ops import Ops
     assert ops_for(np, SimpleNamespace(name="bf16")) is ops_for(np, "bf16")   # a precision object: its name
-    made = _Ops(np, "bf16")                  # made at its precision, as it is: no copy, no class made for it
-    assert type(made) is _Ops and type(ops_for(np, "tf32")) is _Ops and made._ones is not fp32._ones
+    made = Ops(np, "bf16")                  # made at its precision, as it is: no copy, no class made for it
+    assert type(made) is Ops and type(ops_for(np, "tf32")) is Ops and made._ones is not fp32._ones
     assert np.array_equal(made.mm(a, b), P.round_bf16(a) @ P.round_bf16(b))
     for bad in ("fp16", SimpleNamespace(name="fp16")):
         with pytest.raises(P.PrecisionError, match="fp16"):
             ops_for(np, bad)
     with pytest.raises(P.PrecisionError, match="fp16"):
-        _Ops(np, "fp16")
+        Ops(np, "fp16")
 
 
 def test_the_fast_engine_knows_its_precision():
@@ -271,7 +271,7 @@ def test_tf32_on_cupy_is_tf32_on_attns_handle_and_put_back():
     permission, not a promise: a small product (the stand-in's rule, cuBLAS's heuristics on a
     GPU) may run on a float32 kernel, which is right too."""
     from attn.fast import ops_for
-    from attn.fast.kernels import Tf32CupyOps
+    from attn.fast.gpu.kernels import Tf32CupyOps
     from conftest import selected_backend
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 48)).astype(np.float32)
@@ -329,7 +329,7 @@ def test_bf16_on_cupy_reads_bf16_operands_through_gemm_ex():
     stride, ``gemmStridedBatchedEx``."""
     from attn.bench.counts import Tally
     from attn.fast import ops_for
-    from attn.fast.kernels import Bf16CupyOps
+    from attn.fast.gpu.kernels import Bf16CupyOps
     from conftest import selected_backend
     rng = np.random.default_rng(2)
     f32 = np.float32

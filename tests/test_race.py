@@ -33,7 +33,7 @@ def fc():
 
 
 def test_column_sums_in_any_block_order_equal_them_in_order(fc):
-    from attn.fast.dispatch import ops_for
+    from attn.fast.core.dispatch import ops_for
     ops = ops_for(fc)
     rng = np.random.default_rng(0)
     for shape in ((300, 70), (5000, 33), (64, 8)):
@@ -64,8 +64,8 @@ def test_the_training_step_in_any_block_order_equals_it_in_order(fc):
 def test_a_sum_taken_before_its_partials_would_read_nan(fc, monkeypatch):
     """The check can fail: a stage two run by a tile's first block instead of its last reads the
     partials the other blocks have not written yet (spoiled with NaN)."""
-    from attn.fast.dispatch import ops_for
-    from attn.fast.kernels import column_sums as C
+    from attn.fast.core.dispatch import ops_for
+    from attn.fast.gpu.kernels import column_sums as C
     ops = ops_for(fc)
     a = fc.asarray(np.random.default_rng(1).standard_normal((4000, 40)).astype(np.float32))
     real = C._column_sums_in_order

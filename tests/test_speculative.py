@@ -273,7 +273,7 @@ def test_a_draft_of_another_kind_or_vocabulary_and_the_fast_engine_are_refused(t
     with pytest.raises(ValueError, match="draft's learned positions hold 8, the target decodes up to 10"):
         S.translate(target, short, src, 2, max_len=10)
     fast = engines.get("fast").model(_config(), seed=1)
-    with pytest.raises(ValueError, match="fast engine's caches .attn/fast/decoding.py. cannot roll back"):
+    with pytest.raises(ValueError, match="fast engine's caches .attn/fast/decoding/. cannot roll back"):
         S.translate(fast, draft, src, 2)
 
 

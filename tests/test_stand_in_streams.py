@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attn.fast.graph import CaptureGuard
+from attn.fast.gpu.graph import CaptureGuard
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_the_engine_s_steps_and_decoding_run_in_the_asynchronous_mode(fc):
     from attn import decode
     from attn.data import _pad_batch
     from attn.fast import FastAdam, FastTransformer
-    from attn.fast.graph import GraphedTrainStep
+    from attn.fast.gpu.graph import GraphedTrainStep
     from attn.model import TransformerConfig
     from attn.train import train_step
     from attn.training.prepare import step_loss_fn

@@ -1,4 +1,4 @@
-"""The step memory (:mod:`attn.fast.stepmem`), proven on the CuPy stand-in.
+"""The step memory (:mod:`attn.fast.gpu.stepmem`), proven on the CuPy stand-in.
 
 While a step's allocator is in place, the stand-in places every new device array in the memory
 the allocator returns (a view of the slab), so memory handed out twice is shared for real, as
@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attn.fast import stepmem
-from attn.fast.stepmem import StepMemory, outside_step
+from attn.fast.gpu import stepmem
+from attn.fast.gpu.stepmem import StepMemory, outside_step
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_the_stand_in_models_cupys_allocator_api(fc):
 
 
 def test_a_capture_inside_a_step_takes_the_slab_and_refuses_the_pool(fc):
-    from attn.fast.graph import CaptureError, CapturedStep
+    from attn.fast.gpu.graph import CaptureError, CapturedStep
     memory = StepMemory(fc)
     x = fc.ones(16, dtype=np.float32)
     shape = {"n": 16}
@@ -171,17 +171,17 @@ def _toy():
 
 
 def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
-    """The fast engine's ``train_step`` (:mod:`attn.fast.loop`) runs in the model's step memory, poisoned at every
+    """The fast engine's ``train_step`` (:mod:`attn.fast.training.loop`) runs in the model's step memory, poisoned at every
     step: over batches of two shapes (the slab grows once more) it computes what the same
     step computes without step memory, bit for bit (a buffer kept between steps taken from
     the slab, or a kept array of a previous step, would read NaN), and a steady-state step
     takes nothing from the pool."""
     import attn.backend as B
-    import attn.fast.loop as FL
+    import attn.fast.training.loop as FL
     from attn import train as T
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
-    from attn.fast.dispatch import ops_for
+    from attn.fast.core.dispatch import ops_for
     from attn.bench.counts import Tally
     from attn.training.prepare import step_loss_fn
     cfg = _toy()
@@ -228,7 +228,7 @@ def test_the_training_step_in_step_memory_equals_it_without(fc, poisoned):
 
 
 def test_a_plan_never_overlaps_two_live_arrays_and_needs_about_their_peak():
-    from attn.fast.stepplan import FOREVER, overlaps, peak_live, plan
+    from attn.fast.gpu.stepplan import FOREVER, overlaps, peak_live, plan
     rng = np.random.default_rng(0)
     for trial in range(200):
         n = int(rng.integers(1, 60))
@@ -268,7 +268,7 @@ def twin_steps_agree(cfg, steps: int, seed: int, memories=(None, None), second=N
     import contextlib
 
     import attn.backend as B
-    import attn.fast.loop as FL
+    import attn.fast.training.loop as FL
     from attn.data import _pad_batch, pad_to_bucket
     from attn.fast import FastAdam, FastTransformer
     from attn.training.prepare import step_loss_fn
@@ -392,9 +392,9 @@ def test_a_request_is_watched_until_its_last_view_and_costs_no_runtime_call(fc):
     is gone; and the step memory gives each one its device id, so wrapping a request asks the
     runtime nothing (without it CuPy calls ``cudaPointerGetAttributes`` per request)."""
     import weakref
-    from attn.fast.stepmem import _piece_class
+    from attn.fast.gpu.stepmem import piece_class
     base = fc.zeros(1024, dtype=np.uint8)
-    piece = _piece_class(fc)(base.data.ptr + 256, 512, base, 0)
+    piece = piece_class(fc)(base.data.ptr + 256, 512, base, 0)
     fired = []
     weakref.finalize(piece, fired.append, 1)
     a = fc.ndarray((128,), dtype=np.float32, memptr=fc.cuda.MemoryPointer(piece, 0))
@@ -406,7 +406,7 @@ def test_a_request_is_watched_until_its_last_view_and_costs_no_runtime_call(fc):
     del view
     assert fired == [1]
     with pytest.raises(ValueError, match="does not fit"):
-        fc.ndarray((200,), dtype=np.float32, memptr=fc.cuda.MemoryPointer(_piece_class(fc)(base.data.ptr, 512,
+        fc.ndarray((200,), dtype=np.float32, memptr=fc.cuda.MemoryPointer(piece_class(fc)(base.data.ptr, 512,
                                                                                                base, 0), 0))
     calls = fc.runtime_calls["pointerGetAttributes"]
     fc.cuda.UnownedMemory(base.data.ptr, 16, base)
@@ -443,7 +443,7 @@ def test_a_step_memorys_allocator_and_a_hook_are_the_threads_that_set_them(fc):
 def _many_shapes(fc, memory, shapes, calls=3):
     """A captured step over ``shapes`` (each called ``calls`` times: eager, captured, replayed) whose
     memory grows with its input; returns the step and the most bytes its step memory held."""
-    from attn.fast.graph import CapturedStep
+    from attn.fast.gpu.graph import CapturedStep
 
     def step(x):
         y = x * 2 + 1
@@ -461,7 +461,7 @@ def test_a_captured_run_over_many_shapes_holds_a_bounded_number_of_graphs_and_sl
     """Twelve growing shapes, each captured: at most MAX_GRAPHS graphs are kept (the least recently
     called dropped, its slab let go), so at most MAX_GRAPHS - 1 replaced slabs; without the cap
     every slab a graph was captured on stays, and the memory held grows with the shapes."""
-    from attn.fast import graph
+    from attn.fast.gpu import graph
     shapes = [16 * k for k in range(1, 13)]
     monkeypatch.setattr(graph, "MAX_GRAPHS", 10 ** 6)                  # no cap: what the cap prevents
     unbounded, unbounded_peak = _many_shapes(fc, StepMemory(fc), shapes)

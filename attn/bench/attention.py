@@ -1,6 +1,6 @@
 """Attention alone: ``python -m attn.bench --attention``. One attention's forward and backward at
 lengths from 128 to 8,192, three ways in the same run: the fast engine's plain attention (the
-(Tk, B, H, Tq) weights kept for the backward), its tiled attention (:mod:`attn.fast.flash`: on
+(Tk, B, H, Tq) weights kept for the backward), its tiled attention (:mod:`attn.fast.core.flash`: on
 NumPy the fused kernels' twins, on CuPy the kernels), and PyTorch's
 ``scaled_dot_product_attention`` on the same device. Each is timed (median of the repeats after a
 warm-up) and its peak memory growth measured (the resident set's high-water mark on the CPU, with
@@ -31,8 +31,9 @@ BATCH, HEADS, HEAD_DIM = 1, 4, 64
 
 def _ours(T: int, tiled: bool, causal: bool, Bsz: int, H: int, Dh: int):
     """The fast engine's attention (plain or tiled) forward and backward, as a callable."""
-    from ..fast import FastTransformer, flash
-    from ..fast.attention import mask_bias
+    from ..fast import FastTransformer
+    from ..fast.core import flash
+    from ..fast.core.attention import mask_bias
     from ..masks import decoder_mask, padding_mask
     xp = B.xp()
     D = H * Dh

@@ -16,12 +16,12 @@ operation as CuPy would run it), in a steady-state step after a warm-up:
 * **memory-pool allocations**: every array the step takes from CuPy's memory pool (cheap,
   but an allocation from the pool cannot be captured in a CUDA graph, and each is some
   bookkeeping on the host), and apart from them the **step memory**'s: the arrays the
-  training step makes inside :class:`attn.fast.stepmem.StepMemory` (one slab, the same
+  training step makes inside :class:`attn.fast.gpu.stepmem.StepMemory` (one slab, the same
   addresses every step), with the slab's size;
-* **what a CUDA graph capture of the training step would refuse** (:func:`attn.fast.graph.survey`):
+* **what a CUDA graph capture of the training step would refuse** (:func:`attn.fast.gpu.graph.survey`):
   pool allocations, CuPy's own ``matmul`` (cuBLAS through CuPy), cuRAND draws, host transfers
   and syncs, by kind and by the line of attn that asked for them. The step can be captured and
-  replayed (``attn.fast.graph.CapturedStep``) once none is left.
+  replayed (``attn.fast.gpu.graph.CapturedStep``) once none is left.
 
 Launch, sync and allocation counts do not depend on the batch (the same kernels run on
 bigger arrays), so each measurement is counted at two small batches (quick even for ``base``),
@@ -150,7 +150,7 @@ def _count_once(fc, call, clock: bool = False) -> tuple:
 #: for one array less (the benchmark keeps its dropout generator, whose seed the first step made
 #: in its own memory), so its sizes leave the plan and the third is traced again; the fourth is
 #: the first at the plan's addresses and makes what the kernels keep per address
-#: (:meth:`attn.fast.kernels.CupyOps._gemm_pointers`); the fifth is a steady-state step.
+#: (:meth:`attn.fast.gpu.kernels.CupyOps._gemm_pointers`); the fifth is a steady-state step.
 STEADY_AFTER = 4
 #: Untimed runs before a counted decoding run (decoding runs in no step memory).
 DECODE_STEADY_AFTER = 2
@@ -287,8 +287,8 @@ def measure_counts(preset: str = "toy-bench", which=COUNTED, batches=BATCHES, bc
 
 def capture_survey(bc: BenchConfig, preset: str, precision: str = "fp32") -> dict:
     """The ``counts_capture`` row: what a capture of a steady-state training step would refuse
-    (:func:`attn.fast.graph.survey` on the stand-in), by kind and by place."""
-    from ..fast.graph import summarise, survey
+    (:func:`attn.fast.gpu.graph.survey` on the stand-in), by kind and by place."""
+    from ..fast.gpu.graph import summarise, survey
     from .work import build_work
 
     def nothing():

@@ -43,7 +43,7 @@ class _PeakMeter:
                 with hook:
                     f()
                     cp.cuda.Device().synchronize()
-                from ..fast.stepmem import held_bytes
+                from ..fast.gpu.stepmem import held_bytes
                 step = held_bytes()          # the step memory: made before the hook, used by every step
                 out["peak_memory_mb"] = (hook.peak + step) / 2 ** 20
                 out["step_memory_mb"] = step / 2 ** 20

@@ -29,7 +29,7 @@ import time
 
 from .. import backend as B
 from ..engine import SLOT
-from ..fast.arena import layout
+from ..fast.core.arena import layout
 from ..model import TransformerConfig, parameter_shapes
 from .flops import model_flops
 from .presets import BENCH_PRESETS, make_batch, model_config
@@ -94,7 +94,7 @@ def time_rank(preset: str, repeats: int, warmup: int, backend: str) -> dict | No
     from ..data import Batch
     from ..masks import PAD_ID
     from ..model import Transformer
-    from ..fast.loop import train_step
+    from ..fast.training.loop import train_step
     from ..training import distributed
     from ..training.prepare import make_engine, step_loss_fn
     B.set_backend(backend)

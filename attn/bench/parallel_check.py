@@ -90,7 +90,7 @@ def check_model(dtype: str, reference: bool, workers: int = 1):
 
 def take_steps(model, opt, loss_fn, batches, dp=None, seed: int = 0):
     """The steps; returns (losses, the first step's gradients, the parameters after the last) on the host."""
-    from ..fast.loop import train_step
+    from ..fast.training.loop import train_step
     first = {}
     step = opt.step
 

@@ -35,7 +35,7 @@ def loss_curves(config: TrainConfig, precisions=PRECISIONS, progress=None) -> di
     the same initial weights with the same batches and dropout masks; no evaluation, nothing written.
     The data and the vocabulary are prepared once. ``progress(precision, steps_done)``."""
     from ..model import Transformer
-    from ..fast.loop import train_step
+    from ..fast.training.loop import train_step
     from ..training.prepare import make_engine, prepare
     with tempfile.TemporaryDirectory() as tmp:
         config = dataclasses.replace(config.with_recipe(), minutes=0, out=Path(tmp), quiet=True, precision="fp32")

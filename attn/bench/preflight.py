@@ -25,7 +25,7 @@ What each check shows, and why it is among the first things a GPU must show:
 * ``checked plan``: eager steps on a checked plan equal the unplanned allocator's, no two live
   arrays sharing bytes;
 * ``captured step``: the captured step equals eager steps within
-  :data:`attn.fast.graph.REPLAY_TOLERANCE`;
+  :data:`attn.fast.gpu.graph.REPLAY_TOLERANCE`;
 * ``plan split``: how eager steps of varying shapes split between planned, traced and spilled.
 """
 from __future__ import annotations
@@ -70,8 +70,8 @@ def _fast(ctx, seed: int = 5, memory=None):
 
 def _close(got, want, what: str) -> float:
     """The largest relative difference of ``got`` from ``want`` (host arrays), checked against
-    :data:`attn.fast.graph.REPLAY_TOLERANCE` (what float atomics allow)."""
-    from ..fast.graph import REPLAY_TOLERANCE
+    :data:`attn.fast.gpu.graph.REPLAY_TOLERANCE` (what float atomics allow)."""
+    from ..fast.gpu.graph import REPLAY_TOLERANCE
     np = B.host
     got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     bad = np.abs(got - want) > REPLAY_TOLERANCE["atol"] + REPLAY_TOLERANCE["rtol"] * np.abs(want)
@@ -82,8 +82,8 @@ def _close(got, want, what: str) -> float:
 
 @check("kernels")
 def _kernels(ctx):
-    from ..fast.dispatch import ops_for
-    from ..fast.kernels import NAME_EXPRESSIONS
+    from ..fast.core.dispatch import ops_for
+    from ..fast.gpu.kernels import NAME_EXPRESSIONS
     t0 = time.perf_counter()
     ops = ops_for(ctx["cp"])
     for name in NAME_EXPRESSIONS:
@@ -93,7 +93,7 @@ def _kernels(ctx):
 
 @check("tiny step")
 def _tiny_step(ctx):
-    from ..fast.loop import train_step
+    from ..fast.training.loop import train_step
     model, opt, loss_fn = _fast(ctx)
     t0 = time.perf_counter()
     loss, _ = train_step(model, opt, _batch(B.host.random.default_rng(0), 6, 1, 7), B.DeviceRNG(0),
@@ -106,10 +106,10 @@ def _tiny_step(ctx):
 
 @check("unowned memory")
 def _unowned(ctx):
-    from ..fast.stepmem import _piece_class
+    from ..fast.gpu.stepmem import piece_class
     cp = ctx["cp"]
     base = cp.zeros(1024, dtype=B.host.uint8)
-    piece = _piece_class(cp)(base.data.ptr + 256, 512, base, cp.cuda.Device().id)
+    piece = piece_class(cp)(base.data.ptr + 256, 512, base, cp.cuda.Device().id)
     fired = []
     weakref.finalize(piece, fired.append, 1)
     a = cp.ndarray((128,), dtype=B.host.float32, memptr=cp.cuda.MemoryPointer(piece, 0))
@@ -125,7 +125,7 @@ def _unowned(ctx):
 
 @check("capture mode")
 def _capture_mode(ctx):
-    from ..fast.graph import CAPTURE_MODE_NAME, capture_mode
+    from ..fast.gpu.graph import CAPTURE_MODE_NAME, capture_mode
     value = getattr(ctx["cp"].cuda.runtime, CAPTURE_MODE_NAME)
     if value != 1 or capture_mode(ctx["cp"]) != 1:
         raise AssertionError(f"{CAPTURE_MODE_NAME} is {value}, cudaStreamCaptureModeThreadLocal is 1")
@@ -134,13 +134,13 @@ def _capture_mode(ctx):
 
 @check("pool in capture")
 def _pool_in_capture(ctx):
-    from ..fast.graph import CaptureError, _capture
+    from ..fast.gpu.graph import CaptureError, capture_step
     cp = ctx["cp"]
     x = cp.ones(1024, dtype=B.host.float32)
     y = x + 1                                   # a block of that size cached in the pool
     del y
     try:
-        _capture(cp, lambda a: a + 1, [x])
+        capture_step(cp, lambda a: a + 1, [x])
     except CaptureError as e:
         return "refused: " + str(e).split(": ", 1)[-1][:120]
     raise AssertionError("a capture allocating from the pool was kept")
@@ -148,7 +148,7 @@ def _pool_in_capture(ctx):
 
 @check("guard sync")
 def _guard_sync(ctx):
-    from ..fast.graph import CaptureGuard
+    from ..fast.gpu.graph import CaptureGuard
     x = ctx["cp"].ones(4, dtype=B.host.float32)
     try:
         with CaptureGuard(ctx["cp"]):
@@ -163,7 +163,7 @@ def _one_libcublas(ctx):
     import os
     import re
 
-    from ..fast.dispatch import ops_for
+    from ..fast.core.dispatch import ops_for
     cp = ctx["cp"]
     a = cp.ones((8, 8), dtype=cp.float32)
     ops_for(cp).mm(a, a), cp.matmul(a, a)              # both have loaded the cuBLAS they call
@@ -185,7 +185,7 @@ def _operands(rng, *shapes):
 
 @check("cublas views")
 def _cublas_views(ctx):
-    from ..fast.dispatch import ops_for
+    from ..fast.core.dispatch import ops_for
     cp, rng = ctx["cp"], B.host.random.default_rng(3)
     a, b, x = (cp.asarray(v) for v in _operands(rng, (64, 96), (64, 48), (2, 3, 16, 40)))
     worst = 0.0
@@ -224,7 +224,7 @@ def _bound(got, ra, rb) -> bool:
 
 @check("bf16")
 def _bf16(ctx):
-    from ..fast.dispatch import ops_for
+    from ..fast.core.dispatch import ops_for
     from ..precision import round_bf16
     cp = ctx["cp"]
     a, b = _operands(B.host.random.default_rng(4), (64, 128), (128, 48))
@@ -236,7 +236,7 @@ def _bf16(ctx):
 
 @check("tf32")
 def _tf32(ctx):
-    from ..fast.dispatch import ops_for
+    from ..fast.core.dispatch import ops_for
     from ..precision import round_tf32
     cp = ctx["cp"]
     a, b = _operands(B.host.random.default_rng(5), (64, 128), (128, 48))
@@ -251,8 +251,8 @@ def _tf32(ctx):
 
 @check("checked plan")
 def _checked_plan(ctx):
-    from ..fast.stepmem import StepMemory
-    from ..fast.loop import train_step
+    from ..fast.gpu.stepmem import StepMemory
+    from ..fast.training.loop import train_step
     cp, rng = ctx["cp"], B.host.random.default_rng(6)
     memories = StepMemory(cp, planned=True, check=True), StepMemory(cp, planned=False)
     runs = [_fast(ctx, memory=m) for m in memories]
@@ -271,8 +271,8 @@ def _checked_plan(ctx):
 
 @check("captured step")
 def _captured(ctx):
-    from ..fast.graph import GraphedTrainStep, held_parameters
-    from ..fast.loop import train_step
+    from ..fast.gpu.graph import GraphedTrainStep, held_parameters
+    from ..fast.training.loop import train_step
     rng = B.host.random.default_rng(7)
     (m1, o1, f1), (m2, o2, f2) = _fast(ctx), _fast(ctx)
     graphed = GraphedTrainStep(m2, o2, ctx["cfg"].label_smoothing, 1.0, f2)
@@ -289,8 +289,8 @@ def _captured(ctx):
 
 @check("plan split")
 def _plan_split(ctx):
-    from ..fast.stepmem import StepMemory
-    from ..fast.loop import train_step
+    from ..fast.gpu.stepmem import StepMemory
+    from ..fast.training.loop import train_step
     rng = B.host.random.default_rng(8)
     model, opt, loss_fn = _fast(ctx)
     seen, shapes = [], set()
@@ -309,7 +309,7 @@ def _plan_split(ctx):
 def run(out=sys.stdout, err=sys.stderr) -> list:
     """Every check in order: a JSON line each on ``out``, a PASS/FAIL line on ``err``; the rows."""
     B.set_backend("cupy")
-    from ..fast.fallback import tiny_config
+    from ..fast.gpu.fallback import tiny_config
     ctx = {"cp": B.xp(), "cfg": tiny_config()}
     rows = []
     for name, f in CHECKS:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from .. import backend as B
 from ..fast import cross_entropy as fast_cross_entropy
 from ..fast.engine import FastEngine
-from ..fast.stepmem import StepMemory
+from ..fast.gpu.stepmem import StepMemory
 from ..loss import cross_entropy
 from ..masks import PAD_ID
 from ..model import Transformer
@@ -192,7 +192,7 @@ def _setup(bc: BenchConfig, which, backend: str, with_torch: bool, sync, torch_s
                "ref_opt": Adam(s.ref.params, s.cfg.d_model, s.cfg.warmup_steps) if s.ref is not None else None,
                "fast_rng": B.DeviceRNG(1), "ref_rng": B.DeviceRNG(1)}
     # On CuPy every array the step makes comes from the model's step memory (one slab, the same
-    # addresses every step: attn.fast.stepmem), as in attn-train; the loss returned lives there
+    # addresses every step: attn.fast.gpu.stepmem), as in attn-train; the loss returned lives there
     # until the next step begins.
     s.memory = StepMemory.of(s.fast) if with_ours else None
     return s

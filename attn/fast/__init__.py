@@ -1,7 +1,15 @@
-"""A fast training step beside the reference: the same model, parameters and gradients.
+"""The fast engine: the readable model's parameters, logits and gradients with fewer passes over
+memory, on NumPy and on GPUs through CuPy. Its rooms, by what they serve: ``model`` holds
+:class:`FastTransformer` (weights, forward, the decoding entry points), which holds its pieces;
+``engine`` is :class:`~attn.fast.engine.FastEngine`, what ``attn-train`` trains with; ``core`` holds
+the pieces training and decoding both run (the operations and their dispatch, the arena, the
+embeddings, norms, feed-forward networks, attention and the one decoder layer); ``training`` the
+backward, the fused loss, :class:`FastAdam` and the loop's step; ``decoding`` the incremental
+step on NumPy and on CuPy; ``gpu`` the GPU's kernels, cuBLAS, step memory, captured steps and
+the probes and fallback that keep a GPU run training. Each sub-package opens with its own map.
 
 :class:`attn.model.Transformer` is the readable version: one forward/backward pair
-per layer, new arrays everywhere. This module computes the same numbers with fewer
+per layer, new arrays everywhere. This package computes the same numbers with fewer
 passes over memory, for the benchmark and the trainer to use when asked:
 
     model = FastTransformer(config)                 # or FastTransformer.from_model(model)
@@ -13,7 +21,7 @@ passes over memory, for the benchmark and the trainer to use when asked:
 What it does differently, and why (every item is checked against the reference in
 ``tests/test_fast.py``: outputs and gradients agree to float32 rounding):
 
-* One arena (:mod:`attn.fast.arena`). Parameters, gradients and Adam's moments are
+* One arena (:mod:`attn.fast.core.arena`). Parameters, gradients and Adam's moments are
   four flat buffers of one layout; ``params`` holds views of the first under the
   reference's names, ``backward`` writes every gradient into the second (``out=``)
   and returns its views, and :class:`FastAdam` is one update of all four.
@@ -41,46 +49,23 @@ What it does differently, and why (every item is checked against the reference i
   on CuPy, clipping decided on the device; slices over the helper threads on NumPy).
 
 Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of the ops
-object that :func:`ops_for` picks by array namespace; on CuPy :mod:`attn.fast.kernels`
+object that :func:`ops_for` picks by array namespace; on CuPy :mod:`attn.fast.gpu.kernels`
 supplies fused kernels for them (see there). Decoding is the engine's own: its states and
 incremental step in :mod:`attn.fast.decoding`, its search (``FastSearch``) driving the
 course's greedy and beam search (:mod:`attn.decode`); it inherits nothing from the
 readable model, which it holds over the same parameters.
-
-The package's rooms:
-
-=================  ===================================================================
-``threads``        the helper-thread pool, single-threaded-BLAS blocks, malloc setting
-``ops``            the memory-bound operations (NumPy and CuPy alike)
-``kernels``        the fused CuPy kernels (``CupyOps``) and their NumPy twins
-``dispatch``       :func:`ops_for`, which picks the CuPy kernels where they apply
-``loss``           the fused label-smoothed cross-entropy
-``arena``          the flat parameter/gradient/moment buffers and their layout
-``caches``         what the forward keeps (:class:`FastCache`...), the fused weights
-``pieces``         ``Embeddings`` (positions: sinusoids, learned, rotary), ``Residuals`` (the
-                   norms, layer norm or RMSNorm, in their residuals), the feed-forward
-                   networks (ReLU, SwiGLU): objects the model holds, forward beside backward
-``attention``      ``Attentions``: the heads, the attention (plain or tiled), QK-norm, the self-
-                   and cross-attention sub-layers, forward beside backward
-``layer``          the one decoder layer (and its backward) that training and both steps run
-``backward``       ``Backward``: the pieces' backwards in the order the arena lies
-``model``          :class:`FastTransformer`: weights, forward, decoding entry points; it holds
-                   the pieces (composition: no base classes, nothing read that it does not define)
-``decoding``       the incremental decoding step and its states (NumPy; CuPy: preallocated)
-``optim``          :class:`FastAdam`
-=================  ===================================================================
 """
 from __future__ import annotations
 
-from .loss import cross_entropy
-from .decoding import DeviceDecodeState, FastDecodeState
-from .caches import (AttendCache, CrossAttnCache, EmbedCache, FastCache, FFNCache, Fused, ResCache, SelfAttnCache,
-                     SplitCache)
+from .training.loss import cross_entropy
+from .decoding.device import DeviceDecodeState
+from .decoding.host import FastDecodeState
+from .core.caches import FastCache, SplitCache
 from .model import FastTransformer
-from .dispatch import ops_for
-from .ops import Mask
-from .optim import FastAdam
-from .threads import MAX_AUTO_WORKERS, default_workers, keep_freed_memory, single_threaded_blas
+from .core.dispatch import ops_for
+from .core.ops import Mask
+from .training.optim import FastAdam
+from .core.threads import MAX_AUTO_WORKERS, default_workers, keep_freed_memory, single_threaded_blas
 
 __all__ = ["FastTransformer", "FastAdam", "cross_entropy", "keep_freed_memory", "default_workers",
            "single_threaded_blas", "ops_for", "Mask", "FastCache", "FastDecodeState", "DeviceDecodeState", "SplitCache",

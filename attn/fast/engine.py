@@ -7,16 +7,16 @@ from functools import partial
 from .. import backend as B
 from ..engine import EngineError, check_precision
 from ..precision import FP32, PRECISIONS, Precision
-from .graph import GraphedTrainStep
-from .loss import cross_entropy
+from .gpu.graph import GraphedTrainStep
+from .training.loss import cross_entropy
 from .model import FastTransformer
-from .optim import FastAdam
+from .training.optim import FastAdam
 
 
 class FastEngine:
     """:class:`FastTransformer`, :class:`FastAdam` and the fused cross-entropy: the reference's
     numbers with fewer passes over memory; products at any of :data:`attn.precision.PRECISIONS`;
-    on CuPy a step captured as a CUDA graph (:class:`attn.fast.graph.GraphedTrainStep`)."""
+    on CuPy a step captured as a CUDA graph (:class:`attn.fast.gpu.graph.GraphedTrainStep`)."""
 
     name = "fast"
     precisions = PRECISIONS
@@ -43,8 +43,8 @@ class FastEngine:
 
     def settle(self, config, say):
         """On a GPU, each advanced feature probed on a tiny step and one that fails switched off
-        (:func:`attn.fast.fallback.settle`): the config as it can run."""
-        from .fallback import settle
+        (:func:`attn.fast.gpu.fallback.settle`): the config as it can run."""
+        from .gpu.fallback import settle
         return settle(config, say)
 
     def captured_step(self, model, opt, label_smoothing: float, clip: float, loss_fn):
@@ -55,12 +55,12 @@ class FastEngine:
 
     def loop_step(self, model, step, dp=None):
         """``step`` with the batch checked on the host, in the model's step memory
-        (:func:`attn.fast.loop.loop_step`)."""
-        from .loop import loop_step
+        (:func:`attn.fast.training.loop.loop_step`)."""
+        from .training.loop import loop_step
         return loop_step(model, step, dp)
 
     def loss_log(self):
         """The losses copied out of the step memory into one device buffer
-        (:class:`attn.fast.loop.PendingLosses`)."""
-        from .loop import PendingLosses
+        (:class:`attn.fast.training.loop.PendingLosses`)."""
+        from .training.loop import PendingLosses
         return PendingLosses()

@@ -1,6 +1,6 @@
 """The fast model: :class:`FastTransformer` (the reference's parameters, logits and gradients
-with fewer passes over memory); its caches are in :mod:`attn.fast.caches`, its backward in
-:mod:`attn.fast.backward`, its decoding state in :mod:`attn.fast.decoding`. See
+with fewer passes over memory); its caches are in :mod:`attn.fast.core.caches`, its backward in
+:mod:`attn.fast.training.backward`, its decoding state in :mod:`attn.fast.decoding`. See
 :mod:`attn.fast` for what it does differently."""
 from __future__ import annotations
 
@@ -16,18 +16,20 @@ from ..layers.attention import split_heads
 from ..block import parts
 from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
-from . import decoding, flash
-from .arena import Arena
-from .attention import Attentions, mask_bias
-from .backward import Backward
-from .pieces import Embeddings, Residuals, feed_forward
-from .layer import Sequences, decoder_layer
-from .caches import CrossWeights, FastCache, Fused, SplitCache, _Residual, _Sub, _Weights
-from .decoding import DeviceDecodeState, FastDecodeState
-from .dispatch import ops_for
-from .ops import _Ops
-from .stepmem import StepMemory
-from .threads import _THREADS, _row_slices, default_workers, single_threaded_blas
+from .core import flash, flash_tc
+from .decoding import device, host
+from .core.arena import Arena
+from .core.attention import Attentions, mask_bias
+from .training.backward import Backward
+from .core.pieces import Embeddings, Residuals, feed_forward
+from .core.layer import Sequences, decoder_layer
+from .core.caches import CrossWeights, FastCache, Fused, SplitCache
+from .decoding.device import DeviceDecodeState
+from .decoding.host import FastDecodeState
+from .core.dispatch import ops_for
+from .core.ops import Ops
+from .gpu.stepmem import StepMemory
+from .core.threads import THREADS, row_slices, default_workers, single_threaded_blas
 
 
 # --------------------------------------------------------------------------- the model
@@ -44,7 +46,7 @@ class FastTransformer:
     be followed by ``backward`` with its cache (the cache holds views into buffers the step
     reuses in place).
 
-    The parameters live in one :class:`attn.fast.arena.Arena` (``self.arena``):
+    The parameters live in one :class:`attn.fast.core.arena.Arena` (``self.arena``):
     ``self.params`` holds its views, under the reference's names. ``backward`` writes the
     gradients into ``arena.grads`` and returns its views (overwritten by the next
     ``backward``); :class:`FastAdam` over ``self.params`` updates the arena in one pass.
@@ -56,14 +58,14 @@ class FastTransformer:
     in the vocabulary (CuPy would wrap them silently; on CuPy the check is a host
     synchronisation): for a caller that checked its batches on the host. ``attention`` (an
     attribute too) is ``"plain"`` (the weights kept for the backward), ``"flash"`` (the tiled
-    attention of :mod:`attn.fast.flash`: memory linear in the length) or ``"auto"`` (the rule
-    :func:`attn.fast.flash.use_flash` chooses for each step).
+    attention of :mod:`attn.fast.core.flash`: memory linear in the length) or ``"auto"`` (the rule
+    :func:`attn.fast.core.flash.use_flash` chooses for each step).
 
     Its pieces are objects it holds, each made from it once, its forward beside its backward:
     :attr:`embeddings` (the token embeddings and the positions' tables), :attr:`residuals` (the
     block's norm in each residual connection), :attr:`ffn` (the block's feed-forward network),
     :attr:`mha` (the attention sub-layers); ``backward`` runs theirs in the arena's order
-    (:class:`attn.fast.backward.Backward`).
+    (:class:`attn.fast.training.backward.Backward`).
     """
 
     #: Attention weights are kept keys-first, (Tk, B, H, Tq) (:mod:`attn.engine`).
@@ -86,6 +88,8 @@ class FastTransformer:
         self._memory = flash.memory_bytes(self.xp)      # once, here: never a driver call inside a captured step
         self._device_kind = flash.device_kind(self.xp)
         self._auto_notice = flash.AutoNotice()         # auto's tiled choice, said once
+        self._cores = None                      # the tensor-core kernels' format where the tiled attention uses them
+        self._cores_said = False                # ... said once on stderr
         self._fused = None
         self._bf16_weights = None               # at bf16 on CuPy: the weights' bf16 copy (see _fuse)
         self._candidates = None                 # beam search's ranked candidates on CuPy, kept between steps
@@ -146,7 +150,7 @@ class FastTransformer:
             with single_threaded_blas():
                 part(slice(0, Bsz))
         else:
-            _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
+            THREADS.parallel([lambda sl=sl: part(sl) for sl in row_slices(Bsz, k)])
         H = cfg.key_value_heads
         pairs = [(split_heads(outs[2 * i], H), split_heads(outs[2 * i + 1], H)) for i in range(cfg.n_decoder_layers)]
         self.mha.norm_cross_keys_([a for pair in pairs for a in pair])
@@ -189,7 +193,7 @@ class FastTransformer:
         return self.arena
 
     def step_memory(self, key=None):
-        """On CuPy, the model's :class:`attn.fast.stepmem.StepMemory`: every array a step makes
+        """On CuPy, the model's :class:`attn.fast.gpu.stepmem.StepMemory`: every array a step makes
         comes from one slab, at the same addresses every step (those of the plan of ``key``'s
         bucket: the batch's shapes); on NumPy nothing."""
         memory = StepMemory.of(self)
@@ -200,7 +204,7 @@ class FastTransformer:
         return FastSearch(self)
 
     @property
-    def ops(self) -> _Ops:
+    def ops(self) -> Ops:
         return ops_for(self.xp, self.precision.name)
 
     # ------------------------------------------------------------------ weights
@@ -211,7 +215,7 @@ class FastTransformer:
         keys and values of all decoder layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]``
         (D, 2D*L). The ``1/sqrt(d_k)`` scale is applied by the softmax (its kernel on CuPy).
         Called once by every forward, encoding and decoding: where the products read bf16
-        (:class:`attn.fast.kernels.Bf16CupyOps`), the weights' bf16 copy is made here."""
+        (:class:`attn.fast.gpu.kernels.Bf16CupyOps`), the weights' bf16 copy is made here."""
         self._own_params()
         prepare = getattr(self.ops, "prepare_weights", None)
         if prepare is not None:                          # the model's own copy: a graph keeps its address
@@ -235,7 +239,7 @@ class FastTransformer:
         decoding: the decoder's self-attention ``[w_q * s | w_k | w_v]`` and cross-attention
         queries ``w_q * s`` with ``s = 1/sqrt(d_k)`` folded in (copies; ``enc_qkv`` empty,
         ``kv`` None). With QK-norm the norm would undo it: s rides on the queries' gain instead
-        (:func:`attn.fast.decoding.norm_heads_`), and the weights are the arena's."""
+        (:func:`attn.fast.decoding.host.norm_heads_`), and the weights are the arena's."""
         cfg, p, xp = self.config, self.params, self.xp
         D = cfg.d_model
         s = 1.0 if self.block.self_attention.qk_norm else self.mha.scale
@@ -254,13 +258,22 @@ class FastTransformer:
 
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
-        :attr:`attention` by the rule of :func:`attn.fast.flash.use_flash`; ``auto``'s first tiled
-        choice said on stderr with its reason."""
+        :attr:`attention` by the rule of :func:`attn.fast.core.flash.use_flash`; ``auto``'s first tiled
+        choice said on stderr with its reason. Whether it runs on the tensor cores (``_cores``) is
+        :func:`attn.fast.core.flash_tc.cores_for`'s rule, said once too."""
         dropping = rng is not None and self.config.attention_dropout > 0
         why = flash.choose(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping,
                            self._memory, self._device_kind)
         if why is not None and self.attention == "auto":
             self._auto_notice(why)
+        cores = None
+        if why is not None:
+            cores, because = flash_tc.cores_for(self.attention, self.precision.name, self.xp,
+                                                self.config.d_model // self.config.n_heads, self._device_kind)
+            if cores is not None and not self._cores_said:
+                self._cores_said = True
+                flash_tc.say(cores, because)
+        self._cores = cores
         return why is not None
 
     # ------------------------------------------------------------------ forward
@@ -305,7 +318,7 @@ class FastTransformer:
         if k == 1:
             return self._forward_part(src, tgt_in, rng, tiled=tiled)
         self.embeddings.shared_tables(src.shape[1], T)            # build the shared tables before the threads
-        parts = _row_slices(Bsz, k)
+        parts = row_slices(Bsz, k)
         rngs = [None] * k           # each part: its rows of what one pass over the batch draws
         if rng is not None:
             from ..training.distributed import RowsOf
@@ -313,7 +326,7 @@ class FastTransformer:
         V = self.params[self._emb("out")].shape[0]
         logits = self.xp.empty((Bsz, T, V), dtype=self.dtype)
         fused = self._fuse()                            # once, shared by the parts
-        caches = _THREADS.parallel([
+        caches = THREADS.parallel([
             lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused, tiled=tiled)[1]
             for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts)
@@ -322,7 +335,7 @@ class FastTransformer:
         """The gradients of :meth:`forward`'s ``cache`` given dlogits (B, T, V_tgt) (it may be
         overwritten): a dict keyed like ``params``, views of ``arena.grads`` (the next backward
         overwrites them); ``ready(stop)``, when given, is told each time ``arena.grads[:stop]``
-        is final (:meth:`attn.fast.backward.Backward.__call__`)."""
+        is final (:meth:`attn.fast.training.backward.Backward.__call__`)."""
         return self._backward(dlogits, cache, ready)
 
     def project(self, h, out=None):
@@ -347,8 +360,8 @@ class FastTransformer:
                 return self.readable.project(h)
         h2 = h.reshape(rows, h.shape[-1])
         out = self.xp.empty((rows, E.shape[0]), dtype=self.dtype)
-        _THREADS.parallel([lambda sl=sl: self.xp.matmul(h2[sl], E.T, out=out[sl])
-                           for sl in _row_slices(rows, k)])
+        THREADS.parallel([lambda sl=sl: self.xp.matmul(h2[sl], E.T, out=out[sl])
+                           for sl in row_slices(rows, k)])
         return out.reshape(*lead, E.shape[0])
 
     def logits(self, src, tgt_in):
@@ -366,9 +379,9 @@ class FastTransformer:
         V = self.params[self._emb("out")].shape[0]
         out = self.xp.empty((Bsz, T, V), dtype=self.dtype)
         fused = self._fuse()
-        _THREADS.parallel([lambda sl=sl: self._forward_part(src[sl], tgt_in[sl], None, out[sl], keep_cache=False,
+        THREADS.parallel([lambda sl=sl: self._forward_part(src[sl], tgt_in[sl], None, out[sl], keep_cache=False,
                                                             fused=fused, tiled=tiled)
-                           for sl in _row_slices(Bsz, k)])
+                           for sl in row_slices(Bsz, k)])
         return out
 
     #: A callable ``clock(phase)`` told when each phase of a forward/backward begins (the
@@ -388,7 +401,7 @@ class FastTransformer:
         Bsz, S = src.shape
         T = tgt_in.shape[1]
         F = self._fuse() if fused is None else fused
-        src_bias, src_rows = (flash.KeyMask.of(src, False), None) if tiled else \
+        src_bias, src_rows = (flash.KeyMask.of(src, False, self._cores), None) if tiled else \
             mask_bias(padding_mask(src), self.dtype, xp)                     # (B, 1, 1, S)
         memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
         self._phase("forward: decoder")
@@ -441,11 +454,11 @@ class FastTransformer:
         ``keep_cross`` each layer's cross-attention weights (S, B, H, T), else None.
         ``kv_heads``: the cross-attention keys and values of every layer (2L views), or None
         to project them from ``memory`` (N_s, D) layer by layer; ``tiled``: the self-attention
-        the tiled one (``src_bias`` then a :class:`attn.fast.flash.KeyMask` too). Each layer is
-        :func:`attn.fast.layer.decoder_layer` on whole sequences (:class:`attn.fast.layer.Sequences`)."""
+        the tiled one (``src_bias`` then a :class:`attn.fast.core.flash.KeyMask` too). Each layer is
+        :func:`attn.fast.core.layer.decoder_layer` on whole sequences (:class:`attn.fast.core.layer.Sequences`)."""
         cfg, xp = self.config, self.xp
         Bsz, T = tgt_in.shape
-        tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True), None) if tiled else \
+        tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True, self._cores), None) if tiled else \
             mask_bias(decoder_mask(tgt_in), self.dtype, xp)                  # (B, 1, T, T)
         y, tgt_emb = self.embeddings.forward("tgt", tgt_in, rng)
         cross = [] if keep_cross else None
@@ -519,8 +532,7 @@ class FastTransformer:
             for w_all, w in zip(weights or [], cross or []):
                 w_all[sl] = w.transpose(1, 2, 3, 0)                           # (S, n, H, T) -> (n, H, T, S)
         self._in_parts(Bsz, max(S, T), part)
-        cache = None if weights is None else \
-            CrossWeights([(None, _Residual(_Sub(_Weights(w))), None) for w in weights])
+        cache = None if weights is None else CrossWeights.of(weights)
         return out, cache, decoder_mask(tgt_in)
 
     def _in_parts(self, Bsz: int, T: int, part) -> None:
@@ -531,7 +543,7 @@ class FastTransformer:
             part(slice(0, Bsz))
             return
         self.embeddings.shared_tables(T, T)                       # build the shared tables before the threads
-        _THREADS.parallel([lambda sl=sl: part(sl) for sl in _row_slices(Bsz, k)])
+        THREADS.parallel([lambda sl=sl: part(sl) for sl in row_slices(Bsz, k)])
 
     # ------------------------------------------------------------------ decoding
 
@@ -549,8 +561,8 @@ class FastTransformer:
         device state's kernels are the paper's sub-layers."""
         if self.xp is not B.host and not later_block(self.config):
             self._own_params()
-            return decoding.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
-        return decoding.start(self, self.cross_attention_kv(memory), src_mask,
+            return device.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
+        return host.start(self, self.cross_attention_kv(memory), src_mask,
                               None if reserve is None else reserve[1])
 
     def decode_step(self, tokens, state):
@@ -558,14 +570,14 @@ class FastTransformer:
         step of :mod:`attn.fast.decoding`, its rows split over :attr:`workers` threads (default
         :func:`default_workers`); small steps otherwise run with single-threaded BLAS."""
         if isinstance(state, DeviceDecodeState):
-            return decoding.device_step(self, tokens, state)
+            return device.device_step(self, tokens, state)
         if not isinstance(state, FastDecodeState):
             raise TypeError(f"FastTransformer.decode_step: the state must come from its start_decoding, "
                             f"got a {type(state).__name__}")
         small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
         parts = default_workers() if self.workers is None else max(1, int(self.workers))
         parts = parts if self.xp is B.host else 1
-        return decoding.run_step(self, tokens, state, parts, small)
+        return host.run_step(self, tokens, state, parts, small)
 
     #: On CuPy, beam search's candidates are ranked by one kernel where a sentence's beams have at
     #: most this many between them; above it, by the reference's array calls. Both keep the same
@@ -576,7 +588,7 @@ class FastTransformer:
         """:meth:`attn.decode.ReadableSearch.greedy_pick`; on CuPy one kernel (``greedy_pick``)."""
         if self.xp is B.host:
             return ReadableSearch.greedy_pick(logp, banned, info, tokens)
-        decoding.greedy_pick(logp, tuple(banned), info, tokens)
+        device.greedy_pick(logp, tuple(banned), info, tokens)
 
     def beam_candidates(self, logp, beam_scores, W: int, c: int, C: int, banned):
         """:meth:`attn.decode.ReadableSearch.beam_candidates`; on CuPy one kernel (``beam_candidates``: each beam's
@@ -587,7 +599,7 @@ class FastTransformer:
         shape = (2, beam_scores.shape[0], C)
         if self._candidates is None or self._candidates.shape != shape:
             self._candidates = self.xp.empty(shape, dtype=self.xp.float64)
-        decoding.beam_candidates(logp, beam_scores.reshape(-1), W, c, C, tuple(banned), self._candidates)
+        device.beam_candidates(logp, beam_scores.reshape(-1), W, c, C, tuple(banned), self._candidates)
         return B.to_host(self._candidates)
 
     # ------------------------------------------------------------------ inspection
@@ -617,10 +629,10 @@ class FastSearch:
 
     def __init__(self, model: FastTransformer):
         self.model = model
-        self.check_every = 1 if model.xp is B.host else decoding.EOS_CHECK_EVERY
+        self.check_every = 1 if model.xp is B.host else host.EOS_CHECK_EVERY
 
     def rows_to_device(self, index, tokens, scores):
-        return decoding.rows_to_device(self.model.xp, index, tokens, scores)
+        return host.rows_to_device(self.model.xp, index, tokens, scores)
 
     def start(self, memory, src_mask, reserve=None):
         return self.model.start_decoding(memory, src_mask, reserve)

@@ -145,7 +145,7 @@ class TrainConfig:
     cuda_graph: bool = False           # each training step one CUDA graph launch (CuPy, the fast engine, one process)
     precision: str = "fp32"            # the matrix products' inputs: fp32, tf32 or bf16 (attn.precision); the
                                        # weights stay float32 (fp32 master weights in the arena)
-    attention: str = "auto"            # the fast engine's attention: plain, flash (tiled) or auto (attn.fast.flash)
+    attention: str = "auto"            # the fast engine's attention: plain, flash (tiled) or auto (attn.fast.core.flash)
     quiet: bool = False                # no progress bar
     # fine-tuning a trained translator (attn.training.finetune; lesson 29)
     resume_from: Path | None = None    # start from this checkpoint's weights and vocabulary, on this corpus

@@ -241,16 +241,16 @@ def make_engine(model: Transformer, engine, lr_factor: float, precision=FP32, co
     rate ending with ``cooldown`` (:func:`attn.optim.cooldown_scale`). The fast
     engine computes the reference's numbers (tests/test_fast.py checks that) with fewer passes
     over memory. The fast model does not check token ids: its engine's step
-    (:func:`attn.fast.loop.loop_step`) checks each batch on the host (on a GPU the model's check
+    (:func:`attn.fast.training.loop.loop_step`) checks each batch on the host (on a GPU the model's check
     would wait for the device); the readable model checks them in its layers. ``attention``: the
-    fast engine's (:mod:`attn.fast.flash`; the reference engine has the plain one alone)."""
+    fast engine's (:mod:`attn.fast.core.flash`; the reference engine has the plain one alone)."""
     engine = engines.get(engine) if isinstance(engine, str) else engine
     model = engine.model(model.config, dtype=model.dtype, params=model.params, precision=Precision.of(precision),
                          check_ids=False)
     if attention != "auto":
         if not hasattr(model, "attention"):
             raise ValueError(f"make_engine: attention={attention!r} chooses the fast engine's attention "
-                             f"(attn.fast.flash); the {engine.name} engine has the plain one alone")
+                             f"(attn.fast.core.flash); the {engine.name} engine has the plain one alone")
         model.attention = attention
     return model, engine.optimizer(model, lr_factor, cooldown)
 

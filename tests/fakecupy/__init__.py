@@ -35,10 +35,10 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   line that asked. An allocation from the pool that the capturing stream's free blocks serve is
   not refused, in any capture mode, as on a GPU, nor a ``cudaMalloc`` in relaxed mode (CuPy's
   default): it is recorded (``Graph.pool_allocations``), the pool's byte counts grow and memory
-  hooks are told, so only the capturer's own guard (:class:`attn.fast.graph.CaptureGuard`) can
+  hooks are told, so only the capturer's own guard (:class:`attn.fast.gpu.graph.CaptureGuard`) can
   refuse it. A ``cudaMalloc`` in global or thread-local mode is refused, as CUDA refuses it.
   ``begin_capture(survey=True)`` notes every refusal instead, pool allocations included
-  (:func:`attn.fast.graph.survey`).
+  (:func:`attn.fast.gpu.graph.survey`).
 * The memory pool keeps its free blocks per stream, as CuPy's (:mod:`fakecupy.pool`): a block
   freed on one stream is never handed to a request on another, and ``used_bytes``,
   ``total_bytes``, ``free_bytes``, ``n_free_blocks`` and ``free_all_blocks(stream)`` count them
@@ -58,11 +58,11 @@ attn uses, and behave like them where CuPy differs from NumPy and attn could dep
   ``MemoryPointer + offset``): while an allocator other than the pool's is in place, every new
   array asks it for its bytes and becomes a view of the memory it returns, so memory handed out
   twice is shared for real; such arrays count as the allocator's (the tracer's ``step_memory``),
-  not the pool's, and a capture accepts them (attn's step memory, :mod:`attn.fast.stepmem`).
+  not the pool's, and a capture accepts them (attn's step memory, :mod:`attn.fast.gpu.stepmem`).
 
 **The one difference that is not CuPy's**: a kernel (``cupy.RawModule``) cannot run CUDA
 here, so each kernel function is run by its NumPy twin, the function that
-``attn.fast.kernels`` keeps beside every kernel as its specification (see
+``attn.fast.gpu.kernels`` keeps beside every kernel as its specification (see
 :class:`fakecupy.cupy.RawModule`). Everything around the kernels (argument packing, strides,
 grid and block sizes, the launch code of ``CupyOps``) runs as it would on a GPU.
 

@@ -52,7 +52,7 @@ class _Cublas:
     As in CuPy, these wrappers refuse every call while a stream captures (each first sets the
     handle's stream, and CuPy's ``setStream`` raises ``NotImplementedError('calling cuBLAS API
     during stream capture is currently unsupported')``); :class:`_DirectCublas`, the library
-    called without CuPy (``attn.fast.cublas``), does not.
+    called without CuPy (``attn.fast.gpu.cublas``), does not.
 
     The Ex GEMMs (``gemmEx``, ``gemmStridedBatchedEx``) take each matrix's storage type and the
     compute type: bf16 A and B (16-bit patterns, a uint16 array here) into fp32 C, summed in
@@ -90,7 +90,7 @@ class _Cublas:
     def _cupy_refuses(cls, name):
         if _c._capturing is not None and cls._through_cupy:
             _c._refuse_in_capture(f"cupy.cuda.cublas.{name}: calling cuBLAS API during stream capture is currently "
-                               "unsupported (CuPy's wrappers refuse; attn.fast.cublas calls the library directly)",
+                               "unsupported (CuPy's wrappers refuse; attn.fast.gpu.cublas calls the library directly)",
                                "CuPy cuBLAS")
 
     @classmethod
@@ -424,7 +424,7 @@ def _int(v, what: str, bits: int, unsigned: bool = False) -> int:
 
 
 class _DirectCublas(_Cublas):
-    """libcublas called directly (what :func:`attn.fast.cublas.direct_cublas` gives on the
+    """libcublas called directly (what :func:`attn.fast.gpu.cublas.direct_cublas` gives on the
     stand-in, in place of the library bound through ctypes): the same calls as :class:`_Cublas`,
     not refused during a capture, and handles of the caller's own (``create``) with a workspace
     (``setWorkspace``: a device buffer the handle works in, so that cuBLAS allocates nothing
@@ -482,6 +482,7 @@ class _Cuda:
     device = None                   # set below: _DeviceModule
     get_elapsed_time = staticmethod(_c.get_elapsed_time)
     runtime = _c._Runtime()
+    driver = None                   # set in fakecupy.kernels' import: Driver
     MemoryPointer = _c.MemoryPointer
     UnownedMemory = _c.UnownedMemory
     using_allocator = staticmethod(_c._using_allocator)
@@ -502,5 +503,5 @@ class _Cuda:
 
     @staticmethod
     def direct_cublas():
-        """The stand-in's libcublas for :func:`attn.fast.cublas.direct_cublas` (not CuPy API)."""
+        """The stand-in's libcublas for :func:`attn.fast.gpu.cublas.direct_cublas` (not CuPy API)."""
         return _DirectCublas

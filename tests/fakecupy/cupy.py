@@ -130,7 +130,7 @@ _ALLOC_ONLY = frozenset({"empty", "empty_like"})
 #: do: :func:`_malloc_refused`). It is recorded (:attr:`_Capture.pool_allocations`),
 #: the pool's byte counts grow by it (the graph keeps the block) and memory hooks see it; the
 #: graph keeps an address the pool will hand out again, and nothing but the capturer's own
-#: check (attn's guard, :mod:`attn.fast.graph`) stops it. A survey notes it as a refusal.
+#: check (attn's guard, :mod:`attn.fast.gpu.graph`) stops it. A survey notes it as a refusal.
 _capturing = None
 
 
@@ -437,7 +437,8 @@ _CTYPE_DTYPES = {"float": np.float32, "double": np.float64, "int": np.int32, "lo
 
 
 from .kernels import (  # noqa: E402,F401 (cupy.X, as attn and the tests reach them)
-    KernelLaunch, RawKernel, RawModule, _kernel_signatures, _twins)
+    Driver, KernelLaunch, RawKernel, RawModule, _kernel_signatures, _twins)
+_Cuda.driver = Driver
 
 
 if __import__("os").environ.get("FAKECUPY_ASYNC") == "1":       # a whole run in the asynchronous mode

@@ -1,0 +1,285 @@
+"""One contiguous arena for the fast engine's parameters, gradients and Adam's two moments.
+
+The parameters of :class:`attn.fast.FastTransformer` live in one flat buffer, their
+gradients in a second with the same layout, and the optimizer's first and second moments
+in a third and a fourth (Megatron's contiguous gradient buffer, apex's multi-tensor apply).
+The optimizer is then one update over four flat arrays (one kernel launch on CuPy), the
+global gradient norm one reduction, and a data-parallel run all-reduces ``arena.grads`` as
+one buffer.
+
+The API::
+
+    arena = Arena(config, dtype, xp)          # or Arena.adopt(params, config): copies them in
+    arena.params, arena.grads                 # flat (size,) buffers, one layout
+    arena.grad_buffer                         # (size + SLOT,): grads, then the slot a data-parallel
+                                              # all-reduce carries beside them (the loss, the tokens)
+    arena.m, arena.v                          # Adam's moments, the same layout (made on first use)
+    arena.views(arena.params)                 # {name: view} for every parameter (the model's params)
+    arena.views(arena.grads)                  # {name: view}: what backward writes and returns
+    arena.block(arena.grads, "decoder.cross_attn.w_kv")   # a fused block (below) of any buffer
+    Arena.find(params)                        # the arena whose views ``params`` holds, or None
+
+Every flat buffer has ``arena.size`` elements of ``arena.dtype``; each parameter's view
+keeps its name and shape from :func:`attn.model.parameter_shapes`, so checkpoints, the
+reference model and the trainer see the same dict of arrays as before (the order of the
+blocks in the buffers is the arena's own business: nothing outside it reads it). Elements
+between blocks (each block starts on a multiple of :data:`ALIGN` elements) are zero in every
+buffer and stay zero: their gradient is never written, so Adam leaves them at zero, and they
+add nothing to the gradient norm. The all-reduce of a data-parallel run includes them.
+
+**The order: the backward's.** The blocks lie in the order the fast backward finishes their
+gradients, stage by stage (:func:`stages`): the decoder's final norm (pre-norm), the decoder's
+layers from the last to the first, the cross-attention K|V block of all layers, the target's
+learned positions, the encoder's final norm, the encoder's layers from the last to the first,
+the source's learned positions, and last the embeddings (a tied embedding's gradient is
+complete only at the very end). ``layout.stages`` holds each stage's ``(start, stop)``: when
+the backward has finished a stage, ``grads[:stop]`` is final, which is what lets a
+data-parallel run all-reduce the front of the buffer while the backward computes the rest
+(buckets in reverse layer order, as PyTorch's DDP sends them). The gradient buffer is
+:data:`SLOT` elements longer than the others: ``grad_buffer[size:]`` is where that run puts
+its loss and its token count (:data:`LOSS`, :data:`TOKENS`), so that one all-reduce of
+``grad_buffer`` carries everything; ``grads`` is ``grad_buffer[:size]``, what Adam reads.
+
+**The fused blocks.** Projections that read the same input are laid out side by side, so
+that the step multiplies by one block and writes one block's gradient, with nothing
+concatenated or sliced per step:
+
+=====================================  ==============  =========================================
+block                                  shape           parameters (column blocks)
+=====================================  ==============  =========================================
+``{stack}.{i}.self_attn.w_qkv``        (D, D + 2KV)    ``w_q | w_k | w_v``
+``{stack}.{i}.self_attn.b_qkv``        (D + 2KV,)      ``b_q | b_k | b_v``
+``decoder.cross_attn.w_kv``            (D, 2KV L)      ``w_k0 | w_v0 | w_k1 | w_v1 | ...``
+``decoder.cross_attn.b_kv``            (2KV L,)        ``b_k0 | b_v0 | ...``
+``{stack}.{i}.ffn.w13`` (SwiGLU)       (D, 2F)         ``w1 | w3`` (the gate's and the value's)
+``{norm}.gamma_beta``                  (2, D) or (1,D) ``gamma``, ``beta`` (rows; RMSNorm: gamma)
+=====================================  ==============  =========================================
+
+KV is the keys' width, ``kv_heads * d_model / n_heads`` (D unless grouped-query attention).
+Every other parameter is a block of its own. The views of ``w_q``, ``w_k``, ``w_v``,
+``w_k{i}`` and ``w_v{i}`` are column slices of their block, so they are not contiguous
+(their rows are 3D or 2DL apart); the other views are.
+"""
+from __future__ import annotations
+
+import re
+import weakref
+from typing import NamedTuple
+
+from ... import backend as B
+from ...engine import LOSS, SLOT, TOKENS  # noqa: F401 (the slot's layout, declared by the interface)
+from ...block import parts
+from ...model import TransformerConfig, parameter_shapes
+from ..gpu.stepmem import outside_step
+
+#: Every block starts at a multiple of this many elements (256 bytes in float32).
+ALIGN = 64
+#: Elements of the gradient buffer past the gradients (a data-parallel run's loss and tokens),
+#: and where each sits in them.
+
+
+class Block(NamedTuple):
+    """A block of the layout: where it starts in a flat buffer, and its shape."""
+    offset: int
+    shape: tuple
+
+
+class Member(NamedTuple):
+    """Where a parameter sits in its block: the block's name, and the index of the view
+    (a column slice for the fused projections, a row for layer norm, everything otherwise)."""
+    block: str
+    index: tuple
+
+
+def _member(name: str, shape: tuple, cfg: TransformerConfig) -> tuple:
+    """(block name, block shape, index in the block) of a parameter."""
+    D, L, F = cfg.d_model, cfg.n_decoder_layers, cfg.ffn_width
+    KV = cfg.key_value_heads * (D // cfg.n_heads)              # the keys' and the values' width
+    m = re.fullmatch(r"((?:encoder|decoder)\.\d+\.self_attn)\.([wb])_([qkv])", name)
+    if m:
+        pre, kind, j = m.group(1), m.group(2), "qkv".index(m.group(3))
+        lo = (0, D, D + KV)[j]
+        cols = slice(lo, lo + (D if j == 0 else KV))
+        if kind == "w":
+            return f"{pre}.w_qkv", (D, D + 2 * KV), (slice(None), cols)
+        return f"{pre}.b_qkv", (D + 2 * KV,), (cols,)
+    m = re.fullmatch(r"decoder\.(\d+)\.cross_attn\.([wb])_([kv])", name)
+    if m:
+        i, kind, j = int(m.group(1)), m.group(2), "kv".index(m.group(3))
+        cols = slice(2 * KV * i + j * KV, 2 * KV * i + (j + 1) * KV)
+        if kind == "w":
+            return "decoder.cross_attn.w_kv", (D, 2 * KV * L), (slice(None), cols)
+        return "decoder.cross_attn.b_kv", (2 * KV * L,), (cols,)
+    m = re.fullmatch(r"((?:encoder|decoder)\.\d+\.ffn)\.(w1|w3)", name)
+    if m and parts(cfg).ffn.gated:                        # SwiGLU: W | V one block
+        j = ("w1", "w3").index(m.group(2))
+        return f"{m.group(1)}.w13", (D, 2 * F), (slice(None), slice(j * F, (j + 1) * F))
+    m = re.fullmatch(r"(.*)\.(gamma|beta)", name)
+    if m:
+        return f"{m.group(1)}.gamma_beta", (len(parts(cfg).norm.names), D), (0 if m.group(2) == "gamma" else 1,)
+    return name, tuple(shape), ()
+
+
+class Layout(NamedTuple):
+    """Blocks (name -> Block, in the buffers' order), members (parameter name -> Member, in
+    :func:`parameter_shapes` order), the flat size, and the stages (name -> ``(start, stop)``
+    in the buffers, in the backward's order; an empty stage has ``start == stop``)."""
+    blocks: dict
+    members: dict
+    size: int
+    stages: dict
+
+
+def stages(cfg: TransformerConfig) -> list:
+    """The stages of the fast backward, in the order it finishes them (see the module docstring)."""
+    return ["decoder.norm", *(f"decoder.{i}" for i in reversed(range(cfg.n_decoder_layers))),
+            "decoder.cross_attn", "tgt_pos", "encoder.norm",
+            *(f"encoder.{i}" for i in reversed(range(cfg.n_encoder_layers))), "src_pos", "embeddings"]
+
+
+def _stage_of(block: str) -> str:
+    """The stage whose end makes a block's gradient final."""
+    m = re.match(r"((?:encoder|decoder)\.(?:\d+|norm|cross_attn))\.", block)
+    if m:
+        return m.group(1)
+    return block.split(".")[0] if block in ("src_pos.weight", "tgt_pos.weight") else "embeddings"
+
+
+def layout(cfg: TransformerConfig) -> Layout:
+    """The arena's layout for a model configuration (see the module docstring)."""
+    shapes, members = {}, {}
+    for name, shape in parameter_shapes(cfg).items():
+        bname, bshape, index = _member(name, tuple(shape), cfg)
+        shapes.setdefault(bname, bshape)
+        members[name] = Member(bname, index)
+    order = {stage: i for i, stage in enumerate(stages(cfg))}
+    blocks, ranges, size = {}, {}, 0
+    for stage in order:
+        start = size
+        for bname in (b for b in shapes if _stage_of(b) == stage):     # in parameter order within a stage
+            n = 1
+            for s in shapes[bname]:
+                n *= int(s)
+            blocks[bname] = Block(size, shapes[bname])
+            size += -(-n // ALIGN) * ALIGN
+        ranges[stage] = (start, size)
+    assert len(blocks) == len(shapes), sorted(set(shapes) - set(blocks))
+    return Layout(blocks, members, size, ranges)
+
+
+class Arena:
+    """Flat parameter, gradient and moment buffers of one model (see the module docstring).
+
+    ``params`` is made at construction (zeros); ``grads``, ``m`` and ``v`` on first use,
+    so a model that only decodes holds its parameters alone."""
+
+    _live: "weakref.WeakSet[Arena]" = weakref.WeakSet()
+
+    def __init__(self, config: TransformerConfig, dtype, xp):
+        self.config, self.dtype, self.xp = config, B.host.dtype(dtype), xp
+        self.layout = layout(config)
+        self.size = self.layout.size
+        self.params = xp.zeros((self.size,), dtype=self.dtype)
+        self._grads = self._m = self._v = None
+        self.param_views = self.views(self.params)
+        Arena._live.add(self)
+
+    @classmethod
+    def adopt(cls, params: dict, config: TransformerConfig, dtype=None) -> "Arena":
+        """An arena holding copies of ``params`` (every parameter of ``config``, one backend);
+        the entries of ``params`` are then replaced by the arena's views, in place, so that
+        whoever shares the dict (a reference model) shares the arena's memory."""
+        first = next(iter(params.values()))
+        arena = cls(config, dtype or first.dtype, B.get_array_module(first))
+        arena.load(params)
+        params.update(arena.param_views)
+        return arena
+
+    def load(self, params: dict) -> None:
+        """Copy every parameter's values from ``params`` into the arena."""
+        shapes = parameter_shapes(self.config)
+        missing = [k for k in shapes if k not in params]
+        if missing:
+            raise KeyError(f"Arena.load: no value for {missing[:5]}")
+        for name, view in self.param_views.items():
+            a = params[name]
+            if a is view:
+                continue
+            if tuple(a.shape) != tuple(shapes[name]):
+                raise ValueError(f"Arena.load: {name} has shape {tuple(a.shape)}, expected {shapes[name]}")
+            view[...] = a
+
+    # ---- the buffers made on first use
+
+    @property
+    def grad_buffer(self):
+        """The gradients and, past them, :data:`SLOT` elements for a data-parallel run's loss and
+        token count: (size + SLOT,), the buffer one all-reduce carries."""
+        if self._grads is None:
+            with outside_step():               # kept between steps: never from a step's memory
+                self._grad_buffer = self.xp.zeros((self.size + SLOT,), dtype=self.dtype)
+            self._grads = self._grad_buffer[:self.size]
+            self._grad_views = self.views(self._grads)
+        return self._grad_buffer
+
+    @property
+    def grads(self):
+        """The gradients, (size,): the front of :attr:`grad_buffer`, what the backward writes
+        and Adam reads."""
+        if self._grads is None:
+            self.grad_buffer
+        return self._grads
+
+    @property
+    def grad_views(self) -> dict:
+        """{name: view} of :attr:`grads` (made once)."""
+        self.grads
+        return self._grad_views
+
+    @property
+    def m(self):
+        if self._m is None:
+            with outside_step():
+                self._m = self.xp.zeros((self.size,), dtype=self.dtype)
+        return self._m
+
+    @property
+    def v(self):
+        if self._v is None:
+            with outside_step():
+                self._v = self.xp.zeros((self.size,), dtype=self.dtype)
+        return self._v
+
+    def new_buffer(self):
+        """A zeroed flat buffer with the arena's layout (a part's gradients, a scratch)."""
+        with outside_step():
+            return self.xp.zeros((self.size,), dtype=self.dtype)
+
+    # ---- views
+
+    def block(self, flat, name: str):
+        """Block ``name`` (see the module docstring) of a flat buffer, in its shape."""
+        b = self.layout.blocks[name]
+        n = 1
+        for s in b.shape:
+            n *= int(s)
+        return flat[b.offset:b.offset + n].reshape(b.shape)
+
+    def views(self, flat) -> dict:
+        """{parameter name: view} of a flat buffer with this layout, in parameter order."""
+        blocks = {name: self.block(flat, name) for name in self.layout.blocks}
+        return {name: blocks[m.block][m.index] if m.index else blocks[m.block]
+                for name, m in self.layout.members.items()}
+
+    def holds(self, params: dict) -> bool:
+        """Whether ``params`` holds exactly this arena's parameter views (the same objects)."""
+        pv = self.param_views
+        return len(params) == len(pv) and all(params.get(k) is a for k, a in pv.items())
+
+    @classmethod
+    def find(cls, params: dict) -> "Arena | None":
+        """The live arena whose parameter views ``params`` holds, or None."""
+        for arena in list(cls._live):
+            if arena.holds(params):
+                return arena
+        return None

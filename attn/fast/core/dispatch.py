@@ -1,0 +1,38 @@
+"""Which memory-bound operations a namespace gets: :func:`ops_for`.
+
+The NumPy operations (:mod:`attn.fast.core.ops`) and the CuPy kernels (:mod:`attn.fast.gpu.kernels`,
+which subclass them) are imported by this module alone, so neither imports the other's
+chooser and the imports run one way: ``ops`` <- ``kernels`` <- ``dispatch``.
+"""
+from __future__ import annotations
+
+from ... import backend as B
+from ...precision import check as check_precision
+from ..gpu.kernels import Bf16CupyOps, CupyOps, Tf32CupyOps
+from .ops import Ops
+
+#: The CuPy operations of each precision: the products differ, the kernels are the same.
+CUPY_OPS = {"fp32": CupyOps, "tf32": Tf32CupyOps, "bf16": Bf16CupyOps}
+
+
+def ops_for(xp, precision="fp32") -> Ops:
+    """The ``Ops`` for an array namespace: fused CuPy kernels where they apply. One object
+    per namespace, made on first use (the CuPy one compiles its module then), and one per
+    other ``precision`` of its products (``"fp32"``, ``"tf32"`` or ``"bf16"``, or an object
+    whose ``name`` is one), made at that precision and sharing the fp32 object's buffers (and
+    on CuPy its compiled module): ``Ops(numpy, precision)`` on NumPy, on CuPy (or the tests'
+    stand-in) the class of :data:`CUPY_OPS`."""
+    name = check_precision(getattr(precision, "name", precision))
+    key = xp.__name__ if name == "fp32" else (xp.__name__, name)
+    ops = _OPS.get(key)
+    if ops is None:
+        fp32 = None if name == "fp32" else ops_for(xp)
+        if xp is B.host:
+            ops = Ops(xp, name, sharing=fp32)
+        else:
+            ops = CUPY_OPS[name](xp, sharing=fp32)
+        _OPS[key] = ops
+    return ops
+
+
+_OPS: dict = {}

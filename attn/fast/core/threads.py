@@ -1,0 +1,146 @@
+"""Threads for the NumPy fast path: a pool of long-lived helper threads that run the parts
+of a split batch at the same time, blocks with NumPy's BLAS on one thread, and the malloc
+setting that keeps freed memory for the next step."""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+from ... import backend as B
+
+#: Most threads the automatic choice uses: beyond a few, the GIL-bound Python part of a
+#: step (a few thousand NumPy calls) would start to serialise them.
+MAX_AUTO_WORKERS = 4
+
+
+def default_workers() -> int:
+    """How many parts the NumPy fast path splits a batch into: NumPy's BLAS threads (the
+    cores the user gave the program), at most :data:`MAX_AUTO_WORKERS`; 1 where the BLAS
+    threads cannot be read (and so cannot be lowered to 1 while the parts run)."""
+    n = B.blas_threads()
+    return 1 if n is None else max(1, min(n, MAX_AUTO_WORKERS))
+
+
+class _Threads:
+    """Long-lived helper threads. ``run([f0, f1, ...])`` calls ``f0`` in the calling thread
+    and the others on helpers at the same time, and returns the results in order (the
+    first exception is re-raised once all have finished). NumPy releases the GIL inside
+    ufuncs and matmul, so the parts really run on separate cores."""
+
+    def __init__(self):
+        self._helpers = []
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _loop(self, inbox, outbox):
+        self._local.helper = True
+        while True:
+            f = inbox.get()
+            try:
+                result = (True, f())
+            except BaseException as e:      # handed to the caller
+                result = (False, e)
+            # Let go of the task before the caller hears of its end: its closure may hold a
+            # step's buffers (a decoding state's keys and values, a training step's cache),
+            # which an idle helper would otherwise keep alive until its next task.
+            del f
+            outbox.put(result)
+            del result
+
+    def run(self, fns):
+        if len(fns) == 1 or getattr(self._local, "helper", False) or not self._lock.acquire(blocking=False):
+            return [f() for f in fns]       # nested or concurrent use: run them one after another
+        try:
+            if self._pid != os.getpid():      # a forked child inherits the queues, not the threads
+                self._helpers, self._pid = [], os.getpid()
+            while len(self._helpers) < len(fns) - 1:
+                inbox, outbox = queue.SimpleQueue(), queue.SimpleQueue()
+                threading.Thread(target=self._loop, args=(inbox, outbox), daemon=True,
+                                 name=f"attn-fast-{len(self._helpers)}").start()
+                self._helpers.append((inbox, outbox))
+            for (inbox, _), f in zip(self._helpers, fns[1:]):
+                inbox.put(f)
+            err, results = None, []
+            try:
+                results.append(fns[0]())
+            except BaseException as e:
+                err = e
+                results.append(None)
+            for (_, outbox), _f in zip(self._helpers, fns[1:]):
+                ok, r = outbox.get()
+                if not ok and err is None:
+                    err = r
+                results.append(r if ok else None)
+            if err is not None:
+                try:
+                    raise err
+                finally:                # no cycle through this frame: the parts' arrays go with the error
+                    err = results = r = f = _f = fns = None
+            return results
+        finally:
+            self._lock.release()
+
+    def parallel(self, fns):
+        """:meth:`run` with NumPy's BLAS set to one thread meanwhile (the parts are the
+        parallelism; BLAS threads on top would oversubscribe the cores)."""
+        if len(fns) == 1:
+            return [fns[0]()]
+        with single_threaded_blas():
+            return self.run(fns)
+
+
+class single_threaded_blas:
+    """``with single_threaded_blas(): ...`` runs the block with NumPy's BLAS on one thread
+    and restores the previous count afterwards (a no-op where the count cannot be set)."""
+
+    def __enter__(self):
+        self._prev = B.blas_threads()
+        if self._prev not in (None, 1):
+            B.blas_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        if self._prev not in (None, 1):
+            B.blas_threads(self._prev)
+        return False
+
+
+THREADS = _Threads()
+
+
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
+    """Ask glibc's malloc to keep freed blocks for reuse instead of handing them back to
+    the system. Returns False where that is not possible (not glibc).
+
+    A training step allocates a few hundred megabytes of buffers and frees them again. By
+    default glibc returns large freed blocks to the kernel (``munmap``, heap trimming), so
+    the next step's buffers page-fault their memory back in, page by page, zeroed: 10 to 30
+    thousand faults and 5-10 % of a toy-bench step on two cores. With this, blocks up to
+    ``mmap_threshold`` bytes come from the heap and the heap is not trimmed below
+    ``trim_threshold``, so the process keeps its peak footprint between steps.
+
+    This is a setting for the whole process (PyTorch's CPU tensors in the same process
+    use the same malloc and benefit alike), so it is never made implicitly: the trainer and
+    the benchmark call it. Memory measured by resident set size no longer falls between
+    steps afterwards (the benchmark measures peak memory in child processes without it).
+    """
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    ok = mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)) == 1
+    ok = (mallopt(M_TRIM_THRESHOLD, int(trim_threshold)) == 1) and ok
+    return ok
+
+
+def row_slices(n: int, k: int):
+    """k contiguous slices covering range(n), as equal as possible (none empty)."""
+    k = max(1, min(k, n))
+    bounds = [n * i // k for i in range(k + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(k)]

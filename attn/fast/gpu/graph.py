@@ -1,0 +1,430 @@
+"""A step captured once as a CUDA graph and replayed: one launch from the host for all of a
+step's kernels.
+
+A training step of ``toy-bench`` is some hundreds of kernel launches, each a few microseconds of
+the host's time (Python, CuPy, the driver) for a few microseconds of the GPU's: the GPU waits on
+the host. A CUDA graph records the launches once, on a capturing stream, and replays them with
+one call. What a graph replays is exactly what was recorded, so a step can be captured only if
+
+* every array it reads or writes lives at the same address from one call to the next (its
+  inputs are copied into buffers the graph owns; nothing is taken from CuPy's memory pool while
+  the stream captures, since the pool would hand those addresses out again: what the step makes
+  comes from a :class:`attn.fast.gpu.stepmem.StepMemory`, one slab at the same addresses every
+  step, given as ``memory``);
+* every number that changes between calls (the learning rate, the step count, dropout's key)
+  is read from device memory by the kernels, never passed as a host scalar (a host scalar is
+  recorded by value and replayed as it was);
+* nothing in it waits for the device or copies to or from the host, and it makes no call that
+  CuPy refuses during a capture (its own ``matmul``, which calls cuBLAS; ``cupy.random``).
+
+**The guard.** CUDA does not refuse everything that breaks a graph. CuPy's default capture mode
+is relaxed, and in any mode the memory pool serves an allocation from blocks it holds without a
+CUDA call a mode could refuse: the capture succeeds, the graph keeps an address the pool hands
+out again, and every replay writes over whatever lives there then. So every capture here runs
+in :data:`CAPTURE_MODE` (thread-local: a ``cudaMalloc`` from this thread is an error, another
+thread's work is not disturbed) inside :class:`CaptureGuard`, which refuses the capture, with
+the reason, when during it the pool handed out memory (a memory hook sees each allocation and
+where attn asked for it) or grew, the step memory overflowed (served a request from the pool),
+or anything waited for the device (``cupyx.allow_synchronize(False)``; CUDA raises too). A
+refused capture's graph is dropped and the step runs eagerly: :class:`CapturedStep` notes the
+reason (:attr:`CapturedStep.refusals`), runs that shape eagerly for a few calls and tries again,
+eagerly for good after :data:`CAPTURE_TRIES` refusals (or raises :class:`CaptureError` with
+``strict=True``).
+
+:class:`CapturedStep` runs a function eagerly for its first ``warmup`` calls at an input shape
+(real calls: a training step is taken), captures it on the next call at that shape and replays
+the graph from then on, one graph per input shape. :func:`survey` lists what in a function a
+capture would refuse (on the CuPy stand-in, which notes every refusal instead of raising at the
+first); ``python -m attn.bench --counts`` prints it for the training step.
+
+On NumPy there is nothing to capture: :class:`CapturedStep` calls the function.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter, OrderedDict
+from typing import Callable, NamedTuple
+
+from ... import backend as B
+
+#: The stream capture mode of every capture: ``cudaStreamCaptureModeThreadLocal`` (1). Relaxed,
+#: CuPy's default, lets even a ``cudaMalloc`` through; global refuses other threads' calls too.
+CAPTURE_MODE_NAME = "streamCaptureModeThreadLocal"
+
+
+#: How far a replayed step may be from the eager one on a GPU: the embeddings' gradient is a
+#: scatter-add (``cupyx.scatter_add``), whose float atomics sum a token's rows in whatever order
+#: the threads arrive, so two runs of one step may differ in the last bits of those sums (a few
+#: units of 2^-24, relative), and Adam carries that into the parameters at the learning rate's
+#: scale. Every other sum (the two-stage reductions, the products) runs in a fixed order.
+REPLAY_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def held_parameters(model):
+    """The parameters of a fast ``model`` that a replayed step is held to equal an eager step's
+    (:data:`REPLAY_TOLERANCE`), on the host as one flat array: all but the key projections' biases
+    that change no loss. Such a bias adds the same q·b_k to every score of a query, which the
+    softmax ignores, so its gradient is zero in exact arithmetic; computed, it is rounding noise,
+    and Adam, dividing by the gradient's own size, moves it by about the learning rate each step,
+    in a direction that differs between two runs whose sums differ in their last bits. That holds
+    for every cross-attention, and for the self-attentions unless rotary positions turn each key's
+    bias by its position (then the bias is a real parameter, and held)."""
+    views = model.arena.views(model.arena.params)
+    rope = model.block.positions.rotary
+    return B.host.concatenate([B.to_host(v).ravel() for name, v in views.items()
+                               if not (name.endswith(".b_k") and (not rope or ".cross_attn." in name))])
+
+
+class CaptureError(RuntimeError):
+    """A step could not be captured: the message names the operation and where it was asked for."""
+
+
+_NOT_THE_ASKER = ("/cupy/", "/cupyx/", "/cupy_backends/", "/fakecupy/")
+
+
+def _where() -> str:
+    """``file:line function`` of the innermost frame outside CuPy and this module: who asked."""
+    import sys
+    f = sys._getframe(1)
+    while f is not None and (any(k in f.f_code.co_filename for k in _NOT_THE_ASKER)
+                             or f.f_code.co_filename.endswith(("/fast/gpu/graph.py", "/fast/gpu/stepmem.py", "/contextlib.py"))):
+        f = f.f_back
+    if f is None:
+        return "?"
+    path = f.f_code.co_filename
+    for root in ("/attn/", "/tests/", "/lessons/"):
+        if root in path:
+            path = path[path.rindex(root) + 1:]
+            break
+    return f"{path}:{f.f_lineno} {f.f_code.co_name}"
+
+
+class CaptureGuard:
+    """``with CaptureGuard(xp, memory) as guard: <capture>``; then :attr:`reasons` lists why the
+    graph must not be kept (empty: it may). Watches the memory pool (a memory hook counting what
+    it hands out, and its byte counts before and after), the step memory's overflows, and host
+    syncs (``cupyx.allow_synchronize(False)`` for the ``with``)."""
+
+    def __init__(self, xp, memory=None):
+        self.xp, self.memory = xp, memory
+        #: why the capture is refused (empty: it is not)
+        self.reasons: list = []
+        self.allocations: list = []           # (bytes, where) of each pool allocation seen
+
+    def __enter__(self):
+        xp = self.xp
+        pool = xp.get_default_memory_pool()
+        self._pool = pool
+        self._before = (pool.used_bytes(), pool.total_bytes())
+        self._overflows = self.memory.overflows if self.memory is not None else 0
+        guard = self
+
+        class _Watch(xp.cuda.MemoryHook):
+            name = "attn-capture-guard"
+
+            def malloc_postprocess(self, **kw):
+                guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
+
+            def alloc_postprocess(self, **kw):
+                guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
+        self._hook = _Watch()
+        self._stack = contextlib.ExitStack()
+        try:
+            self._stack.enter_context(self._hook)
+            cupyx = _cupyx_of(xp)
+            if cupyx is not None and hasattr(cupyx, "allow_synchronize"):
+                with warnings.catch_warnings():      # CuPy warns that it is deprecated, at every capture
+                    warnings.filterwarnings("ignore", message="cupyx.allow_synchronize", category=UserWarning)
+                    self._stack.enter_context(cupyx.allow_synchronize(False))
+        except BaseException:
+            self._stack.close()                      # the hook is never left registered
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        if self.allocations:
+            n = sum(b for b, _ in self.allocations)
+            first = self.allocations[0][1]
+            self.reasons.append(f"{len(self.allocations)} allocation(s) of {n} bytes from the memory pool during "
+                                f"the capture (first at {first}): the graph would keep addresses the pool hands "
+                                "out again")
+        used, total = self._pool.used_bytes(), self._pool.total_bytes()
+        if total > self._before[1] and not self.allocations:
+            self.reasons.append(f"the memory pool grew by {total - self._before[1]} bytes during the capture")
+        if self.memory is not None and self.memory.overflows > self._overflows:
+            self.reasons.append(f"the step memory overflowed: {self.memory.overflows - self._overflows} request(s) "
+                                "served by the memory pool during the capture")
+        return False
+
+
+def _cupyx_of(xp):
+    """The ``cupyx`` beside ``xp`` (CuPy or the stand-in), or None where there is none."""
+    try:
+        return B._cupyx()
+    except ImportError:
+        return None
+
+
+#: Captures tried per input shape before it runs eagerly for good: a refusal may be transient
+#: (the first call at the plan's addresses still making what the kernels keep per address, say).
+CAPTURE_TRIES = 3
+
+#: Input shapes a :class:`CapturedStep` keeps (each its buffers and at most one graph), the least
+#: recently called dropped first with its graph and its hold on the slab the graph writes to:
+#: a run over many batch shapes keeps at most this many graphs and the slabs under them.
+MAX_GRAPHS = 16
+
+
+class _Entry:
+    """What :class:`CapturedStep` keeps for one input shape: its buffers, eager calls until the
+    next capture is tried, captures refused."""
+
+    def __init__(self, static: list, warmup: int):
+        self.static, self.wait, self.refused, self.graph, self.out = static, warmup, 0, None, None
+        self.slab = None                       # the step memory's slab the graph writes to
+
+
+class CapturedStep:
+    """``fn(*inputs)`` captured as a CUDA graph per input shape and replayed.
+
+    ``inputs`` are device arrays, or host arrays where ``xp`` (CuPy) is given; each call copies
+    them into buffers of their shape that the graph reads (a host array straight from the host:
+    one transfer, no device copy after it; the caller's arrays may change or go), runs ``fn`` eagerly for the first
+    ``warmup`` calls at a shape (they allocate what the step keeps and compile the kernels),
+    captures it on the next and replays it from then on. Returns what ``fn`` returned: after a
+    capture, the same arrays every time, refreshed by every replay (read them before the next
+    call). ``capture=False`` (or NumPy inputs) calls ``fn`` every time.
+
+    A capture that fails, or that :class:`CaptureGuard` refuses, is dropped: the call runs
+    ``fn`` eagerly, the reason is kept in :attr:`refusals` (by input shape) and the capture is
+    tried again after ``warmup`` more eager calls at that shape (a refusal may be transient),
+    until :data:`CAPTURE_TRIES` have been refused: then that shape runs eagerly from then on;
+    ``strict=True`` raises :class:`CaptureError` instead.
+    """
+
+    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None, xp=None,
+                 strict: bool = False):
+        if warmup < 1:
+            raise ValueError(f"CapturedStep: warmup must be at least 1 (the eager call that allocates what the "
+                             f"step keeps), got {warmup}")
+        self.fn, self.warmup, self.capture, self.xp = fn, int(warmup), bool(capture), xp
+        #: the :class:`attn.fast.gpu.stepmem.StepMemory` every eager and captured call runs in (its
+        #: slab grows after an eager call that needed more, so the capture finds it large enough)
+        self.memory = memory
+        self.strict = bool(strict)
+        self._entries: OrderedDict = OrderedDict()      # input shape key -> _Entry, least recently called first
+        #: graphs captured so far (one per input shape, again after a shape's was dropped)
+        self.graphs = 0
+        #: graphs dropped (the least recently called past :data:`MAX_GRAPHS`, or all to make room
+        #: for a larger slab: :meth:`release`)
+        self.dropped = 0
+        if memory is not None:
+            memory.on_pressure(self.release)
+        #: {input shape key: why its last capture was refused} (until one is captured)
+        self.refusals: dict = {}
+
+    def __call__(self, *inputs):
+        xp = self.xp or B.get_array_module(*inputs)
+        if not self.capture or xp is B.host:
+            return self.fn(*inputs)
+        key = tuple((a.shape, a.dtype.str) for a in inputs)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = _Entry([xp.empty(a.shape, dtype=a.dtype) for a in inputs], self.warmup)
+            while len(self._entries) > MAX_GRAPHS:
+                self._drop(self._entries.popitem(last=False)[1])
+        self._entries.move_to_end(key)
+        for buffer, a in zip(entry.static, inputs):           # outside the graph
+            if B.is_device_array(a):
+                buffer[...] = a                               # one device copy
+            else:
+                buffer.set(B.host.ascontiguousarray(a))       # one host-to-device transfer
+        if entry.graph is None and (entry.wait > 0 or entry.refused >= CAPTURE_TRIES):
+            entry.wait -= 1
+            with self._in_step(key):
+                return self.fn(*entry.static)
+        if entry.graph is None:
+            try:
+                with self._in_step(key):
+                    entry.graph, entry.out = capture_step(xp, self.fn, entry.static, self.memory)
+            except CaptureError as e:
+                if self.strict:
+                    raise
+                self.refusals[key] = str(e)
+                entry.refused += 1
+                entry.wait = self.warmup                 # eager calls, then the capture is tried again
+                with self._in_step(key):                 # the capture ran nothing: the step, eagerly
+                    return self.fn(*entry.static)
+            self.refusals.pop(key, None)
+            if self.memory is not None:
+                entry.slab = self.memory.pin()        # the graph's addresses are in this slab
+            self.graphs += 1
+        entry.graph.launch(stream=xp.cuda.get_current_stream())
+        return entry.out
+
+    @property
+    def kept(self) -> int:
+        """Graphs kept now (at most :data:`MAX_GRAPHS`)."""
+        return sum(e.graph is not None for e in self._entries.values())
+
+    def release(self) -> None:
+        """Drop every graph (each shape is captured again, after ``warmup`` eager calls): the step
+        memory needs the room their slabs take."""
+        for entry in self._entries.values():
+            self._drop(entry)
+
+    def _drop(self, entry: _Entry) -> None:
+        if entry.graph is None:
+            return
+        entry.graph = entry.out = None
+        entry.wait = self.warmup
+        if self.memory is not None and entry.slab is not None:
+            self.memory.unpin(entry.slab)
+        entry.slab = None
+        self.dropped += 1
+
+    def _in_step(self, key):
+        return self.memory.step(key) if self.memory is not None else contextlib.nullcontext()
+
+
+def capture_mode(xp) -> int:
+    """:data:`CAPTURE_MODE_NAME`'s value in ``xp``'s CUDA runtime."""
+    return int(getattr(xp.cuda.runtime, CAPTURE_MODE_NAME, 1))
+
+
+def capture_step(xp, fn, args, memory=None):
+    """(graph, what fn returned) of ``fn(*args)`` captured on a stream of its own, in
+    :func:`capture_mode`, inside a :class:`CaptureGuard`; :class:`CaptureError` with the reason
+    where it fails or the guard refuses it."""
+    main = xp.cuda.get_current_stream()
+    stream = xp.cuda.Stream(non_blocking=True)
+    stream.wait_event(main.record())            # the capture follows the work already queued
+    guard = CaptureGuard(xp, memory)
+    with stream:
+        with guard:
+            stream.begin_capture(mode=capture_mode(xp))
+            try:
+                out = fn(*args)
+            except BaseException as e:
+                try:                            # a GPU invalidates the capture: ending it raises too
+                    stream.end_capture()
+                except Exception:               # noqa: BLE001 (the cause is e, raised below)
+                    pass
+                raise CaptureError(f"CapturedStep: the step cannot be captured as a CUDA graph: {e}") from e
+            graph = stream.end_capture()
+    if guard.reasons:
+        del graph, out
+        raise CaptureError("CapturedStep: the capture is refused (the step runs eagerly): " + "; ".join(guard.reasons))
+    return graph, out
+
+
+class Refusal(NamedTuple):
+    """One operation a capture would refuse: its kind ("pool allocation", "CuPy matmul",
+    "cuRAND", "host sync", "host transfer"), what it was, and where attn asked for it."""
+    kind: str
+    what: str
+    where: str
+
+
+def survey(fn: Callable, xp) -> list:
+    """Every operation of ``fn()`` that a capture would refuse, as :class:`Refusal` s, on the
+    CuPy stand-in ``xp`` (the real CuPy raises at the first; this runs ``fn`` to its end).
+    ``fn`` runs for real before the capture's effects are undone, so call it where a step may
+    be taken."""
+    stream = xp.cuda.Stream(non_blocking=True)
+    with stream:                                # current, as in a capture: cuBLAS is set to it
+        stream.begin_capture(survey=True)
+        try:
+            fn()
+        finally:
+            graph = stream.end_capture()
+    return [Refusal(*r) for r in graph.refused]
+
+
+def summarise(refusals: list) -> dict:
+    """{kind: count} of :func:`survey`'s refusals, most frequent first."""
+    return dict(Counter(r.kind for r in refusals).most_common())
+
+
+# --------------------------------------------------------------------------- the training step
+
+
+class _SeedOnDevice:
+    """The random numbers of a captured step: dropout's kernels read the step's seed from
+    ``device_seed`` (see :meth:`attn.fast.gpu.kernels.CupyOps.dropout_mask`), a buffer of the graph
+    that each call refreshes."""
+
+    def __init__(self, buffer):
+        self.device_seed = buffer
+
+
+class GraphedTrainStep:
+    """:func:`attn.train.train_step` for the fast engine on a GPU, each step one CUDA graph launch.
+
+    ``step(batch, seed)`` pads the batch to its bucket (:func:`attn.data.pad_to_bucket`: a
+    graph replays one shape, and a bucket's batches share one), checks its ids on the host,
+    counts the optimizer's step on the host (:meth:`attn.fast.training.optim.FastAdam.count_step`), and
+    runs forward, label-smoothed cross-entropy, backward and Adam through a
+    :class:`CapturedStep`: eagerly for the first ``warmup`` batches of a shape, captured on the
+    next and replayed from then on. Two eager steps by default: the first takes its memory from
+    the pool and sizes the step memory's slab; the second runs in the slab, at the addresses the
+    graph will keep, and so makes what the kernels keep per address (the batched products'
+    pointer arrays, :meth:`attn.fast.gpu.kernels.CupyOps._gemm_pointers`), which the graph then
+    reads instead of making them on every replay. What changes between steps reaches the graph through
+    device memory: the batch and the dropout seed are copied into the graph's buffers, and
+    Adam's step count (hence its learning rate and bias corrections) lives on the device.
+    Returns ``(loss, lr)`` as ``train_step`` does: the loss a 0-d device array of its own (the
+    graph's is rewritten by the next replay), or with ``copy_loss=False`` the graph's own,
+    valid until the next call.
+
+    Dropout's masks are those of ``train_step`` given ``B.DeviceRNG(seed)`` and the padded
+    batch, so a run with graphs computes what the eager run on padded batches computes.
+    """
+
+    def __init__(self, model, opt, label_smoothing: float, clip: float = 0.0, loss_fn=None, *,
+                 length_multiple: int = 8, row_multiple: int = 16, warmup: int = 2):
+        from ..training.loss import cross_entropy
+        if getattr(opt, "arena", None) is None or not hasattr(opt, "apply_step"):
+            raise TypeError("GraphedTrainStep: the optimizer must be attn.fast.FastAdam over the model's arena "
+                            f"(got {type(opt).__name__})")
+        self.model, self.opt, self.smoothing, self.clip = model, opt, label_smoothing, clip
+        self.loss_fn = loss_fn or (lambda logits, targets, eps: cross_entropy(
+            logits, targets, eps, inplace=True, validate=False, check_finite=False))
+        self.length_multiple, self.row_multiple = length_multiple, row_multiple
+        from .stepmem import StepMemory
+        self.captured = CapturedStep(self._device_step, warmup=warmup, memory=StepMemory.of(model),
+                                     xp=opt.arena.xp)
+
+    def __call__(self, batch, seed: int, copy_loss: bool = True):
+        from ...data import pad_to_bucket
+        from ...layers import check_ids
+        cfg = self.model.config
+        batch = pad_to_bucket(batch, self.length_multiple, self.row_multiple)
+        for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size),
+                        ("tgt_out", cfg.target_vocab_size)):
+            check_ids("GraphedTrainStep", f"batch.{name}", B.to_host(getattr(batch, name)), V)
+        host_seed = B.host.array([int(seed) & (2 ** 64 - 1)], dtype=B.host.uint64)
+        lr = self.opt.count_step()
+        loss = self.captured(*(B.to_host(a) for a in (batch.src, batch.tgt_in, batch.tgt_out)), host_seed)
+        return (loss.copy() if copy_loss else loss), lr
+
+    def _device_step(self, src, tgt_in, tgt_out, seed):
+        logits, cache = self.model.forward(src, tgt_in, _SeedOnDevice(seed))
+        loss, dlogits = self.loss_fn(logits, tgt_out, self.smoothing)
+        del logits
+        self.model.backward(dlogits, cache)          # into the arena's gradients, which Adam reads
+        del cache, dlogits
+        self.opt.apply_step(self.clip)
+        return loss
+
+    @property
+    def graphs(self) -> int:
+        """Graphs captured so far (one per batch shape)."""
+        return self.captured.graphs
+
+    @property
+    def refusals(self) -> dict:
+        """{batch shape: why its capture was refused} (those shapes run eagerly)."""
+        return self.captured.refusals

@@ -1,0 +1,453 @@
+"""Step memory: every array a training step makes, served from one device slab at the same
+addresses every step.
+
+A training step on the GPU makes some hundreds of arrays (activations, their gradients, a
+product's result), each freed within the step. CuPy's memory pool serves them quickly, but a
+step captured as a CUDA graph (:mod:`attn.fast.gpu.graph`) cannot take memory from the pool while
+the stream captures: the graph would keep addresses the pool hands out again. So inside a step
+the allocator is this one (``cupy.cuda.using_allocator``), over one slab. Whoever allocates
+inside the step (attn's layers, CuPy's products and their temporaries, a cuBLAS call's output)
+is served by it.
+
+* **Planned by lifetimes.** The first step at a shape is *traced*: each request is served by a
+  bump allocator (the slab's next free byte, or the pool's memory once the slab is full), its
+  memory wrapped in a ``cupy.cuda.UnownedMemory`` that every view of the array keeps alive, and
+  a weak reference to it notes when the array is freed. From the sizes and lifetimes,
+  :func:`attn.fast.gpu.stepplan.plan` gives each request an offset where two arrays share bytes
+  only when their lifetimes do not overlap, so the slab is close to the step's peak of live
+  bytes, not their sum (``python -m attn.bench --counts`` prints both: ``slab_mb``,
+  ``peak_live_mb``). The same step at the same shapes asks for the same sizes in the same order
+  and frees them at the same points, so the plan is replayed, request by request, every step
+  after: the same addresses every time, what a graph replays. Plans are kept per step key
+  (``step(key)``: the trainer's batch shapes, a captured step's input shapes), rounded up to a
+  bucket (:func:`bucket`: every dimension to a power of two), so the dozens of shapes of a run's
+  token-count batches share a handful of plans, :data:`MAX_PLANS` of them (a step without a key:
+  per first request's size). A request no larger than the plan's for it takes the plan's
+  offset; a larger one, or one more than the plan has, ends the plan for that step (the rest is
+  served by the bump allocator past the plan's bytes: the step *spilled*) and the plan is made
+  again, each request as large as any step of the bucket asked for (same requests, same
+  lifetimes: no trace), or traced again where the requests differ. The first step at each exact
+  key on a plan is *checked*: each array watched, and a request that the plan would place over
+  an array still alive (requests in another order) is served past the plan instead, noted in
+  :attr:`StepMemory.overlapping`, and the key traced again; so a plan never makes two live
+  arrays share bytes. :attr:`StepMemory.outcomes` counts the steps planned, traced and spilled.
+  ``planned=False`` keeps the bump allocator for every step (the slab the sum of the step's
+  arrays); ``check=True`` watches every planned array too and notes any two alive at once that
+  share a byte (:attr:`StepMemory.overlapping`; the tests hold it empty) and serves it elsewhere.
+* **Growth, outside the step.** The slab starts empty. A request that does not fit is served by
+  the allocator in place before the step (the pool: counted, and refused during a capture by
+  :class:`attn.fast.gpu.graph.CaptureGuard`); when the step ends, a slab that holds its plan
+  replaces the old one (PyTorch's graph pools grow so). A slab replaced is kept while a graph
+  captured on it is (:meth:`StepMemory.pin`, :meth:`StepMemory.unpin`): the graph still writes
+  there when replayed; else it goes back to the pool once the last array in it has gone. The
+  slabs kept for graphs count in the limit: a slab that with them would exceed
+  :data:`LIMIT_FRACTION` of the device's memory first has every graph on this step memory
+  dropped (:meth:`StepMemory.on_pressure`; they are captured again on the new slab), and where it
+  still does not fit, the step keeps a smaller slab and takes the rest from the pool (such a step
+  cannot be captured). With :data:`attn.fast.gpu.graph.MAX_GRAPHS` graphs per captured step at most,
+  a run over many batch shapes holds a bounded number of slabs.
+* **What outlives the step must not come from the slab**: the next step hands the same bytes
+  out again. Parameters, the arena, Adam's state are made before any step; what the engine
+  makes on first use and keeps (the kernels' scratch buffers, device seeds, Adam's device step
+  count) is made inside :func:`outside_step`, which restores the allocator in place before
+  the step. What a step returns is valid until the next step begins: the training loop's loss
+  log copies the loss out after the step (:class:`attn.fast.training.loop.PendingLosses`), and
+  :func:`attn.fast.training.loop.train_step` and :class:`attn.fast.gpu.graph.GraphedTrainStep` return a copy.
+* **A stale read is detectable**: with :data:`POISON` (or ``ATTN_POISON_STEP_MEMORY=1``) every
+  step begins by filling the slab with ``0xFF`` bytes (NaN in float32 and float64, -1 in
+  integers), so an array of a previous step read after it, or a kept buffer wrongly taken from
+  the slab, reads NaN; the tests run the training step so and compare it to the step without.
+
+On NumPy there is no slab (the CPU path is unchanged): :meth:`StepMemory.of` gives None.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import weakref
+
+from ... import backend as B
+from .stepplan import Trace
+from .stepplan import plan as make_plan
+
+#: Fill the slab with 0xFF bytes at the start of every step (a debug mode: one launch a step).
+POISON = os.environ.get("ATTN_POISON_STEP_MEMORY", "") not in ("", "0")
+
+#: Every request is rounded up to this many bytes (cuBLAS and vector loads want 256-byte
+#: alignment; CUDA's own allocations have it).
+ALIGN = 256
+
+#: The largest slab with the slabs kept for graphs, as a fraction of the device's memory: a step
+#: that needs more keeps its slab and takes the rest from the pool (it cannot be captured then).
+LIMIT_FRACTION = 0.5
+
+#: Plans kept per step memory (one per bucket of step keys, or per first request's size for steps
+#: without a key; the least recently used goes first).
+MAX_PLANS = 64
+
+#: Whether models get a step memory (:meth:`StepMemory.of`); :mod:`attn.fast.gpu.fallback` switches it
+#: off where its probe fails, and a model whose ``_step_memory`` is False has none.
+ENABLED = True
+
+#: The step memory whose allocator is in place, or None.
+_active = None
+
+#: Every step memory alive (what :func:`held_bytes` adds up).
+_all = weakref.WeakSet()
+
+
+def held_bytes() -> int:
+    """Bytes of device memory every live step memory holds (its slab and the slabs graphs keep):
+    what a memory hook on the pool does not see once the slabs are made."""
+    return sum(m.capacity + sum(int(s.nbytes) for s in m._retired) for m in list(_all))
+
+
+class StepMemory:
+    """One slab of device memory serving every allocation made inside :meth:`step`.
+
+    ``with memory.step(): ...`` begins a step: the slab is set back to its start (poisoned with
+    :data:`POISON`) and its allocator put in place for the ``with``; at its end, if the step
+    asked for more than the slab holds, a slab that holds it is made (from the allocator in
+    place before the step). Counts of the last step:
+    :attr:`allocations` (served by the slab), :attr:`overflows` (served by the pool: the slab
+    was too small), :attr:`demand` (bytes asked for, aligned); :attr:`capacity` is the slab's
+    size in bytes.
+    """
+
+    def __init__(self, xp, planned: bool = True, check: bool = False):
+        if xp is B.host:
+            raise TypeError("StepMemory: a slab of device memory needs CuPy; NumPy has no step memory")
+        self.xp = xp
+        self.slab = None
+        self._base = None                  # the slab's MemoryPointer
+        self.capacity = 0
+        self._offset = 0
+        self.demand = self.allocations = self.overflows = 0
+        self._outer = None                 # the allocator in place before the step
+        self._retired: list = []           # slabs replaced that kept graphs were captured on (they still write there)
+        self._pins: dict = {}              # id(slab) -> kept graphs captured on it
+        self._pressure: list = []          # weak methods that drop graphs to make room (on_pressure)
+        #: steps begun
+        self.steps = 0
+        #: the largest slab in bytes (:data:`LIMIT_FRACTION` of the device's memory)
+        self.limit = int(LIMIT_FRACTION * xp.cuda.Device().mem_info[1])
+        #: whether a step needed more than :attr:`limit` (and so took some memory from the pool)
+        self.over_limit = False
+        #: whether offsets come from a plan by lifetimes (:mod:`attn.fast.gpu.stepplan`); False: the
+        #: bump allocator, every array at the next free byte, the slab the sum of the step's arrays
+        self.planned = bool(planned)
+        #: whether every planned step checks that no two live arrays overlap (:attr:`overlapping`)
+        self.check = bool(check)
+        #: (earlier request, later request) of every two live arrays found overlapping (check mode)
+        self.overlapping: list = []
+        #: plans made (a step at a new shape, or whose sizes changed)
+        self.plans_made = 0
+        #: the plan of the last planned step (its ``peak`` of live bytes, its ``size``), or None
+        self.last_plan = None
+        self._plans: collections.OrderedDict = collections.OrderedDict()
+        #: how many steps ran on a plan ("planned"), were traced for one ("traced"), or went past
+        #: their plan's bytes ("spilled": a request the plan did not expect, or a plan over the limit)
+        self.outcomes: collections.Counter = collections.Counter()
+        #: the last step's outcome (one of :attr:`outcomes`' keys), or None
+        self.last_outcome = None
+        self._key = self._mode = self._plan = self._trace = self._live = self._stale = None
+        self._device = xp.cuda.Device().id        # given to UnownedMemory: no CUDA call to look it up
+        self._i = 0
+        self._step_key = None
+        self._piece = piece_class(xp)
+        _all.add(self)
+
+    @classmethod
+    def of(cls, owner) -> "StepMemory | None":
+        """``owner``'s step memory (made on first use and kept on it), or None where its
+        arrays are NumPy's (``owner.xp``) or the step memory is switched off."""
+        mem = getattr(owner, "_step_memory", None)
+        if mem is False or not ENABLED:                # switched off (attn.fast.gpu.fallback, or for the owner)
+            return None
+        if mem is None:
+            xp = getattr(owner, "xp", B.host)
+            if xp is B.host or not hasattr(getattr(xp, "cuda", None), "using_allocator"):
+                return None
+            mem = cls(xp)
+            owner._step_memory = mem
+        return mem
+
+    def malloc(self, size: int):
+        """The allocator of a step (``cupy.cuda.using_allocator``): ``size`` bytes at the plan's
+        offset for this request (or, unplanned, the slab's next free address), or from the
+        allocator in place before the step where the slab cannot serve it. A request of no bytes
+        (CuPy asks for a zero-size array's memory too) takes nothing and is not one of the plan's."""
+        if int(size) == 0:
+            return self.xp.cuda.MemoryPointer(self._piece(0, 0, None, self._device), 0)
+        n = -(-int(size) // ALIGN) * ALIGN
+        self.demand += n
+        if self.planned:
+            return self._planned(size, n)
+        if self._offset + n <= self.capacity:
+            p = self._base + self._offset
+            self._offset += n
+            self.allocations += 1
+            return p
+        self.overflows += 1
+        return self._outer(size)
+
+    def _planned(self, size: int, n: int):
+        """Request ``self._i`` of the step: its plan's offset while each request fits the plan's
+        size for it; else the bump allocator (the slab's next free byte, or the pool's memory once
+        the slab is full). A step without a plan is traced (each request's memory watched for when
+        it is freed), and its plan made at its end; after a request its plan did not expect, the
+        step goes on past the plan's bytes and the next step at its key is traced again."""
+        i = self._i
+        self._i = i + 1
+        self._sizes.append(n)
+        if i == 0:
+            self._choose(n)
+        if self._mode == "plan":
+            plan = self._plan
+            if i < len(plan) and n <= plan.sizes[i]:
+                p = self._base + plan.offsets[i]
+                if self._live is None:
+                    self.allocations += 1
+                    return p
+                p = self._checked(p, i, plan.offsets[i], plan.sizes[i])
+                if p is not None:
+                    self.allocations += 1
+                    return p
+                self._diverted = True
+            self._mode, self._offset = "bump", plan.size      # a request it did not expect
+        if self._offset + n <= self.capacity:
+            p = self._base + self._offset
+            self._offset += n
+            self.allocations += 1
+            owner = self.slab
+        else:
+            self.overflows += 1
+            p = owner = self._outer(size)
+        if self._mode != "trace":
+            return p
+        mem = self._piece(p.ptr, n if owner is self.slab else int(size), owner, self._device)  # kept by its views
+        self._trace.track(mem, self._trace.request(n))
+        return self.xp.cuda.MemoryPointer(mem, 0)
+
+    def _choose(self, first: int) -> None:
+        """At a step's first request: the plan made for this step's key (its bucket: see
+        :func:`bucket`; or, without a key, for its first request's size), if the slab holds it; a
+        plan met at an exact key for the first time is checked (:meth:`_checked`)."""
+        self._key = ("key", bucket(self._step_key)) if self._step_key is not None else (None, first)
+        plan = self._plans.get(self._key)
+        if plan is None or plan.stale:
+            self._mode, self._trace, self._stale = "trace", Trace(), plan
+        elif plan.size <= self.capacity:
+            self._mode, self._plan = "plan", plan
+            self._plans.move_to_end(self._key)
+            if self._live is None and self._step_key not in plan.verified \
+                    and not self.xp.cuda.get_current_stream().is_capturing():   # (a capture replays it as it is)
+                self._live = {}
+        else:
+            self._mode = "bump"                        # over the limit: what fits, then the pool
+
+    def _checked(self, p, i: int, offset: int, n: int):
+        """A checked step: the planned memory of request ``i``, watched (a weak reference to it
+        notes when its last array is gone); None where it would overlap an array still alive
+        (noted in :attr:`overlapping`): the requests came in another order than the plan's, and
+        this one is served past the plan's bytes instead."""
+        live = self._live
+        clash = [(j, i) for j, (o, m) in live.items() if o < offset + n and offset < o + m]
+        if clash:
+            self.overlapping += clash
+            return None
+        mem = self._piece(p.ptr, n, self.slab, self._device)
+        live[i] = (offset, n)
+        weakref.finalize(mem, live.pop, i, None)
+        return self.xp.cuda.MemoryPointer(mem, 0)
+
+    def _after(self, outer) -> None:
+        """At a step's end: its outcome counted; a checked step's key noted as safe for its plan;
+        a complete trace becomes the plan for its key (each request as large as the largest the
+        key's steps asked for, where the plan it replaces had as many), and the slab grows to hold
+        it."""
+        trace, self._trace = self._trace, None
+        if not self.planned:
+            if self.demand > self.capacity:
+                self._grow(outer, self.demand)
+            return
+        if not self._i:
+            return
+        outcome = {"plan": "planned", "trace": "traced"}.get(self._mode, "spilled")
+        self.outcomes[outcome] += 1
+        self.last_outcome = outcome
+        if self._mode == "plan" and self._live is not None:
+            self._plan.verified.add(self._step_key)
+        plan = self._plan
+        if outcome == "spilled" and plan is not None:
+            if self._diverted or len(self._sizes) != len(plan):
+                plan.stale = True                      # other lifetimes, or other requests: traced again
+                return
+            trace = Trace()                            # the same requests, some larger: the same lifetimes
+            trace.sizes, trace.died, self._mode, self._stale = self._sizes, list(plan.died), "trace", plan
+        if self._mode != "trace" or not trace.sizes:
+            return
+        trace.close()
+        sizes, old = trace.sizes, self._stale
+        if old is not None and len(old) == len(sizes):
+            sizes = [max(a, b) for a, b in zip(old.sizes, sizes)]
+        plan = make_plan(sizes, trace.died)
+        self._plans[self._key] = self.last_plan = plan
+        self._plans.move_to_end(self._key)
+        self.plans_made += 1
+        while len(self._plans) > MAX_PLANS:
+            self._plans.popitem(last=False)
+        if plan.size > self.capacity:
+            self._grow(outer, plan.size)
+
+    @contextlib.contextmanager
+    def step(self, key=None):
+        """The ``with`` of one step: every allocation inside it from the slab. ``key`` (any
+        hashable: the input shapes, say) picks the plan with the step's first request's size."""
+        global _active
+        if _active is not None:
+            raise RuntimeError("StepMemory.step: a step is already in progress (steps do not nest)")
+        outer = self.xp.cuda.get_allocator()
+        self._begin()
+        self._step_key = key
+        self._outer = outer
+        _active = self
+        try:
+            with self.xp.cuda.using_allocator(self.malloc):
+                yield self
+        finally:
+            _active = None
+            self._after(outer)
+
+    def pin(self):
+        """A graph was captured on the slab: keep it when a larger one replaces it (the graph's
+        replays write there) until :meth:`unpin`. Returns the slab, which ``unpin`` takes."""
+        self._pins[id(self.slab)] = self._pins.get(id(self.slab), 0) + 1
+        return self.slab
+
+    def unpin(self, slab) -> None:
+        """A graph captured on ``slab`` (what :meth:`pin` returned) was dropped: once no kept graph
+        is on it, a replaced slab goes back to the pool, and the slab in use is let go when replaced."""
+        n = self._pins.pop(id(slab), 0) - 1
+        if n > 0:
+            self._pins[id(slab)] = n
+        elif any(s is slab for s in self._retired):
+            self._retired = [s for s in self._retired if s is not slab]
+
+    @property
+    def _pinned(self) -> bool:
+        """Whether a kept graph was captured on the slab in use."""
+        return self.slab is not None and id(self.slab) in self._pins
+
+    def on_pressure(self, release) -> None:
+        """``release()`` (a bound method, held weakly) drops its graphs on this step memory when a
+        slab would not fit in :attr:`limit` beside the slabs kept for graphs."""
+        self._pressure.append(weakref.WeakMethod(release))
+
+    def kept_bytes(self) -> int:
+        """Bytes of the slabs kept for graphs: those replaced, and the one in use if a graph is on it."""
+        return sum(int(s.nbytes) for s in self._retired) + (self.capacity if self._pinned else 0)
+
+    def reserve(self, nbytes: int) -> None:
+        """Make the slab hold at least ``nbytes`` now (outside a step), so that even the first
+        step at a shape is served by it."""
+        if _active is not None:
+            raise RuntimeError("StepMemory.reserve: not inside a step (the slab would move under it)")
+        if nbytes > self.capacity:
+            self._grow(self.xp.cuda.get_allocator(), -(-int(nbytes) // ALIGN) * ALIGN)
+
+    def _grow(self, outer, nbytes: int) -> None:
+        """A slab of ``nbytes`` (what the last step needs: its plan's size, or unplanned its
+        demand), from ``outer``, after the step (so the next step at that shape is served
+        entirely by the slab), unless that is over :attr:`limit`. The slab replaced is kept if
+        it is pinned. The slabs kept for graphs count in the limit: where they leave no room, every
+        graph is dropped first (:meth:`on_pressure`)."""
+        if nbytes + self.kept_bytes() > self.limit:
+            for release in [r() for r in self._pressure]:
+                if release is not None:
+                    release()
+            self._pressure = [r for r in self._pressure if r() is not None]
+        if nbytes + self.kept_bytes() > self.limit:
+            self.over_limit = True
+            return
+        if self.slab is not None and self._pinned:
+            self._retired.append(self.slab)
+        self.slab = None                               # the old one goes back before the new one is made
+        with self.xp.cuda.using_allocator(outer):
+            self.slab = self.xp.empty((nbytes,), dtype=B.host.uint8)
+        self._base, self.capacity = self.slab.data, nbytes
+
+    def _begin(self) -> None:
+        """Set the slab back to its start (poisoned with :data:`POISON`)."""
+        if POISON and self.slab is not None:
+            self.slab.fill(255)
+        self._offset = self.demand = self.allocations = self.overflows = self._i = 0
+        self._mode = self._plan = self._trace = self._stale = None
+        self._sizes, self._diverted = [], False
+        self._live = {} if self.check else None
+        self.steps += 1
+
+    def stats(self) -> dict:
+        """The last step's counts and the slab's size (bytes)."""
+        return {"allocations": self.allocations, "overflows": self.overflows, "demand_bytes": self.demand,
+                "slab_bytes": self.capacity, "retired_slabs": len(self._retired), "kept_bytes": self.kept_bytes(),
+                "over_limit": self.over_limit,
+                "peak_live_bytes": self.last_plan.peak if self.last_plan is not None else self.demand,
+                "plans_made": self.plans_made, "steps_planned": self.outcomes["planned"],
+                "steps_traced": self.outcomes["traced"], "steps_spilled": self.outcomes["spilled"]}
+
+
+def bucket(key):
+    """The plan key of a step key: every integer in it (a shape's dimensions) rounded up to a power
+    of two, so that the dozens of batch shapes of a run of token-count batches share a handful of
+    plans (each request as large as the largest its bucket's steps asked for)."""
+    if isinstance(key, tuple):
+        return tuple(bucket(k) for k in key)
+    if isinstance(key, int) and not isinstance(key, bool) and key > 0:
+        return 1 << (key - 1).bit_length()
+    return key
+
+
+def outside_step():
+    """A ``with`` in which allocations come from the allocator in place before the step (for
+    what the engine makes on first use and keeps between steps); nothing outside a step."""
+    mem = _active
+    if mem is None:
+        return contextlib.nullcontext()
+    return mem.xp.cuda.using_allocator(mem._outer)
+
+
+def in_slab(address: int) -> bool:
+    """Whether ``address`` lies in the slab of the step in progress (so the same step at the same
+    shapes finds its array there again: what a kernel may key a cache by)."""
+    mem = _active
+    return mem is not None and mem.slab is not None and mem._base.ptr <= address < mem._base.ptr + mem.capacity
+
+
+def step_token():
+    """Which step is in progress: a value equal for every call within one step and different
+    in every other step (None outside any step). What a cache of arrays made in a step's memory
+    keys them by: the next step hands the same bytes out again."""
+    mem = _active
+    return None if mem is None else (mem, mem.steps)
+
+
+def in_step() -> bool:
+    """Whether a step's allocator is in place."""
+    return _active is not None
+
+
+_PIECES: dict = {}
+
+
+def piece_class(xp):
+    """The memory a step's request is wrapped in: ``xp.cuda.UnownedMemory`` (CuPy's, or the
+    stand-in's), as a Python class, so that a weak reference can tell when the request's last
+    array is gone. One per array module."""
+    piece = _PIECES.get(xp.__name__)
+    if piece is None:
+        class StepPiece(xp.cuda.UnownedMemory):
+            """A step's request: the slab's bytes at an offset, kept alive by every view of them."""
+        piece = _PIECES[xp.__name__] = StepPiece
+    return piece

@@ -1,0 +1,128 @@
+"""The step memory's plan: where in the slab each of a step's arrays lies, from their lifetimes.
+
+A step's arrays mostly die within it, many soon after they are made (a product's operand copy,
+an activation's gradient once the layer below has it). A slab holding all of them at once is
+their sum; a slab where two arrays share bytes when their lifetimes do not overlap is close to
+their peak. :class:`Trace` records one step: each request's size in order and when its array
+was freed (a weak reference to the memory object every view of the array keeps alive: CuPy's
+``UnownedMemory``, which the step memory wraps each request's memory in), in units of requests
+made so far. :func:`plan` gives every request an offset (greedy by size, each placed at the
+lowest gap left by the arrays whose lifetimes overlap its own, best fit among the gaps), so that
+no two arrays alive at once overlap; the plan's size is the slab it needs.
+
+The same step at the same shapes asks for the same sizes in the same order and frees them at
+the same points (attn's code decides when an array is dropped, not the device), so the plan of
+one step serves the next ones: :class:`attn.fast.gpu.stepmem.StepMemory` replays it while the sizes
+match and plans again when they do not.
+"""
+from __future__ import annotations
+
+import weakref
+
+from ... import backend as B
+
+np = B.host
+
+#: A lifetime that has not ended when the step did (what the step returns): to the end.
+FOREVER = np.iinfo(np.int64).max
+
+
+class Trace:
+    """One step's requests: ``sizes`` (bytes, aligned) in order, ``born`` (the request's index)
+    and ``died`` (how many requests had been made when its array was freed; :data:`FOREVER`
+    while alive). ``track(mem, i)`` watches the memory object of request ``i``."""
+
+    def __init__(self):
+        self.sizes: list = []
+        self.died: list = []
+        self.closed = False
+
+    def request(self, nbytes: int) -> int:
+        self.sizes.append(int(nbytes))
+        self.died.append(FOREVER)
+        return len(self.sizes) - 1
+
+    def track(self, mem, i: int) -> None:
+        weakref.finalize(mem, self._freed, i)
+
+    def _freed(self, i: int) -> None:
+        if not self.closed:
+            self.died[i] = len(self.sizes)
+
+    def close(self) -> None:
+        """The step ended: what is freed later lived to the end."""
+        self.closed = True
+
+    def peak(self) -> int:
+        """The most bytes alive at once."""
+        return peak_live(self.sizes, self.died)
+
+
+def peak_live(sizes, died) -> int:
+    """The most bytes alive at once, for requests born in order and freed at ``died``."""
+    n = len(sizes)
+    if not n:
+        return 0
+    delta = np.zeros(n + 1, dtype=np.int64)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    delta[:n] += sizes
+    ends = np.minimum(np.asarray(died, dtype=np.int64), n)
+    np.subtract.at(delta, ends, sizes)
+    return int(np.cumsum(delta)[:n].max())
+
+
+class Plan:
+    """``offsets[i]`` of request ``i`` (of ``sizes[i]`` bytes, freed at ``died[i]``) in a slab of
+    ``size`` bytes; the step's ``peak`` of live bytes beside it. The step memory notes on it the step keys whose
+    requests it was checked against (``verified``), and whether a step asked for what it did not
+    expect (``stale``: the next step at its key is traced again)."""
+
+    def __init__(self, sizes, offsets, size: int, peak: int, died=()):
+        self.sizes, self.offsets, self.size, self.peak = tuple(sizes), tuple(offsets), int(size), int(peak)
+        self.died = tuple(died)
+        self.verified: set = set()
+        self.stale = False
+
+    def __len__(self):
+        return len(self.sizes)
+
+
+def plan(sizes, died) -> Plan:
+    """Offsets for requests of ``sizes`` born in order (request ``i`` at time ``i``) and freed at
+    ``died``: two requests share bytes only when their lifetimes ``[i, died[i])`` do not overlap.
+    Greedy by size (largest first), each at the best-fitting gap (the smallest that holds it,
+    lowest first) among the offsets of the placed requests whose lifetimes overlap its own."""
+    n = len(sizes)
+    size = np.asarray(sizes, dtype=np.int64)
+    born = np.arange(n, dtype=np.int64)
+    end = np.maximum(np.asarray(died, dtype=np.int64), born + 1)
+    offsets = np.zeros(n, dtype=np.int64)
+    placed = np.zeros(n, dtype=bool)
+    for i in sorted(range(n), key=lambda j: (-int(size[j]), j)):
+        live = placed & (born < end[i]) & (born[i] < end)
+        lo, hi = offsets[live], offsets[live] + size[live]
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        best, best_gap, top = None, None, 0
+        for a, b in zip(lo.tolist(), hi.tolist()):
+            gap = a - top
+            if gap >= size[i] and (best_gap is None or gap < best_gap):
+                best, best_gap = top, gap
+            top = max(top, b)
+        offsets[i] = top if best is None else best
+        placed[i] = True
+    total = int((offsets + size).max()) if n else 0
+    return Plan(sizes, offsets.tolist(), total, peak_live(sizes, died), died)
+
+
+def overlaps(p: Plan, died) -> list:
+    """(i, j) of every two requests alive at once whose bytes overlap (none, for a right plan)."""
+    n = len(p)
+    off, size = np.asarray(p.offsets, dtype=np.int64), np.asarray(p.sizes, dtype=np.int64)
+    born = np.arange(n, dtype=np.int64)
+    end = np.maximum(np.asarray(died, dtype=np.int64), born + 1)
+    out = []
+    for i in range(n):
+        j = np.nonzero((born > i) & (born < end[i]) & (off < off[i] + size[i]) & (off[i] < off + size))[0]
+        out += [(i, int(k)) for k in j]
+    return out

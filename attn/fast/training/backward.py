@@ -1,0 +1,202 @@
+"""The fast model's backward: :class:`Backward`, an object :class:`attn.fast.FastTransformer`
+holds, which turns a :class:`attn.fast.core.caches.FastCache` into the gradients in the order the arena
+lies (each piece's own backward is beside its forward: :mod:`attn.fast.core.pieces`,
+:mod:`attn.fast.core.attention`, :mod:`attn.fast.core.layer`), and where it writes them (:class:`_Grads`,
+the stages announced by :class:`_Stages`)."""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+from ...model import embedding_name
+from ..core.arena import Arena
+from ..core.caches import FastCache, SplitCache
+from ..core.layer import decoder_layer_backward
+from ..core.threads import THREADS
+
+
+class _Grads(NamedTuple):
+    """Where one part of a step writes its gradients: a flat buffer with the arena's layout
+    (the arena's own ``grads``, or a split batch's other parts' scratch), its per-name views,
+    the arena (for the fused blocks: :meth:`block`), and ``done(stage)``, called when the part
+    has written every gradient of a stage of :func:`attn.fast.core.arena.stages`."""
+    flat: object
+    views: dict
+    arena: Arena
+    done: object
+
+    def block(self, name: str):
+        return self.arena.block(self.flat, name)
+
+
+def _nothing(stage: str) -> None:
+    """``done`` of one process's backward: nobody waits for a stage."""
+
+
+class _Stages:
+    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`).
+
+    One part: each stage as its part finishes it. Several parts (a split batch, on threads):
+    a stage is final only when every part has written it; the last part to finish it adds the
+    other parts' gradients of the stage into the arena's (in the parts' order, as one sum over
+    the parts would) and announces it. The last stage (the embeddings) is added by
+    :meth:`FastTransformer.backward` over the threads once they have all returned."""
+
+    def __init__(self, arena: Arena, parts: list, ready):
+        self.arena, self.parts, self.ready = arena, parts, ready
+        self.last = next(reversed(arena.layout.stages))
+        self.left = {}
+        self.lock = threading.Lock()
+
+    def one(self, stage: str) -> None:
+        self.ready(self.arena.layout.stages[stage][1])
+
+    def of_parts(self, stage: str) -> None:
+        with self.lock:
+            left = self.left[stage] = self.left.get(stage, len(self.parts)) - 1
+        if left or stage == self.last:
+            return
+        lo, hi = self.arena.layout.stages[stage]
+        for g in self.parts[1:]:
+            self.arena.grads[lo:hi] += g.flat[lo:hi]
+        self.ready(hi)
+
+
+class Backward:
+    """The backward of ``model`` (:meth:`attn.fast.FastTransformer.backward`): its pieces'
+    backwards (``embeddings``, ``residuals``, ``ffn``, ``mha``: the model's) in the arena's order,
+    the gradients of a split batch's other parts in ``part_grads`` (scratch buffers of the
+    arena's layout, kept between steps). Reads the model's ``params`` and ``ops``."""
+
+    def __init__(self, model):
+        self.model, self.config, self.arena, self.xp, self.dtype = \
+            model, model.config, model.arena, model.xp, model.dtype
+        self.embeddings, self.residuals, self.ffn, self.mha = model.embeddings, model.residuals, model.ffn, model.mha
+        self.part_grads: list = []
+
+    def __call__(self, dlogits, cache, ready=None) -> dict:
+        """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of
+        :meth:`attn.fast.FastTransformer.forward`;
+        ``ready`` (optional), called as ``ready(stop)`` each time ``arena.grads[:stop]`` has
+        become final: the arena lies in the order the backward finishes its gradients, last
+        layer first (:mod:`attn.fast.core.arena`), so a data-parallel run sends the front of the
+        buffer while the backward computes the rest. The last call is ``ready(arena.size)``.
+
+        Returns: grads, a dict keyed like ``params`` (the reference's gradients): the views
+        of ``arena.grads``, which every gradient is written into (the next backward
+        overwrites them). The parts of a split batch (NumPy) write theirs into scratch
+        buffers of the arena's layout, kept between steps, which are added in stage by stage.
+        """
+        a = self.arena
+        if not isinstance(cache, SplitCache):
+            done = _nothing if ready is None else _Stages(a, [], ready).one
+            G = _Grads(a.grads, a.grad_views, a, done)
+            self._backward_part(dlogits, cache, G)
+            return dict(G.views)
+        k = len(cache.parts)
+        while len(self.part_grads) < k - 1:
+            flat = a.new_buffer()
+            self.part_grads.append((flat, a.views(flat)))
+        stages = _Stages(a, [], ready or _nothing)
+        parts = stages.parts
+        parts.extend(_Grads(flat, views, a, stages.of_parts)
+                     for flat, views in [(a.grads, a.grad_views), *self.part_grads[:k - 1]])
+        THREADS.parallel([lambda sl=sl, c=c, g=g: self._backward_part(dlogits[sl], c, g)
+                           for sl, c, g in zip(cache.parts, cache.caches, parts)])
+        start, n = a.layout.stages[stages.last][0], a.size          # the embeddings, over the threads
+        bounds = [start + (n - start) * i // k for i in range(k + 1)]
+
+        def add(lo, hi):
+            for g in parts[1:]:
+                a.grads[lo:hi] += g.flat[lo:hi]
+        THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
+        stages.ready(n)
+        return dict(parts[0].views)
+
+    def _backward_part(self, dlogits, cache: FastCache, G: _Grads) -> None:
+        """The backward of one part: writes its gradients into ``G`` (every parameter's: the
+        arena's layout, nothing concatenated or sliced), in the arena's stages' order (last
+        layer first, :mod:`attn.fast.core.arena`). Frees the cache as it goes."""
+        self.model._phase("backward: output projection")
+        dy = self._projection_bwd(dlogits, cache, G)
+        self.model._phase("backward: decoder")
+        d_tgt, dmem = self._decoder_bwd(dy, cache, G)
+        del dy
+        self.model._phase("backward: encoder")
+        d_src = self._encoder_bwd(dmem, cache, G)
+        del dmem
+        self.model._phase("backward: embeddings")
+        self._embeddings_bwd(d_src, d_tgt, cache, G)
+
+    def _projection_bwd(self, dlogits, cache: FastCache, G: _Grads):
+        """The output projection's backward, then the decoder's final norm's (pre-norm).
+        Returns dy (N_t, D), the gradient of the decoder's output."""
+        ops, name = self.model.ops, embedding_name(self.config, "out")
+        E = self.model.params[name]
+        # Forward was logits = h @ E.T, so dh = dlogits @ E and dE = dlogits.T @ h.
+        d2 = dlogits.reshape(-1, E.shape[0])                                  # (N_t, V)
+        ops.mm(d2.T, cache.h, out=G.views[name])                             # (V, D)
+        dy = ops.mm(d2, E)                                                    # (N_t, D)
+        cache.h = None
+        if cache.dec_norm is not None:
+            dy = self.residuals.norm_backward("decoder.norm", dy, *cache.dec_norm, G)
+            cache.dec_norm = None
+        G.done("decoder.norm")
+        return dy
+
+    def _decoder_bwd(self, dy, cache: FastCache, G: _Grads):
+        """The decoder layers' backward (:func:`attn.fast.core.layer.decoder_layer_backward`), last
+        first, then their cross-attention keys and values' and the target positions'. Returns
+        the rows for the target embedding's gradient, and dmemory (N_s, D)."""
+        cfg, ops = self.config, self.model.ops
+        Bsz, S, _ = cache.shapes
+        L, KV = cfg.n_decoder_layers, cfg.key_value_heads * (cfg.d_model // cfg.n_heads)
+        # The cross-attention keys/values of every layer were one product of the encoder output,
+        # kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are collected
+        # in one (N_s, 2KV*L) buffer and go back through one product at the end.
+        dkv = self.xp.empty((Bsz * S, 2 * KV * L), dtype=self.dtype)
+        dkv_heads = self.mha.heads(dkv, Bsz, S, 2 * L, cfg.key_value_heads)
+        for i in reversed(range(L)):
+            dy = decoder_layer_backward(self.model, dy, cache.dec, i, dkv_heads[2 * i], dkv_heads[2 * i + 1], G,
+                                        cache.keys[i])                # keys: QK-norm's cache
+            G.done(f"decoder.{i}")
+        Wkv, _ = cache.fused.kv
+        dmem = ops.mm(dkv, Wkv.T)                                             # (N_s, D)
+        ops.mm(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
+        ops.colsum(dkv, out=G.block("decoder.cross_attn.b_kv"))
+        G.done("decoder.cross_attn")
+        del dkv, dkv_heads
+        cache.kv = cache.memory = None
+        d_tgt = self.embeddings.backward("tgt", dy, cache.tgt_emb, G)
+        G.done("tgt_pos")
+        return d_tgt, dmem
+
+    def _encoder_bwd(self, dx, cache: FastCache, G: _Grads):
+        """The encoder's backward from dmemory ``dx`` (N_s, D): its final norm (pre-norm), its
+        layers last first, the source positions. Returns the rows for the source embedding's
+        gradient."""
+        if cache.enc_norm is not None:
+            dx = self.residuals.norm_backward("encoder.norm", dx, *cache.enc_norm, G)
+            cache.enc_norm = None
+        G.done("encoder.norm")
+        for i in reversed(range(self.config.n_encoder_layers)):
+            c1, c2 = cache.enc[i]
+            cache.enc[i] = None
+            dx = self.residuals.backward(dx, c2, self.ffn.backward, G)
+            dx = self.residuals.backward(dx, c1, self.mha.self_attn_backward, G)
+            del c1, c2
+            G.done(f"encoder.{i}")
+        d_src = self.embeddings.backward("src", dx, cache.src_emb, G)
+        G.done("src_pos")
+        return d_src
+
+    def _embeddings_bwd(self, d_src, d_tgt, cache: FastCache, G: _Grads) -> None:
+        """Forward was x = E[ids] * sqrt(D) + PE: scatter-add the rows (already scaled). A shared
+        embedding already holds the output projection's gradient; a separate one starts at 0."""
+        out_name = embedding_name(self.config, "out")
+        for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
+            name = embedding_name(self.config, which)
+            if name != out_name:
+                G.views[name][...] = 0
+            self.model.ops.scatter_rows_(G.views[name], ec.ids.reshape(-1), rows)
+        G.done("embeddings")

@@ -1,0 +1,82 @@
+"""What the fast engine adds around the readable training step and loop (:mod:`attn.train`), so
+that a step on a GPU never waits for the device and reuses its memory:
+
+* :func:`train_step`: :func:`attn.train.train_step` with the batch's ids checked on the host (the
+  fast model and loss trust them, so the device is never asked) and the step run in the model's
+  step memory (:mod:`attn.fast.gpu.stepmem`: every step of the same shapes at the same addresses);
+* :func:`loop_step`: the loop's step, ``step(batch, seed)``, run the same way;
+* :class:`PendingLosses`: the loop's loss log, which copies each step's loss out of the step
+  memory into one device buffer, brought to the host in one transfer when the loop logs.
+
+:class:`attn.fast.engine.FastEngine` hands the loop the last two.
+"""
+from __future__ import annotations
+
+from ... import backend as B
+from ... import engine as engines
+from ...layers import check_ids
+from ...loss import cross_entropy
+from ...train import train_step as readable_step
+
+
+def check_batch(model, batch, where: str = "train_step") -> None:
+    """A :class:`attn.data.Batch`'s ids within the model's vocabularies, checked on the host
+    (``batch`` is there): no sync. Raises IndexError naming ``where`` and the batch's field."""
+    cfg = model.config
+    for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
+        check_ids(where, f"batch.{name}", B.to_host(getattr(batch, name)), V)
+
+
+def loop_step(model, step, dp=None):
+    """``step(batch, seed) -> (loss, lr)`` as the fast engine runs it for the training loop: the
+    batch checked on the host (:func:`check_batch`), the step in the model's step memory, keyed
+    by the batch's shapes (not under a data-parallel group ``dp``: its step all-reduces between
+    its launches). The loss may lie in the step memory, valid until the next step begins:
+    :class:`PendingLosses` copies it at once."""
+    def run(batch, seed, copy_loss: bool = False):
+        check_batch(model, batch)
+        if dp is not None:
+            return step(batch, seed)
+        with engines.step_memory(model, (batch.src.shape, batch.tgt_in.shape)) as reused:
+            loss, lr = step(batch, seed)
+        return (loss.copy() if copy_loss and reused else loss), lr
+    return run
+
+
+def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0, loss_fn=cross_entropy,
+               dp=None, copy_loss: bool = True):
+    """:func:`attn.train.train_step` (same arguments) as the fast engine runs it (:func:`loop_step`).
+    Returns (loss, lr); with ``copy_loss=False`` the loss may lie in the step memory, valid until
+    the next step begins, else it is a copy of its own."""
+    def step(b, _seed):
+        return readable_step(model, opt, b, rng, label_smoothing, clip, loss_fn, dp)
+    return loop_step(model, step, dp)(batch, None, copy_loss=copy_loss)
+
+
+class PendingLosses(engines.LossLog):
+    """The fast engine's loss log: the losses of the steps since the last log in one buffer on
+    the losses' device. Each step's is copied into the next slot (one launch, nothing allocated
+    once the buffer holds a log's worth), so that a step may hand back a loss in its step memory;
+    :meth:`take` brings them to the host in one transfer."""
+
+    def __init__(self):
+        self.buf, self.n = None, 0
+
+    def append(self, loss) -> None:
+        if self.buf is None or self.n == self.buf.size:
+            xp = B.get_array_module(loss)              # (the loop calls this between steps)
+            grown = xp.empty((max(2 * self.every, 0 if self.buf is None else 2 * self.buf.size),), dtype=loss.dtype)
+            if self.n:
+                grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[self.n] = loss
+        self.n += 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def take(self) -> list:
+        """The pending losses as host floats (one transfer); none pending afterwards."""
+        values = B.to_host(self.buf[:self.n]).astype("float64").tolist() if self.n else []
+        self.n = 0
+        return values
