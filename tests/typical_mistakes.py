@@ -796,3 +796,7 @@ MISTAKES["int8"] = INT8_MISTAKES
 from typical_mistakes_lora import MISTAKES as _LORA  # noqa: E402  (the module at its size limit)
 
 MISTAKES.update(_LORA)
+
+from typical_mistakes_speculative import MISTAKES as _SPECULATIVE  # noqa: E402  (the module at its size limit)
+
+MISTAKES.update(_SPECULATIVE)
