@@ -238,15 +238,15 @@ print("every speculative output equals the target's own greedy output:", identic
 # %%
 fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
 ks = [r[0] for r in rows]
-ax[0].plot(ks, [r[1] for r in rows], "o-", label="proposals accepted")
+ax[0].plot(ks, [r[1] for r in rows], "o-")
 ax[0].set_xlabel("k (proposals a round)")
 ax[0].set_ylabel("fraction accepted")
 ax0b = ax[0].twinx()
-ax0b.plot(ks, [r[2] for r in rows], "s--", color="tab:green", label="tokens per pass of the target")
+ax0b.plot(ks, [r[2] for r in rows], "s--", color="tab:green")
 ax0b.set_ylabel("tokens per pass of the target")
 ax[0].set_title("acceptance against k")
-ax[0].legend(loc="lower left", fontsize=8)
-ax0b.legend(loc="lower right", fontsize=8)
+ax[0].legend(ax[0].get_lines() + ax0b.get_lines(), ["proposals accepted", "tokens per pass of the target"],
+             loc="center right", fontsize=8)
 ax[1].plot(ks, [r[3] for r in rows], "o-", label="speculative")
 ax[1].axhline(n_tokens / plain_seconds, color="black", ls=":", label="plain greedy")
 ax[1].set_xlabel("k")
