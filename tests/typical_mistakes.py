@@ -794,5 +794,6 @@ from typical_mistakes_int8 import INT8_MISTAKES  # noqa: E402  (int8's, kept bes
 MISTAKES["int8"] = INT8_MISTAKES
 
 from typical_mistakes_lora import MISTAKES as _LORA  # noqa: E402  (the module at its size limit)
+from typical_mistakes_speculative import MISTAKES as _SPECULATIVE  # noqa: E402
 
-MISTAKES.update(_LORA)
+MISTAKES.update(_LORA, **_SPECULATIVE)
