@@ -90,6 +90,20 @@ def residual(p, q):
     return r / total if total > 0 else p
 
 
+def speculative_accept(p, q, drafts, u, v):
+    """The rule at one position, for N independent trials at once (lesson 31's exercise): ``p``
+    (V,) the target's distribution, ``q`` (V,) the draft's, ``drafts`` (N,) tokens the draft drew
+    from q, ``u`` and ``v`` (N,) uniforms in [0, 1). Trial i keeps ``drafts[i]`` where
+    :func:`accepts` (``u * q(d) < p(d)``); elsewhere it draws from :func:`residual` by inverse CDF
+    with ``v`` (as :func:`attn.sample.choose`). Returns the tokens (N,), of ``drafts``' dtype."""
+    xp = B.get_array_module(p)
+    keep = u * q[drafts] < p[drafts]
+    r = xp.maximum(p - q, 0.0)
+    cdf = xp.cumsum(r)
+    drawn = xp.minimum(xp.searchsorted(cdf, v * cdf[-1], side="right"), p.shape[0] - 1)
+    return xp.where(keep, drafts, drawn.astype(drafts.dtype))
+
+
 def verify(p, q, drafts: list, rng) -> tuple[int, int]:
     """The rule on one round: ``p`` (k+1, V) the target's distributions, ``q`` (k, V) the draft's,
     ``drafts`` its k tokens, ``rng`` the host generator. Returns (n, token): the first n drafts

@@ -22,6 +22,7 @@ from attn.decode import greedy_decode
 from attn.masks import cached_causal_mask, causal_mask, padding_mask
 from attn.model import Transformer, TransformerConfig, log_softmax
 from attn.sample import Sampler, choose, distribution, generate
+from attn.testing.speculative import chi_square_critical
 
 np = B.host
 #: The level of every chi-square test here: a right rule fails it with probability 0.001.
@@ -29,31 +30,6 @@ LEVEL = 0.001
 
 
 # --------------------------------------------------------------------------- the chi-square test
-
-def chi_square_sf(x: float, dof: int) -> float:
-    """P(X >= x) for X chi-square with ``dof`` degrees of freedom: 1 - P(dof/2, x/2), the
-    regularised lower incomplete gamma function by its series
-    ``P(a, z) = z^a e^-z / Gamma(a + 1) * sum_n z^n / ((a + 1) ... (a + n))``."""
-    if x <= 0:
-        return 1.0
-    a, z = dof / 2, x / 2
-    term = total = 1.0
-    n = 0
-    while term > 1e-17 * total:
-        n += 1
-        term *= z / (a + n)
-        total += term
-    return max(0.0, 1.0 - math.exp(a * math.log(z) - z - math.lgamma(a + 1)) * total)
-
-
-def chi_square_critical(dof: int, level: float = LEVEL) -> float:
-    """The x with P(X >= x) = ``level``, by bisection."""
-    lo, hi = 0.0, dof + 40 * math.sqrt(2 * dof) + 50
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if chi_square_sf(mid, dof) > level else (lo, mid)
-    return hi
-
 
 def chi_square(counts: dict, probs: dict) -> tuple[float, int]:
     """Pearson's statistic of the observed ``counts`` against the probabilities ``probs`` (same
@@ -73,8 +49,8 @@ def chi_square(counts: dict, probs: dict) -> tuple[float, int]:
 def test_the_chi_square_threshold_is_the_tables():
     """The 0.001 critical values of a printed table (e.g. NIST's e-Handbook, 1.3.6.7.4)."""
     for dof, table in ((1, 10.828), (8, 26.124), (26, 54.052), (63, 103.442)):
-        assert chi_square_critical(dof) == pytest.approx(table, abs=2e-3), dof
-    print(f"chi-square at level {LEVEL}: dof 8 -> {chi_square_critical(8):.3f}")
+        assert chi_square_critical(dof, LEVEL) == pytest.approx(table, abs=2e-3), dof
+    print(f"chi-square at level {LEVEL}: dof 8 -> {chi_square_critical(8, LEVEL):.3f}")
 
 
 # --------------------------------------------------------------------------- several positions in one pass
@@ -206,11 +182,22 @@ def wrong_rule(monkeypatch):
 def test_one_position_keeps_the_targets_distribution_and_a_wrong_rule_does_not(wrong_rule):
     probs = dict(enumerate(P))
     stat, dof = chi_square(_first_tokens(1500), probs)
-    assert stat < chi_square_critical(dof), (stat, dof)
+    assert stat < chi_square_critical(dof, LEVEL), (stat, dof)
     for which in ("always", "from_p"):
         wrong_rule(which)
         bad, dof = chi_square(_first_tokens(1500), probs)
-        assert bad > chi_square_critical(dof), (which, bad, dof)
+        assert bad > chi_square_critical(dof, LEVEL), (which, bad, dof)
+
+
+def test_the_exercises_rule_at_n_trials_is_the_decoders_one_trial_at_a_time():
+    """``speculative_accept`` (what lesson 31's exercise is graded against) keeps and draws as
+    :func:`S.accepts` and :func:`choose` of :func:`S.residual` do, trial by trial."""
+    rng = np.random.default_rng(3)
+    drafts = rng.choice(len(Q), size=400, p=Q)
+    u, v = rng.random(400), rng.random(400)
+    got = S.speculative_accept(P, Q, drafts, u, v)
+    want = [d if S.accepts(P[d], Q[d], a) else choose(S.residual(P, Q), b) for d, a, b in zip(drafts, u, v)]
+    assert got.dtype == drafts.dtype and got.tolist() == want and (got != drafts).any()
 
 
 #: The sequence test: 3 tokens from a vocabulary of 3 (7 less the 4 specials, banned), the
@@ -245,7 +232,7 @@ def _texts(target, draft, draws: int) -> dict:
 def test_sampled_texts_are_distributed_as_the_targets(language_models):
     target, draft, exact = language_models
     stat, dof = chi_square(_texts(target, draft, 300), exact)
-    critical = chi_square_critical(dof)
+    critical = chi_square_critical(dof, LEVEL)
     print(f"chi-square {stat:.1f} on {dof} dof, critical {critical:.1f} at level {LEVEL}")
     assert stat < critical
 
@@ -255,7 +242,7 @@ def test_a_wrong_acceptance_rule_fails_the_same_test(language_models, wrong_rule
     target, draft, exact = language_models
     wrong_rule(which)
     stat, dof = chi_square(_texts(target, draft, draws), exact)
-    assert stat > chi_square_critical(dof), (which, stat, dof)
+    assert stat > chi_square_critical(dof, LEVEL), (which, stat, dof)
 
 
 # --------------------------------------------------------------------------- what is refused

@@ -794,6 +794,7 @@ from typical_mistakes_int8 import INT8_MISTAKES  # noqa: E402  (int8's, kept bes
 MISTAKES["int8"] = INT8_MISTAKES
 
 from typical_mistakes_lora import MISTAKES as _LORA  # noqa: E402  (the module at its size limit)
+from typical_mistakes_speculative import MISTAKES as _SPECULATIVE  # noqa: E402
 from typical_mistakes_decoder_only import MISTAKES as _DECODER_ONLY  # noqa: E402
 
-MISTAKES.update({**_LORA, **_DECODER_ONLY})
+MISTAKES.update({**_LORA, **_SPECULATIVE, **_DECODER_ONLY})

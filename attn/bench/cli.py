@@ -68,7 +68,8 @@ def _add_modes(p: argparse.ArgumentParser) -> None:
                         "written as each finishes (attn.bench.gpu_report); stops at once without a GPU")
     p.add_argument("--part", default="all",
                    help="with --gpu-report: the parts to run, comma-separated (preflight, suite, bench, base, "
-                        "precision, graph, train, memory, attention; default all, in that order; run preflight first)")
+                        "precision, graph, train, memory, attention, tensor-cores; default all, in that order; run "
+                        "preflight first)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --gpu-report: the same pipeline on the CuPy stand-in, cheaply (proves the report "
                         "is assembled, not its figures)")
@@ -340,6 +341,9 @@ def _attention(args) -> int:
 
 def main(argv=None) -> int:
     if "--quality" in (sys.argv[1:] if argv is None else argv):     # the side-by-side training run
+        if _task_lm(sys.argv[1:] if argv is None else argv):        # a language model's (attn.bench.quality_lm)
+            from .quality_lm import main as quality_lm_main
+            return quality_lm_main(argv)
         from .quality import main as quality_main
         return quality_main(argv)
     if any(a.startswith("--data-parallel") for a in (sys.argv[1:] if argv is None else argv)):
@@ -383,11 +387,20 @@ def main(argv=None) -> int:
     return 0
 
 
+def _task_lm(argv) -> bool:
+    """Whether ``argv`` asks for a language model (``--task lm``, or ``--task=lm``)."""
+    argv = list(argv)
+    return "--task=lm" in argv or any(a == "--task" and argv[i + 1:i + 2] == ["lm"] for i, a in enumerate(argv))
+
+
 def _render_saved(path: str) -> int:
     """``--render-markdown FILE``: re-render a saved ``--json`` run (either benchmark, or attention's)."""
     with open(path) as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
-    if any(str(r.get("name", "")).startswith("quality_") for r in rows):
+    if any(str(r.get("name", "")).startswith("quality_lm") for r in rows):
+        from .quality_lm import print_markdown as quality_lm_markdown
+        quality_lm_markdown(rows)
+    elif any(str(r.get("name", "")).startswith("quality_") for r in rows):
         from .quality import print_markdown as quality_markdown
         quality_markdown(rows)
     elif rows and all(r.get("name") == "attention" for r in rows):

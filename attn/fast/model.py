@@ -14,9 +14,9 @@ from ..masks import decoder_mask, padding_mask
 from ..decode import ReadableSearch
 from ..layers.attention import split_heads
 from ..block import parts
-from ..model import Transformer, embedding_name, later_block
+from ..model import DecodeState as ReadableDecodeState, Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
-from .core import flash
+from .core import flash, flash_tc, lm
 from .decoding import device, host
 from .core.arena import Arena
 from .core.attention import Attentions, mask_bias
@@ -77,10 +77,6 @@ class FastTransformer:
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype
         self.block = parts(config)              # what the engine asks, instead of the config's strings
-        if self.block.cross_attention is None:
-            raise ValueError("FastTransformer: a decoder-only config (n_encoder_layers=0) trains and decodes on the "
-                             "readable engine (attn.engine 'reference'); this engine's stacks are the "
-                             "encoder-decoder's")
         self.arena = Arena.adopt(self.params, config, self.dtype)
         self.precision = self._usable(Precision.of(precision))
         self.validate_ids = check_ids
@@ -88,6 +84,8 @@ class FastTransformer:
         self._memory = flash.memory_bytes(self.xp)      # once, here: never a driver call inside a captured step
         self._device_kind = flash.device_kind(self.xp)
         self._auto_notice = flash.AutoNotice()         # auto's tiled choice, said once
+        self._cores = None                      # the tensor-core kernels' format where the tiled attention uses them
+        self._cores_said = False                # ... said once on stderr
         self._fused = None
         self._bf16_weights = None               # at bf16 on CuPy: the weights' bf16 copy (see _fuse)
         self._candidates = None                 # beam search's ranked candidates on CuPy, kept between steps
@@ -223,12 +221,12 @@ class FastTransformer:
 
             def qkv(pre):
                 return a.block(P, pre + ".w_qkv"), a.block(P, pre + ".b_qkv")
-            L = cfg.n_decoder_layers
+            L, cross = cfg.n_decoder_layers, self.block.cross_attention is not None   # a language model: no cross
             self._fused = Fused(
                 [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)],
                 [qkv(f"decoder.{i}.self_attn") for i in range(L)],
-                [(p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]) for i in range(L)],
-                (a.block(P, "decoder.cross_attn.w_kv"), a.block(P, "decoder.cross_attn.b_kv")),
+                [(p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]) for i in range(L)] if cross else [],
+                (a.block(P, "decoder.cross_attn.w_kv"), a.block(P, "decoder.cross_attn.b_kv")) if cross else None,
                 self.mha.scale)
         return self._fused
 
@@ -257,12 +255,21 @@ class FastTransformer:
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
         :attr:`attention` by the rule of :func:`attn.fast.core.flash.use_flash`; ``auto``'s first tiled
-        choice said on stderr with its reason."""
+        choice said on stderr with its reason. Whether it runs on the tensor cores (``_cores``) is
+        :func:`attn.fast.core.flash_tc.cores_for`'s rule, said once too."""
         dropping = rng is not None and self.config.attention_dropout > 0
         why = flash.choose(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping,
                            self._memory, self._device_kind)
         if why is not None and self.attention == "auto":
             self._auto_notice(why)
+        cores = None
+        if why is not None:
+            cores, because = flash_tc.cores_for(self.attention, self.precision.name, self.xp,
+                                                self.config.d_model // self.config.n_heads, self._device_kind)
+            if cores is not None and not self._cores_said:
+                self._cores_said = True
+                flash_tc.say(cores, because)
+        self._cores = cores
         return why is not None
 
     # ------------------------------------------------------------------ forward
@@ -298,6 +305,8 @@ class FastTransformer:
         keeps its rows (:class:`attn.training.distributed.RowsOf`), so the masks depend neither
         on the number of parts nor on how many processes share the batch.
         """
+        if self._language_model(src, "forward"):
+            return lm.forward(self, tgt_in, rng)
         if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer.forward: src and tgt_in must be (B, S) and (B, T) with one B, "
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
@@ -319,6 +328,16 @@ class FastTransformer:
             lambda sl=sl, r=r: self._forward_part(src[sl], tgt_in[sl], r, logits[sl], fused=fused, tiled=tiled)[1]
             for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts)
+
+    def _language_model(self, src, what: str) -> bool:
+        """Whether this is a decoder-only model's call (``src`` None); a ValueError where ``src``
+        and the model disagree, as the readable model's."""
+        decoder_only = self.block.cross_attention is None
+        if decoder_only != (src is None):
+            raise ValueError(f"Transformer.{what}: " + ("a decoder-only model (n_encoder_layers=0) reads no "
+                                                        "source: src must be None" if decoder_only else
+                                                        "src is None, but the model has an encoder"))
+        return decoder_only
 
     def backward(self, dlogits, cache, ready=None) -> dict:
         """The gradients of :meth:`forward`'s ``cache`` given dlogits (B, T, V_tgt) (it may be
@@ -356,6 +375,8 @@ class FastTransformer:
     def logits(self, src, tgt_in):
         """Logits (B, T, V_tgt) for evaluation: no dropout, and no cache kept, so each
         layer's buffers are freed as soon as the next layer has run."""
+        if self._language_model(src, "logits"):
+            return lm.forward(self, tgt_in, None, keep_cache=False)[0]
         if src.ndim != 2 or tgt_in.ndim != 2 or src.shape[0] != tgt_in.shape[0]:
             raise ValueError(f"Transformer.logits: src and tgt_in must be (B, S) and (B, T) with one B, "
                              f"got {tuple(src.shape)} and {tuple(tgt_in.shape)}")
@@ -390,7 +411,7 @@ class FastTransformer:
         Bsz, S = src.shape
         T = tgt_in.shape[1]
         F = self._fuse() if fused is None else fused
-        src_bias, src_rows = (flash.KeyMask.of(src, False), None) if tiled else \
+        src_bias, src_rows = (flash.KeyMask.of(src, False, self._cores), None) if tiled else \
             mask_bias(padding_mask(src), self.dtype, xp)                     # (B, 1, 1, S)
         memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
         self._phase("forward: decoder")
@@ -447,7 +468,7 @@ class FastTransformer:
         :func:`attn.fast.core.layer.decoder_layer` on whole sequences (:class:`attn.fast.core.layer.Sequences`)."""
         cfg, xp = self.config, self.xp
         Bsz, T = tgt_in.shape
-        tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True), None) if tiled else \
+        tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True, self._cores), None) if tiled else \
             mask_bias(decoder_mask(tgt_in), self.dtype, xp)                  # (B, 1, T, T)
         y, tgt_emb = self.embeddings.forward("tgt", tgt_in, rng)
         cross = [] if keep_cross else None
@@ -548,6 +569,9 @@ class FastTransformer:
         buffers sized by ``reserve`` = (rows, positions) when given. The later block
         (:func:`attn.model.later_block`) decodes with a :class:`FastDecodeState` on CuPy too: the
         device state's kernels are the paper's sub-layers."""
+        if self.block.cross_attention is None:          # a language model: the readable model's cache
+            self._own_params()
+            return self.readable.start_decoding(None, None)
         if self.xp is not B.host and not later_block(self.config):
             self._own_params()
             return device.start_device(self, self.cross_attention_kv(memory), src_mask, reserve)
@@ -560,6 +584,8 @@ class FastTransformer:
         :func:`default_workers`); small steps otherwise run with single-threaded BLAS."""
         if isinstance(state, DeviceDecodeState):
             return device.device_step(self, tokens, state)
+        if isinstance(state, ReadableDecodeState):
+            return self.readable.decode_step(tokens, state)
         if not isinstance(state, FastDecodeState):
             raise TypeError(f"FastTransformer.decode_step: the state must come from its start_decoding, "
                             f"got a {type(state).__name__}")

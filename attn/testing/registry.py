@@ -33,6 +33,7 @@ from .invariants import InvariantError, _dev, _first, _host, _out
 from .decoder_only import DECODER_ONLY_LAYER
 from .later_block import LATER_BLOCK
 from .quantize import INT8
+from .speculative import SPECULATIVE
 from .lora import LORA_LAYERS
 from .layers import (HINT_RESHAPE, Example, Factor, Layer, Mistake, Term, attention_examples, attention_invariants, causal_invariants,
                      causal_mask_examples, cross_entropy_examples, cross_entropy_invariants, dropout_examples,
@@ -512,6 +513,7 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in [
     *LATER_BLOCK,
     FLASH_ATTENTION,
     INT8,
+    SPECULATIVE,
     *LORA_LAYERS,
 ]}
 
@@ -553,6 +555,8 @@ EXERCISES = {m.name: m for m in (
                                     "sum_kv_groups")),
     Manifest("flash_attention", ("flash_attention_forward", "flash_attention_backward")),
     Manifest("lora", ("lora_forward", "lora_backward", "lora_merge")),
+    Manifest("speculative", ("speculative_accept",)),
+    Manifest("int8", ("int8_round_trip",)),
     Manifest("luong_attention", ("luong_attention_forward", "luong_attention_backward"), ("attn.layers",)),
     Manifest("the_whole_model", ("encoder_layer_forward", "encoder_layer_backward", "decoder_layer_forward",
                                  "decoder_layer_backward", "transformer_forward", "transformer_backward"),

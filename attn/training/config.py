@@ -270,7 +270,8 @@ class TrainConfig:
 
     def _check_task(self) -> None:
         """The task; a language model's flags given to it alone; a language model's preset trains
-        one; the fast engine's options refused for a language model (the readable engine trains it)."""
+        one; a lower precision and a captured step refused for a language model (its fast engine runs
+        float32 and float64 steps, eagerly)."""
         if self.task not in TASKS:
             self._bad("task", f"must be one of {', '.join(TASKS)}")
         lm = self.task == "lm"
@@ -281,9 +282,9 @@ class TrainConfig:
             self._bad("char", "must be True, False or None")
         if not lm and self.preset in PRESETS and PRESETS[self.preset]["n_encoder_layers"] == 0:
             self._bad("preset", "is a language model's (no encoder): give --task lm")
-        for name, default in (("precision", "fp32"), ("attention", "auto"), ("cuda_graph", False)):
+        for name, default in (("precision", "fp32"), ("cuda_graph", False)):
             if lm and getattr(self, name) != default:
-                self._bad(name, "applies to the attn.fast engine; a language model trains on the readable one")
+                self._bad(name, "applies to a translator's step; a language model's runs at fp32, eagerly")
         if lm and (self.context or 0) > MAX_LEN_LIMIT:
             self._bad("context", f"must be at most {MAX_LEN_LIMIT:,} (the model's max_len: its table of positions)")
         if lm and (self.context or 0) * (self.batch or 0) > MAX_BATCH_TOKENS:
@@ -352,9 +353,9 @@ class TrainConfig:
 
     @property
     def engine(self) -> str:
-        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference`` or for a
-        language model (the fast engine runs the encoder-decoder alone), else ``fast``."""
-        return "reference" if self.reference or self.task == "lm" else "fast"
+        """The :mod:`attn.engine` engine that trains: ``reference`` with ``--reference``, else ``fast``
+        (a translator's or a language model's)."""
+        return "reference" if self.reference else "fast"
 
     def model_config(self, vocab_size: int) -> TransformerConfig:
         """The preset with this config's overrides, for a vocabulary of ``vocab_size``; a

@@ -139,7 +139,7 @@ def prepare_lm(config: TrainConfig, saved=None, say=print) -> PreparedLM:
         check_same_text(corpus, meta, path, config.allow_new_corpus)
         model = Transformer.from_arrays(arrays, meta, source=str(path))
         model, opt = make_engine(model, engine, schedule_factor(config, model.config), config.precision,
-                                 config.cooldown)
+                                 config.cooldown, config.attention)
         opt.load_state(arrays, meta["step"])
         state = state_from_checkpoint(arrays, meta)
         untested = check_something_left(config, state)
@@ -147,7 +147,7 @@ def prepare_lm(config: TrainConfig, saved=None, say=print) -> PreparedLM:
     else:
         corpus, vocab = load_text(config, None, say)
         model, opt = make_engine(Transformer(config.model_config(len(vocab)), seed=config.seed, dtype=config.dtype),
-                                 engine, config.lr_factor, config.precision, config.cooldown)
+                                 engine, config.lr_factor, config.precision, config.cooldown, config.attention)
         state = TrainState()
     return PreparedLM(config, corpus, vocab, engine, model, opt, state, val_batches(corpus.val, config.context),
                       engine.loss(trusted=True), untested)

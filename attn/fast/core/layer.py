@@ -26,7 +26,9 @@ def decoder_layer(run, i: int, x):
     pre, model = f"decoder.{i}", run.model
     p = model.params
     x, c1 = run.residual(pre + ".norm1", x, lambda h: run.self_attn(i, h), p[pre + ".self_attn.b_o"])
-    x, c2 = run.residual(pre + ".norm2", x, lambda h: run.cross_attn(i, h), p[pre + ".cross_attn.b_o"])
+    c2 = None                                       # a decoder-only block (a language model): no cross-attention
+    if model.block.cross_attention is not None:
+        x, c2 = run.residual(pre + ".norm2", x, lambda h: run.cross_attn(i, h), p[pre + ".cross_attn.b_o"])
     x, c3 = run.residual(pre + ".norm3", x, lambda h: run.ffn(pre + ".ffn", h), model.ffn.bias(pre))
     return x, (c1, c2, c3)
 
@@ -42,7 +44,8 @@ def decoder_layer_backward(model, dy, dec: list, i: int, dk, dv, G, keys=None):
     residuals, mha = model.residuals, model.mha
     dy = residuals.backward(dy, c3, model.ffn.backward, G)
     del c3
-    dy = residuals.backward(dy, c2, lambda d, c, g, into: mha.cross_attn_backward(d, c, dk, dv, g, into, keys), G)
+    if c2 is not None:
+        dy = residuals.backward(dy, c2, lambda d, c, g, into: mha.cross_attn_backward(d, c, dk, dv, g, into, keys), G)
     del c2
     return residuals.backward(dy, c1, mha.self_attn_backward, G)
 

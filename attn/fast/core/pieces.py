@@ -70,8 +70,9 @@ class Embeddings:
         if self.positions.rotary:
             self.rope_table(max(S, T))
         else:
-            self.table("src", S)
-            self.table("tgt", T)
+            for which, n in (("src", S), ("tgt", T)):
+                if which in self.positions.stacks:        # a language model embeds no source
+                    self.table(which, n)
 
     def rope_(self, x, T: int, inverse: bool = False):
         """Rotary positions 0..T-1 applied in place to the heads x (B, H, T, Dh) (a view of a

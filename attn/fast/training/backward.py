@@ -151,19 +151,22 @@ class Backward:
         cfg, ops = self.config, self.model.ops
         Bsz, S, _ = cache.shapes
         L, KV = cfg.n_decoder_layers, cfg.key_value_heads * (cfg.d_model // cfg.n_heads)
+        cross = cache.memory is not None               # a language model (decoder-only) reads no memory
         # The cross-attention keys/values of every layer were one product of the encoder output,
         # kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are collected
         # in one (N_s, 2KV*L) buffer and go back through one product at the end.
-        dkv = self.xp.empty((Bsz * S, 2 * KV * L), dtype=self.dtype)
-        dkv_heads = self.mha.heads(dkv, Bsz, S, 2 * L, cfg.key_value_heads)
+        dkv = self.xp.empty((Bsz * S, 2 * KV * L), dtype=self.dtype) if cross else None
+        dkv_heads = self.mha.heads(dkv, Bsz, S, 2 * L, cfg.key_value_heads) if cross else [None] * (2 * L)
         for i in reversed(range(L)):
             dy = decoder_layer_backward(self.model, dy, cache.dec, i, dkv_heads[2 * i], dkv_heads[2 * i + 1], G,
                                         cache.keys[i])                # keys: QK-norm's cache
             G.done(f"decoder.{i}")
-        Wkv, _ = cache.fused.kv
-        dmem = ops.mm(dkv, Wkv.T)                                             # (N_s, D)
-        ops.mm(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
-        ops.colsum(dkv, out=G.block("decoder.cross_attn.b_kv"))
+        dmem = None
+        if cross:
+            Wkv, _ = cache.fused.kv
+            dmem = ops.mm(dkv, Wkv.T)                                             # (N_s, D)
+            ops.mm(cache.memory.T, dkv, out=G.block("decoder.cross_attn.w_kv"))    # (D, 2D*L)
+            ops.colsum(dkv, out=G.block("decoder.cross_attn.b_kv"))
         G.done("decoder.cross_attn")
         del dkv, dkv_heads
         cache.kv = cache.memory = None
@@ -174,7 +177,11 @@ class Backward:
     def _encoder_bwd(self, dx, cache: FastCache, G: _Grads):
         """The encoder's backward from dmemory ``dx`` (N_s, D): its final norm (pre-norm), its
         layers last first, the source positions. Returns the rows for the source embedding's
-        gradient."""
+        gradient (None for a language model: no encoder, ``dx`` None)."""
+        if dx is None:
+            for stage in ("encoder.norm", "src_pos"):
+                G.done(stage)
+            return None
         if cache.enc_norm is not None:
             dx = self.residuals.norm_backward("encoder.norm", dx, *cache.enc_norm, G)
             cache.enc_norm = None
@@ -195,6 +202,8 @@ class Backward:
         embedding already holds the output projection's gradient; a separate one starts at 0."""
         out_name = embedding_name(self.config, "out")
         for which, rows, ec in (("src", d_src, cache.src_emb), ("tgt", d_tgt, cache.tgt_emb)):
+            if rows is None:                              # a language model's source: none
+                continue
             name = embedding_name(self.config, which)
             if name != out_name:
                 G.views[name][...] = 0

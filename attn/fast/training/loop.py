@@ -24,7 +24,8 @@ def check_batch(model, batch, where: str = "train_step") -> None:
     (``batch`` is there): no sync. Raises IndexError naming ``where`` and the batch's field."""
     cfg = model.config
     for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size), ("tgt_out", cfg.target_vocab_size)):
-        check_ids(where, f"batch.{name}", B.to_host(getattr(batch, name)), V)
+        if getattr(batch, name) is not None:          # a language model's batch has no source
+            check_ids(where, f"batch.{name}", B.to_host(getattr(batch, name)), V)
 
 
 def loop_step(model, step, dp=None):
@@ -37,7 +38,7 @@ def loop_step(model, step, dp=None):
         check_batch(model, batch)
         if dp is not None:
             return step(batch, seed)
-        with engines.step_memory(model, (batch.src.shape, batch.tgt_in.shape)) as reused:
+        with engines.step_memory(model, (getattr(batch.src, "shape", None), batch.tgt_in.shape)) as reused:
             loss, lr = step(batch, seed)
         return (loss.copy() if copy_loss and reused else loss), lr
     return run

@@ -4,7 +4,9 @@ family in a module with its CUDA source and its NumPy twin: ``softmax``, ``layer
 ``gemm`` (the batched products' pointer arrays), ``later`` (RMSNorm, rotary positions, SwiGLU) and
 ``decode`` (a cached decoding step); ``common`` holds what they share, ``registry`` compiles them
 into one module, and the launch code is ``cupy_ops`` (:class:`CupyOps`), ``later_ops`` and
-``precision_ops`` (the tf32 and bf16 products).
+``precision_ops`` (the tf32 and bf16 products). ``flash_mma`` is the tiled attention on the tensor
+cores (FlashAttention-2 in bf16 or fp16), a module of its own for compute capability 8.0 and up,
+compiled but never run on a GPU.
 
 :class:`CupyOps` is what :func:`attn.fast.ops_for` returns for CuPy arrays: the same
 methods as the NumPy ``Ops`` (which they are tested against in ``tests/test_fast.py``),
@@ -99,11 +101,25 @@ flash_bwd_kv           one block per (sentence and key head, key tile): P recomp
 flash_bwd_q            one block per (sentence and head, query tile): dQ
 =====================  =====================================================================
 
+and, launched by :mod:`attn.fast.core.flash_tc` where a run asks for the tiled attention at bf16
+(:func:`attn.fast.core.flash_tc.cores_for`), FlashAttention-2 on the tensor cores (:mod:`.flash_mma`,
+a module of its own: it needs compute capability 8.0), **compiled but never run on a GPU**:
+
+=====================  =====================================================================
+flash_mma_pack         a float32 (B, H, T, Dh) view as contiguous bf16 or fp16
+flash_mma_fwd          one block per (sentence and head, 64 queries), a warp per 16 queries:
+                       S = Q K^T by ``mma.sync`` m16n8k16 from ``ldmatrix``, the online
+                       softmax in registers, O += P V; K and V double-buffered by ``cp.async``
+flash_mma_bwd_kv       one block per (sentence and key head, 64 keys): dK and dV in registers
+flash_mma_bwd_q        one block per (sentence and head, 64 queries): dQ, a pass of its own
+=====================  =====================================================================
+
 Nothing here synchronises with the host; the loss stays a 0-d device array.
 
 Every kernel is CUDA source in this package, one module per family (:mod:`.softmax`,
 :mod:`.layer_norm`, :mod:`.column_sums`, :mod:`.loss`, :mod:`.dropout`, :mod:`.relu`,
-:mod:`.later` (RMSNorm, RoPE, SwiGLU), :mod:`.adam`, :mod:`.decode`, :mod:`.gemm`, :mod:`.bf16`, :mod:`.flash`; the device functions they share
+:mod:`.later` (RMSNorm, RoPE, SwiGLU), :mod:`.adam`, :mod:`.decode`, :mod:`.gemm`, :mod:`.bf16`, :mod:`.flash`,
+:mod:`.flash_mma`; the device functions they share
 and the launch sizes in :mod:`.common`), listed once in :mod:`.registry`, which joins them
 into one ``RawModule`` (so that the whole of it can be compiled by NVRTC without a GPU:
 ``tests/test_kernels.py`` does, for compute capabilities 7.0, 8.0 and 9.0). Beside each
