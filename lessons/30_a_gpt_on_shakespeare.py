@@ -171,10 +171,10 @@ if torch_available():
 
     torch_history, torch_steps, torch_trained = train(torch_step, torch_evaluate)
     print(f"PyTorch {torch.__version__}: {torch_steps} steps in {torch_trained / 60:.2f} CPU minutes "
-          f"({1000 * torch_trained / torch_steps:.0f} ms a step); validation loss at the same steps:")
+          f"({1000 * torch_trained / torch_steps:.0f} ms a step)")
     for a, t in zip(history, torch_history):
-        if a["step"] == t["step"]:
-            print(f"step {a['step']:>5}  attn {a['val_loss']:.3f}  PyTorch {t['val_loss']:.3f}")
+        print(f"step {t['step']:>5}  {t['minutes']:6.2f} CPU min  validation loss {t['val_loss']:.3f}"
+              + (f"  (attn at the same step: {a['val_loss']:.3f})" if a["step"] == t["step"] else ""))
 else:
     print("PyTorch is not installed here: attn's curve alone (benchmarks/RESULTS.md has both)")
 
