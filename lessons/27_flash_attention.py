@@ -412,22 +412,6 @@ print(f"Check passed: the tiled attention equals the paper's to {max(forward_err
 #    </details>
 
 # %% [markdown]
-# ## Exercise
-#
-# Write the tiled forward and backward yourself, from the starter's signatures and shapes:
-#
-# ```
-# attn-check lessons/exercises/flash_attention.py
-# ```
-#
-# It is graded on the examples that prove the library's: tile sizes that do not divide the
-# lengths, padding, the causal flag, queries that may see no key, and scores large enough to
-# overflow without the running maximum. Its invariants are this lesson's: the tiles change
-# nothing, `causal=True` is the look-ahead mask given as a mask, and a cache made of tuples,
-# lists or dicts holds no array with a number for every query and key. `attn-check --hint 2`
-# says where to look, `--hint 3` gives the formula.
-
-# %% [markdown]
 # ## 8. On the tensor cores: FlashAttention-2 in bf16
 #
 # The tiles above are NumPy's. On a GPU, `attn/fast/gpu/kernels/flash_mma.py` runs the same algorithm
@@ -524,3 +508,19 @@ assert (per_lane == 4).all(), "each of the 32 lanes holds 4 of the 128 scores of
 assert 1e-5 < tc_err < 2 ** -7, f"the bf16 twin must be off by about bf16's rounding, not {tc_err:.1e}"
 print("Check passed: padded rows start on 8 banks, each lane holds 4 scores, the bf16 twin is within "
       f"{tc_err:.1e} of float64")
+
+# %% [markdown]
+# ## Exercise
+#
+# Write the tiled forward and backward yourself, from the starter's signatures and shapes:
+#
+# ```
+# attn-check lessons/exercises/flash_attention.py
+# ```
+#
+# It is graded on the examples that prove the library's: tile sizes that do not divide the
+# lengths, padding, the causal flag, queries that may see no key, and scores large enough to
+# overflow without the running maximum. Its invariants are this lesson's: the tiles change
+# nothing, `causal=True` is the look-ahead mask given as a mask, and a cache made of tuples,
+# lists or dicts holds no array with a number for every query and key. `attn-check --hint 2`
+# says where to look, `--hint 3` gives the formula.

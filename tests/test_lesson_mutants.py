@@ -235,6 +235,26 @@ def distribution(logits, temperature=1.0, top_k=None, top_p=None):
 old = patch("attn.sample", "distribution", distribution)
 ''')
 
+MUTANTS["31"] = ("a rejected draft is redrawn from the target's p, not from max(0, p - q)", '''
+import numpy as np
+import attn.speculative
+def speculative_accept(p, q, drafts, u, v):
+    keep = u * q[drafts] < p[drafts]
+    drawn = np.minimum(np.searchsorted(np.cumsum(p), v * p.sum(), side="right"), p.shape[0] - 1)
+    return np.where(keep, drafts, drawn.astype(drafts.dtype))
+old = patch("attn.speculative", "speculative_accept", speculative_accept)
+''')
+
+MUTANTS["32"] = ("int8 quantisation rounds down instead of to the nearest step", '''
+import numpy as np
+import attn.quantize
+def quantize_int8(w):
+    q, scale = old(w)
+    safe = np.where(scale > 0, scale, w.dtype.type(1))
+    return np.clip(np.floor(w / safe), -127, 127).astype(np.int8), scale
+old = patch("attn.quantize", "quantize_int8", quantize_int8)
+''')
+
 #: Quick-mode lessons that train translators or many models: ATTN_LESSON_MUTANTS=cheap skips them.
 EXPENSIVE = {"14", "17", "18", "20", "21"}
 
