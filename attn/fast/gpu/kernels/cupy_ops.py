@@ -17,6 +17,14 @@ from .later_ops import LaterKernels
 from .registry import CTYPES, NAME_EXPRESSIONS, OPTIONS, SOURCE
 
 
+def _by_later(name: str):
+    """The method of :class:`CupyOps` that its :attr:`~CupyOps.later` kernels run."""
+    def method(self, *args, **kwargs):
+        return getattr(self.later, name)(*args, **kwargs)
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
 class CupyOps(Ops):
     """The fast path's memory-bound operations as fused CuPy kernels (see :mod:`attn.fast.gpu.kernels`);
     the later block's (RMSNorm, rotary positions, SwiGLU's gate) by :attr:`later`, a
@@ -182,28 +190,14 @@ class CupyOps(Ops):
             shared_mem=threads * dout.dtype.itemsize)
         return dout, ds
 
-    # ---- the later block's: launched by self.later (.later_ops)
-
-    def rms_norm_(self, x, gamma, eps: float):
-        return self.later.rms_norm_(x, gamma, eps)
-
-    def residual_rms_norm_(self, s, bias, m, x, gamma, eps: float):
-        return self.later.residual_rms_norm_(s, bias, m, x, gamma, eps)
-
-    def rms_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
-        return self.later.rms_norm_backward_(dout, xhat, rstd, gamma, out)
-
-    def rms_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
-        return self.later.rms_norm_backward_dropout_(dout, xhat, rstd, gamma, m, out)
-
-    def rope_(self, x, cos, sin, inverse: bool = False):
-        return self.later.rope_(x, cos, sin, inverse)
-
-    def swiglu_gate(self, ab, m: Mask | None = None):
-        return self.later.swiglu_gate(ab, m)
-
-    def swiglu_gate_backward(self, dh, ab, m: Mask | None = None):
-        return self.later.swiglu_gate_backward(dh, ab, m)
+    # ---- the later block's (RMSNorm, rotary positions, SwiGLU's gate): launched by self.later
+    rms_norm_ = _by_later("rms_norm_")
+    residual_rms_norm_ = _by_later("residual_rms_norm_")
+    rms_norm_backward_ = _by_later("rms_norm_backward_")
+    rms_norm_backward_dropout_ = _by_later("rms_norm_backward_dropout_")
+    rope_ = _by_later("rope_")
+    swiglu_gate = _by_later("swiglu_gate")
+    swiglu_gate_backward = _by_later("swiglu_gate_backward")
 
     # ---- column sums (bias gradients, dgamma and dbeta)
 
