@@ -337,26 +337,19 @@ class _SeedOnDevice:
 
 
 class GraphedTrainStep:
-    """:func:`attn.train.train_step` for the fast engine on a GPU, each step one CUDA graph launch.
+    """:func:`attn.train.train_step` for the fast engine on a GPU, each step one CUDA graph launch
+    (docs/GPU.md, "The training step, captured").
 
     ``step(batch, seed)`` pads the batch to its bucket (:func:`attn.data.pad_to_bucket`: a
-    graph replays one shape, and a bucket's batches share one), checks its ids on the host,
-    counts the optimizer's step on the host (:meth:`attn.fast.training.optim.FastAdam.count_step`), and
-    runs forward, label-smoothed cross-entropy, backward and Adam through a
-    :class:`CapturedStep`: eagerly for the first ``warmup`` batches of a shape, captured on the
-    next and replayed from then on. Two eager steps by default: the first takes its memory from
-    the pool and sizes the step memory's slab; the second runs in the slab, at the addresses the
-    graph will keep, and so makes what the kernels keep per address (the batched products'
-    pointer arrays, :meth:`attn.fast.gpu.kernels.CupyOps._gemm_pointers`), which the graph then
-    reads instead of making them on every replay. What changes between steps reaches the graph through
-    device memory: the batch and the dropout seed are copied into the graph's buffers, and
-    Adam's step count (hence its learning rate and bias corrections) lives on the device.
-    Returns ``(loss, lr)`` as ``train_step`` does: the loss a 0-d device array of its own (the
-    graph's is rewritten by the next replay), or with ``copy_loss=False`` the graph's own,
-    valid until the next call.
-
-    Dropout's masks are those of ``train_step`` given ``B.DeviceRNG(seed)`` and the padded
-    batch, so a run with graphs computes what the eager run on padded batches computes.
+    bucket's batches share one graph), checks its ids and counts the optimizer's step on the host
+    (:meth:`attn.fast.training.optim.FastAdam.count_step`), and runs forward, loss, backward and
+    Adam through a :class:`CapturedStep`: ``warmup`` eager steps per shape (the first sizes the
+    step memory, the second runs at the addresses the graph keeps and makes the batched products'
+    pointer arrays there), then captured and replayed. The batch and the dropout seed reach the
+    graph through its buffers, Adam's step count lives on the device. Returns ``(loss, lr)`` as
+    ``train_step`` does: the loss a 0-d device array of its own, or with ``copy_loss=False`` the
+    graph's, valid until the next call. Dropout's masks are those of ``train_step`` given
+    ``B.DeviceRNG(seed)`` and the padded batch.
     """
 
     def __init__(self, model, opt, label_smoothing: float, clip: float = 0.0, loss_fn=None, *,
