@@ -95,6 +95,14 @@ def fit_text(fig, dpi: float = 110, column_px: float = COLUMN_PX, min_px: float 
     return total
 
 
+def _lay_out(fig) -> None:
+    """Lay ``fig`` out as a drawing would (layout engine, ticks, texts' sizes) without painting
+    its pixels: what the measurements here need, at a fraction of a draw's time. Nothing to do
+    when nothing changed since the last (matplotlib marks a changed figure stale)."""
+    if fig.stale:
+        fig.draw_without_rendering()
+
+
 def _colour_bars(fig) -> list:
     """The axes of ``fig`` that hold a colour bar (``fig.colorbar`` labels them so)."""
     return [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
@@ -112,7 +120,7 @@ def _constrain(fig) -> None:
             and all(ax.get_subplotspec() is not None for ax in fig.axes) and not _colour_bars(fig):
         try:
             fig.set_layout_engine("constrained")
-            fig.canvas.draw()
+            _lay_out(fig)
         except RuntimeError:        # a colour bar matplotlib knows of and we did not: nothing changed
             pass
         except ZeroDivisionError:   # constrained layout found no room: the engine it had before
@@ -162,7 +170,7 @@ def _wrap_long_labels(fig) -> None:
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
     for _ in range(3):
-        fig.canvas.draw()
+        _lay_out(fig)
         renderer = fig.canvas.get_renderer()
         labels = [(fig._suptitle, fig.bbox.width)] if getattr(fig, "_suptitle", None) is not None else []
         for ax in fig.axes:
@@ -199,10 +207,11 @@ def _corners(t, renderer):
     angle = math.radians(t.get_rotation())
     if abs(math.sin(angle)) < 1e-9 or abs(math.cos(angle)) < 1e-9:
         return [(box.x0, box.y0), (box.x1, box.y0), (box.x1, box.y1), (box.x0, box.y1)]
-    rotation = t.get_rotation()
+    rotation, figure, stale = t.get_rotation(), t.get_figure(root=True), t.get_figure(root=True).stale
     t.set_rotation(0)
     upright = t.get_window_extent(renderer)
     t.set_rotation(rotation)
+    figure.stale = stale            # turned back: the layout still holds
     cx, cy, w, h = (box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2, upright.width / 2, upright.height / 2
     c, s = math.cos(angle), math.sin(angle)
     return [(cx + c * dx - s * dy, cy + s * dx + c * dy) for dx, dy in ((-w, -h), (w, -h), (w, h), (-w, h))]
@@ -228,16 +237,280 @@ def text_overlaps(fig, min_px: float = 1.0) -> list[tuple[str, str]]:
     pixels each way."""
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
         FigureCanvasAgg(fig)
-    fig.canvas.draw()
+    _lay_out(fig)
     renderer = fig.canvas.get_renderer()
     boxes = [(t.get_text().replace("\n", " "), _corners(t, renderer)) for t in _drawn_texts(fig)]
-    return [(a, b) for i, (a, pa) in enumerate(boxes) for b, pb in boxes[i + 1:] if _depth(pa, pb) > min_px]
+    spans = [(min(x for x, _ in p), max(x for x, _ in p), min(y for _, y in p), max(y for _, y in p))
+             for _, p in boxes]
+    near = lambda i, j: (min(spans[i][1], spans[j][1]) - max(spans[i][0], spans[j][0]) > min_px and   # noqa: E731
+                         min(spans[i][3], spans[j][3]) - max(spans[i][2], spans[j][2]) > min_px)
+    return [(boxes[i][0], boxes[j][0]) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+            if near(i, j) and _depth(boxes[i][1], boxes[j][1]) > min_px]
+
+
+#: The phone rendering of a figure (tests/test_book.py measures it at 390 px): drawn
+#: PHONE_WIDTH_IN inches wide at PHONE_DPI, shown at half its pixels (a phone's two device pixels
+#: per CSS pixel, ``srcset ... 2x``): 330 CSS pixels plus the saved margins, inside the 358-pixel
+#: column; no text under PHONE_MIN_PT points, 12 pt * 200 / 72 / 2 = 16.7 CSS pixels, the body's 16.
+PHONE_WIDTH_IN, PHONE_DPI, PHONE_MIN_PT = 3.3, 200, 12.0
+#: What a phone rendering must keep to be served (tests/test_book.py measures the same at 390 px):
+#: the article's column, in CSS pixels, and the body text's size.
+PHONE_COLUMN_PX, PHONE_BODY_PX = 358, 16.0
+#: Set to 1 (the book's build does), :func:`show_figure` draws each figure's phone rendering too.
+PHONE_ENV = "ATTN_PHONE_FIGURES"
+
+
+def _metadata(fig, dpi: float, prefix: str = "attn:") -> dict:
+    """The smallest text's size, in pixels of an image saved at ``dpi``, and the texts that overlap."""
+    smallest = min((t.get_fontsize() for t in _texts(fig)), default=72.0)
+    return {f"{prefix}text-px": f"{smallest * dpi / 72.0:.2f}",
+            f"{prefix}overlaps": " | ".join(f"{a!r} on {b!r}" for a, b in text_overlaps(fig))}
+
+
+def _panels(fig) -> list:
+    """The panels of ``fig`` in reading order (row by row), colour bars left out."""
+    bars = _colour_bars(fig)
+    return sorted((ax for ax in fig.axes if ax not in bars),
+                  key=lambda ax: (round(-ax.get_position().y1, 2), ax.get_position().x0))
+
+
+def _restack_for_a_phone(fig) -> None:
+    """Lay ``fig`` out for a phone's column: its panels one under the other, each as tall as it
+    was for its width (within limits), PHONE_WIDTH_IN wide, with constrained layout; a panel's
+    legend in a row of its own under it, colour bars drawn again beside their panel. A figure
+    that placed its own axes (no subplot grid) only changes size."""
+    import warnings
+    panels, bars = _panels(fig), _colour_bars(fig)
+    heights = []
+    for ax in panels:
+        box = ax.get_position()
+        aspect = (box.height * fig.get_figheight()) / max(box.width * fig.get_figwidth(), 1e-6)
+        heights.append(PHONE_WIDTH_IN * min(1.0, max(0.55, aspect)) + 0.9)
+    stack = all(ax.get_subplotspec() is not None for ax in panels)
+    again = []
+    for bar in bars if stack else []:
+        cb = getattr(bar, "_colorbar", None)
+        label = bar.get_ylabel() or bar.get_xlabel()
+        if cb is not None and getattr(cb.mappable, "axes", None) in panels:
+            again.append((cb.mappable, label))
+        bar.remove()
+    if not stack:
+        fig.set_size_inches(PHONE_WIDTH_IN, PHONE_WIDTH_IN * fig.get_figheight() / fig.get_figwidth())
+        _phone_text(fig, panels)
+        _relayout(fig)
+        _wrap_long_labels(fig)
+        _drop_crowded_minor_labels(fig)
+        _within_the_column(fig)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig.set_layout_engine("constrained")
+    rows = _legend_rows(panels, heights)
+    fig.set_size_inches(PHONE_WIDTH_IN, sum(h for _, _, h in rows) + (0.4 if getattr(fig, "_suptitle", None) else 0.0))
+    grid = fig.add_gridspec(len(rows), 1, height_ratios=[h for _, _, h in rows])
+    row_axes = []
+    for i, (ax, legend, _) in enumerate(rows):
+        if ax is not None:
+            ax.set_subplotspec(grid[i])
+        row_axes.append(ax if ax is not None else _legend_holder(fig, grid[i], *legend))
+    for mappable, label in again:
+        fig.colorbar(mappable, ax=mappable.axes, label=label)
+    _phone_text(fig, panels)
+    _relayout(fig)
+    _wrap_long_labels(fig)
+    _room_for_tick_labels(fig, row_axes, grid, [h for _, _, h in rows])
+    _fill_the_width(fig, panels)
+    _drop_crowded_minor_labels(fig)
+    _within_the_column(fig)
+
+
+def _legend_rows(panels, heights) -> list:
+    """[(panel, None, height) or (None, (handles, labels), height)]: each panel, and under a panel
+    that had a legend, a row for it (taken off the panel, its labels wrapped for the phone)."""
+    import textwrap
+    rows = []
+    for ax, height in zip(panels, heights):
+        rows.append((ax, None, height))
+        legend = ax.get_legend()
+        if legend is None or not legend.get_texts():
+            continue
+        handles = legend.legend_handles
+        labels = [textwrap.fill(t.get_text(), 26) for t in legend.get_texts()]
+        legend.remove()
+        lines = sum(label.count("\n") + 1 for label in labels)
+        rows.append((None, (handles, labels), (1.4 * lines + 0.8 * len(labels)) * PHONE_MIN_PT / 72 + 0.25))
+    return rows
+
+
+def _legend_holder(fig, spec, handles, labels):
+    """An empty axes in its own row of the grid, holding a legend at the figure's left edge (the
+    legend kept out of the layout: the row's height is the room made for it)."""
+    from matplotlib.transforms import blended_transform_factory
+    holder = fig.add_subplot(spec)
+    holder.axis("off")
+    legend = holder.legend(handles, labels, loc="upper left", frameon=False, fontsize=PHONE_MIN_PT, borderaxespad=0,
+                           bbox_to_anchor=(0.02, 1.0),
+                           bbox_transform=blended_transform_factory(fig.transFigure, holder.transAxes))
+    legend.set_in_layout(False)
+    return holder
+
+
+def _phone_text(fig, panels) -> None:
+    """Every text scaled so that the smallest is PHONE_MIN_PT (none larger than 1.25 times that:
+    the wide rendering may have enlarged a title for a wide column); tick labels at PHONE_MIN_PT;
+    titles and axis labels unwrapped, to be wrapped again to the phone's panels.
+    Panels that shared an axis, and hid its tick labels for their neighbour's, show their own now
+    that each stands in its own row."""
+    labels = [fig._suptitle] if getattr(fig, "_suptitle", None) is not None else []
+    for ax in panels:
+        labels += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label]
+    for t in labels:                                   # wrapped again for the phone's panel
+        if "$" not in t.get_text():
+            t.set_text(" ".join(t.get_text().split()))
+    texts = _texts(fig)
+    factor = PHONE_MIN_PT / min((t.get_fontsize() for t in texts), default=PHONE_MIN_PT)
+    for t in texts:
+        t.set_fontsize(min(1.25 * PHONE_MIN_PT, t.get_fontsize() * factor))
+    for ax in fig.axes:
+        ax.tick_params(which="both", labelsize=PHONE_MIN_PT)
+    for ax in panels:
+        if len(ax.get_shared_y_axes().get_siblings(ax)) > 1:
+            ax.tick_params(axis="y", labelleft=True)
+        if len(ax.get_shared_x_axes().get_siblings(ax)) > 1:
+            ax.tick_params(axis="x", labelbottom=True)
+
+
+def _room_for_tick_labels(fig, panels, grid, heights) -> None:
+    """A panel squeezed flat by its titles and labels (under 0.6 times its width), or whose y tick
+    labels (a bar chart's categories) need more height than it has at a phone's text size, grows,
+    and the figure with it, until it has the height and they fit a line apart."""
+    for _ in range(3):
+        _lay_out(fig)
+        renderer = fig.canvas.get_renderer()
+        grow = [1.0] * len(panels)
+        for i, ax in enumerate(panels):
+            if not ax.axison:               # a legend's row
+                continue
+            lo, hi = sorted(ax.yaxis.get_view_interval())
+            labels = [t.label1 for t in ax.yaxis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            box = ax.get_window_extent(renderer)
+            need = 0.6 * box.width if ax.get_aspect() == "auto" else 0.0
+            if len(labels) > 1:
+                need = max(need, 1.4 * len(labels) * max(t.get_window_extent(renderer).height for t in labels))
+            grow[i] = min(3.0, max(1.0, need / max(box.height, 1.0)))
+        if max(grow) <= 1.02:
+            return
+        heights[:] = [h * g for h, g in zip(heights, grow)]
+        grid.set_height_ratios(heights)
+        fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() * sum(heights) / (sum(heights) - sum(
+            h - h / g for h, g in zip(heights, grow))))
+
+
+def _fill_the_width(fig, panels) -> None:
+    """A panel of fixed aspect (an image) is as wide as the figure's height lets it be: where
+    titles, labels and legends took so much height that it is narrower than the room its row
+    gives it (under 90 %), the figure grows taller until it is not (at most three times)."""
+    height = fig.get_figheight()
+    for _ in range(3):
+        _lay_out(fig)
+        narrowest = min((ax.get_position().width / max(ax.get_position(original=True).width, 1e-6)
+                         for ax in panels if ax.get_aspect() != "auto"), default=1.0)
+        if narrowest >= 0.9 or fig.get_figheight() >= 3 * height:
+            return
+        fig.set_size_inches(fig.get_figwidth(), min(3 * height, fig.get_figheight() / narrowest))
+        _relayout(fig)
+
+
+def _within_the_column(fig) -> None:
+    """Texts that stick out of the figure (a label beside a bar, a note at an axis' end) would
+    widen the saved image past the column: each is broken into lines that end at the figure's
+    edge, and where that is not enough the figure narrows until its tight box fits
+    PHONE_WIDTH_IN (at most to half of it)."""
+    for _ in range(3):
+        _lay_out(fig)
+        renderer = fig.canvas.get_renderer()
+        box = fig.get_tightbbox(renderer)
+        if box.width <= PHONE_WIDTH_IN + 0.02:
+            return
+        right, changed = fig.bbox.width, False
+        for t in _texts(fig):
+            extent = t.get_window_extent(renderer)
+            if extent.x1 > right + 1 and extent.x0 < right - 24:
+                changed |= _wrap_to(t, right - extent.x0, renderer)
+        if not changed:
+            width = max(PHONE_WIDTH_IN / 2, fig.get_figwidth() * PHONE_WIDTH_IN / box.width)
+            fig.set_size_inches(width, fig.get_figheight())
+            _relayout(fig)
+
+
+def _drop_crowded_minor_labels(fig) -> None:
+    """An axis whose tick labels run into each other once they are a phone's size: a logarithmic
+    axis (2x10^2, 3x10^2, ... between its decades) keeps the labels of its major ticks, or within
+    one decade those of 2 and 5 times a power of ten; an x axis of names turns them upright."""
+    import math
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    _lay_out(fig)
+    renderer = fig.canvas.get_renderer()
+    for ax in (ax for ax in fig.axes if ax.axison):
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            minor = [t.label1 for t in axis.get_minor_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            major = [t.label1 for t in axis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            boxes = [_corners(t, renderer) for t in minor + major]
+            if not any(_depth(a, b) > 1 for i, a in enumerate(boxes) for b in boxes[i + 1:]):
+                continue
+            if minor and major:
+                axis.set_minor_formatter(NullFormatter())
+            elif minor:                     # within one decade: label 2 and 5 times a power of ten only
+                axis.set_minor_formatter(FuncFormatter(
+                    lambda v, pos: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
+            elif axis is ax.xaxis:          # a bar chart's category names: upright
+                ax.tick_params(axis="x", labelrotation=90)
+
+
+def _phone_rendering(fig) -> dict:
+    """``fig`` drawn for a phone (:func:`_restack_for_a_phone`): the PNG's text chunks, its text
+    size and overlaps, and the PNG itself (``attn:phone``, base64) when it reads on a phone:
+    at most PHONE_COLUMN_PX CSS pixels wide, no text under PHONE_BODY_PX, none overlapping;
+    otherwise ``attn:phone-refused`` says why, and the book shows the wide figure (book/conf.py).
+    Its warnings (a layout that collapsed) are not shown: the checks judge the result. Changes ``fig``."""
+    import base64
+    import io
+    import warnings
+    with warnings.catch_warnings():     # a layout tried and refused is no news for the lesson's output
+        warnings.simplefilter("ignore")
+        fig.set_dpi(PHONE_DPI)
+        _restack_for_a_phone(fig)
+        out = io.BytesIO()
+        fig.savefig(out, format="png", dpi=PHONE_DPI, bbox_inches="tight")
+        meta = _metadata(fig, PHONE_DPI, "attn:phone-")
+    from PIL import Image
+    with Image.open(out) as im:
+        width = im.size[0] / 2                              # CSS pixels, at two image pixels each
+    refused = [why for bad, why in (
+        (width > PHONE_COLUMN_PX, f"{width:.0f} px wide, the column {PHONE_COLUMN_PX}"),
+        (float(meta["attn:phone-text-px"]) / 2 < PHONE_BODY_PX, "text under the body's size"),
+        (bool(meta["attn:phone-overlaps"]), "texts overlap")) if bad]
+    if refused:
+        meta["attn:phone-refused"] = "; ".join(refused)
+    else:
+        meta["attn:phone"] = base64.b64encode(out.getvalue()).decode("ascii")
+    return meta
+
+
+def phone_figures_wanted() -> bool:
+    """Whether :func:`show_figure` draws the phone rendering too: in the book's build, which sets
+    ``$ATTN_PHONE_FIGURES`` (attn/site/book.py), the only reader of it."""
+    return os.environ.get(PHONE_ENV, "") == "1"
 
 
 def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefig_kwargs) -> SavedFigure:
     """Fit the text to the page, then save with the alt text, the smallest text's size (in
     pixels of the image) and the texts that overlap (none, tests/test_book.py checks) in the
-    PNG, where the book reads them."""
+    PNG, where the book reads them; in the book's build (:func:`phone_figures_wanted`), beside
+    them, the figure drawn again for a phone's column (:func:`_phone_rendering`), which the
+    book serves at phone widths (book/conf.py)."""
+    import io
     path = SavedFigure(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
@@ -246,15 +519,22 @@ def _write(fig: Figure, path: Path, dpi: float, alt: str | None = None, **savefi
     _wrap_long_labels(fig)          # first, or an unwrapped title's width would make all text look small
     fit_text(fig, dpi)
     _wrap_long_labels(fig)
-    texts = _texts(fig)
-    metadata = {}
-    if path.suffix.lower() == ".png":
-        fig.set_dpi(dpi)
-        metadata = {"Description": alt or describe(fig),
-                    "attn:text-px": f"{min((t.get_fontsize() for t in texts), default=72.0) * dpi / 72.0:.2f}",
-                    "attn:overlaps": " | ".join(f"{a!r} on {b!r}" for a, b in text_overlaps(fig))}
     savefig_kwargs.setdefault("bbox_inches", "tight")
-    fig.savefig(path, dpi=dpi, metadata=metadata, **savefig_kwargs)
+    if path.suffix.lower() != ".png":
+        fig.savefig(path, dpi=dpi, **savefig_kwargs)
+        return path
+    from PIL import Image, PngImagePlugin
+    fig.set_dpi(dpi)
+    metadata = {"Description": alt or describe(fig), **_metadata(fig, dpi)}
+    wide = io.BytesIO()
+    fig.savefig(wide, format="png", dpi=dpi, **savefig_kwargs)
+    if phone_figures_wanted():
+        metadata.update(_phone_rendering(fig))
+    info = PngImagePlugin.PngInfo()
+    for key, value in metadata.items():
+        info.add_text(key, value, zip=len(value) > 200)
+    with Image.open(wide) as im:
+        im.save(path, pnginfo=info)
     return path
 
 

@@ -128,12 +128,15 @@ def _write_redirects(app, exc) -> None:
     if exc is not None or app.builder.name != "html":
         return
     mapping = json.loads((ROOT / "lessons" / "renumbered.json").read_text(encoding="utf-8"))
+    every = {p.stem for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py")}     # ATTN_BOOK_ONLY or not
     for old, new in mapping.items():
-        if old.startswith("_") or old in LESSON_STEMS:
+        if old.startswith("_") or old in every:
             continue
-        if new not in LESSON_STEMS:
+        if new not in every:
             raise RuntimeError(f"lessons/renumbered.json maps {old!r} to {new!r}, which is not a lesson "
-                               f"(lessons: {', '.join(LESSON_STEMS)})")
+                               f"(lessons: {', '.join(sorted(every))})")
+        if new not in LESSON_STEMS:          # a build of some lessons only (ATTN_BOOK_ONLY)
+            continue
         page = Path(app.outdir) / "lessons" / f"{old}.html"
         page.write_text(
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
@@ -150,28 +153,60 @@ _IMG = re.compile(r'<img alt="[^"]*" src="(\.\./_images/[0-9a-f]+\.png)" />')
 
 def _png_text(path: Path) -> dict:
     """The text chunks of a PNG (where attn.plot stores a figure's alt text and text size)."""
-    from PIL import Image
+    from PIL import Image, PngImagePlugin
+    PngImagePlugin.MAX_TEXT_CHUNK = max(PngImagePlugin.MAX_TEXT_CHUNK, 64 * 2**20)    # the phone rendering
+    PngImagePlugin.MAX_TEXT_MEMORY = max(PngImagePlugin.MAX_TEXT_MEMORY, 128 * 2**20)
     with Image.open(path) as im:
         return dict(getattr(im, "text", {}) or {})
 
 
+def _phone_copy(png: Path, meta: dict) -> str:
+    """Write the phone rendering a figure's PNG carries (``attn:phone``, attn.plot draws it) beside
+    it as ``<name>-phone.png``, and drop it from the figure's own file, which a wide screen loads.
+    Returns the phone copy's file name ("" when the figure has none)."""
+    import base64
+    from PIL import Image, PngImagePlugin
+    phone = png.with_name(png.stem + "-phone.png")
+    if "attn:phone" not in meta:                 # none, refused, or a page before this one took it out
+        return phone.name if phone.is_file() and "attn:phone-refused" not in meta else ""
+    phone.write_bytes(base64.b64decode(meta["attn:phone"]))
+    info = PngImagePlugin.PngInfo()
+    for key, value in meta.items():
+        if key != "attn:phone":
+            info.add_text(key, value)
+    with Image.open(png) as im:
+        im.load()
+    im.save(png, pnginfo=info)
+    return phone.name
+
+
+def _figure_html(page: Path, src: str) -> str:
+    """A figure of a lesson page: its alt text and the size of its smallest text
+    (``data-text-px``, pixels of the image, which tests/test_book.py checks) from its PNG, a link
+    that opens it at full size, and at phone widths its phone rendering (one panel a row, drawn
+    for the column), shown at two image pixels a CSS pixel, with that rendering's text size."""
+    png = (page.parent / src).resolve()
+    meta = _png_text(png)
+    phone = _phone_copy(png, meta)
+    attr = lambda key: html.escape(meta.get(key, ""), quote=True)      # noqa: E731
+    alt = html.escape(meta.get("Description", "a figure of the lesson"), quote=True)
+    img = f'<img alt="{alt}" src="{src}" data-text-px="{attr("attn:text-px")}"'
+    if not phone:
+        return f'<a class="attn-figure" href="{src}" title="open the figure at full size">{img} /></a>'
+    phone_src = src.rsplit("/", 1)[0] + "/" + phone
+    return (f'<a class="attn-figure" href="{src}" title="open the figure at full size"><picture>'
+            f'<source media="(max-width: 600px)" srcset="{phone_src} 2x" />'
+            f'{img} data-phone-src="{phone}" data-phone-text-px="{attr("attn:phone-text-px")}" /></picture></a>')
+
+
 def _figures_open_full_size(app, exc) -> None:
-    """Every figure of a lesson page gets the alt text its PNG carries (attn.plot.show_figure
-    stores it), the size of its smallest text (``data-text-px``, pixels of the image, which
-    tests/test_book.py checks), and a link that opens it at full size."""
+    """Every figure of a lesson page as :func:`_figure_html` writes it."""
     if exc is not None or app.builder.name != "html":
         return
     out = Path(app.outdir)
     for page in sorted((out / "lessons").glob("*.html")):
         text = page.read_text(encoding="utf-8")
-
-        def replace(m):
-            meta = _png_text((page.parent / m.group(1)).resolve())
-            alt = html.escape(meta.get("Description", "a figure of the lesson"), quote=True)
-            px = html.escape(meta.get("attn:text-px", ""), quote=True)
-            return (f'<a class="attn-figure" href="{m.group(1)}" title="open the figure at full size">'
-                    f'<img alt="{alt}" src="{m.group(1)}" data-text-px="{px}" /></a>')
-        new = _IMG.sub(replace, text)
+        new = _IMG.sub(lambda m: _figure_html(page, m.group(1)), text)
         if new != text:
             page.write_text(new, encoding="utf-8")
 

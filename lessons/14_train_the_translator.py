@@ -467,7 +467,7 @@ ax[0].bar(["copy source", "greedy", "beam 4"], [bleu_copy, bleu_greedy, bleu_bea
           color=["tab:gray", "tab:blue", "tab:orange"])
 for i, v in enumerate([bleu_copy, bleu_greedy, bleu_beam]):
     ax[0].text(i, v + 1, f"{v:.1f}", ha="center")
-ax[0].set_ylabel("test BLEU"); ax[0].set_ylim(0, 105)
+ax[0].set_ylabel("test BLEU"); ax[0].set_ylim(0, 120)
 ax[0].set_title(f"{len(test)} test sentences ({'quick' if QUICK else 'full'} mode)")
 lo = min(greedy_obj.min(), beam_obj.min()) - 0.1
 ax[1].plot([lo, 0], [lo, 0], "k:", lw=1)
@@ -479,16 +479,18 @@ for k, (how, color) in enumerate((("greedy", "tab:blue"), ("beam", "tab:orange")
     vals = [search[name][how] for name in search]
     ax[2].bar(xs + (k - 0.5) * 0.38, vals, 0.38, color=color, label="greedy" if how == "greedy" else "beam 4")
     for x, v in zip(xs + (k - 0.5) * 0.38, vals):
-        ax[2].text(x, v + 1, f"{v:.1f}", ha="center", fontsize=8)
+        ax[2].text(x, v - 2, f"{v:.1f}", ha="center", va="top", rotation=90, fontsize=8, color="white")
 ax[2].set_xticks(xs, list(search)); ax[2].set_ylim(0, 125); ax[2].legend(loc="upper center", ncol=2)   # above any bar
 ax[2].set_ylabel("test BLEU (last model)"); ax[2].set_title("label smoothing and beam search")
 fig.tight_layout(); show_figure(fig, "14_greedy_vs_beam.png")
 
 # %% [markdown]
-# Left: BLEU of the two searches against copying the source. Middle: every test
-# sentence; blue points on the diagonal are sentences where beam and greedy agree,
-# red points are where they differ, nearly all above the line. Right: the two last
-# models of the smoothing comparison, each decoded both ways.
+# The panel of test BLEU bars sets the two searches against copying the source. The
+# scatter of log-probabilities has one point per test sentence: blue points on the diagonal
+# are sentences where beam and greedy agree, red points are where they differ, nearly all
+# above the line. The panel on label smoothing and beam search decodes the two last models of
+# the smoothing comparison both ways. (On a wide screen the three stand side by side; on a
+# phone, one under the other, in this order.)
 #
 # To translate your own sentences with this model:
 # `attn-translate --checkpoint lessons/out/14_run/averaged.npz --beam 4 "we called the big queen ."`
@@ -603,11 +605,11 @@ fig.suptitle("Multi30k German-English on two CPU cores")
 fig.tight_layout(); show_figure(fig, "14_small_corpus_recipe.png")
 
 # %% [markdown]
-# Left: the learning rate of the two 20-minute runs, each over its own steps: the
-# recipe takes about twice as many, warms up for the same share of them and cools
-# down at the end. Middle: the 10-minute runs that chose the vocabulary and the batch
-# size, one change at a time. Right: validation BLEU of the run before and the run
-# after against the minutes they trained.
+# The schedules' panel draws the learning rate of the two 20-minute runs, each over its own
+# steps: the recipe takes about twice as many, warms up for the same share of them and cools
+# down at the end. The panel of 10-minute runs holds the runs that chose the vocabulary and
+# the batch size, one change at a time. The panel of 20-minute runs draws validation BLEU of
+# the run before and the run after against the minutes they trained.
 #
 # ## Check
 #

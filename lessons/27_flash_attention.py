@@ -426,3 +426,101 @@ print(f"Check passed: the tiled attention equals the paper's to {max(forward_err
 # nothing, `causal=True` is the look-ahead mask given as a mask, and a cache made of tuples,
 # lists or dicts holds no array with a number for every query and key. `attn-check --hint 2`
 # says where to look, `--hint 3` gives the formula.
+
+# %% [markdown]
+# ## 8. On the tensor cores: FlashAttention-2 in bf16
+#
+# The tiles above are NumPy's. On a GPU, `attn/fast/gpu/kernels/flash_mma.py` runs the same algorithm
+# on the tensor cores, which multiply small matrices of 16-bit numbers and add the products in
+# float32: bf16 (or fp16) $Q$, $K$, $V$, float32 running maxima, sums and outputs. The unit of
+# work is one instruction, `mma.sync.m16n8k16`: a warp of 32 threads multiplies a $16 \times 16$
+# block of $Q$ by a $16 \times 8$ block of $K^\top$ into a $16 \times 8$ block of scores. No
+# thread holds a whole row. Lane $l$ holds four of the 128 scores, in rows $g = \lfloor l/4 \rfloor$
+# and $g + 8$, columns $2t$ and $2t + 1$ with $t = l \bmod 4$; the four lanes of a *quad* share
+# a row. So the online softmax of equation 27.2 runs in registers: each lane takes the maximum of
+# its own columns, two shuffles between the lanes of the quad give the row's, and $P$ never goes
+# through memory. Before $P V$, $P$ is rounded to bf16 (the tensor cores read 16 bits), which is
+# the one rounding a float32 tiled attention does not have. A block of four warps owns 64 queries,
+# 16 each, and streams the key tiles through shared memory, reading the next one (`cp.async`)
+# while the warps multiply the present one. The backward keeps the lesson's split: one block per
+# key tile sums dK and dV over every query, and dQ is a pass of its own, so no two blocks ever
+# add into the same number.
+#
+# The operands reach the warp by `ldmatrix`: eight lanes name the addresses of eight rows of 16
+# bytes, and the rows come back spread over the lanes as the instruction wants them. Shared
+# memory has 32 banks of 4 bytes, and the eight rows are read at once only if they start on
+# different banks. A row of $d_k = 64$ bf16 values is 128 bytes, a multiple of the 32 banks'
+# width: unpadded, all eight rows start on bank 0, and the read takes eight turns. Padding each
+# row by 16 bytes spreads them over eight banks, four apart. The cell prints both, and the figure
+# shows them.
+
+# %%
+def banks(row_bytes, rows=8):
+    """The bank (of 32, 4 bytes each) that each of ``rows`` rows ``row_bytes`` apart starts on."""
+    return [(r * row_bytes // 4) % 32 for r in range(rows)]
+
+d_k, PAD = 64, 8                              # bf16 values a row, and the pad (16 bytes)
+unpadded, padded = banks(2 * d_k), banks(2 * (d_k + PAD))
+print("rows 128 bytes apart start on banks", unpadded)
+print("rows 144 bytes apart start on banks", padded)
+
+lane = np.zeros((16, 8), dtype=int)           # which lane of the warp holds each score of a 16 x 8 block
+for l in range(32):
+    g, t = l // 4, l % 4
+    lane[[g, g, g + 8, g + 8], [2 * t, 2 * t + 1, 2 * t, 2 * t + 1]] = l
+per_lane = np.bincount(lane.ravel(), minlength=32)
+
+fig, axes = plt.subplots(1, 3, figsize=(11, 3.6), gridspec_kw={"width_ratios": [1, 1.3, 1.3]})
+for w in range(4):                            # warp w owns queries 16 w .. 16 w + 15 of the block's tile
+    axes[0].axhspan(16 * w, 16 * w + 16, color=plt.cm.Pastel1(w))
+    axes[0].text(32, 16 * w + 8, f"warp {w}", ha="center", va="center")
+axes[0].set(xlim=(0, 64), ylim=(64, 0), xticks=[0, 64], yticks=[0, 16, 32, 48, 64], title="a block's 64 x 64 scores",
+            xlabel="key", ylabel="query")
+axes[1].imshow(lane % 4, cmap="tab10", vmin=0, vmax=9, aspect="auto", interpolation="nearest")   # a colour per t = l mod 4: its columns
+for r, c in [(0, 0), (0, 1), (8, 0), (8, 1)]:     # lane 0's four scores
+    axes[1].text(c, r, "0", ha="center", va="center")
+axes[1].set(xticks=[0, 7], yticks=[0, 8, 15], title="an mma block: lane 0's 4 scores", xlabel="key (colour: l mod 4)",
+            ylabel="query (rows l/4, l/4 + 8)")
+for i, (name, b) in enumerate((("rows 128 B apart", unpadded), ("rows 144 B apart (padded)", padded))):
+    axes[2].scatter(b, np.arange(8) + 0.15 * i, s=60, label=name, marker="os"[i])
+axes[2].set(xlim=(-1, 32), xticks=[0, 8, 16, 24], yticks=[0, 7], xlabel="bank of the row's first 4 bytes",
+            ylabel="row ldmatrix reads", title="where 8 rows start")
+axes[2].legend(loc="lower right", fontsize=8)
+fig.tight_layout()
+show_figure(fig, "27_tensor_core_tile.png",
+            alt="Left: a 64 by 64 tile of scores split into four stripes of 16 queries, one per warp. Middle: a 16 by "
+                "8 block of scores labelled with the lane that holds each; every lane holds four, in rows g and g + 8. "
+                "Right: eight shared-memory rows 128 bytes apart all start on bank 0; 144 bytes apart they start on "
+                "banks 0, 4, ..., 28.")
+
+# %% [markdown]
+# The kernel cannot run here, but its NumPy twin (`flash_mma_fwd_np`, which the tests hold to the
+# kernel's order of operations) can: the tiles of 64, the float32 sums, $P$ rounded to bf16.
+# Against the paper's attention in float64 on the same bf16 inputs, the error is what that one
+# rounding costs.
+
+# %%
+from attn.fast.core import flash, flash_tc
+from attn.fast.gpu.kernels.flash_mma import round16
+from attn.fast.core.ops import Ops
+
+T_tc = 128
+q_tc, k_tc, v_tc = (rng.standard_normal((1, 2, T_tc, d_k)).astype(np.float32) for _ in range(3))
+ctx_tc, _ = flash_tc.attend(Ops(np), q_tc, k_tc, v_tc, flash.KeyMask(np.ones((1, T_tc), bool), True, "bf16"),
+                            1 / np.sqrt(d_k))
+out_tc = ctx_tc.reshape(1, T_tc, 2, d_k).transpose(0, 2, 1, 3)
+causal_mask = np.tril(np.ones((T_tc, T_tc), dtype=bool))
+ref_tc, _ = attention_forward(*(round16(a, 0).astype(np.float64) for a in (q_tc, k_tc, v_tc)), causal_mask)
+tc_err = np.abs(out_tc - ref_tc).max() / np.abs(ref_tc).max()
+print(f"the bf16 twin against float64 at T = {T_tc}: largest error {tc_err:.1e} of the largest output "
+      f"(bf16 keeps 8 significant bits: {2.0 ** -8:.1e})")
+
+# %% [markdown]
+# ## Check: the tensor-core tile
+
+# %%
+assert len(set(unpadded)) == 1 and len(set(padded)) == 8, "padding by 16 bytes must spread 8 rows over 8 banks"
+assert (per_lane == 4).all(), "each of the 32 lanes holds 4 of the 128 scores of an mma block"
+assert 1e-5 < tc_err < 2 ** -7, f"the bf16 twin must be off by about bf16's rounding, not {tc_err:.1e}"
+print("Check passed: padded rows start on 8 banks, each lane holds 4 scores, the bf16 twin is within "
+      f"{tc_err:.1e} of float64")

@@ -115,10 +115,21 @@ _LAYOUT = """() => ({
         .filter(e => e.scrollWidth > e.clientWidth + 1)
         .map(e => `${e.scrollWidth} > ${e.clientWidth} px: ${e.innerText.split('\\n').sort((a, b) => b.length - a.length)[0].slice(0, 90)}`),
     body: parseFloat(getComputedStyle(document.querySelector('article p') || document.body).fontSize),
-    figures: Array.from(document.querySelectorAll('img')).filter(i => i.src.includes('/_images/')).map(i => ({
-        src: i.src.split('/').pop(), alt: i.alt, textPx: parseFloat(i.dataset.textPx || 'NaN'),
-        shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
-        link: i.parentElement.tagName === 'A' ? i.parentElement.getAttribute('href') : null})),
+    gutters: Array.from(document.querySelectorAll('div.math mjx-mtable[side] > mjx-table')).map(t => {
+        const box = t.closest('div.math');
+        return Math.round(t.getBoundingClientRect().left - box.getBoundingClientRect().left + box.scrollLeft);
+    }),
+    column: (() => { const a = document.querySelector('article') || document.body, s = getComputedStyle(a);
+                     return a.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); })(),
+    figures: Array.from(document.querySelectorAll('img')).filter(i => i.src.includes('/_images/')).map(i => {
+        const phone = !!i.dataset.phoneSrc && (i.currentSrc || i.src).endsWith(i.dataset.phoneSrc);
+        const link = i.closest('a');
+        return {src: i.src.split('/').pop(), shownSrc: (i.currentSrc || i.src).split('/').pop(), alt: i.alt, phone,
+                scrolls: !!link && link.classList.contains('attn-wide'),
+                textPx: parseFloat((phone ? i.dataset.phoneTextPx : i.dataset.textPx) || 'NaN'),
+                shown: i.getBoundingClientRect().width, natural: i.naturalWidth,
+                link: link ? link.getAttribute('href') : null};
+    }),
 })"""
 MIN_TEXT_PX = 9.0                             # the smallest text a figure may show on the page, CSS pixels
 
@@ -299,23 +310,53 @@ def assert_nothing_cut_off(facts: dict, name: str) -> None:
                                       f"{shown:.1f} px, under {MIN_TEXT_PX}")
 
 
+def figures_on_a_phone(layout: dict) -> dict:
+    """Each figure of a page at a phone's width, sorted: served its phone rendering (attn.plot
+    drew it for the column) or not; wider than the article's column (it scrolls sideways in its
+    own box, or runs off the page), a phone rendering shown wider than its own pixels (stretched),
+    or with its smallest text (the size the figure was drawn with, attn.plot records it, times
+    the scale it is shown at) under the body text's size. A figure wider than the column either
+    scrolls in its own box (one whose phone rendering attn.plot refused) or runs off."""
+    body, column = layout["body"], layout["column"]
+    found = {"figures": [], "phone rendering": [], "wider than the column": [], "scrolling in its box": [],
+             "running off": [], "stretched": [], "text under the body's": []}
+    for f in layout["figures"]:
+        found["figures"].append(f["src"])
+        what = f"{f['shownSrc']} ({f['alt'][:50]})"
+        if f["phone"]:
+            found["phone rendering"].append(what)
+        if f["shown"] > column + 1:
+            found["wider than the column"].append(f"{what}: {f['shown']:.0f} px in a {column:.0f} px column")
+            found["scrolling in its box" if f["scrolls"] and not f["phone"] else "running off"].append(what)
+        if f["phone"] and f["shown"] > f["natural"] + 0.5:         # a refused one may be, to keep its text readable
+            found["stretched"].append(f"{what}: {f['natural']} px image shown {f['shown']:.0f} px wide")
+        text = f["textPx"] * f["shown"] / f["natural"]
+        if not text >= body - 0.5:
+            found["text under the body's"].append(f"{what}: {text:.1f} px, the body's {body:.1f} px")
+    return found
+
+
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_page_on_a_phone(lesson, site, browser):
     """At 390 px (a phone) every lesson reads: no sideways scrolling of the page, every display
     equation whole or scrolling in its own box, wrapped code under its own indentation, every
-    figure's smallest text at least the body text's size (the figure scrolling in its own box
-    where it must) and a link to its full size. A screenshot goes to
-    build/book/screenshots/<lesson>-390.png."""
+    figure within the column, never stretched beyond its own pixels, its smallest text at least
+    the body text's size, and a link to its full size. A screenshot goes to
+    build/book/screenshots/<lesson>-390.png; the counts are printed (pytest -s shows them)."""
     facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html",
                           book.SCREENSHOTS / f"{lesson.stem}-390.png", width=390)
     assert_page_works(facts, report, lesson.name + " at 390 px")
     assert_readable(facts, lesson.name)
-    body = facts["layout"]["body"]
-    for f in facts["layout"]["figures"]:
+    layout = facts["layout"]
+    for f in layout["figures"]:
         assert f["link"] and f["link"].endswith(f["src"]), f"{lesson.name}: {f['src']} does not open full size"
-        shown = f["textPx"] * f["shown"] / f["natural"]
-        assert shown >= body - 0.5, (f"{lesson.name}: {f['src']} ({f['alt'][:60]}) shows its smallest text at "
-                                     f"{shown:.1f} px on a phone, under the body text's {body:.1f} px")
+    gutters = [g for g in layout["gutters"] if g > 2]
+    assert not gutters, f"{lesson.name}: numbered equations start {gutters} px right of their box on a phone"
+    found = figures_on_a_phone(layout)
+    print(f"{lesson.stem} at 390 px (column {layout['column']:.0f} px, body text {layout['body']:.1f} px): "
+          + ", ".join(f"{len(v)} {k}" for k, v in found.items()))
+    wrong = [f"{k}: {v}" for k, v in found.items() if k in ("running off", "stretched", "text under the body's") and v]
+    assert not wrong, f"{lesson.name}: figures that do not read on a phone:\n" + "\n".join(wrong)
 
 
 def test_no_figure_of_a_lesson_overlaps_its_own_text(built_book):
@@ -330,6 +371,8 @@ def test_no_figure_of_a_lesson_overlaps_its_own_text(built_book):
             with Image.open((page.parent / src).resolve()) as im:
                 text = dict(getattr(im, "text", {}) or {})
             assert "attn:overlaps" in text, f"{page.name}: {src} was not saved by attn.plot.show_figure"
+            assert "attn:phone-overlaps" in text, f"{page.name}: {src} has no phone rendering (attn.plot)"
+            assert "attn:phone-refused" in text or not text["attn:phone-overlaps"], f"{src}: served overlapping on a phone"
             seen += 1
             if text["attn:overlaps"]:
                 overlapping.append(f"{page.stem}: {text.get('Description', src)[:70]}: {text['attn:overlaps'][:300]}")
@@ -380,7 +423,9 @@ def test_a_phone_sees_the_point_of_lesson_4s_tables(site, browser):
     """At 390 px (a phone) lesson 4's tables keep their columns on screen: the [pad] column,
     their point, is visible without scrolling. Screenshots of the page at 1280 and 390 px go to
     build/book/screenshots/book-1280.png and book-390.png (docs/ keeps a copy of each)."""
-    lesson = next(p for p in LESSONS if p.name.startswith("04_"))
+    lesson = next((p for p in LESSONS if p.name.startswith("04_")), None)
+    if lesson is None:
+        pytest.skip(f"lesson 4 is not in this build (${book.ONLY_ENV})")
     url = f"{site}lessons/{lesson.stem}.html"
     visit(browser, url, book.SCREENSHOTS / "book-1280.png", full_page=False)
 

@@ -279,3 +279,39 @@ def test_make_engine_refuses_a_choice_of_attention_the_engine_lacks():
         assert make_engine(model, "reference", 1.0)[0] is not None
         with pytest.raises(ValueError, match="attention='flash'.*reference engine"):
             make_engine(model, "reference", 1.0, attention="flash")
+
+
+def test_the_float32_kernels_at_their_production_tiles_and_head_size(monkeypatch):
+    """float32 at Dh = 64 on the stand-in: the instances compiled for that head size
+    (``flash_fwd<float, 64>``), the tiles the GPU's opt-in shared memory allows (64 rows, where 48 KiB
+    gave 32, 16 and 32), rows padded to 65 values; against the paper's attention in float64."""
+    from conftest import selected_backend
+    from attn.fast.gpu.kernels import flash as K
+    assert K.flash_shared("flash_fwd", 32, 32, 64, 4) == (2 * 32 * 65 + 2 * 32 * 64 + 32 * 33) * 4
+    assert [K.flash_tiles(k, 64, 4, 99 << 10) for k in ("flash_fwd", "flash_bwd_kv", "flash_bwd_q")] == [64, 64, 64]
+    assert K.compiled_head(64, 4) == 64 and K.compiled_head(48, 4) == 0 and K.compiled_head(64, 8) == 0
+    rng = np.random.default_rng(1)
+    Bsz, H, Hkv, T, Dh = 2, 2, 1, 80, 64
+    q, dout = (rng.standard_normal((Bsz, H, T, Dh)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((Bsz, Hkv, T, Dh)).astype(np.float32) for _ in range(2))
+    ok = np.arange(T)[None, :] < np.array([[T], [50]])
+    names = []
+    real = flash._run
+    monkeypatch.setattr(flash, "_run", lambda ops, name, dt, grid, block, *a: (names.append((name, block[0])),
+                                                                             real(ops, name, dt, grid, block, *a)))
+    with selected_backend("fakecupy") as cp:
+        ops, scale = ops_for(cp), 1 / math.sqrt(Dh)
+        ctx, cache = flash.attend(ops, *(B.to_device(a) for a in (q, k, v)), flash.KeyMask(B.to_device(ok), True), scale)
+        dq, dk, dv = (cp.empty(a.shape, dtype=np.float32) for a in (q, k, v))
+        flash.attend_backward(ops, B.to_device(dout.transpose(0, 2, 1, 3).reshape(Bsz * T, H * Dh)), cache, dq, dk, dv,
+                              scale)
+        got = [B.to_host(ctx).reshape(Bsz, T, H, Dh).transpose(0, 2, 1, 3), *(B.to_host(a) for a in (dq, dk, dv))]
+        assert [n for n in names if n[0] != "flash_bwd_prep"] == [("flash_fwd", 64), ("flash_bwd_kv", 64),
+                                                                  ("flash_bwd_q", 64)]
+        opted = {name: n for name, (_, n) in flash._HEADED[ops].items()}
+        assert all(opted[f"flash_{k}<float, 64>"] > K.SHARED_LIMIT for k in ("fwd", "bwd_kv", "bwd_q")), opted
+    want = _readable(*(a.astype(np.float64) for a in (q, k, v)), ok, True, dout.astype(np.float64), H // Hkv)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(g, w, atol=1e-5 * np.abs(w).max(), rtol=0, err_msg=name)
+    with pytest.raises(ValueError, match="compiled for heads of 64 values, launched with Dh = 32"):
+        K._check_tiled(K.HostLaunch("flash_fwd<float, 64>", (1, 1), (1,), 1 << 20), "flash_fwd", 1, 1, 1, 1, 32, 4)

@@ -83,7 +83,7 @@ def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
     rows = {r["name"]: r for r in report["rows"]}
     assert list(rows) == ["preflight", "suite", "counts-quick", "bench-quick-train_step", "bench-quick-forward",
                           "precision-quick-bf16", "graph-quick-fp32", "train", "train-cuda-graph", "memory-quick-attn",
-                          "attention"]
+                          "attention", "tensor-cores"]
     bad = rows.pop("bench-quick-forward")
     assert bad["status"] == "failed" and "injected failure in forward" in bad["why"], bad
     assert all(r["status"] == "ok" for r in rows.values()), [(r["name"], r.get("why")) for r in rows.values()]
@@ -111,7 +111,11 @@ def test_a_dry_run_with_a_failing_measurement_keeps_every_other_row(tmp_path):
     assert "| quick | forward | fp32 | - | - | - | - | - | - | **failed**: exit 1: RuntimeError: injected failure" in md
     assert [r["T"] for r in rows["attention"]["rows"]] == [16, 40]
     assert "## One attention alone" in md and "| 40 | " in md
-    assert "11 rows, 10 ok: bench-quick-forward failed." in md
+    tc = rows["tensor-cores"]["rows"]
+    assert [r["name"] for r in tc] == ["tensor_cores_twin"] + ["tensor_cores_time"] * 2 and tc[0]["ok"]
+    assert all(r["commit"] == report["commit"] for r in tc)
+    assert "## The tensor-core attention: against its twins" in md and "| 64 | True | " in md
+    assert "12 rows, 11 ok: bench-quick-forward failed." in md
 
 
 def _tiny(tmp_path):

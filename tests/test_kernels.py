@@ -47,21 +47,23 @@ def _nvrtc():
     return nvrtc
 
 
-def compile_source(source: str, arch: str, names=K.NAME_EXPRESSIONS):
-    """Compile ``source`` with every template instantiation in ``names``.
-    Returns (ptx text, log, {name: lowered name}); raises AssertionError with the log on errors."""
+def compile_source(source: str, arch: str, names=K.NAME_EXPRESSIONS, options=K.OPTIONS, binary: bool = False):
+    """Compile ``source`` with every template instantiation in ``names``, for a virtual ``arch``
+    (compute_NN: PTX) or, with ``binary``, a real one (sm_NN: machine code, ptxas reading any inline PTX).
+    Returns (ptx text or the machine code, log, {name: lowered name}); raises AssertionError with the log on errors."""
     nvrtc = _nvrtc()
     prog = nvrtc.createProgram(source, "attn_kernels.cu", [], [])
     try:
         for name in names:                       # templates compile to nothing unless instantiated
             nvrtc.addNameExpression(prog, name)
         try:
-            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *K.OPTIONS])
+            nvrtc.compileProgram(prog, [f"--gpu-architecture={arch}", *options])
         except nvrtc.NVRTCError as e:
             raise AssertionError(f"NVRTC ({arch}) rejects the kernels: {e}\n{nvrtc.getProgramLog(prog)}") from None
         log = nvrtc.getProgramLog(prog)
         lowered = {name: nvrtc.getLoweredName(prog, name) for name in names}
-        return nvrtc.getPTX(prog).decode(errors="replace"), log, lowered
+        code = nvrtc.getCUBIN(prog) if binary else nvrtc.getPTX(prog).decode(errors="replace")
+        return code, log, lowered
     finally:
         nvrtc.destroyProgram(prog)
 
@@ -92,7 +94,8 @@ def test_every_kernel_compiles_for(arch):
     entries = set(re.findall(r"^(?:\.(?:visible|weak)\s+)?\.entry\s+(\w+)\(", ptx, re.M))
     missing = [name for name, low in lowered.items() if low not in entries]
     assert not missing, f"no PTX entry point for {missing}"
-    assert len(lowered) == 2 * len(K.NUMPY_TWINS)             # float and double of every kernel
+    assert {name.split("<")[0] for name in lowered} == set(K.KERNELS)     # every kernel of the module
+    assert len(lowered) == 2 * len(K.KERNELS) + 3 * (len(K.registry.flash.HEAD_SIZES) - 1)   # float, double; heads
 
 
 def test_a_typo_in_a_kernel_fails_with_its_line():
@@ -111,19 +114,19 @@ def test_a_type_error_in_a_kernel_fails():
 
 
 def _kernels_in(source: str) -> set:
-    return set(re.findall(r"__global__\s+void\s+(\w+)\s*\(", source))
+    return set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(", source))
 
 
 def test_every_kernel_has_its_numpy_twin_and_every_twin_its_kernel():
-    assert _kernels_in(K.SOURCE) == set(K.NUMPY_TWINS)
+    assert _kernels_in(K.SOURCE) | _kernels_in(K.registry.flash_mma.SOURCE) == set(K.NUMPY_TWINS)
     for name, twin in K.NUMPY_TWINS.items():
         assert twin.__name__ == f"{name}_np" and twin.__doc__.startswith(f"NumPy twin of ``{name}``")
 
 
 def test_the_registry_lists_each_kernel_once_with_its_own_source():
     """Each entry's source defines that kernel and no other; the shared device functions define none."""
-    assert not _kernels_in(K.registry.PRELUDE)
-    for name, (source, _) in K.KERNELS.items():
+    assert not _kernels_in(K.registry.PRELUDE) and not _kernels_in(K.registry.flash_mma.PRELUDE)
+    for name, (source, _) in {**K.KERNELS, **K.registry.flash_mma.KERNELS}.items():
         assert _kernels_in(source) == {name}, name
     assert K.SOURCE == K.registry.PRELUDE + "".join(source for source, _ in K.KERNELS.values())
 
@@ -176,6 +179,8 @@ def test_every_cupy_name_attn_calls_exists_in_the_real_cupy():
     missing = set()
     for f in root.rglob("*.py"):
         for m in re.finditer(r"\b(?:xp|cp|self\.xp)\.(\w+)(?:\.(\w+))?", f.read_text(encoding="utf-8")):
+            if m.group(0).startswith("cp.async"):                 # PTX's instruction, in CUDA source
+                continue
             obj = getattr(cupy, m.group(1), None)
             if obj is None:
                 missing.add(m.group(1))

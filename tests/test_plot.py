@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from matplotlib.colorbar import make_axes
 from matplotlib.figure import Figure
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
+PngImagePlugin.MAX_TEXT_CHUNK = max(PngImagePlugin.MAX_TEXT_CHUNK, 64 * 2**20)    # a PNG carries its phone rendering
+PngImagePlugin.MAX_TEXT_MEMORY = max(PngImagePlugin.MAX_TEXT_MEMORY, 128 * 2**20)
 from attn.plot import plot_attention, show_figure
 
 LONG = "dikant , ke mitsas rudan " + " ".join(["rudo"] * 20)
@@ -58,6 +60,7 @@ def test_any_figure_saves_with_its_texts_fitted(layout, colour_bar, tmp_path, mo
         fig.tight_layout()
     text = _saved(fig, tmp_path, monkeypatch)
     assert text["attn:overlaps"] == "", text["attn:overlaps"][:600]
+    assert "attn:phone-text-px" not in text             # outside the book's build, no phone rendering
     if colour_bar != "placed":                          # a hand-placed colour bar is where it was put
         _assert_fits(fig, ax)
 
@@ -89,3 +92,46 @@ def test_quick_steps_cuts_training_only_when_asked(monkeypatch):
     assert quick_steps(500) == 500
     monkeypatch.setenv("ATTN_QUICK_WEAK", "1")
     assert quick_steps(500) == 50 and quick_steps(5) == 2
+
+
+def test_a_figure_of_three_panels_is_drawn_again_for_a_phone(tmp_path, monkeypatch):
+    """In the book's build, beside the wide figure, its PNG carries a phone rendering (book/conf.py
+    serves it at phone widths, two image pixels a CSS pixel): its panels one under the other, no wider than the
+    column of a 390-pixel phone (358 CSS pixels), its smallest text at least the body's 16 px, no
+    texts overlapping, a nine-entry legend and a bar chart's nine categories included."""
+    import base64
+    import io
+    names = [f"a block of kind {i}" for i in range(9)]
+    fig = Figure(figsize=(18, 5))
+    ax = fig.subplots(1, 3)
+    for i, name in enumerate(names):
+        ax[0].plot(range(6), np.arange(6) * (i + 1), "o-", label=name)
+    ax[0].legend(fontsize=8)
+    ax[0].set_xlabel("minutes of training")
+    ax[1].barh(names, range(1, 10))
+    im = ax[2].imshow(np.random.default_rng(0).random((6, 6)))
+    fig.colorbar(im, ax=ax[2], label="weight")
+    fig.tight_layout()
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    text = _saved(fig, tmp_path, monkeypatch)
+    assert "attn:phone-refused" not in text, text["attn:phone-refused"]
+    assert text["attn:overlaps"] == "" and text["attn:phone-overlaps"] == "", text["attn:phone-overlaps"][:600]
+    with Image.open(io.BytesIO(base64.b64decode(text["attn:phone"]))) as phone:
+        width, height = phone.size
+    assert width / 2 <= 358 and height > 2.5 * width, (width, height)       # three panels, one a row
+    assert float(text["attn:phone-text-px"]) / 2 >= 16, text["attn:phone-text-px"]
+    with Image.open(tmp_path / "f.png") as wide:
+        assert wide.size[0] > wide.size[1], wide.size                         # the wide one is unchanged
+
+
+def test_a_phone_rendering_that_would_not_read_is_refused(tmp_path, monkeypatch):
+    """A hand-placed drawing whose labels run into each other once they are the body's size on
+    a phone is not served there: the PNG says why, and carries no phone image."""
+    fig = Figure(figsize=(6, 1))
+    fig.add_axes([0, 0, 1, 1]).axis("off")
+    fig.text(0.05, 0.5, "the encoder's stack of layers", fontsize=6)
+    fig.text(0.4, 0.5, "the decoder's stack", fontsize=6)
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    text = _saved(fig, tmp_path, monkeypatch)
+    assert text["attn:overlaps"] == "" and "encoder" in text["attn:phone-overlaps"], text
+    assert "overlap" in text["attn:phone-refused"] and "attn:phone" not in text, text["attn:phone-refused"]

@@ -1,5 +1,7 @@
-"""The tables of recorded Multi30k runs (``benchmarks/recipe_runs.py``, ``benchmarks/block_runs.py``)
-print a row per recorded run, with the figures the run's own files hold."""
+"""The tables of recorded runs (``benchmarks/recipe_runs.py``, ``benchmarks/block_runs.py``,
+``benchmarks/tatoeba_blocks.py``)
+print a row per recorded run (per block, over its seeds, for the seeded runs), with the figures
+the runs' own files hold."""
 from __future__ import annotations
 
 import importlib.util
@@ -39,3 +41,23 @@ def test_the_block_runs_name_their_flags():
     module = _load("block_runs")
     assert "`--positional rope`" in module.row("rope") and "`(the paper's block)`" in module.row("paper")
     assert "--kv-heads 2" in module.row("later") and "--kv-heads" not in module.row("later-mha")
+
+
+def test_the_seeded_block_runs_give_each_block_its_mean_and_spread(capsys):
+    module = _load("tatoeba_blocks")
+    assert module.main([]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == list(module.BLOCKS)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        losses = [json.loads((folder / "metrics.jsonl").read_text().splitlines()[-1])["val_loss"]
+                  for folder in sorted(module.HERE.glob(cells[0].strip("`") + "-s[0-9]"))]
+        assert int(cells[2]) == len(losses) == len(module.SEEDS), row
+        assert [float(c) for c in cells[3:6]] == pytest.approx(
+            [sum(losses) / len(losses), min(losses), max(losses)], abs=0.0005), row
+
+
+def test_the_seeded_runs_refuse_a_missing_corpus(tmp_path):
+    module = _load("tatoeba_blocks")
+    with pytest.raises(SystemExit, match="no such file"):
+        module.run_missing(tmp_path / "deu.txt")

@@ -68,7 +68,8 @@ def _add_modes(p: argparse.ArgumentParser) -> None:
                         "written as each finishes (attn.bench.gpu_report); stops at once without a GPU")
     p.add_argument("--part", default="all",
                    help="with --gpu-report: the parts to run, comma-separated (preflight, suite, bench, base, "
-                        "precision, graph, train, memory, attention; default all, in that order; run preflight first)")
+                        "precision, graph, train, memory, attention, tensor-cores; default all, in that order; run "
+                        "preflight first)")
     p.add_argument("--dry-run", action="store_true",
                    help="with --gpu-report: the same pipeline on the CuPy stand-in, cheaply (proves the report "
                         "is assembled, not its figures)")

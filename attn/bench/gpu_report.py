@@ -17,7 +17,10 @@ task one child process with a time limit, its output kept in ``DIR/logs``:
   fp32 and bf16, its two eager calls and its capture among the warm-up runs, never timed;
 * ``train``: ``attn-train`` for 3 minutes, and with ``--cuda-graph`` for 2;
 * ``memory``: the training step's peak GPU memory, attn's (the step memory's slab included) beside
-  PyTorch's, each in a child process of its own.
+  PyTorch's, each in a child process of its own;
+* ``attention``: one attention alone, plain, tiled and PyTorch's;
+* ``tensor-cores``: the tensor-core attention (never run on a GPU before it) against its NumPy
+  twins, then timed against PyTorch's SDPA in bf16 at T = 1,024 to 8,192 (:mod:`attn.bench.tensor_cores`).
 
 **Every measurement is isolated**: a task that fails, raises or runs past its limit is one row
 that says what failed and why (the last lines of its output), and every other row is still
@@ -50,7 +53,7 @@ from .machine import commit
 from .timing import _progress
 
 #: The parts, in the order ``--part all`` runs them.
-PARTS = ("preflight", "suite", "bench", "base", "precision", "graph", "train", "memory", "attention")
+PARTS = ("preflight", "suite", "bench", "base", "precision", "graph", "train", "memory", "attention", "tensor-cores")
 #: The most one part may take (seconds, :func:`part_limits`): under the 600 s a command may run on
 #: a lent machine, with room for the report's own start.
 PART_SECONDS = 560
@@ -78,6 +81,9 @@ MEMORY_PLAN = (("toy-bench", "attn", 50), ("toy-bench", "torch", 50), ("small", 
 #: Seconds allowed to the ``attention`` part's one task: ``--attention`` (one attention alone, plain,
 #: tiled and PyTorch's, T = 128 to 8,192).
 ATTENTION_SECONDS = 240
+#: Seconds allowed to the ``tensor-cores`` part's one task (:mod:`attn.bench.tensor_cores`: the
+#: tensor-core attention's kernels against their twins, then timed against PyTorch's SDPA in bf16).
+TENSOR_CORES_SECONDS = 420
 #: Timed runs and warm-up runs per measurement (three warm-ups: the captured step's two eager
 #: calls and its capture are all untimed).
 BENCH_RUNS = ("--repeats", "5", "--warmup", "3")
@@ -181,6 +187,9 @@ def plan(dry_run: bool = False, torch: bool = True) -> dict:
     cmd += ["--lengths", "16,40", "--repeats", "1"] if dry_run else ["--repeats", "5"]
     parts["attention"].append(Task("attention", "attention", cmd + ([] if torch else ["--no-torch"]),
                                    60 if dry_run else ATTENTION_SECONDS, "attention"))
+    cmd = _python("-m", "attn.bench.tensor_cores", "--json") + (["--dry-run"] if dry_run else [])
+    parts["tensor-cores"].append(Task("tensor-cores", "tensor-cores", cmd + ([] if torch else ["--no-torch"]),
+                                      90 if dry_run else TENSOR_CORES_SECONDS, "tensor-cores"))
     return parts
 
 
@@ -307,6 +316,9 @@ def task_row(task: Task, run: dict, report: dict) -> dict:
     elif task.kind == "attention":
         row["rows"] = [r for r in _json_rows(out) if r.get("name") == "attention"]
         ok = ok and bool(row["rows"])
+    elif task.kind == "tensor-cores":
+        row["rows"] = [r for r in _json_rows(out) if str(r.get("name", "")).startswith("tensor_cores_")]
+        ok = ok and any(r["name"] == "tensor_cores_time" for r in row["rows"])
     elif task.kind == "memory":
         rows = _json_rows(out)
         row["result"] = rows[-1].get(task.info["measurement"]) if rows else None

@@ -112,6 +112,33 @@ def _attention(rows: list) -> list:
     return lines
 
 
+def _tensor_cores(rows: list) -> list:
+    """The twin checks (largest error of each output as a share of the twin's largest value), then
+    the timings: seconds and the ratio to PyTorch's SDPA."""
+    lines = []
+    for r in rows:
+        found = r.get("rows") or []
+        twins = [t for t in found if t["name"] == "tensor_cores_twin"]
+        times = [t for t in found if t["name"] == "tensor_cores_time"]
+        if not found:
+            lines += [f"No row: {_status(r)}", ""]
+            continue
+        lines += ["| B | H/Hkv | Tq | Tk | Dh | causal | format | out | dq | dk | dv | within |",
+                  "|---:|---|---:|---:|---:|---|---|---:|---:|---:|---:|---|"]
+        lines += [f"| {t['B']} | {t['H']}/{t['Hkv']} | {t['Tq']} | {t['Tk']} | {t['Dh']} | {t['causal']} | {t['format']} | "
+                  + " | ".join(f"{t['error'][n]:.1e}" for n in ("out", "dq", "dk", "dv"))
+                  + f" | {'yes' if t['ok'] else '**no**'} |" for t in twins]
+        ways = ("tc_bf16", "tiled_fp32", "sdpa_bf16")
+        lines += ["", "| T | causal | " + " | ".join(f"{w} fwd s | {w} fwd+bwd s" for w in ways) + " | tc/sdpa fwd+bwd |",
+                  "|---:|---|" + "---:|" * (2 * len(ways) + 1)]
+        for t in times:
+            cells = [_f(t.get(f"{w}_{what}_seconds"), "{:.5f}") for w in ways for what in ("forward", "forward_backward")]
+            lines.append(f"| {t['T']:,} | {t['causal']} | " + " | ".join(cells)
+                         + f" | {_f(t.get('tc_bf16_forward_backward_over_sdpa'), '{:.2f}')} |")
+        lines.append("")
+    return lines
+
+
 def _preflight(rows: list) -> list:
     lines = []
     for r in rows:
@@ -126,7 +153,8 @@ _TITLES = {"preflight": "Preflight: the riskiest paths first", "suite": "The tes
            "precision": "At bf16 and tf32, PyTorch at the same precision",
            "graph": "The captured step (train_step_graph), capture untimed",
            "train": "Training the toy translator", "memory": "Peak GPU memory of the training step",
-           "attention": "One attention alone: plain, tiled (FlashAttention) and PyTorch's"}
+           "attention": "One attention alone: plain, tiled (FlashAttention) and PyTorch's",
+           "tensor-cores": "The tensor-core attention: against its twins, then against PyTorch's SDPA in bf16"}
 
 
 def render_markdown(report: dict) -> str:
@@ -168,6 +196,8 @@ def render_markdown(report: dict) -> str:
             lines += _memory(mine)
         elif part == "attention":
             lines += _attention(mine)
+        elif part == "tensor-cores":
+            lines += _tensor_cores(mine)
     lines += ["## Commands", "", "| task | command | exit | seconds | limit | status |", "|---|---|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['name']} | `{r['command']}` | {_f(r['returncode'], '{}')}"

@@ -16,7 +16,7 @@ from ..layers.attention import split_heads
 from ..block import parts
 from ..model import Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
-from .core import flash
+from .core import flash, flash_tc
 from .decoding import device, host
 from .core.arena import Arena
 from .core.attention import Attentions, mask_bias
@@ -88,6 +88,8 @@ class FastTransformer:
         self._memory = flash.memory_bytes(self.xp)      # once, here: never a driver call inside a captured step
         self._device_kind = flash.device_kind(self.xp)
         self._auto_notice = flash.AutoNotice()         # auto's tiled choice, said once
+        self._cores = None                      # the tensor-core kernels' format where the tiled attention uses them
+        self._cores_said = False                # ... said once on stderr
         self._fused = None
         self._bf16_weights = None               # at bf16 on CuPy: the weights' bf16 copy (see _fuse)
         self._candidates = None                 # beam search's ranked candidates on CuPy, kept between steps
@@ -257,12 +259,21 @@ class FastTransformer:
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
         :attr:`attention` by the rule of :func:`attn.fast.core.flash.use_flash`; ``auto``'s first tiled
-        choice said on stderr with its reason."""
+        choice said on stderr with its reason. Whether it runs on the tensor cores (``_cores``) is
+        :func:`attn.fast.core.flash_tc.cores_for`'s rule, said once too."""
         dropping = rng is not None and self.config.attention_dropout > 0
         why = flash.choose(self.attention, self.config, Bsz, S, T, self.dtype.itemsize, self.xp, dropping,
                            self._memory, self._device_kind)
         if why is not None and self.attention == "auto":
             self._auto_notice(why)
+        cores = None
+        if why is not None:
+            cores, because = flash_tc.cores_for(self.attention, self.precision.name, self.xp,
+                                                self.config.d_model // self.config.n_heads, self._device_kind)
+            if cores is not None and not self._cores_said:
+                self._cores_said = True
+                flash_tc.say(cores, because)
+        self._cores = cores
         return why is not None
 
     # ------------------------------------------------------------------ forward
@@ -390,7 +401,7 @@ class FastTransformer:
         Bsz, S = src.shape
         T = tgt_in.shape[1]
         F = self._fuse() if fused is None else fused
-        src_bias, src_rows = (flash.KeyMask.of(src, False), None) if tiled else \
+        src_bias, src_rows = (flash.KeyMask.of(src, False, self._cores), None) if tiled else \
             mask_bias(padding_mask(src), self.dtype, xp)                     # (B, 1, 1, S)
         memory, src_emb, enc, enc_norm = self._encoder(src, src_bias, src_rows, F, rng, keep_cache)
         self._phase("forward: decoder")
@@ -447,7 +458,7 @@ class FastTransformer:
         :func:`attn.fast.core.layer.decoder_layer` on whole sequences (:class:`attn.fast.core.layer.Sequences`)."""
         cfg, xp = self.config, self.xp
         Bsz, T = tgt_in.shape
-        tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True), None) if tiled else \
+        tgt_bias, tgt_rows = (flash.KeyMask.of(tgt_in, True, self._cores), None) if tiled else \
             mask_bias(decoder_mask(tgt_in), self.dtype, xp)                  # (B, 1, T, T)
         y, tgt_emb = self.embeddings.forward("tgt", tgt_in, rng)
         cross = [] if keep_cross else None

@@ -30,9 +30,18 @@ LESSONS_OUT = BUILD / "lessons-out"           # where the lessons write figures 
 SCREENSHOTS = BUILD / "screenshots"           # tests/test_book.py saves one per page here
 
 
+#: Set to lesson numbers (``ATTN_BOOK_ONLY="14 27"``), the book is built with those lessons
+#: only, and tests/test_book.py tests their pages only: a page's tests without executing every
+#: lesson. Unset, every lesson.
+ONLY_ENV = "ATTN_BOOK_ONLY"
+
+
 def lesson_files(root: Path = ROOT) -> list[Path]:
-    """The lessons in reading order: ``lessons/NN_*.py``, sorted by their number."""
-    return sorted((root / "lessons").glob("[0-9][0-9]_*.py"), key=lambda p: (int(p.name[:2]), p.name))
+    """The lessons in reading order: ``lessons/NN_*.py``, sorted by their number (those
+    ``$ATTN_BOOK_ONLY`` names, when it is set)."""
+    lessons = sorted((root / "lessons").glob("[0-9][0-9]_*.py"), key=lambda p: (int(p.name[:2]), p.name))
+    only = {int(n) for n in os.environ.get(ONLY_ENV, "").replace(",", " ").split()}
+    return [p for p in lessons if not only or int(p.name[:2]) in only]
 
 
 #: Parts of the library that no lesson runs: changing them re-executes no lesson. ``attn/site/``
@@ -42,8 +51,10 @@ NOT_RUN_BY_LESSONS = ("attn/site",)
 
 
 #: The environment variables a lesson's output depends on, with the value the build uses
-#: when one is unset: the weak quick model and the BLAS's threads and kernel.
-OUTPUT_ENV = (("ATTN_QUICK_WEAK", ""), ("OPENBLAS_NUM_THREADS", "1"), ("OPENBLAS_CORETYPE", ""))
+#: when one is unset: the weak quick model, the BLAS's threads and kernel, and the figures'
+#: phone renderings (``ATTN_PHONE_FIGURES=0`` builds the book without them, as a phone saw it before).
+OUTPUT_ENV = (("ATTN_QUICK_WEAK", ""), ("OPENBLAS_NUM_THREADS", "1"), ("OPENBLAS_CORETYPE", ""),
+              ("ATTN_PHONE_FIGURES", "1"))
 
 
 def library_hash(root: Path = ROOT) -> str:
@@ -68,8 +79,10 @@ def cache_path(root: Path = ROOT) -> Path:
 
 def build_environment() -> dict:
     """The environment the lessons execute in: quick mode, this checkout's ``attn`` first
-    on the path, figures inline (no ``MPLBACKEND``), and their files under the build."""
+    on the path, figures inline (no ``MPLBACKEND``) and drawn for a phone too, and their files
+    under the build."""
     env = dict(os.environ, ATTN_QUICK="1", ATTN_LESSONS_OUT=str(LESSONS_OUT), PYTHONUNBUFFERED="1",
+               ATTN_PHONE_FIGURES=os.environ.get("ATTN_PHONE_FIGURES", "1"),    # attn.plot: a phone's rendering too
                OPENBLAS_NUM_THREADS=os.environ.get("OPENBLAS_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     env.pop("MPLBACKEND", None)          # the kernel's default, inline: figures become image outputs

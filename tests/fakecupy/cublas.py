@@ -482,6 +482,7 @@ class _Cuda:
     device = None                   # set below: _DeviceModule
     get_elapsed_time = staticmethod(_c.get_elapsed_time)
     runtime = _c._Runtime()
+    driver = None                   # set in fakecupy.kernels' import: Driver
     MemoryPointer = _c.MemoryPointer
     UnownedMemory = _c.UnownedMemory
     using_allocator = staticmethod(_c._using_allocator)

@@ -437,7 +437,8 @@ _CTYPE_DTYPES = {"float": np.float32, "double": np.float64, "int": np.int32, "lo
 
 
 from .kernels import (  # noqa: E402,F401 (cupy.X, as attn and the tests reach them)
-    KernelLaunch, RawKernel, RawModule, _kernel_signatures, _twins)
+    Driver, KernelLaunch, RawKernel, RawModule, _kernel_signatures, _twins)
+_Cuda.driver = Driver
 
 
 if __import__("os").environ.get("FAKECUPY_ASYNC") == "1":       # a whole run in the asynchronous mode

@@ -7,8 +7,10 @@ Part of :mod:`fakecupy.cupy`, which re-exports every name; its state lives there
 from __future__ import annotations
 
 import builtins
+import itertools
 import re
 import time
+import weakref
 
 import numpy as np
 
@@ -36,11 +38,16 @@ class KernelLaunch:
 
 def _kernel_signatures(code: str) -> dict:
     """name -> (template parameter or None, [(C type, is pointer, parameter name, is const)]) of
-    every ``__global__`` function in ``code``."""
+    every ``__global__`` function in ``code``: a template's type parameter (its first argument in a
+    name, ``flash_fwd<float, 64>``); a template of values alone (``template <int KIND, int DH>``)
+    has the parameter "" (an instance must still be named in ``name_expressions``)."""
     sigs = {}
-    pattern = r"(?:template\s*<\s*typename\s+(\w+)\s*>\s*)?__global__\s+void\s+(\w+)\s*\(([^)]*)\)"
+    pattern = (r"(?:template\s*<([^>]*)>\s*)?__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
+               r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(([^)]*)\)")
     for m in re.finditer(pattern, code):
-        tparam, name, params = m.group(1), m.group(2), m.group(3)
+        tlist, name, params = m.group(1), m.group(2), m.group(3)
+        typename = re.search(r"typename\s+(\w+)", tlist or "")
+        tparam = None if tlist is None else typename.group(1) if typename else ""
         plist = []
         for p in (s.strip() for s in params.split(",") if s.strip()):
             const = re.search(r"\bconst\b", p) is not None
@@ -73,8 +80,25 @@ class RawKernel:
 
     MAX_THREADS, MAX_SHARED = 1024, 48 << 10
 
+    #: The most shared memory a block may opt into (``max_dynamic_shared_size_bytes``): an H100's.
+    MOST_SHARED = 227 << 10
+
     def __init__(self, name, signature, targ, twin):
         self.name, self._sig, self._targ, self._twin = name, signature, targ, twin
+        self._opted = 0
+        self.ptr = next(_PTRS)                  # what cupy.cuda.driver.funcSetAttribute names it by
+        _BY_PTR[self.ptr] = self
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        """CuPy's attribute: the shared memory a launch may ask for above the 48 KiB every block gets."""
+        return self._opted
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, n) -> None:
+        if not 0 <= int(n) <= self.MOST_SHARED:
+            raise ValueError(f"{self.name}: max_dynamic_shared_size_bytes {n}, at most {self.MOST_SHARED}")
+        self._opted = int(n)
 
     def __call__(self, grid, block, args, *, shared_mem=0, stream=None):
         tparam, params = self._sig
@@ -86,8 +110,9 @@ class RawKernel:
                 raise ValueError(f"{self.name}: grid and block sizes must be positive ints, got {grid!r}, {block!r}")
         if int(np.prod(block)) > self.MAX_THREADS:
             raise ValueError(f"{self.name}: {int(np.prod(block))} threads per block, at most {self.MAX_THREADS}")
-        if not 0 <= int(shared_mem) <= self.MAX_SHARED:
-            raise ValueError(f"{self.name}: shared_mem {shared_mem} bytes, at most {self.MAX_SHARED}")
+        if not 0 <= int(shared_mem) <= max(self.MAX_SHARED, self._opted):
+            raise ValueError(f"{self.name}: shared_mem {shared_mem} bytes, at most {self.MAX_SHARED} unless "
+                             f"max_dynamic_shared_size_bytes opts into more ({self._opted})")
         if not isinstance(args, tuple) or len(args) != len(params):
             raise TypeError(f"{self.name}: the kernel takes {len(params)} arguments "
                             f"({', '.join(p[2] for p in params)}), got {len(args) if isinstance(args, tuple) else args!r}")
@@ -132,6 +157,24 @@ class RawKernel:
                     "work": max((a.size for a in arrays), default=0)})
 
 
+_PTRS = itertools.count(0x7F0000000000, 0x100)
+_BY_PTR: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class Driver:
+    """``cupy.cuda.driver``: the one function attribute attn sets (a block's dynamic shared memory above
+    48 KiB), on a kernel of a module (CuPy's module functions have no attribute for it)."""
+    CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+
+    @staticmethod
+    def funcSetAttribute(ptr, attribute, value):
+        if attribute != Driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+            raise NotImplementedError(f"fakecupy: funcSetAttribute of attribute {attribute}")
+        if ptr not in _BY_PTR:
+            raise ValueError(f"fakecupy: funcSetAttribute: no kernel at {ptr:#x}")
+        _BY_PTR[ptr].max_dynamic_shared_size_bytes = value
+
+
 class RawModule:
     """``cupy.RawModule``: CUDA source and the kernels named in ``name_expressions``. The
     source is only read for the kernels' signatures (``tests/test_kernels.py`` compiles it
@@ -146,10 +189,10 @@ class RawModule:
         self._sigs = _kernel_signatures(code)
 
     def get_function(self, name: str) -> RawKernel:
-        m = re.fullmatch(r"(\w+)\s*(?:<\s*([\w ]+?)\s*>)?", name)
+        m = re.fullmatch(r"(\w+)\s*(?:<\s*([\w ,]+?)\s*>)?", name)
         if m is None:
             raise ValueError(f"fakecupy.RawModule.get_function: cannot read the name {name!r}")
-        base, targ = m.group(1), m.group(2)
+        base, targ = m.group(1), m.group(2) and m.group(2).split(",")[0].strip()
         if base not in self._sigs:
             raise KeyError(f"no __global__ function {base!r} in the module's source")
         if self._sigs[base][0] is not None:

@@ -243,7 +243,8 @@ class _Runtime:
     @staticmethod
     def getDeviceProperties(device):
         return {"name": b"fakecupy (NumPy stand-in)", "totalGlobalMem": 1 << 34, "major": 9, "minor": 0,
-                "multiProcessorCount": 1, "maxThreadsPerBlock": 1024, "sharedMemPerBlock": 48 << 10}
+                "multiProcessorCount": 1, "maxThreadsPerBlock": 1024, "sharedMemPerBlock": 48 << 10,
+                "sharedMemPerBlockOptin": 227 << 10}
 
     @staticmethod
     def runtimeGetVersion():

@@ -5,7 +5,8 @@ operations written with in-place ufuncs (:class:`~attn.fast.core.ops.Ops`, NumPy
 lays the parameters, gradients and Adam's moments out in four flat buffers, ``caches`` names what
 a forward keeps for its backward, ``pieces`` holds the embeddings, the norms in their residuals and
 the feed-forward networks, ``attention`` the heads and the self- and cross-attention sub-layers,
-``flash`` the tiled attention and the rule that chooses it, and ``layer`` the one decoder layer
+``flash`` the tiled attention and the rule that chooses it, ``flash_tc`` the same on the tensor cores
+(FlashAttention-2 in bf16, compiled but never run on a GPU, taken only when asked), and ``layer`` the one decoder layer
 (and its backward) that training and both decoding steps run. Each piece is an object the model
 holds (composition: no base classes), forward beside backward; the GPU's kernels and memory they
 call are :mod:`attn.fast.gpu`'s."""

@@ -10,7 +10,7 @@ import math
 
 from ... import backend as B
 from ...layers.attention import repeat_kv, sum_kv_groups
-from . import flash
+from . import flash, flash_tc
 from .caches import AttendCache, CrossAttnCache, SelfAttnCache
 
 
@@ -86,7 +86,7 @@ class Attentions:
         array of weights (or the tiled attention's :class:`attn.fast.core.flash.FlashCache`)."""
         xp, ops = self.xp, self.model.ops
         if isinstance(bias_t, flash.KeyMask):
-            return flash.attend(ops, q, k, v, bias_t, self.scale)
+            return (flash_tc.attend if bias_t.cores else flash.attend)(ops, q, k, v, bias_t, self.scale)
         group = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, group), repeat_kv(v, group)
         Bsz, H, Tq, Dh = q.shape
@@ -114,7 +114,8 @@ class Attentions:
         sums the groups itself."""
         xp, ops = self.xp, self.model.ops
         if isinstance(ac, flash.FlashCache):
-            return flash.attend_backward(ops, dctx, ac, dq, dk, dv, self.scale)
+            backward = flash_tc.attend_backward if ac.mask.cores else flash.attend_backward
+            return backward(ops, dctx, ac, dq, dk, dv, self.scale)
         Bsz, H, Tq, Dh = ac.q.shape
         Tk = ac.k.shape[2]
         group = H // dk.shape[1]

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+import weakref
 from typing import NamedTuple
 
 from ... import backend as B
 from ...masks import PAD_ID
-from ..gpu.kernels.flash import HostLaunch, flash_shared, flash_tiles
-from ..gpu.kernels.registry import NUMPY_TWINS
+from ..gpu.kernels.flash import SHARED_LIMIT, HostLaunch, compiled_head, flash_shared, flash_tiles
+from ..gpu.kernels.registry import CTYPES, NUMPY_TWINS
 
 #: The choices of ``FastTransformer.attention`` and ``attn-train --attention``.
 MODES = ("auto", "plain", "flash")
@@ -51,13 +52,15 @@ HOST_TILE = 256
 
 class KeyMask(NamedTuple):
     """What the tiled attention masks: ``ok`` (B, Tk) bool, True for keys that are real tokens,
-    and ``causal`` (queries see no later key)."""
+    and ``causal`` (queries see no later key); ``cores``: the 16-bit format in which the
+    tensor-core kernels run it (:mod:`attn.fast.core.flash_tc`), None for the float kernels here."""
     ok: object
     causal: bool
+    cores: str | None = None
 
     @classmethod
-    def of(cls, ids, causal: bool) -> "KeyMask":
-        return cls(ids != PAD_ID, causal)
+    def of(cls, ids, causal: bool, cores: str | None = None) -> "KeyMask":
+        return cls(ids != PAD_ID, causal, cores)
 
 
 class FlashCache(NamedTuple):
@@ -166,18 +169,50 @@ class AutoNotice:
 # --------------------------------------------------------------------------- launches
 
 
-def _run(ops, name: str, dtype, grid, block, shared: int, args) -> None:
-    """Launch kernel ``name`` (CuPy: the compiled module's) or call its twin (NumPy)."""
+_HEADED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_OPT_IN: dict = {}
+
+
+def _run(ops, name: str, dtype, grid, block, shared: int, args, Dh: int | None = None) -> None:
+    """Launch kernel ``name`` (CuPy: the compiled module's) or call its twin (NumPy). With ``Dh``,
+    the instance compiled for that head size where there is one (``flash_fwd<float, 64>``, else
+    ``<float, 0>``), opted into ``shared`` bytes where that is above :data:`SHARED_LIMIT`."""
+    full = name if Dh is None else f"{name}<{CTYPES[str(dtype)]}, {compiled_head(Dh, dtype.itemsize)}>"
     if ops.xp is B.host:
-        NUMPY_TWINS[name](HostLaunch(name, grid, block, shared), *args)
-    else:
+        NUMPY_TWINS[name](HostLaunch(full, grid, block, shared), *args)
+    elif Dh is None:
         ops._fn(name, dtype)(grid, block, args, shared_mem=shared)
+    else:
+        fns = _HEADED.setdefault(ops, {})
+        f, opted = fns.get(full) or (ops._module.get_function(full), 0)
+        if shared > max(SHARED_LIMIT, opted):
+            opt_in(ops.xp, f, shared)
+            opted = shared
+        fns[full] = f, opted
+        f(grid, block, args, shared_mem=shared)
+
+
+def opt_in(xp, f, shared: int) -> None:
+    """Let ``f`` (a function of a ``RawModule``) launch with ``shared`` bytes of dynamic shared memory,
+    above the 48 KiB any kernel may take: CUDA's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``,
+    through CuPy's driver module (a module's functions have no ``max_dynamic_shared_size_bytes``)."""
+    d = xp.cuda.driver
+    d.funcSetAttribute(f.ptr, d.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
+
+
+def shared_limit(xp) -> int:
+    """The shared memory a block of the current GPU may opt into (``sharedMemPerBlockOptin``), read once."""
+    dev = xp.cuda.Device().id
+    if dev not in _OPT_IN:
+        _OPT_IN[dev] = int(xp.cuda.runtime.getDeviceProperties(dev).get("sharedMemPerBlockOptin", SHARED_LIMIT))
+    return _OPT_IN[dev]
 
 
 def _tile(ops, kernel: str, Dh: int, itemsize: int, tile: int | None) -> tuple:
-    """The tile ``kernel`` runs with (``tile`` when given, else the backend's) and its shared memory."""
+    """The tile ``kernel`` runs with (``tile`` when given, else the backend's: on a GPU the largest
+    whose shared memory the device allows) and its shared memory."""
     if tile is None:
-        tile = HOST_TILE if ops.xp is B.host else flash_tiles(kernel, Dh, itemsize)
+        tile = HOST_TILE if ops.xp is B.host else flash_tiles(kernel, Dh, itemsize, shared_limit(ops.xp))
     return tile, flash_shared(kernel, tile, tile, Dh, itemsize)
 
 
@@ -220,7 +255,7 @@ def attend(ops, q, k, v, mask: KeyMask, scale: float, tile: int | None = None):
     elif Bsz * H and Tq:
         _run(ops, "flash_fwd", dt, (Bsz * H, math.ceil(Tq / t)), (t,), shared,
              (q, k, v, ok, o, lse, dt.type(scale), dt.type(B.host.finfo(dt).min), i32(H), i32(Hkv), i32(Tq),
-              i32(Tk), i32(Dh), i32(mask.causal), i32(t), *_strides(q, "q"), *_strides(k, "k"), B.host.int64(Tk)))
+              i32(Tk), i32(Dh), i32(mask.causal), i32(t), *_strides(q, "q"), *_strides(k, "k"), B.host.int64(Tk)), Dh)
     ctx = o.reshape(Bsz * Tq, H * Dh)
     return ctx, FlashCache(q, k, v, KeyMask(ok, mask.causal), lse, ctx)
 
@@ -251,7 +286,7 @@ def attend_backward(ops, dctx, c: FlashCache, dq, dk, dv, scale: float, tile: in
     qs, ks = _strides(c.q, "q"), _strides(c.k, "k")
     t, shared = _tile(ops, "flash_bwd_kv", Dh, it, tile)
     _run(ops, "flash_bwd_kv", dt, (Bsz * Hkv, math.ceil(Tk / t)), (t,), shared,
-         (*inputs, dk, dv, *shape, i32(t), *qs, *ks, *_strides(dk, "dk"), i64(Tk)))
+         (*inputs, dk, dv, *shape, i32(t), *qs, *ks, *_strides(dk, "dk"), i64(Tk)), Dh)
     t, shared = _tile(ops, "flash_bwd_q", Dh, it, tile)
     _run(ops, "flash_bwd_q", dt, (Bsz * H, math.ceil(Tq / t)), (t,), shared,
-         (*inputs, dq, *shape, i32(t), *qs, *ks, *_strides(dq, "dq"), i64(Tk)))
+         (*inputs, dq, *shape, i32(t), *qs, *ks, *_strides(dq, "dq"), i64(Tk)), Dh)

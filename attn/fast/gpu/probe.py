@@ -36,21 +36,25 @@ BLOCK_FIELDS = ("positional", "norm_position", "norm_kind", "ffn", "rope_base", 
 def probe_config(block: dict | None = None, dropout: float = 0.1):
     """The tiny model every probe trains (and the GPU report's preflight), of the run's ``block``
     (a dict of :data:`BLOCK_FIELDS` and ``grouped``: whether its key/value heads are fewer than its
-    query heads, ``multi_query``: one key/value head)."""
+    query heads, ``multi_query``: one key/value head, ``head_dim``: the run's head size where the
+    tensor-core attention is compiled for it, so that the probe's heads take the same kernels)."""
     from ...model import TransformerConfig
     block = dict(block or {})
     heads = 4 if block.pop("grouped", False) else 2
     kv = 1 if block.pop("multi_query", False) else (2 if heads == 4 else None)
-    return TransformerConfig(vocab_size=23, d_model=16, n_heads=heads, d_ff=24, n_encoder_layers=1,
+    head_dim = block.pop("head_dim", None)
+    return TransformerConfig(vocab_size=23, d_model=heads * head_dim if head_dim else 16, n_heads=heads, d_ff=24, n_encoder_layers=1,
                              n_decoder_layers=1, dropout=dropout, label_smoothing=0.1, max_len=32, warmup_steps=8,
                              kv_heads=kv, **{k: v for k, v in block.items() if k in BLOCK_FIELDS})
 
 
 def block_of(model_config) -> dict:
     """The run's block, as :func:`probe_config` takes it."""
+    from .kernels.flash_mma import HEAD_SIZES
     block = {k: getattr(model_config, k) for k in BLOCK_FIELDS}
-    kv = model_config.key_value_heads
-    return block | {"grouped": kv < model_config.n_heads, "multi_query": kv == 1 and model_config.n_heads > 1}
+    kv, Dh = model_config.key_value_heads, model_config.d_model // model_config.n_heads
+    return block | {"grouped": kv < model_config.n_heads, "multi_query": kv == 1 and model_config.n_heads > 1} \
+        | ({"head_dim": Dh} if Dh in HEAD_SIZES else {})
 
 
 def trained_looking(cfg) -> dict:

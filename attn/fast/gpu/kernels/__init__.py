@@ -4,7 +4,9 @@ family in a module with its CUDA source and its NumPy twin: ``softmax``, ``layer
 ``gemm`` (the batched products' pointer arrays), ``later`` (RMSNorm, rotary positions, SwiGLU) and
 ``decode`` (a cached decoding step); ``common`` holds what they share, ``registry`` compiles them
 into one module, and the launch code is ``cupy_ops`` (:class:`CupyOps`), ``later_ops`` and
-``precision_ops`` (the tf32 and bf16 products).
+``precision_ops`` (the tf32 and bf16 products). ``flash_mma`` is the tiled attention on the tensor
+cores (FlashAttention-2 in bf16 or fp16), a module of its own for compute capability 8.0 and up,
+compiled but never run on a GPU.
 
 :class:`CupyOps` is what :func:`attn.fast.ops_for` returns for CuPy arrays: the same methods as the
 NumPy ``Ops`` (which they are tested against in ``tests/test_fast.py``), each one kernel launch (or
@@ -15,7 +17,7 @@ cached decoding step's; :mod:`attn.fast.core.flash` the tiled attention's. Each 
 module says what its kernels compute. Nothing here synchronises with the host; the
 loss stays a 0-d device array.
 
-Every kernel is listed once in :mod:`.registry`, which joins them into one ``RawModule`` (so
+Every kernel is listed once in :mod:`.registry`, which joins them (but ``flash_mma``) into one ``RawModule`` (so
 that the whole of it can be compiled by NVRTC without a GPU: ``tests/test_kernels.py`` does, for
 compute capabilities 7.0, 8.0 and 9.0). Beside each kernel is its **NumPy twin**: a function
 taking what the kernel takes (the launch's grid, block and shared memory, then the arguments, the
@@ -24,7 +26,10 @@ written as whole-array NumPy. The twin is the kernel's specification; the test s
 stand-in (``tests/fakecupy``) runs the twins in place of the CUDA, so the launch code runs in CI
 exactly as on a GPU. The kernels are written to be obviously correct rather than fast (no
 vectorised loads, no warp-level tricks, power-of-two blocks with a textbook tree reduction);
-docs/GPU.md says what has run on a GPU and what a GPU owner runs.
+docs/GPU.md says what has run on a GPU and what a GPU owner runs. :mod:`attn.fast.core.flash_tc`
+launches ``flash_mma``'s kernels where a run asks for the tiled attention at bf16
+(:func:`attn.fast.core.flash_tc.cores_for`): they need compute capability 8.0 and have
+**never run on a GPU**.
 """
 from __future__ import annotations
 

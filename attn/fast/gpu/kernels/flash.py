@@ -25,8 +25,17 @@ from .common import strided_view
 
 #: The largest tile (rows of queries or keys per block) the launch code picks.
 MOST_TILE = 64
-#: Shared memory a block may use without opting in (every GPU since Volta).
+#: Shared memory a block may use without opting in (every GPU since Volta); above it the launch sets
+#: the kernel's ``max_dynamic_shared_size_bytes``, up to what the device allows.
 SHARED_LIMIT = 48 << 10
+#: The head sizes the kernels are compiled for as a constant (float32; 0: any head size, at run time).
+HEAD_SIZES = (0, 64)
+
+
+def compiled_head(Dh: int, itemsize: int) -> int:
+    """The ``DH`` template argument a launch at head size Dh uses: Dh where float32 kernels are
+    compiled for it (the loops over the head unrolled), else 0 (the head size read at run time)."""
+    return Dh if itemsize == 4 and Dh in HEAD_SIZES else 0
 
 ALLOWED = r"""
 // Whether query i may attend to key j of sentence b (the key exists, is no padding, is not ahead).
@@ -36,45 +45,50 @@ __device__ __forceinline__ bool flash_allowed(const bool* key_ok, long long okb,
 }
 
 // A tile into shared memory, the block's threads sharing the copy: rows r0 .. r0 + n of src (rows of Dh
-// at a stride of `stride` elements, `last` of them) into sh (n x Dh), zeros past the last row.
+// at a stride of `stride` elements, `last` of them) into sh (n rows, `ld` apart), zeros past the last row.
+// A tile whose rows the threads read one each (thread r, row r, the same d) has ld = Dh + 1: rows
+// Dh apart would put every thread's value in one bank (Dh = 64 floats: a 32-way conflict).
 template <typename T>
-__device__ void flash_load(T* sh, const T* src, int r0, int n, int last, long long stride, int Dh) {
+__device__ void flash_load(T* sh, const T* src, int r0, int n, int last, long long stride, int Dh, int ld) {
     for (int e = threadIdx.x; e < n * Dh; e += blockDim.x) {
         int r = e / Dh, d = e % Dh;
-        sh[e] = r0 + r < last ? src[(long long)(r0 + r) * stride + d] : T(0);
+        sh[r * ld + d] = r0 + r < last ? src[(long long)(r0 + r) * stride + d] : T(0);
     }
 }
 """
 
 FLASH_FWD = r"""
 // FlashAttention's forward, one block per (sentence * head, query tile), one thread per query of the
-// tile (blockDim.x = Br). Shared memory: Q tile and the output's running sum (Br x Dh each), K and V tiles
-// (Bc x Dh each), the tile's scores (Br x Bc). m, l: the query's running maximum and sum of exp(s - m).
-template <typename T>
+// tile (blockDim.x = Br). Shared memory: Q tile and the output's running sum (Br rows of Dh + 1 each), K
+// and V tiles (Bc x Dh each: every thread reads the same value), the tile's scores (Br rows of Bc + 1).
+// m, l: the query's running maximum and sum of exp(s - m). DH > 0: the head size at compile time (Dh
+// then must equal it); 0: Dh's.
+template <typename T, int DH>
 __global__ void flash_fwd(const T* q, const T* k, const T* v, const bool* key_ok, T* o, T* lse, T scale,
                           T lowest, int H, int Hkv, int Tq, int Tk, int Dh, int causal, int Bc,
                           long long qb, long long qh, long long qt, long long kb, long long kh, long long kt,
                           long long okb) {
     extern __shared__ unsigned char smem[];
-    int Br = blockDim.x, r = threadIdx.x;
+    const int D = DH > 0 ? DH : Dh, LD = D + 1;
+    int Br = blockDim.x, r = threadIdx.x, SB = Bc + 1;
     T* qs = reinterpret_cast<T*>(smem);
-    T* acc = qs + Br * Dh;
-    T* ks = acc + Br * Dh;
-    T* vs = ks + Bc * Dh;
-    T* s = vs + Bc * Dh;
+    T* acc = qs + Br * LD;
+    T* ks = acc + Br * LD;
+    T* vs = ks + Bc * D;
+    T* s = vs + Bc * D;
     int b = blockIdx.x / H, h = blockIdx.x % H, hk = h / (H / Hkv);
     int i0 = blockIdx.y * Br, i = i0 + r;
     const T* qg = q + b * qb + h * qh;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
-    flash_load(qs, qg, i0, Br, Tq, qt, Dh);
-    for (int e = r; e < Br * Dh; e += Br) acc[e] = 0;
+    flash_load(qs, qg, i0, Br, Tq, qt, D, LD);
+    for (int e = r; e < Br * LD; e += Br) acc[e] = 0;
     T m = lowest, l = 0;
     int kend = causal ? min(Tk, i0 + Br) : Tk;          // causal: the tiles past the last query skipped
     for (int j0 = 0; j0 < kend; j0 += Bc) {
         __syncthreads();
-        flash_load(ks, kg, j0, Bc, Tk, kt, Dh);
-        flash_load(vs, vg, j0, Bc, Tk, kt, Dh);
+        flash_load(ks, kg, j0, Bc, Tk, kt, D, D);
+        flash_load(vs, vg, j0, Bc, Tk, kt, D, D);
         __syncthreads();
         if (i >= Tq) continue;
         T mt = lowest;
@@ -82,30 +96,30 @@ __global__ void flash_fwd(const T* q, const T* k, const T* v, const bool* key_ok
         for (int c = 0; c < Bc; ++c) {
             T sc = 0;
             if (flash_allowed(key_ok, okb, b, i, j0 + c, Tk, causal)) {
-                for (int d = 0; d < Dh; ++d) sc += qs[r * Dh + d] * ks[c * Dh + d];
+                for (int d = 0; d < D; ++d) sc += qs[r * LD + d] * ks[c * D + d];
                 sc *= scale;
                 if (!any || sc > mt) mt = sc;
                 any = true;
             }
-            s[r * Bc + c] = sc;
+            s[r * SB + c] = sc;
         }
         if (!any) continue;                             // no key of this tile: nothing changes
         T mn = mt > m ? mt : m;
         T alpha = exp(m - mn);                          // the old sums rescaled to the new maximum
         l *= alpha;
-        for (int d = 0; d < Dh; ++d) acc[r * Dh + d] *= alpha;
+        for (int d = 0; d < D; ++d) acc[r * LD + d] *= alpha;
         for (int c = 0; c < Bc; ++c) {
             if (!flash_allowed(key_ok, okb, b, i, j0 + c, Tk, causal)) continue;
-            T p = exp(s[r * Bc + c] - mn);
+            T p = exp(s[r * SB + c] - mn);
             l += p;
-            for (int d = 0; d < Dh; ++d) acc[r * Dh + d] += p * vs[c * Dh + d];
+            for (int d = 0; d < D; ++d) acc[r * LD + d] += p * vs[c * D + d];
         }
         m = mn;
     }
     if (i >= Tq) return;
     T inv = l > T(0) ? T(1) / l : T(0);
-    T* orow = o + (((long long)b * Tq + i) * H + h) * Dh;
-    for (int d = 0; d < Dh; ++d) orow[d] = acc[r * Dh + d] * inv;
+    T* orow = o + (((long long)b * Tq + i) * H + h) * D;
+    for (int d = 0; d < D; ++d) orow[d] = acc[r * LD + d] * inv;
     lse[(long long)blockIdx.x * Tq + i] = l > T(0) ? m + log(l) : T(0);
 }
 """
@@ -127,38 +141,40 @@ __global__ void flash_bwd_prep(const T* dout, const T* o, T* dsum, int H, int Tq
 FLASH_BWD_KV = r"""
 // dK and dV of one key tile, one block per (sentence * key head, key tile), one thread per key
 // (blockDim.x = Bc): every query tile of every head of the group passes through shared memory (Q, dO:
-// Br x Dh each; the log-sum-exp and D: Br each) while the key's K, V, dK and dV rows stay (Bc x Dh each).
-// P = exp(s - lse) is recomputed; dV += P dO, dP = dO . v, dS = P (dP - D), dK += scale dS q.
-template <typename T>
+// Br x Dh each, read alike by every thread; the log-sum-exp and D: Br each) while the key's K, V, dK and
+// dV rows stay (Bc rows of Dh + 1 each: one a thread). P = exp(s - lse) is recomputed; dV += P dO,
+// dP = dO . v, dS = P (dP - D), dK += scale dS q. DH as flash_fwd's.
+template <typename T, int DH>
 __global__ void flash_bwd_kv(const T* q, const T* k, const T* v, const bool* key_ok, const T* dout,
                              const T* lse, const T* dsum, T* dk, T* dv, T scale, int H, int Hkv, int Tq,
                              int Tk, int Dh, int causal, int Br, long long qb, long long qh, long long qt,
                              long long kb, long long kh, long long kt, long long dkb, long long dkh,
                              long long dkt, long long okb) {
     extern __shared__ unsigned char smem[];
+    const int D = DH > 0 ? DH : Dh, LD = D + 1;
     int Bc = blockDim.x, c = threadIdx.x;
     T* ks = reinterpret_cast<T*>(smem);
-    T* vs = ks + Bc * Dh;
-    T* dks = vs + Bc * Dh;
-    T* dvs = dks + Bc * Dh;
-    T* qs = dvs + Bc * Dh;
-    T* dos = qs + Br * Dh;
-    T* ls = dos + Br * Dh;
+    T* vs = ks + Bc * LD;
+    T* dks = vs + Bc * LD;
+    T* dvs = dks + Bc * LD;
+    T* qs = dvs + Bc * LD;
+    T* dos = qs + Br * D;
+    T* ls = dos + Br * D;
     T* ds = ls + Br;
     int b = blockIdx.x / Hkv, hk = blockIdx.x % Hkv, G = H / Hkv;
     int j0 = blockIdx.y * Bc, j = j0 + c;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
-    flash_load(ks, kg, j0, Bc, Tk, kt, Dh);
-    flash_load(vs, vg, j0, Bc, Tk, kt, Dh);
-    for (int e = c; e < Bc * Dh; e += Bc) dks[e] = dvs[e] = 0;
+    flash_load(ks, kg, j0, Bc, Tk, kt, D, LD);
+    flash_load(vs, vg, j0, Bc, Tk, kt, D, LD);
+    for (int e = c; e < Bc * LD; e += Bc) dks[e] = dvs[e] = 0;
     int istart = causal ? (j0 / Br) * Br : 0;           // causal: the query tiles before the key tile skipped
     for (int h = hk * G; h < hk * G + G; ++h) {
         const T* qg = q + b * qb + h * qh;
         for (int i0 = istart; i0 < Tq; i0 += Br) {
             __syncthreads();
-            flash_load(qs, qg, i0, Br, Tq, qt, Dh);
-            flash_load(dos, dout + ((long long)b * Tq * H + h) * Dh, i0, Br, Tq, (long long)H * Dh, Dh);
+            flash_load(qs, qg, i0, Br, Tq, qt, D, D);
+            flash_load(dos, dout + ((long long)b * Tq * H + h) * D, i0, Br, Tq, (long long)H * D, D, D);
             for (int rr = c; rr < Br; rr += Bc) {
                 bool in = i0 + rr < Tq;
                 ls[rr] = in ? lse[((long long)b * H + h) * Tq + i0 + rr] : T(0);
@@ -169,15 +185,15 @@ __global__ void flash_bwd_kv(const T* q, const T* k, const T* v, const bool* key
                 int i = i0 + rr;
                 if (i >= Tq || !flash_allowed(key_ok, okb, b, i, j, Tk, causal)) continue;
                 T sc = 0, dp = 0;
-                for (int d = 0; d < Dh; ++d) {
-                    sc += qs[rr * Dh + d] * ks[c * Dh + d];
-                    dp += dos[rr * Dh + d] * vs[c * Dh + d];
+                for (int d = 0; d < D; ++d) {
+                    sc += qs[rr * D + d] * ks[c * LD + d];
+                    dp += dos[rr * D + d] * vs[c * LD + d];
                 }
                 T p = exp(sc * scale - ls[rr]);
                 T dsc = p * (dp - ds[rr]) * scale;
-                for (int d = 0; d < Dh; ++d) {
-                    dvs[c * Dh + d] += p * dos[rr * Dh + d];
-                    dks[c * Dh + d] += dsc * qs[rr * Dh + d];
+                for (int d = 0; d < D; ++d) {
+                    dvs[c * LD + d] += p * dos[rr * D + d];
+                    dks[c * LD + d] += dsc * qs[rr * D + d];
                 }
             }
         }
@@ -185,62 +201,64 @@ __global__ void flash_bwd_kv(const T* q, const T* k, const T* v, const bool* key
     if (j >= Tk) return;
     T* dkr = dk + b * dkb + hk * dkh + j * dkt;
     T* dvr = dv + b * dkb + hk * dkh + j * dkt;
-    for (int d = 0; d < Dh; ++d) {
-        dkr[d] = dks[c * Dh + d];
-        dvr[d] = dvs[c * Dh + d];
+    for (int d = 0; d < D; ++d) {
+        dkr[d] = dks[c * LD + d];
+        dvr[d] = dvs[c * LD + d];
     }
 }
 """
 
 FLASH_BWD_Q = r"""
 // dQ of one query tile, one block per (sentence * head, query tile), one thread per query (blockDim.x = Br):
-// the query's q, dO and dQ rows stay in shared memory (Br x Dh each), every key tile of its head passes
-// through (K, V: Bc x Dh each). dQ += scale dS k with dS = P (dO . v - D), P recomputed from the lse.
-template <typename T>
+// the query's q, dO and dQ rows stay in shared memory (Br rows of Dh + 1 each), every key tile of its head
+// passes through (K, V: Bc x Dh each). dQ += scale dS k with dS = P (dO . v - D), P recomputed from the
+// lse. DH as flash_fwd's.
+template <typename T, int DH>
 __global__ void flash_bwd_q(const T* q, const T* k, const T* v, const bool* key_ok, const T* dout,
                             const T* lse, const T* dsum, T* dq, T scale, int H, int Hkv, int Tq, int Tk,
                             int Dh, int causal, int Bc, long long qb, long long qh, long long qt,
                             long long kb, long long kh, long long kt, long long dqb, long long dqh,
                             long long dqt, long long okb) {
     extern __shared__ unsigned char smem[];
+    const int D = DH > 0 ? DH : Dh, LD = D + 1;
     int Br = blockDim.x, r = threadIdx.x;
     T* qs = reinterpret_cast<T*>(smem);
-    T* dos = qs + Br * Dh;
-    T* dqs = dos + Br * Dh;
-    T* ks = dqs + Br * Dh;
-    T* vs = ks + Bc * Dh;
+    T* dos = qs + Br * LD;
+    T* dqs = dos + Br * LD;
+    T* ks = dqs + Br * LD;
+    T* vs = ks + Bc * D;
     int b = blockIdx.x / H, h = blockIdx.x % H, hk = h / (H / Hkv);
     int i0 = blockIdx.y * Br, i = i0 + r;
     const T* qg = q + b * qb + h * qh;
     const T* kg = k + b * kb + hk * kh;
     const T* vg = v + b * kb + hk * kh;
-    flash_load(qs, qg, i0, Br, Tq, qt, Dh);
-    flash_load(dos, dout + ((long long)b * Tq * H + h) * Dh, i0, Br, Tq, (long long)H * Dh, Dh);
-    for (int e = r; e < Br * Dh; e += Br) dqs[e] = 0;
+    flash_load(qs, qg, i0, Br, Tq, qt, D, LD);
+    flash_load(dos, dout + ((long long)b * Tq * H + h) * D, i0, Br, Tq, (long long)H * D, D, LD);
+    for (int e = r; e < Br * LD; e += Br) dqs[e] = 0;
     T li = i < Tq ? lse[(long long)blockIdx.x * Tq + i] : T(0);
     T di = i < Tq ? dsum[(long long)blockIdx.x * Tq + i] : T(0);
     int kend = causal ? min(Tk, i0 + Br) : Tk;
     for (int j0 = 0; j0 < kend; j0 += Bc) {
         __syncthreads();
-        flash_load(ks, kg, j0, Bc, Tk, kt, Dh);
-        flash_load(vs, vg, j0, Bc, Tk, kt, Dh);
+        flash_load(ks, kg, j0, Bc, Tk, kt, D, D);
+        flash_load(vs, vg, j0, Bc, Tk, kt, D, D);
         __syncthreads();
         if (i >= Tq) continue;
         for (int c = 0; c < Bc; ++c) {
             if (!flash_allowed(key_ok, okb, b, i, j0 + c, Tk, causal)) continue;
             T sc = 0, dp = 0;
-            for (int d = 0; d < Dh; ++d) {
-                sc += qs[r * Dh + d] * ks[c * Dh + d];
-                dp += dos[r * Dh + d] * vs[c * Dh + d];
+            for (int d = 0; d < D; ++d) {
+                sc += qs[r * LD + d] * ks[c * D + d];
+                dp += dos[r * LD + d] * vs[c * D + d];
             }
             T p = exp(sc * scale - li);
             T dsc = p * (dp - di) * scale;
-            for (int d = 0; d < Dh; ++d) dqs[r * Dh + d] += dsc * ks[c * Dh + d];
+            for (int d = 0; d < D; ++d) dqs[r * LD + d] += dsc * ks[c * D + d];
         }
     }
     if (i >= Tq) return;
     T* dqr = dq + b * dqb + h * dqh + (long long)i * dqt;
-    for (int d = 0; d < Dh; ++d) dqr[d] = dqs[r * Dh + d];
+    for (int d = 0; d < D; ++d) dqr[d] = dqs[r * LD + d];
 }
 """
 
@@ -251,10 +269,11 @@ __global__ void flash_bwd_q(const T* q, const T* k, const T* v, const bool* key_
 def flash_shared(kernel: str, rows: int, cols: int, Dh: int, itemsize: int) -> int:
     """Bytes of shared memory ``kernel`` needs for tiles of ``rows`` threads' rows and ``cols``
     rows of the other operand (flash_fwd, flash_bwd_q: rows = Br queries, cols = Bc keys;
-    flash_bwd_kv: rows = Bc keys, cols = Br queries)."""
-    per = {"flash_fwd": 2 * rows * Dh + 2 * cols * Dh + rows * cols,
-           "flash_bwd_q": 3 * rows * Dh + 2 * cols * Dh,
-           "flash_bwd_kv": 4 * rows * Dh + 2 * cols * Dh + 2 * cols}
+    flash_bwd_kv: rows = Bc keys, cols = Br queries). The rows a thread reads alone are padded by
+    one value (the scores' by one column), those every thread reads alike are not."""
+    per = {"flash_fwd": 2 * rows * (Dh + 1) + 2 * cols * Dh + rows * (cols + 1),
+           "flash_bwd_q": 3 * rows * (Dh + 1) + 2 * cols * Dh,
+           "flash_bwd_kv": 4 * rows * (Dh + 1) + 2 * cols * Dh + 2 * cols}
     if kernel not in per:
         raise ValueError(f"flash_shared: no kernel {kernel!r} (flash_fwd, flash_bwd_q, flash_bwd_kv)")
     return per[kernel] * itemsize
@@ -296,7 +315,11 @@ class HostLaunch(NamedTuple):
 def _check_tiled(launch, kernel: str, rows: int, n_rows: int, groups: int, cols: int, Dh: int, itemsize: int):
     """A tiled kernel's launch: ``rows`` threads per block along x, one block per tile of
     ``n_rows`` along the grid's y and one per head of each sentence (``groups``, counted from the
-    arrays) along x (x may exceed y's 65,535 blocks), shared memory for the tiles."""
+    arrays) along x (x may exceed y's 65,535 blocks), shared memory for the tiles; an instance
+    compiled for a head size (``flash_fwd<float, 64>``) launched at that head size alone."""
+    DH = int(launch.name.split(",")[1].rstrip("> ")) if "," in launch.name else 0
+    if DH and DH != Dh:
+        raise ValueError(f"{launch.name}: compiled for heads of {DH} values, launched with Dh = {Dh}")
     want = (groups, (n_rows + rows - 1) // rows)
     if tuple(launch.grid[:2]) != want:
         raise ValueError(f"{launch.name}: grid {launch.grid} and block {launch.block}, the tiles of {rows} "
@@ -326,7 +349,7 @@ def _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, strides) -> _Heads:
                   strided_view(key_ok, (Bsz, 1, 1, 1, Tk), (okb, 0, 0, 0, 1)))
 
 
-def _allowed(ok, i0, i1, j0, j1, causal):
+def allowed_keys(ok, i0, i1, j0, j1, causal):
     """(B, 1, 1, rows, cols) bool: which of queries i0..i1 may attend to keys j0..j1."""
     np = B.host
     a = ok[..., j0:j1]
@@ -356,7 +379,7 @@ def flash_fwd_np(launch, q, k, v, key_ok, o, lse, scale, lowest, H, Hkv, Tq, Tk,
         acc = np.zeros(qi.shape, dtype=q.dtype)
         for j0 in range(0, min(Tk, i1) if causal else Tk, Bc):
             j1 = min(Tk, j0 + Bc)
-            ok = _allowed(hd.ok, i0, i1, j0, j1, causal)
+            ok = allowed_keys(hd.ok, i0, i1, j0, j1, causal)
             s = qi @ hd.k[:, :, :, j0:j1].swapaxes(-1, -2)
             s *= dt(scale)
             any_ = ok.any(axis=-1)
@@ -394,7 +417,7 @@ def _tile_grads(hd, d_o, ls, ds, i0, i1, j0, j1, causal, scale):
     """A (query tile, key tile)'s recomputed P and dS (B, Hkv, G, rows, cols), 0 where masked."""
     np = B.host
     dt = hd.q.dtype.type
-    ok = _allowed(hd.ok, i0, i1, j0, j1, causal)
+    ok = allowed_keys(hd.ok, i0, i1, j0, j1, causal)
     s = hd.q[:, :, :, i0:i1] @ hd.k[:, :, :, j0:j1].swapaxes(-1, -2)
     s *= dt(scale)
     p = np.where(ok, np.exp(np.where(ok, s, ls[..., i0:i1, None]) - ls[..., i0:i1, None]), dt(0))

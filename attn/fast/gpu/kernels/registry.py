@@ -11,7 +11,7 @@ source text itself, so it is kept as it is: CuPy keys its cache of compiled modu
 source and the name expressions, and a line of the source is what NVRTC's errors name."""
 from __future__ import annotations
 
-from . import adam, bf16, column_sums, common, decode, dropout, flash, gemm, later, layer_norm, loss, relu, softmax
+from . import adam, bf16, column_sums, common, decode, dropout, flash, flash_mma, gemm, later, layer_norm, loss, relu, softmax
 
 #: The device functions that several kernels call (``block_sum``, ``block_max``, ``normalise_row``,
 #: ``flash_allowed``).
@@ -58,11 +58,18 @@ KERNELS = {
 
 #: The CUDA source of the one ``RawModule``: the prelude, then every kernel's source.
 SOURCE = PRELUDE + "".join(source for source, _ in KERNELS.values())
-#: Every kernel of :data:`SOURCE` and its NumPy twin (what the test suite's CuPy stand-in runs).
-NUMPY_TWINS = {name: twin for name, (_, twin) in KERNELS.items()}
+#: Every kernel of :data:`SOURCE` and of the tensor-core module (:mod:`.flash_mma`, compiled on its own:
+#: it needs compute capability 8.0) and its NumPy twin (what the test suite's CuPy stand-in runs).
+NUMPY_TWINS = {name: twin for name, (_, twin) in {**KERNELS, **flash_mma.KERNELS}.items()}
 #: The C type of each dtype the kernels are instantiated for.
 CTYPES = {"float32": "float", "float64": "double"}
-#: The template instantiations the module is compiled with (NVRTC's name expressions).
-NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in KERNELS for t in CTYPES.values())
+#: The tiled attention's kernels, compiled for each head size of :data:`.flash.HEAD_SIZES` (float32).
+HEADED = ("flash_fwd", "flash_bwd_kv", "flash_bwd_q")
+#: The template instantiations the module is compiled with (NVRTC's name expressions): ``name<T>``,
+#: or ``name<T, DH>`` for :data:`HEADED` (float32 at every head size of :data:`.flash.HEAD_SIZES`,
+#: float64 at 0, the head size read at run time).
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" if k not in HEADED else f"{k}<{t}, {dh}>" for k in KERNELS
+                         for t in CTYPES.values()
+                         for dh in (flash.HEAD_SIZES if k in HEADED and t == "float" else (0,)))
 #: Options for NVRTC.
 OPTIONS = ("-std=c++14",)

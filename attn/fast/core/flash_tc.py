@@ -1,0 +1,160 @@
+"""The tiled attention on the tensor cores (FlashAttention-2, :mod:`attn.fast.gpu.kernels.flash_mma`):
+:func:`attend` and :func:`attend_backward` launch its kernels on CuPy (the CuPy stand-in runs
+their NumPy twins), and :func:`cores_for` is the one rule that chooses them.
+
+These kernels are compiled by NVRTC for compute capability 8.0 to 10.0 but **have never run on
+a GPU**, so nothing takes them in silence: a run takes them where it asks for the tiled attention
+(``--attention flash``) at a 16-bit precision (``--precision bf16``), with heads of 64 or 128
+values, on CuPy; ``auto`` takes them only on a device kind that :data:`TC_RULES` names, and the
+table is empty until a GPU report (``python -m attn.bench --gpu-report DIR --part tensor-cores``)
+has measured them against their twins and against PyTorch's SDPA. The choice is said once on
+stderr.
+
+q, k and v are copied into 16 bits (``flash_mma_pack``, round to nearest even) at every forward,
+and those copies are what the backward reads again (half the bytes of the float32 views), with the
+output and one float32 log-sum-exp per query. Masks, layouts and the output of a query with no
+visible key (0) are :mod:`attn.fast.core.flash`'s.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import weakref
+
+from ... import backend as B
+from . import flash
+from ..gpu.kernels.common import grid_of
+from ..gpu.kernels.flash import HostLaunch
+from ..gpu.kernels.flash_mma import (HEAD_SIZES, NAME_EXPRESSIONS, OPTIONS, SHARED_LIMIT, SOURCE, TILES, instance,
+                                     mma_shared, mma_threads)
+from ..gpu.kernels.registry import NUMPY_TWINS
+
+#: The 16-bit format of the tensor-core kernels at each precision that has one.
+FORMATS = {"bf16": "bf16", "fp16": "fp16"}
+
+#: ``auto``'s rule for the tensor-core kernels: the device kinds (:func:`attn.fast.core.flash.device_kind`)
+#: on which a GPU report measured them right (against their twins) and faster than the float32 tiled
+#: kernels, with what the measurement was. Empty: no GPU has run them.
+TC_RULES: dict = {}
+
+
+def cores_for(mode: str, precision: str, xp, Dh: int, kind: str) -> tuple:
+    """(the 16-bit format the tiled attention's tensor-core kernels run in, or None; why, in words)
+    for attention ``mode`` at ``precision`` on ``xp``'s device of ``kind`` with heads of Dh."""
+    fmt = FORMATS.get(precision)
+    if xp is B.host:
+        return None, "NumPy has no tensor cores"
+    if fmt is None:
+        return None, f"the precision is {precision}: the float32 tiled kernels"
+    if Dh not in HEAD_SIZES:
+        return None, f"heads of {Dh} values: the tensor-core kernels are compiled for {HEAD_SIZES}"
+    if mode == "flash":
+        return fmt, f"--attention flash at {precision} asks for them"
+    if mode == "auto" and kind in TC_RULES:
+        return fmt, f"auto on {kind}: {TC_RULES[kind]}"
+    return None, f"{mode}: no GPU report has measured the tensor-core kernels on {kind}"
+
+
+def say(fmt: str, why: str) -> None:
+    """The choice of the tensor-core kernels, on stderr: they have never run on a GPU."""
+    print(f"attn: the tiled attention runs on the tensor cores in {fmt} ({why}); these kernels are compiled by "
+          f"NVRTC but have not yet run on a GPU (docs/GPU.md)", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- launches
+
+_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fn(ops, name: str, shared: int):
+    """Instance ``name`` of the tensor-core module (compiled once per ``ops``, on first use), opted
+    into ``shared`` bytes of shared memory where that is above the 48 KiB every block may take."""
+    fns = _FUNCTIONS.get(ops)
+    if fns is None:
+        module = ops.xp.RawModule(code=SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
+        fns = _FUNCTIONS[ops] = {None: module}
+    f, opted = fns.get(name) or (fns[None].get_function(name), 0)
+    if shared > max(SHARED_LIMIT, opted):
+        flash.opt_in(ops.xp, f, shared)
+        opted = shared
+    fns[name] = f, opted
+    return f
+
+
+def _run(ops, name: str, grid, block, shared: int, args) -> None:
+    """Launch instance ``name`` (CuPy) or call its twin (NumPy: tests only, the engine never does)."""
+    if ops.xp is B.host:
+        NUMPY_TWINS[name.split("<")[0]](HostLaunch(name, grid, block, shared), *args)
+    else:
+        _fn(ops, name, shared)(grid, block, args, shared_mem=shared)
+
+
+def pack(ops, a, fmt: str):
+    """The contiguous 16-bit copy (uint16 patterns) of a float32 (B, H, T, Dh) view with contiguous rows."""
+    if a.dtype != B.host.float32:
+        raise ValueError(f"the tensor-core attention packs float32 q, k, v and dO, got {a.dtype}")
+    out = ops.xp.empty(a.shape, dtype=B.host.uint16)
+    n = out.size
+    if n:
+        i32 = B.host.int32
+        _run(ops, instance("flash_mma_pack", fmt), grid_of(n), (256,), 0,
+             (a, out, i32(a.shape[1]), i32(a.shape[2]), i32(a.shape[3]), *flash._strides(a, "a packed operand"),
+              B.host.int64(n)))
+    return out
+
+
+def _launch(ops, kernel: str, fmt: str, Dh: int, groups: int, rows: int, args) -> None:
+    """``kernel`` at its production tiles: a block per (head, tile of ``rows``)."""
+    BR, BC = TILES[kernel]
+    own = BC if kernel == "flash_mma_bwd_kv" else BR
+    _run(ops, instance(kernel, fmt, Dh, (BR, BC)), (groups, math.ceil(rows / own)), (mma_threads(kernel, BR, BC),),
+         mma_shared(kernel, Dh, BR, BC), args)
+
+
+def attend(ops, q, k, v, mask: flash.KeyMask, scale: float):
+    """:func:`attn.fast.core.flash.attend` on the tensor cores in ``mask.cores`` (bf16 or fp16): q, k, v
+    packed, then one ``flash_mma_fwd`` launch. Returns ctx (B*Tq, H*Dh) float32 and the
+    :class:`attn.fast.core.flash.FlashCache` (holding the 16-bit copies) for :func:`attend_backward`."""
+    xp, i32, f32 = ops.xp, B.host.int32, B.host.float32
+    Bsz, H, Hkv, Tq, Tk, Dh = flash._shapes(q, k, v, mask)
+    qp, kp, vp = (pack(ops, a, mask.cores) for a in (q, k, v))
+    o = xp.empty((Bsz, Tq, H, Dh), dtype=f32)
+    lse = xp.empty((Bsz, H, Tq), dtype=f32)
+    ok = xp.ascontiguousarray(mask.ok)
+    if Bsz * H and Tq and not Tk:                      # no key: zeros, and no launch
+        o[...] = 0
+        lse[...] = 0
+    elif Bsz * H and Tq:
+        _launch(ops, "flash_mma_fwd", mask.cores, Dh, Bsz * H, Tq,
+                (qp, kp, vp, ok, o, lse, f32(scale), i32(H), i32(Hkv), i32(Tq), i32(Tk), i32(mask.causal)))
+    ctx = o.reshape(Bsz * Tq, H * Dh)
+    return ctx, flash.FlashCache(qp, kp, vp, flash.KeyMask(ok, mask.causal, mask.cores), lse, ctx)
+
+
+def attend_backward(ops, dctx, c: flash.FlashCache, dq, dk, dv, scale: float) -> None:
+    """The backward of :func:`attend` into the float32 views dq (B, H, Tq, Dh), dk and dv
+    (B, Hkv, Tk, Dh). Forward was O = softmax(Q K^T s) V row by row, so with P recomputed from the
+    log-sum-exp, dV = P^T dO, dP = dO V^T, dS = P (dP - D) with D = rowsum(dO O), dK = s dS^T Q and
+    dQ = s dS K: D by ``flash_bwd_prep``, dK and dV by ``flash_mma_bwd_kv`` (a block per key
+    tile), dQ by ``flash_mma_bwd_q`` (a pass of its own)."""
+    xp, i32, i64, f32 = ops.xp, B.host.int32, B.host.int64, B.host.float32
+    Bsz, H, Tq, Dh = c.q.shape
+    Hkv, Tk = c.k.shape[1], c.k.shape[2]
+    if dk.strides != dv.strides or dq.shape != c.q.shape or dk.shape != c.k.shape or dv.shape != c.v.shape:
+        raise ValueError(f"flash attention backward: dq {tuple(dq.shape)}, dk {tuple(dk.shape)}, dv "
+                         f"{tuple(dv.shape)} must match q and k, dk and dv of one layout")
+    n = Bsz * H * Tq
+    if n == 0 or Tk == 0:
+        for a in (dq, dk, dv):
+            a[...] = 0
+        return
+    dout = xp.ascontiguousarray(dctx)
+    dsum = xp.empty((Bsz, H, Tq), dtype=f32)
+    flash._run(ops, "flash_bwd_prep", dout.dtype, (math.ceil(n / 256),), (256,), 0,
+               (dout, c.ctx, dsum, i32(H), i32(Tq), i32(Dh), i64(n)))
+    dop = pack(ops, dout.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3), c.mask.cores)
+    inputs = (c.q, c.k, c.v, c.mask.ok, dop, c.lse, dsum)
+    shape = (f32(scale), i32(H), i32(Hkv), i32(Tq), i32(Tk), i32(c.mask.causal))
+    _launch(ops, "flash_mma_bwd_kv", c.mask.cores, Dh, Bsz * Hkv, Tk,
+            (*inputs, dk, dv, *shape, *flash._strides(dk, "dk")))
+    _launch(ops, "flash_mma_bwd_q", c.mask.cores, Dh, Bsz * H, Tq, (*inputs, dq, *shape, *flash._strides(dq, "dq")))
