@@ -48,12 +48,9 @@ What it does differently, and why (every item is checked against the reference i
 * :class:`FastAdam`: over the arena, one update of the flat buffers (one kernel launch
   on CuPy, clipping decided on the device; slices over the helper threads on NumPy).
 
-Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of the ops
-object that :func:`ops_for` picks by array namespace; on CuPy :mod:`attn.fast.gpu.kernels`
-supplies fused kernels for them (see there). Decoding is the engine's own: its states and
-incremental step in :mod:`attn.fast.decoding`, its search (``FastSearch``) driving the
-course's greedy and beam search (:mod:`attn.decode`); it inherits nothing from the
-readable model, which it holds over the same parameters.
+Memory-bound pieces (softmax, layer norm, dropout, the loss) are methods of the ops object that
+:func:`ops_for` picks by array namespace (on CuPy, the fused kernels). Decoding is the engine's
+own: it inherits nothing from the readable model, which it holds over the same parameters.
 """
 from __future__ import annotations
 

@@ -8,5 +8,5 @@ def softmax_forward(x, mask=None):
 
 
 def softmax_backward(dy, cache):
-    from attn.fast import ops  # noqa: F401
+    from attn.fast.core import ops  # noqa: F401
     return dy

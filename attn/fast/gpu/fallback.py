@@ -1,28 +1,18 @@
 """A run on a GPU always trains: each of the fast engine's features that the run will use probed
 once at the start, in a child process, on a tiny model of the run's own block; one that fails or
-disagrees is switched off, with one line naming it, and the run goes on without it.
+disagrees is switched off, with one line naming it, and the run goes on without it, and without
+what needs it (docs/GPU.md, "A run on a GPU always trains").
 
-The probes (:mod:`attn.fast.gpu.probe`, ``python -m attn.fast.gpu.probe``) run in a child process because
-a CUDA error can be sticky: an illegal address leaves the context unusable, and a probe in the
-training process would kill the run it was to save. The child prints each probe's result as it
-ends and stops after the first failure; a child that dies (a signal, a non-zero exit, past
-:data:`CHILD_SECONDS`) fails the probe it was running, and a fresh child probes what is left, so
-one broken feature costs one process and the others are still probed. In order, each against
-its reference, within :func:`attn.fast.gpu.probe.tolerance` of its precision:
-
-* ``fast engine``: the plain path (fp32, CuPy's ``matmul`` and pool, the plain attention, the
-  block's kernels: norm, positions, feed-forward, grouped-query heads) against the readable
-  model on the device. Off: the run trains the readable model (``--reference``), the last resort;
-* ``cuBLAS through ctypes`` (:data:`attn.fast.gpu.cublas.DIRECT`). Off: CuPy's ``matmul`` (then no
-  captured step, and fp32);
-* ``step memory`` (:data:`attn.fast.gpu.stepmem.ENABLED`). Off: CuPy's pool (then no captured step);
-* ``tiled attention`` (where ``--attention`` is ``auto`` or ``flash`` and the weights are not
-  dropped out): the tiled kernels against the plain attention. Off: ``--attention plain``;
-* ``captured step`` (``--cuda-graph``). Off: eager steps;
-* ``precision`` (``--precision bf16`` or ``tf32``). Off: fp32.
-
-On the CuPy stand-in the probes run only where :data:`ON_STAND_IN` is set (the tests, which break
-a feature in the child and watch it switched off); NumPy has nothing to probe.
+The probes (:mod:`attn.fast.gpu.probe`) run in a child process because a CUDA error can be
+sticky: a probe in the training process would kill the run it was to save. A child that dies (a
+signal, a non-zero exit, past :data:`CHILD_SECONDS`) fails the probe it was running, and a fresh
+child probes what is left. Off, in :data:`attn.fast.gpu.probe.ORDER`: ``fast engine`` trains the
+readable model (``--reference``, the last resort); ``cuBLAS through ctypes``
+(:data:`attn.fast.gpu.cublas.DIRECT`) takes CuPy's ``matmul``, fp32 and no captured step; ``step
+memory`` (:data:`attn.fast.gpu.stepmem.ENABLED`) CuPy's pool and no captured step; ``tiled
+attention`` ``--attention plain``; ``captured step`` eager steps; ``precision`` fp32. On the CuPy
+stand-in the probes run only where :data:`ON_STAND_IN` is set (the tests); NumPy has nothing to
+probe.
 """
 from __future__ import annotations
 

@@ -1,43 +1,19 @@
 """A step captured once as a CUDA graph and replayed: one launch from the host for all of a
-step's kernels.
+step's kernels (docs/GPU.md, "Capturing the step as a CUDA graph", tells why and what it asks).
 
-A training step of ``toy-bench`` is some hundreds of kernel launches, each a few microseconds of
-the host's time (Python, CuPy, the driver) for a few microseconds of the GPU's: the GPU waits on
-the host. A CUDA graph records the launches once, on a capturing stream, and replays them with
-one call. What a graph replays is exactly what was recorded, so a step can be captured only if
-
-* every array it reads or writes lives at the same address from one call to the next (its
-  inputs are copied into buffers the graph owns; nothing is taken from CuPy's memory pool while
-  the stream captures, since the pool would hand those addresses out again: what the step makes
-  comes from a :class:`attn.fast.gpu.stepmem.StepMemory`, one slab at the same addresses every
-  step, given as ``memory``);
-* every number that changes between calls (the learning rate, the step count, dropout's key)
-  is read from device memory by the kernels, never passed as a host scalar (a host scalar is
-  recorded by value and replayed as it was);
-* nothing in it waits for the device or copies to or from the host, and it makes no call that
-  CuPy refuses during a capture (its own ``matmul``, which calls cuBLAS; ``cupy.random``).
-
-**The guard.** CUDA does not refuse everything that breaks a graph. CuPy's default capture mode
-is relaxed, and in any mode the memory pool serves an allocation from blocks it holds without a
-CUDA call a mode could refuse: the capture succeeds, the graph keeps an address the pool hands
-out again, and every replay writes over whatever lives there then. So every capture here runs
-in :data:`CAPTURE_MODE` (thread-local: a ``cudaMalloc`` from this thread is an error, another
-thread's work is not disturbed) inside :class:`CaptureGuard`, which refuses the capture, with
-the reason, when during it the pool handed out memory (a memory hook sees each allocation and
-where attn asked for it) or grew, the step memory overflowed (served a request from the pool),
-or anything waited for the device (``cupyx.allow_synchronize(False)``; CUDA raises too). A
-refused capture's graph is dropped and the step runs eagerly: :class:`CapturedStep` notes the
-reason (:attr:`CapturedStep.refusals`), runs that shape eagerly for a few calls and tries again,
-eagerly for good after :data:`CAPTURE_TRIES` refusals (or raises :class:`CaptureError` with
-``strict=True``).
-
-:class:`CapturedStep` runs a function eagerly for its first ``warmup`` calls at an input shape
-(real calls: a training step is taken), captures it on the next call at that shape and replays
-the graph from then on, one graph per input shape. :func:`survey` lists what in a function a
-capture would refuse (on the CuPy stand-in, which notes every refusal instead of raising at the
-first); ``python -m attn.bench --counts`` prints it for the training step.
-
-On NumPy there is nothing to capture: :class:`CapturedStep` calls the function.
+A graph replays exactly what was recorded, so a step can be captured only if every array it
+touches stays at one address (its inputs copied into buffers the graph owns, what it makes from
+a :class:`attn.fast.gpu.stepmem.StepMemory` given as ``memory``), every number that changes
+between calls is read from device memory, never passed as a host scalar, and nothing in it waits
+for the device or calls what CuPy refuses while a stream captures. Every capture runs in
+thread-local mode (:data:`CAPTURE_MODE_NAME`) inside :class:`CaptureGuard`, which refuses it, with
+the reason, when the pool handed out memory or grew, the step memory overflowed, or anything
+waited for the device. :class:`CapturedStep` runs a function eagerly for its first ``warmup``
+calls at an input shape, captures it on the next and replays the graph from then on, one graph
+per shape; a refused shape runs eagerly and is tried again, eagerly for good after
+:data:`CAPTURE_TRIES` refusals (:class:`CaptureError` with ``strict=True``). :func:`survey` lists
+what in a function a capture would refuse (on the CuPy stand-in). On NumPy there is nothing to
+capture: :class:`CapturedStep` calls the function.
 """
 from __future__ import annotations
 
@@ -361,26 +337,19 @@ class _SeedOnDevice:
 
 
 class GraphedTrainStep:
-    """:func:`attn.train.train_step` for the fast engine on a GPU, each step one CUDA graph launch.
+    """:func:`attn.train.train_step` for the fast engine on a GPU, each step one CUDA graph launch
+    (docs/GPU.md, "The training step, captured").
 
     ``step(batch, seed)`` pads the batch to its bucket (:func:`attn.data.pad_to_bucket`: a
-    graph replays one shape, and a bucket's batches share one), checks its ids on the host,
-    counts the optimizer's step on the host (:meth:`attn.fast.training.optim.FastAdam.count_step`), and
-    runs forward, label-smoothed cross-entropy, backward and Adam through a
-    :class:`CapturedStep`: eagerly for the first ``warmup`` batches of a shape, captured on the
-    next and replayed from then on. Two eager steps by default: the first takes its memory from
-    the pool and sizes the step memory's slab; the second runs in the slab, at the addresses the
-    graph will keep, and so makes what the kernels keep per address (the batched products'
-    pointer arrays, :meth:`attn.fast.gpu.kernels.CupyOps._gemm_pointers`), which the graph then
-    reads instead of making them on every replay. What changes between steps reaches the graph through
-    device memory: the batch and the dropout seed are copied into the graph's buffers, and
-    Adam's step count (hence its learning rate and bias corrections) lives on the device.
-    Returns ``(loss, lr)`` as ``train_step`` does: the loss a 0-d device array of its own (the
-    graph's is rewritten by the next replay), or with ``copy_loss=False`` the graph's own,
-    valid until the next call.
-
-    Dropout's masks are those of ``train_step`` given ``B.DeviceRNG(seed)`` and the padded
-    batch, so a run with graphs computes what the eager run on padded batches computes.
+    bucket's batches share one graph), checks its ids and counts the optimizer's step on the host
+    (:meth:`attn.fast.training.optim.FastAdam.count_step`), and runs forward, loss, backward and
+    Adam through a :class:`CapturedStep`: ``warmup`` eager steps per shape (the first sizes the
+    step memory, the second runs at the addresses the graph keeps and makes the batched products'
+    pointer arrays there), then captured and replayed. The batch and the dropout seed reach the
+    graph through its buffers, Adam's step count lives on the device. Returns ``(loss, lr)`` as
+    ``train_step`` does: the loss a 0-d device array of its own, or with ``copy_loss=False`` the
+    graph's, valid until the next call. Dropout's masks are those of ``train_step`` given
+    ``B.DeviceRNG(seed)`` and the padded batch.
     """
 
     def __init__(self, model, opt, label_smoothing: float, clip: float = 0.0, loss_fn=None, *,

@@ -2,24 +2,14 @@
 ``python -m attn.fast.gpu.probe REQUEST`` (REQUEST a JSON object: the run's block, attention,
 precision and ``--cuda-graph``, and the probes already decided) probes, in :data:`ORDER`, each
 feature the run will use that is not decided yet, prints one JSON line per probe
-(``{"probe": name, "why": null or why it failed}``) and stops after the first that fails: a CUDA
-error may be sticky (an illegal address poisons the context), so what comes after it is probed by
-a fresh process. A probe that kills the process is what the parent sees missing.
-
-Every probe runs a tiny model of the run's block (:func:`probe_config`: its norm, positions,
-feed-forward, grouped-query heads) from the same weights, scaled to look trained
-(:func:`trained_looking`: logits far from flat, so that a wrong product moves the loss), for
-:data:`STEPS` training steps (the precision's probe: one step's loss and gradients), and compares
-it with a reference within :func:`tolerance` of the features' precision:
-
-* ``fast engine``: the fast engine's plain path (fp32, CuPy's ``matmul`` and memory pool, the plain
-  attention: its kernels and nothing else, dropout off) against the readable model on the same
-  device;
-* ``cuBLAS through ctypes``, ``step memory``: against the plain path;
-* ``tiled attention`` (where the run's ``--attention`` may take it): the tiled attention's kernels
-  against the plain attention, the other features as decided;
-* ``captured step`` (``--cuda-graph``): replays against eager steps on the same padded batches;
-* ``precision`` (bf16 or tf32): one step's loss and gradients against fp32's.
+(``{"probe": name, "why": null or why it failed}``) and stops after the first that fails (a
+sticky CUDA error would fail what comes after it). Every probe runs a tiny model of the run's
+block (:func:`probe_config`) from weights scaled to look trained (:func:`trained_looking`: a wrong
+product then moves the loss) for :data:`STEPS` steps, and compares it within :func:`tolerance` of
+its precision with its reference: the fast engine's plain path with the readable model on the
+device; cuBLAS through ctypes and the step memory with the plain path; the tiled attention with
+the plain one; the captured step with eager steps; bf16 or tf32 (one step's loss and gradients)
+with fp32.
 """
 from __future__ import annotations
 

@@ -1,64 +1,24 @@
 """Step memory: every array a training step makes, served from one device slab at the same
-addresses every step.
+addresses every step, so that the step can be captured as a CUDA graph (:mod:`attn.fast.gpu.graph`):
+docs/GPU.md ("What a step asks of a GPU") tells how and gives the numbers.
 
-A training step on the GPU makes some hundreds of arrays (activations, their gradients, a
-product's result), each freed within the step. CuPy's memory pool serves them quickly, but a
-step captured as a CUDA graph (:mod:`attn.fast.gpu.graph`) cannot take memory from the pool while
-the stream captures: the graph would keep addresses the pool hands out again. So inside a step
-the allocator is this one (``cupy.cuda.using_allocator``), over one slab. Whoever allocates
-inside the step (attn's layers, CuPy's products and their temporaries, a cuBLAS call's output)
-is served by it.
-
-* **Planned by lifetimes.** The first step at a shape is *traced*: each request is served by a
-  bump allocator (the slab's next free byte, or the pool's memory once the slab is full), its
-  memory wrapped in a ``cupy.cuda.UnownedMemory`` that every view of the array keeps alive, and
-  a weak reference to it notes when the array is freed. From the sizes and lifetimes,
-  :func:`attn.fast.gpu.stepplan.plan` gives each request an offset where two arrays share bytes
-  only when their lifetimes do not overlap, so the slab is close to the step's peak of live
-  bytes, not their sum (``python -m attn.bench --counts`` prints both: ``slab_mb``,
-  ``peak_live_mb``). The same step at the same shapes asks for the same sizes in the same order
-  and frees them at the same points, so the plan is replayed, request by request, every step
-  after: the same addresses every time, what a graph replays. Plans are kept per step key
-  (``step(key)``: the trainer's batch shapes, a captured step's input shapes), rounded up to a
-  bucket (:func:`bucket`: every dimension to a power of two), so the dozens of shapes of a run's
-  token-count batches share a handful of plans, :data:`MAX_PLANS` of them (a step without a key:
-  per first request's size). A request no larger than the plan's for it takes the plan's
-  offset; a larger one, or one more than the plan has, ends the plan for that step (the rest is
-  served by the bump allocator past the plan's bytes: the step *spilled*) and the plan is made
-  again, each request as large as any step of the bucket asked for (same requests, same
-  lifetimes: no trace), or traced again where the requests differ. The first step at each exact
-  key on a plan is *checked*: each array watched, and a request that the plan would place over
-  an array still alive (requests in another order) is served past the plan instead, noted in
-  :attr:`StepMemory.overlapping`, and the key traced again; so a plan never makes two live
-  arrays share bytes. :attr:`StepMemory.outcomes` counts the steps planned, traced and spilled.
-  ``planned=False`` keeps the bump allocator for every step (the slab the sum of the step's
-  arrays); ``check=True`` watches every planned array too and notes any two alive at once that
-  share a byte (:attr:`StepMemory.overlapping`; the tests hold it empty) and serves it elsewhere.
-* **Growth, outside the step.** The slab starts empty. A request that does not fit is served by
-  the allocator in place before the step (the pool: counted, and refused during a capture by
-  :class:`attn.fast.gpu.graph.CaptureGuard`); when the step ends, a slab that holds its plan
-  replaces the old one (PyTorch's graph pools grow so). A slab replaced is kept while a graph
-  captured on it is (:meth:`StepMemory.pin`, :meth:`StepMemory.unpin`): the graph still writes
-  there when replayed; else it goes back to the pool once the last array in it has gone. The
-  slabs kept for graphs count in the limit: a slab that with them would exceed
-  :data:`LIMIT_FRACTION` of the device's memory first has every graph on this step memory
-  dropped (:meth:`StepMemory.on_pressure`; they are captured again on the new slab), and where it
-  still does not fit, the step keeps a smaller slab and takes the rest from the pool (such a step
-  cannot be captured). With :data:`attn.fast.gpu.graph.MAX_GRAPHS` graphs per captured step at most,
-  a run over many batch shapes holds a bounded number of slabs.
-* **What outlives the step must not come from the slab**: the next step hands the same bytes
-  out again. Parameters, the arena, Adam's state are made before any step; what the engine
-  makes on first use and keeps (the kernels' scratch buffers, device seeds, Adam's device step
-  count) is made inside :func:`outside_step`, which restores the allocator in place before
-  the step. What a step returns is valid until the next step begins: the training loop's loss
-  log copies the loss out after the step (:class:`attn.fast.training.loop.PendingLosses`), and
-  :func:`attn.fast.training.loop.train_step` and :class:`attn.fast.gpu.graph.GraphedTrainStep` return a copy.
-* **A stale read is detectable**: with :data:`POISON` (or ``ATTN_POISON_STEP_MEMORY=1``) every
-  step begins by filling the slab with ``0xFF`` bytes (NaN in float32 and float64, -1 in
-  integers), so an array of a previous step read after it, or a kept buffer wrongly taken from
-  the slab, reads NaN; the tests run the training step so and compare it to the step without.
-
-On NumPy there is no slab (the CPU path is unchanged): :meth:`StepMemory.of` gives None.
+Inside a step the allocator is this one (``cupy.cuda.using_allocator``): whoever allocates (attn's
+layers, CuPy's products, a cuBLAS call's output) is served from the slab. The first step at a
+shape is *traced* (a bump allocator; each array's memory wrapped in a ``cupy.cuda.UnownedMemory``
+whose weak reference notes when it is freed); :func:`attn.fast.gpu.stepplan.plan` then gives each
+request an offset where two arrays share bytes only when their lifetimes do not overlap, and the
+plan is replayed every step after: one plan per step key rounded up to a :func:`bucket`, at most
+:data:`MAX_PLANS`. A larger or an extra request ends the plan for that step (it *spills* past the
+plan's bytes) and the plan is made again; the first step at each exact key is *checked*, a request
+placed over a live array served past the plan instead (:attr:`StepMemory.overlapping`).
+:attr:`StepMemory.outcomes` counts the steps planned, traced and spilled. The slab grows between
+steps; a slab replaced is kept while a graph captured on it is (:meth:`StepMemory.pin`), and the
+kept slabs count toward :data:`LIMIT_FRACTION` of the device's memory
+(:meth:`StepMemory.on_pressure` drops their graphs first; past it a step takes the rest from the
+pool and cannot be captured). What outlives a step is made inside :func:`outside_step`; what a
+step returns is valid until the next one begins. With :data:`POISON` each step first fills the
+slab with ``0xFF`` bytes, so a stale read gives NaN. On NumPy there is no slab: :meth:`StepMemory.of`
+gives None.
 """
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ __device__ T block_max(T v, T* sh) {
 """
 
 
-def block_threads(n: int, most: int = 256) -> int:
+def block_size_for(n: int, most: int = 256) -> int:
     """A power-of-two block size for rows of n elements (at least 32, at most ``most``)."""
     b = 32
     while b < most and b < n:
@@ -106,9 +106,4 @@ def grid_of(n: int, threads: int = 256, most: int = 65535) -> tuple:
     return (max(1, min(most, (n + threads - 1) // threads)),)
 
 
-def block_size_for(n: int) -> int:
-    """Exposed for tests: the block size a row of ``n`` elements gets."""
-    return block_threads(n)
-
-
-assert block_threads(1) == 32 and block_threads(512) == 256 and block_threads(37000, 512) == 512 and math.log2(block_threads(100)) % 1 == 0
+assert block_size_for(1) == 32 and block_size_for(512) == 256 and block_size_for(37000, 512) == 512 and math.log2(block_size_for(100)) % 1 == 0

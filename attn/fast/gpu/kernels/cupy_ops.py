@@ -11,10 +11,18 @@ from .. import cublas as cublas_module
 from ...core.ops import Mask, Ops
 from ..stepmem import in_slab, outside_step, step_token
 from .column_sums import COLUMN_CHUNK, COLUMN_MAX_ROW_BLOCKS
-from .common import block_threads, grid_of
+from .common import block_size_for, grid_of
 from .dropout import M64, GOLDEN, HashedKeep
 from .later_ops import LaterKernels
 from .registry import CTYPES, NAME_EXPRESSIONS, OPTIONS, SOURCE
+
+
+def _by_later(name: str):
+    """The method of :class:`CupyOps` that its :attr:`~CupyOps.later` kernels run."""
+    def method(self, *args, **kwargs):
+        return getattr(self.later, name)(*args, **kwargs)
+    method.__name__ = method.__qualname__ = name
+    return method
 
 
 class CupyOps(Ops):
@@ -112,7 +120,7 @@ class CupyOps(Ops):
             raise ValueError("CupyOps.layer_norm_: x must be contiguous")
         out = cp.empty_like(x)
         rstd = cp.empty((N,), dtype=x.dtype)
-        threads = block_threads(D)
+        threads = block_size_for(D)
         self._fn("layer_norm_fwd", x.dtype)(
             (N,), (threads,), (x, out, rstd, cp.ascontiguousarray(gamma), cp.ascontiguousarray(beta),
                                B.host.int32(D), self._scalar(eps, x.dtype)),
@@ -135,7 +143,7 @@ class CupyOps(Ops):
         out = cp.empty_like(s)
         rstd = cp.empty((N,), dtype=s.dtype)
         seed, site, offset, thr, scale = self._dropout_args(m)
-        threads = block_threads(D)
+        threads = block_size_for(D)
         self._fn("residual_ln_fwd", s.dtype)(
             (N,), (threads,), (s, cp.ascontiguousarray(bias), x, out, rstd, cp.ascontiguousarray(gamma),
                                cp.ascontiguousarray(beta), seed, site, offset, thr,
@@ -152,7 +160,7 @@ class CupyOps(Ops):
         self._contiguous("layer_norm_backward_", dout=dout, xhat=xhat)
         out = cp.empty((2, D), dtype=dout.dtype) if out is None else out
         self._column_sums(dout, xhat, out, "layer_norm_backward_")
-        threads = block_threads(D)
+        threads = block_size_for(D)
         self._fn("layer_norm_bwd", dout.dtype)(
             (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), B.host.int32(D)),
             shared_mem=threads * dout.dtype.itemsize)
@@ -174,7 +182,7 @@ class CupyOps(Ops):
         out = cp.empty((2, D), dtype=dout.dtype) if out is None else out
         self._column_sums(dout, xhat, out, "layer_norm_backward_dropout_")
         ds = cp.empty_like(dout)
-        threads = block_threads(D)
+        threads = block_size_for(D)
         seed, site, offset, thr, scale = self._dropout_args(m)
         self._fn("layer_norm_bwd_drop", dout.dtype)(
             (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), ds, seed, site, offset, thr,
@@ -182,28 +190,14 @@ class CupyOps(Ops):
             shared_mem=threads * dout.dtype.itemsize)
         return dout, ds
 
-    # ---- the later block's: launched by self.later (.later_ops)
-
-    def rms_norm_(self, x, gamma, eps: float):
-        return self.later.rms_norm_(x, gamma, eps)
-
-    def residual_rms_norm_(self, s, bias, m, x, gamma, eps: float):
-        return self.later.residual_rms_norm_(s, bias, m, x, gamma, eps)
-
-    def rms_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
-        return self.later.rms_norm_backward_(dout, xhat, rstd, gamma, out)
-
-    def rms_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
-        return self.later.rms_norm_backward_dropout_(dout, xhat, rstd, gamma, m, out)
-
-    def rope_(self, x, cos, sin, inverse: bool = False):
-        return self.later.rope_(x, cos, sin, inverse)
-
-    def swiglu_gate(self, ab, m: Mask | None = None):
-        return self.later.swiglu_gate(ab, m)
-
-    def swiglu_gate_backward(self, dh, ab, m: Mask | None = None):
-        return self.later.swiglu_gate_backward(dh, ab, m)
+    # ---- the later block's (RMSNorm, rotary positions, SwiGLU's gate): launched by self.later
+    rms_norm_ = _by_later("rms_norm_")
+    residual_rms_norm_ = _by_later("residual_rms_norm_")
+    rms_norm_backward_ = _by_later("rms_norm_backward_")
+    rms_norm_backward_dropout_ = _by_later("rms_norm_backward_dropout_")
+    rope_ = _by_later("rope_")
+    swiglu_gate = _by_later("swiglu_gate")
+    swiglu_gate_backward = _by_later("swiglu_gate_backward")
 
     # ---- column sums (bias gradients, dgamma and dbeta)
 
@@ -703,7 +697,7 @@ class CupyOps(Ops):
             raise ValueError("CupyOps.cross_entropy_: x must be contiguous")
         w = valid.astype(x.dtype) / n
         loss_rows = cp.empty((N,), dtype=x.dtype)
-        threads = block_threads(V, 512)
+        threads = block_size_for(V, 512)
         self._fn("cross_entropy_fwd_bwd", x.dtype)(
             (N,), (threads,), (x, cp.ascontiguousarray(y.astype(cp.int64)), w, loss_rows,
                                B.host.int32(V), self._scalar(smoothing, x.dtype)),

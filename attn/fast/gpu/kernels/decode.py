@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .... import backend as B
-from .common import block_threads, check_block_reduction, strided_view
+from .common import block_size_for, check_block_reduction, strided_view
 
 
 DECODE_EMBED = r"""
@@ -457,7 +457,7 @@ class DecodeKernels:
         if ids.dtype != B.host.int64 or not ids.flags.c_contiguous or ids.shape != (n,):
             raise ValueError(f"DecodeKernels.embed: ids must be a contiguous ({n},) int64 array, got "
                              f"{tuple(ids.shape)} {ids.dtype}")
-        t = block_threads(D)
+        t = block_size_for(D)
         dt = x.dtype
         self._launch("decode_embed", dt, n, t, (ids, table, pe, self.ops._scalar(scale, dt), x, out, gamma, beta,
                                                 B.host.int32(D), self.ops._scalar(eps, dt), B.host.int32(int(norm))),
@@ -467,7 +467,7 @@ class DecodeKernels:
         """x (n, D) <- (s + bias) + x, then out <- its layer norm (out may be x)."""
         n, D = x.shape
         self.ops._contiguous("add_norm", x=x, s=s, out=out)
-        t = block_threads(D)
+        t = block_size_for(D)
         dt = x.dtype
         self._launch("add_norm", dt, n, t, (x, s, bias, out, gamma, beta, B.host.int32(D), self.ops._scalar(eps, dt)),
                      t * dt.itemsize)
@@ -493,7 +493,7 @@ class DecodeKernels:
         b = bias if has_bias else ctx
         b_row = bias.strides[0] // it if has_bias else 0
         w_row, w_head = (st // it for st in w.strides[:2])
-        t = block_threads(max(Tk, Dh), 128)
+        t = block_size_for(max(Tk, Dh), 128)
         self._launch("one_query_attention", k.dtype, n * H, t,
                      (q_in, q_bias, i64(q_in.strides[0] // it), i32(int(self_attn)), k, v, i64(s_row), i64(s_head),
                       i64(s_pos), i32(group), b, i64(b_row), i32(int(has_bias)), w, i64(w_row), i64(w_head), ctx,
@@ -504,7 +504,7 @@ class DecodeKernels:
         """out (n, V) <- log_softmax(x) over each row (out may be x)."""
         n, V = x.shape
         self.ops._contiguous("log_softmax_rows", x=x, out=out)
-        t = block_threads(V, 512)
+        t = block_size_for(V, 512)
         self._launch("log_softmax_rows", x.dtype, n, t, (x, out, B.host.int32(V)), t * x.dtype.itemsize)
 
     def greedy_pick(self, logp, ban, info, tokens):
@@ -520,7 +520,7 @@ class DecodeKernels:
         if not set(range(V)) - set(int(b) for b in ban):
             raise ValueError(f"DecodeKernels.greedy_pick: every one of the {V} tokens is banned ({tuple(ban)}): "
                              "there is nothing to choose")
-        t = block_threads(V, 512)
+        t = block_size_for(V, 512)
         i32 = B.host.int32
         self._launch("greedy_pick", logp.dtype, n, t, (logp, i32(V), i32(ban[0]), i32(ban[1]), info, B.host.int64(n),
                                                       tokens), t * (logp.dtype.itemsize + 4))
@@ -560,5 +560,5 @@ class DecodeKernels:
         if n == 0 or length == 0:
             return
         i64 = B.host.int64
-        self._launch("gather_prefix", src.dtype, n * segs, block_threads(length * Dh, 256),
+        self._launch("gather_prefix", src.dtype, n * segs, block_size_for(length * Dh, 256),
                      (src, dst, index, i64(segs * cap * Dh), B.host.int32(segs), i64(cap * Dh), i64(length * Dh)), 0)

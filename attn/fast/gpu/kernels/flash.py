@@ -12,12 +12,9 @@ is the paper's). ``key_ok[b * okb + j]`` says whether key j of sentence b may be
 last query are skipped. A query with no key gets an output of 0 (the fast engine's plain
 softmax does the same) and a log-sum-exp of 0 that nothing reads.
 
-Four kernels: ``flash_fwd`` (one block per (sentence and head, query tile)), ``flash_bwd_prep``
-(D, one thread per query), ``flash_bwd_kv`` (one block per (sentence and key head, key tile):
-the tile's dK and dV summed over the queries of every head of its group, no atomics) and
-``flash_bwd_q`` (one block per (sentence and head, query tile): dQ). Each thread owns one row of
-its tile, the tiles of the other operand pass through shared memory once per tile. The heads
-are the grid's x (up to 2^31 - 1 blocks), the tiles its y.
+Four kernels (docs/GPU.md, "The tiled attention", says which block computes what): ``flash_fwd``,
+``flash_bwd_prep``, ``flash_bwd_kv`` and ``flash_bwd_q``. Each thread owns one row of its tile;
+the heads are the grid's x (up to 2^31 - 1 blocks), the tiles its y.
 """
 from __future__ import annotations
 

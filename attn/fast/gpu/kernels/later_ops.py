@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .... import backend as B
 from ...core.ops import Mask, Ops
-from .common import block_threads, grid_of
+from .common import block_size_for, grid_of
 from .dropout import HashedKeep
 
 
@@ -38,7 +38,7 @@ class LaterKernels:
         out = cp.empty_like(s)
         rstd = cp.empty((N,), dtype=s.dtype)
         seed, site, offset, thr, scale = self.ops._dropout_args(m)
-        threads = block_threads(D)
+        threads = block_size_for(D)
         self.ops._fn("rms_norm_fwd", s.dtype)(
             (N,), (threads,), (s, s if bias is None else cp.ascontiguousarray(bias), s if x is None else x, out, rstd,
                                cp.ascontiguousarray(gamma), seed, site, offset, thr, self.ops._scalar(scale, s.dtype),
@@ -68,7 +68,7 @@ class LaterKernels:
         out[0] = sums[:D]
         ds = dout if m is None else cp.empty_like(dout)
         seed, site, offset, thr, scale = self.ops._dropout_args(m)
-        threads = block_threads(D)
+        threads = block_size_for(D)
         self.ops._fn("rms_norm_bwd", dout.dtype)(
             (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), ds, seed, site, offset, thr,
                                self.ops._scalar(scale, dout.dtype), B.host.int32(D)),
