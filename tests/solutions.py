@@ -6,3 +6,4 @@ from attn.grader.solutions import merge_heads, sinusoidal_table, split_heads  # 
 from attn.loss import cross_entropy  # noqa: F401
 from attn.masks import causal_mask, padding_mask  # noqa: F401
 from attn.quantize import int8_round_trip  # noqa: F401
+from attn.speculative import speculative_accept  # noqa: F401

@@ -162,7 +162,3 @@ def test_forward_says_which_model_reads_a_source():
         translator.forward(None, np.array([[4, 5]]))
 
 
-def test_the_fast_engine_refuses_a_decoder_only_config_naming_the_field():
-    from attn.fast import FastTransformer
-    with pytest.raises(ValueError, match="n_encoder_layers=0"):
-        FastTransformer(lm_config(**GPT))
