@@ -301,19 +301,8 @@ class _Twin:
 
     def step(self, b, seed):
         """PyTorch's optimizer step (dropout from PyTorch's own generator, not ``seed``)."""
-        torch, tmodel, topt = self.torch, self.tmodel, self.topt
-        src, tgt_in, tgt_out = (torch.from_numpy(a).to(self.device) for a in (b.src, b.tgt_in, b.tgt_out))
-        tmodel.train()
-        loss = torch_loss(tmodel(src, tgt_in), tgt_out, self.model_config.label_smoothing)
-        topt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.config.clip:
-            torch.nn.utils.clip_grad_norm_(tmodel.parameters(), self.config.clip)
-        lr = self.schedule.lr(self.state.step + 1)
-        for g in topt.param_groups:
-            g["lr"] = lr
-        topt.step()
-        return B.host.asarray(loss.item()), lr            # the one sync of the step, as attn's
+        src, tgt_in, tgt_out = (self.torch.from_numpy(a).to(self.device) for a in (b.src, b.tgt_in, b.tgt_out))
+        return torch_step(self, src, tgt_in, tgt_out)
 
     def check_and_watch(self, state, wall):
         attn_tokens, watch = self.attn_tokens, self.watch
@@ -325,6 +314,24 @@ class _Twin:
 
 
 # --------------------------------------------------------------------------- the command
+
+def torch_step(runner, src, tgt_in, tgt_out):
+    """One step of a PyTorch runner (``torch``, ``tmodel``, ``topt``, ``model_config``, ``config``,
+    ``schedule``, ``state``): the loss of ``tmodel(src, tgt_in)`` (``src`` None for a language
+    model), its gradients clipped as attn clips, attn's rate for the next step. Returns (loss, lr)."""
+    torch, tmodel, topt = runner.torch, runner.tmodel, runner.topt
+    tmodel.train()
+    loss = torch_loss(tmodel(src, tgt_in), tgt_out, runner.model_config.label_smoothing)
+    topt.zero_grad(set_to_none=True)
+    loss.backward()
+    if runner.config.clip:
+        torch.nn.utils.clip_grad_norm_(tmodel.parameters(), runner.config.clip)
+    lr = runner.schedule.lr(runner.state.step + 1)
+    for g in topt.param_groups:
+        g["lr"] = lr
+    topt.step()
+    return B.host.asarray(loss.item()), lr            # the one sync of the step, as attn's
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(

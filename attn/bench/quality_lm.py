@@ -56,8 +56,8 @@ from ..optim import Adam
 from ..sample import Sampler, generate
 from ..training import lm, prepare
 from .machine import blas_threads, machine_info
-from .quality import QualityError, _check_schedule, _load_average
-from .twin import torch_adam, torch_available, torch_loss, torch_transformer
+from .quality import QualityError, _check_schedule, _load_average, torch_step
+from .twin import torch_adam, torch_available, torch_transformer
 
 PROG = "python -m attn.bench --quality --task lm"
 #: The sample each final model writes: nanoGPT's ``sample.py`` settings (a line end to start from,
@@ -116,19 +116,7 @@ class TorchLM:
 
     def step(self, b, seed):
         """One PyTorch optimizer step on the windows ``b`` (no dropout: ``seed`` unused)."""
-        torch, tmodel, topt = self.torch, self.tmodel, self.topt
-        tgt_in, tgt_out = torch.from_numpy(b.tgt_in), torch.from_numpy(b.tgt_out)
-        tmodel.train()
-        loss = torch_loss(tmodel(None, tgt_in), tgt_out, self.model_config.label_smoothing)
-        topt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.config.clip:
-            torch.nn.utils.clip_grad_norm_(tmodel.parameters(), self.config.clip)
-        lr = self.schedule.lr(self.state.step + 1)
-        for g in topt.param_groups:
-            g["lr"] = lr
-        topt.step()
-        return B.host.asarray(loss.item()), lr
+        return torch_step(self, None, self.torch.from_numpy(b.tgt_in), self.torch.from_numpy(b.tgt_out))
 
     def evaluate(self, bar):
         state = self.state
