@@ -274,6 +274,20 @@ def check_precision(engine: Engine, precision: Precision) -> None:
                           f"({', '.join(engine.precisions)})")
 
 
+def for_inference(model: Transformer, engine: str | None = None) -> Model:
+    """The readable ``model`` as ``engine`` decodes and evaluates it: ``"reference"``, as it is;
+    another engine's name, that engine's model over the same parameters. None decides from the
+    parameters: an int8 model (:class:`attn.quantize.Int8Params`) runs on the fast engine, its
+    matrices dequantised as each layer reads them (:mod:`attn.fast.core.int8`); any other on the
+    readable model. The one place ``attn-translate`` (``--reference``) and the benchmarks choose."""
+    from .quantize import Int8Params
+    if engine is None:
+        engine = "fast" if isinstance(model.params, Int8Params) else "reference"
+    if engine == "reference":
+        return model
+    return get(engine).model(model.config, dtype=model.dtype, params=model.params)
+
+
 def names() -> list:
     """The engines that :func:`get` can make, by name."""
     return sorted({"reference", *(ep.name for ep in metadata.entry_points(group=ENTRY_POINTS))})
