@@ -158,3 +158,36 @@ def test_training_an_int8_model_is_refused(tmp_path, capsys):
     path = save_int8(model, tmp_path / "int8.npz", {"vocab": vocab.to_json()})
     assert main(["--resume-from", str(path), "--reference", "--out", str(tmp_path / "run")]) == 2
     assert "--resume-from" in capsys.readouterr().err and isinstance(quantize_model(model).params, Int8Params)
+
+
+def test_what_an_int8_model_cannot_be_is_refused():
+    from attn.precision import PrecisionError
+    model = _float_model("paper")
+    with pytest.raises(ValueError, match="float32"):
+        FastTransformer(model.config, dtype="float64", params=quantize_params(model.params))
+    with pytest.raises(PrecisionError, match="int8"):
+        FastTransformer(model.config, params=quantize_params(model.params), precision="tf32")
+    fast = for_inference(quantize_model(model))
+    fast.params = dict(fast.params)                                     # a float dict in its place
+    with pytest.raises(ValueError, match="read-only"):
+        fast.logits(B.to_device(SRC), B.to_device(TGT))
+
+
+def test_attn_translate_decodes_int8_on_the_fast_engine_unless_told(tmp_path, capsys, monkeypatch):
+    import attn.translate as T
+    from attn.data import Vocab
+    from attn.quantize import save_int8
+    vocab = Vocab(["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(8)])
+    path = save_int8(_float_model("paper"), tmp_path / "int8.npz", {"vocab": vocab.to_json()})
+    ran = []
+
+    def spy(model, engine=None):
+        out = for_inference(model, engine)
+        ran.append(type(out))
+        return out
+    monkeypatch.setattr(T, "for_inference", spy)
+    outputs = []
+    for flags in ([], ["--reference"]):
+        assert T.main(["--checkpoint", str(path), "--backend", "numpy", *flags, "w1 w2 w3", "w4"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert ran == [FastTransformer, Transformer] and outputs[0] == outputs[1] and outputs[0].count("\n") == 2
