@@ -51,7 +51,8 @@ def memory(model, vocab, sentences: list, engine: str) -> dict:
     """For the float32 model and its int8 copy on ``engine``: the bytes traced once it is made from
     ``model``'s weights (``held``), and the peak while it translates ``sentences`` greedily (weights
     included). NumPy only: tracemalloc sees NumPy's arrays, not a GPU's."""
-    makers = {"fp32": lambda: Transformer(model.config, params={k: B.to_host(v).copy() for k, v in model.params.items()}),
+    makers = {"fp32": lambda: Transformer(model.config,
+                                          params={k: B.to_host(v).copy() for k, v in model.params.items()}),
               "int8": lambda: quantize_model(model)}
     evaluate_bleu(for_inference(makers["int8"](), engine), vocab, sentences[:1])     # imports and caches: untraced
     out = {}

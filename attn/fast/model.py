@@ -231,7 +231,8 @@ class FastTransformer:
             self._fused = Fused(
                 each(cfg.n_encoder_layers, lambda i: qkv(f"encoder.{i}.self_attn")),
                 each(L, lambda i: qkv(f"decoder.{i}.self_attn")),
-                each(L, lambda i: (p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"])) if cross else [],
+                each(L, lambda i: (p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]))
+                if cross else [],
                 each(2, lambda j: a.block(P, ("decoder.cross_attn.w_kv", "decoder.cross_attn.b_kv")[j]))
                 if cross else None,
                 self.mha.scale)
