@@ -475,8 +475,10 @@ def norm_heads_(model, name, q, k) -> None:
 
 def run_step(model, tokens, state, parts: int, one_thread: bool, step=decode_step):
     """``step`` (:func:`decode_step`, or :func:`decode_positions`) with NumPy's BLAS on one thread
-    when asked (small steps)."""
-    if one_thread and parts == 1:
+    when asked (small steps) and the rows run as one part (too few to split): OpenBLAS threads a
+    product from 8 rows up, a speculative round's k + 1 positions of one sentence among them, and
+    its threads' hand-offs cost many times such a product."""
+    if one_thread and min(parts, tokens.shape[0] // MIN_ROWS_PER_PART) <= 1:
         with single_threaded_blas():
             return step(model, tokens, state, 1)
     return step(model, tokens, state, parts)
