@@ -7,6 +7,10 @@ ones, handed to the fast engine over the same parameters.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
 import pytest
 
 import attn.backend as B
@@ -18,6 +22,7 @@ from attn.model import Transformer
 from attn.sample import Sampler, generate
 from attn.testing.speculative import chi_square_critical
 from conftest import selected_backend
+from attn.data import EOS, Vocab
 from test_speculative import LEVEL, _config, _texts, chi_square, language_models, translators  # noqa: F401
 
 np = B.host
@@ -129,3 +134,24 @@ def test_fast_sampled_texts_are_distributed_as_the_targets(language_models):
     target, draft, exact = language_models
     stat, dof = chi_square(_texts(_fast(target), _fast(draft), 150), exact)
     assert stat < chi_square_critical(dof, LEVEL), (stat, dof)
+
+
+def test_the_benchmark_prints_greedy_beam_and_each_k_on_the_fast_engine(tmp_path, capsys):
+    """benchmarks/speculative.py end to end on a tiny float64 checkpoint (its own draft): a row for
+    greedy and beam search (one sentence at a time and one batch) and each k, every speculative
+    output the greedy one."""
+    spec = importlib.util.spec_from_file_location("speculative_bench",
+                                                  Path(__file__).resolve().parents[1] / "benchmarks" / "speculative.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    vocab = Vocab.build([list("abcdefg.")])
+    model = Transformer(_config(vocab_size=len(vocab), d_model=8, d_ff=16, n_encoder_layers=1, n_decoder_layers=1),
+                        seed=1, dtype="float64")
+    model.params["embedding.weight"][EOS] *= 9.0                                 # short translations
+    target = str(model.save(tmp_path / "t.npz", extra_meta={"vocab": vocab.to_json()}))
+    (tmp_path / "src.txt").write_text("a b c .\ng f e d .\nb .\n")
+    assert bench.main(["--engine", "fast", "--target", target, "--draft", target, "--sources", str(tmp_path / "src.txt"),
+                       "--k", "0,3", "--beam", "2", "--repeats", "1"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["name"][:6] for r in rows] == ["greedy", "greedy", "beam 2", "beam 2", "the ta", "specul"]
+    assert [r["identical"] for r in rows[4:]] == [3, 3] and rows[-1]["acceptance"] == 1.0    # the draft: the target
