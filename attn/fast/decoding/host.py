@@ -26,6 +26,11 @@ beam search against the reference decoder):
   once (rotary positions), before the key is written into the cache; QK-norm norms them before
   that (:func:`norm_heads_`).
 
+* Speculative decoding (:mod:`attn.speculative`) reads T positions of every row in one pass
+  (:func:`decode_positions`: the same decoder layer, :class:`HostRows` given T new rows a row
+  and the causal mask among them; a step is T = 1) and rolls rejected positions back
+  (:meth:`FastDecodeState.truncate`: the buffers handed on, nothing copied).
+
 A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
 next position into buffers its successor shares. Stepping an older state again is still
 correct: it sees that its buffers have moved on and copies them first. :meth:`FastDecodeState.select`
