@@ -132,7 +132,7 @@ def test_fast_greedy_texts_are_its_own():
 
 def test_fast_sampled_texts_are_distributed_as_the_targets(language_models):
     target, draft, exact = language_models
-    stat, dof = chi_square(_texts(_fast(target), _fast(draft), 150), exact)
+    stat, dof = chi_square(_texts(_fast(target), _fast(draft), 100), exact)
     assert stat < chi_square_critical(dof, LEVEL), (stat, dof)
 
 
@@ -149,9 +149,9 @@ def test_the_benchmark_prints_greedy_beam_and_each_k_on_the_fast_engine(tmp_path
                         seed=1, dtype="float64")
     model.params["embedding.weight"][EOS] *= 9.0                                 # short translations
     target = str(model.save(tmp_path / "t.npz", extra_meta={"vocab": vocab.to_json()}))
-    (tmp_path / "src.txt").write_text("a b c .\ng f e d .\nb .\n")
+    (tmp_path / "src.txt").write_text("a b c .\nb .\n")
     assert bench.main(["--engine", "fast", "--target", target, "--draft", target, "--sources", str(tmp_path / "src.txt"),
                        "--k", "0,3", "--beam", "2", "--repeats", "1"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["name"][:6] for r in rows] == ["greedy", "greedy", "beam 2", "beam 2", "the ta", "specul"]
-    assert [r["identical"] for r in rows[4:]] == [3, 3] and rows[-1]["acceptance"] == 1.0    # the draft: the target
+    assert [r["identical"] for r in rows[4:]] == [2, 2] and rows[-1]["acceptance"] == 1.0    # the draft: the target
