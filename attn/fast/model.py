@@ -596,13 +596,34 @@ class FastTransformer:
             return device.device_step(self, tokens, state)
         if isinstance(state, ReadableDecodeState):
             return self.readable.decode_step(tokens, state)
+        return self._host_step(tokens, state, host.decode_step)
+
+    def decode_positions(self, tokens, state):
+        """:meth:`Transformer.decode_positions`: tokens (B, T) read in one pass through the state's
+        cache (speculative decoding's check of a draft's tokens); the state is rolled back by its
+        ``truncate``. A :class:`FastDecodeState` runs them through the same decoder layer as a step
+        (:func:`attn.fast.decoding.host.decode_positions`); a :class:`DeviceDecodeState`, whose
+        kernels read one position, steps them one after another."""
+        if isinstance(state, DeviceDecodeState):
+            return device.device_positions(self, tokens, state)
+        if isinstance(state, ReadableDecodeState):         # a language model's: small ones on one BLAS thread
+            with single_threaded_blas() if self._small(tokens) else contextlib.nullcontext():
+                return self.readable.decode_positions(tokens, state)
+        return self._host_step(tokens, state, host.decode_positions)
+
+    def _small(self, tokens) -> bool:
+        """Whether positions ``tokens`` are few enough for NumPy's BLAS on one thread (see
+        :attr:`DECODE_ONE_THREAD_MAX`)."""
+        return self.xp is B.host and tokens.size * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
+
+    def _host_step(self, tokens, state, step):
         if not isinstance(state, FastDecodeState):
-            raise TypeError(f"FastTransformer.decode_step: the state must come from its start_decoding, "
+            raise TypeError(f"FastTransformer.{step.__name__}: the state must come from its start_decoding, "
                             f"got a {type(state).__name__}")
-        small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
+        small = self._small(tokens)
         parts = default_workers() if self.workers is None else max(1, int(self.workers))
         parts = parts if self.xp is B.host else 1
-        return host.run_step(self, tokens, state, parts, small)
+        return host.run_step(self, tokens, state, parts, small, step)
 
     #: On CuPy, beam search's candidates are ranked by one kernel where a sentence's beams have at
     #: most this many between them; above it, by the reference's array calls. Both keep the same
