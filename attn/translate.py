@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", action="store_true",
                    help="decode an int8 checkpoint with the readable model (attn.model), not the attn.fast engine "
                         "(its default for int8: each matrix dequantised as a layer reads it); a float32 "
-                        "checkpoint, and --draft's speculative decoding, use the readable model either way")
+                        "checkpoint decodes with the readable model either way")
     p.add_argument("--backend", choices=("numpy", "cupy", "auto"),
                    default=os.environ.get("ATTN_BACKEND", "numpy").strip().lower() or "numpy",
                    help="array backend: numpy (CPU), cupy (GPU), or auto (cupy where a GPU is usable); "
@@ -432,8 +432,7 @@ def main(argv=None) -> int:
             print(f"attn-translate: {notice}", file=sys.stderr)
         model, vocab = load_translator(run_model(args.checkpoint), args.adapter)
         draft = _load_draft(args, model, vocab)
-        readable = args.reference or draft is not None          # speculative decoding: the readable engine's
-        model, draft = (None if m is None else for_inference(m, "reference" if readable else None)
+        model, draft = (None if m is None else for_inference(m, "reference" if args.reference else None)
                         for m in (model, draft))
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))

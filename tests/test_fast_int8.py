@@ -187,7 +187,8 @@ def test_attn_translate_decodes_int8_on_the_fast_engine_unless_told(tmp_path, ca
         return out
     monkeypatch.setattr(T, "for_inference", spy)
     outputs = []
-    for flags in ([], ["--reference"]):
+    for flags in ([], ["--reference"], ["--draft", str(path)]):           # the last: speculative, int8 both
         assert T.main(["--checkpoint", str(path), "--backend", "numpy", *flags, "w1 w2 w3", "w4"]) == 0
         outputs.append(capsys.readouterr().out)
-    assert ran == [FastTransformer, Transformer] and outputs[0] == outputs[1] and outputs[0].count("\n") == 2
+    assert ran == [FastTransformer, Transformer, FastTransformer, FastTransformer]
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[0].count("\n") == 2
