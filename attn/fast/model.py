@@ -216,7 +216,8 @@ class FastTransformer:
         keys and values of all decoder layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]``
         (D, 2D*L). The ``1/sqrt(d_k)`` scale is applied by the softmax (its kernel on CuPy).
         Called once by every forward, encoding and decoding: where the products read bf16
-        (:class:`attn.fast.gpu.kernels.Bf16CupyOps`), the weights' bf16 copy is made here."""
+        (:class:`attn.fast.gpu.kernels.Bf16CupyOps`), the weights' bf16 copy is made here. An
+        int8 model's items are made each time they are read, dequantised (:func:`each_for`)."""
         self._own_params()
         prepare = getattr(self.ops, "prepare_weights", None)
         if prepare is not None:                          # the model's own copy: a graph keeps its address
@@ -243,7 +244,8 @@ class FastTransformer:
         decoding: the decoder's self-attention ``[w_q * s | w_k | w_v]`` and cross-attention
         queries ``w_q * s`` with ``s = 1/sqrt(d_k)`` folded in (copies; ``enc_qkv`` empty,
         ``kv`` None). With QK-norm the norm would undo it: s rides on the queries' gain instead
-        (:func:`attn.fast.decoding.host.norm_heads_`), and the weights are the arena's."""
+        (:func:`attn.fast.decoding.host.norm_heads_`), and the weights are the arena's. An int8
+        model's are made at each read instead (:func:`each_for`): nothing float32 is kept."""
         cfg, p, xp = self.config, self.params, self.xp
         D = cfg.d_model
         s = 1.0 if self.block.self_attention.qk_norm else self.mha.scale
