@@ -181,7 +181,7 @@ def _run(ops, name: str, dtype, grid, block, shared: int, args, Dh: int | None =
     if ops.xp is B.host:
         NUMPY_TWINS[name](HostLaunch(full, grid, block, shared), *args)
     elif Dh is None:
-        ops._fn(name, dtype)(grid, block, args, shared_mem=shared)
+        ops.kernel(name, dtype)(grid, block, args, shared_mem=shared)
     else:
         fns = _HEADED.setdefault(ops, {})
         f, opted = fns.get(full) or (ops._module.get_function(full), 0)

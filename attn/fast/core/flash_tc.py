@@ -1,20 +1,10 @@
 """The tiled attention on the tensor cores (FlashAttention-2, :mod:`attn.fast.gpu.kernels.flash_mma`):
-:func:`attend` and :func:`attend_backward` launch its kernels on CuPy (the CuPy stand-in runs
-their NumPy twins), and :func:`cores_for` is the one rule that chooses them.
-
-These kernels are compiled by NVRTC for compute capability 8.0 to 10.0 but **have never run on
-a GPU**, so nothing takes them in silence: a run takes them where it asks for the tiled attention
-(``--attention flash``) at a 16-bit precision (``--precision bf16``), with heads of 64 or 128
-values, on CuPy; ``auto`` takes them only on a device kind that :data:`TC_RULES` names, and the
-table is empty until a GPU report (``python -m attn.bench --gpu-report DIR --part tensor-cores``)
-has measured them against their twins and against PyTorch's SDPA. The choice is said once on
-stderr.
-
-q, k and v are copied into 16 bits (``flash_mma_pack``, round to nearest even) at every forward,
-and those copies are what the backward reads again (half the bytes of the float32 views), with the
-output and one float32 log-sum-exp per query. Masks, layouts and the output of a query with no
-visible key (0) are :mod:`attn.fast.core.flash`'s.
-"""
+:func:`attend` and :func:`attend_backward` launch its kernels on CuPy (the stand-in runs their
+twins), and :func:`cores_for` is the one rule that chooses them. They **have never run on a GPU**,
+so nothing takes them in silence (docs/GPU.md): ``--attention flash`` at ``--precision bf16`` with
+heads of 64 or 128 on CuPy, or ``auto`` on a device kind :data:`TC_RULES` names (none yet); the
+choice is said once on stderr. q, k and v are packed to 16 bits at every forward, and the backward
+reads those copies again; masks, layouts and a query with no key are :mod:`attn.fast.core.flash`'s."""
 from __future__ import annotations
 
 import math

@@ -1,20 +1,10 @@
 """A step captured once as a CUDA graph and replayed: one launch from the host for all of a
-step's kernels (docs/GPU.md, "Capturing the step as a CUDA graph", tells why and what it asks).
-
-A graph replays exactly what was recorded, so a step can be captured only if every array it
-touches stays at one address (its inputs copied into buffers the graph owns, what it makes from
-a :class:`attn.fast.gpu.stepmem.StepMemory` given as ``memory``), every number that changes
-between calls is read from device memory, never passed as a host scalar, and nothing in it waits
-for the device or calls what CuPy refuses while a stream captures. Every capture runs in
-thread-local mode (:data:`CAPTURE_MODE_NAME`) inside :class:`CaptureGuard`, which refuses it, with
-the reason, when the pool handed out memory or grew, the step memory overflowed, or anything
-waited for the device. :class:`CapturedStep` runs a function eagerly for its first ``warmup``
-calls at an input shape, captures it on the next and replays the graph from then on, one graph
-per shape; a refused shape runs eagerly and is tried again, eagerly for good after
-:data:`CAPTURE_TRIES` refusals (:class:`CaptureError` with ``strict=True``). :func:`survey` lists
-what in a function a capture would refuse (on the CuPy stand-in). On NumPy there is nothing to
-capture: :class:`CapturedStep` calls the function.
-"""
+step's kernels (docs/GPU.md, "Capturing the step as a CUDA graph", tells what it asks of a step).
+Every capture runs in thread-local mode (:data:`CAPTURE_MODE_NAME`) inside :class:`CaptureGuard`;
+:class:`CapturedStep` runs a function eagerly for its first ``warmup`` calls at an input shape,
+then captures and replays, one graph per shape, eagerly for good after :data:`CAPTURE_TRIES`
+refusals; :func:`survey` lists what a capture would refuse (on the CuPy stand-in). On NumPy
+:class:`CapturedStep` just calls the function."""
 from __future__ import annotations
 
 import contextlib

@@ -1,25 +1,13 @@
 """Step memory: every array a training step makes, served from one device slab at the same
-addresses every step, so that the step can be captured as a CUDA graph (:mod:`attn.fast.gpu.graph`):
-docs/GPU.md ("What a step asks of a GPU") tells how and gives the numbers.
+addresses every step, so that the step can be captured as a CUDA graph; docs/GPU.md ("What a
+step asks of a GPU") tells how and gives the numbers.
 
-Inside a step the allocator is this one (``cupy.cuda.using_allocator``): whoever allocates (attn's
-layers, CuPy's products, a cuBLAS call's output) is served from the slab. The first step at a
-shape is *traced* (a bump allocator; each array's memory wrapped in a ``cupy.cuda.UnownedMemory``
-whose weak reference notes when it is freed); :func:`attn.fast.gpu.stepplan.plan` then gives each
-request an offset where two arrays share bytes only when their lifetimes do not overlap, and the
-plan is replayed every step after: one plan per step key rounded up to a :func:`bucket`, at most
-:data:`MAX_PLANS`. A larger or an extra request ends the plan for that step (it *spills* past the
-plan's bytes) and the plan is made again; the first step at each exact key is *checked*, a request
-placed over a live array served past the plan instead (:attr:`StepMemory.overlapping`).
-:attr:`StepMemory.outcomes` counts the steps planned, traced and spilled. The slab grows between
-steps; a slab replaced is kept while a graph captured on it is (:meth:`StepMemory.pin`), and the
-kept slabs count toward :data:`LIMIT_FRACTION` of the device's memory
-(:meth:`StepMemory.on_pressure` drops their graphs first; past it a step takes the rest from the
-pool and cannot be captured). What outlives a step is made inside :func:`outside_step`; what a
-step returns is valid until the next one begins. With :data:`POISON` each step first fills the
-slab with ``0xFF`` bytes, so a stale read gives NaN. On NumPy there is no slab: :meth:`StepMemory.of`
-gives None.
-"""
+Inside :meth:`StepMemory.step` this is the allocator (``cupy.cuda.using_allocator``), whoever
+allocates. The first step at a key is traced, then :func:`attn.fast.gpu.stepplan.plan` places
+each request by lifetimes and the plan is replayed: one plan per :func:`bucket` of step keys, at
+most :data:`MAX_PLANS`. A request the plan did not expect *spills* past it and the key is traced
+again; the first step at each exact key is *checked* (:attr:`StepMemory.overlapping`). What
+outlives a step is made inside :func:`outside_step`. NumPy has no slab (:meth:`StepMemory.of`)."""
 from __future__ import annotations
 
 import collections

@@ -47,7 +47,7 @@ class CupyOps(Ops):
         self._draws = weakref.WeakKeyDictionary()    # DeviceRNG -> dropout masks it has keyed
         self._seeds = weakref.WeakKeyDictionary()    # DeviceRNG -> its seed on the device
 
-    def _fn(self, name, dtype):
+    def kernel(self, name, dtype):
         """The kernel ``name<T>`` for ``dtype``, looked up in the module once (a lookup is a
         string formatting and a driver call: microseconds at every launch otherwise)."""
         key = (name, dtype)                      # not str(dtype): that costs microseconds per call
@@ -57,11 +57,11 @@ class CupyOps(Ops):
         return f
 
     @staticmethod
-    def _scalar(v, dtype):
+    def scalar(v, dtype):
         return B.host.dtype(dtype).type(v)
 
     @staticmethod
-    def _contiguous(where, **arrays):
+    def check_contiguous(where, **arrays):
         for name, a in arrays.items():
             if not a.flags.c_contiguous:
                 raise ValueError(f"CupyOps.{where}: {name} must be contiguous, got shape {tuple(a.shape)} "
@@ -73,7 +73,7 @@ class CupyOps(Ops):
 
     def _elementwise(self, name, dtype, n, *args):
         threads = 256
-        self._fn(name, dtype)(grid_of(n, threads), (threads,), (*args, B.host.int64(n)))
+        self.kernel(name, dtype)(grid_of(n, threads), (threads,), (*args, B.host.int64(n)))
 
     # ---- softmax (keys first)
 
@@ -94,9 +94,9 @@ class CupyOps(Ops):
         M = Bsz * H * Tq
         threads = 256
         i64 = B.host.int64
-        self._fn("softmax0_fwd", s.dtype)(
+        self.kernel("softmax0_fwd", s.dtype)(
             ((M + threads - 1) // threads,), (threads,),
-            (s, b4, self._scalar(scale, s.dtype), B.host.int32(Tk), i64(M), B.host.int32(H), B.host.int32(Tq),
+            (s, b4, self.scalar(scale, s.dtype), B.host.int32(Tk), i64(M), B.host.int32(H), B.host.int32(Tq),
              i64(sk), i64(sb), i64(sh), i64(sq)))
         return s
 
@@ -106,8 +106,8 @@ class CupyOps(Ops):
         Tk = dy.shape[0]
         M = dy.size // Tk
         threads = 256
-        self._fn("softmax0_bwd", dy.dtype)(((M + threads - 1) // threads,), (threads,),
-                                            (dy, y, self._scalar(scale, dy.dtype), B.host.int32(Tk),
+        self.kernel("softmax0_bwd", dy.dtype)(((M + threads - 1) // threads,), (threads,),
+                                            (dy, y, self.scalar(scale, dy.dtype), B.host.int32(Tk),
                                              B.host.int64(M)))
         return dy
 
@@ -121,9 +121,9 @@ class CupyOps(Ops):
         out = cp.empty_like(x)
         rstd = cp.empty((N,), dtype=x.dtype)
         threads = block_size_for(D)
-        self._fn("layer_norm_fwd", x.dtype)(
+        self.kernel("layer_norm_fwd", x.dtype)(
             (N,), (threads,), (x, out, rstd, cp.ascontiguousarray(gamma), cp.ascontiguousarray(beta),
-                               B.host.int32(D), self._scalar(eps, x.dtype)),
+                               B.host.int32(D), self.scalar(eps, x.dtype)),
             shared_mem=threads * x.dtype.itemsize)
         return out, rstd
 
@@ -131,23 +131,18 @@ class CupyOps(Ops):
         """As :meth:`attn.fast.core.ops.Ops.residual_layer_norm_`, in one ``residual_ln_fwd``
         launch (bias, dropout from its counter, residual sum and layer norm) where the mask is
         this class's own (a :class:`HashedKeep`) or there is none."""
-        if m is not None and not isinstance(m.keep, HashedKeep):
+        if not self.fused_mask(m, s.shape, "residual_layer_norm_"):
             return super().residual_layer_norm_(s, bias, m, x, gamma, beta, eps)
         cp = self.xp
         N, D = s.shape
-        self._contiguous("residual_layer_norm_", s=s, x=x)
-        self._rows(m, "residual_layer_norm_")
-        if m is not None and m.keep.shape != (N, D):
-            raise ValueError(f"CupyOps.residual_layer_norm_: the mask was drawn for shape {m.keep.shape}, "
-                             f"s is {(N, D)}")
+        self.check_contiguous("residual_layer_norm_", s=s, x=x)
         out = cp.empty_like(s)
         rstd = cp.empty((N,), dtype=s.dtype)
-        seed, site, offset, thr, scale = self._dropout_args(m)
         threads = block_size_for(D)
-        self._fn("residual_ln_fwd", s.dtype)(
+        self.kernel("residual_ln_fwd", s.dtype)(
             (N,), (threads,), (s, cp.ascontiguousarray(bias), x, out, rstd, cp.ascontiguousarray(gamma),
-                               cp.ascontiguousarray(beta), seed, site, offset, thr,
-                               self._scalar(scale, s.dtype), B.host.int32(D), self._scalar(eps, s.dtype)),
+                               cp.ascontiguousarray(beta), *self.dropout_args(m, s.dtype), B.host.int32(D),
+                               self.scalar(eps, s.dtype)),
             shared_mem=threads * s.dtype.itemsize)
         return out, rstd
 
@@ -155,40 +150,31 @@ class CupyOps(Ops):
         """As :meth:`attn.fast.core.ops.Ops.layer_norm_backward_`: dgamma and dbeta by one
         ``column_sums`` launch (into ``out``, (2, D), before ``dout`` is overwritten), then one
         block per row for ``dx``."""
-        cp = self.xp
-        N, D = dout.shape
-        self._contiguous("layer_norm_backward_", dout=dout, xhat=xhat)
-        out = cp.empty((2, D), dtype=dout.dtype) if out is None else out
-        self._column_sums(dout, xhat, out, "layer_norm_backward_")
-        threads = block_size_for(D)
-        self._fn("layer_norm_bwd", dout.dtype)(
-            (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), B.host.int32(D)),
-            shared_mem=threads * dout.dtype.itemsize)
+        dout, out, _ = self._layer_norm_backward(dout, xhat, rstd, gamma, None, out, "layer_norm_backward_")
         return dout, out[0], out[1]
 
     def layer_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
-        """As :meth:`attn.fast.core.ops.Ops.layer_norm_backward_dropout_`: dgamma and dbeta by one
-        ``column_sums`` launch, then dy and drop(dy) by one ``layer_norm_bwd_drop`` launch
-        (the mask regenerated from its counter)."""
-        if m is None or not isinstance(m.keep, HashedKeep):
+        """As :meth:`attn.fast.core.ops.Ops.layer_norm_backward_dropout_`: as :meth:`layer_norm_backward_`,
+        then drop(dy) by the same ``layer_norm_bwd_drop`` launch (the mask regenerated from its counter)."""
+        if m is None or not self.fused_mask(m, dout.shape, "layer_norm_backward_dropout_"):
             return super().layer_norm_backward_dropout_(dout, xhat, rstd, gamma, m, out)
+        dout, _, ds = self._layer_norm_backward(dout, xhat, rstd, gamma, m, out, "layer_norm_backward_dropout_")
+        return dout, ds
+
+    def _layer_norm_backward(self, dout, xhat, rstd, gamma, m, out, where):
         cp = self.xp
         N, D = dout.shape
-        self._contiguous("layer_norm_backward_dropout_", dout=dout, xhat=xhat)
-        self._rows(m, "layer_norm_backward_dropout_")
-        if m.keep.shape != (N, D):
-            raise ValueError(f"CupyOps.layer_norm_backward_dropout_: the mask was drawn for shape {m.keep.shape}, "
-                             f"dout is {(N, D)}")
+        self.check_contiguous(where, dout=dout, xhat=xhat)
         out = cp.empty((2, D), dtype=dout.dtype) if out is None else out
-        self._column_sums(dout, xhat, out, "layer_norm_backward_dropout_")
-        ds = cp.empty_like(dout)
+        self.column_sums(dout, xhat, out, where)
+        ds = None if m is None else cp.empty_like(dout)
+        args = (dout, xhat, rstd, cp.ascontiguousarray(gamma))
+        if m is not None:
+            args += (ds, *self.dropout_args(m, dout.dtype))
         threads = block_size_for(D)
-        seed, site, offset, thr, scale = self._dropout_args(m)
-        self._fn("layer_norm_bwd_drop", dout.dtype)(
-            (N,), (threads,), (dout, xhat, rstd, cp.ascontiguousarray(gamma), ds, seed, site, offset, thr,
-                               self._scalar(scale, dout.dtype), B.host.int32(D)),
-            shared_mem=threads * dout.dtype.itemsize)
-        return dout, ds
+        self.kernel("layer_norm_bwd" if m is None else "layer_norm_bwd_drop", dout.dtype)(
+            (N,), (threads,), (*args, B.host.int32(D)), shared_mem=threads * dout.dtype.itemsize)
+        return dout, out, ds
 
     # ---- the later block's (RMSNorm, rotary positions, SwiGLU's gate): launched by self.later
     rms_norm_ = _by_later("rms_norm_")
@@ -204,7 +190,7 @@ class CupyOps(Ops):
     def colsum(self, x2, out=None):
         """(R, C) -> (C,) by one ``column_sums`` launch (into ``out`` when given)."""
         out = self.xp.empty((x2.shape[1],), dtype=x2.dtype) if out is None else out
-        self._column_sums(x2, None, out, "colsum")
+        self.column_sums(x2, None, out, "colsum")
         return out
 
     def colsums(self, *pairs):
@@ -214,13 +200,13 @@ class CupyOps(Ops):
         while i < len(pairs):
             (a, out), nxt = pairs[i], pairs[i + 1] if i + 1 < len(pairs) else None
             if nxt is not None and nxt[0].shape[0] == a.shape[0] and nxt[0].dtype == a.dtype:
-                self._column_sums(a, None, out, "colsums", second=nxt)
+                self.column_sums(a, None, out, "colsums", second=nxt)
                 i += 2
             else:
-                self._column_sums(a, None, out, "colsums")
+                self.column_sums(a, None, out, "colsums")
                 i += 1
 
-    def _column_sums(self, a, b, out, where, second=None):
+    def column_sums(self, a, b, out, where, second=None):
         """``column_sums`` of a (N, D) contiguous: K = 2 with b (a*b, then a), K = 1 without.
         ``out`` (K*D elements, contiguous) receives the sums; ``second`` = (a1, out1), a1
         (N, D1) contiguous, a second K = 1 sum in the same launch."""
@@ -238,14 +224,14 @@ class CupyOps(Ops):
         tiles = tiles0 + -(-D1 // 32)
         from_rows = -(-N // COLUMN_CHUNK)
         R = max(1, min(from_rows, COLUMN_MAX_ROW_BLOCKS))
-        partial = self._buffer("column_partials", R * (K * D + D1), a.dtype)
+        partial = self.buffer("column_partials", R * (K * D + D1), a.dtype)
         counter = self._counters(tiles)
-        self._fn("column_sums", a.dtype)(
+        self.kernel("column_sums", a.dtype)(
             (tiles, R), (32, 8), (a, a if b is None else b, partial, counter, out, B.host.int64(N),
                                   B.host.int32(D), B.host.int32(K), B.host.int32(COLUMN_CHUNK), a1, out1,
                                   B.host.int32(D1), B.host.int32(tiles0)))
 
-    def _buffer(self, name, n, dtype):
+    def buffer(self, name, n, dtype):
         """A scratch buffer of at least ``n`` elements kept between launches (one stream runs
         them in order, so a launch never finds the previous one still reading it). It grows by
         doubling, and a buffer it replaces is kept (:meth:`_retire`): a CUDA graph captured at a
@@ -261,7 +247,7 @@ class CupyOps(Ops):
 
     def _counters(self, n):
         """``column_sums``' per-tile tickets: zeroed once, and set back to 0 by every launch
-        (grown and replaced as :meth:`_buffer`'s buffers are)."""
+        (grown and replaced as :meth:`buffer`'s buffers are)."""
         c = self._scratch.get("counters")
         if c is None or c.size < n:
             self._retire(c)
@@ -539,12 +525,12 @@ class CupyOps(Ops):
                 with outside_step():
                     ptrs = self.xp.empty((3 * count,), dtype=B.host.uint64)
         if ptrs is None:
-            ptrs = self._buffer("gemm_pointers", 3 * count, B.host.uint64)
+            ptrs = self.buffer("gemm_pointers", 3 * count, B.host.uint64)
         args = []
         for address, so, si in operands:
             args += [B.host.uint64(address), B.host.int64(so), B.host.int64(si)]
         threads = 128
-        self._fn("gemm_pointers", dtype)((-(-count // threads),), (threads,),
+        self.kernel("gemm_pointers", dtype)((-(-count // threads),), (threads,),
                                          (ptrs, *args, B.host.int32(count), B.host.int32(inner)))
         if key is not None:                              # kept once made
             cache[key] = ptrs
@@ -622,15 +608,29 @@ class CupyOps(Ops):
                 z = self._scratch["no_seed"] = self.xp.zeros((1,), dtype=B.host.uint64)
         return z
 
-    def _dropout_args(self, m):
-        """(seed, site, offset, thr, scale) of mask ``m`` (None: no dropout) as the fused kernels take them."""
+    def dropout_args(self, m, dtype):
+        """(seed, site, offset, thr, scale in ``dtype``) of mask ``m`` (None: no dropout), the
+        fused kernels' dropout arguments."""
         if m is None:
-            return self._no_seed(), B.host.uint64(0), B.host.uint64(0), B.host.uint32(0), 1.0
+            return self._no_seed(), B.host.uint64(0), B.host.uint64(0), B.host.uint32(0), self.scalar(1.0, dtype)
         k = m.keep
-        return k.seed, B.host.uint64(k.site), B.host.uint64(k.offset), B.host.uint32(k.thr), m.scale
+        return k.seed, B.host.uint64(k.site), B.host.uint64(k.offset), B.host.uint32(k.thr), self.scalar(m.scale, dtype)
+
+    def fused_mask(self, m, shape, where) -> bool:
+        """Whether mask ``m`` (None: no dropout) can be regenerated by a kernel over the flat
+        index of an array of ``shape`` (a :class:`HashedKeep` in one run); a wrong shape is an error."""
+        if m is None:
+            return True
+        if not isinstance(m.keep, HashedKeep):
+            return False
+        if m.keep.shape != tuple(shape):
+            raise ValueError(f"CupyOps.{where}: the mask was drawn for shape {m.keep.shape}, the array is "
+                             f"{tuple(shape)}")
+        self.check_rows(m, where)
+        return True
 
     @staticmethod
-    def _rows(m, where):
+    def check_rows(m, where):
         """A mask the fused epilogues can regenerate from the flat index row * D + j: one run (its
         rows are contiguous in the global batch, as (B*T, D) masks are)."""
         if m is not None and m.keep.skip:
@@ -640,16 +640,16 @@ class CupyOps(Ops):
     def dropout_(self, x, m: Mask):
         if isinstance(m.keep, HashedKeep):
             return self._dropout_hash(x, x, m, "dropout_")
-        self._contiguous("dropout_", x=x, keep=m.keep)
-        self._elementwise("dropout_fwd", x.dtype, x.size, x, m.keep, self._scalar(m.scale, x.dtype))
+        self.check_contiguous("dropout_", x=x, keep=m.keep)
+        self._elementwise("dropout_fwd", x.dtype, x.size, x, m.keep, self.scalar(m.scale, x.dtype))
         return x
 
     def dropout_backward(self, d, m: Mask):
         if isinstance(m.keep, HashedKeep):
             return self._dropout_hash(self.xp.empty_like(d), d, m, "dropout_backward")
-        self._contiguous("dropout_backward", d=d, keep=m.keep)
+        self.check_contiguous("dropout_backward", d=d, keep=m.keep)
         out = self.xp.empty_like(d)
-        self._elementwise("dropout_bwd", d.dtype, d.size, d, m.keep, self._scalar(m.scale, d.dtype), out)
+        self._elementwise("dropout_bwd", d.dtype, d.size, d, m.keep, self.scalar(m.scale, d.dtype), out)
         return out
 
     def _dropout_hash(self, out, x, m: Mask, where):
@@ -657,34 +657,28 @@ class CupyOps(Ops):
         if tuple(x.shape) != k.shape:
             raise ValueError(f"CupyOps.{where}: the mask was drawn for shape {k.shape}, the array is "
                              f"{tuple(x.shape)}")
-        self._contiguous(where, out=out, x=x)
-        seed, site, offset, thr, scale = self._dropout_args(m)
-        self._elementwise("dropout_hash", x.dtype, x.size, out, x, seed, site, offset, thr,
-                          self._scalar(scale, x.dtype), B.host.int64(max(k.run, 1)), B.host.int64(k.skip))
+        self.check_contiguous(where, out=out, x=x)
+        self._elementwise("dropout_hash", x.dtype, x.size, out, x, *self.dropout_args(m, x.dtype),
+                          B.host.int64(max(k.run, 1)), B.host.int64(k.skip))
         return out
 
     def bias_relu_dropout_(self, a, bias, m):
         """As :meth:`attn.fast.core.ops.Ops.bias_relu_dropout_`, in one ``bias_relu_drop`` launch
         where the mask is this class's own or there is none."""
-        if m is not None and not isinstance(m.keep, HashedKeep):
+        if not self.fused_mask(m, a.shape, "bias_relu_dropout_"):
             return super().bias_relu_dropout_(a, bias, m)
         if not a.flags.c_contiguous or a.ndim != 2:
             raise ValueError(f"CupyOps.bias_relu_dropout_: a must be a contiguous (N, F) array, got shape "
                              f"{tuple(a.shape)} strides {a.strides}")
-        if m is not None and m.keep.shape != tuple(a.shape):
-            raise ValueError(f"CupyOps.bias_relu_dropout_: the mask was drawn for shape {m.keep.shape}, "
-                             f"a is {tuple(a.shape)}")
-        self._rows(m, "bias_relu_dropout_")
-        seed, site, offset, thr, scale = self._dropout_args(m)
         threads = 256
-        self._fn("bias_relu_drop", a.dtype)(
+        self.kernel("bias_relu_drop", a.dtype)(
             grid_of(a.size, threads), (threads,),
-            (a, self.xp.ascontiguousarray(bias), seed, site, offset, thr, self._scalar(scale, a.dtype),
+            (a, self.xp.ascontiguousarray(bias), *self.dropout_args(m, a.dtype),
              B.host.int64(a.size), B.host.int32(a.shape[1])))
         return a
 
     def relu_backward_(self, da, a):
-        self._contiguous("relu_backward_", da=da, a=a)
+        self.check_contiguous("relu_backward_", da=da, a=a)
         self._elementwise("relu_bwd", da.dtype, da.size, da, a)
         return da
 
@@ -698,17 +692,17 @@ class CupyOps(Ops):
         w = valid.astype(x.dtype) / n
         loss_rows = cp.empty((N,), dtype=x.dtype)
         threads = block_size_for(V, 512)
-        self._fn("cross_entropy_fwd_bwd", x.dtype)(
+        self.kernel("cross_entropy_fwd_bwd", x.dtype)(
             (N,), (threads,), (x, cp.ascontiguousarray(y.astype(cp.int64)), w, loss_rows,
-                               B.host.int32(V), self._scalar(smoothing, x.dtype)),
+                               B.host.int32(V), self.scalar(smoothing, x.dtype)),
             shared_mem=threads * x.dtype.itemsize)
         return loss_rows.sum()
 
     # ---- optimizer
 
     def adam_(self, p, g, m, v, consts, scratch=None):
-        self._contiguous("adam_", p=p, g=g, m=m, v=v)
-        one_m_b1, b2, one_m_b2, eps_c, step = (self._scalar(c, p.dtype) for c in consts)
+        self.check_contiguous("adam_", p=p, g=g, m=m, v=v)
+        one_m_b1, b2, one_m_b2, eps_c, step = (self.scalar(c, p.dtype) for c in consts)
         self._elementwise("adam", p.dtype, p.size, p, m, v, g, one_m_b1, b2, one_m_b2, eps_c, step)
 
     #: Most blocks of the gradient norm's first stage (``adam_flat`` sums their partials in
@@ -722,20 +716,20 @@ class CupyOps(Ops):
         one-element int64 device array) is the number of steps taken, which the kernel reads and
         advances; ``schedule`` is ``(lr_factor, fixed_lr or None, d_model, warmup_steps, b1, b2,
         eps)``, from which it makes the step's learning rate and bias corrections."""
-        self._contiguous("adam_flat_", p=p, g=g, m=m, v=v)
+        self.check_contiguous("adam_flat_", p=p, g=g, m=m, v=v)
         if count.shape != (1,) or count.dtype != B.host.int64:
             raise ValueError(f"CupyOps.adam_flat_: count must be a one-element int64 device array, got shape "
                              f"{tuple(count.shape)} {count.dtype}")
         lr_factor, fixed_lr, d_model, warmup, b1, b2, eps = schedule
         n, threads = p.size, 256
-        partial = self._buffer("norm_partials", self.NORM_BLOCKS, B.host.float64)
+        partial = self.buffer("norm_partials", self.NORM_BLOCKS, B.host.float64)
         n_partial = 0
         if max_norm > 0:
             n_partial = max(1, min(self.NORM_BLOCKS, -(-n // (threads * 16))))
-            self._fn("sumsq_partial", g.dtype)((n_partial,), (threads,), (g, partial, B.host.int64(n)),
+            self.kernel("sumsq_partial", g.dtype)((n_partial,), (threads,), (g, partial, B.host.int64(n)),
                                                shared_mem=threads * 8)
         f64 = B.host.float64
-        self._fn("adam_flat", p.dtype)(
+        self.kernel("adam_flat", p.dtype)(
             grid_of(n, threads, self.ADAM_BLOCKS), (threads,),
             (p, m, v, g, partial, B.host.int32(n_partial), f64(max_norm), count, self._ticket("adam_ticket"),
              f64(lr_factor), f64(0.0 if fixed_lr is None else fixed_lr), B.host.int32(fixed_lr is not None),

@@ -76,7 +76,7 @@ class Bf16CupyOps(CupyOps):
         n = batch[0] * batch[1] * R * C
         dst = self.xp.empty((max(1, batch[0] * batch[1] * per),), dtype=B.host.uint16)
         if n:
-            self._fn("round_bf16_gather", x.dtype)(
+            self.kernel("round_bf16_gather", x.dtype)(
                 grid_of(n, 256), (256,), (x, dst, B.host.int64(n), B.host.int64(batch[1]), B.host.int64(R),
                                         B.host.int64(C), *(B.host.int64(st) for st in strides), B.host.int64(per)))
         return dst, per
