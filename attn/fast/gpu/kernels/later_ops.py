@@ -10,9 +10,8 @@ from .common import block_size_for, grid_of
 
 class LaterKernels:
     """RMSNorm, RoPE and SwiGLU's gate as kernels, launched through the public launch interface of
-    ``ops``, the :class:`attn.fast.gpu.kernels.CupyOps` that holds this object (``kernel``,
-    ``dropout_args``, ``fused_mask``, ``check_contiguous``, ``buffer``, ``column_sums``); a mask that
-    is not a kernel's own goes to the NumPy-style operations of :class:`attn.fast.core.ops.Ops`."""
+    ``ops``, the :class:`attn.fast.gpu.kernels.CupyOps` that holds this object; a mask that is not a
+    kernel's own goes to the NumPy-style operations of :class:`attn.fast.core.ops.Ops`."""
 
     def __init__(self, ops):
         self.ops = ops
