@@ -16,6 +16,7 @@ multiples of :data:`ALIGN` elements; the elements between them are zero in every
 zero (no gradient is written there, so Adam leaves them and the norm does not see them)."""
 from __future__ import annotations
 
+import math
 import re
 import weakref
 from typing import NamedTuple
@@ -28,8 +29,6 @@ from ..gpu.stepmem import outside_step
 
 #: Every block starts at a multiple of this many elements (256 bytes in float32).
 ALIGN = 64
-#: Elements of the gradient buffer past the gradients (a data-parallel run's loss and tokens),
-#: and where each sits in them.
 
 
 class Block(NamedTuple):
@@ -111,11 +110,8 @@ def layout(cfg: TransformerConfig) -> Layout:
     for stage in order:
         start = size
         for bname in (b for b in shapes if _stage_of(b) == stage):     # in parameter order within a stage
-            n = 1
-            for s in shapes[bname]:
-                n *= int(s)
             blocks[bname] = Block(size, shapes[bname])
-            size += -(-n // ALIGN) * ALIGN
+            size += -(-math.prod(int(n) for n in shapes[bname]) // ALIGN) * ALIGN
         ranges[stage] = (start, size)
     assert len(blocks) == len(shapes), sorted(set(shapes) - set(blocks))
     return Layout(blocks, members, size, ranges)
@@ -193,15 +189,13 @@ class Arena:
     @property
     def m(self):
         if self._m is None:
-            with outside_step():
-                self._m = self.xp.zeros((self.size,), dtype=self.dtype)
+            self._m = self.new_buffer()
         return self._m
 
     @property
     def v(self):
         if self._v is None:
-            with outside_step():
-                self._v = self.xp.zeros((self.size,), dtype=self.dtype)
+            self._v = self.new_buffer()
         return self._v
 
     def new_buffer(self):
@@ -214,10 +208,7 @@ class Arena:
     def block(self, flat, name: str):
         """Block ``name`` (see the module docstring) of a flat buffer, in its shape."""
         b = self.layout.blocks[name]
-        n = 1
-        for s in b.shape:
-            n *= int(s)
-        return flat[b.offset:b.offset + n].reshape(b.shape)
+        return flat[b.offset:b.offset + math.prod(int(n) for n in b.shape)].reshape(b.shape)
 
     def views(self, flat) -> dict:
         """{parameter name: view} of a flat buffer with this layout, in parameter order."""

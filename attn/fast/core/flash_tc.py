@@ -15,7 +15,7 @@ from ... import backend as B
 from . import flash
 from ..gpu.kernels.common import grid_of
 from ..gpu.kernels.flash import HostLaunch
-from ..gpu.kernels.flash_mma import (HEAD_SIZES, NAME_EXPRESSIONS, OPTIONS, SHARED_LIMIT, SOURCE, TILES, instance,
+from ..gpu.kernels.flash_mma import (HEAD_SIZES, NAME_EXPRESSIONS, OPTIONS, SOURCE, TILES, instance,
                                      mma_shared, mma_threads)
 from ..gpu.kernels.registry import NUMPY_TWINS
 
@@ -63,12 +63,7 @@ def _fn(ops, name: str, shared: int):
     if fns is None:
         module = ops.xp.RawModule(code=SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
         fns = _FUNCTIONS[ops] = {None: module}
-    f, opted = fns.get(name) or (fns[None].get_function(name), 0)
-    if shared > max(SHARED_LIMIT, opted):
-        flash.opt_in(ops.xp, f, shared)
-        opted = shared
-    fns[name] = f, opted
-    return f
+    return flash.opted_in(ops.xp, fns, name, fns[None].get_function, shared)
 
 
 def _run(ops, name: str, grid, block, shared: int, args) -> None:
@@ -127,21 +122,13 @@ def attend_backward(ops, dctx, c: flash.FlashCache, dq, dk, dv, scale: float) ->
     log-sum-exp, dV = P^T dO, dP = dO V^T, dS = P (dP - D) with D = rowsum(dO O), dK = s dS^T Q and
     dQ = s dS K: D by ``flash_bwd_prep``, dK and dV by ``flash_mma_bwd_kv`` (a block per key
     tile), dQ by ``flash_mma_bwd_q`` (a pass of its own)."""
-    xp, i32, i64, f32 = ops.xp, B.host.int32, B.host.int64, B.host.float32
+    i32, f32 = B.host.int32, B.host.float32
     Bsz, H, Tq, Dh = c.q.shape
     Hkv, Tk = c.k.shape[1], c.k.shape[2]
-    if dk.strides != dv.strides or dq.shape != c.q.shape or dk.shape != c.k.shape or dv.shape != c.v.shape:
-        raise ValueError(f"flash attention backward: dq {tuple(dq.shape)}, dk {tuple(dk.shape)}, dv "
-                         f"{tuple(dv.shape)} must match q and k, dk and dv of one layout")
-    n = Bsz * H * Tq
-    if n == 0 or Tk == 0:
-        for a in (dq, dk, dv):
-            a[...] = 0
+    prep = flash.backward_prep(ops, dctx, c, dq, dk, dv, B.host.dtype(f32))
+    if prep is None:
         return
-    dout = xp.ascontiguousarray(dctx)
-    dsum = xp.empty((Bsz, H, Tq), dtype=f32)
-    flash._run(ops, "flash_bwd_prep", dout.dtype, (math.ceil(n / 256),), (256,), 0,
-               (dout, c.ctx, dsum, i32(H), i32(Tq), i32(Dh), i64(n)))
+    dout, dsum = prep
     dop = pack(ops, dout.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3), c.mask.cores)
     inputs = (c.q, c.k, c.v, c.mask.ok, dop, c.lse, dsum)
     shape = (f32(scale), i32(H), i32(Hkv), i32(Tq), i32(Tk), i32(c.mask.causal))
