@@ -68,15 +68,12 @@ UNITS = {"loss": 4, "grads": 32}
 
 
 def tolerance(precision: str, what: str = "loss") -> float:
-    """How far (relative) a probe's ``what`` (``loss`` or ``grads``) may be from its reference's.
-    At fp32, :data:`attn.fast.gpu.graph.REPLAY_TOLERANCE` (float atomics summing in another order). At
-    bf16 and tf32, :data:`UNITS` units of roundoff ``u = 2**-(m + 1)`` of the products' inputs
-    (``m`` stored significand bits: bf16 7, tf32 10). Rounding a product's two inputs moves it by at
-    most ``2u`` of the sum of its terms' sizes, and the loss, a mean over tokens of what the last
-    products give, by about as much: 4u. The gradients come through the backward's chain of
-    products, each adding its own rounding, with cancellations no bound here covers: 32u, which
-    ``tests/test_fallback.py`` holds above what the probe model's step gives on the stand-in, as it
-    holds a product off by half far outside both."""
+    """How far (relative) a probe's ``what`` (``loss`` or ``grads``) may be from its reference's. At fp32,
+    :data:`attn.fast.gpu.graph.REPLAY_TOLERANCE`. At bf16 and tf32, :data:`UNITS` units of roundoff
+    ``u = 2**-(m + 1)`` of the products' inputs (``m`` stored significand bits): rounding a product's
+    inputs moves it by at most 2u of its terms' sizes, the loss by about as much (4u); the gradients
+    pass through the backward's chain of products (32u, which ``tests/test_fallback.py`` holds above
+    what the probe model gives, and far below a product off by half)."""
     from ...precision import Precision
     from .graph import REPLAY_TOLERANCE
     if precision == "fp32":

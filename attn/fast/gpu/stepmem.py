@@ -52,16 +52,9 @@ def held_bytes() -> int:
 
 
 class StepMemory:
-    """One slab of device memory serving every allocation made inside :meth:`step`.
-
-    ``with memory.step(): ...`` begins a step: the slab is set back to its start (poisoned with
-    :data:`POISON`) and its allocator put in place for the ``with``; at its end, if the step
-    asked for more than the slab holds, a slab that holds it is made (from the allocator in
-    place before the step). Counts of the last step:
-    :attr:`allocations` (served by the slab), :attr:`overflows` (served by the pool: the slab
-    was too small), :attr:`demand` (bytes asked for, aligned); :attr:`capacity` is the slab's
-    size in bytes.
-    """
+    """One slab of device memory serving every allocation made inside :meth:`step`; counts of the
+    last step: :attr:`allocations` (served by the slab), :attr:`overflows` (by the pool: the slab was
+    too small), :attr:`demand` (bytes asked for, aligned); :attr:`capacity` is the slab's bytes."""
 
     def __init__(self, xp, planned: bool = True, check: bool = False):
         if xp is B.host:

@@ -1,11 +1,7 @@
-"""The kernels of a cached decoding step on CuPy (:mod:`attn.fast.decoding.device`): CUDA source, NumPy
-twins, and :class:`DecodeKernels`, their launches.
-
-One position for every row, so each launch is small and the step is bound by how many there
-are. Per decoder layer a step is three products and one kernel per sub-layer (plus the
-feed-forward's ReLU): the single-query attention (the new key and value written into the cache,
-scores, softmax and the weighted sum in one launch), and the residual sum with the next layer
-norm in one launch."""
+"""The kernels of a cached decoding step on CuPy (:mod:`attn.fast.decoding.device`): CUDA source,
+NumPy twins, and :class:`DecodeKernels`, their launches. One position for every row, so the step
+is bound by how many launches it makes: per decoder layer three products and one kernel per
+sub-layer (plus the feed-forward's ReLU); docs/GPU.md ("What a step asks of a GPU") counts them."""
 from __future__ import annotations
 
 import math
