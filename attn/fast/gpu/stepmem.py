@@ -115,10 +115,9 @@ class StepMemory:
         return mem
 
     def malloc(self, size: int):
-        """The allocator of a step (``cupy.cuda.using_allocator``): ``size`` bytes at the plan's
-        offset for this request (or, unplanned, the slab's next free address), or from the
-        allocator in place before the step where the slab cannot serve it. A request of no bytes
-        (CuPy asks for a zero-size array's memory too) takes nothing and is not one of the plan's."""
+        """The allocator of a step: ``size`` bytes at the plan's offset for this request (unplanned: the
+        slab's next free address), or from the allocator before the step where the slab cannot serve it.
+        A request of no bytes (a zero-size array's) takes nothing and is not one of the plan's."""
         if int(size) == 0:
             return self.xp.cuda.MemoryPointer(self._piece(0, 0, None, self._device), 0)
         n = -(-int(size) // ALIGN) * ALIGN
@@ -134,11 +133,9 @@ class StepMemory:
         return self._outer(size)
 
     def _planned(self, size: int, n: int):
-        """Request ``self._i`` of the step: its plan's offset while each request fits the plan's
-        size for it; else the bump allocator (the slab's next free byte, or the pool's memory once
-        the slab is full). A step without a plan is traced (each request's memory watched for when
-        it is freed), and its plan made at its end; after a request its plan did not expect, the
-        step goes on past the plan's bytes and the next step at its key is traced again."""
+        """Request ``self._i`` of the step: its plan's offset while each request fits the plan; else the
+        bump allocator (the slab's next free byte, then the pool). A step without a plan is traced, its
+        plan made at its end; after a request its plan did not expect, the next step at its key is traced."""
         i = self._i
         self._i = i + 1
         self._sizes.append(n)
@@ -204,10 +201,8 @@ class StepMemory:
         return self.xp.cuda.MemoryPointer(mem, 0)
 
     def _after(self, outer) -> None:
-        """At a step's end: its outcome counted; a checked step's key noted as safe for its plan;
-        a complete trace becomes the plan for its key (each request as large as the largest the
-        key's steps asked for, where the plan it replaces had as many), and the slab grows to hold
-        it."""
+        """At a step's end: its outcome counted; a checked step's key noted as safe for its plan; a complete
+        trace made the plan for its key (each request as large as the largest its key's steps asked for)."""
         trace, self._trace = self._trace, None
         if not self.planned:
             if self.demand > self.capacity:
@@ -299,11 +294,9 @@ class StepMemory:
             self._grow(self.xp.cuda.get_allocator(), -(-int(nbytes) // ALIGN) * ALIGN)
 
     def _grow(self, outer, nbytes: int) -> None:
-        """A slab of ``nbytes`` (what the last step needs: its plan's size, or unplanned its
-        demand), from ``outer``, after the step (so the next step at that shape is served
-        entirely by the slab), unless that is over :attr:`limit`. The slab replaced is kept if
-        it is pinned. The slabs kept for graphs count in the limit: where they leave no room, every
-        graph is dropped first (:meth:`on_pressure`)."""
+        """A slab of ``nbytes`` (the last step's plan size, or unplanned its demand) from ``outer``, after
+        the step, unless over :attr:`limit` (the slabs kept for graphs count: where they leave no room,
+        every graph is dropped first, :meth:`on_pressure`). The slab replaced is kept if it is pinned."""
         if nbytes + self.kept_bytes() > self.limit:
             for release in [r() for r in self._pressure]:
                 if release is not None:
