@@ -137,12 +137,10 @@ class Products:
         return plans
 
     def mm(self, a, b, out=None, accumulate: bool = False):
-        """``a @ b`` (M, K) x (K, N) by one cuBLAS GEMM (``sgemm``/``dgemm``) on the operands as
-        they are (each needs its rows or its columns contiguous: a transposed matrix, a block
-        of columns); ``out`` too may be such a view. With ``accumulate``, ``out += a @ b`` in the
-        same GEMM (beta = 1). Returns out. The checks and the GEMM's arguments are worked out
-        once per operand signature (:attr:`PRODUCT_PLANS`); a product met again reads only its
-        operands' addresses."""
+        """``a @ b`` (M, K) x (K, N) by one cuBLAS GEMM on the operands as they lie (each with its rows or
+        its columns contiguous), into ``out`` (such a view too); with ``accumulate``, ``out += a @ b`` in
+        the same GEMM (beta = 1). The GEMM's arguments are worked out once per operand signature
+        (:attr:`PRODUCT_PLANS`). Returns out."""
         if not cublas_module.DIRECT:
             return self._matmul(a, b, out, accumulate)
         plans = self._product_plans()
@@ -199,12 +197,9 @@ class Products:
         return shape[0], shape[1], strides[0], strides[1]
 
     def bmm(self, a, b, out=None):
-        """``a @ b`` over one or two batch axes, (..., M, K) x (..., K, N), each matrix as it lies
-        (see :meth:`mm`). Where each operand's batch is one stride (the batch axes merge), one
-        ``gemmStridedBatched``; else (head views of a (B*T, n*D) projection: batch and head are
-        two strides) the three pointer arrays of ``gemmBatched`` made on the device by one
-        ``gemm_pointers`` launch (into a scratch buffer kept between products), then one
-        ``gemmBatched``: two launches, no operand copied. Returns out."""
+        """``a @ b`` over one or two batch axes, each matrix as it lies (see :meth:`mm`): one
+        ``gemmStridedBatched`` where each operand's batch is one stride, else (head views: batch and head
+        two strides) ``gemmBatched`` with pointer arrays from :meth:`_gemm_pointers`. Returns out."""
         if not cublas_module.DIRECT:
             return self._matmul(a, b, out)
         plans = self._product_plans()
