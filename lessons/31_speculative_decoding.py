@@ -245,14 +245,16 @@ ax0b = ax[0].twinx()
 ax0b.plot(ks, [r[2] for r in rows], "s--", color="tab:green")
 ax0b.set_ylabel("tokens per pass of the target")
 ax[0].set_title("acceptance against k")
-ax[0].legend(ax[0].get_lines() + ax0b.get_lines(), ["proposals accepted", "tokens per pass of the target"],
-             loc="center right", fontsize=8)
-ax[1].plot(ks, [r[3] for r in rows], "o-", label="speculative")
+ax[1].plot(ks, [r[3] for r in rows], "o-", color="tab:purple", label="speculative")
 ax[1].axhline(n_tokens / plain_seconds, color="black", ls=":", label="plain greedy")
-ax[1].set_xlabel("k")
+ax[1].set_xlabel("k (proposals a round)")
 ax[1].set_ylabel("tokens per second")
-ax[1].set_title("speed against k (this machine, one thread)")
-ax[1].legend(fontsize=8)
+ax[1].set_title("speed (this machine, one thread)")
+# the keys sit outside the panels (above the first, under the second), where a phone's narrow
+# column stacks the panels without a key landing on a neighbour's title
+fig.legend(ax[0].get_lines() + ax0b.get_lines(), ["proposals accepted", "tokens per pass of the target"],
+           loc="outside upper left", fontsize=8)
+fig.legend(*ax[1].get_legend_handles_labels(), loc="outside lower right", fontsize=8)
 show_figure(fig, "31_speed_vs_k.png")
 
 best = max(rows, key=lambda r: r[3])
