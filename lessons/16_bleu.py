@@ -318,7 +318,7 @@ for k_, colour in (("greedy", "tab:gray"), ("beam 4", "tab:purple")):
     ax[1].hist(boot[k_], bins=30, alpha=0.6, label=k_, color=colour)
     ax[1].axvline(hand[k_], color=colour, ls=":")
 ax[1].set_xlabel("corpus BLEU of a resample"); ax[1].set_ylabel("resamples")
-ax[1].set_title(f"{len(test)} test sentences, {N_BOOT} resamples")
+ax[1].set_title(f"bootstrap: {len(test)} sentences, {N_BOOT} resamples")
 fig.legend(*ax[1].get_legend_handles_labels(), loc="outside lower right", ncols=2, fontsize=8)
 fig.tight_layout(); show_figure(fig, "16_bleu.png")
 
