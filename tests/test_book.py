@@ -119,11 +119,12 @@ _LAYOUT = """() => ({
         const box = t.closest('div.math');
         return Math.round(t.getBoundingClientRect().left - box.getBoundingClientRect().left + box.scrollLeft);
     }),
-    tableCells: Array.from(document.querySelectorAll('article table')).flatMap(t => Array.from(t.querySelectorAll('td, th')))
-        .map(c => { const s = getComputedStyle(c), r = document.createRange(); r.selectNodeContents(c);
-                    return {text: c.innerText.trim().slice(0, 60),
-                            lines: Math.round(r.getBoundingClientRect().height / (parseFloat(s.lineHeight) || 1.5 * parseFloat(s.fontSize))),
-                            width: Math.round(c.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight))}; }),
+    tableCells: Array.from(document.querySelectorAll('article table td, article table th')).map(c => {
+        const s = getComputedStyle(c), r = document.createRange(), line = parseFloat(s.lineHeight) || 1.5 * parseFloat(s.fontSize);
+        r.selectNodeContents(c);
+        return {text: c.innerText.trim().slice(0, 60), lines: Math.round(r.getBoundingClientRect().height / line),
+                width: Math.round(c.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight))};
+    }),
     column: (() => { const a = document.querySelector('article') || document.body, s = getComputedStyle(a);
                      return a.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); })(),
     figures: Array.from(document.querySelectorAll('img')).filter(i => i.src.includes('/_images/')).map(i => {
@@ -348,8 +349,9 @@ def figures_on_a_phone(layout: dict) -> dict:
 def test_lesson_page_on_a_phone(lesson, site, browser):
     """At 390 px (a phone) every lesson reads: no sideways scrolling of the page, every display
     equation whole or scrolling in its own box, wrapped code under its own indentation, no table
-    cell squeezed into a column a few words wide, every figure within the column, never stretched beyond its own pixels, its smallest text at least
-    the body text's size, and a link to its full size. A screenshot goes to
+    cell squeezed into a column a few words wide, every figure within the column, never stretched
+    beyond its own pixels, its smallest text at least the body text's size, and a link to its
+    full size. A screenshot goes to
     build/book/screenshots/<lesson>-390.png; the counts are printed (pytest -s shows them)."""
     facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html",
                           book.SCREENSHOTS / f"{lesson.stem}-390.png", width=390)
