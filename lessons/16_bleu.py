@@ -29,6 +29,7 @@ import time
 from collections import Counter
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 from sacrebleu.metrics import BLEU, CHRF
 
 from attn import backend as B
@@ -318,6 +319,7 @@ for k_, colour in (("greedy", "tab:gray"), ("beam 4", "tab:purple")):
     ax[1].hist(boot[k_], bins=30, alpha=0.6, label=k_, color=colour)
     ax[1].axvline(hand[k_], color=colour, ls=":")
 ax[1].set_xlabel("corpus BLEU of a resample"); ax[1].set_ylabel("resamples")
+ax[1].yaxis.set_major_locator(MaxNLocator(steps=[1, 2, 2.5, 5, 10], prune="lower"))   # no 0 in the corner
 ax[1].set_title(f"bootstrap: {len(test)} sentences, {N_BOOT} resamples")
 fig.legend(*ax[1].get_legend_handles_labels(), loc="outside lower right", ncols=2, fontsize=8)
 fig.tight_layout(); show_figure(fig, "16_bleu.png")
