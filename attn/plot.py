@@ -156,7 +156,7 @@ def _wrap_to(t, room: float, renderer) -> bool:
     if long_side <= room * 1.02:
         return False
     width = max(12, int(max(len(line) for line in text.split("\n")) * room / long_side))
-    wrapped = "\n".join(textwrap.fill(" ".join(line.split()), width, break_on_hyphens=False)
+    wrapped = "\n".join(textwrap.fill(" ".join(line.split()), width, break_on_hyphens=False, break_long_words=False)
                         for line in text.split("\n"))
     if wrapped == text:
         return False
@@ -277,7 +277,9 @@ def _panels(fig) -> list:
 def _restack_for_a_phone(fig) -> None:
     """Lay ``fig`` out for a phone's column: its panels one under the other, each as tall as it
     was for its width (within limits), PHONE_WIDTH_IN wide, with constrained layout; a panel's
-    legend in a row of its own under it, colour bars drawn again beside their panel. A figure
+    legend in a row of its own under it, colour bars drawn again under their panel (the panel
+    keeps the column's width), each panel with margins of its own (a neighbour's long labels or
+    colour bar do not narrow it, as one column of a grid would). A figure
     that placed its own axes (no subplot grid) only changes size."""
     import warnings
     panels, bars = _panels(fig), _colour_bars(fig)
@@ -311,10 +313,10 @@ def _restack_for_a_phone(fig) -> None:
     row_axes = []
     for i, (ax, legend, _) in enumerate(rows):
         if ax is not None:
-            ax.set_subplotspec(grid[i])
+            ax.set_subplotspec(grid[i].subgridspec(1, 1)[0])     # its own margins, not its column's
         row_axes.append(ax if ax is not None else _legend_holder(fig, grid[i], *legend))
     for mappable, label in again:
-        fig.colorbar(mappable, ax=mappable.axes, label=label)
+        fig.colorbar(mappable, ax=mappable.axes, label=label, location="bottom", shrink=0.8)   # the width to the panel
     _phone_text(fig, panels)
     _relayout(fig)
     _wrap_long_labels(fig)
@@ -469,7 +471,10 @@ def _drop_crowded_minor_labels(fig) -> None:
 
 
 def _phone_rendering(fig) -> dict:
-    """``fig`` drawn for a phone (:func:`_restack_for_a_phone`): the PNG's text chunks, its text
+    """``fig`` drawn for a phone (:func:`_restack_for_a_phone`), or, where the figure carries one,
+    the phone variant its maker drew (``fig.attn_phone``, a function returning a ``Figure``
+    PHONE_WIDTH_IN wide, text at least PHONE_MIN_PT: a hand-placed drawing that restacking
+    cannot rearrange, see attn/diagram.py): the PNG's text chunks, its text
     size and overlaps, and the PNG itself (``attn:phone``, base64) when it reads on a phone:
     at most PHONE_COLUMN_PX CSS pixels wide, no text under PHONE_BODY_PX, none overlapping;
     otherwise ``attn:phone-refused`` says why, and the book shows the wide figure (book/conf.py).
@@ -479,8 +484,14 @@ def _phone_rendering(fig) -> dict:
     import warnings
     with warnings.catch_warnings():     # a layout tried and refused is no news for the lesson's output
         warnings.simplefilter("ignore")
+        variant = getattr(fig, "attn_phone", None)
+        if variant is not None:         # a drawing laid out for the phone by its maker (attn/diagram.py)
+            fig = variant()
+            if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
+                FigureCanvasAgg(fig)
         fig.set_dpi(PHONE_DPI)
-        _restack_for_a_phone(fig)
+        if variant is None:
+            _restack_for_a_phone(fig)
         out = io.BytesIO()
         fig.savefig(out, format="png", dpi=PHONE_DPI, bbox_inches="tight")
         meta = _metadata(fig, PHONE_DPI, "attn:phone-")
