@@ -306,7 +306,7 @@ print(f"central differences bottom out at {best['float64'][0]:.0e} (h = {best['f
       f"{margin['float64']:.0f} orders of magnitude in float64, {margin['float32']:.0f} in float32.")
 
 # %% [markdown]
-# Left: the green bars (every argument of every correct backward) sit many orders
+# The gradient checks: the green bars (every argument of every correct backward) sit many orders
 # of magnitude below the dotted 1e-7 line; the red ones (the arguments a broken
 # backward gets wrong) jump far above the dashed 1e-3 line, and the grey ones
 # (arguments whose formula the bug did not touch) stay down with the green. The
@@ -315,7 +315,7 @@ print(f"central differences bottom out at {best['float64'][0]:.0e} (h = {best['f
 # The key bias sits down with the green too, because `rel_error` switched to the
 # absolute difference for it.
 #
-# Right: going right to left, the error first falls (truncation, slope 2 for
+# The softmax's error against the step `h`: going right to left, the error first falls (truncation, slope 2 for
 # central and 1 for forward differences on a log-log plot, as fitted above) and
 # then rises again (rounding, slope -1). The second line under the figure says where
 # each precision bottoms out; `attn.gradcheck` uses `h = 1e-6`. In float32 the curve

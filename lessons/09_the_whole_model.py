@@ -406,12 +406,12 @@ ffn_total = sum(v for k, v in groups.items() if k.endswith("ffn"))
 print(f"the feed-forward networks hold {ffn_total / layer_total:.0%} of the layers' parameters")
 
 # %% [markdown]
-# Left: where the base model's parameters live. The feed-forward networks hold
+# The base model's bars: where its parameters live. The feed-forward networks hold
 # the largest share of the layers' parameters (printed above; $2 D F = 8 D^2$ per layer,
 # against $4 D^2$ per attention block); the decoder is bigger than the encoder by its
 # cross-attention; layer norms are a rounding error; the shared embedding is the
-# largest single matrix, and untying would add the two hatched bars. Right: the
-# rows of Table 3 the library can express, turned into the vocabulary size each
+# largest single matrix, and untying would add the two hatched bars. The paper's
+# count against the library's layers: the rows of Table 3 the library can express, turned into the vocabulary size each
 # one implies: the base family agrees on one size, the big model does not.
 #
 # ## Check
