@@ -303,6 +303,7 @@ def _restack_for_a_phone(fig) -> None:
         _wrap_long_labels(fig)
         _drop_crowded_minor_labels(fig)
         _within_the_column(fig)
+        _thin_crowded_labels(fig)
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -311,10 +312,11 @@ def _restack_for_a_phone(fig) -> None:
     fig.set_size_inches(PHONE_WIDTH_IN, sum(h for _, _, h in rows) + (0.4 if getattr(fig, "_suptitle", None) else 0.0))
     grid = fig.add_gridspec(len(rows), 1, height_ratios=[h for _, _, h in rows])
     row_axes = []
-    for i, (ax, legend, _) in enumerate(rows):
+    for i, (ax, extra, _) in enumerate(rows):
         if ax is not None:
             ax.set_subplotspec(grid[i].subgridspec(1, 1)[0])     # its own margins, not its column's
-        row_axes.append(ax if ax is not None else _legend_holder(fig, grid[i], *legend))
+        row_axes.append(ax if ax is not None else _title_holder(fig, grid[i], extra) if isinstance(extra, str)
+                        else _legend_holder(fig, grid[i], *extra))
     for mappable, label in again:
         fig.colorbar(mappable, ax=mappable.axes, label=label, location="bottom", shrink=0.8)   # the width to the panel
     _phone_text(fig, panels)
@@ -324,24 +326,59 @@ def _restack_for_a_phone(fig) -> None:
     _fill_the_width(fig, panels)
     _drop_crowded_minor_labels(fig)
     _within_the_column(fig)
+    _thin_crowded_labels(fig)
 
 
 def _legend_rows(panels, heights) -> list:
-    """[(panel, None, height) or (None, (handles, labels), height)]: each panel, and under a panel
-    that had a legend, a row for it (taken off the panel, its labels wrapped for the phone)."""
+    """[(panel, None, height), (None, title, height) or (None, (handles, labels), height)]: each
+    panel; above a panel that had a title, a row for it, as wide as the column (a panel narrowed
+    by long tick labels would wrap its title into a tower of short lines); under a panel that had
+    a legend, a row for it. Both are taken off the panel, wrapped for the phone."""
     import textwrap
     rows = []
     for ax, height in zip(panels, heights):
+        title = " ".join(t.get_text() for t in (ax._left_title, ax.title, ax._right_title) if t.get_text())
+        if title and "$" not in title:
+            for t in (ax._left_title, ax.title, ax._right_title):
+                t.set_text("")
+            title = _wrapped_to_the_column(ax.get_figure(root=True), " ".join(title.split()), TITLE_PT)
+            rows.append((None, title, (1.3 * (title.count("\n") + 1)) * TITLE_PT / 72 + 0.12))
         rows.append((ax, None, height))
         legend = ax.get_legend()
         if legend is None or not legend.get_texts():
             continue
         handles = legend.legend_handles
-        labels = [textwrap.fill(t.get_text(), 26) for t in legend.get_texts()]
+        labels = [textwrap.fill(t.get_text(), 22) for t in legend.get_texts()]
         legend.remove()
         lines = sum(label.count("\n") + 1 for label in labels)
         rows.append((None, (handles, labels), (1.4 * lines + 0.8 * len(labels)) * PHONE_MIN_PT / 72 + 0.25))
     return rows
+
+
+#: A phone rendering's titles, in points: 1.25 times its smallest text (:func:`_phone_text`).
+TITLE_PT = 1.25 * PHONE_MIN_PT
+
+
+def _wrapped_to_the_column(fig, text: str, size: float) -> str:
+    """``text`` broken into lines at spaces, each at most PHONE_WIDTH_IN (less a margin) wide at ``size`` points."""
+    import textwrap
+    if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":
+        FigureCanvasAgg(fig)
+    probe = fig.text(0, 0, text, fontsize=size)
+    per_char = probe.get_window_extent(fig.canvas.get_renderer()).width / max(len(text), 1) / fig.dpi
+    probe.remove()
+    return textwrap.fill(text, max(12, int(0.92 * PHONE_WIDTH_IN / max(per_char, 1e-6))), break_long_words=False)
+
+
+def _title_holder(fig, spec, title):
+    """An empty axes in its own row of the grid, holding a panel's title at the figure's left edge
+    (kept out of the layout: the row's height is the room made for it)."""
+    from matplotlib.transforms import blended_transform_factory
+    holder = fig.add_subplot(spec)
+    holder.axis("off")
+    holder.text(0.02, 0.0, title, fontsize=TITLE_PT, va="bottom", ha="left", in_layout=False,
+                transform=blended_transform_factory(fig.transFigure, holder.transAxes))
+    return holder
 
 
 def _legend_holder(fig, spec, handles, labels):
@@ -384,14 +421,17 @@ def _phone_text(fig, panels) -> None:
 
 def _room_for_tick_labels(fig, panels, grid, heights) -> None:
     """A panel squeezed flat by its titles and labels (under 0.6 times its width), or whose y tick
-    labels (a bar chart's categories) need more height than it has at a phone's text size, grows,
-    and the figure with it, until it has the height and they fit a line apart."""
-    for _ in range(3):
-        _lay_out(fig)
+    labels (a bar chart's categories) need more height than it has at a phone's text size, grows
+    by the height it lacks (at most three times its own a round), and the figure with it, until it
+    has the height and they fit a line apart."""
+    for _ in range(4):
+        for _ in range(2):                  # constrained layout settles over a few runs (ticks move)
+            fig.stale = True
+            _lay_out(fig)
         renderer = fig.canvas.get_renderer()
-        grow = [1.0] * len(panels)
+        lack = [0.0] * len(panels)          # inches a panel's row grows by: what the panel lacks
         for i, ax in enumerate(panels):
-            if not ax.axison:               # a legend's row
+            if not ax.axison:               # a legend's or a title's row
                 continue
             lo, hi = sorted(ax.yaxis.get_view_interval())
             labels = [t.label1 for t in ax.yaxis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
@@ -399,13 +439,12 @@ def _room_for_tick_labels(fig, panels, grid, heights) -> None:
             need = 0.6 * box.width if ax.get_aspect() == "auto" else 0.0
             if len(labels) > 1:
                 need = max(need, 1.4 * len(labels) * max(t.get_window_extent(renderer).height for t in labels))
-            grow[i] = min(3.0, max(1.0, need / max(box.height, 1.0)))
-        if max(grow) <= 1.02:
+            lack[i] = min(3.0 * max(box.height, 0.3 * fig.dpi), max(0.0, need - box.height)) / fig.dpi
+        if max(lack) <= 0.02:
             return
-        heights[:] = [h * g for h, g in zip(heights, grow)]
+        heights[:] = [h + extra for h, extra in zip(heights, lack)]
         grid.set_height_ratios(heights)
-        fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() * sum(heights) / (sum(heights) - sum(
-            h - h / g for h, g in zip(heights, grow))))
+        fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + sum(lack))
 
 
 def _fill_the_width(fig, panels) -> None:
@@ -468,6 +507,32 @@ def _drop_crowded_minor_labels(fig) -> None:
                     lambda v, pos: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5) else ""))
             elif axis is ax.xaxis:          # a bar chart's category names: upright
                 ax.tick_params(axis="x", labelrotation=90)
+
+
+def _thin_crowded_labels(fig) -> None:
+    """Tick labels that still run into each other at a phone's size, numbers (2, 4, ... 20 set one
+    per step) or an image's rows and columns (a heatmap's tokens), keep every k-th tick, the least
+    k that sets them apart. A bar chart's category names are left whole: a bar needs its name."""
+    import re
+    from matplotlib.ticker import FixedFormatter, FixedLocator
+    _lay_out(fig)
+    renderer = fig.canvas.get_renderer()
+    for ax in (ax for ax in fig.axes if ax.axison):
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            ticks = [t for t in axis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
+            texts = [t.label1.get_text() for t in ticks]
+            numbers = all(re.search(r"\d", x) and not re.search(r"[a-df-zA-Z]", x.replace("\\mathdefault", ""))
+                          for x in texts)
+            if len(ticks) < 3 or not (numbers or ax.images):
+                continue
+            boxes = [_corners(t.label1, renderer) for t in ticks]
+            apart = lambda k: all(_depth(boxes[i], boxes[i + k]) <= 1 for i in range(len(boxes) - k))  # noqa: E731
+            if apart(1):
+                continue
+            k = next((k for k in range(2, len(ticks)) if apart(k)), len(ticks))
+            axis.set_major_locator(FixedLocator([t.get_loc() for t in ticks[::k]]))
+            axis.set_major_formatter(FixedFormatter(texts[::k]))
 
 
 def _phone_rendering(fig) -> dict:
