@@ -16,7 +16,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch
 
-from .plot import PHONE_MIN_PT, PHONE_WIDTH_IN
+from .figure_layout import PHONE_MIN_PT, PHONE_WIDTH_IN
 
 COLORS = {"attention": "#fbe3c4", "ffn": "#d4ecf7", "norm": "#f6f3b7", "embed": "#f3d3dc",
           "linear": "#e2e2f4", "softmax": "#d9f0d3", "plain": "#f2f2f2", "mask": "#e8e8e8"}
