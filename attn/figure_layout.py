@@ -83,15 +83,17 @@ def _wrap_long_labels(fig) -> None:
 
 def _drawn_texts(fig) -> list:
     """The texts a drawing of ``fig`` shows: every visible, non-empty text but the tick labels
-    of ticks outside their axis' view (matplotlib keeps those, undrawn)."""
+    of ticks outside their axis' view (matplotlib keeps those, undrawn). As matplotlib decides,
+    in the axis' scale: on a logarithmic one, 1e-15 lies outside a view from 3e-13."""
     ticks, drawn = set(), []
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
-            lo, hi = sorted(axis.get_view_interval())
+            scale = axis.get_transform().transform
+            lo, hi = sorted(float(v) for v in scale(list(axis.get_view_interval())))
             pad = 1e-9 * max(1.0, abs(hi - lo))
             for tick in axis.get_major_ticks() + axis.get_minor_ticks():
                 ticks.update((id(tick.label1), id(tick.label2)))
-                if lo - pad <= tick.get_loc() <= hi + pad:
+                if lo - pad <= float(scale([tick.get_loc()])[0]) <= hi + pad:
                     drawn += [t for t in (tick.label1, tick.label2) if t.get_visible() and t.get_text().strip()]
     return [t for t in _texts(fig) if id(t) not in ticks] + drawn
 
@@ -405,7 +407,7 @@ def _thin_crowded_labels(fig) -> None:
     per step) or an image's rows and columns (a heatmap's tokens), keep every k-th tick, the least
     k that sets them apart. A bar chart's category names are left whole: a bar needs its name."""
     import re
-    from matplotlib.ticker import FixedFormatter, FixedLocator
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter
     _lay_out(fig)
     renderer = fig.canvas.get_renderer()
     for ax in (ax for ax in fig.axes if ax.axison):
@@ -424,3 +426,4 @@ def _thin_crowded_labels(fig) -> None:
                 continue
             axis.set_major_locator(FixedLocator([t.get_loc() for t in ticks[::k]]))
             axis.set_major_formatter(FixedFormatter(texts[::k]))
+            axis.set_minor_formatter(NullFormatter())       # a log axis labels its decades between

@@ -182,3 +182,18 @@ def test_the_diagrams_phone_variants_are_served(tmp_path, monkeypatch):
         assert "attn:phone-refused" not in text, (name, text["attn:phone-refused"], text["attn:phone-overlaps"][:300])
         assert float(text["attn:phone-text-px"]) / 2 >= 16 and text["attn:overlaps"] == "", (name, text)
         assert tuple(fig.get_size_inches()) == wide, name
+
+
+def test_labels_of_ticks_outside_a_log_axis_view_are_not_counted():
+    """matplotlib leaves a tick outside the view undrawn, judged in the axis' scale: on a log axis
+    from about 3e-13, the locator's tick at 1e-15 shows no label, so it cannot run into the y
+    axis' labels in the corner; drawn labels that crowd still count."""
+    from attn.plot import text_overlaps
+    fig = Figure(figsize=(3.3, 2.5), dpi=200)
+    ax = fig.add_subplot()
+    ax.loglog([1e-12, 1e-1], [1e-11, 1.0])
+    ax.tick_params(labelsize=12)
+    fig.set_layout_engine("constrained")
+    assert text_overlaps(fig) == [], text_overlaps(fig)
+    ax.tick_params(labelsize=40)
+    assert text_overlaps(fig), "drawn labels that crowd must still count"
