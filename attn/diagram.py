@@ -91,6 +91,62 @@ def architecture(parameter_names, n_encoder_layers: int, n_decoder_layers: int, 
                     f"({', '.join(s for s in dec if not s.startswith('norm'))}, likewise); the encoder's output, "
                     "the memory, feeds every cross-attention; below each stack the positional encoding is added "
                     "to the embeddings, the output projection and softmax above.")
+    fig.attn_phone = lambda: _architecture_for_a_phone(enc, dec, n_encoder_layers, n_decoder_layers, d_model,
+                                                       n_heads, d_ff, fig.attn_alt)
+    return fig
+
+
+_PHONE_LABELS = {("encoder", "self_attn"): ("Self-\nattention", "attention"),
+                 ("decoder", "self_attn"): ("Masked\nself-attention", "attention"),
+                 ("decoder", "cross_attn"): ("Cross-\nattention", "attention")}
+
+
+def _architecture_for_a_phone(enc, dec, n_enc, n_dec, d_model, n_heads, d_ff, alt) -> Figure:
+    """:func:`architecture` drawn for a phone's column, in inches: the two stacks side by side with
+    shorter names (the feed-forward's sizes go to the note above), the positional encoding (PE)
+    entering both sums from between them, each stack's name and depth under its inputs."""
+    pt, bw, top = _pt(10, True), 1.3, 2.1 + 1.15 * max(len(enc), len(dec)) / 2 + 2.0
+    fig, ax = _canvas(PHONE_WIDTH_IN, top, (0, PHONE_WIDTH_IN), (0, top))
+    ends = {}
+    for stack, x, sub, n, out in (("encoder", 0.85, enc, n_enc, -1), ("decoder", 2.45, dec, n_dec, 1)):
+        below = "inputs\n(source ids)" if stack == "encoder" else "outputs, shifted\nright: <s> +\ntarget ids"
+        ax.text(x, 0.95, below, ha="center", va="top", fontsize=pt)
+        ax.text(x, 0.02, f"{stack.capitalize()} x {n}", ha="center", va="bottom", fontsize=pt, weight="bold")
+        _box(ax, x, 1.4, bw, 0.5, f"Embedding\nx √{d_model}", "embed", size=pt)
+        _arrow(ax, (x, 1.0), (x, 1.15))
+        ax.add_patch(Circle((x, 1.9), 0.08, fc="white", ec="#333333", lw=1.1))
+        ax.plot([x - 0.05, x + 0.05], [1.9, 1.9], color="#333333", lw=1.1)
+        ax.plot([x, x], [1.85, 1.95], color="#333333", lw=1.1)
+        _arrow(ax, (x, 1.65), (x, 1.82))
+        _arrow(ax, (1.65 + 0.17 * out, 1.9), (x - 0.09 * out, 1.9))
+        y, y_in, ys = 2.1, 1.98, {}
+        for name in (s for s in sub if not s.startswith("norm")):
+            label, kind = _PHONE_LABELS.get((stack, name), ("Feed\nforward", "ffn"))
+            _box(ax, x, y + 0.3, bw, 0.5, label, kind, size=pt)
+            _box(ax, x, y + 0.85, bw, 0.3, "Add & Norm", "norm", size=pt)
+            _arrow(ax, (x, y_in), (x, y + 0.05))
+            _arrow(ax, (x, y + 0.55), (x, y + 0.7))
+            rx = x + out * (bw / 2 + 0.1)
+            ax.plot([x, rx, rx], [y_in + 0.04, y_in + 0.04, y + 0.85], color="#555555", lw=1.0)
+            _arrow(ax, (rx, y + 0.85), (x + out * bw / 2, y + 0.85), color="#555555")
+            ys[name], y_in, y = y + 0.3, y + 1.0, y + 1.15
+        ax.add_patch(FancyBboxPatch((x - bw / 2 - (0.14 if out < 0 else 0.04), 2.02), bw + 0.18, y - 2.1,
+                                    boxstyle="round,pad=0.02,rounding_size=0.08", fc="none", ec="#777777", lw=1.2))
+        ends[stack] = (x, y_in, ys)
+    ax.text(1.65, 1.9, "PE", ha="center", va="center", fontsize=pt)
+    (ex, ey, _), (dx, dy, dys) = ends["encoder"], ends["decoder"]
+    if "cross_attn" in dys:
+        ax.plot([ex, ex, 1.65, 1.65], [ey, ey + 0.15, ey + 0.15, dys["cross_attn"]], color="#b05a00", lw=1.3)
+        _arrow(ax, (1.65, dys["cross_attn"]), (dx - bw / 2, dys["cross_attn"]), color="#b05a00")
+        ax.text(0.05, ey + 0.25, "memory (K, V)", color="#b05a00", fontsize=pt, va="bottom")
+    _box(ax, dx, dy + 0.45, 1.5, 0.5, "Linear\n(x Embeddingᵀ)", "linear", size=pt)
+    _box(ax, dx, dy + 1.05, 1.5, 0.3, "Softmax", "softmax", size=pt)
+    for a, b in ((dy, dy + 0.2), (dy + 0.7, dy + 0.9), (dy + 1.2, dy + 1.4)):
+        _arrow(ax, (dx, a), (dx, b))
+    ax.text(PHONE_WIDTH_IN - 0.02, dy + 1.45, "output\nprobabilities", ha="right", va="bottom", fontsize=pt)
+    ax.text(0.05, ey + 0.65, f"d_model {d_model},\n{n_heads} heads,\nd_ff {d_ff};\nPE: positional\nencoding",
+            va="bottom", fontsize=pt)
+    fig.attn_alt = alt
     return fig
 
 

@@ -163,7 +163,8 @@ def test_each_phone_panel_has_margins_of_its_own(tmp_path, monkeypatch):
 
 def test_the_diagrams_phone_variants_are_served(tmp_path, monkeypatch):
     """A hand-placed diagram that restacking cannot rearrange carries a phone variant of its own
-    (``attn_phone``): Figure 2's halves one under the other, the key cache's steps with their
+    (``attn_phone``): Figure 1's stacks with shorter names, Figure 2's halves one under the other,
+    the key cache's steps with their
     shapes on lines of their own, beam search's tree top to bottom. Each is served (it fits the
     column, text at the body's size, none overlapping), and the wide figure stays as it was."""
     from attn import diagram
@@ -172,7 +173,10 @@ def test_the_diagrams_phone_variants_are_served(tmp_path, monkeypatch):
     steps = [[(0, 0, -0.12), (0, 1, -5.29), (0, 2, -5.42), (0, 3, -6.06)],
              [(0, 1, -0.93), (0, 4, -2.22), (0, 5, -3.11), (0, 6, -3.53)],
              [(1, 7, -2.39), (0, 8, -3.01), (0, 9, -3.19), (2, 10, -3.20)]]
+    from attn.model import TransformerConfig, parameter_shapes
+    cfg = TransformerConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2)
     figures = {"attention": diagram.attention_figure(n_heads=4, d_k=4),
+               "architecture": diagram.architecture(parameter_shapes(cfg), 2, 2, 32, 4, 64),
                "cache": diagram.kv_cache([(1, 4, t, 8) for t in range(1, 7)], (1, 4, 9, 8),
                                          ["<s>", "kas", "kin", "dek", "viren", "ba"]),
                "beams": diagram.beam_tree(steps, words.__getitem__, chosen=[0, 4, 7], greedy=[0, 1, 8])}
