@@ -330,7 +330,7 @@ def _room_for_tick_labels(fig, panels, grid, heights) -> None:
             labels = [t.label1 for t in ax.yaxis.get_major_ticks() if lo <= t.get_loc() <= hi and t.label1.get_text()]
             box = ax.get_window_extent(renderer)
             need = 0.6 * box.width if ax.get_aspect() == "auto" else 0.0
-            if len(labels) > 1:
+            if len(labels) > 1 and ax.get_aspect() == "auto":   # an image's width fixes its height: thinned instead
                 need = max(need, 1.4 * len(labels) * max(t.get_window_extent(renderer).height for t in labels))
             lack[i] = min(3.0 * max(box.height, 0.3 * fig.dpi), max(0.0, need - box.height)) / fig.dpi
         if max(lack) <= 0.02:

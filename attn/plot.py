@@ -384,3 +384,25 @@ def plot_precision_curves(curves: dict, path, k: int = 20, title: str = "") -> P
     bottom.grid(alpha=0.3)
     bottom.legend()
     return _save(fig, path)
+
+
+def show_figure_with_phone(fig, phone, name: str, dpi: int = 110, alt: str | None = None) -> Path:
+    """:func:`show_figure` for a figure that no restacking fits to a phone's column (a diagram drawn
+    by hand across the page), with ``phone``, the lesson's own layout of it for that column
+    (PHONE_WIDTH_IN wide, its text PHONE_MIN_PT): in the book's build the PNG carries ``phone``'s
+    rendering (:func:`_phone_rendering`, checked the same way) in place of ``fig``'s. Returns the path."""
+    from PIL import Image, PngImagePlugin
+    path = show_figure(fig, name, dpi, alt)
+    if not phone_figures_wanted():
+        return path
+    if phone.canvas is None or type(phone.canvas).__name__ == "FigureCanvasBase":
+        FigureCanvasAgg(phone)
+    meta = _phone_rendering(phone)
+    with Image.open(path) as im:
+        chunks = {k: v for k, v in im.text.items() if not k.startswith("attn:phone")}
+        wide = im.copy()
+    info = PngImagePlugin.PngInfo()
+    for key, value in {**chunks, **meta}.items():
+        info.add_text(key, value, zip=len(value) > 200)
+    wide.save(path, pnginfo=info)
+    return path

@@ -71,7 +71,7 @@ def memory(model, vocab, sentences: list, engine: str) -> dict:
 
 
 def translator(path: Path, data: Path, src: str, tgt: str, limit: int, engine: str = "fast",
-               memory_sentences: int = 0) -> dict:
+               memory_sentences: int = 0, split: str = "test") -> dict:
     """The translator's figures; ``path`` a checkpoint, or a folder written by attn-export (its
     numbers as the page reads them: web/model is the shipped toy model, float16 widened); both
     models decode and are evaluated on ``engine``."""
@@ -83,9 +83,9 @@ def translator(path: Path, data: Path, src: str, tgt: str, limit: int, engine: s
     int8 = quantize_model(model)
     val = encode_pairs(read_parallel(data, src, tgt, "val"), vocab, max_len=model.config.max_len)
     batches = make_batches(val, 4096, shuffle=False)
-    test = [p for p in read_parallel(data, src, tgt, "test") if p[0]][:limit or None]
+    test = [p for p in read_parallel(data, src, tgt, split) if p[0]][:limit or None]
     out = {"checkpoint": str(path), "parameters": model.num_parameters(), "val_pairs": len(val),
-           "test_sentences": len(test), "engine": engine}
+           "test_sentences": len(test), "bleu_split": split, "engine": engine}
     if memory_sentences and B.get_backend() == "numpy":
         out["memory"] = memory(model, vocab, test[:memory_sentences], engine)
     for name, m in (("fp32", for_inference(model, engine)), ("int8", for_inference(int8, engine))):
@@ -128,7 +128,7 @@ def report(r: dict) -> None:
     if "translator" in r:
         t = r["translator"]
         print(f"translator {t['checkpoint']}: {t['parameters']:,} parameters; {t['val_pairs']} validation pairs, "
-              f"{t['test_sentences']} test sentences (greedy); engine {t.get('engine', 'reference')}")
+              f"{t['test_sentences']} {t.get('bleu_split', 'test')} sentences (greedy); engine {t.get('engine', 'reference')}")
         for k in ("fp32", "int8"):
             print(f"  {k}: val loss {t[k]['val_nll']:.5f}  BLEU {t[k]['bleu']:.2f}  "
                   f"(val {t[k]['val_seconds']:.1f} s, BLEU {t[k]['bleu_seconds']:.1f} s)")
@@ -165,7 +165,9 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=ROOT / "data" / "toy")
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="tk")
-    p.add_argument("--limit", type=int, default=1000, help="test sentences to translate (0: all)")
+    p.add_argument("--limit", type=int, default=1000, help="sentences of --bleu-split to translate (0: all)")
+    p.add_argument("--bleu-split", choices=("test", "val"), default="test",
+                   help="the split whose sentences BLEU is measured on (default test)")
     p.add_argument("--lm", type=Path, help="a checkpoint of attn-train --task lm")
     p.add_argument("--engine", choices=("fast", "reference"), default="fast",
                    help="the engine that runs both models: fast (attn.fast, the int8 one dequantised as each "
@@ -181,7 +183,7 @@ def main(argv=None) -> int:
     result = {}
     if args.translator:
         result["translator"] = translator(args.translator, args.data, args.src, args.tgt, args.limit, args.engine,
-                                          args.memory_sentences)
+                                          args.memory_sentences, args.bleu_split)
     if args.lm:
         result["lm"] = language_model(args.lm, args.engine)
     args.json.parent.mkdir(parents=True, exist_ok=True)

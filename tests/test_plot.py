@@ -201,3 +201,30 @@ def test_labels_of_ticks_outside_a_log_axis_view_are_not_counted():
     assert text_overlaps(fig) == [], text_overlaps(fig)
     ax.tick_params(labelsize=40)
     assert text_overlaps(fig), "drawn labels that crowd must still count"
+
+
+def test_a_diagram_comes_with_its_own_layout_for_a_phone(tmp_path, monkeypatch):
+    """A hand-placed drawing that restacking cannot fit to a phone (the refused one above) is
+    served there in the lesson's own layout for the column, checked like any phone rendering; the
+    wide figure and its own chunks are kept."""
+    import base64
+    import io
+    from attn.plot import show_figure_with_phone
+    wide = Figure(figsize=(6, 1))
+    wide.add_axes([0, 0, 1, 1]).axis("off")
+    wide.text(0.05, 0.5, "the encoder's stack of layers", fontsize=6)
+    wide.text(0.4, 0.5, "the decoder's stack", fontsize=6)
+    phone = Figure(figsize=(3.3, 1.2))
+    phone.add_axes([0, 0, 1, 1]).axis("off")
+    phone.text(0.05, 0.7, "the encoder's stack of layers", fontsize=12)
+    phone.text(0.05, 0.3, "the decoder's stack", fontsize=12)
+    monkeypatch.setenv("ATTN_LESSONS_OUT", str(tmp_path))
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    path = show_figure_with_phone(wide, phone, "d.png")
+    with Image.open(path) as im:
+        text, size = dict(im.text), im.size
+    assert "attn:phone-refused" not in text and text["attn:phone-overlaps"] == "", text
+    assert text["attn:overlaps"] == "" and text["Description"], text
+    with Image.open(io.BytesIO(base64.b64decode(text["attn:phone"]))) as shown:
+        assert shown.size[0] / 2 <= 358 and shown.size[1] > shown.size[0] / 3, shown.size    # two lines, not one
+    assert size[0] > 4 * size[1], size                                                         # the wide one
