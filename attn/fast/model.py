@@ -216,7 +216,7 @@ class FastTransformer:
         keys and values of all decoder layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]``
         (D, 2D*L). The ``1/sqrt(d_k)`` scale is applied by the softmax (its kernel on CuPy).
         Called once by every forward, encoding and decoding: where the products read bf16
-        (:class:`attn.fast.gpu.kernels.Bf16CupyOps`), the weights' bf16 copy is made here. An
+        (:class:`attn.fast.gpu.kernels.products.Bf16Products`), the weights' bf16 copy is made here. An
         int8 model's items are made each time they are read, dequantised (:func:`each_for`)."""
         self._own_params()
         prepare = getattr(self.ops, "prepare_weights", None)
