@@ -17,8 +17,9 @@ reference is always there; others are registered as entry points of the group
 
 The contract is written as :class:`typing.Protocol` classes, which a test holds both engines
 to, method by method and signature by signature: :class:`Engine` (what makes a run's parts),
-:class:`Model` (what every engine's model answers: the readable model's public methods) and
-:class:`Search` (what the searches step). Neither engine's model is a subclass of the other's;
+:class:`Model` (what every engine's model answers: the readable model's public methods),
+:class:`DecodingState` (its key/value cache: a length and a rollback) and :class:`Search` (what
+the searches step). Neither engine's model is a subclass of the other's;
 what they share are functions: the config, :func:`attn.model.parameter_shapes`,
 :func:`attn.model.init_params` and the checkpoint format.
 
@@ -74,9 +75,29 @@ class Model(Protocol):
 
     def cross_attention_kv(self, memory) -> list: ...
 
+    def start_decoding(self, memory, src_mask) -> "DecodingState":
+        """The :class:`DecodingState` before the first position (a language model: ``(None, None)``)."""
+
+    def decode_positions(self, tokens, state: "DecodingState"):
+        """Tokens (B, T) read in one pass through ``state``'s cache, each position attending to the
+        cache and to the new ones up to its own: ``(log-probabilities (B, T, V), the new state, the
+        cross-attention weights per layer)``. Speculative decoding checks a draft's tokens so."""
+
     def state_arrays(self) -> dict: ...
 
     def save(self, path, extra_arrays=None, extra_meta=None): ...
+
+
+class DecodingState(Protocol):
+    """What a model's key/value cache answers (:meth:`Model.start_decoding`, each engine's own:
+    :class:`attn.model.DecodeState`, the fast engine's in :mod:`attn.fast.decoding`): how many
+    positions it holds, and the rollback that speculative decoding asks of either engine."""
+
+    length: int
+
+    def truncate(self, length: int) -> "DecodingState":
+        """The state as it was after its first ``length`` positions (0..:attr:`length`), the later
+        positions' keys and values forgotten; the state it was truncated from may not be used again."""
 
 
 class Search(Protocol):
@@ -272,6 +293,20 @@ def check_precision(engine: Engine, precision: Precision) -> None:
     if Precision.of(precision).name not in engine.precisions:
         raise EngineError(f"precision {Precision.of(precision).name} is not one of the {engine.name} engine's "
                           f"({', '.join(engine.precisions)})")
+
+
+def for_inference(model: Transformer, engine: str | None = None) -> Model:
+    """The readable ``model`` as ``engine`` decodes and evaluates it: ``"reference"``, as it is;
+    another engine's name, that engine's model over the same parameters. None decides from the
+    parameters: an int8 model (:class:`attn.quantize.Int8Params`) runs on the fast engine, its
+    matrices dequantised as each layer reads them (:mod:`attn.fast.core.int8`); any other on the
+    readable model. The one place ``attn-translate`` (``--reference``) and the benchmarks choose."""
+    from .quantize import Int8Params
+    if engine is None:
+        engine = "fast" if isinstance(model.params, Int8Params) else "reference"
+    if engine == "reference":
+        return model
+    return get(engine).model(model.config, dtype=model.dtype, params=model.params)
 
 
 def names() -> list:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 
 from . import backend as B
+from .quantize import refuse_training
 
 
 def noam_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
@@ -68,6 +69,7 @@ class Adam:
 
     def __init__(self, params: dict, d_model: int, warmup_steps: int = 4000, lr_factor: float = 1.0,
                  betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None, cooldown: float = 0.0):
+        refuse_training(params, "Adam")
         self.params = params
         self.d_model, self.warmup_steps, self.lr_factor = d_model, warmup_steps, lr_factor
         self.cooldown, self.scale = cooldown, cooldown_scale(0.0, cooldown)

@@ -100,6 +100,21 @@ def quantize_matrix(name: str, w):
     return q.T.copy(), scale.T.copy()
 
 
+class Int8TrainingError(ValueError):
+    """An int8 model asked to train: its matrices are rounded copies that no step can update."""
+
+
+def refuse_training(params, what: str) -> None:
+    """:class:`Int8TrainingError` naming ``what`` (the flag or the call that would train) where
+    ``params`` are an :class:`Int8Params`: an int8 model is for inference (the readable engine's
+    Adam, the fast engine's optimizer and backward, ``attn-train --resume-from`` all ask here)."""
+    if isinstance(params, Int8Params):
+        raise Int8TrainingError(f"{what}: an int8 model is for inference (its matrices are rounded copies that "
+                                "a step cannot update); train the float32 checkpoint it was quantised from "
+                                "(attn-train --resume-from FLOAT32_CHECKPOINT) and quantise it again "
+                                "(python -m attn.quantize)")
+
+
 class Int8Params(Mapping):
     """A model's ``params`` with its matrices in int8: ``params[name]`` is ``q * scale`` in
     float32, computed at each lookup (on the fly; nothing float is kept), or the float32 vector.

@@ -2,7 +2,7 @@
 Speculative Decoding"; Chen et al. 2023 call it speculative sampling): a small draft model
 proposes k tokens, one at a time through its own key/value cache; the target model reads all k
 (and the token before them) in ONE pass over k + 1 positions through its cache
-(:meth:`attn.model.Transformer.decode_positions`), and keeps a prefix of them:
+(:meth:`attn.engine.Model.decode_positions`), and keeps a prefix of them:
 
     q_j = the draft's distribution at proposal j,  d_j ~ q_j          j = 0 .. k-1
     p_j = the target's at the same position                          j = 0 .. k   (one pass)
@@ -22,11 +22,12 @@ draft token is accepted exactly when it is the target's argmax, and the rejectio
 ``max(0, p - q)`` is the target's argmax: the output is the target's greedy output, token for
 token, and the draft changes only how many passes of the target it takes.
 
-The rejected positions are rolled back from both caches (:meth:`attn.model.DecodeState.truncate`).
+The rejected positions are rolled back from both caches (:meth:`attn.engine.DecodingState.truncate`).
 Each call decodes one sequence (a translator's sentences one at a time): the accepted lengths of
 a batch's rows differ. Both models read the same tokens and must share the vocabulary; a
-translator's draft reads the same source through its own encoder. The readable model runs it;
-the fast engine's caches (``attn/fast/decoding/``) cannot roll back, and it is refused.
+translator's draft reads the same source through its own encoder. Target and draft each run on
+either engine: only the engine interface's :meth:`~attn.engine.Model.start_decoding`,
+:meth:`~attn.engine.Model.decode_positions` and the state's ``truncate`` are asked of them.
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from . import backend as B
-from . import engine as engines
 from .block import parts
 from .data import BOS, EOS, PAD
 from .decode import BANNED, EXTRA_LENGTH, DecodeResult
@@ -122,10 +122,6 @@ class Reader:
     (``fed``, positions), the log-probabilities of what follows, the rollback."""
 
     def __init__(self, model, memory=None, src_mask=None):
-        if isinstance(model, engines.Tuned):
-            raise ValueError(f"speculative decoding runs on the readable engine (attn.model.Transformer): the fast "
-                             f"engine's caches (attn/fast/decoding/) cannot roll back rejected positions; "
-                             f"got a {type(model).__name__}")
         self.model = model
         self.state = model.start_decoding(memory, src_mask)
 

@@ -32,6 +32,7 @@ from typing import Iterator
 
 from . import backend as B
 from .checkpoint import CheckpointError, load_npz
+from .engine import for_inference
 from .evaluate import MAX_ALPHA, MAX_BEAM, MAX_SOURCE_TOKENS, MAX_SOURCE_TOKENS_LIMIT
 
 #: Tokens a --draft proposes a round unless --speculate says, and the most it may.
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "standard error")
     p.add_argument("--speculate", type=int, default=None, metavar="K",
                    help="tokens the --draft proposes a round (default 4; 0: the model alone)")
+    p.add_argument("--reference", action="store_true",
+                   help="decode an int8 checkpoint with the readable model (attn.model), not the attn.fast engine "
+                        "(its default for int8: each matrix dequantised as a layer reads it); a float32 "
+                        "checkpoint decodes with the readable model either way")
     p.add_argument("--backend", choices=("numpy", "cupy", "auto"),
                    default=os.environ.get("ATTN_BACKEND", "numpy").strip().lower() or "numpy",
                    help="array backend: numpy (CPU), cupy (GPU), or auto (cupy where a GPU is usable); "
@@ -427,6 +432,8 @@ def main(argv=None) -> int:
             print(f"attn-translate: {notice}", file=sys.stderr)
         model, vocab = load_translator(run_model(args.checkpoint), args.adapter)
         draft = _load_draft(args, model, vocab)
+        model, draft = (None if m is None else for_inference(m, "reference" if args.reference else None)
+                        for m in (model, draft))
     except (CheckpointError, B.BackendError) as e:
         return _fail(str(e))
     batches = iter([(1, args.sentences)]) if args.sentences else stdin_batches(sys.stdin.buffer, args.batch_size)

@@ -5,9 +5,13 @@
     python benchmarks/speculative.py --lm --target runs/lm/checkpoint.npz --draft runs/lm-draft/checkpoint.npz \
         --prompts 6 --tokens 150 --figure benchmarks/speculative/lm.png
 
-A translator decodes the first ``--sentences`` lines of ``--sources`` greedily: plain greedy
-decoding one sentence at a time (what speculative decoding does: its rounds' lengths differ from
-row to row) and as one batch, then speculative decoding for each k, whose translations must be
+Both models run on ``--engine`` (``readable``, attn-translate's and attn-generate's, the default;
+or ``fast``, :mod:`attn.fast`, over the same parameters). A translator decodes the first
+``--sentences`` lines of ``--sources``: plain greedy decoding one sentence at a time (what
+speculative decoding does: its rounds' lengths differ from row to row) and as one batch, beam
+search of ``--beam`` (default 4, the paper's and attn-translate's ``--beam 4``; its default,
+``--beam 1``, is greedy) one sentence at a time and as one batch, then speculative decoding for
+each k, whose translations must be
 the plain ones (counted: a float32 model may break a near tie another way when it reads k + 1
 positions in one pass). A language model (``--lm``) continues
 ``--prompts`` lines of its own text (the first 40 characters of lines spread over its validation
@@ -30,9 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from attn import backend as B  # noqa: E402
+from attn import engine as engines  # noqa: E402
 from attn import speculative as S  # noqa: E402
 from attn.data import BOS, EOS, PAD, UNK  # noqa: E402
-from attn.decode import greedy_decode  # noqa: E402
+from attn.decode import beam_search, greedy_decode  # noqa: E402
 from attn.evaluate import source_ids  # noqa: E402
 from attn.generate import load_language_model  # noqa: E402
 from attn.sample import Sampler, generate  # noqa: E402
@@ -61,9 +66,34 @@ def _name(k: int) -> str:
     return "speculative" if k else "the target alone (k=0: the same loop, no draft)"
 
 
+#: ``--engine``'s names: the engines as :func:`attn.engine.get` knows them.
+ENGINES = {"readable": "reference", "fast": "fast"}
+
+
+def on_engine(model, name: str):
+    """``model`` (a readable one, as the loaders give it) on the engine ``--engine`` names, over the
+    same parameters."""
+    return engines.get(ENGINES[name]).model(model.config, dtype=model.dtype, params=model.params)
+
+
+def beams(args, target, src, alone, plain) -> list[dict]:
+    """Beam search of ``--beam`` one sentence at a time and as one batch: rows as greedy's, its
+    tokens its own (``identical``: sentences equal to greedy's)."""
+    rows = []
+    one = lambda: [beam_search(target, row, args.beam, args.alpha).tokens[0] for row in alone]  # noqa: E731
+    batch = lambda: beam_search(target, B.to_device(src), args.beam, args.alpha).tokens      # noqa: E731
+    for name, run in (("one sentence at a time", one), (f"one batch of {len(src)}", batch)):
+        out, t = best_of(args.repeats, run)
+        n = sum(len(x) + 1 for x in out)
+        rows.append({"name": f"beam {args.beam}, {name}", "k": 0, "seconds": t, "tokens": n,
+                     "tokens_per_second": n / t, "identical": sum(a == b for a, b in zip(out, plain))})
+    return rows
+
+
 def translator(args) -> list[dict]:
     target, vocab = load_translator(args.target)
     draft, draft_vocab = load_translator(args.draft)
+    target, draft = on_engine(target, args.engine), on_engine(draft, args.engine)
     assert draft_vocab == vocab, "--draft: another vocabulary"
     lines = args.sources.read_text(encoding="utf-8").splitlines()[:args.sentences]
     src = padded([source_ids(vocab, vocab.tokenize(line)) for line in lines])
@@ -76,6 +106,8 @@ def translator(args) -> list[dict]:
              "tokens_per_second": tokens / t_one},
             {"name": f"greedy, one batch of {len(src)}", "k": 0, "seconds": t_batch, "tokens": tokens,
              "tokens_per_second": tokens / t_batch, "same": batched == plain}]
+    if args.beam > 1:
+        rows += beams(args, target, src, alone, plain)
     for k in args.k:
         (result, acc), t = best_of(args.repeats, lambda: S.translate(target, draft, src, k))
         n = sum(len(t) + 1 for t in result.tokens)
@@ -90,6 +122,7 @@ def language_model(args) -> list[dict]:
     from attn.training.lm import VAL_FRACTION
     target, vocab, char, context = load_language_model(args.target)
     draft, draft_vocab, _, _ = load_language_model(args.draft, "--draft")
+    target, draft = on_engine(target, args.engine), on_engine(draft, args.engine)
     assert draft_vocab == vocab, "--draft: another vocabulary"
     text = read_text(args.text)
     val = text[int((1 - VAL_FRACTION) * len(text)):]
@@ -142,7 +175,7 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
     spec = [r for r in rows if r["name"] == "speculative"]
     rows = [r for r in rows if r["k"] == 0]
     ax.plot([r["k"] for r in spec], [r["tokens_per_second"] for r in spec], "o-", label="speculative")
-    for r, style in zip(rows, ("--", ":", "-.")):
+    for r, style in zip(rows, ("--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 3)))):
         ax.axhline(r["tokens_per_second"], linestyle=style, color="grey", label=r["name"])
     for r in spec:
         ax.annotate(f"{100 * r['acceptance']:.0f} %", (r["k"], r["tokens_per_second"]), textcoords="offset points",
@@ -161,6 +194,11 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=Path, required=True)
     p.add_argument("--draft", type=Path, required=True)
     p.add_argument("--lm", action="store_true", help="language models (attn-train --task lm), not translators")
+    p.add_argument("--engine", choices=sorted(ENGINES), default="readable",
+                   help="the engine both models run on (default readable, attn-translate's)")
+    p.add_argument("--beam", type=int, default=4,
+                   help="a translator's beam search rows (default 4, the paper's; 1: none)")
+    p.add_argument("--alpha", type=float, default=0.6, help="their length penalty (default 0.6, the paper's)")
     p.add_argument("--sources", type=Path, default=Path("data/toy/test.en"))
     p.add_argument("--sentences", type=int, default=60)
     p.add_argument("--text", type=Path, default=Path("data/tinyshakespeare/input.txt.gz"))
@@ -182,7 +220,7 @@ def main(argv=None) -> int:
     if args.markdown:
         print(table(rows))
     if args.figure:
-        figure(rows, args.figure, "language model" if args.lm else "translator")
+        figure(rows, args.figure, f"{'language model' if args.lm else 'translator'}, {args.engine} engine")
     return 0
 
 

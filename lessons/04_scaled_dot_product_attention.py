@@ -296,20 +296,20 @@ ax[1].loglog(dks, grad_unscaled, "o-", label="softmax(q.K)  (unscaled)")
 ax[1].loglog(dks, grad_scaled, "s-", label="softmax(q.K / sqrt(d_k))")
 ax[1].set_xlabel("d_k"); ax[1].set_ylabel("median |dx| from softmax_backward"); ax[1].legend()
 ax[1].set_title(f"gradient through the softmax ({n_keys} keys)")
-im = ax[2].imshow(weights, cmap="Blues", vmin=0, vmax=0.3)
+im = ax[2].imshow(100 * weights, cmap="Blues", vmin=0, vmax=30)   # in %: two digits a cell, on a phone too
 ax[2].set_xticks(range(6), keys, rotation=45, ha="right"); ax[2].set_yticks(range(5), queries)
 for i in range(5):
     for j in range(6):
-        ax[2].text(j, i, f"{weights[i, j]:.3f}", ha="center", va="center", fontsize=7)
-ax[2].set_title("the toy sentence's weights (pad: 0)")
-fig.colorbar(im, ax=ax[2], fraction=0.04)
+        ax[2].text(j, i, f"{100 * weights[i, j]:.0f}", ha="center", va="center", fontsize=7)
+ax[2].set_title("the toy sentence's weights, % (pad: 0)")
+fig.colorbar(im, ax=ax[2], fraction=0.04, label="weight (%)")
 fig.tight_layout(); show_figure(fig, "04_attention_scale.png")
 print("scaled / unscaled median gradient: " + ", ".join(
     f"d_k = {dk}: {grad_scaled[dks.index(dk)] / grad_unscaled[dks.index(dk)]:.0f} x" for dk in (64, 256, 512)))
 
 # %% [markdown]
-# Left: the variance follows the dotted line `d_k` exactly; the scaled one is flat
-# at 1. Middle: without the scale the gradient through the softmax falls by orders
+# "Dot products grow like d_k": the variance follows the dotted line `d_k` exactly; the scaled one is flat
+# at 1. "Gradient through the softmax": without the scale the gradient through the softmax falls by orders
 # of magnitude as `d_k` grows (the weights go one-hot: the table's "max weight"
 # climbs to 1), while with the scale it does not depend on `d_k` at all, because
 # the scaled logits have the same distribution for every `d_k`. How much smaller the
@@ -318,8 +318,8 @@ print("scaled / unscaled median gradient: " + ", ".join(
 # essentially gone. (For small `d_k` the unscaled curve sits slightly *above* the
 # scaled one: a moderately peaked softmax passes more gradient than a nearly flat
 # one. The scale is not there to maximise the gradient, but to keep the logits'
-# spread, and so the softmax's regime, the same for every head size.) Right: the
-# example's weights, nearly uniform, with the pad column exactly 0.
+# spread, and so the softmax's regime, the same for every head size.) The toy
+# sentence's weights, in percent: nearly uniform, with the pad column exactly 0.
 #
 # ## Check
 #

@@ -287,15 +287,15 @@ a.set_xlabel("key position"); a.set_ylabel("query position")
 fig.tight_layout(); show_figure(fig, "06_multi_head.png")
 
 # %% [markdown]
-# Top row: each head has a single sharp diagonal, shifted by its own offset (rows
+# The four heads' panels: each has a single sharp diagonal, shifted by its own offset (rows
 # near the edge, whose target position does not exist, settle on the nearest
 # position there is). The
 # four outputs are concatenated and $W^O$ can use all of them: "the previous word",
 # "this word", "the next word" and "three words on", side by side in separate
-# dimensions. Bottom right: a single head would have to spread its one softmax over
+# dimensions. The heads' weights averaged: a single head would have to spread its one softmax over
 # all four positions, and its output would be their *average*, one blurred vector
 # in which the four words can no longer be told apart. That is the paper's
-# "averaging inhibits this". Bottom left: flat lines for parameters and
+# "averaging inhibits this". The cost against `h`: flat lines for parameters and
 # multiply-adds, a rising one for the softmax entries.
 #
 # ## Check

@@ -271,19 +271,20 @@ slope = {m: np.polyfit(np.log10(hs[big]), np.log10(np.array(sweep["float64", m])
 print(f"float64, h >= 1e-3: error ~ h^{slope['central']:.2f} (central), h^{slope['forward']:.2f} (forward)")
 
 # %%
-fig, ax = plt.subplots(2, 1, figsize=(8, 9.5))          # one above the other: each readable on a phone
+fig, ax = plt.subplots(2, 1, figsize=(8, 13), height_ratios=[3, 2])   # one above the other: each readable on a phone
 short = {"multi_head_attention": "mha", "softmax (masked)": "softmax+mask"}
 order = sorted(results, key=lambda k: k[2] == "broken")          # correct ones first, then the broken
 vals = [max(results[k], 1e-18) for k in order]                   # floor: an exact 0 still shows on a log axis
 colors = ["tab:green" if t == "correct" else ("tab:red" if v > 1e-3 else "lightgray") for (_, _, t), v in
           zip(order, vals)]
-ax[0].bar(range(len(order)), vals, color=colors)
-ax[0].set_xticks(range(len(order)), [f"{short.get(l, l)}: {a}" for l, a, _ in order], fontsize=7, rotation=90)
+ax[0].barh(range(len(order)), vals, color=colors)                # names across: they read on a phone too
+ax[0].set_yticks(range(len(order)), [f"{short.get(l, l)}: {a}" for l, a, _ in order], fontsize=8)
+ax[0].invert_yaxis()
 for c, lab in (("tab:green", "correct backward"), ("tab:red", "broken backward"),
                ("lightgray", "broken backward, argument not affected")):
-    ax[0].bar([0], [0], color=c, label=lab)
-ax[0].set_yscale("log"); ax[0].axhline(1e-7, color="k", ls=":", lw=1); ax[0].axhline(1e-3, color="k", ls="--", lw=1)
-ax[0].set_ylabel("relative error (check_layer)"); ax[0].legend(fontsize=8)
+    ax[0].barh([0], [0], color=c, label=lab)
+ax[0].set_xscale("log"); ax[0].axvline(1e-7, color="k", ls=":", lw=1); ax[0].axvline(1e-3, color="k", ls="--", lw=1)
+ax[0].set_xlabel("relative error (check_layer)"); ax[0].legend(fontsize=8, loc="lower right")
 ax[0].set_title("gradient checks in float64: passes near 1e-10, bugs near 0.1")
 for (dt, m), errs in sweep.items():
     ax[1].loglog(hs, errs, "o-" if m == "central" else "s--", ms=3,
@@ -306,16 +307,16 @@ print(f"central differences bottom out at {best['float64'][0]:.0e} (h = {best['f
       f"{margin['float64']:.0f} orders of magnitude in float64, {margin['float32']:.0f} in float32.")
 
 # %% [markdown]
-# Left: the green bars (every argument of every correct backward) sit many orders
-# of magnitude below the dotted 1e-7 line; the red ones (the arguments a broken
-# backward gets wrong) jump far above the dashed 1e-3 line, and the grey ones
+# The gradient checks: the green bars (every argument of every correct backward) end many orders
+# of magnitude short of the dotted 1e-7 line; the red ones (the arguments a broken
+# backward gets wrong) reach far past the dashed 1e-3 line, and the grey ones
 # (arguments whose formula the bug did not touch) stay down with the green. The
 # first line printed under the figure gives the ranges. A check passes or fails by
 # orders of magnitude, not by a hair: there is no need to fiddle with tolerances.
 # The key bias sits down with the green too, because `rel_error` switched to the
 # absolute difference for it.
 #
-# Right: going right to left, the error first falls (truncation, slope 2 for
+# The softmax's error against the step `h`: going right to left, the error first falls (truncation, slope 2 for
 # central and 1 for forward differences on a log-log plot, as fitted above) and
 # then rises again (rounding, slope -1). The second line under the figure says where
 # each precision bottoms out; `attn.gradcheck` uses `h = 1e-6`. In float32 the curve

@@ -24,10 +24,12 @@ OUT = lesson_output_dir()                     # <repository root>/lessons/out, g
 import logging
 import math
 import shutil
+import textwrap
 import time
 from collections import Counter
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 from sacrebleu.metrics import BLEU, CHRF
 
 from attn import backend as B
@@ -307,14 +309,19 @@ names = list(systems)
 for n in range(4):
     vals = [100 * s[n] / s[4 + n] for s in (sum(stats(tokenize(h), r) for h, r in zip(systems[k_], refs))
                                             for k_ in names)]
-    ax[0].bar(np.arange(len(names)) + 0.2 * n - 0.3, vals, 0.2, label=f"{n + 1}-gram precision")
-ax[0].set_xticks(range(len(names))); ax[0].set_xticklabels([f"{k_}\nBLEU {hand[k_]:.1f}" for k_ in names], fontsize=8)
-ax[0].set_ylabel("clipped precision (%)"); ax[0].legend(fontsize=8); ax[0].set_title("what BLEU is made of")
-ax[1].hist(boot["greedy"], bins=30, alpha=0.6, label="greedy")
-ax[1].hist(boot["beam 4"], bins=30, alpha=0.6, label="beam 4")
-ax[1].axvline(hand["greedy"], color="tab:blue", ls=":"); ax[1].axvline(hand["beam 4"], color="tab:orange", ls=":")
-ax[1].set_xlabel("corpus BLEU of a bootstrap resample"); ax[1].set_ylabel("resamples"); ax[1].legend()
-ax[1].set_title(f"{len(test)} test sentences, {N_BOOT} resamples")
+    ax[0].barh(np.arange(len(names)) + 0.2 * n - 0.3, vals, 0.2, label=f"{n + 1}-gram")
+ax[0].set_yticks(range(len(names)), ["\n".join(textwrap.wrap(k_, 11)) + f"\nBLEU {hand[k_]:.1f}" for k_ in names])
+ax[0].invert_yaxis(); ax[0].set_xlabel("precision (%)"); ax[0].set_title("clipped n-gram precisions")
+# the keys sit outside the panels (above the first, under the second), where a phone's narrow
+# column stacks the panels without a key landing on a neighbour's title
+fig.legend(*ax[0].get_legend_handles_labels(), loc="outside upper left", ncols=2, fontsize=8)
+for k_, colour in (("greedy", "tab:gray"), ("beam 4", "tab:purple")):
+    ax[1].hist(boot[k_], bins=30, alpha=0.6, label=k_, color=colour)
+    ax[1].axvline(hand[k_], color=colour, ls=":")
+ax[1].set_xlabel("corpus BLEU of a resample"); ax[1].set_ylabel("resamples")
+ax[1].yaxis.set_major_locator(MaxNLocator(steps=[1, 2, 2.5, 5, 10], prune="lower"))   # no 0 in the corner
+ax[1].set_title(f"bootstrap: {len(test)} sentences, {N_BOOT} resamples")
+fig.legend(*ax[1].get_legend_handles_labels(), loc="outside lower right", ncols=2, fontsize=8)
 fig.tight_layout(); show_figure(fig, "16_bleu.png")
 
 # %% [markdown]

@@ -37,7 +37,7 @@ from attn import backend as B
 from attn.data import BOS, EOS, PAD, TOY_DIR, read_parallel
 from attn.evaluate import source_ids, translate
 from attn.model import Transformer
-from attn.plot import plot_attention, shown_path
+from attn.plot import shown_path
 from attn.train import train
 from attn.training.config import config_from_argv
 from attn.translate import load_translator
@@ -154,7 +154,7 @@ for t, s in peaks.items():
 # * **Decoder self-attention** is lower-triangular: the upper triangle is exactly
 #   zero, because the look-ahead mask sets those weights to 0 before anything else
 #   happens (lesson 5). The first row, `<s>`, can only look at itself.
-# * **Cross-attention** (right) does not follow the diagonal. Look at the rows of
+# * **Cross-attention** does not follow the diagonal. Look at the rows of
 #   `mitsas` and `rudan`: they cross over (cats, then red), and `amas` reaches back
 #   to "like" past both of them. The model learned the reordering, and its attention
 #   shows where each output word comes from. (Punctuation and words without a
@@ -166,14 +166,19 @@ for t, s in peaks.items():
 #   head by head: usually some heads align sharply and others do something else.
 #
 # The model's own translation, with beam search and the cross-attention the decoder
-# used (drawn by `attn.plot.plot_attention`, as `attn-translate --attention` does):
+# used (the map `attn-translate --attention` draws with `attn.plot.plot_attention`; the
+# run prints the two sentences):
 
 # %%
 result = translate(model, vocab, [en], beam_size=4, with_attention=True)[0]
 print(f"beam 4: {result.text}   (reference: {tk})")
-show_figure(plot_attention(result.attention, result.src_tokens, result.tgt_tokens,
-                           OUT / "17_cross_attention_beam.png", title=f"{en}\n-> {result.text}"),
-            "17_cross_attention_beam.png")
+S, T = len(result.src_tokens), len(result.tgt_tokens)
+fig, ax = plt.subplots(figsize=(2.0 + 0.45 * S, 1.5 + 0.4 * T))
+im = ax.imshow(B.to_host(result.attention), cmap="viridis", vmin=0.0, aspect="auto", interpolation="nearest")
+ax.set_xticks(range(S), result.src_tokens, rotation=90); ax.set_yticks(range(T), result.tgt_tokens)
+ax.set_title("beam 4's cross-attention")
+fig.colorbar(im, ax=ax, label="attention weight")
+show_figure(fig, "17_cross_attention_beam.png")
 
 # %% [markdown]
 # ## 3. Alignment accuracy on the test set

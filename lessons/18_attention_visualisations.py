@@ -125,12 +125,12 @@ print(f"memory, library vs recomputed: max |diff| = {np.abs(x - memory).max():.1
 # ## 2. Figures 3 and 4, toy edition
 #
 # The paper's style: the sentence on both sides, a line from each query word (left)
-# to each key word (right), as opaque as its weight. Left panel, figure 3's view: one
-# word's attention in *every* head at once, a colour per head. We pick the verb
+# to each key word (right), as opaque as its weight. The panel titled "figure 3's view":
+# one word's attention in *every* head at once, a colour per head. We pick the verb
 # "like", whose tk translation `amas` needs to know its subject ("you", which the
-# ending `-as` encodes) and its object. Middle, figure 4's top: one head's full
-# attention, every word at once. Right, figure 4's bottom: the same word isolated in
-# two heads.
+# ending `-as` encodes) and its object. The one titled "figure 4, top": one head's full
+# attention, every word at once. The one titled "figure 4, bottom": the same word
+# isolated in two heads.
 
 # %%
 HEAD_COLOURS = plt.cm.tab10(np.arange(10))
@@ -153,7 +153,8 @@ def draw(ax, w, toks, rows=None, heads=None, title=""):
         ax.text(-0.05, S - 1 - i, t, ha="right", va="center", fontsize=9,
                 fontweight="bold" if i in bold else "normal")
         ax.text(1.05, S - 1 - i, t, ha="left", va="center", fontsize=9)
-    ax.set_xlim(-0.6, 1.6); ax.set_ylim(-1, S); ax.axis("off"); ax.set_title(title, fontsize=9)
+    ax.set_xlim(-0.6, 1.6); ax.set_ylim(-1, S); ax.set_xticks([]); ax.set_yticks([]); ax.axis("off")
+    ax.set_title(title, fontsize=9)
 
 
 q = tokens.index("like")
@@ -217,14 +218,14 @@ for h in range(H):
 
 fig, ax = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [1, 1, 1.3]})
 for a, h in zip(ax[:2], specialists):
-    draw(a, weights, tokens, heads=[h], title=f"head {h}: mostly '{job[h]}' (test-set mean {profile[job[h]][h]:.2f})")
-im = ax[2].imshow(np.array([profile[k] for k in profile]), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-ax[2].set_yticks(range(len(profile)), list(profile)); ax[2].set_xticks(range(H), [f"head {h}" for h in range(H)])
-for r, k in enumerate(profile):
+    draw(a, weights, tokens, heads=[h], title=f"head {h}: mostly '{job[h]}' (mean {profile[job[h]][h]:.2f})")
+ax[2].imshow(np.array([profile[k] for k in profile]), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+ax[2].set_yticks(range(len(profile)), [k.replace(" -> ", " ->\n") for k in profile])
+ax[2].set_xticks(range(H), [str(h) for h in range(H)]); ax[2].set_xlabel("head")
+for r, k in enumerate(profile):            # the numbers in the cells: no colour bar needed
     for h in range(H):
         ax[2].text(h, r, f"{profile[k][h]:.2f}", ha="center", va="center", color="w", fontsize=8)
 ax[2].set_title(f"mean weight over {len(test)} test sentences")
-fig.colorbar(im, ax=ax[2], fraction=0.046)
 fig.suptitle(f"figure 5, toy edition: two heads of encoder layer {LAST + 1} with different jobs")
 fig.tight_layout()
 show_figure(fig, "18_figure_5.png")

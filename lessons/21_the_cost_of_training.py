@@ -217,18 +217,32 @@ print(f"the toy model in attn-train's default {toy_minutes:g} minutes, at the re
       f"FLOPs: {paper_runs['base']['flops'] / (toy_minutes * 60 * measured['toy']['rate']):.1e} times less than "
       f"the paper's base run")
 
+
+def named_bars(ax, names):
+    """Each horizontal bar's name above it, inside the panel, instead of a tick label beside it:
+    the panel keeps its width in a phone's narrow column."""
+    ax.set_yticks([])
+    ax.set_ylim(len(names) - 0.6, -1.0)
+    for y, name in enumerate(names):
+        ax.text(0.01, y - 0.27, name, transform=ax.get_yaxis_transform(), ha="left", va="bottom")
+
+
 fig, ax = plt.subplots(1, 2, figsize=(12, 4))
-names = [f"toy, {toy_minutes:g} min\nhere", "base (paper):\n12 h x 8 P100", "big (paper):\n3.5 d x 8 P100"]
+names = [f"toy, {toy_minutes:g} min here", "base (paper): 12 h x 8 P100", "big (paper): 3.5 d x 8 P100"]
 vals = [toy_minutes * 60 * measured["toy"]["rate"], paper_runs["base"]["flops"], paper_runs["big"]["flops"]]
-ax[0].bar(names, vals, color=["tab:green", "tab:blue", "tab:purple"])
-ax[0].bar([names[1]], [shapes_total], color="none", edgecolor="k", hatch="//", label="base: counted from shapes")
-ax[0].axhline(MISPRINT_BIG, color="tab:red", ls=":", label="the misprinted figure for big")
-ax[0].set_yscale("log"); ax[0].set_ylabel("training FLOPs"); ax[0].legend(fontsize=8)
-ax[0].set_title("Table 2's column, and the toy"); ax[0].tick_params(axis="x", labelsize=8)
-ax[1].bar(["this machine: toy", "this machine: base", "P100 peak"],
-          [measured["toy"]["rate"], measured["base"]["rate"], P100], color=["tab:green", "tab:blue", "0.6"])
-ax[1].set_yscale("log"); ax[1].set_ylabel("FLOP/s (matmul FLOPs of a training step / its time)")
-ax[1].set_title("rates")
+ax[0].barh(range(3), vals, 0.45, color=["tab:green", "tab:blue", "tab:purple"])
+ax[0].barh([1], [shapes_total], 0.45, color="none", edgecolor="k", hatch="//", label="base: counted from shapes")
+ax[0].axvline(MISPRINT_BIG, color="tab:red", ls=":", label="the misprinted figure for big")
+named_bars(ax[0], names)
+ax[0].set_xscale("log"); ax[0].set_xlabel("training FLOPs"); ax[0].set_title("Table 2's column, and the toy")
+ax[1].barh(range(3), [measured["toy"]["rate"], measured["base"]["rate"], P100], 0.45,
+           color=["tab:green", "tab:blue", "0.6"])
+named_bars(ax[1], ["this machine: toy", "this machine: base", "P100 peak"])
+ax[1].set_xscale("log"); ax[1].set_xlabel("FLOP/s")
+ax[1].set_title("rates: a step's matmul FLOPs / its time")
+# the key sits outside the panels, above the first, where a phone's narrow column stacks the
+# panels without it landing on the second's title
+fig.legend(*ax[0].get_legend_handles_labels(), loc="outside upper left", fontsize=8)
 fig.tight_layout()
 show_figure(fig, "21_cost_of_training.png")
 

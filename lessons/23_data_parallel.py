@@ -26,7 +26,7 @@
 # %%
 import os, sys, shutil, subprocess, json
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, show_figure_with_phone   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -174,8 +174,44 @@ print(f"4 ranks, {P} numbers each: every rank ends with the sum: {ring_ok}; each
 rounds = []
 ring_allreduce([np.full(4, 2.0 ** r) for r in range(4)], trace=rounds)
 holds = [[[{s for s in range(4) if int(c[0]) >> s & 1} for c in cs] for cs in snap] for snap in rounds]
-show_figure(diagram.ring_rounds(holds, ["before"] + [f"reduce-scatter {k}" for k in (1, 2, 3)]
-                                + [f"all-gather {k}" for k in (1, 2, 3)]), "23_ring_rounds.png")
+phases = ["before"] + [f"reduce-scatter {k}" for k in (1, 2, 3)] + [f"all-gather {k}" for k in (1, 2, 3)]
+
+
+def ring_rounds_for_a_phone(snapshots, phases):
+    """The rounds of ``diagram.ring_rounds`` laid out for a phone's narrow column: two rounds a row,
+    each a block of the ranks' buffers (a row per rank, a cell per chunk), its text at the body's
+    size; a cell summed over every rank says "all"."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+    R, per_row, gap = len(snapshots[0]), 2, 0.5
+    block_h = R + 0.9
+    rows = -(-(len(snapshots) + 1) // per_row)                      # and a slot for the key
+    width = 0.7 + per_row * R + (per_row - 1) * gap
+    fig = Figure(figsize=(3.3, 3.3 * rows * block_h / width))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(-0.7, width - 0.7); ax.set_ylim(-rows * block_h, 0); ax.axis("off")
+    for i, (snap, phase) in enumerate(zip(snapshots, phases)):
+        x0, y0 = (i % per_row) * (R + gap), -(i // per_row) * block_h
+        ax.text(x0, y0 - 0.45, phase, ha="left", va="center", fontsize=12)
+        for r in range(R):
+            y = y0 - 1.4 - r
+            if i % per_row == 0:
+                ax.text(-0.15, y, str(r), ha="right", va="center", fontsize=12, weight="bold")
+            for c, have in enumerate(snap[r]):
+                full = len(have) == R
+                ax.add_patch(Rectangle((x0 + c + 0.03, y - 0.45), 0.94, 0.9, lw=0.6, ec="#333333",
+                                       fc="#1d5e8c" if full else ("#a9cce3" if len(have) > 1 else "#f2f2f2")))
+                ax.text(x0 + c + 0.5, y, "all" if full else "".join(map(str, sorted(have))), ha="center",
+                        va="center", fontsize=12, color="white" if full else "black")
+    i = len(snapshots)
+    ax.text((i % per_row) * (R + gap), -(i // per_row) * block_h - 0.2,
+            "a row per rank,\na cell per chunk,\nnamed by the\nranks it sums;\nall: every rank", ha="left", va="top", fontsize=12)
+    fig.attn_alt = "The ring all-reduce round by round, for a phone: " + ", ".join(phases)
+    return fig
+
+
+show_figure_with_phone(diagram.ring_rounds(holds, phases), ring_rounds_for_a_phone(holds, phases),
+                       "23_ring_rounds.png")
 
 # %% [markdown]
 # How many bytes is that for a real model, against how much arithmetic? `attn` all-reduces

@@ -6,9 +6,9 @@
 #
 # | the paper (2017) | today |
 # |---|---|
-# | sinusoids added to the embeddings (section 3.5) | **rotary positions** (RoPE, part 1): queries and keys turned by an angle that grows with their position |
-# | the ReLU network $\max(0, xW_1 + b_1)W_2 + b_2$ (equation 2) | **SwiGLU** (part 2): one path gates the other |
-# | every head with its own keys and values | **grouped-query attention** (GQA, part 3): a few key/value heads, each shared by a group of query heads |
+# | sinusoids added to the embeddings (section 3.5) | **rotary positions** (RoPE, part 1): queries and keys turned by angles set by their position |
+# | the ReLU network of equation 2 | **SwiGLU** (part 2): one path gates the other |
+# | every head with its own keys and values | **grouped-query attention** (GQA, part 3): a key/value head per group of query heads |
 # | layer norm after each sub-layer (post-norm) | a norm *before* each sub-layer (pre-norm, lesson 7), often **RMSNorm** (part 4) |
 # | scores $q \cdot k / \sqrt{d_k}$ as large as the queries and keys make them | **QK-norm** (part 5; OLMo 2, Gemma 3): each head's query and key RMS-normed first |
 #

@@ -230,20 +230,24 @@ fig, ax = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3,
 ax[0].bar(range(SHOW), full[order[:SHOW]], color="lightgray", label="the model's distribution")
 for p, color in zip(TOP_PS, ("tab:red", "tab:orange", "tab:blue")):
     ax[0].axvline(sizes[p] - 0.5, color=color, ls="--", label=f"top-p {p}: keeps {sizes[p]}")
-def label_ticks(axis, n, most):
-    """Every character's label when ``most`` fit under the panel, else every k-th (a weak model spreads wide)."""
+def label_ticks(axis, n, most=14):
+    """Every character's label when ``most`` fit under the panel, else every k-th (a weak model spreads
+    wide); ``most`` is what a phone's narrow column fits, where the panels stand one under the other."""
     step = -(-n // most)
     axis.set_xticks(range(0, n, step)); axis.set_xticklabels(label[:n:step], fontsize=7)
 
 
-label_ticks(ax[0], SHOW, 45)
+label_ticks(ax[0], SHOW)
 ax[0].set_ylabel("probability"); ax[0].set_title(f"the character after {PROMPT.strip()!r} and a line end")
-ax[0].legend(fontsize=8)
 near = min(sizes[0.9] + 4, SHOW)
 ax[1].bar(np.arange(near) - 0.2, full[order[:near]], 0.4, color="lightgray", label="the model's")
 ax[1].bar(np.arange(near) + 0.2, kept[0.9][order[:near]], 0.4, color="tab:orange", label="top-p 0.9, renormalised")
-label_ticks(ax[1], near, 20)
-ax[1].set_title("what top-p 0.9 draws from"); ax[1].legend(fontsize=8)
+label_ticks(ax[1], near)
+ax[1].set_title("what top-p 0.9 draws from")
+# the keys sit outside the panels (above the first, under the second), where a phone's narrow
+# column stacks the panels without a key landing on a neighbour's title
+fig.legend(*ax[0].get_legend_handles_labels(), loc="outside upper left", fontsize=8)
+fig.legend(*ax[1].get_legend_handles_labels(), loc="outside lower right", fontsize=8)
 fig.tight_layout(); show_figure(fig, "30_top_p.png")
 for p in TOP_PS:
     print(f"top-p {p}: keeps the {sizes[p]} most probable characters, which hold {full[kept[p] > 0].sum():.3f} "

@@ -119,6 +119,12 @@ _LAYOUT = """() => ({
         const box = t.closest('div.math');
         return Math.round(t.getBoundingClientRect().left - box.getBoundingClientRect().left + box.scrollLeft);
     }),
+    tableCells: Array.from(document.querySelectorAll('article table td, article table th')).map(c => {
+        const s = getComputedStyle(c), r = document.createRange(), line = parseFloat(s.lineHeight) || 1.5 * parseFloat(s.fontSize);
+        r.selectNodeContents(c);
+        return {text: c.innerText.trim().slice(0, 60), lines: Math.round(r.getBoundingClientRect().height / line),
+                width: Math.round(c.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight))};
+    }),
     column: (() => { const a = document.querySelector('article') || document.body, s = getComputedStyle(a);
                      return a.clientWidth - parseFloat(s.paddingLeft) - parseFloat(s.paddingRight); })(),
     figures: Array.from(document.querySelectorAll('img')).filter(i => i.src.includes('/_images/')).map(i => {
@@ -132,6 +138,9 @@ _LAYOUT = """() => ({
     }),
 })"""
 MIN_TEXT_PX = 9.0                             # the smallest text a figure may show on the page, CSS pixels
+#: A table cell taller than this many lines at 390 px is a paragraph squeezed into a column a few
+#: words wide (another column took the width): the table wants shorter cells, or fewer columns.
+MOST_TABLE_CELL_LINES = 6
 
 #: What a reader cannot reach or read: the page scrolling sideways; an equation whose
 #: content starts left of its box (no scrolling reaches it) or ends right of it where the box
@@ -339,9 +348,10 @@ def figures_on_a_phone(layout: dict) -> dict:
 @pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
 def test_lesson_page_on_a_phone(lesson, site, browser):
     """At 390 px (a phone) every lesson reads: no sideways scrolling of the page, every display
-    equation whole or scrolling in its own box, wrapped code under its own indentation, every
-    figure within the column, never stretched beyond its own pixels, its smallest text at least
-    the body text's size, and a link to its full size. A screenshot goes to
+    equation whole or scrolling in its own box, wrapped code under its own indentation, no table
+    cell squeezed into a column a few words wide, every figure within the column, never stretched
+    beyond its own pixels, its smallest text at least the body text's size, and a link to its
+    full size. A screenshot goes to
     build/book/screenshots/<lesson>-390.png; the counts are printed (pytest -s shows them)."""
     facts, report = visit(browser, f"{site}lessons/{lesson.stem}.html",
                           book.SCREENSHOTS / f"{lesson.stem}-390.png", width=390)
@@ -350,6 +360,9 @@ def test_lesson_page_on_a_phone(lesson, site, browser):
     layout = facts["layout"]
     for f in layout["figures"]:
         assert f["link"] and f["link"].endswith(f["src"]), f"{lesson.name}: {f['src']} does not open full size"
+    squeezed = [c for c in layout["tableCells"] if c["lines"] > MOST_TABLE_CELL_LINES]
+    assert not squeezed, (f"{lesson.name}: table cells squeezed into a narrow column on a phone (more than "
+                          f"{MOST_TABLE_CELL_LINES} lines): {squeezed[:3]}")
     gutters = [g for g in layout["gutters"] if g > 2]
     assert not gutters, f"{lesson.name}: numbered equations start {gutters} px right of their box on a phone"
     found = figures_on_a_phone(layout)

@@ -235,17 +235,25 @@ def test_a_decoding_position_on_the_gpu_allocates_nothing(norm):
     assert dict(tally.kinds) == {"matmul": 6 * L + 1, "raw": 6 * L + 3}, tally.ops
 
 
-def test_a_bf16_step_is_counted_and_capturable():
+def test_a_bf16_step_is_counted_and_capturable(monkeypatch):
     """``--counts --precision bf16``: the bf16 step (``gemmEx`` on bf16 copies) keeps the
     training step's targets: no host sync, nothing from the memory pool, nothing a capture
     refuses, one Adam launch; the weights' bf16 copy is one launch a step and every other product
-    operand one ``round_bf16_gather``; no fp32 GEMM is left in the step."""
+    operand one ``round_bf16_gather``; no fp32 GEMM is left in the step (every operation of the
+    step the counts took at the preset's batch, kept as they are taken)."""
+    real, taken = C.count_at, {}
+
+    def keep(bc, *args, **kw):
+        taken[bc.batch] = real(bc, *args, **kw)
+        return taken[bc.batch]
+    monkeypatch.setattr(C, "count_at", keep)
     rows = {r["name"]: r for r in C.measure_counts("quick", which=("train_step",), precision="bf16")}
     row = rows["counts_train_step"]
     assert row["precision"] == "bf16" and "launches" not in row["targets"]
     assert (row["syncs"], row["pool_allocations"], row["optimizer_launches"]) == (0, 0, 1), row
     assert rows["counts_capture"]["total"] == 0, rows["counts_capture"]
-    tally = C.count_at(BENCH_PRESETS["quick"], ("train_step",), precision="bf16")["train_step"][0]
+    assert BENCH_PRESETS["quick"].batch in taken, f"the counts were taken at batches {sorted(taken)}"
+    tally = taken[BENCH_PRESETS["quick"].batch]["train_step"][0]
     ops = {name: n for (_, name), n in tally.ops.items()}
     assert ops["round_bf16"] == 1 and ops["round_bf16_gather"] > 0 and ops["cublas gemmEx"] > 0, ops
     assert not any(name.startswith("cublas s") for name in ops), ops

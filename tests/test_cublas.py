@@ -234,7 +234,7 @@ def test_the_kept_pointer_arrays_make_room_but_keep_what_a_graph_reads():
     with selected_backend("fakecupy") as xp:
         ops, owner = CupyOps(xp), Owner()
         owner.xp = xp
-        ops.POINTER_CACHE_BYTES = 2 * 24 * 4                           # room for two products' arrays
+        ops.products.POINTER_CACHE_BYTES = 2 * 24 * 4                           # room for two products' arrays
         memory = StepMemory.of(owner)
 
         def products(which, qkv=None):
@@ -268,7 +268,7 @@ def test_the_kept_pointer_arrays_make_room_but_keep_what_a_graph_reads():
         with memory.step():
             got = products([0, 1])                                   # no room: the captured ones stay
             assert all(np.allclose(B.to_host(g), want[j], rtol=1e-5, atol=1e-5) for j, g in zip([0, 1], got))
-        assert set(cache()) == kept and ops._scratch["gemm_pointer_bytes"] <= ops.POINTER_CACHE_BYTES
+        assert set(cache()) == kept and ops._scratch["gemm_pointer_bytes"] <= ops.products.POINTER_CACHE_BYTES
 
 
 # --------------------------------------------------------------------------- the stand-in's cuBLAS
@@ -443,14 +443,14 @@ def test_a_product_met_again_reuses_its_arguments(monkeypatch):
     and computes what a first product does."""
     from conftest import selected_backend
     from attn.fast.core.dispatch import ops_for
-    from attn.fast.gpu.kernels.cupy_ops import CupyOps
+    from attn.fast.gpu.kernels.products import Products
     rng = np.random.default_rng(0)
     with selected_backend("fakecupy") as cp:
         ops = ops_for(cp)
         ops._scratch.pop("product_plans", None)
         worked = []
-        real = CupyOps._gemm_args
-        monkeypatch.setattr(CupyOps, "_gemm_args", lambda self, *a: worked.append(a[1]) or real(self, *a))
+        real = Products._gemm_args
+        monkeypatch.setattr(Products, "_gemm_args", lambda self, *a: worked.append(a[1]) or real(self, *a))
         for _ in range(3):
             a = rng.standard_normal((6, 9)).astype(np.float32)
             b = rng.standard_normal((5, 9)).astype(np.float32).T          # a transposed view

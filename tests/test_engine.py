@@ -14,6 +14,7 @@ import pytest
 from attn import backend as B
 from attn import engine as engines
 from attn.checkpoint import load_npz
+from attn.masks import padding_mask
 from attn.model import Transformer, TransformerConfig
 from attn.precision import Precision, PrecisionError
 from attn.train import train
@@ -84,14 +85,18 @@ def _protocol_methods(protocol) -> list:
 
 @pytest.mark.parametrize("name", ["reference", "fast"])
 def test_both_engines_satisfy_the_protocols_method_by_method(name):
-    """Every method of :class:`attn.engine.Engine`, :class:`Model` and :class:`Search`, with a
+    """Every method of :class:`attn.engine.Engine`, :class:`Model`, :class:`Search` and
+    :class:`DecodingState` (a translator's state), with a
     signature that takes what the protocol gives; the fast model stands beside the readable one,
     not on it (no subclass either way), and is :class:`Tuned`."""
     from attn.decode import search_of
     from attn.fast import FastTransformer
     engine = engines.get(name)
     model = engine.model(CFG)
-    for protocol, obj in ((engines.Engine, engine), (engines.Model, model), (engines.Search, search_of(model))):
+    src = B.to_device(np.asarray([[5, 6, 7]]))
+    state = model.start_decoding(model.encode(src)[0], padding_mask(src))
+    for protocol, obj in ((engines.Engine, engine), (engines.Model, model), (engines.Search, search_of(model)),
+                          (engines.DecodingState, state)):
         for method in _protocol_methods(protocol):
             assert hasattr(obj, method), f"{type(obj).__name__} has no {method} ({protocol.__name__})"
             declared = vars(protocol)[method]

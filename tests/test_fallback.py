@@ -64,12 +64,12 @@ def refused(*args, **kw):
 graph.capture_step = refused
 """,
     "bf16": """
-from attn.fast.gpu.kernels import Bf16CupyOps
-real_mm = Bf16CupyOps.mm
+from attn.fast.gpu.kernels import Bf16Products
+real_mm = Bf16Products.mm
 def off(self, a, b, out=None, accumulate=False):
     got = real_mm(self, a, b, out, accumulate)
     return self.xp.multiply(got, 1.5, out=got)                   # every bf16 product off by half
-Bf16CupyOps.mm = off
+Bf16Products.mm = off
 """,
     "fast engine": """
 from attn.fast.gpu.kernels.registry import NUMPY_TWINS
@@ -147,7 +147,7 @@ def test_the_probes_weights_look_trained_and_the_tolerance_follows_the_precision
 def test_a_right_narrowed_step_is_within_the_tolerance_and_a_wrong_one_outside(probed, block, monkeypatch):
     """bf16 and tf32 against fp32 on the probe model: the loss and the gradients within their
     tolerance (the ratios printed); every bf16 product off by half, far outside."""
-    from attn.fast.gpu.kernels import Bf16CupyOps
+    from attn.fast.gpu.kernels import Bf16Products
     from attn.precision import Precision
     cfg = probe.probe_config(block, dropout=0.0)
     weights = probe.trained_looking(cfg)
@@ -159,8 +159,8 @@ def test_a_right_narrowed_step_is_within_the_tolerance_and_a_wrong_one_outside(p
         print(f"{precision}: loss {ratios[0]:.3g} u, gradients {ratios[1]:.3g} u")
         assert ratios[0] <= probe.UNITS["loss"] / 2 and ratios[1] <= probe.UNITS["grads"] / 2, ratios
         assert probe.precision_disagreement(cfg, weights, precision) is None
-    real_mm = Bf16CupyOps.mm
-    monkeypatch.setattr(Bf16CupyOps, "mm", lambda self, a, b, out=None, accumulate=False: (
+    real_mm = Bf16Products.mm
+    monkeypatch.setattr(Bf16Products, "mm", lambda self, a, b, out=None, accumulate=False: (
         self.xp.multiply(real_mm(self, a, b, out, accumulate), 1.5, out=real_mm(self, a, b, out, accumulate))))
     assert "fp32's" in probe.precision_disagreement(cfg, weights, "bf16")
 

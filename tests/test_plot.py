@@ -135,3 +135,96 @@ def test_a_phone_rendering_that_would_not_read_is_refused(tmp_path, monkeypatch)
     text = _saved(fig, tmp_path, monkeypatch)
     assert text["attn:overlaps"] == "" and "encoder" in text["attn:phone-overlaps"], text
     assert "overlap" in text["attn:phone-refused"] and "attn:phone" not in text, text["attn:phone-refused"]
+
+
+def test_each_phone_panel_has_margins_of_its_own(tmp_path, monkeypatch):
+    """Restacked for a phone, a panel keeps the column's width whatever its neighbours' labels:
+    a line plot under a heatmap with long row names and a colour bar is not narrowed to the
+    heatmap's inner width (one column of a grid shares its margins), so its numbered ticks,
+    set one per step, do not run into each other; the rendering is served."""
+    import base64
+    import io
+    fig = Figure(figsize=(8, 9))
+    top, bottom = fig.subplots(2, 1)
+    top.plot(range(2, 21), np.linspace(1, 0, 19), "o-")
+    top.set_xticks(range(2, 21, 2))
+    top.set_xlabel("sequence length")
+    top.set_ylabel("token accuracy")
+    im = bottom.imshow(np.random.default_rng(0).random((4, 4)))
+    bottom.set_yticks(range(4), [f"a rather long token {i}" for i in range(4)])
+    fig.colorbar(im, ax=bottom, label="weight")
+    fig.tight_layout()
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    text = _saved(fig, tmp_path, monkeypatch)
+    assert "attn:phone-refused" not in text, text["attn:phone-refused"] + ": " + text["attn:phone-overlaps"][:300]
+    with Image.open(io.BytesIO(base64.b64decode(text["attn:phone"]))) as phone:
+        assert phone.size[0] / 2 <= 358, phone.size
+
+
+def test_the_diagrams_phone_variants_are_served(tmp_path, monkeypatch):
+    """A hand-placed diagram that restacking cannot rearrange carries a phone variant of its own
+    (``attn_phone``): Figure 1's stacks with shorter names, Figure 2's halves one under the other,
+    the key cache's steps with their
+    shapes on lines of their own, beam search's tree top to bottom. Each is served (it fits the
+    column, text at the body's size, none overlapping), and the wide figure stays as it was."""
+    from attn import diagram
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    words = "ba kuramos mika mitsa kurat amamos kuras . pomo letra regina sur juna".split()
+    steps = [[(0, 0, -0.12), (0, 1, -5.29), (0, 2, -5.42), (0, 3, -6.06)],
+             [(0, 1, -0.93), (0, 4, -2.22), (0, 5, -3.11), (0, 6, -3.53)],
+             [(1, 7, -2.39), (0, 8, -3.01), (0, 9, -3.19), (2, 10, -3.20)]]
+    from attn.model import TransformerConfig, parameter_shapes
+    cfg = TransformerConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2)
+    figures = {"attention": diagram.attention_figure(n_heads=4, d_k=4),
+               "architecture": diagram.architecture(parameter_shapes(cfg), 2, 2, 32, 4, 64),
+               "cache": diagram.kv_cache([(1, 4, t, 8) for t in range(1, 7)], (1, 4, 9, 8),
+                                         ["<s>", "kas", "kin", "dek", "viren", "ba"]),
+               "beams": diagram.beam_tree(steps, words.__getitem__, chosen=[0, 4, 7], greedy=[0, 1, 8])}
+    for name, fig in figures.items():
+        wide = tuple(fig.get_size_inches())
+        text = _saved(fig, tmp_path, monkeypatch, f"{name}.png")
+        assert "attn:phone-refused" not in text, (name, text["attn:phone-refused"], text["attn:phone-overlaps"][:300])
+        assert float(text["attn:phone-text-px"]) / 2 >= 16 and text["attn:overlaps"] == "", (name, text)
+        assert tuple(fig.get_size_inches()) == wide, name
+
+
+def test_labels_of_ticks_outside_a_log_axis_view_are_not_counted():
+    """matplotlib leaves a tick outside the view undrawn, judged in the axis' scale: on a log axis
+    from about 3e-13, the locator's tick at 1e-15 shows no label, so it cannot run into the y
+    axis' labels in the corner; drawn labels that crowd still count."""
+    from attn.plot import text_overlaps
+    fig = Figure(figsize=(3.3, 2.5), dpi=200)
+    ax = fig.add_subplot()
+    ax.loglog([1e-12, 1e-1], [1e-11, 1.0])
+    ax.tick_params(labelsize=12)
+    fig.set_layout_engine("constrained")
+    assert text_overlaps(fig) == [], text_overlaps(fig)
+    ax.tick_params(labelsize=40)
+    assert text_overlaps(fig), "drawn labels that crowd must still count"
+
+
+def test_a_diagram_comes_with_its_own_layout_for_a_phone(tmp_path, monkeypatch):
+    """A hand-placed drawing that restacking cannot fit to a phone (the refused one above) is
+    served there in the lesson's own layout for the column, checked like any phone rendering; the
+    wide figure and its own chunks are kept."""
+    import base64
+    import io
+    from attn.plot import show_figure_with_phone
+    wide = Figure(figsize=(6, 1))
+    wide.add_axes([0, 0, 1, 1]).axis("off")
+    wide.text(0.05, 0.5, "the encoder's stack of layers", fontsize=6)
+    wide.text(0.4, 0.5, "the decoder's stack", fontsize=6)
+    phone = Figure(figsize=(3.3, 1.2))
+    phone.add_axes([0, 0, 1, 1]).axis("off")
+    phone.text(0.05, 0.7, "the encoder's stack of layers", fontsize=12)
+    phone.text(0.05, 0.3, "the decoder's stack", fontsize=12)
+    monkeypatch.setenv("ATTN_LESSONS_OUT", str(tmp_path))
+    monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    path = show_figure_with_phone(wide, phone, "d.png")
+    with Image.open(path) as im:
+        text, size = dict(im.text), im.size
+    assert "attn:phone-refused" not in text and text["attn:phone-overlaps"] == "", text
+    assert text["attn:overlaps"] == "" and text["Description"], text
+    with Image.open(io.BytesIO(base64.b64decode(text["attn:phone"]))) as shown:
+        assert shown.size[0] / 2 <= 358 and shown.size[1] > shown.size[0] / 3, shown.size    # two lines, not one
+    assert size[0] > 4 * size[1], size                                                         # the wide one

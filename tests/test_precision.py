@@ -271,15 +271,15 @@ def test_tf32_on_cupy_is_tf32_on_attns_handle_and_put_back():
     permission, not a promise: a small product (the stand-in's rule, cuBLAS's heuristics on a
     GPU) may run on a float32 kernel, which is right too."""
     from attn.fast import ops_for
-    from attn.fast.gpu.kernels import Tf32CupyOps
+    from attn.fast.gpu.kernels import Tf32Products
     from conftest import selected_backend
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal((128, 48)).astype(np.float32)
     x = rng.standard_normal((2, 2, 32, 64)).astype(np.float32)
     with selected_backend("cupy") as cp:
         ops = ops_for(cp, "tf32")
-        assert isinstance(ops, Tf32CupyOps) and ops._functions is ops_for(cp)._functions
-        cublas, handle = ops._cublas()                          # attn's handle, not CuPy's
+        assert isinstance(ops.products, Tf32Products) and ops._functions is ops_for(cp)._functions
+        cublas, handle = ops.products.cublas()                          # attn's handle, not CuPy's
         before = cublas.getMathMode(handle)
         seen = []
         set_mode = cublas.setMathMode
@@ -329,7 +329,7 @@ def test_bf16_on_cupy_reads_bf16_operands_through_gemm_ex():
     stride, ``gemmStridedBatchedEx``."""
     from attn.bench.counts import Tally
     from attn.fast import ops_for
-    from attn.fast.gpu.kernels import Bf16CupyOps
+    from attn.fast.gpu.kernels import Bf16Products
     from conftest import selected_backend
     rng = np.random.default_rng(2)
     f32 = np.float32
@@ -342,7 +342,7 @@ def test_bf16_on_cupy_reads_bf16_operands_through_gemm_ex():
     with selected_backend("fakecupy") as cp:
         fcp = cp
         ops = ops_for(cp, "bf16")
-        assert isinstance(ops, Bf16CupyOps) and ops._functions is ops_for(cp)._functions
+        assert isinstance(ops.products, Bf16Products) and ops._functions is ops_for(cp)._functions
         P_d = cp.asarray(params)
         ops.prepare_weights(P_d)
         W = P_d[40:].reshape(9, 12)[:, 2:8]                          # a block of columns of a parameter

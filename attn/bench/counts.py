@@ -150,7 +150,7 @@ def _count_once(fc, call, clock: bool = False) -> tuple:
 #: for one array less (the benchmark keeps its dropout generator, whose seed the first step made
 #: in its own memory), so its sizes leave the plan and the third is traced again; the fourth is
 #: the first at the plan's addresses and makes what the kernels keep per address
-#: (:meth:`attn.fast.gpu.kernels.CupyOps._gemm_pointers`); the fifth is a steady-state step.
+#: (:meth:`attn.fast.gpu.kernels.Products._gemm_pointers`); the fifth is a steady-state step.
 STEADY_AFTER = 4
 #: Untimed runs before a counted decoding run (decoding runs in no step memory).
 DECODE_STEADY_AFTER = 2

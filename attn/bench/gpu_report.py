@@ -32,7 +32,8 @@ untimed suite): nothing runs beside a timing. Before anything, a **preflight** l
 missing (:data:`NEEDED`); a task that needs it is a row saying so, not a failure.
 
 Without a usable GPU it stops at once, saying why. ``--dry-run`` runs the same parts on the CuPy
-stand-in, cheaply (one small test file, the ``quick`` preset, a 2-step training): it proves that
+stand-in, cheaply (one small test file, the ``quick`` preset, a 2-step training on the first
+:data:`DRY_PAIRS` pairs of each split of the toy corpus): it proves that
 the report is assembled and survives a failing task, not any figure in it.
 """
 from __future__ import annotations
@@ -90,6 +91,9 @@ BENCH_RUNS = ("--repeats", "5", "--warmup", "3")
 #: Seconds for the suite; the counts' presets and seconds (beside the suite).
 SUITE_SECONDS = 240
 COUNT_PLAN = (("toy-bench", 100), ("base", 200))
+#: Pairs of each split of the toy corpus (train, val, test) the dry run's trainings read: its
+#: validation and final test translation then decode that many sentences, not the corpus's 1,000.
+DRY_PAIRS = 200
 #: (minutes, seconds allowed) of the eager training and of the ``--cuda-graph`` one.
 TRAIN_PLAN = ((3, 240), (2, 180))
 TRAIN_MINUTES, TRAIN_SECONDS = TRAIN_PLAN[0]
@@ -445,6 +449,17 @@ class _Written:
         self.write()
 
 
+def _dry_corpus(folder: Path) -> Path:
+    """``folder`` holding the first :data:`DRY_PAIRS` lines of each file of the toy corpus."""
+    from ..data import TOY_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in sorted(TOY_DIR.glob("*.*")):
+        if f.stem in ("train", "val", "test"):
+            lines = f.read_text(encoding="utf-8").splitlines(keepends=True)[:DRY_PAIRS]
+            (folder / f.name).write_text("".join(lines), encoding="utf-8")
+    return folder
+
+
 def _run_part(part: str, tasks: list, written: _Written, env: dict, logs: Path, torch_ok: bool,
               inject_failure: str | None) -> None:
     """One part's tasks in turn, each in its child process (those ``beside`` the others running
@@ -459,6 +474,8 @@ def _run_part(part: str, tasks: list, written: _Written, env: dict, logs: Path, 
             continue
         if task.kind in ("train",) and "--out" not in task.cmd:
             task.cmd += ["--out", str(written.out / task.name)]
+        if task.kind == "train" and written.report["dry_run"] and "--data" not in task.cmd:
+            task.cmd += ["--data", str(_dry_corpus(written.out / "corpus"))]
         if inject_failure == task.name:
             task.env[INJECT_FAILURE] = task.info.get("measurement", "")
         written.say(f"{part}: {task.name} (at most {task.limit:g} s)")

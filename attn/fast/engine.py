@@ -7,6 +7,7 @@ from functools import partial
 from .. import backend as B
 from ..engine import EngineError, check_precision
 from ..precision import FP32, PRECISIONS, Precision
+from ..quantize import refuse_training
 from .gpu.graph import GraphedTrainStep
 from .training.loss import cross_entropy
 from .model import FastTransformer
@@ -29,6 +30,7 @@ class FastEngine:
                                check_ids=check_ids)
 
     def optimizer(self, model, lr_factor: float = 1.0, cooldown: float = 0.0) -> FastAdam:
+        refuse_training(model.params, "the fast engine's optimizer")
         return FastAdam(model.params, model.config.d_model, model.config.warmup_steps, lr_factor, cooldown=cooldown)
 
     def loss(self, trusted: bool = False):

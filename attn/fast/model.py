@@ -16,9 +16,10 @@ from ..layers.attention import split_heads
 from ..block import parts
 from ..model import DecodeState as ReadableDecodeState, Transformer, embedding_name, later_block
 from ..precision import FP32, Precision, PrecisionError
+from ..quantize import refuse_training
 from .core import flash, flash_tc, lm
 from .decoding import device, host
-from .core.arena import Arena
+from .core.int8 import Int8Arena, arena_for, each_for
 from .core.attention import Attentions, mask_bias
 from .training.backward import Backward
 from .core.pieces import Embeddings, Residuals, feed_forward
@@ -46,7 +47,8 @@ class FastTransformer:
     be followed by ``backward`` with its cache (the cache holds views into buffers the step
     reuses in place).
 
-    The parameters live in one :class:`attn.fast.core.arena.Arena` (``self.arena``):
+    The parameters live in one :class:`attn.fast.core.arena.Arena` (``self.arena``; an int8
+    model's, an :class:`attn.fast.core.int8.Int8Arena`, which dequantises each block it is asked for):
     ``self.params`` holds its views, under the reference's names. ``backward`` writes the
     gradients into ``arena.grads`` and returns its views (overwritten by the next
     ``backward``); :class:`FastAdam` over ``self.params`` updates the arena in one pass.
@@ -77,7 +79,7 @@ class FastTransformer:
         self.readable = Transformer(config, seed, dtype, params)
         self.config, self.dtype = config, self.readable.dtype
         self.block = parts(config)              # what the engine asks, instead of the config's strings
-        self.arena = Arena.adopt(self.params, config, self.dtype)
+        self.arena = arena_for(self.params, config, self.dtype)    # an Int8Arena for int8 params
         self.precision = self._usable(Precision.of(precision))
         self.validate_ids = check_ids
         self.attention = flash.check_mode(attention)
@@ -176,6 +178,9 @@ class FastTransformer:
         """``precision`` (what the step's matrix products read, :mod:`attn.precision`; the
         parameters stay in the arena in the model's dtype, the master weights) if this model can
         multiply at it: tf32 and bf16 need float32, and bf16 on CuPy needs ml_dtypes."""
+        if precision.name != "fp32" and isinstance(self.arena, Int8Arena):
+            raise PrecisionError(f"precision {precision.name!r}: an int8 model's products read its weights "
+                                 "dequantised to float32 (fp32)")
         if not precision.exact and self.dtype != self.xp.float32:
             raise PrecisionError(f"precision {precision.name!r} rounds float32 products; this model is "
                                  f"{self.dtype} (use fp32)")
@@ -184,7 +189,7 @@ class FastTransformer:
         return precision
 
     @property
-    def gradient_arena(self) -> Arena:
+    def gradient_arena(self):
         """The flat buffer every gradient is written into (:mod:`attn.engine`)."""
         return self.arena
 
@@ -211,22 +216,26 @@ class FastTransformer:
         keys and values of all decoder layers' cross-attention ``[w_k0 | w_v0 | w_k1 | ...]``
         (D, 2D*L). The ``1/sqrt(d_k)`` scale is applied by the softmax (its kernel on CuPy).
         Called once by every forward, encoding and decoding: where the products read bf16
-        (:class:`attn.fast.gpu.kernels.Bf16CupyOps`), the weights' bf16 copy is made here."""
+        (:class:`attn.fast.gpu.kernels.products.Bf16Products`), the weights' bf16 copy is made here. An
+        int8 model's items are made each time they are read, dequantised (:func:`each_for`)."""
         self._own_params()
         prepare = getattr(self.ops, "prepare_weights", None)
         if prepare is not None:                          # the model's own copy: a graph keeps its address
             self._bf16_weights = prepare(self.arena.params, self._bf16_weights)
         if self._fused is None:
             cfg, a, P, p = self.config, self.arena, self.arena.params, self.params
+            each = each_for(a)                  # lists of views; an int8 model's made at each read
 
             def qkv(pre):
                 return a.block(P, pre + ".w_qkv"), a.block(P, pre + ".b_qkv")
             L, cross = cfg.n_decoder_layers, self.block.cross_attention is not None   # a language model: no cross
             self._fused = Fused(
-                [qkv(f"encoder.{i}.self_attn") for i in range(cfg.n_encoder_layers)],
-                [qkv(f"decoder.{i}.self_attn") for i in range(L)],
-                [(p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]) for i in range(L)] if cross else [],
-                (a.block(P, "decoder.cross_attn.w_kv"), a.block(P, "decoder.cross_attn.b_kv")) if cross else None,
+                each(cfg.n_encoder_layers, lambda i: qkv(f"encoder.{i}.self_attn")),
+                each(L, lambda i: qkv(f"decoder.{i}.self_attn")),
+                each(L, lambda i: (p[f"decoder.{i}.cross_attn.w_q"], p[f"decoder.{i}.cross_attn.b_q"]))
+                if cross else [],
+                each(2, lambda j: a.block(P, ("decoder.cross_attn.w_kv", "decoder.cross_attn.b_kv")[j]))
+                if cross else None,
                 self.mha.scale)
         return self._fused
 
@@ -235,20 +244,21 @@ class FastTransformer:
         decoding: the decoder's self-attention ``[w_q * s | w_k | w_v]`` and cross-attention
         queries ``w_q * s`` with ``s = 1/sqrt(d_k)`` folded in (copies; ``enc_qkv`` empty,
         ``kv`` None). With QK-norm the norm would undo it: s rides on the queries' gain instead
-        (:func:`attn.fast.decoding.host.norm_heads_`), and the weights are the arena's."""
+        (:func:`attn.fast.decoding.host.norm_heads_`), and the weights are the arena's. An int8
+        model's are made at each read instead (:func:`each_for`): nothing float32 is kept."""
         cfg, p, xp = self.config, self.params, self.xp
         D = cfg.d_model
         s = 1.0 if self.block.self_attention.qk_norm else self.mha.scale
-        dt = self.dtype.type
-        dec, F = [], self._fuse()
-        for i in range(cfg.n_decoder_layers):
+        dt, F, each = self.dtype.type, self._fuse(), each_for(self.arena)
+
+        def scaled_qkv(i):
             W, b = (a.copy() for a in F.dec_qkv[i])
             W[:, :D] *= dt(s)
             b[:D] *= dt(s)
-            dec.append((W, b))
-        cross_q = [(p[f"decoder.{i}.cross_attn.w_q"] * dt(s), p[f"decoder.{i}.cross_attn.b_q"] * dt(s))
-                   for i in range(cfg.n_decoder_layers)]
-        return Fused([], dec, cross_q, None, s)
+            return W, b
+        L = cfg.n_decoder_layers
+        return Fused([], each(L, scaled_qkv), each(L, lambda i: (
+            p[f"decoder.{i}.cross_attn.w_q"] * dt(s), p[f"decoder.{i}.cross_attn.b_q"] * dt(s))), None, s)
 
     # ------------------------------------------------------------------ pieces: forward
 
@@ -343,7 +353,9 @@ class FastTransformer:
         """The gradients of :meth:`forward`'s ``cache`` given dlogits (B, T, V_tgt) (it may be
         overwritten): a dict keyed like ``params``, views of ``arena.grads`` (the next backward
         overwrites them); ``ready(stop)``, when given, is told each time ``arena.grads[:stop]``
-        is final (:meth:`attn.fast.training.backward.Backward.__call__`)."""
+        is final (:meth:`attn.fast.training.backward.Backward.__call__`). An int8 model refuses
+        (:func:`attn.quantize.refuse_training`)."""
+        refuse_training(self.params, "FastTransformer.backward")
         return self._backward(dlogits, cache, ready)
 
     def project(self, h, out=None):
@@ -586,13 +598,34 @@ class FastTransformer:
             return device.device_step(self, tokens, state)
         if isinstance(state, ReadableDecodeState):
             return self.readable.decode_step(tokens, state)
+        return self._host_step(tokens, state, host.decode_step)
+
+    def decode_positions(self, tokens, state):
+        """:meth:`Transformer.decode_positions`: tokens (B, T) read in one pass through the state's
+        cache (speculative decoding's check of a draft's tokens); the state is rolled back by its
+        ``truncate``. A :class:`FastDecodeState` runs them through the same decoder layer as a step
+        (:func:`attn.fast.decoding.host.decode_positions`); a :class:`DeviceDecodeState`, whose
+        kernels read one position, steps them one after another."""
+        if isinstance(state, DeviceDecodeState):
+            return device.device_positions(self, tokens, state)
+        if isinstance(state, ReadableDecodeState):         # a language model's: small ones on one BLAS thread
+            with single_threaded_blas() if self._small(tokens) else contextlib.nullcontext():
+                return self.readable.decode_positions(tokens, state)
+        return self._host_step(tokens, state, host.decode_positions)
+
+    def _small(self, tokens) -> bool:
+        """Whether positions ``tokens`` are few enough for NumPy's BLAS on one thread (see
+        :attr:`DECODE_ONE_THREAD_MAX`)."""
+        return self.xp is B.host and tokens.size * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
+
+    def _host_step(self, tokens, state, step):
         if not isinstance(state, FastDecodeState):
-            raise TypeError(f"FastTransformer.decode_step: the state must come from its start_decoding, "
+            raise TypeError(f"FastTransformer.{step.__name__}: the state must come from its start_decoding, "
                             f"got a {type(state).__name__}")
-        small = self.xp is B.host and tokens.shape[0] * self.config.d_model <= self.DECODE_ONE_THREAD_MAX
+        small = self._small(tokens)
         parts = default_workers() if self.workers is None else max(1, int(self.workers))
         parts = parts if self.xp is B.host else 1
-        return host.run_step(self, tokens, state, parts, small)
+        return host.run_step(self, tokens, state, parts, small, step)
 
     #: On CuPy, beam search's candidates are ranked by one kernel where a sentence's beams have at
     #: most this many between them; above it, by the reference's array calls. Both keep the same

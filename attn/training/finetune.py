@@ -24,6 +24,7 @@ from ..evaluate import evaluate_bleu
 from ..lora import Adapter, LoraModel, adapter_bytes, parse_targets, trained_fraction
 from ..model import Transformer
 from ..optim import Adam, noam_lr
+from ..quantize import Int8TrainingError, refuse_training
 from .checkpoints import TrainState, start_writing
 from .config import TrainConfig, TrainConfigError
 from .evaluation import evaluate_loss
@@ -109,6 +110,11 @@ def prepare_finetune(config: TrainConfig, dp) -> FineTune:
         raise TrainConfigError("resume_from (--resume-from) fine-tunes in one process: run it without mpiexec")
     B.set_backend(config.backend)
     base, vocab = load_translator(config.resume_from)
+    if config.lora is None:                     # LoRA trains its adapters alone: an int8 base stays frozen
+        try:
+            refuse_training(base.params, f"resume_from (--resume-from) {config.resume_from}")
+        except Int8TrainingError as e:
+            raise TrainConfigError(str(e)) from None
     corpus, out = load_corpus(config), Path(config.out)
     max_len = longest_pair(config, base.config)
     train_enc = encode_pairs(corpus.train, vocab, max_len=max_len)

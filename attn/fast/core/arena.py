@@ -1,67 +1,22 @@
-"""One contiguous arena for the fast engine's parameters, gradients and Adam's two moments.
-
-The parameters of :class:`attn.fast.FastTransformer` live in one flat buffer, their
-gradients in a second with the same layout, and the optimizer's first and second moments
-in a third and a fourth (Megatron's contiguous gradient buffer, apex's multi-tensor apply).
-The optimizer is then one update over four flat arrays (one kernel launch on CuPy), the
-global gradient norm one reduction, and a data-parallel run all-reduces ``arena.grads`` as
-one buffer.
-
-The API::
+"""One contiguous arena for the fast engine's parameters, gradients and Adam's two moments: four
+flat buffers of one layout, so that Adam is one update, the gradient norm one reduction and a
+data-parallel all-reduce one buffer. docs/ARCHITECTURE.md ("The fast engine") gives the order of
+the blocks (the backward's, stage by stage: :func:`stages`) and the fused blocks.
 
     arena = Arena(config, dtype, xp)          # or Arena.adopt(params, config): copies them in
     arena.params, arena.grads                 # flat (size,) buffers, one layout
-    arena.grad_buffer                         # (size + SLOT,): grads, then the slot a data-parallel
-                                              # all-reduce carries beside them (the loss, the tokens)
+    arena.grad_buffer                         # (size + SLOT,): grads, then the loss and tokens slot
     arena.m, arena.v                          # Adam's moments, the same layout (made on first use)
     arena.views(arena.params)                 # {name: view} for every parameter (the model's params)
-    arena.views(arena.grads)                  # {name: view}: what backward writes and returns
-    arena.block(arena.grads, "decoder.cross_attn.w_kv")   # a fused block (below) of any buffer
+    arena.block(arena.grads, "decoder.cross_attn.w_kv")   # a fused block of any buffer
     Arena.find(params)                        # the arena whose views ``params`` holds, or None
 
-Every flat buffer has ``arena.size`` elements of ``arena.dtype``; each parameter's view
-keeps its name and shape from :func:`attn.model.parameter_shapes`, so checkpoints, the
-reference model and the trainer see the same dict of arrays as before (the order of the
-blocks in the buffers is the arena's own business: nothing outside it reads it). Elements
-between blocks (each block starts on a multiple of :data:`ALIGN` elements) are zero in every
-buffer and stay zero: their gradient is never written, so Adam leaves them at zero, and they
-add nothing to the gradient norm. The all-reduce of a data-parallel run includes them.
-
-**The order: the backward's.** The blocks lie in the order the fast backward finishes their
-gradients, stage by stage (:func:`stages`): the decoder's final norm (pre-norm), the decoder's
-layers from the last to the first, the cross-attention K|V block of all layers, the target's
-learned positions, the encoder's final norm, the encoder's layers from the last to the first,
-the source's learned positions, and last the embeddings (a tied embedding's gradient is
-complete only at the very end). ``layout.stages`` holds each stage's ``(start, stop)``: when
-the backward has finished a stage, ``grads[:stop]`` is final, which is what lets a
-data-parallel run all-reduce the front of the buffer while the backward computes the rest
-(buckets in reverse layer order, as PyTorch's DDP sends them). The gradient buffer is
-:data:`SLOT` elements longer than the others: ``grad_buffer[size:]`` is where that run puts
-its loss and its token count (:data:`LOSS`, :data:`TOKENS`), so that one all-reduce of
-``grad_buffer`` carries everything; ``grads`` is ``grad_buffer[:size]``, what Adam reads.
-
-**The fused blocks.** Projections that read the same input are laid out side by side, so
-that the step multiplies by one block and writes one block's gradient, with nothing
-concatenated or sliced per step:
-
-=====================================  ==============  =========================================
-block                                  shape           parameters (column blocks)
-=====================================  ==============  =========================================
-``{stack}.{i}.self_attn.w_qkv``        (D, D + 2KV)    ``w_q | w_k | w_v``
-``{stack}.{i}.self_attn.b_qkv``        (D + 2KV,)      ``b_q | b_k | b_v``
-``decoder.cross_attn.w_kv``            (D, 2KV L)      ``w_k0 | w_v0 | w_k1 | w_v1 | ...``
-``decoder.cross_attn.b_kv``            (2KV L,)        ``b_k0 | b_v0 | ...``
-``{stack}.{i}.ffn.w13`` (SwiGLU)       (D, 2F)         ``w1 | w3`` (the gate's and the value's)
-``{norm}.gamma_beta``                  (2, D) or (1,D) ``gamma``, ``beta`` (rows; RMSNorm: gamma)
-=====================================  ==============  =========================================
-
-KV is the keys' width, ``kv_heads * d_model / n_heads`` (D unless grouped-query attention).
-Every other parameter is a block of its own. The views of ``w_q``, ``w_k``, ``w_v``,
-``w_k{i}`` and ``w_v{i}`` are column slices of their block, so they are not contiguous
-(their rows are 3D or 2DL apart); the other views are.
-"""
+Each view keeps its name and shape from :func:`attn.model.parameter_shapes`. Blocks start on
+multiples of :data:`ALIGN` elements; the elements between them are zero in every buffer and stay
+zero (no gradient is written there, so Adam leaves them and the norm does not see them)."""
 from __future__ import annotations
 
+import math
 import re
 import weakref
 from typing import NamedTuple
@@ -74,8 +29,6 @@ from ..gpu.stepmem import outside_step
 
 #: Every block starts at a multiple of this many elements (256 bytes in float32).
 ALIGN = 64
-#: Elements of the gradient buffer past the gradients (a data-parallel run's loss and tokens),
-#: and where each sits in them.
 
 
 class Block(NamedTuple):
@@ -157,11 +110,8 @@ def layout(cfg: TransformerConfig) -> Layout:
     for stage in order:
         start = size
         for bname in (b for b in shapes if _stage_of(b) == stage):     # in parameter order within a stage
-            n = 1
-            for s in shapes[bname]:
-                n *= int(s)
             blocks[bname] = Block(size, shapes[bname])
-            size += -(-n // ALIGN) * ALIGN
+            size += -(-math.prod(int(n) for n in shapes[bname]) // ALIGN) * ALIGN
         ranges[stage] = (start, size)
     assert len(blocks) == len(shapes), sorted(set(shapes) - set(blocks))
     return Layout(blocks, members, size, ranges)
@@ -239,15 +189,13 @@ class Arena:
     @property
     def m(self):
         if self._m is None:
-            with outside_step():
-                self._m = self.xp.zeros((self.size,), dtype=self.dtype)
+            self._m = self.new_buffer()
         return self._m
 
     @property
     def v(self):
         if self._v is None:
-            with outside_step():
-                self._v = self.xp.zeros((self.size,), dtype=self.dtype)
+            self._v = self.new_buffer()
         return self._v
 
     def new_buffer(self):
@@ -260,10 +208,7 @@ class Arena:
     def block(self, flat, name: str):
         """Block ``name`` (see the module docstring) of a flat buffer, in its shape."""
         b = self.layout.blocks[name]
-        n = 1
-        for s in b.shape:
-            n *= int(s)
-        return flat[b.offset:b.offset + n].reshape(b.shape)
+        return flat[b.offset:b.offset + math.prod(int(n) for n in b.shape)].reshape(b.shape)
 
     def views(self, flat) -> dict:
         """{parameter name: view} of a flat buffer with this layout, in parameter order."""

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from ... import backend as B
 from ...precision import check as check_precision
-from ..gpu.kernels import Bf16CupyOps, CupyOps, Tf32CupyOps
+from ..gpu.kernels import CupyOps
 from .ops import Ops
-
-#: The CuPy operations of each precision: the products differ, the kernels are the same.
-CUPY_OPS = {"fp32": CupyOps, "tf32": Tf32CupyOps, "bf16": Bf16CupyOps}
 
 
 def ops_for(xp, precision="fp32") -> Ops:
@@ -21,7 +18,7 @@ def ops_for(xp, precision="fp32") -> Ops:
     other ``precision`` of its products (``"fp32"``, ``"tf32"`` or ``"bf16"``, or an object
     whose ``name`` is one), made at that precision and sharing the fp32 object's buffers (and
     on CuPy its compiled module): ``Ops(numpy, precision)`` on NumPy, on CuPy (or the tests'
-    stand-in) the class of :data:`CUPY_OPS`."""
+    stand-in) a :class:`CupyOps` whose products are the precision's."""
     name = check_precision(getattr(precision, "name", precision))
     key = xp.__name__ if name == "fp32" else (xp.__name__, name)
     ops = _OPS.get(key)
@@ -30,7 +27,7 @@ def ops_for(xp, precision="fp32") -> Ops:
         if xp is B.host:
             ops = Ops(xp, name, sharing=fp32)
         else:
-            ops = CUPY_OPS[name](xp, sharing=fp32)
+            ops = CupyOps(xp, name, sharing=fp32)
         _OPS[key] = ops
     return ops
 

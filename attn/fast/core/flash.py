@@ -1,13 +1,8 @@
-"""The fast engine's tiled attention (FlashAttention): :func:`attend` and :func:`attend_backward`
-launch the fused kernels of :mod:`attn.fast.gpu.kernels.flash` on CuPy and run their NumPy twins
-(the same tiles, the same online softmax) on NumPy; :func:`use_flash` is the one rule that
-chooses it over the plain attention (the (Tk, B, H, Tq) weights kept for the backward).
-
-The tiled attention keeps, per attention, its output and one log-sum-exp per query: memory
-linear in the length where the plain one keeps B·H·Tq·Tk weights. It has no dropout on the
-weights (there are none to drop), and keeps no weights to inspect. Its kernels multiply in
-the model's dtype whatever the products' precision (:mod:`attn.precision`).
-"""
+"""The fast engine's tiled attention (FlashAttention, docs/GPU.md): :func:`attend` and
+:func:`attend_backward` launch the kernels of :mod:`attn.fast.gpu.kernels.flash` on CuPy and run
+their NumPy twins on NumPy; :func:`use_flash` is the one rule that chooses it over the plain
+attention. It keeps the output and one log-sum-exp per query (memory linear in the length), has
+no weights to drop out or inspect, and multiplies in the model's dtype at every precision."""
 from __future__ import annotations
 
 import math
@@ -181,15 +176,20 @@ def _run(ops, name: str, dtype, grid, block, shared: int, args, Dh: int | None =
     if ops.xp is B.host:
         NUMPY_TWINS[name](HostLaunch(full, grid, block, shared), *args)
     elif Dh is None:
-        ops._fn(name, dtype)(grid, block, args, shared_mem=shared)
+        ops.kernel(name, dtype)(grid, block, args, shared_mem=shared)
     else:
-        fns = _HEADED.setdefault(ops, {})
-        f, opted = fns.get(full) or (ops._module.get_function(full), 0)
-        if shared > max(SHARED_LIMIT, opted):
-            opt_in(ops.xp, f, shared)
-            opted = shared
-        fns[full] = f, opted
-        f(grid, block, args, shared_mem=shared)
+        opted_in(ops.xp, _HEADED.setdefault(ops, {}), full, ops.function, shared)(grid, block, args, shared_mem=shared)
+
+
+def opted_in(xp, fns: dict, name: str, lookup, shared: int):
+    """Function ``name`` from ``fns`` ({name: (function, bytes opted into)}; ``lookup(name)`` the first
+    time), opted into ``shared`` bytes of shared memory where that is above :data:`SHARED_LIMIT`."""
+    f, opted = fns.get(name) or (lookup(name), 0)
+    if shared > max(SHARED_LIMIT, opted):
+        opt_in(xp, f, shared)
+        opted = shared
+    fns[name] = f, opted
+    return f
 
 
 def opt_in(xp, f, shared: int) -> None:
@@ -260,27 +260,38 @@ def attend(ops, q, k, v, mask: KeyMask, scale: float, tile: int | None = None):
     return ctx, FlashCache(q, k, v, KeyMask(ok, mask.causal), lse, ctx)
 
 
+def backward_prep(ops, dctx, c, dq, dk, dv, dtype):
+    """A tiled backward's start (this one's and :mod:`.flash_tc`'s): the gradients' views checked,
+    zeros where nothing is attended (then None), else (dO contiguous, D = rowsum(dO * O) in
+    ``dtype`` by one ``flash_bwd_prep`` launch)."""
+    if dk.strides != dv.strides or dq.shape != c.q.shape or dk.shape != c.k.shape or dv.shape != c.v.shape:
+        raise ValueError(f"flash attention backward: dq {tuple(dq.shape)}, dk {tuple(dk.shape)}, dv "
+                         f"{tuple(dv.shape)} must match q and k, dk and dv of one layout")
+    Bsz, H, Tq, Dh = c.q.shape
+    n = Bsz * H * Tq
+    if n == 0 or c.k.shape[2] == 0:
+        for a in (dq, dk, dv):
+            a[...] = 0
+        return None
+    dout = ops.xp.ascontiguousarray(dctx)
+    dsum = ops.xp.empty((Bsz, H, Tq), dtype=dtype)
+    _run(ops, "flash_bwd_prep", dtype, (math.ceil(n / 256),), (256,), 0,
+         (dout, c.ctx, dsum, B.host.int32(H), B.host.int32(Tq), B.host.int32(Dh), B.host.int64(n)))
+    return dout, dsum
+
+
 def attend_backward(ops, dctx, c: FlashCache, dq, dk, dv, scale: float, tile: int | None = None) -> None:
     """The tiled attention's backward into the views dq (B, H, Tq, Dh), dk and dv (B, Hkv, Tk, Dh):
     ``D = rowsum(dO * O)`` (``flash_bwd_prep``), then dK and dV per key tile (``flash_bwd_kv``)
     and dQ per query tile (``flash_bwd_q``), each recomputing P from the log-sum-exp. ``tile`` as
     :func:`attend`'s."""
-    xp, i32, i64 = ops.xp, B.host.int32, B.host.int64
+    i32, i64 = B.host.int32, B.host.int64
     Bsz, H, Hkv, Tq, Tk, Dh = _shapes(c.q, c.k, c.v, c.mask)
     dt, it = c.q.dtype, c.q.dtype.itemsize
-    if dk.strides != dv.strides or dq.shape != c.q.shape or dk.shape != c.k.shape or dv.shape != c.v.shape:
-        raise ValueError(f"flash attention backward: dq {tuple(dq.shape)}, dk {tuple(dk.shape)}, dv "
-                         f"{tuple(dv.shape)} must match q and k, dk and dv of one layout")
-    dout = xp.ascontiguousarray(dctx)
-    dsum = xp.empty((Bsz, H, Tq), dtype=dt)
-    n = Bsz * H * Tq
-    if n == 0 or Tk == 0:
-        for a in (dq, dk, dv):
-            a[...] = 0
+    prep = backward_prep(ops, dctx, c, dq, dk, dv, dt)
+    if prep is None:
         return
-    threads = 256
-    _run(ops, "flash_bwd_prep", dt, (math.ceil(n / threads),), (threads,), 0,
-         (dout, c.ctx, dsum, i32(H), i32(Tq), i32(Dh), i64(n)))
+    dout, dsum = prep
     shape = (dt.type(scale), i32(H), i32(Hkv), i32(Tq), i32(Tk), i32(Dh), i32(c.mask.causal))
     inputs = (c.q, c.k, c.v, c.mask.ok, dout, c.lse, dsum)
     qs, ks = _strides(c.q, "q"), _strides(c.k, "k")

@@ -1,20 +1,10 @@
 """The tiled attention on the tensor cores (FlashAttention-2, :mod:`attn.fast.gpu.kernels.flash_mma`):
-:func:`attend` and :func:`attend_backward` launch its kernels on CuPy (the CuPy stand-in runs
-their NumPy twins), and :func:`cores_for` is the one rule that chooses them.
-
-These kernels are compiled by NVRTC for compute capability 8.0 to 10.0 but **have never run on
-a GPU**, so nothing takes them in silence: a run takes them where it asks for the tiled attention
-(``--attention flash``) at a 16-bit precision (``--precision bf16``), with heads of 64 or 128
-values, on CuPy; ``auto`` takes them only on a device kind that :data:`TC_RULES` names, and the
-table is empty until a GPU report (``python -m attn.bench --gpu-report DIR --part tensor-cores``)
-has measured them against their twins and against PyTorch's SDPA. The choice is said once on
-stderr.
-
-q, k and v are copied into 16 bits (``flash_mma_pack``, round to nearest even) at every forward,
-and those copies are what the backward reads again (half the bytes of the float32 views), with the
-output and one float32 log-sum-exp per query. Masks, layouts and the output of a query with no
-visible key (0) are :mod:`attn.fast.core.flash`'s.
-"""
+:func:`attend` and :func:`attend_backward` launch its kernels on CuPy (the stand-in runs their
+twins), and :func:`cores_for` is the one rule that chooses them. They **have never run on a GPU**,
+so nothing takes them in silence (docs/GPU.md): ``--attention flash`` at ``--precision bf16`` with
+heads of 64 or 128 on CuPy, or ``auto`` on a device kind :data:`TC_RULES` names (none yet); the
+choice is said once on stderr. q, k and v are packed to 16 bits at every forward, and the backward
+reads those copies again; masks, layouts and a query with no key are :mod:`attn.fast.core.flash`'s."""
 from __future__ import annotations
 
 import math
@@ -25,7 +15,7 @@ from ... import backend as B
 from . import flash
 from ..gpu.kernels.common import grid_of
 from ..gpu.kernels.flash import HostLaunch
-from ..gpu.kernels.flash_mma import (HEAD_SIZES, NAME_EXPRESSIONS, OPTIONS, SHARED_LIMIT, SOURCE, TILES, instance,
+from ..gpu.kernels.flash_mma import (HEAD_SIZES, NAME_EXPRESSIONS, OPTIONS, SOURCE, TILES, instance,
                                      mma_shared, mma_threads)
 from ..gpu.kernels.registry import NUMPY_TWINS
 
@@ -73,12 +63,7 @@ def _fn(ops, name: str, shared: int):
     if fns is None:
         module = ops.xp.RawModule(code=SOURCE, options=OPTIONS, name_expressions=NAME_EXPRESSIONS)
         fns = _FUNCTIONS[ops] = {None: module}
-    f, opted = fns.get(name) or (fns[None].get_function(name), 0)
-    if shared > max(SHARED_LIMIT, opted):
-        flash.opt_in(ops.xp, f, shared)
-        opted = shared
-    fns[name] = f, opted
-    return f
+    return flash.opted_in(ops.xp, fns, name, fns[None].get_function, shared)
 
 
 def _run(ops, name: str, grid, block, shared: int, args) -> None:
@@ -137,21 +122,13 @@ def attend_backward(ops, dctx, c: flash.FlashCache, dq, dk, dv, scale: float) ->
     log-sum-exp, dV = P^T dO, dP = dO V^T, dS = P (dP - D) with D = rowsum(dO O), dK = s dS^T Q and
     dQ = s dS K: D by ``flash_bwd_prep``, dK and dV by ``flash_mma_bwd_kv`` (a block per key
     tile), dQ by ``flash_mma_bwd_q`` (a pass of its own)."""
-    xp, i32, i64, f32 = ops.xp, B.host.int32, B.host.int64, B.host.float32
+    i32, f32 = B.host.int32, B.host.float32
     Bsz, H, Tq, Dh = c.q.shape
     Hkv, Tk = c.k.shape[1], c.k.shape[2]
-    if dk.strides != dv.strides or dq.shape != c.q.shape or dk.shape != c.k.shape or dv.shape != c.v.shape:
-        raise ValueError(f"flash attention backward: dq {tuple(dq.shape)}, dk {tuple(dk.shape)}, dv "
-                         f"{tuple(dv.shape)} must match q and k, dk and dv of one layout")
-    n = Bsz * H * Tq
-    if n == 0 or Tk == 0:
-        for a in (dq, dk, dv):
-            a[...] = 0
+    prep = flash.backward_prep(ops, dctx, c, dq, dk, dv, B.host.dtype(f32))
+    if prep is None:
         return
-    dout = xp.ascontiguousarray(dctx)
-    dsum = xp.empty((Bsz, H, Tq), dtype=f32)
-    flash._run(ops, "flash_bwd_prep", dout.dtype, (math.ceil(n / 256),), (256,), 0,
-               (dout, c.ctx, dsum, i32(H), i32(Tq), i32(Dh), i64(n)))
+    dout, dsum = prep
     dop = pack(ops, dout.reshape(Bsz, Tq, H, Dh).transpose(0, 2, 1, 3), c.mask.cores)
     inputs = (c.q, c.k, c.v, c.mask.ok, dop, c.lse, dsum)
     shape = (f32(scale), i32(H), i32(Hkv), i32(Tq), i32(Tk), i32(c.mask.causal))

@@ -81,8 +81,8 @@ class Ops:
     # ---- the products' precision
 
     #: What the products read (:mod:`attn.precision`): ``fp32``, ``tf32`` or ``bf16``, given to the
-    #: constructor (or fixed by the CuPy class: :class:`attn.fast.gpu.kernels.Tf32CupyOps`,
-    #: :class:`attn.fast.gpu.kernels.Bf16CupyOps`). Sums and results are float32 in every mode.
+    #: constructor (on CuPy carried out by ``ops.products``: :mod:`attn.fast.gpu.kernels.products`).
+    #: Sums and results are float32 in every mode.
     precision = "fp32"
 
     def _rounded(self, a, b):

@@ -1,13 +1,9 @@
-"""The fast engine's pieces around the attention, each an object that
-:class:`attn.fast.FastTransformer` holds, its forward and backward side by side:
-:class:`Embeddings` (the token embeddings and the positions: sinusoids, a learned table or the
-rotary tables), :class:`Residuals` (a sub-layer in its residual connection with the block's norm,
-layer norm or RMSNorm, post- or pre-norm) and the feed-forward networks :class:`ReluNetwork` and
-:class:`SwiGLUNetwork` (:func:`feed_forward` picks the block's). Each is made from the model it
-serves, keeps what does not change (the config, the block's part, the dtype), and reads from the
-model only its ``params`` (views of its arena, which a caller may replace) and ``ops``. A norm's
-fused ops are the twins of its part's readable pair (:data:`FUSED_NORMS`). The attention is
-:mod:`attn.fast.core.attention`; the backward's order :mod:`attn.fast.training.backward`."""
+"""The fast engine's pieces around the attention, each an object :class:`attn.fast.FastTransformer`
+holds, forward beside backward: :class:`Embeddings` (tokens and positions: sinusoids, a learned
+table or the rotary tables), :class:`Residuals` (a sub-layer in its residual with the block's norm,
+post- or pre-norm) and the feed-forward networks :class:`ReluNetwork` and :class:`SwiGLUNetwork`
+(:func:`feed_forward` picks the block's). Each reads from the model only its ``params`` and
+``ops``; a norm's fused ops are the twins of its part's readable pair (:data:`FUSED_NORMS`)."""
 from __future__ import annotations
 
 import contextlib

@@ -111,21 +111,13 @@ THREADS = _Threads()
 
 
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
-    """Ask glibc's malloc to keep freed blocks for reuse instead of handing them back to
-    the system. Returns False where that is not possible (not glibc).
-
-    A training step allocates a few hundred megabytes of buffers and frees them again. By
-    default glibc returns large freed blocks to the kernel (``munmap``, heap trimming), so
-    the next step's buffers page-fault their memory back in, page by page, zeroed: 10 to 30
-    thousand faults and 5-10 % of a toy-bench step on two cores. With this, blocks up to
-    ``mmap_threshold`` bytes come from the heap and the heap is not trimmed below
-    ``trim_threshold``, so the process keeps its peak footprint between steps.
-
-    This is a setting for the whole process (PyTorch's CPU tensors in the same process
-    use the same malloc and benefit alike), so it is never made implicitly: the trainer and
-    the benchmark call it. Memory measured by resident set size no longer falls between
-    steps afterwards (the benchmark measures peak memory in child processes without it).
-    """
+    """Ask glibc's malloc to keep freed blocks for reuse instead of handing them back to the system
+    (False where that is not possible: not glibc). A step allocates and frees a few hundred megabytes;
+    by default glibc unmaps and trims them, so the next step page-faults its memory back in, zeroed
+    (10 to 30 thousand faults, 5-10 % of a toy-bench step on two cores). With this the process keeps
+    its peak footprint between steps. It is a setting for the whole process (PyTorch's CPU tensors
+    benefit alike), so only the trainer and the benchmark call it; resident memory then no longer
+    falls between steps (the benchmark measures peak memory in child processes without it)."""
     import ctypes
     import ctypes.util
     try:

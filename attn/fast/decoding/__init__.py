@@ -5,4 +5,6 @@ the later block's heads) and what both steps share (the length check, the rows' 
 device); ``device`` holds the CuPy step (:class:`DeviceDecodeState`: buffers preallocated, one
 kernel per sub-layer, nothing allocated by a steady-state step) and the kernels' greedy pick and
 beam candidates. Both run :func:`attn.fast.core.layer.decoder_layer`; the model's entry points
-(``start_decoding``, ``decode_step``, ``search``) are :mod:`attn.fast.model`'s."""
+(``start_decoding``, ``decode_step``, ``decode_positions``, ``search``) are :mod:`attn.fast.model`'s.
+For speculative decoding, ``host`` also reads a chunk of positions in one pass, and each state's
+``truncate`` rolls positions back (:class:`attn.engine.DecodingState`)."""

@@ -131,6 +131,15 @@ class DeviceDecodeState:
             mask, bias = mask[index], bias[index]
         return self._successor(cross=cross, group=group, src_mask=mask, sentence=sentence, src_bias=bias)
 
+    def truncate(self, length: int) -> "DeviceDecodeState":
+        """The state as it was after its first ``length`` positions
+        (:meth:`attn.model.DecodeState.truncate`): the buffers stay, the next step writes over the
+        positions after; this state can no longer be used, as after a step."""
+        self._check_latest("truncate")
+        if not 0 <= length <= self.length:
+            raise ValueError(f"DeviceDecodeState.truncate: length must be in 0..{self.length}, got {length}")
+        return self._successor(length=length)
+
 
 def start_device(model, cross_kv, src_mask, reserve=None) -> DeviceDecodeState:
     """The device state before the first step: the cross-attention keys/values (B, H, S, Dh) per
@@ -208,6 +217,19 @@ def device_step(model, tokens, state: DeviceDecodeState):
         out = model.project(run.inp)
     run.K.log_softmax(out, logits)
     return logits, state._successor(length=t + 1), [w[:n] for w in state.buf.cross_w]
+
+
+def device_positions(model, tokens, state: DeviceDecodeState):
+    """T positions for every row, tokens (n, T) (:meth:`attn.model.Transformer.decode_positions`):
+    one :func:`device_step` after another, the kernels reading one position each. Returns
+    log-probabilities (n, T, V), the new state, the cross-attention weights per layer (n, H, T, S),
+    copies of what each step left in its buffers."""
+    xp, logps, weights = model.xp, [], []
+    for j in range(tokens.shape[1]):
+        logp, state, cross_w = device_step(model, tokens[:, j], state)
+        logps.append(logp.copy())
+        weights.append([w.copy() for w in cross_w])
+    return xp.stack(logps, axis=1), state, [xp.concatenate(w, axis=2) for w in zip(*weights)]
 
 
 class DeviceRows:

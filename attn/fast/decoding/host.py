@@ -26,6 +26,11 @@ beam search against the reference decoder):
   once (rotary positions), before the key is written into the cache; QK-norm norms them before
   that (:func:`norm_heads_`).
 
+* Speculative decoding (:mod:`attn.speculative`) reads T positions of every row in one pass
+  (:func:`decode_positions`: the same decoder layer, :class:`HostRows` given T new rows a row
+  and the causal mask among them; a step is T = 1) and rolls rejected positions back
+  (:meth:`FastDecodeState.truncate`: the buffers handed on, nothing copied).
+
 A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
 next position into buffers its successor shares. Stepping an older state again is still
 correct: it sees that its buffers have moved on and copies them first. :meth:`FastDecodeState.select`
@@ -121,16 +126,25 @@ class _KV:
                 arrays[i] = xp.take(a, index, axis=0) if keep == a.shape[2] else a[index, :, :keep]
         return _KV(keys, values, length)
 
+    def cut(self, length: int) -> "_KV":
+        """The first ``length`` positions, in a new ``_KV`` that takes this one's place: the arrays
+        are handed on, nothing copied (the next step writes over the positions after). This one is
+        left empty (:attr:`moved`), as by :meth:`take`: a state that still counted the positions
+        after could read them overwritten."""
+        new = _KV(self.keys, self.values, length)
+        self.keys, self.values, self.filled = [], [], -1
+        return new
+
     @property
     def moved(self) -> bool:
-        """True once :meth:`take` handed the buffers to a successor."""
+        """True once :meth:`take` or :meth:`cut` handed the buffers to a successor."""
         return self.filled < 0
 
 
 def _check_not_moved(state: "FastDecodeState", what: str) -> None:
     if state.kv.moved:
         raise ValueError(f"FastDecodeState.{what}: this state's key/value buffers were handed on by "
-                         f"select() (to save a copy of them); use the state that select() returned")
+                         f"select() or truncate() (to save a copy of them); use the state that call returned")
 
 
 class FastDecodeState:
@@ -191,6 +205,18 @@ class FastDecodeState:
             rows = None if self.src_rows is None else self.src_rows[index]
         return FastDecodeState(cross, group, mask, self.length, sentence, self.kv.take(index, self.length),
                                self.fused, bias, rows)
+
+    def truncate(self, length: int) -> "FastDecodeState":
+        """The state as it was after its first ``length`` positions
+        (:meth:`attn.model.DecodeState.truncate`: speculative decoding rolls back the tokens it
+        rejected). The later positions are forgotten, not copied out: the buffers move to the new
+        state (:meth:`_KV.cut`), whose next step writes over them; this state, and the states it was
+        stepped from, cannot be used again."""
+        _check_not_moved(self, "truncate")
+        if not 0 <= length <= self.length:
+            raise ValueError(f"FastDecodeState.truncate: length must be in 0..{self.length}, got {length}")
+        return FastDecodeState(self.cross, self.group, self.src_mask, length, self.sentence, self.kv.cut(length),
+                               self.fused, self.src_bias, self.src_rows)
 
 
 def per_row(cross, group: int) -> list:
@@ -262,22 +288,30 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
     """One position for every row (see :meth:`attn.model.Transformer.decode_step`):
     log-probabilities (n, V), the new state, the cross-attention weights per layer
     (n, H, 1, S). ``parts``: how many row parts run at the same time (1: this thread)."""
+    logp, new, cross_w = decode_positions(model, tokens[:, None], state, parts)
+    return logp[:, 0], new, cross_w
+
+
+def decode_positions(model, tokens, state: FastDecodeState, parts: int):
+    """T positions for every row in one pass (see :meth:`attn.model.Transformer.decode_positions`):
+    tokens (n, T) the ids at positions ``state.length``.., each attending to the cache and to the
+    new positions up to its own. Returns log-probabilities (n, T, V), the new state, the
+    cross-attention weights per layer (n, H, T, S). ``parts``: as :func:`decode_step`'s."""
     cfg, xp = model.config, model.xp
-    t = state.length
-    check_length(model, t)
+    t, (n, T) = state.length, tokens.shape
+    check_length(model, t + T - 1)
     _check_not_moved(state, "decode_step")
     kv = state.kv
     if kv.filled != t:                           # an older state stepped again: copy first
-        kv = kv.copy(t, max(kv.capacity, 16) * (2 if t >= kv.capacity else 1))
-    elif t >= kv.capacity:                       # full: a quarter more room (at least 8 positions):
-        kv.grow_(kv.capacity + max(8, kv.capacity // 4))   # less slack than doubling, few copies
-    n = tokens.shape[0]
+        kv = kv.copy(t, max(t + T, max(kv.capacity, 16) * (2 if t + T > kv.capacity else 1)))
+    elif t + T > kv.capacity:                    # full: a quarter more room (at least 8 positions):
+        kv.grow_(max(t + T, kv.capacity + max(8, kv.capacity // 4)))   # less slack than doubling, few copies
     V = model.params[model._emb("out")].shape[0]
     S = state.cross[0][0].shape[2]
     g = state.group
-    logp = xp.empty((n, V), dtype=model.dtype)
-    cross_w = [xp.empty((n, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
-    pe = model.embeddings.table("tgt", t + 1)[t] if model.block.positions.added else None      # (D,)
+    logp = xp.empty((n * T, V), dtype=model.dtype)
+    cross_w = [xp.empty((n * T, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
+    pe = model.embeddings.table("tgt", t + T)[t:t + T] if model.block.positions.added else None   # (T, D)
     # Parts hold whole groups: one sentence with a wide beam (one group) runs on one thread.
     k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
     if k == 1:
@@ -286,10 +320,12 @@ def decode_step(model, tokens, state: FastDecodeState, parts: int):
         THREADS.parallel([lambda sl=slice(gs.start * g, gs.stop * g):
                            _rows(model, tokens, state, kv, t, pe, sl, logp, cross_w)
                            for gs in row_slices(n // g, k)])
-    kv.filled = t + 1
-    new = FastDecodeState(state.cross, g, state.src_mask, t + 1, state.sentence, kv, state.fused,
+    kv.filled = t + T
+    new = FastDecodeState(state.cross, g, state.src_mask, t + T, state.sentence, kv, state.fused,
                           state.src_bias, state.src_rows)
-    return logp, new, cross_w
+    if T > 1:                                    # the rows' (n T, H, 1, S) as (n, H, T, S) views
+        cross_w = [w.reshape(n, T, cfg.n_heads, S).transpose(0, 2, 1, 3) for w in cross_w]
+    return logp.reshape(n, T, V), new, cross_w
 
 
 def _softmax_last_(s, bias=None, row_scale=None):
@@ -309,15 +345,18 @@ def _softmax_last_(s, bias=None, row_scale=None):
 
 
 def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, cross_w):
-    """The step for rows ``sl``: writes their keys/values at position t, their log-probabilities
-    into ``logp[sl]`` and cross-attention weights into ``cross_w[i][sl]``."""
-    xp, block = model.xp, model.block
-    x = xp.take(model.params[model._emb("tgt")], tokens[sl], axis=0)         # (n, D)
+    """The step for rows ``sl`` of tokens (n, T): writes their keys/values at positions t..t+T-1,
+    their log-probabilities into ``logp`` and cross-attention weights into ``cross_w[i]`` (the rows
+    ``sl``'s T positions each, (n T, ...))."""
+    xp, block, T = model.xp, model.block, tokens.shape[1]
+    x = xp.take(model.params[model._emb("tgt")], tokens[sl].reshape(-1), axis=0)         # (n T, D)
     x *= model.dtype.type(math.sqrt(model.config.d_model))
     if pe is not None:
-        x += pe
-    rope = model.embeddings.rope_table(t + 1) if block.positions.rotary else None
-    run = HostRows(model, state, kv, t, rope, sl, [w[sl] for w in cross_w])
+        xt = x.reshape(-1, T, x.shape[1])
+        xt += pe
+    rope = model.embeddings.rope_table(t + T) if block.positions.rotary else None
+    xs = slice(sl.start * T, sl.stop * T)                                    # the rows' positions
+    run = HostRows(model, state, kv, t, rope, sl, [w[xs] for w in cross_w], T)
     for i in range(model.config.n_decoder_layers):
         x, _ = decoder_layer(run, i, x)
     if block.placement.final_norm:
@@ -325,9 +364,9 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     out = model.project(x)                     # (n, V); a subclass may change the projection
     # log_softmax: out - max - log(sum(exp(out - max))), with no (n, V) buffer beyond these two
     out -= out.max(axis=1, keepdims=True)
-    logp[sl] = out
+    logp[xs] = out
     xp.exp(out, out=out)
-    logp[sl] -= xp.log(run.ops.rowsum(out))[:, None]
+    logp[xs] -= xp.log(run.ops.rowsum(out))[:, None]
 
 
 def _norm(model, ops, name, x):
@@ -337,13 +376,15 @@ def _norm(model, ops, name, x):
 
 class HostRows:
     """The NumPy step's sub-layers (:func:`attn.fast.core.layer.decoder_layer`) for the rows ``sl``
-    of ``state`` at position t: one new row each, its key and value written at t into the cache
-    ``kv`` and attended with the t before it (``rope``: the rotary tables, or None), the
-    cross-attention weights into ``cross_w`` (per layer (n, H, 1, S), the rows' views), no
-    dropout, nothing kept. Products on NumPy's BLAS, the rest the fp32 ops of ``ops_for``."""
+    of ``state`` at positions t..t+T-1: T new rows each (one in a step; the layer's input is
+    (n T, D), each row's positions side by side), their keys and values written at those positions
+    into the cache ``kv`` and attended with the t before them and each other up to their own
+    (``rope``: the rotary tables, or None), the cross-attention weights into ``cross_w`` (per layer
+    (n T, H, 1, S), the rows' views), no dropout, nothing kept. Products on NumPy's BLAS, the rest
+    the fp32 ops of ``ops_for``."""
 
-    def __init__(self, model, state: FastDecodeState, kv: _KV, t: int, rope, sl, cross_w):
-        self.model, self.ops, self.state, self.kv, self.t = model, ops_for(model.xp), state, kv, t
+    def __init__(self, model, state: FastDecodeState, kv: _KV, t: int, rope, sl, cross_w, T: int = 1):
+        self.model, self.ops, self.state, self.kv, self.t, self.T = model, ops_for(model.xp), state, kv, t, T
         self.rope, self.sl, self.cross_w = rope, sl, cross_w
         cfg = model.config
         self.H, self.KV, self.Dh = cfg.n_heads, cfg.key_value_heads, cfg.d_model // cfg.n_heads
@@ -369,32 +410,40 @@ class HostRows:
         return a @ model.params[pre + ".w2"]
 
     def self_attn(self, i, h):
-        """Layer i's self-attention of the new rows h (n, D) over positions 0..t."""
-        H, KV, Dh, t, n = self.H, self.KV, self.Dh, self.t, h.shape[0]
+        """Layer i's self-attention of the new rows h (n T, D) over positions 0..t+T-1."""
+        H, KV, Dh, t, T = self.H, self.KV, self.Dh, self.t, self.T
+        n = h.shape[0] // T
         W, b = self.state.fused.dec_qkv[i]
         qkv = h @ W
-        qkv += b                                                              # (n, D + 2KV), q pre-scaled
-        q3 = qkv.reshape(n, H + 2 * KV, 1, Dh)                               # heads: H queries, KV keys, KV values
+        qkv += b                                                              # (n T, D + 2KV), q pre-scaled
+        q3 = qkv.reshape(n, T, H + 2 * KV, Dh).swapaxes(1, 2)                # heads: H queries, KV keys, KV values
         q, k = q3[:, :H], q3[:, H:H + KV]
         norm_heads_(self.model, f"decoder.{i}.self_attn", q, k)
-        if self.rope is not None:                                             # position t, the key turned once
+        if self.rope is not None:                                             # positions t.., each key turned once
             for a in (q, k):
-                self.ops.rope_(a, self.rope[0][t:t + 1], self.rope[1][t:t + 1])
+                self.ops.rope_(a, self.rope[0][t:t + T], self.rope[1][t:t + T])
         kb, vb = self.kv.keys[i][self.sl], self.kv.values[i][self.sl]        # (n, KV, cap, Dh) views
-        kb[:, :, t] = k[:, :, 0]
-        vb[:, :, t] = q3[:, H + KV:, 0]
-        # a group's G query heads against their one key/value head: (n, KV, G, t+1)
-        s = q.reshape(n, KV, H // KV, Dh) @ kb[:, :, :t + 1].swapaxes(-1, -2)
-        _softmax_last_(s)                                                     # no mask: every past position
-        ctx = (s @ vb[:, :, :t + 1]).reshape(n, -1)                           # of (n, KV, G, Dh)
+        kb[:, :, t:t + T] = k
+        vb[:, :, t:t + T] = q3[:, H + KV:]
+        # a group's G query heads (T positions each) against their one key/value head: (n, KV, G T, t+T)
+        s = q.reshape(n, KV, (H // KV) * T, Dh) @ kb[:, :, :t + T].swapaxes(-1, -2)
+        if T == 1:
+            _softmax_last_(s)                                                 # no mask: every past position
+        else:                                                                 # new position j sees t + j + 1
+            s5 = s.reshape(n, KV, H // KV, T, t + T)
+            past = self.model.xp.arange(t + T)[None, :] <= t + self.model.xp.arange(T)[:, None]
+            _softmax_last_(s5, self.model.xp.where(past, s.dtype.type(0), self.model.xp.finfo(s.dtype).min))
+        ctx = s @ vb[:, :, :t + T]                                            # (n, KV, G T, Dh)
+        ctx = ctx.reshape(n, -1) if T == 1 else ctx.reshape(n, H, T, Dh).swapaxes(1, 2).reshape(n * T, -1)
         return ctx @ self.model.params[f"decoder.{i}.self_attn.w_o"]          # + b_o in residual()
 
     def cross_attn(self, i, h):
-        """Layer i's cross-attention of the rows h (n, D): the g rows of a group (one sentence's,
-        see :class:`FastDecodeState`) attend to their one copy of the keys and values together."""
+        """Layer i's cross-attention of the rows h (n, D) (each row's T positions: n of them): the g
+        rows of a group (one sentence's beams, see :class:`FastDecodeState`, T positions each) attend
+        to their one copy of the keys and values together."""
         xp, state, sl, H, KV, Dh, n = self.model.xp, self.state, self.sl, self.H, self.KV, self.Dh, h.shape[0]
-        g = state.group
-        gsl = slice(sl.start // g, sl.stop // g)                                 # the rows' groups
+        gsl = slice(sl.start // state.group, sl.stop // state.group)             # the rows' groups
+        g = state.group * self.T                                                 # a group's rows' positions
         kc, vc = state.cross[i]                                                  # (n / g, KV, S, Dh)
 
         def by_group(a):
@@ -409,8 +458,10 @@ class HostRows:
         s5 = s.reshape(m, KV, H // KV, g, s.shape[-1])                       # H split into (KV, G): a view
         xp.matmul(by_group(q.reshape(n, H, 1, Dh)).reshape(m, KV, H // KV, g, Dh),
                   kc[gsl][:, :, None].swapaxes(-1, -2), out=s5)
-        rows_g = None if state.src_rows is None else by_group(state.src_rows[sl])[:, :, None]
-        _softmax_last_(s5, by_group(state.src_bias[sl])[:, :, None], rows_g)
+        bias, rows = (a if a is None or self.T == 1 else a.repeat(self.T, axis=0)
+                      for a in (state.src_bias[sl], None if state.src_rows is None else state.src_rows[sl]))
+        rows_g = None if rows is None else by_group(rows)[:, :, None]
+        _softmax_last_(s5, by_group(bias)[:, :, None], rows_g)
         ctx = (s5 @ vc[gsl][:, :, None]).reshape(m, H, g, Dh).transpose(0, 2, 1, 3).reshape(n, -1)
         return ctx @ self.model.params[f"decoder.{i}.cross_attn.w_o"]         # + b_o in residual()
 
@@ -427,9 +478,12 @@ def norm_heads_(model, name, q, k) -> None:
             k[...] = attention.norm_heads(k, model.params, name, "k")[0]
 
 
-def run_step(model, tokens, state, parts: int, one_thread: bool):
-    """:func:`decode_step` with NumPy's BLAS on one thread when asked (small steps)."""
-    if one_thread and parts == 1:
+def run_step(model, tokens, state, parts: int, one_thread: bool, step=decode_step):
+    """``step`` (:func:`decode_step`, or :func:`decode_positions`) with NumPy's BLAS on one thread
+    when asked (small steps) and the rows run as one part (too few to split): OpenBLAS threads a
+    product from 8 rows up, a speculative round's k + 1 positions of one sentence among them, and
+    its threads' hand-offs cost many times such a product."""
+    if one_thread and min(parts, tokens.shape[0] // MIN_ROWS_PER_PART) <= 1:
         with single_threaded_blas():
-            return decode_step(model, tokens, state, 1)
-    return decode_step(model, tokens, state, parts)
+            return step(model, tokens, state, 1)
+    return step(model, tokens, state, parts)

@@ -1,17 +1,7 @@
-"""cuBLAS called directly, not through CuPy: the products of a step captured as a CUDA graph.
-
-CuPy refuses every cuBLAS call while a stream captures: each of its wrappers
-(``cupy.cuda.cublas.sgemm`` and the rest) first sets the handle's stream, and that raises
-``NotImplementedError('calling cuBLAS API during stream capture is currently unsupported')``.
-cuBLAS itself captures fine (PyTorch's graphs are full of it). So the products of attn's
-captured step call the library through ``ctypes``, with a handle of attn's own whose stream and
-workspace are set before the capture: :func:`direct_cublas` gives an object with the method
-names and argument order of ``cupy.cuda.cublas`` (which follow the C API), so the launch code
-reads the same either way.
-
-On the CuPy stand-in (``tests/fakecupy``), which has no library to load, the stand-in's own
-cuBLAS model takes the calls (``cupy.cuda.direct_cublas``).
-"""
+"""cuBLAS called directly through ``ctypes``, not through CuPy, whose wrappers refuse every call
+while a stream captures (docs/GPU.md): :func:`direct_cublas` gives an object with the method names
+and argument order of ``cupy.cuda.cublas``, so the launch code reads the same either way. On the
+CuPy stand-in its own cuBLAS model takes the calls (``cupy.cuda.direct_cublas``)."""
 from __future__ import annotations
 
 import ctypes

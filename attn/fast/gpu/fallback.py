@@ -1,19 +1,11 @@
-"""A run on a GPU always trains: each of the fast engine's features that the run will use probed
-once at the start, in a child process, on a tiny model of the run's own block; one that fails or
-disagrees is switched off, with one line naming it, and the run goes on without it, and without
-what needs it (docs/GPU.md, "A run on a GPU always trains").
-
-The probes (:mod:`attn.fast.gpu.probe`) run in a child process because a CUDA error can be
-sticky: a probe in the training process would kill the run it was to save. A child that dies (a
-signal, a non-zero exit, past :data:`CHILD_SECONDS`) fails the probe it was running, and a fresh
-child probes what is left. Off, in :data:`attn.fast.gpu.probe.ORDER`: ``fast engine`` trains the
-readable model (``--reference``, the last resort); ``cuBLAS through ctypes``
-(:data:`attn.fast.gpu.cublas.DIRECT`) takes CuPy's ``matmul``, fp32 and no captured step; ``step
-memory`` (:data:`attn.fast.gpu.stepmem.ENABLED`) CuPy's pool and no captured step; ``tiled
-attention`` ``--attention plain``; ``captured step`` eager steps; ``precision`` fp32. On the CuPy
-stand-in the probes run only where :data:`ON_STAND_IN` is set (the tests); NumPy has nothing to
-probe.
-"""
+"""A run on a GPU always trains (docs/GPU.md): each feature of the fast engine the run uses is
+probed once at the start in a child process (:mod:`attn.fast.gpu.probe`: a CUDA error can be
+sticky), and one that fails is switched off with one line naming it, with what needs it. A child
+that dies or runs past :data:`CHILD_SECONDS` fails its probe, and a fresh child probes the rest.
+Off, in :data:`attn.fast.gpu.probe.ORDER`: ``fast engine`` trains the readable model; ``cuBLAS
+through ctypes`` takes CuPy's ``matmul``, fp32 and no captured step; ``step memory`` CuPy's pool
+and no captured step; ``tiled attention`` the plain one; ``captured step`` eager steps;
+``precision`` fp32. On the stand-in the probes run only where :data:`ON_STAND_IN` is set."""
 from __future__ import annotations
 
 import dataclasses

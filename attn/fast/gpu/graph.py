@@ -1,20 +1,10 @@
 """A step captured once as a CUDA graph and replayed: one launch from the host for all of a
-step's kernels (docs/GPU.md, "Capturing the step as a CUDA graph", tells why and what it asks).
-
-A graph replays exactly what was recorded, so a step can be captured only if every array it
-touches stays at one address (its inputs copied into buffers the graph owns, what it makes from
-a :class:`attn.fast.gpu.stepmem.StepMemory` given as ``memory``), every number that changes
-between calls is read from device memory, never passed as a host scalar, and nothing in it waits
-for the device or calls what CuPy refuses while a stream captures. Every capture runs in
-thread-local mode (:data:`CAPTURE_MODE_NAME`) inside :class:`CaptureGuard`, which refuses it, with
-the reason, when the pool handed out memory or grew, the step memory overflowed, or anything
-waited for the device. :class:`CapturedStep` runs a function eagerly for its first ``warmup``
-calls at an input shape, captures it on the next and replays the graph from then on, one graph
-per shape; a refused shape runs eagerly and is tried again, eagerly for good after
-:data:`CAPTURE_TRIES` refusals (:class:`CaptureError` with ``strict=True``). :func:`survey` lists
-what in a function a capture would refuse (on the CuPy stand-in). On NumPy there is nothing to
-capture: :class:`CapturedStep` calls the function.
-"""
+step's kernels (docs/GPU.md, "Capturing the step as a CUDA graph", tells what it asks of a step).
+Every capture runs in thread-local mode (:data:`CAPTURE_MODE_NAME`) inside :class:`CaptureGuard`;
+:class:`CapturedStep` runs a function eagerly for its first ``warmup`` calls at an input shape,
+then captures and replays, one graph per shape, eagerly for good after :data:`CAPTURE_TRIES`
+refusals; :func:`survey` lists what a capture would refuse (on the CuPy stand-in). On NumPy
+:class:`CapturedStep` just calls the function."""
 from __future__ import annotations
 
 import contextlib
@@ -39,13 +29,10 @@ REPLAY_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 def held_parameters(model):
     """The parameters of a fast ``model`` that a replayed step is held to equal an eager step's
-    (:data:`REPLAY_TOLERANCE`), on the host as one flat array: all but the key projections' biases
-    that change no loss. Such a bias adds the same q·b_k to every score of a query, which the
-    softmax ignores, so its gradient is zero in exact arithmetic; computed, it is rounding noise,
-    and Adam, dividing by the gradient's own size, moves it by about the learning rate each step,
-    in a direction that differs between two runs whose sums differ in their last bits. That holds
-    for every cross-attention, and for the self-attentions unless rotary positions turn each key's
-    bias by its position (then the bias is a real parameter, and held)."""
+    (:data:`REPLAY_TOLERANCE`), on the host as one flat array: all but the key projections' biases,
+    which change no loss (q·b_k is the same for every score of a query; their computed gradient is
+    rounding noise that Adam turns into steps of about the learning rate). With rotary positions a
+    self-attention's key bias is turned by position, so it is a real parameter, and held."""
     views = model.arena.views(model.arena.params)
     rope = model.block.positions.rotary
     return B.host.concatenate([B.to_host(v).ravel() for name, v in views.items()
@@ -101,9 +88,7 @@ class CaptureGuard:
 
             def malloc_postprocess(self, **kw):
                 guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
-
-            def alloc_postprocess(self, **kw):
-                guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
+            alloc_postprocess = malloc_postprocess
         self._hook = _Watch()
         self._stack = contextlib.ExitStack()
         try:
@@ -126,7 +111,7 @@ class CaptureGuard:
             self.reasons.append(f"{len(self.allocations)} allocation(s) of {n} bytes from the memory pool during "
                                 f"the capture (first at {first}): the graph would keep addresses the pool hands "
                                 "out again")
-        used, total = self._pool.used_bytes(), self._pool.total_bytes()
+        total = self._pool.total_bytes()
         if total > self._before[1] and not self.allocations:
             self.reasons.append(f"the memory pool grew by {total - self._before[1]} bytes during the capture")
         if self.memory is not None and self.memory.overflows > self._overflows:
@@ -163,22 +148,14 @@ class _Entry:
 
 
 class CapturedStep:
-    """``fn(*inputs)`` captured as a CUDA graph per input shape and replayed.
+    """``fn(*inputs)`` captured as a CUDA graph per input shape and replayed (docs/GPU.md).
 
-    ``inputs`` are device arrays, or host arrays where ``xp`` (CuPy) is given; each call copies
-    them into buffers of their shape that the graph reads (a host array straight from the host:
-    one transfer, no device copy after it; the caller's arrays may change or go), runs ``fn`` eagerly for the first
-    ``warmup`` calls at a shape (they allocate what the step keeps and compile the kernels),
-    captures it on the next and replays it from then on. Returns what ``fn`` returned: after a
-    capture, the same arrays every time, refreshed by every replay (read them before the next
-    call). ``capture=False`` (or NumPy inputs) calls ``fn`` every time.
-
-    A capture that fails, or that :class:`CaptureGuard` refuses, is dropped: the call runs
-    ``fn`` eagerly, the reason is kept in :attr:`refusals` (by input shape) and the capture is
-    tried again after ``warmup`` more eager calls at that shape (a refusal may be transient),
-    until :data:`CAPTURE_TRIES` have been refused: then that shape runs eagerly from then on;
-    ``strict=True`` raises :class:`CaptureError` instead.
-    """
+    Each call copies ``inputs`` (device arrays, or host arrays where ``xp`` is given) into buffers
+    the graph reads, runs ``fn`` eagerly for the first ``warmup`` calls at a shape, captures it on
+    the next and replays it after, returning the same arrays every time (read them before the next
+    call). A refused capture runs eagerly, its reason in :attr:`refusals`, and is tried again after
+    ``warmup`` more calls, until :data:`CAPTURE_TRIES` refusals (``strict=True`` raises
+    :class:`CaptureError`). ``capture=False`` or NumPy inputs: ``fn`` every time."""
 
     def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None, xp=None,
                  strict: bool = False):
@@ -338,19 +315,11 @@ class _SeedOnDevice:
 
 class GraphedTrainStep:
     """:func:`attn.train.train_step` for the fast engine on a GPU, each step one CUDA graph launch
-    (docs/GPU.md, "The training step, captured").
-
-    ``step(batch, seed)`` pads the batch to its bucket (:func:`attn.data.pad_to_bucket`: a
-    bucket's batches share one graph), checks its ids and counts the optimizer's step on the host
-    (:meth:`attn.fast.training.optim.FastAdam.count_step`), and runs forward, loss, backward and
-    Adam through a :class:`CapturedStep`: ``warmup`` eager steps per shape (the first sizes the
-    step memory, the second runs at the addresses the graph keeps and makes the batched products'
-    pointer arrays there), then captured and replayed. The batch and the dropout seed reach the
-    graph through its buffers, Adam's step count lives on the device. Returns ``(loss, lr)`` as
-    ``train_step`` does: the loss a 0-d device array of its own, or with ``copy_loss=False`` the
-    graph's, valid until the next call. Dropout's masks are those of ``train_step`` given
-    ``B.DeviceRNG(seed)`` and the padded batch.
-    """
+    (docs/GPU.md, "The training step, captured"): the batch padded to its bucket and its ids checked
+    on the host, the optimizer's step counted there (:meth:`attn.fast.training.optim.FastAdam.count_step`),
+    then forward, loss, backward and Adam through a :class:`CapturedStep` with ``warmup`` eager steps
+    per shape. Returns ``(loss, lr)`` as ``train_step`` does (with ``copy_loss=False`` the graph's
+    loss, valid until the next call); the masks are ``train_step``'s given ``B.DeviceRNG(seed)``."""
 
     def __init__(self, model, opt, label_smoothing: float, clip: float = 0.0, loss_fn=None, *,
                  length_multiple: int = 8, row_multiple: int = 16, warmup: int = 2):

@@ -1,16 +1,12 @@
 """The fallback's probes (:mod:`attn.fast.gpu.fallback`), run in a child process of ``attn-train``:
-``python -m attn.fast.gpu.probe REQUEST`` (REQUEST a JSON object: the run's block, attention,
-precision and ``--cuda-graph``, and the probes already decided) probes, in :data:`ORDER`, each
-feature the run will use that is not decided yet, prints one JSON line per probe
-(``{"probe": name, "why": null or why it failed}``) and stops after the first that fails (a
-sticky CUDA error would fail what comes after it). Every probe runs a tiny model of the run's
-block (:func:`probe_config`) from weights scaled to look trained (:func:`trained_looking`: a wrong
-product then moves the loss) for :data:`STEPS` steps, and compares it within :func:`tolerance` of
-its precision with its reference: the fast engine's plain path with the readable model on the
-device; cuBLAS through ctypes and the step memory with the plain path; the tiled attention with
-the plain one; the captured step with eager steps; bf16 or tf32 (one step's loss and gradients)
-with fp32.
-"""
+``python -m attn.fast.gpu.probe REQUEST`` (a JSON object: the run's block, attention, precision,
+``--cuda-graph`` and the probes already decided) probes each undecided feature in :data:`ORDER`,
+prints one JSON line per probe (``{"probe": name, "why": null or why}``) and stops at the first
+failure. Each runs a tiny model of the run's block (:func:`probe_config`, weights made to look
+trained by :func:`trained_looking`) for :data:`STEPS` steps against its reference, within
+:func:`tolerance`: the plain path against the readable model; cuBLAS through ctypes and the step
+memory against the plain path; the tiled attention against the plain one; the captured step
+against eager steps; bf16 or tf32 against fp32."""
 from __future__ import annotations
 
 import contextlib
@@ -72,15 +68,12 @@ UNITS = {"loss": 4, "grads": 32}
 
 
 def tolerance(precision: str, what: str = "loss") -> float:
-    """How far (relative) a probe's ``what`` (``loss`` or ``grads``) may be from its reference's.
-    At fp32, :data:`attn.fast.gpu.graph.REPLAY_TOLERANCE` (float atomics summing in another order). At
-    bf16 and tf32, :data:`UNITS` units of roundoff ``u = 2**-(m + 1)`` of the products' inputs
-    (``m`` stored significand bits: bf16 7, tf32 10). Rounding a product's two inputs moves it by at
-    most ``2u`` of the sum of its terms' sizes, and the loss, a mean over tokens of what the last
-    products give, by about as much: 4u. The gradients come through the backward's chain of
-    products, each adding its own rounding, with cancellations no bound here covers: 32u, which
-    ``tests/test_fallback.py`` holds above what the probe model's step gives on the stand-in, as it
-    holds a product off by half far outside both."""
+    """How far (relative) a probe's ``what`` (``loss`` or ``grads``) may be from its reference's. At fp32,
+    :data:`attn.fast.gpu.graph.REPLAY_TOLERANCE`. At bf16 and tf32, :data:`UNITS` units of roundoff
+    ``u = 2**-(m + 1)`` of the products' inputs (``m`` stored significand bits): rounding a product's
+    inputs moves it by at most 2u of its terms' sizes, the loss by about as much (4u); the gradients
+    pass through the backward's chain of products (32u, which ``tests/test_fallback.py`` holds above
+    what the probe model gives, and far below a product off by half)."""
     from ...precision import Precision
     from .graph import REPLAY_TOLERANCE
     if precision == "fp32":

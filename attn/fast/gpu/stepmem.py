@@ -1,25 +1,13 @@
 """Step memory: every array a training step makes, served from one device slab at the same
-addresses every step, so that the step can be captured as a CUDA graph (:mod:`attn.fast.gpu.graph`):
-docs/GPU.md ("What a step asks of a GPU") tells how and gives the numbers.
+addresses every step, so that the step can be captured as a CUDA graph; docs/GPU.md ("What a
+step asks of a GPU") tells how and gives the numbers.
 
-Inside a step the allocator is this one (``cupy.cuda.using_allocator``): whoever allocates (attn's
-layers, CuPy's products, a cuBLAS call's output) is served from the slab. The first step at a
-shape is *traced* (a bump allocator; each array's memory wrapped in a ``cupy.cuda.UnownedMemory``
-whose weak reference notes when it is freed); :func:`attn.fast.gpu.stepplan.plan` then gives each
-request an offset where two arrays share bytes only when their lifetimes do not overlap, and the
-plan is replayed every step after: one plan per step key rounded up to a :func:`bucket`, at most
-:data:`MAX_PLANS`. A larger or an extra request ends the plan for that step (it *spills* past the
-plan's bytes) and the plan is made again; the first step at each exact key is *checked*, a request
-placed over a live array served past the plan instead (:attr:`StepMemory.overlapping`).
-:attr:`StepMemory.outcomes` counts the steps planned, traced and spilled. The slab grows between
-steps; a slab replaced is kept while a graph captured on it is (:meth:`StepMemory.pin`), and the
-kept slabs count toward :data:`LIMIT_FRACTION` of the device's memory
-(:meth:`StepMemory.on_pressure` drops their graphs first; past it a step takes the rest from the
-pool and cannot be captured). What outlives a step is made inside :func:`outside_step`; what a
-step returns is valid until the next one begins. With :data:`POISON` each step first fills the
-slab with ``0xFF`` bytes, so a stale read gives NaN. On NumPy there is no slab: :meth:`StepMemory.of`
-gives None.
-"""
+Inside :meth:`StepMemory.step` this is the allocator (``cupy.cuda.using_allocator``), whoever
+allocates. The first step at a key is traced, then :func:`attn.fast.gpu.stepplan.plan` places
+each request by lifetimes and the plan is replayed: one plan per :func:`bucket` of step keys, at
+most :data:`MAX_PLANS`. A request the plan did not expect *spills* past it and the key is traced
+again; the first step at each exact key is *checked* (:attr:`StepMemory.overlapping`). What
+outlives a step is made inside :func:`outside_step`. NumPy has no slab (:meth:`StepMemory.of`)."""
 from __future__ import annotations
 
 import collections
@@ -64,16 +52,9 @@ def held_bytes() -> int:
 
 
 class StepMemory:
-    """One slab of device memory serving every allocation made inside :meth:`step`.
-
-    ``with memory.step(): ...`` begins a step: the slab is set back to its start (poisoned with
-    :data:`POISON`) and its allocator put in place for the ``with``; at its end, if the step
-    asked for more than the slab holds, a slab that holds it is made (from the allocator in
-    place before the step). Counts of the last step:
-    :attr:`allocations` (served by the slab), :attr:`overflows` (served by the pool: the slab
-    was too small), :attr:`demand` (bytes asked for, aligned); :attr:`capacity` is the slab's
-    size in bytes.
-    """
+    """One slab of device memory serving every allocation made inside :meth:`step`; counts of the
+    last step: :attr:`allocations` (served by the slab), :attr:`overflows` (by the pool: the slab was
+    too small), :attr:`demand` (bytes asked for, aligned); :attr:`capacity` is the slab's bytes."""
 
     def __init__(self, xp, planned: bool = True, check: bool = False):
         if xp is B.host:
@@ -134,10 +115,9 @@ class StepMemory:
         return mem
 
     def malloc(self, size: int):
-        """The allocator of a step (``cupy.cuda.using_allocator``): ``size`` bytes at the plan's
-        offset for this request (or, unplanned, the slab's next free address), or from the
-        allocator in place before the step where the slab cannot serve it. A request of no bytes
-        (CuPy asks for a zero-size array's memory too) takes nothing and is not one of the plan's."""
+        """The allocator of a step: ``size`` bytes at the plan's offset for this request (unplanned: the
+        slab's next free address), or from the allocator before the step where the slab cannot serve it.
+        A request of no bytes (a zero-size array's) takes nothing and is not one of the plan's."""
         if int(size) == 0:
             return self.xp.cuda.MemoryPointer(self._piece(0, 0, None, self._device), 0)
         n = -(-int(size) // ALIGN) * ALIGN
@@ -153,11 +133,9 @@ class StepMemory:
         return self._outer(size)
 
     def _planned(self, size: int, n: int):
-        """Request ``self._i`` of the step: its plan's offset while each request fits the plan's
-        size for it; else the bump allocator (the slab's next free byte, or the pool's memory once
-        the slab is full). A step without a plan is traced (each request's memory watched for when
-        it is freed), and its plan made at its end; after a request its plan did not expect, the
-        step goes on past the plan's bytes and the next step at its key is traced again."""
+        """Request ``self._i`` of the step: its plan's offset while each request fits the plan; else the
+        bump allocator (the slab's next free byte, then the pool). A step without a plan is traced, its
+        plan made at its end; after a request its plan did not expect, the next step at its key is traced."""
         i = self._i
         self._i = i + 1
         self._sizes.append(n)
@@ -223,10 +201,8 @@ class StepMemory:
         return self.xp.cuda.MemoryPointer(mem, 0)
 
     def _after(self, outer) -> None:
-        """At a step's end: its outcome counted; a checked step's key noted as safe for its plan;
-        a complete trace becomes the plan for its key (each request as large as the largest the
-        key's steps asked for, where the plan it replaces had as many), and the slab grows to hold
-        it."""
+        """At a step's end: its outcome counted; a checked step's key noted as safe for its plan; a complete
+        trace made the plan for its key (each request as large as the largest its key's steps asked for)."""
         trace, self._trace = self._trace, None
         if not self.planned:
             if self.demand > self.capacity:
@@ -318,11 +294,9 @@ class StepMemory:
             self._grow(self.xp.cuda.get_allocator(), -(-int(nbytes) // ALIGN) * ALIGN)
 
     def _grow(self, outer, nbytes: int) -> None:
-        """A slab of ``nbytes`` (what the last step needs: its plan's size, or unplanned its
-        demand), from ``outer``, after the step (so the next step at that shape is served
-        entirely by the slab), unless that is over :attr:`limit`. The slab replaced is kept if
-        it is pinned. The slabs kept for graphs count in the limit: where they leave no room, every
-        graph is dropped first (:meth:`on_pressure`)."""
+        """A slab of ``nbytes`` (the last step's plan size, or unplanned its demand) from ``outer``, after
+        the step, unless over :attr:`limit` (the slabs kept for graphs count: where they leave no room,
+        every graph is dropped first, :meth:`on_pressure`). The slab replaced is kept if it is pinned."""
         if nbytes + self.kept_bytes() > self.limit:
             for release in [r() for r in self._pressure]:
                 if release is not None:

@@ -1,20 +1,8 @@
-"""The step memory's plan: where in the slab each of a step's arrays lies, from their lifetimes.
-
-A step's arrays mostly die within it, many soon after they are made (a product's operand copy,
-an activation's gradient once the layer below has it). A slab holding all of them at once is
-their sum; a slab where two arrays share bytes when their lifetimes do not overlap is close to
-their peak. :class:`Trace` records one step: each request's size in order and when its array
-was freed (a weak reference to the memory object every view of the array keeps alive: CuPy's
-``UnownedMemory``, which the step memory wraps each request's memory in), in units of requests
-made so far. :func:`plan` gives every request an offset (greedy by size, each placed at the
-lowest gap left by the arrays whose lifetimes overlap its own, best fit among the gaps), so that
-no two arrays alive at once overlap; the plan's size is the slab it needs.
-
-The same step at the same shapes asks for the same sizes in the same order and frees them at
-the same points (attn's code decides when an array is dropped, not the device), so the plan of
-one step serves the next ones: :class:`attn.fast.gpu.stepmem.StepMemory` replays it while the sizes
-match and plans again when they do not.
-"""
+"""The step memory's plan: where in the slab each of a step's arrays lies, from their lifetimes
+(docs/GPU.md, "What a step asks of a GPU"). :class:`Trace` records one step (each request's size
+in order, and when its array was freed, in requests made so far); :func:`plan` gives every
+request an offset, greedy by size and best fit, so that no two arrays alive at once overlap. The
+same step at the same shapes asks and frees in the same order, so one plan serves the next steps."""
 from __future__ import annotations
 
 import weakref

@@ -34,13 +34,10 @@ def _nothing(stage: str) -> None:
 
 
 class _Stages:
-    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`).
-
-    One part: each stage as its part finishes it. Several parts (a split batch, on threads):
-    a stage is final only when every part has written it; the last part to finish it adds the
-    other parts' gradients of the stage into the arena's (in the parts' order, as one sum over
-    the parts would) and announces it. The last stage (the embeddings) is added by
-    :meth:`FastTransformer.backward` over the threads once they have all returned."""
+    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`). With
+    several parts (a split batch, on threads) a stage is final when every part has written it: the
+    last part to finish it adds the others' gradients of the stage into the arena's (in the parts'
+    order) and announces it. The last stage (the embeddings) is added by the model's backward."""
 
     def __init__(self, arena: Arena, parts: list, ready):
         self.arena, self.parts, self.ready = arena, parts, ready
@@ -76,17 +73,11 @@ class Backward:
 
     def __call__(self, dlogits, cache, ready=None) -> dict:
         """Inputs: dlogits (B, T, V_tgt) (it may be overwritten), the cache of
-        :meth:`attn.fast.FastTransformer.forward`;
-        ``ready`` (optional), called as ``ready(stop)`` each time ``arena.grads[:stop]`` has
-        become final: the arena lies in the order the backward finishes its gradients, last
-        layer first (:mod:`attn.fast.core.arena`), so a data-parallel run sends the front of the
-        buffer while the backward computes the rest. The last call is ``ready(arena.size)``.
-
-        Returns: grads, a dict keyed like ``params`` (the reference's gradients): the views
-        of ``arena.grads``, which every gradient is written into (the next backward
-        overwrites them). The parts of a split batch (NumPy) write theirs into scratch
-        buffers of the arena's layout, kept between steps, which are added in stage by stage.
-        """
+        :meth:`attn.fast.FastTransformer.forward`; ``ready`` (optional), called as ``ready(stop)`` each
+        time ``arena.grads[:stop]`` has become final (the arena lies in the order the backward finishes,
+        so a data-parallel run sends the front while the rest is computed), last ``ready(arena.size)``.
+        Returns: grads, keyed like ``params``: the views of ``arena.grads`` (the next backward overwrites
+        them). A split batch's other parts write into scratch buffers added in stage by stage."""
         a = self.arena
         if not isinstance(cache, SplitCache):
             done = _nothing if ready is None else _Stages(a, [], ready).one

@@ -1,15 +1,8 @@
-"""What the fast engine adds around the readable training step and loop (:mod:`attn.train`), so
-that a step on a GPU never waits for the device and reuses its memory:
-
-* :func:`train_step`: :func:`attn.train.train_step` with the batch's ids checked on the host (the
-  fast model and loss trust them, so the device is never asked) and the step run in the model's
-  step memory (:mod:`attn.fast.gpu.stepmem`: every step of the same shapes at the same addresses);
-* :func:`loop_step`: the loop's step, ``step(batch, seed)``, run the same way;
-* :class:`PendingLosses`: the loop's loss log, which copies each step's loss out of the step
-  memory into one device buffer, brought to the host in one transfer when the loop logs.
-
-:class:`attn.fast.engine.FastEngine` hands the loop the last two.
-"""
+"""What the fast engine adds around the readable training step and loop (:mod:`attn.train`) so that
+a step on a GPU never waits for the device and reuses its memory: :func:`train_step` and
+:func:`loop_step` check the batch's ids on the host and run in the model's step memory;
+:class:`PendingLosses` copies each step's loss into one device buffer, brought to the host in one
+transfer when the loop logs. :class:`attn.fast.engine.FastEngine` hands the loop the last two."""
 from __future__ import annotations
 
 from ... import backend as B

@@ -12,15 +12,10 @@ from ..core.threads import THREADS, row_slices, default_workers
 def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = PAD_ID,
                   check_finite: bool = True, inplace: bool = False, workers: int | None = None,
                   validate: bool = True):
-    """:func:`attn.loss.cross_entropy` with fewer passes over the logits.
-
-    With ``inplace=True`` the logits array is overwritten by ``dlogits`` (returned as
-    the second value), which saves a (B*T, V) buffer; the caller must not use the
-    logits afterwards. On NumPy the rows are split over ``workers`` threads (default
-    :func:`default_workers`). ``validate=False`` skips the check that the targets lie in
-    the vocabulary, and ``check_finite=False`` the finiteness check: with both off a CuPy call
-    never waits for the device. Inputs, outputs and errors are otherwise the reference's.
-    """
+    """:func:`attn.loss.cross_entropy` with fewer passes over the logits. ``inplace=True`` overwrites
+    the logits with ``dlogits`` (returned second: the caller must not use the logits after). On NumPy
+    the rows are split over ``workers`` threads. ``validate=False`` and ``check_finite=False`` skip
+    the targets' range and the finiteness checks: with both off a CuPy call never waits for the device."""
     check_loss_args(logits, targets, smoothing)
     xp = B.get_array_module(logits)
     V = logits.shape[-1]

@@ -13,24 +13,18 @@ from ..core.threads import THREADS, default_workers
 
 
 class FastAdam(Adam):
-    """:class:`attn.optim.Adam` with the same update done in place. The update is rearranged
-    but equal in exact arithmetic::
+    """:class:`attn.optim.Adam` with the same update done in place, rearranged but equal in exact
+    arithmetic::
 
         m += (1 - b1) * (g - m)          # m = b1 m + (1 - b1) g
         v = b2 v + (1 - b2) g^2
         p -= (lr * sqrt(c2) / c1) * m / (sqrt(v) + eps * sqrt(c2))   # = lr m_hat / (sqrt(v_hat) + eps)
 
-    **Over an arena** (``params`` is a :class:`attn.fast.FastTransformer`'s, whose values are
-    views of one :class:`attn.fast.core.arena.Arena`): the moments are the arena's ``m`` and ``v``
-    and the step is one update of the four flat buffers: on CuPy one ``adam_flat`` launch
-    (and with ``clip`` one ``sumsq_partial`` launch before it: the clipping is decided on the
-    device), on NumPy contiguous slices of the buffers over :func:`default_workers` threads.
-    The gradients are read from the arena's ``grads`` (what the fast backward writes and
-    returns); any other dict of gradients is copied there first.
-
-    **Otherwise** one scratch buffer per thread instead of five temporaries per parameter,
-    the parameters split over the threads on NumPy (ufuncs release the GIL).
-    """
+    Over an arena (a :class:`attn.fast.FastTransformer`'s ``params``) the moments are the arena's
+    ``m`` and ``v`` and the step is one update of the four flat buffers, reading ``grads`` (another
+    dict of gradients is copied there first): on CuPy one ``adam_flat`` launch (with ``clip``, a
+    ``sumsq_partial`` launch first: clipping is decided on the device), on NumPy slices over
+    :func:`default_workers` threads. Otherwise one scratch buffer per thread, parameters split over them."""
 
     #: Threads for the update (NumPy): None = :func:`default_workers`.
     threads: int | None = None

@@ -1,11 +1,7 @@
-"""The kernels of a cached decoding step on CuPy (:mod:`attn.fast.decoding.device`): CUDA source, NumPy
-twins, and :class:`DecodeKernels`, their launches.
-
-One position for every row, so each launch is small and the step is bound by how many there
-are. Per decoder layer a step is three products and one kernel per sub-layer (plus the
-feed-forward's ReLU): the single-query attention (the new key and value written into the cache,
-scores, softmax and the weighted sum in one launch), and the residual sum with the next layer
-norm in one launch."""
+"""The kernels of a cached decoding step on CuPy (:mod:`attn.fast.decoding.device`): CUDA source,
+NumPy twins, and :class:`DecodeKernels`, their launches. One position for every row, so the step
+is bound by how many launches it makes: per decoder layer three products and one kernel per
+sub-layer (plus the feed-forward's ReLU); docs/GPU.md ("What a step asks of a GPU") counts them."""
 from __future__ import annotations
 
 import math
@@ -448,28 +444,28 @@ class DecodeKernels:
         self.ops = ops
 
     def _launch(self, name, dtype, grid, threads, args, shared):
-        self.ops._fn(name, dtype)((grid,), (threads,), args, shared_mem=shared)
+        self.ops.kernel(name, dtype)((grid,), (threads,), args, shared_mem=shared)
 
     def embed(self, ids, table, pe, scale: float, x, out, gamma, beta, eps: float, norm: bool):
         """x (n, D) <- table[ids] * scale + pe; with ``norm``, out (n, D) <- its layer norm."""
         n, D = x.shape
-        self.ops._contiguous("decode_embed", x=x, out=out)
+        self.ops.check_contiguous("decode_embed", x=x, out=out)
         if ids.dtype != B.host.int64 or not ids.flags.c_contiguous or ids.shape != (n,):
             raise ValueError(f"DecodeKernels.embed: ids must be a contiguous ({n},) int64 array, got "
                              f"{tuple(ids.shape)} {ids.dtype}")
         t = block_size_for(D)
         dt = x.dtype
-        self._launch("decode_embed", dt, n, t, (ids, table, pe, self.ops._scalar(scale, dt), x, out, gamma, beta,
-                                                B.host.int32(D), self.ops._scalar(eps, dt), B.host.int32(int(norm))),
+        self._launch("decode_embed", dt, n, t, (ids, table, pe, self.ops.scalar(scale, dt), x, out, gamma, beta,
+                                                B.host.int32(D), self.ops.scalar(eps, dt), B.host.int32(int(norm))),
                      t * dt.itemsize)
 
     def add_norm(self, x, s, bias, out, gamma, beta, eps: float):
         """x (n, D) <- (s + bias) + x, then out <- its layer norm (out may be x)."""
         n, D = x.shape
-        self.ops._contiguous("add_norm", x=x, s=s, out=out)
+        self.ops.check_contiguous("add_norm", x=x, s=s, out=out)
         t = block_size_for(D)
         dt = x.dtype
-        self._launch("add_norm", dt, n, t, (x, s, bias, out, gamma, beta, B.host.int32(D), self.ops._scalar(eps, dt)),
+        self._launch("add_norm", dt, n, t, (x, s, bias, out, gamma, beta, B.host.int32(D), self.ops.scalar(eps, dt)),
                      t * dt.itemsize)
 
     def attend(self, q_in, q_bias, k, v, group: int, bias, w, ctx, n_heads: int, Tk: int, self_attn: bool):
@@ -497,13 +493,13 @@ class DecodeKernels:
         self._launch("one_query_attention", k.dtype, n * H, t,
                      (q_in, q_bias, i64(q_in.strides[0] // it), i32(int(self_attn)), k, v, i64(s_row), i64(s_head),
                       i64(s_pos), i32(group), b, i64(b_row), i32(int(has_bias)), w, i64(w_row), i64(w_head), ctx,
-                      i32(H), i32(Dh), i32(Tk), self.ops._scalar(B.host.finfo(k.dtype).min, k.dtype)),
+                      i32(H), i32(Dh), i32(Tk), self.ops.scalar(B.host.finfo(k.dtype).min, k.dtype)),
                      (t + Dh) * it)
 
     def log_softmax(self, x, out):
         """out (n, V) <- log_softmax(x) over each row (out may be x)."""
         n, V = x.shape
-        self.ops._contiguous("log_softmax_rows", x=x, out=out)
+        self.ops.check_contiguous("log_softmax_rows", x=x, out=out)
         t = block_size_for(V, 512)
         self._launch("log_softmax_rows", x.dtype, n, t, (x, out, B.host.int32(V)), t * x.dtype.itemsize)
 

@@ -117,6 +117,13 @@ def dropout_key_np(seed, site, offset) -> int:
     return (_splitmix64(_splitmix64(int(seed[0])) ^ int(site)) + int(offset)) & M64
 
 
+def dropped_np(v, seed, site, offset, thr, scale):
+    """``v`` (N, F) through a fused kernel's dropout: kept and scaled where ``dropout_bits`` of its
+    flat index reaches ``thr``, else 0 (the mask ``dropout_hash`` regenerates)."""
+    keep = (dropout_bits_np(dropout_key_np(seed, site, offset), v.size) >= thr).reshape(v.shape)
+    return B.host.where(keep, v * scale, v.dtype.type(0))
+
+
 def dropout_hash_np(launch, out, x, seed, site, offset, thr, scale, run, skip, n):
     """NumPy twin of ``dropout_hash``."""
     np = B.host

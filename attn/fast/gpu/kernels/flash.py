@@ -1,21 +1,13 @@
-"""FlashAttention's fused kernels: the tiled forward (online softmax, one log-sum-exp kept per
-query) and the recomputing backward, CUDA source and NumPy twins; the tile sizes and shared
-memory they are launched with (:func:`flash_tiles`, :func:`flash_shared`).
+"""FlashAttention's fused kernels (docs/GPU.md, "The tiled attention"): the tiled forward (online
+softmax, one log-sum-exp kept per query) and the recomputing backward, CUDA source and NumPy
+twins; the tiles and shared memory they launch with (:func:`flash_tiles`, :func:`flash_shared`).
 
-The layouts are the fast engine's: q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) at element
-strides (sentence, head, position) with each row of Dh contiguous (the heads of a fused
-projection are such views); the output o and its gradient (B, Tq, H, Dh) contiguous (the
-context the output projection reads); the log-sum-exp and ``D = rowsum(dO * O)`` (B, H, Tq).
-Query head h reads keys and values of head ``h / (H / Hkv)`` (grouped-query attention; Hkv = H
-is the paper's). ``key_ok[b * okb + j]`` says whether key j of sentence b may be attended
-(padding); with ``causal`` query i sees keys j <= i alone, and key tiles past a query tile's
-last query are skipped. A query with no key gets an output of 0 (the fast engine's plain
-softmax does the same) and a log-sum-exp of 0 that nothing reads.
-
-Four kernels (docs/GPU.md, "The tiled attention", says which block computes what): ``flash_fwd``,
-``flash_bwd_prep``, ``flash_bwd_kv`` and ``flash_bwd_q``. Each thread owns one row of its tile;
-the heads are the grid's x (up to 2^31 - 1 blocks), the tiles its y.
-"""
+Layouts: q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) at element strides (sentence, head,
+position), each row contiguous; o and dO (B, Tq, H, Dh) contiguous; the log-sum-exp and
+``D = rowsum(dO * O)`` (B, H, Tq). Query head h reads key head ``h / (H / Hkv)``;
+``key_ok[b * okb + j]`` says whether key j of sentence b may be attended; with ``causal`` query i
+sees keys j <= i (later key tiles skipped). A query with no key gets 0 and a log-sum-exp of 0
+that nothing reads. Each thread owns one row of its tile; the heads are the grid's x, tiles its y."""
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -1,35 +1,16 @@
 """FlashAttention-2 on the tensor cores: bf16 or fp16 q, k, v (and dO) with float32 statistics
 and accumulators, CUDA source compiled by NVRTC and NumPy twins. **Compiled for compute
-capability 8.0 to 10.0, never yet run on a GPU** (docs/GPU.md).
+capability 8.0 to 10.0, never yet run on a GPU** (docs/GPU.md, "The tensor-core attention").
 
-Each warp computes 16 x 8 x 16 tiles with ``mma.sync.m16n8k16`` (inline PTX), reading its
-operands from shared memory by ``ldmatrix`` (``.trans`` where the operand lies k-major). Shared
-memory rows are padded by 16 bytes (:data:`PAD` elements): a row of Dh = 64 two-byte values is
-128 bytes, so without the pad the 8 rows one ``ldmatrix`` reads would all start on bank 0 (an
-8-way conflict); at 144 bytes apart they start on banks 0, 4, ..., 28 and cover all 32 once. The
-tiles of the operand that streams (K and V in the forward and dQ pass, Q and dO in the dK/dV
-pass) are double-buffered: ``cp.async`` fills the next while the warps multiply the present one.
-
-The template parameters are the compile-time constants: ``KIND`` (0 bfloat16, 1 float16), ``DH``
-(the head size), ``BR`` and ``BC`` (the tile's query and key rows); :data:`INSTANCES` lists the
-ones the module is compiled with, :func:`mma_tiles` the tiles the launch code picks.
-
-Layouts: the 16-bit copies q and dO (B, H, Tq, DH) and k, v (B, Hkv, Tk, DH) contiguous, made
-by ``flash_mma_pack`` from the engine's float32 views (round to nearest even); o (B, Tq, H, DH),
-the log-sum-exp and D (B, H, Tq) float32; dq (B, H, Tq, DH) and dk, dv (B, Hkv, Tk, DH) float32
-views at element strides (sentence, head, position) with contiguous rows. Masks as
-:mod:`.flash`'s: ``key_ok[b * Tk + j]``, causal (query i sees keys j <= i), query head h reads
-key head ``h / (H / Hkv)``; a query with no visible key gets an output of 0 and a
-log-sum-exp of 0 that nothing reads.
-
-Five kernels: ``flash_mma_pack``, ``flash_mma_fwd`` (one block per (sentence and head, query
-tile), BR / 16 warps, each owning 16 queries: S = Q K^T, the online softmax in registers, P
-rounded to 16 bits, O += P V), ``flash_mma_bwd_kv`` (one block per (sentence and key head, key
-tile), BC / 16 warps each owning 16 keys: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO,
-dK += dS^T Q over every query tile of every head of the group), ``flash_mma_bwd_q`` (one block
-per (sentence and head, query tile): dQ = dS K in a pass of its own, no atomics). D = rowsum(dO
-O) is :mod:`.flash`'s ``flash_bwd_prep<float>``.
-"""
+Warps compute 16 x 8 x 16 tiles with ``mma.sync.m16n8k16`` from shared memory read by
+``ldmatrix``; shared rows are padded by :data:`PAD` elements (16 bytes: the 8 rows one
+``ldmatrix`` reads then start on 8 different banks); the streamed tiles are double-buffered by
+``cp.async``. Template parameters: ``KIND`` (0 bf16, 1 fp16), ``DH``, ``BR`` and ``BC`` (the
+tile's query and key rows); :data:`INSTANCES` lists those compiled, :func:`mma_tiles` those the
+launch code picks. Layouts: the 16-bit copies q, dO (B, H, Tq, DH) and k, v (B, Hkv, Tk, DH)
+contiguous (made by ``flash_mma_pack``); o (B, Tq, H, DH), the log-sum-exp and D (B, H, Tq)
+float32; dq, dk, dv float32 views with contiguous rows. Masks as :mod:`.flash`'s. Each kernel's
+source opens with what its blocks compute; D = rowsum(dO O) is :mod:`.flash`'s ``flash_bwd_prep``."""
 from __future__ import annotations
 
 import re

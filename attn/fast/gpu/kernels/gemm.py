@@ -1,6 +1,5 @@
 """The pointer arrays of cuBLAS's batched products (``gemmBatched``) over a batch of two levels:
-CUDA source and NumPy twin. The products themselves are :meth:`.cupy_ops.CupyOps.mm` and
-:meth:`~.cupy_ops.CupyOps.bmm`."""
+CUDA source and NumPy twin. The products themselves are :class:`.products.Products`'s."""
 from __future__ import annotations
 
 from .... import backend as B

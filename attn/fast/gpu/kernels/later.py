@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .... import backend as B
 from .common import check_block_reduction, strided_view
-from .dropout import dropout_bits_np, dropout_key_np
+from .dropout import dropped_np
 
 RMS_NORM_FWD = r"""
 // RMSNorm of row blockIdx.x of s (N, D), one block per row. With `residual`, post-norm's epilogue
@@ -52,8 +52,7 @@ def rms_norm_fwd_np(launch, s, bias, x, out, rstd, gamma, seed, site, offset, th
     if residual:
         v = sv + strided_view(bias, (D,), (1,)) if has_bias else sv.copy()
         if thr > 0:
-            keep = (dropout_bits_np(dropout_key_np(seed, site, offset), N * D) >= thr).reshape(N, D)
-            v = np.where(keep, v * scale, s.dtype.type(0))
+            v = dropped_np(v, seed, site, offset, thr, scale)
         v += strided_view(x, (N, D), (D, 1))
         sv[...] = v
     dt = s.dtype.type
@@ -92,7 +91,6 @@ __global__ void rms_norm_bwd(T* dout, const T* xhat, const T* rstd, const T* gam
 
 def rms_norm_bwd_np(launch, dout, xhat, rstd, gamma, ds, seed, site, offset, thr, scale, D):
     """NumPy twin of ``rms_norm_bwd`` (one block per row)."""
-    np = B.host
     check_block_reduction(launch, dout.itemsize)
     N, D = launch.blocks, int(D)
     d, xh = strided_view(dout, (N, D), (D, 1)), strided_view(xhat, (N, D), (D, 1))
@@ -100,8 +98,7 @@ def rms_norm_bwd_np(launch, dout, xhat, rstd, gamma, ds, seed, site, offset, thr
     b = (g * xh).sum(axis=1) / dout.dtype.type(D)
     d[...] = strided_view(rstd, (N,), (1,))[:, None] * (g - xh * b[:, None])
     if thr > 0:
-        keep = (dropout_bits_np(dropout_key_np(seed, site, offset), N * D) >= thr).reshape(N, D)
-        strided_view(ds, (N, D), (D, 1))[...] = np.where(keep, d * scale, dout.dtype.type(0))
+        strided_view(ds, (N, D), (D, 1))[...] = dropped_np(d, seed, site, offset, thr, scale)
 
 
 ROPE_ROTATE = r"""
@@ -164,13 +161,11 @@ def _silu_parts(ab, N, F):
 
 def swiglu_fwd_np(launch, ab, h, seed, site, offset, thr, scale, n, F):
     """NumPy twin of ``swiglu_fwd``."""
-    np = B.host
     n, F = int(n), int(F)
     a, b, s = _silu_parts(ab, n // F, F)
     v = a * s * b
     if thr > 0:
-        keep = (dropout_bits_np(dropout_key_np(seed, site, offset), n) >= thr).reshape(n // F, F)
-        v = np.where(keep, v * scale, ab.dtype.type(0))
+        v = dropped_np(v, seed, site, offset, thr, scale)
     strided_view(h, (n // F, F), (F, 1))[...] = v
 
 
@@ -197,13 +192,11 @@ __global__ void swiglu_bwd(const T* dh, const T* ab, T* dab, const unsigned long
 
 def swiglu_bwd_np(launch, dh, ab, dab, seed, site, offset, thr, scale, n, F):
     """NumPy twin of ``swiglu_bwd``."""
-    np = B.host
     n, F = int(n), int(F)
     N = n // F
     d = strided_view(dh, (N, F), (F, 1))
     if thr > 0:
-        keep = (dropout_bits_np(dropout_key_np(seed, site, offset), n) >= thr).reshape(N, F)
-        d = np.where(keep, d * scale, dh.dtype.type(0))
+        d = dropped_np(d, seed, site, offset, thr, scale)
     a, b, s = _silu_parts(ab, N, F)
     out = strided_view(dab, (N, 2 * F), (2 * F, 1))
     out[:, :F] = d * b * s * (1 + a * (1 - s))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .... import backend as B
 from .common import check_block_reduction, strided_view
-from .dropout import dropout_bits_np, dropout_key_np
+from .dropout import dropped_np
 
 LAYER_NORM_FWD = r"""
 // Layer norm of row blockIdx.x of x (N, D): x <- xhat, out <- gamma * xhat + beta, rstd[row].
@@ -102,14 +102,12 @@ __global__ void residual_ln_fwd(T* s, const T* bias, const T* x, T* out, T* rstd
 
 def residual_ln_fwd_np(launch, s, bias, x, out, rstd, gamma, beta, seed, site, offset, thr, scale, D, eps):
     """NumPy twin of ``residual_ln_fwd`` (one block per row: N = the grid's size)."""
-    np = B.host
     check_block_reduction(launch, s.itemsize)
     N, D = launch.blocks, int(D)
     sv = strided_view(s, (N, D), (D, 1))
     v = sv + strided_view(bias, (D,), (1,))
     if thr > 0:
-        keep = (dropout_bits_np(dropout_key_np(seed, site, offset), N * D) >= thr).reshape(N, D)
-        v = np.where(keep, v * scale, s.dtype.type(0))
+        v = dropped_np(v, seed, site, offset, thr, scale)
     v += strided_view(x, (N, D), (D, 1))
     sv[...] = v
     layer_norm_fwd_np(launch, s, out, rstd, gamma, beta, D, eps)
@@ -145,8 +143,7 @@ __global__ void layer_norm_bwd_drop(T* dout, const T* xhat, const T* rstd, const
 
 def layer_norm_bwd_drop_np(launch, dout, xhat, rstd, gamma, ds, seed, site, offset, thr, scale, D):
     """NumPy twin of ``layer_norm_bwd_drop`` (one block per row)."""
-    np = B.host
     layer_norm_bwd_np(launch, dout, xhat, rstd, gamma, D)
     N, D = launch.blocks, int(D)
-    keep = (dropout_bits_np(dropout_key_np(seed, site, offset), N * D) >= thr).reshape(N, D)
-    strided_view(ds, (N, D), (D, 1))[...] = np.where(keep, strided_view(dout, (N, D), (D, 1)) * scale, dout.dtype.type(0))
+    strided_view(ds, (N, D), (D, 1))[...] = dropped_np(strided_view(dout, (N, D), (D, 1)), seed, site, offset, thr,
+                                                       scale)

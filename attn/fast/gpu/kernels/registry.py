@@ -1,14 +1,8 @@
 """Every kernel once: its name, its CUDA source and its NumPy twin (:data:`KERNELS`), and the one
-module NVRTC compiles, built from them (:data:`SOURCE`, :data:`NAME_EXPRESSIONS`, :data:`OPTIONS`).
-
-A kernel's source defines that kernel alone (and the device functions only it calls); the
-device functions several kernels call are :data:`PRELUDE`, first in the module. The order of
-:data:`KERNELS` is the order of :data:`SOURCE`: the training step's kernels family by family
-(softmax, layer norm, column sums, the loss, dropout and the epilogues that drop, the later
-block's RMSNorm, RoPE and SwiGLU, Adam), then the decoding step's, then the products' pointer
-arrays and the bf16 copies, then FlashAttention's. The order is the
-source text itself, so it is kept as it is: CuPy keys its cache of compiled modules on the
-source and the name expressions, and a line of the source is what NVRTC's errors name."""
+module NVRTC compiles from them (:data:`SOURCE`, :data:`NAME_EXPRESSIONS`, :data:`OPTIONS`): the
+device functions several kernels call (:data:`PRELUDE`), then the kernels family by family. The
+source text is kept as it is: CuPy keys its cache of compiled modules on it, and NVRTC's errors
+name its lines."""
 from __future__ import annotations
 
 from . import adam, bf16, column_sums, common, decode, dropout, flash, flash_mma, gemm, later, layer_norm, loss, relu, softmax

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .... import backend as B
 from .common import strided_view
-from .dropout import dropout_bits_np, dropout_key_np
+from .dropout import dropped_np
 
 BIAS_RELU_DROP = r"""
 // The feed-forward's hidden epilogue, in place on a (n / F, F): a <- drop(max(a + bias, 0)), the
@@ -30,8 +30,7 @@ def bias_relu_drop_np(launch, a, bias, seed, site, offset, thr, scale, n, F):
     av = strided_view(a, (n // F, F), (F, 1))
     v = np.maximum(av + strided_view(bias, (F,), (1,)), a.dtype.type(0))
     if thr > 0:
-        v = np.where((dropout_bits_np(dropout_key_np(seed, site, offset), n) >= thr).reshape(n // F, F), v * scale,
-                     a.dtype.type(0))
+        v = dropped_np(v, seed, site, offset, thr, scale)
     av[...] = v
 
 
