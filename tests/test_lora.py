@@ -6,8 +6,10 @@ checked through its registration: tests/test_registry.py.)"""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from attn.train import TrainConfig, train
 from attn.training.config import TrainConfigError, config_from_argv
 from attn.translate import load_translator
 
+ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["a", "b", "c", "d", "e", "."]
 LATER = dict(norm_position="pre", norm_kind="rms", positional="rope", ffn="swiglu", kv_heads=1, qk_norm=True)
 
@@ -128,6 +131,7 @@ def test_attn_train_saves_the_adapter_alone_and_states_its_size(finetuned, capsy
     assert metrics["steps"] == 3 and metrics["trained_parameters"] == 2 * 3 * 3 * (8 + 8)
     assert metrics["trained_fraction"] == pytest.approx(metrics["trained_parameters"] / total)
     assert metrics["adapter_bytes"] == 4 * metrics["trained_parameters"]
+    assert 0 < metrics["train_seconds"] <= metrics["wall_seconds"]      # the steps' time, within the run's
     with np.load(out / "adapter.npz") as f:
         assert sorted(f.files) == sorted(["__meta__"] + [f"lora/{k}" for k in Adapter(2, ("q", "v", "o"))
                                                          .shapes(base.config)])
@@ -176,3 +180,20 @@ def test_fine_tuning_flags_are_refused_naming_the_flag(finetuned, tmp_path, argv
     argv = [a.format(ckpt=ckpt, missing=tmp_path / "none.npz") for a in argv]
     with pytest.raises(TrainConfigError, match=words):
         config_from_argv(argv)
+
+
+def test_the_transfer_benchmark_splits_tatoeba_german_first_by_german_sentence(tmp_path):
+    """benchmarks/lora_transfer.py's splits: German -> English, line-aligned, every translation of a
+    German sentence in one split (Tatoeba's English<TAB>German, several English for one German)."""
+    spec = importlib.util.spec_from_file_location("lora_transfer", ROOT / "benchmarks" / "lora_transfer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [(f"English {i} {j}.", f"Deutsch {i}.") for i in range(60) for j in range(1 + i % 3)]
+    (tmp_path / "deu.txt").write_text("".join(f"{en}\t{de}\tCC-BY\n" for en, de in rows), encoding="utf-8")
+    counts = module.write_splits(tmp_path / "deu.txt", tmp_path / "out")
+    split = {s: list(zip(*[(tmp_path / "out" / f"{s}.{lang}").read_text(encoding="utf-8").splitlines()
+                           for lang in ("de", "en")])) for s in ("train", "val", "test")}
+    assert {s: len(p) for s, p in split.items()} == counts and sum(counts.values()) == len(rows)
+    assert sorted(p for s in split.values() for p in s) == sorted((de, en) for en, de in rows)
+    held = {de for s in ("val", "test") for de, _ in split[s]}
+    assert held and not held & {de for de, _ in split["train"]}

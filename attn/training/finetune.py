@@ -149,6 +149,7 @@ def report(config, model, base, path: Path, before: dict, after: dict, state, st
                "trained_parameters": model.num_parameters(),
                "base_parameters": sum(int(v.size) for v in base.params.values()),
                "steps": state.step, "stop": stop_reason, "wall_seconds": round(seconds, 2),
+               "train_seconds": round(state.train_seconds, 2),
                "before": before, "after": after, "saved": str(path), "saved_bytes": path.stat().st_size}
     if isinstance(model, LoraModel):
         metrics.update(trained_fraction=trained_fraction(model), adapter_bytes=adapter_bytes(model),
