@@ -255,9 +255,28 @@ def visit(browser, url: str, screenshot: Path | None, act=None, width: int = 128
     return facts, report
 
 
+def unused_phone_fetches(failed: list[str], facts: dict) -> list[str]:
+    """The failures that are a phone rendering's fetch cancelled (net::ERR_ABORTED) on a page
+    wider than a phone that shows none of them: harmless to a reader (the wide figures are
+    shown), and seen only on a loaded machine, for a few pages of a full run. Any other failure,
+    and any at a phone's width or on a page showing a phone rendering, still counts."""
+    if facts["width"] <= 600 or any(i["src"].endswith("-phone.png") for i in facts["images"]):
+        return []
+    return [f for f in failed if f.endswith("-phone.png (net::ERR_ABORTED)")]
+
+
+def test_only_unused_cancelled_phone_fetches_are_forgiven():
+    aborted, missing = "http://127.0.0.1:1/_images/a-phone.png (net::ERR_ABORTED)", "http://127.0.0.1:1/b.png (HTTP 404)"
+    wide = {"width": 1280, "images": [{"src": "http://127.0.0.1:1/_images/a.png"}]}
+    assert unused_phone_fetches([aborted, missing], wide) == [aborted]
+    assert unused_phone_fetches([aborted], {**wide, "width": 390}) == []
+    assert unused_phone_fetches([aborted], {**wide, "images": [{"src": "http://127.0.0.1:1/_images/c-phone.png"}]}) == []
+
+
 def assert_page_works(facts: dict, report: PageReport, name: str) -> None:
     assert not report.outside, f"{name}: requests left 127.0.0.1 (blocked): {report.outside}"
-    assert not report.failed, f"{name}: requests failed: {report.failed}"
+    failed = [f for f in report.failed if f not in unused_phone_fetches(report.failed, facts)]
+    assert not failed, f"{name}: requests failed: {failed}"
     assert not report.console_errors, f"{name}: console errors: {report.console_errors}"
     broken = [i["src"] for i in facts["images"] if not (i["complete"] and i["width"] > 0)]
     assert not broken, f"{name}: images that did not load: {broken}"
