@@ -472,7 +472,7 @@ ax[0].set_title(f"{len(test)} test sentences ({'quick' if QUICK else 'full'} mod
 lo = min(greedy_obj.min(), beam_obj.min()) - 0.1
 ax[1].plot([lo, 0], [lo, 0], "k:", lw=1)
 ax[1].scatter(greedy_obj, beam_obj, s=12, c=["tab:red" if i in differ else "tab:blue" for i in range(len(test))])
-ax[1].set_xlabel("greedy output: log P / lp"); ax[1].set_ylabel("beam 4 output: log P / lp")
+ax[1].set_xlabel("greedy: log P / lp"); ax[1].set_ylabel("beam 4: log P / lp")
 ax[1].set_title("per sentence (red: outputs differ; above the line: beam better)")
 xs = np.arange(2)
 for k, (how, color) in enumerate((("greedy", "tab:blue"), ("beam", "tab:orange"))):
@@ -481,7 +481,7 @@ for k, (how, color) in enumerate((("greedy", "tab:blue"), ("beam", "tab:orange")
     for x, v in zip(xs + (k - 0.5) * 0.38, vals):
         ax[2].text(x, v - 2, f"{v:.1f}", ha="center", va="top", rotation=90, fontsize=8, color="white")
 ax[2].set_xticks(xs, list(search)); ax[2].set_ylim(0, 125); ax[2].legend(loc="upper center", ncol=2)   # above any bar
-ax[2].set_ylabel("test BLEU (last model)"); ax[2].set_title("label smoothing and beam search")
+ax[2].set_ylabel("test BLEU"); ax[2].set_title("label smoothing and beam search (last model)")
 fig.tight_layout(); show_figure(fig, "14_greedy_vs_beam.png")
 
 # %% [markdown]

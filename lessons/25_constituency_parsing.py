@@ -290,7 +290,7 @@ names = list(scores)
 ax[0].bar(names, [scores[n][2] for n in names], color=["tab:blue", "tab:orange", "0.6", "0.75"])
 for i, n in enumerate(names):
     ax[0].text(i, scores[n][2] + 1, f"{scores[n][2]:.1f}", ha="center")
-ax[0].set_ylabel("labelled bracket F1 (%)"); ax[0].set_ylim(0, 105)
+ax[0].set_ylabel("bracket F1 (%)"); ax[0].set_ylim(0, 105)
 ax[0].set_title(f"{len(test)} test sentences ({'quick' if QUICK else 'full'} mode)")
 ax[1].plot(depths, f_depth, "o-")
 ax[1].set_xlabel("nesting depth of the gold tree"); ax[1].set_ylabel("greedy F1 (%)")
