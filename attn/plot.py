@@ -392,17 +392,19 @@ def show_figure_with_phone(fig, phone, name: str, dpi: int = 110, alt: str | Non
     (PHONE_WIDTH_IN wide, its text PHONE_MIN_PT): in the book's build the PNG carries ``phone``'s
     rendering (:func:`_phone_rendering`, checked the same way) in place of ``fig``'s. Returns the path."""
     from PIL import Image, PngImagePlugin
-    path = show_figure(fig, name, dpi, alt)
-    if not phone_figures_wanted():
-        return path
-    if phone.canvas is None or type(phone.canvas).__name__ == "FigureCanvasBase":
-        FigureCanvasAgg(phone)
-    meta = _phone_rendering(phone)
-    with Image.open(path) as im:
-        chunks = {k: v for k, v in im.text.items() if not k.startswith("attn:phone")}
-        wide = im.copy()
-    info = PngImagePlugin.PngInfo()
-    for key, value in {**chunks, **meta}.items():
-        info.add_text(key, value, zip=len(value) > 200)
-    wide.save(path, pnginfo=info)
-    return path
+    path = _write(fig, lesson_output_dir() / name, dpi, alt)
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close(fig)
+    if phone_figures_wanted():                 # the phone chunks replaced before the page shows the file
+        if phone.canvas is None or type(phone.canvas).__name__ == "FigureCanvasBase":
+            FigureCanvasAgg(phone)
+        meta = _phone_rendering(phone)
+        with Image.open(path) as im:
+            chunks = {k: v for k, v in im.text.items() if not k.startswith("attn:phone")}
+            wide = im.copy()
+        info = PngImagePlugin.PngInfo()
+        for key, value in {**chunks, **meta}.items():
+            info.add_text(key, value, zip=len(value) > 200)
+        wide.save(path, pnginfo=info)
+    return show_figure(path)

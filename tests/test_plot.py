@@ -220,7 +220,13 @@ def test_a_diagram_comes_with_its_own_layout_for_a_phone(tmp_path, monkeypatch):
     phone.text(0.05, 0.3, "the decoder's stack", fontsize=12)
     monkeypatch.setenv("ATTN_LESSONS_OUT", str(tmp_path))
     monkeypatch.setenv("ATTN_PHONE_FIGURES", "1")
+    import IPython.display
+    import attn.plot
+    shown_bytes = []                                   # what a notebook (the book) shows inline
+    monkeypatch.setattr(attn.plot, "_in_notebook", lambda: True)
+    monkeypatch.setattr(IPython.display, "display", lambda image: shown_bytes.append(image.data))
     path = show_figure_with_phone(wide, phone, "d.png")
+    assert shown_bytes == [path.read_bytes()], "the page shows the file before its phone rendering was put in"
     with Image.open(path) as im:
         text, size = dict(im.text), im.size
     assert "attn:phone-refused" not in text and text["attn:phone-overlaps"] == "", text
