@@ -386,6 +386,15 @@ def plot_precision_curves(curves: dict, path, k: int = 20, title: str = "") -> P
     return _save(fig, path)
 
 
+def named_bars(ax, names) -> None:
+    """Each horizontal bar's name above it, inside the panel, instead of a tick label beside it:
+    the panel keeps its width in a phone's narrow column."""
+    ax.set_yticks([])
+    ax.set_ylim(len(names) - 0.6, -1.0)
+    for y, name in enumerate(names):
+        ax.text(0.01, y - 0.27, name, transform=ax.get_yaxis_transform(), ha="left", va="bottom")
+
+
 def show_figure_with_phone(fig, phone, name: str, dpi: int = 110, alt: str | None = None) -> Path:
     """:func:`show_figure` for a figure that no restacking fits to a phone's column (a diagram drawn
     by hand across the page), with ``phone``, the lesson's own layout of it for that column

@@ -16,7 +16,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, named_bars   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -216,15 +216,6 @@ print(f"the toy model in attn-train's default {toy_minutes:g} minutes, at the re
       f"{toy_minutes * 60 / toy_sec:,.0f} steps of {max_tokens} tokens, {toy_minutes * 60 * measured['toy']['rate']:.1e} "
       f"FLOPs: {paper_runs['base']['flops'] / (toy_minutes * 60 * measured['toy']['rate']):.1e} times less than "
       f"the paper's base run")
-
-
-def named_bars(ax, names):
-    """Each horizontal bar's name above it, inside the panel, instead of a tick label beside it:
-    the panel keeps its width in a phone's narrow column."""
-    ax.set_yticks([])
-    ax.set_ylim(len(names) - 0.6, -1.0)
-    for y, name in enumerate(names):
-        ax.text(0.01, y - 0.27, name, transform=ax.get_yaxis_transform(), ha="left", va="bottom")
 
 
 fig, ax = plt.subplots(1, 2, figsize=(12, 4))

@@ -18,7 +18,7 @@
 # %%
 import os, sys
 import matplotlib.pyplot as plt
-from attn.plot import lesson_output_dir, show_figure   # inline in a notebook; always saved to OUT
+from attn.plot import lesson_output_dir, show_figure, named_bars   # inline in a notebook; always saved to OUT
 QUICK = os.environ.get("ATTN_QUICK") == "1" or "--quick" in sys.argv
 OUT = lesson_output_dir()                     # <repository root>/lessons/out, git-ignored
 
@@ -362,15 +362,6 @@ print(f"the P100's balance point: {P100_FLOPS / P100_BYTES:.0f} FLOP per byte; t
 launch_share = {k: v["launch"] / v["total"] for k, v in est.items()}
 print("share of the estimated step spent launching: "
       + ", ".join(f"{m} {p} {v:.0%}" for (m, p), v in launch_share.items()))
-
-
-def named_bars(ax, names):
-    """Each horizontal bar's name above it, inside the panel, instead of a tick label beside it:
-    the panel keeps its width in a phone's narrow column."""
-    ax.set_yticks([])
-    ax.set_ylim(len(names) - 0.6, -1.0)
-    for y, name in enumerate(names):
-        ax.text(0.01, y - 0.27, name, transform=ax.get_yaxis_transform(), ha="left", va="bottom")
 
 
 fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
