@@ -20,76 +20,50 @@ class Mask(NamedTuple):
 
 
 class Ops:
-    """The memory-bound operations of a step, written with in-place ufuncs so that
-    they run on NumPy and CuPy alike. :mod:`attn.fast.gpu.kernels` subclasses it for CuPy.
-
-    Every method that ends in ``_`` overwrites its first argument and returns it.
-    """
+    """The memory-bound operations on namespace ``xp``. Every method that ends in ``_``
+    overwrites its first argument and returns it."""
 
     def __init__(self, xp, precision: str = "fp32", sharing: Ops | None = None):
-        """The operations on namespace ``xp`` whose products read their operands at ``precision``
-        (:mod:`attn.precision`: ``fp32``, ``tf32`` or ``bf16``); with ``sharing`` (an object of
-        the same namespace), that object's buffers rather than new ones."""
+        """``precision``: what the products read (:mod:`attn.precision`: ``fp32``, ``tf32`` or
+        ``bf16``; sums and results are float32 in every mode); ``sharing``: an object of the
+        same namespace whose kept vectors this one uses."""
         self.xp = xp
         self.precision = check_precision(precision)
         self._ones = {} if sharing is None else sharing._ones
 
     def ones(self, n: int, dtype):
-        key = (n, dtype)                      # not str(dtype): that costs microseconds per call
-        if key not in self._ones:
-            with outside_step():                 # kept between steps: never from a step's memory
-                self._ones[key] = self.xp.ones(n, dtype=dtype)
-        return self._ones[key]
+        return self._kept(1, n, dtype)
 
     def zeros(self, n: int, dtype):
-        """A kept vector of n zeros (the output bias of a sub-layer that has none, for a fused
-        epilogue that adds one)."""
-        key = ("zeros", n, dtype)
+        """The output bias of a sub-layer that has none, for a fused epilogue that adds one."""
+        return self._kept(0, n, dtype)
+
+    def _kept(self, fill, n: int, dtype):
+        key = (fill, n, dtype)                   # not str(dtype): that costs microseconds per call
         if key not in self._ones:
-            with outside_step():
-                self._ones[key] = self.xp.zeros(n, dtype=dtype)
+            with outside_step():                 # kept between steps: never from a step's memory
+                self._ones[key] = self.xp.full(n, fill, dtype=dtype)
         return self._ones[key]
 
     # ---- the matrix products of a step
 
     def mm(self, a, b, out=None, accumulate: bool = False):
-        """``a @ b`` for matrices a (M, K) and b (K, N), into ``out`` (M, N) when given, else a
-        new array; with ``accumulate``, ``out += a @ b`` (a backward's sum of two gradients:
-        the CuPy kernels give cuBLAS beta = 1, no launch of its own). The operands may be views
-        (a transposed matrix, a block of columns): on NumPy this is NumPy's ``matmul``; the CuPy
-        kernels call cuBLAS with the views as they are (no operand copied, nothing through
-        CuPy's ``matmul``). At a :attr:`precision` other than fp32 both operands are rounded first
-        (:meth:`_rounded`)."""
-        if self.precision != "fp32":
-            a, b = self._rounded(a, b)
-        if accumulate:
-            if out is None:
-                raise ValueError("mm: accumulate=True needs out, the array the product is added to")
-            out += self.xp.matmul(a, b)
-            return out
-        return self.xp.matmul(a, b, out=out)
+        """``a @ b`` for matrices a (M, K) and b (K, N), possibly views, into ``out`` (M, N) when
+        given; with ``accumulate``, ``out += a @ b`` (on CuPy cuBLAS's beta = 1)."""
+        if not accumulate:
+            return self.bmm(a, b, out)
+        if out is None:
+            raise ValueError("mm: accumulate=True needs out, the array the product is added to")
+        out += self.bmm(a, b)
+        return out
 
     def bmm(self, a, b, out=None):
-        """``a @ b`` batched: a (..., M, K), b (..., K, N), out (..., M, N) with the same
-        leading (batch) dimensions, at most two of them (an attention's (B, H)); the operands
-        and ``out`` may be strided views (the heads of a (B*T, n*D) projection, keys-first
-        scores). On NumPy, NumPy's ``matmul``; operands rounded as :meth:`mm`'s."""
+        """``a @ b`` batched over at most two leading dimensions (an attention's (B, H)); the
+        operands and ``out`` may be strided views. At a precision other than fp32 both operands
+        are rounded first, as the tensor cores read them."""
         if self.precision != "fp32":
-            a, b = self._rounded(a, b)
+            a, b = round_to(a, self.precision), round_to(b, self.precision)
         return self.xp.matmul(a, b, out=out)
-
-    # ---- the products' precision
-
-    #: What the products read (:mod:`attn.precision`): ``fp32``, ``tf32`` or ``bf16``, given to the
-    #: constructor (on CuPy carried out by ``ops.products``: :mod:`attn.fast.gpu.kernels.products`).
-    #: Sums and results are float32 in every mode.
-    precision = "fp32"
-
-    def _rounded(self, a, b):
-        """The operands as a product at :attr:`precision` reads them: rounded to its significand
-        (round to nearest even, :func:`attn.precision.round_to`), to be multiplied in float32. This
-        is the NumPy twin of the tensor cores' products (bf16 or tf32 inputs, float32 sums)."""
-        return round_to(a, self.precision), round_to(b, self.precision)
 
     def rowsum(self, x2):
         """(R, C) -> (R,): a matrix-vector product, one BLAS call."""
@@ -112,12 +86,9 @@ class Ops:
 
         The attention keeps its scores as (Tk, B, H, Tq), keys first, so that every
         reduction here runs over whole contiguous rows of B*H*Tq numbers (a reduction
-        over a short last axis costs NumPy a loop call per row). ``bias`` broadcasts to
-        ``s``: 0 where a key may be attended, the dtype's most negative finite value where
-        not, so masked entries come out exactly 0 (``exp`` underflows). ``row_scale``
-        (1, ...) is 0 for queries with no key at all (their column would come out uniform)
-        and 1 elsewhere. ``scale`` is the attention's ``1/sqrt(d_k)`` (one more pass here; the
-        CuPy kernel applies it as it reads the scores)."""
+        over a short last axis costs NumPy a loop call per row). ``bias`` and ``row_scale``
+        are :func:`attn.fast.core.attention.mask_bias`'s: masked entries come out exactly 0
+        (``exp`` underflows), a query with no key at all a column of zeros."""
         xp = self.xp
         if scale != 1.0:
             s *= s.dtype.type(scale)
@@ -144,7 +115,7 @@ class Ops:
             dy *= y
         return dy
 
-    # ---- layer norm over the last axis of (N, D), in place
+    # ---- layer norm and RMSNorm (lesson 26) over the last axis of (N, D), in place
 
     def layer_norm_(self, x, gamma, beta, eps: float):
         """``x`` (N, D) becomes ``xhat = (x - mean) * rstd``. Returns out (N, D) new, rstd (N,)."""
@@ -166,8 +137,7 @@ class Ops:
     def residual_layer_norm_(self, s, bias, m, x, gamma, beta, eps: float):
         """Post-norm's epilogue of a sub-layer whose output ``s`` (N, D) lacks its bias:
         ``LN(drop(s + bias) + x)``, with ``m`` the dropout :class:`Mask` (None: none). ``s``
-        becomes xhat; returns out (N, D) new, rstd (N,). The same passes as the steps one
-        by one (the CuPy kernels fuse them into one launch)."""
+        becomes xhat; returns out (N, D) new, rstd (N,)."""
         s += bias
         if m is not None:
             self.dropout_(s, m)
@@ -204,8 +174,6 @@ class Ops:
         dout *= rstd[:, None]
         return dout, dgamma, dbeta
 
-    # ---- RMSNorm over the last axis of (N, D), in place (lesson 26)
-
     def rms_norm_(self, x, gamma, eps: float):
         """``x`` (N, D) becomes ``xhat = x * rstd`` with ``rstd = 1/sqrt(mean(x^2) + eps)``.
         Returns out = gamma * xhat (N, D) new, rstd (N,)."""
@@ -219,8 +187,7 @@ class Ops:
         return x * gamma, rstd
 
     def residual_rms_norm_(self, s, bias, m, x, gamma, eps: float):
-        """:meth:`residual_layer_norm_` with RMSNorm: ``RMS(drop(s + bias) + x)``, ``bias`` None
-        for a sub-layer without one (SwiGLU). ``s`` becomes xhat; returns out, rstd."""
+        """:meth:`residual_layer_norm_` with RMSNorm, ``bias`` None for a sub-layer without one."""
         if bias is not None:
             s += bias
         if m is not None:
@@ -251,13 +218,12 @@ class Ops:
         dy, _ = self.rms_norm_backward_(dout, xhat, rstd, gamma, out=out)
         return dy, (dy if m is None else self.dropout_backward(dy, m))
 
-    # ---- rotary positions, in place on the heads of a projection (lesson 26)
+    # ---- rotary positions and SwiGLU's gate (lesson 26)
 
     def rope_(self, x, cos, sin, inverse: bool = False):
-        """Turn each pair ``(x_i, x_{i+Dh/2})`` of x (B, H, T, Dh) (a strided view: the heads of
-        a projection's output) by its position's angle, in place: cos, sin (T, Dh/2) as
-        :func:`attn.layers.rope.rope_angles` gives them. ``inverse``: turned back (the
-        backward). Returns x."""
+        """Turn each pair ``(x_i, x_{i+Dh/2})`` of x (B, H, T, Dh) (a strided view) by its
+        position's angle, in place: cos, sin (T, Dh/2) as :func:`attn.layers.rope.rope_angles`
+        gives them. ``inverse``: turned back (the backward). Returns x."""
         h = x.shape[-1] // 2
         xa, xb = x[..., :h], x[..., h:]
         s = -sin if inverse else sin
@@ -268,16 +234,19 @@ class Ops:
         xa[...] = a
         return x
 
-    # ---- SwiGLU's gate (lesson 26)
+    def _sigmoid(self, a):
+        """A new ``sigmoid(a)``, as :func:`attn.layers.swiglu.silu` computes it."""
+        h = self.xp.tanh(a * a.dtype.type(0.5))
+        h += 1
+        h *= a.dtype.type(0.5)
+        return h
 
     def swiglu_gate(self, ab, m=None):
         """``ab`` (N, 2F) = ``[x W | x V]`` -> a new (N, F): ``drop(silu(x W) * x V)`` with the
         dropout :class:`Mask` ``m`` (None: none)."""
         F = ab.shape[1] // 2
         a, b = ab[:, :F], ab[:, F:]
-        h = self.xp.tanh(a * a.dtype.type(0.5))
-        h += 1
-        h *= a.dtype.type(0.5)                  # sigmoid(a), as attn.layers.swiglu.silu computes it
+        h = self._sigmoid(a)
         h *= a
         h *= b
         if m is not None:
@@ -294,9 +263,7 @@ class Ops:
             dh = self.dropout_backward(dh, m)
         dab = xp.empty(ab.shape, dtype=ab.dtype)
         da, db = dab[:, :F], dab[:, F:]
-        s = xp.tanh(a * a.dtype.type(0.5))
-        s += 1
-        s *= a.dtype.type(0.5)
+        s = self._sigmoid(a)
         xp.multiply(a, s, out=db)
         db *= dh                                # dh * silu(a)
         xp.subtract(1, s, out=da)
@@ -316,7 +283,6 @@ class Ops:
         return Mask(keep, 65536.0 / (65536 - thr))
 
     def dropout_(self, x, m: Mask):
-        """``x *= keep * scale`` in place."""
         x *= m.keep
         x *= x.dtype.type(m.scale)
         return x
@@ -328,8 +294,8 @@ class Ops:
         return out
 
     def bias_relu_dropout_(self, a, bias, m):
-        """The feed-forward's hidden epilogue in place: ``a = drop(max(a + bias, 0))`` with the
-        dropout :class:`Mask` ``m`` (None: none). Returns a."""
+        """The feed-forward's hidden epilogue: ``a = drop(max(a + bias, 0))`` with the dropout
+        :class:`Mask` ``m`` (None: none)."""
         a += bias
         self.relu_(a)
         if m is not None:
@@ -344,8 +310,6 @@ class Ops:
         zeroes exactly where it dropped), so ``dh = da * (a > 0)``; in place on ``da``."""
         return self.xp.multiply(da, a > 0, out=da)
 
-    # ---- scatter-add of embedding rows
-
     def scatter_rows_(self, target, ids, rows):
         """``target[ids[i]] += rows[i]`` accumulating repeats. target (V, D), ids (N,), rows (N, D)."""
         xp = self.xp
@@ -358,10 +322,8 @@ class Ops:
         xp.add.at(target.reshape(-1), flat.reshape(-1), rows.reshape(-1))
         return target
 
-    # ---- Adam, in place
-
     def adam_(self, p, g, m, v, consts, scratch):
-        """One parameter's update (see :class:`FastAdam`), or a slice of the arena's;
+        """One parameter's update in place (see :class:`FastAdam`), or a slice of the arena's;
         ``scratch`` is a buffer of p's shape."""
         xp = self.xp
         one_m_b1, b2, one_m_b2, eps_c, step = consts
@@ -391,7 +353,7 @@ class Ops:
         """x (N, V) logits -> dlogits in place; y (N,) targets; valid (N,) bool; n the number
         of real tokens (0-d, >= 1). Returns the loss (0-d). See :func:`attn.fast.cross_entropy`.
 
-        The rows are taken in blocks of :attr:`CE_BLOCK_BYTES`; per block
+        Per block of :attr:`CE_BLOCK_BYTES`
         ``x -= max; mean = sum(x) / V; x = exp(x); se = sum(x); x *= w / se; x -= w eps / V``
         (``w`` = 1/n on real tokens, 0 on padding), and at the end the target's entry of each
         row gets ``- w (1 - eps)``."""
