@@ -12,6 +12,7 @@ from ... import backend as B
 from ...layers.attention import repeat_kv, sum_kv_groups
 from . import flash, flash_tc
 from .caches import AttendCache, CrossAttnCache, SelfAttnCache
+from .pieces import drop_mask
 
 
 def mask_bias(mask, dtype, xp):
@@ -78,12 +79,11 @@ class Attentions:
     def attend(self, q, k, v, bias_t, rows_t, rng):
         """softmax(q k^T / sqrt(d_k) + bias) v, the scores kept keys-first.
 
-        Inputs: q (B, H, Tq, Dh), k and v (B, KV, Tk, Dh) views (KV < H: grouped-query
-        attention); bias_t and rows_t the mask in the keys-first layout (see :func:`mask_bias`), or
-        a :class:`attn.fast.core.flash.KeyMask` and None for the tiled attention (which reads each
-        key/value head for its group); the plain one repeats each key/value head for its group
-        (:func:`repeat_kv`). Returns ctx (B*Tq, D), AttendCache whose ``w`` is the (Tk, B, H, Tq)
-        array of weights (or the tiled attention's :class:`attn.fast.core.flash.FlashCache`)."""
+        Inputs: q (B, H, Tq, Dh), k and v (B, KV, Tk, Dh) views (KV < H: grouped-query attention,
+        each key/value head repeated for its group); bias_t and rows_t the mask keys-first
+        (:func:`mask_bias`), or a :class:`attn.fast.core.flash.KeyMask` and None for the tiled
+        attention. Returns ctx (B*Tq, D), AttendCache whose ``w`` is the (Tk, B, H, Tq) weights (or
+        the tiled attention's :class:`attn.fast.core.flash.FlashCache`)."""
         xp, ops = self.xp, self.model.ops
         if isinstance(bias_t, flash.KeyMask):
             return (flash_tc.attend if bias_t.cores else flash.attend)(ops, q, k, v, bias_t, self.scale)
@@ -94,10 +94,8 @@ class Attentions:
         w = xp.empty((Tk, Bsz, H, Tq), dtype=q.dtype)
         ops.bmm(k, q.swapaxes(-1, -2), out=w.transpose(1, 2, 0, 3))           # scores^T, per (b, h)
         ops.softmax0_(w, bias_t, rows_t, self.scale)
-        m, wd = None, w
-        if rng is not None and self.dropout > 0:
-            m = ops.dropout_mask(rng, w.shape, self.dropout)
-            wd = ops.dropout_(w.copy(), m)
+        m = drop_mask(ops, rng, w.shape, self.dropout)
+        wd = w if m is None else ops.dropout_(w.copy(), m)
         ctx = xp.empty((Bsz, Tq, H, Dh), dtype=q.dtype)
         ops.bmm(wd.transpose(1, 2, 3, 0), v, out=ctx.transpose(0, 2, 1, 3))   # (B, H, Tq, Dh)
         ctx = ctx.reshape(Bsz * Tq, H * Dh)
@@ -105,13 +103,10 @@ class Attentions:
 
     def attend_backward(self, dctx, ac: AttendCache, dq, dk, dv):
         """Forward was ``ctx = drop(softmax(q k^T s + bias)) v`` with ``s = 1/sqrt(d_k)``; writes
-        dq, dk, dv (views) in place: ``dv = wd^T dctx``, ``dw = dctx v^T``,
-        ``ds = s * softmax_back(dropback(dw))``,
-        ``dq = ds k``, ``dk = ds^T q``. The weights and their gradient are keys-first. With
-        grouped-query attention (dk, dv have fewer heads than q) a key/value head's gradient
-        is the sum of its group's (:func:`attn.layers.attention.sum_kv_groups`). The tiled
-        attention's cache (:class:`attn.fast.core.flash.FlashCache`) goes to its own backward, which
-        sums the groups itself."""
+        dq, dk, dv (views) in place: ``dv = wd^T dctx``, ``dw = dctx v^T``, ``ds = s *
+        softmax_back(dropback(dw))``, ``dq = ds k``, ``dk = ds^T q``, keys-first. With grouped-query
+        attention a key/value head's gradient is the sum of its group's (:func:`sum_kv_groups`; the
+        tiled attention's own backward sums them itself)."""
         xp, ops = self.xp, self.model.ops
         if isinstance(ac, flash.FlashCache):
             backward = flash_tc.attend_backward if ac.mask.cores else flash.attend_backward
@@ -179,8 +174,8 @@ class Attentions:
         ops.colsums((dout, G.views[c.pre + ".b_o"]), (dqkv, G.block(c.pre + ".b_qkv")))
         return ops.mm(dqkv, c.W.T, out=into, accumulate=into is not None)
 
-    def cross_attn(self, i, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
-        """Layer i's cross-attention ``pre`` of x (N_t, D) over the keys and values ``kv`` (their
+    def cross_attn(self, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
+        """The cross-attention ``pre`` of x (N_t, D) over the keys and values ``kv`` (their
         heads, QK-normed where they were projected). Returns its output without b_o,
         :class:`CrossAttnCache`."""
         q = self.model.ops.mm(x, Wq)
@@ -189,7 +184,7 @@ class Attentions:
         nq = self.norm_heads_(pre, q, "q")                                    # the keys were, when projected
         k, v = kv
         ctx, ac = self.attend(q, k, v, bias, row_scale, rng)
-        return self.out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, i, nq)
+        return self.out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, nq)
 
     def cross_attn_backward(self, dout, c: CrossAttnCache, dk, dv, G, into=None, keys=None):
         """``dk``, ``dv``: this layer's views of the keys' and values' gradients, which it writes

@@ -4,14 +4,14 @@ the step's fused weights (:class:`Fused`) and what inference keeps of the cross-
 (:class:`CrossWeights`)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import NamedTuple
 
 
 class AttendCache(NamedTuple):
     """Scaled dot-product attention: q, k, v as (B, H, T, Dh) views (q unscaled: the softmax
-    applies ``1/sqrt(d_k)``), the
-    weights w before dropout, keys first (Tk, B, H, Tq), their dropout mask, and the merged
-    context ctx (B*Tq, D), the input of the output projection."""
+    applies ``1/sqrt(d_k)``), the weights w before dropout, keys first (Tk, B, H, Tq), their
+    dropout mask, and the merged context ctx (B*Tq, D), the input of the output projection."""
     q: object
     k: object
     v: object
@@ -31,13 +31,12 @@ class SelfAttnCache(NamedTuple):
 
 
 class CrossAttnCache(NamedTuple):
-    """Encoder-decoder attention: its query input x (N, D), the query weight, the layer, QK-norm's
-    cache of the queries (None without; the keys' is the :class:`FastCache`'s)."""
+    """Encoder-decoder attention: its query input x (N, D), the query weight, QK-norm's cache of
+    the queries (None without; the keys' is the :class:`FastCache`'s)."""
     x: object
     Wq: object
     att: AttendCache
     pre: str
-    layer: int
     qk: object = None
 
 
@@ -95,18 +94,6 @@ class FastCache:
         self.memory, self.kv, self.h, self.shapes, self.keys = memory, kv, h, shapes, keys
 
 
-class _Weights(NamedTuple):
-    weights: object
-
-
-class _Sub(NamedTuple):
-    attn: _Weights
-
-
-class _Residual(NamedTuple):
-    sub: _Sub
-
-
 class CrossWeights(NamedTuple):
     """What :meth:`FastTransformer.decode` keeps for inference: per decoder layer a triple
     whose middle item reads like the reference's cross-attention cache,
@@ -116,7 +103,8 @@ class CrossWeights(NamedTuple):
     @classmethod
     def of(cls, weights: list) -> "CrossWeights":
         """Each decoder layer's cross-attention weights, laid out as above."""
-        return cls([(None, _Residual(_Sub(_Weights(w))), None) for w in weights])
+        return cls([(None, SimpleNamespace(sub=SimpleNamespace(attn=SimpleNamespace(weights=w))), None)
+                    for w in weights])
 
 
 class SplitCache(NamedTuple):

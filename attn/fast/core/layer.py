@@ -1,20 +1,12 @@
 """The fast engine's one decoder layer: :func:`decoder_layer`, which training's forward, the
-NumPy step and the CuPy step all run (nanochat's ``Block.forward(x, kv_cache)``; the readable
-model's :func:`attn.model.decoder_layer_forward`). What differs between them is the object that
-computes the sub-layers, handed in as ``run``: its ``model``, and ``self_attn(i, h)``,
-``cross_attn(i, h)``, ``ffn(pre, h)`` (each what its own ``residual`` reads) and ``residual(norm,
-x, sub, bias)``, which runs ``sub`` in the residual connection and returns (out, cache or None):
-
-* :class:`Sequences` (training, and inference over a whole prefix): every position at once
-  under the causal mask, dropout when given a generator, the caches the backward reads;
-* :class:`attn.fast.decoding.host.HostRows` (the NumPy step): one new row per sentence against the
-  key/value cache it holds, no dropout, nothing kept;
-* :class:`attn.fast.decoding.device.DeviceRows` (the CuPy step): the same into preallocated buffers,
-  each sub-layer's products around one fused kernel, and the residual sum fused with the next
-  norm (one ``add_norm`` launch).
-
-Each keeps its own arithmetic (the recorded searches and the training step stay bit for bit);
-the layer's order, its norms' and biases' names, are written here once."""
+NumPy step and the CuPy step all run (the readable model's :func:`attn.model.decoder_layer_forward`).
+What differs between them is the object handed in as ``run`` that computes the sub-layers: its
+``model``, ``self_attn(i, h)``, ``cross_attn(i, h)``, ``ffn(pre, h)`` and ``residual(norm, x, sub,
+bias)``, which runs ``sub`` in the residual connection and returns (out, cache or None):
+:class:`Sequences` (training, and inference over a whole prefix), :class:`attn.fast.decoding.host.HostRows`
+(one new row per sentence against its key/value cache) and :class:`attn.fast.decoding.device.DeviceRows`
+(the same around fused kernels). Each keeps its own arithmetic (the recorded searches and the training
+step stay bit for bit); the layer's order, its norms' and biases' names, are written here once."""
 from __future__ import annotations
 
 
@@ -76,7 +68,7 @@ class Sequences:
             kv = mha.cross_kv_layer(self.memory, self.F, i, self.Bsz, self.memory.shape[0] // max(self.Bsz, 1))
         else:
             kv = (self.kv_heads[2 * i], self.kv_heads[2 * i + 1])
-        s, cache = mha.cross_attn(i, f"decoder.{i}.cross_attn", Wq, bq, h, kv, self.Bsz, self.T, *self.src, self.rng)
+        s, cache = mha.cross_attn(f"decoder.{i}.cross_attn", Wq, bq, h, kv, self.Bsz, self.T, *self.src, self.rng)
         if self.weights is not None:
             self.weights.append(cache.att.w)
         return s, cache

@@ -6,7 +6,6 @@ post- or pre-norm) and the feed-forward networks :class:`ReluNetwork` and :class
 ``ops``; a norm's fused ops are the twins of its part's readable pair (:data:`FUSED_NORMS`)."""
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import NamedTuple
 
@@ -15,15 +14,19 @@ from ...layers import check_ids, layer_norm_forward, rmsnorm_forward
 from ...layers.rope import rope_angles
 from ...model import embedding_name, sinusoids
 from .caches import EmbedCache, FFNCache, ResCache, SwiGLUCache
-from ..gpu.stepmem import in_step, outside_step
+from ..gpu.stepmem import outside_step
+
+
+def drop_mask(ops, rng, shape, p: float):
+    """The dropout mask of rate p for ``shape``: None without ``rng`` or at 0."""
+    return None if rng is None or p == 0 else ops.dropout_mask(rng, shape, p)
 
 
 def dropout_(ops, x, p: float, rng):
     """Dropout at rate p on x in place (nothing without ``rng`` or at 0). Returns its mask or None."""
-    if rng is None or p == 0:
-        return None
-    m = ops.dropout_mask(rng, x.shape, p)
-    ops.dropout_(x, m)
+    m = drop_mask(ops, rng, x.shape, p)
+    if m is not None:
+        ops.dropout_(x, m)
     return m
 
 
@@ -37,15 +40,14 @@ class Embeddings:
     def __init__(self, model):
         self.model, self.config, self.positions = model, model.config, model.block.positions
         self.dtype, self.xp = model.dtype, model.xp
-        self.pe = None
-        self.rope = None
+        self.pe = self.rope = None
 
     def table(self, which: str, T: int):
         """The positional table added to the ``which`` (``src``, ``tgt``) embeddings, as the
         reference's: the learned parameters, or the sinusoids (made, or longer, outside a step)."""
         if self.positions.learned:
             return self.model.params[f"{which}_pos.weight"]
-        with outside_step() if in_step() else contextlib.nullcontext():
+        with outside_step():
             self.pe = sinusoids(self.config, T, self.dtype, self.xp, self.pe)
         return self.pe
 
@@ -56,7 +58,7 @@ class Embeddings:
         if self.rope is None or self.rope[0].shape[0] < T:
             cfg = self.config
             n = max(2 * T, cfg.max_len)
-            with outside_step() if in_step() else contextlib.nullcontext():
+            with outside_step():
                 self.rope = tuple(self.xp.asarray(a.astype(self.dtype))
                                   for a in rope_angles(B.host.arange(n), cfg.d_model // cfg.n_heads, cfg.rope_base))
         return self.rope
@@ -162,9 +164,7 @@ class Residuals:
             s += x
             return s, ResCache(xhat, rstd, m, cs, name)
         s, cs = sublayer(x)
-        m = None
-        if rng is not None and self.dropout > 0:
-            m = ops.dropout_mask(rng, s.shape, self.dropout)
+        m = drop_mask(ops, rng, s.shape, self.dropout)
         if bias is None and self.fused.bias:
             bias = ops.zeros(s.shape[1], s.dtype)
         out, rstd = getattr(ops, self.fused.residual)(s, bias, m, x, *self.params(name), self.norm.eps)  # s: xhat
@@ -218,13 +218,10 @@ class ReluNetwork:
         """``drop(relu(x w1 + b1)) w2`` of the network ``pre`` (``decoder.0.ffn``...)."""
         p, ops = self.model.params, self.model.ops
         a = ops.mm(x, p[pre + ".w1"])                                         # (N, F)
-        m = scale = None
-        if rng is not None and self.dropout > 0:
-            m = ops.dropout_mask(rng, a.shape, self.dropout)
-            scale = m.scale
+        m = drop_mask(ops, rng, a.shape, self.dropout)
         ops.bias_relu_dropout_(a, p[pre + ".b1"], m)                          # drop(relu(x @ w1 + b1))
         out = ops.mm(a, p[pre + ".w2"])                                       # + b2 in the residual
-        return out, FFNCache(x, a, scale, pre)
+        return out, FFNCache(x, a, None if m is None else m.scale, pre)
 
     def backward(self, dout, c: FFNCache, G, into=None):
         """Forward was ``out = a @ w2 + b2`` with ``a = drop(relu(x @ w1 + b1))``."""
@@ -252,9 +249,7 @@ class SwiGLUNetwork:
     def forward(self, pre, x, rng):
         ops = self.model.ops
         ab = ops.mm(x, self.arena.block(self.arena.params, pre + ".w13"))    # (N, 2F)
-        m = None
-        if rng is not None and self.dropout > 0:
-            m = ops.dropout_mask(rng, (ab.shape[0], ab.shape[1] // 2), self.dropout)
+        m = drop_mask(ops, rng, (ab.shape[0], ab.shape[1] // 2), self.dropout)
         h = ops.swiglu_gate(ab, m)                                            # (N, F)
         return ops.mm(h, self.model.params[pre + ".w2"]), SwiGLUCache(x, ab, h, m, pre)
 
