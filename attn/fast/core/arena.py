@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 import re
 import weakref
+from functools import cached_property
 from typing import NamedTuple
 
 from ... import backend as B
-from ...engine import LOSS, SLOT, TOKENS  # noqa: F401 (the slot's layout, declared by the interface)
+from ...engine import SLOT
 from ...block import parts
 from ...model import TransformerConfig, parameter_shapes
 from ..gpu.stepmem import outside_step
@@ -130,7 +131,6 @@ class Arena:
         self.layout = layout(config)
         self.size = self.layout.size
         self.params = xp.zeros((self.size,), dtype=self.dtype)
-        self._grads = self._m = self._v = None
         self.param_views = self.views(self.params)
         Arena._live.add(self)
 
@@ -161,42 +161,30 @@ class Arena:
 
     # ---- the buffers made on first use
 
-    @property
+    @cached_property
     def grad_buffer(self):
         """The gradients and, past them, :data:`SLOT` elements for a data-parallel run's loss and
         token count: (size + SLOT,), the buffer one all-reduce carries."""
-        if self._grads is None:
-            with outside_step():               # kept between steps: never from a step's memory
-                self._grad_buffer = self.xp.zeros((self.size + SLOT,), dtype=self.dtype)
-            self._grads = self._grad_buffer[:self.size]
-            self._grad_views = self.views(self._grads)
-        return self._grad_buffer
+        with outside_step():               # kept between steps: never from a step's memory
+            return self.xp.zeros((self.size + SLOT,), dtype=self.dtype)
 
-    @property
+    @cached_property
     def grads(self):
         """The gradients, (size,): the front of :attr:`grad_buffer`, what the backward writes
         and Adam reads."""
-        if self._grads is None:
-            self.grad_buffer
-        return self._grads
+        return self.grad_buffer[:self.size]
 
-    @property
+    @cached_property
     def grad_views(self) -> dict:
-        """{name: view} of :attr:`grads` (made once)."""
-        self.grads
-        return self._grad_views
+        return self.views(self.grads)
 
-    @property
+    @cached_property
     def m(self):
-        if self._m is None:
-            self._m = self.new_buffer()
-        return self._m
+        return self.new_buffer()
 
-    @property
+    @cached_property
     def v(self):
-        if self._v is None:
-            self._v = self.new_buffer()
-        return self._v
+        return self.new_buffer()
 
     def new_buffer(self):
         """A zeroed flat buffer with the arena's layout (a part's gradients, a scratch)."""
