@@ -1,8 +1,6 @@
-"""The fast model's backward: :class:`Backward`, an object :class:`attn.fast.FastTransformer`
-holds, which turns a :class:`attn.fast.core.caches.FastCache` into the gradients in the order the arena
-lies (each piece's own backward is beside its forward: :mod:`attn.fast.core.pieces`,
-:mod:`attn.fast.core.attention`, :mod:`attn.fast.core.layer`), and where it writes them (:class:`_Grads`,
-the stages announced by :class:`_Stages`)."""
+"""The fast model's backward: :class:`Backward`, which :class:`attn.fast.FastTransformer` holds,
+runs its pieces' backwards (each beside its forward in :mod:`attn.fast.core`) on a
+:class:`attn.fast.core.caches.FastCache`, writing the gradients in the order the arena lies."""
 from __future__ import annotations
 
 import threading
@@ -29,26 +27,19 @@ class _Grads(NamedTuple):
         return self.arena.block(self.flat, name)
 
 
-def _nothing(stage: str) -> None:
-    """``done`` of one process's backward: nobody waits for a stage."""
-
-
 class _Stages:
-    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`). With
-    several parts (a split batch, on threads) a stage is final when every part has written it: the
-    last part to finish it adds the others' gradients of the stage into the arena's (in the parts'
-    order) and announces it. The last stage (the embeddings) is added by the model's backward."""
+    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`). A
+    stage is final when every part (of a batch split over threads) has written it: the last part
+    to finish it adds the others' gradients of the stage into the arena's (in the parts' order) and
+    announces it. The last stage (the embeddings) is added and announced by :class:`Backward`."""
 
-    def __init__(self, arena: Arena, parts: list, ready):
-        self.arena, self.parts, self.ready = arena, parts, ready
+    def __init__(self, arena: Arena, ready):
+        self.arena, self.ready, self.parts = arena, ready, []
         self.last = next(reversed(arena.layout.stages))
         self.left = {}
         self.lock = threading.Lock()
 
-    def one(self, stage: str) -> None:
-        self.ready(self.arena.layout.stages[stage][1])
-
-    def of_parts(self, stage: str) -> None:
+    def done(self, stage: str) -> None:
         with self.lock:
             left = self.left[stage] = self.left.get(stage, len(self.parts)) - 1
         if left or stage == self.last:
@@ -56,14 +47,15 @@ class _Stages:
         lo, hi = self.arena.layout.stages[stage]
         for g in self.parts[1:]:
             self.arena.grads[lo:hi] += g.flat[lo:hi]
-        self.ready(hi)
+        if self.ready is not None:
+            self.ready(hi)
 
 
 class Backward:
     """The backward of ``model`` (:meth:`attn.fast.FastTransformer.backward`): its pieces'
-    backwards (``embeddings``, ``residuals``, ``ffn``, ``mha``: the model's) in the arena's order,
+    backwards (the model's ``embeddings``, ``residuals``, ``ffn``, ``mha``) in the arena's order,
     the gradients of a split batch's other parts in ``part_grads`` (scratch buffers of the
-    arena's layout, kept between steps). Reads the model's ``params`` and ``ops``."""
+    arena's layout, kept between steps)."""
 
     def __init__(self, model):
         self.model, self.config, self.arena, self.xp, self.dtype = \
@@ -79,35 +71,32 @@ class Backward:
         Returns: grads, keyed like ``params``: the views of ``arena.grads`` (the next backward overwrites
         them). A split batch's other parts write into scratch buffers added in stage by stage."""
         a = self.arena
-        if not isinstance(cache, SplitCache):
-            done = _nothing if ready is None else _Stages(a, [], ready).one
-            G = _Grads(a.grads, a.grad_views, a, done)
-            self._backward_part(dlogits, cache, G)
-            return dict(G.views)
-        k = len(cache.parts)
+        split = isinstance(cache, SplitCache)
+        caches, rows = (cache.caches, cache.parts) if split else ([cache], [slice(None)])
+        k = len(caches)
         while len(self.part_grads) < k - 1:
             flat = a.new_buffer()
             self.part_grads.append((flat, a.views(flat)))
-        stages = _Stages(a, [], ready or _nothing)
-        parts = stages.parts
-        parts.extend(_Grads(flat, views, a, stages.of_parts)
-                     for flat, views in [(a.grads, a.grad_views), *self.part_grads[:k - 1]])
+        stages = _Stages(a, ready)
+        stages.parts.extend(_Grads(flat, views, a, stages.done)
+                            for flat, views in [(a.grads, a.grad_views), *self.part_grads[:k - 1]])
         THREADS.parallel([lambda sl=sl, c=c, g=g: self._backward_part(dlogits[sl], c, g)
-                           for sl, c, g in zip(cache.parts, cache.caches, parts)])
-        start, n = a.layout.stages[stages.last][0], a.size          # the embeddings, over the threads
-        bounds = [start + (n - start) * i // k for i in range(k + 1)]
+                           for sl, c, g in zip(rows, caches, stages.parts)])
+        if k > 1:                                   # the embeddings, over the threads
+            start, n = a.layout.stages[stages.last][0], a.size
+            bounds = [start + (n - start) * i // k for i in range(k + 1)]
 
-        def add(lo, hi):
-            for g in parts[1:]:
-                a.grads[lo:hi] += g.flat[lo:hi]
-        THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
-        stages.ready(n)
-        return dict(parts[0].views)
+            def add(lo, hi):
+                for g in stages.parts[1:]:
+                    a.grads[lo:hi] += g.flat[lo:hi]
+            THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
+        if ready is not None:
+            ready(a.size)
+        return dict(a.grad_views)
 
     def _backward_part(self, dlogits, cache: FastCache, G: _Grads) -> None:
-        """The backward of one part: writes its gradients into ``G`` (every parameter's: the
-        arena's layout, nothing concatenated or sliced), in the arena's stages' order (last
-        layer first, :mod:`attn.fast.core.arena`). Frees the cache as it goes."""
+        """The backward of one part: every gradient into ``G``, stage by stage in the arena's
+        order. Frees the cache as it goes."""
         self.model._phase("backward: output projection")
         dy = self._projection_bwd(dlogits, cache, G)
         self.model._phase("backward: decoder")
