@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ... import backend as B
-from ...optim import Adam, cooldown_scale
+from ...optim import Adam, clip_grad_norm
 from ..core.arena import Arena
 from ..core.dispatch import ops_for
 from ..gpu.stepmem import outside_step
@@ -22,30 +22,25 @@ class FastAdam(Adam):
 
     Over an arena (a :class:`attn.fast.FastTransformer`'s ``params``) the moments are the arena's
     ``m`` and ``v`` and the step is one update of the four flat buffers, reading ``grads`` (another
-    dict of gradients is copied there first): on CuPy one ``adam_flat`` launch (with ``clip``, a
-    ``sumsq_partial`` launch first: clipping is decided on the device), on NumPy slices over
-    :func:`default_workers` threads. Otherwise one scratch buffer per thread, parameters split over them."""
+    dict of gradients is copied there first); otherwise one parameter after another."""
 
-    #: Threads for the update (NumPy): None = :func:`default_workers`.
+    #: Threads for the update over an arena (NumPy): None = :func:`default_workers`.
     threads: int | None = None
+
+    #: Elements of the arena one NumPy pass of the update takes at a time.
+    SLICE = 1 << 17
 
     def __init__(self, params: dict, d_model: int, warmup_steps: int = 4000, lr_factor: float = 1.0,
                  betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None, cooldown: float = 0.0):
         self.arena = Arena.find(params)
-        if self.arena is None:
-            super().__init__(params, d_model, warmup_steps, lr_factor, betas, eps, lr, cooldown)
-            return
-        self.params = params
-        self.d_model, self.warmup_steps, self.lr_factor = d_model, warmup_steps, lr_factor
-        self.cooldown, self.scale = cooldown, cooldown_scale(0.0, cooldown)
-        self.beta1, self.beta2 = betas
-        self.eps = eps
-        self.fixed_lr = lr
-        self.t = 0
-        self.arena.m[...] = 0
-        self.arena.v[...] = 0
-        self.m = self.arena.views(self.arena.m)
-        self.v = self.arena.views(self.arena.v)
+        super().__init__(params if self.arena is None else {}, d_model, warmup_steps, lr_factor, betas, eps, lr,
+                         cooldown)
+        if self.arena is not None:                   # Adam's settings; the moments are the arena's
+            self.params = params
+            self.arena.m[...] = 0
+            self.arena.v[...] = 0
+            self.m = self.arena.views(self.arena.m)
+            self.v = self.arena.views(self.arena.v)
 
     def load_state(self, arrays: dict, t: int) -> None:
         """As :meth:`Adam.load_state`; over an arena the moments are copied into it."""
@@ -95,43 +90,21 @@ class FastAdam(Adam):
         if self.arena is not None:
             return self._step_arena(grads, clip)
         if clip:
-            from ...optim import clip_grad_norm
             clip_grad_norm(grads, clip, sync=False)
         lr, consts = self._consts()
-        keys = list(self.params)
-        first = next(iter(self.params.values()))
-        k = 1 if B.is_device_array(first) else min(self.threads or default_workers(), len(keys))
-        if k > 1:
-            # k groups of about equal size, largest parameters first
-            keys.sort(key=lambda name: -self.params[name].size)
-            groups, sizes = [[] for _ in range(k)], [0] * k
-            for name in keys:
-                j = sizes.index(min(sizes))
-                groups[j].append(name)
-                sizes[j] += self.params[name].size
-            THREADS.run([lambda ks=ks: self._update(ks, grads, consts) for ks in groups])
-        else:
-            self._update(keys, grads, consts)
-        return lr
-
-    def _update(self, keys, grads, consts):
         buf = None
-        for k in keys:
-            p, g, m, v = self.params[k], grads[k], self.m[k], self.v[k]
+        for k, p in self.params.items():
             xp = B.get_array_module(p)
             if buf is None or buf.size < p.size or buf.dtype != p.dtype:
                 buf = xp.empty(max(p.size, 1 if buf is None else buf.size), dtype=p.dtype)
-            ops_for(xp).adam_(p, g, m, v, consts, buf[:p.size].reshape(p.shape))
-
-    # ---- over the arena
+            ops_for(xp).adam_(p, grads[k], self.m[k], self.v[k], consts, buf[:p.size].reshape(p.shape))
+        return lr
 
     def _step_arena(self, grads: dict, clip: float) -> float:
         a = self.arena
-        gv = a.grad_views
-        if not all(grads[k] is gv[k] for k in gv):          # not the fast backward's own: copy them in
-            for k, view in gv.items():
-                if grads[k] is not view:
-                    view[...] = grads[k]
+        for k, view in a.grad_views.items():          # not the fast backward's own: copy them in
+            if grads[k] is not view:
+                view[...] = grads[k]
         xp = a.xp
         if xp is not B.host:
             lr = self.count_step()
@@ -157,11 +130,5 @@ class FastAdam(Adam):
             for i in range(lo, hi, self.SLICE):
                 j = min(hi, i + self.SLICE)
                 ops.adam_(a.params[i:j], a.grads[i:j], a.m[i:j], a.v[i:j], consts, t[:j - i])
-        if k == 1:
-            update(0, n)
-        else:
-            THREADS.run([lambda lo=lo, hi=hi: update(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
+        THREADS.run([lambda lo=lo, hi=hi: update(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
         return lr
-
-    #: Elements of the arena one NumPy pass of the update takes at a time.
-    SLICE = 1 << 17
