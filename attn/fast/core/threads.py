@@ -22,6 +22,14 @@ def default_workers() -> int:
     return 1 if n is None else max(1, min(n, MAX_AUTO_WORKERS))
 
 
+def _outcome(f) -> tuple:
+    """(True, f()), or (False, the exception it raised)."""
+    try:
+        return True, f()
+    except BaseException as e:      # handed to the caller
+        return False, e
+
+
 class _Threads:
     """Long-lived helper threads. ``run([f0, f1, ...])`` calls ``f0`` in the calling thread
     and the others on helpers at the same time, and returns the results in order (the
@@ -38,10 +46,7 @@ class _Threads:
         self._local.helper = True
         while True:
             f = inbox.get()
-            try:
-                result = (True, f())
-            except BaseException as e:      # handed to the caller
-                result = (False, e)
+            result = _outcome(f)
             # Let go of the task before the caller hears of its end: its closure may hold a
             # step's buffers (a decoding state's keys and values, a training step's cache),
             # which an idle helper would otherwise keep alive until its next task.
@@ -62,23 +67,14 @@ class _Threads:
                 self._helpers.append((inbox, outbox))
             for (inbox, _), f in zip(self._helpers, fns[1:]):
                 inbox.put(f)
-            err, results = None, []
-            try:
-                results.append(fns[0]())
-            except BaseException as e:
-                err = e
-                results.append(None)
-            for (_, outbox), _f in zip(self._helpers, fns[1:]):
-                ok, r = outbox.get()
-                if not ok and err is None:
-                    err = r
-                results.append(r if ok else None)
+            outcomes = [_outcome(fns[0])] + [outbox.get() for _, outbox in self._helpers[:len(fns) - 1]]
+            err = next((r for ok, r in outcomes if not ok), None)
             if err is not None:
                 try:
                     raise err
                 finally:                # no cycle through this frame: the parts' arrays go with the error
-                    err = results = r = f = _f = fns = None
-            return results
+                    err = outcomes = f = fns = None
+            return [r for _, r in outcomes]
         finally:
             self._lock.release()
 
