@@ -44,8 +44,7 @@ class FastEngine:
         check_precision(self, precision)
 
     def settle(self, config, say):
-        """On a GPU, each advanced feature probed on a tiny step and one that fails switched off
-        (:func:`attn.fast.gpu.fallback.settle`): the config as it can run."""
+        """The config as it can run on this GPU (:func:`attn.fast.gpu.fallback.settle`)."""
         from .gpu.fallback import settle
         return settle(config, say)
 
@@ -56,13 +55,11 @@ class FastEngine:
         return partial(GraphedTrainStep(model, opt, label_smoothing, clip, loss_fn), copy_loss=False)
 
     def loop_step(self, model, step, dp=None):
-        """``step`` with the batch checked on the host, in the model's step memory
-        (:func:`attn.fast.training.loop.loop_step`)."""
+        """:func:`attn.fast.training.loop.loop_step`."""
         from .training.loop import loop_step
         return loop_step(model, step, dp)
 
     def loss_log(self):
-        """The losses copied out of the step memory into one device buffer
-        (:class:`attn.fast.training.loop.PendingLosses`)."""
+        """:class:`attn.fast.training.loop.PendingLosses`."""
         from .training.loop import PendingLosses
         return PendingLosses()

@@ -13,12 +13,9 @@ from .ops import Ops
 
 
 def ops_for(xp, precision="fp32") -> Ops:
-    """The ``Ops`` for an array namespace: fused CuPy kernels where they apply. One object
-    per namespace, made on first use (the CuPy one compiles its module then), and one per
-    other ``precision`` of its products (``"fp32"``, ``"tf32"`` or ``"bf16"``, or an object
-    whose ``name`` is one), made at that precision and sharing the fp32 object's buffers (and
-    on CuPy its compiled module): ``Ops(numpy, precision)`` on NumPy, on CuPy (or the tests'
-    stand-in) a :class:`CupyOps` whose products are the precision's."""
+    """The ``Ops`` for an array namespace (on CuPy, or the tests' stand-in, a :class:`CupyOps`),
+    made on first use: one per namespace, and one per other ``precision`` of its products (``fp32``,
+    ``tf32``, ``bf16``, or an object whose ``name`` is one) sharing the fp32 object's buffers."""
     name = check_precision(getattr(precision, "name", precision))
     key = xp.__name__ if name == "fp32" else (xp.__name__, name)
     ops = _OPS.get(key)

@@ -1,25 +1,13 @@
 """An int8 model on the fast engine: :class:`Int8Arena`, what :class:`attn.fast.FastTransformer`
 holds in place of its :class:`~attn.fast.core.arena.Arena` when its parameters are an
-:class:`attn.quantize.Int8Params` (:func:`arena_for` decides, once, from the parameters).
-
-It keeps the arena's layout (:func:`attn.fast.core.arena.layout`: the same blocks, ``w_q | w_k |
-w_v`` side by side and the rest) in the bytes of the int8 checkpoint: each matrix block as int8
-numbers with one float32 scale per output channel, each vector block (biases, norms' gains) in
-float32. Fusing changes no number: a linear map's output channels are its columns, so the
-columns of ``w_q``, ``w_k`` and ``w_v`` laid side by side keep their own scales, ``(1, D + 2KV)``
-in all; a table (``*.weight``) is a block of its own, its scales one a row.
-
-The model reads a block with ``arena.block(arena.params, name)`` (the fused projections) and a
-parameter with ``params[name]`` (an :class:`Int8Params` whose ``(q, scale)`` are views of these
-blocks, shared with the readable model): both return ``q * scale`` in float32, made when a layer
-asks and dropped when it is done, as the readable model's lookups are
-(:func:`attn.quantize.dequantize_int8`). What the model derives from its weights once (the fused
-weights of a forward, the scaled queries of a decoding) is made at each read too: :func:`each_for`
-gives it :class:`PerUse` sequences in place of lists. Nothing float32 of the model's size is ever
-kept: the float32 bytes alive at a time are a layer's matrices (and the output projection's).
-
-An int8 model is for inference: its gradient and moment buffers refuse
-(:func:`attn.quantize.refuse_training`)."""
+:class:`attn.quantize.Int8Params` (:func:`arena_for` decides, once). docs/ARCHITECTURE.md says what
+it keeps: the arena's blocks, each matrix in int8 with one float32 scale an output channel (its
+columns: ``w_q | w_k | w_v`` side by side keep their own scales; a table's, its rows), each vector in
+float32; a block dequantised when a layer reads it (``arena.block(arena.params, name)``, or
+``params[name]`` through the :class:`Int8Params` whose entries are views of the blocks) and dropped
+when the layer is done. What the model derives from its weights is made at each read too
+(:func:`each_for`), so nothing float32 of the model's size is ever kept. An int8 model is for
+inference: its gradient and moment buffers refuse (:func:`attn.quantize.refuse_training`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence

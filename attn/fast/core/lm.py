@@ -1,11 +1,7 @@
-"""The fast engine's decoder-only language model (``n_encoder_layers=0``: GPT's stack of the block,
-:mod:`attn.model`): the forward of :class:`attn.fast.FastTransformer` without a source. The
-decoder layers are the translator's (:func:`attn.fast.core.layer.decoder_layer`, which skips the
-missing cross-attention), the backward is :class:`attn.fast.training.backward.Backward`'s (which
-skips the memory's keys and values and the encoder), and the arena lays out the parameters the
-config has. On NumPy the batch is split into parts on the helper threads, as the translator's is
-(:func:`n_parts`). Decoding runs on the readable model's cache
-(:meth:`attn.model.Transformer.start_decoding`), over the same parameters."""
+"""The fast engine's decoder-only language model (``n_encoder_layers=0``, GPT's stack of the block):
+the forward of :class:`attn.fast.FastTransformer` without a source, on the translator's decoder layer,
+backward and arena, which skip what a model without an encoder lacks; on NumPy the batch is split
+over the helper threads (:func:`n_parts`). Decoding runs on the readable model's cache."""
 from __future__ import annotations
 
 import copy
@@ -33,17 +29,14 @@ def n_parts(model, Bsz: int, T: int, training: bool) -> int:
     return max(1, min(default_workers(), Bsz))
 
 
-def check_ids_shape(tgt_in, what: str = "Transformer.forward") -> None:
-    if tgt_in.ndim != 2:
-        raise ValueError(f"{what}: a language model's tgt_in must be (B, T) ids, got shape {tuple(tgt_in.shape)}")
-
-
 def forward(model, tgt_in, rng=None, keep_cache: bool = True):
     """Logits (B, T, V) of the ids ``tgt_in`` (B, T) and the cache for the backward (None without
     ``keep_cache``); ``rng`` draws the dropout (None: none). The rows are split over the helper
     threads (NumPy) as :meth:`attn.fast.FastTransformer.forward` splits the translator's: each part
     draws its rows of what one pass over the batch would (:class:`attn.training.distributed.RowsOf`)."""
-    check_ids_shape(tgt_in)
+    if tgt_in.ndim != 2:
+        raise ValueError(f"Transformer.forward: a language model's tgt_in must be (B, T) ids, got shape "
+                         f"{tuple(tgt_in.shape)}")
     Bsz, T = tgt_in.shape
     k = n_parts(model, Bsz, T, keep_cache)
     tiled = model._tiled(Bsz, 0, T, rng)

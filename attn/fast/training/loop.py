@@ -1,8 +1,6 @@
-"""What the fast engine adds around the readable training step and loop (:mod:`attn.train`) so that
-a step on a GPU never waits for the device and reuses its memory: :func:`train_step` and
-:func:`loop_step` check the batch's ids on the host and run in the model's step memory;
-:class:`PendingLosses` copies each step's loss into one device buffer, brought to the host in one
-transfer when the loop logs. :class:`attn.fast.engine.FastEngine` hands the loop the last two."""
+"""The readable training step and loop (:mod:`attn.train`) as the fast engine runs them, so that a
+step on a GPU never waits for the device: the batch's ids checked on the host, the step in the
+model's step memory, each step's loss copied out of it into one buffer (:class:`PendingLosses`)."""
 from __future__ import annotations
 
 from ... import backend as B

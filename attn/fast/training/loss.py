@@ -31,9 +31,7 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
     parts = row_slices(x.shape[0], k if x.size >= 1 << 18 else 1)
     losses = THREADS.parallel([lambda sl=sl: ops.cross_entropy_(x[sl], y[sl], valid[sl], n, smoothing)
                                 for sl in parts])
-    loss = losses[0]
-    for extra in losses[1:]:
-        loss = loss + extra
+    loss = sum(losses[1:], losses[0])
     if check_finite and not bool(xp.isfinite(loss)):
         raise FloatingPointError(f"cross_entropy: the loss is {float(loss)}: the logits "
                                  f"(shape {tuple(logits.shape)}) contain NaN or inf")
