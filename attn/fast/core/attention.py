@@ -11,7 +11,7 @@ import math
 from ... import backend as B
 from ...layers.attention import repeat_kv, sum_kv_groups
 from . import flash, flash_tc
-from .caches import AttendCache, CrossAttnCache, SelfAttnCache
+from .caches import AttendCache, AttnCache
 from .pieces import drop_mask
 
 
@@ -146,7 +146,7 @@ class Attentions:
 
     def self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
         """The self-attention ``pre`` of x (N, D) with its fused ``[w_q | w_k | w_v]`` (W, b).
-        Returns its output without b_o, :class:`SelfAttnCache`."""
+        Returns its output without b_o, :class:`AttnCache`."""
         qkv = self.model.ops.mm(x, W)
         qkv += b                                                              # (N, 3D)
         q, k, v = self.qkv_heads(qkv, Bsz, T)
@@ -155,9 +155,9 @@ class Attentions:
             self.embeddings.rope_(q, T)
             self.embeddings.rope_(k, T)
         ctx, ac = self.attend(q, k, v, bias, row_scale, rng)
-        return self.out_proj(pre, ctx), SelfAttnCache(x, W, ac, pre, qk)
+        return self.out_proj(pre, ctx), AttnCache(x, W, ac, pre, qk)
 
-    def self_attn_backward(self, dout, c: SelfAttnCache, G, into=None):
+    def self_attn_backward(self, dout, c: AttnCache, G, into=None):
         ops = self.model.ops
         dctx = self.out_proj_backward(c.pre, dout, c.att.ctx, G)
         Bsz, H, T, Dh = c.att.q.shape
@@ -177,16 +177,16 @@ class Attentions:
     def cross_attn(self, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
         """The cross-attention ``pre`` of x (N_t, D) over the keys and values ``kv`` (their
         heads, QK-normed where they were projected). Returns its output without b_o,
-        :class:`CrossAttnCache`."""
+        :class:`AttnCache`."""
         q = self.model.ops.mm(x, Wq)
         q += bq                                                               # (N_t, D)
         (q,) = self.heads(q, Bsz, T, 1)
         nq = self.norm_heads_(pre, q, "q")                                    # the keys were, when projected
         k, v = kv
         ctx, ac = self.attend(q, k, v, bias, row_scale, rng)
-        return self.out_proj(pre, ctx), CrossAttnCache(x, Wq, ac, pre, nq)
+        return self.out_proj(pre, ctx), AttnCache(x, Wq, ac, pre, (nq, None))
 
-    def cross_attn_backward(self, dout, c: CrossAttnCache, dk, dv, G, into=None, keys=None):
+    def cross_attn_backward(self, dout, c: AttnCache, dk, dv, G, into=None, keys=None):
         """``dk``, ``dv``: this layer's views of the keys' and values' gradients, which it writes
         (``keys``: QK-norm's cache of the keys, normed where they were projected; None without)."""
         ops = self.model.ops
@@ -195,11 +195,11 @@ class Attentions:
         Bsz, H, T, Dh = c.att.q.shape
         (dqh,) = self.heads(dq, Bsz, T, 1)
         self.attend_backward(dctx, c.att, dqh, dk, dv)
-        self.norm_heads_backward_(c.pre, dqh, c.qk, "q", G)
+        self.norm_heads_backward_(c.pre, dqh, c.qk[0], "q", G)
         self.norm_heads_backward_(c.pre, dk, keys, "k", G)
         ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
         ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
-        return ops.mm(dq, c.Wq.T, out=into, accumulate=into is not None)
+        return ops.mm(dq, c.W.T, out=into, accumulate=into is not None)
 
     # ------------------------------------------------------------------ the cross-attention's keys, values
 

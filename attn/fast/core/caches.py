@@ -20,24 +20,16 @@ class AttendCache(NamedTuple):
     ctx: object
 
 
-class SelfAttnCache(NamedTuple):
-    """Self-attention: its input x (N, D), the fused weight (D, 3D) (the arena's block), the
-    output weight's name, QK-norm's caches of the queries and keys (None, None without)."""
+class AttnCache(NamedTuple):
+    """A self- or cross-attention sub-layer: its (query) input x (N, D), its input projection's
+    weight (self: the arena's fused (D, D + 2KV) block; cross: the queries'), the attention, the
+    prefix, QK-norm's caches of the queries and keys (None without; a cross-attention's keys' is the
+    :class:`FastCache`'s)."""
     x: object
     W: object
     att: AttendCache
     pre: str
     qk: tuple = (None, None)
-
-
-class CrossAttnCache(NamedTuple):
-    """Encoder-decoder attention: its query input x (N, D), the query weight, QK-norm's cache of
-    the queries (None without; the keys' is the :class:`FastCache`'s)."""
-    x: object
-    Wq: object
-    att: AttendCache
-    pre: str
-    qk: object = None
 
 
 class FFNCache(NamedTuple):

@@ -21,11 +21,7 @@ def ops_for(xp, precision="fp32") -> Ops:
     ops = _OPS.get(key)
     if ops is None:
         fp32 = None if name == "fp32" else ops_for(xp)
-        if xp is B.host:
-            ops = Ops(xp, name, sharing=fp32)
-        else:
-            ops = CupyOps(xp, name, sharing=fp32)
-        _OPS[key] = ops
+        ops = _OPS[key] = (Ops if xp is B.host else CupyOps)(xp, name, sharing=fp32)
     return ops
 
 

@@ -119,17 +119,10 @@ class Ops:
 
     def layer_norm_(self, x, gamma, beta, eps: float):
         """``x`` (N, D) becomes ``xhat = (x - mean) * rstd``. Returns out (N, D) new, rstd (N,)."""
-        xp = self.xp
-        D = x.shape[1]
         mean = self.rowsum(x)
-        mean *= 1.0 / D
+        mean *= 1.0 / x.shape[1]
         x -= mean[:, None]
-        var = xp.einsum("ij,ij->i", x, x)
-        var *= 1.0 / D
-        var += eps
-        rstd = xp.sqrt(var, out=var)
-        xp.reciprocal(rstd, out=rstd)
-        x *= rstd[:, None]
+        rstd = self._scale_rows_(x, self.xp.einsum("ij,ij->i", x, x), eps)
         out = x * gamma
         out += beta
         return out, rstd
@@ -138,11 +131,16 @@ class Ops:
         """Post-norm's epilogue of a sub-layer whose output ``s`` (N, D) lacks its bias:
         ``LN(drop(s + bias) + x)``, with ``m`` the dropout :class:`Mask` (None: none). ``s``
         becomes xhat; returns out (N, D) new, rstd (N,)."""
-        s += bias
+        return self.layer_norm_(self._residual_(s, bias, m, x), gamma, beta, eps)
+
+    def _residual_(self, s, bias, m, x):
+        """``s = drop(s + bias) + x`` in place (``bias``, ``m`` None: none)."""
+        if bias is not None:
+            s += bias
         if m is not None:
             self.dropout_(s, m)
         s += x
-        return self.layer_norm_(s, gamma, beta, eps)
+        return s
 
     def layer_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
         """Post-norm's backward through ``LN(x + drop(s))``: ``dout`` becomes dy (the norm's
@@ -177,23 +175,22 @@ class Ops:
     def rms_norm_(self, x, gamma, eps: float):
         """``x`` (N, D) becomes ``xhat = x * rstd`` with ``rstd = 1/sqrt(mean(x^2) + eps)``.
         Returns out = gamma * xhat (N, D) new, rstd (N,)."""
-        xp = self.xp
-        var = xp.square(x).sum(axis=1)        # not einsum: on CuPy that is cuBLAS, which a graph capture refuses
-        var *= 1.0 / x.shape[1]
-        var += eps
-        rstd = xp.sqrt(var, out=var)
-        xp.reciprocal(rstd, out=rstd)
-        x *= rstd[:, None]
+        sumsq = self.xp.square(x).sum(axis=1)     # not einsum: on CuPy cuBLAS, which a graph capture refuses
+        rstd = self._scale_rows_(x, sumsq, eps)
         return x * gamma, rstd
+
+    def _scale_rows_(self, x, sumsq, eps: float):
+        """``x *= rstd``, ``rstd = 1/sqrt(sumsq / D + eps)`` (N,) made in sumsq's buffer. Returns rstd."""
+        sumsq *= 1.0 / x.shape[1]
+        sumsq += eps
+        rstd = self.xp.sqrt(sumsq, out=sumsq)
+        self.xp.reciprocal(rstd, out=rstd)
+        x *= rstd[:, None]
+        return rstd
 
     def residual_rms_norm_(self, s, bias, m, x, gamma, eps: float):
         """:meth:`residual_layer_norm_` with RMSNorm, ``bias`` None for a sub-layer without one."""
-        if bias is not None:
-            s += bias
-        if m is not None:
-            self.dropout_(s, m)
-        s += x
-        return self.rms_norm_(s, gamma, eps)
+        return self.rms_norm_(self._residual_(s, bias, m, x), gamma, eps)
 
     def rms_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
         """Forward was ``out = gamma * xhat``, so with ``g = dout * gamma``:

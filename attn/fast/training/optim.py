@@ -33,8 +33,8 @@ class FastAdam(Adam):
     def __init__(self, params: dict, d_model: int, warmup_steps: int = 4000, lr_factor: float = 1.0,
                  betas=(0.9, 0.98), eps: float = 1e-9, lr: float | None = None, cooldown: float = 0.0):
         self.arena = Arena.find(params)
-        super().__init__(params if self.arena is None else {}, d_model, warmup_steps, lr_factor, betas, eps, lr,
-                         cooldown)
+        super().__init__(params if self.arena is None else {}, d_model, warmup_steps, lr_factor, betas, eps,
+                         lr, cooldown)
         if self.arena is not None:                   # Adam's settings; the moments are the arena's
             self.params = params
             self.arena.m[...] = 0
