@@ -1,9 +1,7 @@
-"""The fast engine's attention, an object that :class:`attn.fast.FastTransformer` holds
-(:class:`Attentions`): the heads as views of the fused projections, scaled dot-product attention
-with its weights kept keys-first (or the tiled attention of :mod:`attn.fast.core.flash`), QK-norm where
-the heads are formed, rotary positions (by the model's :class:`attn.fast.core.pieces.Embeddings`), the
-self- and cross-attention sub-layers, each forward beside its backward; and :func:`mask_bias`, a
-mask as the softmax's additive bias."""
+"""The fast engine's attention sub-layers (:class:`Attentions`, forward beside backward): the heads
+as views of the fused projections, QK-norm and rotary positions where they are formed, scaled
+dot-product attention with its weights keys-first (or the tiled attention of
+:mod:`attn.fast.core.flash`); and :func:`mask_bias`, a mask as the softmax's additive bias."""
 from __future__ import annotations
 
 import math
@@ -56,8 +54,7 @@ class Attentions:
 
     def norm_heads_(self, pre, a, which):
         """QK-norm (:meth:`attn.block.Attention.norm_heads`) of the query or key heads ``a`` (a view
-        (B, heads, T, Dh), left where it lies) of the attention ``pre``, in place. Returns its
-        cache, or None where the block has no QK-norm."""
+        (B, heads, T, Dh)) in place. Returns its cache, or None where the block has no QK-norm."""
         if not self.part.qk_norm:
             return None
         a[...], cache = self.part.norm_heads(a, self.model.params, pre, which)

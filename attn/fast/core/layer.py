@@ -42,13 +42,11 @@ def decoder_layer_backward(model, dy, dec: list, i: int, dk, dv, G, keys=None):
     return residuals.backward(dy, c1, mha.self_attn_backward, G)
 
 class Sequences:
-    """Training's sub-layers (:meth:`attn.fast.FastTransformer._decoder`): whole sequences of
-    ``T`` positions for ``Bsz`` rows, the masks' biases and row scales ``tgt`` and ``src``
-    (pairs, see :func:`attn.fast.core.attention.mask_bias`), the fused weights ``F``, dropout drawn from ``rng``
-    (None: none). ``kv_heads``: every layer's cross-attention keys and values (2L views), or None
-    to project layer i's from ``memory`` when it runs. ``keep_cache``: the caches kept for the
-    backward (else each sub-layer's buffers go as it returns); ``weights``: a list that receives
-    each cross-attention's weights, or None."""
+    """Training's sub-layers: whole sequences of ``T`` positions for ``Bsz`` rows, the masks ``tgt``
+    and ``src`` (:func:`attn.fast.core.attention.mask_bias`'s pairs), the fused weights ``F``, dropout
+    from ``rng`` (None: none). ``kv_heads``: every layer's cross-attention keys and values (2L
+    views), or None to project layer i's from ``memory`` when it runs; ``keep_cache``: the caches
+    kept for the backward; ``weights``: a list that receives each cross-attention's weights, or None."""
 
     def __init__(self, model, F, Bsz, T, tgt, src, rng, kv_heads, memory, keep_cache, weights):
         self.model, self.F, self.Bsz, self.T, self.tgt, self.src = model, F, Bsz, T, tgt, src

@@ -1,8 +1,6 @@
-"""The memory-bound operations of a training step (softmax, layer norm, dropout, ReLU, the
-loss, Adam, the embedding scatter-add), written with in-place ufuncs so that they run on
-NumPy and CuPy alike. The CuPy kernels (:mod:`attn.fast.gpu.kernels`) subclass :class:`Ops`;
-:func:`attn.fast.core.dispatch.ops_for` picks one or the other for an array namespace (this module
-imports neither)."""
+"""The memory-bound operations of a step (softmax, the norms, dropout, ReLU, the loss, Adam, the
+embedding scatter-add) in in-place ufuncs, so that they run on NumPy and CuPy alike: :class:`Ops`,
+which the CuPy kernels subclass (:func:`attn.fast.core.dispatch.ops_for` picks one)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -74,8 +72,7 @@ class Ops:
         return self.xp.matmul(self.ones(x2.shape[0], x2.dtype), x2, out=out)
 
     def colsums(self, *pairs):
-        """``colsum(x2, out=out)`` for each ``(x2, out)`` pair (the CuPy kernels sum two in one
-        launch)."""
+        """``colsum(x2, out=out)`` for each ``(x2, out)`` pair (on CuPy two in one launch)."""
         for x2, out in pairs:
             self.colsum(x2, out=out)
 

@@ -1,9 +1,7 @@
-"""The fast engine's pieces around the attention, each an object :class:`attn.fast.FastTransformer`
-holds, forward beside backward: :class:`Embeddings` (tokens and positions: sinusoids, a learned
-table or the rotary tables), :class:`Residuals` (a sub-layer in its residual with the block's norm,
-post- or pre-norm) and the feed-forward networks :class:`ReluNetwork` and :class:`SwiGLUNetwork`
-(:func:`feed_forward` picks the block's). Each reads from the model only its ``params`` and
-``ops``; a norm's fused ops are the twins of its part's readable pair (:data:`FUSED_NORMS`)."""
+"""The fast engine's pieces around the attention, forward beside backward: :class:`Embeddings`
+(tokens and positions), :class:`Residuals` (a sub-layer in its residual with the block's norm) and
+the feed-forward networks :class:`ReluNetwork` and :class:`SwiGLUNetwork` (:func:`feed_forward`
+picks the block's). Each reads from the model only its ``params`` and ``ops``."""
 from __future__ import annotations
 
 import math
@@ -52,9 +50,8 @@ class Embeddings:
         return self.pe
 
     def rope_table(self, T: int):
-        """The rotary positions' cos and sin, each (L, Dh/2) with L >= T, in the model's dtype on
-        its device: made once (on first use, or longer: ``max(2 T, max_len)`` rows, as the
-        sinusoids) outside a step's memory, so a step copies nothing from the host."""
+        """The rotary positions' cos and sin, each (L, Dh/2) with L >= T, on the model's device: made
+        on first use (or longer: ``max(2 T, max_len)`` rows) outside a step's memory."""
         if self.rope is None or self.rope[0].shape[0] < T:
             cfg = self.config
             n = max(2 * T, cfg.max_len)
@@ -177,11 +174,10 @@ class Residuals:
         return out, (xhat, rstd)
 
     def backward(self, dout, c: ResCache, sub_bwd, G):
-        """Backward of :meth:`residual`. ``dout`` is the step's own buffer (overwritten).
-        dgamma and dbeta go into the norm's (2, D) block of ``G``. ``sub_bwd(ds, cache, G,
-        into)`` adds the sub-layer's input gradient to ``into`` (its last product accumulates
-        there: post-norm's residual sum costs no launch of its own) or, with ``into`` None,
-        returns it in an array of its own."""
+        """Backward of :meth:`residual`, overwriting ``dout``; the norm's gradients into ``G``.
+        ``sub_bwd(ds, cache, G, into)`` adds the sub-layer's input gradient to ``into`` (its last
+        product accumulates there: post-norm's residual sum costs no launch of its own) or, with
+        ``into`` None, returns it in an array of its own."""
         ops = self.model.ops
         if self.placement.pre:
             ds = dout if c.drop is None else ops.dropout_backward(dout, c.drop)

@@ -14,10 +14,9 @@ from ..core.threads import THREADS
 
 
 class _Grads(NamedTuple):
-    """Where one part of a step writes its gradients: a flat buffer with the arena's layout
-    (the arena's own ``grads``, or a split batch's other parts' scratch), its per-name views,
-    the arena (for the fused blocks: :meth:`block`), and ``done(stage)``, called when the part
-    has written every gradient of a stage of :func:`attn.fast.core.arena.stages`."""
+    """Where one part of a step writes its gradients: a flat buffer of the arena's layout (its
+    ``grads``, or a split batch's scratch), its views, the arena (for :meth:`block`), and
+    ``done(stage)``, called when the part has written a stage of :func:`attn.fast.core.arena.stages`."""
     flat: object
     views: dict
     arena: Arena
@@ -52,10 +51,9 @@ class _Stages:
 
 
 class Backward:
-    """The backward of ``model`` (:meth:`attn.fast.FastTransformer.backward`): its pieces'
-    backwards (the model's ``embeddings``, ``residuals``, ``ffn``, ``mha``) in the arena's order,
-    the gradients of a split batch's other parts in ``part_grads`` (scratch buffers of the
-    arena's layout, kept between steps)."""
+    """The backward of ``model`` (:meth:`attn.fast.FastTransformer.backward`): its pieces' backwards
+    in the arena's order; a split batch's other parts write into ``part_grads`` (scratch buffers of
+    the arena's layout, kept between steps), added in stage by stage."""
 
     def __init__(self, model):
         self.model, self.config, self.arena, self.xp, self.dtype = \
@@ -69,7 +67,7 @@ class Backward:
         time ``arena.grads[:stop]`` has become final (the arena lies in the order the backward finishes,
         so a data-parallel run sends the front while the rest is computed), last ``ready(arena.size)``.
         Returns: grads, keyed like ``params``: the views of ``arena.grads`` (the next backward overwrites
-        them). A split batch's other parts write into scratch buffers added in stage by stage."""
+        them)."""
         a = self.arena
         split = isinstance(cache, SplitCache)
         caches, rows = (cache.caches, cache.parts) if split else ([cache], [slice(None)])
