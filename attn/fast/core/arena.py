@@ -106,9 +106,8 @@ def layout(cfg: TransformerConfig) -> Layout:
         bname, bshape, index = _member(name, tuple(shape), cfg)
         shapes.setdefault(bname, bshape)
         members[name] = Member(bname, index)
-    order = {stage: i for i, stage in enumerate(stages(cfg))}
     blocks, ranges, size = {}, {}, 0
-    for stage in order:
+    for stage in stages(cfg):
         start = size
         for bname in (b for b in shapes if _stage_of(b) == stage):     # in parameter order within a stage
             blocks[bname] = Block(size, shapes[bname])

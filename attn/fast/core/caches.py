@@ -68,15 +68,13 @@ class EmbedCache(NamedTuple):
 
 
 class FastCache:
-    """Everything :meth:`FastTransformer.backward` needs: the step's fused weights, the
-    embeddings' caches, one tuple of ResCaches per layer, the final norms (pre-norm), the
-    encoder output, the cross-attention keys/values of all layers, the decoder output,
-    (B, S, T), and QK-norm's caches of each layer's cross-attention keys (None each without).
-
-    Not a NamedTuple, unlike the layers' caches: backward drops each layer's buffers as
-    soon as it is done with them (as autograd frees saved tensors), so that the step's peak
-    memory is not the whole forward's activations plus the gradients. After backward the
-    cache is spent; read :meth:`FastTransformer.attention_weights` before."""
+    """Everything :meth:`FastTransformer.backward` needs: the step's fused weights, the embeddings'
+    caches, one tuple of ResCaches per layer, the final norms (pre-norm), the encoder output, the
+    cross-attention keys/values of all layers, the decoder output, (B, S, T), and QK-norm's caches
+    of each layer's cross-attention keys (None each without). Not a NamedTuple: backward drops each
+    layer's buffers as soon as it is done with them (as autograd frees saved tensors), so that the
+    step's peak memory is not the whole forward's activations plus the gradients (read
+    :meth:`FastTransformer.attention_weights` before the backward)."""
     __slots__ = ("fused", "src_emb", "tgt_emb", "enc", "enc_norm", "dec", "dec_norm", "memory", "kv", "h",
                  "shapes", "keys")
 

@@ -26,11 +26,10 @@ def decoder_layer(run, i: int, x):
 
 
 def decoder_layer_backward(model, dy, dec: list, i: int, dk, dv, G, keys=None):
-    """Backward of :func:`decoder_layer` in training (``model``'s :class:`Sequences`): the
-    sub-layers in reverse, each through its residual connection; layer i's caches are taken
-    from ``dec`` (and let go there) and each is freed as its backward is done. dk, dv (B, KV,
-    S, Dh) receive the cross-attention keys' and values' gradients, ``G`` the parameters';
-    ``keys``: the cross-attention keys' QK-norm cache (None without QK-norm). Returns dx (N_t, D)."""
+    """Backward of :func:`decoder_layer` in training: the sub-layers in reverse, layer i's caches
+    taken from ``dec`` (and let go there), each freed as its backward is done. dk, dv (B, KV, S, Dh)
+    receive the cross-attention keys' and values' gradients (``keys``: the keys' QK-norm cache, or
+    None), ``G`` the parameters'. Returns dx (N_t, D)."""
     c1, c2, c3 = dec[i]
     dec[i] = None
     residuals, mha = model.residuals, model.mha

@@ -16,7 +16,8 @@ from ..core.threads import THREADS
 class _Grads(NamedTuple):
     """Where one part of a step writes its gradients: a flat buffer of the arena's layout (its
     ``grads``, or a split batch's scratch), its views, the arena (for :meth:`block`), and
-    ``done(stage)``, called when the part has written a stage of :func:`attn.fast.core.arena.stages`."""
+    ``done(stage)``, called when the part has written a stage of :func:`attn.fast.core.arena.stages`
+    (announced to the backward's ``ready`` once every part has)."""
     flat: object
     views: dict
     arena: Arena
@@ -24,30 +25,6 @@ class _Grads(NamedTuple):
 
     def block(self, name: str):
         return self.arena.block(self.flat, name)
-
-
-class _Stages:
-    """The stages of a backward announced to ``ready`` (see :meth:`FastTransformer.backward`). A
-    stage is final when every part (of a batch split over threads) has written it: the last part
-    to finish it adds the others' gradients of the stage into the arena's (in the parts' order) and
-    announces it. The last stage (the embeddings) is added and announced by :class:`Backward`."""
-
-    def __init__(self, arena: Arena, ready):
-        self.arena, self.ready, self.parts = arena, ready, []
-        self.last = next(reversed(arena.layout.stages))
-        self.left = {}
-        self.lock = threading.Lock()
-
-    def done(self, stage: str) -> None:
-        with self.lock:
-            left = self.left[stage] = self.left.get(stage, len(self.parts)) - 1
-        if left or stage == self.last:
-            return
-        lo, hi = self.arena.layout.stages[stage]
-        for g in self.parts[1:]:
-            self.arena.grads[lo:hi] += g.flat[lo:hi]
-        if self.ready is not None:
-            self.ready(hi)
 
 
 class Backward:
@@ -69,25 +46,35 @@ class Backward:
         Returns: grads, keyed like ``params``: the views of ``arena.grads`` (the next backward overwrites
         them)."""
         a = self.arena
-        split = isinstance(cache, SplitCache)
-        caches, rows = (cache.caches, cache.parts) if split else ([cache], [slice(None)])
+        caches, rows = (cache.caches, cache.parts) if isinstance(cache, SplitCache) else ([cache], [slice(None)])
         k = len(caches)
         while len(self.part_grads) < k - 1:
             flat = a.new_buffer()
             self.part_grads.append((flat, a.views(flat)))
-        stages = _Stages(a, ready)
-        stages.parts.extend(_Grads(flat, views, a, stages.done)
-                            for flat, views in [(a.grads, a.grad_views), *self.part_grads[:k - 1]])
-        THREADS.parallel([lambda sl=sl, c=c, g=g: self._backward_part(dlogits[sl], c, g)
-                           for sl, c, g in zip(rows, caches, stages.parts)])
-        if k > 1:                                   # the embeddings, over the threads
-            start, n = a.layout.stages[stages.last][0], a.size
-            bounds = [start + (n - start) * i // k for i in range(k + 1)]
+        others = [flat for flat, _ in self.part_grads[:k - 1]]
+        left, lock, last = {}, threading.Lock(), next(reversed(a.layout.stages))
 
-            def add(lo, hi):
-                for g in stages.parts[1:]:
-                    a.grads[lo:hi] += g.flat[lo:hi]
-            THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
+        def add(lo, hi):                            # the other parts' gradients into the arena's
+            for flat in others:
+                a.grads[lo:hi] += flat[lo:hi]
+
+        def done(stage):
+            # A stage is final once every part has written it: the last part to finish it adds the
+            # others' in (in the parts' order) and announces it; the embeddings are added below.
+            with lock:
+                unfinished = left[stage] = left.get(stage, k) - 1
+            if not unfinished and stage != last:
+                lo, hi = a.layout.stages[stage]
+                add(lo, hi)
+                if ready is not None:
+                    ready(hi)
+        grads = [_Grads(flat, views, a, done)
+                 for flat, views in [(a.grads, a.grad_views), *self.part_grads[:k - 1]]]
+        THREADS.parallel([lambda sl=sl, c=c, g=g: self._backward_part(dlogits[sl], c, g)
+                           for sl, c, g in zip(rows, caches, grads)])
+        start, n = a.layout.stages[last][0], a.size                  # the embeddings, over the threads
+        bounds = [start + (n - start) * i // k for i in range(k + 1)]
+        THREADS.run([lambda lo=lo, hi=hi: add(lo, hi) for lo, hi in zip(bounds, bounds[1:])])
         if ready is not None:
             ready(a.size)
         return dict(a.grad_views)

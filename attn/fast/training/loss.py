@@ -21,8 +21,7 @@ def cross_entropy(logits, targets, smoothing: float = 0.0, pad_id: int | None = 
     V = logits.shape[-1]
     if validate:
         check_ids("cross_entropy", "targets", targets, V)
-    x = logits if inplace and logits.flags.c_contiguous else logits.copy()
-    x = x.reshape(-1, V)
+    x = (logits if inplace and logits.flags.c_contiguous else logits.copy()).reshape(-1, V)
     y = targets.reshape(-1)
     valid = (y != pad_id) if pad_id is not None else xp.ones(y.shape, dtype=bool)
     n = xp.maximum(valid.sum(), 1).astype(logits.dtype)
