@@ -129,8 +129,7 @@ class Attentions:
             dv_out[...] = sum_kv_groups(dv, group)
 
     def out_proj(self, pre, ctx):
-        """``ctx @ w_o``: the bias ``b_o`` is added by the residual (fused with the dropout, the
-        residual sum and the norm)."""
+        """``ctx @ w_o``; the residual adds ``b_o`` (fused with its dropout, sum and norm)."""
         return self.model.ops.mm(ctx, self.model.params[pre + ".w_o"])
 
     def out_proj_backward(self, pre, dout, ctx, G):

@@ -137,17 +137,14 @@ class Int8Arena:
 
     # ---- what training would ask
 
-    def _refuse(self, what: str):
-        refuse_training(self.int8, what)
-
-    grad_buffer = property(lambda self: self._refuse("the gradient buffer"))
-    grads = property(lambda self: self._refuse("the gradients"))
-    grad_views = property(lambda self: self._refuse("the gradients"))
-    m = property(lambda self: self._refuse("Adam's moments"))
-    v = property(lambda self: self._refuse("Adam's moments"))
+    grad_buffer = property(lambda self: refuse_training(self.int8, "the gradient buffer"))
+    grads = property(lambda self: refuse_training(self.int8, "the gradients"))
+    grad_views = property(lambda self: refuse_training(self.int8, "the gradients"))
+    m = property(lambda self: refuse_training(self.int8, "Adam's moments"))
+    v = property(lambda self: refuse_training(self.int8, "Adam's moments"))
 
     def new_buffer(self):
-        self._refuse("a gradient buffer")
+        refuse_training(self.int8, "a gradient buffer")
 
     def views(self, flat):
-        self._refuse("the views of a flat buffer")
+        refuse_training(self.int8, "the views of a flat buffer")

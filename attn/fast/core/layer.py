@@ -61,11 +61,10 @@ class Sequences:
 
     def cross_attn(self, i, h):
         mha, Wq, bq = self.model.mha, *self.F.cross_q[i]
-        if self.kv_heads is None:
-            kv = mha.cross_kv_layer(self.memory, self.F, i, self.Bsz, self.memory.shape[0] // max(self.Bsz, 1))
-        else:
-            kv = (self.kv_heads[2 * i], self.kv_heads[2 * i + 1])
-        s, cache = mha.cross_attn(f"decoder.{i}.cross_attn", Wq, bq, h, kv, self.Bsz, self.T, *self.src, self.rng)
+        kv = (self.kv_heads[2 * i:2 * i + 2] if self.kv_heads is not None else
+              mha.cross_kv_layer(self.memory, self.F, i, self.Bsz, self.memory.shape[0] // max(self.Bsz, 1)))
+        s, cache = mha.cross_attn(f"decoder.{i}.cross_attn", Wq, bq, h, kv, self.Bsz, self.T, *self.src,
+                                  self.rng)
         if self.weights is not None:
             self.weights.append(cache.att.w)
         return s, cache

@@ -358,9 +358,7 @@ class Ops:
         x_y = x[rows, y]                                  # (N,) logit of the target, before any write
         w = valid.astype(x.dtype) / n                     # (N,) 1/n on real tokens, 0 on padding
         c = w * dt(smoothing / V)                         # (N,) the smoothing's share of each row
-        mx = xp.empty((N,), dtype=x.dtype)                # (N,) row max
-        mean_x = xp.empty((N,), dtype=x.dtype)            # (N,) mean shifted logit
-        se = xp.empty((N,), dtype=x.dtype)                # (N,) sum of exp
+        mx, mean_x, se = (xp.empty((N,), dtype=x.dtype) for _ in range(3))   # (N,) max, mean, sum of exp
         nb = max(1, self.CE_BLOCK_BYTES // (V * x.itemsize))
         for a in range(0, N, nb):
             b = min(N, a + nb)

@@ -70,8 +70,7 @@ class Embeddings:
                     self.table(which, n)
 
     def rope_(self, x, T: int, inverse: bool = False):
-        """Rotary positions 0..T-1 applied in place to the heads x (B, H, T, Dh) (a view of a
-        projection's output); ``inverse``: turned back (the backward)."""
+        """Rotary positions 0..T-1 turning the heads x (B, H, T, Dh) in place (back: ``inverse``)."""
         cos, sin = self.rope_table(T)
         return self.model.ops.rope_(x, cos[:T], sin[:T], inverse)
 
@@ -152,8 +151,7 @@ class Residuals:
         called ``name``. x is not modified. Returns out, :class:`ResCache`."""
         ops = self.model.ops
         if self.placement.pre:
-            xhat = x.copy()
-            h, rstd = self.norm_(name, xhat)
+            h, (xhat, rstd) = self.final_norm(name, x)                        # on a copy of x
             s, cs = sublayer(h)
             if bias is not None:
                 s += bias
@@ -168,7 +166,7 @@ class Residuals:
         return out, ResCache(s, rstd, m, cs, name)
 
     def final_norm(self, name, x):
-        """Pre-norm's last norm. Returns out, (xhat, rstd)."""
+        """The norm called ``name`` on a copy of x (pre-norm's, a stack's last). Returns out, (xhat, rstd)."""
         xhat = x.copy()
         out, rstd = self.norm_(name, xhat)
         return out, (xhat, rstd)

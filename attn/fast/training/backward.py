@@ -46,7 +46,8 @@ class Backward:
         Returns: grads, keyed like ``params``: the views of ``arena.grads`` (the next backward overwrites
         them)."""
         a = self.arena
-        caches, rows = (cache.caches, cache.parts) if isinstance(cache, SplitCache) else ([cache], [slice(None)])
+        split = isinstance(cache, SplitCache)
+        caches, rows = (cache.caches, cache.parts) if split else ([cache], [slice(None)])
         k = len(caches)
         while len(self.part_grads) < k - 1:
             flat = a.new_buffer()
