@@ -169,8 +169,7 @@ class Arena:
 
     @cached_property
     def grads(self):
-        """The gradients, (size,): the front of :attr:`grad_buffer`, what the backward writes
-        and Adam reads."""
+        """The gradients, (size,): the front of :attr:`grad_buffer`."""
         return self.grad_buffer[:self.size]
 
     @cached_property
@@ -189,8 +188,6 @@ class Arena:
         """A zeroed flat buffer with the arena's layout (a part's gradients, a scratch)."""
         with outside_step():
             return self.xp.zeros((self.size,), dtype=self.dtype)
-
-    # ---- views
 
     def block(self, flat, name: str):
         """Block ``name`` (see the module docstring) of a flat buffer, in its shape."""

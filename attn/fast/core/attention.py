@@ -26,9 +26,8 @@ def mask_bias(mask, dtype, xp):
 
 
 class Attentions:
-    """The attention sub-layers of ``model``'s block (its ``self_attention`` part: heads, key/value
-    heads, QK-norm; ``positions``: rotary or not), ``scale`` = ``1/sqrt(d_k)``; ``embeddings``
-    turns rotary positions. Reads the model's ``params`` and ``ops``."""
+    """The attention sub-layers of ``model``'s block (its ``self_attention`` part), ``scale`` =
+    ``1/sqrt(d_k)``; ``embeddings`` turns rotary positions. Reads the model's ``params`` and ``ops``."""
 
     def __init__(self, model, embeddings):
         cfg = model.config
@@ -37,8 +36,6 @@ class Attentions:
         self.H, self.KV, self.Dh = cfg.n_heads, cfg.key_value_heads, cfg.d_model // cfg.n_heads
         self.dropout = cfg.attention_dropout
         self.scale = 1.0 / math.sqrt(self.Dh)
-
-    # ------------------------------------------------------------------ heads
 
     def heads(self, a, Bsz, T, n, heads=None):
         """(B*T, n*heads*Dh) -> n views (B, heads, T, Dh) of the n column blocks (``heads``:
@@ -61,8 +58,7 @@ class Attentions:
         return cache
 
     def norm_heads_backward_(self, pre, da, cache, which, G) -> None:
-        """Backward of :meth:`norm_heads_` in place on the heads' gradient ``da`` (a view); the
-        gain's gradient into ``G``. Nothing without QK-norm (``cache`` None)."""
+        """Backward of :meth:`norm_heads_` in place on ``da`` (a view); the gain's gradient into ``G``."""
         if cache is not None:
             da[...], G.views[f"{pre}.{which}_gamma"][...] = self.part.norm_heads_backward(da, cache)
 
@@ -70,8 +66,6 @@ class Attentions:
         """QK-norm of every decoder layer's cross-attention keys, in place (``kv_heads``: the 2L
         views keys, values, keys, ...), once, where they are projected. Returns their caches."""
         return [self.norm_heads_(f"decoder.{i}.cross_attn", kv_heads[2 * i], "k") for i in range(len(kv_heads) // 2)]
-
-    # ------------------------------------------------------------------ scaled dot-product attention
 
     def attend(self, q, k, v, bias_t, rows_t, rng):
         """softmax(q k^T / sqrt(d_k) + bias) v, the scores kept keys-first.
@@ -138,8 +132,6 @@ class Attentions:
         self.model.ops.mm(ctx.T, dout, out=G.views[pre + ".w_o"])
         return self.model.ops.mm(dout, self.model.params[pre + ".w_o"].T)
 
-    # ------------------------------------------------------------------ the sub-layers
-
     def self_attn(self, pre, W, b, x, Bsz, T, bias, row_scale, rng):
         """The self-attention ``pre`` of x (N, D) with its fused ``[w_q | w_k | w_v]`` (W, b).
         Returns its output without b_o, :class:`AttnCache`."""
@@ -171,9 +163,8 @@ class Attentions:
         return ops.mm(dqkv, c.W.T, out=into, accumulate=into is not None)
 
     def cross_attn(self, pre, Wq, bq, x, kv, Bsz, T, bias, row_scale, rng):
-        """The cross-attention ``pre`` of x (N_t, D) over the keys and values ``kv`` (their
-        heads, QK-normed where they were projected). Returns its output without b_o,
-        :class:`AttnCache`."""
+        """The cross-attention ``pre`` of x (N_t, D) over the key and value heads ``kv`` (QK-normed
+        where they were projected). Returns its output without b_o, :class:`AttnCache`."""
         q = self.model.ops.mm(x, Wq)
         q += bq                                                               # (N_t, D)
         (q,) = self.heads(q, Bsz, T, 1)
@@ -196,8 +187,6 @@ class Attentions:
         ops.mm(c.x.T, dq, out=G.views[c.pre + ".w_q"])
         ops.colsums((dout, G.views[c.pre + ".b_o"]), (dq, G.views[c.pre + ".b_q"]))
         return ops.mm(dq, c.W.T, out=into, accumulate=into is not None)
-
-    # ------------------------------------------------------------------ the cross-attention's keys, values
 
     def cross_kv(self, memory, F, Bsz, S, L):
         """Keys and values of the L decoder layers' cross-attention, one matmul: kv (N_s, 2D*L)

@@ -32,8 +32,7 @@ def n_parts(model, Bsz: int, T: int, training: bool) -> int:
 def forward(model, tgt_in, rng=None, keep_cache: bool = True):
     """Logits (B, T, V) of the ids ``tgt_in`` (B, T) and the cache for the backward (None without
     ``keep_cache``); ``rng`` draws the dropout (None: none). The rows are split over the helper
-    threads (NumPy) as :meth:`attn.fast.FastTransformer.forward` splits the translator's: each part
-    draws its rows of what one pass over the batch would (:class:`attn.training.distributed.RowsOf`)."""
+    threads (NumPy) as :meth:`attn.fast.FastTransformer.forward` splits the translator's."""
     if tgt_in.ndim != 2:
         raise ValueError(f"Transformer.forward: a language model's tgt_in must be (B, T) ids, got shape "
                          f"{tuple(tgt_in.shape)}")

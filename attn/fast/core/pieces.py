@@ -28,12 +28,9 @@ def dropout_(ops, x, p: float, rng):
     return m
 
 
-# --------------------------------------------------------------------------- embeddings, positions
-
 class Embeddings:
-    """``drop(E[ids] * sqrt(D) + PE)`` and its backward, and the positions' tables, made on first
-    use outside a step's memory and kept between steps (:mod:`attn.fast.gpu.stepmem`): ``pe``, the
-    sinusoids; ``rope``, the rotary positions' (cos, sin)."""
+    """``drop(E[ids] * sqrt(D) + PE)`` and its backward, and the positions' tables kept between steps:
+    ``pe``, the sinusoids; ``rope``, the rotary positions' (cos, sin)."""
 
     def __init__(self, model):
         self.model, self.config, self.positions = model, model.config, model.block.positions
@@ -103,8 +100,6 @@ class Embeddings:
         return d
 
 
-# --------------------------------------------------------------------------- norms, residuals
-
 class FusedNorm(NamedTuple):
     """A norm's fused ops (:class:`attn.fast.core.ops.Ops` methods, by name): alone, as post-norm's
     epilogue after the residual sum, and their backwards; ``bias``: whether the epilogue needs a
@@ -124,9 +119,8 @@ FUSED_NORMS = {layer_norm_forward: FusedNorm("layer_norm_", "residual_layer_norm
 
 
 class Residuals:
-    """A sub-layer in its residual connection, the block's norm where its placement puts it
-    (post: ``N(x + drop(sub(x) + bias))``; pre: ``x + drop(sub(N(x)) + bias)``), pre-norm's final
-    norm, and their backwards. ``fused``: the norm's fused ops."""
+    """A sub-layer in its residual connection with the block's norm where its placement puts it,
+    pre-norm's final norm, and their backwards. ``fused``: the norm's fused ops."""
 
     def __init__(self, model):
         self.model, self.norm, self.placement = model, model.block.norm, model.block.placement
@@ -189,13 +183,10 @@ class Residuals:
         return sub_bwd(ds, c.sub, G, dy)                                      # dy + d(sub)/dx
 
     def norm_backward(self, name, dout, xhat, rstd, G):
-        """Backward of :meth:`norm_` in place on ``dout``; its parameters' gradients into their
-        block of ``G``. Returns dx."""
+        """Backward of :meth:`norm_` in place on ``dout``; the gains' gradients into ``G``. Returns dx."""
         gamma, out = self.model.params[name + ".gamma"], G.block(name + ".gamma_beta")
         return getattr(self.model.ops, self.fused.backward)(dout, xhat, rstd, gamma, out=out)[0]
 
-
-# --------------------------------------------------------------------------- feed-forward
 
 class ReluNetwork:
     """The paper's feed-forward network (equation 2), ``drop(relu(x w1 + b1)) w2 + b2``, the

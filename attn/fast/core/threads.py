@@ -122,9 +122,8 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
     except (OSError, AttributeError):
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    ok = mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)) == 1
-    ok = (mallopt(M_TRIM_THRESHOLD, int(trim_threshold)) == 1) and ok
-    return ok
+    return all([mallopt(M_MMAP_THRESHOLD, int(mmap_threshold)) == 1,      # a list: both are set
+                mallopt(M_TRIM_THRESHOLD, int(trim_threshold)) == 1])
 
 
 def row_slices(n: int, k: int):
