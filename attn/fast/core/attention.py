@@ -34,8 +34,7 @@ class Attentions:
         self.model, self.embeddings, self.xp = model, embeddings, model.xp
         self.part, self.rotary = model.block.self_attention, model.block.positions.rotary
         self.H, self.KV, self.Dh = cfg.n_heads, cfg.key_value_heads, cfg.d_model // cfg.n_heads
-        self.dropout = cfg.attention_dropout
-        self.scale = 1.0 / math.sqrt(self.Dh)
+        self.dropout, self.scale = cfg.attention_dropout, 1.0 / math.sqrt(self.Dh)
 
     def heads(self, a, Bsz, T, n, heads=None):
         """(B*T, n*heads*Dh) -> n views (B, heads, T, Dh) of the n column blocks (``heads``:

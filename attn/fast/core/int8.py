@@ -20,8 +20,7 @@ from .arena import Arena, layout
 
 def arena_for(params: dict, config, dtype=None):
     """The arena of a model's ``params``: an :class:`Int8Arena` for an :class:`Int8Params` (the
-    model then float32), else :meth:`Arena.adopt`'s. The one place the fast engine tells an int8
-    model from a float one."""
+    model then float32), else :meth:`Arena.adopt`'s: where the fast engine tells int8 from float."""
     if not isinstance(params, Int8Params):
         return Arena.adopt(params, config, dtype)
     if dtype is not None and B.host.dtype(dtype) != B.host.float32:
@@ -63,9 +62,8 @@ class Dequantised:
 
 
 class Int8Arena:
-    """The blocks of :func:`attn.fast.core.arena.layout` in int8 (matrices, with float32 scales)
-    and float32 (vectors); see the module docstring. ``int8`` is the :class:`Int8Params` whose
-    entries are views of them (:meth:`adopt` makes it so)."""
+    """The blocks of :func:`attn.fast.core.arena.layout` in int8 (see the module docstring); ``int8``
+    is the :class:`Int8Params` whose entries are views of them (:meth:`adopt` makes it so)."""
 
     def __init__(self, int8: Int8Params, config):
         self.config, self.dtype = config, B.host.dtype("float32")

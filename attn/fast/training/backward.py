@@ -33,8 +33,7 @@ class Backward:
     the arena's layout, kept between steps), added in stage by stage."""
 
     def __init__(self, model):
-        self.model, self.config, self.arena, self.xp, self.dtype = \
-            model, model.config, model.arena, model.xp, model.dtype
+        self.model, self.config, self.arena = model, model.config, model.arena
         self.embeddings, self.residuals, self.ffn, self.mha = model.embeddings, model.residuals, model.ffn, model.mha
         self.part_grads: list = []
 
@@ -121,7 +120,7 @@ class Backward:
         # The cross-attention keys/values of every layer were one product of the encoder output,
         # kv = memory @ [w_k0 | w_v0 | ...] + [b_k0 | b_v0 | ...]: their gradients are collected
         # in one (N_s, 2KV*L) buffer and go back through one product at the end.
-        dkv = self.xp.empty((Bsz * S, 2 * KV * L), dtype=self.dtype) if cross else None
+        dkv = self.model.xp.empty((Bsz * S, 2 * KV * L), dtype=self.model.dtype) if cross else None
         dkv_heads = self.mha.heads(dkv, Bsz, S, 2 * L, cfg.key_value_heads) if cross else [None] * (2 * L)
         for i in reversed(range(L)):
             dy = decoder_layer_backward(self.model, dy, cache.dec, i, dkv_heads[2 * i], dkv_heads[2 * i + 1], G,

@@ -21,10 +21,9 @@ def check_batch(model, batch, where: str = "train_step") -> None:
 
 def loop_step(model, step, dp=None):
     """``step(batch, seed) -> (loss, lr)`` as the fast engine runs it for the training loop: the
-    batch checked on the host (:func:`check_batch`), the step in the model's step memory, keyed
-    by the batch's shapes (not under a data-parallel group ``dp``: its step all-reduces between
-    its launches). The loss may lie in the step memory, valid until the next step begins:
-    :class:`PendingLosses` copies it at once."""
+    batch checked on the host, the step in the model's step memory keyed by the batch's shapes
+    (not under a data-parallel group ``dp``: its step all-reduces between its launches). The loss
+    may lie in the step memory, valid until the next step begins."""
     def run(batch, seed, copy_loss: bool = False):
         check_batch(model, batch)
         if dp is not None:
@@ -46,10 +45,9 @@ def train_step(model, opt, batch, rng, label_smoothing: float, clip: float = 0.0
 
 
 class PendingLosses(engines.LossLog):
-    """The fast engine's loss log: the losses of the steps since the last log in one buffer on
-    the losses' device. Each step's is copied into the next slot (one launch, nothing allocated
-    once the buffer holds a log's worth), so that a step may hand back a loss in its step memory;
-    :meth:`take` brings them to the host in one transfer."""
+    """The fast engine's loss log: each step's loss copied into the next slot of one buffer on its
+    device (one launch, nothing allocated once it holds a log's worth), so that a step may hand back
+    a loss in its step memory; :meth:`take` brings them to the host in one transfer."""
 
     def __init__(self):
         self.buf, self.n = None, 0

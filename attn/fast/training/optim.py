@@ -39,8 +39,7 @@ class FastAdam(Adam):
             self.params = params
             self.arena.m[...] = 0
             self.arena.v[...] = 0
-            self.m = self.arena.views(self.arena.m)
-            self.v = self.arena.views(self.arena.v)
+            self.m, self.v = self.arena.views(self.arena.m), self.arena.views(self.arena.v)
 
     def load_state(self, arrays: dict, t: int) -> None:
         """As :meth:`Adam.load_state`; over an arena the moments are copied into it."""
