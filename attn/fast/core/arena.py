@@ -208,7 +208,4 @@ class Arena:
     @classmethod
     def find(cls, params: dict) -> "Arena | None":
         """The live arena whose parameter views ``params`` holds, or None."""
-        for arena in list(cls._live):
-            if arena.holds(params):
-                return arena
-        return None
+        return next((arena for arena in list(cls._live) if arena.holds(params)), None)
