@@ -5,6 +5,7 @@ CuPy stand-in its own cuBLAS model takes the calls (``cupy.cuda.direct_cublas``)
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 
 #: cublasStatus_t names of the codes a call can return.
 _STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH",
@@ -48,7 +49,9 @@ class CublasError(RuntimeError):
     """A cuBLAS call returned an error status (the message names the call and the status)."""
 
 
-def _check(cname: str, status: int) -> None:
+def _call(cname: str, fn, *args) -> None:
+    """``fn(*args)``, ``fn`` the C function ``cname``, its status checked."""
+    status = fn(*args)
     if status != 0:
         raise CublasError(f"{cname} returned CUBLAS_STATUS_{_STATUS.get(status, status)}")
 
@@ -73,23 +76,16 @@ class CtypesCublas:
             fn = getattr(lib, cname)
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
             if cname in CUPY_NAMES:
-                setattr(self, CUPY_NAMES[cname], self._checked(cname, fn))
-
-    @staticmethod
-    def _checked(cname, fn):
-        def call(*args):
-            _check(cname, fn(*args))
-        call.__name__ = CUPY_NAMES[cname]
-        return call
+                setattr(self, CUPY_NAMES[cname], partial(_call, cname, fn))
 
     def getMathMode(self, handle) -> int:
         mode = _I()
-        _check("cublasGetMathMode", self.lib.cublasGetMathMode(handle, ctypes.byref(mode)))
+        _call("cublasGetMathMode", self.lib.cublasGetMathMode, handle, ctypes.byref(mode))
         return int(mode.value)
 
     def create(self) -> int:
         handle = _P()
-        _check("cublasCreate_v2", self.lib.cublasCreate_v2(ctypes.byref(handle)))
+        _call("cublasCreate_v2", self.lib.cublasCreate_v2, ctypes.byref(handle))
         return int(handle.value)
 
 

@@ -273,9 +273,8 @@ def summarise(refusals: list) -> dict:
 
 
 class _SeedOnDevice:
-    """The random numbers of a captured step: dropout's kernels read the step's seed from
-    ``device_seed`` (see :meth:`attn.fast.gpu.kernels.CupyOps.dropout_mask`), a buffer of the graph
-    that each call refreshes."""
+    """A captured step's random numbers: dropout's kernels read its seed from ``device_seed``
+    (:meth:`attn.fast.gpu.kernels.CupyOps.dropout_mask`), a buffer of the graph each call refreshes."""
 
     def __init__(self, buffer):
         self.device_seed = buffer
