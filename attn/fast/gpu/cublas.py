@@ -39,8 +39,7 @@ SIGNATURES = {
     "cublasGemmStridedBatchedEx": _STRIDED_EX,
     "cublasGemmBatchedEx": _BATCHED_EX,
 }
-#: cupy.cuda.cublas's name of each that the launch code calls as it is: the C name without
-#: ``cublas`` and ``_v2``, its first letter lower case (``cublasSgemm_v2``: ``sgemm``)
+#: cupy.cuda.cublas's name of each the launch code calls (``cublasSgemm_v2``: ``sgemm``)
 CUPY_NAMES = {c: c[6].lower() + c[7:].removesuffix("_v2") for c in SIGNATURES
               if c not in ("cublasCreate_v2", "cublasDestroy_v2", "cublasGetMathMode")}
 
