@@ -30,9 +30,6 @@ from .gpu.stepmem import StepMemory
 from .core.threads import THREADS, row_slices, default_workers, single_threaded_blas
 
 
-# --------------------------------------------------------------------------- the model
-
-
 class FastTransformer:
     """:class:`attn.model.Transformer`'s numbers with a faster ``forward``/``backward`` for
     training; its decoding is its :class:`FastSearch`'s (:meth:`search`). It holds the readable
@@ -179,8 +176,6 @@ class FastTransformer:
                 if cross else None,
                 self.mha.scale)
         return self._fused
-
-    # ------------------------------------------------------------------ pieces: forward
 
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
@@ -443,8 +438,6 @@ class FastTransformer:
 
     def decode_positions(self, tokens, state):
         return self._search.positions(tokens, state)
-
-    # ------------------------------------------------------------------ inspection
 
     @staticmethod
     def attention_weights(cache) -> dict:

@@ -78,9 +78,7 @@ class DeviceDecodeState:
     def n(self) -> int:
         return self.sentence.shape[0]
 
-    @property
-    def cross_kv(self) -> list:
-        return per_row(self.cross, self.group)
+    cross_kv = property(per_row)
 
     @property
     def self_kv(self) -> list:

@@ -100,6 +100,12 @@ def successor(state, **changes):
     return new
 
 
+def per_row(state) -> list:
+    """A decoding state's per-group cross-attention keys and values, repeated for each row of a group."""
+    g = state.group
+    return list(state.cross) if g == 1 else [(k.repeat(g, axis=0), v.repeat(g, axis=0)) for k, v in state.cross]
+
+
 class FastDecodeState:
     """A :class:`attn.model.DecodeState` for :class:`attn.fast.FastTransformer` on NumPy:
     ``cross_kv``, ``self_kv``, ``src_mask`` and ``length`` read as the reference's. It keeps the keys
@@ -114,10 +120,8 @@ class FastDecodeState:
         self.cross, self.group, self.src_mask, self.length = cross, group, src_mask, length
         self.sentence, self.kv, self.fused, self.src_bias, self.src_rows = sentence, kv, fused, src_bias, src_rows
 
-    @property
-    def cross_kv(self) -> list:
-        """Per layer the reference's (k, v), (n, H, S, Dh) (a copy where rows share them)."""
-        return per_row(self.cross, self.group)
+    #: Per layer the reference's (k, v), (n, H, S, Dh) (a copy where rows share them).
+    cross_kv = property(per_row)
 
     @property
     def self_kv(self) -> list:
@@ -145,11 +149,6 @@ class FastDecodeState:
         if not 0 <= length <= self.length:
             raise ValueError(f"FastDecodeState.truncate: length must be in 0..{self.length}, got {length}")
         return successor(self, length=length, kv=self.kv.cut(length))
-
-
-def per_row(cross, group: int) -> list:
-    """The per-group cross-attention keys and values ``cross``, repeated for each row of a group."""
-    return list(cross) if group == 1 else [(k.repeat(group, axis=0), v.repeat(group, axis=0)) for k, v in cross]
 
 
 def regroup(state, index, index_h, xp) -> dict:
@@ -184,8 +183,7 @@ def _group_size(sentence) -> int:
 
 
 def source_bias(model, src_mask):
-    """The source mask as an additive bias of its shape: 0 where a key is, the most negative
-    finite value where none is."""
+    """The source mask as an additive bias of its shape (0, or the most negative finite value)."""
     xp = model.xp
     return xp.where(src_mask, model.dtype.type(0), xp.finfo(model.dtype).min).astype(model.dtype)
 
@@ -215,11 +213,10 @@ MAX_START_POSITIONS = 256
 
 
 def start(model, cross_kv, src_mask, positions=None) -> FastDecodeState:
-    """The state before the first step: cross-attention keys/values (B, H, S, Dh) per layer (the
-    reference's), the mask (B, 1, 1, S), and buffers with room for ``positions`` (the most the
-    search will step, at most :data:`MAX_START_POSITIONS`; None: 16), so that a decoding of that
-    length never grows them (each growth copies every layer's buffers: a few percent of a greedy
-    decoding)."""
+    """The state before the first step over ``cross_kv`` ((B, H, S, Dh) per layer, the reference's)
+    and ``src_mask`` (B, 1, 1, S), its buffers with room for ``positions`` (the most the search will
+    step, at most :data:`MAX_START_POSITIONS`; None: 16): each growth copies every layer's buffers,
+    a few percent of a greedy decoding."""
     cfg = model.config
     capacity = 16 if positions is None else max(16, min(int(positions), MAX_START_POSITIONS))
     n = src_mask.shape[0]

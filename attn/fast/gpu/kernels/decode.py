@@ -446,12 +446,10 @@ class DecodeKernels:
         self.ops.kernel(name, dtype)((grid,), (threads,), args, shared_mem=shared)
 
     def embed(self, ids, table, pe, scale: float, x, out, gamma, beta, eps: float, norm: bool):
-        """x (n, D) <- table[ids] * scale + pe; with ``norm``, out (n, D) <- its layer norm."""
+        """x (n, D) <- table[ids] * scale + pe; with ``norm``, out (n, D) <- its layer norm. ``ids``
+        (n,) contiguous int64, as the device step makes them."""
         n, D = x.shape
         self.ops.check_contiguous("decode_embed", x=x, out=out)
-        if ids.dtype != B.host.int64 or not ids.flags.c_contiguous or ids.shape != (n,):
-            raise ValueError(f"DecodeKernels.embed: ids must be a contiguous ({n},) int64 array, got "
-                             f"{tuple(ids.shape)} {ids.dtype}")
         t = block_size_for(D)
         dt = x.dtype
         self._launch("decode_embed", dt, n, t, (ids, table, pe, self.ops.scalar(scale, dt), x, out, gamma, beta,
