@@ -103,7 +103,7 @@ class FastSearch:
                 y = out[sl].reshape(-1, out.shape[-1])                 # a view: whole sentences
                 xp.matmul(m, p[w], out=y)
                 y += p[b]
-        with single_threaded_blas():                                    # one part too
+        with single_threaded_blas():                                    # a single part as well
             THREADS.parallel([lambda sl=sl: part(sl) for sl in row_slices(Bsz, model._n_parts(Bsz, S))])
         pairs = [(split_heads(outs[i], cfg.key_value_heads), split_heads(outs[i + 1], cfg.key_value_heads))
                  for i in range(0, len(outs), 2)]
