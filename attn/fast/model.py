@@ -61,7 +61,7 @@ class FastTransformer:
     synchronisation): for a caller that checked its batches on the host. ``attention`` (an
     attribute too) is ``"plain"`` (the weights kept for the backward), ``"flash"`` (the tiled
     attention of :mod:`attn.fast.core.flash`: memory linear in the length) or ``"auto"`` (the rule
-    :func:`attn.fast.core.flash.use_flash` chooses for each step).
+    :func:`attn.fast.core.flash.choose` chooses for each step).
 
     Its pieces are objects it holds, each made from it once, its forward beside its backward:
     :attr:`embeddings` (the token embeddings and the positions' tables), :attr:`residuals` (the
@@ -264,7 +264,7 @@ class FastTransformer:
 
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
-        :attr:`attention` by the rule of :func:`attn.fast.core.flash.use_flash`; ``auto``'s first tiled
+        :attr:`attention` by the rule of :func:`attn.fast.core.flash.choose`; ``auto``'s first tiled
         choice said on stderr with its reason. Whether it runs on the tensor cores (``_cores``) is
         :func:`attn.fast.core.flash_tc.cores_for`'s rule, said once too."""
         dropping = rng is not None and self.config.attention_dropout > 0

@@ -15,12 +15,9 @@ from ... import backend as B
 from . import flash
 from ..gpu.kernels.common import grid_of
 from ..gpu.kernels.flash import HostLaunch
-from ..gpu.kernels.flash_mma import (HEAD_SIZES, NAME_EXPRESSIONS, OPTIONS, SOURCE, TILES, instance,
+from ..gpu.kernels.flash_mma import (HEAD_SIZES, KINDS, NAME_EXPRESSIONS, OPTIONS, SOURCE, TILES, instance,
                                      mma_shared, mma_threads)
 from ..gpu.kernels.registry import NUMPY_TWINS
-
-#: The 16-bit format of the tensor-core kernels at each precision that has one.
-FORMATS = {"bf16": "bf16", "fp16": "fp16"}
 
 #: ``auto``'s rule for the tensor-core kernels: the device kinds (:func:`attn.fast.core.flash.device_kind`)
 #: on which a GPU report measured them right (against their twins) and faster than the float32 tiled
@@ -31,17 +28,16 @@ TC_RULES: dict = {}
 def cores_for(mode: str, precision: str, xp, Dh: int, kind: str) -> tuple:
     """(the 16-bit format the tiled attention's tensor-core kernels run in, or None; why, in words)
     for attention ``mode`` at ``precision`` on ``xp``'s device of ``kind`` with heads of Dh."""
-    fmt = FORMATS.get(precision)
     if xp is B.host:
         return None, "NumPy has no tensor cores"
-    if fmt is None:
+    if precision not in KINDS:
         return None, f"the precision is {precision}: the float32 tiled kernels"
     if Dh not in HEAD_SIZES:
         return None, f"heads of {Dh} values: the tensor-core kernels are compiled for {HEAD_SIZES}"
     if mode == "flash":
-        return fmt, f"--attention flash at {precision} asks for them"
+        return precision, f"--attention flash at {precision} asks for them"
     if mode == "auto" and kind in TC_RULES:
-        return fmt, f"auto on {kind}: {TC_RULES[kind]}"
+        return precision, f"auto on {kind}: {TC_RULES[kind]}"
     return None, f"{mode}: no GPU report has measured the tensor-core kernels on {kind}"
 
 
