@@ -16,7 +16,7 @@ from . import flash
 from ..gpu.kernels.common import grid_of
 from ..gpu.kernels.flash import HostLaunch
 from ..gpu.kernels.flash_mma import (HEAD_SIZES, KINDS, NAME_EXPRESSIONS, OPTIONS, SOURCE, TILES, instance,
-                                     mma_shared, mma_threads)
+                                     mma_rows, mma_shared)
 from ..gpu.kernels.registry import NUMPY_TWINS
 
 #: ``auto``'s rule for the tensor-core kernels: the device kinds (:func:`attn.fast.core.flash.device_kind`)
@@ -87,8 +87,8 @@ def pack(ops, a, fmt: str):
 def _launch(ops, kernel: str, fmt: str, Dh: int, groups: int, rows: int, args) -> None:
     """``kernel`` at its production tiles: a block per (head, tile of ``rows``)."""
     BR, BC = TILES[kernel]
-    own = BC if kernel == "flash_mma_bwd_kv" else BR
-    _run(ops, instance(kernel, fmt, Dh, (BR, BC)), (groups, math.ceil(rows / own)), (mma_threads(kernel, BR, BC),),
+    own = mma_rows(kernel, BR, BC)
+    _run(ops, instance(kernel, fmt, Dh, (BR, BC)), (groups, math.ceil(rows / own)), (2 * own,),
          mma_shared(kernel, Dh, BR, BC), args)
 
 

@@ -434,9 +434,9 @@ def mma_shared(kernel: str, DH: int, BR: int, BC: int) -> int:
     return rows[kernel] * row + (4 * BR * 4 if kernel == "flash_mma_bwd_kv" else 0)
 
 
-def mma_threads(kernel: str, BR: int, BC: int) -> int:
-    """A warp per 16 rows of the tile the block owns (queries; keys in the dK/dV pass)."""
-    return 2 * (BC if kernel == "flash_mma_bwd_kv" else BR)
+def mma_rows(kernel: str, BR: int, BC: int) -> int:
+    """The rows of the tile a block owns, a warp per 16 of them: queries; keys in the dK/dV pass."""
+    return BC if kernel == "flash_mma_bwd_kv" else BR
 
 
 def instance(kernel: str, fmt: str, DH: int | None = None, tiles: tuple | None = None) -> str:
@@ -463,8 +463,8 @@ def _consts(launch, n: int) -> tuple:
 
 def _check_mma(launch, kernel: str, DH: int, BR: int, BC: int, n_rows: int, groups: int) -> None:
     """The grid (heads, tiles of ``n_rows``), the block (a warp per 16 rows) and the shared memory."""
-    own = BC if kernel == "flash_mma_bwd_kv" else BR
-    want = ((groups, -(-n_rows // own)), (mma_threads(kernel, BR, BC),))
+    own = mma_rows(kernel, BR, BC)
+    want = ((groups, -(-n_rows // own)), (2 * own,))
     if (tuple(launch.grid[:2]), tuple(launch.block)) != want:
         raise ValueError(f"{launch.name}: grid {launch.grid} and block {launch.block}, tiles of {own} need "
                          f"grid {want[0]} and block {want[1]}")
