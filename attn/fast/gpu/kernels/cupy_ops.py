@@ -318,15 +318,8 @@ class CupyOps(Ops):
         return buf[:max(n, 1)]
 
     def _counters(self, n):
-        """``column_sums``' per-tile tickets: zeroed once, and set back to 0 by every launch
-        (grown and replaced as :meth:`buffer`'s buffers are)."""
-        c = self._scratch.get("counters")
-        if c is None or c.size < n:
-            self._retire(c)
-            with outside_step():
-                c = self._scratch["counters"] = self.xp.zeros((max(n, 64, 0 if c is None else 2 * c.size),),
-                                                              dtype=B.host.uint32)
-        return c
+        """``column_sums``' per-tile tickets (its last block of a tile sets them back to 0)."""
+        return self._zeros("counters", max(n, 64), B.host.uint32)
 
     def _retire(self, buf):
         """Keep a replaced scratch buffer alive: a graph captured before it was replaced holds its
@@ -334,13 +327,16 @@ class CupyOps(Ops):
         if buf is not None:
             self._scratch.setdefault("retired", []).append(buf)
 
-    def _zero(self, name, dtype):
-        """A one-element array of 0 made once, outside any step: a kernel's ticket (its last block
-        sets it back to 0), or the seed of a fused kernel that drops nothing (never read)."""
+    def _zeros(self, name, n, dtype):
+        """Zeros made outside any step and kept, at least ``n`` (grown and replaced as :meth:`buffer`'s
+        buffers are): a kernel's tickets, which its last block sets back to 0, or the seed of a fused
+        kernel that drops nothing (never read)."""
         z = self._scratch.get(name)
-        if z is None:
+        if z is None or z.size < n:
+            self._retire(z)
             with outside_step():
-                z = self._scratch[name] = self.xp.zeros((1,), dtype=dtype)
+                size = max(n, 0 if z is None else 2 * z.size)
+                z = self._scratch[name] = self.xp.zeros((size,), dtype=dtype)
         return z
 
     # ---- dropout, ReLU
@@ -385,7 +381,7 @@ class CupyOps(Ops):
         fused kernels' dropout arguments."""
         if m is None:
             u64 = B.host.uint64
-            return self._zero("no_seed", u64), u64(0), u64(0), B.host.uint32(0), self.scalar(1.0, dtype)
+            return self._zeros("no_seed", 1, u64), u64(0), u64(0), B.host.uint32(0), self.scalar(1.0, dtype)
         k = m.keep
         return k.seed, B.host.uint64(k.site), B.host.uint64(k.offset), B.host.uint32(k.thr), self.scalar(m.scale, dtype)
 
@@ -491,7 +487,7 @@ class CupyOps(Ops):
         self.kernel("adam_flat", p.dtype)(
             grid_of(n, threads, self.ADAM_BLOCKS), (threads,),
             (p, m, v, g, partial, B.host.int32(n_partial), f64(max_norm), count,
-             self._zero("adam_ticket", B.host.uint32),
+             self._zeros("adam_ticket", 1, B.host.uint32),
              f64(lr_factor), f64(0.0 if fixed_lr is None else fixed_lr), B.host.int32(fixed_lr is not None),
              f64(d_model), f64(warmup), f64(b1), f64(b2), f64(eps), B.host.int64(n)), shared_mem=threads * 8)
 
