@@ -119,8 +119,7 @@ def attend_backward(ops, dctx, c: flash.FlashCache, dq, dk, dv, scale: float) ->
     dQ = s dS K: D by ``flash_bwd_prep``, dK and dV by ``flash_mma_bwd_kv`` (a block per key
     tile), dQ by ``flash_mma_bwd_q`` (a pass of its own)."""
     i32, f32 = B.host.int32, B.host.float32
-    Bsz, H, Tq, Dh = c.q.shape
-    Hkv, Tk = c.k.shape[1], c.k.shape[2]
+    Bsz, H, Hkv, Tq, Tk, Dh = flash._shapes(c.q, c.k, c.v, c.mask)
     prep = flash.backward_prep(ops, dctx, c, dq, dk, dv, B.host.dtype(f32))
     if prep is None:
         return
