@@ -45,7 +45,7 @@ class FastTransformer:
     silently; on CuPy the check is a host synchronisation): for a caller that checked its batches.
     ``attention`` (an attribute too) is ``"plain"``, ``"flash"`` (the tiled attention of
     :mod:`attn.fast.core.flash`: memory linear in the length) or ``"auto"`` (the rule
-    :func:`attn.fast.core.flash.use_flash` chooses for each step). Its pieces (:attr:`embeddings`,
+    :func:`attn.fast.core.flash.choose` chooses for each step). Its pieces (:attr:`embeddings`,
     :attr:`residuals`, :attr:`ffn`, :attr:`mha`) are objects made from it once, each forward beside
     its backward; ``backward`` runs theirs (:class:`attn.fast.training.backward.Backward`)."""
 
@@ -179,7 +179,7 @@ class FastTransformer:
 
     def _tiled(self, Bsz: int, S: int, T: int, rng) -> bool:
         """Whether a forward of B sentences (S source, T target tokens) takes the tiled attention:
-        :attr:`attention` by the rule of :func:`attn.fast.core.flash.use_flash`; ``auto``'s first tiled
+        :attr:`attention` by the rule of :func:`attn.fast.core.flash.choose`; ``auto``'s first tiled
         choice said on stderr with its reason. Whether it runs on the tensor cores (``_cores``) is
         :func:`attn.fast.core.flash_tc.cores_for`'s rule, said once too."""
         dropping = rng is not None and self.config.attention_dropout > 0
