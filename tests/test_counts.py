@@ -227,7 +227,7 @@ def test_a_decoding_position_on_the_gpu_allocates_nothing(norm):
         def position():
             nonlocal state
             logp, state, _ = model.decode_step(tokens, state)
-            model.greedy_pick(logp, D.BANNED, info, tokens)
+            model.search().greedy_pick(logp, D.BANNED, info, tokens)
         for _ in range(2):
             position()
         tally, syncs, _ = C._count_once(fc, position)

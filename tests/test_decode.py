@@ -89,7 +89,7 @@ def test_cached_equals_uncached(backend, K):
 @pytest.mark.parametrize("K", [None, 3])
 @pytest.mark.parametrize("with_attention", [False, True])
 def test_fast_uncached_decoding_is_the_reference_search(backend, K, with_attention):
-    """Without the cache the fast model's ``decode`` takes the cross-attention keys and values
+    """Without the cache the fast search's ``prefix`` takes the cross-attention keys and values
     projected once (reordered only when a row changes sentence) and keeps no weights unless
     the attention is asked for: the same search as the reference's, sentences ending at
     several lengths (rows dropped, beams reordered)."""
@@ -97,12 +97,13 @@ def test_fast_uncached_decoding_is_the_reference_search(backend, K, with_attenti
     ref = eos_model()
     fast = FastTransformer.from_model(ref)
     calls = []
-    real_decode = fast.decode
+    search = fast.search()                  # the model's one search, which the searches step
+    real_prefix = search.prefix
 
-    def decode(*args, **kw):                # the new path is the one taken
-        calls.append((kw.get("cross_kv") is not None, kw.get("keep_weights")))
-        return real_decode(*args, **kw)
-    fast.decode = decode
+    def prefix(tgt_in, memory, src_mask, cross_kv, keep_weights):     # the new path is the one taken
+        calls.append((cross_kv is not None, keep_weights))
+        return real_prefix(tgt_in, memory, src_mask, cross_kv, keep_weights)
+    search.prefix = prefix
     src = dev(ref, sources())
     run = (lambda m, c: greedy_decode(m, src, use_cache=c, with_attention=with_attention)) if K is None else \
         (lambda m, c: beam_search(m, src, beam_size=K, use_cache=c, with_attention=with_attention))
@@ -339,7 +340,7 @@ def test_greedy_on_a_gpu_looks_for_eos_every_few_positions(monkeypatch, every, f
     the positions in order. Tokens, scores and attention are those of looking at every position
     (NumPy's), with sentences ending at several lengths (rows leave the batch at the looks)."""
     import attn.decode as D
-    import attn.fast.decoding.host as fast_decoding
+    import attn.fast.decoding.search as fast_decoding
     from conftest import selected_backend
     with selected_backend("numpy"):
         want = greedy_decode(eos_model(), sources(), with_attention=True)

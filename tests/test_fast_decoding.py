@@ -325,9 +325,9 @@ def test_cupy_decoding_kernels_match_numpy(cupy, dtype):
     padding alone (zero weights), the self-attention's new key and value written into the cache;
     the residual-and-norm epilogue (out may be x); the log-softmax; and the two picks, whose
     equal scores go to the lower id (as argmax and a stable sort by score do); the cache's reorder."""
-    from attn.fast.decoding.device import _kernels
+    from attn.fast.decoding.device import kernels
     cp = cupy
-    K = _kernels(cp)
+    K = kernels(cp)
     rng = np.random.default_rng(1)
     tol = 1e-5 if dtype == "float32" else 1e-12
     dt = np.dtype(dtype).type

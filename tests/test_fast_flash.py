@@ -119,13 +119,13 @@ def test_the_rule_chooses_by_mode_memory_and_dropout():
                             n_decoder_layers=1)
     need = flash.plain_weight_bytes(cfg, 2, 100, 100, 4)
     assert need == (100 * 100 + 2 * 100 * 100) * 2 * 2 * 4
-    assert flash.use_flash("auto", cfg, 2, 100, 100, 4, np, False, memory=need * 3)
-    assert not flash.use_flash("auto", cfg, 2, 100, 100, 4, np, False, memory=need * 5)
-    assert flash.use_flash("flash", cfg, 2, 1, 1, 4, np, False)
-    assert not flash.use_flash("plain", cfg, 2, 100, 100, 4, np, False, memory=1)
-    assert not flash.use_flash("auto", cfg, 2, 100, 100, 4, np, True, memory=1)
+    assert flash.choose("auto", cfg, 2, 100, 100, 4, np, False, memory=need * 3)
+    assert not flash.choose("auto", cfg, 2, 100, 100, 4, np, False, memory=need * 5)
+    assert flash.choose("flash", cfg, 2, 1, 1, 4, np, False)
+    assert not flash.choose("plain", cfg, 2, 100, 100, 4, np, False, memory=1)
+    assert not flash.choose("auto", cfg, 2, 100, 100, 4, np, True, memory=1)
     with pytest.raises(ValueError, match="attention_dropout"):
-        flash.use_flash("flash", cfg, 2, 1, 1, 4, np, True)
+        flash.choose("flash", cfg, 2, 1, 1, 4, np, True)
     with pytest.raises(ValueError, match="auto, plain, flash"):
         flash.check_mode("tiled")
 
@@ -221,11 +221,11 @@ def test_a_devices_measured_row_of_the_auto_table_is_used_before_its_backends(mo
     cfg = TransformerConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1)
     with selected_backend("fakecupy") as cp:
         assert flash.device_kind(cp) == "cupy"
-        assert not flash.use_flash("auto", cfg, 2, 64, 64, 4, cp, False)
+        assert not flash.choose("auto", cfg, 2, 64, 64, 4, cp, False)
         monkeypatch.setitem(flash.AUTO_RULES, "fakecupy (NumPy stand-in)", flash.AutoRule(0.25, 64, "measured"))
         assert flash.device_kind(cp) == "fakecupy (NumPy stand-in)"
-        assert flash.use_flash("auto", cfg, 2, 64, 64, 4, cp, False) and not flash.use_flash("auto", cfg, 2, 63, 9, 4,
-                                                                                             cp, False)
+        assert flash.choose("auto", cfg, 2, 64, 64, 4, cp, False) and not flash.choose("auto", cfg, 2, 63, 9, 4,
+                                                                                       cp, False)
         assert "reaches 64" in flash.choose("auto", cfg, 2, 64, 9, 4, cp, False)
 
 

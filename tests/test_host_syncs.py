@@ -11,7 +11,7 @@ the GPU. The stand-in counts every transfer (``.get()``, ``asnumpy``, ``float()`
   before each evaluation or checkpoint), bringing every pending loss at once; none otherwise;
 * decoding with the key/value cache: beam search one per generated position, greedy decoding
   one per :attr:`attn.engine.Search.check_every` positions (the fast engine's
-  :data:`attn.fast.decoding.host.EOS_CHECK_EVERY` on a GPU: the host learns which sentences have
+  :data:`attn.fast.decoding.search.EOS_CHECK_EVERY` on a GPU: the host learns which sentences have
   ended only then), plus two to start (the source's lengths, the source ids' range check) and
   one at the end for the attention weights when they are asked for. Without the cache (the
   O(t^2) baseline), one more per position: the re-run prefix's ids are range-checked on the
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import attn.backend as B
-import attn.fast.decoding.host as fast_decoding
+import attn.fast.decoding.search as fast_decoding
 import attn.fast.training.loop as FL
 import attn.train as T
 import fakecupy

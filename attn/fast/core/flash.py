@@ -1,6 +1,6 @@
 """The fast engine's tiled attention (FlashAttention, docs/GPU.md): :func:`attend` and
 :func:`attend_backward` launch the kernels of :mod:`attn.fast.gpu.kernels.flash` on CuPy and run
-their NumPy twins on NumPy; :func:`use_flash` is the one rule that chooses it over the plain
+their NumPy twins on NumPy; :func:`choose` is the one rule that chooses it over the plain
 attention. It keeps the output and one log-sum-exp per query (memory linear in the length), has
 no weights to drop out or inspect, and multiplies in the model's dtype at every precision."""
 from __future__ import annotations
@@ -20,20 +20,18 @@ from ..gpu.kernels.registry import CTYPES, NUMPY_TWINS
 MODES = ("auto", "plain", "flash")
 
 class AutoRule(NamedTuple):
-    """How ``auto`` chooses on one kind of device: the tiled attention where the weights the plain
-    one keeps for a step's backward (every layer's) would exceed ``memory_share`` of the memory (the
-    GPU's, or the host's), or where the length (the longer of source and target) reaches
-    ``min_length`` (None: by memory alone). ``basis`` says what the numbers rest on; it is said
-    with the choice."""
+    """How ``auto`` chooses on one kind of device (docs/GPU.md, "The rule"): tiled where the weights
+    the plain step keeps would exceed ``memory_share`` of the memory, or from the length
+    ``min_length`` on (None: by memory alone); ``basis``, said with the choice, is what the numbers
+    rest on."""
     memory_share: float
     min_length: int | None
     basis: str
 
 
-#: ``auto``'s rule by device kind (:func:`device_kind`): a GPU's name as CUDA gives it (where a GPU
-#: report measured at which length the tiled attention starts to win there), else the backend's
-#: row. No GPU has timed the tiled kernels, so there is no GPU's row, and both rows are the
-#: memory rule: on a GPU ``auto`` tiles only to save memory, never for speed.
+#: ``auto``'s rule by device kind (:func:`device_kind`): a GPU's name where a GPU report measured the
+#: tiled attention there, else the backend's row. No GPU has timed the tiled kernels: both rows are
+#: the memory rule, so on a GPU ``auto`` tiles only to save memory, never for speed.
 AUTO_RULES = {
     "numpy": AutoRule(0.25, None, "the memory rule: on the CPU the plain attention was the faster at every "
                                   "length measured up to 8,192 (benchmarks/RESULTS.md, \"Attention alone\")"),
@@ -105,34 +103,13 @@ def device_kind(xp) -> str:
     return name if name in AUTO_RULES else "cupy"
 
 
-def auto_choice(config, Bsz: int, S: int, T: int, itemsize: int, memory: int, kind: str) -> str | None:
-    """Why ``auto`` takes the tiled attention for a step of B sentences of S source and T target
-    tokens by :data:`AUTO_RULES`' row ``kind``, in words; None where it keeps the plain one."""
-    rule = AUTO_RULES[kind]
-    if rule.min_length is not None and max(S, T) >= rule.min_length:
-        return (f"the length {max(S, T)} reaches {rule.min_length}, from which the tiled attention is the faster "
-                f"on {kind} ({rule.basis})")
-    need = plain_weight_bytes(config, Bsz, S, T, itemsize)
-    if need > rule.memory_share * memory:
-        return (f"the plain attention's weights for {Bsz} sentences of {S} source and {T} target tokens would take "
-                f"{need / 2 ** 20:,.1f} MiB, more than {rule.memory_share:g} of the {memory / 2 ** 30:,.1f} GiB "
-                f"of {'this GPU' if kind != 'numpy' else 'the host'} ({rule.basis})")
-    return None
-
-
-def use_flash(mode: str, config, Bsz: int, S: int, T: int, itemsize: int, xp, dropping: bool,
-              memory: int | None = None, kind: str | None = None) -> bool:
-    """The rule: whether a step of B sentences of S source and T target tokens runs the tiled
-    attention. ``plain``: never; ``flash``: always (an error where the weights are dropped
-    out); ``auto``: not where the weights are dropped out, else by :func:`auto_choice` (``memory``
-    default :func:`memory_bytes`, ``kind`` default :func:`device_kind`)."""
-    return choose(mode, config, Bsz, S, T, itemsize, xp, dropping, memory, kind) is not None
-
-
 def choose(mode: str, config, Bsz: int, S: int, T: int, itemsize: int, xp, dropping: bool,
            memory: int | None = None, kind: str | None = None) -> str | None:
-    """:func:`use_flash`'s choice with its reason: None for the plain attention, else why the tiled
-    one (``auto``'s reason from :func:`auto_choice`, or that ``flash`` was asked for)."""
+    """The rule: None where a step of B sentences of S source and T target tokens runs the plain
+    attention, else why the tiled one, in words. ``plain``: never; ``flash``: always (an error where
+    the weights are dropped out); ``auto``: not where the weights are dropped out, else by the row
+    ``kind`` (default :func:`device_kind`) of :data:`AUTO_RULES`, of ``memory`` (default
+    :func:`memory_bytes`)."""
     check_mode(mode)
     if mode == "plain":
         return None
@@ -144,7 +121,17 @@ def choose(mode: str, config, Bsz: int, S: int, T: int, itemsize: int, xp, dropp
     if mode == "flash":
         return "attention='flash' was asked for"
     memory = memory_bytes(xp) if memory is None else memory
-    return auto_choice(config, Bsz, S, T, itemsize, memory, device_kind(xp) if kind is None else kind)
+    kind = device_kind(xp) if kind is None else kind
+    rule = AUTO_RULES[kind]
+    if rule.min_length is not None and max(S, T) >= rule.min_length:
+        return (f"the length {max(S, T)} reaches {rule.min_length}, from which the tiled attention is the faster "
+                f"on {kind} ({rule.basis})")
+    need = plain_weight_bytes(config, Bsz, S, T, itemsize)
+    if need > rule.memory_share * memory:
+        return (f"the plain attention's weights for {Bsz} sentences of {S} source and {T} target tokens would take "
+                f"{need / 2 ** 20:,.1f} MiB, more than {rule.memory_share:g} of the {memory / 2 ** 30:,.1f} GiB "
+                f"of {'this GPU' if kind != 'numpy' else 'the host'} ({rule.basis})")
+    return None
 
 
 class AutoNotice:
@@ -183,21 +170,16 @@ def _run(ops, name: str, dtype, grid, block, shared: int, args, Dh: int | None =
 
 def opted_in(xp, fns: dict, name: str, lookup, shared: int):
     """Function ``name`` from ``fns`` ({name: (function, bytes opted into)}; ``lookup(name)`` the first
-    time), opted into ``shared`` bytes of shared memory where that is above :data:`SHARED_LIMIT`."""
+    time), opted into ``shared`` bytes of dynamic shared memory where that is above the 48 KiB any
+    kernel may take (:data:`SHARED_LIMIT`): CUDA's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``,
+    through CuPy's driver module (a module's functions have no ``max_dynamic_shared_size_bytes``)."""
     f, opted = fns.get(name) or (lookup(name), 0)
     if shared > max(SHARED_LIMIT, opted):
-        opt_in(xp, f, shared)
+        xp.cuda.driver.funcSetAttribute(f.ptr, xp.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        int(shared))
         opted = shared
     fns[name] = f, opted
     return f
-
-
-def opt_in(xp, f, shared: int) -> None:
-    """Let ``f`` (a function of a ``RawModule``) launch with ``shared`` bytes of dynamic shared memory,
-    above the 48 KiB any kernel may take: CUDA's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``,
-    through CuPy's driver module (a module's functions have no ``max_dynamic_shared_size_bytes``)."""
-    d = xp.cuda.driver
-    d.funcSetAttribute(f.ptr, d.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
 
 
 def shared_limit(xp) -> int:

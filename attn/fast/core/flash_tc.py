@@ -15,12 +15,9 @@ from ... import backend as B
 from . import flash
 from ..gpu.kernels.common import grid_of
 from ..gpu.kernels.flash import HostLaunch
-from ..gpu.kernels.flash_mma import (HEAD_SIZES, NAME_EXPRESSIONS, OPTIONS, SOURCE, TILES, instance,
-                                     mma_shared, mma_threads)
+from ..gpu.kernels.flash_mma import (HEAD_SIZES, KINDS, NAME_EXPRESSIONS, OPTIONS, SOURCE, TILES, instance,
+                                     mma_rows, mma_shared)
 from ..gpu.kernels.registry import NUMPY_TWINS
-
-#: The 16-bit format of the tensor-core kernels at each precision that has one.
-FORMATS = {"bf16": "bf16", "fp16": "fp16"}
 
 #: ``auto``'s rule for the tensor-core kernels: the device kinds (:func:`attn.fast.core.flash.device_kind`)
 #: on which a GPU report measured them right (against their twins) and faster than the float32 tiled
@@ -31,17 +28,16 @@ TC_RULES: dict = {}
 def cores_for(mode: str, precision: str, xp, Dh: int, kind: str) -> tuple:
     """(the 16-bit format the tiled attention's tensor-core kernels run in, or None; why, in words)
     for attention ``mode`` at ``precision`` on ``xp``'s device of ``kind`` with heads of Dh."""
-    fmt = FORMATS.get(precision)
     if xp is B.host:
         return None, "NumPy has no tensor cores"
-    if fmt is None:
+    if precision not in KINDS:
         return None, f"the precision is {precision}: the float32 tiled kernels"
     if Dh not in HEAD_SIZES:
         return None, f"heads of {Dh} values: the tensor-core kernels are compiled for {HEAD_SIZES}"
     if mode == "flash":
-        return fmt, f"--attention flash at {precision} asks for them"
+        return precision, f"--attention flash at {precision} asks for them"
     if mode == "auto" and kind in TC_RULES:
-        return fmt, f"auto on {kind}: {TC_RULES[kind]}"
+        return precision, f"auto on {kind}: {TC_RULES[kind]}"
     return None, f"{mode}: no GPU report has measured the tensor-core kernels on {kind}"
 
 
@@ -91,8 +87,8 @@ def pack(ops, a, fmt: str):
 def _launch(ops, kernel: str, fmt: str, Dh: int, groups: int, rows: int, args) -> None:
     """``kernel`` at its production tiles: a block per (head, tile of ``rows``)."""
     BR, BC = TILES[kernel]
-    own = BC if kernel == "flash_mma_bwd_kv" else BR
-    _run(ops, instance(kernel, fmt, Dh, (BR, BC)), (groups, math.ceil(rows / own)), (mma_threads(kernel, BR, BC),),
+    own = mma_rows(kernel, BR, BC)
+    _run(ops, instance(kernel, fmt, Dh, (BR, BC)), (groups, math.ceil(rows / own)), (2 * own,),
          mma_shared(kernel, Dh, BR, BC), args)
 
 
@@ -123,8 +119,7 @@ def attend_backward(ops, dctx, c: flash.FlashCache, dq, dk, dv, scale: float) ->
     dQ = s dS K: D by ``flash_bwd_prep``, dK and dV by ``flash_mma_bwd_kv`` (a block per key
     tile), dQ by ``flash_mma_bwd_q`` (a pass of its own)."""
     i32, f32 = B.host.int32, B.host.float32
-    Bsz, H, Tq, Dh = c.q.shape
-    Hkv, Tk = c.k.shape[1], c.k.shape[2]
+    Bsz, H, Hkv, Tq, Tk, Dh = flash._shapes(c.q, c.k, c.v, c.mask)
     prep = flash.backward_prep(ops, dctx, c, dq, dk, dv, B.host.dtype(f32))
     if prep is None:
         return

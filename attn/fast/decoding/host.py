@@ -1,101 +1,57 @@
-"""Incremental decoding on the fast path: one decoder position for every row, the reference's
-:meth:`attn.model.Transformer.decode_step` with fewer passes over memory. On NumPy a
-:class:`FastDecodeState` (below); on CuPy a :class:`DeviceDecodeState` (:mod:`attn.fast.decoding.device`:
-buffers preallocated, one kernel per sub-layer, nothing allocated by a steady-state step).
+"""The NumPy decoding step, the readable :meth:`attn.model.Transformer.decode_step` with fewer
+passes over memory (:class:`FastDecodeState`; the later block's on CuPy too), and what the CuPy
+step (:mod:`.device`) shares with it: the rows' sentences, the length check, the step's weights.
 
-What it does differently (``tests/test_fast_decoding.py`` checks the tokens and scores of greedy and
-beam search against the reference decoder):
-
-* The self-attention keys and values live in buffers with room for more positions
-  (``(n, H, capacity, Dh)``, a quarter larger when full): a step writes its own position
-  instead of concatenating the whole prefix again.
-* Q, K and V of a step are one ``(D, 3D)`` matmul with the ``1/sqrt(d_k)`` scale folded into
-  the query weights (copies of the arena's fused blocks, made once per decode).
+* The keys and values live in buffers with room for more positions (a quarter larger when full):
+  a step writes its own position instead of concatenating the prefix again.
 * The rows are split into parts that run at the same time on the helper threads, each with
-  single-threaded BLAS: a step of 64 sentences is a few hundred small products, too small
-  for BLAS's own threads (their hand-offs cost more than the products), but two halves of
-  the batch keep two cores busy with one hand-off per step.
-* Cross-attention keys and values are kept once per group of consecutive rows that decode
-  one sentence, not once per row: beam search keeps a sentence's beams side by side, so
-  they attend to their sentence's one copy together (see :class:`FastDecodeState`), and a
-  reorder within the sentences copies none of them.
+  single-threaded BLAS: a step of 64 sentences is a few hundred small products, too small for
+  BLAS's own threads (their hand-offs cost more than the products), but two halves of the batch
+  keep two cores busy with one hand-off per step.
+* T positions of every row are read in one pass (speculative decoding; a step is T = 1).
 
-* The later block (lesson 26) decodes here too, on NumPy and on CuPy (the device state
-  runs the paper's sub-layers only): the cache holds ``kv_heads`` heads, which each group of
-  query heads reads without a copy; a step turns its query and its new key by its position
-  once (rotary positions), before the key is written into the cache; QK-norm norms them before
-  that (:func:`norm_heads_`).
-
-* Speculative decoding (:mod:`attn.speculative`) reads T positions of every row in one pass
-  (:func:`decode_positions`: the same decoder layer, :class:`HostRows` given T new rows a row
-  and the causal mask among them; a step is T = 1) and rolls rejected positions back
-  (:meth:`FastDecodeState.truncate`: the buffers handed on, nothing copied).
-
-A state is meant to be stepped once (as :mod:`attn.decode` does): stepping it writes the
-next position into buffers its successor shares. Stepping an older state again is still
-correct: it sees that its buffers have moved on and copies them first. :meth:`FastDecodeState.select`
-hands the buffers on instead (reordered layer by layer, each old array freed as its copy is
-made): after it only the selected state can be used, the others raise a ValueError that says so.
-"""
+A state is meant to be stepped once: stepping it writes the next position into buffers its
+successor shares (stepping an older state again copies them first). ``select`` and ``truncate``
+hand the buffers on: the states before then raise a ValueError that says so."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
 
 from ... import backend as B
+from ..core.caches import Fused
 from ..core.dispatch import ops_for
+from ..core.int8 import each_for
 from ..core.layer import decoder_layer
-from ..core.threads import THREADS, row_slices, single_threaded_blas
-
-#: Greedy decoding on a GPU generates this many positions between two looks at which sentences
-#: have ended (one transfer to the host each, :attr:`attn.engine.Search.check_every`), instead of
-#: one look (a synchronisation) at every position. The tokens are the same: the host replays the
-#: positions in order and keeps each sentence's tokens up to its EOS; a finished sentence's row
-#: runs on for at most this many positions less one. On the host there is nothing to wait for.
-EOS_CHECK_EVERY = 8
-
-
-def rows_to_device(xp, index, tokens, scores):
-    """:meth:`attn.engine.Search.rows_to_device` in one transfer: the (n,) row index and tokens
-    (int64) and scores (float64) as one int64 array (the scores' bits ride in a row), returned as
-    device views of it, so nothing is converted there."""
-    np = B.host
-    packed = xp.asarray(np.stack([np.asarray(index, dtype=np.int64), np.asarray(tokens, dtype=np.int64),
-                                  np.ascontiguousarray(scores, dtype=np.float64).view(np.int64)]))
-    return packed[0], packed[1], packed[2].view(xp.float64)
+from ..core.threads import THREADS, default_workers, row_slices, single_threaded_blas
 
 
 class _KV:
-    """The self-attention keys and values of every decoder layer, ``(n, H, capacity, Dh)``
-    each, and how many positions are written (``filled``)."""
+    """The self-attention keys and values of every decoder layer, ``(n, H, capacity, Dh)`` each,
+    and how many positions are written (``filled``; -1 once handed on)."""
     __slots__ = ("keys", "values", "filled")
 
     def __init__(self, keys, values, filled):
         self.keys, self.values, self.filled = keys, values, filled
 
-    @classmethod
-    def empty(cls, xp, n, H, Dh, L, capacity, dtype):
-        shape = (n, H, capacity, Dh)
-        return cls([xp.empty(shape, dtype=dtype) for _ in range(L)],
-                   [xp.empty(shape, dtype=dtype) for _ in range(L)], 0)
-
     @property
     def capacity(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
 
+    @property
+    def moved(self) -> bool:
+        """True once :meth:`take` or :meth:`cut` handed the buffers to a successor."""
+        return self.filled < 0
+
     def copy(self, length: int, capacity: int) -> "_KV":
         """A new buffer with the first ``length`` positions and room for ``capacity``."""
-        xp = B.get_array_module(self.keys[0])
-        new = _KV.empty(xp, self.keys[0].shape[0], self.keys[0].shape[1], self.keys[0].shape[3],
-                        len(self.keys), capacity, self.keys[0].dtype)
-        for a, b in zip(self.keys + self.values, new.keys + new.values):
-            b[:, :, :length] = a[:, :, :length]
-        new.filled = length
-        return new
+        return _KV(list(self.keys), list(self.values), length).grow_(capacity)
 
     def grow_(self, capacity: int) -> "_KV":
-        """Room for ``capacity`` positions, in place: layer by layer a larger array receives
-        the filled positions and replaces the old one (freed then), so growing needs one
-        layer's array beyond the buffers. The states sharing this ``_KV`` see the new arrays."""
+        """Room for ``capacity`` positions, in place: layer by layer a larger array receives the
+        filled positions and replaces the old one (freed then), so growing needs one layer's array
+        beyond the buffers. The states sharing this ``_KV`` see the new arrays."""
         xp = B.get_array_module(self.keys[0])
         for arrays in (self.keys, self.values):
             for i, a in enumerate(arrays):
@@ -106,16 +62,12 @@ class _KV:
         return self
 
     def take(self, index, length: int) -> "_KV":
-        """Rows ``index`` (with repeats, already checked to lie in range), same capacity, in a
-        new ``_KV`` that takes this one's place. Layer by layer, each old array is let go as
-        soon as its copy exists, so a reorder needs one layer's array beyond the buffers, not
-        a second set of them (beam search reorders at every step); this ``_KV`` is left empty
-        (:attr:`moved`), and the states that shared it can no longer be stepped. The whole
-        rows are copied (contiguous blocks: faster than copying the filled positions alone
-        through a strided view, and the room beyond them is at most a quarter, or 8 positions,
-        when the buffers grew in place); buffers made with more room (a search's reserve, see
-        :func:`start`) are first cut to the room they would have grown to, so that a reorder at
-        every step copies no more than it did with growing buffers."""
+        """Rows ``index`` (with repeats, in range), in a new ``_KV`` that takes this one's place,
+        this one left :attr:`moved`. Layer by layer each old array is let go as soon as its copy
+        exists, so a reorder (beam search's every step) needs one layer's array beyond the buffers,
+        not a second set. The whole rows are copied (contiguous blocks: faster than the filled
+        positions alone through a strided view); buffers made with more room (a search's reserve)
+        are first cut to the room growing would have given them, so a reorder copies no more."""
         xp = B.get_array_module(self.keys[0])
         keys, values = self.keys, self.values
         keep = min(self.capacity, max(16, length + max(8, length // 4)))
@@ -127,18 +79,11 @@ class _KV:
         return _KV(keys, values, length)
 
     def cut(self, length: int) -> "_KV":
-        """The first ``length`` positions, in a new ``_KV`` that takes this one's place: the arrays
-        are handed on, nothing copied (the next step writes over the positions after). This one is
-        left empty (:attr:`moved`), as by :meth:`take`: a state that still counted the positions
-        after could read them overwritten."""
+        """The first ``length`` positions, in a new ``_KV`` that takes this one's place (the arrays
+        handed on, the next step writing over the positions after), this one left :attr:`moved`."""
         new = _KV(self.keys, self.values, length)
         self.keys, self.values, self.filled = [], [], -1
         return new
-
-    @property
-    def moved(self) -> bool:
-        """True once :meth:`take` or :meth:`cut` handed the buffers to a successor."""
-        return self.filled < 0
 
 
 def _check_not_moved(state: "FastDecodeState", what: str) -> None:
@@ -147,33 +92,36 @@ def _check_not_moved(state: "FastDecodeState", what: str) -> None:
                          f"select() or truncate() (to save a copy of them); use the state that call returned")
 
 
+def successor(state, **changes):
+    """A decoding state like ``state`` with the fields ``changes`` replaced."""
+    new = copy.copy(state)
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new
+
+
+def per_row(state) -> list:
+    """A decoding state's per-group cross-attention keys and values, repeated for each row of a group."""
+    g = state.group
+    return list(state.cross) if g == 1 else [(k.repeat(g, axis=0), v.repeat(g, axis=0)) for k, v in state.cross]
+
+
 class FastDecodeState:
-    """A :class:`attn.model.DecodeState` for :class:`attn.fast.FastTransformer` on NumPy.
-
-    ``cross_kv``, ``self_kv``, ``src_mask`` and ``length`` read as the reference's (and
-    iterating gives them in that order); besides, it keeps the self-attention keys and
-    values in growing buffers (see the module docstring), the fused decoder weights, the
-    source mask as an additive bias, and which sentence each row decodes.
-
-    The cross-attention keys and values of a row depend only on its sentence (they are the
-    projections of that sentence's encoder output). Beam search keeps each sentence's
-    beams side by side, so they are kept once per group of ``group`` consecutive rows
-    (``cross``: (n / group, H, S, Dh) per layer) and a step attends with the group's
-    queries together: beam 4 holds and reads a quarter of the copies the reference makes.
-    When :meth:`select` leaves every group with the sentence it had -- beam search
-    reordering the beams within each sentence, which is every step but the first and those
-    where a sentence finishes -- they are not copied at all."""
+    """A :class:`attn.model.DecodeState` for :class:`attn.fast.FastTransformer` on NumPy:
+    ``cross_kv``, ``self_kv``, ``src_mask`` and ``length`` read as the reference's. It keeps the keys
+    and values in growing buffers (``kv``), the step's weights (``fused``), the source mask as a bias
+    (and ``src_rows``, 0 for a source of padding alone), and which sentence each row decodes. A
+    row's cross-attention keys and values depend on its sentence alone: they are kept once per
+    group of ``group`` consecutive rows (``cross``: (n / group, H, S, Dh) per layer), which a step
+    attends with together: beam 4 holds and reads a quarter of the reference's copies."""
     __slots__ = ("cross", "group", "src_mask", "length", "sentence", "kv", "fused", "src_bias", "src_rows")
 
     def __init__(self, cross, group, src_mask, length, sentence, kv, fused, src_bias, src_rows):
         self.cross, self.group, self.src_mask, self.length = cross, group, src_mask, length
         self.sentence, self.kv, self.fused, self.src_bias, self.src_rows = sentence, kv, fused, src_bias, src_rows
 
-    @property
-    def cross_kv(self) -> list:
-        """Per layer the reference's (k, v), one row per decoded row, (n, H, S, Dh) (a copy when
-        rows share them)."""
-        return per_row(self.cross, self.group)
+    #: Per layer the reference's (k, v), (n, H, S, Dh) (a copy where rows share them).
+    cross_kv = property(per_row)
 
     @property
     def self_kv(self) -> list:
@@ -185,50 +133,32 @@ class FastDecodeState:
             return [(None, None)] * len(self.kv.keys)
         return [(k[:, :, :t], v[:, :, :t]) for k, v in zip(self.kv.keys, self.kv.values)]
 
-    def __iter__(self):
-        return iter((self.cross_kv, self.self_kv, self.src_mask, self.length))
-
     def select(self, index, index_host=None) -> "FastDecodeState":
-        """Keep (and repeat) rows ``index``: beam search reorders hypotheses with it. The key/value
-        buffers move to the new state (see :meth:`_KV.take`): this one, and the states it was
-        stepped from, cannot be stepped or selected from again."""
+        """Keep (and repeat) rows ``index``: beam search reorders hypotheses with it. The buffers
+        move to the new state (:meth:`_KV.take`)."""
         _check_not_moved(self, "select")
-        np = B.host
-        index_h = B.to_host(index)
-        if index_h.size and (index_h.min() < 0 or index_h.max() >= self.sentence.shape[0]):
-            raise IndexError(f"FastDecodeState.select: index out of range for {self.sentence.shape[0]} rows")
-        sentence, group, cross, same = regroup(self, index_h, np)
-        if same:
-            mask, bias, rows = self.src_mask, self.src_bias, self.src_rows
-        else:
-            mask, bias = self.src_mask[index], self.src_bias[index]
-            rows = None if self.src_rows is None else self.src_rows[index]
-        return FastDecodeState(cross, group, mask, self.length, sentence, self.kv.take(index, self.length),
-                               self.fused, bias, rows)
+        new = regroup(self, index, B.to_host(index), B.host)
+        if "src_bias" in new and self.src_rows is not None:
+            new["src_rows"] = self.src_rows[index]
+        return successor(self, kv=self.kv.take(index, self.length), **new)
 
     def truncate(self, length: int) -> "FastDecodeState":
-        """The state as it was after its first ``length`` positions
-        (:meth:`attn.model.DecodeState.truncate`: speculative decoding rolls back the tokens it
-        rejected). The later positions are forgotten, not copied out: the buffers move to the new
-        state (:meth:`_KV.cut`), whose next step writes over them; this state, and the states it was
-        stepped from, cannot be used again."""
+        """The state after its first ``length`` positions (:meth:`attn.model.DecodeState.truncate`):
+        the buffers move to the new state (:meth:`_KV.cut`), whose next step writes over the rest."""
         _check_not_moved(self, "truncate")
         if not 0 <= length <= self.length:
             raise ValueError(f"FastDecodeState.truncate: length must be in 0..{self.length}, got {length}")
-        return FastDecodeState(self.cross, self.group, self.src_mask, length, self.sentence, self.kv.cut(length),
-                               self.fused, self.src_bias, self.src_rows)
+        return successor(self, length=length, kv=self.kv.cut(length))
 
 
-def per_row(cross, group: int) -> list:
-    """The per-group cross-attention keys and values ``cross``, repeated for each row of a group."""
-    return list(cross) if group == 1 else [(k.repeat(group, axis=0), v.repeat(group, axis=0)) for k, v in cross]
-
-
-def regroup(state, index_h, xp):
-    """What the rows ``index_h`` (host ints) of a decoding ``state`` share: their sentences,
-    :func:`_group_size`, the keys and values per group (a gather, on ``xp``, only where the groups'
-    rows change: not when beam search reorders beams within each sentence), and whether they
-    decode the same sentences as before (then the source mask stays)."""
+def regroup(state, index, index_h, xp) -> dict:
+    """The fields of a decoding ``state`` that the rows ``index`` (``index_h`` on the host) take
+    from their sentences: ``sentence``, ``group`` (:func:`_group_size`), ``cross`` (gathered, on
+    ``xp``, only where the groups' rows change: not when beam search reorders beams within each
+    sentence), and where the sentences change, ``src_mask`` and ``src_bias``."""
+    n = state.sentence.shape[0]
+    if index_h.size and (index_h.min() < 0 or index_h.max() >= n):
+        raise IndexError(f"{type(state).__name__}.select: index out of range for {n} rows")
     sentence = state.sentence[index_h]
     group = _group_size(sentence)
     source = index_h[::group] // state.group            # each new group's row of the old ``cross``
@@ -236,8 +166,10 @@ def regroup(state, index_h, xp):
     if not (source.shape[0] == cross[0][0].shape[0] and bool((source == B.host.arange(source.shape[0])).all())):
         source = xp.asarray(source)
         cross = [(k[source], v[source]) for k, v in cross]
-    same = sentence.shape == state.sentence.shape and bool((sentence == state.sentence).all())
-    return sentence, group, cross, same
+    new = {"sentence": sentence, "group": group, "cross": cross}
+    if not (sentence.shape == state.sentence.shape and bool((sentence == state.sentence).all())):
+        new.update(src_mask=state.src_mask[index], src_bias=state.src_bias[index])
+    return new
 
 
 def _group_size(sentence) -> int:
@@ -250,31 +182,69 @@ def _group_size(sentence) -> int:
     return int(np.gcd.reduce(np.diff(bounds)))
 
 
+def source_bias(model, src_mask):
+    """The source mask as an additive bias of its shape (0, or the most negative finite value)."""
+    xp = model.xp
+    return xp.where(src_mask, model.dtype.type(0), xp.finfo(model.dtype).min).astype(model.dtype)
+
+
+def decoding_weights(model) -> Fused:
+    """What the decoding states read, made once per decoding: the decoder's self-attention
+    ``[w_q * s | w_k | w_v]`` and cross-attention queries ``w_q * s`` with ``s = 1/sqrt(d_k)``
+    folded in (copies). With QK-norm the norm would undo it: s rides on the queries' gain instead
+    (:func:`norm_heads_`). An int8 model's are made at each read (:func:`each_for`)."""
+    cfg, p, D = model.config, model.params, model.config.d_model
+    s = 1.0 if model.block.self_attention.qk_norm else model.mha.scale
+    dt, F, each = model.dtype.type, model._fuse(), each_for(model.arena)
+
+    def scaled_qkv(i):
+        W, b = (a.copy() for a in F.dec_qkv[i])
+        W[:, :D] *= dt(s)
+        b[:D] *= dt(s)
+        return W, b
+    L = cfg.n_decoder_layers
+    return Fused([], each(L, scaled_qkv), each(L, lambda i: (
+        p[f"decoder.{i}.cross_attn.w_q"] * dt(s), p[f"decoder.{i}.cross_attn.b_q"] * dt(s))), None, s)
+
+
 #: Most positions the key/value buffers are made with at the start (a search's reserve): beyond,
 #: they grow as the decoding goes.
 MAX_START_POSITIONS = 256
 
 
 def start(model, cross_kv, src_mask, positions=None) -> FastDecodeState:
-    """The state before the first step: cross-attention keys/values (B, H, S, Dh) per layer
-    (the reference's), the fused weights, the mask (B, 1, 1, S) as a bias (B, 1, 1, S), and
-    key/value buffers with room for ``positions`` (the most the search will step, at most
-    :data:`MAX_START_POSITIONS`; None: 16), so that a decoding of that length never grows
-    them (each growth copies every layer's buffers: a few percent of a greedy decoding)."""
-    xp, cfg = model.xp, model.config
+    """The state before the first step over ``cross_kv`` ((B, H, S, Dh) per layer, the reference's)
+    and ``src_mask`` (B, 1, 1, S), its buffers with room for ``positions`` (the most the search will
+    step, at most :data:`MAX_START_POSITIONS`; None: 16): each growth copies every layer's buffers,
+    a few percent of a greedy decoding."""
+    cfg = model.config
     capacity = 16 if positions is None else max(16, min(int(positions), MAX_START_POSITIONS))
     n = src_mask.shape[0]
-    D, H, KV = cfg.d_model, cfg.n_heads, cfg.key_value_heads
-    bias = xp.where(src_mask, model.dtype.type(0), xp.finfo(model.dtype).min).astype(model.dtype)
     rows = src_mask.any(axis=-1, keepdims=True)                               # (B, 1, 1, 1)
     rows = None if bool(rows.all()) else rows.astype(model.dtype)
-    kv = _KV.empty(xp, n, KV, D // H, cfg.n_decoder_layers, capacity, model.dtype)   # the key/value heads
-    return FastDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), kv, model._decoding_weights(), bias, rows)
+    shape, L = (n, cfg.key_value_heads, capacity, cfg.d_model // cfg.n_heads), cfg.n_decoder_layers
+    keys, values = ([model.xp.empty(shape, dtype=model.dtype) for _ in range(L)] for _ in "kv")
+    return FastDecodeState(list(cross_kv), 1, src_mask, 0, B.host.arange(n), _KV(keys, values, 0),
+                           decoding_weights(model), source_bias(model, src_mask), rows)
 
 
 #: Least rows per part when a step is split over threads: below it the hand-off costs more
 #: than the part's products save.
 MIN_ROWS_PER_PART = 8
+
+#: A step runs with single-threaded BLAS (NumPy) while rows x d_model is at most this: OpenBLAS
+#: splits even (64, 256) x (256, 256) products over its threads, and the threads' hand-offs cost
+#: several times the product.
+DECODE_ONE_THREAD_MAX = 1 << 18
+
+
+def one_thread(model, tokens, parts: int):
+    """NumPy's BLAS on one thread for positions ``tokens`` few enough (:data:`DECODE_ONE_THREAD_MAX`)
+    that run as one part (too few to split in ``parts``): OpenBLAS threads a product from 8 rows
+    up, a speculative round's k + 1 positions of one sentence among them."""
+    small = model.xp is B.host and tokens.size * model.config.d_model <= DECODE_ONE_THREAD_MAX
+    alone = small and min(parts, tokens.shape[0] // MIN_ROWS_PER_PART) <= 1
+    return single_threaded_blas() if alone else contextlib.nullcontext()
 
 
 def check_length(model, t: int) -> None:
@@ -284,19 +254,15 @@ def check_length(model, t: int) -> None:
                          f"table's {model.config.max_len} positions (raise max_len)")
 
 
-def decode_step(model, tokens, state: FastDecodeState, parts: int):
-    """One position for every row (see :meth:`attn.model.Transformer.decode_step`):
-    log-probabilities (n, V), the new state, the cross-attention weights per layer
-    (n, H, 1, S). ``parts``: how many row parts run at the same time (1: this thread)."""
-    logp, new, cross_w = decode_positions(model, tokens[:, None], state, parts)
-    return logp[:, 0], new, cross_w
-
-
-def decode_positions(model, tokens, state: FastDecodeState, parts: int):
-    """T positions for every row in one pass (see :meth:`attn.model.Transformer.decode_positions`):
+def decode_positions(model, tokens, state: FastDecodeState):
+    """T positions for every row in one pass (:meth:`attn.model.Transformer.decode_positions`):
     tokens (n, T) the ids at positions ``state.length``.., each attending to the cache and to the
     new positions up to its own. Returns log-probabilities (n, T, V), the new state, the
-    cross-attention weights per layer (n, H, T, S). ``parts``: as :func:`decode_step`'s."""
+    cross-attention weights per layer (n, H, T, S). The rows are split over :attr:`workers` parts
+    (default :func:`default_workers`) of whole groups: one sentence's wide beam runs on one thread."""
+    if not isinstance(state, FastDecodeState):
+        raise TypeError(f"FastTransformer.decode_step: the state must come from its start_decoding, "
+                        f"got a {type(state).__name__}")
     cfg, xp = model.config, model.xp
     t, (n, T) = state.length, tokens.shape
     check_length(model, t + T - 1)
@@ -307,25 +273,24 @@ def decode_positions(model, tokens, state: FastDecodeState, parts: int):
     elif t + T > kv.capacity:                    # full: a quarter more room (at least 8 positions):
         kv.grow_(max(t + T, kv.capacity + max(8, kv.capacity // 4)))   # less slack than doubling, few copies
     V = model.params[model._emb("out")].shape[0]
-    S = state.cross[0][0].shape[2]
-    g = state.group
+    S, g = state.cross[0][0].shape[2], state.group
     logp = xp.empty((n * T, V), dtype=model.dtype)
     cross_w = [xp.empty((n * T, cfg.n_heads, 1, S), dtype=model.dtype) for _ in range(cfg.n_decoder_layers)]
     pe = model.embeddings.table("tgt", t + T)[t:t + T] if model.block.positions.added else None   # (T, D)
-    # Parts hold whole groups: one sentence with a wide beam (one group) runs on one thread.
+    parts = default_workers() if model.workers is None else max(1, int(model.workers))
+    parts = parts if xp is B.host else 1
     k = max(1, min(parts, n // MIN_ROWS_PER_PART, n // g))
-    if k == 1:
-        _rows(model, tokens, state, kv, t, pe, slice(0, n), logp, cross_w)
-    else:                                                  # parts of whole groups (see FastDecodeState)
-        THREADS.parallel([lambda sl=slice(gs.start * g, gs.stop * g):
-                           _rows(model, tokens, state, kv, t, pe, sl, logp, cross_w)
-                           for gs in row_slices(n // g, k)])
+    with one_thread(model, tokens, parts):
+        if k == 1:
+            _rows(model, tokens, state, kv, t, pe, slice(0, n), logp, cross_w)
+        else:
+            THREADS.parallel([lambda sl=slice(gs.start * g, gs.stop * g):
+                              _rows(model, tokens, state, kv, t, pe, sl, logp, cross_w)
+                              for gs in row_slices(n // g, k)])
     kv.filled = t + T
-    new = FastDecodeState(state.cross, g, state.src_mask, t + T, state.sentence, kv, state.fused,
-                          state.src_bias, state.src_rows)
     if T > 1:                                    # the rows' (n T, H, 1, S) as (n, H, T, S) views
         cross_w = [w.reshape(n, T, cfg.n_heads, S).transpose(0, 2, 1, 3) for w in cross_w]
-    return logp.reshape(n, T, V), new, cross_w
+    return logp.reshape(n, T, V), successor(state, length=t + T, kv=kv), cross_w
 
 
 def _softmax_last_(s, bias=None, row_scale=None):
@@ -345,9 +310,8 @@ def _softmax_last_(s, bias=None, row_scale=None):
 
 
 def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, cross_w):
-    """The step for rows ``sl`` of tokens (n, T): writes their keys/values at positions t..t+T-1,
-    their log-probabilities into ``logp`` and cross-attention weights into ``cross_w[i]`` (the rows
-    ``sl``'s T positions each, (n T, ...))."""
+    """The step for rows ``sl`` of tokens (n, T): their keys/values written at positions t..t+T-1,
+    their log-probabilities into ``logp`` and cross-attention weights into ``cross_w`` ((n T, ...))."""
     xp, block, T = model.xp, model.block, tokens.shape[1]
     x = xp.take(model.params[model._emb("tgt")], tokens[sl].reshape(-1), axis=0)         # (n T, D)
     x *= model.dtype.type(math.sqrt(model.config.d_model))
@@ -360,8 +324,8 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     for i in range(model.config.n_decoder_layers):
         x, _ = decoder_layer(run, i, x)
     if block.placement.final_norm:
-        x = _norm(model, run.ops, "decoder.norm", x)
-    out = model.project(x)                     # (n, V); a subclass may change the projection
+        x = model.residuals.norm_("decoder.norm", x, run.ops)[0]
+    out = model.project(x)                                                   # (n, V)
     # log_softmax: out - max - log(sum(exp(out - max))), with no (n, V) buffer beyond these two
     out -= out.max(axis=1, keepdims=True)
     logp[xs] = out
@@ -369,19 +333,12 @@ def _rows(model, tokens, state: FastDecodeState, kv: _KV, t: int, pe, sl, logp, 
     logp[xs] -= xp.log(run.ops.rowsum(out))[:, None]
 
 
-def _norm(model, ops, name, x):
-    """The norm called ``name`` on x (n, D), which it overwrites. Returns out (n, D)."""
-    return model.residuals.norm_(name, x, ops)[0]
-
-
 class HostRows:
     """The NumPy step's sub-layers (:func:`attn.fast.core.layer.decoder_layer`) for the rows ``sl``
-    of ``state`` at positions t..t+T-1: T new rows each (one in a step; the layer's input is
-    (n T, D), each row's positions side by side), their keys and values written at those positions
-    into the cache ``kv`` and attended with the t before them and each other up to their own
-    (``rope``: the rotary tables, or None), the cross-attention weights into ``cross_w`` (per layer
-    (n T, H, 1, S), the rows' views), no dropout, nothing kept. Products on NumPy's BLAS, the rest
-    the fp32 ops of ``ops_for``."""
+    of ``state`` at positions t..t+T-1 (the layer's input (n T, D), each row's positions side by
+    side): their keys and values written into ``kv`` and attended with the t before them and each
+    other up to their own (``rope``: the rotary tables, or None), the cross-attention weights into
+    ``cross_w`` (per layer (n T, H, 1, S)), no dropout, nothing kept."""
 
     def __init__(self, model, state: FastDecodeState, kv: _KV, t: int, rope, sl, cross_w, T: int = 1):
         self.model, self.ops, self.state, self.kv, self.t, self.T = model, ops_for(model.xp), state, kv, t, T
@@ -392,11 +349,11 @@ class HostRows:
     def residual(self, norm, x, sub, bias):
         """post-norm ``N(x + sub(x) + bias)``, pre-norm ``x + sub(N(x)) + bias`` (bias None: none)."""
         pre = self.model.block.placement.pre
-        y = sub(_norm(self.model, self.ops, norm, x.copy()) if pre else x)
+        y = sub(self.model.residuals.norm_(norm, x.copy(), self.ops)[0] if pre else x)
         if bias is not None:
             y += bias
         y += x
-        return (y if pre else _norm(self.model, self.ops, norm, y)), None
+        return (y if pre else self.model.residuals.norm_(norm, y, self.ops)[0]), None
 
     def ffn(self, pre, h):
         """The feed-forward network ``pre`` on h (n, D), without its output bias."""
@@ -470,20 +427,9 @@ def norm_heads_(model, name, q, k) -> None:
     """QK-norm of a step's query heads q (n, H, 1, Dh) and new key heads k (n, KV, 1, Dh) (None: a
     cross-attention's, normed once when projected) of the attention ``name``, in place; the
     queries' gain times 1/sqrt(d_k), which the query weights then do not hold
-    (:meth:`attn.fast.FastTransformer._decoding_weights`). Nothing without QK-norm."""
+    (:func:`decoding_weights`). Nothing without QK-norm."""
     attention = model.block.self_attention
     if attention.qk_norm:
         q[...] = attention.norm_heads(q, model.params, name, "q", model.mha.scale)[0]
         if k is not None:
             k[...] = attention.norm_heads(k, model.params, name, "k")[0]
-
-
-def run_step(model, tokens, state, parts: int, one_thread: bool, step=decode_step):
-    """``step`` (:func:`decode_step`, or :func:`decode_positions`) with NumPy's BLAS on one thread
-    when asked (small steps) and the rows run as one part (too few to split): OpenBLAS threads a
-    product from 8 rows up, a speculative round's k + 1 positions of one sentence among them, and
-    its threads' hand-offs cost many times such a product."""
-    if one_thread and min(parts, tokens.shape[0] // MIN_ROWS_PER_PART) <= 1:
-        with single_threaded_blas():
-            return step(model, tokens, state, 1)
-    return step(model, tokens, state, parts)

@@ -5,6 +5,7 @@ CuPy stand-in its own cuBLAS model takes the calls (``cupy.cuda.direct_cublas``)
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 
 #: cublasStatus_t names of the codes a call can return.
 _STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE", 8: "ARCH_MISMATCH",
@@ -38,18 +39,20 @@ SIGNATURES = {
     "cublasGemmStridedBatchedEx": _STRIDED_EX,
     "cublasGemmBatchedEx": _BATCHED_EX,
 }
-#: cupy.cuda.cublas's name of each, as the launch code calls them
-CUPY_NAMES = {"cublasSetStream_v2": "setStream", "cublasSetPointerMode_v2": "setPointerMode",
-              "cublasSetWorkspace_v2": "setWorkspace", "cublasSetMathMode": "setMathMode",
-              "cublasSgemm_v2": "sgemm", "cublasDgemm_v2": "dgemm",
-              "cublasSgemmStridedBatched": "sgemmStridedBatched", "cublasDgemmStridedBatched": "dgemmStridedBatched",
-              "cublasSgemmBatched": "sgemmBatched", "cublasDgemmBatched": "dgemmBatched",
-              "cublasGemmEx": "gemmEx", "cublasGemmStridedBatchedEx": "gemmStridedBatchedEx",
-              "cublasGemmBatchedEx": "gemmBatchedEx"}
+#: cupy.cuda.cublas's name of each the launch code calls (``cublasSgemm_v2``: ``sgemm``)
+CUPY_NAMES = {c: c[6].lower() + c[7:].removesuffix("_v2") for c in SIGNATURES
+              if c not in ("cublasCreate_v2", "cublasDestroy_v2", "cublasGetMathMode")}
 
 
 class CublasError(RuntimeError):
     """A cuBLAS call returned an error status (the message names the call and the status)."""
+
+
+def _call(cname: str, fn, *args) -> None:
+    """``fn(*args)``, ``fn`` the C function ``cname``, its status checked."""
+    status = fn(*args)
+    if status != 0:
+        raise CublasError(f"{cname} returned CUBLAS_STATUS_{_STATUS.get(status, status)}")
 
 
 class CtypesCublas:
@@ -57,14 +60,14 @@ class CtypesCublas:
     ``cupy.cuda.cublas``'s names (:data:`CUPY_NAMES`), each checking its status; and
     :meth:`create`, a handle of attn's own."""
 
-    CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C = 0, 1, 2
-    CUBLAS_POINTER_MODE_HOST, CUBLAS_POINTER_MODE_DEVICE = 0, 1
-    CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+    CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+    CUBLAS_POINTER_MODE_HOST = 0
+    CUBLAS_TF32_TENSOR_OP_MATH = 3
     #: cudaDataType (library_types.h), cublasComputeType_t and cublasGemmAlgo_t (cublas_api.h):
     #: the Ex GEMMs' type arguments, named as on the CuPy stand-in
-    CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
-    CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F = 68, 77, 70
-    CUBLAS_GEMM_DEFAULT, CUBLAS_GEMM_DEFAULT_TENSOR_OP = -1, 99
+    CUDA_R_32F, CUDA_R_16BF = 0, 14
+    CUBLAS_COMPUTE_32F = 68
+    CUBLAS_GEMM_DEFAULT = -1
 
     def __init__(self, lib):
         self.lib = lib
@@ -72,29 +75,16 @@ class CtypesCublas:
             fn = getattr(lib, cname)
             fn.argtypes, fn.restype = argtypes, ctypes.c_int
             if cname in CUPY_NAMES:
-                setattr(self, CUPY_NAMES[cname], self._checked(cname, fn))
-
-    @staticmethod
-    def _checked(cname, fn):
-        def call(*args):
-            status = fn(*args)
-            if status != 0:
-                raise CublasError(f"{cname} returned CUBLAS_STATUS_{_STATUS.get(status, status)}")
-        call.__name__ = CUPY_NAMES[cname]
-        return call
+                setattr(self, CUPY_NAMES[cname], partial(_call, cname, fn))
 
     def getMathMode(self, handle) -> int:
         mode = _I()
-        status = self.lib.cublasGetMathMode(handle, ctypes.byref(mode))
-        if status != 0:
-            raise CublasError(f"cublasGetMathMode returned CUBLAS_STATUS_{_STATUS.get(status, status)}")
+        _call("cublasGetMathMode", self.lib.cublasGetMathMode, handle, ctypes.byref(mode))
         return int(mode.value)
 
     def create(self) -> int:
         handle = _P()
-        status = self.lib.cublasCreate_v2(ctypes.byref(handle))
-        if status != 0:
-            raise CublasError(f"cublasCreate_v2 returned CUBLAS_STATUS_{_STATUS.get(status, status)}")
+        _call("cublasCreate_v2", self.lib.cublasCreate_v2, ctypes.byref(handle))
         return int(handle.value)
 
 

@@ -1,11 +1,10 @@
 """A run on a GPU always trains (docs/GPU.md): each feature of the fast engine the run uses is
 probed once at the start in a child process (:mod:`attn.fast.gpu.probe`: a CUDA error can be
-sticky), and one that fails is switched off with one line naming it, with what needs it. A child
-that dies or runs past :data:`CHILD_SECONDS` fails its probe, and a fresh child probes the rest.
-Off, in :data:`attn.fast.gpu.probe.ORDER`: ``fast engine`` trains the readable model; ``cuBLAS
-through ctypes`` takes CuPy's ``matmul``, fp32 and no captured step; ``step memory`` CuPy's pool
-and no captured step; ``tiled attention`` the plain one; ``captured step`` eager steps;
-``precision`` fp32. On the stand-in the probes run only where :data:`ON_STAND_IN` is set."""
+sticky), and one that fails is switched off with one line naming it, with what needs it (the
+captured step needs cuBLAS through ctypes and the step memory, bf16 and tf32 cuBLAS through
+ctypes; without the fast engine the readable model trains). A child that dies or runs past
+:data:`CHILD_SECONDS` fails its probe, and a fresh child probes the rest. On the stand-in the
+probes run only where :data:`ON_STAND_IN` is set."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +16,7 @@ from pathlib import Path
 import sys
 
 from ... import backend as B
-from .probe import ORDER, block_of, probe_config
+from .probe import apply, asked, block_of, probe_config
 
 #: Whether the probes run on the CuPy stand-in too (the tests set it); on a GPU they always run.
 ON_STAND_IN = False
@@ -41,15 +40,6 @@ def request_of(config) -> dict:
     return {"block": block_of(model), "attention": config.attention, "precision": config.precision,
             "cuda_graph": bool(config.cuda_graph),
             "tiled": config.attention != "plain" and model.attention_dropout == 0}
-
-
-def asked(request: dict) -> list:
-    """The probes ``request`` asks for, in :data:`attn.fast.gpu.probe.ORDER`."""
-    wanted = {"fast engine", "cuBLAS through ctypes", "step memory"}
-    wanted |= {"tiled attention"} if request.get("tiled") else set()
-    wanted |= {"captured step"} if request.get("cuda_graph") else set()
-    wanted |= {"precision"} if request.get("precision", "fp32") != "fp32" else set()
-    return [p for p in ORDER if p in wanted]
 
 
 def _child_env() -> dict:
@@ -107,7 +97,6 @@ def settle(config, say):
     says: returns ``config`` as it can run (``reference``, ``attention``, ``cuda_graph``,
     ``precision``), the process-wide switches set, and one line through ``say`` for each feature
     switched off. A run on NumPy is returned as it is."""
-    from . import cublas, stepmem
     if B.get_backend() != "cupy" or (B.xp().__name__ != "cupy" and not ON_STAND_IN):
         return config
     decided = probe(request_of(config))
@@ -116,8 +105,7 @@ def settle(config, say):
         say(f"attn-train: the fast engine is switched off for this run: its probe on this device failed "
             f"({off['fast engine']}); the run trains the readable model (--reference)")
         return dataclasses.replace(config, reference=True, precision="fp32", attention="auto", cuda_graph=False)
-    cublas.DIRECT = cublas.DIRECT and "cuBLAS through ctypes" not in off
-    stepmem.ENABLED = stepmem.ENABLED and "step memory" not in off
+    apply(off)
     names = {"tiled attention": "the tiled attention (--attention plain instead)",
              "precision": f"--precision {config.precision}"}
     for feature, reason in off.items():

@@ -1,13 +1,12 @@
 """A step captured once as a CUDA graph and replayed: one launch from the host for all of a
-step's kernels (docs/GPU.md, "Capturing the step as a CUDA graph", tells what it asks of a step).
-Every capture runs in thread-local mode (:data:`CAPTURE_MODE_NAME`) inside :class:`CaptureGuard`;
-:class:`CapturedStep` runs a function eagerly for its first ``warmup`` calls at an input shape,
-then captures and replays, one graph per shape, eagerly for good after :data:`CAPTURE_TRIES`
-refusals; :func:`survey` lists what a capture would refuse (on the CuPy stand-in). On NumPy
-:class:`CapturedStep` just calls the function."""
+step's kernels (docs/GPU.md, "Capturing the step as a CUDA graph", tells what it asks of a step):
+:class:`CapturedStep` for any function, every capture in thread-local mode inside
+:class:`CaptureGuard`; :class:`GraphedTrainStep`, the fast engine's training step through it;
+:func:`survey` lists what a capture would refuse (on the CuPy stand-in)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections import Counter, OrderedDict
 from typing import Callable, NamedTuple
@@ -18,21 +17,17 @@ from ... import backend as B
 #: CuPy's default, lets even a ``cudaMalloc`` through; global refuses other threads' calls too.
 CAPTURE_MODE_NAME = "streamCaptureModeThreadLocal"
 
-
 #: How far a replayed step may be from the eager one on a GPU: the embeddings' gradient is a
-#: scatter-add (``cupyx.scatter_add``), whose float atomics sum a token's rows in whatever order
-#: the threads arrive, so two runs of one step may differ in the last bits of those sums (a few
-#: units of 2^-24, relative), and Adam carries that into the parameters at the learning rate's
+#: scatter-add whose float atomics sum a token's rows in whatever order the threads arrive (a few
+#: units of 2^-24, relative, apart), which Adam carries into the parameters at the learning rate's
 #: scale. Every other sum (the two-stage reductions, the products) runs in a fixed order.
 REPLAY_TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 
 
 def held_parameters(model):
     """The parameters of a fast ``model`` that a replayed step is held to equal an eager step's
-    (:data:`REPLAY_TOLERANCE`), on the host as one flat array: all but the key projections' biases,
-    which change no loss (q·b_k is the same for every score of a query; their computed gradient is
-    rounding noise that Adam turns into steps of about the learning rate). With rotary positions a
-    self-attention's key bias is turned by position, so it is a real parameter, and held."""
+    (:data:`REPLAY_TOLERANCE`), on the host as one flat array: all but the key biases that change no
+    loss (docs/GPU.md: every cross-attention's, and the self-attentions' but with rotary positions)."""
     views = model.arena.views(model.arena.params)
     rope = model.block.positions.rotary
     return B.host.concatenate([B.to_host(v).ravel() for name, v in views.items()
@@ -43,15 +38,14 @@ class CaptureError(RuntimeError):
     """A step could not be captured: the message names the operation and where it was asked for."""
 
 
-_NOT_THE_ASKER = ("/cupy/", "/cupyx/", "/cupy_backends/", "/fakecupy/")
+_NOT_THE_ASKER = ("/cupy/", "/cupyx/", "/cupy_backends/", "/fakecupy/", "/fast/gpu/graph.py",
+                  "/fast/gpu/stepmem.py", "/contextlib.py")
 
 
 def _where() -> str:
     """``file:line function`` of the innermost frame outside CuPy and this module: who asked."""
-    import sys
     f = sys._getframe(1)
-    while f is not None and (any(k in f.f_code.co_filename for k in _NOT_THE_ASKER)
-                             or f.f_code.co_filename.endswith(("/fast/gpu/graph.py", "/fast/gpu/stepmem.py", "/contextlib.py"))):
+    while f is not None and any(k in f.f_code.co_filename for k in _NOT_THE_ASKER):
         f = f.f_back
     if f is None:
         return "?"
@@ -66,20 +60,18 @@ def _where() -> str:
 class CaptureGuard:
     """``with CaptureGuard(xp, memory) as guard: <capture>``; then :attr:`reasons` lists why the
     graph must not be kept (empty: it may). Watches the memory pool (a memory hook counting what
-    it hands out, and its byte counts before and after), the step memory's overflows, and host
-    syncs (``cupyx.allow_synchronize(False)`` for the ``with``)."""
+    it hands out, and its bytes before and after), the step memory's overflows, and host syncs
+    (``cupyx.allow_synchronize(False)`` for the ``with``)."""
 
     def __init__(self, xp, memory=None):
         self.xp, self.memory = xp, memory
-        #: why the capture is refused (empty: it is not)
         self.reasons: list = []
         self.allocations: list = []           # (bytes, where) of each pool allocation seen
 
     def __enter__(self):
         xp = self.xp
-        pool = xp.get_default_memory_pool()
-        self._pool = pool
-        self._before = (pool.used_bytes(), pool.total_bytes())
+        self._pool = xp.get_default_memory_pool()
+        self._total = self._pool.total_bytes()
         self._overflows = self.memory.overflows if self.memory is not None else 0
         guard = self
 
@@ -89,43 +81,33 @@ class CaptureGuard:
             def malloc_postprocess(self, **kw):
                 guard.allocations.append((int(kw.get("mem_size", kw.get("size", 0))), _where()))
             alloc_postprocess = malloc_postprocess
-        self._hook = _Watch()
-        self._stack = contextlib.ExitStack()
-        try:
-            self._stack.enter_context(self._hook)
-            cupyx = _cupyx_of(xp)
-            if cupyx is not None and hasattr(cupyx, "allow_synchronize"):
+        with contextlib.ExitStack() as stack:        # the hook is never left registered where this raises
+            stack.enter_context(_Watch())
+            try:
+                cupyx = B._cupyx()
+            except ImportError:
+                cupyx = None
+            if hasattr(cupyx, "allow_synchronize"):
                 with warnings.catch_warnings():      # CuPy warns that it is deprecated, at every capture
                     warnings.filterwarnings("ignore", message="cupyx.allow_synchronize", category=UserWarning)
-                    self._stack.enter_context(cupyx.allow_synchronize(False))
-        except BaseException:
-            self._stack.close()                      # the hook is never left registered
-            raise
+                    stack.enter_context(cupyx.allow_synchronize(False))
+            self._stack = stack.pop_all()
         return self
 
     def __exit__(self, *exc):
         self._stack.close()
         if self.allocations:
             n = sum(b for b, _ in self.allocations)
-            first = self.allocations[0][1]
             self.reasons.append(f"{len(self.allocations)} allocation(s) of {n} bytes from the memory pool during "
-                                f"the capture (first at {first}): the graph would keep addresses the pool hands "
-                                "out again")
+                                f"the capture (first at {self.allocations[0][1]}): the graph would keep "
+                                "addresses the pool hands out again")
         total = self._pool.total_bytes()
-        if total > self._before[1] and not self.allocations:
-            self.reasons.append(f"the memory pool grew by {total - self._before[1]} bytes during the capture")
+        if total > self._total and not self.allocations:
+            self.reasons.append(f"the memory pool grew by {total - self._total} bytes during the capture")
         if self.memory is not None and self.memory.overflows > self._overflows:
             self.reasons.append(f"the step memory overflowed: {self.memory.overflows - self._overflows} request(s) "
                                 "served by the memory pool during the capture")
         return False
-
-
-def _cupyx_of(xp):
-    """The ``cupyx`` beside ``xp`` (CuPy or the stand-in), or None where there is none."""
-    try:
-        return B._cupyx()
-    except ImportError:
-        return None
 
 
 #: Captures tried per input shape before it runs eagerly for good: a refusal may be transient
@@ -140,47 +122,37 @@ MAX_GRAPHS = 16
 
 class _Entry:
     """What :class:`CapturedStep` keeps for one input shape: its buffers, eager calls until the
-    next capture is tried, captures refused."""
+    next capture is tried, captures refused, its graph and the step memory's slab it writes to."""
 
     def __init__(self, static: list, warmup: int):
         self.static, self.wait, self.refused, self.graph, self.out = static, warmup, 0, None, None
-        self.slab = None                       # the step memory's slab the graph writes to
+        self.slab = None
 
 
 class CapturedStep:
-    """``fn(*inputs)`` captured as a CUDA graph per input shape and replayed (docs/GPU.md).
+    """``fn(*inputs)`` captured as a CUDA graph per input shape and replayed (docs/GPU.md): eager
+    for the first ``warmup`` calls at a shape, captured on the next, replayed after, returning the
+    same arrays every time (read them before the next call); NumPy inputs: ``fn`` every time. Each
+    call copies ``inputs`` (host arrays where ``xp`` is given) into buffers the graph reads, and runs
+    in ``memory`` (a :class:`attn.fast.gpu.stepmem.StepMemory`). A refused capture runs eagerly, its
+    reason in :attr:`refusals`, and is tried again after ``warmup`` more calls, until
+    :data:`CAPTURE_TRIES` refusals (``strict=True`` raises :class:`CaptureError`). :attr:`graphs`
+    counts the captures, :attr:`dropped` the graphs dropped (:data:`MAX_GRAPHS`, :meth:`release`)."""
 
-    Each call copies ``inputs`` (device arrays, or host arrays where ``xp`` is given) into buffers
-    the graph reads, runs ``fn`` eagerly for the first ``warmup`` calls at a shape, captures it on
-    the next and replays it after, returning the same arrays every time (read them before the next
-    call). A refused capture runs eagerly, its reason in :attr:`refusals`, and is tried again after
-    ``warmup`` more calls, until :data:`CAPTURE_TRIES` refusals (``strict=True`` raises
-    :class:`CaptureError`). ``capture=False`` or NumPy inputs: ``fn`` every time."""
-
-    def __init__(self, fn: Callable, *, warmup: int = 1, capture: bool = True, memory=None, xp=None,
-                 strict: bool = False):
+    def __init__(self, fn: Callable, *, warmup: int = 1, memory=None, xp=None, strict: bool = False):
         if warmup < 1:
             raise ValueError(f"CapturedStep: warmup must be at least 1 (the eager call that allocates what the "
                              f"step keeps), got {warmup}")
-        self.fn, self.warmup, self.capture, self.xp = fn, int(warmup), bool(capture), xp
-        #: the :class:`attn.fast.gpu.stepmem.StepMemory` every eager and captured call runs in (its
-        #: slab grows after an eager call that needed more, so the capture finds it large enough)
-        self.memory = memory
-        self.strict = bool(strict)
+        self.fn, self.warmup, self.xp, self.memory, self.strict = fn, int(warmup), xp, memory, bool(strict)
         self._entries: OrderedDict = OrderedDict()      # input shape key -> _Entry, least recently called first
-        #: graphs captured so far (one per input shape, again after a shape's was dropped)
-        self.graphs = 0
-        #: graphs dropped (the least recently called past :data:`MAX_GRAPHS`, or all to make room
-        #: for a larger slab: :meth:`release`)
-        self.dropped = 0
+        self.graphs = self.dropped = 0
         if memory is not None:
             memory.on_pressure(self.release)
-        #: {input shape key: why its last capture was refused} (until one is captured)
         self.refusals: dict = {}
 
     def __call__(self, *inputs):
         xp = self.xp or B.get_array_module(*inputs)
-        if not self.capture or xp is B.host:
+        if xp is B.host:
             return self.fn(*inputs)
         key = tuple((a.shape, a.dtype.str) for a in inputs)
         entry = self._entries.get(key)
@@ -233,7 +205,7 @@ class CapturedStep:
             return
         entry.graph = entry.out = None
         entry.wait = self.warmup
-        if self.memory is not None and entry.slab is not None:
+        if entry.slab is not None:
             self.memory.unpin(entry.slab)
         entry.slab = None
         self.dropped += 1
@@ -283,9 +255,8 @@ class Refusal(NamedTuple):
 
 def survey(fn: Callable, xp) -> list:
     """Every operation of ``fn()`` that a capture would refuse, as :class:`Refusal` s, on the
-    CuPy stand-in ``xp`` (the real CuPy raises at the first; this runs ``fn`` to its end).
-    ``fn`` runs for real before the capture's effects are undone, so call it where a step may
-    be taken."""
+    CuPy stand-in ``xp`` (the real CuPy raises at the first; this runs ``fn`` to its end, for
+    real before the capture's effects are undone: call it where a step may be taken)."""
     stream = xp.cuda.Stream(non_blocking=True)
     with stream:                                # current, as in a capture: cuBLAS is set to it
         stream.begin_capture(survey=True)
@@ -301,13 +272,9 @@ def summarise(refusals: list) -> dict:
     return dict(Counter(r.kind for r in refusals).most_common())
 
 
-# --------------------------------------------------------------------------- the training step
-
-
 class _SeedOnDevice:
-    """The random numbers of a captured step: dropout's kernels read the step's seed from
-    ``device_seed`` (see :meth:`attn.fast.gpu.kernels.CupyOps.dropout_mask`), a buffer of the graph
-    that each call refreshes."""
+    """A captured step's random numbers: dropout's kernels read its seed from ``device_seed``
+    (:meth:`attn.fast.gpu.kernels.CupyOps.dropout_mask`), a buffer of the graph each call refreshes."""
 
     def __init__(self, buffer):
         self.device_seed = buffer
@@ -322,7 +289,7 @@ class GraphedTrainStep:
     loss, valid until the next call); the masks are ``train_step``'s given ``B.DeviceRNG(seed)``."""
 
     def __init__(self, model, opt, label_smoothing: float, clip: float = 0.0, loss_fn=None, *,
-                 length_multiple: int = 8, row_multiple: int = 16, warmup: int = 2):
+                 warmup: int = 2):
         from ..training.loss import cross_entropy
         if getattr(opt, "arena", None) is None or not hasattr(opt, "apply_step"):
             raise TypeError("GraphedTrainStep: the optimizer must be attn.fast.FastAdam over the model's arena "
@@ -330,19 +297,15 @@ class GraphedTrainStep:
         self.model, self.opt, self.smoothing, self.clip = model, opt, label_smoothing, clip
         self.loss_fn = loss_fn or (lambda logits, targets, eps: cross_entropy(
             logits, targets, eps, inplace=True, validate=False, check_finite=False))
-        self.length_multiple, self.row_multiple = length_multiple, row_multiple
         from .stepmem import StepMemory
         self.captured = CapturedStep(self._device_step, warmup=warmup, memory=StepMemory.of(model),
                                      xp=opt.arena.xp)
 
     def __call__(self, batch, seed: int, copy_loss: bool = True):
         from ...data import pad_to_bucket
-        from ...layers import check_ids
-        cfg = self.model.config
-        batch = pad_to_bucket(batch, self.length_multiple, self.row_multiple)
-        for name, V in (("src", cfg.vocab_size), ("tgt_in", cfg.target_vocab_size),
-                        ("tgt_out", cfg.target_vocab_size)):
-            check_ids("GraphedTrainStep", f"batch.{name}", B.to_host(getattr(batch, name)), V)
+        from ..training.loop import check_batch
+        batch = pad_to_bucket(batch)
+        check_batch(self.model, batch, "GraphedTrainStep")
         host_seed = B.host.array([int(seed) & (2 ** 64 - 1)], dtype=B.host.uint64)
         lr = self.opt.count_step()
         loss = self.captured(*(B.to_host(a) for a in (batch.src, batch.tgt_in, batch.tgt_out)), host_seed)

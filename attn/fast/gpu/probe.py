@@ -1,19 +1,22 @@
 """The fallback's probes (:mod:`attn.fast.gpu.fallback`), run in a child process of ``attn-train``:
-``python -m attn.fast.gpu.probe REQUEST`` (a JSON object: the run's block, attention, precision,
-``--cuda-graph`` and the probes already decided) probes each undecided feature in :data:`ORDER`,
-prints one JSON line per probe (``{"probe": name, "why": null or why}``) and stops at the first
-failure. Each runs a tiny model of the run's block (:func:`probe_config`, weights made to look
-trained by :func:`trained_looking`) for :data:`STEPS` steps against its reference, within
-:func:`tolerance`: the plain path against the readable model; cuBLAS through ctypes and the step
-memory against the plain path; the tiled attention against the plain one; the captured step
-against eager steps; bf16 or tf32 against fp32."""
+``python -m attn.fast.gpu.probe REQUEST`` (a JSON object: :func:`attn.fast.gpu.fallback.request_of`'s,
+and the probes already decided) probes each undecided feature in :data:`ORDER` on a tiny model of
+the run's block against its reference (docs/GPU.md, "A run on a GPU always trains"), prints one
+JSON line per probe (``{"probe": name, "why": null or why}``) and stops at the first failure."""
 from __future__ import annotations
 
 import contextlib
 import json
 import sys
+from functools import partial
 
 from ... import backend as B
+from ...model import Transformer, TransformerConfig
+from ...precision import Precision
+from ..model import FastTransformer
+from ..training.loss import cross_entropy
+from . import cublas, stepmem
+from .graph import REPLAY_TOLERANCE, GraphedTrainStep
 
 #: The probes in the order they run; each needs those before it that it builds on.
 ORDER = ("fast engine", "cuBLAS through ctypes", "step memory", "tiled attention", "captured step", "precision")
@@ -34,7 +37,6 @@ def probe_config(block: dict | None = None, dropout: float = 0.1):
     (a dict of :data:`BLOCK_FIELDS` and ``grouped``: whether its key/value heads are fewer than its
     query heads, ``multi_query``: one key/value head, ``head_dim``: the run's head size where the
     tensor-core attention is compiled for it, so that the probe's heads take the same kernels)."""
-    from ...model import TransformerConfig
     block = dict(block or {})
     heads = 4 if block.pop("grouped", False) else 2
     kv = 1 if block.pop("multi_query", False) else (2 if heads == 4 else None)
@@ -56,7 +58,6 @@ def block_of(model_config) -> dict:
 def trained_looking(cfg) -> dict:
     """The probe model's weights on the host: drawn from seed 0, the embedding tables (the logits'
     projection) scaled by :data:`EMBED_SCALE`."""
-    from ...model import Transformer
     params = Transformer(cfg, seed=0).params
     return {k: B.to_host(v) * (EMBED_SCALE if k in ("embedding.weight", "generator.weight") else 1.0)
             for k, v in params.items()}
@@ -74,8 +75,6 @@ def tolerance(precision: str, what: str = "loss") -> float:
     inputs moves it by at most 2u of its terms' sizes, the loss by about as much (4u); the gradients
     pass through the backward's chain of products (32u, which ``tests/test_fallback.py`` holds above
     what the probe model gives, and far below a product off by half)."""
-    from ...precision import Precision
-    from .graph import REPLAY_TOLERANCE
     if precision == "fp32":
         return REPLAY_TOLERANCE["rtol"]
     return UNITS[what] * 2.0 ** -(Precision.of(precision).mantissa_bits + 1)
@@ -84,9 +83,6 @@ def tolerance(precision: str, what: str = "loss") -> float:
 def one_step(cfg, weights: dict, precision: str, attention: str = "plain") -> tuple:
     """The fast engine's loss and gradients (on the host, one vector in the parameters' order) of
     one forward and backward from ``weights``, without dropout, at ``precision``."""
-    from ..training.loss import cross_entropy
-    from ..model import FastTransformer
-    from ...precision import Precision
     model = FastTransformer(cfg, params={k: B.to_device(v.copy()) for k, v in weights.items()},
                             precision=Precision.of(precision), check_ids=False, attention=attention)
     batch = batches(1)[0]
@@ -120,8 +116,9 @@ def batches(n: int = STEPS) -> list:
 
 @contextlib.contextmanager
 def switched(module, name: str, value):
+    """``module.name`` set to ``value`` (None: left as it is) for the ``with``."""
     before = getattr(module, name)
-    setattr(module, name, value)
+    setattr(module, name, before if value is None else value)
     try:
         yield
     finally:
@@ -132,14 +129,7 @@ def fast_losses(cfg, weights: dict, direct=None, memory=None, graph: bool = Fals
     """The fast engine's losses over :data:`STEPS` steps from ``weights`` with the features given
     (``direct``, ``memory``: None for the switches as they are)."""
     from ..training.loop import train_step
-    from . import cublas, stepmem
-    from functools import partial
-    from .graph import GraphedTrainStep
-    from ..training.loss import cross_entropy
-    from ..model import FastTransformer
     from ..training.optim import FastAdam
-    direct = cublas.DIRECT if direct is None else direct
-    memory = stepmem.ENABLED if memory is None else memory
     with switched(cublas, "DIRECT", direct), switched(stepmem, "ENABLED", memory):
         params = {k: B.to_device(v.copy()) for k, v in weights.items()}
         model = FastTransformer(cfg, params=params, check_ids=False, attention=attention)
@@ -166,50 +156,50 @@ def readable_losses(cfg, weights: dict) -> list:
             for i, b in enumerate(batches())]
 
 
-def disagreement(got: list, want: list, rtol: float) -> str | None:
-    """Why ``got`` (losses) is not ``want`` within ``rtol``, or None."""
-    from .graph import REPLAY_TOLERANCE
+def disagreement(got: list, want: list) -> str | None:
+    """Why ``got`` (losses) is not ``want`` within :data:`attn.fast.gpu.graph.REPLAY_TOLERANCE`, or None."""
+    atol, rtol = REPLAY_TOLERANCE["atol"], REPLAY_TOLERANCE["rtol"]
     for i, (g, w) in enumerate(zip(got, want)):
-        if not abs(g - w) <= REPLAY_TOLERANCE["atol"] + rtol * abs(w):
+        if not abs(g - w) <= atol + rtol * abs(w):
             return f"step {i}'s loss {g!r}, the reference's {w!r} (within {rtol:.3g} relative)"
     return None
 
 
+def asked(request: dict) -> list:
+    """The probes ``request`` asks for, in :data:`ORDER`."""
+    optional = {"tiled attention": request.get("tiled"), "captured step": request.get("cuda_graph"),
+                "precision": request.get("precision", "fp32") != "fp32"}
+    return [p for p in ORDER if optional.get(p, True)]
+
+
 def _checks(request: dict, decided: dict) -> dict:
-    """{probe: () -> why or None} for the probes ``request`` asks for, in :data:`ORDER`; the captured
+    """{probe: () -> why or None} for the probes ``request`` asks for (:func:`asked`); the captured
     step and the precision are probed with the attention the run takes (``decided`` may have
     switched the tiled one off)."""
-    from . import cublas, stepmem
     cfg = probe_config(request.get("block"))
     still = probe_config(request.get("block"), dropout=0.0)
     weights, still_weights = trained_looking(cfg), trained_looking(still)
-    fp32 = tolerance("fp32")
     plain = lambda: fast_losses(cfg, weights, direct=False, memory=False)          # noqa: E731
     attention = "flash" if request.get("attention") == "flash" and not decided.get("tiled attention") else "plain"
     checks = {
         "fast engine": lambda: disagreement(fast_losses(still, still_weights, direct=False, memory=False),
-                                            readable_losses(still, still_weights), fp32),
-        "cuBLAS through ctypes": lambda: disagreement(fast_losses(cfg, weights, memory=False), plain(), fp32),
-        "step memory": lambda: disagreement(fast_losses(cfg, weights), plain(), fp32)}
-    if request.get("tiled"):
-        checks["tiled attention"] = lambda: disagreement(fast_losses(cfg, weights, attention="flash"),
-                                                         fast_losses(cfg, weights), fp32)
-    if request.get("cuda_graph"):
-        checks["captured step"] = lambda: (
+                                            readable_losses(still, still_weights)),
+        "cuBLAS through ctypes": lambda: disagreement(fast_losses(cfg, weights, memory=False), plain()),
+        "step memory": lambda: disagreement(fast_losses(cfg, weights), plain()),
+        "tiled attention": lambda: disagreement(fast_losses(cfg, weights, attention="flash"),
+                                                fast_losses(cfg, weights)),
+        "captured step": lambda: (
             "it needs cuBLAS through ctypes and the step memory" if not (cublas.DIRECT and stepmem.ENABLED) else
             disagreement(fast_losses(cfg, weights, graph=True, attention=attention),
-                         fast_losses(cfg, weights, attention=attention), fp32))
-    precision = request.get("precision", "fp32")
-    if precision != "fp32":
-        checks["precision"] = lambda: (
+                         fast_losses(cfg, weights, attention=attention))),
+        "precision": lambda: (
             "it needs cuBLAS through ctypes" if not cublas.DIRECT else
-            precision_disagreement(still, still_weights, precision, attention))
-    return checks
+            precision_disagreement(still, still_weights, request["precision"], attention))}
+    return {p: checks[p] for p in asked(request)}
 
 
 def apply(decided: dict) -> None:
     """The process-wide switches as the probes ``decided`` ({probe: why or None}) leave them."""
-    from . import cublas, stepmem
     if decided.get("cuBLAS through ctypes"):
         cublas.DIRECT = False
     if decided.get("step memory"):

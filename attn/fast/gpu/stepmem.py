@@ -1,13 +1,8 @@
 """Step memory: every array a training step makes, served from one device slab at the same
 addresses every step, so that the step can be captured as a CUDA graph; docs/GPU.md ("What a
-step asks of a GPU") tells how and gives the numbers.
-
-Inside :meth:`StepMemory.step` this is the allocator (``cupy.cuda.using_allocator``), whoever
-allocates. The first step at a key is traced, then :func:`attn.fast.gpu.stepplan.plan` places
-each request by lifetimes and the plan is replayed: one plan per :func:`bucket` of step keys, at
-most :data:`MAX_PLANS`. A request the plan did not expect *spills* past it and the key is traced
-again; the first step at each exact key is *checked* (:attr:`StepMemory.overlapping`). What
-outlives a step is made inside :func:`outside_step`. NumPy has no slab (:meth:`StepMemory.of`)."""
+step asks of a GPU") tells how and gives the numbers. Inside :meth:`StepMemory.step` this is the
+allocator, whoever allocates, at offsets planned by lifetimes (:mod:`attn.fast.gpu.stepplan`), one
+plan per :func:`bucket` of step keys. What outlives a step is made inside :func:`outside_step`."""
 from __future__ import annotations
 
 import collections
@@ -30,8 +25,7 @@ ALIGN = 256
 #: that needs more keeps its slab and takes the rest from the pool (it cannot be captured then).
 LIMIT_FRACTION = 0.5
 
-#: Plans kept per step memory (one per bucket of step keys, or per first request's size for steps
-#: without a key; the least recently used goes first).
+#: Plans kept per step memory, the least recently used dropped first.
 MAX_PLANS = 64
 
 #: Whether models get a step memory (:meth:`StepMemory.of`); :mod:`attn.fast.gpu.fallback` switches it
@@ -52,50 +46,32 @@ def held_bytes() -> int:
 
 
 class StepMemory:
-    """One slab of device memory serving every allocation made inside :meth:`step`; counts of the
-    last step: :attr:`allocations` (served by the slab), :attr:`overflows` (by the pool: the slab was
-    too small), :attr:`demand` (bytes asked for, aligned); :attr:`capacity` is the slab's bytes."""
+    """One slab of device memory serving every allocation made inside :meth:`step`, at offsets
+    planned by lifetimes (``planned=False``: each at the next free byte). A planned step checks that
+    no two live arrays overlap (pairs of requests that would, in :attr:`overlapping`) where ``check``
+    is set, else the first at each exact key. The last step's counts: :attr:`allocations` (served by
+    the slab), :attr:`overflows` (by the pool), :attr:`demand` (bytes asked for, aligned) and
+    :attr:`last_outcome`: "planned", "traced" (for a plan) or "spilled" (past its plan's bytes: a
+    request the plan did not expect, its key then traced again, or a plan over :attr:`limit`, the
+    largest slab, :attr:`over_limit`). :attr:`capacity` is the slab's bytes; :attr:`last_plan`
+    the last plan made."""
 
     def __init__(self, xp, planned: bool = True, check: bool = False):
         if xp is B.host:
             raise TypeError("StepMemory: a slab of device memory needs CuPy; NumPy has no step memory")
-        self.xp = xp
-        self.slab = None
-        self._base = None                  # the slab's MemoryPointer
-        self.capacity = 0
-        self._offset = 0
-        self.demand = self.allocations = self.overflows = 0
-        self._outer = None                 # the allocator in place before the step
-        self._retired: list = []           # slabs replaced that kept graphs were captured on (they still write there)
+        self.xp, self.planned, self.check = xp, bool(planned), bool(check)
+        self.slab = self._base = None          # the slab, and its MemoryPointer
+        self.capacity = self.demand = self.allocations = self.overflows = self.steps = self.plans_made = 0
+        self.limit = int(LIMIT_FRACTION * xp.cuda.Device().mem_info[1])
+        self.over_limit = False
+        self.overlapping: list = []
+        self.last_plan = self.last_outcome = self._step_key = None
+        self.outcomes: collections.Counter = collections.Counter()
+        self._plans: collections.OrderedDict = collections.OrderedDict()
+        self._retired: list = []           # replaced slabs that kept graphs were captured on (and write to)
         self._pins: dict = {}              # id(slab) -> kept graphs captured on it
         self._pressure: list = []          # weak methods that drop graphs to make room (on_pressure)
-        #: steps begun
-        self.steps = 0
-        #: the largest slab in bytes (:data:`LIMIT_FRACTION` of the device's memory)
-        self.limit = int(LIMIT_FRACTION * xp.cuda.Device().mem_info[1])
-        #: whether a step needed more than :attr:`limit` (and so took some memory from the pool)
-        self.over_limit = False
-        #: whether offsets come from a plan by lifetimes (:mod:`attn.fast.gpu.stepplan`); False: the
-        #: bump allocator, every array at the next free byte, the slab the sum of the step's arrays
-        self.planned = bool(planned)
-        #: whether every planned step checks that no two live arrays overlap (:attr:`overlapping`)
-        self.check = bool(check)
-        #: (earlier request, later request) of every two live arrays found overlapping (check mode)
-        self.overlapping: list = []
-        #: plans made (a step at a new shape, or whose sizes changed)
-        self.plans_made = 0
-        #: the plan of the last planned step (its ``peak`` of live bytes, its ``size``), or None
-        self.last_plan = None
-        self._plans: collections.OrderedDict = collections.OrderedDict()
-        #: how many steps ran on a plan ("planned"), were traced for one ("traced"), or went past
-        #: their plan's bytes ("spilled": a request the plan did not expect, or a plan over the limit)
-        self.outcomes: collections.Counter = collections.Counter()
-        #: the last step's outcome (one of :attr:`outcomes`' keys), or None
-        self.last_outcome = None
-        self._key = self._mode = self._plan = self._trace = self._live = self._stale = None
         self._device = xp.cuda.Device().id        # given to UnownedMemory: no CUDA call to look it up
-        self._i = 0
-        self._step_key = None
         self._piece = piece_class(xp)
         _all.add(self)
 
@@ -110,45 +86,32 @@ class StepMemory:
             xp = getattr(owner, "xp", B.host)
             if xp is B.host or not hasattr(getattr(xp, "cuda", None), "using_allocator"):
                 return None
-            mem = cls(xp)
-            owner._step_memory = mem
+            mem = owner._step_memory = cls(xp)
         return mem
 
     def malloc(self, size: int):
-        """The allocator of a step: ``size`` bytes at the plan's offset for this request (unplanned: the
-        slab's next free address), or from the allocator before the step where the slab cannot serve it.
-        A request of no bytes (a zero-size array's) takes nothing and is not one of the plan's."""
+        """The allocator of a step (:meth:`_planned`). A request of no bytes (a zero-size array's)
+        takes nothing and is not one of the plan's."""
         if int(size) == 0:
             return self.xp.cuda.MemoryPointer(self._piece(0, 0, None, self._device), 0)
         n = -(-int(size) // ALIGN) * ALIGN
         self.demand += n
-        if self.planned:
-            return self._planned(size, n)
-        if self._offset + n <= self.capacity:
-            p = self._base + self._offset
-            self._offset += n
-            self.allocations += 1
-            return p
-        self.overflows += 1
-        return self._outer(size)
+        return self._planned(size, n)
 
     def _planned(self, size: int, n: int):
-        """Request ``self._i`` of the step: its plan's offset while each request fits the plan; else the
-        bump allocator (the slab's next free byte, then the pool). A step without a plan is traced, its
-        plan made at its end; after a request its plan did not expect, the next step at its key is traced."""
+        """Request ``self._i`` (``size`` bytes, ``n`` aligned): at its plan's offset while each request
+        fits the plan, else (or unplanned) at the slab's next free byte, then from the pool."""
         i = self._i
         self._i = i + 1
         self._sizes.append(n)
-        if i == 0:
+        if i == 0 and self.planned:
             self._choose(n)
         if self._mode == "plan":
             plan = self._plan
             if i < len(plan) and n <= plan.sizes[i]:
                 p = self._base + plan.offsets[i]
-                if self._live is None:
-                    self.allocations += 1
-                    return p
-                p = self._checked(p, i, plan.offsets[i], plan.sizes[i])
+                if self._live is not None:
+                    p = self._checked(p, i, plan.offsets[i], plan.sizes[i])
                 if p is not None:
                     self.allocations += 1
                     return p
@@ -165,13 +128,12 @@ class StepMemory:
         if self._mode != "trace":
             return p
         mem = self._piece(p.ptr, n if owner is self.slab else int(size), owner, self._device)  # kept by its views
-        self._trace.track(mem, self._trace.request(n))
+        self._trace.add(mem)
         return self.xp.cuda.MemoryPointer(mem, 0)
 
     def _choose(self, first: int) -> None:
-        """At a step's first request: the plan made for this step's key (its bucket: see
-        :func:`bucket`; or, without a key, for its first request's size), if the slab holds it; a
-        plan met at an exact key for the first time is checked (:meth:`_checked`)."""
+        """At a step's first request: the plan for its key's :func:`bucket` (without a key, for its
+        first request's size) if the slab holds it; checked at an exact key met for the first time."""
         self._key = ("key", bucket(self._step_key)) if self._step_key is not None else (None, first)
         plan = self._plans.get(self._key)
         if plan is None or plan.stale:
@@ -186,10 +148,8 @@ class StepMemory:
             self._mode = "bump"                        # over the limit: what fits, then the pool
 
     def _checked(self, p, i: int, offset: int, n: int):
-        """A checked step: the planned memory of request ``i``, watched (a weak reference to it
-        notes when its last array is gone); None where it would overlap an array still alive
-        (noted in :attr:`overlapping`): the requests came in another order than the plan's, and
-        this one is served past the plan's bytes instead."""
+        """A checked step's request ``i`` at ``p``, watched while alive; None where it would overlap
+        an array still alive (noted in :attr:`overlapping`): it is served past the plan's bytes."""
         live = self._live
         clash = [(j, i) for j, (o, m) in live.items() if o < offset + n and offset < o + m]
         if clash:
@@ -201,8 +161,8 @@ class StepMemory:
         return self.xp.cuda.MemoryPointer(mem, 0)
 
     def _after(self, outer) -> None:
-        """At a step's end: its outcome counted; a checked step's key noted as safe for its plan; a complete
-        trace made the plan for its key (each request as large as the largest its key's steps asked for)."""
+        """At a step's end: its outcome counted, a checked key noted as safe for its plan, and a trace
+        made the plan for its key (each request as large as the largest its key's steps asked for)."""
         trace, self._trace = self._trace, None
         if not self.planned:
             if self.demand > self.capacity:
@@ -210,26 +170,23 @@ class StepMemory:
             return
         if not self._i:
             return
-        outcome = {"plan": "planned", "trace": "traced"}.get(self._mode, "spilled")
+        outcome = self.last_outcome = {"plan": "planned", "trace": "traced"}.get(self._mode, "spilled")
         self.outcomes[outcome] += 1
-        self.last_outcome = outcome
-        if self._mode == "plan" and self._live is not None:
-            self._plan.verified.add(self._step_key)
         plan = self._plan
+        if outcome == "planned" and self._live is not None:
+            plan.verified.add(self._step_key)
         if outcome == "spilled" and plan is not None:
             if self._diverted or len(self._sizes) != len(plan):
                 plan.stale = True                      # other lifetimes, or other requests: traced again
                 return
-            trace = Trace()                            # the same requests, some larger: the same lifetimes
-            trace.sizes, trace.died, self._mode, self._stale = self._sizes, list(plan.died), "trace", plan
-        if self._mode != "trace" or not trace.sizes:
+            trace, self._stale = Trace(plan.died), plan    # the same requests, some larger: same lifetimes
+        elif outcome != "traced":
             return
         trace.close()
-        sizes, old = trace.sizes, self._stale
+        sizes, old = self._sizes, self._stale
         if old is not None and len(old) == len(sizes):
             sizes = [max(a, b) for a, b in zip(old.sizes, sizes)]
-        plan = make_plan(sizes, trace.died)
-        self._plans[self._key] = self.last_plan = plan
+        plan = self._plans[self._key] = self.last_plan = make_plan(sizes, trace.died)
         self._plans.move_to_end(self._key)
         self.plans_made += 1
         while len(self._plans) > MAX_PLANS:
@@ -239,16 +196,20 @@ class StepMemory:
 
     @contextlib.contextmanager
     def step(self, key=None):
-        """The ``with`` of one step: every allocation inside it from the slab. ``key`` (any
-        hashable: the input shapes, say) picks the plan with the step's first request's size."""
+        """The ``with`` of one step: every allocation inside it from the slab (0xFF bytes first with
+        :data:`POISON`); ``key`` (any hashable: the input shapes, say) picks the plan."""
         global _active
         if _active is not None:
             raise RuntimeError("StepMemory.step: a step is already in progress (steps do not nest)")
         outer = self.xp.cuda.get_allocator()
-        self._begin()
-        self._step_key = key
-        self._outer = outer
-        _active = self
+        if POISON and self.slab is not None:
+            self.slab.fill(255)
+        self._offset = self.demand = self.allocations = self.overflows = self._i = 0
+        self._mode = self._plan = self._trace = self._stale = None
+        self._sizes, self._diverted = [], False
+        self._live = {} if self.check else None
+        self.steps += 1
+        self._step_key, self._outer, _active = key, outer, self
         try:
             with self.xp.cuda.using_allocator(self.malloc):
                 yield self
@@ -268,7 +229,7 @@ class StepMemory:
         n = self._pins.pop(id(slab), 0) - 1
         if n > 0:
             self._pins[id(slab)] = n
-        elif any(s is slab for s in self._retired):
+        else:
             self._retired = [s for s in self._retired if s is not slab]
 
     @property
@@ -285,18 +246,9 @@ class StepMemory:
         """Bytes of the slabs kept for graphs: those replaced, and the one in use if a graph is on it."""
         return sum(int(s.nbytes) for s in self._retired) + (self.capacity if self._pinned else 0)
 
-    def reserve(self, nbytes: int) -> None:
-        """Make the slab hold at least ``nbytes`` now (outside a step), so that even the first
-        step at a shape is served by it."""
-        if _active is not None:
-            raise RuntimeError("StepMemory.reserve: not inside a step (the slab would move under it)")
-        if nbytes > self.capacity:
-            self._grow(self.xp.cuda.get_allocator(), -(-int(nbytes) // ALIGN) * ALIGN)
-
     def _grow(self, outer, nbytes: int) -> None:
-        """A slab of ``nbytes`` (the last step's plan size, or unplanned its demand) from ``outer``, after
-        the step, unless over :attr:`limit` (the slabs kept for graphs count: where they leave no room,
-        every graph is dropped first, :meth:`on_pressure`). The slab replaced is kept if it is pinned."""
+        """A slab of ``nbytes`` from ``outer`` unless over :attr:`limit` with the slabs kept for graphs
+        (every graph dropped first where they leave no room); the slab replaced is kept if pinned."""
         if nbytes + self.kept_bytes() > self.limit:
             for release in [r() for r in self._pressure]:
                 if release is not None:
@@ -311,16 +263,6 @@ class StepMemory:
         with self.xp.cuda.using_allocator(outer):
             self.slab = self.xp.empty((nbytes,), dtype=B.host.uint8)
         self._base, self.capacity = self.slab.data, nbytes
-
-    def _begin(self) -> None:
-        """Set the slab back to its start (poisoned with :data:`POISON`)."""
-        if POISON and self.slab is not None:
-            self.slab.fill(255)
-        self._offset = self.demand = self.allocations = self.overflows = self._i = 0
-        self._mode = self._plan = self._trace = self._stale = None
-        self._sizes, self._diverted = [], False
-        self._live = {} if self.check else None
-        self.steps += 1
 
     def stats(self) -> dict:
         """The last step's counts and the slab's size (bytes)."""
@@ -360,9 +302,8 @@ def in_slab(address: int) -> bool:
 
 
 def step_token():
-    """Which step is in progress: a value equal for every call within one step and different
-    in every other step (None outside any step). What a cache of arrays made in a step's memory
-    keys them by: the next step hands the same bytes out again."""
+    """Which step is in progress, None outside any: what a cache of arrays made in a step's memory
+    keys them by, since the next step hands the same bytes out again."""
     mem = _active
     return None if mem is None else (mem, mem.steps)
 
@@ -376,12 +317,10 @@ _PIECES: dict = {}
 
 
 def piece_class(xp):
-    """The memory a step's request is wrapped in: ``xp.cuda.UnownedMemory`` (CuPy's, or the
-    stand-in's), as a Python class, so that a weak reference can tell when the request's last
-    array is gone. One per array module."""
-    piece = _PIECES.get(xp.__name__)
-    if piece is None:
+    """``xp.cuda.UnownedMemory`` as a Python class (one per array module), which a step's request is
+    wrapped in so that a weak reference can tell when the request's last array is gone."""
+    if xp.__name__ not in _PIECES:
         class StepPiece(xp.cuda.UnownedMemory):
             """A step's request: the slab's bytes at an offset, kept alive by every view of them."""
-        piece = _PIECES[xp.__name__] = StepPiece
-    return piece
+        _PIECES[xp.__name__] = StepPiece
+    return _PIECES[xp.__name__]

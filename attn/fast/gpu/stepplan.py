@@ -1,8 +1,8 @@
 """The step memory's plan: where in the slab each of a step's arrays lies, from their lifetimes
-(docs/GPU.md, "What a step asks of a GPU"). :class:`Trace` records one step (each request's size
-in order, and when its array was freed, in requests made so far); :func:`plan` gives every
-request an offset, greedy by size and best fit, so that no two arrays alive at once overlap. The
-same step at the same shapes asks and frees in the same order, so one plan serves the next steps."""
+(docs/GPU.md, "What a step asks of a GPU"). :class:`Trace` records when each of a step's requests
+was freed (in requests made so far); :func:`plan` gives every request an offset, greedy by size and
+best fit, so that no two arrays alive at once overlap. The same step at the same shapes asks and
+frees in the same order, so one plan serves the next steps."""
 from __future__ import annotations
 
 import weakref
@@ -16,34 +16,24 @@ FOREVER = np.iinfo(np.int64).max
 
 
 class Trace:
-    """One step's requests: ``sizes`` (bytes, aligned) in order, ``born`` (the request's index)
-    and ``died`` (how many requests had been made when its array was freed; :data:`FOREVER`
-    while alive). ``track(mem, i)`` watches the memory object of request ``i``."""
+    """When each of one step's requests was freed: ``died[i]``, how many requests had been made
+    when request ``i``'s array was freed (:data:`FOREVER` while alive)."""
 
-    def __init__(self):
-        self.sizes: list = []
-        self.died: list = []
-        self.closed = False
+    def __init__(self, died=()):
+        self.died, self.closed = list(died), False
 
-    def request(self, nbytes: int) -> int:
-        self.sizes.append(int(nbytes))
+    def add(self, mem) -> None:
+        """The step's next request, whose memory is ``mem``: its death is noted when ``mem`` is freed."""
         self.died.append(FOREVER)
-        return len(self.sizes) - 1
-
-    def track(self, mem, i: int) -> None:
-        weakref.finalize(mem, self._freed, i)
+        weakref.finalize(mem, self._freed, len(self.died) - 1)
 
     def _freed(self, i: int) -> None:
         if not self.closed:
-            self.died[i] = len(self.sizes)
+            self.died[i] = len(self.died)
 
     def close(self) -> None:
         """The step ended: what is freed later lived to the end."""
         self.closed = True
-
-    def peak(self) -> int:
-        """The most bytes alive at once."""
-        return peak_live(self.sizes, self.died)
 
 
 def peak_live(sizes, died) -> int:
@@ -61,8 +51,8 @@ def peak_live(sizes, died) -> int:
 
 class Plan:
     """``offsets[i]`` of request ``i`` (of ``sizes[i]`` bytes, freed at ``died[i]``) in a slab of
-    ``size`` bytes; the step's ``peak`` of live bytes beside it. The step memory notes on it the step keys whose
-    requests it was checked against (``verified``), and whether a step asked for what it did not
+    ``size`` bytes, and the step's ``peak`` of live bytes. The step memory notes on it the step
+    keys it was checked against (``verified``), and whether a step asked for what it did not
     expect (``stale``: the next step at its key is traced again)."""
 
     def __init__(self, sizes, offsets, size: int, peak: int, died=()):
@@ -90,9 +80,8 @@ def plan(sizes, died) -> Plan:
         live = placed & (born < end[i]) & (born[i] < end)
         lo, hi = offsets[live], offsets[live] + size[live]
         order = np.argsort(lo, kind="stable")
-        lo, hi = lo[order], hi[order]
         best, best_gap, top = None, None, 0
-        for a, b in zip(lo.tolist(), hi.tolist()):
+        for a, b in zip(lo[order].tolist(), hi[order].tolist()):
             gap = a - top
             if gap >= size[i] and (best_gap is None or gap < best_gap):
                 best, best_gap = top, gap
@@ -101,16 +90,3 @@ def plan(sizes, died) -> Plan:
         placed[i] = True
     total = int((offsets + size).max()) if n else 0
     return Plan(sizes, offsets.tolist(), total, peak_live(sizes, died), died)
-
-
-def overlaps(p: Plan, died) -> list:
-    """(i, j) of every two requests alive at once whose bytes overlap (none, for a right plan)."""
-    n = len(p)
-    off, size = np.asarray(p.offsets, dtype=np.int64), np.asarray(p.sizes, dtype=np.int64)
-    born = np.arange(n, dtype=np.int64)
-    end = np.maximum(np.asarray(died, dtype=np.int64), born + 1)
-    out = []
-    for i in range(n):
-        j = np.nonzero((born > i) & (born < end[i]) & (off < off[i] + size[i]) & (off[i] < off + size))[0]
-        out += [(i, int(k)) for k in j]
-    return out

@@ -3,10 +3,10 @@ family in a module with its CUDA source and its NumPy twin: ``softmax``, ``layer
 ``dropout``, ``loss``, ``column_sums``, ``adam``, ``bf16``, ``flash`` (the tiled attention),
 ``gemm`` (the batched products' pointer arrays), ``later`` (RMSNorm, rotary positions, SwiGLU) and
 ``decode`` (a cached decoding step); ``common`` holds what they share, ``registry`` compiles them
-into one module, and the launch code is ``cupy_ops`` (:class:`CupyOps`) with its components
-``products`` (the products by cuBLAS, fp32, tf32 and bf16) and ``later_ops``. ``flash_mma`` is
-the tiled attention on the tensor cores (FlashAttention-2 in bf16 or fp16), a module of its own
-for compute capability 8.0 and up, compiled but never run on a GPU.
+into one module, and the launch code is ``cupy_ops`` (:class:`CupyOps`) with its component
+``products`` (the products by cuBLAS, fp32, tf32 and bf16). ``flash_mma`` is the tiled attention
+on the tensor cores (FlashAttention-2 in bf16 or fp16), a module of its own for compute
+capability 8.0 and up, compiled but never run on a GPU.
 
 :class:`CupyOps` is what :func:`attn.fast.ops_for` returns for CuPy arrays: the NumPy ``Ops``'s
 methods (tested against them in ``tests/test_fast.py``), each one kernel launch (or two), the

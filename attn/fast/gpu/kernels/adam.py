@@ -25,11 +25,15 @@ __global__ void adam(T* p, T* m, T* v, const T* g, T one_m_b1, T b2, T one_m_b2,
 
 def adam_np(launch, p, m, v, g, one_m_b1, b2, one_m_b2, eps_c, step, n):
     """NumPy twin of ``adam``."""
-    np = B.host
-    pv, mv, vv, gv = (strided_view(a, (n,), (1,)) for a in (p, m, v, g))
+    _update(*(strided_view(a, (n,), (1,)) for a in (p, m, v, g)), one_m_b1, b2, one_m_b2, eps_c, step)
+
+
+def _update(pv, mv, vv, gv, one_m_b1, b2, one_m_b2, eps_c, step):
+    """Adam's update of p, m, v in place, as the kernels make it."""
     mv += one_m_b1 * (gv - mv)
     vv[...] = b2 * vv + one_m_b2 * gv * gv
-    pv -= step * mv / (np.sqrt(vv) + eps_c)
+    pv -= step * mv / (B.host.sqrt(vv) + eps_c)
+
 
 SUMSQ_PARTIAL = r"""
 // Stage one of the global gradient norm: partial[b] = the sum of g[i]^2 (in double) over the
@@ -109,18 +113,12 @@ __global__ void adam_flat(T* p, T* m, T* v, const T* g, const double* partial, i
 
 def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, count, ticket, lr_factor, fixed_lr, use_fixed,
                  d_model, warmup, b1, b2, eps, n):
-    """NumPy twin of ``adam_flat``."""
+    """NumPy twin of ``adam_flat``; where ``launch.order`` is given, block by block in it as the kernel
+    runs them: each block reads the step count, updates its elements (``i = block * blockDim + thread``,
+    striding by the grid), then takes a ticket; the last block advances the count and sets the ticket
+    back."""
     np = B.host
-    n = int(n)
-    dt = p.dtype.type
-    given = (lr_factor, fixed_lr, use_fixed, d_model, warmup, b1, b2, eps, dt)
-    count_v = strided_view(count, (1,), (1,))
-    t = float(count_v[0]) + 1.0
-    lr = float(fixed_lr) if use_fixed else float(lr_factor) / math.sqrt(float(d_model)) * min(
-        1.0 / math.sqrt(t), t * float(warmup) ** -1.5)
-    c1, c2 = 1.0 - float(b1) ** t, 1.0 - float(b2) ** t
-    one_m_b1, b2, one_m_b2, eps_c = dt(1.0 - b1), dt(b2), dt(1.0 - b2), dt(float(eps) * math.sqrt(c2))
-    step = dt(lr * math.sqrt(c2) / c1)
+    n, dt = int(n), p.dtype.type
     scale = dt(1)
     if n_partial > 0:
         check_block_reduction(launch, 8)
@@ -128,43 +126,20 @@ def adam_flat_np(launch, p, m, v, g, partial, n_partial, max_norm, count, ticket
         if norm > max_norm:
             scale = dt(max_norm / (norm + 1e-6))
     pv, mv, vv, gv = (strided_view(a, (n,), (1,)) for a in (p, m, v, g))
-    if getattr(launch, "order", None) is not None:
-        return _adam_in_order(launch, (pv, mv, vv, gv), scale, count, ticket, lambda t: _coefficients(t, *given))
-    gv = gv * scale
-    mv += one_m_b1 * (gv - mv)
-    vv[...] = b2 * vv + one_m_b2 * gv * gv
-    pv -= step * mv / (np.sqrt(vv) + eps_c)
-    count_v[0] += 1
-    strided_view(ticket, (1,), (1,))[0] = 0
-
-
-def _coefficients(t, lr_factor, fixed_lr, use_fixed, d_model, warmup, b1, b2, eps, dt):
-    """(1 - b1, b2, 1 - b2, eps', step) of step ``t``, in the parameters' type, as the kernel makes them."""
-    lr = float(fixed_lr) if use_fixed else float(lr_factor) / math.sqrt(float(d_model)) * min(
-        1.0 / math.sqrt(t), t * float(warmup) ** -1.5)
-    c1, c2 = 1.0 - float(b1) ** t, 1.0 - float(b2) ** t
-    return dt(1.0 - b1), dt(b2), dt(1.0 - b2), dt(float(eps) * math.sqrt(c2)), dt(lr * math.sqrt(c2) / c1)
-
-
-def _adam_in_order(launch, arrays, scale, count, ticket, coefficients):
-    """:func:`adam_flat_np` as the kernel does it, block by block in ``launch.order``: each block
-    reads the step count, updates its elements (``i = block * blockDim + thread``, striding by
-    the grid), then takes a ticket; the last block advances the count and sets the ticket back."""
-    np = B.host
-    pv, mv, vv, gv = arrays
     count_v, ticket_v = strided_view(count, (1,), (1,)), strided_view(ticket, (1,), (1,))
-    blocks, threads = launch.blocks, launch.threads
-    index = np.arange(pv.size)
-    owner = (index // threads) % blocks
-    for b in launch.order:
-        one_m_b1, b2, one_m_b2, eps_c, step = coefficients(float(count_v[0]) + 1.0)
-        i = index[owner == b]
-        gi = gv[i] * scale
-        mi = mv[i] + one_m_b1 * (gi - mv[i])
-        vi = b2 * vv[i] + one_m_b2 * gi * gi
-        mv[i], vv[i] = mi, vi
-        pv[i] -= step * mi / (np.sqrt(vi) + eps_c)
+    order = getattr(launch, "order", None)
+    owner = None if order is None else (np.arange(n) // launch.threads) % launch.blocks
+    for b in (None,) if order is None else order:
+        i = slice(None) if b is None else owner == b           # the whole arena at once, or block b's
+        t = float(count_v[0]) + 1.0
+        lr = float(fixed_lr) if use_fixed else float(lr_factor) / math.sqrt(float(d_model)) * min(
+            1.0 / math.sqrt(t), t * float(warmup) ** -1.5)
+        c1, c2 = 1.0 - float(b1) ** t, 1.0 - float(b2) ** t
+        pb, mb, vb = pv[i], mv[i], vv[i]
+        _update(pb, mb, vb, gv[i] * scale, dt(1.0 - b1), dt(b2), dt(1.0 - b2), dt(float(eps) * math.sqrt(c2)),
+                dt(lr * math.sqrt(c2) / c1))
+        pv[i], mv[i], vv[i] = pb, mb, vb
         ticket_v[0] += 1
-        if ticket_v[0] == blocks:                     # the last block
+        if b is None or ticket_v[0] == launch.blocks:          # the last block
             count_v[0] += 1
             ticket_v[0] = 0

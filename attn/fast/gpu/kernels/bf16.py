@@ -62,8 +62,7 @@ def round_bf16_gather_np(launch, src, dst, n, n1, n2, n3, s0, s1, s2, s3, per):
     if n % (n1 * n2 * n3 or 1) or per < n2 * n3:
         raise ValueError(f"{launch.name}: {n} elements are not a whole number of ({n1}, {n2}, {n3}) blocks, or per "
                          f"{per} < {n2} x {n3}")
-    n0 = n // (n1 * n2 * n3) if n else 0
-    if n == 0:
-        return
-    x = strided_view(src, (n0, n1, n2, n3), (s0, s1, s2, s3)).astype(np.float32)
-    strided_view(dst, (n0, n1, n2, n3), (n1 * per, per, n3, 1))[...] = bf16_bits(x)
+    if n:
+        shape = (n // (n1 * n2 * n3), n1, n2, n3)
+        x = strided_view(src, shape, (s0, s1, s2, s3)).astype(np.float32)
+        strided_view(dst, shape, (n1 * per, per, n3, 1))[...] = bf16_bits(x)

@@ -102,8 +102,7 @@ def column_sums_np(launch, a, b, partial, counter, out, N, D, K, chunk, a1, out1
                          "before this one did not finish, or the counter buffer was not zeroed)")
     span = chunk * R                                  # rows of one round over the row blocks
     pad = -N % span
-    jobs = [(x, y, o, DD, KK, start) for x, y, o, DD, KK, start in
-            ((a, b, out, D, K, 0), (a1, None, out1, D1, 1, R * K * D)) if DD]
+    jobs = [job for job in ((a, b, out, D, K, 0), (a1, None, out1, D1, 1, R * K * D)) if job[3]]   # (D1 > 0)
     for x, y, _, DD, KK, start in jobs:               # stage one: every block's partial sums
         xs = strided_view(x, (N, DD), (DD, 1))
         sums = [xs * strided_view(y, (N, DD), (DD, 1)), xs] if KK == 2 else [xs]

@@ -1,5 +1,6 @@
 """The fast path's memory-bound operations and matrix products on CuPy: :class:`CupyOps`, the
-launch code of the training step's kernels (see :mod:`attn.fast.gpu.kernels`)."""
+launch code of the training step's kernels (see :mod:`attn.fast.gpu.kernels`), the later block's
+(RMSNorm, rotary positions, SwiGLU's gate) among them."""
 from __future__ import annotations
 
 import weakref
@@ -10,31 +11,21 @@ from ..stepmem import outside_step, step_token
 from .column_sums import COLUMN_CHUNK, COLUMN_MAX_ROW_BLOCKS
 from .common import block_size_for, grid_of
 from .dropout import M64, GOLDEN, HashedKeep
-from .later_ops import LaterKernels
 from .products import PRODUCTS
 from .registry import CTYPES, NAME_EXPRESSIONS, OPTIONS, SOURCE
 
 
-def _by_later(name: str):
-    """The method of :class:`CupyOps` that its :attr:`~CupyOps.later` kernels run."""
-    def method(self, *args, **kwargs):
-        return getattr(self.later, name)(*args, **kwargs)
-    method.__name__ = method.__qualname__ = name
-    return method
-
-
 class CupyOps(Ops):
     """The fast path's memory-bound operations as fused CuPy kernels (see :mod:`attn.fast.gpu.kernels`),
-    with two components: :attr:`products`, the matrix products at this object's precision
-    (:mod:`.products`), and :attr:`later`, the later block's kernels (:class:`.later_ops.LaterKernels`,
-    launched through this object's public launch interface: :meth:`kernel`, :meth:`dropout_args`...)."""
+    with the matrix products at this object's precision in a component, :attr:`products`
+    (:mod:`.products`). A mask that is not a kernel's own goes to the NumPy-style operations of
+    :class:`attn.fast.core.ops.Ops`."""
 
     def __init__(self, xp, precision: str = "fp32", sharing: CupyOps | None = None):
         """The kernels' module compiled for ``xp``, or, with ``sharing`` (the fp32 operations of
         the same namespace), that object's module, kernels, buffers and seeds: the objects of
         the other precisions differ from it in their :attr:`products` alone."""
         super().__init__(xp, precision, sharing)
-        self.later = LaterKernels(self)
         if sharing is not None:
             self._module, self._functions, self._scratch = sharing._module, sharing._functions, sharing._scratch
             self._draws, self._seeds = sharing._draws, sharing._seeds
@@ -86,16 +77,24 @@ class CupyOps(Ops):
                              + " must have one shape")
 
     def _elementwise(self, name, dtype, n, *args):
-        threads = 256
-        self.kernel(name, dtype)(grid_of(n, threads), (threads,), (*args, B.host.int64(n)))
+        """A grid-stride kernel over ``n`` elements (its last argument)."""
+        self._stride(name, dtype, n, (*args, B.host.int64(n)))
+
+    def _stride(self, name, dtype, n, args):
+        """A grid-stride kernel over ``n`` elements, in blocks of 256 threads."""
+        self.kernel(name, dtype)(grid_of(n, 256), (256,), args)
+
+    def _rows(self, name, dtype, N, D, args, most: int = 256):
+        """A kernel of one block per row of ``D`` values (a power-of-two block, at most ``most``
+        threads, and its tree reduction's shared memory)."""
+        threads = block_size_for(D, most)
+        self.kernel(name, dtype)((N,), (threads,), args, shared_mem=threads * dtype.itemsize)
 
     # ---- softmax (keys first)
 
     def softmax0_(self, s, bias=None, row_scale=None, scale: float = 1.0):
-        """As :meth:`attn.fast.core.ops.Ops.softmax0_` for s (Tk, B, H, Tq) contiguous (``scale``
-        multiplies the scores inside the kernel, at no extra pass); ``bias`` is
-        required (0 / most negative finite, broadcastable), ``row_scale`` is not needed: a
-        query with no allowed key is detected in the kernel."""
+        """As :meth:`attn.fast.core.ops.Ops.softmax0_` for s (Tk, B, H, Tq) contiguous, ``scale`` applied in
+        the kernel; ``row_scale`` is not needed: a query with no allowed key is detected there."""
         cp = self.xp
         if bias is None:
             bias = cp.zeros((1, 1, 1, 1), dtype=s.dtype)
@@ -103,26 +102,20 @@ class CupyOps(Ops):
             raise ValueError("CupyOps.softmax0_: s must be a contiguous (Tk, B, H, Tq) array")
         Tk, Bsz, H, Tq = s.shape
         b4 = cp.broadcast_to(bias, s.shape)                 # a view: strides 0 where broadcast
-        item = b4.dtype.itemsize
-        sk, sb, sh, sq = (st // item for st in b4.strides)
+        sk, sb, sh, sq = (st // b4.dtype.itemsize for st in b4.strides)
         M = Bsz * H * Tq
-        threads = 256
         i64 = B.host.int64
         self.kernel("softmax0_fwd", s.dtype)(
-            ((M + threads - 1) // threads,), (threads,),
-            (s, b4, self.scalar(scale, s.dtype), B.host.int32(Tk), i64(M), B.host.int32(H), B.host.int32(Tq),
-             i64(sk), i64(sb), i64(sh), i64(sq)))
+            (-(-M // 256),), (256,), (s, b4, self.scalar(scale, s.dtype), B.host.int32(Tk), i64(M),
+                                      B.host.int32(H), B.host.int32(Tq), i64(sk), i64(sb), i64(sh), i64(sq)))
         return s
 
     def softmax0_backward_(self, dy, y, scale: float = 1.0):
-        if not (dy.flags.c_contiguous and y.flags.c_contiguous) or dy.shape != y.shape:
-            raise ValueError("CupyOps.softmax0_backward_: dy and y must be contiguous and of one shape")
+        self.check_contiguous("softmax0_backward_", dy=dy, y=y)
         Tk = dy.shape[0]
         M = dy.size // Tk
-        threads = 256
-        self.kernel("softmax0_bwd", dy.dtype)(((M + threads - 1) // threads,), (threads,),
-                                            (dy, y, self.scalar(scale, dy.dtype), B.host.int32(Tk),
-                                             B.host.int64(M)))
+        self.kernel("softmax0_bwd", dy.dtype)((-(-M // 256),), (256,), (dy, y, self.scalar(scale, dy.dtype),
+                                                                      B.host.int32(Tk), B.host.int64(M)))
         return dy
 
     # ---- layer norm
@@ -130,21 +123,17 @@ class CupyOps(Ops):
     def layer_norm_(self, x, gamma, beta, eps: float):
         cp = self.xp
         N, D = x.shape
-        if not x.flags.c_contiguous:
-            raise ValueError("CupyOps.layer_norm_: x must be contiguous")
+        self.check_contiguous("layer_norm_", x=x)
         out = cp.empty_like(x)
         rstd = cp.empty((N,), dtype=x.dtype)
-        threads = block_size_for(D)
-        self.kernel("layer_norm_fwd", x.dtype)(
-            (N,), (threads,), (x, out, rstd, cp.ascontiguousarray(gamma), cp.ascontiguousarray(beta),
-                               B.host.int32(D), self.scalar(eps, x.dtype)),
-            shared_mem=threads * x.dtype.itemsize)
+        self._rows("layer_norm_fwd", x.dtype, N, D, (x, out, rstd, cp.ascontiguousarray(gamma),
+                                                     cp.ascontiguousarray(beta), B.host.int32(D),
+                                                     self.scalar(eps, x.dtype)))
         return out, rstd
 
     def residual_layer_norm_(self, s, bias, m, x, gamma, beta, eps: float):
-        """As :meth:`attn.fast.core.ops.Ops.residual_layer_norm_`, in one ``residual_ln_fwd``
-        launch (bias, dropout from its counter, residual sum and layer norm) where the mask is
-        this class's own (a :class:`HashedKeep`) or there is none."""
+        """As :meth:`attn.fast.core.ops.Ops.residual_layer_norm_`, in one ``residual_ln_fwd`` launch where
+        the mask is this class's own (a :class:`HashedKeep`) or there is none."""
         if not self.fused_mask(m, s.shape, "residual_layer_norm_"):
             return super().residual_layer_norm_(s, bias, m, x, gamma, beta, eps)
         cp = self.xp
@@ -152,18 +141,15 @@ class CupyOps(Ops):
         self.check_contiguous("residual_layer_norm_", s=s, x=x)
         out = cp.empty_like(s)
         rstd = cp.empty((N,), dtype=s.dtype)
-        threads = block_size_for(D)
-        self.kernel("residual_ln_fwd", s.dtype)(
-            (N,), (threads,), (s, cp.ascontiguousarray(bias), x, out, rstd, cp.ascontiguousarray(gamma),
-                               cp.ascontiguousarray(beta), *self.dropout_args(m, s.dtype), B.host.int32(D),
-                               self.scalar(eps, s.dtype)),
-            shared_mem=threads * s.dtype.itemsize)
+        self._rows("residual_ln_fwd", s.dtype, N, D,
+                   (s, cp.ascontiguousarray(bias), x, out, rstd, cp.ascontiguousarray(gamma),
+                    cp.ascontiguousarray(beta), *self.dropout_args(m, s.dtype), B.host.int32(D),
+                    self.scalar(eps, s.dtype)))
         return out, rstd
 
     def layer_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
-        """As :meth:`attn.fast.core.ops.Ops.layer_norm_backward_`: dgamma and dbeta by one
-        ``column_sums`` launch (into ``out``, (2, D), before ``dout`` is overwritten), then one
-        block per row for ``dx``."""
+        """As :meth:`attn.fast.core.ops.Ops.layer_norm_backward_`: dgamma and dbeta by one ``column_sums``
+        launch (into ``out``, (2, D), before ``dout`` is overwritten), then dx by one ``layer_norm_bwd``."""
         dout, out, _ = self._layer_norm_backward(dout, xhat, rstd, gamma, None, out, "layer_norm_backward_")
         return dout, out[0], out[1]
 
@@ -185,19 +171,97 @@ class CupyOps(Ops):
         args = (dout, xhat, rstd, cp.ascontiguousarray(gamma))
         if m is not None:
             args += (ds, *self.dropout_args(m, dout.dtype))
-        threads = block_size_for(D)
-        self.kernel("layer_norm_bwd" if m is None else "layer_norm_bwd_drop", dout.dtype)(
-            (N,), (threads,), (*args, B.host.int32(D)), shared_mem=threads * dout.dtype.itemsize)
+        name = "layer_norm_bwd" if m is None else "layer_norm_bwd_drop"
+        self._rows(name, dout.dtype, N, D, (*args, B.host.int32(D)))
         return dout, out, ds
 
-    # ---- the later block's (RMSNorm, rotary positions, SwiGLU's gate): launched by self.later
-    rms_norm_ = _by_later("rms_norm_")
-    residual_rms_norm_ = _by_later("residual_rms_norm_")
-    rms_norm_backward_ = _by_later("rms_norm_backward_")
-    rms_norm_backward_dropout_ = _by_later("rms_norm_backward_dropout_")
-    rope_ = _by_later("rope_")
-    swiglu_gate = _by_later("swiglu_gate")
-    swiglu_gate_backward = _by_later("swiglu_gate_backward")
+    # ---- the later block's (lesson 26): RMSNorm, rotary positions, SwiGLU's gate
+
+    def _rms(self, s, bias, m, x, gamma, eps, residual: bool):
+        cp = self.xp
+        N, D = s.shape
+        self.check_contiguous("rms_norm_", s=s, **({"x": x} if residual else {}))
+        out = cp.empty_like(s)
+        rstd = cp.empty((N,), dtype=s.dtype)
+        self._rows("rms_norm_fwd", s.dtype, N, D,
+                   (s, s if bias is None else cp.ascontiguousarray(bias), s if x is None else x, out, rstd,
+                    cp.ascontiguousarray(gamma), *self.dropout_args(m, s.dtype), B.host.int32(D),
+                    self.scalar(eps, s.dtype), B.host.int32(residual), B.host.int32(bias is not None)))
+        return out, rstd
+
+    def rms_norm_(self, x, gamma, eps: float):
+        """As :meth:`attn.fast.core.ops.Ops.rms_norm_`: one ``rms_norm_fwd`` launch."""
+        return self._rms(x, None, None, None, gamma, eps, False)
+
+    def residual_rms_norm_(self, s, bias, m, x, gamma, eps: float):
+        """As :meth:`attn.fast.core.ops.Ops.residual_rms_norm_`: one ``rms_norm_fwd`` launch."""
+        if not self.fused_mask(m, s.shape, "residual_rms_norm_"):
+            return super().residual_rms_norm_(s, bias, m, x, gamma, eps)
+        return self._rms(s, bias, m, x, gamma, eps, True)
+
+    def _rms_bwd(self, dout, xhat, rstd, gamma, m, out, where):
+        cp = self.xp
+        N, D = dout.shape
+        self.check_contiguous(where, dout=dout, xhat=xhat)
+        out = cp.empty((1, D), dtype=dout.dtype) if out is None else out
+        sums = self.buffer("rms_column_sums", 2 * D, dout.dtype)          # sum(dout * xhat), sum(dout)
+        self.column_sums(dout, xhat, sums, where)
+        out[0] = sums[:D]
+        ds = dout if m is None else cp.empty_like(dout)
+        self._rows("rms_norm_bwd", dout.dtype, N, D, (dout, xhat, rstd, cp.ascontiguousarray(gamma), ds,
+                                                      *self.dropout_args(m, dout.dtype), B.host.int32(D)))
+        return dout, out[0], ds
+
+    def rms_norm_backward_(self, dout, xhat, rstd, gamma, out=None):
+        """As :meth:`attn.fast.core.ops.Ops.rms_norm_backward_`: dgamma by one ``column_sums`` launch, then
+        dx by one ``rms_norm_bwd``."""
+        return self._rms_bwd(dout, xhat, rstd, gamma, None, out, "rms_norm_backward_")[:2]
+
+    def rms_norm_backward_dropout_(self, dout, xhat, rstd, gamma, m, out=None):
+        """As :meth:`attn.fast.core.ops.Ops.rms_norm_backward_dropout_`, drop(dy) written by the
+        ``rms_norm_bwd`` launch (the mask regenerated from its counter)."""
+        if not self.fused_mask(m, dout.shape, "rms_norm_backward_dropout_"):
+            return super().rms_norm_backward_dropout_(dout, xhat, rstd, gamma, m, out)
+        dy, _, ds = self._rms_bwd(dout, xhat, rstd, gamma, m, out, "rms_norm_backward_dropout_")
+        return dy, ds
+
+    def rope_(self, x, cos, sin, inverse: bool = False):
+        """As :meth:`attn.fast.core.ops.Ops.rope_`: one ``rope_rotate`` launch on the view as it lies
+        (x (B, H, T, Dh), its last axis contiguous; cos and sin (T, Dh/2) contiguous)."""
+        Bsz, H, T, Dh = x.shape
+        item = x.dtype.itemsize
+        if x.strides[3] != item or not (cos.flags.c_contiguous and sin.flags.c_contiguous):
+            raise ValueError(f"CupyOps.rope_: x's last axis and cos, sin must be contiguous, got x strides "
+                             f"{x.strides}")
+        sb, sh, st = (s // item for s in x.strides[:3])
+        n = Bsz * H * T * (Dh // 2)
+        if n:
+            i32, i64 = B.host.int32, B.host.int64
+            self._stride("rope_rotate", x.dtype, n, (x, cos, sin, i32(H), i32(T), i32(Dh // 2), i64(sb),
+                                                     i64(sh), i64(st), i32(inverse), i64(n)))
+        return x
+
+    def swiglu_gate(self, ab, m: Mask | None = None):
+        """As :meth:`attn.fast.core.ops.Ops.swiglu_gate`: one ``swiglu_fwd`` launch."""
+        N, F2 = ab.shape
+        if not self.fused_mask(m, (N, F2 // 2), "swiglu_gate"):
+            return super().swiglu_gate(ab, m)
+        self.check_contiguous("swiglu_gate", ab=ab)
+        h = self.xp.empty((N, F2 // 2), dtype=ab.dtype)
+        self._stride("swiglu_fwd", ab.dtype, h.size, (ab, h, *self.dropout_args(m, ab.dtype),
+                                                      B.host.int64(h.size), B.host.int32(F2 // 2)))
+        return h
+
+    def swiglu_gate_backward(self, dh, ab, m: Mask | None = None):
+        """As :meth:`attn.fast.core.ops.Ops.swiglu_gate_backward`: one ``swiglu_bwd`` launch."""
+        if not self.fused_mask(m, dh.shape, "swiglu_gate_backward"):
+            return super().swiglu_gate_backward(dh, ab, m)
+        self.check_contiguous("swiglu_gate_backward", dh=dh)
+        self.check_contiguous("swiglu_gate_backward", ab=ab)
+        dab = self.xp.empty(ab.shape, dtype=ab.dtype)
+        self._stride("swiglu_bwd", ab.dtype, dh.size, (dh, ab, dab, *self.dropout_args(m, ab.dtype),
+                                                       B.host.int64(dh.size), B.host.int32(dh.shape[1])))
+        return dab
 
     # ---- column sums (bias gradients, dgamma and dbeta)
 
@@ -210,15 +274,11 @@ class CupyOps(Ops):
     def colsums(self, *pairs):
         """``colsum(x2, out=out)`` for each ``(x2, out)``, two by two in one ``column_sums``
         launch where their rows agree (a backward's two bias gradients)."""
-        i = 0
-        while i < len(pairs):
-            (a, out), nxt = pairs[i], pairs[i + 1] if i + 1 < len(pairs) else None
-            if nxt is not None and nxt[0].shape[0] == a.shape[0] and nxt[0].dtype == a.dtype:
-                self.column_sums(a, None, out, "colsums", second=nxt)
-                i += 2
-            else:
-                self.column_sums(a, None, out, "colsums")
-                i += 1
+        pairs = list(pairs)
+        while pairs:
+            a, out = pairs.pop(0)
+            two = pairs and pairs[0][0].shape[0] == a.shape[0] and pairs[0][0].dtype == a.dtype
+            self.column_sums(a, None, out, "colsums", second=pairs.pop(0) if two else None)
 
     def column_sums(self, a, b, out, where, second=None):
         """``column_sums`` of a (N, D) contiguous: K = 2 with b (a*b, then a), K = 1 without.
@@ -236,14 +296,12 @@ class CupyOps(Ops):
                                  f"out {tuple(o.shape)} {o.dtype}")
         tiles0 = max(1, -(-D // 32))
         tiles = tiles0 + -(-D1 // 32)
-        from_rows = -(-N // COLUMN_CHUNK)
-        R = max(1, min(from_rows, COLUMN_MAX_ROW_BLOCKS))
+        R = max(1, min(-(-N // COLUMN_CHUNK), COLUMN_MAX_ROW_BLOCKS))
         partial = self.buffer("column_partials", R * (K * D + D1), a.dtype)
-        counter = self._counters(tiles)
+        counter, i32 = self._counters(tiles), B.host.int32
         self.kernel("column_sums", a.dtype)(
             (tiles, R), (32, 8), (a, a if b is None else b, partial, counter, out, B.host.int64(N),
-                                  B.host.int32(D), B.host.int32(K), B.host.int32(COLUMN_CHUNK), a1, out1,
-                                  B.host.int32(D1), B.host.int32(tiles0)))
+                                  i32(D), i32(K), i32(COLUMN_CHUNK), a1, out1, i32(D1), i32(tiles0)))
 
     def buffer(self, name, n, dtype):
         """A scratch buffer of at least ``n`` elements kept between launches (one stream runs
@@ -260,15 +318,8 @@ class CupyOps(Ops):
         return buf[:max(n, 1)]
 
     def _counters(self, n):
-        """``column_sums``' per-tile tickets: zeroed once, and set back to 0 by every launch
-        (grown and replaced as :meth:`buffer`'s buffers are)."""
-        c = self._scratch.get("counters")
-        if c is None or c.size < n:
-            self._retire(c)
-            with outside_step():
-                c = self._scratch["counters"] = self.xp.zeros((max(n, 64, 0 if c is None else 2 * c.size),),
-                                                              dtype=B.host.uint32)
-        return c
+        """``column_sums``' per-tile tickets (its last block of a tile sets them back to 0)."""
+        return self._zeros("counters", max(n, 64), B.host.uint32)
 
     def _retire(self, buf):
         """Keep a replaced scratch buffer alive: a graph captured before it was replaced holds its
@@ -276,21 +327,28 @@ class CupyOps(Ops):
         if buf is not None:
             self._scratch.setdefault("retired", []).append(buf)
 
+    def _zeros(self, name, n, dtype):
+        """Zeros made outside any step and kept, at least ``n`` (grown and replaced as :meth:`buffer`'s
+        buffers are): a kernel's tickets, which its last block sets back to 0, or the seed of a fused
+        kernel that drops nothing (never read)."""
+        z = self._scratch.get(name)
+        if z is None or z.size < n:
+            self._retire(z)
+            with outside_step():
+                size = max(n, 0 if z is None else 2 * z.size)
+                z = self._scratch[name] = self.xp.zeros((size,), dtype=dtype)
+        return z
+
     # ---- dropout, ReLU
 
-    #: Dropout masks from the counter-based generator of ``dropout_hash`` (no draw, no mask in
-    #: memory, one launch each way, and the fused epilogues apply them) instead of drawn from
-    #: ``rng`` (a cuRAND draw and a comparison per site). On by default: the masks are keyed by
-    #: (seed, step, site, index in the global batch), so the ranks of a data-parallel run draw
-    #: what one process draws. Off: ``uniform >= p`` drawn from ``rng``, p exact.
+    #: Dropout masks from ``dropout_hash``'s counter-based generator, regenerated by the kernels that
+    #: apply them (docs/GPU.md: no draw, no mask in memory). Off: ``uniform >= p`` drawn from ``rng``.
     counter_dropout: bool = True
 
     def dropout_mask(self, rng, shape, p: float) -> Mask:
-        """With :attr:`counter_dropout`, a mask drawn by no launch: ``keep`` is a :class:`HashedKeep`, the
-        key of ``dropout_hash``'s counter-based generator (``rng``'s seed, and the site: how many masks
-        it has made), from which the kernels regenerate the mask; ``p`` is quantised to 1/65536 as on
-        NumPy. The counter is the element's index in the global batch (a data-parallel rank's ``rng``
-        places its rows: ``rng.place(shape)``). Without it, drawn from ``rng``: ``uniform >= p``."""
+        """With :attr:`counter_dropout`, a mask drawn by no launch: ``keep`` is a :class:`HashedKeep`
+        (``rng``'s seed, the site: how many masks it has made, and where ``rng.place(shape)`` puts its rows
+        in the global batch); ``p`` quantised to 1/65536 as on NumPy. Without it, ``uniform >= p``."""
         if not self.counter_dropout:
             return Mask(rng.random(shape, dtype="float32") >= p, 1.0 / (1.0 - p))
         thr = int(round(p * 65536))
@@ -305,33 +363,25 @@ class CupyOps(Ops):
         else a one-element array made once per ``rng``: from the slab for the step it is first met in,
         or kept for good (outside the step's memory) when it is met again in another step or outside one."""
         seed = getattr(rng, "device_seed", None)
-        if seed is None:
-            step = step_token()
-            kept = self._seeds.get(rng)
-            if kept is not None and (kept[0] is None or kept[0] == step):
-                return kept[1]
-            host = B.host.array([rng.seed & M64], dtype=B.host.uint64)
-            if step is None or kept is not None:
-                with outside_step():
-                    kept = self._seeds[rng] = (None, self.xp.asarray(host))
-            else:
-                kept = self._seeds[rng] = (step, self.xp.asarray(host))
-            seed = kept[1]
-        return seed
-
-    def _no_seed(self):
-        """The seed given to a fused kernel that drops nothing (thr 0: never read)."""
-        z = self._scratch.get("no_seed")
-        if z is None:
+        if seed is not None:
+            return seed
+        step, kept = step_token(), self._seeds.get(rng)
+        if kept is not None and (kept[0] is None or kept[0] == step):
+            return kept[1]
+        host = B.host.array([rng.seed & M64], dtype=B.host.uint64)
+        if step is None or kept is not None:
             with outside_step():
-                z = self._scratch["no_seed"] = self.xp.zeros((1,), dtype=B.host.uint64)
-        return z
+                self._seeds[rng] = (None, self.xp.asarray(host))
+        else:
+            self._seeds[rng] = (step, self.xp.asarray(host))
+        return self._seeds[rng][1]
 
     def dropout_args(self, m, dtype):
         """(seed, site, offset, thr, scale in ``dtype``) of mask ``m`` (None: no dropout), the
         fused kernels' dropout arguments."""
         if m is None:
-            return self._no_seed(), B.host.uint64(0), B.host.uint64(0), B.host.uint32(0), self.scalar(1.0, dtype)
+            u64 = B.host.uint64
+            return self._zeros("no_seed", 1, u64), u64(0), u64(0), B.host.uint32(0), self.scalar(1.0, dtype)
         k = m.keep
         return k.seed, B.host.uint64(k.site), B.host.uint64(k.offset), B.host.uint32(k.thr), self.scalar(m.scale, dtype)
 
@@ -345,16 +395,10 @@ class CupyOps(Ops):
         if m.keep.shape != tuple(shape):
             raise ValueError(f"CupyOps.{where}: the mask was drawn for shape {m.keep.shape}, the array is "
                              f"{tuple(shape)}")
-        self.check_rows(m, where)
-        return True
-
-    @staticmethod
-    def check_rows(m, where):
-        """A mask the fused epilogues can regenerate from the flat index row * D + j: one run (its
-        rows are contiguous in the global batch, as (B*T, D) masks are)."""
-        if m is not None and m.keep.skip:
+        if m.keep.skip:                                   # the fused kernels read the flat index row * D + j
             raise ValueError(f"CupyOps.{where}: the mask of shape {m.keep.shape} lies in runs of {m.keep.run} "
                              "elements in the global batch; the fused kernels take a row-major one (B*T, D)")
+        return True
 
     def dropout_(self, x, m: Mask):
         if isinstance(m.keep, HashedKeep):
@@ -382,18 +426,15 @@ class CupyOps(Ops):
         return out
 
     def bias_relu_dropout_(self, a, bias, m):
-        """As :meth:`attn.fast.core.ops.Ops.bias_relu_dropout_`, in one ``bias_relu_drop`` launch
-        where the mask is this class's own or there is none."""
+        """As :meth:`attn.fast.core.ops.Ops.bias_relu_dropout_`: one ``bias_relu_drop`` launch."""
         if not self.fused_mask(m, a.shape, "bias_relu_dropout_"):
             return super().bias_relu_dropout_(a, bias, m)
         if not a.flags.c_contiguous or a.ndim != 2:
             raise ValueError(f"CupyOps.bias_relu_dropout_: a must be a contiguous (N, F) array, got shape "
                              f"{tuple(a.shape)} strides {a.strides}")
-        threads = 256
-        self.kernel("bias_relu_drop", a.dtype)(
-            grid_of(a.size, threads), (threads,),
-            (a, self.xp.ascontiguousarray(bias), *self.dropout_args(m, a.dtype),
-             B.host.int64(a.size), B.host.int32(a.shape[1])))
+        self._stride("bias_relu_drop", a.dtype, a.size, (a, self.xp.ascontiguousarray(bias),
+                                                         *self.dropout_args(m, a.dtype), B.host.int64(a.size),
+                                                         B.host.int32(a.shape[1])))
         return a
 
     def relu_backward_(self, da, a):
@@ -406,15 +447,12 @@ class CupyOps(Ops):
     def cross_entropy_(self, x, y, valid, n, smoothing: float):
         cp = self.xp
         N, V = x.shape
-        if not x.flags.c_contiguous:
-            raise ValueError("CupyOps.cross_entropy_: x must be contiguous")
+        self.check_contiguous("cross_entropy_", x=x)
         w = valid.astype(x.dtype) / n
         loss_rows = cp.empty((N,), dtype=x.dtype)
-        threads = block_size_for(V, 512)
-        self.kernel("cross_entropy_fwd_bwd", x.dtype)(
-            (N,), (threads,), (x, cp.ascontiguousarray(y.astype(cp.int64)), w, loss_rows,
-                               B.host.int32(V), self.scalar(smoothing, x.dtype)),
-            shared_mem=threads * x.dtype.itemsize)
+        args = (x, cp.ascontiguousarray(y.astype(cp.int64)), w, loss_rows, B.host.int32(V),
+                self.scalar(smoothing, x.dtype))
+        self._rows("cross_entropy_fwd_bwd", x.dtype, N, V, args, 512)
         return loss_rows.sum()
 
     # ---- optimizer
@@ -448,7 +486,8 @@ class CupyOps(Ops):
         f64 = B.host.float64
         self.kernel("adam_flat", p.dtype)(
             grid_of(n, threads, self.ADAM_BLOCKS), (threads,),
-            (p, m, v, g, partial, B.host.int32(n_partial), f64(max_norm), count, self._ticket("adam_ticket"),
+            (p, m, v, g, partial, B.host.int32(n_partial), f64(max_norm), count,
+             self._zeros("adam_ticket", 1, B.host.uint32),
              f64(lr_factor), f64(0.0 if fixed_lr is None else fixed_lr), B.host.int32(fixed_lr is not None),
              f64(d_model), f64(warmup), f64(b1), f64(b2), f64(eps), B.host.int64(n)), shared_mem=threads * 8)
 
@@ -463,11 +502,3 @@ class CupyOps(Ops):
                              f"{tuple(src.shape)} {src.dtype} and {tuple(dst.shape)} {dst.dtype}")
         self._elementwise("round_bf16", src.dtype, src.size, src, dst)
         return dst
-
-    def _ticket(self, name):
-        """A one-element counter a kernel's last block sets back to 0: zeroed once."""
-        c = self._scratch.get(name)
-        if c is None:
-            with outside_step():
-                c = self._scratch[name] = self.xp.zeros((1,), dtype=B.host.uint32)
-        return c

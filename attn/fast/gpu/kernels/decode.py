@@ -39,9 +39,8 @@ __global__ void decode_embed(const long long* ids, const T* table, const T* pe, 
 
 def _row_norm_np(v, gamma, beta, eps):
     """gamma * (v - mean) / sqrt(var + eps) + beta over the rows of v (N, D), as the kernels do."""
-    np = B.host
-    dt = v.dtype.type
-    D = v.shape[1]
+    np, dt, D = B.host, v.dtype.type, v.shape[1]
+    gamma, beta = (strided_view(a, (D,), (1,)) for a in (gamma, beta))
     c = v - (v.sum(axis=1) / dt(D))[:, None]
     r = dt(1) / np.sqrt((c * c).sum(axis=1) / dt(D) + dt(eps))
     return c * r[:, None] * gamma + beta
@@ -57,7 +56,7 @@ def decode_embed_np(launch, ids, table, pe, scale, x, out, gamma, beta, D, eps, 
     xv = strided_view(x, (n, D), (D, 1))
     xv[...] = table.reshape(-1, D)[idv] * scale + strided_view(pe, (D,), (1,))
     if norm:
-        strided_view(out, (n, D), (D, 1))[...] = _row_norm_np(xv, strided_view(gamma, (D,), (1,)), strided_view(beta, (D,), (1,)), eps)
+        strided_view(out, (n, D), (D, 1))[...] = _row_norm_np(xv, gamma, beta, eps)
 
 
 ADD_NORM = r"""
@@ -95,7 +94,7 @@ def add_norm_np(launch, x, s, bias, out, gamma, beta, D, eps):
     xv = strided_view(x, (n, D), (D, 1))
     v = (strided_view(s, (n, D), (D, 1)) + strided_view(bias, (D,), (1,))) + xv
     xv[...] = v
-    strided_view(out, (n, D), (D, 1))[...] = _row_norm_np(v, strided_view(gamma, (D,), (1,)), strided_view(beta, (D,), (1,)), eps)
+    strided_view(out, (n, D), (D, 1))[...] = _row_norm_np(v, gamma, beta, eps)
 
 
 ONE_QUERY_ATTENTION = r"""
@@ -281,10 +280,10 @@ def greedy_pick_np(launch, logp, V, ban0, ban1, info, n, tokens):
     x = strided_view(logp, (n, V), (V, 1)).copy()
     banned = [j for j in (int(ban0), int(ban1)) if 0 <= j < V]
     x[:, banned] = -np.inf
-    ids = x.argmax(axis=1) if len(set(banned)) < V else np.full(n, -1)
+    some = len(set(banned)) < V
+    ids = x.argmax(axis=1) if some else np.full(n, -1)
     iv = strided_view(info, (2, n), (n, 1))
-    iv[0] = ids
-    iv[1] = np.take_along_axis(x, ids[:, None], axis=1)[:, 0] if len(set(banned)) < V else -np.inf
+    iv[0], iv[1] = ids, np.take_along_axis(x, ids[:, None], axis=1)[:, 0] if some else -np.inf
     strided_view(tokens, (n,), (1,))[...] = ids
 
 
@@ -447,12 +446,10 @@ class DecodeKernels:
         self.ops.kernel(name, dtype)((grid,), (threads,), args, shared_mem=shared)
 
     def embed(self, ids, table, pe, scale: float, x, out, gamma, beta, eps: float, norm: bool):
-        """x (n, D) <- table[ids] * scale + pe; with ``norm``, out (n, D) <- its layer norm."""
+        """x (n, D) <- table[ids] * scale + pe; with ``norm``, out (n, D) <- its layer norm. ``ids``
+        (n,) contiguous int64, as the device step makes them."""
         n, D = x.shape
         self.ops.check_contiguous("decode_embed", x=x, out=out)
-        if ids.dtype != B.host.int64 or not ids.flags.c_contiguous or ids.shape != (n,):
-            raise ValueError(f"DecodeKernels.embed: ids must be a contiguous ({n},) int64 array, got "
-                             f"{tuple(ids.shape)} {ids.dtype}")
         t = block_size_for(D)
         dt = x.dtype
         self._launch("decode_embed", dt, n, t, (ids, table, pe, self.ops.scalar(scale, dt), x, out, gamma, beta,

@@ -31,9 +31,7 @@ __global__ void dropout_bwd(const T* d, const bool* keep, T scale, T* out, long 
 
 def dropout_fwd_np(launch, x, keep, scale, n):
     """NumPy twin of ``dropout_fwd``."""
-    np = B.host
-    xv = strided_view(x, (n,), (1,))
-    xv[...] = np.where(strided_view(keep, (n,), (1,)), xv * scale, x.dtype.type(0))
+    dropout_bwd_np(launch, x, keep, scale, x, n)
 
 
 def dropout_bwd_np(launch, d, keep, scale, out, n):
@@ -117,29 +115,26 @@ def dropout_key_np(seed, site, offset) -> int:
     return (_splitmix64(_splitmix64(int(seed[0])) ^ int(site)) + int(offset)) & M64
 
 
-def dropped_np(v, seed, site, offset, thr, scale):
-    """``v`` (N, F) through a fused kernel's dropout: kept and scaled where ``dropout_bits`` of its
-    flat index reaches ``thr``, else 0 (the mask ``dropout_hash`` regenerates)."""
-    keep = (dropout_bits_np(dropout_key_np(seed, site, offset), v.size) >= thr).reshape(v.shape)
+def dropped_np(v, seed, site, offset, thr, scale, run: int = 0, skip: int = 0):
+    """``v`` through ``dropout_hash``'s dropout (a fused kernel's, over the flat index): kept and scaled
+    where ``dropout_bits`` of its counter reaches ``thr``, else 0."""
+    keep = (dropout_bits_np(dropout_key_np(seed, site, offset), v.size, run, skip) >= thr).reshape(v.shape)
     return B.host.where(keep, v * scale, v.dtype.type(0))
 
 
 def dropout_hash_np(launch, out, x, seed, site, offset, thr, scale, run, skip, n):
     """NumPy twin of ``dropout_hash``."""
-    np = B.host
     n = int(n)
-    keep = dropout_bits_np(dropout_key_np(seed, site, offset), n, int(run), int(skip)) >= thr
-    strided_view(out, (n,), (1,))[...] = np.where(keep, strided_view(x, (n,), (1,)) * scale, x.dtype.type(0))
+    dropped = dropped_np(strided_view(x, (n,), (1,)), seed, site, offset, thr, scale, int(run), int(skip))
+    strided_view(out, (n,), (1,))[...] = dropped
 
 
 class HashedKeep(NamedTuple):
-    """The ``keep`` of a CuPy dropout :class:`Mask`: no array, what the kernels make the key of
-    ``dropout_hash``'s generator from (``dropout_key``: the step's ``seed``, a one-element uint64
-    device array; the ``site``'s number in the step; the ``offset`` of the rank's first element
-    in the global batch times the golden ratio), the threshold (``round(p * 65536)``), the shape
-    it was drawn for, and where the elements sit in the global batch: runs of ``run`` elements,
-    ``skip`` apart (0: one run; see ``dropout_hash``). :attr:`key` and :meth:`array` (the
-    boolean mask) read the seed from the device: for tests and inspection."""
+    """The ``keep`` of a CuPy dropout :class:`Mask`: no array, but what ``dropout_key`` makes the key of
+    ``dropout_hash`` from (the step's ``seed``, a one-element uint64 device array; the ``site``; the
+    rank's ``offset``), the threshold ``round(p * 65536)``, the shape drawn for, and the runs of ``run``
+    elements ``skip`` apart it lies in (see ``dropout_hash``). :attr:`key` and :meth:`array` read the
+    seed from the device: for tests and inspection."""
     seed: object
     site: int
     offset: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .... import backend as B
-from .common import strided_view
+from .common import check_threads, strided_view
 
 #: The largest tile (rows of queries or keys per block) the launch code picks.
 MOST_TILE = 64
@@ -321,24 +321,39 @@ def _check_tiled(launch, kernel: str, rows: int, n_rows: int, groups: int, cols:
                          f"with Dh {Dh} need {flash_shared(kernel, rows, cols, Dh, itemsize)}")
 
 
-class _Heads(NamedTuple):
-    """The twins' views of q, k, v and the key mask: q (B, Hkv, G, Tq, Dh), k and v
-    (B, Hkv, 1, Tk, Dh), ok (B, 1, 1, 1, Tk); G = H / Hkv query heads per key head."""
+class Views(NamedTuple):
+    """The twins' views of q (B, Hkv, G, Tq, Dh), k and v (B, Hkv, 1, Tk, Dh; :mod:`.flash_mma`'s (B, Hkv,
+    Tk, DH)) and the key mask (B, 1, 1, 1, Tk), G = H / Hkv query heads per key head; for the backward,
+    of dO (B, Hkv, G, Tq, Dh), the lse and D (B, Hkv, G, Tq)."""
     q: object
     k: object
     v: object
     ok: object
+    d_o: object = None
+    ls: object = None
+    ds: object = None
 
 
-def _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, strides) -> _Heads:
+def _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, strides, dout=None, lse=None, dsum=None) -> Views:
     qb, qh, qt, kb, kh, kt, okb = (int(s) for s in strides)
     if Hkv < 1 or H % Hkv:
         raise ValueError(f"flash attention: {Hkv} key heads do not divide {H} query heads")
     G = H // Hkv
-    return _Heads(strided_view(q, (Bsz, Hkv, G, Tq, Dh), (qb, G * qh, qh, qt, 1)),
-                  strided_view(k, (Bsz, Hkv, 1, Tk, Dh), (kb, kh, 0, kt, 1)),
-                  strided_view(v, (Bsz, Hkv, 1, Tk, Dh), (kb, kh, 0, kt, 1)),
-                  strided_view(key_ok, (Bsz, 1, 1, 1, Tk), (okb, 0, 0, 0, 1)))
+    back = () if dout is None else (per_query(dout, Bsz, H, Hkv, Tq, Dh), per_query(lse, Bsz, H, Hkv, Tq),
+                                    per_query(dsum, Bsz, H, Hkv, Tq))
+    return Views(strided_view(q, (Bsz, Hkv, G, Tq, Dh), (qb, G * qh, qh, qt, 1)),
+                 strided_view(k, (Bsz, Hkv, 1, Tk, Dh), (kb, kh, 0, kt, 1)),
+                 strided_view(v, (Bsz, Hkv, 1, Tk, Dh), (kb, kh, 0, kt, 1)),
+                 strided_view(key_ok, (Bsz, 1, 1, 1, Tk), (okb, 0, 0, 0, 1)), *back)
+
+
+def per_query(a, Bsz, H, Hkv, Tq, Dh=0):
+    """The twins' (B, Hkv, G, Tq) view of a log-sum-exp or D (B, H, Tq); with ``Dh``, their
+    (B, Hkv, G, Tq, Dh) view of o or dO (B, Tq, H, Dh)."""
+    G = H // Hkv
+    if not Dh:
+        return strided_view(a, (Bsz, Hkv, G, Tq), (H * Tq, G * Tq, Tq, 1))
+    return strided_view(a, (Bsz, Hkv, G, Tq, Dh), (Tq * H * Dh, G * Dh, Dh, H * Dh, 1))
 
 
 def allowed_keys(ok, i0, i1, j0, j1, causal):
@@ -360,9 +375,7 @@ def flash_fwd_np(launch, q, k, v, key_ok, o, lse, scale, lowest, H, Hkv, Tq, Tk,
     _check_tiled(launch, "flash_fwd", Br, Tq, lse.size // Tq, Bc, Dh, q.itemsize)
     Bsz = launch.grid[0] // H
     hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
-    G, dt = H // Hkv, q.dtype.type
-    out = strided_view(o, (Bsz, Tq, Hkv, G, Dh), (Tq * H * Dh, H * Dh, G * Dh, Dh, 1)).transpose(0, 2, 3, 1, 4)
-    lse_v = strided_view(lse, (Bsz, Hkv, G, Tq), (H * Tq, G * Tq, Tq, 1))
+    out, lse_v, dt = per_query(o, Bsz, H, Hkv, Tq, Dh), per_query(lse, Bsz, H, Hkv, Tq), q.dtype.type
     for i0 in range(0, Tq, Br):
         i1 = min(Tq, i0 + Br)
         qi = hd.q[:, :, :, i0:i1]
@@ -390,31 +403,22 @@ def flash_fwd_np(launch, q, k, v, key_ok, o, lse, scale, lowest, H, Hkv, Tq, Tk,
 def flash_bwd_prep_np(launch, dout, o, dsum, H, Tq, Dh, n):
     """NumPy twin of ``flash_bwd_prep``."""
     H, Tq, Dh, n = int(H), int(Tq), int(Dh), int(n)
-    if launch.blocks * launch.threads < n:
-        raise ValueError(f"{launch.name}: {launch.blocks} x {launch.threads} threads cannot cover {n} queries")
+    check_threads(launch, n, "queries")
     Bsz = n // (H * Tq)
     shape, strides = (Bsz, H, Tq, Dh), (Tq * H * Dh, Dh, H * Dh, 1)
     strided_view(dsum, (Bsz, H, Tq), (H * Tq, Tq, 1))[...] = (strided_view(dout, shape, strides) * strided_view(o, shape, strides)).sum(-1)
 
 
-def _query_side(dout, lse, dsum, Bsz, H, Hkv, Tq, Dh):
-    """dO (B, Hkv, G, Tq, Dh), the lse and D (B, Hkv, G, Tq): the backward's per-query inputs."""
-    G = H // Hkv
-    d_o = strided_view(dout, (Bsz, Hkv, G, Tq, Dh), (Tq * H * Dh, G * Dh, Dh, H * Dh, 1))
-    return (d_o, strided_view(lse, (Bsz, Hkv, G, Tq), (H * Tq, G * Tq, Tq, 1)),
-            strided_view(dsum, (Bsz, Hkv, G, Tq), (H * Tq, G * Tq, Tq, 1)))
-
-
-def _tile_grads(hd, d_o, ls, ds, i0, i1, j0, j1, causal, scale):
+def _tile_grads(hd, i0, i1, j0, j1, causal, scale):
     """A (query tile, key tile)'s recomputed P and dS (B, Hkv, G, rows, cols), 0 where masked."""
     np = B.host
     dt = hd.q.dtype.type
     ok = allowed_keys(hd.ok, i0, i1, j0, j1, causal)
     s = hd.q[:, :, :, i0:i1] @ hd.k[:, :, :, j0:j1].swapaxes(-1, -2)
     s *= dt(scale)
-    p = np.where(ok, np.exp(np.where(ok, s, ls[..., i0:i1, None]) - ls[..., i0:i1, None]), dt(0))
-    dp = d_o[:, :, :, i0:i1] @ hd.v[:, :, :, j0:j1].swapaxes(-1, -2)
-    dp -= ds[..., i0:i1, None]
+    p = np.where(ok, np.exp(np.where(ok, s, hd.ls[..., i0:i1, None]) - hd.ls[..., i0:i1, None]), dt(0))
+    dp = hd.d_o[:, :, :, i0:i1] @ hd.v[:, :, :, j0:j1].swapaxes(-1, -2)
+    dp -= hd.ds[..., i0:i1, None]
     dp *= p
     dp *= dt(scale)
     return p, dp
@@ -428,17 +432,15 @@ def flash_bwd_kv_np(launch, q, k, v, key_ok, dout, lse, dsum, dk, dv, scale, H, 
     Bc = launch.threads
     _check_tiled(launch, "flash_bwd_kv", Bc, Tk, lse.size // Tq // (H // Hkv), Br, Dh, q.itemsize)
     Bsz = launch.grid[0] // Hkv
-    hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
-    d_o, ls, ds = _query_side(dout, lse, dsum, Bsz, H, Hkv, Tq, Dh)
-    dk_v = strided_view(dk, (Bsz, Hkv, Tk, Dh), (int(dkb), int(dkh), int(dkt), 1))
-    dv_v = strided_view(dv, (Bsz, Hkv, Tk, Dh), (int(dkb), int(dkh), int(dkt), 1))
+    hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb), dout, lse, dsum)
+    dk_v, dv_v = (strided_view(a, (Bsz, Hkv, Tk, Dh), (int(dkb), int(dkh), int(dkt), 1)) for a in (dk, dv))
     for j0 in range(0, Tk, Bc):
         j1 = min(Tk, j0 + Bc)
         dkt_, dvt_ = (B.host.zeros((Bsz, Hkv, j1 - j0, Dh), dtype=q.dtype) for _ in range(2))
         for i0 in range((j0 // Br) * Br if causal else 0, Tq, Br):
             i1 = min(Tq, i0 + Br)
-            p, dsc = _tile_grads(hd, d_o, ls, ds, i0, i1, j0, j1, causal, scale)
-            dvt_ += (p.swapaxes(-1, -2) @ d_o[:, :, :, i0:i1]).sum(axis=2)
+            p, dsc = _tile_grads(hd, i0, i1, j0, j1, causal, scale)
+            dvt_ += (p.swapaxes(-1, -2) @ hd.d_o[:, :, :, i0:i1]).sum(axis=2)
             dkt_ += (dsc.swapaxes(-1, -2) @ hd.q[:, :, :, i0:i1]).sum(axis=2)
         dk_v[:, :, j0:j1] = dkt_
         dv_v[:, :, j0:j1] = dvt_
@@ -451,16 +453,14 @@ def flash_bwd_q_np(launch, q, k, v, key_ok, dout, lse, dsum, dq, scale, H, Hkv, 
     H, Hkv, Tq, Tk, Dh, Bc = (int(n) for n in (H, Hkv, Tq, Tk, Dh, Bc))
     Br = launch.threads
     _check_tiled(launch, "flash_bwd_q", Br, Tq, lse.size // Tq, Bc, Dh, q.itemsize)
-    Bsz = launch.grid[0] // H
-    hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb))
-    d_o, ls, ds = _query_side(dout, lse, dsum, Bsz, H, Hkv, Tq, Dh)
-    G = H // Hkv
+    Bsz, G = launch.grid[0] // H, H // Hkv
+    hd = _heads(q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, Dh, (qb, qh, qt, kb, kh, kt, okb), dout, lse, dsum)
     dq_v = strided_view(dq, (Bsz, Hkv, G, Tq, Dh), (int(dqb), G * int(dqh), int(dqh), int(dqt), 1))
     for i0 in range(0, Tq, Br):
         i1 = min(Tq, i0 + Br)
         acc = B.host.zeros((Bsz, Hkv, G, i1 - i0, Dh), dtype=q.dtype)
         for j0 in range(0, min(Tk, i1) if causal else Tk, Bc):
             j1 = min(Tk, j0 + Bc)
-            _, dsc = _tile_grads(hd, d_o, ls, ds, i0, i1, j0, j1, causal, scale)
+            _, dsc = _tile_grads(hd, i0, i1, j0, j1, causal, scale)
             acc += dsc @ hd.k[:, :, :, j0:j1]
         dq_v[:, :, :, i0:i1] = acc

@@ -14,12 +14,11 @@ source opens with what its blocks compute; D = rowsum(dO O) is :mod:`.flash`'s `
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
 from .... import backend as B
 from ....precision import bf16_bits, from_bf16_bits
 from .common import strided_view
-from .flash import allowed_keys
+from .flash import Views, allowed_keys, per_query
 
 #: Elements of padding after each shared-memory row (16 bytes).
 PAD = 8
@@ -27,11 +26,6 @@ PAD = 8
 KINDS = {"bf16": 0, "fp16": 1}
 #: The head sizes compiled.
 HEAD_SIZES = (64, 128)
-#: Shared memory a block may use without opting in; above it the launch sets the kernel's
-#: ``max_dynamic_shared_size_bytes`` (sm_86 and sm_89 allow 99 KiB, sm_80 163, sm_90 227).
-SHARED_LIMIT = 48 << 10
-#: The most any launch here opts into: what every GPU of compute capability 8.0 to 10.0 allows.
-SHARED_MOST = 99 << 10
 
 PRELUDE = r"""
 // The tensor-core attention's device functions. KIND 0: bfloat16, 1: float16 (16-bit patterns in
@@ -425,7 +419,8 @@ __global__ void __launch_bounds__(BR * 2) flash_mma_bwd_q(const unsigned short* 
 
 #: The tiles (BR query rows, BC key rows) each kernel is compiled and launched with, by head size:
 #: the forward 64 x 64, the dQ pass 64 queries x 32 keys, the dK/dV pass 64 keys x 32 queries
-#: (its Q and dO double-buffered), so that the largest (Dh = 128) needs at most 85 KiB.
+#: (its Q and dO double-buffered), so that the largest (Dh = 128) needs at most 85 KiB (above
+#: :data:`.flash.SHARED_LIMIT` a block opts in: sm_86 and sm_89 allow 99 KiB, sm_80 163, sm_90 227).
 TILES = {"flash_mma_fwd": (64, 64), "flash_mma_bwd_kv": (32, 64), "flash_mma_bwd_q": (64, 32)}
 
 
@@ -439,9 +434,9 @@ def mma_shared(kernel: str, DH: int, BR: int, BC: int) -> int:
     return rows[kernel] * row + (4 * BR * 4 if kernel == "flash_mma_bwd_kv" else 0)
 
 
-def mma_threads(kernel: str, BR: int, BC: int) -> int:
-    """A warp per 16 rows of the tile the block owns (queries; keys in the dK/dV pass)."""
-    return 2 * (BC if kernel == "flash_mma_bwd_kv" else BR)
+def mma_rows(kernel: str, BR: int, BC: int) -> int:
+    """The rows of the tile a block owns, a warp per 16 of them: queries; keys in the dK/dV pass."""
+    return BC if kernel == "flash_mma_bwd_kv" else BR
 
 
 def instance(kernel: str, fmt: str, DH: int | None = None, tiles: tuple | None = None) -> str:
@@ -468,8 +463,8 @@ def _consts(launch, n: int) -> tuple:
 
 def _check_mma(launch, kernel: str, DH: int, BR: int, BC: int, n_rows: int, groups: int) -> None:
     """The grid (heads, tiles of ``n_rows``), the block (a warp per 16 rows) and the shared memory."""
-    own = BC if kernel == "flash_mma_bwd_kv" else BR
-    want = ((groups, -(-n_rows // own)), (mma_threads(kernel, BR, BC),))
+    own = mma_rows(kernel, BR, BC)
+    want = ((groups, -(-n_rows // own)), (2 * own,))
     if (tuple(launch.grid[:2]), tuple(launch.block)) != want:
         raise ValueError(f"{launch.name}: grid {launch.grid} and block {launch.block}, tiles of {own} need "
                          f"grid {want[0]} and block {want[1]}")
@@ -500,38 +495,29 @@ def round16(x, kind: int):
 
 def flash_mma_pack_np(launch, src, dst, H, T, Dh, sb, sh, st, n):
     """NumPy twin of ``flash_mma_pack``."""
-    np = B.host
     (kind,) = _consts(launch, 1)
     H, T, Dh, n = int(H), int(T), int(Dh), int(n)
     if n % (H * T * Dh or 1):
         raise ValueError(f"{launch.name}: {n} values are not a whole number of ({H}, {T}, {Dh}) blocks")
-    shape = (n // (H * T * Dh) if n else 0, H, T, Dh)
     if n:
-        x = strided_view(src, shape, (sb, sh, st, 1)).astype(np.float32)
+        shape = (n // (H * T * Dh), H, T, Dh)
+        x = strided_view(src, shape, (sb, sh, st, 1)).astype(B.host.float32)
         strided_view(dst, shape, (H * T * Dh, T * Dh, Dh, 1))[...] = to_bits(x, kind)
 
 
-class _Packed(NamedTuple):
-    """The twins' float32 views of the 16-bit copies: q and dO (B, Hkv, G, Tq, DH), k and v
-    (B, Hkv, Tk, DH), the key mask (B, 1, 1, 1, Tk)."""
-    q: object
-    k: object
-    v: object
-    ok: object
-
-
-def _packed(kind, q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, DH) -> _Packed:
+def _packed(kind, q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, DH, dout=None, lse=None, dsum=None) -> Views:
+    """The twins' float32 views of the 16-bit copies: q (and dO) (B, Hkv, G, Tq, DH), k and v
+    (B, Hkv, Tk, DH), the key mask (B, 1, 1, 1, Tk); the lse and D (B, Hkv, G, Tq)."""
     if Hkv < 1 or H % Hkv:
         raise ValueError(f"flash attention: {Hkv} key heads do not divide {H} query heads")
     G = H // Hkv
     kv = (Bsz, Hkv, Tk, DH), (Hkv * Tk * DH, Tk * DH, DH, 1)
-    return _Packed(_heads16(q, kind, Bsz, Hkv, G, Tq, DH), to_float(strided_view(k, *kv), kind),
-                   to_float(strided_view(v, *kv), kind), strided_view(key_ok, (Bsz, 1, 1, 1, Tk), (Tk, 0, 0, 0, 1)))
-
-
-def _heads16(a, kind, Bsz, Hkv, G, Tq, DH):
-    """A contiguous (B, H, Tq, DH) 16-bit copy as float32 (B, Hkv, G, Tq, DH)."""
-    return to_float(strided_view(a, (Bsz, Hkv, G, Tq, DH), (Hkv * G * Tq * DH, G * Tq * DH, Tq * DH, DH, 1)), kind)
+    heads = (Bsz, Hkv, G, Tq, DH), (H * Tq * DH, G * Tq * DH, Tq * DH, DH, 1)
+    back = () if dout is None else (to_float(strided_view(dout, *heads), kind),
+                                    per_query(lse, Bsz, H, Hkv, Tq), per_query(dsum, Bsz, H, Hkv, Tq))
+    return Views(to_float(strided_view(q, *heads), kind), to_float(strided_view(k, *kv), kind),
+                 to_float(strided_view(v, *kv), kind),
+                 strided_view(key_ok, (Bsz, 1, 1, 1, Tk), (Tk, 0, 0, 0, 1)), *back)
 
 
 def flash_mma_fwd_np(launch, q, k, v, key_ok, o, lse, scale, H, Hkv, Tq, Tk, causal):
@@ -542,10 +528,9 @@ def flash_mma_fwd_np(launch, q, k, v, key_ok, o, lse, scale, H, Hkv, Tq, Tk, cau
     kind, DH, BR, BC = _consts(launch, 4)
     H, Hkv, Tq, Tk, causal = (int(n) for n in (H, Hkv, Tq, Tk, causal))
     _check_mma(launch, "flash_mma_fwd", DH, BR, BC, Tq, lse.size // Tq)
-    Bsz, G, f32 = launch.grid[0] // H, H // Hkv, np.float32
+    Bsz, f32 = launch.grid[0] // H, np.float32
     pk = _packed(kind, q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, DH)
-    out = strided_view(o, (Bsz, Tq, Hkv, G, DH), (Tq * H * DH, H * DH, G * DH, DH, 1)).transpose(0, 2, 3, 1, 4)
-    lse_v = strided_view(lse, (Bsz, Hkv, G, Tq), (H * Tq, G * Tq, Tq, 1))
+    out, lse_v = per_query(o, Bsz, H, Hkv, Tq, DH), per_query(lse, Bsz, H, Hkv, Tq)
     for i0 in range(0, Tq, BR):
         i1 = min(Tq, i0 + BR)
         qi = pk.q[:, :, :, i0:i1]
@@ -568,16 +553,16 @@ def flash_mma_fwd_np(launch, q, k, v, key_ok, o, lse, scale, H, Hkv, Tq, Tk, cau
         lse_v[:, :, :, i0:i1] = np.where(has, m + np.log(np.where(has, l, f32(1))), f32(0))
 
 
-def _tile_ds(pk, d_o, ls, ds, h, i0, i1, j0, j1, causal, scale):
+def _tile_ds(pk, h, i0, i1, j0, j1, causal, scale):
     """Head h's (query tile, key tile) as the backward kernels recompute it, float32 (B, Hkv, rows,
     cols): P = exp(S scale - lse) where allowed, else 0, and dS = P (dP - D) with dP = dO V^T."""
     np = B.host
     f32 = np.float32
     ok = allowed_keys(pk.ok, i0, i1, j0, j1, causal)[:, :, 0]
     s = pk.q[:, :, h, i0:i1] @ pk.k[:, :, j0:j1].swapaxes(-1, -2)
-    p = np.where(ok, np.exp(s * f32(scale) - ls[:, :, h, i0:i1, None]), f32(0))
-    dp = d_o[:, :, h, i0:i1] @ pk.v[:, :, j0:j1].swapaxes(-1, -2)
-    return p, p * (dp - ds[:, :, h, i0:i1, None])
+    p = np.where(ok, np.exp(s * f32(scale) - pk.ls[:, :, h, i0:i1, None]), f32(0))
+    dp = pk.d_o[:, :, h, i0:i1] @ pk.v[:, :, j0:j1].swapaxes(-1, -2)
+    return p, p * (dp - pk.ds[:, :, h, i0:i1, None])
 
 
 def flash_mma_bwd_kv_np(launch, q, k, v, key_ok, dout, lse, dsum, dk, dv, scale, H, Hkv, Tq, Tk, causal,
@@ -591,9 +576,7 @@ def flash_mma_bwd_kv_np(launch, q, k, v, key_ok, dout, lse, dsum, dk, dv, scale,
     G = H // Hkv
     _check_mma(launch, "flash_mma_bwd_kv", DH, BR, BC, Tk, lse.size // Tq // G)
     Bsz = launch.grid[0] // Hkv
-    pk = _packed(kind, q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, DH)
-    d_o = _heads16(dout, kind, Bsz, Hkv, G, Tq, DH)
-    ls, ds = (strided_view(a, (Bsz, Hkv, G, Tq), (H * Tq, G * Tq, Tq, 1)) for a in (lse, dsum))
+    pk = _packed(kind, q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, DH, dout, lse, dsum)
     dk_v, dv_v = (strided_view(a, (Bsz, Hkv, Tk, DH), (int(dkb), int(dkh), int(dkt), 1)) for a in (dk, dv))
     for j0 in range(0, Tk, BC):
         j1 = min(Tk, j0 + BC)
@@ -601,8 +584,8 @@ def flash_mma_bwd_kv_np(launch, q, k, v, key_ok, dout, lse, dsum, dk, dv, scale,
         for h in range(G):
             for i0 in range((j0 // BR) * BR if causal else 0, Tq, BR):
                 i1 = min(Tq, i0 + BR)
-                p, dsc = _tile_ds(pk, d_o, ls, ds, h, i0, i1, j0, j1, causal, scale)
-                dva += round16(p, kind).swapaxes(-1, -2) @ d_o[:, :, h, i0:i1]
+                p, dsc = _tile_ds(pk, h, i0, i1, j0, j1, causal, scale)
+                dva += round16(p, kind).swapaxes(-1, -2) @ pk.d_o[:, :, h, i0:i1]
                 dka += round16(dsc, kind).swapaxes(-1, -2) @ pk.q[:, :, h, i0:i1]
         dk_v[:, :, j0:j1] = dka * np.float32(scale)
         dv_v[:, :, j0:j1] = dva
@@ -617,9 +600,7 @@ def flash_mma_bwd_q_np(launch, q, k, v, key_ok, dout, lse, dsum, dq, scale, H, H
     H, Hkv, Tq, Tk, causal = (int(n) for n in (H, Hkv, Tq, Tk, causal))
     _check_mma(launch, "flash_mma_bwd_q", DH, BR, BC, Tq, lse.size // Tq)
     Bsz, G = launch.grid[0] // H, H // Hkv
-    pk = _packed(kind, q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, DH)
-    d_o = _heads16(dout, kind, Bsz, Hkv, G, Tq, DH)
-    ls, ds = (strided_view(a, (Bsz, Hkv, G, Tq), (H * Tq, G * Tq, Tq, 1)) for a in (lse, dsum))
+    pk = _packed(kind, q, k, v, key_ok, Bsz, H, Hkv, Tq, Tk, DH, dout, lse, dsum)
     dq_v = strided_view(dq, (Bsz, Hkv, G, Tq, DH), (int(dqb), G * int(dqh), int(dqh), int(dqt), 1))
     for i0 in range(0, Tq, BR):
         i1 = min(Tq, i0 + BR)
@@ -627,7 +608,7 @@ def flash_mma_bwd_q_np(launch, q, k, v, key_ok, dout, lse, dsum, dq, scale, H, H
             acc = np.zeros((Bsz, Hkv, i1 - i0, DH), dtype=np.float32)
             for j0 in range(0, min(Tk, i0 + BR) if causal else Tk, BC):
                 j1 = min(Tk, j0 + BC)
-                _, dsc = _tile_ds(pk, d_o, ls, ds, h, i0, i1, j0, j1, causal, scale)
+                _, dsc = _tile_ds(pk, h, i0, i1, j0, j1, causal, scale)
                 acc += round16(dsc, kind) @ pk.k[:, :, j0:j1]
             dq_v[:, :, h, i0:i1] = acc * np.float32(scale)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .... import backend as B
 from .common import check_block_reduction, strided_view
 from .dropout import dropped_np
+from .layer_norm import residual_np
 
 RMS_NORM_FWD = r"""
 // RMSNorm of row blockIdx.x of s (N, D), one block per row. With `residual`, post-norm's epilogue
@@ -50,11 +51,7 @@ def rms_norm_fwd_np(launch, s, bias, x, out, rstd, gamma, seed, site, offset, th
     N, D = launch.blocks, int(D)
     sv = strided_view(s, (N, D), (D, 1))
     if residual:
-        v = sv + strided_view(bias, (D,), (1,)) if has_bias else sv.copy()
-        if thr > 0:
-            v = dropped_np(v, seed, site, offset, thr, scale)
-        v += strided_view(x, (N, D), (D, 1))
-        sv[...] = v
+        residual_np(sv, bias if has_bias else None, x, seed, site, offset, thr, scale)
     dt = s.dtype.type
     r = dt(1) / np.sqrt((sv * sv).sum(axis=1) / dt(D) + eps)
     sv *= r[:, None]

@@ -103,13 +103,7 @@ __global__ void residual_ln_fwd(T* s, const T* bias, const T* x, T* out, T* rstd
 def residual_ln_fwd_np(launch, s, bias, x, out, rstd, gamma, beta, seed, site, offset, thr, scale, D, eps):
     """NumPy twin of ``residual_ln_fwd`` (one block per row: N = the grid's size)."""
     check_block_reduction(launch, s.itemsize)
-    N, D = launch.blocks, int(D)
-    sv = strided_view(s, (N, D), (D, 1))
-    v = sv + strided_view(bias, (D,), (1,))
-    if thr > 0:
-        v = dropped_np(v, seed, site, offset, thr, scale)
-    v += strided_view(x, (N, D), (D, 1))
-    sv[...] = v
+    residual_np(strided_view(s, (launch.blocks, int(D)), (int(D), 1)), bias, x, seed, site, offset, thr, scale)
     layer_norm_fwd_np(launch, s, out, rstd, gamma, beta, D, eps)
 
 
@@ -147,3 +141,14 @@ def layer_norm_bwd_drop_np(launch, dout, xhat, rstd, gamma, ds, seed, site, offs
     N, D = launch.blocks, int(D)
     strided_view(ds, (N, D), (D, 1))[...] = dropped_np(strided_view(dout, (N, D), (D, 1)), seed, site, offset, thr,
                                                        scale)
+
+
+def residual_np(sv, bias, x, seed, site, offset, thr, scale):
+    """Post-norm's epilogue on the rows ``sv`` (N, D) in place: ``sv <- drop(sv + bias) + x`` (``bias``
+    None: none), the dropout as the fused kernels regenerate it (thr 0: none)."""
+    N, D = sv.shape
+    v = sv + strided_view(bias, (D,), (1,)) if bias is not None else sv.copy()
+    if thr > 0:
+        v = dropped_np(v, seed, site, offset, thr, scale)
+    v += strided_view(x, (N, D), (D, 1))
+    sv[...] = v

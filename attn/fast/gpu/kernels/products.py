@@ -21,24 +21,22 @@ class Products:
     def __init__(self, ops, scratch: dict):
         self.ops, self.xp, self.scratch = ops, ops.xp, scratch
 
-
     def cublas(self):
         """cuBLAS called directly (:func:`attn.fast.gpu.cublas.direct_cublas`) and attn's own handle, its
         workspace made once outside any step, set to the current stream (a capture has its own) and to
         host pointers for alpha and beta."""
-        from ..cublas import WORKSPACE_BYTES, direct_cublas
-        cublas = direct_cublas(self.xp)
+        cublas, space = cublas_module.direct_cublas(self.xp), cublas_module.WORKSPACE_BYTES
         handle = self.scratch.get("cublas_handle")
         if handle is None:
             with outside_step():
-                self.scratch["cublas_workspace"] = self.xp.empty((WORKSPACE_BYTES,), dtype=B.host.uint8)
+                self.scratch["cublas_workspace"] = self.xp.empty((space,), dtype=B.host.uint8)
             handle = self.scratch["cublas_handle"] = cublas.create()
             cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         stream = self.xp.cuda.get_current_stream().ptr
         if self.scratch.get("cublas_stream") != stream:
             # cublasSetStream puts the handle back on cuBLAS's default workspace: set ours again
             cublas.setStream(handle, stream)
-            cublas.setWorkspace(handle, self.scratch["cublas_workspace"].data.ptr, WORKSPACE_BYTES)
+            cublas.setWorkspace(handle, self.scratch["cublas_workspace"].data.ptr, space)
             self.scratch["cublas_stream"] = stream
         return cublas, handle
 
@@ -70,10 +68,17 @@ class Products:
         raise ValueError(f"CupyOps.{where}: {name} of shape {tuple(x.shape)}, strides {x.strides}: neither its rows "
                          "nor its columns are contiguous, so cuBLAS cannot read it as it is")
 
-    def _operands(self, where, a, b, out, nbatch):
-        xp = self.xp
-        if a.ndim != nbatch + 2 or b.ndim != nbatch + 2:
-            raise ValueError(f"CupyOps.{where}: a {tuple(a.shape)} and b {tuple(b.shape)} must have {nbatch + 2} "
+    def _operands(self, where, a, b, out, accumulate: bool = False):
+        """The checks of ``mm`` or ``bmm``: (out, (M, N, K, count)) of a product left to cuBLAS, or
+        (out, None) where nothing is (an empty out; a sum of K = 0 terms: zeros, or, accumulating,
+        out as it is)."""
+        if accumulate and out is None:
+            raise ValueError(f"{type(self).__name__}.mm: accumulate=True needs out, the array the product is added to")
+        if where == "bmm" and a.ndim not in (3, 4):
+            raise ValueError(f"CupyOps.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
+        ndim = a.ndim if where == "bmm" else 2
+        if a.ndim != ndim or b.ndim != ndim:
+            raise ValueError(f"CupyOps.{where}: a {tuple(a.shape)} and b {tuple(b.shape)} must have {ndim} "
                              "dimensions")
         *batch, M, K = a.shape
         if tuple(b.shape[:-2]) != tuple(batch) or b.shape[-2] != K:
@@ -83,15 +88,20 @@ class Products:
             raise ValueError(f"CupyOps.{where}: a and b must be both float32 or both float64, got {a.dtype} "
                              f"and {b.dtype}")
         if out is None:
-            out = xp.empty((*batch, M, N), dtype=a.dtype)
+            out = self.xp.empty((*batch, M, N), dtype=a.dtype)
         elif tuple(out.shape) != (*batch, M, N) or out.dtype != a.dtype:
             raise ValueError(f"CupyOps.{where}: out must be {(*batch, M, N)} {a.dtype}, got {tuple(out.shape)} "
                              f"{out.dtype}")
-        return out, M, N, K
+        count = math.prod(batch)
+        if M == 0 or N == 0 or count == 0 or (K == 0 and accumulate):
+            return out, None
+        if K == 0:
+            out.fill(0)
+            return out, None
+        return out, (M, N, K, count)
 
     def _gemm_args(self, cublas, where, a, b, out, M, N, K):
-        """:meth:`_plan` of ``out = a @ b`` for the arrays themselves: (transa, transb, m, n, k, first,
-        lda, second, ldb, ldc), first and second the arrays cuBLAS takes as its A and B."""
+        """:meth:`_plan` for the arrays: (transa, transb, m, n, k, first, lda, second, ldb, ldc)."""
         a_rows, lda = self._matrix(a, where, "a")
         b_rows, ldb = self._matrix(b, where, "b")
         c_rows, ldc = self._matrix(out, where, "out")
@@ -109,59 +119,51 @@ class Products:
             return N_ if b[1] else T_, N_ if a[1] else T_, N, M, K, b, a
         return T_ if a[1] else N_, T_ if b[1] else N_, M, N, K, a, b
 
-    def _mm_operands(self, a, b, out, accumulate: bool):
-        """:meth:`mm`'s checks: (out, (M, N, K)) of a product left to cuBLAS, or (out, None) where
-        nothing is left to multiply (an empty out; a sum of K = 0 terms: zeros, or, accumulating,
-        out as it is)."""
-        if accumulate and out is None:
-            raise ValueError(f"{type(self).__name__}.mm: accumulate=True needs out, the array the product is added to")
-        out, M, N, K = self._operands("mm", a, b, out, 0)
-        if (accumulate and K == 0) or self._nothing_to_multiply(out, M, N, K, 1):
-            return out, None
-        return out, (M, N, K)
-
     #: Product arguments kept per operand signature (shapes, strides, dtype, out's, accumulate):
     #: the checks, the layout and the GEMM's arguments are worked out once per signature, and a
     #: product met again only reads its operands' addresses. At most this many are kept.
     PRODUCT_PLANS = 4096
 
-    @staticmethod
-    def _signature(a, b, out, accumulate):
-        return (a.shape, a.strides, b.shape, b.strides, a.dtype.char, b.dtype.char, accumulate,
-                None if out is None else (out.shape, out.strides, out.dtype.char))
-
-    def _product_plans(self) -> dict:
+    def _planned(self, where, a, b, out, accumulate: bool):
+        """(out, the GEMM's arguments) of ``where`` (mm, bmm), kept by the operands' signature; (out, None)
+        where nothing is left to cuBLAS (not kept: it is rare)."""
         plans = self.scratch.get("product_plans")
         if plans is None or len(plans) >= self.PRODUCT_PLANS:
             plans = self.scratch["product_plans"] = {}
-        return plans
+        key = (where, a.shape, a.strides, b.shape, b.strides, a.dtype.char, b.dtype.char, accumulate,
+               None if out is None else (out.shape, out.strides, out.dtype.char))
+        plan = plans.get(key)
+        if plan is not None:
+            return (self.xp.empty(plan[0], dtype=a.dtype) if out is None else out), plan[1:]
+        out, dims = self._operands(where, a, b, out, accumulate)
+        if dims is None:
+            return out, None
+        cublas, _ = self.cublas()
+        ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, where, a, b, out, *dims[:3])
+        plan = ("s" if a.dtype == B.host.float32 else "d", ta, tb, m, n, k, first is a, lda, ldb, ldc,
+                *self._alpha_beta(a.dtype, accumulate))
+        if where == "bmm":
+            batches = tuple(self._batch_strides(x) for x in (first, second, out))
+            merged = tuple(so if inner == 1 else si for outer, inner, so, si in batches
+                           if outer == 1 or inner == 1 or so == si * inner)
+            plan += (dims[3], batches, merged if len(merged) == 3 else None)
+        plans[key] = (tuple(out.shape), *plan)
+        return out, plan
 
     def mm(self, a, b, out=None, accumulate: bool = False):
         """``a @ b`` (M, K) x (K, N) by one cuBLAS GEMM on the operands as they lie (each with its rows or
         its columns contiguous), into ``out`` (such a view too); with ``accumulate``, ``out += a @ b`` in
-        the same GEMM (beta = 1). The GEMM's arguments are worked out once per operand signature
-        (:attr:`PRODUCT_PLANS`). Returns out."""
+        the same GEMM (beta = 1). Returns out."""
         if not cublas_module.DIRECT:
             return self._matmul(a, b, out, accumulate)
-        plans = self._product_plans()
-        key = ("mm",) + self._signature(a, b, out, accumulate)
-        plan = plans.get(key)
+        out, plan = self._planned("mm", a, b, out, accumulate)
         if plan is None:
-            out, dims = self._mm_operands(a, b, out, accumulate)
-            if dims is None:                              # nothing for cuBLAS (not kept: it is rare)
-                return out
-            cublas, _ = self.cublas()
-            ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "mm", a, b, out, *dims)
-            alpha, beta = self._alpha_beta(a.dtype, accumulate)
-            gemm = "sgemm" if a.dtype == B.host.float32 else "dgemm"
-            plan = plans[key] = (tuple(out.shape), gemm, ta, tb, m, n, k, first is a, lda, ldb, ldc, alpha, beta)
-        elif out is None:
-            out = self.xp.empty(plan[0], dtype=a.dtype)
-        _, gemm, ta, tb, m, n, k, a_first, lda, ldb, ldc, alpha, beta = plan
+            return out
+        s, ta, tb, m, n, k, a_first, lda, ldb, ldc, alpha, beta = plan
         first, second = (a, b) if a_first else (b, a)
         cublas, handle = self.cublas()
-        getattr(cublas, gemm)(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb, beta,
-                              out.data.ptr, ldc)
+        getattr(cublas, s + "gemm")(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, second.data.ptr, ldb,
+                                    beta, out.data.ptr, ldc)
         return out
 
     def _matmul(self, a, b, out=None, accumulate: bool = False):
@@ -175,17 +177,6 @@ class Products:
         else:
             out[...] = r
         return out
-
-    @staticmethod
-    def _nothing_to_multiply(out, M, N, K, count) -> bool:
-        """Whether a product of these sizes is done without cuBLAS: an empty ``out``, or zeros
-        (a sum over K = 0 terms)."""
-        if M == 0 or N == 0 or count == 0:
-            return True
-        if K == 0:
-            out.fill(0)
-            return True
-        return False
 
     @staticmethod
     def _batch_strides(x):
@@ -202,40 +193,22 @@ class Products:
         two strides) ``gemmBatched`` with pointer arrays from :meth:`_gemm_pointers`. Returns out."""
         if not cublas_module.DIRECT:
             return self._matmul(a, b, out)
-        plans = self._product_plans()
-        key = ("bmm",) + self._signature(a, b, out, False)
-        plan = plans.get(key)
+        out, plan = self._planned("bmm", a, b, out, False)
         if plan is None:
-            if a.ndim not in (3, 4):
-                raise ValueError(f"CupyOps.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
-            out, M, N, K = self._operands("bmm", a, b, out, a.ndim - 2)
-            count = math.prod(out.shape[:-2])
-            if self._nothing_to_multiply(out, M, N, K, count):
-                return out
-            cublas, _ = self.cublas()
-            ta, tb, m, n, k, first, lda, second, ldb, ldc = self._gemm_args(cublas, "bmm", a, b, out, M, N, K)
-            batches = tuple(self._batch_strides(x) for x in (first, second, out))
-            merged = tuple(so if inner == 1 else si for outer, inner, so, si in batches
-                           if outer == 1 or inner == 1 or so == si * inner)
-            alpha, beta = self._alpha_beta(a.dtype)
-            single = B.host.float32 == a.dtype
-            plan = plans[key] = (tuple(out.shape), count, ta, tb, m, n, k, first is a, lda, ldb, ldc, batches,
-                                 merged if len(merged) == 3 else None, alpha, beta, single)
-        elif out is None:
-            out = self.xp.empty(plan[0], dtype=a.dtype)
-        _, count, ta, tb, m, n, k, a_first, lda, ldb, ldc, batches, merged, alpha, beta, single = plan
+            return out
+        s, ta, tb, m, n, k, a_first, lda, ldb, ldc, alpha, beta, count, batches, merged = plan
         first, second = (a, b) if a_first else (b, a)
         cublas, handle = self.cublas()
+        head = (handle, ta, tb, m, n, k, alpha)
         if merged is not None:
-            gemm = cublas.sgemmStridedBatched if single else cublas.dgemmStridedBatched
-            gemm(handle, ta, tb, m, n, k, alpha, first.data.ptr, lda, merged[0], second.data.ptr, ldb, merged[1],
-                 beta, out.data.ptr, ldc, merged[2], count)
+            gemm = getattr(cublas, s + "gemmStridedBatched")
+            gemm(*head, first.data.ptr, lda, merged[0], second.data.ptr, ldb, merged[1], beta, out.data.ptr,
+                 ldc, merged[2], count)
             return out
         ptrs = self._gemm_pointers(a.dtype, count, batches[2][1],
                                    tuple((x.data.ptr, so, si) for x, (_, _, so, si) in zip((first, second, out), batches)))
-        gemm = cublas.sgemmBatched if single else cublas.dgemmBatched
         p, step = ptrs.data.ptr, 8 * count
-        gemm(handle, ta, tb, m, n, k, alpha, p, lda, p + step, ldb, beta, p + 2 * step, ldc, count)
+        getattr(cublas, s + "gemmBatched")(*head, p, lda, p + step, ldb, beta, p + 2 * step, ldc, count)
         return out
 
     #: Bytes of pointer arrays :meth:`_gemm_pointers` keeps: past it, the least recently used
@@ -252,9 +225,7 @@ class Products:
         ptrs = key = None
         if all(in_slab(address) for address, _, _ in operands):
             key = (dtype, count, inner, operands)
-            cache = self.scratch.get("gemm_pointer_arrays")
-            if cache is None:
-                cache = self.scratch["gemm_pointer_arrays"] = collections.OrderedDict()
+            cache = self.scratch.setdefault("gemm_pointer_arrays", collections.OrderedDict())
             capturing = self.xp.cuda.get_current_stream().is_capturing()
             ptrs = cache.get(key)
             if ptrs is not None:
@@ -366,69 +337,52 @@ class Bf16Products(Products):
         dst, per = self._gathered(x)
         return dst, dst.data.ptr, True, max(1, x.shape[-1]), per
 
-    def _check_float32(self, where, a):
-        if a.dtype != B.host.float32:
-            raise ValueError(f"Bf16Products.{where}: bf16 products take float32 operands (the master weights' "
-                             f"dtype), got {a.dtype}")
-
     def mm(self, a, b, out=None, accumulate: bool = False):
         """``a @ b`` by one ``gemmEx`` (bf16 A and B, float32 C and sums), after the bf16 copy
         of each operand that is not a prepared parameter; ``accumulate`` as :meth:`Products.mm`."""
-        self._check_float32("mm", a)
-        out, dims = self._mm_operands(a, b, out, accumulate)
-        if dims is None:
-            return out
-        cublas, handle = self.cublas()
-        ka, pa, ra, lda, _ = self._bf16_operand(a, "mm", "a", False)
-        kb, pb, rb, ldb, _ = self._bf16_operand(b, "mm", "b", False)
-        c_rows, ldc = self._matrix(out, "mm", "out")
-        ta, tb, m, n, k, first, second = self._plan(cublas, (pa, ra, lda), (pb, rb, ldb), c_rows, *dims)
-        alpha, beta = self._alpha_beta(a.dtype, accumulate)
-        bf, f32 = cublas.CUDA_R_16BF, cublas.CUDA_R_32F
-        cublas.gemmEx(handle, ta, tb, m, n, k, alpha, first[0], bf, first[2], second[0], bf, second[2], beta,
-                      out.data.ptr, f32, ldc, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
-        del ka, kb                          # (the copies lived until the call: stream order keeps them)
-        return out
+        return self._product("mm", a, b, out, accumulate)
 
     def bmm(self, a, b, out=None):
         """``a @ b`` batched (see :meth:`Products.bmm`) with bf16 operands: both copied into bf16
         (contiguous matrices), then one ``gemmStridedBatchedEx`` where ``out``'s batch is one
         stride, else ``gemmBatchedEx`` with pointer arrays (:meth:`Products._gemm_pointers`)."""
-        if a.ndim not in (3, 4):
-            raise ValueError(f"Bf16Products.bmm: one or two batch axes, got a of shape {tuple(a.shape)}")
-        out, M, N, K = self._operands("bmm", a, b, out, a.ndim - 2)
-        self._check_float32("bmm", a)
-        count = math.prod(out.shape[:-2])
-        if self._nothing_to_multiply(out, M, N, K, count):
+        return self._product("bmm", a, b, out, False)
+
+    def _product(self, where, a, b, out, accumulate):
+        if a.dtype != B.host.float32:
+            raise ValueError(f"Bf16Products.{where}: bf16 products take float32 operands (the master weights' "
+                             f"dtype), got {a.dtype}")
+        out, dims = self._operands(where, a, b, out, accumulate)
+        if dims is None:
             return out
         cublas, handle = self.cublas()
-        ka, pa, ra, lda, sa = self._bf16_operand(a, "bmm", "a", True)
-        kb, pb, rb, ldb, sb = self._bf16_operand(b, "bmm", "b", True)
-        c_rows, ldc = self._matrix(out, "bmm", "out")
-        ta, tb, m, n, k, first, second = self._plan(cublas, (pa, ra, lda, sa), (pb, rb, ldb, sb), c_rows, M, N, K)
-        outer, inner, so, si = self._batch_strides(out)
-        alpha, beta = self._alpha_beta(a.dtype)
-        bf, f32 = cublas.CUDA_R_16BF, cublas.CUDA_R_32F
-        if outer == 1 or inner == 1 or so == si * inner:
-            sc = so if inner == 1 else si
-            cublas.gemmStridedBatchedEx(handle, ta, tb, m, n, k, alpha, first[0], bf, first[2], first[3], second[0],
-                                        bf, second[2], second[3], beta, out.data.ptr, f32, ldc, sc, count,
-                                        cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+        ka, pa, ra, lda, sa = self._bf16_operand(a, where, "a", where == "bmm")
+        kb, pb, rb, ldb, sb = self._bf16_operand(b, where, "b", where == "bmm")
+        c_rows, ldc = self._matrix(out, where, "out")
+        plan = self._plan(cublas, (pa, ra, lda, sa), (pb, rb, ldb, sb), c_rows, *dims[:3])
+        (p1, _, ld1, s1), (p2, _, ld2, s2) = plan[5:]
+        alpha, beta = self._alpha_beta(a.dtype, accumulate)
+        bf, f32, count = cublas.CUDA_R_16BF, cublas.CUDA_R_32F, dims[3]
+        head, tail = (handle, *plan[:5], alpha), (cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+        outer, inner, so, si = self._batch_strides(out) if where == "bmm" else (1, 1, 0, 0)
+        if where == "mm":
+            cublas.gemmEx(*head, p1, bf, ld1, p2, bf, ld2, beta, out.data.ptr, f32, ldc, *tail)
+        elif outer == 1 or inner == 1 or so == si * inner:
+            cublas.gemmStridedBatchedEx(*head, p1, bf, ld1, s1, p2, bf, ld2, s2, beta, out.data.ptr, f32, ldc,
+                                        so if inner == 1 else si, count, *tail)
         else:
             # the pointers in float32 units (4 bytes): a bf16 copy's entries are an even number of elements apart
             ptrs = self._gemm_pointers(B.host.dtype(B.host.float32), count, inner, (
-                (first[0], inner * first[3] // 2, first[3] // 2), (second[0], inner * second[3] // 2, second[3] // 2),
-                (out.data.ptr, so, si)))
+                (p1, inner * s1 // 2, s1 // 2), (p2, inner * s2 // 2, s2 // 2), (out.data.ptr, so, si)))
             p, step = ptrs.data.ptr, 8 * count
-            cublas.gemmBatchedEx(handle, ta, tb, m, n, k, alpha, p, bf, first[2], p + step, bf, second[2], beta,
-                                 p + 2 * step, f32, ldc, count, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
-        del ka, kb
+            cublas.gemmBatchedEx(*head, p, bf, ld1, p + step, bf, ld2, beta, p + 2 * step, f32, ldc, count,
+                                 *tail)
+        del ka, kb                          # (the copies lived until the call: stream order keeps them)
         return out
 
 
 class Tf32Products(Products):
-    """The products on the cuBLAS handle's ``CUBLAS_TF32_TENSOR_OP_MATH`` (``--precision tf32``):
-    float32 operands read as TF32 by the tensor cores, float32 sums. The handle's mode is set for
+    """The products on the cuBLAS handle's ``CUBLAS_TF32_TENSOR_OP_MATH`` (``--precision tf32``), set for
     each product and put back after it (the handle is shared with the fp32 operations)."""
 
     def _tf32(self, product, *args):
