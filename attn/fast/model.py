@@ -253,17 +253,24 @@ class FastTransformer:
         tiled = self._tiled(Bsz, src.shape[1], T, rng)
         if k == 1:
             return self._forward_part(src, tgt_in, rng, keep_cache=keep_cache, tiled=tiled)
-        self.embeddings.shared_tables(src.shape[1], T)            # build the shared tables before the threads
+        return self.split_forward(k, Bsz, src.shape[1], T, rng, keep_cache, lambda sl, r, out, fused:
+                                  self._forward_part(src[sl], tgt_in[sl], r, out, keep_cache, fused, tiled))
+
+    def split_forward(self, k: int, Bsz: int, S: int, T: int, rng, keep_cache: bool, part):
+        """The forward of ``Bsz`` rows in ``k`` parts on the helper threads, ``part(rows, rng, logits_out,
+        fused)`` running one. Each part draws, from its own copy of ``rng``, its rows of what one pass over
+        the batch draws. Returns logits (B, T, V) and a :class:`SplitCache` (None without ``keep_cache``)."""
+        self.embeddings.shared_tables(S, T)            # build the shared tables before the threads
         parts = row_slices(Bsz, k)
-        rngs = [None] * k           # each part: its rows of what one pass over the batch draws
+        rngs = [None] * k
         if rng is not None:
             from ..training.distributed import RowsOf
-            rngs = [RowsOf(copy.deepcopy(rng), sl.start, sl.stop, Bsz, keys_first=self.keys_first) for sl in parts]
-        V = self.params[self._emb("out")].shape[0]
-        logits = self.xp.empty((Bsz, T, V), dtype=self.dtype)
+            rngs = [RowsOf(copy.deepcopy(rng), sl.start, sl.stop, Bsz, keys_first=self.keys_first)
+                    for sl in parts]
+        logits = self.xp.empty((Bsz, T, self.params[self._emb("out")].shape[0]), dtype=self.dtype)
         fused = self._fuse()                            # once, shared by the parts
-        caches = THREADS.parallel([lambda sl=sl, r=r: self._forward_part(
-            src[sl], tgt_in[sl], r, logits[sl], keep_cache, fused, tiled)[1] for sl, r in zip(parts, rngs)])
+        caches = THREADS.parallel([lambda sl=sl, r=r: part(sl, r, logits[sl], fused)[1]
+                                   for sl, r in zip(parts, rngs)])
         return logits, SplitCache(caches, parts) if keep_cache else None
 
     def backward(self, dlogits, cache, ready=None) -> dict:

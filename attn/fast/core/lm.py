@@ -4,11 +4,9 @@ backward and arena, which skip what a model without an encoder lacks; on NumPy t
 over the helper threads (:func:`n_parts`). Decoding runs on the readable model's cache."""
 from __future__ import annotations
 
-import copy
-
 from ... import backend as B
-from .caches import FastCache, SplitCache
-from .threads import THREADS, default_workers, row_slices
+from .caches import FastCache
+from .threads import default_workers
 
 #: From this many activations (rows x positions x d_model) up, a language model's training forward
 #: splits its rows over the helper threads (NumPy, ``workers`` None). Lower than the translator's
@@ -41,19 +39,8 @@ def forward(model, tgt_in, rng=None, keep_cache: bool = True):
     tiled = model._tiled(Bsz, 0, T, rng)
     if k == 1:
         return forward_part(model, tgt_in, rng, keep_cache=keep_cache, tiled=tiled)
-    model.embeddings.shared_tables(0, T)                  # the shared tables, before the threads
-    parts = row_slices(Bsz, k)
-    rngs = [None] * k
-    if rng is not None:
-        from ...training.distributed import RowsOf
-        rngs = [RowsOf(copy.deepcopy(rng), sl.start, sl.stop, Bsz, keys_first=model.keys_first) for sl in parts]
-    V = model.params[model._emb("out")].shape[0]
-    logits = model.xp.empty((Bsz, T, V), dtype=model.dtype)
-    fused = model._fuse()
-    caches = THREADS.parallel([
-        lambda sl=sl, r=r: forward_part(model, tgt_in[sl], r, logits[sl], keep_cache, fused, tiled)[1]
-        for sl, r in zip(parts, rngs)])
-    return logits, (SplitCache(caches, parts) if keep_cache else None)
+    return model.split_forward(k, Bsz, 0, T, rng, keep_cache, lambda sl, r, out, fused:
+                               forward_part(model, tgt_in[sl], r, out, keep_cache, fused, tiled))
 
 
 def forward_part(model, tgt_in, rng=None, logits_out=None, keep_cache=True, fused=None, tiled=False):
