@@ -11,31 +11,44 @@ from . import adam, bf16, column_sums, common, decode, dropout, flash, flash_mma
 #: ``flash_allowed``).
 PRELUDE = common.HELPERS + flash.ALLOWED
 
-#: Every kernel of the module: name -> (its CUDA source, its NumPy twin), in the source's order; the
-#: name is the twin's less ``_np``.
-KERNELS = {twin.__name__.removesuffix("_np"): (source, twin) for source, twin in (
-    (softmax.SOFTMAX0_FWD, softmax.softmax0_fwd_np), (softmax.SOFTMAX0_BWD, softmax.softmax0_bwd_np),
-    (layer_norm.LAYER_NORM_FWD, layer_norm.layer_norm_fwd_np),
-    (layer_norm.LAYER_NORM_BWD, layer_norm.layer_norm_bwd_np),
-    (column_sums.COLUMN_SUMS, column_sums.column_sums_np),
-    (loss.CROSS_ENTROPY, loss.cross_entropy_fwd_bwd_np), (dropout.DROPOUT_FWD, dropout.dropout_fwd_np),
-    (dropout.DROPOUT_BWD, dropout.dropout_bwd_np), (dropout.DROPOUT_HASH, dropout.dropout_hash_np),
-    (layer_norm.RESIDUAL_LN_FWD, layer_norm.residual_ln_fwd_np),
-    (layer_norm.LAYER_NORM_BWD_DROP, layer_norm.layer_norm_bwd_drop_np),
-    (relu.BIAS_RELU_DROP, relu.bias_relu_drop_np), (relu.RELU_BWD, relu.relu_bwd_np),
-    (later.RMS_NORM_FWD, later.rms_norm_fwd_np), (later.RMS_NORM_BWD, later.rms_norm_bwd_np),
-    (later.ROPE_ROTATE, later.rope_rotate_np), (later.SWIGLU_FWD, later.swiglu_fwd_np),
-    (later.SWIGLU_BWD, later.swiglu_bwd_np), (adam.ADAM, adam.adam_np),
-    (adam.SUMSQ_PARTIAL, adam.sumsq_partial_np), (adam.ADAM_FLAT, adam.adam_flat_np),
-    (decode.DECODE_EMBED, decode.decode_embed_np), (decode.ADD_NORM, decode.add_norm_np),
-    (decode.ONE_QUERY_ATTENTION, decode.one_query_attention_np),
-    (decode.LOG_SOFTMAX_ROWS, decode.log_softmax_rows_np), (decode.GREEDY_PICK, decode.greedy_pick_np),
-    (decode.BEAM_CANDIDATES, decode.beam_candidates_np), (decode.GATHER_PREFIX, decode.gather_prefix_np),
-    (gemm.GEMM_POINTERS, gemm.gemm_pointers_np), (bf16.ROUND_BF16, bf16.round_bf16_np),
-    (bf16.ROUND_BF16_GATHER, bf16.round_bf16_gather_np), (flash.FLASH_FWD, flash.flash_fwd_np),
-    (flash.FLASH_BWD_PREP, flash.flash_bwd_prep_np), (flash.FLASH_BWD_KV, flash.flash_bwd_kv_np),
-    (flash.FLASH_BWD_Q, flash.flash_bwd_q_np),
-)}
+#: Every kernel of the module: name -> (its CUDA source, its NumPy twin), in the source's order.
+KERNELS = {
+    "softmax0_fwd": (softmax.SOFTMAX0_FWD, softmax.softmax0_fwd_np),
+    "softmax0_bwd": (softmax.SOFTMAX0_BWD, softmax.softmax0_bwd_np),
+    "layer_norm_fwd": (layer_norm.LAYER_NORM_FWD, layer_norm.layer_norm_fwd_np),
+    "layer_norm_bwd": (layer_norm.LAYER_NORM_BWD, layer_norm.layer_norm_bwd_np),
+    "column_sums": (column_sums.COLUMN_SUMS, column_sums.column_sums_np),
+    "cross_entropy_fwd_bwd": (loss.CROSS_ENTROPY, loss.cross_entropy_fwd_bwd_np),
+    "dropout_fwd": (dropout.DROPOUT_FWD, dropout.dropout_fwd_np),
+    "dropout_bwd": (dropout.DROPOUT_BWD, dropout.dropout_bwd_np),
+    "dropout_hash": (dropout.DROPOUT_HASH, dropout.dropout_hash_np),
+    "residual_ln_fwd": (layer_norm.RESIDUAL_LN_FWD, layer_norm.residual_ln_fwd_np),
+    "layer_norm_bwd_drop": (layer_norm.LAYER_NORM_BWD_DROP, layer_norm.layer_norm_bwd_drop_np),
+    "bias_relu_drop": (relu.BIAS_RELU_DROP, relu.bias_relu_drop_np),
+    "relu_bwd": (relu.RELU_BWD, relu.relu_bwd_np),
+    "rms_norm_fwd": (later.RMS_NORM_FWD, later.rms_norm_fwd_np),
+    "rms_norm_bwd": (later.RMS_NORM_BWD, later.rms_norm_bwd_np),
+    "rope_rotate": (later.ROPE_ROTATE, later.rope_rotate_np),
+    "swiglu_fwd": (later.SWIGLU_FWD, later.swiglu_fwd_np),
+    "swiglu_bwd": (later.SWIGLU_BWD, later.swiglu_bwd_np),
+    "adam": (adam.ADAM, adam.adam_np),
+    "sumsq_partial": (adam.SUMSQ_PARTIAL, adam.sumsq_partial_np),
+    "adam_flat": (adam.ADAM_FLAT, adam.adam_flat_np),
+    "decode_embed": (decode.DECODE_EMBED, decode.decode_embed_np),
+    "add_norm": (decode.ADD_NORM, decode.add_norm_np),
+    "one_query_attention": (decode.ONE_QUERY_ATTENTION, decode.one_query_attention_np),
+    "log_softmax_rows": (decode.LOG_SOFTMAX_ROWS, decode.log_softmax_rows_np),
+    "greedy_pick": (decode.GREEDY_PICK, decode.greedy_pick_np),
+    "beam_candidates": (decode.BEAM_CANDIDATES, decode.beam_candidates_np),
+    "gather_prefix": (decode.GATHER_PREFIX, decode.gather_prefix_np),
+    "gemm_pointers": (gemm.GEMM_POINTERS, gemm.gemm_pointers_np),
+    "round_bf16": (bf16.ROUND_BF16, bf16.round_bf16_np),
+    "round_bf16_gather": (bf16.ROUND_BF16_GATHER, bf16.round_bf16_gather_np),
+    "flash_fwd": (flash.FLASH_FWD, flash.flash_fwd_np),
+    "flash_bwd_prep": (flash.FLASH_BWD_PREP, flash.flash_bwd_prep_np),
+    "flash_bwd_kv": (flash.FLASH_BWD_KV, flash.flash_bwd_kv_np),
+    "flash_bwd_q": (flash.FLASH_BWD_Q, flash.flash_bwd_q_np),
+}
 
 #: The CUDA source of the one ``RawModule``: the prelude, then every kernel's source.
 SOURCE = PRELUDE + "".join(source for source, _ in KERNELS.values())
